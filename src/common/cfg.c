@@ -1,0 +1,958 @@
+/*
+ * cfg: parsing and printing of the configuration key table. See cfg.h.
+ *
+ * Order of application: defaults, file, environment, flags; each later
+ * source overwrites the earlier one, so the last writer is the effective
+ * value and its origin is what --print-config shows. The INI parser is a
+ * small one of our own so that every error names file:line.
+ */
+#include "common/cfg.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+
+const struct cfg_keydef cfg_keydefs[CFG_NKEYS] = {
+#define CFG__DEF(id, name, sec, type, def, lo, hi, choices, help)              \
+	[CFG_##id] = {name, CFG_S_##sec, CFG_T_##type, def, lo, hi, choices,   \
+		      help},
+	CFG_KEYS(CFG__DEF)
+#undef CFG__DEF
+};
+
+static const char *const section_names[CFG_NSECTIONS] = {"common", "meta",
+							  "master", "agent"};
+
+const char *cfg_section_name(enum cfg_section s)
+{
+	return (unsigned)s < CFG_NSECTIONS ? section_names[s] : "?";
+}
+
+/* ------------------------------------------------------------ values */
+
+/* Parse "123", "1.5" into an integer part and a fraction numerator over
+ * 10^fdigits. Advances *sp past the number. */
+static int parse_decimal(const char **sp, uint64_t *ip, uint64_t *fnum,
+			 uint64_t *fden)
+{
+	const char *s = *sp;
+	uint64_t i = 0, fn = 0, fd = 1;
+	if (!isdigit((unsigned char)*s))
+		return -EINVAL;
+	while (isdigit((unsigned char)*s)) {
+		if (i > (UINT64_MAX - 9) / 10)
+			return -ERANGE;
+		i = i * 10 + (uint64_t)(*s++ - '0');
+	}
+	if (*s == '.') {
+		s++;
+		if (!isdigit((unsigned char)*s))
+			return -EINVAL;
+		while (isdigit((unsigned char)*s)) {
+			if (fd < 1000000000000ull) { /* 12 digits are plenty */
+				fn = fn * 10 + (uint64_t)(*s - '0');
+				fd *= 10;
+			}
+			s++;
+		}
+	}
+	*sp = s;
+	*ip = i;
+	*fnum = fn;
+	*fden = fd;
+	return 0;
+}
+
+/* value = (i + fn/fd) * mult, exact when whole; -ERANGE on overflow. */
+static int scale(uint64_t i, uint64_t fn, uint64_t fd, uint64_t mult,
+		 uint64_t *out)
+{
+	unsigned __int128 v = (unsigned __int128)i * mult;
+	v += (unsigned __int128)fn * mult / fd;
+	if (v > UINT64_MAX)
+		return -ERANGE;
+	*out = (uint64_t)v;
+	return 0;
+}
+
+int cfg_parse_size(const char *s, uint64_t *bytes)
+{
+	uint64_t i, fn, fd, mult = 1;
+	if (!s)
+		return -EINVAL;
+	int rc = parse_decimal(&s, &i, &fn, &fd);
+	if (rc)
+		return rc;
+	switch (toupper((unsigned char)*s)) {
+	case 'K': mult = 1ull << 10; s++; break;
+	case 'M': mult = 1ull << 20; s++; break;
+	case 'G': mult = 1ull << 30; s++; break;
+	case 'T': mult = 1ull << 40; s++; break;
+	case 'P': mult = 1ull << 50; s++; break;
+	default: break;
+	}
+	if (mult > 1 && *s == 'i')
+		s++;
+	if (toupper((unsigned char)*s) == 'B')
+		s++;
+	if (*s != '\0')
+		return -EINVAL;
+	if (mult == 1 && fn != 0)
+		return -EINVAL; /* "1.5" bytes */
+	return scale(i, fn, fd, mult, bytes);
+}
+
+int cfg_parse_duration_ms(const char *s, uint64_t *ms)
+{
+	uint64_t i, fn, fd, mult;
+	if (!s)
+		return -EINVAL;
+	int rc = parse_decimal(&s, &i, &fn, &fd);
+	if (rc)
+		return rc;
+	if (strcmp(s, "ms") == 0)
+		mult = 1;
+	else if (strcmp(s, "s") == 0)
+		mult = 1000;
+	else if (strcmp(s, "m") == 0 || strcmp(s, "min") == 0)
+		mult = 60000;
+	else if (strcmp(s, "h") == 0)
+		mult = 3600000;
+	else if (strcmp(s, "d") == 0)
+		mult = 86400000;
+	else
+		return -EINVAL;
+	return scale(i, fn, fd, mult, ms);
+}
+
+int cfg_parse_bool(const char *s, bool *b)
+{
+	static const char *const yes[] = {"true", "yes", "on", "1"};
+	static const char *const no[] = {"false", "no", "off", "0"};
+	for (size_t i = 0; i < MC_ARRAY_LEN(yes); i++) {
+		if (strcasecmp(s, yes[i]) == 0) {
+			*b = true;
+			return 0;
+		}
+		if (strcasecmp(s, no[i]) == 0) {
+			*b = false;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+int cfg_parse_roles(const char *s, unsigned *mask)
+{
+	unsigned m = 0;
+	const char *p = s;
+	if (!*p)
+		return -EINVAL;
+	for (;;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == 6 && strncmp(p, "master", 6) == 0)
+			m |= CFG_ROLE_MASTER;
+		else if (len == 4 && strncmp(p, "meta", 4) == 0)
+			m |= CFG_ROLE_META;
+		else if (len == 5 && strncmp(p, "agent", 5) == 0)
+			m |= CFG_ROLE_AGENT;
+		else if (len == 10 && strncmp(p, "standalone", 10) == 0)
+			m |= CFG_ROLE_ALL;
+		else
+			return -EINVAL;
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	*mask = m;
+	return 0;
+}
+
+static int parse_uint(const char *s, uint64_t *out)
+{
+	uint64_t i, fn, fd;
+	int rc = parse_decimal(&s, &i, &fn, &fd);
+	if (rc)
+		return rc;
+	if (*s != '\0' || fd != 1)
+		return -EINVAL;
+	*out = i;
+	return 0;
+}
+
+static bool enum_has(const char *choices, const char *s)
+{
+	size_t n = strlen(s);
+	const char *p = choices;
+	while (*p) {
+		const char *end = strchr(p, '|');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == n && strncmp(p, s, n) == 0)
+			return true;
+		p += len + (end ? 1 : 0);
+	}
+	return false;
+}
+
+static const char *accepted(const struct cfg_keydef *d, char *buf, size_t len)
+{
+	switch (d->type) {
+	case CFG_T_SIZE:
+		return "a size such as 4096, 512K, 512M, 4G or 1.5T";
+	case CFG_T_DURATION:
+		return "a duration such as 500ms, 10s, 5m or 2h";
+	case CFG_T_BOOL:
+		return "true or false";
+	case CFG_T_UINT:
+		return "a non-negative integer";
+	case CFG_T_ADDR:
+		return "a numeric host:port such as 127.0.0.1:2379, [::1]:2379 or :2379";
+	case CFG_T_ROLES:
+		return "meta, master, agent or standalone, or a comma list of them";
+	case CFG_T_ENUM:
+		snprintf(buf, len, "one of %s", d->choices);
+		return buf;
+	case CFG_T_LOGLEVEL:
+		return "a level (error, warn, info, debug, trace), optionally "
+		       "with name=level pairs: info,raft=debug";
+	case CFG_T_PATH:
+		return "a path";
+	default:
+		return "a string";
+	}
+}
+
+/* Format a bound in the key's unit for messages. */
+static void format_num(const struct cfg_keydef *d, uint64_t v, char *buf,
+		       size_t len)
+{
+	static const char sfx[] = "KMGTP";
+	if (d->type == CFG_T_SIZE) {
+		int i = -1;
+		while (i < 4 && v >= 1024 && v % 1024 == 0) {
+			v /= 1024;
+			i++;
+		}
+		if (i >= 0)
+			snprintf(buf, len, "%llu%c", (unsigned long long)v, sfx[i]);
+		else
+			snprintf(buf, len, "%llu", (unsigned long long)v);
+	} else if (d->type == CFG_T_DURATION) {
+		static const struct { uint64_t ms; const char *unit; } units[] = {
+			{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
+		for (size_t i = 0; i < MC_ARRAY_LEN(units); i++) {
+			if (v && v % units[i].ms == 0) {
+				snprintf(buf, len, "%llu%s",
+					 (unsigned long long)(v / units[i].ms),
+					 units[i].unit);
+				return;
+			}
+		}
+		snprintf(buf, len, "%llu%s", (unsigned long long)v,
+			 v ? "ms" : "s");
+	} else {
+		snprintf(buf, len, "%llu", (unsigned long long)v);
+	}
+}
+
+/* Parse text for key d into *num. Errors: -EINVAL with err set. */
+static int parse_value(const struct cfg_keydef *d, const char *text,
+		       uint64_t *num, char *err, size_t errlen)
+{
+	char ebuf[256], acc[128];
+	int rc = 0;
+	*num = 0;
+	switch (d->type) {
+	case CFG_T_STRING:
+	case CFG_T_PATH:
+		return 0;
+	case CFG_T_BOOL: {
+		bool b = false;
+		rc = cfg_parse_bool(text, &b);
+		*num = b;
+		break;
+	}
+	case CFG_T_UINT:
+		rc = parse_uint(text, num);
+		break;
+	case CFG_T_SIZE:
+		rc = cfg_parse_size(text, num);
+		break;
+	case CFG_T_DURATION:
+		rc = cfg_parse_duration_ms(text, num);
+		break;
+	case CFG_T_ADDR: {
+		struct sockaddr_storage ss;
+		rc = mc_parse_hostport(text, &ss);
+		break;
+	}
+	case CFG_T_ENUM:
+		rc = enum_has(d->choices, text) ? 0 : -EINVAL;
+		break;
+	case CFG_T_ROLES: {
+		unsigned m = 0;
+		rc = cfg_parse_roles(text, &m);
+		*num = m;
+		break;
+	}
+	case CFG_T_LOGLEVEL: {
+		unsigned char lv[LOGS_COUNT];
+		if (log_parse_levels(text, lv, ebuf, sizeof(ebuf)) != 0) {
+			snprintf(err, errlen, "'%s': %s", text, ebuf);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	}
+	if (rc == -ERANGE) {
+		snprintf(err, errlen, "'%s' is too large", text);
+		return -EINVAL;
+	}
+	if (rc) {
+		snprintf(err, errlen, "'%s' is not %s", text,
+			 accepted(d, acc, sizeof(acc)));
+		return -EINVAL;
+	}
+	if ((d->type == CFG_T_UINT || d->type == CFG_T_SIZE ||
+	     d->type == CFG_T_DURATION) &&
+	    (d->min || d->max) && (*num < d->min || *num > d->max)) {
+		char lo[32], hi[32];
+		format_num(d, d->min, lo, sizeof(lo));
+		format_num(d, d->max, hi, sizeof(hi));
+		snprintf(err, errlen, "'%s' is out of range (%s to %s)", text, lo,
+			 hi);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int cfg_set(struct cfg *c, enum cfg_key k, const char *text,
+	    enum cfg_source src, const char *origin, char *err, size_t errlen)
+{
+	const struct cfg_keydef *d = &cfg_keydefs[k];
+	uint64_t num;
+	int rc = parse_value(d, text, &num, err, errlen);
+	if (rc)
+		return rc;
+	char *copy = strdup(text);
+	if (!copy) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	free(c->v[k].text);
+	c->v[k].text = copy;
+	c->v[k].num = num;
+	c->v[k].src = src;
+	snprintf(c->v[k].origin, sizeof(c->v[k].origin), "%s", origin);
+	return 0;
+}
+
+static int find_key(const char *name, size_t len)
+{
+	for (int k = 0; k < CFG_NKEYS; k++)
+		if (strlen(cfg_keydefs[k].name) == len &&
+		    strncmp(cfg_keydefs[k].name, name, len) == 0)
+			return k;
+	return -1;
+}
+
+/* ------------------------------------------------------------ INI file */
+
+static char *trim(char *s)
+{
+	while (isspace((unsigned char)*s))
+		s++;
+	char *e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = '\0';
+	return s;
+}
+
+int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len,
+		  char *err, size_t errlen)
+{
+	int section = -1;
+	unsigned lineno = 0;
+	bool seen[CFG_NKEYS] = {false};
+	size_t pos = 0;
+	char line[4096];
+
+	while (pos < len) {
+		size_t start = pos;
+		while (pos < len && buf[pos] != '\n')
+			pos++;
+		size_t llen = pos - start;
+		if (pos < len)
+			pos++; /* the newline */
+		lineno++;
+		if (llen >= sizeof(line)) {
+			snprintf(err, errlen, "%s:%u: line longer than %zu bytes",
+				 name, lineno, sizeof(line) - 1);
+			return -EINVAL;
+		}
+		if (memchr(buf + start, '\0', llen)) {
+			snprintf(err, errlen, "%s:%u: NUL byte in line", name,
+				 lineno);
+			return -EINVAL;
+		}
+		memcpy(line, buf + start, llen);
+		line[llen] = '\0';
+		char *s = trim(line);
+		if (*s == '\0' || *s == '#' || *s == ';')
+			continue;
+		if (*s == '[') {
+			char *end = strchr(s, ']');
+			if (!end || *trim(end + 1) != '\0') {
+				snprintf(err, errlen,
+					 "%s:%u: malformed section header", name,
+					 lineno);
+				return -EINVAL;
+			}
+			*end = '\0';
+			char *sec = trim(s + 1);
+			section = -1;
+			for (int i = 0; i < CFG_NSECTIONS; i++)
+				if (strcmp(sec, section_names[i]) == 0)
+					section = i;
+			if (section < 0) {
+				snprintf(err, errlen,
+					 "%s:%u: unknown section [%s] (use [common], "
+					 "[meta], [master] or [agent])",
+					 name, lineno, sec);
+				return -EINVAL;
+			}
+			continue;
+		}
+		char *eq = strchr(s, '=');
+		if (!eq) {
+			snprintf(err, errlen,
+				 "%s:%u: expected 'key = value' or '[section]'",
+				 name, lineno);
+			return -EINVAL;
+		}
+		*eq = '\0';
+		char *key = trim(s), *val = trim(eq + 1);
+		/* Strip one pair of double quotes around the value. */
+		size_t vlen = strlen(val);
+		if (vlen >= 2 && val[0] == '"' && val[vlen - 1] == '"') {
+			val[vlen - 1] = '\0';
+			val++;
+		}
+		int k = find_key(key, strlen(key));
+		if (k < 0) {
+			snprintf(err, errlen, "%s:%u: unknown key '%s'", name,
+				 lineno, key);
+			return -EINVAL;
+		}
+		if (section < 0) {
+			snprintf(err, errlen,
+				 "%s:%u: key '%s' outside a section (it belongs in "
+				 "[%s])",
+				 name, lineno, key,
+				 section_names[cfg_keydefs[k].section]);
+			return -EINVAL;
+		}
+		if ((int)cfg_keydefs[k].section != section) {
+			snprintf(err, errlen,
+				 "%s:%u: key '%s' belongs in [%s], not [%s]", name,
+				 lineno, key, section_names[cfg_keydefs[k].section],
+				 section_names[section]);
+			return -EINVAL;
+		}
+		if (seen[k]) {
+			snprintf(err, errlen, "%s:%u: key '%s' set twice", name,
+				 lineno, key);
+			return -EINVAL;
+		}
+		seen[k] = true;
+		char origin[256], verr[512];
+		snprintf(origin, sizeof(origin), "file %s:%u", name, lineno);
+		int rc = cfg_set(c, (enum cfg_key)k, val, CFG_SRC_FILE, origin,
+				 verr, sizeof(verr));
+		if (rc) {
+			snprintf(err, errlen, "%s:%u: %s: %s", name, lineno, key,
+				 verr);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+static int load_file(struct cfg *c, const char *path, char *err, size_t errlen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		snprintf(err, errlen, "--config: cannot open '%s': %s", path,
+			 strerror(e));
+		return -e;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+	    st.st_size > (16 << 20)) {
+		snprintf(err, errlen,
+			 "--config: '%s' is not a regular file of at most 16 MiB",
+			 path);
+		close(fd);
+		return -EINVAL;
+	}
+	size_t len = (size_t)st.st_size;
+	char *buf = malloc(len + 1);
+	if (!buf) {
+		close(fd);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	size_t got = 0;
+	while (got < len) {
+		ssize_t r = read(fd, buf + got, len - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? errno : EIO;
+			snprintf(err, errlen, "--config: reading '%s': %s", path,
+				 strerror(e));
+			free(buf);
+			close(fd);
+			return -e;
+		}
+		got += (size_t)r;
+	}
+	close(fd);
+	buf[len] = '\0';
+	int rc = cfg_parse_ini(c, path, buf, len, err, errlen);
+	free(buf);
+	if (rc == 0) {
+		c->config_path = strdup(path);
+		if (!c->config_path) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+	}
+	return rc;
+}
+
+/* ------------------------------------------------------------ loading */
+
+static void env_name(const char *key, char *buf, size_t len)
+{
+	size_t n = (size_t)snprintf(buf, len, "MOONCAKE_");
+	for (const char *p = key; *p && n + 1 < len; p++)
+		buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+	buf[n] = '\0';
+}
+
+static const char *env_get(char *const envp[], const char *name)
+{
+	size_t n = strlen(name);
+	for (size_t i = 0; envp && envp[i]; i++)
+		if (strncmp(envp[i], name, n) == 0 && envp[i][n] == '=')
+			return envp[i] + n + 1;
+	return NULL;
+}
+
+void cfg_free(struct cfg *c)
+{
+	for (int k = 0; k < CFG_NKEYS; k++) {
+		free(c->v[k].text);
+		c->v[k].text = NULL;
+	}
+	free(c->config_path);
+	c->config_path = NULL;
+}
+
+/* One parsed command-line assignment, applied after file and env. */
+struct flag_set {
+	int key;
+	const char *value;
+	const char *flag;
+};
+
+int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
+	     struct cfg_cmdline *cl, char *err, size_t errlen)
+{
+	struct flag_set *sets = NULL;
+	size_t nsets = 0;
+	const char *config_path = NULL;
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	memset(cl, 0, sizeof(*cl));
+	for (int k = 0; k < CFG_NKEYS; k++) {
+		rc = cfg_set(c, (enum cfg_key)k, cfg_keydefs[k].def,
+			     CFG_SRC_DEFAULT, "default", err, errlen);
+		assert(rc == 0 && "a default in cfg_keys.h does not parse");
+		if (rc)
+			goto fail;
+	}
+
+	/* Pass 1: the command line, so --config is known before the file. */
+	sets = calloc((size_t)(argc > 0 ? argc : 1), sizeof(*sets));
+	if (!sets) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			cl->help = true;
+			continue;
+		}
+		if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+			cl->version = true;
+			continue;
+		}
+		if (strcmp(a, "--print-config") == 0) {
+			cl->print_config = true;
+			continue;
+		}
+		if (strcmp(a, "--print-man-options") == 0) {
+			cl->print_man_options = true;
+			continue;
+		}
+		if (strncmp(a, "--", 2) != 0) {
+			snprintf(err, errlen,
+				 "unexpected argument '%s' (options are --key=value; "
+				 "see --help)",
+				 a);
+			rc = -EINVAL;
+			goto fail;
+		}
+		const char *name = a + 2;
+		const char *eq = strchr(name, '=');
+		size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+		const char *value = eq ? eq + 1 : NULL;
+		bool is_config = nlen == 6 && strncmp(name, "config", 6) == 0;
+		int k = is_config ? -1 : find_key(name, nlen);
+		if (!is_config && k < 0) {
+			snprintf(err, errlen, "unknown flag '--%.*s' (see --help)",
+				 (int)nlen, name);
+			rc = -EINVAL;
+			goto fail;
+		}
+		if (!value) {
+			/* A bare boolean means true; others take the next arg. */
+			if (k >= 0 && cfg_keydefs[k].type == CFG_T_BOOL) {
+				value = "true";
+			} else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+				value = argv[++i];
+			} else {
+				char acc[128];
+				snprintf(err, errlen,
+					 "--%.*s: missing value (expected %s)",
+					 (int)nlen, name,
+					 is_config ? "a file path"
+						   : accepted(&cfg_keydefs[k], acc,
+							      sizeof(acc)));
+				rc = -EINVAL;
+				goto fail;
+			}
+		}
+		if (is_config) {
+			config_path = value;
+			continue;
+		}
+		sets[nsets].key = k;
+		sets[nsets].value = value;
+		sets[nsets].flag = cfg_keydefs[k].name;
+		nsets++;
+	}
+
+	/* The file. */
+	if (!config_path)
+		config_path = env_get(envp, "MOONCAKE_CONFIG");
+	if (config_path && !*config_path)
+		config_path = NULL; /* --config= : no file at all */
+	else if (!config_path && access(CFG_DEFAULT_FILE, F_OK) == 0)
+		config_path = CFG_DEFAULT_FILE;
+	if (config_path) {
+		rc = load_file(c, config_path, err, errlen);
+		if (rc)
+			goto fail;
+	}
+
+	/* The environment. */
+	for (int k = 0; k < CFG_NKEYS; k++) {
+		char name[128], verr[512];
+		env_name(cfg_keydefs[k].name, name, sizeof(name));
+		const char *v = env_get(envp, name);
+		if (!v)
+			continue;
+		char origin[160];
+		snprintf(origin, sizeof(origin), "env %s", name);
+		rc = cfg_set(c, (enum cfg_key)k, v, CFG_SRC_ENV, origin, verr,
+			     sizeof(verr));
+		if (rc) {
+			snprintf(err, errlen, "%s: %s", name, verr);
+			goto fail;
+		}
+	}
+
+	/* The flags. */
+	for (size_t i = 0; i < nsets; i++) {
+		char origin[160], verr[512];
+		snprintf(origin, sizeof(origin), "flag --%s", sets[i].flag);
+		rc = cfg_set(c, (enum cfg_key)sets[i].key, sets[i].value,
+			     CFG_SRC_FLAG, origin, verr, sizeof(verr));
+		if (rc) {
+			snprintf(err, errlen, "--%s: %s", sets[i].flag, verr);
+			goto fail;
+		}
+	}
+	free(sets);
+	return 0;
+fail:
+	free(sets);
+	cfg_free(c);
+	return rc;
+}
+
+/* ------------------------------------------------------------ accessors */
+
+const char *cfg_str(const struct cfg *c, enum cfg_key k)
+{
+	return c->v[k].text;
+}
+
+uint64_t cfg_u64(const struct cfg *c, enum cfg_key k)
+{
+	assert(cfg_keydefs[k].type == CFG_T_UINT ||
+	       cfg_keydefs[k].type == CFG_T_SIZE ||
+	       cfg_keydefs[k].type == CFG_T_DURATION);
+	return c->v[k].num;
+}
+
+bool cfg_bool(const struct cfg *c, enum cfg_key k)
+{
+	assert(cfg_keydefs[k].type == CFG_T_BOOL);
+	return c->v[k].num != 0;
+}
+
+unsigned cfg_roles(const struct cfg *c)
+{
+	return (unsigned)c->v[CFG_ROLE].num;
+}
+
+/* ------------------------------------------------------------ output */
+
+static const char *metavar(const struct cfg_keydef *d)
+{
+	switch (d->type) {
+	case CFG_T_PATH: return "PATH";
+	case CFG_T_BOOL: return "BOOL";
+	case CFG_T_UINT: return "N";
+	case CFG_T_SIZE: return "SIZE";
+	case CFG_T_DURATION: return "DURATION";
+	case CFG_T_ADDR: return "HOST:PORT";
+	case CFG_T_ENUM: return d->choices;
+	case CFG_T_ROLES: return "ROLES";
+	case CFG_T_LOGLEVEL: return "SPEC";
+	default: return "STRING";
+	}
+}
+
+static const char *const role_help[][2] = {
+	{"meta", "Raft-replicated metadata KV store speaking etcd's v3 gRPC API"},
+	{"master", "cache-pool coordinator: segments, objects, placement, "
+		   "leases, eviction"},
+	{"agent", "per-node DRAM/SSD cache segments, transfer engine, local "
+		  "client socket"},
+	{"standalone", "meta + master + agent in one process (the default)"},
+};
+
+static const char *const cmd_help[][2] = {
+	{"--config=FILE", "read this INI file (default " CFG_DEFAULT_FILE
+			  " if it exists; MOONCAKE_CONFIG also names it; "
+			  "--config= reads none)"},
+	{"--print-config", "print the effective value of every key and where "
+			   "it came from, then exit"},
+	{"--print-man-options", "print the OPTIONS section of mooncaked(8) "
+				"from the key table, then exit"},
+	{"--help", "print this help and exit"},
+	{"--version", "print the version and exit"},
+};
+
+/* "  lhs   text" with text wrapped at 79 columns under itself. */
+static void print_wrapped(FILE *f, const char *lhs, const char *text)
+{
+	const int indent = 32;
+	int col = fprintf(f, "  %s", lhs);
+	if (col >= indent) {
+		fputc('\n', f);
+		col = 0;
+	}
+	fprintf(f, "%*s", indent - col, "");
+	col = indent;
+	const char *p = text;
+	while (*p) {
+		const char *sp = strchr(p, ' ');
+		int wlen = sp ? (int)(sp - p) : (int)strlen(p);
+		if (col > indent && col + 1 + wlen > 79) {
+			fprintf(f, "\n%*s", indent, "");
+			col = indent;
+		} else if (col > indent) {
+			fputc(' ', f);
+			col++;
+		}
+		fprintf(f, "%.*s", wlen, p);
+		col += wlen;
+		p += wlen;
+		while (*p == ' ')
+			p++;
+	}
+	fputc('\n', f);
+}
+
+void cfg_print_help(FILE *f, const char *prog)
+{
+	fprintf(f,
+		"Usage: %s [--role=ROLES] [--config=FILE] [--KEY=VALUE ...]\n\n"
+		"mooncaked: distributed KV-cache pool and memory transfer engine.\n\n"
+		"Roles (--role; a comma list runs several in one process):\n",
+		prog);
+	for (size_t i = 0; i < MC_ARRAY_LEN(role_help); i++)
+		fprintf(f, "  %-12s %s\n", role_help[i][0], role_help[i][1]);
+	fprintf(f, "\nCommands:\n");
+	for (size_t i = 0; i < MC_ARRAY_LEN(cmd_help); i++)
+		print_wrapped(f, cmd_help[i][0], cmd_help[i][1]);
+	fprintf(f, "\nKeys: each is a flag --KEY=VALUE, an environment variable "
+		   "MOONCAKE_KEY\n(dashes become underscores) and a key in the "
+		   "config file's [section].\nPrecedence: flag > environment > "
+		   "file > default.\n");
+	for (int s = 0; s < CFG_NSECTIONS; s++) {
+		fprintf(f, "\n[%s]\n", section_names[s]);
+		for (int k = 0; k < CFG_NKEYS; k++) {
+			const struct cfg_keydef *d = &cfg_keydefs[k];
+			if ((int)d->section != s)
+				continue;
+			char lhs[96], text[1024];
+			snprintf(lhs, sizeof(lhs), "--%s=%s", d->name, metavar(d));
+			snprintf(text, sizeof(text), "%s (default: %s)", d->help,
+				 *d->def ? d->def : "none");
+			print_wrapped(f, lhs, text);
+		}
+	}
+	fprintf(f, "\nSizes: 4096, 512K, 512M, 4G, 1.5T. Durations: 500ms, 10s, "
+		   "5m, 2h.\nSignals: SIGTERM/SIGINT drain in-flight calls and "
+		   "exit; SIGHUP reopens --log-file.\nExit status: 0 ok, 1 "
+		   "runtime error, 2 bad command line or configuration.\n");
+}
+
+static const char *source_name(enum cfg_source s)
+{
+	switch (s) {
+	case CFG_SRC_DEFAULT: return "default";
+	case CFG_SRC_FILE: return "file";
+	case CFG_SRC_ENV: return "env";
+	case CFG_SRC_FLAG: return "flag";
+	}
+	return "?";
+}
+
+void cfg_print_effective(FILE *f, const struct cfg *c)
+{
+	fprintf(f, "# config file: %s\n",
+		c->config_path ? c->config_path : "(none)");
+	for (int s = 0; s < CFG_NSECTIONS; s++) {
+		fprintf(f, "[%s]\n", section_names[s]);
+		for (int k = 0; k < CFG_NKEYS; k++) {
+			const struct cfg_keydef *d = &cfg_keydefs[k];
+			if ((int)d->section != s)
+				continue;
+			const struct cfg_value *v = &c->v[k];
+			char lhs[512];
+			snprintf(lhs, sizeof(lhs), "%s = %s", d->name, v->text);
+			if (v->src == CFG_SRC_DEFAULT)
+				fprintf(f, "%-44s # default\n", lhs);
+			else
+				fprintf(f, "%-44s # %s (%s)\n", lhs,
+					source_name(v->src), v->origin);
+		}
+	}
+}
+
+/* Write s escaped for roff (backslash, minus, a leading dot), breaking
+ * the input line at spaces so no line is longer than 80 bytes. */
+static void roff(FILE *f, const char *s)
+{
+	size_t col = 0;
+	bool bol = true;
+	for (; *s; s++) {
+		if (*s == ' ' && col > 60) {
+			fputc('\n', f);
+			col = 0;
+			bol = true;
+			continue;
+		}
+		if (bol && (*s == '.' || *s == '\''))
+			col += (size_t)fprintf(f, "\\&");
+		bol = false;
+		if (*s == '\\')
+			col += (size_t)fprintf(f, "\\e");
+		else if (*s == '-')
+			col += (size_t)fprintf(f, "\\-");
+		else
+			col += (size_t)(fputc(*s, f) != EOF);
+	}
+}
+
+void cfg_print_man_options(FILE *f)
+{
+	fputs(".\\\" Generated by mooncaked --print-man-options from "
+	      "src/common/cfg_keys.h.\n.\\\" Do not edit; run make man.\n",
+	      f);
+	fputs(".SH OPTIONS\n", f);
+	for (size_t i = 0; i < MC_ARRAY_LEN(cmd_help); i++) {
+		const char *lhs = cmd_help[i][0];
+		const char *eq = strchr(lhs, '=');
+		if (eq) {
+			char name[64];
+			snprintf(name, sizeof(name), "%.*s", (int)(eq - lhs + 1),
+				 lhs);
+			fputs(".TP\n.BI ", f);
+			roff(f, name);
+			fputs(" ", f);
+			roff(f, eq + 1);
+		} else {
+			fputs(".TP\n.B ", f);
+			roff(f, lhs);
+		}
+		fputs("\n", f);
+		roff(f, cmd_help[i][1]);
+		fputs(".\n", f);
+	}
+	fputs(".SH CONFIGURATION KEYS\nEach key is a flag\n.BI \\-\\- key =value\n"
+	      ", an environment variable\n.BI MOONCAKE_ KEY\n"
+	      "(upper case, dashes become underscores)\nand a key of the config "
+	      "file in the section shown.\nPrecedence: flag, environment, file, "
+	      "default.\n",
+	      f);
+	for (int s = 0; s < CFG_NSECTIONS; s++) {
+		fprintf(f, ".SS [%s]\n", section_names[s]);
+		for (int k = 0; k < CFG_NKEYS; k++) {
+			const struct cfg_keydef *d = &cfg_keydefs[k];
+			if ((int)d->section != s)
+				continue;
+			fputs(".TP\n.BI \\-\\-", f);
+			roff(f, d->name);
+			fputs("= ", f);
+			roff(f, metavar(d));
+			fputs("\n", f);
+			roff(f, d->help);
+			fputs(".\nDefault:\n.BR ", f);
+			roff(f, *d->def ? d->def : "none");
+			fputs(" .\n", f);
+		}
+	}
+}

@@ -1,0 +1,58 @@
+/*
+ * cfg_keys: THE table of configuration keys. It drives flag, environment
+ * and file parsing, --help, --print-config and the OPTIONS section of
+ * mooncaked(8), so they cannot drift apart.
+ *
+ * X(id, name, section, type, default, min, max, choices, help)
+ *   name     = the flag (--name), the file key, MOONCAKE_NAME in the env
+ *   section  = where the key goes in the file: [common] [meta] [master] [agent]
+ *   min/max  = bounds for UINT, SIZE (bytes) and DURATION (ms)
+ *   choices  = "a|b|c" for ENUM
+ * Units are part of the value (512M, 10s); names carry the unit where the
+ * value is a bare number.
+ */
+#ifndef MC_COMMON_CFG_KEYS_H
+#define MC_COMMON_CFG_KEYS_H
+
+#define CFG_KEYS(X)                                                            \
+	X(ROLE, "role", COMMON, ROLES, "standalone", 0, 0, NULL,               \
+	  "roles this process runs: meta, master, agent, standalone "          \
+	  "(= all three); a comma list combines them")                         \
+	X(DATA_DIR, "data-dir", COMMON, PATH, "/var/lib/mooncake", 0, 0, NULL, \
+	  "directory for the lock file, pid file, WAL and snapshots; one "     \
+	  "daemon per directory")                                              \
+	X(PID_FILE, "pid-file", COMMON, PATH, "", 0, 0, NULL,                  \
+	  "write the daemon's pid here (empty: <data-dir>/mooncaked.pid)")     \
+	X(LOG_LEVEL, "log-level", COMMON, LOGLEVEL, "info", 0, 0, NULL,        \
+	  "log level, for all subsystems or per subsystem: "                   \
+	  "info,raft=debug,rpc=warn")                                          \
+	X(LOG_FILE, "log-file", COMMON, PATH, "", 0, 0, NULL,                  \
+	  "append log lines to this file instead of stderr; reopened on "      \
+	  "SIGHUP")                                                            \
+	X(RPC_MAX_MESSAGE_SIZE, "rpc-max-message-size", COMMON, SIZE, "64M",   \
+	  1024, 1073741824ull, NULL,                                           \
+	  "largest gRPC message accepted or sent; larger ones fail with "      \
+	  "RESOURCE_EXHAUSTED")                                                \
+	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0,    \
+	  3600000, NULL,                                                       \
+	  "on SIGTERM/SIGINT, how long to wait for in-flight calls before "    \
+	  "cancelling them")                                                   \
+	X(DIAG_SERVICE, "diag-service", COMMON, BOOL, "false", 0, 0, NULL,     \
+	  "also serve mooncake.diag.Diag (echo and streaming diagnostics used " \
+	  "by mooncakectl bench rpc) on every RPC port")                       \
+	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0,  \
+	  NULL, "meta: etcd v3 gRPC API (host:port, numeric)")                 \
+	X(LISTEN_PEER, "listen-peer", META, ADDR, "127.0.0.1:2380", 0, 0,      \
+	  NULL, "meta: Raft peer gRPC (host:port)")                            \
+	X(META_HTTP, "meta-http", META, ADDR, "127.0.0.1:2381", 0, 0, NULL,    \
+	  "meta: HTTP /metrics and /healthz (host:port)")                      \
+	X(MASTER_LISTEN, "master-listen", MASTER, ADDR, "127.0.0.1:50051", 0,  \
+	  0, NULL, "master: gRPC service mooncake.master.Master (host:port)")  \
+	X(MASTER_HTTP, "master-http", MASTER, ADDR, "127.0.0.1:9003", 0, 0,    \
+	  NULL, "master: HTTP /metrics and /healthz (host:port)")              \
+	X(AGENT_LISTEN, "agent-listen", AGENT, ADDR, "127.0.0.1:12345", 0, 0,  \
+	  NULL, "agent: transfer-engine control gRPC (host:port)")             \
+	X(AGENT_HTTP, "agent-http", AGENT, ADDR, "127.0.0.1:9100", 0, 0, NULL, \
+	  "agent: HTTP /metrics and /healthz (host:port)")
+
+#endif

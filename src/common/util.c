@@ -1,0 +1,222 @@
+/*
+ * util: clocks, addresses, directories, locks. See util.h.
+ */
+#include "common/util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t mc_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t mc_now_ms(void)
+{
+	return mc_now_ns() / 1000000ull;
+}
+
+uint64_t mc_wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+static int parse_port(const char *s, uint16_t *port)
+{
+	if (*s == '\0')
+		return -EINVAL;
+	unsigned long v = 0;
+	for (const char *p = s; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -EINVAL;
+		v = v * 10 + (unsigned long)(*p - '0');
+		if (v > 65535)
+			return -EINVAL;
+	}
+	*port = (uint16_t)v;
+	return 0;
+}
+
+int mc_parse_hostport(const char *s, struct sockaddr_storage *out)
+{
+	char host[INET6_ADDRSTRLEN + 1];
+	const char *port_s;
+	size_t hlen;
+
+	memset(out, 0, sizeof(*out));
+	if (!s)
+		return -EINVAL;
+	if (s[0] == '[') {
+		const char *end = strchr(s, ']');
+		if (!end || end[1] != ':')
+			return -EINVAL;
+		hlen = (size_t)(end - s - 1);
+		if (hlen == 0 || hlen >= sizeof(host))
+			return -EINVAL;
+		memcpy(host, s + 1, hlen);
+		host[hlen] = '\0';
+		port_s = end + 2;
+		struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
+		a6->sin6_family = AF_INET6;
+		if (inet_pton(AF_INET6, host, &a6->sin6_addr) != 1)
+			return -EINVAL;
+		uint16_t port;
+		if (parse_port(port_s, &port))
+			return -EINVAL;
+		a6->sin6_port = htons(port);
+		return 0;
+	}
+	const char *colon = strrchr(s, ':');
+	if (!colon)
+		return -EINVAL;
+	hlen = (size_t)(colon - s);
+	if (hlen >= sizeof(host))
+		return -EINVAL;
+	memcpy(host, s, hlen);
+	host[hlen] = '\0';
+	if (hlen == 0 || strcmp(host, "localhost") == 0)
+		strcpy(host, "127.0.0.1");
+	struct sockaddr_in *a4 = (struct sockaddr_in *)out;
+	a4->sin_family = AF_INET;
+	if (inet_pton(AF_INET, host, &a4->sin_addr) != 1)
+		return -EINVAL;
+	uint16_t port;
+	if (parse_port(colon + 1, &port))
+		return -EINVAL;
+	a4->sin_port = htons(port);
+	return 0;
+}
+
+void mc_format_addr(const struct sockaddr *sa, char *buf, size_t len)
+{
+	char host[INET6_ADDRSTRLEN];
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
+		inet_ntop(AF_INET, &a4->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "%s:%u", host, ntohs(a4->sin_port));
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)sa;
+		inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "[%s]:%u", host, ntohs(a6->sin6_port));
+	} else {
+		snprintf(buf, len, "(family %d)", sa->sa_family);
+	}
+}
+
+int mc_mkdir_p(const char *path, unsigned mode)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+	if (n == 0 || n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, mode) != 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	if (mkdir(buf, mode) != 0 && errno != EEXIST)
+		return -errno;
+	struct stat st;
+	if (stat(buf, &st) != 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	return 0;
+}
+
+int mc_lock_dir(const char *dir, int *fd_out, int *holder_pid)
+{
+	char path[PATH_MAX];
+	*holder_pid = 0;
+	if (snprintf(path, sizeof(path), "%s/LOCK", dir) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		int err = errno;
+		if (err == EWOULDBLOCK) {
+			char pidbuf[32] = {0};
+			ssize_t r = pread(fd, pidbuf, sizeof(pidbuf) - 1, 0);
+			if (r > 0)
+				*holder_pid = atoi(pidbuf);
+			close(fd);
+			return MC_ELOCKED;
+		}
+		close(fd);
+		return -err;
+	}
+	char pidbuf[32];
+	int n = snprintf(pidbuf, sizeof(pidbuf), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) != 0 || pwrite(fd, pidbuf, (size_t)n, 0) != n) {
+		int err = errno;
+		close(fd);
+		return -err;
+	}
+	*fd_out = fd;
+	return 0;
+}
+
+void mc_unlock_dir(int fd)
+{
+	if (fd >= 0)
+		close(fd);
+}
+
+int mc_write_pidfile(const char *path)
+{
+	char tmp[PATH_MAX];
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	FILE *f = fopen(tmp, "we");
+	if (!f)
+		return -errno;
+	fprintf(f, "%d\n", (int)getpid());
+	if (fclose(f) != 0)
+		return -errno;
+	if (rename(tmp, path) != 0) {
+		int err = errno;
+		unlink(tmp);
+		return -err;
+	}
+	return 0;
+}
+
+int mc_fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int rc = fsync(fd) == 0 ? 0 : -errno;
+	close(fd);
+	return rc;
+}
+
+uint64_t mc_hash64(const void *data, size_t len)
+{
+	const unsigned char *p = data;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < len; i++) {
+		h ^= p[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}

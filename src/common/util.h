@@ -1,0 +1,59 @@
+/*
+ * util: small pieces every subsystem needs — clocks, container_of, numeric
+ * host:port parsing, directory creation, the data-dir lock and pid files.
+ *
+ * Addresses are always resolved numerically (no DNS): mooncaked is a static
+ * binary and glibc's resolver would need shared NSS modules at run time.
+ */
+#ifndef MC_COMMON_UTIL_H
+#define MC_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "common/err.h"
+
+#define MC_CONTAINER_OF(ptr, type, member)                                     \
+	((type *)((char *)(ptr)-offsetof(type, member)))
+#define MC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define MC_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MC_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Monotonic clock in milliseconds / nanoseconds. */
+uint64_t mc_now_ms(void);
+uint64_t mc_now_ns(void);
+/* Wall clock, milliseconds since the epoch. */
+uint64_t mc_wall_ms(void);
+
+/*
+ * Parse "host:port" with a numeric IPv4 host, "[v6]:port", or ":port"
+ * (meaning 127.0.0.1). Port 0 is allowed (ephemeral). Errors: -EINVAL.
+ */
+int mc_parse_hostport(const char *s, struct sockaddr_storage *out) MC_MUST_CHECK;
+
+/* Format a socket address as "host:port" into buf (at least 64 bytes). */
+void mc_format_addr(const struct sockaddr *sa, char *buf, size_t len);
+
+/* mkdir -p with the given mode. Errors: negative errno of the failing step. */
+int mc_mkdir_p(const char *path, unsigned mode) MC_MUST_CHECK;
+
+/*
+ * Take an exclusive lock on <dir>/LOCK (flock, released when the process
+ * exits or mc_unlock_dir is called). On success *fd_out holds the lock.
+ * Errors: MC_ELOCKED when another process holds it (its pid, if it wrote
+ * one, is put in *holder_pid, else 0), negative errno otherwise.
+ */
+int mc_lock_dir(const char *dir, int *fd_out, int *holder_pid) MC_MUST_CHECK;
+void mc_unlock_dir(int fd);
+
+/* Write "pid\n" to path atomically (temp + rename). */
+int mc_write_pidfile(const char *path) MC_MUST_CHECK;
+
+/* fsync a directory (after renames inside it). */
+int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
+
+/* 64-bit FNV-1a. */
+uint64_t mc_hash64(const void *data, size_t len);
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * mooncaked: flag parsing and role dispatch, nothing else. The process
+ * frame (locking, signals, listeners) is src/daemon/.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cfg.h"
+#include "daemon/daemon.h"
+
+extern char **environ;
+
+int main(int argc, char **argv)
+{
+	struct cfg cfg;
+	struct cfg_cmdline cl;
+	char err[1024];
+
+	if (cfg_load(&cfg, argc, argv, environ, &cl, err, sizeof(err)) != 0) {
+		fprintf(stderr, "mooncaked: %s\n", err);
+		return 2;
+	}
+	int rc = 0;
+	if (cl.help) {
+		cfg_print_help(stdout, "mooncaked");
+	} else if (cl.version) {
+		printf("mooncaked %s (%s)\n", MC_VERSION, MC_GITREV);
+	} else if (cl.print_config) {
+		cfg_print_effective(stdout, &cfg);
+	} else if (cl.print_man_options) {
+		cfg_print_man_options(stdout);
+	} else {
+		rc = daemon_run(&cfg);
+	}
+	cfg_free(&cfg);
+	return rc;
+}

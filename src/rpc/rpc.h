@@ -1,0 +1,311 @@
+/*
+ * rpc: the gRPC wire protocol over cleartext HTTP/2 (prior knowledge),
+ * built on nghttp2's session API and driven by libuv TCP streams. One
+ * event loop, no thread per connection. Server and client; unary,
+ * server-streaming, client-streaming and bidirectional calls; protobuf-c
+ * messages with the gRPC 5-byte length prefix; grpc-timeout deadlines;
+ * status and grpc-message in trailers; max message size; graceful
+ * shutdown that drains in-flight calls; and the standard
+ * grpc.health.v1.Health service.
+ *
+ * Threading: every function here must be called on the thread running the
+ * loop the object was created with. Other threads reach it through
+ * uv_async_t.
+ *
+ * Server call lifetime. A method's handler receives a struct rpc_call.
+ * From the first callback of a call (on_message for unary and server-
+ * streaming methods, on_start for client-streaming and bidi methods) the
+ * handler holds a reference it must give back with exactly one
+ * rpc_call_finish(), now or later (asynchronous handlers are fine). If the
+ * call dies first (client cancel/RST, deadline, lost connection, shutdown
+ * timeout), on_cancel runs; rpc_call_send() then returns -ECANCELED and the
+ * eventual rpc_call_finish() only releases the reference.
+ *
+ * Messages passed to callbacks are borrowed: valid until the callback
+ * returns. Messages passed to send functions are serialized before the
+ * call returns; the caller keeps ownership.
+ */
+#ifndef MC_RPC_RPC_H
+#define MC_RPC_RPC_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/err.h"
+
+struct metrics_registry;
+
+/* gRPC status codes (grpc/status.h values). */
+enum rpc_status {
+	RPC_OK = 0,
+	RPC_CANCELLED = 1,
+	RPC_UNKNOWN = 2,
+	RPC_INVALID_ARGUMENT = 3,
+	RPC_DEADLINE_EXCEEDED = 4,
+	RPC_NOT_FOUND = 5,
+	RPC_ALREADY_EXISTS = 6,
+	RPC_PERMISSION_DENIED = 7,
+	RPC_RESOURCE_EXHAUSTED = 8,
+	RPC_FAILED_PRECONDITION = 9,
+	RPC_ABORTED = 10,
+	RPC_OUT_OF_RANGE = 11,
+	RPC_UNIMPLEMENTED = 12,
+	RPC_INTERNAL = 13,
+	RPC_UNAVAILABLE = 14,
+	RPC_DATA_LOSS = 15,
+	RPC_UNAUTHENTICATED = 16,
+};
+
+/* "OK", "CANCELLED", ... ; "UNKNOWN" for out-of-range codes. */
+const char *rpc_status_name(int status);
+
+enum rpc_kind {
+	RPC_UNARY,
+	RPC_SERVER_STREAMING,
+	RPC_CLIENT_STREAMING,
+	RPC_BIDI_STREAMING,
+};
+
+/* ------------------------------------------------------------------ server */
+
+struct rpc_server;
+struct rpc_call;
+
+struct rpc_method {
+	const char *name; /* "Check": the path is /<service>/<name> */
+	enum rpc_kind kind;
+	const ProtobufCMessageDescriptor *request;
+	const ProtobufCMessageDescriptor *response;
+	/* Client-streaming and bidi: the call began (headers received).
+	 * Required for those kinds, unused for the others. */
+	void (*on_start)(struct rpc_call *call);
+	/* A request message arrived. Unary and server-streaming: exactly
+	 * once, after the client half-closed. Required. */
+	void (*on_message)(struct rpc_call *call, const ProtobufCMessage *msg);
+	/* Client-streaming and bidi: the client finished sending. Optional. */
+	void (*on_half_close)(struct rpc_call *call);
+	/* The call died before rpc_call_finish. Optional. */
+	void (*on_cancel)(struct rpc_call *call);
+};
+
+struct rpc_server_opts {
+	const char *name;          /* label in logs and metrics ("meta-client") */
+	size_t max_message_bytes;  /* 0: 4 MiB */
+	uint32_t max_concurrent_streams; /* 0: 1024 */
+	uint64_t handshake_timeout_ms;   /* preface must arrive in this; 0: 10s */
+	uint64_t idle_timeout_ms;        /* close idle connections; 0: never */
+	struct metrics_registry *metrics; /* NULL: metrics_global() */
+};
+
+/* Errors: -ENOMEM. */
+int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
+		   struct rpc_server **out) MC_MUST_CHECK;
+
+/*
+ * Register a service: methods[] must outlive the server (static tables).
+ * data is returned by rpc_call_service_data(). Errors: -EEXIST (service
+ * already registered), -EINVAL (a method lacks a required callback),
+ * -ENOMEM.
+ */
+int rpc_server_add_service(struct rpc_server *s, const char *service,
+			   const struct rpc_method *methods, size_t nmethods,
+			   void *data) MC_MUST_CHECK;
+
+/* Listen on a numeric host:port (port 0: ephemeral). May be called more
+ * than once. Errors: -EINVAL (address), negative errno of bind/listen
+ * (-EADDRINUSE, ...). */
+int rpc_server_listen(struct rpc_server *s, const char *hostport) MC_MUST_CHECK;
+
+/* Port of the i-th listener (after rpc_server_listen), 0 if none. */
+int rpc_server_port(const struct rpc_server *s, unsigned i);
+
+/*
+ * Graceful shutdown: stop accepting, send GOAWAY, let in-flight calls
+ * finish for up to drain_timeout_ms, then cancel the rest, close every
+ * connection and call on_done (from the loop). Calling it twice is a
+ * no-op.
+ */
+void rpc_server_shutdown(struct rpc_server *s, uint64_t drain_timeout_ms,
+			 void (*on_done)(struct rpc_server *s, void *ud),
+			 void *ud);
+
+/* Free a server whose shutdown completed (or that never listened). */
+void rpc_server_free(struct rpc_server *s);
+
+/* ---- inside a handler */
+
+/* Queue a response message. Errors: -ECANCELED (call dead or finished),
+ * MC_ETOO_LARGE (above max_message_bytes; nothing queued), -EINVAL (a
+ * second message on a unary or client-streaming call), -ENOMEM. */
+int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg) MC_MUST_CHECK;
+
+/* End the call: trailers with status and message (may be NULL) go out
+ * after every queued message; releases the handler's reference. */
+void rpc_call_finish(struct rpc_call *call, int status, const char *message);
+
+/* Bytes queued to the client but not yet written to the socket: lets a
+ * streaming handler bound what a slow reader costs. */
+size_t rpc_call_pending_bytes(const struct rpc_call *call);
+bool rpc_call_cancelled(const struct rpc_call *call);
+/* Absolute deadline on the uv_now() clock in ms, or 0 for none. */
+uint64_t rpc_call_deadline_ms(const struct rpc_call *call);
+/* The client's address "ip:port". */
+const char *rpc_call_peer(const struct rpc_call *call);
+/* Value of a request header (custom metadata), or NULL. */
+const char *rpc_call_header(const struct rpc_call *call, const char *name);
+/* The data given to rpc_server_add_service. */
+void *rpc_call_service_data(const struct rpc_call *call);
+/* Per-call handler data. */
+void rpc_call_set_data(struct rpc_call *call, void *data);
+void *rpc_call_data(const struct rpc_call *call);
+uv_loop_t *rpc_call_loop(const struct rpc_call *call);
+
+/* ------------------------------------------------------------------ health */
+
+enum rpc_health_status {
+	RPC_HEALTH_UNKNOWN = 0,
+	RPC_HEALTH_SERVING = 1,
+	RPC_HEALTH_NOT_SERVING = 2,
+	RPC_HEALTH_SERVICE_UNKNOWN = 3,
+};
+
+struct rpc_health;
+
+/* Serve grpc.health.v1.Health (Check, Watch) on s. The overall service ""
+ * starts SERVING and turns NOT_SERVING when shutdown begins. The health
+ * object is owned by the server. Errors: -ENOMEM, -EEXIST. */
+int rpc_health_add(struct rpc_server *s, struct rpc_health **out) MC_MUST_CHECK;
+/* Set the status of a service name; Watch streams see the change. */
+int rpc_health_set(struct rpc_health *h, const char *service,
+		   enum rpc_health_status status) MC_MUST_CHECK;
+
+/* ------------------------------------------------------------------ client */
+
+struct rpc_client;
+struct rpc_stream;
+
+struct rpc_client_opts {
+	size_t max_message_bytes;    /* 0: 4 MiB */
+	uint64_t connect_timeout_ms; /* 0: 5s */
+	uint64_t backoff_initial_ms; /* reconnect backoff; 0: 100ms */
+	uint64_t backoff_max_ms;     /* 0: 10s */
+	struct metrics_registry *metrics; /* NULL: metrics_global() */
+};
+
+/*
+ * A channel to one server, target "host:port" or "http://host:port"
+ * (numeric host). Connects lazily on the first call, reuses one HTTP/2
+ * connection for all calls, reconnects with exponential backoff after a
+ * failure (calls made while the channel is in backoff fail at once with
+ * UNAVAILABLE), and moves to a new connection after the server's GOAWAY
+ * while old calls finish on the old one. Errors: -EINVAL (target), -ENOMEM.
+ */
+int rpc_client_new(uv_loop_t *loop, const char *target,
+		   const struct rpc_client_opts *opts,
+		   struct rpc_client **out) MC_MUST_CHECK;
+
+/* Cancel every outstanding call (their callbacks run with CANCELLED),
+ * close the connections, and free the client once they are closed. */
+void rpc_client_free(struct rpc_client *c);
+
+/* Unary completion: status and message from the trailers (or the local
+ * failure), resp (borrowed) non-NULL only when status is RPC_OK. */
+typedef void (*rpc_unary_cb)(void *ud, int status, const char *message,
+			     const ProtobufCMessage *resp);
+
+/*
+ * Start a unary call on path "/pkg.Service/Method". timeout_ms 0 = none
+ * (sent as grpc-timeout, also enforced locally). cb runs exactly once,
+ * never from inside this function. If out is non-NULL it receives a handle
+ * for rpc_stream_cancel. Errors: -EINVAL, MC_ETOO_LARGE, -ENOMEM.
+ */
+int rpc_client_unary(struct rpc_client *c, const char *path,
+		     const ProtobufCMessage *req,
+		     const ProtobufCMessageDescriptor *resp_desc,
+		     uint64_t timeout_ms, rpc_unary_cb cb, void *ud,
+		     struct rpc_stream **out) MC_MUST_CHECK;
+
+struct rpc_stream_cbs {
+	/* A response message (borrowed). */
+	void (*on_message)(struct rpc_stream *st, void *ud,
+			   const ProtobufCMessage *msg);
+	/* The call ended; the stream is freed after this returns. */
+	void (*on_close)(struct rpc_stream *st, void *ud, int status,
+			 const char *message);
+};
+
+/*
+ * Open a streaming call (any kind). Send with rpc_stream_send, half-close
+ * with rpc_stream_close_send. cbs must outlive the stream. Errors: -EINVAL,
+ * -ENOMEM.
+ */
+int rpc_client_stream(struct rpc_client *c, const char *path,
+		      const ProtobufCMessageDescriptor *resp_desc,
+		      uint64_t timeout_ms, const struct rpc_stream_cbs *cbs,
+		      void *ud, struct rpc_stream **out) MC_MUST_CHECK;
+/* Errors: -ECANCELED (closed), -EPIPE (already half-closed),
+ * MC_ETOO_LARGE, -ENOMEM. */
+int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg) MC_MUST_CHECK;
+int rpc_stream_close_send(struct rpc_stream *st) MC_MUST_CHECK;
+/* Cancel (RST_STREAM CANCEL). No callback of this stream runs afterwards
+ * and the handle is invalid when this returns. */
+void rpc_stream_cancel(struct rpc_stream *st);
+size_t rpc_stream_pending_bytes(const struct rpc_stream *st);
+
+/*
+ * Blocking unary call for tools that own their loop (mooncakectl): runs
+ * the loop until the call completes. Must not be called from inside the
+ * loop. On RPC_OK *resp is set (free with protobuf_c_message_free_unpacked).
+ * Returns the gRPC status; errmsg gets the status message.
+ */
+int rpc_client_unary_sync(struct rpc_client *c, const char *path,
+			  const ProtobufCMessage *req,
+			  const ProtobufCMessageDescriptor *resp_desc,
+			  uint64_t timeout_ms, ProtobufCMessage **resp,
+			  char *errmsg, size_t errlen);
+
+/* ------------------------------------------------------------------ framing
+ * The pure gRPC message framing, exposed for tests and fuzzing.
+ */
+
+/* Incremental decoder of 5-byte-prefixed messages from DATA chunks. */
+struct rpc_deframer {
+	size_t max_message_bytes;
+	uint8_t hdr[5];
+	size_t hdr_len;
+	uint8_t *msg;    /* current message body (owned) */
+	size_t msg_len;  /* expected body length */
+	size_t msg_got;
+	bool compressed;
+};
+
+void rpc_deframer_init(struct rpc_deframer *d, size_t max_message_bytes);
+void rpc_deframer_free(struct rpc_deframer *d);
+/*
+ * Feed bytes; each complete message is passed to on_msg (body borrowed).
+ * on_msg returns 0 to continue or a negative code to stop (returned).
+ * Errors: MC_ETOO_LARGE (declared length over the maximum), -EPROTO
+ * (compressed flag set: no compression is negotiated), -ENOMEM.
+ */
+int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
+		      int (*on_msg)(void *ud, const uint8_t *body, size_t len),
+		      void *ud) MC_MUST_CHECK;
+/* True when no partial message is buffered. */
+bool rpc_deframer_idle(const struct rpc_deframer *d);
+
+/* Write the 5-byte prefix for an uncompressed message of len bytes. */
+void rpc_frame_prefix(uint8_t out[5], uint32_t len);
+
+/* grpc-timeout header value <-> milliseconds ("100m", "5S", "1H").
+ * Parse errors: -EINVAL. */
+int rpc_timeout_parse(const char *value, uint64_t *ms) MC_MUST_CHECK;
+void rpc_timeout_format(uint64_t ms, char *buf, size_t len);
+
+/* grpc-message percent-encoding (RFC: bytes outside 0x20-0x7e and '%'). */
+void rpc_percent_encode(const char *in, char *out, size_t outlen);
+void rpc_percent_decode(const char *in, char *out, size_t outlen);
+
+#endif
