@@ -71,6 +71,7 @@ endif
 PROTOS     := $(wildcard proto/*.proto)
 GEN_C      := $(patsubst proto/%.proto,$(B)/gen/%.pb-c.c,$(PROTOS))
 GEN_H      := $(GEN_C:.c=.h)
+PY_GEN     := $(patsubst proto/%.proto,$(B)/py/%_pb2.py,$(PROTOS))
 
 # The daemon's internal library: every subsystem except main, ctl and the
 # client library. Subsystem folders are picked up by wildcard so adding a
@@ -110,6 +111,11 @@ $(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto
 	@mkdir -p $(B)/gen
 	@echo "  PROTOC  $<"
 	$(Q)protoc-c --c_out=$(B)/gen -Iproto $<
+
+# Python message classes for the integration tests (protobuf-compiler).
+$(B)/py/%_pb2.py: proto/%.proto
+	@mkdir -p $(B)/py
+	$(Q)protoc --python_out=$(B)/py -Iproto $<
 
 # ---------------------------------------------------------------- objects
 # Pure cores may not include I/O headers (STYLE.md rule 6).
@@ -180,7 +186,7 @@ $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/.flags
 	@echo "  CC TEST $<"
 	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmcd.a -lcriterion $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
 
-test: all $(UNIT_BINS)
+test: all $(UNIT_BINS) $(PY_GEN)
 	$(Q)BUILD=$(B) PYTHON=$(PYTHON) SAN=$(SAN) test/run.sh
 
 bench: all

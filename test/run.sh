@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Run every test: the criterion unit binaries in $BUILD/test/ and the
+# integration tests test/integration/test_*.{py,sh}. Each integration test
+# prints its own "N passed, N failed" line last and exits non-zero on a
+# failure. The run ends with the total as "N passed, N failed".
+#
+#   BUILD=build PYTHON=/usr/bin/python3 test/run.sh [name-filter]
+set -u
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+filter=${1:-}
+export BUILD PYTHON
+export MOONCAKE_CONFIG=   # never read /etc/mooncake/mooncaked.conf in tests
+pass=0
+fail=0
+failed=()
+
+count() { # $1 = output file, $2 = name, $3 = exit status
+	local p f line
+	line=$(grep -E 'Synthesis: Tested: [0-9]+' "$1" | tail -n 1)
+	if [ -n "$line" ]; then
+		p=$(sed -E 's/.*Passing: ([0-9]+).*/\1/' <<<"$line")
+		f=$(sed -E 's/.*Failing: ([0-9]+) \| Crashing: ([0-9]+).*/\1+\2/' <<<"$line")
+		f=$((f))
+	else
+		line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -n 1)
+		p=${line%% passed*}
+		f=${line#*, }
+		f=${f%% failed}
+		[ -n "$line" ] || { p=0; f=1; }
+	fi
+	if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then
+		f=1 # crashed or exited badly without a report
+	fi
+	pass=$((pass + p))
+	fail=$((fail + f))
+	[ "$f" -eq 0 ] || failed+=("$2")
+}
+
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for t in "$BUILD"/test/test_*; do
+	[ -x "$t" ] && [ -f "$t" ] || continue
+	name=$(basename "$t")
+	[ -z "$filter" ] || [[ $name == *$filter* ]] || continue
+	echo "== unit: $name"
+	timeout 900 "$t" --jobs 2 >"$out" 2>&1
+	rc=$?
+	grep -vE '^\[----\] .*: (Passed|Skipped)' "$out" | tail -n 40
+	count "$out" "$name" "$rc"
+done
+for t in test/integration/test_*.py test/integration/test_*.sh; do
+	[ -f "$t" ] || continue
+	name=$(basename "$t")
+	[ -z "$filter" ] || [[ $name == *$filter* ]] || continue
+	echo "== integration: $name"
+	case "$t" in
+	*.py) timeout 900 "$PYTHON" "$t" >"$out" 2>&1 ;;
+	*) timeout 900 bash "$t" >"$out" 2>&1 ;;
+	esac
+	rc=$?
+	cat "$out"
+	count "$out" "$name" "$rc"
+done
+if [ ${#failed[@]} -gt 0 ]; then
+	echo "failed: ${failed[*]}"
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
