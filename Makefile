@@ -52,8 +52,8 @@ endif
 # Libraries. Production binaries are fully static; SAN and test builds link
 # the shared libraries (ASan cannot be static).
 RDMA_STATIC_LIBS := $(shell pkg-config --static --libs libibverbs librdmacm 2>/dev/null)
-LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -linih -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
-LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -linih -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
+LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
+LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
 
 ifeq ($(SAN),1)
 BIN_LDFLAGS := $(LDFLAGS_SAN)

@@ -49,9 +49,10 @@ static int parse_decimal(const char **sp, uint64_t *ip, uint64_t *fnum,
 	if (!isdigit((unsigned char)*s))
 		return -EINVAL;
 	while (isdigit((unsigned char)*s)) {
-		if (i > (UINT64_MAX - 9) / 10)
+		uint64_t digit = (uint64_t)(*s++ - '0');
+		if (i > (UINT64_MAX - digit) / 10)
 			return -ERANGE;
-		i = i * 10 + (uint64_t)(*s++ - '0');
+		i = i * 10 + digit;
 	}
 	if (*s == '.') {
 		s++;

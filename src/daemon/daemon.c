@@ -1,16 +1,484 @@
 /*
- * daemon: process frame. Work in progress: roles are started here once
- * the RPC and HTTP layers land.
+ * daemon: the process frame. daemon_run() takes the data-dir lock, writes
+ * the pid file, starts each configured role's listeners on one libuv loop
+ * and runs it until SIGTERM/SIGINT, then drains in-flight calls (up to
+ * --shutdown-timeout) and closes everything in reverse order.
+ *
+ * A role here is its frame: RPC servers (each with grpc.health.v1.Health
+ * and, with --diag-service, mooncake.diag.Diag), an HTTP endpoint for
+ * /metrics and /healthz, and a metrics registry of its own. The role's
+ * services register on those servers; a service not implemented yet is
+ * reported NOT_SERVING and the role says so once at start.
  */
 #include "daemon/daemon.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
 #include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+#include "http/http.h"
+#include "rpc/rpc.h"
 
 #define LOG_SUBSYS LOGS_DAEMON
 
+#define MAX_RPC 2
+#define MAX_SERVICES 6
+
+struct rpc_def {
+	enum cfg_key key;   /* listen address */
+	const char *label;  /* server name in logs and metrics */
+	const char *services[MAX_SERVICES]; /* served NOT_SERVING until built */
+};
+
+struct role_def {
+	const char *name;
+	unsigned mask;
+	struct rpc_def rpc[MAX_RPC];
+	enum cfg_key http_key;
+	const char *not_yet; /* what the role does not do yet, logged once */
+};
+
+static const struct role_def role_defs[] = {
+	{"meta",
+	 CFG_ROLE_META,
+	 {{CFG_LISTEN_CLIENT,
+	   "meta-client",
+	   {"etcdserverpb.KV", "etcdserverpb.Lease", "etcdserverpb.Watch",
+	    "etcdserverpb.Cluster", "etcdserverpb.Maintenance"}},
+	  {CFG_LISTEN_PEER, "meta-peer", {"mooncake.raft.Raft"}}},
+	 CFG_META_HTTP,
+	 "the etcd v3 API (KV, Lease, Watch, Cluster, Maintenance) and Raft "
+	 "replication are not implemented yet; those services report "
+	 "NOT_SERVING"},
+	{"master",
+	 CFG_ROLE_MASTER,
+	 {{CFG_MASTER_LISTEN, "master", {"mooncake.master.Master"}}},
+	 CFG_MASTER_HTTP,
+	 "segment registry, object index, placement and eviction are not "
+	 "implemented yet; mooncake.master.Master reports NOT_SERVING"},
+	{"agent",
+	 CFG_ROLE_AGENT,
+	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},
+	 CFG_AGENT_HTTP,
+	 "cache segments, the transfer engine and the client socket are not "
+	 "implemented yet; mooncake.transfer.Transfer reports NOT_SERVING"},
+};
+
+#define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))
+
+struct role_rt {
+	const struct role_def *def;
+	struct daemon *d;
+	struct metrics_registry *metrics;
+	struct rpc_server *rpc[MAX_RPC];
+	struct rpc_health *health[MAX_RPC];
+	struct http_server *http;
+};
+
+struct daemon {
+	uv_loop_t loop;
+	const struct cfg *cfg;
+	struct role_rt roles[NROLES];
+	uv_signal_t sig_term, sig_int, sig_hup;
+	uv_timer_t tick;
+	int rpc_open;      /* RPC servers not yet shut down */
+	bool shutting_down;
+	int exit_code;
+	int lock_fd;
+	char pid_path[PATH_MAX];
+	bool pid_written;
+	uint64_t start_wall_ms;
+};
+
+/* ------------------------------------------------------------ metrics */
+
+static double m_rss_bytes(void *ctx)
+{
+	(void)ctx;
+	FILE *f = fopen("/proc/self/statm", "re");
+	unsigned long size = 0, rss = 0;
+	if (f) {
+		if (fscanf(f, "%lu %lu", &size, &rss) != 2)
+			rss = 0;
+		fclose(f);
+	}
+	return (double)rss * (double)sysconf(_SC_PAGESIZE);
+}
+
+static double m_open_fds(void *ctx)
+{
+	(void)ctx;
+	DIR *dir = opendir("/proc/self/fd");
+	double n = 0;
+	if (!dir)
+		return 0;
+	for (struct dirent *e; (e = readdir(dir));)
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n - 1; /* the directory's own descriptor */
+}
+
+static double m_start_time(void *ctx)
+{
+	return (double)((struct daemon *)ctx)->start_wall_ms / 1000.0;
+}
+
+static void register_process_metrics(struct daemon *d,
+				     struct metrics_registry *r,
+				     const char *role)
+{
+	metric_set(metrics_gauge(r, "mooncake_build_info",
+				 "Always 1; labels name the build and role.",
+				 "version,revision,role",
+				 (const char *[]){MC_VERSION, MC_GITREV, role}),
+		   1);
+	metrics_gauge_fn(r, "process_start_time_seconds",
+			 "Start time of the process since the epoch, in seconds.",
+			 NULL, NULL, m_start_time, d);
+	metrics_gauge_fn(r, "process_resident_memory_bytes",
+			 "Resident memory size in bytes.", NULL, NULL, m_rss_bytes,
+			 NULL);
+	metrics_gauge_fn(r, "process_open_fds", "Number of open file descriptors.",
+			 NULL, NULL, m_open_fds, NULL);
+}
+
+/* ------------------------------------------------------------ health */
+
+static const char *health_name(enum rpc_health_status s)
+{
+	switch (s) {
+	case RPC_HEALTH_SERVING: return "SERVING";
+	case RPC_HEALTH_NOT_SERVING: return "NOT_SERVING";
+	case RPC_HEALTH_SERVICE_UNKNOWN: return "SERVICE_UNKNOWN";
+	default: return "UNKNOWN";
+	}
+}
+
+/* /healthz: the process is healthy while it runs and is not draining;
+ * the body lists each service's status. */
+static int role_healthz(void *ctx, struct mc_buf *body)
+{
+	struct role_rt *rt = ctx;
+	int code = rt->d->shutting_down ? 503 : 200;
+	int rc = mc_buf_printf(body, "%s\n",
+			       rt->d->shutting_down ? "shutting down" : "ok");
+	for (int i = 0; rc == 0 && i < MAX_RPC; i++) {
+		const struct rpc_def *rd = &rt->def->rpc[i];
+		if (!rd->label)
+			continue;
+		for (int j = 0; rc == 0 && j < MAX_SERVICES && rd->services[j]; j++)
+			rc = mc_buf_printf(body, "%s %s %s\n", rd->label,
+					   rd->services[j],
+					   health_name(RPC_HEALTH_NOT_SERVING));
+	}
+	return rc ? 500 : code;
+}
+
+/* ------------------------------------------------------------ shutdown */
+
+static void close_frame_handles(struct daemon *d)
+{
+	uv_close((uv_handle_t *)&d->sig_term, NULL);
+	uv_close((uv_handle_t *)&d->sig_int, NULL);
+	uv_close((uv_handle_t *)&d->sig_hup, NULL);
+	uv_close((uv_handle_t *)&d->tick, NULL);
+}
+
+static void on_http_closed(struct http_server *s, void *ud)
+{
+	(void)s;
+	(void)ud;
+}
+
+static void on_rpc_done(struct rpc_server *s, void *ud)
+{
+	struct daemon *d = ud;
+	(void)s;
+	if (--d->rpc_open > 0)
+		return;
+	/* Every call drained: now the HTTP endpoints and the frame. */
+	for (size_t i = 0; i < NROLES; i++)
+		if (d->roles[i].http)
+			http_server_close(d->roles[i].http, on_http_closed, d);
+	close_frame_handles(d);
+}
+
+static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
+{
+	if (d->shutting_down)
+		return;
+	d->shutting_down = true;
+	int servers = 0;
+	for (size_t i = 0; i < NROLES; i++)
+		for (int j = 0; j < MAX_RPC; j++)
+			servers += d->roles[i].rpc[j] != NULL;
+	d->rpc_open = servers;
+	if (servers == 0) {
+		d->rpc_open = 1;
+		on_rpc_done(NULL, d);
+		return;
+	}
+	for (size_t i = 0; i < NROLES; i++)
+		for (int j = 0; j < MAX_RPC; j++)
+			if (d->roles[i].rpc[j])
+				rpc_server_shutdown(d->roles[i].rpc[j], timeout_ms,
+						    on_rpc_done, d);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct daemon *d = h->data;
+	if (signum == SIGHUP) {
+		int rc = log_reopen();
+		if (rc)
+			log_error("SIGHUP: cannot reopen the log file: %s",
+				  mc_strerror(rc));
+		else
+			log_info("SIGHUP: log file reopened");
+		return;
+	}
+	if (d->shutting_down) {
+		log_warn("%s again: exiting without waiting for in-flight calls",
+			 strsignal(signum));
+		log_flush();
+		if (d->pid_written)
+			unlink(d->pid_path);
+		_exit(1);
+	}
+	uint64_t t = cfg_u64(d->cfg, CFG_SHUTDOWN_TIMEOUT);
+	log_info("%s: shutting down, draining in-flight calls for up to %llu ms",
+		 strsignal(signum), (unsigned long long)t);
+	begin_shutdown(d, t);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+	(void)t;
+	log_tick();
+}
+
+/* ------------------------------------------------------------ start */
+
+static int start_role(struct daemon *d, struct role_rt *rt)
+{
+	const struct role_def *def = rt->def;
+	const struct cfg *cfg = d->cfg;
+	int rc;
+
+	rt->d = d;
+	rt->metrics = metrics_registry_new();
+	if (!rt->metrics)
+		return -ENOMEM;
+	register_process_metrics(d, rt->metrics, def->name);
+
+	for (int i = 0; i < MAX_RPC; i++) {
+		const struct rpc_def *rd = &def->rpc[i];
+		if (!rd->label)
+			continue;
+		const char *addr = cfg_str(cfg, rd->key);
+		struct rpc_server_opts o = {
+			.name = rd->label,
+			.max_message_bytes = cfg_u64(cfg, CFG_RPC_MAX_MESSAGE_SIZE),
+			.metrics = rt->metrics,
+		};
+		rc = rpc_server_new(&d->loop, &o, &rt->rpc[i]);
+		if (rc) {
+			log_error("%s: cannot create the RPC server: %s", def->name,
+				  mc_strerror(rc));
+			return rc;
+		}
+		rc = rpc_health_add(rt->rpc[i], &rt->health[i]);
+		for (int j = 0; rc == 0 && j < MAX_SERVICES && rd->services[j]; j++)
+			rc = rpc_health_set(rt->health[i], rd->services[j],
+					    RPC_HEALTH_NOT_SERVING);
+		if (rc == 0 && cfg_bool(cfg, CFG_DIAG_SERVICE))
+			rc = rpc_diag_add(rt->rpc[i]);
+		if (rc) {
+			log_error("%s: cannot register services: %s", def->name,
+				  mc_strerror(rc));
+			return rc;
+		}
+		rc = rpc_server_listen(rt->rpc[i], addr);
+		if (rc) {
+			log_error("%s: cannot listen on %s (--%s): %s", def->name,
+				  addr, cfg_keydefs[rd->key].name, mc_strerror(rc));
+			return rc;
+		}
+	}
+
+	struct http_server_opts ho = {
+		.name = def->name,
+		.metrics = rt->metrics,
+		.health = role_healthz,
+		.health_ctx = rt,
+	};
+	rc = http_server_new(&d->loop, &ho, &rt->http);
+	if (rc == 0) {
+		const char *addr = cfg_str(cfg, def->http_key);
+		rc = http_server_listen(rt->http, addr);
+		if (rc)
+			log_error("%s: cannot listen on %s (--%s): %s", def->name,
+				  addr, cfg_keydefs[def->http_key].name,
+				  mc_strerror(rc));
+	}
+	if (rc)
+		return rc;
+	log_warn("%s: %s", def->name, def->not_yet);
+	return 0;
+}
+
+static int setup_logging(const struct cfg *cfg)
+{
+	unsigned char levels[LOGS_COUNT];
+	char err[256];
+	/* Validated when the configuration was loaded. */
+	if (log_parse_levels(cfg_str(cfg, CFG_LOG_LEVEL), levels, err,
+			     sizeof(err)) == 0)
+		log_set_levels(levels);
+	const char *file = cfg_str(cfg, CFG_LOG_FILE);
+	int rc = log_open_file(file);
+	if (rc)
+		fprintf(stderr, "mooncaked: cannot open --log-file %s: %s\n", file,
+			mc_strerror(rc));
+	return rc;
+}
+
+static int lock_data_dir(struct daemon *d)
+{
+	const char *dir = cfg_str(d->cfg, CFG_DATA_DIR);
+	int holder = 0;
+	int rc = mc_mkdir_p(dir, 0750);
+	if (rc) {
+		log_error("cannot create data dir %s: %s (set --data-dir)", dir,
+			  mc_strerror(rc));
+		return rc;
+	}
+	rc = mc_lock_dir(dir, &d->lock_fd, &holder);
+	if (rc == MC_ELOCKED) {
+		log_error("data dir %s is in use by another mooncaked (pid %d); "
+			  "refusing to start",
+			  dir, holder);
+		return rc;
+	}
+	if (rc) {
+		log_error("cannot lock data dir %s: %s", dir, mc_strerror(rc));
+		return rc;
+	}
+	const char *pid = cfg_str(d->cfg, CFG_PID_FILE);
+	if (*pid)
+		snprintf(d->pid_path, sizeof(d->pid_path), "%s", pid);
+	else
+		snprintf(d->pid_path, sizeof(d->pid_path), "%s/mooncaked.pid", dir);
+	rc = mc_write_pidfile(d->pid_path);
+	if (rc) {
+		log_error("cannot write pid file %s: %s", d->pid_path,
+			  mc_strerror(rc));
+		return rc;
+	}
+	d->pid_written = true;
+	return 0;
+}
+
+static void free_roles(struct daemon *d)
+{
+	for (size_t i = 0; i < NROLES; i++) {
+		struct role_rt *rt = &d->roles[i];
+		for (int j = 0; j < MAX_RPC; j++)
+			if (rt->rpc[j])
+				rpc_server_free(rt->rpc[j]);
+		if (rt->http)
+			http_server_free(rt->http);
+		metrics_registry_free(rt->metrics);
+		memset(rt, 0, sizeof(*rt));
+	}
+}
+
 int daemon_run(const struct cfg *cfg)
 {
-	(void)cfg;
-	log_error("the process frame is not built yet");
-	return 1;
+	struct daemon *d = calloc(1, sizeof(*d));
+	int rc;
+
+	if (!d) {
+		fprintf(stderr, "mooncaked: out of memory\n");
+		return 1;
+	}
+	d->cfg = cfg;
+	d->lock_fd = -1;
+	d->start_wall_ms = mc_wall_ms();
+	if (setup_logging(cfg) != 0) {
+		free(d);
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	rc = uv_loop_init(&d->loop);
+	if (rc) {
+		log_error("cannot create the event loop: %s", uv_strerror(rc));
+		goto out_free;
+	}
+	rc = lock_data_dir(d);
+	if (rc)
+		goto out_loop;
+
+	unsigned roles = cfg_roles(cfg);
+	char names[64] = "";
+	for (size_t i = 0; i < NROLES; i++)
+		if (roles & role_defs[i].mask)
+			snprintf(names + strlen(names), sizeof(names) - strlen(names),
+				 "%s%s", *names ? "," : "", role_defs[i].name);
+	log_info("mooncaked %s (%s) starting: pid %d, roles %s, data dir %s",
+		 MC_VERSION, MC_GITREV, (int)getpid(), names,
+		 cfg_str(cfg, CFG_DATA_DIR));
+
+	uv_signal_init(&d->loop, &d->sig_term);
+	uv_signal_init(&d->loop, &d->sig_int);
+	uv_signal_init(&d->loop, &d->sig_hup);
+	uv_timer_init(&d->loop, &d->tick);
+	d->sig_term.data = d->sig_int.data = d->sig_hup.data = d;
+	uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+	uv_signal_start(&d->sig_int, on_signal, SIGINT);
+	uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
+	uv_timer_start(&d->tick, on_tick, 1000, 1000);
+
+	for (size_t i = 0; i < NROLES && rc == 0; i++) {
+		if (!(roles & role_defs[i].mask))
+			continue;
+		d->roles[i].def = &role_defs[i];
+		rc = start_role(d, &d->roles[i]);
+	}
+	if (rc) {
+		d->exit_code = 1;
+		begin_shutdown(d, 0);
+	} else {
+		log_info("ready");
+	}
+	uv_run(&d->loop, UV_RUN_DEFAULT);
+	if (d->exit_code == 0)
+		log_info("shut down cleanly");
+	free_roles(d);
+	rc = uv_loop_close(&d->loop);
+	if (rc)
+		log_warn("event loop closed with handles open: %s", uv_strerror(rc));
+	rc = d->exit_code;
+	goto out_unlock;
+
+out_loop:
+	rc = 1;
+	(void)uv_loop_close(&d->loop);
+out_unlock:
+	if (d->pid_written)
+		unlink(d->pid_path);
+	mc_unlock_dir(d->lock_fd);
+	log_flush();
+out_free:
+	free(d);
+	return rc ? 1 : 0;
 }

@@ -182,6 +182,10 @@ int rpc_health_add(struct rpc_server *s, struct rpc_health **out) MC_MUST_CHECK;
 int rpc_health_set(struct rpc_health *h, const char *service,
 		   enum rpc_health_status status) MC_MUST_CHECK;
 
+/* Serve mooncake.diag.Diag (Echo, EchoStream, Download, Upload; see
+ * proto/diag.proto) on s. Errors: -ENOMEM, -EEXIST. */
+int rpc_diag_add(struct rpc_server *s) MC_MUST_CHECK;
+
 /* ------------------------------------------------------------------ client */
 
 struct rpc_client;

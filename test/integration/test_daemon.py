@@ -1,0 +1,363 @@
+"""The process frame of build/mooncaked, driven from outside.
+
+Command line and configuration errors, every role's listeners, the
+grpc.health.v1.Health service seen by a real gRPC client (Python grpcio),
+/metrics validated by promtool and /healthz, signals (SIGTERM drains,
+SIGHUP reopens the log), the data-dir lock, 16 MiB messages both ways
+through mooncake.diag.Diag, and abuse of the RPC port (garbage, truncated
+preface, oversized frame, half-open connection) after which the daemon
+still answers.
+"""
+import hashlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+import urllib.request
+
+import mctest
+from mctest import case, Daemon, eq, run
+
+import grpc
+import health_pb2
+import diag_pb2
+
+H = health_pb2.HealthCheckResponse
+
+
+def health_check(addr, service="", timeout=5):
+    with grpc.insecure_channel(addr) as ch:
+        check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                               request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                               response_deserializer=H.FromString)
+        return check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
+
+
+def http_get(port, path):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+# ------------------------------------------------------------ command line
+
+@case
+def usage_errors_exit_2_with_one_line():
+    bad = [
+        (["--nope"], "unknown flag '--nope'"),
+        (["--rpc-max-message-size=12Q"], "--rpc-max-message-size: '12Q' is not a size"),
+        (["--shutdown-timeout=soon"], "--shutdown-timeout: 'soon' is not a duration"),
+        (["--data-dir"], "--data-dir: missing value"),
+        (["--role=cook"], "--role: 'cook' is not"),
+        (["--listen-client=host"], "--listen-client: 'host' is not a numeric host:port"),
+        (["--config=/nonexistent.conf"], "cannot open '/nonexistent.conf'"),
+    ]
+    for args, want in bad:
+        r = run([mctest.MOONCAKED] + args, check=False)
+        eq(r.returncode, 2, "exit code of %s" % args)
+        lines = r.stderr.strip().splitlines()
+        eq(len(lines), 1, "lines on stderr for %s: %r" % (args, r.stderr))
+        assert want in lines[0], (want, lines[0])
+    r = run([mctest.MOONCAKED, "--config="], check=False,
+            env=dict(os.environ, MOONCAKE_LOG_LEVEL="info,nosuch=debug"))
+    eq(r.returncode, 2, "bad env var")
+    assert "MOONCAKE_LOG_LEVEL" in r.stderr, r.stderr
+
+
+@case
+def help_version_print_config():
+    r = run([mctest.MOONCAKED, "--help"])
+    for word in ["meta", "master", "agent", "standalone", "--data-dir=PATH",
+                 "(default: /var/lib/mooncake)", "--print-config"]:
+        assert word in r.stdout, word
+    r = run([mctest.MOONCAKED, "--version"])
+    assert r.stdout.startswith("mooncaked "), r.stdout
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        conf = os.path.join(d, "m.conf")
+        with open(conf, "w") as f:
+            f.write("[common]\nshutdown-timeout = 3s\nlog-level = warn\n[meta]\nlisten-peer = 127.0.0.1:7\n")
+        env = dict(os.environ, MOONCAKE_LOG_LEVEL="debug")
+        r = run([mctest.MOONCAKED, "--config=" + conf, "--print-config", "--shutdown-timeout=4s"], env=env)
+        out = r.stdout
+        assert "shutdown-timeout = 4s" in out and "# flag" in out, out
+        assert "log-level = debug" in out and "# env (env MOONCAKE_LOG_LEVEL)" in out, out
+        assert "listen-peer = 127.0.0.1:7" in out and ("m.conf:5") in out, out
+        assert "listen-client = 127.0.0.1:2379" in out, out
+
+
+# ------------------------------------------------------------ roles, health
+
+@case
+def meta_role_health_over_grpcio():
+    d = Daemon("meta")
+    for key in ("listen-client", "listen-peer"):
+        eq(health_check(d.addr(key)), H.SERVING, "overall health on " + key)
+    eq(health_check(d.addr("listen-client"), "etcdserverpb.KV"), H.NOT_SERVING, "KV")
+    eq(health_check(d.addr("listen-peer"), "mooncake.raft.Raft"), H.NOT_SERVING, "Raft")
+    try:
+        health_check(d.addr("listen-client"), "no.such.Service")
+        raise AssertionError("unknown service answered")
+    except grpc.RpcError as e:
+        eq(e.code(), grpc.StatusCode.NOT_FOUND, "unknown service")
+    out = d.output()
+    assert "not implemented yet" in out, out
+    eq(out.count("meta: the etcd v3 API"), 1, "says once what it does not do yet")
+    eq(d.stop(), 0, "exit status after SIGTERM")
+    assert "shut down cleanly" in d.output()
+
+
+@case
+def standalone_serves_every_role():
+    d = Daemon("standalone")
+    for key in ("listen-client", "listen-peer", "master-listen", "agent-listen"):
+        eq(health_check(d.addr(key)), H.SERVING, key)
+    eq(health_check(d.addr("master-listen"), "mooncake.master.Master"), H.NOT_SERVING, "master")
+    for key in ("meta-http", "master-http", "agent-http"):
+        code, body = http_get(d.ports[key], "/healthz")
+        eq(code, 200, key)
+        assert body.startswith("ok\n"), body
+    eq(d.stop(), 0, "exit")
+
+
+@case
+def health_watch_sees_shutdown():
+    d = Daemon("master")
+    updates = []
+    done = threading.Event()
+
+    def watch():
+        with grpc.insecure_channel(d.addr("master-listen")) as ch:
+            w = ch.unary_stream("/grpc.health.v1.Health/Watch",
+                                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                response_deserializer=H.FromString)
+            try:
+                for resp in w(health_pb2.HealthCheckRequest(service=""), timeout=20):
+                    updates.append(resp.status)
+                    if len(updates) == 1:
+                        done.set()
+            except grpc.RpcError:
+                pass
+        done.set()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    assert done.wait(10), "no first Watch message"
+    eq(updates[0], H.SERVING, "first watch status")
+    d.signal(signal.SIGTERM)
+    t.join(20)
+    assert H.NOT_SERVING in updates, updates
+    eq(d.proc.wait(20), 0, "exit")
+
+
+@case
+def second_daemon_on_same_data_dir_refuses():
+    d = Daemon("master")
+    r = run([mctest.MOONCAKED, "--config=", "--role=master", "--data-dir=" + d.data_dir,
+             "--master-listen=127.0.0.1:%d" % mctest.free_port(),
+             "--master-http=127.0.0.1:%d" % mctest.free_port()], check=False, timeout=20)
+    eq(r.returncode, 1, "second daemon exit code")
+    assert "in use by another mooncaked (pid %d)" % d.pid in r.stderr, r.stderr
+    pidfile = os.path.join(d.data_dir, "mooncaked.pid")
+    eq(open(pidfile).read().strip(), str(d.pid), "pid file")
+    eq(d.stop(), 0, "first exits cleanly")
+    assert not os.path.exists(pidfile), "pid file removed at exit"
+
+
+@case
+def port_in_use_is_a_clear_error():
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    d = Daemon("master", ports={"master-listen": port}, wait=False)
+    eq(d.proc.wait(20), 1, "exit code")
+    out = d.output()
+    assert "cannot listen on 127.0.0.1:%d (--master-listen)" % port in out, out
+    busy.close()
+
+
+def wait_for_text(path, text, timeout=5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and text in open(path).read():
+            return
+        time.sleep(0.05)
+    raise AssertionError("%r never appeared in %s" % (text, path))
+
+
+@case
+def sighup_reopens_log_file():
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        logf = os.path.join(tmp, "mooncaked.log")
+        d = Daemon("agent", args=["--log-file=" + logf])
+        wait_for_text(logf, "ready")
+        os.rename(logf, logf + ".1")  # what logrotate does
+        d.signal(signal.SIGHUP)
+        wait_for_text(logf, "log file reopened")
+        assert "log file reopened" not in open(logf + ".1").read()
+        eq(d.stop(), 0, "exit")
+        assert "shut down cleanly" in open(logf).read()
+
+
+# ------------------------------------------------------------ metrics
+
+@case
+def metrics_pass_promtool():
+    d = Daemon("meta")
+    health_check(d.addr("listen-client"))
+    health_check(d.addr("listen-client"), "etcdserverpb.KV")
+    code, body = http_get(d.ports["meta-http"], "/metrics")
+    eq(code, 200, "/metrics")
+    for name in ["mooncake_rpc_server_calls_total", "mooncake_rpc_server_call_duration_seconds_bucket",
+                 "mooncake_build_info", "process_resident_memory_bytes"]:
+        assert name in body, name
+    r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True)
+    eq(r.returncode, 0, "promtool: " + r.stdout + r.stderr)
+    eq(http_get(d.ports["meta-http"], "/nope")[0], 404, "unknown path")
+    # Keep-alive and HEAD work with a raw socket.
+    s = socket.create_connection(("127.0.0.1", d.ports["meta-http"]))
+    s.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    deadline = time.monotonic() + 5
+    while data.count(b"HTTP/1.1 200") < 2 and time.monotonic() < deadline:
+        data += s.recv(65536)
+    eq(data.count(b"HTTP/1.1 200"), 2, "two pipelined answers")
+    s.close()
+    eq(d.stop(), 0, "exit")
+
+
+# ------------------------------------------------------------ big messages
+
+def diag_stub(ch, method, kind, req_cls, resp_cls):
+    return getattr(ch, kind)("/mooncake.diag.Diag/" + method,
+                             request_serializer=req_cls.SerializeToString,
+                             response_deserializer=resp_cls.FromString)
+
+
+@case
+def sixteen_mib_both_directions():
+    d = Daemon("master", args=["--diag-service"])
+    payload = os.urandom(16 << 20)
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    with grpc.insecure_channel(d.addr("master-listen"), options=opts) as ch:
+        echo = diag_stub(ch, "Echo", "unary_unary", diag_pb2.EchoRequest, diag_pb2.EchoResponse)
+        resp = echo(diag_pb2.EchoRequest(payload=payload), timeout=30)
+        eq(hashlib.sha256(resp.payload).hexdigest(), hashlib.sha256(payload).hexdigest(), "16 MiB echo")
+    eq(d.stop(), 0, "exit")
+
+
+@case
+def max_message_size_is_enforced():
+    d = Daemon("master", args=["--diag-service", "--rpc-max-message-size=1M"])
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    with grpc.insecure_channel(d.addr("master-listen"), options=opts) as ch:
+        echo = diag_stub(ch, "Echo", "unary_unary", diag_pb2.EchoRequest, diag_pb2.EchoResponse)
+        try:
+            echo(diag_pb2.EchoRequest(payload=b"x" * (2 << 20)), timeout=10)
+            raise AssertionError("2 MiB accepted with a 1 MiB limit")
+        except grpc.RpcError as e:
+            eq(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, "oversized request")
+        eq(len(echo(diag_pb2.EchoRequest(payload=b"y" * 1000), timeout=10).payload), 1000, "small ok")
+    eq(health_check(d.addr("master-listen")), H.SERVING, "still healthy")
+    eq(d.stop(), 0, "exit")
+
+
+@case
+def unknown_method_is_unimplemented():
+    d = Daemon("agent")
+    with grpc.insecure_channel(d.addr("agent-listen")) as ch:
+        m = ch.unary_unary("/grpc.health.v1.Health/Nope", request_serializer=lambda x: x,
+                           response_deserializer=lambda x: x)
+        try:
+            m(b"", timeout=5)
+            raise AssertionError("unknown method answered")
+        except grpc.RpcError as e:
+            eq(e.code(), grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+        m = ch.unary_unary("/no.Such/Thing", request_serializer=lambda x: x,
+                           response_deserializer=lambda x: x)
+        try:
+            m(b"", timeout=5)
+            raise AssertionError("unknown service answered")
+        except grpc.RpcError as e:
+            eq(e.code(), grpc.StatusCode.UNIMPLEMENTED, "unknown service")
+    eq(d.stop(), 0, "exit")
+
+
+# ------------------------------------------------------------ abuse
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def frame(ftype, flags, stream, payload, length=None):
+    n = len(payload) if length is None else length
+    return struct.pack(">I", n)[1:] + bytes([ftype, flags]) + struct.pack(">I", stream) + payload
+
+
+@case
+def abuse_does_not_kill_the_server():
+    d = Daemon("meta", args=["--shutdown-timeout=2s"])
+    port = d.ports["listen-client"]
+    attacks = {
+        "garbage": os.urandom(4096),
+        "http1": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        "truncated preface": PREFACE[:10],
+        "oversized frame": PREFACE + frame(4, 0, 0, b"") + frame(0, 0, 1, b"x" * 100, length=(1 << 24) - 1),
+        "bad settings": PREFACE + frame(4, 0, 0, b"\x00\x01\x00"),
+        "data on stream 0": PREFACE + frame(4, 0, 0, b"") + frame(0, 0, 0, b"abc"),
+        "headers garbage": PREFACE + frame(4, 0, 0, b"") + frame(1, 5, 1, os.urandom(64)),
+    }
+    for name, data in attacks.items():
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(data)
+        s.settimeout(5)
+        try:
+            while s.recv(65536):
+                pass
+        except (socket.timeout, ConnectionResetError):
+            pass
+        s.close()
+        eq(health_check(d.addr("listen-client")), H.SERVING, "after " + name)
+    # Half-open connections that never speak: others are still served.
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    eq(health_check(d.addr("listen-client")), H.SERVING, "with idle connections")
+    for s in idle:
+        s.close()
+    # A connection that sends the preface and stops mid-frame.
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(PREFACE + frame(4, 0, 0, b"") + frame(1, 4, 1, b"", length=100))
+    eq(health_check(d.addr("listen-client")), H.SERVING, "with a stalled frame")
+    eq(d.stop(), 0, "exit with a stalled connection open")
+    s.close()
+
+
+@case
+def sigterm_drains_in_flight_call():
+    d = Daemon("master", args=["--diag-service", "--shutdown-timeout=10s"])
+    result = {}
+
+    def slow_call():
+        with grpc.insecure_channel(d.addr("master-listen")) as ch:
+            echo = diag_stub(ch, "Echo", "unary_unary", diag_pb2.EchoRequest, diag_pb2.EchoResponse)
+            try:
+                result["resp"] = echo(diag_pb2.EchoRequest(payload=b"drain", delay_ms=1500), timeout=20)
+            except grpc.RpcError as e:
+                result["err"] = e
+
+    t = threading.Thread(target=slow_call)
+    t.start()
+    time.sleep(0.5)  # let the call reach the server (it is delayed 1.5 s there)
+    d.signal(signal.SIGTERM)
+    t.join(20)
+    assert "resp" in result, result
+    eq(result["resp"].payload, b"drain", "drained call completed")
+    eq(d.proc.wait(20), 0, "exit after draining")
+
+
+mctest.main()
