@@ -20,8 +20,12 @@ SAN     ?= 0
 WERROR  ?= 1
 PYTHON  ?= /usr/bin/python3
 
+FUZZ    ?= 0
 ifeq ($(SAN),1)
 B       := build-san
+else ifeq ($(FUZZ),1)
+B       := build-fuzz
+CC      := clang
 else
 B       := build
 endif
@@ -48,6 +52,10 @@ ifeq ($(SAN),1)
 CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1
 LDFLAGS_SAN := -fsanitize=address,undefined
 endif
+ifeq ($(FUZZ),1)
+CFLAGS_ALL += -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -O1
+LDFLAGS_SAN := -fsanitize=address,undefined
+endif
 
 # Libraries. Production binaries are fully static; SAN and test builds link
 # the shared libraries (ASan cannot be static).
@@ -55,7 +63,7 @@ RDMA_STATIC_LIBS := $(shell pkg-config --static --libs libibverbs librdmacm 2>/d
 LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
 LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
 
-ifeq ($(SAN),1)
+ifneq ($(SAN)$(FUZZ),00)
 BIN_LDFLAGS := $(LDFLAGS_SAN)
 BIN_LIBS    := $(LIBS_DYNAMIC)
 else
@@ -89,13 +97,16 @@ CTL_OBJS   := $(patsubst src/%.c,$(B)/obj/%.o,$(CTL_SRCS))
 CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c
 CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS))
 
+FUZZ_SRCS  := $(wildcard test/fuzz/fuzz_*.c)
+REPLAY_BINS := $(patsubst test/fuzz/%.c,$(B)/fuzz-replay/%,$(FUZZ_SRCS))
+FUZZ_BINS  := $(patsubst test/fuzz/%.c,$(B)/fuzz/%,$(FUZZ_SRCS))
 UNIT_SRCS  := $(wildcard test/unit/test_*.c)
 UNIT_BINS  := $(patsubst test/unit/%.c,$(B)/test/%,$(UNIT_SRCS))
 
 BINS := $(B)/mooncaked $(B)/mooncakectl
 LIBS := $(B)/libmooncake.a $(B)/libmooncake.so
 
-.PHONY: all test bench fuzz man install clean
+.PHONY: all test bench fuzz fuzz-run man install clean
 .SECONDARY: $(GEN_C) $(GEN_H)
 all: $(BINS) $(LIBS) $(B)/man/mooncaked.8
 
@@ -186,7 +197,29 @@ $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/.flags
 	@echo "  CC TEST $<"
 	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmcd.a -lcriterion $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
 
-test: all $(UNIT_BINS) $(PY_GEN)
+# Fuzz targets: replayed over their corpus by make test (any compiler);
+# `make fuzz` builds them with clang's libFuzzer in build-fuzz/ and runs
+# each for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 30
+$(B)/fuzz-replay/%: test/fuzz/%.c test/fuzz/replay.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC FUZZ $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< test/fuzz/replay.c $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+$(B)/fuzz/%: test/fuzz/%.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC FUZZ $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+fuzz:
+	$(MAKE) FUZZ=1 fuzz-run
+
+fuzz-run: $(FUZZ_BINS)
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n; \
+	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(B)/corpus/$$n test/fuzz/corpus/$$n || exit 1; done
+
+test: all $(UNIT_BINS) $(PY_GEN) $(REPLAY_BINS)
 	$(Q)BUILD=$(B) PYTHON=$(PYTHON) SAN=$(SAN) test/run.sh
 
 bench: all
@@ -204,6 +237,6 @@ install: all
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

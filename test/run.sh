@@ -49,6 +49,17 @@ for t in "$BUILD"/test/test_*; do
 	grep -vE '^\[----\] .*: (Passed|Skipped)' "$out" | tail -n 40
 	count "$out" "$name" "$rc"
 done
+for t in "$BUILD"/fuzz-replay/fuzz_*; do
+	[ -x "$t" ] || continue
+	name=$(basename "$t")
+	[ -z "$filter" ] || [[ $name == *$filter* ]] || continue
+	echo "== fuzz corpus replay: $name"
+	if "$t" test/fuzz/corpus/"$name"/* >"$out" 2>&1; then
+		cat "$out"; pass=$((pass + 1))
+	else
+		cat "$out"; fail=$((fail + 1)); failed+=("$name")
+	fi
+done
 for t in test/integration/test_*.py test/integration/test_*.sh; do
 	[ -f "$t" ] || continue
 	name=$(basename "$t")
