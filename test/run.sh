@@ -54,7 +54,8 @@ for t in "$BUILD"/fuzz-replay/fuzz_*; do
 	name=$(basename "$t")
 	[ -z "$filter" ] || [[ $name == *$filter* ]] || continue
 	echo "== fuzz corpus replay: $name"
-	if "$t" test/fuzz/corpus/"$name"/* >"$out" 2>&1; then
+	shopt -s nullglob; seeds=(test/fuzz/corpus/"$name"/*); shopt -u nullglob
+	if "$t" "${seeds[@]}" >"$out" 2>&1; then
 		cat "$out"; pass=$((pass + 1))
 	else
 		cat "$out"; fail=$((fail + 1)); failed+=("$name")
