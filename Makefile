@@ -235,6 +235,10 @@ install: all
 	install -m 0644 src/client/mooncake.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(B)/man/mooncaked.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	for u in deploy/*.service.in; do \
+	  sed 's|@PREFIX@|$(PREFIX)|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u .in); done
+	install -m 0644 deploy/mooncaked.default $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:
 	rm -rf build build-san build-fuzz

@@ -13,9 +13,12 @@
 #include "daemon/daemon.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +101,34 @@ struct daemon {
 	bool pid_written;
 	uint64_t start_wall_ms;
 };
+
+/* ------------------------------------------------------------ systemd */
+
+/*
+ * The sd_notify protocol (Type=notify units): one datagram to the socket
+ * systemd names in NOTIFY_SOCKET. Without it this is a no-op. NOTIFY_SOCKET
+ * is systemd's interface, not a tunable, so it is read here and not in the
+ * config table.
+ */
+static void notify_systemd(const char *state)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t len = path ? strlen(path) : 0;
+	if (len == 0 || len >= sizeof(sa.sun_path) ||
+	    (path[0] != '/' && path[0] != '@'))
+		return;
+	memcpy(sa.sun_path, path, len);
+	if (path[0] == '@')
+		sa.sun_path[0] = '\0'; /* abstract namespace */
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
+		log_warn("cannot notify systemd at %s: %s", path, strerror(errno));
+	close(fd);
+}
 
 /* ------------------------------------------------------------ metrics */
 
@@ -217,6 +248,7 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	if (d->shutting_down)
 		return;
 	d->shutting_down = true;
+	notify_systemd("STOPPING=1");
 	int servers = 0;
 	for (size_t i = 0; i < NROLES; i++)
 		for (int j = 0; j < MAX_RPC; j++)
@@ -459,6 +491,9 @@ int daemon_run(const struct cfg *cfg)
 		begin_shutdown(d, 0);
 	} else {
 		log_info("ready");
+		char st[64];
+		snprintf(st, sizeof(st), "READY=1\nMAINPID=%d", (int)getpid());
+		notify_systemd(st);
 	}
 	uv_run(&d->loop, UV_RUN_DEFAULT);
 	if (d->exit_code == 0)

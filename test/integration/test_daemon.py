@@ -360,4 +360,38 @@ def sigterm_drains_in_flight_call():
     eq(d.proc.wait(20), 0, "exit after draining")
 
 
+@case
+def systemd_notify_ready_and_stopping():
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        sock.settimeout(10)
+        d = Daemon("master", env={"NOTIFY_SOCKET": path})
+        msg = sock.recv(4096).decode()
+        assert "READY=1" in msg and "MAINPID=%d" % d.pid in msg, msg
+        d.signal(signal.SIGTERM)
+        eq(sock.recv(4096).decode(), "STOPPING=1", "stopping notice")
+        eq(d.proc.wait(20), 0, "exit")
+        sock.close()
+
+
+@case
+def systemd_units_verify():
+    import shutil
+    import tempfile
+    if not shutil.which("systemd-analyze"):
+        raise AssertionError("systemd-analyze missing (Debian package systemd)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for unit, name in (("mooncaked.service.in", "mooncaked.service"),
+                           ("mooncaked@.service.in", "mooncaked@meta.service")):
+            text = open(os.path.join(mctest.ROOT, "deploy", unit)).read()
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(text.replace("@PREFIX@/bin/mooncaked", mctest.MOONCAKED))
+            r = run(["systemd-analyze", "verify", "--man=no", path], check=False)
+            eq((r.returncode, r.stdout + r.stderr), (0, ""), "systemd-analyze verify " + name)
+
+
 mctest.main()
