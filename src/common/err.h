@@ -27,7 +27,8 @@
 	X(MC_ETOO_LARGE, -805, "message too large")                            \
 	X(MC_ELOCKED, -806, "resource is locked by another process")           \
 	X(MC_ENOT_LEADER, -807, "not the leader")                              \
-	X(MC_ESHUTDOWN, -808, "shutting down")
+	X(MC_ESHUTDOWN, -808, "shutting down")                                 \
+	X(MC_ECOMPACTED, -809, "revision has been compacted")
 
 enum mc_err {
 #define MC__ERR_ENUM(name, value, text) name = value,
