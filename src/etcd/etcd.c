@@ -429,7 +429,8 @@ static void ka_on_close(struct rpc_stream *st, void *ud, int status,
 		  rpc_status_name(status), message ? message : "");
 }
 
-static const struct rpc_stream_cbs ka_cbs = {ka_on_message, ka_on_close};
+static const struct rpc_stream_cbs ka_cbs = {.on_message = ka_on_message,
+					     .on_close = ka_on_close};
 
 static void lease_on_tick(uv_timer_t *t)
 {
@@ -677,8 +678,8 @@ static void watch_on_close(struct rpc_stream *st, void *ud, int status,
 	watch_schedule_retry(w);
 }
 
-static const struct rpc_stream_cbs watch_cbs = {watch_on_message,
-						watch_on_close};
+static const struct rpc_stream_cbs watch_cbs = {.on_message = watch_on_message,
+						.on_close = watch_on_close};
 
 static int watch_open(struct etcd_watch *w)
 {
