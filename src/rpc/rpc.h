@@ -89,7 +89,14 @@ struct rpc_method {
 	void (*on_half_close)(struct rpc_call *call);
 	/* The call died before rpc_call_finish. Optional. */
 	void (*on_cancel)(struct rpc_call *call);
+	/* Optional, for handlers that stream a lot: the bytes queued on the
+	 * call (rpc_call_pending_bytes) fell below RPC_DRAIN_BYTES after a
+	 * send had brought them to it or above. Send more from here. */
+	void (*on_drain)(struct rpc_call *call);
 };
+
+/* Back-pressure threshold of on_drain (server) and on_drain (client). */
+#define RPC_DRAIN_BYTES ((size_t)1 << 20)
 
 struct rpc_server_opts {
 	const char *name;          /* label in logs and metrics ("meta-client") */
@@ -182,8 +189,11 @@ int rpc_health_add(struct rpc_server *s, struct rpc_health **out) MC_MUST_CHECK;
 int rpc_health_set(struct rpc_health *h, const char *service,
 		   enum rpc_health_status status) MC_MUST_CHECK;
 
-/* Serve mooncake.diag.Diag (Echo, EchoStream, Download, Upload; see
- * proto/diag.proto) on s. Errors: -ENOMEM, -EEXIST. */
+/* ------------------------------------------------------------------ diag */
+
+/* Serve mooncake.diag.Diag (proto/diag.proto) on s: Echo, EchoStream,
+ * Download, Upload — diagnostics and the load of mooncakectl bench rpc.
+ * Errors: -EEXIST, -ENOMEM. */
 int rpc_diag_add(struct rpc_server *s) MC_MUST_CHECK;
 
 /* ------------------------------------------------------------------ client */
@@ -239,6 +249,9 @@ struct rpc_stream_cbs {
 	/* The call ended; the stream is freed after this returns. */
 	void (*on_close)(struct rpc_stream *st, void *ud, int status,
 			 const char *message);
+	/* Optional: rpc_stream_pending_bytes fell below RPC_DRAIN_BYTES
+	 * after a send had brought it to it or above. */
+	void (*on_drain)(struct rpc_stream *st, void *ud);
 };
 
 /*

@@ -1,0 +1,217 @@
+/*
+ * rpc_int: what the RPC layer's files share and nobody else may use.
+ *
+ *  - rpc__conn: one HTTP/2 connection — a uv_tcp_t, an nghttp2 session
+ *    and the write path. It knows nothing about calls: the server and the
+ *    client embed it, install their own nghttp2 frame callbacks and get
+ *    their object back with MC_CONTAINER_OF. Bytes go out through
+ *    nghttp2_session_send(): small frames are copied into a per-write
+ *    arena, DATA payloads are referenced straight from the serialized
+ *    message buffers (NGHTTP2_DATA_FLAG_NO_COPY), so a 16 MiB message is
+ *    copied once, when protobuf-c packs it. Writes are batched and
+ *    bounded: no more is taken from nghttp2 while the socket's libuv
+ *    write queue holds RPC__WRITE_HIGH_BYTES or more.
+ *  - rpc__omsg / rpc__outq: a serialized, length-prefixed message and
+ *    the per-stream queue of them that feeds nghttp2's data provider.
+ *    Messages are reference-counted because a uv_write may still point
+ *    into one after its stream has gone.
+ *  - rpc__dlheap: a binary min-heap of deadlines; the server and the
+ *    client each run one uv_timer for all their calls.
+ *  - hooks between server.c and health.c.
+ */
+#ifndef MC_RPC_RPC_INT_H
+#define MC_RPC_RPC_INT_H
+
+#include <nghttp2/nghttp2.h>
+
+#include "common/buf.h"
+#include "rpc/rpc.h"
+
+/* Flow control: what we let a peer send before it hears from us. Large
+ * so a 16 MiB message is not throttled by round trips on a LAN. */
+#define RPC__STREAM_WINDOW_BYTES (16u << 20)
+#define RPC__CONN_WINDOW_BYTES (64u << 20)
+/* SETTINGS_MAX_FRAME_SIZE we advertise and the largest DATA payload we
+ * send when the peer allows it. */
+#define RPC__MAX_FRAME_BYTES (256u << 10)
+#define RPC__MAX_HEADER_LIST_BYTES (64u << 10)
+/* Read buffer shared by the connections of one server or client. */
+#define RPC__READ_BUF_BYTES (256u << 10)
+/* One uv_write carries at most this much (one frame may exceed it). */
+#define RPC__BATCH_BYTES (256u << 10)
+/* Stop pulling frames from nghttp2 while this much waits in the socket's
+ * write queue. */
+#define RPC__WRITE_HIGH_BYTES (1u << 20)
+#define RPC__DEFAULT_MAX_MESSAGE_BYTES (4u << 20)
+#define RPC__USER_AGENT "mooncake-rpc/" MC_VERSION
+
+/* ---------------------------------------------------------------- deadlines */
+
+struct rpc__dl {
+	uint64_t at_ms; /* uv_now() clock */
+	size_t idx;     /* position in the heap; SIZE_MAX when not queued */
+};
+
+struct rpc__dlheap {
+	struct rpc__dl **v;
+	size_t n, cap;
+};
+
+void rpc__dl_init(struct rpc__dl *d);
+/* Errors: -ENOMEM. */
+int rpc__dlheap_add(struct rpc__dlheap *h, struct rpc__dl *d) MC_MUST_CHECK;
+void rpc__dlheap_del(struct rpc__dlheap *h, struct rpc__dl *d);
+struct rpc__dl *rpc__dlheap_top(const struct rpc__dlheap *h);
+void rpc__dlheap_free(struct rpc__dlheap *h);
+/* (Re)arm timer for the earliest deadline, or stop it. */
+void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer,
+		     uv_timer_cb cb);
+
+/* ---------------------------------------------------------------- messages */
+
+struct rpc__omsg {
+	struct rpc__omsg *next;
+	unsigned refs;
+	size_t len; /* bytes in data: 5-byte prefix + body */
+	uint8_t data[];
+};
+
+/* Serialize msg with its prefix into a new buffer (refs = 1). Errors:
+ * MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes,
+		   struct rpc__omsg **out) MC_MUST_CHECK;
+void rpc__omsg_unref(struct rpc__omsg *m);
+
+struct rpc__outq;
+
+struct rpc__outq_ops {
+	/* The data provider reached the end: a server submits trailers here
+	 * and adds NGHTTP2_DATA_FLAG_NO_END_STREAM. May be NULL. */
+	void (*on_eof)(struct rpc__outq *q, nghttp2_session *ng,
+		       int32_t stream_id, uint32_t *data_flags);
+	/* Queued bytes fell below RPC_DRAIN_BYTES after having reached it.
+	 * Runs from rpc__conn_flush, outside nghttp2. May be NULL. */
+	void (*on_drain)(struct rpc__outq *q);
+};
+
+struct rpc__outq {
+	const struct rpc__outq_ops *ops;
+	struct rpc__omsg *head, *tail;
+	size_t head_off;  /* bytes of head already handed to a write */
+	size_t bytes;     /* bytes queued and not yet handed to a write */
+	size_t reserved;  /* promised to nghttp2 by the read callback */
+	uint64_t taken;   /* bytes ever handed to a write */
+	bool eof;         /* no more messages will be queued */
+	bool deferred;    /* the read callback returned NGHTTP2_ERR_DEFERRED */
+	bool want_drain;
+	bool in_drain;
+	struct rpc__outq *drain_next;
+};
+
+void rpc__outq_init(struct rpc__outq *q, const struct rpc__outq_ops *ops);
+/* Drop every queued message. */
+void rpc__outq_clear(struct rpc__outq *q);
+/* Append m (takes ownership). */
+void rpc__outq_push(struct rpc__outq *q, struct rpc__omsg *m);
+/* Drop what nghttp2 has not been promised yet (keeps a frame in flight
+ * whole). */
+void rpc__outq_drop_unsent(struct rpc__outq *q);
+/* The nghttp2 data source read callback; source->ptr is the outq. */
+ssize_t rpc__outq_read_cb(nghttp2_session *ng, int32_t stream_id,
+			  uint8_t *buf, size_t length, uint32_t *data_flags,
+			  nghttp2_data_source *source, void *user_data);
+
+/* ---------------------------------------------------------------- connection */
+
+struct rpc__conn;
+struct rpc__wreq;
+
+struct rpc__conn_ops {
+	/* Every handle is closed: the owner drops its streams (the nghttp2
+	 * session still exists, no callback will run), then calls
+	 * rpc__conn_release() and frees its object. */
+	void (*on_closed)(struct rpc__conn *c);
+	/* nghttp2 reported a protocol error (already logged). */
+	void (*on_proto_error)(struct rpc__conn *c);
+};
+
+struct rpc__conn {
+	uv_tcp_t tcp;
+	uv_timer_t timer;   /* owner's: handshake/idle or connect timeout */
+	uv_prepare_t prep;  /* deferred flush */
+	nghttp2_session *ng;
+	const struct rpc__conn_ops *ops;
+	const char *label;  /* server name or "client" (borrowed) */
+	char peer[64];
+	uint8_t *rbuf;      /* shared read buffer (borrowed) */
+	unsigned handles;   /* open handles */
+	unsigned in_ng;     /* depth of nghttp2 calls on the stack */
+	bool closing;
+	bool in_flush;
+	bool flush_again;
+	bool blocked;       /* a send callback said WOULDBLOCK */
+	bool close_after_flush;
+	bool reading;
+	struct rpc__wreq *cur;   /* batch being built */
+	struct rpc__wreq *wfree; /* recycled batches */
+	unsigned nwfree;
+	unsigned nwrites;        /* uv_writes in flight */
+	struct rpc__outq *drain_head;
+};
+
+/* Initialise the handles (tcp, timer, prepare) on loop. Errors: negative
+ * errno from uv_*_init. On error nothing needs closing. */
+int rpc__conn_init(struct rpc__conn *c, uv_loop_t *loop,
+		   const struct rpc__conn_ops *ops, const char *label,
+		   uint8_t *rbuf) MC_MUST_CHECK;
+/* Connected: create the nghttp2 session (callbacks must include those of
+ * rpc__callbacks_init), send SETTINGS and the connection window, and
+ * start reading. Errors: -ENOMEM, negative errno from uv_read_start. */
+int rpc__conn_start(struct rpc__conn *c, bool server,
+		    const nghttp2_session_callbacks *cbs,
+		    const nghttp2_option *opt, const nghttp2_settings_entry *iv,
+		    size_t niv) MC_MUST_CHECK;
+/* Install the shared send and error callbacks. */
+void rpc__callbacks_init(nghttp2_session_callbacks *cbs);
+/* Write what nghttp2 has to send (now, or after the current nghttp2
+ * call returns). */
+void rpc__conn_flush(struct rpc__conn *c);
+/* Flush before the loop next blocks. */
+void rpc__conn_want_flush(struct rpc__conn *c);
+/* Resume a deferred data provider after rpc__outq_push. */
+void rpc__conn_resume(struct rpc__conn *c, int32_t stream_id,
+		      struct rpc__outq *q);
+/* Close now: pending writes are cancelled; ops->on_closed runs from the
+ * loop once every handle is closed. Idempotent. */
+void rpc__conn_close(struct rpc__conn *c);
+/* Close once everything queued (e.g. a GOAWAY) is written. */
+void rpc__conn_close_after_flush(struct rpc__conn *c);
+/* Free the session and write buffers (from ops->on_closed). */
+void rpc__conn_release(struct rpc__conn *c);
+/* Stop reporting drains for q (its owner is going away). */
+void rpc__conn_forget_outq(struct rpc__conn *c, struct rpc__outq *q);
+
+/* ---------------------------------------------------------------- server <-> health */
+
+struct rpc_server;
+struct rpc_health;
+
+/* Attach h to s: freed with the server, told when shutdown starts.
+ * Errors: -EEXIST. */
+int rpc__server_set_health(struct rpc_server *s, struct rpc_health *h) MC_MUST_CHECK;
+void rpc__health_shutdown(struct rpc_health *h);
+void rpc__health_free(struct rpc_health *h);
+
+/* ---------------------------------------------------------------- client test hooks */
+
+/* Number of GOAWAY frames the client's connections received. */
+unsigned rpc__client_goaways(const struct rpc_client *c);
+/* Connections the client opened successfully so far. */
+unsigned rpc__client_connects(const struct rpc_client *c);
+
+/* HTTP status -> gRPC status (PROTOCOL-HTTP2.md "HTTP to gRPC Status Code
+ * Mapping"); HTTP/2 RST_STREAM error -> gRPC status. */
+int rpc__status_from_http(int http_status);
+int rpc__status_from_h2(uint32_t error_code);
+
+#endif

@@ -1,0 +1,351 @@
+/*
+ * test_rpc_frame: the pure gRPC framing in src/rpc/frame.c — the
+ * deframer across every chunk split, limits, flags, empty messages, the
+ * prefix, grpc-timeout in both directions and percent-encoding.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc/rpc.h"
+
+struct got {
+	size_t n;
+	size_t lens[64];
+	uint8_t data[64][300];
+	int stop_after; /* return -EINTR after this many messages (0: never) */
+};
+
+static int on_msg(void *ud, const uint8_t *body, size_t len)
+{
+	struct got *g = ud;
+	cr_assert(g->n < 64);
+	cr_assert(len <= sizeof(g->data[0]));
+	g->lens[g->n] = len;
+	memcpy(g->data[g->n], body, len);
+	g->n++;
+	if (g->stop_after && (int)g->n == g->stop_after)
+		return -EINTR;
+	return 0;
+}
+
+/* A stream of messages with lengths 0, 1, 2, 17, 255 and 300. */
+static size_t build_stream(uint8_t *out, const size_t *lens, size_t nlens)
+{
+	size_t o = 0;
+	for (size_t m = 0; m < nlens; m++) {
+		rpc_frame_prefix(out + o, (uint32_t)lens[m]);
+		o += 5;
+		for (size_t i = 0; i < lens[m]; i++)
+			out[o++] = (uint8_t)(m * 31 + i);
+	}
+	return o;
+}
+
+static void check_got(const struct got *g, const size_t *lens, size_t nlens)
+{
+	cr_assert_eq(g->n, nlens);
+	for (size_t m = 0; m < nlens; m++) {
+		cr_assert_eq(g->lens[m], lens[m], "message %zu", m);
+		for (size_t i = 0; i < lens[m]; i++)
+			cr_assert_eq(g->data[m][i], (uint8_t)(m * 31 + i));
+	}
+}
+
+Test(rpc_frame, prefix_encoding)
+{
+	uint8_t p[5];
+	rpc_frame_prefix(p, 0);
+	cr_assert(memcmp(p, "\0\0\0\0\0", 5) == 0);
+	rpc_frame_prefix(p, 0x01020304);
+	uint8_t want[5] = {0, 1, 2, 3, 4};
+	cr_assert(memcmp(p, want, 5) == 0);
+	rpc_frame_prefix(p, 0xffffffffu);
+	uint8_t want2[5] = {0, 0xff, 0xff, 0xff, 0xff};
+	cr_assert(memcmp(p, want2, 5) == 0);
+}
+
+Test(rpc_frame, whole_stream_at_once)
+{
+	static const size_t lens[] = {0, 1, 2, 17, 255, 300, 0};
+	uint8_t buf[2048];
+	size_t n = build_stream(buf, lens, 7);
+	struct rpc_deframer d;
+	struct got g = {0};
+	rpc_deframer_init(&d, 1000);
+	cr_assert_eq(rpc_deframer_feed(&d, buf, n, on_msg, &g), 0);
+	check_got(&g, lens, 7);
+	cr_assert(rpc_deframer_idle(&d));
+	rpc_deframer_free(&d);
+}
+
+Test(rpc_frame, every_two_way_split)
+{
+	static const size_t lens[] = {3, 0, 40, 1, 0};
+	uint8_t buf[512];
+	size_t n = build_stream(buf, lens, 5);
+	for (size_t cut = 0; cut <= n; cut++) {
+		struct rpc_deframer d;
+		struct got g = {0};
+		rpc_deframer_init(&d, 100);
+		cr_assert_eq(rpc_deframer_feed(&d, buf, cut, on_msg, &g), 0);
+		cr_assert_eq(rpc_deframer_feed(&d, buf + cut, n - cut, on_msg, &g), 0);
+		check_got(&g, lens, 5);
+		cr_assert(rpc_deframer_idle(&d));
+		rpc_deframer_free(&d);
+	}
+}
+
+Test(rpc_frame, byte_at_a_time_and_random_chunks)
+{
+	static const size_t lens[] = {0, 1, 2, 17, 255, 300, 5, 0, 9};
+	uint8_t buf[4096];
+	size_t n = build_stream(buf, lens, 9);
+	unsigned seed = 12345;
+	for (int round = 0; round < 200; round++) {
+		struct rpc_deframer d;
+		struct got g = {0};
+		rpc_deframer_init(&d, 300);
+		size_t off = 0;
+		while (off < n) {
+			size_t step = round == 0 ? 1 : 1 + (size_t)(rand_r(&seed) % 64);
+			if (step > n - off)
+				step = n - off;
+			cr_assert_eq(rpc_deframer_feed(&d, buf + off, step, on_msg, &g), 0);
+			off += step;
+			/* Idle exactly at message boundaries. */
+		}
+		check_got(&g, lens, 9);
+		cr_assert(rpc_deframer_idle(&d));
+		rpc_deframer_free(&d);
+	}
+}
+
+Test(rpc_frame, idle_reflects_partial_state)
+{
+	uint8_t buf[16];
+	size_t lens[] = {4};
+	build_stream(buf, lens, 1);
+	struct rpc_deframer d;
+	struct got g = {0};
+	rpc_deframer_init(&d, 100);
+	cr_assert(rpc_deframer_idle(&d));
+	cr_assert_eq(rpc_deframer_feed(&d, buf, 3, on_msg, &g), 0);
+	cr_assert_not(rpc_deframer_idle(&d));
+	cr_assert_eq(rpc_deframer_feed(&d, buf + 3, 4, on_msg, &g), 0);
+	cr_assert_not(rpc_deframer_idle(&d));
+	cr_assert_eq(g.n, 0);
+	cr_assert_eq(rpc_deframer_feed(&d, buf + 7, 2, on_msg, &g), 0);
+	cr_assert(rpc_deframer_idle(&d));
+	cr_assert_eq(g.n, 1);
+	rpc_deframer_free(&d);
+}
+
+Test(rpc_frame, max_size_enforced_from_the_prefix)
+{
+	struct rpc_deframer d;
+	struct got g = {0};
+	uint8_t p[5];
+	rpc_deframer_init(&d, 100);
+	rpc_frame_prefix(p, 100); /* exactly the maximum: fine */
+	cr_assert_eq(rpc_deframer_feed(&d, p, 5, on_msg, &g), 0);
+	rpc_deframer_free(&d);
+
+	rpc_deframer_init(&d, 100);
+	rpc_frame_prefix(p, 101);
+	/* Refused as soon as the length is known, before any body. */
+	cr_assert_eq(rpc_deframer_feed(&d, p, 4, on_msg, &g), 0);
+	cr_assert_eq(rpc_deframer_feed(&d, p + 4, 1, on_msg, &g), MC_ETOO_LARGE);
+	rpc_deframer_free(&d);
+
+	rpc_deframer_init(&d, 1u << 20);
+	rpc_frame_prefix(p, 0xffffffffu);
+	cr_assert_eq(rpc_deframer_feed(&d, p, 5, on_msg, &g), MC_ETOO_LARGE);
+	rpc_deframer_free(&d);
+	cr_assert_eq(g.n, 0);
+}
+
+Test(rpc_frame, compressed_and_reserved_flags_rejected)
+{
+	struct rpc_deframer d;
+	struct got g = {0};
+	uint8_t p[6] = {1, 0, 0, 0, 1, 'x'};
+	rpc_deframer_init(&d, 100);
+	cr_assert_eq(rpc_deframer_feed(&d, p, 6, on_msg, &g), -EPROTO);
+	rpc_deframer_free(&d);
+	uint8_t q[6] = {0x80, 0, 0, 0, 1, 'x'};
+	rpc_deframer_init(&d, 100);
+	cr_assert_eq(rpc_deframer_feed(&d, q, 6, on_msg, &g), -EPROTO);
+	rpc_deframer_free(&d);
+	cr_assert_eq(g.n, 0);
+}
+
+Test(rpc_frame, zero_length_messages)
+{
+	uint8_t buf[15] = {0};
+	struct rpc_deframer d;
+	struct got g = {0};
+	rpc_deframer_init(&d, 0); /* even with a zero maximum */
+	cr_assert_eq(rpc_deframer_feed(&d, buf, 15, on_msg, &g), 0);
+	cr_assert_eq(g.n, 3);
+	cr_assert_eq(g.lens[0] + g.lens[1] + g.lens[2], 0);
+	rpc_deframer_free(&d);
+}
+
+Test(rpc_frame, callback_error_stops_and_is_returned)
+{
+	static const size_t lens[] = {1, 2, 3};
+	uint8_t buf[64];
+	size_t n = build_stream(buf, lens, 3);
+	struct rpc_deframer d;
+	struct got g = {.stop_after = 2};
+	rpc_deframer_init(&d, 100);
+	cr_assert_eq(rpc_deframer_feed(&d, buf, n, on_msg, &g), -EINTR);
+	cr_assert_eq(g.n, 2);
+	rpc_deframer_free(&d);
+	/* Same when the body had to be buffered. */
+	struct got g2 = {.stop_after = 1};
+	rpc_deframer_init(&d, 100);
+	cr_assert_eq(rpc_deframer_feed(&d, buf, 3, on_msg, &g2), 0);
+	cr_assert_eq(rpc_deframer_feed(&d, buf + 3, n - 3, on_msg, &g2), -EINTR);
+	cr_assert_eq(g2.n, 1);
+	rpc_deframer_free(&d);
+}
+
+Test(rpc_frame, free_mid_message_releases_buffer)
+{
+	uint8_t buf[64];
+	size_t lens[] = {50};
+	build_stream(buf, lens, 1);
+	struct rpc_deframer d;
+	struct got g = {0};
+	rpc_deframer_init(&d, 100);
+	cr_assert_eq(rpc_deframer_feed(&d, buf, 20, on_msg, &g), 0);
+	cr_assert_not_null(d.msg);
+	rpc_deframer_free(&d); /* ASan/valgrind would flag a leak */
+	cr_assert_null(d.msg);
+}
+
+/* ---------------------------------------------------------------- grpc-timeout */
+
+Test(rpc_frame, timeout_parse_every_unit)
+{
+	uint64_t ms;
+	cr_assert_eq(rpc_timeout_parse("1H", &ms), 0);
+	cr_assert_eq(ms, 3600000);
+	cr_assert_eq(rpc_timeout_parse("2M", &ms), 0);
+	cr_assert_eq(ms, 120000);
+	cr_assert_eq(rpc_timeout_parse("5S", &ms), 0);
+	cr_assert_eq(ms, 5000);
+	cr_assert_eq(rpc_timeout_parse("100m", &ms), 0);
+	cr_assert_eq(ms, 100);
+	cr_assert_eq(rpc_timeout_parse("1500u", &ms), 0);
+	cr_assert_eq(ms, 2); /* rounded up */
+	cr_assert_eq(rpc_timeout_parse("1000u", &ms), 0);
+	cr_assert_eq(ms, 1);
+	cr_assert_eq(rpc_timeout_parse("1n", &ms), 0);
+	cr_assert_eq(ms, 1);
+	cr_assert_eq(rpc_timeout_parse("2000000n", &ms), 0);
+	cr_assert_eq(ms, 2);
+	cr_assert_eq(rpc_timeout_parse("0m", &ms), 0);
+	cr_assert_eq(ms, 0);
+	cr_assert_eq(rpc_timeout_parse("99999999H", &ms), 0);
+	cr_assert_eq(ms, 99999999ull * 3600000ull);
+	cr_assert_eq(rpc_timeout_parse("00000001S", &ms), 0);
+	cr_assert_eq(ms, 1000);
+}
+
+Test(rpc_frame, timeout_parse_bad_values)
+{
+	static const char *bad[] = {
+		"", "m", "10", "10x", "10 m", " 10m", "10m ", "-1m", "+1m",
+		"123456789m", /* 9 digits */
+		"1.5S", "1mm", "1h", "1s", "0x10m", "10M0", "1Hm",
+	};
+	uint64_t ms = 42;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(rpc_timeout_parse(bad[i], &ms), -EINVAL, "\"%s\"", bad[i]);
+	cr_assert_eq(rpc_timeout_parse(NULL, &ms), -EINVAL);
+}
+
+Test(rpc_frame, timeout_format_and_round_trip)
+{
+	char b[32];
+	rpc_timeout_format(0, b, sizeof(b));
+	cr_assert_str_eq(b, "0m");
+	rpc_timeout_format(1500, b, sizeof(b));
+	cr_assert_str_eq(b, "1500m");
+	rpc_timeout_format(99999999, b, sizeof(b));
+	cr_assert_str_eq(b, "99999999m");
+	rpc_timeout_format(100000000, b, sizeof(b));
+	cr_assert_str_eq(b, "100000S");
+	rpc_timeout_format(100000001, b, sizeof(b));
+	cr_assert_str_eq(b, "100001S"); /* rounded up, never shorter */
+	rpc_timeout_format(99999999ull * 1000 + 1, b, sizeof(b));
+	cr_assert_str_eq(b, "1666667M");
+	rpc_timeout_format(UINT64_MAX / 2, b, sizeof(b));
+	cr_assert_str_eq(b, "99999999H");
+	static const uint64_t vals[] = {1, 7, 999, 1000, 60000, 3600000, 12345678, 400000000};
+	for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+		uint64_t ms;
+		rpc_timeout_format(vals[i], b, sizeof(b));
+		cr_assert(strlen(b) <= 9);
+		cr_assert_eq(rpc_timeout_parse(b, &ms), 0, "%s", b);
+		cr_assert_geq(ms, vals[i], "%s", b);
+	}
+}
+
+/* ---------------------------------------------------------------- percent */
+
+Test(rpc_frame, percent_encode)
+{
+	char out[128];
+	rpc_percent_encode("plain text ~!", out, sizeof(out));
+	cr_assert_str_eq(out, "plain text ~!");
+	rpc_percent_encode("100% \"sure\"", out, sizeof(out));
+	cr_assert_str_eq(out, "100%25 \"sure\"");
+	rpc_percent_encode("a\nb\tc\x7f", out, sizeof(out));
+	cr_assert_str_eq(out, "a%0Ab%09c%7F");
+	rpc_percent_encode("caf\xc3\xa9", out, sizeof(out));
+	cr_assert_str_eq(out, "caf%C3%A9");
+	rpc_percent_encode("", out, sizeof(out));
+	cr_assert_str_eq(out, "");
+	/* Truncation never splits an escape. */
+	rpc_percent_encode("ab\n", out, 5);
+	cr_assert_str_eq(out, "ab");
+	rpc_percent_encode("ab\n", out, 6);
+	cr_assert_str_eq(out, "ab%0A");
+}
+
+Test(rpc_frame, percent_decode)
+{
+	char out[128];
+	rpc_percent_decode("100%25 sure%0A", out, sizeof(out));
+	cr_assert_str_eq(out, "100% sure\n");
+	rpc_percent_decode("caf%c3%A9", out, sizeof(out));
+	cr_assert_str_eq(out, "caf\xc3\xa9");
+	/* Malformed escapes pass through. */
+	rpc_percent_decode("50% off %zz %4", out, sizeof(out));
+	cr_assert_str_eq(out, "50% off %zz %4");
+	rpc_percent_decode("abcdef", out, 4);
+	cr_assert_str_eq(out, "abc");
+	const char *samples[] = {"x", "%%%", "tab\there", "\x01\x02\xff", "ok: all good"};
+	for (size_t i = 0; i < 5; i++) {
+		char enc[64], dec[64];
+		rpc_percent_encode(samples[i], enc, sizeof(enc));
+		for (const char *p = enc; *p; p++)
+			cr_assert(*p >= 0x20 && *p <= 0x7e);
+		rpc_percent_decode(enc, dec, sizeof(dec));
+		cr_assert_str_eq(dec, samples[i]);
+	}
+}
+
+Test(rpc_frame, status_names)
+{
+	cr_assert_str_eq(rpc_status_name(RPC_OK), "OK");
+	cr_assert_str_eq(rpc_status_name(RPC_DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");
+	cr_assert_str_eq(rpc_status_name(RPC_UNAUTHENTICATED), "UNAUTHENTICATED");
+	cr_assert_str_eq(rpc_status_name(17), "UNKNOWN");
+	cr_assert_str_eq(rpc_status_name(-1), "UNKNOWN");
+}
