@@ -73,7 +73,7 @@ def usage_errors_exit_2_with_one_line():
 def help_version_print_config():
     r = run([mctest.MOONCAKED, "--help"])
     for word in ["meta", "master", "agent", "standalone", "--data-dir=PATH",
-                 "(default: /var/lib/mooncake)", "--print-config"]:
+                 "/var/lib/mooncake", "--print-config"]:
         assert word in r.stdout, word
     r = run([mctest.MOONCAKED, "--version"])
     assert r.stdout.startswith("mooncaked "), r.stdout
