@@ -746,7 +746,8 @@ static int list_segments(struct wal *w)
 	closedir(d);
 	if (rc)
 		return rc;
-	qsort(w->segs, w->nsegs, sizeof(*w->segs), seg_cmp);
+	if (w->nsegs > 1)
+		qsort(w->segs, w->nsegs, sizeof(*w->segs), seg_cmp);
 	return 0;
 }
 
