@@ -151,6 +151,26 @@ static bool ends_with(const char *s, const char *suffix)
 	return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* fsync the directory holding dir (after creating dir). */
+static int fsync_parent(const char *dir)
+{
+	char parent[PATH_MAX];
+	size_t n = strlen(dir);
+	if (n >= sizeof(parent))
+		return -ENAMETOOLONG;
+	memcpy(parent, dir, n + 1);
+	while (n > 1 && parent[n - 1] == '/')
+		parent[--n] = '\0';
+	char *slash = strrchr(parent, '/');
+	if (!slash)
+		return mc_fsync_dir(".");
+	if (slash == parent)
+		slash[1] = '\0';
+	else
+		*slash = '\0';
+	return mc_fsync_dir(parent);
+}
+
 void snap_info_close(struct snap_info *info)
 {
 	if (!info)
@@ -320,7 +340,10 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 			  dir, meta->index, meta->conf_len);
 		return -EINVAL;
 	}
+	bool existed = access(dir, F_OK) == 0;
 	int rc = mc_mkdir_p(dir, 0700);
+	if (!rc && !existed)
+		rc = fsync_parent(dir); /* make the new directory durable */
 	if (rc) {
 		log_error("%s: cannot create snapshot directory: %s", dir,
 			  mc_strerror(rc));

@@ -1207,6 +1207,26 @@ out:
 	return rc;
 }
 
+/* fsync the directory holding dir (after creating dir). */
+static int fsync_parent(const char *dir)
+{
+	char parent[PATH_MAX];
+	size_t n = strlen(dir);
+	if (n >= sizeof(parent))
+		return -ENAMETOOLONG;
+	memcpy(parent, dir, n + 1);
+	while (n > 1 && parent[n - 1] == '/')
+		parent[--n] = '\0';
+	char *slash = strrchr(parent, '/');
+	if (!slash)
+		return mc_fsync_dir(".");
+	if (slash == parent)
+		slash[1] = '\0';
+	else
+		*slash = '\0';
+	return mc_fsync_dir(parent);
+}
+
 static uint64_t new_wal_id(void)
 {
 	uint64_t id = 0;
@@ -1287,6 +1307,12 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 		w->last_crc = crc;
 		w->seg_body = 0;
 		(void)nrec;
+		/* The directory itself may be new: make its entry durable. */
+		if ((rc = fsync_parent(dir))) {
+			log_error("%s: fsync of the parent directory failed: %s",
+				  dir, mc_strerror(rc));
+			goto out_view;
+		}
 		log_info("%s: created a new WAL", dir);
 	} else if ((rc = recover(w, rec))) {
 		goto out_view;

@@ -202,10 +202,12 @@ int wal_sync(struct wal *w) MC_MUST_CHECK;
 /*
  * Delete the segments no longer needed once a snapshot at index exists:
  * those whose every live entry is <= index (never the open segment).
- * Syncs pending records first. Release to the oldest snapshot you keep,
- * not the newest, if recovery should be able to fall back to it.
+ * Syncs pending records first; deletes oldest first, so what is left is
+ * always a contiguous run of segments. Release to the oldest snapshot you
+ * keep, not the newest, if recovery should be able to fall back to it.
  * Errors: -EINVAL index is newer than the newest saved marker; fatal ones
- * as wal_save; negative errno of unlink (fatal too).
+ * as wal_save; negative errno of unlink or of the directory fsync (not
+ * fatal: the WAL stays usable and a later release retries).
  */
 int wal_release_to(struct wal *w, uint64_t index) MC_MUST_CHECK;
 
