@@ -709,8 +709,8 @@ int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx,
 			goto out;
 		if (rc == 0 &&
 		    (info.index != v[i].index || info.term != v[i].term)) {
-			log_error("%s: corrupt snapshot: header says index %" PRIu64
-				  " term %" PRIu64,
+			log_error("%s: corrupt snapshot: header says index "
+				  "%" PRIu64 " term %" PRIu64,
 				  path, info.index, info.term);
 			snap_info_close(&info);
 			rc = -EBADMSG;
@@ -723,8 +723,8 @@ int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx,
 	int arc = accept ? accept(ctx, index, term) : 0;
 	if (arc) {
 		if (bad)
-			log_error("%s: newest snapshot %s is corrupt and the WAL "
-				  "cannot continue from %s%s",
+			log_error("%s: newest snapshot %s is corrupt and the "
+				  "WAL cannot continue from %s%s",
 				  dir, v[0].name, i < n ? "the older " : "",
 				  i < n ? v[i].name : "index 1 (no valid "
 						      "snapshot)");

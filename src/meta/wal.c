@@ -80,7 +80,8 @@
 #define WAL_SEGMENT_MIN_BYTES (64u << 10)
 #define WAL_SEGMENT_MAX_BYTES (1ull << 30)
 /* A segment file larger than this is not read (corruption). */
-#define WAL_SEGMENT_READ_MAX (WAL_SEGMENT_MAX_BYTES + 2ull * WAL_RECORD_MAX_BYTES)
+#define WAL_SEGMENT_READ_MAX                                                   \
+	(WAL_SEGMENT_MAX_BYTES + 2ull * WAL_RECORD_MAX_BYTES)
 #define WAL_NAME_LEN 37 /* 16 + 1 + 16 + 4 */
 #define WAL_ARENA_BLOCK (1u << 20)
 /* Indexes above this are refused (keeps index + 1 and counts exact). */
@@ -450,8 +451,8 @@ static void view_compact(struct wal__view *v)
 
 void wal__view_apply_snap(struct wal__view *v, struct wal_snap_ref s)
 {
-	bool replace = s.index > v->last ||
-		       (view_holds(v, s.index) && view_term(v, s.index) != s.term);
+	bool replace = s.index > v->last || (view_holds(v, s.index) &&
+					     view_term(v, s.index) != s.term);
 	if (replace) {
 		/* The snapshot replaces the log: nothing before it holds. */
 		v->first = s.index + 1;
@@ -732,7 +733,8 @@ static int list_segments(struct wal *w)
 		if (n == WAL_NAME_LEN + 4 &&
 		    strcmp(de->d_name + WAL_NAME_LEN, ".tmp") == 0) {
 			char path[PATH_MAX];
-			snprintf(path, sizeof(path), "%s/%s", w->dir, de->d_name);
+			snprintf(path, sizeof(path), "%s/%s", w->dir,
+				 de->d_name);
 			if (unlink(path) == 0)
 				log_info("%s: removed a segment left by an "
 					 "interrupted roll", path);
@@ -909,7 +911,8 @@ static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
 	fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		rc = -errno;
-		log_error("%s: cannot create segment: %s", tmp, mc_strerror(rc));
+		log_error("%s: cannot create segment: %s", tmp,
+			  mc_strerror(rc));
 		goto out_buf;
 	}
 	if ((rc = pwrite_all(fd, b.data, b.len, 0))) {
@@ -1084,7 +1087,8 @@ static const char *check_seg_header(struct wal *w, size_t k,
 	const char *why = NULL;
 	if (wal__seg_hdr_decode(buf, len, h, &why) != 0)
 		return why;
-	if (h->seq != w->segs[k].seq || h->first_index != w->segs[k].first_index)
+	if (h->seq != w->segs[k].seq ||
+	    h->first_index != w->segs[k].first_index)
 		return "segment header does not match the file name";
 	if (k == 0)
 		w->wal_id = h->wal_id;
@@ -1158,7 +1162,8 @@ static int recover(struct wal *w, struct wal_recovery *rec)
 			continue;
 		}
 		if (s.torn) {
-			if ((rc = repair_tail(w, fd, path, buf, len, s.end, s.why)))
+			rc = repair_tail(w, fd, path, buf, len, s.end, s.why);
+			if (rc)
 				goto out;
 			rec->tail_truncated = true;
 		}
@@ -1309,8 +1314,8 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 		(void)nrec;
 		/* The directory itself may be new: make its entry durable. */
 		if ((rc = fsync_parent(dir))) {
-			log_error("%s: fsync of the parent directory failed: %s",
-				  dir, mc_strerror(rc));
+			log_error("%s: fsync of the parent directory failed: "
+				  "%s", dir, mc_strerror(rc));
 			goto out_view;
 		}
 		log_info("%s: created a new WAL", dir);
@@ -1439,7 +1444,8 @@ int wal_save(struct wal *w, const struct wal_hard_state *hs,
 	if (n > 0) {
 		/* Room for the terms first: applying cannot fail later. */
 		uint64_t x = ents[0].index;
-		size_t slot = x < w->view.first ? 0 : (size_t)(x - w->view.first);
+		size_t slot =
+			x < w->view.first ? 0 : (size_t)(x - w->view.first);
 		if ((rc = view_reserve(&w->view, slot + n)))
 			return rc;
 	}
@@ -1459,7 +1465,8 @@ int wal_save(struct wal *w, const struct wal_hard_state *hs,
 	if (hs && memcmp(hs, &w->view.hs, sizeof(*hs)) != 0) {
 		uint8_t p[24];
 		hs_payload(p, hs);
-		if ((rc = append_record(w, WAL__REC_HARD_STATE, p, 24, NULL, 0)))
+		rc = append_record(w, WAL__REC_HARD_STATE, p, 24, NULL, 0);
+		if (rc)
 			return rc;
 		w->view.hs = *hs;
 	}

@@ -47,7 +47,8 @@ static void scan_and_check(const uint8_t *buf, size_t len, uint32_t seed,
 	struct wal__scan s = {.seed = seed, .last = last};
 	int rc = wal__scan_segment(buf, len, &s, &v);
 	if (rc == 0) {
-		check(s.end <= len && s.end >= WAL__SEG_HDR_BYTES, "end in range");
+		check(s.end <= len && s.end >= WAL__SEG_HDR_BYTES,
+		      "end in range");
 		check(s.end % 8 == 0, "end aligned");
 		if (!s.torn) {
 			for (size_t i = s.end; i < len; i++)
