@@ -1,0 +1,33 @@
+/*
+ * crc32c: CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the
+ * checksum of the WAL records, snapshot files and anything else written to
+ * disk. crc32c(0, "123456789", 9) == 0xE3069283.
+ *
+ * crc32c() uses the SSE4.2 `crc32` instruction when the CPU has it (checked
+ * once, with cpuid) and a slicing-by-8 table otherwise; both give the same
+ * result. Checksums chain: crc32c(crc32c(0, a, n), b, m) is the checksum of
+ * a followed by b, so large data can be checksummed piece by piece.
+ *
+ * Pure and thread-safe.
+ */
+#ifndef MC_COMMON_CRC32C_H
+#define MC_COMMON_CRC32C_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Extend crc (0 to start) with len bytes of data. */
+uint32_t crc32c(uint32_t crc, const void *data, size_t len);
+
+/* The table implementation, always available (tests compare the two). */
+uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len);
+
+/* The hardware implementation. Only call it when crc32c_hw_available();
+ * elsewhere it falls back to crc32c_sw. */
+uint32_t crc32c_hw(uint32_t crc, const void *data, size_t len);
+
+/* True when this CPU has the crc32 instruction (x86-64 SSE4.2). */
+bool crc32c_hw_available(void);
+
+#endif

@@ -1,0 +1,1581 @@
+/*
+ * wal: segmented write-ahead log for the Raft log. See wal.h for the API
+ * and the log rules; this file holds the formats, recovery and group
+ * commit.
+ *
+ * Files. dir/LOCK (flock) and segments named <seq>-<first index>.wal, both
+ * 16 lower-case hex digits: seq counts from 1 without gaps; first index is
+ * last index + 1 when the segment was started (with overwrites a segment
+ * may also hold lower indexes). A segment is created as <name>.tmp,
+ * fsynced, renamed and the directory fsynced, so a segment that exists has
+ * a complete header. It is preallocated (fallocate) to segment_bytes unless
+ * no_prealloc, so fdatasync seldom has metadata to write; unwritten space
+ * reads as zeros.
+ *
+ * Segment header (64 bytes, little-endian):
+ *   0 magic "MCWALSEG" | 8 u32 version 1 | 12 u32 header bytes 64 |
+ *   16 u64 wal id (random, per WAL) | 24 u64 seq | 32 u64 first index |
+ *   40 u32 CRC of the previous segment's last record (the chain) |
+ *   44..59 zero | 60 u32 crc32c of bytes 0..59
+ * A new segment starts with copies of the current hard state and newest
+ * marker, so deleting older segments loses neither.
+ *
+ * Record (8-byte aligned, 24-byte header, little-endian):
+ *   0 u32 crc32c, seeded with crc32c(wal id, seq), over bytes 4.. of the
+ *     header, the payload and the padding |
+ *   4 u32 payload length | 8 u32 ~length | 12 u8 type | 13 u8 0xA7 |
+ *   14 u16 zero | 16 u64 group offset | payload | zero padding to 8
+ *   types: 1 entry {u64 index, u64 term, u32 type, data}
+ *          2 hard state {u64 term, u64 vote, u64 commit}
+ *          3 snapshot marker {u64 index, u64 term}
+ * The seed ties a record to its WAL and segment (a record copied from
+ * elsewhere fails its CRC). The group offset is where the write group the
+ * record belongs to starts: a group is everything written between two
+ * fdatasyncs, so a record whose group offset is past some point proves
+ * that everything before it had been synced.
+ *
+ * Recovery reads the segments in seq order: headers must match their file
+ * names, the WAL id and the chain; records are replayed through the log
+ * rules (wal_int.h). Scanning a segment stops at the first record that is
+ * incomplete, has a bad header or a bad CRC, at offset X. Then:
+ *   - bytes from X to the end all zero: clean end;
+ *   - else any valid record after X (found by scanning every 8-byte
+ *     boundary) whose group started after X: corruption — X was synced;
+ *   - else, in a non-last segment: corruption (it was synced before the
+ *     next one was made);
+ *   - else: torn tail of the final, possibly unsynced, write group: cut at
+ *     X, logged once with file and offset.
+ * So a crash mid-write (a partial record, zeroed preallocated space, or
+ * pages written out of order within the last group) is repaired, while a
+ * bad record followed by data of a later group stops the node. A record
+ * that passes its CRC but breaks the format or the log rules is
+ * corruption, as are a missing or misplaced segment. Damage confined to
+ * the final write group cannot be told from a torn write and is cut.
+ */
+#include "meta/wal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/crc32c.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+#include "meta/wal_int.h"
+
+#define LOG_SUBSYS LOGS_WAL
+
+#define WAL_SEG_MAGIC "MCWALSEG"
+#define WAL_VERSION 1u
+#define WAL_SEGMENT_MIN_BYTES (64u << 10)
+#define WAL_SEGMENT_MAX_BYTES (1ull << 30)
+/* A segment file larger than this is not read (corruption). */
+#define WAL_SEGMENT_READ_MAX                                                   \
+	(WAL_SEGMENT_MAX_BYTES + 2ull * WAL_RECORD_MAX_BYTES)
+#define WAL_NAME_LEN 37 /* 16 + 1 + 16 + 4 */
+#define WAL_ARENA_BLOCK (1u << 20)
+/* Indexes above this are refused (keeps index + 1 and counts exact). */
+#define WAL_INDEX_MAX (UINT64_MAX >> 2)
+
+/* ------------------------------------------------------------ helpers */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	while (n > 0 && ((uintptr_t)p & 7) != 0) {
+		if (*p++)
+			return false;
+		n--;
+	}
+	while (n >= 8) {
+		uint64_t v;
+		memcpy(&v, p, 8);
+		if (v)
+			return false;
+		p += 8;
+		n -= 8;
+	}
+	while (n > 0) {
+		if (*p++)
+			return false;
+		n--;
+	}
+	return true;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EIO;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EIO; /* the file shrank under us */
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ formats */
+
+void wal__seg_hdr_encode(uint8_t out[WAL__SEG_HDR_BYTES],
+			 const struct wal__seg_hdr *h)
+{
+	memset(out, 0, WAL__SEG_HDR_BYTES);
+	memcpy(out, WAL_SEG_MAGIC, 8);
+	put32(out + 8, WAL_VERSION);
+	put32(out + 12, WAL__SEG_HDR_BYTES);
+	put64(out + 16, h->wal_id);
+	put64(out + 24, h->seq);
+	put64(out + 32, h->first_index);
+	put32(out + 40, h->prev_crc);
+	put32(out + 60, crc32c(0, out, 60));
+}
+
+int wal__seg_hdr_decode(const uint8_t *buf, size_t len, struct wal__seg_hdr *h,
+			const char **why)
+{
+	if (len < WAL__SEG_HDR_BYTES) {
+		*why = "file shorter than a segment header";
+		return -EBADMSG;
+	}
+	if (memcmp(buf, WAL_SEG_MAGIC, 8) != 0) {
+		*why = "not a WAL segment (bad magic)";
+		return -EBADMSG;
+	}
+	if (get32(buf + 60) != crc32c(0, buf, 60)) {
+		*why = "segment header CRC mismatch";
+		return -EBADMSG;
+	}
+	if (get32(buf + 8) != WAL_VERSION ||
+	    get32(buf + 12) != WAL__SEG_HDR_BYTES) {
+		*why = "unsupported segment version";
+		return -EBADMSG;
+	}
+	h->wal_id = get64(buf + 16);
+	h->seq = get64(buf + 24);
+	h->first_index = get64(buf + 32);
+	h->prev_crc = get32(buf + 40);
+	if (h->seq == 0 || h->first_index == 0 ||
+	    h->first_index > WAL_INDEX_MAX) {
+		*why = "segment header with seq or first index out of range";
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+uint32_t wal__seed(uint64_t wal_id, uint64_t seq)
+{
+	uint8_t b[16];
+	put64(b, wal_id);
+	put64(b + 8, seq);
+	return crc32c(0, b, sizeof(b));
+}
+
+size_t wal__frame_bytes(size_t payload_len)
+{
+	return WAL__REC_HDR_BYTES + ((payload_len + 7) & ~(size_t)7);
+}
+
+uint32_t wal__encode_frame(uint8_t *out, uint32_t seed, unsigned type,
+			   const void *p1, size_t n1, const void *p2, size_t n2,
+			   uint64_t group_off)
+{
+	size_t len = n1 + n2;
+	size_t frame = wal__frame_bytes(len);
+	put32(out + 4, (uint32_t)len);
+	put32(out + 8, ~(uint32_t)len);
+	out[12] = (uint8_t)type;
+	out[13] = WAL__REC_MAGIC;
+	out[14] = 0;
+	out[15] = 0;
+	put64(out + 16, group_off);
+	if (n1)
+		memcpy(out + WAL__REC_HDR_BYTES, p1, n1);
+	if (n2)
+		memcpy(out + WAL__REC_HDR_BYTES + n1, p2, n2);
+	memset(out + WAL__REC_HDR_BYTES + len, 0,
+	       frame - WAL__REC_HDR_BYTES - len);
+	uint32_t crc = crc32c(seed, out + 4, frame - 4);
+	put32(out, crc);
+	return crc;
+}
+
+/* A plausible record header at p with room for its frame in n bytes. */
+static bool frame_header_ok(const uint8_t *p, size_t n, size_t *frame)
+{
+	if (n < WAL__REC_HDR_BYTES)
+		return false;
+	uint32_t len = get32(p + 4);
+	if ((len ^ get32(p + 8)) != 0xFFFFFFFFu || p[13] != WAL__REC_MAGIC ||
+	    p[14] != 0 || p[15] != 0 || p[12] < WAL__REC_ENTRY ||
+	    p[12] > WAL__REC_SNAPSHOT || len > WAL_RECORD_MAX_BYTES)
+		return false;
+	*frame = wal__frame_bytes(len);
+	return *frame <= n;
+}
+
+static bool frame_crc_ok(const uint8_t *p, size_t frame, uint32_t seed)
+{
+	return get32(p) == crc32c(seed, p + 4, frame - 4);
+}
+
+/* ------------------------------------------------------------ arena */
+
+struct wal__arena {
+	struct wal__arena *next;
+	size_t used;
+	size_t cap;
+	uint8_t data[];
+};
+
+void wal__arena_free(struct wal__arena *a)
+{
+	while (a) {
+		struct wal__arena *next = a->next;
+		free(a);
+		a = next;
+	}
+}
+
+static uint8_t *arena_copy(struct wal__arena **head, const uint8_t *src,
+			   size_t len)
+{
+	struct wal__arena *a = *head;
+	if (!a || a->cap - a->used < len) {
+		size_t cap = len > WAL_ARENA_BLOCK ? len : WAL_ARENA_BLOCK;
+		a = malloc(sizeof(*a) + cap);
+		if (!a)
+			return NULL;
+		a->next = *head;
+		a->used = 0;
+		a->cap = cap;
+		*head = a;
+	}
+	uint8_t *p = a->data + a->used;
+	memcpy(p, src, len);
+	a->used += len;
+	return p;
+}
+
+/* ------------------------------------------------------------ log rules */
+
+void wal__view_init(struct wal__view *v, uint64_t first_index, bool keep_data)
+{
+	memset(v, 0, sizeof(*v));
+	v->first = first_index ? first_index : 1;
+	v->last = v->first - 1;
+	v->keep_data = keep_data;
+}
+
+void wal__view_free(struct wal__view *v)
+{
+	free(v->terms);
+	free(v->ents);
+	wal__arena_free(v->arena);
+	memset(v, 0, sizeof(*v));
+}
+
+static bool view_holds(const struct wal__view *v, uint64_t index)
+{
+	return index >= v->first && index <= v->last;
+}
+
+static uint64_t view_term(const struct wal__view *v, uint64_t index)
+{
+	return v->terms[index - v->first];
+}
+
+static size_t view_count(const struct wal__view *v)
+{
+	return (size_t)(v->last + 1 - v->first);
+}
+
+static int view_reserve(struct wal__view *v, size_t need)
+{
+	if (need <= v->cap)
+		return 0;
+	size_t cap = v->cap ? v->cap : 64;
+	while (cap < need)
+		cap *= 2;
+	uint64_t *t = realloc(v->terms, cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	v->terms = t;
+	if (v->keep_data) {
+		struct wal_entry *e = realloc(v->ents, cap * sizeof(*e));
+		if (!e)
+			return -ENOMEM;
+		v->ents = e;
+	}
+	v->cap = cap;
+	return 0;
+}
+
+const char *wal__view_check_entries(const struct wal__view *v,
+				    const struct wal_entry *ents, size_t n)
+{
+	if (n == 0)
+		return NULL;
+	uint64_t x = ents[0].index;
+	if (x == 0 || x > WAL_INDEX_MAX || n > WAL_INDEX_MAX - x)
+		return "entry index out of range";
+	if (x <= v->snap.index)
+		return "entry at or below the newest snapshot marker";
+	if (x > v->last + 1)
+		return "gap in entry indexes";
+	uint64_t prev_term = 0;
+	if (view_holds(v, x - 1))
+		prev_term = view_term(v, x - 1);
+	else if (x - 1 == v->snap.index)
+		prev_term = v->snap.term;
+	for (size_t k = 0; k < n; k++) {
+		if (ents[k].index != x + k)
+			return "entries of a batch not contiguous";
+		if (ents[k].term < prev_term)
+			return "entry term lower than its predecessor's";
+		prev_term = ents[k].term;
+	}
+	return NULL;
+}
+
+const char *wal__view_check_snap(const struct wal__view *v,
+				 struct wal_snap_ref s)
+{
+	if (s.index == 0 || s.index > WAL_INDEX_MAX)
+		return "snapshot marker index out of range";
+	if (s.index < v->snap.index)
+		return "snapshot marker older than the newest one";
+	if (s.index == v->snap.index && s.term != v->snap.term)
+		return "snapshot marker repeats an index with another term";
+	return NULL;
+}
+
+const char *wal__view_check_hs(const struct wal__view *v,
+			       const struct wal_hard_state *hs)
+{
+	if (hs->term < v->hs.term)
+		return "hard state term decreased";
+	return NULL;
+}
+
+int wal__view_apply_entry(struct wal__view *v, const struct wal_entry *e)
+{
+	size_t slot = e->index < v->first ? 0 : (size_t)(e->index - v->first);
+	int rc = view_reserve(v, slot + 1);
+	if (rc)
+		return rc;
+	const uint8_t *data = NULL;
+	if (v->keep_data && e->len > 0) {
+		data = arena_copy(&v->arena, e->data, e->len);
+		if (!data)
+			return -ENOMEM;
+	}
+	if (e->index < v->first)
+		v->first = e->index;
+	v->terms[slot] = e->term;
+	if (v->keep_data)
+		v->ents[slot] = (struct wal_entry){e->index, e->term, e->type,
+						   data, e->len};
+	v->last = e->index;
+	return 0;
+}
+
+/* Save path: drop terms below the marker (never needed again). */
+static void view_compact(struct wal__view *v)
+{
+	if (!v->compact || v->snap.index <= v->first || v->snap.index > v->last)
+		return;
+	size_t drop = (size_t)(v->snap.index - v->first);
+	memmove(v->terms, v->terms + drop,
+		(view_count(v) - drop) * sizeof(*v->terms));
+	v->first = v->snap.index;
+}
+
+void wal__view_apply_snap(struct wal__view *v, struct wal_snap_ref s)
+{
+	bool replace = s.index > v->last || (view_holds(v, s.index) &&
+					     view_term(v, s.index) != s.term);
+	if (replace) {
+		/* The snapshot replaces the log: nothing before it holds. */
+		v->first = s.index + 1;
+		v->last = s.index;
+	}
+	v->snap = s;
+	view_compact(v);
+}
+
+/* ------------------------------------------------------------ scanning */
+
+/* Decode and replay one CRC-valid record. Returns 0, -EBADMSG (why set)
+ * or -ENOMEM. */
+static int replay_record(unsigned type, const uint8_t *p, size_t len,
+			 struct wal__view *v, const char **why)
+{
+	const char *bad;
+	switch (type) {
+	case WAL__REC_ENTRY: {
+		if (len < WAL__ENTRY_HDR_BYTES) {
+			*why = "entry record too short";
+			return -EBADMSG;
+		}
+		struct wal_entry e = {
+			.index = get64(p),
+			.term = get64(p + 8),
+			.type = get32(p + 16),
+			.data = p + WAL__ENTRY_HDR_BYTES,
+			.len = len - WAL__ENTRY_HDR_BYTES,
+		};
+		if ((bad = wal__view_check_entries(v, &e, 1))) {
+			*why = bad;
+			return -EBADMSG;
+		}
+		return wal__view_apply_entry(v, &e);
+	}
+	case WAL__REC_HARD_STATE: {
+		if (len != 24) {
+			*why = "hard state record of the wrong size";
+			return -EBADMSG;
+		}
+		struct wal_hard_state hs = {get64(p), get64(p + 8),
+					    get64(p + 16)};
+		if ((bad = wal__view_check_hs(v, &hs))) {
+			*why = bad;
+			return -EBADMSG;
+		}
+		v->hs = hs;
+		return 0;
+	}
+	case WAL__REC_SNAPSHOT: {
+		if (len != 16) {
+			*why = "snapshot marker record of the wrong size";
+			return -EBADMSG;
+		}
+		struct wal_snap_ref s = {get64(p), get64(p + 8)};
+		if ((bad = wal__view_check_snap(v, s))) {
+			*why = bad;
+			return -EBADMSG;
+		}
+		wal__view_apply_snap(v, s);
+		return 0;
+	}
+	}
+	*why = "unknown record type";
+	return -EBADMSG;
+}
+
+/*
+ * Scanning stopped at x (reason stop_why). Decide: clean end, torn tail,
+ * or corruption. See the opening comment.
+ */
+static int scan_decide(const uint8_t *buf, size_t len, size_t x,
+		       uint64_t group_off, const char *stop_why,
+		       struct wal__scan *s)
+{
+	s->end = x;
+	if (all_zero(buf + x, len - x))
+		return 0;
+	for (size_t p = x + 8; p + WAL__REC_HDR_BYTES <= len; p += 8) {
+		size_t frame;
+		if (!frame_header_ok(buf + p, len - p, &frame) ||
+		    !frame_crc_ok(buf + p, frame, s->seed))
+			continue;
+		uint64_t g = get64(buf + p + 16);
+		if (g > x || g < group_off) {
+			s->bad_off = x;
+			s->why = stop_why;
+			return -EBADMSG;
+		}
+		p += frame - 8;
+	}
+	if (!s->last) {
+		s->bad_off = x;
+		s->why = stop_why;
+		return -EBADMSG;
+	}
+	s->torn = true;
+	s->why = stop_why;
+	return 0;
+}
+
+int wal__scan_segment(const uint8_t *buf, size_t len, struct wal__scan *s,
+		      struct wal__view *v)
+{
+	size_t off = WAL__SEG_HDR_BYTES;
+	uint64_t group_off = WAL__SEG_HDR_BYTES;
+	s->end = off;
+	s->nrec = 0;
+	s->torn = false;
+	s->bad_off = 0;
+	s->why = NULL;
+	if (len < off) {
+		s->why = "file shorter than a segment header";
+		return -EBADMSG;
+	}
+	while (off < len) {
+		size_t frame;
+		const uint8_t *p = buf + off;
+		if (len - off < WAL__REC_HDR_BYTES)
+			return scan_decide(buf, len, off, group_off,
+					   "partial record header", s);
+		if (!frame_header_ok(p, len - off, &frame)) {
+			uint32_t n = get32(p + 4);
+			const char *why =
+				(n ^ get32(p + 8)) == 0xFFFFFFFFu &&
+						n <= WAL_RECORD_MAX_BYTES &&
+						p[13] == WAL__REC_MAGIC
+					? "record runs past the end of the file"
+					: "invalid record header";
+			return scan_decide(buf, len, off, group_off, why, s);
+		}
+		if (!frame_crc_ok(p, frame, s->seed))
+			return scan_decide(buf, len, off, group_off,
+					   "record CRC mismatch", s);
+		/* A valid record: from here on, damage is corruption. */
+		uint64_t g = get64(p + 16);
+		if (g > off || g < group_off || g < WAL__SEG_HDR_BYTES) {
+			s->bad_off = off;
+			s->why = "record with an impossible write-group offset";
+			return -EBADMSG;
+		}
+		group_off = g;
+		int rc = replay_record(p[12], p + WAL__REC_HDR_BYTES,
+				       get32(p + 4), v, &s->why);
+		if (rc) {
+			s->bad_off = off;
+			return rc;
+		}
+		s->last_crc = get32(p);
+		s->nrec++;
+		off += frame;
+		s->end = off;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ the WAL */
+
+struct wal_seg {
+	uint64_t seq;
+	uint64_t first_index;
+};
+
+struct wal {
+	char *dir;
+	int lock_fd;
+	uint64_t segment_bytes;
+	size_t buffer_bytes;
+	bool prealloc;
+	uint64_t wal_id;
+
+	struct wal_seg *segs; /* every segment held, oldest first */
+	size_t nsegs;
+	size_t segcap;
+
+	/* The open (last) segment. */
+	int fd;
+	uint32_t seed;
+	uint64_t seg_off;   /* bytes of it written to the file */
+	size_t seg_body;    /* records appended to it (not head copies) */
+	uint64_t group_off; /* where the current write group starts */
+	uint32_t last_crc;  /* CRC of the last record encoded */
+	bool dirty;         /* written since the last fdatasync */
+	struct mc_buf pend; /* encoded, not yet written */
+
+	struct wal__view view; /* save path: latest view, terms only */
+	int fatal;
+
+	struct wal_stats stats;
+	struct metric *m_fsync_seconds;
+	struct metric *m_fsyncs;
+	struct metric *m_bytes;
+};
+
+static void seg_name(char *buf, size_t len, uint64_t seq, uint64_t first)
+{
+	snprintf(buf, len, "%016" PRIx64 "-%016" PRIx64 ".wal", seq, first);
+}
+
+static int seg_path(const struct wal *w, char *buf, size_t len, uint64_t seq,
+		    uint64_t first, const char *suffix)
+{
+	char name[64];
+	seg_name(name, sizeof(name), seq, first);
+	int n = snprintf(buf, len, "%s/%s%s", w->dir, name, suffix);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static bool parse_hex16(const char *s, uint64_t *out)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 16; i++) {
+		char c = s[i];
+		unsigned d;
+		if (c >= '0' && c <= '9')
+			d = (unsigned)(c - '0');
+		else if (c >= 'a' && c <= 'f')
+			d = (unsigned)(c - 'a' + 10);
+		else
+			return false;
+		v = v << 4 | d;
+	}
+	*out = v;
+	return true;
+}
+
+static bool parse_seg_name(const char *name, uint64_t *seq, uint64_t *first)
+{
+	return strlen(name) == WAL_NAME_LEN && name[16] == '-' &&
+	       strcmp(name + 33, ".wal") == 0 && parse_hex16(name, seq) &&
+	       parse_hex16(name + 17, first);
+}
+
+static int seg_cmp(const void *a, const void *b)
+{
+	const struct wal_seg *x = a, *y = b;
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static int segs_reserve(struct wal *w)
+{
+	if (w->nsegs < w->segcap)
+		return 0;
+	size_t cap = w->segcap ? w->segcap * 2 : 16;
+	struct wal_seg *s = realloc(w->segs, cap * sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	w->segs = s;
+	w->segcap = cap;
+	return 0;
+}
+
+static int segs_push(struct wal *w, uint64_t seq, uint64_t first)
+{
+	int rc = segs_reserve(w);
+	if (rc)
+		return rc;
+	w->segs[w->nsegs++] = (struct wal_seg){seq, first};
+	return 0;
+}
+
+/* List the segments (sorted) and remove temp files of interrupted rolls. */
+static int list_segments(struct wal *w)
+{
+	DIR *d = opendir(w->dir);
+	if (!d) {
+		int err = -errno;
+		log_error("%s: cannot open WAL directory: %s", w->dir,
+			  mc_strerror(err));
+		return err;
+	}
+	int rc = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		uint64_t seq, first;
+		size_t n = strlen(de->d_name);
+		if (n == WAL_NAME_LEN + 4 &&
+		    strcmp(de->d_name + WAL_NAME_LEN, ".tmp") == 0) {
+			char path[PATH_MAX];
+			snprintf(path, sizeof(path), "%s/%s", w->dir,
+				 de->d_name);
+			if (unlink(path) == 0)
+				log_info("%s: removed a segment left by an "
+					 "interrupted roll", path);
+			continue;
+		}
+		if (!parse_seg_name(de->d_name, &seq, &first))
+			continue;
+		if ((rc = segs_push(w, seq, first)))
+			break;
+	}
+	closedir(d);
+	if (rc)
+		return rc;
+	if (w->nsegs > 1)
+		qsort(w->segs, w->nsegs, sizeof(*w->segs), seg_cmp);
+	return 0;
+}
+
+bool wal_exists(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return false;
+	bool found = false;
+	struct dirent *de;
+	uint64_t seq, first;
+	while (!found && (de = readdir(d)))
+		found = parse_seg_name(de->d_name, &seq, &first);
+	closedir(d);
+	return found;
+}
+
+static void prealloc_file(struct wal *w, int fd, const char *path)
+{
+	if (!w->prealloc)
+		return;
+	if (fallocate(fd, 0, 0, (off_t)w->segment_bytes) != 0) {
+		/* Not fatal: the segment grows by append instead. */
+		log_debug("%s: fallocate failed (%s); not preallocating", path,
+			  mc_strerror(-errno));
+		if (errno == EOPNOTSUPP || errno == ENOSYS)
+			w->prealloc = false;
+	}
+}
+
+static int do_fdatasync(struct wal *w, int fd)
+{
+	uint64_t t0 = mc_now_ns();
+	int rc = fdatasync(fd) == 0 ? 0 : -errno;
+	metric_observe(w->m_fsync_seconds, (double)(mc_now_ns() - t0) / 1e9);
+	metric_inc(w->m_fsyncs);
+	w->stats.fsyncs++;
+	return rc;
+}
+
+/* Latch a fatal error (logged once, here). */
+static int wal_fail(struct wal *w, int rc, const char *what)
+{
+	if (!w->fatal) {
+		char path[PATH_MAX];
+		if (seg_path(w, path, sizeof(path), w->segs[w->nsegs - 1].seq,
+			     w->segs[w->nsegs - 1].first_index, "") != 0)
+			snprintf(path, sizeof(path), "%s", w->dir);
+		log_error("%s: %s failed: %s; the WAL is closed to writes, "
+			  "restart to recover", path, what, mc_strerror(rc));
+		w->fatal = rc;
+	}
+	return rc;
+}
+
+/* Write what is pending (no fsync). */
+static int flush_pending(struct wal *w)
+{
+	if (w->pend.len == 0)
+		return 0;
+	int rc = pwrite_all(w->fd, w->pend.data, w->pend.len, w->seg_off);
+	if (rc)
+		return wal_fail(w, rc, "write");
+	w->seg_off += w->pend.len;
+	w->stats.writes++;
+	w->stats.bytes_written += w->pend.len;
+	metric_add(w->m_bytes, w->pend.len);
+	w->pend.len = 0;
+	w->dirty = true;
+	return 0;
+}
+
+static int sync_pending(struct wal *w)
+{
+	int rc = flush_pending(w);
+	if (rc)
+		return rc;
+	if (!w->dirty)
+		return 0;
+	if ((rc = do_fdatasync(w, w->fd)))
+		return wal_fail(w, rc, "fdatasync");
+	w->dirty = false;
+	w->group_off = w->seg_off; /* the next write starts a new group */
+	return 0;
+}
+
+/* Encode a record into buf at segment offset off; returns its CRC. */
+static int encode_into(struct mc_buf *b, uint32_t seed, unsigned type,
+		       const void *p1, size_t n1, const void *p2, size_t n2,
+		       uint64_t group_off, uint32_t *crc)
+{
+	size_t frame = wal__frame_bytes(n1 + n2);
+	int rc = mc_buf_reserve(b, frame);
+	if (rc)
+		return rc;
+	*crc = wal__encode_frame((uint8_t *)b->data + b->len, seed, type, p1,
+				 n1, p2, n2, group_off);
+	b->len += frame;
+	return 0;
+}
+
+static void hs_payload(uint8_t p[24], const struct wal_hard_state *hs)
+{
+	put64(p, hs->term);
+	put64(p + 8, hs->vote);
+	put64(p + 16, hs->commit);
+}
+
+static void snap_payload(uint8_t p[16], struct wal_snap_ref s)
+{
+	put64(p, s.index);
+	put64(p + 8, s.term);
+}
+
+/*
+ * Create segment seq (first index first) holding a header chained to
+ * prev_crc and copies of the current hard state and marker: write it as a
+ * temp file, fsync, rename, fsync the directory. On success *fd_out is the
+ * open segment and *len_out / *crc_out its length and last CRC.
+ */
+static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
+			  uint32_t prev_crc, int *fd_out, uint64_t *len_out,
+			  uint32_t *crc_out, size_t *nrec_out)
+{
+	char tmp[PATH_MAX], path[PATH_MAX];
+	struct mc_buf b = MC_BUF_INIT;
+	int fd = -1;
+	int rc = seg_path(w, tmp, sizeof(tmp), seq, first, ".tmp");
+	if (rc || (rc = seg_path(w, path, sizeof(path), seq, first, "")))
+		return rc;
+
+	uint32_t seed = wal__seed(w->wal_id, seq);
+	uint32_t crc = prev_crc;
+	size_t nrec = 0;
+	struct wal__seg_hdr h = {w->wal_id, seq, first, prev_crc};
+	if ((rc = mc_buf_reserve(&b, WAL__SEG_HDR_BYTES)))
+		goto out_buf;
+	wal__seg_hdr_encode((uint8_t *)b.data, &h);
+	b.len = WAL__SEG_HDR_BYTES;
+	const struct wal_hard_state zero_hs = {0};
+	if (memcmp(&w->view.hs, &zero_hs, sizeof(zero_hs)) != 0) {
+		uint8_t p[24];
+		hs_payload(p, &w->view.hs);
+		if ((rc = encode_into(&b, seed, WAL__REC_HARD_STATE, p, 24,
+				      NULL, 0, WAL__SEG_HDR_BYTES, &crc)))
+			goto out_buf;
+		nrec++;
+	}
+	if (w->view.snap.index > 0) {
+		uint8_t p[16];
+		snap_payload(p, w->view.snap);
+		if ((rc = encode_into(&b, seed, WAL__REC_SNAPSHOT, p, 16, NULL,
+				      0, WAL__SEG_HDR_BYTES, &crc)))
+			goto out_buf;
+		nrec++;
+	}
+
+	unlink(tmp);
+	fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		rc = -errno;
+		log_error("%s: cannot create segment: %s", tmp,
+			  mc_strerror(rc));
+		goto out_buf;
+	}
+	if ((rc = pwrite_all(fd, b.data, b.len, 0))) {
+		log_error("%s: write failed: %s", tmp, mc_strerror(rc));
+		goto out_unlink;
+	}
+	w->stats.writes++;
+	w->stats.bytes_written += b.len;
+	metric_add(w->m_bytes, b.len);
+	prealloc_file(w, fd, tmp);
+	uint64_t t0 = mc_now_ns();
+	rc = fsync(fd) == 0 ? 0 : -errno;
+	metric_observe(w->m_fsync_seconds, (double)(mc_now_ns() - t0) / 1e9);
+	metric_inc(w->m_fsyncs);
+	w->stats.fsyncs++;
+	if (rc) {
+		log_error("%s: fsync failed: %s", tmp, mc_strerror(rc));
+		goto out_unlink;
+	}
+	if (rename(tmp, path) != 0) {
+		rc = -errno;
+		log_error("%s: rename to %s failed: %s", tmp, path,
+			  mc_strerror(rc));
+		goto out_unlink;
+	}
+	if ((rc = mc_fsync_dir(w->dir))) {
+		/* The segment exists but may not survive a crash; it is
+		 * complete either way, so only the fsync is reported. */
+		log_error("%s: fsync failed: %s", w->dir, mc_strerror(rc));
+		goto out_close;
+	}
+	*fd_out = fd;
+	*len_out = b.len;
+	*crc_out = crc;
+	*nrec_out = nrec;
+	mc_buf_free(&b);
+	log_debug("%s: new segment", path);
+	return 0;
+
+out_unlink:
+	unlink(tmp);
+out_close:
+	close(fd);
+out_buf:
+	mc_buf_free(&b);
+	return rc;
+}
+
+/* Sync the open segment and continue in a new one. */
+static int roll_segment(struct wal *w)
+{
+	int rc = sync_pending(w);
+	if (rc)
+		return rc;
+	struct wal_seg *cur = &w->segs[w->nsegs - 1];
+	uint64_t seq = cur->seq + 1, first = w->view.last + 1;
+	int fd;
+	uint64_t len;
+	uint32_t crc;
+	size_t nrec;
+	if ((rc = segs_reserve(w)) ||
+	    (rc = create_segment(w, seq, first, w->last_crc, &fd, &len, &crc,
+				 &nrec)))
+		return wal_fail(w, rc, "segment roll");
+	w->segs[w->nsegs++] = (struct wal_seg){seq, first};
+	close(w->fd);
+	w->fd = fd;
+	w->seed = wal__seed(w->wal_id, seq);
+	w->seg_off = len;
+	w->group_off = len;
+	w->last_crc = crc;
+	w->seg_body = 0;
+	w->dirty = false;
+	return 0;
+}
+
+/* Append one record to the pending buffer, rolling or flushing first when
+ * needed. Any error is fatal. */
+static int append_record(struct wal *w, unsigned type, const void *p1,
+			 size_t n1, const void *p2, size_t n2)
+{
+	size_t frame = wal__frame_bytes(n1 + n2);
+	int rc;
+	if (w->seg_body > 0 &&
+	    w->seg_off + w->pend.len + frame > w->segment_bytes &&
+	    (rc = roll_segment(w)))
+		return rc;
+	if (w->pend.len > 0 && w->pend.len + frame > w->buffer_bytes &&
+	    (rc = flush_pending(w)))
+		return rc;
+	if ((rc = encode_into(&w->pend, w->seed, type, p1, n1, p2, n2,
+			      w->group_off, &w->last_crc)))
+		return wal_fail(w, rc, "buffering a record");
+	w->seg_body++;
+	return 0;
+}
+
+static void metrics_setup(struct wal *w, struct metrics_registry *reg)
+{
+	if (!reg)
+		reg = metrics_global();
+	w->m_fsync_seconds = metrics_histogram(
+		reg, "mooncake_wal_fsync_duration_seconds",
+		"Duration of WAL segment fdatasync/fsync calls.", NULL, NULL,
+		metrics_latency_buckets, metrics_latency_nbuckets);
+	w->m_fsyncs = metrics_counter(reg, "mooncake_wal_fsyncs_total",
+				      "WAL segment fdatasync/fsync calls.",
+				      NULL, NULL);
+	w->m_bytes = metrics_counter(reg, "mooncake_wal_bytes_written_total",
+				     "Bytes written to WAL segments.", NULL,
+				     NULL);
+}
+
+/* Read a whole segment file into *buf (grown as needed). */
+static int read_segment(const char *path, int fd, uint8_t **buf, size_t *cap,
+			size_t *len)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		int rc = -errno;
+		log_error("%s: stat failed: %s", path, mc_strerror(rc));
+		return rc;
+	}
+	if ((uint64_t)st.st_size > WAL_SEGMENT_READ_MAX) {
+		log_error("%s: segment of %" PRIu64 " bytes is larger than any "
+			  "the WAL writes", path, (uint64_t)st.st_size);
+		return -EBADMSG;
+	}
+	size_t n = (size_t)st.st_size;
+	if (n > *cap) {
+		uint8_t *b = realloc(*buf, n);
+		if (!b)
+			return -ENOMEM;
+		*buf = b;
+		*cap = n;
+	}
+	int rc = pread_all(fd, *buf, n, 0);
+	if (rc) {
+		log_error("%s: read failed: %s", path, mc_strerror(rc));
+		return rc;
+	}
+	*len = n;
+	return 0;
+}
+
+/* Cut the torn tail of the open segment at end and make it durable. */
+static int repair_tail(struct wal *w, int fd, const char *path,
+		       const uint8_t *buf, size_t len, size_t end,
+		       const char *why)
+{
+	size_t nz = len;
+	while (nz > end && buf[nz - 1] == 0)
+		nz--;
+	log_warn("%s: torn tail at offset %zu (%s): truncated, %zu bytes of "
+		 "an unsynced write dropped",
+		 path, end, why, nz - end);
+	if (ftruncate(fd, (off_t)end) != 0) {
+		int rc = -errno;
+		log_error("%s: truncate failed: %s", path, mc_strerror(rc));
+		return rc;
+	}
+	prealloc_file(w, fd, path);
+	return 0;
+}
+
+/* Check segment k's header against its name, the WAL id and the chain.
+ * Returns NULL or why not. */
+static const char *check_seg_header(struct wal *w, size_t k,
+				    const uint8_t *buf, size_t len,
+				    uint32_t chain, struct wal__seg_hdr *h)
+{
+	const char *why = NULL;
+	if (wal__seg_hdr_decode(buf, len, h, &why) != 0)
+		return why;
+	if (h->seq != w->segs[k].seq ||
+	    h->first_index != w->segs[k].first_index)
+		return "segment header does not match the file name";
+	if (k == 0)
+		w->wal_id = h->wal_id;
+	else if (h->wal_id != w->wal_id)
+		return "segment belongs to another WAL (id mismatch)";
+	if (k > 0 && h->prev_crc != chain)
+		return "segment does not follow the previous one (CRC chain "
+		       "broken: misplaced segment, or the previous one lost "
+		       "its last records)";
+	return NULL;
+}
+
+static int recover(struct wal *w, struct wal_recovery *rec)
+{
+	char path[PATH_MAX];
+	uint8_t *buf = NULL;
+	size_t cap = 0, len = 0;
+	uint32_t chain = 0;
+	int rc = 0;
+	int fd = -1;
+
+	for (size_t k = 1; k < w->nsegs; k++) {
+		if (w->segs[k].seq != w->segs[k - 1].seq + 1) {
+			log_error("%s: segment %016" PRIx64 " is missing (have "
+				  "%016" PRIx64 " and %016" PRIx64 ")",
+				  w->dir, w->segs[k - 1].seq + 1,
+				  w->segs[k - 1].seq, w->segs[k].seq);
+			return -EBADMSG;
+		}
+	}
+	struct wal__view *v = &w->view;
+	wal__view_init(v, w->segs[0].first_index, true);
+
+	for (size_t k = 0; k < w->nsegs; k++) {
+		bool last = k + 1 == w->nsegs;
+		const struct wal_seg *sg = &w->segs[k];
+		if ((rc = seg_path(w, path, sizeof(path), sg->seq,
+				   sg->first_index, "")))
+			goto out;
+		fd = open(path, (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+		if (fd < 0) {
+			rc = -errno;
+			log_error("%s: cannot open: %s", path, mc_strerror(rc));
+			goto out;
+		}
+		if ((rc = read_segment(path, fd, &buf, &cap, &len)))
+			goto out;
+		struct wal__seg_hdr h;
+		const char *why = check_seg_header(w, k, buf, len, chain, &h);
+		if (why) {
+			log_error("%s: corrupt at offset 0: %s", path, why);
+			rc = -EBADMSG;
+			goto out;
+		}
+
+		struct wal__scan s = {.seed = wal__seed(h.wal_id, h.seq),
+				      .last = last,
+				      .last_crc = h.prev_crc};
+		rc = wal__scan_segment(buf, len, &s, v);
+		if (rc == -EBADMSG) {
+			log_error("%s: corrupt at offset %zu: %s", path,
+				  s.bad_off, s.why);
+			goto out;
+		}
+		if (rc)
+			goto out;
+		chain = s.last_crc;
+		if (!last) {
+			close(fd);
+			fd = -1;
+			continue;
+		}
+		if (s.torn) {
+			rc = repair_tail(w, fd, path, buf, len, s.end, s.why);
+			if (rc)
+				goto out;
+			rec->tail_truncated = true;
+		}
+		/* Make the previous run's writes durable before appending
+		 * after them (they may still be only in the page cache). */
+		if ((rc = do_fdatasync(w, fd))) {
+			log_error("%s: fdatasync failed: %s", path,
+				  mc_strerror(rc));
+			goto out;
+		}
+		w->fd = fd;
+		fd = -1;
+		w->seed = s.seed;
+		w->seg_off = s.end;
+		w->group_off = s.end;
+		w->last_crc = s.last_crc;
+		w->seg_body = s.nrec;
+	}
+
+	/* Hand the entries to rec; the WAL keeps the terms (compacted). */
+	rec->hs = v->hs;
+	rec->snap = v->snap;
+	rec->first_index = v->first;
+	rec->n_ents = view_count(v);
+	rec->ents = v->ents;
+	rec->arena = v->arena;
+	v->ents = NULL;
+	v->arena = NULL;
+	v->keep_data = false;
+	v->compact = true;
+	view_compact(v);
+	if (rec->n_ents == 0) {
+		free(rec->ents);
+		rec->ents = NULL;
+	}
+	log_info("%s: recovered %zu segments, entries %" PRIu64 "..%" PRIu64
+		 ", snapshot marker %" PRIu64 ", term %" PRIu64
+		 ", commit %" PRIu64,
+		 w->dir, w->nsegs, rec->first_index,
+		 rec->first_index + rec->n_ents - 1, rec->snap.index,
+		 rec->hs.term, rec->hs.commit);
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return rc;
+}
+
+/* fsync the directory holding dir (after creating dir). */
+static int fsync_parent(const char *dir)
+{
+	char parent[PATH_MAX];
+	size_t n = strlen(dir);
+	if (n >= sizeof(parent))
+		return -ENAMETOOLONG;
+	memcpy(parent, dir, n + 1);
+	while (n > 1 && parent[n - 1] == '/')
+		parent[--n] = '\0';
+	char *slash = strrchr(parent, '/');
+	if (!slash)
+		return mc_fsync_dir(".");
+	if (slash == parent)
+		slash[1] = '\0';
+	else
+		*slash = '\0';
+	return mc_fsync_dir(parent);
+}
+
+static uint64_t new_wal_id(void)
+{
+	uint64_t id = 0;
+	if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+		id = mc_now_ns() ^ ((uint64_t)getpid() << 32);
+	return id ? id : 1;
+}
+
+int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
+	     struct wal_recovery *rec)
+{
+	static const struct wal_options defaults = {0};
+	int rc, holder = 0;
+	if (!opts)
+		opts = &defaults;
+	memset(rec, 0, sizeof(*rec));
+	uint64_t seg_bytes = opts->segment_bytes ? opts->segment_bytes
+						 : WAL_SEGMENT_DEFAULT_BYTES;
+	if (seg_bytes < WAL_SEGMENT_MIN_BYTES ||
+	    seg_bytes > WAL_SEGMENT_MAX_BYTES) {
+		log_error("%s: segment size %" PRIu64 " out of range", dir,
+			  seg_bytes);
+		return -EINVAL;
+	}
+
+	struct wal *w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->fd = -1;
+	w->lock_fd = -1;
+	w->segment_bytes = seg_bytes;
+	w->buffer_bytes = opts->buffer_bytes ? opts->buffer_bytes
+					     : WAL_BUFFER_DEFAULT_BYTES;
+	w->prealloc = !opts->no_prealloc;
+	metrics_setup(w, opts->metrics);
+	if (!(w->dir = strdup(dir))) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	if (opts->create && (rc = mc_mkdir_p(dir, 0700))) {
+		log_error("%s: cannot create WAL directory: %s", dir,
+			  mc_strerror(rc));
+		goto out_free;
+	}
+	if ((rc = mc_lock_dir(dir, &w->lock_fd, &holder))) {
+		if (rc == MC_ELOCKED)
+			log_error("%s: WAL is in use by process %d", dir,
+				  holder);
+		else if (rc == -ENOENT && !opts->create)
+			log_error("%s: no WAL here", dir);
+		else
+			log_error("%s: cannot lock WAL directory: %s", dir,
+				  mc_strerror(rc));
+		goto out_free;
+	}
+	if ((rc = list_segments(w)))
+		goto out_unlock;
+
+	if (w->nsegs == 0) {
+		if (!opts->create) {
+			log_error("%s: no WAL here", dir);
+			rc = -ENOENT;
+			goto out_unlock;
+		}
+		w->wal_id = new_wal_id();
+		wal__view_init(&w->view, 1, false);
+		w->view.compact = true;
+		uint64_t len;
+		uint32_t crc;
+		size_t nrec;
+		if ((rc = segs_push(w, 1, 1)) ||
+		    (rc = create_segment(w, 1, 1, 0, &w->fd, &len, &crc,
+					 &nrec)))
+			goto out_view;
+		w->seed = wal__seed(w->wal_id, 1);
+		w->seg_off = len;
+		w->group_off = len;
+		w->last_crc = crc;
+		w->seg_body = 0;
+		(void)nrec;
+		/* The directory itself may be new: make its entry durable. */
+		if ((rc = fsync_parent(dir))) {
+			log_error("%s: fsync of the parent directory failed: "
+				  "%s", dir, mc_strerror(rc));
+			goto out_view;
+		}
+		log_info("%s: created a new WAL", dir);
+	} else if ((rc = recover(w, rec))) {
+		goto out_view;
+	}
+	w->stats.segments = w->nsegs;
+	*out = w;
+	return 0;
+
+out_view:
+	wal_recovery_close(rec);
+	memset(rec, 0, sizeof(*rec));
+	wal__view_free(&w->view);
+	if (w->fd >= 0)
+		close(w->fd);
+out_unlock:
+	mc_unlock_dir(w->lock_fd);
+out_free:
+	free(w->segs);
+	free(w->dir);
+	free(w);
+	return rc;
+}
+
+void wal_recovery_close(struct wal_recovery *rec)
+{
+	if (!rec)
+		return;
+	free(rec->ents);
+	wal__arena_free(rec->arena);
+	rec->ents = NULL;
+	rec->arena = NULL;
+	rec->n_ents = 0;
+}
+
+int wal_recovery_check_start(const struct wal_recovery *rec, uint64_t index,
+			     uint64_t term)
+{
+	uint64_t first = rec->first_index;
+	uint64_t last = first + rec->n_ents - 1; /* first - 1 when none */
+	if (index > 0 && index == rec->snap.index && term != rec->snap.term)
+		return -EBADMSG; /* the marker names another snapshot */
+	if (index > last)
+		return 0; /* newer than the log (and than every marker) */
+	if (index + 1 < first)
+		return -ENOENT; /* entries after it were released */
+	if (index < first)
+		return 0;
+	if (rec->ents[index - first].term == term || index > rec->snap.index)
+		return 0; /* a newer snapshot replaces a conflicting log */
+	return -EBADMSG;
+}
+
+int wal_start_at(struct wal *w, struct wal_recovery *rec, uint64_t index,
+		 uint64_t term)
+{
+	int rc = wal_recovery_check_start(rec, index, term);
+	if (rc) {
+		log_error("%s: cannot start from snapshot %" PRIu64
+			  " (term %" PRIu64 "): %s",
+			  w->dir, index, term,
+			  rc == -ENOENT ? "the entries after it are not in the "
+					  "WAL (released or replaced)"
+					: "the WAL holds that index with "
+					  "another term");
+		return rc;
+	}
+	uint64_t first = rec->first_index;
+	size_t drop;
+	if (rec->n_ents > 0 && index >= first &&
+	    index < first + rec->n_ents &&
+	    rec->ents[index - first].term == term)
+		drop = (size_t)(index - first + 1);
+	else if (index + 1 == first)
+		drop = 0;
+	else
+		drop = rec->n_ents; /* the snapshot replaces the log */
+	if (drop == rec->n_ents && drop > 0) {
+		rec->n_ents = 0;
+	} else if (drop > 0) {
+		memmove(rec->ents, rec->ents + drop,
+			(rec->n_ents - drop) * sizeof(*rec->ents));
+		rec->n_ents -= drop;
+	}
+	rec->first_index = index + 1;
+	if (index > w->view.snap.index) {
+		struct wal_snap_ref s = {index, term};
+		if ((rc = wal_save_snapshot(w, s, true)))
+			return rc;
+		rec->snap = s;
+	}
+	return 0;
+}
+
+int wal_save(struct wal *w, const struct wal_hard_state *hs,
+	     const struct wal_entry *ents, size_t n, bool sync)
+{
+	if (w->fatal)
+		return w->fatal;
+	const char *why = wal__view_check_entries(&w->view, ents, n);
+	if (!why && hs)
+		why = wal__view_check_hs(&w->view, hs);
+	if (why) {
+		log_error("%s: save refused: %s (entries %" PRIu64 "+%zu, last "
+			  "%" PRIu64 ", marker %" PRIu64 ")",
+			  w->dir, why, n ? ents[0].index : 0, n, w->view.last,
+			  w->view.snap.index);
+		return -EINVAL;
+	}
+	for (size_t k = 0; k < n; k++) {
+		if (ents[k].len > 0 && !ents[k].data) {
+			log_error("%s: entry %" PRIu64 " has length %zu and no "
+				  "data", w->dir, ents[k].index, ents[k].len);
+			return -EINVAL;
+		}
+		if (ents[k].len > WAL_RECORD_MAX_BYTES - WAL__ENTRY_HDR_BYTES) {
+			log_error("%s: entry %" PRIu64 " of %zu bytes refused "
+				  "(at most %u)",
+				  w->dir, ents[k].index, ents[k].len,
+				  WAL_RECORD_MAX_BYTES - WAL__ENTRY_HDR_BYTES);
+			return MC_ETOO_LARGE;
+		}
+	}
+	int rc;
+	if (n > 0) {
+		/* Room for the terms first: applying cannot fail later. */
+		uint64_t x = ents[0].index;
+		size_t slot =
+			x < w->view.first ? 0 : (size_t)(x - w->view.first);
+		if ((rc = view_reserve(&w->view, slot + n)))
+			return rc;
+	}
+	for (size_t k = 0; k < n; k++) {
+		uint8_t h[WAL__ENTRY_HDR_BYTES];
+		put64(h, ents[k].index);
+		put64(h + 8, ents[k].term);
+		put32(h + 16, ents[k].type);
+		if ((rc = append_record(w, WAL__REC_ENTRY, h, sizeof(h),
+					ents[k].data, ents[k].len)))
+			return rc;
+		struct wal_entry e = ents[k];
+		e.len = 0; /* the save view keeps no data */
+		if ((rc = wal__view_apply_entry(&w->view, &e)))
+			return wal_fail(w, rc, "save");
+	}
+	if (hs && memcmp(hs, &w->view.hs, sizeof(*hs)) != 0) {
+		uint8_t p[24];
+		hs_payload(p, hs);
+		rc = append_record(w, WAL__REC_HARD_STATE, p, 24, NULL, 0);
+		if (rc)
+			return rc;
+		w->view.hs = *hs;
+	}
+	return sync ? sync_pending(w) : 0;
+}
+
+int wal_save_snapshot(struct wal *w, struct wal_snap_ref snap, bool sync)
+{
+	if (w->fatal)
+		return w->fatal;
+	const char *why = wal__view_check_snap(&w->view, snap);
+	if (why) {
+		log_error("%s: snapshot marker %" PRIu64 " refused: %s", w->dir,
+			  snap.index, why);
+		return -EINVAL;
+	}
+	if (snap.index != w->view.snap.index) {
+		uint8_t p[16];
+		snap_payload(p, snap);
+		int rc = append_record(w, WAL__REC_SNAPSHOT, p, 16, NULL, 0);
+		if (rc)
+			return rc;
+		wal__view_apply_snap(&w->view, snap);
+	}
+	return sync ? sync_pending(w) : 0;
+}
+
+int wal_sync(struct wal *w)
+{
+	if (w->fatal)
+		return w->fatal;
+	return sync_pending(w);
+}
+
+int wal_release_to(struct wal *w, uint64_t index)
+{
+	if (w->fatal)
+		return w->fatal;
+	if (index > w->view.snap.index) {
+		log_error("%s: release to %" PRIu64 " refused: newest snapshot "
+			  "marker is %" PRIu64,
+			  w->dir, index, w->view.snap.index);
+		return -EINVAL;
+	}
+	/* The marker that makes the release safe must be durable first. */
+	int rc = sync_pending(w);
+	if (rc)
+		return rc;
+	/* Segments 0..k go when segment k+1 began at or below index + 1:
+	 * every live entry they hold is below that segment's first index. */
+	size_t ndel = 0;
+	for (size_t k = 0; k + 1 < w->nsegs; k++)
+		if (w->segs[k + 1].first_index <= index + 1)
+			ndel = k + 1;
+	size_t done = 0;
+	for (; done < ndel; done++) {
+		char path[PATH_MAX];
+		if ((rc = seg_path(w, path, sizeof(path), w->segs[done].seq,
+				   w->segs[done].first_index, "")))
+			break;
+		if (unlink(path) != 0) {
+			rc = -errno;
+			log_error("%s: cannot delete released segment: %s",
+				  path, mc_strerror(rc));
+			break;
+		}
+	}
+	if (done > 0) {
+		memmove(w->segs, w->segs + done,
+			(w->nsegs - done) * sizeof(*w->segs));
+		w->nsegs -= done;
+		w->stats.segments = w->nsegs;
+		int frc = mc_fsync_dir(w->dir);
+		if (frc && !rc) {
+			log_error("%s: fsync failed: %s", w->dir,
+				  mc_strerror(frc));
+			rc = frc;
+		}
+		log_debug("%s: released %zu segments up to index %" PRIu64,
+			  w->dir, done, index);
+	}
+	return rc;
+}
+
+uint64_t wal_last_index(const struct wal *w) { return w->view.last; }
+
+struct wal_hard_state wal_hard_state(const struct wal *w) { return w->view.hs; }
+
+struct wal_snap_ref wal_snapshot(const struct wal *w) { return w->view.snap; }
+
+void wal_get_stats(const struct wal *w, struct wal_stats *out)
+{
+	*out = w->stats;
+	out->segments = w->nsegs;
+	out->last_seq = w->nsegs ? w->segs[w->nsegs - 1].seq : 0;
+}
+
+void wal_close(struct wal *w)
+{
+	if (!w)
+		return;
+	if (!w->fatal)
+		(void)sync_pending(w); /* a failure is logged by wal_fail */
+	if (w->fd >= 0)
+		close(w->fd);
+	mc_buf_free(&w->pend);
+	wal__view_free(&w->view);
+	mc_unlock_dir(w->lock_fd);
+	free(w->segs);
+	free(w->dir);
+	free(w);
+}
