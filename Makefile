@@ -222,8 +222,16 @@ fuzz-run: $(FUZZ_BINS)
 test: all $(UNIT_BINS) $(PY_GEN) $(REPLAY_BINS)
 	$(Q)BUILD=$(B) PYTHON=$(PYTHON) SAN=$(SAN) test/run.sh
 
-bench: all
+BENCH_SRCS := $(wildcard test/bench/bench_*.c)
+BENCH_BINS := $(patsubst test/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
+$(B)/bench/%: test/bench/%.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC BENCH $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
+	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
