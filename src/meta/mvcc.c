@@ -1966,7 +1966,8 @@ static int restore_revlog(struct mvcc_store *s)
 				s->rl[s->rl_len++] = (struct mvcc__rent){
 					k->hist[i].main, k, k->hist[i].sub};
 	/* (main, sub) pairs are unique, so the order is fully determined. */
-	qsort(s->rl, s->rl_len, sizeof(*s->rl), rent_cmp);
+	if (s->rl_len > 1)
+		qsort(s->rl, s->rl_len, sizeof(*s->rl), rent_cmp);
 	for (size_t i = 1; i < s->rl_len; i++)
 		if (!rent_cmp(&s->rl[i - 1], &s->rl[i]))
 			return MVCC_ESNAPSHOT_CORRUPT;

@@ -143,8 +143,8 @@ static const char *range_keys(struct mvcc_op *o, bool *more, int64_t *count)
 {
 	struct mvcc_result res;
 	h_apply(s, o, &res);
-	static char buf[512];
-	snprintf(buf, sizeof(buf), "%s", h_keys(&res.resp.u.range));
+	static char buf[8192];
+	strcpy(buf, h_keys(&res.resp.u.range));
 	if (more)
 		*more = res.resp.u.range.more;
 	if (count)

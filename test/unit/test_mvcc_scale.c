@@ -113,7 +113,8 @@ Test(scale, million_keys, .timeout = 300)
 	fprintf(stderr,
 		"scale: %zu keys: put %.2f s (%.0f/s), scan %.0f ms, 100k gets %.0f ms, "
 		"%zu updates %.0f ms, compact %.0f ms, delete-all %.0f ms\n"
-		"scale: heap %.1f bytes/key (malloc's count; store's own estimate "
+		"scale: heap %.1f bytes/key (malloc's count, 0 where malloc cannot tell; "
+		"store's own estimate "
 		"%.1f, db size %.1f bytes/key for %zu-byte keys and %zu-byte values)\n",
 		n, t_put, (double)n / t_put, t_scan * 1e3, t_get * 1e3, n / 10, t_upd * 1e3,
 		t_compact * 1e3, t_del * 1e3, heap1 > heap0 ? per_key : 0.0,

@@ -240,7 +240,7 @@ Test(watch, slow_consumer_loses_nothing)
 		if (i == 50) {
 			/* A revision bigger than the whole buffer. */
 			struct mvcc_op ops[10];
-			char keys[10][8];
+			char keys[10][16];
 			for (int j = 0; j < 10; j++) {
 				snprintf(keys[j], sizeof(keys[j]), "kk%d", j);
 				ops[j] = op_put(keys[j], "t");
