@@ -604,6 +604,19 @@ void mvcc_result_free(struct mvcc_result *r)
 	memset(r, 0, sizeof(*r));
 }
 
+static void kv_borrow(struct mvcc_kv *out, const struct mvcc__key *k,
+		      const struct mvcc__ver *v)
+{
+	out->key = k->key;
+	out->key_len = k->klen;
+	out->value = v->vlen ? v->value : mvcc__empty;
+	out->value_len = v->vlen;
+	out->create_revision = v->create;
+	out->mod_revision = v->main;
+	out->version = v->version;
+	out->lease = v->lease;
+}
+
 static int kv_copy(struct mvcc__blk **a, struct mvcc_kv *out,
 		   const struct mvcc__key *k, const struct mvcc__ver *v,
 		   bool with_value)
@@ -612,9 +625,9 @@ static int kv_copy(struct mvcc__blk **a, struct mvcc_kv *out,
 	char *p = arena_alloc(a, (size_t)k->klen + vlen);
 	if (!p)
 		return -ENOMEM;
+	kv_borrow(out, k, v);
 	memcpy(p, k->key, k->klen);
 	out->key = p;
-	out->key_len = k->klen;
 	if (vlen) {
 		memcpy(p + k->klen, v->value, vlen);
 		out->value = p + k->klen;
@@ -622,10 +635,6 @@ static int kv_copy(struct mvcc__blk **a, struct mvcc_kv *out,
 		out->value = mvcc__empty;
 	}
 	out->value_len = vlen;
-	out->create_revision = v->create;
-	out->mod_revision = v->main;
-	out->version = v->version;
-	out->lease = v->lease;
 	return 0;
 }
 
@@ -1520,7 +1529,8 @@ int mvcc_lease_revoke(struct mvcc_store *s, int64_t id, int64_t *revision_out)
 	}
 	for (size_t i = 0; i < n; i++) {
 		struct mvcc__key *k = find_key(s, refs[i].key, refs[i].len);
-		if (live_latest(k))
+		const struct mvcc__ver *v = live_latest(k);
+		if (v && v->lease == id)
 			ks[nk++] = k;
 	}
 	if ((rc = tx_reserve(&x, nk, 0)))
@@ -1636,19 +1646,6 @@ uint64_t mvcc_hist_end(const struct mvcc_store *s)
 	return s->rl_base + (s->rl_len - s->rl_head);
 }
 
-static void kv_borrow(struct mvcc_kv *out, const struct mvcc__key *k,
-		      const struct mvcc__ver *v)
-{
-	out->key = k->key;
-	out->key_len = k->klen;
-	out->value = v->vlen ? v->value : mvcc__empty;
-	out->value_len = v->vlen;
-	out->create_revision = v->create;
-	out->mod_revision = v->main;
-	out->version = v->version;
-	out->lease = v->lease;
-}
-
 int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos, struct mvcc_event *ev)
 {
 	if (pos < s->rl_base)
@@ -1658,6 +1655,8 @@ int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos, struct mvcc_event 
 	const struct mvcc__rent *e = &s->rl[s->rl_head + (pos - s->rl_base)];
 	const struct mvcc__key *k = e->key;
 	uint32_t j = hist_index(k, e->main, e->sub);
+	if (j >= k->nhist || k->hist[j].main != e->main || k->hist[j].sub != e->sub)
+		return MC_EINTERNAL; /* the log and the history disagree: a bug */
 	const struct mvcc__ver *v = &k->hist[j];
 	memset(ev, 0, sizeof(*ev));
 	if (ver_live(v)) {

@@ -323,7 +323,9 @@ struct mvcc_stats {
 	uint64_t key_nodes;     /* keys with any history (live or tombstoned) */
 	uint64_t versions;      /* stored versions incl. tombstones */
 	uint64_t revlog;        /* revision log entries (history >= compaction) */
-	uint64_t memory_bytes;  /* estimate of the heap the store holds */
+	uint64_t memory_bytes;  /* estimate of the heap held by keys, versions
+	                           and the revision log (malloc overhead and
+	                           leases not included) */
 	uint64_t db_size_bytes; /* as mvcc_db_size_bytes() */
 };
 void mvcc_stats(const struct mvcc_store *s, struct mvcc_stats *out);
@@ -395,7 +397,8 @@ uint64_t mvcc_hist_end(const struct mvcc_store *s);
  * previous version when that is still stored and live. The bytes are
  * borrowed from the store: valid until the next mvcc_apply,
  * mvcc_lease_revoke, mvcc_compact or mvcc_free.
- * Errors: MVCC_ECOMPACTED (pos was compacted), -ENOENT (pos >= end).
+ * Errors: MVCC_ECOMPACTED (pos was compacted), -ENOENT (pos >= end),
+ * MC_EINTERNAL (the log and a key's history disagree: a bug).
  */
 int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos,
 		    struct mvcc_event *ev) MC_MUST_CHECK;

@@ -388,6 +388,21 @@ Test(watch, follows_a_restored_store)
 	mvcc_free(s2);
 }
 
+/* Take watcher id's events and append them to log as "P k@rev;". */
+static void log_take(int64_t id, char *log, size_t *len)
+{
+	struct watch_delivery d;
+	cr_assert_eq(watch_take(r, id, &d), 0);
+	for (size_t e = 0; e < d.nevents; e++) {
+		const struct mvcc_event *ev = d.events[e];
+		*len += (size_t)snprintf(log + *len, 64, "%c %.*s@%lld;",
+					 ev->type == MVCC_EVENT_PUT ? 'P' : 'D',
+					 (int)ev->kv.key_len, ev->kv.key,
+					 (long long)ev->kv.mod_revision);
+	}
+	watch_delivery_free(&d);
+}
+
 /* Many watchers of every kind against brute force over the event log. */
 Test(watch, randomized_against_brute_force)
 {
@@ -458,21 +473,9 @@ Test(watch, randomized_against_brute_force)
 		/* Consumers are slow: take from one ready watcher sometimes. */
 		int64_t id;
 		if (RND() % 3 == 0 && watch_next_ready(r, &id)) {
-			for (int i = 0; i < nw; i++) {
-				if (ws[i].id != id)
-					continue;
-				struct watch_delivery d;
-				cr_assert_eq(watch_take(r, id, &d), 0);
-				for (size_t e = 0; e < d.nevents; e++) {
-					const struct mvcc_event *ev = d.events[e];
-					ws[i].len += (size_t)snprintf(
-						ws[i].log + ws[i].len, 64, "%c %.*s@%lld;",
-						ev->type == MVCC_EVENT_PUT ? 'P' : 'D',
-						(int)ev->kv.key_len, ev->kv.key,
-						(long long)ev->kv.mod_revision);
-				}
-				watch_delivery_free(&d);
-			}
+			for (int i = 0; i < nw; i++)
+				if (ws[i].id == id)
+					log_take(id, ws[i].log, &ws[i].len);
 		}
 		if (RND() % 4 == 0)
 			watch_sync(r, s, 50);
@@ -485,21 +488,9 @@ Test(watch, randomized_against_brute_force)
 				break;
 			continue;
 		}
-		for (int i = 0; i < nw; i++) {
-			if (ws[i].id != id)
-				continue;
-			struct watch_delivery d;
-			cr_assert_eq(watch_take(r, id, &d), 0);
-			for (size_t e = 0; e < d.nevents; e++) {
-				const struct mvcc_event *ev = d.events[e];
-				ws[i].len += (size_t)snprintf(
-					ws[i].log + ws[i].len, 64, "%c %.*s@%lld;",
-					ev->type == MVCC_EVENT_PUT ? 'P' : 'D',
-					(int)ev->kv.key_len, ev->kv.key,
-					(long long)ev->kv.mod_revision);
-			}
-			watch_delivery_free(&d);
-		}
+		for (int i = 0; i < nw; i++)
+			if (ws[i].id == id)
+				log_take(id, ws[i].log, &ws[i].len);
 	}
 	for (int i = 0; i < nw; i++) {
 		static char want[1 << 16];
