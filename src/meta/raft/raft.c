@@ -1365,14 +1365,13 @@ static int check_restore(const struct raft_restore *rs, size_t *skip)
 		const struct raft_entry *e = &rs->entries[k];
 
 		if (e->index != prev + 1 || e->term == 0 || e->term < prev_term ||
-		    e->term > rs->hard_state.term ||
 		    (e->len && !e->data))
 			return -EINVAL;
 		prev = e->index;
 		prev_term = e->term;
 	}
 	last = prev;
-	if (rs->hard_state.commit > last || s->term > rs->hard_state.term ||
+	if (rs->hard_state.commit > last ||
 	    (rs->applied && (rs->applied < s->index ||
 			     rs->applied > MC_MAX(rs->hard_state.commit, s->index))))
 		return -EINVAL;
@@ -1420,6 +1419,13 @@ int raft_new(const struct raft_config *c, const struct raft_restore *rs, struct 
 			if (e.type != RAFT_ENTRY_CONF_CHANGE)
 				e.type = RAFT_ENTRY_NORMAL;
 			raft__log_push(&r->log, &e);
+		}
+		/* A torn WAL tail may keep entries (or a snapshot) written with
+		 * a newer term than the hard state that followed them: that vote
+		 * was never sent, so adopt the term with no vote. */
+		if (last_term(r) > r->term) {
+			r->term = last_term(r);
+			r->vote = RAFT_NONE;
 		}
 		r->commit = MC_MAX(rs->hard_state.commit, s->index);
 		r->applied = rs->applied ? rs->applied : s->index;

@@ -295,7 +295,13 @@ void raft_config_init(struct raft_config *c, uint64_t id);
  * snapshot.index are skipped (the one at snapshot.index must have
  * snapshot.term). applied: how far the state machine already is (at least
  * snapshot.index; 0 means snapshot.index): committed entries above it come
- * out in the first ready.
+ * out in the first ready. A torn WAL tail is tolerated the way a WAL that
+ * writes entries before the hard state produces it: if the last entry (or
+ * the snapshot) has a newer term than hard_state.term, the node adopts that
+ * term with no vote; hard_state.commit must not exceed the last entry.
+ * A configuration given at snapshot index 0 is accepted (handy for tests)
+ * but nodes added later cannot learn it from the log: real clusters are
+ * founded with raft_bootstrap.
  */
 struct raft_restore {
 	struct raft_hard_state hard_state;
@@ -347,7 +353,8 @@ int raft_step(struct raft *r, const struct raft_msg *m) MC_MUST_CHECK;
  * not NULL) gets the entry's index: the proposal succeeded iff an entry
  * with that index and the returned term is later committed
  * (term = raft_status().term now). Errors: MC_ENOT_LEADER, -EBUSY (a leader
- * transfer is in progress), -EINPROGRESS, -ENOMEM (nothing changed).
+ * transfer is in progress), -EINVAL (data NULL with len > 0),
+ * -EINPROGRESS, -ENOMEM.
  */
 int raft_propose(struct raft *r, const void *data, size_t len,
 		 uint64_t *index_out) MC_MUST_CHECK;
@@ -428,7 +435,9 @@ int raft_report_unreachable(struct raft *r, uint64_t to) MC_MUST_CHECK;
 /*
  * The application made a durable snapshot of its state machine at applied
  * index `index`: remember it as the node's snapshot (to send to lagging
- * followers) and drop log entries <= index - trailing_entries. An index at
+ * followers) and drop log entries <= index - trailing_entries;
+ * raft_last_snapshot() then gives the metadata to store beside the data
+ * (the transport streams that data when a RAFT_MSG_SNAP leaves). An index at
  * or below the current snapshot is a no-op. Errors: -EINVAL (index above
  * the applied index), -EINPROGRESS, -ENOMEM (fatal).
  */
