@@ -1104,8 +1104,11 @@ static void act_partition(struct sim *s)
 	uint64_t kind = below(s, 3);
 
 	memset(s->cut, 0, sizeof(s->cut));
-	if (kind == 0) { /* isolate one node */
-		uint64_t v = 1 + below(s, s->next_id - 1);
+	if (kind == 0) { /* isolate one node, often the leader */
+		uint64_t v = chance(s, 0.5) ? find_leader(s) : 0;
+
+		if (!v)
+			v = 1 + below(s, s->next_id - 1);
 
 		for (uint64_t o = 1; o <= MAXID; o++)
 			s->cut[v][o] = s->cut[o][v] = o != v;
@@ -1132,7 +1135,8 @@ static void act_partition(struct sim *s)
 
 static void act_crash(struct sim *s)
 {
-	uint64_t id = random_up(s);
+	/* Leader churn makes divergent logs (Figure 8 needs them). */
+	uint64_t id = chance(s, 0.5) ? find_leader(s) : random_up(s);
 
 	if (id)
 		node_crash(s, id, "at random");
