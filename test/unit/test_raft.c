@@ -388,7 +388,8 @@ static void no_pre_vote_no_cq(struct raft_config *c)
 
 /* ============================================================ election */
 
-Test(raft_election, three_nodes_elect_one_leader)
+
+RTEST(raft_election, three_nodes_elect_one_leader)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -405,7 +406,7 @@ Test(raft_election, three_nodes_elect_one_leader)
 	net_free(net);
 }
 
-Test(raft_election, timeout_is_randomized_in_et_2et)
+RTEST(raft_election, timeout_is_randomized_in_et_2et)
 {
 	bool seen[2 * ET] = {false};
 	size_t distinct = 0;
@@ -438,7 +439,7 @@ Test(raft_election, timeout_is_randomized_in_et_2et)
 	cr_assert(distinct >= ET / 2, "only %zu distinct timeouts", distinct);
 }
 
-Test(raft_election, single_node_elects_itself)
+RTEST(raft_election, single_node_elects_itself)
 {
 	struct tnet *net = net_new(1, NULL);
 
@@ -450,7 +451,7 @@ Test(raft_election, single_node_elects_itself)
 	net_free(net);
 }
 
-Test(raft_election, needs_a_quorum)
+RTEST(raft_election, needs_a_quorum)
 {
 	struct tnet *net = net_new(3, no_pre_vote);
 
@@ -467,7 +468,7 @@ Test(raft_election, needs_a_quorum)
 	net_free(net);
 }
 
-Test(raft_election, restriction_up_to_date_log_wins)
+RTEST(raft_election, restriction_up_to_date_log_wins)
 {
 	struct tnet *net = net_alloc(no_pre_vote);
 	uint64_t v[] = {1, 2, 3};
@@ -485,7 +486,7 @@ Test(raft_election, restriction_up_to_date_log_wins)
 	net_free(net);
 }
 
-Test(raft_election, vote_is_persisted_before_response)
+RTEST(raft_election, vote_is_persisted_before_response)
 {
 	struct tnet *net = net_new(3, no_pre_vote);
 
@@ -497,7 +498,7 @@ Test(raft_election, vote_is_persisted_before_response)
 	net_free(net);
 }
 
-Test(raft_election, one_vote_per_term)
+RTEST(raft_election, one_vote_per_term)
 {
 	struct raft_config c;
 	struct raft *r;
@@ -522,7 +523,7 @@ Test(raft_election, one_vote_per_term)
 
 /* ============================================================= prevote */
 
-Test(raft_prevote, partitioned_node_does_not_disrupt_on_rejoin)
+RTEST(raft_prevote, partitioned_node_does_not_disrupt_on_rejoin)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -547,7 +548,7 @@ Test(raft_prevote, partitioned_node_does_not_disrupt_on_rejoin)
 	net_free(net);
 }
 
-Test(raft_prevote, without_prevote_rejoin_bumps_the_term)
+RTEST(raft_prevote, without_prevote_rejoin_bumps_the_term)
 {
 	struct tnet *net = net_new(3, no_pre_vote_no_cq);
 
@@ -561,7 +562,7 @@ Test(raft_prevote, without_prevote_rejoin_bumps_the_term)
 	net_free(net);
 }
 
-Test(raft_prevote, grant_changes_neither_term_nor_vote)
+RTEST(raft_prevote, grant_changes_neither_term_nor_vote)
 {
 	struct raft_config c;
 	struct raft *r;
@@ -590,7 +591,7 @@ Test(raft_prevote, grant_changes_neither_term_nor_vote)
 
 /* ======================================================== check quorum */
 
-Test(raft_check_quorum, isolated_leader_steps_down)
+RTEST(raft_check_quorum, isolated_leader_steps_down)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -605,7 +606,7 @@ Test(raft_check_quorum, isolated_leader_steps_down)
 	net_free(net);
 }
 
-Test(raft_check_quorum, leader_with_quorum_stays)
+RTEST(raft_check_quorum, leader_with_quorum_stays)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -620,7 +621,7 @@ Test(raft_check_quorum, leader_with_quorum_stays)
 	net_free(net);
 }
 
-Test(raft_check_quorum, followers_with_live_leader_ignore_votes)
+RTEST(raft_check_quorum, followers_with_live_leader_ignore_votes)
 {
 	struct tnet *net = net_new(3, no_pre_vote);
 
@@ -638,7 +639,7 @@ Test(raft_check_quorum, followers_with_live_leader_ignore_votes)
 	net_free(net);
 }
 
-Test(raft_check_quorum, stale_leader_learns_higher_term)
+RTEST(raft_check_quorum, stale_leader_learns_higher_term)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -662,7 +663,7 @@ Test(raft_check_quorum, stale_leader_learns_higher_term)
 
 /* ========================================================= replication */
 
-Test(raft_replication, proposals_commit_and_apply_everywhere)
+RTEST(raft_replication, proposals_commit_and_apply_everywhere)
 {
 	struct tnet *net = net_new(3, NULL);
 	char buf[16];
@@ -687,7 +688,7 @@ Test(raft_replication, proposals_commit_and_apply_everywhere)
 	net_free(net);
 }
 
-Test(raft_replication, follower_cannot_propose)
+RTEST(raft_replication, follower_cannot_propose)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -702,7 +703,7 @@ static void small_batches(struct raft_config *c)
 	c->max_inflight_msgs = 2;
 }
 
-Test(raft_replication, batching_and_inflight_window)
+RTEST(raft_replication, batching_and_inflight_window)
 {
 	struct tnet *net = net_new(3, small_batches);
 	struct raft_peer_status ps[4];
@@ -766,7 +767,7 @@ static void sync_case(const uint64_t *flog, size_t fn)
 	net_free(net);
 }
 
-Test(raft_replication, backtracking_missing_entries)
+RTEST(raft_replication, backtracking_missing_entries)
 {
 	static const uint64_t f[] = {1, 1, 1, 4, 4, 5, 5, 6, 6};
 	static const uint64_t g[] = {1, 1, 1, 4};
@@ -775,7 +776,7 @@ Test(raft_replication, backtracking_missing_entries)
 	sync_case(g, 4);
 }
 
-Test(raft_replication, backtracking_extra_and_divergent_entries)
+RTEST(raft_replication, backtracking_extra_and_divergent_entries)
 {
 	static const uint64_t extra[] = {1, 1, 1, 4, 4, 5, 5, 6, 6, 6, 6};
 	static const uint64_t extra7[] = {1, 1, 1, 4, 4, 5, 5, 6, 6, 6, 7, 7};
@@ -788,7 +789,7 @@ Test(raft_replication, backtracking_extra_and_divergent_entries)
 	sync_case(div2, 11);
 }
 
-Test(raft_replication, restart_from_disk_keeps_state)
+RTEST(raft_replication, restart_from_disk_keeps_state)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -811,7 +812,7 @@ Test(raft_replication, restart_from_disk_keeps_state)
 
 /* ========================================================= commit rule */
 
-Test(raft_commit, old_term_entries_do_not_commit_by_counting)
+RTEST(raft_commit, old_term_entries_do_not_commit_by_counting)
 {
 	/*
 	 * Figure 8: 1 leads at term 4 with an entry of term 2 at index 2 that
@@ -854,7 +855,7 @@ Test(raft_commit, old_term_entries_do_not_commit_by_counting)
 	net_free(net);
 }
 
-Test(raft_commit, figure8_overwrite_of_uncommitted_old_entry)
+RTEST(raft_commit, figure8_overwrite_of_uncommitted_old_entry)
 {
 	/*
 	 * Continuation: the term-2 entry replicated to a majority by a leader
@@ -900,7 +901,7 @@ static bool has_read(struct tnet *net, uint64_t id, const char *ctx, uint64_t *i
 	return false;
 }
 
-Test(raft_read_index, on_leader)
+RTEST(raft_read_index, on_leader)
 {
 	struct tnet *net = net_new(3, NULL);
 	uint64_t idx;
@@ -917,7 +918,7 @@ Test(raft_read_index, on_leader)
 	net_free(net);
 }
 
-Test(raft_read_index, on_follower_forwarded)
+RTEST(raft_read_index, on_follower_forwarded)
 {
 	struct tnet *net = net_new(3, NULL);
 	uint64_t idx;
@@ -934,7 +935,7 @@ Test(raft_read_index, on_follower_forwarded)
 	net_free(net);
 }
 
-Test(raft_read_index, no_leader_refused)
+RTEST(raft_read_index, no_leader_refused)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -943,7 +944,7 @@ Test(raft_read_index, no_leader_refused)
 	net_free(net);
 }
 
-Test(raft_read_index, new_leader_waits_for_its_first_commit)
+RTEST(raft_read_index, new_leader_waits_for_its_first_commit)
 {
 	struct tnet *net = net_new(3, NULL);
 	uint64_t idx;
@@ -963,7 +964,7 @@ Test(raft_read_index, new_leader_waits_for_its_first_commit)
 	net_free(net);
 }
 
-Test(raft_read_index, partitioned_leader_cannot_answer)
+RTEST(raft_read_index, partitioned_leader_cannot_answer)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -978,7 +979,7 @@ Test(raft_read_index, partitioned_leader_cannot_answer)
 	net_free(net);
 }
 
-Test(raft_read_index, single_voter_answers_at_once)
+RTEST(raft_read_index, single_voter_answers_at_once)
 {
 	struct tnet *net = net_new(1, NULL);
 	uint64_t idx;
@@ -993,7 +994,7 @@ Test(raft_read_index, single_voter_answers_at_once)
 
 /* ============================================================ learners */
 
-Test(raft_learner, receives_log_but_is_not_counted)
+RTEST(raft_learner, receives_log_but_is_not_counted)
 {
 	uint64_t v[] = {1, 2}, l[] = {3};
 	struct tnet *net = net_new_conf(v, 2, l, 1, NULL);
@@ -1011,7 +1012,7 @@ Test(raft_learner, receives_log_but_is_not_counted)
 	net_free(net);
 }
 
-Test(raft_learner, never_campaigns)
+RTEST(raft_learner, never_campaigns)
 {
 	uint64_t v[] = {1, 2}, l[] = {3};
 	struct tnet *net = net_new_conf(v, 2, l, 1, NULL);
@@ -1023,7 +1024,7 @@ Test(raft_learner, never_campaigns)
 	net_free(net);
 }
 
-Test(raft_learner, promote_then_counted)
+RTEST(raft_learner, promote_then_counted)
 {
 	uint64_t v[] = {1, 2}, l[] = {3};
 	struct tnet *net = net_new_conf(v, 2, l, 1, NULL);
@@ -1058,7 +1059,7 @@ static struct tnet *net_new_bootstrap(size_t n, void (*tweak)(struct raft_config
 	return net;
 }
 
-Test(raft_membership, add_voter_catches_up)
+RTEST(raft_membership, add_voter_catches_up)
 {
 	struct tnet *net = net_new_bootstrap(3, NULL);
 	struct raft_conf_state cs;
@@ -1086,7 +1087,7 @@ Test(raft_membership, add_voter_catches_up)
 	net_free(net);
 }
 
-Test(raft_membership, remove_follower)
+RTEST(raft_membership, remove_follower)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -1113,7 +1114,7 @@ Test(raft_membership, remove_follower)
 	net_free(net);
 }
 
-Test(raft_membership, remove_leader_steps_down)
+RTEST(raft_membership, remove_leader_steps_down)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -1129,7 +1130,7 @@ Test(raft_membership, remove_leader_steps_down)
 	net_free(net);
 }
 
-Test(raft_membership, one_change_at_a_time)
+RTEST(raft_membership, one_change_at_a_time)
 {
 	struct tnet *net = net_new(3, NULL);
 	struct raft_conf_change bad = {.type = 99, .node_id = 4};
@@ -1154,7 +1155,7 @@ Test(raft_membership, one_change_at_a_time)
 	net_free(net);
 }
 
-Test(raft_membership, truncated_change_rolls_back)
+RTEST(raft_membership, truncated_change_rolls_back)
 {
 	struct tnet *net = net_new(5, NULL);
 	struct raft_conf_state cs;
@@ -1191,7 +1192,7 @@ Test(raft_membership, truncated_change_rolls_back)
 	net_free(net);
 }
 
-Test(raft_membership, bootstrap_then_grow)
+RTEST(raft_membership, bootstrap_then_grow)
 {
 	struct tnet *net = net_alloc(NULL);
 	uint64_t v[] = {1, 2, 3};
@@ -1218,7 +1219,7 @@ Test(raft_membership, bootstrap_then_grow)
 
 /* ===================================================== leader transfer */
 
-Test(raft_transfer, to_up_to_date_follower)
+RTEST(raft_transfer, to_up_to_date_follower)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -1233,7 +1234,7 @@ Test(raft_transfer, to_up_to_date_follower)
 	net_free(net);
 }
 
-Test(raft_transfer, lagging_target_catches_up_first)
+RTEST(raft_transfer, lagging_target_catches_up_first)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -1252,7 +1253,7 @@ Test(raft_transfer, lagging_target_catches_up_first)
 	net_free(net);
 }
 
-Test(raft_transfer, aborts_after_election_timeout)
+RTEST(raft_transfer, aborts_after_election_timeout)
 {
 	struct tnet *net = net_new(3, NULL);
 
@@ -1276,7 +1277,7 @@ Test(raft_transfer, aborts_after_election_timeout)
 	net_free(net);
 }
 
-Test(raft_transfer, invalid_targets)
+RTEST(raft_transfer, invalid_targets)
 {
 	uint64_t v[] = {1, 2}, l[] = {3};
 	struct tnet *net = net_new_conf(v, 2, l, 1, NULL);
@@ -1305,7 +1306,7 @@ static void app_snapshot(struct tnet *net, uint64_t id)
 	tu_disk_compact(&net->nodes[id].disk, raft_last_snapshot(net->nodes[id].r));
 }
 
-Test(raft_snapshot, lagging_follower_gets_snapshot)
+RTEST(raft_snapshot, lagging_follower_gets_snapshot)
 {
 	struct tnet *net = net_new(3, no_trailing);
 	struct raft_status st;
@@ -1347,7 +1348,7 @@ Test(raft_snapshot, lagging_follower_gets_snapshot)
 	net_free(net);
 }
 
-Test(raft_snapshot, failed_snapshot_is_retried)
+RTEST(raft_snapshot, failed_snapshot_is_retried)
 {
 	struct tnet *net = net_new(3, no_trailing);
 	struct raft_peer_status ps[3];
@@ -1375,7 +1376,7 @@ Test(raft_snapshot, failed_snapshot_is_retried)
 	net_free(net);
 }
 
-Test(raft_snapshot, stale_snapshot_is_ignored)
+RTEST(raft_snapshot, stale_snapshot_is_ignored)
 {
 	struct raft_config c;
 	struct raft *r;
@@ -1404,7 +1405,7 @@ Test(raft_snapshot, stale_snapshot_is_ignored)
 	raft_free(r);
 }
 
-Test(raft_snapshot, compaction_and_trailing_window)
+RTEST(raft_snapshot, compaction_and_trailing_window)
 {
 	struct raft_config c;
 	struct raft *r;
@@ -1447,7 +1448,7 @@ Test(raft_snapshot, compaction_and_trailing_window)
 
 /* ================================================================= API */
 
-Test(raft_api, frozen_between_ready_and_advance)
+RTEST(raft_api, frozen_between_ready_and_advance)
 {
 	struct tnet *net = net_new(3, NULL);
 	struct raft_ready rd, rd2;
@@ -1464,7 +1465,7 @@ Test(raft_api, frozen_between_ready_and_advance)
 	net_free(net);
 }
 
-Test(raft_api, bad_inputs)
+RTEST(raft_api, bad_inputs)
 {
 	struct raft_config c;
 	struct raft *r;
@@ -1494,7 +1495,7 @@ Test(raft_api, bad_inputs)
 	raft_free(r);
 }
 
-Test(raft_api, conf_change_encoding)
+RTEST(raft_api, conf_change_encoding)
 {
 	struct raft_conf_change cc = {.type = RAFT_CC_ADD_LEARNER,
 				      .node_id = 0x0102030405060708ull,
@@ -1530,7 +1531,7 @@ static void with_trace(struct raft_config *c)
 	c->trace = count_trace;
 }
 
-Test(raft_api, trace_callback_gets_events)
+RTEST(raft_api, trace_callback_gets_events)
 {
 	struct tnet *net = net_new(3, with_trace);
 
@@ -1549,7 +1550,7 @@ static void assert_lines(struct tnet *net, const char *const *want, size_t n)
 	cr_assert_eq(net->n_lines, n, "got %zu lines, want %zu", net->n_lines, n);
 }
 
-Test(raft_golden, prevote_election_of_three)
+RTEST(raft_golden, prevote_election_of_three)
 {
 	static const char *const want[] = {
 		"1->2 PREVOTE t=1 i=0 lt=0",
@@ -1592,7 +1593,7 @@ static size_t outbox(struct raft *r, char lines[][160], size_t cap)
 	return n;
 }
 
-Test(raft_golden, follower_reject_hint_and_leader_jump)
+RTEST(raft_golden, follower_reject_hint_and_leader_jump)
 {
 	uint64_t v[] = {1, 2};
 	struct raft_config c;
@@ -1667,7 +1668,7 @@ Test(raft_golden, follower_reject_hint_and_leader_jump)
 	raft_free(l);
 }
 
-Test(raft_golden, read_index_heartbeat_round)
+RTEST(raft_golden, read_index_heartbeat_round)
 {
 	struct tnet *net = net_new(3, NULL);
 	struct raft_msg m = {.type = RAFT_MSG_HEARTBEAT_RESP, .from = 2, .to = 1, .term = 1,
@@ -1694,7 +1695,7 @@ Test(raft_golden, read_index_heartbeat_round)
 	net_free(net);
 }
 
-Test(raft_golden, transfer_sends_timeout_now_and_forced_vote)
+RTEST(raft_golden, transfer_sends_timeout_now_and_forced_vote)
 {
 	static const char *const want[] = {
 		"1->2 TIMEOUT_NOW t=1",
@@ -1722,7 +1723,7 @@ Test(raft_golden, transfer_sends_timeout_now_and_forced_vote)
 	net_free(net);
 }
 
-Test(raft_golden, stale_term_append_gets_term_back)
+RTEST(raft_golden, stale_term_append_gets_term_back)
 {
 	uint64_t v[] = {1, 2, 3};
 	struct raft_config c;

@@ -53,8 +53,8 @@
 #define SIM_ET 10
 #define MAX_RCV_SNAPS 8
 #define LIVENESS_TICKS (30 * SIM_ET)
-#define DEFAULT_SEEDS 100
-#define DEFAULT_STEPS 3000
+#define DEFAULT_SEEDS 250
+#define DEFAULT_STEPS 5000
 
 /* ------------------------------------------------------------ plumbing */
 
@@ -1402,22 +1402,23 @@ static void run_range(int n, uint64_t first, uint64_t count)
 	cr_assert(totals.n_leaders > 0);
 }
 
-Test(raft_sim, three_nodes_a, .timeout = 600)
+
+RTEST(raft_sim, three_nodes_a, .timeout = 600)
 {
 	run_range(3, 1, DEFAULT_SEEDS);
 }
 
-Test(raft_sim, three_nodes_b, .timeout = 600)
+RTEST(raft_sim, three_nodes_b, .timeout = 600)
 {
 	run_range(3, 1 + DEFAULT_SEEDS, DEFAULT_SEEDS);
 }
 
-Test(raft_sim, five_nodes_a, .timeout = 600)
+RTEST(raft_sim, five_nodes_a, .timeout = 600)
 {
 	run_range(5, 1, DEFAULT_SEEDS);
 }
 
-Test(raft_sim, five_nodes_b, .timeout = 600)
+RTEST(raft_sim, five_nodes_b, .timeout = 600)
 {
 	run_range(5, 1 + DEFAULT_SEEDS, DEFAULT_SEEDS);
 }

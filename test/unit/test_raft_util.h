@@ -12,7 +12,37 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <criterion/criterion.h>
+
 #include "meta/raft/raft.h"
+
+/*
+ * LeakSanitizer prints its report when a criterion worker exits, but the
+ * test still counts as passed, and criterion ignores failures in .fini. So
+ * every test is declared with RTEST, which runs the body and then checks
+ * for leaks inside the test itself.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+static inline void tu_leak_check(void)
+{
+	cr_assert_eq(__lsan_do_recoverable_leak_check(), 0,
+		     "memory leaked: see the LeakSanitizer report above");
+}
+#else
+static inline void tu_leak_check(void)
+{
+}
+#endif
+
+#define RTEST(suite, name, ...)                                                              \
+	static void suite##__##name(void);                                                   \
+	Test(suite, name, ##__VA_ARGS__)                                                     \
+	{                                                                                    \
+		suite##__##name();                                                           \
+		tu_leak_check();                                                             \
+	}                                                                                    \
+	static void suite##__##name(void)
 
 static inline void *tu_xmalloc(size_t n)
 {
