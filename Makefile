@@ -106,7 +106,7 @@ UNIT_BINS  := $(patsubst test/unit/%.c,$(B)/test/%,$(UNIT_SRCS))
 BINS := $(B)/mooncaked $(B)/mooncakectl
 LIBS := $(B)/libmooncake.a $(B)/libmooncake.so
 
-.PHONY: all test bench fuzz fuzz-run man install clean
+.PHONY: all test bench soak fuzz fuzz-run man install clean
 .SECONDARY: $(GEN_C) $(GEN_H)
 all: $(BINS) $(LIBS) $(B)/man/mooncaked.8
 
@@ -228,6 +228,11 @@ $(B)/bench/%: test/bench/%.c $(B)/libmcd.a
 	@mkdir -p $(dir $@)
 	@echo "  CC BENCH $<"
 	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+# Long randomized runs: many more Raft simulation seeds.
+SOAK_SEEDS ?= 20000
+soak: all $(UNIT_BINS)
+	$(Q)RAFT_SIM_SEEDS=$(SOAK_SEEDS) RAFT_SIM_STEPS=8000 $(B)/test/test_raft_sim --jobs 2
 
 bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench rpc

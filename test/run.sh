@@ -38,7 +38,29 @@ count() { # $1 = output file, $2 = name, $3 = exit status
 }
 
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+sandir=$(mktemp -d)
+trap 'rm -rf "$out" "$sandir"' EXIT
+# Sanitizer reports go to files: criterion ignores its workers' exit codes
+# (a LeakSanitizer report would not fail a test), and daemons started by
+# integration tests report at exit. Any report fails the test that made it.
+if [ "${SAN:-0}" = 1 ]; then
+	export ASAN_OPTIONS="log_path=$sandir/report:detect_leaks=1:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+	export UBSAN_OPTIONS="log_path=$sandir/report:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+fi
+san_reports() { # $1 = test name; fails it when a sanitizer wrote a report
+	local f
+	shopt -s nullglob
+	local files=("$sandir"/report*)
+	shopt -u nullglob
+	[ ${#files[@]} -gt 0 ] || return 0
+	for f in "${files[@]}"; do
+		echo "--- sanitizer report ($f):"
+		head -n 60 "$f"
+	done
+	rm -f "${files[@]}"
+	fail=$((fail + 1))
+	failed+=("$1(sanitizer)")
+}
 for t in "$BUILD"/test/test_*; do
 	[ -x "$t" ] && [ -f "$t" ] || continue
 	name=$(basename "$t")
@@ -48,6 +70,7 @@ for t in "$BUILD"/test/test_*; do
 	rc=$?
 	grep -vE '^\[----\] .*: (Passed|Skipped)' "$out" | tail -n 40
 	count "$out" "$name" "$rc"
+	san_reports "$name"
 done
 for t in "$BUILD"/fuzz-replay/fuzz_*; do
 	[ -x "$t" ] || continue
@@ -73,6 +96,7 @@ for t in test/integration/test_*.py test/integration/test_*.sh; do
 	rc=$?
 	cat "$out"
 	count "$out" "$name" "$rc"
+	san_reports "$name"
 done
 if [ ${#failed[@]} -gt 0 ]; then
 	echo "failed: ${failed[*]}"

@@ -53,7 +53,7 @@
 #define SIM_ET 10
 #define MAX_RCV_SNAPS 8
 #define LIVENESS_TICKS (30 * SIM_ET)
-#define DEFAULT_SEEDS 250
+#define DEFAULT_SEEDS 500 /* 4 tests: 2,000 seeds in make test */
 #define DEFAULT_STEPS 5000
 
 /* ------------------------------------------------------------ plumbing */
