@@ -60,6 +60,7 @@ struct cconn {
 	struct slist streams;
 	unsigned nstreams;
 	bool connected;
+	bool got_settings; /* the server spoke HTTP/2 */
 	bool goaway;
 };
 
@@ -537,6 +538,12 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 			stream_finish_x(st, RPC_INTERNAL,
 					"server ended the stream without trailers", true);
 		break;
+	case NGHTTP2_SETTINGS:
+		if (!cc->got_settings && !(frame->hd.flags & NGHTTP2_FLAG_ACK)) {
+			cc->got_settings = true;
+			c->backoff_ms = c->backoff_initial_ms;
+		}
+		break;
 	case NGHTTP2_GOAWAY:
 		c->goaways++;
 		cc->goaway = true;
@@ -754,7 +761,6 @@ static void on_connect(uv_connect_t *req, int status)
 	cc->connected = true;
 	c->connects++;
 	c->state = CL_READY;
-	c->backoff_ms = c->backoff_initial_ms;
 	log_debug("%s: connected", c->label);
 	while (c->pending.head) {
 		struct rpc_stream *st = c->pending.head;
@@ -778,8 +784,14 @@ static void on_cconn_closed(struct rpc__conn *base)
 
 	if (c->cur == cc) {
 		c->cur = NULL;
-		if (c->state == CL_READY || c->state == CL_CONNECTING)
+		if (c->state == CL_READY && !cc->got_settings && !c->freeing) {
+			/* Accepted and dropped before any HTTP/2: as bad as a
+			 * refused connect, so back off. */
+			c->last_error = UV_ECONNRESET;
+			enter_backoff(c);
+		} else if (c->state == CL_READY || c->state == CL_CONNECTING) {
 			c->state = CL_IDLE;
+		}
 	}
 	while (cc->streams.head) {
 		struct rpc_stream *st = cc->streams.head;

@@ -666,9 +666,11 @@ Test(rpc, client_deadline)
 	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
 	req.delay_ms = 10000;
 	uint64_t t0 = mc_now_ms();
-	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 100, &r);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 1000, &r);
+	RUN_UNTIL(&f, f.hold.started == 1);
 	RUN_UNTIL(&f, r.done);
 	cr_assert_eq(r.status, RPC_DEADLINE_EXCEEDED, "%s", r.msg);
+	cr_assert_geq(mc_now_ms() - t0, 990);
 	cr_assert_lt(mc_now_ms() - t0, 5000);
 	/* The server heard about it: the call was cancelled (RST_STREAM) or
 	 * expired on its own deadline, whichever came first. */
