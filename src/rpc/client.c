@@ -87,6 +87,7 @@ struct rpc_client {
 	uv_idle_t idle;
 	unsigned handles_open;
 	struct rpc__dlheap dl;
+	struct rpc__bufcache bufs;
 	struct cstats *stats[STATS_BUCKETS];
 	uint64_t rng;
 	bool freeing;
@@ -119,6 +120,7 @@ struct rpc_stream {
 	ProtobufCMessage **sync_out; /* unary_sync: takes the response */
 	const ProtobufCMessageDescriptor *resp_desc;
 	ProtobufCMessage *uresp;
+	struct rpc__arena resp_arena;
 	unsigned nresp;
 	struct rpc_deframer df;
 	struct rpc__outq outq;
@@ -243,8 +245,7 @@ static void stream_unref(struct rpc_stream *st)
 	struct rpc_client *c = st->c;
 	rpc_deframer_free(&st->df);
 	rpc__outq_clear(&st->outq);
-	if (st->uresp)
-		protobuf_c_message_free_unpacked(st->uresp, NULL);
+	rpc__unpacked_free(st->uresp, &st->resp_arena);
 	free(st->grpc_message);
 	free(st->fin_message);
 	free(st);
@@ -439,7 +440,7 @@ static void stream_requeue(struct rpc_stream *st)
 	st->stream_id = 0;
 	st->opened = false;
 	rpc_deframer_free(&st->df);
-	rpc_deframer_init(&st->df, st->c->max_msg);
+	rpc__deframer_setup(&st->df, st->c->max_msg, &st->c->bufs);
 	client_route(st->c, st);
 }
 
@@ -564,25 +565,28 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 static int stream_on_msg(void *ud, const uint8_t *body, size_t len)
 {
 	struct rpc_stream *st = ud;
-	ProtobufCMessage *msg = protobuf_c_message_unpack(st->resp_desc, NULL, len, body);
+	if (st->unary && st->nresp) {
+		stream_finish(st, RPC_INTERNAL, "more than one response message for a unary call");
+		return -EPROTO;
+	}
+	struct rpc__arena ar;
+	struct rpc__arena *a = st->unary ? &st->resp_arena : &ar;
+	/* A response handed to the caller of unary_sync must be plain
+	 * malloc memory: it frees it with protobuf_c_message_free_unpacked. */
+	ProtobufCMessage *msg = rpc__unpack(st->resp_desc, body, len,
+					    st->sync_out ? NULL : &st->c->bufs, a);
 	if (!msg) {
 		stream_finish(st, RPC_INTERNAL, "failed to parse response message");
 		return -EBADMSG;
 	}
+	st->nresp++;
 	if (st->unary) {
-		if (st->nresp++) {
-			protobuf_c_message_free_unpacked(msg, NULL);
-			stream_finish(st, RPC_INTERNAL,
-				      "more than one response message for a unary call");
-			return -EPROTO;
-		}
 		st->uresp = msg;
 		return 0;
 	}
-	st->nresp++;
 	if (st->cbs->on_message)
 		st->cbs->on_message(st, st->ud, msg);
-	protobuf_c_message_free_unpacked(msg, NULL);
+	rpc__unpacked_free(msg, a);
 	return st->user ? 0 : -ECANCELED;
 }
 
@@ -982,7 +986,7 @@ static int stream_new(struct rpc_client *c, const char *path,
 	st->resp_desc = resp_desc;
 	st->timeout_ms = timeout_ms;
 	st->start_ns = uv_hrtime();
-	rpc_deframer_init(&st->df, c->max_msg);
+	rpc__deframer_setup(&st->df, c->max_msg, &c->bufs);
 	rpc__outq_init(&st->outq, &stream_outq_ops);
 	rpc__dl_init(&st->dl);
 	*out = st;
@@ -1019,7 +1023,7 @@ static int unary_start(struct rpc_client *c, const char *path,
 	rc = stream_new(c, path, resp_desc, timeout_ms, &st);
 	if (rc)
 		return rc;
-	rc = rpc__omsg_pack(req, c->max_msg, &m);
+	rc = rpc__omsg_pack(req, c->max_msg, &c->bufs, &m);
 	if (rc) {
 		stream_unref(st);
 		return rc;
@@ -1072,7 +1076,7 @@ int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg)
 	if (st->send_closed)
 		return -EPIPE;
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, st->c->max_msg, &m);
+	int rc = rpc__omsg_pack(msg, st->c->max_msg, &st->c->bufs, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&st->outq, m);
@@ -1191,6 +1195,7 @@ static void client_check_freed(struct rpc_client *c)
 		}
 	}
 	rpc__dlheap_free(&c->dl);
+	rpc__bufcache_free(&c->bufs);
 	nghttp2_session_callbacks_del(c->cbs);
 	free(c->rbuf);
 	free(c);

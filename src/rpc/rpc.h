@@ -297,6 +297,12 @@ struct rpc_deframer {
 	size_t msg_len;  /* expected body length */
 	size_t msg_got;
 	bool compressed;
+	/* Optional source of body buffers (NULL: malloc/free), so a caller
+	 * can recycle large buffers instead of faulting in fresh pages for
+	 * every message. rpc_deframer_init sets them NULL. */
+	void *(*alloc)(void *ctx, size_t len);
+	void (*release)(void *ctx, void *p, size_t len);
+	void *alloc_ctx;
 };
 
 void rpc_deframer_init(struct rpc_deframer *d, size_t max_message_bytes);
