@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "common/buf.h"
@@ -1420,5 +1422,69 @@ Test(rpc, unary_sync)
 	cr_assert_eq(st, RPC_NOT_FOUND);
 	cr_assert_null(resp);
 	cr_assert_str_eq(err, "unknown service");
+	fx_fini(&f);
+}
+
+/* ---------------------------------------------------------------- a real gRPC client */
+
+struct child {
+	uv_process_t proc;
+	bool exited, closed;
+	int64_t status;
+};
+
+static void on_child_exit(uv_process_t *p, int64_t status, int sig)
+{
+	struct child *c = MC_CONTAINER_OF(p, struct child, proc);
+	c->exited = true;
+	c->status = sig ? 128 + sig : status;
+}
+
+static void on_child_closed(uv_handle_t *h)
+{
+	struct child *c = MC_CONTAINER_OF((uv_process_t *)h, struct child, proc);
+	c->closed = true;
+}
+
+/* grpcio (Python) as the client of our server: every call kind, status
+ * details, 16 MiB, deadline, limits, health, cancel. The loop serves
+ * while the child runs. */
+Test(rpc, interop_grpcio_client)
+{
+	struct fx f;
+	struct child ch = {0};
+	char port[16], pydir[512];
+	const char *build = getenv("BUILD");
+	if (access("/usr/bin/python3", X_OK) != 0)
+		cr_skip_test("no /usr/bin/python3");
+	snprintf(pydir, sizeof(pydir), "%s/py", build && *build ? build : "build");
+	char probe[600];
+	snprintf(probe, sizeof(probe), "%s/diag_pb2.py", pydir);
+	cr_assert_eq(access(probe, R_OK), 0, "%s missing: run through make test", probe);
+	fx_init(&f, NULL, NULL);
+	snprintf(port, sizeof(port), "%d", f.port);
+	char *args[] = {"/usr/bin/python3", "test/integration/rpc_grpcio_client.py", port, pydir,
+			NULL};
+	uv_stdio_container_t stdio[3] = {
+		{.flags = UV_IGNORE},
+		{.flags = UV_INHERIT_FD, .data.fd = 1},
+		{.flags = UV_INHERIT_FD, .data.fd = 2},
+	};
+	uv_process_options_t po = {.exit_cb = on_child_exit, .file = args[0], .args = args,
+				   .stdio_count = 3, .stdio = stdio};
+	cr_assert_eq(uv_spawn(&f.loop, &ch.proc, &po), 0);
+	uint64_t end = mc_now_ms() + 120000;
+	uv_timer_start(&f.tick, on_tick, 20, 20);
+	while (!ch.exited && mc_now_ms() < end)
+		uv_run(&f.loop, UV_RUN_ONCE);
+	uv_timer_stop(&f.tick);
+	if (!ch.exited)
+		uv_process_kill(&ch.proc, SIGKILL);
+	RUN_UNTIL(&f, ch.exited);
+	uv_close((uv_handle_t *)&ch.proc, on_child_closed);
+	RUN_UNTIL(&f, ch.closed);
+	if (ch.status == 77)
+		cr_skip_test("grpcio not installed for /usr/bin/python3");
+	cr_assert_eq(ch.status, 0, "the grpcio client reported failures (see its output)");
 	fx_fini(&f);
 }
