@@ -38,6 +38,9 @@
 struct hold {
 	struct rpc_call *calls[1024];
 	unsigned n, live, max_live, cancels, started;
+	char trace[64];  /* x-trace-id of the last call */
+	char peer[64];
+	uint64_t deadline_ms;
 };
 
 static void hold_on_message(struct rpc_call *call, const ProtobufCMessage *msg)
@@ -47,6 +50,12 @@ static void hold_on_message(struct rpc_call *call, const ProtobufCMessage *msg)
 	rpc_call_set_data(call, (void *)(uintptr_t)h->n);
 	h->calls[h->n++] = call;
 	h->started++;
+	const char *t = rpc_call_header(call, "X-Trace-Id");
+	snprintf(h->trace, sizeof(h->trace), "%s", t ? t : "");
+	snprintf(h->peer, sizeof(h->peer), "%s", rpc_call_peer(call));
+	h->deadline_ms = rpc_call_deadline_ms(call);
+	cr_assert_eq(rpc_call_loop(call) != NULL, true);
+	cr_assert_not(rpc_call_cancelled(call));
 	if (++h->live > h->max_live)
 		h->max_live = h->live;
 }
@@ -915,13 +924,16 @@ Test(rpc, server_deadline)
 		RNV(":method", "POST"), RNV(":scheme", "http"),
 		RNV(":path", "/test.Hold/Hold"), RNV(":authority", "x"),
 		RNV("content-type", "application/grpc"), RNV("te", "trailers"),
-		RNV("grpc-timeout", "150m"),
+		RNV("grpc-timeout", "150m"), RNV("x-trace-id", "abc-123"),
 	};
 	uint64_t t0 = mc_now_ms();
 	raw_request(&f, &r, nva, MC_ARRAY_LEN(nva), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_DEADLINE_EXCEEDED);
 	cr_assert_geq(mc_now_ms() - t0, 140);
+	cr_assert_str_eq(f.hold.trace, "abc-123"); /* custom metadata, any case */
+	cr_assert(strncmp(f.hold.peer, "127.0.0.1:", 10) == 0, "%s", f.hold.peer);
+	cr_assert_gt(f.hold.deadline_ms, 0);
 	cr_assert_eq(f.hold.cancels, 1); /* the handler got on_cancel */
 	cr_assert_eq(f.hold.live, 0);
 	cr_assert_eq(metric_of(&f, "method=\"/test.Hold/Hold\",code=\"DEADLINE_EXCEEDED\"} "), 1);
@@ -1486,5 +1498,159 @@ Test(rpc, interop_grpcio_client)
 	if (ch.status == 77)
 		cr_skip_test("grpcio not installed for /usr/bin/python3");
 	cr_assert_eq(ch.status, 0, "the grpcio client reported failures (see its output)");
+	fx_fini(&f);
+}
+
+/* ---------------------------------------------------------------- limits and lifetimes */
+
+Test(rpc, server_stream_limit_queues_on_the_client)
+{
+	struct rpc_server_opts so = {.name = "test", .max_concurrent_streams = 10};
+	struct fx f;
+	enum { N = 60 };
+	static struct ures rs[N];
+	fx_init(&f, &so, NULL);
+	/* Let the client learn the server's SETTINGS first. */
+	cr_assert_eq(health_check(&f, f.cli, ""), RPC_HEALTH_SERVING);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	for (int i = 0; i < N; i++)
+		echo_start(&f, f.cli, "/test.Hold/Hold", &req, 0, &rs[i]);
+	/* The server never holds more than its limit; the rest wait in the
+	 * client until streams close. */
+	while (f.hold.started < N || f.hold.live) {
+		RUN_UNTIL(&f, f.hold.live == 10 || f.hold.started == N);
+		hold_release(&f.hold, RPC_OK);
+	}
+	for (int i = 0; i < N; i++)
+		RUN_UNTIL(&f, rs[i].done);
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(rs[i].status, RPC_OK, "%d: %s", i, rs[i].msg);
+		ures_free(&rs[i]);
+	}
+	cr_assert_eq(f.hold.max_live, 10);
+	cr_assert_eq(rpc__client_connects(f.cli), 1);
+	fx_fini(&f);
+}
+
+Test(rpc, idle_connections_are_closed)
+{
+	struct rpc_server_opts so = {.name = "test", .idle_timeout_ms = 100};
+	struct fx f;
+	struct ures r;
+	fx_init(&f, &so, NULL);
+	cr_assert_eq(echo(&f, "a", 1, &r), RPC_OK);
+	ures_free(&r);
+	RUN_UNTIL(&f, rpc__client_goaways(f.cli) == 1);
+	RUN_UNTIL(&f, metric_of(&f, "mooncake_rpc_server_connections{server=\"test\"} ") == 0);
+	cr_assert_eq(echo(&f, "b", 1, &r), RPC_OK, "%s", r.msg);
+	ures_free(&r);
+	cr_assert_eq(rpc__client_connects(f.cli), 2);
+	fx_fini(&f);
+}
+
+struct pacer {
+	struct sres r;
+	uint8_t *chunk;
+	size_t chunk_len;
+	uint64_t left, sent;
+	size_t max_pending;
+	int drains;
+};
+
+static void pace(struct pacer *p)
+{
+	Mooncake__Diag__Chunk c = MOONCAKE__DIAG__CHUNK__INIT;
+	while (p->left && rpc_stream_pending_bytes(p->r.st) < RPC_DRAIN_BYTES) {
+		size_t n = p->left < p->chunk_len ? (size_t)p->left : p->chunk_len;
+		c.data.data = p->chunk;
+		c.data.len = n;
+		cr_assert_eq(rpc_stream_send(p->r.st, &c.base), 0);
+		p->left -= n;
+		p->sent += n;
+		if (rpc_stream_pending_bytes(p->r.st) > p->max_pending)
+			p->max_pending = rpc_stream_pending_bytes(p->r.st);
+	}
+	if (!p->left)
+		cr_assert_eq(rpc_stream_close_send(p->r.st), 0);
+}
+
+static void pacer_on_drain(struct rpc_stream *st, void *ud)
+{
+	struct pacer *p = ud;
+	p->drains++;
+	if (p->left)
+		pace(p);
+}
+
+static void pacer_on_message(struct rpc_stream *st, void *ud, const ProtobufCMessage *msg)
+{
+	up_on_message(st, &((struct pacer *)ud)->r, msg);
+}
+
+static void pacer_on_close(struct rpc_stream *st, void *ud, int status, const char *m)
+{
+	s_on_close(st, &((struct pacer *)ud)->r, status, m);
+}
+
+static const struct rpc_stream_cbs pacer_cbs = {.on_message = pacer_on_message,
+						.on_close = pacer_on_close,
+						.on_drain = pacer_on_drain};
+
+Test(rpc, client_upload_paced_by_on_drain)
+{
+	struct fx f;
+	struct pacer p = {0};
+	fx_init(&f, NULL, NULL);
+	p.chunk_len = 256 * 1024;
+	p.chunk = calloc(1, p.chunk_len);
+	p.left = 64ull * MiB;
+	cr_assert_eq(rpc_client_stream(f.cli, "/mooncake.diag.Diag/Upload",
+				       &mooncake__diag__upload_summary__descriptor, 0,
+				       &pacer_cbs, &p, &p.r.st), 0);
+	pace(&p);
+	RUN_UNTIL(&f, p.r.closed);
+	cr_assert_eq(p.r.status, RPC_OK, "%s", p.r.msg);
+	cr_assert_eq(p.r.bytes, 64ull * MiB);
+	cr_assert_gt(p.drains, 10);
+	/* Never much more than the threshold queued. */
+	cr_assert_leq(p.max_pending, RPC_DRAIN_BYTES + p.chunk_len + 64);
+	free(p.chunk);
+	fx_fini(&f);
+}
+
+struct freer {
+	struct fx *f;
+	int calls, cancelled;
+};
+
+static void on_free_cb(void *ud, int status, const char *message, const ProtobufCMessage *resp)
+{
+	struct freer *x = ud;
+	x->calls++;
+	if (status == RPC_CANCELLED)
+		x->cancelled++;
+	if (x->f->cli) {
+		struct rpc_client *c = x->f->cli;
+		x->f->cli = NULL;
+		rpc_client_free(c); /* from inside the client's own callback */
+	}
+}
+
+Test(rpc, client_free_from_a_callback)
+{
+	struct fx f;
+	struct freer x = {.f = &f};
+	fx_init(&f, NULL, NULL);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	cr_assert_eq(rpc_client_unary(f.cli, "/mooncake.diag.Diag/Echo", &req.base,
+				      &mooncake__diag__echo_response__descriptor, 0,
+				      on_free_cb, &x, NULL), 0);
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
+					      &mooncake__diag__echo_response__descriptor, 0,
+					      on_free_cb, &x, NULL), 0);
+	RUN_UNTIL(&f, x.calls == 6);
+	cr_assert_eq(x.cancelled, 5);
+	RUN_UNTIL(&f, f.hold.live == 0); /* the server saw them go */
 	fx_fini(&f);
 }
