@@ -137,6 +137,7 @@ static const struct rpc__outq_ops stream_outq_ops;
 static void client_route(struct rpc_client *c, struct rpc_stream *st);
 static void on_dl_timer(uv_timer_t *t);
 static void on_backoff_timer(uv_timer_t *t);
+static void on_settings_timeout(uv_timer_t *t);
 static void client_check_freed(struct rpc_client *c);
 
 #define NV(n, v)                                                               \
@@ -542,6 +543,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 	case NGHTTP2_SETTINGS:
 		if (!cc->got_settings && !(frame->hd.flags & NGHTTP2_FLAG_ACK)) {
 			cc->got_settings = true;
+			uv_timer_stop(&cc->base.timer);
 			c->backoff_ms = c->backoff_initial_ms;
 		}
 		break;
@@ -765,6 +767,8 @@ static void on_connect(uv_connect_t *req, int status)
 	cc->connected = true;
 	c->connects++;
 	c->state = CL_READY;
+	/* Not a gRPC server until it says so. */
+	uv_timer_start(&cc->base.timer, on_settings_timeout, c->connect_ms, 0);
 	log_debug("%s: connected", c->label);
 	while (c->pending.head) {
 		struct rpc_stream *st = c->pending.head;
@@ -773,6 +777,15 @@ static void on_connect(uv_connect_t *req, int status)
 	}
 	if (cc->nstreams == 0)
 		uv_unref((uv_handle_t *)&cc->base.tcp);
+}
+
+static void on_settings_timeout(uv_timer_t *t)
+{
+	struct cconn *cc = MC_CONTAINER_OF(t, struct cconn, base.timer);
+	struct rpc_client *c = cc->c;
+	log_info("%s: connected, but no HTTP/2 SETTINGS from the server within %llu ms",
+		 c->label, (unsigned long long)c->connect_ms);
+	rpc__conn_close(&cc->base);
 }
 
 static void on_connect_timeout(uv_timer_t *t)
@@ -997,6 +1010,9 @@ static void stream_start(struct rpc_stream *st)
 {
 	struct rpc_client *c = st->c;
 	if (st->timeout_ms) {
+		/* The loop's clock may be stale when called from outside a
+		 * callback; a deadline must not start in the past. */
+		uv_update_time(c->loop);
 		st->dl.at_ms = uv_now(c->loop) + st->timeout_ms;
 		if (rpc__dlheap_add(&c->dl, &st->dl)) {
 			stream_finish_later(st, RPC_RESOURCE_EXHAUSTED, "out of memory");
