@@ -39,6 +39,7 @@
 
 #define NCODES 17
 #define STATS_BUCKETS 64
+#define MAX_RETRIES 5
 
 struct cstats {
 	struct cstats *next;
@@ -121,6 +122,8 @@ struct rpc_stream {
 	const ProtobufCMessageDescriptor *resp_desc;
 	ProtobufCMessage *uresp;
 	struct rpc__arena resp_arena;
+	struct rpc__omsg *req_msg; /* unary: kept for a transparent retry */
+	unsigned retries;
 	unsigned nresp;
 	struct rpc_deframer df;
 	struct rpc__outq outq;
@@ -247,6 +250,7 @@ static void stream_unref(struct rpc_stream *st)
 	rpc_deframer_free(&st->df);
 	rpc__outq_clear(&st->outq);
 	rpc__unpacked_free(st->uresp, &st->resp_arena);
+	rpc__omsg_unref(st->req_msg);
 	free(st->grpc_message);
 	free(st->fin_message);
 	free(st);
@@ -437,6 +441,14 @@ static void stream_ng_release(struct rpc_stream *st)
 static void stream_requeue(struct rpc_stream *st)
 {
 	stream_unlink(st);
+	st->retries++;
+	if (st->unary && st->outq.taken) {
+		/* Its body already left: queue the kept request again. */
+		rpc__outq_clear(&st->outq);
+		st->req_msg->refs++;
+		rpc__outq_push(&st->outq, st->req_msg);
+		st->outq.taken = 0;
+	}
 	st->cc = NULL;
 	st->stream_id = 0;
 	st->opened = false;
@@ -632,8 +644,11 @@ static int on_stream_close(nghttp2_session *ng, int32_t stream_id,
 	if (st->where == W_CONN)
 		stream_unlink(st);
 	if (st->user) {
-		if (error_code == NGHTTP2_REFUSED_STREAM && st->outq.taken == 0 &&
-		    !st->headers_recv && !cc->c->freeing) {
+		/* REFUSED_STREAM (a GOAWAY's last stream id, or the stream
+		 * limit) means the server did not process it. */
+		if (error_code == NGHTTP2_REFUSED_STREAM && !st->headers_recv &&
+		    (st->outq.taken == 0 || st->unary) && st->retries < MAX_RETRIES &&
+		    !cc->c->freeing) {
 			stream_requeue(st);
 		} else {
 			char msg[256];
@@ -665,7 +680,7 @@ static int on_frame_not_send(nghttp2_session *ng, const nghttp2_frame *frame,
 	stream_unlink(st);
 	if (st->user) {
 		if (lib_error_code == NGHTTP2_ERR_START_STREAM_NOT_ALLOWED &&
-		    !cc->c->freeing)
+		    st->retries < MAX_RETRIES && !cc->c->freeing)
 			stream_requeue(st);
 		else
 			stream_finish(st, RPC_UNAVAILABLE, nghttp2_strerror(lib_error_code));
@@ -1049,6 +1064,8 @@ static int unary_start(struct rpc_client *c, const char *path,
 	st->ud = ud;
 	st->sync_out = sync_out;
 	rpc__outq_push(&st->outq, m);
+	m->refs++;
+	st->req_msg = m;
 	st->outq.eof = true;
 	st->send_closed = true;
 	if (out)

@@ -1654,3 +1654,31 @@ Test(rpc, client_free_from_a_callback)
 	RUN_UNTIL(&f, f.hold.live == 0); /* the server saw them go */
 	fx_fini(&f);
 }
+
+Test(rpc, refused_streams_are_retried_transparently)
+{
+	/* The client opens two streams before it has the server's SETTINGS
+	 * (limit 1): the server refuses the second (REFUSED_STREAM) and the
+	 * client sends it again, request included, once the first is done. */
+	struct rpc_server_opts so = {.name = "test", .max_concurrent_streams = 1};
+	struct fx f;
+	struct ures a, b;
+	fx_init(&f, &so, NULL);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = (uint8_t *)"payload";
+	req.payload.len = 7;
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 0, &a);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 0, &b);
+	RUN_UNTIL(&f, f.hold.live == 1);
+	hold_release(&f.hold, RPC_OK);
+	RUN_UNTIL(&f, f.hold.started == 2 && f.hold.live == 1);
+	hold_release(&f.hold, RPC_OK);
+	RUN_UNTIL(&f, a.done && b.done);
+	cr_assert_eq(a.status, RPC_OK, "%s", a.msg);
+	cr_assert_eq(b.status, RPC_OK, "%s", b.msg);
+	cr_assert_eq(f.hold.max_live, 1);
+	cr_assert_eq(rpc__client_connects(f.cli), 1);
+	ures_free(&a);
+	ures_free(&b);
+	fx_fini(&f);
+}
