@@ -14,8 +14,11 @@
  * GOAWAY: the connection stops being the channel's current one; calls on
  * it keep running, new calls open a new connection. A request nghttp2
  * could not start because of the GOAWAY (its HEADERS never left), or one
- * the server refused (REFUSED_STREAM) before any of its body was sent, is
- * moved to the new connection transparently: the server never saw it.
+ * the server refused (REFUSED_STREAM: above the GOAWAY's last stream id,
+ * or over its stream limit) — a unary call at any point, since its
+ * request message is kept until the call ends, a streaming call only if
+ * none of its body left — is started again transparently (at most
+ * MAX_RETRIES times): the server never processed it.
  *
  * Streams: one struct rpc_stream per call, referenced by the user (until
  * its final callback or rpc_stream_cancel) and by nghttp2 (from
