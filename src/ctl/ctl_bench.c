@@ -87,6 +87,9 @@ struct tconn {
 	size_t hdr_len;
 	uint8_t *frame; /* 4-byte header + body, handed to the write */
 	size_t flen, fgot;
+	size_t fcap;
+	uint8_t *spare; /* a written frame's buffer, kept for the next one */
+	size_t spare_cap;
 	uint8_t rbuf[READ_BUF_BYTES];
 };
 
@@ -120,13 +123,23 @@ static void srv_ready(struct srv_thread *t, int port, const char *err)
 
 struct twrite {
 	uv_write_t req;
+	struct tconn *c;
 	uint8_t *frame;
+	size_t cap;
 };
 
+/* Written (or cancelled before the close callback): the buffer is kept
+ * for the next frame, as the gRPC side recycles its large buffers. */
 static void on_echo_written(uv_write_t *req, int status)
 {
 	struct twrite *w = MC_CONTAINER_OF(req, struct twrite, req);
-	free(w->frame);
+	struct tconn *c = w->c;
+	if (!c->spare) {
+		c->spare = w->frame;
+		c->spare_cap = w->cap;
+	} else {
+		free(w->frame);
+	}
 	free(w);
 }
 
@@ -134,6 +147,7 @@ static void tconn_closed(uv_handle_t *h)
 {
 	struct tconn *c = MC_CONTAINER_OF((uv_tcp_t *)h, struct tconn, tcp);
 	free(c->frame);
+	free(c->spare);
 	free(c);
 }
 
@@ -174,7 +188,14 @@ static void tconn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 				break;
 			c->flen = (size_t)c->hdr[0] << 24 | (size_t)c->hdr[1] << 16 |
 				  (size_t)c->hdr[2] << 8 | c->hdr[3];
-			c->frame = malloc(4 + c->flen);
+			if (c->spare && c->spare_cap >= 4 + c->flen) {
+				c->frame = c->spare;
+				c->fcap = c->spare_cap;
+				c->spare = NULL;
+			} else {
+				c->frame = malloc(4 + c->flen);
+				c->fcap = 4 + c->flen;
+			}
 			if (!c->frame) {
 				tconn_close(c);
 				return;
@@ -194,7 +215,9 @@ static void tconn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 			tconn_close(c);
 			return;
 		}
+		w->c = c;
 		w->frame = c->frame;
+		w->cap = c->fcap;
 		c->frame = NULL;
 		c->hdr_len = 0;
 		uv_buf_t wb = uv_buf_init((char *)w->frame, (unsigned)(4 + c->flen));
