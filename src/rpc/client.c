@@ -14,8 +14,11 @@
  * GOAWAY: the connection stops being the channel's current one; calls on
  * it keep running, new calls open a new connection. A request nghttp2
  * could not start because of the GOAWAY (its HEADERS never left), or one
- * the server refused (REFUSED_STREAM) before any of its body was sent, is
- * moved to the new connection transparently: the server never saw it.
+ * the server refused (REFUSED_STREAM: above the GOAWAY's last stream id,
+ * or over its stream limit) — a unary call at any point, since its
+ * request message is kept until the call ends, a streaming call only if
+ * none of its body left — is started again transparently (at most
+ * MAX_RETRIES times): the server never processed it.
  *
  * Streams: one struct rpc_stream per call, referenced by the user (until
  * its final callback or rpc_stream_cancel) and by nghttp2 (from
@@ -39,6 +42,7 @@
 
 #define NCODES 17
 #define STATS_BUCKETS 64
+#define MAX_RETRIES 5
 
 struct cstats {
 	struct cstats *next;
@@ -60,6 +64,7 @@ struct cconn {
 	struct slist streams;
 	unsigned nstreams;
 	bool connected;
+	bool got_settings; /* the server spoke HTTP/2 */
 	bool goaway;
 };
 
@@ -86,6 +91,7 @@ struct rpc_client {
 	uv_idle_t idle;
 	unsigned handles_open;
 	struct rpc__dlheap dl;
+	struct rpc__bufcache bufs;
 	struct cstats *stats[STATS_BUCKETS];
 	uint64_t rng;
 	bool freeing;
@@ -118,6 +124,9 @@ struct rpc_stream {
 	ProtobufCMessage **sync_out; /* unary_sync: takes the response */
 	const ProtobufCMessageDescriptor *resp_desc;
 	ProtobufCMessage *uresp;
+	struct rpc__arena resp_arena;
+	struct rpc__omsg *req_msg; /* unary: kept for a transparent retry */
+	unsigned retries;
 	unsigned nresp;
 	struct rpc_deframer df;
 	struct rpc__outq outq;
@@ -134,6 +143,7 @@ static const struct rpc__outq_ops stream_outq_ops;
 static void client_route(struct rpc_client *c, struct rpc_stream *st);
 static void on_dl_timer(uv_timer_t *t);
 static void on_backoff_timer(uv_timer_t *t);
+static void on_settings_timeout(uv_timer_t *t);
 static void client_check_freed(struct rpc_client *c);
 
 #define NV(n, v)                                                               \
@@ -242,8 +252,8 @@ static void stream_unref(struct rpc_stream *st)
 	struct rpc_client *c = st->c;
 	rpc_deframer_free(&st->df);
 	rpc__outq_clear(&st->outq);
-	if (st->uresp)
-		protobuf_c_message_free_unpacked(st->uresp, NULL);
+	rpc__unpacked_free(st->uresp, &st->resp_arena);
+	rpc__omsg_unref(st->req_msg);
 	free(st->grpc_message);
 	free(st->fin_message);
 	free(st);
@@ -434,11 +444,19 @@ static void stream_ng_release(struct rpc_stream *st)
 static void stream_requeue(struct rpc_stream *st)
 {
 	stream_unlink(st);
+	st->retries++;
+	if (st->unary && st->outq.taken) {
+		/* Its body already left: queue the kept request again. */
+		rpc__outq_clear(&st->outq);
+		st->req_msg->refs++;
+		rpc__outq_push(&st->outq, st->req_msg);
+		st->outq.taken = 0;
+	}
 	st->cc = NULL;
 	st->stream_id = 0;
 	st->opened = false;
 	rpc_deframer_free(&st->df);
-	rpc_deframer_init(&st->df, st->c->max_msg);
+	rpc__deframer_setup(&st->df, st->c->max_msg, &st->c->bufs);
 	client_route(st->c, st);
 }
 
@@ -537,6 +555,13 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 			stream_finish_x(st, RPC_INTERNAL,
 					"server ended the stream without trailers", true);
 		break;
+	case NGHTTP2_SETTINGS:
+		if (!cc->got_settings && !(frame->hd.flags & NGHTTP2_FLAG_ACK)) {
+			cc->got_settings = true;
+			uv_timer_stop(&cc->base.timer);
+			c->backoff_ms = c->backoff_initial_ms;
+		}
+		break;
 	case NGHTTP2_GOAWAY:
 		c->goaways++;
 		cc->goaway = true;
@@ -557,25 +582,28 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 static int stream_on_msg(void *ud, const uint8_t *body, size_t len)
 {
 	struct rpc_stream *st = ud;
-	ProtobufCMessage *msg = protobuf_c_message_unpack(st->resp_desc, NULL, len, body);
+	if (st->unary && st->nresp) {
+		stream_finish(st, RPC_INTERNAL, "more than one response message for a unary call");
+		return -EPROTO;
+	}
+	struct rpc__arena ar;
+	struct rpc__arena *a = st->unary ? &st->resp_arena : &ar;
+	/* A response handed to the caller of unary_sync must be plain
+	 * malloc memory: it frees it with protobuf_c_message_free_unpacked. */
+	ProtobufCMessage *msg = rpc__unpack(st->resp_desc, body, len,
+					    st->sync_out ? NULL : &st->c->bufs, a);
 	if (!msg) {
 		stream_finish(st, RPC_INTERNAL, "failed to parse response message");
 		return -EBADMSG;
 	}
+	st->nresp++;
 	if (st->unary) {
-		if (st->nresp++) {
-			protobuf_c_message_free_unpacked(msg, NULL);
-			stream_finish(st, RPC_INTERNAL,
-				      "more than one response message for a unary call");
-			return -EPROTO;
-		}
 		st->uresp = msg;
 		return 0;
 	}
-	st->nresp++;
 	if (st->cbs->on_message)
 		st->cbs->on_message(st, st->ud, msg);
-	protobuf_c_message_free_unpacked(msg, NULL);
+	rpc__unpacked_free(msg, a);
 	return st->user ? 0 : -ECANCELED;
 }
 
@@ -619,8 +647,11 @@ static int on_stream_close(nghttp2_session *ng, int32_t stream_id,
 	if (st->where == W_CONN)
 		stream_unlink(st);
 	if (st->user) {
-		if (error_code == NGHTTP2_REFUSED_STREAM && st->outq.taken == 0 &&
-		    !st->headers_recv && !cc->c->freeing) {
+		/* REFUSED_STREAM (a GOAWAY's last stream id, or the stream
+		 * limit) means the server did not process it. */
+		if (error_code == NGHTTP2_REFUSED_STREAM && !st->headers_recv &&
+		    (st->outq.taken == 0 || st->unary) && st->retries < MAX_RETRIES &&
+		    !cc->c->freeing) {
 			stream_requeue(st);
 		} else {
 			char msg[256];
@@ -652,7 +683,7 @@ static int on_frame_not_send(nghttp2_session *ng, const nghttp2_frame *frame,
 	stream_unlink(st);
 	if (st->user) {
 		if (lib_error_code == NGHTTP2_ERR_START_STREAM_NOT_ALLOWED &&
-		    !cc->c->freeing)
+		    st->retries < MAX_RETRIES && !cc->c->freeing)
 			stream_requeue(st);
 		else
 			stream_finish(st, RPC_UNAVAILABLE, nghttp2_strerror(lib_error_code));
@@ -754,7 +785,8 @@ static void on_connect(uv_connect_t *req, int status)
 	cc->connected = true;
 	c->connects++;
 	c->state = CL_READY;
-	c->backoff_ms = c->backoff_initial_ms;
+	/* Not a gRPC server until it says so. */
+	uv_timer_start(&cc->base.timer, on_settings_timeout, c->connect_ms, 0);
 	log_debug("%s: connected", c->label);
 	while (c->pending.head) {
 		struct rpc_stream *st = c->pending.head;
@@ -763,6 +795,15 @@ static void on_connect(uv_connect_t *req, int status)
 	}
 	if (cc->nstreams == 0)
 		uv_unref((uv_handle_t *)&cc->base.tcp);
+}
+
+static void on_settings_timeout(uv_timer_t *t)
+{
+	struct cconn *cc = MC_CONTAINER_OF(t, struct cconn, base.timer);
+	struct rpc_client *c = cc->c;
+	log_info("%s: connected, but no HTTP/2 SETTINGS from the server within %llu ms",
+		 c->label, (unsigned long long)c->connect_ms);
+	rpc__conn_close(&cc->base);
 }
 
 static void on_connect_timeout(uv_timer_t *t)
@@ -778,8 +819,14 @@ static void on_cconn_closed(struct rpc__conn *base)
 
 	if (c->cur == cc) {
 		c->cur = NULL;
-		if (c->state == CL_READY || c->state == CL_CONNECTING)
+		if (c->state == CL_READY && !cc->got_settings && !c->freeing) {
+			/* Accepted and dropped before any HTTP/2: as bad as a
+			 * refused connect, so back off. */
+			c->last_error = UV_ECONNRESET;
+			enter_backoff(c);
+		} else if (c->state == CL_READY || c->state == CL_CONNECTING) {
 			c->state = CL_IDLE;
+		}
 	}
 	while (cc->streams.head) {
 		struct rpc_stream *st = cc->streams.head;
@@ -970,7 +1017,7 @@ static int stream_new(struct rpc_client *c, const char *path,
 	st->resp_desc = resp_desc;
 	st->timeout_ms = timeout_ms;
 	st->start_ns = uv_hrtime();
-	rpc_deframer_init(&st->df, c->max_msg);
+	rpc__deframer_setup(&st->df, c->max_msg, &c->bufs);
 	rpc__outq_init(&st->outq, &stream_outq_ops);
 	rpc__dl_init(&st->dl);
 	*out = st;
@@ -981,6 +1028,9 @@ static void stream_start(struct rpc_stream *st)
 {
 	struct rpc_client *c = st->c;
 	if (st->timeout_ms) {
+		/* The loop's clock may be stale when called from outside a
+		 * callback; a deadline must not start in the past. */
+		uv_update_time(c->loop);
 		st->dl.at_ms = uv_now(c->loop) + st->timeout_ms;
 		if (rpc__dlheap_add(&c->dl, &st->dl)) {
 			stream_finish_later(st, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -1007,7 +1057,7 @@ static int unary_start(struct rpc_client *c, const char *path,
 	rc = stream_new(c, path, resp_desc, timeout_ms, &st);
 	if (rc)
 		return rc;
-	rc = rpc__omsg_pack(req, c->max_msg, &m);
+	rc = rpc__omsg_pack(req, c->max_msg, &c->bufs, &m);
 	if (rc) {
 		stream_unref(st);
 		return rc;
@@ -1017,6 +1067,8 @@ static int unary_start(struct rpc_client *c, const char *path,
 	st->ud = ud;
 	st->sync_out = sync_out;
 	rpc__outq_push(&st->outq, m);
+	m->refs++;
+	st->req_msg = m;
 	st->outq.eof = true;
 	st->send_closed = true;
 	if (out)
@@ -1060,7 +1112,7 @@ int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg)
 	if (st->send_closed)
 		return -EPIPE;
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, st->c->max_msg, &m);
+	int rc = rpc__omsg_pack(msg, st->c->max_msg, &st->c->bufs, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&st->outq, m);
@@ -1179,6 +1231,7 @@ static void client_check_freed(struct rpc_client *c)
 		}
 	}
 	rpc__dlheap_free(&c->dl);
+	rpc__bufcache_free(&c->bufs);
 	nghttp2_session_callbacks_del(c->cbs);
 	free(c->rbuf);
 	free(c);

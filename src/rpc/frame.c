@@ -59,9 +59,19 @@ void rpc_deframer_init(struct rpc_deframer *d, size_t max_message_bytes)
 	d->max_message_bytes = max_message_bytes;
 }
 
+static void body_release(struct rpc_deframer *d, uint8_t *p, size_t len)
+{
+	if (!p)
+		return;
+	if (d->release)
+		d->release(d->alloc_ctx, p, len);
+	else
+		free(p);
+}
+
 void rpc_deframer_free(struct rpc_deframer *d)
 {
-	free(d->msg);
+	body_release(d, d->msg, d->msg_len);
 	d->msg = NULL;
 	d->hdr_len = 0;
 	d->msg_len = 0;
@@ -115,7 +125,8 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 				continue;
 			}
 			if (d->msg_len > 0) {
-				d->msg = malloc(d->msg_len);
+				d->msg = d->alloc ? d->alloc(d->alloc_ctx, d->msg_len)
+						  : malloc(d->msg_len);
 				if (!d->msg)
 					return -ENOMEM;
 			}
@@ -138,7 +149,7 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		d->msg_len = 0;
 		d->msg_got = 0;
 		rc = on_msg(ud, body ? body : (const uint8_t *)"", blen);
-		free(body);
+		body_release(d, body, blen);
 		if (rc)
 			return rc;
 	}

@@ -20,20 +20,159 @@
 
 #include "rpc/rpc_int.h"
 
+/* ---------------------------------------------------------------- buffers */
+
+void *rpc__buf_get(struct rpc__bufcache *bc, size_t len, size_t *cap)
+{
+	if (bc && len >= RPC__BUF_CACHE_MIN_BYTES) {
+		unsigned best = RPC__BUF_CACHE_SLOTS;
+		for (unsigned i = 0; i < bc->n; i++) {
+			size_t c = bc->slot[i].cap;
+			/* Big enough, and not a huge buffer for a small need. */
+			if (c >= len && c / 2 <= len &&
+			    (best == RPC__BUF_CACHE_SLOTS || c < bc->slot[best].cap))
+				best = i;
+		}
+		if (best != RPC__BUF_CACHE_SLOTS) {
+			void *p = bc->slot[best].p;
+			*cap = bc->slot[best].cap;
+			bc->bytes -= *cap;
+			bc->slot[best] = bc->slot[--bc->n];
+			return p;
+		}
+	}
+	*cap = len;
+	return malloc(len ? len : 1);
+}
+
+void rpc__buf_put(struct rpc__bufcache *bc, void *p, size_t cap)
+{
+	if (!p)
+		return;
+	if (!bc || cap < RPC__BUF_CACHE_MIN_BYTES || bc->n == RPC__BUF_CACHE_SLOTS ||
+	    bc->bytes + cap > RPC__BUF_CACHE_MAX_BYTES) {
+		free(p);
+		return;
+	}
+	bc->slot[bc->n].p = p;
+	bc->slot[bc->n].cap = cap;
+	bc->n++;
+	bc->bytes += cap;
+}
+
+void rpc__bufcache_free(struct rpc__bufcache *bc)
+{
+	for (unsigned i = 0; i < bc->n; i++)
+		free(bc->slot[i].p);
+	bc->n = 0;
+	bc->bytes = 0;
+}
+
+/* Deframer bodies carry their buffer's size in a 16-byte header, since
+ * the deframer only knows the body length. */
+static void *df_alloc(void *ctx, size_t len)
+{
+	size_t cap;
+	uint8_t *p = rpc__buf_get(ctx, len + 16, &cap);
+	if (!p)
+		return NULL;
+	memcpy(p, &cap, sizeof(cap));
+	return p + 16;
+}
+
+static void df_release(void *ctx, void *p, size_t len)
+{
+	size_t cap;
+	uint8_t *base = (uint8_t *)p - 16;
+	memcpy(&cap, base, sizeof(cap));
+	rpc__buf_put(ctx, base, cap);
+}
+
+void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes,
+			 struct rpc__bufcache *bc)
+{
+	rpc_deframer_init(d, max_bytes);
+	if (bc) {
+		d->alloc = df_alloc;
+		d->release = df_release;
+		d->alloc_ctx = bc;
+	}
+}
+
+static void *arena_alloc(void *data, size_t size)
+{
+	struct rpc__arena *a = data;
+	size_t al = (size + 15) & ~(size_t)15;
+	if (a->base && al <= a->cap - a->used) {
+		void *p = a->base + a->used;
+		a->used += al;
+		return p;
+	}
+	return malloc(size ? size : 1);
+}
+
+static void arena_free(void *data, void *p)
+{
+	struct rpc__arena *a = data;
+	if (a->base && (uint8_t *)p >= a->base && (uint8_t *)p < a->base + a->cap)
+		return;
+	free(p);
+}
+
+ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc,
+			      const uint8_t *data, size_t len,
+			      struct rpc__bufcache *bc, struct rpc__arena *ar)
+{
+	memset(ar, 0, sizeof(*ar));
+	if (!bc || len < RPC__BUF_CACHE_MIN_BYTES)
+		return protobuf_c_message_unpack(desc, NULL, len, data);
+	ar->bc = bc;
+	/* Room for the bytes and strings (at most len) and the structs;
+	 * anything beyond falls back to malloc. */
+	ar->base = rpc__buf_get(bc, len + (64u << 10), &ar->cap);
+	ar->pa.alloc = arena_alloc;
+	ar->pa.free = arena_free;
+	ar->pa.allocator_data = ar;
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, len, data);
+	if (!m) {
+		rpc__buf_put(bc, ar->base, ar->cap);
+		ar->base = NULL;
+	}
+	return m;
+}
+
+void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
+{
+	if (!m)
+		return;
+	if (!ar || !ar->bc) {
+		protobuf_c_message_free_unpacked(m, NULL);
+		return;
+	}
+	ar->pa.allocator_data = ar; /* the arena may have been copied */
+	protobuf_c_message_free_unpacked(m, &ar->pa);
+	rpc__buf_put(ar->bc, ar->base, ar->cap);
+	ar->base = NULL;
+	ar->bc = NULL;
+}
+
 /* ---------------------------------------------------------------- messages */
 
 int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes,
-		   struct rpc__omsg **out)
+		   struct rpc__bufcache *bc, struct rpc__omsg **out)
 {
 	size_t body = protobuf_c_message_get_packed_size(msg);
+	size_t cap;
 	if (body > max_bytes || body > UINT32_MAX)
 		return MC_ETOO_LARGE;
-	struct rpc__omsg *m = malloc(sizeof(*m) + 5 + body);
+	struct rpc__omsg *m = rpc__buf_get(bc, sizeof(*m) + 5 + body, &cap);
 	if (!m)
 		return -ENOMEM;
 	m->next = NULL;
 	m->refs = 1;
 	m->len = 5 + body;
+	m->bc = bc;
+	m->cap = cap;
 	rpc_frame_prefix(m->data, (uint32_t)body);
 	if (body)
 		protobuf_c_message_pack(msg, m->data + 5);
@@ -44,7 +183,7 @@ int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes,
 void rpc__omsg_unref(struct rpc__omsg *m)
 {
 	if (m && --m->refs == 0)
-		free(m);
+		rpc__buf_put(m->bc, m, m->cap);
 }
 
 /* ---------------------------------------------------------------- queue */

@@ -221,8 +221,10 @@ int rpc_client_new(uv_loop_t *loop, const char *target,
 		   const struct rpc_client_opts *opts,
 		   struct rpc_client **out) MC_MUST_CHECK;
 
-/* Cancel every outstanding call (their callbacks run with CANCELLED),
- * close the connections, and free the client once they are closed. */
+/* Cancel every outstanding call (their callbacks run with CANCELLED,
+ * before this returns), close the connections, and free the client once
+ * they are closed (the loop must run on). Safe from inside the client's
+ * own callbacks. */
 void rpc_client_free(struct rpc_client *c);
 
 /* Unary completion: status and message from the trailers (or the local
@@ -234,7 +236,8 @@ typedef void (*rpc_unary_cb)(void *ud, int status, const char *message,
  * Start a unary call on path "/pkg.Service/Method". timeout_ms 0 = none
  * (sent as grpc-timeout, also enforced locally). cb runs exactly once,
  * never from inside this function. If out is non-NULL it receives a handle
- * for rpc_stream_cancel. Errors: -EINVAL, MC_ETOO_LARGE, -ENOMEM.
+ * for rpc_stream_cancel. Errors: -EINVAL (bad path, or the client is
+ * being freed), MC_ETOO_LARGE (req above max_message_bytes), -ENOMEM.
  */
 int rpc_client_unary(struct rpc_client *c, const char *path,
 		     const ProtobufCMessage *req,
@@ -297,6 +300,12 @@ struct rpc_deframer {
 	size_t msg_len;  /* expected body length */
 	size_t msg_got;
 	bool compressed;
+	/* Optional source of body buffers (NULL: malloc/free), so a caller
+	 * can recycle large buffers instead of faulting in fresh pages for
+	 * every message. rpc_deframer_init sets them NULL. */
+	void *(*alloc)(void *ctx, size_t len);
+	void (*release)(void *ctx, void *p, size_t len);
+	void *alloc_ctx;
 };
 
 void rpc_deframer_init(struct rpc_deframer *d, size_t max_message_bytes);

@@ -67,19 +67,67 @@ void rpc__dlheap_free(struct rpc__dlheap *h);
 void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer,
 		     uv_timer_cb cb);
 
+/* ---------------------------------------------------------------- buffers */
+
+/* Large buffers (serialized messages, reassembled bodies, unpack arenas)
+ * kept for reuse by one server or client: a fresh multi-MiB malloc is an
+ * mmap whose every page faults on first touch, which costs more than the
+ * copy itself. Single-threaded, like its owner. */
+#define RPC__BUF_CACHE_MIN_BYTES (256u << 10)
+#define RPC__BUF_CACHE_MAX_BYTES (64u << 20)
+#define RPC__BUF_CACHE_SLOTS 8
+
+struct rpc__bufcache {
+	struct {
+		void *p;
+		size_t cap;
+	} slot[RPC__BUF_CACHE_SLOTS];
+	unsigned n;
+	size_t bytes;
+};
+
+/* A buffer of at least len bytes; *cap gets its real size. NULL cache:
+ * plain malloc. */
+void *rpc__buf_get(struct rpc__bufcache *bc, size_t len, size_t *cap);
+/* Give a buffer back (cap as returned by rpc__buf_get). */
+void rpc__buf_put(struct rpc__bufcache *bc, void *p, size_t cap);
+void rpc__bufcache_free(struct rpc__bufcache *bc);
+/* Make d take its body buffers from bc. */
+void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes,
+			 struct rpc__bufcache *bc);
+
+/* protobuf-c unpacking of a large message into one recycled arena
+ * buffer (bytes fields included); small messages use malloc. */
+struct rpc__arena {
+	ProtobufCAllocator pa;
+	struct rpc__bufcache *bc;
+	uint8_t *base;
+	size_t cap, used;
+};
+
+/* Unpack data (NULL on a parse error). bc NULL: plain malloc, and the
+ * result may be freed with protobuf_c_message_free_unpacked(m, NULL). */
+ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc,
+			      const uint8_t *data, size_t len,
+			      struct rpc__bufcache *bc, struct rpc__arena *ar);
+void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
+
 /* ---------------------------------------------------------------- messages */
 
 struct rpc__omsg {
 	struct rpc__omsg *next;
 	unsigned refs;
 	size_t len; /* bytes in data: 5-byte prefix + body */
+	struct rpc__bufcache *bc; /* where the buffer goes back */
+	size_t cap;               /* bytes allocated, header included */
 	uint8_t data[];
 };
 
-/* Serialize msg with its prefix into a new buffer (refs = 1). Errors:
+/* Serialize msg with its prefix into a new buffer (refs = 1), from bc
+ * (may be NULL). The cache must outlive the message. Errors:
  * MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
 int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes,
-		   struct rpc__omsg **out) MC_MUST_CHECK;
+		   struct rpc__bufcache *bc, struct rpc__omsg **out) MC_MUST_CHECK;
 void rpc__omsg_unref(struct rpc__omsg *m);
 
 struct rpc__outq;

@@ -100,6 +100,7 @@ struct rpc_server {
 	nghttp2_session_callbacks *cbs;
 	uint8_t *rbuf;
 	struct rpc__dlheap dl;
+	struct rpc__bufcache bufs;
 	uv_timer_t dl_timer, drain_timer;
 	bool timers_ready;
 	unsigned timers_open;
@@ -133,6 +134,7 @@ struct rpc_call {
 	char *message; /* percent-encoded grpc-message, or NULL */
 	unsigned nreq, nsent;
 	ProtobufCMessage *req;
+	struct rpc__arena req_arena;
 	struct rpc_deframer df;
 	struct rpc__outq outq;
 	struct rpc__dl dl;
@@ -290,7 +292,7 @@ static struct rpc_call *call_new(struct sconn *sc, int32_t stream_id)
 	call->stream_id = stream_id;
 	call->refs = 1; /* the nghttp2 stream's */
 	call->start_ns = uv_hrtime();
-	rpc_deframer_init(&call->df, s->max_msg);
+	rpc__deframer_setup(&call->df, s->max_msg, &s->bufs);
 	rpc__outq_init(&call->outq, &call_outq_ops);
 	rpc__dl_init(&call->dl);
 	memcpy(call->peer, sc->base.peer, sizeof(call->peer));
@@ -307,8 +309,8 @@ static void call_free(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
 	rpc_deframer_free(&call->df);
-	if (call->req)
-		protobuf_c_message_free_unpacked(call->req, NULL);
+	rpc__unpacked_free(call->req, &call->req_arena);
+	call->req = NULL;
 	rpc__outq_clear(&call->outq);
 	free(call->message);
 	s->live_calls--;
@@ -591,24 +593,26 @@ static void call_dispatch(struct rpc_call *call)
 static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 {
 	struct rpc_call *call = ud;
-	ProtobufCMessage *msg = protobuf_c_message_unpack(call->m->request, NULL, len, body);
+	bool single = call->m->kind == RPC_UNARY || call->m->kind == RPC_SERVER_STREAMING;
+	if (single && call->nreq) {
+		call_abort(call, RPC_INTERNAL,
+			   "more than one request message for a unary request");
+		return -EPROTO;
+	}
+	struct rpc__arena ar;
+	struct rpc__arena *a = single ? &call->req_arena : &ar;
+	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->bufs, a);
 	if (!msg) {
 		call_abort(call, RPC_INTERNAL, "failed to parse request message");
 		return -EBADMSG;
 	}
-	if (call->m->kind == RPC_UNARY || call->m->kind == RPC_SERVER_STREAMING) {
-		if (call->nreq++) {
-			protobuf_c_message_free_unpacked(msg, NULL);
-			call_abort(call, RPC_INTERNAL,
-				   "more than one request message for a unary request");
-			return -EPROTO;
-		}
+	call->nreq++;
+	if (single) {
 		call->req = msg;
 		return 0;
 	}
-	call->nreq++;
 	call->m->on_message(call, msg);
-	protobuf_c_message_free_unpacked(msg, NULL);
+	rpc__unpacked_free(msg, a);
 	return call->done ? -ECANCELED : 0;
 }
 
@@ -635,7 +639,7 @@ static void call_half_close(struct rpc_call *call)
 		call->handler_ref = true;
 		call->refs++;
 		call->m->on_message(call, req);
-		protobuf_c_message_free_unpacked(req, NULL);
+		rpc__unpacked_free(req, &call->req_arena);
 		break;
 	case RPC_CLIENT_STREAMING:
 	case RPC_BIDI_STREAMING:
@@ -1170,6 +1174,7 @@ void rpc_server_free(struct rpc_server *s)
 		free(call);
 	}
 	rpc__dlheap_free(&s->dl);
+	rpc__bufcache_free(&s->bufs);
 	nghttp2_session_callbacks_del(s->cbs);
 	free(s->unknown.path);
 	free(s->rbuf);
@@ -1197,7 +1202,7 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 	if (!call_can_submit(call))
 		return -ECANCELED;
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, call->s->max_msg, &m);
+	int rc = rpc__omsg_pack(msg, call->s->max_msg, &call->s->bufs, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&call->outq, m);

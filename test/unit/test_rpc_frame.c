@@ -349,3 +349,48 @@ Test(rpc_frame, status_names)
 	cr_assert_str_eq(rpc_status_name(17), "UNKNOWN");
 	cr_assert_str_eq(rpc_status_name(-1), "UNKNOWN");
 }
+
+struct pool {
+	int allocs, releases;
+	size_t last_len;
+};
+
+static void *pool_alloc(void *ctx, size_t len)
+{
+	struct pool *p = ctx;
+	p->allocs++;
+	p->last_len = len;
+	return malloc(len);
+}
+
+static void pool_release(void *ctx, void *ptr, size_t len)
+{
+	struct pool *p = ctx;
+	cr_assert_eq(len, p->last_len);
+	p->releases++;
+	free(ptr);
+}
+
+Test(rpc_frame, body_buffers_from_the_callers_hooks)
+{
+	static const size_t lens[] = {40, 2, 100};
+	uint8_t buf[512];
+	size_t n = build_stream(buf, lens, 3);
+	struct rpc_deframer d;
+	struct got g = {0};
+	struct pool p = {0};
+	rpc_deframer_init(&d, 1000);
+	d.alloc = pool_alloc;
+	d.release = pool_release;
+	d.alloc_ctx = &p;
+	for (size_t i = 0; i < n; i += 7)
+		cr_assert_eq(rpc_deframer_feed(&d, buf + i, n - i < 7 ? n - i : 7, on_msg, &g), 0);
+	check_got(&g, lens, 3);
+	cr_assert_eq(p.allocs, 2); /* the 2-byte body came whole: no buffer */
+	cr_assert_eq(p.releases, 2);
+	/* A partial body is released through the hook too. */
+	cr_assert_eq(rpc_deframer_feed(&d, buf, 20, on_msg, &g), 0);
+	rpc_deframer_free(&d);
+	cr_assert_eq(p.allocs, 3);
+	cr_assert_eq(p.releases, 3);
+}

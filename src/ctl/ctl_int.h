@@ -1,0 +1,30 @@
+/*
+ * ctl_int: what mooncakectl's files share — the subcommand entry points
+ * and a tiny --flag parser. Every subcommand returns the process exit
+ * status: 0 success, 1 failure (or "not serving"), 2 usage error.
+ */
+#ifndef MC_CTL_CTL_INT_H
+#define MC_CTL_CTL_INT_H
+
+#include <stdbool.h>
+
+#define CTL_EXIT_OK 0
+#define CTL_EXIT_FAIL 1
+#define CTL_EXIT_USAGE 2
+
+/* argv[0] is the subcommand name. */
+int ctl_health_main(int argc, char **argv);
+int ctl_bench_main(int argc, char **argv);
+
+/*
+ * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter
+ * consumes argv[*i + 1]). Returns true and sets *value on a match;
+ * *value is NULL when the flag was given without a value.
+ */
+bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
+		    const char **value);
+/* Match a boolean flag: --name, --name=true/false. Sets *out. Returns
+ * true on a match; *ok false when the value is not a boolean. */
+bool ctl_flag_bool(const char *arg, const char *name, bool *out, bool *ok);
+
+#endif
