@@ -240,13 +240,15 @@ bench: all $(BENCH_BINS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
-	  $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(PREFIX)/share/doc/mooncaked
+	  $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8 \
+	  $(DESTDIR)$(PREFIX)/share/doc/mooncaked
 	install -m 0755 $(B)/mooncaked $(B)/mooncakectl $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(B)/libmooncake.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 0755 $(B)/libmooncake.so $(DESTDIR)$(PREFIX)/lib/libmooncake.so.0
 	ln -sf libmooncake.so.0 $(DESTDIR)$(PREFIX)/lib/libmooncake.so
 	install -m 0644 src/client/mooncake.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(B)/man/mooncaked.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -m 0644 man/mooncakectl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
 	for u in deploy/*.service.in; do \
