@@ -194,24 +194,38 @@ static const char *health_name(enum rpc_health_status s)
 	}
 }
 
-/* /healthz: the process is healthy while it runs and is not draining;
- * the body lists each service's status. */
+struct healthz_ctx {
+	struct mc_buf *body;
+	const char *server;
+	int rc;
+};
+
+static void healthz_line(void *ud, const char *service,
+			 enum rpc_health_status status)
+{
+	struct healthz_ctx *h = ud;
+	if (h->rc == 0)
+		h->rc = mc_buf_printf(h->body, "%s %s %s\n", h->server,
+				      *service ? service : "(server)",
+				      health_name(status));
+}
+
+/* /healthz: 200 while the process runs and is not draining; the body
+ * lists every service's status on every RPC server of the role. */
 static int role_healthz(void *ctx, struct mc_buf *body)
 {
 	struct role_rt *rt = ctx;
 	int code = rt->d->shutting_down ? 503 : 200;
-	int rc = mc_buf_printf(body, "%s\n",
-			       rt->d->shutting_down ? "shutting down" : "ok");
-	for (int i = 0; rc == 0 && i < MAX_RPC; i++) {
-		const struct rpc_def *rd = &rt->def->rpc[i];
-		if (!rd->label)
+	struct healthz_ctx h = {body, NULL, 0};
+	h.rc = mc_buf_printf(body, "%s\n",
+			     rt->d->shutting_down ? "shutting down" : "ok");
+	for (int i = 0; h.rc == 0 && i < MAX_RPC; i++) {
+		if (!rt->health[i])
 			continue;
-		for (int j = 0; rc == 0 && j < MAX_SERVICES && rd->services[j]; j++)
-			rc = mc_buf_printf(body, "%s %s %s\n", rd->label,
-					   rd->services[j],
-					   health_name(RPC_HEALTH_NOT_SERVING));
+		h.server = rt->def->rpc[i].label;
+		rpc_health_foreach(rt->health[i], healthz_line, &h);
 	}
-	return rc ? 500 : code;
+	return h.rc ? 500 : code;
 }
 
 /* ------------------------------------------------------------ shutdown */

@@ -254,3 +254,13 @@ void rpc__health_free(struct rpc_health *h)
 	}
 	free(h);
 }
+
+void rpc_health_foreach(const struct rpc_health *h,
+			void (*fn)(void *ud, const char *service,
+				   enum rpc_health_status status),
+			void *ud)
+{
+	for (const struct hentry *e = h->entries; e; e = e->next)
+		if (e->known)
+			fn(ud, e->name, e->status);
+}

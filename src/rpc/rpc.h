@@ -188,6 +188,12 @@ int rpc_health_add(struct rpc_server *s, struct rpc_health **out) MC_MUST_CHECK;
 /* Set the status of a service name; Watch streams see the change. */
 int rpc_health_set(struct rpc_health *h, const char *service,
 		   enum rpc_health_status status) MC_MUST_CHECK;
+/* Call fn for every service name set with rpc_health_set (and ""), in
+ * the order they were first set. */
+void rpc_health_foreach(const struct rpc_health *h,
+			void (*fn)(void *ud, const char *service,
+				   enum rpc_health_status status),
+			void *ud);
 
 /* ------------------------------------------------------------------ diag */
 

@@ -122,6 +122,10 @@ def standalone_serves_every_role():
         code, body = http_get(d.ports[key], "/healthz")
         eq(code, 200, key)
         assert body.startswith("ok\n"), body
+    code, body = http_get(d.ports["meta-http"], "/healthz")
+    assert "meta-client (server) SERVING" in body, body
+    assert "meta-client etcdserverpb.KV NOT_SERVING" in body, body
+    assert "meta-peer mooncake.raft.Raft NOT_SERVING" in body, body
     eq(d.stop(), 0, "exit")
 
 
