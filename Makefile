@@ -215,7 +215,7 @@ fuzz:
 	$(MAKE) FUZZ=1 fuzz-run
 
 fuzz-run: $(FUZZ_BINS)
-	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n; \
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n test/fuzz/corpus/$$n; \
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(B)/corpus/$$n test/fuzz/corpus/$$n || exit 1; done
 
