@@ -11,6 +11,7 @@
  * reported NOT_SERVING and the role says so once at start.
  */
 #include "daemon/daemon.h"
+#include "daemon/daemon_int.h"
 
 #include <dirent.h>
 #include <stddef.h>
@@ -33,7 +34,6 @@
 
 #define LOG_SUBSYS LOGS_DAEMON
 
-#define MAX_RPC 2
 #define MAX_SERVICES 6
 
 struct rpc_def {
@@ -47,7 +47,9 @@ struct role_def {
 	unsigned mask;
 	struct rpc_def rpc[MAX_RPC];
 	enum cfg_key http_key;
-	const char *not_yet; /* what the role does not do yet, logged once */
+	const struct role_ops *ops; /* NULL: the frame only */
+	const char *not_yet; /* what the role does not do yet, logged once;
+				NULL when it does everything */
 };
 
 static const struct role_def role_defs[] = {
@@ -59,6 +61,7 @@ static const struct role_def role_defs[] = {
 	    "etcdserverpb.Cluster", "etcdserverpb.Maintenance"}},
 	  {CFG_LISTEN_PEER, "meta-peer", {"mooncake.raft.Raft"}}},
 	 CFG_META_HTTP,
+	 NULL,
 	 "the etcd v3 API (KV, Lease, Watch, Cluster, Maintenance) and Raft "
 	 "replication are not implemented yet; those services report "
 	 "NOT_SERVING"},
@@ -66,26 +69,20 @@ static const struct role_def role_defs[] = {
 	 CFG_ROLE_MASTER,
 	 {{CFG_MASTER_LISTEN, "master", {"mooncake.master.Master"}}},
 	 CFG_MASTER_HTTP,
+	 NULL,
 	 "segment registry, object index, placement and eviction are not "
 	 "implemented yet; mooncake.master.Master reports NOT_SERVING"},
 	{"agent",
 	 CFG_ROLE_AGENT,
 	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},
 	 CFG_AGENT_HTTP,
+	 NULL,
 	 "cache segments, the transfer engine and the client socket are not "
 	 "implemented yet; mooncake.transfer.Transfer reports NOT_SERVING"},
 };
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))
 
-struct role_rt {
-	const struct role_def *def;
-	struct daemon *d;
-	struct metrics_registry *metrics;
-	struct rpc_server *rpc[MAX_RPC];
-	struct rpc_health *health[MAX_RPC];
-	struct http_server *http;
-};
 
 struct daemon {
 	uv_loop_t loop;
@@ -94,6 +91,9 @@ struct daemon {
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;
 	int rpc_open;      /* RPC servers not yet shut down */
+	int roles_stopping; /* ops.stop calls not yet answered by role_stopped */
+	uint64_t drain_timeout_ms;
+	uv_timer_t stop_timer; /* bounds the roles' stop hooks */
 	bool shutting_down;
 	int exit_code;
 	int lock_fd;
@@ -236,6 +236,7 @@ static void close_frame_handles(struct daemon *d)
 	uv_close((uv_handle_t *)&d->sig_int, NULL);
 	uv_close((uv_handle_t *)&d->sig_hup, NULL);
 	uv_close((uv_handle_t *)&d->tick, NULL);
+	uv_close((uv_handle_t *)&d->stop_timer, NULL);
 }
 
 static void on_http_closed(struct http_server *s, void *ud)
@@ -257,12 +258,10 @@ static void on_rpc_done(struct rpc_server *s, void *ud)
 	close_frame_handles(d);
 }
 
-static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
+/* Every role's stop hook answered (or the timeout passed): drain calls. */
+static void drain_rpc(struct daemon *d)
 {
-	if (d->shutting_down)
-		return;
-	d->shutting_down = true;
-	notify_systemd("STOPPING=1");
+	uv_timer_stop(&d->stop_timer);
 	int servers = 0;
 	for (size_t i = 0; i < NROLES; i++)
 		for (int j = 0; j < MAX_RPC; j++)
@@ -276,8 +275,64 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	for (size_t i = 0; i < NROLES; i++)
 		for (int j = 0; j < MAX_RPC; j++)
 			if (d->roles[i].rpc[j])
-				rpc_server_shutdown(d->roles[i].rpc[j], timeout_ms,
-						    on_rpc_done, d);
+				rpc_server_shutdown(d->roles[i].rpc[j],
+						    d->drain_timeout_ms, on_rpc_done, d);
+}
+
+static void on_stop_timeout(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	for (size_t i = 0; i < NROLES; i++)
+		if (d->roles[i].stopping)
+			log_warn("%s: did not finish stopping within the shutdown "
+				 "timeout; draining calls anyway",
+				 d->roles[i].def->name);
+	d->roles_stopping = 0;
+	drain_rpc(d);
+}
+
+void role_stopped(struct role_rt *rt)
+{
+	struct daemon *d = rt->d;
+	if (!rt->stopping)
+		return; /* late, after the timeout */
+	rt->stopping = false;
+	if (--d->roles_stopping == 0)
+		drain_rpc(d);
+}
+
+static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
+{
+	if (d->shutting_down)
+		return;
+	d->shutting_down = true;
+	d->drain_timeout_ms = timeout_ms;
+	notify_systemd("STOPPING=1");
+	/* Roles stop in reverse start order (agent, master, meta), so the
+	 * ones above meta can still reach it while they stop. Each counts
+	 * before its hook runs: a hook may answer at once. */
+	d->roles_stopping = 1;
+	for (size_t i = NROLES; i-- > 0;) {
+		struct role_rt *rt = &d->roles[i];
+		if (!rt->started || !rt->def->ops || !rt->def->ops->stop)
+			continue;
+		rt->stopping = true;
+		d->roles_stopping++;
+		rt->def->ops->stop(rt);
+	}
+	if (--d->roles_stopping == 0) {
+		drain_rpc(d);
+		return;
+	}
+	uv_timer_start(&d->stop_timer, on_stop_timeout, timeout_ms, 0);
+}
+
+void role_fatal(struct role_rt *rt)
+{
+	struct daemon *d = rt->d;
+	log_error("%s: stopping the daemon after a fatal error", rt->def->name);
+	d->exit_code = 1;
+	begin_shutdown(d, cfg_u64(d->cfg, CFG_SHUTDOWN_TIMEOUT));
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -330,7 +385,6 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		const struct rpc_def *rd = &def->rpc[i];
 		if (!rd->label)
 			continue;
-		const char *addr = cfg_str(cfg, rd->key);
 		struct rpc_server_opts o = {
 			.name = rd->label,
 			.max_message_bytes = cfg_u64(cfg, CFG_RPC_MAX_MESSAGE_SIZE),
@@ -353,6 +407,20 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 				  mc_strerror(rc));
 			return rc;
 		}
+	}
+
+	if (def->ops && def->ops->start) {
+		rc = def->ops->start(rt);
+		if (rc)
+			return rc;
+		rt->started = true;
+	}
+
+	for (int i = 0; i < MAX_RPC; i++) {
+		const struct rpc_def *rd = &def->rpc[i];
+		if (!rd->label)
+			continue;
+		const char *addr = cfg_str(cfg, rd->key);
 		rc = rpc_server_listen(rt->rpc[i], addr);
 		if (rc) {
 			log_error("%s: cannot listen on %s (--%s): %s", def->name,
@@ -378,7 +446,8 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 	}
 	if (rc)
 		return rc;
-	log_warn("%s: %s", def->name, def->not_yet);
+	if (def->not_yet)
+		log_warn("%s: %s", def->name, def->not_yet);
 	return 0;
 }
 
@@ -438,6 +507,8 @@ static void free_roles(struct daemon *d)
 {
 	for (size_t i = 0; i < NROLES; i++) {
 		struct role_rt *rt = &d->roles[i];
+		if (rt->started && rt->def->ops->free)
+			rt->def->ops->free(rt);
 		for (int j = 0; j < MAX_RPC; j++)
 			if (rt->rpc[j])
 				rpc_server_free(rt->rpc[j]);
@@ -488,6 +559,8 @@ int daemon_run(const struct cfg *cfg)
 	uv_signal_init(&d->loop, &d->sig_int);
 	uv_signal_init(&d->loop, &d->sig_hup);
 	uv_timer_init(&d->loop, &d->tick);
+	uv_timer_init(&d->loop, &d->stop_timer);
+	d->stop_timer.data = d;
 	d->sig_term.data = d->sig_int.data = d->sig_hup.data = d;
 	uv_signal_start(&d->sig_term, on_signal, SIGTERM);
 	uv_signal_start(&d->sig_int, on_signal, SIGINT);
@@ -530,4 +603,14 @@ out_unlock:
 out_free:
 	free(d);
 	return rc ? 1 : 0;
+}
+
+uv_loop_t *role_loop(const struct role_rt *rt)
+{
+	return &rt->d->loop;
+}
+
+const struct cfg *role_cfg(const struct role_rt *rt)
+{
+	return rt->d->cfg;
 }

@@ -1,0 +1,71 @@
+/*
+ * daemon_int: what the process frame shares with the role glue files
+ * (src/daemon/role_<name>.c). Each glue file turns one role subsystem
+ * (meta, master, agent) into a set of hooks the frame calls; the role
+ * subsystems themselves know nothing of the frame.
+ */
+#ifndef MC_DAEMON_DAEMON_INT_H
+#define MC_DAEMON_DAEMON_INT_H
+
+#include <stdbool.h>
+#include <uv.h>
+
+#include "common/cfg.h"
+
+#define MAX_RPC 2
+
+struct daemon;
+struct role_def;
+struct role_rt;
+struct metrics_registry;
+struct rpc_server;
+struct rpc_health;
+struct http_server;
+
+/*
+ * A role's own services, plugged into its frame. Each hook is optional
+ * (NULL: nothing to do).
+ *   start  runs once the role's RPC servers, health services and metrics
+ *          registry exist and before the servers listen: register the
+ *          role's services (and set their health SERVING), start timers.
+ *          A non-zero return fails start-up (the role logged why).
+ *   stop   runs when shutdown begins, before RPC calls are drained: end
+ *          what must end while peers can still be reached (leader
+ *          transfer, giving up a lease, unpublishing). It must call
+ *          role_stopped(rt) exactly once, now or later; the frame waits
+ *          for it (bounded by --shutdown-timeout) before draining calls.
+ *   free   runs after the loop ended: free what start made.
+ * A role that hits an error it cannot serve through (a corrupt WAL, say)
+ * calls role_fatal(rt): the process shuts down and exits with status 1.
+ */
+struct role_ops {
+	int (*start)(struct role_rt *rt);
+	void (*stop)(struct role_rt *rt);
+	void (*free)(struct role_rt *rt);
+};
+
+/* A running role: its frame (RPC servers with health, HTTP endpoint,
+ * metrics registry) and the role's own objects. */
+struct role_rt {
+	/* the frame's */
+	const struct role_def *def;
+	struct daemon *d;
+	struct metrics_registry *metrics;
+	struct rpc_server *rpc[MAX_RPC];
+	struct rpc_health *health[MAX_RPC];
+	struct http_server *http;
+	bool started;  /* ops.start returned 0: ops.free is owed */
+	bool stopping; /* ops.stop ran, role_stopped not yet */
+	/* The role's own objects, made by ops.start and freed by ops.free. */
+};
+
+/* The loop and configuration every role runs with. */
+uv_loop_t *role_loop(const struct role_rt *rt);
+const struct cfg *role_cfg(const struct role_rt *rt);
+
+/* The answer to ops->stop (see struct role_ops). */
+void role_stopped(struct role_rt *rt);
+/* A fatal error: shut the daemon down, exit status 1. */
+void role_fatal(struct role_rt *rt);
+
+#endif
