@@ -3,6 +3,8 @@
 #   make                 static build/mooncaked, build/mooncakectl, build/libmooncake.{a,so}
 #   make test            build and run every test (unit + integration)
 #   make SAN=1 test      the same under AddressSanitizer + UBSan, in build-san/
+#   make DYN=1           dynamically linked binaries in build-dyn/ (for valgrind,
+#                        which misreports inside a static glibc)
 #   make bench           benchmarks (figures beside the machine's own limit)
 #   make fuzz            libFuzzer targets (clang)
 #   make man             regenerate the committed man pages from the config key table
@@ -21,11 +23,14 @@ WERROR  ?= 1
 PYTHON  ?= /usr/bin/python3
 
 FUZZ    ?= 0
+DYN     ?= 0
 ifeq ($(SAN),1)
 B       := build-san
 else ifeq ($(FUZZ),1)
 B       := build-fuzz
 CC      := clang
+else ifeq ($(DYN),1)
+B       := build-dyn
 else
 B       := build
 endif
@@ -63,7 +68,7 @@ RDMA_STATIC_LIBS := $(shell pkg-config --static --libs libibverbs librdmacm 2>/d
 LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
 LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
 
-ifneq ($(SAN)$(FUZZ),00)
+ifneq ($(SAN)$(FUZZ)$(DYN),000)
 BIN_LDFLAGS := $(LDFLAGS_SAN)
 BIN_LIBS    := $(LIBS_DYNAMIC)
 else
@@ -256,6 +261,6 @@ install: all
 	install -m 0644 deploy/mooncaked.default $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:
-	rm -rf build build-san build-fuzz
+	rm -rf build build-san build-fuzz build-dyn
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
