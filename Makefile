@@ -98,9 +98,12 @@ CTL_SRCS   := $(wildcard src/ctl/*.c)
 CTL_OBJS   := $(patsubst src/%.c,$(B)/obj/%.o,$(CTL_SRCS))
 
 # libmooncake: the client library, its own -fPIC tree. It uses a few
-# common modules (errors, logging) compiled again position-independent.
-CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c
-CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS))
+# common modules (errors, framing) and the client protocol's generated
+# code compiled again position-independent; it needs only libc, pthreads
+# and libprotobuf-c (no libuv, no nghttp2).
+CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c src/common/uframe.c
+CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS)) $(B)/pic/gen/client.pb-c.o
+CLIENT_LIBS := -lprotobuf-c -lpthread
 
 FUZZ_SRCS  := $(wildcard test/fuzz/fuzz_*.c)
 REPLAY_BINS := $(patsubst test/fuzz/%.c,$(B)/fuzz-replay/%,$(FUZZ_SRCS))
@@ -157,6 +160,11 @@ $(B)/pic/%.o: src/%.c $(B)/.flags | $(GEN_H)
 	@echo "  CC PIC  $<"
 	$(Q)$(CC) $(CFLAGS_ALL) -fPIC -fvisibility=hidden -MMD -MP -c $< -o $@
 
+$(B)/pic/gen/%.o: $(B)/gen/%.c $(B)/.flags | $(GEN_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC PIC  $<"
+	$(Q)$(CC) $(CFLAGS_ALL) -Wno-missing-prototypes -fPIC -fvisibility=hidden -MMD -MP -c $< -o $@
+
 # ---------------------------------------------------------------- archives
 $(B)/libmcd.a: $(CORE_OBJS)
 	@echo "  AR      $@"
@@ -168,7 +176,7 @@ $(B)/libmooncake.a: $(CLIENT_PIC)
 
 $(B)/libmooncake.so: $(CLIENT_PIC)
 	@echo "  LD      $@"
-	$(Q)$(CC) -shared -Wl,-soname,libmooncake.so.0 $(LDFLAGS_SAN) -o $@ $^ -lpthread
+	$(Q)$(CC) -shared -Wl,-soname,libmooncake.so.0 -Wl,--no-undefined $(LDFLAGS_SAN) -o $@ $^ $(CLIENT_LIBS)
 
 # ---------------------------------------------------------------- binaries
 LINK_FILTER := 2>&1 | grep -vE "in statically linked applications requires at runtime|: in function \`" >&2; test $${PIPESTATUS[0]} -eq 0

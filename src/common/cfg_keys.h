@@ -40,6 +40,12 @@
 	X(DIAG_SERVICE, "diag-service", COMMON, BOOL, "false", 0, 0, NULL,     \
 	  "also serve mooncake.diag.Diag (echo and streaming diagnostics used " \
 	  "by mooncakectl bench rpc) on every RPC port")                       \
+	X(CLUSTER_ID, "cluster-id", COMMON, STRING, "mooncake", 0, 0, NULL,    \
+	  "prefix of every key in meta: /mooncake/<cluster-id>/...")           \
+	X(META_ENDPOINTS, "meta-endpoints", COMMON, STRING,                    \
+	  "http://127.0.0.1:2379", 0, 0, NULL,                                 \
+	  "meta service (or etcd) endpoints, a comma list of "                 \
+	  "[http://]host:port")                                                \
 	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0,  \
 	  NULL, "meta: etcd v3 gRPC API (host:port, numeric)")                 \
 	X(LISTEN_PEER, "listen-peer", META, ADDR, "127.0.0.1:2380", 0, 0,      \
@@ -53,6 +59,34 @@
 	X(AGENT_LISTEN, "agent-listen", AGENT, ADDR, "127.0.0.1:12345", 0, 0,  \
 	  NULL, "agent: transfer-engine control gRPC (host:port)")             \
 	X(AGENT_HTTP, "agent-http", AGENT, ADDR, "127.0.0.1:9100", 0, 0, NULL, \
-	  "agent: HTTP /metrics and /healthz (host:port)")
+	  "agent: HTTP /metrics and /healthz (host:port)")                     \
+	X(GLOBAL_SEGMENT_SIZE, "global-segment-size", AGENT, SIZE, "0", 0,     \
+	  1ull << 50, NULL,                                                    \
+	  "agent: DRAM this node contributes to the pool (its segment); 0: "   \
+	  "1 GiB or a quarter of the RAM, whichever is smaller")               \
+	X(LOCAL_BUFFER_SIZE, "local-buffer-size", AGENT, SIZE, "16M", 4096,    \
+	  1ull << 40, NULL,                                                    \
+	  "agent: staging buffer of each client session (shared memory for "   \
+	  "values passed by copy), and the most a client may ask for")         \
+	X(NUMA_NODE, "numa-node", AGENT, STRING, "", 0, 0, NULL,               \
+	  "agent: bind the segment and client buffers to this NUMA node "      \
+	  "(empty: no binding)")                                               \
+	X(HUGEPAGES, "hugepages", AGENT, ENUM, "auto", 0, 0, "auto|on|off",    \
+	  "agent: back the segment with 2 MiB huge pages: auto (when the "     \
+	  "kernel has them reserved, else 4 KiB pages and a log line), on "    \
+	  "(refuse to start without), off")                                    \
+	X(SOCKET, "socket", AGENT, PATH, "/run/mooncake/agent.sock", 0, 0,     \
+	  NULL,                                                                \
+	  "agent: the clients' Unix socket (mode 0660); when the default's "   \
+	  "directory cannot be written: $XDG_RUNTIME_DIR/mooncake/agent.sock, " \
+	  "else <data-dir>/agent.sock")                                        \
+	X(MASTER_ADDRESS, "master-address", AGENT, STRING, "", 0, 0, NULL,     \
+	  "agent: the master's host:port, instead of the leader key in meta "  \
+	  "(a standby's redirect is still followed); empty: from meta, or "    \
+	  "this process's master when it runs one and --meta-endpoints is "    \
+	  "not set")                                                           \
+	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
+	  NULL,                                                                \
+	  "agent: threads that copy object bytes; 0: one per core, at most 8")
 
 #endif

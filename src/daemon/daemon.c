@@ -52,6 +52,8 @@ struct role_def {
 				NULL when it does everything */
 };
 
+extern const struct role_ops role_agent_ops;
+
 static const struct role_def role_defs[] = {
 	{"meta",
 	 CFG_ROLE_META,
@@ -76,9 +78,10 @@ static const struct role_def role_defs[] = {
 	 CFG_ROLE_AGENT,
 	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},
 	 CFG_AGENT_HTTP,
-	 NULL,
-	 "cache segments, the transfer engine and the client socket are not "
-	 "implemented yet; mooncake.transfer.Transfer reports NOT_SERVING"},
+	 &role_agent_ops,
+	 "the transfer engine is not built yet: mooncake.transfer.Transfer "
+	 "reports NOT_SERVING and only this agent's own segment can be read "
+	 "and written"},
 };
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))

@@ -53,7 +53,7 @@ C
 	[ "$SAN" = 1 ] && san="-fsanitize=address,undefined"
 	cc $san -I"$dest/usr/include" "$dest/t.c" -L"$dest/usr/lib" -lmooncake -o "$dest/t" &&
 		LD_LIBRARY_PATH="$dest/usr/lib" "$dest/t" | grep -q "object already exists" &&
-		cc $san -I"$dest/usr/include" "$dest/t.c" "$dest/usr/lib/libmooncake.a" -lpthread -o "$dest/ts" &&
+		cc $san -I"$dest/usr/include" "$dest/t.c" "$dest/usr/lib/libmooncake.a" -lprotobuf-c -lpthread -o "$dest/ts" &&
 		"$dest/ts" >/dev/null
 }
 man_renders() { mandoc -Tutf8 "$dest/usr/share/man/man8/mooncaked.8" | sed 's/.\x08//g' | grep -q -- "--listen-client"; }
