@@ -605,10 +605,10 @@ static uint64_t dram_capacity(const struct master_core *c, uint64_t *used)
 /* Evict the least recently used evictable object: plain list first, the
  * soft-pinned one only when the plain list has nothing evictable. Returns
  * the bytes freed, 0 when nothing can go. */
-static uint64_t evict_one(struct master_core *c, uint64_t now_ms)
+static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 {
 	struct lru *lists[2] = {&c->plain, &c->pinned};
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < (pinned ? 2 : 1); k++) {
 		for (struct master_obj *o = lists[k]->head; o; o = o->next) {
 			if (leased(o, now_ms)) {
 				c->n.lease_waits++;
@@ -630,10 +630,15 @@ uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms)
 	uint64_t used, cap = dram_capacity(c, &used);
 	if (cap == 0 || (double)used <= c->o.high_watermark * (double)cap)
 		return 0;
+	/* Unpinned objects up to the round's target; soft-pinned ones only
+	 * as far as needed to get under the watermark. */
 	uint64_t target = (uint64_t)(c->o.eviction_ratio * (double)cap);
+	uint64_t limit = (uint64_t)(c->o.high_watermark * (double)cap);
 	uint64_t freed = 0, f;
 	c->n.eviction_rounds++;
-	while (freed < target && (f = evict_one(c, now_ms)) != 0)
+	while (freed < target && (f = evict_one(c, now_ms, false)) != 0)
+		freed += f;
+	while (used - MC_MIN(used, freed) > limit && (f = evict_one(c, now_ms, true)) != 0)
 		freed += f;
 	return freed;
 }
@@ -704,12 +709,15 @@ static int place(struct master_core *c, uint64_t len, unsigned n,
 	return rc;
 }
 
-static unsigned usable_segments(const struct master_core *c)
+/* Segments that could hold len bytes if they were empty. */
+static unsigned usable_segments(const struct master_core *c, uint64_t len)
 {
 	unsigned n = 0;
-	for (uint32_t i = 0; i < c->nsegs_cap; i++)
-		n += c->segs[i] && c->segs[i]->tier == MASTER_TIER_DRAM &&
-		     !c->segs[i]->syncing;
+	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
+		const struct master_seg *s = c->segs[i];
+		n += s && s->tier == MASTER_TIER_DRAM && !s->syncing &&
+		     (s->size & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1)) >= len;
+	}
 	return n;
 }
 
@@ -722,14 +730,14 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 	if (lookup(c, p->key, p->klen, now_ms))
 		return MC_EOBJECT_ALREADY_EXISTS;
 	uint64_t len = master__alloc_len(p->size);
-	if (usable_segments(c) < n)
-		return MC_ENO_SPACE;
+	if (usable_segments(c, len) < n)
+		return MC_ENO_SPACE; /* eviction cannot help */
 	uint32_t pref = p->preferred && *p->preferred ? master__seg_find(c, p->preferred)
 						       : MASTER_NO_SEGMENT;
 	struct master_rep reps[MASTER_MAX_REPLICAS];
 	int rc;
 	while ((rc = place(c, len, n, pref, reps)) == MC_ENO_SPACE) {
-		if (!evict_one(c, now_ms))
+		if (!evict_one(c, now_ms, true))
 			return MC_ENO_SPACE;
 	}
 	if (rc)
