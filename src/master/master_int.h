@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uv.h>
+
 #include "common/err.h"
 
 /* ------------------------------------------------------------ alloc */
@@ -262,5 +264,76 @@ const struct master_agent *master__agents(const struct master_core *c);
 /* Visit every object (in no order). fn returns false to stop. */
 void master__foreach(const struct master_core *c,
 		     bool (*fn)(void *ud, const struct master_obj *o), void *ud);
+
+/* ------------------------------------------------------------ service */
+
+struct rpc_server;
+struct rpc_health;
+struct rpc_call;
+struct metrics_registry;
+struct metric;
+struct etcd_client;
+struct etcd_lease;
+struct etcd_watch;
+
+/* Per-segment gauges, kept while the segment is mounted. */
+struct master_seg_metrics {
+	char *name;
+	struct metric *capacity, *used, *fragmentation, *replicas;
+	bool seen;
+};
+
+struct master {
+	uv_loop_t *loop;
+	struct rpc_server *rpc;
+	struct rpc_health *health;
+	struct metrics_registry *metrics;
+	struct master_core *core;
+	struct master_core_opts core_opts;
+	char *advertise, *listen, *cluster_id, *meta_endpoints;
+	uint64_t leader_lease_ttl_ms;
+	uv_timer_t tick;
+	unsigned ticks;
+	bool leader, stopping;
+	uint64_t view;
+	char leader_addr[128]; /* the known leader ("" while unknown) */
+	char self_addr[128];   /* what this master advertises */
+	/* HA (ha.c) */
+	struct etcd_client *etcd;
+	struct etcd_lease *lease;
+	int64_t lease_id;
+	struct etcd_watch *watch;
+	bool campaign_busy;    /* a grant/range/txn is in flight */
+	uv_timer_t retry;
+	uint64_t retry_ms;
+	char *leader_key, *view_key;
+	void (*on_stopped)(void *ud);
+	void *stop_ud;
+	unsigned closing;      /* handles whose close callback is owed */
+	/* metrics (master.c) */
+	struct master_counters last;
+	struct metric *m_puts, *m_put_starts, *m_revokes, *m_timeouts, *m_gets,
+		*m_hits, *m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits,
+		*m_removes, *m_ttl, *m_agents_expired;
+	struct metric *m_objects, *m_pending, *m_segments, *m_agents,
+		*m_index_bytes, *m_key_bytes, *m_bytes_per_object, *m_leader,
+		*m_view, *m_cap_dram, *m_used_dram, *m_cap_ssd, *m_used_ssd,
+		*m_leader_changes;
+	struct master_seg_metrics *segm;
+	size_t nsegm;
+};
+
+/* master.c */
+void master__set_leader(struct master *m, bool leader, uint64_t view,
+			const char *leader_addr);
+void master__update_metrics(struct master *m);
+/* service.c */
+int master__service_add(struct master *m) MC_MUST_CHECK;
+/* The gRPC status for a core error code. */
+int master__rpc_status(int err);
+/* ha.c: start campaigning (or lead at once without meta), stop. */
+int master__ha_start(struct master *m) MC_MUST_CHECK;
+void master__ha_stop(struct master *m, void (*done)(struct master *m));
+void master__ha_free(struct master *m);
 
 #endif
