@@ -354,6 +354,11 @@ int master__alloc_put(struct master_alloc *a, uint64_t off, uint64_t len)
 	return 0;
 }
 
+uint64_t master__alloc_free_bytes(const struct master_alloc *a)
+{
+	return a->free;
+}
+
 void master__alloc_stats(const struct master_alloc *a,
 			 struct master_alloc_stats *st)
 {

@@ -588,14 +588,13 @@ err_nomem:
 static uint64_t dram_capacity(const struct master_core *c, uint64_t *used)
 {
 	uint64_t cap = 0, u = 0;
-	struct master_alloc_stats st;
 	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
 		const struct master_seg *s = c->segs[i];
 		if (!s || s->tier != MASTER_TIER_DRAM)
 			continue;
-		master__alloc_stats(s->alloc, &st);
-		cap += st.size;
-		u += st.used;
+		uint64_t size = s->size & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1);
+		cap += size;
+		u += size - master__alloc_free_bytes(s->alloc);
 	}
 	if (used)
 		*used = u;
@@ -674,11 +673,9 @@ static int place(struct master_core *c, uint64_t len, unsigned n,
 		const struct master_seg *s = c->segs[i];
 		if (!s || s->tier != MASTER_TIER_DRAM || s->syncing)
 			continue;
-		struct master_alloc_stats st;
-		master__alloc_stats(s->alloc, &st);
 		cands[nc].id = i;
 		/* The preferred segment sorts first. */
-		cands[nc].free = i == preferred ? UINT64_MAX : st.free;
+		cands[nc].free = i == preferred ? UINT64_MAX : master__alloc_free_bytes(s->alloc);
 		nc++;
 	}
 	int rc = MC_ENO_SPACE;

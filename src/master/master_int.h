@@ -57,6 +57,9 @@ int master__alloc_reserve(struct master_alloc *a, uint64_t off,
 int master__alloc_put(struct master_alloc *a, uint64_t off,
 		      uint64_t len) MC_MUST_CHECK;
 
+/* Free bytes (O(1), unlike master__alloc_stats). */
+uint64_t master__alloc_free_bytes(const struct master_alloc *a);
+
 struct master_alloc_stats {
 	uint64_t size, used, free;
 	uint64_t largest_free;
