@@ -218,7 +218,8 @@ static void on_view(void *ud, int err, const Etcdserverpb__RangeResponse *resp)
 	if (resp->n_kvs) {
 		char buf[32];
 		size_t len = MC_MIN(resp->kvs[0]->value.len, sizeof(buf) - 1);
-		memcpy(buf, resp->kvs[0]->value.data, len);
+		if (len)
+			memcpy(buf, resp->kvs[0]->value.data, len);
 		buf[len] = '\0';
 		view = strtoull(buf, NULL, 10);
 		mod = resp->kvs[0]->mod_revision;

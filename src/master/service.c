@@ -653,7 +653,7 @@ static bool list_collect(void *ud, const struct master_obj *o)
 {
 	struct list_ctx *x = ud;
 	const uint8_t *k = master__obj_key(o);
-	if (o->klen < x->plen || memcmp(k, x->prefix, x->plen) != 0)
+	if (o->klen < x->plen || (x->plen && memcmp(k, x->prefix, x->plen) != 0))
 		return true;
 	if (x->alen && key_cmp(k, o->klen, x->after, x->alen) <= 0)
 		return true;
