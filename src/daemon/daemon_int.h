@@ -21,6 +21,7 @@ struct metrics_registry;
 struct rpc_server;
 struct rpc_health;
 struct http_server;
+struct master;
 
 /*
  * A role's own services, plugged into its frame. Each hook is optional
@@ -57,6 +58,7 @@ struct role_rt {
 	bool started;  /* ops.start returned 0: ops.free is owed */
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
+	struct master *master;
 };
 
 /* The loop and configuration every role runs with. */
