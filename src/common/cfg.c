@@ -179,6 +179,27 @@ int cfg_parse_roles(const char *s, unsigned *mask)
 	return 0;
 }
 
+int cfg_parse_ratio_ppm(const char *s, uint64_t *ppm)
+{
+	uint64_t i, fn, fd, v;
+	if (!s)
+		return -EINVAL;
+	int rc = parse_decimal(&s, &i, &fn, &fd);
+	if (rc)
+		return rc;
+	if (*s != '\0')
+		return -EINVAL;
+	if (i > 1)
+		return -ERANGE;
+	rc = scale(i, fn, fd, 1000000, &v);
+	if (rc)
+		return rc;
+	if (v > 1000000)
+		return -ERANGE;
+	*ppm = v;
+	return 0;
+}
+
 static int parse_uint(const char *s, uint64_t *out)
 {
 	uint64_t i, fn, fd;
@@ -228,6 +249,8 @@ static const char *accepted(const struct cfg_keydef *d, char *buf, size_t len)
 		       "with name=level pairs: info,raft=debug";
 	case CFG_T_PATH:
 		return "a path";
+	case CFG_T_RATIO:
+		return "a ratio between 0 and 1 such as 0.9";
 	default:
 		return "a string";
 	}
@@ -261,6 +284,8 @@ static void format_num(const struct cfg_keydef *d, uint64_t v, char *buf,
 		}
 		snprintf(buf, len, "%llu%s", (unsigned long long)v,
 			 v ? "ms" : "s");
+	} else if (d->type == CFG_T_RATIO) {
+		snprintf(buf, len, "%g", (double)v / 1e6);
 	} else {
 		snprintf(buf, len, "%llu", (unsigned long long)v);
 	}
@@ -291,6 +316,11 @@ static int parse_value(const struct cfg_keydef *d, const char *text,
 		break;
 	case CFG_T_DURATION:
 		rc = cfg_parse_duration_ms(text, num);
+		break;
+	case CFG_T_RATIO:
+		rc = cfg_parse_ratio_ppm(text, num);
+		if (rc == -ERANGE)
+			rc = -EINVAL; /* "is not a ratio between 0 and 1" */
 		break;
 	case CFG_T_ADDR: {
 		struct sockaddr_storage ss;
@@ -325,7 +355,7 @@ static int parse_value(const struct cfg_keydef *d, const char *text,
 		return -EINVAL;
 	}
 	if ((d->type == CFG_T_UINT || d->type == CFG_T_SIZE ||
-	     d->type == CFG_T_DURATION) &&
+	     d->type == CFG_T_DURATION || d->type == CFG_T_RATIO) &&
 	    (d->min || d->max) && (*num < d->min || *num > d->max)) {
 		char lo[32], hi[32];
 		format_num(d, d->min, lo, sizeof(lo));
@@ -734,6 +764,12 @@ uint64_t cfg_u64(const struct cfg *c, enum cfg_key k)
 	return c->v[k].num;
 }
 
+double cfg_ratio(const struct cfg *c, enum cfg_key k)
+{
+	assert(cfg_keydefs[k].type == CFG_T_RATIO);
+	return (double)c->v[k].num / 1e6;
+}
+
 bool cfg_bool(const struct cfg *c, enum cfg_key k)
 {
 	assert(cfg_keydefs[k].type == CFG_T_BOOL);
@@ -759,6 +795,7 @@ static const char *metavar(const struct cfg_keydef *d)
 	case CFG_T_ENUM: return d->choices;
 	case CFG_T_ROLES: return "ROLES";
 	case CFG_T_LOGLEVEL: return "SPEC";
+	case CFG_T_RATIO: return "RATIO";
 	default: return "STRING";
 	}
 }

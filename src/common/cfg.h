@@ -9,6 +9,8 @@
  *   DURATION  a number and a unit: 500ms, 10s, 1.5s, 5m, 2h, 1d
  *   BOOL      true/false, yes/no, on/off, 1/0
  *   ADDR      numeric host:port, [v6]:port, or :port (= 127.0.0.1)
+ *   RATIO     a decimal fraction 0 to 1 (0.9, .25 is not accepted: 0.25);
+ *             kept in parts per million, bounds (min/max) in ppm too
  * Every parse checks for overflow and the key's bounds.
  */
 #ifndef MC_COMMON_CFG_H
@@ -40,6 +42,7 @@ enum cfg_type {
 	CFG_T_ENUM,
 	CFG_T_ROLES,
 	CFG_T_LOGLEVEL,
+	CFG_T_RATIO,
 };
 
 enum cfg_section {
@@ -117,6 +120,8 @@ int cfg_parse_ini(struct cfg *c, const char *name, const char *buf,
 const char *cfg_str(const struct cfg *c, enum cfg_key k);
 uint64_t cfg_u64(const struct cfg *c, enum cfg_key k);
 bool cfg_bool(const struct cfg *c, enum cfg_key k);
+/* A RATIO key's value, 0.0 to 1.0. */
+double cfg_ratio(const struct cfg *c, enum cfg_key k);
 unsigned cfg_roles(const struct cfg *c);
 
 /* Value parsers (also used by mooncakectl). Errors: -EINVAL, -ERANGE. */
@@ -124,6 +129,9 @@ int cfg_parse_size(const char *s, uint64_t *bytes) MC_MUST_CHECK;
 int cfg_parse_duration_ms(const char *s, uint64_t *ms) MC_MUST_CHECK;
 int cfg_parse_bool(const char *s, bool *b) MC_MUST_CHECK;
 int cfg_parse_roles(const char *s, unsigned *mask) MC_MUST_CHECK;
+/* "0.9" -> 900000 parts per million; at most 1. Errors: -EINVAL,
+ * -ERANGE (above 1). */
+int cfg_parse_ratio_ppm(const char *s, uint64_t *ppm) MC_MUST_CHECK;
 
 /* Output, all generated from the key table. */
 void cfg_print_help(FILE *f, const char *prog);

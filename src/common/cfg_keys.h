@@ -6,7 +6,8 @@
  * X(id, name, section, type, default, min, max, choices, help)
  *   name     = the flag (--name), the file key, MOONCAKE_NAME in the env
  *   section  = where the key goes in the file: [common] [meta] [master] [agent]
- *   min/max  = bounds for UINT, SIZE (bytes) and DURATION (ms)
+ *   min/max  = bounds for UINT, SIZE (bytes), DURATION (ms) and RATIO
+ *              (parts per million: 0.9 is 900000)
  *   choices  = "a|b|c" for ENUM
  * Units are part of the value (512M, 10s); names carry the unit where the
  * value is a bare number.
@@ -56,6 +57,34 @@
 	  0, NULL, "master: gRPC service mooncake.master.Master (host:port)")  \
 	X(MASTER_HTTP, "master-http", MASTER, ADDR, "127.0.0.1:9003", 0, 0,    \
 	  NULL, "master: HTTP /metrics and /healthz (host:port)")              \
+	X(MASTER_ADVERTISE, "master-advertise", MASTER, STRING, "", 0, 0,      \
+	  NULL,                                                                \
+	  "master: host:port agents reach this master at, written to the "     \
+	  "leader key in meta (empty: --master-listen)")                       \
+	X(AGENT_TTL, "agent-ttl", MASTER, DURATION, "10s", 100, 86400000ull,   \
+	  NULL,                                                                \
+	  "master: an agent silent this long is dead: its segments are "       \
+	  "unmounted and objects left without a replica removed")              \
+	X(PUT_TIMEOUT, "put-timeout", MASTER, DURATION, "30s", 10,             \
+	  86400000ull, NULL,                                                   \
+	  "master: a put started (PutStart) and not ended within this is "     \
+	  "revoked and its space reused")                                      \
+	X(DEFAULT_KV_LEASE_TTL, "default-kv-lease-ttl", MASTER, DURATION,      \
+	  "5s", 1, 3600000ull, NULL,                                           \
+	  "master: read lease granted by GetReplicas; a leased object is "     \
+	  "not evicted or removed (unless forced) before it ends")             \
+	X(EVICTION_HIGH_WATERMARK_RATIO, "eviction-high-watermark-ratio",      \
+	  MASTER, RATIO, "0.9", 1, 1000000, NULL,                              \
+	  "master: evict when DRAM-tier usage passes this fraction of "        \
+	  "capacity")                                                          \
+	X(EVICTION_RATIO, "eviction-ratio", MASTER, RATIO, "0.1", 1, 1000000,  \
+	  NULL,                                                                \
+	  "master: fraction of DRAM-tier capacity freed by one eviction "      \
+	  "round, least recently read first")                                  \
+	X(LEADER_LEASE_TTL, "leader-lease-ttl", MASTER, DURATION, "5s", 1000,  \
+	  600000, NULL,                                                        \
+	  "master: TTL of the meta lease that holds the leader key; a "        \
+	  "leader that cannot renew it within this stops serving")             \
 	X(AGENT_LISTEN, "agent-listen", AGENT, ADDR, "127.0.0.1:12345", 0, 0,  \
 	  NULL, "agent: transfer-engine control gRPC (host:port)")             \
 	X(AGENT_HTTP, "agent-http", AGENT, ADDR, "127.0.0.1:9100", 0, 0, NULL, \

@@ -6,6 +6,9 @@
  *
  *   mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]
  *   mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]
+ *   mooncakectl bench master [--target=HOST:PORT] ...
+ *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
+ *   mooncakectl stats [--master=HOST:PORT]
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
@@ -25,7 +28,9 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback)", ctl_bench_main},
+	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`", ctl_bench_main},
+	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
+	{"stats", "the master's figures and segments", ctl_stats_main},
 };
 
 static void usage(FILE *f)

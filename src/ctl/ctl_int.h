@@ -15,6 +15,10 @@
 /* argv[0] is the subcommand name. */
 int ctl_health_main(int argc, char **argv);
 int ctl_bench_main(int argc, char **argv);
+int ctl_ls_main(int argc, char **argv);
+int ctl_stats_main(int argc, char **argv);
+/* `bench master`; argv[0] is "master". */
+int ctl_bench_master_main(int argc, char **argv);
 
 /*
  * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter

@@ -52,6 +52,7 @@ struct role_def {
 				NULL when it does everything */
 };
 
+extern const struct role_ops role_master_ops;
 extern const struct role_ops role_agent_ops;
 
 static const struct role_def role_defs[] = {
@@ -71,9 +72,8 @@ static const struct role_def role_defs[] = {
 	 CFG_ROLE_MASTER,
 	 {{CFG_MASTER_LISTEN, "master", {"mooncake.master.Master"}}},
 	 CFG_MASTER_HTTP,
-	 NULL,
-	 "segment registry, object index, placement and eviction are not "
-	 "implemented yet; mooncake.master.Master reports NOT_SERVING"},
+	 &role_master_ops,
+	 NULL},
 	{"agent",
 	 CFG_ROLE_AGENT,
 	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},

@@ -21,6 +21,7 @@ struct metrics_registry;
 struct rpc_server;
 struct rpc_health;
 struct http_server;
+struct master;
 struct agent;
 
 /*
@@ -58,6 +59,7 @@ struct role_rt {
 	bool started;  /* ops.start returned 0: ops.free is owed */
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
+	struct master *master;
 	struct agent *agent;
 };
 

@@ -164,3 +164,54 @@ def run(cmd, timeout=60, check=True, **kw):
 def eq(a, b, what=""):
     if a != b:
         raise AssertionError("%s: expected %r, got %r" % (what, b, a))
+
+
+class Etcd:
+    """A real etcd (Debian etcd-server) on ephemeral loopback ports with a
+    temporary data directory; endpoint is "127.0.0.1:PORT". kill() sends
+    SIGKILL."""
+
+    def __init__(self):
+        import shutil
+        exe = shutil.which("etcd")
+        if not exe:
+            raise AssertionError("etcd missing (Debian package etcd-server)")
+        self.tmp = tempfile.TemporaryDirectory(prefix="mooncaked-etcd-")
+        self.port = free_port()
+        peer = free_port()
+        self.endpoint = "127.0.0.1:%d" % self.port
+        self.log = open(os.path.join(self.tmp.name, "log"), "wb")
+        self.proc = subprocess.Popen(
+            [exe, "--name=test", "--data-dir=" + os.path.join(self.tmp.name, "data"),
+             "--listen-client-urls=http://" + self.endpoint,
+             "--advertise-client-urls=http://" + self.endpoint,
+             "--listen-peer-urls=http://127.0.0.1:%d" % peer,
+             "--initial-advertise-peer-urls=http://127.0.0.1:%d" % peer,
+             "--initial-cluster=test=http://127.0.0.1:%d" % peer],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        Daemon._all.append(self)
+        wait_port(self.port, proc=self.proc)
+
+    def ctl(self, *args):
+        env = dict(os.environ, ETCDCTL_API="3")
+        return run(["etcdctl", "--endpoints=http://" + self.endpoint] + list(args), env=env)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_for(fn, timeout=20.0, what="condition"):
+    """Poll fn() until it returns a true value (returned) or time runs out."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - keep polling until the deadline
+            last = e
+        time.sleep(0.05)
+    raise AssertionError("%s not reached in %.1fs (last: %r)" % (what, timeout, last))

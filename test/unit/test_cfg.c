@@ -301,3 +301,39 @@ Test(cfg_output, help_and_man_cover_every_key)
 	free(help);
 	free(man);
 }
+
+Test(cfg_ratio, parse_and_bounds)
+{
+	struct { const char *s; uint64_t ppm; } ok[] = {
+		{"0", 0}, {"1", 1000000}, {"0.9", 900000}, {"0.1", 100000},
+		{"1.0", 1000000}, {"0.000001", 1}, {"0.25", 250000},
+	};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		uint64_t v = 7;
+		cr_assert_eq(cfg_parse_ratio_ppm(ok[i].s, &v), 0, "%s", ok[i].s);
+		cr_assert_eq(v, ok[i].ppm, "%s -> %llu", ok[i].s, (unsigned long long)v);
+	}
+	const char *bad[] = {"", ".5", "0.", "-0.1", "0.9x", "90%", "1e-1", " 0.5"};
+	uint64_t v;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(cfg_parse_ratio_ppm(bad[i], &v), -EINVAL, "%s", bad[i]);
+	cr_assert_eq(cfg_parse_ratio_ppm("1.5", &v), -ERANGE);
+	cr_assert_eq(cfg_parse_ratio_ppm("2", &v), -ERANGE);
+
+	/* Through the key table: defaults, a flag, and the errors. */
+	struct cfg c;
+	struct cfg_cmdline cl;
+	char *ok_argv[] = {"mooncaked", "--eviction-ratio=0.25", NULL};
+	char *envp[] = {NULL};
+	cr_assert_eq(cfg_load(&c, 2, ok_argv, envp, &cl, err, sizeof(err)), 0, "%s", err);
+	cr_assert_float_eq(cfg_ratio(&c, CFG_EVICTION_RATIO), 0.25, 1e-12);
+	cr_assert_float_eq(cfg_ratio(&c, CFG_EVICTION_HIGH_WATERMARK_RATIO), 0.9, 1e-12);
+	cfg_free(&c);
+	char *bad_argv[] = {"mooncaked", "--eviction-high-watermark-ratio=1.5", NULL};
+	cr_assert_eq(cfg_load(&c, 2, bad_argv, envp, &cl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "--eviction-high-watermark-ratio: '1.5' is not a ratio between 0 and 1"),
+		  "%s", err);
+	char *zero_argv[] = {"mooncaked", "--eviction-ratio=0", NULL};
+	cr_assert_eq(cfg_load(&c, 2, zero_argv, envp, &cl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "out of range (1e-06 to 1)"), "%s", err);
+}

@@ -1,0 +1,719 @@
+/*
+ * ctl_bench_master: `mooncakectl bench master` — metadata operations per
+ * second of the master and its memory per object, each beside the
+ * machine's own limit measured in the same run.
+ *
+ *   put      PutStart + PutEnd pairs, unary, 64 pairs in flight
+ *   get      GetReplicas, unary, 64 in flight
+ *   bput     BatchPutStart + BatchPutEnd of --batch keys, 8 batches in flight
+ *   bget     BatchGetReplicas of --batch keys, 8 in flight
+ * The limit beside each: mooncake.diag.Diag Echo from the same client with
+ * the same concurrency and the same request and reply sizes in bytes (the
+ * RPC layer's own ceiling for that traffic), in keys per second.
+ *
+ * Memory: --objects (default 1M) objects are put in batches of 1000, then
+ * the master's Stats gives the index memory, measured with
+ * malloc_usable_size, per object and keys excluded; with the in-process
+ * master the process's resident-set growth per object is printed too (an
+ * upper bound: it includes this client's buffers).
+ *
+ * Without --target the master runs in this process on its own thread and
+ * loop (no meta: leader at once), serving Diag too. With --target a
+ * master started with --meta-endpoints= or a leader is measured, and the
+ * Echo limit needs it started with --diag-service.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/cfg.h"
+#include "common/metrics.h"
+#include "common/util.h"
+#include "ctl/ctl_int.h"
+#include "diag.pb-c.h"
+#include "master.pb-c.h"
+#include "master/master.h"
+#include "rpc/rpc.h"
+
+#define UNARY_INFLIGHT 64
+#define BATCH_INFLIGHT 8
+#define FILL_BATCH 1000
+#define VALUE_BYTES 4096
+#define KEY_FMT "bench/%012" PRIu64
+#define TIMEOUT_MS 60000
+
+/* ---------------------------------------------------------------- server thread */
+
+struct msrv {
+	pthread_t tid;
+	uv_loop_t loop;
+	uv_async_t stop;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool ready, stopped_master;
+	int port;
+	struct metrics_registry *reg;
+	struct rpc_server *rpc;
+	struct master *m;
+};
+
+static void srv_rpc_done(struct rpc_server *s, void *ud)
+{
+	struct msrv *t = ud;
+	master_free(t->m);
+	t->m = NULL;
+	rpc_server_free(s);
+}
+
+static void srv_master_stopped(void *ud)
+{
+	struct msrv *t = ud;
+	rpc_server_shutdown(t->rpc, 1000, srv_rpc_done, t);
+}
+
+static void srv_on_stop(uv_async_t *a)
+{
+	struct msrv *t = MC_CONTAINER_OF(a, struct msrv, stop);
+	uv_close((uv_handle_t *)a, NULL);
+	if (t->m)
+		master_stop(t->m, srv_master_stopped, t);
+	else if (t->rpc)
+		rpc_server_shutdown(t->rpc, 0, srv_rpc_done, t);
+}
+
+static void *srv_main(void *arg)
+{
+	struct msrv *t = arg;
+	struct rpc_server_opts so = {.name = "bench-master", .max_message_bytes = 256u << 20,
+				     .metrics = t->reg};
+	int rc = rpc_server_new(&t->loop, &so, &t->rpc);
+	if (rc == 0)
+		rc = rpc_diag_add(t->rpc);
+	struct master_opts mo = {
+		.loop = &t->loop, .rpc = t->rpc, .metrics = t->reg, .listen = "127.0.0.1:0",
+		.cluster_id = "bench", .meta_endpoints = "", .agent_ttl_ms = 3600000,
+		.put_timeout_ms = 3600000, .lease_ttl_ms = 5000, .leader_lease_ttl_ms = 5000,
+		.high_watermark = 0.9, .eviction_ratio = 0.1,
+	};
+	if (rc == 0)
+		rc = master_new(&mo, &t->m);
+	if (rc == 0)
+		rc = rpc_server_listen(t->rpc, "127.0.0.1:0");
+	pthread_mutex_lock(&t->mu);
+	t->port = rc == 0 ? rpc_server_port(t->rpc, 0) : 0;
+	t->ready = true;
+	pthread_cond_signal(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+	uv_run(&t->loop, UV_RUN_DEFAULT);
+	return NULL;
+}
+
+static int srv_start(struct msrv *t)
+{
+	memset(t, 0, sizeof(*t));
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_cond_init(&t->cv, NULL);
+	t->reg = metrics_registry_new();
+	if (!t->reg || uv_loop_init(&t->loop))
+		return -ENOMEM;
+	uv_async_init(&t->loop, &t->stop, srv_on_stop);
+	if (pthread_create(&t->tid, NULL, srv_main, t))
+		return -EAGAIN;
+	pthread_mutex_lock(&t->mu);
+	while (!t->ready)
+		pthread_cond_wait(&t->cv, &t->mu);
+	pthread_mutex_unlock(&t->mu);
+	return t->port ? 0 : -EADDRNOTAVAIL;
+}
+
+static void srv_stop(struct msrv *t)
+{
+	uv_async_send(&t->stop);
+	pthread_join(t->tid, NULL);
+	(void)uv_loop_close(&t->loop);
+	metrics_registry_free(t->reg);
+	pthread_mutex_destroy(&t->mu);
+	pthread_cond_destroy(&t->cv);
+}
+
+/* ---------------------------------------------------------------- driver */
+
+/* A pipelined closed loop: `inflight` slots each issue a step, and on its
+ * completion the next, until the deadline. A step is one or two calls. */
+struct run;
+typedef int (*issue_fn)(struct run *r, unsigned slot);
+
+struct run {
+	uv_loop_t *loop;
+	struct rpc_client *c;
+	issue_fn issue;
+	uint64_t end_ns, t0;
+	unsigned active;
+	uint64_t steps, keys_per_step, next_key, key_limit;
+	int err_status;
+	char err[256];
+	/* per-slot request state */
+	unsigned batch;
+	uint64_t slot_key[BATCH_INFLIGHT > UNARY_INFLIGHT ? BATCH_INFLIGHT : UNARY_INFLIGHT];
+	uint8_t *echo_payload;
+	size_t echo_len, echo_reply;
+	uint64_t last_ns;
+};
+
+struct slot_ud {
+	struct run *r;
+	unsigned slot;
+	int phase;
+};
+
+static struct slot_ud slots[UNARY_INFLIGHT];
+
+static void run_fail(struct run *r, int status, const char *msg)
+{
+	if (!r->err_status) {
+		r->err_status = status;
+		snprintf(r->err, sizeof(r->err), "%s: %s", rpc_status_name(status),
+			 msg ? msg : "");
+	}
+}
+
+static void step_done(struct run *r, unsigned slot)
+{
+	uint64_t now = uv_hrtime();
+	r->steps++;
+	r->last_ns = now;
+	if (!r->err_status && now < r->end_ns && r->issue(r, slot) == 0)
+		return;
+	r->active--;
+}
+
+static void fill_key(char *buf, size_t len, uint64_t i)
+{
+	snprintf(buf, len, KEY_FMT, i);
+}
+
+/* ---- unary put: PutStart then PutEnd */
+
+static void on_put_end(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	(void)resp;
+	if (status != RPC_OK)
+		run_fail(s->r, status, msg);
+	step_done(s->r, s->slot);
+}
+
+static void on_put_start(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	struct run *r = s->r;
+	(void)resp;
+	if (status != RPC_OK) {
+		run_fail(r, status, msg);
+		step_done(r, s->slot);
+		return;
+	}
+	char key[40];
+	fill_key(key, sizeof(key), r->slot_key[s->slot]);
+	Mooncake__Master__PutEndRequest req = MOONCAKE__MASTER__PUT_END_REQUEST__INIT;
+	req.key.data = (uint8_t *)key;
+	req.key.len = strlen(key);
+	if (rpc_client_unary(r->c, "/mooncake.master.Master/PutEnd", &req.base,
+			     &mooncake__master__put_end_response__descriptor, TIMEOUT_MS,
+			     on_put_end, s, NULL)) {
+		run_fail(r, RPC_INTERNAL, "issue");
+		r->active--;
+	}
+}
+
+static int issue_put(struct run *r, unsigned slot)
+{
+	char key[40];
+	r->slot_key[slot] = r->next_key++;
+	fill_key(key, sizeof(key), r->slot_key[slot]);
+	Mooncake__Master__PutStartRequest req = MOONCAKE__MASTER__PUT_START_REQUEST__INIT;
+	req.key.data = (uint8_t *)key;
+	req.key.len = strlen(key);
+	req.size = VALUE_BYTES;
+	return rpc_client_unary(r->c, "/mooncake.master.Master/PutStart", &req.base,
+				&mooncake__master__put_start_response__descriptor, TIMEOUT_MS,
+				on_put_start, &slots[slot], NULL);
+}
+
+/* ---- unary get */
+
+static void on_get(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	(void)resp;
+	if (status != RPC_OK)
+		run_fail(s->r, status, msg);
+	step_done(s->r, s->slot);
+}
+
+static int issue_get(struct run *r, unsigned slot)
+{
+	char key[40];
+	fill_key(key, sizeof(key), r->next_key++ % r->key_limit);
+	Mooncake__Master__GetReplicasRequest req = MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
+	req.key.data = (uint8_t *)key;
+	req.key.len = strlen(key);
+	return rpc_client_unary(r->c, "/mooncake.master.Master/GetReplicas", &req.base,
+				&mooncake__master__get_replicas_response__descriptor, TIMEOUT_MS,
+				on_get, &slots[slot], NULL);
+}
+
+/* ---- batches */
+
+struct keyset {
+	char (*keys)[40];
+	ProtobufCBinaryData *bin;
+	Mooncake__Master__PutStartRequest *items;
+	Mooncake__Master__PutStartRequest **iptr;
+};
+
+static struct keyset ks[BATCH_INFLIGHT];
+
+static int keyset_init(struct keyset *k, unsigned n)
+{
+	k->keys = calloc(n, sizeof(*k->keys));
+	k->bin = calloc(n, sizeof(*k->bin));
+	k->items = calloc(n, sizeof(*k->items));
+	k->iptr = calloc(n, sizeof(*k->iptr));
+	return k->keys && k->bin && k->items && k->iptr ? 0 : -ENOMEM;
+}
+
+static void keyset_free(struct keyset *k)
+{
+	free(k->keys);
+	free(k->bin);
+	free(k->items);
+	free(k->iptr);
+	memset(k, 0, sizeof(*k));
+}
+
+static void keyset_fill(struct keyset *k, unsigned n, uint64_t first, uint64_t modulo)
+{
+	for (unsigned i = 0; i < n; i++) {
+		fill_key(k->keys[i], sizeof(k->keys[i]), modulo ? (first + i) % modulo : first + i);
+		k->bin[i].data = (uint8_t *)k->keys[i];
+		k->bin[i].len = strlen(k->keys[i]);
+		mooncake__master__put_start_request__init(&k->items[i]);
+		k->items[i].key = k->bin[i];
+		k->items[i].size = VALUE_BYTES;
+		k->iptr[i] = &k->items[i];
+	}
+}
+
+static void on_bput_end(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	const Mooncake__Master__BatchErrorsResponse *e = (const void *)resp;
+	if (status != RPC_OK)
+		run_fail(s->r, status, msg);
+	else
+		for (size_t i = 0; i < e->n_errors; i++)
+			if (e->errors[i])
+				run_fail(s->r, RPC_INTERNAL, "a BatchPutEnd item failed");
+	step_done(s->r, s->slot);
+}
+
+static void on_bput_start(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	struct run *r = s->r;
+	const Mooncake__Master__BatchPutStartResponse *p = (const void *)resp;
+	if (status == RPC_OK)
+		for (size_t i = 0; i < p->n_results; i++)
+			if (p->results[i]->error) {
+				status = RPC_INTERNAL;
+				msg = "a BatchPutStart item failed";
+			}
+	if (status != RPC_OK) {
+		run_fail(r, status, msg);
+		step_done(r, s->slot);
+		return;
+	}
+	Mooncake__Master__BatchKeysRequest req = MOONCAKE__MASTER__BATCH_KEYS_REQUEST__INIT;
+	req.keys = ks[s->slot].bin;
+	req.n_keys = r->batch;
+	if (rpc_client_unary(r->c, "/mooncake.master.Master/BatchPutEnd", &req.base,
+			     &mooncake__master__batch_errors_response__descriptor, TIMEOUT_MS,
+			     on_bput_end, s, NULL)) {
+		run_fail(r, RPC_INTERNAL, "issue");
+		r->active--;
+	}
+}
+
+static int issue_bput(struct run *r, unsigned slot)
+{
+	if (r->key_limit && r->next_key >= r->key_limit)
+		return -ERANGE; /* fill done */
+	keyset_fill(&ks[slot], r->batch, r->next_key, 0);
+	r->next_key += r->batch;
+	Mooncake__Master__BatchPutStartRequest req = MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
+	req.items = ks[slot].iptr;
+	req.n_items = r->batch;
+	return rpc_client_unary(r->c, "/mooncake.master.Master/BatchPutStart", &req.base,
+				&mooncake__master__batch_put_start_response__descriptor, TIMEOUT_MS,
+				on_bput_start, &slots[slot], NULL);
+}
+
+static void on_bget(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	const Mooncake__Master__BatchGetReplicasResponse *g = (const void *)resp;
+	if (status != RPC_OK)
+		run_fail(s->r, status, msg);
+	else if (g->n_results && g->results[0]->error)
+		run_fail(s->r, RPC_INTERNAL, "a BatchGetReplicas item failed");
+	step_done(s->r, s->slot);
+}
+
+static int issue_bget(struct run *r, unsigned slot)
+{
+	keyset_fill(&ks[slot], r->batch, r->next_key, r->key_limit);
+	r->next_key += r->batch;
+	Mooncake__Master__BatchKeysRequest req = MOONCAKE__MASTER__BATCH_KEYS_REQUEST__INIT;
+	req.keys = ks[slot].bin;
+	req.n_keys = r->batch;
+	return rpc_client_unary(r->c, "/mooncake.master.Master/BatchGetReplicas", &req.base,
+				&mooncake__master__batch_get_replicas_response__descriptor,
+				TIMEOUT_MS, on_bget, &slots[slot], NULL);
+}
+
+/* ---- the limit: Diag Echo of the same sizes */
+
+static void on_echo(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
+{
+	struct slot_ud *s = ud;
+	(void)resp;
+	if (status != RPC_OK)
+		run_fail(s->r, status, msg);
+	step_done(s->r, s->slot);
+}
+
+static int issue_echo(struct run *r, unsigned slot)
+{
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = r->echo_payload;
+	req.payload.len = r->echo_len;
+	req.response_bytes = r->echo_reply;
+	return rpc_client_unary(r->c, "/mooncake.diag.Diag/Echo", &req.base,
+				&mooncake__diag__echo_response__descriptor, TIMEOUT_MS, on_echo,
+				&slots[slot], NULL);
+}
+
+/* Run r with n slots for duration_ms (0: until issue refuses). Returns
+ * steps per second, or -1 on failure (r->err says why). */
+static double drive(struct run *r, unsigned n, uint64_t duration_ms)
+{
+	r->t0 = uv_hrtime();
+	r->end_ns = duration_ms ? r->t0 + duration_ms * 1000000ull : UINT64_MAX;
+	r->active = n;
+	r->steps = 0;
+	for (unsigned i = 0; i < n; i++) {
+		slots[i].r = r;
+		slots[i].slot = i;
+		if (r->issue(r, i) != 0)
+			r->active--;
+	}
+	while (r->active)
+		uv_run(r->loop, UV_RUN_ONCE);
+	if (r->err_status)
+		return -1;
+	double secs = (double)((r->last_ns > r->t0 ? r->last_ns : uv_hrtime()) - r->t0) / 1e9;
+	return secs > 0 ? (double)r->steps / secs : 0;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static int sync_call(struct rpc_client *c, const char *method, const ProtobufCMessage *req,
+		     const ProtobufCMessageDescriptor *d, ProtobufCMessage **out, char *err,
+		     size_t errlen)
+{
+	char path[96];
+	snprintf(path, sizeof(path), "/mooncake.master.Master/%s", method);
+	return rpc_client_unary_sync(c, path, req, d, TIMEOUT_MS, out, err, errlen);
+}
+
+/* Keep the bench agent alive between phases (--agent-ttl). */
+static void heartbeat(struct rpc_client *c, const Mooncake__Master__HeartbeatRequest *hb)
+{
+	ProtobufCMessage *out = NULL;
+	char err[256];
+	if (sync_call(c, "Heartbeat", &hb->base, &mooncake__master__heartbeat_response__descriptor,
+		      &out, err, sizeof(err)) == RPC_OK)
+		protobuf_c_message_free_unpacked(out, NULL);
+}
+
+static double rss_bytes(void)
+{
+	FILE *f = fopen("/proc/self/statm", "re");
+	unsigned long size = 0, rss = 0;
+	if (f) {
+		if (fscanf(f, "%lu %lu", &size, &rss) != 2)
+			rss = 0;
+		fclose(f);
+	}
+	return (double)rss * (double)sysconf(_SC_PAGESIZE);
+}
+
+static void row(const char *name, double v, double limit, const char *unit)
+{
+	char lim[32], ratio[32];
+	if (limit > 0) {
+		snprintf(lim, sizeof(lim), "%12.0f", limit);
+		snprintf(ratio, sizeof(ratio), "%8.2f", v / limit);
+	} else {
+		snprintf(lim, sizeof(lim), "%12s", "n/a");
+		snprintf(ratio, sizeof(ratio), "%8s", "-");
+	}
+	printf("%-34s %12.0f %s %s  %s\n", name, v, lim, ratio, unit);
+	fflush(stdout);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: mooncakectl bench master [--target=HOST:PORT] [--duration=2s]\n"
+		"                                [--batch=100] [--objects=1M]\n\n"
+		"  --target=HOST:PORT  a leading master (default: one in this process, own\n"
+		"                      thread and loop); the Echo limit needs --diag-service\n"
+		"  --duration=D        how long each ops/s figure is measured\n"
+		"  --batch=N           keys per batch call\n"
+		"  --objects=N         objects put for the memory figure (10M takes a while)\n\n"
+		"Metadata ops/s (PutStart+PutEnd, GetReplicas; unary with %d in flight and\n"
+		"batched with %d batches in flight), each beside Diag Echo of the same bytes and\n"
+		"concurrency from the same client (the RPC layer's ceiling), and the master's\n"
+		"index memory per object. Figures are measurements, never pass/fail.\n",
+		UNARY_INFLIGHT, BATCH_INFLIGHT);
+}
+
+int ctl_bench_master_main(int argc, char **argv)
+{
+	const char *target = NULL, *v;
+	uint64_t duration_ms = 2000, batch = 100, objects = 1000000;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return CTL_EXIT_OK;
+		} else if (ctl_flag_value(argc, argv, &i, "target", &v) && v && *v) {
+			target = v;
+		} else if (ctl_flag_value(argc, argv, &i, "duration", &v) && v &&
+			   cfg_parse_duration_ms(v, &duration_ms) == 0 && duration_ms) {
+		} else if (ctl_flag_value(argc, argv, &i, "batch", &v) && v &&
+			   cfg_parse_size(v, &batch) == 0 && batch && batch <= 100000) {
+		} else if (ctl_flag_value(argc, argv, &i, "objects", &v) && v &&
+			   cfg_parse_size(v, &objects) == 0 && objects) {
+			/* 1M = 2^20 with the size parser: count in decimal. */
+			if (strpbrk(v, "Mm"))
+				objects = objects / (1u << 20) * 1000000;
+			else if (strpbrk(v, "Kk"))
+				objects = objects / (1u << 10) * 1000;
+			else if (strpbrk(v, "Gg"))
+				objects = objects / (1u << 30) * 1000000000;
+		} else {
+			usage(stderr);
+			return CTL_EXIT_USAGE;
+		}
+	}
+
+	struct msrv srv;
+	bool local = !target;
+	char addr[64];
+	int rc = CTL_EXIT_FAIL;
+	uv_loop_t loop;
+	struct rpc_client *c = NULL;
+	struct metrics_registry *reg = metrics_registry_new();
+	double rss0 = rss_bytes();
+	if (!reg || uv_loop_init(&loop)) {
+		fprintf(stderr, "mooncakectl bench master: out of memory\n");
+		metrics_registry_free(reg);
+		return CTL_EXIT_FAIL;
+	}
+	if (local) {
+		if (srv_start(&srv)) {
+			fprintf(stderr, "mooncakectl bench master: cannot start a master\n");
+			goto out_loop;
+		}
+		snprintf(addr, sizeof(addr), "127.0.0.1:%d", srv.port);
+		target = addr;
+	}
+	struct rpc_client_opts co = {.max_message_bytes = 256u << 20, .metrics = reg};
+	if (rpc_client_new(&loop, target, &co, &c)) {
+		fprintf(stderr, "mooncakectl bench master: bad --target \"%s\"\n", target);
+		rc = CTL_EXIT_USAGE;
+		goto out_srv;
+	}
+	for (unsigned i = 0; i < BATCH_INFLIGHT; i++)
+		if (keyset_init(&ks[i], (unsigned)MC_MAX(batch, FILL_BATCH))) {
+			fprintf(stderr, "mooncakectl bench master: out of memory\n");
+			goto out_client;
+		}
+
+	/* A segment large enough for every object (the master only does
+	 * arithmetic on it), owned by a bench agent. */
+	char agent[64], err[512] = "";
+	snprintf(agent, sizeof(agent), "bench-%d", (int)getpid());
+	Mooncake__Master__Segment seg = MOONCAKE__MASTER__SEGMENT__INIT;
+	seg.name = agent;
+	seg.agent_id = agent;
+	seg.base_address = 1ull << 44;
+	seg.size = 1ull << 46;
+	Mooncake__Master__MountSegmentRequest mreq = MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
+	mreq.segment = &seg;
+	ProtobufCMessage *out = NULL;
+	int st = sync_call(c, "MountSegment", &mreq.base,
+			   &mooncake__master__mount_segment_response__descriptor, &out, err,
+			   sizeof(err));
+	if (st != RPC_OK) {
+		fprintf(stderr, "mooncakectl bench master: %s: MountSegment: %s %s\n", target,
+			rpc_status_name(st), err);
+		goto out_client;
+	}
+	protobuf_c_message_free_unpacked(out, NULL);
+	Mooncake__Master__HeartbeatRequest hb = MOONCAKE__MASTER__HEARTBEAT_REQUEST__INIT;
+	hb.agent_id = agent;
+
+	printf("mooncakectl bench master: %s (%s), %.1f s per figure, batch %" PRIu64
+	       ", value %d B, keys like \"" KEY_FMT "\"\n",
+	       target, local ? "in process, own thread and loop" : "remote",
+	       (double)duration_ms / 1000, batch, VALUE_BYTES, (uint64_t)0);
+	printf("limit = mooncake.diag.Diag Echo, same client, concurrency and bytes each way;\n"
+	       "ratio = master / limit\n\n");
+	printf("%-34s %12s %12s %8s  %s\n", "operation", "master", "limit", "ratio", "unit");
+
+	struct run r = {.loop = &loop, .c = c};
+	uint64_t base_key = 0;
+	/* put, unary */
+	r.issue = issue_put;
+	r.next_key = base_key;
+	double put = drive(&r, UNARY_INFLIGHT, duration_ms);
+	if (put < 0)
+		goto failed;
+	uint64_t written = r.next_key;
+	/* Echo of a PutStart-sized exchange (two calls per put). */
+	Mooncake__Master__PutStartRequest psr = MOONCAKE__MASTER__PUT_START_REQUEST__INIT;
+	char k0[40];
+	fill_key(k0, sizeof(k0), 0);
+	psr.key.data = (uint8_t *)k0;
+	psr.key.len = strlen(k0);
+	psr.size = VALUE_BYTES;
+	uint8_t pay[1 << 16];
+	memset(pay, 'k', sizeof(pay));
+	struct run e = {.loop = &loop, .c = c, .issue = issue_echo, .echo_payload = pay};
+	e.echo_len = protobuf_c_message_get_packed_size(&psr.base);
+	e.echo_reply = 40;
+	double echo1 = drive(&e, UNARY_INFLIGHT, duration_ms);
+	row("PutStart+PutEnd, unary x64", put, echo1 > 0 ? echo1 / 2 : 0, "puts/s");
+
+	r = (struct run){.loop = &loop, .c = c, .issue = issue_get, .key_limit = written};
+	double get = drive(&r, UNARY_INFLIGHT, duration_ms);
+	if (get < 0)
+		goto failed;
+	e.err_status = 0;
+	e.echo_reply = 70;
+	echo1 = drive(&e, UNARY_INFLIGHT, duration_ms);
+	row("GetReplicas, unary x64", get, echo1 > 0 ? echo1 : 0, "gets/s");
+	heartbeat(c, &hb);
+
+	r = (struct run){.loop = &loop, .c = c, .issue = issue_bput, .batch = (unsigned)batch,
+			 .next_key = written};
+	double bput = drive(&r, BATCH_INFLIGHT, duration_ms);
+	if (bput < 0)
+		goto failed;
+	written = r.next_key;
+	/* Echo limit of a batch: request and reply sized like the real ones. */
+	keyset_fill(&ks[0], (unsigned)batch, 0, 0);
+	Mooncake__Master__BatchKeysRequest bk = MOONCAKE__MASTER__BATCH_KEYS_REQUEST__INIT;
+	bk.keys = ks[0].bin;
+	bk.n_keys = batch;
+	size_t breq = protobuf_c_message_get_packed_size(&bk.base);
+	uint8_t *bpay = malloc(breq * 2 + 1);
+	if (!bpay)
+		goto failed;
+	memset(bpay, 'k', breq * 2 + 1);
+	e = (struct run){.loop = &loop, .c = c, .issue = issue_echo, .echo_payload = bpay,
+			 .echo_len = breq, .echo_reply = batch * 48};
+	double echob = drive(&e, BATCH_INFLIGHT, duration_ms);
+	row("BatchPutStart+BatchPutEnd x8", bput * (double)batch,
+	    echob > 0 ? echob * (double)batch / 2 : 0, "puts/s");
+
+	r = (struct run){.loop = &loop, .c = c, .issue = issue_bget, .batch = (unsigned)batch,
+			 .key_limit = written};
+	double bget = drive(&r, BATCH_INFLIGHT, duration_ms);
+	if (bget < 0) {
+		free(bpay);
+		goto failed;
+	}
+	/* The real reply size, for the Echo limit. */
+	keyset_fill(&ks[0], (unsigned)batch, 0, 0);
+	bk.keys = ks[0].bin;
+	if (sync_call(c, "BatchGetReplicas", &bk.base,
+		      &mooncake__master__batch_get_replicas_response__descriptor, &out, err,
+		      sizeof(err)) == RPC_OK) {
+		e.echo_reply = protobuf_c_message_get_packed_size(out);
+		protobuf_c_message_free_unpacked(out, NULL);
+	}
+	e.err_status = 0;
+	echob = drive(&e, BATCH_INFLIGHT, duration_ms);
+	free(bpay);
+	row("BatchGetReplicas x8", bget * (double)batch, echob > 0 ? echob * (double)batch : 0,
+	    "gets/s");
+	if (e.err_status)
+		printf("  (no Echo limit: %s — start the target with --diag-service)\n", e.err);
+
+	/* Memory: fill up to --objects in batches of FILL_BATCH. */
+	heartbeat(c, &hb);
+	double rss1 = rss_bytes();
+	uint64_t before = written;
+	if (objects > written) {
+		uint64_t t0 = uv_hrtime();
+		r = (struct run){.loop = &loop, .c = c, .issue = issue_bput, .batch = FILL_BATCH,
+				 .next_key = written, .key_limit = objects};
+		if (drive(&r, BATCH_INFLIGHT, 0) < 0)
+			goto failed;
+		written = MC_MAX(written, r.next_key);
+		printf("\nfilled to %" PRIu64 " objects in %.1f s\n", written,
+		       (double)(uv_hrtime() - t0) / 1e9);
+	}
+	Mooncake__Master__StatsRequest sreq = MOONCAKE__MASTER__STATS_REQUEST__INIT;
+	st = sync_call(c, "Stats", &sreq.base, &mooncake__master__stats_response__descriptor, &out,
+		       err, sizeof(err));
+	if (st != RPC_OK) {
+		fprintf(stderr, "mooncakectl bench master: Stats: %s %s\n", rpc_status_name(st), err);
+		goto out_client;
+	}
+	const Mooncake__Master__StatsResponse *s = (const void *)out;
+	double rss2 = rss_bytes();
+	printf("\nmemory at %" PRIu64 " objects (keys %.1f B on average)\n", s->objects,
+	       s->objects ? (double)s->key_bytes / (double)s->objects : 0.0);
+	printf("  index, measured (malloc_usable_size)  %8.1f B/object + key   target <= 200\n",
+	       s->bytes_per_object);
+	if (local && written > before)
+		printf("  process RSS growth (upper bound)      %8.1f B/object incl. key\n",
+		       (rss2 - rss1) / (double)(written - before));
+	(void)rss0;
+	protobuf_c_message_free_unpacked(out, NULL);
+	rc = CTL_EXIT_OK;
+	goto out_client;
+failed:
+	fprintf(stderr, "mooncakectl bench master: %s: %s\n", target, r.err);
+out_client:
+	for (unsigned i = 0; i < BATCH_INFLIGHT; i++)
+		keyset_free(&ks[i]);
+	rpc_client_free(c);
+	uv_run(&loop, UV_RUN_DEFAULT);
+out_srv:
+	if (local)
+		srv_stop(&srv);
+out_loop:
+	(void)uv_loop_close(&loop);
+	metrics_registry_free(reg);
+	return rc;
+}

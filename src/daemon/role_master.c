@@ -1,0 +1,70 @@
+/*
+ * role_master: the master role's glue — builds the master (src/master)
+ * from the configuration on the role's RPC server, resigns leadership
+ * when shutdown begins, frees it after the loop.
+ *
+ * A process that runs the agent role too, with --meta-endpoints left at
+ * its default (standalone), pairs master and agent without meta: the
+ * master leads alone and the agent calls it directly (role_agent.c).
+ */
+#include <stdlib.h>
+
+#include "common/cfg.h"
+#include "common/log.h"
+#include "daemon/daemon_int.h"
+#include "master/master.h"
+
+#define LOG_SUBSYS LOGS_MASTER
+
+extern const struct role_ops role_master_ops;
+
+static int master_start(struct role_rt *rt)
+{
+	const struct cfg *cfg = role_cfg(rt);
+	const char *meta = cfg_str(cfg, CFG_META_ENDPOINTS);
+	if ((cfg_roles(cfg) & CFG_ROLE_AGENT) &&
+	    cfg->v[CFG_META_ENDPOINTS].src == CFG_SRC_DEFAULT)
+		meta = "";
+	struct master_opts o = {
+		.loop = role_loop(rt),
+		.rpc = rt->rpc[0],
+		.health = rt->health[0],
+		.metrics = rt->metrics,
+		.advertise = cfg_str(cfg, CFG_MASTER_ADVERTISE),
+		.listen = cfg_str(cfg, CFG_MASTER_LISTEN),
+		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
+		.meta_endpoints = meta,
+		.agent_ttl_ms = cfg_u64(cfg, CFG_AGENT_TTL),
+		.put_timeout_ms = cfg_u64(cfg, CFG_PUT_TIMEOUT),
+		.lease_ttl_ms = cfg_u64(cfg, CFG_DEFAULT_KV_LEASE_TTL),
+		.leader_lease_ttl_ms = cfg_u64(cfg, CFG_LEADER_LEASE_TTL),
+		.high_watermark = cfg_ratio(cfg, CFG_EVICTION_HIGH_WATERMARK_RATIO),
+		.eviction_ratio = cfg_ratio(cfg, CFG_EVICTION_RATIO),
+	};
+	int rc = master_new(&o, &rt->master);
+	if (rc)
+		log_error("cannot start the master: %s", mc_strerror(rc));
+	return rc;
+}
+
+static void on_master_stopped(void *ud)
+{
+	role_stopped(ud);
+}
+
+static void master_stop_hook(struct role_rt *rt)
+{
+	master_stop(rt->master, on_master_stopped, rt);
+}
+
+static void master_free_hook(struct role_rt *rt)
+{
+	master_free(rt->master);
+	rt->master = NULL;
+}
+
+const struct role_ops role_master_ops = {
+	.start = master_start,
+	.stop = master_stop_hook,
+	.free = master_free_hook,
+};

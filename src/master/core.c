@@ -1,0 +1,980 @@
+/*
+ * core: the master's state and policy, pure (time is an argument). See
+ * master_int.h.
+ *
+ * Index: a chained hash table of objects (power-of-two buckets, doubled
+ * when the load passes 1). Each object is one allocation: header,
+ * replicas, key. COMPLETE objects sit on one of two LRU lists (plain and
+ * soft-pinned), least recently read at the head; a GetReplicas moves the
+ * object to the tail. PENDING objects sit on the pending list in PutStart
+ * order, which with one --put-timeout is also deadline order.
+ *
+ * Eviction walks the plain list from the head, skipping leased objects,
+ * then the pinned list, until the round's target is freed: a round frees
+ * eviction_ratio of the DRAM capacity when usage passes the watermark, or
+ * just enough for a placement that found no room.
+ *
+ * Memory per object is measured with malloc_usable_size (plus the
+ * allocator's per-chunk header) and the bucket array.
+ */
+#include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "master/master_int.h"
+
+#define MIN_BUCKETS 1024u
+#define SWEEP_BUCKETS_PER_TICK 65536u
+#define MALLOC_HEADER_BYTES sizeof(size_t)
+
+struct lru {
+	struct master_obj *head, *tail;
+	uint64_t n;
+};
+
+struct master_core {
+	struct master_core_opts o;
+	struct master_obj **buckets;
+	size_t nbuckets;
+	uint64_t nobjs, npending, key_bytes, obj_bytes;
+	struct lru plain, pinned, pending;
+	struct master_seg **segs;
+	uint32_t nsegs_cap;
+	uint32_t nsegs;
+	struct master_agent *agents;
+	uint64_t nagents;
+	size_t sweep_pos;
+	uint64_t seed;
+	struct master_counters n;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static uint32_t key_hash(const uint8_t *key, size_t klen)
+{
+	uint64_t h = mc_hash64(key, klen);
+	return (uint32_t)(h ^ (h >> 32));
+}
+
+static bool key_ok(size_t klen)
+{
+	return klen >= 1 && klen <= MASTER_MAX_KEY_BYTES;
+}
+
+static size_t obj_alloc_bytes(const struct master_obj *o)
+{
+	return malloc_usable_size((void *)o) + MALLOC_HEADER_BYTES;
+}
+
+static void lru_push(struct lru *l, struct master_obj *o)
+{
+	o->next = NULL;
+	o->prev = l->tail;
+	if (l->tail)
+		l->tail->next = o;
+	else
+		l->head = o;
+	l->tail = o;
+	l->n++;
+}
+
+static void lru_del(struct lru *l, struct master_obj *o)
+{
+	if (o->prev)
+		o->prev->next = o->next;
+	else
+		l->head = o->next;
+	if (o->next)
+		o->next->prev = o->prev;
+	else
+		l->tail = o->prev;
+	o->prev = o->next = NULL;
+	l->n--;
+}
+
+static struct lru *obj_list(struct master_core *c, const struct master_obj *o)
+{
+	if (o->flags & MASTER_OBJ_PENDING)
+		return &c->pending;
+	return (o->flags & MASTER_OBJ_LRU_PIN) ? &c->pinned : &c->plain;
+}
+
+static struct master_obj **bucket_of(const struct master_core *c, uint32_t h)
+{
+	return &c->buckets[h & (c->nbuckets - 1)];
+}
+
+static struct master_obj **find_slot(const struct master_core *c,
+				     const uint8_t *key, size_t klen, uint32_t h)
+{
+	struct master_obj **pp = bucket_of(c, h);
+	for (; *pp; pp = &(*pp)->hnext) {
+		const struct master_obj *o = *pp;
+		if (o->hash == h && o->klen == klen &&
+		    memcmp(master__obj_key(o), key, klen) == 0)
+			return pp;
+	}
+	return pp;
+}
+
+static void grow(struct master_core *c)
+{
+	size_t n = c->nbuckets * 2;
+	struct master_obj **b = calloc(n, sizeof(*b));
+	if (!b)
+		return; /* keep the longer chains */
+	for (size_t i = 0; i < c->nbuckets; i++) {
+		struct master_obj *o = c->buckets[i];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			struct master_obj **pp = &b[o->hash & (n - 1)];
+			o->hnext = *pp;
+			*pp = o;
+			o = next;
+		}
+	}
+	free(c->buckets);
+	c->buckets = b;
+	c->nbuckets = n;
+	c->sweep_pos = 0;
+}
+
+/* A new object, not yet linked anywhere. */
+static struct master_obj *obj_new(const uint8_t *key, size_t klen,
+				  unsigned nrep)
+{
+	struct master_obj *o =
+		malloc(sizeof(*o) + nrep * sizeof(struct master_rep) + klen);
+	if (!o)
+		return NULL;
+	memset(o, 0, sizeof(*o));
+	o->klen = (uint16_t)klen;
+	o->nrep = (uint8_t)nrep;
+	memcpy((uint8_t *)&o->rep[nrep], key, klen);
+	o->hash = key_hash(key, klen);
+	return o;
+}
+
+static void obj_link(struct master_core *c, struct master_obj *o)
+{
+	struct master_obj **pp = bucket_of(c, o->hash);
+	o->hnext = *pp;
+	*pp = o;
+	c->nobjs++;
+	c->key_bytes += o->klen;
+	c->obj_bytes += obj_alloc_bytes(o);
+	lru_push(obj_list(c, o), o);
+	if (o->flags & MASTER_OBJ_PENDING)
+		c->npending++;
+	if (c->nobjs > c->nbuckets)
+		grow(c);
+}
+
+/* Free the object's space on every segment, unlink and free it. */
+static void obj_destroy(struct master_core *c, struct master_obj *o)
+{
+	struct master_obj **pp = bucket_of(c, o->hash);
+	while (*pp != o)
+		pp = &(*pp)->hnext;
+	*pp = o->hnext;
+	lru_del(obj_list(c, o), o);
+	if (o->flags & MASTER_OBJ_PENDING)
+		c->npending--;
+	uint64_t len = master__alloc_len(o->size);
+	for (unsigned i = 0; i < o->nrep; i++) {
+		struct master_seg *s = c->segs[o->rep[i].seg];
+		if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
+			/* Cannot happen unless the index is corrupt; the
+			 * space stays allocated rather than be handed out
+			 * twice. */
+		}
+		s->replicas--;
+	}
+	c->nobjs--;
+	c->key_bytes -= o->klen;
+	c->obj_bytes -= obj_alloc_bytes(o);
+	free(o);
+}
+
+static bool leased(const struct master_obj *o, uint64_t now_ms)
+{
+	return !(o->flags & MASTER_OBJ_PENDING) && o->lease_or_start_ms > now_ms;
+}
+
+static bool expired(const struct master_obj *o, uint64_t now_ms)
+{
+	return !(o->flags & MASTER_OBJ_PENDING) && o->ttl_ms && o->ttl_ms <= now_ms &&
+	       !leased(o, now_ms);
+}
+
+/* The object under key, or NULL; a COMPLETE one whose TTL passed (and is
+ * not leased) is removed on the way. */
+static struct master_obj *lookup(struct master_core *c, const uint8_t *key,
+				 size_t klen, uint64_t now_ms)
+{
+	struct master_obj *o = *find_slot(c, key, klen, key_hash(key, klen));
+	if (o && expired(o, now_ms)) {
+		c->n.ttl_expired++;
+		obj_destroy(c, o);
+		return NULL;
+	}
+	return o;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+int master__core_new(const struct master_core_opts *o, struct master_core **out)
+{
+	if (!(o->high_watermark > 0 && o->high_watermark <= 1) ||
+	    !(o->eviction_ratio > 0 && o->eviction_ratio <= 1))
+		return -EINVAL;
+	struct master_core *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->o = *o;
+	c->seed = o->seed ? o->seed : 1;
+	c->nbuckets = MIN_BUCKETS;
+	c->buckets = calloc(c->nbuckets, sizeof(*c->buckets));
+	if (!c->buckets) {
+		free(c);
+		return -ENOMEM;
+	}
+	*out = c;
+	return 0;
+}
+
+static void seg_free(struct master_seg *s)
+{
+	master__alloc_free(s->alloc);
+	free(s->name);
+	free(s);
+}
+
+void master__core_reset(struct master_core *c)
+{
+	for (size_t i = 0; i < c->nbuckets; i++) {
+		struct master_obj *o = c->buckets[i];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			free(o);
+			o = next;
+		}
+		c->buckets[i] = NULL;
+	}
+	memset(&c->plain, 0, sizeof(c->plain));
+	memset(&c->pinned, 0, sizeof(c->pinned));
+	memset(&c->pending, 0, sizeof(c->pending));
+	c->nobjs = c->npending = c->key_bytes = c->obj_bytes = 0;
+	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
+		if (c->segs[i])
+			seg_free(c->segs[i]);
+		c->segs[i] = NULL;
+	}
+	c->nsegs = 0;
+	while (c->agents) {
+		struct master_agent *a = c->agents;
+		c->agents = a->next;
+		free(a->id);
+		free(a);
+	}
+	c->nagents = 0;
+}
+
+void master__core_free(struct master_core *c)
+{
+	if (!c)
+		return;
+	master__core_reset(c);
+	free(c->segs);
+	free(c->buckets);
+	free(c);
+}
+
+/* ------------------------------------------------------------ segments */
+
+const struct master_seg *master__seg(const struct master_core *c, uint32_t id)
+{
+	return id < c->nsegs_cap ? c->segs[id] : NULL;
+}
+
+uint32_t master__seg_slots(const struct master_core *c)
+{
+	return c->nsegs_cap;
+}
+
+uint32_t master__seg_find(const struct master_core *c, const char *name)
+{
+	for (uint32_t i = 0; i < c->nsegs_cap; i++)
+		if (c->segs[i] && strcmp(c->segs[i]->name, name) == 0)
+			return i;
+	return MASTER_NO_SEGMENT;
+}
+
+static struct master_agent *agent_find(const struct master_core *c,
+				       const char *id)
+{
+	for (struct master_agent *a = c->agents; a; a = a->next)
+		if (strcmp(a->id, id) == 0)
+			return a;
+	return NULL;
+}
+
+static void agent_del(struct master_core *c, struct master_agent *a)
+{
+	struct master_agent **pp = &c->agents;
+	while (*pp != a)
+		pp = &(*pp)->next;
+	*pp = a->next;
+	free(a->id);
+	free(a);
+	c->nagents--;
+}
+
+/* Drop every replica on segment id; objects left without one are
+ * removed. Replicas elsewhere of the same objects stay. */
+static void drop_segment_replicas(struct master_core *c, uint32_t id,
+				  uint64_t *dropped, uint64_t *removed)
+{
+	uint64_t nd = 0, nr = 0;
+	struct master_seg *s = c->segs[id];
+	uint64_t len;
+	for (size_t b = 0; b < c->nbuckets && s->replicas; b++) {
+		struct master_obj *o = c->buckets[b];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			for (unsigned i = 0; i < o->nrep; i++) {
+				if (o->rep[i].seg != id)
+					continue;
+				nd++;
+				if (o->nrep == 1 || (o->flags & MASTER_OBJ_PENDING)) {
+					/* A put in flight loses the whole put. */
+					nr++;
+					obj_destroy(c, o);
+					break;
+				}
+				len = master__alloc_len(o->size);
+				if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
+					/* corrupt index: keep the space */
+				}
+				s->replicas--;
+				/* Shift the later replicas and the key down. */
+				uint8_t *p = (uint8_t *)&o->rep[i];
+				size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) +
+					      o->klen;
+				memmove(p, p + sizeof(struct master_rep), tail);
+				o->nrep--;
+				break;
+			}
+			o = next;
+		}
+	}
+	if (dropped)
+		*dropped = nd;
+	if (removed)
+		*removed = nr;
+}
+
+static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
+		       uint64_t *removed)
+{
+	struct master_seg *s = c->segs[id];
+	drop_segment_replicas(c, id, dropped, removed);
+	s->agent->nsegs--;
+	c->segs[id] = NULL;
+	c->nsegs--;
+	seg_free(s);
+}
+
+int master__mount(struct master_core *c, const char *name, const char *agent,
+		  enum master_tier tier, uint64_t base, uint64_t size,
+		  bool resync, uint64_t now_ms)
+{
+	if (!name || !*name || !agent || !*agent || size < MASTER_ALLOC_GRANULE ||
+	    base > UINT64_MAX - size || (tier != MASTER_TIER_DRAM && tier != MASTER_TIER_SSD))
+		return -EINVAL;
+	uint32_t id = master__seg_find(c, name);
+	struct master_agent *a = agent_find(c, agent);
+	if (id != MASTER_NO_SEGMENT) {
+		struct master_seg *s = c->segs[id];
+		if (s->agent != a || s->tier != tier || s->base != base || s->size != size)
+			return -EEXIST;
+		a->last_heartbeat_ms = now_ms;
+		if (!resync) {
+			drop_segment_replicas(c, id, NULL, NULL);
+			s->syncing = false;
+		} else {
+			s->syncing = true;
+		}
+		return 0;
+	}
+	bool new_agent = !a;
+	if (new_agent) {
+		a = calloc(1, sizeof(*a));
+		if (!a || !(a->id = strdup(agent))) {
+			free(a);
+			return -ENOMEM;
+		}
+	}
+	struct master_seg *s = calloc(1, sizeof(*s));
+	int rc = -ENOMEM;
+	if (!s || !(s->name = strdup(name)))
+		goto err_seg;
+	rc = master__alloc_new(size, c->seed++, &s->alloc);
+	if (rc)
+		goto err_seg;
+	if (c->nsegs == c->nsegs_cap) {
+		uint32_t cap = c->nsegs_cap ? c->nsegs_cap * 2 : 8;
+		struct master_seg **v = realloc(c->segs, cap * sizeof(*v));
+		rc = -ENOMEM;
+		if (!v)
+			goto err_alloc;
+		memset(v + c->nsegs_cap, 0, (cap - c->nsegs_cap) * sizeof(*v));
+		c->segs = v;
+		c->nsegs_cap = cap;
+	}
+	for (id = 0; c->segs[id]; id++)
+		;
+	s->agent = a;
+	s->tier = tier;
+	s->base = base;
+	s->size = size;
+	s->syncing = resync;
+	c->segs[id] = s;
+	c->nsegs++;
+	if (new_agent) {
+		a->next = c->agents;
+		c->agents = a;
+		c->nagents++;
+	}
+	a->nsegs++;
+	a->last_heartbeat_ms = now_ms;
+	return 0;
+
+err_alloc:
+	master__alloc_free(s->alloc);
+err_seg:
+	if (s)
+		free(s->name);
+	free(s);
+	if (new_agent && a) {
+		free(a->id);
+		free(a);
+	}
+	return rc;
+}
+
+int master__unmount(struct master_core *c, const char *name, const char *agent,
+		    uint64_t *replicas_dropped, uint64_t *objects_removed)
+{
+	uint32_t id = master__seg_find(c, name ? name : "");
+	if (id == MASTER_NO_SEGMENT)
+		return MC_ESEGMENT_NOT_FOUND;
+	struct master_agent *a = c->segs[id]->agent;
+	if (!agent || strcmp(a->id, agent) != 0)
+		return -EACCES;
+	seg_remove(c, id, replicas_dropped, objects_removed);
+	if (a->nsegs == 0)
+		agent_del(c, a);
+	return 0;
+}
+
+bool master__heartbeat(struct master_core *c, const char *agent, uint64_t now_ms)
+{
+	struct master_agent *a = agent_find(c, agent ? agent : "");
+	if (!a)
+		return false;
+	a->last_heartbeat_ms = now_ms;
+	return true;
+}
+
+void master__inventory_done(struct master_core *c, const char *agent)
+{
+	struct master_agent *a = agent_find(c, agent ? agent : "");
+	for (uint32_t i = 0; a && i < c->nsegs_cap; i++)
+		if (c->segs[i] && c->segs[i]->agent == a)
+			c->segs[i]->syncing = false;
+}
+
+/* Give o one more replica (it is reallocated: fix every link to it). */
+static struct master_obj *obj_add_replica(struct master_core *c,
+					  struct master_obj *o, uint32_t seg,
+					  uint64_t offset)
+{
+	struct lru *l = obj_list(c, o);
+	struct master_obj **pp = bucket_of(c, o->hash);
+	while (*pp != o)
+		pp = &(*pp)->hnext;
+	size_t old_bytes = obj_alloc_bytes(o);
+	size_t klen = o->klen;
+	struct master_obj *n = realloc(o, sizeof(*o) +
+					       (o->nrep + 1u) * sizeof(struct master_rep) + klen);
+	if (!n)
+		return NULL;
+	uint8_t *key = (uint8_t *)&n->rep[n->nrep];
+	memmove(key + sizeof(struct master_rep), key, klen);
+	n->rep[n->nrep].offset = offset;
+	n->rep[n->nrep].seg = seg;
+	n->rep[n->nrep].state = MASTER_REP_COMPLETE;
+	n->nrep++;
+	*pp = n;
+	if (n->prev)
+		n->prev->next = n;
+	else
+		l->head = n;
+	if (n->next)
+		n->next->prev = n;
+	else
+		l->tail = n;
+	c->obj_bytes += obj_alloc_bytes(n) - old_bytes;
+	return n;
+}
+
+int master__inventory_add(struct master_core *c, const char *agent,
+			  const uint8_t *key, size_t klen, const char *segment,
+			  uint64_t offset, uint64_t size, bool soft_pin,
+			  uint64_t now_ms)
+{
+	if (!key_ok(klen))
+		return -EINVAL;
+	uint32_t id = master__seg_find(c, segment ? segment : "");
+	if (id == MASTER_NO_SEGMENT || !agent || strcmp(c->segs[id]->agent->id, agent))
+		return MC_ESEGMENT_NOT_FOUND;
+	struct master_seg *s = c->segs[id];
+	uint64_t len = master__alloc_len(size);
+	if (len && (offset > s->size || len > s->size - offset))
+		return -EBUSY;
+	struct master_obj *o = lookup(c, key, klen, now_ms);
+	if (o) {
+		if ((o->flags & MASTER_OBJ_PENDING) || o->size != size ||
+		    o->nrep >= MASTER_MAX_REPLICAS)
+			return MC_EOBJECT_ALREADY_EXISTS;
+		for (unsigned i = 0; i < o->nrep; i++)
+			if (o->rep[i].seg == id)
+				return MC_EOBJECT_ALREADY_EXISTS;
+	}
+	int rc = len ? master__alloc_reserve(s->alloc, offset, len) : 0;
+	if (rc)
+		return rc;
+	if (o) {
+		if (!obj_add_replica(c, o, id, len ? offset : 0))
+			goto err_nomem;
+		s->replicas++;
+		return 0;
+	}
+	o = obj_new(key, klen, 1);
+	if (!o)
+		goto err_nomem;
+	o->size = size;
+	o->rep[0].offset = len ? offset : 0;
+	o->rep[0].seg = id;
+	o->rep[0].state = MASTER_REP_COMPLETE;
+	if (soft_pin)
+		o->flags |= MASTER_OBJ_SOFT_PIN | MASTER_OBJ_LRU_PIN;
+	obj_link(c, o);
+	s->replicas++;
+	return 0;
+
+err_nomem:
+	if (len && master__alloc_put(s->alloc, offset, len)) {
+		/* just reserved: cannot fail */
+	}
+	return -ENOMEM;
+}
+
+/* ------------------------------------------------------------ eviction */
+
+static uint64_t dram_capacity(const struct master_core *c, uint64_t *used)
+{
+	uint64_t cap = 0, u = 0;
+	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
+		const struct master_seg *s = c->segs[i];
+		if (!s || s->tier != MASTER_TIER_DRAM)
+			continue;
+		uint64_t size = s->size & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1);
+		cap += size;
+		u += size - master__alloc_free_bytes(s->alloc);
+	}
+	if (used)
+		*used = u;
+	return cap;
+}
+
+/* Evict the least recently used evictable object: plain list first, the
+ * soft-pinned one only when the plain list has nothing evictable. Returns
+ * the bytes freed, 0 when nothing can go. */
+static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
+{
+	struct lru *lists[2] = {&c->plain, &c->pinned};
+	for (int k = 0; k < (pinned ? 2 : 1); k++) {
+		for (struct master_obj *o = lists[k]->head; o; o = o->next) {
+			if (leased(o, now_ms)) {
+				c->n.lease_waits++;
+				continue;
+			}
+			uint64_t freed = master__alloc_len(o->size) * o->nrep;
+			c->n.evictions++;
+			c->n.evicted_bytes += o->size;
+			obj_destroy(c, o);
+			/* Zero-byte objects free nothing but still go. */
+			return freed ? freed : 1;
+		}
+	}
+	return 0;
+}
+
+uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms)
+{
+	uint64_t used, cap = dram_capacity(c, &used);
+	if (cap == 0 || (double)used <= c->o.high_watermark * (double)cap)
+		return 0;
+	/* Unpinned objects up to the round's target; soft-pinned ones only
+	 * as far as needed to get under the watermark. */
+	uint64_t target = (uint64_t)(c->o.eviction_ratio * (double)cap);
+	uint64_t limit = (uint64_t)(c->o.high_watermark * (double)cap);
+	uint64_t freed = 0, f;
+	c->n.eviction_rounds++;
+	while (freed < target && (f = evict_one(c, now_ms, false)) != 0)
+		freed += f;
+	while (used - MC_MIN(used, freed) > limit && (f = evict_one(c, now_ms, true)) != 0)
+		freed += f;
+	return freed;
+}
+
+/* ------------------------------------------------------------ puts */
+
+struct cand {
+	uint32_t id;
+	uint64_t free;
+};
+
+static int cmp_cand(const void *a, const void *b)
+{
+	const struct cand *x = a, *y = b;
+	if (x->free != y->free)
+		return x->free > y->free ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Try to allocate n replicas of len bytes on distinct usable segments.
+ * Fills reps on success. Errors: MC_ENO_SPACE (nothing changed). */
+static int place(struct master_core *c, uint64_t len, unsigned n,
+		 uint32_t preferred, struct master_rep *reps)
+{
+	struct cand stack[64], *cands = stack;
+	uint32_t nc = 0;
+	if (c->nsegs > MC_ARRAY_LEN(stack)) {
+		cands = malloc(c->nsegs * sizeof(*cands));
+		if (!cands)
+			return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
+		const struct master_seg *s = c->segs[i];
+		if (!s || s->tier != MASTER_TIER_DRAM || s->syncing)
+			continue;
+		cands[nc].id = i;
+		/* The preferred segment sorts first. */
+		cands[nc].free = i == preferred ? UINT64_MAX : master__alloc_free_bytes(s->alloc);
+		nc++;
+	}
+	int rc = MC_ENO_SPACE;
+	unsigned got = 0;
+	if (nc >= n) {
+		qsort(cands, nc, sizeof(*cands), cmp_cand);
+		for (uint32_t i = 0; i < nc && got < n; i++) {
+			uint64_t off = 0;
+			if (len && master__alloc_get(c->segs[cands[i].id]->alloc, len, &off))
+				continue;
+			reps[got].seg = cands[i].id;
+			reps[got].offset = off;
+			reps[got].state = MASTER_REP_PENDING;
+			got++;
+		}
+		if (got == n) {
+			rc = 0;
+		} else {
+			for (unsigned i = 0; i < got && len; i++)
+				if (master__alloc_put(c->segs[reps[i].seg]->alloc,
+						      reps[i].offset, len)) {
+					/* just allocated: cannot fail */
+				}
+		}
+	}
+	if (cands != stack)
+		free(cands);
+	return rc;
+}
+
+/* Segments that could hold len bytes if they were empty. */
+static unsigned usable_segments(const struct master_core *c, uint64_t len)
+{
+	unsigned n = 0;
+	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
+		const struct master_seg *s = c->segs[i];
+		n += s && s->tier == MASTER_TIER_DRAM && !s->syncing &&
+		     (s->size & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1)) >= len;
+	}
+	return n;
+}
+
+int master__put_start(struct master_core *c, const struct master_put *p,
+		      uint64_t now_ms, const struct master_obj **out)
+{
+	unsigned n = p->replica_num ? p->replica_num : 1;
+	if (!key_ok(p->klen) || n > MASTER_MAX_REPLICAS)
+		return -EINVAL;
+	if (lookup(c, p->key, p->klen, now_ms))
+		return MC_EOBJECT_ALREADY_EXISTS;
+	uint64_t len = master__alloc_len(p->size);
+	if (usable_segments(c, len) < n)
+		return MC_ENO_SPACE; /* eviction cannot help */
+	uint32_t pref = p->preferred && *p->preferred ? master__seg_find(c, p->preferred)
+						       : MASTER_NO_SEGMENT;
+	struct master_rep reps[MASTER_MAX_REPLICAS];
+	int rc;
+	while ((rc = place(c, len, n, pref, reps)) == MC_ENO_SPACE) {
+		if (!evict_one(c, now_ms, true))
+			return MC_ENO_SPACE;
+	}
+	if (rc)
+		return rc;
+	struct master_obj *o = obj_new(p->key, p->klen, n);
+	if (!o) {
+		for (unsigned i = 0; i < n && len; i++)
+			if (master__alloc_put(c->segs[reps[i].seg]->alloc, reps[i].offset, len)) {
+				/* just allocated: cannot fail */
+			}
+		return -ENOMEM;
+	}
+	memcpy(o->rep, reps, n * sizeof(*reps));
+	for (unsigned i = 0; i < n; i++)
+		c->segs[reps[i].seg]->replicas++;
+	o->size = p->size;
+	o->flags = MASTER_OBJ_PENDING | (p->soft_pin ? MASTER_OBJ_SOFT_PIN : 0);
+	o->lease_or_start_ms = now_ms;
+	o->ttl_ms = p->ttl_ms;
+	obj_link(c, o);
+	c->n.put_starts++;
+	master__evict_if_needed(c, now_ms);
+	*out = o;
+	return 0;
+}
+
+static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key,
+				      size_t klen, uint64_t now_ms, int *err)
+{
+	if (!key_ok(klen)) {
+		*err = -EINVAL;
+		return NULL;
+	}
+	struct master_obj *o = lookup(c, key, klen, now_ms);
+	if (!o) {
+		*err = MC_EOBJECT_NOT_FOUND;
+		return NULL;
+	}
+	if (!(o->flags & MASTER_OBJ_PENDING)) {
+		*err = MC_EINVALID_REPLICA;
+		return NULL;
+	}
+	return o;
+}
+
+int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
+		    uint64_t now_ms)
+{
+	int err = 0;
+	struct master_obj *o = pending_obj(c, key, klen, now_ms, &err);
+	if (!o)
+		return err;
+	lru_del(&c->pending, o);
+	c->npending--;
+	o->flags &= (uint8_t)~MASTER_OBJ_PENDING;
+	if (o->flags & MASTER_OBJ_SOFT_PIN)
+		o->flags |= MASTER_OBJ_LRU_PIN;
+	for (unsigned i = 0; i < o->nrep; i++)
+		o->rep[i].state = MASTER_REP_COMPLETE;
+	o->lease_or_start_ms = 0;
+	o->ttl_ms = o->ttl_ms ? now_ms + o->ttl_ms : 0;
+	lru_push(obj_list(c, o), o);
+	c->n.puts++;
+	return 0;
+}
+
+int master__put_revoke(struct master_core *c, const uint8_t *key, size_t klen)
+{
+	int err = 0;
+	/* A PENDING object never expires: time does not matter here. */
+	struct master_obj *o = pending_obj(c, key, klen, 0, &err);
+	if (!o)
+		return err;
+	obj_destroy(c, o);
+	c->n.put_revokes++;
+	return 0;
+}
+
+/* ------------------------------------------------------------ gets */
+
+int master__get(struct master_core *c, const uint8_t *key, size_t klen,
+		uint64_t now_ms, const struct master_obj **out)
+{
+	if (!key_ok(klen))
+		return -EINVAL;
+	c->n.gets++;
+	struct master_obj *o = lookup(c, key, klen, now_ms);
+	if (!o || (o->flags & MASTER_OBJ_PENDING)) {
+		c->n.misses++;
+		return MC_EOBJECT_NOT_FOUND;
+	}
+	c->n.hits++;
+	uint64_t until = now_ms + c->o.lease_ttl_ms;
+	if (until > o->lease_or_start_ms)
+		o->lease_or_start_ms = until;
+	struct lru *l = obj_list(c, o);
+	if (l->tail != o) {
+		lru_del(l, o);
+		lru_push(l, o);
+	}
+	*out = o;
+	return 0;
+}
+
+int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
+		  uint64_t now_ms)
+{
+	if (!key_ok(klen))
+		return -EINVAL;
+	struct master_obj *o = lookup(c, key, klen, now_ms);
+	return o && !(o->flags & MASTER_OBJ_PENDING);
+}
+
+const struct master_obj *master__find(const struct master_core *c,
+				      const uint8_t *key, size_t klen)
+{
+	if (!key_ok(klen))
+		return NULL;
+	return *find_slot(c, key, klen, key_hash(key, klen));
+}
+
+int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
+		   bool force, uint64_t now_ms)
+{
+	if (!key_ok(klen))
+		return -EINVAL;
+	struct master_obj *o = lookup(c, key, klen, now_ms);
+	if (!o || (o->flags & MASTER_OBJ_PENDING))
+		return MC_EOBJECT_NOT_FOUND;
+	if (!force && leased(o, now_ms)) {
+		c->n.lease_waits++;
+		return MC_EOBJECT_HAS_LEASE;
+	}
+	obj_destroy(c, o);
+	c->n.removes++;
+	return 0;
+}
+
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
+			uint64_t *removed, uint64_t *skipped)
+{
+	uint64_t r = 0, s = 0;
+	for (size_t b = 0; b < c->nbuckets; b++) {
+		struct master_obj *o = c->buckets[b];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			if ((o->flags & MASTER_OBJ_PENDING) || (!force && leased(o, now_ms))) {
+				s++;
+			} else {
+				obj_destroy(c, o);
+				r++;
+			}
+			o = next;
+		}
+	}
+	c->n.removes += r;
+	*removed = r;
+	*skipped = s;
+}
+
+/* ------------------------------------------------------------ timers */
+
+void master__tick(struct master_core *c, uint64_t now_ms)
+{
+	/* PENDING puts, oldest first. */
+	while (c->pending.head &&
+	       c->pending.head->lease_or_start_ms + c->o.put_timeout_ms <= now_ms) {
+		c->n.put_timeouts++;
+		obj_destroy(c, c->pending.head);
+	}
+	/* Silent agents. */
+	for (struct master_agent *a = c->agents, *next; a; a = next) {
+		next = a->next;
+		if (a->last_heartbeat_ms + c->o.agent_ttl_ms > now_ms)
+			continue;
+		for (uint32_t i = 0; i < c->nsegs_cap; i++)
+			if (c->segs[i] && c->segs[i]->agent == a)
+				seg_remove(c, i, NULL, NULL);
+		agent_del(c, a);
+		c->n.agents_expired++;
+	}
+	/* A slice of the index for TTL expiry. */
+	size_t end = MC_MIN(c->sweep_pos + SWEEP_BUCKETS_PER_TICK, c->nbuckets);
+	for (size_t b = c->sweep_pos; b < end; b++) {
+		struct master_obj *o = c->buckets[b];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			if (expired(o, now_ms)) {
+				c->n.ttl_expired++;
+				obj_destroy(c, o);
+			}
+			o = next;
+		}
+	}
+	c->sweep_pos = end == c->nbuckets ? 0 : end;
+	master__evict_if_needed(c, now_ms);
+}
+
+/* ------------------------------------------------------------ stats */
+
+void master__core_stats(const struct master_core *c, struct master_core_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->objects = c->nobjs;
+	st->pending = c->npending;
+	st->key_bytes = c->key_bytes;
+	st->index_bytes = c->obj_bytes + c->nbuckets * sizeof(*c->buckets);
+	st->segments = c->nsegs;
+	st->agents = c->nagents;
+	struct master_alloc_stats as;
+	for (uint32_t i = 0; i < c->nsegs_cap; i++) {
+		const struct master_seg *s = c->segs[i];
+		if (!s)
+			continue;
+		master__alloc_stats(s->alloc, &as);
+		if (s->tier == MASTER_TIER_DRAM) {
+			st->dram_capacity += as.size;
+			st->dram_used += as.used;
+		} else {
+			st->ssd_capacity += as.size;
+			st->ssd_used += as.used;
+		}
+	}
+}
+
+const struct master_counters *master__core_counters(const struct master_core *c)
+{
+	return &c->n;
+}
+
+const struct master_agent *master__agents(const struct master_core *c)
+{
+	return c->agents;
+}
+
+void master__foreach(const struct master_core *c,
+		     bool (*fn)(void *ud, const struct master_obj *o), void *ud)
+{
+	for (size_t b = 0; b < c->nbuckets; b++)
+		for (const struct master_obj *o = c->buckets[b]; o; o = o->hnext)
+			if (!fn(ud, o))
+				return;
+}

@@ -1,0 +1,342 @@
+/*
+ * master_int: the master's pure cores, shared by its files and the unit
+ * tests. Nothing here does I/O, reads a clock or calls rand(): time is an
+ * argument (now_ms, any monotonic millisecond clock), so tests drive them
+ * with a fake clock (STYLE.md rule 6).
+ *
+ *   alloc  per-segment offset allocator: size classes (TLSF-like: exact
+ *          classes for small sizes, four per power of two above) for
+ *          allocation, free ranges kept in an offset-ordered treap for
+ *          coalescing with both neighbours and for reserving a given
+ *          range (inventory re-sync). Allocated ranges cost nothing: the
+ *          caller passes (offset, len) back to free them.
+ *   core   segments, agents, the object index (key -> size, replicas,
+ *          lease, soft pin, TTL, LRU position), placement, eviction,
+ *          PENDING put timeouts and agent expiry.
+ */
+#ifndef MC_MASTER_MASTER_INT_H
+#define MC_MASTER_MASTER_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "common/err.h"
+
+/* ------------------------------------------------------------ alloc */
+
+/* Every allocation is a multiple of this and aligned to it. */
+#define MASTER_ALLOC_GRANULE 64u
+#define MASTER_ALLOC_NBINS 256
+
+struct master_alloc;
+
+/* An allocator for [0, size). Errors: -EINVAL (size 0 or not a multiple
+ * of MASTER_ALLOC_GRANULE after rounding down to it), -ENOMEM. seed
+ * drives the treap's priorities. */
+int master__alloc_new(uint64_t size, uint64_t seed,
+		      struct master_alloc **out) MC_MUST_CHECK;
+void master__alloc_free(struct master_alloc *a);
+
+/* The length allocated for an object of size bytes (0 for 0). */
+uint64_t master__alloc_len(uint64_t size);
+
+/* Allocate len bytes (a multiple of the granule, > 0). Errors:
+ * MC_ENO_SPACE (no free range that large), -EINVAL, -ENOMEM. */
+int master__alloc_get(struct master_alloc *a, uint64_t len,
+		      uint64_t *off) MC_MUST_CHECK;
+/* Mark [off, off+len) allocated. Errors: -EBUSY (not entirely free),
+ * -EINVAL (unaligned or out of range), -ENOMEM. */
+int master__alloc_reserve(struct master_alloc *a, uint64_t off,
+			  uint64_t len) MC_MUST_CHECK;
+/* Free [off, off+len), coalescing with free neighbours. Errors: -EINVAL
+ * (unaligned, out of range, or overlapping free space: a double free),
+ * -ENOMEM (a new free range could not be recorded; the space is lost). */
+int master__alloc_put(struct master_alloc *a, uint64_t off,
+		      uint64_t len) MC_MUST_CHECK;
+
+/* Free bytes (O(1), unlike master__alloc_stats). */
+uint64_t master__alloc_free_bytes(const struct master_alloc *a);
+
+struct master_alloc_stats {
+	uint64_t size, used, free;
+	uint64_t largest_free;
+	uint64_t free_ranges;
+	double fragmentation; /* 1 - largest_free / free; 0 when free is 0 */
+};
+void master__alloc_stats(const struct master_alloc *a,
+			 struct master_alloc_stats *st);
+/* Walk the free ranges in offset order (tests: compare with a model). */
+void master__alloc_foreach_free(const struct master_alloc *a,
+				void (*fn)(void *ud, uint64_t off, uint64_t len),
+				void *ud);
+/* Size class of a length (tests). */
+unsigned master__alloc_class(uint64_t len);
+
+/* ------------------------------------------------------------ core */
+
+#define MASTER_MAX_KEY_BYTES 4096u
+#define MASTER_MAX_REPLICAS 16u
+#define MASTER_NO_SEGMENT UINT32_MAX
+
+enum master_tier { MASTER_TIER_DRAM = 0, MASTER_TIER_SSD = 1 };
+enum master_rep_state { MASTER_REP_PENDING = 0, MASTER_REP_COMPLETE = 1 };
+
+struct master_rep {
+	uint64_t offset;
+	uint32_t seg;   /* segment slot (master__seg) */
+	uint32_t state; /* enum master_rep_state */
+};
+
+#define MASTER_OBJ_PENDING 0x1u
+#define MASTER_OBJ_SOFT_PIN 0x2u
+#define MASTER_OBJ_LRU_PIN 0x4u /* on the pinned LRU list */
+
+/*
+ * One object: 56 bytes plus 16 per replica plus the key, in one
+ * allocation. Replicas follow the header, then the key bytes.
+ */
+struct master_obj {
+	struct master_obj *hnext;           /* hash chain */
+	struct master_obj *prev, *next;     /* LRU list, or the PENDING list */
+	uint64_t size;
+	/* COMPLETE: read lease end. PENDING: when PutStart ran. */
+	uint64_t lease_or_start_ms;
+	/* COMPLETE: TTL expiry (0: none). PENDING: the TTL asked for. */
+	uint64_t ttl_ms;
+	uint32_t hash;
+	uint16_t klen;
+	uint8_t nrep;
+	uint8_t flags;
+	struct master_rep rep[];
+};
+
+static inline const uint8_t *master__obj_key(const struct master_obj *o)
+{
+	return (const uint8_t *)&o->rep[o->nrep];
+}
+
+struct master_seg {
+	char *name;
+	struct master_agent *agent;
+	enum master_tier tier;
+	uint64_t base, size;
+	struct master_alloc *alloc;
+	uint64_t replicas;
+	bool syncing; /* mounted with resync; no placements until inventory done */
+};
+
+struct master_agent {
+	struct master_agent *next;
+	char *id;
+	uint64_t last_heartbeat_ms;
+	unsigned nsegs;
+};
+
+struct master_core_opts {
+	uint64_t put_timeout_ms;
+	uint64_t lease_ttl_ms;
+	uint64_t agent_ttl_ms;
+	double high_watermark; /* eviction starts above used/capacity this */
+	double eviction_ratio; /* of capacity, freed per eviction round */
+	uint64_t seed;         /* allocator treaps */
+};
+
+/* Counters; read them through master__core_counters. */
+struct master_counters {
+	uint64_t puts, put_starts, put_revokes, put_timeouts;
+	uint64_t gets, hits, misses;
+	uint64_t evictions, evicted_bytes, eviction_rounds;
+	uint64_t lease_waits;
+	uint64_t removes, ttl_expired;
+	uint64_t agents_expired;
+};
+
+struct master_core;
+
+/* Errors: -EINVAL (a ratio outside (0, 1]), -ENOMEM. */
+int master__core_new(const struct master_core_opts *o,
+		     struct master_core **out) MC_MUST_CHECK;
+/* Free everything (objects, segments, agents). */
+void master__core_free(struct master_core *c);
+/* Drop every object, segment and agent (a leader stepping down). */
+void master__core_reset(struct master_core *c);
+
+/* Segments (slots are stable while mounted). NULL for a free slot. */
+const struct master_seg *master__seg(const struct master_core *c, uint32_t id);
+uint32_t master__seg_slots(const struct master_core *c);
+/* Slot of a mounted segment by name, or MASTER_NO_SEGMENT. */
+uint32_t master__seg_find(const struct master_core *c, const char *name);
+
+/*
+ * Mount a segment for an agent (created on first mount; counts as a
+ * heartbeat). Mounting again with the same agent, tier, base and size is
+ * allowed: with resync false it drops every replica there first (a
+ * restarted agent), with resync true it keeps them. Errors: -EINVAL (empty
+ * name or agent, size below one granule, base + size overflows), -EEXIST
+ * (the name is mounted by another agent or with another geometry),
+ * -ENOMEM.
+ */
+int master__mount(struct master_core *c, const char *name, const char *agent,
+		  enum master_tier tier, uint64_t base, uint64_t size,
+		  bool resync, uint64_t now_ms) MC_MUST_CHECK;
+/* Errors: MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
+int master__unmount(struct master_core *c, const char *name, const char *agent,
+		    uint64_t *replicas_dropped,
+		    uint64_t *objects_removed) MC_MUST_CHECK;
+/* A heartbeat: returns true when the agent is known (has segments
+ * mounted), false when it must re-sync. */
+bool master__heartbeat(struct master_core *c, const char *agent,
+		       uint64_t now_ms);
+/* One inventory item of an agent's re-sync: a COMPLETE replica at
+ * (segment, offset). Errors: MC_ESEGMENT_NOT_FOUND (or not the agent's),
+ * -EINVAL (key), MC_EOBJECT_ALREADY_EXISTS (the key is PENDING, has
+ * another size, or already a replica on that segment), -EBUSY (the space
+ * is taken), -ENOMEM. */
+int master__inventory_add(struct master_core *c, const char *agent,
+			  const uint8_t *key, size_t klen, const char *segment,
+			  uint64_t offset, uint64_t size, bool soft_pin,
+			  uint64_t now_ms) MC_MUST_CHECK;
+/* The agent's re-sync is complete: its segments take placements. */
+void master__inventory_done(struct master_core *c, const char *agent);
+
+struct master_put {
+	const uint8_t *key;
+	size_t klen;
+	uint64_t size;
+	unsigned replica_num;     /* 0: 1 */
+	const char *preferred;    /* segment name or NULL/"" */
+	bool soft_pin;
+	uint64_t ttl_ms;
+};
+
+/*
+ * Start a put: allocate replica_num placements on distinct DRAM segments
+ * (the preferred one first if it has room, then the emptiest), evicting in
+ * LRU order when nothing fits. *out (borrowed, valid until the next core
+ * call) is the PENDING object. Errors: -EINVAL (key length, replica_num
+ * above MASTER_MAX_REPLICAS), MC_EOBJECT_ALREADY_EXISTS, MC_ENO_SPACE
+ * (fewer usable segments than replica_num, or eviction cannot make room),
+ * -ENOMEM.
+ */
+int master__put_start(struct master_core *c, const struct master_put *p,
+		      uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+/* Errors: -EINVAL, MC_EOBJECT_NOT_FOUND, MC_EINVALID_REPLICA (not
+ * PENDING). */
+int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
+		    uint64_t now_ms) MC_MUST_CHECK;
+int master__put_revoke(struct master_core *c, const uint8_t *key,
+		       size_t klen) MC_MUST_CHECK;
+/* A COMPLETE object, leased to the reader until now + lease_ttl and
+ * moved to the LRU tail. Errors: -EINVAL, MC_EOBJECT_NOT_FOUND. */
+int master__get(struct master_core *c, const uint8_t *key, size_t klen,
+		uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+/* 1 COMPLETE, 0 not (or PENDING), -EINVAL. */
+int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
+		  uint64_t now_ms) MC_MUST_CHECK;
+/* Errors: -EINVAL, MC_EOBJECT_NOT_FOUND (also PENDING),
+ * MC_EOBJECT_HAS_LEASE (leased and not forced). */
+int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
+		   bool force, uint64_t now_ms) MC_MUST_CHECK;
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
+			uint64_t *removed, uint64_t *skipped);
+/* Lookup without side effects (NULL if absent). */
+const struct master_obj *master__find(const struct master_core *c,
+				      const uint8_t *key, size_t klen);
+
+/* Timers: PENDING puts past --put-timeout are revoked, agents silent for
+ * --agent-ttl expire, part of the index is swept for TTL expiry, and the
+ * DRAM tier is brought under the watermark. */
+void master__tick(struct master_core *c, uint64_t now_ms);
+/* One eviction round if DRAM usage is above the watermark (also run after
+ * each put start). Returns the bytes freed. */
+uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms);
+
+struct master_core_stats {
+	uint64_t objects, pending, key_bytes, index_bytes;
+	uint64_t dram_capacity, dram_used, ssd_capacity, ssd_used;
+	uint64_t segments, agents;
+};
+void master__core_stats(const struct master_core *c,
+			struct master_core_stats *st);
+const struct master_counters *master__core_counters(const struct master_core *c);
+const struct master_agent *master__agents(const struct master_core *c);
+
+/* Visit every object (in no order). fn returns false to stop. */
+void master__foreach(const struct master_core *c,
+		     bool (*fn)(void *ud, const struct master_obj *o), void *ud);
+
+/* ------------------------------------------------------------ service */
+
+struct rpc_server;
+struct rpc_health;
+struct rpc_call;
+struct metrics_registry;
+struct metric;
+struct etcd_client;
+struct etcd_lease;
+struct etcd_watch;
+
+/* Per-segment gauges, kept while the segment is mounted. */
+struct master_seg_metrics {
+	char *name;
+	struct metric *capacity, *used, *fragmentation, *replicas;
+	bool seen;
+};
+
+struct master {
+	uv_loop_t *loop;
+	struct rpc_server *rpc;
+	struct rpc_health *health;
+	struct metrics_registry *metrics;
+	struct master_core *core;
+	struct master_core_opts core_opts;
+	char *advertise, *listen, *cluster_id, *meta_endpoints;
+	uint64_t leader_lease_ttl_ms;
+	uv_timer_t tick;
+	unsigned ticks;
+	bool leader, stopping;
+	uint64_t view;
+	char leader_addr[128]; /* the known leader ("" while unknown) */
+	char self_addr[128];   /* what this master advertises */
+	/* HA (ha.c) */
+	struct etcd_client *etcd;
+	struct etcd_lease *lease;
+	int64_t lease_id;
+	struct etcd_watch *watch;
+	bool campaign_busy;    /* a grant/range/txn is in flight */
+	uv_timer_t retry;
+	uint64_t retry_ms;
+	char *leader_key, *view_key;
+	void (*on_stopped)(void *ud);
+	void *stop_ud;
+	unsigned closing;      /* handles whose close callback is owed */
+	/* metrics (master.c) */
+	struct master_counters last;
+	struct metric *m_puts, *m_put_starts, *m_revokes, *m_timeouts, *m_gets,
+		*m_hits, *m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits,
+		*m_removes, *m_ttl, *m_agents_expired;
+	struct metric *m_objects, *m_pending, *m_segments, *m_agents,
+		*m_index_bytes, *m_key_bytes, *m_bytes_per_object, *m_leader,
+		*m_view, *m_cap_dram, *m_used_dram, *m_cap_ssd, *m_used_ssd,
+		*m_leader_changes;
+	struct master_seg_metrics *segm;
+	size_t nsegm;
+};
+
+/* master.c */
+void master__set_leader(struct master *m, bool leader, uint64_t view,
+			const char *leader_addr);
+void master__update_metrics(struct master *m);
+/* service.c */
+int master__service_add(struct master *m) MC_MUST_CHECK;
+/* The gRPC status for a core error code. */
+int master__rpc_status(int err);
+/* ha.c: start campaigning (or lead at once without meta), stop. */
+int master__ha_start(struct master *m) MC_MUST_CHECK;
+void master__ha_stop(struct master *m, void (*done)(struct master *m));
+void master__ha_free(struct master *m);
+
+#endif

@@ -1,0 +1,766 @@
+/*
+ * service: the mooncake.master.Master RPC handlers — protobuf in, core
+ * call, protobuf out. Every handler is synchronous (the core never
+ * blocks) and runs on the loop thread. A standby answers every call with
+ * UNAVAILABLE naming the leader. Unary failures carry the error code at
+ * the start of grpc-message ("-705 object already exists: key 'k'");
+ * batch calls answer OK with one code per item. See proto/master.proto.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "master.pb-c.h"
+#include "master/master.h"
+#include "master/master_int.h"
+#include "rpc/rpc.h"
+
+#define LOG_SUBSYS LOGS_MASTER
+
+#define LIST_DEFAULT_LIMIT 1000u
+#define LIST_MAX_LIMIT 100000u
+#define KEY_SHOWN_BYTES 64
+
+int master__rpc_status(int err)
+{
+	switch (err) {
+	case 0:
+		return RPC_OK;
+	case MC_EOBJECT_NOT_FOUND:
+	case MC_ESEGMENT_NOT_FOUND:
+		return RPC_NOT_FOUND;
+	case MC_EOBJECT_ALREADY_EXISTS:
+	case -EEXIST:
+		return RPC_ALREADY_EXISTS;
+	case MC_EOBJECT_HAS_LEASE:
+	case MC_EINVALID_REPLICA:
+		return RPC_FAILED_PRECONDITION;
+	case MC_ENO_SPACE:
+	case -ENOMEM:
+	case MC_ETOO_LARGE:
+		return RPC_RESOURCE_EXHAUSTED;
+	case -EINVAL:
+		return RPC_INVALID_ARGUMENT;
+	case -EACCES:
+		return RPC_PERMISSION_DENIED;
+	case MC_ENOT_LEADER:
+	case MC_EUNAVAILABLE:
+	case MC_ESHUTDOWN:
+		return RPC_UNAVAILABLE;
+	default:
+		return RPC_INTERNAL;
+	}
+}
+
+/* Printable form of a key for messages: bytes outside 0x20-0x7e as \xNN,
+ * at most KEY_SHOWN_BYTES of the key. */
+static void show_key(char *out, size_t outlen, const uint8_t *key, size_t klen)
+{
+	size_t o = 0;
+	for (size_t i = 0; i < klen && i < KEY_SHOWN_BYTES && o + 5 < outlen; i++) {
+		if (key[i] >= 0x20 && key[i] < 0x7f && key[i] != '\'')
+			out[o++] = (char)key[i];
+		else
+			o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", key[i]);
+	}
+	if (klen > KEY_SHOWN_BYTES && o + 4 < outlen) {
+		memcpy(out + o, "...", 3);
+		o += 3;
+	}
+	out[o] = '\0';
+}
+
+/* End the call with err's gRPC status and "CODE TEXT[: DETAIL]". */
+static void finish_err(struct rpc_call *call, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void finish_err(struct rpc_call *call, int err, const char *fmt, ...)
+{
+	char msg[512];
+	int n = snprintf(msg, sizeof(msg), "%d %s", err, mc_strerror(err));
+	if (fmt && n > 0 && (size_t)n + 2 < sizeof(msg)) {
+		va_list ap;
+		va_start(ap, fmt);
+		msg[n++] = ':';
+		msg[n++] = ' ';
+		vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+		va_end(ap);
+	}
+	rpc_call_finish(call, master__rpc_status(err), msg);
+}
+
+static void finish_key_err(struct rpc_call *call, int err, ProtobufCBinaryData key)
+{
+	char k[KEY_SHOWN_BYTES * 4 + 8];
+	show_key(k, sizeof(k), key.data, key.len);
+	finish_err(call, err, "key '%s'", k);
+}
+
+static void reply(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	int rc = rpc_call_send(call, msg);
+	if (rc == 0)
+		rpc_call_finish(call, RPC_OK, NULL);
+	else if (rc == MC_ETOO_LARGE)
+		finish_err(call, MC_ETOO_LARGE,
+			   "reply larger than --rpc-max-message-size; use smaller batches");
+	else
+		finish_err(call, rc, NULL);
+}
+
+/* The master serving the call, or NULL after answering UNAVAILABLE. */
+static struct master *leader_of(struct rpc_call *call)
+{
+	struct master *m = rpc_call_service_data(call);
+	if (m->leader && !m->stopping)
+		return m;
+	char msg[320];
+	snprintf(msg, sizeof(msg), "%d %s: leader=%s view=%llu", MC_ENOT_LEADER,
+		 mc_strerror(MC_ENOT_LEADER), *m->leader_addr ? m->leader_addr : "none",
+		 (unsigned long long)m->view);
+	rpc_call_finish(call, RPC_UNAVAILABLE, msg);
+	return NULL;
+}
+
+static uint64_t now_ms(const struct master *m)
+{
+	return uv_now(m->loop);
+}
+
+/* Fill r from replica i of o. */
+static void fill_replica(const struct master *m, const struct master_obj *o,
+			 unsigned i, Mooncake__Master__Replica *r)
+{
+	const struct master_seg *s = master__seg(m->core, o->rep[i].seg);
+	mooncake__master__replica__init(r);
+	r->segment = s->name;
+	r->offset = o->rep[i].offset;
+	r->address = s->base + o->rep[i].offset;
+	r->size = o->size;
+	r->state = o->rep[i].state == MASTER_REP_COMPLETE
+			   ? MOONCAKE__MASTER__REPLICA_STATE__REPLICA_COMPLETE
+			   : MOONCAKE__MASTER__REPLICA_STATE__REPLICA_PENDING;
+}
+
+/* ------------------------------------------------------------ segments */
+
+static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__MountSegmentRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	const Mooncake__Master__Segment *s = req->segment;
+	if (!s) {
+		finish_err(call, -EINVAL, "no segment");
+		return;
+	}
+	int rc = master__mount(m->core, s->name, s->agent_id,
+			       s->tier == MOONCAKE__MASTER__TIER__TIER_SSD ? MASTER_TIER_SSD
+									: MASTER_TIER_DRAM,
+			       s->base_address, s->size, req->resync, now_ms(m));
+	if (rc) {
+		finish_err(call, rc, "segment '%s'", s->name);
+		return;
+	}
+	log_info("segment %s mounted by agent %s: %llu bytes at 0x%llx%s", s->name,
+		 s->agent_id, (unsigned long long)s->size, (unsigned long long)s->base_address,
+		 req->resync ? " (re-sync)" : "");
+	Mooncake__Master__MountSegmentResponse resp = MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
+	resp.view = m->view;
+	reply(call, &resp.base);
+}
+
+static void on_unmount(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__UnmountSegmentRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	Mooncake__Master__UnmountSegmentResponse resp =
+		MOONCAKE__MASTER__UNMOUNT_SEGMENT_RESPONSE__INIT;
+	int rc = master__unmount(m->core, req->name, req->agent_id, &resp.replicas_dropped,
+				 &resp.objects_removed);
+	if (rc) {
+		finish_err(call, rc, "segment '%s'", req->name);
+		return;
+	}
+	log_info("segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
+		 req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
+		 (unsigned long long)resp.objects_removed);
+	reply(call, &resp.base);
+}
+
+static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__HeartbeatRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	uint64_t now = now_ms(m);
+	Mooncake__Master__HeartbeatResponse resp = MOONCAKE__MASTER__HEARTBEAT_RESPONSE__INIT;
+	bool known = master__heartbeat(m->core, req->agent_id, now);
+	for (size_t i = 0; i < req->n_inventory; i++) {
+		const Mooncake__Master__InventoryItem *it = req->inventory[i];
+		int rc = master__inventory_add(m->core, req->agent_id, it->key.data, it->key.len,
+					       it->segment, it->offset, it->size, it->soft_pin, now);
+		if (rc == 0)
+			resp.items_accepted++;
+		else
+			resp.items_skipped++;
+	}
+	if (req->n_inventory || req->inventory_complete)
+		log_info("agent %s re-sync: %llu objects accepted, %llu skipped%s", req->agent_id,
+			 (unsigned long long)resp.items_accepted,
+			 (unsigned long long)resp.items_skipped,
+			 req->inventory_complete ? " (complete)" : "");
+	if (req->inventory_complete)
+		master__inventory_done(m->core, req->agent_id);
+	resp.view = m->view;
+	resp.resync = !known;
+	resp.agent_ttl_ms = m->core_opts.agent_ttl_ms;
+	reply(call, &resp.base);
+}
+
+/* ------------------------------------------------------------ puts */
+
+static int put_start_one(struct master *m, const Mooncake__Master__PutStartRequest *req,
+			 const struct master_obj **o)
+{
+	struct master_put p = {
+		.key = req->key.data,
+		.klen = req->key.len,
+		.size = req->size,
+		.replica_num = req->replica_num,
+		.preferred = req->preferred_segment,
+		.soft_pin = req->soft_pin,
+		.ttl_ms = req->ttl_ms,
+	};
+	return master__put_start(m->core, &p, now_ms(m), o);
+}
+
+static void on_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__PutStartRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	const struct master_obj *o;
+	int rc = put_start_one(m, req, &o);
+	if (rc) {
+		finish_key_err(call, rc, req->key);
+		return;
+	}
+	Mooncake__Master__Replica reps[MASTER_MAX_REPLICAS], *ptrs[MASTER_MAX_REPLICAS];
+	for (unsigned i = 0; i < o->nrep; i++) {
+		fill_replica(m, o, i, &reps[i]);
+		ptrs[i] = &reps[i];
+	}
+	Mooncake__Master__PutStartResponse resp = MOONCAKE__MASTER__PUT_START_RESPONSE__INIT;
+	resp.n_replicas = o->nrep;
+	resp.replicas = ptrs;
+	reply(call, &resp.base);
+}
+
+static void on_put_end(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__PutEndRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	int rc = master__put_end(m->core, req->key.data, req->key.len, now_ms(m));
+	if (rc) {
+		finish_key_err(call, rc, req->key);
+		return;
+	}
+	Mooncake__Master__PutEndResponse resp = MOONCAKE__MASTER__PUT_END_RESPONSE__INIT;
+	reply(call, &resp.base);
+}
+
+static void on_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__PutRevokeRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	int rc = master__put_revoke(m->core, req->key.data, req->key.len);
+	if (rc) {
+		finish_key_err(call, rc, req->key);
+		return;
+	}
+	Mooncake__Master__PutRevokeResponse resp = MOONCAKE__MASTER__PUT_REVOKE_RESPONSE__INIT;
+	reply(call, &resp.base);
+}
+
+/* ------------------------------------------------------------ gets */
+
+static void on_get(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__GetReplicasRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	const struct master_obj *o;
+	int rc = master__get(m->core, req->key.data, req->key.len, now_ms(m), &o);
+	if (rc) {
+		finish_key_err(call, rc, req->key);
+		return;
+	}
+	Mooncake__Master__Replica reps[MASTER_MAX_REPLICAS], *ptrs[MASTER_MAX_REPLICAS];
+	Mooncake__Master__GetReplicasResponse resp = MOONCAKE__MASTER__GET_REPLICAS_RESPONSE__INIT;
+	for (unsigned i = 0; i < o->nrep; i++) {
+		fill_replica(m, o, i, &reps[i]);
+		ptrs[resp.n_replicas++] = &reps[i];
+	}
+	resp.replicas = ptrs;
+	resp.size = o->size;
+	resp.lease_ttl_ms = m->core_opts.lease_ttl_ms;
+	reply(call, &resp.base);
+}
+
+static void on_exist(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__ExistRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	int rc = master__exist(m->core, req->key.data, req->key.len, now_ms(m));
+	if (rc < 0) {
+		finish_key_err(call, rc, req->key);
+		return;
+	}
+	Mooncake__Master__ExistResponse resp = MOONCAKE__MASTER__EXIST_RESPONSE__INIT;
+	resp.exists = rc == 1;
+	reply(call, &resp.base);
+}
+
+static void on_remove(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__RemoveRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	int rc = master__remove(m->core, req->key.data, req->key.len, req->force, now_ms(m));
+	if (rc) {
+		finish_key_err(call, rc, req->key);
+		return;
+	}
+	Mooncake__Master__RemoveResponse resp = MOONCAKE__MASTER__REMOVE_RESPONSE__INIT;
+	reply(call, &resp.base);
+}
+
+static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__RemoveAllRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	Mooncake__Master__RemoveAllResponse resp = MOONCAKE__MASTER__REMOVE_ALL_RESPONSE__INIT;
+	master__remove_all(m->core, req->force, now_ms(m), &resp.removed, &resp.skipped);
+	log_info("RemoveAll%s: %llu removed, %llu left", req->force ? " (forced)" : "",
+		 (unsigned long long)resp.removed, (unsigned long long)resp.skipped);
+	reply(call, &resp.base);
+}
+
+/* ------------------------------------------------------------ batches */
+
+static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__BatchPutStartRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_items;
+	Mooncake__Master__PutStartResult *res = calloc(n ? n : 1, sizeof(*res));
+	Mooncake__Master__PutStartResult **rptr = calloc(n ? n : 1, sizeof(*rptr));
+	Mooncake__Master__Replica *reps = NULL;
+	Mooncake__Master__Replica **pptr = NULL;
+	const struct master_obj **objs = calloc(n ? n : 1, sizeof(*objs));
+	size_t total = 0;
+	if (!res || !rptr || !objs)
+		goto err_nomem;
+	for (size_t i = 0; i < n; i++) {
+		mooncake__master__put_start_result__init(&res[i]);
+		rptr[i] = &res[i];
+		res[i].error = put_start_one(m, req->items[i], &objs[i]);
+		if (res[i].error)
+			objs[i] = NULL;
+		else
+			total += objs[i]->nrep;
+	}
+	/* A later put of the batch cannot free an earlier one's object
+	 * (they are PENDING, never evicted), so objs[] are all valid. */
+	reps = calloc(total ? total : 1, sizeof(*reps));
+	pptr = calloc(total ? total : 1, sizeof(*pptr));
+	if (!reps || !pptr)
+		goto err_nomem;
+	for (size_t i = 0, k = 0; i < n; i++) {
+		if (!objs[i])
+			continue;
+		res[i].replicas = &pptr[k];
+		res[i].n_replicas = objs[i]->nrep;
+		for (unsigned r = 0; r < objs[i]->nrep; r++, k++) {
+			fill_replica(m, objs[i], r, &reps[k]);
+			pptr[k] = &reps[k];
+		}
+	}
+	Mooncake__Master__BatchPutStartResponse resp = MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
+	resp.n_results = n;
+	resp.results = rptr;
+	reply(call, &resp.base);
+	goto out;
+err_nomem:
+	finish_err(call, -ENOMEM, NULL);
+out:
+	free(pptr);
+	free(reps);
+	free(objs);
+	free(rptr);
+	free(res);
+}
+
+enum batch_op { OP_PUT_END, OP_PUT_REVOKE, OP_REMOVE };
+
+static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_t n,
+			 enum batch_op op, bool force)
+{
+	struct master *m = leader_of(call);
+	if (!m)
+		return;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	if (!errs) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		switch (op) {
+		case OP_PUT_END:
+			errs[i] = master__put_end(m->core, keys[i].data, keys[i].len, now);
+			break;
+		case OP_PUT_REVOKE:
+			errs[i] = master__put_revoke(m->core, keys[i].data, keys[i].len);
+			break;
+		case OP_REMOVE:
+			errs[i] = master__remove(m->core, keys[i].data, keys[i].len, force, now);
+			break;
+		}
+	}
+	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	resp.n_errors = n;
+	resp.errors = errs;
+	reply(call, &resp.base);
+	free(errs);
+}
+
+static void on_batch_put_end(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
+	batch_errors(call, req->keys, req->n_keys, OP_PUT_END, false);
+}
+
+static void on_batch_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
+	batch_errors(call, req->keys, req->n_keys, OP_PUT_REVOKE, false);
+}
+
+static void on_batch_remove(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	const Mooncake__Master__BatchRemoveRequest *req = (const void *)msg;
+	batch_errors(call, req->keys, req->n_keys, OP_REMOVE, req->force);
+}
+
+static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_keys;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	protobuf_c_boolean *ex = calloc(n ? n : 1, sizeof(*ex));
+	if (!errs || !ex) {
+		finish_err(call, -ENOMEM, NULL);
+		goto out;
+	}
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		int rc = master__exist(m->core, req->keys[i].data, req->keys[i].len, now);
+		errs[i] = rc < 0 ? rc : 0;
+		ex[i] = rc == 1;
+	}
+	Mooncake__Master__BatchExistResponse resp = MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
+	resp.n_errors = resp.n_exists = n;
+	resp.errors = errs;
+	resp.exists = ex;
+	reply(call, &resp.base);
+out:
+	free(errs);
+	free(ex);
+}
+
+static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_keys, total = 0;
+	const struct master_obj **objs = calloc(n ? n : 1, sizeof(*objs));
+	Mooncake__Master__GetReplicasResult *res = calloc(n ? n : 1, sizeof(*res));
+	Mooncake__Master__GetReplicasResult **rptr = calloc(n ? n : 1, sizeof(*rptr));
+	Mooncake__Master__Replica *reps = NULL;
+	Mooncake__Master__Replica **pptr = NULL;
+	if (!objs || !res || !rptr)
+		goto err_nomem;
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		mooncake__master__get_replicas_result__init(&res[i]);
+		rptr[i] = &res[i];
+		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now, &objs[i]);
+		if (res[i].error)
+			objs[i] = NULL;
+		else
+			total += objs[i]->nrep;
+	}
+	/* Objects found stay valid: they are leased, so a later lookup of
+	 * the batch cannot expire them. */
+	reps = malloc((total ? total : 1) * sizeof(*reps));
+	pptr = malloc((total ? total : 1) * sizeof(*pptr));
+	if (!reps || !pptr)
+		goto err_nomem;
+	for (size_t i = 0, k = 0; i < n; i++) {
+		if (!objs[i])
+			continue;
+		res[i].size = objs[i]->size;
+		res[i].replicas = &pptr[k];
+		res[i].n_replicas = objs[i]->nrep;
+		for (unsigned r = 0; r < objs[i]->nrep; r++, k++) {
+			fill_replica(m, objs[i], r, &reps[k]);
+			pptr[k] = &reps[k];
+		}
+	}
+	Mooncake__Master__BatchGetReplicasResponse resp =
+		MOONCAKE__MASTER__BATCH_GET_REPLICAS_RESPONSE__INIT;
+	resp.n_results = n;
+	resp.results = rptr;
+	resp.lease_ttl_ms = m->core_opts.lease_ttl_ms;
+	reply(call, &resp.base);
+	goto out;
+err_nomem:
+	finish_err(call, -ENOMEM, NULL);
+out:
+	free(pptr);
+	free(reps);
+	free(rptr);
+	free(res);
+	free(objs);
+}
+
+/* ------------------------------------------------------------ operator */
+
+static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	(void)msg;
+	if (!m)
+		return;
+	uint64_t now = now_ms(m);
+	master__update_metrics(m);
+	struct master_core_stats st;
+	master__core_stats(m->core, &st);
+	const struct master_counters *n = master__core_counters(m->core);
+	Mooncake__Master__StatsResponse resp = MOONCAKE__MASTER__STATS_RESPONSE__INIT;
+	resp.view = m->view;
+	resp.leader = m->self_addr;
+	resp.objects = st.objects;
+	resp.pending = st.pending;
+	resp.capacity = st.dram_capacity;
+	resp.used = st.dram_used;
+	resp.index_bytes = st.index_bytes;
+	resp.key_bytes = st.key_bytes;
+	resp.bytes_per_object =
+		st.objects ? (double)(st.index_bytes - st.key_bytes) / (double)st.objects : 0;
+	resp.puts = n->puts;
+	resp.gets = n->gets;
+	resp.hits = n->hits;
+	resp.misses = n->misses;
+	resp.evictions = n->evictions;
+	resp.lease_waits = n->lease_waits;
+	resp.put_timeouts = n->put_timeouts;
+	resp.agents = st.agents;
+	uint32_t slots = master__seg_slots(m->core), k = 0;
+	Mooncake__Master__SegmentStats *ss = calloc(slots ? slots : 1, sizeof(*ss));
+	Mooncake__Master__SegmentStats **sp = calloc(slots ? slots : 1, sizeof(*sp));
+	Mooncake__Master__Segment *sg = calloc(slots ? slots : 1, sizeof(*sg));
+	if (!ss || !sp || !sg) {
+		finish_err(call, -ENOMEM, NULL);
+		goto out;
+	}
+	for (uint32_t i = 0; i < slots; i++) {
+		const struct master_seg *s = master__seg(m->core, i);
+		if (!s)
+			continue;
+		struct master_alloc_stats as;
+		master__alloc_stats(s->alloc, &as);
+		mooncake__master__segment__init(&sg[k]);
+		mooncake__master__segment_stats__init(&ss[k]);
+		sg[k].name = s->name;
+		sg[k].agent_id = s->agent->id;
+		sg[k].tier = s->tier == MASTER_TIER_SSD ? MOONCAKE__MASTER__TIER__TIER_SSD
+							: MOONCAKE__MASTER__TIER__TIER_DRAM;
+		sg[k].base_address = s->base;
+		sg[k].size = s->size;
+		ss[k].segment = &sg[k];
+		ss[k].used = as.used;
+		ss[k].replicas = s->replicas;
+		ss[k].fragmentation = as.fragmentation;
+		ss[k].syncing = s->syncing;
+		ss[k].heartbeat_age_ms = now - MC_MIN(now, s->agent->last_heartbeat_ms);
+		sp[k] = &ss[k];
+		k++;
+	}
+	resp.n_segments = k;
+	resp.segments = sp;
+	reply(call, &resp.base);
+out:
+	free(ss);
+	free(sp);
+	free(sg);
+}
+
+struct list_ctx {
+	const uint8_t *prefix, *after;
+	size_t plen, alen;
+	const struct master_obj **v;
+	size_t n, cap;
+	bool nomem;
+};
+
+static int key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+	int c = memcmp(a, b, MC_MIN(alen, blen));
+	if (c)
+		return c;
+	return alen < blen ? -1 : alen > blen;
+}
+
+static bool list_collect(void *ud, const struct master_obj *o)
+{
+	struct list_ctx *x = ud;
+	const uint8_t *k = master__obj_key(o);
+	if (o->klen < x->plen || (x->plen && memcmp(k, x->prefix, x->plen) != 0))
+		return true;
+	if (x->alen && key_cmp(k, o->klen, x->after, x->alen) <= 0)
+		return true;
+	if (x->n == x->cap) {
+		size_t cap = x->cap ? x->cap * 2 : 1024;
+		const struct master_obj **v = realloc(x->v, cap * sizeof(*v));
+		if (!v) {
+			x->nomem = true;
+			return false;
+		}
+		x->v = v;
+		x->cap = cap;
+	}
+	x->v[x->n++] = o;
+	return true;
+}
+
+static int obj_cmp(const void *a, const void *b)
+{
+	const struct master_obj *x = *(const struct master_obj *const *)a;
+	const struct master_obj *y = *(const struct master_obj *const *)b;
+	return key_cmp(master__obj_key(x), x->klen, master__obj_key(y), y->klen);
+}
+
+static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = leader_of(call);
+	const Mooncake__Master__ListRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	uint32_t limit = req->limit ? req->limit : LIST_DEFAULT_LIMIT;
+	if (limit > LIST_MAX_LIMIT) {
+		finish_err(call, -EINVAL, "limit above %u", LIST_MAX_LIMIT);
+		return;
+	}
+	struct list_ctx x = {.prefix = req->prefix.data, .plen = req->prefix.len,
+			     .after = req->start_after.data, .alen = req->start_after.len};
+	master__foreach(m->core, list_collect, &x);
+	Mooncake__Master__ListItem *items = NULL;
+	Mooncake__Master__ListItem **ptrs = NULL;
+	if (x.nomem)
+		goto err_nomem;
+	qsort(x.v, x.n, sizeof(*x.v), obj_cmp);
+	size_t n = MC_MIN(x.n, (size_t)limit);
+	items = calloc(n ? n : 1, sizeof(*items));
+	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+	if (!items || !ptrs)
+		goto err_nomem;
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		const struct master_obj *o = x.v[i];
+		bool pending = o->flags & MASTER_OBJ_PENDING;
+		mooncake__master__list_item__init(&items[i]);
+		items[i].key.data = (uint8_t *)master__obj_key(o);
+		items[i].key.len = o->klen;
+		items[i].size = o->size;
+		items[i].replicas = o->nrep;
+		items[i].complete = !pending;
+		items[i].soft_pin = (o->flags & MASTER_OBJ_SOFT_PIN) != 0;
+		items[i].lease_ms = !pending && o->lease_or_start_ms > now
+					    ? o->lease_or_start_ms - now
+					    : 0;
+		ptrs[i] = &items[i];
+	}
+	Mooncake__Master__ListResponse resp = MOONCAKE__MASTER__LIST_RESPONSE__INIT;
+	resp.n_items = n;
+	resp.items = ptrs;
+	resp.more = x.n > n;
+	reply(call, &resp.base);
+	goto out;
+err_nomem:
+	finish_err(call, -ENOMEM, NULL);
+out:
+	free(items);
+	free(ptrs);
+	free(x.v);
+}
+
+/* ------------------------------------------------------------ table */
+
+#define UNARY(name, fn, req, resp)                                             \
+	{name, RPC_UNARY, &mooncake__master__##req##__descriptor,              \
+	 &mooncake__master__##resp##__descriptor, NULL, fn, NULL, NULL, NULL}
+
+static const struct rpc_method methods[] = {
+	UNARY("MountSegment", on_mount, mount_segment_request, mount_segment_response),
+	UNARY("UnmountSegment", on_unmount, unmount_segment_request, unmount_segment_response),
+	UNARY("Heartbeat", on_heartbeat, heartbeat_request, heartbeat_response),
+	UNARY("PutStart", on_put_start, put_start_request, put_start_response),
+	UNARY("PutEnd", on_put_end, put_end_request, put_end_response),
+	UNARY("PutRevoke", on_put_revoke, put_revoke_request, put_revoke_response),
+	UNARY("GetReplicas", on_get, get_replicas_request, get_replicas_response),
+	UNARY("Exist", on_exist, exist_request, exist_response),
+	UNARY("Remove", on_remove, remove_request, remove_response),
+	UNARY("RemoveAll", on_remove_all, remove_all_request, remove_all_response),
+	UNARY("BatchPutStart", on_batch_put_start, batch_put_start_request,
+	      batch_put_start_response),
+	UNARY("BatchPutEnd", on_batch_put_end, batch_keys_request, batch_errors_response),
+	UNARY("BatchPutRevoke", on_batch_put_revoke, batch_keys_request, batch_errors_response),
+	UNARY("BatchGetReplicas", on_batch_get, batch_keys_request, batch_get_replicas_response),
+	UNARY("BatchExist", on_batch_exist, batch_keys_request, batch_exist_response),
+	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
+	UNARY("Stats", on_stats, stats_request, stats_response),
+	UNARY("List", on_list, list_request, list_response),
+};
+
+int master__service_add(struct master *m)
+{
+	return rpc_server_add_service(m->rpc, MASTER_SERVICE, methods, MC_ARRAY_LEN(methods), m);
+}

@@ -1,0 +1,447 @@
+"""mooncaked --role=master driven through mooncake.master.Master with a
+real gRPC client (Python grpcio), as agents will drive it: segments,
+the put protocol, placement on distinct segments, read leases, removal
+rules and error codes, batches, PENDING timeouts, silent agents, eviction
+under a Zipf-like load (watermark, leases, soft pins), metrics, and HA
+failover between two masters through a real etcd (kill -9 the leader:
+the standby takes over, the view bumps, the index is rebuilt from an
+agent's heartbeat inventory). mooncakectl ls and stats talk to it too.
+"""
+import random
+import subprocess
+import time
+import urllib.request
+
+import mctest
+from mctest import case, Daemon, Etcd, eq, run, wait_for
+
+import grpc
+import health_pb2
+import master_pb2 as M
+
+MiB = 1 << 20
+OK = 0
+NOT_FOUND = -704
+EXISTS = -705
+HAS_LEASE = -706
+NO_SPACE = -702
+EINVAL = -22
+
+
+class Master:
+    """A client of one master address."""
+
+    def __init__(self, addr):
+        self.addr = addr
+        self.ch = grpc.insecure_channel(addr, options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20)])
+
+    def call(self, method, req, resp_cls, timeout=10):
+        f = self.ch.unary_unary("/mooncake.master.Master/" + method,
+                                request_serializer=req.SerializeToString,
+                                response_deserializer=resp_cls.FromString)
+        return f(req, timeout=timeout)
+
+    def code(self, method, req, resp_cls):
+        """(error code, reply): the code parsed from grpc-message."""
+        try:
+            return OK, self.call(method, req, resp_cls)
+        except grpc.RpcError as e:
+            return int(e.details().split()[0]), e
+
+    def mount(self, name, agent, size, base=1 << 40, resync=False):
+        return self.call("MountSegment", M.MountSegmentRequest(
+            segment=M.Segment(name=name, agent_id=agent, base_address=base, size=size),
+            resync=resync), M.MountSegmentResponse)
+
+    def put(self, key, size, replica_num=1, **kw):
+        r = self.call("PutStart", M.PutStartRequest(key=key, size=size,
+                                                    replica_num=replica_num, **kw),
+                      M.PutStartResponse)
+        self.call("PutEnd", M.PutEndRequest(key=key), M.PutEndResponse)
+        return r
+
+    def get(self, key):
+        return self.code("GetReplicas", M.GetReplicasRequest(key=key), M.GetReplicasResponse)
+
+    def exist(self, key):
+        return self.call("Exist", M.ExistRequest(key=key), M.ExistResponse).exists
+
+    def stats(self):
+        return self.call("Stats", M.StatsRequest(), M.StatsResponse)
+
+    def heartbeat(self, agent, view=0, inventory=(), complete=False):
+        return self.call("Heartbeat", M.HeartbeatRequest(
+            agent_id=agent, view=view, inventory=list(inventory),
+            inventory_complete=complete), M.HeartbeatResponse)
+
+    def close(self):
+        self.ch.close()
+
+
+def master(*args, meta=""):
+    d = Daemon("master", args=["--meta-endpoints=" + meta] + list(args))
+    return d, Master(d.addr("master-listen"))
+
+
+def health(addr, service="mooncake.master.Master"):
+    with grpc.insecure_channel(addr) as ch:
+        check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                               request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                               response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        return check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def metrics(d):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % d.ports["master-http"],
+                                timeout=5) as r:
+        return r.read().decode()
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError("no metric " + name)
+
+
+# ------------------------------------------------------------ basics
+
+@case
+def put_get_remove_and_error_codes():
+    d, m = master()
+    eq(m.mount("segA", "agentA", 64 * MiB).view, 1, "view without meta")
+    m.mount("segB", "agentB", 64 * MiB, base=1 << 41)
+    r = m.put(b"k2", 1000, replica_num=2)
+    segs = sorted(x.segment for x in r.replicas)
+    eq(segs, ["segA", "segB"], "replica_num=2 on distinct segments")
+    for x in r.replicas:
+        eq(x.address, (1 << 40 if x.segment == "segA" else 1 << 41) + x.offset, "address")
+        eq(x.size, 1000, "size")
+    code, g = m.get(b"k2")
+    eq(code, OK, "get")
+    eq(len(g.replicas), 2, "both replicas")
+    assert all(x.state == M.REPLICA_COMPLETE for x in g.replicas)
+    eq(g.lease_ttl_ms, 5000, "default lease")
+    eq(m.code("PutStart", M.PutStartRequest(key=b"k2", size=1), M.PutStartResponse)[0],
+       EXISTS, "duplicate put")
+    code, err = m.code("Remove", M.RemoveRequest(key=b"k2"), M.RemoveResponse)
+    eq(code, HAS_LEASE, "remove while leased")
+    eq(err.code(), grpc.StatusCode.FAILED_PRECONDITION, "status of -706")
+    eq(m.code("Remove", M.RemoveRequest(key=b"k2", force=True), M.RemoveResponse)[0], OK, "force")
+    eq(m.exist(b"k2"), False, "gone")
+    code, err = m.get(b"k2")
+    eq((code, err.code()), (NOT_FOUND, grpc.StatusCode.NOT_FOUND), "get after remove")
+    # Keys of 1 B and 4 KiB (any bytes), values of 0 B; 4097 B refused.
+    big = bytes(range(256)) * 16
+    m.put(b"\x00", 0)
+    m.put(big, 3)
+    eq(m.get(big)[1].size, 3, "4 KiB key")
+    eq(m.get(b"\x00")[1].size, 0, "0-byte value")
+    code, err = m.code("PutStart", M.PutStartRequest(key=big + b"x", size=1), M.PutStartResponse)
+    eq((code, err.code()), (EINVAL, grpc.StatusCode.INVALID_ARGUMENT), "4097-byte key")
+    eq(m.code("PutStart", M.PutStartRequest(key=b"three", size=1, replica_num=3),
+              M.PutStartResponse)[0], NO_SPACE, "three replicas on two segments")
+    eq(m.code("PutStart", M.PutStartRequest(key=b"huge", size=65 * MiB), M.PutStartResponse)[0],
+       NO_SPACE, "larger than any segment")
+    # PENDING: not visible, revocable once.
+    m.call("PutStart", M.PutStartRequest(key=b"p", size=10), M.PutStartResponse)
+    eq(m.exist(b"p"), False, "pending does not exist")
+    eq(m.code("PutRevoke", M.PutRevokeRequest(key=b"p"), M.PutRevokeResponse)[0], OK, "revoke")
+    eq(m.code("PutEnd", M.PutEndRequest(key=b"p"), M.PutEndResponse)[0], NOT_FOUND, "end revoked")
+    # Preferred segment first.
+    r = m.call("PutStart", M.PutStartRequest(key=b"pref", size=10, preferred_segment="segB"),
+               M.PutStartResponse)
+    eq(r.replicas[0].segment, "segB", "preferred")
+    # RemoveAll leaves leased objects unless forced.
+    m.call("PutEnd", M.PutEndRequest(key=b"pref"), M.PutEndResponse)
+    m.get(big)
+    ra = m.call("RemoveAll", M.RemoveAllRequest(), M.RemoveAllResponse)
+    eq((ra.removed, ra.skipped), (1, 2), "RemoveAll without force (two leased)")
+    ra = m.call("RemoveAll", M.RemoveAllRequest(force=True), M.RemoveAllResponse)
+    eq((ra.removed, ra.skipped), (2, 0), "RemoveAll forced")
+    # Segment ownership.
+    eq(m.code("MountSegment", M.MountSegmentRequest(segment=M.Segment(
+        name="segA", agent_id="thief", base_address=0, size=MiB)), M.MountSegmentResponse)[0],
+       -17, "someone else's segment name")
+    eq(m.code("UnmountSegment", M.UnmountSegmentRequest(name="segA", agent_id="thief"),
+              M.UnmountSegmentResponse)[0], -13, "unmount by another agent")
+    m.put(b"on-a", 10, preferred_segment="segA")
+    u = m.call("UnmountSegment", M.UnmountSegmentRequest(name="segA", agent_id="agentA"),
+               M.UnmountSegmentResponse)
+    eq((u.replicas_dropped, u.objects_removed), (1, 1), "unmount drops")
+    m.close()
+    eq(d.stop(), 0, "clean exit")
+
+
+@case
+def batches_of_a_thousand():
+    d, m = master()
+    m.mount("s1", "a1", 256 * MiB)
+    m.mount("s2", "a2", 256 * MiB)
+    keys = [b"batch/%04d" % i for i in range(1000)]
+    items = [M.PutStartRequest(key=k, size=4096 + i, replica_num=2) for i, k in enumerate(keys)]
+    items.append(M.PutStartRequest(key=keys[0], size=1))  # duplicate inside the batch
+    r = m.call("BatchPutStart", M.BatchPutStartRequest(items=items), M.BatchPutStartResponse)
+    eq(len(r.results), 1001, "one result per item")
+    eq([x.error for x in r.results[:1000]], [0] * 1000, "all placed")
+    eq(r.results[1000].error, EXISTS, "duplicate in the batch")
+    assert all(len({p.segment for p in x.replicas}) == 2 for x in r.results[:1000])
+    e = m.call("BatchPutEnd", M.BatchKeysRequest(keys=keys + [b"nope"]), M.BatchErrorsResponse)
+    eq(list(e.errors), [0] * 1000 + [NOT_FOUND], "batch put end")
+    g = m.call("BatchGetReplicas", M.BatchKeysRequest(keys=keys + [b"nope", b""]),
+               M.BatchGetReplicasResponse)
+    eq([x.error for x in g.results], [0] * 1000 + [NOT_FOUND, EINVAL], "batch get")
+    eq([x.size for x in g.results[:1000]], [4096 + i for i in range(1000)], "sizes")
+    x = m.call("BatchExist", M.BatchKeysRequest(keys=[keys[5], b"nope", b""]),
+               M.BatchExistResponse)
+    eq((list(x.exists), list(x.errors)), ([True, False, False], [0, 0, EINVAL]), "batch exist")
+    rm = m.call("BatchRemove", M.BatchRemoveRequest(keys=keys[:10]), M.BatchErrorsResponse)
+    eq(list(rm.errors), [HAS_LEASE] * 10, "leased")
+    rm = m.call("BatchRemove", M.BatchRemoveRequest(keys=keys[:10], force=True),
+                M.BatchErrorsResponse)
+    eq(list(rm.errors), [0] * 10, "forced")
+    # mooncakectl ls and stats against it.
+    out = run([mctest.MOONCAKECTL, "ls", "--master=" + m.addr, "batch/099"]).stdout
+    eq(out.split(), ["batch/0990", "batch/0991", "batch/0992", "batch/0993", "batch/0994",
+                     "batch/0995", "batch/0996", "batch/0997", "batch/0998", "batch/0999"], "ls")
+    out = run([mctest.MOONCAKECTL, "ls", "--master=" + m.addr, "--limit=7"]).stdout
+    eq(len(out.split()), 990, "ls pages through everything")
+    out = run([mctest.MOONCAKECTL, "stats", "--master=" + m.addr]).stdout
+    assert "objects 990" in out and "s1" in out and "s2" in out, out
+    m.close()
+    eq(d.stop(), 0, "clean exit")
+
+
+@case
+def pending_put_times_out():
+    d, m = master("--put-timeout=300ms")
+    m.mount("s", "a", 16 * MiB)
+    m.call("PutStart", M.PutStartRequest(key=b"slow", size=8 * MiB), M.PutStartResponse)
+    eq(m.stats().pending, 1, "pending")
+    eq(m.stats().used, 8 * MiB, "space held")
+    # The agent keeps heartbeating; only the put is abandoned.
+    wait_for(lambda: m.heartbeat("a") and m.stats().pending == 0, 10, "PENDING revoked")
+    eq(m.stats().used, 0, "space back")
+    eq(m.code("PutEnd", M.PutEndRequest(key=b"slow"), M.PutEndResponse)[0], NOT_FOUND, "too late")
+    wait_for(lambda: metric(metrics(d), "mooncake_master_put_timeouts_total") == 1, 5, "metric")
+    m.close()
+    eq(d.stop(), 0, "clean exit")
+
+
+@case
+def silent_agent_loses_its_segments_and_objects():
+    d, m = master("--agent-ttl=1s")
+    m.mount("alive", "a", 64 * MiB)
+    m.mount("silent", "b", 64 * MiB, base=1 << 41)
+    m.put(b"both", 100, replica_num=2)
+    m.put(b"on-silent", 100, preferred_segment="silent")
+    m.put(b"on-alive", 100, preferred_segment="alive")
+
+    def gone():
+        m.heartbeat("a")
+        return [s.segment.name for s in m.stats().segments] == ["alive"]
+    wait_for(gone, 15, "silent agent expired")
+    eq(m.exist(b"on-silent"), False, "object only on the dead agent is gone")
+    eq(m.get(b"on-silent")[0], NOT_FOUND, "get says not found")
+    eq([r.segment for r in m.get(b"both")[1].replicas], ["alive"], "other replica survives")
+    eq(m.exist(b"on-alive"), True, "untouched")
+    hb = m.heartbeat("b", view=1)
+    eq(hb.resync, True, "the silent agent must re-sync")
+    eq(m.heartbeat("a", view=1).resync, False, "the live one need not")
+    m.close()
+    eq(d.stop(), 0, "clean exit")
+
+
+# ------------------------------------------------------------ eviction
+
+@case
+def eviction_under_zipf_load():
+    # Short leases: Zipf-like reads lease only a small part of the pool
+    # (a few dozen objects of the ~225 resident), so pinned objects never
+    # need to go.
+    d, m = master("--default-kv-lease-ttl=50ms", "--eviction-high-watermark-ratio=0.9",
+                  "--eviction-ratio=0.1")
+    cap = 64 * MiB
+    m.mount("s", "a", cap)
+    size = 256 << 10  # 256 objects fill the segment
+    for i in range(8):
+        m.put(b"pinned/%d" % i, size, soft_pin=True)
+    rng = random.Random(5)
+    weights = [1.0 / (r + 1) ** 1.1 for r in range(2000)]
+    for i in range(1000):  # 4x the capacity, every put succeeds
+        m.put(b"obj/%d" % i, size)
+        n = i + 1
+        for _ in range(2):
+            j = rng.choices(range(min(n, 2000)), weights[:min(n, 2000)])[0]
+            m.get(b"obj/%d" % (n - 1 - j))
+        if i % 10 == 0:
+            st = m.stats()
+            assert st.used <= 0.9 * cap, "usage %d above the watermark" % st.used
+    st = m.stats()
+    assert st.evictions >= 1000 + 8 - 256, st
+    assert st.used <= 0.9 * cap, st.used
+    for i in range(8):
+        eq(m.exist(b"pinned/%d" % i), True, "soft-pinned kept while others are evictable")
+    eq(m.exist(b"obj/999"), True, "newest")
+    eq(m.exist(b"obj/0"), False, "oldest cold object evicted")
+    text = metrics(d)
+    eq(metric(text, "mooncake_master_evictions_total"), st.evictions, "evictions metric")
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    eq(r.returncode, 0, "promtool: " + r.stdout + r.stderr)
+    for name in ["mooncake_master_objects", "mooncake_master_bytes_per_object",
+                 'mooncake_master_capacity_bytes{tier="dram"}',
+                 'mooncake_master_segment_used_bytes{segment="s"}',
+                 "mooncake_master_segment_fragmentation_ppm",
+                 "mooncake_master_lease_waits_total", "mooncake_master_hits_total",
+                 "mooncake_rpc_server_call_duration_seconds_bucket"]:
+        assert name in text, name
+    m.close()
+    eq(d.stop(), 0, "clean exit")
+
+
+@case
+def eviction_spares_leased_then_pinned():
+    # Leases far longer than the test: what is leased stays leased.
+    d, m = master("--default-kv-lease-ttl=10m")
+    cap = 64 * MiB
+    m.mount("s", "a", cap)
+    size = 256 << 10
+    for i in range(8):
+        m.put(b"pinned/%d" % i, size, soft_pin=True)
+    leased = [b"leased/%d" % i for i in range(100)]
+    for k in leased:
+        m.put(k, size)
+    g = m.call("BatchGetReplicas", M.BatchKeysRequest(keys=leased), M.BatchGetReplicasResponse)
+    eq([x.error for x in g.results], [0] * 100, "leased")
+    for i in range(300):
+        m.put(b"cold/%d" % i, size)
+        assert m.stats().used <= 0.9 * cap
+    for k in leased:
+        eq(m.exist(k), True, "leased objects are never evicted")
+    eq(sum(m.exist(b"pinned/%d" % i) for i in range(8)), 8, "pinned kept while cold ones exist")
+    # Lease everything unpinned: the next puts can only take pinned space.
+    cold = [b"cold/%d" % i for i in range(300) if m.exist(b"cold/%d" % i)]
+    m.call("BatchGetReplicas", M.BatchKeysRequest(keys=cold), M.BatchGetReplicasResponse)
+    for i in range(64):  # until the room under the watermark is used up
+        m.put(b"more/%d" % i, size)
+        m.get(b"more/%d" % i)
+        cold.append(b"more/%d" % i)
+        if sum(m.exist(b"pinned/%d" % i) for i in range(8)) < 8:
+            break
+    assert sum(m.exist(b"pinned/%d" % i) for i in range(8)) < 8, "pinned go last"
+    for k in leased + cold:
+        eq(m.exist(k), True, "still leased, still there")
+    # Once nothing at all can go, and only then: NO_SPACE.
+    code = OK
+    for i in range(300):
+        code, _ = m.code("PutStart", M.PutStartRequest(key=b"full/%d" % i, size=size),
+                         M.PutStartResponse)
+        if code != OK:
+            break
+        m.call("PutEnd", M.PutEndRequest(key=b"full/%d" % i), M.PutEndResponse)
+        m.get(b"full/%d" % i)
+    eq(code, NO_SPACE, "no space when everything is leased")
+    eq(sum(m.exist(b"pinned/%d" % i) for i in range(8)), 0, "every pinned object went first")
+    m.close()
+    eq(d.stop(), 0, "clean exit")
+
+
+# ------------------------------------------------------------ HA
+
+def leader_of(*pairs):
+    for d, m in pairs:
+        if d.proc.poll() is None and health(m.addr) == health_pb2.HealthCheckResponse.SERVING:
+            return d, m
+    return None
+
+
+@case
+def failover_between_two_masters_with_etcd():
+    etcd = Etcd()
+    args = ["--leader-lease-ttl=2s", "--cluster-id=hatest"]
+    a = master(*args, meta=etcd.endpoint)
+    b = master(*args, meta=etcd.endpoint)
+    (ld, lm) = wait_for(lambda: leader_of(a, b), 20, "a leader")
+    (sd, sm) = b if ld is a[0] else a
+    view = lm.stats().view
+    assert view >= 1
+    # The standby redirects.
+    code, err = sm.code("PutStart", M.PutStartRequest(key=b"x", size=1), M.PutStartResponse)
+    eq(err.code(), grpc.StatusCode.UNAVAILABLE, "standby status")
+    assert err.details().startswith("-807 not the leader: leader=%s view=%d" % (lm.addr, view)), \
+        err.details()
+    eq(health(sm.addr), health_pb2.HealthCheckResponse.NOT_SERVING, "standby health")
+    value = etcd.ctl("get", "--print-value-only", "/mooncake/hatest/master").stdout.strip()
+    eq(value, "%s %d" % (lm.addr, view), "leader key value")
+    # An agent mounts and writes on the leader.
+    lm.mount("seg", "agent1", 64 * MiB)
+    placed = lm.put(b"survivor", 5000, soft_pin=True).replicas[0]
+    lm.put(b"second", 100)
+    second = lm.get(b"second")[1].replicas[0]
+    # kill -9 the leader: the standby takes over once the lease expires.
+    ld.kill()
+    wait_for(lambda: health(sm.addr) == health_pb2.HealthCheckResponse.SERVING, 30, "takeover")
+    st = sm.stats()
+    eq(st.view, view + 1, "view bumped")
+    eq(st.objects, 0, "the new leader starts empty")
+    eq(sm.get(b"survivor")[0], NOT_FOUND, "not known before the re-sync")
+    eq(etcd.ctl("get", "--print-value-only", "/mooncake/hatest/master").stdout.strip(),
+       "%s %d" % (sm.addr, view + 1), "leader key names the new leader")
+    # The agent notices the new view, re-mounts and reports its inventory.
+    hb = sm.heartbeat("agent1", view=view)
+    eq((hb.resync, hb.view), (True, view + 1), "heartbeat asks for a re-sync")
+    eq(sm.mount("seg", "agent1", 64 * MiB, resync=True).view, view + 1, "remount")
+    eq(sm.code("PutStart", M.PutStartRequest(key=b"new", size=10), M.PutStartResponse)[0],
+       NO_SPACE, "no placement on a segment still re-syncing")
+    inv = [M.InventoryItem(key=b"survivor", segment="seg", offset=placed.offset, size=5000,
+                           soft_pin=True),
+           M.InventoryItem(key=b"second", segment="seg", offset=second.offset, size=100),
+           M.InventoryItem(key=b"clash", segment="seg", offset=placed.offset, size=10)]
+    hb = sm.heartbeat("agent1", view=view + 1, inventory=inv, complete=True)
+    eq((hb.resync, hb.items_accepted, hb.items_skipped), (False, 2, 1), "inventory")
+    code, g = sm.get(b"survivor")
+    eq(code, OK, "rebuilt")
+    eq((g.size, g.replicas[0].segment, g.replicas[0].offset), (5000, "seg", placed.offset),
+       "same placement")
+    r = sm.put(b"new", 10).replicas[0]
+    assert r.offset not in (placed.offset, second.offset), "new space avoids reported objects"
+    # The old leader comes back as a standby of the new view.
+    c = master(*args, meta=etcd.endpoint)
+    code, err = wait_for(lambda: (lambda r: r if r[0] == -807 and "view=%d" % (view + 1)
+                                  in r[1].details() else None)(
+        c[1].code("Exist", M.ExistRequest(key=b"new"), M.ExistResponse)), 20, "new standby")
+    assert "leader=" + sm.addr in err.details(), err.details()
+    # A graceful stop resigns at once: the standby leads view + 2.
+    eq(sd.stop(), 0, "leader stops cleanly")
+    wait_for(lambda: health(c[1].addr) == health_pb2.HealthCheckResponse.SERVING, 10,
+             "takeover after resign")
+    eq(c[1].stats().view, view + 2, "view bumped again")
+    # mooncakectl follows the redirect from a standby... there is none now;
+    # it reads the leader straight.
+    out = run([mctest.MOONCAKECTL, "stats", "--master=" + c[1].addr]).stdout
+    assert "view %d" % (view + 2) in out, out
+    eq(c[0].stop(), 0, "clean exit")
+    etcd.kill()
+
+
+@case
+def ctl_follows_standby_redirect():
+    etcd = Etcd()
+    args = ["--leader-lease-ttl=2s", "--cluster-id=redir"]
+    a = master(*args, meta=etcd.endpoint)
+    ld, lm = wait_for(lambda: leader_of(a), 20, "leader")
+    b = master(*args, meta=etcd.endpoint)
+    wait_for(lambda: b[1].code("Exist", M.ExistRequest(key=b"k"), M.ExistResponse)[0] == -807,
+             20, "standby")
+    lm.mount("s", "ag", 16 * MiB)
+    lm.put(b"via-standby", 1)
+    out = run([mctest.MOONCAKECTL, "ls", "--master=" + b[1].addr]).stdout
+    eq(out.split(), ["via-standby"], "ls through a standby")
+    eq(b[0].stop(), 0, "standby exit")
+    eq(ld.stop(), 0, "leader exit")
+    etcd.kill()
+
+
+mctest.main()

@@ -1,0 +1,402 @@
+/*
+ * test_master_core: the master's pure core under a fake clock — mounts,
+ * placement on distinct segments (preferred first), the put protocol,
+ * leases, removal rules, PENDING timeouts, agent expiry, TTL, eviction
+ * order with leases and soft pins, NO_SPACE only when eviction cannot
+ * help, inventory re-sync, and memory per object.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "master/master_int.h"
+
+#define MiB (1ull << 20)
+
+static struct master_core *c;
+
+static const struct master_core_opts opts = {
+	.put_timeout_ms = 30000,
+	.lease_ttl_ms = 5000,
+	.agent_ttl_ms = 10000,
+	.high_watermark = 0.9,
+	.eviction_ratio = 0.1,
+	.seed = 7,
+};
+
+static void setup(void)
+{
+	cr_assert_eq(master__core_new(&opts, &c), 0);
+}
+
+static void teardown(void)
+{
+	master__core_free(c);
+}
+
+TestSuite(master_core, .init = setup, .fini = teardown);
+
+static void must(int rc)
+{
+	cr_assert_eq(rc, 0, "rc %d (%s)", rc, mc_strerror(rc));
+}
+
+#define K(s) (const uint8_t *)(s), strlen(s)
+
+static const struct master_obj *put(const char *key, uint64_t size, unsigned nrep,
+				    uint64_t now, int want)
+{
+	const struct master_obj *o = NULL;
+	struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
+			       .size = size, .replica_num = nrep};
+	int rc = master__put_start(c, &p, now, &o);
+	cr_assert_eq(rc, want, "put_start %s: %d (%s)", key, rc, mc_strerror(rc));
+	if (rc == 0) {
+		const struct master_obj *copy = o;
+		must(master__put_end(c, K(key), now));
+		return copy;
+	}
+	return NULL;
+}
+
+static void mount(const char *name, const char *agent, uint64_t size, uint64_t now)
+{
+	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, false, now));
+}
+
+Test(master_core, put_get_remove_leases)
+{
+	mount("segA", "a", 64 * MiB, 0);
+	mount("segB", "b", 64 * MiB, 0);
+	const struct master_obj *o = NULL;
+	struct master_put p = {.key = (const uint8_t *)"k1", .klen = 2, .size = 1000, .replica_num = 2};
+	must(master__put_start(c, &p, 0, &o));
+	cr_assert_eq(o->nrep, 2);
+	cr_assert_neq(o->rep[0].seg, o->rep[1].seg, "distinct segments");
+	cr_assert_eq(o->rep[0].state, MASTER_REP_PENDING);
+	cr_assert_eq(master__exist(c, K("k1"), 0), 0, "PENDING does not exist yet");
+	cr_assert_eq(master__get(c, K("k1"), 0, &o), MC_EOBJECT_NOT_FOUND);
+	cr_assert_eq(master__put_start(c, &p, 0, &o), MC_EOBJECT_ALREADY_EXISTS, "dup while pending");
+	must(master__put_end(c, K("k1"), 1));
+	cr_assert_eq(master__put_end(c, K("k1"), 1), MC_EINVALID_REPLICA);
+	cr_assert_eq(master__put_start(c, &p, 1, &o), MC_EOBJECT_ALREADY_EXISTS, "dup when complete");
+	cr_assert_eq(master__exist(c, K("k1"), 1), 1);
+	must(master__get(c, K("k1"), 100, &o));
+	cr_assert_eq(o->size, 1000);
+	cr_assert_eq(o->rep[0].state, MASTER_REP_COMPLETE);
+	cr_assert_eq(master__remove(c, K("k1"), false, 5099), MC_EOBJECT_HAS_LEASE);
+	must(master__remove(c, K("k1"), true, 5099));
+	cr_assert_eq(master__exist(c, K("k1"), 5100), 0);
+	/* Lease expiry allows a plain remove. */
+	put("k2", 10, 1, 0, 0);
+	must(master__get(c, K("k2"), 0, &o));
+	cr_assert_eq(master__remove(c, K("k2"), false, 4999), MC_EOBJECT_HAS_LEASE);
+	must(master__remove(c, K("k2"), false, 5000));
+	cr_assert_eq(master__remove(c, K("k2"), false, 5000), MC_EOBJECT_NOT_FOUND);
+	/* Keys: 1 and 4096 bytes fine, 0 and 4097 refused. */
+	uint8_t big[MASTER_MAX_KEY_BYTES + 1];
+	memset(big, 0xff, sizeof(big));
+	struct master_put q = {.key = big, .klen = MASTER_MAX_KEY_BYTES, .size = 0};
+	must(master__put_start(c, &q, 0, &o));
+	q.klen++;
+	cr_assert_eq(master__put_start(c, &q, 0, &o), -EINVAL);
+	q.klen = 0;
+	cr_assert_eq(master__put_start(c, &q, 0, &o), -EINVAL);
+	q.klen = 1;
+	q.replica_num = MASTER_MAX_REPLICAS + 1;
+	cr_assert_eq(master__put_start(c, &q, 0, &o), -EINVAL);
+	q.replica_num = 3;
+	cr_assert_eq(master__put_start(c, &q, 0, &o), MC_ENO_SPACE, "only two segments");
+	cr_assert_eq(master__put_revoke(c, big, MASTER_MAX_KEY_BYTES), 0);
+	cr_assert_eq(master__put_revoke(c, big, MASTER_MAX_KEY_BYTES), MC_EOBJECT_NOT_FOUND);
+}
+
+Test(master_core, preferred_segment_first)
+{
+	mount("a0", "a", 64 * MiB, 0);
+	mount("b0", "b", 128 * MiB, 0);
+	mount("c0", "c", 64 * MiB, 0);
+	uint32_t a0 = master__seg_find(c, "a0"), b0 = master__seg_find(c, "b0");
+	char key[32];
+	for (int i = 0; i < 20; i++) {
+		const struct master_obj *o;
+		snprintf(key, sizeof(key), "p%d", i);
+		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
+				       .size = MiB, .replica_num = 2, .preferred = "a0"};
+		must(master__put_start(c, &p, 0, &o));
+		cr_assert_eq(o->rep[0].seg, a0, "preferred first");
+		cr_assert_eq(o->rep[1].seg, b0, "then the emptiest");
+	}
+}
+
+Test(master_core, pending_puts_time_out)
+{
+	mount("s", "a", 16 * MiB, 0);
+	const struct master_obj *o;
+	struct master_put p = {.key = (const uint8_t *)"slow", .klen = 4, .size = 8 * MiB};
+	must(master__put_start(c, &p, 1000, &o));
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_eq(st.pending, 1);
+	cr_assert_eq(st.dram_used, 8 * MiB);
+	master__heartbeat(c, "a", 30000);
+	master__tick(c, 30999);
+	master__core_stats(c, &st);
+	cr_assert_eq(st.pending, 1, "not yet");
+	master__tick(c, 31000);
+	master__core_stats(c, &st);
+	cr_assert_eq(st.pending, 0);
+	cr_assert_eq(st.objects, 0);
+	cr_assert_eq(st.dram_used, 0, "space back");
+	cr_assert_eq(master__core_counters(c)->put_timeouts, 1);
+	cr_assert_eq(master__put_end(c, K("slow"), 31001), MC_EOBJECT_NOT_FOUND);
+}
+
+Test(master_core, silent_agent_expires)
+{
+	mount("sa", "a", 64 * MiB, 0);
+	mount("sb", "b", 64 * MiB, 0);
+	put("both", 100, 2, 0, 0);
+	const struct master_obj *only_a = NULL;
+	char key[16];
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "one%d", i);
+		const struct master_obj *o = put(key, 100, 1, 0, 0);
+		if (o->rep[0].seg == master__seg_find(c, "sa"))
+			only_a = o;
+	}
+	cr_assert_not_null(only_a);
+	/* b keeps heartbeating, a goes silent. */
+	for (uint64_t t = 1000; t <= 10000; t += 1000) {
+		cr_assert(master__heartbeat(c, "b", t));
+		master__tick(c, t);
+	}
+	cr_assert_eq(master__seg_find(c, "sa"), MASTER_NO_SEGMENT, "a's segment unmounted");
+	cr_assert_neq(master__seg_find(c, "sb"), MASTER_NO_SEGMENT);
+	cr_assert_not(master__heartbeat(c, "a", 10001), "a must re-sync");
+	const struct master_obj *o;
+	must(master__get(c, K("both"), 10001, &o));
+	cr_assert_eq(o->nrep, 1, "the replica on b survives");
+	cr_assert_eq(o->rep[0].seg, master__seg_find(c, "sb"));
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_eq(st.agents, 1);
+	unsigned left = 0;
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "one%d", i);
+		left += master__exist(c, K(key), 10001) == 1;
+	}
+	cr_assert_eq(st.objects, 1 + left, "objects only on a are gone");
+	cr_assert_lt(left, 10);
+	cr_assert_eq(master__core_counters(c)->agents_expired, 1);
+}
+
+Test(master_core, unmount_and_remount)
+{
+	mount("s", "a", 64 * MiB, 0);
+	put("x", 100, 1, 0, 0);
+	cr_assert_eq(master__mount(c, "s", "other", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0),
+		     -EEXIST);
+	cr_assert_eq(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 32 * MiB, false, 0),
+		     -EEXIST);
+	/* Same geometry, resync: kept. Not resync: a restarted agent. */
+	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, true, 0));
+	cr_assert_eq(master__exist(c, K("x"), 0), 1);
+	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0));
+	cr_assert_eq(master__exist(c, K("x"), 0), 0);
+	put("y", 100, 1, 0, 0);
+	uint64_t dropped, removed;
+	cr_assert_eq(master__unmount(c, "s", "b", &dropped, &removed), -EACCES);
+	cr_assert_eq(master__unmount(c, "nope", "a", &dropped, &removed), MC_ESEGMENT_NOT_FOUND);
+	must(master__unmount(c, "s", "a", &dropped, &removed));
+	cr_assert_eq(dropped, 1);
+	cr_assert_eq(removed, 1);
+	cr_assert_eq(master__exist(c, K("y"), 0), 0);
+}
+
+Test(master_core, ttl_expiry)
+{
+	mount("s", "a", 64 * MiB, 0);
+	const struct master_obj *o;
+	struct master_put p = {.key = (const uint8_t *)"t", .klen = 1, .size = 10, .ttl_ms = 2000};
+	must(master__put_start(c, &p, 0, &o));
+	must(master__put_end(c, K("t"), 1000));
+	cr_assert_eq(master__exist(c, K("t"), 2999), 1);
+	cr_assert_eq(master__exist(c, K("t"), 3000), 0, "expired 2s after PutEnd");
+	/* The sweep removes untouched ones. */
+	p.key = (const uint8_t *)"u";
+	must(master__put_start(c, &p, 0, &o));
+	must(master__put_end(c, K("u"), 0));
+	master__heartbeat(c, "a", 2000);
+	master__tick(c, 2000);
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_eq(st.objects, 0);
+	cr_assert_eq(master__core_counters(c)->ttl_expired, 2);
+}
+
+/* Ten 10 MiB segments' worth of 1 MiB objects: eviction keeps usage at or
+ * under the watermark, evicts least recently read first, never a leased
+ * object, and soft-pinned ones only when nothing else is left. */
+Test(master_core, eviction_order_leases_pins)
+{
+	mount("s", "a", 100 * MiB, 0);
+	char key[32];
+	const struct master_obj *o;
+	/* 10 pinned, then 80 plain: 90 MiB = the watermark, not above. */
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "pin%d", i);
+		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
+				       .size = MiB, .soft_pin = true};
+		must(master__put_start(c, &p, 0, &o));
+		must(master__put_end(c, K(key), 0));
+	}
+	for (int i = 0; i < 80; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		put(key, MiB, 1, i, 0);
+	}
+	cr_assert_eq(master__core_counters(c)->evictions, 0);
+	/* Read k0..k9 (now most recent; k0..k4 leased until 5100). */
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		must(master__get(c, K(key), i < 5 ? 100 : 0, &o));
+	}
+	/* The 91st MiB passes the watermark: 10 MiB go, LRU first: k10..k19. */
+	put("new", MiB, 1, 200, 0);
+	cr_assert_eq(master__core_counters(c)->evictions, 10);
+	for (int i = 0; i < 80; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		cr_assert_eq(master__exist(c, K(key), 200), !(i >= 10 && i < 20), "%s", key);
+	}
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_leq(st.dram_used, 90 * MiB * 1.0);
+	/* Lease everything plain and fill up: the unleased go, then pinned. */
+	for (int i = 0; i < 80; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		if (master__exist(c, K(key), 300) == 1)
+			must(master__get(c, K(key), 300, &o));
+	}
+	must(master__get(c, K("new"), 300, &o));
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "fill%d", i);
+		put(key, MiB, 1, 300, 0);
+	}
+	/* fill* are unleased and newest; pinned are older but pinned: the
+	 * fill objects go before any pinned one. */
+	unsigned pinned_left = 0;
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "pin%d", i);
+		pinned_left += master__exist(c, K(key), 300) == 1;
+	}
+	cr_assert_eq(pinned_left, 10, "pinned survive while plain unleased objects exist");
+	/* Now only leased plain objects and pinned ones: a put needs room,
+	 * pinned go (oldest first), leased never. */
+	for (int i = 0; i < 25; i++) {
+		snprintf(key, sizeof(key), "more%d", i);
+		put(key, MiB, 1, 301 + i, 0);
+		must(master__get(c, K(key), 301 + i, &o)); /* leased at once */
+	}
+	for (int i = 0; i < 80; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		if (i >= 10 && i < 20)
+			continue;
+		cr_assert_eq(master__exist(c, K(key), 400), 1, "leased %s survives", key);
+	}
+	pinned_left = 0;
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "pin%d", i);
+		pinned_left += master__exist(c, K(key), 400) == 1;
+	}
+	cr_assert_lt(pinned_left, 10, "pinned evicted last");
+	master__core_stats(c, &st);
+	cr_assert_leq(st.dram_used, 100 * MiB);
+	/* Everything leased: no room, and NO_SPACE is the answer. */
+	for (int i = 0; i < 10; i++) {
+		snprintf(key, sizeof(key), "pin%d", i);
+		if (master__exist(c, K(key), 400) == 1)
+			must(master__get(c, K(key), 400, &o));
+	}
+	int rc = 0;
+	for (int i = 0; i < 200 && rc == 0; i++) {
+		snprintf(key, sizeof(key), "last%d", i);
+		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
+		rc = master__put_start(c, &p, 400, &o);
+		if (rc == 0)
+			must(master__get(c, K(key), 400, &o) == MC_EOBJECT_NOT_FOUND ? 0 : -1);
+	}
+	cr_assert_eq(rc, MC_ENO_SPACE);
+	/* After the leases expire the space can be reclaimed. */
+	put("after", MiB, 1, 10000, 0);
+	cr_assert_gt(master__core_counters(c)->lease_waits, 0);
+}
+
+Test(master_core, object_larger_than_any_segment)
+{
+	mount("s", "a", 16 * MiB, 0);
+	put("small", MiB, 1, 0, 0);
+	put("huge", 17 * MiB, 1, 0, MC_ENO_SPACE);
+	cr_assert_eq(master__exist(c, K("small"), 0), 1, "nothing evicted for a hopeless put");
+}
+
+Test(master_core, inventory_resync)
+{
+	must(master__mount(c, "s1", "a", MASTER_TIER_DRAM, 0, 64 * MiB, true, 0));
+	must(master__mount(c, "s2", "b", MASTER_TIER_DRAM, 0, 64 * MiB, true, 0));
+	cr_assert(master__heartbeat(c, "a", 0));
+	/* Syncing segments take no placements. */
+	put("x", 10, 1, 0, MC_ENO_SPACE);
+	must(master__inventory_add(c, "a", K("obj"), "s1", 4096, 1000, false, 0));
+	must(master__inventory_add(c, "b", K("obj"), "s2", 0, 1000, false, 0));
+	cr_assert_eq(master__inventory_add(c, "b", K("obj"), "s2", 8192, 1000, false, 0),
+		     MC_EOBJECT_ALREADY_EXISTS, "second replica on the same segment");
+	cr_assert_eq(master__inventory_add(c, "a", K("other"), "s1", 4096 + 512, 10, false, 0),
+		     -EBUSY, "overlaps obj's space");
+	cr_assert_eq(master__inventory_add(c, "a", K("diff"), "s1", 0, 10, false, 0), 0);
+	cr_assert_eq(master__inventory_add(c, "b", K("diff"), "s2", 8192, 11, false, 0),
+		     MC_EOBJECT_ALREADY_EXISTS, "another size");
+	cr_assert_eq(master__inventory_add(c, "a", K("z"), "s2", 0, 10, false, 0),
+		     MC_ESEGMENT_NOT_FOUND, "not a's segment");
+	master__inventory_done(c, "a");
+	master__inventory_done(c, "b");
+	const struct master_obj *o;
+	must(master__get(c, K("obj"), 0, &o));
+	cr_assert_eq(o->nrep, 2);
+	cr_assert_eq(o->size, 1000);
+	cr_assert_eq(memcmp(master__obj_key(o), "obj", 3), 0, "key moved with the replicas");
+	/* New placements avoid the reported space. */
+	for (int i = 0; i < 50; i++) {
+		char key[16];
+		snprintf(key, sizeof(key), "n%d", i);
+		const struct master_obj *n = put(key, 1000, 1, 0, 0);
+		for (unsigned r = 0; r < n->nrep; r++) {
+			if (n->rep[r].seg == master__seg_find(c, "s1"))
+			{
+				uint64_t off = n->rep[r].offset;
+				cr_assert_not(off < 4096 + 1024 && off + 1024 > 4096, "over obj");
+				cr_assert_geq(off, 64, "over diff");
+			}
+		}
+	}
+}
+
+Test(master_core, memory_per_object)
+{
+	mount("s", "a", 1ull << 40, 0);
+	char key[64];
+	const int n = 200000;
+	for (int i = 0; i < n; i++) {
+		int klen = snprintf(key, sizeof(key), "model/layer-%04d/block-%08d", i % 80, i);
+		const struct master_obj *o;
+		struct master_put p = {.key = (const uint8_t *)key, .klen = (size_t)klen, .size = 4096};
+		must(master__put_start(c, &p, 0, &o));
+		must(master__put_end(c, (const uint8_t *)key, (size_t)klen, 0));
+	}
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_eq(st.objects, (uint64_t)n);
+	double per = (double)(st.index_bytes - st.key_bytes) / n;
+	cr_assert_lt(per, 200.0, "%.1f bytes per object plus the key", per);
+	cr_assert_gt(per, 56.0, "the header alone is 56 bytes: accounting is real");
+}
