@@ -186,9 +186,10 @@ $(B)/mooncaked: $(B)/obj/main.o $(B)/libmcd.a
 	@echo "  LD      $@"
 	$(Q)set -o pipefail; $(CC) $(BIN_LDFLAGS) -o $@ $< $(B)/libmcd.a $(BIN_LIBS) $(LINK_FILTER)
 
-$(B)/mooncakectl: $(CTL_OBJS) $(B)/libmcd.a
+# mooncakectl put/get/rm are clients of the agent: they use libmooncake.
+$(B)/mooncakectl: $(CTL_OBJS) $(B)/libmooncake.a $(B)/libmcd.a
 	@echo "  LD      $@"
-	$(Q)set -o pipefail; $(CC) $(BIN_LDFLAGS) -o $@ $(CTL_OBJS) $(B)/libmcd.a $(BIN_LIBS) $(LINK_FILTER)
+	$(Q)set -o pipefail; $(CC) $(BIN_LDFLAGS) -o $@ $(CTL_OBJS) $(B)/libmooncake.a $(B)/libmcd.a $(BIN_LIBS) $(LINK_FILTER)
 
 # ---------------------------------------------------------------- man pages
 # man/mooncaked.8 is committed; its OPTIONS section comes from the config

@@ -774,7 +774,9 @@ static void on_unmounted(void *ud, int err, const char *message,
 	const Mooncake__Master__UnmountSegmentResponse *resp =
 		(const Mooncake__Master__UnmountSegmentResponse *)m;
 	a->unmount_busy = false;
-	if (err)
+	if (err == MC_ENOT_LEADER || err == MC_ESHUTDOWN)
+		log_info("segment %s: the master is stopping too; not unmounted", a->name);
+	else if (err)
 		log_warn("cannot unmount segment %s from master %s: %s (it expires "
 			 "after the agent TTL)", a->name, a->master_addr,
 			 message ? message : mc_strerror(err));

@@ -17,6 +17,10 @@ int ctl_health_main(int argc, char **argv);
 int ctl_bench_main(int argc, char **argv);
 int ctl_ls_main(int argc, char **argv);
 int ctl_stats_main(int argc, char **argv);
+/* put/get/rm through the local agent (ctl_store.c). */
+int ctl_put_main(int argc, char **argv);
+int ctl_get_main(int argc, char **argv);
+int ctl_rm_main(int argc, char **argv);
 /* `bench master`; argv[0] is "master". */
 int ctl_bench_master_main(int argc, char **argv);
 
