@@ -208,11 +208,23 @@ static int make_segment(struct agent *a, const struct agent_opts *o)
 
 static void on_view_timer(uv_timer_t *t)
 {
-	struct agent *a = t->data;
-	agent__renew_views(a);
-	uint64_t period = MC_MAX(a->lease_ttl_ms / 3, (uint64_t)VIEW_RENEW_MIN_MS);
-	if (uv_timer_get_repeat(t) != period)
-		uv_timer_set_repeat(t, period);
+	agent__renew_views(t->data);
+}
+
+static uint64_t renew_period(const struct agent *a)
+{
+	return MC_MAX(a->lease_ttl_ms / 3, (uint64_t)VIEW_RENEW_MIN_MS);
+}
+
+void agent__set_lease_ttl(struct agent *a, uint64_t ms)
+{
+	if (ms == a->lease_ttl_ms)
+		return;
+	a->lease_ttl_ms = ms;
+	/* Views must be renewed well within the lease: restart the timer
+	 * at once with the new period. */
+	if (!a->stopping)
+		uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
 }
 
 /* "HOST:PORT" of the agent's RPC listener, with the bound port. */
@@ -330,7 +342,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->start_timer.data = a->view_timer.data = a;
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
-	uv_timer_start(&a->view_timer, on_view_timer, a->lease_ttl_ms / 3, a->lease_ttl_ms / 3);
+	uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
 	*out = a;
 	return 0;
 

@@ -364,6 +364,8 @@ void agent__count(struct agent *a, enum agent_counter c, uint64_t n);
 void agent__gauges(struct agent *a);
 void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns);
 void agent__maybe_stopped(struct agent *a);
+/* The master's read lease TTL, learned from its replies. */
+void agent__set_lease_ttl(struct agent *a, uint64_t ms);
 
 /* server.c */
 int agent__server_start(struct agent *a, const char *path) MC_MUST_CHECK;

@@ -743,7 +743,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		(const Mooncake__Master__BatchGetReplicasResponse *)m;
 	(void)message;
 	if (!err && resp->lease_ttl_ms)
-		a->lease_ttl_ms = resp->lease_ttl_ms;
+		agent__set_lease_ttl(a, resp->lease_ttl_ms);
 	uint64_t spill_total = 0;
 	uint64_t bytes = 0;
 	bool remote = false;
@@ -1392,7 +1392,7 @@ static void on_renewed(void *ud, int err, const char *message,
 				 b->n, message ? message : mc_strerror(err));
 	} else {
 		if (resp->lease_ttl_ms)
-			a->lease_ttl_ms = resp->lease_ttl_ms;
+			agent__set_lease_ttl(a, resp->lease_ttl_ms);
 		for (size_t i = 0; i < resp->n_results && i < b->n; i++)
 			if (resp->results[i]->error == MC_EOBJECT_NOT_FOUND)
 				log_warn("a zero-copy view's object is gone from the "
