@@ -16,6 +16,9 @@
 # everything (build/.flags stamp).
 
 PREFIX  ?= /usr/local
+# The Python package (python/mooncake) goes here; it finds libmooncake.so.0
+# in $(PREFIX)/lib.
+PYDIR   ?= $(PREFIX)/lib/python3/dist-packages
 DESTDIR ?=
 CC      ?= cc
 SAN     ?= 0
@@ -264,6 +267,9 @@ install: all
 	install -m 0644 src/client/mooncake.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(B)/man/mooncaked.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 man/mooncakectl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man3 $(DESTDIR)$(PYDIR)/mooncake
+	install -m 0644 man/libmooncake.3 $(DESTDIR)$(PREFIX)/share/man/man3/
+	install -m 0644 python/mooncake/*.py $(DESTDIR)$(PYDIR)/mooncake/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
 	for u in deploy/*.service.in; do \
