@@ -11,8 +11,8 @@ unchanged; parameters that have no meaning here (the agent owns the
 segment and the transports) are accepted and documented.
 
 Only the standard library is needed. libmooncake.so is found through
-$MOONCAKE_LIB, next to the installed package (PREFIX/lib), or the
-dynamic linker's search path.
+$MOONCAKE_LIB, in the source tree's build/ (PYTHONPATH=python), next to
+the installed package (PREFIX/lib), or on the dynamic linker's path.
 """
 
 from mooncake._native import errname, strerror, version  # noqa: F401

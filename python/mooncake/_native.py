@@ -11,6 +11,8 @@ def _candidates():
     env = os.environ.get("MOONCAKE_LIB")
     if env:
         yield env
+    # The source tree: python/mooncake -> build/
+    yield os.path.normpath(os.path.join(_HERE, "../../build/libmooncake.so"))
     # Installed: PREFIX/lib/python3/dist-packages/mooncake -> PREFIX/lib
     for up in ("../../..", "../../../.."):
         for name in ("libmooncake.so.0", "libmooncake.so"):

@@ -137,6 +137,10 @@ static void register_metrics(struct agent *a)
 	a->m_counters[AGENT_C_BYTES_WRITTEN] = metrics_counter(
 		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
 		(const char *[]){"written"});
+	a->m_counters[AGENT_C_LEASE_CACHE_HITS] = metrics_counter(
+		r, "mooncake_agent_lease_cache_hits_total",
+		"Gets of local replicas answered within a read lease the agent "
+		"already held, without asking the master.", NULL, NULL);
 	a->m_counters[AGENT_C_BYTES_READ] = metrics_counter(
 		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
 		(const char *[]){"read"});
@@ -311,6 +315,9 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	rc = agent__inv_init(&a->inv);
 	if (rc)
 		goto out_strings;
+	rc = agent__lcache_init(&a->lc, AGENT_LCACHE_ENTRIES);
+	if (rc)
+		goto out_inv;
 	rc = make_segment(a, o);
 	if (rc)
 		goto out_inv;
@@ -339,6 +346,8 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	}
 	uv_timer_init(a->loop, &a->start_timer);
 	uv_timer_init(a->loop, &a->view_timer);
+	uv_check_init(a->loop, &a->batch_check);
+	a->batch_check.data = a;
 	a->start_timer.data = a->view_timer.data = a;
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
@@ -351,6 +360,7 @@ out_seg:
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
 out_inv:
+	agent__lcache_free(&a->lc);
 	agent__inv_free(&a->inv);
 out_strings:
 	free(a->rpc_listen);
@@ -385,8 +395,10 @@ void agent__maybe_stopped(struct agent *a)
 	if (!a->handles_closed) {
 		a->handles_closed = true;
 		a->pool.async.data = a;
-		a->closing += 4;
+		a->closing += 5;
 		agent__pool_stop(&a->pool, on_closed);
+		agent__batch_flush(a);
+		uv_close((uv_handle_t *)&a->batch_check, on_closed);
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
 		uv_close((uv_handle_t *)&a->view_timer, on_closed);
 		agent__mlink_close(a, on_closed);
@@ -410,6 +422,7 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	uv_timer_stop(&a->start_timer);
 	uv_timer_stop(&a->view_timer);
 	agent__server_stop(a);
+	agent__batch_flush(a);
 	/* on_stopped always comes from a close callback: never from inside
 	 * this call. */
 	agent__mlink_stop(a, on_mlink_stopped);
@@ -422,6 +435,7 @@ void agent_free(struct agent *a)
 		return;
 	agent__mlink_free(a);
 	agent__inv_free(&a->inv);
+	agent__lcache_free(&a->lc);
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);

@@ -256,6 +256,7 @@ struct agent_req {
 	size_t n;
 	int op;                          /* Request op case */
 	uint64_t start_ns;
+	uint64_t sent_ms;                /* when the master call went out */
 	struct agent_job job;
 	bool upsert_retry;
 	/* get */
@@ -272,6 +273,65 @@ struct agent_req {
 	uint64_t att_len[MC_UFRAME_MAX_FDS];
 };
 
+typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
+			       const ProtobufCMessage *resp);
+
+/* ------------------------------------------------------------ lcache.c */
+
+struct agent_lentry {
+	struct agent_lentry *next;
+	uint64_t size, until_ms;
+	struct agent_rep rep;   /* segment owned */
+	uint16_t klen;
+	uint8_t key[];
+};
+
+struct agent_lcache {
+	struct agent_lentry **tab;
+	size_t nbuckets, n, capacity;
+	uint64_t hits;
+};
+
+#define AGENT_LCACHE_ENTRIES 65536u
+
+int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
+void agent__lcache_free(struct agent_lcache *lc);
+void agent__lcache_clear(struct agent_lcache *lc);
+/* The entry for key while now is inside its window (borrowed until the
+ * next change), else NULL. */
+const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
+					     size_t klen, uint64_t now_ms);
+/* Remember rep (copied) for key until until_ms; best effort. */
+void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
+		       uint64_t size, const struct agent_rep *rep, uint64_t until_ms,
+		       uint64_t now_ms);
+void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen);
+
+/* ------------------------------------------------------------ batch.c */
+
+enum agent_bkind {
+	AGENT_B_PUT_START,  /* BatchPutStartRequest */
+	AGENT_B_PUT_END,    /* BatchKeysRequest */
+	AGENT_B_GET,        /* BatchKeysRequest -> BatchGetReplicas */
+	AGENT_B_EXIST,      /* BatchKeysRequest */
+	AGENT_B_COUNT
+};
+
+struct agent_bwait;
+
+struct agent_bqueue {
+	struct agent_bwait *head, *tail;
+	size_t nitems;
+	unsigned nwaits;
+};
+
+/* Like agent__mcall of the kind's batch method, coalesced with the other
+ * requests of this loop iteration (see batch.c). */
+void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,
+		  agent_mcall_cb cb, void *ud);
+/* Send every queue now. */
+void agent__batch_flush(struct agent *a);
+
 /* ------------------------------------------------------------ agent */
 
 enum agent_counter {
@@ -283,6 +343,7 @@ enum agent_counter {
 	AGENT_C_MISSES,
 	AGENT_C_BYTES_WRITTEN,
 	AGENT_C_BYTES_READ,
+	AGENT_C_LEASE_CACHE_HITS,
 	AGENT_C_COUNT
 };
 
@@ -304,6 +365,9 @@ struct agent {
 	int seg_ro_fd;                /* read-only descriptor of it */
 	struct agent_pool pool;
 	struct agent_inv inv;
+	struct agent_lcache lc;
+	uv_check_t batch_check;
+	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;
 	bool mlink_stopped, handles_closed;
 	unsigned conn_objs;           /* sessions not yet freed */
@@ -413,8 +477,6 @@ void agent__mlink_free(struct agent *a);
 /* Close the link's last handle (after agent__mlink_stop finished). */
 void agent__mlink_close(struct agent *a, uv_close_cb on_closed);
 
-typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
-			       const ProtobufCMessage *resp);
 /*
  * Call method ("PutStart") of mooncake.master.Master on the leader. req
  * must stay valid until cb runs (it is sent again after a redirect). cb

@@ -412,6 +412,8 @@ static void on_mounted(void *ud, int err, const char *message,
 	a->retry_ms = 0;
 	a->view = resp->view;
 	a->mounted = true;
+	/* Leases of an earlier mount mean nothing now. */
+	agent__lcache_clear(&a->lc);
 	a->ever_mounted = true;
 	agent__gauges(a);
 	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",

@@ -443,8 +443,7 @@ static void put_done(struct agent_job *j)
 		put_reply(r);
 		return;
 	}
-	agent__mcall(r->a, "BatchPutEnd", &b->req.base,
-		     &mooncake__master__batch_errors_response__descriptor, on_put_ended, r);
+	agent__bcall(r->a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
 }
 
 static void put_run(struct agent_job *j)
@@ -562,9 +561,7 @@ static void put_start(struct agent_req *r)
 	b->req.items = b->ptrs;
 	b->req.n_items = n;
 	set_mstate(r, b);
-	agent__mcall(a, "BatchPutStart", &b->req.base,
-		     &mooncake__master__batch_put_start_response__descriptor,
-		     on_put_started, r);
+	agent__bcall(a, AGENT_B_PUT_START, &b->req.base, on_put_started, r);
 }
 
 static void on_upsert_removed(void *ud, int err, const char *message,
@@ -578,9 +575,10 @@ static void on_upsert_removed(void *ud, int err, const char *message,
 	for (size_t k = 0; k < b->req.n_keys && !err; k++) {
 		int e = k < resp->n_errors ? resp->errors[k] : 0;
 		struct agent_item *it = &r->items[b->idx[k]];
-		if (e == 0)
+		if (e == 0) {
 			agent__inv_del(&r->a->inv, it->key, it->klen);
-		else if (e != MC_EOBJECT_NOT_FOUND)
+			agent__lcache_del(&r->a->lc, it->key, it->klen);
+		} else if (e != MC_EOBJECT_NOT_FOUND)
 			it->err = e; /* leased: cannot replace it now */
 	}
 	if (err) {
@@ -664,6 +662,8 @@ static void get_done(struct agent_job *j)
 		ptrs[i] = &res[i];
 		res[i].error = it->err;
 		res[i].size = it->size;
+		if (it->err && it->nrep)
+			agent__lcache_del(&a->lc, it->key, it->klen); /* a read failed */
 		if (it->err) {
 			if (!first && it->err != MC_EOBJECT_NOT_FOUND)
 				first = it->err;
@@ -731,58 +731,22 @@ static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset
 	return 0;
 }
 
-static void on_get_replicas(void *ud, int err, const char *message,
-			    const ProtobufCMessage *m)
+/*
+ * Every item has its replica (from the master or the lease cache) or an
+ * error: decide where each value goes, then copy.
+ */
+static void get_place_and_copy(struct agent_req *r)
 {
-	struct agent_req *r = ud;
 	struct agent *a = r->a;
 	struct agent_conn *c = r->c;
-	struct keys_block *b = r->mstate;
 	const Mooncake__Client__GetRequest *g = r->msg->get;
-	const Mooncake__Master__BatchGetReplicasResponse *resp =
-		(const Mooncake__Master__BatchGetReplicasResponse *)m;
-	(void)message;
-	if (!err && resp->lease_ttl_ms)
-		agent__set_lease_ttl(a, resp->lease_ttl_ms);
 	uint64_t spill_total = 0;
 	uint64_t bytes = 0;
 	bool remote = false;
-	for (size_t k = 0; k < b->req.n_keys; k++) {
-		struct agent_item *it = &r->items[b->idx[k]];
-		agent__count(a, AGENT_C_GETS, 1);
-		if (err) {
-			it->err = err;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0)
 			continue;
-		}
-		if (k >= resp->n_results) {
-			it->err = MC_EPROTOCOL;
-			continue;
-		}
-		const Mooncake__Master__GetReplicasResult *res = resp->results[k];
-		if (res->error) {
-			it->err = res->error;
-			if (res->error == MC_EOBJECT_NOT_FOUND) {
-				agent__count(a, AGENT_C_MISSES, 1);
-				agent__inv_del(&a->inv, it->key, it->klen);
-			}
-			continue;
-		}
-		if (res->n_replicas == 0) {
-			it->err = MC_EOBJECT_NOT_FOUND;
-			continue;
-		}
-		it->size = res->size;
-		if (take_replicas(a, it, res->replicas, res->n_replicas) != 0) {
-			it->err = -ENOMEM;
-			continue;
-		}
-		/* Nearest replica first: this agent's segment. */
-		for (unsigned p = 1; p < it->nrep; p++)
-			if (it->reps[p].local && !it->reps[0].local) {
-				struct agent_rep t = it->reps[0];
-				it->reps[0] = it->reps[p];
-				it->reps[p] = t;
-			}
 		const struct agent_rep *rep = &it->reps[0];
 		if (it->zero_copy && rep->local && !c->closed) {
 			if (rep->offset > a->seg->len || it->size > a->seg->len - rep->offset) {
@@ -868,19 +832,89 @@ static void on_get_replicas(void *ud, int err, const char *message,
 	agent__pool_submit(&a->pool, &r->job);
 }
 
+static void on_get_replicas(void *ud, int err, const char *message,
+			    const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct agent *a = r->a;
+	struct keys_block *b = r->mstate;
+	const Mooncake__Master__BatchGetReplicasResponse *resp =
+		(const Mooncake__Master__BatchGetReplicasResponse *)m;
+	(void)message;
+	uint64_t now = mc_now_ms();
+	uint64_t until = 0;
+	if (!err && resp->lease_ttl_ms) {
+		agent__set_lease_ttl(a, resp->lease_ttl_ms);
+		/* Half the lease, counted from when the call was sent. */
+		until = r->sent_ms + resp->lease_ttl_ms / 2;
+	}
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		if (err) {
+			it->err = err;
+			continue;
+		}
+		if (k >= resp->n_results) {
+			it->err = MC_EPROTOCOL;
+			continue;
+		}
+		const Mooncake__Master__GetReplicasResult *res = resp->results[k];
+		if (res->error) {
+			it->err = res->error;
+			if (res->error == MC_EOBJECT_NOT_FOUND) {
+				agent__count(a, AGENT_C_MISSES, 1);
+				agent__inv_del(&a->inv, it->key, it->klen);
+			}
+			continue;
+		}
+		if (res->n_replicas == 0) {
+			it->err = MC_EOBJECT_NOT_FOUND;
+			continue;
+		}
+		it->size = res->size;
+		if (take_replicas(a, it, res->replicas, res->n_replicas) != 0) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		/* Nearest replica first: this agent's segment. */
+		for (unsigned p = 1; p < it->nrep; p++)
+			if (it->reps[p].local && !it->reps[0].local) {
+				struct agent_rep t = it->reps[0];
+				it->reps[0] = it->reps[p];
+				it->reps[p] = t;
+			}
+		/* Only local replicas are cached: nobody but the master's
+		 * placements writes this segment, and the cache is emptied
+		 * whenever the segment is mounted again. */
+		if (it->reps[0].local)
+			agent__lcache_put(&a->lc, it->key, it->klen, it->size, &it->reps[0],
+					  until, now);
+	}
+	get_place_and_copy(r);
+}
+
+static bool item_uncached(const struct agent_item *it)
+{
+	return it->err == 0 && it->nrep == 0;
+}
+
 static void op_get(struct agent_req *r)
 {
+	struct agent *a = r->a;
 	const Mooncake__Client__GetRequest *g = r->msg->get;
 	if (alloc_items(r, g->n_items)) {
 		fail(r, -ENOMEM, NULL);
 		return;
 	}
+	uint64_t now = mc_now_ms();
+	size_t uncached = 0;
 	for (size_t i = 0; i < g->n_items; i++) {
 		struct agent_item *it = &r->items[i];
 		const Mooncake__Client__GetItem *gi = g->items[i];
 		it->key = gi->key.data;
 		it->klen = gi->key.len;
 		it->zero_copy = gi->zero_copy;
+		agent__count(a, AGENT_C_GETS, 1);
 		if (!agent__key_ok(&gi->key)) {
 			it->err = -EINVAL;
 			continue;
@@ -889,22 +923,37 @@ static void op_get(struct agent_req *r)
 			it->has_dest = true;
 			it->len = gi->dest->length;
 			it->err = region_ptr(r, gi->dest, &it->ptr);
+			if (it->err)
+				continue;
 		}
+		const struct agent_lentry *e = agent__lcache_get(&a->lc, it->key, it->klen, now);
+		if (e) {
+			it->reps = calloc(1, sizeof(*it->reps));
+			if (!it->reps) {
+				it->err = -ENOMEM;
+				continue;
+			}
+			it->reps[0] = e->rep;
+			it->reps[0].segment = NULL;
+			it->nrep = 1;
+			it->size = e->size;
+			agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
+			continue;
+		}
+		uncached++;
 	}
-	struct keys_block *b = keys_block(r, item_ok);
+	if (uncached == 0) {
+		get_place_and_copy(r);
+		return;
+	}
+	struct keys_block *b = keys_block(r, item_uncached);
 	if (!b) {
 		fail(r, -ENOMEM, NULL);
 		return;
 	}
 	set_mstate(r, b);
-	if (b->req.n_keys == 0) {
-		r->job.run = get_run;
-		get_done(&r->job);
-		return;
-	}
-	agent__mcall(r->a, "BatchGetReplicas", &b->req.base,
-		     &mooncake__master__batch_get_replicas_response__descriptor,
-		     on_get_replicas, r);
+	r->sent_ms = now;
+	agent__bcall(a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
 }
 
 /* ------------------------------------------------------------ exist, remove */
@@ -960,8 +1009,10 @@ static void on_removed(void *ud, int err, const char *message,
 	for (size_t k = 0; k < b->req.n_keys; k++) {
 		struct agent_item *it = &r->items[b->idx[k]];
 		it->err = err ? err : k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL;
-		if (it->err == 0)
+		if (it->err == 0) {
 			agent__inv_del(&r->a->inv, it->key, it->klen);
+			agent__lcache_del(&r->a->lc, it->key, it->klen);
+		}
 	}
 	keys_reply(r, err);
 }
@@ -990,8 +1041,7 @@ static void op_keys(struct agent_req *r, bool remove)
 		return;
 	}
 	if (!remove) {
-		agent__mcall(r->a, "BatchExist", &b->req.base,
-			     &mooncake__master__batch_exist_response__descriptor, on_exist, r);
+		agent__bcall(r->a, AGENT_B_EXIST, &b->req.base, on_exist, r);
 		return;
 	}
 	b->rm.force = q->force;
@@ -1010,6 +1060,7 @@ static void on_removed_all(void *ud, int err, const char *message,
 		return;
 	}
 	agent__inv_clear(&r->a->inv);
+	agent__lcache_clear(&r->a->lc);
 	Mooncake__Client__RemoveAllReply rr = MOONCAKE__CLIENT__REMOVE_ALL_REPLY__INIT;
 	rr.removed = resp->removed;
 	rr.skipped = resp->skipped;

@@ -732,6 +732,8 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "master") == 0)
 		return ctl_bench_master_main(argc - 1, argv + 1);
+	if (strcmp(argv[1], "store") == 0)
+		return ctl_bench_store_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
 		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master)\n", argv[1]);
 		return CTL_EXIT_USAGE;

@@ -23,6 +23,8 @@ int ctl_get_main(int argc, char **argv);
 int ctl_rm_main(int argc, char **argv);
 /* `bench master`; argv[0] is "master". */
 int ctl_bench_master_main(int argc, char **argv);
+/* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
+int ctl_bench_store_main(int argc, char **argv);
 
 /*
  * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter

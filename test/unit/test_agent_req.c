@@ -264,3 +264,43 @@ Test(agent_inv, snapshot_drops_overwritten_space)
 	free(e);
 	agent__inv_free(&v);
 }
+
+/* ------------------------------------------------------------ lease cache */
+
+Test(agent_lcache, window_and_invalidation)
+{
+	struct agent_lcache lc;
+	cr_assert_eq(agent__lcache_init(&lc, 4), 0);
+	struct agent_rep rep = {.local = true, .offset = 640, .address = 0x1000 + 640};
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, &rep, 2000, 1000);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999);
+	cr_assert_not_null(e);
+	cr_assert_eq(e->size, 100);
+	cr_assert_eq(e->rep.offset, 640);
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000), "window ended");
+	cr_assert_eq(lc.n, 0, "expired entry dropped");
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, &rep, 900, 1000);
+	cr_assert_eq(lc.n, 0, "a window already over is not cached");
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, &rep, 5000, 1000);
+	agent__lcache_del(&lc, (const uint8_t *)"k", 1);
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001), "deleted");
+	/* Full: expired entries are swept first, then everything goes. */
+	char k[8];
+	for (int i = 0; i < 4; i++) {
+		snprintf(k, sizeof(k), "a%d", i);
+		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, &rep, i < 2 ? 1500 : 9000, 1000);
+	}
+	cr_assert_eq(lc.n, 4);
+	agent__lcache_put(&lc, (const uint8_t *)"new", 3, 1, &rep, 9000, 1600);
+	cr_assert_eq(lc.n, 3, "two expired swept, one added");
+	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"a3", 2, 1600));
+	agent__lcache_put(&lc, (const uint8_t *)"x1", 2, 1, &rep, 9000, 1600);
+	agent__lcache_put(&lc, (const uint8_t *)"x2", 2, 1, &rep, 9000, 1600);
+	cr_assert_eq(lc.n, 1, "full of live entries: emptied, then the new one");
+	struct agent_rep remote = {.local = false, .segment = "10.0.0.2:12345"};
+	agent__lcache_put(&lc, (const uint8_t *)"r", 1, 1, &remote, 9000, 1600);
+	e = agent__lcache_get(&lc, (const uint8_t *)"r", 1, 1601);
+	cr_assert_str_eq(e->rep.segment, "10.0.0.2:12345", "segment copied");
+	cr_assert_neq(e->rep.segment, remote.segment);
+	agent__lcache_free(&lc);
+}
