@@ -254,6 +254,7 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
+	$(Q)$(B)/mooncakectl bench store --duration=1s
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 
 install: all

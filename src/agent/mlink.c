@@ -744,8 +744,10 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void mlink_finish(struct agent *a)
 {
+	/* The retry timer runs on until the agent's handles close: requests
+	 * still in flight may call the master, and their parked calls must
+	 * be ended (MC_ESHUTDOWN) by its ticks. */
 	uv_timer_stop(&a->hb_timer);
-	uv_timer_stop(&a->retry_timer);
 	if (a->watch) {
 		etcd_watch_cancel(a->watch);
 		a->watch = NULL;

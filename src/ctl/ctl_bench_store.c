@@ -522,7 +522,7 @@ static void *memcpy_main(void *arg)
 	return NULL;
 }
 
-static double memcpy_gbps(unsigned n)
+static double memcpy_gbps_once(unsigned n)
 {
 	struct mc_thread *m = calloc(n, sizeof(*m));
 	if (!m)
@@ -556,6 +556,15 @@ static double memcpy_gbps(unsigned n)
 	}
 	free(m);
 	return secs > 0 ? (double)bytes / secs / 1e9 : 0;
+}
+
+/* The best of three rounds: the machine may be busy with other work. */
+static double memcpy_gbps(unsigned n)
+{
+	double best = 0;
+	for (int i = 0; i < 3; i++)
+		best = MC_MAX(best, memcpy_gbps_once(n));
+	return best;
 }
 
 /* ---------------------------------------------------------------- main */
