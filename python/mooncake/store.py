@@ -85,8 +85,9 @@ class BufferHandle:
     """An object's bytes without a copy when the local agent holds a
     replica (a read-only mapping kept under the object's read lease until
     release(), or until the handle is garbage-collected); else a private
-    copy. ptr(), size(), len(); numpy.asarray(handle) and
-    memoryview(handle.view()) do not copy. The memory is read-only."""
+    copy. ptr(), size(), len(); numpy.asarray(handle), memoryview(handle)
+    (Python 3.12+) and memoryview(handle.view()) do not copy. The memory
+    is read-only."""
 
     def __init__(self, store, view, ptr, size):
         self._store = store
@@ -117,6 +118,10 @@ class BufferHandle:
         write: the memory is read-only)."""
         return (ctypes.c_ubyte * self._size).from_address(self._ptr) if self._size else \
             (ctypes.c_ubyte * 0)()
+
+    def __buffer__(self, flags):
+        """memoryview(handle) on Python 3.12+ (PEP 688), read-only."""
+        return memoryview(self.view()).cast("B").toreadonly()
 
     def tobytes(self):
         return ctypes.string_at(self._ptr, self._size) if self._size else b""
