@@ -1222,8 +1222,11 @@ static void op_alloc_buffer(struct agent_req *r)
 
 /* This agent's memory at a remote address: its segment, or a buffer one
  * of its clients published at that address. */
-static uint8_t *local_target(struct agent *a, uint64_t addr, uint64_t len)
+/* A reference on the memory is held for the request: another session may
+ * unregister its buffer while the copy runs. */
+static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
 {
+	struct agent *a = r->a;
 	uint64_t base = (uint64_t)(uintptr_t)a->seg->addr;
 	if (addr >= base && addr - base <= a->seg->len && len <= a->seg->len - (addr - base))
 		return a->seg->addr + (addr - base);
@@ -1231,9 +1234,8 @@ static uint8_t *local_target(struct agent *a, uint64_t addr, uint64_t len)
 		for (size_t i = 0; i < c->nbufs; i++) {
 			const struct agent_buf *b = &c->bufs[i];
 			if (b->address && addr >= b->address && addr - b->address <= b->len &&
-			    len <= b->len - (addr - b->address)) {
-				return b->base + (addr - b->address);
-			}
+			    len <= b->len - (addr - b->address))
+				return hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
 		}
 	return NULL;
 }
@@ -1305,7 +1307,7 @@ static void op_transfer(struct agent_req *r)
 		if (it->err || it->len == 0)
 			continue;
 		if (strcmp(ti->target, a->name) == 0) {
-			uint8_t *t = local_target(a, ti->remote_address, it->len);
+			uint8_t *t = local_target(r, ti->remote_address, it->len);
 			if (!t) {
 				it->err = MC_EINVALID_REPLICA; /* not registered here */
 				continue;
