@@ -185,7 +185,9 @@ static int start_cluster(struct cluster *cl, uint64_t segment)
 	int rc = spawn(cl, "master", mv);
 	for (int i = 0; rc == 0 && i < 2; i++) {
 		k = 4;
-		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", cl->dir, i);
+		char dir[sizeof(cl->dir)];
+		memcpy(dir, cl->dir, sizeof(dir));
+		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
 		char *av[] = {daemon, "--role=agent", ARG("--data-dir=%s/agent%d", cl->dir, i),
 			      "--config=", "--meta-endpoints=",
 			      ARG("--master-address=%s", cl->master),
