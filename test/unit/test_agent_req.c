@@ -285,7 +285,7 @@ Test(agent_lcache, window_and_invalidation)
 	agent__lcache_del(&lc, (const uint8_t *)"k", 1);
 	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001), "deleted");
 	/* Full: expired entries are swept first, then everything goes. */
-	char k[8];
+	char k[16];
 	for (int i = 0; i < 4; i++) {
 		snprintf(k, sizeof(k), "a%d", i);
 		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, &rep, i < 2 ? 1500 : 9000, 1000);
