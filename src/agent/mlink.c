@@ -705,7 +705,8 @@ void agent__mlink_init(struct agent *a)
 	uv_timer_init(a->loop, &a->hb_timer);
 	uv_timer_init(a->loop, &a->retry_timer);
 	a->hb_timer.data = a->retry_timer.data = a;
-	a->hb_interval_ms = 1000;
+	/* Until the first heartbeat reply tells the agent TTL. */
+	a->hb_interval_ms = 250;
 }
 
 int agent__mlink_start(struct agent *a)
