@@ -27,7 +27,8 @@
  * Shutdown follows the gRPC graceful pattern: close the listeners, send
  * a GOAWAY "shutdown notice" (last stream id 2^31-1) and a PING on every
  * connection; on the PING's ACK send the real GOAWAY with the last stream
- * id processed, so a request in flight during the notice is not lost.
+ * id processed, so a request in flight during the notice is not lost
+ * (a connection with no call in flight gets the final GOAWAY at once).
  * Connections close when their last call ends; at drain_timeout_ms the
  * rest are closed, which cancels their calls.
  */
@@ -844,6 +845,17 @@ static void conn_begin_drain(struct sconn *sc)
 		return;
 	if (!sc->handshake_done || !sc->base.ng) {
 		rpc__conn_close(&sc->base);
+		return;
+	}
+	if (sc->ncalls == 0) {
+		/* Nothing in flight: the final GOAWAY at once, without
+		 * waiting for a PING ACK that an idle client may not read
+		 * for seconds. A request the client sends meanwhile has a
+		 * higher stream id than the GOAWAY names, so the client
+		 * knows it was not processed and may retry it elsewhere
+		 * (RFC 9113 section 6.8). */
+		conn_final_goaway(sc);
+		rpc__conn_close_after_flush(&sc->base);
 		return;
 	}
 	sc->drain_stage = 1;

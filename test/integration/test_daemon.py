@@ -381,6 +381,33 @@ def sigterm_drains_in_flight_call():
 
 
 @case
+def sigterm_closes_idle_connection_without_waiting_for_the_client():
+    # A client that keeps its connection open but reads nothing (as an idle
+    # grpcio channel does) must not hold shutdown for the whole drain: with
+    # no call in flight the server sends the final GOAWAY at once and closes.
+    d = Daemon("master", args=["--shutdown-timeout=60s"])
+    s = socket.create_connection(("127.0.0.1", d.ports["master-listen"]))
+    s.sendall(PREFACE + frame(4, 0, 0, b""))
+    eq(health_check(d.addr("master-listen")), H.SERVING, "serving")
+    d.signal(signal.SIGTERM)
+    eq(d.proc.wait(30), 0, "exit while the idle client still holds its connection")
+    s.settimeout(5)
+    got = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    types, off = [], 0
+    while off + 9 <= len(got):
+        n = int.from_bytes(got[off:off + 3], "big")
+        types.append(got[off + 3])
+        off += 9 + n
+    assert 7 in types, "a GOAWAY frame among %s" % types
+
+
+@case
 def systemd_notify_ready_and_stopping():
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
