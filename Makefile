@@ -217,7 +217,8 @@ $(B)/verbs-emu/libverbs-emu.a: $(VEMU_OBJS)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(B)/test/test_rdma%: test/unit/test_rdma%.c $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(B)/.flags
+RDMA_TEST_BINS := $(filter $(B)/test/test_rdma%,$(UNIT_BINS))
+$(RDMA_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(B)/.flags
 	@mkdir -p $(dir $@)
 	@echo "  CC TEST $< (verbs-emu)"
 	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a -lcriterion $(LIBS_VEMU) $(LDFLAGS_SAN)

@@ -166,9 +166,9 @@ int te_rdma_wc_status_code(int st)
 
 /* ------------------------------------------------------------ devices */
 
-/* Stage a candidate device reached; the error of te_rdma_new is that of
- * the furthest stage any device reached. */
-enum stage { ST_PERM = 1, ST_OPEN, ST_PORT, ST_GID };
+/* How far a candidate device got; te_rdma_new reports the furthest
+ * stage any device reached. */
+enum stage { ST_OPEN_FAIL = 1, ST_PERM, ST_NO_PORT, ST_NO_GID, ST_USABLE };
 
 static bool in_list(const char *list, const char *name)
 {
@@ -230,14 +230,14 @@ static enum stage probe_dev(struct ibv_device *ibd, int gid_index, struct rdev *
 		int e = errno;
 		why_add(why, why_len, "%s: cannot open (%s%s); ", name, strerror(e),
 			e == EACCES || e == EPERM ? ": no permission on /dev/infiniband/uverbs*" : "");
-		return e == EACCES || e == EPERM ? ST_PERM : ST_OPEN;
+		return e == EACCES || e == EPERM ? ST_PERM : ST_OPEN_FAIL;
 	}
 	if (ibv_query_device(ctx, &d->attr)) {
 		why_add(why, why_len, "%s: ibv_query_device failed; ", name);
 		ibv_close_device(ctx);
-		return ST_OPEN;
+		return ST_OPEN_FAIL;
 	}
-	enum stage reached = ST_OPEN;
+	enum stage reached = ST_NO_PORT;
 	for (uint8_t port = 1; port <= d->attr.phys_port_cnt; port++) {
 		struct ibv_port_attr pa;
 		struct ibv_gid_entry g;
@@ -248,7 +248,7 @@ static enum stage probe_dev(struct ibv_device *ibd, int gid_index, struct rdev *
 				ibv_port_state_str(pa.state));
 			continue;
 		}
-		reached = ST_PORT;
+		reached = ST_NO_GID;
 		int gi = pick_gid(ctx, port, &pa, gid_index, &g);
 		if (gi < 0) {
 			if (gid_index >= 0)
@@ -268,10 +268,8 @@ static enum stage probe_dev(struct ibv_device *ibd, int gid_index, struct rdev *
 		memcpy(d->info.gid, g.gid.raw, 16);
 		d->info.lid = pa.lid;
 		d->info.mtu_bytes = mtu_bytes(pa.active_mtu);
-		return ST_GID + 1; /* usable */
+		return ST_USABLE;
 	}
-	if (reached == ST_PORT)
-		reached = ST_GID;
 	ibv_close_device(ctx);
 	return reached;
 }
@@ -325,7 +323,7 @@ static int select_devices(struct te_rdma *r, char *why, size_t why_len)
 			continue;
 		enum stage s = probe_dev(list[i], r->o.gid_index, &r->dev[r->n], reasons,
 					 sizeof(reasons));
-		if (s > ST_GID)
+		if (s == ST_USABLE)
 			r->n++;
 		else if (s > furthest)
 			furthest = s;
@@ -340,13 +338,12 @@ static int select_devices(struct te_rdma *r, char *why, size_t why_len)
 	case ST_PERM:
 		why_set(why, why_len, "no permission to open the RDMA devices: %s", reasons);
 		return -EACCES;
-	case ST_GID:
+	case ST_NO_GID:
 		why_set(why, why_len, "no usable GID: %s", reasons);
 		return -EADDRNOTAVAIL;
-	case ST_PORT:
-	case ST_OPEN:
+	case ST_NO_PORT:
 		why_set(why, why_len, "no ACTIVE RDMA port: %s", reasons);
-		return furthest == ST_PORT ? -ENETDOWN : -ENODEV;
+		return -ENETDOWN;
 	default:
 		why_set(why, why_len, "no usable RDMA device: %s", reasons);
 		return -ENODEV;

@@ -63,6 +63,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #undef ibv_get_device_list
@@ -757,6 +758,12 @@ const char *ibv_wc_status_str(enum ibv_wc_status st)
 	return "unknown";
 }
 
+const char *ibv_port_state_str(enum ibv_port_state st)
+{
+	static const char *const s[] = {"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"};
+	return (unsigned)st < sizeof(s) / sizeof(s[0]) ? s[st] : "invalid state";
+}
+
 /* ------------------------------------------------------------ PD, MR */
 
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
@@ -1312,11 +1319,20 @@ static int qp_connect(struct emu_qp *q, const union ibv_gid *dgid, uint32_t dqpn
 	return fd;
 }
 
-/* Worker: execute one WR; returns the completion status. */
-static enum ibv_wc_status qp_exec(struct emu_qp *q, int fd, const struct emu_wr *w)
+/* qp_exec results besides an enum ibv_wc_status */
+#define EX_LOST (-1)    /* connection refused/closed or packet dropped: retry */
+#define EX_TIMEOUT (-2) /* the peer did not answer within the timeout */
+
+static int io_fail(void)
+{
+	return errno == EAGAIN || errno == EWOULDBLOCK ? EX_TIMEOUT : EX_LOST;
+}
+
+/* Worker: execute one WR over fd; returns the completion status or EX_*. */
+static int qp_exec(struct emu_qp *q, int fd, const struct emu_wr *w)
 {
 	struct emu_dev *d = q->dev;
-	enum ibv_wc_status st = IBV_WC_SUCCESS;
+	int st = IBV_WC_SUCCESS;
 	pthread_rwlock_rdlock(&d->mr_rw);
 	struct emu_mr *m = w->len ? mr_find(d, w->lkey) : NULL;
 	if (w->len && (!m || m->mr.pd != q->qp.pd || !mr_covers(m, w->laddr, w->len) ||
@@ -1327,30 +1343,72 @@ static enum ibv_wc_status qp_exec(struct emu_qp *q, int fd, const struct emu_wr 
 	struct wire_req r = {.op = w->opcode == IBV_WR_RDMA_WRITE ? OP_WRITE : OP_READ,
 			     .len = w->len, .rkey = w->rkey, .raddr = w->raddr};
 	uint32_t reply;
-	if (fd < 0 || io_full(fd, &r, sizeof(r), true)) {
-		st = IBV_WC_RETRY_EXC_ERR;
+	if (fd < 0) {
+		st = EX_LOST;
 		goto out;
 	}
-	if (r.op == OP_WRITE && io_full(fd, (void *)(uintptr_t)w->laddr, w->len, true)) {
-		st = IBV_WC_RETRY_EXC_ERR;
-		goto out;
-	}
-	if (io_full(fd, &reply, sizeof(reply), false)) {
-		st = IBV_WC_RETRY_EXC_ERR;
+	if (io_full(fd, &r, sizeof(r), true) ||
+	    (r.op == OP_WRITE && io_full(fd, (void *)(uintptr_t)w->laddr, w->len, true)) ||
+	    io_full(fd, &reply, sizeof(reply), false)) {
+		st = io_fail();
 		goto out;
 	}
 	if (reply == ST_OK && r.op == OP_READ &&
 	    io_full(fd, (void *)(uintptr_t)w->laddr, w->len, false))
-		st = IBV_WC_RETRY_EXC_ERR;
+		st = io_fail();
 	else if (reply == ST_ACCESS)
 		st = IBV_WC_REM_ACCESS_ERR;
 	else if (reply == ST_INV_REQ)
 		st = IBV_WC_REM_INV_REQ_ERR;
 	else if (reply != ST_OK)
-		st = IBV_WC_RETRY_EXC_ERR;
+		st = EX_LOST; /* dropped by the target */
 out:
 	pthread_rwlock_unlock(&d->mr_rw);
 	return st;
+}
+
+/* Worker, under q->lock: run WR w through up to retry_cnt + 1 attempts,
+ * each waiting 4.096 us * 2^timeout before the next, like the transport's
+ * retry timer (a target QP not yet in RTR, a peer gone). */
+static enum ibv_wc_status qp_run(struct emu_qp *q, const struct emu_wr *w, uint64_t seq)
+{
+	uint64_t try_ns = 4096ull << q->timeout;
+	uint64_t ms = try_ns / 1000000ull * (q->retry_cnt + 1u);
+	uint32_t tmo = ms < EMU_MIN_TIMEOUT_MS ? EMU_MIN_TIMEOUT_MS
+		       : ms > 600000 ? 600000 : (uint32_t)ms;
+	for (unsigned attempt = 0;; attempt++) {
+		if (q->fd < 0) {
+			union ibv_gid dgid = q->dgid;
+			uint32_t dqpn = q->dest_qpn;
+			pthread_mutex_unlock(&q->lock);
+			int fd = qp_connect(q, &dgid, dqpn, tmo);
+			pthread_mutex_lock(&q->lock);
+			if (q->fd < 0)
+				q->fd = fd;
+			else if (fd >= 0)
+				close(fd);
+		}
+		int fd = q->fd;
+		pthread_mutex_unlock(&q->lock);
+		int st = qp_exec(q, fd, w);
+		pthread_mutex_lock(&q->lock);
+		if (st >= 0)
+			return (enum ibv_wc_status)st;
+		if (q->fd >= 0) {
+			close(q->fd);
+			q->fd = -1;
+		}
+		if (st == EX_TIMEOUT || attempt >= q->retry_cnt || q->stop || q->exec_seq != seq ||
+		    q->qp.state != IBV_QPS_RTS)
+			return IBV_WC_RETRY_EXC_ERR;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t ns = (uint64_t)ts.tv_nsec + try_ns;
+		ts.tv_sec += (time_t)(ns / 1000000000ull);
+		ts.tv_nsec = (long)(ns % 1000000000ull);
+		/* woken early by a state change or destroy */
+		pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+	}
 }
 
 static void *qp_worker(void *arg)
@@ -1370,29 +1428,7 @@ static void *qp_worker(void *arg)
 		if (q->qp.state == IBV_QPS_ERR) {
 			st = IBV_WC_WR_FLUSH_ERR;
 		} else {
-			if (q->fd < 0) {
-				union ibv_gid dgid = q->dgid;
-				uint32_t dqpn = q->dest_qpn;
-				/* 4.096 us * 2^timeout per try, retry_cnt + 1 tries */
-				uint64_t ms = ((4096ull << q->timeout) / 1000000ull) * (q->retry_cnt + 1u);
-				uint32_t tmo = ms < EMU_MIN_TIMEOUT_MS ? EMU_MIN_TIMEOUT_MS
-					       : ms > 600000 ? 600000 : (uint32_t)ms;
-				pthread_mutex_unlock(&q->lock);
-				int fd = qp_connect(q, &dgid, dqpn, tmo);
-				pthread_mutex_lock(&q->lock);
-				if (q->fd < 0)
-					q->fd = fd;
-				else if (fd >= 0)
-					close(fd);
-			}
-			int fd = q->fd;
-			pthread_mutex_unlock(&q->lock);
-			st = qp_exec(q, fd, &w);
-			pthread_mutex_lock(&q->lock);
-			if (st == IBV_WC_RETRY_EXC_ERR && q->fd >= 0) {
-				close(q->fd);
-				q->fd = -1;
-			}
+			st = qp_run(q, &w, seq);
 			if (q->stop)
 				break;
 			if (q->exec_seq != seq)
