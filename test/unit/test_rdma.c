@@ -628,7 +628,7 @@ static void check_all_ok(unsigned n)
 		cr_assert_eq(status_of(i), 0, "cookie %u: %s", i, mc_strerror(status_of(i)));
 }
 
-Test(rdma_data, write_read_sizes, .timeout = 240)
+Test(rdma_data, write_read_sizes)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
@@ -658,7 +658,7 @@ Test(rdma_data, write_read_sizes, .timeout = 240)
 	pair_stop(p, true);
 }
 
-Test(rdma_data, striped_over_two_nics_to_one, .timeout = 120)
+Test(rdma_data, striped_over_two_nics_to_one)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("2", "1", &o);
@@ -686,7 +686,7 @@ Test(rdma_data, striped_over_two_nics_to_one, .timeout = 120)
 	pair_stop(p, true);
 }
 
-Test(rdma_data, pipeline_hits_flow_control, .timeout = 120)
+Test(rdma_data, pipeline_hits_flow_control)
 {
 	struct te_rdma_opts o = opts_default();
 	o.sq_depth = 16;
@@ -747,7 +747,7 @@ static void expect_wr_error(struct pair *p, struct te_rdma_wr *w, int code)
 	cr_assert_eq(te_rdma_post(p->c, 0, w, 1), code, "a QP in ERR refuses posts");
 }
 
-Test(rdma_err, bad_rkey, .timeout = 60)
+Test(rdma_err, bad_rkey)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
@@ -757,7 +757,7 @@ Test(rdma_err, bad_rkey, .timeout = 60)
 	pair_stop(p, true);
 }
 
-Test(rdma_err, out_of_bounds, .timeout = 60)
+Test(rdma_err, out_of_bounds)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
@@ -766,7 +766,7 @@ Test(rdma_err, out_of_bounds, .timeout = 60)
 	pair_stop(p, true);
 }
 
-Test(rdma_err, read_only_region_written, .timeout = 60)
+Test(rdma_err, read_only_region_written)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
@@ -786,7 +786,7 @@ Test(rdma_err, read_only_region_written, .timeout = 60)
 	pair_stop(p, true);
 }
 
-Test(rdma_err, bad_lkey, .timeout = 60)
+Test(rdma_err, bad_lkey)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
@@ -796,7 +796,7 @@ Test(rdma_err, bad_lkey, .timeout = 60)
 	pair_stop(p, true);
 }
 
-Test(rdma_err, error_flushes_the_rest, .timeout = 60)
+Test(rdma_err, error_flushes_the_rest)
 {
 	struct te_rdma_opts o = opts_default();
 	o.signal_every = 4;
@@ -816,7 +816,7 @@ Test(rdma_err, error_flushes_the_rest, .timeout = 60)
 	pair_stop(p, true);
 }
 
-Test(rdma_err, peer_killed_mid_stream, .timeout = 90)
+Test(rdma_err, peer_killed_mid_stream)
 {
 	struct te_rdma_opts o = opts_default();
 	o.sq_depth = 32;
@@ -898,7 +898,7 @@ Test(rdma_err, post_before_connect)
 	te_rdma_free(r);
 }
 
-Test(rdma_err, teardown_with_requests_in_flight, .timeout = 60)
+Test(rdma_err, teardown_with_requests_in_flight)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
