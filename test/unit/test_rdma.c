@@ -747,24 +747,24 @@ static void expect_wr_error(struct pair *p, struct te_rdma_wr *w, int code)
 	cr_assert_eq(te_rdma_post(p->c, 0, w, 1), code, "a QP in ERR refuses posts");
 }
 
-Test(rdma_err, bad_rkey)
+/* A fresh pair, one bad WR (rkey/lkey altered by the xor masks). */
+static void one_bad_wr(enum te_rdma_op op, uint64_t roff, uint32_t len, uint32_t rkey_xor,
+		       uint32_t lkey_xor, int code)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
-	struct te_rdma_wr w = wr_of(p, 0, TE_RDMA_WRITE, 0, 0, 64, 0);
-	w.rkey ^= 0x100;
-	expect_wr_error(p, &w, -EACCES);
+	struct te_rdma_wr w = wr_of(p, 0, op, 0, roff, len, 0);
+	w.rkey ^= rkey_xor;
+	w.lkey ^= lkey_xor;
+	expect_wr_error(p, &w, code);
 	pair_stop(p, true);
 }
 
-Test(rdma_err, out_of_bounds)
-{
-	struct te_rdma_opts o = opts_default();
-	struct pair *p = pair_start("1", "1", &o);
-	struct te_rdma_wr w = wr_of(p, 0, TE_RDMA_READ, 0, REGION_ALLOC - 10, 100, 0);
-	expect_wr_error(p, &w, -EACCES);
-	pair_stop(p, true);
-}
+Test(rdma_err, bad_rkey) { one_bad_wr(TE_RDMA_WRITE, 0, 64, 0x100, 0, -EACCES); }
+
+Test(rdma_err, out_of_bounds) { one_bad_wr(TE_RDMA_READ, REGION_ALLOC - 10, 100, 0, 0, -EACCES); }
+
+Test(rdma_err, bad_lkey) { one_bad_wr(TE_RDMA_WRITE, 0, 64, 0, 0x100, -EFAULT); }
 
 Test(rdma_err, read_only_region_written)
 {
@@ -783,16 +783,6 @@ Test(rdma_err, read_only_region_written)
 	w.op = TE_RDMA_WRITE;
 	w.cookie = 1;
 	expect_wr_error(p, &w, -EACCES);
-	pair_stop(p, true);
-}
-
-Test(rdma_err, bad_lkey)
-{
-	struct te_rdma_opts o = opts_default();
-	struct pair *p = pair_start("1", "1", &o);
-	struct te_rdma_wr w = wr_of(p, 0, TE_RDMA_WRITE, 0, 0, 64, 0);
-	w.lkey ^= 0x100;
-	expect_wr_error(p, &w, -EFAULT);
 	pair_stop(p, true);
 }
 
