@@ -26,6 +26,9 @@
  *     the peer over the control channel, receive the peer's, and call
  *     te_rdma_conn_connect() (INIT -> RTR -> RTS). The serving side does
  *     the same with the initiator's NIC count: a connection is symmetric.
+ *     The serving side connects before it answers the handshake, so the
+ *     initiator's first WRs never meet a QP that is not yet in RTR (they
+ *     would be retried by the transport and fail after ~0.5 s).
  *  4. Data threads call te_rdma_post(conn, k, wrs, n) with slices of
  *     64 KiB - 1 MiB; k is the QP (= NIC pairing) to use, chosen by the
  *     engine to stripe slices over te_rdma_conn_qps(conn) QPs. The last WR
