@@ -136,14 +136,7 @@ static void notify_systemd(const char *state)
 static double m_rss_bytes(void *ctx)
 {
 	(void)ctx;
-	FILE *f = fopen("/proc/self/statm", "re");
-	unsigned long size = 0, rss = 0;
-	if (f) {
-		if (fscanf(f, "%lu %lu", &size, &rss) != 2)
-			rss = 0;
-		fclose(f);
-	}
-	return (double)rss * (double)sysconf(_SC_PAGESIZE);
+	return (double)mc_rss_bytes();
 }
 
 static double m_open_fds(void *ctx)
