@@ -451,9 +451,6 @@ static void heartbeat(struct rpc_client *c, const Mooncake__Master__HeartbeatReq
 		protobuf_c_message_free_unpacked(out, NULL);
 }
 
-	return (double)rss * (double)sysconf(_SC_PAGESIZE);
-}
-
 static void row(const char *name, double v, double limit, const char *unit)
 {
 	char lim[32], ratio[32];
