@@ -21,6 +21,7 @@ struct metrics_registry;
 struct rpc_server;
 struct rpc_health;
 struct http_server;
+struct meta_node;
 
 /*
  * A role's own services, plugged into its frame. Each hook is optional
@@ -57,7 +58,11 @@ struct role_rt {
 	bool started;  /* ops.start returned 0: ops.free is owed */
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
+	struct meta_node *meta;
 };
+
+/* The roles' hooks (src/daemon/role_<name>.c). */
+extern const struct role_ops role_meta_ops;
 
 /* The loop and configuration every role runs with. */
 uv_loop_t *role_loop(const struct role_rt *rt);

@@ -98,6 +98,7 @@ struct rpc_server {
 	struct rpc_call *free_calls;
 	unsigned nfree;
 	nghttp2_session_callbacks *cbs;
+	nghttp2_option *ngopt;
 	uint8_t *rbuf;
 	struct rpc__dlheap dl;
 	struct rpc__bufcache bufs;
@@ -889,7 +890,7 @@ static void on_connection(uv_stream_t *ls, int status)
 		{NGHTTP2_SETTINGS_MAX_FRAME_SIZE, RPC__MAX_FRAME_BYTES},
 		{NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, RPC__MAX_HEADER_LIST_BYTES},
 	};
-	rc = rpc__conn_start(&sc->base, true, s->cbs, NULL, iv, MC_ARRAY_LEN(iv));
+	rc = rpc__conn_start(&sc->base, true, s->cbs, s->ngopt, iv, MC_ARRAY_LEN(iv));
 	if (rc < 0) {
 		log_warn("%s: cannot start connection from %s: %s", s->name,
 			 sc->base.peer, mc_strerror(rc));
@@ -946,8 +947,15 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 	s->idle_ms = opts ? opts->idle_timeout_ms : 0;
 	s->reg = opts && opts->metrics ? opts->metrics : metrics_global();
 	s->rbuf = malloc(RPC__READ_BUF_BYTES);
-	if (!s->name || !s->rbuf || nghttp2_session_callbacks_new(&s->cbs))
+	if (!s->name || !s->rbuf || nghttp2_session_callbacks_new(&s->cbs) ||
+	    nghttp2_option_new(&s->ngopt))
 		goto err_free;
+	/* gRPC clients send what nghttp2's HTTP checks refuse: grpc-go (in
+	 * etcdctl) puts a whole URL such as "http://127.0.0.1:2379" in
+	 * :authority. Like grpc-go's server, accept it; the checks a gRPC
+	 * request needs (POST, content-type, :path) are made in
+	 * call_dispatch. */
+	nghttp2_option_set_no_http_messaging(s->ngopt, 1);
 	rpc__callbacks_init(s->cbs);
 	nghttp2_session_callbacks_set_on_begin_headers_callback(s->cbs, on_begin_headers);
 	nghttp2_session_callbacks_set_on_header_callback(s->cbs, on_header);
@@ -971,6 +979,8 @@ err_free:
 	free(s->unknown.path);
 	if (s->cbs)
 		nghttp2_session_callbacks_del(s->cbs);
+	if (s->ngopt)
+		nghttp2_option_del(s->ngopt);
 	free(s->rbuf);
 	free(s->name);
 	free(s);
@@ -1176,6 +1186,7 @@ void rpc_server_free(struct rpc_server *s)
 	rpc__dlheap_free(&s->dl);
 	rpc__bufcache_free(&s->bufs);
 	nghttp2_session_callbacks_del(s->cbs);
+	nghttp2_option_del(s->ngopt);
 	free(s->unknown.path);
 	free(s->rbuf);
 	free(s->name);
