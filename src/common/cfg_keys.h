@@ -46,6 +46,12 @@
 	  NULL, "meta: Raft peer gRPC (host:port)")                            \
 	X(META_HTTP, "meta-http", META, ADDR, "127.0.0.1:2381", 0, 0, NULL,    \
 	  "meta: HTTP /metrics and /healthz (host:port)")                      \
+	X(ADVERTISE_PEER, "advertise-peer", META, STRING, "", 0, 0, NULL,      \
+	  "meta: the host:port other members reach this one at, when it "      \
+	  "differs from --listen-peer (a proxy, NAT); empty: --listen-peer")   \
+	X(ADVERTISE_CLIENT, "advertise-client", META, STRING, "", 0, 0, NULL,  \
+	  "meta: the client host:port published in the member list; empty: "  \
+	  "--listen-client")                                                   \
 	X(NAME, "name", META, STRING, "default", 0, 0, NULL,                   \
 	  "meta: this member's name, as listed in --initial-cluster")          \
 	X(INITIAL_CLUSTER, "initial-cluster", META, STRING, "", 0, 0, NULL,    \

@@ -27,6 +27,8 @@ static int meta_start(struct role_rt *rt)
 		.join_existing = strcmp(cfg_str(c, CFG_INITIAL_CLUSTER_STATE), "existing") == 0,
 		.listen_peer = cfg_str(c, CFG_LISTEN_PEER),
 		.listen_client = cfg_str(c, CFG_LISTEN_CLIENT),
+		.advertise_peer = cfg_str(c, CFG_ADVERTISE_PEER),
+		.advertise_client = cfg_str(c, CFG_ADVERTISE_CLIENT),
 		.heartbeat_ms = cfg_u64(c, CFG_HEARTBEAT_INTERVAL),
 		.election_ms = cfg_u64(c, CFG_ELECTION_TIMEOUT),
 		.snapshot_count = cfg_u64(c, CFG_SNAPSHOT_COUNT),

@@ -48,6 +48,11 @@ struct meta_options {
 	bool join_existing;          /* --initial-cluster-state=existing */
 	const char *listen_peer;     /* peer address (host:port) */
 	const char *listen_client;   /* client address (host:port) */
+	/* The addresses published to the other members and in the member
+	 * list when they differ from the listen addresses; NULL or "":
+	 * the listen address. */
+	const char *advertise_peer;
+	const char *advertise_client;
 	uint64_t heartbeat_ms;
 	uint64_t election_ms;        /* >= 2 * heartbeat_ms */
 	uint64_t snapshot_count;     /* applied entries between snapshots */

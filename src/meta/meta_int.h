@@ -340,6 +340,10 @@ struct meta_node {
 	struct meta__recv_snap *recv_snap;
 	size_t join_next;
 	struct rpc_client *join_cli;
+	uint64_t last_heard_ms;  /* last Raft traffic from a peer */
+	uint64_t last_probe_ms;
+	size_t probe_next;
+	bool probing;
 
 	/* snapshots and disk work in flight */
 	bool snapshotting;
@@ -507,6 +511,9 @@ void meta__peer_join(struct meta_node *n);
 /* Ask again after a while (no member answered, or none knows us yet). */
 void meta__peer_join_later(struct meta_node *n);
 void meta__join_done(struct meta_node *n, int rc, const Mooncake__Meta__MembersResponse *resp);
+/* Heard nothing from any peer for long: ask one whether this member is
+ * still in the cluster (a removed member is told nothing else). */
+void meta__peer_probe(struct meta_node *n);
 /* Close every peer connection and end incoming peer calls (stop). */
 void meta__peer_close_all(struct meta_node *n);
 void meta__peer_free_all(struct meta_node *n);

@@ -434,8 +434,12 @@ static bool enough_started(struct meta_node *n, int delta, uint64_t removing)
 		if (ps[i].recent_active || ps[i].id == n->id)
 			active++;
 	}
-	if (delta > 0)
+	if (delta > 0) {
 		voters++;
+		/* etcd's exception: a lone member may add a second (restore). */
+		if (voters == 2 && active == 1)
+			return true;
+	}
 	return active >= quorum_of(voters);
 }
 
@@ -1493,6 +1497,12 @@ static void on_tick(uv_timer_t *t)
 		n->round_needed = true;
 	if (meta__is_leader(n) && !n->stopping)
 		expire_leases(n);
+	/* Silence from every peer: are we still a member? */
+	if (!meta__is_leader(n) && n->n_peers && now - n->last_heard_ms > 4 * n->o.election_ms &&
+	    now - n->last_probe_ms > 4 * n->o.election_ms) {
+		n->last_probe_ms = now;
+		meta__peer_probe(n);
+	}
 	if (n->leader != RAFT_NONE && n->wait_leader.head && !n->stopping)
 		rerun(n, &n->wait_leader);
 	maybe_publish(n);
@@ -1763,7 +1773,7 @@ static int parse_initial_cluster(struct meta_node *n, struct founder **out, size
 	int rc = MC_ECONFIG;
 
 	if (!spec || !*spec) {
-		own = str_printf("%s=%s", n->name, n->listen_peer);
+		own = str_printf("%s=%s", n->name, n->self_peer_url);
 		if (!own)
 			return -ENOMEM;
 		spec = own;
@@ -1854,7 +1864,7 @@ static int found(struct meta_node *n)
 	struct raft_conf_change *ccs = NULL;
 	uint8_t **ctxs = NULL;
 	struct wal_recovery rec = {0};
-	char *my_url = normalize_url(n->listen_peer);
+	const char *my_url = n->self_peer_url;
 	int rc = parse_initial_cluster(n, &f, &k);
 
 	if (rc)
@@ -1867,9 +1877,10 @@ static int found(struct meta_node *n)
 		log_error("--name %s is not in --initial-cluster", n->name);
 		goto out;
 	}
-	if (!my_url || strcmp(my_url, f[self].url) != 0) {
-		log_error("--initial-cluster has %s at %s, but --listen-peer is %s", n->name,
-			  f[self].url, n->listen_peer);
+	if (strcmp(my_url, f[self].url) != 0) {
+		log_error("--initial-cluster has %s at %s, but this member's peer address "
+			  "(--advertise-peer, else --listen-peer) is %s",
+			  n->name, f[self].url, my_url);
 		goto out;
 	}
 	/* IDs: a hash of each member's peer URL and the whole founding list,
@@ -1935,7 +1946,6 @@ out:
 	free(ctxs);
 	free(ccs);
 	founders_free(f, k);
-	free(my_url);
 	return rc;
 }
 
@@ -2078,6 +2088,7 @@ static void start_running(struct meta_node *n)
 {
 	struct raft_conf_state cs = raft_conf(n->raft);
 	n->running = true;
+	n->last_heard_ms = meta__now(n);
 	/* Alone in the cluster: no one to wait for, lead at once. */
 	if (cs.n_voters == 1 && cs.voters[0] == n->id)
 		n->campaign = true;
@@ -2090,13 +2101,11 @@ static void start_running(struct meta_node *n)
 void meta__join_done(struct meta_node *n, int rc, const Mooncake__Meta__MembersResponse *resp)
 {
 	struct wal_recovery rec = {0};
-	char *my_url = normalize_url(n->listen_peer);
+	const char *my_url = n->self_peer_url;
 
-	if (n->stopping || n->running) {
-		free(my_url);
+	if (n->stopping || n->running)
 		return;
-	}
-	if (rc == 0 && my_url) {
+	if (rc == 0) {
 		rc = -ENOENT;
 		for (size_t i = 0; i < resp->n_members; i++) {
 			const Mooncake__Meta__Member *m = resp->members[i];
@@ -2113,7 +2122,6 @@ void meta__join_done(struct meta_node *n, int rc, const Mooncake__Meta__MembersR
 				 "`etcdctl member add %s --peer-urls=%s`; asking again",
 				 my_url, n->name, my_url);
 	}
-	free(my_url);
 	if (rc) {
 		meta__peer_join_later(n);
 		return;
@@ -2145,19 +2153,26 @@ static int copy_opts(struct meta_node *n, const struct meta_options *o)
 	n->wal_dir = str_printf("%s/wal", n->dir);
 	n->snap_dir = str_printf("%s/snap", n->dir);
 	n->member_path = str_printf("%s/member", n->dir);
-	n->self_peer_url = normalize_url(n->listen_peer);
-	n->self_client_url = normalize_url(n->listen_client);
 	if (!n->wal_dir || !n->snap_dir || !n->member_path)
 		return -ENOMEM;
+	const char *ap = o->advertise_peer && *o->advertise_peer ? o->advertise_peer
+								 : n->listen_peer;
+	const char *ac = o->advertise_client && *o->advertise_client ? o->advertise_client
+								     : n->listen_client;
+	n->self_peer_url = normalize_url(ap);
+	n->self_client_url = normalize_url(ac);
 	if (!n->self_peer_url || !n->self_client_url) {
-		log_error("--listen-peer %s or --listen-client %s is not a numeric host:port",
-			  n->listen_peer, n->listen_client);
+		log_error("--advertise-peer/--listen-peer %s or --advertise-client/"
+			  "--listen-client %s is not a numeric host:port",
+			  ap, ac);
 		return MC_ECONFIG;
 	}
 	n->o.name = n->name;
 	n->o.initial_cluster = n->initial_cluster;
 	n->o.listen_peer = n->listen_peer;
 	n->o.listen_client = n->listen_client;
+	n->o.advertise_peer = NULL;
+	n->o.advertise_client = NULL;
 	n->o.data_dir = NULL;
 	if (!*n->name) {
 		log_error("--name must not be empty");

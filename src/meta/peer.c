@@ -177,6 +177,14 @@ static void msgs_on_close(struct rpc_stream *st, void *ud, int status, const cha
 		log_debug("stream to %016" PRIx64 " (%s) closed: %s %s", p->id, p->addr,
 			  rpc_status_name(status), message ? message : "");
 	p->msgs_failed = true;
+	if (status == RPC_PERMISSION_DENIED && message && strstr(message, "removed")) {
+		/* A member refused us: we were removed while we could not
+		 * hear the change. */
+		log_error("member %016" PRIx64 " says this member was removed from the cluster",
+			  p->id);
+		meta__fatal(p->node, META_ESTOPPED, "removed from the cluster");
+		return;
+	}
 	meta__report_unreachable(p->node, p->id);
 }
 
@@ -345,6 +353,7 @@ static void msgs_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 
 	if (!pc || !cluster_ok(n, b->cluster_id, pc))
 		return;
+	n->last_heard_ms = meta__now(n);
 	for (size_t i = 0; i < b->n_msgs; i++) {
 		const Mooncake__Raft__Message *pm = b->msgs[i];
 		if (pm->type == RAFT_MSG_SNAP)
@@ -924,6 +933,42 @@ void meta__peer_join(struct meta_node *n)
 {
 	n->join_next = 0;
 	join_ask(n);
+}
+
+static void probe_answer(void *ud, int status, const char *message,
+			 const ProtobufCMessage *resp)
+{
+	struct meta_node *n = ud;
+	const Mooncake__Meta__MembersResponse *r = (const void *)resp;
+	(void)message;
+
+	n->probing = false;
+	if (status != RPC_OK || n->fatal || n->finishing)
+		return;
+	if (r->cluster_id != n->cluster_id)
+		return;
+	for (size_t i = 0; i < r->n_members; i++)
+		if (r->members[i]->id == n->id)
+			return;
+	log_error("the cluster's member list no longer has this member (%016" PRIx64 ")",
+		  n->id);
+	meta__fatal(n, META_ESTOPPED, "removed from the cluster");
+}
+
+void meta__peer_probe(struct meta_node *n)
+{
+	Mooncake__Meta__MembersRequest q = MOONCAKE__META__MEMBERS_REQUEST__INIT;
+
+	if (n->probing || !n->n_peers || n->finishing)
+		return;
+	struct meta__peer *p = n->peers[n->probe_next++ % n->n_peers];
+	if (!p->cli)
+		return;
+	q.peer_url = n->self_peer_url;
+	if (rpc_client_unary(p->cli, "/" RAFT_SVC "/Members", &q.base,
+			     &mooncake__meta__members_response__descriptor, n->o.election_ms,
+			     probe_answer, n, NULL) == 0)
+		n->probing = true;
 }
 
 /* ------------------------------------------------------------- service */

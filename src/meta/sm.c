@@ -82,7 +82,7 @@ static void member_clear(struct meta__member *m)
 
 static void members_free(struct meta__member *v, size_t n)
 {
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; v && i < n; i++)
 		member_clear(&v[i]);
 	free(v);
 }
@@ -1068,6 +1068,7 @@ int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
 	n->members = mv;
 	n->n_members = nm;
 	mv = NULL;
+	nm = 0;
 	free(n->removed);
 	n->removed = removed;
 	n->n_removed = h->n_removed;
