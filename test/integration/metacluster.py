@@ -151,7 +151,13 @@ class Member:
             args.append("--advertise-peer=" + self.peer_addr)
         ports = {"listen-client": self.client_port, "listen-peer": self.peer_port,
                  "meta-http": self.http_port}
-        self.daemon = Daemon("meta", args=args, data_dir=self.data_dir, ports=ports)
+        self.daemon = Daemon("meta", args=args, data_dir=self.data_dir, ports=ports,
+                             wait=False)
+        try:
+            for p in ports.values():
+                wait_port(p, proc=self.daemon.proc)
+        except AssertionError as e:
+            raise AssertionError("%s: %s\n%s" % (self.name, e, self.daemon.output()[-3000:]))
         return self
 
     def kill(self):
@@ -272,8 +278,12 @@ class Load:
             kind = rng.choice(["put", "put", "get", "get", "cas"])
             seq += 1
             val = ("c%d-%d" % (cid, seq)).encode()
-            t0 = self.rec.call()
+            t0 = None if kind == "cas" else self.rec.call()
+            old = None
             try:
+                if kind == "cas":
+                    old = c.get(key)  # a read first; only the txn is recorded
+                    t0 = self.rec.call()
                 if kind == "put":
                     c.put(key, val)
                     self.rec.done(cid, "put", key, val, t0, None)
@@ -283,14 +293,12 @@ class Load:
                     v = c.get(key)
                     self.rec.done(cid, "get", key, None, t0, v)
                 else:
-                    old = c.get(key)
-                    t0 = self.rec.call()
                     ok = c.cas(key, old, val)
                     self.rec.done(cid, "cas", key, (old, val), t0, ok)
             except grpc.RpcError:
                 with self.lock:
                     self.errors += 1
-                if kind == "get":
+                if kind == "get" or (kind == "cas" and t0 is None):
                     pass  # an unanswered read constrains nothing
                 elif kind == "put":
                     self.rec.done(cid, "put", key, val, t0, None, unknown=True)
@@ -329,13 +337,46 @@ class Load:
         finally:
             c.close()
 
-    def check(self):
-        from linearizability import check
+    def check_catches_a_lost_write(self):
+        """The checker is not blind: make the final read of a key return a
+        value some acknowledged put overwrote before that read began (a
+        lost write) and expect a failure."""
+        import collections
+        from linearizability import Op, check_key
         ops = self.rec.ops
-        ok, info = check(ops)
-        if not ok:
-            raise AssertionError("history of %d ops is not linearizable: %s" % (len(ops), info))
-        return len(ops)
+        for fin in [o for o in ops if o.client == 99 and o.result is not None]:
+            puts = [o for o in ops if o.key == fin.key and o.kind == "put" and
+                    o.ret is not None and o.arg != fin.result and o.ret < fin.call]
+            if not puts:
+                continue
+            stale = puts[0]
+            later = [o for o in ops if o.key == fin.key and o.kind == "put" and
+                     o.ret is not None and o.call > stale.ret and o.ret < fin.call and
+                     o.arg != stale.arg]
+            if not later:
+                continue
+            bad = [o for o in ops if o.key == fin.key and o is not fin]
+            bad.append(Op(fin.client, fin.kind, fin.key, fin.arg, fin.call, fin.ret,
+                          stale.arg))
+            ok, info = check_key(bad)
+            if ok:
+                raise AssertionError("the checker accepted a lost write on %r" % fin.key)
+            return
+        raise AssertionError("no key with an overwritten acknowledged put to test with")
+
+    def check(self):
+        """Check every key's history; an inconclusive search fails too."""
+        import collections
+        from linearizability import check_key
+        by_key = collections.defaultdict(list)
+        for o in self.rec.ops:
+            by_key[o.key].append(o)
+        for key, ops in sorted(by_key.items()):
+            ok, info = check_key(ops)
+            if not ok or info:
+                raise AssertionError("history of key %r (%d ops) is not linearizable: %s"
+                                     % (key, len(ops), info))
+        return len(self.rec.ops)
 
 
 def wait_for(pred, timeout, what):
