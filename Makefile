@@ -3,7 +3,8 @@
 #   make                 static build/mooncaked, build/mooncakectl, build/libmooncake.{a,so}
 #   make test            build and run every test (unit + integration)
 #   make SAN=1 test      the same under AddressSanitizer + UBSan, in build-san/
-#   make bench           benchmarks (figures beside the machine's own limit)
+#   make bench           benchmarks (figures beside the machine's own limit;
+#                        meta: a 3-member cluster beside a 3-member etcd)
 #   make fuzz            libFuzzer targets (clang)
 #   make man             regenerate the committed man pages from the config key table
 #   make install PREFIX=/usr/local DESTDIR=
@@ -237,6 +238,7 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
+	$(Q)test/bench/bench_meta.sh $(B)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \

@@ -6,6 +6,7 @@
  *
  *   mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]
  *   mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]
+ *   mooncakectl bench meta --endpoints=URL,... [--clients=N] [--conns=M] ...
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
@@ -25,7 +26,8 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback)", ctl_bench_main},
+	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench meta` (etcd v3 API)",
+	 ctl_bench_main},
 };
 
 static void usage(FILE *f)

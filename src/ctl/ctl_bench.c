@@ -730,8 +730,11 @@ int ctl_bench_main(int argc, char **argv)
 		bench_usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? CTL_EXIT_USAGE : CTL_EXIT_OK;
 	}
+	if (strcmp(argv[1], "meta") == 0)
+		return ctl_bench_meta_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
-		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc)\n", argv[1]);
+		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, meta)\n",
+			argv[1]);
 		return CTL_EXIT_USAGE;
 	}
 	for (int i = 2; i < argc; i++) {

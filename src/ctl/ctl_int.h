@@ -15,6 +15,8 @@
 /* argv[0] is the subcommand name. */
 int ctl_health_main(int argc, char **argv);
 int ctl_bench_main(int argc, char **argv);
+/* `bench meta`; argv[0] is "meta". */
+int ctl_bench_meta_main(int argc, char **argv);
 
 /*
  * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter

@@ -294,6 +294,9 @@ struct meta_node {
 	struct wal_entry *went;
 	size_t went_cap;
 	struct meta__job *persist_job;
+	uint64_t durable_index; /* last log index made durable here */
+	size_t early_applied;   /* committed entries of rd applied early */
+	bool early_ran;         /* apply_early handled rd's read states */
 	uint64_t leader, term;
 	enum raft_role role;
 
