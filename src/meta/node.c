@@ -247,7 +247,8 @@ struct meta__op *meta__op_new_raw(struct meta_node *n, enum meta__method m,
 		op = NULL;
 	}
 	if (op) {
-		memcpy(op->req, req, len);
+		if (len)
+			memcpy(op->req, req, len);
 		op->req_len = len;
 		classify(op, msg);
 	}
@@ -318,7 +319,8 @@ static int wrap_request(struct meta__op *op, unsigned field)
 	if (!op->ent)
 		return -ENOMEM;
 	memcpy(op->ent, hdr, h);
-	memcpy(op->ent + h, op->req, op->req_len);
+	if (op->req_len)
+		memcpy(op->ent + h, op->req, op->req_len);
 	op->ent_len = h + op->req_len;
 	return 0;
 }

@@ -425,7 +425,8 @@ static void snap_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 		pcall_end(pc, RPC_INVALID_ARGUMENT, "snapshot chunk out of place");
 		return;
 	}
-	memcpy(pc->buf + pc->len, c->data.data, c->data.len);
+	if (c->data.len)
+		memcpy(pc->buf + pc->len, c->data.data, c->data.len);
 	pc->len += c->data.len;
 	if (!c->last)
 		return;

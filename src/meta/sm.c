@@ -242,8 +242,10 @@ int meta__conf_parse(const uint8_t *data, size_t len, struct raft_conf_state *ou
 		mooncake__raft__conf_state__free_unpacked(cs, NULL);
 		return -ENOMEM;
 	}
-	memcpy(v, cs->voters, cs->n_voters * sizeof(*v));
-	memcpy(l, cs->learners, cs->n_learners * sizeof(*l));
+	if (cs->n_voters)
+		memcpy(v, cs->voters, cs->n_voters * sizeof(*v));
+	if (cs->n_learners)
+		memcpy(l, cs->learners, cs->n_learners * sizeof(*l));
 	qsort(v, cs->n_voters, sizeof(*v), cmp_u64);
 	qsort(l, cs->n_learners, sizeof(*l), cmp_u64);
 	out->voters = v;
@@ -915,7 +917,8 @@ int meta__serve_leader(struct meta_node *n, struct meta__op *op, struct meta__re
 					r->code = -ENOMEM;
 					goto out;
 				}
-				memcpy(k, t.keys[i].key, t.keys[i].len);
+				if (t.keys[i].len)
+					memcpy(k, t.keys[i].key, t.keys[i].len);
 				p->keys[i].data = (uint8_t *)k;
 				p->keys[i].len = t.keys[i].len;
 			}
@@ -1053,7 +1056,8 @@ int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
 			goto out;
 		}
 	}
-	memcpy(removed, h->removed, h->n_removed * sizeof(*removed));
+	if (h->n_removed)
+		memcpy(removed, h->removed, h->n_removed * sizeof(*removed));
 	for (size_t i = 0; i < h->n_alarms; i++) {
 		etcdserverpb__alarm_member__init(&alarms[i]);
 		alarms[i].memberid = h->alarms[i]->memberid;

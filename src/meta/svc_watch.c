@@ -278,10 +278,12 @@ static void on_create(struct meta__wstream *s, const Etcdserverpb__WatchCreateRe
 	w.key = malloc(c->key.len + c->range_end.len + 1);
 	if (!w.key)
 		goto oom;
-	memcpy(w.key, c->key.data, c->key.len);
+	if (c->key.len)
+		memcpy(w.key, c->key.data, c->key.len);
 	w.klen = c->key.len;
 	w.end = w.key + c->key.len;
-	memcpy(w.end, c->range_end.data, c->range_end.len);
+	if (c->range_end.len)
+		memcpy(w.end, c->range_end.data, c->range_end.len);
 	w.elen = c->range_end.len;
 	rc = watch_create(n->watch, n->store, &o, &rid);
 	if (rc) {

@@ -232,11 +232,18 @@ class Cluster:
                 pass
 
     def close(self):
-        for m in self.members:
-            m.kill()
-            if m.proxy:
-                m.proxy.close()
-        self.tmp.cleanup()
+        """Stop every live member with SIGTERM (the graceful path, and the
+        sanitizers' exit checks), then the proxies."""
+        try:
+            for m in self.members:
+                if m.alive():
+                    m.stop()
+        finally:
+            for m in self.members:
+                m.kill()
+                if m.proxy:
+                    m.proxy.close()
+            self.tmp.cleanup()
 
 
 # ------------------------------------------------------------ load with history
