@@ -20,6 +20,10 @@ closes each history).
     compaction and disarm restore writes.
   - graceful stop of the leader hands leadership over (TimeoutNow) with no
     election timeout wait.
+  - leases granted and kept alive through a follower (forwarded to the
+    leader) survive a leader kill (the new leader extends them) and expire
+    through the log once keep-alives stop; a watch on a follower sees the
+    put and the expiry's delete; MoveLeader.
 """
 import time
 
@@ -228,6 +232,69 @@ def graceful_stop_of_leader_transfers_leadership():
         cl = Client(new.client_addr)
         cl.put(b"after-transfer", b"1")
         cl.close()
+    finally:
+        c.close()
+
+
+@case
+def leases_and_watches_through_followers_survive_a_leader_change():
+    c = Cluster(3)
+    try:
+        c.start()
+        lead = c.leader()
+        f1, f2 = [m for m in c.members if m is not lead]
+        # a watch on a follower
+        events = []
+        wc = Client(f2.client_addr)
+        req = pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"lw/", range_end=b"lw0"))
+        stream = wc.watch_(iter([req]), timeout=30)
+
+        def watch():
+            try:
+                for resp in stream:
+                    events.extend((e.type, e.kv.key) for e in resp.events)
+            except grpc.RpcError:
+                pass
+        import threading
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        # a lease granted and kept alive through a follower (forwarded)
+        out = etcdctl(f1.endpoint, "lease", "grant", "2").stdout
+        lid = out.split()[1]
+        etcdctl(f2.endpoint, "put", "--lease=" + lid, "lw/k", "v")
+        import os
+        import subprocess
+        env = dict(os.environ, ETCDCTL_API="3")
+        ka = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + f1.endpoint, "lease",
+                               "keep-alive", lid], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            time.sleep(3)  # longer than the TTL
+            eq(etcdctl(f2.endpoint, "get", "lw/k").stdout.split(), ["lw/k", "v"], "kept alive")
+            lead.kill()
+            new = c.wait_leader(members=[f1, f2])
+            time.sleep(3)  # the new leader extended the lease; keep-alives go on
+            eq(etcdctl(f2.endpoint, "get", "lw/k").stdout.split(), ["lw/k", "v"],
+               "alive after the leader change")
+        finally:
+            ka.kill()
+            ka.wait()
+        # no more keep-alives: the new leader expires it through the log
+        for _ in deadline_loop(10, "the key outlived its lease"):
+            if etcdctl(f2.endpoint, "get", "lw/k").stdout == "":
+                break
+        for _ in deadline_loop(5, "the follower's watch missed events: %r" % (events,)):
+            if (1, b"lw/k") in events:
+                break
+        eq(events, [(0, b"lw/k"), (1, b"lw/k")], "put then delete by expiry")
+        stream.cancel()
+        wc.close()
+        # MoveLeader hands leadership to a chosen member
+        other = f1 if new is f2 else f2
+        oid = "%x" % other.status().header.member_id
+        out = etcdctl(new.endpoint, "move-leader", oid).stdout
+        assert "Leadership transferred" in out, out
+        eq(c.leader(members=[f1, f2]).name, other.name, "moved")
     finally:
         c.close()
 
