@@ -197,6 +197,52 @@ int meta__method_by_name(const char *name)
 	return -1;
 }
 
+/* ------------------------------------------------------------- log entries */
+
+/* The field of mooncake.meta.Request that carries method m's request. */
+static unsigned request_field(enum meta__method m)
+{
+	switch (m) {
+	case META_M_PUT: return MOONCAKE__META__REQUEST__REQ_PUT;
+	case META_M_DELETE_RANGE: return MOONCAKE__META__REQUEST__REQ_DELETE_RANGE;
+	case META_M_TXN: return MOONCAKE__META__REQUEST__REQ_TXN;
+	case META_M_COMPACT: return MOONCAKE__META__REQUEST__REQ_COMPACTION;
+	case META_M_LEASE_GRANT: return MOONCAKE__META__REQUEST__REQ_LEASE_GRANT;
+	case META_M_LEASE_REVOKE: return MOONCAKE__META__REQUEST__REQ_LEASE_REVOKE;
+	case META_M_ALARM: return MOONCAKE__META__REQUEST__REQ_ALARM;
+	case META_M_PUBLISH: return MOONCAKE__META__REQUEST__REQ_MEMBER_ATTRIBUTES;
+	case META_M_MEMBER_UPDATE: return MOONCAKE__META__REQUEST__REQ_MEMBER_UPDATE;
+	default: return 0;
+	}
+}
+
+int meta__wrap_request(enum meta__method m, const uint8_t *req, size_t len, uint8_t **out,
+		       size_t *out_len)
+{
+	uint8_t hdr[24];
+	size_t h = 0;
+	unsigned field = request_field(m);
+	uint64_t v;
+
+	if (!field)
+		return -EINVAL;
+	for (v = ((uint64_t)field << 3) | 2; v >= 0x80; v >>= 7)
+		hdr[h++] = (uint8_t)(v | 0x80);
+	hdr[h++] = (uint8_t)v;
+	for (v = len; v >= 0x80; v >>= 7)
+		hdr[h++] = (uint8_t)(v | 0x80);
+	hdr[h++] = (uint8_t)v;
+	uint8_t *e = malloc(h + len);
+	if (!e)
+		return -ENOMEM;
+	memcpy(e, hdr, h);
+	if (len)
+		memcpy(e + h, req, len);
+	*out = e;
+	*out_len = h + len;
+	return 0;
+}
+
 /* ------------------------------------------------------------- requests */
 
 int meta__op_from_range(const Etcdserverpb__RangeRequest *r, struct mvcc_op *op)

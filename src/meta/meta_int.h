@@ -468,6 +468,15 @@ bool meta__over_quota(const struct meta_node *n, enum meta__method m,
 
 /* ------------------------------------------------------------- conv.c */
 
+/*
+ * The log entry of a write: a mooncake.meta.Request whose oneof field for
+ * method m holds the serialized etcd request (req, len) — a tag, a
+ * length, then the bytes as they are, so nothing is re-encoded. *out is
+ * malloc'd. Errors: -EINVAL (m is not a logged write), -ENOMEM.
+ */
+int meta__wrap_request(enum meta__method m, const uint8_t *req, size_t len,
+		       uint8_t **out, size_t *out_len) MC_MUST_CHECK;
+
 /* etcd request -> mvcc op, borrowing the message's bytes; nested arrays
  * in arena a. Errors: -ENOMEM, -EINVAL. */
 int meta__op_from_range(const Etcdserverpb__RangeRequest *r, struct mvcc_op *op);

@@ -300,47 +300,6 @@ static void op_reply(struct meta__op *op, struct meta__reply *r)
 static void exec(struct meta_node *n, struct meta__op *op);
 static void do_propose(struct meta_node *n, struct meta__op *op);
 
-/* The entry of a write: mooncake.meta.Request with the etcd request as
- * its field `field` — a tag, a length, and the request's own bytes. */
-static int wrap_request(struct meta__op *op, unsigned field)
-{
-	uint8_t hdr[16];
-	size_t h = 0;
-	uint64_t tag = ((uint64_t)field << 3) | 2, v;
-
-	for (v = tag; v >= 0x80; v >>= 7)
-		hdr[h++] = (uint8_t)(v | 0x80);
-	hdr[h++] = (uint8_t)v;
-	for (v = op->req_len; v >= 0x80; v >>= 7)
-		hdr[h++] = (uint8_t)(v | 0x80);
-	hdr[h++] = (uint8_t)v;
-	free(op->ent);
-	op->ent = malloc(h + op->req_len);
-	if (!op->ent)
-		return -ENOMEM;
-	memcpy(op->ent, hdr, h);
-	if (op->req_len)
-		memcpy(op->ent + h, op->req, op->req_len);
-	op->ent_len = h + op->req_len;
-	return 0;
-}
-
-static unsigned request_field(enum meta__method m)
-{
-	switch (m) {
-	case META_M_PUT: return 1;
-	case META_M_DELETE_RANGE: return 2;
-	case META_M_TXN: return 3;
-	case META_M_COMPACT: return 4;
-	case META_M_LEASE_GRANT: return 5;
-	case META_M_LEASE_REVOKE: return 6;
-	case META_M_ALARM: return 8;
-	case META_M_PUBLISH: return 9;
-	case META_M_MEMBER_UPDATE: return 10;
-	default: return 0;
-	}
-}
-
 static void noop_done(struct meta__op *op, int status, const char *message,
 		      const ProtobufCMessage *resp)
 {
@@ -384,8 +343,11 @@ static void propose_write(struct meta_node *n, struct meta__op *op)
 		meta__op_fail(op, META_ENOSPACE);
 		return;
 	}
-	if (wrap_request(op, request_field(op->method))) {
-		meta__op_fail(op, -ENOMEM);
+	free(op->ent);
+	op->ent = NULL;
+	int rc = meta__wrap_request(op->method, op->req, op->req_len, &op->ent, &op->ent_len);
+	if (rc) {
+		meta__op_fail(op, rc);
 		return;
 	}
 	do_propose(n, op);
