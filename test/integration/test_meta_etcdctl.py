@@ -5,7 +5,9 @@ Debian's etcdctl (etcd-client 3.4) against one member: put/get/del with
 deletes in order; lease grant, keep-alive, timetolive --keys and revoke,
 and a key vanishing when its lease expires; txn compare-and-swap; member
 list, add (a learner that then joins) and remove; endpoint status and
-health; compaction; check perf. Also: a Python grpcio client, restart
+health; compaction; check perf. Also: a Python grpcio client (with
+progress notifications and a slow watcher that is paused, then cancelled
+with the compaction revision when history it needs is compacted), restart
 from the WAL and snapshots, the space quota and its alarm, the request
 size limit, and /metrics.
 """
@@ -310,6 +312,101 @@ def python_grpcio_client():
                health_pb2.HealthCheckResponse.SERVING, svc)
     finally:
         c.close()
+
+
+@case
+def watch_progress_notify_and_progress_request():
+    d = Daemon("meta", args=FAST + ["--watch-progress-notify-interval=200ms"])
+    c = Client(d.addr("listen-client"))
+    try:
+        rev = c.put(b"pn", b"1").header.revision
+        import queue
+        reqs = queue.Queue()
+        reqs.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=b"pn", progress_notify=True)))
+
+        def gen():
+            while True:
+                r = reqs.get()
+                if r is None:
+                    return
+                yield r
+        stream = c.watch_(gen(), timeout=20)
+        first = next(stream)
+        assert first.created, first
+        # idle: a progress notification (no events) at the current revision
+        resp = next(stream)
+        eq((len(resp.events), resp.watch_id, resp.header.revision), (0, first.watch_id, rev),
+           "progress notification")
+        # a client's progress request: watch_id -1
+        reqs.put(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+        for resp in stream:
+            if resp.watch_id == -1:
+                break
+        eq((len(resp.events), resp.header.revision), (0, rev), "progress response")
+        reqs.put(None)
+        stream.cancel()
+    finally:
+        c.close()
+    eq(d.stop(), 0, "exit")
+
+
+@case
+def slow_watcher_does_not_block_and_is_cancelled_when_compacted_past():
+    d = Daemon("meta", args=FAST)
+    c = Client(d.addr("listen-client"))
+    try:
+        rev0 = c.put(b"sw/start", b"0").header.revision
+        import queue
+        reqs = queue.Queue()
+        reqs.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=b"sw/", range_end=b"sw0")))
+
+        def gen():
+            while True:
+                r = reqs.get()
+                if r is None:
+                    return
+                yield r
+        # a small HTTP/2 window, so that not reading really stops the flow
+        wch = grpc.insecure_channel(d.addr("listen-client"), options=[
+            ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)])
+        watch = wch.stream_stream("/etcdserverpb.Watch/Watch",
+                                  request_serializer=pb.WatchRequest.SerializeToString,
+                                  response_deserializer=pb.WatchResponse.FromString)
+        stream = watch(gen(), timeout=60)
+        assert next(stream).created
+        # the client reads nothing while 3 MB of events happen
+        val = b"x" * 1024
+        t0 = time.monotonic()
+        for i in range(3000):
+            c.put(b"sw/%04d" % (i % 50), val)
+        took = time.monotonic() - t0
+        last = c.put(b"sw/last", b"1").header.revision
+        # other clients are served meanwhile
+        assert c.get(b"sw/start") == b"0"
+        c.compact_(pb.CompactionRequest(revision=last), timeout=10)
+        # now read: events in order with no gap, then the cancel
+        want_rev = rev0 + 1
+        cancelled = None
+        for resp in stream:
+            for ev in resp.events:
+                eq(ev.kv.mod_revision, want_rev, "events in order, none lost")
+                want_rev += 1
+            if resp.canceled:
+                cancelled = resp
+                break
+        reqs.put(None)
+        assert cancelled is not None, "the watch ended without a cancel"
+        assert cancelled.compact_revision == last, cancelled
+        assert "compacted" in cancelled.cancel_reason, cancelled
+        assert want_rev <= last, "the slow watcher cannot have seen everything"
+        print("  3000 puts in %.2fs while the watcher did not read; it got %d events, then "
+              "the cancel" % (took, want_rev - rev0 - 1))
+        wch.close()
+    finally:
+        c.close()
+    eq(d.stop(), 0, "exit")
 
 
 @case
