@@ -782,35 +782,26 @@ static void exec(struct meta_node *n, struct meta__op *op)
 		meta__op_fail(op, META_ETIMEOUT);
 		return;
 	}
-	switch (op->kind) {
-	case META_K_READ_LOCAL:
+	if (op->kind == META_K_READ_LOCAL) {
 		serve_local(n, op);
 		return;
-	case META_K_READ:
+	}
+	if (op->kind == META_K_READ) {
 		meta__oplist_push(&n->reads, op);
 		start_round(n);
 		return;
-	case META_K_WRITE:
-		if (meta__is_leader(n))
-			propose_write(n, op);
-		else
-			wait_or_forward(n, op);
-		return;
-	case META_K_CONF:
-		if (meta__is_leader(n))
-			propose_conf(n, op);
-		else
-			wait_or_forward(n, op);
-		return;
-	case META_K_LEADER:
-		if (meta__is_leader(n))
-			serve_leader(n, op);
-		else
-			wait_or_forward(n, op);
-		return;
-	default:
-		meta__op_fail(op, -EINVAL);
 	}
+	/* The rest is the leader's business. */
+	if (!meta__is_leader(n)) {
+		wait_or_forward(n, op);
+		return;
+	}
+	if (op->kind == META_K_WRITE)
+		propose_write(n, op);
+	else if (op->kind == META_K_CONF)
+		propose_conf(n, op);
+	else
+		serve_leader(n, op);
 }
 
 void meta__submit(struct meta_node *n, struct meta__op *op)

@@ -191,6 +191,33 @@ Etcdserverpb__Member **meta__members_pb(const struct meta_node *n,
 	return v;
 }
 
+/*
+ * A reply of the etcd responses made of a header (field 1) and the member
+ * list (the repeated Member field named "members"): MemberList, Remove,
+ * Promote, Update and Add (whose `member` the caller sets). Returns the
+ * message, or NULL with r->code set when out of memory.
+ */
+static ProtobufCMessage *members_reply(struct meta_node *n, struct meta__reply *r,
+				       const ProtobufCMessageDescriptor *d)
+{
+	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "members");
+	ProtobufCMessage *p = meta__alloc(&r->arena, d->sizeof_message);
+	Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
+	size_t k = 0;
+	Etcdserverpb__Member **ms = meta__members_pb(n, &r->arena, &k);
+
+	if (!p || !h || !ms || !f) {
+		r->code = -ENOMEM;
+		return NULL;
+	}
+	protobuf_c_message_init(d, p);
+	*(Etcdserverpb__ResponseHeader **)((char *)p + d->fields[0].offset) = h;
+	*(Etcdserverpb__Member ***)((char *)p + f->offset) = ms;
+	*(size_t *)((char *)p + f->quantifier_offset) = k;
+	r->resp = p;
+	return p;
+}
+
 int meta__conf_bytes(const struct meta_node *n, uint8_t **out, size_t *len)
 {
 	uint64_t *voters = calloc(n->n_members + 1, sizeof(uint64_t));
@@ -530,19 +557,8 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 		log_info("member %016llx published name %s, client URL %s",
 			 (unsigned long long)at->id, at->name,
 			 at->n_client_urls ? at->client_urls[0] : "(none)");
-		if (!r)
-			return 0;
-		Etcdserverpb__MemberUpdateResponse *p = meta__alloc(&r->arena, sizeof(*p));
-		Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
-		if (!p || !h) {
-			r->code = -ENOMEM;
-			return 0;
-		}
-		etcdserverpb__member_update_response__init(p);
-		p->header = h;
-		if (!(p->members = meta__members_pb(n, &r->arena, &p->n_members)))
-			r->code = -ENOMEM;
-		r->resp = &p->base;
+		if (r)
+			members_reply(n, r, &etcdserverpb__member_update_response__descriptor);
 		return 0;
 	}
 	case MOONCAKE__META__REQUEST__REQ_MEMBER_UPDATE: {
@@ -560,19 +576,8 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 				log_warn("member %016llx: cannot use peer URL %s",
 					 (unsigned long long)u->id, u->peerurls[0]);
 		}
-		if (!r)
-			return 0;
-		Etcdserverpb__MemberUpdateResponse *p = meta__alloc(&r->arena, sizeof(*p));
-		Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
-		if (!p || !h) {
-			r->code = -ENOMEM;
-			return 0;
-		}
-		etcdserverpb__member_update_response__init(p);
-		p->header = h;
-		if (!(p->members = meta__members_pb(n, &r->arena, &p->n_members)))
-			r->code = -ENOMEM;
-		r->resp = &p->base;
+		if (r)
+			members_reply(n, r, &etcdserverpb__member_update_response__descriptor);
 		return 0;
 	}
 	default:
@@ -634,49 +639,16 @@ static int apply_conf(struct meta_node *n, const struct raft_entry *e,
 		goto out;
 	}
 	if (r) {
-		Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
-		size_t nm = 0;
-		Etcdserverpb__Member **ms = meta__members_pb(n, &r->arena, &nm);
-		if (!h || !ms) {
-			r->code = -ENOMEM;
-			goto out;
-		}
 		if (cc.type == RAFT_CC_ADD_VOTER || cc.type == RAFT_CC_ADD_LEARNER) {
-			Etcdserverpb__MemberAddResponse *p = meta__alloc(&r->arena, sizeof(*p));
-			if (!p) {
-				r->code = -ENOMEM;
-				goto out;
-			}
-			etcdserverpb__member_add_response__init(p);
-			p->header = h;
-			p->members = ms;
-			p->n_members = nm;
-			for (size_t i = 0; i < nm; i++)
-				if (ms[i]->id == cc.node_id)
-					p->member = ms[i];
-			r->resp = &p->base;
+			Etcdserverpb__MemberAddResponse *p = (void *)members_reply(
+				n, r, &etcdserverpb__member_add_response__descriptor);
+			for (size_t i = 0; p && i < p->n_members; i++)
+				if (p->members[i]->id == cc.node_id)
+					p->member = p->members[i];
 		} else if (cc.type == RAFT_CC_PROMOTE) {
-			Etcdserverpb__MemberPromoteResponse *p = meta__alloc(&r->arena, sizeof(*p));
-			if (!p) {
-				r->code = -ENOMEM;
-				goto out;
-			}
-			etcdserverpb__member_promote_response__init(p);
-			p->header = h;
-			p->members = ms;
-			p->n_members = nm;
-			r->resp = &p->base;
+			members_reply(n, r, &etcdserverpb__member_promote_response__descriptor);
 		} else {
-			Etcdserverpb__MemberRemoveResponse *p = meta__alloc(&r->arena, sizeof(*p));
-			if (!p) {
-				r->code = -ENOMEM;
-				goto out;
-			}
-			etcdserverpb__member_remove_response__init(p);
-			p->header = h;
-			p->members = ms;
-			p->n_members = nm;
-			r->resp = &p->base;
+			members_reply(n, r, &etcdserverpb__member_remove_response__descriptor);
 		}
 	}
 	rc = 0;
@@ -805,19 +777,9 @@ int meta__serve_read(struct meta_node *n, struct meta__op *op, struct meta__repl
 	case META_M_STATUS:
 		rc = serve_status(n, r);
 		break;
-	case META_M_MEMBER_LIST: {
-		Etcdserverpb__MemberListResponse *p = meta__alloc(&r->arena, sizeof(*p));
-		rc = -ENOMEM;
-		if (!p)
-			break;
-		etcdserverpb__member_list_response__init(p);
-		if (!(p->header = meta__header(n, &r->arena)) ||
-		    !(p->members = meta__members_pb(n, &r->arena, &p->n_members)))
-			break;
-		r->resp = &p->base;
-		rc = 0;
+	case META_M_MEMBER_LIST:
+		members_reply(n, r, &etcdserverpb__member_list_response__descriptor);
 		break;
-	}
 	case META_M_ALARM: {
 		Etcdserverpb__AlarmResponse *p = meta__alloc(&r->arena, sizeof(*p));
 		rc = -ENOMEM;

@@ -124,6 +124,11 @@ struct rpc_call {
 	uint64_t timeout_ms;
 	uint64_t start_ns;
 	bool has_timeout, bad_timeout, bad_encoding, post, ct_ok;
+	/* Request header checks made here rather than by nghttp2 (whose
+	 * HTTP messaging checks refuse grpc-go's URL :authority): */
+	uint8_t pseudo;      /* PSEUDO_* seen */
+	bool regular_seen;   /* a regular header came: no pseudo after it */
+	bool bad_headers;    /* the stream was reset for its headers */
 	bool dispatched;     /* a method was found and its handler may run */
 	bool handler_ref;    /* the handler holds a reference */
 	bool remote_closed;  /* the client half-closed */
@@ -226,6 +231,41 @@ const char *rpc_call_header(const struct rpc_call *call, const char *name)
 
 #define NAME_IS(lit) (nlen == sizeof(lit) - 1 && memcmp(name, lit, nlen) == 0)
 
+enum { PSEUDO_METHOD = 1, PSEUDO_SCHEME = 2, PSEUDO_AUTHORITY = 4, PSEUDO_PATH = 8 };
+
+/* Reset a stream whose request headers break HTTP/2's rules (RFC 9113
+ * 8.3): an unknown, repeated or late pseudo-header, an invalid name or
+ * value. The :authority value is only checked as a field value. */
+static int reject_headers(nghttp2_session *ng, struct rpc_call *call)
+{
+	call->bad_headers = true;
+	nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, call->stream_id, NGHTTP2_PROTOCOL_ERROR);
+	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+}
+
+static int check_header(nghttp2_session *ng, struct rpc_call *call, const uint8_t *name,
+			size_t nlen, const uint8_t *value, size_t vlen)
+{
+	if (!nghttp2_check_header_value(value, vlen))
+		return reject_headers(ng, call);
+	if (nlen && name[0] == ':') {
+		uint8_t bit = NAME_IS(":method")	  ? PSEUDO_METHOD
+			      : NAME_IS(":scheme")	  ? PSEUDO_SCHEME
+			      : NAME_IS(":authority") ? PSEUDO_AUTHORITY
+			      : NAME_IS(":path")	  ? PSEUDO_PATH
+						  : 0;
+		if (!bit || (call->pseudo & bit) || call->regular_seen || !vlen)
+			return reject_headers(ng, call);
+		call->pseudo |= bit;
+		return 0;
+	}
+	if (!nghttp2_check_header_name(name, nlen) ||
+	    (nlen == 10 && memcmp(name, "connection", 10) == 0))
+		return reject_headers(ng, call);
+	call->regular_seen = true;
+	return 0;
+}
+
 static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
 		     const uint8_t *name, size_t nlen, const uint8_t *value,
 		     size_t vlen, uint8_t flags, void *user_data)
@@ -235,8 +275,11 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
 	    frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
 	struct rpc_call *call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
-	if (!call)
+	if (!call || call->bad_headers)
 		return 0;
+	int rv = check_header(ng, call, name, nlen, value, vlen);
+	if (rv)
+		return rv;
 	if (name[0] == ':') {
 		if (NAME_IS(":method"))
 			call->post = vlen == 4 && memcmp(value, "POST", 4) == 0;
@@ -695,6 +738,15 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 		call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
 		if (!call)
 			return 0;
+		if (call->bad_headers)
+			return 0;
+		if (frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
+		    (call->pseudo & (PSEUDO_METHOD | PSEUDO_SCHEME | PSEUDO_PATH)) !=
+			    (PSEUDO_METHOD | PSEUDO_SCHEME | PSEUDO_PATH)) {
+			/* a request lacks :method, :scheme or :path */
+			reject_headers(ng, call);
+			return 0;
+		}
 		call->refs++;
 		if (frame->headers.cat == NGHTTP2_HCAT_REQUEST)
 			call_dispatch(call);
@@ -952,9 +1004,9 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 		goto err_free;
 	/* gRPC clients send what nghttp2's HTTP checks refuse: grpc-go (in
 	 * etcdctl) puts a whole URL such as "http://127.0.0.1:2379" in
-	 * :authority. Like grpc-go's server, accept it; the checks a gRPC
-	 * request needs (POST, content-type, :path) are made in
-	 * call_dispatch. */
+	 * :authority. Like grpc-go's server, accept it: the header rules are
+	 * checked in check_header and on_frame_recv instead, and what a gRPC
+	 * request needs (POST, content-type, :path) in call_dispatch. */
 	nghttp2_option_set_no_http_messaging(s->ngopt, 1);
 	rpc__callbacks_init(s->cbs);
 	nghttp2_session_callbacks_set_on_begin_headers_callback(s->cbs, on_begin_headers);
