@@ -178,6 +178,7 @@ def txn_compare_and_swap():
 def endpoint_status_and_health():
     d = single()
     e = ep(d)
+    etcdctl(e, "put", "status-key", "v")
     j = json.loads(etcdctl(e, "endpoint", "status", "-w", "json").stdout)
     st = j[0]["Status"]
     eq(st["leader"], st["header"]["member_id"], "a lone member leads")
