@@ -1108,6 +1108,9 @@ static void process_ready(struct meta_node *n)
 	if (rd->soft_state_changed)
 		on_soft_state(n, rd->leader, rd->role);
 	learn_peers(n, rd->entries, rd->n_entries);
+	/* Entries this ready replaces are not durable any more. */
+	if (rd->n_entries && rd->entries[0].index <= n->durable_index)
+		n->durable_index = rd->entries[0].index - 1;
 	if (!rd->snapshot && !rd->n_entries && !rd->hard_state_changed) {
 		n->early_applied = 0;
 		n->early_ran = false;
