@@ -8,8 +8,9 @@ list, add (a learner that then joins) and remove; endpoint status and
 health; compaction; check perf. Also: a Python grpcio client (with
 progress notifications and a slow watcher that is paused, then cancelled
 with the compaction revision when history it needs is compacted), restart
-from the WAL and snapshots, the space quota and its alarm, the request
-size limit, and /metrics.
+from the WAL and snapshots, a torn WAL tail cut and a corrupt record
+refused (exit status 1, file and offset logged), the space quota and its
+alarm, the request size limit, and /metrics.
 """
 import json
 import os
@@ -489,6 +490,41 @@ def restart_recovers_from_wal_and_snapshots():
     finally:
         c.close()
     eq(d2.stop(), 0, "exit")
+
+
+@case
+def wal_torn_tail_cut_and_mid_log_corruption_refused():
+    d = Daemon("meta", args=FAST)
+    c = Client(d.addr("listen-client"))
+    for i in range(20):
+        c.put(b"wal/%02d" % i, b"v" * 100)
+    c.close()
+    eq(d.stop(), 0, "exit")
+    waldir = os.path.join(d.data_dir, "meta", "wal")
+    seg = sorted(f for f in os.listdir(waldir) if f.endswith(".wal"))[-1]
+    path = os.path.join(waldir, seg)
+    data = bytearray(open(path, "rb").read())
+    end = len(data.rstrip(b"\0"))  # the segment is preallocated with zeros
+    ports = dict(d.ports)
+    # a torn tail: the last record's end never reached the disk
+    torn = bytearray(data)
+    torn[end - 8:end] = b"\0" * 8
+    open(path, "wb").write(torn)
+    d2 = Daemon("meta", args=FAST, data_dir=d.data_dir, ports=ports)
+    c = Client(d2.addr("listen-client"))
+    eq(c.get(b"wal/00"), b"v" * 100, "served after cutting the tail")
+    c.close()
+    eq(d2.stop(), 0, "exit")
+    out = d2.output()
+    assert "torn tail" in out and seg in out, out[-3000:]
+    # a flipped byte early in the log, with synced records after it
+    data = bytearray(open(path, "rb").read())
+    data[600] ^= 0x55
+    open(path, "wb").write(data)
+    d3 = Daemon("meta", args=FAST, data_dir=d.data_dir, ports=ports, wait=False)
+    eq(d3.proc.wait(20), 1, "refuses to start")
+    out = d3.output()
+    assert "corrupt" in out and seg in out and "offset" in out, out[-3000:]
 
 
 @case
