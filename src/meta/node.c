@@ -28,6 +28,7 @@
  * checks it every tick and proposes the revokes of the expired leases.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -1616,46 +1617,50 @@ void meta__report_snapshot(struct meta_node *n, uint64_t id, bool ok)
 
 /* ------------------------------------------------------------- metrics */
 
+#define M_(field) offsetof(struct meta_node, field)
+static const struct {
+	size_t off; /* of the struct metric * in the node */
+	bool counter;
+	const char *name, *help;
+} metric_defs[] = {
+	{M_(m_term), false, "mooncake_meta_raft_term", "Current Raft term."},
+	{M_(m_leader), false, "mooncake_meta_leader_id", "Member ID of the leader (0: none known)."},
+	{M_(m_has_leader), false, "mooncake_meta_has_leader", "1 when a leader is known."},
+	{M_(m_is_leader), false, "mooncake_meta_is_leader", "1 when this member is the leader."},
+	{M_(m_commit), false, "mooncake_meta_commit_index", "Raft commit index known here."},
+	{M_(m_applied), false, "mooncake_meta_applied_index",
+	 "Last Raft index applied to the state machine."},
+	{M_(m_committed), true, "mooncake_meta_proposals_committed_total",
+	 "Log entries committed and applied."},
+	{M_(m_failed), true, "mooncake_meta_proposals_failed_total",
+	 "Proposals that failed (lost to a leader change, refused or timed out)."},
+	{M_(m_pending), false, "mooncake_meta_proposals_pending",
+	 "Proposals waiting to be applied."},
+	{M_(m_leader_changes), true, "mooncake_meta_leader_changes_total", "Leader changes seen."},
+	{M_(m_snapshots), true, "mooncake_meta_snapshots_total", "Snapshots taken by this member."},
+	{M_(m_snap_sent), true, "mooncake_meta_snapshots_sent_total",
+	 "Snapshots streamed to lagging members."},
+	{M_(m_snap_recv), true, "mooncake_meta_snapshots_received_total",
+	 "Snapshots installed from the leader."},
+	{M_(m_db_size), false, "mooncake_meta_db_size_bytes",
+	 "Size of the key-value store (keys, values, history), as compared with --quota-bytes."},
+	{M_(m_watchers), false, "mooncake_meta_watchers", "Active watchers."},
+	{M_(m_leases), false, "mooncake_meta_leases", "Leases held."},
+	{M_(m_keys), false, "mooncake_meta_keys", "Live keys."},
+	{M_(m_forwarded), true, "mooncake_meta_forwarded_total",
+	 "Requests forwarded to the leader."},
+};
+#undef M_
+
 static void register_metrics(struct meta_node *n)
 {
 	struct metrics_registry *r = n->o.metrics ? n->o.metrics : metrics_global();
-	n->m_term = metrics_gauge(r, "mooncake_meta_raft_term", "Current Raft term.", NULL, NULL);
-	n->m_leader = metrics_gauge(r, "mooncake_meta_leader_id",
-				    "Member ID of the leader (0: none known).", NULL, NULL);
-	n->m_has_leader = metrics_gauge(r, "mooncake_meta_has_leader",
-					"1 when a leader is known.", NULL, NULL);
-	n->m_is_leader = metrics_gauge(r, "mooncake_meta_is_leader",
-				       "1 when this member is the leader.", NULL, NULL);
-	n->m_commit = metrics_gauge(r, "mooncake_meta_commit_index",
-				    "Raft commit index known to this member.", NULL, NULL);
-	n->m_applied = metrics_gauge(r, "mooncake_meta_applied_index",
-				     "Last Raft index applied to the state machine.", NULL, NULL);
-	n->m_committed = metrics_counter(r, "mooncake_meta_proposals_committed_total",
-					 "Log entries committed and applied.", NULL, NULL);
-	n->m_failed = metrics_counter(r, "mooncake_meta_proposals_failed_total",
-				      "Proposals that failed (lost to a leader change, "
-				      "refused or timed out).",
-				      NULL, NULL);
-	n->m_pending = metrics_gauge(r, "mooncake_meta_proposals_pending",
-				     "Proposals waiting to be applied.", NULL, NULL);
-	n->m_leader_changes = metrics_counter(r, "mooncake_meta_leader_changes_total",
-					      "Leader changes seen.", NULL, NULL);
-	n->m_snapshots = metrics_counter(r, "mooncake_meta_snapshots_total",
-					 "Snapshots taken by this member.", NULL, NULL);
-	n->m_snap_sent = metrics_counter(r, "mooncake_meta_snapshots_sent_total",
-					 "Snapshots streamed to lagging members.", NULL, NULL);
-	n->m_snap_recv = metrics_counter(r, "mooncake_meta_snapshots_received_total",
-					 "Snapshots installed from the leader.", NULL, NULL);
-	n->m_db_size = metrics_gauge(r, "mooncake_meta_db_size_bytes",
-				     "Size of the key-value store (keys, values, history), as "
-				     "compared with --quota-bytes.",
-				     NULL, NULL);
-	n->m_watchers = metrics_gauge(r, "mooncake_meta_watchers", "Active watchers.", NULL,
-				      NULL);
-	n->m_leases = metrics_gauge(r, "mooncake_meta_leases", "Leases held.", NULL, NULL);
-	n->m_keys = metrics_gauge(r, "mooncake_meta_keys", "Live keys.", NULL, NULL);
-	n->m_forwarded = metrics_counter(r, "mooncake_meta_forwarded_total",
-					 "Requests forwarded to the leader.", NULL, NULL);
+	for (size_t i = 0; i < MC_ARRAY_LEN(metric_defs); i++) {
+		struct metric **slot = (struct metric **)((char *)n + metric_defs[i].off);
+		*slot = metric_defs[i].counter
+				? metrics_counter(r, metric_defs[i].name, metric_defs[i].help, NULL, NULL)
+				: metrics_gauge(r, metric_defs[i].name, metric_defs[i].help, NULL, NULL);
+	}
 }
 
 static void update_metrics(struct meta_node *n)

@@ -52,6 +52,30 @@ def etcdctl(endpoints, *args, check=True, timeout=30, stdin=None):
 
 # ------------------------------------------------------------ grpcio client
 
+class Requests:
+    """A request stream for a bidirectional call: put() messages into it,
+    close() ends it (the client half-closes)."""
+
+    def __init__(self, *first):
+        import queue
+        self.q = queue.Queue()
+        for m in first:
+            self.q.put(m)
+
+    def put(self, m):
+        self.q.put(m)
+
+    def close(self):
+        self.q.put(None)
+
+    def __iter__(self):
+        while True:
+            m = self.q.get()
+            if m is None:
+                return
+            yield m
+
+
 class Client:
     """A blocking etcd v3 client on one endpoint (host:port)."""
 

@@ -25,7 +25,7 @@ from mctest import case, Daemon, eq
 
 import grpc
 import metacluster
-from metacluster import Client, Cluster, etcdctl, deadline_loop, FAST
+from metacluster import Client, Cluster, Requests, etcdctl, deadline_loop, FAST
 import etcd_rpc_pb2 as pb
 
 _single = {}
@@ -322,18 +322,9 @@ def watch_progress_notify_and_progress_request():
     c = Client(d.addr("listen-client"))
     try:
         rev = c.put(b"pn", b"1").header.revision
-        import queue
-        reqs = queue.Queue()
-        reqs.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+        reqs = Requests(pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=b"pn", progress_notify=True)))
-
-        def gen():
-            while True:
-                r = reqs.get()
-                if r is None:
-                    return
-                yield r
-        stream = c.watch_(gen(), timeout=20)
+        stream = c.watch_(iter(reqs), timeout=20)
         first = next(stream)
         assert first.created, first
         # idle: a progress notification (no events) at the current revision
@@ -346,7 +337,7 @@ def watch_progress_notify_and_progress_request():
             if resp.watch_id == -1:
                 break
         eq((len(resp.events), resp.header.revision), (0, rev), "progress response")
-        reqs.put(None)
+        reqs.close()
         stream.cancel()
     finally:
         c.close()
@@ -359,24 +350,15 @@ def slow_watcher_does_not_block_and_is_cancelled_when_compacted_past():
     c = Client(d.addr("listen-client"))
     try:
         rev0 = c.put(b"sw/start", b"0").header.revision
-        import queue
-        reqs = queue.Queue()
-        reqs.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+        reqs = Requests(pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=b"sw/", range_end=b"sw0")))
-
-        def gen():
-            while True:
-                r = reqs.get()
-                if r is None:
-                    return
-                yield r
         # a small HTTP/2 window, so that not reading really stops the flow
         wch = grpc.insecure_channel(d.addr("listen-client"), options=[
             ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)])
         watch = wch.stream_stream("/etcdserverpb.Watch/Watch",
                                   request_serializer=pb.WatchRequest.SerializeToString,
                                   response_deserializer=pb.WatchResponse.FromString)
-        stream = watch(gen(), timeout=60)
+        stream = watch(iter(reqs), timeout=60)
         assert next(stream).created
         # the client reads nothing while 3 MB of events happen
         val = b"x" * 1024
@@ -398,7 +380,7 @@ def slow_watcher_does_not_block_and_is_cancelled_when_compacted_past():
             if resp.canceled:
                 cancelled = resp
                 break
-        reqs.put(None)
+        reqs.close()
         assert cancelled is not None, "the watch ended without a cancel"
         assert cancelled.compact_revision == last, cancelled
         assert "compacted" in cancelled.cancel_reason, cancelled
