@@ -226,8 +226,9 @@ def graceful_stop_of_leader_transfers_leadership():
         others = [m for m in c.members if m is not old]
         new = c.wait_leader(members=others, timeout=10)
         took = time.monotonic() - t0
-        # without the transfer the others would wait a 3 s election timeout
-        assert took < 2.0, "leadership moved only after %.2fs" % took
+        # Not a speed check: without the transfer no member could even start
+        # an election before a 3 s election timeout had passed.
+        assert took < 3.0, "leadership moved only after %.2fs" % took
         assert "handing leadership to" in old.output(), old.output()[-2000:]
         cl = Client(new.client_addr)
         cl.put(b"after-transfer", b"1")
