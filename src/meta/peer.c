@@ -680,8 +680,13 @@ static void forward_answer(void *ud, int status, const char *message,
 	}
 	if (status == RPC_OK) {
 		/* The leader refused before doing anything: safe to retry. */
-		if (fr->status == RPC_FAILED_PRECONDITION && fr->message &&
-		    strcmp(fr->message, "etcdserver: not leader") == 0 && n) {
+		if (n && fr->message &&
+		    ((fr->status == RPC_FAILED_PRECONDITION &&
+		      strcmp(fr->message, "etcdserver: not leader") == 0) ||
+		     (fr->status == RPC_UNAVAILABLE &&
+		      strcmp(fr->message, "etcdserver: server stopped") == 0))) {
+			/* not the leader any more, or handing leadership over
+			 * before it stops: the next leader gets it */
 			meta__wait_leader(n, op);
 			return;
 		}
@@ -762,12 +767,18 @@ static void fwd_on_message(struct rpc_call *call, const ProtobufCMessage *msg)
 	struct meta_node *n = svc_node(call);
 	int m = meta__method_by_name(q->method);
 
-	if (!n->running || n->finishing || n->stopping) {
-		rpc_call_finish(call, RPC_UNAVAILABLE, "etcdserver: server stopped");
-		return;
-	}
 	if (q->cluster_id != n->cluster_id) {
 		rpc_call_finish(call, RPC_FAILED_PRECONDITION, "cluster ID mismatch");
+		return;
+	}
+	if (!n->running || n->finishing || n->stopping) {
+		/* A definite answer (nothing was done), so the follower can
+		 * hand the request to the next leader. */
+		Mooncake__Meta__ForwardResponse fr = MOONCAKE__META__FORWARD_RESPONSE__INIT;
+		fr.status = RPC_UNAVAILABLE;
+		fr.message = "etcdserver: server stopped";
+		int rc = rpc_call_send(call, &fr.base);
+		rpc_call_finish(call, rc ? RPC_UNAVAILABLE : RPC_OK, rc ? fr.message : NULL);
 		return;
 	}
 	if (m < 0) {

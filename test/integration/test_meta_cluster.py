@@ -18,8 +18,9 @@ closes each history).
     the old leader rejoins and catches up.
   - 3 members: fill --quota-bytes; the NOSPACE alarm reaches every member;
     compaction and disarm restore writes.
-  - graceful stop of the leader hands leadership over (TimeoutNow) with no
-    election timeout wait.
+  - graceful stop of the leader under load hands leadership over
+    (TimeoutNow) with no election timeout wait; followers hand the writes
+    refused meanwhile to the next leader.
   - leases granted and kept alive through a follower (forwarded to the
     leader) survive a leader kill (the new leader extends them) and expire
     through the log once keep-alives stop; a watch on a follower sees the
@@ -218,8 +219,11 @@ def quota_alarm_reaches_every_member():
 @case
 def graceful_stop_of_leader_transfers_leadership():
     c = Cluster(3, args=["--election-timeout=3s", "--heartbeat-interval=100ms"])
+    load = None
     try:
         c.start()
+        load = Load(c, clients=4, seed=11).start()
+        time.sleep(0.5)
         old = c.leader()
         t0 = time.monotonic()
         eq(old.stop(), 0, "exit status")
@@ -233,7 +237,14 @@ def graceful_stop_of_leader_transfers_leadership():
         cl = Client(new.client_addr)
         cl.put(b"after-transfer", b"1")
         cl.close()
+        time.sleep(0.5)
+        load.stop()
+        load.final_reads(new)
+        n = load.check()
+        print("  %d ops checked across the handover, %d errors" % (n, load.errors))
     finally:
+        if load:
+            load.stop()
         c.close()
 
 
