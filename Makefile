@@ -5,7 +5,8 @@
 #   make SAN=1 test      the same under AddressSanitizer + UBSan, in build-san/
 #   make DYN=1           dynamically linked binaries in build-dyn/ (for valgrind,
 #                        which misreports inside a static glibc)
-#   make bench           benchmarks (figures beside the machine's own limit)
+#   make bench           benchmarks (figures beside the machine's own limit;
+#                        meta: a 3-member cluster beside a 3-member etcd)
 #   make fuzz            libFuzzer targets (clang)
 #   make man             regenerate the committed man pages from the config key table
 #   make install PREFIX=/usr/local DESTDIR=
@@ -269,6 +270,7 @@ bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
+	$(Q)test/bench/bench_meta.sh $(B)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \

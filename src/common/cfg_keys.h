@@ -53,6 +53,43 @@
 	  NULL, "meta: Raft peer gRPC (host:port)")                            \
 	X(META_HTTP, "meta-http", META, ADDR, "127.0.0.1:2381", 0, 0, NULL,    \
 	  "meta: HTTP /metrics and /healthz (host:port)")                      \
+	X(ADVERTISE_PEER, "advertise-peer", META, STRING, "", 0, 0, NULL,      \
+	  "meta: the host:port other members reach this one at, when it "      \
+	  "differs from --listen-peer (a proxy, NAT); empty: --listen-peer")   \
+	X(ADVERTISE_CLIENT, "advertise-client", META, STRING, "", 0, 0, NULL,  \
+	  "meta: the client host:port published in the member list; empty: "  \
+	  "--listen-client")                                                   \
+	X(NAME, "name", META, STRING, "default", 0, 0, NULL,                   \
+	  "meta: this member's name, as listed in --initial-cluster")          \
+	X(INITIAL_CLUSTER, "initial-cluster", META, STRING, "", 0, 0, NULL,    \
+	  "meta: founding members as name=host:port,... (their peer "          \
+	  "addresses); empty: this member alone (name=listen-peer)")           \
+	X(INITIAL_CLUSTER_STATE, "initial-cluster-state", META, ENUM, "new",   \
+	  0, 0, "new|existing",                                                \
+	  "meta: new founds a cluster; existing joins one after `member "      \
+	  "add` (ignored once the data dir has a WAL)")                        \
+	X(HEARTBEAT_INTERVAL, "heartbeat-interval", META, DURATION, "100ms",   \
+	  1, 60000, NULL, "meta: Raft tick and leader heartbeat interval")     \
+	X(ELECTION_TIMEOUT, "election-timeout", META, DURATION, "1s", 2,       \
+	  600000, NULL,                                                        \
+	  "meta: a follower that hears no leader this long starts an "         \
+	  "election (at least 2 heartbeat intervals)")                         \
+	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "10000", 1,            \
+	  100000000, NULL,                                                     \
+	  "meta: applied entries between snapshots (the WAL and the "          \
+	  "in-memory log are then compacted)")                                 \
+	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
+	  67108864, NULL,                                                      \
+	  "meta: largest client request; larger ones fail with etcd's "        \
+	  "\"request is too large\"")                                          \
+	X(QUOTA_BYTES, "quota-bytes", META, SIZE, "2G", 4096,                  \
+	  1099511627776ull, NULL,                                              \
+	  "meta: space quota of the key-value store (keys, values and "        \
+	  "history); past it writes fail with NOSPACE and an alarm is raised") \
+	X(WATCH_PROGRESS_NOTIFY_INTERVAL, "watch-progress-notify-interval",    \
+	  META, DURATION, "10m", 100, 86400000, NULL,                          \
+	  "meta: how often idle watchers created with progress_notify get a "  \
+	  "progress notification")                                             \
 	X(MASTER_LISTEN, "master-listen", MASTER, ADDR, "127.0.0.1:50051", 0,  \
 	  0, NULL, "master: gRPC service mooncake.master.Master (host:port)")  \
 	X(MASTER_HTTP, "master-http", MASTER, ADDR, "127.0.0.1:9003", 0, 0,    \

@@ -7,6 +7,7 @@
  *   mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]
  *   mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]
  *   mooncakectl bench master [--target=HOST:PORT] ...
+ *   mooncakectl bench meta --endpoints=URL,... [--clients=N] [--conns=M] ...
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
  *   mooncakectl stats [--master=HOST:PORT]
  *
@@ -28,7 +29,8 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`", ctl_bench_main},
+	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench meta` (etcd v3 API)",
+	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
 };

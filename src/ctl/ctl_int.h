@@ -19,6 +19,8 @@ int ctl_ls_main(int argc, char **argv);
 int ctl_stats_main(int argc, char **argv);
 /* `bench master`; argv[0] is "master". */
 int ctl_bench_master_main(int argc, char **argv);
+/* `bench meta`; argv[0] is "meta". */
+int ctl_bench_meta_main(int argc, char **argv);
 
 /*
  * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter

@@ -52,7 +52,6 @@ struct role_def {
 				NULL when it does everything */
 };
 
-extern const struct role_ops role_master_ops;
 
 static const struct role_def role_defs[] = {
 	{"meta",
@@ -63,10 +62,8 @@ static const struct role_def role_defs[] = {
 	    "etcdserverpb.Cluster", "etcdserverpb.Maintenance"}},
 	  {CFG_LISTEN_PEER, "meta-peer", {"mooncake.raft.Raft"}}},
 	 CFG_META_HTTP,
-	 NULL,
-	 "the etcd v3 API (KV, Lease, Watch, Cluster, Maintenance) and Raft "
-	 "replication are not implemented yet; those services report "
-	 "NOT_SERVING"},
+	 &role_meta_ops,
+	 NULL},
 	{"master",
 	 CFG_ROLE_MASTER,
 	 {{CFG_MASTER_LISTEN, "master", {"mooncake.master.Master"}}},

@@ -22,6 +22,7 @@ struct rpc_server;
 struct rpc_health;
 struct http_server;
 struct master;
+struct meta_node;
 
 /*
  * A role's own services, plugged into its frame. Each hook is optional
@@ -59,7 +60,12 @@ struct role_rt {
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
 	struct master *master;
+	struct meta_node *meta;
 };
+
+/* The roles' hooks (src/daemon/role_<name>.c). */
+extern const struct role_ops role_meta_ops;
+extern const struct role_ops role_master_ops;
 
 /* The loop and configuration every role runs with. */
 uv_loop_t *role_loop(const struct role_rt *rt);
