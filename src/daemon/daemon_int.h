@@ -57,7 +57,11 @@ struct role_rt {
 	bool started;  /* ops.start returned 0: ops.free is owed */
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
+	struct role_agent *agent;
 };
+
+/* Each role's hooks (src/daemon/role_<name>.c). */
+extern const struct role_ops role_agent_ops;
 
 /* The loop and configuration every role runs with. */
 uv_loop_t *role_loop(const struct role_rt *rt);
