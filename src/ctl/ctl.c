@@ -26,6 +26,7 @@ struct ctl_cmd {
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
 	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback)", ctl_bench_main},
+	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
 };
 
 static void usage(FILE *f)

@@ -730,6 +730,8 @@ int ctl_bench_main(int argc, char **argv)
 		bench_usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? CTL_EXIT_USAGE : CTL_EXIT_OK;
 	}
+	if (strcmp(argv[1], "transfer") == 0)
+		return ctl_bench_transfer_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
 		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc)\n", argv[1]);
 		return CTL_EXIT_USAGE;

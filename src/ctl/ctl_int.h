@@ -15,6 +15,9 @@
 /* argv[0] is the subcommand name. */
 int ctl_health_main(int argc, char **argv);
 int ctl_bench_main(int argc, char **argv);
+int ctl_transfer_main(int argc, char **argv);
+/* `bench transfer`: argv[0] is "transfer". */
+int ctl_bench_transfer_main(int argc, char **argv);
 
 /*
  * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter
