@@ -92,6 +92,11 @@ void te__req_fail(struct te_batch *b, struct te_req_state *rs, int err)
 	req_finish(b, rs, err);
 }
 
+int te__slice_doomed(const struct te_slice *s)
+{
+	return atomic_load(&s->batch->reqs[s->req].err);
+}
+
 void te__slice_done(struct te_slice *s, int err, bool retry)
 {
 	struct te_batch *b = s->batch;

@@ -663,7 +663,14 @@ static void cli_take(struct cli_conn *c)
 	pthread_mutex_unlock(&c->mu);
 	if (s && !c->fifo)
 		c->last_ms = mc_now_ms(); /* the io timeout counts from now */
-	for (; s; s = s->next) {
+	for (struct te_slice *next; s; s = next) {
+		next = s->next;
+		int doomed = te__slice_doomed(s);
+		if (doomed) { /* its request failed already: do not send it */
+			s->next = NULL;
+			te__slice_done(s, doomed, false);
+			continue;
+		}
 		struct te_wire_hdr h = {
 			.type = s->op == TE_WRITE ? TE_WIRE_WRITE : TE_WIRE_READ,
 			.len = s->len,

@@ -483,6 +483,10 @@ struct te_batch {
 /* Complete a slice. err 0: done; retry: the path failed (the slice may
  * be resubmitted on another path); otherwise final. */
 void te__slice_done(struct te_slice *s, int err, bool retry);
+/* The final error of the slice's request when it already failed (a
+ * transport may complete such a slice with it instead of moving bytes),
+ * else 0. */
+int te__slice_doomed(const struct te_slice *s);
 /* Route and start a request (used again for parked requests). Takes the
  * segment lock. */
 void te__req_dispatch(struct te_batch *b, struct te_req_state *rs);
