@@ -197,7 +197,8 @@ static int from_msg(const Mooncake__Transfer__SegmentDesc *m, struct te_desc *d)
 		o->len = r->len;
 		o->shm = r->shm;
 		o->nrkeys = (uint32_t)r->n_rkeys;
-		memcpy(o->rkeys, r->rkeys, r->n_rkeys * sizeof(uint32_t));
+		if (r->n_rkeys)
+			memcpy(o->rkeys, r->rkeys, r->n_rkeys * sizeof(uint32_t));
 	}
 	return 0;
 }

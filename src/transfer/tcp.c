@@ -945,9 +945,13 @@ static void tcp_peer_free(struct te_peer *bp)
 		return;
 	}
 	/* Each connection is freed on its worker, after any event for it
-	 * already collected there. */
-	for (unsigned i = 0; i < p->n; i++)
-		te__worker_post(p->conns[i]->w, &p->conns[i]->free_task);
+	 * already collected there; the last one frees p, so nothing of p is
+	 * read once the first task is posted. */
+	struct cli_conn *conns[TE_MAX_PATHS];
+	unsigned n = p->n;
+	memcpy(conns, p->conns, n * sizeof(*conns));
+	for (unsigned i = 0; i < n; i++)
+		te__worker_post(conns[i]->w, &conns[i]->free_task);
 }
 
 /* Connect with a deadline. Returns the fd or a negative code. */
