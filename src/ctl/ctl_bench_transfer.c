@@ -71,12 +71,15 @@ static void usage(FILE *f)
 		"  --duration=DURATION how long the bandwidth is measured (default "
 		"3s)\n"
 		"  --target=SEGMENT    an existing segment (a `mooncakectl transfer "
-		"--serve`);\n"
+		"--serve`;\n"
+		"                      by name with --meta-endpoints, else its "
+		"host:port);\n"
 		"                      default: a target process forked here, "
 		"which also\n"
 		"                      runs the plain TCP stream the tcp figure is "
 		"compared to\n\n"
-		"engine flags:\n%s",
+		"engine flags (without --meta-endpoints the target is reached in "
+		"P2P mode):\n%s",
 		ctl_te_flags_help);
 }
 
@@ -553,6 +556,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 {
 	struct bench b = {.te = CTL_TE_OPTS_INIT};
 	b.te.protocol = "tcp";
+	b.te.meta = ""; /* P2P unless --meta-endpoints is given */
 	int rc = parse_flags(&b, argc, argv);
 	if (rc)
 		return rc < 0 ? CTL_EXIT_OK : CTL_EXIT_USAGE;

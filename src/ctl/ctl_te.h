@@ -22,7 +22,7 @@ struct rpc_server;
 
 struct ctl_te_opts {
 	const char *segment;       /* NULL: ctl-<pid> (P2P: host:port) */
-	const char *meta;          /* endpoints; NULL or "": P2P mode */
+	const char *meta;          /* endpoints; "": P2P mode */
 	const char *cluster_id;
 	const char *listen;        /* gRPC host:port */
 	const char *data_listen;   /* TCP data host:port */
@@ -36,7 +36,7 @@ struct ctl_te_opts {
 };
 
 #define CTL_TE_OPTS_INIT                                                       \
-	{NULL, NULL, "mooncake", "127.0.0.1:0", "127.0.0.1:0", "auto", "0",   \
+	{NULL, "http://127.0.0.1:2379", "mooncake", "127.0.0.1:0", "127.0.0.1:0", "auto", "0",   \
 	 "4", "1M", "10s", "10s", NULL}
 
 struct ctl_te {

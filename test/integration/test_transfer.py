@@ -177,8 +177,7 @@ def etcd():
 
 def shell(name, *args, meta=True, wait=True):
     a = ["--segment=" + name] if name else []
-    if meta:
-        a.append("--meta-endpoints=" + etcd().endpoint)
+    a.append("--meta-endpoints=" + (etcd().endpoint if meta else ""))
     return Shell(a + list(args), wait=wait)
 
 
