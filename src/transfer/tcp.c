@@ -91,6 +91,14 @@ static void tune_socket(struct tcp_xport *x, int fd)
 	}
 }
 
+/* writev without SIGPIPE: the engine is a library, the process may not
+ * ignore the signal. */
+static ssize_t send_iov(int fd, struct iovec *iov, int n)
+{
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+	return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 /* ------------------------------------------------------------ serving side */
 
 struct resp {
@@ -229,7 +237,7 @@ static bool srv_write(struct srv_conn *c)
 			}
 			off = 0;
 		}
-		ssize_t w = writev(c->fd, iov, n);
+		ssize_t w = send_iov(c->fd, iov, n);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -708,7 +716,7 @@ static bool cli_write(struct cli_conn *c)
 			}
 			off = 0;
 		}
-		ssize_t w = writev(c->fd, iov, n);
+		ssize_t w = send_iov(c->fd, iov, n);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
