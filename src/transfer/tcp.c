@@ -106,7 +106,7 @@ struct resp {
 	uint8_t *data;
 	size_t len;
 	struct te_region *r;        /* released once sent */
-	uint8_t op;
+	bool owned;                 /* data is freed once sent (CTRL answers) */
 };
 
 enum rx_state { RX_HS, RX_HDR, RX_PAYLOAD, RX_DISCARD, RX_CTRL };
@@ -163,6 +163,8 @@ static void srv_teardown(struct srv_conn *c)
 		struct resp *r = &c->ring[(c->head + i) % RING];
 		if (r->r)
 			te__rtable_release(&e->regions, r->r);
+		if (r->owned)
+			free(r->data);
 	}
 	c->count = 0;
 	pthread_mutex_lock(&c->x->mu);
@@ -210,6 +212,7 @@ static struct resp *push_resp(struct srv_conn *c, int status, uint32_t len,
 	r->data = NULL;
 	r->len = 0;
 	r->r = NULL;
+	r->owned = false;
 	c->count++;
 	return r;
 }
@@ -258,6 +261,10 @@ static bool srv_write(struct srv_conn *c)
 				metric_add(e->m_served[TE_PROTO_TCP][0], r->len);
 				te__rtable_release(&e->regions, r->r);
 				r->r = NULL;
+			}
+			if (r->owned) {
+				free(r->data);
+				r->owned = false;
 			}
 			c->head = (c->head + 1) % RING;
 			c->count--;
@@ -360,6 +367,10 @@ static bool srv_header(struct srv_conn *c)
 	c->soff += TE_WIRE_HDR_BYTES;
 	const struct te_wire_hdr *h = &c->cur;
 	if (h->type == TE_WIRE_CTRL) {
+		if (h->len > TE_CTRL_MAX_BYTES) {
+			srv_close(c, "control message too large");
+			return false;
+		}
 		c->ctrl = realloc(c->ctrl, h->len ? h->len : 1);
 		if (!c->ctrl) {
 			srv_close(c, "out of memory");
@@ -400,6 +411,33 @@ static bool srv_header(struct srv_conn *c)
 	return true;
 }
 
+/* A control message for transport addr (rdma QP exchange): its answer,
+ * or -EPROTONOSUPPORT when that transport takes none. */
+static void srv_ctrl(struct srv_conn *c)
+{
+	struct te_engine *e = c->x->e;
+	uint64_t xid = c->cur.addr;
+	const struct te_xport_ops *ops = xid < 4 ? e->xops[xid] : NULL;
+	struct te_xport *x = xid < 4 ? e->xp[xid] : NULL;
+	if (!ops || !x || !ops->on_ctrl) {
+		push_resp(c, -EPROTONOSUPPORT, 0, c->cur.id);
+		return;
+	}
+	uint8_t *out = malloc(TE_CTRL_MAX_BYTES);
+	size_t outlen = TE_CTRL_MAX_BYTES;
+	int rc = out ? ops->on_ctrl(x, c->hs.peer, c->ctrl, c->cur.len, out, &outlen)
+		     : -ENOMEM;
+	if (rc || outlen > TE_CTRL_MAX_BYTES) {
+		free(out);
+		push_resp(c, rc ? rc : -EOVERFLOW, 0, c->cur.id);
+		return;
+	}
+	struct resp *r = push_resp(c, 0, (uint32_t)outlen, c->cur.id);
+	r->data = out;
+	r->len = outlen;
+	r->owned = true;
+}
+
 static void srv_body_done(struct srv_conn *c)
 {
 	struct te_engine *e = c->x->e;
@@ -410,8 +448,8 @@ static void srv_body_done(struct srv_conn *c)
 		push_resp(c, 0, 0, c->cur.id);
 	} else if (c->rx == RX_DISCARD) {
 		push_resp(c, c->cur_err, 0, c->cur.id);
-	} else { /* CTRL: no transport here takes control messages */
-		push_resp(c, -EPROTONOSUPPORT, 0, c->cur.id);
+	} else {
+		srv_ctrl(c);
 	}
 	c->rx = RX_HDR;
 }
@@ -1093,6 +1131,52 @@ static int tcp_connect(struct te_xport *xp, struct te_segment *seg,
 	}
 	*out = &p->base;
 	return 0;
+}
+
+/* ------------------------------------------------------------ control calls */
+
+int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
+		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
+		  uint64_t timeout_ms)
+{
+	char hp[TE_HOST_MAX + 16];
+	struct sockaddr_storage ss;
+	if (inlen > TE_CTRL_MAX_BYTES)
+		return -EINVAL;
+	snprintf(hp, sizeof(hp), strchr(d->host, ':') ? "[%s]:%u" : "%s:%u", d->host,
+		 d->data_port);
+	if (!(d->transports & TE_XP_TCP) || mc_parse_hostport(hp, &ss) != 0)
+		return MC_EUNAVAILABLE;
+	uint64_t deadline = mc_now_ms() + timeout_ms;
+	int fd = dial(&ss, deadline);
+	if (fd < 0)
+		return fd == -ECONNREFUSED ? MC_EUNAVAILABLE : fd;
+	int rc = te__hs_client(fd, e->secret_len ? e->secret : NULL, e->secret_len,
+			       e->name, d->name, timeout_ms);
+	struct te_wire_hdr h = {.type = TE_WIRE_CTRL, .len = (uint32_t)inlen, .id = 1,
+				.addr = xid};
+	uint8_t hb[TE_WIRE_HDR_BYTES];
+	te__wire_encode(&h, hb);
+	if (rc == 0)
+		rc = te__io_full(fd, hb, sizeof(hb), true, deadline);
+	if (rc == 0 && inlen)
+		rc = te__io_full(fd, (void *)in, inlen, true, deadline);
+	if (rc == 0)
+		rc = te__io_full(fd, hb, sizeof(hb), false, deadline);
+	if (rc == 0)
+		rc = te__wire_decode(hb, TE_CTRL_MAX_BYTES, &h);
+	if (rc == 0 && (h.type != TE_WIRE_RESP || h.id != 1))
+		rc = MC_EPROTOCOL;
+	if (rc == 0 && h.status)
+		rc = h.status;
+	if (rc == 0 && h.len > *outlen)
+		rc = -EOVERFLOW;
+	if (rc == 0 && h.len)
+		rc = te__io_full(fd, out, h.len, false, deadline);
+	if (rc == 0)
+		*outlen = h.len;
+	close(fd);
+	return rc == -ECONNRESET ? MC_EUNAVAILABLE : rc;
 }
 
 /* ------------------------------------------------------------ timeouts */

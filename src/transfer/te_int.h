@@ -35,7 +35,8 @@
  * connect opens a TCP control connection to the peer's data port (the
  * same authenticated handshake as tcp, te__hs_*), exchanges QP endpoint
  * info as TE_WIRE_CTRL messages (routed on the serving side to the
- * transport's on_ctrl) and moves the QPs to RTS; bind finds the region in
+ * transport's on_ctrl; te__ctrl_call is the client side) and moves the
+ * QPs to RTS; bind finds the region in
  * the peer's descriptor (the rkey); paths are NICs; submit posts a
  * one-sided READ/WRITE and the CQ thread calls te__slice_done.
  */
@@ -405,11 +406,28 @@ struct te_xport_ops {
 	/* Every second on each worker: time out what that worker owns.
 	 * Optional. */
 	void (*tick)(struct te_xport *x, struct te_worker *w);
-	/* Serving side of a TE_WIRE_CTRL message (rdma QP exchange).
-	 * Optional. */
+	/* Serving side of a TE_WIRE_CTRL message (rdma QP exchange) from
+	 * the authenticated peer segment `peer`: answer into out (capacity
+	 * *outlen, set it to the answer's length). Runs on a data worker;
+	 * must not block long. Optional. */
 	int (*on_ctrl)(struct te_xport *x, const char *peer, const uint8_t *in,
 		       size_t inlen, uint8_t *out, size_t *outlen);
 };
+
+/*
+ * A transport's control exchange with a peer (rdma: QP endpoint info),
+ * over a fresh TCP connection to the peer's data port, authenticated like
+ * every data connection: send in, get the peer transport's answer (its
+ * on_ctrl) into out (capacity *outlen, set to the answer's length).
+ * Blocking (setup thread). Errors: -EPROTONOSUPPORT (the peer's transport
+ * takes no control messages), the peer's on_ctrl error, -EACCES,
+ * MC_EUNAVAILABLE, MC_ETIMEDOUT, -EOVERFLOW, MC_EPROTOCOL, -EINVAL (more
+ * than TE_CTRL_MAX_BYTES).
+ */
+#define TE_CTRL_MAX_BYTES ((size_t)64 << 10)
+int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
+		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
+		  uint64_t timeout_ms) MC_MUST_CHECK;
 
 extern const struct te_xport_ops te__tcp_ops;
 /* The TCP data listener's port. */

@@ -327,6 +327,27 @@ def peer_killed_mid_transfer_fails_requests_not_the_engine():
 
 
 @case
+def stopped_peer_times_out_and_recovers():
+    """A peer that stops answering (SIGSTOP) fails requests after the io
+    timeout instead of hanging them; once it runs again it is used again."""
+    b = shell("stop-b", "--buffer=16M", "--fill=7")
+    a = shell("stop-a", "--buffer=0", "--protocol=tcp", "--te-io-timeout=1s")
+    a.ok("read stop-b 0 1M 7")
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = a.cmd("read stop-b 0 16M 7", timeout=60)
+        assert r.startswith("error ") and ("MC_ETIMEDOUT" in r or "MC_EUNAVAILABLE" in r), r
+        assert time.monotonic() - t0 < 30, "failed after the io timeout, not later"
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    r = a.retry_ok("read stop-b 0 16M 7")
+    assert "verified" in r, r
+    a.close()
+    b.close()
+
+
+@case
 def restarted_peer_with_new_regions_is_reopened():
     for proto in ("tcp", "auto"):
         name = "restart-b-" + proto
