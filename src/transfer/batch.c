@@ -270,6 +270,7 @@ int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
 	b->on_done = on_done;
 	b->ud = ud;
 	atomic_store(&b->pending, n + 1); /* +1 until every request started */
+	atomic_store(&b->inline_left, TE_SHM_INLINE_BATCH_BYTES);
 
 	size_t first = 0;
 	uint64_t now = mc_now_ns();

@@ -1,9 +1,9 @@
 /*
  * shm: the same-host transport. A peer's memfd-backed regions are mapped
  * into this process once and a transfer is a memcpy by the initiator:
- * requests up to 64 KiB are copied by the submitting thread, larger ones
- * are cut into slices copied in parallel by the data workers (the paths of
- * an shm peer are the workers).
+ * requests up to 64 KiB are copied by the submitting thread (at most 1 MiB
+ * of them per batch), the rest are cut into slices copied in parallel by
+ * the data workers (the paths of an shm peer are the workers).
  *
  * The channel is an abstract Unix SOCK_SEQPACKET socket per engine (named
  * in the descriptor, so it is only reachable in the same network
@@ -725,10 +725,22 @@ static void copy_task(struct te_task *t)
 	copy_slice(MC_CONTAINER_OF(t, struct te_slice, task));
 }
 
+/* Small copies are done by the submitting thread (cheaper than a hand-off),
+ * up to a budget per batch so that no caller — a loop thread included —
+ * copies much. */
+static bool take_inline(struct te_batch *b, size_t len)
+{
+	size_t left = atomic_load(&b->inline_left);
+	while (left >= len)
+		if (atomic_compare_exchange_weak(&b->inline_left, &left, left - len))
+			return true;
+	return false;
+}
+
 static void shm_submit(struct te_peer *bp, struct te_slice *s)
 {
 	struct shm_peer *p = (struct shm_peer *)bp;
-	if (s->len <= TE_SHM_INLINE_BYTES) {
+	if (s->len <= TE_SHM_INLINE_BYTES && take_inline(s->batch, s->len)) {
 		copy_slice(s);
 		return;
 	}

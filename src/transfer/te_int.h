@@ -72,7 +72,8 @@ struct rpc_client;
 #define TE_MAX_BATCH_SLICES ((size_t)1 << 22)
 #define TE_DESC_MAX_BYTES ((size_t)16 << 20)
 #define TE_CONNECT_TIMEOUT_MS 5000
-#define TE_SHM_INLINE_BYTES ((size_t)64 << 10) /* copied by the submitter */
+#define TE_SHM_INLINE_BYTES ((size_t)64 << 10) /* copied by the submitter, */
+#define TE_SHM_INLINE_BATCH_BYTES ((size_t)1 << 20) /* up to this per batch */
 
 /* Transport bits in a descriptor. */
 #define TE_XP_TCP (1u << TE_PROTO_TCP)
@@ -491,6 +492,7 @@ struct te_batch {
 	struct te_slice *slices;
 	size_t nslices;
 	atomic_size_t pending;     /* requests not done (+1 while submitting) */
+	atomic_size_t inline_left; /* shm bytes the submitter may still copy */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool done;

@@ -21,12 +21,18 @@
  * overflowing or unregistered addresses get an error reply and nothing is
  * read or written.
  *
- * Threads. Control (publishing, watching, handshakes) runs on the libuv
- * loop given at creation. Data moves on a pool of data-plane threads
- * (te-threads). te_submit, te_poll, te_wait, te_open_segment and the region
- * calls are thread-safe and may be called from any thread except the
- * loop's own thread for the blocking ones (te_open_segment, te_wait,
- * te_unregister, te_free), which wait for work the loop does.
+ * Threads. Control (publishing, watching, resolving) runs on the libuv
+ * loop given at creation; connecting to peers runs on a setup thread of
+ * the engine; data moves on a pool of data-plane threads (te-threads).
+ * te_submit, te_poll, te_wait, te_open_segment and the region calls are
+ * thread-safe. The blocking ones (te_open_segment, te_wait,
+ * te_wait_published, te_unregister) must not be called on the loop's
+ * thread: they wait for work the loop or the data threads do; loop code
+ * uses te_open_segment_async and te_submit_notify instead.
+ *
+ * Lifetime: te_new and te_stop on the loop thread; te_free once te_stop
+ * finished (the daemon's role hooks: stop while the loop runs, free after
+ * it ended). Segment handles and batches die with the engine.
  */
 #ifndef MC_TRANSFER_TRANSFER_H
 #define MC_TRANSFER_TRANSFER_H
