@@ -457,12 +457,17 @@ static void srv_body_done(struct srv_conn *c)
 /* Read and serve. Returns false when the connection closed. */
 static bool srv_read(struct srv_conn *c)
 {
+	/* The budget bounds what one wake-up reads from the socket (the
+	 * level-triggered epoll calls again); staged bytes are always
+	 * processed, so nothing already read waits for another event. */
 	size_t budget = READ_BUDGET;
 	if (c->rx == RX_HS)
 		return srv_handshake(c);
-	while (budget > 0 && !c->closed) {
+	while (!c->closed) {
 		if (c->rx == RX_HDR) {
 			if (c->slen - c->soff < TE_WIRE_HDR_BYTES) {
+				if (budget == 0)
+					return true;
 				ssize_t n = stage_fill(c);
 				if (n <= 0)
 					return n == 0;
@@ -485,6 +490,8 @@ static bool srv_read(struct srv_conn *c)
 			c->soff += staged;
 			c->left -= staged;
 		} else {
+			if (budget == 0)
+				return true;
 			if (c->soff == c->slen)
 				c->soff = c->slen = 0;
 			struct iovec iov[2];
@@ -846,10 +853,12 @@ static bool cli_header(struct cli_conn *c)
 
 static bool cli_read(struct cli_conn *c)
 {
-	size_t budget = READ_BUDGET;
-	while (budget > 0 && !c->closed) {
+	size_t budget = READ_BUDGET; /* socket bytes per wake-up, as srv_read */
+	while (!c->closed) {
 		if (!c->rx) {
 			if (c->slen - c->soff < TE_WIRE_HDR_BYTES) {
+				if (budget == 0)
+					return true;
 				ssize_t got;
 				if (!cli_fill(c, &got))
 					return false;
@@ -870,6 +879,8 @@ static bool cli_read(struct cli_conn *c)
 			c->soff += staged;
 			c->rx_left -= staged;
 		} else {
+			if (budget == 0)
+				return true;
 			if (c->soff == c->slen)
 				c->soff = c->slen = 0;
 			struct iovec iov[2] = {{dst, c->rx_left},
