@@ -11,7 +11,11 @@
  * and beside the bandwidth the limit of this machine measured in the same
  * run: memcpy with 1 and --threads threads for shm; for tcp, a plain TCP
  * stream between the same two processes over --te-tcp-conns connections
- * (one thread per connection on each side, 1 MiB send/recv calls).
+ * (one thread per connection on each side, 1 MiB send/recv calls). The
+ * bandwidth and its limit are measured in 3 alternating rounds and the
+ * best of each is printed, so other load on the machine weighs on both
+ * alike; the engine gets as many data threads (--te-threads, unless
+ * given) as the limit uses: --threads for shm, one per connection for tcp.
  *
  * Without --target the target is a child process forked at start (before
  * any thread exists): a transfer engine with a memfd buffer, serving in
@@ -41,6 +45,7 @@
 
 #define SMALL_BLOCK 4096
 #define STREAM_CHUNK ((size_t)1 << 20)
+#define ROUNDS 3
 
 struct bench {
 	struct ctl_te_opts te;
@@ -128,6 +133,7 @@ struct sink {
 static void *stream_conn(void *arg)
 {
 	int fd = (int)(intptr_t)arg;
+	pthread_setname_np(pthread_self(), "stream-server");
 	uint8_t *buf = malloc(STREAM_CHUNK);
 	char mode;
 	if (!buf || recv(fd, &mode, 1, MSG_WAITALL) != 1)
@@ -254,6 +260,7 @@ struct load {
 static void *load_main(void *arg)
 {
 	struct load *l = arg;
+	pthread_setname_np(pthread_self(), "bench-load");
 	uint8_t *buf = malloc(l->block * l->batch);
 	struct te_request *reqs = calloc(l->batch, sizeof(*reqs));
 	if (!buf || !reqs) {
@@ -415,6 +422,7 @@ struct stream {
 static void *stream_main(void *arg)
 {
 	struct stream *s = arg;
+	pthread_setname_np(pthread_self(), "stream-client");
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->port),
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	uint8_t *buf = malloc(STREAM_CHUNK);
@@ -536,12 +544,16 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 		return 2;
 	}
 	b->write = strcmp(op, "write") == 0;
+	b->conns = (unsigned)strtoul(b->te.tcp_conns, NULL, 10);
 	if (!te_threads_set) {
+		/* As many data threads as the limit it is compared with uses:
+		 * the memcpy threads, or one per connection for the stream. */
 		static char tbuf[16];
-		snprintf(tbuf, sizeof(tbuf), "%" PRIu64, b->threads);
+		uint64_t n = b->proto == TE_PROTO_TCP ? MC_MAX(b->threads, b->conns)
+						      : b->threads;
+		snprintf(tbuf, sizeof(tbuf), "%" PRIu64, n);
 		b->te.threads = tbuf;
 	}
-	b->conns = (unsigned)strtoul(b->te.tcp_conns, NULL, 10);
 	uint64_t need = b->threads * b->batch * MC_MAX(b->block, (uint64_t)SMALL_BLOCK);
 	if (need > (16ull << 30)) {
 		fprintf(stderr, "mooncakectl bench transfer: threads x batch x block "
@@ -633,16 +645,39 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	       te_protocol_name(info.transport), b.write ? "write" : "read",
 	       b.block >> 10, b.batch, b.threads, b.te.threads, b.conns, target,
 	       child > 0 ? " (forked)" : "");
-	struct figures bw = run_load(&b, h.te, seg, reg.addr, (size_t)b.block,
-				     (size_t)b.batch, (unsigned)b.threads,
-				     b.duration_ms);
+	/* Bandwidth and its limit in alternating rounds, so that a burst of
+	 * other load on the machine hits both alike; the best round of each
+	 * is reported (the batch latency is of the engine's best round). */
+	bool shm = info.transport == TE_PROTO_SHM;
+	uint64_t round_ms = MC_MAX(b.duration_ms / ROUNDS, (uint64_t)200);
+	struct figures bw = {0};
+	double m1 = 0, mn = 0, st = 0;
+	int ferr = 0;
+	for (int r = 0; r < ROUNDS && !ferr; r++) {
+		struct figures f = run_load(&b, h.te, seg, reg.addr, (size_t)b.block,
+					    (size_t)b.batch, (unsigned)b.threads,
+					    round_ms);
+		ferr = f.err;
+		if (f.gbps > bw.gbps)
+			bw = f;
+		if (shm) {
+			m1 = MC_MAX(m1, memcpy_gbps((size_t)b.block, (size_t)b.batch, 1,
+						    round_ms));
+			mn = MC_MAX(mn, memcpy_gbps((size_t)b.block, (size_t)b.batch,
+						    (unsigned)b.threads, round_ms));
+		} else if (child > 0) {
+			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write,
+						    b.conns, round_ms));
+		}
+	}
 	uint64_t short_ms = MC_MAX(b.duration_ms / 3, (uint64_t)300);
-	struct figures lat = run_load(&b, h.te, seg, reg.addr, (size_t)b.block, 1, 1,
-				      short_ms);
-	struct figures small = run_load(&b, h.te, seg, reg.addr, SMALL_BLOCK,
-					(size_t)b.batch, (unsigned)b.threads,
-					short_ms);
-	int ferr = bw.err ? bw.err : lat.err ? lat.err : small.err;
+	struct figures lat = {0}, small = {0};
+	if (!ferr) {
+		lat = run_load(&b, h.te, seg, reg.addr, (size_t)b.block, 1, 1, short_ms);
+		small = run_load(&b, h.te, seg, reg.addr, SMALL_BLOCK, (size_t)b.batch,
+				 (unsigned)b.threads, short_ms);
+		ferr = lat.err ? lat.err : small.err;
+	}
 	if (ferr) {
 		fprintf(stderr, "mooncakectl bench transfer: a request failed: %s\n",
 			mc_strerror(ferr));
@@ -651,23 +686,16 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	}
 	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", "engine",
 	       bw.gbps, bw.p50_us, bw.p99_us);
-	if (info.transport == TE_PROTO_SHM) {
-		double m1 = memcpy_gbps((size_t)b.block, (size_t)b.batch, 1, short_ms);
-		double mn = memcpy_gbps((size_t)b.block, (size_t)b.batch,
-					(unsigned)b.threads, short_ms);
+	char what[64];
+	if (shm) {
 		print_ratio("limit: memcpy, 1 thread", m1, bw.gbps);
-		char what[64];
 		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads",
 			 b.threads);
 		print_ratio(what, mn, bw.gbps);
 	} else {
-		char what[64];
 		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns",
 			 b.conns);
-		double s = child > 0 ? stream_gbps((uint16_t)stream_port, b.write,
-						   b.conns, short_ms)
-				     : 0;
-		print_ratio(what, s, bw.gbps);
+		print_ratio(what, st, bw.gbps);
 	}
 	printf("  %-34s p50 %.0f us, p99 %.0f us\n", "request latency, 1 in flight",
 	       lat.p50_us, lat.p99_us);

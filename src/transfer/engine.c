@@ -113,6 +113,7 @@ bool te__loop_post(struct te_engine *e, struct te_job *j)
 static void *setup_main(void *arg)
 {
 	struct te_engine *e = arg;
+	pthread_setname_np(pthread_self(), "te-setup");
 	pthread_mutex_lock(&e->setup_mu);
 	for (;;) {
 		while (!e->setup_stop && !e->setup_head)

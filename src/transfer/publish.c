@@ -39,6 +39,7 @@ static void set_published(struct te_engine *e, bool ok, int err)
 
 static void grant(struct te_engine *e);
 static void put_desc(struct te_engine *e);
+static int start_watch(struct te_engine *e);
 
 static void on_retry(uv_timer_t *t)
 {
@@ -119,6 +120,9 @@ static void published(struct te_engine *e)
 	e->pub.last_err = 0;
 	e->pub.name_held_logged = false;
 	set_published(e, true, 0);
+	/* meta answers: a watch that could not even start starts now */
+	if (!e->watch && start_watch(e) != 0)
+		e->watch = NULL;
 	if (e->pub.dirty)
 		put_desc(e);
 }
@@ -293,8 +297,6 @@ static void on_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const *ev,
 	}
 }
 
-static int start_watch(struct te_engine *e);
-
 static void on_watch_error(struct etcd_watch *w, void *ud, int err)
 {
 	struct te_engine *e = ud;
@@ -305,14 +307,16 @@ static void on_watch_error(struct etcd_watch *w, void *ud, int err)
 	log_warn("watch on segment descriptors ended (%s); watching again from "
 		 "now",
 		 mc_strerror(err));
-	if (start_watch(e) != 0)
-		log_error("cannot watch segment descriptors: opened segments will "
-			  "only notice changes when their paths fail");
+	if (start_watch(e) != 0) {
+		e->watch = NULL; /* tried again after the next publish */
+		log_warn("cannot watch segment descriptors yet");
+	}
 }
 
 static const struct etcd_watch_cbs watch_cbs = {.on_events = on_events,
 						.on_error = on_watch_error};
 
+/* Errors: as etcd_watch (the caller retries after the next publish). */
 static int start_watch(struct te_engine *e)
 {
 	char key[256];

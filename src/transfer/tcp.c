@@ -47,7 +47,7 @@
 #define STAGE_BYTES ((size_t)64 << 10)
 #define RING 256                        /* answers queued per connection */
 #define MAX_IOV 64
-#define READ_BUDGET ((size_t)16 << 20)  /* per wake-up, for fairness */
+#define READ_BUDGET ((size_t)2 << 20)   /* per wake-up, for fairness */
 #define SOCKBUF_BYTES (4 << 20)
 
 struct srv_conn;

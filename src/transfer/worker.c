@@ -7,6 +7,7 @@
  * transports use for I/O timeouts.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -60,6 +61,9 @@ static void *worker_main(void *arg)
 	struct te_worker *w = arg;
 	struct epoll_event ev[MAX_EVENTS];
 	uint64_t next_tick = mc_now_ms() + 1000;
+	char name[16];
+	snprintf(name, sizeof(name), "te-worker-%u", w->idx);
+	pthread_setname_np(pthread_self(), name);
 	current = w;
 	for (;;) {
 		uint64_t now = mc_now_ms();
