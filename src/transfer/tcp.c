@@ -6,9 +6,9 @@
  * answer is read with readv straight into it. Requests on a connection are
  * pipelined and answered in order, so the client matches each answer with
  * the oldest slice in flight. Sockets: TCP_NODELAY, TCP_USER_TIMEOUT =
- * the io timeout, and 4 MiB buffers when net.core.[rw]mem_max allow it
- * (otherwise the kernel's autotuning, which a smaller fixed size would
- * disable).
+ * the io timeout, and buffers of at least 4 MiB: the kernel's autotuning
+ * where its maximum reaches that, else fixed when net.core.[rw]mem_max
+ * allow it.
  *
  * Serving side: one listener (on worker 0), accepted connections spread
  * over the workers. A connection must complete the handshake (the cluster
@@ -58,7 +58,7 @@ struct tcp_xport {
 	int lfd;
 	uint16_t port;
 	struct te_ioh lioh;
-	int sockbuf;                /* 0: leave autotuning */
+	int sndbuf, rcvbuf;         /* 0: leave autotuning */
 	atomic_uint rr;
 	pthread_mutex_t mu;         /* the lists below */
 	struct srv_conn *srv;
@@ -67,16 +67,33 @@ struct tcp_xport {
 
 /* ------------------------------------------------------------ sockets */
 
-static int read_sysctl(const char *path)
+/* The idx-th number of a sysctl file ("4096 131072 6291456"), or 0. */
+static long read_sysctl(const char *path, int idx)
 {
 	FILE *f = fopen(path, "re");
-	int v = 0;
-	if (f) {
-		if (fscanf(f, "%d", &v) != 1)
+	long v = 0;
+	for (int i = 0; f && i <= idx; i++)
+		if (fscanf(f, "%ld", &v) != 1)
 			v = 0;
+	if (f)
 		fclose(f);
-	}
 	return v;
+}
+
+/*
+ * Socket buffers: the kernel's autotuning grows them up to
+ * net.ipv4.tcp_[rw]mem's maximum, and a fixed SO_[RCV|SND]BUF turns that
+ * off. So a buffer is only fixed (at SOCKBUF_BYTES) when autotuning
+ * would stay below it and net.core.[rw]mem_max allows it.
+ */
+static void pick_sockbufs(struct tcp_xport *x)
+{
+	if (read_sysctl("/proc/sys/net/ipv4/tcp_rmem", 2) < SOCKBUF_BYTES &&
+	    read_sysctl("/proc/sys/net/core/rmem_max", 0) >= SOCKBUF_BYTES)
+		x->rcvbuf = SOCKBUF_BYTES;
+	if (read_sysctl("/proc/sys/net/ipv4/tcp_wmem", 2) < SOCKBUF_BYTES &&
+	    read_sysctl("/proc/sys/net/core/wmem_max", 0) >= SOCKBUF_BYTES)
+		x->sndbuf = SOCKBUF_BYTES;
 }
 
 static void tune_socket(struct tcp_xport *x, int fd)
@@ -85,10 +102,10 @@ static void tune_socket(struct tcp_xport *x, int fd)
 	unsigned timeout = (unsigned)MC_MIN(x->e->io_timeout_ms, 0x7fffffffu);
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof(timeout));
-	if (x->sockbuf) {
-		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &x->sockbuf, sizeof(x->sockbuf));
-		(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &x->sockbuf, sizeof(x->sockbuf));
-	}
+	if (x->sndbuf)
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &x->sndbuf, sizeof(x->sndbuf));
+	if (x->rcvbuf)
+		(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &x->rcvbuf, sizeof(x->rcvbuf));
 }
 
 /*
@@ -626,15 +643,15 @@ struct cli_conn {
 	int fd;
 	uint32_t events;
 	struct cli_conn *next, **pprev; /* xport list (ticks) */
-	/* submitted, not yet taken by the worker */
-	pthread_mutex_t mu;
-	struct te_slice *sq, **sq_tail;
-	bool kicked, dead;
+	atomic_bool kicked;         /* a kick task is queued */
+	atomic_bool dead;
 	struct te_task kick_task, close_task, free_task;
 	/* worker-owned: every slice taken, in send order; tx is the first
-	 * not completely sent, tx_off how much of it went out */
+	 * not completely sent, tx_off how much of it went out; out_* what is
+	 * taken and not answered yet */
 	struct te_slice *fifo, **fifo_tail, *tx;
 	size_t tx_off;
+	size_t out_bytes, out_n;
 	uint64_t next_id;
 	uint8_t *stage;
 	size_t slen, soff;
@@ -644,23 +661,35 @@ struct cli_conn {
 	bool closed;
 };
 
+/*
+ * A peer's slices wait in one queue and each connection takes from it
+ * while it has less than WINDOW_BYTES (and WINDOW_SLICES) unanswered: the
+ * stripe follows each connection's actual speed, and a connection never
+ * idles while another has a backlog.
+ */
 struct tcp_peer {
 	struct te_peer base;
 	struct tcp_xport *x;
 	unsigned n;
 	atomic_uint to_free;        /* connections not yet freed */
+	pthread_mutex_t qmu;
+	struct te_slice *q, **q_tail;
 	struct cli_conn *conns[TE_MAX_PATHS];
 };
+
+#define WINDOW_BYTES ((size_t)32 << 20)
+#define WINDOW_SLICES 256
 
 static void cli_free_task(struct te_task *t)
 {
 	struct cli_conn *c = MC_CONTAINER_OF(t, struct cli_conn, free_task);
 	struct tcp_peer *p = c->p;
-	pthread_mutex_destroy(&c->mu);
 	free(c->stage);
 	free(c);
-	if (atomic_fetch_sub(&p->to_free, 1) == 1)
+	if (atomic_fetch_sub(&p->to_free, 1) == 1) {
+		pthread_mutex_destroy(&p->qmu);
 		free(p);
+	}
 }
 
 static void fail_list(struct te_slice *s, int err)
@@ -673,19 +702,32 @@ static void fail_list(struct te_slice *s, int err)
 	}
 }
 
+/* Kick every live connection of the peer that is not kicked yet. */
+static void kick_all(struct tcp_peer *p)
+{
+	for (unsigned i = 0; i < p->n; i++) {
+		struct cli_conn *c = p->conns[i];
+		if (atomic_load(&c->dead) || atomic_exchange(&c->kicked, true))
+			continue;
+		te__peer_ref(&p->base); /* the kick task's */
+		te__worker_post(c->w, &c->kick_task);
+	}
+}
+
 /* The connection is done for (worker thread): fail what it holds over to
- * the other paths. */
+ * the other paths; the last one fails what is queued too. */
 static void cli_fail(struct cli_conn *c, int err)
 {
 	if (c->closed)
 		return;
 	c->closed = true;
-	struct te_peer *bp = &c->p->base;
-	struct tcp_xport *x = c->p->x;
+	struct tcp_peer *p = c->p;
+	struct te_peer *bp = &p->base;
+	struct tcp_xport *x = p->x;
 	if (!atomic_load(&bp->closed))
 		log_warn("segment %s: connection %u failed: %s", bp->seg->name, c->path,
 			 mc_strerror(err));
-	te__peer_path_down(bp, c->path);
+	atomic_store(&c->dead, true);
 	te__worker_del(c->w, c->fd);
 	close(c->fd);
 	pthread_mutex_lock(&x->mu);
@@ -693,17 +735,20 @@ static void cli_fail(struct cli_conn *c, int err)
 	if (c->next)
 		c->next->pprev = c->pprev;
 	pthread_mutex_unlock(&x->mu);
-	pthread_mutex_lock(&c->mu);
-	c->dead = true;
-	struct te_slice *sq = c->sq;
-	c->sq = NULL;
-	c->sq_tail = &c->sq;
-	pthread_mutex_unlock(&c->mu);
-	struct te_slice *fifo = c->fifo;
+	struct te_slice *fifo = c->fifo, *q = NULL;
 	c->fifo = c->tx = c->rx = NULL;
 	c->fifo_tail = &c->fifo;
-	fail_list(fifo, err);
-	fail_list(sq, err);
+	c->out_bytes = c->out_n = 0;
+	pthread_mutex_lock(&p->qmu);
+	te__peer_path_down(bp, c->path);
+	if (atomic_load(&bp->alive) == 0) {
+		q = p->q;
+		p->q = NULL;
+		p->q_tail = &p->q;
+	}
+	pthread_mutex_unlock(&p->qmu);
+	fail_list(fifo, err); /* back into the queue for the others */
+	fail_list(q, err);
 }
 
 static void cli_set_events(struct cli_conn *c)
@@ -716,22 +761,37 @@ static void cli_set_events(struct cli_conn *c)
 	}
 }
 
-/* Move submitted slices into the send order. */
+/* Take queued slices while the window has room; into the send order. */
 static void cli_take(struct cli_conn *c)
 {
-	pthread_mutex_lock(&c->mu);
-	struct te_slice *s = c->sq;
-	c->sq = NULL;
-	c->sq_tail = &c->sq;
-	c->kicked = false;
-	pthread_mutex_unlock(&c->mu);
-	if (s && !c->fifo)
+	struct tcp_peer *p = c->p;
+	struct te_slice *got = NULL, **tail = &got;
+	atomic_store(&c->kicked, false); /* a later submit kicks again */
+	if (c->closed)
+		return;
+	pthread_mutex_lock(&p->qmu);
+	while (p->q && c->out_bytes < WINDOW_BYTES && c->out_n < WINDOW_SLICES) {
+		struct te_slice *s = p->q;
+		p->q = s->next;
+		if (!p->q)
+			p->q_tail = &p->q;
+		s->next = NULL;
+		*tail = s;
+		tail = &s->next;
+		c->out_bytes += s->len;
+		c->out_n++;
+	}
+	pthread_mutex_unlock(&p->qmu);
+	if (got && !c->fifo)
 		c->last_ms = mc_now_ms(); /* the io timeout counts from now */
-	for (struct te_slice *next; s; s = next) {
+	for (struct te_slice *next, *s = got; s; s = next) {
 		next = s->next;
+		s->next = NULL;
+		s->path = (uint16_t)c->path;
 		int doomed = te__slice_doomed(s);
 		if (doomed) { /* its request failed already: do not send it */
-			s->next = NULL;
+			c->out_bytes -= s->len;
+			c->out_n--;
 			te__slice_done(s, doomed, false);
 			continue;
 		}
@@ -749,7 +809,6 @@ static void cli_take(struct cli_conn *c)
 			c->tx_off = 0;
 		}
 	}
-	*c->fifo_tail = NULL;
 }
 
 static bool cli_write(struct cli_conn *c)
@@ -804,6 +863,8 @@ static void cli_complete_head(struct cli_conn *c, int err)
 	if (!c->fifo)
 		c->fifo_tail = &c->fifo;
 	s->next = NULL;
+	c->out_bytes -= s->len;
+	c->out_n--;
 	te__slice_done(s, err, false);
 }
 
@@ -934,6 +995,12 @@ static void cli_on_io(struct te_ioh *h, uint32_t events)
 		return;
 	if ((events & EPOLLIN) && !cli_read(c))
 		return;
+	/* Answers made room in the window: take more and send them. */
+	if (c->out_bytes < WINDOW_BYTES && c->out_n < WINDOW_SLICES) {
+		cli_take(c);
+		if (!cli_write(c))
+			return;
+	}
 	cli_set_events(c);
 }
 
@@ -975,26 +1042,22 @@ static void cli_add_task(struct te_task *t)
 
 /* ------------------------------------------------------------ transport ops */
 
+/* The path the batch layer chose is a hint: the slice joins the peer's
+ * queue and the first connection with room takes it. */
 static void tcp_submit(struct te_peer *bp, struct te_slice *s)
 {
 	struct tcp_peer *p = (struct tcp_peer *)bp;
-	struct cli_conn *c = p->conns[s->path];
-	pthread_mutex_lock(&c->mu);
-	if (c->dead) {
-		pthread_mutex_unlock(&c->mu);
+	pthread_mutex_lock(&p->qmu);
+	if (atomic_load(&bp->alive) == 0) {
+		pthread_mutex_unlock(&p->qmu);
 		te__slice_done(s, MC_EUNAVAILABLE, true);
 		return;
 	}
 	s->next = NULL;
-	*c->sq_tail = s;
-	c->sq_tail = &s->next;
-	bool kick = !c->kicked;
-	c->kicked = true;
-	if (kick)
-		te__peer_ref(bp);
-	pthread_mutex_unlock(&c->mu);
-	if (kick)
-		te__worker_post(c->w, &c->kick_task);
+	*p->q_tail = s;
+	p->q_tail = &s->next;
+	pthread_mutex_unlock(&p->qmu);
+	kick_all(p);
 }
 
 static void tcp_disconnect(struct te_peer *bp)
@@ -1010,10 +1073,6 @@ static void tcp_disconnect(struct te_peer *bp)
 static void tcp_peer_free(struct te_peer *bp)
 {
 	struct tcp_peer *p = (struct tcp_peer *)bp;
-	if (p->n == 0) {
-		free(p);
-		return;
-	}
 	/* Each connection is freed on its worker, after any event for it
 	 * already collected there; the last one frees p, so nothing of p is
 	 * read once the first task is posted. */
@@ -1105,7 +1164,6 @@ static int tcp_connect(struct te_xport *xp, struct te_segment *seg,
 			free(c);
 			free(stage);
 			for (unsigned j = 0; j < k; j++) {
-				pthread_mutex_destroy(&p->conns[j]->mu);
 				free(p->conns[j]->stage);
 				free(p->conns[j]);
 			}
@@ -1118,10 +1176,8 @@ static int tcp_connect(struct te_xport *xp, struct te_segment *seg,
 		c->fd = fds[k];
 		c->stage = stage;
 		c->ioh.on_io = cli_on_io;
-		pthread_mutex_init(&c->mu, NULL);
-		c->sq_tail = &c->sq;
 		c->fifo_tail = &c->fifo;
-		c->kicked = true; /* until the add task took over */
+		atomic_init(&c->kicked, true); /* until the add task took over */
 		c->close_task.run = cli_close_task;
 		c->free_task.run = cli_free_task;
 		c->w = &e->workers[atomic_fetch_add(&e->rr, 1) % e->nworkers];
@@ -1141,6 +1197,8 @@ static int tcp_connect(struct te_xport *xp, struct te_segment *seg,
 	p->x = x;
 	p->n = n;
 	atomic_init(&p->to_free, n);
+	pthread_mutex_init(&p->qmu, NULL);
+	p->q_tail = &p->q;
 	for (unsigned k = 0; k < n; k++) {
 		struct cli_conn *c = p->conns[k];
 		pthread_mutex_lock(&x->mu);
@@ -1248,9 +1306,7 @@ static int tcp_init(struct te_engine *e, struct te_xport **out)
 	x->e = e;
 	pthread_mutex_init(&x->mu, NULL);
 	x->lioh.on_io = on_accept;
-	if (read_sysctl("/proc/sys/net/core/rmem_max") >= SOCKBUF_BYTES &&
-	    read_sysctl("/proc/sys/net/core/wmem_max") >= SOCKBUF_BYTES)
-		x->sockbuf = SOCKBUF_BYTES;
+	pick_sockbufs(x);
 	x->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (x->lfd < 0) {
 		rc = -errno;
