@@ -163,6 +163,7 @@ struct srv_conn {
 	size_t left;
 	int cur_err;
 	uint8_t *ctrl;              /* CTRL payload (rdma QP exchange) */
+	bool big;                   /* the last body was large */
 	/* answering */
 	struct resp ring[RING];
 	unsigned head, count;
@@ -361,8 +362,12 @@ static ssize_t stage_fill(struct srv_conn *c)
 		c->slen -= c->soff;
 		c->soff = 0;
 	}
+	/* After a large body, only the rest of the header: its body is read
+	 * straight into the region, not through the stage. */
+	size_t want = c->big ? TE_WIRE_HDR_BYTES - (c->slen - c->soff)
+			     : STAGE_BYTES - c->slen;
 	for (;;) {
-		ssize_t n = recv(c->fd, c->stage + c->slen, STAGE_BYTES - c->slen, 0);
+		ssize_t n = recv(c->fd, c->stage + c->slen, want, 0);
 		if (n > 0) {
 			c->slen += (size_t)n;
 			c->last_ms = mc_now_ms();
@@ -418,6 +423,7 @@ static bool srv_header(struct srv_conn *c)
 			  (unsigned long long)h->addr, c->hs.peer);
 	}
 	if (h->type == TE_WIRE_READ) {
+		c->big = false; /* a READ header is all there is to read */
 		struct resp *p = push_resp(c, rc, rc ? 0 : h->len, h->id);
 		if (rc == 0) {
 			p->data = r->local + (h->addr - r->addr);
@@ -428,6 +434,7 @@ static bool srv_header(struct srv_conn *c)
 	}
 	/* WRITE */
 	c->left = h->len;
+	c->big = h->len >= STAGE_BYTES;
 	if (rc) {
 		c->cur_err = rc;
 		c->rx = RX_DISCARD;
@@ -877,8 +884,14 @@ static bool cli_fill(struct cli_conn *c, ssize_t *got)
 		c->slen -= c->soff;
 		c->soff = 0;
 	}
+	/* When the answer due is a large READ, only its header (as
+	 * stage_fill does on the serving side). */
+	struct te_slice *s = c->fifo;
+	size_t want = s && s != c->tx && s->op == TE_READ && s->len >= STAGE_BYTES
+			      ? TE_WIRE_HDR_BYTES - (c->slen - c->soff)
+			      : STAGE_BYTES - c->slen;
 	for (;;) {
-		ssize_t n = recv(c->fd, c->stage + c->slen, STAGE_BYTES - c->slen, 0);
+		ssize_t n = recv(c->fd, c->stage + c->slen, want, 0);
 		if (n > 0) {
 			c->slen += (size_t)n;
 			c->last_ms = mc_now_ms();
