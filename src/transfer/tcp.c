@@ -681,6 +681,7 @@ struct tcp_peer {
 	atomic_uint to_free;        /* connections not yet freed */
 	pthread_mutex_t qmu;
 	struct te_slice *q, **q_tail;
+	size_t qn;                  /* slices queued */
 	struct cli_conn *conns[TE_MAX_PATHS];
 };
 
@@ -752,6 +753,7 @@ static void cli_fail(struct cli_conn *c, int err)
 		q = p->q;
 		p->q = NULL;
 		p->q_tail = &p->q;
+		p->qn = 0;
 	}
 	pthread_mutex_unlock(&p->qmu);
 	fail_list(fifo, err); /* back into the queue for the others */
@@ -777,9 +779,16 @@ static void cli_take(struct cli_conn *c)
 	if (c->closed)
 		return;
 	pthread_mutex_lock(&p->qmu);
-	while (p->q && c->out_bytes < WINDOW_BYTES && c->out_n < WINDOW_SLICES) {
+	/* At most a fair share of what waits per take, so the first
+	 * connection woken does not take a whole batch; a fast one comes back
+	 * for more sooner. */
+	unsigned live = (unsigned)__builtin_popcount(atomic_load(&p->base.alive));
+	size_t share = live ? (p->qn + live - 1) / live : p->qn;
+	while (p->q && share-- > 0 && c->out_bytes < WINDOW_BYTES &&
+	       c->out_n < WINDOW_SLICES) {
 		struct te_slice *s = p->q;
 		p->q = s->next;
+		p->qn--;
 		if (!p->q)
 			p->q_tail = &p->q;
 		s->next = NULL;
@@ -1069,6 +1078,7 @@ static void tcp_submit(struct te_peer *bp, struct te_slice *s)
 	s->next = NULL;
 	*p->q_tail = s;
 	p->q_tail = &s->next;
+	p->qn++;
 	pthread_mutex_unlock(&p->qmu);
 	kick_all(p);
 }
