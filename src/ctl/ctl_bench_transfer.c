@@ -11,7 +11,8 @@
  * and beside the bandwidth the limit of this machine measured in the same
  * run: memcpy with 1 and --threads threads for shm; for tcp, a plain TCP
  * stream between the same two processes over --te-tcp-conns connections
- * (one thread per connection on each side, 1 MiB send/recv calls). The
+ * (one thread per connection on each side, 1 MiB send/recv calls cycling
+ * through as much memory on each side as the engine's requests touch). The
  * bandwidth and its limit are measured in 3 alternating rounds and the
  * best of each is printed, so other load on the machine weighs on both
  * alike; the engine gets as many data threads (--te-threads, unless
@@ -125,32 +126,40 @@ static double lat_pct_us(struct lat *l, unsigned pct)
 
 /* ------------------------------------------------------------ the target child */
 
-struct sink {
-	int fd;
-	pthread_t tid;
-};
-
+/*
+ * One connection of the plain stream, target side. The client says which
+ * way the bytes go ('w': it writes, 'r': it reads) and the size of the
+ * working set to cycle through in 1 MiB calls — the same memory the
+ * engine touches on this side, so both figures pay the same memory
+ * traffic, not one of them from a cache-resident buffer.
+ */
 static void *stream_conn(void *arg)
 {
 	int fd = (int)(intptr_t)arg;
 	pthread_setname_np(pthread_self(), "stream-server");
-	uint8_t *buf = malloc(STREAM_CHUNK);
-	char mode;
-	if (!buf || recv(fd, &mode, 1, MSG_WAITALL) != 1)
+	uint8_t hello[9];
+	uint8_t *buf = NULL;
+	uint64_t ws = 0;
+	if (recv(fd, hello, sizeof(hello), MSG_WAITALL) != (ssize_t)sizeof(hello))
 		goto out;
-	memset(buf, 0x5a, STREAM_CHUNK);
-	if (mode == 'w') { /* the client writes: count, then confirm */
+	memcpy(&ws, hello + 1, sizeof(ws));
+	if (ws < STREAM_CHUNK || ws > (16ull << 30) || !(buf = malloc(ws)))
+		goto out;
+	memset(buf, 0x5a, ws);
+	size_t off = 0;
+	if (hello[0] == 'w') { /* the client writes: count, then confirm */
 		uint64_t total = 0;
 		for (;;) {
-			ssize_t n = recv(fd, buf, STREAM_CHUNK, 0);
+			ssize_t n = recv(fd, buf + off, STREAM_CHUNK, 0);
 			if (n <= 0)
 				break;
 			total += (uint64_t)n;
+			off = (off + STREAM_CHUNK) % (ws - ws % STREAM_CHUNK);
 		}
 		(void)!send(fd, &total, sizeof(total), MSG_NOSIGNAL);
 	} else { /* the client reads until it closes */
-		while (send(fd, buf, STREAM_CHUNK, MSG_NOSIGNAL) > 0)
-			;
+		while (send(fd, buf + off, STREAM_CHUNK, MSG_NOSIGNAL) > 0)
+			off = (off + STREAM_CHUNK) % (ws - ws % STREAM_CHUNK);
 	}
 out:
 	free(buf);
@@ -414,6 +423,7 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 struct stream {
 	uint16_t port;
 	bool write;
+	uint64_t ws;            /* working set per connection and side */
 	uint64_t end_ms, bytes, t_end_ns;
 	int err;
 	pthread_t tid;
@@ -425,23 +435,26 @@ static void *stream_main(void *arg)
 	pthread_setname_np(pthread_self(), "stream-client");
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->port),
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	uint8_t *buf = malloc(STREAM_CHUNK);
+	uint8_t *buf = malloc(s->ws);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-	char mode = s->write ? 'w' : 'r';
+	uint8_t hello[9] = {s->write ? 'w' : 'r'};
+	memcpy(hello + 1, &s->ws, sizeof(s->ws));
 	if (!buf || fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    send(fd, &mode, 1, MSG_NOSIGNAL) != 1) {
+	    send(fd, hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
 		s->err = -errno;
 		goto out;
 	}
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	memset(buf, 0x3c, STREAM_CHUNK);
+	memset(buf, 0x3c, s->ws);
+	size_t off = 0, wrap = s->ws - s->ws % STREAM_CHUNK;
 	while (mc_now_ms() < s->end_ms) {
-		ssize_t n = s->write ? send(fd, buf, STREAM_CHUNK, MSG_NOSIGNAL)
-				     : recv(fd, buf, STREAM_CHUNK, 0);
+		ssize_t n = s->write ? send(fd, buf + off, STREAM_CHUNK, MSG_NOSIGNAL)
+				     : recv(fd, buf + off, STREAM_CHUNK, 0);
 		if (n <= 0) {
 			s->err = -EIO;
 			goto out;
 		}
+		off = (off + STREAM_CHUNK) % wrap;
 		if (!s->write)
 			s->bytes += (uint64_t)n;
 	}
@@ -460,7 +473,8 @@ out:
 	return NULL;
 }
 
-static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ms)
+static double stream_gbps(uint16_t port, bool write, unsigned conns,
+			  uint64_t ws, uint64_t ms)
 {
 	struct stream *s = calloc(conns, sizeof(*s));
 	double gbps = 0;
@@ -469,6 +483,7 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ms
 	uint64_t t0 = mc_now_ns(), bytes = 0, t_end = t0;
 	for (unsigned i = 0; i < conns; i++) {
 		s[i] = (struct stream){.port = port, .write = write,
+				       .ws = MC_MAX(ws, (uint64_t)STREAM_CHUNK),
 				       .end_ms = mc_now_ms() + ms};
 		pthread_create(&s[i].tid, NULL, stream_main, &s[i]);
 	}
@@ -667,7 +682,8 @@ int ctl_bench_transfer_main(int argc, char **argv)
 						    (unsigned)b.threads, round_ms));
 		} else if (child > 0) {
 			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write,
-						    b.conns, round_ms));
+						    b.conns, b.region_bytes / b.conns,
+						    round_ms));
 		}
 	}
 	uint64_t short_ms = MC_MAX(b.duration_ms / 3, (uint64_t)300);
