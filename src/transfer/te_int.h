@@ -15,8 +15,9 @@
  *            task queue woken by an eventfd (memcached style): TCP
  *            connections (client and server side) live on one worker each
  *            and are only touched there; shm copies are tasks.
- * Submitters (any thread) hand slices to a connection through its locked
- * submission queue and a wake-up of its worker.
+ * Submitters (any thread) hand tcp slices to the peer's locked queue and
+ * wake its connections' workers, which take from it while their window
+ * has room; shm copies go to a worker's task queue.
  *
  * Transports (struct te_xport_ops) in the Redis ConnectionType style: the
  * core knows nothing of sockets or mappings. A transport has engine-wide
@@ -27,7 +28,10 @@
  * NICs, workers) and hands each to submit; the transport completes every
  * slice exactly once with te__slice_done. A slice that fails because its
  * path broke is resubmitted on another live path of the same peer; a
- * refusal by the remote side is final.
+ * refusal by the remote side is final. The chosen path is binding for shm
+ * (the worker) and meant to be for rdma (the NIC); tcp treats it as a hint
+ * and lets its connections pull from one queue, so the stripe follows
+ * each connection's actual speed.
  *
  * How an rdma transport plugs in: init opens devices and fills the NIC
  * list of the descriptor (describe); region_add registers an MR per NIC
@@ -36,9 +40,10 @@
  * same authenticated handshake as tcp, te__hs_*), exchanges QP endpoint
  * info as TE_WIRE_CTRL messages (routed on the serving side to the
  * transport's on_ctrl; te__ctrl_call is the client side) and moves the
- * QPs to RTS; bind finds the region in
- * the peer's descriptor (the rkey); paths are NICs; submit posts a
- * one-sided READ/WRITE and the CQ thread calls te__slice_done.
+ * QPs to RTS; bind finds the region in the peer's descriptor (the rkey);
+ * paths are NICs; submit posts a one-sided READ/WRITE and the CQ thread
+ * calls te__slice_done. engine.c picks remote_proto (rdma when a device
+ * is usable) and fills xops[TE_PROTO_RDMA].
  */
 #ifndef MC_TRANSFER_TE_INT_H
 #define MC_TRANSFER_TE_INT_H
