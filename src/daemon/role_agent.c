@@ -110,6 +110,13 @@ static int agent_start(struct role_rt *rt)
 					: mc_strerror(rc));
 		goto fail;
 	}
+	/* Before the engine exists: once it does, only te_stop on the
+	 * running loop can take it down again. No client sees this before
+	 * the frame listens, which is after a successful start. */
+	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer",
+			    RPC_HEALTH_SERVING);
+	if (rc)
+		goto fail_meta;
 	uint64_t ttl_ms = cfg_u64(c, CFG_TE_LEASE_TTL);
 	struct te_opts o = {
 		.loop = role_loop(rt),
@@ -137,17 +144,9 @@ static int agent_start(struct role_rt *rt)
 		log_error("cannot start the transfer engine: %s", mc_strerror(rc));
 		goto fail_meta;
 	}
-	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer",
-			    RPC_HEALTH_SERVING);
-	if (rc)
-		goto fail_te;
 	rt->agent = a;
 	return 0;
 
-fail_te:
-	/* The engine's service stays registered on the RPC server, which is
-	 * never served: start-up failed. */
-	te_free(a->te);
 fail_meta:
 	etcd_client_free(a->meta);
 fail:
