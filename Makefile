@@ -269,6 +269,8 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
+	$(Q)for p in shm tcp; do for op in write read; do \
+	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 	$(Q)test/bench/bench_meta.sh $(B)
 

@@ -47,6 +47,10 @@
 	  "http://127.0.0.1:2379", 0, 0, NULL,                                 \
 	  "meta service (or etcd) endpoints, a comma list of "                 \
 	  "[http://]host:port")                                                \
+	X(CLUSTER_SECRET_FILE, "cluster-secret-file", COMMON, PATH, "", 0, 0,  \
+	  NULL,                                                                \
+	  "file holding the secret daemons prove to each other (HMAC "         \
+	  "challenge); empty: peers are not authenticated")                    \
 	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0,  \
 	  NULL, "meta: etcd v3 gRPC API (host:port, numeric)")                 \
 	X(LISTEN_PEER, "listen-peer", META, ADDR, "127.0.0.1:2380", 0, 0,      \
@@ -125,6 +129,38 @@
 	X(AGENT_LISTEN, "agent-listen", AGENT, ADDR, "127.0.0.1:12345", 0, 0,  \
 	  NULL, "agent: transfer-engine control gRPC (host:port)")             \
 	X(AGENT_HTTP, "agent-http", AGENT, ADDR, "127.0.0.1:9100", 0, 0, NULL, \
-	  "agent: HTTP /metrics and /healthz (host:port)")
+	  "agent: HTTP /metrics and /healthz (host:port)")                     \
+	X(AGENT_NAME, "agent-name", AGENT, STRING, "", 0, 0, NULL,             \
+	  "agent: its segment name in meta (empty: the agent-listen "          \
+	  "host:port)")                                                        \
+	X(PROTOCOL, "protocol", AGENT, ENUM, "auto", 0, 0,                     \
+	  "auto|tcp|rdma|shm",                                                 \
+	  "transfer engine transport for remote peers: auto (rdma when a "     \
+	  "usable device exists, else tcp; shm on this host), tcp (also on "   \
+	  "this host), rdma, shm (this host only)")                            \
+	X(TE_THREADS, "te-threads", AGENT, UINT, "0", 0, 1024, NULL,           \
+	  "transfer engine data-plane threads (0: one per core)")              \
+	X(TE_TCP_CONNS, "te-tcp-conns", AGENT, UINT, "4", 1, 32, NULL,         \
+	  "TCP connections per peer segment; slices are striped over them")    \
+	X(TE_SLICE_SIZE, "te-slice-size", AGENT, SIZE, "1M", 65536, 67108864,  \
+	  NULL, "transfer requests are cut into slices of this size")          \
+	X(TE_DATA_LISTEN, "te-data-listen", AGENT, STRING, "", 0, 0, NULL,     \
+	  "transfer engine TCP data listener, numeric host:port (empty: the "  \
+	  "agent-listen host, an ephemeral port); advertised to peers in the " \
+	  "segment descriptor")                                                \
+	X(TE_IO_TIMEOUT, "te-io-timeout", AGENT, DURATION, "10s", 100,         \
+	  3600000, NULL,                                                       \
+	  "a transfer path that makes no progress this long is declared "      \
+	  "dead (its slices go to the other paths)")                           \
+	X(TE_LEASE_TTL, "te-lease-ttl", AGENT, DURATION, "10s", 1000, 3600000, \
+	  NULL,                                                                \
+	  "lease of the segment descriptor in meta: it disappears this long "  \
+	  "after the agent dies")                                              \
+	X(RDMA_DEVICES, "rdma-devices", AGENT, STRING, "", 0, 0, NULL,         \
+	  "RDMA devices for the rdma transport, mlx5_0,mlx5_1 (empty: every "  \
+	  "usable one)")                                                       \
+	X(RDMA_GID_INDEX, "rdma-gid-index", AGENT, STRING, "auto", 0, 0, NULL, \
+	  "GID index for RoCE, 0-255 (auto: RoCE v2 with an IPv4-mapped "      \
+	  "address first)")
 
 #endif

@@ -74,9 +74,10 @@ static const struct role_def role_defs[] = {
 	 CFG_ROLE_AGENT,
 	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},
 	 CFG_AGENT_HTTP,
-	 NULL,
-	 "cache segments, the transfer engine and the client socket are not "
-	 "implemented yet; mooncake.transfer.Transfer reports NOT_SERVING"},
+	 &role_agent_ops,
+	 "cache segments, the master client and the client socket are not "
+	 "implemented yet: the transfer engine runs, with no memory of the "
+	 "agent's own to offer"},
 };
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))

@@ -23,6 +23,7 @@ struct rpc_health;
 struct http_server;
 struct master;
 struct meta_node;
+struct role_agent;
 
 /*
  * A role's own services, plugged into its frame. Each hook is optional
@@ -61,11 +62,13 @@ struct role_rt {
 	/* The role's own objects, made by ops.start and freed by ops.free. */
 	struct master *master;
 	struct meta_node *meta;
+	struct role_agent *agent;
 };
 
 /* The roles' hooks (src/daemon/role_<name>.c). */
 extern const struct role_ops role_meta_ops;
 extern const struct role_ops role_master_ops;
+extern const struct role_ops role_agent_ops;
 
 /* The loop and configuration every role runs with. */
 uv_loop_t *role_loop(const struct role_rt *rt);
