@@ -23,6 +23,7 @@
 #include "common/metrics.h"
 #include "common/util.h"
 #include "rpc/rpc.h"
+#include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
@@ -255,6 +256,62 @@ static bool resolve_name(struct agent *a)
 	return true;
 }
 
+/*
+ * With a transfer engine the segment is registered with it (an RDMA MR
+ * for a large segment takes a while: on a copy thread) and its
+ * descriptor published before the segment is mounted, so that no agent
+ * is told to write into a segment it cannot open yet.
+ */
+struct te_ready_job {
+	struct agent_job job;
+	struct agent *a;
+	int err;
+};
+
+static void start_mlink(struct agent *a)
+{
+	log_info("agent %s: segment %zu bytes (%s pages%s), client staging buffers "
+		 "up to %" PRIu64 " bytes, socket %s%s",
+		 a->name, a->seg->len, a->seg->hugepages ? "2 MiB" : "4 KiB",
+		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, a->socket_path,
+		 a->te ? "" : "; no transfer engine: only this segment is reachable");
+	int rc = agent__mlink_start(a);
+	if (rc)
+		log_error("agent %s cannot reach a master: %s", a->name, mc_strerror(rc));
+}
+
+static void te_ready_run(struct agent_job *j)
+{
+	struct te_ready_job *t = MC_CONTAINER_OF(j, struct te_ready_job, job);
+	struct agent *a = t->a;
+	struct agent_map *m = a->seg;
+	t->err = te_register(a->te, (uint64_t)(uintptr_t)m->addr, m->addr, m->len, m->fd, 0,
+			     &a->seg_region);
+	if (t->err) {
+		a->seg_region = NULL;
+		return;
+	}
+	t->err = te_wait_published(a->te, 30000);
+}
+
+static void te_ready_done(struct agent_job *j)
+{
+	struct te_ready_job *t = MC_CONTAINER_OF(j, struct te_ready_job, job);
+	struct agent *a = t->a;
+	int err = t->err;
+	free(t);
+	if (a->stopping) {
+		agent__maybe_stopped(a);
+		return;
+	}
+	if (err) {
+		log_error("segment %s: the transfer engine cannot serve it (%s); not "
+			  "mounting it", a->name, mc_strerror(err));
+		return;
+	}
+	start_mlink(a);
+}
+
 static void on_start_timer(uv_timer_t *t)
 {
 	struct agent *a = t->data;
@@ -264,13 +321,19 @@ static void on_start_timer(uv_timer_t *t)
 		uv_timer_start(t, on_start_timer, 20, 0);
 		return;
 	}
-	log_info("agent %s: segment %zu bytes (%s pages%s), client staging buffers "
-		 "up to %" PRIu64 " bytes, socket %s",
-		 a->name, a->seg->len, a->seg->hugepages ? "2 MiB" : "4 KiB",
-		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, a->socket_path);
-	int rc = agent__mlink_start(a);
-	if (rc)
-		log_error("agent %s cannot reach a master: %s", a->name, mc_strerror(rc));
+	if (a->te) {
+		struct te_ready_job *j = calloc(1, sizeof(*j));
+		if (!j) {
+			log_error("out of memory starting the agent");
+			return;
+		}
+		j->a = a;
+		j->job.run = te_ready_run;
+		j->job.done = te_ready_done;
+		agent__pool_submit(&a->pool, &j->job);
+		return;
+	}
+	start_mlink(a);
 }
 
 static void on_abandoned(uv_handle_t *h)
@@ -308,7 +371,10 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->cluster_id = strdup(o->cluster_id && *o->cluster_id ? o->cluster_id : "mooncake");
 	if (!a->cluster_id || (o->rpc_listen && *o->rpc_listen && !a->rpc_listen))
 		goto out_strings;
-	if (o->segment_name && *o->segment_name) {
+	if (o->te && !(o->segment_name && *o->segment_name)) {
+		snprintf(a->name, sizeof(a->name), "%s", te_name(o->te));
+		a->named = true;
+	} else if (o->segment_name && *o->segment_name) {
 		snprintf(a->name, sizeof(a->name), "%s", o->segment_name);
 		a->named = true;
 	}

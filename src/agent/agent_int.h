@@ -362,6 +362,7 @@ struct agent {
 	enum agent_hugepages hugepages;
 	uint64_t master_timeout_ms;
 	struct agent_map *seg;        /* the DRAM segment */
+	struct te_region *seg_region; /* it, registered with the engine */
 	int seg_ro_fd;                /* read-only descriptor of it */
 	struct agent_pool pool;
 	struct agent_inv inv;
@@ -463,6 +464,18 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 		     const char **why) MC_MUST_CHECK;
 /* Is a key acceptable (1..AGENT_MAX_KEY_BYTES)? */
 bool agent__key_ok(const ProtobufCBinaryData *k);
+
+/* xfer.c: remote reads and writes through the transfer engine, on a
+ * copy thread. add() records a piece (its error goes to *err, which must
+ * stay valid until finish; an item already failed is skipped); start()
+ * submits them all; finish() waits and frees. Without an engine every
+ * piece fails with MC_EUNAVAILABLE. */
+struct agent_xfer;
+struct agent_xfer *agent__xfer_new(void);
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment,
+		     bool write, void *local, uint64_t remote, size_t len, int *err);
+void agent__xfer_start(struct agent *a, struct agent_xfer *x);
+void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
 
 /* ops.c */
 void agent__dispatch(struct agent_req *r);

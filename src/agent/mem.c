@@ -19,6 +19,7 @@
 #include "agent/agent_int.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
@@ -207,9 +208,48 @@ static void free_map(struct agent_map *m)
 	free(m);
 }
 
+/* te_unregister waits until no transfer touches the region: not on the
+ * loop thread. The unmap follows it on the same copy thread. */
+struct unmap_job {
+	struct agent_job job;
+	struct agent_map *m;
+};
+
+static void unmap_run(struct agent_job *j)
+{
+	struct unmap_job *u = MC_CONTAINER_OF(j, struct unmap_job, job);
+	te_unregister(u->m->region);
+	u->m->region = NULL;
+	free_map(u->m);
+	u->m = NULL;
+}
+
+static void unmap_done(struct agent_job *j)
+{
+	free(MC_CONTAINER_OF(j, struct unmap_job, job));
+}
+
 void agent__map_unref(struct agent_map *m)
 {
 	if (!m || --m->refs > 0)
 		return;
+	if (m->region && m->a && m->a->pool.started) {
+		struct unmap_job *u = calloc(1, sizeof(*u));
+		if (u) {
+			u->m = m;
+			u->job.run = unmap_run;
+			u->job.done = unmap_done;
+			agent__pool_submit(&m->a->pool, &u->job);
+			return;
+		}
+	}
+	/* No copy thread to wait on (start-up failed, or out of memory):
+	 * leave the region registered with the engine, which frees it with
+	 * everything else, and keep the memory mapped. */
+	if (m->region) {
+		log_error("a region could not be unregistered from the transfer "
+			  "engine; its memory stays mapped until exit");
+		return;
+	}
 	free_map(m);
 }

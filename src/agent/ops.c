@@ -29,6 +29,7 @@
 #include "agent/agent_int.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
@@ -180,28 +181,24 @@ static int take_replicas(struct agent *a, struct agent_item *it,
 }
 
 /*
- * Move len bytes between client memory and a replica. Runs on a copy
- * thread. Local replicas are checked against the segment's bounds (the
- * master's answer is not trusted with the agent's memory).
+ * Move len bytes between client memory and a local replica. Runs on a
+ * copy thread (or inline for small ones). Offsets are checked against the
+ * segment's bounds: the master's answer is not trusted with the agent's
+ * memory.
  */
-static int replica_io(struct agent *a, const struct agent_rep *p, uint8_t *mem,
-		      uint64_t len, bool write)
+static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
+		    bool write)
 {
 	if (len == 0)
 		return 0;
-	if (p->local) {
-		if (p->offset > a->seg->len || len > a->seg->len - p->offset)
-			return MC_EINVALID_REPLICA;
-		uint8_t *s = a->seg->addr + p->offset;
-		if (write)
-			memcpy(s, mem, len);
-		else
-			memcpy(mem, s, len);
-		return 0;
-	}
-	if (!a->te)
-		return MC_EUNAVAILABLE;
-	return MC_EUNAVAILABLE;
+	if (p->offset > a->seg->len || len > a->seg->len - p->offset)
+		return MC_EINVALID_REPLICA;
+	uint8_t *s = a->seg->addr + p->offset;
+	if (write)
+		memcpy(s, mem, len);
+	else
+		memcpy(mem, s, len);
+	return 0;
 }
 
 /* Build a BatchKeysRequest of the items selected by want(item) in one
@@ -446,16 +443,36 @@ static void put_done(struct agent_job *j)
 	agent__bcall(r->a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
 }
 
+/* Remote replicas go out first as one transfer batch; the local ones
+ * are copied while it runs. */
 static void put_run(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0)
-			continue;
-		for (unsigned p = 0; p < it->nrep && !it->err; p++)
-			it->err = replica_io(r->a, &it->reps[p], it->ptr, it->len, true);
+		for (unsigned p = 0; p < it->nrep && !it->err; p++) {
+			if (it->reps[p].local || it->len == 0)
+				continue;
+			if (!x && !(x = agent__xfer_new())) {
+				it->err = -ENOMEM;
+				break;
+			}
+			agent__xfer_add(a, x, it->reps[p].segment, true, it->ptr,
+					it->reps[p].address, it->len, &it->err);
+		}
 	}
+	if (x)
+		agent__xfer_start(a, x);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		for (unsigned p = 0; p < it->nrep && !it->err; p++)
+			if (it->reps[p].local)
+				it->err = local_io(a, &it->reps[p], it->ptr, it->len, true);
+	}
+	if (x)
+		agent__xfer_finish(a, x);
 }
 
 static void on_put_started(void *ud, int err, const char *message,
@@ -633,13 +650,31 @@ static void op_put(struct agent_req *r)
 static void get_run(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0 || !it->ptr ||
-		    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
-			continue;
-		it->err = replica_io(r->a, &it->reps[0], it->ptr, it->size, false);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t i = 0; i < r->n; i++) {
+			struct agent_item *it = &r->items[i];
+			if (it->err || it->nrep == 0 || !it->ptr ||
+			    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+				continue;
+			const struct agent_rep *rep = &it->reps[0];
+			if (pass == 1 && rep->local) {
+				it->err = local_io(a, rep, it->ptr, it->size, false);
+			} else if (pass == 0 && !rep->local && it->size) {
+				if (!x && !(x = agent__xfer_new())) {
+					it->err = -ENOMEM;
+					continue;
+				}
+				agent__xfer_add(a, x, rep->segment, false, it->ptr, rep->address,
+						it->size, &it->err);
+			}
+		}
+		if (pass == 0 && x)
+			agent__xfer_start(a, x);
 	}
+	if (x)
+		agent__xfer_finish(a, x);
 }
 
 static void get_done(struct agent_job *j)
@@ -1138,6 +1173,88 @@ static const char *register_why(int rc)
 	}
 }
 
+/*
+ * A buffer with an address is published to the transfer engine at that
+ * address (peers may then read and write it) before it is added; the
+ * registration (an RDMA MR for large buffers) runs on a copy thread.
+ */
+struct publish {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
+	uint8_t *base;
+	uint64_t len, address, memfd_off;
+	int fd;   /* to send with the reply (alloc), or -1 */
+	int err;
+};
+
+static void publish_run(struct agent_job *j)
+{
+	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
+	p->err = te_register(p->r->a->te, p->address, p->base, p->len, p->m->fd, p->memfd_off,
+			     &p->m->region);
+	if (p->err)
+		p->m->region = NULL;
+}
+
+static void publish_done(struct agent_job *j)
+{
+	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
+	struct agent_req *r = p->r;
+	uint64_t id;
+	int rc = p->err;
+	if (rc == -EEXIST)
+		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
+			 "(another session's buffer at the same address)", r->c->name,
+			 (unsigned long long)p->address);
+	if (rc == 0)
+		rc = r->c->closed ? MC_ECANCELLED : add_buf(r->c, p->m, p->base, p->len,
+							       p->address, &id);
+	if (rc) {
+		agent__map_unref(p->m);
+		if (p->fd >= 0)
+			close(p->fd);
+		fail(r, rc, rc == -EEXIST ? "the address range is already published by "
+					    "another session of this agent"
+					  : NULL);
+	} else {
+		buffer_reply(r, id, p->len, p->fd);
+	}
+	free(p);
+}
+
+/* Add the buffer now, or publish it first. Takes the map reference. */
+static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *base,
+			   uint64_t len, uint64_t address, uint64_t memfd_off, int fd)
+{
+	if (address && r->a->te) {
+		struct publish *p = calloc(1, sizeof(*p));
+		if (p) {
+			*p = (struct publish){.r = r, .m = m, .base = base, .len = len,
+					      .address = address, .memfd_off = memfd_off, .fd = fd};
+			p->job.run = publish_run;
+			p->job.done = publish_done;
+			agent__pool_submit(&r->a->pool, &p->job);
+			return;
+		}
+		agent__map_unref(m);
+		if (fd >= 0)
+			close(fd);
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t id;
+	int rc = add_buf(r->c, m, base, len, address, &id);
+	if (rc) {
+		agent__map_unref(m);
+		if (fd >= 0)
+			close(fd);
+		fail(r, rc, register_why(rc));
+		return;
+	}
+	buffer_reply(r, id, len, fd);
+}
+
 static void op_register_buffer(struct agent_req *r)
 {
 	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
@@ -1155,14 +1272,31 @@ static void op_register_buffer(struct agent_req *r)
 		return;
 	}
 	r->fds[0] = -1;
+	add_or_publish(r, m, base, q->length, q->address, q->offset, -1);
+}
+
+/* A published buffer leaves the engine before the reply: once the client
+ * hears back, no peer can reach it any more. */
+struct unpublish {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
 	uint64_t id;
-	rc = add_buf(c, m, base, q->length, q->address, &id);
-	if (rc) {
-		agent__map_unref(m);
-		fail(r, rc, register_why(rc));
-		return;
-	}
-	buffer_reply(r, id, q->length, -1);
+};
+
+static void unpublish_run(struct agent_job *j)
+{
+	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
+	te_unregister(u->m->region);
+	u->m->region = NULL;
+}
+
+static void unpublish_done(struct agent_job *j)
+{
+	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
+	agent__map_unref(u->m);
+	buffer_reply(u->r, u->id, 0, -1);
+	free(u);
 }
 
 static void op_unregister_buffer(struct agent_req *r)
@@ -1175,8 +1309,18 @@ static void op_unregister_buffer(struct agent_req *r)
 		struct agent_map *m = c->bufs[i].map;
 		c->bufs[i] = c->bufs[--c->nbufs];
 		r->a->nbuffers--;
-		agent__map_unref(m);
 		agent__gauges(r->a);
+		struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
+		if (u) {
+			u->r = r;
+			u->m = m;
+			u->id = id;
+			u->job.run = unpublish_run;
+			u->job.done = unpublish_done;
+			agent__pool_submit(&r->a->pool, &u->job);
+			return;
+		}
+		agent__map_unref(m);
 		buffer_reply(r, id, 0, -1);
 		return;
 	}
@@ -1206,16 +1350,13 @@ static void op_alloc_buffer(struct agent_req *r)
 		return;
 	}
 	int fd = dup(m->fd);
-	uint64_t id;
-	rc = fd < 0 ? -errno : add_buf(c, m, m->addr, q->length, q->address, &id);
-	if (rc) {
-		if (fd >= 0)
-			close(fd);
+	if (fd < 0) {
+		rc = -errno;
 		agent__map_unref(m);
 		fail(r, rc, NULL);
 		return;
 	}
-	buffer_reply(r, id, q->length, fd);
+	add_or_publish(r, m, m->addr, q->length, q->address, 0, fd);
 }
 
 /* ------------------------------------------------------------ transfer */
@@ -1243,20 +1384,33 @@ static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
 static void transfer_run(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->len == 0)
+		if (it->err || it->len == 0 || (it->reps && it->reps[0].local))
 			continue;
-		if (it->reps && it->reps[0].local) {
-			uint8_t *t = (uint8_t *)(uintptr_t)it->reps[0].address;
-			if (it->write)
-				memmove(t, it->ptr, it->len);
-			else
-				memmove(it->ptr, t, it->len);
+		if (!x && !(x = agent__xfer_new())) {
+			it->err = -ENOMEM;
 			continue;
 		}
-		it->err = MC_EUNAVAILABLE;
+		agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote, it->len,
+				&it->err);
 	}
+	if (x)
+		agent__xfer_start(a, x);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->len == 0 || !it->reps || !it->reps[0].local)
+			continue;
+		uint8_t *t = (uint8_t *)(uintptr_t)it->reps[0].address;
+		if (it->write)
+			memmove(t, it->ptr, it->len);
+		else
+			memmove(it->ptr, t, it->len);
+	}
+	if (x)
+		agent__xfer_finish(a, x);
 }
 
 static void transfer_done(struct agent_job *j)

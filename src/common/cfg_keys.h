@@ -47,12 +47,53 @@
 	  "http://127.0.0.1:2379", 0, 0, NULL,                                 \
 	  "meta service (or etcd) endpoints, a comma list of "                 \
 	  "[http://]host:port")                                                \
+	X(CLUSTER_SECRET_FILE, "cluster-secret-file", COMMON, PATH, "", 0, 0,  \
+	  NULL,                                                                \
+	  "file holding the secret daemons prove to each other (HMAC "         \
+	  "challenge); empty: peers are not authenticated")                    \
 	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0,  \
 	  NULL, "meta: etcd v3 gRPC API (host:port, numeric)")                 \
 	X(LISTEN_PEER, "listen-peer", META, ADDR, "127.0.0.1:2380", 0, 0,      \
 	  NULL, "meta: Raft peer gRPC (host:port)")                            \
 	X(META_HTTP, "meta-http", META, ADDR, "127.0.0.1:2381", 0, 0, NULL,    \
 	  "meta: HTTP /metrics and /healthz (host:port)")                      \
+	X(ADVERTISE_PEER, "advertise-peer", META, STRING, "", 0, 0, NULL,      \
+	  "meta: the host:port other members reach this one at, when it "      \
+	  "differs from --listen-peer (a proxy, NAT); empty: --listen-peer")   \
+	X(ADVERTISE_CLIENT, "advertise-client", META, STRING, "", 0, 0, NULL,  \
+	  "meta: the client host:port published in the member list; empty: "  \
+	  "--listen-client")                                                   \
+	X(NAME, "name", META, STRING, "default", 0, 0, NULL,                   \
+	  "meta: this member's name, as listed in --initial-cluster")          \
+	X(INITIAL_CLUSTER, "initial-cluster", META, STRING, "", 0, 0, NULL,    \
+	  "meta: founding members as name=host:port,... (their peer "          \
+	  "addresses); empty: this member alone (name=listen-peer)")           \
+	X(INITIAL_CLUSTER_STATE, "initial-cluster-state", META, ENUM, "new",   \
+	  0, 0, "new|existing",                                                \
+	  "meta: new founds a cluster; existing joins one after `member "      \
+	  "add` (ignored once the data dir has a WAL)")                        \
+	X(HEARTBEAT_INTERVAL, "heartbeat-interval", META, DURATION, "100ms",   \
+	  1, 60000, NULL, "meta: Raft tick and leader heartbeat interval")     \
+	X(ELECTION_TIMEOUT, "election-timeout", META, DURATION, "1s", 2,       \
+	  600000, NULL,                                                        \
+	  "meta: a follower that hears no leader this long starts an "         \
+	  "election (at least 2 heartbeat intervals)")                         \
+	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "10000", 1,            \
+	  100000000, NULL,                                                     \
+	  "meta: applied entries between snapshots (the WAL and the "          \
+	  "in-memory log are then compacted)")                                 \
+	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
+	  67108864, NULL,                                                      \
+	  "meta: largest client request; larger ones fail with etcd's "        \
+	  "\"request is too large\"")                                          \
+	X(QUOTA_BYTES, "quota-bytes", META, SIZE, "2G", 4096,                  \
+	  1099511627776ull, NULL,                                              \
+	  "meta: space quota of the key-value store (keys, values and "        \
+	  "history); past it writes fail with NOSPACE and an alarm is raised") \
+	X(WATCH_PROGRESS_NOTIFY_INTERVAL, "watch-progress-notify-interval",    \
+	  META, DURATION, "10m", 100, 86400000, NULL,                          \
+	  "meta: how often idle watchers created with progress_notify get a "  \
+	  "progress notification")                                             \
 	X(MASTER_LISTEN, "master-listen", MASTER, ADDR, "127.0.0.1:50051", 0,  \
 	  0, NULL, "master: gRPC service mooncake.master.Master (host:port)")  \
 	X(MASTER_HTTP, "master-http", MASTER, ADDR, "127.0.0.1:9003", 0, 0,    \
@@ -116,6 +157,38 @@
 	  "not set")                                                           \
 	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
 	  NULL,                                                                \
-	  "agent: threads that copy object bytes; 0: one per core, at most 8")
+	  "agent: threads that copy object bytes; 0: one per core, at most 8") \
+	X(AGENT_NAME, "agent-name", AGENT, STRING, "", 0, 0, NULL,             \
+	  "agent: its segment name in meta (empty: the agent-listen "          \
+	  "host:port)")                                                        \
+	X(PROTOCOL, "protocol", AGENT, ENUM, "auto", 0, 0,                     \
+	  "auto|tcp|rdma|shm",                                                 \
+	  "transfer engine transport for remote peers: auto (rdma when a "     \
+	  "usable device exists, else tcp; shm on this host), tcp (also on "   \
+	  "this host), rdma, shm (this host only)")                            \
+	X(TE_THREADS, "te-threads", AGENT, UINT, "0", 0, 1024, NULL,           \
+	  "transfer engine data-plane threads (0: one per core)")              \
+	X(TE_TCP_CONNS, "te-tcp-conns", AGENT, UINT, "4", 1, 32, NULL,         \
+	  "TCP connections per peer segment; slices are striped over them")    \
+	X(TE_SLICE_SIZE, "te-slice-size", AGENT, SIZE, "1M", 65536, 67108864,  \
+	  NULL, "transfer requests are cut into slices of this size")          \
+	X(TE_DATA_LISTEN, "te-data-listen", AGENT, STRING, "", 0, 0, NULL,     \
+	  "transfer engine TCP data listener, numeric host:port (empty: the "  \
+	  "agent-listen host, an ephemeral port); advertised to peers in the " \
+	  "segment descriptor")                                                \
+	X(TE_IO_TIMEOUT, "te-io-timeout", AGENT, DURATION, "10s", 100,         \
+	  3600000, NULL,                                                       \
+	  "a transfer path that makes no progress this long is declared "      \
+	  "dead (its slices go to the other paths)")                           \
+	X(TE_LEASE_TTL, "te-lease-ttl", AGENT, DURATION, "10s", 1000, 3600000, \
+	  NULL,                                                                \
+	  "lease of the segment descriptor in meta: it disappears this long "  \
+	  "after the agent dies")                                              \
+	X(RDMA_DEVICES, "rdma-devices", AGENT, STRING, "", 0, 0, NULL,         \
+	  "RDMA devices for the rdma transport, mlx5_0,mlx5_1 (empty: every "  \
+	  "usable one)")                                                       \
+	X(RDMA_GID_INDEX, "rdma-gid-index", AGENT, STRING, "auto", 0, 0, NULL, \
+	  "GID index for RoCE, 0-255 (auto: RoCE v2 with an IPv4-mapped "      \
+	  "address first)")
 
 #endif

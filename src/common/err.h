@@ -28,7 +28,9 @@
 	X(MC_ELOCKED, -806, "resource is locked by another process")           \
 	X(MC_ENOT_LEADER, -807, "not the leader")                              \
 	X(MC_ESHUTDOWN, -808, "shutting down")                                 \
-	X(MC_ECOMPACTED, -809, "revision has been compacted")
+	X(MC_ECOMPACTED, -809, "revision has been compacted")                  \
+	X(MC_EREMOTE_ACCESS, -820,                                             \
+	  "remote address is not inside a registered region")
 
 enum mc_err {
 #define MC__ERR_ENUM(name, value, text) name = value,

@@ -220,3 +220,15 @@ uint64_t mc_hash64(const void *data, size_t len)
 	}
 	return h;
 }
+
+uint64_t mc_rss_bytes(void)
+{
+	FILE *f = fopen("/proc/self/statm", "re");
+	unsigned long size = 0, rss = 0;
+	if (!f)
+		return 0;
+	if (fscanf(f, "%lu %lu", &size, &rss) != 2)
+		rss = 0;
+	fclose(f);
+	return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}

@@ -56,4 +56,8 @@ int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
 /* 64-bit FNV-1a. */
 uint64_t mc_hash64(const void *data, size_t len);
 
+/* Resident set size of this process in bytes (/proc/self/statm); 0 when
+ * it cannot be read. */
+uint64_t mc_rss_bytes(void);
+
 #endif

@@ -7,6 +7,7 @@
  *   mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]
  *   mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]
  *   mooncakectl bench master [--target=HOST:PORT] ...
+ *   mooncakectl bench meta --endpoints=URL,... [--clients=N] [--conns=M] ...
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
  *   mooncakectl stats [--master=HOST:PORT]
  *   mooncakectl put KEY FILE|- / get KEY [FILE] / rm KEY  (local agent)
@@ -29,12 +30,14 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`", ctl_bench_main},
+	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench meta` (etcd v3 API), `bench transfer`",
+	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
 	{"put", "store a file under a key through the local agent", ctl_put_main},
 	{"get", "fetch a key's value through the local agent", ctl_get_main},
 	{"rm", "remove a key through the local agent", ctl_rm_main},
+	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
 };
 
 static void usage(FILE *f)

@@ -451,18 +451,6 @@ static void heartbeat(struct rpc_client *c, const Mooncake__Master__HeartbeatReq
 		protobuf_c_message_free_unpacked(out, NULL);
 }
 
-static double rss_bytes(void)
-{
-	FILE *f = fopen("/proc/self/statm", "re");
-	unsigned long size = 0, rss = 0;
-	if (f) {
-		if (fscanf(f, "%lu %lu", &size, &rss) != 2)
-			rss = 0;
-		fclose(f);
-	}
-	return (double)rss * (double)sysconf(_SC_PAGESIZE);
-}
-
 static void row(const char *name, double v, double limit, const char *unit)
 {
 	char lim[32], ratio[32];
@@ -530,7 +518,7 @@ int ctl_bench_master_main(int argc, char **argv)
 	uv_loop_t loop;
 	struct rpc_client *c = NULL;
 	struct metrics_registry *reg = metrics_registry_new();
-	double rss0 = rss_bytes();
+	double rss0 = (double)mc_rss_bytes();
 	if (!reg || uv_loop_init(&loop)) {
 		fprintf(stderr, "mooncakectl bench master: out of memory\n");
 		metrics_registry_free(reg);
@@ -670,7 +658,7 @@ int ctl_bench_master_main(int argc, char **argv)
 
 	/* Memory: fill up to --objects in batches of FILL_BATCH. */
 	heartbeat(c, &hb);
-	double rss1 = rss_bytes();
+	double rss1 = (double)mc_rss_bytes();
 	uint64_t before = written;
 	if (objects > written) {
 		uint64_t t0 = uv_hrtime();
@@ -690,7 +678,7 @@ int ctl_bench_master_main(int argc, char **argv)
 		goto out_client;
 	}
 	const Mooncake__Master__StatsResponse *s = (const void *)out;
-	double rss2 = rss_bytes();
+	double rss2 = (double)mc_rss_bytes();
 	printf("\nmemory at %" PRIu64 " objects (keys %.1f B on average)\n", s->objects,
 	       s->objects ? (double)s->key_bytes / (double)s->objects : 0.0);
 	printf("  index, measured (malloc_usable_size)  %8.1f B/object + key   target <= 200\n",

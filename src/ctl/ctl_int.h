@@ -25,6 +25,11 @@ int ctl_rm_main(int argc, char **argv);
 int ctl_bench_master_main(int argc, char **argv);
 /* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
 int ctl_bench_store_main(int argc, char **argv);
+/* `bench meta`; argv[0] is "meta". */
+int ctl_bench_meta_main(int argc, char **argv);
+int ctl_transfer_main(int argc, char **argv);
+/* `bench transfer`: argv[0] is "transfer". */
+int ctl_bench_transfer_main(int argc, char **argv);
 
 /*
  * Match argv[*i] against --name=VALUE or "--name VALUE" (the latter

@@ -52,8 +52,6 @@ struct role_def {
 				NULL when it does everything */
 };
 
-extern const struct role_ops role_master_ops;
-extern const struct role_ops role_agent_ops;
 
 static const struct role_def role_defs[] = {
 	{"meta",
@@ -64,10 +62,8 @@ static const struct role_def role_defs[] = {
 	    "etcdserverpb.Cluster", "etcdserverpb.Maintenance"}},
 	  {CFG_LISTEN_PEER, "meta-peer", {"mooncake.raft.Raft"}}},
 	 CFG_META_HTTP,
-	 NULL,
-	 "the etcd v3 API (KV, Lease, Watch, Cluster, Maintenance) and Raft "
-	 "replication are not implemented yet; those services report "
-	 "NOT_SERVING"},
+	 &role_meta_ops,
+	 NULL},
 	{"master",
 	 CFG_ROLE_MASTER,
 	 {{CFG_MASTER_LISTEN, "master", {"mooncake.master.Master"}}},
@@ -79,9 +75,7 @@ static const struct role_def role_defs[] = {
 	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},
 	 CFG_AGENT_HTTP,
 	 &role_agent_ops,
-	 "the transfer engine is not built yet: mooncake.transfer.Transfer "
-	 "reports NOT_SERVING and only this agent's own segment can be read "
-	 "and written"},
+	 NULL},
 };
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))
@@ -138,14 +132,7 @@ static void notify_systemd(const char *state)
 static double m_rss_bytes(void *ctx)
 {
 	(void)ctx;
-	FILE *f = fopen("/proc/self/statm", "re");
-	unsigned long size = 0, rss = 0;
-	if (f) {
-		if (fscanf(f, "%lu %lu", &size, &rss) != 2)
-			rss = 0;
-		fclose(f);
-	}
-	return (double)rss * (double)sysconf(_SC_PAGESIZE);
+	return (double)mc_rss_bytes();
 }
 
 static double m_open_fds(void *ctx)

@@ -22,7 +22,8 @@ struct rpc_server;
 struct rpc_health;
 struct http_server;
 struct master;
-struct agent;
+struct meta_node;
+struct role_agent;
 
 /*
  * A role's own services, plugged into its frame. Each hook is optional
@@ -60,8 +61,14 @@ struct role_rt {
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
 	struct master *master;
-	struct agent *agent;
+	struct meta_node *meta;
+	struct role_agent *agent;
 };
+
+/* The roles' hooks (src/daemon/role_<name>.c). */
+extern const struct role_ops role_meta_ops;
+extern const struct role_ops role_master_ops;
+extern const struct role_ops role_agent_ops;
 
 /* The loop and configuration every role runs with. */
 uv_loop_t *role_loop(const struct role_rt *rt);

@@ -1,7 +1,12 @@
 /*
- * role_agent: the agent role's glue — builds the agent (src/agent) from
- * the configuration on the role's RPC server, stops it (sessions closed,
- * segment unmounted) when shutdown begins, frees it after the loop.
+ * role_agent: the agent role's glue. It runs the transfer engine — its
+ * segment (named --agent-name, or the agent-listen host:port) published
+ * to meta (--meta-endpoints, --cluster-id) under a lease, reached by
+ * peers over shm (same host) or TCP (--te-data-listen), the agent's gRPC
+ * port serving mooncake.transfer.Transfer (descriptor fetch for P2P
+ * peers) — and the agent (src/agent) on top of it: the DRAM segment
+ * registered with the engine and mounted with the master, and the
+ * clients' Unix socket.
  *
  * Defaults decided here, from the configuration as a whole:
  *  - the socket: --socket as given; when left at its default and
@@ -9,7 +14,12 @@
  *    else <data-dir>/agent.sock;
  *  - the master: --master-address as given; when empty and this process
  *    runs the master role too with --meta-endpoints left at its default
- *    (standalone), this process's own master; else the leader key in meta.
+ *    (standalone), this process's own master, and no meta at all (the
+ *    engine in P2P handshake mode); else the leader key in meta.
+ *
+ * Stop: the agent first (sessions closed, segment unmounted), then the
+ * engine's control plane; free: the engine (its data plane) before the
+ * agent's memory.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,14 +28,27 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/daemon_int.h"
+#include "etcd/etcd.h"
+#include "rpc/rpc.h"
+#include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
 extern const struct role_ops role_agent_ops;
+
+struct role_agent {
+	struct etcd_client *meta; /* NULL: no meta (P2P engine, fixed master) */
+	struct te_engine *te;
+	struct agent *store;
+	struct role_rt *rt;
+};
+
+/* ------------------------------------------------------------ defaults */
 
 static bool writable_dir(const char *dir)
 {
@@ -90,7 +113,144 @@ static int parse_numa(const char *s, int *node)
 	return 0;
 }
 
-static int agent_start(struct role_rt *rt)
+/* --cluster-secret-file into buf (len 0: none). Logs its errors. */
+static int load_secret(const struct cfg *c, uint8_t *buf, size_t *len)
+{
+	const char *path = cfg_str(c, CFG_CLUSTER_SECRET_FILE);
+	bool loose = false;
+	*len = 0;
+	if (!*path)
+		return 0;
+	int rc = mc_secret_load(path, buf, len, &loose);
+	if (rc) {
+		log_error("cannot use --cluster-secret-file %s: %s", path,
+			  rc == -EINVAL  ? "the file is empty"
+			  : rc == -EFBIG ? "larger than 4096 bytes"
+					 : mc_strerror(rc));
+		return rc;
+	}
+	if (loose)
+		log_warn("--cluster-secret-file %s is readable by group or others; "
+			 "chmod 600 it",
+			 path);
+	return 0;
+}
+
+static int parse_gid_index(const char *s, int *out)
+{
+	if (strcmp(s, "auto") == 0) {
+		*out = -1;
+		return 0;
+	}
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (!*s || *end || v < 0 || v > 255)
+		return -EINVAL;
+	*out = (int)v;
+	return 0;
+}
+
+/* ------------------------------------------------------------ engine */
+
+static int start_engine(struct role_rt *rt, struct role_agent *a, bool use_meta)
+{
+	const struct cfg *c = role_cfg(rt);
+	uint8_t secret[MC_SECRET_MAX_BYTES];
+	size_t slen;
+	char data[128], listen[80];
+	struct sockaddr_storage ss;
+	enum te_protocol proto;
+	int gid, rc;
+
+	rc = load_secret(c, secret, &slen);
+	if (rc)
+		return rc;
+	if (parse_gid_index(cfg_str(c, CFG_RDMA_GID_INDEX), &gid) != 0) {
+		log_error("--rdma-gid-index '%s' is not auto or 0-255",
+			  cfg_str(c, CFG_RDMA_GID_INDEX));
+		return -EINVAL;
+	}
+	if (te_protocol_parse(cfg_str(c, CFG_PROTOCOL), &proto) != 0)
+		return -EINVAL; /* the key table already checked it */
+	if (mc_parse_hostport(cfg_str(c, CFG_AGENT_LISTEN), &ss) != 0)
+		return -EINVAL;
+	mc_format_addr((struct sockaddr *)&ss, listen, sizeof(listen));
+	uint16_t rpc_port = (uint16_t)strtoul(strrchr(listen, ':') + 1, NULL, 10);
+	const char *dl = cfg_str(c, CFG_TE_DATA_LISTEN);
+	if (*dl) {
+		snprintf(data, sizeof(data), "%s", dl);
+	} else {
+		snprintf(data, sizeof(data), "%s", listen);
+		snprintf(strrchr(data, ':'), sizeof(data) - (size_t)(strrchr(data, ':') - data),
+			 ":0");
+	}
+	const char *name = cfg_str(c, CFG_AGENT_NAME);
+	if (use_meta) {
+		struct etcd_opts eo = {.endpoints = cfg_str(c, CFG_META_ENDPOINTS)};
+		rc = etcd_client_new(role_loop(rt), &eo, &a->meta);
+		if (rc) {
+			log_error("--meta-endpoints '%s': %s", eo.endpoints,
+				  rc == -EINVAL ? "not a comma list of numeric host:port"
+						: mc_strerror(rc));
+			return rc;
+		}
+	}
+	uint64_t ttl_ms = cfg_u64(c, CFG_TE_LEASE_TTL);
+	struct te_opts o = {
+		.loop = role_loop(rt),
+		.segment_name = *name ? name : listen,
+		.cluster_id = cfg_str(c, CFG_CLUSTER_ID),
+		.meta = a->meta,
+		.rpc = rt->rpc[0],
+		.rpc_port = rpc_port,
+		.data_listen = data,
+		.protocol = proto,
+		.threads = (unsigned)cfg_u64(c, CFG_TE_THREADS),
+		.tcp_conns = (unsigned)cfg_u64(c, CFG_TE_TCP_CONNS),
+		.slice_bytes = (size_t)cfg_u64(c, CFG_TE_SLICE_SIZE),
+		.io_timeout_ms = cfg_u64(c, CFG_TE_IO_TIMEOUT),
+		.lease_ttl_s = (ttl_ms + 999) / 1000,
+		.rdma_devices = cfg_str(c, CFG_RDMA_DEVICES),
+		.rdma_gid_index = gid,
+		.cluster_secret = slen ? secret : NULL,
+		.cluster_secret_len = slen,
+		.metrics = rt->metrics,
+	};
+	/* Before the engine exists; no client sees it before the frame
+	 * listens, which is after a successful start. */
+	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer", RPC_HEALTH_SERVING);
+	if (rc) {
+		memset(secret, 0, sizeof(secret));
+		return rc;
+	}
+	rc = te_new(&o, &a->te);
+	memset(secret, 0, sizeof(secret));
+	if (rc) {
+		log_error("cannot start the transfer engine: %s", mc_strerror(rc));
+		a->te = NULL;
+		return rc;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ hooks */
+
+/* Also the start-up failure path: the loop has not run since te_new and
+ * the RPC server never listened, so the engine may be freed unstopped
+ * (its service stays registered on a server that is never served). */
+static void free_parts(struct role_agent *a)
+{
+	/* The engine's data plane first: it reads and writes the agent's
+	 * memory until it is freed. */
+	if (a->te)
+		te_free(a->te);
+	agent_free(a->store);
+	if (a->meta)
+		etcd_client_free(a->meta);
+	free(a);
+}
+
+static int role_agent_start(struct role_rt *rt)
 {
 	const struct cfg *cfg = role_cfg(rt);
 	char sock[4096], master[256] = "";
@@ -108,10 +268,22 @@ static int agent_start(struct role_rt *rt)
 		own_master(cfg, master, sizeof(master));
 		meta = "";
 	}
+	struct role_agent *a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->rt = rt;
+	rc = start_engine(rt, a, *meta != '\0');
+	if (rc) {
+		/* The engine's service stays registered on the RPC server,
+		 * which is never served: start-up failed. */
+		free_parts(a);
+		return rc;
+	}
 	const char *hp = cfg_str(cfg, CFG_HUGEPAGES);
 	struct agent_opts o = {
 		.loop = role_loop(rt),
 		.metrics = rt->metrics,
+		.te = a->te,
 		.rpc = rt->rpc[0],
 		.rpc_listen = cfg_str(cfg, CFG_AGENT_LISTEN),
 		.segment_bytes = cfg_u64(cfg, CFG_GLOBAL_SEGMENT_SIZE),
@@ -126,30 +298,45 @@ static int agent_start(struct role_rt *rt)
 		.meta_endpoints = meta,
 		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
 	};
-	rc = agent_new(&o, &rt->agent);
-	if (rc)
+	rc = agent_new(&o, &a->store);
+	if (rc) {
 		log_error("cannot start the agent: %s", mc_strerror(rc));
-	return rc;
+		a->store = NULL;
+		free_parts(a);
+		return rc;
+	}
+	rt->agent = a;
+	return 0;
+}
+
+static void on_te_stopped(struct te_engine *e, void *ud)
+{
+	struct role_rt *rt = ud;
+	(void)e;
+	role_stopped(rt);
 }
 
 static void on_agent_stopped(void *ud)
 {
-	role_stopped(ud);
+	struct role_rt *rt = ud;
+	te_stop(rt->agent->te, on_te_stopped, rt);
 }
 
-static void agent_stop_hook(struct role_rt *rt)
+static void role_agent_stop(struct role_rt *rt)
 {
-	agent_stop(rt->agent, on_agent_stopped, rt);
+	agent_stop(rt->agent->store, on_agent_stopped, rt);
 }
 
-static void agent_free_hook(struct role_rt *rt)
+static void role_agent_free(struct role_rt *rt)
 {
-	agent_free(rt->agent);
+	if (!rt->agent)
+		return;
+	free_parts(rt->agent);
 	rt->agent = NULL;
 }
 
 const struct role_ops role_agent_ops = {
-	.start = agent_start,
-	.stop = agent_stop_hook,
-	.free = agent_free_hook,
+	.start = role_agent_start,
+	.stop = role_agent_stop,
+	.free = role_agent_free,
 };

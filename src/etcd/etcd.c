@@ -358,6 +358,8 @@ size_t etcd_prefix_end(const void *key, size_t klen, uint8_t *end)
 
 /* ------------------------------------------------------------ leases */
 
+#define LEASE_KA_INFLIGHT 8
+
 struct etcd_lease {
 	struct list link;
 	struct etcd_client *c;
@@ -368,7 +370,14 @@ struct etcd_lease {
 	uv_timer_t timer;
 	struct rpc_stream *ka;
 	size_t ka_ep;
-	uint64_t last_ok_ms;
+	/* Send times of the keep-alives not answered yet, oldest first. The
+	 * server's lease runs at least ttl from when it processed a request,
+	 * which is after we sent it: so "sent + ttl" (our clock, a duration
+	 * measured locally) is a time before which the lease surely holds. */
+	uint64_t ka_sent_ms[LEASE_KA_INFLIGHT];
+	unsigned ka_head, ka_n;
+	uint64_t valid_until_ms; /* the lease surely holds until then */
+	uint64_t tick_ms;
 	bool granted;
 	bool closing;
 };
@@ -414,7 +423,14 @@ static void ka_on_message(struct rpc_stream *st, void *ud,
 		lease_lost(l, -ENOENT);
 		return;
 	}
-	l->last_ok_ms = uv_now(l->c->loop);
+	if (l->ka_n == 0)
+		return; /* not ours to count (cannot happen with one stream) */
+	uint64_t sent = l->ka_sent_ms[l->ka_head];
+	l->ka_head = (l->ka_head + 1) % LEASE_KA_INFLIGHT;
+	l->ka_n--;
+	uint64_t until = sent + (uint64_t)r->ttl * 1000;
+	if (until > l->valid_until_ms)
+		l->valid_until_ms = until;
 }
 
 static void ka_on_close(struct rpc_stream *st, void *ud, int status,
@@ -423,6 +439,7 @@ static void ka_on_close(struct rpc_stream *st, void *ud, int status,
 	struct etcd_lease *l = ud;
 	(void)st;
 	l->ka = NULL;
+	l->ka_n = 0; /* their answers are lost with the stream */
 	if (status == RPC_UNAVAILABLE)
 		rotate_from(l->c, l->ka_ep);
 	log_debug("lease keep-alive stream closed: %s %s",
@@ -436,13 +453,17 @@ static void lease_on_tick(uv_timer_t *t)
 {
 	struct etcd_lease *l = t->data;
 	struct etcd_client *c = l->c;
+	uv_update_time(c->loop);
 	uint64_t now = uv_now(c->loop);
-	if (now - l->last_ok_ms > (uint64_t)l->ttl_s * 1000) {
+	/* Lost once the lease might expire before the next tick could
+	 * notice: the holder stops relying on it while it surely holds. */
+	if (now + l->tick_ms >= l->valid_until_ms) {
 		lease_lost(l, MC_ETIMEDOUT);
 		return;
 	}
 	if (!l->ka) {
 		l->ka_ep = c->cur;
+		l->ka_n = 0;
 		if (rpc_client_stream(c->eps[l->ka_ep], LEASE_PATH "LeaseKeepAlive",
 				      &etcdserverpb__lease_keep_alive_response__descriptor,
 				      0, &ka_cbs, l, &l->ka) != 0) {
@@ -450,13 +471,23 @@ static void lease_on_tick(uv_timer_t *t)
 			return;
 		}
 	}
+	if (l->ka_n == LEASE_KA_INFLIGHT)
+		return; /* the server answers nothing: wait, do not pile up */
 	Etcdserverpb__LeaseKeepAliveRequest req =
 		ETCDSERVERPB__LEASE_KEEP_ALIVE_REQUEST__INIT;
 	req.id = l->id;
 	if (rpc_stream_send(l->ka, &req.base) != 0) {
 		rpc_stream_cancel(l->ka);
 		l->ka = NULL;
+		return;
 	}
+	l->ka_sent_ms[(l->ka_head + l->ka_n) % LEASE_KA_INFLIGHT] = now;
+	l->ka_n++;
+}
+
+uint64_t etcd_lease_valid_until_ms(const struct etcd_lease *l)
+{
+	return l->granted ? l->valid_until_ms : 0;
 }
 
 static void lease_on_granted(void *ud, int err, const ProtobufCMessage *msg)
@@ -476,11 +507,13 @@ static void lease_on_granted(void *ud, int err, const ProtobufCMessage *msg)
 	l->id = r->id;
 	l->ttl_s = r->ttl > 0 ? r->ttl : l->ttl_s;
 	l->granted = true;
-	l->last_ok_ms = uv_now(l->c->loop);
-	uint64_t every = (uint64_t)l->ttl_s * 1000 / 3;
-	if (every < 200)
-		every = 200;
-	uv_timer_start(&l->timer, lease_on_tick, every, every);
+	l->valid_until_ms += (uint64_t)l->ttl_s * 1000; /* sent + ttl */
+	/* A keep-alive every ttl/4: the lease is given up after about two
+	 * unanswered ones, still a quarter TTL before it could expire. */
+	l->tick_ms = (uint64_t)l->ttl_s * 1000 / 4;
+	if (l->tick_ms < 100)
+		l->tick_ms = 100;
+	uv_timer_start(&l->timer, lease_on_tick, l->tick_ms, l->tick_ms);
 	l->cbs->on_granted(l, l->ud, 0, l->id);
 }
 
@@ -497,6 +530,8 @@ int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s,
 	l->cbs = cbs;
 	l->ud = ud;
 	l->ttl_s = ttl_s;
+	uv_update_time(c->loop);
+	l->valid_until_ms = uv_now(c->loop); /* the grant's send time for now */
 	uv_timer_init(c->loop, &l->timer);
 	l->timer.data = l;
 	list_init(&l->link);

@@ -80,21 +80,29 @@ struct etcd_lease_cbs {
 	/* The lease was granted (id) or could not be (err < 0; the lease
 	 * object is then freed after this returns). */
 	void (*on_granted)(struct etcd_lease *l, void *ud, int err, int64_t id);
-	/* Keep-alives failed for a whole TTL or the server says the lease
-	 * is gone: keys under it are (or will soon be) deleted. The lease
-	 * object is freed after this returns. */
+	/* Keep-alives went unanswered until the lease might expire within
+	 * a quarter TTL (see etcd_lease_valid_until_ms), or the server says
+	 * the lease is gone: keys under it are (or will soon be) deleted.
+	 * The lease object is freed after this returns. */
 	void (*on_lost)(struct etcd_lease *l, void *ud, int err);
 };
 
 /*
  * Grant a lease of ttl_s seconds and keep it alive (a keep-alive every
- * ttl/3 on one LeaseKeepAlive stream, reopened on failure) until
+ * ttl/4 on one LeaseKeepAlive stream, reopened on failure) until
  * etcd_lease_revoke or the loss of the lease. cbs must outlive the lease.
  */
 int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s,
 		     const struct etcd_lease_cbs *cbs, void *ud,
 		     struct etcd_lease **out) MC_MUST_CHECK;
 int64_t etcd_lease_id(const struct etcd_lease *l);
+/* The time (uv_now clock, ms) until which the lease surely holds on the
+ * server: the send time of the latest answered grant or keep-alive plus
+ * the TTL the server gave. 0 before the grant. on_lost runs before this
+ * time passes (keep-alives go every ttl/4; after about two unanswered ones
+ * the lease is given up), so a holder that stops acting as leader in
+ * on_lost never overlaps with the next holder. */
+uint64_t etcd_lease_valid_until_ms(const struct etcd_lease *l);
 /* Stop keeping the lease alive, revoke it on the server (best effort) and
  * free it. No callback of this lease runs afterwards. */
 void etcd_lease_revoke(struct etcd_lease *l);

@@ -57,6 +57,7 @@ struct watch__w {
 	struct watch__w *mnext;   /* moving list during routing */
 	struct watch__bucket *bucket;
 	bool in_ready;
+	bool paused; /* kept off the ready FIFO */
 	int state;
 	int64_t id;
 	uint64_t tag;
@@ -248,7 +249,7 @@ static struct watch__w *find(const struct watch_registry *r, int64_t id)
 
 static void ready_add(struct watch_registry *r, struct watch__w *w)
 {
-	if (!w->in_ready) {
+	if (!w->in_ready && !w->paused) {
 		list_append(&r->ready, &w->rlink);
 		w->in_ready = true;
 	}
@@ -680,6 +681,21 @@ size_t watch_sync(struct watch_registry *r, const struct mvcc_store *s,
 }
 
 /* ------------------------------------------------------------- delivery */
+
+int watch_pause(struct watch_registry *r, int64_t id, bool paused)
+{
+	struct watch__w *w = find(r, id);
+	if (!w)
+		return MVCC_EWATCH_NOT_FOUND;
+	if (w->paused == paused)
+		return 0;
+	w->paused = paused;
+	if (paused)
+		ready_remove(r, w);
+	else if (w->len || w->state == W_DEAD)
+		ready_add(r, w);
+	return 0;
+}
 
 bool watch_next_ready(const struct watch_registry *r, int64_t *id_out)
 {

@@ -115,6 +115,15 @@ void watch_notify(struct watch_registry *r, const struct mvcc_store *s);
 size_t watch_sync(struct watch_registry *r, const struct mvcc_store *s,
 		  size_t max_entries);
 
+/*
+ * Keep a watcher off (paused) or back on the ready FIFO: the service
+ * pauses the watchers of a stream whose client does not read, so that
+ * watch_next_ready() only names watchers it can deliver to. A paused
+ * watcher keeps collecting events up to its bound and then goes unsynced
+ * like any slow watcher. Errors: MVCC_EWATCH_NOT_FOUND.
+ */
+int watch_pause(struct watch_registry *r, int64_t id, bool paused) MC_MUST_CHECK;
+
 /* The watcher that has waited longest with something to deliver. */
 bool watch_next_ready(const struct watch_registry *r, int64_t *id_out);
 /*

@@ -27,7 +27,8 @@
  * Shutdown follows the gRPC graceful pattern: close the listeners, send
  * a GOAWAY "shutdown notice" (last stream id 2^31-1) and a PING on every
  * connection; on the PING's ACK send the real GOAWAY with the last stream
- * id processed, so a request in flight during the notice is not lost.
+ * id processed, so a request in flight during the notice is not lost
+ * (a connection with no call in flight gets the final GOAWAY at once).
  * Connections close when their last call ends; at drain_timeout_ms the
  * rest are closed, which cancels their calls.
  */
@@ -98,6 +99,7 @@ struct rpc_server {
 	struct rpc_call *free_calls;
 	unsigned nfree;
 	nghttp2_session_callbacks *cbs;
+	nghttp2_option *ngopt;
 	uint8_t *rbuf;
 	struct rpc__dlheap dl;
 	struct rpc__bufcache bufs;
@@ -123,6 +125,11 @@ struct rpc_call {
 	uint64_t timeout_ms;
 	uint64_t start_ns;
 	bool has_timeout, bad_timeout, bad_encoding, post, ct_ok;
+	/* Request header checks made here rather than by nghttp2 (whose
+	 * HTTP messaging checks refuse grpc-go's URL :authority): */
+	uint8_t pseudo;      /* PSEUDO_* seen */
+	bool regular_seen;   /* a regular header came: no pseudo after it */
+	bool bad_headers;    /* the stream was reset for its headers */
 	bool dispatched;     /* a method was found and its handler may run */
 	bool handler_ref;    /* the handler holds a reference */
 	bool remote_closed;  /* the client half-closed */
@@ -225,6 +232,41 @@ const char *rpc_call_header(const struct rpc_call *call, const char *name)
 
 #define NAME_IS(lit) (nlen == sizeof(lit) - 1 && memcmp(name, lit, nlen) == 0)
 
+enum { PSEUDO_METHOD = 1, PSEUDO_SCHEME = 2, PSEUDO_AUTHORITY = 4, PSEUDO_PATH = 8 };
+
+/* Reset a stream whose request headers break HTTP/2's rules (RFC 9113
+ * 8.3): an unknown, repeated or late pseudo-header, an invalid name or
+ * value. The :authority value is only checked as a field value. */
+static int reject_headers(nghttp2_session *ng, struct rpc_call *call)
+{
+	call->bad_headers = true;
+	nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, call->stream_id, NGHTTP2_PROTOCOL_ERROR);
+	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+}
+
+static int check_header(nghttp2_session *ng, struct rpc_call *call, const uint8_t *name,
+			size_t nlen, const uint8_t *value, size_t vlen)
+{
+	if (!nghttp2_check_header_value(value, vlen))
+		return reject_headers(ng, call);
+	if (nlen && name[0] == ':') {
+		uint8_t bit = NAME_IS(":method")	  ? PSEUDO_METHOD
+			      : NAME_IS(":scheme")	  ? PSEUDO_SCHEME
+			      : NAME_IS(":authority") ? PSEUDO_AUTHORITY
+			      : NAME_IS(":path")	  ? PSEUDO_PATH
+						  : 0;
+		if (!bit || (call->pseudo & bit) || call->regular_seen || !vlen)
+			return reject_headers(ng, call);
+		call->pseudo |= bit;
+		return 0;
+	}
+	if (!nghttp2_check_header_name(name, nlen) ||
+	    (nlen == 10 && memcmp(name, "connection", 10) == 0))
+		return reject_headers(ng, call);
+	call->regular_seen = true;
+	return 0;
+}
+
 static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
 		     const uint8_t *name, size_t nlen, const uint8_t *value,
 		     size_t vlen, uint8_t flags, void *user_data)
@@ -234,8 +276,11 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
 	    frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
 	struct rpc_call *call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
-	if (!call)
+	if (!call || call->bad_headers)
 		return 0;
+	int rv = check_header(ng, call, name, nlen, value, vlen);
+	if (rv)
+		return rv;
 	if (name[0] == ':') {
 		if (NAME_IS(":method"))
 			call->post = vlen == 4 && memcmp(value, "POST", 4) == 0;
@@ -694,6 +739,15 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 		call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
 		if (!call)
 			return 0;
+		if (call->bad_headers)
+			return 0;
+		if (frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
+		    (call->pseudo & (PSEUDO_METHOD | PSEUDO_SCHEME | PSEUDO_PATH)) !=
+			    (PSEUDO_METHOD | PSEUDO_SCHEME | PSEUDO_PATH)) {
+			/* a request lacks :method, :scheme or :path */
+			reject_headers(ng, call);
+			return 0;
+		}
 		call->refs++;
 		if (frame->headers.cat == NGHTTP2_HCAT_REQUEST)
 			call_dispatch(call);
@@ -846,6 +900,17 @@ static void conn_begin_drain(struct sconn *sc)
 		rpc__conn_close(&sc->base);
 		return;
 	}
+	if (sc->ncalls == 0) {
+		/* Nothing in flight: the final GOAWAY at once, without
+		 * waiting for a PING ACK that an idle client may not read
+		 * for seconds. A request the client sends meanwhile has a
+		 * higher stream id than the GOAWAY names, so the client
+		 * knows it was not processed and may retry it elsewhere
+		 * (RFC 9113 section 6.8). */
+		conn_final_goaway(sc);
+		rpc__conn_close_after_flush(&sc->base);
+		return;
+	}
 	sc->drain_stage = 1;
 	nghttp2_submit_shutdown_notice(sc->base.ng);
 	nghttp2_submit_ping(sc->base.ng, NGHTTP2_FLAG_NONE, NULL);
@@ -889,7 +954,7 @@ static void on_connection(uv_stream_t *ls, int status)
 		{NGHTTP2_SETTINGS_MAX_FRAME_SIZE, RPC__MAX_FRAME_BYTES},
 		{NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, RPC__MAX_HEADER_LIST_BYTES},
 	};
-	rc = rpc__conn_start(&sc->base, true, s->cbs, NULL, iv, MC_ARRAY_LEN(iv));
+	rc = rpc__conn_start(&sc->base, true, s->cbs, s->ngopt, iv, MC_ARRAY_LEN(iv));
 	if (rc < 0) {
 		log_warn("%s: cannot start connection from %s: %s", s->name,
 			 sc->base.peer, mc_strerror(rc));
@@ -946,8 +1011,15 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 	s->idle_ms = opts ? opts->idle_timeout_ms : 0;
 	s->reg = opts && opts->metrics ? opts->metrics : metrics_global();
 	s->rbuf = malloc(RPC__READ_BUF_BYTES);
-	if (!s->name || !s->rbuf || nghttp2_session_callbacks_new(&s->cbs))
+	if (!s->name || !s->rbuf || nghttp2_session_callbacks_new(&s->cbs) ||
+	    nghttp2_option_new(&s->ngopt))
 		goto err_free;
+	/* gRPC clients send what nghttp2's HTTP checks refuse: grpc-go (in
+	 * etcdctl) puts a whole URL such as "http://127.0.0.1:2379" in
+	 * :authority. Like grpc-go's server, accept it: the header rules are
+	 * checked in check_header and on_frame_recv instead, and what a gRPC
+	 * request needs (POST, content-type, :path) in call_dispatch. */
+	nghttp2_option_set_no_http_messaging(s->ngopt, 1);
 	rpc__callbacks_init(s->cbs);
 	nghttp2_session_callbacks_set_on_begin_headers_callback(s->cbs, on_begin_headers);
 	nghttp2_session_callbacks_set_on_header_callback(s->cbs, on_header);
@@ -971,6 +1043,8 @@ err_free:
 	free(s->unknown.path);
 	if (s->cbs)
 		nghttp2_session_callbacks_del(s->cbs);
+	if (s->ngopt)
+		nghttp2_option_del(s->ngopt);
 	free(s->rbuf);
 	free(s->name);
 	free(s);
@@ -1176,6 +1250,7 @@ void rpc_server_free(struct rpc_server *s)
 	rpc__dlheap_free(&s->dl);
 	rpc__bufcache_free(&s->bufs);
 	nghttp2_session_callbacks_del(s->cbs);
+	nghttp2_option_del(s->ngopt);
 	free(s->unknown.path);
 	free(s->rbuf);
 	free(s->name);

@@ -21,12 +21,18 @@
  * overflowing or unregistered addresses get an error reply and nothing is
  * read or written.
  *
- * Threads. Control (publishing, watching, handshakes) runs on the libuv
- * loop given at creation. Data moves on a pool of data-plane threads
- * (te-threads). te_submit, te_poll, te_wait, te_open_segment and the region
- * calls are thread-safe and may be called from any thread except the
- * loop's own thread for the blocking ones (te_open_segment, te_wait,
- * te_unregister, te_free), which wait for work the loop does.
+ * Threads. Control (publishing, watching, resolving) runs on the libuv
+ * loop given at creation; connecting to peers runs on a setup thread of
+ * the engine; data moves on a pool of data-plane threads (te-threads).
+ * te_submit, te_poll, te_wait, te_open_segment and the region calls are
+ * thread-safe. The blocking ones (te_open_segment, te_wait,
+ * te_wait_published, te_unregister) must not be called on the loop's
+ * thread: they wait for work the loop or the data threads do; loop code
+ * uses te_open_segment_async and te_submit_notify instead.
+ *
+ * Lifetime: te_new and te_stop on the loop thread; te_free once te_stop
+ * finished (the daemon's role hooks: stop while the loop runs, free after
+ * it ended). Segment handles and batches die with the engine.
  */
 #ifndef MC_TRANSFER_TRANSFER_H
 #define MC_TRANSFER_TRANSFER_H
@@ -56,70 +62,126 @@ enum te_protocol {
 
 struct te_opts {
 	uv_loop_t *loop;                 /* control loop (runs in caller's thread) */
-	const char *segment_name;        /* this engine's segment name */
+	const char *segment_name;        /* this engine's segment name; P2P
+					  * mode: NULL = "host:rpc_port" */
 	const char *cluster_id;          /* meta key prefix /mooncake/<id>/ */
 	struct etcd_client *meta;        /* NULL: P2P handshake mode */
 	struct rpc_server *rpc;          /* serves mooncake.transfer.Transfer
-					  * (descriptor fetch, RDMA handshake) */
-	const char *advertise_host;      /* host peers connect to (numeric) */
+					  * (descriptor fetch); NULL: none
+					  * (then P2P peers cannot open us) */
 	uint16_t rpc_port;               /* the port rpc listens on, advertised */
-	const char *data_listen;         /* host:port of the TCP data listener */
+	const char *data_listen;         /* numeric host:port of the TCP data
+					  * listener (port 0: ephemeral); its
+					  * host is advertised, so not 0.0.0.0 */
 	enum te_protocol protocol;
 	unsigned threads;                /* 0: number of cores */
 	unsigned tcp_conns;              /* per peer; 0: 4 */
-	size_t slice_bytes;              /* 0: 1 MiB; min 64 KiB */
+	size_t slice_bytes;              /* 0: 1 MiB; 64 KiB .. 64 MiB */
+	uint64_t io_timeout_ms;          /* a path that makes no progress for
+					  * this long is declared dead; 0: 10s */
+	uint64_t lease_ttl_s;            /* descriptor lease in meta; 0: 10 */
 	const char *rdma_devices;        /* "mlx5_0,mlx5_1" or NULL/"" = auto */
 	int rdma_gid_index;              /* -1: auto */
-	const char *cluster_secret;      /* NULL: no peer authentication */
+	const uint8_t *cluster_secret;   /* NULL: no peer authentication */
+	size_t cluster_secret_len;       /* 1 .. MC_SECRET_MAX_BYTES */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
 };
 
 /*
  * Create the engine: start the data threads and listeners, pick transports
- * (logging why), publish the (empty) segment descriptor. Errors: -EINVAL
- * (options), negative errno of bind/listen, MC_EUNAVAILABLE (meta), RDMA
- * setup errors with a log line naming the limit, -ENOMEM.
+ * (logging why), start publishing the (empty) segment descriptor. Errors:
+ * -EINVAL (options), negative errno of bind/listen, -ENOTSUP (protocol
+ * rdma: no RDMA transport in this build), -ENOMEM.
  * Must be called on the loop's thread; returns once listening (the
  * descriptor is published asynchronously, see te_wait_published).
  */
 int te_new(const struct te_opts *opts, struct te_engine **out) MC_MUST_CHECK;
 
-/* Unpublish, stop threads, close connections, fail in-flight requests
- * with MC_ESHUTDOWN. Not from the loop thread while the loop runs work for
- * it... (see threads above). */
+/*
+ * Stop the control plane, on the loop thread: delete the descriptor from
+ * meta and revoke its lease, stop watching, close the engine's loop
+ * handles; then call on_stopped (on the loop). Opened segments keep
+ * working and the data plane keeps serving until te_free. Called once.
+ * The meta client must stay alive until on_stopped.
+ */
+void te_stop(struct te_engine *e,
+	     void (*on_stopped)(struct te_engine *e, void *ud), void *ud);
+
+/* Stop the data threads, close every connection (in-flight requests fail
+ * with MC_ESHUTDOWN), free. Only after te_stop's on_stopped ran (or if
+ * te_stop was never called and the loop has not run since te_new), from
+ * any thread; the rpc server passed in opts must be shut down first. */
 void te_free(struct te_engine *e);
+
+/* Wait until the descriptor is in meta (always true in P2P mode), up to
+ * timeout_ms (0: forever). Not on the loop thread. Returns 0,
+ * MC_ETIMEDOUT, or the last publishing error (MC_EUNAVAILABLE, or -EEXIST
+ * while another live engine holds the segment name). */
+int te_wait_published(struct te_engine *e, uint64_t timeout_ms) MC_MUST_CHECK;
+
+/* This engine's segment name. */
+const char *te_name(const struct te_engine *e);
 
 /* The protocol chosen for remote (non-shm) peers. */
 enum te_protocol te_protocol_in_use(const struct te_engine *e);
 const char *te_protocol_name(enum te_protocol p);
+/* Parse "auto", "tcp", "rdma", "shm". Errors: -EINVAL. */
+int te_protocol_parse(const char *s, enum te_protocol *out) MC_MUST_CHECK;
 
 /*
  * Register [remote_addr, remote_addr + len) backed by local memory at
  * local (memfd >= 0: the memfd it is mapped from at offset memfd_off, so
- * same-host peers can map it for shm; -1: not shareable). The descriptor
- * update is published and reaches peers through their watch. Errors:
- * -EINVAL (len 0, overflow), -EEXIST (overlaps a registered region),
- * RDMA MR errors (-ENOMEM with a log line naming ulimit -l / max_mr),
- * -ENOMEM.
+ * same-host peers can map it for shm — the engine keeps a dup of it; -1:
+ * not shareable, same-host peers reach it over tcp). The descriptor update
+ * is published and reaches peers through their watch; connected shm peers
+ * map it at once. Errors: -EINVAL (len 0, overflow), -EEXIST (overlaps a
+ * registered region), -EMFILE (dup of memfd), RDMA MR errors (-ENOMEM
+ * with a log line naming ulimit -l / max_mr), -ENOMEM.
  */
 int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 		size_t len, int memfd, uint64_t memfd_off,
 		struct te_region **out) MC_MUST_CHECK;
 /* Remove a region from the descriptor and wait until no request being
- * served touches it; then the memory may be freed. */
+ * served touches it and every shm peer unmapped it (a peer that does not
+ * answer within the io timeout is disconnected); then the memory may be
+ * freed. Not on the loop thread. */
 void te_unregister(struct te_region *r);
 
 /*
  * Resolve a segment by name (meta) or "host:port" (P2P mode), set up its
  * connections once, and return a cached handle (the same handle for the
- * same name). Blocking; the hot path never touches meta. Errors:
- * MC_ESEGMENT_NOT_FOUND, MC_EUNAVAILABLE, MC_ETIMEDOUT, -EACCES (cluster
- * secret refused), -ENOMEM.
+ * same name). Blocking, not on the loop thread; the hot path never touches
+ * meta. Errors: MC_ESEGMENT_NOT_FOUND, MC_EUNAVAILABLE, MC_ETIMEDOUT,
+ * -EACCES (cluster secret refused), MC_EPROTOCOL (bad descriptor),
+ * -EINVAL (name), MC_ESHUTDOWN, -ENOMEM.
  */
 int te_open_segment(struct te_engine *e, const char *name,
 		    struct te_segment **out) MC_MUST_CHECK;
+/* The same for the loop thread: cb runs on the loop with the handle
+ * (a reference, as from te_open_segment) or an error. Errors of the call
+ * itself: -EINVAL, -ENOMEM, MC_ESHUTDOWN. */
+int te_open_segment_async(struct te_engine *e, const char *name,
+			  void (*cb)(void *ud, int err, struct te_segment *s),
+			  void *ud) MC_MUST_CHECK;
 /* Drop a reference from te_open_segment (connections stay cached). */
 void te_close_segment(struct te_segment *s);
+
+/* What a segment offers, from its current descriptor. */
+struct te_segment_info {
+	const char *name;            /* valid while the handle is held */
+	enum te_protocol transport;  /* shm when same-host, else the remote one */
+	size_t nregions;
+	uint64_t generation;
+};
+struct te_region_info {
+	uint64_t addr;
+	uint64_t len;
+	bool shm;
+};
+/* Fill *info and up to max regions (sorted by address); returns the
+ * number of regions the descriptor has. */
+size_t te_segment_info(struct te_segment *s, struct te_segment_info *info,
+		       struct te_region_info *regions, size_t max);
 
 enum te_op { TE_READ, TE_WRITE };
 
@@ -139,25 +201,36 @@ enum te_status {
 
 struct te_result {
 	enum te_status status;
-	int err;                /* when FAILED: MC_EINVALID_REPLICA (remote
-				 * refused the range), MC_EUNAVAILABLE (peer
-				 * gone after retries), MC_ETIMEDOUT, ... */
+	int err;                /* when FAILED: MC_EREMOTE_ACCESS (the range
+				 * is not inside one registered region of
+				 * the segment), MC_EUNAVAILABLE (peer gone
+				 * after retries on every path),
+				 * MC_ETIMEDOUT (no progress for the io
+				 * timeout), MC_ESHUTDOWN, -EINVAL */
 };
 
 /*
  * Submit a batch (requests are copied). Slices are striped across
  * connections/NICs and pipelined; a failed slice is retried on another
- * path before its request fails. Errors: -EINVAL (n == 0, NULL segment),
- * -ENOMEM. On success *out owns the batch: free with te_batch_free after
- * it completes.
+ * path before its request fails. Overlapping requests run in no defined
+ * order relative to each other. Errors: -EINVAL (n == 0, NULL segment or
+ * local buffer with len > 0), -E2BIG (more than 4M slices), -ENOMEM. On
+ * success *out owns the batch: free with te_batch_free after it completes.
  */
 int te_submit(struct te_engine *e, const struct te_request *reqs, size_t n,
 	      struct te_batch **out) MC_MUST_CHECK;
+/* The same, and on_done(b, ud) runs once when every request completed,
+ * on whichever thread completed the last one (a data thread, or the
+ * caller's inside te_submit_notify): it must not block — hand off with
+ * uv_async_send or a condition variable. */
+int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
+		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
+		     void *ud, struct te_batch **out) MC_MUST_CHECK;
 /* Copy per-request status into results[n]; returns how many are still
  * pending. */
 size_t te_poll(struct te_batch *b, struct te_result *results);
 /* Wait until every request completed or timeout_ms passed (0: forever).
- * Returns 0 or MC_ETIMEDOUT. */
+ * Returns 0 or MC_ETIMEDOUT. Not on the loop thread. */
 int te_wait(struct te_batch *b, uint64_t timeout_ms) MC_MUST_CHECK;
 /* Free a batch; one still pending is waited for first. */
 void te_batch_free(struct te_batch *b);

@@ -426,6 +426,41 @@ def failover_between_two_masters_with_etcd():
     etcd.kill()
 
 
+def log_time(daemon, text):
+    """Wall time (s) of the first log line of daemon containing text."""
+    import datetime
+    for line in daemon.output().splitlines():
+        if text in line:
+            ts = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+            return ts.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return None
+
+
+@case
+def partitioned_leader_stops_before_the_standby_leads():
+    # The leader reaches etcd through a proxy that then drops every byte:
+    # it must stop serving while its lease surely still holds on etcd,
+    # so it has stopped before the standby (which gets the leader key only
+    # after etcd expired that lease) starts leading. Two leaders at once
+    # would place objects on the same space.
+    from faultproxy import Proxy
+    etcd = Etcd()
+    proxy = Proxy(int(etcd.endpoint.rsplit(":", 1)[1]))
+    args = ["--leader-lease-ttl=2s", "--cluster-id=splitbrain"]
+    a = master(*args, meta="127.0.0.1:%d" % proxy.port)
+    wait_for(lambda: health(a[1].addr) == health_pb2.HealthCheckResponse.SERVING, 20, "a leads")
+    b = master(*args, meta=etcd.endpoint)
+    wait_for(lambda: "standby: leader is" in b[0].output() or None, 20, "b is standby")
+    proxy.set_mode("blackhole")
+    wait_for(lambda: health(b[1].addr) == health_pb2.HealthCheckResponse.SERVING, 30, "b takes over")
+    wait_for(lambda: health(a[1].addr) == health_pb2.HealthCheckResponse.NOT_SERVING, 10, "a stopped")
+    stopped = log_time(a[0], "stopped serving at once")
+    elected = log_time(b[0], "elected leader of view")
+    assert stopped is not None and elected is not None, (stopped, elected)
+    assert stopped < elected, "old leader stopped at %.3f, new one elected at %.3f" % (stopped, elected)
+    proxy.close()
+
+
 @case
 def ctl_follows_standby_redirect():
     etcd = Etcd()

@@ -1217,6 +1217,55 @@ RTEST(raft_membership, bootstrap_then_grow)
 	net_free(net);
 }
 
+RTEST(raft_membership, bootstrap_members_carries_contexts)
+{
+	struct tnet *net = net_alloc(NULL);
+	const char *names[] = {"alpha=10.0.0.1:2380", "beta=10.0.0.2:2380", "gamma"};
+	struct raft_conf_change ccs[3];
+
+	for (size_t k = 0; k < 3; k++)
+		ccs[k] = (struct raft_conf_change){.type = RAFT_CC_ADD_VOTER,
+						   .node_id = k + 1,
+						   .context = names[k],
+						   .context_len = strlen(names[k])};
+	for (uint64_t id = 1; id <= 3; id++) {
+		node_start(net, id, NULL);
+		cr_assert_eq(raft_bootstrap_members(net->nodes[id].r, ccs, 3), 0);
+	}
+	cr_assert_eq(raft_bootstrap_members(net->nodes[1].r, ccs, 3), -EEXIST);
+	net_drain_all(net);
+	campaign(net, 1);
+	node_start(net, 4, NULL);
+	cr_assert_eq(conf_change(net, 1, RAFT_CC_ADD_LEARNER, 4), 0);
+	net_stabilize(net);
+	net_tick_all(net, 2);
+	assert_logs_equal(net, 1, 4);
+	/* The new member got the founders' contexts through the log. */
+	struct tu_disk *d = &net->nodes[4].disk;
+	cr_assert_geq(d->n, 3);
+	for (size_t k = 0; k < 3; k++) {
+		struct raft_conf_change cc;
+		cr_assert_eq(d->ents[k].type, RAFT_ENTRY_CONF_CHANGE);
+		cr_assert_eq(raft_conf_change_decode(d->ents[k].data, d->ents[k].len, &cc), 0);
+		cr_assert_eq(cc.node_id, k + 1);
+		cr_assert_eq(cc.context_len, strlen(names[k]));
+		cr_assert_eq(memcmp(cc.context, names[k], cc.context_len), 0);
+	}
+	/* Only ADD_VOTER, no zero id, no duplicates. */
+	struct raft *r;
+	struct raft_config c;
+	raft_config_init(&c, 9);
+	cr_assert_eq(raft_new(&c, NULL, &r), 0);
+	ccs[1].type = RAFT_CC_ADD_LEARNER;
+	cr_assert_eq(raft_bootstrap_members(r, ccs, 3), -EINVAL);
+	ccs[1].type = RAFT_CC_ADD_VOTER;
+	ccs[1].node_id = 1;
+	cr_assert_eq(raft_bootstrap_members(r, ccs, 3), -EINVAL);
+	cr_assert_eq(raft_bootstrap_members(r, ccs, 0), -EINVAL);
+	raft_free(r);
+	net_free(net);
+}
+
 /* ===================================================== leader transfer */
 
 RTEST(raft_transfer, to_up_to_date_follower)

@@ -268,6 +268,42 @@ Test(watch, slow_consumer_loses_nothing)
 	(void)w;
 }
 
+/* A paused watcher is never named ready, keeps collecting up to its
+ * bound, falls behind like any slow one, and loses nothing once resumed;
+ * other watchers are served meanwhile. */
+Test(watch, paused_watcher_is_skipped_then_catches_up)
+{
+	watch_registry_free(r);
+	cr_assert_eq(watch_registry_new(s, 4, &r), 0);
+	int64_t slow = watch("a", NULL, 0);
+	int64_t fast = watch("b", NULL, 0);
+	int64_t id;
+	cr_assert_eq(watch_pause(r, slow, true), 0);
+	cr_assert_eq(watch_pause(r, slow, true), 0, "pausing twice is fine");
+	char want[4096] = "";
+	size_t o = 0;
+	for (int i = 0; i < 20; i++) {
+		put_notify("a", i % 2 ? "x" : "y");
+		o += (size_t)snprintf(want + o, sizeof(want) - o, "P a=%s@%lld;",
+				      i % 2 ? "x" : "y", (long long)mvcc_rev(s));
+		put_notify("b", "z");
+		/* only the unpaused watcher is ever ready */
+		cr_assert(watch_next_ready(r, &id));
+		cr_assert_eq(id, fast);
+		take(fast, false);
+		cr_assert(!watch_next_ready(r, &id));
+	}
+	struct watch_stats st;
+	watch_stats(r, &st);
+	cr_assert_eq(st.unsynced, 1, "the paused watcher fell behind its bound");
+	cr_assert_leq(st.pending_events, 4);
+	cr_assert_eq(watch_pause(r, slow, false), 0);
+	static char all[65536];
+	drain(all, sizeof(all));
+	cr_assert_str_eq(all, want);
+	cr_assert_eq(watch_pause(r, 12345, true), MVCC_EWATCH_NOT_FOUND);
+}
+
 /* A revision that overflows half-way is dropped whole and caught up. */
 Test(watch, overflow_mid_revision)
 {

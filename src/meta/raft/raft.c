@@ -1467,17 +1467,33 @@ void raft_free(struct raft *r)
 
 int raft_bootstrap(struct raft *r, const uint64_t *voters, size_t n)
 {
+	struct raft_conf_change ccs[64];
 	int rv;
 
 	if ((rv = guard(r)))
 		return rv;
-	if (n == 0)
+	if (n == 0 || n > MC_ARRAY_LEN(ccs) || !voters)
+		return -EINVAL;
+	for (size_t a = 0; a < n; a++)
+		ccs[a] = (struct raft_conf_change){.type = RAFT_CC_ADD_VOTER,
+						   .node_id = voters[a]};
+	return raft_bootstrap_members(r, ccs, n);
+}
+
+int raft_bootstrap_members(struct raft *r, const struct raft_conf_change *ccs, size_t n)
+{
+	int rv;
+
+	if ((rv = guard(r)))
+		return rv;
+	if (n == 0 || !ccs)
 		return -EINVAL;
 	for (size_t a = 0; a < n; a++) {
-		if (voters[a] == RAFT_NONE)
+		if (ccs[a].type != RAFT_CC_ADD_VOTER || ccs[a].node_id == RAFT_NONE ||
+		    (ccs[a].context_len && !ccs[a].context))
 			return -EINVAL;
 		for (size_t b = 0; b < a; b++)
-			if (voters[a] == voters[b])
+			if (ccs[a].node_id == ccs[b].node_id)
 				return -EINVAL;
 	}
 	if (last_index(r) != 0 || r->term != 0 || r->conf.n_voters || r->conf.n_learners)
@@ -1486,12 +1502,18 @@ int raft_bootstrap(struct raft *r, const uint64_t *voters, size_t n)
 		return fail(r, -ENOMEM);
 	r->term = 1;
 	for (size_t a = 0; a < n; a++) {
-		struct raft_conf_change cc = {.type = RAFT_CC_ADD_VOTER, .node_id = voters[a]};
-		unsigned char buf[16];
 		struct raft_entry e = {.term = 1, .index = a + 1, .type = RAFT_ENTRY_CONF_CHANGE};
+		size_t len = raft_conf_change_size(&ccs[a]);
+		unsigned char small[64];
+		unsigned char *buf = len <= sizeof(small) ? small : malloc(len);
 
-		e.len = raft_conf_change_encode(&cc, buf);
-		if (raft__data_new(buf, e.len, &e.data))
+		if (!buf)
+			return fail(r, -ENOMEM);
+		e.len = raft_conf_change_encode(&ccs[a], buf);
+		rv = raft__data_new(buf, e.len, &e.data);
+		if (buf != small)
+			free(buf);
+		if (rv)
 			return fail(r, -ENOMEM);
 		raft__log_push(&r->log, &e);
 		if ((rv = apply_conf_entry(r, &e, true)))

@@ -334,6 +334,19 @@ void raft_free(struct raft *r);
  */
 int raft_bootstrap(struct raft *r, const uint64_t *voters, size_t n) MC_MUST_CHECK;
 
+struct raft_conf_change;
+
+/*
+ * raft_bootstrap with a context per founding member: ccs[k] (all
+ * RAFT_CC_ADD_VOTER, borrowed) becomes the conf change entry at index k+1,
+ * context included, so that members added later learn the founders'
+ * contexts (e.g. names and peer addresses) from the log. At most 64 ids
+ * for raft_bootstrap; any number here. Errors: as raft_bootstrap, and
+ * -EINVAL for another type or a NULL context with a length.
+ */
+int raft_bootstrap_members(struct raft *r, const struct raft_conf_change *ccs,
+			   size_t n) MC_MUST_CHECK;
+
 /*
  * Advance logical time by one tick (elections, heartbeats, check quorum,
  * leader transfer timeout). Errors: -EINPROGRESS, fatal codes.

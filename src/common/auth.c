@@ -1,0 +1,223 @@
+/*
+ * auth: SHA-256 (FIPS 180-4), HMAC-SHA256 (RFC 2104), secret files. See
+ * auth.h.
+ */
+#include "common/auth.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const uint32_t K[64] = {
+	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
+	0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
+	0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+	0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+	0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
+	0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+	0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+	0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+	0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+	0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+	0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+static uint32_t ror(uint32_t x, unsigned n)
+{
+	return (x >> n) | (x << (32 - n));
+}
+
+static void compress(uint32_t h[8], const uint8_t b[64])
+{
+	uint32_t w[64];
+	for (int i = 0; i < 16; i++)
+		w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 |
+		       (uint32_t)b[4 * i + 2] << 8 | (uint32_t)b[4 * i + 3];
+	for (int i = 16; i < 64; i++) {
+		uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
+		uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
+		w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+	}
+	uint32_t a = h[0], bb = h[1], c = h[2], d = h[3], e = h[4], f = h[5],
+		 g = h[6], hh = h[7];
+	for (int i = 0; i < 64; i++) {
+		uint32_t t1 = hh + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) +
+			      ((e & f) ^ (~e & g)) + K[i] + w[i];
+		uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) +
+			      ((a & bb) ^ (a & c) ^ (bb & c));
+		hh = g;
+		g = f;
+		f = e;
+		e = d + t1;
+		d = c;
+		c = bb;
+		bb = a;
+		a = t1 + t2;
+	}
+	h[0] += a;
+	h[1] += bb;
+	h[2] += c;
+	h[3] += d;
+	h[4] += e;
+	h[5] += f;
+	h[6] += g;
+	h[7] += hh;
+}
+
+void mc_sha256_init(struct mc_sha256 *s)
+{
+	static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372,
+				       0xa54ff53a, 0x510e527f, 0x9b05688c,
+				       0x1f83d9ab, 0x5be0cd19};
+	memcpy(s->h, iv, sizeof(iv));
+	s->total = 0;
+	s->used = 0;
+}
+
+void mc_sha256_update(struct mc_sha256 *s, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+	s->total += len;
+	if (s->used) {
+		size_t n = 64 - s->used < len ? 64 - s->used : len;
+		memcpy(s->block + s->used, p, n);
+		s->used += n;
+		p += n;
+		len -= n;
+		if (s->used < 64)
+			return;
+		compress(s->h, s->block);
+		s->used = 0;
+	}
+	for (; len >= 64; p += 64, len -= 64)
+		compress(s->h, p);
+	memcpy(s->block, p, len);
+	s->used = len;
+}
+
+void mc_sha256_final(struct mc_sha256 *s, uint8_t out[MC_SHA256_BYTES])
+{
+	uint64_t bits = s->total * 8;
+	s->block[s->used++] = 0x80;
+	if (s->used > 56) {
+		memset(s->block + s->used, 0, 64 - s->used);
+		compress(s->h, s->block);
+		s->used = 0;
+	}
+	memset(s->block + s->used, 0, 56 - s->used);
+	for (int i = 0; i < 8; i++)
+		s->block[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
+	compress(s->h, s->block);
+	for (int i = 0; i < 8; i++) {
+		out[4 * i] = (uint8_t)(s->h[i] >> 24);
+		out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
+		out[4 * i + 2] = (uint8_t)(s->h[i] >> 8);
+		out[4 * i + 3] = (uint8_t)s->h[i];
+	}
+	memset(s, 0, sizeof(*s));
+}
+
+void mc_sha256(const void *data, size_t len, uint8_t out[MC_SHA256_BYTES])
+{
+	struct mc_sha256 s;
+	mc_sha256_init(&s);
+	mc_sha256_update(&s, data, len);
+	mc_sha256_final(&s, out);
+}
+
+void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts,
+		    const size_t *lens, size_t n, uint8_t out[MC_SHA256_BYTES])
+{
+	uint8_t k[64] = {0}, pad[64], inner[MC_SHA256_BYTES];
+	struct mc_sha256 s;
+	if (klen > 64)
+		mc_sha256(key, klen, k);
+	else if (klen)
+		memcpy(k, key, klen);
+	for (int i = 0; i < 64; i++)
+		pad[i] = k[i] ^ 0x36;
+	mc_sha256_init(&s);
+	mc_sha256_update(&s, pad, 64);
+	for (size_t i = 0; i < n; i++)
+		mc_sha256_update(&s, parts[i], lens[i]);
+	mc_sha256_final(&s, inner);
+	for (int i = 0; i < 64; i++)
+		pad[i] = k[i] ^ 0x5c;
+	mc_sha256_init(&s);
+	mc_sha256_update(&s, pad, 64);
+	mc_sha256_update(&s, inner, sizeof(inner));
+	mc_sha256_final(&s, out);
+	memset(k, 0, sizeof(k));
+	memset(pad, 0, sizeof(pad));
+}
+
+bool mc_ct_equal(const void *a, const void *b, size_t len)
+{
+	const volatile uint8_t *x = a, *y = b;
+	uint8_t d = 0;
+	for (size_t i = 0; i < len; i++)
+		d |= x[i] ^ y[i];
+	return d == 0;
+}
+
+int mc_random(void *buf, size_t len)
+{
+	uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = getrandom(p, len, 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int mc_secret_load(const char *path, uint8_t *buf, size_t *len_out,
+		   bool *world_readable)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	int rc = 0;
+	size_t len = 0;
+	if (fstat(fd, &st) != 0) {
+		rc = -errno;
+		goto out;
+	}
+	*world_readable = (st.st_mode & (S_IRWXG | S_IRWXO)) != 0;
+	for (;;) {
+		uint8_t tmp[512];
+		ssize_t n = read(fd, tmp, sizeof(tmp));
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -errno;
+			goto out;
+		}
+		if (n == 0)
+			break;
+		if (len + (size_t)n > MC_SECRET_MAX_BYTES) {
+			rc = -EFBIG;
+			goto out;
+		}
+		memcpy(buf + len, tmp, (size_t)n);
+		len += (size_t)n;
+	}
+	while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' ||
+			   buf[len - 1] == ' ' || buf[len - 1] == '\t'))
+		len--;
+	if (len == 0)
+		rc = -EINVAL;
+	*len_out = len;
+out:
+	close(fd);
+	return rc;
+}

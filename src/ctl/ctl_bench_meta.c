@@ -1,0 +1,336 @@
+/*
+ * ctl_bench_meta: `mooncakectl bench meta` — puts/s, linearizable gets/s
+ * and their latency percentiles against any etcd v3 endpoint list: a
+ * mooncaked meta cluster or a real etcd 3.4, unchanged (the etcd API over
+ * our gRPC client).
+ *
+ *   mooncakectl bench meta --endpoints=URL,... [--clients=64] [--conns=8]
+ *       [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]
+ *
+ * --conns connections are spread round-robin over the endpoints and
+ * --clients requests are kept in flight, spread over the connections, as
+ * etcd's own benchmark tool does. Phase one puts --total distinct keys,
+ * phase two reads them back with linearizable Range calls. With
+ * --fsync-dir the run also measures the disk's fdatasync rate there (the
+ * limit of a member that syncs once per write, which group commit beats).
+ * The last line is "RESULT key=value ..." for scripts (make bench compares
+ * mooncaked with etcd from it). Nothing is asserted.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/cfg.h"
+#include "common/metrics.h"
+#include "common/util.h"
+#include "ctl/ctl_int.h"
+#include "etcd_rpc.pb-c.h"
+#include "rpc/rpc.h"
+
+#define CALL_TIMEOUT_MS 30000
+#define MAX_KEY_BYTES 1024
+#define MAX_VAL_BYTES (1u << 20)
+
+struct bm;
+
+struct bclient {
+	struct bm *b;
+	size_t conn;
+	uint64_t t0;
+	uint8_t key[MAX_KEY_BYTES];
+};
+
+struct bm {
+	uv_loop_t loop;
+	struct rpc_client **cli;
+	size_t ncli;
+	struct bclient *clients;
+	size_t nclients;
+	size_t key_size, val_size;
+	uint8_t *val;
+	uint64_t total, issued, done, failed;
+	bool get_phase;
+	uint64_t *lat_ns;
+	char first_err[256];
+};
+
+/* Key i: zero-padded decimal, key_size bytes (the last digits kept). */
+static void key_of(uint8_t *out, size_t size, uint64_t i)
+{
+	char tmp[32];
+	int n = snprintf(tmp, sizeof(tmp), "%020llu", (unsigned long long)i);
+	memset(out, '0', size);
+	for (size_t k = 0; k < size && k < (size_t)n; k++)
+		out[size - 1 - k] = (uint8_t)tmp[n - 1 - k];
+}
+
+static void issue(struct bclient *c);
+
+static void on_done(void *ud, int status, const char *message, const ProtobufCMessage *resp)
+{
+	struct bclient *c = ud;
+	struct bm *b = c->b;
+	(void)resp;
+
+	b->lat_ns[b->done] = mc_now_ns() - c->t0;
+	b->done++;
+	if (status != RPC_OK) {
+		if (!b->failed)
+			snprintf(b->first_err, sizeof(b->first_err), "%s: %s",
+				 rpc_status_name(status), message ? message : "");
+		b->failed++;
+	}
+	if (b->done == b->total)
+		uv_stop(&b->loop);
+	else
+		issue(c);
+}
+
+static void issue(struct bclient *c)
+{
+	struct bm *b = c->b;
+	int rc;
+
+	if (b->issued >= b->total)
+		return;
+	uint64_t i = b->issued++;
+	key_of(c->key, b->key_size, i);
+	c->t0 = mc_now_ns();
+	if (b->get_phase) {
+		Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+		q.key.data = c->key;
+		q.key.len = b->key_size;
+		rc = rpc_client_unary(b->cli[c->conn], "/etcdserverpb.KV/Range", &q.base,
+				      &etcdserverpb__range_response__descriptor, CALL_TIMEOUT_MS,
+				      on_done, c, NULL);
+	} else {
+		Etcdserverpb__PutRequest q = ETCDSERVERPB__PUT_REQUEST__INIT;
+		q.key.data = c->key;
+		q.key.len = b->key_size;
+		q.value.data = b->val;
+		q.value.len = b->val_size;
+		rc = rpc_client_unary(b->cli[c->conn], "/etcdserverpb.KV/Put", &q.base,
+				      &etcdserverpb__put_response__descriptor, CALL_TIMEOUT_MS,
+				      on_done, c, NULL);
+	}
+	if (rc)
+		on_done(c, RPC_INTERNAL, mc_strerror(rc), NULL);
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+	return a < b ? -1 : a > b;
+}
+
+struct phase_result {
+	double ops_per_s, p50_ms, p99_ms;
+	uint64_t failed;
+};
+
+static void run_phase(struct bm *b, bool gets, struct phase_result *r)
+{
+	b->get_phase = gets;
+	b->issued = b->done = b->failed = 0;
+	b->first_err[0] = '\0';
+	uint64_t t0 = mc_now_ns();
+	for (size_t i = 0; i < b->nclients; i++)
+		issue(&b->clients[i]);
+	if (b->done < b->total)
+		uv_run(&b->loop, UV_RUN_DEFAULT);
+	double secs = (double)(mc_now_ns() - t0) / 1e9;
+	qsort(b->lat_ns, b->total, sizeof(*b->lat_ns), cmp_u64);
+	r->ops_per_s = (double)b->total / secs;
+	r->p50_ms = (double)b->lat_ns[b->total / 2] / 1e6;
+	size_t i99 = (size_t)(b->total * 99 / 100);
+	r->p99_ms = (double)b->lat_ns[i99 < b->total ? i99 : b->total - 1] / 1e6;
+	r->failed = b->failed;
+}
+
+/* fdatasync/s of 256-byte appends in dir for about a second. */
+static double fsync_rate(const char *dir)
+{
+	char path[4096];
+	char buf[256];
+	snprintf(path, sizeof(path), "%s/.mooncakectl-fsync-probe.%d", dir, (int)getpid());
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	memset(buf, 'x', sizeof(buf));
+	uint64_t t0 = mc_now_ns(), n = 0;
+	while (mc_now_ns() - t0 < 1000000000ull) {
+		if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf) || fdatasync(fd)) {
+			n = 0;
+			break;
+		}
+		n++;
+	}
+	double secs = (double)(mc_now_ns() - t0) / 1e9;
+	close(fd);
+	unlink(path);
+	return n ? (double)n / secs : -1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: mooncakectl bench meta --endpoints=URL[,URL...] [--clients=64] [--conns=8]\n"
+		"         [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]\n\n"
+		"Puts --total distinct keys, then reads them back with linearizable Range\n"
+		"calls, keeping --clients requests in flight over --conns connections spread\n"
+		"over the endpoints (etcd v3 API: a mooncaked meta cluster or a real etcd).\n"
+		"Prints ops/s and p50/p99 latency of each phase; with --fsync-dir also the\n"
+		"disk's fdatasync/s there, the limit of one sync per write. The last line\n"
+		"is RESULT key=value ... for scripts. Figures, never pass/fail.\n");
+}
+
+static bool parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	char *end;
+	if (!v || !*v)
+		return false;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	if (errno || *end || x < lo || x > hi)
+		return false;
+	*out = x;
+	return true;
+}
+
+int ctl_bench_meta_main(int argc, char **argv)
+{
+	const char *endpoints = NULL, *fsync_dir = NULL, *v;
+	uint64_t clients = 64, conns = 8, key_size = 8, val_size = 256, total = 20000;
+	struct bm b;
+	int rc = CTL_EXIT_FAIL;
+
+	for (int i = 1; i < argc; i++) {
+		bool ok = true;
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return CTL_EXIT_OK;
+		} else if (ctl_flag_value(argc, argv, &i, "endpoints", &v)) {
+			endpoints = v;
+			ok = v && *v;
+		} else if (ctl_flag_value(argc, argv, &i, "clients", &v)) {
+			ok = parse_u64(v, 1, 100000, &clients);
+		} else if (ctl_flag_value(argc, argv, &i, "conns", &v)) {
+			ok = parse_u64(v, 1, 10000, &conns);
+		} else if (ctl_flag_value(argc, argv, &i, "key-size", &v)) {
+			ok = parse_u64(v, 1, MAX_KEY_BYTES, &key_size);
+		} else if (ctl_flag_value(argc, argv, &i, "val-size", &v)) {
+			ok = parse_u64(v, 0, MAX_VAL_BYTES, &val_size);
+		} else if (ctl_flag_value(argc, argv, &i, "total", &v)) {
+			ok = parse_u64(v, 1, 100000000, &total);
+		} else if (ctl_flag_value(argc, argv, &i, "fsync-dir", &v)) {
+			fsync_dir = v;
+			ok = v && *v;
+		} else {
+			fprintf(stderr, "mooncakectl bench meta: unknown argument \"%s\"\n", argv[i]);
+			usage(stderr);
+			return CTL_EXIT_USAGE;
+		}
+		if (!ok) {
+			fprintf(stderr, "mooncakectl bench meta: bad value in \"%s\"\n", argv[i]);
+			return CTL_EXIT_USAGE;
+		}
+	}
+	if (!endpoints) {
+		fprintf(stderr, "mooncakectl bench meta: --endpoints is required\n");
+		usage(stderr);
+		return CTL_EXIT_USAGE;
+	}
+	if (clients > total)
+		clients = total;
+
+	memset(&b, 0, sizeof(b));
+	b.key_size = key_size;
+	b.val_size = val_size;
+	b.total = total;
+	b.nclients = clients;
+	b.val = malloc(val_size ? val_size : 1);
+	b.lat_ns = malloc(total * sizeof(*b.lat_ns));
+	b.clients = calloc(clients, sizeof(*b.clients));
+	b.cli = calloc(conns, sizeof(*b.cli));
+	if (!b.val || !b.lat_ns || !b.clients || !b.cli || uv_loop_init(&b.loop)) {
+		fprintf(stderr, "mooncakectl bench meta: out of memory\n");
+		goto out_free;
+	}
+	for (size_t i = 0; i < val_size; i++)
+		b.val[i] = (uint8_t)('a' + i % 26);
+
+	/* The endpoints, then one connection after another round-robin. */
+	char *eps = strdup(endpoints);
+	char *names[64];
+	if (!eps) {
+		fprintf(stderr, "mooncakectl bench meta: out of memory\n");
+		goto out_free;
+	}
+	size_t neps = 0;
+	for (char *save = NULL, *t = strtok_r(eps, ",", &save); t && neps < 64;
+	     t = strtok_r(NULL, ",", &save))
+		names[neps++] = t;
+	struct metrics_registry *reg = metrics_registry_new();
+	struct rpc_client_opts co = {.max_message_bytes = 64u << 20, .metrics = reg};
+	for (size_t i = 0; i < conns; i++) {
+		if (rpc_client_new(&b.loop, names[i % neps], &co, &b.cli[i])) {
+			fprintf(stderr, "mooncakectl bench meta: bad endpoint \"%s\"\n",
+				names[i % neps]);
+			rc = CTL_EXIT_USAGE;
+			goto out_clients;
+		}
+		b.ncli++;
+	}
+	for (size_t i = 0; i < clients; i++) {
+		b.clients[i].b = &b;
+		b.clients[i].conn = i % conns;
+	}
+
+	printf("meta bench: %zu endpoint%s, %llu clients on %llu connections, key %llu B, "
+	       "value %llu B, %llu ops per phase\n",
+	       neps, neps == 1 ? "" : "s", (unsigned long long)clients,
+	       (unsigned long long)conns, (unsigned long long)key_size,
+	       (unsigned long long)val_size, (unsigned long long)total);
+	double fs = fsync_dir ? fsync_rate(fsync_dir) : 0;
+	if (fsync_dir)
+		printf("  disk     %9.0f fdatasync/s in %s (one sync per write would cap "
+		       "puts there)\n",
+		       fs, fsync_dir);
+	fflush(stdout);
+	struct phase_result put, get;
+	run_phase(&b, false, &put);
+	printf("  put      %9.0f ops/s  p50 %7.3f ms  p99 %7.3f ms  (%llu failed%s%s)\n",
+	       put.ops_per_s, put.p50_ms, put.p99_ms, (unsigned long long)put.failed,
+	       put.failed ? ", first: " : "", put.failed ? b.first_err : "");
+	if (fsync_dir && fs > 0)
+		printf("           put/fdatasync ratio %.2f\n", put.ops_per_s / fs);
+	fflush(stdout);
+	run_phase(&b, true, &get);
+	printf("  get      %9.0f ops/s  p50 %7.3f ms  p99 %7.3f ms  (%llu failed%s%s; "
+	       "linearizable)\n",
+	       get.ops_per_s, get.p50_ms, get.p99_ms, (unsigned long long)get.failed,
+	       get.failed ? ", first: " : "", get.failed ? b.first_err : "");
+	printf("RESULT put_ops=%.0f put_p50_ms=%.3f put_p99_ms=%.3f put_failed=%llu "
+	       "get_ops=%.0f get_p50_ms=%.3f get_p99_ms=%.3f get_failed=%llu fsync_per_s=%.0f\n",
+	       put.ops_per_s, put.p50_ms, put.p99_ms, (unsigned long long)put.failed,
+	       get.ops_per_s, get.p50_ms, get.p99_ms, (unsigned long long)get.failed, fs);
+	rc = put.failed || get.failed ? CTL_EXIT_FAIL : CTL_EXIT_OK;
+
+out_clients:
+	for (size_t i = 0; i < b.ncli; i++)
+		rpc_client_free(b.cli[i]);
+	uv_run(&b.loop, UV_RUN_DEFAULT); /* let the connections close */
+	(void)uv_loop_close(&b.loop);
+	metrics_registry_free(reg);
+	free(eps);
+out_free:
+	free(b.val);
+	free(b.lat_ns);
+	free(b.clients);
+	free(b.cli);
+	return rc;
+}

@@ -1,0 +1,550 @@
+/*
+ * meta_int: what the files of the meta node share — the node itself, the
+ * requests in flight, the state machine's apply functions, the peer
+ * transport and the etcd services. Nothing outside src/meta includes it.
+ *
+ *   node.c       the Raft driver: ready loop, persistence, apply, reads,
+ *                proposals, timers, snapshots, recovery, stop
+ *   worker.c     the disk thread (WAL and snapshot files)
+ *   sm.c         the state machine: entries applied to the MVCC store,
+ *                leases, members and alarms; snapshot encoding
+ *   conv.c       etcd protobuf messages <-> mvcc structs, errors, arena
+ *   peer.c       mooncake.raft.Raft: messages, snapshots, Forward, Members
+ *   svc.c        etcdserverpb.KV, Lease, Cluster, Maintenance
+ *   svc_watch.c  etcdserverpb.Watch
+ */
+#ifndef MC_META_META_INT_H
+#define MC_META_META_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "etcd_rpc.pb-c.h"
+#include "meta.pb-c.h"
+#include "raft.pb-c.h"
+#include "meta/lease.h"
+#include "meta/meta.h"
+#include "meta/mvcc.h"
+#include "meta/raft/raft.h"
+#include "meta/snap.h"
+#include "meta/wal.h"
+#include "meta/watch.h"
+#include "rpc/rpc.h"
+
+struct metric;
+
+/* ------------------------------------------------------------- errors */
+/*
+ * The etcd server errors the node answers with besides the state
+ * machine's (MVCC_E*): code, gRPC status, etcd's message. The range
+ * -950.. is used by no errno, MC_E* or MVCC_E*.
+ */
+#define META_ERRORS(X)                                                         \
+	X(META_ENO_LEADER, -950, RPC_UNAVAILABLE, "etcdserver: no leader")     \
+	X(META_ENOT_LEADER, -951, RPC_FAILED_PRECONDITION,                    \
+	  "etcdserver: not leader")                                            \
+	X(META_ELEADER_CHANGED, -952, RPC_UNAVAILABLE,                         \
+	  "etcdserver: leader changed")                                        \
+	X(META_ETIMEOUT, -953, RPC_UNAVAILABLE, "etcdserver: request timed out") \
+	X(META_ESTOPPED, -954, RPC_UNAVAILABLE, "etcdserver: server stopped")  \
+	X(META_ETOO_LARGE, -955, RPC_INVALID_ARGUMENT,                         \
+	  "etcdserver: request is too large")                                  \
+	X(META_ENOSPACE, -956, RPC_RESOURCE_EXHAUSTED,                         \
+	  "etcdserver: mvcc: database space exceeded")                         \
+	X(META_EMEMBER_NOT_FOUND, -957, RPC_NOT_FOUND,                         \
+	  "etcdserver: member not found")                                      \
+	X(META_EMEMBER_EXISTS, -958, RPC_FAILED_PRECONDITION,                  \
+	  "etcdserver: member ID already exist")                               \
+	X(META_EPEER_URL_EXISTS, -959, RPC_FAILED_PRECONDITION,                \
+	  "etcdserver: Peer URLs already exists")                              \
+	X(META_ENOT_LEARNER, -960, RPC_FAILED_PRECONDITION,                    \
+	  "etcdserver: can only promote a learner member")                     \
+	X(META_ELEARNER_NOT_READY, -961, RPC_FAILED_PRECONDITION,              \
+	  "etcdserver: can only promote a learner member which is in sync "    \
+	  "with leader")                                                       \
+	X(META_ENOT_ENOUGH_STARTED, -962, RPC_FAILED_PRECONDITION,             \
+	  "etcdserver: re-configuration failed due to not enough started "     \
+	  "members")                                                           \
+	X(META_EBAD_URLS, -963, RPC_INVALID_ARGUMENT,                          \
+	  "etcdserver: given member URLs are invalid")                         \
+	X(META_ENOT_CAPABLE, -964, RPC_UNAVAILABLE, "etcdserver: not capable") \
+	X(META_ETIMEOUT_LEADER_FAIL, -965, RPC_UNAVAILABLE,                    \
+	  "etcdserver: request timed out, possibly due to previous leader "    \
+	  "failure")                                                           \
+	X(META_ETIMEOUT_CONN_LOST, -966, RPC_UNAVAILABLE,                      \
+	  "etcdserver: request timed out, possibly due to connection lost")    \
+	X(META_EBAD_LEADER_TRANSFEREE, -967, RPC_FAILED_PRECONDITION,          \
+	  "etcdserver: bad leader transferee")
+
+enum meta__err {
+#define META__ERR_ENUM(name, value, status, text) name = value,
+	META_ERRORS(META__ERR_ENUM)
+#undef META__ERR_ENUM
+};
+
+/* The gRPC status and message a client gets for an error code (META_E*,
+ * MVCC_E*, MC_E*, negative errno). */
+void meta__status_of(int code, int *status, const char **message);
+/* Text of any code above (for logs). */
+const char *meta__strerror(int code);
+
+/* ------------------------------------------------------------- arena */
+
+/* A bump allocator for building response messages; freed at once. */
+struct meta__arena {
+	struct meta__ablk *head;
+};
+/* n zeroed bytes; NULL when out of memory. */
+void *meta__alloc(struct meta__arena *a, size_t n);
+void meta__arena_free(struct meta__arena *a);
+
+/* ------------------------------------------------------------- methods */
+
+enum meta__method {
+	META_M_RANGE,
+	META_M_PUT,
+	META_M_DELETE_RANGE,
+	META_M_TXN,
+	META_M_COMPACT,
+	META_M_LEASE_GRANT,
+	META_M_LEASE_REVOKE,
+	META_M_LEASE_KEEPALIVE,
+	META_M_LEASE_TTL,
+	META_M_LEASE_LEASES,
+	META_M_MEMBER_ADD,
+	META_M_MEMBER_REMOVE,
+	META_M_MEMBER_UPDATE,
+	META_M_MEMBER_LIST,
+	META_M_MEMBER_PROMOTE,
+	META_M_ALARM,
+	META_M_STATUS,
+	META_M_MOVE_LEADER,
+	META_M_PUBLISH, /* a member's name and client URL (internal) */
+	META_M__COUNT
+};
+
+struct meta__method_def {
+	const char *name; /* etcd's method name ("Range") */
+	const ProtobufCMessageDescriptor *req, *resp;
+};
+extern const struct meta__method_def meta__methods[META_M__COUNT];
+/* The method with that name, or -1. */
+int meta__method_by_name(const char *name);
+
+/* ------------------------------------------------------------- requests */
+
+struct meta__op;
+
+/*
+ * The answer to a request: status RPC_OK with resp (borrowed: valid
+ * during the call), or an error status and message. Runs exactly once;
+ * the node frees op after it returns.
+ */
+typedef void (*meta__done_fn)(struct meta__op *op, int status,
+			      const char *message, const ProtobufCMessage *resp);
+
+struct meta__oplist {
+	struct meta__op *head, *tail;
+	size_t n;
+};
+
+/* How a request is served. */
+enum meta__kind {
+	META_K_READ_LOCAL,  /* from the local state at once (serializable) */
+	META_K_READ,        /* linearizable: ReadIndex, then the local state */
+	META_K_WRITE,       /* through the log, proposed by the leader */
+	META_K_CONF,        /* a membership change through the log */
+	META_K_LEADER,      /* answered by the leader's own state */
+};
+
+/* A client request in flight (a call, a stream message or a forwarded
+ * call). */
+struct meta__op {
+	/* set by whoever submits it */
+	enum meta__method method;
+	uint8_t *req; /* serialized request (owned) */
+	size_t req_len;
+	bool forwarded;       /* from another member: never forwarded again */
+	uint64_t deadline_ms; /* loop time */
+	meta__done_fn done;
+	void *ud;
+	/* the node's */
+	struct meta_node *node;
+	int kind;             /* enum meta__kind, from the request */
+	bool puts;            /* adds data: the quota applies */
+	uint8_t *ent;         /* proposal data (owned) */
+	size_t ent_len;
+	struct meta__op *prev, *next;
+	struct meta__oplist *list;
+	uint64_t index, term;   /* proposal: the entry that answers it */
+	uint64_t read_index;    /* linearizable read: served at this index */
+	uint64_t fwd_leader;    /* forwarded to this leader */
+	uint64_t read_round;
+};
+
+/*
+ * A new request for method m whose message req (borrowed) is serialized
+ * into it. deadline_ms 0: the default request timeout from now. NULL
+ * when out of memory.
+ */
+struct meta__op *meta__op_new(struct meta_node *n, enum meta__method m,
+			      const ProtobufCMessage *req, uint64_t deadline_ms,
+			      meta__done_fn done, void *ud);
+/* The same from a serialized request (copied). */
+struct meta__op *meta__op_new_raw(struct meta_node *n, enum meta__method m,
+				  const uint8_t *req, size_t len,
+				  uint64_t deadline_ms, meta__done_fn done,
+				  void *ud);
+/* Run a request: op->done runs exactly once, possibly before this
+ * returns. Takes ownership of op. */
+void meta__submit(struct meta_node *n, struct meta__op *op);
+/* Answer op and free it. */
+void meta__op_done(struct meta__op *op, int status, const char *message,
+		   const ProtobufCMessage *resp);
+void meta__op_fail(struct meta__op *op, int code);
+
+void meta__oplist_push(struct meta__oplist *l, struct meta__op *op);
+void meta__oplist_remove(struct meta__op *op);
+
+/* ------------------------------------------------------------- members */
+
+struct meta__member {
+	uint64_t id;
+	char *name;        /* "" until published */
+	char *peer_url;    /* "http://host:port" */
+	char *client_url;  /* "" until published */
+	bool learner;
+};
+
+/* ------------------------------------------------------------- transport */
+
+struct meta__snap_tx;
+
+struct meta__peer {
+	uint64_t id;
+	char addr[72];            /* host:port */
+	struct meta_node *node;
+	struct rpc_client *cli;
+	struct rpc_stream *msgs;  /* the open Messages stream, or NULL */
+	bool msgs_failed;         /* reported unreachable since it failed */
+	struct meta__snap_tx *snap; /* snapshot being sent */
+};
+
+/* A raft message copied out of a peer batch, queued while the core is
+ * busy (one allocation: the arrays follow). */
+struct meta__qmsg {
+	struct meta__qmsg *next;
+	struct raft_msg m;
+};
+
+/* A snapshot received from the leader, waiting to be installed. */
+struct meta__recv_snap {
+	uint64_t index, term;
+	uint8_t *data;
+	size_t len;
+};
+
+/* ------------------------------------------------------------- the node */
+
+struct meta__worker;
+struct meta__job;
+struct meta__wstream;
+struct meta__kstream;
+struct meta__pcall;
+
+struct meta_node {
+	uv_loop_t *loop;
+	struct meta_options o; /* strings below are copies */
+	char *name, *initial_cluster, *listen_peer, *listen_client;
+	char *dir, *wal_dir, *snap_dir, *member_path;
+	char *self_peer_url, *self_client_url; /* http://host:port */
+	uint64_t id, cluster_id;
+	uint64_t request_timeout_ms;
+	bool running;  /* the Raft core exists and is driven */
+	bool stopping; /* meta_node_stop ran */
+	bool finishing; /* stopping, past the leadership transfer */
+	bool fatal;
+	void (*on_stopped)(void *ud);
+	void *stopped_ud;
+
+	struct raft *raft;
+	struct wal *wal;
+	struct meta__worker *disk;
+
+	/* state machine */
+	struct mvcc_store *store;
+	struct watch_registry *watch;
+	struct meta__member *members;
+	size_t n_members;
+	uint64_t *removed;
+	size_t n_removed;
+	Etcdserverpb__AlarmMember *alarms; /* member_id, alarm */
+	size_t n_alarms;
+	uint64_t applied, applied_term;
+	uint64_t snap_index;     /* newest durable snapshot */
+	uint64_t commit;
+	bool published;          /* our name/client URL are in the table */
+	uint64_t publish_sent_ms;
+
+	/* the ready being processed */
+	bool in_ready;
+	struct raft_ready rd;
+	struct wal_entry *went;
+	size_t went_cap;
+	struct meta__job *persist_job;
+	uint64_t durable_index; /* last log index made durable here */
+	size_t early_applied;   /* committed entries of rd applied early */
+	bool early_ran;         /* apply_early handled rd's read states */
+	uint64_t leader, term;
+	enum raft_role role;
+
+	/* inputs that arrived while the core was busy */
+	struct meta__qmsg *qhead, *qtail;
+	unsigned pending_ticks;
+	struct meta__oplist propq; /* ops to propose */
+	uint64_t *unreachable;
+	size_t n_unreachable, cap_unreachable;
+	struct { uint64_t id; bool ok; } *snap_reports;
+	size_t n_snap_reports, cap_snap_reports;
+	uint64_t pending_compact; /* raft_compact once possible */
+	uint64_t transfer_to;     /* raft_transfer_leader once possible */
+	bool campaign;
+
+	/* requests */
+	struct meta__oplist waiters;     /* proposals, by index */
+	struct meta__oplist wait_leader; /* no leader known yet */
+	struct meta__oplist retry;       /* run again after the next apply */
+	struct meta__oplist reads;       /* waiting for a read round */
+	struct meta__oplist round;       /* in the read round in flight */
+	struct meta__oplist read_wait;   /* have a read index, wait to apply */
+	struct meta__oplist moving;      /* MoveLeader calls in progress */
+	uint64_t read_seq;
+	bool round_in_flight;
+	bool round_needed;
+	uint64_t round_started_ms;
+	uint64_t next_member_id_seed;
+
+	/* timers and wake-ups */
+	uv_timer_t tick_timer;
+	uv_idle_t kick;
+	uv_timer_t progress_timer;
+	uv_timer_t sync_timer;
+	uv_timer_t join_timer;
+	uv_timer_t stop_timer;
+	bool handles_open;
+	unsigned closing_handles;
+
+	/* transport */
+	struct meta__peer **peers;
+	size_t n_peers;
+	struct meta__pcall *pcalls; /* incoming peer streams */
+	struct meta__recv_snap *recv_snap;
+	size_t join_next;
+	struct rpc_client *join_cli;
+	uint64_t last_heard_ms;  /* last Raft traffic from a peer */
+	uint64_t last_probe_ms;
+	size_t probe_next;
+	bool probing;
+
+	/* snapshots and disk work in flight */
+	bool snapshotting;
+	unsigned disk_jobs; /* jobs submitted and not yet completed */
+	unsigned uv_works;
+
+	/* services */
+	struct meta__wstream *wstreams;
+	struct meta__kstream *kstreams;
+	uint64_t wstream_seq;
+
+	/* metrics */
+	struct metric *m_term, *m_leader, *m_has_leader, *m_is_leader;
+	struct metric *m_commit, *m_applied, *m_committed, *m_failed;
+	struct metric *m_pending, *m_leader_changes, *m_snapshots;
+	struct metric *m_db_size, *m_watchers, *m_leases, *m_keys;
+	struct metric *m_snap_sent, *m_snap_recv, *m_forwarded;
+};
+
+/* Loop time in ms. */
+uint64_t meta__now(const struct meta_node *n);
+/* Wake the driver (it runs from an idle callback). */
+void meta__kick(struct meta_node *n);
+/* An unrecoverable error: log it and tell the role. */
+void meta__fatal(struct meta_node *n, int code, const char *what);
+/* After disk work completed: finish a stop waiting for it. */
+void meta__check_stopped(struct meta_node *n);
+bool meta__is_leader(const struct meta_node *n);
+
+/* A ResponseHeader for now (revision: the store's), in arena a. */
+Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n,
+					   struct meta__arena *a);
+
+/* Inputs from the transport. m is borrowed (copied if queued); q is
+ * taken (freed or queued). */
+void meta__step(struct meta_node *n, const struct raft_msg *m);
+void meta__step_owned(struct meta_node *n, struct meta__qmsg *q);
+/* Run a request again (its forward came back "not leader"). */
+void meta__resubmit(struct meta_node *n, struct meta__op *op);
+/* Park a request until a leader is known. */
+void meta__wait_leader(struct meta_node *n, struct meta__op *op);
+void meta__report_unreachable(struct meta_node *n, uint64_t id);
+void meta__report_snapshot(struct meta_node *n, uint64_t id, bool ok);
+
+/* ------------------------------------------------------------- worker */
+
+struct meta__job {
+	void (*work)(struct meta__job *j); /* on the disk thread */
+	void (*done)(struct meta__job *j); /* on the loop, afterwards */
+	struct meta__job *next;
+	int rc;
+};
+
+/* The disk thread: jobs run in submission order, one at a time. */
+int meta__worker_new(uv_loop_t *loop, struct meta__worker **out) MC_MUST_CHECK;
+void meta__worker_submit(struct meta__worker *w, struct meta__job *j);
+/* Close the wake-up handle (the loop must run on); the thread ends once
+ * the jobs submitted are done. Then free. */
+void meta__worker_close(struct meta__worker *w);
+void meta__worker_free(struct meta__worker *w);
+
+/* ------------------------------------------------------------- sm.c */
+
+/* What applying an entry answers the op that proposed it. */
+struct meta__reply {
+	int code; /* 0 or an error code (meta__status_of) */
+	ProtobufCMessage *resp;
+	struct meta__arena arena;
+	struct mvcc_result mres;
+	bool has_mres;
+};
+void meta__reply_free(struct meta__reply *r);
+
+/* Apply a committed entry. r (may be NULL) gets the answer for the op
+ * that proposed it. Errors (fatal: the member would diverge): -ENOMEM,
+ * -EBADMSG (an entry that does not decode). */
+int meta__apply_entry(struct meta_node *n, const struct raft_entry *e,
+		      struct meta__reply *r) MC_MUST_CHECK;
+
+/* Serve a read-only request (Range, read-only Txn, LeaseLeases,
+ * MemberList, Status, Alarm GET) from the local state into r.
+ * Returns 0 (r->code may hold the request's error) or -ENOMEM. */
+int meta__serve_read(struct meta_node *n, struct meta__op *op,
+		     struct meta__reply *r) MC_MUST_CHECK;
+/* Leader-local requests (LeaseKeepAlive, LeaseTimeToLive). Returns
+ * -EAGAIN when the answer must wait for the next apply (an expired
+ * lease's revoke is in flight). */
+int meta__serve_leader(struct meta_node *n, struct meta__op *op,
+		       struct meta__reply *r) MC_MUST_CHECK;
+
+/* The whole state (members, alarms, KV store) as snapshot data. */
+int meta__sm_snapshot(struct meta_node *n, uint8_t **data, size_t *len) MC_MUST_CHECK;
+/* Replace the state with snapshot data. Errors: -EBADMSG, -ENOMEM. */
+int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len) MC_MUST_CHECK;
+/* An empty store with the node's options. Errors: -ENOMEM. */
+int meta__sm_new_store(struct meta_node *n) MC_MUST_CHECK;
+/* Read a whole snapshot file's data (blocking: a worker's job). */
+int meta__snap_load(const char *path, uint8_t **data, size_t *len) MC_MUST_CHECK;
+/* Free the state machine (store, members, alarms). */
+void meta__sm_free(struct meta_node *n);
+/* The voters/learners of the applied member table, as a ConfState
+ * (serialized, malloc'd). */
+int meta__conf_bytes(const struct meta_node *n, uint8_t **out, size_t *len) MC_MUST_CHECK;
+/* Decode a ConfState (arrays malloc'd, sorted). */
+int meta__conf_parse(const uint8_t *data, size_t len,
+		     struct raft_conf_state *cs) MC_MUST_CHECK;
+void meta__conf_state_free(struct raft_conf_state *cs);
+
+const struct meta__member *meta__member_find(const struct meta_node *n, uint64_t id);
+bool meta__is_removed(const struct meta_node *n, uint64_t id);
+/* The member list as etcd Members, in arena a (NULL on OOM). */
+Etcdserverpb__Member **meta__members_pb(const struct meta_node *n,
+					struct meta__arena *a, size_t *count);
+bool meta__alarm_active(const struct meta_node *n, int alarm);
+/* Whether a write request must be refused for the quota: the NOSPACE
+ * alarm is on or the write would pass --quota-bytes. */
+bool meta__over_quota(const struct meta_node *n, enum meta__method m,
+		      size_t req_len);
+
+/* ------------------------------------------------------------- conv.c */
+
+/*
+ * The log entry of a write: a mooncake.meta.Request whose oneof field for
+ * method m holds the serialized etcd request (req, len) — a tag, a
+ * length, then the bytes as they are, so nothing is re-encoded. *out is
+ * malloc'd. Errors: -EINVAL (m is not a logged write), -ENOMEM.
+ */
+int meta__wrap_request(enum meta__method m, const uint8_t *req, size_t len,
+		       uint8_t **out, size_t *out_len) MC_MUST_CHECK;
+
+/* etcd request -> mvcc op, borrowing the message's bytes; nested arrays
+ * in arena a. Errors: -ENOMEM, -EINVAL. */
+int meta__op_from_range(const Etcdserverpb__RangeRequest *r, struct mvcc_op *op);
+int meta__op_from_put(const Etcdserverpb__PutRequest *r, struct mvcc_op *op);
+int meta__op_from_delete(const Etcdserverpb__DeleteRangeRequest *r,
+			 struct mvcc_op *op);
+int meta__op_from_txn(const Etcdserverpb__TxnRequest *r, struct mvcc_op *op,
+		      struct meta__arena *a) MC_MUST_CHECK;
+/* Does this txn write (a put or delete anywhere, nested included)?
+ * with_put: only puts count. */
+bool meta__txn_writes(const Etcdserverpb__TxnRequest *r, bool put_only);
+bool meta__txn_serializable(const Etcdserverpb__TxnRequest *r);
+
+/* mvcc response -> etcd message in arena a (bytes borrowed from the
+ * result). NULL when out of memory. */
+Mvccpb__KeyValue *meta__kv_pb(const struct mvcc_kv *kv, struct meta__arena *a);
+ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
+				Etcdserverpb__ResponseHeader *h,
+				struct meta__arena *a);
+Mvccpb__Event *meta__event_pb(const struct mvcc_event *ev, struct meta__arena *a);
+
+/* Raft message <-> protobuf. to_pb: pointers borrowed from m; arrays in
+ * arena a. from_pb: a queued deep copy (malloc, free()). */
+Mooncake__Raft__Message *meta__msg_to_pb(const struct raft_msg *m,
+					 struct meta__arena *a);
+struct meta__qmsg *meta__msg_from_pb(const Mooncake__Raft__Message *pm);
+struct meta__qmsg *meta__msg_copy(const struct raft_msg *m);
+
+/* ------------------------------------------------------------- peer.c */
+
+/* Register mooncake.raft.Raft on the peer server. */
+int meta__peer_service_add(struct meta_node *n) MC_MUST_CHECK;
+/* Make sure a peer with this id is known at addr (host:port or URL);
+ * updates the address when it changed. Errors: -EINVAL, -ENOMEM. */
+int meta__peer_set(struct meta_node *n, uint64_t id, const char *url) MC_MUST_CHECK;
+struct meta__peer *meta__peer_find(struct meta_node *n, uint64_t id);
+/* Send the messages of a ready (serialized before return). */
+void meta__peer_send(struct meta_node *n, const struct raft_msg *msgs, size_t n_msgs);
+/* Forward op to the leader over the peer service. */
+void meta__peer_forward(struct meta_node *n, struct meta__op *op);
+/* Find this member's ID from the members named in --initial-cluster
+ * (joining an existing cluster); calls meta__join_done. */
+void meta__peer_join(struct meta_node *n);
+/* Ask again after a while (no member answered, or none knows us yet). */
+void meta__peer_join_later(struct meta_node *n);
+void meta__join_done(struct meta_node *n, int rc, const Mooncake__Meta__MembersResponse *resp);
+/* Heard nothing from any peer for long: ask one whether this member is
+ * still in the cluster (a removed member is told nothing else). */
+void meta__peer_probe(struct meta_node *n);
+/* Close every peer connection and end incoming peer calls (stop). */
+void meta__peer_close_all(struct meta_node *n);
+void meta__peer_free_all(struct meta_node *n);
+
+/* ------------------------------------------------------------- svc.c */
+
+int meta__svc_add(struct meta_node *n) MC_MUST_CHECK;
+/* End the LeaseKeepAlive streams (stop). */
+void meta__svc_close_streams(struct meta_node *n);
+
+/* ------------------------------------------------------------- svc_watch.c */
+
+int meta__watch_service_add(struct meta_node *n) MC_MUST_CHECK;
+/* After entries were applied: route events and hand them out. */
+void meta__watch_pump(struct meta_node *n);
+/* The store was replaced by a snapshot: rebuild the registry. */
+int meta__watch_rebind(struct meta_node *n) MC_MUST_CHECK;
+/* Start the progress-notify timer. */
+void meta__watch_start_timers(struct meta_node *n);
+void meta__watch_close_streams(struct meta_node *n);
+
+#endif

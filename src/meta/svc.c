@@ -1,0 +1,278 @@
+/*
+ * svc: the etcd v3 services of the meta node on --listen-client —
+ * etcdserverpb.KV (Range, Put, DeleteRange, Txn, Compact), Lease
+ * (LeaseGrant, LeaseRevoke, LeaseKeepAlive, LeaseTimeToLive, LeaseLeases),
+ * Cluster (MemberAdd, MemberRemove, MemberUpdate, MemberList,
+ * MemberPromote) and Maintenance (Status, Alarm, MoveLeader; Defragment,
+ * Hash, HashKV and Snapshot are not served and answer UNIMPLEMENTED).
+ *
+ * Each call becomes a request (struct meta__op) for the node; its answer
+ * is sent and the call finished from the op's done callback. A client
+ * that cancels only detaches: the op runs to its end and its answer is
+ * dropped. LeaseKeepAlive is a bidirectional stream: every request
+ * message is one op, answered on the stream in the order the node
+ * answers them.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "meta/meta_int.h"
+
+/* ------------------------------------------------------------- unary calls */
+
+static void finish_send_error(struct rpc_call *call, int rc)
+{
+	if (rc == MC_ETOO_LARGE)
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED,
+				"etcdserver: response larger than the maximum message size");
+	else
+		rpc_call_finish(call, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
+				mc_strerror(rc));
+}
+
+static void unary_done(struct meta__op *op, int status, const char *message,
+		       const ProtobufCMessage *resp)
+{
+	struct rpc_call *call = op->ud;
+	if (!call)
+		return; /* the client went away */
+	rpc_call_set_data(call, NULL);
+	if (status != RPC_OK) {
+		rpc_call_finish(call, status, message);
+		return;
+	}
+	int rc = rpc_call_send(call, resp);
+	if (rc)
+		finish_send_error(call, rc);
+	else
+		rpc_call_finish(call, RPC_OK, NULL);
+}
+
+static void unary(struct rpc_call *call, const ProtobufCMessage *msg, enum meta__method m)
+{
+	struct meta_node *n = rpc_call_service_data(call);
+	struct meta__op *op = meta__op_new(n, m, msg, rpc_call_deadline_ms(call), unary_done, call);
+	if (!op) {
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "etcdserver: out of memory");
+		return;
+	}
+	rpc_call_set_data(call, op);
+	meta__submit(n, op);
+}
+
+static void unary_cancel(struct rpc_call *call)
+{
+	struct meta__op *op = rpc_call_data(call);
+	if (op)
+		op->ud = NULL;
+	rpc_call_set_data(call, NULL);
+	rpc_call_finish(call, RPC_CANCELLED, NULL);
+}
+
+#define UNARY_HANDLER(fn, method)                                              \
+	static void fn(struct rpc_call *call, const ProtobufCMessage *msg)     \
+	{                                                                      \
+		unary(call, msg, method);                                      \
+	}
+
+UNARY_HANDLER(on_range, META_M_RANGE)
+UNARY_HANDLER(on_put, META_M_PUT)
+UNARY_HANDLER(on_delete_range, META_M_DELETE_RANGE)
+UNARY_HANDLER(on_txn, META_M_TXN)
+UNARY_HANDLER(on_compact, META_M_COMPACT)
+UNARY_HANDLER(on_lease_grant, META_M_LEASE_GRANT)
+UNARY_HANDLER(on_lease_revoke, META_M_LEASE_REVOKE)
+UNARY_HANDLER(on_lease_ttl, META_M_LEASE_TTL)
+UNARY_HANDLER(on_lease_leases, META_M_LEASE_LEASES)
+UNARY_HANDLER(on_member_add, META_M_MEMBER_ADD)
+UNARY_HANDLER(on_member_remove, META_M_MEMBER_REMOVE)
+UNARY_HANDLER(on_member_update, META_M_MEMBER_UPDATE)
+UNARY_HANDLER(on_member_list, META_M_MEMBER_LIST)
+UNARY_HANDLER(on_member_promote, META_M_MEMBER_PROMOTE)
+UNARY_HANDLER(on_status, META_M_STATUS)
+UNARY_HANDLER(on_alarm, META_M_ALARM)
+UNARY_HANDLER(on_move_leader, META_M_MOVE_LEADER)
+
+#define UNARY_METHOD(nm, fn, m)                                                \
+	{                                                                      \
+		.name = nm, .kind = RPC_UNARY, .request = meta__methods[m].req, \
+		.response = meta__methods[m].resp, .on_message = fn,           \
+		.on_cancel = unary_cancel                                      \
+	}
+
+/* ------------------------------------------------------------- LeaseKeepAlive */
+
+struct meta__kstream {
+	struct meta__kstream *next, **pprev;
+	struct meta_node *n;
+	struct rpc_call *call;
+	unsigned inflight;
+	bool ended; /* call finished: answers are dropped */
+};
+
+static void ks_maybe_free(struct meta__kstream *ks)
+{
+	if (ks->ended && !ks->inflight)
+		free(ks);
+}
+
+static void ks_end(struct meta__kstream *ks, int status, const char *message)
+{
+	if (ks->ended)
+		return;
+	ks->ended = true;
+	*ks->pprev = ks->next;
+	if (ks->next)
+		ks->next->pprev = ks->pprev;
+	rpc_call_set_data(ks->call, NULL);
+	rpc_call_finish(ks->call, status, message);
+	ks_maybe_free(ks);
+}
+
+static void ka_done(struct meta__op *op, int status, const char *message,
+		    const ProtobufCMessage *resp)
+{
+	struct meta__kstream *ks = op->ud;
+	/* This op still counts in inflight, so ks_end cannot free ks. */
+	if (!ks->ended) {
+		if (status != RPC_OK) {
+			ks_end(ks, status, message);
+		} else {
+			int rc = rpc_call_send(ks->call, resp);
+			if (rc)
+				ks_end(ks, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
+				       mc_strerror(rc));
+		}
+	}
+	ks->inflight--;
+	ks_maybe_free(ks);
+}
+
+static void ka_start(struct rpc_call *call)
+{
+	struct meta_node *n = rpc_call_service_data(call);
+	struct meta__kstream *ks = calloc(1, sizeof(*ks));
+	if (!ks) {
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "etcdserver: out of memory");
+		return;
+	}
+	ks->n = n;
+	ks->call = call;
+	ks->next = n->kstreams;
+	ks->pprev = &n->kstreams;
+	if (n->kstreams)
+		n->kstreams->pprev = &ks->next;
+	n->kstreams = ks;
+	rpc_call_set_data(call, ks);
+}
+
+static void ka_message(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct meta__kstream *ks = rpc_call_data(call);
+	if (!ks || ks->ended)
+		return;
+	struct meta__op *op =
+		meta__op_new(ks->n, META_M_LEASE_KEEPALIVE, msg, 0, ka_done, ks);
+	if (!op) {
+		ks_end(ks, RPC_RESOURCE_EXHAUSTED, "etcdserver: out of memory");
+		return;
+	}
+	ks->inflight++;
+	meta__submit(ks->n, op);
+}
+
+static void ka_half_close(struct rpc_call *call)
+{
+	struct meta__kstream *ks = rpc_call_data(call);
+	if (ks)
+		ks_end(ks, RPC_OK, NULL);
+}
+
+static void ka_cancel(struct rpc_call *call)
+{
+	struct meta__kstream *ks = rpc_call_data(call);
+	if (ks)
+		ks_end(ks, RPC_CANCELLED, NULL);
+	else
+		rpc_call_finish(call, RPC_CANCELLED, NULL);
+}
+
+void meta__svc_close_streams(struct meta_node *n)
+{
+	while (n->kstreams)
+		ks_end(n->kstreams, RPC_UNAVAILABLE, "etcdserver: server stopped");
+}
+
+/* ------------------------------------------------------------- tables */
+
+static struct rpc_method kv_methods[5];
+static struct rpc_method lease_methods[5];
+static struct rpc_method cluster_methods[5];
+static struct rpc_method maint_methods[3];
+
+static void build_tables(void)
+{
+	static bool built;
+	if (built)
+		return;
+	built = true;
+	struct rpc_method kv[] = {
+		UNARY_METHOD("Range", on_range, META_M_RANGE),
+		UNARY_METHOD("Put", on_put, META_M_PUT),
+		UNARY_METHOD("DeleteRange", on_delete_range, META_M_DELETE_RANGE),
+		UNARY_METHOD("Txn", on_txn, META_M_TXN),
+		UNARY_METHOD("Compact", on_compact, META_M_COMPACT),
+	};
+	struct rpc_method lease[] = {
+		UNARY_METHOD("LeaseGrant", on_lease_grant, META_M_LEASE_GRANT),
+		UNARY_METHOD("LeaseRevoke", on_lease_revoke, META_M_LEASE_REVOKE),
+		{.name = "LeaseKeepAlive",
+		 .kind = RPC_BIDI_STREAMING,
+		 .request = &etcdserverpb__lease_keep_alive_request__descriptor,
+		 .response = &etcdserverpb__lease_keep_alive_response__descriptor,
+		 .on_start = ka_start,
+		 .on_message = ka_message,
+		 .on_half_close = ka_half_close,
+		 .on_cancel = ka_cancel},
+		UNARY_METHOD("LeaseTimeToLive", on_lease_ttl, META_M_LEASE_TTL),
+		UNARY_METHOD("LeaseLeases", on_lease_leases, META_M_LEASE_LEASES),
+	};
+	struct rpc_method cluster[] = {
+		UNARY_METHOD("MemberAdd", on_member_add, META_M_MEMBER_ADD),
+		UNARY_METHOD("MemberRemove", on_member_remove, META_M_MEMBER_REMOVE),
+		UNARY_METHOD("MemberUpdate", on_member_update, META_M_MEMBER_UPDATE),
+		UNARY_METHOD("MemberList", on_member_list, META_M_MEMBER_LIST),
+		UNARY_METHOD("MemberPromote", on_member_promote, META_M_MEMBER_PROMOTE),
+	};
+	struct rpc_method maint[] = {
+		UNARY_METHOD("Status", on_status, META_M_STATUS),
+		UNARY_METHOD("Alarm", on_alarm, META_M_ALARM),
+		UNARY_METHOD("MoveLeader", on_move_leader, META_M_MOVE_LEADER),
+	};
+	memcpy(kv_methods, kv, sizeof(kv));
+	memcpy(lease_methods, lease, sizeof(lease));
+	memcpy(cluster_methods, cluster, sizeof(cluster));
+	memcpy(maint_methods, maint, sizeof(maint));
+}
+
+int meta__svc_add(struct meta_node *n)
+{
+	struct rpc_server *s = n->o.client_srv;
+	int rc;
+
+	if (!s)
+		return 0;
+	build_tables();
+	if ((rc = rpc_server_add_service(s, "etcdserverpb.KV", kv_methods,
+					 MC_ARRAY_LEN(kv_methods), n)) ||
+	    (rc = rpc_server_add_service(s, "etcdserverpb.Lease", lease_methods,
+					 MC_ARRAY_LEN(lease_methods), n)) ||
+	    (rc = rpc_server_add_service(s, "etcdserverpb.Cluster", cluster_methods,
+					 MC_ARRAY_LEN(cluster_methods), n)) ||
+	    (rc = rpc_server_add_service(s, "etcdserverpb.Maintenance", maint_methods,
+					 MC_ARRAY_LEN(maint_methods), n)))
+		return rc;
+	return 0;
+}

@@ -1,0 +1,652 @@
+/*
+ * engine: the transfer engine object — options, transports, the data
+ * threads, the setup thread and the loop hand-off, registered regions, the
+ * descriptor this engine publishes, and the mooncake.transfer.Transfer
+ * gRPC service (descriptor fetch for P2P peers).
+ *
+ * Protocol choice: shm is used for every peer on this host whose regions
+ * are memfd-backed (host identity = the kernel's boot id, so processes in
+ * containers on one kernel qualify; if the shm socket is unreachable the
+ * engine falls back to the remote transport). Remote peers use rdma when a
+ * usable device exists; this build has no rdma transport yet, so auto
+ * means tcp and says so once. --protocol=tcp forces tcp even on one host
+ * (benchmarks); --protocol=shm refuses peers on other hosts.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+#include "etcd/etcd.h"
+#include "rpc/rpc.h"
+#include "transfer.pb-c.h"
+#include "transfer/te_int.h"
+
+#define LOG_SUBSYS LOGS_TE
+
+static const char *const proto_names[] = {"auto", "tcp", "rdma", "shm"};
+
+const char *te_protocol_name(enum te_protocol p)
+{
+	return (unsigned)p < MC_ARRAY_LEN(proto_names) ? proto_names[p] : "?";
+}
+
+int te_protocol_parse(const char *s, enum te_protocol *out)
+{
+	for (size_t i = 0; s && i < MC_ARRAY_LEN(proto_names); i++) {
+		if (strcmp(s, proto_names[i]) == 0) {
+			*out = (enum te_protocol)i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+enum te_protocol te_protocol_in_use(const struct te_engine *e)
+{
+	return e->proto == TE_PROTO_SHM ? TE_PROTO_SHM : e->remote_proto;
+}
+
+const char *te_name(const struct te_engine *e)
+{
+	return e->name;
+}
+
+int te__seg_key(const struct te_engine *e, const char *name, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "/mooncake/%s/segments/%s", e->cluster_id,
+			 name ? name : "");
+	return n < (int)len ? n : (int)len - 1;
+}
+
+/* ------------------------------------------------------------ loop hand-off */
+
+static void run_loop_jobs(struct te_engine *e)
+{
+	for (;;) {
+		pthread_mutex_lock(&e->loop_mu);
+		struct te_job *j = e->loop_head;
+		if (j) {
+			e->loop_head = j->next;
+			if (!e->loop_head)
+				e->loop_tail = &e->loop_head;
+			j->queued = false;
+		}
+		pthread_mutex_unlock(&e->loop_mu);
+		if (!j)
+			return;
+		j->fn(j);
+	}
+}
+
+static void on_async(uv_async_t *a)
+{
+	run_loop_jobs(a->data);
+}
+
+bool te__loop_post(struct te_engine *e, struct te_job *j)
+{
+	bool wake = false, queued = false;
+	pthread_mutex_lock(&e->loop_mu);
+	if (!j->queued) {
+		j->queued = true;
+		j->next = NULL;
+		*e->loop_tail = j;
+		e->loop_tail = &j->next;
+		wake = e->async_open;
+		queued = true;
+	}
+	pthread_mutex_unlock(&e->loop_mu);
+	if (wake)
+		uv_async_send(e->async);
+	return queued;
+}
+
+/* ------------------------------------------------------------ setup thread */
+
+static void *setup_main(void *arg)
+{
+	struct te_engine *e = arg;
+	pthread_setname_np(pthread_self(), "te-setup");
+	pthread_mutex_lock(&e->setup_mu);
+	for (;;) {
+		while (!e->setup_stop && !e->setup_head)
+			pthread_cond_wait(&e->setup_cv, &e->setup_mu);
+		if (e->setup_stop)
+			break;
+		struct te_job *j = e->setup_head;
+		e->setup_head = j->next;
+		if (!e->setup_head)
+			e->setup_tail = &e->setup_head;
+		j->queued = false;
+		pthread_mutex_unlock(&e->setup_mu);
+		j->fn(j);
+		pthread_mutex_lock(&e->setup_mu);
+	}
+	pthread_mutex_unlock(&e->setup_mu);
+	return NULL;
+}
+
+bool te__setup_post(struct te_engine *e, struct te_job *j)
+{
+	bool queued = false;
+	pthread_mutex_lock(&e->setup_mu);
+	if (!j->queued) {
+		j->queued = true;
+		j->next = NULL;
+		*e->setup_tail = j;
+		e->setup_tail = &j->next;
+		pthread_cond_signal(&e->setup_cv);
+		queued = true;
+	}
+	pthread_mutex_unlock(&e->setup_mu);
+	return queued;
+}
+
+/* ------------------------------------------------------------ descriptor */
+
+int te__desc_build(struct te_engine *e, struct te_desc **out)
+{
+	struct te_desc *d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	snprintf(d->name, sizeof(d->name), "%s", e->name);
+	snprintf(d->host, sizeof(d->host), "%s", e->host);
+	snprintf(d->host_id, sizeof(d->host_id), "%s", e->host_id);
+	d->rpc_port = e->rpc_port;
+	d->incarnation = e->incarnation;
+	d->generation = atomic_load(&e->generation);
+	d->auth = e->secret_len > 0;
+	int rc = te__rtable_describe(&e->regions, d);
+	if (rc) {
+		te__desc_free(d);
+		return rc;
+	}
+	for (int p = 0; p < 4; p++) {
+		if (e->xp[p] && e->xops[p]->describe) {
+			e->xops[p]->describe(e->xp[p], d);
+			d->transports |= 1u << p;
+		}
+	}
+	*out = d;
+	return 0;
+}
+
+static void on_desc_job(struct te_job *j)
+{
+	struct te_engine *e = MC_CONTAINER_OF(j, struct te_engine, desc_job);
+	if (!e->stopped)
+		te__pub_kick(e);
+}
+
+void te__desc_changed(struct te_engine *e)
+{
+	atomic_fetch_add(&e->generation, 1);
+	te__loop_post(e, &e->desc_job);
+}
+
+/* ------------------------------------------------------------ gRPC service */
+
+static void svc_get_descriptor(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct te_engine *e = rpc_call_service_data(call);
+	const Mooncake__Transfer__GetDescriptorRequest *req =
+		(const Mooncake__Transfer__GetDescriptorRequest *)msg;
+	struct te_desc *d = NULL;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+
+	if (e->stopped) {
+		rpc_call_finish(call, RPC_UNAVAILABLE, "transfer engine stopping");
+		return;
+	}
+	if (req->name && req->name[0] && strcmp(req->name, e->name) != 0) {
+		rpc_call_finish(call, RPC_NOT_FOUND, "no such segment here");
+		return;
+	}
+	int rc = te__desc_build(e, &d);
+	if (rc == 0)
+		rc = te__desc_encode(d, &buf, &len);
+	te__desc_free(d);
+	Mooncake__Transfer__SegmentDesc *m =
+		rc ? NULL : mooncake__transfer__segment_desc__unpack(NULL, len, buf);
+	free(buf);
+	if (!m) {
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+		return;
+	}
+	rc = rpc_call_send(call, &m->base);
+	mooncake__transfer__segment_desc__free_unpacked(m, NULL);
+	rpc_call_finish(call, rc ? RPC_INTERNAL : RPC_OK, rc ? mc_strerror(rc) : NULL);
+}
+
+static const struct rpc_method svc_methods[] = {
+	{.name = "GetDescriptor",
+	 .kind = RPC_UNARY,
+	 .request = &mooncake__transfer__get_descriptor_request__descriptor,
+	 .response = &mooncake__transfer__segment_desc__descriptor,
+	 .on_message = svc_get_descriptor},
+};
+
+/* ------------------------------------------------------------ regions */
+
+int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
+		size_t len, int memfd, uint64_t memfd_off, struct te_region **out)
+{
+	int rc;
+	if (!e || !local || len == 0 || remote_addr + (len - 1) < remote_addr ||
+	    (uintptr_t)local + (len - 1) < (uintptr_t)local)
+		return -EINVAL;
+	struct te_region *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->e = e;
+	r->addr = remote_addr;
+	r->len = len;
+	r->local = local;
+	r->memfd = -1;
+	r->memfd_off = memfd_off;
+	if (memfd >= 0) {
+		r->memfd = fcntl(memfd, F_DUPFD_CLOEXEC, 3);
+		if (r->memfd < 0) {
+			rc = -errno;
+			goto fail_free;
+		}
+	}
+	rc = te__rtable_add(&e->regions, r);
+	if (rc)
+		goto fail_fd;
+	int p;
+	for (p = 0; p < 4; p++) {
+		if (e->xp[p] && e->xops[p]->region_add) {
+			rc = e->xops[p]->region_add(e->xp[p], r);
+			if (rc)
+				goto fail_xp;
+		}
+	}
+	metric_add(e->m_regions, 1);
+	metric_add(e->m_reg_bytes, len);
+	log_debug("registered region 0x%llx+%zu (%s)", (unsigned long long)remote_addr,
+		  len, r->memfd >= 0 ? "memfd" : "private");
+	te__desc_changed(e);
+	*out = r;
+	return 0;
+
+fail_xp:
+	while (p-- > 0)
+		if (e->xp[p] && e->xops[p]->region_del)
+			e->xops[p]->region_del(e->xp[p], r);
+	te__rtable_del(&e->regions, r);
+fail_fd:
+	if (r->memfd >= 0)
+		close(r->memfd);
+fail_free:
+	free(r);
+	return rc;
+}
+
+void te_unregister(struct te_region *r)
+{
+	if (!r)
+		return;
+	struct te_engine *e = r->e;
+	te__rtable_del(&e->regions, r);
+	for (int p = 3; p >= 0; p--)
+		if (e->xp[p] && e->xops[p]->region_del)
+			e->xops[p]->region_del(e->xp[p], r);
+	metric_sub(e->m_regions, 1);
+	metric_sub(e->m_reg_bytes, r->len);
+	te__desc_changed(e);
+	if (r->memfd >= 0)
+		close(r->memfd);
+	free(r);
+}
+
+/* ------------------------------------------------------------ create */
+
+static void read_host_id(struct te_engine *e)
+{
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+	e->host_id[0] = '\0';
+	if (f) {
+		if (fgets(e->host_id, sizeof(e->host_id), f))
+			e->host_id[strcspn(e->host_id, "\r\n")] = '\0';
+		fclose(f);
+	}
+	if (!e->host_id[0])
+		log_warn("cannot read the kernel boot id: shm is off for this "
+			 "engine");
+}
+
+static void register_metrics(struct te_engine *e, struct metrics_registry *r)
+{
+	static const char *const ops[2] = {"read", "write"};
+	static const int protos[] = {TE_PROTO_TCP, TE_PROTO_SHM};
+	for (size_t i = 0; i < MC_ARRAY_LEN(protos); i++) {
+		int p = protos[i];
+		const char *pn = proto_names[p];
+		for (int o = 0; o < 2; o++) {
+			e->m_bytes[p][o] = metrics_counter(
+				r, "mooncake_te_bytes_total",
+				"Bytes moved by transfer requests this engine initiated.",
+				"transport,op", (const char *[]){pn, ops[o]});
+			e->m_served[p][o] = metrics_counter(
+				r, "mooncake_te_served_bytes_total",
+				"Bytes read or written in local regions by peers' "
+				"requests served here.",
+				"transport,op", (const char *[]){pn, ops[o]});
+		}
+		e->m_failed[p] = metrics_counter(
+			r, "mooncake_te_failed_requests_total",
+			"Transfer requests this engine initiated that failed.",
+			"transport", (const char *[]){pn});
+	}
+	e->m_retries = metrics_counter(r, "mooncake_te_slice_retries_total",
+				       "Slices resubmitted on another path after "
+				       "theirs failed.",
+				       NULL, NULL);
+	e->m_refused = metrics_counter(r, "mooncake_te_refused_requests_total",
+				       "Peers' requests refused because the range "
+				       "is not inside one registered region.",
+				       NULL, NULL);
+	e->m_regions = metrics_gauge(r, "mooncake_te_regions",
+				     "Registered memory regions.", NULL, NULL);
+	e->m_reg_bytes = metrics_gauge(r, "mooncake_te_registered_bytes",
+				       "Bytes of registered memory.", NULL, NULL);
+	e->m_segments = metrics_gauge(r, "mooncake_te_segments_open",
+				      "Peer segments in the open-segment cache.",
+				      NULL, NULL);
+}
+
+static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)
+{
+	if (!o || !o->loop || !o->data_listen) {
+		log_error("transfer engine: loop and data listen address required");
+		return -EINVAL;
+	}
+	if (mc_parse_hostport(o->data_listen, ss) != 0) {
+		log_error("transfer engine: data listen address '%s' is not a "
+			  "numeric host:port",
+			  o->data_listen);
+		return -EINVAL;
+	}
+	if (o->meta && (!o->cluster_id || !*o->cluster_id || strchr(o->cluster_id, '/') ||
+			strlen(o->cluster_id) >= 128 || !o->segment_name)) {
+		log_error("transfer engine: a segment name and a cluster id "
+			  "without '/' are required with meta");
+		return -EINVAL;
+	}
+	if (o->segment_name && (!*o->segment_name || strlen(o->segment_name) > TE_NAME_MAX)) {
+		log_error("transfer engine: segment name must be 1..%d bytes",
+			  TE_NAME_MAX);
+		return -EINVAL;
+	}
+	if (o->slice_bytes && (o->slice_bytes < TE_SLICE_MIN || o->slice_bytes > TE_SLICE_MAX)) {
+		log_error("transfer engine: slice size %zu outside 64K..64M",
+			  o->slice_bytes);
+		return -EINVAL;
+	}
+	if (o->tcp_conns > TE_MAX_PATHS || o->threads > 1024) {
+		log_error("transfer engine: at most %d connections per peer and "
+			  "1024 threads",
+			  TE_MAX_PATHS);
+		return -EINVAL;
+	}
+	if (o->cluster_secret && (o->cluster_secret_len == 0 ||
+				  o->cluster_secret_len > MC_SECRET_MAX_BYTES))
+		return -EINVAL;
+	return 0;
+}
+
+static void engine_destroy(struct te_engine *e);
+
+int te_new(const struct te_opts *o, struct te_engine **out)
+{
+	struct sockaddr_storage ss;
+	int rc = check_opts(o, &ss);
+	if (rc)
+		return rc;
+	char host[80];
+	mc_format_addr((struct sockaddr *)&ss, host, sizeof(host));
+	*strrchr(host, ':') = '\0';
+	if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "[::]") == 0) {
+		log_error("transfer engine: the data listener's host is advertised "
+			  "to peers; bind it to a specific address, not %s",
+			  host);
+		return -EINVAL;
+	}
+	if (o->protocol == TE_PROTO_RDMA) {
+		log_error("transfer engine: --protocol=rdma: this build has no RDMA "
+			  "transport yet (use auto or tcp)");
+		return -ENOTSUP;
+	}
+
+	struct te_engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->loop = o->loop;
+	e->meta = o->meta;
+	e->rpc = o->rpc;
+	e->rpc_port = o->rpc_port;
+	e->proto = o->protocol;
+	e->remote_proto = TE_PROTO_TCP;
+	e->tcp_conns = o->tcp_conns ? o->tcp_conns : 4;
+	e->slice_bytes = o->slice_bytes ? o->slice_bytes : TE_SLICE_DEFAULT;
+	e->io_timeout_ms = o->io_timeout_ms ? o->io_timeout_ms : 10000;
+	e->lease_ttl_s = o->lease_ttl_s ? o->lease_ttl_s : 10;
+	snprintf(e->cluster_id, sizeof(e->cluster_id), "%s",
+		 o->cluster_id ? o->cluster_id : "mooncake");
+	const char *h = host[0] == '[' ? host + 1 : host;
+	size_t hl = strcspn(h, "]");
+	if (hl >= sizeof(e->host))
+		hl = sizeof(e->host) - 1;
+	memcpy(e->host, h, hl);
+	e->host[hl] = '\0';
+	snprintf(e->data_listen, sizeof(e->data_listen), "%s", o->data_listen);
+	if (o->segment_name)
+		snprintf(e->name, sizeof(e->name), "%s", o->segment_name);
+	else
+		snprintf(e->name, sizeof(e->name), "%s:%u", e->host, e->rpc_port);
+	if (o->cluster_secret) {
+		memcpy(e->secret, o->cluster_secret, o->cluster_secret_len);
+		e->secret_len = o->cluster_secret_len;
+	}
+	read_host_id(e);
+	if (mc_random(&e->incarnation, sizeof(e->incarnation)) != 0)
+		e->incarnation = mc_now_ns() ^ ((uint64_t)getpid() << 32);
+	atomic_init(&e->generation, 1);
+	pthread_mutex_init(&e->mu, NULL);
+	pthread_mutex_init(&e->setup_mu, NULL);
+	pthread_cond_init(&e->setup_cv, NULL);
+	pthread_mutex_init(&e->loop_mu, NULL);
+	pthread_mutex_init(&e->pub_mu, NULL);
+	pthread_cond_init(&e->pub_cv, NULL);
+	e->setup_tail = &e->setup_head;
+	e->loop_tail = &e->loop_head;
+	e->desc_job.fn = on_desc_job;
+	e->xops[TE_PROTO_TCP] = &te__tcp_ops;
+	e->xops[TE_PROTO_SHM] = &te__shm_ops;
+	register_metrics(e, o->metrics ? o->metrics : metrics_global());
+
+	rc = te__rtable_init(&e->regions);
+	if (rc)
+		goto fail;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n = o->threads ? o->threads : (cores > 0 ? (unsigned)cores : 1);
+	rc = te__workers_start(e, n);
+	if (rc) {
+		log_error("transfer engine: cannot start %u data threads: %s", n,
+			  mc_strerror(rc));
+		goto fail;
+	}
+	rc = te__tcp_ops.init(e, &e->xp[TE_PROTO_TCP]);
+	if (rc)
+		goto fail;
+	if (e->host_id[0]) {
+		int src = te__shm_ops.init(e, &e->xp[TE_PROTO_SHM]);
+		if (src)
+			log_warn("shm transport unavailable: %s", mc_strerror(src));
+	}
+	rc = -pthread_create(&e->setup_tid, NULL, setup_main, e);
+	if (rc)
+		goto fail;
+	e->setup_started = true;
+
+	e->async = calloc(1, sizeof(*e->async));
+	if (!e->async) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	uv_async_init(e->loop, e->async, on_async);
+	e->async->data = e;
+	e->async_open = true;
+	if (e->rpc) {
+		rc = rpc_server_add_service(e->rpc, "mooncake.transfer.Transfer",
+					    svc_methods, MC_ARRAY_LEN(svc_methods), e);
+		if (rc) {
+			log_error("transfer engine: cannot serve "
+				  "mooncake.transfer.Transfer: %s",
+				  mc_strerror(rc));
+			goto fail;
+		}
+	}
+	rc = te__pub_start(e);
+	if (rc)
+		goto fail; /* only -ENOMEM; the service was never called */
+
+	atomic_store(&e->ready, true);
+	if (o->protocol == TE_PROTO_AUTO)
+		log_info("no RDMA transport in this build: remote peers use tcp "
+			 "(shm on this host)");
+	log_info("transfer engine: segment %s, data %s:%u, %u threads, %u "
+		 "connections per peer, %zu KiB slices, protocol %s, %s",
+		 e->name, e->host, te__tcp_port(e->xp[TE_PROTO_TCP]), e->nworkers,
+		 e->tcp_conns, e->slice_bytes >> 10, te_protocol_name(e->proto),
+		 e->secret_len ? "peers authenticated with the cluster secret"
+			       : "no cluster secret: peers are not authenticated");
+	*out = e;
+	return 0;
+fail:
+	engine_destroy(e);
+	return rc;
+}
+
+/* ------------------------------------------------------------ stop and free */
+
+static void on_async_closed(uv_handle_t *h)
+{
+	free(h);
+}
+
+static void on_pub_stopped(struct te_engine *e, void *ud)
+{
+	(void)ud;
+	run_loop_jobs(e);
+	pthread_mutex_lock(&e->loop_mu);
+	e->async_open = false;
+	pthread_mutex_unlock(&e->loop_mu);
+	uv_close((uv_handle_t *)e->async, on_async_closed);
+	e->async = NULL;
+	void (*cb)(struct te_engine *, void *) = e->pub.on_stopped;
+	void *cb_ud = e->pub.stop_ud;
+	if (cb)
+		cb(e, cb_ud);
+}
+
+void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud),
+	     void *ud)
+{
+	pthread_mutex_lock(&e->mu);
+	e->stopped = true;
+	pthread_mutex_unlock(&e->mu);
+	e->pub.on_stopped = on_stopped;
+	e->pub.stop_ud = ud;
+	te__pub_stop(e, on_pub_stopped, NULL);
+}
+
+static void engine_destroy(struct te_engine *e)
+{
+	e->stopped = true;
+	atomic_store(&e->ready, false);
+	if (e->setup_started) {
+		pthread_mutex_lock(&e->setup_mu);
+		e->setup_stop = true;
+		pthread_cond_signal(&e->setup_cv);
+		pthread_mutex_unlock(&e->setup_mu);
+		pthread_join(e->setup_tid, NULL);
+		/* Jobs left behind see e->stopped and only finish up. */
+		for (struct te_job *j; (j = e->setup_head);) {
+			e->setup_head = j->next;
+			j->queued = false;
+			j->fn(j);
+		}
+	}
+	if (e->async) {
+		/* te_new failed after creating it: the loop frees it. */
+		uv_close((uv_handle_t *)e->async, on_async_closed);
+		e->async = NULL;
+	}
+	e->async_open = false;
+	run_loop_jobs(e);
+	/* Peers are disconnected by tasks on the workers, which run what is
+	 * queued before they exit; then nothing runs and the transports close
+	 * their listeners and served connections. */
+	te__segments_free_all(e);
+	if (e->workers)
+		te__workers_stop(e);
+	for (int p = 0; p < 4; p++) {
+		if (e->xp[p])
+			e->xops[p]->fini(e->xp[p]);
+		e->xp[p] = NULL;
+	}
+	/* Regions left registered. */
+	for (size_t i = 0; i < e->regions.n; i++) {
+		struct te_region *r = e->regions.v[i];
+		if (r->memfd >= 0)
+			close(r->memfd);
+		free(r);
+	}
+	te__rtable_destroy(&e->regions);
+	pthread_mutex_destroy(&e->mu);
+	pthread_mutex_destroy(&e->setup_mu);
+	pthread_cond_destroy(&e->setup_cv);
+	pthread_mutex_destroy(&e->loop_mu);
+	pthread_mutex_destroy(&e->pub_mu);
+	pthread_cond_destroy(&e->pub_cv);
+	memset(e->secret, 0, sizeof(e->secret));
+	free(e);
+}
+
+void te_free(struct te_engine *e)
+{
+	if (e)
+		engine_destroy(e);
+}
+
+int te_wait_published(struct te_engine *e, uint64_t timeout_ms)
+{
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += (time_t)(timeout_ms / 1000);
+	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	int rc = 0;
+	pthread_mutex_lock(&e->pub_mu);
+	while (!e->pub_ok && rc == 0) {
+		if (timeout_ms == 0)
+			pthread_cond_wait(&e->pub_cv, &e->pub_mu);
+		else if (pthread_cond_timedwait(&e->pub_cv, &e->pub_mu, &dl) == ETIMEDOUT)
+			rc = e->pub_ok ? 0 : (e->pub_err ? e->pub_err : MC_ETIMEDOUT);
+	}
+	pthread_mutex_unlock(&e->pub_mu);
+	return rc;
+}

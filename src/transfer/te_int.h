@@ -1,0 +1,684 @@
+/*
+ * te_int: what the transfer engine's files share — the engine, segment,
+ * batch and slice structures, the data-plane workers, the transport
+ * function table, and the pure pieces (wire formats, descriptors, slicing,
+ * range checks) that the unit tests and the fuzz target drive directly.
+ *
+ * Threads and who owns what
+ * -------------------------
+ *   loop     the caller's libuv loop: meta (publish, resolve, watch), the
+ *            P2P descriptor fetch, the gRPC service. Never blocks.
+ *   setup    one thread for blocking control work: connecting to peers
+ *            (TCP connect + handshake, shm socket + mmap), reopening a
+ *            segment after its descriptor changed. Jobs are queued to it.
+ *   workers  te-threads data-plane threads. Each owns an epoll set and a
+ *            task queue woken by an eventfd (memcached style): TCP
+ *            connections (client and server side) live on one worker each
+ *            and are only touched there; shm copies are tasks.
+ * Submitters (any thread) hand tcp slices to the peer's locked queue and
+ * wake its connections' workers, which take from it while their window
+ * has room; shm copies go to a worker's task queue.
+ *
+ * Transports (struct te_xport_ops) in the Redis ConnectionType style: the
+ * core knows nothing of sockets or mappings. A transport has engine-wide
+ * state (listener, devices) and per-peer state (struct te_peer embedded
+ * first in its own struct). The core binds each request to one peer
+ * (bind: resolve and check the remote range, return a route cookie), cuts
+ * it into slices, stripes the slices over the peer's paths (connections,
+ * NICs, workers) and hands each to submit; the transport completes every
+ * slice exactly once with te__slice_done. A slice that fails because its
+ * path broke is resubmitted on another live path of the same peer; a
+ * refusal by the remote side is final. The chosen path is binding for shm
+ * (the worker) and meant to be for rdma (the NIC); tcp treats it as a hint
+ * and lets its connections pull from one queue, so the stripe follows
+ * each connection's actual speed.
+ *
+ * How an rdma transport plugs in: init opens devices and fills the NIC
+ * list of the descriptor (describe); region_add registers an MR per NIC
+ * and writes the rkeys into the region (they travel in the descriptor);
+ * connect opens a TCP control connection to the peer's data port (the
+ * same authenticated handshake as tcp, te__hs_*), exchanges QP endpoint
+ * info as TE_WIRE_CTRL messages (routed on the serving side to the
+ * transport's on_ctrl; te__ctrl_call is the client side) and moves the
+ * QPs to RTS; bind finds the region in the peer's descriptor (the rkey);
+ * paths are NICs; submit posts a one-sided READ/WRITE and the CQ thread
+ * calls te__slice_done. engine.c picks remote_proto (rdma when a device
+ * is usable) and fills xops[TE_PROTO_RDMA].
+ */
+#ifndef MC_TRANSFER_TE_INT_H
+#define MC_TRANSFER_TE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <uv.h>
+
+#include "common/auth.h"
+#include "transfer/transfer.h"
+
+struct metric;
+struct etcd_lease;
+struct etcd_watch;
+struct rpc_client;
+
+/* ------------------------------------------------------------ limits */
+
+#define TE_NAME_MAX 255            /* segment name bytes */
+#define TE_HOST_MAX 63             /* numeric host */
+#define TE_MAX_REGIONS 65536       /* per descriptor */
+#define TE_MAX_NICS 16
+#define TE_MAX_PATHS 32            /* connections/NICs per peer */
+#define TE_SLICE_MIN ((size_t)64 << 10)
+#define TE_SLICE_MAX ((size_t)64 << 20)
+#define TE_SLICE_DEFAULT ((size_t)1 << 20)
+#define TE_MAX_BATCH_SLICES ((size_t)1 << 22)
+#define TE_DESC_MAX_BYTES ((size_t)16 << 20)
+#define TE_CONNECT_TIMEOUT_MS 5000
+#define TE_SHM_INLINE_BYTES ((size_t)64 << 10) /* copied by the submitter, */
+#define TE_SHM_INLINE_BATCH_BYTES ((size_t)1 << 20) /* up to this per batch */
+
+/* Transport bits in a descriptor. */
+#define TE_XP_TCP (1u << TE_PROTO_TCP)
+#define TE_XP_RDMA (1u << TE_PROTO_RDMA)
+#define TE_XP_SHM (1u << TE_PROTO_SHM)
+
+/* ------------------------------------------------------------ wire (wire.c, pure)
+ *
+ * TCP data connection. After the handshake every message is a fixed
+ * 32-byte little-endian header, followed by len raw bytes for a WRITE
+ * request and for an OK response to a READ:
+ *
+ *   0  u32 magic "MCTD"      8  i32 status (responses: 0 or -code)
+ *   4  u8  type              12 u32 len (<= TE_SLICE_MAX)
+ *   5  u8  flags (0)         16 u64 id (echoed in the response)
+ *   6  u16 reserved (0)      24 u64 addr (requests: remote address)
+ *
+ * A server answers requests in order. A refused WRITE's payload is read
+ * and discarded. CTRL carries len bytes of a transport's control message
+ * (addr = transport id); its response carries the reply bytes.
+ */
+#define TE_WIRE_MAGIC 0x4454434du /* "MCTD" */
+#define TE_WIRE_HDR_BYTES 32
+
+enum te_wire_type {
+	TE_WIRE_READ = 1,
+	TE_WIRE_WRITE = 2,
+	TE_WIRE_RESP = 3,
+	TE_WIRE_CTRL = 4,
+};
+
+struct te_wire_hdr {
+	uint8_t type;
+	int32_t status;
+	uint32_t len;
+	uint64_t id;
+	uint64_t addr;
+};
+
+void te__wire_encode(const struct te_wire_hdr *h, uint8_t out[TE_WIRE_HDR_BYTES]);
+/* Errors: MC_EPROTOCOL (bad magic, type, flags, reserved bits, a length
+ * over max_len, a status in a request, an error response with a
+ * payload). */
+int te__wire_decode(const uint8_t in[TE_WIRE_HDR_BYTES], uint32_t max_len,
+		    struct te_wire_hdr *h) MC_MUST_CHECK;
+
+/*
+ * Connection handshake (TCP data connections and the shm Unix socket),
+ * fixed TE_HS_BYTES messages:
+ *   client HELLO {flags: has secret, nonce_c, client name, target name}
+ *   server RESULT {status} when neither side has a secret or it refuses
+ *          (target name is not its segment: MC_ESEGMENT_NOT_FOUND; one side
+ *          has a secret and the other not: -EACCES), else
+ *          CHALLENGE {nonce_s, server mac}
+ *   client AUTH {client mac} (after checking the server's mac)
+ *   server RESULT {0 or -EACCES}
+ * server mac = HMAC(secret, "mooncake-te-server" 0 nonce_c nonce_s target)
+ * client mac = HMAC(secret, "mooncake-te-client" 0 nonce_s nonce_c client)
+ */
+#define TE_HS_MAGIC 0x4854434du /* "MCTH" */
+#define TE_HS_VERSION 1
+#define TE_HS_BYTES 608
+#define TE_HS_NONCE 32
+#define TE_HS_F_SECRET 0x01
+
+enum te_hs_kind {
+	TE_HS_HELLO = 1,
+	TE_HS_CHALLENGE = 2,
+	TE_HS_AUTH = 3,
+	TE_HS_RESULT = 4,
+};
+
+struct te_hs_msg {
+	uint8_t kind;
+	uint8_t flags;
+	int32_t status;
+	uint8_t nonce[TE_HS_NONCE];
+	uint8_t mac[MC_SHA256_BYTES];
+	char name[TE_NAME_MAX + 1];   /* HELLO: the client's segment */
+	char target[TE_NAME_MAX + 1]; /* HELLO: the segment it wants */
+};
+
+void te__hs_encode(const struct te_hs_msg *m, uint8_t out[TE_HS_BYTES]);
+/* Errors: MC_EPROTOCOL (magic, version, kind, unterminated names),
+ * -EPROTONOSUPPORT (another handshake version). */
+int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m) MC_MUST_CHECK;
+void te__hs_mac(const uint8_t *secret, size_t slen, bool server,
+		const uint8_t a[TE_HS_NONCE], const uint8_t b[TE_HS_NONCE],
+		const char *name, uint8_t out[MC_SHA256_BYTES]);
+
+/* Server side of the handshake as a pure step function: feed the
+ * client's message, get the reply to send. */
+struct te_hs_server {
+	const uint8_t *secret; /* NULL: none */
+	size_t secret_len;
+	const char *own_name;
+	uint8_t nonce_c[TE_HS_NONCE], nonce_s[TE_HS_NONCE]; /* nonce_s: caller's random */
+	char peer[TE_NAME_MAX + 1];
+	int state; /* 0 want HELLO, 1 want AUTH, 2 done, -1 refused */
+};
+/* Returns 1 to send *reply and wait for the next message, 0 when the
+ * handshake succeeded (*reply is the RESULT to send), or a negative code
+ * when refused (*reply is the RESULT to send before closing; -EACCES,
+ * MC_ESEGMENT_NOT_FOUND) or MC_EPROTOCOL (send nothing, close). */
+int te__hs_server_step(struct te_hs_server *s, const struct te_hs_msg *in,
+		       struct te_hs_msg *reply) MC_MUST_CHECK;
+
+/*
+ * Blocking client side over a connected stream or seqpacket socket (the
+ * setup thread). Errors: -EACCES (refused or the server's mac is wrong),
+ * MC_ESEGMENT_NOT_FOUND, MC_ETIMEDOUT, MC_EPROTOCOL, negative errno.
+ */
+int te__hs_client(int fd, const uint8_t *secret, size_t slen, const char *own,
+		  const char *target, uint64_t timeout_ms) MC_MUST_CHECK;
+
+/* Blocking exact read/write with a deadline on a non-blocking or blocking
+ * fd (poll). Errors: MC_ETIMEDOUT, -ECONNRESET (EOF), negative errno. */
+int te__io_full(int fd, void *buf, size_t len, bool write,
+		uint64_t deadline_ms) MC_MUST_CHECK;
+
+/*
+ * shm channel (SOCK_SEQPACKET, abstract Unix socket named in the
+ * descriptor). After the same handshake as TCP, the server sends ADD (with
+ * the region's memfd as SCM_RIGHTS) for every shareable region, then SYNC;
+ * later ADD for new regions and DEL for removed ones, which the client
+ * answers with ACK once nothing of its own touches the mapping any more.
+ *
+ *   0 u32 magic "MCTS"  4 u8 type  5..7 0  8 u32 id  12 u32 0
+ *  16 u64 addr         24 u64 len        32 u64 memfd offset
+ */
+#define TE_SHM_MAGIC 0x5354434du /* "MCTS" */
+#define TE_SHM_MSG_BYTES 40
+
+enum te_shm_type { TE_SHM_ADD = 1, TE_SHM_DEL = 2, TE_SHM_SYNC = 3, TE_SHM_ACK = 4 };
+
+struct te_shm_msg {
+	uint8_t type;
+	uint32_t id;
+	uint64_t addr, len, off;
+};
+
+void te__shm_encode(const struct te_shm_msg *m, uint8_t out[TE_SHM_MSG_BYTES]);
+/* Errors: MC_EPROTOCOL (magic, type, padding, an ADD that is empty or
+ * wraps the address or offset space). */
+int te__shm_decode(const uint8_t in[TE_SHM_MSG_BYTES], struct te_shm_msg *m) MC_MUST_CHECK;
+
+/* ------------------------------------------------------------ descriptors (desc.c, pure) */
+
+struct te_desc_region {
+	uint64_t addr;
+	uint64_t len;
+	bool shm;                  /* memfd-backed: same-host peers may map it */
+	uint32_t nrkeys;           /* rdma: one rkey per NIC */
+	uint32_t rkeys[TE_MAX_NICS];
+};
+
+struct te_desc_nic {
+	char name[64];
+	uint8_t gid[16];
+	uint32_t lid, port, mtu;
+};
+
+struct te_desc {
+	char name[TE_NAME_MAX + 1];
+	char host[TE_HOST_MAX + 1];
+	uint16_t data_port;
+	uint16_t rpc_port;
+	uint32_t transports;        /* TE_XP_* */
+	char host_id[64];           /* boot id: equal => same host */
+	char shm_socket[100];       /* abstract Unix socket name (no NUL) */
+	uint64_t incarnation;       /* random per engine start */
+	uint64_t generation;        /* bumped by every change */
+	bool auth;                  /* the engine requires the cluster secret */
+	size_t nnics;
+	struct te_desc_nic *nics;
+	size_t nregions;
+	struct te_desc_region *regions; /* sorted by addr, disjoint */
+};
+
+/* Serialize (proto/transfer.proto SegmentDesc). *out is malloc'd.
+ * Errors: -ENOMEM. */
+int te__desc_encode(const struct te_desc *d, uint8_t **out, size_t *len) MC_MUST_CHECK;
+/* Parse and validate (limits, sorted disjoint regions without overflow,
+ * ports for offered transports). Errors: MC_EPROTOCOL, -ENOMEM. */
+int te__desc_decode(const uint8_t *buf, size_t len, struct te_desc **out) MC_MUST_CHECK;
+int te__desc_copy(const struct te_desc *d, struct te_desc **out) MC_MUST_CHECK;
+/* The same validation from an unpacked message (GetDescriptor reply). */
+struct Mooncake__Transfer__SegmentDesc;
+int te__desc_from_pb(const struct Mooncake__Transfer__SegmentDesc *m,
+		     struct te_desc **out) MC_MUST_CHECK;
+void te__desc_free(struct te_desc *d);
+
+/*
+ * The range check every served request goes through: find the region of
+ * a sorted, disjoint array (element i at base + i * stride, with uint64_t
+ * addr and len at offsets addr_off and len_off) that contains all of
+ * [addr, addr + len). len 0 is checked as len 1. Returns the index or
+ * MC_EREMOTE_ACCESS (no such region, partly outside one, or overflow).
+ */
+long te__range_find(const void *base, size_t n, size_t stride, size_t addr_off,
+		    size_t len_off, uint64_t addr, uint64_t len);
+
+/* ------------------------------------------------------------ slicing (batch.c, pure) */
+
+/* Number of slices of a request of len bytes (0 for len 0). */
+size_t te__slice_count(uint64_t len, size_t slice_bytes);
+/* Slice i: offset and length. */
+void te__slice_at(uint64_t len, size_t slice_bytes, size_t i, uint64_t *off,
+		  size_t *slen);
+/* The path for the k-th slice of a stripe starting at path start: path
+ * (start + k) % npaths, or the next one after it that is alive (bit set in
+ * alive) and not already tried (bit set in excluded). Returns the path or
+ * -1 when none is left. */
+int te__pick_path(unsigned npaths, unsigned start, size_t k, uint32_t excluded,
+		  uint32_t alive);
+
+/* ------------------------------------------------------------ workers (worker.c) */
+
+struct te_task {
+	struct te_task *next;
+	void (*run)(struct te_task *t);
+};
+
+/* An fd in a worker's epoll set. */
+struct te_ioh {
+	void (*on_io)(struct te_ioh *h, uint32_t events);
+};
+
+struct te_worker {
+	struct te_engine *e;
+	unsigned idx;
+	pthread_t tid;
+	int epfd, evfd;
+	pthread_mutex_t mu;
+	struct te_task *head, **tail;
+	bool stop;
+	bool exited;               /* later posts run on the poster's thread */
+	struct te_ioh wake;
+};
+
+int te__workers_start(struct te_engine *e, unsigned n) MC_MUST_CHECK;
+void te__workers_stop(struct te_engine *e);
+void te__worker_post(struct te_worker *w, struct te_task *t);
+bool te__on_worker(const struct te_worker *w);
+/* epoll_ctl on the worker's set (thread-safe). */
+int te__worker_add(struct te_worker *w, int fd, struct te_ioh *h,
+		   uint32_t events) MC_MUST_CHECK;
+int te__worker_mod(struct te_worker *w, int fd, struct te_ioh *h,
+		   uint32_t events) MC_MUST_CHECK;
+void te__worker_del(struct te_worker *w, int fd);
+
+/* ------------------------------------------------------------ regions (region.c) */
+
+struct te_region {
+	struct te_engine *e;
+	uint64_t addr;
+	uint64_t len;
+	uint8_t *local;
+	int memfd;                 /* dup'd, owned; -1 when not shareable */
+	uint64_t memfd_off;
+	uint32_t id;               /* shm protocol id */
+	atomic_uint inflight;      /* served requests touching it */
+	bool dead;
+	uint32_t nrkeys;
+	uint32_t rkeys[TE_MAX_NICS];
+	void *xp[4];               /* per transport (indexed by te_protocol) */
+};
+
+struct te_rtable {
+	pthread_rwlock_t lock;
+	struct te_region **v;      /* sorted by addr */
+	size_t n, cap;
+	pthread_mutex_t wait_mu;
+	pthread_cond_t wait_cv;
+	uint32_t next_id;
+};
+
+int te__rtable_init(struct te_rtable *t) MC_MUST_CHECK;
+void te__rtable_destroy(struct te_rtable *t);
+/* Errors: -EEXIST (overlap), -ENOMEM. Assigns r->id. */
+int te__rtable_add(struct te_rtable *t, struct te_region *r) MC_MUST_CHECK;
+/* Remove, then wait until no served request holds it. */
+void te__rtable_del(struct te_rtable *t, struct te_region *r);
+/* Find the region holding [addr, addr + len) and count a request on it.
+ * Errors: MC_EREMOTE_ACCESS. */
+int te__rtable_acquire(struct te_rtable *t, uint64_t addr, uint64_t len,
+		       struct te_region **out) MC_MUST_CHECK;
+void te__rtable_release(struct te_rtable *t, struct te_region *r);
+/* Copy the regions into a descriptor (sorted). Errors: -ENOMEM. */
+int te__rtable_describe(struct te_rtable *t, struct te_desc *d) MC_MUST_CHECK;
+/* Call fn for each region under the read lock. */
+void te__rtable_foreach(struct te_rtable *t, void (*fn)(void *ud, struct te_region *r),
+			void *ud);
+
+/* ------------------------------------------------------------ transports */
+
+struct te_xport;
+struct te_peer;
+struct te_slice;
+
+struct te_xport_ops {
+	const char *name;
+	enum te_protocol proto;
+	/* Engine-wide set-up (listeners, devices) on te_new's thread, and
+	 * teardown after the workers stopped. */
+	int (*init)(struct te_engine *e, struct te_xport **out);
+	void (*fini)(struct te_xport *x);
+	/* Add what peers need to the descriptor (ports, NICs, rkeys). */
+	void (*describe)(struct te_xport *x, struct te_desc *d);
+	/* A local region appeared / is going away. region_del returns once
+	 * no peer can touch the region through this transport. Optional. */
+	int (*region_add)(struct te_xport *x, struct te_region *r);
+	void (*region_del)(struct te_xport *x, struct te_region *r);
+	/* Connect to a peer described by d (setup thread; may block up to
+	 * TE_CONNECT_TIMEOUT_MS). Errors: -EACCES, MC_ESEGMENT_NOT_FOUND,
+	 * MC_EUNAVAILABLE, MC_ETIMEDOUT, -ENOMEM. */
+	int (*connect)(struct te_xport *x, struct te_segment *seg,
+		       const struct te_desc *d, struct te_peer **out);
+	/* Bind a request's remote range; *route comes back in each slice.
+	 * 0, MC_EREMOTE_ACCESS (refused) or -EAGAIN (not this transport's:
+	 * try the next). NULL: always 0 (the remote side checks). */
+	int (*bind)(struct te_peer *p, uint64_t addr, uint64_t len, void **route);
+	void (*unbind)(struct te_peer *p, void *route);
+	/* Start one slice on path s->path; complete it with te__slice_done,
+	 * possibly before returning. Any thread. */
+	void (*submit)(struct te_peer *p, struct te_slice *s);
+	/* Stop: close paths, fail what is queued (path errors). Once. */
+	void (*disconnect)(struct te_peer *p);
+	/* Free after the last reference. */
+	void (*peer_free)(struct te_peer *p);
+	/* Every second on each worker: time out what that worker owns.
+	 * Optional. */
+	void (*tick)(struct te_xport *x, struct te_worker *w);
+	/* Serving side of a TE_WIRE_CTRL message (rdma QP exchange) from
+	 * the authenticated peer segment `peer`: answer into out (capacity
+	 * *outlen, set it to the answer's length). Runs on a data worker;
+	 * must not block long. Optional. */
+	int (*on_ctrl)(struct te_xport *x, const char *peer, const uint8_t *in,
+		       size_t inlen, uint8_t *out, size_t *outlen);
+};
+
+/*
+ * A transport's control exchange with a peer (rdma: QP endpoint info),
+ * over a fresh TCP connection to the peer's data port, authenticated like
+ * every data connection: send in, get the peer transport's answer (its
+ * on_ctrl) into out (capacity *outlen, set to the answer's length).
+ * Blocking (setup thread). Errors: -EPROTONOSUPPORT (the peer's transport
+ * takes no control messages), the peer's on_ctrl error, -EACCES,
+ * MC_EUNAVAILABLE, MC_ETIMEDOUT, -EOVERFLOW, MC_EPROTOCOL, -EINVAL (more
+ * than TE_CTRL_MAX_BYTES).
+ */
+#define TE_CTRL_MAX_BYTES ((size_t)64 << 10)
+int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
+		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
+		  uint64_t timeout_ms) MC_MUST_CHECK;
+
+extern const struct te_xport_ops te__tcp_ops;
+/* The TCP data listener's port. */
+uint16_t te__tcp_port(const struct te_xport *x);
+extern const struct te_xport_ops te__shm_ops;
+
+/* Per-peer state common to all transports (first member of theirs). */
+struct te_peer {
+	const struct te_xport_ops *ops;
+	struct te_xport *x;
+	struct te_segment *seg;
+	atomic_int refs;           /* the segment's + one per bound request */
+	unsigned npaths;
+	atomic_uint alive;         /* bit per live path */
+	atomic_uint stripe;        /* next stripe start */
+	atomic_bool closed;
+};
+
+void te__peer_ref(struct te_peer *p);
+void te__peer_unref(struct te_peer *p);
+/* A path died: count it; when none is left the segment is refreshed. */
+void te__peer_path_down(struct te_peer *p, unsigned path);
+
+/* ------------------------------------------------------------ batches (batch.c) */
+
+struct te_slice {
+	struct te_slice *next;     /* queue link (owner: whoever queued it) */
+	struct te_batch *batch;
+	uint32_t req;              /* request index */
+	uint8_t op;                /* TE_READ / TE_WRITE */
+	uint8_t tries;
+	uint16_t path;
+	uint32_t excluded;         /* paths that failed it */
+	uint32_t len;
+	uint64_t remote;
+	uint8_t *local;
+	void *route;
+	uint64_t wire_id;
+	size_t done_bytes;         /* transport progress (tx/rx) */
+	struct te_task task;       /* shm: the copy on a worker */
+	uint8_t hdr[TE_WIRE_HDR_BYTES];
+};
+
+struct te_req_state {
+	struct te_request r;
+	struct te_batch *batch;
+	_Atomic int status;        /* enum te_status */
+	_Atomic int err;
+	atomic_size_t left;        /* slices not completed */
+	size_t first, nslices;     /* into batch->slices */
+	struct te_peer *peer;      /* bound peer (ref) */
+	void *route;
+	struct te_req_state *park_next;
+	uint64_t t0_ns;
+};
+
+struct te_batch {
+	struct te_engine *e;
+	size_t n;
+	struct te_req_state *reqs;
+	struct te_slice *slices;
+	size_t nslices;
+	atomic_size_t pending;     /* requests not done (+1 while submitting) */
+	atomic_size_t inline_left; /* shm bytes the submitter may still copy */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool done;
+	void (*on_done)(struct te_batch *b, void *ud);
+	void *ud;
+};
+
+/* Complete a slice. err 0: done; retry: the path failed (the slice may
+ * be resubmitted on another path); otherwise final. */
+void te__slice_done(struct te_slice *s, int err, bool retry);
+/* The final error of the slice's request when it already failed (a
+ * transport may complete such a slice with it instead of moving bytes),
+ * else 0. */
+int te__slice_doomed(const struct te_slice *s);
+/* Route and start a request (used again for parked requests). Takes the
+ * segment lock. */
+void te__req_dispatch(struct te_batch *b, struct te_req_state *rs);
+void te__req_fail(struct te_batch *b, struct te_req_state *rs, int err);
+
+/* ------------------------------------------------------------ segments (segment.c) */
+
+struct te_job {
+	struct te_job *next;
+	void (*fn)(struct te_job *j);
+	bool queued;
+};
+
+enum te_seg_state {
+	TE_SEG_RESOLVING,   /* first descriptor lookup / connect */
+	TE_SEG_OPEN,
+	TE_SEG_REFRESHING,  /* new descriptor or broken paths: reconnecting */
+	TE_SEG_FAILED,      /* first open failed; removed from the cache */
+};
+
+struct te_open_waiter {
+	struct te_open_waiter *next;
+	void (*cb)(void *ud, int err, struct te_segment *s);
+	void *ud;
+};
+
+struct te_segment {
+	struct te_engine *e;
+	struct te_segment *next;   /* engine cache list */
+	char name[TE_NAME_MAX + 1];
+	atomic_int refs;           /* cache's + users' */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	enum te_seg_state state;
+	int err;                   /* of the failed first open */
+	struct te_desc *desc;      /* current, owned */
+	struct te_desc *next_desc; /* to apply (from a watch event), owned */
+	bool deleted;              /* the key was deleted from meta */
+	struct te_peer *shm;       /* same-host path or NULL */
+	struct te_peer *remote;    /* tcp (rdma) or NULL */
+	struct te_req_state *parked, **parked_tail;
+	bool in_cache;
+	uint64_t refresh_after_ms; /* backoff of broken-path refreshes */
+	struct te_open_waiter *waiters; /* async opens (loop thread) */
+	struct te_job resolve_job; /* loop */
+	struct te_job connect_job; /* setup thread */
+	struct te_job notify_job;  /* loop: run async waiters */
+};
+
+/* ------------------------------------------------------------ engine */
+
+struct te_pub {
+	struct etcd_lease *lease;
+	int64_t lease_id;
+	bool granted;       /* lease_id is valid */
+	bool owns_key;      /* the key was written under our lease */
+	bool put_inflight, dirty, published, stopping;
+	int last_err;
+	uv_timer_t *retry;  /* own allocation: freed by its close callback */
+	bool name_held_logged;
+	void (*stop_done)(struct te_engine *e, void *ud); /* te__pub_stop's */
+	void *stop_done_ud;
+	void (*on_stopped)(struct te_engine *e, void *ud); /* te_stop's */
+	void *stop_ud;
+};
+
+struct te_engine {
+	/* configuration (immutable after te_new) */
+	uv_loop_t *loop;
+	char name[TE_NAME_MAX + 1];
+	char cluster_id[128];
+	struct etcd_client *meta;
+	struct rpc_server *rpc;
+	char host[TE_HOST_MAX + 1];
+	uint16_t rpc_port;
+	enum te_protocol proto;        /* as configured */
+	enum te_protocol remote_proto; /* tcp (rdma when it exists) */
+	unsigned tcp_conns;
+	size_t slice_bytes;
+	uint64_t io_timeout_ms;
+	uint64_t lease_ttl_s;
+	uint8_t secret[MC_SECRET_MAX_BYTES];
+	size_t secret_len;
+	char host_id[64];
+	uint64_t incarnation;
+	char data_listen[80];
+
+	/* data plane */
+	atomic_bool ready;             /* te_new finished: workers may tick */
+	struct te_worker *workers;
+	unsigned nworkers;
+	atomic_uint rr;
+	const struct te_xport_ops *xops[4];
+	struct te_xport *xp[4];
+	struct te_rtable regions;
+	atomic_uint_fast64_t generation;
+
+	/* segments */
+	pthread_mutex_t mu;
+	struct te_segment *segs;
+
+	/* setup thread */
+	pthread_t setup_tid;
+	bool setup_started;
+	pthread_mutex_t setup_mu;
+	pthread_cond_t setup_cv;
+	struct te_job *setup_head, **setup_tail;
+	bool setup_stop;
+
+	/* loop jobs */
+	uv_async_t *async;             /* own allocation: freed by its close callback */
+	bool async_open;
+	pthread_mutex_t loop_mu;
+	struct te_job *loop_head, **loop_tail;
+	bool stopped;                  /* te_stop ran: no more loop jobs */
+
+	/* meta */
+	struct te_pub pub;
+	pthread_mutex_t pub_mu;
+	pthread_cond_t pub_cv;
+	bool pub_ok;                   /* descriptor in meta (or P2P) */
+	int pub_err;
+	struct etcd_watch *watch;
+	struct te_job desc_job;        /* loop: republish */
+
+	/* metrics */
+	struct metric *m_bytes[4][2];      /* [proto][op] initiated */
+	struct metric *m_served[4][2];     /* [proto][op] served */
+	struct metric *m_failed[4];
+	struct metric *m_retries;
+	struct metric *m_refused;
+	struct metric *m_regions, *m_reg_bytes, *m_segments;
+};
+
+/* Run j->fn on the loop thread (thread-safe; after te_stop, te_free runs
+ * what is left). False when j was already queued (it runs once). */
+bool te__loop_post(struct te_engine *e, struct te_job *j);
+/* Run j->fn on the setup thread. False when already queued. */
+bool te__setup_post(struct te_engine *e, struct te_job *j);
+/* The descriptor changed: publish it (any thread). */
+void te__desc_changed(struct te_engine *e);
+/* Build this engine's descriptor. Errors: -ENOMEM. */
+int te__desc_build(struct te_engine *e, struct te_desc **out) MC_MUST_CHECK;
+/* Meta key of a segment: /mooncake/<cluster>/segments/<name>. */
+int te__seg_key(const struct te_engine *e, const char *name, char *buf,
+		size_t len);
+
+/* publish.c (loop thread) */
+int te__pub_start(struct te_engine *e) MC_MUST_CHECK;
+void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud),
+		  void *ud);
+void te__pub_kick(struct te_engine *e);
+
+/* segment.c */
+void te__segments_watch_event(struct te_engine *e, const char *name,
+			      const uint8_t *val, size_t len, bool deleted);
+void te__segments_free_all(struct te_engine *e);
+void te__segments_stop_loop(struct te_engine *e);
+/* Every path of an open segment is down: start resolving it again unless
+ * that was tried less than a second ago. Called with s->mu held; true when
+ * the caller should park its request. */
+bool te__seg_broken_locked(struct te_segment *s);
+
+/* The transport a request would use for a peer, for metrics labels. */
+static inline int te__op_idx(uint8_t op)
+{
+	return op == TE_WRITE;
+}
+
+#endif

@@ -1,0 +1,350 @@
+/*
+ * wire: the transfer engine's binary formats — the 32-byte slice header of
+ * the TCP data path and the fixed-size handshake messages that
+ * authenticate a connection with the cluster secret — plus the blocking
+ * client side of the handshake used by the setup thread. Encoding and
+ * decoding are pure (the fuzz target drives them); every field from the
+ * wire is checked before use. Formats: te_int.h.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "transfer/te_int.h"
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* ------------------------------------------------------------ slice header */
+
+void te__wire_encode(const struct te_wire_hdr *h, uint8_t out[TE_WIRE_HDR_BYTES])
+{
+	put32(out, TE_WIRE_MAGIC);
+	out[4] = h->type;
+	out[5] = 0;
+	put16(out + 6, 0);
+	put32(out + 8, (uint32_t)h->status);
+	put32(out + 12, h->len);
+	put64(out + 16, h->id);
+	put64(out + 24, h->addr);
+}
+
+int te__wire_decode(const uint8_t in[TE_WIRE_HDR_BYTES], uint32_t max_len,
+		    struct te_wire_hdr *h)
+{
+	if (get32(in) != TE_WIRE_MAGIC || in[5] != 0 || get16(in + 6) != 0)
+		return MC_EPROTOCOL;
+	h->type = in[4];
+	h->status = (int32_t)get32(in + 8);
+	h->len = get32(in + 12);
+	h->id = get64(in + 16);
+	h->addr = get64(in + 24);
+	if (h->len > max_len)
+		return MC_EPROTOCOL;
+	switch (h->type) {
+	case TE_WIRE_READ:
+	case TE_WIRE_WRITE:
+	case TE_WIRE_CTRL:
+		return h->status == 0 ? 0 : MC_EPROTOCOL;
+	case TE_WIRE_RESP:
+		/* An error code is negative and small; it carries no bytes. */
+		if (h->status > 0 || h->status < -4095)
+			return MC_EPROTOCOL;
+		if (h->status < 0 && h->len != 0)
+			return MC_EPROTOCOL;
+		return 0;
+	default:
+		return MC_EPROTOCOL;
+	}
+}
+
+/* ------------------------------------------------------------ handshake */
+
+/*
+ *   0 u32 magic "MCTH"   8 i32 status        16 nonce[32]
+ *   4 u16 version       12 u32 reserved (0)  48 mac[32]
+ *   6 u8 kind            80 name[256] (NUL-padded)
+ *   7 u8 flags          336 target[256]     592 reserved[16] (0)
+ */
+#define HS_NAME_OFF 80
+#define HS_TARGET_OFF 336
+#define HS_TAIL_OFF 592
+
+void te__hs_encode(const struct te_hs_msg *m, uint8_t out[TE_HS_BYTES])
+{
+	memset(out, 0, TE_HS_BYTES);
+	put32(out, TE_HS_MAGIC);
+	put16(out + 4, TE_HS_VERSION);
+	out[6] = m->kind;
+	out[7] = m->flags;
+	put32(out + 8, (uint32_t)m->status);
+	memcpy(out + 16, m->nonce, TE_HS_NONCE);
+	memcpy(out + 48, m->mac, MC_SHA256_BYTES);
+	memcpy(out + HS_NAME_OFF, m->name, strnlen(m->name, TE_NAME_MAX));
+	memcpy(out + HS_TARGET_OFF, m->target, strnlen(m->target, TE_NAME_MAX));
+}
+
+/* A NUL-padded name field: no NUL inside the name, a NUL before the end. */
+static int get_name(const uint8_t *p, char *out)
+{
+	size_t n = strnlen((const char *)p, TE_NAME_MAX + 1);
+	if (n > TE_NAME_MAX)
+		return MC_EPROTOCOL;
+	for (size_t i = n; i <= TE_NAME_MAX; i++)
+		if (p[i] != 0)
+			return MC_EPROTOCOL;
+	memcpy(out, p, n);
+	out[n] = '\0';
+	return 0;
+}
+
+int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m)
+{
+	if (get32(in) != TE_HS_MAGIC)
+		return MC_EPROTOCOL;
+	if (get16(in + 4) != TE_HS_VERSION)
+		return -EPROTONOSUPPORT;
+	m->kind = in[6];
+	m->flags = in[7];
+	m->status = (int32_t)get32(in + 8);
+	if (m->kind < TE_HS_HELLO || m->kind > TE_HS_RESULT ||
+	    (m->flags & ~TE_HS_F_SECRET) || get32(in + 12) != 0)
+		return MC_EPROTOCOL;
+	if (m->status > 0 || m->status < -4095)
+		return MC_EPROTOCOL;
+	for (size_t i = HS_TAIL_OFF; i < TE_HS_BYTES; i++)
+		if (in[i])
+			return MC_EPROTOCOL;
+	memcpy(m->nonce, in + 16, TE_HS_NONCE);
+	memcpy(m->mac, in + 48, MC_SHA256_BYTES);
+	if (get_name(in + HS_NAME_OFF, m->name) ||
+	    get_name(in + HS_TARGET_OFF, m->target))
+		return MC_EPROTOCOL;
+	return 0;
+}
+
+void te__hs_mac(const uint8_t *secret, size_t slen, bool server,
+		const uint8_t a[TE_HS_NONCE], const uint8_t b[TE_HS_NONCE],
+		const char *name, uint8_t out[MC_SHA256_BYTES])
+{
+	static const char ls[] = "mooncake-te-server", lc[] = "mooncake-te-client";
+	const void *parts[4] = {server ? ls : lc, a, b, name};
+	size_t lens[4] = {sizeof(ls), TE_HS_NONCE, TE_HS_NONCE, strlen(name)};
+	mc_hmac_sha256(secret, slen, parts, lens, 4, out);
+}
+
+static void result(struct te_hs_msg *r, int status)
+{
+	memset(r, 0, sizeof(*r));
+	r->kind = TE_HS_RESULT;
+	r->status = status;
+}
+
+int te__hs_server_step(struct te_hs_server *s, const struct te_hs_msg *in,
+		       struct te_hs_msg *reply)
+{
+	bool have = s->secret && s->secret_len;
+	if (s->state == 0 && in->kind == TE_HS_HELLO) {
+		snprintf(s->peer, sizeof(s->peer), "%s", in->name);
+		memcpy(s->nonce_c, in->nonce, TE_HS_NONCE);
+		if (strcmp(in->target, s->own_name) != 0) {
+			s->state = -1;
+			result(reply, MC_ESEGMENT_NOT_FOUND);
+			return MC_ESEGMENT_NOT_FOUND;
+		}
+		if (have != ((in->flags & TE_HS_F_SECRET) != 0)) {
+			s->state = -1;
+			result(reply, -EACCES);
+			return -EACCES;
+		}
+		if (!have) {
+			s->state = 2;
+			result(reply, 0);
+			return 0;
+		}
+		memset(reply, 0, sizeof(*reply));
+		reply->kind = TE_HS_CHALLENGE;
+		reply->flags = TE_HS_F_SECRET;
+		memcpy(reply->nonce, s->nonce_s, TE_HS_NONCE);
+		te__hs_mac(s->secret, s->secret_len, true, s->nonce_c, s->nonce_s,
+			   s->own_name, reply->mac);
+		s->state = 1;
+		return 1;
+	}
+	if (s->state == 1 && in->kind == TE_HS_AUTH) {
+		uint8_t want[MC_SHA256_BYTES];
+		te__hs_mac(s->secret, s->secret_len, false, s->nonce_s, s->nonce_c,
+			   s->peer, want);
+		if (!mc_ct_equal(want, in->mac, sizeof(want))) {
+			s->state = -1;
+			result(reply, -EACCES);
+			return -EACCES;
+		}
+		s->state = 2;
+		result(reply, 0);
+		return 0;
+	}
+	s->state = -1;
+	return MC_EPROTOCOL;
+}
+
+/* ------------------------------------------------------------ shm channel */
+
+void te__shm_encode(const struct te_shm_msg *m, uint8_t out[TE_SHM_MSG_BYTES])
+{
+	memset(out, 0, TE_SHM_MSG_BYTES);
+	put32(out, TE_SHM_MAGIC);
+	out[4] = m->type;
+	put32(out + 8, m->id);
+	put64(out + 16, m->addr);
+	put64(out + 24, m->len);
+	put64(out + 32, m->off);
+}
+
+int te__shm_decode(const uint8_t in[TE_SHM_MSG_BYTES], struct te_shm_msg *m)
+{
+	if (get32(in) != TE_SHM_MAGIC || in[5] || in[6] || in[7] || get32(in + 12))
+		return MC_EPROTOCOL;
+	m->type = in[4];
+	m->id = get32(in + 8);
+	m->addr = get64(in + 16);
+	m->len = get64(in + 24);
+	m->off = get64(in + 32);
+	switch (m->type) {
+	case TE_SHM_ADD:
+		if (m->len == 0 || m->addr + (m->len - 1) < m->addr ||
+		    m->off + (m->len - 1) < m->off || m->off > (uint64_t)INT64_MAX)
+			return MC_EPROTOCOL;
+		return 0;
+	case TE_SHM_DEL:
+	case TE_SHM_ACK:
+	case TE_SHM_SYNC:
+		return 0;
+	default:
+		return MC_EPROTOCOL;
+	}
+}
+
+/* ------------------------------------------------------------ blocking I/O */
+
+int te__io_full(int fd, void *buf, size_t len, bool write, uint64_t deadline_ms)
+{
+	uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = write ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+				  : recv(fd, p, len, MSG_DONTWAIT);
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		uint64_t now = mc_now_ms();
+		if (now >= deadline_ms)
+			return MC_ETIMEDOUT;
+		struct pollfd pfd = {fd, write ? POLLOUT : POLLIN, 0};
+		int ms = (int)MC_MIN(deadline_ms - now, 1000);
+		if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
+			return -errno;
+	}
+	return 0;
+}
+
+static int hs_send(int fd, const struct te_hs_msg *m, uint64_t deadline)
+{
+	uint8_t buf[TE_HS_BYTES];
+	te__hs_encode(m, buf);
+	return te__io_full(fd, buf, sizeof(buf), true, deadline);
+}
+
+static int hs_recv(int fd, struct te_hs_msg *m, uint64_t deadline)
+{
+	uint8_t buf[TE_HS_BYTES];
+	int rc = te__io_full(fd, buf, sizeof(buf), false, deadline);
+	if (rc)
+		return rc;
+	return te__hs_decode(buf, m);
+}
+
+int te__hs_client(int fd, const uint8_t *secret, size_t slen, const char *own,
+		  const char *target, uint64_t timeout_ms)
+{
+	uint64_t deadline = mc_now_ms() + timeout_ms;
+	struct te_hs_msg m, r;
+	bool have = secret && slen;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	m.kind = TE_HS_HELLO;
+	m.flags = have ? TE_HS_F_SECRET : 0;
+	rc = mc_random(m.nonce, sizeof(m.nonce));
+	if (rc)
+		return rc;
+	snprintf(m.name, sizeof(m.name), "%s", own);
+	snprintf(m.target, sizeof(m.target), "%s", target);
+	uint8_t nonce_c[TE_HS_NONCE];
+	memcpy(nonce_c, m.nonce, sizeof(nonce_c));
+	if ((rc = hs_send(fd, &m, deadline)) || (rc = hs_recv(fd, &r, deadline)))
+		return rc;
+	if (r.kind == TE_HS_RESULT)
+		return r.status < 0 ? r.status : (have ? -EACCES : 0);
+	if (r.kind != TE_HS_CHALLENGE || !have)
+		return MC_EPROTOCOL;
+	uint8_t want[MC_SHA256_BYTES];
+	te__hs_mac(secret, slen, true, nonce_c, r.nonce, target, want);
+	if (!mc_ct_equal(want, r.mac, sizeof(want)))
+		return -EACCES; /* the server does not know our secret */
+	memset(&m, 0, sizeof(m));
+	m.kind = TE_HS_AUTH;
+	te__hs_mac(secret, slen, false, r.nonce, nonce_c, own, m.mac);
+	if ((rc = hs_send(fd, &m, deadline)) || (rc = hs_recv(fd, &r, deadline)))
+		return rc;
+	if (r.kind != TE_HS_RESULT)
+		return MC_EPROTOCOL;
+	return r.status;
+}

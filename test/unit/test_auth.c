@@ -1,0 +1,160 @@
+/*
+ * test_auth: SHA-256 (FIPS 180-4 examples), HMAC-SHA256 (RFC 4231 test
+ * cases), the constant-time compare, random bytes, and cluster secret
+ * files (trailing newline, empty, too large, loose permissions).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/auth.h"
+
+static void hex(const uint8_t *d, size_t n, char *out)
+{
+	for (size_t i = 0; i < n; i++)
+		sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+static void check_sha(const void *data, size_t len, const char *want)
+{
+	uint8_t d[32];
+	char h[65];
+	mc_sha256(data, len, d);
+	hex(d, 32, h);
+	cr_assert_str_eq(h, want);
+}
+
+Test(sha256, fips_vectors)
+{
+	check_sha("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+	check_sha("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+	check_sha(m, strlen(m), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+	char *a = malloc(1000000);
+	memset(a, 'a', 1000000);
+	check_sha(a, 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	free(a);
+}
+
+Test(sha256, incremental_equals_whole)
+{
+	uint8_t buf[1000], whole[32], inc[32];
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)(i * 7 + 1);
+	mc_sha256(buf, sizeof(buf), whole);
+	for (size_t step = 1; step < 130; step += 13) {
+		struct mc_sha256 s;
+		mc_sha256_init(&s);
+		for (size_t o = 0; o < sizeof(buf); o += step)
+			mc_sha256_update(&s, buf + o, o + step > sizeof(buf) ? sizeof(buf) - o : step);
+		mc_sha256_final(&s, inc);
+		cr_assert(memcmp(whole, inc, 32) == 0, "step %zu", step);
+	}
+}
+
+static void check_hmac(const void *key, size_t klen, const void *msg, size_t mlen,
+		       const char *want)
+{
+	uint8_t d[32];
+	char h[65];
+	const void *parts[1] = {msg};
+	size_t lens[1] = {mlen};
+	mc_hmac_sha256(key, klen, parts, lens, 1, d);
+	hex(d, 32, h);
+	cr_assert_str_eq(h, want);
+}
+
+Test(hmac, rfc4231)
+{
+	uint8_t k1[20], k3[20], d3[50], k6[131];
+	memset(k1, 0x0b, sizeof(k1));
+	check_hmac(k1, 20, "Hi There", 8,
+		   "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+	check_hmac("Jefe", 4, "what do ya want for nothing?", 28,
+		   "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+	memset(k3, 0xaa, sizeof(k3));
+	memset(d3, 0xdd, sizeof(d3));
+	check_hmac(k3, 20, d3, 50,
+		   "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+	memset(k6, 0xaa, sizeof(k6)); /* a key longer than the block */
+	const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+	check_hmac(k6, 131, m6, strlen(m6),
+		   "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+Test(hmac, parts_concatenate)
+{
+	uint8_t a[32], b[32];
+	const void *p1[1] = {"hello world"};
+	size_t l1[1] = {11};
+	const void *p3[3] = {"hel", "lo w", "orld"};
+	size_t l3[3] = {3, 4, 4};
+	mc_hmac_sha256("k", 1, p1, l1, 1, a);
+	mc_hmac_sha256("k", 1, p3, l3, 3, b);
+	cr_assert(memcmp(a, b, 32) == 0);
+	mc_hmac_sha256("K", 1, p3, l3, 3, b);
+	cr_assert(memcmp(a, b, 32) != 0);
+}
+
+Test(auth, ct_equal_and_random)
+{
+	uint8_t a[32] = {0}, b[32] = {0};
+	cr_assert(mc_ct_equal(a, b, 32));
+	b[31] = 1;
+	cr_assert_not(mc_ct_equal(a, b, 32));
+	cr_assert(mc_ct_equal(a, b, 0));
+	cr_assert_eq(mc_random(a, sizeof(a)), 0);
+	cr_assert_eq(mc_random(b, sizeof(b)), 0);
+	cr_assert_not(mc_ct_equal(a, b, 32)); /* 2^-256 */
+}
+
+static char *write_tmp(const void *data, size_t len, mode_t mode)
+{
+	static char path[64];
+	snprintf(path, sizeof(path), "/tmp/test_auth_XXXXXX");
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	cr_assert_eq(write(fd, data, len), (ssize_t)len);
+	fchmod(fd, mode);
+	close(fd);
+	return path;
+}
+
+Test(secret, load)
+{
+	uint8_t buf[MC_SECRET_MAX_BYTES];
+	size_t len;
+	bool loose;
+	char *p = write_tmp("s3cret \n\n", 9, 0600);
+	cr_assert_eq(mc_secret_load(p, buf, &len, &loose), 0);
+	cr_assert_eq(len, 6);
+	cr_assert(memcmp(buf, "s3cret", 6) == 0);
+	cr_assert_not(loose);
+	unlink(p);
+
+	p = write_tmp("x", 1, 0644);
+	cr_assert_eq(mc_secret_load(p, buf, &len, &loose), 0);
+	cr_assert(loose);
+	unlink(p);
+
+	p = write_tmp("\n", 1, 0600);
+	cr_assert_eq(mc_secret_load(p, buf, &len, &loose), -EINVAL);
+	unlink(p);
+
+	char *big = malloc(MC_SECRET_MAX_BYTES + 1);
+	memset(big, 'z', MC_SECRET_MAX_BYTES + 1);
+	p = write_tmp(big, MC_SECRET_MAX_BYTES + 1, 0600);
+	cr_assert_eq(mc_secret_load(p, buf, &len, &loose), -EFBIG);
+	unlink(p);
+	p = write_tmp(big, MC_SECRET_MAX_BYTES, 0600);
+	cr_assert_eq(mc_secret_load(p, buf, &len, &loose), 0);
+	cr_assert_eq(len, MC_SECRET_MAX_BYTES);
+	unlink(p);
+	free(big);
+
+	cr_assert_eq(mc_secret_load("/nonexistent/secret", buf, &len, &loose), -ENOENT);
+}
