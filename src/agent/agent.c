@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,7 +292,18 @@ static void te_ready_run(struct agent_job *j)
 		a->seg_region = NULL;
 		return;
 	}
-	t->err = te_wait_published(a->te, 30000);
+	/* Another live engine may hold the name for a while (a restart
+	 * before the old lease expired): keep waiting until stopped. */
+	bool told = false;
+	while (!atomic_load(&a->stop_flag)) {
+		t->err = te_wait_published(a->te, 1000);
+		if (t->err == 0 || t->err == MC_ESHUTDOWN)
+			return;
+		if (!told && t->err != MC_ETIMEDOUT)
+			log_warn("segment %s: cannot publish its descriptor yet (%s); waiting",
+				 a->name, mc_strerror(t->err));
+		told = true;
+	}
 }
 
 static void te_ready_done(struct agent_job *j)
@@ -483,6 +495,7 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	if (a->stopping)
 		return;
 	a->stopping = true;
+	atomic_store(&a->stop_flag, true);
 	a->on_stopped = on_stopped;
 	a->stop_ud = ud;
 	uv_timer_stop(&a->start_timer);

@@ -20,6 +20,7 @@
 #define MC_AGENT_AGENT_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -370,6 +371,7 @@ struct agent {
 	uv_check_t batch_check;
 	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;
+	atomic_bool stop_flag;        /* stopping, for the copy threads */
 	bool mlink_stopped, handles_closed;
 	unsigned conn_objs;           /* sessions not yet freed */
 	void (*on_stopped)(void *ud);

@@ -17,8 +17,8 @@
  *    (standalone), this process's own master, and no meta at all (the
  *    engine in P2P handshake mode); else the leader key in meta.
  *
- * Stop: the agent first (sessions closed, segment unmounted), then the
- * engine's control plane; free: the engine (its data plane) before the
+ * Stop: the agent (sessions closed, segment unmounted) and the engine's
+ * control plane together; free: the engine (its data plane) before the
  * agent's memory.
  */
 #include <errno.h>
@@ -46,6 +46,7 @@ struct role_agent {
 	struct te_engine *te;
 	struct agent *store;
 	struct role_rt *rt;
+	int stopping; /* parts not stopped yet */
 };
 
 /* ------------------------------------------------------------ defaults */
@@ -309,21 +310,37 @@ static int role_agent_start(struct role_rt *rt)
 	return 0;
 }
 
+/* Both stop at once: the engine's control plane (its descriptor leaves
+ * meta while meta is still up — the meta role stops right after) and the
+ * agent (sessions, unmount). The data plane serves the agent's last
+ * copies until te_free. */
+static void part_stopped(struct role_rt *rt)
+{
+	if (--rt->agent->stopping == 0)
+		role_stopped(rt);
+}
+
 static void on_te_stopped(struct te_engine *e, void *ud)
 {
 	struct role_rt *rt = ud;
 	(void)e;
-	role_stopped(rt);
+	/* The meta client's handles close while the loop still runs. */
+	if (rt->agent->meta) {
+		etcd_client_free(rt->agent->meta);
+		rt->agent->meta = NULL;
+	}
+	part_stopped(rt);
 }
 
 static void on_agent_stopped(void *ud)
 {
-	struct role_rt *rt = ud;
-	te_stop(rt->agent->te, on_te_stopped, rt);
+	part_stopped(ud);
 }
 
 static void role_agent_stop(struct role_rt *rt)
 {
+	rt->agent->stopping = 2;
+	te_stop(rt->agent->te, on_te_stopped, rt);
 	agent_stop(rt->agent->store, on_agent_stopped, rt);
 }
 
