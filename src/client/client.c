@@ -237,6 +237,36 @@ static int call(mc_client *c, Request *req, const int *fds, unsigned nfds,
 	return done ? 0 : MC_EUNAVAILABLE;
 }
 
+/* Send req without waiting for its response (the reader drops it when it
+ * comes). For requests whose outcome nobody can act on. */
+static void send_only(mc_client *c, Request *req)
+{
+	pthread_mutex_lock(&c->mu);
+	bool broken = c->broken != 0;
+	req->id = ++c->next_id;
+	pthread_mutex_unlock(&c->mu);
+	if (broken)
+		return;
+	req->nfds = 0;
+	size_t n = mooncake__client__request__get_packed_size(req);
+	uint8_t small[512];
+	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
+	if (!buf)
+		return;
+	mooncake__client__request__pack(req, buf);
+	pthread_mutex_lock(&c->send_mu);
+	int rc = mc_uframe_send_all(c->fd, buf, n, NULL, 0);
+	pthread_mutex_unlock(&c->send_mu);
+	if (buf != small)
+		free(buf);
+	if (rc) {
+		pthread_mutex_lock(&c->mu);
+		c->broken = MC_EUNAVAILABLE;
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+	}
+}
+
 /* ------------------------------------------------------------ staging */
 
 /* First-fit block of len bytes (64-byte aligned) under mu; -1 if none. */
@@ -1023,9 +1053,7 @@ MC__PUBLIC void mc_view_release(mc_client *c, mc_view *v)
 		Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 		req.op_case = MOONCAKE__CLIENT__REQUEST__OP_RELEASE;
 		req.release = &q;
-		struct waiter w;
-		if (call(c, &req, NULL, 0, &w) == 0)
-			waiter_clear(&w);
+		send_only(c, &req); /* the agent answers; nothing to wait for */
 	}
 	free(v->copy);
 	free(v);
