@@ -24,8 +24,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+free_port() { # mctest.free_port: below the ephemeral range, so no client takes it first
+	"${PYTHON:-/usr/bin/python3}" -c 'import sys; sys.path.insert(0, "'"$(dirname "$0")"'/../integration"); import mctest; print(mctest.free_port())'
 }
 wait_port() {
 	local i

@@ -7,6 +7,7 @@ test/run.sh counts). Daemons are started from $BUILD on ephemeral ports on
 127.0.0.1 with temporary data directories and are killed by PID.
 """
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,8 +52,32 @@ def main():
     sys.exit(1 if failed else 0)
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_random = random.Random(os.getpid() ^ int(time.time() * 1000))
+
+
 def free_port():
-    """A port that was free a moment ago (bind to 0, read, close)."""
+    """A port that was free a moment ago, chosen below the kernel's
+    ephemeral range: a port handed out by bind(0) can be taken again by any
+    outgoing connection before the daemon binds it (a flaky "address already
+    in use"), one outside that range only by another listener."""
+    hi = min(_ephemeral_low(), 32768)
+    lo = max(1024, hi - 12000)
+    for _ in range(200 if hi - lo >= 1000 else 0):
+        port = _random.randrange(lo, hi)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
