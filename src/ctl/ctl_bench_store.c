@@ -51,41 +51,6 @@
 enum op { OP_PUT, OP_GET, OP_MIXED, NOPS };
 static const char *const op_names[NOPS] = {"put", "get", "mixed"};
 
-/* ---------------------------------------------------------------- latencies */
-
-struct lat {
-	uint64_t *v;
-	size_t n, cap;
-};
-
-static void lat_add(struct lat *l, uint64_t ns)
-{
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 4096;
-		uint64_t *v = realloc(l->v, cap * sizeof(*v));
-		if (!v)
-			return;
-		l->v = v;
-		l->cap = cap;
-	}
-	l->v[l->n++] = ns;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double pct_us(struct lat *l, double p)
-{
-	if (!l->n)
-		return 0;
-	qsort(l->v, l->n, sizeof(*l->v), cmp_u64);
-	size_t i = (size_t)(p * (double)(l->n - 1));
-	return (double)l->v[i] / 1000.0;
-}
-
 /* ---------------------------------------------------------------- processes */
 
 struct proc {
@@ -376,7 +341,7 @@ struct worker {
 	mc_client *c;       /* the session (local agent) */
 	int redis;          /* connection (redis target) */
 	void *buf;
-	struct lat lat;
+	struct ctl_lat lat;
 	uint64_t ops, errors;
 	int first_err;
 	uint32_t rnd;
@@ -429,7 +394,7 @@ static void *worker_main(void *arg)
 			continue;
 		}
 		w->ops++;
-		lat_add(&w->lat, t1 - t0);
+		ctl_lat_add(&w->lat, t1 - t0);
 	}
 	return NULL;
 }
@@ -485,7 +450,7 @@ static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t durat
 	for (unsigned i = 0; i < n; i++)
 		pthread_join(ws[i].t, NULL);
 	double secs = (double)(mc_now_ns() - start) / 1e9;
-	struct lat all = {0};
+	struct ctl_lat all = {0};
 	uint64_t ops = 0;
 	for (unsigned i = 0; i < n; i++) {
 		ops += ws[i].ops;
@@ -493,14 +458,14 @@ static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t durat
 		if (!res->first_err)
 			res->first_err = ws[i].first_err;
 		for (size_t k = 0; k < ws[i].lat.n; k++)
-			lat_add(&all, ws[i].lat.v[k]);
+			ctl_lat_add(&all, ws[i].lat.v[k]);
 	}
 	res->ops_s = (double)ops / secs;
 	res->gbps = res->ops_s * (double)r->size / 1e9;
-	res->p50 = pct_us(&all, 0.50);
-	res->p99 = pct_us(&all, 0.99);
+	res->p50 = ctl_lat_pct_us(&all, 0.50);
+	res->p99 = ctl_lat_pct_us(&all, 0.99);
 	res->ran = true;
-	free(all.v);
+	ctl_lat_free(&all);
 }
 
 /* ---------------------------------------------------------------- the limit */
@@ -800,7 +765,7 @@ out:
 		mc_close(ws[i].c);
 		if (ws[i].redis >= 0)
 			close(ws[i].redis);
-		free(ws[i].lat.v);
+		ctl_lat_free(&ws[i].lat);
 	}
 	free(ws);
 	mc_close(holder_local);
