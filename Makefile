@@ -17,6 +17,9 @@
 # everything (build/.flags stamp).
 
 PREFIX  ?= /usr/local
+# The Python package (python/mooncake) goes here; it finds libmooncake.so.0
+# in $(PREFIX)/lib.
+PYDIR   ?= $(PREFIX)/lib/python3/dist-packages
 DESTDIR ?=
 CC      ?= cc
 SAN     ?= 0
@@ -105,9 +108,12 @@ CTL_SRCS   := $(wildcard src/ctl/*.c)
 CTL_OBJS   := $(patsubst src/%.c,$(B)/obj/%.o,$(CTL_SRCS))
 
 # libmooncake: the client library, its own -fPIC tree. It uses a few
-# common modules (errors, logging) compiled again position-independent.
-CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c
-CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS))
+# common modules (errors, framing) and the client protocol's generated
+# code compiled again position-independent; it needs only libc, pthreads
+# and libprotobuf-c (no libuv, no nghttp2).
+CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c src/common/uframe.c
+CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS)) $(B)/pic/gen/client.pb-c.o
+CLIENT_LIBS := -lprotobuf-c -lpthread
 
 FUZZ_SRCS  := $(wildcard test/fuzz/fuzz_*.c)
 REPLAY_BINS := $(patsubst test/fuzz/%.c,$(B)/fuzz-replay/%,$(FUZZ_SRCS))
@@ -164,6 +170,11 @@ $(B)/pic/%.o: src/%.c $(B)/.flags | $(GEN_H)
 	@echo "  CC PIC  $<"
 	$(Q)$(CC) $(CFLAGS_ALL) -fPIC -fvisibility=hidden -MMD -MP -c $< -o $@
 
+$(B)/pic/gen/%.o: $(B)/gen/%.c $(B)/.flags | $(GEN_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC PIC  $<"
+	$(Q)$(CC) $(CFLAGS_ALL) -Wno-missing-prototypes -fPIC -fvisibility=hidden -MMD -MP -c $< -o $@
+
 # ---------------------------------------------------------------- archives
 $(B)/libmcd.a: $(CORE_OBJS)
 	@echo "  AR      $@"
@@ -175,7 +186,7 @@ $(B)/libmooncake.a: $(CLIENT_PIC)
 
 $(B)/libmooncake.so: $(CLIENT_PIC)
 	@echo "  LD      $@"
-	$(Q)$(CC) -shared -Wl,-soname,libmooncake.so.0 $(LDFLAGS_SAN) -o $@ $^ -lpthread
+	$(Q)$(CC) -shared -Wl,-soname,libmooncake.so.0 -Wl,--no-undefined $(LDFLAGS_SAN) -o $@ $^ $(CLIENT_LIBS)
 
 # ---------------------------------------------------------------- binaries
 LINK_FILTER := 2>&1 | grep -vE "in statically linked applications requires at runtime|: in function \`" >&2; test $${PIPESTATUS[0]} -eq 0
@@ -185,9 +196,10 @@ $(B)/mooncaked: $(B)/obj/main.o $(B)/libmcd.a $(BIN_RDMA_PROVIDERS)
 	@echo "  LD      $@"
 	$(Q)set -o pipefail; $(CC) $(BIN_LDFLAGS) -o $@ $< $(BIN_RDMA_PROVIDERS) $(B)/libmcd.a $(BIN_LIBS) $(LINK_FILTER)
 
-$(B)/mooncakectl: $(CTL_OBJS) $(B)/libmcd.a $(BIN_RDMA_PROVIDERS)
+# mooncakectl put/get/rm are clients of the agent: they use libmooncake.
+$(B)/mooncakectl: $(CTL_OBJS) $(B)/libmooncake.a $(B)/libmcd.a $(BIN_RDMA_PROVIDERS)
 	@echo "  LD      $@"
-	$(Q)set -o pipefail; $(CC) $(BIN_LDFLAGS) -o $@ $(CTL_OBJS) $(BIN_RDMA_PROVIDERS) $(B)/libmcd.a $(BIN_LIBS) $(LINK_FILTER)
+	$(Q)set -o pipefail; $(CC) $(BIN_LDFLAGS) -o $@ $(CTL_OBJS) $(BIN_RDMA_PROVIDERS) $(B)/libmooncake.a $(B)/libmcd.a $(BIN_LIBS) $(LINK_FILTER)
 
 # ---------------------------------------------------------------- man pages
 # man/mooncaked.8 is committed; its OPTIONS section comes from the config
@@ -271,6 +283,7 @@ bench: all $(BENCH_BINS)
 	$(Q)$(B)/mooncakectl bench master
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
+	$(Q)$(B)/mooncakectl bench store --duration=1s
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 	$(Q)test/bench/bench_meta.sh $(B)
 
@@ -285,6 +298,9 @@ install: all
 	install -m 0644 src/client/mooncake.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(B)/man/mooncaked.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0644 man/mooncakectl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man3 $(DESTDIR)$(PYDIR)/mooncake
+	install -m 0644 man/libmooncake.3 $(DESTDIR)$(PREFIX)/share/man/man3/
+	install -m 0644 python/mooncake/*.py $(DESTDIR)$(PYDIR)/mooncake/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
 	for u in deploy/*.service.in; do \

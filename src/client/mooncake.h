@@ -1,12 +1,219 @@
 /*
- * libmooncake: the client library of mooncaked.
+ * libmooncake: the client library of mooncaked. An inference process uses
+ * it to store and fetch KV-cache blocks in the pool through the agent on
+ * its node (a Unix socket; object bytes move through shared memory, never
+ * through the socket).
+ *
+ *   mc_client *c;
+ *   if (mc_open(NULL, &c) == 0) {                    // the local agent
+ *       mc_put(c, "k", 1, data, len, NULL);          // -705 if it exists
+ *       void *v; size_t n;
+ *       if (mc_get(c, "k", 1, &v, &n) == 0) { ...; free(v); }
+ *       mc_close(c);
+ *   }
+ *
+ * Errors are negative: a negative errno (-EINVAL, -ENOMEM, -ENOBUFS, ...)
+ * or a store code with the numbers Mooncake users know (MC_E* below;
+ * mc_strerror and mc_errname name them). A connection that broke fails
+ * every later call with MC_EUNAVAILABLE: close the handle and open again.
+ *
+ * Thread safety: a handle may be used from many threads at once; their
+ * requests are pipelined on the one connection.
+ *
+ * Memory. Values are copied through the session's staging buffer (shared
+ * with the agent) — or, when larger than the free staging room, through a
+ * temporary memfd — unless they lie in memory the agent can map: buffers
+ * from mc_buffer_alloc (and memfds registered with mc_register_memfd),
+ * which are read and written in place (zero copy). mc_get_view maps a
+ * local object read-only instead of copying it.
  */
 #ifndef MOONCAKE_H
 #define MOONCAKE_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Store error codes (also returned per item by batch calls). The
+ * project's own sources get them from common/err.h. */
+#ifndef MC_COMMON_ERR_H
+#define MC_EINTERNAL (-700)
+#define MC_ESEGMENT_NOT_FOUND (-701)
+#define MC_ENO_SPACE (-702)
+#define MC_EINVALID_REPLICA (-703)
+#define MC_EOBJECT_NOT_FOUND (-704)
+#define MC_EOBJECT_ALREADY_EXISTS (-705)
+#define MC_EOBJECT_HAS_LEASE (-706)
+#define MC_ELEASE_EXPIRED (-707)
+#define MC_EPROTOCOL (-801)
+#define MC_EUNAVAILABLE (-802)
+#define MC_ETIMEDOUT (-803)
+#endif
+
+/* Largest key, in bytes (keys are any bytes, at least one). */
+#define MC_MAX_KEY_BYTES 4096
+
+typedef struct mc_client mc_client;
+typedef struct mc_view mc_view;
+
+struct mc_open_opts {
+	const char *socket_path;  /* NULL: see mc_open */
+	size_t staging_bytes;     /* 0: the agent's --local-buffer-size */
+	const char *client_name;  /* shown in the agent's logs; NULL: none */
+};
+
+/*
+ * Connect to the agent. socket_path NULL: $MOONCAKE_SOCKET, else
+ * /run/mooncake/agent.sock, else $XDG_RUNTIME_DIR/mooncake/agent.sock
+ * (the first that exists). Errors: -ENOENT (no socket found), negative
+ * errno of connect (-ECONNREFUSED: no agent serves it, -EACCES),
+ * MC_EPROTOCOL (not an agent, or another protocol version), -ENOMEM.
+ */
+int mc_open(const char *socket_path, mc_client **out);
+int mc_open_ex(const struct mc_open_opts *opts, mc_client **out);
+/* Close the session; buffers from mc_buffer_alloc are unmapped, views
+ * must have been released (their memory goes away). NULL is a no-op. */
+void mc_close(mc_client *c);
+
+struct mc_put_opts {
+	unsigned replica_num;          /* copies on distinct segments; 0: 1 */
+	int soft_pin;                  /* evicted only when nothing else is */
+	uint64_t ttl_ms;               /* removed this long after the put; 0: never */
+	const char *preferred_segment; /* NULL: the local agent's segment */
+	int upsert;                    /* replace an existing object */
+};
+
+/*
+ * Store a value. Errors: MC_EOBJECT_ALREADY_EXISTS (-705; see upsert),
+ * MC_ENO_SPACE, MC_EOBJECT_HAS_LEASE (upsert of a leased object),
+ * -EINVAL (key empty or above MC_MAX_KEY_BYTES, replica_num above 16),
+ * MC_EUNAVAILABLE (no master, or the connection broke), transfer errors.
+ */
+int mc_put(mc_client *c, const void *key, size_t klen, const void *value,
+	   size_t len, const struct mc_put_opts *opts);
+/* The same, for a value in a buffer from mc_buffer_alloc (written in
+ * place; any other memory is copied as by mc_put). */
+int mc_put_from(mc_client *c, const void *key, size_t klen, const void *buf,
+		size_t len, const struct mc_put_opts *opts);
+
+/*
+ * Fetch a value into a new malloc'd buffer (*value, free() it; a 0-byte
+ * value gives a non-NULL pointer). Errors: MC_EOBJECT_NOT_FOUND, -EINVAL,
+ * MC_EUNAVAILABLE, -ENOMEM.
+ */
+int mc_get(mc_client *c, const void *key, size_t klen, void **value,
+	   size_t *len);
+/*
+ * Fetch a value into buf (cap bytes); returns its size, or -ENOBUFS when
+ * it is larger than cap, or another error of mc_get. Zero copy when buf
+ * lies in a buffer from mc_buffer_alloc.
+ */
+int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf,
+		    size_t cap);
+
+/*
+ * A read-only view of a value: when the object has a replica in the local
+ * agent's segment, *data points into a read-only mapping of it, kept
+ * under the object's read lease until mc_view_release (zero copy: the
+ * bytes never change while the view is held); otherwise a private copy.
+ * Errors: those of mc_get.
+ */
+int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data,
+		size_t *len, mc_view **view);
+/* Whether a view maps the agent's segment (1) or holds a copy (0). */
+int mc_view_is_mapped(const mc_view *v);
+/* Release a view (NULL is a no-op). */
+void mc_view_release(mc_client *c, mc_view *v);
+
+/* 1 if the object exists (complete), 0 if not, or an error. */
+int mc_exist(mc_client *c, const void *key, size_t klen);
+/* Errors: MC_EOBJECT_NOT_FOUND, MC_EOBJECT_HAS_LEASE (read lease held and
+ * force 0), -EINVAL, MC_EUNAVAILABLE. */
+int mc_remove(mc_client *c, const void *key, size_t klen, int force);
+/* Remove every object (leased ones too with force). Returns how many
+ * were removed, or an error. */
+int64_t mc_remove_all(mc_client *c, int force);
+
+/*
+ * Batches: n items in one round trip; results[i] gets the item's outcome
+ * (as the single call's return value). The call returns 0 when it ran
+ * (items may still have failed), or an error for the whole batch.
+ */
+int mc_batch_put(mc_client *c, size_t n, const void *const *keys,
+		 const size_t *klens, const void *const *values,
+		 const size_t *lens, const struct mc_put_opts *opts, int *results);
+/* values[i]: malloc'd (free them), NULL for failed items. */
+int mc_batch_get(mc_client *c, size_t n, const void *const *keys,
+		 const size_t *klens, void **values, size_t *lens, int *results);
+/* results[i]: bytes read into bufs[i], or an error. */
+int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys,
+		      const size_t *klens, void *const *bufs, const size_t *caps,
+		      int64_t *results);
+int mc_batch_exist(mc_client *c, size_t n, const void *const *keys,
+		   const size_t *klens, int *results);
+int mc_batch_remove(mc_client *c, size_t n, const void *const *keys,
+		    const size_t *klens, int force, int *results);
+
+/*
+ * Buffers the agent maps: mc_buffer_alloc returns len bytes of shared
+ * memory (from the agent: huge pages and NUMA placement like its segment
+ * when available), registered for zero-copy puts, gets and transfers, and
+ * published to the transfer engine at its address so that peers can read
+ * and write it (mc_transfer from another node). Errors: -EINVAL (len 0),
+ * -ENOMEM, -ENOSPC (too many buffers), MC_EUNAVAILABLE.
+ */
+int mc_buffer_alloc(mc_client *c, size_t len, void **buf);
+/* Errors: -ENOENT (not from mc_buffer_alloc). */
+int mc_buffer_free(mc_client *c, void *buf);
+/*
+ * Register memory the caller mapped from its own memfd (sealed with
+ * F_SEAL_SHRINK, opened read-write): [addr, addr + len) maps fd at
+ * offset. Zero copy like mc_buffer_alloc's buffers; published to the
+ * transfer engine at addr. The agent keeps its own reference to the
+ * memfd. Errors: -EBADF (not a memfd), -EPERM (another user's), -EINVAL
+ * (not sealed, range), -EEXIST (overlaps a registered buffer).
+ */
+int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
+		      size_t len);
+/*
+ * Register any memory for mc_transfer/mc_put_from/mc_get_into. Memory
+ * that is not a buffer of this session cannot be shared with the agent:
+ * it is accepted and moved by copying through the staging buffer (which
+ * also means peers cannot reach it with their transfers). Returns 0, or
+ * -EINVAL (len 0), -EEXIST (overlaps a registered range).
+ */
+int mc_register_buffer(mc_client *c, void *addr, size_t len);
+/* Errors: -ENOENT. */
+int mc_unregister_buffer(mc_client *c, void *addr);
+
+enum mc_transfer_op { MC_TRANSFER_READ = 0, MC_TRANSFER_WRITE = 1 };
+
+struct mc_transfer_req {
+	enum mc_transfer_op op; /* READ: remote -> local; WRITE: local -> remote */
+	void *local;
+	size_t len;
+	const char *target;     /* segment name, "host:port" of its agent */
+	uint64_t remote_addr;   /* an address the target registered */
+};
+
+/*
+ * Move bytes between local memory and memory registered on a target
+ * (another node's segment or client buffer), synchronously. results[i]:
+ * 0 or the item's error (MC_EINVALID_REPLICA: the address is not
+ * registered there; MC_EUNAVAILABLE: the target cannot be reached).
+ * Returns 0 when the batch ran, or an error for all of it.
+ */
+int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
+		int *results);
+
+/* The agent's transfer-engine address "host:port" (its segment name). */
+const char *mc_agent_address(const mc_client *c);
+/* Sizes the agent offers: its segment and this session's staging. */
+uint64_t mc_segment_size(const mc_client *c);
+uint64_t mc_staging_size(const mc_client *c);
 
 /* Text for a negative error code returned by any mc_ function. */
 const char *mc_strerror(int code);

@@ -130,6 +130,34 @@
 	  NULL, "agent: transfer-engine control gRPC (host:port)")             \
 	X(AGENT_HTTP, "agent-http", AGENT, ADDR, "127.0.0.1:9100", 0, 0, NULL, \
 	  "agent: HTTP /metrics and /healthz (host:port)")                     \
+	X(GLOBAL_SEGMENT_SIZE, "global-segment-size", AGENT, SIZE, "0", 0,     \
+	  1ull << 50, NULL,                                                    \
+	  "agent: DRAM this node contributes to the pool (its segment); 0: "   \
+	  "1 GiB or a quarter of the RAM, whichever is smaller")               \
+	X(LOCAL_BUFFER_SIZE, "local-buffer-size", AGENT, SIZE, "16M", 4096,    \
+	  1ull << 40, NULL,                                                    \
+	  "agent: staging buffer of each client session (shared memory for "   \
+	  "values passed by copy), and the most a client may ask for")         \
+	X(NUMA_NODE, "numa-node", AGENT, STRING, "", 0, 0, NULL,               \
+	  "agent: bind the segment and client buffers to this NUMA node "      \
+	  "(empty: no binding)")                                               \
+	X(HUGEPAGES, "hugepages", AGENT, ENUM, "auto", 0, 0, "auto|on|off",    \
+	  "agent: back the segment with 2 MiB huge pages: auto (when the "     \
+	  "kernel has them reserved, else 4 KiB pages and a log line), on "    \
+	  "(refuse to start without), off")                                    \
+	X(SOCKET, "socket", AGENT, PATH, "/run/mooncake/agent.sock", 0, 0,     \
+	  NULL,                                                                \
+	  "agent: the clients' Unix socket (mode 0660); when the default's "   \
+	  "directory cannot be written: $XDG_RUNTIME_DIR/mooncake/agent.sock, " \
+	  "else <data-dir>/agent.sock")                                        \
+	X(MASTER_ADDRESS, "master-address", AGENT, STRING, "", 0, 0, NULL,     \
+	  "agent: the master's host:port, instead of the leader key in meta "  \
+	  "(a standby's redirect is still followed); empty: from meta, or "    \
+	  "this process's master when it runs one and --meta-endpoints is "    \
+	  "not set")                                                           \
+	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
+	  NULL,                                                                \
+	  "agent: threads that copy object bytes; 0: one per core, at most 8") \
 	X(AGENT_NAME, "agent-name", AGENT, STRING, "", 0, 0, NULL,             \
 	  "agent: its segment name in meta (empty: the agent-listen "          \
 	  "host:port)")                                                        \

@@ -10,6 +10,7 @@
  *   mooncakectl bench meta --endpoints=URL,... [--clients=N] [--conns=M] ...
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
  *   mooncakectl stats [--master=HOST:PORT]
+ *   mooncakectl put KEY FILE|- / get KEY [FILE] / rm KEY  (local agent)
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
@@ -33,6 +34,9 @@ static const struct ctl_cmd cmds[] = {
 	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
+	{"put", "store a file under a key through the local agent", ctl_put_main},
+	{"get", "fetch a key's value through the local agent", ctl_get_main},
+	{"rm", "remove a key through the local agent", ctl_rm_main},
 	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
 };
 

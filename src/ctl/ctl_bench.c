@@ -732,6 +732,8 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "master") == 0)
 		return ctl_bench_master_main(argc - 1, argv + 1);
+	if (strcmp(argv[1], "store") == 0)
+		return ctl_bench_store_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "meta") == 0)
 		return ctl_bench_meta_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "transfer") == 0)

@@ -7,6 +7,8 @@
 #define MC_CTL_CTL_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #define CTL_EXIT_OK 0
 #define CTL_EXIT_FAIL 1
@@ -17,8 +19,24 @@ int ctl_health_main(int argc, char **argv);
 int ctl_bench_main(int argc, char **argv);
 int ctl_ls_main(int argc, char **argv);
 int ctl_stats_main(int argc, char **argv);
+/* put/get/rm through the local agent (ctl_store.c). */
+int ctl_put_main(int argc, char **argv);
+int ctl_get_main(int argc, char **argv);
+int ctl_rm_main(int argc, char **argv);
 /* `bench master`; argv[0] is "master". */
 int ctl_bench_master_main(int argc, char **argv);
+/* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
+int ctl_bench_store_main(int argc, char **argv);
+
+/* Latency samples in ns (ctl_lat.c); a zeroed struct is empty. */
+struct ctl_lat {
+	uint64_t *v;
+	size_t n, cap;
+};
+void ctl_lat_add(struct ctl_lat *l, uint64_t ns);
+/* The p-th percentile (0..1) in microseconds; sorts the samples. */
+double ctl_lat_pct_us(struct ctl_lat *l, double p);
+void ctl_lat_free(struct ctl_lat *l);
 /* `bench meta`; argv[0] is "meta". */
 int ctl_bench_meta_main(int argc, char **argv);
 int ctl_transfer_main(int argc, char **argv);

@@ -75,9 +75,7 @@ static const struct role_def role_defs[] = {
 	 {{CFG_AGENT_LISTEN, "agent", {"mooncake.transfer.Transfer"}}},
 	 CFG_AGENT_HTTP,
 	 &role_agent_ops,
-	 "cache segments, the master client and the client socket are not "
-	 "implemented yet: the transfer engine runs, with no memory of the "
-	 "agent's own to offer"},
+	 NULL},
 };
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))

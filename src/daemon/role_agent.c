@@ -1,17 +1,33 @@
 /*
- * role_agent: the agent role's glue. It runs the transfer engine: its
- * segment (named --agent-name, or the agent-listen host:port) is published
- * to meta (--meta-endpoints, --cluster-id) under a lease, peers reach it
- * over shm (same host) or TCP (--te-data-listen), and the agent's gRPC
- * port serves mooncake.transfer.Transfer (descriptor fetch for P2P peers).
- * The agent's own cache segments, master client and client socket plug in
- * here later; the engine API (transfer.h) is what they will use.
+ * role_agent: the agent role's glue. It runs the transfer engine — its
+ * segment (named --agent-name, or the agent-listen host:port) published
+ * to meta (--meta-endpoints, --cluster-id) under a lease, reached by
+ * peers over shm (same host) or TCP (--te-data-listen), the agent's gRPC
+ * port serving mooncake.transfer.Transfer (descriptor fetch for P2P
+ * peers) — and the agent (src/agent) on top of it: the DRAM segment
+ * registered with the engine and mounted with the master, and the
+ * clients' Unix socket.
+ *
+ * Defaults decided here, from the configuration as a whole:
+ *  - the socket: --socket as given; when left at its default and
+ *    /run/mooncake cannot be written, $XDG_RUNTIME_DIR/mooncake/agent.sock,
+ *    else <data-dir>/agent.sock;
+ *  - the master: --master-address as given; when empty and this process
+ *    runs the master role too with --meta-endpoints left at its default
+ *    (standalone), this process's own master, and no meta at all (the
+ *    engine in P2P handshake mode); else the leader key in meta.
+ *
+ * Stop: the agent (sessions closed, segment unmounted) and the engine's
+ * control plane together; free: the engine (its data plane) before the
+ * agent's memory.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "agent/agent.h"
 #include "common/auth.h"
 #include "common/cfg.h"
 #include "common/log.h"
@@ -23,10 +39,80 @@
 
 #define LOG_SUBSYS LOGS_AGENT
 
+extern const struct role_ops role_agent_ops;
+
 struct role_agent {
-	struct etcd_client *meta;
+	struct etcd_client *meta; /* NULL: no meta (P2P engine, fixed master) */
 	struct te_engine *te;
+	struct agent *store;
+	struct role_rt *rt;
+	int stopping; /* parts not stopped yet */
 };
+
+/* ------------------------------------------------------------ defaults */
+
+static bool writable_dir(const char *dir)
+{
+	return mc_mkdir_p(dir, 0755) == 0 && access(dir, W_OK | X_OK) == 0;
+}
+
+static void socket_path(const struct cfg *cfg, char *out, size_t len)
+{
+	const char *given = cfg_str(cfg, CFG_SOCKET);
+	if (cfg->v[CFG_SOCKET].src != CFG_SRC_DEFAULT) {
+		snprintf(out, len, "%s", given);
+		return;
+	}
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%s", given);
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		*slash = '\0';
+	if (slash && writable_dir(dir)) {
+		snprintf(out, len, "%s", given);
+		return;
+	}
+	/* XDG_RUNTIME_DIR is the session's runtime directory, an interface
+	 * of the system (like NOTIFY_SOCKET), not a tunable. */
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	if (xdg && xdg[0] == '/') {
+		snprintf(dir, sizeof(dir), "%s/mooncake", xdg);
+		if (writable_dir(dir) && strlen(dir) + 12 <= len) {
+			memcpy(out, dir, strlen(dir));
+			memcpy(out + strlen(dir), "/agent.sock", 12);
+			return;
+		}
+	}
+	snprintf(out, len, "%s/agent.sock", cfg_str(cfg, CFG_DATA_DIR));
+}
+
+/* The master's address when this process runs it (standalone). */
+static void own_master(const struct cfg *cfg, char *out, size_t len)
+{
+	const char *listen = cfg_str(cfg, CFG_MASTER_LISTEN);
+	const char *colon = strrchr(listen, ':');
+	if (strncmp(listen, "0.0.0.0:", 8) == 0 || (colon && colon == listen))
+		snprintf(out, len, "127.0.0.1%s", colon);
+	else
+		snprintf(out, len, "%s", listen);
+}
+
+static int parse_numa(const char *s, int *node)
+{
+	if (!*s) {
+		*node = -1;
+		return 0;
+	}
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (*end || end == s || v < 0 || v > 1023) {
+		log_error("--numa-node=%s: expected a node number (0, 1, ...) or "
+			  "empty for no binding", s);
+		return MC_ECONFIG;
+	}
+	*node = (int)v;
+	return 0;
+}
 
 /* --cluster-secret-file into buf (len 0: none). Logs its errors. */
 static int load_secret(const struct cfg *c, uint8_t *buf, size_t *len)
@@ -65,7 +151,9 @@ static int parse_gid_index(const char *s, int *out)
 	return 0;
 }
 
-static int agent_start(struct role_rt *rt)
+/* ------------------------------------------------------------ engine */
+
+static int start_engine(struct role_rt *rt, struct role_agent *a, bool use_meta)
 {
 	const struct cfg *c = role_cfg(rt);
 	uint8_t secret[MC_SECRET_MAX_BYTES];
@@ -98,25 +186,16 @@ static int agent_start(struct role_rt *rt)
 			 ":0");
 	}
 	const char *name = cfg_str(c, CFG_AGENT_NAME);
-
-	struct role_agent *a = calloc(1, sizeof(*a));
-	if (!a)
-		return -ENOMEM;
-	struct etcd_opts eo = {.endpoints = cfg_str(c, CFG_META_ENDPOINTS)};
-	rc = etcd_client_new(role_loop(rt), &eo, &a->meta);
-	if (rc) {
-		log_error("--meta-endpoints '%s': %s", eo.endpoints,
-			  rc == -EINVAL ? "not a comma list of numeric host:port"
-					: mc_strerror(rc));
-		goto fail;
+	if (use_meta) {
+		struct etcd_opts eo = {.endpoints = cfg_str(c, CFG_META_ENDPOINTS)};
+		rc = etcd_client_new(role_loop(rt), &eo, &a->meta);
+		if (rc) {
+			log_error("--meta-endpoints '%s': %s", eo.endpoints,
+				  rc == -EINVAL ? "not a comma list of numeric host:port"
+						: mc_strerror(rc));
+			return rc;
+		}
 	}
-	/* Before the engine exists: once it does, only te_stop on the
-	 * running loop can take it down again. No client sees this before
-	 * the frame listens, which is after a successful start. */
-	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer",
-			    RPC_HEALTH_SERVING);
-	if (rc)
-		goto fail_meta;
 	uint64_t ttl_ms = cfg_u64(c, CFG_TE_LEASE_TTL);
 	struct te_opts o = {
 		.loop = role_loop(rt),
@@ -138,50 +217,143 @@ static int agent_start(struct role_rt *rt)
 		.cluster_secret_len = slen,
 		.metrics = rt->metrics,
 	};
+	/* Before the engine exists; no client sees it before the frame
+	 * listens, which is after a successful start. */
+	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer", RPC_HEALTH_SERVING);
+	if (rc) {
+		memset(secret, 0, sizeof(secret));
+		return rc;
+	}
 	rc = te_new(&o, &a->te);
 	memset(secret, 0, sizeof(secret));
 	if (rc) {
 		log_error("cannot start the transfer engine: %s", mc_strerror(rc));
-		goto fail_meta;
+		a->te = NULL;
+		return rc;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ hooks */
+
+/* Also the start-up failure path: the loop has not run since te_new and
+ * the RPC server never listened, so the engine may be freed unstopped
+ * (its service stays registered on a server that is never served). */
+static void free_parts(struct role_agent *a)
+{
+	/* The engine's data plane first: it reads and writes the agent's
+	 * memory until it is freed. */
+	if (a->te)
+		te_free(a->te);
+	agent_free(a->store);
+	if (a->meta)
+		etcd_client_free(a->meta);
+	free(a);
+}
+
+static int role_agent_start(struct role_rt *rt)
+{
+	const struct cfg *cfg = role_cfg(rt);
+	char sock[4096], master[256] = "";
+	int node;
+	int rc = parse_numa(cfg_str(cfg, CFG_NUMA_NODE), &node);
+	if (rc)
+		return rc;
+	socket_path(cfg, sock, sizeof(sock));
+	const char *fixed = cfg_str(cfg, CFG_MASTER_ADDRESS);
+	const char *meta = cfg_str(cfg, CFG_META_ENDPOINTS);
+	if (*fixed) {
+		snprintf(master, sizeof(master), "%s", fixed);
+	} else if ((cfg_roles(cfg) & CFG_ROLE_MASTER) &&
+		   cfg->v[CFG_META_ENDPOINTS].src == CFG_SRC_DEFAULT) {
+		own_master(cfg, master, sizeof(master));
+		meta = "";
+	}
+	struct role_agent *a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->rt = rt;
+	rc = start_engine(rt, a, *meta != '\0');
+	if (rc) {
+		/* The engine's service stays registered on the RPC server,
+		 * which is never served: start-up failed. */
+		free_parts(a);
+		return rc;
+	}
+	const char *hp = cfg_str(cfg, CFG_HUGEPAGES);
+	struct agent_opts o = {
+		.loop = role_loop(rt),
+		.metrics = rt->metrics,
+		.te = a->te,
+		.rpc = rt->rpc[0],
+		.rpc_listen = cfg_str(cfg, CFG_AGENT_LISTEN),
+		.segment_bytes = cfg_u64(cfg, CFG_GLOBAL_SEGMENT_SIZE),
+		.staging_bytes = cfg_u64(cfg, CFG_LOCAL_BUFFER_SIZE),
+		.numa_node = node,
+		.hugepages = strcmp(hp, "on") == 0    ? AGENT_HUGEPAGES_ON
+			     : strcmp(hp, "off") == 0 ? AGENT_HUGEPAGES_OFF
+						      : AGENT_HUGEPAGES_AUTO,
+		.socket_path = sock,
+		.copy_threads = (unsigned)cfg_u64(cfg, CFG_AGENT_COPY_THREADS),
+		.master_address = master,
+		.meta_endpoints = meta,
+		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
+	};
+	rc = agent_new(&o, &a->store);
+	if (rc) {
+		log_error("cannot start the agent: %s", mc_strerror(rc));
+		a->store = NULL;
+		free_parts(a);
+		return rc;
 	}
 	rt->agent = a;
 	return 0;
+}
 
-fail_meta:
-	etcd_client_free(a->meta);
-fail:
-	free(a);
-	return rc;
+/* Both stop at once: the engine's control plane (its descriptor leaves
+ * meta while meta is still up — the meta role stops right after) and the
+ * agent (sessions, unmount). The data plane serves the agent's last
+ * copies until te_free. */
+static void part_stopped(struct role_rt *rt)
+{
+	if (--rt->agent->stopping == 0)
+		role_stopped(rt);
 }
 
 static void on_te_stopped(struct te_engine *e, void *ud)
 {
 	struct role_rt *rt = ud;
 	(void)e;
-	etcd_client_free(rt->agent->meta);
-	rt->agent->meta = NULL;
-	role_stopped(rt);
+	/* The meta client's handles close while the loop still runs. */
+	if (rt->agent->meta) {
+		etcd_client_free(rt->agent->meta);
+		rt->agent->meta = NULL;
+	}
+	part_stopped(rt);
 }
 
-static void agent_stop(struct role_rt *rt)
+static void on_agent_stopped(void *ud)
 {
+	part_stopped(ud);
+}
+
+static void role_agent_stop(struct role_rt *rt)
+{
+	rt->agent->stopping = 2;
 	te_stop(rt->agent->te, on_te_stopped, rt);
+	agent_stop(rt->agent->store, on_agent_stopped, rt);
 }
 
-static void agent_free(struct role_rt *rt)
+static void role_agent_free(struct role_rt *rt)
 {
-	struct role_agent *a = rt->agent;
-	if (!a)
+	if (!rt->agent)
 		return;
-	te_free(a->te);
-	if (a->meta)
-		etcd_client_free(a->meta);
-	free(a);
+	free_parts(rt->agent);
 	rt->agent = NULL;
 }
 
 const struct role_ops role_agent_ops = {
-	.start = agent_start,
-	.stop = agent_stop,
-	.free = agent_free,
+	.start = role_agent_start,
+	.stop = role_agent_stop,
+	.free = role_agent_free,
 };

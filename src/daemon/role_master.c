@@ -2,6 +2,10 @@
  * role_master: the master role's glue — builds the master (src/master)
  * from the configuration on the role's RPC server, resigns leadership
  * when shutdown begins, frees it after the loop.
+ *
+ * A process that runs the agent role too, with --meta-endpoints left at
+ * its default (standalone), pairs master and agent without meta: the
+ * master leads alone and the agent calls it directly (role_agent.c).
  */
 #include <stdlib.h>
 
@@ -17,6 +21,10 @@ extern const struct role_ops role_master_ops;
 static int master_start(struct role_rt *rt)
 {
 	const struct cfg *cfg = role_cfg(rt);
+	const char *meta = cfg_str(cfg, CFG_META_ENDPOINTS);
+	if ((cfg_roles(cfg) & CFG_ROLE_AGENT) &&
+	    cfg->v[CFG_META_ENDPOINTS].src == CFG_SRC_DEFAULT)
+		meta = "";
 	struct master_opts o = {
 		.loop = role_loop(rt),
 		.rpc = rt->rpc[0],
@@ -25,7 +33,7 @@ static int master_start(struct role_rt *rt)
 		.advertise = cfg_str(cfg, CFG_MASTER_ADVERTISE),
 		.listen = cfg_str(cfg, CFG_MASTER_LISTEN),
 		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
-		.meta_endpoints = cfg_str(cfg, CFG_META_ENDPOINTS),
+		.meta_endpoints = meta,
 		.agent_ttl_ms = cfg_u64(cfg, CFG_AGENT_TTL),
 		.put_timeout_ms = cfg_u64(cfg, CFG_PUT_TIMEOUT),
 		.lease_ttl_ms = cfg_u64(cfg, CFG_DEFAULT_KV_LEASE_TTL),

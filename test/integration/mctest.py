@@ -126,6 +126,11 @@ class Daemon:
                 self.ports.setdefault(k, free_port())
         cmd = [MOONCAKED, "--role=" + role, "--data-dir=" + self.data_dir, "--config="]
         cmd += ["--%s=127.0.0.1:%d" % (k, p) for k, p in self.ports.items()]
+        if "agent" in roles:
+            # Never the machine-wide default socket, and a small segment
+            # (the agent commits it at start); args may override both.
+            self.socket = os.path.join(self.tmp.name, "agent.sock")
+            cmd += ["--socket=" + self.socket, "--global-segment-size=64M"]
         cmd += list(args)
         self.cmd = cmd
         full_env = dict(os.environ)

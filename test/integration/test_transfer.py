@@ -396,24 +396,25 @@ def agent_publishes_its_segment_and_serves_refusals():
     eq(desc.host, "127.0.0.1", "host")
     assert desc.data_port > 0 and desc.rpc_port == d.ports["agent-listen"], desc
     assert "tcp" in desc.transports and "shm" in desc.transports, desc
-    eq(len(desc.regions), 0, "no memory of its own yet")
+    # The agent's DRAM segment (src/agent) is its one region.
+    eq(len(desc.regions), 1, "the agent's segment")
     # Through meta and, without meta, through its gRPC port (P2P mode).
     for args, target in ((["--protocol=tcp"], "agent-x"),
                          (["--protocol=auto"], "agent-x")):
         a = shell("agent-peer", "--buffer=0", *args)
         r = a.ok("open " + target)
-        assert "regions=0" in r, r
+        assert "regions=1" in r, r
         a.error("read %s @0x1000 4096" % target, "MC_EREMOTE_ACCESS")
         a.error("write %s @0x7f0000000000 1M 3" % target, "MC_EREMOTE_ACCESS")
         a.close()
     p = shell(None, "--buffer=0", "--protocol=tcp", meta=False)
     r = p.ok("open " + d.addr("agent-listen"))
-    assert "regions=0" in r, r
+    assert "regions=1" in r, r
     p.error("read %s @0x1000 1" % d.addr("agent-listen"), "MC_EREMOTE_ACCESS")
     p.close()
     metrics = urlopen_text("http://127.0.0.1:%d/metrics" % d.ports["agent-http"])
     assert 'mooncake_te_refused_requests_total' in metrics, metrics
-    assert 'mooncake_te_regions 0' in metrics, metrics
+    assert 'mooncake_te_regions 1' in metrics, metrics
     # SIGTERM unpublishes at once
     eq(d.stop(), 0, "exit")
     eq(e.get(seg_key("agent-x")), None, "descriptor deleted on shutdown")

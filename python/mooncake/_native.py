@@ -1,0 +1,213 @@
+"""ctypes bindings of libmooncake (src/client/mooncake.h) and buffer helpers."""
+
+import ctypes
+import ctypes.util
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("MOONCAKE_LIB")
+    if env:
+        yield env
+    # The source tree: python/mooncake -> build/
+    yield os.path.normpath(os.path.join(_HERE, "../../build/libmooncake.so"))
+    # Installed: PREFIX/lib/python3/dist-packages/mooncake -> PREFIX/lib
+    for up in ("../../..", "../../../.."):
+        for name in ("libmooncake.so.0", "libmooncake.so"):
+            yield os.path.normpath(os.path.join(_HERE, up, name))
+    found = ctypes.util.find_library("mooncake")
+    if found:
+        yield found
+    yield "libmooncake.so.0"
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            errors.append("%s: %s" % (path, e))
+    raise ImportError("libmooncake.so not found (set MOONCAKE_LIB): " + "; ".join(errors))
+
+
+lib = _load()
+
+c_void_p = ctypes.c_void_p
+c_size_t = ctypes.c_size_t
+c_int = ctypes.c_int
+c_int64 = ctypes.c_int64
+c_uint64 = ctypes.c_uint64
+c_char_p = ctypes.c_char_p
+POINTER = ctypes.POINTER
+
+
+class OpenOpts(ctypes.Structure):
+    _fields_ = [("socket_path", c_char_p), ("staging_bytes", c_size_t),
+                ("client_name", c_char_p)]
+
+
+class PutOpts(ctypes.Structure):
+    _fields_ = [("replica_num", ctypes.c_uint), ("soft_pin", c_int),
+                ("ttl_ms", c_uint64), ("preferred_segment", c_char_p),
+                ("upsert", c_int)]
+
+
+class TransferReq(ctypes.Structure):
+    _fields_ = [("op", c_int), ("local", c_void_p), ("len", c_size_t),
+                ("target", c_char_p), ("remote_addr", c_uint64)]
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+mc_open_ex = _fn("mc_open_ex", c_int, POINTER(OpenOpts), POINTER(c_void_p))
+mc_close = _fn("mc_close", None, c_void_p)
+mc_put = _fn("mc_put", c_int, c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(PutOpts))
+mc_put_from = _fn("mc_put_from", c_int, c_void_p, c_void_p, c_size_t, c_void_p, c_size_t,
+                  POINTER(PutOpts))
+mc_get = _fn("mc_get", c_int, c_void_p, c_void_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t))
+mc_get_into = _fn("mc_get_into", c_int64, c_void_p, c_void_p, c_size_t, c_void_p, c_size_t)
+mc_get_view = _fn("mc_get_view", c_int, c_void_p, c_void_p, c_size_t, POINTER(c_void_p),
+                  POINTER(c_size_t), POINTER(c_void_p))
+mc_view_is_mapped = _fn("mc_view_is_mapped", c_int, c_void_p)
+mc_view_release = _fn("mc_view_release", None, c_void_p, c_void_p)
+mc_exist = _fn("mc_exist", c_int, c_void_p, c_void_p, c_size_t)
+mc_remove = _fn("mc_remove", c_int, c_void_p, c_void_p, c_size_t, c_int)
+mc_remove_all = _fn("mc_remove_all", c_int64, c_void_p, c_int)
+mc_batch_put = _fn("mc_batch_put", c_int, c_void_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t),
+                   POINTER(c_void_p), POINTER(c_size_t), POINTER(PutOpts), POINTER(c_int))
+mc_batch_get = _fn("mc_batch_get", c_int, c_void_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t),
+                   POINTER(c_void_p), POINTER(c_size_t), POINTER(c_int))
+mc_batch_get_into = _fn("mc_batch_get_into", c_int, c_void_p, c_size_t, POINTER(c_void_p),
+                        POINTER(c_size_t), POINTER(c_void_p), POINTER(c_size_t), POINTER(c_int64))
+mc_batch_exist = _fn("mc_batch_exist", c_int, c_void_p, c_size_t, POINTER(c_void_p),
+                     POINTER(c_size_t), POINTER(c_int))
+mc_batch_remove = _fn("mc_batch_remove", c_int, c_void_p, c_size_t, POINTER(c_void_p),
+                      POINTER(c_size_t), c_int, POINTER(c_int))
+mc_buffer_alloc = _fn("mc_buffer_alloc", c_int, c_void_p, c_size_t, POINTER(c_void_p))
+mc_buffer_free = _fn("mc_buffer_free", c_int, c_void_p, c_void_p)
+mc_register_buffer = _fn("mc_register_buffer", c_int, c_void_p, c_void_p, c_size_t)
+mc_unregister_buffer = _fn("mc_unregister_buffer", c_int, c_void_p, c_void_p)
+mc_transfer = _fn("mc_transfer", c_int, c_void_p, POINTER(TransferReq), c_size_t, POINTER(c_int))
+mc_agent_address = _fn("mc_agent_address", c_char_p, c_void_p)
+mc_segment_size = _fn("mc_segment_size", c_uint64, c_void_p)
+mc_staging_size = _fn("mc_staging_size", c_uint64, c_void_p)
+_strerror = _fn("mc_strerror", c_char_p, c_int)
+_errname = _fn("mc_errname", c_char_p, c_int)
+_version = _fn("mc_version", c_char_p)
+libc_free = ctypes.CDLL(None).free
+libc_free.argtypes = [c_void_p]
+libc_free.restype = None
+
+
+def strerror(code):
+    """Text of a negative error code."""
+    return _strerror(int(code)).decode()
+
+
+def errname(code):
+    """Name of a negative error code ("MC_EOBJECT_NOT_FOUND", "ENOENT")."""
+    return _errname(int(code)).decode()
+
+
+def version():
+    return _version().decode()
+
+
+# ---------------------------------------------------------------- buffers
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", c_int), ("ndim", c_int),
+                ("format", c_char_p), ("shape", POINTER(ctypes.c_ssize_t)),
+                ("strides", POINTER(ctypes.c_ssize_t)),
+                ("suboffsets", POINTER(ctypes.c_ssize_t)), ("internal", c_void_p)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, POINTER(_PyBuffer), c_int]
+_get_buffer.restype = c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+class Pinned:
+    """The address and length of a bytes-like object's memory, without a
+    copy (bytes, bytearray, memoryview, array.array, numpy arrays: any
+    C-contiguous object with the buffer protocol), held until release().
+    Non-contiguous buffers are copied once."""
+
+    __slots__ = ("_view", "_copy", "ptr", "len")
+
+    def __init__(self, obj):
+        self._copy = None
+        if isinstance(obj, str):
+            obj = obj.encode()
+        v = _PyBuffer()
+        try:
+            _get_buffer(obj, ctypes.byref(v), 0)  # PyBUF_SIMPLE: contiguous bytes
+        except (BufferError, TypeError):
+            self._copy = memoryview(obj).tobytes()
+            _get_buffer(self._copy, ctypes.byref(v), 0)
+        self._view = v
+        self.ptr = v.buf or 0
+        self.len = v.len
+
+    def release(self):
+        if self._view is not None:
+            _release_buffer(ctypes.byref(self._view))
+            self._view = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        self.release()
+
+
+def key_bytes(key):
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    raise TypeError("a key is str or bytes, not %s" % type(key).__name__)
+
+
+def keys_arrays(keys):
+    """Keys as ctypes arrays of pointers and lengths (kept alive by the
+    returned list)."""
+    kb = [key_bytes(k) for k in keys]
+    n = len(kb)
+    ptrs = (c_void_p * max(n, 1))(*[ctypes.cast(ctypes.c_char_p(k), c_void_p) for k in kb])
+    lens = (c_size_t * max(n, 1))(*[len(k) for k in kb])
+    return ptrs, lens, kb
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(v):
+    """An int, or a string like "512MB", "4G", "1073741824"."""
+    if isinstance(v, int):
+        return v
+    s = str(v).strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTIB")
+    unit = s[len(num):]
+    if unit not in _UNITS or not num:
+        raise ValueError("not a size: %r" % (v,))
+    return int(float(num) * _UNITS[unit])

@@ -1,0 +1,532 @@
+/*
+ * agent: lifecycle, the DRAM segment and metrics. See agent.h.
+ *
+ * Start: segment (memfd; huge pages and NUMA binding as configured;
+ * pre-faulted on a copy thread so the first puts do not pay for page
+ * faults), copy threads, the client socket, then on the loop's next turn
+ * (once the RPC server listens and the segment's name can be known) the
+ * master link. Stop: socket and sessions close, the segment is unmounted,
+ * requests in flight end (their master calls fail with MC_ESHUTDOWN),
+ * copy threads are joined, handles closed, then on_stopped.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+#include "rpc/rpc.h"
+#include "transfer/transfer.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define VIEW_RENEW_MIN_MS 100
+
+/* Names of request ops (Request.op field numbers 10..21) for metrics. */
+static const char *const op_names[] = {
+	"hello", "put", "get", "exist", "remove", "remove_all", "register_buffer",
+	"unregister_buffer", "alloc_buffer", "transfer", "stats", "release",
+};
+#define OP_FIRST MOONCAKE__CLIENT__REQUEST__OP_HELLO
+#define NOPS (sizeof(op_names) / sizeof(op_names[0]))
+
+static const char *op_name(int op)
+{
+	if (op >= OP_FIRST && op < OP_FIRST + (int)NOPS)
+		return op_names[op - OP_FIRST];
+	return "unknown";
+}
+
+/* ------------------------------------------------------------ metrics */
+
+void agent__count(struct agent *a, enum agent_counter c, uint64_t n)
+{
+	a->counters[c] += n;
+	metric_add(a->m_counters[c], n);
+}
+
+void agent__gauges(struct agent *a)
+{
+	metric_set(a->m_clients, (int64_t)a->nconns);
+	metric_set(a->m_buffers, (int64_t)a->nbuffers);
+	metric_set(a->m_views, (int64_t)a->nviews);
+	metric_set(a->m_staging, (int64_t)a->staging_in_use);
+	metric_set(a->m_inv, (int64_t)a->inv.n);
+	metric_set(a->m_view, (int64_t)a->view);
+	metric_set(a->m_mounted, a->mounted);
+}
+
+void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns)
+{
+	const char *name = op_name(op);
+	metric_inc(metrics_counter(a->metrics, "mooncake_agent_requests_total",
+				   "Client requests served, by operation and result "
+				   "(error: the request or one of its items failed; a "
+				   "get miss is not an error).",
+				   "op,result",
+				   (const char *[]){name, err ? "error" : "ok"}));
+	int i = op - OP_FIRST;
+	if (i >= 0 && (size_t)i < NOPS) {
+		if (!a->m_op_seconds[i])
+			a->m_op_seconds[i] = metrics_histogram(
+				a->metrics, "mooncake_agent_request_seconds",
+				"Time from a client request's arrival to its reply.", "op",
+				(const char *[]){name}, metrics_latency_buckets,
+				metrics_latency_nbuckets);
+		metric_observe(a->m_op_seconds[i], (double)(mc_now_ns() - start_ns) / 1e9);
+	}
+}
+
+static void register_metrics(struct agent *a)
+{
+	struct metrics_registry *r = a->metrics;
+	metric_set(metrics_gauge(r, "mooncake_agent_segment_bytes",
+				 "DRAM this agent contributes to the pool.", NULL, NULL),
+		   (int64_t)a->seg->len);
+	metric_set(metrics_gauge(r, "mooncake_agent_segment_hugepages",
+				 "1 when the segment is backed by huge pages.", NULL, NULL),
+		   a->seg->hugepages);
+	metric_set(metrics_gauge(r, "mooncake_agent_local_buffer_bytes",
+				 "Staging buffer size of a client session "
+				 "(--local-buffer-size).",
+				 NULL, NULL),
+		   (int64_t)a->staging_bytes);
+	a->m_staging = metrics_gauge(r, "mooncake_agent_staging_bytes",
+				     "Staging buffer bytes held by open sessions.", NULL, NULL);
+	a->m_clients = metrics_gauge(r, "mooncake_agent_clients",
+				     "Open client sessions.", NULL, NULL);
+	a->m_buffers = metrics_gauge(r, "mooncake_agent_buffers",
+				     "Client buffers registered or allocated.", NULL, NULL);
+	a->m_views = metrics_gauge(r, "mooncake_agent_views",
+				   "Zero-copy views held by clients.", NULL, NULL);
+	a->m_inv = metrics_gauge(r, "mooncake_agent_inventory_objects",
+				 "Objects this agent wrote into its segment (re-reported "
+				 "after a master failover).", NULL, NULL);
+	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
+				  "View number of the master leader the segment is "
+				  "mounted with.", NULL, NULL);
+	a->m_mounted = metrics_gauge(r, "mooncake_agent_segment_mounted",
+				     "1 while the segment is mounted with the master "
+				     "leader.", NULL, NULL);
+	a->m_counters[AGENT_C_PUTS] =
+		metrics_counter(r, "mooncake_agent_puts_total", "Objects stored.", NULL, NULL);
+	a->m_counters[AGENT_C_PUT_FAILS] = metrics_counter(
+		r, "mooncake_agent_put_failures_total",
+		"Puts that failed (exists, no space, transfer errors, ...).", NULL, NULL);
+	a->m_counters[AGENT_C_GETS] =
+		metrics_counter(r, "mooncake_agent_gets_total", "Objects asked for.", NULL, NULL);
+	a->m_counters[AGENT_C_LOCAL_HITS] = metrics_counter(
+		r, "mooncake_agent_get_hits_total",
+		"Gets served, by where the replica was.", "source", (const char *[]){"local"});
+	a->m_counters[AGENT_C_REMOTE_HITS] = metrics_counter(
+		r, "mooncake_agent_get_hits_total",
+		"Gets served, by where the replica was.", "source", (const char *[]){"remote"});
+	a->m_counters[AGENT_C_MISSES] = metrics_counter(
+		r, "mooncake_agent_get_misses_total", "Gets of objects not in the pool.", NULL,
+		NULL);
+	a->m_counters[AGENT_C_BYTES_WRITTEN] = metrics_counter(
+		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
+		(const char *[]){"written"});
+	a->m_counters[AGENT_C_LEASE_CACHE_HITS] = metrics_counter(
+		r, "mooncake_agent_lease_cache_hits_total",
+		"Gets of local replicas answered within a read lease the agent "
+		"already held, without asking the master.", NULL, NULL);
+	a->m_counters[AGENT_C_BYTES_READ] = metrics_counter(
+		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
+		(const char *[]){"read"});
+	agent__gauges(a);
+}
+
+/* ------------------------------------------------------------ segment */
+
+struct prefault_job {
+	struct agent_job job;
+	struct agent *a;
+	uint64_t start_ns;
+	int err;
+};
+
+static void prefault_run(struct agent_job *j)
+{
+	struct prefault_job *p = MC_CONTAINER_OF(j, struct prefault_job, job);
+	struct agent_map *m = p->a->seg;
+	if (madvise(m->addr, m->len, MADV_POPULATE_WRITE) == 0)
+		return;
+	p->err = errno;
+	/* Older kernels: touch every page (the segment holds nothing yet). */
+	for (size_t off = 0; off < m->len; off += 4096)
+		((volatile uint8_t *)m->addr)[off] = 0;
+}
+
+static void prefault_done(struct agent_job *j)
+{
+	struct prefault_job *p = MC_CONTAINER_OF(j, struct prefault_job, job);
+	struct agent *a = p->a;
+	log_info("segment %s: %zu bytes of memory committed in %.0f ms%s", a->name,
+		 a->seg->len, (double)(mc_now_ns() - p->start_ns) / 1e6,
+		 p->err ? " (by touching pages)" : "");
+	free(p);
+	agent__maybe_stopped(a);
+}
+
+static int make_segment(struct agent *a, const struct agent_opts *o)
+{
+	uint64_t bytes = o->segment_bytes ? o->segment_bytes : agent__default_segment_bytes();
+	struct agent_memfd_opts mo = {
+		.name = "mooncake-segment",
+		.len = bytes,
+		.hugepages = o->hugepages,
+		.numa_node = o->numa_node,
+	};
+	int rc = agent__memfd_new(a, &mo, &a->seg);
+	if (rc)
+		return rc;
+	if (!a->seg->hugepages && o->hugepages == AGENT_HUGEPAGES_AUTO)
+		log_info("segment: huge pages are not available (none reserved in "
+			 "/proc/sys/vm/nr_hugepages, or too few): using 4 KiB pages");
+	/* A read-only descriptor of the same memfd for zero-copy views:
+	 * clients can map it, not write it. */
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", a->seg->fd);
+	a->seg_ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (a->seg_ro_fd < 0) {
+		rc = -errno;
+		log_error("cannot open a read-only descriptor of the segment: %s",
+			  strerror(-rc));
+		return rc;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ start */
+
+static void on_view_timer(uv_timer_t *t)
+{
+	agent__renew_views(t->data);
+}
+
+static uint64_t renew_period(const struct agent *a)
+{
+	return MC_MAX(a->lease_ttl_ms / 3, (uint64_t)VIEW_RENEW_MIN_MS);
+}
+
+void agent__set_lease_ttl(struct agent *a, uint64_t ms)
+{
+	if (ms == a->lease_ttl_ms)
+		return;
+	a->lease_ttl_ms = ms;
+	/* Views must be renewed well within the lease: restart the timer
+	 * at once with the new period. */
+	if (!a->stopping)
+		uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
+}
+
+/* "HOST:PORT" of the agent's RPC listener, with the bound port. */
+static bool resolve_name(struct agent *a)
+{
+	if (a->named)
+		return true;
+	int port = a->rpc ? rpc_server_port(a->rpc, 0) : 0;
+	if (port <= 0 || !a->rpc_listen)
+		return false;
+	char host[96];
+	const char *colon = strrchr(a->rpc_listen, ':');
+	size_t hl = colon ? (size_t)(colon - a->rpc_listen) : 0;
+	if (hl == 0 || hl >= sizeof(host))
+		snprintf(host, sizeof(host), "127.0.0.1");
+	else {
+		memcpy(host, a->rpc_listen, hl);
+		host[hl] = '\0';
+	}
+	if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "[::]") == 0)
+		snprintf(host, sizeof(host), "127.0.0.1");
+	snprintf(a->name, sizeof(a->name), "%s:%d", host, port);
+	a->named = true;
+	return true;
+}
+
+/*
+ * With a transfer engine the segment is registered with it (an RDMA MR
+ * for a large segment takes a while: on a copy thread) and its
+ * descriptor published before the segment is mounted, so that no agent
+ * is told to write into a segment it cannot open yet.
+ */
+struct te_ready_job {
+	struct agent_job job;
+	struct agent *a;
+	int err;
+};
+
+static void start_mlink(struct agent *a)
+{
+	log_info("agent %s: segment %zu bytes (%s pages%s), client staging buffers "
+		 "up to %" PRIu64 " bytes, socket %s%s",
+		 a->name, a->seg->len, a->seg->hugepages ? "2 MiB" : "4 KiB",
+		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, a->socket_path,
+		 a->te ? "" : "; no transfer engine: only this segment is reachable");
+	int rc = agent__mlink_start(a);
+	if (rc)
+		log_error("agent %s cannot reach a master: %s", a->name, mc_strerror(rc));
+}
+
+static void te_ready_run(struct agent_job *j)
+{
+	struct te_ready_job *t = MC_CONTAINER_OF(j, struct te_ready_job, job);
+	struct agent *a = t->a;
+	struct agent_map *m = a->seg;
+	t->err = te_register(a->te, (uint64_t)(uintptr_t)m->addr, m->addr, m->len, m->fd, 0,
+			     &a->seg_region);
+	if (t->err) {
+		a->seg_region = NULL;
+		return;
+	}
+	/* Another live engine may hold the name for a while (a restart
+	 * before the old lease expired): keep waiting until stopped. */
+	bool told = false;
+	while (!atomic_load(&a->stop_flag)) {
+		t->err = te_wait_published(a->te, 1000);
+		if (t->err == 0 || t->err == MC_ESHUTDOWN)
+			return;
+		if (!told && t->err != MC_ETIMEDOUT)
+			log_warn("segment %s: cannot publish its descriptor yet (%s); waiting",
+				 a->name, mc_strerror(t->err));
+		told = true;
+	}
+}
+
+static void te_ready_done(struct agent_job *j)
+{
+	struct te_ready_job *t = MC_CONTAINER_OF(j, struct te_ready_job, job);
+	struct agent *a = t->a;
+	int err = t->err;
+	free(t);
+	if (a->stopping) {
+		agent__maybe_stopped(a);
+		return;
+	}
+	if (err) {
+		log_error("segment %s: the transfer engine cannot serve it (%s); not "
+			  "mounting it", a->name, mc_strerror(err));
+		return;
+	}
+	start_mlink(a);
+}
+
+static void on_start_timer(uv_timer_t *t)
+{
+	struct agent *a = t->data;
+	if (a->stopping)
+		return;
+	if (!resolve_name(a)) {
+		uv_timer_start(t, on_start_timer, 20, 0);
+		return;
+	}
+	if (a->te) {
+		struct te_ready_job *j = calloc(1, sizeof(*j));
+		if (!j) {
+			log_error("out of memory starting the agent");
+			return;
+		}
+		j->a = a;
+		j->job.run = te_ready_run;
+		j->job.done = te_ready_done;
+		agent__pool_submit(&a->pool, &j->job);
+		return;
+	}
+	start_mlink(a);
+}
+
+static void on_abandoned(uv_handle_t *h)
+{
+	agent_free(h->data);
+}
+
+static char *dup_opt(const char *s)
+{
+	return s && *s ? strdup(s) : NULL;
+}
+
+int agent_new(const struct agent_opts *o, struct agent **out)
+{
+	if (!o->loop || !o->socket_path || !*o->socket_path || !o->staging_bytes)
+		return -EINVAL;
+	struct agent *a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	int rc = -ENOMEM;
+	a->loop = o->loop;
+	a->metrics = o->metrics ? o->metrics : metrics_global();
+	a->te = o->te;
+	a->rpc = o->rpc;
+	a->listen_fd = -1;
+	a->seg_ro_fd = -1;
+	a->staging_bytes = o->staging_bytes;
+	a->numa_node = o->numa_node;
+	a->hugepages = o->hugepages;
+	a->lease_ttl_ms = 5000;
+	a->master_timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
+	a->rpc_listen = dup_opt(o->rpc_listen);
+	a->master_fixed = dup_opt(o->master_address);
+	a->meta_endpoints = dup_opt(o->meta_endpoints);
+	a->cluster_id = strdup(o->cluster_id && *o->cluster_id ? o->cluster_id : "mooncake");
+	if (!a->cluster_id || (o->rpc_listen && *o->rpc_listen && !a->rpc_listen))
+		goto out_strings;
+	if (o->te && !(o->segment_name && *o->segment_name)) {
+		snprintf(a->name, sizeof(a->name), "%s", te_name(o->te));
+		a->named = true;
+	} else if (o->segment_name && *o->segment_name) {
+		snprintf(a->name, sizeof(a->name), "%s", o->segment_name);
+		a->named = true;
+	}
+	rc = agent__inv_init(&a->inv);
+	if (rc)
+		goto out_strings;
+	rc = agent__lcache_init(&a->lc, AGENT_LCACHE_ENTRIES);
+	if (rc)
+		goto out_inv;
+	rc = make_segment(a, o);
+	if (rc)
+		goto out_inv;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned threads = o->copy_threads ? o->copy_threads
+					   : (unsigned)MC_MIN(MC_MAX(cores, 1L), 8L);
+	rc = agent__pool_start(&a->pool, a->loop, threads);
+	if (rc)
+		goto out_seg;
+	rc = agent__server_start(a, o->socket_path);
+	if (rc) {
+		/* The copy threads' async handle must close before the agent
+		 * is freed: finish in its close callback. */
+		a->pool.async.data = a;
+		agent__pool_stop(&a->pool, on_abandoned);
+		return rc;
+	}
+	register_metrics(a);
+	struct prefault_job *pf = calloc(1, sizeof(*pf));
+	if (pf) {
+		pf->a = a;
+		pf->start_ns = mc_now_ns();
+		pf->job.run = prefault_run;
+		pf->job.done = prefault_done;
+		agent__pool_submit(&a->pool, &pf->job);
+	}
+	uv_timer_init(a->loop, &a->start_timer);
+	uv_timer_init(a->loop, &a->view_timer);
+	uv_check_init(a->loop, &a->batch_check);
+	a->batch_check.data = a;
+	a->start_timer.data = a->view_timer.data = a;
+	agent__mlink_init(a);
+	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
+	uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
+	*out = a;
+	return 0;
+
+out_seg:
+	if (a->seg_ro_fd >= 0)
+		close(a->seg_ro_fd);
+	agent__map_unref(a->seg);
+out_inv:
+	agent__lcache_free(&a->lc);
+	agent__inv_free(&a->inv);
+out_strings:
+	free(a->rpc_listen);
+	free(a->master_fixed);
+	free(a->meta_endpoints);
+	free(a->cluster_id);
+	free(a);
+	return rc;
+}
+
+/* ------------------------------------------------------------ stop */
+
+static void on_closed(uv_handle_t *h)
+{
+	struct agent *a = h->data;
+	a->closing--;
+	agent__maybe_stopped(a);
+}
+
+static void on_mlink_stopped(struct agent *a)
+{
+	a->mlink_stopped = true;
+	agent__maybe_stopped(a);
+}
+
+void agent__maybe_stopped(struct agent *a)
+{
+	if (!a->stopping || a->stopped)
+		return;
+	if (!a->mlink_stopped || a->conn_objs > 0 || a->pool.pending > 0)
+		return;
+	if (!a->handles_closed) {
+		a->handles_closed = true;
+		a->pool.async.data = a;
+		a->closing += 5;
+		agent__pool_stop(&a->pool, on_closed);
+		agent__batch_flush(a);
+		uv_close((uv_handle_t *)&a->batch_check, on_closed);
+		uv_close((uv_handle_t *)&a->start_timer, on_closed);
+		uv_close((uv_handle_t *)&a->view_timer, on_closed);
+		agent__mlink_close(a, on_closed);
+		return;
+	}
+	if (a->closing > 0)
+		return;
+	a->stopped = true;
+	log_info("agent %s stopped", a->name);
+	if (a->on_stopped)
+		a->on_stopped(a->stop_ud);
+}
+
+void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
+{
+	if (a->stopping)
+		return;
+	a->stopping = true;
+	atomic_store(&a->stop_flag, true);
+	a->on_stopped = on_stopped;
+	a->stop_ud = ud;
+	uv_timer_stop(&a->start_timer);
+	uv_timer_stop(&a->view_timer);
+	agent__server_stop(a);
+	agent__batch_flush(a);
+	/* on_stopped always comes from a close callback: never from inside
+	 * this call. */
+	agent__mlink_stop(a, on_mlink_stopped);
+	agent__maybe_stopped(a);
+}
+
+void agent_free(struct agent *a)
+{
+	if (!a)
+		return;
+	agent__mlink_free(a);
+	agent__inv_free(&a->inv);
+	agent__lcache_free(&a->lc);
+	if (a->seg_ro_fd >= 0)
+		close(a->seg_ro_fd);
+	agent__map_unref(a->seg);
+	free(a->socket_path);
+	free(a->rpc_listen);
+	free(a->master_fixed);
+	free(a->meta_endpoints);
+	free(a->cluster_id);
+	free(a);
+}
+
+const char *agent_socket_path(const struct agent *a)
+{
+	return a->socket_path;
+}

@@ -1,0 +1,99 @@
+/*
+ * agent: the node side of the cache pool (mooncaked --role=agent). It owns
+ * the node's DRAM segment (one memfd mapping, huge pages when available,
+ * bound to a NUMA node on request), mounts it with the master leader (found
+ * through meta or given), heartbeats and re-reports what it holds after a
+ * master failover, and serves the inference processes of its node on a
+ * Unix socket (proto/client.proto): puts (PutStart -> write every replica
+ * -> PutEnd, or PutRevoke on failure), gets (GetReplicas -> the nearest
+ * replica: a local copy, a zero-copy read-only mapping held under the read
+ * lease, or a transfer-engine read), exist, remove, client buffers and
+ * transfers between client memory and remote segments.
+ *
+ * Object bytes are copied on a pool of copy threads, never on the loop
+ * thread (except copies below AGENT_INLINE_COPY_BYTES). A client that goes
+ * away leaks nothing: its buffers are unmapped and unregistered, its views
+ * released and its in-flight puts revoked.
+ *
+ * All functions run on the loop's thread.
+ */
+#ifndef MC_AGENT_AGENT_H
+#define MC_AGENT_AGENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/err.h"
+
+struct metrics_registry;
+struct rpc_server;
+struct te_engine;
+struct agent;
+
+enum agent_hugepages {
+	AGENT_HUGEPAGES_AUTO = 0, /* use them when the kernel has enough */
+	AGENT_HUGEPAGES_ON,       /* fail without them */
+	AGENT_HUGEPAGES_OFF,
+};
+
+struct agent_opts {
+	uv_loop_t *loop;
+	struct metrics_registry *metrics; /* NULL: metrics_global() */
+	/*
+	 * The transfer engine replicas on other agents' segments are read and
+	 * written with (borrowed); NULL: only this agent's own segment can be
+	 * used (single-node setups), remote replicas fail with MC_EUNAVAILABLE.
+	 */
+	struct te_engine *te;
+	/*
+	 * The segment's name and the agent's id: unique in the cluster. NULL
+	 * or "": "HOST:PORT" of the first listener of rpc (the agent's
+	 * transfer-engine port), known once it listens.
+	 */
+	const char *segment_name;
+	struct rpc_server *rpc;          /* the agent's RPC server (borrowed) */
+	const char *rpc_listen;          /* its listen address */
+	uint64_t segment_bytes;          /* 0: min(1 GiB, RAM / 4) */
+	uint64_t staging_bytes;          /* staging buffer of a client session */
+	int numa_node;                   /* -1: no binding */
+	enum agent_hugepages hugepages;
+	const char *socket_path;         /* clients' Unix socket */
+	unsigned copy_threads;           /* 0: cores, at most 8 */
+	/* Master discovery: a fixed address, else the leader key in meta. */
+	const char *master_address;      /* "" or NULL: use meta */
+	const char *meta_endpoints;      /* "" or NULL: no meta */
+	const char *cluster_id;
+	uint64_t master_timeout_ms;      /* per master call; 0: 5s */
+};
+
+/* Copies up to this size run on the loop thread. */
+#define AGENT_INLINE_COPY_BYTES (64u * 1024)
+/* Client protocol version (proto/client.proto). */
+#define AGENT_PROTOCOL_VERSION 1u
+
+/*
+ * Create the agent: map the segment, start the copy threads, listen on the
+ * socket (mode 0660; a stale socket file is replaced, a live one refused),
+ * and begin finding and mounting with the master. Errors (logged): -EINVAL
+ * (options), -EADDRINUSE (another agent serves the socket), -ENOMEM or
+ * another negative errno of memfd/mmap/socket/bind, MC_ECONFIG (huge pages
+ * required but unavailable, NUMA node not present).
+ */
+int agent_new(const struct agent_opts *opts, struct agent **out) MC_MUST_CHECK;
+
+/*
+ * Stop: close the socket and every client session, unmount the segment
+ * from the master (so its objects leave the index at once), stop the
+ * heartbeats; on_stopped(ud) runs when done (from the loop, never from
+ * inside this call).
+ */
+void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud);
+
+/* Free a stopped agent (or one whose loop has ended). */
+void agent_free(struct agent *a);
+
+/* The socket path in use (after fallbacks). */
+const char *agent_socket_path(const struct agent *a);
+
+#endif

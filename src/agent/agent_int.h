@@ -1,0 +1,509 @@
+/*
+ * agent_int: what the agent's files share.
+ *
+ *   agent.c    lifecycle, options, metrics, the segment
+ *   mem.c      memfds (huge pages, NUMA, seals), mappings, client memfd
+ *              checks
+ *   pool.c     copy threads: jobs run off the loop, completions back on it
+ *   server.c   the Unix socket: sessions, frames, descriptors, replies
+ *   req.c      request validation (pure: also the fuzz target's entry)
+ *   ops.c      the operations: put, get, exist, remove, buffers, transfer
+ *   mlink.c    the master: discovery (fixed or meta leader key), mount,
+ *              heartbeats, re-sync with inventory, calls with redirects
+ *   inv.c      inventory: objects this agent wrote into its own segment
+ *
+ * Everything runs on the loop thread except job bodies in pool.c, which
+ * touch only the memory their job owns (mappings hold references taken
+ * on the loop before the job is queued and dropped after it completes).
+ */
+#ifndef MC_AGENT_AGENT_INT_H
+#define MC_AGENT_AGENT_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "agent/agent.h"
+#include "client.pb-c.h"
+#include "common/uframe.h"
+#include "master.pb-c.h"
+
+struct rpc_client;
+struct etcd_client;
+struct etcd_watch;
+struct metric;
+
+#define AGENT_MAX_KEY_BYTES 4096u
+#define AGENT_MAX_ITEMS 65536u        /* per request */
+#define AGENT_MAX_INFLIGHT 256u       /* requests per session */
+#define AGENT_MAX_BUFFERS 4096u       /* per session */
+#define AGENT_MAX_VIEWS 65536u        /* per session */
+#define AGENT_MAX_REPLICAS 16u
+#define AGENT_SPILL_ALIGN 64u
+#define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
+
+/* ------------------------------------------------------------ mem.c */
+
+/* A shared mapping of a memfd, reference-counted on the loop thread. */
+struct agent_map {
+	unsigned refs;
+	int fd;            /* the memfd (owned) */
+	uint8_t *addr;     /* mapping of [map_off, map_off + len) */
+	size_t len;
+	bool hugepages;
+	struct agent *a;
+	struct te_region *region; /* registered with the engine, or NULL */
+};
+
+struct agent_memfd_opts {
+	const char *name;
+	size_t len;
+	enum agent_hugepages hugepages;
+	int numa_node;     /* -1: none */
+	bool populate;
+};
+
+/*
+ * A new memfd of len bytes, sealed against shrinking and growing, mapped
+ * read-write, with one reference. Huge pages: AUTO tries them and falls
+ * back (*used_huge tells), ON fails with MC_ECONFIG. Errors: negative
+ * errno of memfd_create/ftruncate/mmap, MC_ECONFIG (NUMA or huge pages).
+ */
+int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
+		     struct agent_map **out) MC_MUST_CHECK;
+
+/*
+ * Check and map a client's memfd: it must be a memfd (sealable, with
+ * F_SEAL_SHRINK), owned by uid (unless uid is 0), open read-write, and
+ * at least off + len bytes long. Maps [off rounded down to a page,
+ * off + len) shared. On success *out holds one reference and *base the
+ * address of byte off. Takes ownership of fd on success only. Errors:
+ * -EBADF (not a memfd), -EPERM (another user's), -EACCES (not writable),
+ * -EINVAL (not sealed against shrinking, range, size), negative errno of
+ * mmap.
+ */
+int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off,
+			 uint64_t len, struct agent_map **out,
+			 uint8_t **base) MC_MUST_CHECK;
+
+void agent__map_ref(struct agent_map *m);
+/* Drop a reference; the last one unregisters, unmaps and closes. */
+void agent__map_unref(struct agent_map *m);
+
+/* min(1 GiB, physical RAM / 4), rounded down to 2 MiB. */
+uint64_t agent__default_segment_bytes(void);
+
+/* ------------------------------------------------------------ pool.c */
+
+struct agent_job {
+	struct agent_job *next;
+	void (*run)(struct agent_job *j);  /* on a copy thread */
+	void (*done)(struct agent_job *j); /* on the loop thread */
+};
+
+struct agent_pool {
+	pthread_t *threads;
+	unsigned nthreads;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct agent_job *head, *tail;      /* queued */
+	struct agent_job *done_head, *done_tail;
+	bool quit;
+	uv_async_t async;
+	unsigned pending;                   /* queued or running (loop) */
+	bool started, closing;
+};
+
+int agent__pool_start(struct agent_pool *p, uv_loop_t *loop,
+		      unsigned nthreads) MC_MUST_CHECK;
+/* Queue a job; done runs later on the loop thread. */
+void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
+/* Join the threads (every job must have completed) and close the async
+ * handle (on_closed runs from the loop). */
+void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed);
+
+/* ------------------------------------------------------------ inv.c */
+
+struct agent_inv_entry {
+	struct agent_inv_entry *next; /* hash chain */
+	uint64_t offset, size, seq;
+	bool soft_pin;
+	uint16_t klen;
+	uint8_t key[];
+};
+
+struct agent_inv {
+	struct agent_inv_entry **tab;
+	size_t nbuckets, n;
+	uint64_t seq;
+};
+
+int agent__inv_init(struct agent_inv *v) MC_MUST_CHECK;
+void agent__inv_free(struct agent_inv *v);
+/* Record (or replace) an object at offset. Errors: -ENOMEM. */
+int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
+		   uint64_t offset, uint64_t size, bool soft_pin) MC_MUST_CHECK;
+void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen);
+void agent__inv_clear(struct agent_inv *v);
+/*
+ * A snapshot for a re-sync: entries sorted by offset, where of two that
+ * overlap only the newer is kept (the older one's space was reused; its
+ * bytes are gone). The dropped ones are deleted from the inventory.
+ * *out is a malloc'd array of borrowed entries, valid until the next
+ * change. Errors: -ENOMEM.
+ */
+int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
+			size_t *n) MC_MUST_CHECK;
+
+/* ------------------------------------------------------------ sessions */
+
+struct agent_buf {
+	uint64_t id;
+	struct agent_map *map;
+	uint8_t *base;
+	uint64_t len;
+	uint64_t address; /* published to the engine at this address, or 0 */
+};
+
+struct agent_view {
+	uint64_t id;
+	uint64_t offset, size;
+	uint16_t klen;
+	uint8_t *key; /* owned */
+};
+
+struct agent_out {
+	struct agent_out *next;
+	uint8_t *data;    /* header + body (owned) */
+	size_t len, sent;
+	int fds[2];
+	unsigned nfds;
+	bool own_fd[2];   /* close after sending */
+};
+
+struct agent_conn {
+	struct agent *a;
+	struct agent_conn *prev, *next;
+	int fd;
+	uv_poll_t poll;
+	int poll_events;
+	struct mc_uframe_rx rx;
+	struct agent_out *out_head, *out_tail;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	char name[96];
+	bool hello;
+	bool closed;       /* no more I/O; freed when refs reach 0 */
+	bool poll_closed;
+	unsigned refs;     /* 1 while open + 1 per request in flight */
+	unsigned inflight;
+	struct agent_map *staging;
+	uint8_t *staging_base;
+	uint64_t staging_len;
+	struct agent_buf *bufs;
+	size_t nbufs, bufs_cap;
+	uint64_t next_buf_id;
+	struct agent_view *views;
+	size_t nviews, views_cap;
+	uint64_t next_view_id;
+	bool segment_fd_sent;
+};
+
+/* ------------------------------------------------------------ requests */
+
+struct agent_rep {
+	bool local;
+	uint64_t offset;   /* in its segment */
+	uint64_t address;  /* remote address */
+	char *segment;     /* name (owned) */
+};
+
+struct agent_item {
+	const uint8_t *key;   /* borrowed from the request message */
+	size_t klen;
+	int err;
+	uint8_t *ptr;         /* client memory: source or destination */
+	uint64_t len;         /* source length, or destination capacity */
+	bool has_dest;
+	bool zero_copy;
+	uint64_t size;        /* object size (gets) */
+	struct agent_rep *reps;
+	unsigned nrep;
+	/* get results */
+	int where;            /* Mooncake__Client__GetResult__Where */
+	uint64_t offset;
+	uint64_t view;
+	/* transfer */
+	bool write;
+	const char *target;
+	uint64_t remote;
+};
+
+struct agent_req {
+	struct agent_conn *c;
+	struct agent *a;
+	uint64_t id;
+	Mooncake__Client__Request *msg;  /* owned */
+	int fds[MC_UFRAME_MAX_FDS];      /* attached, owned until used */
+	unsigned nfds;
+	struct agent_map **maps;         /* references held (distinct) */
+	unsigned nmaps, maps_cap;
+	struct agent_item *items;
+	size_t n;
+	int op;                          /* Request op case */
+	uint64_t start_ns;
+	uint64_t sent_ms;                /* when the master call went out */
+	struct agent_job job;
+	bool upsert_retry;
+	/* get */
+	struct agent_map *spill;         /* attached to the reply */
+	bool send_segment_fd;
+	/* remove_all */
+	uint64_t removed, skipped;
+	/* the master request in flight (one malloc'd block, freed with the
+	 * request) */
+	void *mstate;
+	/* attached descriptors mapped as regions */
+	struct agent_map *att[MC_UFRAME_MAX_FDS];
+	uint8_t *att_base[MC_UFRAME_MAX_FDS];
+	uint64_t att_len[MC_UFRAME_MAX_FDS];
+};
+
+typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
+			       const ProtobufCMessage *resp);
+
+/* ------------------------------------------------------------ lcache.c */
+
+struct agent_lentry {
+	struct agent_lentry *next;
+	uint64_t size, until_ms;
+	struct agent_rep rep;   /* segment owned */
+	uint16_t klen;
+	uint8_t key[];
+};
+
+struct agent_lcache {
+	struct agent_lentry **tab;
+	size_t nbuckets, n, capacity;
+	uint64_t hits;
+};
+
+#define AGENT_LCACHE_ENTRIES 65536u
+
+int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
+void agent__lcache_free(struct agent_lcache *lc);
+void agent__lcache_clear(struct agent_lcache *lc);
+/* The entry for key while now is inside its window (borrowed until the
+ * next change), else NULL. */
+const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
+					     size_t klen, uint64_t now_ms);
+/* Remember rep (copied) for key until until_ms; best effort. */
+void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
+		       uint64_t size, const struct agent_rep *rep, uint64_t until_ms,
+		       uint64_t now_ms);
+void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen);
+
+/* ------------------------------------------------------------ batch.c */
+
+enum agent_bkind {
+	AGENT_B_PUT_START,  /* BatchPutStartRequest */
+	AGENT_B_PUT_END,    /* BatchKeysRequest */
+	AGENT_B_GET,        /* BatchKeysRequest -> BatchGetReplicas */
+	AGENT_B_EXIST,      /* BatchKeysRequest */
+	AGENT_B_COUNT
+};
+
+struct agent_bwait;
+
+struct agent_bqueue {
+	struct agent_bwait *head, *tail;
+	size_t nitems;
+	unsigned nwaits;
+};
+
+/* Like agent__mcall of the kind's batch method, coalesced with the other
+ * requests of this loop iteration (see batch.c). */
+void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,
+		  agent_mcall_cb cb, void *ud);
+/* Send every queue now. */
+void agent__batch_flush(struct agent *a);
+
+/* ------------------------------------------------------------ agent */
+
+enum agent_counter {
+	AGENT_C_PUTS,
+	AGENT_C_PUT_FAILS,
+	AGENT_C_GETS,
+	AGENT_C_LOCAL_HITS,
+	AGENT_C_REMOTE_HITS,
+	AGENT_C_MISSES,
+	AGENT_C_BYTES_WRITTEN,
+	AGENT_C_BYTES_READ,
+	AGENT_C_LEASE_CACHE_HITS,
+	AGENT_C_COUNT
+};
+
+struct agent_mcall;
+
+struct agent {
+	uv_loop_t *loop;
+	struct metrics_registry *metrics;
+	struct te_engine *te;
+	struct rpc_server *rpc;
+	char *rpc_listen;
+	char name[128];               /* segment name = agent id */
+	bool named;
+	uint64_t staging_bytes;
+	int numa_node;
+	enum agent_hugepages hugepages;
+	uint64_t master_timeout_ms;
+	struct agent_map *seg;        /* the DRAM segment */
+	struct te_region *seg_region; /* it, registered with the engine */
+	int seg_ro_fd;                /* read-only descriptor of it */
+	struct agent_pool pool;
+	struct agent_inv inv;
+	struct agent_lcache lc;
+	uv_check_t batch_check;
+	struct agent_bqueue bq[AGENT_B_COUNT];
+	bool stopping, stopped;
+	atomic_bool stop_flag;        /* stopping, for the copy threads */
+	bool mlink_stopped, handles_closed;
+	unsigned conn_objs;           /* sessions not yet freed */
+	void (*on_stopped)(void *ud);
+	void *stop_ud;
+	unsigned closing;             /* handles whose close callback is owed */
+	uv_timer_t start_timer;
+	/* socket server (server.c) */
+	char *socket_path;
+	int listen_fd;
+	uv_poll_t listen_poll;
+	bool listen_open;
+	struct agent_conn *conns;
+	unsigned nconns;
+	uint64_t staging_in_use;
+	/* zero-copy views: lease renewal */
+	uv_timer_t view_timer;
+	bool view_renew_busy;
+	uint64_t lease_ttl_ms;
+	/* master link (mlink.c) */
+	char *master_fixed;           /* --master-address, or NULL */
+	char *meta_endpoints, *cluster_id, *leader_key;
+	struct etcd_client *etcd;
+	struct etcd_watch *watch;
+	bool leader_range_busy;
+	char master_addr[128];        /* the master calls go to ("" none) */
+	struct rpc_client *mc;
+	uint64_t view;                /* the leader's view we mounted in */
+	uint64_t master_view_seen;
+	bool ever_mounted;
+	bool mounted;
+	bool mount_busy, hb_busy;
+	bool need_resync;
+	struct agent_inv_entry **resync_items;
+	size_t resync_n, resync_pos;
+	uint64_t hb_interval_ms;
+	uv_timer_t hb_timer;
+	uv_timer_t retry_timer;
+	uint64_t retry_ms;
+	bool unmount_busy;
+	Mooncake__Master__HeartbeatRequest *hb_req;
+	Mooncake__Master__UnmountSegmentRequest *unmount_req;
+	uint64_t leader_retry_ms, leader_retry_at;
+	void (*mlink_done)(struct agent *a);
+	struct agent_mcall *mcalls;   /* calls in flight */
+	/* counters and metrics */
+	uint64_t counters[AGENT_C_COUNT];
+	struct metric *m_counters[AGENT_C_COUNT];
+	struct metric *m_ops_ok, *m_ops_err;
+	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv,
+		*m_view, *m_mounted;
+	struct metric *m_op_seconds[32];
+	uint64_t nbuffers, nviews;
+};
+
+/* agent.c */
+void agent__count(struct agent *a, enum agent_counter c, uint64_t n);
+void agent__gauges(struct agent *a);
+void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns);
+void agent__maybe_stopped(struct agent *a);
+/* The master's read lease TTL, learned from its replies. */
+void agent__set_lease_ttl(struct agent *a, uint64_t ms);
+
+/* server.c */
+int agent__server_start(struct agent *a, const char *path) MC_MUST_CHECK;
+void agent__server_stop(struct agent *a);
+/* Queue a response on a session (dropped if it closed). The descriptors
+ * in fds are sent with it; those with own set are closed afterwards.
+ * Frees nothing of resp. */
+void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
+		  const int *fds, const bool *own, unsigned nfds);
+/* Reply with only an error code and message. */
+void agent__reply_error(struct agent_req *r, int err, const char *message);
+/* Finish a request: release its maps, descriptors and message, drop the
+ * session reference. */
+void agent__req_free(struct agent_req *r);
+void agent__conn_unref(struct agent_conn *c);
+/* Every view held by every session, for lease renewal. */
+void agent__views_foreach(struct agent *a,
+			  void (*fn)(void *ud, const struct agent_view *v),
+			  void *ud);
+
+/* req.c */
+/*
+ * Check a decoded request against the protocol's limits before anything
+ * is done with it: the op is known, nfds is within bounds, item counts,
+ * key lengths (per item: -EINVAL marks the item), region kinds and
+ * fd_index values. Returns 0, or the error to reply with (-EINVAL,
+ * -EOPNOTSUPP for an unknown op, MC_EPROTOCOL for hello out of place);
+ * *why names the problem. Pure.
+ */
+int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
+		     const char **why) MC_MUST_CHECK;
+/* Is a key acceptable (1..AGENT_MAX_KEY_BYTES)? */
+bool agent__key_ok(const ProtobufCBinaryData *k);
+
+/* xfer.c: remote reads and writes through the transfer engine, on a
+ * copy thread. add() records a piece (its error goes to *err, which must
+ * stay valid until finish; an item already failed is skipped); start()
+ * submits them all; finish() waits and frees. Without an engine every
+ * piece fails with MC_EUNAVAILABLE. */
+struct agent_xfer;
+struct agent_xfer *agent__xfer_new(void);
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment,
+		     bool write, void *local, uint64_t remote, size_t len, int *err);
+void agent__xfer_start(struct agent *a, struct agent_xfer *x);
+void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
+
+/* ops.c */
+void agent__dispatch(struct agent_req *r);
+void agent__renew_views(struct agent *a);
+
+/* mlink.c */
+void agent__mlink_init(struct agent *a);
+int agent__mlink_start(struct agent *a) MC_MUST_CHECK;
+/* Unmount (best effort, bounded) then done(a). */
+void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
+void agent__mlink_free(struct agent *a);
+/* Close the link's last handle (after agent__mlink_stop finished). */
+void agent__mlink_close(struct agent *a, uv_close_cb on_closed);
+
+/*
+ * Call method ("PutStart") of mooncake.master.Master on the leader. req
+ * must stay valid until cb runs (it is sent again after a redirect). cb
+ * runs exactly once, never from inside this call, with err 0 and resp
+ * (borrowed), or the error: the code of the master's grpc-message,
+ * MC_EUNAVAILABLE (no master known, or unreachable), MC_ETIMEDOUT.
+ */
+void agent__mcall(struct agent *a, const char *method,
+		  const ProtobufCMessage *req,
+		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
+		  void *ud);
+/* The error code a master call failed with, from status and message. */
+int agent__master_err(int status, const char *message);
+
+#endif

@@ -1,0 +1,161 @@
+/*
+ * lcache: the agent's cache of read leases. GetReplicas grants the caller
+ * a read lease (--default-kv-lease-ttl): until it ends the master neither
+ * evicts the object, nor removes it unless forced, nor lets it be
+ * replaced (upsert removes first, which the lease refuses). So for half
+ * the lease, counted from when the call was sent (the grant came later),
+ * the agent answers further gets of the same key from the replica it was
+ * given without asking the master again: a hot key costs one master call
+ * per half lease instead of one per get.
+ *
+ * Entries leave when their window ends, when this agent removes or
+ * upserts the key, when a read through them fails, and when a get finds
+ * the key gone. The master's LRU position of a hot key is refreshed by
+ * the next GetReplicas after the window (approximate LRU at that
+ * granularity). A forced removal elsewhere during the window is the one
+ * case where a reader may see reused space — the same as for any lease
+ * holder (proto/master.proto, RemoveRequest.force).
+ *
+ * A chained hash table with a fixed capacity; when full, expired entries
+ * are swept, then the table is emptied.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "common/util.h"
+
+#define BUCKETS 16384u
+
+int agent__lcache_init(struct agent_lcache *lc, size_t capacity)
+{
+	memset(lc, 0, sizeof(*lc));
+	lc->tab = calloc(BUCKETS, sizeof(*lc->tab));
+	if (!lc->tab)
+		return -ENOMEM;
+	lc->nbuckets = BUCKETS;
+	lc->capacity = capacity;
+	return 0;
+}
+
+static void entry_free(struct agent_lentry *e)
+{
+	free(e->rep.segment);
+	free(e);
+}
+
+void agent__lcache_clear(struct agent_lcache *lc)
+{
+	for (size_t i = 0; i < lc->nbuckets; i++) {
+		struct agent_lentry *e = lc->tab[i];
+		while (e) {
+			struct agent_lentry *next = e->next;
+			entry_free(e);
+			e = next;
+		}
+		lc->tab[i] = NULL;
+	}
+	lc->n = 0;
+}
+
+void agent__lcache_free(struct agent_lcache *lc)
+{
+	if (!lc->tab)
+		return;
+	agent__lcache_clear(lc);
+	free(lc->tab);
+	lc->tab = NULL;
+}
+
+static struct agent_lentry **slot(struct agent_lcache *lc, const uint8_t *key, size_t klen)
+{
+	struct agent_lentry **pp = &lc->tab[mc_hash64(key, klen) & (lc->nbuckets - 1)];
+	while (*pp && ((*pp)->klen != klen || memcmp((*pp)->key, key, klen) != 0))
+		pp = &(*pp)->next;
+	return pp;
+}
+
+const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
+					     size_t klen, uint64_t now_ms)
+{
+	if (!lc->tab || lc->capacity == 0)
+		return NULL;
+	struct agent_lentry **pp = slot(lc, key, klen);
+	struct agent_lentry *e = *pp;
+	if (!e)
+		return NULL;
+	if (now_ms >= e->until_ms) {
+		*pp = e->next;
+		entry_free(e);
+		lc->n--;
+		return NULL;
+	}
+	lc->hits++;
+	return e;
+}
+
+void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen)
+{
+	if (!lc->tab || lc->n == 0)
+		return;
+	struct agent_lentry **pp = slot(lc, key, klen);
+	struct agent_lentry *e = *pp;
+	if (!e)
+		return;
+	*pp = e->next;
+	entry_free(e);
+	lc->n--;
+}
+
+static void sweep(struct agent_lcache *lc, uint64_t now_ms)
+{
+	for (size_t i = 0; i < lc->nbuckets; i++) {
+		struct agent_lentry **pp = &lc->tab[i];
+		while (*pp) {
+			struct agent_lentry *e = *pp;
+			if (now_ms >= e->until_ms) {
+				*pp = e->next;
+				entry_free(e);
+				lc->n--;
+			} else {
+				pp = &e->next;
+			}
+		}
+	}
+}
+
+void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
+		       uint64_t size, const struct agent_rep *rep, uint64_t until_ms,
+		       uint64_t now_ms)
+{
+	if (!lc->tab || lc->capacity == 0 || until_ms <= now_ms)
+		return;
+	struct agent_lentry **pp = slot(lc, key, klen);
+	struct agent_lentry *e = *pp;
+	if (!e) {
+		if (lc->n >= lc->capacity) {
+			sweep(lc, now_ms);
+			if (lc->n >= lc->capacity)
+				agent__lcache_clear(lc);
+			pp = slot(lc, key, klen);
+		}
+		e = calloc(1, sizeof(*e) + klen);
+		if (!e)
+			return;
+		e->klen = (uint16_t)klen;
+		memcpy(e->key, key, klen);
+		*pp = e;
+		lc->n++;
+	}
+	char *seg = rep->segment ? strdup(rep->segment) : NULL;
+	if (rep->segment && !seg) {
+		agent__lcache_del(lc, key, klen);
+		return;
+	}
+	free(e->rep.segment);
+	e->rep = *rep;
+	e->rep.segment = seg;
+	e->size = size;
+	e->until_ms = until_ms;
+}

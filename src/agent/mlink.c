@@ -1,0 +1,832 @@
+/*
+ * mlink: the agent's link to the master leader.
+ *
+ * Finding it: a fixed --master-address, or the leader key
+ * /mooncake/<cluster-id>/master in meta ("HOST:PORT VIEW"), read once and
+ * then watched. A standby's answer "-807 not the leader: leader=H:P
+ * view=N" moves the link to that leader too.
+ *
+ * Mounting: once a leader is known the agent mounts its segment. The
+ * first mount of the process says resync = false (the segment is empty:
+ * the master drops whatever an earlier incarnation left there); every
+ * later one — a new leader, or a master that forgot the agent — says
+ * resync = true and reports the inventory (inv.c) in Heartbeats of up to
+ * AGENT_INVENTORY_BATCH items, the last one with inventory_complete.
+ * Then a Heartbeat every agent_ttl / 3; a reply with another view or
+ * resync = true starts the re-sync over.
+ *
+ * Calls (agent__mcall) go to the leader in use. While none is known, or
+ * it cannot be reached, calls wait (up to their deadline) for one.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "etcd/etcd.h"
+#include "rpc/rpc.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+#define SERVICE "/mooncake.master.Master/"
+#define RETRY_MIN_MS 100
+#define RETRY_MAX_MS 2000
+#define WAIT_TICK_MS 50
+#define MAX_REDIRECTS 4
+#define STOP_TIMEOUT_MS 2000
+
+struct agent_mcall {
+	struct agent_mcall *prev, *next;
+	struct agent *a;
+	char path[64];
+	const ProtobufCMessage *req;
+	const ProtobufCMessageDescriptor *resp_desc;
+	agent_mcall_cb cb;
+	void *ud;
+	uint64_t deadline_ms;
+	uint64_t not_before_ms; /* retry no earlier than this */
+	unsigned redirects;
+	struct rpc_stream *st;  /* in flight, or NULL while waiting */
+	int fail_err;           /* could not be sent: end with this */
+};
+
+static void mcall_send(struct agent_mcall *c);
+static void mcall_poll(struct agent *a);
+static void set_master(struct agent *a, const char *addr, uint64_t view);
+static void mount(struct agent *a);
+
+/* ------------------------------------------------------------ errors */
+
+int agent__master_err(int status, const char *message)
+{
+	if (message && message[0] == '-' && message[1] >= '0' && message[1] <= '9') {
+		char *end;
+		long v = strtol(message, &end, 10);
+		if (v < 0 && v > -100000 && (*end == ' ' || *end == '\0'))
+			return (int)v;
+	}
+	switch (status) {
+	case RPC_OK: return 0;
+	case RPC_DEADLINE_EXCEEDED: return MC_ETIMEDOUT;
+	case RPC_UNAVAILABLE: return MC_EUNAVAILABLE;
+	case RPC_CANCELLED: return MC_ECANCELLED;
+	case RPC_NOT_FOUND: return MC_EOBJECT_NOT_FOUND;
+	case RPC_ALREADY_EXISTS: return MC_EOBJECT_ALREADY_EXISTS;
+	case RPC_INVALID_ARGUMENT: return -EINVAL;
+	case RPC_RESOURCE_EXHAUSTED: return MC_ENO_SPACE;
+	case RPC_UNIMPLEMENTED: return -EOPNOTSUPP;
+	default: return MC_EINTERNAL;
+	}
+}
+
+/* "... leader=HOST:PORT view=N" -> addr ("" for none), view. */
+static bool parse_redirect(const char *msg, char *addr, size_t alen, uint64_t *view)
+{
+	const char *l = msg ? strstr(msg, "leader=") : NULL;
+	if (!l)
+		return false;
+	l += 7;
+	size_t n = strcspn(l, " ");
+	if (n >= alen)
+		return false;
+	memcpy(addr, l, n);
+	addr[n] = '\0';
+	if (strcmp(addr, "none") == 0)
+		addr[0] = '\0';
+	const char *v = strstr(l, "view=");
+	*view = v ? strtoull(v + 5, NULL, 10) : 0;
+	return true;
+}
+
+/* ------------------------------------------------------------ calls */
+
+static void mcall_unlink(struct agent_mcall *c)
+{
+	struct agent *a = c->a;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		a->mcalls = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+}
+
+static void mcall_end(struct agent_mcall *c, int err, const char *message,
+		      const ProtobufCMessage *resp)
+{
+	mcall_unlink(c);
+	agent_mcall_cb cb = c->cb;
+	void *ud = c->ud;
+	free(c);
+	cb(ud, err, message, resp);
+}
+
+/* Park a call until a leader is known (or retry after a pause). */
+static void mcall_wait(struct agent_mcall *c, uint64_t pause_ms)
+{
+	c->st = NULL;
+	c->not_before_ms = mc_now_ms() + pause_ms;
+}
+
+static void on_unary(void *ud, int status, const char *message,
+		     const ProtobufCMessage *resp)
+{
+	struct agent_mcall *c = ud;
+	struct agent *a = c->a;
+	c->st = NULL;
+	if (status == RPC_OK) {
+		mcall_end(c, 0, NULL, resp);
+		return;
+	}
+	uint64_t now = mc_now_ms();
+	if (status == RPC_CANCELLED && !a->stopping) {
+		/* The link moved to another master: send it again there. */
+		mcall_wait(c, 0);
+		return;
+	}
+	int err = agent__master_err(status, message);
+	if (err == MC_ENOT_LEADER && !a->stopping) {
+		char addr[128];
+		uint64_t view;
+		if (parse_redirect(message, addr, sizeof(addr), &view) &&
+		    c->redirects++ < MAX_REDIRECTS) {
+			/* Park first: set_master sends parked calls. */
+			mcall_wait(c, addr[0] ? 0 : RETRY_MIN_MS);
+			if (addr[0] && strcmp(addr, a->master_addr) != 0) {
+				log_info("master %s is a standby; the leader is %s (view %" PRIu64 ")",
+					 a->master_addr, addr, view);
+				set_master(a, addr, view);
+			} else if (addr[0]) {
+				mcall_poll(a);
+			}
+			return;
+		}
+	}
+	if (err == MC_EUNAVAILABLE && status == RPC_UNAVAILABLE && !a->stopping &&
+	    now + RETRY_MIN_MS < c->deadline_ms) {
+		mcall_wait(c, RETRY_MIN_MS);
+		return;
+	}
+	mcall_end(c, err, message, NULL);
+}
+
+static void mcall_send(struct agent_mcall *c)
+{
+	struct agent *a = c->a;
+	uint64_t now = mc_now_ms();
+	uint64_t left = c->deadline_ms > now ? c->deadline_ms - now : 1;
+	int rc = rpc_client_unary(a->mc, c->path, c->req, c->resp_desc, left, on_unary, c,
+				  &c->st);
+	if (rc) {
+		/* Ended by the next poll, never from inside agent__mcall. */
+		c->st = NULL;
+		c->fail_err = rc;
+	}
+}
+
+/* Send parked calls whose pause ended, fail those past their deadline. */
+static void mcall_poll(struct agent *a)
+{
+	uint64_t now = mc_now_ms();
+	struct agent_mcall *c = a->mcalls;
+	while (c) {
+		struct agent_mcall *next = c->next;
+		if (!c->st && c->fail_err) {
+			mcall_end(c, c->fail_err, "cannot send the call to the master", NULL);
+		} else if (!c->st) {
+			if (now >= c->deadline_ms || a->stopping) {
+				mcall_end(c, a->stopping ? MC_ESHUTDOWN : MC_EUNAVAILABLE,
+					  a->master_addr[0] ? "the master did not answer in time"
+							    : "no master leader is known",
+					  NULL);
+			} else if (a->mc && now >= c->not_before_ms) {
+				mcall_send(c);
+			}
+		}
+		c = next;
+	}
+}
+
+void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *req,
+		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
+		  void *ud)
+{
+	struct agent_mcall *c = calloc(1, sizeof(*c));
+	if (!c) {
+		/* The one case where cb runs inside: every caller makes this
+		 * call its last statement. */
+		log_error("out of memory for a master call");
+		cb(ud, -ENOMEM, NULL, NULL);
+		return;
+	}
+	c->a = a;
+	snprintf(c->path, sizeof(c->path), SERVICE "%s", method);
+	c->req = req;
+	c->resp_desc = resp_desc;
+	c->cb = cb;
+	c->ud = ud;
+	c->deadline_ms = mc_now_ms() + a->master_timeout_ms;
+	c->next = a->mcalls;
+	if (a->mcalls)
+		a->mcalls->prev = c;
+	a->mcalls = c;
+	if (a->mc && !a->stopped)
+		mcall_send(c);
+	else
+		mcall_wait(c, 0);
+}
+
+/* ------------------------------------------------------------ mount */
+
+static void hb_arm(struct agent *a);
+static void on_hb_timer(uv_timer_t *t);
+
+struct inv_block {
+	Mooncake__Master__HeartbeatRequest req;
+	struct agent *a;
+	size_t n;
+	Mooncake__Master__InventoryItem **ptrs;
+	Mooncake__Master__InventoryItem *items;
+};
+
+static void resync_free(struct agent *a)
+{
+	if (!a->resync_items)
+		return;
+	for (size_t i = 0; i < a->resync_n; i++)
+		free(a->resync_items[i]);
+	free(a->resync_items);
+	a->resync_items = NULL;
+	a->resync_n = a->resync_pos = 0;
+}
+
+static void send_inventory(struct agent *a);
+
+static void on_inventory(void *ud, int err, const char *message,
+			 const ProtobufCMessage *m)
+{
+	struct inv_block *b = ud;
+	struct agent *a = b->a;
+	const Mooncake__Master__HeartbeatResponse *resp =
+		(const Mooncake__Master__HeartbeatResponse *)m;
+	bool last = b->req.inventory_complete;
+	free(b);
+	a->hb_busy = false;
+	if (a->stopping)
+		return;
+	if (err) {
+		log_warn("inventory report to %s failed: %s; mounting again",
+			 a->master_addr, message ? message : mc_strerror(err));
+		resync_free(a);
+		a->mounted = false;
+		mount(a);
+		return;
+	}
+	if (resp->items_skipped)
+		log_warn("re-sync: the master skipped %" PRIu64 " inventory items "
+			 "that conflict with its index", resp->items_skipped);
+	if (!last) {
+		send_inventory(a);
+		return;
+	}
+	log_info("re-sync with master %s (view %" PRIu64 ") done: %zu objects reported",
+		 a->master_addr, a->view, a->resync_n);
+	resync_free(a);
+	a->need_resync = false;
+	hb_arm(a);
+}
+
+static void send_inventory(struct agent *a)
+{
+	size_t left = a->resync_n - a->resync_pos;
+	size_t n = MC_MIN(left, (size_t)AGENT_INVENTORY_BATCH);
+	struct inv_block *b = calloc(1, sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items)));
+	if (!b) {
+		log_error("out of memory for the inventory report; retrying");
+		a->mounted = false;
+		uv_timer_start(&a->hb_timer, on_hb_timer, RETRY_MAX_MS, 0);
+		return;
+	}
+	b->a = a;
+	b->items = (Mooncake__Master__InventoryItem *)(b + 1);
+	b->ptrs = (Mooncake__Master__InventoryItem **)(b->items + n);
+	mooncake__master__heartbeat_request__init(&b->req);
+	b->req.agent_id = a->name;
+	b->req.view = a->view;
+	for (size_t i = 0; i < n; i++) {
+		const struct agent_inv_entry *e = a->resync_items[a->resync_pos + i];
+		Mooncake__Master__InventoryItem *it = &b->items[i];
+		mooncake__master__inventory_item__init(it);
+		it->key.data = (uint8_t *)e->key;
+		it->key.len = e->klen;
+		it->segment = a->name;
+		it->offset = e->offset;
+		it->size = e->size;
+		it->soft_pin = e->soft_pin;
+		b->ptrs[i] = it;
+	}
+	a->resync_pos += n;
+	b->req.inventory = b->ptrs;
+	b->req.n_inventory = n;
+	b->req.inventory_complete = a->resync_pos == a->resync_n;
+	a->hb_busy = true;
+	agent__mcall(a, "Heartbeat", &b->req.base,
+		     &mooncake__master__heartbeat_response__descriptor, on_inventory, b);
+}
+
+/* Copy the inventory (entries can change while the report goes out). */
+static int start_resync(struct agent *a)
+{
+	resync_free(a);
+	struct agent_inv_entry **snap;
+	size_t n;
+	int rc = agent__inv_snapshot(&a->inv, &snap, &n);
+	if (rc)
+		return rc;
+	a->resync_items = calloc(n ? n : 1, sizeof(*a->resync_items));
+	if (!a->resync_items) {
+		free(snap);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		size_t sz = sizeof(*snap[i]) + snap[i]->klen;
+		struct agent_inv_entry *e = malloc(sz);
+		if (!e) {
+			a->resync_n = i;
+			resync_free(a);
+			free(snap);
+			return -ENOMEM;
+		}
+		memcpy(e, snap[i], sz);
+		a->resync_items[i] = e;
+	}
+	a->resync_n = n;
+	a->resync_pos = 0;
+	free(snap);
+	return 0;
+}
+
+static void retry_mount_later(struct agent *a)
+{
+	if (a->stopping)
+		return;
+	a->retry_ms = a->retry_ms ? MC_MIN(a->retry_ms * 2, RETRY_MAX_MS) : RETRY_MIN_MS;
+	uv_timer_start(&a->hb_timer, on_hb_timer, a->retry_ms, 0);
+}
+
+struct mount_block {
+	Mooncake__Master__MountSegmentRequest req;
+	Mooncake__Master__Segment seg;
+	struct agent *a;
+	char *addr; /* the master it was sent to */
+};
+
+static void on_mounted(void *ud, int err, const char *message,
+		       const ProtobufCMessage *m)
+{
+	struct mount_block *b = ud;
+	struct agent *a = b->a;
+	bool resync = b->req.resync;
+	bool same = strcmp(b->addr, a->master_addr) == 0;
+	free(b->addr);
+	free(b);
+	a->mount_busy = false;
+	if (a->stopping)
+		return;
+	if (!same) {
+		mount(a); /* the leader changed meanwhile */
+		return;
+	}
+	if (err) {
+		log_warn("cannot mount segment %s with master %s: %s; retrying",
+			 a->name, a->master_addr, message ? message : mc_strerror(err));
+		retry_mount_later(a);
+		return;
+	}
+	const Mooncake__Master__MountSegmentResponse *resp =
+		(const Mooncake__Master__MountSegmentResponse *)m;
+	a->retry_ms = 0;
+	a->view = resp->view;
+	a->mounted = true;
+	/* Leases of an earlier mount mean nothing now. */
+	agent__lcache_clear(&a->lc);
+	a->ever_mounted = true;
+	agent__gauges(a);
+	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
+		 a->name, a->seg->len, a->master_addr, a->view,
+		 resync ? "; re-syncing the inventory" : "");
+	if (!resync) {
+		a->need_resync = false;
+		hb_arm(a);
+		return;
+	}
+	int rc = start_resync(a);
+	if (rc) {
+		log_error("cannot prepare the inventory: %s; retrying", mc_strerror(rc));
+		a->mounted = false;
+		retry_mount_later(a);
+		return;
+	}
+	send_inventory(a);
+}
+
+static void mount(struct agent *a)
+{
+	if (a->mount_busy || a->stopping || !a->mc || !a->named)
+		return;
+	uv_timer_stop(&a->hb_timer);
+	struct mount_block *b = calloc(1, sizeof(*b));
+	char *addr = strdup(a->master_addr);
+	if (!b || !addr) {
+		free(b);
+		free(addr);
+		retry_mount_later(a);
+		return;
+	}
+	b->a = a;
+	b->addr = addr;
+	mooncake__master__mount_segment_request__init(&b->req);
+	mooncake__master__segment__init(&b->seg);
+	b->seg.name = a->name;
+	b->seg.agent_id = a->name;
+	b->seg.tier = MOONCAKE__MASTER__TIER__TIER_DRAM;
+	b->seg.base_address = (uint64_t)(uintptr_t)a->seg->addr;
+	b->seg.size = a->seg->len;
+	b->req.segment = &b->seg;
+	b->req.resync = a->ever_mounted;
+	a->mounted = false;
+	a->mount_busy = true;
+	agent__gauges(a);
+	agent__mcall(a, "MountSegment", &b->req.base,
+		     &mooncake__master__mount_segment_response__descriptor, on_mounted, b);
+}
+
+/* ------------------------------------------------------------ heartbeats */
+
+static void on_heartbeat(void *ud, int err, const char *message,
+			 const ProtobufCMessage *m)
+{
+	struct agent *a = ud;
+	a->hb_busy = false;
+	free(a->hb_req);
+	a->hb_req = NULL;
+	if (a->stopping)
+		return;
+	if (err) {
+		log_warn("heartbeat to master %s failed: %s", a->master_addr,
+			 message ? message : mc_strerror(err));
+		hb_arm(a);
+		return;
+	}
+	const Mooncake__Master__HeartbeatResponse *resp =
+		(const Mooncake__Master__HeartbeatResponse *)m;
+	if (resp->agent_ttl_ms)
+		a->hb_interval_ms = MC_MAX(resp->agent_ttl_ms / 3, (uint64_t)50);
+	if (resp->resync || resp->view != a->view) {
+		log_info("master %s %s (view %" PRIu64 ", ours %" PRIu64 "): mounting "
+			 "again and re-reporting the inventory",
+			 a->master_addr, resp->resync ? "does not know this agent" : "has a new view",
+			 resp->view, a->view);
+		a->mounted = false;
+		a->need_resync = true;
+		mount(a);
+		return;
+	}
+	hb_arm(a);
+}
+
+static void heartbeat(struct agent *a)
+{
+	if (a->hb_busy || a->stopping)
+		return;
+	Mooncake__Master__HeartbeatRequest *q = malloc(sizeof(*q));
+	if (!q) {
+		hb_arm(a);
+		return;
+	}
+	mooncake__master__heartbeat_request__init(q);
+	q->agent_id = a->name;
+	q->view = a->view;
+	a->hb_req = q;
+	a->hb_busy = true;
+	agent__mcall(a, "Heartbeat", &q->base, &mooncake__master__heartbeat_response__descriptor,
+		     on_heartbeat, a);
+}
+
+static void on_hb_timer(uv_timer_t *t)
+{
+	struct agent *a = t->data;
+	if (a->stopping)
+		return;
+	if (!a->mounted)
+		mount(a);
+	else
+		heartbeat(a);
+}
+
+static void hb_arm(struct agent *a)
+{
+	if (!a->stopping)
+		uv_timer_start(&a->hb_timer, on_hb_timer, a->hb_interval_ms, 0);
+}
+
+/* ------------------------------------------------------------ leader */
+
+static void set_master(struct agent *a, const char *addr, uint64_t view)
+{
+	if (view > a->master_view_seen)
+		a->master_view_seen = view;
+	if (strcmp(addr, a->master_addr) == 0 && (a->mc || !addr[0]))
+		return;
+	snprintf(a->master_addr, sizeof(a->master_addr), "%s", addr);
+	if (a->mc) {
+		/* Outstanding calls come back CANCELLED and are parked. */
+		struct rpc_client *old = a->mc;
+		a->mc = NULL;
+		rpc_client_free(old);
+	}
+	a->mounted = false;
+	agent__gauges(a);
+	if (!addr[0]) {
+		log_warn("no master leader at the moment; calls wait for one");
+		return;
+	}
+	struct rpc_client_opts o = {
+		.max_message_bytes = 64u << 20,
+		.metrics = a->metrics,
+		.backoff_initial_ms = 50,
+		.backoff_max_ms = 1000,
+	};
+	int rc = rpc_client_new(a->loop, addr, &o, &a->mc);
+	if (rc) {
+		log_error("master address %s: %s", addr, mc_strerror(rc));
+		a->mc = NULL;
+		a->master_addr[0] = '\0';
+		return;
+	}
+	log_info("using master %s (view %" PRIu64 ")", addr, view);
+	mcall_poll(a);
+	a->retry_ms = 0;
+	mount(a);
+}
+
+/* "HOST:PORT VIEW" */
+static bool parse_leader(const uint8_t *v, size_t len, char *addr, size_t alen,
+			 uint64_t *view)
+{
+	char buf[160];
+	if (len == 0 || len >= sizeof(buf))
+		return false;
+	memcpy(buf, v, len);
+	buf[len] = '\0';
+	char *sp = strchr(buf, ' ');
+	if (!sp || (size_t)(sp - buf) >= alen)
+		return false;
+	*sp = '\0';
+	*view = strtoull(sp + 1, NULL, 10);
+	memcpy(addr, buf, (size_t)(sp - buf) + 1);
+	return true;
+}
+
+static void on_leader_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const *ev,
+			     size_t n, int64_t rev)
+{
+	struct agent *a = ud;
+	(void)w;
+	(void)rev;
+	for (size_t i = 0; i < n; i++) {
+		if (ev[i]->type == MVCCPB__EVENT__EVENT_TYPE__DELETE) {
+			set_master(a, "", 0);
+			continue;
+		}
+		char addr[128];
+		uint64_t view;
+		const Mvccpb__KeyValue *kv = ev[i]->kv;
+		if (kv && parse_leader(kv->value.data, kv->value.len, addr, sizeof(addr), &view))
+			set_master(a, addr, view);
+		else
+			log_warn("%s holds an unreadable value; ignored", a->leader_key);
+	}
+}
+
+static void watch_leader(struct agent *a, int64_t from);
+
+static void on_leader_watch_error(struct etcd_watch *w, void *ud, int err)
+{
+	struct agent *a = ud;
+	(void)w;
+	a->watch = NULL;
+	if (a->stopping || err == MC_ECANCELLED)
+		return;
+	log_warn("watch on %s ended: %s; watching again", a->leader_key, mc_strerror(err));
+	watch_leader(a, 0);
+}
+
+static const struct etcd_watch_cbs leader_watch_cbs = {
+	.on_events = on_leader_events,
+	.on_error = on_leader_watch_error,
+};
+
+static void read_leader(struct agent *a);
+
+static void on_leader_range(void *ud, int err, const Etcdserverpb__RangeResponse *resp)
+{
+	struct agent *a = ud;
+	if (err == MC_ECANCELLED)
+		return;
+	a->leader_range_busy = false;
+	if (a->stopping)
+		return;
+	if (err) {
+		log_warn("reading %s from meta: %s; retrying", a->leader_key, mc_strerror(err));
+		a->leader_retry_ms = a->leader_retry_ms
+					     ? MC_MIN(a->leader_retry_ms * 2, RETRY_MAX_MS)
+					     : RETRY_MIN_MS;
+		a->leader_retry_at = mc_now_ms() + a->leader_retry_ms;
+		return;
+	}
+	char addr[128];
+	uint64_t view;
+	if (resp->n_kvs &&
+	    parse_leader(resp->kvs[0]->value.data, resp->kvs[0]->value.len, addr,
+			 sizeof(addr), &view))
+		set_master(a, addr, view);
+	else
+		log_info("no master leader in meta yet (%s); waiting for one", a->leader_key);
+	a->leader_retry_ms = 0;
+	watch_leader(a, resp->header ? resp->header->revision + 1 : 0);
+}
+
+static void read_leader(struct agent *a)
+{
+	if (a->leader_range_busy || a->stopping)
+		return;
+	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	q.key.data = (uint8_t *)a->leader_key;
+	q.key.len = strlen(a->leader_key);
+	a->leader_range_busy = true;
+	if (etcd_range(a->etcd, &q, on_leader_range, a) != 0)
+		a->leader_range_busy = false;
+}
+
+static void watch_leader(struct agent *a, int64_t from)
+{
+	if (a->watch || a->stopping)
+		return;
+	if (from == 0) {
+		read_leader(a); /* re-read, then watch from there */
+		return;
+	}
+	int rc = etcd_watch(a->etcd, a->leader_key, strlen(a->leader_key), NULL, 0, from, 0,
+			    &leader_watch_cbs, a, &a->watch);
+	if (rc) {
+		a->watch = NULL;
+		log_warn("cannot watch %s: %s", a->leader_key, mc_strerror(rc));
+	}
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void on_retry_timer(uv_timer_t *t)
+{
+	struct agent *a = t->data;
+	mcall_poll(a);
+	if (a->etcd && !a->watch && !a->leader_range_busy && !a->stopping &&
+	    mc_now_ms() >= a->leader_retry_at)
+		read_leader(a);
+}
+
+void agent__mlink_init(struct agent *a)
+{
+	uv_timer_init(a->loop, &a->hb_timer);
+	uv_timer_init(a->loop, &a->retry_timer);
+	a->hb_timer.data = a->retry_timer.data = a;
+	/* Until the first heartbeat reply tells the agent TTL. */
+	a->hb_interval_ms = 250;
+}
+
+int agent__mlink_start(struct agent *a)
+{
+	uv_timer_start(&a->retry_timer, on_retry_timer, WAIT_TICK_MS, WAIT_TICK_MS);
+	if (a->master_fixed) {
+		set_master(a, a->master_fixed, 0);
+		return 0;
+	}
+	if (!a->meta_endpoints) {
+		log_error("no way to find the master: set --master-address or "
+			  "--meta-endpoints");
+		return -EINVAL;
+	}
+	size_t klen = strlen(a->cluster_id) + 32;
+	a->leader_key = malloc(klen);
+	if (!a->leader_key)
+		return -ENOMEM;
+	snprintf(a->leader_key, klen, "/mooncake/%s/master", a->cluster_id);
+	struct etcd_opts eo = {.endpoints = a->meta_endpoints};
+	int rc = etcd_client_new(a->loop, &eo, &a->etcd);
+	if (rc) {
+		log_error("--meta-endpoints %s: %s", a->meta_endpoints, mc_strerror(rc));
+		return rc;
+	}
+	read_leader(a);
+	return 0;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+	struct agent *a = h->data;
+	a->closing--;
+	agent__maybe_stopped(a);
+}
+
+static void mlink_finish(struct agent *a)
+{
+	/* The retry timer runs on until the agent's handles close: requests
+	 * still in flight may call the master, and their parked calls must
+	 * be ended (MC_ESHUTDOWN) by its ticks. */
+	uv_timer_stop(&a->hb_timer);
+	if (a->watch) {
+		etcd_watch_cancel(a->watch);
+		a->watch = NULL;
+	}
+	mcall_poll(a); /* fail parked calls: stopping */
+	if (a->mc) {
+		struct rpc_client *mc = a->mc;
+		a->mc = NULL;
+		rpc_client_free(mc);
+	}
+	if (a->etcd) {
+		etcd_client_free(a->etcd);
+		a->etcd = NULL;
+	}
+	resync_free(a);
+	a->closing++;
+	uv_close((uv_handle_t *)&a->hb_timer, on_handle_closed);
+	void (*done)(struct agent *) = a->mlink_done;
+	a->mlink_done = NULL;
+	if (done)
+		done(a);
+}
+
+static void on_unmounted(void *ud, int err, const char *message,
+			 const ProtobufCMessage *m)
+{
+	struct agent *a = ud;
+	const Mooncake__Master__UnmountSegmentResponse *resp =
+		(const Mooncake__Master__UnmountSegmentResponse *)m;
+	a->unmount_busy = false;
+	if (err == MC_ENOT_LEADER || err == MC_ESHUTDOWN)
+		log_info("segment %s: the master is stopping too; not unmounted", a->name);
+	else if (err)
+		log_warn("cannot unmount segment %s from master %s: %s (it expires "
+			 "after the agent TTL)", a->name, a->master_addr,
+			 message ? message : mc_strerror(err));
+	else
+		log_info("segment %s unmounted: %" PRIu64 " objects left the pool", a->name,
+			 resp->objects_removed);
+	free(a->unmount_req);
+	a->unmount_req = NULL;
+	mlink_finish(a);
+}
+
+void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
+{
+	a->mlink_done = done;
+	uv_timer_stop(&a->hb_timer);
+	if (!a->mounted || !a->mc) {
+		mlink_finish(a);
+		return;
+	}
+	Mooncake__Master__UnmountSegmentRequest *q = malloc(sizeof(*q));
+	if (!q) {
+		mlink_finish(a);
+		return;
+	}
+	mooncake__master__unmount_segment_request__init(q);
+	q->name = a->name;
+	q->agent_id = a->name;
+	a->unmount_req = q;
+	a->unmount_busy = true;
+	a->master_timeout_ms = MC_MIN(a->master_timeout_ms, (uint64_t)STOP_TIMEOUT_MS);
+	agent__mcall(a, "UnmountSegment", &q->base,
+		     &mooncake__master__unmount_segment_response__descriptor, on_unmounted, a);
+}
+
+void agent__mlink_close(struct agent *a, uv_close_cb on_closed)
+{
+	uv_close((uv_handle_t *)&a->retry_timer, on_closed);
+}
+
+void agent__mlink_free(struct agent *a)
+{
+	free(a->leader_key);
+	a->leader_key = NULL;
+	free(a->hb_req);
+	a->hb_req = NULL;
+	free(a->unmount_req);
+	a->unmount_req = NULL;
+}

@@ -1,0 +1,1653 @@
+/*
+ * ops: what the agent does for each client request.
+ *
+ *   put       [BatchRemove when upserting] -> BatchPutStart (this agent's
+ *             segment preferred) -> copy the value to every replica on a
+ *             copy thread (local memcpy, or the transfer engine) ->
+ *             BatchPutEnd for the items written, BatchPutRevoke for the
+ *             others (and for all of them when the client went away).
+ *   get       BatchGetReplicas (grants the read lease) -> per item the
+ *             nearest replica (this agent's segment first): a zero-copy
+ *             view of the segment when asked and local, else a copy into
+ *             the item's destination, the staging spill area, or one new
+ *             memfd attached to the reply -> reply.
+ *   exist, remove, remove_all: the master's batch calls.
+ *   buffers   register (checked client memfd), unregister, alloc (agent
+ *             memfd); transfer moves bytes between client memory and a
+ *             segment address; stats; release of views.
+ *
+ * Request state lives in struct agent_req; master requests are built in
+ * one malloc'd block (r->mstate) that lives until the request ends, since
+ * a redirected call is sent again.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "transfer/transfer.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+typedef Mooncake__Client__Region Region;
+
+static void finish(struct agent_req *r, int err)
+{
+	agent__op_done(r->a, r->op, err, r->start_ns);
+	agent__req_free(r);
+}
+
+static void fail(struct agent_req *r, int err, const char *why)
+{
+	agent__reply_error(r, err, why);
+	finish(r, err);
+}
+
+/* Keep a reference on m for the request's lifetime. */
+static int hold(struct agent_req *r, struct agent_map *m)
+{
+	for (unsigned i = 0; i < r->nmaps; i++)
+		if (r->maps[i] == m)
+			return 0;
+	if (r->nmaps == r->maps_cap) {
+		unsigned cap = r->maps_cap ? r->maps_cap * 2 : 4;
+		struct agent_map **p = realloc(r->maps, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		r->maps = p;
+		r->maps_cap = cap;
+	}
+	agent__map_ref(m);
+	r->maps[r->nmaps++] = m;
+	return 0;
+}
+
+static struct agent_buf *find_buf(struct agent_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nbufs; i++)
+		if (c->bufs[i].id == id)
+			return &c->bufs[i];
+	return NULL;
+}
+
+/* Map the i-th attached descriptor (once per request). */
+static int attached(struct agent_req *r, unsigned i)
+{
+	if (r->att[i])
+		return 0;
+	if (i >= r->nfds || r->fds[i] < 0)
+		return -EBADF;
+	off_t size = lseek(r->fds[i], 0, SEEK_END);
+	if (size <= 0)
+		return size == 0 ? -EINVAL : -EBADF;
+	struct agent_map *m;
+	uint8_t *base;
+	int rc = agent__map_client_fd(r->a, r->fds[i], r->c->uid, 0, (uint64_t)size,
+				      &m, &base);
+	if (rc)
+		return rc;
+	r->fds[i] = -1; /* the map owns it */
+	r->att[i] = m;
+	r->att_base[i] = base;
+	r->att_len[i] = (uint64_t)size;
+	rc = hold(r, m);
+	agent__map_unref(m); /* the request's hold keeps it */
+	return rc;
+}
+
+/*
+ * Client memory of a region: *ptr and its usable length (the region's
+ * length, checked against what backs it). Errors: -ENOENT (unknown
+ * buffer), -ERANGE (outside), -EBADF/-EPERM/-EACCES/-EINVAL (attached
+ * descriptor refused), -ENOMEM.
+ */
+static int region_ptr(struct agent_req *r, const Region *g, uint8_t **ptr)
+{
+	struct agent_conn *c = r->c;
+	uint8_t *base;
+	uint64_t blen;
+	struct agent_map *m;
+	switch (g->where) {
+	case MOONCAKE__CLIENT__REGION__WHERE__STAGING:
+		m = c->staging;
+		base = c->staging_base;
+		blen = c->staging_len;
+		break;
+	case MOONCAKE__CLIENT__REGION__WHERE__BUFFER: {
+		struct agent_buf *b = find_buf(c, g->buffer);
+		if (!b)
+			return -ENOENT;
+		m = b->map;
+		base = b->base;
+		blen = b->len;
+		break;
+	}
+	case MOONCAKE__CLIENT__REGION__WHERE__ATTACHED: {
+		int rc = attached(r, g->fd_index);
+		if (rc)
+			return rc;
+		m = r->att[g->fd_index];
+		base = r->att_base[g->fd_index];
+		blen = r->att_len[g->fd_index];
+		break;
+	}
+	default:
+		return -EINVAL;
+	}
+	if (!m)
+		return -ENOENT;
+	if (g->offset > blen || g->length > blen - g->offset)
+		return -ERANGE;
+	int rc = hold(r, m);
+	if (rc)
+		return rc;
+	*ptr = base + g->offset;
+	return 0;
+}
+
+static int alloc_items(struct agent_req *r, size_t n)
+{
+	r->items = calloc(n, sizeof(*r->items));
+	if (!r->items)
+		return -ENOMEM;
+	r->n = n;
+	return 0;
+}
+
+/* Copy a master replica list into an item. */
+static int take_replicas(struct agent *a, struct agent_item *it,
+			 Mooncake__Master__Replica *const *reps, size_t n)
+{
+	if (n > AGENT_MAX_REPLICAS)
+		n = AGENT_MAX_REPLICAS;
+	it->reps = calloc(n ? n : 1, sizeof(*it->reps));
+	if (!it->reps)
+		return -ENOMEM;
+	for (size_t k = 0; k < n; k++) {
+		struct agent_rep *p = &it->reps[k];
+		p->segment = strdup(reps[k]->segment ? reps[k]->segment : "");
+		if (!p->segment)
+			return -ENOMEM;
+		p->local = strcmp(p->segment, a->name) == 0;
+		p->offset = reps[k]->offset;
+		p->address = reps[k]->address;
+		it->nrep++;
+	}
+	return 0;
+}
+
+/*
+ * Move len bytes between client memory and a local replica. Runs on a
+ * copy thread (or inline for small ones). Offsets are checked against the
+ * segment's bounds: the master's answer is not trusted with the agent's
+ * memory.
+ */
+static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
+		    bool write)
+{
+	if (len == 0)
+		return 0;
+	if (p->offset > a->seg->len || len > a->seg->len - p->offset)
+		return MC_EINVALID_REPLICA;
+	uint8_t *s = a->seg->addr + p->offset;
+	if (write)
+		memcpy(s, mem, len);
+	else
+		memcpy(mem, s, len);
+	return 0;
+}
+
+/* Build a BatchKeysRequest of the items selected by want(item) in one
+ * block; *idx maps request positions back to items. */
+struct keys_block {
+	Mooncake__Master__BatchKeysRequest req;
+	Mooncake__Master__BatchRemoveRequest rm; /* the same keys */
+	size_t *idx;
+	ProtobufCBinaryData keys[];
+};
+
+static struct keys_block *keys_block(struct agent_req *r,
+				     bool (*want)(const struct agent_item *))
+{
+	size_t n = 0;
+	for (size_t i = 0; i < r->n; i++)
+		n += want(&r->items[i]);
+	struct keys_block *b = malloc(sizeof(*b) + n * sizeof(b->keys[0]) +
+				      n * sizeof(size_t));
+	if (!b)
+		return NULL;
+	mooncake__master__batch_keys_request__init(&b->req);
+	b->idx = (size_t *)&b->keys[n];
+	size_t k = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		if (!want(&r->items[i]))
+			continue;
+		b->keys[k].data = (uint8_t *)r->items[i].key;
+		b->keys[k].len = r->items[i].klen;
+		b->idx[k] = i;
+		k++;
+	}
+	b->req.keys = b->keys;
+	b->req.n_keys = n;
+	mooncake__master__batch_remove_request__init(&b->rm);
+	b->rm.keys = b->keys;
+	b->rm.n_keys = n;
+	return b;
+}
+
+static bool item_ok(const struct agent_item *it)
+{
+	return it->err == 0;
+}
+
+static void set_mstate(struct agent_req *r, void *p)
+{
+	free(r->mstate);
+	r->mstate = p;
+}
+
+/* ------------------------------------------------------------ hello */
+
+static void op_hello(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	struct agent_conn *c = r->c;
+	const Mooncake__Client__Hello *h = r->msg->hello;
+	if (h->version != AGENT_PROTOCOL_VERSION) {
+		char why[96];
+		snprintf(why, sizeof(why), "protocol version %u is not supported (this "
+			 "agent speaks %u)", h->version, AGENT_PROTOCOL_VERSION);
+		log_warn("client %s: %s", c->name, why);
+		agent__reply_error(r, MC_EPROTOCOL, why);
+		finish(r, MC_EPROTOCOL);
+		return;
+	}
+	if (h->client_name && h->client_name[0])
+		snprintf(c->name, sizeof(c->name), "pid %d uid %u (%.48s)", (int)c->pid,
+			 (unsigned)c->uid, h->client_name);
+	uint64_t want = h->staging_size ? h->staging_size : a->staging_bytes;
+	if (want > a->staging_bytes)
+		want = a->staging_bytes;
+	if (want < 4096)
+		want = 4096;
+	struct agent_memfd_opts mo = {
+		.name = "mooncake-staging",
+		.len = want,
+		.hugepages = AGENT_HUGEPAGES_OFF,
+		.numa_node = a->numa_node,
+	};
+	struct agent_map *m;
+	int rc = agent__memfd_new(a, &mo, &m);
+	if (rc) {
+		fail(r, rc, "cannot create the staging buffer");
+		return;
+	}
+	int fd = dup(m->fd);
+	if (fd < 0) {
+		agent__map_unref(m);
+		fail(r, -errno, "cannot pass the staging buffer");
+		return;
+	}
+	c->staging = m;
+	c->staging_base = m->addr;
+	c->staging_len = m->len;
+	c->hello = true;
+	a->staging_in_use += m->len;
+	Mooncake__Client__HelloReply hr = MOONCAKE__CLIENT__HELLO_REPLY__INIT;
+	hr.version = AGENT_PROTOCOL_VERSION;
+	hr.staging_size = m->len;
+	hr.agent_id = a->name;
+	hr.segment = a->name;
+	hr.segment_size = a->seg->len;
+	hr.max_frame = MC_UFRAME_MAX_BYTES;
+	hr.lease_ttl_ms = a->lease_ttl_ms;
+	hr.rpc_address = a->name;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_HELLO;
+	resp.hello = &hr;
+	bool own = true;
+	log_debug("client %s: session started, staging %llu bytes", c->name,
+		  (unsigned long long)m->len);
+	agent__reply(r, &resp, &fd, &own, 1);
+	agent__gauges(a);
+	finish(r, 0);
+}
+
+/* ------------------------------------------------------------ put */
+
+/* One allocation: the header, then n pointers, n items, n indexes. */
+struct put_block {
+	Mooncake__Master__BatchPutStartRequest req;
+	Mooncake__Master__PutStartRequest **ptrs;
+	Mooncake__Master__PutStartRequest *items;
+	size_t *idx;
+	size_t n;
+};
+
+static void put_start(struct agent_req *r);
+static void put_run(struct agent_job *j);
+static void put_done(struct agent_job *j);
+
+static void put_reply(struct agent_req *r)
+{
+	int32_t *errs = calloc(r->n, sizeof(*errs));
+	if (!errs) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	int first = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		errs[i] = r->items[i].err;
+		if (errs[i] && !first)
+			first = errs[i];
+		if (errs[i] == 0)
+			agent__count(r->a, AGENT_C_PUTS, 1);
+		else
+			agent__count(r->a, AGENT_C_PUT_FAILS, 1);
+	}
+	Mooncake__Client__PutReply pr = MOONCAKE__CLIENT__PUT_REPLY__INIT;
+	pr.errors = errs;
+	pr.n_errors = r->n;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_PUT;
+	resp.put = &pr;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	free(errs);
+	finish(r, first);
+}
+
+static void on_revoked(void *ud, int err, const char *message,
+		       const ProtobufCMessage *resp)
+{
+	(void)resp;
+	if (err && err != MC_ECANCELLED)
+		log_warn("PutRevoke failed: %s (the master's put timeout will "
+			 "revoke it)", message ? message : mc_strerror(err));
+	free(ud);
+}
+
+/* Items that were started but will not be ended. */
+static bool item_revoke(const struct agent_item *it)
+{
+	return it->nrep > 0 && it->err != 0;
+}
+
+static bool item_end(const struct agent_item *it)
+{
+	return it->nrep > 0 && it->err == 0;
+}
+
+static void revoke_items(struct agent_req *r)
+{
+	struct keys_block *b = keys_block(r, item_revoke);
+	if (!b)
+		return; /* the master's put timeout revokes them */
+	if (b->req.n_keys == 0) {
+		free(b);
+		return;
+	}
+	agent__mcall(r->a, "BatchPutRevoke", &b->req.base,
+		     &mooncake__master__batch_errors_response__descriptor, on_revoked, b);
+}
+
+static void on_put_ended(void *ud, int err, const char *message,
+			 const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct keys_block *b = r->mstate;
+	const Mooncake__Master__BatchErrorsResponse *resp =
+		(const Mooncake__Master__BatchErrorsResponse *)m;
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		int e = err ? err : (k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL);
+		if (e) {
+			it->err = e;
+			if (err)
+				log_warn("PutEnd failed: %s", message ? message : mc_strerror(err));
+			continue;
+		}
+		for (unsigned p = 0; p < it->nrep; p++)
+			if (it->reps[p].local &&
+			    agent__inv_add(&r->a->inv, it->key, it->klen, it->reps[p].offset,
+					   it->len, r->msg->put->soft_pin) != 0)
+				log_warn("inventory: out of memory; an object will not be "
+					 "re-reported after a master failover");
+	}
+	put_reply(r);
+}
+
+static void put_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	if (r->c->closed) {
+		/* The client went away: nobody will learn the outcome. */
+		for (size_t i = 0; i < r->n; i++)
+			if (r->items[i].nrep && !r->items[i].err)
+				r->items[i].err = MC_ECANCELLED;
+	}
+	revoke_items(r);
+	struct keys_block *b = keys_block(r, item_end);
+	if (!b) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	set_mstate(r, b);
+	if (b->req.n_keys == 0) {
+		put_reply(r);
+		return;
+	}
+	agent__bcall(r->a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
+}
+
+/* Remote replicas go out first as one transfer batch; the local ones
+ * are copied while it runs. */
+static void put_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		for (unsigned p = 0; p < it->nrep && !it->err; p++) {
+			if (it->reps[p].local || it->len == 0)
+				continue;
+			if (!x && !(x = agent__xfer_new())) {
+				it->err = -ENOMEM;
+				break;
+			}
+			agent__xfer_add(a, x, it->reps[p].segment, true, it->ptr,
+					it->reps[p].address, it->len, &it->err);
+		}
+	}
+	if (x)
+		agent__xfer_start(a, x);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		for (unsigned p = 0; p < it->nrep && !it->err; p++)
+			if (it->reps[p].local)
+				it->err = local_io(a, &it->reps[p], it->ptr, it->len, true);
+	}
+	if (x)
+		agent__xfer_finish(a, x);
+}
+
+static void on_put_started(void *ud, int err, const char *message,
+			   const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct put_block *b = r->mstate;
+	const Mooncake__Master__BatchPutStartResponse *resp =
+		(const Mooncake__Master__BatchPutStartResponse *)m;
+	(void)message;
+	uint64_t bytes = 0;
+	bool any = false;
+	for (size_t k = 0; k < b->n; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		if (err) {
+			it->err = err;
+			continue;
+		}
+		if (k >= resp->n_results) {
+			it->err = MC_EPROTOCOL;
+			continue;
+		}
+		const Mooncake__Master__PutStartResult *res = resp->results[k];
+		if (res->error) {
+			it->err = res->error;
+			continue;
+		}
+		if (res->n_replicas == 0) {
+			it->err = MC_EPROTOCOL;
+			continue;
+		}
+		if (take_replicas(r->a, it, res->replicas, res->n_replicas) != 0) {
+			it->err = -ENOMEM;
+			any = true; /* revoke what was started */
+			continue;
+		}
+		bytes += it->len * it->nrep;
+		any = true;
+	}
+	if (!any) {
+		put_reply(r);
+		return;
+	}
+	r->job.run = put_run;
+	r->job.done = put_done;
+	if (bytes <= AGENT_INLINE_COPY_BYTES) {
+		bool remote = false;
+		for (size_t i = 0; i < r->n && !remote; i++)
+			for (unsigned p = 0; p < r->items[i].nrep; p++)
+				remote |= !r->items[i].reps[p].local;
+		if (!remote) {
+			put_run(&r->job);
+			put_done(&r->job);
+			return;
+		}
+	}
+	agent__pool_submit(&r->a->pool, &r->job);
+}
+
+static void put_start(struct agent_req *r)
+{
+	const Mooncake__Client__PutRequest *p = r->msg->put;
+	struct agent *a = r->a;
+	size_t n = 0;
+	for (size_t i = 0; i < r->n; i++)
+		n += r->items[i].err == 0;
+	if (n == 0) {
+		put_reply(r);
+		return;
+	}
+	struct put_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
+						  sizeof(*b->idx)));
+	if (!b) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	b->items = (Mooncake__Master__PutStartRequest *)(b + 1);
+	b->ptrs = (Mooncake__Master__PutStartRequest **)(b->items + n);
+	b->idx = (size_t *)(b->ptrs + n);
+	mooncake__master__batch_put_start_request__init(&b->req);
+	const char *pref = p->preferred_segment && p->preferred_segment[0]
+				   ? p->preferred_segment
+				   : a->name;
+	size_t k = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err)
+			continue;
+		Mooncake__Master__PutStartRequest *q = &b->items[k];
+		mooncake__master__put_start_request__init(q);
+		q->key.data = (uint8_t *)it->key;
+		q->key.len = it->klen;
+		q->size = it->len;
+		q->replica_num = p->replica_num ? p->replica_num : 1;
+		q->preferred_segment = (char *)pref;
+		q->soft_pin = p->soft_pin;
+		q->ttl_ms = p->ttl_ms;
+		b->ptrs[k] = q;
+		b->idx[k] = i;
+		k++;
+	}
+	b->n = n;
+	b->req.items = b->ptrs;
+	b->req.n_items = n;
+	set_mstate(r, b);
+	agent__bcall(a, AGENT_B_PUT_START, &b->req.base, on_put_started, r);
+}
+
+static void on_upsert_removed(void *ud, int err, const char *message,
+			      const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct keys_block *b = r->mstate;
+	const Mooncake__Master__BatchErrorsResponse *resp =
+		(const Mooncake__Master__BatchErrorsResponse *)m;
+	(void)message;
+	for (size_t k = 0; k < b->req.n_keys && !err; k++) {
+		int e = k < resp->n_errors ? resp->errors[k] : 0;
+		struct agent_item *it = &r->items[b->idx[k]];
+		if (e == 0) {
+			agent__inv_del(&r->a->inv, it->key, it->klen);
+			agent__lcache_del(&r->a->lc, it->key, it->klen);
+		} else if (e != MC_EOBJECT_NOT_FOUND)
+			it->err = e; /* leased: cannot replace it now */
+	}
+	if (err) {
+		for (size_t i = 0; i < r->n; i++)
+			if (!r->items[i].err)
+				r->items[i].err = err;
+	}
+	set_mstate(r, NULL);
+	put_start(r);
+}
+
+static void op_put(struct agent_req *r)
+{
+	const Mooncake__Client__PutRequest *p = r->msg->put;
+	if (alloc_items(r, p->n_items)) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	for (size_t i = 0; i < p->n_items; i++) {
+		struct agent_item *it = &r->items[i];
+		const Mooncake__Client__PutItem *pi = p->items[i];
+		it->key = pi->key.data;
+		it->klen = pi->key.len;
+		if (!agent__key_ok(&pi->key)) {
+			it->err = -EINVAL;
+			continue;
+		}
+		it->len = pi->source->length;
+		it->err = region_ptr(r, pi->source, &it->ptr);
+	}
+	if (p->upsert) {
+		struct keys_block *b = keys_block(r, item_ok);
+		if (!b) {
+			fail(r, -ENOMEM, NULL);
+			return;
+		}
+		set_mstate(r, b);
+		if (b->req.n_keys == 0) {
+			put_reply(r);
+			return;
+		}
+		agent__mcall(r->a, "BatchRemove", &b->rm.base,
+			     &mooncake__master__batch_errors_response__descriptor,
+			     on_upsert_removed, r);
+		return;
+	}
+	put_start(r);
+}
+
+/* ------------------------------------------------------------ get */
+
+static void get_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t i = 0; i < r->n; i++) {
+			struct agent_item *it = &r->items[i];
+			if (it->err || it->nrep == 0 || !it->ptr ||
+			    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+				continue;
+			const struct agent_rep *rep = &it->reps[0];
+			if (pass == 1 && rep->local) {
+				it->err = local_io(a, rep, it->ptr, it->size, false);
+			} else if (pass == 0 && !rep->local && it->size) {
+				if (!x && !(x = agent__xfer_new())) {
+					it->err = -ENOMEM;
+					continue;
+				}
+				agent__xfer_add(a, x, rep->segment, false, it->ptr, rep->address,
+						it->size, &it->err);
+			}
+		}
+		if (pass == 0 && x)
+			agent__xfer_start(a, x);
+	}
+	if (x)
+		agent__xfer_finish(a, x);
+}
+
+static void get_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_conn *c = r->c;
+	Mooncake__Client__GetResult *res = calloc(r->n, sizeof(*res));
+	Mooncake__Client__GetResult **ptrs = calloc(r->n, sizeof(*ptrs));
+	if (!res || !ptrs) {
+		free(res);
+		free(ptrs);
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	int first = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		mooncake__client__get_result__init(&res[i]);
+		ptrs[i] = &res[i];
+		res[i].error = it->err;
+		res[i].size = it->size;
+		if (it->err && it->nrep)
+			agent__lcache_del(&a->lc, it->key, it->klen); /* a read failed */
+		if (it->err) {
+			if (!first && it->err != MC_EOBJECT_NOT_FOUND)
+				first = it->err;
+			continue;
+		}
+		res[i].where = it->where;
+		res[i].offset = it->offset;
+		res[i].view = it->view;
+		agent__count(a, AGENT_C_BYTES_READ, it->size);
+		agent__count(a, it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
+	}
+	Mooncake__Client__GetReply gr = MOONCAKE__CLIENT__GET_REPLY__INIT;
+	gr.results = ptrs;
+	gr.n_results = r->n;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_GET;
+	resp.get = &gr;
+	int fds[2];
+	bool own[2] = {true, true};
+	unsigned nfds = 0;
+	if (r->spill) {
+		fds[nfds] = dup(r->spill->fd);
+		if (fds[nfds] >= 0)
+			nfds++;
+	}
+	if (r->send_segment_fd && !c->closed) {
+		fds[nfds] = dup(a->seg_ro_fd);
+		if (fds[nfds] >= 0) {
+			nfds++;
+			gr.segment_fd = true;
+			c->segment_fd_sent = true;
+		}
+	}
+	agent__reply(r, &resp, fds, own, nfds);
+	free(res);
+	free(ptrs);
+	finish(r, first);
+}
+
+static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset)
+{
+	struct agent *a = c->a;
+	if (c->nviews >= AGENT_MAX_VIEWS)
+		return -ENOSPC;
+	if (c->nviews == c->views_cap) {
+		size_t cap = c->views_cap ? c->views_cap * 2 : 16;
+		struct agent_view *p = realloc(c->views, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		c->views = p;
+		c->views_cap = cap;
+	}
+	uint8_t *key = malloc(it->klen);
+	if (!key)
+		return -ENOMEM;
+	memcpy(key, it->key, it->klen);
+	struct agent_view *v = &c->views[c->nviews++];
+	v->id = c->next_view_id++;
+	v->offset = offset;
+	v->size = it->size;
+	v->klen = (uint16_t)it->klen;
+	v->key = key;
+	it->view = v->id;
+	a->nviews++;
+	return 0;
+}
+
+/*
+ * Every item has its replica (from the master or the lease cache) or an
+ * error: decide where each value goes, then copy.
+ */
+static void get_place_and_copy(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	struct agent_conn *c = r->c;
+	const Mooncake__Client__GetRequest *g = r->msg->get;
+	uint64_t spill_total = 0;
+	uint64_t bytes = 0;
+	bool remote = false;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0)
+			continue;
+		const struct agent_rep *rep = &it->reps[0];
+		if (it->zero_copy && rep->local && !c->closed) {
+			if (rep->offset > a->seg->len || it->size > a->seg->len - rep->offset) {
+				it->err = MC_EINVALID_REPLICA;
+				continue;
+			}
+			it->err = add_view(c, it, rep->offset);
+			if (it->err)
+				continue;
+			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED;
+			it->offset = rep->offset;
+			if (!c->segment_fd_sent)
+				r->send_segment_fd = true;
+			continue;
+		}
+		if (it->has_dest) {
+			if (it->size <= it->len) {
+				it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__DEST;
+				it->offset = 0;
+			} else if (!g->spill_if_too_small) {
+				it->err = -ENOBUFS;
+				continue;
+			} else {
+				it->has_dest = false;
+			}
+		}
+		if (!it->has_dest) {
+			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
+			it->offset = spill_total;
+			spill_total += (it->size + AGENT_SPILL_ALIGN - 1) &
+				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
+		}
+		bytes += it->size;
+		remote |= !rep->local;
+	}
+	agent__gauges(a);
+	/* Place the items without a destination. */
+	uint8_t *spill_base = NULL;
+	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
+	uint64_t spill_off = 0;
+	if (spill_total > 0 && g->spill && spill_total <= g->spill->length &&
+	    region_ptr(r, g->spill, &spill_base) == 0) {
+		where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
+		spill_off = g->spill->offset;
+	} else if (spill_total > 0) {
+		struct agent_memfd_opts mo = {
+			.name = "mooncake-get",
+			.len = spill_total,
+			.hugepages = AGENT_HUGEPAGES_OFF,
+			.numa_node = -1,
+		};
+		int rc = agent__memfd_new(a, &mo, &r->spill);
+		if (rc) {
+			for (size_t i = 0; i < r->n; i++)
+				if (!r->items[i].err && !r->items[i].has_dest &&
+				    r->items[i].where == where)
+					r->items[i].err = rc;
+		} else {
+			spill_base = r->spill->addr;
+		}
+	}
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0)
+			continue;
+		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL) {
+			if (!spill_base) {
+				it->err = -ENOMEM;
+				continue;
+			}
+			it->ptr = spill_base + it->offset;
+			it->offset += spill_off;
+			it->where = where;
+		}
+	}
+	r->job.run = get_run;
+	r->job.done = get_done;
+	if (bytes <= AGENT_INLINE_COPY_BYTES && !remote) {
+		get_run(&r->job);
+		get_done(&r->job);
+		return;
+	}
+	agent__pool_submit(&a->pool, &r->job);
+}
+
+static void on_get_replicas(void *ud, int err, const char *message,
+			    const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct agent *a = r->a;
+	struct keys_block *b = r->mstate;
+	const Mooncake__Master__BatchGetReplicasResponse *resp =
+		(const Mooncake__Master__BatchGetReplicasResponse *)m;
+	(void)message;
+	uint64_t now = mc_now_ms();
+	uint64_t until = 0;
+	if (!err && resp->lease_ttl_ms) {
+		agent__set_lease_ttl(a, resp->lease_ttl_ms);
+		/* Half the lease, counted from when the call was sent. */
+		until = r->sent_ms + resp->lease_ttl_ms / 2;
+	}
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		if (err) {
+			it->err = err;
+			continue;
+		}
+		if (k >= resp->n_results) {
+			it->err = MC_EPROTOCOL;
+			continue;
+		}
+		const Mooncake__Master__GetReplicasResult *res = resp->results[k];
+		if (res->error) {
+			it->err = res->error;
+			if (res->error == MC_EOBJECT_NOT_FOUND) {
+				agent__count(a, AGENT_C_MISSES, 1);
+				agent__inv_del(&a->inv, it->key, it->klen);
+			}
+			continue;
+		}
+		if (res->n_replicas == 0) {
+			it->err = MC_EOBJECT_NOT_FOUND;
+			continue;
+		}
+		it->size = res->size;
+		if (take_replicas(a, it, res->replicas, res->n_replicas) != 0) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		/* Nearest replica first: this agent's segment. */
+		for (unsigned p = 1; p < it->nrep; p++)
+			if (it->reps[p].local && !it->reps[0].local) {
+				struct agent_rep t = it->reps[0];
+				it->reps[0] = it->reps[p];
+				it->reps[p] = t;
+			}
+		/* Only local replicas are cached: nobody but the master's
+		 * placements writes this segment, and the cache is emptied
+		 * whenever the segment is mounted again. */
+		if (it->reps[0].local)
+			agent__lcache_put(&a->lc, it->key, it->klen, it->size, &it->reps[0],
+					  until, now);
+	}
+	get_place_and_copy(r);
+}
+
+static bool item_uncached(const struct agent_item *it)
+{
+	return it->err == 0 && it->nrep == 0;
+}
+
+static void op_get(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	const Mooncake__Client__GetRequest *g = r->msg->get;
+	if (alloc_items(r, g->n_items)) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t now = mc_now_ms();
+	size_t uncached = 0;
+	for (size_t i = 0; i < g->n_items; i++) {
+		struct agent_item *it = &r->items[i];
+		const Mooncake__Client__GetItem *gi = g->items[i];
+		it->key = gi->key.data;
+		it->klen = gi->key.len;
+		it->zero_copy = gi->zero_copy;
+		agent__count(a, AGENT_C_GETS, 1);
+		if (!agent__key_ok(&gi->key)) {
+			it->err = -EINVAL;
+			continue;
+		}
+		if (gi->dest) {
+			it->has_dest = true;
+			it->len = gi->dest->length;
+			it->err = region_ptr(r, gi->dest, &it->ptr);
+			if (it->err)
+				continue;
+		}
+		const struct agent_lentry *e = agent__lcache_get(&a->lc, it->key, it->klen, now);
+		if (e) {
+			it->reps = calloc(1, sizeof(*it->reps));
+			if (!it->reps) {
+				it->err = -ENOMEM;
+				continue;
+			}
+			it->reps[0] = e->rep;
+			it->reps[0].segment = NULL;
+			it->nrep = 1;
+			it->size = e->size;
+			agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
+			continue;
+		}
+		uncached++;
+	}
+	if (uncached == 0) {
+		get_place_and_copy(r);
+		return;
+	}
+	struct keys_block *b = keys_block(r, item_uncached);
+	if (!b) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	set_mstate(r, b);
+	r->sent_ms = now;
+	agent__bcall(a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
+}
+
+/* ------------------------------------------------------------ exist, remove */
+
+static void keys_reply(struct agent_req *r, int first)
+{
+	int32_t *res = calloc(r->n, sizeof(*res));
+	if (!res) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	for (size_t i = 0; i < r->n; i++)
+		res[i] = r->items[i].err;
+	Mooncake__Client__KeysReply kr = MOONCAKE__CLIENT__KEYS_REPLY__INIT;
+	kr.results = res;
+	kr.n_results = r->n;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_KEYS;
+	resp.keys = &kr;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	free(res);
+	finish(r, first);
+}
+
+static void on_exist(void *ud, int err, const char *message,
+		     const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct keys_block *b = r->mstate;
+	const Mooncake__Master__BatchExistResponse *resp =
+		(const Mooncake__Master__BatchExistResponse *)m;
+	(void)message;
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		if (err)
+			it->err = err;
+		else if (k < resp->n_errors && resp->errors[k])
+			it->err = resp->errors[k];
+		else
+			it->err = k < resp->n_exists && resp->exists[k] ? 1 : 0;
+	}
+	keys_reply(r, err);
+}
+
+static void on_removed(void *ud, int err, const char *message,
+		       const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct keys_block *b = r->mstate;
+	const Mooncake__Master__BatchErrorsResponse *resp =
+		(const Mooncake__Master__BatchErrorsResponse *)m;
+	(void)message;
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		it->err = err ? err : k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL;
+		if (it->err == 0) {
+			agent__inv_del(&r->a->inv, it->key, it->klen);
+			agent__lcache_del(&r->a->lc, it->key, it->klen);
+		}
+	}
+	keys_reply(r, err);
+}
+
+static void op_keys(struct agent_req *r, bool remove)
+{
+	const Mooncake__Client__KeysRequest *q = remove ? r->msg->remove : r->msg->exist;
+	if (alloc_items(r, q->n_keys)) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	for (size_t i = 0; i < q->n_keys; i++) {
+		r->items[i].key = q->keys[i].data;
+		r->items[i].klen = q->keys[i].len;
+		if (!agent__key_ok(&q->keys[i]))
+			r->items[i].err = -EINVAL;
+	}
+	struct keys_block *b = keys_block(r, item_ok);
+	if (!b) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	set_mstate(r, b);
+	if (b->req.n_keys == 0) {
+		keys_reply(r, 0);
+		return;
+	}
+	if (!remove) {
+		agent__bcall(r->a, AGENT_B_EXIST, &b->req.base, on_exist, r);
+		return;
+	}
+	b->rm.force = q->force;
+	agent__mcall(r->a, "BatchRemove", &b->rm.base,
+		     &mooncake__master__batch_errors_response__descriptor, on_removed, r);
+}
+
+static void on_removed_all(void *ud, int err, const char *message,
+			   const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	const Mooncake__Master__RemoveAllResponse *resp =
+		(const Mooncake__Master__RemoveAllResponse *)m;
+	if (err) {
+		fail(r, err, message);
+		return;
+	}
+	agent__inv_clear(&r->a->inv);
+	agent__lcache_clear(&r->a->lc);
+	Mooncake__Client__RemoveAllReply rr = MOONCAKE__CLIENT__REMOVE_ALL_REPLY__INIT;
+	rr.removed = resp->removed;
+	rr.skipped = resp->skipped;
+	Mooncake__Client__Response out = MOONCAKE__CLIENT__RESPONSE__INIT;
+	out.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_REMOVE_ALL;
+	out.remove_all = &rr;
+	agent__reply(r, &out, NULL, NULL, 0);
+	finish(r, 0);
+}
+
+static void op_remove_all(struct agent_req *r)
+{
+	Mooncake__Master__RemoveAllRequest *q = malloc(sizeof(*q));
+	if (!q) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	mooncake__master__remove_all_request__init(q);
+	q->force = r->msg->remove_all->force;
+	set_mstate(r, q);
+	agent__mcall(r->a, "RemoveAll", &q->base,
+		     &mooncake__master__remove_all_response__descriptor, on_removed_all, r);
+}
+
+/* ------------------------------------------------------------ buffers */
+
+static int add_buf(struct agent_conn *c, struct agent_map *m, uint8_t *base,
+		   uint64_t len, uint64_t address, uint64_t *id)
+{
+	if (c->nbufs >= AGENT_MAX_BUFFERS)
+		return -ENOSPC;
+	if (c->nbufs == c->bufs_cap) {
+		size_t cap = c->bufs_cap ? c->bufs_cap * 2 : 8;
+		struct agent_buf *p = realloc(c->bufs, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		c->bufs = p;
+		c->bufs_cap = cap;
+	}
+	struct agent_buf *b = &c->bufs[c->nbufs++];
+	b->id = c->next_buf_id++;
+	b->map = m;
+	b->base = base;
+	b->len = len;
+	b->address = address;
+	*id = b->id;
+	c->a->nbuffers++;
+	agent__gauges(c->a);
+	return 0;
+}
+
+static void buffer_reply(struct agent_req *r, uint64_t id, uint64_t len, int fd)
+{
+	Mooncake__Client__BufferReply br = MOONCAKE__CLIENT__BUFFER_REPLY__INIT;
+	br.buffer = id;
+	br.length = len;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER;
+	resp.buffer = &br;
+	bool own = true;
+	agent__reply(r, &resp, fd >= 0 ? &fd : NULL, &own, fd >= 0 ? 1 : 0);
+	finish(r, 0);
+}
+
+static const char *register_why(int rc)
+{
+	switch (rc) {
+	case -EBADF: return "the descriptor is not a memfd";
+	case -EPERM: return "the memfd belongs to another user";
+	case -EACCES: return "the memfd is not open for reading and writing";
+	case -EINVAL: return "the memfd is not sealed against shrinking "
+			     "(F_SEAL_SHRINK) or is smaller than the range";
+	case -ENOSPC: return "too many buffers in this session";
+	default: return NULL;
+	}
+}
+
+/*
+ * A buffer with an address is published to the transfer engine at that
+ * address (peers may then read and write it) before it is added; the
+ * registration (an RDMA MR for large buffers) runs on a copy thread.
+ */
+struct publish {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
+	uint8_t *base;
+	uint64_t len, address, memfd_off;
+	int fd;   /* to send with the reply (alloc), or -1 */
+	int err;
+};
+
+static void publish_run(struct agent_job *j)
+{
+	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
+	p->err = te_register(p->r->a->te, p->address, p->base, p->len, p->m->fd, p->memfd_off,
+			     &p->m->region);
+	if (p->err)
+		p->m->region = NULL;
+}
+
+static void publish_done(struct agent_job *j)
+{
+	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
+	struct agent_req *r = p->r;
+	uint64_t id;
+	int rc = p->err;
+	if (rc == -EEXIST)
+		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
+			 "(another session's buffer at the same address)", r->c->name,
+			 (unsigned long long)p->address);
+	if (rc == 0)
+		rc = r->c->closed ? MC_ECANCELLED : add_buf(r->c, p->m, p->base, p->len,
+							       p->address, &id);
+	if (rc) {
+		agent__map_unref(p->m);
+		if (p->fd >= 0)
+			close(p->fd);
+		fail(r, rc, rc == -EEXIST ? "the address range is already published by "
+					    "another session of this agent"
+					  : NULL);
+	} else {
+		buffer_reply(r, id, p->len, p->fd);
+	}
+	free(p);
+}
+
+/* Add the buffer now, or publish it first. Takes the map reference. */
+static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *base,
+			   uint64_t len, uint64_t address, uint64_t memfd_off, int fd)
+{
+	if (address && r->a->te) {
+		struct publish *p = calloc(1, sizeof(*p));
+		if (p) {
+			*p = (struct publish){.r = r, .m = m, .base = base, .len = len,
+					      .address = address, .memfd_off = memfd_off, .fd = fd};
+			p->job.run = publish_run;
+			p->job.done = publish_done;
+			agent__pool_submit(&r->a->pool, &p->job);
+			return;
+		}
+		agent__map_unref(m);
+		if (fd >= 0)
+			close(fd);
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t id;
+	int rc = add_buf(r->c, m, base, len, address, &id);
+	if (rc) {
+		agent__map_unref(m);
+		if (fd >= 0)
+			close(fd);
+		fail(r, rc, register_why(rc));
+		return;
+	}
+	buffer_reply(r, id, len, fd);
+}
+
+static void op_register_buffer(struct agent_req *r)
+{
+	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
+	struct agent_conn *c = r->c;
+	struct agent_map *m;
+	uint8_t *base;
+	int rc = c->nbufs >= AGENT_MAX_BUFFERS ? -ENOSPC
+		 : agent__map_client_fd(r->a, r->fds[0], c->uid, q->offset, q->length,
+					&m, &base);
+	if (rc) {
+		const char *why = register_why(rc);
+		log_warn("client %s: register_buffer refused: %s", c->name,
+			 why ? why : mc_strerror(rc));
+		fail(r, rc, why);
+		return;
+	}
+	r->fds[0] = -1;
+	add_or_publish(r, m, base, q->length, q->address, q->offset, -1);
+}
+
+/* A published buffer leaves the engine before the reply: once the client
+ * hears back, no peer can reach it any more. */
+struct unpublish {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
+	uint64_t id;
+};
+
+static void unpublish_run(struct agent_job *j)
+{
+	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
+	te_unregister(u->m->region);
+	u->m->region = NULL;
+}
+
+static void unpublish_done(struct agent_job *j)
+{
+	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
+	agent__map_unref(u->m);
+	buffer_reply(u->r, u->id, 0, -1);
+	free(u);
+}
+
+static void op_unregister_buffer(struct agent_req *r)
+{
+	struct agent_conn *c = r->c;
+	uint64_t id = r->msg->unregister_buffer->buffer;
+	for (size_t i = 0; i < c->nbufs; i++) {
+		if (c->bufs[i].id != id)
+			continue;
+		struct agent_map *m = c->bufs[i].map;
+		c->bufs[i] = c->bufs[--c->nbufs];
+		r->a->nbuffers--;
+		agent__gauges(r->a);
+		struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
+		if (u) {
+			u->r = r;
+			u->m = m;
+			u->id = id;
+			u->job.run = unpublish_run;
+			u->job.done = unpublish_done;
+			agent__pool_submit(&r->a->pool, &u->job);
+			return;
+		}
+		agent__map_unref(m);
+		buffer_reply(r, id, 0, -1);
+		return;
+	}
+	fail(r, -ENOENT, "no such buffer in this session");
+}
+
+static void op_alloc_buffer(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	struct agent_conn *c = r->c;
+	const Mooncake__Client__AllocBufferRequest *q = r->msg->alloc_buffer;
+	if (c->nbufs >= AGENT_MAX_BUFFERS) {
+		fail(r, -ENOSPC, register_why(-ENOSPC));
+		return;
+	}
+	struct agent_memfd_opts mo = {
+		.name = "mooncake-buffer",
+		.len = q->length,
+		.hugepages = a->hugepages == AGENT_HUGEPAGES_ON ? AGENT_HUGEPAGES_AUTO
+								 : a->hugepages,
+		.numa_node = a->numa_node,
+	};
+	struct agent_map *m;
+	int rc = agent__memfd_new(a, &mo, &m);
+	if (rc) {
+		fail(r, rc, "cannot create the buffer");
+		return;
+	}
+	int fd = dup(m->fd);
+	if (fd < 0) {
+		rc = -errno;
+		agent__map_unref(m);
+		fail(r, rc, NULL);
+		return;
+	}
+	add_or_publish(r, m, m->addr, q->length, q->address, 0, fd);
+}
+
+/* ------------------------------------------------------------ transfer */
+
+/* This agent's memory at a remote address: its segment, or a buffer one
+ * of its clients published at that address. */
+/* A reference on the memory is held for the request: another session may
+ * unregister its buffer while the copy runs. */
+static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
+{
+	struct agent *a = r->a;
+	uint64_t base = (uint64_t)(uintptr_t)a->seg->addr;
+	if (addr >= base && addr - base <= a->seg->len && len <= a->seg->len - (addr - base))
+		return a->seg->addr + (addr - base);
+	for (struct agent_conn *c = a->conns; c; c = c->next)
+		for (size_t i = 0; i < c->nbufs; i++) {
+			const struct agent_buf *b = &c->bufs[i];
+			if (b->address && addr >= b->address && addr - b->address <= b->len &&
+			    len <= b->len - (addr - b->address))
+				return hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
+		}
+	return NULL;
+}
+
+static void transfer_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->len == 0 || (it->reps && it->reps[0].local))
+			continue;
+		if (!x && !(x = agent__xfer_new())) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote, it->len,
+				&it->err);
+	}
+	if (x)
+		agent__xfer_start(a, x);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->len == 0 || !it->reps || !it->reps[0].local)
+			continue;
+		uint8_t *t = (uint8_t *)(uintptr_t)it->reps[0].address;
+		if (it->write)
+			memmove(t, it->ptr, it->len);
+		else
+			memmove(it->ptr, t, it->len);
+	}
+	if (x)
+		agent__xfer_finish(a, x);
+}
+
+static void transfer_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	int32_t *errs = calloc(r->n, sizeof(*errs));
+	if (!errs) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	int first = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		errs[i] = r->items[i].err;
+		if (errs[i] && !first)
+			first = errs[i];
+		if (!errs[i])
+			agent__count(r->a, r->items[i].write ? AGENT_C_BYTES_WRITTEN
+							      : AGENT_C_BYTES_READ,
+				     r->items[i].len);
+	}
+	Mooncake__Client__TransferReply tr = MOONCAKE__CLIENT__TRANSFER_REPLY__INIT;
+	tr.errors = errs;
+	tr.n_errors = r->n;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_TRANSFER;
+	resp.transfer = &tr;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	free(errs);
+	finish(r, first);
+}
+
+static void op_transfer(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	const Mooncake__Client__TransferRequest *q = r->msg->transfer;
+	if (alloc_items(r, q->n_items)) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	for (size_t i = 0; i < q->n_items; i++) {
+		struct agent_item *it = &r->items[i];
+		const Mooncake__Client__TransferItem *ti = q->items[i];
+		it->write = ti->op == MOONCAKE__CLIENT__TRANSFER_ITEM__OP__WRITE;
+		it->len = ti->local->length;
+		it->target = ti->target;
+		it->remote = ti->remote_address;
+		it->err = region_ptr(r, ti->local, &it->ptr);
+		if (it->err || it->len == 0)
+			continue;
+		if (strcmp(ti->target, a->name) == 0) {
+			uint8_t *t = local_target(r, ti->remote_address, it->len);
+			if (!t) {
+				it->err = MC_EINVALID_REPLICA; /* not registered here */
+				continue;
+			}
+			it->reps = calloc(1, sizeof(*it->reps));
+			if (!it->reps) {
+				it->err = -ENOMEM;
+				continue;
+			}
+			it->nrep = 1;
+			it->reps[0].local = true;
+			it->reps[0].address = (uint64_t)(uintptr_t)t;
+		}
+	}
+	r->job.run = transfer_run;
+	r->job.done = transfer_done;
+	agent__pool_submit(&a->pool, &r->job);
+}
+
+/* ------------------------------------------------------------ stats, release */
+
+static void op_stats(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	Mooncake__Client__StatsReply s = MOONCAKE__CLIENT__STATS_REPLY__INIT;
+	s.agent_id = a->name;
+	s.segment = a->name;
+	s.segment_size = a->seg->len;
+	s.hugepages = a->seg->hugepages;
+	s.numa_node = a->numa_node;
+	s.staging_size = a->staging_bytes;
+	s.clients = a->nconns;
+	s.buffers = a->nbuffers;
+	s.views = a->nviews;
+	s.puts = a->counters[AGENT_C_PUTS];
+	s.gets = a->counters[AGENT_C_GETS];
+	s.local_hits = a->counters[AGENT_C_LOCAL_HITS];
+	s.remote_hits = a->counters[AGENT_C_REMOTE_HITS];
+	s.misses = a->counters[AGENT_C_MISSES];
+	s.bytes_written = a->counters[AGENT_C_BYTES_WRITTEN];
+	s.bytes_read = a->counters[AGENT_C_BYTES_READ];
+	s.master = a->master_addr;
+	s.view = a->view;
+	s.inventory = a->inv.n;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_STATS;
+	resp.stats = &s;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	finish(r, 0);
+}
+
+static void op_release(struct agent_req *r)
+{
+	struct agent_conn *c = r->c;
+	const Mooncake__Client__ReleaseRequest *q = r->msg->release;
+	int err = 0;
+	for (size_t k = 0; k < q->n_views; k++) {
+		size_t i;
+		for (i = 0; i < c->nviews; i++)
+			if (c->views[i].id == q->views[k])
+				break;
+		if (i == c->nviews) {
+			err = -ENOENT;
+			continue;
+		}
+		free(c->views[i].key);
+		c->views[i] = c->views[--c->nviews];
+		r->a->nviews--;
+	}
+	agent__gauges(r->a);
+	if (err) {
+		fail(r, err, "no such view in this session");
+		return;
+	}
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	finish(r, 0);
+}
+
+/* ------------------------------------------------------------ views */
+
+struct renew_block {
+	Mooncake__Master__BatchKeysRequest req;
+	struct agent *a;
+	size_t n, cap;
+	ProtobufCBinaryData *keys;
+	uint8_t **owned;
+};
+
+static void collect_view(void *ud, const struct agent_view *v)
+{
+	struct renew_block *b = ud;
+	if (b->n == b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 64;
+		ProtobufCBinaryData *k = realloc(b->keys, cap * sizeof(*k));
+		if (!k)
+			return;
+		b->keys = k;
+		uint8_t **o = realloc(b->owned, cap * sizeof(*o));
+		if (!o)
+			return;
+		b->owned = o;
+		b->cap = cap;
+	}
+	uint8_t *copy = malloc(v->klen);
+	if (!copy)
+		return;
+	memcpy(copy, v->key, v->klen);
+	b->owned[b->n] = copy;
+	b->keys[b->n].data = copy;
+	b->keys[b->n].len = v->klen;
+	b->n++;
+}
+
+static void renew_free(struct renew_block *b)
+{
+	for (size_t i = 0; i < b->n; i++)
+		free(b->owned[i]);
+	free(b->owned);
+	free(b->keys);
+	free(b);
+}
+
+static void on_renewed(void *ud, int err, const char *message,
+		       const ProtobufCMessage *m)
+{
+	struct renew_block *b = ud;
+	struct agent *a = b->a;
+	const Mooncake__Master__BatchGetReplicasResponse *resp =
+		(const Mooncake__Master__BatchGetReplicasResponse *)m;
+	a->view_renew_busy = false;
+	if (err) {
+		if (err != MC_ECANCELLED)
+			log_warn("cannot renew the read leases of %zu zero-copy views: %s",
+				 b->n, message ? message : mc_strerror(err));
+	} else {
+		if (resp->lease_ttl_ms)
+			agent__set_lease_ttl(a, resp->lease_ttl_ms);
+		for (size_t i = 0; i < resp->n_results && i < b->n; i++)
+			if (resp->results[i]->error == MC_EOBJECT_NOT_FOUND)
+				log_warn("a zero-copy view's object is gone from the "
+					 "index (removed with force, or its agent "
+					 "left); its bytes may be reused");
+	}
+	renew_free(b);
+}
+
+void agent__renew_views(struct agent *a)
+{
+	if (a->view_renew_busy || a->nviews == 0)
+		return;
+	struct renew_block *b = calloc(1, sizeof(*b));
+	if (!b)
+		return;
+	b->a = a;
+	agent__views_foreach(a, collect_view, b);
+	if (b->n == 0) {
+		renew_free(b);
+		return;
+	}
+	mooncake__master__batch_keys_request__init(&b->req);
+	b->req.keys = b->keys;
+	b->req.n_keys = b->n;
+	a->view_renew_busy = true;
+	agent__mcall(a, "BatchGetReplicas", &b->req.base,
+		     &mooncake__master__batch_get_replicas_response__descriptor,
+		     on_renewed, b);
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+void agent__dispatch(struct agent_req *r)
+{
+	switch (r->op) {
+	case MOONCAKE__CLIENT__REQUEST__OP_HELLO: op_hello(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_PUT: op_put(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_GET: op_get(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_EXIST: op_keys(r, false); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE: op_keys(r, true); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL: op_remove_all(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: op_register_buffer(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER: op_unregister_buffer(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER: op_alloc_buffer(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER: op_transfer(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_STATS: op_stats(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE: op_release(r); break;
+	default: fail(r, -EOPNOTSUPP, "unknown operation"); break;
+	}
+}

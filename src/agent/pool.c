@@ -1,0 +1,130 @@
+/*
+ * pool: the agent's copy threads. A job's run() executes on one of them;
+ * its done() runs afterwards on the loop thread, woken by a uv_async_t.
+ * Jobs are intrusive (struct agent_job embedded in their owner), so
+ * queueing never allocates.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+static void *worker(void *arg)
+{
+	struct agent_pool *p = arg;
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		while (!p->head && !p->quit)
+			pthread_cond_wait(&p->cv, &p->mu);
+		if (!p->head)
+			break; /* quit with an empty queue */
+		struct agent_job *j = p->head;
+		p->head = j->next;
+		if (!p->head)
+			p->tail = NULL;
+		pthread_mutex_unlock(&p->mu);
+		j->run(j);
+		pthread_mutex_lock(&p->mu);
+		j->next = NULL;
+		if (p->done_tail)
+			p->done_tail->next = j;
+		else
+			p->done_head = j;
+		p->done_tail = j;
+		uv_async_send(&p->async);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+/* Stop and join the threads; free the pool's memory. */
+static void join_all(struct agent_pool *p)
+{
+	pthread_mutex_lock(&p->mu);
+	p->quit = true;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < p->nthreads; i++)
+		pthread_join(p->threads[i], NULL);
+	pthread_cond_destroy(&p->cv);
+	pthread_mutex_destroy(&p->mu);
+	free(p->threads);
+	p->threads = NULL;
+	p->nthreads = 0;
+}
+
+static void on_async(uv_async_t *h)
+{
+	struct agent_pool *p = MC_CONTAINER_OF(h, struct agent_pool, async);
+	pthread_mutex_lock(&p->mu);
+	struct agent_job *j = p->done_head;
+	p->done_head = p->done_tail = NULL;
+	pthread_mutex_unlock(&p->mu);
+	while (j) {
+		struct agent_job *next = j->next;
+		p->pending--;
+		j->done(j);
+		j = next;
+	}
+}
+
+int agent__pool_start(struct agent_pool *p, uv_loop_t *loop, unsigned nthreads)
+{
+	memset(p, 0, sizeof(*p));
+	if (nthreads == 0)
+		nthreads = 1;
+	p->threads = calloc(nthreads, sizeof(*p->threads));
+	if (!p->threads)
+		return -ENOMEM;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	int rc = 0;
+	for (unsigned i = 0; i < nthreads; i++) {
+		rc = -pthread_create(&p->threads[i], NULL, worker, p);
+		if (rc) {
+			log_error("cannot start copy thread %u: %s", i, strerror(-rc));
+			break;
+		}
+		p->nthreads++;
+	}
+	/* The async handle last: a failure before it leaves no handle to
+	 * close. No job is queued before this returns. */
+	if (rc == 0 && uv_async_init(loop, &p->async, on_async) != 0)
+		rc = -ENOMEM;
+	if (rc) {
+		join_all(p);
+		return rc;
+	}
+	p->started = true;
+	return 0;
+}
+
+void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
+{
+	j->next = NULL;
+	p->pending++;
+	pthread_mutex_lock(&p->mu);
+	if (p->tail)
+		p->tail->next = j;
+	else
+		p->head = j;
+	p->tail = j;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
+{
+	if (!p->started)
+		return;
+	join_all(p);
+	/* Completions not yet delivered: run them now. */
+	on_async(&p->async);
+	uv_close((uv_handle_t *)&p->async, on_closed);
+	p->started = false;
+}

@@ -1,0 +1,580 @@
+/*
+ * server: the agent's Unix socket. Non-blocking sockets watched with
+ * uv_poll (libuv's pipes cannot carry arbitrary descriptors both ways),
+ * frames and descriptors through common/uframe. One session per
+ * connection: its peer credentials (SO_PEERCRED), staging buffer,
+ * registered buffers and zero-copy views. Requests are decoded, checked
+ * (req.c) and handed to ops.c; responses are queued and written as the
+ * socket takes them.
+ *
+ * A session closes when the client hangs up or breaks the framing (a
+ * frame of length 0 or above the maximum, bytes that do not decode, or
+ * announced descriptors that did not come): it is logged once, and what
+ * the session held is released — buffers unmapped, views dropped — while
+ * its requests in flight finish without replying (puts are revoked).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+#define READS_PER_EVENT 16
+
+static void conn_close(struct agent_conn *c, const char *why);
+static void conn_flush(struct agent_conn *c);
+static void conn_update_poll(struct agent_conn *c);
+static void on_conn_poll(uv_poll_t *h, int status, int events);
+
+/* ------------------------------------------------------------ lifetime */
+
+static void conn_free(struct agent_conn *c)
+{
+	struct agent *a = c->a;
+	free(c);
+	a->conn_objs--;
+	agent__gauges(a);
+	agent__maybe_stopped(a);
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+	struct agent_conn *c = MC_CONTAINER_OF((uv_poll_t *)h, struct agent_conn, poll);
+	c->poll_closed = true;
+	if (c->refs == 0)
+		conn_free(c);
+}
+
+void agent__conn_unref(struct agent_conn *c)
+{
+	if (--c->refs > 0)
+		return;
+	if (c->poll_closed)
+		conn_free(c);
+}
+
+static void release_session(struct agent_conn *c)
+{
+	struct agent *a = c->a;
+	for (size_t i = 0; i < c->nbufs; i++)
+		agent__map_unref(c->bufs[i].map);
+	a->nbuffers -= c->nbufs;
+	free(c->bufs);
+	c->bufs = NULL;
+	c->nbufs = 0;
+	for (size_t i = 0; i < c->nviews; i++)
+		free(c->views[i].key);
+	a->nviews -= c->nviews;
+	free(c->views);
+	c->views = NULL;
+	c->nviews = 0;
+	if (c->staging) {
+		a->staging_in_use -= c->staging_len;
+		agent__map_unref(c->staging);
+		c->staging = NULL;
+	}
+}
+
+static void conn_close(struct agent_conn *c, const char *why)
+{
+	if (c->closed)
+		return;
+	struct agent *a = c->a;
+	c->closed = true;
+	if (why)
+		log_warn("client %s: %s; session closed", c->name, why);
+	else
+		log_debug("client %s disconnected", c->name);
+	uv_poll_stop(&c->poll);
+	uv_close((uv_handle_t *)&c->poll, on_poll_closed);
+	close(c->fd);
+	c->fd = -1;
+	mc_uframe_rx_free(&c->rx);
+	while (c->out_head) {
+		struct agent_out *o = c->out_head;
+		c->out_head = o->next;
+		for (unsigned i = 0; i < o->nfds; i++)
+			if (o->own_fd[i])
+				close(o->fds[i]);
+		free(o->data);
+		free(o);
+	}
+	c->out_tail = NULL;
+	release_session(c);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		a->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	a->nconns--;
+	agent__conn_unref(c);
+	agent__gauges(a);
+}
+
+/* ------------------------------------------------------------ output */
+
+static void conn_flush(struct agent_conn *c)
+{
+	while (!c->closed && c->out_head) {
+		struct agent_out *o = c->out_head;
+		struct iovec v = {o->data + o->sent, o->len - o->sent};
+		ssize_t n = mc_uframe_sendmsg(c->fd, &v, 1, o->sent ? NULL : o->fds,
+					      o->sent ? 0 : o->nfds, MSG_DONTWAIT);
+		if (n == -EAGAIN)
+			break;
+		if (n < 0) {
+			conn_close(c, n == -EPIPE || n == -ECONNRESET
+					      ? NULL
+					      : "cannot write a reply");
+			return;
+		}
+		if (o->sent == 0)
+			for (unsigned i = 0; i < o->nfds; i++)
+				if (o->own_fd[i]) {
+					close(o->fds[i]);
+					o->own_fd[i] = false;
+				}
+		o->sent += (size_t)n;
+		if (o->sent < o->len)
+			continue;
+		c->out_head = o->next;
+		if (!c->out_head)
+			c->out_tail = NULL;
+		free(o->data);
+		free(o);
+	}
+	conn_update_poll(c);
+}
+
+static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len,
+			const int *fds, const bool *own, unsigned nfds)
+{
+	struct agent_out *o = calloc(1, sizeof(*o));
+	if (!o) {
+		free(data);
+		for (unsigned i = 0; i < nfds; i++)
+			if (own && own[i])
+				close(fds[i]);
+		conn_close(c, "out of memory for a reply");
+		return;
+	}
+	o->data = data;
+	o->len = len;
+	o->nfds = nfds;
+	for (unsigned i = 0; i < nfds; i++) {
+		o->fds[i] = fds[i];
+		o->own_fd[i] = own && own[i];
+	}
+	if (c->out_tail)
+		c->out_tail->next = o;
+	else
+		c->out_head = o;
+	c->out_tail = o;
+	conn_flush(c);
+}
+
+static void send_response(struct agent_conn *c, Mooncake__Client__Response *resp,
+			  const int *fds, const bool *own, unsigned nfds)
+{
+	if (c->closed) {
+		for (unsigned i = 0; i < nfds; i++)
+			if (own && own[i])
+				close(fds[i]);
+		return;
+	}
+	resp->nfds = nfds;
+	size_t n = mooncake__client__response__get_packed_size(resp);
+	uint8_t *data = malloc(MC_UFRAME_HDR + n);
+	if (!data) {
+		for (unsigned i = 0; i < nfds; i++)
+			if (own && own[i])
+				close(fds[i]);
+		conn_close(c, "out of memory for a reply");
+		return;
+	}
+	mc_uframe_put_len(data, (uint32_t)n);
+	mooncake__client__response__pack(resp, data + MC_UFRAME_HDR);
+	queue_frame(c, data, MC_UFRAME_HDR + n, fds, own, nfds);
+}
+
+void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
+		  const int *fds, const bool *own, unsigned nfds)
+{
+	resp->id = r->id;
+	send_response(r->c, resp, fds, own, nfds);
+}
+
+void agent__reply_error(struct agent_req *r, int err, const char *message)
+{
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.id = r->id;
+	resp.error = err;
+	resp.message = (char *)(message ? message : mc_strerror(err));
+	send_response(r->c, &resp, NULL, NULL, 0);
+}
+
+void agent__req_free(struct agent_req *r)
+{
+	struct agent_conn *c = r->c;
+	for (unsigned i = 0; i < r->nmaps; i++)
+		agent__map_unref(r->maps[i]);
+	free(r->maps);
+	for (unsigned i = 0; i < r->nfds; i++)
+		if (r->fds[i] >= 0)
+			close(r->fds[i]);
+	if (r->items) {
+		for (size_t i = 0; i < r->n; i++) {
+			for (unsigned k = 0; k < r->items[i].nrep; k++)
+				free(r->items[i].reps[k].segment);
+			free(r->items[i].reps);
+		}
+		free(r->items);
+	}
+	agent__map_unref(r->spill);
+	free(r->mstate);
+	if (r->msg)
+		mooncake__client__request__free_unpacked(r->msg, NULL);
+	free(r);
+	c->inflight--;
+	if (!c->closed)
+		conn_update_poll(c);
+	agent__conn_unref(c);
+}
+
+/* ------------------------------------------------------------ input */
+
+static void conn_update_poll(struct agent_conn *c)
+{
+	if (c->closed)
+		return;
+	int ev = 0;
+	if (c->inflight < AGENT_MAX_INFLIGHT && !c->a->stopping)
+		ev |= UV_READABLE;
+	if (c->out_head)
+		ev |= UV_WRITABLE;
+	if (ev == c->poll_events)
+		return;
+	c->poll_events = ev;
+	if (ev)
+		uv_poll_start(&c->poll, ev, on_conn_poll);
+	else
+		uv_poll_stop(&c->poll);
+}
+
+/* A complete frame: decode, take its descriptors, check, dispatch. Returns
+ * false when the session was closed. */
+static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
+{
+	Mooncake__Client__Request *m =
+		mooncake__client__request__unpack(NULL, len, body);
+	if (!m) {
+		conn_close(c, "sent a frame that does not decode as a Request");
+		return false;
+	}
+	struct agent_req *r = calloc(1, sizeof(*r));
+	if (!r) {
+		mooncake__client__request__free_unpacked(m, NULL);
+		conn_close(c, "out of memory for a request");
+		return false;
+	}
+	r->c = c;
+	r->a = c->a;
+	r->id = m->id;
+	r->msg = m;
+	r->op = m->op_case;
+	r->start_ns = mc_now_ns();
+	c->refs++;
+	c->inflight++;
+	unsigned n = m->nfds <= MC_UFRAME_MAX_FDS ? m->nfds : 0;
+	if (m->nfds > MC_UFRAME_MAX_FDS ||
+	    mc_uframe_rx_take_fds(&c->rx, n, r->fds) != 0) {
+		agent__req_free(r);
+		conn_close(c, "announced descriptors that did not come");
+		return false;
+	}
+	r->nfds = n;
+	const char *why = "";
+	int rc = agent__req_check(m, c->hello, &why);
+	if (rc) {
+		log_warn("client %s: request %llu refused: %s", c->name,
+			 (unsigned long long)m->id, why);
+		agent__reply_error(r, rc, why);
+		bool fatal = rc == MC_EPROTOCOL;
+		agent__op_done(c->a, r->op, rc, r->start_ns);
+		agent__req_free(r);
+		if (fatal) {
+			conn_close(c, why);
+			return false;
+		}
+		return !c->closed;
+	}
+	agent__dispatch(r);
+	return !c->closed;
+}
+
+static void conn_read(struct agent_conn *c)
+{
+	for (int k = 0; k < READS_PER_EVENT && !c->closed; k++) {
+		if (c->inflight >= AGENT_MAX_INFLIGHT)
+			break;
+		ssize_t n = mc_uframe_rx_read(&c->rx, c->fd, MSG_DONTWAIT);
+		if (n == -EAGAIN)
+			break;
+		if (n == 0) {
+			conn_close(c, mc_uframe_rx_idle(&c->rx)
+					      ? NULL
+					      : "hung up in the middle of a frame "
+						"(truncated frame)");
+			return;
+		}
+		if (n < 0) {
+			conn_close(c, n == MC_EPROTOCOL
+					      ? "sent more descriptors than a frame may carry"
+					      : n == -ECONNRESET ? NULL : "read failed");
+			return;
+		}
+		for (;;) {
+			if (c->inflight >= AGENT_MAX_INFLIGHT)
+				break;
+			const uint8_t *body;
+			size_t len;
+			int rc = mc_uframe_rx_next(&c->rx, &body, &len);
+			if (rc == 0)
+				break;
+			if (rc < 0) {
+				conn_close(c, rc == MC_ETOO_LARGE
+						      ? "sent a frame above the maximum size"
+						      : "sent a frame of length 0");
+				return;
+			}
+			if (!handle_frame(c, body, len))
+				return;
+		}
+	}
+}
+
+/* Frames already buffered while the session was at its request limit. */
+static void conn_drain_buffered(struct agent_conn *c)
+{
+	while (!c->closed && c->inflight < AGENT_MAX_INFLIGHT) {
+		const uint8_t *body;
+		size_t len;
+		int rc = mc_uframe_rx_next(&c->rx, &body, &len);
+		if (rc == 0)
+			return;
+		if (rc < 0) {
+			conn_close(c, "sent a malformed frame");
+			return;
+		}
+		if (!handle_frame(c, body, len))
+			return;
+	}
+}
+
+static void on_conn_poll(uv_poll_t *h, int status, int events)
+{
+	struct agent_conn *c = MC_CONTAINER_OF(h, struct agent_conn, poll);
+	if (c->closed)
+		return;
+	if (status < 0) {
+		conn_close(c, "socket error");
+		return;
+	}
+	c->refs++;
+	if (events & UV_WRITABLE)
+		conn_flush(c);
+	if (!c->closed && (events & UV_READABLE)) {
+		conn_drain_buffered(c);
+		conn_read(c);
+	}
+	conn_update_poll(c);
+	agent__conn_unref(c);
+}
+
+/* ------------------------------------------------------------ accept */
+
+static void accept_one(struct agent *a, int fd)
+{
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+		log_warn("client socket: cannot read peer credentials: %s",
+			 strerror(errno));
+		close(fd);
+		return;
+	}
+	struct agent_conn *c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->a = a;
+	c->fd = fd;
+	c->pid = cred.pid;
+	c->uid = cred.uid;
+	c->gid = cred.gid;
+	c->refs = 1;
+	c->next_buf_id = 1;
+	c->next_view_id = 1;
+	snprintf(c->name, sizeof(c->name), "pid %d uid %u", (int)cred.pid,
+		 (unsigned)cred.uid);
+	if (mc_uframe_rx_init(&c->rx, MC_UFRAME_MAX_BYTES) != 0 ||
+	    uv_poll_init(a->loop, &c->poll, fd) != 0) {
+		mc_uframe_rx_free(&c->rx);
+		close(fd);
+		free(c);
+		return;
+	}
+	c->poll_events = UV_READABLE;
+	uv_poll_start(&c->poll, UV_READABLE, on_conn_poll);
+	c->next = a->conns;
+	if (a->conns)
+		a->conns->prev = c;
+	a->conns = c;
+	a->nconns++;
+	a->conn_objs++;
+	log_debug("client %s connected", c->name);
+	agent__gauges(a);
+}
+
+static void on_listen_poll(uv_poll_t *h, int status, int events)
+{
+	struct agent *a = MC_CONTAINER_OF(h, struct agent, listen_poll);
+	(void)events;
+	if (status < 0 || a->stopping)
+		return;
+	for (int i = 0; i < 64; i++) {
+		int fd = accept4(a->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				log_warn("accept on %s: %s", a->socket_path, strerror(errno));
+			return;
+		}
+		accept_one(a, fd);
+	}
+}
+
+/* Is something serving path? A socket file nobody accepts on is stale. */
+static bool socket_alive(const struct sockaddr_un *sa)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return false;
+	bool alive = connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0;
+	close(fd);
+	return alive;
+}
+
+int agent__server_start(struct agent *a, const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t plen = strlen(path);
+	if (plen == 0 || plen >= sizeof(sa.sun_path)) {
+		log_error("--socket %s: a Unix socket path must be 1 to %zu bytes",
+			  path, sizeof(sa.sun_path) - 1);
+		return -EINVAL;
+	}
+	memcpy(sa.sun_path, path, plen);
+	char dir[sizeof(sa.sun_path)];
+	memcpy(dir, path, plen + 1);
+	char *slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = '\0';
+		int rc = mc_mkdir_p(dir, 0755);
+		if (rc) {
+			log_error("cannot create %s for --socket: %s", dir, mc_strerror(rc));
+			return rc;
+		}
+	}
+	struct stat st;
+	if (lstat(path, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode)) {
+			log_error("--socket %s exists and is not a socket", path);
+			return -EEXIST;
+		}
+		if (socket_alive(&sa)) {
+			log_error("--socket %s: another agent is serving it", path);
+			return -EADDRINUSE;
+		}
+		unlink(path); /* stale, from an agent that died */
+	}
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	int rc = 0;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		rc = -errno;
+		log_error("cannot bind %s: %s", path, strerror(-rc));
+		goto out_close;
+	}
+	if (chmod(path, 0660) != 0 || listen(fd, 512) != 0) {
+		rc = -errno;
+		log_error("cannot listen on %s: %s", path, strerror(-rc));
+		goto out_unlink;
+	}
+	a->socket_path = strdup(path);
+	if (!a->socket_path) {
+		rc = -ENOMEM;
+		goto out_unlink;
+	}
+	rc = uv_poll_init(a->loop, &a->listen_poll, fd);
+	if (rc) {
+		rc = -ENOMEM;
+		goto out_path;
+	}
+	a->listen_fd = fd;
+	a->listen_open = true;
+	uv_poll_start(&a->listen_poll, UV_READABLE, on_listen_poll);
+	log_info("serving clients on %s (mode 0660)", path);
+	return 0;
+
+out_path:
+	free(a->socket_path);
+	a->socket_path = NULL;
+out_unlink:
+	unlink(path);
+out_close:
+	close(fd);
+	return rc;
+}
+
+static void on_listen_closed(uv_handle_t *h)
+{
+	struct agent *a = MC_CONTAINER_OF((uv_poll_t *)h, struct agent, listen_poll);
+	a->closing--;
+	agent__maybe_stopped(a);
+}
+
+void agent__server_stop(struct agent *a)
+{
+	if (a->listen_open) {
+		a->listen_open = false;
+		uv_poll_stop(&a->listen_poll);
+		a->closing++;
+		uv_close((uv_handle_t *)&a->listen_poll, on_listen_closed);
+		close(a->listen_fd);
+		a->listen_fd = -1;
+		unlink(a->socket_path);
+	}
+	while (a->conns)
+		conn_close(a->conns, NULL);
+}
+
+void agent__views_foreach(struct agent *a,
+			  void (*fn)(void *ud, const struct agent_view *v), void *ud)
+{
+	for (struct agent_conn *c = a->conns; c; c = c->next)
+		for (size_t i = 0; i < c->nviews; i++)
+			fn(ud, &c->views[i]);
+}

@@ -1,0 +1,147 @@
+/*
+ * xfer: the agent's reads and writes of other agents' segments, through
+ * the transfer engine, on a copy thread. A request's remote pieces are
+ * collected (agent__xfer_add), submitted as one batch (agent__xfer_start)
+ * so the engine stripes and pipelines them, and waited for
+ * (agent__xfer_finish) — the local copies of the same request run in
+ * between. Segment handles are opened once per name per batch (the
+ * engine caches connections across batches).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "transfer/transfer.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+struct xseg {
+	const char *name;
+	struct te_segment *s;
+	int err;
+};
+
+struct agent_xfer {
+	struct te_request *reqs;
+	int **errs;
+	size_t n, cap;
+	struct xseg *segs;
+	size_t nsegs, segs_cap;
+	struct te_batch *batch;
+};
+
+static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *name)
+{
+	for (size_t i = 0; i < x->nsegs; i++)
+		if (strcmp(x->segs[i].name, name) == 0)
+			return &x->segs[i];
+	if (x->nsegs == x->segs_cap) {
+		size_t cap = x->segs_cap ? x->segs_cap * 2 : 4;
+		struct xseg *p = realloc(x->segs, cap * sizeof(*p));
+		if (!p)
+			return NULL;
+		x->segs = p;
+		x->segs_cap = cap;
+	}
+	struct xseg *g = &x->segs[x->nsegs++];
+	g->name = name;
+	g->s = NULL;
+	g->err = te_open_segment(a->te, name, &g->s);
+	if (g->err)
+		log_warn("cannot open segment %s: %s", name, mc_strerror(g->err));
+	return g;
+}
+
+struct agent_xfer *agent__xfer_new(void)
+{
+	return calloc(1, sizeof(struct agent_xfer));
+}
+
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+		     void *local, uint64_t remote, size_t len, int *err)
+{
+	if (*err)
+		return;
+	if (!a->te) {
+		*err = MC_EUNAVAILABLE;
+		return;
+	}
+	if (len == 0)
+		return;
+	struct xseg *g = segment(a, x, seg);
+	if (!g) {
+		*err = -ENOMEM;
+		return;
+	}
+	if (g->err) {
+		*err = g->err;
+		return;
+	}
+	if (x->n == x->cap) {
+		size_t cap = x->cap ? x->cap * 2 : 8;
+		struct te_request *r = realloc(x->reqs, cap * sizeof(*r));
+		if (!r) {
+			*err = -ENOMEM;
+			return;
+		}
+		x->reqs = r;
+		int **e = realloc(x->errs, cap * sizeof(*e));
+		if (!e) {
+			*err = -ENOMEM;
+			return;
+		}
+		x->errs = e;
+		x->cap = cap;
+	}
+	x->reqs[x->n] = (struct te_request){
+		.op = write ? TE_WRITE : TE_READ,
+		.local = local,
+		.segment = g->s,
+		.remote_addr = remote,
+		.len = len,
+	};
+	x->errs[x->n] = err;
+	x->n++;
+}
+
+void agent__xfer_start(struct agent *a, struct agent_xfer *x)
+{
+	if (x->n == 0)
+		return;
+	int rc = te_submit(a->te, x->reqs, x->n, &x->batch);
+	if (rc) {
+		x->batch = NULL;
+		for (size_t i = 0; i < x->n; i++)
+			if (!*x->errs[i])
+				*x->errs[i] = rc;
+	}
+}
+
+void agent__xfer_finish(struct agent *a, struct agent_xfer *x)
+{
+	(void)a;
+	if (x->batch) {
+		struct te_result *res = calloc(x->n, sizeof(*res));
+		if (te_wait(x->batch, 0) != 0 || !res) {
+			for (size_t i = 0; i < x->n; i++)
+				if (!*x->errs[i])
+					*x->errs[i] = res ? MC_ETIMEDOUT : -ENOMEM;
+		} else {
+			(void)te_poll(x->batch, res);
+			for (size_t i = 0; i < x->n; i++)
+				if (res[i].status != TE_DONE && !*x->errs[i])
+					*x->errs[i] = res[i].err ? res[i].err : MC_EINTERNAL;
+		}
+		free(res);
+		te_batch_free(x->batch);
+	}
+	for (size_t i = 0; i < x->nsegs; i++)
+		if (x->segs[i].s)
+			te_close_segment(x->segs[i].s);
+	free(x->segs);
+	free(x->reqs);
+	free(x->errs);
+	free(x);
+}

@@ -1,0 +1,775 @@
+/*
+ * ctl_bench_store: `mooncakectl bench store` — what the store does for
+ * clients on this machine, beside the machine's own limit and beside
+ * redis, all measured in the same run by the same tool.
+ *
+ * N client threads (--clients), each with its own session (as N inference
+ * processes would have), run one operation for --duration:
+ *   put    mc_put_from of a new key (the pool evicts as it fills);
+ *   get    mc_get_into of a key put beforehand (a random one of a set);
+ *   mixed  the two alternating.
+ * Values live in buffers from mc_buffer_alloc (the agent maps them: zero
+ * copy on the client side). "local": the client's own agent holds the
+ * replica; "remote": it is on a second agent, reached through the
+ * transfer engine (put: preferred segment of the other agent; get: keys
+ * put through the other agent).
+ *
+ * Without --socket the bench starts its own master and two agents
+ * (mooncaked next to mooncakectl) on loopback with a temporary directory,
+ * and stops them at the end. redis-server, when installed, is started the
+ * same way and driven with the same sizes, clients and operations (SET of
+ * a new key, GET of a key set beforehand) by a minimal RESP client, one
+ * connection per thread. The limit: memcpy bandwidth of the same number of
+ * threads over 16 MiB blocks. Nothing here is an assertion.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cfg.h"
+#include "common/err.h"
+#include "common/util.h"
+#include "ctl/ctl_int.h"
+#include "client/mooncake.h"
+
+#define MAX_SIZES 8
+#define MAX_CLIENTS 256
+#define GET_SET_BYTES (64u << 20) /* per client, keys put before a get run */
+#define LIMIT_BLOCK (16u << 20)
+
+enum op { OP_PUT, OP_GET, OP_MIXED, NOPS };
+static const char *const op_names[NOPS] = {"put", "get", "mixed"};
+
+/* ---------------------------------------------------------------- processes */
+
+struct proc {
+	pid_t pid;
+	char name[32];
+};
+
+struct cluster {
+	char dir[64];
+	struct proc procs[4];
+	int nprocs;
+	char sock[2][128];
+	char master[32];
+	int redis_port;
+};
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	int port = -1;
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* Start argv with stdout/stderr to dir/name.log. */
+static int spawn(struct cluster *cl, const char *name, char *const argv[])
+{
+	char log[160];
+	snprintf(log, sizeof(log), "%s/%s.log", cl->dir, name);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	struct proc *p = &cl->procs[cl->nprocs++];
+	p->pid = pid;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	return 0;
+}
+
+static void stop_all(struct cluster *cl)
+{
+	for (int i = cl->nprocs; i-- > 0;)
+		kill(cl->procs[i].pid, SIGTERM);
+	for (int i = cl->nprocs; i-- > 0;)
+		waitpid(cl->procs[i].pid, NULL, 0);
+	cl->nprocs = 0;
+	if (cl->dir[0]) {
+		char cmd[128];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cl->dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "bench store: could not remove %s\n", cl->dir);
+	}
+}
+
+static void sibling(char *out, size_t len, const char *exe)
+{
+	char self[400];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	self[n > 0 ? n : 0] = '\0';
+	char *slash = strrchr(self, '/');
+	if (slash)
+		*slash = '\0';
+	snprintf(out, len, "%s/%s", n > 0 ? self : ".", exe);
+}
+
+static int start_cluster(struct cluster *cl, uint64_t segment)
+{
+	snprintf(cl->dir, sizeof(cl->dir), "/tmp/mooncake-bench-XXXXXX");
+	if (!mkdtemp(cl->dir)) {
+		cl->dir[0] = '\0';
+		return -errno;
+	}
+	char daemon[600];
+	sibling(daemon, sizeof(daemon), "mooncaked");
+	int mport = free_port(), mhttp = free_port();
+	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
+	char a[16][192];
+	int k = 0;
+#define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
+	char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir), "--config=",
+		      "--meta-endpoints=", ARG("--master-listen=%s", cl->master),
+		      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
+	int rc = spawn(cl, "master", mv);
+	for (int i = 0; rc == 0 && i < 2; i++) {
+		k = 4;
+		char dir[sizeof(cl->dir)];
+		memcpy(dir, cl->dir, sizeof(dir));
+		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
+		char *av[] = {daemon, "--role=agent", ARG("--data-dir=%s/agent%d", cl->dir, i),
+			      "--config=", "--meta-endpoints=",
+			      ARG("--master-address=%s", cl->master),
+			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
+			      ARG("--agent-http=127.0.0.1:%d", free_port()),
+			      ARG("--socket=%s", cl->sock[i]),
+			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
+			      "--log-level=warn", NULL};
+		rc = spawn(cl, i ? "agent1" : "agent0", av);
+	}
+#undef ARG
+	return rc;
+}
+
+/* Connect and wait until a put succeeds (the segment is mounted). */
+static int open_ready(const char *sock, mc_client **out, uint64_t timeout_ms)
+{
+	uint64_t deadline = mc_now_ms() + timeout_ms;
+	int rc;
+	for (;;) {
+		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
+		rc = mc_open_ex(&o, out);
+		if (rc == 0) {
+			rc = mc_put(*out, "bench/probe", 11, "x", 1, &(struct mc_put_opts){.upsert = 1});
+			if (rc == 0) {
+				(void)mc_remove(*out, "bench/probe", 11, 1);
+				return 0;
+			}
+			mc_close(*out);
+		}
+		if (mc_now_ms() > deadline)
+			return rc;
+		usleep(20000);
+	}
+}
+
+/* ---------------------------------------------------------------- redis */
+
+static int start_redis(struct cluster *cl)
+{
+	char exe[256] = "";
+	const char *path = getenv("PATH");
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", path ? path : "/usr/bin:/usr/local/bin");
+	for (char *save, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+		snprintf(exe, sizeof(exe), "%s/redis-server", d);
+		if (access(exe, X_OK) == 0)
+			break;
+		exe[0] = '\0';
+	}
+	if (!exe[0])
+		return -ENOENT;
+	cl->redis_port = free_port();
+	char port[16], dir[96];
+	snprintf(port, sizeof(port), "%d", cl->redis_port);
+	snprintf(dir, sizeof(dir), "%s", cl->dir);
+	char *argv[] = {exe, "--port", port, "--bind", "127.0.0.1", "--save", "",
+			"--appendonly", "no", "--dir", dir, "--protected-mode", "no", NULL};
+	return spawn(cl, "redis", argv);
+}
+
+static int redis_connect(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return fd;
+}
+
+static int write_all(int fd, struct iovec *iov, int n)
+{
+	while (n > 0) {
+		ssize_t w = writev(fd, iov, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		while (n > 0 && (size_t)w >= iov->iov_len) {
+			w -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n > 0) {
+			iov->iov_base = (char *)iov->iov_base + w;
+			iov->iov_len -= (size_t)w;
+		}
+	}
+	return 0;
+}
+
+/* A reply's first line into line (without CRLF). */
+static int read_line(int fd, char *line, size_t len)
+{
+	size_t n = 0;
+	while (n + 1 < len) {
+		ssize_t r = read(fd, line + n, 1);
+		if (r <= 0)
+			return -EIO;
+		if (line[n] == '\n') {
+			line[n > 0 && line[n - 1] == '\r' ? n - 1 : n] = '\0';
+			return 0;
+		}
+		n++;
+	}
+	return -EPROTO;
+}
+
+static int read_full(int fd, void *p, size_t len)
+{
+	uint8_t *b = p;
+	while (len) {
+		ssize_t r = read(fd, b, len);
+		if (r <= 0)
+			return -EIO;
+		b += r;
+		len -= (size_t)r;
+	}
+	return 0;
+}
+
+static int redis_set(int fd, const char *key, const void *val, size_t len)
+{
+	char hdr[128], line[64];
+	size_t kl = strlen(key);
+	int h = snprintf(hdr, sizeof(hdr), "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", kl, key, len);
+	struct iovec iov[3] = {{hdr, (size_t)h}, {(void *)val, len}, {"\r\n", 2}};
+	int rc = write_all(fd, iov, 3);
+	if (rc == 0)
+		rc = read_line(fd, line, sizeof(line));
+	return rc ? rc : line[0] == '+' ? 0 : -EPROTO;
+}
+
+static int64_t redis_get(int fd, const char *key, void *buf, size_t cap)
+{
+	char hdr[128], line[64];
+	int h = snprintf(hdr, sizeof(hdr), "*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n", strlen(key), key);
+	struct iovec iov[1] = {{hdr, (size_t)h}};
+	int rc = write_all(fd, iov, 1);
+	if (rc == 0)
+		rc = read_line(fd, line, sizeof(line));
+	if (rc)
+		return rc;
+	if (line[0] != '$')
+		return -EPROTO;
+	long n = strtol(line + 1, NULL, 10);
+	if (n < 0)
+		return MC_EOBJECT_NOT_FOUND;
+	if ((size_t)n > cap)
+		return -ENOBUFS;
+	char crlf[2];
+	rc = read_full(fd, buf, (size_t)n);
+	if (rc == 0)
+		rc = read_full(fd, crlf, 2);
+	return rc ? rc : n;
+}
+
+/* ---------------------------------------------------------------- workers */
+
+enum target { T_LOCAL, T_REMOTE, T_REDIS, NTARGETS };
+static const char *const target_names[NTARGETS] = {"local", "remote", "redis"};
+
+struct run {
+	enum op op;
+	enum target target;
+	size_t size;
+	unsigned nkeys;     /* get set per client */
+	uint64_t stop_ns;
+	const char *remote_segment;
+	unsigned tag;
+};
+
+struct worker {
+	pthread_t t;
+	unsigned id;
+	const struct run *r;
+	mc_client *c;       /* the session (local agent) */
+	int redis;          /* connection (redis target) */
+	void *buf;
+	struct ctl_lat lat;
+	uint64_t ops, errors;
+	int first_err;
+	uint32_t rnd;
+};
+
+static void key_of(char *k, size_t len, const struct run *r, unsigned id, const char *kind,
+		   uint64_t i)
+{
+	snprintf(k, len, "bench/%u/%s/%zu/%u/%llu", r->tag, kind, r->size, id,
+		 (unsigned long long)i);
+}
+
+static int one(struct worker *w, bool put, uint64_t i)
+{
+	const struct run *r = w->r;
+	char key[96];
+	if (put)
+		key_of(key, sizeof(key), r, w->id, "put", i);
+	else {
+		w->rnd = w->rnd * 1103515245u + 12345u;
+		key_of(key, sizeof(key), r, w->id, "get", (w->rnd >> 8) % r->nkeys);
+	}
+	if (r->target == T_REDIS)
+		return put ? redis_set(w->redis, key, w->buf, r->size)
+			   : (int)MC_MIN(redis_get(w->redis, key, w->buf, r->size), 0);
+	if (put) {
+		struct mc_put_opts o = {.preferred_segment =
+						r->target == T_REMOTE ? r->remote_segment : NULL};
+		return mc_put_from(w->c, key, strlen(key), w->buf, r->size, &o);
+	}
+	int64_t n = mc_get_into(w->c, key, strlen(key), w->buf, r->size);
+	return n < 0 ? (int)n : 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	const struct run *r = w->r;
+	for (uint64_t i = 0;; i++) {
+		uint64_t t0 = mc_now_ns();
+		if (t0 >= r->stop_ns)
+			break;
+		bool put = r->op == OP_PUT || (r->op == OP_MIXED && (i & 1));
+		int rc = one(w, put, i);
+		uint64_t t1 = mc_now_ns();
+		if (rc) {
+			w->errors++;
+			if (!w->first_err)
+				w->first_err = rc;
+			continue;
+		}
+		w->ops++;
+		ctl_lat_add(&w->lat, t1 - t0);
+	}
+	return NULL;
+}
+
+struct result {
+	double ops_s, gbps, p50, p99;
+	uint64_t errors;
+	int first_err;
+	bool ran;
+};
+
+/* Put the get set of each client: through `through` (the agent that
+ * will hold them) or into redis. */
+static int populate(struct worker *ws, unsigned n, const struct run *r, mc_client *through)
+{
+	for (unsigned id = 0; id < n; id++)
+		for (unsigned k = 0; k < r->nkeys; k++) {
+			char key[96];
+			key_of(key, sizeof(key), r, id, "get", k);
+			int rc = r->target == T_REDIS
+					 ? redis_set(ws[id].redis, key, ws[id].buf, r->size)
+					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size,
+						       &(struct mc_put_opts){.upsert = 1});
+			if (rc)
+				return rc;
+		}
+	return 0;
+}
+
+static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t duration_ms,
+		    mc_client *holder, struct result *res)
+{
+	memset(res, 0, sizeof(*res));
+	if (r->op != OP_PUT) {
+		int rc = populate(ws, n, r, holder);
+		if (rc) {
+			res->first_err = rc;
+			res->errors = 1;
+			return;
+		}
+	}
+	for (unsigned i = 0; i < n; i++) {
+		ws[i].r = r;
+		ws[i].ops = ws[i].errors = 0;
+		ws[i].first_err = 0;
+		ws[i].lat.n = 0;
+		ws[i].rnd = 2654435761u * (i + 1);
+	}
+	uint64_t start = mc_now_ns();
+	r->stop_ns = start + duration_ms * 1000000ull;
+	for (unsigned i = 0; i < n; i++)
+		pthread_create(&ws[i].t, NULL, worker_main, &ws[i]);
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(ws[i].t, NULL);
+	double secs = (double)(mc_now_ns() - start) / 1e9;
+	struct ctl_lat all = {0};
+	uint64_t ops = 0;
+	for (unsigned i = 0; i < n; i++) {
+		ops += ws[i].ops;
+		res->errors += ws[i].errors;
+		if (!res->first_err)
+			res->first_err = ws[i].first_err;
+		for (size_t k = 0; k < ws[i].lat.n; k++)
+			ctl_lat_add(&all, ws[i].lat.v[k]);
+	}
+	res->ops_s = (double)ops / secs;
+	res->gbps = res->ops_s * (double)r->size / 1e9;
+	res->p50 = ctl_lat_pct_us(&all, 0.50);
+	res->p99 = ctl_lat_pct_us(&all, 0.99);
+	res->ran = true;
+	ctl_lat_free(&all);
+}
+
+/* ---------------------------------------------------------------- the limit */
+
+struct mc_thread {
+	pthread_t t;
+	uint8_t *a, *b;
+	uint64_t stop_ns, bytes;
+};
+
+static void *memcpy_main(void *arg)
+{
+	struct mc_thread *m = arg;
+	while (mc_now_ns() < m->stop_ns) {
+		memcpy(m->b, m->a, LIMIT_BLOCK);
+		m->bytes += LIMIT_BLOCK;
+		uint8_t *t = m->a;
+		m->a = m->b;
+		m->b = t;
+	}
+	return NULL;
+}
+
+static double memcpy_gbps_once(unsigned n)
+{
+	struct mc_thread *m = calloc(n, sizeof(*m));
+	if (!m)
+		return 0;
+	uint64_t start = mc_now_ns(), stop = start + 300000000ull;
+	unsigned made = 0;
+	for (unsigned i = 0; i < n; i++) {
+		m[i].a = malloc(LIMIT_BLOCK);
+		m[i].b = malloc(LIMIT_BLOCK);
+		if (!m[i].a || !m[i].b)
+			break;
+		memset(m[i].a, 1, LIMIT_BLOCK);
+		memset(m[i].b, 2, LIMIT_BLOCK);
+		m[i].stop_ns = stop;
+		made++;
+	}
+	start = mc_now_ns();
+	for (unsigned i = 0; i < made; i++) {
+		m[i].stop_ns = start + 300000000ull;
+		pthread_create(&m[i].t, NULL, memcpy_main, &m[i]);
+	}
+	uint64_t bytes = 0;
+	for (unsigned i = 0; i < made; i++) {
+		pthread_join(m[i].t, NULL);
+		bytes += m[i].bytes;
+	}
+	double secs = (double)(mc_now_ns() - start) / 1e9;
+	for (unsigned i = 0; i < n; i++) {
+		free(m[i].a);
+		free(m[i].b);
+	}
+	free(m);
+	return secs > 0 ? (double)bytes / secs / 1e9 : 0;
+}
+
+/* The best of three rounds: the machine may be busy with other work. */
+static double memcpy_gbps(unsigned n)
+{
+	double best = 0;
+	for (int i = 0; i < 3; i++)
+		best = MC_MAX(best, memcpy_gbps_once(n));
+	return best;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
+		"           [--op=put,get,mixed] [--duration=3s] [--socket=PATH]\n"
+		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n\n"
+		"Clients (threads, one session each) put, get or both with values in\n"
+		"buffers from mc_buffer_alloc, for each value size: through the local\n"
+		"agent with local replicas, then with replicas on a second agent\n"
+		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
+		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
+		"as many threads (the limit). Without --socket it starts a master and\n"
+		"two agents itself (mooncaked next to mooncakectl), and redis-server\n"
+		"when installed.\n");
+}
+
+static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)
+{
+	char buf[128];
+	snprintf(buf, sizeof(buf), "%s", s);
+	*mask = 0;
+	for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		unsigned i;
+		for (i = 0; i < n && strcmp(t, names[i]) != 0; i++)
+			;
+		if (i == n)
+			return -EINVAL;
+		*mask |= 1u << i;
+	}
+	return *mask ? 0 : -EINVAL;
+}
+
+static const char *fmt_err(int e)
+{
+	return e ? mc_strerror(e) : "";
+}
+
+int ctl_bench_store_main(int argc, char **argv)
+{
+	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,mixed", *dur_s = "3s";
+	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *v;
+	unsigned clients = 4, opmask;
+	size_t sizes[MAX_SIZES];
+	unsigned nsizes = 0;
+	uint64_t duration_ms;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return CTL_EXIT_OK;
+		} else if (ctl_flag_value(argc, argv, &i, "value-size", &v) && v) {
+			sizes_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "clients", &v) && v) {
+			clients = (unsigned)strtoul(v, NULL, 10);
+		} else if (ctl_flag_value(argc, argv, &i, "op", &v) && v) {
+			ops_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "duration", &v) && v) {
+			dur_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "socket", &v) && v) {
+			sock = v;
+		} else if (ctl_flag_value(argc, argv, &i, "remote-socket", &v) && v) {
+			rsock = v;
+		} else if (ctl_flag_value(argc, argv, &i, "redis", &v) && v) {
+			redis_s = v;
+		} else {
+			fprintf(stderr, "mooncakectl bench store: unknown argument \"%s\"\n", argv[i]);
+			usage(stderr);
+			return CTL_EXIT_USAGE;
+		}
+	}
+	char buf[128];
+	snprintf(buf, sizeof(buf), "%s", sizes_s);
+	for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		uint64_t s;
+		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 || s > (256ull << 20)) {
+			fprintf(stderr, "mooncakectl bench store: bad --value-size (1 to 256M each)\n");
+			return CTL_EXIT_USAGE;
+		}
+		sizes[nsizes++] = s;
+	}
+	if (clients < 1 || clients > MAX_CLIENTS || parse_list(ops_s, op_names, NOPS, &opmask) ||
+	    cfg_parse_duration_ms(dur_s, &duration_ms) || duration_ms == 0) {
+		fprintf(stderr, "mooncakectl bench store: bad --clients, --op or --duration\n");
+		return CTL_EXIT_USAGE;
+	}
+	size_t maxsize = 0;
+	for (unsigned i = 0; i < nsizes; i++)
+		maxsize = MC_MAX(maxsize, sizes[i]);
+
+	signal(SIGPIPE, SIG_IGN);
+	struct cluster cl = {0};
+	int rc = 0;
+	if (!sock) {
+		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
+		rc = start_cluster(&cl, seg);
+		if (rc) {
+			fprintf(stderr, "bench store: cannot start mooncaked: %s\n", mc_strerror(rc));
+			stop_all(&cl);
+			return CTL_EXIT_FAIL;
+		}
+		sock = cl.sock[0];
+		rsock = cl.sock[1];
+	}
+	int redis_port = 0;
+	if (strcmp(redis_s, "off") != 0) {
+		if (strcmp(redis_s, "auto") == 0) {
+			if (!cl.dir[0]) {
+				snprintf(cl.dir, sizeof(cl.dir), "/tmp/mooncake-bench-XXXXXX");
+				if (!mkdtemp(cl.dir))
+					cl.dir[0] = '\0';
+			}
+			if (cl.dir[0] && start_redis(&cl) == 0)
+				redis_port = cl.redis_port;
+			else
+				printf("redis-server is not installed: the redis comparison is "
+				       "skipped (apt-get install redis-server)\n");
+		} else {
+			const char *colon = strrchr(redis_s, ':');
+			redis_port = colon ? atoi(colon + 1) : 0;
+		}
+	}
+
+	mc_client *holder_local = NULL, *holder_remote = NULL;
+	rc = open_ready(sock, &holder_local, 15000);
+	if (rc) {
+		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock, mc_strerror(rc));
+		stop_all(&cl);
+		return CTL_EXIT_FAIL;
+	}
+	if (rsock && open_ready(rsock, &holder_remote, 15000) != 0) {
+		fprintf(stderr, "bench store: second agent at %s not ready: remote runs skipped\n",
+			rsock);
+		holder_remote = NULL;
+	}
+	struct worker *ws = calloc(clients, sizeof(*ws));
+	if (!ws) {
+		stop_all(&cl);
+		return CTL_EXIT_FAIL;
+	}
+	for (unsigned i = 0; i < clients && rc == 0; i++) {
+		ws[i].id = i;
+		ws[i].redis = -1;
+		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
+		rc = mc_open_ex(&o, &ws[i].c);
+		if (rc == 0)
+			rc = mc_buffer_alloc(ws[i].c, maxsize, &ws[i].buf);
+		if (rc == 0)
+			memset(ws[i].buf, (int)(0x41 + i), maxsize);
+		if (rc == 0 && redis_port) {
+			uint64_t deadline = mc_now_ms() + 5000;
+			while ((ws[i].redis = redis_connect(redis_port)) < 0 && mc_now_ms() < deadline)
+				usleep(20000);
+			if (ws[i].redis < 0) {
+				printf("redis at port %d does not answer: skipped\n", redis_port);
+				redis_port = 0;
+			}
+		}
+	}
+	if (rc) {
+		fprintf(stderr, "bench store: cannot open client sessions: %s\n", mc_strerror(rc));
+		goto out;
+	}
+
+	double limit = memcpy_gbps(clients);
+	printf("bench store: %u clients, %s per run, values in buffers from mc_buffer_alloc\n"
+	       "limit: memcpy of %u threads over 16 MiB blocks = %.2f GB/s\n",
+	       clients, dur_s, clients, limit);
+	printf("%-6s %-6s %-6s %10s %8s %9s %9s %10s %8s %8s %9s\n", "size", "op", "where", "ops/s",
+	       "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis", "memcpy", "errors");
+	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
+	unsigned tag = (unsigned)getpid();
+	for (unsigned si = 0; si < nsizes; si++) {
+		for (unsigned op = 0; op < NOPS; op++) {
+			if (!(opmask & (1u << op)))
+				continue;
+			struct result res[NTARGETS];
+			for (unsigned t = 0; t < NTARGETS; t++) {
+				res[t].ran = false;
+				if ((t == T_REMOTE && !holder_remote) || (t == T_REDIS && !redis_port))
+					continue;
+				struct run r = {
+					.op = op,
+					.target = t,
+					.size = sizes[si],
+					.nkeys = (unsigned)MC_MAX((size_t)1,
+								  MC_MIN((size_t)256, GET_SET_BYTES / sizes[si])),
+					.remote_segment = remote_seg,
+					.tag = tag++,
+				};
+				run_one(ws, clients, &r, duration_ms,
+					t == T_REMOTE ? holder_remote : holder_local, &res[t]);
+				(void)mc_remove_all(holder_local, 1);
+			}
+			for (unsigned t = 0; t < T_REDIS; t++) {
+				if (!res[t].ran && !res[t].errors)
+					continue;
+				char vs[32], rs[32] = "-", xs[32] = "-";
+				snprintf(vs, sizeof(vs), "%zuK", sizes[si] >> 10);
+				if (sizes[si] >= (1u << 20))
+					snprintf(vs, sizeof(vs), "%zuM", sizes[si] >> 20);
+				if (res[T_REDIS].ran) {
+					snprintf(rs, sizeof(rs), "%.0f", res[T_REDIS].ops_s);
+					snprintf(xs, sizeof(xs), "%.2f",
+						 res[t].ops_s / MC_MAX(res[T_REDIS].ops_s, 1e-9));
+				}
+				printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %10s %8s %8.2f %9llu %s\n",
+				       vs, op_names[op], target_names[t], res[t].ops_s, res[t].gbps,
+				       res[t].p50, res[t].p99, rs, xs,
+				       limit > 0 ? res[t].gbps / limit : 0,
+				       (unsigned long long)res[t].errors, fmt_err(res[t].first_err));
+			}
+			if (res[T_REDIS].ran || res[T_REDIS].errors)
+				printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %10s %8s %8.2f %9llu %s\n",
+				       "", op_names[op], "redis", res[T_REDIS].ops_s, res[T_REDIS].gbps,
+				       res[T_REDIS].p50, res[T_REDIS].p99, "", "",
+				       limit > 0 ? res[T_REDIS].gbps / limit : 0,
+				       (unsigned long long)res[T_REDIS].errors,
+				       fmt_err(res[T_REDIS].first_err));
+		}
+	}
+	printf("x redis = ops/s over redis-server's ops/s for the same size, op and clients;\n"
+	       "memcpy = GB/s over the memcpy limit above. remote = replicas on a second\n"
+	       "agent, through the transfer engine.\n");
+out:
+	for (unsigned i = 0; i < clients; i++) {
+		if (ws[i].buf)
+			(void)mc_buffer_free(ws[i].c, ws[i].buf);
+		mc_close(ws[i].c);
+		if (ws[i].redis >= 0)
+			close(ws[i].redis);
+		ctl_lat_free(&ws[i].lat);
+	}
+	free(ws);
+	mc_close(holder_local);
+	mc_close(holder_remote);
+	stop_all(&cl);
+	return rc ? CTL_EXIT_FAIL : CTL_EXIT_OK;
+}

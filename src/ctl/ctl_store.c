@@ -1,0 +1,281 @@
+/*
+ * ctl_store: mooncakectl commands that store and fetch objects through
+ * the local agent's Unix socket (libmooncake), like an inference process
+ * would:
+ *
+ *   mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] [--soft-pin]
+ *                   [--ttl=DURATION] [--upsert]
+ *   mooncakectl get KEY [FILE] [--socket=PATH]
+ *   mooncakectl rm KEY [--force] [--socket=PATH]
+ *
+ * Without --socket the library looks where the agent does
+ * ($MOONCAKE_SOCKET, /run/mooncake/agent.sock,
+ * $XDG_RUNTIME_DIR/mooncake/agent.sock).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/cfg.h"
+#include "common/err.h"
+#include "ctl/ctl_int.h"
+#include "client/mooncake.h"
+
+struct store_args {
+	const char *pos[2];
+	int npos;
+	const char *socket;
+	struct mc_put_opts put;
+	int force;
+};
+
+static void store_usage(FILE *f, const char *cmd)
+{
+	if (strcmp(cmd, "put") == 0)
+		fprintf(f, "usage: mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] "
+			   "[--soft-pin] [--ttl=DURATION] [--upsert]\n"
+			   "Store FILE (or standard input) under KEY through the local "
+			   "agent. An existing key is refused unless --upsert.\n");
+	else if (strcmp(cmd, "get") == 0)
+		fprintf(f, "usage: mooncakectl get KEY [FILE] [--socket=PATH]\n"
+			   "Write the value of KEY to FILE (or standard output). Exit "
+			   "status 1 when the key is not in the pool.\n");
+	else
+		fprintf(f, "usage: mooncakectl rm KEY [--force] [--socket=PATH]\n"
+			   "Remove KEY from the pool; --force even while a reader holds "
+			   "its read lease.\n");
+}
+
+static int parse(int argc, char **argv, struct store_args *a)
+{
+	memset(a, 0, sizeof(*a));
+	for (int i = 1; i < argc; i++) {
+		const char *v;
+		bool b, ok;
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			store_usage(stdout, argv[0]);
+			return 1;
+		}
+		if (ctl_flag_value(argc, argv, &i, "socket", &v)) {
+			if (!v)
+				goto missing;
+			a->socket = v;
+		} else if (ctl_flag_value(argc, argv, &i, "replicas", &v)) {
+			char *end;
+			unsigned long n = v ? strtoul(v, &end, 10) : 0;
+			if (!v || *end || n < 1 || n > 16) {
+				fprintf(stderr, "mooncakectl: --replicas takes 1 to 16\n");
+				return -1;
+			}
+			a->put.replica_num = (unsigned)n;
+		} else if (ctl_flag_value(argc, argv, &i, "ttl", &v)) {
+			if (!v || cfg_parse_duration_ms(v, &a->put.ttl_ms) != 0) {
+				fprintf(stderr, "mooncakectl: --ttl takes a duration (10s, 5m)\n");
+				return -1;
+			}
+		} else if (ctl_flag_bool(argv[i], "soft-pin", &b, &ok)) {
+			if (!ok)
+				goto badbool;
+			a->put.soft_pin = b;
+		} else if (ctl_flag_bool(argv[i], "upsert", &b, &ok)) {
+			if (!ok)
+				goto badbool;
+			a->put.upsert = b;
+		} else if (ctl_flag_bool(argv[i], "force", &b, &ok)) {
+			if (!ok)
+				goto badbool;
+			a->force = b;
+		} else if (argv[i][0] == '-' && argv[i][1] == '-') {
+			fprintf(stderr, "mooncakectl %s: unknown flag %s\n", argv[0], argv[i]);
+			return -1;
+		} else if (a->npos < 2) {
+			a->pos[a->npos++] = argv[i];
+		} else {
+			fprintf(stderr, "mooncakectl %s: too many arguments\n", argv[0]);
+			return -1;
+		}
+	}
+	return 0;
+missing:
+	fprintf(stderr, "mooncakectl %s: --socket needs a value\n", argv[0]);
+	return -1;
+badbool:
+	fprintf(stderr, "mooncakectl %s: a boolean flag takes true or false\n", argv[0]);
+	return -1;
+}
+
+static int open_agent(const struct store_args *a, mc_client **c)
+{
+	struct mc_open_opts o = {.socket_path = a->socket, .client_name = "mooncakectl"};
+	int rc = mc_open_ex(&o, c);
+	if (rc)
+		fprintf(stderr, "mooncakectl: cannot reach the agent%s%s: %s\n",
+			a->socket ? " at " : "", a->socket ? a->socket : "",
+			rc == -ENOENT && !a->socket
+				? "no socket found (set --socket or MOONCAKE_SOCKET)"
+				: mc_strerror(rc));
+	return rc;
+}
+
+/* The whole of fd into a malloc'd buffer. */
+static int slurp(int fd, uint8_t **out, size_t *len)
+{
+	size_t cap = 1 << 16, n = 0;
+	struct stat st;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+		cap = (size_t)st.st_size + 1;
+	uint8_t *b = malloc(cap);
+	if (!b)
+		return -ENOMEM;
+	for (;;) {
+		if (n == cap) {
+			uint8_t *p = cap > SIZE_MAX / 2 ? NULL : realloc(b, cap * 2);
+			if (!p) {
+				free(b);
+				return -ENOMEM;
+			}
+			b = p;
+			cap *= 2;
+		}
+		ssize_t r = read(fd, b + n, cap - n);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			int e = -errno;
+			free(b);
+			return e;
+		}
+		if (r == 0)
+			break;
+		n += (size_t)r;
+	}
+	*out = b;
+	*len = n;
+	return 0;
+}
+
+int ctl_put_main(int argc, char **argv)
+{
+	struct store_args a;
+	int p = parse(argc, argv, &a);
+	if (p)
+		return p > 0 ? CTL_EXIT_OK : CTL_EXIT_USAGE;
+	if (a.npos != 2) {
+		store_usage(stderr, "put");
+		return CTL_EXIT_USAGE;
+	}
+	const char *key = a.pos[0], *file = a.pos[1];
+	int fd = strcmp(file, "-") == 0 ? 0 : open(file, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(stderr, "mooncakectl put: %s: %s\n", file, strerror(errno));
+		return CTL_EXIT_FAIL;
+	}
+	uint8_t *val = NULL;
+	size_t len = 0;
+	int rc = slurp(fd, &val, &len);
+	if (fd)
+		close(fd);
+	if (rc) {
+		fprintf(stderr, "mooncakectl put: reading %s: %s\n", file, mc_strerror(rc));
+		return CTL_EXIT_FAIL;
+	}
+	mc_client *c;
+	if (open_agent(&a, &c)) {
+		free(val);
+		return CTL_EXIT_FAIL;
+	}
+	rc = mc_put(c, key, strlen(key), val, len, &a.put);
+	mc_close(c);
+	free(val);
+	if (rc) {
+		fprintf(stderr, "mooncakectl put %s: %s (%s)\n", key, mc_strerror(rc),
+			mc_errname(rc));
+		return CTL_EXIT_FAIL;
+	}
+	return CTL_EXIT_OK;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t len)
+{
+	while (len) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int ctl_get_main(int argc, char **argv)
+{
+	struct store_args a;
+	int p = parse(argc, argv, &a);
+	if (p)
+		return p > 0 ? CTL_EXIT_OK : CTL_EXIT_USAGE;
+	if (a.npos < 1) {
+		store_usage(stderr, "get");
+		return CTL_EXIT_USAGE;
+	}
+	const char *key = a.pos[0];
+	mc_client *c;
+	if (open_agent(&a, &c))
+		return CTL_EXIT_FAIL;
+	void *val;
+	size_t len;
+	int rc = mc_get(c, key, strlen(key), &val, &len);
+	mc_close(c);
+	if (rc) {
+		fprintf(stderr, "mooncakectl get %s: %s (%s)\n", key, mc_strerror(rc),
+			mc_errname(rc));
+		return CTL_EXIT_FAIL;
+	}
+	int fd = 1;
+	if (a.npos == 2 && strcmp(a.pos[1], "-") != 0) {
+		fd = open(a.pos[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0) {
+			fprintf(stderr, "mooncakectl get: %s: %s\n", a.pos[1], strerror(errno));
+			free(val);
+			return CTL_EXIT_FAIL;
+		}
+	}
+	rc = write_all(fd, val, len);
+	if (fd != 1 && close(fd) != 0 && rc == 0)
+		rc = -errno;
+	free(val);
+	if (rc) {
+		fprintf(stderr, "mooncakectl get: writing: %s\n", mc_strerror(rc));
+		return CTL_EXIT_FAIL;
+	}
+	return CTL_EXIT_OK;
+}
+
+int ctl_rm_main(int argc, char **argv)
+{
+	struct store_args a;
+	int p = parse(argc, argv, &a);
+	if (p)
+		return p > 0 ? CTL_EXIT_OK : CTL_EXIT_USAGE;
+	if (a.npos != 1) {
+		store_usage(stderr, "rm");
+		return CTL_EXIT_USAGE;
+	}
+	mc_client *c;
+	if (open_agent(&a, &c))
+		return CTL_EXIT_FAIL;
+	int rc = mc_remove(c, a.pos[0], strlen(a.pos[0]), a.force);
+	mc_close(c);
+	if (rc) {
+		fprintf(stderr, "mooncakectl rm %s: %s (%s)\n", a.pos[0], mc_strerror(rc),
+			mc_errname(rc));
+		return CTL_EXIT_FAIL;
+	}
+	return CTL_EXIT_OK;
+}

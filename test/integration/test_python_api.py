@@ -1,0 +1,180 @@
+"""The Python API as Mooncake's users write it: the examples of Mooncake's
+store and transfer-engine documentation, run unchanged against a
+mooncaked standalone (master and agent in one process, no meta). Only the
+socket is pointed at through MOONCAKE_SOCKET, the one thing that differs
+from a default install.
+"""
+import array
+import ctypes
+import json
+import os
+import tempfile
+
+import storetest as st
+from storetest import MiB
+import mctest
+from mctest import Daemon, case, eq
+
+_tmp = tempfile.TemporaryDirectory(prefix="mooncake-py-")
+SOCKET = os.path.join(_tmp.name, "agent.sock")
+_daemon = None
+
+
+def daemon():
+    global _daemon
+    if _daemon is None:
+        _daemon = Daemon("standalone", args=["--socket=" + SOCKET, "--global-segment-size=256M"],
+                         env=st.daemon_env())
+        mctest.wait_for(lambda: "mounted with master" in _daemon.output(), what="ready")
+        os.environ["MOONCAKE_SOCKET"] = SOCKET
+    return _daemon
+
+
+@case
+def hello_world():
+    daemon()
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    ret = store.setup("localhost", "P2PHANDSHAKE", 512 * 1024 * 1024, 128 * 1024 * 1024,
+                      "tcp", "", "localhost:50051")
+    eq(ret, 0, "setup")
+    store.put("hello_key", b"Hello, Mooncake Store!")
+    data = store.get("hello_key")
+    eq(data.decode(), "Hello, Mooncake Store!", "round trip")
+    eq(store.put("hello_key", b"again"), -705, "OBJECT_ALREADY_EXISTS")
+    if store.get("missing_key"):
+        raise AssertionError("a miss must be falsy")
+    eq(store.is_exist("hello_key"), 1, "exists")
+    store.close()
+
+
+@case
+def setup_from_dict_and_config_file():
+    daemon()
+    from mooncake.store import MooncakeDistributedStore
+
+    cfg = {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
+           "global_segment_size": "256MB", "local_buffer_size": "16MB", "protocol": "tcp",
+           "device_name": "", "master_server_address": "localhost:50051"}
+    s = MooncakeDistributedStore()
+    eq(s.setup(cfg), 0, "setup(dict)")
+    s.close()
+    path = os.path.join(_tmp.name, "mooncake.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    os.environ["MOONCAKE_CONFIG_PATH"] = path
+    s = MooncakeDistributedStore()
+    eq(s.setup(), 0, "setup() from MOONCAKE_CONFIG_PATH")
+    eq(s.get_hostname(), daemon().addr("agent-listen"), "the agent's address")
+    s.close()
+    del os.environ["MOONCAKE_CONFIG_PATH"]
+
+
+@case
+def zero_copy_workflow():
+    """Mooncake's "Complete Zero-Copy Workflow", with array.array in place
+    of numpy (not installed here; numpy arrays take the same path)."""
+    daemon()
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    store.setup("localhost", "P2PHANDSHAKE", 512 * 1024 * 1024, 16 * 1024 * 1024, "tcp", "",
+                "localhost:50051")
+    original = array.array("f", (float(i) for i in range(1000 * 1000)))
+    buffer_ptr, n = original.buffer_info()
+    size = n * original.itemsize
+    result = store.register_buffer(buffer_ptr, size)
+    if result != 0:
+        raise RuntimeError(f"Failed to register buffer: {result}")
+    result = store.put_from("large_tensor", buffer_ptr, size)
+    eq(result, 0, "put_from")
+    retrieved = array.array("f", bytes(size))
+    recv_ptr, _ = retrieved.buffer_info()
+    eq(store.register_buffer(recv_ptr, size), 0, "register the receive buffer")
+    bytes_read = store.get_into("large_tensor", recv_ptr, size)
+    eq(bytes_read, size, "get_into")
+    eq(retrieved == original, True, "data matches")
+    store.unregister_buffer(buffer_ptr)
+    store.unregister_buffer(recv_ptr)
+    store.close()
+
+
+@case
+def batch_zero_copy_and_replicate_config():
+    daemon()
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+    store = MooncakeDistributedStore()
+    store.setup("localhost", "P2PHANDSHAKE", 512 * 1024 * 1024, 16 * 1024 * 1024, "tcp", "",
+                "localhost:50051")
+    config = ReplicateConfig()
+    config.replica_num = 1
+    config.with_soft_pin = True
+    keys = ["tensor1", "tensor2", "tensor3"]
+    buffer_size = 1024 * 1024
+    buffers = [ctypes.create_string_buffer(bytes([65 + i]) * buffer_size, buffer_size)
+               for i in range(len(keys))]
+    ptrs = [ctypes.addressof(b) for b in buffers]
+    for p in ptrs:
+        store.register_buffer(p, buffer_size)
+    eq(store.batch_put_from(keys, ptrs, [buffer_size] * 3, config), [0, 0, 0], "batch_put_from")
+    out = [ctypes.create_string_buffer(buffer_size) for _ in keys]
+    out_ptrs = [ctypes.addressof(b) for b in out]
+    results = store.batch_get_into(keys, out_ptrs, [buffer_size] * 3)
+    for key, result in zip(keys, results):
+        if result <= 0:
+            raise AssertionError(f"Failed to retrieve {key}: error {result}")
+    eq([o.raw[:1] for o in out], [b"A", b"B", b"C"], "bytes")
+    eq(store.batch_is_exist(keys + ["nope"]), [1, 1, 1, 0], "batch_is_exist")
+    for p in ptrs:
+        store.unregister_buffer(p)
+    values = [b"value1", b"value2", b"value3"]
+    eq(store.put_batch(["key1", "key2", "key3"], values), 0, "put_batch")
+    eq(store.get_batch(["key1", "key2", "key3"]) == values, True, "get_batch")
+    buf = store.get_buffer("key2")
+    eq((buf.size(), len(buf), buf.tobytes()), (6, 6, b"value2"), "get_buffer")
+    del buf
+    count = store.remove_all(force=True)
+    eq(count >= 6, True, "remove_all removed %d" % count)
+    store.close()
+
+
+@case
+def transfer_engine_managed_buffers():
+    """Mooncake's TransferEngine "Managed Buffer Allocation" example and a
+    loopback transfer on this node."""
+    daemon()
+    from mooncake.engine import TransferEngine, TransferOpcode
+
+    engine = TransferEngine()
+    ret = engine.initialize(local_hostname="127.0.0.1:12345", metadata_server="P2PHANDSHAKE",
+                            protocol="tcp", device_name="")
+    if ret != 0:
+        raise RuntimeError(f"Initialization failed with code {ret}")
+    buffer_size = 1024 * 1024
+    buffer_addr = engine.allocate_managed_buffer(buffer_size)
+    if buffer_addr == 0:
+        raise AssertionError("Failed to allocate buffer")
+    test_data = b"Test data for managed buffer"
+    engine.write_bytes_to_buffer(buffer_addr, test_data, len(test_data))
+    read_data = engine.read_bytes_from_buffer(buffer_addr, len(test_data))
+    eq(read_data, test_data, "read back")
+    peer = engine.allocate_managed_buffer(buffer_size)
+    session = "127.0.0.1:%d" % engine.get_rpc_port()
+    eq(engine.transfer_sync(session, buffer_addr, peer, len(test_data), TransferOpcode.WRITE), 0,
+       "transfer_sync WRITE")
+    eq(engine.read_bytes_from_buffer(peer, len(test_data)), test_data, "arrived")
+    batch_id = engine.transfer_submit_write(session, buffer_addr, peer + 4096, 64)
+    while True:
+        status = engine.transfer_check_status(batch_id)
+        if status == 1:
+            break
+        if status < 0:
+            raise AssertionError("Transfer failed: %d" % status)
+    eq(engine.free_managed_buffer(buffer_addr, buffer_size), 0, "free")
+    eq(engine.free_managed_buffer(peer, buffer_size), 0, "free peer")
+    engine.close()
+
+
+mctest.main()

@@ -1,0 +1,461 @@
+"""The store end to end: mooncaked masters and agents as separate processes
+on loopback, driven through the real clients — the Python package
+(python/mooncake over libmooncake.so), mooncakectl put/get/rm, and raw
+frames on the agent's socket for the failure cases: values of every
+size, batches of a thousand, zero-copy views, upserts and leases,
+eviction under a Zipf-like load, a client killed in the middle of a put,
+and malformed requests that must get clean errors while the agent keeps
+serving.
+"""
+import array
+import ctypes
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import storetest as st
+from storetest import Cluster, MiB, metric, metric_labels
+import mctest
+from mctest import case, eq, run, wait_for
+
+import client_pb2 as C
+
+OK = 0
+NOT_FOUND = -704
+EXISTS = -705
+HAS_LEASE = -706
+EINVAL = -22
+
+
+@case
+def values_and_keys_of_every_size():
+    cl = Cluster(agents=1, segment=256 * MiB)
+    s = cl.agents[0].store()
+    rnd = random.Random(1)
+    for n in (0, 1, MiB + 3, 64 * MiB):
+        v = rnd.randbytes(n)
+        key = "size/%d" % n
+        eq(s.put(key, v), OK, "put %d bytes" % n)
+        eq(s.get(key) == v, True, "get %d bytes back" % n)
+        eq(s.get_size(key), n, "size of %d" % n)
+    k1 = b"\x00"
+    k4 = bytes(range(256)) * 16
+    eq(s.put(k1, b"one-byte key"), OK, "1-byte key")
+    eq(s.put(k4, b"4 KiB key"), OK, "4 KiB key")
+    eq((s.get(k1), s.get(k4)), (b"one-byte key", b"4 KiB key"), "binary keys")
+    eq(s.put(k4 + b"x", b"v"), EINVAL, "4097-byte key")
+    eq(s.put(b"", b"v"), EINVAL, "empty key")
+    eq(s.get(k4 + b"x"), b"", "get of an oversized key")
+    eq(s.is_exist(k4 + b"x"), EINVAL, "exist of an oversized key")
+    # Bytes-like values of every kind, read in place.
+    arr = array.array("d", [1.5] * 1000)
+    eq(s.put("array", arr), OK, "array.array")
+    eq(s.get("array"), arr.tobytes(), "array back")
+    eq(s.put("mv", memoryview(b"0123456789")[2:5]), OK, "memoryview slice")
+    eq(s.get("mv"), b"234", "slice back")
+    eq(s.put("ba", bytearray(b"mutable")), OK, "bytearray")
+    eq(s.put_parts("parts", b"a", b"bc", bytearray(b"d")), OK, "put_parts")
+    eq(s.get("parts"), b"abcd", "parts back")
+    # Exist, remove, miss.
+    eq(s.is_exist("size/1"), 1, "exists")
+    eq(s.is_exist("nope"), 0, "does not exist")
+    eq(s.get("nope"), b"", "miss is b''")
+    eq(s.get_buffer("nope"), None, "get_buffer miss")
+    eq(s.remove("nope"), NOT_FOUND, "remove a missing key")
+    eq(s.remove("size/1", force=True), OK, "remove")
+    eq(s.is_exist("size/1"), 0, "removed")
+    s.close()
+    eq(cl.agents[0].d.stop(), 0, "agent exits cleanly")
+
+
+@case
+def batches_of_a_thousand():
+    cl = Cluster(agents=1)
+    s = cl.agents[0].store()
+    keys = ["batch/%04d" % i for i in range(1000)]
+    vals = [(b"%d:" % i) * (i % 50 + 1) for i in range(1000)]
+    eq(s.put_batch(keys, vals), OK, "put_batch")
+    eq(s.get_batch(keys) == vals, True, "get_batch")
+    eq(s.batch_is_exist(keys + ["nope"]), [1] * 1000 + [0], "batch_is_exist")
+    eq(s.put_batch(keys[:3], vals[:3]), EXISTS, "again: already exists")
+    # Zero-copy batch forms over managed memory.
+    te = cl.agents[0].engine()
+    size = 4096
+    buf = te.allocate_managed_buffer(1000 * size)
+    assert buf
+    ptrs = [buf + i * size for i in range(1000)]
+    res = s.batch_get_into(keys, ptrs, [size] * 1000)
+    eq(res, [len(v) for v in vals], "batch_get_into sizes")
+    eq(all(ctypes.string_at(ptrs[i], len(vals[i])) == vals[i] for i in range(1000)), True,
+       "batch_get_into bytes")
+    new = ["copy/%04d" % i for i in range(1000)]
+    eq(s.batch_put_from(new, ptrs, [len(v) for v in vals]), [0] * 1000, "batch_put_from")
+    eq(s.get_batch(new[:5]), vals[:5], "copies")
+    eq(s.batch_remove(new[:500], force=True), [0] * 500, "batch_remove")
+    eq(s.remove_all(force=True), 1500, "remove_all")
+    eq(s.batch_is_exist(keys[:3]), [0, 0, 0], "all gone")
+    te.free_managed_buffer(buf, 1000 * size)
+    te.close()
+    s.close()
+
+
+@case
+def zero_copy_views_buffers_and_transfers():
+    cl = Cluster(agents=1)
+    a = cl.agents[0]
+    s = a.store()
+    eq(s.put("v", b"viewed bytes"), OK, "put")
+    b = s.get_buffer("v")
+    eq((b.size(), b.is_mapped(), bytes(b)), (12, True, b"viewed bytes"), "a mapped view")
+    eq(memoryview(b.view()).tobytes(), b"viewed bytes", "memoryview of the view")
+    eq(s.remove("v"), HAS_LEASE, "held view keeps its read lease")
+    m = a.metrics()
+    eq(metric(m, "mooncake_agent_views"), 1.0, "view counted")
+    b.release()
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_views") == 0.0,
+             what="the release reached the agent")
+    # Managed buffers: put_from / get_into in place.
+    te = a.engine()
+    p = te.allocate_managed_buffer(2 * MiB)
+    te.write_bytes_to_buffer(p, b"managed", 7)
+    eq(s.put_from("m", p, 7), OK, "put_from managed memory")
+    eq(s.get_into("m", p + MiB, MiB), 7, "get_into managed memory")
+    eq(te.read_bytes_from_buffer(p + MiB, 7), b"managed", "bytes in place")
+    eq(s.get_into("m", p, 3), -105, "get_into a buffer too small: -ENOBUFS")
+    # Any other memory works through the staging buffer.
+    priv = ctypes.create_string_buffer(64)
+    eq(s.register_buffer(ctypes.addressof(priv), 64), OK, "register private memory")
+    eq(s.get_into("m", ctypes.addressof(priv), 64), 7, "get_into private memory")
+    eq(priv.raw[:7], b"managed", "bytes copied")
+    eq(s.unregister_buffer(ctypes.addressof(priv)), OK, "unregister")
+    # Transfers against this node's own segment name and managed memory.
+    eq(te.transfer_sync_write(te.get_local_hostname(), p, p + 4096, 7), OK, "transfer write")
+    eq(te.read_bytes_from_buffer(p + 4096, 7), b"managed", "written")
+    eq(te.transfer_sync_read(te.get_local_hostname(), ctypes.addressof(priv), p, 7), OK,
+       "transfer read into private memory")
+    eq(te.transfer_sync_write(te.get_local_hostname(), p, 12345, 8), -703,
+       "an address nobody registered")
+    eq(te.get_rpc_port(), a.d.ports["agent-listen"], "rpc port is the agent's")
+    eq(te.free_managed_buffer(p, 2 * MiB), OK, "free")
+    te.close()
+    s.close()
+
+
+@case
+def upsert_and_leases():
+    cl = Cluster(agents=1, master_args=["--default-kv-lease-ttl=300ms"])
+    s = cl.agents[0].store()
+    eq(s.put("u", b"one"), OK, "put")
+    eq(s.put("u", b"two"), EXISTS, "a second put is refused (-705)")
+    eq(s.get("u"), b"one", "first value kept")
+    eq(s.upsert("u", b"three"), HAS_LEASE, "upsert while the get's lease holds")
+    wait_for(lambda: s.upsert("u", b"three") == OK, what="upsert after the lease")
+    eq(s.get("u"), b"three", "upserted")
+    eq(s.remove("u"), HAS_LEASE, "remove while leased")
+    eq(s.remove("u", force=True), OK, "forced")
+    s.close()
+
+
+@case
+def mooncakectl_put_get_rm():
+    cl = Cluster(agents=1)
+    a = cl.agents[0]
+    f = os.path.join(a.tmp.name, "in")
+    data = os.urandom(3 * MiB + 1)
+    with open(f, "wb") as fh:
+        fh.write(data)
+    a.ctl("put", "ctl/key", f)
+    out = os.path.join(a.tmp.name, "out")
+    a.ctl("get", "ctl/key", out)
+    with open(out, "rb") as fh:
+        eq(fh.read() == data, True, "file round trip")
+    r = run([mctest.MOONCAKECTL, "put", "ctl/stdin", "-", "--socket=" + a.socket],
+            input="from stdin")
+    eq(a.ctl("get", "ctl/stdin").stdout, "from stdin", "stdin to stdout")
+    r = a.ctl("put", "ctl/key", f, check=False)
+    eq(r.returncode, 1, "existing key")
+    assert "MC_EOBJECT_ALREADY_EXISTS" in r.stderr, r.stderr
+    a.ctl("rm", "ctl/key", "--force")
+    r = a.ctl("get", "ctl/key", check=False)
+    eq(r.returncode, 1, "removed")
+    assert "object not found" in r.stderr, r.stderr
+    r = run([mctest.MOONCAKECTL, "get", "x", "--socket=/nonexistent/agent.sock"], check=False)
+    eq(r.returncode, 1, "no agent")
+    ls = run([mctest.MOONCAKECTL, "ls", "ctl/", "--master=" + cl.master_addr]).stdout
+    assert "ctl/stdin" in ls, ls
+
+
+@case
+def bad_frames_get_clean_errors():
+    cl = Cluster(agents=1)
+    a = cl.agents[0]
+    good = a.store()
+    eq(good.put("alive", b"yes"), OK, "a client to check the agent with")
+
+    def still_serving(what):
+        eq(good.get("alive"), b"yes", "agent serves others after " + what)
+        assert a.d.proc.poll() is None, "agent died after " + what
+
+    def closed(sock):
+        sock.settimeout(5)
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    # A request before hello: an error, then the session closes.
+    s = st.raw_connect(a.socket)
+    r = C.Request(id=5)
+    r.stats.SetInParent()
+    st.send(s, r)
+    resp, _ = st.recv_response(s)
+    eq((resp.id, resp.error), (5, -801), "request before hello")
+    eq(closed(s), True, "closed after a protocol error")
+    still_serving("a request before hello")
+
+    # An unknown operation (a field this agent does not know): an error,
+    # the session goes on.
+    s = st.raw_connect(a.socket)
+    st.hello(s)
+    s.sendall(struct.pack("<I", 5) + b"\x08\x09\xfa\x06\x00")
+    resp, _ = st.recv_response(s)
+    eq((resp.id, resp.error), (9, -95), "unknown op: -EOPNOTSUPP")
+    r = C.Request(id=10)
+    r.exist.keys.append(b"alive")
+    st.send(s, r)
+    resp, _ = st.recv_response(s)
+    eq(list(resp.keys.results), [1], "the session still works")
+
+    # Oversized key: the item fails, the request does not.
+    r = C.Request(id=11)
+    r.exist.keys.extend([b"k" * 4097, b"alive"])
+    st.send(s, r)
+    resp, _ = st.recv_response(s)
+    eq(list(resp.keys.results), [EINVAL, 1], "oversized key")
+
+    # Bad memfds: a regular file, a pipe, a memfd not sealed against
+    # shrinking, a read-only descriptor of a sealed memfd.
+    def register(fd, length=4096):
+        r = C.Request(id=20, nfds=1)
+        r.register_buffer.length = length
+        st.send(s, r, [fd])
+        resp, _ = st.recv_response(s)
+        return resp.error
+
+    path = os.path.join(a.tmp.name, "plain")
+    with open(path, "wb") as fh:
+        fh.write(b"\0" * 8192)
+    fd = os.open(path, os.O_RDWR)
+    eq(register(fd), -9, "a regular file is not a memfd (-EBADF)")
+    os.close(fd)
+    pr, pw = os.pipe()
+    eq(register(pr), -9, "a pipe (-EBADF)")
+    os.close(pr)
+    os.close(pw)
+    mfd = os.memfd_create("unsealed")
+    os.ftruncate(mfd, 8192)
+    eq(register(mfd), EINVAL, "memfd without F_SEAL_SHRINK")
+    sealed = os.memfd_create("sealed", os.MFD_ALLOW_SEALING)
+    os.ftruncate(sealed, 8192)
+    import fcntl
+    fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    ro = os.open("/proc/self/fd/%d" % sealed, os.O_RDONLY)
+    eq(register(ro), -13, "read-only descriptor (-EACCES)")
+    eq(register(sealed, length=8193), EINVAL, "range beyond the memfd")
+    eq(register(sealed), OK, "a good memfd")
+    for fd in (mfd, ro):
+        os.close(fd)
+
+    # Someone else's buffer: ids are per session.
+    s2 = st.raw_connect(a.socket)
+    st.hello(s2)
+    r = C.Request(id=30)
+    it = r.put.items.add()
+    it.key = b"other"
+    it.source.where = C.Region.BUFFER
+    it.source.buffer = 1  # session s's buffer
+    it.source.length = 10
+    st.send(s2, r)
+    resp, _ = st.recv_response(s2)
+    eq(list(resp.put.errors), [-2], "another session's buffer id: -ENOENT")
+    # Descriptors announced but not sent: the session closes.
+    r = C.Request(id=31, nfds=2)
+    r.stats.SetInParent()
+    st.send(s2, r)
+    eq(closed(s2), True, "announced descriptors that did not come")
+    still_serving("missing descriptors")
+
+    # A memfd owned by another user, registered by that user's session.
+    os.chmod(a.tmp.name, 0o755)
+    os.chmod(a.socket, 0o666)
+    child = subprocess.run(
+        [sys.executable, "-c", NOBODY_REGISTERS, a.socket, str(sealed)],
+        pass_fds=[sealed], capture_output=True, text=True, timeout=30,
+        preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LD_PRELOAD=""))
+    eq((child.returncode, child.stdout.strip()), (0, "-1"),
+       "registering another user's memfd: -EPERM\n" + child.stderr)
+    os.close(sealed)
+    still_serving("a foreign memfd")
+
+    # Frames of length 0, above the maximum, that do not decode, and a
+    # hang-up in the middle of one: each closes its session, with a log
+    # line, and nothing else.
+    for what, data in (("zero-length frame", b"\0\0\0\0"),
+                       ("oversized frame", struct.pack("<I", 64 << 20) + b"x" * 16),
+                       ("undecodable frame", struct.pack("<I", 3) + b"\xff\xff\xff")):
+        s3 = st.raw_connect(a.socket)
+        st.hello(s3)
+        s3.sendall(data)
+        eq(closed(s3), True, what)
+        still_serving(what)
+    s3 = st.raw_connect(a.socket)
+    st.hello(s3)
+    s3.sendall(struct.pack("<I", 100) + b"short")
+    s3.close()
+    wait_for(lambda: "truncated frame" in a.d.output(), what="truncated frame logged")
+    still_serving("a truncated frame")
+    for line in ("sent a frame of length 0", "above the maximum size",
+                 "does not decode as a Request", "did not come"):
+        assert line in a.d.output(), line
+    s.close()
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_clients") == 1.0,
+             what="sessions released")
+    eq(metric(a.metrics(), "mooncake_agent_buffers"), 0.0, "buffers of closed sessions freed")
+    good.close()
+
+
+NOBODY_REGISTERS = r"""
+import os, sys, struct, socket
+import storetest as st, client_pb2 as C
+s = st.raw_connect(sys.argv[1])
+st.hello(s)
+r = C.Request(id=1, nfds=1)
+r.register_buffer.length = 4096
+st.send(s, r, [int(sys.argv[2])])
+resp, _ = st.recv_response(s)
+print(resp.error)
+"""
+
+
+@case
+def client_killed_mid_put_leaves_nothing():
+    cl = Cluster(agents=1, segment=256 * MiB, master_args=["--put-timeout=2s"])
+    a = cl.agents[0]
+    marker = os.path.join(a.tmp.name, "started")
+    child = subprocess.Popen(
+        [sys.executable, "-c", PUT_FOREVER, a.socket, marker],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    wait_for(lambda: os.path.exists(marker), what="client putting")
+    time.sleep(0.05)  # let a put be in flight
+    child.kill()
+    child.wait()
+    wait_for(lambda: cl.stats().get("pending") == 0.0, timeout=10,
+             what="no PENDING object after the put timeout")
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_clients") == 0.0,
+             what="the session is gone")
+    eq(metric(a.metrics(), "mooncake_agent_staging_bytes"), 0.0, "staging released")
+    s = a.store()
+    eq(s.put("after", b"ok"), OK, "agent still serves")
+    s.close()
+
+
+PUT_FOREVER = r"""
+import os, sys
+from mooncake.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+assert s.setup("localhost", "P2PHANDSHAKE", 0, 0, "tcp", "", "", socket_path=sys.argv[1]) == 0
+v = os.urandom(32 << 20)
+i = 0
+while True:
+    s.put("kill/%d" % i, v)
+    if i == 0:
+        open(sys.argv[2], "w").close()
+    s.remove("kill/%d" % i, force=True)
+    i += 1
+"""
+
+
+@case
+def eviction_under_zipf_load():
+    """Fill a 64 MiB pool three times over, reading with a Zipf-like skew:
+    usage stays under the watermark, every put succeeds, soft-pinned
+    objects outlive the others, and a reader holding zero-copy views
+    keeps its objects and bytes intact (the agent renews their leases)."""
+    cl = Cluster(agents=1, segment=64 * MiB,
+                 master_args=["--default-kv-lease-ttl=500ms"])
+    a = cl.agents[0]
+    s = a.store()
+    reader = a.store()
+    from mooncake.store import ReplicateConfig
+    size = 256 * 1024
+    pinned = ReplicateConfig(with_soft_pin=True)
+    for i in range(8):
+        eq(s.put("pin/%d" % i, bytes([i]) * size, pinned), OK, "pinned put")
+    held = []
+    for i in range(4):
+        v = os.urandom(size)
+        eq(s.put("held/%d" % i, v), OK, "held put")
+        b = reader.get_buffer("held/%d" % i)
+        assert b is not None and b.is_mapped()
+        held.append((b, v))
+    rnd = random.Random(7)
+    n = 3 * 64 * MiB // size
+    for i in range(n):
+        eq(s.put("zipf/%d" % i, bytes([i % 251]) * size), OK, "put %d under pressure" % i)
+        for _ in range(2):  # reads skewed toward the newest keys
+            j = int(i - (rnd.paretovariate(1.2) - 1) * 4)
+            if j >= 0:
+                s.get("zipf/%d" % j)
+        if i % 64 == 0:
+            stt = cl.stats()
+            assert stt["used_ratio"] <= 0.9 + size / (64.0 * MiB), stt
+    stt = cl.stats()
+    assert stt["evictions"] > 0, stt
+    assert stt["used_ratio"] <= 0.9, stt
+    eq(s.batch_is_exist(["pin/%d" % i for i in range(8)]), [1] * 8, "soft-pinned survive")
+    for b, v in held:
+        eq(bytes(b) == v, True, "a held view's bytes never change")
+    eq(s.batch_is_exist(["held/%d" % i for i in range(4)]), [1] * 4, "held objects kept")
+    alive = sum(s.batch_is_exist(["zipf/%d" % i for i in range(n)]))
+    assert alive <= 64 * MiB // size, alive
+    eq(s.is_exist("zipf/%d" % (n - 1)), 1, "the newest object is there")
+    for b, _ in held:
+        b.release()
+    reader.close()
+    s.close()
+
+
+@case
+def metrics_and_graceful_stop():
+    cl = Cluster(agents=1, segment=32 * MiB)
+    a = cl.agents[0]
+    s = a.store()
+    eq(s.put("m/1", b"x" * 100), OK, "put")
+    s.get("m/1")
+    s.get("m/none")
+    text = a.metrics()
+    eq(metric(text, "mooncake_agent_segment_bytes"), 32.0 * MiB, "segment size")
+    eq(metric(text, "mooncake_agent_local_buffer_bytes"), 16.0 * MiB, "staging size")
+    eq(metric(text, "mooncake_agent_segment_mounted"), 1.0, "mounted")
+    eq(metric_labels(text, "mooncake_agent_get_hits_total", 'source="local"'), 1.0, "hit")
+    eq(metric(text, "mooncake_agent_get_misses_total"), 1.0, "miss")
+    eq(metric_labels(text, "mooncake_agent_requests_total", 'op="put",result="ok"'), 1.0,
+       "requests counted")
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                       text=True)
+    eq(p.returncode, 0, "promtool: " + p.stdout + p.stderr)
+    s.close()
+    eq(cl.stats()["objects"], 1.0, "one object")
+    eq(a.d.stop(), 0, "agent exits 0 on SIGTERM")
+    assert "unmounted" in a.d.output(), a.d.output()
+    eq(cl.stats()["objects"], 0.0, "its objects left the index at once")
+    eq(os.path.exists(a.socket), False, "socket removed")
+
+
+mctest.main()
