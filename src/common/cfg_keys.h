@@ -46,7 +46,8 @@
 	X(META_ENDPOINTS, "meta-endpoints", COMMON, STRING,                    \
 	  "http://127.0.0.1:2379", 0, 0, NULL,                                 \
 	  "meta service (or etcd) endpoints, a comma list of "                 \
-	  "[http://]host:port")                                                \
+	  "[http://]host:port; a process running the meta role with this "     \
+	  "left at its default uses its own --listen-client; empty: no meta")  \
 	X(CLUSTER_SECRET_FILE, "cluster-secret-file", COMMON, PATH, "", 0, 0,  \
 	  NULL,                                                                \
 	  "file holding the secret daemons prove to each other (HMAC "         \
@@ -154,7 +155,7 @@
 	  "agent: the master's host:port, instead of the leader key in meta "  \
 	  "(a standby's redirect is still followed); empty: from meta, or "    \
 	  "this process's master when it runs one and --meta-endpoints is "    \
-	  "not set")                                                           \
+	  "empty")                                                             \
 	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
 	  NULL,                                                                \
 	  "agent: threads that copy object bytes; 0: one per core, at most 8") \

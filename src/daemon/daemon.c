@@ -88,7 +88,8 @@ struct daemon {
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;
 	int rpc_open;      /* RPC servers not yet shut down */
-	int roles_stopping; /* ops.stop calls not yet answered by role_stopped */
+	size_t stop_next;   /* roles[stop_next - 1] is the next to stop */
+	bool draining;      /* every role stopped (or timed out): calls drain */
 	uint64_t drain_timeout_ms;
 	uv_timer_t stop_timer; /* bounds the roles' stop hooks */
 	bool shutting_down;
@@ -269,26 +270,47 @@ static void drain_rpc(struct daemon *d)
 						    d->drain_timeout_ms, on_rpc_done, d);
 }
 
+/*
+ * Roles stop one after the other in reverse start order (agent, master,
+ * meta): each may still use the ones below it while it stops (the agent
+ * and the master delete their keys in meta). Then calls drain.
+ */
+static void stop_next_role(struct daemon *d)
+{
+	while (d->stop_next > 0) {
+		struct role_rt *rt = &d->roles[--d->stop_next];
+		if (!rt->started || !rt->def->ops || !rt->def->ops->stop)
+			continue;
+		rt->stopping = true;
+		rt->def->ops->stop(rt); /* role_stopped may run inside */
+		return;
+	}
+	if (!d->draining) {
+		d->draining = true;
+		drain_rpc(d);
+	}
+}
+
 static void on_stop_timeout(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
 	for (size_t i = 0; i < NROLES; i++)
-		if (d->roles[i].stopping)
+		if (d->roles[i].stopping) {
 			log_warn("%s: did not finish stopping within the shutdown "
 				 "timeout; draining calls anyway",
 				 d->roles[i].def->name);
-	d->roles_stopping = 0;
-	drain_rpc(d);
+			d->roles[i].stopping = false;
+		}
+	d->stop_next = 0;
+	stop_next_role(d);
 }
 
 void role_stopped(struct role_rt *rt)
 {
-	struct daemon *d = rt->d;
 	if (!rt->stopping)
 		return; /* late, after the timeout */
 	rt->stopping = false;
-	if (--d->roles_stopping == 0)
-		drain_rpc(d);
+	stop_next_role(rt->d);
 }
 
 static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
@@ -298,23 +320,9 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	d->shutting_down = true;
 	d->drain_timeout_ms = timeout_ms;
 	notify_systemd("STOPPING=1");
-	/* Roles stop in reverse start order (agent, master, meta), so the
-	 * ones above meta can still reach it while they stop. Each counts
-	 * before its hook runs: a hook may answer at once. */
-	d->roles_stopping = 1;
-	for (size_t i = NROLES; i-- > 0;) {
-		struct role_rt *rt = &d->roles[i];
-		if (!rt->started || !rt->def->ops || !rt->def->ops->stop)
-			continue;
-		rt->stopping = true;
-		d->roles_stopping++;
-		rt->def->ops->stop(rt);
-	}
-	if (--d->roles_stopping == 0) {
-		drain_rpc(d);
-		return;
-	}
 	uv_timer_start(&d->stop_timer, on_stop_timeout, timeout_ms, 0);
+	d->stop_next = NROLES;
+	stop_next_role(d);
 }
 
 void role_fatal(struct role_rt *rt)
@@ -603,4 +611,19 @@ uv_loop_t *role_loop(const struct role_rt *rt)
 const struct cfg *role_cfg(const struct role_rt *rt)
 {
 	return rt->d->cfg;
+}
+
+void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len)
+{
+	if (!(cfg_roles(cfg) & CFG_ROLE_META) ||
+	    cfg->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
+		snprintf(out, len, "%s", cfg_str(cfg, CFG_META_ENDPOINTS));
+		return;
+	}
+	const char *listen = cfg_str(cfg, CFG_LISTEN_CLIENT);
+	const char *colon = strrchr(listen, ':');
+	if (strncmp(listen, "0.0.0.0:", 8) == 0)
+		snprintf(out, len, "http://127.0.0.1%s", colon);
+	else
+		snprintf(out, len, "http://%s", listen);
 }

@@ -8,6 +8,7 @@
 #define MC_DAEMON_DAEMON_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <uv.h>
 
 #include "common/cfg.h"
@@ -73,6 +74,12 @@ extern const struct role_ops role_agent_ops;
 /* The loop and configuration every role runs with. */
 uv_loop_t *role_loop(const struct role_rt *rt);
 const struct cfg *role_cfg(const struct role_rt *rt);
+
+/* The meta endpoints the roles above meta use: --meta-endpoints as
+ * configured, except that a process running the meta role with
+ * --meta-endpoints left at its default uses its own meta (its
+ * --listen-client, 0.0.0.0 read as 127.0.0.1). Written into out. */
+void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len);
 
 /* The answer to ops->stop (see struct role_ops). */
 void role_stopped(struct role_rt *rt);

@@ -12,10 +12,10 @@
  *  - the socket: --socket as given; when left at its default and
  *    /run/mooncake cannot be written, $XDG_RUNTIME_DIR/mooncake/agent.sock,
  *    else <data-dir>/agent.sock;
- *  - the master: --master-address as given; when empty and this process
- *    runs the master role too with --meta-endpoints left at its default
- *    (standalone), this process's own master, and no meta at all (the
- *    engine in P2P handshake mode); else the leader key in meta.
+ *  - meta: role_meta_endpoints() (in standalone, this process's own
+ *    meta); empty: no meta (the engine in P2P handshake mode);
+ *  - the master: --master-address as given; when empty, the leader key
+ *    in meta; without meta, this process's own master if it runs one.
  *
  * Stop: the agent (sessions closed, segment unmounted) and the engine's
  * control plane together; free: the engine (its data plane) before the
@@ -153,7 +153,7 @@ static int parse_gid_index(const char *s, int *out)
 
 /* ------------------------------------------------------------ engine */
 
-static int start_engine(struct role_rt *rt, struct role_agent *a, bool use_meta)
+static int start_engine(struct role_rt *rt, struct role_agent *a, const char *meta)
 {
 	const struct cfg *c = role_cfg(rt);
 	uint8_t secret[MC_SECRET_MAX_BYTES];
@@ -186,8 +186,8 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, bool use_meta)
 			 ":0");
 	}
 	const char *name = cfg_str(c, CFG_AGENT_NAME);
-	if (use_meta) {
-		struct etcd_opts eo = {.endpoints = cfg_str(c, CFG_META_ENDPOINTS)};
+	if (*meta) {
+		struct etcd_opts eo = {.endpoints = meta};
 		rc = etcd_client_new(role_loop(rt), &eo, &a->meta);
 		if (rc) {
 			log_error("--meta-endpoints '%s': %s", eo.endpoints,
@@ -261,19 +261,17 @@ static int role_agent_start(struct role_rt *rt)
 		return rc;
 	socket_path(cfg, sock, sizeof(sock));
 	const char *fixed = cfg_str(cfg, CFG_MASTER_ADDRESS);
-	const char *meta = cfg_str(cfg, CFG_META_ENDPOINTS);
-	if (*fixed) {
+	char meta[1024];
+	role_meta_endpoints(cfg, meta, sizeof(meta));
+	if (*fixed)
 		snprintf(master, sizeof(master), "%s", fixed);
-	} else if ((cfg_roles(cfg) & CFG_ROLE_MASTER) &&
-		   cfg->v[CFG_META_ENDPOINTS].src == CFG_SRC_DEFAULT) {
+	else if (!*meta && (cfg_roles(cfg) & CFG_ROLE_MASTER))
 		own_master(cfg, master, sizeof(master));
-		meta = "";
-	}
 	struct role_agent *a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
 	a->rt = rt;
-	rc = start_engine(rt, a, *meta != '\0');
+	rc = start_engine(rt, a, meta);
 	if (rc) {
 		/* The engine's service stays registered on the RPC server,
 		 * which is never served: start-up failed. */

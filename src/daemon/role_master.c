@@ -3,9 +3,8 @@
  * from the configuration on the role's RPC server, resigns leadership
  * when shutdown begins, frees it after the loop.
  *
- * A process that runs the agent role too, with --meta-endpoints left at
- * its default (standalone), pairs master and agent without meta: the
- * master leads alone and the agent calls it directly (role_agent.c).
+ * The master campaigns at role_meta_endpoints(): in standalone, the
+ * process's own meta.
  */
 #include <stdlib.h>
 
@@ -21,10 +20,8 @@ extern const struct role_ops role_master_ops;
 static int master_start(struct role_rt *rt)
 {
 	const struct cfg *cfg = role_cfg(rt);
-	const char *meta = cfg_str(cfg, CFG_META_ENDPOINTS);
-	if ((cfg_roles(cfg) & CFG_ROLE_AGENT) &&
-	    cfg->v[CFG_META_ENDPOINTS].src == CFG_SRC_DEFAULT)
-		meta = "";
+	char meta[1024];
+	role_meta_endpoints(cfg, meta, sizeof(meta));
 	struct master_opts o = {
 		.loop = role_loop(rt),
 		.rpc = rt->rpc[0],

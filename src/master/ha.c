@@ -94,8 +94,10 @@ static void on_watch_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const
 			if (m->leader)
 				step_down(m, "the leader key was deleted");
 			m->leader_addr[0] = '\0';
+			if (m->stopping)
+				continue;
 			log_info("leader key deleted: campaigning");
-			if (!m->campaign_busy && !m->stopping) {
+			if (!m->campaign_busy) {
 				m->retry_ms = 0;
 				campaign(m);
 			}

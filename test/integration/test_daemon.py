@@ -116,10 +116,10 @@ def meta_role_health_over_grpcio():
 
 @case
 def standalone_serves_every_role():
-    client = mctest.free_port()
-    # The master campaigns through this process's own meta and leads.
-    d = Daemon("standalone", ports={"listen-client": client},
-               args=["--meta-endpoints=127.0.0.1:%d" % client])
+    # Without --meta-endpoints the master and the agent use this process's
+    # own meta: the master campaigns there and the agent's transfer-engine
+    # segment is published there.
+    d = Daemon("standalone")
     for key in ("listen-client", "listen-peer", "master-listen", "agent-listen"):
         eq(health_check(d.addr(key)), H.SERVING, key)
     mctest.wait_for(lambda: health_check(d.addr("master-listen"), "mooncake.master.Master")
@@ -132,7 +132,13 @@ def standalone_serves_every_role():
     assert "meta-client (server) SERVING" in body, body
     assert "meta-client etcdserverpb.KV SERVING" in body, body
     assert "meta-peer mooncake.raft.Raft SERVING" in body, body
+    ep = "--endpoints=http://" + d.addr("listen-client")
+    keys = mctest.wait_for(lambda: (lambda out: out if "/segments/" in out else None)(
+        run(["etcdctl", ep, "get", "--prefix", "--keys-only", "/mooncake/mooncake/"],
+            env=dict(os.environ, ETCDCTL_API="3")).stdout), 20, "the agent's segment in meta")
+    assert "/mooncake/mooncake/master\n" in keys, keys
     eq(d.stop(), 0, "exit")
+    assert "cannot delete" not in d.output(), "stopping roles reach meta: " + d.output()[-2000:]
 
 
 @case
