@@ -200,30 +200,41 @@ void te__req_dispatch(struct te_batch *b, struct te_req_state *rs)
 		return;
 	}
 
+	/* Once the request's last slice is submitted (or failed) the request,
+	 * the batch and even the peer may be gone — a parked request's batch
+	 * has no reference held by its submitter — so the loop reads only
+	 * what it copied before the first submit. */
 	struct te_peer *p = rs->peer;
-	uint32_t alive = atomic_load(&p->alive);
-	unsigned start = atomic_fetch_add(&p->stripe, 1);
-	atomic_store(&rs->left, rs->nslices);
-	for (size_t k = 0; k < rs->nslices; k++) {
-		struct te_slice *sl = &b->slices[rs->first + k];
+	const struct te_xport_ops *ops = p->ops;
+	const unsigned npaths = p->npaths;
+	const uint32_t alive = atomic_load(&p->alive);
+	const unsigned start = atomic_fetch_add(&p->stripe, 1);
+	const size_t nslices = rs->nslices, slice_bytes = b->e->slice_bytes;
+	const struct te_request r = rs->r;
+	const uint32_t req = (uint32_t)(rs - b->reqs);
+	void *route = rs->route;
+	struct te_slice *slices = &b->slices[rs->first];
+	atomic_store(&rs->left, nslices);
+	for (size_t k = 0; k < nslices; k++) {
+		struct te_slice *sl = &slices[k];
 		uint64_t off;
 		size_t slen;
-		te__slice_at(rs->r.len, b->e->slice_bytes, k, &off, &slen);
+		te__slice_at(r.len, slice_bytes, k, &off, &slen);
 		memset(sl, 0, offsetof(struct te_slice, hdr));
 		sl->batch = b;
-		sl->req = (uint32_t)(rs - b->reqs);
-		sl->op = (uint8_t)rs->r.op;
+		sl->req = req;
+		sl->op = (uint8_t)r.op;
 		sl->len = (uint32_t)slen;
-		sl->remote = rs->r.remote_addr + off;
-		sl->local = (uint8_t *)rs->r.local + off;
-		sl->route = rs->route;
-		int path = te__pick_path(p->npaths, start, k, 0, alive);
+		sl->remote = r.remote_addr + off;
+		sl->local = (uint8_t *)r.local + off;
+		sl->route = route;
+		int path = te__pick_path(npaths, start, k, 0, alive);
 		if (path < 0) {
 			te__slice_done(sl, MC_EUNAVAILABLE, false);
 			continue;
 		}
 		sl->path = (uint16_t)path;
-		p->ops->submit(p, sl);
+		ops->submit(p, sl);
 	}
 }
 
