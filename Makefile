@@ -229,6 +229,21 @@ $(RDMA_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/verbs-emu/libve
 	@echo "  CC TEST $< (verbs-emu)"
 	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a -lcriterion $(LIBS_VEMU) $(LDFLAGS_SAN)
 
+# TEST BUILDS of the daemon and the CLI on the software verbs device, for
+# the rdma integration tests (test/integration/test_transfer_rdma.py): the
+# same objects as the production binaries, linked (dynamically) with
+# verbs-emu instead of libibverbs. Never installed.
+EMU_BINS := $(B)/test/mooncaked-emu $(B)/test/mooncakectl-emu
+$(B)/test/mooncaked-emu: $(B)/obj/main.o $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@ (verbs-emu)"
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $< $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(LIBS_VEMU)
+
+$(B)/test/mooncakectl-emu: $(CTL_OBJS) $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@ (verbs-emu)"
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(CTL_OBJS) $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(LIBS_VEMU)
+
 # Fuzz targets: replayed over their corpus by make test (any compiler);
 # `make fuzz` builds them with clang's libFuzzer in build-fuzz/ and runs
 # each for FUZZ_SECONDS.
@@ -251,7 +266,7 @@ fuzz-run: $(FUZZ_BINS)
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(B)/corpus/$$n test/fuzz/corpus/$$n || exit 1; done
 
-test: all $(UNIT_BINS) $(PY_GEN) $(REPLAY_BINS)
+test: all $(UNIT_BINS) $(EMU_BINS) $(PY_GEN) $(REPLAY_BINS)
 	$(Q)BUILD=$(B) PYTHON=$(PYTHON) SAN=$(SAN) test/run.sh
 
 BENCH_SRCS := $(wildcard test/bench/bench_*.c)

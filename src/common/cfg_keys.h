@@ -163,4 +163,12 @@
 	  "GID index for RoCE, 0-255 (auto: RoCE v2 with an IPv4-mapped "      \
 	  "address first)")
 
+/*
+ * Other environment names of a key, for the variables Mooncake users
+ * already set: read when the key's own MOONCAKE_* variable is not set
+ * (so below it, and below flags), shown as the origin in --print-config,
+ * listed in --help and the man page. X(id, variable)
+ */
+#define CFG_ENV_ALIASES(X) X(RDMA_GID_INDEX, "MC_GID_INDEX")
+
 #endif

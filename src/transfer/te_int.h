@@ -57,6 +57,7 @@
 #include <uv.h>
 
 #include "common/auth.h"
+#include "transfer/rdma.h"
 #include "transfer/transfer.h"
 
 struct metric;
@@ -70,6 +71,7 @@ struct rpc_client;
 #define TE_HOST_MAX 63             /* numeric host */
 #define TE_MAX_REGIONS 65536       /* per descriptor */
 #define TE_MAX_NICS 16
+#define TE_RDMA_DEVICES_BYTES 256  /* --rdma-devices list */
 #define TE_MAX_PATHS 32            /* connections/NICs per peer */
 #define TE_SLICE_MIN ((size_t)64 << 10)
 #define TE_SLICE_MAX ((size_t)64 << 20)
@@ -233,6 +235,8 @@ struct te_desc_region {
 	bool shm;                  /* memfd-backed: same-host peers may map it */
 	uint32_t nrkeys;           /* rdma: one rkey per NIC */
 	uint32_t rkeys[TE_MAX_NICS];
+	uint64_t rdma_addr;        /* rdma: where its MRs start in the serving
+				    * process (what one-sided ops target) */
 };
 
 struct te_desc_nic {
@@ -414,10 +418,15 @@ struct te_xport_ops {
 	void (*tick)(struct te_xport *x, struct te_worker *w);
 	/* Serving side of a TE_WIRE_CTRL message (rdma QP exchange) from
 	 * the authenticated peer segment `peer`: answer into out (capacity
-	 * *outlen, set it to the answer's length). Runs on a data worker;
-	 * must not block long. Optional. */
-	int (*on_ctrl)(struct te_xport *x, const char *peer, const uint8_t *in,
-		       size_t inlen, uint8_t *out, size_t *outlen);
+	 * *outlen, set it to the answer's length). *conn is this transport's
+	 * state for the TCP connection the message came on (NULL at first);
+	 * when on_ctrl leaves it non-NULL, ctrl_closed(x, *conn) runs once
+	 * that connection closes, so what a peer set up lives as long as its
+	 * control connection. Both run on a data worker (ctrl_closed also at
+	 * teardown) and must not block long. Optional. */
+	int (*on_ctrl)(struct te_xport *x, const char *peer, void **conn,
+		       const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen);
+	void (*ctrl_closed)(struct te_xport *x, void *conn);
 };
 
 /*
@@ -434,11 +443,50 @@ struct te_xport_ops {
 int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
 		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
 		  uint64_t timeout_ms) MC_MUST_CHECK;
+/* The same in two steps, for a transport that keeps its control
+ * connection open (the serving side keeps what it set up for the peer
+ * until that connection closes): te__ctrl_open returns the connected,
+ * authenticated fd (the caller closes it) or an error of te__ctrl_call;
+ * te__ctrl_xchg does one exchange on it (blocking; errors as
+ * te__ctrl_call, and after an I/O error the fd is unusable). */
+int te__ctrl_open(struct te_engine *e, const struct te_desc *d,
+		  uint64_t timeout_ms) MC_MUST_CHECK;
+int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen,
+		  uint8_t *out, size_t *outlen, uint64_t timeout_ms) MC_MUST_CHECK;
 
 extern const struct te_xport_ops te__tcp_ops;
 /* The TCP data listener's port. */
 uint16_t te__tcp_port(const struct te_xport *x);
 extern const struct te_xport_ops te__shm_ops;
+extern const struct te_xport_ops te__rdma_ops;
+
+/*
+ * rdma control message (the payload of a TE_WIRE_CTRL for the rdma
+ * transport), little-endian: the initiator's CONNECT carries its QP
+ * endpoints, the server's ACCEPT its own for the same QPs.
+ *
+ *   0 u32 magic "MCRD"   5 u8 kind (1 CONNECT, 2 ACCEPT)   7 u8 n endpoints
+ *   4 u8  version (1)    6 u8 sender's NIC count           8 u64 incarnation
+ *  16 n x TE_RDMA_EP_WIRE_BYTES endpoints (rdma.h), QP k at k
+ */
+#define TE_RDMA_MSG_MAGIC 0x4452434du /* "MCRD" */
+#define TE_RDMA_MSG_HDR 16
+#define TE_RDMA_MSG_MAX (TE_RDMA_MSG_HDR + TE_RDMA_MAX_NICS * TE_RDMA_EP_WIRE_BYTES)
+enum te_rdma_msg_kind { TE_RDMA_CONNECT = 1, TE_RDMA_ACCEPT = 2 };
+
+struct te_rdma_msg {
+	uint8_t kind;
+	uint8_t nics;          /* the sender's NIC count */
+	uint8_t n;             /* endpoints: max(both sides' NIC counts) */
+	uint64_t incarnation;  /* the sender engine's */
+	struct te_rdma_ep eps[TE_RDMA_MAX_NICS];
+};
+
+/* Returns the encoded length (<= TE_RDMA_MSG_MAX). */
+size_t te__rdma_msg_encode(const struct te_rdma_msg *m, uint8_t out[TE_RDMA_MSG_MAX]);
+/* Errors: MC_EPROTOCOL (length, magic, version, kind, counts out of
+ * 1..TE_RDMA_MAX_NICS or n below nics, a bad endpoint). */
+int te__rdma_msg_decode(const uint8_t *in, size_t len, struct te_rdma_msg *m) MC_MUST_CHECK;
 
 /* Per-peer state common to all transports (first member of theirs). */
 struct te_peer {
@@ -473,6 +521,7 @@ struct te_slice {
 	void *route;
 	uint64_t wire_id;
 	size_t done_bytes;         /* transport progress (tx/rx) */
+	void *xp;                  /* transport's (rdma: the local MR) */
 	struct te_task task;       /* shm: the copy on a worker */
 	uint8_t hdr[TE_WIRE_HDR_BYTES];
 };
@@ -598,6 +647,10 @@ struct te_engine {
 	char host_id[64];
 	uint64_t incarnation;
 	char data_listen[80];
+	char rdma_devices[TE_RDMA_DEVICES_BYTES]; /* "" = every usable one */
+	int rdma_gid_index;            /* -1: automatic */
+	pthread_t loop_tid;            /* te_new's (the loop's) thread */
+	struct metrics_registry *metrics;
 
 	/* data plane */
 	atomic_bool ready;             /* te_new finished: workers may tick */

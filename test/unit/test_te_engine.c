@@ -288,10 +288,11 @@ Test(te_engine, connection_shut_down_under_a_stream)
 }
 
 /* A transport that takes control messages, as rdma will. */
-static int fake_ctrl(struct te_xport *x, const char *peer, const uint8_t *in,
+static int fake_ctrl(struct te_xport *x, const char *peer, void **conn, const uint8_t *in,
 		     size_t inlen, uint8_t *out, size_t *outlen)
 {
 	(void)x;
+	(void)conn;
 	if (inlen == 4 && memcmp(in, "busy", 4) == 0)
 		return -EBUSY;
 	int n = snprintf((char *)out, *outlen, "pong %.*s from %s", (int)inlen, in, peer);
