@@ -136,8 +136,9 @@
 	X(PROTOCOL, "protocol", AGENT, ENUM, "auto", 0, 0,                     \
 	  "auto|tcp|rdma|shm",                                                 \
 	  "transfer engine transport for remote peers: auto (rdma when a "     \
-	  "usable device exists, else tcp; shm on this host), tcp (also on "   \
-	  "this host), rdma, shm (this host only)")                            \
+	  "usable device exists, else tcp, logging why; shm on this host), "   \
+	  "tcp (also on this host), rdma (also on this host; no usable "       \
+	  "device refuses the start), shm (this host only)")                   \
 	X(TE_THREADS, "te-threads", AGENT, UINT, "0", 0, 1024, NULL,           \
 	  "transfer engine data-plane threads (0: one per core)")              \
 	X(TE_TCP_CONNS, "te-tcp-conns", AGENT, UINT, "4", 1, 32, NULL,         \

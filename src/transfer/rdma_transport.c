@@ -56,6 +56,11 @@
 #define POST_MAX 64                   /* WRs per te_rdma_post */
 #define MAX_TRIES (TE_MAX_PATHS + 8)  /* resubmissions of one slice */
 #define CTRL_TIMEOUT_MS TE_CONNECT_TIMEOUT_MS
+/* Completion queue entries per device. Every QP reserves its send queue
+ * depth + 1 of them (rdma.h), so this bounds the QPs per device, to peers
+ * opened and peers served together: 65536 / 257 = 255 (4 MiB of CQEs on
+ * a NIC). */
+#define CQ_DEPTH 65536
 
 /* ------------------------------------------------------------ control messages (pure) */
 
@@ -1041,7 +1046,7 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 fail_peer:
 	peer_destroy(p);
 fallback:
-	if (err == -EACCES || err == MC_ESEGMENT_NOT_FOUND || err == -ENOMEM ||
+	if (err == -EACCES || err == MC_ESEGMENT_NOT_FOUND ||
 	    e->proto == TE_PROTO_RDMA || !e->xp[TE_PROTO_TCP] || !(d->transports & TE_XP_TCP)) {
 		log_warn("segment %s: rdma: %s", seg->name, why[0] ? why : mc_strerror(err));
 		return err;
@@ -1109,6 +1114,7 @@ static int rdma_init(struct te_engine *e, struct te_xport **out)
 	struct te_rdma_opts o = {
 		.devices = e->rdma_devices,
 		.gid_index = e->rdma_gid_index,
+		.cq_depth = CQ_DEPTH,
 		.on_complete = on_complete,
 		.on_qp_error = on_qp_error,
 	};

@@ -33,17 +33,20 @@
  * and lets its connections pull from one queue, so the stripe follows
  * each connection's actual speed.
  *
- * How an rdma transport plugs in: init opens devices and fills the NIC
- * list of the descriptor (describe); region_add registers an MR per NIC
- * and writes the rkeys into the region (they travel in the descriptor);
- * connect opens a TCP control connection to the peer's data port (the
- * same authenticated handshake as tcp, te__hs_*), exchanges QP endpoint
- * info as TE_WIRE_CTRL messages (routed on the serving side to the
- * transport's on_ctrl; te__ctrl_call is the client side) and moves the
- * QPs to RTS; bind finds the region in the peer's descriptor (the rkey);
- * paths are NICs; submit posts a one-sided READ/WRITE and the CQ thread
- * calls te__slice_done. engine.c picks remote_proto (rdma when a device
- * is usable) and fills xops[TE_PROTO_RDMA].
+ * The rdma transport (rdma_transport.c, on rdma.h): init opens devices
+ * and describe fills the NIC list of the descriptor; region_add registers
+ * an MR per NIC and writes the rkeys (and, in the descriptor, the MR base
+ * rdma_addr) into the region; connect opens a TCP control connection to
+ * the peer's data port (the same authenticated handshake as tcp,
+ * te__ctrl_open) and keeps it, exchanges QP endpoints as TE_WIRE_CTRL
+ * messages (te__ctrl_xchg; on the serving side on_ctrl, whose state lives
+ * until ctrl_closed) and moves the QPs to RTS; bind finds the rkeys in
+ * the peer's descriptor; paths are QPs (one per NIC pair); submit queues
+ * a one-sided READ/WRITE for the QP's worker to post, and the CQ thread
+ * calls te__slice_done. A slice without an rkey or a registered local
+ * buffer, or whose QPs failed, goes to a tcp peer the rdma peer holds
+ * (slice->xp carries the local MR meanwhile). engine.c picks remote_proto
+ * (rdma when a device is usable) and fills xops[TE_PROTO_RDMA].
  */
 #ifndef MC_TRANSFER_TE_INT_H
 #define MC_TRANSFER_TE_INT_H

@@ -300,7 +300,7 @@ def rdma_restarted_peer_with_new_regions_is_reopened():
     addr = int(r.split()[2].split("+")[0], 16)
     r = a.retry_ok("read %s @%d 2M 13" % (name, addr))
     assert "verified" in r, r
-    mctest.wait_for(lambda: "regions=2" in a.ok("open " + name), what="descriptor update")
+    mctest.wait_for(lambda: "0x%x+" % addr in a.ok("open " + name), what="descriptor update")
     before = nic_bytes(metrics(a), "emu_0", "read")
     r = a.ok("read %s @%d 2M 13" % (name, addr))
     assert "verified" in r, r
