@@ -774,22 +774,27 @@ static void on_complete(void *arg, uint64_t cookie, int status)
 	rq_drain(&rc->q[k]);
 }
 
-static void on_qp_error(void *arg, unsigned k, int status)
+/* Mark QP q dead; returns the slices that waited on it. */
+static struct te_slice *rq_take_all(struct rq *q)
 {
-	struct rconn *rc = arg;
-	if (!rc)
-		return;
-	struct rpeer *p = rc->p;
-	struct rq *q = &rc->q[k];
-	metric_inc(p->x->m_qp_errors);
-	atomic_fetch_and(&rc->healthy, ~(1u << k));
 	pthread_mutex_lock(&q->mu);
 	q->dead = true;
 	struct te_slice *back = q->head;
 	q->head = NULL;
 	q->tail = &q->head;
 	pthread_mutex_unlock(&q->mu);
-	resubmit_list(p, back, (int)k);
+	return back;
+}
+
+static void on_qp_error(void *arg, unsigned k, int status)
+{
+	struct rconn *rc = arg;
+	if (!rc)
+		return;
+	struct rpeer *p = rc->p;
+	metric_inc(p->x->m_qp_errors);
+	atomic_fetch_and(&rc->healthy, ~(1u << k));
+	resubmit_list(p, rq_take_all(&rc->q[k]), (int)k);
 	pthread_rwlock_rdlock(&p->lk);
 	bool current = p->cur == rc;
 	pthread_rwlock_unlock(&p->lk);
@@ -873,16 +878,8 @@ fail_free:
 static void rconn_retire(struct rconn *rc)
 {
 	atomic_store(&rc->healthy, 0);
-	for (unsigned k = 0; k < rc->n; k++) {
-		struct rq *q = &rc->q[k];
-		pthread_mutex_lock(&q->mu);
-		q->dead = true;
-		struct te_slice *back = q->head;
-		q->head = NULL;
-		q->tail = &q->head;
-		pthread_mutex_unlock(&q->mu);
-		resubmit_list(rc->p, back, -1);
-	}
+	for (unsigned k = 0; k < rc->n; k++)
+		resubmit_list(rc->p, rq_take_all(&rc->q[k]), -1);
 	te_rdma_conn_free(rc->c);
 	rconn_unref(rc);
 }

@@ -63,6 +63,13 @@ def metrics(sh, prefix="mooncake_te_"):
     return out
 
 
+def verified(sh, cmd, retry=False, **kw):
+    """Run a read that checks every byte; it must say so."""
+    r = sh.retry_ok(cmd, **kw) if retry else sh.ok(cmd)
+    assert "verified" in r, r
+    return r
+
+
 def nic_bytes(m, nic, op):
     return m.get('mooncake_te_rdma_nic_bytes_total{nic="%s",op="%s"}' % (nic, op), 0)
 
@@ -81,22 +88,18 @@ def matrix(a, b):
     r = a.ok("open " + name)
     assert "transport=rdma " in r, r
     for off, ln in ((0, "1"), (4097, "4K"), (3, "1M+1"), (0, "64M")):
-        r = a.ok("read %s @%d %s 7" % (name, base + off, ln))
-        assert "verified" in r, r
+        verified(a, "read %s @%d %s 7" % (name, base + off, ln))
     for off, ln, seed in ((70 * M + 5, "1", 21), (70 * M + 11, "4K", 22),
                           (71 * M + 1, "1M+1", 23), (1, "64M", 24)):
         a.ok("write %s @%d %s %d" % (name, base + off, ln, seed))
-        r = a.ok("read %s @%d %s %d" % (name, base + off, ln, seed))
-        assert "verified" in r, r
+        verified(a, "read %s @%d %s %d" % (name, base + off, ln, seed))
     a.ok("write %s @%d 4K 31 1000" % (name, base))
     r = a.ok("read %s @%d 4K 31 1000" % (name, base))
     assert "requests=1000" in r and "verified" in r, r
     a.ok("write %s @%d 65537 32 1000" % (name, base + 5))
-    r = a.ok("read %s @%d 65537 32 1000" % (name, base + 5))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 65537 32 1000" % (name, base + 5))
     # what the target holds, read through its own engine
-    r = b.ok("read %s @%d 65537 32 1000" % (name, base + 5))
-    assert "verified" in r, r
+    verified(b, "read %s @%d 65537 32 1000" % (name, base + 5))
 
 
 # ------------------------------------------------------------ data path
@@ -134,11 +137,9 @@ def rdma_two_nics_per_side_stripe_slices():
     base = buf0(b)
     r = a.ok("open " + b.name)
     assert "transport=rdma " in r, r
-    r = a.ok("read %s @%d 64M 7" % (b.name, base))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 64M 7" % (b.name, base))
     a.ok("write %s @%d 16M 41" % (b.name, base + 1))
-    r = b.ok("read %s @%d 16M 41" % (b.name, base + 1))
-    assert "verified" in r, r
+    verified(b, "read %s @%d 16M 41" % (b.name, base + 1))
     m = metrics(a)
     for nic in ("emu_0", "emu_1"):
         # 64 slices of 1 MiB striped over two QPs, one per NIC pair
@@ -149,8 +150,7 @@ def rdma_two_nics_per_side_stripe_slices():
     assert "rdma transport: emu_1 port 1" in b.stderr(), b.stderr()
     # one NIC on one side, two on the other: still two queue pairs
     c = shell("rdma-nics-c", "--buffer=4M", "--protocol=rdma", nics=1)
-    r = c.ok("read %s @%d 8M 7" % (b.name, base + 32 * M))
-    assert "verified" in r, r
+    verified(c, "read %s @%d 8M 7" % (b.name, base + 32 * M))
     assert "2 RDMA queue pairs (1 NICs here, 2 there)" in c.stderr(), c.stderr()
     for s in (a, b, c):
         eq(s.close(), 0, "exit")
@@ -160,11 +160,9 @@ def rdma_two_nics_per_side_stripe_slices():
 def rdma_local_memory_not_registered_goes_over_tcp():
     b = shell("rdma-local-b", "--buffer=8M", "--fill=7", "--protocol=rdma")
     a = shell("rdma-local-a", "--buffer=0", "--protocol=rdma", "--local-memory=malloc")
-    r = a.ok("read %s 0 8M 7" % b.name)
-    assert "verified" in r, r
+    verified(a, "read %s 0 8M 7" % b.name)
     a.ok("write %s 1 1M+1 5" % b.name)
-    r = b.ok("read %s 1 1M+1 5" % b.name)
-    assert "verified" in r, r
+    verified(b, "read %s 1 1M+1 5" % b.name)
     m = metrics(a)
     assert m["mooncake_te_rdma_tcp_fallback_slices_total"] >= 10, m
     eq(nic_bytes(m, "emu_0", "read"), 0, "no RDMA without an lkey")
@@ -190,10 +188,8 @@ def rdma_refusals_leave_memory_and_connections_alone():
         a.error(what, "MC_EREMOTE_ACCESS")
     r = a.error("read %s @%d 512K 7 3" % (b.name, base + 7 * M), "MC_EREMOTE_ACCESS")
     assert "1 of 3 requests failed" in r, r
-    r = b.ok("read %s @%d 8M 7" % (b.name, base))
-    assert "verified" in r, r
-    r = a.ok("read %s @%d 8M 7" % (b.name, base))
-    assert "verified" in r, r
+    verified(b, "read %s @%d 8M 7" % (b.name, base))
+    verified(a, "read %s @%d 8M 7" % (b.name, base))
     a.close()
     b.close()
 
@@ -211,23 +207,20 @@ def rdma_nic_refuses_an_unregistered_region():
     a = shell(None, "--buffer=0", "--protocol=rdma", p2p=True)
     r = a.ok("open " + b.name)
     assert "regions=2" in r, r
-    r = a.ok("read %s @%d 2M 13" % (b.name, addr))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 2M 13" % (b.name, addr))
     b.ok("unregister %d" % addr)
     a.error("write %s @%d 1M 9" % (b.name, addr), "MC_EREMOTE_ACCESS")
     a.error("read %s @%d 4K 13" % (b.name, addr), "MC_EREMOTE_ACCESS")
     m = metrics(a)
     assert m["mooncake_te_rdma_qp_errors_total"] >= 1, m
     # the other region was not touched, and is still served
-    r = a.ok("read %s @%d 8M 7" % (b.name, base))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 8M 7" % (b.name, base))
     mctest.wait_for(lambda: metrics(a)["mooncake_te_rdma_reconnects_total"] >= 1,
                     what="queue pairs reconnected")
     mctest.wait_for(lambda: "RDMA queue pairs reconnected" in a.stderr(),
                     what="reconnect logged")
     before = nic_bytes(metrics(a), "emu_0", "read")
-    r = a.ok("read %s @%d 8M 7" % (b.name, base))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 8M 7" % (b.name, base))
     assert nic_bytes(metrics(a), "emu_0", "read") >= before + 8 * M, "read over RDMA again"
     a.close()
     b.close()
@@ -248,10 +241,8 @@ def rdma_peer_killed_mid_transfer_fails_requests_not_the_engine():
     r = a.line(timeout=60)  # an error, not a hang
     assert r.startswith("error stress ") and "MC_EUNAVAILABLE" in r, r
     a.error("write %s 0 4K 1" % b.name, "MC_EUNAVAILABLE", timeout=30)
-    r = a.ok("read %s @%d 4M 7" % (c.name, cbase))
-    assert "verified" in r, r
-    r = c.ok("read %s @%d 4M 5" % (a.name, abase))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 4M 7" % (c.name, cbase))
+    verified(c, "read %s @%d 4M 5" % (a.name, abase))
     a.close()
     c.close()
 
@@ -270,8 +261,7 @@ def rdma_stopped_peer_fails_then_recovers():
         assert time.monotonic() - t0 < 60, "failed after the timeouts, not later"
     finally:
         b.proc.send_signal(signal.SIGCONT)
-    r = a.retry_ok("read rdma-stop-b @%d 16M 7" % base, deadline_s=60)
-    assert "verified" in r, r
+    verified(a, "read rdma-stop-b @%d 16M 7" % base, deadline_s=60, retry=True)
     a.close()
     b.close()
 
@@ -287,30 +277,25 @@ def rdma_restarted_peer_with_new_regions_is_reopened():
     b.kill()
     b2 = shell(name, "--buffer=16M", "--fill=9", "--te-lease-ttl=2s", "--protocol=rdma")
     base = buf0(b2)
-    r = a.retry_ok("read %s @%d 1M 9" % (name, base))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 1M 9" % (name, base), retry=True)
     new = first_region(a.ok("open " + name))
     assert new != old and new == (base, 16 * M), (old, new)
     a.ok("write %s @%d 8M 11" % (name, base + 8 * M))
-    r = b2.ok("read %s @%d 8M 11" % (name, base + 8 * M))
-    assert "verified" in r, r
+    verified(b2, "read %s @%d 8M 11" % (name, base + 8 * M))
     # A region registered later: over tcp (the serving side decides)
     # until the descriptor with its rkeys arrives, then over RDMA.
     r = b2.ok("register 2M 13")
     addr = int(r.split()[2].split("+")[0], 16)
-    r = a.retry_ok("read %s @%d 2M 13" % (name, addr))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 2M 13" % (name, addr), retry=True)
     mctest.wait_for(lambda: "0x%x+" % addr in a.ok("open " + name), what="descriptor update")
     before = nic_bytes(metrics(a), "emu_0", "read")
-    r = a.ok("read %s @%d 2M 13" % (name, addr))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 2M 13" % (name, addr))
     eq(nic_bytes(metrics(a), "emu_0", "read"), before + 2 * M, "read over RDMA")
     # one removed is refused (by the NIC, or over tcp once the descriptor
     # says it is gone)
     b2.ok("unregister %d" % addr)
     a.error("read %s @%d 2M 13" % (name, addr), "MC_EREMOTE_ACCESS")
-    r = a.ok("read %s @%d 1M 9" % (name, base))
-    assert "verified" in r, r
+    verified(a, "read %s @%d 1M 9" % (name, base))
     a.close()
     b2.close()
 
@@ -408,8 +393,7 @@ def rdma_initiator_and_a_peer_without_rdma():
     a.close()
     # tcp forced on the emulator build: neither offers nor uses rdma
     c = shell("tcp-c", "--buffer=0", "--protocol=tcp")
-    r = c.ok("read no-rdma-b 0 4M 7")
-    assert "verified" in r, r
+    verified(c, "read no-rdma-b 0 4M 7")
     eq(metrics(c, "mooncake_te_rdma").get("mooncake_te_rdma_qp_errors_total"), None,
        "no rdma transport at all")
     c.close()
@@ -443,8 +427,7 @@ def rdma_limits_are_clear_errors():
     b = shell("rdma-qp-b", "--buffer=4M", "--fill=7", "--protocol=rdma",
               env={"VERBS_EMU_MAX_QP": "1"})
     a = shell("rdma-qp-a", "--buffer=0", "--protocol=rdma")
-    r = a.ok("read %s 0 4M 7" % b.name)
-    assert "verified" in r, r
+    verified(a, "read %s 0 4M 7" % b.name)
     c = shell("rdma-qp-c", "--buffer=0", "--protocol=rdma")
     c.error("open " + b.name, "ENOMEM")
     assert "allows 1 queue pairs (max_qp)" in b.stderr(), b.stderr()

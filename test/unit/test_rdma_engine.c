@@ -4,215 +4,35 @@
  * software verbs device instead of libibverbs): regions get MRs whose
  * rkeys and base reach the descriptor (asynchronously when registered on
  * the loop thread), transfers over one and two NICs with the slices
- * striped, unregistering waits for our requests that use a region as
- * local memory, a QP error (a stale rkey) is a remote access error and
+ * striped, unregistering a region our requests use as local memory (they
+ * complete, over RDMA while they hold its lkeys, then tcp), a QP error (a stale rkey) is a remote access error and
  * the queue pairs are set up again, protocol choice without a device, and
  * the CONNECT/ACCEPT control message.
  */
 #include <criterion/criterion.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include "common/buf.h"
-#include "common/metrics.h"
 #include "common/util.h"
-#include "rpc/rpc.h"
-#include "transfer/te_int.h"
-
-struct host {
-	uv_loop_t loop;
-	pthread_t tid;
-	uv_async_t call;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	void (*fn)(struct host *h);
-	bool called, stopping;
-	int stopped;
-	struct rpc_server *rpc[2];
-	struct te_engine *e[2];
-	struct metrics_registry *m[2];
-};
-
-static struct host H;
-
-static void on_rpc_done(struct rpc_server *s, void *ud)
-{
-	(void)s;
-	(void)ud;
-}
-
-static void on_te_stopped(struct te_engine *e, void *ud)
-{
-	struct host *h = ud;
-	(void)e;
-	if (++h->stopped == 2) {
-		rpc_server_shutdown(h->rpc[0], 0, on_rpc_done, NULL);
-		rpc_server_shutdown(h->rpc[1], 0, on_rpc_done, NULL);
-		uv_close((uv_handle_t *)&h->call, NULL);
-	}
-}
-
-static void call_done(struct host *h)
-{
-	pthread_mutex_lock(&h->mu);
-	h->called = true;
-	pthread_cond_signal(&h->cv);
-	pthread_mutex_unlock(&h->mu);
-}
-
-static void on_call(uv_async_t *a)
-{
-	struct host *h = a->data;
-	if (h->stopping) {
-		te_stop(h->e[0], on_te_stopped, h);
-		te_stop(h->e[1], on_te_stopped, h);
-		return;
-	}
-	h->fn(h);
-	call_done(h);
-}
-
-/* Run fn on the loop thread and wait for it. */
-static void run_on_loop(struct host *h, void (*fn)(struct host *h))
-{
-	pthread_mutex_lock(&h->mu);
-	h->fn = fn;
-	h->called = false;
-	pthread_mutex_unlock(&h->mu);
-	uv_async_send(&h->call);
-	pthread_mutex_lock(&h->mu);
-	while (!h->called)
-		pthread_cond_wait(&h->cv, &h->mu);
-	pthread_mutex_unlock(&h->mu);
-}
-
-static void *loop_main(void *arg)
-{
-	uv_run(&((struct host *)arg)->loop, UV_RUN_DEFAULT);
-	return NULL;
-}
-
-/* te_new runs on the loop's thread: that is how the engine knows it. */
-static struct te_opts start_opts[2];
-static int start_rc[2];
-
-static void start_engines(struct host *h)
-{
-	for (int i = 0; i < 2; i++)
-		start_rc[i] = te_new(&start_opts[i], &h->e[i]);
-}
+#include "test_te_util.h"
 
 static void host_start(const char *nics0, const char *nics1)
 {
-	struct host *h = &H;
-	memset(h, 0, sizeof(*h));
-	cr_assert_eq(uv_loop_init(&h->loop), 0);
-	pthread_mutex_init(&h->mu, NULL);
-	pthread_cond_init(&h->cv, NULL);
-	for (int i = 0; i < 2; i++) {
-		struct rpc_server_opts ro = {.name = "t"};
-		cr_assert_eq(rpc_server_new(&h->loop, &ro, &h->rpc[i]), 0);
-		cr_assert_eq(rpc_server_listen(h->rpc[i], "127.0.0.1:0"), 0);
-		h->m[i] = metrics_registry_new();
-		start_opts[i] = (struct te_opts){
-			.loop = &h->loop,
-			.rpc = h->rpc[i],
-			.rpc_port = (uint16_t)rpc_server_port(h->rpc[i], 0),
-			.data_listen = "127.0.0.1:0",
-			.protocol = TE_PROTO_RDMA,
-			.threads = 2,
-			.tcp_conns = 2,
-			.slice_bytes = 64 << 10,
-			.rdma_devices = i == 0 ? nics0 : nics1,
-			.rdma_gid_index = -1,
-			.metrics = h->m[i],
-		};
-	}
-	uv_async_init(&h->loop, &h->call, on_call);
-	h->call.data = h;
-	cr_assert_eq(pthread_create(&h->tid, NULL, loop_main, h), 0);
-	run_on_loop(h, start_engines);
-	cr_assert_eq(start_rc[0], 0);
-	cr_assert_eq(start_rc[1], 0);
-	cr_assert_eq(te_protocol_in_use(h->e[0]), TE_PROTO_RDMA);
-}
-
-static void host_stop(void)
-{
-	struct host *h = &H;
-	h->stopping = true;
-	uv_async_send(&h->call);
-	pthread_join(h->tid, NULL);
-	te_free(h->e[0]);
-	te_free(h->e[1]);
-	rpc_server_free(h->rpc[0]);
-	rpc_server_free(h->rpc[1]);
-	metrics_registry_free(h->m[0]);
-	metrics_registry_free(h->m[1]);
-	cr_assert_eq(uv_loop_close(&h->loop), 0, "every handle closed");
-}
-
-struct mem {
-	uint8_t *p;
-	size_t len;
-	int fd;
-	struct te_region *r;
-};
-
-static void mem_map(size_t len, struct mem *m)
-{
-	m->fd = memfd_create("t", MFD_CLOEXEC);
-	cr_assert(m->fd >= 0);
-	cr_assert_eq(ftruncate(m->fd, (off_t)len), 0);
-	m->p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
-	cr_assert(m->p != MAP_FAILED);
-	m->len = len;
-	m->r = NULL;
-}
-
-static void mem_new(struct te_engine *e, size_t len, struct mem *m)
-{
-	mem_map(len, m);
-	cr_assert_eq(te_register(e, (uint64_t)(uintptr_t)m->p, m->p, len, m->fd, 0, &m->r),
-		     0);
-}
-
-static void mem_free(struct mem *m)
-{
-	if (m->r)
-		te_unregister(m->r);
-	munmap(m->p, m->len);
-	close(m->fd);
+	struct te_opts t[2] = {
+		{.protocol = TE_PROTO_RDMA, .threads = 2, .tcp_conns = 2,
+		 .slice_bytes = 64 << 10, .rdma_devices = nics0, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_RDMA, .threads = 2, .tcp_conns = 2,
+		 .slice_bytes = 64 << 10, .rdma_devices = nics1, .rdma_gid_index = -1},
+	};
+	host_start_with(t);
+	cr_assert_eq(te_protocol_in_use(H.e[0]), TE_PROTO_RDMA);
 }
 
 static void fill(struct mem *m, unsigned seed)
 {
 	for (size_t i = 0; i < m->len; i++)
 		m->p[i] = (uint8_t)((i + seed) * 2654435761u >> 24);
-}
-
-static struct te_segment *open_b(void)
-{
-	struct te_segment *s;
-	cr_assert_eq(te_open_segment(H.e[0], te_name(H.e[1]), &s), 0);
-	return s;
-}
-
-/* Value of a metric line "name{labels} value" in engine i's registry. */
-static double metric(int i, const char *line_prefix)
-{
-	struct mc_buf b = {0};
-	cr_assert_eq(metrics_format(H.m[i], &b), 0);
-	cr_assert_eq(mc_buf_append(&b, "", 1), 0);
-	char want[160];
-	snprintf(want, sizeof(want), "\n%s", line_prefix); /* not the # HELP line */
-	const char *p = strstr(b.data, want);
-	double v = p ? strtod(p + strlen(want), NULL) : -1;
-	mc_buf_free(&b);
-	return v;
 }
 
 /* n requests of len bytes from local to remote (or back). */
@@ -280,6 +100,7 @@ static void register_on_loop(struct host *h)
 {
 	loop_rc = te_register(h->e[1], (uint64_t)(uintptr_t)loop_mem.p, loop_mem.p,
 			      loop_mem.len, loop_mem.fd, 0, &loop_mem.r);
+	call_done(h);
 }
 
 Test(rdma_engine, register_on_the_loop_pins_on_the_setup_thread)
@@ -348,22 +169,15 @@ Test(rdma_engine, two_nics_each_side_stripe)
 	host_stop();
 }
 
-struct unreg {
-	struct mem *m;
-	struct te_batch *bt;
-	size_t pending_after;
-};
-
 static void *unregister_main(void *arg)
 {
-	struct unreg *u = arg;
-	te_unregister(u->m->r);
-	u->m->r = NULL;
-	u->pending_after = te_poll(u->bt, NULL);
+	struct mem *m = arg;
+	te_unregister(m->r); /* waits for slices holding its lkeys */
+	m->r = NULL;
 	return NULL;
 }
 
-Test(rdma_engine, unregister_waits_for_requests_using_the_region)
+Test(rdma_engine, unregister_under_requests_using_the_region)
 {
 	setenv("VERBS_EMU_DEVICES", "1", 1);
 	host_start("", "");
@@ -376,20 +190,24 @@ Test(rdma_engine, unregister_waits_for_requests_using_the_region)
 	for (size_t i = 0; i < 64; i++)
 		q[i] = (struct te_request){TE_WRITE, src.p + (i << 20), s,
 					   (uint64_t)(uintptr_t)b.p + (i << 20), 1 << 20};
-	struct unreg u = {.m = &src};
-	cr_assert_eq(te_submit(H.e[0], q, 64, &u.bt), 0);
+	struct te_batch *bt;
+	cr_assert_eq(te_submit(H.e[0], q, 64, &bt), 0);
 	pthread_t t;
-	cr_assert_eq(pthread_create(&t, NULL, unregister_main, &u), 0);
+	cr_assert_eq(pthread_create(&t, NULL, unregister_main, &src), 0);
 	pthread_join(t, NULL);
-	/* Every slice reading src was done when the MRs went away. */
-	cr_assert_eq(te_wait(u.bt, 60000), 0);
+	/* Slices that had its lkeys finished over RDMA before the MRs went,
+	 * the others went over tcp (the memory itself is still ours). */
+	cr_assert_eq(te_wait(bt, 60000), 0);
 	struct te_result res[64];
-	te_poll(u.bt, res);
-	cr_assert_eq(u.pending_after, 0, "unregister returned with requests using it");
+	te_poll(bt, res);
 	for (int i = 0; i < 64; i++)
 		cr_assert_eq(res[i].status, TE_DONE, "request %d: %d", i, res[i].err);
-	cr_assert(memcmp(b.p, src.p, b.len) == 0);
-	te_batch_free(u.bt);
+	cr_assert(memcmp(b.p, src.p, b.len) == 0, "every byte arrived");
+	te_batch_free(bt);
+	/* and afterwards its memory is a plain local buffer: tcp */
+	double fb = metric(0, "mooncake_te_rdma_tcp_fallback_slices_total ");
+	transfer(TE_WRITE, s, src.p, (uint64_t)(uintptr_t)b.p, 1 << 20, 4, 0);
+	cr_assert_geq(metric(0, "mooncake_te_rdma_tcp_fallback_slices_total "), fb + 64);
 	te_close_segment(s);
 	mem_free(&b);
 	mem_free(&src);
@@ -414,21 +232,13 @@ Test(rdma_engine, stale_rkey_is_a_remote_access_error_and_qps_come_back)
 	for (size_t i = 0; i < gone.len; i++)
 		cr_assert_eq(gone.p[i], 0x5a, "byte %zu written", i);
 	/* the QP error is reported after the failed request completed */
-	uint64_t deadline = mc_now_ms() + 20000;
-	while (metric(0, "mooncake_te_rdma_qp_errors_total ") < 1) {
-		cr_assert(mc_now_ms() < deadline, "no QP error");
-		usleep(1000);
-	}
+	wait_metric(0, "mooncake_te_rdma_qp_errors_total ", 1);
 	/* the other region is served meanwhile (tcp) and afterwards (new QPs) */
 	transfer(TE_READ, s, dst.p, (uint64_t)(uintptr_t)b.p, 1 << 20, 4, 0);
 	cr_assert(memcmp(dst.p, b.p, b.len) == 0);
-	deadline = mc_now_ms() + 20000;
-	while (metric(0, "mooncake_te_rdma_reconnects_total ") < 1) {
-		cr_assert(mc_now_ms() < deadline, "no reconnect");
-		usleep(1000);
-	}
+	wait_metric(0, "mooncake_te_rdma_reconnects_total ", 1);
 	/* wait until the new QPs are in place, then a read goes over them */
-	deadline = mc_now_ms() + 20000;
+	uint64_t deadline = mc_now_ms() + 20000;
 	for (;;) {
 		double before = metric(0, "mooncake_te_rdma_nic_bytes_total{nic=\"emu_0\","
 					  "op=\"read\"} ");
