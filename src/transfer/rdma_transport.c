@@ -836,7 +836,13 @@ static int rconn_new(struct rpeer *p, struct rconn **out, char *why, size_t why_
 	size_t len = te__rdma_msg_encode(&req, buf), alen = sizeof(ans);
 	err = te__ctrl_xchg(p->ctrl_fd, TE_PROTO_RDMA, buf, len, ans, &alen, CTRL_TIMEOUT_MS);
 	if (err) {
-		snprintf(why, why_len, "endpoint exchange: %s", mc_strerror(err));
+		bool theirs = err != MC_EUNAVAILABLE && err != MC_ETIMEDOUT &&
+			      err != MC_EPROTOCOL && err != -EOVERFLOW;
+		snprintf(why, why_len, "%s: %s",
+			 theirs ? "the peer could not set up its queue pairs (its log says "
+				  "why)"
+				: "queue pair endpoint exchange",
+			 mc_strerror(err));
 		goto fail_conn;
 	}
 	err = te__rdma_msg_decode(ans, alen, &rep);

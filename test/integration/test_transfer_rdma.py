@@ -431,6 +431,7 @@ def rdma_limits_are_clear_errors():
     c = shell("rdma-qp-c", "--buffer=0", "--protocol=rdma")
     c.error("open " + b.name, "ENOMEM")
     assert "allows 1 queue pairs (max_qp)" in b.stderr(), b.stderr()
+    assert "the peer could not set up its queue pairs" in c.stderr(), c.stderr()
     c.close()
     a.close()
     b.close()
