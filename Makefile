@@ -281,11 +281,13 @@ SOAK_SEEDS ?= 20000
 soak: all $(UNIT_BINS)
 	$(Q)RAFT_SIM_SEEDS=$(SOAK_SEEDS) RAFT_SIM_STEPS=8000 $(B)/test/test_raft_sim --jobs 2
 
-bench: all $(BENCH_BINS)
+bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
+	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
+	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 	$(Q)test/bench/bench_meta.sh $(B)
 
