@@ -241,6 +241,21 @@ $(RDMA_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/verbs-emu/libve
 	@echo "  CC TEST $< (verbs-emu)"
 	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a -lcriterion $(LIBS_VEMU) $(LDFLAGS_SAN)
 
+# TEST BUILDS of the daemon and the CLI on the software verbs device, for
+# the rdma integration tests (test/integration/test_transfer_rdma.py): the
+# same objects as the production binaries, linked (dynamically) with
+# verbs-emu instead of libibverbs. Never installed.
+EMU_BINS := $(B)/test/mooncaked-emu $(B)/test/mooncakectl-emu
+$(B)/test/mooncaked-emu: $(B)/obj/main.o $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@ (verbs-emu)"
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $< $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(LIBS_VEMU)
+
+$(B)/test/mooncakectl-emu: $(CTL_OBJS) $(B)/libmooncake.a $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@ (verbs-emu)"
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(CTL_OBJS) $(B)/libmooncake.a $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(LIBS_VEMU)
+
 # Fuzz targets: replayed over their corpus by make test (any compiler);
 # `make fuzz` builds them with clang's libFuzzer in build-fuzz/ and runs
 # each for FUZZ_SECONDS.
@@ -263,7 +278,7 @@ fuzz-run: $(FUZZ_BINS)
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(B)/corpus/$$n test/fuzz/corpus/$$n || exit 1; done
 
-test: all $(UNIT_BINS) $(PY_GEN) $(REPLAY_BINS)
+test: all $(UNIT_BINS) $(EMU_BINS) $(PY_GEN) $(REPLAY_BINS)
 	$(Q)BUILD=$(B) PYTHON=$(PYTHON) SAN=$(SAN) test/run.sh
 
 BENCH_SRCS := $(wildcard test/bench/bench_*.c)
@@ -278,12 +293,14 @@ SOAK_SEEDS ?= 20000
 soak: all $(UNIT_BINS)
 	$(Q)RAFT_SIM_SEEDS=$(SOAK_SEEDS) RAFT_SIM_STEPS=8000 $(B)/test/test_raft_sim --jobs 2
 
-bench: all $(BENCH_BINS)
+bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
+	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
+	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 	$(Q)test/bench/bench_meta.sh $(B)
 

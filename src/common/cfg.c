@@ -583,6 +583,23 @@ static void env_name(const char *key, char *buf, size_t len)
 	buf[n] = '\0';
 }
 
+/* The other environment name of key k (CFG_ENV_ALIASES), or NULL. */
+static const char *env_alias(int k)
+{
+	static const struct {
+		int key;
+		const char *name;
+	} aliases[] = {
+#define CFG__ALIAS(id, var) {CFG_##id, var},
+		CFG_ENV_ALIASES(CFG__ALIAS)
+#undef CFG__ALIAS
+	};
+	for (size_t i = 0; i < MC_ARRAY_LEN(aliases); i++)
+		if (aliases[i].key == k)
+			return aliases[i].name;
+	return NULL;
+}
+
 static const char *env_get(char *const envp[], const char *name)
 {
 	size_t n = strlen(name);
@@ -718,6 +735,10 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 		char name[128], verr[512];
 		env_name(cfg_keydefs[k].name, name, sizeof(name));
 		const char *v = env_get(envp, name);
+		if (!v && env_alias(k)) {
+			snprintf(name, sizeof(name), "%s", env_alias(k));
+			v = env_get(envp, name);
+		}
 		if (!v)
 			continue;
 		char origin[160];
@@ -876,8 +897,13 @@ void cfg_print_help(FILE *f, const char *prog)
 				continue;
 			char lhs[96], text[1024];
 			snprintf(lhs, sizeof(lhs), "--%s=%s", d->name, metavar(d));
-			snprintf(text, sizeof(text), "%s (default: %s)", d->help,
-				 *d->def ? d->def : "none");
+			if (env_alias(k))
+				snprintf(text, sizeof(text), "%s; also the environment "
+					 "variable %s (default: %s)", d->help,
+					 env_alias(k), *d->def ? d->def : "none");
+			else
+				snprintf(text, sizeof(text), "%s (default: %s)", d->help,
+					 *d->def ? d->def : "none");
 			print_wrapped(f, lhs, text);
 		}
 	}
@@ -988,6 +1014,15 @@ void cfg_print_man_options(FILE *f)
 			roff(f, metavar(d));
 			fputs("\n", f);
 			roff(f, d->help);
+			if (env_alias(k)) {
+				char up[128];
+				env_name(d->name, up, sizeof(up));
+				fputs(".\nAlso the environment variable\n.B ", f);
+				roff(f, env_alias(k));
+				fputs("\n(below ", f);
+				roff(f, up);
+				fputs(" in precedence)", f);
+			}
 			fputs(".\nDefault:\n.BR ", f);
 			roff(f, *d->def ? d->def : "none");
 			fputs(" .\n", f);

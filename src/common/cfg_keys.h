@@ -165,8 +165,9 @@
 	X(PROTOCOL, "protocol", AGENT, ENUM, "auto", 0, 0,                     \
 	  "auto|tcp|rdma|shm",                                                 \
 	  "transfer engine transport for remote peers: auto (rdma when a "     \
-	  "usable device exists, else tcp; shm on this host), tcp (also on "   \
-	  "this host), rdma, shm (this host only)")                            \
+	  "usable device exists, else tcp, logging why; shm on this host), "   \
+	  "tcp (also on this host), rdma (also on this host; no usable "       \
+	  "device refuses the start), shm (this host only)")                   \
 	X(TE_THREADS, "te-threads", AGENT, UINT, "0", 0, 1024, NULL,           \
 	  "transfer engine data-plane threads (0: one per core)")              \
 	X(TE_TCP_CONNS, "te-tcp-conns", AGENT, UINT, "4", 1, 32, NULL,         \
@@ -191,5 +192,13 @@
 	X(RDMA_GID_INDEX, "rdma-gid-index", AGENT, STRING, "auto", 0, 0, NULL, \
 	  "GID index for RoCE, 0-255 (auto: RoCE v2 with an IPv4-mapped "      \
 	  "address first)")
+
+/*
+ * Other environment names of a key, for the variables Mooncake users
+ * already set: read when the key's own MOONCAKE_* variable is not set
+ * (so below it, and below flags), shown as the origin in --print-config,
+ * listed in --help and the man page. X(id, variable)
+ */
+#define CFG_ENV_ALIASES(X) X(RDMA_GID_INDEX, "MC_GID_INDEX")
 
 #endif

@@ -12,7 +12,12 @@
  * run: memcpy with 1 and --threads threads for shm; for tcp, a plain TCP
  * stream between the same two processes over --te-tcp-conns connections
  * (one thread per connection on each side, 1 MiB send/recv calls cycling
- * through as much memory on each side as the engine's requests touch). The
+ * through as much memory on each side as the engine's requests touch).
+ * For rdma the same stream is printed as this machine's loopback limit:
+ * on the verbs-emu test device (a test build) the bytes move through Unix
+ * sockets, and the output says that the figures are an emulator's, not a
+ * NIC's; on a real NIC the line rate is the limit, which is not measured
+ * here. The
  * bandwidth and its limit are measured in 3 alternating rounds and the
  * best of each is printed, so other load on the machine weighs on both
  * alike; the engine gets as many data threads (--te-threads, unless
@@ -44,12 +49,16 @@
 #include "ctl/ctl_int.h"
 #include "ctl/ctl_te.h"
 
+/* Defined only when linked with test/verbs-emu (a test build). */
+extern const char verbs_emu_test_device[] __attribute__((weak));
+
 #define SMALL_BLOCK 4096
 #define STREAM_CHUNK ((size_t)1 << 20)
 #define ROUNDS 3
 
 struct bench {
 	struct ctl_te_opts te;
+	struct ctl_te *h;        /* the initiator's engine */
 	enum te_protocol proto;
 	bool write;
 	uint64_t block, batch, threads, duration_ms;
@@ -61,11 +70,14 @@ struct bench {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: mooncakectl bench transfer [--protocol=tcp|shm] [--op=write|read]\n"
+		"usage: mooncakectl bench transfer [--protocol=tcp|shm|rdma] "
+		"[--op=write|read]\n"
 		"         [--block-size=1M] [--batch-size=32] [--threads=2] "
 		"[--duration=3s]\n"
 		"         [--target=SEGMENT] [engine flags]\n\n"
-		"  --protocol=P        tcp (also on this host) or shm (default tcp)\n"
+		"  --protocol=P        tcp (also on this host), shm, or rdma (also on "
+		"this\n"
+		"                      host; local buffers registered) (default tcp)\n"
 		"  --op=OP             write or read (default write)\n"
 		"  --block-size=SIZE   bytes per request (default 1M)\n"
 		"  --batch-size=N      requests per batch, one batch in flight per "
@@ -270,10 +282,19 @@ static void *load_main(void *arg)
 {
 	struct load *l = arg;
 	pthread_setname_np(pthread_self(), "bench-load");
-	uint8_t *buf = malloc(l->block * l->batch);
-	struct te_request *reqs = calloc(l->batch, sizeof(*reqs));
-	if (!buf || !reqs) {
+	/* rdma moves bytes one-sided only from and to registered memory */
+	struct ctl_buf reg = {.fd = -1};
+	bool rdma = l->b->proto == TE_PROTO_RDMA;
+	uint8_t *buf = NULL;
+	if (rdma)
+		l->err = ctl_buf_new(l->b->h, l->block * l->batch, &reg);
+	else if (!(buf = malloc(l->block * l->batch)))
 		l->err = -ENOMEM;
+	if (rdma && !l->err)
+		buf = reg.p;
+	struct te_request *reqs = calloc(l->batch, sizeof(*reqs));
+	if (l->err || !reqs) {
+		l->err = l->err ? l->err : -ENOMEM;
 		goto out;
 	}
 	memset(buf, 0xa5, l->block * l->batch);
@@ -309,7 +330,10 @@ static void *load_main(void *arg)
 	free(res);
 out:
 	free(reqs);
-	free(buf);
+	if (rdma)
+		ctl_buf_free(&reg);
+	else
+		free(buf);
 	return NULL;
 }
 
@@ -544,7 +568,7 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 	}
 	char *end;
 	proto = b->te.protocol;
-	if (!proto || (strcmp(proto, "tcp") && strcmp(proto, "shm")) ||
+	if (!proto || (strcmp(proto, "tcp") && strcmp(proto, "shm") && strcmp(proto, "rdma")) ||
 	    te_protocol_parse(proto, &b->proto) || !op ||
 	    (strcmp(op, "write") && strcmp(op, "read")) || !block ||
 	    cfg_parse_size(block, &b->block) || b->block == 0 ||
@@ -564,7 +588,7 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 		/* As many data threads as the limit it is compared with uses:
 		 * the memcpy threads, or one per connection for the stream. */
 		static char tbuf[16];
-		uint64_t n = b->proto == TE_PROTO_TCP ? MC_MAX(b->threads, b->conns)
+		uint64_t n = b->proto != TE_PROTO_SHM ? MC_MAX(b->threads, b->conns)
 						      : b->threads;
 		snprintf(tbuf, sizeof(tbuf), "%" PRIu64, n);
 		b->te.threads = tbuf;
@@ -635,6 +659,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		fprintf(stderr, "mooncakectl bench transfer: %s\n", err);
 		goto out_child;
 	}
+	b.h = &h;
 	struct te_segment *seg = NULL;
 	int orc = te_open_segment(h.te, target, &seg);
 	struct te_region_info reg = {0};
@@ -712,6 +737,14 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns",
 			 b.conns);
 		print_ratio(what, st, bw.gbps);
+	}
+	if (info.transport == TE_PROTO_RDMA) {
+		if (verbs_emu_test_device)
+			printf("  note: RDMA on %s:\n  these are an emulator's figures, not a "
+			       "NIC's\n", verbs_emu_test_device);
+		else
+			printf("  note: on a NIC the line rate is the limit (not measured "
+			       "here)\n");
 	}
 	printf("  %-34s p50 %.0f us, p99 %.0f us\n", "request latency, 1 in flight",
 	       lat.p50_us, lat.p99_us);

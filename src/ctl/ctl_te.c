@@ -1,9 +1,11 @@
 /*
  * ctl_te: the engine host of mooncakectl's transfer commands. See
- * ctl_te.h. The engine is created on the calling thread before its loop
- * runs, then the loop runs on its own thread; stopping asks the loop
- * (uv_async) to unpublish and shut the gRPC server down, joins it, and
- * frees the engine.
+ * ctl_te.h. The meta client and the gRPC server are made on the calling
+ * thread before the loop runs; then the loop runs on its own thread and
+ * the engine is created there (te_new belongs on the loop's thread: it is
+ * how the engine tells the loop from the threads that may block);
+ * stopping asks the loop (uv_async) to unpublish and shut the gRPC server
+ * down, joins it, and frees the engine.
  */
 #include "ctl/ctl_te.h"
 
@@ -33,13 +35,16 @@ const char ctl_te_flags_help[] =
 	"  --listen=HOST:PORT        gRPC port for P2P descriptor fetch "
 	"(default 127.0.0.1:0)\n"
 	"  --data-listen=HOST:PORT   TCP data listener (default 127.0.0.1:0)\n"
-	"  --protocol=P              auto|tcp|shm (default auto)\n"
+	"  --protocol=P              auto|tcp|rdma|shm (default auto)\n"
 	"  --te-threads=N            data threads (default: one per core)\n"
 	"  --te-tcp-conns=N          TCP connections per peer (default 4)\n"
 	"  --te-slice-size=SIZE      slice size, 64K..64M (default 1M)\n"
 	"  --te-io-timeout=DURATION  dead-path timeout (default 10s)\n"
 	"  --te-lease-ttl=DURATION   descriptor lease in meta (default 10s)\n"
-	"  --cluster-secret-file=F   authenticate peers with this secret\n";
+	"  --cluster-secret-file=F   authenticate peers with this secret\n"
+	"  --rdma-devices=LIST       RDMA devices, mlx5_0,mlx5_1 (default: every "
+	"usable one)\n"
+	"  --rdma-gid-index=N        RoCE GID index 0-255 (default auto)\n";
 
 bool ctl_te_flag(struct ctl_te_opts *o, int argc, char **argv, int *i)
 {
@@ -59,6 +64,8 @@ bool ctl_te_flag(struct ctl_te_opts *o, int argc, char **argv, int *i)
 		{"te-io-timeout", offsetof(struct ctl_te_opts, io_timeout)},
 		{"te-lease-ttl", offsetof(struct ctl_te_opts, lease_ttl)},
 		{"cluster-secret-file", offsetof(struct ctl_te_opts, secret_file)},
+		{"rdma-devices", offsetof(struct ctl_te_opts, rdma_devices)},
+		{"rdma-gid-index", offsetof(struct ctl_te_opts, rdma_gid_index)},
 	};
 	const char *v;
 	for (size_t k = 0; k < MC_ARRAY_LEN(flags); k++) {
@@ -103,6 +110,27 @@ static void on_stop(uv_async_t *a)
 	te_stop(h->te, on_te_stopped, h);
 }
 
+/* On the loop thread: create the engine; on failure take the loop's
+ * handles down so that uv_run returns. */
+static void on_start(uv_async_t *a)
+{
+	struct ctl_te *h = a->data;
+	int rc = te_new(h->start_opts, &h->te);
+	uv_close((uv_handle_t *)&h->start, NULL);
+	if (rc) {
+		if (h->meta)
+			etcd_client_free(h->meta);
+		h->meta = NULL;
+		rpc_server_shutdown(h->rpc, 0, on_rpc_done, h);
+		uv_close((uv_handle_t *)&h->stop, NULL);
+	}
+	pthread_mutex_lock(&h->mu);
+	h->start_rc = rc;
+	h->started = true;
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+}
+
 /* ------------------------------------------------------------ start / stop */
 
 static int bad(char *err, size_t errlen, const char *what, const char *v)
@@ -136,6 +164,16 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		return bad(err, errlen, "--te-lease-ttl (>= 1s)", o->lease_ttl);
 	if (te_protocol_parse(o->protocol, &proto))
 		return bad(err, errlen, "--protocol", o->protocol);
+	int gid = -1;
+	if (o->rdma_gid_index && *o->rdma_gid_index && strcmp(o->rdma_gid_index, "auto")) {
+		long v = strtol(o->rdma_gid_index, &end, 10);
+		if (*end || v < 0 || v > 255)
+			return bad(err, errlen, "--rdma-gid-index (auto or 0-255)",
+				   o->rdma_gid_index);
+		gid = (int)v;
+	}
+	const char *devs = o->rdma_devices && strcmp(o->rdma_devices, "auto") ? o->rdma_devices
+									       : "";
 	if (o->secret_file && *o->secret_file) {
 		bool loose;
 		rc = mc_secret_load(o->secret_file, secret, &slen, &loose);
@@ -190,26 +228,40 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		.slice_bytes = (size_t)slice,
 		.io_timeout_ms = io_ms,
 		.lease_ttl_s = (ttl_ms + 999) / 1000,
-		.rdma_gid_index = -1,
+		.rdma_devices = devs,
+		.rdma_gid_index = gid,
 		.cluster_secret = slen ? secret : NULL,
 		.cluster_secret_len = slen,
 	};
-	rc = te_new(&to, &h->te);
-	memset(secret, 0, sizeof(secret));
-	if (rc) {
-		snprintf(err, errlen, "cannot start the transfer engine: %s",
-			 mc_strerror(rc));
-		goto fail_rpc;
-	}
-	snprintf(h->name, sizeof(h->name), "%s", te_name(h->te));
 	uv_async_init(&h->loop, &h->stop, on_stop);
 	h->stop.data = h;
+	uv_async_init(&h->loop, &h->start, on_start);
+	h->start.data = h;
+	h->start_opts = &to;
 	if (pthread_create(&h->tid, NULL, loop_main, h) != 0) {
 		snprintf(err, errlen, "cannot start the loop thread");
 		/* Only reachable when out of threads: leak rather than
 		 * tear down a loop with live handles. */
 		return -EAGAIN;
 	}
+	uv_async_send(&h->start);
+	pthread_mutex_lock(&h->mu);
+	while (!h->started)
+		pthread_cond_wait(&h->cv, &h->mu);
+	rc = h->start_rc;
+	pthread_mutex_unlock(&h->mu);
+	memset(secret, 0, sizeof(secret));
+	h->start_opts = NULL;
+	if (rc) {
+		/* on_start took the loop's handles down: it ends. */
+		pthread_join(h->tid, NULL);
+		rpc_server_free(h->rpc);
+		(void)uv_loop_close(&h->loop);
+		snprintf(err, errlen, "cannot start the transfer engine: %s",
+			 mc_strerror(rc));
+		return rc;
+	}
+	snprintf(h->name, sizeof(h->name), "%s", te_name(h->te));
 	h->running = true;
 	return 0;
 

@@ -33,17 +33,22 @@ struct ctl_te_opts {
 	const char *io_timeout;
 	const char *lease_ttl;
 	const char *secret_file;
+	const char *rdma_devices;  /* "" or "auto": every usable one */
+	const char *rdma_gid_index; /* "auto" or 0..255 */
 };
 
 #define CTL_TE_OPTS_INIT                                                       \
 	{NULL, "http://127.0.0.1:2379", "mooncake", "127.0.0.1:0", "127.0.0.1:0", "auto", "0",   \
-	 "4", "1M", "10s", "10s", NULL}
+	 "4", "1M", "10s", "10s", NULL, "", "auto"}
 
 struct ctl_te {
 	uv_loop_t loop;
 	pthread_t tid;
 	bool running;
-	uv_async_t stop;
+	uv_async_t start, stop;
+	const struct te_opts *start_opts; /* te_new runs on the loop thread */
+	int start_rc;
+	bool started;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool stopped;
@@ -57,7 +62,8 @@ struct ctl_te {
  * Match one of the engine flags (--segment, --meta-endpoints,
  * --cluster-id, --listen, --data-listen, --protocol, --te-threads,
  * --te-tcp-conns, --te-slice-size, --te-io-timeout, --te-lease-ttl,
- * --cluster-secret-file) at argv[*i]. Returns true when it was one.
+ * --cluster-secret-file, --rdma-devices, --rdma-gid-index) at argv[*i].
+ * Returns true when it was one.
  */
 bool ctl_te_flag(struct ctl_te_opts *o, int argc, char **argv, int *i);
 /* The flags' help lines. */

@@ -9,7 +9,10 @@
  * Data is the test pattern keyed by remote address and a seed
  * (ctl_te.h), so a reader checks every byte without knowing who wrote it:
  * `--fill=SEED` writes it into this process's buffer at start, `write`
- * sends it, `read` checks it.
+ * sends it, `read` checks it. The local side of a transfer is plain
+ * memory, or (--local-memory=registered, the default when the engine uses
+ * rdma, where one-sided operations need it) a buffer registered with the
+ * engine and reused.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -20,9 +23,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/buf.h"
 #include "common/cfg.h"
 #include "common/crc32c.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 #include "ctl/ctl_int.h"
 #include "ctl/ctl_te.h"
@@ -41,6 +46,8 @@ struct shell {
 	size_t nsegs;
 	uint64_t wait_ms;
 	int failures;
+	bool registered_local;      /* transfers from/to the scratch buffer */
+	struct ctl_buf scratch;     /* registered, grown on demand */
 };
 
 static void usage(FILE *f)
@@ -58,6 +65,12 @@ static void usage(FILE *f)
 		"                            0: none)\n"
 		"  --fill=SEED               fill it with the test pattern SEED\n"
 		"  --wait=DURATION           per-batch timeout (default 60s)\n"
+		"  --local-memory=M          where transfers read/write locally: "
+		"malloc,\n"
+		"                            registered (with the engine), or auto "
+		"(default:\n"
+		"                            registered when the protocol in use is "
+		"rdma)\n"
 		"%s\n"
 		"commands (SEG: a segment name; OFF: offset into its first region, "
 		"or\n@ADDR an absolute remote address, decimal or 0x hex):\n"
@@ -80,6 +93,9 @@ static void usage(FILE *f)
 		"its address)\n"
 		"  unregister ADDR               unregister a buffer registered "
 		"here\n"
+		"  metrics [PREFIX]              this process's metrics whose name "
+		"starts\n"
+		"                                with PREFIX, \"; \"-separated\n"
 		"  quit\n",
 		ctl_te_flags_help);
 }
@@ -241,6 +257,30 @@ static int run_batch(struct shell *sh, struct te_request *reqs, size_t n,
 	return rc;
 }
 
+/* Local memory for a transfer of len bytes: malloc'd (free it), or the
+ * registered scratch buffer (do not). NULL when out of memory. */
+static uint8_t *local_get(struct shell *sh, size_t len)
+{
+	if (!sh->registered_local)
+		return malloc(len ? len : 1);
+	if (sh->scratch.len < len || !sh->scratch.p) {
+		ctl_buf_free(&sh->scratch);
+		int rc = ctl_buf_new(&sh->h, MC_MAX(len, (size_t)4096), &sh->scratch);
+		if (rc) {
+			fprintf(stderr, "mooncakectl transfer: cannot register %zu bytes of "
+				"local memory: %s\n", len, mc_strerror(rc));
+			return NULL;
+		}
+	}
+	return sh->scratch.p;
+}
+
+static void local_put(struct shell *sh, uint8_t *p)
+{
+	if (p != sh->scratch.p)
+		free(p);
+}
+
 static void cmd_rw(struct shell *sh, bool write, char **a, int n)
 {
 	const char *what = write ? "write" : "read";
@@ -260,10 +300,11 @@ static void cmd_rw(struct shell *sh, bool write, char **a, int n)
 		return;
 	}
 	size_t total = (size_t)(len * count);
-	uint8_t *buf = malloc(total ? total : 1);
+	uint8_t *buf = local_get(sh, total);
 	struct te_request *reqs = calloc((size_t)count, sizeof(*reqs));
 	if (!buf || !reqs) {
-		free(buf);
+		if (buf)
+			local_put(sh, buf);
 		free(reqs);
 		reply_err(sh, what, -ENOMEM);
 		return;
@@ -299,7 +340,7 @@ static void cmd_rw(struct shell *sh, bool write, char **a, int n)
 		      !write && seed ? " verified" : "");
 	}
 	free(reqs);
-	free(buf);
+	local_put(sh, buf);
 }
 
 static void cmd_stress(struct shell *sh, char **a, int n)
@@ -319,10 +360,11 @@ static void cmd_stress(struct shell *sh, char **a, int n)
 		reply_err(sh, "stress", rc);
 		return;
 	}
-	uint8_t *buf = malloc((size_t)(len * count));
+	uint8_t *buf = local_get(sh, (size_t)(len * count));
 	struct te_request *reqs = calloc((size_t)count, sizeof(*reqs));
 	if (!buf || !reqs) {
-		free(buf);
+		if (buf)
+			local_put(sh, buf);
 		free(reqs);
 		reply_err(sh, "stress", -ENOMEM);
 		return;
@@ -349,7 +391,7 @@ static void cmd_stress(struct shell *sh, char **a, int n)
 		reply(sh, true, "stress %s batches=%" PRIu64 " bytes=%" PRIu64, a[0],
 		      batches, batches * len * count);
 	free(reqs);
-	free(buf);
+	local_put(sh, buf);
 }
 
 static void cmd_register(struct shell *sh, char **a, int n)
@@ -390,6 +432,31 @@ static void cmd_unregister(struct shell *sh, char **a, int n)
 	reply_err(sh, "unregister", -ENOENT);
 }
 
+static void cmd_metrics(struct shell *sh, char **a, int n)
+{
+	struct mc_buf b = {0};
+	const char *prefix = n > 0 ? a[0] : "";
+	if (n > 1 || metrics_format(metrics_global(), &b) != 0) {
+		mc_buf_free(&b);
+		reply(sh, false, "metrics usage: metrics [PREFIX]");
+		return;
+	}
+	fputs("ok metrics", stdout);
+	const char *sep = " ";
+	for (char *line = b.data, *end; line && line < b.data + b.len; line = end + 1) {
+		end = memchr(line, '\n', (size_t)(b.data + b.len - line));
+		if (!end)
+			end = b.data + b.len;
+		if (line[0] != '#' && strncmp(line, prefix, strlen(prefix)) == 0) {
+			printf("%s%.*s", sep, (int)(end - line), line);
+			sep = "; ";
+		}
+	}
+	putchar('\n');
+	fflush(stdout);
+	mc_buf_free(&b);
+}
+
 /* Run one command line. Returns false on quit. */
 static bool run_line(struct shell *sh, char *line)
 {
@@ -413,6 +480,8 @@ static bool run_line(struct shell *sh, char *line)
 		cmd_register(sh, a + 1, n - 1);
 	else if (strcmp(a[0], "unregister") == 0)
 		cmd_unregister(sh, a + 1, n - 1);
+	else if (strcmp(a[0], "metrics") == 0)
+		cmd_metrics(sh, a + 1, n - 1);
 	else
 		reply(sh, false, "%s unknown command", a[0]);
 	return true;
@@ -421,7 +490,8 @@ static bool run_line(struct shell *sh, char *line)
 int ctl_transfer_main(int argc, char **argv)
 {
 	struct ctl_te_opts o = CTL_TE_OPTS_INIT;
-	const char *buffer = "64M", *fill = NULL, *cmds = NULL, *wait = "60s", *v;
+	const char *buffer = "64M", *fill = NULL, *cmds = NULL, *wait = "60s", *v,
+		   *local = "auto";
 	bool serve = false, ok;
 	uint64_t bufsize, seed = 0, wait_ms;
 
@@ -436,6 +506,8 @@ int ctl_transfer_main(int argc, char **argv)
 			fill = v;
 		} else if (ctl_flag_value(argc, argv, &i, "wait", &v)) {
 			wait = v;
+		} else if (ctl_flag_value(argc, argv, &i, "local-memory", &v)) {
+			local = v;
 		} else if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
 			cmds = argv[++i];
 		} else if (ctl_flag_bool(argv[i], "serve", &serve, &ok)) {
@@ -449,8 +521,10 @@ int ctl_transfer_main(int argc, char **argv)
 	}
 	if (!buffer || cfg_parse_size(buffer, &bufsize) || bufsize > (1ull << 40) ||
 	    (fill && parse_u64(fill, &seed)) || !wait ||
-	    cfg_parse_duration_ms(wait, &wait_ms) || wait_ms == 0) {
-		fprintf(stderr, "mooncakectl transfer: bad --buffer, --fill or --wait\n");
+	    cfg_parse_duration_ms(wait, &wait_ms) || wait_ms == 0 || !local ||
+	    (strcmp(local, "auto") && strcmp(local, "malloc") && strcmp(local, "registered"))) {
+		fprintf(stderr, "mooncakectl transfer: bad --buffer, --fill, --wait or "
+			"--local-memory\n");
 		goto bad;
 	}
 
@@ -475,6 +549,10 @@ int ctl_transfer_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	int rc = CTL_EXIT_OK;
+	sh->scratch.fd = -1;
+	sh->registered_local = strcmp(local, "registered") == 0 ||
+			       (strcmp(local, "auto") == 0 &&
+				te_protocol_in_use(sh->h.te) == TE_PROTO_RDMA);
 	if (bufsize) {
 		int r = ctl_buf_new(&sh->h, (size_t)bufsize, &sh->bufs[0]);
 		if (r) {
@@ -521,6 +599,7 @@ out:
 	/* Unregister the buffers (shm peers let go of them), then stop. */
 	for (size_t i = 0; i < sh->nbufs; i++)
 		ctl_buf_free(&sh->bufs[i]);
+	ctl_buf_free(&sh->scratch);
 	ctl_te_stop(&sh->h);
 	free(sh);
 	return rc;

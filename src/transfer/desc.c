@@ -83,6 +83,7 @@ int te__desc_encode(const struct te_desc *d, uint8_t **out, size_t *len)
 		regs[i].shm = d->regions[i].shm;
 		regs[i].n_rkeys = d->regions[i].nrkeys;
 		regs[i].rkeys = (uint32_t *)d->regions[i].rkeys;
+		regs[i].rdma_addr = d->regions[i].rdma_addr;
 		regp[i] = &regs[i];
 	}
 	m.n_regions = d->nregions;
@@ -193,10 +194,16 @@ static int from_msg(const Mooncake__Transfer__SegmentDesc *m, struct te_desc *d)
 		}
 		if (r->n_rkeys > d->nnics)
 			return MC_EPROTOCOL;
+		/* rkeys and their base come together; the base range must
+		 * not wrap either */
+		if ((r->n_rkeys != 0) != (r->rdma_addr != 0) ||
+		    r->rdma_addr + (r->len - 1) < r->rdma_addr)
+			return MC_EPROTOCOL;
 		o->addr = r->addr;
 		o->len = r->len;
 		o->shm = r->shm;
 		o->nrkeys = (uint32_t)r->n_rkeys;
+		o->rdma_addr = r->rdma_addr;
 		if (r->n_rkeys)
 			memcpy(o->rkeys, r->rkeys, r->n_rkeys * sizeof(uint32_t));
 	}

@@ -8,9 +8,11 @@
  * are memfd-backed (host identity = the kernel's boot id, so processes in
  * containers on one kernel qualify; if the shm socket is unreachable the
  * engine falls back to the remote transport). Remote peers use rdma when a
- * usable device exists; this build has no rdma transport yet, so auto
- * means tcp and says so once. --protocol=tcp forces tcp even on one host
- * (benchmarks); --protocol=shm refuses peers on other hosts.
+ * usable device exists (auto: else tcp, with the reason logged once;
+ * rdma: no usable device refuses the start with that reason) and the peer
+ * offers it; a peer without rdma is reached over tcp. --protocol=tcp
+ * forces tcp and --protocol=rdma forces rdma even on one host
+ * (benchmarks, tests); --protocol=shm refuses peers on other hosts.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -327,7 +329,7 @@ static void read_host_id(struct te_engine *e)
 static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 {
 	static const char *const ops[2] = {"read", "write"};
-	static const int protos[] = {TE_PROTO_TCP, TE_PROTO_SHM};
+	static const int protos[] = {TE_PROTO_TCP, TE_PROTO_RDMA, TE_PROTO_SHM};
 	for (size_t i = 0; i < MC_ARRAY_LEN(protos); i++) {
 		int p = protos[i];
 		const char *pn = proto_names[p];
@@ -336,6 +338,8 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 				r, "mooncake_te_bytes_total",
 				"Bytes moved by transfer requests this engine initiated.",
 				"transport,op", (const char *[]){pn, ops[o]});
+			if (p == TE_PROTO_RDMA)
+				continue; /* one-sided: the serving side sees nothing */
 			e->m_served[p][o] = metrics_counter(
 				r, "mooncake_te_served_bytes_total",
 				"Bytes read or written in local regions by peers' "
@@ -421,16 +425,21 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 			  host);
 		return -EINVAL;
 	}
-	if (o->protocol == TE_PROTO_RDMA) {
-		log_error("transfer engine: --protocol=rdma: this build has no RDMA "
-			  "transport yet (use auto or tcp)");
-		return -ENOTSUP;
+	if (o->rdma_devices && strlen(o->rdma_devices) >= TE_RDMA_DEVICES_BYTES) {
+		log_error("transfer engine: --rdma-devices is too long");
+		return -EINVAL;
+	}
+	if (o->rdma_gid_index < -1 || o->rdma_gid_index > 255) {
+		log_error("transfer engine: RDMA GID index %d not in 0..255",
+			  o->rdma_gid_index);
+		return -EINVAL;
 	}
 
 	struct te_engine *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
 	e->loop = o->loop;
+	e->loop_tid = pthread_self();
 	e->meta = o->meta;
 	e->rpc = o->rpc;
 	e->rpc_port = o->rpc_port;
@@ -449,6 +458,9 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	memcpy(e->host, h, hl);
 	e->host[hl] = '\0';
 	snprintf(e->data_listen, sizeof(e->data_listen), "%s", o->data_listen);
+	snprintf(e->rdma_devices, sizeof(e->rdma_devices), "%s",
+		 o->rdma_devices ? o->rdma_devices : "");
+	e->rdma_gid_index = o->rdma_gid_index;
 	if (o->segment_name)
 		snprintf(e->name, sizeof(e->name), "%s", o->segment_name);
 	else
@@ -472,7 +484,8 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	e->desc_job.fn = on_desc_job;
 	e->xops[TE_PROTO_TCP] = &te__tcp_ops;
 	e->xops[TE_PROTO_SHM] = &te__shm_ops;
-	register_metrics(e, o->metrics ? o->metrics : metrics_global());
+	e->metrics = o->metrics ? o->metrics : metrics_global();
+	register_metrics(e, e->metrics);
 
 	rc = te__rtable_init(&e->regions);
 	if (rc)
@@ -488,6 +501,17 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	rc = te__tcp_ops.init(e, &e->xp[TE_PROTO_TCP]);
 	if (rc)
 		goto fail;
+	if (e->proto == TE_PROTO_AUTO || e->proto == TE_PROTO_RDMA) {
+		/* It logs what it uses, or why nothing is usable. */
+		rc = te__rdma_ops.init(e, &e->xp[TE_PROTO_RDMA]);
+		if (rc == 0) {
+			e->xops[TE_PROTO_RDMA] = &te__rdma_ops;
+			e->remote_proto = TE_PROTO_RDMA;
+		} else if (e->proto == TE_PROTO_RDMA) {
+			goto fail;
+		}
+		rc = 0;
+	}
 	if (e->host_id[0]) {
 		int src = te__shm_ops.init(e, &e->xp[TE_PROTO_SHM]);
 		if (src)
@@ -521,13 +545,12 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 		goto fail; /* only -ENOMEM; the service was never called */
 
 	atomic_store(&e->ready, true);
-	if (o->protocol == TE_PROTO_AUTO)
-		log_info("no RDMA transport in this build: remote peers use tcp "
-			 "(shm on this host)");
 	log_info("transfer engine: segment %s, data %s:%u, %u threads, %u "
-		 "connections per peer, %zu KiB slices, protocol %s, %s",
+		 "connections per peer, %zu KiB slices, protocol %s (remote peers: "
+		 "%s), %s",
 		 e->name, e->host, te__tcp_port(e->xp[TE_PROTO_TCP]), e->nworkers,
 		 e->tcp_conns, e->slice_bytes >> 10, te_protocol_name(e->proto),
+		 te_protocol_name(e->remote_proto),
 		 e->secret_len ? "peers authenticated with the cluster secret"
 			       : "no cluster secret: peers are not authenticated");
 	*out = e;

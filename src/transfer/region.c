@@ -155,6 +155,7 @@ int te__rtable_describe(struct te_rtable *t, struct te_desc *d)
 		o->shm = r->memfd >= 0;
 		o->nrkeys = r->nrkeys;
 		memcpy(o->rkeys, r->rkeys, sizeof(o->rkeys));
+		o->rdma_addr = r->nrkeys ? (uint64_t)(uintptr_t)r->local : 0;
 	}
 	d->nregions = t->n;
 out:

@@ -411,6 +411,11 @@ static void on_connect(struct te_job *j)
 	}
 	if (!err && e->proto != TE_PROTO_SHM) {
 		int p = e->remote_proto;
+		if (p == TE_PROTO_RDMA && !(d->transports & TE_XP_RDMA) &&
+		    e->proto == TE_PROTO_AUTO) {
+			log_info("segment %s offers no rdma; using tcp", s->name);
+			p = TE_PROTO_TCP;
+		}
 		if (!(d->transports & (1u << p)) || !e->xp[p]) {
 			if (!shm) {
 				log_warn("segment %s offers no %s transport", s->name,

@@ -163,6 +163,8 @@ struct srv_conn {
 	size_t left;
 	int cur_err;
 	uint8_t *ctrl;              /* CTRL payload (rdma QP exchange) */
+	void *ctrl_conn;            /* the transport's state for this connection */
+	uint64_t ctrl_xid;          /* ... and which transport it is */
 	bool big;                   /* the last body was large */
 	/* answering */
 	struct resp ring[RING];
@@ -196,6 +198,12 @@ static void srv_teardown(struct srv_conn *c)
 			free(r->data);
 	}
 	c->count = 0;
+	if (c->ctrl_conn) {
+		const struct te_xport_ops *ops = e->xops[c->ctrl_xid];
+		if (ops && ops->ctrl_closed && e->xp[c->ctrl_xid])
+			ops->ctrl_closed(e->xp[c->ctrl_xid], c->ctrl_conn);
+		c->ctrl_conn = NULL;
+	}
 	pthread_mutex_lock(&c->x->mu);
 	*c->pprev = c->next;
 	if (c->next)
@@ -458,10 +466,17 @@ static void srv_ctrl(struct srv_conn *c)
 		push_resp(c, -EPROTONOSUPPORT, 0, c->cur.id);
 		return;
 	}
+	if (c->ctrl_conn && c->ctrl_xid != xid) { /* one transport per connection */
+		push_resp(c, -EINVAL, 0, c->cur.id);
+		return;
+	}
 	uint8_t *out = malloc(TE_CTRL_MAX_BYTES);
 	size_t outlen = TE_CTRL_MAX_BYTES;
-	int rc = out ? ops->on_ctrl(x, c->hs.peer, c->ctrl, c->cur.len, out, &outlen)
+	int rc = out ? ops->on_ctrl(x, c->hs.peer, &c->ctrl_conn, c->ctrl, c->cur.len, out,
+				    &outlen)
 		     : -ENOMEM;
+	if (c->ctrl_conn)
+		c->ctrl_xid = xid;
 	if (rc || outlen > TE_CTRL_MAX_BYTES) {
 		free(out);
 		push_resp(c, rc ? rc : -EOVERFLOW, 0, c->cur.id);
@@ -1240,30 +1255,37 @@ static int tcp_connect(struct te_xport *xp, struct te_segment *seg,
 
 /* ------------------------------------------------------------ control calls */
 
-int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
-		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
-		  uint64_t timeout_ms)
+int te__ctrl_open(struct te_engine *e, const struct te_desc *d, uint64_t timeout_ms)
 {
 	char hp[TE_HOST_MAX + 16];
 	struct sockaddr_storage ss;
-	if (inlen > TE_CTRL_MAX_BYTES)
-		return -EINVAL;
 	snprintf(hp, sizeof(hp), strchr(d->host, ':') ? "[%s]:%u" : "%s:%u", d->host,
 		 d->data_port);
 	if (!(d->transports & TE_XP_TCP) || mc_parse_hostport(hp, &ss) != 0)
 		return MC_EUNAVAILABLE;
-	uint64_t deadline = mc_now_ms() + timeout_ms;
-	int fd = dial(&ss, deadline);
+	int fd = dial(&ss, mc_now_ms() + timeout_ms);
 	if (fd < 0)
 		return fd == -ECONNREFUSED ? MC_EUNAVAILABLE : fd;
 	int rc = te__hs_client(fd, e->secret_len ? e->secret : NULL, e->secret_len,
 			       e->name, d->name, timeout_ms);
+	if (rc) {
+		close(fd);
+		return rc == -ECONNRESET ? MC_EUNAVAILABLE : rc;
+	}
+	return fd;
+}
+
+int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen, uint8_t *out,
+		  size_t *outlen, uint64_t timeout_ms)
+{
+	if (inlen > TE_CTRL_MAX_BYTES)
+		return -EINVAL;
+	uint64_t deadline = mc_now_ms() + timeout_ms;
 	struct te_wire_hdr h = {.type = TE_WIRE_CTRL, .len = (uint32_t)inlen, .id = 1,
 				.addr = xid};
 	uint8_t hb[TE_WIRE_HDR_BYTES];
 	te__wire_encode(&h, hb);
-	if (rc == 0)
-		rc = te__io_full(fd, hb, sizeof(hb), true, deadline);
+	int rc = te__io_full(fd, hb, sizeof(hb), true, deadline);
 	if (rc == 0 && inlen)
 		rc = te__io_full(fd, (void *)in, inlen, true, deadline);
 	if (rc == 0)
@@ -1280,8 +1302,21 @@ int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
 		rc = te__io_full(fd, out, h.len, false, deadline);
 	if (rc == 0)
 		*outlen = h.len;
-	close(fd);
 	return rc == -ECONNRESET ? MC_EUNAVAILABLE : rc;
+}
+
+int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
+		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
+		  uint64_t timeout_ms)
+{
+	if (inlen > TE_CTRL_MAX_BYTES)
+		return -EINVAL;
+	int fd = te__ctrl_open(e, d, timeout_ms);
+	if (fd < 0)
+		return fd;
+	int rc = te__ctrl_xchg(fd, xid, in, inlen, out, outlen, timeout_ms);
+	close(fd);
+	return rc;
 }
 
 /* ------------------------------------------------------------ timeouts */

@@ -33,17 +33,20 @@
  * and lets its connections pull from one queue, so the stripe follows
  * each connection's actual speed.
  *
- * How an rdma transport plugs in: init opens devices and fills the NIC
- * list of the descriptor (describe); region_add registers an MR per NIC
- * and writes the rkeys into the region (they travel in the descriptor);
- * connect opens a TCP control connection to the peer's data port (the
- * same authenticated handshake as tcp, te__hs_*), exchanges QP endpoint
- * info as TE_WIRE_CTRL messages (routed on the serving side to the
- * transport's on_ctrl; te__ctrl_call is the client side) and moves the
- * QPs to RTS; bind finds the region in the peer's descriptor (the rkey);
- * paths are NICs; submit posts a one-sided READ/WRITE and the CQ thread
- * calls te__slice_done. engine.c picks remote_proto (rdma when a device
- * is usable) and fills xops[TE_PROTO_RDMA].
+ * The rdma transport (rdma_transport.c, on rdma.h): init opens devices
+ * and describe fills the NIC list of the descriptor; region_add registers
+ * an MR per NIC and writes the rkeys (and, in the descriptor, the MR base
+ * rdma_addr) into the region; connect opens a TCP control connection to
+ * the peer's data port (the same authenticated handshake as tcp,
+ * te__ctrl_open) and keeps it, exchanges QP endpoints as TE_WIRE_CTRL
+ * messages (te__ctrl_xchg; on the serving side on_ctrl, whose state lives
+ * until ctrl_closed) and moves the QPs to RTS; bind finds the rkeys in
+ * the peer's descriptor; paths are QPs (one per NIC pair); submit queues
+ * a one-sided READ/WRITE for the QP's worker to post, and the CQ thread
+ * calls te__slice_done. A slice without an rkey or a registered local
+ * buffer, or whose QPs failed, goes to a tcp peer the rdma peer holds
+ * (slice->xp carries the local MR meanwhile). engine.c picks remote_proto
+ * (rdma when a device is usable) and fills xops[TE_PROTO_RDMA].
  */
 #ifndef MC_TRANSFER_TE_INT_H
 #define MC_TRANSFER_TE_INT_H
@@ -57,6 +60,7 @@
 #include <uv.h>
 
 #include "common/auth.h"
+#include "transfer/rdma.h"
 #include "transfer/transfer.h"
 
 struct metric;
@@ -70,6 +74,7 @@ struct rpc_client;
 #define TE_HOST_MAX 63             /* numeric host */
 #define TE_MAX_REGIONS 65536       /* per descriptor */
 #define TE_MAX_NICS 16
+#define TE_RDMA_DEVICES_BYTES 256  /* --rdma-devices list */
 #define TE_MAX_PATHS 32            /* connections/NICs per peer */
 #define TE_SLICE_MIN ((size_t)64 << 10)
 #define TE_SLICE_MAX ((size_t)64 << 20)
@@ -233,6 +238,8 @@ struct te_desc_region {
 	bool shm;                  /* memfd-backed: same-host peers may map it */
 	uint32_t nrkeys;           /* rdma: one rkey per NIC */
 	uint32_t rkeys[TE_MAX_NICS];
+	uint64_t rdma_addr;        /* rdma: where its MRs start in the serving
+				    * process (what one-sided ops target) */
 };
 
 struct te_desc_nic {
@@ -414,10 +421,15 @@ struct te_xport_ops {
 	void (*tick)(struct te_xport *x, struct te_worker *w);
 	/* Serving side of a TE_WIRE_CTRL message (rdma QP exchange) from
 	 * the authenticated peer segment `peer`: answer into out (capacity
-	 * *outlen, set it to the answer's length). Runs on a data worker;
-	 * must not block long. Optional. */
-	int (*on_ctrl)(struct te_xport *x, const char *peer, const uint8_t *in,
-		       size_t inlen, uint8_t *out, size_t *outlen);
+	 * *outlen, set it to the answer's length). *conn is this transport's
+	 * state for the TCP connection the message came on (NULL at first);
+	 * when on_ctrl leaves it non-NULL, ctrl_closed(x, *conn) runs once
+	 * that connection closes, so what a peer set up lives as long as its
+	 * control connection. Both run on a data worker (ctrl_closed also at
+	 * teardown) and must not block long. Optional. */
+	int (*on_ctrl)(struct te_xport *x, const char *peer, void **conn,
+		       const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen);
+	void (*ctrl_closed)(struct te_xport *x, void *conn);
 };
 
 /*
@@ -434,11 +446,50 @@ struct te_xport_ops {
 int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
 		  const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen,
 		  uint64_t timeout_ms) MC_MUST_CHECK;
+/* The same in two steps, for a transport that keeps its control
+ * connection open (the serving side keeps what it set up for the peer
+ * until that connection closes): te__ctrl_open returns the connected,
+ * authenticated fd (the caller closes it) or an error of te__ctrl_call;
+ * te__ctrl_xchg does one exchange on it (blocking; errors as
+ * te__ctrl_call, and after an I/O error the fd is unusable). */
+int te__ctrl_open(struct te_engine *e, const struct te_desc *d,
+		  uint64_t timeout_ms) MC_MUST_CHECK;
+int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen,
+		  uint8_t *out, size_t *outlen, uint64_t timeout_ms) MC_MUST_CHECK;
 
 extern const struct te_xport_ops te__tcp_ops;
 /* The TCP data listener's port. */
 uint16_t te__tcp_port(const struct te_xport *x);
 extern const struct te_xport_ops te__shm_ops;
+extern const struct te_xport_ops te__rdma_ops;
+
+/*
+ * rdma control message (the payload of a TE_WIRE_CTRL for the rdma
+ * transport), little-endian: the initiator's CONNECT carries its QP
+ * endpoints, the server's ACCEPT its own for the same QPs.
+ *
+ *   0 u32 magic "MCRD"   5 u8 kind (1 CONNECT, 2 ACCEPT)   7 u8 n endpoints
+ *   4 u8  version (1)    6 u8 sender's NIC count           8 u64 incarnation
+ *  16 n x TE_RDMA_EP_WIRE_BYTES endpoints (rdma.h), QP k at k
+ */
+#define TE_RDMA_MSG_MAGIC 0x4452434du /* "MCRD" */
+#define TE_RDMA_MSG_HDR 16
+#define TE_RDMA_MSG_MAX (TE_RDMA_MSG_HDR + TE_RDMA_MAX_NICS * TE_RDMA_EP_WIRE_BYTES)
+enum te_rdma_msg_kind { TE_RDMA_CONNECT = 1, TE_RDMA_ACCEPT = 2 };
+
+struct te_rdma_msg {
+	uint8_t kind;
+	uint8_t nics;          /* the sender's NIC count */
+	uint8_t n;             /* endpoints: max(both sides' NIC counts) */
+	uint64_t incarnation;  /* the sender engine's */
+	struct te_rdma_ep eps[TE_RDMA_MAX_NICS];
+};
+
+/* Returns the encoded length (<= TE_RDMA_MSG_MAX). */
+size_t te__rdma_msg_encode(const struct te_rdma_msg *m, uint8_t out[TE_RDMA_MSG_MAX]);
+/* Errors: MC_EPROTOCOL (length, magic, version, kind, counts out of
+ * 1..TE_RDMA_MAX_NICS or n below nics, a bad endpoint). */
+int te__rdma_msg_decode(const uint8_t *in, size_t len, struct te_rdma_msg *m) MC_MUST_CHECK;
 
 /* Per-peer state common to all transports (first member of theirs). */
 struct te_peer {
@@ -473,6 +524,7 @@ struct te_slice {
 	void *route;
 	uint64_t wire_id;
 	size_t done_bytes;         /* transport progress (tx/rx) */
+	void *xp;                  /* transport's (rdma: the local MR) */
 	struct te_task task;       /* shm: the copy on a worker */
 	uint8_t hdr[TE_WIRE_HDR_BYTES];
 };
@@ -598,6 +650,10 @@ struct te_engine {
 	char host_id[64];
 	uint64_t incarnation;
 	char data_listen[80];
+	char rdma_devices[TE_RDMA_DEVICES_BYTES]; /* "" = every usable one */
+	int rdma_gid_index;            /* -1: automatic */
+	pthread_t loop_tid;            /* te_new's (the loop's) thread */
+	struct metrics_registry *metrics;
 
 	/* data plane */
 	atomic_bool ready;             /* te_new finished: workers may tick */

@@ -81,7 +81,7 @@ struct te_opts {
 					  * this long is declared dead; 0: 10s */
 	uint64_t lease_ttl_s;            /* descriptor lease in meta; 0: 10 */
 	const char *rdma_devices;        /* "mlx5_0,mlx5_1" or NULL/"" = auto */
-	int rdma_gid_index;              /* -1: auto */
+	int rdma_gid_index;              /* -1: auto; 0..255 */
 	const uint8_t *cluster_secret;   /* NULL: no peer authentication */
 	size_t cluster_secret_len;       /* 1 .. MC_SECRET_MAX_BYTES */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
@@ -90,10 +90,13 @@ struct te_opts {
 /*
  * Create the engine: start the data threads and listeners, pick transports
  * (logging why), start publishing the (empty) segment descriptor. Errors:
- * -EINVAL (options), negative errno of bind/listen, -ENOTSUP (protocol
- * rdma: no RDMA transport in this build), -ENOMEM.
- * Must be called on the loop's thread; returns once listening (the
- * descriptor is published asynchronously, see te_wait_published).
+ * -EINVAL (options), negative errno of bind/listen, -ENOMEM; with protocol
+ * rdma and no usable RDMA device (the log says why): -ENODEV (none, or
+ * none of rdma_devices), -EACCES (no permission), -ENETDOWN (no ACTIVE
+ * port), -EADDRNOTAVAIL (no usable GID, or rdma_gid_index is not one).
+ * Must be called on the loop's thread (the engine takes it for the loop's:
+ * see te_register); returns once listening (the descriptor is published
+ * asynchronously, see te_wait_published).
  */
 int te_new(const struct te_opts *opts, struct te_engine **out) MC_MUST_CHECK;
 
@@ -134,17 +137,24 @@ int te_protocol_parse(const char *s, enum te_protocol *out) MC_MUST_CHECK;
  * same-host peers can map it for shm — the engine keeps a dup of it; -1:
  * not shareable, same-host peers reach it over tcp). The descriptor update
  * is published and reaches peers through their watch; connected shm peers
- * map it at once. Errors: -EINVAL (len 0, overflow), -EEXIST (overlaps a
- * registered region), -EMFILE (dup of memfd), RDMA MR errors (-ENOMEM
- * with a log line naming ulimit -l / max_mr), -ENOMEM.
+ * map it at once. With rdma the region is pinned and registered on every
+ * NIC; on the loop's thread that is left to the engine's setup thread (the
+ * call returns at once; peers reach the region over tcp until its rkeys
+ * are published, and an MR that cannot be made is logged and leaves it
+ * tcp-only), elsewhere it is done before returning. Errors: -EINVAL (len
+ * 0, overflow), -EEXIST (overlaps a registered region), -EMFILE (dup of
+ * memfd), RDMA MR errors (-ENOMEM with a log line naming ulimit -l /
+ * max_mr, -EACCES, -EFAULT), -ENOMEM.
  */
 int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 		size_t len, int memfd, uint64_t memfd_off,
 		struct te_region **out) MC_MUST_CHECK;
 /* Remove a region from the descriptor and wait until no request being
- * served touches it and every shm peer unmapped it (a peer that does not
- * answer within the io timeout is disconnected); then the memory may be
- * freed. Not on the loop thread. */
+ * served touches it, every shm peer unmapped it (a peer that does not
+ * answer within the io timeout is disconnected) and no RDMA request of
+ * this engine uses it as local memory; its MRs are deregistered (a peer's
+ * RDMA access fails from then on). Then the memory may be freed. Not on
+ * the loop thread. */
 void te_unregister(struct te_region *r);
 
 /*

@@ -2,9 +2,10 @@
  * meets them — the input as a stream of slice headers (with WRITE
  * payloads) checked against a fixed region table, where every accepted
  * range is compared with a 128-bit oracle; each header, handshake and
- * shm message must re-encode to the same bytes; and the input as a
- * segment descriptor, which when accepted must be sorted and disjoint and
- * survive an encode/decode round trip. */
+ * shm message must re-encode to the same bytes, as must an accepted rdma
+ * control message; and the input as a segment descriptor, which when
+ * accepted must be sorted and disjoint (rkeys only with a base whose
+ * range does not wrap) and survive an encode/decode round trip. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,17 @@ static void messages(const uint8_t *p, size_t n)
 	}
 }
 
+static void rdma_message(const uint8_t *p, size_t n)
+{
+	struct te_rdma_msg m;
+	uint8_t again[TE_RDMA_MSG_MAX];
+	if (te__rdma_msg_decode(p, n, &m) != 0)
+		return;
+	if (m.nics == 0 || m.n < m.nics || m.n > TE_RDMA_MAX_NICS ||
+	    te__rdma_msg_encode(&m, again) != n || memcmp(again, p, n) != 0)
+		abort();
+}
+
 static void descriptor(const uint8_t *p, size_t n)
 {
 	struct te_desc *d, *d2;
@@ -101,7 +113,8 @@ static void descriptor(const uint8_t *p, size_t n)
 	for (size_t i = 0; i < d->nregions; i++) {
 		const struct te_desc_region *r = &d->regions[i];
 		if (r->len == 0 || r->addr + (r->len - 1) < r->addr ||
-		    r->nrkeys > d->nnics)
+		    r->nrkeys > d->nnics || (r->nrkeys != 0) != (r->rdma_addr != 0) ||
+		    r->rdma_addr + (r->len - 1) < r->rdma_addr)
 			abort();
 		if (i && r->addr - d->regions[i - 1].addr < d->regions[i - 1].len)
 			abort();
@@ -122,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	stream(data, size);
 	messages(data, size);
+	rdma_message(data, size);
 	descriptor(data, size);
 	return 0;
 }

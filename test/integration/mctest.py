@@ -101,8 +101,9 @@ class Daemon:
     """A build/mooncaked process on ephemeral ports.
 
     ports: dict key -> port for every listen key of the roles run, e.g.
-    d.ports["listen-client"]. Extra flags in args. stop() sends SIGTERM and
-    returns the exit status; kill() sends SIGKILL.
+    d.ports["listen-client"]. Extra flags in args; exe: another build of
+    mooncaked (a test build). stop() sends SIGTERM and returns the exit
+    status; kill() sends SIGKILL.
     """
     _all = []
     LISTEN_KEYS = {
@@ -112,7 +113,7 @@ class Daemon:
     }
 
     def __init__(self, role="standalone", args=(), data_dir=None, env=None,
-                 wait=True, ports=None):
+                 wait=True, ports=None, exe=None):
         self.role = role
         roles = ["meta", "master", "agent"] if role == "standalone" else role.split(",")
         if "standalone" in roles:
@@ -124,7 +125,7 @@ class Daemon:
         for r in roles:
             for k in self.LISTEN_KEYS[r]:
                 self.ports.setdefault(k, free_port())
-        cmd = [MOONCAKED, "--role=" + role, "--data-dir=" + self.data_dir, "--config="]
+        cmd = [exe or MOONCAKED, "--role=" + role, "--data-dir=" + self.data_dir, "--config="]
         cmd += ["--%s=127.0.0.1:%d" % (k, p) for k, p in self.ports.items()]
         if "agent" in roles:
             # Never the machine-wide default socket, and a small segment

@@ -155,6 +155,35 @@ Test(cfg_load, precedence_flag_env_file_default)
 	unlink(path);
 }
 
+Test(cfg_load, env_alias_below_the_own_variable)
+{
+	char *argv[] = {"mooncaked", "--config=", NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	char *alias[] = {"MC_GID_INDEX=3", NULL};
+	cr_assert_eq(load(&c, &cl, alias, 2, argv), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_RDMA_GID_INDEX), "3");
+	cr_assert_eq(c.v[CFG_RDMA_GID_INDEX].src, CFG_SRC_ENV);
+	cr_assert_str_eq(c.v[CFG_RDMA_GID_INDEX].origin, "env MC_GID_INDEX");
+	cfg_free(&c);
+	char *both[] = {"MC_GID_INDEX=3", "MOONCAKE_RDMA_GID_INDEX=1", NULL};
+	cr_assert_eq(load(&c, &cl, both, 2, argv), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_RDMA_GID_INDEX), "1", "MOONCAKE_* wins");
+	cfg_free(&c);
+	char *flag[] = {"mooncaked", "--config=", "--rdma-gid-index=2", NULL};
+	cr_assert_eq(load(&c, &cl, alias, 3, flag), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_RDMA_GID_INDEX), "2", "the flag wins");
+	cfg_free(&c);
+	/* listed in --help */
+	char *out = NULL;
+	size_t outlen = 0;
+	FILE *f = open_memstream(&out, &outlen);
+	cfg_print_help(f, "mooncaked");
+	fclose(f);
+	cr_assert(strstr(out, "MC_GID_INDEX") != NULL);
+	free(out);
+}
+
 struct bad_case {
 	const char *const *argv;
 	const char *expect;

@@ -770,6 +770,9 @@ Test(rdma_err, read_only_region_written)
 {
 	struct te_rdma_opts o = opts_default();
 	struct pair *p = pair_start("1", "1", &o);
+	/* the child fills it after the connection is set up: one command
+	 * round trip makes sure that happened */
+	(void)child_cmd(p, 'C', 0, 1, 0);
 	/* reading it is fine */
 	struct te_rdma_wr w = {.op = TE_RDMA_READ, .local = p->buf, .lkey = te_rdma_mr_lkey(p->mr, 0),
 			       .remote = p->peer.ro_addr, .rkey = p->peer.ro_rkey[0], .len = RO_LEN,

@@ -42,6 +42,7 @@ static struct te_desc *sample(size_t nregions)
 		d->regions[i].nrkeys = 2;
 		d->regions[i].rkeys[0] = (uint32_t)i;
 		d->regions[i].rkeys[1] = (uint32_t)i + 100;
+		d->regions[i].rdma_addr = 0x7f0000000000ull + i * 0x10000;
 	}
 	return d;
 }
@@ -81,6 +82,7 @@ Test(te_desc, round_trip)
 		cr_assert_eq(g->regions[i].shm, d->regions[i].shm);
 		cr_assert_eq(g->regions[i].nrkeys, 2);
 		cr_assert_eq(g->regions[i].rkeys[1], i + 100);
+		cr_assert_eq(g->regions[i].rdma_addr, d->regions[i].rdma_addr);
 	}
 	struct te_desc *c;
 	cr_assert_eq(te__desc_copy(g, &c), 0);
@@ -123,6 +125,18 @@ Test(te_desc, refusals)
 	d = sample(1);
 	d->regions[0].nrkeys = 3; /* more rkeys than NICs */
 	cr_assert_eq(recode(d, &g), MC_EPROTOCOL);
+	d->regions[0].nrkeys = 2;
+	d->regions[0].rdma_addr = 0; /* rkeys without the address they start at */
+	cr_assert_eq(recode(d, &g), MC_EPROTOCOL);
+	d->regions[0].nrkeys = 0; /* an address without rkeys */
+	d->regions[0].rdma_addr = 0x1000;
+	cr_assert_eq(recode(d, &g), MC_EPROTOCOL);
+	d->regions[0].nrkeys = 2;
+	d->regions[0].rdma_addr = UINT64_MAX - 0x1000; /* its range wraps */
+	cr_assert_eq(recode(d, &g), MC_EPROTOCOL);
+	d->regions[0].rdma_addr = UINT64_MAX - 0x1fff; /* ends at the top */
+	cr_assert_eq(recode(d, &g), 0);
+	te__desc_free(g);
 	te__desc_free(d);
 
 	d = sample(1);

@@ -18,153 +18,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "rpc/rpc.h"
-#include "transfer/te_int.h"
-
-struct host {
-	uv_loop_t loop;
-	pthread_t tid;
-	uv_async_t call;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	void (*fn)(struct host *h);
-	bool called, stopping;
-	int stopped;
-	struct rpc_server *rpc[2];
-	struct te_engine *e[2];
-};
-
-static void on_rpc_done(struct rpc_server *s, void *ud)
-{
-	(void)s;
-	(void)ud;
-}
-
-static void on_te_stopped(struct te_engine *e, void *ud)
-{
-	struct host *h = ud;
-	(void)e;
-	if (++h->stopped == 2) {
-		rpc_server_shutdown(h->rpc[0], 0, on_rpc_done, NULL);
-		rpc_server_shutdown(h->rpc[1], 0, on_rpc_done, NULL);
-		uv_close((uv_handle_t *)&h->call, NULL);
-	}
-}
-
-static void on_call(uv_async_t *a)
-{
-	struct host *h = a->data;
-	if (h->stopping) {
-		te_stop(h->e[0], on_te_stopped, h);
-		te_stop(h->e[1], on_te_stopped, h);
-		return;
-	}
-	h->fn(h);
-}
-
-/* Run fn on the loop thread; it calls call_done when finished. */
-static void run_on_loop(struct host *h, void (*fn)(struct host *h))
-{
-	pthread_mutex_lock(&h->mu);
-	h->fn = fn;
-	h->called = false;
-	pthread_mutex_unlock(&h->mu);
-	uv_async_send(&h->call);
-	pthread_mutex_lock(&h->mu);
-	while (!h->called)
-		pthread_cond_wait(&h->cv, &h->mu);
-	pthread_mutex_unlock(&h->mu);
-}
-
-static void call_done(struct host *h)
-{
-	pthread_mutex_lock(&h->mu);
-	h->called = true;
-	pthread_cond_signal(&h->cv);
-	pthread_mutex_unlock(&h->mu);
-}
-
-static void *loop_main(void *arg)
-{
-	uv_run(&((struct host *)arg)->loop, UV_RUN_DEFAULT);
-	return NULL;
-}
-
-static struct host H;
+#include "test_te_util.h"
 
 static void host_start(enum te_protocol pa)
 {
-	struct host *h = &H;
-	memset(h, 0, sizeof(*h));
-	cr_assert_eq(uv_loop_init(&h->loop), 0);
-	pthread_mutex_init(&h->mu, NULL);
-	pthread_cond_init(&h->cv, NULL);
-	for (int i = 0; i < 2; i++) {
-		struct rpc_server_opts ro = {.name = "t"};
-		cr_assert_eq(rpc_server_new(&h->loop, &ro, &h->rpc[i]), 0);
-		cr_assert_eq(rpc_server_listen(h->rpc[i], "127.0.0.1:0"), 0);
-		struct te_opts o = {
-			.loop = &h->loop,
-			.rpc = h->rpc[i],
-			.rpc_port = (uint16_t)rpc_server_port(h->rpc[i], 0),
-			.data_listen = "127.0.0.1:0",
-			.protocol = i == 0 ? pa : TE_PROTO_AUTO,
-			.threads = 2,
-			.tcp_conns = 4,
-			.slice_bytes = 64 << 10,
-			.metrics = NULL,
-		};
-		cr_assert_eq(te_new(&o, &h->e[i]), 0);
-	}
-	uv_async_init(&h->loop, &h->call, on_call);
-	h->call.data = h;
-	cr_assert_eq(pthread_create(&h->tid, NULL, loop_main, h), 0);
-}
-
-static void host_stop(void)
-{
-	struct host *h = &H;
-	h->stopping = true;
-	uv_async_send(&h->call);
-	pthread_join(h->tid, NULL);
-	te_free(h->e[0]);
-	te_free(h->e[1]);
-	rpc_server_free(h->rpc[0]);
-	rpc_server_free(h->rpc[1]);
-	cr_assert_eq(uv_loop_close(&h->loop), 0, "every handle closed");
-}
-
-struct mem {
-	uint8_t *p;
-	size_t len;
-	int fd;
-	struct te_region *r;
-};
-
-static void mem_new(struct te_engine *e, size_t len, struct mem *m)
-{
-	m->fd = memfd_create("t", MFD_CLOEXEC);
-	cr_assert(m->fd >= 0);
-	cr_assert_eq(ftruncate(m->fd, (off_t)len), 0);
-	m->p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
-	cr_assert(m->p != MAP_FAILED);
-	m->len = len;
-	cr_assert_eq(te_register(e, (uint64_t)(uintptr_t)m->p, m->p, len, m->fd, 0, &m->r),
-		     0);
-}
-
-static void mem_free(struct mem *m)
-{
-	te_unregister(m->r);
-	munmap(m->p, m->len);
-	close(m->fd);
-}
-
-static struct te_segment *open_b(void)
-{
-	struct te_segment *s;
-	cr_assert_eq(te_open_segment(H.e[0], te_name(H.e[1]), &s), 0);
-	return s;
+	struct te_opts t[2] = {
+		{.protocol = pa, .threads = 2, .tcp_conns = 4, .slice_bytes = 64 << 10,
+		 .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_AUTO, .threads = 2, .tcp_conns = 4,
+		 .slice_bytes = 64 << 10, .rdma_gid_index = -1},
+	};
+	host_start_with(t);
 }
 
 Test(te_engine, open_once_and_published)
@@ -288,10 +152,11 @@ Test(te_engine, connection_shut_down_under_a_stream)
 }
 
 /* A transport that takes control messages, as rdma will. */
-static int fake_ctrl(struct te_xport *x, const char *peer, const uint8_t *in,
+static int fake_ctrl(struct te_xport *x, const char *peer, void **conn, const uint8_t *in,
 		     size_t inlen, uint8_t *out, size_t *outlen)
 {
 	(void)x;
+	(void)conn;
 	if (inlen == 4 && memcmp(in, "busy", 4) == 0)
 		return -EBUSY;
 	int n = snprintf((char *)out, *outlen, "pong %.*s from %s", (int)inlen, in, peer);
