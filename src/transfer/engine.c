@@ -139,7 +139,9 @@ bool te__setup_post(struct te_engine *e, struct te_job *j)
 {
 	bool queued = false;
 	pthread_mutex_lock(&e->setup_mu);
-	if (!j->queued) {
+	/* Once te_free stopped the thread and ran what was left, nothing
+	 * would run a job queued now (nor drop what it holds). */
+	if (!j->queued && !e->setup_stop) {
 		j->queued = true;
 		j->next = NULL;
 		*e->setup_tail = j;
@@ -366,6 +368,13 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 	e->m_segments = metrics_gauge(r, "mooncake_te_segments_open",
 				      "Peer segments in the open-segment cache.",
 				      NULL, NULL);
+	for (size_t i = 0; i < MC_ARRAY_LEN(protos); i++)
+		e->m_peers[protos[i]] = metrics_gauge(
+			r, "mooncake_te_peers",
+			"Transport peer objects (one segment's connections over one "
+			"transport) not freed yet: connected ones and replaced ones "
+			"still being torn down.",
+			"transport", (const char *[]){proto_names[protos[i]]});
 }
 
 static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)

@@ -366,8 +366,9 @@ static int rdma_region_add(struct te_xport *xp, struct te_region *r)
 	if (pthread_equal(pthread_self(), x->e->loop_tid)) {
 		/* The loop must not wait for the kernel to pin it. */
 		m->pending = true;
-		te__setup_post(x->e, &m->job);
-		return 0;
+		if (te__setup_post(x->e, &m->job))
+			return 0;
+		m->pending = false; /* te_free stopped the setup thread */
 	}
 	rc = lmr_register(x, m);
 	if (rc) {
@@ -970,6 +971,7 @@ static void rdma_peer_free(struct te_peer *bp)
 	struct rpeer *p = (struct rpeer *)bp;
 	if (p->cur)
 		log_error("segment %s: rdma peer freed while connected", bp->seg->name);
+	metric_sub(p->x->e->m_peers[TE_PROTO_RDMA], 1);
 	peer_destroy(p);
 }
 
@@ -1044,6 +1046,7 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 	log_info("segment %s: %u RDMA queue pairs (%u NICs here, %zu there), tcp "
 		 "fallback %s",
 		 seg->name, p->cur->n, x->nnics, d->nnics, p->tcp ? "ready" : "none");
+	metric_add(e->m_peers[TE_PROTO_RDMA], 1);
 	*out = &p->base;
 	return 0;
 fail_peer:

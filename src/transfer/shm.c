@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 #include "transfer/te_int.h"
 
@@ -663,6 +664,7 @@ static void peer_close_task(struct te_task *t)
 static void peer_free_task(struct te_task *t)
 {
 	struct shm_peer *p = MC_CONTAINER_OF(t, struct shm_peer, free_task);
+	metric_sub(p->e->m_peers[TE_PROTO_SHM], 1);
 	if (!p->fd_closed)
 		close(p->fd);
 	pthread_rwlock_destroy(&p->lock);
@@ -829,6 +831,7 @@ static int shm_connect(struct te_xport *xp, struct te_segment *seg,
 		free(p);
 		return rc;
 	}
+	metric_add(e->m_peers[TE_PROTO_SHM], 1);
 	te__peer_ref(&p->base); /* the add task's */
 	te__worker_post(p->w, &p->add_task);
 	*out = &p->base;

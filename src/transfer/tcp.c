@@ -665,7 +665,9 @@ struct cli_conn {
 	int fd;
 	uint32_t events;
 	struct cli_conn *next, **pprev; /* xport list (ticks) */
-	atomic_bool kicked;         /* a kick task is queued */
+	atomic_bool kicked;         /* kick_task is queued: only that task
+				     * (when it starts) clears it, so the task
+				     * is never queued twice */
 	atomic_bool dead;
 	struct te_task kick_task, close_task, free_task;
 	/* worker-owned: every slice taken, in send order; tx is the first
@@ -710,6 +712,7 @@ static void cli_free_task(struct te_task *t)
 	free(c->stage);
 	free(c);
 	if (atomic_fetch_sub(&p->to_free, 1) == 1) {
+		metric_sub(p->x->e->m_peers[TE_PROTO_TCP], 1);
 		pthread_mutex_destroy(&p->qmu);
 		free(p);
 	}
@@ -790,7 +793,6 @@ static void cli_take(struct cli_conn *c)
 {
 	struct tcp_peer *p = c->p;
 	struct te_slice *got = NULL, **tail = &got;
-	atomic_store(&c->kicked, false); /* a later submit kicks again */
 	if (c->closed)
 		return;
 	pthread_mutex_lock(&p->qmu);
@@ -1045,6 +1047,9 @@ static void cli_kick_task(struct te_task *t)
 {
 	struct cli_conn *c = MC_CONTAINER_OF(t, struct cli_conn, kick_task);
 	struct tcp_peer *p = c->p;
+	/* Off the queue now: a submit from here on queues it again, and
+	 * what was queued before is taken below. */
+	atomic_store(&c->kicked, false);
 	if (!c->closed) {
 		cli_take(c);
 		if (cli_write(c))
@@ -1066,6 +1071,7 @@ static void cli_add_task(struct te_task *t)
 	struct cli_conn *c = MC_CONTAINER_OF(t, struct cli_conn, kick_task);
 	struct tcp_peer *p = c->p;
 	c->kick_task.run = cli_kick_task;
+	atomic_store(&c->kicked, false); /* as cli_kick_task */
 	c->events = EPOLLIN;
 	if (te__worker_add(c->w, c->fd, &c->ioh, EPOLLIN) != 0) {
 		cli_fail(c, -EIO);
@@ -1249,6 +1255,7 @@ static int tcp_connect(struct te_xport *xp, struct te_segment *seg,
 		c->kick_task.run = cli_add_task;
 		te__worker_post(c->w, &c->kick_task);
 	}
+	metric_add(e->m_peers[TE_PROTO_TCP], 1);
 	*out = &p->base;
 	return 0;
 }

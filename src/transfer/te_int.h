@@ -700,12 +700,14 @@ struct te_engine {
 	struct metric *m_retries;
 	struct metric *m_refused;
 	struct metric *m_regions, *m_reg_bytes, *m_segments;
+	struct metric *m_peers[4];         /* [proto] peer objects not freed */
 };
 
 /* Run j->fn on the loop thread (thread-safe; after te_stop, te_free runs
  * what is left). False when j was already queued (it runs once). */
 bool te__loop_post(struct te_engine *e, struct te_job *j);
-/* Run j->fn on the setup thread. False when already queued. */
+/* Run j->fn on the setup thread. False when already queued (it runs
+ * once) or when te_free stopped the thread (it does not run). */
 bool te__setup_post(struct te_engine *e, struct te_job *j);
 /* The descriptor changed: publish it (any thread). */
 void te__desc_changed(struct te_engine *e);

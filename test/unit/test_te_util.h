@@ -4,7 +4,8 @@
  * test_rdma_engine.c: start and stop (the engines are created on the
  * loop's thread, as te_new wants), running a function on the loop,
  * memfd-backed registered memory, opening engine 1's segment from engine
- * 0, and reading a metric of one engine's own registry.
+ * 0, and reading a metric of one engine's own registry. Stopping checks
+ * that te_free freed every transport peer object (mooncake_te_peers 0).
  */
 #ifndef MC_TEST_TE_UTIL_H
 #define MC_TEST_TE_UTIL_H
@@ -132,6 +133,21 @@ static inline void host_start_with(const struct te_opts t[2])
 	cr_assert_eq(h->start_rc[1], 0);
 }
 
+/* The value of the sample "name{labels} " (the text up to the value) in
+ * engine i's registry, or -1. */
+static inline double metric(int i, const char *sample)
+{
+	struct mc_buf b = {0};
+	char want[192];
+	cr_assert_eq(metrics_format(H.m[i], &b), 0);
+	cr_assert_eq(mc_buf_append(&b, "", 1), 0);
+	snprintf(want, sizeof(want), "\n%s", sample); /* not the # HELP line */
+	const char *p = strstr(b.data, want);
+	double v = p ? strtod(p + strlen(want), NULL) : -1;
+	mc_buf_free(&b);
+	return v;
+}
+
 static inline void host_stop(void)
 {
 	struct host *h = &H;
@@ -140,6 +156,18 @@ static inline void host_stop(void)
 	pthread_join(h->tid, NULL);
 	te_free(h->e[0]);
 	te_free(h->e[1]);
+	/* The registries outlive the engines: a peer whose last reference
+	 * was never dropped still counts. */
+	static const char *const protos[] = {"tcp", "rdma", "shm"};
+	for (int i = 0; i < 2; i++) {
+		for (size_t k = 0; k < 3; k++) {
+			char sample[64];
+			snprintf(sample, sizeof(sample), "mooncake_te_peers{transport=\"%s\"} ",
+				 protos[k]);
+			cr_assert_eq(metric(i, sample), 0, "engine %d: %s peer objects left "
+				     "after te_free: %g", i, protos[k], metric(i, sample));
+		}
+	}
 	rpc_server_free(h->rpc[0]);
 	rpc_server_free(h->rpc[1]);
 	metrics_registry_free(h->m[0]);
@@ -187,21 +215,6 @@ static inline struct te_segment *open_b(void)
 	struct te_segment *s;
 	cr_assert_eq(te_open_segment(H.e[0], te_name(H.e[1]), &s), 0);
 	return s;
-}
-
-/* The value of the sample "name{labels} " (the text up to the value) in
- * engine i's registry, or -1. */
-static inline double metric(int i, const char *sample)
-{
-	struct mc_buf b = {0};
-	char want[192];
-	cr_assert_eq(metrics_format(H.m[i], &b), 0);
-	cr_assert_eq(mc_buf_append(&b, "", 1), 0);
-	snprintf(want, sizeof(want), "\n%s", sample); /* not the # HELP line */
-	const char *p = strstr(b.data, want);
-	double v = p ? strtod(p + strlen(want), NULL) : -1;
-	mc_buf_free(&b);
-	return v;
 }
 
 /* Wait (up to 20 s) until metric(i, sample) >= min. */
