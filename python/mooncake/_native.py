@@ -48,7 +48,11 @@ POINTER = ctypes.POINTER
 
 class OpenOpts(ctypes.Structure):
     _fields_ = [("socket_path", c_char_p), ("staging_bytes", c_size_t),
-                ("client_name", c_char_p)]
+                ("client_name", c_char_p), ("verify_gets", c_int)]
+
+
+class GetOpts(ctypes.Structure):
+    _fields_ = [("verify", c_int)]
 
 
 class PutOpts(ctypes.Structure):
@@ -76,6 +80,10 @@ mc_put_from = _fn("mc_put_from", c_int, c_void_p, c_void_p, c_size_t, c_void_p, 
                   POINTER(PutOpts))
 mc_get = _fn("mc_get", c_int, c_void_p, c_void_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t))
 mc_get_into = _fn("mc_get_into", c_int64, c_void_p, c_void_p, c_size_t, c_void_p, c_size_t)
+mc_get_ex = _fn("mc_get_ex", c_int, c_void_p, c_void_p, c_size_t, POINTER(c_void_p),
+                POINTER(c_size_t), POINTER(GetOpts))
+mc_get_into_ex = _fn("mc_get_into_ex", c_int64, c_void_p, c_void_p, c_size_t, c_void_p,
+                     c_size_t, POINTER(GetOpts))
 mc_get_view = _fn("mc_get_view", c_int, c_void_p, c_void_p, c_size_t, POINTER(c_void_p),
                   POINTER(c_size_t), POINTER(c_void_p))
 mc_view_is_mapped = _fn("mc_view_is_mapped", c_int, c_void_p)

@@ -45,6 +45,7 @@ OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 OBJECT_HAS_LEASE = -706
 LEASE_EXPIRED = -707
+CHECKSUM_MISMATCH = -810
 NOT_CONNECTED = -802  # MC_EUNAVAILABLE
 
 _SETUP_KEYS = ("local_hostname", "metadata_server", "global_segment_size",
@@ -194,7 +195,8 @@ class MooncakeDistributedStore:
                 return 0
             sock = cfg.get("socket_path") or os.environ.get("MOONCAKE_SOCKET") or None
             o = n.OpenOpts(sock.encode() if sock else None, max(stg, 0),
-                           ("python pid %d" % os.getpid()).encode())
+                           ("python pid %d" % os.getpid()).encode(),
+                           1 if cfg.get("verify_gets") else 0)
             h = ctypes.c_void_p()
             rc = n.mc_open_ex(ctypes.byref(o), ctypes.byref(h))
             if rc:
@@ -308,15 +310,22 @@ class MooncakeDistributedStore:
 
     # ------------------------------------------------------------ get
 
-    def get(self, key):
-        """The value, or b"" when the key is not in the pool."""
+    def get(self, key, verify=False):
+        """The value, or b"" when the key is not in the pool. verify:
+        check its bytes against the checksum its writer sealed it with
+        (b"" and a logged error when they differ); setup(...,
+        verify_gets=True) makes every get of the store verify."""
         h = self._h
         if not h:
             return b""
         k = n.key_bytes(key)
         p = ctypes.c_void_p()
         ln = ctypes.c_size_t()
-        rc = n.mc_get(h, k, len(k), ctypes.byref(p), ctypes.byref(ln))
+        rc = n.mc_get_ex(h, k, len(k), ctypes.byref(p), ctypes.byref(ln),
+                         ctypes.byref(n.GetOpts(1 if verify else 0)))
+        if rc == CHECKSUM_MISMATCH:
+            log.error("get %r: %s", key, n.strerror(rc))
+            return b""
         if rc:
             if rc != OBJECT_NOT_FOUND:
                 log.debug("get %r: %s", key, n.strerror(rc))
@@ -372,14 +381,16 @@ class MooncakeDistributedStore:
         finally:
             b.release()
 
-    def get_into(self, key, buffer_ptr, size):
+    def get_into(self, key, buffer_ptr, size, verify=False):
         """Bytes read into [buffer_ptr, buffer_ptr + size), or negative
-        (-105 ENOBUFS: the value is larger than size)."""
+        (-105 ENOBUFS: the value is larger than size; -810: verify found
+        bytes that do not match the object's checksum)."""
         h = self._h
         if not h:
             return NOT_CONNECTED
         k = n.key_bytes(key)
-        return int(n.mc_get_into(h, k, len(k), buffer_ptr, size))
+        return int(n.mc_get_into_ex(h, k, len(k), buffer_ptr, size,
+                                    ctypes.byref(n.GetOpts(1 if verify else 0))))
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         keys = list(keys)

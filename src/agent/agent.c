@@ -112,8 +112,9 @@ static void register_metrics(struct agent *a)
 	a->m_views = metrics_gauge(r, "mooncake_agent_views",
 				   "Zero-copy views held by clients.", NULL, NULL);
 	a->m_inv = metrics_gauge(r, "mooncake_agent_inventory_objects",
-				 "Objects this agent wrote into its segment (re-reported "
-				 "after a master failover).", NULL, NULL);
+				 "Objects in this agent's segment as its mirror of the "
+				 "master's index knows them (re-reported after a master "
+				 "failover).", NULL, NULL);
 	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
 				  "View number of the master leader the segment is "
 				  "mounted with.", NULL, NULL);
@@ -146,6 +147,28 @@ static void register_metrics(struct agent *a)
 	a->m_counters[AGENT_C_BYTES_READ] = metrics_counter(
 		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
 		(const char *[]){"read"});
+	a->m_counters[AGENT_C_MIRROR_EVENTS] = metrics_counter(
+		r, "mooncake_agent_mirror_events_total",
+		"Changes of this agent's segment applied to its mirror from the "
+		"master's log.", NULL, NULL);
+	a->m_counters[AGENT_C_MIRROR_LISTINGS] = metrics_counter(
+		r, "mooncake_agent_mirror_listings_total",
+		"Listings of the whole segment (the mirror fell behind the master's "
+		"log).", NULL, NULL);
+	const char *rs = "Objects of the mirror left out of a re-sync report, by reason.";
+	a->m_counters[AGENT_C_RESYNC_BAD] = metrics_counter(
+		r, "mooncake_agent_resync_skipped_total", rs, "reason",
+		(const char *[]){"checksum"});
+	a->m_counters[AGENT_C_RESYNC_UNCHECKED] = metrics_counter(
+		r, "mooncake_agent_resync_skipped_total", rs, "reason",
+		(const char *[]){"unchecked"});
+	a->m_counters[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
+		r, "mooncake_agent_resync_skipped_total", rs, "reason",
+		(const char *[]){"conflict"});
+	a->m_counters[AGENT_C_GET_BAD] = metrics_counter(
+		r, "mooncake_agent_get_checksum_failures_total",
+		"Verified gets whose bytes did not match the object's checksum.", NULL,
+		NULL);
 	agent__gauges(a);
 }
 

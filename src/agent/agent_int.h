@@ -10,7 +10,11 @@
  *   ops.c      the operations: put, get, exist, remove, buffers, transfer
  *   mlink.c    the master: discovery (fixed or meta leader key), mount,
  *              heartbeats, re-sync with inventory, calls with redirects
- *   inv.c      inventory: objects this agent wrote into its own segment
+ *   mirror.c   the segment mirror: following the master's log of the
+ *              segment's changes (SyncSegment), listing it when behind,
+ *              and checking bytes against checksums before a re-sync
+ *   inv.c      the mirror's table: every COMPLETE object in this agent's
+ *              segment, whoever wrote it (pure)
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
  * touch only the memory their job owns (mappings hold references taken
@@ -128,10 +132,19 @@ void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed);
 
 /* ------------------------------------------------------------ inv.c */
 
+/* What the mirror knows of one object in the segment. */
+struct agent_inv_rec {
+	uint64_t offset, size;
+	uint32_t crc;
+	bool has_crc;   /* crc is the value's CRC-32C */
+	bool soft_pin;
+};
+
 struct agent_inv_entry {
 	struct agent_inv_entry *next; /* hash chain */
-	uint64_t offset, size, seq;
-	bool soft_pin;
+	struct agent_inv_rec rec;
+	uint64_t seq;                 /* order of the last change here */
+	unsigned epoch;               /* the listing that last touched it */
 	uint16_t klen;
 	uint8_t key[];
 };
@@ -140,21 +153,39 @@ struct agent_inv {
 	struct agent_inv_entry **tab;
 	size_t nbuckets, n;
 	uint64_t seq;
+	unsigned epoch;               /* the listing in progress (or last) */
 };
 
 int agent__inv_init(struct agent_inv *v) MC_MUST_CHECK;
 void agent__inv_free(struct agent_inv *v);
-/* Record (or replace) an object at offset. Errors: -ENOMEM. */
+/* Record (or replace) the object key at rec's place. Errors: -EINVAL
+ * (key length), -ENOMEM. */
 int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
-		   uint64_t offset, uint64_t size, bool soft_pin) MC_MUST_CHECK;
+		   const struct agent_inv_rec *rec) MC_MUST_CHECK;
+/* Forget the object key (wherever it is). */
 void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen);
+/* Forget the object key only if it is at offset (a change for another
+ * placement of the key is not about this entry). Returns true if it was. */
+bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen,
+		       uint64_t offset);
 void agent__inv_clear(struct agent_inv *v);
 /*
- * A snapshot for a re-sync: entries sorted by offset, where of two that
- * overlap only the newer is kept (the older one's space was reused; its
- * bytes are gone). The dropped ones are deleted from the inventory.
- * *out is a malloc'd array of borrowed entries, valid until the next
- * change. Errors: -ENOMEM.
+ * Listings. A listing of the segment runs while the mirror keeps
+ * following the log; every change (agent__inv_add/_del*) marks what it
+ * touches with the current epoch. agent__inv_listing_start begins a new
+ * epoch; the listing's items are added like changes; at its end
+ * agent__inv_listing_end forgets every entry the epoch did not touch
+ * (neither listed nor changed since the listing began: it was gone
+ * before its page was read). Returns how many went.
+ */
+void agent__inv_listing_start(struct agent_inv *v);
+size_t agent__inv_listing_end(struct agent_inv *v);
+/*
+ * A snapshot for a re-sync: copies of the entries sorted by offset,
+ * where of two that overlap only the newer is kept (the older one's
+ * space was reused; its bytes are gone). The dropped ones are deleted
+ * from the inventory. *out is a malloc'd array of malloc'd copies (free
+ * each, then the array). Errors: -ENOMEM.
  */
 int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
 			size_t *n) MC_MUST_CHECK;
@@ -232,6 +263,8 @@ struct agent_item {
 	bool has_dest;
 	bool zero_copy;
 	uint64_t size;        /* object size (gets) */
+	uint32_t crc;         /* the value's CRC-32C: computed (puts), known (gets) */
+	bool has_crc;
 	struct agent_rep *reps;
 	unsigned nrep;
 	/* get results */
@@ -282,6 +315,8 @@ typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
 struct agent_lentry {
 	struct agent_lentry *next;
 	uint64_t size, until_ms;
+	uint32_t crc;           /* with has_crc: the value's CRC-32C */
+	bool has_crc;
 	struct agent_rep rep;   /* segment owned */
 	uint16_t klen;
 	uint8_t key[];
@@ -302,10 +337,11 @@ void agent__lcache_clear(struct agent_lcache *lc);
  * next change), else NULL. */
 const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
 					     size_t klen, uint64_t now_ms);
-/* Remember rep (copied) for key until until_ms; best effort. */
+/* Remember rep (copied) for key until until_ms, with the value's
+ * checksum (crc NULL: none); best effort. */
 void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
-		       uint64_t size, const struct agent_rep *rep, uint64_t until_ms,
-		       uint64_t now_ms);
+		       uint64_t size, const uint32_t *crc, const struct agent_rep *rep,
+		       uint64_t until_ms, uint64_t now_ms);
 void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen);
 
 /* ------------------------------------------------------------ batch.c */
@@ -345,6 +381,12 @@ enum agent_counter {
 	AGENT_C_BYTES_WRITTEN,
 	AGENT_C_BYTES_READ,
 	AGENT_C_LEASE_CACHE_HITS,
+	AGENT_C_MIRROR_EVENTS,
+	AGENT_C_MIRROR_LISTINGS,
+	AGENT_C_RESYNC_BAD,        /* bytes did not match the checksum */
+	AGENT_C_RESYNC_UNCHECKED,  /* no checksum to check against */
+	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
+	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
 	AGENT_C_COUNT
 };
 
@@ -406,6 +448,17 @@ struct agent {
 	bool need_resync;
 	struct agent_inv_entry **resync_items;
 	size_t resync_n, resync_pos;
+	uint64_t resync_reported, resync_bad;
+	unsigned resync_gen;          /* bumped when a re-sync is dropped */
+	/* segment mirror (mirror.c) */
+	bool mirror_on, mirror_busy;
+	unsigned mirror_gen;          /* bumped per mount: older answers dropped */
+	uint64_t mirror_seq;          /* the log is applied up to here */
+	bool listing, listing_busy;
+	uint64_t list_cursor;
+	uv_timer_t mirror_timer;
+	uint64_t mirror_retry_ms;
+	bool mirror_oom_told;
 	uint64_t hb_interval_ms;
 	uv_timer_t hb_timer;
 	uv_timer_t retry_timer;
@@ -482,6 +535,20 @@ void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
 /* ops.c */
 void agent__dispatch(struct agent_req *r);
 void agent__renew_views(struct agent *a);
+
+/* mirror.c */
+void agent__mirror_init(struct agent *a);
+/* Follow the segment's log after seq (a mount's mirror_seq); an earlier
+ * loop is abandoned. */
+void agent__mirror_start(struct agent *a, uint64_t seq);
+/* Stop following (the master link moved, or stopping). */
+void agent__mirror_stop(struct agent *a);
+void agent__mirror_close(struct agent *a, uv_close_cb cb);
+enum agent_verify { AGENT_VERIFY_OK = 0, AGENT_VERIFY_BAD, AGENT_VERIFY_UNCHECKED };
+/* Check the bytes of n entries against their checksums (a copy thread):
+ * verdict[i] is enum agent_verify. */
+void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items, size_t n,
+			  uint8_t *verdict);
 
 /* mlink.c */
 void agent__mlink_init(struct agent *a);

@@ -62,6 +62,7 @@ struct combined {
 		Mooncake__Master__BatchKeysRequest keys;
 	} req;
 	void *array; /* the concatenated items or keys */
+	uint32_t *crcs; /* BatchPutEnd: the concatenated checksums */
 };
 
 static void free_waits(struct agent_bwait *w)
@@ -126,7 +127,18 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 	}
 	free_waits(cb->waits);
 	free(cb->array);
+	free(cb->crcs);
 	free(cb);
+}
+
+/* BatchPutEnd requests carry checksums for all their keys or for none;
+ * only requests alike can share a call. */
+static bool crcs_alike(const struct agent_bwait *waits)
+{
+	size_t with = 0, n = 0;
+	for (const struct agent_bwait *w = waits; w; w = w->next, n++)
+		with += ((const Mooncake__Master__BatchKeysRequest *)w->req)->n_crc32c != 0;
+	return with == 0 || with == n;
 }
 
 static void send_queue(struct agent *a, enum agent_bkind k)
@@ -148,8 +160,13 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 	struct combined *cb = calloc(1, sizeof(*cb));
 	size_t esz = k == AGENT_B_PUT_START ? sizeof(void *) : sizeof(ProtobufCBinaryData);
 	void *arr = cb ? malloc(n * esz) : NULL;
-	if (!cb || !arr) {
-		/* Out of memory: each on its own. */
+	bool with_crcs = k == AGENT_B_PUT_END &&
+			 ((const Mooncake__Master__BatchKeysRequest *)waits->req)->n_crc32c;
+	uint32_t *crcs = with_crcs && arr ? malloc(n * sizeof(*crcs)) : NULL;
+	if (!cb || !arr || (with_crcs && !crcs) || (k == AGENT_B_PUT_END && !crcs_alike(waits))) {
+		/* Out of memory, or requests unlike: each on its own. */
+		free(crcs);
+		free(arr);
 		free(cb);
 		while (waits) {
 			struct agent_bwait *next = waits->next;
@@ -164,6 +181,7 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 	cb->waits = waits;
 	cb->n = n;
 	cb->array = arr;
+	cb->crcs = crcs;
 	size_t off = 0;
 	for (struct agent_bwait *w = waits; w; w = w->next) {
 		if (k == AGENT_B_PUT_START) {
@@ -172,6 +190,8 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		} else {
 			const Mooncake__Master__BatchKeysRequest *r = (const void *)w->req;
 			memcpy((ProtobufCBinaryData *)arr + off, r->keys, w->n * esz);
+			if (crcs)
+				memcpy(crcs + off, r->crc32c, w->n * sizeof(*crcs));
 		}
 		off += w->n;
 	}
@@ -184,6 +204,10 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		mooncake__master__batch_keys_request__init(&cb->req.keys);
 		cb->req.keys.keys = arr;
 		cb->req.keys.n_keys = n;
+		if (crcs) {
+			cb->req.keys.crc32c = crcs;
+			cb->req.keys.n_crc32c = n;
+		}
 		agent__mcall(a, methods[k], &cb->req.keys.base, resp_desc(k), on_combined, cb);
 	}
 }

@@ -1,12 +1,15 @@
 /*
- * inv: the agent's inventory — the objects it wrote into its own segment
- * (key, offset, size, soft pin), so that after a master failover it can
+ * inv: the agent's inventory — its mirror of the master's index for its
+ * own segment: every COMPLETE object there (key, offset, size, checksum,
+ * soft pin), whoever wrote it, so that after a master failover it can
  * report them to the new leader (Heartbeat inventory) and complete
- * objects survive. Entries leave when the agent removes the object, when
- * a get through this agent finds it gone, and when a newer entry
- * overlaps their space (the space was reused, so their bytes are gone).
- * A chained hash table keyed by the object key; sequence numbers order
- * entries by age.
+ * objects survive. mirror.c keeps it equal to the master's log of the
+ * segment's changes; the agent's own puts and removes update it at once
+ * too. When a snapshot for a re-sync finds two entries over the same
+ * space, only the newer is kept (the space was reused, so the older
+ * one's bytes are gone). A chained hash table keyed by the object key;
+ * sequence numbers order changes by age, epochs mark what a listing of
+ * the segment saw. Pure.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -82,7 +85,7 @@ static void grow(struct agent_inv *v)
 }
 
 int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
-		   uint64_t offset, uint64_t size, bool soft_pin)
+		   const struct agent_inv_rec *rec)
 {
 	if (klen == 0 || klen > AGENT_MAX_KEY_BYTES)
 		return -EINVAL;
@@ -98,10 +101,9 @@ int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
 		*pp = e;
 		v->n++;
 	}
-	e->offset = offset;
-	e->size = size;
-	e->soft_pin = soft_pin;
+	e->rec = *rec;
 	e->seq = ++v->seq;
+	e->epoch = v->epoch;
 	if (v->n > v->nbuckets)
 		grow(v);
 	return 0;
@@ -120,12 +122,52 @@ void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen)
 	v->n--;
 }
 
+bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen,
+		       uint64_t offset)
+{
+	if (!v->tab || klen == 0)
+		return false;
+	struct agent_inv_entry **pp = find(v, key, klen);
+	struct agent_inv_entry *e = *pp;
+	if (!e || e->rec.offset != offset)
+		return false;
+	*pp = e->next;
+	free(e);
+	v->n--;
+	return true;
+}
+
+void agent__inv_listing_start(struct agent_inv *v)
+{
+	v->epoch++;
+}
+
+size_t agent__inv_listing_end(struct agent_inv *v)
+{
+	size_t gone = 0;
+	for (size_t i = 0; i < v->nbuckets; i++) {
+		struct agent_inv_entry **pp = &v->tab[i];
+		while (*pp) {
+			struct agent_inv_entry *e = *pp;
+			if (e->epoch == v->epoch) {
+				pp = &e->next;
+				continue;
+			}
+			*pp = e->next;
+			free(e);
+			v->n--;
+			gone++;
+		}
+	}
+	return gone;
+}
+
 static int by_offset(const void *x, const void *y)
 {
 	const struct agent_inv_entry *a = *(struct agent_inv_entry *const *)x;
 	const struct agent_inv_entry *b = *(struct agent_inv_entry *const *)y;
-	if (a->offset != b->offset)
-		return a->offset < b->offset ? -1 : 1;
+	if (a->rec.offset != b->rec.offset)
+		return a->rec.offset < b->rec.offset ? -1 : 1;
 	return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
@@ -133,9 +175,10 @@ static int by_offset(const void *x, const void *y)
  * take no space and never overlap. */
 static bool overlap(const struct agent_inv_entry *a, const struct agent_inv_entry *b)
 {
-	if (a->size == 0 || b->size == 0)
+	const struct agent_inv_rec *x = &a->rec, *y = &b->rec;
+	if (x->size == 0 || y->size == 0)
 		return false;
-	return a->offset < b->offset + b->size && b->offset < a->offset + a->size;
+	return x->offset < y->offset + y->size && y->offset < x->offset + x->size;
 }
 
 int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
@@ -163,9 +206,9 @@ int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
 		bool dead = false;
 		for (size_t j = kept; j-- > 0;) {
 			struct agent_inv_entry *o = arr[j];
-			if (o->size == 0)
+			if (o->rec.size == 0)
 				continue;
-			if (o->offset + o->size <= e->offset)
+			if (o->rec.offset + o->rec.size <= e->rec.offset)
 				break;
 			if (!overlap(o, e))
 				continue;
@@ -186,6 +229,20 @@ int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
 	for (size_t i = 0; i < ndrop; i++)
 		agent__inv_del(v, drop[i]->key, drop[i]->klen);
 	free(drop);
+	/* Copies: the table changes while the report goes out. */
+	for (size_t i = 0; i < kept; i++) {
+		size_t sz = sizeof(*arr[i]) + arr[i]->klen;
+		struct agent_inv_entry *c = malloc(sz);
+		if (!c) {
+			while (i-- > 0)
+				free(arr[i]);
+			free(arr);
+			return -ENOMEM;
+		}
+		memcpy(c, arr[i], sz);
+		c->next = NULL;
+		arr[i] = c;
+	}
 	*out = arr;
 	*n = kept;
 	return 0;

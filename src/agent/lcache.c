@@ -126,8 +126,8 @@ static void sweep(struct agent_lcache *lc, uint64_t now_ms)
 }
 
 void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
-		       uint64_t size, const struct agent_rep *rep, uint64_t until_ms,
-		       uint64_t now_ms)
+		       uint64_t size, const uint32_t *crc, const struct agent_rep *rep,
+		       uint64_t until_ms, uint64_t now_ms)
 {
 	if (!lc->tab || lc->capacity == 0 || until_ms <= now_ms)
 		return;
@@ -157,5 +157,7 @@ void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 	e->rep = *rep;
 	e->rep.segment = seg;
 	e->size = size;
+	e->has_crc = crc != NULL;
+	e->crc = crc ? *crc : 0;
 	e->until_ms = until_ms;
 }

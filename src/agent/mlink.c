@@ -10,10 +10,13 @@
  * first mount of the process says resync = false (the segment is empty:
  * the master drops whatever an earlier incarnation left there); every
  * later one — a new leader, or a master that forgot the agent — says
- * resync = true and reports the inventory (inv.c) in Heartbeats of up to
- * AGENT_INVENTORY_BATCH items, the last one with inventory_complete.
- * Then a Heartbeat every agent_ttl / 3; a reply with another view or
- * resync = true starts the re-sync over.
+ * resync = true and reports the inventory (the segment mirror, inv.c and
+ * mirror.c) in Heartbeats of up to AGENT_INVENTORY_BATCH items, each
+ * batch's bytes checked against their checksums on a copy thread first,
+ * the last one with inventory_complete. After every mount the mirror
+ * follows the segment's log from the position the mount answered. Then
+ * a Heartbeat every agent_ttl / 3; a reply with another view or resync =
+ * true starts the re-sync over.
  *
  * Calls (agent__mcall) go to the leader in use. While none is known, or
  * it cannot be reached, calls wait (up to their deadline) for one.
@@ -245,19 +248,38 @@ void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *r
 static void hb_arm(struct agent *a);
 static void on_hb_timer(uv_timer_t *t);
 
+/*
+ * One inventory Heartbeat: up to AGENT_INVENTORY_BATCH entries, taken
+ * from the re-sync snapshot (the block owns them), checked against their
+ * checksums on a copy thread, the good ones reported.
+ */
 struct inv_block {
 	Mooncake__Master__HeartbeatRequest req;
+	struct agent_job job;
 	struct agent *a;
-	size_t n;
+	unsigned gen;                     /* a->resync_gen when made */
+	size_t n, ngood;
+	bool last;
+	struct agent_inv_entry **ents;    /* owned */
+	uint8_t *verdict;
+	struct agent_inv_entry **good;    /* borrowed from ents, reported order */
 	Mooncake__Master__InventoryItem **ptrs;
 	Mooncake__Master__InventoryItem *items;
 };
 
+static void inv_block_free(struct inv_block *b)
+{
+	for (size_t i = 0; i < b->n; i++)
+		free(b->ents[i]);
+	free(b);
+}
+
 static void resync_free(struct agent *a)
 {
+	a->resync_gen++;
 	if (!a->resync_items)
 		return;
-	for (size_t i = 0; i < a->resync_n; i++)
+	for (size_t i = a->resync_pos; i < a->resync_n; i++)
 		free(a->resync_items[i]);
 	free(a->resync_items);
 	a->resync_items = NULL;
@@ -273,12 +295,14 @@ static void on_inventory(void *ud, int err, const char *message,
 	struct agent *a = b->a;
 	const Mooncake__Master__HeartbeatResponse *resp =
 		(const Mooncake__Master__HeartbeatResponse *)m;
-	bool last = b->req.inventory_complete;
-	free(b);
-	a->hb_busy = false;
-	if (a->stopping)
+	bool last = b->last;
+	if (b->gen != a->resync_gen || a->stopping) {
+		inv_block_free(b);
 		return;
+	}
+	a->hb_busy = false;
 	if (err) {
+		inv_block_free(b);
 		log_warn("inventory report to %s failed: %s; mounting again",
 			 a->master_addr, message ? message : mc_strerror(err));
 		resync_free(a);
@@ -286,25 +310,90 @@ static void on_inventory(void *ud, int err, const char *message,
 		mount(a);
 		return;
 	}
+	/* What the master refused is not in its index: not in the mirror. */
+	for (size_t k = 0; k < resp->n_skipped_items; k++) {
+		uint32_t i = resp->skipped_items[k];
+		if (i < b->ngood)
+			agent__inv_del_at(&a->inv, b->good[i]->key, b->good[i]->klen,
+					  b->good[i]->rec.offset);
+	}
+	agent__count(a, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
+	a->resync_reported += resp->items_accepted;
 	if (resp->items_skipped)
 		log_warn("re-sync: the master skipped %" PRIu64 " inventory items "
 			 "that conflict with its index", resp->items_skipped);
+	inv_block_free(b);
 	if (!last) {
 		send_inventory(a);
 		return;
 	}
-	log_info("re-sync with master %s (view %" PRIu64 ") done: %zu objects reported",
-		 a->master_addr, a->view, a->resync_n);
+	log_info("re-sync with master %s (view %" PRIu64 ") done: %" PRIu64 " objects "
+		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
+		 "none to check)", a->master_addr, a->view, a->resync_reported, a->resync_bad);
 	resync_free(a);
+	agent__gauges(a);
 	a->need_resync = false;
 	hb_arm(a);
+}
+
+static void verify_run(struct agent_job *j)
+{
+	struct inv_block *b = MC_CONTAINER_OF(j, struct inv_block, job);
+	agent__mirror_verify(b->a, b->ents, b->n, b->verdict);
+}
+
+static void verify_done(struct agent_job *j)
+{
+	struct inv_block *b = MC_CONTAINER_OF(j, struct inv_block, job);
+	struct agent *a = b->a;
+	if (b->gen != a->resync_gen || a->stopping) {
+		inv_block_free(b);
+		agent__maybe_stopped(a);
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++) {
+		const struct agent_inv_entry *e = b->ents[i];
+		if (b->verdict[i] != AGENT_VERIFY_OK) {
+			/* Its space holds other bytes (or cannot be vouched
+			 * for): never report it, and forget it. */
+			agent__inv_del_at(&a->inv, e->key, e->klen, e->rec.offset);
+			agent__count(a, b->verdict[i] == AGENT_VERIFY_BAD ? AGENT_C_RESYNC_BAD
+									  : AGENT_C_RESYNC_UNCHECKED,
+				     1);
+			a->resync_bad++;
+			continue;
+		}
+		Mooncake__Master__InventoryItem *it = &b->items[b->ngood];
+		mooncake__master__inventory_item__init(it);
+		it->key.data = (uint8_t *)e->key;
+		it->key.len = e->klen;
+		it->segment = a->name;
+		it->offset = e->rec.offset;
+		it->size = e->rec.size;
+		it->soft_pin = e->rec.soft_pin;
+		it->crc32c = e->rec.crc;
+		it->checksummed = e->rec.has_crc;
+		b->ptrs[b->ngood] = it;
+		b->good[b->ngood] = b->ents[i];
+		b->ngood++;
+	}
+	mooncake__master__heartbeat_request__init(&b->req);
+	b->req.agent_id = a->name;
+	b->req.view = a->view;
+	b->req.inventory = b->ptrs;
+	b->req.n_inventory = b->ngood;
+	b->req.inventory_complete = b->last;
+	agent__mcall(a, "Heartbeat", &b->req.base,
+		     &mooncake__master__heartbeat_response__descriptor, on_inventory, b);
 }
 
 static void send_inventory(struct agent *a)
 {
 	size_t left = a->resync_n - a->resync_pos;
 	size_t n = MC_MIN(left, (size_t)AGENT_INVENTORY_BATCH);
-	struct inv_block *b = calloc(1, sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items)));
+	struct inv_block *b = calloc(1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
+							 sizeof(Mooncake__Master__InventoryItem *) +
+							 sizeof(Mooncake__Master__InventoryItem) + 1));
 	if (!b) {
 		log_error("out of memory for the inventory report; retrying");
 		a->mounted = false;
@@ -312,33 +401,24 @@ static void send_inventory(struct agent *a)
 		return;
 	}
 	b->a = a;
+	b->gen = a->resync_gen;
+	b->n = n;
 	b->items = (Mooncake__Master__InventoryItem *)(b + 1);
 	b->ptrs = (Mooncake__Master__InventoryItem **)(b->items + n);
-	mooncake__master__heartbeat_request__init(&b->req);
-	b->req.agent_id = a->name;
-	b->req.view = a->view;
-	for (size_t i = 0; i < n; i++) {
-		const struct agent_inv_entry *e = a->resync_items[a->resync_pos + i];
-		Mooncake__Master__InventoryItem *it = &b->items[i];
-		mooncake__master__inventory_item__init(it);
-		it->key.data = (uint8_t *)e->key;
-		it->key.len = e->klen;
-		it->segment = a->name;
-		it->offset = e->offset;
-		it->size = e->size;
-		it->soft_pin = e->soft_pin;
-		b->ptrs[i] = it;
-	}
+	b->ents = (struct agent_inv_entry **)(b->ptrs + n);
+	b->good = b->ents + n;
+	b->verdict = (uint8_t *)(b->good + n);
+	/* The block takes the entries. */
+	memcpy(b->ents, a->resync_items + a->resync_pos, n * sizeof(*b->ents));
 	a->resync_pos += n;
-	b->req.inventory = b->ptrs;
-	b->req.n_inventory = n;
-	b->req.inventory_complete = a->resync_pos == a->resync_n;
+	b->last = a->resync_pos == a->resync_n;
 	a->hb_busy = true;
-	agent__mcall(a, "Heartbeat", &b->req.base,
-		     &mooncake__master__heartbeat_response__descriptor, on_inventory, b);
+	b->job.run = verify_run;
+	b->job.done = verify_done;
+	agent__pool_submit(&a->pool, &b->job);
 }
 
-/* Copy the inventory (entries can change while the report goes out). */
+/* Snapshot the mirror (copies: it changes while the report goes out). */
 static int start_resync(struct agent *a)
 {
 	resync_free(a);
@@ -347,26 +427,10 @@ static int start_resync(struct agent *a)
 	int rc = agent__inv_snapshot(&a->inv, &snap, &n);
 	if (rc)
 		return rc;
-	a->resync_items = calloc(n ? n : 1, sizeof(*a->resync_items));
-	if (!a->resync_items) {
-		free(snap);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; i < n; i++) {
-		size_t sz = sizeof(*snap[i]) + snap[i]->klen;
-		struct agent_inv_entry *e = malloc(sz);
-		if (!e) {
-			a->resync_n = i;
-			resync_free(a);
-			free(snap);
-			return -ENOMEM;
-		}
-		memcpy(e, snap[i], sz);
-		a->resync_items[i] = e;
-	}
+	a->resync_items = snap;
 	a->resync_n = n;
 	a->resync_pos = 0;
-	free(snap);
+	a->resync_reported = a->resync_bad = 0;
 	return 0;
 }
 
@@ -419,7 +483,10 @@ static void on_mounted(void *ud, int err, const char *message,
 	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
 		 a->name, a->seg->len, a->master_addr, a->view,
 		 resync ? "; re-syncing the inventory" : "");
+	/* The mirror follows the segment's log from where the master says. */
+	agent__mirror_start(a, resp->mirror_seq);
 	if (!resync) {
+		agent__inv_clear(&a->inv); /* the master emptied the segment */
 		a->need_resync = false;
 		hb_arm(a);
 		return;
@@ -439,6 +506,7 @@ static void mount(struct agent *a)
 	if (a->mount_busy || a->stopping || !a->mc || !a->named)
 		return;
 	uv_timer_stop(&a->hb_timer);
+	agent__mirror_stop(a);
 	struct mount_block *b = calloc(1, sizeof(*b));
 	char *addr = strdup(a->master_addr);
 	if (!b || !addr) {
@@ -550,6 +618,7 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 		rpc_client_free(old);
 	}
 	a->mounted = false;
+	agent__mirror_stop(a);
 	agent__gauges(a);
 	if (!addr[0]) {
 		log_warn("no master leader at the moment; calls wait for one");
@@ -705,6 +774,7 @@ void agent__mlink_init(struct agent *a)
 	uv_timer_init(a->loop, &a->hb_timer);
 	uv_timer_init(a->loop, &a->retry_timer);
 	a->hb_timer.data = a->retry_timer.data = a;
+	agent__mirror_init(a);
 	/* Until the first heartbeat reply tells the agent TTL. */
 	a->hb_interval_ms = 250;
 }
@@ -764,8 +834,9 @@ static void mlink_finish(struct agent *a)
 		a->etcd = NULL;
 	}
 	resync_free(a);
-	a->closing++;
+	a->closing += 2;
 	uv_close((uv_handle_t *)&a->hb_timer, on_handle_closed);
+	agent__mirror_close(a, on_handle_closed);
 	void (*done)(struct agent *) = a->mlink_done;
 	a->mlink_done = NULL;
 	if (done)

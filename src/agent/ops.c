@@ -3,14 +3,17 @@
  *
  *   put       [BatchRemove when upserting] -> BatchPutStart (this agent's
  *             segment preferred) -> copy the value to every replica on a
- *             copy thread (local memcpy, or the transfer engine) ->
- *             BatchPutEnd for the items written, BatchPutRevoke for the
- *             others (and for all of them when the client went away).
+ *             copy thread (local memcpy, or the transfer engine), with the
+ *             value's CRC-32C computed in the same pass (or while the
+ *             engine copies) -> BatchPutEnd with the checksums for the
+ *             items written, BatchPutRevoke for the others (and for all
+ *             of them when the client went away).
  *   get       BatchGetReplicas (grants the read lease) -> per item the
  *             nearest replica (this agent's segment first): a zero-copy
  *             view of the segment when asked and local, else a copy into
  *             the item's destination, the staging spill area, or one new
- *             memfd attached to the reply -> reply.
+ *             memfd attached to the reply; with verify, the bytes are
+ *             checked against the object's checksum -> reply.
  *   exist, remove, remove_all: the master's batch calls.
  *   buffers   register (checked client memfd), unregister, alloc (agent
  *             memfd); transfer moves bytes between client memory and a
@@ -27,6 +30,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "transfer/transfer.h"
@@ -181,32 +185,39 @@ static int take_replicas(struct agent *a, struct agent_item *it,
 }
 
 /*
- * Move len bytes between client memory and a local replica. Runs on a
+ * Move len bytes between client memory and a local replica; with crc,
+ * the CRC-32C of the bytes moved is computed in the same pass. Runs on a
  * copy thread (or inline for small ones). Offsets are checked against the
  * segment's bounds: the master's answer is not trusted with the agent's
  * memory.
  */
 static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
-		    bool write)
+		    bool write, uint32_t *crc)
 {
+	if (crc)
+		*crc = 0;
 	if (len == 0)
 		return 0;
 	if (p->offset > a->seg->len || len > a->seg->len - p->offset)
 		return MC_EINVALID_REPLICA;
 	uint8_t *s = a->seg->addr + p->offset;
-	if (write)
-		memcpy(s, mem, len);
+	uint8_t *dst = write ? s : mem;
+	const uint8_t *src = write ? mem : s;
+	if (crc)
+		*crc = crc32c_copy(0, dst, src, len);
 	else
-		memcpy(mem, s, len);
+		memcpy(dst, src, len);
 	return 0;
 }
 
 /* Build a BatchKeysRequest of the items selected by want(item) in one
- * block; *idx maps request positions back to items. */
+ * block; *idx maps request positions back to items; crcs holds the
+ * items' checksums (attach them for BatchPutEnd). */
 struct keys_block {
 	Mooncake__Master__BatchKeysRequest req;
 	Mooncake__Master__BatchRemoveRequest rm; /* the same keys */
 	size_t *idx;
+	uint32_t *crcs;
 	ProtobufCBinaryData keys[];
 };
 
@@ -217,17 +228,19 @@ static struct keys_block *keys_block(struct agent_req *r,
 	for (size_t i = 0; i < r->n; i++)
 		n += want(&r->items[i]);
 	struct keys_block *b = malloc(sizeof(*b) + n * sizeof(b->keys[0]) +
-				      n * sizeof(size_t));
+				      n * sizeof(size_t) + n * sizeof(uint32_t));
 	if (!b)
 		return NULL;
 	mooncake__master__batch_keys_request__init(&b->req);
 	b->idx = (size_t *)&b->keys[n];
+	b->crcs = (uint32_t *)&b->idx[n];
 	size_t k = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		if (!want(&r->items[i]))
 			continue;
 		b->keys[k].data = (uint8_t *)r->items[i].key;
 		b->keys[k].len = r->items[i].klen;
+		b->crcs[k] = r->items[i].crc;
 		b->idx[k] = i;
 		k++;
 	}
@@ -410,12 +423,17 @@ static void on_put_ended(void *ud, int err, const char *message,
 				log_warn("PutEnd failed: %s", message ? message : mc_strerror(err));
 			continue;
 		}
-		for (unsigned p = 0; p < it->nrep; p++)
-			if (it->reps[p].local &&
-			    agent__inv_add(&r->a->inv, it->key, it->klen, it->reps[p].offset,
-					   it->len, r->msg->put->soft_pin) != 0)
+		/* Into the mirror at once (its log entry follows). */
+		struct agent_inv_rec rec = {.size = it->len, .crc = it->crc,
+					    .has_crc = it->has_crc,
+					    .soft_pin = r->msg->put->soft_pin};
+		for (unsigned p = 0; p < it->nrep; p++) {
+			rec.offset = it->reps[p].offset;
+			if (it->reps[p].local && agent__inv_add(&r->a->inv, it->key, it->klen,
+								&rec) != 0)
 				log_warn("inventory: out of memory; an object will not be "
 					 "re-reported after a master failover");
+		}
 	}
 	put_reply(r);
 }
@@ -440,6 +458,9 @@ static void put_done(struct agent_job *j)
 		put_reply(r);
 		return;
 	}
+	/* Every item written has its checksum (put_run). */
+	b->req.crc32c = b->crcs;
+	b->req.n_crc32c = b->req.n_keys;
 	agent__bcall(r->a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
 }
 
@@ -465,11 +486,20 @@ static void put_run(struct agent_job *j)
 	}
 	if (x)
 		agent__xfer_start(a, x);
+	/* The checksum of each value: in the pass that copies it to its
+	 * local replica, else while the engine moves it. */
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		for (unsigned p = 0; p < it->nrep && !it->err; p++)
-			if (it->reps[p].local)
-				it->err = local_io(a, &it->reps[p], it->ptr, it->len, true);
+			if (it->reps[p].local) {
+				it->err = local_io(a, &it->reps[p], it->ptr, it->len, true,
+						   &it->crc);
+				it->has_crc = !it->err;
+			}
+		if (!it->err && it->nrep && !it->has_crc) {
+			it->crc = crc32c(0, it->ptr, it->len);
+			it->has_crc = true;
+		}
 	}
 	if (x)
 		agent__xfer_finish(a, x);
@@ -647,20 +677,40 @@ static void op_put(struct agent_req *r)
 
 /* ------------------------------------------------------------ get */
 
+/* With verify: the bytes delivered are the object's, or MC_ECHECKSUM. */
+static void check(struct agent_item *it, uint32_t crc)
+{
+	if (!it->err && it->has_crc && crc != it->crc)
+		it->err = MC_ECHECKSUM;
+}
+
 static void get_run(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
 	struct agent *a = r->a;
 	struct agent_xfer *x = NULL;
+	bool verify = r->msg->get->verify;
 	for (int pass = 0; pass < 2; pass++) {
 		for (size_t i = 0; i < r->n; i++) {
 			struct agent_item *it = &r->items[i];
-			if (it->err || it->nrep == 0 || !it->ptr ||
-			    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+			if (it->err || it->nrep == 0)
 				continue;
 			const struct agent_rep *rep = &it->reps[0];
+			if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED) {
+				/* The client reads the segment itself: check
+				 * the bytes it will see. */
+				if (pass == 1 && verify && it->has_crc)
+					check(it, crc32c(0, a->seg->addr + rep->offset, it->size));
+				continue;
+			}
+			if (!it->ptr)
+				continue;
 			if (pass == 1 && rep->local) {
-				it->err = local_io(a, rep, it->ptr, it->size, false);
+				uint32_t crc;
+				it->err = local_io(a, rep, it->ptr, it->size, false,
+						   verify ? &crc : NULL);
+				if (verify)
+					check(it, crc);
 			} else if (pass == 0 && !rep->local && it->size) {
 				if (!x && !(x = agent__xfer_new())) {
 					it->err = -ENOMEM;
@@ -675,6 +725,24 @@ static void get_run(struct agent_job *j)
 	}
 	if (x)
 		agent__xfer_finish(a, x);
+	for (size_t i = 0; verify && x && i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (!it->err && it->nrep && it->ptr && !it->reps[0].local &&
+		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+			check(it, crc32c(0, it->ptr, it->size));
+	}
+}
+
+/* Forget a view of this session (its item failed after all). */
+static void drop_view(struct agent_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nviews; i++)
+		if (c->views[i].id == id) {
+			free(c->views[i].key);
+			c->views[i] = c->views[--c->nviews];
+			c->a->nviews--;
+			return;
+		}
 }
 
 static void get_done(struct agent_job *j)
@@ -699,6 +767,16 @@ static void get_done(struct agent_job *j)
 		res[i].size = it->size;
 		if (it->err && it->nrep)
 			agent__lcache_del(&a->lc, it->key, it->klen); /* a read failed */
+		if (it->err && it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+			drop_view(c, it->view);
+		if (it->err == MC_ECHECKSUM) {
+			agent__count(a, AGENT_C_GET_BAD, 1);
+			log_warn("get of a %llu-byte object from segment %s at offset %llu: "
+				 "its bytes do not match its checksum",
+				 (unsigned long long)it->size,
+				 it->reps[0].local ? a->name : it->reps[0].segment,
+				 (unsigned long long)it->reps[0].offset);
+		}
 		if (it->err) {
 			if (!first && it->err != MC_EOBJECT_NOT_FOUND)
 				first = it->err;
@@ -795,6 +873,8 @@ static void get_place_and_copy(struct agent_req *r)
 			it->offset = rep->offset;
 			if (!c->segment_fd_sent)
 				r->send_segment_fd = true;
+			if (g->verify)
+				bytes += it->size; /* checked on a copy thread */
 			continue;
 		}
 		if (it->has_dest) {
@@ -896,10 +976,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		const Mooncake__Master__GetReplicasResult *res = resp->results[k];
 		if (res->error) {
 			it->err = res->error;
-			if (res->error == MC_EOBJECT_NOT_FOUND) {
+			if (res->error == MC_EOBJECT_NOT_FOUND)
 				agent__count(a, AGENT_C_MISSES, 1);
-				agent__inv_del(&a->inv, it->key, it->klen);
-			}
 			continue;
 		}
 		if (res->n_replicas == 0) {
@@ -907,6 +985,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 			continue;
 		}
 		it->size = res->size;
+		it->crc = res->crc32c;
+		it->has_crc = res->checksummed;
 		if (take_replicas(a, it, res->replicas, res->n_replicas) != 0) {
 			it->err = -ENOMEM;
 			continue;
@@ -922,8 +1002,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		 * placements writes this segment, and the cache is emptied
 		 * whenever the segment is mounted again. */
 		if (it->reps[0].local)
-			agent__lcache_put(&a->lc, it->key, it->klen, it->size, &it->reps[0],
-					  until, now);
+			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
+					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}
 	get_place_and_copy(r);
 }
@@ -972,6 +1052,8 @@ static void op_get(struct agent_req *r)
 			it->reps[0].segment = NULL;
 			it->nrep = 1;
 			it->size = e->size;
+			it->crc = e->crc;
+			it->has_crc = e->has_crc;
 			agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
 			continue;
 		}
@@ -1094,7 +1176,8 @@ static void on_removed_all(void *ud, int err, const char *message,
 		fail(r, err, message);
 		return;
 	}
-	agent__inv_clear(&r->a->inv);
+	/* The mirror hears of each removal from the master's log (leased
+	 * and PENDING objects stay). */
 	agent__lcache_clear(&r->a->lc);
 	Mooncake__Client__RemoveAllReply rr = MOONCAKE__CLIENT__REMOVE_ALL_REPLY__INIT;
 	rr.removed = resp->removed;
@@ -1506,6 +1589,9 @@ static void op_stats(struct agent_req *r)
 	s.master = a->master_addr;
 	s.view = a->view;
 	s.inventory = a->inv.n;
+	s.mirror_seq = a->mirror_seq;
+	s.resync_bad = a->counters[AGENT_C_RESYNC_BAD] + a->counters[AGENT_C_RESYNC_UNCHECKED];
+	s.get_bad = a->counters[AGENT_C_GET_BAD];
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_STATS;
 	resp.stats = &s;

@@ -87,6 +87,7 @@ struct mc_client {
 	size_t seg_len;
 	char agent_addr[128];
 	uint64_t segment_size;
+	bool verify_gets;        /* every get checks the bytes' checksum */
 };
 
 struct mc_view {
@@ -536,6 +537,7 @@ MC__PUBLIC int mc_open_ex(const struct mc_open_opts *opts, mc_client **out)
 		mc_close(c);
 		return rc;
 	}
+	c->verify_gets = o.verify_gets != 0;
 	*out = c;
 	return 0;
 
@@ -767,7 +769,9 @@ static void deliver(struct get_item *it, const void *src)
 		memcpy(it->alloc, src, it->size);
 }
 
-static int do_get(mc_client *c, struct get_item *its, size_t n)
+/* verify: check the bytes against the objects' checksums (so does every
+ * get of a session opened with verify_gets). */
+static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 {
 	Mooncake__Client__GetItem *items = calloc(n, sizeof(*items));
 	Mooncake__Client__GetItem **ptrs = calloc(n, sizeof(*ptrs));
@@ -818,6 +822,7 @@ static int do_get(mc_client *c, struct get_item *its, size_t n)
 	Mooncake__Client__GetRequest g = MOONCAKE__CLIENT__GET_REQUEST__INIT;
 	g.items = ptrs;
 	g.n_items = nreq;
+	g.verify = verify || c->verify_gets;
 	if (need_spill) {
 		size_t want = c->stg_len / 4 > 65536 ? c->stg_len / 4 : 65536;
 		size_t got;
@@ -937,11 +942,11 @@ out:
 	return rc;
 }
 
-MC__PUBLIC int mc_get(mc_client *c, const void *key, size_t klen, void **value,
-		      size_t *len)
+MC__PUBLIC int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value,
+			 size_t *len, const struct mc_get_opts *opts)
 {
 	struct get_item it = {.key = key, .klen = klen};
-	int rc = do_get(c, &it, 1);
+	int rc = do_get(c, &it, 1, opts && opts->verify);
 	if (rc == 0)
 		rc = it.err;
 	if (rc) {
@@ -953,14 +958,26 @@ MC__PUBLIC int mc_get(mc_client *c, const void *key, size_t klen, void **value,
 	return 0;
 }
 
-MC__PUBLIC int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf,
-			       size_t cap)
+MC__PUBLIC int mc_get(mc_client *c, const void *key, size_t klen, void **value,
+		      size_t *len)
+{
+	return mc_get_ex(c, key, klen, value, len, NULL);
+}
+
+MC__PUBLIC int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
+				  size_t cap, const struct mc_get_opts *opts)
 {
 	struct get_item it = {.key = key, .klen = klen, .buf = buf, .cap = cap};
-	int rc = do_get(c, &it, 1);
+	int rc = do_get(c, &it, 1, opts && opts->verify);
 	if (rc == 0)
 		rc = it.err;
 	return rc ? rc : (int64_t)it.size;
+}
+
+MC__PUBLIC int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf,
+			       size_t cap)
+{
+	return mc_get_into_ex(c, key, klen, buf, cap, NULL);
 }
 
 MC__PUBLIC int mc_batch_get(mc_client *c, size_t n, const void *const *keys,
@@ -973,7 +990,7 @@ MC__PUBLIC int mc_batch_get(mc_client *c, size_t n, const void *const *keys,
 		its[i].key = keys[i];
 		its[i].klen = klens[i];
 	}
-	int rc = do_get(c, its, n);
+	int rc = do_get(c, its, n, false);
 	for (size_t i = 0; i < n; i++) {
 		if (rc || its[i].err) {
 			free(its[i].alloc);
@@ -1003,7 +1020,7 @@ MC__PUBLIC int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys
 		its[i].buf = bufs[i];
 		its[i].cap = caps[i];
 	}
-	int rc = do_get(c, its, n);
+	int rc = do_get(c, its, n, false);
 	for (size_t i = 0; i < n; i++)
 		results[i] = rc ? rc : its[i].err ? its[i].err : (int64_t)its[i].size;
 	free(its);
@@ -1017,7 +1034,7 @@ MC__PUBLIC int mc_get_view(mc_client *c, const void *key, size_t klen, const voi
 	if (!v)
 		return -ENOMEM;
 	struct get_item it = {.key = key, .klen = klen, .zero_copy = true};
-	int rc = do_get(c, &it, 1);
+	int rc = do_get(c, &it, 1, false);
 	if (rc == 0)
 		rc = it.err;
 	if (rc) {

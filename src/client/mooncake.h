@@ -51,6 +51,7 @@ extern "C" {
 #define MC_EPROTOCOL (-801)
 #define MC_EUNAVAILABLE (-802)
 #define MC_ETIMEDOUT (-803)
+#define MC_ECHECKSUM (-810)
 #endif
 
 /* Largest key, in bytes (keys are any bytes, at least one). */
@@ -63,6 +64,8 @@ struct mc_open_opts {
 	const char *socket_path;  /* NULL: see mc_open */
 	size_t staging_bytes;     /* 0: the agent's --local-buffer-size */
 	const char *client_name;  /* shown in the agent's logs; NULL: none */
+	int verify_gets;          /* every get of the session verifies (see
+				     mc_get_opts) */
 };
 
 /*
@@ -102,7 +105,7 @@ int mc_put_from(mc_client *c, const void *key, size_t klen, const void *buf,
 /*
  * Fetch a value into a new malloc'd buffer (*value, free() it; a 0-byte
  * value gives a non-NULL pointer). Errors: MC_EOBJECT_NOT_FOUND, -EINVAL,
- * MC_EUNAVAILABLE, -ENOMEM.
+ * MC_EUNAVAILABLE, -ENOMEM, MC_ECHECKSUM (verifying gets).
  */
 int mc_get(mc_client *c, const void *key, size_t klen, void **value,
 	   size_t *len);
@@ -113,6 +116,20 @@ int mc_get(mc_client *c, const void *key, size_t klen, void **value,
  */
 int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf,
 		    size_t cap);
+
+struct mc_get_opts {
+	/* Check the bytes delivered against the CRC-32C the object's writer
+	 * sealed it with (the agent checks them where they land, on its copy
+	 * threads); an object whose bytes differ fails with MC_ECHECKSUM.
+	 * Objects stored without a checksum are delivered unchecked. */
+	int verify;
+};
+
+/* mc_get and mc_get_into with options (NULL: as without). */
+int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value,
+	      size_t *len, const struct mc_get_opts *opts);
+int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
+		       size_t cap, const struct mc_get_opts *opts);
 
 /*
  * A read-only view of a value: when the object has a replica in the local

@@ -127,6 +127,11 @@
 	  600000, NULL,                                                        \
 	  "master: TTL of the meta lease that holds the leader key; a "        \
 	  "leader that cannot renew it within this stops serving")             \
+	X(MIRROR_LOG_SIZE, "mirror-log-size", MASTER, SIZE, "16M", 65536,      \
+	  1ull << 40, NULL,                                                    \
+	  "master: per segment, changes kept until its agent acknowledges "    \
+	  "them in its mirror; an agent further behind re-reads the whole "    \
+	  "segment")                                                           \
 	X(AGENT_LISTEN, "agent-listen", AGENT, ADDR, "127.0.0.1:12345", 0, 0,  \
 	  NULL, "agent: transfer-engine control gRPC (host:port)")             \
 	X(AGENT_HTTP, "agent-http", AGENT, ADDR, "127.0.0.1:9100", 0, 0, NULL, \

@@ -20,6 +20,11 @@
 /* Extend crc (0 to start) with len bytes of data. */
 uint32_t crc32c(uint32_t crc, const void *data, size_t len);
 
+/* Copy len bytes from src to dst (not overlapping) and extend crc with
+ * them in the same pass: the copy goes in cache-sized pieces and each is
+ * checksummed as it lands, so the data is read from memory once. */
+uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+
 /* The table implementation, always available (tests compare the two). */
 uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len);
 

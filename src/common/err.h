@@ -29,6 +29,8 @@
 	X(MC_ENOT_LEADER, -807, "not the leader")                              \
 	X(MC_ESHUTDOWN, -808, "shutting down")                                 \
 	X(MC_ECOMPACTED, -809, "revision has been compacted")                  \
+	X(MC_ECHECKSUM, -810, "checksum mismatch: the bytes are not the "      \
+	  "object's")                                                          \
 	X(MC_EREMOTE_ACCESS, -820,                                             \
 	  "remote address is not inside a registered region")
 

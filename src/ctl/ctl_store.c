@@ -5,7 +5,7 @@
  *
  *   mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] [--soft-pin]
  *                   [--ttl=DURATION] [--upsert]
- *   mooncakectl get KEY [FILE] [--socket=PATH]
+ *   mooncakectl get KEY [FILE] [--socket=PATH] [--verify]
  *   mooncakectl rm KEY [--force] [--socket=PATH]
  *
  * Without --socket the library looks where the agent does
@@ -31,6 +31,7 @@ struct store_args {
 	const char *socket;
 	struct mc_put_opts put;
 	int force;
+	int verify;
 };
 
 static void store_usage(FILE *f, const char *cmd)
@@ -41,9 +42,11 @@ static void store_usage(FILE *f, const char *cmd)
 			   "Store FILE (or standard input) under KEY through the local "
 			   "agent. An existing key is refused unless --upsert.\n");
 	else if (strcmp(cmd, "get") == 0)
-		fprintf(f, "usage: mooncakectl get KEY [FILE] [--socket=PATH]\n"
+		fprintf(f, "usage: mooncakectl get KEY [FILE] [--socket=PATH] [--verify]\n"
 			   "Write the value of KEY to FILE (or standard output). Exit "
-			   "status 1 when the key is not in the pool.\n");
+			   "status 1 when the key is not in the pool. --verify: check "
+			   "the bytes against the CRC-32C their writer sealed the object "
+			   "with (exit status 1 and MC_ECHECKSUM when they differ).\n");
 	else
 		fprintf(f, "usage: mooncakectl rm KEY [--force] [--socket=PATH]\n"
 			   "Remove KEY from the pool; --force even while a reader holds "
@@ -89,6 +92,10 @@ static int parse(int argc, char **argv, struct store_args *a)
 			if (!ok)
 				goto badbool;
 			a->force = b;
+		} else if (ctl_flag_bool(argv[i], "verify", &b, &ok)) {
+			if (!ok)
+				goto badbool;
+			a->verify = b;
 		} else if (argv[i][0] == '-' && argv[i][1] == '-') {
 			fprintf(stderr, "mooncakectl %s: unknown flag %s\n", argv[0], argv[i]);
 			return -1;
@@ -230,7 +237,8 @@ int ctl_get_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	void *val;
 	size_t len;
-	int rc = mc_get(c, key, strlen(key), &val, &len);
+	struct mc_get_opts go = {.verify = a.verify};
+	int rc = mc_get_ex(c, key, strlen(key), &val, &len, &go);
 	mc_close(c);
 	if (rc) {
 		fprintf(stderr, "mooncakectl get %s: %s (%s)\n", key, mc_strerror(rc),

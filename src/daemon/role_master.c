@@ -37,6 +37,7 @@ static int master_start(struct role_rt *rt)
 		.leader_lease_ttl_ms = cfg_u64(cfg, CFG_LEADER_LEASE_TTL),
 		.high_watermark = cfg_ratio(cfg, CFG_EVICTION_HIGH_WATERMARK_RATIO),
 		.eviction_ratio = cfg_ratio(cfg, CFG_EVICTION_RATIO),
+		.mirror_log_bytes = cfg_u64(cfg, CFG_MIRROR_LOG_SIZE),
 	};
 	int rc = master_new(&o, &rt->master);
 	if (rc)

@@ -16,6 +16,13 @@
  *
  * Memory per object is measured with malloc_usable_size (plus the
  * allocator's per-chunk header) and the bucket array.
+ *
+ * Mirror logs: every change of a COMPLETE replica is appended to its
+ * segment's log (mlog.c) with a sequence number from one core-wide
+ * counter — ADD when PutEnd seals it, DEL when its object leaves the
+ * index (remove, eviction, TTL, an agent's expiry elsewhere). PENDING
+ * objects are never logged, and an inventory report is not news to the
+ * owner that made it.
  */
 #include <errno.h>
 #include <malloc.h>
@@ -27,7 +34,9 @@
 
 #define MIN_BUCKETS 1024u
 #define SWEEP_BUCKETS_PER_TICK 65536u
+#define LIST_BUCKETS_PER_PAGE 65536u
 #define MALLOC_HEADER_BYTES sizeof(size_t)
+#define DEFAULT_MIRROR_LOG_BYTES (16u << 20)
 
 struct lru {
 	struct master_obj *head, *tail;
@@ -47,6 +56,7 @@ struct master_core {
 	uint64_t nagents;
 	size_t sweep_pos;
 	uint64_t seed;
+	uint64_t ev_seq;   /* last mirror-log sequence number handed out */
 	struct master_counters n;
 };
 
@@ -172,9 +182,41 @@ static void obj_link(struct master_core *c, struct master_obj *o)
 		grow(c);
 }
 
+/* Append a change of o's replica i to its segment's log. */
+static void mirror(struct master_core *c, const struct master_obj *o, unsigned i,
+		   enum master_ev_op op)
+{
+	struct master_seg *s = c->segs[o->rep[i].seg];
+	struct master_ev e = {
+		.seq = ++c->ev_seq,
+		.offset = o->rep[i].offset,
+		.size = o->size,
+		.crc = o->crc,
+		.klen = o->klen,
+		.op = (uint8_t)op,
+		.flags = (uint8_t)(((o->flags & MASTER_OBJ_CRC) ? MASTER_EV_F_CRC : 0) |
+				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN : 0)),
+		.key = master__obj_key(o),
+	};
+	struct master_mlog_stats before;
+	master__mlog_stats(s->log, &before);
+	if (master__mlog_append(s->log, &e) != 0) {
+		c->n.mirror_lost++; /* the owner lists the segment instead */
+		return;
+	}
+	c->n.mirror_events++;
+	struct master_mlog_stats after;
+	master__mlog_stats(s->log, &after);
+	if (after.base > before.base && after.base > before.acked)
+		c->n.mirror_lost++;
+}
+
 /* Free the object's space on every segment, unlink and free it. */
 static void obj_destroy(struct master_core *c, struct master_obj *o)
 {
+	if (!(o->flags & MASTER_OBJ_PENDING))
+		for (unsigned i = 0; i < o->nrep; i++)
+			mirror(c, o, i, MASTER_EV_DEL);
 	struct master_obj **pp = bucket_of(c, o->hash);
 	while (*pp != o)
 		pp = &(*pp)->hnext;
@@ -247,6 +289,7 @@ int master__core_new(const struct master_core_opts *o, struct master_core **out)
 
 static void seg_free(struct master_seg *s)
 {
+	master__mlog_free(s->log);
 	master__alloc_free(s->alloc);
 	free(s->name);
 	free(s);
@@ -389,7 +432,7 @@ static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
 
 int master__mount(struct master_core *c, const char *name, const char *agent,
 		  enum master_tier tier, uint64_t base, uint64_t size,
-		  bool resync, uint64_t now_ms)
+		  bool resync, uint64_t now_ms, uint64_t *mirror_seq)
 {
 	if (!name || !*name || !agent || !*agent || size < MASTER_ALLOC_GRANULE ||
 	    base > UINT64_MAX - size || (tier != MASTER_TIER_DRAM && tier != MASTER_TIER_SSD))
@@ -403,9 +446,16 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 		a->last_heartbeat_ms = now_ms;
 		if (!resync) {
 			drop_segment_replicas(c, id, NULL, NULL);
+			master__mlog_reset(s->log, c->ev_seq);
+			s->log_id = ++c->ev_seq;
 			s->syncing = false;
 		} else {
 			s->syncing = true;
+		}
+		if (mirror_seq) {
+			struct master_mlog_stats ls;
+			master__mlog_stats(s->log, &ls);
+			*mirror_seq = ls.acked;
 		}
 		return 0;
 	}
@@ -424,6 +474,11 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	rc = master__alloc_new(size, c->seed++, &s->alloc);
 	if (rc)
 		goto err_seg;
+	rc = master__mlog_new(c->o.mirror_log_bytes ? c->o.mirror_log_bytes
+						    : DEFAULT_MIRROR_LOG_BYTES,
+			      c->ev_seq, &s->log);
+	if (rc)
+		goto err_alloc;
 	if (c->nsegs == c->nsegs_cap) {
 		uint32_t cap = c->nsegs_cap ? c->nsegs_cap * 2 : 8;
 		struct master_seg **v = realloc(c->segs, cap * sizeof(*v));
@@ -450,9 +505,13 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	}
 	a->nsegs++;
 	a->last_heartbeat_ms = now_ms;
+	if (mirror_seq)
+		*mirror_seq = c->ev_seq;
+	s->log_id = ++c->ev_seq;
 	return 0;
 
 err_alloc:
+	master__mlog_free(s->log);
 	master__alloc_free(s->alloc);
 err_seg:
 	if (s)
@@ -532,13 +591,14 @@ static struct master_obj *obj_add_replica(struct master_core *c,
 }
 
 int master__inventory_add(struct master_core *c, const char *agent,
-			  const uint8_t *key, size_t klen, const char *segment,
-			  uint64_t offset, uint64_t size, bool soft_pin,
-			  uint64_t now_ms)
+			  const struct master_inv_item *it, uint64_t now_ms)
 {
+	const uint8_t *key = it->key;
+	size_t klen = it->klen;
+	uint64_t offset = it->offset, size = it->size;
 	if (!key_ok(klen))
 		return -EINVAL;
-	uint32_t id = master__seg_find(c, segment ? segment : "");
+	uint32_t id = master__seg_find(c, it->segment ? it->segment : "");
 	if (id == MASTER_NO_SEGMENT || !agent || strcmp(c->segs[id]->agent->id, agent))
 		return MC_ESEGMENT_NOT_FOUND;
 	struct master_seg *s = c->segs[id];
@@ -547,19 +607,29 @@ int master__inventory_add(struct master_core *c, const char *agent,
 		return -EBUSY;
 	struct master_obj *o = lookup(c, key, klen, now_ms);
 	if (o) {
-		if ((o->flags & MASTER_OBJ_PENDING) || o->size != size ||
-		    o->nrep >= MASTER_MAX_REPLICAS)
+		bool crc_ok = !(o->flags & MASTER_OBJ_CRC) || !it->has_crc || o->crc == it->crc;
+		if ((o->flags & MASTER_OBJ_PENDING) || o->size != size || !crc_ok)
 			return MC_EOBJECT_ALREADY_EXISTS;
 		for (unsigned i = 0; i < o->nrep; i++)
 			if (o->rep[i].seg == id)
-				return MC_EOBJECT_ALREADY_EXISTS;
+				/* The same replica again (a report sent twice)
+				 * is accepted; another is a conflict. */
+				return o->rep[i].offset == (len ? offset : 0)
+					       ? 0
+					       : MC_EOBJECT_ALREADY_EXISTS;
+		if (o->nrep >= MASTER_MAX_REPLICAS)
+			return MC_EOBJECT_ALREADY_EXISTS;
 	}
 	int rc = len ? master__alloc_reserve(s->alloc, offset, len) : 0;
 	if (rc)
 		return rc;
 	if (o) {
-		if (!obj_add_replica(c, o, id, len ? offset : 0))
+		if (!(o = obj_add_replica(c, o, id, len ? offset : 0)))
 			goto err_nomem;
+		if (it->has_crc && !(o->flags & MASTER_OBJ_CRC)) {
+			o->crc = it->crc;
+			o->flags |= MASTER_OBJ_CRC;
+		}
 		s->replicas++;
 		return 0;
 	}
@@ -570,8 +640,12 @@ int master__inventory_add(struct master_core *c, const char *agent,
 	o->rep[0].offset = len ? offset : 0;
 	o->rep[0].seg = id;
 	o->rep[0].state = MASTER_REP_COMPLETE;
-	if (soft_pin)
+	if (it->soft_pin)
 		o->flags |= MASTER_OBJ_SOFT_PIN | MASTER_OBJ_LRU_PIN;
+	if (it->has_crc) {
+		o->crc = it->crc;
+		o->flags |= MASTER_OBJ_CRC;
+	}
 	obj_link(c, o);
 	s->replicas++;
 	return 0;
@@ -781,7 +855,7 @@ static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key,
 }
 
 int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
-		    uint64_t now_ms)
+		    const uint32_t *crc, uint64_t now_ms)
 {
 	int err = 0;
 	struct master_obj *o = pending_obj(c, key, klen, now_ms, &err);
@@ -796,7 +870,13 @@ int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
 		o->rep[i].state = MASTER_REP_COMPLETE;
 	o->lease_or_start_ms = 0;
 	o->ttl_ms = o->ttl_ms ? now_ms + o->ttl_ms : 0;
+	if (crc) {
+		o->crc = *crc;
+		o->flags |= MASTER_OBJ_CRC;
+	}
 	lru_push(obj_list(c, o), o);
+	for (unsigned i = 0; i < o->nrep; i++)
+		mirror(c, o, i, MASTER_EV_ADD);
 	c->n.puts++;
 	return 0;
 }
@@ -977,4 +1057,39 @@ void master__foreach(const struct master_core *c,
 		for (const struct master_obj *o = c->buckets[b]; o; o = o->hnext)
 			if (!fn(ud, o))
 				return;
+}
+
+uint64_t master__ev_seq(const struct master_core *c)
+{
+	return c->ev_seq;
+}
+
+void master__ev_seq_floor(struct master_core *c, uint64_t floor)
+{
+	if (floor > c->ev_seq)
+		c->ev_seq = floor;
+}
+
+bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,
+			  size_t limit,
+			  bool (*fn)(void *ud, const struct master_obj *o, unsigned i),
+			  void *ud)
+{
+	size_t b = *cursor < c->nbuckets ? (size_t)*cursor : c->nbuckets;
+	size_t end = MC_MIN(b + LIST_BUCKETS_PER_PAGE, c->nbuckets);
+	size_t n = 0;
+	bool more = true;
+	/* Whole buckets only, so the cursor stays a bucket position. */
+	for (; b < end && n < limit && more; b++)
+		for (const struct master_obj *o = c->buckets[b]; o; o = o->hnext) {
+			if (o->flags & MASTER_OBJ_PENDING)
+				continue;
+			for (unsigned i = 0; i < o->nrep; i++)
+				if (o->rep[i].seg == id) {
+					more &= fn(ud, o, i);
+					n++;
+				}
+		}
+	*cursor = b;
+	return b >= c->nbuckets;
 }

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/util.h"
 #include "master/master_int.h"
 #include "rpc/rpc.h"
 
@@ -76,6 +77,14 @@ static void register_metrics(struct master *m)
 				       "Allocated segment bytes per tier.", "tier", dram);
 	m->m_used_ssd = metrics_gauge(m->metrics, "mooncake_master_used_bytes",
 				      "Allocated segment bytes per tier.", "tier", ssd);
+	m->m_mirror_events = counter(m, "mooncake_master_mirror_events_total",
+				     "Changes of COMPLETE replicas logged for the owners' "
+				     "segment mirrors.");
+	m->m_mirror_lost = counter(m, "mooncake_master_mirror_lost_total",
+				   "Logged changes dropped before their owner acknowledged "
+				   "them (--mirror-log-size): the owner lists its segment.");
+	m->m_sync_waiters = gauge(m, "mooncake_master_sync_waiters",
+				  "SyncSegment calls parked until their segment changes.");
 }
 
 static void add_delta(struct metric *mt, uint64_t now, uint64_t *last)
@@ -130,6 +139,9 @@ void master__update_metrics(struct master *m)
 	add_delta(m->m_removes, n->removes, &l->removes);
 	add_delta(m->m_ttl, n->ttl_expired, &l->ttl_expired);
 	add_delta(m->m_agents_expired, n->agents_expired, &l->agents_expired);
+	add_delta(m->m_mirror_events, n->mirror_events, &l->mirror_events);
+	add_delta(m->m_mirror_lost, n->mirror_lost, &l->mirror_lost);
+	metric_set(m->m_sync_waiters, (int64_t)m->nsyncw);
 
 	struct master_core_stats st;
 	master__core_stats(m->core, &st);
@@ -195,10 +207,17 @@ void master__set_leader(struct master *m, bool leader, uint64_t view,
 	if (was == leader)
 		return;
 	metric_inc(m->m_leader_changes);
+	/* Parked mirror calls name segments of the index about to go. */
+	master__sync_drop_all(m);
 	/* Either way the index starts empty: a new leader rebuilds it from
 	 * the agents, and a stepped-down one must not serve stale state if
 	 * it leads again. */
 	master__core_reset(m->core);
+	/* Mirror-log numbers of this leadership: above any an earlier
+	 * leader (this process or another, on any host with a sane clock)
+	 * handed out, at up to 2^20 changes per millisecond. */
+	if (leader)
+		master__ev_seq_floor(m->core, mc_wall_ms() << 20);
 	m->leader = leader;
 	if (m->health &&
 	    rpc_health_set(m->health, MASTER_SERVICE,
@@ -214,6 +233,7 @@ static void on_tick(uv_timer_t *t)
 	struct master *m = t->data;
 	if (m->leader)
 		master__tick(m->core, uv_now(m->loop));
+	master__sync_tick(m, uv_now(m->loop));
 	if (++m->ticks % METRICS_EVERY_TICKS == 0)
 		master__update_metrics(m);
 }
@@ -251,6 +271,7 @@ int master_new(const struct master_opts *o, struct master **out)
 		.high_watermark = o->high_watermark,
 		.eviction_ratio = o->eviction_ratio,
 		.seed = uv_hrtime() | 1,
+		.mirror_log_bytes = o->mirror_log_bytes,
 	};
 	m->advertise = strdup(o->advertise ? o->advertise : "");
 	m->listen = strdup(o->listen ? o->listen : "");
@@ -281,6 +302,7 @@ int master_new(const struct master_opts *o, struct master **out)
 	uv_timer_init(m->loop, &m->tick);
 	m->tick.data = m;
 	uv_timer_start(&m->tick, on_tick, TICK_MS, TICK_MS);
+	master__sync_init(m);
 	*out = m;
 	return 0;
 
@@ -303,8 +325,9 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void on_ha_stopped(struct master *m)
 {
-	m->closing++;
+	m->closing += 3;
 	uv_close((uv_handle_t *)&m->tick, on_handle_closed);
+	master__sync_close(m, on_handle_closed);
 }
 
 void master_stop(struct master *m, void (*on_stopped)(void *ud), void *ud)
@@ -325,6 +348,7 @@ void master_free(struct master *m)
 	if (!m)
 		return;
 	master__ha_free(m);
+	master__sync_free(m);
 	master__core_free(m->core);
 	for (size_t i = 0; i < m->nsegm; i++)
 		free(m->segm[i].name);

@@ -54,6 +54,7 @@ struct master_opts {
 	uint64_t leader_lease_ttl_ms;    /* meta lease of the leader key */
 	double high_watermark;           /* (0, 1] */
 	double eviction_ratio;           /* (0, 1] */
+	uint64_t mirror_log_bytes;       /* per segment; 0: 16 MiB */
 };
 
 /*

@@ -11,8 +11,10 @@
  *          range (inventory re-sync). Allocated ranges cost nothing: the
  *          caller passes (offset, len) back to free them.
  *   core   segments, agents, the object index (key -> size, replicas,
- *          lease, soft pin, TTL, LRU position), placement, eviction,
- *          PENDING put timeouts and agent expiry.
+ *          lease, soft pin, TTL, LRU position, checksum), placement,
+ *          eviction, PENDING put timeouts and agent expiry.
+ *   mlog   per segment, the log of changes to its COMPLETE replicas that
+ *          the owner agent follows to keep its mirror (SyncSegment).
  */
 #ifndef MC_MASTER_MASTER_INT_H
 #define MC_MASTER_MASTER_INT_H
@@ -21,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <protobuf-c/protobuf-c.h>
 #include <uv.h>
 
 #include "common/err.h"
@@ -75,6 +78,59 @@ void master__alloc_foreach_free(const struct master_alloc *a,
 /* Size class of a length (tests). */
 unsigned master__alloc_class(uint64_t len);
 
+/* ------------------------------------------------------------ mlog */
+
+enum master_ev_op { MASTER_EV_ADD = 0, MASTER_EV_DEL = 1 }; /* = MirrorEvent.Op */
+#define MASTER_EV_F_CRC 0x1u      /* crc is the value's checksum */
+#define MASTER_EV_F_SOFT_PIN 0x2u
+
+/* One change; key borrowed. */
+struct master_ev {
+	uint64_t seq, offset, size;
+	uint32_t crc;
+	uint16_t klen;
+	uint8_t op, flags;
+	const uint8_t *key;
+};
+
+struct master_mlog;
+
+/*
+ * A log complete after start_seq, keeping at most budget_bytes of
+ * records (the newest one always: past the budget the oldest go, and an
+ * owner asking for them is behind). Errors: -ENOMEM.
+ */
+int master__mlog_new(size_t budget_bytes, uint64_t start_seq,
+		     struct master_mlog **out) MC_MUST_CHECK;
+void master__mlog_free(struct master_mlog *l);
+/* Empty, complete after start_seq, nothing acknowledged. */
+void master__mlog_reset(struct master_mlog *l, uint64_t start_seq);
+/* Append e (seq above every earlier one; key copied). Errors: -ENOMEM
+ * (the change is lost: the log is emptied and complete only after
+ * e->seq, so its owner is behind and lists the segment). */
+int master__mlog_append(struct master_mlog *l, const struct master_ev *e) MC_MUST_CHECK;
+/* The change with seq was lost without being recorded (as -ENOMEM). */
+void master__mlog_lose(struct master_mlog *l, uint64_t seq);
+/* The owner applied everything up to seq: free it. */
+void master__mlog_ack(struct master_mlog *l, uint64_t seq);
+/*
+ * Call fn (in order) for the changes after `after`, at most max_events
+ * and, beyond the first, max_bytes of keys; *nread tells how many.
+ * Errors: MC_ECOMPACTED (the changes right after `after` are gone, or
+ * `after` is not from this log: the owner is behind).
+ */
+int master__mlog_read(const struct master_mlog *l, uint64_t after, size_t max_events,
+		      size_t max_bytes, void (*fn)(void *ud, const struct master_ev *e),
+		      void *ud, size_t *nread) MC_MUST_CHECK;
+/* Would a read after `after` return something (changes, or behind)? */
+bool master__mlog_has_after(const struct master_mlog *l, uint64_t after);
+
+struct master_mlog_stats {
+	uint64_t base, last, acked, records;
+	size_t bytes;
+};
+void master__mlog_stats(const struct master_mlog *l, struct master_mlog_stats *st);
+
 /* ------------------------------------------------------------ core */
 
 #define MASTER_MAX_KEY_BYTES 4096u
@@ -93,9 +149,10 @@ struct master_rep {
 #define MASTER_OBJ_PENDING 0x1u
 #define MASTER_OBJ_SOFT_PIN 0x2u
 #define MASTER_OBJ_LRU_PIN 0x4u /* on the pinned LRU list */
+#define MASTER_OBJ_CRC 0x8u     /* crc is the value's CRC-32C */
 
 /*
- * One object: 56 bytes plus 16 per replica plus the key, in one
+ * One object: 64 bytes plus 16 per replica plus the key, in one
  * allocation. Replicas follow the header, then the key bytes.
  */
 struct master_obj {
@@ -107,6 +164,7 @@ struct master_obj {
 	/* COMPLETE: TTL expiry (0: none). PENDING: the TTL asked for. */
 	uint64_t ttl_ms;
 	uint32_t hash;
+	uint32_t crc;                       /* with MASTER_OBJ_CRC */
 	uint16_t klen;
 	uint8_t nrep;
 	uint8_t flags;
@@ -126,6 +184,8 @@ struct master_seg {
 	struct master_alloc *alloc;
 	uint64_t replicas;
 	bool syncing; /* mounted with resync; no placements until inventory done */
+	struct master_mlog *log; /* changes for the owner's mirror */
+	uint64_t log_id;         /* unique per segment incarnation */
 };
 
 struct master_agent {
@@ -142,6 +202,7 @@ struct master_core_opts {
 	double high_watermark; /* eviction starts above used/capacity this */
 	double eviction_ratio; /* of capacity, freed per eviction round */
 	uint64_t seed;         /* allocator treaps */
+	size_t mirror_log_bytes; /* per segment (0: 16 MiB) */
 };
 
 /* Counters; read them through master__core_counters. */
@@ -152,6 +213,7 @@ struct master_counters {
 	uint64_t lease_waits;
 	uint64_t removes, ttl_expired;
 	uint64_t agents_expired;
+	uint64_t mirror_events, mirror_lost; /* appended; dropped unacknowledged */
 };
 
 struct master_core;
@@ -174,14 +236,15 @@ uint32_t master__seg_find(const struct master_core *c, const char *name);
  * Mount a segment for an agent (created on first mount; counts as a
  * heartbeat). Mounting again with the same agent, tier, base and size is
  * allowed: with resync false it drops every replica there first (a
- * restarted agent), with resync true it keeps them. Errors: -EINVAL (empty
- * name or agent, size below one granule, base + size overflows), -EEXIST
- * (the name is mounted by another agent or with another geometry),
- * -ENOMEM.
+ * restarted agent), with resync true it keeps them. *mirror_seq (may be
+ * NULL) gets where the owner's mirror follows the segment's log from
+ * (MountSegmentResponse.mirror_seq). Errors: -EINVAL (empty name or
+ * agent, size below one granule, base + size overflows), -EEXIST (the
+ * name is mounted by another agent or with another geometry), -ENOMEM.
  */
 int master__mount(struct master_core *c, const char *name, const char *agent,
 		  enum master_tier tier, uint64_t base, uint64_t size,
-		  bool resync, uint64_t now_ms) MC_MUST_CHECK;
+		  bool resync, uint64_t now_ms, uint64_t *mirror_seq) MC_MUST_CHECK;
 /* Errors: MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
 int master__unmount(struct master_core *c, const char *name, const char *agent,
 		    uint64_t *replicas_dropped,
@@ -190,15 +253,25 @@ int master__unmount(struct master_core *c, const char *name, const char *agent,
  * mounted), false when it must re-sync. */
 bool master__heartbeat(struct master_core *c, const char *agent,
 		       uint64_t now_ms);
+/* An inventory item: a COMPLETE replica the agent holds. */
+struct master_inv_item {
+	const uint8_t *key;
+	size_t klen;
+	const char *segment;
+	uint64_t offset, size;
+	bool soft_pin;
+	bool has_crc;
+	uint32_t crc;
+};
+
 /* One inventory item of an agent's re-sync: a COMPLETE replica at
- * (segment, offset). Errors: MC_ESEGMENT_NOT_FOUND (or not the agent's),
- * -EINVAL (key), MC_EOBJECT_ALREADY_EXISTS (the key is PENDING, has
- * another size, or already a replica on that segment), -EBUSY (the space
- * is taken), -ENOMEM. */
+ * (segment, offset). The same replica reported again is accepted
+ * unchanged. Errors: MC_ESEGMENT_NOT_FOUND (or not the agent's), -EINVAL
+ * (key), MC_EOBJECT_ALREADY_EXISTS (the key is PENDING, has another size
+ * or checksum, or another replica on that segment), -EBUSY (the space is
+ * taken), -ENOMEM. */
 int master__inventory_add(struct master_core *c, const char *agent,
-			  const uint8_t *key, size_t klen, const char *segment,
-			  uint64_t offset, uint64_t size, bool soft_pin,
-			  uint64_t now_ms) MC_MUST_CHECK;
+			  const struct master_inv_item *it, uint64_t now_ms) MC_MUST_CHECK;
 /* The agent's re-sync is complete: its segments take placements. */
 void master__inventory_done(struct master_core *c, const char *agent);
 
@@ -223,10 +296,11 @@ struct master_put {
  */
 int master__put_start(struct master_core *c, const struct master_put *p,
 		      uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
-/* Errors: -EINVAL, MC_EOBJECT_NOT_FOUND, MC_EINVALID_REPLICA (not
- * PENDING). */
+/* Seal a put: its replicas become COMPLETE (logged for each segment's
+ * mirror), with the value's CRC-32C when crc is not NULL. Errors:
+ * -EINVAL, MC_EOBJECT_NOT_FOUND, MC_EINVALID_REPLICA (not PENDING). */
 int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
-		    uint64_t now_ms) MC_MUST_CHECK;
+		    const uint32_t *crc, uint64_t now_ms) MC_MUST_CHECK;
 int master__put_revoke(struct master_core *c, const uint8_t *key,
 		       size_t klen) MC_MUST_CHECK;
 /* A COMPLETE object, leased to the reader until now + lease_ttl and
@@ -267,6 +341,27 @@ const struct master_agent *master__agents(const struct master_core *c);
 /* Visit every object (in no order). fn returns false to stop. */
 void master__foreach(const struct master_core *c,
 		     bool (*fn)(void *ud, const struct master_obj *o), void *ud);
+
+/* The newest mirror-log sequence number handed out (any segment). */
+uint64_t master__ev_seq(const struct master_core *c);
+/* Hand out numbers above floor from now on (a new leader starts above
+ * every number an earlier leader can have handed out, so an owner's
+ * acknowledgement meant for an earlier log never frees a newer one's
+ * changes). */
+void master__ev_seq_floor(struct master_core *c, uint64_t floor);
+/*
+ * A page of segment id's COMPLETE replicas (ListSegment): fn(ud, o, i)
+ * for object o's replica i there, from *cursor (0 to start) until at
+ * least limit items, fn returned false, or a bounded slice of the index
+ * was visited (whole hash buckets only); *cursor is where to go on.
+ * Returns true when the whole index was visited. Objects present during
+ * the whole listing are visited at least once (the index only grows, by
+ * doubling, which keeps a bucket's objects at or after its position).
+ */
+bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,
+			  size_t limit,
+			  bool (*fn)(void *ud, const struct master_obj *o, unsigned i),
+			  void *ud);
 
 /* ------------------------------------------------------------ service */
 
@@ -324,6 +419,13 @@ struct master {
 		*m_leader_changes;
 	struct master_seg_metrics *segm;
 	size_t nsegm;
+	struct metric *m_mirror_events, *m_mirror_lost, *m_sync_waiters;
+	/* parked SyncSegment calls (sync.c) */
+	struct master_syncw *syncw;
+	size_t nsyncw;
+	uv_check_t sync_check;
+	uv_timer_t sync_timer;
+	uint64_t sync_seen;    /* ev_seq when parked calls were last checked */
 };
 
 /* master.c */
@@ -334,6 +436,24 @@ void master__update_metrics(struct master *m);
 int master__service_add(struct master *m) MC_MUST_CHECK;
 /* The gRPC status for a core error code. */
 int master__rpc_status(int err);
+/* The master serving the call, or NULL after answering UNAVAILABLE. */
+struct master *master__leader_of(struct rpc_call *call);
+/* Send msg and end the call OK (or with the send's error). */
+void master__reply(struct rpc_call *call, const ProtobufCMessage *msg);
+/* sync.c: SyncSegment (a long poll) and ListSegment. */
+void master__on_sync(struct rpc_call *call, const ProtobufCMessage *msg);
+void master__on_sync_cancel(struct rpc_call *call);
+void master__on_list_segment(struct rpc_call *call, const ProtobufCMessage *msg);
+void master__sync_init(struct master *m);
+/* End parked calls whose wait is over. */
+void master__sync_tick(struct master *m, uint64_t now_ms);
+/* Answer every parked call NOT_LEADER (leadership lost, or stopping). */
+void master__sync_drop_all(struct master *m);
+/* Drop the parked calls and close the two handles (cb twice). */
+void master__sync_close(struct master *m, uv_close_cb cb);
+/* Forget parked calls without answering them (their server is gone: the
+ * loop ended without a stop). */
+void master__sync_free(struct master *m);
 /* ha.c: start campaigning (or lead at once without meta), stop. */
 int master__ha_start(struct master *m) MC_MUST_CHECK;
 void master__ha_stop(struct master *m, void (*done)(struct master *m));

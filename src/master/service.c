@@ -99,7 +99,7 @@ static void finish_key_err(struct rpc_call *call, int err, ProtobufCBinaryData k
 	finish_err(call, err, "key '%s'", k);
 }
 
-static void reply(struct rpc_call *call, const ProtobufCMessage *msg)
+void master__reply(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	int rc = rpc_call_send(call, msg);
 	if (rc == 0)
@@ -111,8 +111,7 @@ static void reply(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, rc, NULL);
 }
 
-/* The master serving the call, or NULL after answering UNAVAILABLE. */
-static struct master *leader_of(struct rpc_call *call)
+struct master *master__leader_of(struct rpc_call *call)
 {
 	struct master *m = rpc_call_service_data(call);
 	if (m->leader && !m->stopping)
@@ -149,7 +148,7 @@ static void fill_replica(const struct master *m, const struct master_obj *o,
 
 static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__MountSegmentRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -158,10 +157,11 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, -EINVAL, "no segment");
 		return;
 	}
+	Mooncake__Master__MountSegmentResponse resp = MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
 	int rc = master__mount(m->core, s->name, s->agent_id,
 			       s->tier == MOONCAKE__MASTER__TIER__TIER_SSD ? MASTER_TIER_SSD
 									: MASTER_TIER_DRAM,
-			       s->base_address, s->size, req->resync, now_ms(m));
+			       s->base_address, s->size, req->resync, now_ms(m), &resp.mirror_seq);
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
@@ -169,14 +169,13 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 	log_info("segment %s mounted by agent %s: %llu bytes at 0x%llx%s", s->name,
 		 s->agent_id, (unsigned long long)s->size, (unsigned long long)s->base_address,
 		 req->resync ? " (re-sync)" : "");
-	Mooncake__Master__MountSegmentResponse resp = MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
 	resp.view = m->view;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_unmount(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__UnmountSegmentRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -191,27 +190,43 @@ static void on_unmount(struct rpc_call *call, const ProtobufCMessage *msg)
 	log_info("segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
 		 req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
 		 (unsigned long long)resp.objects_removed);
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__HeartbeatRequest *req = (const void *)msg;
 	if (!m)
 		return;
 	uint64_t now = now_ms(m);
 	Mooncake__Master__HeartbeatResponse resp = MOONCAKE__MASTER__HEARTBEAT_RESPONSE__INIT;
 	bool known = master__heartbeat(m->core, req->agent_id, now);
+	uint32_t *skipped = NULL;
+	if (req->n_inventory && !(skipped = malloc(req->n_inventory * sizeof(*skipped)))) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
 	for (size_t i = 0; i < req->n_inventory; i++) {
 		const Mooncake__Master__InventoryItem *it = req->inventory[i];
-		int rc = master__inventory_add(m->core, req->agent_id, it->key.data, it->key.len,
-					       it->segment, it->offset, it->size, it->soft_pin, now);
+		struct master_inv_item item = {
+			.key = it->key.data,
+			.klen = it->key.len,
+			.segment = it->segment,
+			.offset = it->offset,
+			.size = it->size,
+			.soft_pin = it->soft_pin,
+			.has_crc = it->checksummed,
+			.crc = it->crc32c,
+		};
+		int rc = master__inventory_add(m->core, req->agent_id, &item, now);
 		if (rc == 0)
 			resp.items_accepted++;
 		else
-			resp.items_skipped++;
+			skipped[resp.n_skipped_items++] = (uint32_t)i;
 	}
+	resp.items_skipped = resp.n_skipped_items;
+	resp.skipped_items = skipped;
 	if (req->n_inventory || req->inventory_complete)
 		log_info("agent %s re-sync: %llu objects accepted, %llu skipped%s", req->agent_id,
 			 (unsigned long long)resp.items_accepted,
@@ -222,7 +237,8 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.view = m->view;
 	resp.resync = !known;
 	resp.agent_ttl_ms = m->core_opts.agent_ttl_ms;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
+	free(skipped);
 }
 
 /* ------------------------------------------------------------ puts */
@@ -244,7 +260,7 @@ static int put_start_one(struct master *m, const Mooncake__Master__PutStartReque
 
 static void on_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__PutStartRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -262,27 +278,28 @@ static void on_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
 	Mooncake__Master__PutStartResponse resp = MOONCAKE__MASTER__PUT_START_RESPONSE__INIT;
 	resp.n_replicas = o->nrep;
 	resp.replicas = ptrs;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_put_end(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__PutEndRequest *req = (const void *)msg;
 	if (!m)
 		return;
-	int rc = master__put_end(m->core, req->key.data, req->key.len, now_ms(m));
+	int rc = master__put_end(m->core, req->key.data, req->key.len,
+				 req->checksummed ? &req->crc32c : NULL, now_ms(m));
 	if (rc) {
 		finish_key_err(call, rc, req->key);
 		return;
 	}
 	Mooncake__Master__PutEndResponse resp = MOONCAKE__MASTER__PUT_END_RESPONSE__INIT;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__PutRevokeRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -292,14 +309,14 @@ static void on_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	}
 	Mooncake__Master__PutRevokeResponse resp = MOONCAKE__MASTER__PUT_REVOKE_RESPONSE__INIT;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 /* ------------------------------------------------------------ gets */
 
 static void on_get(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__GetReplicasRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -317,13 +334,15 @@ static void on_get(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	resp.replicas = ptrs;
 	resp.size = o->size;
+	resp.crc32c = o->crc;
+	resp.checksummed = (o->flags & MASTER_OBJ_CRC) != 0;
 	resp.lease_ttl_ms = m->core_opts.lease_ttl_ms;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__ExistRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -334,12 +353,12 @@ static void on_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	Mooncake__Master__ExistResponse resp = MOONCAKE__MASTER__EXIST_RESPONSE__INIT;
 	resp.exists = rc == 1;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_remove(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__RemoveRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -349,12 +368,12 @@ static void on_remove(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	}
 	Mooncake__Master__RemoveResponse resp = MOONCAKE__MASTER__REMOVE_RESPONSE__INIT;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__RemoveAllRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -362,14 +381,14 @@ static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
 	master__remove_all(m->core, req->force, now_ms(m), &resp.removed, &resp.skipped);
 	log_info("RemoveAll%s: %llu removed, %llu left", req->force ? " (forced)" : "",
 		 (unsigned long long)resp.removed, (unsigned long long)resp.skipped);
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 }
 
 /* ------------------------------------------------------------ batches */
 
 static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__BatchPutStartRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -410,7 +429,7 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 	Mooncake__Master__BatchPutStartResponse resp = MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
 	resp.n_results = n;
 	resp.results = rptr;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 	goto out;
 err_nomem:
 	finish_err(call, -ENOMEM, NULL);
@@ -425,9 +444,9 @@ out:
 enum batch_op { OP_PUT_END, OP_PUT_REVOKE, OP_REMOVE };
 
 static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_t n,
-			 enum batch_op op, bool force)
+			 const uint32_t *crcs, enum batch_op op, bool force)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	if (!m)
 		return;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
@@ -439,7 +458,8 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 	for (size_t i = 0; i < n; i++) {
 		switch (op) {
 		case OP_PUT_END:
-			errs[i] = master__put_end(m->core, keys[i].data, keys[i].len, now);
+			errs[i] = master__put_end(m->core, keys[i].data, keys[i].len,
+						  crcs ? &crcs[i] : NULL, now);
 			break;
 		case OP_PUT_REVOKE:
 			errs[i] = master__put_revoke(m->core, keys[i].data, keys[i].len);
@@ -452,31 +472,37 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 	free(errs);
 }
 
 static void on_batch_put_end(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
-	batch_errors(call, req->keys, req->n_keys, OP_PUT_END, false);
+	if (req->n_crc32c && req->n_crc32c != req->n_keys) {
+		finish_err(call, -EINVAL, "%zu checksums for %zu keys", req->n_crc32c,
+			   req->n_keys);
+		return;
+	}
+	batch_errors(call, req->keys, req->n_keys, req->n_crc32c ? req->crc32c : NULL,
+		     OP_PUT_END, false);
 }
 
 static void on_batch_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
-	batch_errors(call, req->keys, req->n_keys, OP_PUT_REVOKE, false);
+	batch_errors(call, req->keys, req->n_keys, NULL, OP_PUT_REVOKE, false);
 }
 
 static void on_batch_remove(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	const Mooncake__Master__BatchRemoveRequest *req = (const void *)msg;
-	batch_errors(call, req->keys, req->n_keys, OP_REMOVE, req->force);
+	batch_errors(call, req->keys, req->n_keys, NULL, OP_REMOVE, req->force);
 }
 
 static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -497,7 +523,7 @@ static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.n_errors = resp.n_exists = n;
 	resp.errors = errs;
 	resp.exists = ex;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 out:
 	free(errs);
 	free(ex);
@@ -505,7 +531,7 @@ out:
 
 static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -537,6 +563,8 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		if (!objs[i])
 			continue;
 		res[i].size = objs[i]->size;
+		res[i].crc32c = objs[i]->crc;
+		res[i].checksummed = (objs[i]->flags & MASTER_OBJ_CRC) != 0;
 		res[i].replicas = &pptr[k];
 		res[i].n_replicas = objs[i]->nrep;
 		for (unsigned r = 0; r < objs[i]->nrep; r++, k++) {
@@ -549,7 +577,7 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.n_results = n;
 	resp.results = rptr;
 	resp.lease_ttl_ms = m->core_opts.lease_ttl_ms;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 	goto out;
 err_nomem:
 	finish_err(call, -ENOMEM, NULL);
@@ -565,7 +593,7 @@ out:
 
 static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	(void)msg;
 	if (!m)
 		return;
@@ -626,7 +654,7 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	resp.n_segments = k;
 	resp.segments = sp;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 out:
 	free(ss);
 	free(sp);
@@ -680,7 +708,7 @@ static int obj_cmp(const void *a, const void *b)
 
 static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 {
-	struct master *m = leader_of(call);
+	struct master *m = master__leader_of(call);
 	const Mooncake__Master__ListRequest *req = (const void *)msg;
 	if (!m)
 		return;
@@ -722,7 +750,7 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.n_items = n;
 	resp.items = ptrs;
 	resp.more = x.n > n;
-	reply(call, &resp.base);
+	master__reply(call, &resp.base);
 	goto out;
 err_nomem:
 	finish_err(call, -ENOMEM, NULL);
@@ -758,6 +786,11 @@ static const struct rpc_method methods[] = {
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),
 	UNARY("List", on_list, list_request, list_response),
+	{"SyncSegment", RPC_UNARY, &mooncake__master__sync_segment_request__descriptor,
+	 &mooncake__master__sync_segment_response__descriptor, NULL, master__on_sync, NULL,
+	 master__on_sync_cancel, NULL},
+	UNARY("ListSegment", master__on_list_segment, list_segment_request,
+	      list_segment_response),
 };
 
 int master__service_add(struct master *m)

@@ -246,3 +246,35 @@ def wait_for(fn, timeout=20.0, what="condition"):
             last = e
         time.sleep(0.05)
     raise AssertionError("%s not reached in %.1fs (last: %r)" % (what, timeout, last))
+
+
+class Meta:
+    """A one-member mooncaked --role=meta (the project's own metadata
+    service) on ephemeral loopback ports with a temporary data directory;
+    the same interface as Etcd: endpoint "127.0.0.1:PORT", ctl(*args) runs
+    etcdctl against it, kill() sends SIGKILL. Short Raft timeouts, so the
+    one member leads at once."""
+
+    def __init__(self, args=(), env=None):
+        self.d = Daemon("meta", args=["--heartbeat-interval=50ms", "--election-timeout=500ms"]
+                        + list(args), env=env)
+        self.endpoint = self.d.addr("listen-client")
+        self.proc = self.d.proc
+        wait_for(lambda: self._serving(), timeout=20, what="meta serving")
+
+    def _serving(self):
+        env = dict(os.environ, ETCDCTL_API="3")
+        r = subprocess.run(["etcdctl", "--endpoints=http://" + self.endpoint,
+                            "--command-timeout=2s", "put", "/mctest/ready", "1"],
+                           capture_output=True, text=True, timeout=10, env=env)
+        return r.returncode == 0
+
+    def ctl(self, *args):
+        env = dict(os.environ, ETCDCTL_API="3")
+        return run(["etcdctl", "--endpoints=http://" + self.endpoint] + list(args), env=env)
+
+    def output(self):
+        return self.d.output()
+
+    def kill(self):
+        self.d.kill()

@@ -1,7 +1,8 @@
-"""Helpers for tests of the store end to end: a master (and a real etcd as
-meta, for now) and agents as separate mooncaked processes on loopback,
-and clients through the Python package (python/mooncake, ctypes over
-$BUILD/libmooncake.so).
+"""Helpers for tests of the store end to end: a master (with mooncaked's own
+meta role, or a real etcd to show compatibility) and agents as separate
+mooncaked processes on loopback, and clients through the Python package
+(python/mooncake, ctypes over $BUILD/libmooncake.so). Stores opened here
+verify every get against the objects' checksums.
 
 Under SAN=1 libmooncake.so is built with AddressSanitizer, which must be
 the first library of the process: the test re-executes itself with
@@ -17,7 +18,7 @@ import tempfile
 import urllib.request
 
 import mctest
-from mctest import Daemon, Etcd, run, wait_for
+from mctest import Daemon, Etcd, Meta, run, wait_for
 
 ROOT = mctest.ROOT
 LIB = os.path.join(mctest.BUILD, "libmooncake.so")
@@ -77,6 +78,7 @@ class Agent:
     def store(self, **kw):
         from mooncake.store import MooncakeDistributedStore
         s = MooncakeDistributedStore()
+        kw.setdefault("verify_gets", True)
         rc = s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "",
                      "unused", socket_path=self.socket, **kw)
         assert rc == 0, "setup: %d" % rc
@@ -115,10 +117,16 @@ def metric_labels(text, name, labels):
 
 
 class Cluster:
-    """A master (with etcd as meta when meta=True) and n agents."""
+    """A master and n agents; with meta=True (or "meta") they find each
+    other through a mooncaked --role=meta, with meta="etcd" through a real
+    etcd, else the agents are given the master's address."""
 
     def __init__(self, agents=1, meta=False, master_args=(), agent_args=(), segment=64 * MiB):
-        self.etcd = Etcd() if meta else None
+        self.etcd = None
+        if meta == "etcd":
+            self.etcd = Etcd()
+        elif meta:
+            self.etcd = Meta(env=daemon_env())
         margs = ["--meta-endpoints=" + (self.etcd.endpoint if meta else "")]
         self.master = Daemon("master", args=margs + list(master_args), env=daemon_env())
         self.master_addr = self.master.addr("master-listen")

@@ -5,7 +5,8 @@ rules and error codes, batches, PENDING timeouts, silent agents, eviction
 under a Zipf-like load (watermark, leases, soft pins), metrics, and HA
 failover between two masters through a real etcd (kill -9 the leader:
 the standby takes over, the view bumps, the index is rebuilt from an
-agent's heartbeat inventory). mooncakectl ls and stats talk to it too.
+agent's heartbeat inventory); the partition and redirect cases run on
+mooncaked's own meta. mooncakectl ls and stats talk to it too.
 """
 import random
 import subprocess
@@ -13,7 +14,7 @@ import time
 import urllib.request
 
 import mctest
-from mctest import case, Daemon, Etcd, eq, run, wait_for
+from mctest import case, Daemon, Etcd, Meta, eq, run, wait_for
 
 import grpc
 import health_pb2
@@ -444,7 +445,7 @@ def partitioned_leader_stops_before_the_standby_leads():
     # after etcd expired that lease) starts leading. Two leaders at once
     # would place objects on the same space.
     from faultproxy import Proxy
-    etcd = Etcd()
+    etcd = Meta()
     proxy = Proxy(int(etcd.endpoint.rsplit(":", 1)[1]))
     args = ["--leader-lease-ttl=2s", "--cluster-id=splitbrain"]
     a = master(*args, meta="127.0.0.1:%d" % proxy.port)
@@ -463,7 +464,7 @@ def partitioned_leader_stops_before_the_standby_leads():
 
 @case
 def ctl_follows_standby_redirect():
-    etcd = Etcd()
+    etcd = Meta()
     args = ["--leader-lease-ttl=2s", "--cluster-id=redir"]
     a = master(*args, meta=etcd.endpoint)
     ld, lm = wait_for(lambda: leader_of(a), 20, "leader")

@@ -1,10 +1,13 @@
-"""The store across nodes: three agents, a master and meta (a real etcd for
-now) as separate processes on loopback, replicas moved between agents by
-the transfer engine. Put on one agent and get on the others, replicas on
-distinct segments, batches of a thousand keys, an agent killed with
-SIGKILL, a master failover after which the agents re-report what they
-hold, and transfers between client buffers of two nodes (prefill/decode
-disaggregation) — through the Python package, as users call it.
+"""The store across nodes: three agents, a master and meta (mooncaked's
+own --role=meta; one case against a real etcd) as separate processes on
+loopback, replicas moved between agents by the transfer engine. Put on
+one agent and get on the others, replicas on distinct segments, batches
+of a thousand keys, an agent killed with SIGKILL, master failovers after
+which the agents re-report what their segments hold (replicas other
+agents wrote there included, and never an object whose space was reused
+behind a stale mirror's back), and transfers between client buffers of
+two nodes (prefill/decode disaggregation) — through the Python package,
+as users call it, every get checking the bytes against their checksum.
 """
 import os
 import time
@@ -12,7 +15,8 @@ import time
 import storetest as st
 from storetest import Cluster, MiB, metric
 import mctest
-from mctest import Daemon, Etcd, case, eq, wait_for
+from mctest import Daemon, Etcd, Meta, case, eq, wait_for
+from faultproxy import Proxy
 
 import grpc
 import master_pb2 as M
@@ -108,7 +112,8 @@ def a_killed_agent_leaves_the_index():
 
 
 @case
-def objects_survive_a_master_failover():
+def objects_survive_a_master_failover_with_etcd():
+    """The same failover with a real etcd as meta (compatibility)."""
     etcd = Etcd()
     args = ["--meta-endpoints=" + etcd.endpoint, "--leader-lease-ttl=2s"]
     m1 = Daemon("master", args=args, env=st.daemon_env())
@@ -129,6 +134,173 @@ def objects_survive_a_master_failover():
     eq(got == vals, True, "every complete object survives, readable on B")
     eq(sb.put("new", b"after"), OK, "puts on the new leader")
     eq(sa.get("new"), b"after", "gets on the new leader")
+    sa.close()
+    sb.close()
+
+
+def wait_inventory(agent, n, what):
+    wait_for(lambda: metric(agent.metrics(), "mooncake_agent_inventory_objects") == n,
+             timeout=20, what=what)
+
+
+def elected(master):
+    return "elected leader" in master.output()
+
+
+@case
+def replicas_written_by_others_survive_a_master_failover():
+    """Agent A writes replica_num=2 objects onto B and C only (its own
+    segment is full), and single replicas onto B; the master leader is
+    killed with SIGKILL; after the standby takes over, B and C report what
+    others wrote into their segments, and every object is read back from
+    every agent with the right bytes."""
+    meta = Meta(env=st.daemon_env())
+    margs = ["--meta-endpoints=" + meta.endpoint, "--leader-lease-ttl=2s"]
+    m1 = Daemon("master", args=margs, env=st.daemon_env())
+    wait_for(lambda: elected(m1), what="m1 leads")
+    m2 = Daemon("master", args=margs, env=st.daemon_env())
+    wait_for(lambda: "standby" in m2.output(), what="m2 stands by")
+    a = st.Agent(meta=meta.endpoint, segment=16 * MiB)
+    b = st.Agent(meta=meta.endpoint)
+    c = st.Agent(meta=meta.endpoint)
+    sa, sb, sc = a.store(), b.store(), c.store()
+    from mooncake.store import ReplicateConfig
+    filler = os.urandom(16 * MiB)
+    eq(sa.put("a/filler", filler), OK, "A's own segment filled")
+    vals = {}
+    for i, n in enumerate([0, 1, 4096, 100000, MiB + 3] * 6):
+        k = "two/%d" % i
+        vals[k] = os.urandom(n)
+        # (an empty value takes no space: A's own segment, preferred by
+        # default, would still do for it)
+        two = ReplicateConfig(replica_num=2, preferred_segment=b.name if n == 0 else "")
+        eq(sa.put(k, vals[k], two), OK, "put %s from A" % k)
+        segs = sorted(r.segment for r in replicas(m1.addr("master-listen"), k.encode()))
+        eq(segs, sorted([b.name, c.name]), "%s on B and C" % k)
+    on_b = ReplicateConfig(preferred_segment=b.name)
+    for i in range(20):
+        k = "one/%d" % i
+        vals[k] = os.urandom(5000 + i)
+        eq(sa.put(k, vals[k], on_b), OK, "put %s from A onto B" % k)
+    vals["b/own"] = b"written by B itself"
+    eq(sb.put("b/own", vals["b/own"]), OK, "B's own put")
+    eq(sa.remove("one/0", force=True), OK, "a removal B hears of")
+    del vals["one/0"]
+    # B and C hear of every replica through their segments' logs.
+    wait_inventory(b, 30 + 19 + 1, "B's mirror holds what A wrote there")
+    wait_inventory(c, 30, "C's mirror holds what A wrote there")
+    m1.kill()
+    wait_for(lambda: elected(m2), timeout=30, what="m2 takes over")
+    done = "re-sync with master %s (view" % m2.addr("master-listen")
+    for ag in (a, b, c):
+        wait_for(lambda: done in ag.d.output(), timeout=30, what="agent re-synced with m2")
+    for name, s in (("A", sa), ("B", sb), ("C", sc)):
+        got = {k: s.get(k) for k in vals}
+        bad = [k for k in vals if got[k] != vals[k]]
+        eq(bad, [], "objects read wrong or missing on %s after the failover" % name)
+        eq(s.get("one/0"), b"", "the removed object stays removed (%s)" % name)
+    eq(sb.get("a/filler") == filler, True, "A's own object, read on B")
+    segs = sorted(r.segment for r in replicas(m2.addr("master-listen"), b"two/7"))
+    eq(segs, sorted([b.name, c.name]), "both replicas are known to the new leader")
+    for s in (sa, sb, sc):
+        s.close()
+
+
+@case
+def a_stale_mirror_does_not_resurrect_reused_space():
+    """The race a checksum closes: the leader frees X (a removal), reuses
+    its space for Y, a remote writer (A) writes Y into B's segment, and
+    the leader dies before B heard of either (B's link to it is cut by a
+    proxy that drops every byte). B's mirror still says X is at that
+    offset; on re-sync B finds the bytes there are not X's and leaves X
+    out: X is not brought back holding Y's bytes."""
+    meta = Meta(env=st.daemon_env())
+    m1_port = mctest.free_port()
+    proxy = Proxy(m1_port)  # B's (and the leader key's) way to m1
+    margs = ["--meta-endpoints=" + meta.endpoint, "--leader-lease-ttl=2s", "--agent-ttl=60s"]
+    m1 = Daemon("master", args=margs + ["--master-advertise=127.0.0.1:%d" % proxy.port],
+                env=st.daemon_env(), ports={"master-listen": m1_port})
+    wait_for(lambda: elected(m1), what="m1 leads")
+    m2 = Daemon("master", args=margs, env=st.daemon_env())
+    wait_for(lambda: "standby" in m2.output(), what="m2 stands by")
+    b = st.Agent(meta=meta.endpoint)
+    # A reaches m1 directly, so it can go on writing once B is cut off.
+    a = st.Agent(meta=meta.endpoint, args=["--master-address=127.0.0.1:%d" % m1_port])
+    sa, sb = a.store(), b.store()
+    from mooncake.store import ReplicateConfig
+    on_b = ReplicateConfig(preferred_segment=b.name)
+    keep, x, y = os.urandom(70000), os.urandom(100000), os.urandom(100000)
+    eq(sa.put("keep", keep, on_b), OK, "keep, onto B")
+    eq(sa.put("x", x, on_b), OK, "x, onto B")
+    x_rep = replicas("127.0.0.1:%d" % m1_port, b"x")[0]
+    eq(x_rep.segment, b.name, "x lives on B")
+    wait_inventory(b, 2, "B's mirror holds keep and x")
+    proxy.set_mode("blackhole")
+    eq(sa.remove("x", force=True), OK, "x removed (B cannot hear of it)")
+    eq(sa.put("y", y, on_b), OK, "y, onto B, written by A")
+    y_rep = replicas("127.0.0.1:%d" % m1_port, b"y")[0]
+    eq((y_rep.segment, y_rep.offset), (b.name, x_rep.offset), "y reuses x's space")
+    eq(metric(b.metrics(), "mooncake_agent_inventory_objects"), 2.0,
+       "B's mirror is stale: x, not y")
+    m1.kill()
+    wait_for(lambda: elected(m2), timeout=30, what="m2 takes over")
+    m2_addr = m2.addr("master-listen")
+    wait_for(lambda: ("re-sync with master %s" % m2_addr) in b.d.output(), timeout=30,
+             what="B re-synced with m2")
+    c = st.Agent(meta=meta.endpoint)
+    sc = c.store(verify_gets=False)  # no check: would X come back with Y's bytes?
+    got = sc.get("x")
+    eq((len(got), got == y), (0, False), "x is not resurrected (holding y's bytes)")
+    eq(sc.is_exist("x"), 0, "x does not exist")
+    eq(st.metric_labels(b.metrics(), "mooncake_agent_resync_skipped_total",
+                        'reason="checksum"'), 1.0, "x failed its check and was left out")
+    eq(sc.get("keep"), keep, "what B held intact survives")
+    eq(sb.get("keep"), keep, "and is read on B")
+    eq(sb.put("x", b"x again"), OK, "the key can be stored anew")
+    eq(sc.get("x"), b"x again", "and read")
+    for s in (sa, sb, sc):
+        s.close()
+    proxy.close()
+
+
+@case
+def verified_gets_catch_bytes_that_changed():
+    """Bytes of a stored object overwritten behind the index's back (here
+    by a transfer-engine write into B's segment at the replica's address)
+    are served as they are by a plain get, and refused with -810 by a
+    verifying one: Python, libmooncake and mooncakectl get --verify, for
+    a copy, a remote read and a zero-copy view."""
+    cl = Cluster(agents=2, meta=True)
+    a, b = cl.agents
+    sa, sb = a.store(verify_gets=False), b.store(verify_gets=False)
+    val = os.urandom(300000)
+    eq(sb.put("v", val), OK, "put on B")
+    eq(sa.get("v", verify=True), val, "intact: verified get on A")
+    rep = replicas(cl.master_addr, b"v")[0]
+    eq(rep.segment, b.name, "on B's segment")
+    te = a.engine()
+    buf = te.allocate_managed_buffer(4096)
+    te.write_bytes_to_buffer(buf, b"\xff" * 16, 16)
+    eq(te.transfer_sync_write(b.name, buf, rep.address + 1000, 16), OK,
+       "overwrite 16 bytes in the middle of the value")
+    eq(sb.get("v") == val, False, "a plain get serves the changed bytes")
+    eq(sb.get("v", verify=True), b"", "a verified local get refuses them")
+    eq(sa.get("v", verify=True), b"", "a verified remote get refuses them")
+    from mooncake.store import CHECKSUM_MISMATCH
+    dst = te.allocate_managed_buffer(len(val))
+    eq(sb.get_into("v", dst, len(val), verify=True), CHECKSUM_MISMATCH, "get_into -810")
+    eq(b.store(verify_gets=True).get_buffer("v"), None, "a verified zero-copy view refuses them")
+    out = os.path.join(b.tmp.name, "v.out")
+    r = b.ctl("get", "v", out, "--verify", check=False)
+    eq(r.returncode, 1, "mooncakectl get --verify fails")
+    assert "MC_ECHECKSUM" in r.stderr, r.stderr
+    eq(b.ctl("get", "v", out).returncode, 0, "mooncakectl get without --verify serves them")
+    with open(out, "rb") as f:
+        eq(len(f.read()), len(val), "all of them")
+    assert metric(b.metrics(), "mooncake_agent_get_checksum_failures_total") >= 2
+    te.free_managed_buffer(buf, 4096)
+    te.free_managed_buffer(dst, len(val))
+    te.close()
     sa.close()
     sb.close()
 

@@ -1,4 +1,5 @@
-"""The transfer engine between processes, with a real etcd as meta.
+"""The transfer engine between processes, with mooncaked's own meta role
+(one case with a real etcd, to show the engine works with either).
 
 Engines run in separate processes: `mooncakectl transfer` shells (an
 engine with a registered memfd buffer, driven line by line through stdin)
@@ -72,19 +73,40 @@ class Etcd:
         self.tmp.cleanup()
 
 
-ETCD_SRV = None
+class OwnMeta(Etcd):
+    """A one-member mooncaked --role=meta in place of etcd: the same etcd v3
+    API, so the same helpers (etcdctl get, endpoint health) apply."""
+
+    def __init__(self):  # noqa: D107 - no etcd process of its own
+        self.d = Daemon("meta", args=["--heartbeat-interval=50ms", "--election-timeout=500ms"])
+        self.endpoint = self.d.addr("listen-client")
+        self.proc = self.d.proc
+        deadline = time.monotonic() + 20
+        while self.ctl("endpoint", "health", check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise AssertionError("meta did not become healthy")
+            time.sleep(0.05)
+
+    def stop(self):
+        self.d.kill()
 
 
-def etcd():
-    global ETCD_SRV
-    if ETCD_SRV is None:
-        ETCD_SRV = Etcd()
-    return ETCD_SRV
+META_SRV = {}
+
+
+def etcd(kind="meta"):
+    """The meta service of the tests, started once: mooncaked's own meta,
+    or with kind="etcd" a real etcd."""
+    if kind not in META_SRV:
+        META_SRV[kind] = Etcd() if kind == "etcd" else OwnMeta()
+    return META_SRV[kind]
 
 
 def shell(name, *args, meta=True, wait=True):
+    """meta: True (mooncaked's meta), "etcd" (a real etcd) or False (P2P)."""
     a = ["--segment=" + name] if name else []
-    a.append("--meta-endpoints=" + (etcd().endpoint if meta else ""))
+    a.append("--meta-endpoints=" + (etcd("etcd" if meta == "etcd" else "meta").endpoint
+                                    if meta else ""))
     return Shell(a + list(args), wait=wait)
 
 
@@ -125,13 +147,19 @@ def blocks_checksummed(proto, target_args=(), meta=True):
 
 
 @case
-def shm_blocks_checksummed_with_etcd():
+def shm_blocks_checksummed():
     blocks_checksummed("auto")
 
 
 @case
-def tcp_blocks_checksummed_with_etcd():
+def tcp_blocks_checksummed():
     blocks_checksummed("tcp")
+
+
+@case
+def shm_and_tcp_blocks_checksummed_with_etcd():
+    blocks_checksummed("auto", meta="etcd")
+    blocks_checksummed("tcp", meta="etcd")
 
 
 @case
@@ -363,5 +391,5 @@ if __name__ == "__main__":
     try:
         mctest.main()
     finally:
-        if ETCD_SRV is not None:
-            ETCD_SRV.stop()
+        for srv in META_SRV.values():
+            srv.stop()

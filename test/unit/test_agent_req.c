@@ -177,94 +177,6 @@ Test(agent_req, register_needs_one_descriptor)
 	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL);
 }
 
-/* ------------------------------------------------------------ inventory */
-
-static void add(struct agent_inv *v, const char *k, uint64_t off, uint64_t size)
-{
-	cr_assert_eq(agent__inv_add(v, (const uint8_t *)k, strlen(k), off, size, false), 0);
-}
-
-static bool has(struct agent_inv_entry **e, size_t n, const char *k)
-{
-	for (size_t i = 0; i < n; i++)
-		if (e[i]->klen == strlen(k) && memcmp(e[i]->key, k, e[i]->klen) == 0)
-			return true;
-	return false;
-}
-
-Test(agent_inv, add_replace_delete)
-{
-	struct agent_inv v;
-	cr_assert_eq(agent__inv_init(&v), 0);
-	add(&v, "a", 0, 64);
-	add(&v, "b", 64, 64);
-	cr_assert_eq(v.n, 2);
-	add(&v, "a", 128, 64); /* replaced */
-	cr_assert_eq(v.n, 2);
-	agent__inv_del(&v, (const uint8_t *)"a", 1);
-	agent__inv_del(&v, (const uint8_t *)"zz", 2);
-	cr_assert_eq(v.n, 1);
-	cr_assert_eq(agent__inv_add(&v, (const uint8_t *)"", 0, 0, 1, false), -EINVAL);
-	agent__inv_free(&v);
-}
-
-Test(agent_inv, grows_and_keeps_everything)
-{
-	struct agent_inv v;
-	cr_assert_eq(agent__inv_init(&v), 0);
-	char k[32];
-	for (int i = 0; i < 5000; i++) {
-		snprintf(k, sizeof(k), "key-%d", i);
-		add(&v, k, (uint64_t)i * 64, 64);
-	}
-	cr_assert_eq(v.n, 5000);
-	struct agent_inv_entry **e;
-	size_t n;
-	cr_assert_eq(agent__inv_snapshot(&v, &e, &n), 0);
-	cr_assert_eq(n, 5000);
-	for (size_t i = 1; i < n; i++)
-		cr_assert_lt(e[i - 1]->offset, e[i]->offset, "sorted");
-	free(e);
-	agent__inv_free(&v);
-}
-
-Test(agent_inv, snapshot_drops_overwritten_space)
-{
-	struct agent_inv v;
-	cr_assert_eq(agent__inv_init(&v), 0);
-	add(&v, "old-long", 0, 1000);   /* its space was reused by: */
-	add(&v, "new-1", 100, 64);
-	add(&v, "new-2", 500, 64);
-	add(&v, "keep", 2000, 64);
-	add(&v, "empty", 100, 0);       /* takes no space */
-	add(&v, "older", 3000, 64);
-	add(&v, "newer-same", 3000, 64);
-	add(&v, "x-old", 4000, 128);
-	add(&v, "x-new", 4064, 128);    /* overlaps x-old's tail */
-	struct agent_inv_entry **e;
-	size_t n;
-	cr_assert_eq(agent__inv_snapshot(&v, &e, &n), 0);
-	cr_assert(!has(e, n, "old-long"));
-	cr_assert(has(e, n, "new-1"));
-	cr_assert(has(e, n, "new-2"));
-	cr_assert(has(e, n, "keep"));
-	cr_assert(has(e, n, "empty"));
-	cr_assert(!has(e, n, "older"));
-	cr_assert(has(e, n, "newer-same"));
-	cr_assert(!has(e, n, "x-old"));
-	cr_assert(has(e, n, "x-new"));
-	cr_assert_eq(n, 6);
-	cr_assert_eq(v.n, 6, "dropped entries left the inventory");
-	free(e);
-	/* A newer long entry drops older short ones it covers. */
-	add(&v, "big", 0, 10000);
-	cr_assert_eq(agent__inv_snapshot(&v, &e, &n), 0);
-	cr_assert_eq(n, 2, "big and the empty object");
-	cr_assert(has(e, n, "big"));
-	free(e);
-	agent__inv_free(&v);
-}
-
 /* ------------------------------------------------------------ lease cache */
 
 Test(agent_lcache, window_and_invalidation)
@@ -272,33 +184,33 @@ Test(agent_lcache, window_and_invalidation)
 	struct agent_lcache lc;
 	cr_assert_eq(agent__lcache_init(&lc, 4), 0);
 	struct agent_rep rep = {.local = true, .offset = 640, .address = 0x1000 + 640};
-	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, &rep, 2000, 1000);
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 2000, 1000);
 	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999);
 	cr_assert_not_null(e);
 	cr_assert_eq(e->size, 100);
 	cr_assert_eq(e->rep.offset, 640);
 	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000), "window ended");
 	cr_assert_eq(lc.n, 0, "expired entry dropped");
-	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, &rep, 900, 1000);
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 900, 1000);
 	cr_assert_eq(lc.n, 0, "a window already over is not cached");
-	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, &rep, 5000, 1000);
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 5000, 1000);
 	agent__lcache_del(&lc, (const uint8_t *)"k", 1);
 	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001), "deleted");
 	/* Full: expired entries are swept first, then everything goes. */
 	char k[16];
 	for (int i = 0; i < 4; i++) {
 		snprintf(k, sizeof(k), "a%d", i);
-		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, &rep, i < 2 ? 1500 : 9000, 1000);
+		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, NULL, &rep, i < 2 ? 1500 : 9000, 1000);
 	}
 	cr_assert_eq(lc.n, 4);
-	agent__lcache_put(&lc, (const uint8_t *)"new", 3, 1, &rep, 9000, 1600);
+	agent__lcache_put(&lc, (const uint8_t *)"new", 3, 1, NULL, &rep, 9000, 1600);
 	cr_assert_eq(lc.n, 3, "two expired swept, one added");
 	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"a3", 2, 1600));
-	agent__lcache_put(&lc, (const uint8_t *)"x1", 2, 1, &rep, 9000, 1600);
-	agent__lcache_put(&lc, (const uint8_t *)"x2", 2, 1, &rep, 9000, 1600);
+	agent__lcache_put(&lc, (const uint8_t *)"x1", 2, 1, NULL, &rep, 9000, 1600);
+	agent__lcache_put(&lc, (const uint8_t *)"x2", 2, 1, NULL, &rep, 9000, 1600);
 	cr_assert_eq(lc.n, 1, "full of live entries: emptied, then the new one");
 	struct agent_rep remote = {.local = false, .segment = "10.0.0.2:12345"};
-	agent__lcache_put(&lc, (const uint8_t *)"r", 1, 1, &remote, 9000, 1600);
+	agent__lcache_put(&lc, (const uint8_t *)"r", 1, 1, NULL, &remote, 9000, 1600);
 	e = agent__lcache_get(&lc, (const uint8_t *)"r", 1, 1601);
 	cr_assert_str_eq(e->rep.segment, "10.0.0.2:12345", "segment copied");
 	cr_assert_neq(e->rep.segment, remote.segment);

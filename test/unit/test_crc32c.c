@@ -81,3 +81,24 @@ Test(crc32c, detects_single_bit_flip)
 		buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
 	}
 }
+
+Test(crc32c, copy_checksums_what_it_copies)
+{
+	const size_t max = (1u << 20) + 77;
+	unsigned char *src = malloc(max), *dst = malloc(max + 16);
+	cr_assert(src && dst);
+	for (size_t i = 0; i < max; i++)
+		src[i] = (unsigned char)(i * 131 + (i >> 9));
+	size_t lens[] = {0, 1, 7, 8, 4095, 16384, 16385, 65536 + 3, max};
+	for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++)
+		for (size_t off = 0; off < 3; off++) {
+			size_t len = lens[k] - (lens[k] >= off ? off : 0);
+			memset(dst, 0xee, max + 16);
+			uint32_t c = crc32c_copy(5, dst + off, src + off, len);
+			cr_assert_eq(c, crc32c(5, src + off, len), "len %zu", len);
+			cr_assert_eq(memcmp(dst + off, src + off, len), 0, "len %zu copied", len);
+			cr_assert_eq(dst[off + len], 0xee, "nothing past the end");
+		}
+	free(src);
+	free(dst);
+}
