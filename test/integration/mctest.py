@@ -61,6 +61,7 @@ def _ephemeral_low():
 
 
 _random = random.Random(os.getpid() ^ int(time.time() * 1000))
+_given = set()  # never hand out a port twice: it may not be bound yet
 
 
 def free_port():
@@ -72,11 +73,14 @@ def free_port():
     lo = max(1024, hi - 12000)
     for _ in range(200 if hi - lo >= 1000 else 0):
         port = _random.randrange(lo, hi)
+        if port in _given:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _given.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -141,8 +145,11 @@ class Daemon:
                                      env=full_env)
         Daemon._all.append(self)
         if wait:
-            for p in self.ports.values():
-                wait_port(p, proc=self.proc)
+            try:
+                for p in self.ports.values():
+                    wait_port(p, proc=self.proc)
+            except AssertionError as e:
+                raise AssertionError("%s\n%s log:\n%s" % (e, role, self.output()[-4000:]))
 
     @property
     def pid(self):
