@@ -199,9 +199,18 @@ def run(cmd, timeout=60, check=True, **kw):
     return r
 
 
+def short(v, limit=300):
+    """repr of v, cut to limit characters (values can be megabytes)."""
+    r = repr(v)
+    if len(r) <= limit:
+        return r
+    return "%s... (%d characters in all%s)" % (
+        r[:limit], len(r), ", len %d" % len(v) if hasattr(v, "__len__") else "")
+
+
 def eq(a, b, what=""):
     if a != b:
-        raise AssertionError("%s: expected %r, got %r" % (what, b, a))
+        raise AssertionError("%s: expected %s, got %s" % (what, short(b), short(a)))
 
 
 class Etcd:

@@ -531,10 +531,15 @@ def metrics_pass_promtool():
 
 @case
 def check_perf_small_load_passes():
+    """etcdctl's own latency/throughput check; a build with sanitizers is
+    several times slower than the product, so there it is not run."""
+    if os.environ.get("SAN") == "1":
+        print("skip check perf: sanitizer build (SAN=1)")
+        return
     d = single()
     r = etcdctl(ep(d), "check", "perf", "--load=s", check=False, timeout=120)
     out = r.stdout + r.stderr
-    assert "PASS: Throughput" in out and r.returncode == 0, out
+    assert "PASS: Throughput" in out and r.returncode == 0, out[-3000:]
     eq(d.stop(), 0, "exit")
 
 

@@ -184,6 +184,9 @@ def replicas_written_by_others_survive_a_master_failover():
         eq(sa.put(k, vals[k], on_b), OK, "put %s from A onto B" % k)
     vals["b/own"] = b"written by B itself"
     eq(sb.put("b/own", vals["b/own"]), OK, "B's own put")
+    # (B's count passes through 50 on its way to 51 too: wait for every
+    # put first, then for the removal)
+    wait_inventory(b, 30 + 20 + 1, "B's mirror holds every put")
     eq(sa.remove("one/0", force=True), OK, "a removal B hears of")
     del vals["one/0"]
     # B and C hear of every replica through their segments' logs.
