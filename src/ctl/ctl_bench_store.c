@@ -7,7 +7,10 @@
  * processes would have), run one operation for --duration:
  *   put    mc_put_from of a new key (the pool evicts as it fills);
  *   get    mc_get_into of a key put beforehand (a random one of a set);
- *   mixed  the two alternating.
+ *   view   mc_get_view of such a key (a read-only mapping of the agent's
+ *          segment when the replica is local: zero copy), the bytes copied
+ *          by the client into its buffer, mc_view_release (redis: GET);
+ *   mixed  put and get alternating.
  * Values live in buffers from mc_buffer_alloc (the agent maps them: zero
  * copy on the client side). "local": the client's own agent holds the
  * replica; "remote": it is on a second agent, reached through the
@@ -48,8 +51,8 @@
 #define GET_SET_BYTES (64u << 20) /* per client, keys put before a get run */
 #define LIMIT_BLOCK (16u << 20)
 
-enum op { OP_PUT, OP_GET, OP_MIXED, NOPS };
-static const char *const op_names[NOPS] = {"put", "get", "mixed"};
+enum op { OP_PUT, OP_GET, OP_VIEW, OP_MIXED, NOPS };
+static const char *const op_names[NOPS] = {"put", "get", "view", "mixed"};
 
 /* ---------------------------------------------------------------- processes */
 
@@ -372,6 +375,17 @@ static int one(struct worker *w, bool put, uint64_t i)
 						r->target == T_REMOTE ? r->remote_segment : NULL};
 		return mc_put_from(w->c, key, strlen(key), w->buf, r->size, &o);
 	}
+	if (r->op == OP_VIEW) {
+		const void *data;
+		size_t len;
+		mc_view *v;
+		int rc = mc_get_view(w->c, key, strlen(key), &data, &len, &v);
+		if (rc)
+			return rc;
+		memcpy(w->buf, data, MC_MIN(len, r->size));
+		mc_view_release(w->c, v);
+		return len == r->size ? 0 : MC_EPROTOCOL;
+	}
 	int64_t n = mc_get_into(w->c, key, strlen(key), w->buf, r->size);
 	return n < 0 ? (int)n : 0;
 }
@@ -540,9 +554,11 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
-		"           [--op=put,get,mixed] [--duration=3s] [--socket=PATH]\n"
+		"           [--op=put,get,view,mixed] [--duration=3s] [--socket=PATH]\n"
 		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n\n"
-		"Clients (threads, one session each) put, get or both with values in\n"
+		"Clients (threads, one session each) put, get (mc_get_into), view\n"
+		"(mc_get_view, zero copy when local, then a copy into the client's\n"
+		"buffer) or put and get alternating (mixed) with values in\n"
 		"buffers from mc_buffer_alloc, for each value size: through the local\n"
 		"agent with local replicas, then with replicas on a second agent\n"
 		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
@@ -575,7 +591,7 @@ static const char *fmt_err(int e)
 
 int ctl_bench_store_main(int argc, char **argv)
 {
-	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,mixed", *dur_s = "3s";
+	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,view,mixed", *dur_s = "3s";
 	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *v;
 	unsigned clients = 4, opmask;
 	size_t sizes[MAX_SIZES];

@@ -191,6 +191,29 @@ def mooncakectl_put_get_rm():
 
 
 @case
+def bench_store_runs_every_op_beside_redis():
+    """`mooncakectl bench store` starts its own master, two agents and
+    redis-server, and prints a row per size, op and place, without errors
+    (its figures are not judged here)."""
+    import shutil
+    r = run([mctest.MOONCAKECTL, "bench", "store", "--value-size=4K,1M", "--clients=2",
+             "--op=put,get,view,mixed", "--duration=200ms"], timeout=300)
+    rows = [l.split() for l in r.stdout.splitlines()]
+    for size in ("4K", "1M"):
+        for op in ("put", "get", "view", "mixed"):
+            for where in ("local", "remote"):
+                row = [x for x in rows if x[:3] == [size, op, where]]
+                eq(len(row), 1, "one row for %s %s %s\n%s" % (size, op, where, r.stdout))
+                eq(row[0][10], "0", "no errors in %s %s %s" % (size, op, where))
+                assert float(row[0][3]) > 0, row
+    # redis rows: op, "redis", ops/s, GB/s, p50, p99, memcpy, errors
+    redis_rows = [x for x in rows if len(x) == 8 and x[1] == "redis"]
+    if shutil.which("redis-server"):
+        eq(len(redis_rows), 8, "a redis row per size and op\n" + r.stdout)
+        assert all(x[7] == "0" and float(x[2]) > 0 for x in redis_rows), r.stdout
+
+
+@case
 def bad_frames_get_clean_errors():
     cl = Cluster(agents=1)
     a = cl.agents[0]
