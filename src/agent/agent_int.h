@@ -485,6 +485,7 @@ struct agent {
 	unsigned lease_gen;           /* bumped at every mount */
 	uint64_t lease_takes;         /* puts of this generation copying */
 	uint64_t lease_takes_old;     /* puts of earlier ones still copying */
+	bool mount_held;              /* until lease_takes_old is 0 */
 	uint64_t lease_used_ms;
 	uint64_t hb_interval_ms;
 	uv_timer_t hb_timer;
@@ -586,6 +587,9 @@ bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *
  * to BatchCommit, else the space is given back. */
 void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigned gen,
 			   bool committing);
+/* The commit of [off, size) (taken in generation gen) got no answer: its
+ * space goes back (ignored by the master if the commit sealed it). */
+void agent__lease_unsealed(struct agent *a, uint64_t off, uint64_t size, unsigned gen);
 /* A mount begins: the lease is gone. */
 void agent__lease_reset(struct agent *a);
 /* Mounted (and re-synced) in lease epoch: ask for a lease. */
@@ -598,6 +602,9 @@ void agent__lease_tick(struct agent *a);
 /* mlink.c */
 void agent__mlink_init(struct agent *a);
 int agent__mlink_start(struct agent *a) MC_MUST_CHECK;
+/* Mount the segment (again) with the leader in use, unless a mount is
+ * under way already. */
+void agent__mlink_mount(struct agent *a);
 /* Unmount (best effort, bounded) then done(a). */
 void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
 void agent__mlink_free(struct agent *a);

@@ -504,6 +504,11 @@ static void on_mounted(void *ud, int err, const char *message,
 	send_inventory(a);
 }
 
+void agent__mlink_mount(struct agent *a)
+{
+	mount(a);
+}
+
 static void mount(struct agent *a)
 {
 	if (a->mount_busy || a->stopping || !a->mc || !a->named)
@@ -511,6 +516,15 @@ static void mount(struct agent *a)
 	uv_timer_stop(&a->hb_timer);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
+	a->mounted = false;
+	if (a->lease_takes_old) {
+		/* Puts still copy into the dropped lease's bytes, which the
+		 * mount gives back to the segment: mount once they are done
+		 * (space.c). */
+		a->mount_held = true;
+		agent__gauges(a);
+		return;
+	}
 	struct mount_block *b = calloc(1, sizeof(*b));
 	char *addr = strdup(a->master_addr);
 	if (!b || !addr) {

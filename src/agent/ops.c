@@ -471,6 +471,11 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 		struct agent_item *it = &r->items[b->idx[k]];
 		int e = err ? err : (k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL);
 		if (e) {
+			/* Refused: the master freed the space or never leased
+			 * it. No answer: it may be leased still. */
+			if (err || k >= resp->n_errors)
+				agent__lease_unsealed(r->a, it->reps[0].offset, it->len,
+						      it->lease_gen);
 			it->err = e;
 			continue;
 		}

@@ -18,9 +18,17 @@
  * lease when it mounts (a new generation) and learns the new epoch from
  * the mount's answer. Calls name their epoch, so one of an earlier epoch
  * (resent after the link moved, say) is refused instead of touching the
- * new epoch's space. And the agent asks for a new lease only once every
- * put that took space from an earlier generation has finished copying,
- * so no two puts of this agent ever write the same bytes.
+ * new epoch's space. And the agent mounts again only once every put
+ * that took space from the dropped lease has finished copying into it
+ * (agent__mlink_mount waits for agent__lease_put_done): the mount gives
+ * those bytes back to the segment's free space, where the master may
+ * place other objects (or lease them again) as soon as the segment takes
+ * placements, so nobody ever writes bytes another object owns.
+ *
+ * A commit whose answer never came (the master went away, a timeout)
+ * may or may not have sealed its object: its range is given back all the
+ * same — the master ignores a release of bytes no longer leased, so
+ * either way the space ends up owned exactly once.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -182,9 +190,23 @@ void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigne
 		a->lease_takes--;
 		if (!committing)
 			give_back(a, off, len);
-	} else {
-		a->lease_takes_old--;
+	} else if (--a->lease_takes_old == 0 && a->mount_held) {
+		/* The last copy into the old lease's bytes is done. */
+		a->mount_held = false;
+		agent__mlink_mount(a);
+		return;
 	}
+	agent__lease_sync(a);
+}
+
+void agent__lease_unsealed(struct agent *a, uint64_t off, uint64_t size, unsigned gen)
+{
+	uint64_t len = (size + GRANULE - 1) & ~(uint64_t)(GRANULE - 1);
+	/* Only into this epoch's lease: a range of an earlier one may be
+	 * leased again now, to puts under way. */
+	if (len == 0 || gen != a->lease_gen)
+		return;
+	give_back(a, off, len);
 	agent__lease_sync(a);
 }
 

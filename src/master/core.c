@@ -971,13 +971,13 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 int master__commit(struct master_core *c, const char *agent, const char *segment,
 		   uint64_t epoch, const struct master_commit *it, uint64_t now_ms)
 {
-	if (!key_ok(it->klen))
-		return -EINVAL;
 	uint32_t id;
 	int err = 0;
 	struct master_seg *s = owned_seg(c, agent, segment, &id, &err);
-	if (!s)
+	if (!s) {
+		c->n.commit_refusals++;
 		return err;
+	}
 	uint64_t len = master__alloc_len(it->size);
 	uint64_t off = len ? it->offset : 0;
 	if (epoch != s->lease_epoch || (len && (off > s->size || len > s->size - off)) ||
@@ -989,7 +989,9 @@ int master__commit(struct master_core *c, const char *agent, const char *segment
 	s->leased -= MC_MIN(s->leased, len);
 	struct master_obj *o = NULL;
 	int rc = 0;
-	if (lookup(c, it->key, it->klen, now_ms))
+	if (!key_ok(it->klen))
+		rc = -EINVAL;
+	else if (lookup(c, it->key, it->klen, now_ms))
 		rc = MC_EOBJECT_ALREADY_EXISTS;
 	else if (!(o = obj_new(it->key, it->klen, 1)))
 		rc = -ENOMEM;

@@ -379,10 +379,10 @@ struct master_commit {
 };
 
 /* Seal an object written into leased space: COMPLETE at once, one
- * replica (logged for the mirror). Errors: -EINVAL (key),
- * MC_ESEGMENT_NOT_FOUND, -EACCES, MC_EINVALID_REPLICA (the space is not
- * leased to the agent in epoch: nothing changes), MC_EOBJECT_ALREADY_EXISTS
- * (the space is freed), -ENOMEM (the space is freed). */
+ * replica (logged for the mirror). Errors: MC_ESEGMENT_NOT_FOUND,
+ * -EACCES (another agent's segment), MC_EINVALID_REPLICA (the space is
+ * not leased to the agent in epoch) — nothing changes; -EINVAL (key),
+ * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. */
 int master__commit(struct master_core *c, const char *agent, const char *segment,
 		   uint64_t epoch, const struct master_commit *it,
 		   uint64_t now_ms) MC_MUST_CHECK;

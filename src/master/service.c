@@ -685,6 +685,8 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.evictions = n->evictions;
 	resp.lease_waits = n->lease_waits;
 	resp.put_timeouts = n->put_timeouts;
+	resp.commits = n->commits;
+	resp.commit_refusals = n->commit_refusals;
 	resp.agents = st.agents;
 	uint32_t slots = master__seg_slots(m->core), k = 0;
 	Mooncake__Master__SegmentStats *ss = calloc(slots ? slots : 1, sizeof(*ss));
@@ -714,6 +716,7 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 		ss[k].fragmentation = as.fragmentation;
 		ss[k].syncing = s->syncing;
 		ss[k].leased = s->leased;
+		resp.leased += s->leased;
 		ss[k].heartbeat_age_ms = now - MC_MIN(now, s->agent->last_heartbeat_ms);
 		sp[k] = &ss[k];
 		k++;
