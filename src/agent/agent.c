@@ -118,6 +118,9 @@ static void register_metrics(struct agent *a)
 	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
 				  "View number of the master leader the segment is "
 				  "mounted with.", NULL, NULL);
+	a->m_lease = metrics_gauge(r, "mooncake_agent_put_lease_bytes",
+				   "Bytes of the put lease (--put-lease-size) not taken by "
+				   "puts yet.", NULL, NULL);
 	a->m_mounted = metrics_gauge(r, "mooncake_agent_segment_mounted",
 				     "1 while the segment is mounted with the master "
 				     "leader.", NULL, NULL);

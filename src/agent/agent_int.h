@@ -53,6 +53,7 @@ struct metric;
 #define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
 #define AGENT_LEASE_EXTENTS 4u        /* put lease extents held at once */
 #define AGENT_LEASE_IDLE_MS 10000u    /* an unused put lease goes back */
+#define AGENT_LEASE_RETRY_MS 100u     /* after a LeaseSpace granting none */
 
 /* ------------------------------------------------------------ mem.c */
 
@@ -481,6 +482,8 @@ struct agent {
 	struct agent_extent *release; /* to give back with the next call */
 	size_t nrelease, release_cap;
 	bool lease_ready, lease_busy, lease_idle;
+	bool lease_denied;            /* none granted at lease_denied_ms */
+	uint64_t lease_denied_ms;
 	uint64_t lease_epoch;         /* the master's, from the mount */
 	unsigned lease_gen;           /* bumped at every mount */
 	uint64_t lease_takes;         /* puts of this generation copying */
@@ -501,7 +504,7 @@ struct agent {
 	uint64_t counters[AGENT_C_COUNT];
 	struct metric *m_counters[AGENT_C_COUNT];
 	struct metric *m_ops_ok, *m_ops_err;
-	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv,
+	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv, *m_lease,
 		*m_view, *m_mounted;
 	struct metric *m_op_seconds[32];
 	uint64_t nbuffers, nviews;
@@ -590,6 +593,8 @@ void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigne
 /* The commit of [off, size) (taken in generation gen) got no answer: its
  * space goes back (ignored by the master if the commit sealed it). */
 void agent__lease_unsealed(struct agent *a, uint64_t off, uint64_t size, unsigned gen);
+/* Bytes of the lease not taken yet. */
+uint64_t agent__lease_room(const struct agent *a);
 /* A mount begins: the lease is gone. */
 void agent__lease_reset(struct agent *a);
 /* Mounted (and re-synced) in lease epoch: ask for a lease. */

@@ -8,10 +8,15 @@
  * The lease is up to AGENT_LEASE_EXTENTS extents; a take cuts the next
  * bytes off the first extent with room (bump allocation: commits free
  * nothing here — a removed object's space goes back to the master's
- * allocator). When less than half of --put-lease-size is left, one
- * LeaseSpace call asks for more; space the agent will not commit (a put
- * that failed before its commit, extents dropped for new ones, a lease
- * idle for AGENT_LEASE_IDLE_MS) goes back with the next call.
+ * allocator). The target is --put-lease-size, or an eighth of the
+ * segment when that is less (the most the master leases); values above
+ * a quarter of it take PutStart. When less than half the target is left
+ * (and fewer than AGENT_LEASE_EXTENTS extents are held), one LeaseSpace
+ * call asks for the rest; when the master grants nothing (the pool is at
+ * its eviction watermark: leases never evict) the agent asks again only
+ * after AGENT_LEASE_RETRY_MS. Space the agent will not commit
+ * (a put that failed before its commit, a lease idle for
+ * AGENT_LEASE_IDLE_MS) goes back with the next call.
  *
  * Epochs and generations. Every mount begins a new lease epoch at the
  * master, which takes back the old epoch's space; the agent drops its
@@ -37,6 +42,7 @@
 
 #include "agent/agent_int.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -47,17 +53,30 @@ struct lease_call {
 	Mooncake__Master__LeaseSpaceRequest req;
 	struct agent *a;
 	unsigned gen;
+	bool wanted;
 	size_t n;
 	Mooncake__Master__Extent *ext;
 	Mooncake__Master__Extent **ptrs;
 };
 
-static uint64_t room(const struct agent *a)
+uint64_t agent__lease_room(const struct agent *a)
 {
 	uint64_t r = 0;
 	for (unsigned i = 0; i < a->nlease; i++)
 		r += a->lease[i].end - a->lease[i].off;
 	return r;
+}
+
+/* The lease the agent keeps: --put-lease-size, or less when the master
+ * would not grant that much (an eighth of the segment, master.proto). */
+static uint64_t lease_target(const struct agent *a)
+{
+	return MC_MIN(a->lease_bytes, (uint64_t)a->seg->len / 8);
+}
+
+static void gauge(struct agent *a)
+{
+	metric_set(a->m_lease, (int64_t)agent__lease_room(a));
 }
 
 static void give_back(struct agent *a, uint64_t off, uint64_t len)
@@ -79,11 +98,23 @@ static void give_back(struct agent *a, uint64_t off, uint64_t len)
 	a->nrelease++;
 }
 
+/* The extent with the least room left goes back. */
+static void drop_shortest(struct agent *a)
+{
+	unsigned k = 0;
+	for (unsigned j = 1; j < a->nlease; j++)
+		if (a->lease[j].end - a->lease[j].off < a->lease[k].end - a->lease[k].off)
+			k = j;
+	give_back(a, a->lease[k].off, a->lease[k].end - a->lease[k].off);
+	a->lease[k] = a->lease[--a->nlease];
+}
+
 static void on_leased(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct lease_call *c = ud;
 	struct agent *a = c->a;
 	unsigned gen = c->gen;
+	bool wanted = c->wanted;
 	free(c);
 	if (gen != a->lease_gen || a->stopping)
 		return; /* an earlier epoch's: refused, or taken back by the mount */
@@ -95,24 +126,21 @@ static void on_leased(void *ud, int err, const char *message, const ProtobufCMes
 		return; /* asked again by the next put or heartbeat */
 	}
 	const Mooncake__Master__LeaseSpaceResponse *r = (const void *)m;
+	if (wanted && r->n_extents == 0) {
+		a->lease_denied = true; /* the pool is full, or re-syncing */
+		a->lease_denied_ms = mc_now_ms();
+	}
 	for (size_t i = 0; i < r->n_extents; i++) {
 		uint64_t off = r->extents[i]->offset, len = r->extents[i]->length;
 		if (len == 0 || off > a->seg->len || len > a->seg->len - off)
 			continue; /* not trusted with the segment */
-		if (a->nlease == AGENT_LEASE_EXTENTS) {
-			/* Full: the extent with the least room left goes back. */
-			unsigned k = 0;
-			for (unsigned j = 1; j < a->nlease; j++)
-				if (a->lease[j].end - a->lease[j].off <
-				    a->lease[k].end - a->lease[k].off)
-					k = j;
-			give_back(a, a->lease[k].off, a->lease[k].end - a->lease[k].off);
-			a->lease[k] = a->lease[--a->nlease];
-		}
+		if (a->nlease == AGENT_LEASE_EXTENTS)
+			drop_shortest(a); /* full */
 		a->lease[a->nlease].off = off;
 		a->lease[a->nlease].end = off + len;
 		a->nlease++;
 	}
+	gauge(a);
 	if (a->nrelease)
 		agent__lease_sync(a);
 }
@@ -121,9 +149,15 @@ void agent__lease_sync(struct agent *a)
 {
 	if (!a->lease_ready || a->lease_busy || a->stopping || !a->lease_bytes)
 		return;
-	uint64_t want = !a->lease_idle && room(a) < a->lease_bytes / 2 &&
-				a->lease_takes_old == 0
-			? a->lease_bytes
+	/* More when less than half the target is left, and not for a while
+	 * after the master had none: a put must not cost a LeaseSpace call
+	 * too. */
+	uint64_t target = lease_target(a), room = agent__lease_room(a);
+	if (a->lease_denied && mc_now_ms() - a->lease_denied_ms >= AGENT_LEASE_RETRY_MS)
+		a->lease_denied = false;
+	uint64_t want = !a->lease_idle && !a->lease_denied && a->nlease < AGENT_LEASE_EXTENTS &&
+				room < target / 2 && a->lease_takes_old == 0
+			? target - room
 			: 0;
 	if (want == 0 && a->nrelease == 0)
 		return;
@@ -133,6 +167,7 @@ void agent__lease_sync(struct agent *a)
 		return;
 	c->a = a;
 	c->gen = a->lease_gen;
+	c->wanted = want > 0;
 	c->n = n;
 	c->ext = (Mooncake__Master__Extent *)(c + 1);
 	c->ptrs = (Mooncake__Master__Extent **)(c->ext + n);
@@ -157,7 +192,7 @@ void agent__lease_sync(struct agent *a)
 
 bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *gen)
 {
-	if (!a->lease_ready || !a->lease_bytes || size > a->lease_bytes / 4)
+	if (!a->lease_ready || !a->lease_bytes || size > lease_target(a) / 4)
 		return false;
 	a->lease_idle = false;
 	uint64_t len = (size + GRANULE - 1) & ~(uint64_t)(GRANULE - 1);
@@ -173,8 +208,15 @@ bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *
 		if (len)
 			a->lease_takes++;
 		a->lease_used_ms = mc_now_ms();
+		gauge(a);
 		agent__lease_sync(a); /* more, before it runs out */
 		return true;
+	}
+	if (a->nlease == AGENT_LEASE_EXTENTS) {
+		/* Ends too short for this value: the shortest goes back, to
+		 * make way for a new extent. */
+		drop_shortest(a);
+		gauge(a);
 	}
 	agent__lease_sync(a);
 	return false;
@@ -215,11 +257,13 @@ void agent__lease_reset(struct agent *a)
 	a->lease_gen++;
 	a->lease_ready = false;
 	a->lease_busy = false;
+	a->lease_denied = false;
 	a->lease_epoch = 0;
 	a->nlease = 0;
 	a->nrelease = 0; /* the master took everything back */
 	a->lease_takes_old += a->lease_takes;
 	a->lease_takes = 0;
+	gauge(a);
 }
 
 void agent__lease_start(struct agent *a, uint64_t epoch)
@@ -238,6 +282,7 @@ void agent__lease_tick(struct agent *a)
 			give_back(a, a->lease[i].off, a->lease[i].end - a->lease[i].off);
 		a->nlease = 0;
 		a->lease_idle = true;
+		gauge(a);
 	}
 	if (a->nrelease)
 		agent__lease_sync(a);

@@ -378,6 +378,8 @@ static void agent_del(struct master_core *c, struct master_agent *a)
 
 /* ------------------------------------------------------------ leases */
 
+static uint64_t dram_capacity(const struct master_core *c, uint64_t *used);
+
 struct ranges {
 	uint64_t (*v)[2];
 	size_t n, cap;
@@ -458,12 +460,17 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 		return err;
 	if (epoch != s->lease_epoch)
 		return MC_EINVALID_REPLICA;
-	/* At most an eighth of the segment leased and uncommitted at once. */
+	/* At most an eighth of the segment leased and uncommitted at once,
+	 * and only below the eviction watermark: a lease never makes room
+	 * by evicting (puts that need it take PutStart, which does). */
 	uint64_t most = s->size / 8;
 	if (s->syncing || s->tier != MASTER_TIER_DRAM || s->leased >= most)
 		return 0;
+	uint64_t used, cap = dram_capacity(c, &used);
+	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
+	below = below > used ? below - used : 0;
 	uint64_t g = MASTER_ALLOC_GRANULE;
-	uint64_t n = MC_MIN(want, most - s->leased) & ~(g - 1);
+	uint64_t n = MC_MIN(MC_MIN(want, most - s->leased), below) & ~(g - 1);
 	for (; n >= MASTER_LEASE_MIN_BYTES; n = (n / 2) & ~(g - 1)) {
 		if (master__alloc_get(s->alloc, n, off) != 0)
 			continue;

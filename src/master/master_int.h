@@ -354,7 +354,8 @@ const struct master_agent *master__agents(const struct master_core *c);
 
 /* Lease up to want bytes of the agent's segment in the current epoch
  * (one extent of at least MASTER_LEASE_MIN_BYTES; at most an eighth of
- * the segment leased and uncommitted at once);
+ * the segment leased and uncommitted at once, and no more than keeps
+ * DRAM usage under the eviction watermark: a lease never evicts);
  * *len 0: none (no room, or the segment is re-syncing). Errors:
  * MC_ESEGMENT_NOT_FOUND, -EACCES (another agent's), MC_EINVALID_REPLICA
  * (not the segment's lease epoch), -ENOMEM. */

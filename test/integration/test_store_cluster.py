@@ -126,6 +126,7 @@ def objects_survive_a_master_failover_with_etcd():
     vals = {("f/%d" % i): os.urandom(4096 + i) for i in range(50)}
     for k, v in vals.items():
         eq(sa.put(k, v), OK, "put before the failover")
+    assert metric(a.metrics(), "mooncake_agent_put_commits_total") > 0, "through the put lease"
     m1.kill()
     wait_for(lambda: "elected leader" in m2.output(), timeout=20, what="m2 takes over")
     wait_for(lambda: "re-sync with master" in a.d.output() and
