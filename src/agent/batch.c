@@ -39,9 +39,9 @@ static const ProtobufCMessageDescriptor *resp_desc(enum agent_bkind k)
 {
 	switch (k) {
 	case AGENT_B_PUT_START: return &mooncake__master__batch_put_start_response__descriptor;
-	case AGENT_B_PUT_END: return &mooncake__master__batch_errors_response__descriptor;
+	case AGENT_B_PUT_END:
+	case AGENT_B_COMMIT: return &mooncake__master__batch_errors_response__descriptor;
 	case AGENT_B_GET: return &mooncake__master__batch_get_replicas_response__descriptor;
-	case AGENT_B_COMMIT: return &mooncake__master__batch_commit_response__descriptor;
 	default: return &mooncake__master__batch_exist_response__descriptor;
 	}
 }
@@ -81,7 +81,6 @@ struct combined {
 	uint32_t *crcs; /* BatchPutEnd: the concatenated checksums */
 };
 
-
 static void free_waits(struct agent_bwait *w)
 {
 	while (w) {
@@ -111,15 +110,8 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 			w->cb(w->ud, 0, NULL, &s.base);
 			break;
 		}
+		case AGENT_B_PUT_END:
 		case AGENT_B_COMMIT: {
-			const Mooncake__Master__BatchCommitResponse *r = (const void *)m;
-			Mooncake__Master__BatchCommitResponse s = MOONCAKE__MASTER__BATCH_COMMIT_RESPONSE__INIT;
-			s.errors = off < r->n_errors ? r->errors + off : NULL;
-			s.n_errors = off < r->n_errors ? MC_MIN(w->n, r->n_errors - off) : 0;
-			w->cb(w->ud, 0, NULL, &s.base);
-			break;
-		}
-		case AGENT_B_PUT_END: {
 			const Mooncake__Master__BatchErrorsResponse *r = (const void *)m;
 			Mooncake__Master__BatchErrorsResponse s = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 			s.errors = off < r->n_errors ? r->errors + off : NULL;

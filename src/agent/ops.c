@@ -464,7 +464,7 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 {
 	struct agent_req *r = ud;
 	struct commit_block *b = r->mstate2;
-	const Mooncake__Master__BatchCommitResponse *resp = (const void *)m;
+	const Mooncake__Master__BatchErrorsResponse *resp = (const void *)m;
 	if (err)
 		log_warn("BatchCommit failed: %s", message ? message : mc_strerror(err));
 	for (size_t k = 0; k < b->n; k++) {

@@ -442,7 +442,7 @@ static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 		errs[i] = master__commit(m->core, req->agent_id, req->segment, req->lease_epoch, &c,
 					 now);
 	}
-	Mooncake__Master__BatchCommitResponse resp = MOONCAKE__MASTER__BATCH_COMMIT_RESPONSE__INIT;
+	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
 	master__reply(call, &resp.base);
@@ -861,7 +861,7 @@ static const struct rpc_method methods[] = {
 	UNARY("ListSegment", master__on_list_segment, list_segment_request,
 	      list_segment_response),
 	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),
-	UNARY("BatchCommit", on_batch_commit, batch_commit_request, batch_commit_response),
+	UNARY("BatchCommit", on_batch_commit, batch_commit_request, batch_errors_response),
 };
 
 int master__service_add(struct master *m)
