@@ -590,9 +590,6 @@ bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *
  * to BatchCommit, else the space is given back. */
 void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigned gen,
 			   bool committing);
-/* The commit of [off, size) (taken in generation gen) got no answer: its
- * space goes back (ignored by the master if the commit sealed it). */
-void agent__lease_unsealed(struct agent *a, uint64_t off, uint64_t size, unsigned gen);
 /* Bytes of the lease not taken yet. */
 uint64_t agent__lease_room(const struct agent *a);
 /* A mount begins: the lease is gone. */

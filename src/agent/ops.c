@@ -472,10 +472,7 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 		int e = err ? err : (k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL);
 		if (e) {
 			/* Refused: the master freed the space or never leased
-			 * it. No answer: it may be leased still. */
-			if (err || k >= resp->n_errors)
-				agent__lease_unsealed(r->a, it->reps[0].offset, it->len,
-						      it->lease_gen);
+			 * it. No answer: see space.c on commits that got none. */
 			it->err = e;
 			continue;
 		}

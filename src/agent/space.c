@@ -30,10 +30,13 @@
  * place other objects (or lease them again) as soon as the segment takes
  * placements, so nobody ever writes bytes another object owns.
  *
- * A commit whose answer never came (the master went away, a timeout)
- * may or may not have sealed its object: its range is given back all the
- * same — the master ignores a release of bytes no longer leased, so
- * either way the space ends up owned exactly once.
+ * A commit (or a LeaseSpace call carrying releases) whose answer never
+ * came (the master went away, a timeout) may or may not have been
+ * applied. Its ranges are not given back: if it was applied, the object
+ * may have been removed since and the bytes leased to this agent again,
+ * and a late release would free bytes a put is using. They stay leased
+ * (counted as used) until the segment is mounted again — which a master
+ * that went away makes happen anyway.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -238,17 +241,6 @@ void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigne
 		agent__mlink_mount(a);
 		return;
 	}
-	agent__lease_sync(a);
-}
-
-void agent__lease_unsealed(struct agent *a, uint64_t off, uint64_t size, unsigned gen)
-{
-	uint64_t len = (size + GRANULE - 1) & ~(uint64_t)(GRANULE - 1);
-	/* Only into this epoch's lease: a range of an earlier one may be
-	 * leased again now, to puts under way. */
-	if (len == 0 || gen != a->lease_gen)
-		return;
-	give_back(a, off, len);
 	agent__lease_sync(a);
 }
 

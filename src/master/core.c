@@ -57,6 +57,7 @@ struct master_core {
 	size_t sweep_pos;
 	uint64_t seed;
 	uint64_t ev_seq;   /* last mirror-log sequence number handed out */
+	uint64_t lease_seq; /* last lease epoch handed out (floored alike) */
 	struct master_counters n;
 };
 
@@ -416,7 +417,7 @@ static void lease_reset(struct master_core *c, struct master_seg *s)
 	/* Out of memory listing them: the ranges stay allocated (lost until
 	 * the segment is mounted empty), never handed out twice. */
 	free(r.v);
-	s->lease_epoch = ++c->ev_seq;
+	s->lease_epoch = ++c->lease_seq;
 }
 
 /* A segment's empty lease allocator: all of [0, size) allocated. */
@@ -644,7 +645,7 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	if (mirror_seq)
 		*mirror_seq = c->ev_seq;
 	s->log_id = ++c->ev_seq;
-	s->lease_epoch = ++c->ev_seq;
+	s->lease_epoch = ++c->lease_seq;
 	return 0;
 
 err_lease:
@@ -1263,6 +1264,8 @@ void master__ev_seq_floor(struct master_core *c, uint64_t floor)
 {
 	if (floor > c->ev_seq)
 		c->ev_seq = floor;
+	if (floor > c->lease_seq)
+		c->lease_seq = floor;
 }
 
 bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,

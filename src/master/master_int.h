@@ -397,7 +397,9 @@ uint64_t master__ev_seq(const struct master_core *c);
 /* Hand out numbers above floor from now on (a new leader starts above
  * every number an earlier leader can have handed out, so an owner's
  * acknowledgement meant for an earlier log never frees a newer one's
- * changes). */
+ * changes, and a commit or lease call naming an earlier leader's lease
+ * epoch never matches one of this leader's). Mirror-log numbers and
+ * lease epochs alike. */
 void master__ev_seq_floor(struct master_core *c, uint64_t floor);
 /*
  * A page of segment id's COMPLETE replicas (ListSegment): fn(ud, o, i)

@@ -250,11 +250,18 @@ Test(master_lease, a_mount_takes_the_lease_back)
 	cr_assert_eq(seg("s")->leased, 0);
 	cr_assert_eq(used(), 0);
 	cr_assert_eq(master__exist(c, K("kept"), 0), 0);
-	/* A stepped-down leader forgets everything; lease allocators too. */
+	/* A stepped-down leader forgets everything; lease allocators too.
+	 * A new leader's epochs are above any earlier leader's (a commit
+	 * resent to it never matches). */
 	grant("s", "a", MiB, &off, &len);
+	uint64_t ep3 = epoch("s");
 	master__core_reset(c);
-	mount("s", "a", 64 * MiB, false);
+	master__ev_seq_floor(c, 1ull << 40);
+	mount("s", "a", 64 * MiB, true);
+	cr_assert_gt(epoch("s"), 1ull << 40);
 	cr_assert_eq(used(), 0);
+	master__inventory_done(c, "a");
+	cr_assert_eq(commit("s", "a", ep3, "late", off, 100, 0), MC_EINVALID_REPLICA);
 }
 
 Test(master_lease, an_expired_owner_loses_its_lease)
