@@ -7,8 +7,8 @@ metrics; a put of an existing key is refused and its space goes back;
 puts with more replicas, onto another segment or larger than a quarter of
 the lease take PutStart/PutEnd; an agent killed with SIGKILL, or expired
 while stopped, loses its lease without harming what it committed; a
-client killed mid-put leaks nothing; and --put-lease-size=0 turns it all
-off. After each step the master's books must balance: used bytes are the
+client killed mid-put leaks nothing; an idle lease goes back; and
+--put-lease-size=0 turns it all off. After each step the master's books must balance: used bytes are the
 leased bytes plus the objects' space, and the leased bytes are the
 agents' unused leases.
 """
@@ -215,6 +215,24 @@ def an_expired_agent_keeps_what_it_committed():
     wait_balanced(cl, cl.agents, "after the re-sync")
     sa.close()
     sb.close()
+
+
+@case
+def an_idle_lease_goes_back():
+    """A lease unused for 10 s returns to the pool; the next put asks
+    for one again."""
+    cl = Cluster(agents=1)
+    a = cl.agents[0]
+    s = a.store()
+    eq(s.put("one", b"1"), OK, "put")
+    wait_lease(a)
+    assert cl.stats()["leased_bytes"] > 0
+    wait_for(lambda: cl.stats()["leased_bytes"] == 0, timeout=30, what="the idle lease back")
+    eq(metric(a.metrics(), LEASE), 0, "the agent holds none")
+    eq(s.put("two", b"2"), OK, "put")
+    wait_lease(a)
+    wait_balanced(cl, cl.agents, "leased again")
+    s.close()
 
 
 PUT_SMALL_FOREVER = r"""
