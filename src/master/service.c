@@ -793,7 +793,8 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 	Mooncake__Master__ListItem **ptrs = NULL;
 	if (x.nomem)
 		goto err_nomem;
-	qsort(x.v, x.n, sizeof(*x.v), obj_cmp);
+	if (x.n) /* (x.v is NULL when nothing matched) */
+		qsort(x.v, x.n, sizeof(*x.v), obj_cmp);
 	size_t n = MC_MIN(x.n, (size_t)limit);
 	items = calloc(n ? n : 1, sizeof(*items));
 	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
