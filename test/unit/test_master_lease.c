@@ -7,44 +7,9 @@
  * without harming what was committed, and committed objects are removed
  * and evicted like any other.
  */
-#include <criterion/criterion.h>
-#include <errno.h>
-#include <stdio.h>
-#include <string.h>
-
-#include "master/master_int.h"
-
-#define MiB (1ull << 20)
-
-static struct master_core *c;
-
-static const struct master_core_opts opts = {
-	.put_timeout_ms = 30000,
-	.lease_ttl_ms = 5000,
-	.agent_ttl_ms = 10000,
-	.high_watermark = 0.9,
-	.eviction_ratio = 0.1,
-	.seed = 11,
-};
-
-static void setup(void)
-{
-	cr_assert_eq(master__core_new(&opts, &c), 0);
-}
-
-static void teardown(void)
-{
-	master__core_free(c);
-}
+#include "test_master_util.h"
 
 TestSuite(master_lease, .init = setup, .fini = teardown);
-
-static void must(int rc)
-{
-	cr_assert_eq(rc, 0, "rc %d (%s)", rc, mc_strerror(rc));
-}
-
-#define K(s) (const uint8_t *)(s), strlen(s)
 
 static void mount(const char *name, const char *agent, uint64_t size, bool resync)
 {
