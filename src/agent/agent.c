@@ -118,6 +118,9 @@ static void register_metrics(struct agent *a)
 	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
 				  "View number of the master leader the segment is "
 				  "mounted with.", NULL, NULL);
+	a->m_lease = metrics_gauge(r, "mooncake_agent_put_lease_bytes",
+				   "Bytes of the put lease (--put-lease-size) not taken by "
+				   "puts yet.", NULL, NULL);
 	a->m_mounted = metrics_gauge(r, "mooncake_agent_segment_mounted",
 				     "1 while the segment is mounted with the master "
 				     "leader.", NULL, NULL);
@@ -165,6 +168,10 @@ static void register_metrics(struct agent *a)
 	a->m_counters[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
 		r, "mooncake_agent_resync_skipped_total", rs, "reason",
 		(const char *[]){"conflict"});
+	a->m_counters[AGENT_C_PUT_COMMITS] = metrics_counter(
+		r, "mooncake_agent_put_commits_total",
+		"Puts written into space the master leased to this agent and sealed "
+		"with one master call (BatchCommit).", NULL, NULL);
 	a->m_counters[AGENT_C_GET_BAD] = metrics_counter(
 		r, "mooncake_agent_get_checksum_failures_total",
 		"Verified gets whose bytes did not match the object's checksum.", NULL,
@@ -400,6 +407,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->hugepages = o->hugepages;
 	a->lease_ttl_ms = 5000;
 	a->master_timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
+	a->lease_bytes = o->put_lease_bytes;
 	a->rpc_listen = dup_opt(o->rpc_listen);
 	a->master_fixed = dup_opt(o->master_address);
 	a->meta_endpoints = dup_opt(o->meta_endpoints);
@@ -536,6 +544,7 @@ void agent_free(struct agent *a)
 	if (!a)
 		return;
 	agent__mlink_free(a);
+	free(a->release);
 	agent__inv_free(&a->inv);
 	agent__lcache_free(&a->lc);
 	if (a->seg_ro_fd >= 0)

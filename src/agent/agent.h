@@ -65,6 +65,10 @@ struct agent_opts {
 	const char *meta_endpoints;      /* "" or NULL: no meta */
 	const char *cluster_id;
 	uint64_t master_timeout_ms;      /* per master call; 0: 5s */
+	/* Space of its segment the agent asks the master to lease it, for
+	 * puts sealed in one master call; 0: every put takes PutStart and
+	 * PutEnd. */
+	uint64_t put_lease_bytes;
 };
 
 /* Copies up to this size run on the loop thread. */

@@ -13,6 +13,8 @@
  *   mirror.c   the segment mirror: following the master's log of the
  *              segment's changes (SyncSegment), listing it when behind,
  *              and checking bytes against checksums before a re-sync
+ *   space.c    the put lease: space of the segment the master delegated,
+ *              for puts sealed with one call (BatchCommit)
  *   inv.c      the mirror's table: every COMPLETE object in this agent's
  *              segment, whoever wrote it (pure)
  *
@@ -49,6 +51,9 @@ struct metric;
 #define AGENT_MAX_REPLICAS 16u
 #define AGENT_SPILL_ALIGN 64u
 #define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
+#define AGENT_LEASE_EXTENTS 4u        /* put lease extents held at once */
+#define AGENT_LEASE_IDLE_MS 10000u    /* an unused put lease goes back */
+#define AGENT_LEASE_RETRY_MS 100u     /* after a LeaseSpace granting none */
 
 /* ------------------------------------------------------------ mem.c */
 
@@ -265,6 +270,8 @@ struct agent_item {
 	uint64_t size;        /* object size (gets) */
 	uint32_t crc;         /* the value's CRC-32C: computed (puts), known (gets) */
 	bool has_crc;
+	bool leased;          /* put into leased space: sealed by BatchCommit */
+	unsigned lease_gen;
 	struct agent_rep *reps;
 	unsigned nrep;
 	/* get results */
@@ -301,6 +308,8 @@ struct agent_req {
 	/* the master request in flight (one malloc'd block, freed with the
 	 * request) */
 	void *mstate;
+	void *mstate2;                   /* a second one (BatchCommit) */
+	unsigned mcalls;                 /* master calls the request waits for */
 	/* attached descriptors mapped as regions */
 	struct agent_map *att[MC_UFRAME_MAX_FDS];
 	uint8_t *att_base[MC_UFRAME_MAX_FDS];
@@ -351,6 +360,7 @@ enum agent_bkind {
 	AGENT_B_PUT_END,    /* BatchKeysRequest */
 	AGENT_B_GET,        /* BatchKeysRequest -> BatchGetReplicas */
 	AGENT_B_EXIST,      /* BatchKeysRequest */
+	AGENT_B_COMMIT,     /* BatchCommitRequest (one lease epoch per call) */
 	AGENT_B_COUNT
 };
 
@@ -387,10 +397,16 @@ enum agent_counter {
 	AGENT_C_RESYNC_UNCHECKED,  /* no checksum to check against */
 	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
 	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
+	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
 	AGENT_C_COUNT
 };
 
 struct agent_mcall;
+
+/* [off, end) of the segment. */
+struct agent_extent {
+	uint64_t off, end;
+};
 
 struct agent {
 	uv_loop_t *loop;
@@ -459,6 +475,21 @@ struct agent {
 	uv_timer_t mirror_timer;
 	uint64_t mirror_retry_ms;
 	bool mirror_oom_told;
+	/* put lease (space.c) */
+	uint64_t lease_bytes;         /* --put-lease-size; 0: no lease */
+	struct agent_extent lease[AGENT_LEASE_EXTENTS];
+	unsigned nlease;
+	struct agent_extent *release; /* to give back with the next call */
+	size_t nrelease, release_cap;
+	bool lease_ready, lease_busy, lease_idle;
+	bool lease_denied;            /* none granted at lease_denied_ms */
+	uint64_t lease_denied_ms;
+	uint64_t lease_epoch;         /* the master's, from the mount */
+	unsigned lease_gen;           /* bumped at every mount */
+	uint64_t lease_takes;         /* puts of this generation copying */
+	uint64_t lease_takes_old;     /* puts of earlier ones still copying */
+	bool mount_held;              /* until lease_takes_old is 0 */
+	uint64_t lease_used_ms;
 	uint64_t hb_interval_ms;
 	uv_timer_t hb_timer;
 	uv_timer_t retry_timer;
@@ -473,7 +504,7 @@ struct agent {
 	uint64_t counters[AGENT_C_COUNT];
 	struct metric *m_counters[AGENT_C_COUNT];
 	struct metric *m_ops_ok, *m_ops_err;
-	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv,
+	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv, *m_lease,
 		*m_view, *m_mounted;
 	struct metric *m_op_seconds[32];
 	uint64_t nbuffers, nviews;
@@ -550,9 +581,32 @@ enum agent_verify { AGENT_VERIFY_OK = 0, AGENT_VERIFY_BAD, AGENT_VERIFY_UNCHECKE
 void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items, size_t n,
 			  uint8_t *verdict);
 
+/* space.c */
+/* Take space for a value of size bytes from the put lease: *off, and the
+ * generation to hand back to agent__lease_put_done. false: no lease, or
+ * not enough room (more is asked for; use PutStart meanwhile). */
+bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *gen);
+/* The put that took [off, size) finished copying; committing: it goes on
+ * to BatchCommit, else the space is given back. */
+void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigned gen,
+			   bool committing);
+/* Bytes of the lease not taken yet. */
+uint64_t agent__lease_room(const struct agent *a);
+/* A mount begins: the lease is gone. */
+void agent__lease_reset(struct agent *a);
+/* Mounted (and re-synced) in lease epoch: ask for a lease. */
+void agent__lease_start(struct agent *a, uint64_t epoch);
+/* Ask for more space and give back what waits (when due). */
+void agent__lease_sync(struct agent *a);
+/* From the heartbeat timer: an idle lease goes back. */
+void agent__lease_tick(struct agent *a);
+
 /* mlink.c */
 void agent__mlink_init(struct agent *a);
 int agent__mlink_start(struct agent *a) MC_MUST_CHECK;
+/* Mount the segment (again) with the leader in use, unless a mount is
+ * under way already. */
+void agent__mlink_mount(struct agent *a);
 /* Unmount (best effort, bounded) then done(a). */
 void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
 void agent__mlink_free(struct agent *a);

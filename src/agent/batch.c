@@ -2,7 +2,8 @@
  * batch: master calls of concurrent requests, coalesced. Requests of many
  * sessions arrive in the same loop iteration (their sockets were readable
  * together, or their copies finished together); each would make its own
- * BatchPutStart, BatchPutEnd, BatchGetReplicas or BatchExist call. They
+ * BatchPutStart, BatchPutEnd, BatchCommit, BatchGetReplicas or BatchExist
+ * call (BatchCommit calls only of one lease epoch together). They
  * are queued instead, and in the loop's check phase — after this
  * iteration's I/O, so no request waits longer — every queue goes out as
  * one call whose items are the requests' items in order; the reply is cut
@@ -31,14 +32,15 @@ struct agent_bwait {
 };
 
 static const char *const methods[AGENT_B_COUNT] = {
-	"BatchPutStart", "BatchPutEnd", "BatchGetReplicas", "BatchExist",
+	"BatchPutStart", "BatchPutEnd", "BatchGetReplicas", "BatchExist", "BatchCommit",
 };
 
 static const ProtobufCMessageDescriptor *resp_desc(enum agent_bkind k)
 {
 	switch (k) {
 	case AGENT_B_PUT_START: return &mooncake__master__batch_put_start_response__descriptor;
-	case AGENT_B_PUT_END: return &mooncake__master__batch_errors_response__descriptor;
+	case AGENT_B_PUT_END:
+	case AGENT_B_COMMIT: return &mooncake__master__batch_errors_response__descriptor;
 	case AGENT_B_GET: return &mooncake__master__batch_get_replicas_response__descriptor;
 	default: return &mooncake__master__batch_exist_response__descriptor;
 	}
@@ -48,7 +50,20 @@ static size_t items_of(enum agent_bkind k, const ProtobufCMessage *m)
 {
 	if (k == AGENT_B_PUT_START)
 		return ((const Mooncake__Master__BatchPutStartRequest *)m)->n_items;
+	if (k == AGENT_B_COMMIT)
+		return ((const Mooncake__Master__BatchCommitRequest *)m)->n_items;
 	return ((const Mooncake__Master__BatchKeysRequest *)m)->n_keys;
+}
+
+/* Items are arrays of pointers (PutStart, Commit) or of keys. */
+static bool pointer_items(enum agent_bkind k)
+{
+	return k == AGENT_B_PUT_START || k == AGENT_B_COMMIT;
+}
+
+static uint64_t epoch_of(const ProtobufCMessage *m)
+{
+	return ((const Mooncake__Master__BatchCommitRequest *)m)->lease_epoch;
 }
 
 /* One combined call: its request (built from the waits) and the waits. */
@@ -60,6 +75,7 @@ struct combined {
 	union {
 		Mooncake__Master__BatchPutStartRequest ps;
 		Mooncake__Master__BatchKeysRequest keys;
+		Mooncake__Master__BatchCommitRequest commit;
 	} req;
 	void *array; /* the concatenated items or keys */
 	uint32_t *crcs; /* BatchPutEnd: the concatenated checksums */
@@ -94,7 +110,8 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 			w->cb(w->ud, 0, NULL, &s.base);
 			break;
 		}
-		case AGENT_B_PUT_END: {
+		case AGENT_B_PUT_END:
+		case AGENT_B_COMMIT: {
 			const Mooncake__Master__BatchErrorsResponse *r = (const void *)m;
 			Mooncake__Master__BatchErrorsResponse s = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 			s.errors = off < r->n_errors ? r->errors + off : NULL;
@@ -158,7 +175,7 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		return;
 	}
 	struct combined *cb = calloc(1, sizeof(*cb));
-	size_t esz = k == AGENT_B_PUT_START ? sizeof(void *) : sizeof(ProtobufCBinaryData);
+	size_t esz = pointer_items(k) ? sizeof(void *) : sizeof(ProtobufCBinaryData);
 	void *arr = cb ? malloc(n * esz) : NULL;
 	bool with_crcs = k == AGENT_B_PUT_END &&
 			 ((const Mooncake__Master__BatchKeysRequest *)waits->req)->n_crc32c;
@@ -187,6 +204,9 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		if (k == AGENT_B_PUT_START) {
 			const Mooncake__Master__BatchPutStartRequest *r = (const void *)w->req;
 			memcpy((void **)arr + off, r->items, w->n * esz);
+		} else if (k == AGENT_B_COMMIT) {
+			const Mooncake__Master__BatchCommitRequest *r = (const void *)w->req;
+			memcpy((void **)arr + off, r->items, w->n * esz);
 		} else {
 			const Mooncake__Master__BatchKeysRequest *r = (const void *)w->req;
 			memcpy((ProtobufCBinaryData *)arr + off, r->keys, w->n * esz);
@@ -200,6 +220,15 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		cb->req.ps.items = arr;
 		cb->req.ps.n_items = n;
 		agent__mcall(a, methods[k], &cb->req.ps.base, resp_desc(k), on_combined, cb);
+	} else if (k == AGENT_B_COMMIT) {
+		const Mooncake__Master__BatchCommitRequest *first = (const void *)waits->req;
+		mooncake__master__batch_commit_request__init(&cb->req.commit);
+		cb->req.commit.agent_id = first->agent_id;
+		cb->req.commit.segment = first->segment;
+		cb->req.commit.lease_epoch = first->lease_epoch;
+		cb->req.commit.items = arr;
+		cb->req.commit.n_items = n;
+		agent__mcall(a, methods[k], &cb->req.commit.base, resp_desc(k), on_combined, cb);
 	} else {
 		mooncake__master__batch_keys_request__init(&cb->req.keys);
 		cb->req.keys.keys = arr;
@@ -235,7 +264,8 @@ void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *r
 		agent__mcall(a, methods[k], req, resp_desc(k), cb, ud);
 		return;
 	}
-	if (q->nitems + n > MAX_ITEMS_PER_CALL)
+	if (q->nitems + n > MAX_ITEMS_PER_CALL ||
+	    (k == AGENT_B_COMMIT && q->head && epoch_of(q->head->req) != epoch_of(req)))
 		send_queue(a, k);
 	w->req = req;
 	w->n = n;

@@ -333,6 +333,7 @@ static void on_inventory(void *ud, int err, const char *message,
 	resync_free(a);
 	agent__gauges(a);
 	a->need_resync = false;
+	agent__lease_start(a, a->lease_epoch); /* the segment takes placements */
 	hb_arm(a);
 }
 
@@ -485,9 +486,11 @@ static void on_mounted(void *ud, int err, const char *message,
 		 resync ? "; re-syncing the inventory" : "");
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
+	a->lease_epoch = resp->lease_epoch;
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
 		a->need_resync = false;
+		agent__lease_start(a, a->lease_epoch);
 		hb_arm(a);
 		return;
 	}
@@ -501,12 +504,27 @@ static void on_mounted(void *ud, int err, const char *message,
 	send_inventory(a);
 }
 
+void agent__mlink_mount(struct agent *a)
+{
+	mount(a);
+}
+
 static void mount(struct agent *a)
 {
 	if (a->mount_busy || a->stopping || !a->mc || !a->named)
 		return;
 	uv_timer_stop(&a->hb_timer);
 	agent__mirror_stop(a);
+	agent__lease_reset(a);
+	a->mounted = false;
+	if (a->lease_takes_old) {
+		/* Puts still copy into the dropped lease's bytes, which the
+		 * mount gives back to the segment: mount once they are done
+		 * (space.c). */
+		a->mount_held = true;
+		agent__gauges(a);
+		return;
+	}
 	struct mount_block *b = calloc(1, sizeof(*b));
 	char *addr = strdup(a->master_addr);
 	if (!b || !addr) {
@@ -590,10 +608,12 @@ static void on_hb_timer(uv_timer_t *t)
 	struct agent *a = t->data;
 	if (a->stopping)
 		return;
-	if (!a->mounted)
+	if (!a->mounted) {
 		mount(a);
-	else
+	} else {
+		agent__lease_tick(a);
 		heartbeat(a);
+	}
 }
 
 static void hb_arm(struct agent *a)
@@ -619,6 +639,7 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 	}
 	a->mounted = false;
 	agent__mirror_stop(a);
+	agent__lease_reset(a);
 	agent__gauges(a);
 	if (!addr[0]) {
 		log_warn("no master leader at the moment; calls wait for one");

@@ -1,13 +1,18 @@
 /*
  * ops: what the agent does for each client request.
  *
- *   put       [BatchRemove when upserting] -> BatchPutStart (this agent's
- *             segment preferred) -> copy the value to every replica on a
- *             copy thread (local memcpy, or the transfer engine), with the
- *             value's CRC-32C computed in the same pass (or while the
- *             engine copies) -> BatchPutEnd with the checksums for the
- *             items written, BatchPutRevoke for the others (and for all
- *             of them when the client went away).
+ *   put       [BatchRemove when upserting] -> for an item whose one
+ *             replica is this agent's segment, space from the put lease
+ *             (space.c) when there is room, else BatchPutStart (this
+ *             agent's segment preferred) -> copy the value to every
+ *             replica on a copy thread (local memcpy, or the transfer
+ *             engine; small local ones inline), with the value's CRC-32C
+ *             computed in the same pass (or while the engine copies) ->
+ *             BatchCommit for the leased items written (one master call
+ *             per put in all), BatchPutEnd with the checksums for the
+ *             others written, BatchPutRevoke for the others (and for all
+ *             of them when the client went away); unused leased space
+ *             goes back to the lease's giving-back list.
  *   get       BatchGetReplicas (grants the read lease) -> per item the
  *             nearest replica (this agent's segment first): a zero-copy
  *             view of the segment when asked and local, else a copy into
@@ -383,15 +388,22 @@ static void on_revoked(void *ud, int err, const char *message,
 	free(ud);
 }
 
-/* Items that were started but will not be ended. */
+/* Items that were started (PutStart) but will not be ended. */
 static bool item_revoke(const struct agent_item *it)
 {
-	return it->nrep > 0 && it->err != 0;
+	return it->nrep > 0 && it->err != 0 && !it->leased;
 }
 
 static bool item_end(const struct agent_item *it)
 {
-	return it->nrep > 0 && it->err == 0;
+	return it->nrep > 0 && it->err == 0 && !it->leased;
+}
+
+/* Both the PutEnd and the Commit call are answered: reply. */
+static void put_call_done(struct agent_req *r)
+{
+	if (--r->mcalls == 0)
+		put_reply(r);
 }
 
 static void revoke_items(struct agent_req *r)
@@ -435,33 +447,141 @@ static void on_put_ended(void *ud, int err, const char *message,
 					 "re-reported after a master failover");
 		}
 	}
-	put_reply(r);
+	put_call_done(r);
+}
+
+/* BatchCommit of the leased items written: one allocation, the header,
+ * then n pointers, n items, n indexes. */
+struct commit_block {
+	Mooncake__Master__BatchCommitRequest req;
+	Mooncake__Master__CommitItem **ptrs;
+	Mooncake__Master__CommitItem *items;
+	size_t *idx;
+	size_t n;
+};
+
+static void on_committed(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct commit_block *b = r->mstate2;
+	const Mooncake__Master__BatchErrorsResponse *resp = (const void *)m;
+	if (err)
+		log_warn("BatchCommit failed: %s", message ? message : mc_strerror(err));
+	for (size_t k = 0; k < b->n; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		int e = err ? err : (k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL);
+		if (e) {
+			/* Refused: the master freed the space or never leased
+			 * it. No answer: see space.c on commits that got none. */
+			it->err = e;
+			continue;
+		}
+		agent__count(r->a, AGENT_C_PUT_COMMITS, 1);
+		struct agent_inv_rec rec = {.offset = it->reps[0].offset, .size = it->len,
+					    .crc = it->crc, .has_crc = it->has_crc,
+					    .soft_pin = r->msg->put->soft_pin};
+		if (agent__inv_add(&r->a->inv, it->key, it->klen, &rec) != 0)
+			log_warn("inventory: out of memory; an object will not be "
+				 "re-reported after a master failover");
+	}
+	put_call_done(r);
+}
+
+/* Build the commit of the leased items written (NULL: out of memory). */
+static struct commit_block *commit_block(struct agent_req *r)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < r->n; i++)
+		n += r->items[i].leased && !r->items[i].err;
+	struct commit_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
+							  sizeof(*b->idx)));
+	if (!b)
+		return NULL;
+	b->items = (Mooncake__Master__CommitItem *)(b + 1);
+	b->ptrs = (Mooncake__Master__CommitItem **)(b->items + n);
+	b->idx = (size_t *)(b->ptrs + n);
+	b->n = 0;
+	const Mooncake__Client__PutRequest *p = r->msg->put;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (!it->leased || it->err)
+			continue;
+		Mooncake__Master__CommitItem *c = &b->items[b->n];
+		mooncake__master__commit_item__init(c);
+		c->key.data = (uint8_t *)it->key;
+		c->key.len = it->klen;
+		c->offset = it->reps[0].offset;
+		c->size = it->len;
+		c->crc32c = it->crc;
+		c->checksummed = it->has_crc;
+		c->soft_pin = p->soft_pin;
+		c->ttl_ms = p->ttl_ms;
+		b->ptrs[b->n] = c;
+		b->idx[b->n] = i;
+		b->n++;
+	}
+	mooncake__master__batch_commit_request__init(&b->req);
+	b->req.agent_id = r->a->name;
+	b->req.segment = r->a->name;
+	b->req.lease_epoch = r->a->lease_epoch;
+	b->req.items = b->ptrs;
+	b->req.n_items = b->n;
+	return b;
 }
 
 static void put_done(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
 	if (r->c->closed) {
 		/* The client went away: nobody will learn the outcome. */
 		for (size_t i = 0; i < r->n; i++)
 			if (r->items[i].nrep && !r->items[i].err)
 				r->items[i].err = MC_ECANCELLED;
 	}
-	revoke_items(r);
+	/* Space of an earlier lease epoch (the segment was mounted again
+	 * meanwhile) cannot be committed any more. */
+	for (size_t i = 0; i < r->n; i++)
+		if (r->items[i].leased && !r->items[i].err &&
+		    r->items[i].lease_gen != a->lease_gen)
+			r->items[i].err = MC_EUNAVAILABLE;
 	struct keys_block *b = keys_block(r, item_end);
-	if (!b) {
-		fail(r, -ENOMEM, NULL);
-		return;
+	struct commit_block *cb = commit_block(r);
+	if (!b || !cb) {
+		free(b);
+		free(cb);
+		b = NULL;
+		for (size_t i = 0; i < r->n; i++)
+			if (r->items[i].nrep && !r->items[i].err)
+				r->items[i].err = -ENOMEM;
 	}
-	set_mstate(r, b);
-	if (b->req.n_keys == 0) {
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->leased)
+			agent__lease_put_done(a, it->reps[0].offset, it->len, it->lease_gen,
+					      !it->err);
+	}
+	revoke_items(r);
+	if (!b) {
 		put_reply(r);
 		return;
 	}
-	/* Every item written has its checksum (put_run). */
-	b->req.crc32c = b->crcs;
-	b->req.n_crc32c = b->req.n_keys;
-	agent__bcall(r->a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
+	set_mstate(r, b);
+	free(r->mstate2);
+	r->mstate2 = cb;
+	r->mcalls = (b->req.n_keys > 0) + (cb->n > 0);
+	if (r->mcalls == 0) {
+		put_reply(r);
+		return;
+	}
+	if (b->req.n_keys) {
+		/* Every item written has its checksum (put_run). */
+		b->req.crc32c = b->crcs;
+		b->req.n_crc32c = b->req.n_keys;
+		agent__bcall(a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
+	}
+	if (cb->n)
+		agent__bcall(a, AGENT_B_COMMIT, &cb->req.base, on_committed, r);
 }
 
 /* Remote replicas go out first as one transfer batch; the local ones
@@ -505,6 +625,35 @@ static void put_run(struct agent_job *j)
 		agent__xfer_finish(a, x);
 }
 
+/* Every item has its replicas (leased space or PutStart placements) or an
+ * error: copy, inline when small and local, else on a copy thread. */
+static void put_copy(struct agent_req *r)
+{
+	uint64_t bytes = 0;
+	bool any = false, remote = false;
+	for (size_t i = 0; i < r->n; i++) {
+		const struct agent_item *it = &r->items[i];
+		any |= it->nrep > 0; /* (failed ones are given back or revoked) */
+		if (it->err)
+			continue;
+		bytes += it->len * it->nrep;
+		for (unsigned p = 0; p < it->nrep; p++)
+			remote |= !it->reps[p].local;
+	}
+	if (!any) {
+		put_reply(r);
+		return;
+	}
+	r->job.run = put_run;
+	r->job.done = put_done;
+	if (bytes <= AGENT_INLINE_COPY_BYTES && !remote) {
+		put_run(&r->job);
+		put_done(&r->job);
+		return;
+	}
+	agent__pool_submit(&r->a->pool, &r->job);
+}
+
 static void on_put_started(void *ud, int err, const char *message,
 			   const ProtobufCMessage *m)
 {
@@ -513,8 +662,6 @@ static void on_put_started(void *ud, int err, const char *message,
 	const Mooncake__Master__BatchPutStartResponse *resp =
 		(const Mooncake__Master__BatchPutStartResponse *)m;
 	(void)message;
-	uint64_t bytes = 0;
-	bool any = false;
 	for (size_t k = 0; k < b->n; k++) {
 		struct agent_item *it = &r->items[b->idx[k]];
 		if (err) {
@@ -535,42 +682,54 @@ static void on_put_started(void *ud, int err, const char *message,
 			continue;
 		}
 		if (take_replicas(r->a, it, res->replicas, res->n_replicas) != 0) {
-			it->err = -ENOMEM;
-			any = true; /* revoke what was started */
+			it->err = -ENOMEM; /* revoked if any replica was taken, else
+					      by the master's put timeout */
 			continue;
 		}
-		bytes += it->len * it->nrep;
-		any = true;
 	}
-	if (!any) {
-		put_reply(r);
-		return;
+	put_copy(r);
+}
+
+/* Space from the put lease for an item whose one replica is this
+ * agent's segment. */
+static bool take_leased(struct agent_req *r, struct agent_item *it)
+{
+	struct agent *a = r->a;
+	uint64_t off;
+	unsigned gen;
+	if (!agent__lease_take(a, it->len, &off, &gen))
+		return false;
+	it->reps = calloc(1, sizeof(*it->reps));
+	if (!it->reps) {
+		agent__lease_put_done(a, off, it->len, gen, false);
+		it->err = -ENOMEM;
+		return true;
 	}
-	r->job.run = put_run;
-	r->job.done = put_done;
-	if (bytes <= AGENT_INLINE_COPY_BYTES) {
-		bool remote = false;
-		for (size_t i = 0; i < r->n && !remote; i++)
-			for (unsigned p = 0; p < r->items[i].nrep; p++)
-				remote |= !r->items[i].reps[p].local;
-		if (!remote) {
-			put_run(&r->job);
-			put_done(&r->job);
-			return;
-		}
-	}
-	agent__pool_submit(&r->a->pool, &r->job);
+	it->reps[0].local = true;
+	it->reps[0].offset = off;
+	it->reps[0].address = (uint64_t)(uintptr_t)a->seg->addr + off;
+	it->nrep = 1;
+	it->leased = true;
+	it->lease_gen = gen;
+	return true;
 }
 
 static void put_start(struct agent_req *r)
 {
 	const Mooncake__Client__PutRequest *p = r->msg->put;
 	struct agent *a = r->a;
+	bool local_only = p->replica_num <= 1 &&
+			  (!p->preferred_segment || !p->preferred_segment[0] ||
+			   strcmp(p->preferred_segment, a->name) == 0);
 	size_t n = 0;
-	for (size_t i = 0; i < r->n; i++)
-		n += r->items[i].err == 0;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || (local_only && take_leased(r, it)))
+			continue;
+		n++;
+	}
 	if (n == 0) {
-		put_reply(r);
+		put_copy(r); /* (or the reply, when nothing is left to do) */
 		return;
 	}
 	struct put_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
@@ -589,7 +748,7 @@ static void put_start(struct agent_req *r)
 	size_t k = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err)
+		if (it->err || it->leased)
 			continue;
 		Mooncake__Master__PutStartRequest *q = &b->items[k];
 		mooncake__master__put_start_request__init(q);

@@ -243,6 +243,7 @@ void agent__req_free(struct agent_req *r)
 	}
 	agent__map_unref(r->spill);
 	free(r->mstate);
+	free(r->mstate2);
 	if (r->msg)
 		mooncake__client__request__free_unpacked(r->msg, NULL);
 	free(r);
@@ -331,6 +332,10 @@ static void conn_read(struct agent_conn *c)
 		ssize_t n = mc_uframe_rx_read(&c->rx, c->fd, MSG_DONTWAIT);
 		if (n == -EAGAIN)
 			break;
+		/* Room left in the buffer: the socket had nothing more (or
+		 * stopped at descriptors; the poll says so again), so no
+		 * read that would only say EAGAIN. */
+		bool drained = n > 0 && c->rx.len < c->rx.cap;
 		if (n == 0) {
 			conn_close(c, mc_uframe_rx_idle(&c->rx)
 					      ? NULL
@@ -361,6 +366,8 @@ static void conn_read(struct agent_conn *c)
 			if (!handle_frame(c, body, len))
 				return;
 		}
+		if (drained)
+			break;
 	}
 }
 

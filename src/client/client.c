@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -161,7 +162,16 @@ static int read_one(mc_client *c)
 				close(fds[i]);
 			return 0;
 		}
-		ssize_t n = mc_uframe_rx_read(&c->rx, c->fd, 0);
+		/* Wait in poll, not in a blocking recvmsg: a thread asleep in
+		 * recvmsg on a Unix socket is woken each time the agent
+		 * consumes one of our frames (write space on the same wait
+		 * queue), poll sleeps only until there is something to read. */
+		struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+		if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+			return MC_EUNAVAILABLE;
+		ssize_t n = mc_uframe_rx_read(&c->rx, c->fd, MSG_DONTWAIT);
+		if (n == -EAGAIN)
+			continue;
 		if (n == 0)
 			return MC_EUNAVAILABLE;
 		if (n == MC_EPROTOCOL)

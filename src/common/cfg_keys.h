@@ -161,6 +161,12 @@
 	  "(a standby's redirect is still followed); empty: from meta, or "    \
 	  "this process's master when it runs one and --meta-endpoints is "    \
 	  "empty")                                                             \
+	X(PUT_LEASE_SIZE, "put-lease-size", AGENT, SIZE, "16M", 0, 1ull << 40, \
+	  NULL,                                                                \
+	  "agent: space of its segment the master leases to it (at most an "   \
+	  "eighth of the segment), so puts whose one replica is this segment " \
+	  "(values up to a quarter of the lease) are sealed with one master "  \
+	  "call; 0: every put takes PutStart and PutEnd")                      \
 	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
 	  NULL,                                                                \
 	  "agent: threads that copy object bytes; 0: one per core, at most 8") \

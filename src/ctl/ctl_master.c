@@ -235,19 +235,22 @@ int ctl_stats_main(int argc, char **argv)
 	       "\nused_ratio %.4f\nindex_bytes %" PRIu64 "\nkey_bytes %" PRIu64
 	       "\nbytes_per_object %.1f\nputs %" PRIu64 "\ngets %" PRIu64 "\nhits %" PRIu64
 	       "\nmisses %" PRIu64 "\nevictions %" PRIu64 "\nlease_waits %" PRIu64
-	       "\nput_timeouts %" PRIu64 "\n",
+	       "\nput_timeouts %" PRIu64 "\nleased_bytes %" PRIu64 "\ncommits %" PRIu64
+	       "\ncommit_refusals %" PRIu64 "\n",
 	       r->leader, r->view, r->agents, r->objects, r->pending, r->capacity, r->used,
 	       r->capacity ? (double)r->used / (double)r->capacity : 0.0, r->index_bytes,
 	       r->key_bytes, r->bytes_per_object, r->puts, r->gets, r->hits, r->misses,
-	       r->evictions, r->lease_waits, r->put_timeouts);
-	printf("%-24s %-16s %-5s %14s %14s %10s %8s %s\n", "segment", "agent", "tier", "size",
-	       "used", "replicas", "frag", "state");
+	       r->evictions, r->lease_waits, r->put_timeouts, r->leased, r->commits,
+	       r->commit_refusals);
+	printf("%-24s %-16s %-5s %14s %14s %12s %10s %8s %s\n", "segment", "agent", "tier",
+	       "size", "used", "leased", "replicas", "frag", "state");
 	for (size_t i = 0; i < r->n_segments; i++) {
 		const Mooncake__Master__SegmentStats *s = r->segments[i];
-		printf("%-24s %-16s %-5s %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %8.4f %s\n",
+		printf("%-24s %-16s %-5s %14" PRIu64 " %14" PRIu64 " %12" PRIu64 " %10" PRIu64
+		       " %8.4f %s\n",
 		       s->segment->name, s->segment->agent_id,
 		       s->segment->tier == MOONCAKE__MASTER__TIER__TIER_SSD ? "ssd" : "dram",
-		       s->segment->size, s->used, s->replicas, s->fragmentation,
+		       s->segment->size, s->used, s->leased, s->replicas, s->fragmentation,
 		       s->syncing ? "re-syncing" : "ready");
 	}
 	protobuf_c_message_free_unpacked(out, NULL);

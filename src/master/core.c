@@ -57,6 +57,7 @@ struct master_core {
 	size_t sweep_pos;
 	uint64_t seed;
 	uint64_t ev_seq;   /* last mirror-log sequence number handed out */
+	uint64_t lease_seq; /* last lease epoch handed out (floored alike) */
 	struct master_counters n;
 };
 
@@ -289,6 +290,7 @@ int master__core_new(const struct master_core_opts *o, struct master_core **out)
 
 static void seg_free(struct master_seg *s)
 {
+	master__alloc_free(s->lease);
 	master__mlog_free(s->log);
 	master__alloc_free(s->alloc);
 	free(s->name);
@@ -375,6 +377,137 @@ static void agent_del(struct master_core *c, struct master_agent *a)
 	c->nagents--;
 }
 
+/* ------------------------------------------------------------ leases */
+
+static uint64_t dram_capacity(const struct master_core *c, uint64_t *used);
+
+struct ranges {
+	uint64_t (*v)[2];
+	size_t n, cap;
+	bool nomem;
+};
+
+static void collect_range(void *ud, uint64_t off, uint64_t len)
+{
+	struct ranges *r = ud;
+	if (r->n == r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : 16;
+		uint64_t(*v)[2] = realloc(r->v, cap * sizeof(*v));
+		if (!v) {
+			r->nomem = true;
+			return;
+		}
+		r->v = v;
+		r->cap = cap;
+	}
+	r->v[r->n][0] = off;
+	r->v[r->n][1] = len;
+	r->n++;
+}
+
+/* Take back every leased range of s and begin a new epoch. */
+static void lease_reset(struct master_core *c, struct master_seg *s)
+{
+	struct ranges r = {0};
+	master__alloc_foreach_free(s->lease, collect_range, &r);
+	for (size_t i = 0; i < r.n; i++)
+		if (master__alloc_reserve(s->lease, r.v[i][0], r.v[i][1]) == 0 &&
+		    master__alloc_put(s->alloc, r.v[i][0], r.v[i][1]) == 0)
+			s->leased -= MC_MIN(s->leased, r.v[i][1]);
+	/* Out of memory listing them: the ranges stay allocated (lost until
+	 * the segment is mounted empty), never handed out twice. */
+	free(r.v);
+	s->lease_epoch = ++c->lease_seq;
+}
+
+/* A segment's empty lease allocator: all of [0, size) allocated. */
+static int lease_new(struct master_core *c, uint64_t size, struct master_alloc **out)
+{
+	int rc = master__alloc_new(size, c->seed++, out);
+	if (rc)
+		return rc;
+	rc = master__alloc_reserve(*out, 0, size & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1));
+	if (rc) {
+		master__alloc_free(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+static struct master_seg *owned_seg(struct master_core *c, const char *agent,
+				    const char *segment, uint32_t *id, int *err)
+{
+	*id = master__seg_find(c, segment ? segment : "");
+	if (*id == MASTER_NO_SEGMENT) {
+		*err = MC_ESEGMENT_NOT_FOUND;
+		return NULL;
+	}
+	struct master_seg *s = c->segs[*id];
+	if (!agent || strcmp(s->agent->id, agent) != 0) {
+		*err = -EACCES;
+		return NULL;
+	}
+	return s;
+}
+
+int master__lease_grant(struct master_core *c, const char *agent, const char *segment,
+			uint64_t epoch, uint64_t want, uint64_t *off, uint64_t *len)
+{
+	uint32_t id;
+	int err = 0;
+	struct master_seg *s = owned_seg(c, agent, segment, &id, &err);
+	*off = *len = 0;
+	if (!s)
+		return err;
+	if (epoch != s->lease_epoch)
+		return MC_EINVALID_REPLICA;
+	/* At most an eighth of the segment leased and uncommitted at once,
+	 * and only below the eviction watermark: a lease never makes room
+	 * by evicting (puts that need it take PutStart, which does). */
+	uint64_t most = s->size / 8;
+	if (s->syncing || s->tier != MASTER_TIER_DRAM || s->leased >= most)
+		return 0;
+	uint64_t used, cap = dram_capacity(c, &used);
+	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
+	below = below > used ? below - used : 0;
+	uint64_t g = MASTER_ALLOC_GRANULE;
+	uint64_t n = MC_MIN(MC_MIN(want, most - s->leased), below) & ~(g - 1);
+	for (; n >= MASTER_LEASE_MIN_BYTES; n = (n / 2) & ~(g - 1)) {
+		if (master__alloc_get(s->alloc, n, off) != 0)
+			continue;
+		if (master__alloc_put(s->lease, *off, n) != 0) {
+			if (master__alloc_put(s->alloc, *off, n)) {
+				/* just allocated: cannot fail */
+			}
+			return -ENOMEM;
+		}
+		*len = n;
+		s->leased += n;
+		c->n.lease_grants++;
+		c->n.lease_granted_bytes += n;
+		return 0;
+	}
+	return 0;
+}
+
+uint64_t master__lease_release(struct master_core *c, const char *agent,
+			       const char *segment, uint64_t epoch, uint64_t off,
+			       uint64_t len)
+{
+	uint32_t id;
+	int err;
+	struct master_seg *s = owned_seg(c, agent, segment, &id, &err);
+	if (!s || epoch != s->lease_epoch || len == 0 || off > s->size || len > s->size - off)
+		return 0;
+	if (master__alloc_reserve(s->lease, off, len) != 0)
+		return 0; /* not (all) leased: a stale or bad range */
+	if (master__alloc_put(s->alloc, off, len) != 0)
+		return 0; /* cannot happen unless the index is corrupt */
+	s->leased -= MC_MIN(s->leased, len);
+	c->n.lease_released_bytes += len;
+	return len;
+}
+
 /* Drop every replica on segment id; objects left without one are
  * removed. Replicas elsewhere of the same objects stay. */
 static void drop_segment_replicas(struct master_core *c, uint32_t id,
@@ -452,6 +585,7 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 		} else {
 			s->syncing = true;
 		}
+		lease_reset(c, s);
 		if (mirror_seq) {
 			struct master_mlog_stats ls;
 			master__mlog_stats(s->log, &ls);
@@ -479,12 +613,15 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 			      c->ev_seq, &s->log);
 	if (rc)
 		goto err_alloc;
+	rc = lease_new(c, size, &s->lease);
+	if (rc)
+		goto err_log;
 	if (c->nsegs == c->nsegs_cap) {
 		uint32_t cap = c->nsegs_cap ? c->nsegs_cap * 2 : 8;
 		struct master_seg **v = realloc(c->segs, cap * sizeof(*v));
 		rc = -ENOMEM;
 		if (!v)
-			goto err_alloc;
+			goto err_lease;
 		memset(v + c->nsegs_cap, 0, (cap - c->nsegs_cap) * sizeof(*v));
 		c->segs = v;
 		c->nsegs_cap = cap;
@@ -508,10 +645,14 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	if (mirror_seq)
 		*mirror_seq = c->ev_seq;
 	s->log_id = ++c->ev_seq;
+	s->lease_epoch = ++c->lease_seq;
 	return 0;
 
-err_alloc:
+err_lease:
+	master__alloc_free(s->lease);
+err_log:
 	master__mlog_free(s->log);
+err_alloc:
 	master__alloc_free(s->alloc);
 err_seg:
 	if (s)
@@ -835,6 +976,61 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 	return 0;
 }
 
+int master__commit(struct master_core *c, const char *agent, const char *segment,
+		   uint64_t epoch, const struct master_commit *it, uint64_t now_ms)
+{
+	uint32_t id;
+	int err = 0;
+	struct master_seg *s = owned_seg(c, agent, segment, &id, &err);
+	if (!s) {
+		c->n.commit_refusals++;
+		return err;
+	}
+	uint64_t len = master__alloc_len(it->size);
+	uint64_t off = len ? it->offset : 0;
+	if (epoch != s->lease_epoch || (len && (off > s->size || len > s->size - off)) ||
+	    (len && master__alloc_reserve(s->lease, off, len) != 0)) {
+		c->n.commit_refusals++;
+		return MC_EINVALID_REPLICA;
+	}
+	/* The space is this commit's now: the object's, or free again. */
+	s->leased -= MC_MIN(s->leased, len);
+	struct master_obj *o = NULL;
+	int rc = 0;
+	if (!key_ok(it->klen))
+		rc = -EINVAL;
+	else if (lookup(c, it->key, it->klen, now_ms))
+		rc = MC_EOBJECT_ALREADY_EXISTS;
+	else if (!(o = obj_new(it->key, it->klen, 1)))
+		rc = -ENOMEM;
+	if (rc) {
+		if (len && master__alloc_put(s->alloc, off, len)) {
+			/* leased until now: cannot fail */
+		}
+		c->n.commit_refusals++;
+		return rc;
+	}
+	o->size = it->size;
+	o->rep[0].offset = off;
+	o->rep[0].seg = id;
+	o->rep[0].state = MASTER_REP_COMPLETE;
+	o->flags = it->soft_pin ? MASTER_OBJ_SOFT_PIN | MASTER_OBJ_LRU_PIN : 0;
+	if (it->has_crc) {
+		o->crc = it->crc;
+		o->flags |= MASTER_OBJ_CRC;
+	}
+	o->ttl_ms = it->ttl_ms ? now_ms + it->ttl_ms : 0;
+	obj_link(c, o);
+	s->replicas++;
+	mirror(c, o, 0, MASTER_EV_ADD);
+	c->n.commits++;
+	c->n.puts++;
+	/* Leased space was counted as used already; committed, it is
+	 * evictable again (when read leases allow). */
+	master__evict_if_needed(c, now_ms);
+	return 0;
+}
+
 static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key,
 				      size_t klen, uint64_t now_ms, int *err)
 {
@@ -1068,6 +1264,8 @@ void master__ev_seq_floor(struct master_core *c, uint64_t floor)
 {
 	if (floor > c->ev_seq)
 		c->ev_seq = floor;
+	if (floor > c->lease_seq)
+		c->lease_seq = floor;
 }
 
 bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,

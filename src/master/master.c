@@ -85,6 +85,16 @@ static void register_metrics(struct master *m)
 				   "them (--mirror-log-size): the owner lists its segment.");
 	m->m_sync_waiters = gauge(m, "mooncake_master_sync_waiters",
 				  "SyncSegment calls parked until their segment changes.");
+	m->m_commits = counter(m, "mooncake_master_commits_total",
+			       "Puts sealed with one call into leased space (BatchCommit).");
+	m->m_commit_refusals = counter(m, "mooncake_master_commit_refusals_total",
+				       "BatchCommit items refused (key exists, space not leased, ...).");
+	m->m_lease_granted = counter(m, "mooncake_master_lease_granted_bytes_total",
+				     "Bytes of segment space leased to their owners (LeaseSpace).");
+	m->m_lease_released = counter(m, "mooncake_master_lease_released_bytes_total",
+				      "Leased bytes given back unused.");
+	m->m_leased = gauge(m, "mooncake_master_leased_bytes",
+			    "Bytes leased to segment owners and not committed yet.");
 }
 
 static void add_delta(struct metric *mt, uint64_t now, uint64_t *last)
@@ -141,6 +151,10 @@ void master__update_metrics(struct master *m)
 	add_delta(m->m_agents_expired, n->agents_expired, &l->agents_expired);
 	add_delta(m->m_mirror_events, n->mirror_events, &l->mirror_events);
 	add_delta(m->m_mirror_lost, n->mirror_lost, &l->mirror_lost);
+	add_delta(m->m_commits, n->commits, &l->commits);
+	add_delta(m->m_commit_refusals, n->commit_refusals, &l->commit_refusals);
+	add_delta(m->m_lease_granted, n->lease_granted_bytes, &l->lease_granted_bytes);
+	add_delta(m->m_lease_released, n->lease_released_bytes, &l->lease_released_bytes);
 	metric_set(m->m_sync_waiters, (int64_t)m->nsyncw);
 
 	struct master_core_stats st;
@@ -162,10 +176,12 @@ void master__update_metrics(struct master *m)
 
 	for (size_t i = 0; i < m->nsegm; i++)
 		m->segm[i].seen = false;
+	uint64_t leased = 0;
 	for (uint32_t i = 0; i < master__seg_slots(m->core); i++) {
 		const struct master_seg *s = master__seg(m->core, i);
 		if (!s)
 			continue;
+		leased += s->leased;
 		struct master_seg_metrics *sm = seg_metrics(m, s->name);
 		if (!sm)
 			continue;
@@ -177,6 +193,7 @@ void master__update_metrics(struct master *m)
 		metric_set(sm->replicas, (int64_t)s->replicas);
 		sm->seen = true;
 	}
+	metric_set(m->m_leased, (int64_t)leased);
 	/* Unmounted segments: their gauges read 0 (families cannot shrink). */
 	for (size_t i = 0; i < m->nsegm;) {
 		struct master_seg_metrics *sm = &m->segm[i];

@@ -186,6 +186,11 @@ struct master_seg {
 	bool syncing; /* mounted with resync; no placements until inventory done */
 	struct master_mlog *log; /* changes for the owner's mirror */
 	uint64_t log_id;         /* unique per segment incarnation */
+	/* Space leased to the owner (LeaseSpace) and not committed yet: the
+	 * free ranges of this allocator (allocated in alloc). */
+	struct master_alloc *lease;
+	uint64_t leased;         /* bytes */
+	uint64_t lease_epoch;    /* new at every mount */
 };
 
 struct master_agent {
@@ -214,6 +219,8 @@ struct master_counters {
 	uint64_t removes, ttl_expired;
 	uint64_t agents_expired;
 	uint64_t mirror_events, mirror_lost; /* appended; dropped unacknowledged */
+	uint64_t commits, commit_refusals;   /* BatchCommit items sealed / not */
+	uint64_t lease_grants, lease_granted_bytes, lease_released_bytes;
 };
 
 struct master_core;
@@ -236,9 +243,10 @@ uint32_t master__seg_find(const struct master_core *c, const char *name);
  * Mount a segment for an agent (created on first mount; counts as a
  * heartbeat). Mounting again with the same agent, tier, base and size is
  * allowed: with resync false it drops every replica there first (a
- * restarted agent), with resync true it keeps them. *mirror_seq (may be
- * NULL) gets where the owner's mirror follows the segment's log from
- * (MountSegmentResponse.mirror_seq). Errors: -EINVAL (empty name or
+ * restarted agent), with resync true it keeps them; either way space
+ * leased before is taken back and a new lease epoch begins. *mirror_seq
+ * (may be NULL) gets where the owner's mirror follows the segment's log
+ * from (MountSegmentResponse.mirror_seq). Errors: -EINVAL (empty name or
  * agent, size below one granule, base + size overflows), -EEXIST (the
  * name is mounted by another agent or with another geometry), -ENOMEM.
  */
@@ -338,6 +346,48 @@ void master__core_stats(const struct master_core *c,
 const struct master_counters *master__core_counters(const struct master_core *c);
 const struct master_agent *master__agents(const struct master_core *c);
 
+/* ------------------------------------------------------------ leases
+ * Space delegated to a segment's owner for puts it seals with one call
+ * (proto/master.proto, "Put leases"). Leased space is allocated in the
+ * segment (it counts as used) and is the free space of the segment's
+ * lease allocator until committed or released. */
+
+/* Lease up to want bytes of the agent's segment in the current epoch
+ * (one extent of at least MASTER_LEASE_MIN_BYTES; at most an eighth of
+ * the segment leased and uncommitted at once, and no more than keeps
+ * DRAM usage under the eviction watermark: a lease never evicts);
+ * *len 0: none (no room, or the segment is re-syncing). Errors:
+ * MC_ESEGMENT_NOT_FOUND, -EACCES (another agent's), MC_EINVALID_REPLICA
+ * (not the segment's lease epoch), -ENOMEM. */
+#define MASTER_LEASE_MIN_BYTES (64u * 1024)
+int master__lease_grant(struct master_core *c, const char *agent, const char *segment,
+			uint64_t epoch, uint64_t want, uint64_t *off,
+			uint64_t *len) MC_MUST_CHECK;
+/* Take back [off, off+len) of the agent's leased space; returns the bytes
+ * taken back (0: not leased in that epoch, nothing done). */
+uint64_t master__lease_release(struct master_core *c, const char *agent,
+			       const char *segment, uint64_t epoch, uint64_t off,
+			       uint64_t len);
+
+struct master_commit {
+	const uint8_t *key;
+	size_t klen;
+	uint64_t offset, size;
+	bool has_crc;
+	uint32_t crc;
+	bool soft_pin;
+	uint64_t ttl_ms;
+};
+
+/* Seal an object written into leased space: COMPLETE at once, one
+ * replica (logged for the mirror). Errors: MC_ESEGMENT_NOT_FOUND,
+ * -EACCES (another agent's segment), MC_EINVALID_REPLICA (the space is
+ * not leased to the agent in epoch) — nothing changes; -EINVAL (key),
+ * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. */
+int master__commit(struct master_core *c, const char *agent, const char *segment,
+		   uint64_t epoch, const struct master_commit *it,
+		   uint64_t now_ms) MC_MUST_CHECK;
+
 /* Visit every object (in no order). fn returns false to stop. */
 void master__foreach(const struct master_core *c,
 		     bool (*fn)(void *ud, const struct master_obj *o), void *ud);
@@ -347,7 +397,9 @@ uint64_t master__ev_seq(const struct master_core *c);
 /* Hand out numbers above floor from now on (a new leader starts above
  * every number an earlier leader can have handed out, so an owner's
  * acknowledgement meant for an earlier log never frees a newer one's
- * changes). */
+ * changes, and a commit or lease call naming an earlier leader's lease
+ * epoch never matches one of this leader's). Mirror-log numbers and
+ * lease epochs alike. */
 void master__ev_seq_floor(struct master_core *c, uint64_t floor);
 /*
  * A page of segment id's COMPLETE replicas (ListSegment): fn(ud, o, i)
@@ -420,6 +472,8 @@ struct master {
 	struct master_seg_metrics *segm;
 	size_t nsegm;
 	struct metric *m_mirror_events, *m_mirror_lost, *m_sync_waiters;
+	struct metric *m_commits, *m_commit_refusals, *m_lease_granted, *m_lease_released,
+		*m_leased;
 	/* parked SyncSegment calls (sync.c) */
 	struct master_syncw *syncw;
 	size_t nsyncw;

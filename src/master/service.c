@@ -170,6 +170,7 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		 s->agent_id, (unsigned long long)s->size, (unsigned long long)s->base_address,
 		 req->resync ? " (re-sync)" : "");
 	resp.view = m->view;
+	resp.lease_epoch = master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
 	master__reply(call, &resp.base);
 }
 
@@ -382,6 +383,70 @@ static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
 	log_info("RemoveAll%s: %llu removed, %llu left", req->force ? " (forced)" : "",
 		 (unsigned long long)resp.removed, (unsigned long long)resp.skipped);
 	master__reply(call, &resp.base);
+}
+
+/* ------------------------------------------------------------ leases */
+
+static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__LeaseSpaceRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	Mooncake__Master__LeaseSpaceResponse resp = MOONCAKE__MASTER__LEASE_SPACE_RESPONSE__INIT;
+	for (size_t i = 0; i < req->n_release; i++)
+		resp.released += master__lease_release(m->core, req->agent_id, req->segment,
+						       req->lease_epoch, req->release[i]->offset,
+						       req->release[i]->length);
+	Mooncake__Master__Extent ext = MOONCAKE__MASTER__EXTENT__INIT, *ptr = &ext;
+	int rc = master__lease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
+				     req->want_bytes, &ext.offset, &ext.length);
+	if (rc) {
+		finish_err(call, rc, "segment '%s'", req->segment);
+		return;
+	}
+	if (ext.length) {
+		resp.extents = &ptr;
+		resp.n_extents = 1;
+	}
+	const struct master_seg *seg = master__seg(m->core, master__seg_find(m->core, req->segment));
+	resp.leased_bytes = seg ? seg->leased : 0;
+	master__reply(call, &resp.base);
+}
+
+static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__BatchCommitRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_items;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	if (!errs) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		const Mooncake__Master__CommitItem *it = req->items[i];
+		struct master_commit c = {
+			.key = it->key.data,
+			.klen = it->key.len,
+			.offset = it->offset,
+			.size = it->size,
+			.has_crc = it->checksummed,
+			.crc = it->crc32c,
+			.soft_pin = it->soft_pin,
+			.ttl_ms = it->ttl_ms,
+		};
+		errs[i] = master__commit(m->core, req->agent_id, req->segment, req->lease_epoch, &c,
+					 now);
+	}
+	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	resp.n_errors = n;
+	resp.errors = errs;
+	master__reply(call, &resp.base);
+	free(errs);
 }
 
 /* ------------------------------------------------------------ batches */
@@ -620,6 +685,8 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.evictions = n->evictions;
 	resp.lease_waits = n->lease_waits;
 	resp.put_timeouts = n->put_timeouts;
+	resp.commits = n->commits;
+	resp.commit_refusals = n->commit_refusals;
 	resp.agents = st.agents;
 	uint32_t slots = master__seg_slots(m->core), k = 0;
 	Mooncake__Master__SegmentStats *ss = calloc(slots ? slots : 1, sizeof(*ss));
@@ -648,6 +715,8 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 		ss[k].replicas = s->replicas;
 		ss[k].fragmentation = as.fragmentation;
 		ss[k].syncing = s->syncing;
+		ss[k].leased = s->leased;
+		resp.leased += s->leased;
 		ss[k].heartbeat_age_ms = now - MC_MIN(now, s->agent->last_heartbeat_ms);
 		sp[k] = &ss[k];
 		k++;
@@ -724,7 +793,8 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 	Mooncake__Master__ListItem **ptrs = NULL;
 	if (x.nomem)
 		goto err_nomem;
-	qsort(x.v, x.n, sizeof(*x.v), obj_cmp);
+	if (x.n) /* (x.v is NULL when nothing matched) */
+		qsort(x.v, x.n, sizeof(*x.v), obj_cmp);
 	size_t n = MC_MIN(x.n, (size_t)limit);
 	items = calloc(n ? n : 1, sizeof(*items));
 	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
@@ -791,6 +861,8 @@ static const struct rpc_method methods[] = {
 	 master__on_sync_cancel, NULL},
 	UNARY("ListSegment", master__on_list_segment, list_segment_request,
 	      list_segment_response),
+	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),
+	UNARY("BatchCommit", on_batch_commit, batch_commit_request, batch_errors_response),
 };
 
 int master__service_add(struct master *m)

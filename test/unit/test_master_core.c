@@ -5,44 +5,9 @@
  * order with leases and soft pins, NO_SPACE only when eviction cannot
  * help, inventory re-sync, and memory per object.
  */
-#include <criterion/criterion.h>
-#include <errno.h>
-#include <stdio.h>
-#include <string.h>
-
-#include "master/master_int.h"
-
-#define MiB (1ull << 20)
-
-static struct master_core *c;
-
-static const struct master_core_opts opts = {
-	.put_timeout_ms = 30000,
-	.lease_ttl_ms = 5000,
-	.agent_ttl_ms = 10000,
-	.high_watermark = 0.9,
-	.eviction_ratio = 0.1,
-	.seed = 7,
-};
-
-static void setup(void)
-{
-	cr_assert_eq(master__core_new(&opts, &c), 0);
-}
-
-static void teardown(void)
-{
-	master__core_free(c);
-}
+#include "test_master_util.h"
 
 TestSuite(master_core, .init = setup, .fini = teardown);
-
-static void must(int rc)
-{
-	cr_assert_eq(rc, 0, "rc %d (%s)", rc, mc_strerror(rc));
-}
-
-#define K(s) (const uint8_t *)(s), strlen(s)
 
 static const struct master_obj *put(const char *key, uint64_t size, unsigned nrep,
 				    uint64_t now, int want)

@@ -8,20 +8,9 @@
  * listings of a segment. A model of the owner's mirror, fed only by the
  * log, must equal the index after every step.
  */
-#include <criterion/criterion.h>
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "master/master_int.h"
-
-#define MiB (1ull << 20)
-
-static void must(int rc)
-{
-	cr_assert_eq(rc, 0, "rc %d (%s)", rc, mc_strerror(rc));
-}
+#include "test_master_util.h"
 
 /* ------------------------------------------------------------ the log */
 
@@ -151,30 +140,7 @@ Test(master_mlog, a_byte_budget_per_answer)
 
 /* ------------------------------------------------------------ the core */
 
-static struct master_core *c;
-
-static const struct master_core_opts opts = {
-	.put_timeout_ms = 30000,
-	.lease_ttl_ms = 5000,
-	.agent_ttl_ms = 10000,
-	.high_watermark = 0.9,
-	.eviction_ratio = 0.1,
-	.seed = 7,
-};
-
-static void setup(void)
-{
-	must(master__core_new(&opts, &c));
-}
-
-static void teardown(void)
-{
-	master__core_free(c);
-}
-
 TestSuite(mirror, .init = setup, .fini = teardown);
-
-#define K(s) (const uint8_t *)(s), strlen(s)
 
 /* An owner's mirror, fed only from its segment's log. */
 #define MODEL_MAX 512

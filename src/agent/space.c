@@ -1,0 +1,281 @@
+/*
+ * space: the agent's put lease — space in its own segment the master
+ * delegated to it (LeaseSpace), so that a put whose only replica is that
+ * segment is written at once and sealed with one master call
+ * (BatchCommit) instead of PutStart + PutEnd (proto/master.proto, "Put
+ * leases").
+ *
+ * The lease is up to AGENT_LEASE_EXTENTS extents; a take cuts the next
+ * bytes off the first extent with room (bump allocation: commits free
+ * nothing here — a removed object's space goes back to the master's
+ * allocator). The target is --put-lease-size, or an eighth of the
+ * segment when that is less (the most the master leases); values above
+ * a quarter of it take PutStart. When less than half the target is left
+ * (and fewer than AGENT_LEASE_EXTENTS extents are held), one LeaseSpace
+ * call asks for the rest; when the master grants nothing (the pool is at
+ * its eviction watermark: leases never evict) the agent asks again only
+ * after AGENT_LEASE_RETRY_MS. Space the agent will not commit
+ * (a put that failed before its commit, a lease idle for
+ * AGENT_LEASE_IDLE_MS) goes back with the next call.
+ *
+ * Epochs and generations. Every mount begins a new lease epoch at the
+ * master, which takes back the old epoch's space; the agent drops its
+ * lease when it mounts (a new generation) and learns the new epoch from
+ * the mount's answer. Calls name their epoch, so one of an earlier epoch
+ * (resent after the link moved, say) is refused instead of touching the
+ * new epoch's space. And the agent mounts again only once every put
+ * that took space from the dropped lease has finished copying into it
+ * (agent__mlink_mount waits for agent__lease_put_done): the mount gives
+ * those bytes back to the segment's free space, where the master may
+ * place other objects (or lease them again) as soon as the segment takes
+ * placements, so nobody ever writes bytes another object owns.
+ *
+ * A commit (or a LeaseSpace call carrying releases) whose answer never
+ * came (the master went away, a timeout) may or may not have been
+ * applied. Its ranges are not given back: if it was applied, the object
+ * may have been removed since and the bytes leased to this agent again,
+ * and a late release would free bytes a put is using. They stay leased
+ * (counted as used) until the segment is mounted again — which a master
+ * that went away makes happen anyway.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/util.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+#define GRANULE 64u
+
+struct lease_call {
+	Mooncake__Master__LeaseSpaceRequest req;
+	struct agent *a;
+	unsigned gen;
+	bool wanted;
+	size_t n;
+	Mooncake__Master__Extent *ext;
+	Mooncake__Master__Extent **ptrs;
+};
+
+uint64_t agent__lease_room(const struct agent *a)
+{
+	uint64_t r = 0;
+	for (unsigned i = 0; i < a->nlease; i++)
+		r += a->lease[i].end - a->lease[i].off;
+	return r;
+}
+
+/* The lease the agent keeps: --put-lease-size, or less when the master
+ * would not grant that much (an eighth of the segment, master.proto). */
+static uint64_t lease_target(const struct agent *a)
+{
+	return MC_MIN(a->lease_bytes, (uint64_t)a->seg->len / 8);
+}
+
+static void gauge(struct agent *a)
+{
+	metric_set(a->m_lease, (int64_t)agent__lease_room(a));
+}
+
+static void give_back(struct agent *a, uint64_t off, uint64_t len)
+{
+	if (len == 0)
+		return;
+	if (a->nrelease == a->release_cap) {
+		size_t cap = a->release_cap ? a->release_cap * 2 : 16;
+		struct agent_extent *v = realloc(a->release, cap * sizeof(*v));
+		if (!v) {
+			/* The range stays leased until the next mount. */
+			return;
+		}
+		a->release = v;
+		a->release_cap = cap;
+	}
+	a->release[a->nrelease].off = off;
+	a->release[a->nrelease].end = off + len;
+	a->nrelease++;
+}
+
+/* The extent with the least room left goes back. */
+static void drop_shortest(struct agent *a)
+{
+	unsigned k = 0;
+	for (unsigned j = 1; j < a->nlease; j++)
+		if (a->lease[j].end - a->lease[j].off < a->lease[k].end - a->lease[k].off)
+			k = j;
+	give_back(a, a->lease[k].off, a->lease[k].end - a->lease[k].off);
+	a->lease[k] = a->lease[--a->nlease];
+}
+
+static void on_leased(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct lease_call *c = ud;
+	struct agent *a = c->a;
+	unsigned gen = c->gen;
+	bool wanted = c->wanted;
+	free(c);
+	if (gen != a->lease_gen || a->stopping)
+		return; /* an earlier epoch's: refused, or taken back by the mount */
+	a->lease_busy = false;
+	if (err) {
+		if (err != MC_ESHUTDOWN && err != MC_EINVALID_REPLICA)
+			log_warn("put lease of segment %s: %s", a->name,
+				 message ? message : mc_strerror(err));
+		return; /* asked again by the next put or heartbeat */
+	}
+	const Mooncake__Master__LeaseSpaceResponse *r = (const void *)m;
+	if (wanted && r->n_extents == 0) {
+		a->lease_denied = true; /* the pool is full, or re-syncing */
+		a->lease_denied_ms = mc_now_ms();
+	}
+	for (size_t i = 0; i < r->n_extents; i++) {
+		uint64_t off = r->extents[i]->offset, len = r->extents[i]->length;
+		if (len == 0 || off > a->seg->len || len > a->seg->len - off)
+			continue; /* not trusted with the segment */
+		if (a->nlease == AGENT_LEASE_EXTENTS)
+			drop_shortest(a); /* full */
+		a->lease[a->nlease].off = off;
+		a->lease[a->nlease].end = off + len;
+		a->nlease++;
+	}
+	gauge(a);
+	if (a->nrelease)
+		agent__lease_sync(a);
+}
+
+void agent__lease_sync(struct agent *a)
+{
+	if (!a->lease_ready || a->lease_busy || a->stopping || !a->lease_bytes)
+		return;
+	/* More when less than half the target is left, and not for a while
+	 * after the master had none: a put must not cost a LeaseSpace call
+	 * too. */
+	uint64_t target = lease_target(a), room = agent__lease_room(a);
+	if (a->lease_denied && mc_now_ms() - a->lease_denied_ms >= AGENT_LEASE_RETRY_MS)
+		a->lease_denied = false;
+	uint64_t want = !a->lease_idle && !a->lease_denied && a->nlease < AGENT_LEASE_EXTENTS &&
+				room < target / 2 && a->lease_takes_old == 0
+			? target - room
+			: 0;
+	if (want == 0 && a->nrelease == 0)
+		return;
+	size_t n = a->nrelease;
+	struct lease_call *c = calloc(1, sizeof(*c) + n * (sizeof(*c->ext) + sizeof(*c->ptrs)));
+	if (!c)
+		return;
+	c->a = a;
+	c->gen = a->lease_gen;
+	c->wanted = want > 0;
+	c->n = n;
+	c->ext = (Mooncake__Master__Extent *)(c + 1);
+	c->ptrs = (Mooncake__Master__Extent **)(c->ext + n);
+	mooncake__master__lease_space_request__init(&c->req);
+	c->req.agent_id = a->name;
+	c->req.segment = a->name;
+	c->req.lease_epoch = a->lease_epoch;
+	c->req.want_bytes = want;
+	for (size_t i = 0; i < n; i++) {
+		mooncake__master__extent__init(&c->ext[i]);
+		c->ext[i].offset = a->release[i].off;
+		c->ext[i].length = a->release[i].end - a->release[i].off;
+		c->ptrs[i] = &c->ext[i];
+	}
+	c->req.release = c->ptrs;
+	c->req.n_release = n;
+	a->nrelease = 0;
+	a->lease_busy = true;
+	agent__mcall(a, "LeaseSpace", &c->req.base,
+		     &mooncake__master__lease_space_response__descriptor, on_leased, c);
+}
+
+bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *gen)
+{
+	if (!a->lease_ready || !a->lease_bytes || size > lease_target(a) / 4)
+		return false;
+	a->lease_idle = false;
+	uint64_t len = (size + GRANULE - 1) & ~(uint64_t)(GRANULE - 1);
+	for (unsigned i = 0; i < a->nlease; i++) {
+		struct agent_extent *e = &a->lease[i];
+		if (e->end - e->off < len)
+			continue;
+		*off = e->off;
+		*gen = a->lease_gen;
+		e->off += len;
+		if (e->off == e->end)
+			a->lease[i] = a->lease[--a->nlease];
+		if (len)
+			a->lease_takes++;
+		a->lease_used_ms = mc_now_ms();
+		gauge(a);
+		agent__lease_sync(a); /* more, before it runs out */
+		return true;
+	}
+	if (a->nlease == AGENT_LEASE_EXTENTS) {
+		/* Ends too short for this value: the shortest goes back, to
+		 * make way for a new extent. */
+		drop_shortest(a);
+		gauge(a);
+	}
+	agent__lease_sync(a);
+	return false;
+}
+
+void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigned gen,
+			   bool committing)
+{
+	uint64_t len = (size + GRANULE - 1) & ~(uint64_t)(GRANULE - 1);
+	if (len == 0)
+		return;
+	if (gen == a->lease_gen) {
+		a->lease_takes--;
+		if (!committing)
+			give_back(a, off, len);
+	} else if (--a->lease_takes_old == 0 && a->mount_held) {
+		/* The last copy into the old lease's bytes is done. */
+		a->mount_held = false;
+		agent__mlink_mount(a);
+		return;
+	}
+	agent__lease_sync(a);
+}
+
+void agent__lease_reset(struct agent *a)
+{
+	a->lease_gen++;
+	a->lease_ready = false;
+	a->lease_busy = false;
+	a->lease_denied = false;
+	a->lease_epoch = 0;
+	a->nlease = 0;
+	a->nrelease = 0; /* the master took everything back */
+	a->lease_takes_old += a->lease_takes;
+	a->lease_takes = 0;
+	gauge(a);
+}
+
+void agent__lease_start(struct agent *a, uint64_t epoch)
+{
+	a->lease_epoch = epoch;
+	a->lease_ready = true;
+	a->lease_used_ms = mc_now_ms();
+	agent__lease_sync(a);
+}
+
+void agent__lease_tick(struct agent *a)
+{
+	if (a->lease_ready && a->nlease && mc_now_ms() - a->lease_used_ms > AGENT_LEASE_IDLE_MS) {
+		/* Idle: the space is more use to the pool. */
+		for (unsigned i = 0; i < a->nlease; i++)
+			give_back(a, a->lease[i].off, a->lease[i].end - a->lease[i].off);
+		a->nlease = 0;
+		a->lease_idle = true;
+		gauge(a);
+	}
+	if (a->nrelease)
+		agent__lease_sync(a);
+}
