@@ -147,6 +147,10 @@ static void register_metrics(struct agent *a)
 		r, "mooncake_agent_lease_cache_hits_total",
 		"Gets of local replicas answered within a read lease the agent "
 		"already held, without asking the master.", NULL, NULL);
+	a->m_counters[AGENT_C_LEASE_RENEWALS] = metrics_counter(
+		r, "mooncake_agent_lease_renewals_total",
+		"Cached read leases renewed in the background by a get in the "
+		"second half of their window.", NULL, NULL);
 	a->m_counters[AGENT_C_BYTES_READ] = metrics_counter(
 		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
 		(const char *[]){"read"});

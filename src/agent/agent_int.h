@@ -324,6 +324,8 @@ typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
 struct agent_lentry {
 	struct agent_lentry *next;
 	uint64_t size, until_ms;
+	uint64_t refresh_ms;    /* a hit from here on renews the lease */
+	bool refreshing;        /* a renewal is on its way */
 	uint32_t crc;           /* with has_crc: the value's CRC-32C */
 	bool has_crc;
 	struct agent_rep rep;   /* segment owned */
@@ -343,9 +345,16 @@ int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
 void agent__lcache_free(struct agent_lcache *lc);
 void agent__lcache_clear(struct agent_lcache *lc);
 /* The entry for key while now is inside its window (borrowed until the
- * next change), else NULL. */
+ * next change), else NULL. *renew: set when this hit falls in the second
+ * half of the window and no renewal is on its way (the caller renews the
+ * lease with agent__lcache_extend, or lets the entry expire). */
 const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
-					     size_t klen, uint64_t now_ms);
+					     size_t klen, uint64_t now_ms, bool *renew);
+/* A renewal of key's lease came back: the entry's window now ends at
+ * until_ms when its replica is still (offset, size) in this segment; any
+ * other answer drops the entry. */
+void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t klen,
+			  uint64_t offset, uint64_t size, uint64_t until_ms, uint64_t now_ms);
 /* Remember rep (copied) for key until until_ms, with the value's
  * checksum (crc NULL: none); best effort. */
 void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
@@ -391,6 +400,7 @@ enum agent_counter {
 	AGENT_C_BYTES_WRITTEN,
 	AGENT_C_BYTES_READ,
 	AGENT_C_LEASE_CACHE_HITS,
+	AGENT_C_LEASE_RENEWALS,    /* cached read leases renewed ahead */
 	AGENT_C_MIRROR_EVENTS,
 	AGENT_C_MIRROR_LISTINGS,
 	AGENT_C_RESYNC_BAD,        /* bytes did not match the checksum */

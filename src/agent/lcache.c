@@ -8,6 +8,11 @@
  * given without asking the master again: a hot key costs one master call
  * per half lease instead of one per get.
  *
+ * A hit in the second half of a window renews the lease in the
+ * background (one GetReplicas of the key, coalesced with the loop's other
+ * gets): a key read all the time stays cached and its gets never wait on
+ * the master; one read rarely expires as before.
+ *
  * Entries leave when their window ends, when this agent removes or
  * upserts the key, when a read through them fails, and when a get finds
  * the key gone. The master's LRU position of a hot key is refreshed by
@@ -77,8 +82,9 @@ static struct agent_lentry **slot(struct agent_lcache *lc, const uint8_t *key, s
 }
 
 const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
-					     size_t klen, uint64_t now_ms)
+					     size_t klen, uint64_t now_ms, bool *renew)
 {
+	*renew = false;
 	if (!lc->tab || lc->capacity == 0)
 		return NULL;
 	struct agent_lentry **pp = slot(lc, key, klen);
@@ -92,7 +98,30 @@ const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint
 		return NULL;
 	}
 	lc->hits++;
+	if (now_ms >= e->refresh_ms && !e->refreshing) {
+		e->refreshing = true;
+		*renew = true;
+	}
 	return e;
+}
+
+void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t klen,
+			  uint64_t offset, uint64_t size, uint64_t until_ms, uint64_t now_ms)
+{
+	if (!lc->tab || lc->n == 0)
+		return;
+	struct agent_lentry *e = *slot(lc, key, klen);
+	if (!e)
+		return;
+	if (e->rep.offset != offset || e->size != size || until_ms <= now_ms) {
+		agent__lcache_del(lc, key, klen);
+		return;
+	}
+	if (until_ms > e->until_ms) {
+		e->until_ms = until_ms;
+		e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
+	}
+	e->refreshing = false;
 }
 
 void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen)
@@ -160,4 +189,6 @@ void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 	e->has_crc = crc != NULL;
 	e->crc = crc ? *crc : 0;
 	e->until_ms = until_ms;
+	e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
+	e->refreshing = false;
 }

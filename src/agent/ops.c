@@ -1167,6 +1167,64 @@ static void on_get_replicas(void *ud, int err, const char *message,
 	get_place_and_copy(r);
 }
 
+/* A background renewal of one cached lease (lcache.c): the call, and the
+ * key it names (one allocation, freed by the callback). */
+struct lease_renewal {
+	struct agent *a;
+	unsigned gen;       /* a->lease_gen when sent: a mount empties the cache */
+	uint64_t sent_ms;
+	Mooncake__Master__BatchKeysRequest req;
+	ProtobufCBinaryData key;
+	uint8_t kbuf[];
+};
+
+static void on_lease_renewed(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct lease_renewal *w = ud;
+	struct agent *a = w->a;
+	const Mooncake__Master__BatchGetReplicasResponse *resp = (const void *)m;
+	(void)message;
+	/* On an error the entry keeps its window and expires as before. */
+	if (err || a->stopping || w->gen != a->lease_gen || resp->n_results != 1) {
+		free(w);
+		return;
+	}
+	const Mooncake__Master__GetReplicasResult *res = resp->results[0];
+	uint64_t now = mc_now_ms();
+	if (res->error || !resp->lease_ttl_ms) {
+		agent__lcache_del(&a->lc, w->key.data, w->key.len);
+		free(w);
+		return;
+	}
+	agent__set_lease_ttl(a, resp->lease_ttl_ms);
+	uint64_t offset = UINT64_MAX;
+	for (size_t k = 0; k < res->n_replicas; k++)
+		if (res->replicas[k]->segment && strcmp(res->replicas[k]->segment, a->name) == 0)
+			offset = res->replicas[k]->offset;
+	agent__lcache_extend(&a->lc, w->key.data, w->key.len, offset, res->size,
+			     w->sent_ms + resp->lease_ttl_ms / 2, now);
+	free(w);
+}
+
+/* Renew the read lease of a cached key in the background. */
+static void renew_lease(struct agent *a, const uint8_t *key, size_t klen, uint64_t now)
+{
+	struct lease_renewal *w = malloc(sizeof(*w) + klen);
+	if (!w)
+		return; /* the entry expires as before */
+	w->a = a;
+	w->gen = a->lease_gen;
+	w->sent_ms = now;
+	memcpy(w->kbuf, key, klen);
+	w->key.data = w->kbuf;
+	w->key.len = klen;
+	mooncake__master__batch_keys_request__init(&w->req);
+	w->req.keys = &w->key;
+	w->req.n_keys = 1;
+	agent__count(a, AGENT_C_LEASE_RENEWALS, 1);
+	agent__bcall(a, AGENT_B_GET, &w->req.base, on_lease_renewed, w);
+}
+
 static bool item_uncached(const struct agent_item *it)
 {
 	return it->err == 0 && it->nrep == 0;
@@ -1200,7 +1258,11 @@ static void op_get(struct agent_req *r)
 			if (it->err)
 				continue;
 		}
-		const struct agent_lentry *e = agent__lcache_get(&a->lc, it->key, it->klen, now);
+		bool renew;
+		const struct agent_lentry *e =
+			agent__lcache_get(&a->lc, it->key, it->klen, now, &renew);
+		if (renew)
+			renew_lease(a, it->key, it->klen, now);
 		if (e) {
 			it->reps = calloc(1, sizeof(*it->reps));
 			if (!it->reps) {

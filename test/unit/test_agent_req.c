@@ -182,20 +182,21 @@ Test(agent_req, register_needs_one_descriptor)
 Test(agent_lcache, window_and_invalidation)
 {
 	struct agent_lcache lc;
+	bool renew;
 	cr_assert_eq(agent__lcache_init(&lc, 4), 0);
 	struct agent_rep rep = {.local = true, .offset = 640, .address = 0x1000 + 640};
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 2000, 1000);
-	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999, &renew);
 	cr_assert_not_null(e);
 	cr_assert_eq(e->size, 100);
 	cr_assert_eq(e->rep.offset, 640);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000), "window ended");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000, &renew), "window ended");
 	cr_assert_eq(lc.n, 0, "expired entry dropped");
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 900, 1000);
 	cr_assert_eq(lc.n, 0, "a window already over is not cached");
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 5000, 1000);
 	agent__lcache_del(&lc, (const uint8_t *)"k", 1);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001), "deleted");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001, &renew), "deleted");
 	/* Full: expired entries are swept first, then everything goes. */
 	char k[16];
 	for (int i = 0; i < 4; i++) {
@@ -205,14 +206,49 @@ Test(agent_lcache, window_and_invalidation)
 	cr_assert_eq(lc.n, 4);
 	agent__lcache_put(&lc, (const uint8_t *)"new", 3, 1, NULL, &rep, 9000, 1600);
 	cr_assert_eq(lc.n, 3, "two expired swept, one added");
-	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"a3", 2, 1600));
+	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"a3", 2, 1600, &renew));
 	agent__lcache_put(&lc, (const uint8_t *)"x1", 2, 1, NULL, &rep, 9000, 1600);
 	agent__lcache_put(&lc, (const uint8_t *)"x2", 2, 1, NULL, &rep, 9000, 1600);
 	cr_assert_eq(lc.n, 1, "full of live entries: emptied, then the new one");
 	struct agent_rep remote = {.local = false, .segment = "10.0.0.2:12345"};
 	agent__lcache_put(&lc, (const uint8_t *)"r", 1, 1, NULL, &remote, 9000, 1600);
-	e = agent__lcache_get(&lc, (const uint8_t *)"r", 1, 1601);
+	e = agent__lcache_get(&lc, (const uint8_t *)"r", 1, 1601, &renew);
 	cr_assert_str_eq(e->rep.segment, "10.0.0.2:12345", "segment copied");
 	cr_assert_neq(e->rep.segment, remote.segment);
+	agent__lcache_free(&lc);
+}
+
+Test(agent_lcache, hits_in_the_second_half_renew_once)
+{
+	struct agent_lcache lc;
+	bool renew;
+	cr_assert_eq(agent__lcache_init(&lc, 16), 0);
+	struct agent_rep rep = {.local = true, .offset = 640};
+	/* window [1000, 3000): renewals from 2000 on */
+	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 3000, 1000);
+	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999, &renew));
+	cr_assert(!renew, "first half: no renewal");
+	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000, &renew));
+	cr_assert(renew, "second half: renew");
+	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2001, &renew));
+	cr_assert(!renew, "one renewal at a time");
+	/* the answer (sent at 2000, lease 2000 ms: half is 3000 + ... ) extends */
+	agent__lcache_extend(&lc, (const uint8_t *)"k", 1, 640, 100, 4000, 2100);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3500, &renew);
+	cr_assert_not_null(e, "still cached past the first window");
+	cr_assert_eq(e->until_ms, 4000);
+	cr_assert(renew, "3500 is in the second half of [2100, 4000): renew again");
+	/* an answer naming another replica drops the entry */
+	agent__lcache_extend(&lc, (const uint8_t *)"k", 1, 1280, 100, 6000, 3600);
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3601, &renew), "dropped");
+	cr_assert(!renew);
+	/* an answer for a key no longer cached adds nothing */
+	agent__lcache_extend(&lc, (const uint8_t *)"gone", 4, 640, 100, 6000, 3600);
+	cr_assert_eq(lc.n, 0);
+	/* a failed renewal leaves the entry to expire at its window's end */
+	agent__lcache_put(&lc, (const uint8_t *)"f", 1, 1, NULL, &rep, 5000, 4000);
+	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 4600, &renew));
+	cr_assert(renew);
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 5000, &renew), "expired");
 	agent__lcache_free(&lc);
 }
