@@ -35,43 +35,6 @@
 #define READ_BUF_BYTES (256u << 10)
 #define CALL_TIMEOUT_MS 60000
 
-/* ---------------------------------------------------------------- latencies */
-
-struct lat {
-	uint64_t *v;
-	size_t n, cap;
-};
-
-static void lat_add(struct lat *l, uint64_t ns)
-{
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 4096;
-		uint64_t *v = realloc(l->v, cap * sizeof(*v));
-		if (!v)
-			return;
-		l->v = v;
-		l->cap = cap;
-	}
-	l->v[l->n++] = ns;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double lat_pct_us(struct lat *l, unsigned pct)
-{
-	if (!l->n)
-		return 0;
-	qsort(l->v, l->n, sizeof(*l->v), cmp_u64);
-	size_t i = l->n * pct / 100;
-	if (i >= l->n)
-		i = l->n - 1;
-	return (double)l->v[i] / 1e3;
-}
-
 struct result {
 	double calls_per_s, p50_us, p99_us, gbps;
 	bool ok;
@@ -363,7 +326,7 @@ struct gbench {
 	struct rpc_client *c;
 	uint64_t end_ns;
 	Mooncake__Diag__EchoRequest req;
-	struct lat lat;
+	struct ctl_lat lat;
 	unsigned inflight;
 	uint64_t calls, bytes, last_ns;
 	bool stop;
@@ -391,7 +354,7 @@ static void g_on_done(void *ud, int status, const char *message,
 		return;
 	}
 	const Mooncake__Diag__EchoResponse *r = (const void *)resp;
-	lat_add(&b->lat, now - s->t0);
+	ctl_lat_add(&b->lat, now - s->t0);
 	b->calls++;
 	b->bytes += b->req.payload.len + r->payload.len;
 	b->last_ns = now;
@@ -446,9 +409,9 @@ static void run_grpc(uv_loop_t *loop, struct rpc_client *c, unsigned conc,
 	snprintf(out->err, sizeof(out->err), "%s", b.err);
 	out->calls_per_s = secs > 0 ? (double)b.calls / secs : 0;
 	out->gbps = secs > 0 ? (double)b.bytes / secs / 1e9 : 0;
-	out->p50_us = lat_pct_us(&b.lat, 50);
-	out->p99_us = lat_pct_us(&b.lat, 99);
-	free(b.lat.v);
+	out->p50_us = ctl_lat_pct_us(&b.lat, 0.50);
+	out->p99_us = ctl_lat_pct_us(&b.lat, 0.99);
+	ctl_lat_free(&b.lat);
 	free(slots);
 }
 
@@ -476,7 +439,7 @@ struct tbench {
 	size_t rh_len, rlen, rgot;
 	uint8_t *rbody;
 	size_t rcap;
-	struct lat lat;
+	struct ctl_lat lat;
 	unsigned inflight;
 	uint64_t calls, bytes, last_ns;
 	bool stop;
@@ -521,7 +484,7 @@ static void t_response(struct tbench *b)
 	uint64_t t0 = b->t0s[b->head];
 	b->head = (b->head + 1) % b->ring;
 	b->count--;
-	lat_add(&b->lat, now - t0);
+	ctl_lat_add(&b->lat, now - t0);
 	b->calls++;
 	b->bytes += b->len + b->rlen;
 	b->last_ns = now;
@@ -651,13 +614,13 @@ static void run_tcp(uv_loop_t *loop, int port, unsigned conc, const uint8_t *pay
 		snprintf(out->err, sizeof(out->err), "connection failed");
 	out->calls_per_s = secs > 0 ? (double)b->calls / secs : 0;
 	out->gbps = secs > 0 ? (double)b->bytes / secs / 1e9 : 0;
-	out->p50_us = lat_pct_us(&b->lat, 50);
-	out->p99_us = lat_pct_us(&b->lat, 99);
+	out->p50_us = ctl_lat_pct_us(&b->lat, 0.50);
+	out->p99_us = ctl_lat_pct_us(&b->lat, 0.99);
 out_close:
 	uv_close((uv_handle_t *)&b->tcp, t_closed);
 	while (!b->closed)
 		uv_run(loop, UV_RUN_ONCE);
-	free(b->lat.v);
+	ctl_lat_free(&b->lat);
 	free(b->t0s);
 	free(b->rbody);
 	free(b);

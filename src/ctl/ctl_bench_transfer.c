@@ -101,41 +101,6 @@ static void usage(FILE *f)
 		ctl_te_flags_help);
 }
 
-/* ------------------------------------------------------------ latencies */
-
-struct lat {
-	uint64_t *v;
-	size_t n, cap;
-};
-
-static void lat_add(struct lat *l, uint64_t ns)
-{
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 1024;
-		uint64_t *v = realloc(l->v, cap * sizeof(*v));
-		if (!v)
-			return;
-		l->v = v;
-		l->cap = cap;
-	}
-	l->v[l->n++] = ns;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double lat_pct_us(struct lat *l, unsigned pct)
-{
-	if (!l->n)
-		return 0;
-	qsort(l->v, l->n, sizeof(*l->v), cmp_u64);
-	size_t i = l->n * pct / 100;
-	return (double)l->v[i < l->n ? i : l->n - 1] / 1e3;
-}
-
 /* ------------------------------------------------------------ the target child */
 
 /*
@@ -274,7 +239,7 @@ struct load {
 	uint64_t bytes, reqs;
 	uint64_t t_end_ns;
 	int err;
-	struct lat lat;
+	struct ctl_lat lat;
 	pthread_t tid;
 };
 
@@ -322,7 +287,7 @@ static void *load_main(void *arg)
 			break;
 		}
 		uint64_t t1 = mc_now_ns();
-		lat_add(&l->lat, t1 - t0);
+		ctl_lat_add(&l->lat, t1 - t0);
 		l->bytes += l->block * l->batch;
 		l->reqs += l->batch;
 		l->t_end_ns = t1;
@@ -360,7 +325,7 @@ static struct figures run_load(struct bench *b, struct te_engine *e,
 		pthread_create(&l[t].tid, NULL, load_main, &l[t]);
 	}
 	uint64_t bytes = 0, reqs = 0, t_end = t0;
-	struct lat all = {0};
+	struct ctl_lat all = {0};
 	for (unsigned t = 0; t < threads; t++) {
 		pthread_join(l[t].tid, NULL);
 		bytes += l[t].bytes;
@@ -369,17 +334,17 @@ static struct figures run_load(struct bench *b, struct te_engine *e,
 		if (l[t].err && !f.err)
 			f.err = l[t].err;
 		for (size_t i = 0; i < l[t].lat.n; i++)
-			lat_add(&all, l[t].lat.v[i]);
-		free(l[t].lat.v);
+			ctl_lat_add(&all, l[t].lat.v[i]);
+		ctl_lat_free(&l[t].lat);
 	}
 	double s = (double)(t_end - t0) / 1e9;
 	if (s > 0) {
 		f.gbps = (double)bytes / s / 1e9;
 		f.reqs_per_s = (double)reqs / s;
 	}
-	f.p50_us = lat_pct_us(&all, 50);
-	f.p99_us = lat_pct_us(&all, 99);
-	free(all.v);
+	f.p50_us = ctl_lat_pct_us(&all, 0.50);
+	f.p99_us = ctl_lat_pct_us(&all, 0.99);
+	ctl_lat_free(&all);
 	free(l);
 	return f;
 }
