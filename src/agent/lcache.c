@@ -105,6 +105,15 @@ const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint
 	return e;
 }
 
+/* The entry answers until until_ms; hits from the window's second half on
+ * renew it. */
+static void set_window(struct agent_lentry *e, uint64_t until_ms, uint64_t now_ms)
+{
+	e->until_ms = until_ms;
+	e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
+	e->refreshing = false;
+}
+
 void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 			  uint64_t offset, uint64_t size, uint64_t until_ms, uint64_t now_ms)
 {
@@ -117,11 +126,10 @@ void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t kl
 		agent__lcache_del(lc, key, klen);
 		return;
 	}
-	if (until_ms > e->until_ms) {
-		e->until_ms = until_ms;
-		e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
-	}
-	e->refreshing = false;
+	if (until_ms > e->until_ms)
+		set_window(e, until_ms, now_ms);
+	else
+		e->refreshing = false;
 }
 
 void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen)
@@ -188,7 +196,5 @@ void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 	e->size = size;
 	e->has_crc = crc != NULL;
 	e->crc = crc ? *crc : 0;
-	e->until_ms = until_ms;
-	e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
-	e->refreshing = false;
+	set_window(e, until_ms, now_ms);
 }

@@ -1106,6 +1106,17 @@ static void get_place_and_copy(struct agent_req *r)
 	agent__pool_submit(&a->pool, &r->job);
 }
 
+/* The end of the window in which a read lease granted with lease_ttl_ms
+ * answers gets from the cache (lcache.c): half the lease, counted from
+ * when the call was sent (the grant came later); 0 without a lease. */
+static uint64_t lease_window_end(struct agent *a, uint64_t sent_ms, uint64_t lease_ttl_ms)
+{
+	if (!lease_ttl_ms)
+		return 0;
+	agent__set_lease_ttl(a, lease_ttl_ms);
+	return sent_ms + lease_ttl_ms / 2;
+}
+
 static void on_get_replicas(void *ud, int err, const char *message,
 			    const ProtobufCMessage *m)
 {
@@ -1116,12 +1127,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		(const Mooncake__Master__BatchGetReplicasResponse *)m;
 	(void)message;
 	uint64_t now = mc_now_ms();
-	uint64_t until = 0;
-	if (!err && resp->lease_ttl_ms) {
-		agent__set_lease_ttl(a, resp->lease_ttl_ms);
-		/* Half the lease, counted from when the call was sent. */
-		until = r->sent_ms + resp->lease_ttl_ms / 2;
-	}
+	uint64_t until = err ? 0 : lease_window_end(a, r->sent_ms, resp->lease_ttl_ms);
 	for (size_t k = 0; k < b->req.n_keys; k++) {
 		struct agent_item *it = &r->items[b->idx[k]];
 		if (err) {
@@ -1196,13 +1202,12 @@ static void on_lease_renewed(void *ud, int err, const char *message, const Proto
 		free(w);
 		return;
 	}
-	agent__set_lease_ttl(a, resp->lease_ttl_ms);
+	uint64_t until = lease_window_end(a, w->sent_ms, resp->lease_ttl_ms);
 	uint64_t offset = UINT64_MAX;
 	for (size_t k = 0; k < res->n_replicas; k++)
 		if (res->replicas[k]->segment && strcmp(res->replicas[k]->segment, a->name) == 0)
 			offset = res->replicas[k]->offset;
-	agent__lcache_extend(&a->lc, w->key.data, w->key.len, offset, res->size,
-			     w->sent_ms + resp->lease_ttl_ms / 2, now);
+	agent__lcache_extend(&a->lc, w->key.data, w->key.len, offset, res->size, until, now);
 	free(w);
 }
 
