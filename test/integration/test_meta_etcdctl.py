@@ -92,7 +92,6 @@ def watch_prefix_sees_puts_and_deletes_in_order():
             etcdctl(e, "put", "w/first", "0")
             if lines:
                 break
-        start = len(lines)
         etcdctl(e, "put", "w/a", "1")
         etcdctl(e, "put", "w/b", "2")
         etcdctl(e, "del", "w/a")
@@ -102,8 +101,10 @@ def watch_prefix_sees_puts_and_deletes_in_order():
         want = ["PUT", "w/a", "1", "PUT", "w/b", "2", "DELETE", "w/a", "", "PUT", "w/b", "3",
                 "DELETE", "w/b", "", "DELETE", "w/first", ""]
         for _ in deadline_loop(10, "watch events: %r" % (lines,)):
-            seen = lines[start:]
-            # the first put may have been repeated before the watch saw one
+            # From the first line on (an event's first line: reading from where
+            # the loop above stopped could start in the middle of one): the
+            # first put, repeated until the watch saw one, then the rest.
+            seen = lines[:]
             while seen[:3] == ["PUT", "w/first", "0"]:
                 seen = seen[3:]
             if len(seen) >= len(want):
