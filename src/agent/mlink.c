@@ -650,6 +650,9 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 		.metrics = a->metrics,
 		.backoff_initial_ms = 50,
 		.backoff_max_ms = 1000,
+		/* A master in this process (standalone, --role=master,agent)
+		 * is called directly. */
+		.local_calls = true,
 	};
 	int rc = rpc_client_new(a->loop, addr, &o, &a->mc);
 	if (rc) {

@@ -19,7 +19,10 @@
  *
  * Without --socket the bench starts its own master and two agents
  * (mooncaked next to mooncakectl) on loopback with a temporary directory,
- * and stops them at the end. redis-server, when installed, is started the
+ * and stops them at the end: the master in the first agent's process
+ * (--master=local, as standalone runs it: that agent calls it without a
+ * connection) or in a process of its own (--master=separate: every put
+ * waits for a loopback round trip to it). redis-server, when installed, is started the
  * same way and driven with the same sizes, clients and operations (SET of
  * a new key, GET of a key set beforehand) by a minimal RESP client, one
  * connection per thread. The limit: memcpy bandwidth of the same number of
@@ -133,7 +136,10 @@ static void sibling(char *out, size_t len, const char *exe)
 	snprintf(out, len, "%s/%s", n > 0 ? self : ".", exe);
 }
 
-static int start_cluster(struct cluster *cl, uint64_t segment)
+/* Two agents and a master: in the first agent's process (separate:
+ * false, the layout of standalone and --role=master,agent) or in one of
+ * its own. */
+static int start_cluster(struct cluster *cl, uint64_t segment, bool separate)
 {
 	snprintf(cl->dir, sizeof(cl->dir), "/tmp/mooncake-bench-XXXXXX");
 	if (!mkdtemp(cl->dir)) {
@@ -146,24 +152,29 @@ static int start_cluster(struct cluster *cl, uint64_t segment)
 	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
 	char a[16][192];
 	int k = 0;
+	int rc = 0;
 #define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
-	char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir), "--config=",
-		      "--meta-endpoints=", ARG("--master-listen=%s", cl->master),
-		      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
-	int rc = spawn(cl, "master", mv);
-	for (int i = 0; rc == 0 && i < 2; i++) {
-		k = 4;
-		char dir[sizeof(cl->dir)];
-		memcpy(dir, cl->dir, sizeof(dir));
-		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
-		char *av[] = {daemon, "--role=agent", ARG("--data-dir=%s/agent%d", cl->dir, i),
+	if (separate) {
+		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
 			      "--config=", "--meta-endpoints=",
-			      ARG("--master-address=%s", cl->master),
+			      ARG("--master-listen=%s", cl->master),
+			      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
+		rc = spawn(cl, "master", mv);
+	}
+	for (int i = 0; rc == 0 && i < 2; i++) {
+		k = 0;
+		bool with_master = i == 0 && !separate;
+		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", cl->dir, i);
+		char *av[] = {daemon, with_master ? "--role=master,agent" : "--role=agent",
+			      ARG("--data-dir=%s/agent%d", cl->dir, i), "--config=",
+			      "--meta-endpoints=", ARG("--master-address=%s", cl->master),
 			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
 			      ARG("--agent-http=127.0.0.1:%d", free_port()),
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
-			      "--log-level=warn", NULL};
+			      "--log-level=warn",
+			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
+			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
 	}
 #undef ARG
@@ -555,7 +566,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
 		"           [--op=put,get,view,mixed] [--duration=3s] [--socket=PATH]\n"
-		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n\n"
+		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n"
+		"           [--master=local|separate]\n\n"
 		"Clients (threads, one session each) put, get (mc_get_into), view\n"
 		"(mc_get_view, zero copy when local, then a copy into the client's\n"
 		"buffer) or put and get alternating (mixed) with values in\n"
@@ -565,7 +577,8 @@ static void usage(FILE *f)
 		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
 		"as many threads (the limit). Without --socket it starts a master and\n"
 		"two agents itself (mooncaked next to mooncakectl), and redis-server\n"
-		"when installed.\n");
+		"when installed; the master runs in the process of the first agent (as\n"
+		"in standalone) or, with --master=separate, in a process of its own.\n");
 }
 
 static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)
@@ -592,7 +605,7 @@ static const char *fmt_err(int e)
 int ctl_bench_store_main(int argc, char **argv)
 {
 	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,view,mixed", *dur_s = "3s";
-	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *v;
+	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *master_s = "local", *v;
 	unsigned clients = 4, opmask;
 	size_t sizes[MAX_SIZES];
 	unsigned nsizes = 0;
@@ -604,7 +617,12 @@ int ctl_bench_store_main(int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "value-size", &v) && v) {
 			sizes_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "clients", &v) && v) {
-			clients = (unsigned)strtoul(v, NULL, 10);
+			char *end;
+			clients = (unsigned)strtoul(v, &end, 10);
+			if (*end)
+				clients = 0; /* refused below */
+		} else if (ctl_flag_value(argc, argv, &i, "master", &v) && v) {
+			master_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "op", &v) && v) {
 			ops_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "duration", &v) && v) {
@@ -633,7 +651,13 @@ int ctl_bench_store_main(int argc, char **argv)
 	}
 	if (clients < 1 || clients > MAX_CLIENTS || parse_list(ops_s, op_names, NOPS, &opmask) ||
 	    cfg_parse_duration_ms(dur_s, &duration_ms) || duration_ms == 0) {
-		fprintf(stderr, "mooncakectl bench store: bad --clients, --op or --duration\n");
+		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op or "
+				"--duration\n", MAX_CLIENTS);
+		return CTL_EXIT_USAGE;
+	}
+	bool separate = strcmp(master_s, "separate") == 0;
+	if (!separate && strcmp(master_s, "local") != 0) {
+		fprintf(stderr, "mooncakectl bench store: --master is local or separate\n");
 		return CTL_EXIT_USAGE;
 	}
 	size_t maxsize = 0;
@@ -643,9 +667,10 @@ int ctl_bench_store_main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	struct cluster cl = {0};
 	int rc = 0;
+	bool own_cluster = !sock;
 	if (!sock) {
 		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
-		rc = start_cluster(&cl, seg);
+		rc = start_cluster(&cl, seg, separate);
 		if (rc) {
 			fprintf(stderr, "bench store: cannot start mooncaked: %s\n", mc_strerror(rc));
 			stop_all(&cl);
@@ -718,6 +743,9 @@ int ctl_bench_store_main(int argc, char **argv)
 	printf("bench store: %u clients, %s per run, values in buffers from mc_buffer_alloc\n"
 	       "limit: memcpy of %u threads over 16 MiB blocks = %.2f GB/s\n",
 	       clients, dur_s, clients, limit);
+	if (own_cluster)
+		printf("cluster: two agents, the master %s\n",
+		       separate ? "in a process of its own" : "in the local agent's process");
 	printf("%-6s %-6s %-6s %10s %8s %9s %9s %10s %8s %8s %9s\n", "size", "op", "where", "ops/s",
 	       "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis", "memcpy", "errors");
 	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
@@ -728,7 +756,7 @@ int ctl_bench_store_main(int argc, char **argv)
 				continue;
 			struct result res[NTARGETS];
 			for (unsigned t = 0; t < NTARGETS; t++) {
-				res[t].ran = false;
+				memset(&res[t], 0, sizeof(res[t]));
 				if ((t == T_REMOTE && !holder_remote) || (t == T_REDIS && !redis_port))
 					continue;
 				struct run r = {

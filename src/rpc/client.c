@@ -27,6 +27,12 @@
  * callbacks, the connection's close, or — for failures decided while the
  * caller is still inside rpc_client_unary/stream — from a uv_idle_t on
  * the next loop iteration.
+ *
+ * With local_calls, a unary call whose target is a listener of a server
+ * on this loop is handed to that server (rpc__server_inproc_start) and
+ * kept on the inproc list; the server holds a stream reference until it
+ * answers (rpc__client_inproc_done, delivered from the idle handle like a
+ * local failure) or the call is cancelled.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -87,6 +93,9 @@ struct rpc_client {
 	unsigned nconns;
 	struct slist pending;
 	struct slist done_q;
+	struct slist inproc;  /* calls handed to a server of this loop */
+	bool local;           /* opts->local_calls */
+	unsigned inproc_calls;
 	uv_timer_t backoff_timer, dl_timer;
 	uv_idle_t idle;
 	unsigned handles_open;
@@ -98,11 +107,12 @@ struct rpc_client {
 	unsigned goaways, connects;
 };
 
-enum where { W_NONE, W_PENDING, W_CONN, W_DONEQ };
+enum where { W_NONE, W_PENDING, W_CONN, W_DONEQ, W_INPROC };
 
 struct rpc_stream {
 	struct rpc_client *c;
 	struct cconn *cc;
+	struct rpc_call *icall; /* in-process: the server's call */
 	struct rpc_stream *prev, *next;
 	enum where where;
 	int32_t stream_id;
@@ -188,6 +198,9 @@ static void stream_unlink(struct rpc_stream *st)
 	case W_DONEQ:
 		slist_del(&st->c->done_q, st);
 		break;
+	case W_INPROC:
+		slist_del(&st->c->inproc, st);
+		break;
 	case W_CONN:
 		slist_del(&st->cc->streams, st);
 		st->cc->nstreams--;
@@ -260,6 +273,18 @@ static void stream_unref(struct rpc_stream *st)
 	client_check_freed(c);
 }
 
+/* The caller gives up an in-process call still with the server. The
+ * caller holds a reference of its own. */
+static void inproc_drop(struct rpc_stream *st)
+{
+	struct rpc_call *call = st->icall;
+	if (!call)
+		return;
+	st->icall = NULL;
+	rpc__server_inproc_cancel(call);
+	st->refs--; /* the server's */
+}
+
 static bool stream_can_submit(const struct rpc_stream *st)
 {
 	return st->ng && st->cc && !st->cc->base.closing && st->cc->base.ng;
@@ -289,6 +314,7 @@ static void stream_finish_x(struct rpc_stream *st, int status,
 		rpc__conn_want_flush(&st->cc->base);
 	}
 	st->refs++;
+	inproc_drop(st);
 	if (st->unary) {
 		if (status == RPC_OK && st->sync_out) {
 			*st->sync_out = st->uresp;
@@ -890,10 +916,53 @@ static void client_connect(struct rpc_client *c)
 	uv_timer_start(&cc->base.timer, on_connect_timeout, c->connect_ms, 0);
 }
 
+/* A unary call to a server of this loop: hand it over. */
+static bool route_local(struct rpc_client *c, struct rpc_stream *st)
+{
+	struct rpc_server *s = rpc__server_local(c->loop, (const struct sockaddr *)&c->addr);
+	if (!s || rpc__server_inproc_start(s, st->stats->path, st->req_msg, st->timeout_ms, st,
+					   &st->icall) != 0)
+		return false;
+	st->refs++; /* the server's */
+	slist_push(&c->inproc, st);
+	st->where = W_INPROC;
+	if (c->inproc_calls++ == 0)
+		log_debug("%s: calls go to the server on this loop in-process", c->label);
+	return true;
+}
+
+void rpc__client_inproc_done(struct rpc_stream *st, int status, const char *message,
+			     const uint8_t *body, size_t len)
+{
+	struct rpc_client *c = st->c;
+	st->icall = NULL;
+	if (st->user) {
+		if (status == RPC_OK && !body) {
+			status = RPC_INTERNAL;
+			message = "no response message for a unary call";
+		} else if (status == RPC_OK && len > c->max_msg) {
+			status = RPC_RESOURCE_EXHAUSTED;
+			message = "received message larger than max";
+		} else if (status == RPC_OK) {
+			st->uresp = rpc__unpack(st->resp_desc, body, len,
+						st->sync_out ? NULL : &c->bufs, &st->resp_arena);
+			st->nresp = 1;
+			if (!st->uresp) {
+				status = RPC_INTERNAL;
+				message = "failed to parse response message";
+			}
+		}
+		stream_finish_later(st, status, message);
+	}
+	stream_unref(st); /* the server's */
+}
+
 static void client_route(struct rpc_client *c, struct rpc_stream *st)
 {
 	char msg[160];
 
+	if (st->unary && c->local && route_local(c, st))
+		return;
 	if (c->state == CL_IDLE)
 		client_connect(c);
 	switch (c->state) {
@@ -972,6 +1041,7 @@ int rpc_client_new(uv_loop_t *loop, const char *target,
 		c->backoff_max_ms = c->backoff_initial_ms;
 	c->backoff_ms = c->backoff_initial_ms;
 	c->reg = opts && opts->metrics ? opts->metrics : metrics_global();
+	c->local = opts && opts->local_calls;
 	c->rng = uv_hrtime() ^ (uint64_t)(uintptr_t)c;
 	if (!c->rng)
 		c->rng = 0x9e3779b97f4a7c15ull;
@@ -1145,6 +1215,7 @@ void rpc_stream_cancel(struct rpc_stream *st)
 		stats_record(c, st->stats, RPC_CANCELLED, st->start_ns);
 	if (st->where != W_CONN)
 		stream_unlink(st);
+	inproc_drop(st);
 	if (stream_can_submit(st)) {
 		nghttp2_submit_rst_stream(st->cc->base.ng, NGHTTP2_FLAG_NONE,
 					  st->stream_id, NGHTTP2_CANCEL);
@@ -1243,6 +1314,8 @@ void rpc_client_free(struct rpc_client *c)
 		return;
 	c->freeing = true;
 	fail_pending(c, RPC_CANCELLED, "client closed");
+	while (c->inproc.head)
+		stream_finish(c->inproc.head, RPC_CANCELLED, "client closed");
 	while (c->done_q.head)
 		stream_finish(c->done_q.head, RPC_CANCELLED, "client closed");
 	for (struct cconn *cc = c->conns; cc; cc = cc->next) {
@@ -1270,4 +1343,9 @@ unsigned rpc__client_goaways(const struct rpc_client *c)
 unsigned rpc__client_connects(const struct rpc_client *c)
 {
 	return c->connects;
+}
+
+unsigned rpc__client_inproc_calls(const struct rpc_client *c)
+{
+	return c->inproc_calls;
 }

@@ -213,6 +213,11 @@ struct rpc_client_opts {
 	uint64_t backoff_initial_ms; /* reconnect backoff; 0: 100ms */
 	uint64_t backoff_max_ms;     /* 0: 10s */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
+	/* Unary calls to a server of this process listening at the target
+	 * on the same loop go to it directly, without a connection (same
+	 * status, deadlines, limits and metrics; the handler sees peer
+	 * "in-process" and no headers). Streaming calls always connect. */
+	bool local_calls;
 };
 
 /*

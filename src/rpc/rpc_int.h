@@ -250,12 +250,39 @@ int rpc__server_set_health(struct rpc_server *s, struct rpc_health *h) MC_MUST_C
 void rpc__health_shutdown(struct rpc_health *h);
 void rpc__health_free(struct rpc_health *h);
 
+/* ---------------------------------------------------------------- in-process calls
+ * A client made with local_calls sends a unary call to a server listening
+ * at its target on the same loop without a connection (server.c's head
+ * comment). Everything runs on that loop's thread.
+ */
+
+/* The server on loop listening at to (not shutting down), or NULL. */
+struct rpc_server *rpc__server_local(uv_loop_t *loop, const struct sockaddr *to);
+/* Hand over a unary call to path with the serialized request req (a
+ * reference is kept until dispatch or cancel). The server answers, once,
+ * through rpc__client_inproc_done(st, ...), never from inside this call.
+ * *out is the handle for rpc__server_inproc_cancel. Errors: -ENOMEM,
+ * -ECANCELED (the server is shutting down). */
+int rpc__server_inproc_start(struct rpc_server *s, const char *path, struct rpc__omsg *req,
+			     uint64_t timeout_ms, struct rpc_stream *st,
+			     struct rpc_call **out) MC_MUST_CHECK;
+/* The client gives up on the call (cancel, deadline, freed): the handler
+ * hears on_cancel, nothing is delivered. */
+void rpc__server_inproc_cancel(struct rpc_call *call);
+/* The server's answer: status, message (decoded, may be empty) and the
+ * serialized response body (NULL unless status is RPC_OK and one was
+ * sent; borrowed for the duration of the call). */
+void rpc__client_inproc_done(struct rpc_stream *st, int status, const char *message,
+			     const uint8_t *body, size_t len);
+
 /* ---------------------------------------------------------------- client test hooks */
 
 /* Number of GOAWAY frames the client's connections received. */
 unsigned rpc__client_goaways(const struct rpc_client *c);
 /* Connections the client opened successfully so far. */
 unsigned rpc__client_connects(const struct rpc_client *c);
+/* Calls the client handed to a server in-process so far. */
+unsigned rpc__client_inproc_calls(const struct rpc_client *c);
 
 /* HTTP status -> gRPC status (PROTOCOL-HTTP2.md "HTTP to gRPC Status Code
  * Mapping"); HTTP/2 RST_STREAM error -> gRPC status. */

@@ -24,6 +24,18 @@
  * deadline, a protocol error, a lost connection, the end of a shutdown's
  * drain — tells the handler through on_cancel.
  *
+ * In-process calls: a client made with local_calls whose target is one of
+ * this server's listeners, on the same loop, hands a unary call over
+ * directly (rpc__server_inproc_start): the serialized request is unpacked
+ * and dispatched from the server's idle handle, the handler sees a call
+ * like any other (peer "in-process", no headers), and rpc_call_finish
+ * gives the status and the serialized response to the client
+ * (rpc__client_inproc_done). The client's side holds the reference
+ * nghttp2's stream holds for a network call; it is dropped when the
+ * answer is delivered or the client cancels (rpc__server_inproc_cancel).
+ * Same deadlines, metrics, size limits and drain as a network call; no
+ * socket, no HTTP/2 framing, no wakeup of another thread.
+ *
  * Shutdown follows the gRPC graceful pattern: close the listeners, send
  * a GOAWAY "shutdown notice" (last stream id 2^31-1) and a PING on every
  * connection; on the PING's ACK send the real GOAWAY with the last stream
@@ -32,7 +44,10 @@
  * Connections close when their last call ends; at drain_timeout_ms the
  * rest are closed, which cancels their calls.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +84,7 @@ struct listener {
 	uv_tcp_t tcp;
 	struct rpc_server *s;
 	int port;
+	struct sockaddr_storage addr; /* bound */
 };
 
 struct sconn {
@@ -110,6 +126,13 @@ struct rpc_server {
 	void (*on_done)(struct rpc_server *s, void *ud);
 	void *done_ud;
 	struct rpc_health *health;
+	/* In-process calls: live ones (linked by prev/next), those waiting
+	 * for dispatch, and this server's place in the process's list. */
+	struct rpc_call *icalls;
+	struct rpc_call *iq_head, *iq_tail;
+	uv_idle_t idle;
+	struct rpc_server *local_next;
+	bool local_listed;
 };
 
 struct rpc_call {
@@ -146,6 +169,10 @@ struct rpc_call {
 	struct rpc__outq outq;
 	struct rpc__dl dl;
 	void *data;
+	bool inproc;               /* handed over by an in-process client */
+	struct rpc_stream *ist;    /* that client's stream; NULL once detached */
+	struct rpc__omsg *ireq;    /* its serialized request, until dispatch */
+	struct rpc_call *iq_next;  /* dispatch queue */
 	char peer[64];
 };
 
@@ -155,6 +182,7 @@ static void server_check_done(struct rpc_server *s);
 static void call_unref(struct rpc_call *call);
 static void on_dl_timer(uv_timer_t *t);
 static void on_conn_timer(uv_timer_t *t);
+static void inproc_deliver(struct rpc_call *call);
 
 #define NV(n, v)                                                               \
 	{(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1,          \
@@ -314,9 +342,8 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
 
 /* ---------------------------------------------------------------- call objects */
 
-static struct rpc_call *call_new(struct sconn *sc, int32_t stream_id)
+static struct rpc_call *call_alloc(struct rpc_server *s)
 {
-	struct rpc_server *s = sc->s;
 	struct rpc_call *call = s->free_calls;
 	struct mc_buf hdrs = MC_BUF_INIT;
 
@@ -333,20 +360,28 @@ static struct rpc_call *call_new(struct sconn *sc, int32_t stream_id)
 	memset(call, 0, offsetof(struct rpc_call, peer));
 	call->hdrs = hdrs;
 	call->s = s;
-	call->sc = sc;
-	call->stream_id = stream_id;
-	call->refs = 1; /* the nghttp2 stream's */
+	call->refs = 1; /* the transport's: nghttp2's stream or the in-process client */
 	call->start_ns = uv_hrtime();
 	rpc__deframer_setup(&call->df, s->max_msg, &s->bufs);
 	rpc__outq_init(&call->outq, &call_outq_ops);
 	rpc__dl_init(&call->dl);
+	s->live_calls++;
+	return call;
+}
+
+static struct rpc_call *call_new(struct sconn *sc, int32_t stream_id)
+{
+	struct rpc_call *call = call_alloc(sc->s);
+	if (!call)
+		return NULL;
+	call->sc = sc;
+	call->stream_id = stream_id;
 	memcpy(call->peer, sc->base.peer, sizeof(call->peer));
 	call->next = sc->calls;
 	if (sc->calls)
 		sc->calls->prev = call;
 	sc->calls = call;
 	sc->ncalls++;
-	s->live_calls++;
 	return call;
 }
 
@@ -357,6 +392,7 @@ static void call_free(struct rpc_call *call)
 	rpc__unpacked_free(call->req, &call->req_arena);
 	call->req = NULL;
 	rpc__outq_clear(&call->outq);
+	rpc__omsg_unref(call->ireq);
 	free(call->message);
 	s->live_calls--;
 	if (s->nfree < CALL_FREELIST_MAX && !s->shutting_down) {
@@ -500,6 +536,7 @@ static void call_abort(struct rpc_call *call, int status, const char *message)
 		  call->stats ? call->stats->path : "?", call->peer,
 		  rpc_status_name(status), message);
 	call_set_done(call, status, message, true);
+	inproc_deliver(call);
 	if (call_can_submit(call)) {
 		if (!call->resp_submitted) {
 			rpc__outq_clear(&call->outq);
@@ -565,6 +602,47 @@ static void call_detach(struct rpc_call *call)
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* Set the call's service and method from its path "/svc/Method", or say
+ * why not in why. Errors: -ENOENT. */
+static int find_method(struct rpc_call *call, const char *path, char *why, size_t wlen)
+{
+	const char *slash = path && path[0] == '/' ? strrchr(path, '/') : NULL;
+	if (!slash || slash == path) {
+		snprintf(why, wlen, "malformed method name \"%s\"", path ? path : "");
+		return -ENOENT;
+	}
+	size_t slen = (size_t)(slash - path - 1);
+	const struct svc *svc = call->s->svcs;
+	while (svc && !(svc->name_len == slen && memcmp(svc->name, path + 1, slen) == 0))
+		svc = svc->next;
+	if (!svc) {
+		snprintf(why, wlen, "unknown service %.*s", (int)slen, path + 1);
+		return -ENOENT;
+	}
+	size_t i;
+	for (i = 0; i < svc->n && strcmp(svc->methods[i].name, slash + 1) != 0; i++)
+		;
+	if (i == svc->n) {
+		snprintf(why, wlen, "unknown method %s for service %s", slash + 1, svc->name);
+		return -ENOENT;
+	}
+	call->svc = svc;
+	call->m = &svc->methods[i];
+	call->stats = &svc->stats[i];
+	return 0;
+}
+
+/* Start the call's deadline, if it has one. */
+static void call_arm_deadline(struct rpc_call *call)
+{
+	struct rpc_server *s = call->s;
+	if (!call->has_timeout)
+		return;
+	call->dl.at_ms = uv_now(s->loop) + call->timeout_ms;
+	if (rpc__dlheap_add(&s->dl, &call->dl) == 0 && rpc__dlheap_top(&s->dl) == &call->dl)
+		rpc__dlheap_arm(&s->dl, &s->dl_timer, on_dl_timer);
+}
+
 static void call_dispatch(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
@@ -580,32 +658,11 @@ static void call_dispatch(struct rpc_call *call)
 			    "invalid gRPC request content-type \"%s\"", ct ? ct : "");
 		return;
 	}
-	const char *slash = path && path[0] == '/' ? strrchr(path, '/') : NULL;
-	if (!slash || slash == path) {
-		call_reject(call, "200", RPC_UNIMPLEMENTED, "malformed method name \"%s\"",
-			    path ? path : "");
+	char why[256];
+	if (find_method(call, path, why, sizeof(why))) {
+		call_reject(call, "200", RPC_UNIMPLEMENTED, "%s", why);
 		return;
 	}
-	size_t slen = (size_t)(slash - path - 1);
-	const struct svc *svc = s->svcs;
-	while (svc && !(svc->name_len == slen && memcmp(svc->name, path + 1, slen) == 0))
-		svc = svc->next;
-	if (!svc) {
-		call_reject(call, "200", RPC_UNIMPLEMENTED, "unknown service %.*s",
-			    (int)slen, path + 1);
-		return;
-	}
-	size_t i;
-	for (i = 0; i < svc->n && strcmp(svc->methods[i].name, slash + 1) != 0; i++)
-		;
-	if (i == svc->n) {
-		call_reject(call, "200", RPC_UNIMPLEMENTED,
-			    "unknown method %s for service %s", slash + 1, svc->name);
-		return;
-	}
-	call->svc = svc;
-	call->m = &svc->methods[i];
-	call->stats = &svc->stats[i];
 	if (call->bad_timeout) {
 		call_reject(call, "200", RPC_INTERNAL, "malformed grpc-timeout \"%s\"",
 			    rpc_call_header(call, "grpc-timeout"));
@@ -622,12 +679,7 @@ static void call_dispatch(struct rpc_call *call)
 		return;
 	}
 	call->dispatched = true;
-	if (call->has_timeout) {
-		call->dl.at_ms = uv_now(s->loop) + call->timeout_ms;
-		if (rpc__dlheap_add(&s->dl, &call->dl) == 0 &&
-		    rpc__dlheap_top(&s->dl) == &call->dl)
-			rpc__dlheap_arm(&s->dl, &s->dl_timer, on_dl_timer);
-	}
+	call_arm_deadline(call);
 	if (call->m->kind == RPC_CLIENT_STREAMING || call->m->kind == RPC_BIDI_STREAMING) {
 		call->handler_ref = true;
 		call->refs++;
@@ -692,6 +744,221 @@ static void call_half_close(struct rpc_call *call)
 			call->m->on_half_close(call);
 		break;
 	}
+}
+
+/* ---------------------------------------------------------------- in-process calls */
+
+/* Servers that listen, for clients on the same loop to find (the list is
+ * process-wide; each server is only ever used from its loop's thread). */
+static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rpc_server *local_head;
+
+static void local_list(struct rpc_server *s, bool on)
+{
+	pthread_mutex_lock(&local_mu);
+	if (on && !s->local_listed) {
+		s->local_next = local_head;
+		local_head = s;
+		s->local_listed = true;
+	} else if (!on && s->local_listed) {
+		struct rpc_server **pp = &local_head;
+		while (*pp != s)
+			pp = &(*pp)->local_next;
+		*pp = s->local_next;
+		s->local_listed = false;
+	}
+	pthread_mutex_unlock(&local_mu);
+}
+
+/* Does a listener bound to l accept connections made to to? Exact
+ * address and port, or a wildcard listener and a loopback target. */
+static bool addr_reaches(const struct sockaddr_storage *l, const struct sockaddr *to)
+{
+	if (l->ss_family != to->sa_family)
+		return false;
+	if (to->sa_family == AF_INET) {
+		const struct sockaddr_in *a = (const struct sockaddr_in *)l;
+		const struct sockaddr_in *b = (const struct sockaddr_in *)to;
+		if (a->sin_port != b->sin_port)
+			return false;
+		return a->sin_addr.s_addr == b->sin_addr.s_addr ||
+		       (a->sin_addr.s_addr == htonl(INADDR_ANY) &&
+			(ntohl(b->sin_addr.s_addr) >> 24) == 127);
+	}
+	if (to->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)l;
+		const struct sockaddr_in6 *b = (const struct sockaddr_in6 *)to;
+		if (a->sin6_port != b->sin6_port)
+			return false;
+		return IN6_ARE_ADDR_EQUAL(&a->sin6_addr, &b->sin6_addr) ||
+		       (IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr) &&
+			IN6_IS_ADDR_LOOPBACK(&b->sin6_addr));
+	}
+	return false;
+}
+
+struct rpc_server *rpc__server_local(uv_loop_t *loop, const struct sockaddr *to)
+{
+	struct rpc_server *found = NULL;
+	pthread_mutex_lock(&local_mu);
+	for (struct rpc_server *s = local_head; s && !found; s = s->local_next) {
+		if (s->loop != loop || s->shutting_down)
+			continue;
+		for (unsigned i = 0; i < s->nlisteners; i++)
+			if (addr_reaches(&s->listeners[i]->addr, to)) {
+				found = s;
+				break;
+			}
+	}
+	pthread_mutex_unlock(&local_mu);
+	return found;
+}
+
+static void icall_unlink(struct rpc_call *call)
+{
+	struct rpc_server *s = call->s;
+	if (call->prev)
+		call->prev->next = call->next;
+	else
+		s->icalls = call->next;
+	if (call->next)
+		call->next->prev = call->prev;
+	call->prev = call->next = NULL;
+	call->ist = NULL;
+}
+
+/* The call's final status is decided: hand it and the response to the
+ * client, and drop the client's reference. */
+static void inproc_deliver(struct rpc_call *call)
+{
+	struct rpc_stream *st = call->ist;
+	if (!st)
+		return;
+	icall_unlink(call);
+	const uint8_t *body = NULL;
+	size_t len = 0;
+	if (call->status == RPC_OK && call->outq.head) {
+		body = call->outq.head->data + 5;
+		len = call->outq.head->len - 5;
+	}
+	char msg[512] = "";
+	if (call->message)
+		rpc_percent_decode(call->message, msg, sizeof(msg));
+	call->refs++;
+	rpc__client_inproc_done(st, call->status, msg, body, len);
+	call_unref(call); /* the client's */
+	call_unref(call);
+}
+
+/* Run the calls handed over since the last turn, as call_dispatch and
+ * call_half_close do for a network call. */
+static void on_inproc_idle(uv_idle_t *h)
+{
+	struct rpc_server *s = MC_CONTAINER_OF(h, struct rpc_server, idle);
+	struct rpc_call *q = s->iq_head;
+	s->iq_head = s->iq_tail = NULL;
+	uv_idle_stop(h);
+	while (q) {
+		struct rpc_call *call = q;
+		q = call->iq_next;
+		call->iq_next = NULL;
+		struct rpc__omsg *req = call->ireq;
+		call->ireq = NULL;
+		if (call->done || !call->ist) {
+			/* cancelled before its turn */
+		} else if (!call->m) {
+			char why[256];
+			snprintf(why, sizeof(why), "%s", call->message ? call->message : "");
+			call_abort(call, RPC_UNIMPLEMENTED, why);
+		} else if (s->drain_expired) {
+			call_abort(call, RPC_UNAVAILABLE, "server shutting down");
+		} else if (call->m->kind != RPC_UNARY) {
+			call_abort(call, RPC_UNIMPLEMENTED,
+				   "only unary methods are called in-process");
+		} else if (req->len - 5 > s->max_msg) {
+			char msg[128];
+			snprintf(msg, sizeof(msg), "received message larger than max (%zu vs. %zu)",
+				 req->len - 5, s->max_msg);
+			call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
+		} else {
+			ProtobufCMessage *m = rpc__unpack(call->m->request, req->data + 5,
+							  req->len - 5, &s->bufs, &call->req_arena);
+			if (!m) {
+				call_abort(call, RPC_INTERNAL, "failed to parse request message");
+			} else {
+				call->dispatched = true;
+				call->nreq = 1;
+				call->remote_closed = true;
+				call_arm_deadline(call);
+				call->handler_ref = true;
+				call->refs++;
+				call->m->on_message(call, m);
+				rpc__unpacked_free(m, &call->req_arena);
+			}
+		}
+		rpc__omsg_unref(req);
+		call_unref(call); /* the queue's */
+	}
+}
+
+int rpc__server_inproc_start(struct rpc_server *s, const char *path, struct rpc__omsg *req,
+			     uint64_t timeout_ms, struct rpc_stream *st,
+			     struct rpc_call **out)
+{
+	if (s->shutting_down || !s->timers_ready)
+		return -ECANCELED;
+	struct rpc_call *call = call_alloc(s);
+	if (!call)
+		return -ENOMEM;
+	call->inproc = true;
+	call->ist = st;
+	call->post = call->ct_ok = true;
+	snprintf(call->peer, sizeof(call->peer), "in-process");
+	char why[256];
+	if (find_method(call, path, why, sizeof(why))) {
+		/* Answered UNIMPLEMENTED on its turn, like a network call. */
+		call->message = strdup(why);
+		if (!call->message) {
+			call->inproc = false;
+			call->ist = NULL;
+			call_unref(call);
+			return -ENOMEM;
+		}
+	}
+	call->has_timeout = timeout_ms > 0;
+	call->timeout_ms = timeout_ms;
+	req->refs++;
+	call->ireq = req;
+	call->next = s->icalls;
+	if (s->icalls)
+		s->icalls->prev = call;
+	s->icalls = call;
+	call->refs++; /* the dispatch queue's */
+	if (s->iq_tail)
+		s->iq_tail->iq_next = call;
+	else
+		s->iq_head = call;
+	s->iq_tail = call;
+	uv_idle_start(&s->idle, on_inproc_idle);
+	*out = call;
+	return 0;
+}
+
+void rpc__server_inproc_cancel(struct rpc_call *call)
+{
+	if (!call->ist)
+		return;
+	icall_unlink(call);
+	rpc__omsg_unref(call->ireq); /* the client's buffer: not past its stream */
+	call->ireq = NULL;
+	call->refs++;
+	if (!call->done) {
+		call_set_done(call, RPC_CANCELLED, "cancelled", true);
+		if (call->handler_ref && call->m->on_cancel)
+			call->m->on_cancel(call);
+	}
+	call_unref(call); /* the client's */
+	call_unref(call);
 }
 
 /* ---------------------------------------------------------------- nghttp2 callbacks */
@@ -991,8 +1258,9 @@ static int server_init_timers(struct rpc_server *s)
 		return 0;
 	uv_timer_init(s->loop, &s->dl_timer);
 	uv_timer_init(s->loop, &s->drain_timer);
+	uv_idle_init(s->loop, &s->idle);
 	s->timers_ready = true;
-	s->timers_open = 2;
+	s->timers_open = 3;
 	return 0;
 }
 
@@ -1142,8 +1410,10 @@ int rpc_server_listen(struct rpc_server *s, const char *hostport)
 		l->port = ntohs(ss.ss_family == AF_INET6
 					? ((struct sockaddr_in6 *)&ss)->sin6_port
 					: ((struct sockaddr_in *)&ss)->sin_port);
+	l->addr = ss;
 	s->listeners[s->nlisteners++] = l;
 	s->listeners_open++;
+	local_list(s, true);
 	char addr[80];
 	mc_format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
 	log_info("%s: listening on %s", s->name, addr);
@@ -1175,14 +1445,22 @@ static void server_check_done(struct rpc_server *s)
 	s->finalizing = true;
 	s->dl_timer.data = s;
 	s->drain_timer.data = s;
+	s->idle.data = s;
 	uv_close((uv_handle_t *)&s->dl_timer, on_timer_closed);
 	uv_close((uv_handle_t *)&s->drain_timer, on_timer_closed);
+	uv_close((uv_handle_t *)&s->idle, on_timer_closed);
 }
 
 static void on_drain_timeout(uv_timer_t *t)
 {
 	struct rpc_server *s = MC_CONTAINER_OF(t, struct rpc_server, drain_timer);
 	s->drain_expired = true;
+	while (s->icalls) {
+		struct rpc_call *call = s->icalls;
+		call->refs++;
+		call_abort(call, RPC_UNAVAILABLE, "server shutting down");
+		call_unref(call);
+	}
 	if (s->nconns)
 		log_info("%s: drain timeout: cancelling %u calls on %u connections",
 			 s->name, s->live_calls, s->nconns);
@@ -1203,6 +1481,7 @@ void rpc_server_shutdown(struct rpc_server *s, uint64_t drain_timeout_ms,
 	if (s->shutting_down)
 		return;
 	s->shutting_down = true;
+	local_list(s, false);
 	s->on_done = on_done;
 	s->done_ud = ud;
 	server_init_timers(s);
@@ -1227,6 +1506,7 @@ void rpc_server_free(struct rpc_server *s)
 			  s->name);
 		return;
 	}
+	local_list(s, false);
 	if (s->health)
 		rpc__health_free(s->health);
 	while (s->svcs) {
@@ -1274,7 +1554,7 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 	if ((call->m->kind == RPC_UNARY || call->m->kind == RPC_CLIENT_STREAMING) &&
 	    call->nsent)
 		return -EINVAL;
-	if (!call_can_submit(call))
+	if (!call_can_submit(call) && !(call->inproc && call->ist))
 		return -ECANCELED;
 	struct rpc__omsg *m;
 	int rc = rpc__omsg_pack(msg, call->s->max_msg, &call->s->bufs, &m);
@@ -1282,6 +1562,8 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 		return rc;
 	rpc__outq_push(&call->outq, m);
 	call->nsent++;
+	if (call->inproc)
+		return 0; /* handed over whole by rpc_call_finish */
 	if (!call->resp_submitted) {
 		rc = submit_response(call);
 		if (rc) {
@@ -1305,6 +1587,7 @@ void rpc_call_finish(struct rpc_call *call, int status, const char *message)
 	call->handler_ref = false;
 	if (!call->done) {
 		call_set_done(call, status, message, false);
+		inproc_deliver(call);
 		call_queue_status(call);
 	}
 	call_unref(call);

@@ -1682,3 +1682,168 @@ Test(rpc, refused_streams_are_retried_transparently)
 	ures_free(&b);
 	fx_fini(&f);
 }
+
+/* ---------------------------------------------------------------- in-process calls */
+
+static void fx_init_local(struct fx *f, const struct rpc_server_opts *so)
+{
+	struct rpc_client_opts co = {.max_message_bytes = 64 * MiB, .local_calls = true};
+	fx_init(f, so, &co);
+}
+
+Test(rpc, inproc_unary_skips_the_network)
+{
+	struct fx f;
+	struct ures r;
+	fx_init_local(&f, NULL);
+	cr_assert_eq(echo(&f, "hello", 5, &r), RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.len, 5);
+	cr_assert(memcmp(r.payload, "hello", 5) == 0);
+	ures_free(&r);
+	cr_assert_eq(echo(&f, "", 0, &r), RPC_OK);
+	cr_assert_eq(r.len, 0);
+	ures_free(&r);
+	/* 16 MiB each way, copied through the serialized form. */
+	uint8_t *big = malloc(16 * MiB);
+	for (size_t i = 0; i < 16 * MiB; i++)
+		big[i] = (uint8_t)(i * 7);
+	cr_assert_eq(echo(&f, big, 16 * MiB, &r), RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.len, 16 * MiB);
+	cr_assert(memcmp(r.payload, big, 16 * MiB) == 0);
+	ures_free(&r);
+	free(big);
+	cr_assert_eq(rpc__client_connects(f.cli), 0, "a connection was opened");
+	cr_assert_eq(rpc__client_inproc_calls(f.cli), 3);
+	cr_assert_eq(metric_of(&f, "mooncake_rpc_server_calls_total{server=\"test\","
+				   "method=\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "), 3);
+	cr_assert_eq(metric_of(&f, "mooncake_rpc_client_calls_total{method="
+				   "\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "), 3);
+	/* Status and message, as a network call would have them. */
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.status = RPC_FAILED_PRECONDITION;
+	req.message = "not ready: 100% \"busy\"\n\tcaf\xc3\xa9";
+	echo_start(&f, f.cli, "/mooncake.diag.Diag/Echo", &req, 0, &r);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_FAILED_PRECONDITION);
+	cr_assert_str_eq(r.msg, req.message);
+	/* Unknown methods. */
+	Mooncake__Diag__EchoRequest plain = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	echo_start(&f, f.cli, "/mooncake.diag.Diag/Nope", &plain, 0, &r);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_UNIMPLEMENTED);
+	cr_assert(strstr(r.msg, "Nope"), "%s", r.msg);
+	echo_start(&f, f.cli, "/no.Such/Echo", &plain, 0, &r);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_UNIMPLEMENTED);
+	cr_assert(strstr(r.msg, "no.Such"), "%s", r.msg);
+	/* The handler sees an in-process peer; a held call answers later. */
+	echo_start(&f, f.cli, "/test.Hold/Hold", &plain, 0, &r);
+	RUN_UNTIL(&f, f.hold.live == 1);
+	cr_assert_str_eq(f.hold.peer, "in-process");
+	cr_assert_not(r.done);
+	hold_release(&f.hold, RPC_OK);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
+	cr_assert(r.len == 4 && memcmp(r.payload, "held", 4) == 0);
+	ures_free(&r);
+	/* Streams still connect. */
+	struct sres s;
+	download(&f, 100000, 0, &s);
+	cr_assert_eq(s.status, RPC_OK, "%s", s.msg);
+	cr_assert_eq(s.bytes, 100000);
+	cr_assert_eq(rpc__client_connects(f.cli), 1);
+	/* A client without local_calls connects as before. */
+	struct rpc_client *net = mk_client(&f, NULL);
+	echo_start(&f, net, "/mooncake.diag.Diag/Echo", &plain, 0, &r);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_OK);
+	ures_free(&r);
+	cr_assert_eq(rpc__client_connects(net), 1);
+	cr_assert_eq(rpc__client_inproc_calls(net), 0);
+	rpc_client_free(net);
+	fx_fini(&f);
+}
+
+Test(rpc, inproc_deadlines_cancels_and_limits)
+{
+	struct fx f;
+	struct ures r;
+	struct rpc_stream *st;
+	struct rpc_server_opts so = {.name = "test", .max_message_bytes = 1024};
+	fx_init_local(&f, &so);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	/* A deadline the handler does not meet: the caller hears
+	 * DEADLINE_EXCEEDED, the handler on_cancel. */
+	uint64_t t0 = mc_now_ms();
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 200, &r);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_DEADLINE_EXCEEDED, "%s", r.msg);
+	cr_assert_geq(mc_now_ms() - t0, 190);
+	cr_assert_gt(f.hold.deadline_ms, 0);
+	RUN_UNTIL(&f, f.hold.live == 0);
+	cr_assert_eq(f.hold.cancels, 1);
+	/* Cancelled by the caller while the handler holds it. */
+	memset(&r, 0, sizeof(r));
+	cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
+				      &mooncake__diag__echo_response__descriptor, 0,
+				      on_unary, &r, &st), 0);
+	RUN_UNTIL(&f, f.hold.live == 1);
+	rpc_stream_cancel(st);
+	cr_assert_eq(f.hold.cancels, 2);
+	/* Cancelled before its turn: the handler never sees it. */
+	cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
+				      &mooncake__diag__echo_response__descriptor, 0,
+				      on_unary, &r, &st), 0);
+	rpc_stream_cancel(st);
+	cr_assert_eq(echo(&f, "a", 1, &r), RPC_OK);
+	ures_free(&r);
+	cr_assert_eq(f.hold.started, 2);
+	/* Above the server's message limit. */
+	char big[4096] = {0};
+	cr_assert_eq(echo(&f, big, sizeof(big), &r), RPC_RESOURCE_EXHAUSTED, "%s", r.msg);
+	/* The client freed with a call in flight: CANCELLED, handler told. */
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 0, &r);
+	RUN_UNTIL(&f, f.hold.live == 1);
+	rpc_client_free(f.cli);
+	f.cli = NULL;
+	cr_assert(r.done);
+	cr_assert_eq(r.status, RPC_CANCELLED);
+	cr_assert_eq(f.hold.cancels, 3);
+	fx_fini(&f);
+}
+
+Test(rpc, inproc_calls_drain_at_shutdown)
+{
+	struct fx f;
+	struct ures a, b, c;
+	fx_init_local(&f, NULL);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 0, &a);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 0, &b);
+	RUN_UNTIL(&f, f.hold.live == 2);
+	bool done = false;
+	rpc_server_shutdown(f.srv, 300, on_srv_done, &done);
+	/* A call that ends during the drain is answered. */
+	struct rpc_call *first = f.hold.calls[0];
+	f.hold.calls[0] = NULL;
+	f.hold.live--;
+	Mooncake__Diag__EchoResponse resp = MOONCAKE__DIAG__ECHO_RESPONSE__INIT;
+	cr_assert_eq(rpc_call_send(first, &resp.base), 0);
+	rpc_call_finish(first, RPC_OK, NULL);
+	RUN_UNTIL(&f, a.done);
+	cr_assert_eq(a.status, RPC_OK, "%s", a.msg);
+	/* New calls no longer go in-process: the listener is closed. */
+	echo_start(&f, f.cli, "/mooncake.diag.Diag/Echo", &req, 0, &c);
+	RUN_UNTIL(&f, c.done);
+	cr_assert_eq(c.status, RPC_UNAVAILABLE, "%s", c.msg);
+	/* The one still held ends with the drain. */
+	RUN_UNTIL(&f, b.done);
+	cr_assert_eq(b.status, RPC_UNAVAILABLE, "%s", b.msg);
+	cr_assert(strstr(b.msg, "shutting down"), "%s", b.msg);
+	cr_assert_eq(f.hold.cancels, 1);
+	RUN_UNTIL(&f, done);
+	rpc_server_free(f.srv);
+	f.srv = NULL;
+	ures_free(&a);
+	fx_fini(&f);
+}
