@@ -239,6 +239,62 @@ def bench_store_runs_every_op_beside_redis():
     if shutil.which("redis-server"):
         eq(len(redis_rows), 8, "a redis row per size and op\n" + r.stdout)
         assert all(x[7] == "0" and float(x[2]) > 0 for x in redis_rows), r.stdout
+    assert "the master in the local agent's process" in r.stdout, r.stdout
+    # The master in a process of its own, no redis: local and remote rows.
+    r = run([mctest.MOONCAKECTL, "bench", "store", "--value-size=4K", "--clients=1",
+             "--op=put,get", "--duration=200ms", "--master=separate", "--redis=off"],
+            timeout=300)
+    assert "the master in a process of its own" in r.stdout, r.stdout
+    rows = [l.split() for l in r.stdout.splitlines()]
+    for op in ("put", "get"):
+        for where in ("local", "remote"):
+            row = [x for x in rows if x[:3] == ["4K", op, where]]
+            eq(len(row), 1, "one row for 4K %s %s\n%s" % (op, where, r.stdout))
+            eq(row[0][10], "0", "no errors in 4K %s %s" % (op, where))
+    for bad in ("--master=elsewhere", "--clients=1,4"):
+        r = run([mctest.MOONCAKECTL, "bench", "store", bad], check=False)
+        eq(r.returncode, 2, "%s is a usage error" % bad)
+
+
+@case
+def an_agent_calls_the_master_of_its_own_process_in_process():
+    """--role=master,agent (as standalone): the agent's master calls skip
+    the network — the master has no connection while puts, gets and
+    removes go through, exactly as with a master of its own."""
+    import urllib.request
+    from mctest import Daemon
+    d = Daemon("master,agent", args=["--meta-endpoints="], env=st.daemon_env())
+    wait_for(lambda: "mounted with master" in d.output(), what="segment mounted")
+
+    def scrape(key):
+        with urllib.request.urlopen("http://%s/metrics" % d.addr(key), timeout=5) as r:
+            return r.read().decode()
+
+    from mooncake.store import MooncakeDistributedStore
+    s = MooncakeDistributedStore()
+    eq(s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+               socket_path=d.socket, verify_gets=True), 0, "setup")
+    vals = {"k/%d" % i: os.urandom(4096 if i % 2 else 70000) for i in range(200)}
+    for k, v in vals.items():
+        eq(s.put(k, v), OK, "put " + k)
+    eq(s.put("k/0", b"again"), EXISTS, "a duplicate put is refused by the master")
+    for k, v in vals.items():
+        eq(s.get(k) == v, True, "get " + k)
+    eq(s.remove("k/1"), HAS_LEASE, "a key just read is leased")
+    eq(s.put("unread", b"x"), OK, "put")
+    eq(s.remove("unread"), OK, "remove")
+    eq(s.is_exist("unread"), 0, "removed")
+    agent_m, master_m = scrape("agent-http"), scrape("master-http")
+    eq(metric_labels(master_m, "mooncake_rpc_server_connections", 'server="master"'), 0.0,
+       "no connection to the master")
+    served = metric_labels(master_m, "mooncake_rpc_server_calls_total",
+                           'server="master",method="/mooncake.master.Master/BatchCommit",'
+                           'code="OK"')
+    sent = metric_labels(agent_m, "mooncake_rpc_client_calls_total",
+                         'method="/mooncake.master.Master/BatchCommit",code="OK"')
+    assert served > 0 and served == sent, (served, sent)
+    s.close()
+    eq(d.stop(), 0, "clean stop")
 
 
 @case
