@@ -71,8 +71,12 @@ struct agent_opts {
 	uint64_t put_lease_bytes;
 };
 
-/* Copies up to this size run on the loop thread. */
+/* Copies up to this size run on the loop thread; a get's up to the
+ * second one too when one session alone has sent requests for
+ * AGENT_SOLO_NS (ops.c, solo_get). */
 #define AGENT_INLINE_COPY_BYTES (64u * 1024)
+#define AGENT_INLINE_SOLO_COPY_BYTES (2u << 20)
+#define AGENT_SOLO_NS (2000000ull)
 /* Client protocol version (proto/client.proto). */
 #define AGENT_PROTOCOL_VERSION 1u
 

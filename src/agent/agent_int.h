@@ -453,6 +453,11 @@ struct agent {
 	bool listen_open;
 	struct agent_conn *conns;
 	unsigned nconns;
+	unsigned reqs;                /* requests in flight, every session */
+	/* The session of the last request and when requests began to come
+	 * from it alone (a get copies inline when it is the only one). */
+	const struct agent_conn *last_conn; /* compared, never followed */
+	uint64_t solo_since_ns;
 	uint64_t staging_in_use;
 	/* zero-copy views: lease renewal */
 	uv_timer_t view_timer;

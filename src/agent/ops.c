@@ -1007,6 +1007,17 @@ static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset
  * Every item has its replica (from the master or the lease cache) or an
  * error: decide where each value goes, then copy.
  */
+/* A big local get copied on the loop thread: when it is the only request
+ * in flight and one session alone has sent requests for a while, no one
+ * waits for the loop, and the copy threads' two hand-offs are saved. (A
+ * put's copy also computes the checksum: puts never do this.) */
+static bool solo_get(const struct agent_req *r, uint64_t bytes)
+{
+	const struct agent *a = r->a;
+	return bytes <= AGENT_INLINE_SOLO_COPY_BYTES && a->reqs == 1 && a->pool.pending == 0 &&
+	       r->start_ns - a->solo_since_ns >= AGENT_SOLO_NS;
+}
+
 static void get_place_and_copy(struct agent_req *r)
 {
 	struct agent *a = r->a;
@@ -1098,7 +1109,7 @@ static void get_place_and_copy(struct agent_req *r)
 	}
 	r->job.run = get_run;
 	r->job.done = get_done;
-	if (bytes <= AGENT_INLINE_COPY_BYTES && !remote) {
+	if (!remote && (bytes <= AGENT_INLINE_COPY_BYTES || solo_get(r, bytes))) {
 		get_run(&r->job);
 		get_done(&r->job);
 		return;

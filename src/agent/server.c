@@ -248,6 +248,7 @@ void agent__req_free(struct agent_req *r)
 		mooncake__client__request__free_unpacked(r->msg, NULL);
 	free(r);
 	c->inflight--;
+	c->a->reqs--;
 	if (!c->closed)
 		conn_update_poll(c);
 	agent__conn_unref(c);
@@ -295,8 +296,13 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 	r->msg = m;
 	r->op = m->op_case;
 	r->start_ns = mc_now_ns();
+	if (c->a->last_conn != c) {
+		c->a->last_conn = c;
+		c->a->solo_since_ns = r->start_ns;
+	}
 	c->refs++;
 	c->inflight++;
+	c->a->reqs++;
 	unsigned n = m->nfds <= MC_UFRAME_MAX_FDS ? m->nfds : 0;
 	if (m->nfds > MC_UFRAME_MAX_FDS ||
 	    mc_uframe_rx_take_fds(&c->rx, n, r->fds) != 0) {
