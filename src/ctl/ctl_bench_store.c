@@ -164,7 +164,9 @@ static int start_cluster(struct cluster *cl, uint64_t segment, bool separate)
 	for (int i = 0; rc == 0 && i < 2; i++) {
 		k = 0;
 		bool with_master = i == 0 && !separate;
-		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", cl->dir, i);
+		char dir[sizeof(cl->dir)]; /* (not cl's own: snprintf's restrict) */
+		memcpy(dir, cl->dir, sizeof(dir));
+		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
 		char *av[] = {daemon, with_master ? "--role=master,agent" : "--role=agent",
 			      ARG("--data-dir=%s/agent%d", cl->dir, i), "--config=",
 			      "--meta-endpoints=", ARG("--master-address=%s", cl->master),
