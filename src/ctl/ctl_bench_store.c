@@ -434,7 +434,9 @@ struct result {
 };
 
 /* Put the get set of each client: through `through` (the agent that
- * will hold them) or into redis. */
+ * will hold them) or into redis; then read each key once, as the run
+ * will: a key in use is leased and never evicted, while one put and
+ * never read is the first the pool evicts when mixed runs' puts fill it. */
 static int populate(struct worker *ws, unsigned n, const struct run *r, mc_client *through)
 {
 	for (unsigned id = 0; id < n; id++)
@@ -447,6 +449,17 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 						       &(struct mc_put_opts){.upsert = 1});
 			if (rc)
 				return rc;
+		}
+	for (unsigned id = 0; id < n; id++)
+		for (unsigned k = 0; k < r->nkeys; k++) {
+			char key[96];
+			key_of(key, sizeof(key), r, id, "get", k);
+			int64_t got = r->target == T_REDIS
+					      ? redis_get(ws[id].redis, key, ws[id].buf, r->size)
+					      : mc_get_into(ws[id].c, key, strlen(key), ws[id].buf,
+							    r->size);
+			if (got < 0)
+				return (int)got;
 		}
 	return 0;
 }
