@@ -86,7 +86,7 @@ class BufferHandle:
     """An object's bytes without a copy when the local agent holds a
     replica (a read-only mapping kept under the object's read lease until
     release(), or until the handle is garbage-collected); else a private
-    copy. ptr(), size(), len(); numpy.asarray(handle), memoryview(handle)
+    copy (in a buffer the session keeps for such reads, until release()). ptr(), size(), len(); numpy.asarray(handle), memoryview(handle)
     (Python 3.12+) and memoryview(handle.view()) do not copy. The memory
     is read-only."""
 

@@ -102,8 +102,9 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 		const Mooncake__Client__GetRequest *g = m->get;
 		if (!count_ok(g->n_items, why))
 			return -EINVAL;
-		if (g->spill && g->spill->where != MOONCAKE__CLIENT__REGION__WHERE__STAGING) {
-			*why = "the spill region must be in the staging buffer";
+		if (g->spill && g->spill->where != MOONCAKE__CLIENT__REGION__WHERE__STAGING &&
+		    g->spill->where != MOONCAKE__CLIENT__REGION__WHERE__BUFFER) {
+			*why = "the spill region must be in the staging buffer or a registered buffer";
 			return -EINVAL;
 		}
 		for (size_t i = 0; i < g->n_items; i++)

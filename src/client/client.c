@@ -59,6 +59,11 @@ struct block {
 	size_t off, len;
 };
 
+/* Spill buffers: at most this many, of at most this many bytes in all. */
+#define SPILL_SLOTS 4
+#define SPILL_MAX_BYTES ((size_t)256 << 20)
+#define SPILL_ALIGN ((size_t)2 << 20)
+
 struct waiter {
 	struct waiter *next;
 	uint64_t id;
@@ -89,11 +94,22 @@ struct mc_client {
 	char agent_addr[128];
 	uint64_t segment_size;
 	bool verify_gets;        /* every get checks the bytes' checksum */
+	/* Buffers (mc_buffer_alloc) kept to receive gets without a
+	 * destination that do not fit in the staging memfd: reused, so a
+	 * big value is not a fresh memfd whose every page faults on both
+	 * sides (spill_take). busy: offered to a get in flight, or holding
+	 * the bytes of a view. */
+	struct spill_buf {
+		uint8_t *buf;
+		size_t cap;
+		bool busy;
+	} spills[SPILL_SLOTS];
 };
 
 struct mc_view {
 	uint64_t id;      /* the agent's view id (mapped), 0 for a copy */
 	void *copy;
+	int spill;        /* the spill buffer holding its bytes, or -1 */
 };
 
 MC__PUBLIC const char *mc_version(void)
@@ -735,8 +751,74 @@ struct get_item {
 	void *alloc;      /* allocated copy */
 	uint64_t view;    /* mapped view id */
 	const void *mapped;
+	int spill;        /* zero_copy: the spill buffer mapped holds, or -1 */
 	int64_t blk;      /* staging block used as the item's dest */
 };
+
+/* The largest spill buffer not in use, now busy; -1 if none. */
+static int spill_take(mc_client *c)
+{
+	int best = -1;
+	pthread_mutex_lock(&c->mu);
+	for (int i = 0; i < SPILL_SLOTS; i++)
+		if (c->spills[i].buf && !c->spills[i].busy &&
+		    (best < 0 || c->spills[i].cap > c->spills[best].cap))
+			best = i;
+	if (best >= 0)
+		c->spills[best].busy = true;
+	pthread_mutex_unlock(&c->mu);
+	return best;
+}
+
+static void spill_give(mc_client *c, int i)
+{
+	if (i < 0)
+		return;
+	pthread_mutex_lock(&c->mu);
+	c->spills[i].busy = false;
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* A get needed a fresh memfd of len bytes: keep a buffer that size for
+ * the next ones — in an empty slot, or instead of the smallest free one
+ * when that is smaller — within SPILL_MAX_BYTES. Best effort. */
+static void spill_grow(mc_client *c, size_t len)
+{
+	size_t cap = (len + SPILL_ALIGN - 1) & ~(SPILL_ALIGN - 1);
+	int slot = -1;
+	size_t total = 0;
+	pthread_mutex_lock(&c->mu);
+	for (int i = 0; i < SPILL_SLOTS; i++) {
+		total += c->spills[i].cap;
+		if (!c->spills[i].buf && slot < 0)
+			slot = i;
+	}
+	for (int i = 0; i < SPILL_SLOTS && slot < 0; i++)
+		if (!c->spills[i].busy && c->spills[i].cap < cap &&
+		    (slot < 0 || c->spills[i].cap < c->spills[slot].cap))
+			slot = i;
+	uint8_t *old = NULL;
+	if (slot >= 0 && cap <= SPILL_MAX_BYTES && total - c->spills[slot].cap + cap <= SPILL_MAX_BYTES) {
+		old = c->spills[slot].buf;
+		c->spills[slot].buf = NULL;
+		c->spills[slot].cap = 0;
+		c->spills[slot].busy = true; /* being replaced */
+	} else {
+		slot = -1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (slot < 0)
+		return;
+	if (old)
+		(void)mc_buffer_free(c, old);
+	void *buf = NULL;
+	int rc = mc_buffer_alloc(c, cap, &buf);
+	pthread_mutex_lock(&c->mu);
+	c->spills[slot].buf = rc ? NULL : buf;
+	c->spills[slot].cap = rc ? 0 : cap;
+	c->spills[slot].busy = false;
+	pthread_mutex_unlock(&c->mu);
+}
 
 /* Map the segment read-only once (its descriptor came with a reply). */
 static int map_segment(mc_client *c, int fd)
@@ -790,10 +872,13 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 	int rc = 0;
 	size_t nreq = 0;
 	int64_t spill_blk = -1;
+	int spill_buf = -1;       /* or the spill buffer offered */
 	uint8_t *spill_map = NULL;
 	size_t spill_len = 0;
 	struct waiter w = {0};
 	bool have_w = false;
+	for (size_t i = 0; i < n; i++)
+		its[i].spill = -1;
 	if (!items || !ptrs || !regs || !map) {
 		rc = -ENOMEM;
 		goto out;
@@ -833,7 +918,18 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 	g.items = ptrs;
 	g.n_items = nreq;
 	g.verify = verify || c->verify_gets;
-	if (need_spill) {
+	/* Items without a destination land in a spill buffer when one is
+	 * free, else in a part of the staging memfd, else (too big) in a
+	 * memfd the agent makes for this reply. */
+	if (need_spill && (spill_buf = spill_take(c)) >= 0) {
+		if (agent_region(c, c->spills[spill_buf].buf, c->spills[spill_buf].cap, &spill)) {
+			g.spill = &spill;
+		} else {
+			spill_give(c, spill_buf);
+			spill_buf = -1;
+		}
+	}
+	if (need_spill && spill_buf < 0) {
 		size_t want = c->stg_len / 4 > 65536 ? c->stg_len / 4 : 65536;
 		size_t got;
 		spill_blk = stg_alloc_upto(c, want, &got);
@@ -908,12 +1004,24 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 			else
 				src = it->buf; /* written in place */
 			break;
-		case MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING:
-			if (res->offset > c->stg_len || it->size > c->stg_len - res->offset)
+		case MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING: {
+			/* (The spill region offered: a spill buffer or staging.) */
+			const uint8_t *base = spill_buf >= 0 ? c->spills[spill_buf].buf : c->stg;
+			size_t blen = spill_buf >= 0 ? c->spills[spill_buf].cap : c->stg_len;
+			if (res->offset > blen || it->size > blen - res->offset) {
 				it->err = MC_EPROTOCOL;
-			else
-				src = c->stg + res->offset;
+			} else if (spill_buf >= 0 && it->zero_copy && !it->buf && nreq == 1) {
+				/* A view of a replica elsewhere: its bytes stay in
+				 * the spill buffer until the view is released. */
+				it->mapped = base + res->offset;
+				it->spill = spill_buf;
+				spill_buf = -1;
+				continue;
+			} else {
+				src = base + res->offset;
+			}
 			break;
+		}
 		case MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL:
 			if (!spill_map || res->offset > spill_len ||
 			    it->size > spill_len - res->offset)
@@ -943,6 +1051,9 @@ out:
 	if (have_w)
 		waiter_clear(&w);
 	stg_free(c, spill_blk);
+	spill_give(c, spill_buf);
+	if (spill_map && rc == 0)
+		spill_grow(c, spill_len); /* (spill_map only says one was made) */
 	for (size_t i = 0; i < n; i++)
 		stg_free(c, its[i].blk);
 	free(items);
@@ -1047,12 +1158,16 @@ MC__PUBLIC int mc_get_view(mc_client *c, const void *key, size_t klen, const voi
 	int rc = do_get(c, &it, 1, false);
 	if (rc == 0)
 		rc = it.err;
+	v->spill = it.spill;
 	if (rc) {
 		free(it.alloc);
+		spill_give(c, it.spill);
 		free(v);
 		return rc;
 	}
-	if (it.mapped) {
+	if (it.spill >= 0) {
+		*data = it.mapped;
+	} else if (it.mapped) {
 		v->id = it.view;
 		*data = it.mapped;
 	} else {
@@ -1082,6 +1197,7 @@ MC__PUBLIC void mc_view_release(mc_client *c, mc_view *v)
 		req.release = &q;
 		send_only(c, &req); /* the agent answers; nothing to wait for */
 	}
+	spill_give(c, v->spill);
 	free(v->copy);
 	free(v);
 }

@@ -135,8 +135,9 @@ int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
  * A read-only view of a value: when the object has a replica in the local
  * agent's segment, *data points into a read-only mapping of it, kept
  * under the object's read lease until mc_view_release (zero copy: the
- * bytes never change while the view is held); otherwise a private copy.
- * Errors: those of mc_get.
+ * bytes never change while the view is held); otherwise a private copy
+ * (in one of the session's spill buffers until the release: see
+ * libmooncake(3), Memory). Errors: those of mc_get.
  */
 int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data,
 		size_t *len, mc_view **view);

@@ -317,6 +317,50 @@ def verified_gets_catch_bytes_that_changed():
 
 
 @case
+def views_of_remote_objects_reuse_spill_buffers():
+    """get_buffer of an object held by another agent reads it into one of
+    the session's spill buffers (kept after the first needed a temporary
+    memfd) and holds it there until release: bytes right, buffers reused
+    rather than made per get, more views held than buffers still right,
+    nothing left once the session closes."""
+    cl = Cluster(agents=2, segment=256 * MiB)
+    a, b = cl.agents
+    sa, sb = a.store(), b.store()
+    vals = {"big/%d" % i: os.urandom(16 * MiB + i) for i in range(6)}
+    for k, v in vals.items():
+        eq(sb.put(k, v), OK, "put %s on B" % k)
+    for rnd in range(3):
+        for k, v in vals.items():
+            h = sa.get_buffer(k)
+            assert h is not None, k
+            eq(h.is_mapped(), False, "a remote object is a copy")
+            eq(h.tobytes() == v, True, "bytes of %s, round %d" % (k, rnd))
+            h.release()
+            eq(sa.get(k) == v, True, "copying get of %s" % k)
+    bufs = metric(a.metrics(), "mooncake_agent_buffers")
+    assert 1 <= bufs <= 4, bufs
+    held = [sa.get_buffer(k) for k in vals]
+    assert all(h is not None for h in held), "six views held at once"
+    for h, (k, v) in zip(held, vals.items()):
+        eq(h.tobytes() == v, True, "held view of %s" % k)
+    for h in held:
+        h.release()
+    # The ones beyond the free buffers took temporary memfds and left
+    # buffers of their size behind, up to four.
+    for rnd in range(2):
+        held = [sa.get_buffer(k) for k in vals]
+        for h, (k, v) in zip(held, vals.items()):
+            eq(h.tobytes() == v, True, "held view of %s" % k)
+        for h in held:
+            h.release()
+        assert bufs <= metric(a.metrics(), "mooncake_agent_buffers") <= 4
+    sa.close()
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_buffers") == 0.0,
+             what="the session's spill buffers freed with it")
+    sb.close()
+
+
+@case
 def transfers_between_client_buffers_of_two_nodes():
     """Prefill/decode disaggregation: the decode side allocates managed
     memory (published at its address), the prefill side writes into it
