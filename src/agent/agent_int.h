@@ -131,6 +131,11 @@ int agent__pool_start(struct agent_pool *p, uv_loop_t *loop,
 		      unsigned nthreads) MC_MUST_CHECK;
 /* Queue a job; done runs later on the loop thread. */
 void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
+/* A job whose work runs elsewhere (its run unused): counted as pending
+ * from agent__pool_begin (loop thread) until agent__pool_complete (any
+ * thread, once) has its done run on the loop thread. */
+void agent__pool_begin(struct agent_pool *p);
+void agent__pool_complete(struct agent_pool *p, struct agent_job *j);
 /* Join the threads (every job must have completed) and close the async
  * handle (on_closed runs from the loop). */
 void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed);
@@ -299,6 +304,7 @@ struct agent_req {
 	uint64_t start_ns;
 	uint64_t sent_ms;                /* when the master call went out */
 	struct agent_job job;
+	struct agent_xfer *xfer;         /* remote pieces started from the loop */
 	bool upsert_retry;
 	/* get */
 	struct agent_map *spill;         /* attached to the reply */
@@ -577,6 +583,15 @@ void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment,
 		     bool write, void *local, uint64_t remote, size_t len, int *err);
 void agent__xfer_start(struct agent *a, struct agent_xfer *x);
 void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
+/* The same from the loop thread, without a copy thread: an xfer from
+ * agent__xfer_new_loop takes only segments the engine has open already
+ * (agent__xfer_missed says one was not: drop it with finish, nothing was
+ * sent, and go the copy-thread way); agent__xfer_start_loop submits and
+ * has j's done run on the loop when every piece is over (counted as a
+ * pending job of the pool), where finish returns at once. */
+struct agent_xfer *agent__xfer_new_loop(void);
+bool agent__xfer_missed(const struct agent_xfer *x);
+void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j);
 
 /* ops.c */
 void agent__dispatch(struct agent_req *r);

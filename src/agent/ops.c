@@ -584,35 +584,34 @@ static void put_done(struct agent_job *j)
 		agent__bcall(a, AGENT_B_COMMIT, &cb->req.base, on_committed, r);
 }
 
-/* Remote replicas go out first as one transfer batch; the local ones
- * are copied while it runs. */
-static void put_run(struct agent_job *j)
+/* The writes of the remote replicas, added to x (created when one is
+ * needed; NULL stays NULL when none is). */
+static void put_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop)
 {
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent *a = r->a;
-	struct agent_xfer *x = NULL;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		for (unsigned p = 0; p < it->nrep && !it->err; p++) {
 			if (it->reps[p].local || it->len == 0)
 				continue;
-			if (!x && !(x = agent__xfer_new())) {
+			if (!*x && !(*x = loop ? agent__xfer_new_loop() : agent__xfer_new())) {
 				it->err = -ENOMEM;
 				break;
 			}
-			agent__xfer_add(a, x, it->reps[p].segment, true, it->ptr,
+			agent__xfer_add(r->a, *x, it->reps[p].segment, true, it->ptr,
 					it->reps[p].address, it->len, &it->err);
 		}
 	}
-	if (x)
-		agent__xfer_start(a, x);
-	/* The checksum of each value: in the pass that copies it to its
-	 * local replica, else while the engine moves it. */
+}
+
+/* The local replicas' copies and every value's checksum: in the pass
+ * that copies it to its local replica, else while the engine moves it. */
+static void put_copy_local(struct agent_req *r)
+{
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		for (unsigned p = 0; p < it->nrep && !it->err; p++)
 			if (it->reps[p].local) {
-				it->err = local_io(a, &it->reps[p], it->ptr, it->len, true,
+				it->err = local_io(r->a, &it->reps[p], it->ptr, it->len, true,
 						   &it->crc);
 				it->has_crc = !it->err;
 			}
@@ -621,8 +620,49 @@ static void put_run(struct agent_job *j)
 			it->has_crc = true;
 		}
 	}
+}
+
+/* Remote replicas go out first as one transfer batch; the local ones
+ * are copied while it runs. */
+static void put_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent_xfer *x = NULL;
+	put_add_remote(r, &x, false);
 	if (x)
-		agent__xfer_finish(a, x);
+		agent__xfer_start(r->a, x);
+	put_copy_local(r);
+	if (x)
+		agent__xfer_finish(r->a, x);
+}
+
+static void put_loop_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	agent__xfer_finish(r->a, r->xfer); /* (complete: returns at once) */
+	r->xfer = NULL;
+	put_done(j);
+}
+
+/* Without a copy thread (small values): the remote writes started from
+ * the loop when the engine has every segment open already, the local
+ * copies and checksums made here meanwhile; put_loop_done when the
+ * writes are over. False: take the copy thread's way. */
+static bool put_from_loop(struct agent_req *r)
+{
+	struct agent_xfer *x = NULL;
+	put_add_remote(r, &x, true);
+	if (!x)
+		return false;
+	if (agent__xfer_missed(x)) {
+		agent__xfer_finish(r->a, x); /* nothing was sent */
+		return false;
+	}
+	r->xfer = x;
+	r->job.done = put_loop_done;
+	agent__xfer_start_loop(r->a, x, &r->job);
+	put_copy_local(r);
+	return true;
 }
 
 /* Every item has its replicas (leased space or PutStart placements) or an
@@ -651,6 +691,8 @@ static void put_copy(struct agent_req *r)
 		put_done(&r->job);
 		return;
 	}
+	if (bytes <= AGENT_INLINE_COPY_BYTES && put_from_loop(r))
+		return;
 	agent__pool_submit(&r->a->pool, &r->job);
 }
 
@@ -843,53 +885,116 @@ static void check(struct agent_item *it, uint32_t crc)
 		it->err = MC_ECHECKSUM;
 }
 
-static void get_run(struct agent_job *j)
+/* The remote items' reads, added to x. */
+static void get_add_remote(struct agent_req *r, struct agent_xfer *x)
 {
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent *a = r->a;
-	struct agent_xfer *x = NULL;
-	bool verify = r->msg->get->verify;
-	for (int pass = 0; pass < 2; pass++) {
-		for (size_t i = 0; i < r->n; i++) {
-			struct agent_item *it = &r->items[i];
-			if (it->err || it->nrep == 0)
-				continue;
-			const struct agent_rep *rep = &it->reps[0];
-			if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED) {
-				/* The client reads the segment itself: check
-				 * the bytes it will see. */
-				if (pass == 1 && verify && it->has_crc)
-					check(it, crc32c(0, a->seg->addr + rep->offset, it->size));
-				continue;
-			}
-			if (!it->ptr)
-				continue;
-			if (pass == 1 && rep->local) {
-				uint32_t crc;
-				it->err = local_io(a, rep, it->ptr, it->size, false,
-						   verify ? &crc : NULL);
-				if (verify)
-					check(it, crc);
-			} else if (pass == 0 && !rep->local && it->size) {
-				if (!x && !(x = agent__xfer_new())) {
-					it->err = -ENOMEM;
-					continue;
-				}
-				agent__xfer_add(a, x, rep->segment, false, it->ptr, rep->address,
-						it->size, &it->err);
-			}
-		}
-		if (pass == 0 && x)
-			agent__xfer_start(a, x);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0 || !it->ptr || it->reps[0].local || !it->size ||
+		    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+			continue;
+		agent__xfer_add(r->a, x, it->reps[0].segment, false, it->ptr, it->reps[0].address,
+				it->size, &it->err);
 	}
-	if (x)
-		agent__xfer_finish(a, x);
-	for (size_t i = 0; verify && x && i < r->n; i++) {
+}
+
+/* The local items' copies, and the checks of those the client reads
+ * through its mapping of the segment. */
+static void get_copy_local(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	bool verify = r->msg->get->verify;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0)
+			continue;
+		const struct agent_rep *rep = &it->reps[0];
+		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED) {
+			/* The client reads the segment itself: check the
+			 * bytes it will see. */
+			if (verify && it->has_crc)
+				check(it, crc32c(0, a->seg->addr + rep->offset, it->size));
+			continue;
+		}
+		if (!it->ptr || !rep->local)
+			continue;
+		uint32_t crc;
+		it->err = local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL);
+		if (verify)
+			check(it, crc);
+	}
+}
+
+/* After the remote reads: check their bytes when asked to. */
+static void get_check_remote(struct agent_req *r)
+{
+	for (size_t i = 0; r->msg->get->verify && i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (!it->err && it->nrep && it->ptr && !it->reps[0].local &&
 		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
 			check(it, crc32c(0, it->ptr, it->size));
 	}
+}
+
+/* On a copy thread: the remote reads go out first as one batch, the
+ * local copies run meanwhile. */
+static bool has_remote(const struct agent_req *r)
+{
+	for (size_t i = 0; i < r->n; i++)
+		if (!r->items[i].err && r->items[i].nrep && !r->items[i].reps[0].local)
+			return true;
+	return false;
+}
+
+static void get_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent_xfer *x = has_remote(r) ? agent__xfer_new() : NULL;
+	if (x) {
+		get_add_remote(r, x);
+		agent__xfer_start(r->a, x);
+	} else if (has_remote(r)) {
+		for (size_t i = 0; i < r->n; i++)
+			if (!r->items[i].err && r->items[i].nrep && !r->items[i].reps[0].local)
+				r->items[i].err = -ENOMEM;
+	}
+	get_copy_local(r);
+	if (x) {
+		agent__xfer_finish(r->a, x);
+		get_check_remote(r);
+	}
+}
+
+static void get_done(struct agent_job *j);
+
+static void get_loop_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	agent__xfer_finish(r->a, r->xfer); /* (complete: returns at once) */
+	r->xfer = NULL;
+	get_check_remote(r);
+	get_done(j);
+}
+
+/* Without a copy thread: the remote reads started from the loop (when
+ * the engine has every segment open already), the local copies, small,
+ * made here meanwhile; get_loop_done when the reads are over. False:
+ * take the copy thread's way. */
+static bool get_from_loop(struct agent_req *r)
+{
+	struct agent_xfer *x = agent__xfer_new_loop();
+	if (!x)
+		return false;
+	get_add_remote(r, x);
+	if (agent__xfer_missed(x)) {
+		agent__xfer_finish(r->a, x); /* nothing was sent */
+		return false;
+	}
+	r->xfer = x;
+	r->job.done = get_loop_done;
+	agent__xfer_start_loop(r->a, x, &r->job);
+	get_copy_local(r);
+	return true;
 }
 
 /* Forget a view of this session (its item failed after all). */
@@ -1026,6 +1131,7 @@ static void get_place_and_copy(struct agent_req *r)
 	uint64_t spill_total = 0;
 	uint64_t bytes = 0;
 	bool remote = false;
+	uint64_t remote_bytes = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->nrep == 0)
@@ -1064,7 +1170,10 @@ static void get_place_and_copy(struct agent_req *r)
 			spill_total += (it->size + AGENT_SPILL_ALIGN - 1) &
 				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
 		}
-		bytes += it->size;
+		if (rep->local)
+			bytes += it->size;
+		else
+			remote_bytes += it->size;
 		remote |= !rep->local;
 	}
 	agent__gauges(a);
@@ -1114,6 +1223,11 @@ static void get_place_and_copy(struct agent_req *r)
 		get_done(&r->job);
 		return;
 	}
+	/* Remote reads move on the engine's threads: start them from here
+	 * unless local copies or checks are big work for the loop. */
+	if (remote && bytes <= AGENT_INLINE_COPY_BYTES &&
+	    (!g->verify || remote_bytes <= AGENT_INLINE_COPY_BYTES) && get_from_loop(r))
+		return;
 	agent__pool_submit(&a->pool, &r->job);
 }
 

@@ -1,6 +1,9 @@
 /*
  * pool: the agent's copy threads. A job's run() executes on one of them;
  * its done() runs afterwards on the loop thread, woken by a uv_async_t.
+ * Work done elsewhere (the transfer engine's threads) can end the same
+ * way: agent__pool_begin on the loop, agent__pool_complete from any
+ * thread once it is over.
  * Jobs are intrusive (struct agent_job embedded in their owner), so
  * queueing never allocates.
  */
@@ -116,6 +119,24 @@ void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
 	p->tail = j;
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
+}
+
+void agent__pool_begin(struct agent_pool *p)
+{
+	p->pending++;
+}
+
+void agent__pool_complete(struct agent_pool *p, struct agent_job *j)
+{
+	pthread_mutex_lock(&p->mu);
+	j->next = NULL;
+	if (p->done_tail)
+		p->done_tail->next = j;
+	else
+		p->done_head = j;
+	p->done_tail = j;
+	pthread_mutex_unlock(&p->mu);
+	uv_async_send(&p->async);
 }
 
 void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)

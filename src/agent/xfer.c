@@ -1,6 +1,7 @@
 /*
  * xfer: the agent's reads and writes of other agents' segments, through
- * the transfer engine, on a copy thread. A request's remote pieces are
+ * the transfer engine, on a copy thread (or started from the loop thread
+ * when every segment is open already: agent__xfer_start_loop). A request's remote pieces are
  * collected (agent__xfer_add), submitted as one batch (agent__xfer_start)
  * so the engine stripes and pipelines them, and waited for
  * (agent__xfer_finish) — the local copies of the same request run in
@@ -30,6 +31,10 @@ struct agent_xfer {
 	struct xseg *segs;
 	size_t nsegs, segs_cap;
 	struct te_batch *batch;
+	bool loop;        /* on the loop thread: open segments only */
+	bool missed;      /* ... and one was not */
+	struct agent *a;  /* agent__xfer_start_loop: */
+	struct agent_job *job;
 };
 
 static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *name)
@@ -48,6 +53,12 @@ static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *n
 	struct xseg *g = &x->segs[x->nsegs++];
 	g->name = name;
 	g->s = NULL;
+	if (x->loop) {
+		g->err = te_open_segment_cached(a->te, name, &g->s);
+		if (g->err == -EAGAIN)
+			x->missed = true;
+		return g;
+	}
 	g->err = te_open_segment(a->te, name, &g->s);
 	if (g->err)
 		log_warn("cannot open segment %s: %s", name, mc_strerror(g->err));
@@ -76,7 +87,8 @@ void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, boo
 		return;
 	}
 	if (g->err) {
-		*err = g->err;
+		if (!x->missed)
+			*err = g->err;
 		return;
 	}
 	if (x->n == x->cap) {
@@ -104,6 +116,46 @@ void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, boo
 	};
 	x->errs[x->n] = err;
 	x->n++;
+}
+
+struct agent_xfer *agent__xfer_new_loop(void)
+{
+	struct agent_xfer *x = agent__xfer_new();
+	if (x)
+		x->loop = true;
+	return x;
+}
+
+bool agent__xfer_missed(const struct agent_xfer *x)
+{
+	return x->missed;
+}
+
+/* On an engine thread (or the loop's, inside te_submit_notify). */
+static void on_submitted_done(struct te_batch *b, void *ud)
+{
+	struct agent_xfer *x = ud;
+	(void)b;
+	agent__pool_complete(&x->a->pool, x->job);
+}
+
+void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j)
+{
+	x->a = a;
+	x->job = j;
+	agent__pool_begin(&a->pool);
+	if (x->n == 0) {
+		agent__pool_complete(&a->pool, j);
+		return;
+	}
+	int rc = te_submit_notify(a->te, x->reqs, x->n, on_submitted_done, x, &x->batch);
+	if (rc) {
+		x->batch = NULL;
+		for (size_t i = 0; i < x->n; i++)
+			if (!*x->errs[i])
+				*x->errs[i] = rc;
+		agent__pool_complete(&a->pool, j);
+	}
 }
 
 void agent__xfer_start(struct agent *a, struct agent_xfer *x)

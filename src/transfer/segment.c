@@ -531,6 +531,30 @@ int te_open_segment(struct te_engine *e, const char *name, struct te_segment **o
 	return 0;
 }
 
+int te_open_segment_cached(struct te_engine *e, const char *name, struct te_segment **out)
+{
+	pthread_mutex_lock(&e->mu);
+	if (e->stopped) {
+		pthread_mutex_unlock(&e->mu);
+		return MC_ESHUTDOWN;
+	}
+	struct te_segment *s = find_locked(e, name);
+	if (s)
+		seg_ref(s);
+	pthread_mutex_unlock(&e->mu);
+	if (!s)
+		return -EAGAIN;
+	pthread_mutex_lock(&s->mu);
+	bool open = s->state == TE_SEG_OPEN || s->state == TE_SEG_REFRESHING;
+	pthread_mutex_unlock(&s->mu);
+	if (!open) {
+		seg_unref(s);
+		return -EAGAIN;
+	}
+	*out = s;
+	return 0;
+}
+
 int te_open_segment_async(struct te_engine *e, const char *name,
 			  void (*cb)(void *ud, int err, struct te_segment *s),
 			  void *ud)

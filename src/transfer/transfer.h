@@ -173,6 +173,12 @@ int te_open_segment(struct te_engine *e, const char *name,
 int te_open_segment_async(struct te_engine *e, const char *name,
 			  void (*cb)(void *ud, int err, struct te_segment *s),
 			  void *ud) MC_MUST_CHECK;
+/* The handle of a segment already open (as te_open_segment would return
+ * at once), without waiting, for any thread: -EAGAIN when it is not
+ * cached or still resolving (open it with one of the calls above),
+ * MC_ESHUTDOWN. */
+int te_open_segment_cached(struct te_engine *e, const char *name,
+			   struct te_segment **out) MC_MUST_CHECK;
 /* Drop a reference from te_open_segment (connections stay cached). */
 void te_close_segment(struct te_segment *s);
 

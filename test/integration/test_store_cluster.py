@@ -98,8 +98,13 @@ def a_killed_agent_leaves_the_index():
         eq(sa.remove("safe", force=True), OK, "retry placement")
         cl_safe = ReplicateConfig(replica_num=1, preferred_segment=b.name)
         eq(sa.put("safe", b"on A and B", cl_safe), OK, "on B")
+    eq(sa.get("c/1"), b"on C", "read across while C lives (A has its segment open)")
     c.d.kill()
     t0 = time.monotonic()
+    # Still in the index: A's read of C's bytes fails, it does not hang.
+    eq(sa.get("c/2"), b"", "a read from the killed agent fails")
+    assert time.monotonic() - t0 < 10, "and fails soon"
+    eq(sa.get("safe"), b"on A and B", "A still serves")
     wait_for(lambda: sb.batch_is_exist(keys) == [0] * 20, timeout=15,
              what="C's objects out of the index")
     assert time.monotonic() - t0 < 10, "within the agent TTL and a sweep"
