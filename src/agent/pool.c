@@ -17,6 +17,18 @@
 
 #define LOG_SUBSYS LOGS_AGENT
 
+/* p->mu held: j is over, its done() to run on the loop. */
+static void push_done_locked(struct agent_pool *p, struct agent_job *j)
+{
+	j->next = NULL;
+	if (p->done_tail)
+		p->done_tail->next = j;
+	else
+		p->done_head = j;
+	p->done_tail = j;
+	uv_async_send(&p->async);
+}
+
 static void *worker(void *arg)
 {
 	struct agent_pool *p = arg;
@@ -33,13 +45,7 @@ static void *worker(void *arg)
 		pthread_mutex_unlock(&p->mu);
 		j->run(j);
 		pthread_mutex_lock(&p->mu);
-		j->next = NULL;
-		if (p->done_tail)
-			p->done_tail->next = j;
-		else
-			p->done_head = j;
-		p->done_tail = j;
-		uv_async_send(&p->async);
+		push_done_locked(p, j);
 	}
 	pthread_mutex_unlock(&p->mu);
 	return NULL;
@@ -129,14 +135,8 @@ void agent__pool_begin(struct agent_pool *p)
 void agent__pool_complete(struct agent_pool *p, struct agent_job *j)
 {
 	pthread_mutex_lock(&p->mu);
-	j->next = NULL;
-	if (p->done_tail)
-		p->done_tail->next = j;
-	else
-		p->done_head = j;
-	p->done_tail = j;
+	push_done_locked(p, j);
 	pthread_mutex_unlock(&p->mu);
-	uv_async_send(&p->async);
 }
 
 void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)

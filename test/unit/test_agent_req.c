@@ -160,7 +160,10 @@ Test(agent_req, transfer_and_get)
 	sp.where = MOONCAKE__CLIENT__REGION__WHERE__BUFFER;
 	sp.buffer = 1;
 	g.spill = &sp;
-	cr_assert_eq(agent__req_check(&q, true, &why), -EINVAL, "spill must be staging");
+	cr_assert_eq(agent__req_check(&q, true, &why), 0, "a spill in a buffer");
+	sp.where = MOONCAKE__CLIENT__REGION__WHERE__ATTACHED;
+	cr_assert_eq(agent__req_check(&q, true, &why), -EINVAL,
+		     "a spill in the staging memfd or a buffer only");
 }
 
 Test(agent_req, register_needs_one_descriptor)
