@@ -110,6 +110,7 @@ struct mc_view {
 	uint64_t id;      /* the agent's view id (mapped), 0 for a copy */
 	void *copy;
 	int spill;        /* the spill buffer holding its bytes, or -1 */
+	int64_t blk;      /* or the staging block holding them, or -1 */
 };
 
 MC__PUBLIC const char *mc_version(void)
@@ -752,6 +753,7 @@ struct get_item {
 	uint64_t view;    /* mapped view id */
 	const void *mapped;
 	int spill;        /* zero_copy: the spill buffer mapped holds, or -1 */
+	int64_t view_blk; /* ... or the staging block it holds, or -1 */
 	int64_t blk;      /* staging block used as the item's dest */
 };
 
@@ -877,8 +879,10 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 	size_t spill_len = 0;
 	struct waiter w = {0};
 	bool have_w = false;
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		its[i].spill = -1;
+		its[i].view_blk = -1;
+	}
 	if (!items || !ptrs || !regs || !map) {
 		rc = -ENOMEM;
 		goto out;
@@ -1010,12 +1014,17 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 			size_t blen = spill_buf >= 0 ? c->spills[spill_buf].cap : c->stg_len;
 			if (res->offset > blen || it->size > blen - res->offset) {
 				it->err = MC_EPROTOCOL;
-			} else if (spill_buf >= 0 && it->zero_copy && !it->buf && nreq == 1) {
+			} else if (it->zero_copy && !it->buf && nreq == 1 &&
+				   (spill_buf >= 0 || spill_blk >= 0)) {
 				/* A view of a replica elsewhere: its bytes stay in
-				 * the spill buffer until the view is released. */
+				 * the spill buffer or staging block until the view
+				 * is released. */
 				it->mapped = base + res->offset;
 				it->spill = spill_buf;
+				it->view_blk = spill_buf >= 0 ? -1 : spill_blk;
 				spill_buf = -1;
+				if (it->view_blk >= 0)
+					spill_blk = -1;
 				continue;
 			} else {
 				src = base + res->offset;
@@ -1159,13 +1168,15 @@ MC__PUBLIC int mc_get_view(mc_client *c, const void *key, size_t klen, const voi
 	if (rc == 0)
 		rc = it.err;
 	v->spill = it.spill;
+	v->blk = it.view_blk;
 	if (rc) {
 		free(it.alloc);
 		spill_give(c, it.spill);
+		stg_free(c, it.view_blk);
 		free(v);
 		return rc;
 	}
-	if (it.spill >= 0) {
+	if (it.spill >= 0 || it.view_blk >= 0) {
 		*data = it.mapped;
 	} else if (it.mapped) {
 		v->id = it.view;
@@ -1198,6 +1209,7 @@ MC__PUBLIC void mc_view_release(mc_client *c, mc_view *v)
 		send_only(c, &req); /* the agent answers; nothing to wait for */
 	}
 	spill_give(c, v->spill);
+	stg_free(c, v->blk);
 	free(v->copy);
 	free(v);
 }

@@ -325,9 +325,10 @@ def verified_gets_catch_bytes_that_changed():
 def views_of_remote_objects_reuse_spill_buffers():
     """get_buffer of an object held by another agent reads it into one of
     the session's spill buffers (kept after the first needed a temporary
-    memfd) and holds it there until release: bytes right, buffers reused
-    rather than made per get, more views held than buffers still right,
-    nothing left once the session closes."""
+    memfd), or into the staging memfd when it fits there, and holds it
+    there until release: bytes right, buffers reused rather than made per
+    get, more views held than buffers still right, nothing left once the
+    session closes."""
     cl = Cluster(agents=2, segment=256 * MiB)
     a, b = cl.agents
     sa, sb = a.store(), b.store()
@@ -359,6 +360,15 @@ def views_of_remote_objects_reuse_spill_buffers():
         for h in held:
             h.release()
         assert bufs <= metric(a.metrics(), "mooncake_agent_buffers") <= 4
+    # A smaller one is read into the staging memfd and held there: puts
+    # and gets through staging meanwhile do not touch it.
+    small = os.urandom(MiB)
+    eq(sb.put("small", small), OK, "put 1 MiB on B")
+    h = sa.get_buffer("small")
+    eq(sa.put("local", os.urandom(3 * MiB)), OK, "a put through staging meanwhile")
+    eq(len(sa.get("local")), 3 * MiB, "a get through staging meanwhile")
+    eq(h.tobytes() == small, True, "the held view's bytes")
+    h.release()
     sa.close()
     wait_for(lambda: metric(a.metrics(), "mooncake_agent_buffers") == 0.0,
              what="the session's spill buffers freed with it")
