@@ -136,6 +136,11 @@ void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
  * thread, once) has its done run on the loop thread. */
 void agent__pool_begin(struct agent_pool *p);
 void agent__pool_complete(struct agent_pool *p, struct agent_job *j);
+/* On the loop thread: memcpy with a copy thread's help — both take
+ * 64 KiB chunks until none is left, so a helper that starts late finds
+ * less to do (never slower than alone, up to twice as fast); returns when
+ * every byte is copied. Small copies, or no memory: plain memcpy. */
+void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len);
 /* Join the threads (every job must have completed) and close the async
  * handle (on_closed runs from the loop). */
 void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed);
@@ -305,6 +310,7 @@ struct agent_req {
 	uint64_t sent_ms;                /* when the master call went out */
 	struct agent_job job;
 	struct agent_xfer *xfer;         /* remote pieces started from the loop */
+	bool solo;                       /* copying on the loop, alone (solo_get) */
 	bool upsert_retry;
 	/* get */
 	struct agent_map *spill;         /* attached to the reply */

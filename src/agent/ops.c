@@ -192,12 +192,13 @@ static int take_replicas(struct agent *a, struct agent_item *it,
 /*
  * Move len bytes between client memory and a local replica; with crc,
  * the CRC-32C of the bytes moved is computed in the same pass. Runs on a
- * copy thread (or inline for small ones). Offsets are checked against the
- * segment's bounds: the master's answer is not trusted with the agent's
- * memory.
+ * copy thread (or inline for small ones; with help, a copy without crc
+ * is shared with one of its copy threads: agent__pool_copy). Offsets are
+ * checked against the segment's bounds: the master's answer is not
+ * trusted with the agent's memory.
  */
 static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
-		    bool write, uint32_t *crc)
+		    bool write, uint32_t *crc, struct agent_pool *help)
 {
 	if (crc)
 		*crc = 0;
@@ -210,6 +211,8 @@ static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, ui
 	const uint8_t *src = write ? mem : s;
 	if (crc)
 		*crc = crc32c_copy(0, dst, src, len);
+	else if (help)
+		agent__pool_copy(help, dst, src, len);
 	else
 		memcpy(dst, src, len);
 	return 0;
@@ -612,7 +615,7 @@ static void put_copy_local(struct agent_req *r)
 		for (unsigned p = 0; p < it->nrep && !it->err; p++)
 			if (it->reps[p].local) {
 				it->err = local_io(r->a, &it->reps[p], it->ptr, it->len, true,
-						   &it->crc);
+						   &it->crc, NULL);
 				it->has_crc = !it->err;
 			}
 		if (!it->err && it->nrep && !it->has_crc) {
@@ -919,7 +922,8 @@ static void get_copy_local(struct agent_req *r)
 		if (!it->ptr || !rep->local)
 			continue;
 		uint32_t crc;
-		it->err = local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL);
+		it->err = local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL,
+				   r->solo ? &a->pool : NULL);
 		if (verify)
 			check(it, crc);
 	}
@@ -1218,7 +1222,7 @@ static void get_place_and_copy(struct agent_req *r)
 	}
 	r->job.run = get_run;
 	r->job.done = get_done;
-	if (!remote && (bytes <= AGENT_INLINE_COPY_BYTES || solo_get(r, bytes))) {
+	if (!remote && (bytes <= AGENT_INLINE_COPY_BYTES || (r->solo = solo_get(r, bytes)))) {
 		get_run(&r->job);
 		get_done(&r->job);
 		return;

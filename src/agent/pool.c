@@ -8,6 +8,7 @@
  * queueing never allocates.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,6 +138,63 @@ void agent__pool_complete(struct agent_pool *p, struct agent_job *j)
 	pthread_mutex_lock(&p->mu);
 	push_done_locked(p, j);
 	pthread_mutex_unlock(&p->mu);
+}
+
+/* agent__pool_copy: the caller and one copy thread take chunks in turn. */
+#define COPY_CHUNK ((size_t)64 << 10)
+
+struct shared_copy {
+	struct agent_job job;
+	uint8_t *dst;
+	const uint8_t *src;
+	size_t len;
+	atomic_size_t next;   /* offset of the next chunk to take */
+	atomic_size_t copied; /* bytes copied */
+};
+
+static void copy_chunks(struct shared_copy *c)
+{
+	for (;;) {
+		size_t off = atomic_fetch_add(&c->next, COPY_CHUNK);
+		if (off >= c->len)
+			return;
+		size_t n = MC_MIN(COPY_CHUNK, c->len - off);
+		memcpy(c->dst + off, c->src + off, n);
+		atomic_fetch_add_explicit(&c->copied, n, memory_order_release);
+	}
+}
+
+static void shared_copy_run(struct agent_job *j)
+{
+	copy_chunks(MC_CONTAINER_OF(j, struct shared_copy, job));
+}
+
+static void shared_copy_done(struct agent_job *j)
+{
+	free(MC_CONTAINER_OF(j, struct shared_copy, job));
+}
+
+void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len)
+{
+	struct shared_copy *c = len >= 4 * COPY_CHUNK && p->started ? malloc(sizeof(*c)) : NULL;
+	if (!c) {
+		memcpy(dst, src, len);
+		return;
+	}
+	c->dst = dst;
+	c->src = src;
+	c->len = len;
+	atomic_init(&c->next, 0);
+	atomic_init(&c->copied, 0);
+	c->job.run = shared_copy_run;
+	c->job.done = shared_copy_done; /* frees it, once the helper is out */
+	agent__pool_submit(p, &c->job);
+	copy_chunks(c);
+	/* What is left is a chunk the helper is copying. */
+	for (unsigned spins = 0;
+	     atomic_load_explicit(&c->copied, memory_order_acquire) < len; spins++)
+		if (spins >= 1000)
+			sched_yield();
 }
 
 void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
