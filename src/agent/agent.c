@@ -183,6 +183,8 @@ static void register_metrics(struct agent *a)
 	agent__gauges(a);
 }
 
+static void pool_idle(void *ud);
+
 /* ------------------------------------------------------------ segment */
 
 struct prefault_job {
@@ -440,6 +442,10 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	rc = agent__pool_start(&a->pool, a->loop, threads);
 	if (rc)
 		goto out_seg;
+	/* (A job whose done ends no request, e.g. a shared copy's helper,
+	 * can be the last thing a stop waits for.) */
+	a->pool.on_idle = pool_idle;
+	a->pool.idle_ud = a;
 	rc = agent__server_start(a, o->socket_path);
 	if (rc) {
 		/* The copy threads' async handle must close before the agent
@@ -497,6 +503,11 @@ static void on_mlink_stopped(struct agent *a)
 {
 	a->mlink_stopped = true;
 	agent__maybe_stopped(a);
+}
+
+static void pool_idle(void *ud)
+{
+	agent__maybe_stopped(ud);
 }
 
 void agent__maybe_stopped(struct agent *a)

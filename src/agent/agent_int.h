@@ -124,6 +124,9 @@ struct agent_pool {
 	bool quit;
 	uv_async_t async;
 	unsigned pending;                   /* queued or running (loop) */
+	/* Optional: pending fell to 0 in a round of completions. */
+	void (*on_idle)(void *ud);
+	void *idle_ud;
 	bool started, closing;
 };
 

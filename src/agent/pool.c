@@ -75,12 +75,15 @@ static void on_async(uv_async_t *h)
 	struct agent_job *j = p->done_head;
 	p->done_head = p->done_tail = NULL;
 	pthread_mutex_unlock(&p->mu);
+	bool any = j != NULL;
 	while (j) {
 		struct agent_job *next = j->next;
 		p->pending--;
 		j->done(j);
 		j = next;
 	}
+	if (any && p->pending == 0 && p->on_idle)
+		p->on_idle(p->idle_ud);
 }
 
 int agent__pool_start(struct agent_pool *p, uv_loop_t *loop, unsigned nthreads)
@@ -201,6 +204,7 @@ void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
 {
 	if (!p->started)
 		return;
+	p->on_idle = NULL; /* (the owner is stopping: no more news) */
 	join_all(p);
 	/* Completions not yet delivered: run them now. */
 	on_async(&p->async);

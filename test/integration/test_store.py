@@ -37,12 +37,16 @@ def values_and_keys_of_every_size():
     cl = Cluster(agents=1, segment=256 * MiB)
     s = cl.agents[0].store()
     rnd = random.Random(1)
-    for n in (0, 1, MiB + 3, 64 * MiB):
+    plain = cl.agents[0].store(verify_gets=False)  # (copies shared with a copy thread)
+    for n in (0, 1, MiB + 3, 2 * MiB, 64 * MiB):
         v = rnd.randbytes(n)
         key = "size/%d" % n
         eq(s.put(key, v), OK, "put %d bytes" % n)
         eq(s.get(key) == v, True, "get %d bytes back" % n)
         eq(s.get_size(key), n, "size of %d" % n)
+        for _ in range(3):
+            eq(plain.get(key) == v, True, "unverified get of %d bytes" % n)
+    plain.close()
     k1 = b"\x00"
     k4 = bytes(range(256)) * 16
     eq(s.put(k1, b"one-byte key"), OK, "1-byte key")

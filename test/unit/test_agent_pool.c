@@ -1,0 +1,154 @@
+/*
+ * test_agent_pool: the agent's copy threads (pool.c) — jobs run on a
+ * thread and end on the loop; work done elsewhere ends the same way
+ * (agent__pool_begin/complete, from another thread); a copy shared with a
+ * copy thread (agent__pool_copy) delivers every byte, whatever its size
+ * and however late the helper starts.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "agent/agent_int.h"
+#include "common/util.h"
+
+static uv_loop_t loop;
+static struct agent_pool pool;
+static bool closed;
+
+static void on_closed(uv_handle_t *h)
+{
+	(void)h;
+	closed = true;
+}
+
+static void setup(void)
+{
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	cr_assert_eq(agent__pool_start(&pool, &loop, 1), 0);
+}
+
+static void teardown(void)
+{
+	/* Every job's done has run: nothing is pending. */
+	while (pool.pending)
+		uv_run(&loop, UV_RUN_ONCE);
+	closed = false;
+	agent__pool_stop(&pool, on_closed);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	cr_assert(closed);
+	cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
+TestSuite(agent_pool, .init = setup, .fini = teardown);
+
+struct counted {
+	struct agent_job job;
+	pthread_t ran_on;
+	int done;
+};
+
+static void counted_run(struct agent_job *j)
+{
+	MC_CONTAINER_OF(j, struct counted, job)->ran_on = pthread_self();
+}
+
+static void counted_done(struct agent_job *j)
+{
+	MC_CONTAINER_OF(j, struct counted, job)->done++;
+}
+
+Test(agent_pool, jobs_run_on_a_thread_and_end_on_the_loop)
+{
+	struct counted c[8];
+	memset(c, 0, sizeof(c));
+	for (int i = 0; i < 8; i++) {
+		c[i].job.run = counted_run;
+		c[i].job.done = counted_done;
+		agent__pool_submit(&pool, &c[i].job);
+	}
+	cr_assert_eq(pool.pending, 8);
+	while (pool.pending)
+		uv_run(&loop, UV_RUN_ONCE);
+	for (int i = 0; i < 8; i++) {
+		cr_assert_eq(c[i].done, 1);
+		cr_assert_not(pthread_equal(c[i].ran_on, pthread_self()));
+	}
+}
+
+static void *complete_later(void *arg)
+{
+	struct counted *c = arg;
+	agent__pool_complete(&pool, &c->job);
+	return NULL;
+}
+
+Test(agent_pool, work_done_elsewhere_ends_on_the_loop)
+{
+	struct counted c;
+	memset(&c, 0, sizeof(c));
+	c.job.done = counted_done;
+	agent__pool_begin(&pool);
+	cr_assert_eq(pool.pending, 1);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, complete_later, &c), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(c.done, 0, "done runs on the loop, not on the completing thread");
+	while (pool.pending)
+		uv_run(&loop, UV_RUN_ONCE);
+	cr_assert_eq(c.done, 1);
+}
+
+Test(agent_pool, shared_copies_deliver_every_byte)
+{
+	static const size_t sizes[] = {1, 4096, 256 << 10, (1 << 20) + 3, 2 << 20, (3 << 20) - 7};
+	size_t max = 3 << 20;
+	uint8_t *src = malloc(max), *dst = malloc(max);
+	cr_assert(src && dst);
+	for (size_t i = 0; i < max; i++)
+		src[i] = (uint8_t)(i * 131 + (i >> 11));
+	for (unsigned round = 0; round < 20; round++) {
+		for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+			size_t off = round % 7;
+			size_t len = sizes[k] - (sizes[k] > off ? off : 0);
+			memset(dst, 0, max);
+			agent__pool_copy(&pool, dst, src + off, len);
+			cr_assert(memcmp(dst, src + off, len) == 0, "%zu bytes, round %u", len,
+				  round);
+			cr_assert_eq(dst[len], 0, "nothing past the end");
+		}
+		/* Sometimes the helpers of earlier copies are still queued
+		 * when the next one starts: it must not matter. */
+		if (round % 2)
+			while (pool.pending)
+				uv_run(&loop, UV_RUN_ONCE);
+	}
+	free(src);
+	free(dst);
+}
+
+static int idles;
+
+static void count_idle(void *ud)
+{
+	(void)ud;
+	idles++;
+}
+
+Test(agent_pool, the_owner_hears_when_the_last_job_ends)
+{
+	uint8_t src[1 << 20], dst[1 << 20];
+	memset(src, 7, sizeof(src));
+	idles = 0;
+	pool.on_idle = count_idle;
+	/* A shared copy's helper ends no request of the owner's: this is
+	 * how a stop waiting for the pool to drain learns it did. */
+	agent__pool_copy(&pool, dst, src, sizeof(src));
+	cr_assert(memcmp(dst, src, sizeof(src)) == 0);
+	cr_assert_eq(pool.pending, 1);
+	while (pool.pending)
+		uv_run(&loop, UV_RUN_ONCE);
+	cr_assert_eq(idles, 1);
+}
