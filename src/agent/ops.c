@@ -639,33 +639,47 @@ static void put_run(struct agent_job *j)
 		agent__xfer_finish(r->a, x);
 }
 
-static void put_loop_done(struct agent_job *j)
+/* Start x's remote pieces from the loop (agent__xfer_start_loop), make
+ * the local copies meanwhile, and have done(j) run once the pieces are
+ * over. False — x dropped, nothing sent — when a segment was not open
+ * yet: the request takes the copy thread's way. */
+static bool start_from_loop(struct agent_req *r, struct agent_xfer *x,
+			    void (*copy_local)(struct agent_req *r),
+			    void (*done)(struct agent_job *j))
+{
+	if (agent__xfer_missed(x)) {
+		agent__xfer_finish(r->a, x);
+		return false;
+	}
+	r->xfer = x;
+	r->job.done = done;
+	agent__xfer_start_loop(r->a, x, &r->job);
+	copy_local(r);
+	return true;
+}
+
+/* First thing in a done of start_from_loop: the pieces' outcome is in
+ * their items' errors. */
+static struct agent_req *end_from_loop(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
 	agent__xfer_finish(r->a, r->xfer); /* (complete: returns at once) */
 	r->xfer = NULL;
+	return r;
+}
+
+static void put_loop_done(struct agent_job *j)
+{
+	end_from_loop(j);
 	put_done(j);
 }
 
-/* Without a copy thread (small values): the remote writes started from
- * the loop when the engine has every segment open already, the local
- * copies and checksums made here meanwhile; put_loop_done when the
- * writes are over. False: take the copy thread's way. */
+/* Small values without a copy thread (start_from_loop). */
 static bool put_from_loop(struct agent_req *r)
 {
 	struct agent_xfer *x = NULL;
 	put_add_remote(r, &x, true);
-	if (!x)
-		return false;
-	if (agent__xfer_missed(x)) {
-		agent__xfer_finish(r->a, x); /* nothing was sent */
-		return false;
-	}
-	r->xfer = x;
-	r->job.done = put_loop_done;
-	agent__xfer_start_loop(r->a, x, &r->job);
-	put_copy_local(r);
-	return true;
+	return x && start_from_loop(r, x, put_copy_local, put_loop_done);
 }
 
 /* Every item has its replicas (leased space or PutStart placements) or an
@@ -973,32 +987,19 @@ static void get_done(struct agent_job *j);
 
 static void get_loop_done(struct agent_job *j)
 {
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	agent__xfer_finish(r->a, r->xfer); /* (complete: returns at once) */
-	r->xfer = NULL;
-	get_check_remote(r);
+	get_check_remote(end_from_loop(j));
 	get_done(j);
 }
 
-/* Without a copy thread: the remote reads started from the loop (when
- * the engine has every segment open already), the local copies, small,
- * made here meanwhile; get_loop_done when the reads are over. False:
- * take the copy thread's way. */
+/* Without a copy thread when the local copies are small
+ * (start_from_loop). */
 static bool get_from_loop(struct agent_req *r)
 {
 	struct agent_xfer *x = agent__xfer_new_loop();
 	if (!x)
 		return false;
 	get_add_remote(r, x);
-	if (agent__xfer_missed(x)) {
-		agent__xfer_finish(r->a, x); /* nothing was sent */
-		return false;
-	}
-	r->xfer = x;
-	r->job.done = get_loop_done;
-	agent__xfer_start_loop(r->a, x, &r->job);
-	get_copy_local(r);
-	return true;
+	return start_from_loop(r, x, get_copy_local, get_loop_done);
 }
 
 /* Forget a view of this session (its item failed after all). */
