@@ -262,7 +262,8 @@ struct rpc_server *rpc__server_local(uv_loop_t *loop, const struct sockaddr *to)
  * reference is kept until dispatch or cancel). The server answers, once,
  * through rpc__client_inproc_done(st, ...), never from inside this call.
  * *out is the handle for rpc__server_inproc_cancel. Errors: -ENOMEM,
- * -ECANCELED (the server is shutting down). */
+ * -ECANCELED (the server is shutting down), -EOPNOTSUPP (a streaming
+ * method: the caller connects instead). */
 int rpc__server_inproc_start(struct rpc_server *s, const char *path, struct rpc__omsg *req,
 			     uint64_t timeout_ms, struct rpc_stream *st,
 			     struct rpc_call **out) MC_MUST_CHECK;

@@ -872,9 +872,6 @@ static void on_inproc_idle(uv_idle_t *h)
 			call_abort(call, RPC_UNIMPLEMENTED, why);
 		} else if (s->drain_expired) {
 			call_abort(call, RPC_UNAVAILABLE, "server shutting down");
-		} else if (call->m->kind != RPC_UNARY) {
-			call_abort(call, RPC_UNIMPLEMENTED,
-				   "only unary methods are called in-process");
 		} else if (req->len - 5 > s->max_msg) {
 			char msg[128];
 			snprintf(msg, sizeof(msg), "received message larger than max (%zu vs. %zu)",
@@ -915,15 +912,20 @@ int rpc__server_inproc_start(struct rpc_server *s, const char *path, struct rpc_
 	call->post = call->ct_ok = true;
 	snprintf(call->peer, sizeof(call->peer), "in-process");
 	char why[256];
+	int rc = 0;
 	if (find_method(call, path, why, sizeof(why))) {
 		/* Answered UNIMPLEMENTED on its turn, like a network call. */
 		call->message = strdup(why);
-		if (!call->message) {
-			call->inproc = false;
-			call->ist = NULL;
-			call_unref(call);
-			return -ENOMEM;
-		}
+		if (!call->message)
+			rc = -ENOMEM;
+	} else if (call->m->kind != RPC_UNARY) {
+		rc = -EOPNOTSUPP; /* streaming handlers: over a connection */
+	}
+	if (rc) {
+		call->inproc = false;
+		call->ist = NULL;
+		call_unref(call);
+		return rc;
 	}
 	call->has_timeout = timeout_ms > 0;
 	call->timeout_ms = timeout_ms;

@@ -1685,6 +1685,17 @@ Test(rpc, refused_streams_are_retried_transparently)
 
 /* ---------------------------------------------------------------- in-process calls */
 
+/* A unary answer of mooncake.diag.Chunk: status and its length. */
+static void on_chunk(void *ud, int status, const char *message, const ProtobufCMessage *resp)
+{
+	struct ures *r = ud;
+	r->done = true;
+	r->status = status;
+	snprintf(r->msg, sizeof(r->msg), "%s", message);
+	if (resp)
+		r->len = ((const Mooncake__Diag__Chunk *)resp)->data.len;
+}
+
 static void fx_init_local(struct fx *f, const struct rpc_server_opts *so)
 {
 	struct rpc_client_opts co = {.max_message_bytes = 64 * MiB, .local_calls = true};
@@ -1752,6 +1763,19 @@ Test(rpc, inproc_unary_skips_the_network)
 	cr_assert_eq(s.status, RPC_OK, "%s", s.msg);
 	cr_assert_eq(s.bytes, 100000);
 	cr_assert_eq(rpc__client_connects(f.cli), 1);
+	/* So does a unary call of a streaming method: it behaves as it would
+	 * over a connection (one chunk: one response). */
+	unsigned before = rpc__client_inproc_calls(f.cli);
+	Mooncake__Diag__DownloadRequest dl = MOONCAKE__DIAG__DOWNLOAD_REQUEST__INIT;
+	dl.total_bytes = 10;
+	struct ures dr = {0};
+	cr_assert_eq(rpc_client_unary(f.cli, "/mooncake.diag.Diag/Download", &dl.base,
+				      &mooncake__diag__chunk__descriptor, 5000, on_chunk, &dr, NULL),
+		     0);
+	RUN_UNTIL(&f, dr.done);
+	cr_assert_eq(dr.status, RPC_OK, "%s", dr.msg);
+	cr_assert_eq(dr.len, 10);
+	cr_assert_eq(rpc__client_inproc_calls(f.cli), before);
 	/* A client without local_calls connects as before. */
 	struct rpc_client *net = mk_client(&f, NULL);
 	echo_start(&f, net, "/mooncake.diag.Diag/Echo", &plain, 0, &r);
