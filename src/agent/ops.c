@@ -902,15 +902,20 @@ static void check(struct agent_item *it, uint32_t crc)
 		it->err = MC_ECHECKSUM;
 }
 
-/* The remote items' reads, added to x. */
-static void get_add_remote(struct agent_req *r, struct agent_xfer *x)
+/* The remote items' reads, added to x (created when one is needed, as
+ * put_add_remote does). */
+static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop)
 {
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->nrep == 0 || !it->ptr || it->reps[0].local || !it->size ||
 		    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
 			continue;
-		agent__xfer_add(r->a, x, it->reps[0].segment, false, it->ptr, it->reps[0].address,
+		if (!*x && !(*x = loop ? agent__xfer_new_loop() : agent__xfer_new())) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr, it->reps[0].address,
 				it->size, &it->err);
 	}
 }
@@ -956,26 +961,13 @@ static void get_check_remote(struct agent_req *r)
 
 /* On a copy thread: the remote reads go out first as one batch, the
  * local copies run meanwhile. */
-static bool has_remote(const struct agent_req *r)
-{
-	for (size_t i = 0; i < r->n; i++)
-		if (!r->items[i].err && r->items[i].nrep && !r->items[i].reps[0].local)
-			return true;
-	return false;
-}
-
 static void get_run(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent_xfer *x = has_remote(r) ? agent__xfer_new() : NULL;
-	if (x) {
-		get_add_remote(r, x);
+	struct agent_xfer *x = NULL;
+	get_add_remote(r, &x, false);
+	if (x)
 		agent__xfer_start(r->a, x);
-	} else if (has_remote(r)) {
-		for (size_t i = 0; i < r->n; i++)
-			if (!r->items[i].err && r->items[i].nrep && !r->items[i].reps[0].local)
-				r->items[i].err = -ENOMEM;
-	}
 	get_copy_local(r);
 	if (x) {
 		agent__xfer_finish(r->a, x);
@@ -995,11 +987,9 @@ static void get_loop_done(struct agent_job *j)
  * (start_from_loop). */
 static bool get_from_loop(struct agent_req *r)
 {
-	struct agent_xfer *x = agent__xfer_new_loop();
-	if (!x)
-		return false;
-	get_add_remote(r, x);
-	return start_from_loop(r, x, get_copy_local, get_loop_done);
+	struct agent_xfer *x = NULL;
+	get_add_remote(r, &x, true);
+	return x && start_from_loop(r, x, get_copy_local, get_loop_done);
 }
 
 /* Forget a view of this session (its item failed after all). */
@@ -1113,10 +1103,6 @@ static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset
 	return 0;
 }
 
-/*
- * Every item has its replica (from the master or the lease cache) or an
- * error: decide where each value goes, then copy.
- */
 /* A big local get copied on the loop thread: when it is the only request
  * in flight and one session alone has sent requests for a while, no one
  * waits for the loop, and the copy threads' two hand-offs are saved. (A
@@ -1127,6 +1113,11 @@ static bool solo_get(const struct agent_req *r, uint64_t bytes)
 	return bytes <= AGENT_INLINE_SOLO_COPY_BYTES && a->reqs == 1 && a->pool.pending == 0 &&
 	       r->start_ns - a->solo_since_ns >= AGENT_SOLO_NS;
 }
+
+/*
+ * Every item has its replica (from the master or the lease cache) or an
+ * error: decide where each value goes, then copy.
+ */
 
 static void get_place_and_copy(struct agent_req *r)
 {

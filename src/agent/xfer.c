@@ -1,8 +1,9 @@
 /*
  * xfer: the agent's reads and writes of other agents' segments, through
  * the transfer engine, on a copy thread (or started from the loop thread
- * when every segment is open already: agent__xfer_start_loop). A request's remote pieces are
- * collected (agent__xfer_add), submitted as one batch (agent__xfer_start)
+ * when every segment is open already: agent__xfer_start_loop). A
+ * request's remote pieces are collected (agent__xfer_add), submitted as
+ * one batch (agent__xfer_start)
  * so the engine stripes and pipelines them, and waited for
  * (agent__xfer_finish) — the local copies of the same request run in
  * between. Segment handles are opened once per name per batch (the

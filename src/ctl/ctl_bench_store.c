@@ -449,11 +449,6 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 						       &(struct mc_put_opts){.upsert = 1});
 			if (rc)
 				return rc;
-		}
-	for (unsigned id = 0; id < n; id++)
-		for (unsigned k = 0; k < r->nkeys; k++) {
-			char key[96];
-			key_of(key, sizeof(key), r, id, "get", k);
 			int64_t got = r->target == T_REDIS
 					      ? redis_get(ws[id].redis, key, ws[id].buf, r->size)
 					      : mc_get_into(ws[id].c, key, strlen(key), ws[id].buf,
