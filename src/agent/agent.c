@@ -172,6 +172,10 @@ static void register_metrics(struct agent *a)
 	a->m_counters[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
 		r, "mooncake_agent_resync_skipped_total", rs, "reason",
 		(const char *[]){"conflict"});
+	a->m_counters[AGENT_C_BUSY_POLL_US] = metrics_counter(
+		r, "mooncake_agent_busy_poll_microseconds_total",
+		"Time the loop polled without sleeping after requests and replies "
+		"(--busy-poll-us): CPU spent for latency.", NULL, NULL);
 	a->m_counters[AGENT_C_PUT_COMMITS] = metrics_counter(
 		r, "mooncake_agent_put_commits_total",
 		"Puts written into space the master leased to this agent and sealed "
@@ -466,7 +470,9 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	uv_timer_init(a->loop, &a->start_timer);
 	uv_timer_init(a->loop, &a->view_timer);
 	uv_check_init(a->loop, &a->batch_check);
-	a->batch_check.data = a;
+	uv_idle_init(a->loop, &a->spin_idle);
+	a->batch_check.data = a->spin_idle.data = a;
+	a->spin_ns = o->busy_poll_us * 1000;
 	a->start_timer.data = a->view_timer.data = a;
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
@@ -507,6 +513,7 @@ static void on_mlink_stopped(struct agent *a)
 
 static void pool_idle(void *ud)
 {
+	agent__spin_touch(ud);
 	agent__maybe_stopped(ud);
 }
 
@@ -519,7 +526,8 @@ void agent__maybe_stopped(struct agent *a)
 	if (!a->handles_closed) {
 		a->handles_closed = true;
 		a->pool.async.data = a;
-		a->closing += 5;
+		a->closing += 6;
+		uv_close((uv_handle_t *)&a->spin_idle, on_closed);
 		agent__pool_stop(&a->pool, on_closed);
 		agent__batch_flush(a);
 		uv_close((uv_handle_t *)&a->batch_check, on_closed);

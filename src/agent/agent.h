@@ -60,6 +60,9 @@ struct agent_opts {
 	enum agent_hugepages hugepages;
 	const char *socket_path;         /* clients' Unix socket */
 	unsigned copy_threads;           /* 0: cores, at most 8 */
+	/* After a client request, a reply or the copy threads' last job, the
+	 * loop polls without sleeping for this long (0: never). */
+	uint64_t busy_poll_us;
 	/* Master discovery: a fixed address, else the leader key in meta. */
 	const char *master_address;      /* "" or NULL: use meta */
 	const char *meta_endpoints;      /* "" or NULL: no meta */

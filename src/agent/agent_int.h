@@ -423,6 +423,7 @@ enum agent_counter {
 	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
 	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
 	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
+	AGENT_C_BUSY_POLL_US,      /* loop time spent polling (--busy-poll-us) */
 	AGENT_C_COUNT
 };
 
@@ -452,6 +453,10 @@ struct agent {
 	struct agent_inv inv;
 	struct agent_lcache lc;
 	uv_check_t batch_check;
+	/* busy poll (server.c): the loop polls without sleeping until
+	 * spin_until_ns, set spin_ns after each request and reply */
+	uv_idle_t spin_idle;
+	uint64_t spin_ns, spin_until_ns, spin_start_ns;
 	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */
@@ -545,6 +550,7 @@ void agent__count(struct agent *a, enum agent_counter c, uint64_t n);
 void agent__gauges(struct agent *a);
 void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns);
 void agent__maybe_stopped(struct agent *a);
+void agent__spin_touch(struct agent *a);
 /* The master's read lease TTL, learned from its replies. */
 void agent__set_lease_ttl(struct agent *a, uint64_t ms);
 

@@ -184,6 +184,38 @@ static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len,
 	conn_flush(c);
 }
 
+/* ------------------------------------------------------------ busy poll */
+
+static void on_spin(uv_idle_t *h)
+{
+	struct agent *a = h->data;
+	uint64_t now = mc_now_ns();
+	if (a->pool.pending == 0 && now < a->spin_until_ns)
+		return;
+	uv_idle_stop(h);
+	agent__count(a, AGENT_C_BUSY_POLL_US, (now - a->spin_start_ns) / 1000);
+}
+
+/*
+ * A request came, a reply left or the copy threads ran out of work: the
+ * session's next request is likely within microseconds. An active idle
+ * handle makes libuv poll with a zero timeout, so the loop keeps polling
+ * (no sleep, no wakeup to pay when it comes) for spin_ns — but never while
+ * copy threads have work: on a machine with few cores they need the CPU
+ * more than the loop needs to be awake.
+ */
+void agent__spin_touch(struct agent *a)
+{
+	if (!a->spin_ns || a->stopping || a->pool.pending > 0)
+		return;
+	uint64_t now = mc_now_ns();
+	a->spin_until_ns = now + a->spin_ns;
+	if (!uv_is_active((uv_handle_t *)&a->spin_idle)) {
+		a->spin_start_ns = now;
+		uv_idle_start(&a->spin_idle, on_spin);
+	}
+}
+
 static void send_response(struct agent_conn *c, Mooncake__Client__Response *resp,
 			  const int *fds, const bool *own, unsigned nfds)
 {
@@ -206,6 +238,7 @@ static void send_response(struct agent_conn *c, Mooncake__Client__Response *resp
 	mc_uframe_put_len(data, (uint32_t)n);
 	mooncake__client__response__pack(resp, data + MC_UFRAME_HDR);
 	queue_frame(c, data, MC_UFRAME_HDR + n, fds, own, nfds);
+	agent__spin_touch(c->a);
 }
 
 void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
@@ -296,6 +329,7 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 	r->msg = m;
 	r->op = m->op_case;
 	r->start_ns = mc_now_ns();
+	agent__spin_touch(c->a);
 	if (c->a->last_conn != c) {
 		c->a->last_conn = c;
 		c->a->solo_since_ns = r->start_ns;

@@ -167,6 +167,11 @@
 	  "eighth of the segment), so puts whose one replica is this segment " \
 	  "(values up to a quarter of the lease) are sealed with one master "  \
 	  "call; 0: every put takes PutStart and PutEnd")                      \
+	X(BUSY_POLL_US, "busy-poll-us", AGENT, UINT, "50", 0, 1000000, NULL,   \
+	  "agent: microseconds the loop polls without sleeping after each "    \
+	  "client request, reply and end of copies, so that the next request " \
+	  "is taken without a thread wakeup (never while copy threads "        \
+	  "work); 0: always sleep")                                            \
 	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
 	  NULL,                                                                \
 	  "agent: threads that copy object bytes; 0: one per core, at most 8") \

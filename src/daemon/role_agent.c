@@ -293,6 +293,7 @@ static int role_agent_start(struct role_rt *rt)
 						      : AGENT_HUGEPAGES_AUTO,
 		.socket_path = sock,
 		.copy_threads = (unsigned)cfg_u64(cfg, CFG_AGENT_COPY_THREADS),
+		.busy_poll_us = cfg_u64(cfg, CFG_BUSY_POLL_US),
 		.put_lease_bytes = cfg_u64(cfg, CFG_PUT_LEASE_SIZE),
 		.master_address = master,
 		.meta_endpoints = meta,

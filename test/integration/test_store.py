@@ -302,6 +302,34 @@ def an_agent_calls_the_master_of_its_own_process_in_process():
 
 
 @case
+def the_agent_busy_polls_after_requests_and_then_sleeps():
+    """--busy-poll-us: after requests and replies the agent's loop polls
+    instead of sleeping, and the time it spent so is counted; once the
+    clients are quiet it sleeps again (the counter stops moving), and 0
+    turns it off."""
+    def workload(a):
+        t0 = time.monotonic()
+        s = a.store()
+        for i in range(300):
+            eq(s.put("bp/%d" % i, b"v" * 4096), OK, "put")
+            eq(s.get("bp/%d" % i), b"v" * 4096, "get")
+        s.close()
+        took_us = (time.monotonic() - t0) * 1e6
+        time.sleep(0.3)
+        m1 = metric(a.metrics(), "mooncake_agent_busy_poll_microseconds_total")
+        time.sleep(0.3)
+        m2 = metric(a.metrics(), "mooncake_agent_busy_poll_microseconds_total")
+        eq(m1, m2, "no polling while no client sends")
+        return m1, took_us
+
+    spent, took = workload(Cluster(agents=1, agent_args=["--busy-poll-us=200"]).agents[0])
+    # The polling falls between the session's first request and 200 us
+    # after its last reply.
+    assert 0 < spent <= took + 200, (spent, took)
+    eq(workload(Cluster(agents=1, agent_args=["--busy-poll-us=0"]).agents[0])[0], 0.0, "off")
+
+
+@case
 def bad_frames_get_clean_errors():
     cl = Cluster(agents=1)
     a = cl.agents[0]
