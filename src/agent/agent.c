@@ -172,10 +172,11 @@ static void register_metrics(struct agent *a)
 	a->m_counters[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
 		r, "mooncake_agent_resync_skipped_total", rs, "reason",
 		(const char *[]){"conflict"});
-	a->m_counters[AGENT_C_BUSY_POLL_US] = metrics_counter(
-		r, "mooncake_agent_busy_poll_microseconds_total",
-		"Time the loop polled without sleeping after requests and replies "
-		"(--busy-poll-us): CPU spent for latency.", NULL, NULL);
+	a->m_spin = metrics_histogram(
+		r, "mooncake_agent_busy_poll_seconds",
+		"Periods the loop polled without sleeping after requests and "
+		"replies (--busy-poll-us): CPU spent for latency.",
+		NULL, NULL, metrics_latency_buckets, metrics_latency_nbuckets);
 	a->m_counters[AGENT_C_PUT_COMMITS] = metrics_counter(
 		r, "mooncake_agent_put_commits_total",
 		"Puts written into space the master leased to this agent and sealed "

@@ -423,7 +423,6 @@ enum agent_counter {
 	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
 	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
 	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
-	AGENT_C_BUSY_POLL_US,      /* loop time spent polling (--busy-poll-us) */
 	AGENT_C_COUNT
 };
 
@@ -457,6 +456,7 @@ struct agent {
 	 * spin_until_ns, set spin_ns after each request and reply */
 	uv_idle_t spin_idle;
 	uint64_t spin_ns, spin_until_ns, spin_start_ns;
+	struct metric *m_spin;        /* histogram of polling periods */
 	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */

@@ -1965,6 +1965,12 @@ static void op_release(struct agent_req *r)
 		r->a->nviews--;
 	}
 	agent__gauges(r->a);
+	if (q->quiet) {
+		if (err)
+			log_warn("client %s released a view that is not its own", c->name);
+		finish(r, err);
+		return;
+	}
 	if (err) {
 		fail(r, err, "no such view in this session");
 		return;

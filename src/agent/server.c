@@ -25,6 +25,7 @@
 
 #include "agent/agent_int.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -193,7 +194,7 @@ static void on_spin(uv_idle_t *h)
 	if (a->pool.pending == 0 && now < a->spin_until_ns)
 		return;
 	uv_idle_stop(h);
-	agent__count(a, AGENT_C_BUSY_POLL_US, (now - a->spin_start_ns) / 1000);
+	metric_observe(a->m_spin, (double)(now - a->spin_start_ns) / 1e9);
 }
 
 /*

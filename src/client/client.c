@@ -265,7 +265,7 @@ static int call(mc_client *c, Request *req, const int *fds, unsigned nfds,
 	return done ? 0 : MC_EUNAVAILABLE;
 }
 
-/* Send req without waiting for its response (the reader drops it when it
+/* Send req without waiting for a response (the reader drops one if it
  * comes). For requests whose outcome nobody can act on. */
 static void send_only(mc_client *c, Request *req)
 {
@@ -1203,10 +1203,11 @@ MC__PUBLIC void mc_view_release(mc_client *c, mc_view *v)
 		Mooncake__Client__ReleaseRequest q = MOONCAKE__CLIENT__RELEASE_REQUEST__INIT;
 		q.views = &v->id;
 		q.n_views = 1;
+		q.quiet = true; /* no answer to read */
 		Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 		req.op_case = MOONCAKE__CLIENT__REQUEST__OP_RELEASE;
 		req.release = &q;
-		send_only(c, &req); /* the agent answers; nothing to wait for */
+		send_only(c, &req);
 	}
 	spill_give(c, v->spill);
 	stg_free(c, v->blk);

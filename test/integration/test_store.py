@@ -316,9 +316,9 @@ def the_agent_busy_polls_after_requests_and_then_sleeps():
         s.close()
         took_us = (time.monotonic() - t0) * 1e6
         time.sleep(0.3)
-        m1 = metric(a.metrics(), "mooncake_agent_busy_poll_microseconds_total")
+        m1 = metric(a.metrics(), "mooncake_agent_busy_poll_seconds_sum") * 1e6
         time.sleep(0.3)
-        m2 = metric(a.metrics(), "mooncake_agent_busy_poll_microseconds_total")
+        m2 = metric(a.metrics(), "mooncake_agent_busy_poll_seconds_sum") * 1e6
         eq(m1, m2, "no polling while no client sends")
         return m1, took_us
 
@@ -369,6 +369,22 @@ def bad_frames_get_clean_errors():
     st.send(s, r)
     resp, _ = st.recv_response(s)
     eq(list(resp.keys.results), [1], "the session still works")
+
+    # A view that is not the session's: -ENOENT, or with quiet no
+    # response at all (the next one answered is the next request's).
+    r = C.Request(id=12)
+    r.release.views.append(424242)
+    st.send(s, r)
+    resp, _ = st.recv_response(s)
+    eq((resp.id, resp.error), (12, -2), "release of an unknown view")
+    r.id = 13
+    r.release.quiet = True
+    st.send(s, r)
+    r = C.Request(id=14)
+    r.exist.keys.append(b"alive")
+    st.send(s, r)
+    resp, _ = st.recv_response(s)
+    eq((resp.id, list(resp.keys.results)), (14, [1]), "a quiet release is not answered")
 
     # Oversized key: the item fails, the request does not.
     r = C.Request(id=11)
