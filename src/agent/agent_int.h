@@ -112,6 +112,7 @@ struct agent_job {
 	struct agent_job *next;
 	void (*run)(struct agent_job *j);  /* on a copy thread */
 	void (*done)(struct agent_job *j); /* on the loop thread */
+	bool threaded;                     /* given to the copy threads */
 };
 
 struct agent_pool {
@@ -124,7 +125,9 @@ struct agent_pool {
 	bool quit;
 	uv_async_t async;
 	unsigned pending;                   /* queued or running (loop) */
-	/* Optional: pending fell to 0 in a round of completions. */
+	unsigned threaded;                  /* of them, the copy threads' */
+	/* Optional: threaded (and maybe pending) fell to 0 in a round of
+	 * completions. */
 	void (*on_idle)(void *ud);
 	void *idle_ud;
 	bool started, closing;
@@ -137,7 +140,7 @@ void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
 /* A job whose work runs elsewhere (its run unused): counted as pending
  * from agent__pool_begin (loop thread) until agent__pool_complete (any
  * thread, once) has its done run on the loop thread. */
-void agent__pool_begin(struct agent_pool *p);
+void agent__pool_begin(struct agent_pool *p, struct agent_job *j);
 void agent__pool_complete(struct agent_pool *p, struct agent_job *j);
 /* On the loop thread: memcpy with a copy thread's help — both take
  * 64 KiB chunks until none is left, so a helper that starts late finds

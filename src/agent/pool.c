@@ -79,10 +79,12 @@ static void on_async(uv_async_t *h)
 	while (j) {
 		struct agent_job *next = j->next;
 		p->pending--;
+		if (j->threaded)
+			p->threaded--;
 		j->done(j);
 		j = next;
 	}
-	if (any && p->pending == 0 && p->on_idle)
+	if (any && p->threaded == 0 && p->on_idle)
 		p->on_idle(p->idle_ud);
 }
 
@@ -120,7 +122,9 @@ int agent__pool_start(struct agent_pool *p, uv_loop_t *loop, unsigned nthreads)
 void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
 {
 	j->next = NULL;
+	j->threaded = true;
 	p->pending++;
+	p->threaded++;
 	pthread_mutex_lock(&p->mu);
 	if (p->tail)
 		p->tail->next = j;
@@ -131,8 +135,9 @@ void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
 	pthread_mutex_unlock(&p->mu);
 }
 
-void agent__pool_begin(struct agent_pool *p)
+void agent__pool_begin(struct agent_pool *p, struct agent_job *j)
 {
+	j->threaded = false;
 	p->pending++;
 }
 

@@ -191,7 +191,7 @@ static void on_spin(uv_idle_t *h)
 {
 	struct agent *a = h->data;
 	uint64_t now = mc_now_ns();
-	if (a->pool.pending == 0 && now < a->spin_until_ns)
+	if (a->pool.threaded == 0 && now < a->spin_until_ns)
 		return;
 	uv_idle_stop(h);
 	metric_observe(a->m_spin, (double)(now - a->spin_start_ns) / 1e9);
@@ -207,7 +207,7 @@ static void on_spin(uv_idle_t *h)
  */
 void agent__spin_touch(struct agent *a)
 {
-	if (!a->spin_ns || a->stopping || a->pool.pending > 0)
+	if (!a->spin_ns || a->stopping || a->pool.threaded > 0)
 		return;
 	uint64_t now = mc_now_ns();
 	a->spin_until_ns = now + a->spin_ns;

@@ -144,7 +144,7 @@ void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 {
 	x->a = a;
 	x->job = j;
-	agent__pool_begin(&a->pool);
+	agent__pool_begin(&a->pool, j);
 	if (x->n == 0) {
 		agent__pool_complete(&a->pool, j);
 		return;

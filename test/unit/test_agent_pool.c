@@ -70,6 +70,7 @@ Test(agent_pool, jobs_run_on_a_thread_and_end_on_the_loop)
 		agent__pool_submit(&pool, &c[i].job);
 	}
 	cr_assert_eq(pool.pending, 8);
+	cr_assert_eq(pool.threaded, 8);
 	while (pool.pending)
 		uv_run(&loop, UV_RUN_ONCE);
 	for (int i = 0; i < 8; i++) {
@@ -90,8 +91,9 @@ Test(agent_pool, work_done_elsewhere_ends_on_the_loop)
 	struct counted c;
 	memset(&c, 0, sizeof(c));
 	c.job.done = counted_done;
-	agent__pool_begin(&pool);
+	agent__pool_begin(&pool, &c.job);
 	cr_assert_eq(pool.pending, 1);
+	cr_assert_eq(pool.threaded, 0, "not the copy threads' work");
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, complete_later, &c), 0);
 	pthread_join(t, NULL);
