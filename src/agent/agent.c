@@ -177,6 +177,11 @@ static void register_metrics(struct agent *a)
 		"Periods the loop polled without sleeping after requests and "
 		"replies (--busy-poll-us): CPU spent for latency.",
 		NULL, NULL, metrics_latency_buckets, metrics_latency_nbuckets);
+	a->m_counters[AGENT_C_LEASE_CACHE_STALE] = metrics_counter(
+		r, "mooncake_agent_lease_cache_stale_total",
+		"Cached replicas on other agents' segments whose bytes did not "
+		"match their checksum or could not be read: the get asked the "
+		"master instead.", NULL, NULL);
 	a->m_counters[AGENT_C_PUT_COMMITS] = metrics_counter(
 		r, "mooncake_agent_put_commits_total",
 		"Puts written into space the master leased to this agent and sealed "

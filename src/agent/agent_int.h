@@ -290,6 +290,10 @@ struct agent_item {
 	unsigned lease_gen;
 	struct agent_rep *reps;
 	unsigned nrep;
+	/* get of a cached replica on another segment: its bytes, read and
+	 * then checked before use (owned) */
+	bool probing;
+	uint8_t *scratch;
 	/* get results */
 	int where;            /* Mooncake__Client__GetResult__Where */
 	uint64_t offset;
@@ -358,6 +362,10 @@ struct agent_lcache {
 };
 
 #define AGENT_LCACHE_ENTRIES 65536u
+/* Replicas on other agents' segments are cached for values up to this
+ * size, which a get reads and checks against their checksum before it
+ * uses them (ops.c, get_probe). */
+#define AGENT_LCACHE_REMOTE_BYTES AGENT_INLINE_COPY_BYTES
 
 int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
 void agent__lcache_free(struct agent_lcache *lc);
@@ -368,8 +376,11 @@ void agent__lcache_clear(struct agent_lcache *lc);
  * lease with agent__lcache_extend, or lets the entry expire). */
 const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
 					     size_t klen, uint64_t now_ms, bool *renew);
+/* The entry for key, expired or not (borrowed until the next change). */
+const struct agent_lentry *agent__lcache_peek(struct agent_lcache *lc, const uint8_t *key,
+					      size_t klen);
 /* A renewal of key's lease came back: the entry's window now ends at
- * until_ms when its replica is still (offset, size) in this segment; any
+ * until_ms when its replica is still (offset, size) in its segment; any
  * other answer drops the entry. */
 void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 			  uint64_t offset, uint64_t size, uint64_t until_ms, uint64_t now_ms);
@@ -426,6 +437,7 @@ enum agent_counter {
 	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
 	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
 	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
+	AGENT_C_LEASE_CACHE_STALE, /* cached remote replicas that failed the check */
 	AGENT_C_COUNT
 };
 

@@ -17,9 +17,17 @@
  * upserts the key, when a read through them fails, and when a get finds
  * the key gone. The master's LRU position of a hot key is refreshed by
  * the next GetReplicas after the window (approximate LRU at that
- * granularity). A forced removal elsewhere during the window is the one
- * case where a reader may see reused space — the same as for any lease
- * holder (proto/master.proto, RemoveRequest.force).
+ * granularity).
+ *
+ * Replicas on other agents' segments are cached too, for values of up to
+ * AGENT_LCACHE_REMOTE_BYTES with a checksum: this agent does not hear of
+ * a forced removal there, so a get of such an entry reads the bytes into
+ * a scratch buffer first and uses them only if they match the checksum
+ * (else it asks the master, and the entry goes). A forced removal is the
+ * one case where a reader may see what it should not — the same as for
+ * any lease holder (proto/master.proto, RemoveRequest.force): here, the
+ * key's previous value when the old bytes are still intact, until the
+ * window ends.
  *
  * A chained hash table with a fixed capacity; when full, expired entries
  * are swept, then the table is emptied.
@@ -112,6 +120,12 @@ static void set_window(struct agent_lentry *e, uint64_t until_ms, uint64_t now_m
 	e->until_ms = until_ms;
 	e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
 	e->refreshing = false;
+}
+
+const struct agent_lentry *agent__lcache_peek(struct agent_lcache *lc, const uint8_t *key,
+					      size_t klen)
+{
+	return lc->tab && lc->n ? *slot(lc, key, klen) : NULL;
 }
 
 void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t klen,

@@ -908,8 +908,8 @@ static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop
 {
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0 || !it->ptr || it->reps[0].local || !it->size ||
-		    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+		if (it->err || it->nrep == 0 || !it->ptr || it->reps[0].local || it->scratch ||
+		    !it->size || it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
 			continue;
 		if (!*x && !(*x = loop ? agent__xfer_new_loop() : agent__xfer_new())) {
 			it->err = -ENOMEM;
@@ -938,6 +938,10 @@ static void get_copy_local(struct agent_req *r)
 				check(it, crc32c(0, a->seg->addr + rep->offset, it->size));
 			continue;
 		}
+		if (it->ptr && it->scratch) {
+			memcpy(it->ptr, it->scratch, it->size); /* checked already */
+			continue;
+		}
 		if (!it->ptr || !rep->local)
 			continue;
 		uint32_t crc;
@@ -953,7 +957,7 @@ static void get_check_remote(struct agent_req *r)
 {
 	for (size_t i = 0; r->msg->get->verify && i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (!it->err && it->nrep && it->ptr && !it->reps[0].local &&
+		if (!it->err && it->nrep && it->ptr && !it->reps[0].local && !it->scratch &&
 		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
 			check(it, crc32c(0, it->ptr, it->size));
 	}
@@ -1166,11 +1170,11 @@ static void get_place_and_copy(struct agent_req *r)
 			spill_total += (it->size + AGENT_SPILL_ALIGN - 1) &
 				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
 		}
-		if (rep->local)
+		if (rep->local || it->scratch)
 			bytes += it->size;
 		else
 			remote_bytes += it->size;
-		remote |= !rep->local;
+		remote |= !rep->local && !it->scratch;
 	}
 	agent__gauges(a);
 	/* Place the items without a destination. */
@@ -1284,10 +1288,12 @@ static void on_get_replicas(void *ud, int err, const char *message,
 				it->reps[0] = it->reps[p];
 				it->reps[p] = t;
 			}
-		/* Only local replicas are cached: nobody but the master's
+		/* Local replicas are cached (nobody but the master's
 		 * placements writes this segment, and the cache is emptied
-		 * whenever the segment is mounted again. */
-		if (it->reps[0].local)
+		 * whenever the segment is mounted again), and small ones
+		 * elsewhere whose bytes can be checked (get_probe). */
+		if (it->reps[0].local ||
+		    (it->has_crc && it->size > 0 && it->size <= AGENT_LCACHE_REMOTE_BYTES))
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}
@@ -1324,9 +1330,11 @@ static void on_lease_renewed(void *ud, int err, const char *message, const Proto
 		return;
 	}
 	uint64_t until = lease_window_end(a, w->sent_ms, resp->lease_ttl_ms);
+	const struct agent_lentry *e = agent__lcache_peek(&a->lc, w->key.data, w->key.len);
+	const char *seg = !e ? NULL : e->rep.local ? a->name : e->rep.segment;
 	uint64_t offset = UINT64_MAX;
-	for (size_t k = 0; k < res->n_replicas; k++)
-		if (res->replicas[k]->segment && strcmp(res->replicas[k]->segment, a->name) == 0)
+	for (size_t k = 0; seg && k < res->n_replicas; k++)
+		if (res->replicas[k]->segment && strcmp(res->replicas[k]->segment, seg) == 0)
 			offset = res->replicas[k]->offset;
 	agent__lcache_extend(&a->lc, w->key.data, w->key.len, offset, res->size, until, now);
 	free(w);
@@ -1356,6 +1364,97 @@ static bool item_uncached(const struct agent_item *it)
 	return it->err == 0 && it->nrep == 0;
 }
 
+/* The items without a replica yet ask the master, then the get goes on;
+ * at once when every item has one (or an error). */
+static void get_lookup(struct agent_req *r)
+{
+	size_t uncached = 0;
+	for (size_t i = 0; i < r->n; i++)
+		uncached += item_uncached(&r->items[i]);
+	if (uncached == 0) {
+		get_place_and_copy(r);
+		return;
+	}
+	struct keys_block *b = keys_block(r, item_uncached);
+	if (!b) {
+		fail(r, -ENOMEM, NULL);
+		return;
+	}
+	set_mstate(r, b);
+	r->sent_ms = mc_now_ms();
+	agent__bcall(r->a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
+}
+
+/* A probed item is not to be trusted after all: forget its entry, and let
+ * the master say where the key is. */
+static void probe_miss(struct agent_req *r, struct agent_item *it)
+{
+	agent__lcache_del(&r->a->lc, it->key, it->klen);
+	agent__count(r->a, AGENT_C_LEASE_CACHE_STALE, 1);
+	free(it->reps[0].segment);
+	free(it->reps);
+	it->reps = NULL;
+	it->nrep = 0;
+	free(it->scratch);
+	it->scratch = NULL;
+	it->probing = false;
+	it->err = 0;
+}
+
+static void get_probe_done(struct agent_job *j)
+{
+	struct agent_req *r = end_from_loop(j);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (!it->probing)
+			continue;
+		if (it->err || crc32c(0, it->scratch, it->size) != it->crc) {
+			probe_miss(r, it);
+			continue;
+		}
+		it->probing = false;
+		agent__count(r->a, AGENT_C_LEASE_CACHE_HITS, 1);
+	}
+	get_lookup(r);
+}
+
+/*
+ * Items whose cached replica is on another agent's segment: read their
+ * bytes into scratch buffers from the loop, check them against the
+ * checksum, then go on (get_probe_done). False — the probes undone, the
+ * items left to the master — when a segment is not open in the engine
+ * yet or memory is short.
+ */
+static bool get_probe(struct agent_req *r)
+{
+	struct agent_xfer *x = agent__xfer_new_loop();
+	bool ok = x != NULL;
+	for (size_t i = 0; ok && i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (!it->probing)
+			continue;
+		it->scratch = malloc(it->size);
+		if (!it->scratch) {
+			ok = false;
+			break;
+		}
+		agent__xfer_add(r->a, x, it->reps[0].segment, false, it->scratch,
+				it->reps[0].address, it->size, &it->err);
+	}
+	if (ok && !agent__xfer_missed(x)) {
+		r->xfer = x;
+		r->job.done = get_probe_done;
+		agent__xfer_start_loop(r->a, x, &r->job);
+		return true;
+	}
+	if (x)
+		agent__xfer_finish(r->a, x);
+	for (size_t i = 0; i < r->n; i++)
+		if (r->items[i].probing)
+			probe_miss(r, &r->items[i]);
+	return false;
+}
+
 static void op_get(struct agent_req *r)
 {
 	struct agent *a = r->a;
@@ -1365,7 +1464,7 @@ static void op_get(struct agent_req *r)
 		return;
 	}
 	uint64_t now = mc_now_ms();
-	size_t uncached = 0;
+	size_t probes = 0;
 	for (size_t i = 0; i < g->n_items; i++) {
 		struct agent_item *it = &r->items[i];
 		const Mooncake__Client__GetItem *gi = g->items[i];
@@ -1396,28 +1495,24 @@ static void op_get(struct agent_req *r)
 				continue;
 			}
 			it->reps[0] = e->rep;
-			it->reps[0].segment = NULL;
+			it->reps[0].segment = e->rep.local ? NULL : strdup(e->rep.segment);
+			if (!e->rep.local && !it->reps[0].segment) {
+				it->err = -ENOMEM;
+				continue;
+			}
 			it->nrep = 1;
 			it->size = e->size;
 			it->crc = e->crc;
 			it->has_crc = e->has_crc;
-			agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
-			continue;
+			it->probing = !e->rep.local;
+			probes += it->probing;
+			if (!it->probing)
+				agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
 		}
-		uncached++;
 	}
-	if (uncached == 0) {
-		get_place_and_copy(r);
+	if (probes && get_probe(r))
 		return;
-	}
-	struct keys_block *b = keys_block(r, item_uncached);
-	if (!b) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	set_mstate(r, b);
-	r->sent_ms = now;
-	agent__bcall(a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
+	get_lookup(r);
 }
 
 /* ------------------------------------------------------------ exist, remove */

@@ -272,6 +272,7 @@ void agent__req_free(struct agent_req *r)
 			for (unsigned k = 0; k < r->items[i].nrep; k++)
 				free(r->items[i].reps[k].segment);
 			free(r->items[i].reps);
+			free(r->items[i].scratch);
 		}
 		free(r->items);
 	}

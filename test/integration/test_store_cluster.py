@@ -13,7 +13,7 @@ import os
 import time
 
 import storetest as st
-from storetest import Cluster, MiB, metric
+from storetest import Cluster, MiB, metric, metric_labels
 import mctest
 from mctest import Daemon, Etcd, Meta, case, eq, wait_for
 from faultproxy import Proxy
@@ -316,6 +316,56 @@ def verified_gets_catch_bytes_that_changed():
     assert metric(b.metrics(), "mooncake_agent_get_checksum_failures_total") >= 2
     te.free_managed_buffer(buf, 4096)
     te.free_managed_buffer(dst, len(val))
+    te.close()
+    sa.close()
+    sb.close()
+
+
+@case
+def hot_keys_on_other_agents_are_read_without_the_master():
+    """Gets on A of a small object in B's segment are answered from A's
+    lease cache after the first, the bytes checked against the object's
+    checksum each time: when they change behind A's back (a forced remove
+    and a new put on B, the old space then overwritten) A notices, asks
+    the master and serves the new value. Big values always ask."""
+    cl = Cluster(agents=2)
+    a, b = cl.agents
+    sa, sb = a.store(verify_gets=False), b.store(verify_gets=False)
+    v1, big = os.urandom(4096), os.urandom(MiB)
+    eq((sb.put("hot", v1), sb.put("big", big)), (OK, OK), "put on B")
+    eq(sa.get("hot"), v1, "the first get on A asks the master")
+    calls = 'method="/mooncake.master.Master/BatchGetReplicas",code="OK"'
+
+    def counts():
+        m = a.metrics()
+        return (metric(m, "mooncake_agent_lease_cache_hits_total"),
+                metric(m, "mooncake_agent_lease_cache_stale_total"),
+                metric_labels(m, "mooncake_rpc_client_calls_total", calls))
+
+    h0, s0, c0 = counts()
+    for _ in range(50):
+        eq(sa.get("hot"), v1, "get on A")
+    for _ in range(5):
+        eq(sa.get("big") == big, True, "1 MiB get on A")
+    h1, s1, c1 = counts()
+    eq((h1 - h0, s1 - s0, c1 - c0), (50, 0, 5), "cache hits, stale entries, master calls")
+
+    old = replicas(cl.master_addr, b"hot")[0]
+    eq(old.segment, b.name, "on B's segment")
+    eq(sb.remove("hot", force=True), OK, "forced remove on B while A holds the lease")
+    v2 = os.urandom(4096)
+    eq(sb.put("hot", v2), OK, "put again on B")
+    te = b.engine()
+    buf = te.allocate_managed_buffer(4096)
+    te.write_bytes_to_buffer(buf, b"\0" * 4096, 4096)
+    if replicas(cl.master_addr, b"hot")[0].address != old.address:
+        eq(te.transfer_sync_write(b.name, buf, old.address, 4096), OK, "old space reused")
+    eq(sa.get("hot"), v2, "A serves the new value")
+    h2, s2, c2 = counts()
+    eq((s2 - s1, c2 - c1), (1, 1), "the stale entry caught, the master asked")
+    eq(sa.get("hot"), v2, "and cached again")
+    eq(counts()[0] - h2, 1, "a hit")
+    te.free_managed_buffer(buf, 4096)
     te.close()
     sa.close()
     sb.close()
