@@ -479,6 +479,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	uv_idle_init(a->loop, &a->spin_idle);
 	a->batch_check.data = a->spin_idle.data = a;
 	a->spin_ns = o->busy_poll_us * 1000;
+	a->remote_cache_bytes = o->remote_cache_bytes;
 	a->start_timer.data = a->view_timer.data = a;
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);

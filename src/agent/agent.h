@@ -63,6 +63,9 @@ struct agent_opts {
 	/* After a client request, a reply or the copy threads' last job, the
 	 * loop polls without sleeping for this long (0: never). */
 	uint64_t busy_poll_us;
+	/* Values up to this size with a replica on another agent's segment
+	 * are answered from the lease cache, checked (0: never). */
+	uint64_t remote_cache_bytes;
 	/* Master discovery: a fixed address, else the leader key in meta. */
 	const char *master_address;      /* "" or NULL: use meta */
 	const char *meta_endpoints;      /* "" or NULL: no meta */

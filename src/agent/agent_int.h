@@ -362,10 +362,6 @@ struct agent_lcache {
 };
 
 #define AGENT_LCACHE_ENTRIES 65536u
-/* Replicas on other agents' segments are cached for values up to this
- * size, which a get reads and checks against their checksum before it
- * uses them (ops.c, get_probe). */
-#define AGENT_LCACHE_REMOTE_BYTES AGENT_INLINE_COPY_BYTES
 
 int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
 void agent__lcache_free(struct agent_lcache *lc);
@@ -471,6 +467,10 @@ struct agent {
 	 * spin_until_ns, set spin_ns after each request and reply */
 	uv_idle_t spin_idle;
 	uint64_t spin_ns, spin_until_ns, spin_start_ns;
+	/* --remote-lease-cache-size: replicas on other agents' segments are
+	 * cached for values up to this size, read and checked against their
+	 * checksum before a get uses them (ops.c, get_probe) */
+	uint64_t remote_cache_bytes;
 	struct metric *m_spin;        /* histogram of polling periods */
 	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;

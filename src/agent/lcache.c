@@ -20,7 +20,7 @@
  * granularity).
  *
  * Replicas on other agents' segments are cached too, for values of up to
- * AGENT_LCACHE_REMOTE_BYTES with a checksum: this agent does not hear of
+ * --remote-lease-cache-size with a checksum: this agent does not hear of
  * a forced removal there, so a get of such an entry reads the bytes into
  * a scratch buffer first and uses them only if they match the checksum
  * (else it asks the master, and the entry goes). A forced removal is the

@@ -1293,7 +1293,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		 * whenever the segment is mounted again), and small ones
 		 * elsewhere whose bytes can be checked (get_probe). */
 		if (it->reps[0].local ||
-		    (it->has_crc && it->size > 0 && it->size <= AGENT_LCACHE_REMOTE_BYTES))
+		    (it->has_crc && it->size > 0 && it->size <= a->remote_cache_bytes))
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}

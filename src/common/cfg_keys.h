@@ -167,6 +167,13 @@
 	  "eighth of the segment), so puts whose one replica is this segment " \
 	  "(values up to a quarter of the lease) are sealed with one master "  \
 	  "call; 0: every put takes PutStart and PutEnd")                      \
+	X(REMOTE_LEASE_CACHE_SIZE, "remote-lease-cache-size", AGENT, SIZE,      \
+	  "64K", 0, 1ull << 20, NULL,                                          \
+	  "agent: values up to this size whose replica is on another agent "   \
+	  "are read without asking the master again while its read lease "     \
+	  "lasts, their bytes checked against their checksum; after a forced " \
+	  "remove and a new put of the same key elsewhere, such a get may "     \
+	  "serve the previous value for up to half a lease; 0: ask every time") \
 	X(BUSY_POLL_US, "busy-poll-us", AGENT, UINT, "50", 0, 1000000, NULL,   \
 	  "agent: microseconds the loop polls without sleeping after each "    \
 	  "client request, reply and end of copies, so that the next request " \

@@ -294,6 +294,7 @@ static int role_agent_start(struct role_rt *rt)
 		.socket_path = sock,
 		.copy_threads = (unsigned)cfg_u64(cfg, CFG_AGENT_COPY_THREADS),
 		.busy_poll_us = cfg_u64(cfg, CFG_BUSY_POLL_US),
+		.remote_cache_bytes = cfg_u64(cfg, CFG_REMOTE_LEASE_CACHE_SIZE),
 		.put_lease_bytes = cfg_u64(cfg, CFG_PUT_LEASE_SIZE),
 		.master_address = master,
 		.meta_endpoints = meta,

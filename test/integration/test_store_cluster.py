@@ -370,6 +370,21 @@ def hot_keys_on_other_agents_are_read_without_the_master():
     sa.close()
     sb.close()
 
+    # --remote-lease-cache-size=0: every get asks the master, so a forced
+    # remove and a new put elsewhere are seen at once even while the old
+    # bytes are intact.
+    cl = Cluster(agents=2, agent_args=["--remote-lease-cache-size=0"])
+    a, b = cl.agents
+    sa, sb = a.store(verify_gets=False), b.store(verify_gets=False)
+    eq(sb.put("k", v1), OK, "put on B")
+    eq(sa.get("k"), v1, "get on A")
+    eq(sb.remove("k", force=True), OK, "forced remove")
+    eq(sb.put("k", v2), OK, "put again")
+    eq(sa.get("k"), v2, "the new value at once")
+    eq(metric(a.metrics(), "mooncake_agent_lease_cache_hits_total"), 0.0, "no cache hit")
+    sa.close()
+    sb.close()
+
 
 @case
 def views_of_remote_objects_reuse_spill_buffers():
