@@ -23,11 +23,10 @@
  * --remote-lease-cache-size with a checksum: this agent does not hear of
  * a forced removal there, so a get of such an entry reads the bytes into
  * a scratch buffer first and uses them only if they match the checksum
- * (else it asks the master, and the entry goes). A forced removal is the
- * one case where a reader may see what it should not — the same as for
- * any lease holder (proto/master.proto, RemoveRequest.force): here, the
- * key's previous value when the old bytes are still intact, until the
- * window ends.
+ * (else it asks the master, and the entry goes). A value removed by force
+ * may be served until the window ends, as any lease holder may read it
+ * (the master holds its space until the lease ends: proto/master.proto,
+ * RemoveRequest.force).
  *
  * A chained hash table with a fixed capacity; when full, expired entries
  * are swept, then the table is emptied.

@@ -171,9 +171,9 @@
 	  "64K", 0, 1ull << 20, NULL,                                          \
 	  "agent: values up to this size whose replica is on another agent "   \
 	  "are read without asking the master again while its read lease "     \
-	  "lasts, their bytes checked against their checksum; after a forced " \
-	  "remove and a new put of the same key elsewhere, such a get may "     \
-	  "serve the previous value for up to half a lease; 0: ask every time") \
+	  "lasts, their bytes checked against their checksum (a value "        \
+	  "removed by force may be served until the lease ends, like any "     \
+	  "lease holder reads it); 0: ask every time")                         \
 	X(BUSY_POLL_US, "busy-poll-us", AGENT, UINT, "50", 0, 1000000, NULL,   \
 	  "agent: microseconds the loop polls without sleeping after each "    \
 	  "client request, reply and end of copies, so that the next request " \

@@ -58,6 +58,15 @@ struct master_core {
 	uint64_t seed;
 	uint64_t ev_seq;   /* last mirror-log sequence number handed out */
 	uint64_t lease_seq; /* last lease epoch handed out (floored alike) */
+	/* Space of objects removed by force while leased: allocated until
+	 * their lease ends, so nothing new is written where a reader may
+	 * still read (obj_destroy_until, master__tick). */
+	struct quarantine {
+		uint32_t seg;
+		uint64_t log_id; /* the segment's incarnation */
+		uint64_t off, len, until_ms;
+	} *quar;
+	size_t nquar, quar_cap;
 	struct master_counters n;
 };
 
@@ -212,9 +221,31 @@ static void mirror(struct master_core *c, const struct master_obj *o, unsigned i
 		c->n.mirror_lost++;
 }
 
-/* Free the object's space on every segment, unlink and free it. */
-static void obj_destroy(struct master_core *c, struct master_obj *o)
+/* Room for n more quarantined ranges. Errors: -ENOMEM. */
+static int quar_reserve(struct master_core *c, size_t n)
 {
+	if (c->nquar + n <= c->quar_cap)
+		return 0;
+	size_t cap = MC_MAX(c->quar_cap * 2, c->nquar + n + 16);
+	struct quarantine *q = realloc(c->quar, cap * sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	c->quar = q;
+	c->quar_cap = cap;
+	return 0;
+}
+
+/*
+ * Unlink and free the object. Its space on every segment is freed — or,
+ * with until_ms, held until then: a forced removal of a leased object,
+ * whose readers may go on reading its bytes until their lease ends (a
+ * zero-copy view, a get in flight, an agent's lease cache), never
+ * another object's.
+ */
+static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint64_t until_ms)
+{
+	if ((o->flags & MASTER_OBJ_PENDING) || quar_reserve(c, o->nrep) != 0)
+		until_ms = 0;
 	if (!(o->flags & MASTER_OBJ_PENDING))
 		for (unsigned i = 0; i < o->nrep; i++)
 			mirror(c, o, i, MASTER_EV_DEL);
@@ -226,9 +257,19 @@ static void obj_destroy(struct master_core *c, struct master_obj *o)
 	if (o->flags & MASTER_OBJ_PENDING)
 		c->npending--;
 	uint64_t len = master__alloc_len(o->size);
+	if (until_ms && len)
+		c->n.quarantined++;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		struct master_seg *s = c->segs[o->rep[i].seg];
-		if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
+		if (until_ms && len) {
+			c->quar[c->nquar++] = (struct quarantine){
+				.seg = o->rep[i].seg,
+				.log_id = s->log_id,
+				.off = o->rep[i].offset,
+				.len = len,
+				.until_ms = until_ms,
+			};
+		} else if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
 			/* Cannot happen unless the index is corrupt; the
 			 * space stays allocated rather than be handed out
 			 * twice. */
@@ -239,6 +280,29 @@ static void obj_destroy(struct master_core *c, struct master_obj *o)
 	c->key_bytes -= o->klen;
 	c->obj_bytes -= obj_alloc_bytes(o);
 	free(o);
+}
+
+static void obj_destroy(struct master_core *c, struct master_obj *o)
+{
+	obj_destroy_until(c, o, 0);
+}
+
+/* Free the quarantined ranges whose lease ended (all with now UINT64_MAX);
+ * a range of a segment unmounted since is gone with it. */
+static void quar_release(struct master_core *c, uint64_t now_ms)
+{
+	for (size_t i = 0; i < c->nquar;) {
+		struct quarantine *q = &c->quar[i];
+		if (q->until_ms > now_ms) {
+			i++;
+			continue;
+		}
+		struct master_seg *s = q->seg < c->nsegs_cap ? c->segs[q->seg] : NULL;
+		if (s && s->log_id == q->log_id && master__alloc_put(s->alloc, q->off, q->len)) {
+			/* corrupt index: keep the space */
+		}
+		*q = c->quar[--c->nquar];
+	}
 }
 
 static bool leased(const struct master_obj *o, uint64_t now_ms)
@@ -318,6 +382,7 @@ void master__core_reset(struct master_core *c)
 		c->segs[i] = NULL;
 	}
 	c->nsegs = 0;
+	c->nquar = 0; /* (their segments are gone) */
 	while (c->agents) {
 		struct master_agent *a = c->agents;
 		c->agents = a->next;
@@ -332,6 +397,7 @@ void master__core_free(struct master_core *c)
 	if (!c)
 		return;
 	master__core_reset(c);
+	free(c->quar);
 	free(c->segs);
 	free(c->buckets);
 	free(c);
@@ -1144,7 +1210,7 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
 		c->n.lease_waits++;
 		return MC_EOBJECT_HAS_LEASE;
 	}
-	obj_destroy(c, o);
+	obj_destroy_until(c, o, leased(o, now_ms) ? o->lease_or_start_ms : 0);
 	c->n.removes++;
 	return 0;
 }
@@ -1160,7 +1226,8 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 			if ((o->flags & MASTER_OBJ_PENDING) || (!force && leased(o, now_ms))) {
 				s++;
 			} else {
-				obj_destroy(c, o);
+				obj_destroy_until(c, o,
+						  leased(o, now_ms) ? o->lease_or_start_ms : 0);
 				r++;
 			}
 			o = next;
@@ -1175,6 +1242,7 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 
 void master__tick(struct master_core *c, uint64_t now_ms)
 {
+	quar_release(c, now_ms);
 	/* PENDING puts, oldest first. */
 	while (c->pending.head &&
 	       c->pending.head->lease_or_start_ms + c->o.put_timeout_ms <= now_ms) {

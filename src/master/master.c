@@ -52,6 +52,9 @@ static void register_metrics(struct master *m)
 	m->m_lease_waits = counter(m, "mooncake_master_lease_waits_total",
 				   "Removals refused and eviction candidates skipped because of a read lease.");
 	m->m_removes = counter(m, "mooncake_master_removes_total", "Objects removed by Remove/RemoveAll.");
+	m->m_quarantined = counter(m, "mooncake_master_forced_removes_held_total",
+				   "Objects removed by force while leased: their space "
+				   "stayed allocated until the lease ended.");
 	m->m_ttl = counter(m, "mooncake_master_ttl_expired_total", "Objects removed when their TTL passed.");
 	m->m_agents_expired = counter(m, "mooncake_master_agents_expired_total",
 				      "Agents declared dead after --agent-ttl without a heartbeat.");
@@ -147,6 +150,7 @@ void master__update_metrics(struct master *m)
 	add_delta(m->m_evicted_bytes, n->evicted_bytes, &l->evicted_bytes);
 	add_delta(m->m_lease_waits, n->lease_waits, &l->lease_waits);
 	add_delta(m->m_removes, n->removes, &l->removes);
+	add_delta(m->m_quarantined, n->quarantined, &l->quarantined);
 	add_delta(m->m_ttl, n->ttl_expired, &l->ttl_expired);
 	add_delta(m->m_agents_expired, n->agents_expired, &l->agents_expired);
 	add_delta(m->m_mirror_events, n->mirror_events, &l->mirror_events);

@@ -217,6 +217,7 @@ struct master_counters {
 	uint64_t evictions, evicted_bytes, eviction_rounds;
 	uint64_t lease_waits;
 	uint64_t removes, ttl_expired;
+	uint64_t quarantined; /* forced removals of leased objects */
 	uint64_t agents_expired;
 	uint64_t mirror_events, mirror_lost; /* appended; dropped unacknowledged */
 	uint64_t commits, commit_refusals;   /* BatchCommit items sealed / not */
@@ -463,7 +464,7 @@ struct master {
 	/* metrics (master.c) */
 	struct master_counters last;
 	struct metric *m_puts, *m_put_starts, *m_revokes, *m_timeouts, *m_gets,
-		*m_hits, *m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits,
+		*m_hits, *m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits, *m_quarantined,
 		*m_removes, *m_ttl, *m_agents_expired;
 	struct metric *m_objects, *m_pending, *m_segments, *m_agents,
 		*m_index_bytes, *m_key_bytes, *m_bytes_per_object, *m_leader,

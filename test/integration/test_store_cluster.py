@@ -326,7 +326,7 @@ def hot_keys_on_other_agents_are_read_without_the_master():
     """Gets on A of a small object in B's segment are answered from A's
     lease cache after the first, the bytes checked against the object's
     checksum each time: when they change behind A's back (a forced remove
-    and a new put on B, the old space then overwritten) A notices, asks
+    and a new put on B, the old bytes then overwritten) A notices, asks
     the master and serves the new value. Big values always ask."""
     cl = Cluster(agents=2)
     a, b = cl.agents
@@ -353,13 +353,17 @@ def hot_keys_on_other_agents_are_read_without_the_master():
     old = replicas(cl.master_addr, b"hot")[0]
     eq(old.segment, b.name, "on B's segment")
     eq(sb.remove("hot", force=True), OK, "forced remove on B while A holds the lease")
+    wait_for(lambda: metric(cl.master_metrics(),
+                            "mooncake_master_forced_removes_held_total") == 1.0,
+             what="its space held until the lease ends")
     v2 = os.urandom(4096)
     eq(sb.put("hot", v2), OK, "put again on B")
+    assert replicas(cl.master_addr, b"hot")[0].address != old.address, "not in the held space" 
     te = b.engine()
     buf = te.allocate_managed_buffer(4096)
     te.write_bytes_to_buffer(buf, b"\0" * 4096, 4096)
-    if replicas(cl.master_addr, b"hot")[0].address != old.address:
-        eq(te.transfer_sync_write(b.name, buf, old.address, 4096), OK, "old space reused")
+    eq(te.transfer_sync_write(b.name, buf, old.address, 4096), OK,
+       "the old bytes changed (as after a master failover, which forgets held space)")
     eq(sa.get("hot"), v2, "A serves the new value")
     h2, s2, c2 = counts()
     eq((s2 - s1, c2 - c1), (1, 1), "the stale entry caught, the master asked")

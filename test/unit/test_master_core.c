@@ -373,3 +373,36 @@ Test(master_core, memory_per_object)
 	cr_assert_lt(per, 200.0, "%.1f bytes per object plus the key", per);
 	cr_assert_gt(per, 64.0, "the header alone is 64 bytes: accounting is real");
 }
+
+/* A forced removal of a leased object leaves the index at once, but its
+ * space is not handed out again before the lease ends: a reader still
+ * holding it reads the removed object's bytes, never another's. */
+Test(master_core, forced_removal_of_a_leased_object_holds_its_space)
+{
+	mount("segA", "a", 1 * MiB, 0);
+	const struct master_obj *o = NULL;
+	put("old", 1 * MiB, 1, 0, 0);
+	must(master__get(c, K("old"), 100, &o)); /* leased until 5100 */
+	uint64_t off = o->rep[0].offset;
+	must(master__remove(c, K("old"), true, 200));
+	cr_assert_eq(master__exist(c, K("old"), 200), 0, "gone from the index at once");
+	cr_assert_eq(master__core_counters(c)->quarantined, 1);
+	put("new", 1 * MiB, 1, 300, MC_ENO_SPACE);
+	master__tick(c, 5099);
+	put("new", 1 * MiB, 1, 5099, MC_ENO_SPACE);
+	master__tick(c, 5100);
+	o = put("new", 1 * MiB, 1, 5100, 0);
+	cr_assert_eq(o->rep[0].offset, off, "the space, free once the lease ended");
+	/* Unleased: freed at once. */
+	must(master__remove(c, K("new"), true, 5200));
+	put("again", 1 * MiB, 1, 5200, 0);
+	cr_assert_eq(master__core_counters(c)->quarantined, 1);
+	/* A segment unmounted meanwhile takes its held space with it. */
+	must(master__get(c, K("again"), 5300, &o));
+	must(master__remove(c, K("again"), true, 5300));
+	must(master__unmount(c, "segA", "a", NULL, NULL));
+	mount("segA", "a", 1 * MiB, 5500);
+	put("third", 1 * MiB, 1, 5500, 0);
+	master__tick(c, 20000); /* (the old range is not freed into the new segment) */
+	put("fourth", 1, 1, 20000, MC_ENO_SPACE);
+}

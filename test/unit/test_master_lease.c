@@ -146,9 +146,12 @@ Test(master_lease, commit_seals_only_leased_space)
 	cr_assert_eq(master__core_counters(c)->commits, 2);
 	cr_assert_geq(master__core_counters(c)->commit_refusals, 9);
 
-	/* Removal frees committed space like any other. */
+	/* Removal frees committed space like any other (once no reader's
+	 * lease holds it: x was read above). */
 	uint64_t before = used();
 	must(master__remove(c, K("x"), true, 0));
+	cr_assert_eq(used(), before, "held while leased");
+	master__tick(c, 6000); /* (the lease of a get at 0 ended at 5000) */
 	cr_assert_eq(used(), before - 128);
 }
 
