@@ -233,7 +233,8 @@ def a_stale_mirror_does_not_resurrect_reused_space():
     meta = Meta(env=st.daemon_env())
     m1_port = mctest.free_port()
     proxy = Proxy(m1_port)  # B's (and the leader key's) way to m1
-    margs = ["--meta-endpoints=" + meta.endpoint, "--leader-lease-ttl=2s", "--agent-ttl=60s"]
+    margs = ["--meta-endpoints=" + meta.endpoint, "--leader-lease-ttl=2s", "--agent-ttl=60s",
+             "--default-kv-lease-ttl=500ms"]
     m1 = Daemon("master", args=margs + ["--master-advertise=127.0.0.1:%d" % proxy.port],
                 env=st.daemon_env(), ports={"master-listen": m1_port})
     wait_for(lambda: elected(m1), what="m1 leads")
@@ -252,7 +253,9 @@ def a_stale_mirror_does_not_resurrect_reused_space():
     eq(x_rep.segment, b.name, "x lives on B")
     wait_inventory(b, 2, "B's mirror holds keep and x", events=2)
     proxy.set_mode("blackhole")
-    eq(sa.remove("x", force=True), OK, "x removed (B cannot hear of it)")
+    # (Once the lease of the lookup above ended: a removal under a lease
+    # holds the space until the lease ends.)
+    wait_for(lambda: sa.remove("x") == OK, what="x removed (B cannot hear of it)")
     eq(sa.put("y", y, on_b), OK, "y, onto B, written by A")
     y_rep = replicas("127.0.0.1:%d" % m1_port, b"y")[0]
     eq((y_rep.segment, y_rep.offset), (b.name, x_rep.offset), "y reuses x's space")
