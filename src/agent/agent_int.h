@@ -362,6 +362,9 @@ struct agent_lcache {
 };
 
 #define AGENT_LCACHE_ENTRIES 65536u
+/* A get's cached replicas on other segments are read and checked on the
+ * loop up to this many bytes in all; beyond, the master is asked. */
+#define AGENT_PROBE_MAX_BYTES (1u << 20)
 
 int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
 void agent__lcache_free(struct agent_lcache *lc);

@@ -1385,12 +1385,9 @@ static void get_lookup(struct agent_req *r)
 	agent__bcall(r->a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
 }
 
-/* A probed item is not to be trusted after all: forget its entry, and let
- * the master say where the key is. */
-static void probe_miss(struct agent_req *r, struct agent_item *it)
+/* Leave a probed item to the master. */
+static void unprobe(struct agent_item *it)
 {
-	agent__lcache_del(&r->a->lc, it->key, it->klen);
-	agent__count(r->a, AGENT_C_LEASE_CACHE_STALE, 1);
 	free(it->reps[0].segment);
 	free(it->reps);
 	it->reps = NULL;
@@ -1399,6 +1396,15 @@ static void probe_miss(struct agent_req *r, struct agent_item *it)
 	it->scratch = NULL;
 	it->probing = false;
 	it->err = 0;
+}
+
+/* A probed item is not to be trusted after all: forget its entry, and let
+ * the master say where the key is. */
+static void probe_miss(struct agent_req *r, struct agent_item *it)
+{
+	agent__lcache_del(&r->a->lc, it->key, it->klen);
+	agent__count(r->a, AGENT_C_LEASE_CACHE_STALE, 1);
+	unprobe(it);
 }
 
 static void get_probe_done(struct agent_job *j)
@@ -1422,12 +1428,13 @@ static void get_probe_done(struct agent_job *j)
  * Items whose cached replica is on another agent's segment: read their
  * bytes into scratch buffers from the loop, check them against the
  * checksum, then go on (get_probe_done). False — the probes undone, the
- * items left to the master — when a segment is not open in the engine
- * yet or memory is short.
+ * items left to the master — when they are more bytes than the loop
+ * should check (AGENT_PROBE_MAX_BYTES), a segment is not open in the
+ * engine yet or memory is short.
  */
-static bool get_probe(struct agent_req *r)
+static bool get_probe(struct agent_req *r, uint64_t bytes)
 {
-	struct agent_xfer *x = agent__xfer_new_loop();
+	struct agent_xfer *x = bytes <= AGENT_PROBE_MAX_BYTES ? agent__xfer_new_loop() : NULL;
 	bool ok = x != NULL;
 	for (size_t i = 0; ok && i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
@@ -1451,7 +1458,7 @@ static bool get_probe(struct agent_req *r)
 		agent__xfer_finish(r->a, x);
 	for (size_t i = 0; i < r->n; i++)
 		if (r->items[i].probing)
-			probe_miss(r, &r->items[i]);
+			unprobe(&r->items[i]);
 	return false;
 }
 
@@ -1464,7 +1471,7 @@ static void op_get(struct agent_req *r)
 		return;
 	}
 	uint64_t now = mc_now_ms();
-	size_t probes = 0;
+	uint64_t probes = 0; /* bytes */
 	for (size_t i = 0; i < g->n_items; i++) {
 		struct agent_item *it = &r->items[i];
 		const Mooncake__Client__GetItem *gi = g->items[i];
@@ -1505,12 +1512,12 @@ static void op_get(struct agent_req *r)
 			it->crc = e->crc;
 			it->has_crc = e->has_crc;
 			it->probing = !e->rep.local;
-			probes += it->probing;
+			probes += it->probing ? it->size : 0;
 			if (!it->probing)
 				agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
 		}
 	}
-	if (probes && get_probe(r))
+	if (probes && get_probe(r, probes))
 		return;
 	get_lookup(r);
 }

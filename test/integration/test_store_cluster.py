@@ -352,6 +352,16 @@ def hot_keys_on_other_agents_are_read_without_the_master():
         eq(sa.get("big") == big, True, "1 MiB get on A")
     h1, s1, c1 = counts()
     eq((h1 - h0, s1 - s0, c1 - c0), (50, 0, 5), "cache hits, stale entries, master calls")
+    # A batch checks at most 1 MiB of cached remote bytes on the loop; a
+    # bigger one asks the master for all of them.
+    vals = {"b/%d" % i: os.urandom(60000) for i in range(20)}
+    eq(sb.put_batch(list(vals), list(vals.values())), OK, "20 x 60 KB on B")
+    eq(sa.get_batch(list(vals)), list(vals.values()), "first batch get on A")
+    eq(sa.get_batch(list(vals)[:10]), list(vals.values())[:10], "600 KB: from the cache")
+    eq(sa.get_batch(list(vals)), list(vals.values()), "1.2 MB: from the master")
+    h2, s2, c2 = counts()
+    eq((h2 - h1, s2 - s1, c2 - c1), (10, 0, 2), "cache hits, stale entries, master calls")
+    h1, s1, c1 = h2, s2, c2
 
     old = replicas(cl.master_addr, b"hot")[0]
     eq(old.segment, b.name, "on B's segment")
