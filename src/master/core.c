@@ -244,8 +244,8 @@ static int quar_reserve(struct master_core *c, size_t n)
  */
 static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint64_t until_ms)
 {
-	if ((o->flags & MASTER_OBJ_PENDING) || quar_reserve(c, o->nrep) != 0)
-		until_ms = 0;
+	if (until_ms && ((o->flags & MASTER_OBJ_PENDING) || quar_reserve(c, o->nrep) != 0))
+		until_ms = 0; /* (out of memory: freed at once, as before) */
 	if (!(o->flags & MASTER_OBJ_PENDING))
 		for (unsigned i = 0; i < o->nrep; i++)
 			mirror(c, o, i, MASTER_EV_DEL);
