@@ -652,16 +652,16 @@ void te__segments_watch_event(struct te_engine *e, const char *name,
 	}
 	pthread_mutex_lock(&s->mu);
 	const struct te_desc *cur = s->next_desc ? s->next_desc : s->desc;
-	bool newer = !cur || d->incarnation != cur->incarnation ||
-		     d->generation > cur->generation;
+	bool restarted = cur && d->incarnation != cur->incarnation;
+	bool newer = !cur || restarted || d->generation > cur->generation;
 	bool post = false;
 	if (newer && s->state != TE_SEG_RESOLVING && s->state != TE_SEG_FAILED) {
+		/* (cur may be next_desc: not read after this) */
 		te__desc_free(s->next_desc);
 		s->next_desc = d;
 		d = NULL;
 		post = true;
-		if (cur && cur->incarnation != s->next_desc->incarnation &&
-		    s->state == TE_SEG_OPEN) {
+		if (restarted && s->state == TE_SEG_OPEN) {
 			/* A restarted peer: park new requests until reconnected. */
 			s->state = TE_SEG_REFRESHING;
 			log_info("segment %s: restarted (incarnation %016llx); "
