@@ -244,7 +244,7 @@ static int quar_reserve(struct master_core *c, size_t n)
  */
 static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint64_t until_ms)
 {
-	if (until_ms && ((o->flags & MASTER_OBJ_PENDING) || quar_reserve(c, o->nrep) != 0))
+	if (until_ms && quar_reserve(c, o->nrep) != 0)
 		until_ms = 0; /* (out of memory: freed at once, as before) */
 	if (!(o->flags & MASTER_OBJ_PENDING))
 		for (unsigned i = 0; i < o->nrep; i++)
@@ -287,8 +287,8 @@ static void obj_destroy(struct master_core *c, struct master_obj *o)
 	obj_destroy_until(c, o, 0);
 }
 
-/* Free the quarantined ranges whose lease ended (all with now UINT64_MAX);
- * a range of a segment unmounted since is gone with it. */
+/* Free the quarantined ranges whose lease ended; a range of a segment
+ * unmounted since is gone with it. */
 static void quar_release(struct master_core *c, uint64_t now_ms)
 {
 	for (size_t i = 0; i < c->nquar;) {
@@ -308,6 +308,13 @@ static void quar_release(struct master_core *c, uint64_t now_ms)
 static bool leased(const struct master_obj *o, uint64_t now_ms)
 {
 	return !(o->flags & MASTER_OBJ_PENDING) && o->lease_or_start_ms > now_ms;
+}
+
+/* A removal's obj_destroy_until: until the lease ends, if any (never for
+ * a PENDING object). */
+static void obj_remove(struct master_core *c, struct master_obj *o, uint64_t now_ms)
+{
+	obj_destroy_until(c, o, leased(o, now_ms) ? o->lease_or_start_ms : 0);
 }
 
 static bool expired(const struct master_obj *o, uint64_t now_ms)
@@ -1210,7 +1217,7 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
 		c->n.lease_waits++;
 		return MC_EOBJECT_HAS_LEASE;
 	}
-	obj_destroy_until(c, o, leased(o, now_ms) ? o->lease_or_start_ms : 0);
+	obj_remove(c, o, now_ms);
 	c->n.removes++;
 	return 0;
 }
@@ -1226,8 +1233,7 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 			if ((o->flags & MASTER_OBJ_PENDING) || (!force && leased(o, now_ms))) {
 				s++;
 			} else {
-				obj_destroy_until(c, o,
-						  leased(o, now_ms) ? o->lease_or_start_ms : 0);
+				obj_remove(c, o, now_ms);
 				r++;
 			}
 			o = next;
