@@ -426,11 +426,13 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-struct result {
-	double ops_s, gbps, p50, p99;
-	uint64_t errors;
+/* What the runs of one size, op and target (its rounds) add up to. */
+struct tally {
+	uint64_t ops, errors;
+	double secs;
 	int first_err;
 	bool ran;
+	struct ctl_lat lat;
 };
 
 /* Put the get set of each client: through `through` (the agent that
@@ -459,15 +461,16 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 	return 0;
 }
 
+/* One round of a target: its run added to t. */
 static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t duration_ms,
-		    mc_client *holder, struct result *res)
+		    mc_client *holder, struct tally *t)
 {
-	memset(res, 0, sizeof(*res));
 	if (r->op != OP_PUT) {
 		int rc = populate(ws, n, r, holder);
 		if (rc) {
-			res->first_err = rc;
-			res->errors = 1;
+			if (!t->first_err)
+				t->first_err = rc;
+			t->errors++;
 			return;
 		}
 	}
@@ -484,23 +487,46 @@ static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t durat
 		pthread_create(&ws[i].t, NULL, worker_main, &ws[i]);
 	for (unsigned i = 0; i < n; i++)
 		pthread_join(ws[i].t, NULL);
-	double secs = (double)(mc_now_ns() - start) / 1e9;
-	struct ctl_lat all = {0};
-	uint64_t ops = 0;
+	t->secs += (double)(mc_now_ns() - start) / 1e9;
 	for (unsigned i = 0; i < n; i++) {
-		ops += ws[i].ops;
-		res->errors += ws[i].errors;
-		if (!res->first_err)
-			res->first_err = ws[i].first_err;
+		t->ops += ws[i].ops;
+		t->errors += ws[i].errors;
+		if (!t->first_err)
+			t->first_err = ws[i].first_err;
 		for (size_t k = 0; k < ws[i].lat.n; k++)
-			ctl_lat_add(&all, ws[i].lat.v[k]);
+			ctl_lat_add(&t->lat, ws[i].lat.v[k]);
 	}
-	res->ops_s = (double)ops / secs;
-	res->gbps = res->ops_s * (double)r->size / 1e9;
-	res->p50 = ctl_lat_pct_us(&all, 0.50);
-	res->p99 = ctl_lat_pct_us(&all, 0.99);
-	res->ran = true;
-	ctl_lat_free(&all);
+	t->ran = true;
+}
+
+static double ops_s(const struct tally *t)
+{
+	return t->secs > 0 ? (double)t->ops / t->secs : 0;
+}
+
+static const char *fmt_err(int e)
+{
+	return e ? mc_strerror(e) : "";
+}
+
+/* One line of the table: a tally beside redis's (NULL: redis's own line). */
+static void print_line(const char *vs, enum op op, enum target tg, size_t size,
+		       struct tally *t, const struct tally *redis, double limit)
+{
+	char rs[32] = "", xs[32] = "";
+	if (redis) {
+		snprintf(rs, sizeof(rs), "-");
+		snprintf(xs, sizeof(xs), "-");
+	}
+	if (redis && redis->ran) {
+		snprintf(rs, sizeof(rs), "%.0f", ops_s(redis));
+		snprintf(xs, sizeof(xs), "%.2f", ops_s(t) / MC_MAX(ops_s(redis), 1e-9));
+	}
+	double gbps = ops_s(t) * (double)size / 1e9;
+	printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %10s %8s %8.2f %9llu %s\n", vs,
+	       op_names[op], target_names[tg], ops_s(t), gbps, ctl_lat_pct_us(&t->lat, 0.50),
+	       ctl_lat_pct_us(&t->lat, 0.99), rs, xs, limit > 0 ? gbps / limit : 0,
+	       (unsigned long long)t->errors, fmt_err(t->first_err));
 }
 
 /* ---------------------------------------------------------------- the limit */
@@ -577,7 +603,7 @@ static void usage(FILE *f)
 		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
 		"           [--op=put,get,view,mixed] [--duration=3s] [--socket=PATH]\n"
 		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n"
-		"           [--master=local|separate]\n\n"
+		"           [--master=local|separate] [--rounds=N]\n\n"
 		"Clients (threads, one session each) put, get (mc_get_into), view\n"
 		"(mc_get_view, zero copy when local, then a copy into the client's\n"
 		"buffer) or put and get alternating (mixed) with values in\n"
@@ -588,7 +614,10 @@ static void usage(FILE *f)
 		"as many threads (the limit). Without --socket it starts a master and\n"
 		"two agents itself (mooncaked next to mooncakectl), and redis-server\n"
 		"when installed; the master runs in the process of the first agent (as\n"
-		"in standalone) or, with --master=separate, in a process of its own.\n");
+		"in standalone) or, with --master=separate, in a process of its own.\n"
+		"Each size and op runs in --rounds rounds (default 3) of local,\n"
+		"remote and redis in turn, --duration/rounds each, summed: a slower\n"
+		"minute of the machine falls on all three alike.\n");
 }
 
 static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)
@@ -607,16 +636,11 @@ static int parse_list(const char *s, const char *const *names, unsigned n, unsig
 	return *mask ? 0 : -EINVAL;
 }
 
-static const char *fmt_err(int e)
-{
-	return e ? mc_strerror(e) : "";
-}
-
 int ctl_bench_store_main(int argc, char **argv)
 {
 	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,view,mixed", *dur_s = "3s";
 	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *master_s = "local", *v;
-	unsigned clients = 4, opmask;
+	unsigned clients = 4, rounds = 3, opmask;
 	size_t sizes[MAX_SIZES];
 	unsigned nsizes = 0;
 	uint64_t duration_ms;
@@ -631,6 +655,11 @@ int ctl_bench_store_main(int argc, char **argv)
 			clients = (unsigned)strtoul(v, &end, 10);
 			if (*end)
 				clients = 0; /* refused below */
+		} else if (ctl_flag_value(argc, argv, &i, "rounds", &v) && v) {
+			char *end;
+			rounds = (unsigned)strtoul(v, &end, 10);
+			if (*end)
+				rounds = 0; /* refused below */
 		} else if (ctl_flag_value(argc, argv, &i, "master", &v) && v) {
 			master_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "op", &v) && v) {
@@ -660,11 +689,14 @@ int ctl_bench_store_main(int argc, char **argv)
 		sizes[nsizes++] = s;
 	}
 	if (clients < 1 || clients > MAX_CLIENTS || parse_list(ops_s, op_names, NOPS, &opmask) ||
-	    cfg_parse_duration_ms(dur_s, &duration_ms) || duration_ms == 0) {
-		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op or "
-				"--duration\n", MAX_CLIENTS);
+	    cfg_parse_duration_ms(dur_s, &duration_ms) || rounds < 1 || rounds > 100 ||
+	    duration_ms < rounds) {
+		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op, "
+				"--rounds (1 to 100) or --duration (at least 1ms a round)\n",
+			MAX_CLIENTS);
 		return CTL_EXIT_USAGE;
 	}
+	uint64_t round_ms = duration_ms / rounds;
 	bool separate = strcmp(master_s, "separate") == 0;
 	if (!separate && strcmp(master_s, "local") != 0) {
 		fprintf(stderr, "mooncakectl bench store: --master is local or separate\n");
@@ -750,9 +782,10 @@ int ctl_bench_store_main(int argc, char **argv)
 	}
 
 	double limit = memcpy_gbps(clients);
-	printf("bench store: %u clients, %s per run, values in buffers from mc_buffer_alloc\n"
+	printf("bench store: %u clients, %s per run in %u rounds, values in buffers from "
+	       "mc_buffer_alloc\n"
 	       "limit: memcpy of %u threads over 16 MiB blocks = %.2f GB/s\n",
-	       clients, dur_s, clients, limit);
+	       clients, dur_s, rounds, clients, limit);
 	if (own_cluster)
 		printf("cluster: two agents, the master %s\n",
 		       separate ? "in a process of its own" : "in the local agent's process");
@@ -761,52 +794,42 @@ int ctl_bench_store_main(int argc, char **argv)
 	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
 	unsigned tag = (unsigned)getpid();
 	for (unsigned si = 0; si < nsizes; si++) {
+		char vs[32];
+		snprintf(vs, sizeof(vs), "%zuK", sizes[si] >> 10);
+		if (sizes[si] >= (1u << 20))
+			snprintf(vs, sizeof(vs), "%zuM", sizes[si] >> 20);
 		for (unsigned op = 0; op < NOPS; op++) {
 			if (!(opmask & (1u << op)))
 				continue;
-			struct result res[NTARGETS];
-			for (unsigned t = 0; t < NTARGETS; t++) {
-				memset(&res[t], 0, sizeof(res[t]));
-				if ((t == T_REMOTE && !holder_remote) || (t == T_REDIS && !redis_port))
-					continue;
-				struct run r = {
-					.op = op,
-					.target = t,
-					.size = sizes[si],
-					.nkeys = (unsigned)MC_MAX((size_t)1,
-								  MC_MIN((size_t)256, GET_SET_BYTES / sizes[si])),
-					.remote_segment = remote_seg,
-					.tag = tag++,
-				};
-				run_one(ws, clients, &r, duration_ms,
-					t == T_REMOTE ? holder_remote : holder_local, &res[t]);
-				(void)mc_remove_all(holder_local, 1);
-			}
-			for (unsigned t = 0; t < T_REDIS; t++) {
-				if (!res[t].ran && !res[t].errors)
-					continue;
-				char vs[32], rs[32] = "-", xs[32] = "-";
-				snprintf(vs, sizeof(vs), "%zuK", sizes[si] >> 10);
-				if (sizes[si] >= (1u << 20))
-					snprintf(vs, sizeof(vs), "%zuM", sizes[si] >> 20);
-				if (res[T_REDIS].ran) {
-					snprintf(rs, sizeof(rs), "%.0f", res[T_REDIS].ops_s);
-					snprintf(xs, sizeof(xs), "%.2f",
-						 res[t].ops_s / MC_MAX(res[T_REDIS].ops_s, 1e-9));
+			/* Rounds of local, remote, redis in turn: a slower minute
+			 * of the machine falls on all of them alike. */
+			struct tally tal[NTARGETS] = {0};
+			for (unsigned round = 0; round < rounds; round++)
+				for (unsigned t = 0; t < NTARGETS; t++) {
+					if ((t == T_REMOTE && !holder_remote) ||
+					    (t == T_REDIS && !redis_port))
+						continue;
+					struct run r = {
+						.op = op,
+						.target = t,
+						.size = sizes[si],
+						.nkeys = (unsigned)MC_MAX(
+							(size_t)1,
+							MC_MIN((size_t)256, GET_SET_BYTES / sizes[si])),
+						.remote_segment = remote_seg,
+						.tag = tag++,
+					};
+					run_one(ws, clients, &r, round_ms,
+						t == T_REMOTE ? holder_remote : holder_local, &tal[t]);
+					(void)mc_remove_all(holder_local, 1);
 				}
-				printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %10s %8s %8.2f %9llu %s\n",
-				       vs, op_names[op], target_names[t], res[t].ops_s, res[t].gbps,
-				       res[t].p50, res[t].p99, rs, xs,
-				       limit > 0 ? res[t].gbps / limit : 0,
-				       (unsigned long long)res[t].errors, fmt_err(res[t].first_err));
+			for (unsigned t = 0; t < NTARGETS; t++) {
+				if (tal[t].ran || tal[t].errors)
+					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si], &tal[t],
+						   t == T_REDIS ? NULL : &tal[T_REDIS], limit);
 			}
-			if (res[T_REDIS].ran || res[T_REDIS].errors)
-				printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %10s %8s %8.2f %9llu %s\n",
-				       "", op_names[op], "redis", res[T_REDIS].ops_s, res[T_REDIS].gbps,
-				       res[T_REDIS].p50, res[T_REDIS].p99, "", "",
-				       limit > 0 ? res[T_REDIS].gbps / limit : 0,
-				       (unsigned long long)res[T_REDIS].errors,
-				       fmt_err(res[T_REDIS].first_err));
+			for (unsigned t = 0; t < NTARGETS; t++)
+				ctl_lat_free(&tal[t].lat);
 		}
 	}
 	printf("x redis = ops/s over redis-server's ops/s for the same size, op and clients;\n"

@@ -246,16 +246,18 @@ def bench_store_runs_every_op_beside_redis():
     assert "the master in the local agent's process" in r.stdout, r.stdout
     # The master in a process of its own, no redis: local and remote rows.
     r = run([mctest.MOONCAKECTL, "bench", "store", "--value-size=4K", "--clients=1",
-             "--op=put,get", "--duration=200ms", "--master=separate", "--redis=off"],
+             "--op=put,get", "--duration=200ms", "--master=separate", "--redis=off",
+             "--rounds=2"],
             timeout=300)
     assert "the master in a process of its own" in r.stdout, r.stdout
+    assert "in 2 rounds" in r.stdout, r.stdout
     rows = [l.split() for l in r.stdout.splitlines()]
     for op in ("put", "get"):
         for where in ("local", "remote"):
             row = [x for x in rows if x[:3] == ["4K", op, where]]
             eq(len(row), 1, "one row for 4K %s %s\n%s" % (op, where, r.stdout))
             eq(row[0][10], "0", "no errors in 4K %s %s" % (op, where))
-    for bad in ("--master=elsewhere", "--clients=1,4"):
+    for bad in ("--master=elsewhere", "--clients=1,4", "--rounds=0", "--rounds=2x"):
         r = run([mctest.MOONCAKECTL, "bench", "store", bad], check=False)
         eq(r.returncode, 2, "%s is a usage error" % bad)
 
