@@ -365,9 +365,10 @@ static void put_reply(struct agent_req *r)
 		errs[i] = r->items[i].err;
 		if (errs[i] && !first)
 			first = errs[i];
-		if (errs[i] == 0)
+		if (errs[i] == 0) {
 			agent__count(r->a, AGENT_C_PUTS, 1);
-		else
+			agent__count(r->a, AGENT_C_BYTES_WRITTEN, r->items[i].len);
+		} else
 			agent__count(r->a, AGENT_C_PUT_FAILS, 1);
 	}
 	Mooncake__Client__PutReply pr = MOONCAKE__CLIENT__PUT_REPLY__INIT;

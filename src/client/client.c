@@ -1319,6 +1319,48 @@ MC__PUBLIC int64_t mc_remove_all(mc_client *c, int force)
 	return out;
 }
 
+MC__PUBLIC int mc_agent_stats(mc_client *c, struct mc_agent_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	Mooncake__Client__Empty q = MOONCAKE__CLIENT__EMPTY__INIT;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_STATS;
+	req.stats = &q;
+	struct waiter w;
+	int rc = call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	const Mooncake__Client__StatsReply *s = w.resp->stats;
+	if (w.resp->error)
+		rc = w.resp->error;
+	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_STATS)
+		rc = MC_EPROTOCOL;
+	else {
+		snprintf(out->agent_id, sizeof(out->agent_id), "%s", s->agent_id);
+		snprintf(out->master, sizeof(out->master), "%s", s->master);
+		out->master_view = s->view;
+		out->segment_size = s->segment_size;
+		out->hugepages = s->hugepages;
+		out->numa_node = s->numa_node;
+		out->staging_size = s->staging_size;
+		out->clients = s->clients;
+		out->buffers = s->buffers;
+		out->views = s->views;
+		out->puts = s->puts;
+		out->gets = s->gets;
+		out->local_hits = s->local_hits;
+		out->remote_hits = s->remote_hits;
+		out->misses = s->misses;
+		out->bytes_written = s->bytes_written;
+		out->bytes_read = s->bytes_read;
+		out->inventory = s->inventory;
+		out->get_bad = s->get_bad;
+		out->resync_bad = s->resync_bad;
+	}
+	waiter_clear(&w);
+	return rc;
+}
+
 /* ------------------------------------------------------------ buffers */
 
 /* Add a range under mu. Errors: -EEXIST (overlap), -ENOMEM. */

@@ -233,6 +233,25 @@ const char *mc_agent_address(const mc_client *c);
 uint64_t mc_segment_size(const mc_client *c);
 uint64_t mc_staging_size(const mc_client *c);
 
+/* The agent's own figures (its Stats request): what it offers, who uses
+ * it, and counters since it started. Strings are cut to fit. */
+struct mc_agent_stats {
+	char agent_id[128];      /* also its segment's name, "host:port" */
+	char master[128];        /* the master leader in use ("" if none) */
+	uint64_t master_view;    /* that leader's view number */
+	uint64_t segment_size;   /* bytes of DRAM given to the pool */
+	int hugepages;           /* 1: the segment is backed by huge pages */
+	int numa_node;           /* -1: not bound */
+	uint64_t staging_size;   /* staging buffer of a session */
+	uint64_t clients, buffers, views; /* open now */
+	uint64_t puts, gets, local_hits, remote_hits, misses;
+	uint64_t bytes_written, bytes_read;
+	uint64_t inventory;      /* objects known in its segment */
+	uint64_t get_bad;        /* verified gets whose bytes did not match */
+	uint64_t resync_bad;     /* inventory items left out at a re-sync */
+};
+int mc_agent_stats(mc_client *c, struct mc_agent_stats *out);
+
 /* Text for a negative error code returned by any mc_ function. */
 const char *mc_strerror(int code);
 /* Name of an error code ("MC_EOBJECT_NOT_FOUND", "ENOENT"). */

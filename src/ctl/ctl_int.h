@@ -19,6 +19,9 @@ int ctl_health_main(int argc, char **argv);
 int ctl_bench_main(int argc, char **argv);
 int ctl_ls_main(int argc, char **argv);
 int ctl_stats_main(int argc, char **argv);
+/* `stats --agent`: the local agent's figures (ctl_store.c); socket NULL:
+ * where libmooncake looks. Returns an exit status. */
+int ctl_agent_stats(const char *socket);
 /* put/get/rm through the local agent (ctl_store.c). */
 int ctl_put_main(int argc, char **argv);
 int ctl_get_main(int argc, char **argv);

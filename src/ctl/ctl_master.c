@@ -3,7 +3,7 @@
  * (mooncake.master.Master):
  *
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT] [--limit=N] [--long]
- *   mooncakectl stats [--master=HOST:PORT]
+ *   mooncakectl stats [--master=HOST:PORT] | --agent [--socket=PATH]
  *
  * A standby answers UNAVAILABLE naming the leader ("-807 not the leader:
  * leader=HOST:PORT view=N"); these commands follow that redirect.
@@ -194,26 +194,45 @@ usage:
 
 static void stats_usage(FILE *f)
 {
-	fprintf(f, "usage: mooncakectl stats [--master=HOST:PORT]\n\n"
+	fprintf(f, "usage: mooncakectl stats [--master=HOST:PORT]\n"
+		   "       mooncakectl stats --agent [--socket=PATH]\n\n"
 		   "  The master's view, object count, DRAM capacity and usage, index memory per\n"
 		   "  object, counters, and one line per mounted segment.\n"
-		   "  Default master: " DEFAULT_MASTER "\n");
+		   "  Default master: " DEFAULT_MASTER "\n"
+		   "  --agent (or --socket=PATH): the local agent's own figures instead: its\n"
+		   "  segment, the master it uses, open sessions, buffers and views, puts, gets,\n"
+		   "  hits and bytes since it started. Without --socket: $MOONCAKE_SOCKET,\n"
+		   "  /run/mooncake/agent.sock, $XDG_RUNTIME_DIR/mooncake/agent.sock.\n");
 }
 
 int ctl_stats_main(int argc, char **argv)
 {
-	const char *addr = DEFAULT_MASTER, *v;
+	const char *addr = NULL, *socket = NULL, *v;
+	bool agent = false, b, ok;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			stats_usage(stdout);
 			return CTL_EXIT_OK;
 		} else if (ctl_flag_value(argc, argv, &i, "master", &v) && v && *v) {
 			addr = v;
+		} else if (ctl_flag_value(argc, argv, &i, "socket", &v) && v && *v) {
+			socket = v;
+			agent = true;
+		} else if (ctl_flag_bool(argv[i], "agent", &b, &ok) && ok) {
+			agent = b;
 		} else {
 			stats_usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
 	}
+	if (agent && addr) {
+		fprintf(stderr, "mooncakectl stats: --master or --agent, not both\n");
+		return CTL_EXIT_USAGE;
+	}
+	if (agent)
+		return ctl_agent_stats(socket);
+	if (!addr)
+		addr = DEFAULT_MASTER;
 	struct mconn mc;
 	if (mconn_open(&mc, addr)) {
 		fprintf(stderr, "mooncakectl stats: bad --master \"%s\"\n", addr);

@@ -7,6 +7,7 @@
  *                   [--ttl=DURATION] [--upsert]
  *   mooncakectl get KEY [FILE] [--socket=PATH] [--verify]
  *   mooncakectl rm KEY [--force] [--socket=PATH]
+ *   mooncakectl stats --agent [--socket=PATH]   (ctl_agent_stats)
  *
  * Without --socket the library looks where the agent does
  * ($MOONCAKE_SOCKET, /run/mooncake/agent.sock,
@@ -14,6 +15,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,5 +287,31 @@ int ctl_rm_main(int argc, char **argv)
 			mc_errname(rc));
 		return CTL_EXIT_FAIL;
 	}
+	return CTL_EXIT_OK;
+}
+
+int ctl_agent_stats(const char *socket)
+{
+	struct store_args a = {.socket = socket};
+	mc_client *c;
+	if (open_agent(&a, &c))
+		return CTL_EXIT_FAIL;
+	struct mc_agent_stats s;
+	int rc = mc_agent_stats(c, &s);
+	mc_close(c);
+	if (rc) {
+		fprintf(stderr, "mooncakectl stats: %s (%s)\n", mc_strerror(rc), mc_errname(rc));
+		return CTL_EXIT_FAIL;
+	}
+	printf("agent %s\nmaster %s\nmaster_view %" PRIu64 "\nsegment_bytes %" PRIu64
+	       "\nhugepages %d\nnuma_node %d\nstaging_bytes %" PRIu64 "\nclients %" PRIu64
+	       "\nbuffers %" PRIu64 "\nviews %" PRIu64 "\nputs %" PRIu64 "\ngets %" PRIu64
+	       "\nlocal_hits %" PRIu64 "\nremote_hits %" PRIu64 "\nmisses %" PRIu64
+	       "\nbytes_written %" PRIu64 "\nbytes_read %" PRIu64 "\ninventory %" PRIu64
+	       "\nget_checksum_failures %" PRIu64 "\nresync_skipped %" PRIu64 "\n",
+	       s.agent_id, s.master[0] ? s.master : "-", s.master_view, s.segment_size,
+	       s.hugepages, s.numa_node, s.staging_size, s.clients, s.buffers, s.views, s.puts,
+	       s.gets, s.local_hits, s.remote_hits, s.misses, s.bytes_written, s.bytes_read,
+	       s.inventory, s.get_bad, s.resync_bad);
 	return CTL_EXIT_OK;
 }

@@ -220,6 +220,21 @@ def mooncakectl_put_get_rm():
     eq(r.returncode, 1, "no agent")
     ls = run([mctest.MOONCAKECTL, "ls", "ctl/", "--master=" + cl.master_addr]).stdout
     assert "ctl/stdin" in ls, ls
+    # The agent's own figures (mc_agent_stats): what this case did through it.
+    stats = dict(l.split(" ", 1) for l in a.ctl("stats", "--agent").stdout.splitlines())
+    eq(stats["master"], cl.master_addr, "the master in use")
+    eq(int(stats["puts"]), 2, "two puts stored (one refused)")
+    eq(int(stats["bytes_written"]), len(data) + len("from stdin"), "their bytes")
+    eq(int(stats["gets"]), 3, "three gets")
+    eq(int(stats["misses"]), 1, "one of a removed key")
+    eq(int(stats["bytes_read"]), len(data) + len("from stdin"), "bytes read")
+    eq(int(stats["segment_bytes"]) > 0 and stats["agent"] != "", True, "segment and name")
+    eq(int(stats["clients"]), 1, "this session")
+    r = run([mctest.MOONCAKECTL, "stats", "--agent", "--master=" + cl.master_addr],
+            check=False)
+    eq(r.returncode, 2, "--agent with --master is a usage error")
+    r = run([mctest.MOONCAKECTL, "stats", "--socket=/nonexistent/agent.sock"], check=False)
+    eq(r.returncode, 1, "no agent")
 
 
 @case
