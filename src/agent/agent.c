@@ -68,25 +68,34 @@ void agent__gauges(struct agent *a)
 	metric_set(a->m_mounted, a->mounted);
 }
 
+static struct metric *requests_counter(struct agent *a, const char *name, int err)
+{
+	return metrics_counter(a->metrics, "mooncake_agent_requests_total",
+			       "Client requests served, by operation and result "
+			       "(error: the request or one of its items failed; a "
+			       "get miss is not an error).",
+			       "op,result", (const char *[]){name, err ? "error" : "ok"});
+}
+
 void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns)
 {
 	const char *name = op_name(op);
-	metric_inc(metrics_counter(a->metrics, "mooncake_agent_requests_total",
-				   "Client requests served, by operation and result "
-				   "(error: the request or one of its items failed; a "
-				   "get miss is not an error).",
-				   "op,result",
-				   (const char *[]){name, err ? "error" : "ok"}));
 	int i = op - OP_FIRST;
-	if (i >= 0 && (size_t)i < NOPS) {
-		if (!a->m_op_seconds[i])
-			a->m_op_seconds[i] = metrics_histogram(
-				a->metrics, "mooncake_agent_request_seconds",
-				"Time from a client request's arrival to its reply.", "op",
-				(const char *[]){name}, metrics_latency_buckets,
-				metrics_latency_nbuckets);
-		metric_observe(a->m_op_seconds[i], (double)(mc_now_ns() - start_ns) / 1e9);
+	if (i < 0 || (size_t)i >= NOPS) {
+		metric_inc(requests_counter(a, name, err));
+		return;
 	}
+	/* Looked up once per op and result: this runs for every request. */
+	struct metric **m = &a->m_op_requests[i][err != 0];
+	if (!*m)
+		*m = requests_counter(a, name, err);
+	metric_inc(*m);
+	if (!a->m_op_seconds[i])
+		a->m_op_seconds[i] = metrics_histogram(
+			a->metrics, "mooncake_agent_request_seconds",
+			"Time from a client request's arrival to its reply.", "op",
+			(const char *[]){name}, metrics_latency_buckets, metrics_latency_nbuckets);
+	metric_observe(a->m_op_seconds[i], (double)(mc_now_ns() - start_ns) / 1e9);
 }
 
 static void register_metrics(struct agent *a)

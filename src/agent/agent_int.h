@@ -560,6 +560,7 @@ struct agent {
 	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv, *m_lease,
 		*m_view, *m_mounted;
 	struct metric *m_op_seconds[32];
+	struct metric *m_op_requests[32][2]; /* by op: ok, error */
 	uint64_t nbuffers, nviews;
 };
 
