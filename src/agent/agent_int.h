@@ -625,6 +625,9 @@ void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
  * pending job of the pool), where finish returns at once. */
 struct agent_xfer *agent__xfer_new_loop(void);
 bool agent__xfer_missed(const struct agent_xfer *x);
+/* Let agent__xfer_start_loop copy up to bytes of same-host pieces on the
+ * loop itself (te_submit_inline): for a request alone, see solo_get. */
+void agent__xfer_inline(struct agent_xfer *x, size_t bytes);
 void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j);
 
 /* ops.c */

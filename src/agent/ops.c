@@ -989,12 +989,16 @@ static void get_loop_done(struct agent_job *j)
 }
 
 /* Without a copy thread when the local copies are small
- * (start_from_loop). */
-static bool get_from_loop(struct agent_req *r)
+ * (start_from_loop); the loop copies up to inline_bytes of the remote
+ * reads from same-host agents itself. */
+static bool get_from_loop(struct agent_req *r, uint64_t inline_bytes)
 {
 	struct agent_xfer *x = NULL;
 	get_add_remote(r, &x, true);
-	return x && start_from_loop(r, x, get_copy_local, get_loop_done);
+	if (!x)
+		return false;
+	agent__xfer_inline(x, inline_bytes);
+	return start_from_loop(r, x, get_copy_local, get_loop_done);
 }
 
 /* Forget a view of this session (its item failed after all). */
@@ -1227,7 +1231,8 @@ static void get_place_and_copy(struct agent_req *r)
 	/* Remote reads move on the engine's threads: start them from here
 	 * unless local copies or checks are big work for the loop. */
 	if (remote && bytes <= AGENT_INLINE_COPY_BYTES &&
-	    (!g->verify || remote_bytes <= AGENT_INLINE_COPY_BYTES) && get_from_loop(r))
+	    (!g->verify || remote_bytes <= AGENT_INLINE_COPY_BYTES) &&
+	    get_from_loop(r, solo_get(r, remote_bytes) ? remote_bytes : 0))
 		return;
 	agent__pool_submit(&a->pool, &r->job);
 }

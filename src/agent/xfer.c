@@ -34,6 +34,7 @@ struct agent_xfer {
 	struct te_batch *batch;
 	bool loop;        /* on the loop thread: open segments only */
 	bool missed;      /* ... and one was not */
+	size_t inline_bytes; /* agent__xfer_inline */
 	struct agent *a;  /* agent__xfer_start_loop: */
 	struct agent_job *job;
 };
@@ -127,6 +128,11 @@ struct agent_xfer *agent__xfer_new_loop(void)
 	return x;
 }
 
+void agent__xfer_inline(struct agent_xfer *x, size_t bytes)
+{
+	x->inline_bytes = bytes;
+}
+
 bool agent__xfer_missed(const struct agent_xfer *x)
 {
 	return x->missed;
@@ -149,7 +155,8 @@ void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 		agent__pool_complete(&a->pool, j);
 		return;
 	}
-	int rc = te_submit_notify(a->te, x->reqs, x->n, on_submitted_done, x, &x->batch);
+	int rc = te_submit_inline(a->te, x->reqs, x->n, x->inline_bytes, on_submitted_done, x,
+				  &x->batch);
 	if (rc) {
 		x->batch = NULL;
 		for (size_t i = 0; i < x->n; i++)

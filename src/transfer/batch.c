@@ -240,8 +240,8 @@ void te__req_dispatch(struct te_batch *b, struct te_req_state *rs)
 
 /* ------------------------------------------------------------ API */
 
-int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
-		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
+int te_submit_inline(struct te_engine *e, const struct te_request *reqs, size_t n,
+		     size_t inline_bytes, void (*on_done)(struct te_batch *b, void *ud),
 		     void *ud, struct te_batch **out)
 {
 	size_t total = 0;
@@ -281,7 +281,8 @@ int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
 	b->on_done = on_done;
 	b->ud = ud;
 	atomic_store(&b->pending, n + 1); /* +1 until every request started */
-	atomic_store(&b->inline_left, TE_SHM_INLINE_BATCH_BYTES);
+	atomic_store(&b->inline_left, inline_bytes ? inline_bytes : TE_SHM_INLINE_BATCH_BYTES);
+	b->inline_any = inline_bytes > 0;
 
 	size_t first = 0;
 	uint64_t now = mc_now_ns();
@@ -304,6 +305,13 @@ int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
 	}
 	batch_dec(b);
 	return 0;
+}
+
+int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
+		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
+		     void *ud, struct te_batch **out)
+{
+	return te_submit_inline(e, reqs, n, 0, on_done, ud, out);
 }
 
 int te_submit(struct te_engine *e, const struct te_request *reqs, size_t n,

@@ -357,6 +357,11 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 				       "Slices resubmitted on another path after "
 				       "theirs failed.",
 				       NULL, NULL);
+	e->m_shm_inline = metrics_counter(r, "mooncake_te_shm_inline_bytes_total",
+					  "Bytes of requests to same-host peers copied by "
+					  "the submitting thread rather than a data "
+					  "thread (small slices, te_submit_inline).",
+					  NULL, NULL);
 	e->m_refused = metrics_counter(r, "mooncake_te_refused_requests_total",
 				       "Peers' requests refused because the range "
 				       "is not inside one registered region.",

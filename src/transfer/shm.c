@@ -2,7 +2,8 @@
  * shm: the same-host transport. A peer's memfd-backed regions are mapped
  * into this process once and a transfer is a memcpy by the initiator:
  * requests up to 64 KiB are copied by the submitting thread (at most 1 MiB
- * of them per batch), the rest are cut into slices copied in parallel by
+ * of them per batch; with te_submit_inline, what its caller allows, in
+ * slices of any size), the rest are cut into slices copied in parallel by
  * the data workers (the paths of an shm peer are the workers).
  *
  * The channel is an abstract Unix SOCK_SEQPACKET socket per engine (named
@@ -742,7 +743,9 @@ static bool take_inline(struct te_batch *b, size_t len)
 static void shm_submit(struct te_peer *bp, struct te_slice *s)
 {
 	struct shm_peer *p = (struct shm_peer *)bp;
-	if (s->len <= TE_SHM_INLINE_BYTES && take_inline(s->batch, s->len)) {
+	if ((s->len <= TE_SHM_INLINE_BYTES || s->batch->inline_any) &&
+	    take_inline(s->batch, s->len)) {
+		metric_add(p->e->m_shm_inline, s->len);
 		copy_slice(s);
 		return;
 	}

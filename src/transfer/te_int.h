@@ -550,6 +550,7 @@ struct te_batch {
 	size_t nslices;
 	atomic_size_t pending;     /* requests not done (+1 while submitting) */
 	atomic_size_t inline_left; /* shm bytes the submitter may still copy */
+	bool inline_any;           /* ... in slices of any size (te_submit_inline) */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool done;
@@ -699,6 +700,7 @@ struct te_engine {
 	struct metric *m_failed[4];
 	struct metric *m_retries;
 	struct metric *m_refused;
+	struct metric *m_shm_inline;       /* shm bytes the submitter copied */
 	struct metric *m_regions, *m_reg_bytes, *m_segments;
 	struct metric *m_peers[4];         /* [proto] peer objects not freed */
 };

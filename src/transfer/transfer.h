@@ -242,6 +242,15 @@ int te_submit(struct te_engine *e, const struct te_request *reqs, size_t n,
 int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
 		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
 		     void *ud, struct te_batch **out) MC_MUST_CHECK;
+/* te_submit_notify, where the submitting thread itself copies up to
+ * inline_bytes of the requests to same-host (shm) peers, in slices of any
+ * size, rather than handing them to the data threads (which copy the
+ * rest): for a caller that would only wait for them, such as a loop thread
+ * serving a single client. inline_bytes 0: the default (slices up to
+ * 64 KiB, 1 MiB of them a batch). Other transports are not affected. */
+int te_submit_inline(struct te_engine *e, const struct te_request *reqs, size_t n,
+		     size_t inline_bytes, void (*on_done)(struct te_batch *b, void *ud),
+		     void *ud, struct te_batch **out) MC_MUST_CHECK;
 /* Copy per-request status into results[n]; returns how many are still
  * pending. */
 size_t te_poll(struct te_batch *b, struct te_result *results);

@@ -325,6 +325,36 @@ def verified_gets_catch_bytes_that_changed():
 
 
 @case
+def a_lone_client_reads_same_host_agents_on_the_loop():
+    """A session alone on its agent gets a big value from another agent of
+    the same host by a copy on the agent's loop (no hand-off to the
+    transfer engine's threads and back); while other sessions send too,
+    the engine's threads copy it. The bytes are right either way."""
+    cl = Cluster(agents=2)
+    a, b = cl.agents
+    sa, sa2, sb = a.store(verify_gets=False), a.store(), b.store()
+    big = os.urandom(MiB + 3)
+    eq(sb.put("big", big), OK, "put on B")
+
+    def inline_bytes():
+        return metric(a.metrics(), "mooncake_te_shm_inline_bytes_total")
+
+    i0 = inline_bytes()
+    for _ in range(10):
+        time.sleep(0.005)  # alone for more than AGENT_SOLO_NS
+        eq(sa.get("big") == big, True, "a lone get on A")
+    i1 = inline_bytes()
+    assert i1 - i0 >= 9 * (MiB + 3), "copied on the loop: %d bytes" % (i1 - i0)
+    for _ in range(10):
+        eq(sa2.is_exist("big"), 1, "another session")
+        eq(sa.get("big") == big, True, "a get on A among others")
+    i2 = inline_bytes()
+    assert i2 - i1 < MiB, "copied by the engine's threads: %d inline bytes" % (i2 - i1)
+    for s in (sa, sa2, sb):
+        s.close()
+
+
+@case
 def hot_keys_on_other_agents_are_read_without_the_master():
     """Gets on A of a small object in B's segment are answered from A's
     lease cache after the first, the bytes checked against the object's

@@ -209,3 +209,55 @@ Test(te_engine, control_channel)
 	te_close_segment(s);
 	host_stop(); /* te_free calls the fake fini */
 }
+
+/* te_submit_inline: a same-host read of 2 MiB + 3 is copied by the
+ * submitting thread, so the batch is complete, and on_done has run on that
+ * thread, when the call returns; by default the submitter copies 1 MiB of
+ * the (64 KiB) slices and the data threads the rest. */
+static pthread_t inline_done_thread;
+static int inline_done_calls;
+
+static void on_inline_done(struct te_batch *b, void *ud)
+{
+	(void)b;
+	(void)ud;
+	inline_done_thread = pthread_self();
+	__atomic_add_fetch(&inline_done_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+Test(te_engine, inline_submit_copies_on_the_caller)
+{
+	host_start(TE_PROTO_AUTO);
+	struct mem b, dst;
+	size_t len = (2u << 20) + 3;
+	mem_new(H.e[1], len, &b);
+	mem_new(H.e[0], len, &dst);
+	for (size_t i = 0; i < len; i++)
+		b.p[i] = (uint8_t)(i * 7 + 1);
+	struct te_segment *s = open_b();
+	struct te_request r = {.op = TE_READ, .local = dst.p, .segment = s,
+			       .remote_addr = (uint64_t)(uintptr_t)b.p, .len = len};
+	const char *sample = "mooncake_te_shm_inline_bytes_total ";
+	struct te_batch *batch;
+	cr_assert_eq(te_submit_inline(H.e[0], &r, 1, len, on_inline_done, NULL, &batch), 0);
+	cr_assert_eq(__atomic_load_n(&inline_done_calls, __ATOMIC_SEQ_CST), 1,
+		     "complete when the call returns");
+	cr_assert(pthread_equal(inline_done_thread, pthread_self()), "on the caller's thread");
+	cr_assert_eq(metric(0, sample), (double)len);
+	struct te_result res;
+	cr_assert_eq(te_poll(batch, &res), 0);
+	cr_assert_eq(res.status, TE_DONE);
+	cr_assert_eq(memcmp(dst.p, b.p, len), 0, "the bytes");
+	te_batch_free(batch);
+	/* The default. */
+	memset(dst.p, 0, len);
+	cr_assert_eq(te_submit(H.e[0], &r, 1, &batch), 0);
+	cr_assert_eq(te_wait(batch, 0), 0);
+	cr_assert_eq(memcmp(dst.p, b.p, len), 0, "the bytes");
+	cr_assert_eq(metric(0, sample), (double)len + (1u << 20), "1 MiB inline");
+	te_batch_free(batch);
+	te_close_segment(s);
+	mem_free(&dst);
+	mem_free(&b);
+	host_stop();
+}
