@@ -127,6 +127,10 @@ static void register_metrics(struct agent *a)
 	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
 				  "View number of the master leader the segment is "
 				  "mounted with.", NULL, NULL);
+	a->m_rlease = metrics_gauge(r, "mooncake_agent_remote_lease_bytes",
+				    "Bytes of remote leases (space of other agents' "
+				    "segments for puts onto them) not taken by puts yet "
+				    "and still usable.", NULL, NULL);
 	a->m_lease = metrics_gauge(r, "mooncake_agent_put_lease_bytes",
 				   "Bytes of the put lease (--put-lease-size) not taken by "
 				   "puts yet.", NULL, NULL);

@@ -54,6 +54,7 @@ struct metric;
 #define AGENT_LEASE_EXTENTS 4u        /* put lease extents held at once */
 #define AGENT_LEASE_IDLE_MS 10000u    /* an unused put lease goes back */
 #define AGENT_LEASE_RETRY_MS 100u     /* after a LeaseSpace granting none */
+#define AGENT_RLEASES 4u              /* other agents' segments leased at once */
 
 /* ------------------------------------------------------------ mem.c */
 
@@ -288,6 +289,8 @@ struct agent_item {
 	bool has_crc;
 	bool leased;          /* put into leased space: sealed by BatchCommit */
 	unsigned lease_gen;
+	bool rleased;         /* ... of another agent's segment (reps[0]) */
+	uint64_t rlease_epoch;
 	struct agent_rep *reps;
 	unsigned nrep;
 	/* get of a cached replica on another segment: its bytes, read and
@@ -543,6 +546,17 @@ struct agent {
 	uint64_t lease_takes_old;     /* puts of earlier ones still copying */
 	bool mount_held;              /* until lease_takes_old is 0 */
 	uint64_t lease_used_ms;
+	/* remote leases (space.c): space of other agents' segments */
+	struct agent_rlease {
+		char seg[128];        /* "" : free slot */
+		struct agent_rextent {
+			uint64_t epoch, base; /* the segment's, from the grant */
+			uint64_t off, end;    /* room left */
+			uint64_t until_ms;    /* taken from until then */
+		} cur, next;          /* next: granted ahead, used when cur is */
+		uint64_t used_ms, denied_ms;
+		bool busy;            /* a LeaseSpace call in flight */
+	} rl[AGENT_RLEASES];
 	uint64_t hb_interval_ms;
 	uv_timer_t hb_timer;
 	uv_timer_t retry_timer;
@@ -557,6 +571,7 @@ struct agent {
 	uint64_t counters[AGENT_C_COUNT];
 	struct metric *m_counters[AGENT_C_COUNT];
 	struct metric *m_ops_ok, *m_ops_err;
+	struct metric *m_rlease; /* remote leases' room */
 	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv, *m_lease,
 		*m_view, *m_mounted;
 	struct metric *m_op_seconds[32];
@@ -659,6 +674,17 @@ void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigne
 			   bool committing);
 /* Bytes of the lease not taken yet. */
 uint64_t agent__lease_room(const struct agent *a);
+/* Space for a value of size bytes in another agent's segment seg, from a
+ * remote lease: its offset there, the segment's lease epoch to commit
+ * with and its base address. false: none (a LeaseSpace call may have
+ * gone out for the next put). */
+struct agent_rtake {
+	uint64_t off, epoch, base;
+};
+bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
+			struct agent_rtake *t);
+/* A commit into seg's remote lease was refused: forget the lease. */
+void agent__rlease_drop(struct agent *a, const char *seg);
 /* A mount begins: the lease is gone. */
 void agent__lease_reset(struct agent *a);
 /* Mounted (and re-synced) in lease epoch: ask for a lease. */

@@ -395,12 +395,12 @@ static void on_revoked(void *ud, int err, const char *message,
 /* Items that were started (PutStart) but will not be ended. */
 static bool item_revoke(const struct agent_item *it)
 {
-	return it->nrep > 0 && it->err != 0 && !it->leased;
+	return it->nrep > 0 && it->err != 0 && !it->leased && !it->rleased;
 }
 
 static bool item_end(const struct agent_item *it)
 {
-	return it->nrep > 0 && it->err == 0 && !it->leased;
+	return it->nrep > 0 && it->err == 0 && !it->leased && !it->rleased;
 }
 
 /* Both the PutEnd and the Commit call are answered: reply. */
@@ -478,9 +478,13 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 			/* Refused: the master freed the space or never leased
 			 * it. No answer: see space.c on commits that got none. */
 			it->err = e;
+			if (it->rleased)
+				agent__rlease_drop(r->a, it->reps[0].segment);
 			continue;
 		}
 		agent__count(r->a, AGENT_C_PUT_COMMITS, 1);
+		if (it->rleased)
+			continue; /* its owner's inventory, not this agent's */
 		struct agent_inv_rec rec = {.offset = it->reps[0].offset, .size = it->len,
 					    .crc = it->crc, .has_crc = it->has_crc,
 					    .soft_pin = r->msg->put->soft_pin};
@@ -496,7 +500,7 @@ static struct commit_block *commit_block(struct agent_req *r)
 {
 	size_t n = 0;
 	for (size_t i = 0; i < r->n; i++)
-		n += r->items[i].leased && !r->items[i].err;
+		n += (r->items[i].leased || r->items[i].rleased) && !r->items[i].err;
 	struct commit_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
 							  sizeof(*b->idx)));
 	if (!b)
@@ -508,7 +512,7 @@ static struct commit_block *commit_block(struct agent_req *r)
 	const Mooncake__Client__PutRequest *p = r->msg->put;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (!it->leased || it->err)
+		if ((!it->leased && !it->rleased) || it->err)
 			continue;
 		Mooncake__Master__CommitItem *c = &b->items[b->n];
 		mooncake__master__commit_item__init(c);
@@ -528,6 +532,11 @@ static struct commit_block *commit_block(struct agent_req *r)
 	b->req.agent_id = r->a->name;
 	b->req.segment = r->a->name;
 	b->req.lease_epoch = r->a->lease_epoch;
+	if (b->n && r->items[b->idx[0]].rleased) {
+		/* (a request with a remote-leased item has no other: put_start) */
+		b->req.segment = r->items[b->idx[0]].reps[0].segment;
+		b->req.lease_epoch = r->items[b->idx[0]].rlease_epoch;
+	}
 	b->req.items = b->ptrs;
 	b->req.n_items = b->n;
 	return b;
@@ -774,6 +783,29 @@ static bool take_leased(struct agent_req *r, struct agent_item *it)
 	return true;
 }
 
+/* Space from a remote lease on segment seg for the one item of a put
+ * whose one replica is to be there. */
+static bool take_rleased(struct agent_req *r, struct agent_item *it, const char *seg)
+{
+	struct agent_rtake t;
+	if (!agent__rlease_take(r->a, seg, it->len, &t))
+		return false;
+	it->reps = calloc(1, sizeof(*it->reps));
+	char *name = strdup(seg);
+	if (!it->reps || !name) {
+		free(name);
+		it->err = -ENOMEM; /* (the space returns at the lease's end) */
+		return true;
+	}
+	it->reps[0].segment = name;
+	it->reps[0].offset = t.off;
+	it->reps[0].address = t.base + t.off;
+	it->nrep = 1;
+	it->rleased = true;
+	it->rlease_epoch = t.epoch;
+	return true;
+}
+
 static void put_start(struct agent_req *r)
 {
 	const Mooncake__Client__PutRequest *p = r->msg->put;
@@ -781,10 +813,14 @@ static void put_start(struct agent_req *r)
 	bool local_only = p->replica_num <= 1 &&
 			  (!p->preferred_segment || !p->preferred_segment[0] ||
 			   strcmp(p->preferred_segment, a->name) == 0);
+	/* One item for one replica on another agent's segment (batches of
+	 * those keep PutStart: one commit names one segment). */
+	bool remote_one = p->replica_num <= 1 && !local_only && r->n == 1;
 	size_t n = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || (local_only && take_leased(r, it)))
+		if (it->err || (local_only && take_leased(r, it)) ||
+		    (remote_one && take_rleased(r, it, p->preferred_segment)))
 			continue;
 		n++;
 	}
@@ -808,7 +844,7 @@ static void put_start(struct agent_req *r)
 	size_t k = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->leased)
+		if (it->err || it->leased || it->rleased)
 			continue;
 		Mooncake__Master__PutStartRequest *q = &b->items[k];
 		mooncake__master__put_start_request__init(q);

@@ -244,8 +244,161 @@ void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigne
 	agent__lease_sync(a);
 }
 
+/* ------------------------------------------------------------ remote leases
+ *
+ * Space of another agent's segment (proto/master.proto, "Remote leases")
+ * for single-replica puts onto it: written through the transfer engine,
+ * sealed with one BatchCommit naming that segment. Per segment (for
+ * AGENT_RLEASES of them) an extent in use and the next one, asked for
+ * when a quarter of the target is left; taken from only during the first
+ * half of the grant's time (the rest is for the writes and the commit to
+ * finish: after it the master takes the space back). Nothing is given
+ * back early: what is left of an extent too short for a value, or
+ * dropped after a refused commit, returns at the grant's end. */
+
+struct rlease_call {
+	Mooncake__Master__LeaseSpaceRequest req;
+	struct agent *a;
+	unsigned gen, slot;
+	uint64_t sent_ms;
+	char seg[sizeof(((struct agent_rlease *)0)->seg)];
+};
+
+static uint64_t rlease_target(const struct agent *a)
+{
+	return a->lease_bytes / 4;
+}
+
+/* Extents past their time are forgotten; the gauge is what is left. */
+static void rlease_gauge(struct agent *a)
+{
+	uint64_t now = mc_now_ms(), room = 0;
+	for (unsigned i = 0; i < AGENT_RLEASES; i++) {
+		struct agent_rextent *e[2] = {&a->rl[i].cur, &a->rl[i].next};
+		for (int k = 0; k < 2; k++) {
+			if (now >= e[k]->until_ms)
+				memset(e[k], 0, sizeof(*e[k]));
+			room += e[k]->end - e[k]->off;
+		}
+	}
+	metric_set(a->m_rlease, (int64_t)room);
+}
+
+static void on_rleased(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct rlease_call *c = ud;
+	struct agent *a = c->a;
+	struct agent_rlease *l = &a->rl[c->slot];
+	if (c->gen != a->lease_gen || a->stopping || strcmp(l->seg, c->seg) != 0) {
+		free(c); /* the slot was emptied by a mount */
+		return;
+	}
+	l->busy = false;
+	const Mooncake__Master__LeaseSpaceResponse *r = (const void *)m;
+	if (err || r->n_extents == 0 || r->extents[0]->length == 0) {
+		if (err && err != MC_ESHUTDOWN)
+			log_debug("remote put lease of segment %s: %s", c->seg,
+				  message ? message : mc_strerror(err));
+		l->denied_ms = mc_now_ms();
+		free(c);
+		return;
+	}
+	struct agent_rextent e = {
+		.epoch = r->lease_epoch,
+		.base = r->segment_base,
+		.off = r->extents[0]->offset,
+		.end = r->extents[0]->offset + r->extents[0]->length,
+		.until_ms = c->sent_ms + r->ttl_ms / 2,
+	};
+	if (l->cur.off < l->cur.end && mc_now_ms() < l->cur.until_ms)
+		l->next = e; /* cur still has room: this one follows it */
+	else
+		l->cur = e;
+	free(c);
+	rlease_gauge(a);
+}
+
+static void rlease_ask(struct agent *a, unsigned slot)
+{
+	struct agent_rlease *l = &a->rl[slot];
+	uint64_t now = mc_now_ms();
+	if (l->busy || (l->denied_ms && now - l->denied_ms < AGENT_LEASE_RETRY_MS))
+		return;
+	struct rlease_call *c = calloc(1, sizeof(*c));
+	if (!c)
+		return;
+	c->a = a;
+	c->gen = a->lease_gen;
+	c->slot = slot;
+	c->sent_ms = now;
+	memcpy(c->seg, l->seg, sizeof(c->seg));
+	mooncake__master__lease_space_request__init(&c->req);
+	c->req.agent_id = a->name;
+	c->req.segment = c->seg;
+	c->req.want_bytes = rlease_target(a);
+	l->busy = true;
+	agent__mcall(a, "LeaseSpace", &c->req.base,
+		     &mooncake__master__lease_space_response__descriptor, on_rleased, c);
+}
+
+bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
+			struct agent_rtake *t)
+{
+	uint64_t len = (size + GRANULE - 1) & ~(uint64_t)(GRANULE - 1);
+	if (!a->lease_ready || !a->lease_bytes || len == 0 || len > rlease_target(a) / 16 ||
+	    strlen(seg) >= sizeof(a->rl[0].seg))
+		return false;
+	/* Its slot, else the least recently used one without a call out. */
+	unsigned k = AGENT_RLEASES;
+	for (unsigned i = 0; i < AGENT_RLEASES && k == AGENT_RLEASES; i++)
+		if (strcmp(a->rl[i].seg, seg) == 0)
+			k = i;
+	if (k == AGENT_RLEASES) {
+		for (unsigned i = 0; i < AGENT_RLEASES; i++)
+			if (!a->rl[i].busy &&
+			    (k == AGENT_RLEASES || a->rl[i].used_ms < a->rl[k].used_ms))
+				k = i;
+		if (k == AGENT_RLEASES)
+			return false;
+		memset(&a->rl[k], 0, sizeof(a->rl[k]));
+		snprintf(a->rl[k].seg, sizeof(a->rl[k].seg), "%s", seg);
+	}
+	struct agent_rlease *l = &a->rl[k];
+	uint64_t now = mc_now_ms();
+	l->used_ms = now;
+	if ((now >= l->cur.until_ms || l->cur.end - l->cur.off < len) && l->next.end) {
+		l->cur = l->next; /* what cur had left is too short: it returns later */
+		memset(&l->next, 0, sizeof(l->next));
+	}
+	struct agent_rextent *e = &l->cur;
+	bool ok = now < e->until_ms && e->end - e->off >= len;
+	if (ok) {
+		t->off = e->off;
+		t->epoch = e->epoch;
+		t->base = e->base;
+		e->off += len;
+	}
+	if (!l->next.end && (now >= e->until_ms || e->end - e->off < rlease_target(a) / 4))
+		rlease_ask(a, k); /* for the next puts */
+	rlease_gauge(a);
+	return ok;
+}
+
+void agent__rlease_drop(struct agent *a, const char *seg)
+{
+	for (unsigned i = 0; i < AGENT_RLEASES; i++)
+		if (strcmp(a->rl[i].seg, seg) == 0) {
+			memset(&a->rl[i].cur, 0, sizeof(a->rl[i].cur));
+			memset(&a->rl[i].next, 0, sizeof(a->rl[i].next));
+		}
+	rlease_gauge(a);
+}
+
 void agent__lease_reset(struct agent *a)
 {
+	/* A new master knows nothing of remote leases either. */
+	memset(a->rl, 0, sizeof(a->rl));
+	rlease_gauge(a);
 	a->lease_gen++;
 	a->lease_ready = false;
 	a->lease_busy = false;
@@ -268,6 +421,7 @@ void agent__lease_start(struct agent *a, uint64_t epoch)
 
 void agent__lease_tick(struct agent *a)
 {
+	rlease_gauge(a);
 	if (a->lease_ready && a->nlease && mc_now_ms() - a->lease_used_ms > AGENT_LEASE_IDLE_MS) {
 		/* Idle: the space is more use to the pool. */
 		for (unsigned i = 0; i < a->nlease; i++)

@@ -166,7 +166,9 @@
 	  "agent: space of its segment the master leases to it (at most an "   \
 	  "eighth of the segment), so puts whose one replica is this segment " \
 	  "(values up to a quarter of the lease) are sealed with one master "  \
-	  "call; 0: every put takes PutStart and PutEnd")                      \
+	  "call; single puts onto another agent's segment use remote leases "  \
+	  "of a quarter of it there (values up to a 64th); 0: every put "      \
+	  "takes PutStart and PutEnd")                                         \
 	X(REMOTE_LEASE_CACHE_SIZE, "remote-lease-cache-size", AGENT, SIZE,      \
 	  "64K", 0, 1ull << 20, NULL,                                          \
 	  "agent: values up to this size whose replica is on another agent "   \

@@ -67,6 +67,15 @@ struct master_core {
 		uint64_t off, len, until_ms;
 	} *quar;
 	size_t nquar, quar_cap;
+	/* Remote leases: space of a segment leased to an agent that does not
+	 * own it, usable until until_ms (then what is left goes back). */
+	struct rlease {
+		char agent[MASTER_AGENT_ID_MAX];
+		uint32_t seg;
+		uint64_t epoch, off, len, until_ms;
+		uint64_t committed; /* bytes of it committed */
+	} *rl;
+	size_t nrl, rl_cap;
 	struct master_counters n;
 };
 
@@ -390,6 +399,7 @@ void master__core_reset(struct master_core *c)
 	}
 	c->nsegs = 0;
 	c->nquar = 0; /* (their segments are gone) */
+	c->nrl = 0;
 	while (c->agents) {
 		struct master_agent *a = c->agents;
 		c->agents = a->next;
@@ -405,6 +415,7 @@ void master__core_free(struct master_core *c)
 		return;
 	master__core_reset(c);
 	free(c->quar);
+	free(c->rl);
 	free(c->segs);
 	free(c->buckets);
 	free(c);
@@ -537,14 +548,14 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 	/* At most an eighth of the segment leased and uncommitted at once,
 	 * and only below the eviction watermark: a lease never makes room
 	 * by evicting (puts that need it take PutStart, which does). */
-	uint64_t most = s->size / 8;
-	if (s->syncing || s->tier != MASTER_TIER_DRAM || s->leased >= most)
+	uint64_t most = s->size / 8, own = s->leased - MC_MIN(s->leased, s->rleased);
+	if (s->syncing || s->tier != MASTER_TIER_DRAM || own >= most)
 		return 0;
 	uint64_t used, cap = dram_capacity(c, &used);
 	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
 	below = below > used ? below - used : 0;
 	uint64_t g = MASTER_ALLOC_GRANULE;
-	uint64_t n = MC_MIN(MC_MIN(want, most - s->leased), below) & ~(g - 1);
+	uint64_t n = MC_MIN(MC_MIN(want, most - own), below) & ~(g - 1);
 	for (; n >= MASTER_LEASE_MIN_BYTES; n = (n / 2) & ~(g - 1)) {
 		if (master__alloc_get(s->alloc, n, off) != 0)
 			continue;
@@ -579,6 +590,134 @@ uint64_t master__lease_release(struct master_core *c, const char *agent,
 	s->leased -= MC_MIN(s->leased, len);
 	c->n.lease_released_bytes += len;
 	return len;
+}
+
+/* ------------------------------------------------------------ remote leases */
+
+/* Take back what is still leased of [off, off+len) of s (its lease
+ * allocator's free ranges there); returns the bytes. */
+static uint64_t lease_take_back(struct master_seg *s, uint64_t off, uint64_t len)
+{
+	struct ranges r = {0};
+	uint64_t n = 0;
+	master__alloc_foreach_free(s->lease, collect_range, &r);
+	for (size_t i = 0; i < r.n; i++) {
+		uint64_t a = MC_MAX(r.v[i][0], off), b = MC_MIN(r.v[i][0] + r.v[i][1], off + len);
+		if (a >= b)
+			continue;
+		if (master__alloc_reserve(s->lease, a, b - a) == 0 &&
+		    master__alloc_put(s->alloc, a, b - a) == 0)
+			n += b - a;
+	}
+	/* Out of memory listing them: those ranges stay leased (lost until
+	 * the segment is mounted again), never handed out twice. */
+	free(r.v);
+	s->leased -= MC_MIN(s->leased, n);
+	s->rleased -= MC_MIN(s->rleased, n);
+	return n;
+}
+
+/* The live remote lease of agent on segment id in epoch that holds
+ * [off, off+len), or NULL. */
+static struct rlease *rlease_find(struct master_core *c, const char *agent, uint32_t id,
+				  uint64_t epoch, uint64_t off, uint64_t len, uint64_t now_ms)
+{
+	for (size_t i = c->nrl; i-- > 0;) { /* newest first: they are in use */
+		struct rlease *l = &c->rl[i];
+		if (l->seg == id && l->epoch == epoch && l->until_ms > now_ms &&
+		    off >= l->off && len <= l->len && off - l->off <= l->len - len &&
+		    strcmp(l->agent, agent) == 0)
+			return l;
+	}
+	return NULL;
+}
+
+/* Remote leases whose time is over (or whose segment was mounted again
+ * or is gone: its space was taken back then) leave; what is left of them
+ * goes back to the free space. */
+static void rlease_expire(struct master_core *c, uint64_t now_ms)
+{
+	for (size_t i = 0; i < c->nrl;) {
+		struct rlease *l = &c->rl[i];
+		struct master_seg *s = l->seg < c->nsegs_cap ? c->segs[l->seg] : NULL;
+		bool stale = !s || s->lease_epoch != l->epoch;
+		if (!stale && l->until_ms > now_ms) {
+			i++;
+			continue;
+		}
+		if (!stale)
+			c->n.lease_released_bytes += lease_take_back(s, l->off, l->len);
+		*l = c->rl[--c->nrl];
+	}
+}
+
+int master__rlease_grant(struct master_core *c, const char *agent, const char *segment,
+			 uint64_t epoch, uint64_t want, uint64_t now_ms,
+			 struct master_rlease_grant *g)
+{
+	memset(g, 0, sizeof(*g));
+	uint32_t id = master__seg_find(c, segment ? segment : "");
+	if (id == MASTER_NO_SEGMENT)
+		return MC_ESEGMENT_NOT_FOUND;
+	struct master_seg *s = c->segs[id];
+	if (!agent || !agent[0] || strlen(agent) >= MASTER_AGENT_ID_MAX ||
+	    strcmp(s->agent->id, agent) == 0)
+		return -EINVAL;
+	if (epoch && epoch != s->lease_epoch)
+		return MC_EINVALID_REPLICA;
+	g->epoch = s->lease_epoch;
+	g->base = s->base;
+	g->ttl_ms = c->o.put_timeout_ms;
+	rlease_expire(c, now_ms);
+	/* One holder at most a 32nd of the segment, all of them an eighth;
+	 * never past the eviction watermark (a lease does not evict). */
+	uint64_t held = 0;
+	for (size_t i = 0; i < c->nrl; i++)
+		if (c->rl[i].seg == id && strcmp(c->rl[i].agent, agent) == 0)
+			held += c->rl[i].len - c->rl[i].committed;
+	uint64_t mine = s->size / 32, all = s->size / 8;
+	if (s->syncing || s->tier != MASTER_TIER_DRAM || held >= mine || s->rleased >= all)
+		return 0;
+	uint64_t used, cap = dram_capacity(c, &used);
+	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
+	below = below > used ? below - used : 0;
+	uint64_t gr = MASTER_ALLOC_GRANULE;
+	uint64_t n = MC_MIN(MC_MIN(MC_MIN(want, mine - held), all - s->rleased), below) & ~(gr - 1);
+	if (c->nrl == c->rl_cap) {
+		size_t cap2 = c->rl_cap ? c->rl_cap * 2 : 16;
+		struct rlease *v = realloc(c->rl, cap2 * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		c->rl = v;
+		c->rl_cap = cap2;
+	}
+	for (; n >= MASTER_LEASE_MIN_BYTES; n = (n / 2) & ~(gr - 1)) {
+		uint64_t off;
+		if (master__alloc_get(s->alloc, n, &off) != 0)
+			continue;
+		if (master__alloc_put(s->lease, off, n) != 0) {
+			if (master__alloc_put(s->alloc, off, n)) {
+				/* just allocated: cannot fail */
+			}
+			return -ENOMEM;
+		}
+		struct rlease *l = &c->rl[c->nrl++];
+		snprintf(l->agent, sizeof(l->agent), "%s", agent);
+		l->seg = id;
+		l->epoch = s->lease_epoch;
+		l->off = off;
+		l->len = n;
+		l->until_ms = now_ms + c->o.put_timeout_ms;
+		l->committed = 0;
+		g->offset = off;
+		g->length = n;
+		s->leased += n;
+		s->rleased += n;
+		c->n.lease_grants++;
+		c->n.lease_granted_bytes += n;
+		return 0;
+	}
+	return 0;
 }
 
 /* Drop every replica on segment id; objects left without one are
@@ -1054,13 +1193,24 @@ int master__commit(struct master_core *c, const char *agent, const char *segment
 {
 	uint32_t id;
 	int err = 0;
+	uint64_t len = master__alloc_len(it->size);
+	uint64_t off = len ? it->offset : 0;
 	struct master_seg *s = owned_seg(c, agent, segment, &id, &err);
+	/* Another agent's segment: into space of a live remote lease of
+	 * the caller's. */
+	bool remote = !s && err == -EACCES;
+	struct rlease *rl = NULL;
+	if (remote) {
+		s = c->segs[id];
+		if (!len || !(rl = rlease_find(c, agent, id, epoch, off, len, now_ms))) {
+			c->n.commit_refusals++;
+			return MC_EINVALID_REPLICA;
+		}
+	}
 	if (!s) {
 		c->n.commit_refusals++;
 		return err;
 	}
-	uint64_t len = master__alloc_len(it->size);
-	uint64_t off = len ? it->offset : 0;
 	if (epoch != s->lease_epoch || (len && (off > s->size || len > s->size - off)) ||
 	    (len && master__alloc_reserve(s->lease, off, len) != 0)) {
 		c->n.commit_refusals++;
@@ -1068,6 +1218,12 @@ int master__commit(struct master_core *c, const char *agent, const char *segment
 	}
 	/* The space is this commit's now: the object's, or free again. */
 	s->leased -= MC_MIN(s->leased, len);
+	if (rl) {
+		s->rleased -= MC_MIN(s->rleased, len);
+		rl->committed += len;
+		if (rl->committed >= rl->len)
+			*rl = c->rl[--c->nrl]; /* used up: nothing left to take back */
+	}
 	struct master_obj *o = NULL;
 	int rc = 0;
 	if (!key_ok(it->klen))
@@ -1249,6 +1405,7 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 void master__tick(struct master_core *c, uint64_t now_ms)
 {
 	quar_release(c, now_ms);
+	rlease_expire(c, now_ms);
 	/* PENDING puts, oldest first. */
 	while (c->pending.head &&
 	       c->pending.head->lease_or_start_ms + c->o.put_timeout_ms <= now_ms) {

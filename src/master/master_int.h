@@ -190,6 +190,7 @@ struct master_seg {
 	 * free ranges of this allocator (allocated in alloc). */
 	struct master_alloc *lease;
 	uint64_t leased;         /* bytes */
+	uint64_t rleased;        /* ... of them leased to other agents */
 	uint64_t lease_epoch;    /* new at every mount */
 };
 
@@ -370,6 +371,25 @@ uint64_t master__lease_release(struct master_core *c, const char *agent,
 			       const char *segment, uint64_t epoch, uint64_t off,
 			       uint64_t len);
 
+/* A remote lease: space of another agent's segment for puts the caller
+ * writes there and seals with one BatchCommit (proto/master.proto, "Put
+ * leases"). Usable for ttl_ms (the --put-timeout) from the grant; then
+ * what was not committed goes back (master__tick). One holder at most a
+ * 32nd of the segment, all holders an eighth. (The owner's commits are
+ * checked to be in leased space, not in its own extents: agents commit
+ * only what they were granted.) epoch 0: the current one,
+ * returned in g with the segment's base address. *g's length 0: none.
+ * Errors: MC_ESEGMENT_NOT_FOUND, -EINVAL (no agent, or the owner: use
+ * master__lease_grant), MC_EINVALID_REPLICA (not the current epoch),
+ * -ENOMEM. */
+struct master_rlease_grant {
+	uint64_t offset, length, epoch, base, ttl_ms;
+};
+#define MASTER_AGENT_ID_MAX 256
+int master__rlease_grant(struct master_core *c, const char *agent, const char *segment,
+			 uint64_t epoch, uint64_t want, uint64_t now_ms,
+			 struct master_rlease_grant *g) MC_MUST_CHECK;
+
 struct master_commit {
 	const uint8_t *key;
 	size_t klen;
@@ -382,8 +402,9 @@ struct master_commit {
 
 /* Seal an object written into leased space: COMPLETE at once, one
  * replica (logged for the mirror). Errors: MC_ESEGMENT_NOT_FOUND,
- * -EACCES (another agent's segment), MC_EINVALID_REPLICA (the space is
- * not leased to the agent in epoch) — nothing changes; -EINVAL (key),
+ * MC_EINVALID_REPLICA (the space is not leased to the agent in epoch —
+ * its own, or a live remote lease on another's segment) — nothing
+ * changes; -EINVAL (key),
  * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. */
 int master__commit(struct master_core *c, const char *agent, const char *segment,
 		   uint64_t epoch, const struct master_commit *it,

@@ -241,8 +241,11 @@ def a_stale_mirror_does_not_resurrect_reused_space():
     m2 = Daemon("master", args=margs, env=st.daemon_env())
     wait_for(lambda: "standby" in m2.output(), what="m2 stands by")
     b = st.Agent(meta=meta.endpoint)
-    # A reaches m1 directly, so it can go on writing once B is cut off.
-    a = st.Agent(meta=meta.endpoint, args=["--master-address=127.0.0.1:%d" % m1_port])
+    # A reaches m1 directly, so it can go on writing once B is cut off;
+    # without put leases its puts onto B take PutStart, whose placement
+    # reuses freed space.
+    a = st.Agent(meta=meta.endpoint, args=["--master-address=127.0.0.1:%d" % m1_port,
+                                           "--put-lease-size=0"])
     sa, sb = a.store(), b.store()
     from mooncake.store import ReplicateConfig
     on_b = ReplicateConfig(preferred_segment=b.name)

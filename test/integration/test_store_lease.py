@@ -4,8 +4,9 @@ sealed with one master call (BatchCommit). Through the Python package and
 mooncakectl, with a master and agents as separate processes: such puts
 are read on other agents with the right bytes and counted in stats and
 metrics; a put of an existing key is refused and its space goes back;
-puts with more replicas, onto another segment or larger than a quarter of
-the lease take PutStart/PutEnd; an agent killed with SIGKILL, or expired
+puts with more replicas or larger than a quarter of the lease take
+PutStart/PutEnd; single puts onto another agent's segment use a remote
+lease there, which goes back when its time is over; an agent killed with SIGKILL, or expired
 while stopped, loses its lease without harming what it committed; a
 client killed mid-put leaks nothing; an idle lease goes back; and
 --put-lease-size=0 turns it all off. After each step the master's books must balance: used bytes are the
@@ -31,6 +32,7 @@ EXISTS = -705
 
 COMMITS = "mooncake_agent_put_commits_total"
 LEASE = "mooncake_agent_put_lease_bytes"
+RLEASE = "mooncake_agent_remote_lease_bytes"
 
 
 def replica_segments(cl, key):
@@ -53,7 +55,7 @@ def objects_bytes(cl):
 
 def balanced(cl, agents):
     s = cl.stats()
-    room = sum(metric(a.metrics(), LEASE) for a in agents)
+    room = sum(metric(a.metrics(), LEASE) + metric(a.metrics(), RLEASE) for a in agents)
     objs = objects_bytes(cl)
     ok = s["used_bytes"] == s["leased_bytes"] + objs and s["leased_bytes"] == room
     balanced.last = (s["used_bytes"], s["leased_bytes"], objs, room)
@@ -112,7 +114,8 @@ def leased_puts_are_read_everywhere_and_accounted():
     eq(sa.upsert("new", b"replaced"), OK, "upsert replaces it")
     eq(sb.get("new"), b"replaced", "read on B")
 
-    # Not through the lease: two replicas, another segment, a big value.
+    # Not through the lease: two replicas, the first put onto another
+    # segment (it asks for a remote lease there), a big value.
     from mooncake.store import ReplicateConfig
     c1 = commits(a)
     eq(sa.put("two", b"2" * 1000, ReplicateConfig(replica_num=2)), OK, "replica_num=2")
@@ -140,6 +143,54 @@ def leased_puts_are_read_everywhere_and_accounted():
 
 
 @case
+def puts_onto_another_segment_use_a_remote_lease():
+    """Single puts from A onto B's segment are written into space of B the
+    master leased to A and sealed with one commit each (no PutStart after
+    the first); B's mirror learns of them, B and A read them; what A did
+    not use goes back when the lease's time (--put-timeout) is over; a
+    batch onto B, and --put-lease-size=0, take PutStart."""
+    from mooncake.store import ReplicateConfig
+    cl = Cluster(agents=2, master_args=["--put-timeout=3s"])
+    a, b = cl.agents
+    sa, sb = a.store(), b.store()
+    onto_b = ReplicateConfig(preferred_segment=b.name)
+    eq(sa.put("first", b"f", onto_b), OK, "the first put onto B (PutStart)")
+    wait_for(lambda: metric(a.metrics(), RLEASE) > 0, what="A holds a remote lease on B")
+
+    def put_start_puts():  # (stats are current; the metrics lag a little)
+        st = cl.stats()
+        return st["puts"] - st["commits"], st["commit_refusals"]
+
+    eq(put_start_puts(), (1, 0), "the first put")
+    c0 = commits(a)
+    vals = {"r/%d" % i: os.urandom(n) for i, n in enumerate([1, 64, 65, 4096] * 25)}
+    for k, v in vals.items():
+        eq(sa.put(k, v, onto_b), OK, "put %s onto B" % k)
+    eq(commits(a) - c0, len(vals), "every put sealed with one commit")
+    eq(put_start_puts(), (1, 0), "no PutStart, no refusal")
+    eq(replica_segments(cl, b"r/7"), [b.name], "in B's segment")
+    eq([k for k, v in vals.items() if sb.get(k) != v], [], "objects read wrong on B")
+    eq([k for k, v in vals.items() if sa.get(k) != v], [], "objects read wrong on A")
+    inv = lambda: int(dict(l.split(" ", 1) for l in
+                           b.ctl("stats", "--agent").stdout.splitlines())["inventory"])
+    wait_for(lambda: inv() >= len(vals) + 1, what="B's mirror knows them")
+    eq(sa.put("r/0", b"again", onto_b), EXISTS, "an existing key, refused by the commit")
+    wait_balanced(cl, cl.agents, "after remote-leased puts")
+    # A batch onto B takes PutStart (one commit names one segment).
+    batch = {"rb/%d" % i: os.urandom(100) for i in range(5)}
+    eq(sa.put_batch(list(batch), list(batch.values()), onto_b), OK, "a batch onto B")
+    eq(put_start_puts(), (6, 1), "PutStart for the batch (and the refused commit)")
+    eq([k for k, v in batch.items() if sb.get(k) != v], [], "batch read on B")
+    # The lease's time: A stops taking from it after half, the master
+    # takes the rest back at its end; the books balance again.
+    wait_for(lambda: metric(a.metrics(), RLEASE) == 0, timeout=10, what="A's lease over")
+    wait_balanced(cl, cl.agents, "after the remote lease's end")
+    eq([k for k, v in vals.items() if sb.get(k) != v], [], "committed objects stay")
+    sa.close()
+    sb.close()
+
+
+@case
 def lease_off_puts_take_put_start():
     cl = Cluster(agents=2, agent_args=["--put-lease-size=0"])
     a, b = cl.agents
@@ -149,6 +200,10 @@ def lease_off_puts_take_put_start():
         eq(sa.put(k, v), OK, "put %s" % k)
     eq({k: sb.get(k) for k in vals} == vals, True, "read on B")
     eq(sa.put("off/1", b"x"), EXISTS, "an existing key (PutStart)")
+    from mooncake.store import ReplicateConfig
+    for i in range(5):
+        eq(sa.put("offb/%d" % i, b"b", ReplicateConfig(preferred_segment=b.name)), OK, "onto B")
+    eq(metric(a.metrics(), RLEASE), 0, "no remote lease")
     eq(commits(a), 0, "no commits")
     eq(metric(a.metrics(), LEASE), 0, "no lease")
     s = cl.stats()

@@ -5,7 +5,9 @@
  * current epoch, refused commits and releases give the space back, a
  * mount (re-sync, restart) or the owner's expiry takes the lease back
  * without harming what was committed, and committed objects are removed
- * and evicted like any other.
+ * and evicted like any other. Remote leases: another agent's space on a
+ * segment, committed only by it, only in time, capped, taken back when
+ * their time is over.
  */
 #include "test_master_util.h"
 
@@ -98,7 +100,8 @@ Test(master_lease, commit_seals_only_leased_space)
 	grant("s", "a", MiB, &off, &len);
 	cr_assert_eq(len, MiB);
 	uint64_t ep = epoch("s");
-	cr_assert_eq(commit("s", "b", ep, "x", off, 100, 0), -EACCES);
+	cr_assert_eq(commit("s", "b", ep, "x", off, 100, 0), MC_EINVALID_REPLICA,
+		     "another agent, without a remote lease there");
 	cr_assert_eq(commit("s", "a", ep + 1, "x", off, 100, 0), MC_EINVALID_REPLICA);
 	cr_assert_eq(commit("s", "a", ep, "x", off + len, 100, 0), MC_EINVALID_REPLICA,
 		     "beyond the lease");
@@ -296,4 +299,66 @@ Test(master_lease, leases_stop_at_the_watermark_and_commits_are_evicted)
 	/* Eviction made room below the watermark: leases again. */
 	grant("s", "a", MiB, &off, &len);
 	cr_assert_eq(len, MiB);
+}
+
+Test(master_lease, remote_leases_are_the_holders_for_a_time)
+{
+	mount("s", "a", 64 * MiB, false);
+	mount("t", "b", 64 * MiB, false);
+	struct master_rlease_grant g;
+	cr_assert_eq(master__rlease_grant(c, "a", "s", 0, MiB, 0, &g), -EINVAL, "the owner's own");
+	cr_assert_eq(master__rlease_grant(c, "b", "nope", 0, MiB, 0, &g), MC_ESEGMENT_NOT_FOUND);
+	cr_assert_eq(master__rlease_grant(c, "b", "s", epoch("s") + 1, MiB, 0, &g),
+		     MC_EINVALID_REPLICA, "an earlier epoch");
+	must(master__rlease_grant(c, "b", "s", 0, MiB, 0, &g));
+	cr_assert_eq(g.length, MiB);
+	cr_assert_eq(g.epoch, epoch("s"));
+	cr_assert_eq(g.base, 0x10000000);
+	cr_assert_eq(g.ttl_ms, 30000, "the put timeout");
+	cr_assert_eq(seg("s")->leased, MiB);
+	cr_assert_eq(used(), MiB, "counted as used");
+	uint64_t ep = g.epoch, off = g.offset;
+	cr_assert_eq(commit("s", "c", ep, "x", off, 100, 0), MC_EINVALID_REPLICA, "a third's");
+	cr_assert_eq(commit("s", "b", ep, "x", off + MiB, 100, 0), MC_EINVALID_REPLICA,
+		     "beyond it");
+	cr_assert_eq(commit("s", "b", ep, "x", off, 0, 0), MC_EINVALID_REPLICA,
+		     "an empty value has no space to be in");
+	must(commit("s", "b", ep, "x", off, 100, 10));
+	const struct master_obj *o;
+	must(master__get(c, K("x"), 10, &o));
+	cr_assert_eq(o->rep[0].seg, master__seg_find(c, "s"), "in s");
+	cr_assert_eq(o->rep[0].offset, off);
+	cr_assert_eq(seg("s")->leased, MiB - 128);
+	cr_assert_eq(commit("s", "b", ep, "y", off, 100, 10), MC_EINVALID_REPLICA, "twice");
+	/* The owner's own lease is not held back by the remote one. */
+	uint64_t o2, l2;
+	grant("s", "a", 8 * MiB, &o2, &l2);
+	cr_assert_eq(l2, 8 * MiB);
+	/* One holder at most a 32nd of the segment (2 MiB here). */
+	must(master__rlease_grant(c, "b", "s", 0, 4 * MiB, 20, &g));
+	cr_assert_eq(g.length, MiB + 128, "up to the cap: what is not committed counts");
+	must(master__rlease_grant(c, "b", "s", 0, MiB, 20, &g));
+	cr_assert_eq(g.length, 0, "none past the cap");
+	/* Late: refused, and the space goes back at the grant's end. */
+	cr_assert_eq(commit("s", "b", ep, "late", off + 128, 100, 30000), MC_EINVALID_REPLICA,
+		     "after the lease's time");
+	uint64_t before = used();
+	master__heartbeat(c, "a", 29000);
+	master__heartbeat(c, "b", 29000);
+	master__tick(c, 30000);
+	cr_assert_eq(used(), before - (MiB - 128), "the first grant's rest went back: %lu -> %lu",
+		     (unsigned long)before, (unsigned long)used());
+	master__tick(c, 30020);
+	cr_assert_eq(used(), before - (MiB - 128) - (MiB + 128), "the second's too");
+	cr_assert_eq(seg("s")->leased, 8 * MiB, "the owner's lease is left");
+	cr_assert_eq(master__exist(c, K("x"), 30020), 1, "committed objects stay");
+	/* A mount takes remote leases back at once; commits are refused. */
+	master__heartbeat(c, "a", 39000);
+	master__heartbeat(c, "b", 39000);
+	must(master__rlease_grant(c, "b", "s", 0, MiB, 40000, &g));
+	mount("s", "a", 64 * MiB, false);
+	master__heartbeat(c, "a", 40000);
+	cr_assert_eq(commit("s", "b", g.epoch, "y", g.offset, 100, 40001), MC_EINVALID_REPLICA);
+	master__tick(c, 40001);
+	cr_assert_eq(seg("s")->leased, 0);
 }
