@@ -534,6 +534,41 @@ static struct master_seg *owned_seg(struct master_core *c, const char *agent,
 	return s;
 }
 
+/* Lease up to want bytes of s (MASTER_ALLOC_GRANULE multiples, at least
+ * MASTER_LEASE_MIN_BYTES, halving until the allocator has a range), only
+ * below the eviction watermark: a lease never makes room by evicting
+ * (puts that need it take PutStart, which does). *len 0: none. */
+static int lease_carve(struct master_core *c, struct master_seg *s, uint64_t want,
+		       uint64_t *off, uint64_t *len)
+{
+	*off = *len = 0;
+	if (s->syncing || s->tier != MASTER_TIER_DRAM)
+		return 0;
+	uint64_t used, cap = dram_capacity(c, &used);
+	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
+	below = below > used ? below - used : 0;
+	uint64_t g = MASTER_ALLOC_GRANULE;
+	for (uint64_t n = MC_MIN(want, below) & ~(g - 1); n >= MASTER_LEASE_MIN_BYTES;
+	     n = (n / 2) & ~(g - 1)) {
+		if (master__alloc_get(s->alloc, n, off) != 0)
+			continue;
+		if (master__alloc_put(s->lease, *off, n) != 0) {
+			if (master__alloc_put(s->alloc, *off, n)) {
+				/* just allocated: cannot fail */
+			}
+			*off = 0;
+			return -ENOMEM;
+		}
+		*len = n;
+		s->leased += n;
+		c->n.lease_grants++;
+		c->n.lease_granted_bytes += n;
+		return 0;
+	}
+	*off = 0;
+	return 0;
+}
+
 int master__lease_grant(struct master_core *c, const char *agent, const char *segment,
 			uint64_t epoch, uint64_t want, uint64_t *off, uint64_t *len)
 {
@@ -545,33 +580,12 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 		return err;
 	if (epoch != s->lease_epoch)
 		return MC_EINVALID_REPLICA;
-	/* At most an eighth of the segment leased and uncommitted at once,
-	 * and only below the eviction watermark: a lease never makes room
-	 * by evicting (puts that need it take PutStart, which does). */
+	/* At most an eighth of the segment leased to its owner and
+	 * uncommitted at once (remote leases apart). */
 	uint64_t most = s->size / 8, own = s->leased - MC_MIN(s->leased, s->rleased);
-	if (s->syncing || s->tier != MASTER_TIER_DRAM || own >= most)
+	if (own >= most)
 		return 0;
-	uint64_t used, cap = dram_capacity(c, &used);
-	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
-	below = below > used ? below - used : 0;
-	uint64_t g = MASTER_ALLOC_GRANULE;
-	uint64_t n = MC_MIN(MC_MIN(want, most - own), below) & ~(g - 1);
-	for (; n >= MASTER_LEASE_MIN_BYTES; n = (n / 2) & ~(g - 1)) {
-		if (master__alloc_get(s->alloc, n, off) != 0)
-			continue;
-		if (master__alloc_put(s->lease, *off, n) != 0) {
-			if (master__alloc_put(s->alloc, *off, n)) {
-				/* just allocated: cannot fail */
-			}
-			return -ENOMEM;
-		}
-		*len = n;
-		s->leased += n;
-		c->n.lease_grants++;
-		c->n.lease_granted_bytes += n;
-		return 0;
-	}
-	return 0;
+	return lease_carve(c, s, MC_MIN(want, most - own), off, len);
 }
 
 uint64_t master__lease_release(struct master_core *c, const char *agent,
@@ -676,47 +690,29 @@ int master__rlease_grant(struct master_core *c, const char *agent, const char *s
 		if (c->rl[i].seg == id && strcmp(c->rl[i].agent, agent) == 0)
 			held += c->rl[i].len - c->rl[i].committed;
 	uint64_t mine = s->size / 32, all = s->size / 8;
-	if (s->syncing || s->tier != MASTER_TIER_DRAM || held >= mine || s->rleased >= all)
+	if (held >= mine || s->rleased >= all)
 		return 0;
-	uint64_t used, cap = dram_capacity(c, &used);
-	uint64_t below = (uint64_t)(c->o.high_watermark * (double)cap);
-	below = below > used ? below - used : 0;
-	uint64_t gr = MASTER_ALLOC_GRANULE;
-	uint64_t n = MC_MIN(MC_MIN(MC_MIN(want, mine - held), all - s->rleased), below) & ~(gr - 1);
 	if (c->nrl == c->rl_cap) {
-		size_t cap2 = c->rl_cap ? c->rl_cap * 2 : 16;
-		struct rlease *v = realloc(c->rl, cap2 * sizeof(*v));
+		size_t cap = c->rl_cap ? c->rl_cap * 2 : 16;
+		struct rlease *v = realloc(c->rl, cap * sizeof(*v));
 		if (!v)
 			return -ENOMEM;
 		c->rl = v;
-		c->rl_cap = cap2;
+		c->rl_cap = cap;
 	}
-	for (; n >= MASTER_LEASE_MIN_BYTES; n = (n / 2) & ~(gr - 1)) {
-		uint64_t off;
-		if (master__alloc_get(s->alloc, n, &off) != 0)
-			continue;
-		if (master__alloc_put(s->lease, off, n) != 0) {
-			if (master__alloc_put(s->alloc, off, n)) {
-				/* just allocated: cannot fail */
-			}
-			return -ENOMEM;
-		}
-		struct rlease *l = &c->rl[c->nrl++];
-		snprintf(l->agent, sizeof(l->agent), "%s", agent);
-		l->seg = id;
-		l->epoch = s->lease_epoch;
-		l->off = off;
-		l->len = n;
-		l->until_ms = now_ms + c->o.put_timeout_ms;
-		l->committed = 0;
-		g->offset = off;
-		g->length = n;
-		s->leased += n;
-		s->rleased += n;
-		c->n.lease_grants++;
-		c->n.lease_granted_bytes += n;
-		return 0;
-	}
+	int rc = lease_carve(c, s, MC_MIN(MC_MIN(want, mine - held), all - s->rleased),
+			     &g->offset, &g->length);
+	if (rc || !g->length)
+		return rc;
+	struct rlease *l = &c->rl[c->nrl++];
+	snprintf(l->agent, sizeof(l->agent), "%s", agent);
+	l->seg = id;
+	l->epoch = s->lease_epoch;
+	l->off = g->offset;
+	l->len = g->length;
+	l->until_ms = now_ms + c->o.put_timeout_ms;
+	l->committed = 0;
+	s->rleased += g->length;
 	return 0;
 }
 
