@@ -143,6 +143,9 @@ void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
  * thread, once) has its done run on the loop thread. */
 void agent__pool_begin(struct agent_pool *p, struct agent_job *j);
 void agent__pool_complete(struct agent_pool *p, struct agent_job *j);
+/* On the loop thread: a begun job's work is over already; run its done
+ * now (no wake-up through the pool). */
+void agent__pool_done_now(struct agent_pool *p, struct agent_job *j);
 /* On the loop thread: memcpy with a copy thread's help — both take
  * 64 KiB chunks until none is left, so a helper that starts late finds
  * less to do (never slower than alone, up to twice as fast); returns when
@@ -637,13 +640,15 @@ void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
  * (agent__xfer_missed says one was not: drop it with finish, nothing was
  * sent, and go the copy-thread way); agent__xfer_start_loop submits and
  * has j's done run on the loop when every piece is over (counted as a
- * pending job of the pool), where finish returns at once. */
+ * pending job of the pool), where finish returns at once — or returns
+ * true when every piece is over already (copied by the loop itself): the
+ * caller then finishes j with agent__pool_done_now when it is ready. */
 struct agent_xfer *agent__xfer_new_loop(void);
 bool agent__xfer_missed(const struct agent_xfer *x);
 /* Let agent__xfer_start_loop copy up to bytes of same-host pieces on the
  * loop itself (te_submit_inline): for a request alone, see solo_get. */
 void agent__xfer_inline(struct agent_xfer *x, size_t bytes);
-void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j);
+bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j);
 
 /* ops.c */
 void agent__dispatch(struct agent_req *r);

@@ -663,8 +663,10 @@ static bool start_from_loop(struct agent_req *r, struct agent_xfer *x,
 	}
 	r->xfer = x;
 	r->job.done = done;
-	agent__xfer_start_loop(r->a, x, &r->job);
+	bool over = agent__xfer_start_loop(r->a, x, &r->job);
 	copy_local(r);
+	if (over)
+		agent__pool_done_now(&r->a->pool, &r->job);
 	return true;
 }
 
@@ -1493,7 +1495,8 @@ static bool get_probe(struct agent_req *r, uint64_t bytes)
 	if (ok && !agent__xfer_missed(x)) {
 		r->xfer = x;
 		r->job.done = get_probe_done;
-		agent__xfer_start_loop(r->a, x, &r->job);
+		if (agent__xfer_start_loop(r->a, x, &r->job))
+			agent__pool_done_now(&r->a->pool, &r->job);
 		return true;
 	}
 	if (x)

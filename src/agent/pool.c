@@ -141,6 +141,14 @@ void agent__pool_begin(struct agent_pool *p, struct agent_job *j)
 	p->pending++;
 }
 
+void agent__pool_done_now(struct agent_pool *p, struct agent_job *j)
+{
+	p->pending--;
+	j->done(j);
+	if (p->threaded == 0 && p->on_idle)
+		p->on_idle(p->idle_ud);
+}
+
 void agent__pool_complete(struct agent_pool *p, struct agent_job *j)
 {
 	pthread_mutex_lock(&p->mu);

@@ -10,6 +10,7 @@
  * engine caches connections across batches).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,10 @@
 #include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
+
+/* agent__xfer_start_loop: the batch completed inside te_submit (every
+ * piece copied by the loop thread) or after it returned. */
+enum { XS_SUBMITTING, XS_DONE_IN_SUBMIT, XS_SUBMITTED };
 
 struct xseg {
 	const char *name;
@@ -37,6 +42,7 @@ struct agent_xfer {
 	size_t inline_bytes; /* agent__xfer_inline */
 	struct agent *a;  /* agent__xfer_start_loop: */
 	struct agent_job *job;
+	atomic_int state; /* XS_*: who finishes the job */
 };
 
 static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *name)
@@ -138,23 +144,26 @@ bool agent__xfer_missed(const struct agent_xfer *x)
 	return x->missed;
 }
 
-/* On an engine thread (or the loop's, inside te_submit_notify). */
+/* On an engine thread, or the loop's inside te_submit_inline: then the
+ * loop finishes the job itself, without the pool's wake-up. */
 static void on_submitted_done(struct te_batch *b, void *ud)
 {
 	struct agent_xfer *x = ud;
 	(void)b;
+	int s = XS_SUBMITTING;
+	if (atomic_compare_exchange_strong(&x->state, &s, XS_DONE_IN_SUBMIT))
+		return;
 	agent__pool_complete(&x->a->pool, x->job);
 }
 
-void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j)
+bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j)
 {
 	x->a = a;
 	x->job = j;
 	agent__pool_begin(&a->pool, j);
-	if (x->n == 0) {
-		agent__pool_complete(&a->pool, j);
-		return;
-	}
+	if (x->n == 0)
+		return true;
+	atomic_store(&x->state, XS_SUBMITTING);
 	int rc = te_submit_inline(a->te, x->reqs, x->n, x->inline_bytes, on_submitted_done, x,
 				  &x->batch);
 	if (rc) {
@@ -162,8 +171,10 @@ void agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 		for (size_t i = 0; i < x->n; i++)
 			if (!*x->errs[i])
 				*x->errs[i] = rc;
-		agent__pool_complete(&a->pool, j);
+		return true;
 	}
+	int s = XS_SUBMITTING;
+	return !atomic_compare_exchange_strong(&x->state, &s, XS_SUBMITTED);
 }
 
 void agent__xfer_start(struct agent *a, struct agent_xfer *x)
