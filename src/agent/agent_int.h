@@ -688,7 +688,8 @@ struct agent_rtake {
 };
 bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
 			struct agent_rtake *t);
-/* A commit into seg's remote lease was refused: forget the lease. */
+/* A commit into seg's remote lease was refused for its space (not for its
+ * key): forget the lease. */
 void agent__rlease_drop(struct agent *a, const char *seg);
 /* A mount begins: the lease is gone. */
 void agent__lease_reset(struct agent *a);

@@ -478,7 +478,7 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 			/* Refused: the master freed the space or never leased
 			 * it. No answer: see space.c on commits that got none. */
 			it->err = e;
-			if (it->rleased)
+			if (it->rleased && e != MC_EOBJECT_ALREADY_EXISTS && e != -EINVAL)
 				agent__rlease_drop(r->a, it->reps[0].segment);
 			continue;
 		}

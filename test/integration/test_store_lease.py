@@ -175,6 +175,9 @@ def puts_onto_another_segment_use_a_remote_lease():
                            b.ctl("stats", "--agent").stdout.splitlines())["inventory"])
     wait_for(lambda: inv() >= len(vals) + 1, what="B's mirror knows them")
     eq(sa.put("r/0", b"again", onto_b), EXISTS, "an existing key, refused by the commit")
+    eq(sa.put("r/after", b"after", onto_b), OK, "the next put onto B")
+    eq(put_start_puts(), (1, 1), "still through the lease (a refused key keeps it)")
+    eq(sb.get("r/after"), b"after", "read on B")
     wait_balanced(cl, cl.agents, "after remote-leased puts")
     # A batch onto B takes PutStart (one commit names one segment).
     batch = {"rb/%d" % i: os.urandom(100) for i in range(5)}
