@@ -399,9 +399,9 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 						       req->lease_epoch, req->release[i]->offset,
 						       req->release[i]->length);
 	Mooncake__Master__Extent ext = MOONCAKE__MASTER__EXTENT__INIT, *ptr = &ext;
-	const struct master_seg *seg = master__seg(m->core, master__seg_find(m->core, req->segment));
-	int rc;
-	if (seg && seg->agent && req->agent_id && strcmp(seg->agent->id, req->agent_id) != 0) {
+	int rc = master__lease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
+				     req->want_bytes, &ext.offset, &ext.length);
+	if (rc == -EACCES) {
 		/* Another agent's segment: a remote lease. */
 		struct master_rlease_grant g;
 		rc = master__rlease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
@@ -411,9 +411,6 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 		resp.lease_epoch = g.epoch;
 		resp.segment_base = g.base;
 		resp.ttl_ms = g.ttl_ms;
-	} else {
-		rc = master__lease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
-					 req->want_bytes, &ext.offset, &ext.length);
 	}
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", req->segment);
@@ -423,6 +420,7 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 		resp.extents = &ptr;
 		resp.n_extents = 1;
 	}
+	const struct master_seg *seg = master__seg(m->core, master__seg_find(m->core, req->segment));
 	resp.leased_bytes = seg ? seg->leased : 0;
 	master__reply(call, &resp.base);
 }
