@@ -347,7 +347,8 @@ struct run {
 	unsigned nkeys;     /* get set per client */
 	uint64_t stop_ns;
 	const char *remote_segment;
-	unsigned tag;
+	unsigned tag;       /* of this round's put keys */
+	unsigned gtag;      /* of the get set: the same in every round */
 };
 
 struct worker {
@@ -366,7 +367,8 @@ struct worker {
 static void key_of(char *k, size_t len, const struct run *r, unsigned id, const char *kind,
 		   uint64_t i)
 {
-	snprintf(k, len, "bench/%u/%s/%zu/%u/%llu", r->tag, kind, r->size, id,
+	snprintf(k, len, "bench/%u/%s/%zu/%u/%llu", *kind == 'g' ? r->gtag : r->tag, kind,
+		 r->size, id,
 		 (unsigned long long)i);
 }
 
@@ -435,20 +437,31 @@ struct tally {
 	struct ctl_lat lat;
 };
 
-/* Put the get set of each client: through `through` (the agent that
- * will hold them) or into redis; then read each key once, as the run
- * will: a key in use is leased and never evicted, while one put and
- * never read is the first the pool evicts when mixed runs' puts fill it. */
+/* Put the get set of each client where it is missing (its first round,
+ * or evicted since an earlier one, its lease over): through `through`
+ * (the agent that will hold them) or into redis; then read each key
+ * once, as the run will: a key in use is leased and never evicted, while
+ * one put and never read is the first the pool evicts when puts fill it.
+ * (A new get set per round, the last one removed by force, held the
+ * removed sets' space until their leases ended: with short rounds that
+ * filled the pool with leased and held space, and the pool evicted the
+ * newest get-set key right after its put.) */
 static int populate(struct worker *ws, unsigned n, const struct run *r, mc_client *through)
 {
 	for (unsigned id = 0; id < n; id++)
 		for (unsigned k = 0; k < r->nkeys; k++) {
 			char key[96];
 			key_of(key, sizeof(key), r, id, "get", k);
-			int rc = r->target == T_REDIS
-					 ? redis_set(ws[id].redis, key, ws[id].buf, r->size)
-					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size,
-						       &(struct mc_put_opts){.upsert = 1});
+			int rc = r->target == T_REDIS ? 0 : mc_exist(ws[id].c, key, strlen(key));
+			if (rc < 0)
+				return rc;
+			if (rc == 0)
+				rc = r->target == T_REDIS
+					     ? redis_set(ws[id].redis, key, ws[id].buf, r->size)
+					     : mc_put_from(through, key, strlen(key), ws[id].buf,
+							   r->size, NULL);
+			else
+				rc = 0;
 			if (rc)
 				return rc;
 			int64_t got = r->target == T_REDIS
@@ -804,6 +817,8 @@ int ctl_bench_store_main(int argc, char **argv)
 			/* Rounds of local, remote, redis in turn: a slower minute
 			 * of the machine falls on all of them alike. */
 			struct tally tal[NTARGETS] = {0};
+			unsigned gtag = tag;
+			tag += NTARGETS;
 			for (unsigned round = 0; round < rounds; round++)
 				for (unsigned t = 0; t < NTARGETS; t++) {
 					if ((t == T_REMOTE && !holder_remote) ||
@@ -818,11 +833,12 @@ int ctl_bench_store_main(int argc, char **argv)
 							MC_MIN((size_t)256, GET_SET_BYTES / sizes[si])),
 						.remote_segment = remote_seg,
 						.tag = tag++,
+						.gtag = gtag + t,
 					};
 					run_one(ws, clients, &r, round_ms,
 						t == T_REMOTE ? holder_remote : holder_local, &tal[t]);
-					(void)mc_remove_all(holder_local, 1);
 				}
+			(void)mc_remove_all(holder_local, 1);
 			for (unsigned t = 0; t < NTARGETS; t++) {
 				if (tal[t].ran || tal[t].errors)
 					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si], &tal[t],
