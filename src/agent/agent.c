@@ -28,10 +28,6 @@
 
 #define LOG_SUBSYS LOGS_AGENT
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 #define VIEW_RENEW_MIN_MS 100
 
 /* Names of request ops (Request.op field numbers 10..21) for metrics. */

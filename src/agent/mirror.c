@@ -7,6 +7,11 @@
  * the position the mount answered: SyncSegment acknowledges what was
  * applied and long-polls for what came after (wait: half the master-call
  * deadline). ADD puts an entry, DEL removes the entry at that offset.
+ * After an answer with changes the next call waits PACE_MS: under a
+ * steady put rate an answered call found the next changes at once, and
+ * agent and master traded a call per few puts (4,500 a second under 4K
+ * puts onto a same-host agent, each a wakeup of both on a busy host);
+ * paced, a call carries PACE_MS of changes.
  * Answers of an earlier mount's loop are recognised by a generation
  * number and dropped.
  *
@@ -39,6 +44,7 @@
 
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 2000
+#define PACE_MS 5
 #define SYNC_MAX_EVENTS 4096u
 #define LIST_PAGE_ITEMS 4096u
 
@@ -211,7 +217,10 @@ static void on_synced(void *ud, int err, const char *message, const ProtobufCMes
 	}
 	if (n)
 		agent__gauges(a);
-	sync_send(a);
+	if (n && !uv_is_active((uv_handle_t *)&a->mirror_timer))
+		uv_timer_start(&a->mirror_timer, on_retry, PACE_MS, 0);
+	else
+		sync_send(a);
 }
 
 static void sync_send(struct agent *a)

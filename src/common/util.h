@@ -20,6 +20,12 @@
 #define MC_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MC_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* madvise advice of Linux 5.14 (older headers lack it): fault pages in
+ * writable without changing their bytes. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 /* Monotonic clock in milliseconds / nanoseconds. */
 uint64_t mc_now_ms(void);
 uint64_t mc_now_ns(void);

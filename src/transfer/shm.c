@@ -432,8 +432,11 @@ struct shm_map {
 	uint8_t *ptr;         /* byte 0 of the region */
 	void *base;           /* the mapping */
 	size_t map_len;
-	atomic_int refs;      /* the table's + one per bound request */
+	atomic_int refs;      /* the table's + one per bound request (+ populate's) */
 	atomic_bool ack;      /* the server asked for it back */
+	atomic_bool gone;     /* out of the table */
+	size_t populated;     /* bytes of the mapping faulted in (map_populate) */
+	struct te_task populate;
 	struct shm_peer *p;
 };
 
@@ -472,6 +475,39 @@ static void map_unref(struct shm_map *m)
 	}
 	free(m);
 	te__peer_unref(&p->base); /* each map holds the peer */
+}
+
+/* Fault a new mapping in, TE_SHM_POPULATE_BYTES per task on the peer's
+ * worker (its other work runs in between), so that the first write to
+ * each page of a peer's segment does not fault on the writer: the loop
+ * of an agent writing small values to a same-host agent took a page
+ * fault per 4 KiB put. Only the page tables are filled (the peer's
+ * pages exist already or are allocated as by a write); the bytes stay
+ * as they are. Holds a reference to the map until it stops. */
+static void map_populate(struct te_task *t)
+{
+	struct shm_map *m = MC_CONTAINER_OF(t, struct shm_map, populate);
+	struct shm_peer *p = m->p;
+	/* (Not on the worker: it is stopping and runs posts on the poster.) */
+	if (te__on_worker(p->w) && !atomic_load(&m->gone) && !atomic_load(&p->base.closed)) {
+		size_t n = MC_MIN(TE_SHM_POPULATE_BYTES, m->map_len - m->populated);
+		if (madvise((uint8_t *)m->base + m->populated, n, MADV_POPULATE_WRITE) == 0) {
+			m->populated += n;
+			if (m->populated < m->map_len) {
+				te__worker_post(p->w, t);
+				return;
+			}
+			log_debug("segment %s: region 0x%llx+%llu faulted in",
+				  p->base.seg->name, (unsigned long long)m->addr,
+				  (unsigned long long)m->len);
+		} else {
+			/* Before Linux 5.14 (EINVAL), or memory short: pages
+			 * fault in on first use instead. */
+			log_debug("segment %s: region 0x%llx not faulted in ahead: %s",
+				  p->base.seg->name, (unsigned long long)m->addr, strerror(errno));
+		}
+	}
+	map_unref(m);
 }
 
 static int map_add(struct shm_peer *p, const struct te_shm_msg *m, int fd)
@@ -526,8 +562,13 @@ static int map_add(struct shm_peer *p, const struct te_shm_msg *m, int fd)
 		p->maps[i] = (struct map_ref){m->addr, m->len, mp};
 		p->n++;
 		te__peer_ref(&p->base);
+		atomic_fetch_add(&mp->refs, 1); /* map_populate's */
 	}
 	pthread_rwlock_unlock(&p->lock);
+	if (rc == 0) {
+		mp->populate.run = map_populate;
+		te__worker_post(p->w, &mp->populate);
+	}
 	if (rc) {
 		munmap(base, map_len);
 		free(mp);
@@ -551,6 +592,7 @@ static void map_del(struct shm_peer *p, uint32_t id, bool ack)
 	}
 	pthread_rwlock_unlock(&p->lock);
 	if (m) {
+		atomic_store(&m->gone, true);
 		atomic_store(&m->ack, ack);
 		map_unref(m);
 	} else if (ack) {
