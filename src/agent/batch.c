@@ -3,7 +3,7 @@
  * sessions arrive in the same loop iteration (their sockets were readable
  * together, or their copies finished together); each would make its own
  * BatchPutStart, BatchPutEnd, BatchCommit, BatchGetReplicas or BatchExist
- * call (BatchCommit calls only of one lease epoch together). They
+ * call (BatchCommit calls only of one segment and lease epoch together). They
  * are queued instead, and in the loop's check phase — after this
  * iteration's I/O, so no request waits longer — every queue goes out as
  * one call whose items are the requests' items in order; the reply is cut
@@ -61,9 +61,13 @@ static bool pointer_items(enum agent_bkind k)
 	return k == AGENT_B_PUT_START || k == AGENT_B_COMMIT;
 }
 
-static uint64_t epoch_of(const ProtobufCMessage *m)
+/* Commits share a call only when they name the same segment and lease
+ * epoch (a remote lease's commit names another agent's segment). */
+static bool commits_alike(const ProtobufCMessage *x, const ProtobufCMessage *y)
 {
-	return ((const Mooncake__Master__BatchCommitRequest *)m)->lease_epoch;
+	const Mooncake__Master__BatchCommitRequest *a = (const void *)x, *b = (const void *)y;
+	return a->lease_epoch == b->lease_epoch &&
+	       strcmp(a->segment ? a->segment : "", b->segment ? b->segment : "") == 0;
 }
 
 /* One combined call: its request (built from the waits) and the waits. */
@@ -265,7 +269,7 @@ void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *r
 		return;
 	}
 	if (q->nitems + n > MAX_ITEMS_PER_CALL ||
-	    (k == AGENT_B_COMMIT && q->head && epoch_of(q->head->req) != epoch_of(req)))
+	    (k == AGENT_B_COMMIT && q->head && !commits_alike(q->head->req, req)))
 		send_queue(a, k);
 	w->req = req;
 	w->n = n;
