@@ -608,6 +608,33 @@ static double memcpy_gbps(unsigned n)
 	return best;
 }
 
+/* The latency limit of a get of one value: one thread's memcpy of one
+ * value from a set the size of a client's get set (so from memory, not
+ * cache, as the agent's copies are), for 200 ms. 0 when out of memory. */
+static int memcpy_lat(size_t size, double *p50, double *p99)
+{
+	size_t nvals = MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
+	uint8_t *set = malloc(nvals * size), *dst = malloc(size);
+	struct ctl_lat lat = {0};
+	int rc = set && dst ? 0 : -ENOMEM;
+	if (rc == 0) {
+		memset(set, 1, nvals * size);
+		memset(dst, 2, size);
+		uint64_t stop = mc_now_ns() + 200000000ull;
+		for (size_t i = 0; mc_now_ns() < stop; i++) {
+			uint64_t t0 = mc_now_ns();
+			memcpy(dst, set + (i * 7 % nvals) * size, size);
+			ctl_lat_add(&lat, mc_now_ns() - t0);
+		}
+		*p50 = ctl_lat_pct_us(&lat, 0.50);
+		*p99 = ctl_lat_pct_us(&lat, 0.99);
+	}
+	ctl_lat_free(&lat);
+	free(set);
+	free(dst);
+	return rc;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(FILE *f)
@@ -624,7 +651,8 @@ static void usage(FILE *f)
 		"agent with local replicas, then with replicas on a second agent\n"
 		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
 		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
-		"as many threads (the limit). Without --socket it starts a master and\n"
+		"as many threads (the limit); per size, the p50/p99 of one thread's\n"
+		"memcpy of one value (the latency limit of a get). Without --socket it starts a master and\n"
 		"two agents itself (mooncaked next to mooncakectl), and redis-server\n"
 		"when installed; the master runs in the process of the first agent (as\n"
 		"in standalone) or, with --master=separate, in a process of its own.\n"
@@ -811,6 +839,10 @@ int ctl_bench_store_main(int argc, char **argv)
 		snprintf(vs, sizeof(vs), "%zuK", sizes[si] >> 10);
 		if (sizes[si] >= (1u << 20))
 			snprintf(vs, sizeof(vs), "%zuM", sizes[si] >> 20);
+		double l50, l99;
+		if (memcpy_lat(sizes[si], &l50, &l99) == 0)
+			printf("limit %s: memcpy of one value (1 thread, from a get set's worth of "
+			       "values) p50 %.1f us, p99 %.1f us\n", vs, l50, l99);
 		for (unsigned op = 0; op < NOPS; op++) {
 			if (!(opmask & (1u << op)))
 				continue;

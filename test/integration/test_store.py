@@ -247,6 +247,8 @@ def bench_store_runs_every_op_beside_redis():
              "--op=put,get,view,mixed", "--duration=200ms"], timeout=300)
     rows = [l.split() for l in r.stdout.splitlines()]
     for size in ("4K", "1M"):
+        lim = [l for l in r.stdout.splitlines() if l.startswith("limit %s: memcpy of one value" % size)]
+        eq(len(lim), 1, "the latency limit of %s\n%s" % (size, r.stdout))
         for op in ("put", "get", "view", "mixed"):
             for where in ("local", "remote"):
                 row = [x for x in rows if x[:3] == [size, op, where]]
