@@ -110,12 +110,42 @@ static int spawn(struct cluster *cl, const char *name, char *const argv[])
 	return 0;
 }
 
+/* Tell which started process has exited already, with the end of its
+ * log (the log is removed with the directory by stop_all). */
+static void report_dead(struct cluster *cl)
+{
+	for (int i = 0; i < cl->nprocs; i++) {
+		int st;
+		if (waitpid(cl->procs[i].pid, &st, WNOHANG) != cl->procs[i].pid)
+			continue;
+		cl->procs[i].pid = -1; /* reaped */
+		fprintf(stderr, "bench store: %s exited (%s %d); the end of its log:\n",
+			cl->procs[i].name, WIFSIGNALED(st) ? "signal" : "status",
+			WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+		char path[160], tail[2048];
+		snprintf(path, sizeof(path), "%s/%s.log", cl->dir, cl->procs[i].name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+		if (fseek(f, size > (long)sizeof(tail) - 1 ? size - (long)sizeof(tail) + 1 : 0,
+			  SEEK_SET) == 0) {
+			size_t n = fread(tail, 1, sizeof(tail) - 1, f);
+			tail[n] = '\0';
+			fputs(tail, stderr);
+		}
+		fclose(f);
+	}
+}
+
 static void stop_all(struct cluster *cl)
 {
 	for (int i = cl->nprocs; i-- > 0;)
-		kill(cl->procs[i].pid, SIGTERM);
+		if (cl->procs[i].pid > 0)
+			kill(cl->procs[i].pid, SIGTERM);
 	for (int i = cl->nprocs; i-- > 0;)
-		waitpid(cl->procs[i].pid, NULL, 0);
+		if (cl->procs[i].pid > 0)
+			waitpid(cl->procs[i].pid, NULL, 0);
 	cl->nprocs = 0;
 	if (cl->dir[0]) {
 		char cmd[128];
@@ -751,16 +781,25 @@ int ctl_bench_store_main(int argc, char **argv)
 	struct cluster cl = {0};
 	int rc = 0;
 	bool own_cluster = !sock;
-	if (!sock) {
+	mc_client *holder_local = NULL, *holder_remote = NULL;
+	/* Its ports are picked free but taken only when the daemons bind
+	 * them: another process may take one first; then start again. */
+	for (int attempt = 1; !sock; attempt++) {
 		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
 		rc = start_cluster(&cl, seg, separate);
-		if (rc) {
-			fprintf(stderr, "bench store: cannot start mooncaked: %s\n", mc_strerror(rc));
-			stop_all(&cl);
-			return CTL_EXIT_FAIL;
+		if (rc == 0)
+			rc = open_ready(cl.sock[0], &holder_local, 15000);
+		if (rc == 0) {
+			sock = cl.sock[0];
+			rsock = cl.sock[1];
+			break;
 		}
-		sock = cl.sock[0];
-		rsock = cl.sock[1];
+		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n", attempt,
+			mc_strerror(rc));
+		report_dead(&cl);
+		stop_all(&cl);
+		if (attempt == 3)
+			return CTL_EXIT_FAIL;
 	}
 	int redis_port = 0;
 	if (strcmp(redis_s, "off") != 0) {
@@ -781,8 +820,7 @@ int ctl_bench_store_main(int argc, char **argv)
 		}
 	}
 
-	mc_client *holder_local = NULL, *holder_remote = NULL;
-	rc = open_ready(sock, &holder_local, 15000);
+	rc = holder_local ? 0 : open_ready(sock, &holder_local, 15000);
 	if (rc) {
 		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock, mc_strerror(rc));
 		stop_all(&cl);
