@@ -482,16 +482,13 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 		for (unsigned k = 0; k < r->nkeys; k++) {
 			char key[96];
 			key_of(key, sizeof(key), r, id, "get", k);
-			int rc = r->target == T_REDIS ? 0 : mc_exist(ws[id].c, key, strlen(key));
-			if (rc < 0)
-				return rc;
-			if (rc == 0)
-				rc = r->target == T_REDIS
-					     ? redis_set(ws[id].redis, key, ws[id].buf, r->size)
-					     : mc_put_from(through, key, strlen(key), ws[id].buf,
-							   r->size, NULL);
-			else
-				rc = 0;
+			int there = r->target == T_REDIS ? 0 : mc_exist(ws[id].c, key, strlen(key));
+			if (there < 0)
+				return there;
+			int rc = there ? 0
+				 : r->target == T_REDIS
+					 ? redis_set(ws[id].redis, key, ws[id].buf, r->size)
+					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size, NULL);
 			if (rc)
 				return rc;
 			int64_t got = r->target == T_REDIS
@@ -640,7 +637,7 @@ static double memcpy_gbps(unsigned n)
 
 /* The latency limit of a get of one value: one thread's memcpy of one
  * value from a set the size of a client's get set (so from memory, not
- * cache, as the agent's copies are), for 200 ms. 0 when out of memory. */
+ * cache, as the agent's copies are), for 200 ms. -ENOMEM: not measured. */
 static int memcpy_lat(size_t size, double *p50, double *p99)
 {
 	size_t nvals = MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
@@ -682,10 +679,11 @@ static void usage(FILE *f)
 		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
 		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
 		"as many threads (the limit); per size, the p50/p99 of one thread's\n"
-		"memcpy of one value (the latency limit of a get). Without --socket it starts a master and\n"
-		"two agents itself (mooncaked next to mooncakectl), and redis-server\n"
-		"when installed; the master runs in the process of the first agent (as\n"
-		"in standalone) or, with --master=separate, in a process of its own.\n"
+		"memcpy of one value (the latency limit of a get). Without --socket it\n"
+		"starts a master and two agents itself (mooncaked next to mooncakectl),\n"
+		"and redis-server when installed; the master runs in the process of\n"
+		"the first agent (as in standalone) or, with --master=separate, in a\n"
+		"process of its own.\n"
 		"Each size and op runs in --rounds rounds (default 3) of local,\n"
 		"remote and redis in turn, --duration/rounds each, summed: a slower\n"
 		"minute of the machine falls on all three alike.\n");

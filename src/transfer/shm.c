@@ -568,8 +568,7 @@ static int map_add(struct shm_peer *p, const struct te_shm_msg *m, int fd)
 	if (rc == 0) {
 		mp->populate.run = map_populate;
 		te__worker_post(p->w, &mp->populate);
-	}
-	if (rc) {
+	} else {
 		munmap(base, map_len);
 		free(mp);
 	}
