@@ -26,14 +26,17 @@
  * same way and driven with the same sizes, clients and operations (SET of
  * a new key, GET of a key set beforehand) by a minimal RESP client, one
  * connection per thread. The limit: memcpy bandwidth of the same number of
- * threads over 16 MiB blocks. Nothing here is an assertion.
+ * threads over 16 MiB blocks; with one client, the floor of a get (see
+ * struct floor) runs in the same rounds. Nothing here is an assertion.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -367,8 +370,8 @@ static int64_t redis_get(int fd, const char *key, void *buf, size_t cap)
 
 /* ---------------------------------------------------------------- workers */
 
-enum target { T_LOCAL, T_REMOTE, T_REDIS, NTARGETS };
-static const char *const target_names[NTARGETS] = {"local", "remote", "redis"};
+enum target { T_LOCAL, T_REMOTE, T_REDIS, T_FLOOR, NTARGETS };
+static const char *const target_names[NTARGETS] = {"local", "remote", "redis", "floor"};
 
 struct run {
 	enum op op;
@@ -387,12 +390,170 @@ struct worker {
 	const struct run *r;
 	mc_client *c;       /* the session (local agent) */
 	int redis;          /* connection (redis target) */
+	struct floor *floor; /* the floor target's server (one client) */
 	void *buf;
 	struct ctl_lat lat;
 	uint64_t ops, errors;
 	int first_err;
 	uint32_t rnd;
 };
+
+/* ---------------------------------------------------------------- the floor */
+
+/*
+ * The floor of a get, for one client: what a get through a daemon on
+ * this host does at the least, without the store (no lookup, lease or
+ * protocol): a request over a Unix socket; the value copied from memory
+ * into the client's buffer by two threads, half each, as the agent shares
+ * a copy of 256 KiB or more with a copy thread; the answer. The server
+ * thread polls for 50 us after each answer (the agent's --busy-poll-us
+ * default) and then sleeps in poll; the client sleeps in poll, as
+ * libmooncake does.
+ */
+#define FLOOR_SPLIT (256u << 10)
+#define FLOOR_SPIN_NS 50000ull
+
+struct floor {
+	int fd[2];             /* [0] the client's end, [1] the server's */
+	pthread_t server, helper;
+	bool has_server, has_helper;
+	uint8_t *set;          /* nvals values of size bytes (owned) */
+	uint8_t *dst;          /* the client's buffer (its worker's) */
+	size_t size, nvals;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	const uint8_t *job;    /* the helper's half, NULL: none (under mu) */
+	bool quit;             /* under mu */
+	atomic_bool half_done;
+};
+
+static void *floor_helper(void *arg)
+{
+	struct floor *f = arg;
+	size_t half = f->size / 2;
+	pthread_mutex_lock(&f->mu);
+	for (;;) {
+		while (!f->job && !f->quit)
+			pthread_cond_wait(&f->cv, &f->mu);
+		if (f->quit)
+			break;
+		const uint8_t *src = f->job;
+		f->job = NULL;
+		pthread_mutex_unlock(&f->mu);
+		memcpy(f->dst + f->size - half, src, half);
+		atomic_store_explicit(&f->half_done, true, memory_order_release);
+		pthread_mutex_lock(&f->mu);
+	}
+	pthread_mutex_unlock(&f->mu);
+	return NULL;
+}
+
+static void *floor_server(void *arg)
+{
+	struct floor *f = arg;
+	size_t half = f->size >= FLOOR_SPLIT ? f->size / 2 : 0;
+	uint64_t spin_until = 0;
+	for (;;) {
+		uint32_t k;
+		ssize_t n = recv(f->fd[1], &k, sizeof(k), MSG_DONTWAIT);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+			if (mc_now_ns() < spin_until)
+				continue;
+			struct pollfd p = {.fd = f->fd[1], .events = POLLIN};
+			(void)poll(&p, 1, -1);
+			continue;
+		}
+		if (n != (ssize_t)sizeof(k))
+			break; /* the client's end closed: the run is over */
+		const uint8_t *src = f->set + (size_t)(k % f->nvals) * f->size;
+		if (half) {
+			atomic_store_explicit(&f->half_done, false, memory_order_relaxed);
+			pthread_mutex_lock(&f->mu);
+			f->job = src + f->size - half;
+			pthread_cond_signal(&f->cv);
+			pthread_mutex_unlock(&f->mu);
+		}
+		memcpy(f->dst, src, f->size - half);
+		while (half && !atomic_load_explicit(&f->half_done, memory_order_acquire))
+			;
+		if (send(f->fd[1], &k, sizeof(k), MSG_NOSIGNAL) != (ssize_t)sizeof(k))
+			break;
+		spin_until = mc_now_ns() + FLOOR_SPIN_NS;
+	}
+	return NULL;
+}
+
+/* The client's side: one get of value k. 0 or a negative errno. */
+static int floor_get(struct floor *f, uint32_t k)
+{
+	if (send(f->fd[0], &k, sizeof(k), MSG_NOSIGNAL) != (ssize_t)sizeof(k))
+		return -errno;
+	struct pollfd p = {.fd = f->fd[0], .events = POLLIN};
+	if (poll(&p, 1, -1) < 0)
+		return -errno;
+	uint32_t got;
+	ssize_t n = recv(f->fd[0], &got, sizeof(got), 0);
+	return n == (ssize_t)sizeof(got) && got == k ? 0 : n < 0 ? -errno : MC_EPROTOCOL;
+}
+
+static void floor_stop(struct floor *f)
+{
+	if (!f)
+		return;
+	if (f->fd[0] >= 0)
+		close(f->fd[0]); /* the server sees the end */
+	if (f->has_server)
+		pthread_join(f->server, NULL);
+	if (f->has_helper) {
+		pthread_mutex_lock(&f->mu);
+		f->quit = true;
+		pthread_cond_signal(&f->cv);
+		pthread_mutex_unlock(&f->mu);
+		pthread_join(f->helper, NULL);
+	}
+	if (f->fd[1] >= 0)
+		close(f->fd[1]);
+	pthread_mutex_destroy(&f->mu);
+	pthread_cond_destroy(&f->cv);
+	free(f->set);
+	free(f);
+}
+
+/* A floor for values of size bytes copied into dst (the caller's buffer,
+ * which must outlive it); floor_stop ends and frees it. */
+static int floor_start(size_t size, uint8_t *dst, struct floor **out)
+{
+	struct floor *f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->fd[0] = f->fd[1] = -1;
+	pthread_mutex_init(&f->mu, NULL);
+	pthread_cond_init(&f->cv, NULL);
+	f->size = size;
+	f->dst = dst;
+	f->nvals = MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
+	f->set = malloc(f->nvals * size);
+	int rc = f->set ? 0 : -ENOMEM;
+	if (rc == 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, f->fd) != 0)
+		rc = -errno;
+	if (rc == 0) {
+		memset(f->set, 0x5a, f->nvals * size);
+		rc = -pthread_create(&f->helper, NULL, floor_helper, f);
+		f->has_helper = rc == 0;
+	}
+	if (rc == 0) {
+		rc = -pthread_create(&f->server, NULL, floor_server, f);
+		f->has_server = rc == 0;
+	}
+	if (rc) {
+		floor_stop(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- runs */
 
 static void key_of(char *k, size_t len, const struct run *r, unsigned id, const char *kind,
 		   uint64_t i)
@@ -412,6 +573,8 @@ static int one(struct worker *w, bool put, uint64_t i)
 		w->rnd = w->rnd * 1103515245u + 12345u;
 		key_of(key, sizeof(key), r, w->id, "get", (w->rnd >> 8) % r->nkeys);
 	}
+	if (r->target == T_FLOOR)
+		return floor_get(w->floor, w->rnd >> 8);
 	if (r->target == T_REDIS)
 		return put ? redis_set(w->redis, key, w->buf, r->size)
 			   : (int)MC_MIN(redis_get(w->redis, key, w->buf, r->size), 0);
@@ -505,7 +668,7 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t duration_ms,
 		    mc_client *holder, struct tally *t)
 {
-	if (r->op != OP_PUT) {
+	if (r->op != OP_PUT && r->target != T_FLOOR) {
 		int rc = populate(ws, n, r, holder);
 		if (rc) {
 			if (!t->first_err)
@@ -679,8 +842,12 @@ static void usage(FILE *f)
 		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
 		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
 		"as many threads (the limit); per size, the p50/p99 of one thread's\n"
-		"memcpy of one value (the latency limit of a get). Without --socket it\n"
-		"starts a master and two agents itself (mooncaked next to mooncakectl),\n"
+		"memcpy of one value (the latency limit of a get) and, with one client,\n"
+		"the floor of a get in the same rounds: a request over a Unix socket,\n"
+		"the value copied by two threads half each, the answer (what a get\n"
+		"through a daemon does at the least, without the store). Without\n"
+		"--socket it starts a master and two agents itself (mooncaked next to\n"
+		"mooncakectl),\n"
 		"and redis-server when installed; the master runs in the process of\n"
 		"the first agent (as in standalone) or, with --master=separate, in a\n"
 		"process of its own.\n"
@@ -887,10 +1054,18 @@ int ctl_bench_store_main(int argc, char **argv)
 			struct tally tal[NTARGETS] = {0};
 			unsigned gtag = tag;
 			tag += NTARGETS;
+			/* The floor of a get, in the same rounds (one client). */
+			struct floor *fl = NULL;
+			if (op == OP_GET && clients == 1) {
+				int frc = floor_start(sizes[si], ws[0].buf, &fl);
+				if (frc)
+					printf("%s get floor: not measured: %s\n", vs, mc_strerror(frc));
+			}
+			ws[0].floor = fl;
 			for (unsigned round = 0; round < rounds; round++)
 				for (unsigned t = 0; t < NTARGETS; t++) {
 					if ((t == T_REMOTE && !holder_remote) ||
-					    (t == T_REDIS && !redis_port))
+					    (t == T_REDIS && !redis_port) || (t == T_FLOOR && !fl))
 						continue;
 					struct run r = {
 						.op = op,
@@ -906,11 +1081,13 @@ int ctl_bench_store_main(int argc, char **argv)
 					run_one(ws, clients, &r, round_ms,
 						t == T_REMOTE ? holder_remote : holder_local, &tal[t]);
 				}
+			floor_stop(fl);
+			ws[0].floor = NULL;
 			(void)mc_remove_all(holder_local, 1);
 			for (unsigned t = 0; t < NTARGETS; t++) {
 				if (tal[t].ran || tal[t].errors)
 					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si], &tal[t],
-						   t == T_REDIS ? NULL : &tal[T_REDIS], limit);
+						   t >= T_REDIS ? NULL : &tal[T_REDIS], limit);
 			}
 			for (unsigned t = 0; t < NTARGETS; t++)
 				ctl_lat_free(&tal[t].lat);

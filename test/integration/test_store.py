@@ -261,6 +261,7 @@ def bench_store_runs_every_op_beside_redis():
         eq(len(redis_rows), 8, "a redis row per size and op\n" + r.stdout)
         assert all(x[7] == "0" and float(x[2]) > 0 for x in redis_rows), r.stdout
     assert "the master in the local agent's process" in r.stdout, r.stdout
+    eq([x for x in rows if x[2:3] == ["floor"]], [], "the floor is for one client")
     # The master in a process of its own, no redis: local and remote rows.
     r = run([mctest.MOONCAKECTL, "bench", "store", "--value-size=4K", "--clients=1",
              "--op=put,get", "--duration=200ms", "--master=separate", "--redis=off",
@@ -274,6 +275,13 @@ def bench_store_runs_every_op_beside_redis():
             row = [x for x in rows if x[:3] == ["4K", op, where]]
             eq(len(row), 1, "one row for 4K %s %s\n%s" % (op, where, r.stdout))
             eq(row[0][10], "0", "no errors in 4K %s %s" % (op, where))
+    # One client: the floor of a get (size op floor ops/s GB/s p50 p99
+    # memcpy errors) ran in the same rounds; puts have none.
+    row = [x for x in rows if x[:3] == ["4K", "get", "floor"]]
+    eq(len(row), 1, "a floor row for 4K get\n" + r.stdout)
+    eq(row[0][8], "0", "no errors in the floor")
+    assert float(row[0][3]) > 0 and float(row[0][6]) > 0, row
+    eq([x for x in rows if x[:3] == ["4K", "put", "floor"]], [], "no floor for puts")
     for bad in ("--master=elsewhere", "--clients=1,4", "--rounds=0", "--rounds=2x"):
         r = run([mctest.MOONCAKECTL, "bench", "store", bad], check=False)
         eq(r.returncode, 2, "%s is a usage error" % bad)
