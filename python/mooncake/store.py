@@ -18,9 +18,12 @@ segment (a warning when the agent offers less); local_buffer_size is the
 staging buffer asked of the agent (it may grant less: --local-buffer-size).
 
 Return conventions are Mooncake's: 0 or a negative code (the numbers
-Mooncake users handle: -704 not found, -705 already exists, -706 has a
-lease, ...; see mooncake.strerror); get() returns b"" on a miss;
-is_exist() 1, 0 or negative; get_into() bytes read or negative.
+Mooncake users handle: -704 not found, -706 has a lease, ...; see
+mooncake.strerror); get() returns b"" on a miss; is_exist() 1, 0 or
+negative; get_into() bytes read or negative. A put of a key that exists
+returns 0 and leaves the stored value as it is (Mooncake's client treats
+OBJECT_ALREADY_EXISTS as success: the same key holds the same KV block);
+upsert() replaces it. libmooncake's mc_put itself says -705.
 
 Values are any bytes-like object (bytes, bytearray, memoryview, numpy
 arrays): their memory is read in place by the library, which copies it
@@ -68,6 +71,12 @@ class ReplicateConfig:
     def __repr__(self):
         return ("ReplicateConfig(replica_num=%d, with_soft_pin=%s, preferred_segment=%r)"
                 % (self.replica_num, self.with_soft_pin, self.preferred_segment))
+
+
+def _exists_ok(rc):
+    """A put of an existing key succeeds, as in Mooncake's client (an
+    upsert never sees -705: it replaces)."""
+    return 0 if rc == OBJECT_ALREADY_EXISTS else rc
 
 
 def _put_opts(config, upsert=False):
@@ -244,7 +253,7 @@ class MooncakeDistributedStore:
         k = n.key_bytes(key)
         with n.Pinned(value) as v:
             o = _put_opts(config)
-            return n.mc_put(h, k, len(k), v.ptr, v.len, ctypes.byref(o))
+            return _exists_ok(n.mc_put(h, k, len(k), v.ptr, v.len, ctypes.byref(o)))
 
     def upsert(self, key, value, config=None):
         """put() that replaces an existing object (refused with -706 while
@@ -266,7 +275,7 @@ class MooncakeDistributedStore:
             return NOT_CONNECTED
         k = n.key_bytes(key)
         o = _put_opts(config)
-        return n.mc_put_from(h, k, len(k), buffer_ptr, size, ctypes.byref(o))
+        return _exists_ok(n.mc_put_from(h, k, len(k), buffer_ptr, size, ctypes.byref(o)))
 
     def upsert_from(self, key, buffer_ptr, size, config=None):
         h = self._h
@@ -289,7 +298,7 @@ class MooncakeDistributedStore:
         res = (ctypes.c_int * cnt)()
         o = _put_opts(config, upsert)
         rc = n.mc_batch_put(h, cnt, kp, kl, vp, vl, ctypes.byref(o), res)
-        return [rc] * cnt if rc else list(res)
+        return [rc] * cnt if rc else [_exists_ok(r) for r in res]
 
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
         return self._batch_put(list(keys), list(buffer_ptrs), list(sizes), config)

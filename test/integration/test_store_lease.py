@@ -28,7 +28,6 @@ import grpc
 import master_pb2 as M
 
 OK = 0
-EXISTS = -705
 
 COMMITS = "mooncake_agent_put_commits_total"
 LEASE = "mooncake_agent_put_lease_bytes"
@@ -106,7 +105,7 @@ def leased_puts_are_read_everywhere_and_accounted():
 
     # An existing key: refused at the commit, the space goes back.
     refusals = s["commit_refusals"]
-    eq(sa.put("k/0", b"other bytes"), EXISTS, "a put of an existing key")
+    eq(sa.put("k/0", b"other bytes"), OK, "a put of an existing key (0, as in Mooncake)")
     eq(sb.get("k/0"), vals["k/0"], "the object is untouched")
     eq(cl.stats()["commit_refusals"], refusals + 1, "refused by the commit")
     wait_balanced(cl, cl.agents, "after a refused commit")
@@ -174,7 +173,8 @@ def puts_onto_another_segment_use_a_remote_lease():
     inv = lambda: int(dict(l.split(" ", 1) for l in
                            b.ctl("stats", "--agent").stdout.splitlines())["inventory"])
     wait_for(lambda: inv() >= len(vals) + 1, what="B's mirror knows them")
-    eq(sa.put("r/0", b"again", onto_b), EXISTS, "an existing key, refused by the commit")
+    eq(sa.put("r/0", b"again", onto_b), OK, "an existing key, refused by the commit")
+    eq(sb.get("r/0"), vals["r/0"], "the object is untouched")
     eq(sa.put("r/after", b"after", onto_b), OK, "the next put onto B")
     eq(put_start_puts(), (1, 1), "still through the lease (a refused key keeps it)")
     eq(sb.get("r/after"), b"after", "read on B")
@@ -202,7 +202,8 @@ def lease_off_puts_take_put_start():
     for k, v in vals.items():
         eq(sa.put(k, v), OK, "put %s" % k)
     eq({k: sb.get(k) for k in vals} == vals, True, "read on B")
-    eq(sa.put("off/1", b"x"), EXISTS, "an existing key (PutStart)")
+    eq(sa.put("off/1", b"x"), OK, "an existing key (PutStart refuses it; 0 to Python)")
+    eq(sb.get("off/1"), vals["off/1"], "the object is untouched")
     from mooncake.store import ReplicateConfig
     for i in range(5):
         eq(sa.put("offb/%d" % i, b"b", ReplicateConfig(preferred_segment=b.name)), OK, "onto B")
