@@ -461,7 +461,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	rc = agent__pool_start(&a->pool, a->loop, threads);
 	if (rc)
 		goto out_seg;
-	/* (A job whose done ends no request, e.g. a shared copy's helper,
+	/* (A job whose done ends no request, e.g. the segment's prefault,
 	 * can be the last thing a stop waits for.) */
 	a->pool.on_idle = pool_idle;
 	a->pool.idle_ud = a;

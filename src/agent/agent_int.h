@@ -149,7 +149,10 @@ void agent__pool_done_now(struct agent_pool *p, struct agent_job *j);
 /* On the loop thread: memcpy with a copy thread's help — both take
  * 64 KiB chunks until none is left, so a helper that starts late finds
  * less to do (never slower than alone, up to twice as fast); returns when
- * every byte is copied. Small copies, or no memory: plain memcpy. */
+ * every byte is copied. The helper's job is detached: it is not pending
+ * and its end wakes no one (a late helper finds nothing left and frees
+ * the copy's state if it is the last out). Small copies, or no memory:
+ * plain memcpy. */
 void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len);
 /* Join the threads (every job must have completed) and close the async
  * handle (on_closed runs from the loop). */

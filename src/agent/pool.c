@@ -44,15 +44,17 @@ static void *worker(void *arg)
 		if (!p->head)
 			p->tail = NULL;
 		pthread_mutex_unlock(&p->mu);
+		bool detached = !j->done; /* then run owns j: it may be gone */
 		j->run(j);
 		pthread_mutex_lock(&p->mu);
-		push_done_locked(p, j);
+		if (!detached)
+			push_done_locked(p, j);
 	}
 	pthread_mutex_unlock(&p->mu);
 	return NULL;
 }
 
-/* Stop and join the threads; free the pool's memory. */
+/* Stop and join the threads (they run what is queued first). */
 static void join_all(struct agent_pool *p)
 {
 	pthread_mutex_lock(&p->mu);
@@ -61,6 +63,11 @@ static void join_all(struct agent_pool *p)
 	pthread_mutex_unlock(&p->mu);
 	for (unsigned i = 0; i < p->nthreads; i++)
 		pthread_join(p->threads[i], NULL);
+}
+
+/* After join_all and the last completions: free the pool's memory. */
+static void free_all(struct agent_pool *p)
+{
 	pthread_cond_destroy(&p->cv);
 	pthread_mutex_destroy(&p->mu);
 	free(p->threads);
@@ -113,18 +120,16 @@ int agent__pool_start(struct agent_pool *p, uv_loop_t *loop, unsigned nthreads)
 		rc = -ENOMEM;
 	if (rc) {
 		join_all(p);
+		free_all(p);
 		return rc;
 	}
 	p->started = true;
 	return 0;
 }
 
-void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
+static void enqueue(struct agent_pool *p, struct agent_job *j)
 {
 	j->next = NULL;
-	j->threaded = true;
-	p->pending++;
-	p->threaded++;
 	pthread_mutex_lock(&p->mu);
 	if (p->tail)
 		p->tail->next = j;
@@ -133,6 +138,14 @@ void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
 	p->tail = j;
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
+}
+
+void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
+{
+	j->threaded = true;
+	p->pending++;
+	p->threaded++;
+	enqueue(p, j);
 }
 
 void agent__pool_begin(struct agent_pool *p, struct agent_job *j)
@@ -156,7 +169,14 @@ void agent__pool_complete(struct agent_pool *p, struct agent_job *j)
 	pthread_mutex_unlock(&p->mu);
 }
 
-/* agent__pool_copy: the caller and one copy thread take chunks in turn. */
+/*
+ * agent__pool_copy: the caller and one copy thread take chunks in turn.
+ * The copy thread's part is a detached job (no done on the loop, not
+ * pending): the loop learns nothing from its end, so a helper that ends
+ * late neither delays the loop's busy poll nor makes the next get wait
+ * for the copy threads. The caller and the helper each hold a reference;
+ * the last one out frees it.
+ */
 #define COPY_CHUNK ((size_t)64 << 10)
 
 struct shared_copy {
@@ -166,7 +186,14 @@ struct shared_copy {
 	size_t len;
 	atomic_size_t next;   /* offset of the next chunk to take */
 	atomic_size_t copied; /* bytes copied */
+	atomic_uint refs;     /* the caller's and the helper's */
 };
+
+static void shared_copy_put(struct shared_copy *c)
+{
+	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+		free(c);
+}
 
 static void copy_chunks(struct shared_copy *c)
 {
@@ -182,12 +209,9 @@ static void copy_chunks(struct shared_copy *c)
 
 static void shared_copy_run(struct agent_job *j)
 {
-	copy_chunks(MC_CONTAINER_OF(j, struct shared_copy, job));
-}
-
-static void shared_copy_done(struct agent_job *j)
-{
-	free(MC_CONTAINER_OF(j, struct shared_copy, job));
+	struct shared_copy *c = MC_CONTAINER_OF(j, struct shared_copy, job);
+	copy_chunks(c);
+	shared_copy_put(c);
 }
 
 void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len)
@@ -202,15 +226,18 @@ void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t l
 	c->len = len;
 	atomic_init(&c->next, 0);
 	atomic_init(&c->copied, 0);
+	atomic_init(&c->refs, 2);
 	c->job.run = shared_copy_run;
-	c->job.done = shared_copy_done; /* frees it, once the helper is out */
-	agent__pool_submit(p, &c->job);
+	c->job.done = NULL; /* detached */
+	c->job.threaded = false;
+	enqueue(p, &c->job);
 	copy_chunks(c);
 	/* What is left is a chunk the helper is copying. */
 	for (unsigned spins = 0;
 	     atomic_load_explicit(&c->copied, memory_order_acquire) < len; spins++)
 		if (spins >= 1000)
 			sched_yield();
+	shared_copy_put(c);
 }
 
 void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
@@ -219,8 +246,10 @@ void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
 		return;
 	p->on_idle = NULL; /* (the owner is stopping: no more news) */
 	join_all(p);
-	/* Completions not yet delivered: run them now. */
+	/* Completions not yet delivered: run them now (under the mutex,
+	 * which lives until then). */
 	on_async(&p->async);
+	free_all(p);
 	uv_close((uv_handle_t *)&p->async, on_closed);
 	p->started = false;
 }

@@ -3,12 +3,13 @@
  * thread and end on the loop; work done elsewhere ends the same way
  * (agent__pool_begin/complete, from another thread); a copy shared with a
  * copy thread (agent__pool_copy) delivers every byte, whatever its size
- * and however late the helper starts.
+ * and however late the helper starts, and leaves nothing pending.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "agent/agent_int.h"
@@ -121,11 +122,11 @@ Test(agent_pool, shared_copies_deliver_every_byte)
 				  round);
 			cr_assert_eq(dst[len], 0, "nothing past the end");
 		}
-		/* Sometimes the helpers of earlier copies are still queued
-		 * when the next one starts: it must not matter. */
+		/* The helpers of earlier copies may still be queued when
+		 * the next one starts: it must not matter. Sometimes let
+		 * them drain (the loop has nothing to do for them). */
 		if (round % 2)
-			while (pool.pending)
-				uv_run(&loop, UV_RUN_ONCE);
+			usleep(1000);
 	}
 	free(src);
 	free(dst);
@@ -139,18 +140,41 @@ static void count_idle(void *ud)
 	idles++;
 }
 
+static void quiet_run(struct agent_job *j)
+{
+	(void)j;
+}
+
+static void quiet_done(struct agent_job *j)
+{
+	free(j);
+}
+
 Test(agent_pool, the_owner_hears_when_the_last_job_ends)
 {
-	uint8_t src[1 << 20], dst[1 << 20];
+	static uint8_t src[1 << 20], dst[1 << 20];
 	memset(src, 7, sizeof(src));
 	idles = 0;
 	pool.on_idle = count_idle;
-	/* A shared copy's helper ends no request of the owner's: this is
-	 * how a stop waiting for the pool to drain learns it did. */
+	/* A shared copy leaves nothing pending and wakes no one: a get's
+	 * next request finds the copy threads idle (the loop may keep
+	 * polling) and a late helper has no news for the owner. */
 	agent__pool_copy(&pool, dst, src, sizeof(src));
 	cr_assert(memcmp(dst, src, sizeof(src)) == 0);
+	cr_assert_eq(pool.pending, 0);
+	cr_assert_eq(pool.threaded, 0);
+	/* A job whose done ends no request of the owner's: this is how a
+	 * stop waiting for the pool to drain learns it did. */
+	struct agent_job *j = calloc(1, sizeof(*j));
+	cr_assert(j);
+	j->run = quiet_run;
+	j->done = quiet_done;
+	agent__pool_submit(&pool, j);
 	cr_assert_eq(pool.pending, 1);
 	while (pool.pending)
 		uv_run(&loop, UV_RUN_ONCE);
 	cr_assert_eq(idles, 1);
+	/* A helper still queued at the stop (teardown) runs and frees
+	 * itself: the sanitizer build sees no leak. */
+	agent__pool_copy(&pool, dst, src, sizeof(src));
 }
