@@ -270,12 +270,9 @@ void rpc__callbacks_init(nghttp2_session_callbacks *cbs)
 
 static void conn_check_end(struct rpc__conn *c);
 
-static void on_write(uv_write_t *req, int status)
+/* A written request back to the free list (or freed past WFREE_MAX). */
+static void wreq_recycle(struct rpc__conn *c, struct rpc__wreq *w)
 {
-	struct rpc__wreq *w = MC_CONTAINER_OF(req, struct rpc__wreq, req);
-	struct rpc__conn *c = w->conn;
-
-	c->nwrites--;
 	wreq_reset(w);
 	if (c->nwfree < WFREE_MAX) {
 		w->next = c->wfree;
@@ -284,6 +281,15 @@ static void on_write(uv_write_t *req, int status)
 	} else {
 		wreq_destroy(w);
 	}
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+	struct rpc__wreq *w = MC_CONTAINER_OF(req, struct rpc__wreq, req);
+	struct rpc__conn *c = w->conn;
+
+	c->nwrites--;
+	wreq_recycle(c, w);
 	if (status < 0) {
 		if (status != UV_ECANCELED && !c->closing)
 			log_info("%s: write to %s failed: %s", c->label, c->peer,
@@ -314,8 +320,28 @@ static int submit_batch(struct rpc__conn *c)
 		w->bufs[i] = uv_buf_init(base, (unsigned)s->len);
 	}
 	c->cur = NULL;
-	int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs,
-			  (unsigned)w->nsegs, on_write);
+	/* Most batches fit the socket's buffer at once: written here, they
+	 * need no write request (nor libuv's re-arming of the socket's poll
+	 * interest after it: an epoll_ctl per write). The rest, if any, goes
+	 * through uv_write. */
+	int n = uv_try_write((uv_stream_t *)&c->tcp, w->bufs, (unsigned)w->nsegs);
+	if (n < 0 && n != UV_EAGAIN) {
+		wreq_destroy(w);
+		return n;
+	}
+	size_t done = n > 0 ? (size_t)n : 0, i = 0;
+	if (done == w->bytes) {
+		wreq_recycle(c, w);
+		return 0;
+	}
+	while (done >= w->bufs[i].len) {
+		done -= w->bufs[i].len;
+		i++;
+	}
+	w->bufs[i].base += done;
+	w->bufs[i].len -= done;
+	int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs + i,
+			  (unsigned)(w->nsegs - i), on_write);
 	if (rc < 0) {
 		wreq_destroy(w);
 		return rc;
