@@ -50,7 +50,7 @@ for i in 0 1 2; do
 		--meta-http=127.0.0.1:$(free_port) --log-level=warn >"$tmp/m$i.log" 2>&1 &
 	pids+=($!)
 done
-for i in 0 1 2; do wait_port ${mc[$i]} || exit 1; done
+for i in 0 1 2; do wait_port ${mc[$i]} || { echo "mooncaked m$i:" >&2; tail -5 "$tmp/m$i.log" >&2; exit 1; }; done
 mep="http://127.0.0.1:${mc[0]},http://127.0.0.1:${mc[1]},http://127.0.0.1:${mc[2]}"
 # wait for a leader: a put through the API answers once one is elected
 for i in $(seq 1 100); do
@@ -76,7 +76,7 @@ for i in 0 1 2; do
 		--initial-cluster "$eic" --initial-cluster-state new >"$tmp/e$i.log" 2>&1 &
 	pids+=($!)
 done
-for i in 0 1 2; do wait_port ${ec[$i]} || exit 1; done
+for i in 0 1 2; do wait_port ${ec[$i]} || { echo "etcd e$i:" >&2; tail -5 "$tmp/e$i.log" >&2; exit 1; }; done
 eep="http://127.0.0.1:${ec[0]},http://127.0.0.1:${ec[1]},http://127.0.0.1:${ec[2]}"
 for i in $(seq 1 100); do
 	"$CTL" bench meta --endpoints="$eep" --total=1 --clients=1 --conns=1 >/dev/null 2>&1 && break
