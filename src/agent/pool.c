@@ -229,7 +229,6 @@ void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t l
 	atomic_init(&c->refs, 2);
 	c->job.run = shared_copy_run;
 	c->job.done = NULL; /* detached */
-	c->job.threaded = false;
 	enqueue(p, &c->job);
 	copy_chunks(c);
 	/* What is left is a chunk the helper is copying. */

@@ -420,6 +420,7 @@ struct floor {
 	uint8_t *set;          /* nvals values of size bytes (owned) */
 	uint8_t *dst;          /* the client's buffer (its worker's) */
 	size_t size, nvals;
+	size_t half;           /* the helper's part (the end), 0: no helper */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	const uint8_t *job;    /* the helper's half, NULL: none (under mu) */
@@ -430,7 +431,6 @@ struct floor {
 static void *floor_helper(void *arg)
 {
 	struct floor *f = arg;
-	size_t half = f->size / 2;
 	pthread_mutex_lock(&f->mu);
 	for (;;) {
 		while (!f->job && !f->quit)
@@ -440,7 +440,7 @@ static void *floor_helper(void *arg)
 		const uint8_t *src = f->job;
 		f->job = NULL;
 		pthread_mutex_unlock(&f->mu);
-		memcpy(f->dst + f->size - half, src, half);
+		memcpy(f->dst + f->size - f->half, src, f->half);
 		atomic_store_explicit(&f->half_done, true, memory_order_release);
 		pthread_mutex_lock(&f->mu);
 	}
@@ -451,7 +451,7 @@ static void *floor_helper(void *arg)
 static void *floor_server(void *arg)
 {
 	struct floor *f = arg;
-	size_t half = f->size >= FLOOR_SPLIT ? f->size / 2 : 0;
+	size_t half = f->half;
 	uint64_t spin_until = 0;
 	for (;;) {
 		uint32_t k;
@@ -530,6 +530,7 @@ static int floor_start(size_t size, uint8_t *dst, struct floor **out)
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->cv, NULL);
 	f->size = size;
+	f->half = size >= FLOOR_SPLIT ? size / 2 : 0;
 	f->dst = dst;
 	f->nvals = MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
 	f->set = malloc(f->nvals * size);
