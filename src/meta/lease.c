@@ -245,7 +245,7 @@ int lease_time_to_live(const struct lease_table *t, int64_t id, uint64_t now_ms,
 		out->ttl_s = (int64_t)((l->expiry_ms - now_ms) / 1000);
 	else /* Go's Duration.Seconds() truncates toward zero */
 		out->ttl_s = -(int64_t)((now_ms - l->expiry_ms) / 1000);
-	out->nkeys = l->keys.count;
+	out->key_count = l->keys.count;
 	if (with_keys) {
 		int rc = lease__keys(t, id, &out->keys, &out->nkeys);
 		if (rc) {

@@ -91,8 +91,12 @@ struct lease_ttl {
 	                          follower LEASE_TTL_FOREVER_S */
 	int64_t granted_ttl_s;
 	int64_t remaining_checkpoint_s; /* 0: none */
+	size_t key_count;           /* keys attached, asked for or not */
+	/* The keys themselves, in key order, only when asked for: with
+	 * with_keys false, keys is NULL and nkeys 0, so the list and its
+	 * length never disagree. */
+	struct lease_key_ref *keys;
 	size_t nkeys;
-	struct lease_key_ref *keys; /* in key order; only when asked */
 };
 /* Errors: MVCC_ELEASE_NOT_FOUND, -ENOMEM. */
 int lease_time_to_live(const struct lease_table *t, int64_t id, uint64_t now_ms,

@@ -865,7 +865,7 @@ int meta__serve_leader(struct meta_node *n, struct meta__op *op, struct meta__re
 		}
 		p->ttl = t.ttl_s;
 		p->grantedttl = t.granted_ttl_s;
-		if (t.nkeys) {
+		if (t.keys && t.nkeys) {
 			p->keys = meta__alloc(&r->arena, t.nkeys * sizeof(*p->keys));
 			if (!p->keys) {
 				lease_ttl_free(&t);

@@ -43,7 +43,9 @@ static size_t nkeys(int64_t id)
 {
 	struct lease_ttl ttl;
 	cr_assert_eq(lease_time_to_live(t, id, 0, false, &ttl), 0);
-	return ttl.nkeys;
+	cr_assert_null(ttl.keys);
+	cr_assert_eq(ttl.nkeys, 0);
+	return ttl.key_count;
 }
 
 Test(lease, grant_rules)
@@ -158,10 +160,17 @@ Test(lease, attach_detach)
 	struct lease_ttl ttl;
 	cr_assert_eq(lease_time_to_live(t, l3, 0, true, &ttl), 0);
 	cr_assert_eq(ttl.nkeys, 2);
+	cr_assert_eq(ttl.key_count, 2);
 	cr_assert_eq(ttl.keys[0].key[0], 'm');
 	cr_assert_eq(ttl.keys[1].key[0], 'z');
 	cr_assert_eq(ttl.granted_ttl_s, 30);
 	cr_assert_eq(ttl.ttl_s, LEASE_TTL_FOREVER_S, "a follower has no expiry");
+	lease_ttl_free(&ttl);
+	/* Without keys (etcdctl lease timetolive ID): the count, no list. */
+	cr_assert_eq(lease_time_to_live(t, l3, 0, false, &ttl), 0);
+	cr_assert_eq(ttl.key_count, 2);
+	cr_assert_eq(ttl.nkeys, 0);
+	cr_assert_null(ttl.keys);
 	lease_ttl_free(&ttl);
 	cr_assert_eq(lease_time_to_live(t, 999, 0, true, &ttl), MVCC_ELEASE_NOT_FOUND);
 

@@ -137,7 +137,7 @@ static size_t lease_keys(struct mvcc_store *s, int64_t id)
 {
 	struct lease_ttl ttl;
 	cr_assert_eq(lease_time_to_live(mvcc_leases(s), id, 0, false, &ttl), 0);
-	return ttl.nkeys;
+	return ttl.key_count;
 }
 
 Test(failmalloc, txn_rolls_back_exactly)
