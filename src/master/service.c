@@ -843,9 +843,12 @@ out:
 
 /* ------------------------------------------------------------ table */
 
-#define UNARY(name, fn, req, resp)                                             \
-	{name, RPC_UNARY, &mooncake__master__##req##__descriptor,              \
-	 &mooncake__master__##resp##__descriptor, NULL, fn, NULL, NULL, NULL}
+#define UNARY(nm, fn, req, resp)                                               \
+	{.name = nm,                                                           \
+	 .kind = RPC_UNARY,                                                    \
+	 .request = &mooncake__master__##req##__descriptor,                    \
+	 .response = &mooncake__master__##resp##__descriptor,                  \
+	 .on_message = fn}
 
 static const struct rpc_method methods[] = {
 	UNARY("MountSegment", on_mount, mount_segment_request, mount_segment_response),
@@ -867,9 +870,12 @@ static const struct rpc_method methods[] = {
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),
 	UNARY("List", on_list, list_request, list_response),
-	{"SyncSegment", RPC_UNARY, &mooncake__master__sync_segment_request__descriptor,
-	 &mooncake__master__sync_segment_response__descriptor, NULL, master__on_sync, NULL,
-	 master__on_sync_cancel, NULL},
+	{.name = "SyncSegment",
+	 .kind = RPC_UNARY,
+	 .request = &mooncake__master__sync_segment_request__descriptor,
+	 .response = &mooncake__master__sync_segment_response__descriptor,
+	 .on_message = master__on_sync,
+	 .on_cancel = master__on_sync_cancel},
 	UNARY("ListSegment", master__on_list_segment, list_segment_request,
 	      list_segment_response),
 	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),

@@ -222,7 +222,17 @@ static void build_tables(void)
 		UNARY_METHOD("Range", on_range, META_M_RANGE),
 		UNARY_METHOD("Put", on_put, META_M_PUT),
 		UNARY_METHOD("DeleteRange", on_delete_range, META_M_DELETE_RANGE),
-		UNARY_METHOD("Txn", on_txn, META_M_TXN),
+		/* etcd refuses a txn nested deeper than --max-txn-ops levels
+		 * (each level spends one op of the budget) with TooManyOps;
+		 * one nested deeper than the RPC layer unpacks gets the same. */
+		{.name = "Txn",
+		 .kind = RPC_UNARY,
+		 .request = &etcdserverpb__txn_request__descriptor,
+		 .response = &etcdserverpb__txn_response__descriptor,
+		 .on_message = on_txn,
+		 .on_cancel = unary_cancel,
+		 .too_deep_status = RPC_INVALID_ARGUMENT,
+		 .too_deep_message = "etcdserver: too many operations in txn request"},
 		UNARY_METHOD("Compact", on_compact, META_M_COMPACT),
 	};
 	struct rpc_method lease[] = {

@@ -119,11 +119,123 @@ static void arena_free(void *data, void *p)
 	free(p);
 }
 
+/* ---------------------------------------------------------------- nesting */
+
+#define NEST_TYPES_MAX 64
+
+struct nest_seen {
+	const ProtobufCMessageDescriptor *d[NEST_TYPES_MAX];
+	bool open[NEST_TYPES_MAX];
+	unsigned n;
+};
+
+/* Depth-first over the message types reachable from d: true when one
+ * reaches a type still open (a cycle), or when there are too many types to
+ * tell. Recursion is bounded by NEST_TYPES_MAX. */
+static bool nest_cycle(struct nest_seen *s, const ProtobufCMessageDescriptor *d)
+{
+	for (unsigned i = 0; i < s->n; i++)
+		if (s->d[i] == d)
+			return s->open[i];
+	if (s->n == NEST_TYPES_MAX)
+		return true;
+	unsigned me = s->n++;
+	s->d[me] = d;
+	s->open[me] = true;
+	for (unsigned f = 0; f < d->n_fields; f++)
+		if (d->fields[f].type == PROTOBUF_C_TYPE_MESSAGE &&
+		    nest_cycle(s, d->fields[f].descriptor))
+			return true;
+	s->open[me] = false;
+	return false;
+}
+
+static bool read_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v)
+{
+	uint64_t x = 0;
+	for (unsigned shift = 0; shift < 64 && *pos < len; shift += 7) {
+		uint8_t b = p[(*pos)++];
+		x |= (uint64_t)(b & 0x7f) << shift;
+		if (!(b & 0x80)) {
+			*v = x;
+			return true;
+		}
+	}
+	return false;
+}
+
+bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+		     size_t len, unsigned max)
+{
+	struct nest_seen seen = {.n = 0};
+	if (!nest_cycle(&seen, desc))
+		return true;
+	/* The open submessages: their type and where each ends. */
+	struct {
+		const ProtobufCMessageDescriptor *d;
+		size_t end;
+	} stk[RPC__MAX_NESTING + 1];
+	unsigned depth = 0;
+	size_t pos = 0;
+	if (max > RPC__MAX_NESTING)
+		max = RPC__MAX_NESTING;
+	stk[0].d = desc;
+	stk[0].end = len;
+	for (;;) {
+		while (depth && pos >= stk[depth].end)
+			depth--;
+		if (pos >= stk[depth].end)
+			return true;
+		uint64_t tag, v;
+		if (!read_varint(data, len, &pos, &tag))
+			return true; /* malformed: protobuf-c says so */
+		switch (tag & 7) {
+		case 0:
+			if (!read_varint(data, len, &pos, &v))
+				return true;
+			break;
+		case 1:
+			pos += 8;
+			break;
+		case 5:
+			pos += 4;
+			break;
+		case 2: {
+			if (!read_varint(data, len, &pos, &v) || v > stk[depth].end - pos)
+				return true;
+			const ProtobufCFieldDescriptor *f =
+				tag >> 3 <= UINT32_MAX
+					? protobuf_c_message_descriptor_get_field(stk[depth].d,
+										  (unsigned)(tag >> 3))
+					: NULL;
+			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+				if (depth == max)
+					return false;
+				depth++;
+				stk[depth].d = f->descriptor;
+				stk[depth].end = pos + v;
+			} else {
+				pos += v;
+			}
+			break;
+		}
+		default:
+			return true; /* groups: protobuf-c refuses them */
+		}
+		if (pos > stk[depth].end)
+			return true;
+	}
+}
+
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc,
 			      const uint8_t *data, size_t len,
 			      struct rpc__bufcache *bc, struct rpc__arena *ar)
 {
 	memset(ar, 0, sizeof(*ar));
+	if (!rpc__nesting_ok(desc, data, len, RPC__MAX_NESTING)) {
+		ar->too_deep = true;
+		return NULL;
+	}
 	if (!bc || len < RPC__BUF_CACHE_MIN_BYTES)
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;

@@ -93,6 +93,12 @@ struct rpc_method {
 	 * call (rpc_call_pending_bytes) fell below RPC_DRAIN_BYTES after a
 	 * send had brought them to it or above. Send more from here. */
 	void (*on_drain)(struct rpc_call *call);
+	/* Optional: the status and message of a request message nested
+	 * deeper than the server unpacks (a few hundred levels; protobuf-c
+	 * recurses per level). Unset: INTERNAL "failed to parse request
+	 * message", as for any message that does not parse. */
+	int too_deep_status;
+	const char *too_deep_message;
 };
 
 /* Back-pressure threshold of on_drain (server) and on_drain (client). */

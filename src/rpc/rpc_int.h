@@ -103,10 +103,25 @@ struct rpc__arena {
 	struct rpc__bufcache *bc;
 	uint8_t *base;
 	size_t cap, used;
+	bool too_deep; /* rpc__unpack refused it for its nesting */
 };
 
-/* Unpack data (NULL on a parse error). bc NULL: plain malloc, and the
- * result may be freed with protobuf_c_message_free_unpacked(m, NULL). */
+/* Messages nested deeper than this are refused before protobuf-c, whose
+ * unpacking recurses once per level: a request of a few hundred KiB of
+ * nothing but nesting (a TxnRequest in a RequestOp in a TxnRequest ...)
+ * would otherwise overflow the loop thread's stack. protobuf-go refuses
+ * past 10000; no message of ours legitimately goes past a few hundred. */
+#define RPC__MAX_NESTING 1000
+
+/* Whether data, a message of type desc, nests at most max levels deep.
+ * Only the nesting is checked: a malformed message passes (protobuf-c
+ * refuses it). Types whose schema cannot nest without bound pass at once. */
+bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+		     size_t len, unsigned max);
+
+/* Unpack data (NULL on a parse error or past RPC__MAX_NESTING). bc NULL:
+ * plain malloc, and the result may be freed with
+ * protobuf_c_message_free_unpacked(m, NULL). */
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc,
 			      const uint8_t *data, size_t len,
 			      struct rpc__bufcache *bc, struct rpc__arena *ar);

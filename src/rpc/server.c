@@ -687,6 +687,16 @@ static void call_dispatch(struct rpc_call *call)
 	}
 }
 
+/* A request that did not unpack: the method's answer for one nested too
+ * deeply, if it has one, else grpc-go's for a message it cannot parse. */
+static void call_abort_unparsed(struct rpc_call *call, bool too_deep)
+{
+	if (too_deep && call->m->too_deep_message)
+		call_abort(call, call->m->too_deep_status, call->m->too_deep_message);
+	else
+		call_abort(call, RPC_INTERNAL, "failed to parse request message");
+}
+
 static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 {
 	struct rpc_call *call = ud;
@@ -700,7 +710,7 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	struct rpc__arena *a = single ? &call->req_arena : &ar;
 	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->bufs, a);
 	if (!msg) {
-		call_abort(call, RPC_INTERNAL, "failed to parse request message");
+		call_abort_unparsed(call, a->too_deep);
 		return -EBADMSG;
 	}
 	call->nreq++;
@@ -881,7 +891,7 @@ static void on_inproc_idle(uv_idle_t *h)
 			ProtobufCMessage *m = rpc__unpack(call->m->request, req->data + 5,
 							  req->len - 5, &s->bufs, &call->req_arena);
 			if (!m) {
-				call_abort(call, RPC_INTERNAL, "failed to parse request message");
+				call_abort_unparsed(call, call->req_arena.too_deep);
 			} else {
 				call->dispatched = true;
 				call->nreq = 1;

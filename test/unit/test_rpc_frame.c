@@ -1,14 +1,18 @@
 /*
  * test_rpc_frame: the pure gRPC framing in src/rpc/frame.c — the
  * deframer across every chunk split, limits, flags, empty messages, the
- * prefix, grpc-timeout in both directions and percent-encoding.
+ * prefix, grpc-timeout in both directions and percent-encoding; and the
+ * nesting check that runs before protobuf-c unpacks a message.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "etcd_rpc.pb-c.h"
+#include "raft.pb-c.h"
 #include "rpc/rpc.h"
+#include "rpc/rpc_int.h"
 
 struct got {
 	size_t n;
@@ -393,4 +397,59 @@ Test(rpc_frame, body_buffers_from_the_callers_hooks)
 	rpc_deframer_free(&d);
 	cr_assert_eq(p.allocs, 3);
 	cr_assert_eq(p.releases, 3);
+}
+
+/* ---------------------------------------------------------------- nesting */
+
+/* Wrap body as a length-delimited field (one-byte tag). */
+static size_t wrap(uint8_t *buf, size_t len, uint8_t tag)
+{
+	uint8_t hdr[12];
+	size_t h = 0;
+	hdr[h++] = tag;
+	size_t n = len;
+	do {
+		hdr[h++] = (uint8_t)((n & 0x7f) | (n > 0x7f ? 0x80 : 0));
+		n >>= 7;
+	} while (n);
+	memmove(buf + h, buf, len);
+	memcpy(buf, hdr, h);
+	return len + h;
+}
+
+/* A TxnRequest nested levels deep: success[0] = RequestOp{request_txn}. */
+static size_t nested_txn(uint8_t *buf, unsigned levels)
+{
+	size_t len = 0;
+	for (unsigned i = 0; i < levels; i++) {
+		len = wrap(buf, len, 0x22); /* RequestOp.request_txn = 4 */
+		len = wrap(buf, len, 0x12); /* TxnRequest.success = 2 */
+	}
+	return len;
+}
+
+Test(rpc_frame, nesting_limit_before_unpack)
+{
+	static uint8_t buf[1 << 16];
+	const ProtobufCMessageDescriptor *d = &etcdserverpb__txn_request__descriptor;
+	size_t len = nested_txn(buf, 100);
+	cr_assert(rpc__nesting_ok(d, buf, len, RPC__MAX_NESTING));
+	cr_assert(!rpc__nesting_ok(d, buf, len, 150), "200 message levels over 150");
+	cr_assert(rpc__nesting_ok(d, buf, len, 200));
+	cr_assert(!rpc__nesting_ok(d, buf, len, 199));
+	ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, buf);
+	cr_assert_not_null(m, "100 txn levels are a valid message");
+	protobuf_c_message_free_unpacked(m, NULL);
+
+	/* Deeper than the limit: refused, and rpc__unpack never recurses. */
+	len = nested_txn(buf, 8000);
+	cr_assert(!rpc__nesting_ok(d, buf, len, RPC__MAX_NESTING));
+	struct rpc__arena ar;
+	cr_assert_null(rpc__unpack(d, buf, len, NULL, &ar));
+
+	/* A type whose schema cannot nest without bound passes at once,
+	 * whatever its bytes; so does a malformed recursive one. */
+	cr_assert(rpc__nesting_ok(&mooncake__raft__batch__descriptor, buf, len, 1));
+	uint8_t bad[] = {0x12, 0x7f, 0x22};
+	cr_assert(rpc__nesting_ok(d, bad, sizeof(bad), 1));
 }
