@@ -525,15 +525,19 @@ ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
 		if (!p->responses)
 			return NULL;
 		p->n_responses = n;
-		/* Nested responses carry an empty header, like etcd's. */
-		Etcdserverpb__ResponseHeader *eh = meta__alloc(a, sizeof(*eh));
-		if (!eh)
-			return NULL;
-		etcdserverpb__response_header__init(eh);
 		for (size_t i = 0; i < n; i++) {
+			/* Each nested response has its own header: the member's
+			 * IDs and term, and the revision etcd gives that op
+			 * (etcd fills only the revision there, and leaves a
+			 * nested TxnResponse's header empty). */
+			const struct mvcc_op_resp *sr = &r->u.txn.responses[i];
 			Etcdserverpb__ResponseOp *o = meta__alloc(a, sizeof(*o));
-			ProtobufCMessage *sub = o ? meta__resp_pb(&r->u.txn.responses[i], eh, a)
-						  : NULL;
+			Etcdserverpb__ResponseHeader *sh = meta__alloc(a, sizeof(*sh));
+			if (!o || !sh)
+				return NULL;
+			*sh = *h;
+			sh->revision = sr->revision;
+			ProtobufCMessage *sub = meta__resp_pb(sr, sh, a);
 			if (!sub)
 				return NULL;
 			etcdserverpb__response_op__init(o);
@@ -562,6 +566,39 @@ ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
 	}
 	default:
 		return NULL;
+	}
+}
+
+void meta__stamp_headers(const struct meta_node *n, ProtobufCMessage *m)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+
+	if (d == &etcdserverpb__response_header__descriptor) {
+		Etcdserverpb__ResponseHeader *h = (Etcdserverpb__ResponseHeader *)m;
+		h->cluster_id = n->cluster_id;
+		h->member_id = n->id;
+		h->raft_term = n->term;
+		return;
+	}
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+			continue;
+		char *at = (char *)m + f->offset;
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			size_t k = *(size_t *)((char *)m + f->quantifier_offset);
+			ProtobufCMessage **v = *(ProtobufCMessage ***)at;
+			for (size_t j = 0; j < k; j++)
+				if (v[j])
+					meta__stamp_headers(n, v[j]);
+			continue;
+		}
+		if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+		    *(uint32_t *)((char *)m + f->quantifier_offset) != f->id)
+			continue;
+		ProtobufCMessage *sub = *(ProtobufCMessage **)at;
+		if (sub)
+			meta__stamp_headers(n, sub);
 	}
 }
 

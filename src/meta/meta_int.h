@@ -379,6 +379,11 @@ bool meta__is_leader(const struct meta_node *n);
 /* A ResponseHeader for now (revision: the store's), in arena a. */
 Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n,
 					   struct meta__arena *a);
+/* Set this member's cluster_id, member_id and raft_term in every
+ * ResponseHeader of m, nested ones included, keeping their revisions: an
+ * answer relayed from the leader then names the member the client asked,
+ * as etcd's does. Headers m lacks stay absent. */
+void meta__stamp_headers(const struct meta_node *n, ProtobufCMessage *m);
 
 /* Inputs from the transport. m is borrowed (copied if queued); q is
  * taken (freed or queued). */
@@ -491,7 +496,9 @@ bool meta__txn_writes(const Etcdserverpb__TxnRequest *r, bool put_only);
 bool meta__txn_serializable(const Etcdserverpb__TxnRequest *r);
 
 /* mvcc response -> etcd message in arena a (bytes borrowed from the
- * result). NULL when out of memory. */
+ * result). h is the response's header; each nested response of a txn
+ * gets a copy with the revision etcd gives that op. NULL when out of
+ * memory. */
 Mvccpb__KeyValue *meta__kv_pb(const struct mvcc_kv *kv, struct meta__arena *a);
 ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
 				Etcdserverpb__ResponseHeader *h,

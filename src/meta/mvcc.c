@@ -1440,19 +1440,29 @@ static int exec_txn(struct tx *x, const struct mvcc_txn_req *t,
 
 static int exec_op(struct tx *x, const struct mvcc_op *op, struct mvcc_op_resp *out)
 {
+	int rc;
+
 	out->type = op->type;
 	switch (op->type) {
 	case MVCC_OP_RANGE:
-		return tx_range(x, &op->u.range, &out->u.range);
+		rc = tx_range(x, &op->u.range, &out->u.range);
+		break;
 	case MVCC_OP_PUT:
-		return tx_put(x, &op->u.put, &out->u.put);
+		rc = tx_put(x, &op->u.put, &out->u.put);
+		break;
 	case MVCC_OP_DELETE_RANGE:
-		return tx_delete(x, &op->u.del, &out->u.del);
+		rc = tx_delete(x, &op->u.del, &out->u.del);
+		break;
 	case MVCC_OP_TXN:
-		return exec_txn(x, &op->u.txn, &out->u.txn);
+		rc = exec_txn(x, &op->u.txn, &out->u.txn);
+		break;
 	default:
 		return MVCC_EKEY_NOT_FOUND;
 	}
+	/* etcd's storeTxnWrite: reads see beginRev, or beginRev + 1 once
+	 * the txn changed something; a write answers beginRev + 1. */
+	out->revision = x->nundo ? x->rev : x->s->rev;
+	return rc;
 }
 
 static int exec_txn(struct tx *x, const struct mvcc_txn_req *t,

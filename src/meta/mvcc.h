@@ -270,6 +270,13 @@ struct mvcc_txn_resp {
 
 struct mvcc_op_resp {
 	int type; /* enum mvcc_op_type of the request */
+	/* The revision etcd puts in this response's header: for a Range
+	 * the revision it read (the txn's own once the txn has written
+	 * something before it), for a Put the txn's new revision, for a
+	 * DeleteRange the new one when it or an earlier op of the txn
+	 * changed something (else the revision before), for a Txn the same
+	 * after its ops. At the top level it equals mvcc_result.revision. */
+	int64_t revision;
 	union {
 		struct mvcc_range_resp range;
 		struct mvcc_put_resp put;

@@ -674,6 +674,8 @@ static void forward_answer(void *ud, int status, const char *message,
 			meta__op_done(op, RPC_INTERNAL, "bad response from the leader", NULL);
 			return;
 		}
+		if (n)
+			meta__stamp_headers(n, m);
 		meta__op_done(op, RPC_OK, NULL, m);
 		protobuf_c_message_free_unpacked(m, NULL);
 		return;

@@ -486,6 +486,42 @@ Test(mvcc, nested_txn_sees_state_before)
 	cr_assert_eq(h_kv(s, "y").mod_revision, 3);
 }
 
+/* The revision of each nested response's header, as etcd's
+ * storeTxnWrite gives it (a range before any write sees the revision
+ * before the txn; every op after the first change answers the new one). */
+Test(mvcc, txn_response_revisions)
+{
+	h_put(s, "k", "v"); /* 2 */
+	struct mvcc_op inner[] = {op_get("k")};
+	struct mvcc_op ops[] = {
+		op_get("k"),
+		op_del("nothing", NULL),
+		op_put("k2", "x"),
+		op_get("k"),
+		op_del("nothing", NULL),
+		op_txn(NULL, 0, inner, 1, NULL, 0),
+	};
+	struct mvcc_op t = op_txn(NULL, 0, ops, 6, NULL, 0);
+	struct mvcc_result res;
+	cr_assert_eq(h_apply(s, &t, &res), 3);
+	const struct mvcc_txn_resp *tr = &res.resp.u.txn;
+	int64_t want[] = {2, 2, 3, 3, 3, 3};
+	cr_assert_eq(tr->nresponses, 6);
+	for (int i = 0; i < 6; i++)
+		cr_assert_eq(tr->responses[i].revision, want[i], "op %d", i);
+	cr_assert_eq(tr->responses[5].u.txn.responses[0].revision, 3);
+	cr_assert_eq(res.resp.revision, 3);
+	mvcc_result_free(&res);
+
+	/* A read-only txn: everything at the current revision. */
+	struct mvcc_op ro[] = {op_get("k"), op_del("nothing", NULL)};
+	t = op_txn(NULL, 0, ro, 2, NULL, 0);
+	cr_assert_eq(h_apply(s, &t, &res), 3);
+	cr_assert_eq(res.resp.u.txn.responses[0].revision, 3);
+	cr_assert_eq(res.resp.u.txn.responses[1].revision, 3);
+	mvcc_result_free(&res);
+}
+
 Test(mvcc, txn_duplicate_keys)
 {
 	h_put(s, "k", "0");
