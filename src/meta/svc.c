@@ -10,10 +10,11 @@
  * is sent and the call finished from the op's done callback. A client
  * that cancels only detaches: the op runs to its end and its answer is
  * dropped. LeaseKeepAlive is a bidirectional stream: every request
- * message is one op, answered on the stream in the order the node
- * answers them.
+ * message is one op, answered on the stream in request order, and a
+ * half-closed stream ends only once every answer due is out.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,18 +105,59 @@ UNARY_HANDLER(on_move_leader, META_M_MOVE_LEADER)
 
 /* ------------------------------------------------------------- LeaseKeepAlive */
 
+/*
+ * Every request message becomes an op with a slot in the stream's queue;
+ * answers go out in request order (etcd serves a stream's requests one
+ * after the other), each as soon as it and every one before it is known.
+ * A client that half-closes (python-etcd3's refresh_lease sends one
+ * request and closes its side at once) still gets every answer due: the
+ * call finishes OK once the queue is empty, not when the half-close
+ * arrives — on a follower the answer comes back from the leader later.
+ * An error answer ends the stream with that status, as etcd's does.
+ */
+#define KA_MAX_PENDING 4096
+
+struct ka_slot {
+	struct ka_slot *next;
+	struct meta__kstream *ks;
+	bool done;
+	int status; /* RPC_OK: the fields below hold the answer */
+	char message[160];
+	Etcdserverpb__ResponseHeader header;
+	int64_t id, ttl;
+};
+
 struct meta__kstream {
 	struct meta__kstream *next, **pprev;
 	struct meta_node *n;
 	struct rpc_call *call;
-	unsigned inflight;
-	bool ended; /* call finished: answers are dropped */
+	struct ka_slot *head, *tail; /* in request order */
+	unsigned pending;            /* slots whose op is still running */
+	unsigned queued;             /* slots in the queue */
+	bool half_closed;            /* the client sends nothing more */
+	bool ended;                  /* call finished: answers are dropped */
 };
 
 static void ks_maybe_free(struct meta__kstream *ks)
 {
-	if (ks->ended && !ks->inflight)
+	if (ks->ended && !ks->pending)
 		free(ks);
+}
+
+/* Drop the queue (the call ended); slots whose op still runs are freed
+ * when it answers. */
+static void ks_drop_queue(struct meta__kstream *ks)
+{
+	while (ks->head) {
+		struct ka_slot *sl = ks->head;
+		ks->head = sl->next;
+		if (sl->done)
+			free(sl);
+		else
+			sl->next = NULL; /* orphaned: freed in ka_done */
+	}
+	ks->tail = NULL;
+	ks->queued = 0;
 }
 
 static void ks_end(struct meta__kstream *ks, int status, const char *message)
@@ -126,28 +168,75 @@ static void ks_end(struct meta__kstream *ks, int status, const char *message)
 	*ks->pprev = ks->next;
 	if (ks->next)
 		ks->next->pprev = ks->pprev;
+	ks_drop_queue(ks);
 	rpc_call_set_data(ks->call, NULL);
 	rpc_call_finish(ks->call, status, message);
 	ks_maybe_free(ks);
 }
 
+/* Send the answers at the head of the queue that are known; finish the
+ * call when the client is done sending and nothing is left to answer. */
+static void ks_flush(struct meta__kstream *ks)
+{
+	while (!ks->ended && ks->head && ks->head->done) {
+		struct ka_slot *sl = ks->head;
+		ks->head = sl->next;
+		if (!ks->head)
+			ks->tail = NULL;
+		ks->queued--;
+		if (sl->status != RPC_OK) {
+			char msg[sizeof(sl->message)];
+			memcpy(msg, sl->message, sizeof(msg));
+			int st = sl->status;
+			free(sl);
+			ks_end(ks, st, msg[0] ? msg : NULL);
+			return;
+		}
+		Etcdserverpb__LeaseKeepAliveResponse resp =
+			ETCDSERVERPB__LEASE_KEEP_ALIVE_RESPONSE__INIT;
+		resp.header = &sl->header;
+		resp.id = sl->id;
+		resp.ttl = sl->ttl;
+		int rc = rpc_call_send(ks->call, &resp.base);
+		free(sl);
+		if (rc) {
+			ks_end(ks, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL, mc_strerror(rc));
+			return;
+		}
+	}
+	if (!ks->ended && ks->half_closed && !ks->head)
+		ks_end(ks, RPC_OK, NULL);
+}
+
 static void ka_done(struct meta__op *op, int status, const char *message,
 		    const ProtobufCMessage *resp)
 {
-	struct meta__kstream *ks = op->ud;
-	/* This op still counts in inflight, so ks_end cannot free ks. */
-	if (!ks->ended) {
-		if (status != RPC_OK) {
-			ks_end(ks, status, message);
-		} else {
-			int rc = rpc_call_send(ks->call, resp);
-			if (rc)
-				ks_end(ks, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
-				       mc_strerror(rc));
-		}
+	struct ka_slot *sl = op->ud;
+	struct meta__kstream *ks = sl->ks;
+
+	ks->pending--;
+	if (ks->ended) {
+		free(sl); /* dropped from the queue when the call ended */
+		ks_maybe_free(ks);
+		return;
 	}
-	ks->inflight--;
-	ks_maybe_free(ks);
+	sl->done = true;
+	sl->status = status;
+	if (status != RPC_OK) {
+		snprintf(sl->message, sizeof(sl->message), "%s", message ? message : "");
+	} else {
+		const Etcdserverpb__LeaseKeepAliveResponse *r = (const void *)resp;
+		etcdserverpb__response_header__init(&sl->header);
+		if (r->header) {
+			sl->header.cluster_id = r->header->cluster_id;
+			sl->header.member_id = r->header->member_id;
+			sl->header.revision = r->header->revision;
+			sl->header.raft_term = r->header->raft_term;
+		}
+		sl->id = r->id;
+		sl->ttl = r->ttl;
+	}
+	ks_flush(ks);
 }
 
 static void ka_start(struct rpc_call *call)
@@ -173,21 +262,36 @@ static void ka_message(struct rpc_call *call, const ProtobufCMessage *msg)
 	struct meta__kstream *ks = rpc_call_data(call);
 	if (!ks || ks->ended)
 		return;
+	if (ks->queued >= KA_MAX_PENDING) {
+		ks_end(ks, RPC_RESOURCE_EXHAUSTED, "etcdserver: too many requests");
+		return;
+	}
+	struct ka_slot *sl = calloc(1, sizeof(*sl));
 	struct meta__op *op =
-		meta__op_new(ks->n, META_M_LEASE_KEEPALIVE, msg, 0, ka_done, ks);
+		sl ? meta__op_new(ks->n, META_M_LEASE_KEEPALIVE, msg, 0, ka_done, sl) : NULL;
 	if (!op) {
+		free(sl);
 		ks_end(ks, RPC_RESOURCE_EXHAUSTED, "etcdserver: out of memory");
 		return;
 	}
-	ks->inflight++;
-	meta__submit(ks->n, op);
+	sl->ks = ks;
+	if (ks->tail)
+		ks->tail->next = sl;
+	else
+		ks->head = sl;
+	ks->tail = sl;
+	ks->queued++;
+	ks->pending++;
+	meta__submit(ks->n, op); /* may answer at once */
 }
 
 static void ka_half_close(struct rpc_call *call)
 {
 	struct meta__kstream *ks = rpc_call_data(call);
-	if (ks)
-		ks_end(ks, RPC_OK, NULL);
+	if (!ks)
+		return;
+	ks->half_closed = true;
+	ks_flush(ks);
 }
 
 static void ka_cancel(struct rpc_call *call)
