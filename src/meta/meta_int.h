@@ -76,7 +76,17 @@ struct metric;
 	X(META_ETIMEOUT_CONN_LOST, -966, RPC_UNAVAILABLE,                      \
 	  "etcdserver: request timed out, possibly due to connection lost")    \
 	X(META_EBAD_LEADER_TRANSFEREE, -967, RPC_FAILED_PRECONDITION,          \
-	  "etcdserver: bad leader transferee")
+	  "etcdserver: bad leader transferee")                                 \
+	X(META_ETOO_MANY_LEARNERS, -968, RPC_FAILED_PRECONDITION,              \
+	  "etcdserver: too many learner members in cluster")                   \
+	X(META_ETIMEOUT_LEADER_TRANSFER, -969, RPC_UNKNOWN,                    \
+	  "etcdserver: request timed out, leader transfer took too long")
+
+/* etcd's limit on learners (membership.maxLearners). */
+#define META_MAX_LEARNERS 1
+/* What etcd's gRPC server takes beyond --max-request-bytes
+ * (v3rpc.grpcOverheadBytes). */
+#define META_GRPC_OVERHEAD_BYTES (512u * 1024u)
 
 enum meta__err {
 #define META__ERR_ENUM(name, value, status, text) name = value,

@@ -351,6 +351,13 @@ static void propose_write(struct meta_node *n, struct meta__op *op)
 		meta__op_fail(op, rc);
 		return;
 	}
+	/* etcd checks the size of what it proposes, so only requests that
+	 * go through the log can be too large (a read of any size the gRPC
+	 * limit lets in is served). */
+	if (op->ent_len > n->o.max_request_bytes) {
+		meta__op_fail(op, META_ETOO_LARGE);
+		return;
+	}
 	do_propose(n, op);
 }
 
@@ -449,6 +456,15 @@ static void propose_conf(struct meta_node *n, struct meta__op *op)
 		if (!q->islearner && !enough_started(n, 1, 0)) {
 			code = META_ENOT_ENOUGH_STARTED;
 			goto out;
+		}
+		if (q->islearner) {
+			size_t learners = 0;
+			for (size_t i = 0; i < n->n_members; i++)
+				learners += n->members[i].learner;
+			if (learners + 1 > META_MAX_LEARNERS) {
+				code = META_ETOO_MANY_LEARNERS;
+				goto out;
+			}
 		}
 		cc.type = q->islearner ? RAFT_CC_ADD_LEARNER : RAFT_CC_ADD_VOTER;
 		cc.node_id = new_member_id(n, url);
@@ -727,9 +743,21 @@ static void move_leader(struct meta_node *n, struct meta__op *op)
 		return;
 	}
 	const struct meta__member *m = meta__member_find(n, q->targetid);
-	if (!m || m->learner || q->targetid == n->id) {
+	if (!m || m->learner) {
 		etcdserverpb__move_leader_request__free_unpacked(q, NULL);
 		meta__op_fail(op, META_EBAD_LEADER_TRANSFEREE);
+		return;
+	}
+	if (q->targetid == n->id) {
+		/* etcd: the transfer to itself is done at once. */
+		etcdserverpb__move_leader_request__free_unpacked(q, NULL);
+		Etcdserverpb__MoveLeaderResponse resp = ETCDSERVERPB__MOVE_LEADER_RESPONSE__INIT;
+		struct meta__arena a = {0};
+		if ((resp.header = meta__header(n, &a)))
+			meta__op_done(op, RPC_OK, NULL, &resp.base);
+		else
+			meta__op_fail(op, -ENOMEM);
+		meta__arena_free(&a);
 		return;
 	}
 	if (n->in_ready) {
@@ -794,7 +822,11 @@ static void exec(struct meta_node *n, struct meta__op *op)
 	}
 	/* The rest is the leader's business. */
 	if (!meta__is_leader(n)) {
-		wait_or_forward(n, op);
+		/* etcd answers MoveLeader only on the leader. */
+		if (op->method == META_M_MOVE_LEADER)
+			meta__op_fail(op, META_ENOT_LEADER);
+		else
+			wait_or_forward(n, op);
 		return;
 	}
 	if (op->kind == META_K_WRITE)
@@ -807,10 +839,6 @@ static void exec(struct meta_node *n, struct meta__op *op)
 
 void meta__submit(struct meta_node *n, struct meta__op *op)
 {
-	if (op->req_len > n->o.max_request_bytes) {
-		meta__op_fail(op, META_ETOO_LARGE);
-		return;
-	}
 	exec(n, op);
 }
 
@@ -1501,7 +1529,7 @@ static void on_tick(uv_timer_t *t)
 	sweep(n, &n->round, META_ETIMEOUT);
 	sweep(n, &n->read_wait, META_ETIMEOUT);
 	sweep(n, &n->waiters, META_ETIMEOUT);
-	sweep(n, &n->moving, META_ETIMEOUT);
+	sweep(n, &n->moving, META_ETIMEOUT_LEADER_TRANSFER);
 	if (n->round_in_flight && now - n->round_started_ms >= n->o.election_ms)
 		retry_round(n);
 	if (n->reads.head && !n->round_in_flight)

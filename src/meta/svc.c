@@ -378,6 +378,11 @@ int meta__svc_add(struct meta_node *n)
 
 	if (!s)
 		return 0;
+	/* etcd's gRPC server takes requests up to --max-request-bytes plus
+	 * 512 KiB of overhead (grpcOverheadBytes) and refuses bigger ones
+	 * with ResourceExhausted; a write between the two gets "request is
+	 * too large" from the node. */
+	rpc_server_set_max_recv_bytes(s, n->o.max_request_bytes + META_GRPC_OVERHEAD_BYTES);
 	build_tables();
 	if ((rc = rpc_server_add_service(s, "etcdserverpb.KV", kv_methods,
 					 MC_ARRAY_LEN(kv_methods), n)) ||

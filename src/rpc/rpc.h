@@ -132,6 +132,12 @@ int rpc_server_add_service(struct rpc_server *s, const char *service,
  * (-EADDRINUSE, ...). */
 int rpc_server_listen(struct rpc_server *s, const char *hostport) MC_MUST_CHECK;
 
+/* Refuse request messages larger than bytes with RESOURCE_EXHAUSTED
+ * "grpc: received message larger than max (N vs. M)", as grpc-go's
+ * MaxRecvMsgSize, while responses keep max_message_bytes (0: back to
+ * it). Calls that start afterwards see the new limit. */
+void rpc_server_set_max_recv_bytes(struct rpc_server *s, size_t bytes);
+
 /* Port of the i-th listener (after rpc_server_listen), 0 if none. */
 int rpc_server_port(const struct rpc_server *s, unsigned i);
 

@@ -100,7 +100,8 @@ struct sconn {
 struct rpc_server {
 	uv_loop_t *loop;
 	char *name;
-	size_t max_msg;
+	size_t max_msg;  /* responses */
+	size_t max_recv; /* requests */
 	uint32_t max_streams;
 	uint64_t handshake_ms, idle_ms;
 	struct metrics_registry *reg;
@@ -362,7 +363,7 @@ static struct rpc_call *call_alloc(struct rpc_server *s)
 	call->s = s;
 	call->refs = 1; /* the transport's: nghttp2's stream or the in-process client */
 	call->start_ns = uv_hrtime();
-	rpc__deframer_setup(&call->df, s->max_msg, &s->bufs);
+	rpc__deframer_setup(&call->df, s->max_recv, &s->bufs);
 	rpc__outq_init(&call->outq, &call_outq_ops);
 	rpc__dl_init(&call->dl);
 	s->live_calls++;
@@ -882,10 +883,11 @@ static void on_inproc_idle(uv_idle_t *h)
 			call_abort(call, RPC_UNIMPLEMENTED, why);
 		} else if (s->drain_expired) {
 			call_abort(call, RPC_UNAVAILABLE, "server shutting down");
-		} else if (req->len - 5 > s->max_msg) {
+		} else if (req->len - 5 > s->max_recv) {
 			char msg[128];
-			snprintf(msg, sizeof(msg), "received message larger than max (%zu vs. %zu)",
-				 req->len - 5, s->max_msg);
+			snprintf(msg, sizeof(msg),
+				 "grpc: received message larger than max (%zu vs. %zu)",
+				 req->len - 5, s->max_recv);
 			call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 		} else {
 			ProtobufCMessage *m = rpc__unpack(call->m->request, req->data + 5,
@@ -1077,7 +1079,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t stream_id,
 	if (rc == MC_ETOO_LARGE) {
 		char msg[128];
 		snprintf(msg, sizeof(msg),
-			 "received message larger than max (%zu vs. %zu)",
+			 "grpc: received message larger than max (%zu vs. %zu)",
 			 call->df.msg_len, call->df.max_message_bytes);
 		call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 	} else if (rc == -EPROTO && !call->done) {
@@ -1286,6 +1288,7 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 	s->name = strdup(opts && opts->name ? opts->name : "rpc");
 	s->max_msg = opts && opts->max_message_bytes ? opts->max_message_bytes
 						      : RPC__DEFAULT_MAX_MESSAGE_BYTES;
+	s->max_recv = s->max_msg;
 	s->max_streams = opts && opts->max_concurrent_streams ? opts->max_concurrent_streams : 1024;
 	s->handshake_ms = opts && opts->handshake_timeout_ms ? opts->handshake_timeout_ms : 10000;
 	s->idle_ms = opts ? opts->idle_timeout_ms : 0;
@@ -1430,6 +1433,11 @@ int rpc_server_listen(struct rpc_server *s, const char *hostport)
 	mc_format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
 	log_info("%s: listening on %s", s->name, addr);
 	return 0;
+}
+
+void rpc_server_set_max_recv_bytes(struct rpc_server *s, size_t bytes)
+{
+	s->max_recv = bytes ? bytes : s->max_msg;
 }
 
 int rpc_server_port(const struct rpc_server *s, unsigned i)

@@ -641,6 +641,35 @@ Test(rpc, resource_exhausted_both_directions)
 	fx_fini(&f);
 }
 
+/* A receive limit below the send limit (etcd's max-request-bytes plus
+ * grpc overhead): requests above it are refused with grpc-go's status and
+ * text, responses may still be as large as max_message_bytes. */
+Test(rpc, receive_limit_apart_from_send_limit)
+{
+	struct fx f;
+	struct ures r;
+	struct rpc_server_opts so = {.name = "test", .max_message_bytes = 4 * MiB};
+	struct rpc_client_opts co = {.max_message_bytes = 8 * MiB};
+	fx_init(&f, &so, &co);
+	rpc_server_set_max_recv_bytes(f.srv, 1 * MiB);
+	uint8_t *buf = calloc(1, 2 * MiB);
+
+	cr_assert_eq(echo(&f, buf, 1 * MiB + 100, &r), RPC_RESOURCE_EXHAUSTED, "%s", r.msg);
+	static const char want[] = "grpc: received message larger than max (";
+	cr_assert(strncmp(r.msg, want, sizeof(want) - 1) == 0, "%s", r.msg);
+	cr_assert_eq(echo(&f, buf, 1 * MiB - 100, &r), RPC_OK, "%s", r.msg);
+	ures_free(&r);
+	Mooncake__Diag__EchoRequest big = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	big.response_bytes = 3 * MiB;
+	echo_start(&f, f.cli, "/mooncake.diag.Diag/Echo", &big, 0, &r);
+	RUN_UNTIL(&f, r.done);
+	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.len, 3 * MiB);
+	ures_free(&r);
+	free(buf);
+	fx_fini(&f);
+}
+
 /* ---------------------------------------------------------------- unimplemented */
 
 Test(rpc, unimplemented_service_and_method)
