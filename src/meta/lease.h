@@ -6,8 +6,12 @@
  * remaining TTL, and the set of keys attached to it. Grant, revoke (through
  * mvcc_lease_revoke, which deletes the keys in the same revision) and
  * checkpoint are applied from the Raft log on every member, so they are
- * deterministic: an ID of 0 picks the lowest unused ID at or after a
- * counter that is part of the snapshot.
+ * deterministic. The member that proposes a grant without an ID chooses
+ * one (etcd's generator, see node.c) and logs it with the grant; an ID of
+ * 0 reaches the table only from entries logged before that, and picks the
+ * lowest unused ID at or after a counter that is part of the snapshot.
+ * Any other ID is taken as it is, negative ones included, as etcd's
+ * lessor does.
  *
  * Expiry is the leader's business and uses the leader's clock, passed in
  * as now_ms (monotonic milliseconds) — the table never reads a clock:
@@ -52,7 +56,7 @@ int lease_table_new(int64_t min_ttl_s, struct lease_table **out) MC_MUST_CHECK;
 void lease_table_free(struct lease_table *t);
 
 /*
- * LeaseGrant as applied from the log. id 0 picks one; a TTL below the
+ * LeaseGrant as applied from the log. id 0 picks one (old entries); a TTL below the
  * minimum is raised. On the leader the lease expires at now_ms + TTL.
  * *id_out and *ttl_out (either may be NULL) get the ID and TTL granted.
  * Errors: MVCC_ELEASE_TTL_TOO_LARGE (ttl_s > LEASE_MAX_TTL_S),

@@ -192,6 +192,10 @@ struct meta__op {
 	uint64_t read_index;    /* linearizable read: served at this index */
 	uint64_t fwd_leader;    /* forwarded to this leader */
 	uint64_t read_round;
+	/* LeaseGrant: the leader chose the ID (the client sent 0), so a
+	 * collision at apply is retried with another one. */
+	bool lease_id_chosen;
+	unsigned lease_id_tries;
 };
 
 /*
@@ -335,6 +339,10 @@ struct meta_node {
 	bool round_needed;
 	uint64_t round_started_ms;
 	uint64_t next_member_id_seed;
+	/* Lease IDs for grants that name none: etcd's idutil.Generator,
+	 * 2 bytes of the member ID, then 5 bytes of the start time in ms and
+	 * a 1-byte counter that runs into them. 0 until first used. */
+	uint64_t lease_id_prefix, lease_id_suffix;
 
 	/* timers and wake-ups */
 	uv_timer_t tick_timer;

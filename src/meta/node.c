@@ -337,6 +337,84 @@ static void raise_nospace(struct meta_node *n)
 	propose_internal(n, META_M_ALARM, &a.base);
 }
 
+/* The next lease ID, as etcd's leader picks one for a grant that names
+ * none: reqIDGen.Next() & (2^63 - 1), skipping 0 and the IDs in use. */
+static int64_t next_lease_id(struct meta_node *n)
+{
+	const uint64_t suffix_mask = (UINT64_C(1) << 48) - 1;
+	const struct lease_table *lt = mvcc_leases(n->store);
+
+	if (!n->lease_id_suffix) {
+		n->lease_id_prefix = (n->id & 0xffff) << 48;
+		n->lease_id_suffix = (mc_wall_ms() & ((UINT64_C(1) << 40) - 1)) << 8;
+	}
+	for (;;) {
+		n->lease_id_suffix++;
+		int64_t id = (int64_t)((n->lease_id_prefix | (n->lease_id_suffix & suffix_mask)) &
+				       (uint64_t)INT64_MAX);
+		if (id && !lease_exists(lt, id))
+			return id;
+	}
+}
+
+/*
+ * A LeaseGrant with ID 0 gets its ID here, from the member that proposes
+ * it, and the ID travels in the log entry: every member applies the same
+ * grant. Returns 0 or -ENOMEM / -EINVAL (the request does not decode).
+ */
+static int stamp_lease_id(struct meta_node *n, struct meta__op *op)
+{
+	Etcdserverpb__LeaseGrantRequest *q =
+		etcdserverpb__lease_grant_request__unpack(NULL, op->req_len, op->req);
+	if (!q)
+		return -EINVAL;
+	if (q->id == 0) {
+		q->id = next_lease_id(n);
+		size_t len = etcdserverpb__lease_grant_request__get_packed_size(q);
+		uint8_t *buf = malloc(len ? len : 1);
+		if (!buf) {
+			etcdserverpb__lease_grant_request__free_unpacked(q, NULL);
+			return -ENOMEM;
+		}
+		etcdserverpb__lease_grant_request__pack(q, buf);
+		free(op->req);
+		op->req = buf;
+		op->req_len = len;
+		op->lease_id_chosen = true;
+	}
+	etcdserverpb__lease_grant_request__free_unpacked(q, NULL);
+	return 0;
+}
+
+/* A grant whose chosen ID another grant took meanwhile: choose again. */
+static bool retry_lease_grant(struct meta_node *n, struct meta__op *op, int code)
+{
+	if (op->method != META_M_LEASE_GRANT || !op->lease_id_chosen ||
+	    code != MVCC_ELEASE_EXISTS || op->lease_id_tries >= 8)
+		return false;
+	Etcdserverpb__LeaseGrantRequest *q =
+		etcdserverpb__lease_grant_request__unpack(NULL, op->req_len, op->req);
+	if (!q)
+		return false;
+	log_debug("lease %016" PRIx64 " was taken meanwhile: granting with another ID",
+		  (uint64_t)q->id);
+	q->id = 0;
+	size_t len = etcdserverpb__lease_grant_request__get_packed_size(q);
+	uint8_t *buf = malloc(len ? len : 1);
+	if (buf)
+		etcdserverpb__lease_grant_request__pack(q, buf);
+	etcdserverpb__lease_grant_request__free_unpacked(q, NULL);
+	if (!buf)
+		return false;
+	free(op->req);
+	op->req = buf;
+	op->req_len = len;
+	op->lease_id_chosen = false;
+	op->lease_id_tries++;
+	exec(n, op);
+	return true;
+}
+
 static void propose_write(struct meta_node *n, struct meta__op *op)
 {
 	if (op->puts && meta__over_quota(n, op->method, op->req_len)) {
@@ -346,7 +424,12 @@ static void propose_write(struct meta_node *n, struct meta__op *op)
 	}
 	free(op->ent);
 	op->ent = NULL;
-	int rc = meta__wrap_request(op->method, op->req, op->req_len, &op->ent, &op->ent_len);
+	int rc = op->method == META_M_LEASE_GRANT ? stamp_lease_id(n, op) : 0;
+	if (rc) {
+		meta__op_fail(op, rc);
+		return;
+	}
+	rc = meta__wrap_request(op->method, op->req, op->req_len, &op->ent, &op->ent_len);
 	if (rc) {
 		meta__op_fail(op, rc);
 		return;
@@ -1235,7 +1318,7 @@ static void apply_committed(struct meta_node *n, const struct raft_entry *e, siz
 		}
 		n->applied = e[i].index;
 		n->applied_term = e[i].term;
-		if (op)
+		if (op && !retry_lease_grant(n, op, r.code))
 			op_reply(op, &r);
 		meta__reply_free(&r);
 		if (e[i].type == RAFT_ENTRY_CONF_CHANGE) {
