@@ -14,8 +14,9 @@
  * lagging members, and serves linearizable reads through ReadIndex.
  *
  * Services: on the client server etcdserverpb.KV, Lease, Watch, Cluster
- * and Maintenance (Status and Alarm; the other Maintenance calls answer
- * UNIMPLEMENTED); on the peer server mooncake.raft.Raft (proto/raft.proto).
+ * and Maintenance (Status, Alarm, MoveLeader, Hash, HashKV, Snapshot as an
+ * etcd backend file, Defragment as a no-op); on the peer server
+ * mooncake.raft.Raft (proto/raft.proto).
  * A follower forwards writes and leader-only calls to the leader over the
  * peer service; reads and watches are served by every member.
  *

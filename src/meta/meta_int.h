@@ -11,7 +11,9 @@
  *   conv.c       etcd protobuf messages <-> mvcc structs, errors, arena
  *   peer.c       mooncake.raft.Raft: messages, snapshots, Forward, Members
  *   svc.c        etcdserverpb.KV, Lease, Cluster, Maintenance
+ *   svc_maint.c  Maintenance.Hash, HashKV, Snapshot, Defragment
  *   svc_watch.c  etcdserverpb.Watch
+ *   bolt.c       the state as an etcd backend (bbolt) database
  */
 #ifndef MC_META_META_INT_H
 #define MC_META_META_INT_H
@@ -24,6 +26,7 @@
 #include "etcd_rpc.pb-c.h"
 #include "meta.pb-c.h"
 #include "raft.pb-c.h"
+#include "meta/bolt.h"
 #include "meta/lease.h"
 #include "meta/meta.h"
 #include "meta/mvcc.h"
@@ -266,6 +269,7 @@ struct meta__worker;
 struct meta__job;
 struct meta__wstream;
 struct meta__kstream;
+struct meta__mjob;
 struct meta__pcall;
 
 struct meta_node {
@@ -374,6 +378,7 @@ struct meta_node {
 	/* services */
 	struct meta__wstream *wstreams;
 	struct meta__kstream *kstreams;
+	struct meta__mjob *mjobs; /* Maintenance calls in progress */
 	uint64_t wstream_seq;
 
 	/* metrics */
@@ -464,6 +469,16 @@ int meta__serve_leader(struct meta_node *n, struct meta__op *op,
 int meta__sm_snapshot(struct meta_node *n, uint8_t **data, size_t *len) MC_MUST_CHECK;
 /* Replace the state with snapshot data. Errors: -EBADMSG, -ENOMEM. */
 int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len) MC_MUST_CHECK;
+/* The options a store of this node is built with. */
+struct mvcc_options meta__sm_store_opts(const struct meta_node *n);
+/* Decode snapshot data (as meta__sm_snapshot makes it) into a private
+ * store and member tables, call fn with them as the state of an etcd
+ * backend whose consistent index is applied, then free them. Touches no
+ * node, so it runs on any thread. Errors: -EBADMSG, -ENOMEM, what fn
+ * returned. */
+int meta__sm_export(const uint8_t *data, size_t len, const struct mvcc_options *mo,
+		    uint64_t applied, int (*fn)(void *ctx, const struct bolt_state *st),
+		    void *ctx) MC_MUST_CHECK;
 /* An empty store with the node's options. Errors: -ENOMEM. */
 int meta__sm_new_store(struct meta_node *n) MC_MUST_CHECK;
 /* Read a whole snapshot file's data (blocking: a worker's job). */
@@ -554,6 +569,19 @@ void meta__peer_probe(struct meta_node *n);
 /* Close every peer connection and end incoming peer calls (stop). */
 void meta__peer_close_all(struct meta_node *n);
 void meta__peer_free_all(struct meta_node *n);
+
+/* ------------------------------------------------------------- svc_maint.c */
+
+/* Maintenance.Hash, HashKV, Snapshot and Defragment (handlers for the
+ * Maintenance table in svc.c). */
+void meta__on_hash(struct rpc_call *call, const ProtobufCMessage *msg);
+void meta__on_hash_kv(struct rpc_call *call, const ProtobufCMessage *msg);
+void meta__on_snapshot(struct rpc_call *call, const ProtobufCMessage *msg);
+void meta__on_defragment(struct rpc_call *call, const ProtobufCMessage *msg);
+void meta__maint_cancel(struct rpc_call *call);
+void meta__maint_drain(struct rpc_call *call);
+/* End the calls in progress (stop). */
+void meta__maint_close_calls(struct meta_node *n);
 
 /* ------------------------------------------------------------- svc.c */
 

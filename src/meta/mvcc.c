@@ -1622,6 +1622,23 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev)
 			}
 		}
 	}
+	/* A version at exactly rev supersedes every older one of its key,
+	 * also those an earlier compaction kept (their log entries are
+	 * gone, so the walk above did not see them). */
+	for (size_t e = i; e < s->rl_len && s->rl[e].main == rev; e++) {
+		struct mvcc__key *k = s->rl[e].key;
+		uint32_t drop = hist_index(k, rev, 0);
+		if (!drop)
+			continue;
+		for (uint32_t d = 0; d < drop; d++) {
+			s->db_size -= ver_size(k, &k->hist[d]);
+			s->value_bytes -= k->hist[d].vlen;
+			free(k->hist[d].value);
+		}
+		s->nversions -= drop;
+		k->nhist -= drop;
+		memmove(k->hist, k->hist + drop, k->nhist * sizeof(*k->hist));
+	}
 	s->rl_base += i - s->rl_head;
 	s->rl_head = i;
 	size_t live = s->rl_len - s->rl_head;
@@ -1684,6 +1701,65 @@ int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos, struct mvcc_event 
 		kv_borrow(&ev->prev_kv, k, &k->hist[j - 1]);
 	}
 	return 0;
+}
+
+/* ------------------------------------------------------------- versions */
+
+struct vref {
+	const struct mvcc__key *k;
+	uint32_t i; /* index in k->hist */
+};
+
+static int vref_cmp(const void *a, const void *b)
+{
+	const struct mvcc__ver *x = &((const struct vref *)a)->k->hist[((const struct vref *)a)->i];
+	const struct mvcc__ver *y = &((const struct vref *)b)->k->hist[((const struct vref *)b)->i];
+	if (x->main != y->main)
+		return x->main < y->main ? -1 : 1;
+	return x->sub < y->sub ? -1 : x->sub > y->sub;
+}
+
+int mvcc_versions(const struct mvcc_store *s,
+		  int (*fn)(void *ctx, const struct mvcc_version *v), void *ctx)
+{
+	struct vref *refs = NULL;
+	size_t n = 0, cap = 0;
+	struct mvcc__titer it;
+	int rc = 0;
+
+	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &s->keys, NULL); x;
+	     x = mvcc__titer_next(&it)) {
+		const struct mvcc__key *k = key_of(x);
+		if ((rc = grow((void **)&refs, &cap, n + k->nhist, sizeof(*refs))))
+			goto out;
+		for (uint32_t i = 0; i < k->nhist; i++)
+			refs[n++] = (struct vref){k, i};
+	}
+	if (n > 1)
+		qsort(refs, n, sizeof(*refs), vref_cmp);
+	for (size_t j = 0; j < n && !rc; j++) {
+		const struct mvcc__key *k = refs[j].k;
+		uint32_t i = refs[j].i;
+		const struct mvcc__ver *v = &k->hist[i];
+		struct mvcc_version out = {
+			.main = v->main,
+			.sub = v->sub,
+			.tombstone = !ver_live(v),
+			.next_main = i + 1 < k->nhist ? k->hist[i + 1].main : INT64_MAX,
+		};
+		if (out.tombstone) {
+			out.kv.key = k->key;
+			out.kv.key_len = k->klen;
+			out.kv.value = mvcc__empty;
+			out.kv.mod_revision = v->main;
+		} else {
+			kv_borrow(&out.kv, k, v);
+		}
+		rc = fn(ctx, &out);
+	}
+out:
+	free(refs);
+	return rc;
 }
 
 /* ------------------------------------------------------------- snapshot */

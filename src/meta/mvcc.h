@@ -410,6 +410,30 @@ uint64_t mvcc_hist_end(const struct mvcc_store *s);
 int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos,
 		    struct mvcc_event *ev) MC_MUST_CHECK;
 
+/* ------------------------------------------------------------- versions */
+
+/* One stored version, as etcd's backend keeps it in its "key" bucket
+ * under the revision (main, sub). A tombstone has only kv.key set (and
+ * kv.mod_revision = main). next_main is the main revision of the key's
+ * next stored version, INT64_MAX for its latest. */
+struct mvcc_version {
+	int64_t main;
+	uint32_t sub;
+	bool tombstone;
+	int64_t next_main;
+	struct mvcc_kv kv; /* borrowed from the store */
+};
+
+/*
+ * Visit every stored version (the history since the last compaction and
+ * what compaction kept below it) in (main, sub) order; a non-zero return
+ * from fn stops the walk and is returned. The store must not change
+ * meanwhile. Cost: O(v log v) for v versions, O(v) memory.
+ * Errors: -ENOMEM, or what fn returned.
+ */
+int mvcc_versions(const struct mvcc_store *s,
+		  int (*fn)(void *ctx, const struct mvcc_version *v), void *ctx) MC_MUST_CHECK;
+
 /* ------------------------------------------------------------- snapshot */
 /*
  * Format (little-endian), version 1:

@@ -975,6 +975,80 @@ static struct mvcc_options store_opts(const struct meta_node *n)
 	return (struct mvcc_options){.min_lease_ttl_s = (int64_t)((min_ms + 999) / 1000)};
 }
 
+struct mvcc_options meta__sm_store_opts(const struct meta_node *n)
+{
+	return store_opts(n);
+}
+
+/* Split snapshot data into its header and the store's part. */
+static Mooncake__Meta__SnapshotHeader *snap_header(const uint8_t *data, size_t len,
+						   size_t *store_at)
+{
+	if (len < 4)
+		return NULL;
+	size_t hl = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
+		    (size_t)data[3] << 24;
+	if (hl > len - 4)
+		return NULL;
+	*store_at = 4 + hl;
+	return mooncake__meta__snapshot_header__unpack(NULL, hl, data + 4);
+}
+
+int meta__sm_export(const uint8_t *data, size_t len, const struct mvcc_options *mo,
+		    uint64_t applied, int (*fn)(void *ctx, const struct bolt_state *st),
+		    void *ctx)
+{
+	size_t at = 0;
+	Mooncake__Meta__SnapshotHeader *h = snap_header(data, len, &at);
+	struct mvcc_store *store = NULL;
+	struct bolt_member *mv = NULL;
+	struct bolt_alarm *av = NULL;
+	int rc;
+
+	if (!h)
+		return -EBADMSG;
+	rc = mvcc_restore(mo, data + at, len - at, &store);
+	if (rc) {
+		rc = rc == -ENOMEM ? -ENOMEM : -EBADMSG;
+		goto out;
+	}
+	rc = -ENOMEM;
+	mv = calloc(h->n_members + 1, sizeof(*mv));
+	av = calloc(h->n_alarms + 1, sizeof(*av));
+	if (!mv || !av)
+		goto out;
+	for (size_t i = 0; i < h->n_members; i++) {
+		const Mooncake__Meta__Member *pm = h->members[i];
+		mv[i] = (struct bolt_member){
+			.id = pm->id,
+			.name = pm->name ? pm->name : "",
+			.peer_url = pm->n_peer_urls ? pm->peer_urls[0] : "",
+			.client_url = pm->n_client_urls ? pm->client_urls[0] : "",
+			.learner = pm->learner,
+		};
+	}
+	for (size_t i = 0; i < h->n_alarms; i++)
+		av[i] = (struct bolt_alarm){h->alarms[i]->memberid, (int)h->alarms[i]->alarm};
+	struct bolt_state st = {
+		.store = store,
+		.members = mv,
+		.n_members = h->n_members,
+		.removed = h->removed,
+		.n_removed = h->n_removed,
+		.alarms = av,
+		.n_alarms = h->n_alarms,
+		.consistent_index = applied,
+	};
+	rc = fn(ctx, &st);
+out:
+	if (store)
+		mvcc_free(store);
+	free(mv);
+	free(av);
+	mooncake__meta__snapshot_header__free_unpacked(h, NULL);
+	return rc;
+}
+
 int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
 {
 	Mooncake__Meta__SnapshotHeader *h;
@@ -985,17 +1059,12 @@ int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
 	size_t nm = 0;
 	int rc;
 
-	if (len < 4)
-		return -EBADMSG;
-	size_t hl = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
-		    (size_t)data[3] << 24;
-	if (hl > len - 4)
-		return -EBADMSG;
-	h = mooncake__meta__snapshot_header__unpack(NULL, hl, data + 4);
+	size_t at = 0;
+	h = snap_header(data, len, &at);
 	if (!h)
 		return -EBADMSG;
 	struct mvcc_options mo = store_opts(n);
-	rc = mvcc_restore(&mo, data + 4 + hl, len - 4 - hl, &store);
+	rc = mvcc_restore(&mo, data + at, len - at, &store);
 	if (rc) {
 		rc = rc == -ENOMEM ? -ENOMEM : -EBADMSG;
 		goto out;

@@ -3,8 +3,8 @@
  * etcdserverpb.KV (Range, Put, DeleteRange, Txn, Compact), Lease
  * (LeaseGrant, LeaseRevoke, LeaseKeepAlive, LeaseTimeToLive, LeaseLeases),
  * Cluster (MemberAdd, MemberRemove, MemberUpdate, MemberList,
- * MemberPromote) and Maintenance (Status, Alarm, MoveLeader; Defragment,
- * Hash, HashKV and Snapshot are not served and answer UNIMPLEMENTED).
+ * MemberPromote) and Maintenance (Status, Alarm, MoveLeader here; Hash,
+ * HashKV, Snapshot and Defragment in svc_maint.c).
  *
  * Each call becomes a request (struct meta__op) for the node; its answer
  * is sent and the call finished from the op's done callback. A client
@@ -307,6 +307,7 @@ void meta__svc_close_streams(struct meta_node *n)
 {
 	while (n->kstreams)
 		ks_end(n->kstreams, RPC_UNAVAILABLE, "etcdserver: server stopped");
+	meta__maint_close_calls(n);
 }
 
 /* ------------------------------------------------------------- tables */
@@ -314,7 +315,7 @@ void meta__svc_close_streams(struct meta_node *n)
 static struct rpc_method kv_methods[5];
 static struct rpc_method lease_methods[5];
 static struct rpc_method cluster_methods[5];
-static struct rpc_method maint_methods[3];
+static struct rpc_method maint_methods[7];
 
 static void build_tables(void)
 {
@@ -364,6 +365,30 @@ static void build_tables(void)
 		UNARY_METHOD("Status", on_status, META_M_STATUS),
 		UNARY_METHOD("Alarm", on_alarm, META_M_ALARM),
 		UNARY_METHOD("MoveLeader", on_move_leader, META_M_MOVE_LEADER),
+		{.name = "Hash",
+		 .kind = RPC_UNARY,
+		 .request = &etcdserverpb__hash_request__descriptor,
+		 .response = &etcdserverpb__hash_response__descriptor,
+		 .on_message = meta__on_hash,
+		 .on_cancel = meta__maint_cancel},
+		{.name = "HashKV",
+		 .kind = RPC_UNARY,
+		 .request = &etcdserverpb__hash_kvrequest__descriptor,
+		 .response = &etcdserverpb__hash_kvresponse__descriptor,
+		 .on_message = meta__on_hash_kv,
+		 .on_cancel = meta__maint_cancel},
+		{.name = "Snapshot",
+		 .kind = RPC_SERVER_STREAMING,
+		 .request = &etcdserverpb__snapshot_request__descriptor,
+		 .response = &etcdserverpb__snapshot_response__descriptor,
+		 .on_message = meta__on_snapshot,
+		 .on_cancel = meta__maint_cancel,
+		 .on_drain = meta__maint_drain},
+		{.name = "Defragment",
+		 .kind = RPC_UNARY,
+		 .request = &etcdserverpb__defragment_request__descriptor,
+		 .response = &etcdserverpb__defragment_response__descriptor,
+		 .on_message = meta__on_defragment},
 	};
 	memcpy(kv_methods, kv, sizeof(kv));
 	memcpy(lease_methods, lease, sizeof(lease));

@@ -365,6 +365,64 @@ Test(mvcc, compaction)
 	mvcc_stats(s, &st);
 	cr_assert_eq(st.key_nodes, 3);
 	cr_assert_eq(st.versions, 3);
+
+	/* b@4 was kept by every compaction so far; a delete, then a
+	 * compaction at exactly the delete: the tombstone supersedes b@4,
+	 * which goes although its log entry went long ago. */
+	h_del(s, "b", NULL); /* 10 */
+	cr_assert_eq(mvcc_compact(s, 10), 0);
+	mvcc_stats(s, &st);
+	cr_assert_eq(st.versions, 3, "a@7, b's tombstone@10, d@9");
+	cr_assert_eq(st.db_size_bytes, 2 * (2 + MVCC_VERSION_OVERHEAD_BYTES) +
+					       (1 + MVCC_VERSION_OVERHEAD_BYTES));
+	o.u.range.revision = 10;
+	cr_assert_str_eq(range_keys(&o, NULL, NULL), "a,d");
+}
+
+struct want_version {
+	const char *key;
+	int64_t main, next;
+	uint32_t sub;
+	bool tomb;
+};
+
+struct version_check {
+	const struct want_version *w;
+	size_t i, n;
+};
+
+static int check_version(void *ctx, const struct mvcc_version *v)
+{
+	struct version_check *c = ctx;
+	cr_assert_lt(c->i, c->n);
+	const struct want_version *w = &c->w[c->i++];
+	cr_assert_eq(v->kv.key_len, strlen(w->key));
+	cr_assert(memcmp(v->kv.key, w->key, v->kv.key_len) == 0);
+	cr_assert_eq(v->main, w->main, "version %zu", c->i);
+	cr_assert_eq(v->sub, w->sub);
+	cr_assert_eq(v->next_main, w->next);
+	cr_assert_eq(v->tombstone, w->tomb);
+	if (!w->tomb)
+		cr_assert_eq(v->kv.mod_revision, w->main);
+	return 0;
+}
+
+/* Every stored version in revision order, with the key's next one. */
+Test(mvcc, versions_in_revision_order)
+{
+	h_put(s, "b", "1"); /* 2 */
+	h_put(s, "a", "1"); /* 3 */
+	h_del(s, "b", NULL); /* 4 */
+	struct mvcc_op ops[] = {op_put("c", "1"), op_put("a", "2")};
+	struct mvcc_op t = op_txn(NULL, 0, ops, 2, NULL, 0);
+	txn_ok(&t, NULL); /* 5 */
+	static const struct want_version want[] = {
+		{"b", 2, 4, 0, false}, {"a", 3, 5, 0, false}, {"b", 4, INT64_MAX, 0, true},
+		{"c", 5, INT64_MAX, 0, false}, {"a", 5, INT64_MAX, 1, false},
+	};
+	struct version_check c = {want, 0, 5};
+	cr_assert_eq(mvcc_versions(s, check_version, &c), 0);
+	cr_assert_eq(c.i, 5);
 }
 
 static bool cmp_holds(struct mvcc_compare c)
