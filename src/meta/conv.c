@@ -319,22 +319,32 @@ int meta__op_from_txn(const Etcdserverpb__TxnRequest *r, struct mvcc_op *op,
 			c[i].key_len = pc->key.len;
 			c[i].range_end = (const char *)pc->range_end.data;
 			c[i].range_end_len = pc->range_end.len;
-			switch (pc->target_union_case) {
-			case ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION:
-				c[i].number = pc->version;
+			/* As etcd's compareKV: the operand is the union member
+			 * that matches the target, 0 or "" when another one is
+			 * set. */
+			int uc = (int)pc->target_union_case;
+			switch (pc->target) {
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION:
+				if (uc == ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION)
+					c[i].number = pc->version;
 				break;
-			case ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION:
-				c[i].number = pc->create_revision;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE:
+				if (uc == ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION)
+					c[i].number = pc->create_revision;
 				break;
-			case ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION:
-				c[i].number = pc->mod_revision;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD:
+				if (uc == ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION)
+					c[i].number = pc->mod_revision;
 				break;
-			case ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE:
-				c[i].number = pc->lease;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE:
+				if (uc == ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE)
+					c[i].number = pc->lease;
 				break;
-			case ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE:
-				c[i].value = (const char *)pc->value.data;
-				c[i].value_len = pc->value.len;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE:
+				if (uc == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE) {
+					c[i].value = (const char *)pc->value.data;
+					c[i].value_len = pc->value.len;
+				}
 				break;
 			default:
 				break;

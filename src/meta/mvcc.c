@@ -708,6 +708,19 @@ static struct mvcc__key *key_alloc(struct mvcc_store *s, const char *key, size_t
 
 static int check_txn(const struct mvcc_txn_req *t, size_t max_ops);
 
+/* The sort a range does, as etcd's applier decides it: a target other
+ * than the key with no order sorts ascending; an order other than
+ * ascending or descending does not sort. */
+static int sort_order_of(const struct mvcc_range_req *r)
+{
+	int order = r->sort_order;
+	if (r->sort_target != MVCC_SORT_KEY && order == MVCC_SORT_NONE)
+		order = MVCC_SORT_ASCEND;
+	if (order != MVCC_SORT_ASCEND && order != MVCC_SORT_DESCEND)
+		order = MVCC_SORT_NONE;
+	return order;
+}
+
 static int check_op(const struct mvcc_op *op, size_t max_ops)
 {
 	switch (op->type) {
@@ -715,8 +728,12 @@ static int check_op(const struct mvcc_op *op, size_t max_ops)
 		const struct mvcc_range_req *r = &op->u.range;
 		if (!r->key_len)
 			return MVCC_EEMPTY_KEY;
-		if (r->sort_order < MVCC_SORT_NONE || r->sort_order > MVCC_SORT_DESCEND ||
-		    r->sort_target < MVCC_SORT_KEY || r->sort_target > MVCC_SORT_VALUE)
+		/* An unknown target is refused only where it would sort (etcd
+		 * 3.4 dereferences a nil sorter there and crashes); an unknown
+		 * order does not sort, as in etcd. */
+		int order = sort_order_of(r);
+		if (order != MVCC_SORT_NONE &&
+		    (r->sort_target < MVCC_SORT_KEY || r->sort_target > MVCC_SORT_VALUE))
 			return -EINVAL;
 		return 0;
 	}
@@ -751,12 +768,10 @@ static int check_txn(const struct mvcc_txn_req *t, size_t max_ops)
 	if (opc > max_ops)
 		return MVCC_ETOO_MANY_OPS;
 	for (size_t i = 0; i < t->ncompare; i++) {
-		const struct mvcc_compare *c = &t->compare[i];
-		if (!c->key_len)
+		/* Unknown targets and results are not refused: etcd compares
+		 * them as equal and holding (compare_kv does the same). */
+		if (!t->compare[i].key_len)
 			return MVCC_EEMPTY_KEY;
-		if (c->result < MVCC_CMP_EQUAL || c->result > MVCC_CMP_NOT_EQUAL ||
-		    c->target < MVCC_TARGET_VERSION || c->target > MVCC_TARGET_LEASE)
-			return -EINVAL;
 	}
 	for (size_t i = 0; i < t->nsuccess; i++) {
 		int rc = check_op(&t->success[i], max_ops - opc);
@@ -1274,11 +1289,9 @@ static int tx_range(struct tx *x, const struct mvcc_range_req *r,
 		}
 		n = m;
 	}
-	int order = r->sort_order;
-	if (r->sort_target != MVCC_SORT_KEY && order == MVCC_SORT_NONE)
-		order = MVCC_SORT_ASCEND; /* the index order is by key */
-	else if (r->sort_target == MVCC_SORT_KEY && order == MVCC_SORT_ASCEND)
-		order = MVCC_SORT_NONE;
+	int order = sort_order_of(r);
+	if (r->sort_target == MVCC_SORT_KEY && order == MVCC_SORT_ASCEND)
+		order = MVCC_SORT_NONE; /* the index order is by key */
 	if (order != MVCC_SORT_NONE && n > 1) {
 		tmp = malloc(n * sizeof(*tmp));
 		if (!tmp) {

@@ -40,7 +40,7 @@
 /*
  * Errors of the meta state machine (mvcc, lease and watch), each with the
  * etcd error the service must answer with. The text is etcd's own message
- * where etcd has one. -ENOMEM and -EINVAL (an enum value out of range) are
+ * where etcd has one. -ENOMEM and -EINVAL (a sort target out of range) are
  * returned as they are. The range -900.. is used by no errno and no MC_E*.
  *
  *   MVCC_ECOMPACTED        ErrCompacted          (OutOfRange)
@@ -358,8 +358,8 @@ struct lease_table *mvcc_leases(struct mvcc_store *s);
  * MVCC_ETOO_MANY_OPS, MVCC_EDUPLICATE_KEY, MVCC_EKEY_NOT_FOUND (ignore_value
  * or ignore_lease on a missing key; an empty op in a txn),
  * MVCC_ELEASE_NOT_FOUND, MVCC_ECOMPACTED / MVCC_EFUTURE_REV (a range at a
- * revision below the compaction or above the current one), -EINVAL (an
- * enum out of range), -ENOMEM.
+ * revision below the compaction or above the current one), -EINVAL (a
+ * sort target out of range where the range sorts), -ENOMEM.
  */
 int mvcc_apply(struct mvcc_store *s, const struct mvcc_op *op,
 	       struct mvcc_result *out) MC_MUST_CHECK;
