@@ -1,0 +1,401 @@
+"""Robustness of mooncaked --role=meta against hostile etcd v3 requests:
+every request type of KV, Lease, Watch, Cluster and Maintenance, with
+every combination of its fields (types with more than 6 fields: every
+field alone, every pair and 150 random combinations), each field set from
+a pool of hostile values (empty, NUL and 64 KiB keys, range_end "\\0",
+0, -1, the extreme int64/uint64 values, future and compacted revisions,
+unknown lease and watch IDs, enum values out of range, bad URLs, nested
+txns), plus random bytes that are no protobuf at all and a txn nested
+100000 levels deep, sent in turn to every member of a 3-member cluster
+(so the followers' forwarding is fuzzed too). Answers may be errors; no
+member may exit. Afterwards every member still serves a linearizable
+put and get, and all of them report the same HashKV and Hash at the same
+applied index (the state machine stayed deterministic).
+
+The seed is fixed (SEED): a run is reproducible; FUZZ_DEBUG=1 prints how
+many answers of each status and message each method got. Calls that change the
+cluster are undone at once (an added member is removed, a raised alarm
+disarmed) so that the rest of the run still reaches every path.
+"""
+import itertools
+import random
+import threading
+import time
+
+import mctest
+from mctest import case, eq
+
+import grpc
+from google.protobuf import descriptor as D
+import metacluster as mc
+from metacluster import Client, Cluster, Requests
+import etcd_rpc_pb2 as pb
+
+SEED = 14
+MAX_ALL_SUBSETS_FIELDS = 6
+RANDOM_SUBSETS = 150
+ROUNDS = 8  # each combination with this many draws of values
+ROUNDS_OF = {"Txn": 80, "Put": 16}  # more for the richest requests
+CALL_TIMEOUT = 3.0
+KEEPALIVE_STREAMS = 200
+WATCH_ROUNDS = 3
+DEBUG = {} if __import__('os').environ.get('FUZZ_DEBUG') else None
+
+UNARY = [
+    ("KV", "Range", pb.RangeRequest, pb.RangeResponse),
+    ("KV", "Put", pb.PutRequest, pb.PutResponse),
+    ("KV", "DeleteRange", pb.DeleteRangeRequest, pb.DeleteRangeResponse),
+    ("KV", "Txn", pb.TxnRequest, pb.TxnResponse),
+    ("KV", "Compact", pb.CompactionRequest, pb.CompactionResponse),
+    ("Lease", "LeaseGrant", pb.LeaseGrantRequest, pb.LeaseGrantResponse),
+    ("Lease", "LeaseRevoke", pb.LeaseRevokeRequest, pb.LeaseRevokeResponse),
+    ("Lease", "LeaseTimeToLive", pb.LeaseTimeToLiveRequest, pb.LeaseTimeToLiveResponse),
+    ("Lease", "LeaseLeases", pb.LeaseLeasesRequest, pb.LeaseLeasesResponse),
+    ("Cluster", "MemberAdd", pb.MemberAddRequest, pb.MemberAddResponse),
+    ("Cluster", "MemberRemove", pb.MemberRemoveRequest, pb.MemberRemoveResponse),
+    ("Cluster", "MemberUpdate", pb.MemberUpdateRequest, pb.MemberUpdateResponse),
+    ("Cluster", "MemberList", pb.MemberListRequest, pb.MemberListResponse),
+    ("Cluster", "MemberPromote", pb.MemberPromoteRequest, pb.MemberPromoteResponse),
+    ("Maintenance", "Alarm", pb.AlarmRequest, pb.AlarmResponse),
+    ("Maintenance", "Status", pb.StatusRequest, pb.StatusResponse),
+    ("Maintenance", "Defragment", pb.DefragmentRequest, pb.DefragmentResponse),
+    ("Maintenance", "Hash", pb.HashRequest, pb.HashResponse),
+    ("Maintenance", "HashKV", pb.HashKVRequest, pb.HashKVResponse),
+    ("Maintenance", "MoveLeader", pb.MoveLeaderRequest, pb.MoveLeaderResponse),
+]
+STREAMS = [
+    ("Lease", "LeaseKeepAlive", pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse, "bidi"),
+    ("Watch", "Watch", pb.WatchRequest, pb.WatchResponse, "bidi"),
+    ("Maintenance", "Snapshot", pb.SnapshotRequest, pb.SnapshotResponse, "out"),
+]
+
+I64 = [0, 1, -1, 2, 7, (1 << 63) - 1, -(1 << 63), 1 << 32, -1000]
+U64 = [0, 1, (1 << 64) - 1, 1 << 63, 12345]
+
+
+class Gen:
+    """Hostile values for a field, from its type and name."""
+
+    def __init__(self, rng, cluster):
+        self.rng = rng
+        self.rev = 2
+        self.keys = [b"", b"\0", b"fz/a", b"fz/", b"fz0", b"\xff\xff", b"fz/" + b"k" * 300,
+                     b"K" * 65536, b"\0\0", b"fz/\0z"]
+        self.urls = ["", "http://127.0.0.1:1", "not a url", "http://" + "h" * 3000 + ":1",
+                     "http://127.0.0.1:99999", "unix:///x", "http://[::1]:2", "http://:0/"]
+
+    def scalar(self, f):
+        rng, name = self.rng, f.name.lower()
+        t = f.type
+        if t == D.FieldDescriptor.TYPE_BOOL:
+            return rng.random() < 0.5
+        if t == D.FieldDescriptor.TYPE_ENUM:
+            vals = [v.number for v in f.enum_type.values] + [99, -1, 1 << 20]
+            return rng.choice(vals)
+        if t == D.FieldDescriptor.TYPE_BYTES:
+            v = rng.choice(self.keys)
+            if name == "key" and not v and rng.random() < 0.8:
+                v = rng.choice(self.keys[2:])  # mostly keys that get past the checks
+            if rng.random() < 0.05:
+                v = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+            return v
+        if t == D.FieldDescriptor.TYPE_STRING:
+            return rng.choice(self.urls)
+        if t in (D.FieldDescriptor.TYPE_UINT64, D.FieldDescriptor.TYPE_FIXED64):
+            return rng.choice(U64)
+        if t in (D.FieldDescriptor.TYPE_INT64, D.FieldDescriptor.TYPE_SINT64,
+                 D.FieldDescriptor.TYPE_INT32):
+            pool = list(I64)
+            if "rev" in name:
+                pool += [self.rev, self.rev - 1, self.rev + 1, self.rev + 10 ** 6]
+            if name in ("ttl",):
+                pool += [5, 60, 9000000000, 9000000001]
+            v = rng.choice(pool)
+            if t == D.FieldDescriptor.TYPE_INT32:
+                v = max(-(1 << 31), min((1 << 31) - 1, v))
+            return v
+        raise AssertionError("no values for %s" % f.full_name)
+
+    def fill(self, msg, fields, depth):
+        """Set the given fields of msg (repeated ones get 0-3 values)."""
+        for f in fields:
+            if f.label == D.FieldDescriptor.LABEL_REPEATED:
+                n = self.rng.randrange(4)
+                for _ in range(n):
+                    if f.type == D.FieldDescriptor.TYPE_MESSAGE:
+                        if depth > 0:
+                            self.random_msg(getattr(msg, f.name).add(), depth - 1)
+                    else:
+                        getattr(msg, f.name).append(self.scalar(f))
+            elif f.type == D.FieldDescriptor.TYPE_MESSAGE:
+                if depth > 0:
+                    self.random_msg(getattr(msg, f.name), depth - 1)
+                    if not getattr(msg, f.name).ListFields():
+                        getattr(msg, f.name).SetInParent()
+            else:
+                setattr(msg, f.name, self.scalar(f))
+        return msg
+
+    def random_msg(self, msg, depth):
+        fields = [f for f in msg.DESCRIPTOR.fields if self.rng.random() < 0.5]
+        return self.fill(msg, fields, depth)
+
+
+def combinations(fields, rng):
+    """Every subset of the fields if few, else every single field, every
+    pair and some random subsets (always the empty message and all)."""
+    n = len(fields)
+    if n <= MAX_ALL_SUBSETS_FIELDS:
+        for k in range(n + 1):
+            yield from itertools.combinations(fields, k)
+        return
+    yield ()
+    yield tuple(fields)
+    yield from itertools.combinations(fields, 1)
+    yield from itertools.combinations(fields, 2)
+    for _ in range(RANDOM_SUBSETS):
+        yield tuple(f for f in fields if rng.random() < 0.5)
+
+
+class Fuzz:
+    def __init__(self, cluster):
+        self.c = cluster
+        self.rng = random.Random(SEED)
+        self.gen = Gen(self.rng, cluster)
+        self.chans = [grpc.insecure_channel(m.client_addr,
+                                            options=[("grpc.max_send_message_length", 64 << 20),
+                                                     ("grpc.max_receive_message_length",
+                                                      64 << 20)])
+                      for m in cluster.members]
+        self.turn = 0
+        self.calls = 0
+        self.codes = {}
+
+    def chan(self):
+        self.turn += 1
+        return self.chans[self.turn % len(self.chans)]
+
+    def alive(self, what):
+        for m in self.c.members:
+            if not m.alive():
+                raise AssertionError("%s exited during %s:\n%s"
+                                     % (m.name, what, m.output()[-4000:]))
+
+    def unary(self, svc, method, req, resp_type, raw=None):
+        ch = self.chan()
+        call = ch.unary_unary("/etcdserverpb.%s/%s" % (svc, method),
+                              request_serializer=(lambda x: x) if raw is not None
+                              else req.SerializeToString,
+                              response_deserializer=resp_type.FromString)
+        self.calls += 1
+        try:
+            r = call(raw if raw is not None else req, timeout=CALL_TIMEOUT)
+            code = "OK"
+        except grpc.RpcError as e:
+            r = None
+            code = e.code().name
+            if DEBUG is not None:
+                k = (method, code, (e.details() or "")[:70])
+                DEBUG[k] = DEBUG.get(k, 0) + 1
+        self.codes[code] = self.codes.get(code, 0) + 1
+        if r is not None and r.header.revision:
+            self.gen.rev = r.header.revision
+        self.undo(method, req, r)
+        return r
+
+    def undo(self, method, req, r):
+        """Keep the cluster the size it was and free of alarms."""
+        if r is None:
+            return
+        if method == "MemberAdd":
+            self.admin(lambda ch: ch.unary_unary(
+                "/etcdserverpb.Cluster/MemberRemove",
+                request_serializer=pb.MemberRemoveRequest.SerializeToString,
+                response_deserializer=pb.MemberRemoveResponse.FromString)(
+                    pb.MemberRemoveRequest(ID=r.member.ID), timeout=10))
+        if method == "Alarm" and req.action == pb.AlarmRequest.ACTIVATE:
+            self.admin(lambda ch: ch.unary_unary(
+                "/etcdserverpb.Maintenance/Alarm",
+                request_serializer=pb.AlarmRequest.SerializeToString,
+                response_deserializer=pb.AlarmResponse.FromString)(
+                    pb.AlarmRequest(action=pb.AlarmRequest.DEACTIVATE), timeout=10))
+
+    def admin(self, fn):
+        for _ in mc.deadline_loop(30, "an undo call never went through"):
+            try:
+                fn(self.chans[0])
+                return
+            except grpc.RpcError:
+                pass
+
+    def run_unary(self):
+        for svc, method, req_t, resp_t in UNARY:
+            n0 = self.calls
+            t0 = time.monotonic()
+            fields = list(req_t.DESCRIPTOR.fields)
+            for combo in combinations(fields, self.rng):
+                for _ in range(ROUNDS_OF.get(method, ROUNDS)):
+                    req = self.gen.fill(req_t(), combo, depth=3)
+                    self.unary(svc, method, req, resp_t)
+            # Not a protobuf at all, or a truncated one.
+            for _ in range(30):
+                junk = bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(1, 200)))
+                self.unary(svc, method, None, resp_t, raw=junk)
+            good = self.gen.random_msg(req_t(), 2).SerializeToString()
+            if good:
+                self.unary(svc, method, None, resp_t, raw=good[:len(good) // 2])
+            self.alive(method)
+            print("  %-16s %5d calls %.2fs" % (method, self.calls - n0, time.monotonic() - t0))
+
+    def run_deep_txn(self):
+        # Built from the inside out as a list of headers: a TxnRequest
+        # whose success[0] is a RequestOp whose request_txn is the next.
+        heads, inner = [], 0
+        for _ in range(100000):
+            for tag in (0x22, 0x12):
+                h = bytes([tag]) + _varint(inner)
+                heads.append(h)
+                inner += len(h)
+        self.unary("KV", "Txn", None, pb.TxnResponse, raw=b"".join(reversed(heads)))
+        self.alive("a txn nested 100000 levels")
+
+    def run_keepalive(self):
+        for i in range(KEEPALIVE_STREAMS):
+            ids = [self.gen.scalar(pb.LeaseKeepAliveRequest.DESCRIPTOR.fields[0])
+                   for _ in range(self.rng.randrange(0, 6))]
+            ch = self.chan()
+            call = ch.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive",
+                                    request_serializer=pb.LeaseKeepAliveRequest.SerializeToString,
+                                    response_deserializer=pb.LeaseKeepAliveResponse.FromString)
+            self.calls += 1
+            try:
+                list(call(iter([pb.LeaseKeepAliveRequest(ID=x) for x in ids]),
+                          timeout=CALL_TIMEOUT))
+            except grpc.RpcError:
+                pass
+        self.alive("LeaseKeepAlive")
+        print("  %-16s %5d streams" % ("LeaseKeepAlive", KEEPALIVE_STREAMS))
+
+    def run_watch(self):
+        create_fields = list(pb.WatchCreateRequest.DESCRIPTOR.fields)
+        combos = list(combinations(create_fields, self.rng)) * WATCH_ROUNDS
+        n = 0
+        for start in range(0, len(combos), 16):
+            reqs = []
+            for combo in combos[start:start + 16]:
+                r = self.rng.random()
+                if r < 0.7:
+                    reqs.append(pb.WatchRequest(create_request=self.gen.fill(
+                        pb.WatchCreateRequest(), combo, 1)))
+                elif r < 0.85:
+                    reqs.append(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(
+                        watch_id=self.rng.choice(I64 + [0, 1, 2, 3]))))
+                elif r < 0.95:
+                    reqs.append(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+                else:
+                    reqs.append(pb.WatchRequest())
+            ch = self.chan()
+            call = ch.stream_stream("/etcdserverpb.Watch/Watch",
+                                    request_serializer=pb.WatchRequest.SerializeToString,
+                                    response_deserializer=pb.WatchResponse.FromString)
+            q = Requests(*reqs)
+            stream = call(iter(q), timeout=CALL_TIMEOUT)
+            self.calls += 1
+            n += len(reqs)
+            got = []
+            reader = threading.Thread(target=_drain, args=(stream, got), daemon=True)
+            reader.start()
+            # Some writes while the watchers watch, then stop.
+            self.unary("KV", "Put", pb.PutRequest(key=b"fz/a", value=b"w", prev_kv=True),
+                       pb.PutResponse)
+            self.unary("KV", "DeleteRange", pb.DeleteRangeRequest(key=b"\0", range_end=b"\0"),
+                       pb.DeleteRangeResponse)
+            if self.rng.random() < 0.5:
+                q.close()  # half-close; the stream goes on until cancelled
+            time.sleep(0.05)
+            stream.cancel()
+            reader.join(CALL_TIMEOUT + 1)
+        self.alive("Watch")
+        print("  %-16s %5d requests" % ("Watch", n))
+
+    def run_snapshot(self):
+        for _ in range(3):
+            ch = self.chan()
+            call = ch.unary_stream("/etcdserverpb.Maintenance/Snapshot",
+                                   request_serializer=pb.SnapshotRequest.SerializeToString,
+                                   response_deserializer=pb.SnapshotResponse.FromString)
+            total = 0
+            for r in call(pb.SnapshotRequest(), timeout=30):
+                total += len(r.blob)
+            assert total > 4096 * 4, total
+            # and one the client walks away from
+            it = call(pb.SnapshotRequest(), timeout=30)
+            next(it)
+            it.cancel()
+        self.alive("Snapshot")
+
+
+def _drain(stream, got):
+    try:
+        for r in stream:
+            got.append(r)
+    except grpc.RpcError:
+        pass
+
+
+def _varint(n):
+    v = b""
+    while True:
+        x, n = n & 0x7f, n >> 7
+        v += bytes([x | (0x80 if n else 0)])
+        if not n:
+            return v
+
+
+@case
+def hostile_requests_stop_no_member():
+    c = Cluster(3)
+    try:
+        c.start()
+        f = Fuzz(c)
+        t0 = time.monotonic()
+        f.run_unary()
+        for step in (f.run_deep_txn, f.run_keepalive, f.run_watch, f.run_snapshot):
+            t1 = time.monotonic()
+            step()
+            print("  %s %.2fs" % (step.__name__, time.monotonic() - t1))
+        print("  %d calls in %.1fs: %s" % (f.calls, time.monotonic() - t0,
+                                           ", ".join("%s %d" % kv for kv in
+                                                     sorted(f.codes.items()))))
+        f.alive("the run")
+        for k, v in sorted((DEBUG or {}).items()):
+            print("   ", v, k)
+        # Everyone still serves, and everyone holds the same state.
+        for m in c.members:
+            cl = Client(m.client_addr, timeout=10)
+            mctest.wait_for(lambda: cl.put(b"fz/after", m.name.encode()), timeout=20,
+                            what="a put through %s" % m.name)
+            eq(cl.get(b"fz/after"), m.name.encode(), "read your write on %s" % m.name)
+            cl.close()
+        hk = lambda m: mc.Client(m.client_addr).ch.unary_unary(  # noqa: E731
+            "/etcdserverpb.Maintenance/HashKV",
+            request_serializer=pb.HashKVRequest.SerializeToString,
+            response_deserializer=pb.HashKVResponse.FromString)(pb.HashKVRequest(), timeout=10)
+        hs = lambda m: mc.Client(m.client_addr).ch.unary_unary(  # noqa: E731
+            "/etcdserverpb.Maintenance/Hash",
+            request_serializer=pb.HashRequest.SerializeToString,
+            response_deserializer=pb.HashResponse.FromString)(pb.HashRequest(), timeout=10)
+
+        def agree():
+            if len({m.status().raftAppliedIndex for m in c.members}) != 1:
+                return None
+            got = {(hk(m).hash, hk(m).header.revision, hs(m).hash) for m in c.members}
+            return got if len(got) == 1 else None
+        mctest.wait_for(agree, timeout=30, what="the same HashKV and Hash on every member")
+        codes = [(m.name, m.stop()) for m in c.members]
+        eq([x for x in codes if x[1] != 0], [], "members that did not exit 0")
+    finally:
+        c.close()
+
+
+mctest.main()
