@@ -85,8 +85,9 @@
 	  "in-memory log are then compacted)")                                 \
 	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
 	  67108864, NULL,                                                      \
-	  "meta: largest client request; larger ones fail with etcd's "        \
-	  "\"request is too large\"")                                          \
+	  "meta: largest write (its log entry); larger ones fail with "        \
+	  "etcd's \"request is too large\"; the client port refuses any "      \
+	  "request larger than this plus 512K, as etcd's gRPC server does")    \
 	X(QUOTA_BYTES, "quota-bytes", META, SIZE, "2G", 4096,                  \
 	  1099511627776ull, NULL,                                              \
 	  "meta: space quota of the key-value store (keys, values and "        \
