@@ -214,28 +214,33 @@ func election(eps []string) (string, error) {
 	return "leaders " + strings.Join(seen, ","), nil
 }
 
-// session: a 2 s session outlives 4 s thanks to its keep-alives; its key
+// session: a 5 s session outlives 6 s thanks to its keep-alives; its key
 // goes when the session is closed (its lease revoked).
 func session(eps []string) (string, error) {
 	cl := client(eps)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := concurrency.NewSession(cl, concurrency.WithTTL(2))
+	s, err := concurrency.NewSession(cl, concurrency.WithTTL(5))
 	if err != nil {
 		return "", err
 	}
 	if _, err := cl.Put(ctx, "/check/session", "x", clientv3.WithLease(s.Lease())); err != nil {
 		return "", err
 	}
-	time.Sleep(4 * time.Second)
+	time.Sleep(6 * time.Second)
 	r, err := cl.Get(ctx, "/check/session")
 	if err != nil || len(r.Kvs) != 1 {
 		return "", fmt.Errorf("the key went while kept alive: %v %v", r, err)
 	}
+	// TTL is the remaining time truncated to seconds: 0 is fine under load,
+	// -1 would mean the lease is gone.
 	ttl, err := cl.TimeToLive(ctx, s.Lease(), clientv3.WithAttachedKeys())
-	if err != nil || ttl.TTL <= 0 || len(ttl.Keys) != 1 {
-		return "", fmt.Errorf("TimeToLive %v %v", ttl, err)
+	if err != nil || ttl.TTL < 0 || ttl.GrantedTTL != 5 || len(ttl.Keys) != 1 {
+		if err == nil {
+			err = fmt.Errorf("TTL %d, granted %d, keys %q", ttl.TTL, ttl.GrantedTTL, ttl.Keys)
+		}
+		return "", fmt.Errorf("TimeToLive: %v", err)
 	}
 	if err := s.Close(); err != nil {
 		return "", err
