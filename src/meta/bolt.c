@@ -23,6 +23,7 @@
 
 #include "common/buf.h"
 #include "common/crc32c.h"
+#include "common/endian.h"
 #include "meta/lease.h"
 
 #define PAGE BOLT_PAGE_BYTES
@@ -43,36 +44,12 @@
 
 /* ------------------------------------------------------------- encoding */
 
-static void le16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void le32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void le64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void be64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
-
 /* etcd's revToBytes, plus the tombstone mark: 17 or 18 bytes. */
 static size_t rev_bytes(uint8_t *p, int64_t main, int64_t sub, bool tombstone)
 {
-	be64(p, (uint64_t)main);
+	mc_put_be64(p, (uint64_t)main);
 	p[8] = '_';
-	be64(p + 9, (uint64_t)sub);
+	mc_put_be64(p + 9, (uint64_t)sub);
 	if (!tombstone)
 		return 17;
 	p[17] = 't';
@@ -297,7 +274,7 @@ static int lease_entry(void *ctx, int64_t id, int64_t ttl_s, int64_t remaining_t
 {
 	struct lease_walk *w = ctx;
 	uint8_t k[8];
-	be64(k, (uint64_t)id);
+	mc_put_be64(k, (uint64_t)id);
 	mc_buf_reset(&w->val);
 	int rc = pb_int(&w->val, 1, id);
 	if (!rc && !(rc = pb_int(&w->val, 2, ttl_s)))
@@ -372,7 +349,7 @@ static int walk(const struct bolt_state *st, struct sink *sk)
 
 	/* meta, keys in byte order */
 	uint8_t ci[8], cr[17];
-	be64(ci, st->consistent_index);
+	mc_put_be64(ci, st->consistent_index);
 	if ((rc = sk->bucket(sk, "meta")) || (rc = sk->kv(sk, "consistent_index", 16, ci, 8)))
 		goto out;
 	if (kw.compact_rev > 0) {
@@ -594,24 +571,24 @@ static int level_flush(struct image *im, struct level *l, struct prefs *up)
 	uint8_t *p = (uint8_t *)im->out.data + im->out.len;
 	uint64_t id = im->next_pgid;
 	memset(p, 0, npages * PAGE);
-	le64(p, id);
-	le16(p + 8, l->leaf ? LEAF_FLAG : BRANCH_FLAG);
-	le16(p + 10, (uint16_t)l->n);
-	le32(p + 12, (uint32_t)(npages - 1));
+	mc_put_le64(p, id);
+	mc_put_le16(p + 8, l->leaf ? LEAF_FLAG : BRANCH_FLAG);
+	mc_put_le16(p + 10, (uint16_t)l->n);
+	mc_put_le32(p + 12, (uint32_t)(npages - 1));
 	size_t data_at = PAGE_HEADER + l->n * ELEM_BYTES;
 	for (size_t i = 0; i < l->n; i++) {
 		const struct lelem *e = &l->el[i];
 		uint8_t *el = p + PAGE_HEADER + i * ELEM_BYTES;
 		uint32_t pos = (uint32_t)(data_at + e->off - (PAGE_HEADER + i * ELEM_BYTES));
 		if (l->leaf) {
-			le32(el, e->flags);
-			le32(el + 4, pos);
-			le32(el + 8, (uint32_t)e->ksize);
-			le32(el + 12, (uint32_t)e->vsize);
+			mc_put_le32(el, e->flags);
+			mc_put_le32(el + 4, pos);
+			mc_put_le32(el + 8, (uint32_t)e->ksize);
+			mc_put_le32(el + 12, (uint32_t)e->vsize);
 		} else {
-			le32(el, pos);
-			le32(el + 4, (uint32_t)e->ksize);
-			le64(el + 8, e->pgid);
+			mc_put_le32(el, pos);
+			mc_put_le32(el + 4, (uint32_t)e->ksize);
+			mc_put_le64(el + 8, e->pgid);
 		}
 	}
 	if (l->data.len)
@@ -698,18 +675,18 @@ static uint64_t fnv64a(const uint8_t *p, size_t n)
 static void write_meta(uint8_t *page, uint64_t pgid, uint64_t root, uint64_t hwm, uint64_t txid)
 {
 	uint8_t *m = page + PAGE_HEADER;
-	le64(page, pgid);
-	le16(page + 8, META_FLAG);
-	le32(m, MAGIC);
-	le32(m + 4, VERSION);
-	le32(m + 8, PAGE);
-	le32(m + 12, 0);
-	le64(m + 16, root); /* root bucket: root page, sequence 0 */
-	le64(m + 24, 0);
-	le64(m + 32, FREELIST_PGID);
-	le64(m + 40, hwm);
-	le64(m + 48, txid);
-	le64(m + 56, fnv64a(m, 56));
+	mc_put_le64(page, pgid);
+	mc_put_le16(page + 8, META_FLAG);
+	mc_put_le32(m, MAGIC);
+	mc_put_le32(m + 4, VERSION);
+	mc_put_le32(m + 8, PAGE);
+	mc_put_le32(m + 12, 0);
+	mc_put_le64(m + 16, root); /* root bucket: root page, sequence 0 */
+	mc_put_le64(m + 24, 0);
+	mc_put_le64(m + 32, FREELIST_PGID);
+	mc_put_le64(m + 40, hwm);
+	mc_put_le64(m + 48, txid);
+	mc_put_le64(m + 56, fnv64a(m, 56));
 }
 
 int bolt_image(const struct bolt_state *st, uint8_t **out, size_t *len)
@@ -731,8 +708,8 @@ int bolt_image(const struct bolt_state *st, uint8_t **out, size_t *len)
 	level_reset(&root, true);
 	for (size_t i = 0; i < im.buckets.n; i++) {
 		uint8_t hdr[16];
-		le64(hdr, im.buckets.v[i].pgid);
-		le64(hdr + 8, 0);
+		mc_put_le64(hdr, im.buckets.v[i].pgid);
+		mc_put_le64(hdr + 8, 0);
 		if ((rc = level_add(&root, BUCKET_LEAF_FLAG,
 				    im.buckets.keys.data + im.buckets.v[i].koff,
 				    im.buckets.v[i].klen, hdr, sizeof(hdr), 0)))
@@ -748,8 +725,8 @@ int bolt_image(const struct bolt_state *st, uint8_t **out, size_t *len)
 	uint8_t *p = (uint8_t *)im.out.data;
 	write_meta(p, 0, root_pgid, hwm, 2);
 	write_meta(p + PAGE, 1, root_pgid, hwm, 3);
-	le64(p + FREELIST_PGID * PAGE, FREELIST_PGID);
-	le16(p + FREELIST_PGID * PAGE + 8, FREELIST_FLAG);
+	mc_put_le64(p + FREELIST_PGID * PAGE, FREELIST_PGID);
+	mc_put_le16(p + FREELIST_PGID * PAGE + 8, FREELIST_FLAG);
 	*out = (uint8_t *)im.out.data;
 	*len = im.out.len;
 	im.out.data = NULL;

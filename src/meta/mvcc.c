@@ -1596,6 +1596,19 @@ static uint32_t hist_index(const struct mvcc__key *k, int64_t main, uint32_t sub
 	return lo;
 }
 
+/* Drop the n oldest versions of k (the key node stays). */
+static void drop_oldest(struct mvcc_store *s, struct mvcc__key *k, uint32_t n)
+{
+	for (uint32_t d = 0; d < n; d++) {
+		s->db_size -= ver_size(k, &k->hist[d]);
+		s->value_bytes -= k->hist[d].vlen;
+		free(k->hist[d].value);
+	}
+	s->nversions -= n;
+	k->nhist -= n;
+	memmove(k->hist, k->hist + n, k->nhist * sizeof(*k->hist));
+}
+
 int mvcc_compact(struct mvcc_store *s, int64_t rev)
 {
 	if (rev <= s->compact_rev)
@@ -1614,14 +1627,7 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev)
 		uint32_t drop = j;
 		if (!ver_live(&k->hist[j]) || (j + 1 < k->nhist && k->hist[j + 1].main == rev))
 			drop = j + 1;
-		for (uint32_t d = 0; d < drop; d++) {
-			s->db_size -= ver_size(k, &k->hist[d]);
-			s->value_bytes -= k->hist[d].vlen;
-			free(k->hist[d].value);
-		}
-		s->nversions -= drop;
-		k->nhist -= drop;
-		memmove(k->hist, k->hist + drop, k->nhist * sizeof(*k->hist));
+		drop_oldest(s, k, drop);
 		if (k->nhist == 0) {
 			struct mvcc__bytes b = {k->key, k->klen};
 			mvcc__tree_remove(&s->keys, &b);
@@ -1640,17 +1646,7 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev)
 	 * gone, so the walk above did not see them). */
 	for (size_t e = i; e < s->rl_len && s->rl[e].main == rev; e++) {
 		struct mvcc__key *k = s->rl[e].key;
-		uint32_t drop = hist_index(k, rev, 0);
-		if (!drop)
-			continue;
-		for (uint32_t d = 0; d < drop; d++) {
-			s->db_size -= ver_size(k, &k->hist[d]);
-			s->value_bytes -= k->hist[d].vlen;
-			free(k->hist[d].value);
-		}
-		s->nversions -= drop;
-		k->nhist -= drop;
-		memmove(k->hist, k->hist + drop, k->nhist * sizeof(*k->hist));
+		drop_oldest(s, k, hist_index(k, rev, 0));
 	}
 	s->rl_base += i - s->rl_head;
 	s->rl_head = i;

@@ -17,29 +17,12 @@
 #include <string.h>
 
 #include "common/crc32c.h"
+#include "common/endian.h"
 #include "meta/bolt.h"
 #include "meta/lease.h"
 #include "test_mvcc_helpers.h"
 
 #define PG BOLT_PAGE_BYTES
-
-static uint64_t rd64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static uint32_t rd32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint16_t rd16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
 
 struct entry {
 	char bucket[32];
@@ -110,10 +93,10 @@ static void walk_page(struct reader *r, const char *bucket, uint64_t id, const u
 	cr_assert_lt(depth, 16);
 	cr_assert_lt(id, r->hwm);
 	const uint8_t *p = r->img + id * PG;
-	cr_assert_eq(rd64(p), id, "page %llu names itself %llu", (unsigned long long)id,
-		     (unsigned long long)rd64(p));
-	uint16_t flags = rd16(p + 8), count = rd16(p + 10);
-	uint32_t overflow = rd32(p + 12);
+	cr_assert_eq(mc_get_le64(p), id, "page %llu names itself %llu", (unsigned long long)id,
+		     (unsigned long long)mc_get_le64(p));
+	uint16_t flags = mc_get_le16(p + 8), count = mc_get_le16(p + 10);
+	uint32_t overflow = mc_get_le32(p + 12);
 	mark(r, id, overflow);
 	size_t span = (size_t)(overflow + 1) * PG;
 	cr_assert_leq((id + overflow + 1) * PG, r->len);
@@ -121,21 +104,21 @@ static void walk_page(struct reader *r, const char *bucket, uint64_t id, const u
 		cr_assert_gt(count, 0, "an empty branch page");
 		for (uint16_t i = 0; i < count; i++) {
 			const uint8_t *el = p + 16 + 16 * (size_t)i;
-			uint32_t pos = rd32(el), ksize = rd32(el + 4);
+			uint32_t pos = mc_get_le32(el), ksize = mc_get_le32(el + 4);
 			size_t at = 16 + 16 * (size_t)i + pos;
 			cr_assert_leq(at + ksize, span);
 			if (i == 0 && low)
 				cr_assert_eq(bytes_cmp(p + at, ksize, low, lowlen), 0,
 					     "a branch key is its child's first key");
-			walk_page(r, bucket, rd64(el + 8), p + at, ksize, depth + 1);
+			walk_page(r, bucket, mc_get_le64(el + 8), p + at, ksize, depth + 1);
 		}
 		return;
 	}
 	cr_assert_eq(flags, 0x02, "page %llu has type %#x", (unsigned long long)id, flags);
 	for (uint16_t i = 0; i < count; i++) {
 		const uint8_t *el = p + 16 + 16 * (size_t)i;
-		uint32_t eflags = rd32(el), pos = rd32(el + 4), ksize = rd32(el + 8),
-			 vsize = rd32(el + 12);
+		uint32_t eflags = mc_get_le32(el), pos = mc_get_le32(el + 4), ksize = mc_get_le32(el + 8),
+			 vsize = mc_get_le32(el + 12);
 		size_t at = 16 + 16 * (size_t)i + pos;
 		cr_assert_leq(at + ksize + vsize, span);
 		cr_assert_eq(eflags, 0, "no nested buckets");
@@ -166,38 +149,38 @@ static void read_image(struct reader *r, const uint8_t *img, size_t len)
 	uint64_t root = 0;
 	for (int m = 0; m < 2; m++) {
 		const uint8_t *p = img + (size_t)m * PG, *meta = p + 16;
-		cr_assert_eq(rd64(p), (uint64_t)m);
-		cr_assert_eq(rd16(p + 8), 0x04);
-		cr_assert_eq(rd32(meta), 0xED0CDAEDu, "magic");
-		cr_assert_eq(rd32(meta + 4), 2, "version");
-		cr_assert_eq(rd32(meta + 8), PG, "page size");
-		cr_assert_eq(rd64(meta + 56), fnv64a(meta, 56), "meta %d checksum", m);
-		cr_assert_eq(rd64(meta + 48) % 2, (uint64_t)m, "txid parity");
-		cr_assert_eq(rd64(meta + 32), 2, "freelist page");
-		root = rd64(meta + 16);
-		r->hwm = rd64(meta + 40);
+		cr_assert_eq(mc_get_le64(p), (uint64_t)m);
+		cr_assert_eq(mc_get_le16(p + 8), 0x04);
+		cr_assert_eq(mc_get_le32(meta), 0xED0CDAEDu, "magic");
+		cr_assert_eq(mc_get_le32(meta + 4), 2, "version");
+		cr_assert_eq(mc_get_le32(meta + 8), PG, "page size");
+		cr_assert_eq(mc_get_le64(meta + 56), fnv64a(meta, 56), "meta %d checksum", m);
+		cr_assert_eq(mc_get_le64(meta + 48) % 2, (uint64_t)m, "txid parity");
+		cr_assert_eq(mc_get_le64(meta + 32), 2, "freelist page");
+		root = mc_get_le64(meta + 16);
+		r->hwm = mc_get_le64(meta + 40);
 	}
 	cr_assert_eq(r->hwm * PG, len, "the file holds the pages below the high-water mark");
 	r->seen = calloc(r->hwm, 1);
 	r->seen[0] = r->seen[1] = 1;
 	const uint8_t *fl = img + 2 * PG;
-	cr_assert_eq(rd16(fl + 8), 0x10);
-	cr_assert_eq(rd16(fl + 10), 0, "nothing free");
-	mark(r, 2, rd32(fl + 12));
+	cr_assert_eq(mc_get_le16(fl + 8), 0x10);
+	cr_assert_eq(mc_get_le16(fl + 10), 0, "nothing free");
+	mark(r, 2, mc_get_le32(fl + 12));
 	/* The root bucket: one leaf page of bucket elements. */
 	const uint8_t *rp = img + root * PG;
-	cr_assert_eq(rd64(rp), root);
-	cr_assert_eq(rd16(rp + 8), 0x02);
-	mark(r, root, rd32(rp + 12));
-	uint16_t count = rd16(rp + 10);
+	cr_assert_eq(mc_get_le64(rp), root);
+	cr_assert_eq(mc_get_le16(rp + 8), 0x02);
+	mark(r, root, mc_get_le32(rp + 12));
+	uint16_t count = mc_get_le16(rp + 10);
 	uint8_t prev[32] = {0};
 	size_t prevlen = 0;
 	for (uint16_t i = 0; i < count; i++) {
 		const uint8_t *el = rp + 16 + 16 * (size_t)i;
-		cr_assert_eq(rd32(el), 1, "bucket flag");
-		size_t at = 16 + 16 * (size_t)i + rd32(el + 4);
-		uint32_t ksize = rd32(el + 8);
-		cr_assert_eq(rd32(el + 12), 16, "a bucket header, no inline page");
+		cr_assert_eq(mc_get_le32(el), 1, "bucket flag");
+		size_t at = 16 + 16 * (size_t)i + mc_get_le32(el + 4);
+		uint32_t ksize = mc_get_le32(el + 8);
+		cr_assert_eq(mc_get_le32(el + 12), 16, "a bucket header, no inline page");
 		char name[32] = {0};
 		cr_assert_lt(ksize, sizeof(name));
 		memcpy(name, rp + at, ksize);
@@ -205,7 +188,7 @@ static void read_image(struct reader *r, const uint8_t *img, size_t len)
 			cr_assert_lt(bytes_cmp(prev, prevlen, rp + at, ksize), 0);
 		memcpy(prev, rp + at, ksize);
 		prevlen = ksize;
-		uint64_t broot = rd64(rp + at + ksize);
+		uint64_t broot = mc_get_le64(rp + at + ksize);
 		cr_assert_neq(broot, 0, "not inline");
 		r->have_last = false;
 		walk_page(r, name, broot, NULL, 0, 0);
