@@ -66,7 +66,14 @@ func stm(eps []string, iso concurrency.Isolation, key string) error {
 			defer cl.Close()
 			for j := 0; j < 10; j++ {
 				_, err := concurrency.NewSTM(cl, func(s concurrency.STM) error {
-					n, err := strconv.Atoi(s.Get(key))
+					// A serializable read on a member that has not
+					// applied the first put yet sees no key: 0, and
+					// the commit's compare sends the STM round again.
+					v := s.Get(key)
+					if v == "" {
+						v = "0"
+					}
+					n, err := strconv.Atoi(v)
 					if err != nil {
 						return err
 					}
