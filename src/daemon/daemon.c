@@ -459,10 +459,19 @@ static int setup_logging(const struct cfg *cfg)
 		log_set_levels(levels);
 	const char *file = cfg_str(cfg, CFG_LOG_FILE);
 	int rc = log_open_file(file);
-	if (rc)
+	if (rc) {
 		fprintf(stderr, "mooncaked: cannot open --log-file %s: %s\n", file,
 			mc_strerror(rc));
-	return rc;
+		return rc;
+	}
+	log_set_rotation(cfg_u64(cfg, CFG_LOG_MAX_SIZE),
+			 (unsigned)cfg_u64(cfg, CFG_LOG_MAX_FILES));
+	for (const char *w = cfg_warnings(cfg); *w;) {
+		size_t n = strcspn(w, "\n");
+		log_at(LOGS_CFG, LOG_WARN, "%.*s", (int)n, w);
+		w += n + (w[n] == '\n');
+	}
+	return 0;
 }
 
 static int lock_data_dir(struct daemon *d)
