@@ -13,7 +13,6 @@
 #include "daemon/daemon.h"
 #include "daemon/daemon_int.h"
 
-#include <dirent.h>
 #include <stddef.h>
 #include <errno.h>
 #include <limits.h>
@@ -98,6 +97,7 @@ struct daemon {
 	char pid_path[PATH_MAX];
 	bool pid_written;
 	uint64_t start_wall_ms;
+	double start_s; /* the same, for process_start_time_seconds */
 };
 
 /* ------------------------------------------------------------ systemd */
@@ -130,30 +130,6 @@ static void notify_systemd(const char *state)
 
 /* ------------------------------------------------------------ metrics */
 
-static double m_rss_bytes(void *ctx)
-{
-	(void)ctx;
-	return (double)mc_rss_bytes();
-}
-
-static double m_open_fds(void *ctx)
-{
-	(void)ctx;
-	DIR *dir = opendir("/proc/self/fd");
-	double n = 0;
-	if (!dir)
-		return 0;
-	for (struct dirent *e; (e = readdir(dir));)
-		n += e->d_name[0] != '.';
-	closedir(dir);
-	return n - 1; /* the directory's own descriptor */
-}
-
-static double m_start_time(void *ctx)
-{
-	return (double)((struct daemon *)ctx)->start_wall_ms / 1000.0;
-}
-
 static void register_process_metrics(struct daemon *d,
 				     struct metrics_registry *r,
 				     const char *role)
@@ -163,14 +139,8 @@ static void register_process_metrics(struct daemon *d,
 				 "version,revision,role",
 				 (const char *[]){MC_VERSION, MC_GITREV, role}),
 		   1);
-	metrics_gauge_fn(r, "process_start_time_seconds",
-			 "Start time of the process since the epoch, in seconds.",
-			 NULL, NULL, m_start_time, d);
-	metrics_gauge_fn(r, "process_resident_memory_bytes",
-			 "Resident memory size in bytes.", NULL, NULL, m_rss_bytes,
-			 NULL);
-	metrics_gauge_fn(r, "process_open_fds", "Number of open file descriptors.",
-			 NULL, NULL, m_open_fds, NULL);
+	if (metrics_register_process(r, &d->start_s) != 0)
+		log_warn("%s: some process_* metrics could not be registered", role);
 }
 
 /* ------------------------------------------------------------ health */
@@ -538,6 +508,7 @@ int daemon_run(const struct cfg *cfg)
 	d->cfg = cfg;
 	d->lock_fd = -1;
 	d->start_wall_ms = mc_wall_ms();
+	d->start_s = (double)d->start_wall_ms / 1000.0;
 	if (setup_logging(cfg) != 0) {
 		free(d);
 		return 1;

@@ -845,7 +845,7 @@ out:
 
 #define UNARY(name, fn, req, resp)                                             \
 	{name, RPC_UNARY, &mooncake__master__##req##__descriptor,              \
-	 &mooncake__master__##resp##__descriptor, NULL, fn, NULL, NULL, NULL}
+	 &mooncake__master__##resp##__descriptor, NULL, fn, NULL, NULL, NULL, false}
 
 static const struct rpc_method methods[] = {
 	UNARY("MountSegment", on_mount, mount_segment_request, mount_segment_response),
@@ -867,9 +867,10 @@ static const struct rpc_method methods[] = {
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),
 	UNARY("List", on_list, list_request, list_response),
+	/* A long poll: kept out of the call latency histogram. */
 	{"SyncSegment", RPC_UNARY, &mooncake__master__sync_segment_request__descriptor,
 	 &mooncake__master__sync_segment_response__descriptor, NULL, master__on_sync, NULL,
-	 master__on_sync_cancel, NULL},
+	 master__on_sync_cancel, NULL, true},
 	UNARY("ListSegment", master__on_list_segment, list_segment_request,
 	      list_segment_response),
 	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),

@@ -93,6 +93,10 @@ struct rpc_method {
 	 * call (rpc_call_pending_bytes) fell below RPC_DRAIN_BYTES after a
 	 * send had brought them to it or above. Send more from here. */
 	void (*on_drain)(struct rpc_call *call);
+	/* A long poll (the handler holds the call until something happens):
+	 * its duration goes to mooncake_rpc_server_long_poll_duration_seconds
+	 * instead of the call latency histogram operators alert on. */
+	bool long_poll;
 };
 
 /* Back-pressure threshold of on_drain (server) and on_drain (client). */

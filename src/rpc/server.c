@@ -211,8 +211,11 @@ static void call_record(struct rpc_call *call, int code)
 	metric_observe(st->duration, (double)(uv_hrtime() - call->start_ns) / 1e9);
 }
 
+/* A long poll's duration in seconds: up to a minute. */
+static const double long_poll_buckets[] = {0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60};
+
 static int mstats_init(struct rpc_server *s, struct mstats *st, const char *svc,
-		       const char *method)
+		       const char *method, bool long_poll)
 {
 	size_t len = strlen(svc) + strlen(method) + 3;
 	st->path = malloc(len);
@@ -222,11 +225,20 @@ static int mstats_init(struct rpc_server *s, struct mstats *st, const char *svc,
 		snprintf(st->path, len, "/%s/%s", svc, method);
 	else
 		snprintf(st->path, len, "%s", svc);
-	st->duration = metrics_histogram(
-		s->reg, "mooncake_rpc_server_call_duration_seconds",
-		"Time from request headers to the final status.", "server,method",
-		(const char *[]){s->name, st->path}, metrics_latency_buckets,
-		metrics_latency_nbuckets);
+	if (long_poll)
+		st->duration = metrics_histogram(
+			s->reg, "mooncake_rpc_server_long_poll_duration_seconds",
+			"Time long polls (calls held until something happens) were "
+			"held, from request headers to the final status; kept out of "
+			"mooncake_rpc_server_call_duration_seconds.",
+			"server,method", (const char *[]){s->name, st->path},
+			long_poll_buckets, MC_ARRAY_LEN(long_poll_buckets));
+	else
+		st->duration = metrics_histogram(
+			s->reg, "mooncake_rpc_server_call_duration_seconds",
+			"Time from request headers to the final status.", "server,method",
+			(const char *[]){s->name, st->path}, metrics_latency_buckets,
+			metrics_latency_nbuckets);
 	return 0;
 }
 
@@ -1297,7 +1309,7 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(s->cbs, on_data_chunk);
 	nghttp2_session_callbacks_set_on_frame_send_callback(s->cbs, on_frame_send);
 	nghttp2_session_callbacks_set_on_stream_close_callback(s->cbs, on_stream_close);
-	if (mstats_init(s, &s->unknown, "unknown", ""))
+	if (mstats_init(s, &s->unknown, "unknown", "", false))
 		goto err_free;
 	s->m_conns = metrics_gauge(s->reg, "mooncake_rpc_server_connections",
 				   "Open client connections.", "server",
@@ -1348,7 +1360,8 @@ int rpc_server_add_service(struct rpc_server *s, const char *service,
 	if (!v->name || !v->stats)
 		goto err;
 	for (size_t i = 0; i < nmethods; i++)
-		if (mstats_init(s, &v->stats[i], service, methods[i].name))
+		if (mstats_init(s, &v->stats[i], service, methods[i].name,
+				methods[i].long_poll))
 			goto err;
 	v->next = s->svcs;
 	s->svcs = v;
