@@ -1169,6 +1169,20 @@ unsigned cfg_roles(const struct cfg *c)
 	return (unsigned)c->v[CFG_ROLE].num;
 }
 
+void cfg_meta_endpoints(const struct cfg *c, char *out, size_t len)
+{
+	if (!(cfg_roles(c) & CFG_ROLE_META) || c->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
+		snprintf(out, len, "%s", cfg_str(c, CFG_META_ENDPOINTS));
+		return;
+	}
+	const char *listen = cfg_str(c, CFG_LISTEN_CLIENT);
+	const char *colon = strrchr(listen, ':');
+	if (strncmp(listen, "0.0.0.0:", 8) == 0)
+		snprintf(out, len, "http://127.0.0.1%s", colon);
+	else
+		snprintf(out, len, "http://%s", listen);
+}
+
 /* ------------------------------------------------------------ output */
 
 static const char *metavar(const struct cfg_keydef *d)

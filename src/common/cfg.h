@@ -130,6 +130,11 @@ bool cfg_bool(const struct cfg *c, enum cfg_key k);
 /* A RATIO key's value, 0.0 to 1.0. */
 double cfg_ratio(const struct cfg *c, enum cfg_key k);
 unsigned cfg_roles(const struct cfg *c);
+/* The meta endpoints the roles above meta use: --meta-endpoints as
+ * configured, except that a process running the meta role with
+ * --meta-endpoints left at its default uses its own meta (its
+ * --listen-client, 0.0.0.0 read as 127.0.0.1). Written into out. */
+void cfg_meta_endpoints(const struct cfg *c, char *out, size_t len);
 
 /* Value parsers (also used by mooncakectl). Errors: -EINVAL, -ERANGE. */
 int cfg_parse_size(const char *s, uint64_t *bytes) MC_MUST_CHECK;

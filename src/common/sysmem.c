@@ -182,3 +182,13 @@ enum mc_fit mc_segment_fit(const struct mc_fit_in *in, char *why, size_t len)
 		why[0] = '\0';
 	return MC_FIT_OK;
 }
+
+uint64_t mc_default_segment_bytes(uint64_t ram_bytes)
+{
+	const uint64_t huge = 2u << 20;
+	uint64_t n = 1ull << 30;
+	if (ram_bytes && ram_bytes / 4 < n)
+		n = ram_bytes / 4;
+	n &= ~(huge - 1);
+	return n ? n : huge;
+}

@@ -72,6 +72,10 @@ enum mc_fit {
  */
 enum mc_fit mc_segment_fit(const struct mc_fit_in *in, char *why, size_t len);
 
+/* The segment an agent makes with --global-segment-size=0: 1 GiB or a
+ * quarter of ram_bytes, whichever is smaller, in whole 2 MiB. Pure. */
+uint64_t mc_default_segment_bytes(uint64_t ram_bytes);
+
 /* "64 GiB", "1.5 MiB", "512 B": a byte count for people. */
 void mc_format_bytes(uint64_t bytes, char *buf, size_t len);
 

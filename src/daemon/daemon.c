@@ -28,6 +28,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "doctor/doctor.h"
 #include "http/http.h"
 #include "rpc/rpc.h"
 
@@ -370,6 +371,9 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 					    RPC_HEALTH_NOT_SERVING);
 		if (rc == 0 && cfg_bool(cfg, CFG_DIAG_SERVICE))
 			rc = rpc_diag_add(rt->rpc[i]);
+		/* The node's checks, for mooncakectl doctor --cluster. */
+		if (rc == 0 && i == 0)
+			rc = doctor_service_add(rt->rpc[i], cfg);
 		if (rc) {
 			log_error("%s: cannot register services: %s", def->name,
 				  mc_strerror(rc));
@@ -595,15 +599,5 @@ const struct cfg *role_cfg(const struct role_rt *rt)
 
 void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len)
 {
-	if (!(cfg_roles(cfg) & CFG_ROLE_META) ||
-	    cfg->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
-		snprintf(out, len, "%s", cfg_str(cfg, CFG_META_ENDPOINTS));
-		return;
-	}
-	const char *listen = cfg_str(cfg, CFG_LISTEN_CLIENT);
-	const char *colon = strrchr(listen, ':');
-	if (strncmp(listen, "0.0.0.0:", 8) == 0)
-		snprintf(out, len, "http://127.0.0.1%s", colon);
-	else
-		snprintf(out, len, "http://%s", listen);
+	cfg_meta_endpoints(cfg, out, len);
 }

@@ -262,6 +262,11 @@ int te_wait(struct te_batch *b, uint64_t timeout_ms) MC_MUST_CHECK;
 /* Free a batch; one still pending is waited for first. */
 void te_batch_free(struct te_batch *b);
 
+/* The socket buffer the tcp transport wants: it fixes SO_SNDBUF/RCVBUF at
+ * this when autotuning (net.ipv4.tcp_[rw]mem) stays below it and
+ * net.core.[rw]mem_max allows it. */
+#define TE_TCP_SOCKBUF_BYTES (4u << 20)
+
 /* ------------------------------------------------------------ RDMA facts
  * What the rdma transport decides about a port, for tools that check a
  * node before it runs (mooncakectl doctor) and must decide the same way.
