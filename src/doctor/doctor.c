@@ -62,7 +62,8 @@ int doctor_add(struct doctor_report *r, enum doctor_verdict v, const char *check
 	sfmt(row->check, sizeof(row->check), "%s", check ? check : "");
 	sfmt(row->value, sizeof(row->value), "%s", value ? value : "");
 	sfmt(row->expected, sizeof(row->expected), "%s", expected ? expected : "");
-	sfmt(row->fix, sizeof(row->fix), "%s", fix && v != DOCTOR_OK ? fix : "");
+	sfmt(row->fix, sizeof(row->fix), "%s",
+	     fix && v != DOCTOR_OK && v != DOCTOR_SKIP ? fix : "");
 	return 0;
 }
 
@@ -288,7 +289,7 @@ static void read_gids(const char *base, struct port_gids *g)
 static void check_port(struct ctx *c, const char *sys, const char *dev, const char *port)
 {
 	const struct cfg *cfg = c->env->cfg;
-	char base[4096], check[96], value[256], fix[400], state[64], phys[64], ll[64],
+	char base[4096], check[96], value[256], fix[400] = "", state[64], phys[64], ll[64],
 		buf[64];
 	sfmt(base, sizeof(base), "%s/class/infiniband/%s/ports/%s", sys, dev, port);
 	if (read_line(state, sizeof(state), "%s/state", base) != 0)
@@ -449,7 +450,7 @@ static void check_pci(struct ctx *c, const char *sys, const char *dev)
 {
 	const struct cfg *cfg = c->env->cfg;
 	char d[4096], cs[64], ms[64], cw[32], mw[32], check[96], value[256], exp[160],
-		fix[400], buf[32];
+		fix[400] = "", buf[32];
 	sfmt(d, sizeof(d), "%s/class/infiniband/%s/device", sys, dev);
 	sfmt(check, sizeof(check), "rdma %s: PCIe link", dev);
 	if (read_line(cs, sizeof(cs), "%s/current_link_speed", d) != 0 ||
@@ -514,7 +515,7 @@ static void check_rdma(struct ctx *c)
 	const char *sys = root(c->env->sysfs_root, "/sys");
 	const char *proto = cfg_str(cfg, CFG_PROTOCOL);
 	const char *filter = cfg_str(cfg, CFG_RDMA_DEVICES);
-	char path[4096], names[32][64], value[256], fix[400];
+	char path[4096], names[32][64], value[256], fix[400] = "";
 	sfmt(path, sizeof(path), "%s/class/infiniband", sys);
 	int n = list_dir(path, "", names, 32);
 	if (n < 0)
@@ -610,7 +611,7 @@ static void check_memory(struct ctx *c)
 	const struct doctor_env *env = c->env;
 	const struct cfg *cfg = env->cfg;
 	const char *proc = root(env->procfs_root, "/proc");
-	char value[256], exp[160], fix[400], why[512], seg[32], a[32], b[32], buf[8192];
+	char value[256], exp[160], fix[400] = "", why[512] = "", seg[32], a[32], b[32], buf[8192];
 
 	/* Whose limits: the daemon's when one runs, else this process's. */
 	char who[32];

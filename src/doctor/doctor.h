@@ -57,7 +57,8 @@ struct doctor_env {
 };
 
 /*
- * Add a row (texts are cut to their fields' sizes). Errors: -ENOMEM.
+ * Add a row (texts are cut to their fields' sizes; fix is kept for WARN
+ * and FAIL only). Errors: -ENOMEM.
  */
 int doctor_add(struct doctor_report *r, enum doctor_verdict v, const char *check,
 	       const char *value, const char *expected, const char *fix) MC_MUST_CHECK;
