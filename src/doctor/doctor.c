@@ -606,6 +606,50 @@ static void check_rdma(struct ctx *c)
 
 /* ------------------------------------------------------------ process, memory */
 
+/*
+ * With no daemon running, the memory-lock limit it will start with is
+ * its unit's: LimitMEMLOCK= of the first mooncaked unit installed (in
+ * <etc>/systemd/system, then the unit directories of the root <etc> is
+ * in), and whether it runs as root (no User=), which has CAP_IPC_LOCK.
+ * Returns false when no unit sets it.
+ */
+static bool unit_memlock(const struct doctor_env *env, uint64_t *soft, bool *root_user,
+			 char *unit, size_t len)
+{
+	const char *etc = root(env->etc_root, "/etc");
+	size_t el = strlen(etc);
+	char base[2048];
+	/* "/x/etc" -> "/x": where the other unit directories are. */
+	sfmt(base, sizeof(base), "%.*s",
+	     el >= 4 && strcmp(etc + el - 4, "/etc") == 0 ? (int)(el - 4) : 0, etc);
+	static const char *const dirs[] = {"/systemd/system", "/usr/local/lib/systemd/system",
+					   "/lib/systemd/system", "/usr/lib/systemd/system"};
+	static const char *const names[] = {"mooncaked@.service", "mooncaked.service"};
+	for (size_t d = 0; d < MC_ARRAY_LEN(dirs); d++) {
+		char dir[4096], path[4200], text[16384];
+		sfmt(dir, sizeof(dir), "%s%s", d == 0 ? etc : base, dirs[d]);
+		for (size_t i = 0; i < MC_ARRAY_LEN(names); i++) {
+			sfmt(path, sizeof(path), "%s/%s", dir, names[i]);
+			if (mc_read_small_file(path, text, sizeof(text)) < 0)
+				continue;
+			const char *l = strstr(text, "\nLimitMEMLOCK=");
+			if (!l)
+				continue;
+			char v[64];
+			sfmt(v, sizeof(v), "%.*s", (int)strcspn(l + 14, ":\n"), l + 14);
+			if (strcmp(v, "infinity") == 0)
+				*soft = MC_UNLIMITED;
+			else if (cfg_parse_size(v, soft) != 0)
+				continue;
+			const char *u = strstr(text, "\nUser=");
+			*root_user = !u || strncmp(u + 6, "root\n", 5) == 0;
+			sfmt(unit, len, "%s", path);
+			return true;
+		}
+	}
+	return false;
+}
+
 static void check_memory(struct ctx *c)
 {
 	const struct doctor_env *env = c->env;
@@ -624,7 +668,8 @@ static void check_memory(struct ctx *c)
 	else if (env->daemon_running)
 		sfmt(value, sizeof(value), "this daemon (pid %d)", (int)getpid());
 	else
-		sfmt(value, sizeof(value), "none found: the limits below are this shell's");
+		sfmt(value, sizeof(value), "none found: the limits below are its unit's, or "
+					   "else this shell's");
 	add(c, DOCTOR_SKIP, "daemon process", value, "", "");
 
 	c->have_mem = mc_meminfo_read(proc, &c->mem) == 0;
@@ -646,22 +691,31 @@ static void check_memory(struct ctx *c)
 	const char *proto = cfg_str(cfg, CFG_PROTOCOL);
 	in.pins = strcmp(proto, "rdma") == 0 || (strcmp(proto, "auto") == 0 && c->usable_ports);
 	uint64_t soft = 0, hard = 0;
-	char path[4096];
-	sfmt(path, sizeof(path), "%s/%s/limits", proc, who);
-	bool have_lim = mc_read_small_file(path, buf, sizeof(buf)) >= 0 &&
-			mc_limits_memlock_parse(buf, &soft, &hard) == 0;
-	bool cap = false;
-	sfmt(path, sizeof(path), "%s/%s/status", proc, who);
-	if (mc_read_small_file(path, buf, sizeof(buf)) < 0 ||
-	    mc_status_ipc_lock_parse(buf, &cap) != 0)
-		cap = false;
-	mc_format_bytes(soft, a, sizeof(a));
-	mc_format_bytes(hard, b, sizeof(b));
-	if (!have_lim)
-		sfmt(value, sizeof(value), "unknown (%s/%s/limits)", proc, who);
-	else
-		sfmt(value, sizeof(value), "%s (hard %s)%s", a, b,
-			 cap ? ", CAP_IPC_LOCK: the limit does not apply" : "");
+	char path[4096], unit[4096];
+	bool cap = false, root_user = false, have_lim = true;
+	if (env->pid <= 0 && !env->daemon_running &&
+	    unit_memlock(env, &soft, &root_user, unit, sizeof(unit))) {
+		/* No daemon: what its unit will give it, not this shell. */
+		mc_format_bytes(soft, a, sizeof(a));
+		cap = root_user;
+		sfmt(value, sizeof(value), "%s from %s%s", a, unit,
+		     cap ? " (as root: CAP_IPC_LOCK, the limit does not apply)" : "");
+	} else {
+		sfmt(path, sizeof(path), "%s/%s/limits", proc, who);
+		have_lim = mc_read_small_file(path, buf, sizeof(buf)) >= 0 &&
+			   mc_limits_memlock_parse(buf, &soft, &hard) == 0;
+		sfmt(path, sizeof(path), "%s/%s/status", proc, who);
+		if (mc_read_small_file(path, buf, sizeof(buf)) < 0 ||
+		    mc_status_ipc_lock_parse(buf, &cap) != 0)
+			cap = false;
+		mc_format_bytes(soft, a, sizeof(a));
+		mc_format_bytes(hard, b, sizeof(b));
+		if (!have_lim)
+			sfmt(value, sizeof(value), "unknown (%s/%s/limits)", proc, who);
+		else
+			sfmt(value, sizeof(value), "%s (hard %s)%s", a, b,
+			     cap ? ", CAP_IPC_LOCK: the limit does not apply" : "");
+	}
 	sfmt(exp, sizeof(exp), "at least the segment (%s) when RDMA pins it", seg);
 	in.memlock_bytes = have_lim ? soft : MC_UNLIMITED;
 	in.cap_ipc_lock = cap;

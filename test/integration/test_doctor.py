@@ -168,6 +168,22 @@ def a_64k_memlock_fails_when_rdma_pins_the_segment():
     assert row["found"].startswith("64 KiB (hard 64 KiB)"), row
     assert "4 GiB" in row["fix"] and "LimitMEMLOCK=infinity" in row["fix"], row
     eq(rc, 1, "exit status")
+    # No daemon runs: an installed unit's LimitMEMLOCK is what it will get.
+    n = Node(memlock=65536)
+    write(n.root + "/etc/systemd/system/mooncaked@.service",
+          "[Service]\nExecStart=/usr/bin/mooncaked\nLimitMEMLOCK=infinity\nUser=mooncake\n")
+    rc, rows, _ = doctor(n, "--global-segment-size=4G")
+    row = rows["memory-lock limit (RLIMIT_MEMLOCK)"]
+    eq(row["verdict"], "ok", "the unit's limit")
+    assert row["found"].startswith("unlimited from %s/etc/systemd/system/mooncaked@.service"
+                                   % n.root), row
+    write(n.root + "/usr/lib/systemd/system/mooncaked.service",
+          "[Service]\nLimitMEMLOCK=64K\nUser=mooncake\n")
+    os.unlink(n.root + "/etc/systemd/system/mooncaked@.service")
+    rc, rows, _ = doctor(n, "--global-segment-size=4G")
+    row = rows["memory-lock limit (RLIMIT_MEMLOCK)"]
+    eq(row["verdict"], "fail", "a unit with 64K")
+    assert "usr/lib/systemd/system/mooncaked.service" in row["found"], row
     # With tcp nothing is pinned.
     rc, rows, _ = doctor(Node(memlock=65536), "--global-segment-size=4G", "--protocol=tcp")
     eq(verdict(rows, "memory-lock limit (RLIMIT_MEMLOCK)"), "skip", "tcp pins nothing")

@@ -63,8 +63,8 @@ def namespace_cmd(script):
                   "/usr/bin/python3 \"$@\"\\n' > bin/python3" % " ".join(libs),
                   "chmod +x bin/python3", 'export PATH="$PWD/bin:$PATH"']
     setup += ["set +e", "exec bash -e -o pipefail -c " + sh_quote(script)]
-    return ["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc",
-            "--propagation", "private", "bash", "-c", "\n".join(setup)]
+    return UNSHARE + ["--net", "--mount", "--pid", "--fork", "--mount-proc",
+                      "--propagation", "private", "bash", "-c", "\n".join(setup)]
 
 
 def sh_quote(s):
@@ -82,12 +82,19 @@ QUICK_START_DAEMON = """./build/mooncaked --data-dir=/tmp/mooncake > /tmp/moonca
 """
 
 
+# As root, or (not root) in a user namespace where this user is root.
+UNSHARE = ["unshare"]
+
+
 def check_namespaces():
-    r = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise AssertionError("unshare (network, mount and PID namespaces) is needed to run "
-                             "the README on its default ports and paths: %s" % r.stderr.strip())
+    for prefix in (["unshare"], ["unshare", "--map-root-user"]):
+        r = subprocess.run(prefix + ["--net", "--mount", "--pid", "--fork", "true"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            UNSHARE[:] = prefix
+            return
+    raise AssertionError("unshare (network, mount and PID namespaces) is needed to run "
+                         "the README on its default ports and paths: %s" % r.stderr.strip())
 
 
 def make_case(line, lang, body, skip):
