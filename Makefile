@@ -99,7 +99,7 @@ PY_GEN     := $(patsubst proto/%.proto,$(B)/py/%_pb2.py,$(PROTOS))
 # The daemon's internal library: every subsystem except main, ctl and the
 # client library. Subsystem folders are picked up by wildcard so adding a
 # file needs no Makefile edit.
-CORE_DIRS  := common rpc http etcd transfer meta meta/raft master agent daemon
+CORE_DIRS  := common rpc http etcd transfer meta meta/raft master agent doctor daemon
 CORE_SRCS  := $(foreach d,$(CORE_DIRS),$(wildcard src/$(d)/*.c))
 CORE_OBJS  := $(patsubst src/%.c,$(B)/obj/%.o,$(CORE_SRCS)) \
               $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))

@@ -2,6 +2,7 @@
  * mooncaked: flag parsing and role dispatch, nothing else. The process
  * frame (locking, signals, listeners) is src/daemon/.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,13 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	int rc = 0;
+	bool serve = !cl.help && !cl.version && !cl.print_config && !cl.print_man_options;
+	/* A daemon logs them (to --log-file too); other modes say them here. */
+	for (const char *w = cfg_warnings(&cfg); !serve && *w;) {
+		size_t n = strcspn(w, "\n");
+		fprintf(stderr, "mooncaked: warning: %.*s\n", (int)n, w);
+		w += n + (w[n] == '\n');
+	}
 	if (cl.help) {
 		cfg_print_help(stdout, "mooncaked");
 	} else if (cl.version) {

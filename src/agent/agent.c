@@ -17,11 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "agent/agent_int.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/sysmem.h"
 #include "common/util.h"
 #include "rpc/rpc.h"
 #include "transfer/transfer.h"
@@ -239,6 +241,32 @@ static void prefault_done(struct agent_job *j)
 static int make_segment(struct agent *a, const struct agent_opts *o)
 {
 	uint64_t bytes = o->segment_bytes ? o->segment_bytes : agent__default_segment_bytes();
+	/* Refuse what the node cannot hold now rather than be killed by the
+	 * OOM killer while the segment is prefaulted, or fail to pin it. */
+	struct mc_fit_in fit = {
+		.segment_bytes = bytes,
+		.buffer_bytes = o->staging_bytes,
+		.pins = a->te && te_protocol_in_use(a->te) == TE_PROTO_RDMA,
+		.hugepages = o->hugepages == AGENT_HUGEPAGES_ON    ? MC_FIT_HUGE_ON
+			     : o->hugepages == AGENT_HUGEPAGES_OFF ? MC_FIT_HUGE_OFF
+								   : MC_FIT_HUGE_AUTO,
+	};
+	struct rlimit rl;
+	char st[4096], why[512];
+	fit.memlock_bytes = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+				    ? (uint64_t)rl.rlim_cur
+				    : MC_UNLIMITED;
+	if (mc_read_small_file("/proc/self/status", st, sizeof(st)) < 0 ||
+	    mc_status_ipc_lock_parse(st, &fit.cap_ipc_lock) != 0)
+		fit.cap_ipc_lock = false;
+	if (mc_meminfo_read(NULL, &fit.mem) == 0 &&
+	    mc_segment_fit(&fit, why, sizeof(why)) != MC_FIT_OK) {
+		if (!o->force_segment_size) {
+			log_error("refusing to start: %s", why);
+			return MC_ECONFIG;
+		}
+		log_warn("%s; starting anyway (--force-segment-size)", why);
+	}
 	struct agent_memfd_opts mo = {
 		.name = "mooncake-segment",
 		.len = bytes,

@@ -55,6 +55,9 @@ struct agent_opts {
 	struct rpc_server *rpc;          /* the agent's RPC server (borrowed) */
 	const char *rpc_listen;          /* its listen address */
 	uint64_t segment_bytes;          /* 0: min(1 GiB, RAM / 4) */
+	/* Start even when the segment does not fit (RAM, memory-lock limit
+	 * when RDMA pins it, free huge pages with AGENT_HUGEPAGES_ON). */
+	bool force_segment_size;
 	uint64_t staging_bytes;          /* staging buffer of a client session */
 	int numa_node;                   /* -1: no binding */
 	enum agent_hugepages hugepages;
@@ -92,7 +95,8 @@ struct agent_opts {
  * and begin finding and mounting with the master. Errors (logged): -EINVAL
  * (options), -EADDRINUSE (another agent serves the socket), -ENOMEM or
  * another negative errno of memfd/mmap/socket/bind, MC_ECONFIG (huge pages
- * required but unavailable, NUMA node not present).
+ * required but unavailable, NUMA node not present, the segment does not
+ * fit the node's memory and force_segment_size is not set).
  */
 int agent_new(const struct agent_opts *opts, struct agent **out) MC_MUST_CHECK;
 

@@ -18,6 +18,7 @@
 
 #include "agent/agent_int.h"
 #include "common/log.h"
+#include "common/sysmem.h"
 #include "common/util.h"
 #include "transfer/transfer.h"
 
@@ -35,11 +36,7 @@ uint64_t agent__default_segment_bytes(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES);
 	uint64_t ram = pages > 0 ? (uint64_t)pages * page_size() : 0;
-	uint64_t n = (1ull << 30);
-	if (ram && ram / 4 < n)
-		n = ram / 4;
-	n &= ~(uint64_t)(HUGE_2M - 1);
-	return n ? n : HUGE_2M;
+	return mc_default_segment_bytes(ram);
 }
 
 static int bind_numa(void *addr, size_t len, int node)

@@ -10,6 +10,7 @@
 
 #include <assert.h>
 #include <ctype.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -583,21 +584,254 @@ static void env_name(const char *key, char *buf, size_t len)
 	buf[n] = '\0';
 }
 
-/* The other environment name of key k (CFG_ENV_ALIASES), or NULL. */
-static const char *env_alias(int k)
-{
-	static const struct {
-		int key;
-		const char *name;
-	} aliases[] = {
-#define CFG__ALIAS(id, var) {CFG_##id, var},
-		CFG_ENV_ALIASES(CFG__ALIAS)
+/* ------------------------------------------------------------ Mooncake's spellings */
+
+enum up_conv {
+	UP_SAME,
+	UP_SIZE,
+	UP_PORT,
+	UP_HOST,
+	UP_MS,
+	UP_SECONDS,
+	UP_ENDPOINTS,
+	UP_METADATA,
+	UP_HA,
+	UP_FORCE_TCP,
+};
+
+struct up_alias {
+	const char *name; /* variable or flag spelling */
+	int key;
+	enum up_conv conv;
+};
+
+static const struct up_alias env_aliases[] = {
+#define CFG__ALIAS(id, var, conv) {var, CFG_##id, UP_##conv},
+	CFG_ENV_ALIASES(CFG__ALIAS)
 #undef CFG__ALIAS
-	};
-	for (size_t i = 0; i < MC_ARRAY_LEN(aliases); i++)
-		if (aliases[i].key == k)
-			return aliases[i].name;
+};
+
+static const struct up_alias flag_aliases[] = {
+#define CFG__ALIAS(name, id, conv) {name, CFG_##id, UP_##conv},
+	CFG_MOONCAKE_FLAGS(CFG__ALIAS)
+#undef CFG__ALIAS
+};
+
+static const char *const flags_refused[][2] = {
+#define CFG__REFUSED(name, why) {name, why},
+	CFG_MOONCAKE_FLAGS_REFUSED(CFG__REFUSED)
+#undef CFG__REFUSED
+};
+
+static const char *const env_ignored[][2] = {
+#define CFG__IGNORED(name, why) {name, why},
+	CFG_MOONCAKE_ENV_IGNORED(CFG__IGNORED)
+#undef CFG__IGNORED
+};
+
+static const char *const client_env[] = {
+#define CFG__CLIENT(name) name,
+	CFG_CLIENT_ENV(CFG__CLIENT)
+#undef CFG__CLIENT
+};
+
+/* What a conversion does, for --help and the man page. */
+static const char *up_conv_text(enum up_conv c)
+{
+	switch (c) {
+	case UP_SIZE: return "a size, spaces dropped";
+	case UP_PORT: return "its port";
+	case UP_HOST: return "its host";
+	case UP_MS: return "milliseconds";
+	case UP_SECONDS: return "seconds";
+	case UP_ENDPOINTS: return "a list separated by ';' or ','";
+	case UP_METADATA: return "P2PHANDSHAKE: no meta; etcd://HOST:PORT[;...]: "
+				 "those endpoints";
+	case UP_HA: return "false: no meta; true: meta must be set";
+	case UP_FORCE_TCP: return "set: tcp";
+	default: return NULL;
+	}
+}
+
+/* The other environment name of key k (CFG_ENV_ALIASES), or NULL. */
+static const struct up_alias *env_alias(int k)
+{
+	for (size_t i = 0; i < MC_ARRAY_LEN(env_aliases); i++)
+		if (env_aliases[i].key == k)
+			return &env_aliases[i];
 	return NULL;
+}
+
+static const struct up_alias *find_flag_alias(const char *name, size_t len)
+{
+	for (size_t i = 0; i < MC_ARRAY_LEN(flag_aliases); i++)
+		if (strlen(flag_aliases[i].name) == len &&
+		    strncmp(flag_aliases[i].name, name, len) == 0)
+			return &flag_aliases[i];
+	return NULL;
+}
+
+static const char *find_refused(const char *const tab[][2], size_t n, const char *name,
+				size_t len)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strlen(tab[i][0]) == len && strncmp(tab[i][0], name, len) == 0)
+			return tab[i][1];
+	return NULL;
+}
+
+static int parse_uint(const char *s, uint64_t *out);
+
+/* The host:port value of an ADDR key split at its last colon. */
+static void split_hostport(const char *v, char *host, size_t hlen, const char **port)
+{
+	const char *colon = strrchr(v, ':');
+	size_t n = colon ? (size_t)(colon - v) : strlen(v);
+	if (n >= hlen)
+		n = hlen - 1;
+	memcpy(host, v, n);
+	host[n] = '\0';
+	*port = colon ? colon + 1 : "";
+}
+
+/* A list separated by ';' or ',' (spaces dropped) as a comma list,
+ * without the scheme prefix when strip_scheme names one. */
+static int up_list(const char *in, const char *strip_scheme, char *out, size_t outlen)
+{
+	size_t n = 0;
+	const char *p = in;
+	while (*p) {
+		while (*p == ' ' || *p == ';' || *p == ',')
+			p++;
+		if (!*p)
+			break;
+		size_t len = strcspn(p, ";, ");
+		const char *item = p;
+		if (strip_scheme && strncmp(item, strip_scheme, strlen(strip_scheme)) == 0) {
+			item += strlen(strip_scheme);
+			len -= strlen(strip_scheme);
+		}
+		if (n + len + 2 > outlen)
+			return -ERANGE;
+		if (n)
+			out[n++] = ',';
+		memcpy(out + n, item, len);
+		n += len;
+		p += (size_t)(item - p) + len;
+	}
+	out[n] = '\0';
+	return 0;
+}
+
+/*
+ * Convert a Mooncake-spelled value for key a->key into mooncaked's syntax,
+ * given the key's value at this point of the loading (PORT and HOST keep
+ * the other half). Errors: -EINVAL with err set.
+ */
+static int up_convert(const struct up_alias *a, const struct cfg *c, const char *in,
+		      char *out, size_t outlen, char *err, size_t errlen)
+{
+	uint64_t v;
+	bool b;
+	char host[256];
+	const char *port;
+	switch (a->conv) {
+	case UP_SAME:
+		snprintf(out, outlen, "%s", in);
+		return 0;
+	case UP_SIZE: {
+		size_t n = 0;
+		for (const char *p = in; *p && n + 1 < outlen; p++)
+			if (*p != ' ')
+				out[n++] = *p;
+		out[n] = '\0';
+		return 0;
+	}
+	case UP_PORT:
+		if (parse_uint(in, &v) != 0 || v == 0 || v > 65535) {
+			snprintf(err, errlen, "'%s' is not a port (1 to 65535)", in);
+			return -EINVAL;
+		}
+		split_hostport(c->v[a->key].text, host, sizeof(host), &port);
+		snprintf(out, outlen, "%s:%llu", host, (unsigned long long)v);
+		return 0;
+	case UP_HOST:
+		if (!*in) {
+			snprintf(err, errlen, "an address is needed");
+			return -EINVAL;
+		}
+		split_hostport(c->v[a->key].text, host, sizeof(host), &port);
+		if (strchr(in, ':') && in[0] != '[')
+			snprintf(out, outlen, "[%s]:%s", in, port);
+		else
+			snprintf(out, outlen, "%s:%s", in, port);
+		return 0;
+	case UP_MS:
+	case UP_SECONDS:
+		if (parse_uint(in, &v) != 0) {
+			snprintf(err, errlen, "'%s' is not a whole number of %s", in,
+				 a->conv == UP_MS ? "milliseconds" : "seconds");
+			return -EINVAL;
+		}
+		snprintf(out, outlen, "%llu%s", (unsigned long long)v,
+			 a->conv == UP_MS ? "ms" : "s");
+		return 0;
+	case UP_ENDPOINTS:
+		if (up_list(in, NULL, out, outlen) != 0 || !*out) {
+			snprintf(err, errlen, "'%s' is not a list of host:port", in);
+			return -EINVAL;
+		}
+		return 0;
+	case UP_METADATA:
+		if (strcmp(in, "P2PHANDSHAKE") == 0) {
+			out[0] = '\0';
+			return 0;
+		}
+		if (strncmp(in, "etcd://", 7) == 0 && up_list(in, "etcd://", out, outlen) == 0 &&
+		    *out)
+			return 0;
+		snprintf(err, errlen,
+			 "'%s': mooncaked's metadata is the etcd v3 API: P2PHANDSHAKE or "
+			 "etcd://HOST:PORT (Mooncake's HTTP and Redis metadata servers "
+			 "are not supported)",
+			 in);
+		return -EINVAL;
+	case UP_HA:
+		if (cfg_parse_bool(in, &b) != 0) {
+			snprintf(err, errlen, "'%s' is not true or false", in);
+			return -EINVAL;
+		}
+		snprintf(out, outlen, "%s", b ? c->v[a->key].text : "");
+		return 0;
+	case UP_FORCE_TCP:
+		snprintf(out, outlen, "tcp");
+		return 0;
+	}
+	return -EINVAL;
+}
+
+/* Append one warning line. */
+static void warn_add(struct cfg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warn_add(struct cfg *c, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	size_t old = c->warnings ? strlen(c->warnings) : 0, add = strlen(line);
+	char *w = realloc(c->warnings, old + add + 2);
+	if (!w)
+		return; /* a lost warning, nothing worse */
+	memcpy(w + old, line, add);
+	w[old + add] = '\n';
+	w[old + add + 1] = '\0';
+	c->warnings = w;
+}
+
+const char *cfg_warnings(const struct cfg *c)
+{
+	return c->warnings ? c->warnings : "";
 }
 
 static const char *env_get(char *const envp[], const char *name)
@@ -617,14 +851,85 @@ void cfg_free(struct cfg *c)
 	}
 	free(c->config_path);
 	c->config_path = NULL;
+	free(c->warnings);
+	c->warnings = NULL;
 }
 
 /* One parsed command-line assignment, applied after file and env. */
 struct flag_set {
 	int key;
 	const char *value;
-	const char *flag;
+	const char *flag;            /* as written, without dashes */
+	const struct up_alias *up;   /* a Mooncake spelling, or NULL */
 };
+
+/* Whether env entry e (NAME=VALUE) names variable n. */
+static bool env_is(const char *e, const char *n)
+{
+	size_t len = strlen(n);
+	return strncmp(e, n, len) == 0 && e[len] == '=';
+}
+
+/* MOONCAKE_* variables that name no key and MC_* variables mooncaked
+ * does not map: one warning line each. */
+static void check_env_names(struct cfg *c, char *const envp[])
+{
+	for (size_t i = 0; envp && envp[i]; i++) {
+		const char *e = envp[i];
+		size_t nlen = strcspn(e, "=");
+		if (strncmp(e, "MOONCAKE_", 9) == 0) {
+			bool known = false;
+			for (int k = 0; k < CFG_NKEYS && !known; k++) {
+				char name[128];
+				env_name(cfg_keydefs[k].name, name, sizeof(name));
+				known = env_is(e, name);
+			}
+			for (size_t j = 0; j < MC_ARRAY_LEN(client_env) && !known; j++)
+				known = env_is(e, client_env[j]);
+			if (!known)
+				warn_add(c,
+					 "environment variable %.*s names no key (see "
+					 "mooncaked --help): ignored",
+					 (int)nlen, e);
+		} else if (strncmp(e, "MC_", 3) == 0) {
+			bool mapped = false;
+			for (size_t j = 0; j < MC_ARRAY_LEN(env_aliases) && !mapped; j++)
+				mapped = env_is(e, env_aliases[j].name);
+			if (mapped)
+				continue;
+			const char *why = find_refused(env_ignored, MC_ARRAY_LEN(env_ignored),
+						       e, nlen);
+			if (why)
+				warn_add(c,
+					 "environment variable %.*s is Mooncake's and has "
+					 "no meaning in mooncaked (%s): ignored",
+					 (int)nlen, e, why);
+			else
+				warn_add(c,
+					 "environment variable %.*s is not one of Mooncake's "
+					 "variables mooncaked maps (see mooncaked --help): "
+					 "ignored",
+					 (int)nlen, e);
+		}
+	}
+}
+
+/* Apply a Mooncake-spelled value to its key. */
+static int apply_alias(struct cfg *c, const struct up_alias *a, const char *value,
+		       enum cfg_source src, const char *origin, char *err, size_t errlen)
+{
+	char conv[1024], verr[512];
+	int rc = up_convert(a, c, value, conv, sizeof(conv), verr, sizeof(verr));
+	if (rc == 0)
+		rc = cfg_set(c, (enum cfg_key)a->key, conv, src, origin, verr, sizeof(verr));
+	if (rc) {
+		snprintf(err, errlen, "%s%s: %s (Mooncake's spelling of --%s)",
+			 src == CFG_SRC_FLAG ? "--" : "", a->name, verr,
+			 cfg_keydefs[a->key].name);
+		return rc;
+	}
+	return 0;
+}
 
 int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 	     struct cfg_cmdline *cl, char *err, size_t errlen)
@@ -632,6 +937,7 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 	struct flag_set *sets = NULL;
 	size_t nsets = 0;
 	const char *config_path = NULL;
+	int ha = -1; /* --enable_ha: -1 not given, else its value */
 	int rc;
 
 	memset(c, 0, sizeof(*c));
@@ -669,7 +975,9 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 			cl->print_man_options = true;
 			continue;
 		}
-		if (strncmp(a, "--", 2) != 0) {
+		/* gflags (Mooncake's) also take one dash. */
+		bool two = strncmp(a, "--", 2) == 0;
+		if (!two && (a[0] != '-' || a[1] == '\0')) {
 			snprintf(err, errlen,
 				 "unexpected argument '%s' (options are --key=value; "
 				 "see --help)",
@@ -677,30 +985,54 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 			rc = -EINVAL;
 			goto fail;
 		}
-		const char *name = a + 2;
+		const char *name = a + (two ? 2 : 1);
 		const char *eq = strchr(name, '=');
 		size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
 		const char *value = eq ? eq + 1 : NULL;
-		bool is_config = nlen == 6 && strncmp(name, "config", 6) == 0;
-		int k = is_config ? -1 : find_key(name, nlen);
+		bool is_config = two && nlen == 6 && strncmp(name, "config", 6) == 0;
+		int k = is_config || !two ? -1 : find_key(name, nlen);
+		const struct up_alias *up = NULL;
 		if (!is_config && k < 0) {
-			snprintf(err, errlen, "unknown flag '--%.*s' (see --help)",
-				 (int)nlen, name);
+			up = find_flag_alias(name, nlen);
+			/* gflags' --noNAME for a boolean */
+			if (!up && !value && nlen > 2 && strncmp(name, "no", 2) == 0) {
+				const struct up_alias *neg = find_flag_alias(name + 2, nlen - 2);
+				if (neg && neg->conv == UP_HA) {
+					up = neg;
+					value = "false";
+				}
+			}
+			if (up)
+				k = up->key;
+		}
+		if (!is_config && k < 0) {
+			const char *why = find_refused(flags_refused, MC_ARRAY_LEN(flags_refused),
+						       name, nlen);
+			if (why)
+				snprintf(err, errlen,
+					 "%s%.*s is Mooncake's and has no meaning in "
+					 "mooncaked: %s",
+					 two ? "--" : "-", (int)nlen, name, why);
+			else
+				snprintf(err, errlen, "unknown flag '%s%.*s' (see --help)",
+					 two ? "--" : "-", (int)nlen, name);
 			rc = -EINVAL;
 			goto fail;
 		}
 		if (!value) {
 			/* A bare boolean means true; others take the next arg. */
-			if (k >= 0 && cfg_keydefs[k].type == CFG_T_BOOL) {
+			if ((k >= 0 && !up && cfg_keydefs[k].type == CFG_T_BOOL) ||
+			    (up && up->conv == UP_HA)) {
 				value = "true";
 			} else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
 				value = argv[++i];
 			} else {
 				char acc[128];
 				snprintf(err, errlen,
-					 "--%.*s: missing value (expected %s)",
-					 (int)nlen, name,
+					 "%s%.*s: missing value (expected %s)",
+					 two ? "--" : "-", (int)nlen, name,
 					 is_config ? "a file path"
+					 : up	   ? "a value"
 						   : accepted(&cfg_keydefs[k], acc,
 							      sizeof(acc)));
 				rc = -EINVAL;
@@ -713,7 +1045,8 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 		}
 		sets[nsets].key = k;
 		sets[nsets].value = value;
-		sets[nsets].flag = cfg_keydefs[k].name;
+		sets[nsets].flag = up ? up->name : cfg_keydefs[k].name;
+		sets[nsets].up = up;
 		nsets++;
 	}
 
@@ -730,37 +1063,71 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 			goto fail;
 	}
 
-	/* The environment. */
+	/* The environment: a key's own variable, else Mooncake's. */
 	for (int k = 0; k < CFG_NKEYS; k++) {
-		char name[128], verr[512];
+		char name[128], verr[512], origin[160];
 		env_name(cfg_keydefs[k].name, name, sizeof(name));
 		const char *v = env_get(envp, name);
-		if (!v && env_alias(k)) {
-			snprintf(name, sizeof(name), "%s", env_alias(k));
-			v = env_get(envp, name);
-		}
-		if (!v)
+		if (v) {
+			snprintf(origin, sizeof(origin), "env %s", name);
+			rc = cfg_set(c, (enum cfg_key)k, v, CFG_SRC_ENV, origin, verr,
+				     sizeof(verr));
+			if (rc) {
+				snprintf(err, errlen, "%s: %s", name, verr);
+				goto fail;
+			}
 			continue;
-		char origin[160];
-		snprintf(origin, sizeof(origin), "env %s", name);
-		rc = cfg_set(c, (enum cfg_key)k, v, CFG_SRC_ENV, origin, verr,
-			     sizeof(verr));
-		if (rc) {
-			snprintf(err, errlen, "%s: %s", name, verr);
-			goto fail;
 		}
+		const struct up_alias *al = env_alias(k);
+		if (!al || !(v = env_get(envp, al->name)))
+			continue;
+		bool off = false;
+		if (al->conv == UP_FORCE_TCP && *v && cfg_parse_bool(v, &off) == 0 && !off) {
+			warn_add(c,
+				 "environment variable %s=%s: Mooncake forces TCP whenever "
+				 "it is set; mooncaked only when it is empty or true: "
+				 "ignored",
+				 al->name, v);
+			continue;
+		}
+		snprintf(origin, sizeof(origin), "env %s", al->name);
+		rc = apply_alias(c, al, v, CFG_SRC_ENV, origin, err, errlen);
+		if (rc)
+			goto fail;
 	}
+	check_env_names(c, envp);
 
-	/* The flags. */
+	/* The flags, in command-line order. */
 	for (size_t i = 0; i < nsets; i++) {
 		char origin[160], verr[512];
 		snprintf(origin, sizeof(origin), "flag --%s", sets[i].flag);
+		if (sets[i].up) {
+			rc = apply_alias(c, sets[i].up, sets[i].value, CFG_SRC_FLAG, origin,
+					 err, errlen);
+			if (rc)
+				goto fail;
+			if (sets[i].up->conv == UP_HA) {
+				bool b = false;
+				ha = cfg_parse_bool(sets[i].value, &b) == 0 && b;
+			}
+			continue;
+		}
 		rc = cfg_set(c, (enum cfg_key)sets[i].key, sets[i].value,
 			     CFG_SRC_FLAG, origin, verr, sizeof(verr));
 		if (rc) {
 			snprintf(err, errlen, "--%s: %s", sets[i].flag, verr);
 			goto fail;
 		}
+	}
+	if (ha >= 0 && (ha == 1) != (*cfg_str(c, CFG_META_ENDPOINTS) != '\0')) {
+		snprintf(err, errlen,
+			 ha ? "--enable_ha: high availability needs meta: give "
+			      "--etcd_endpoints or --meta-endpoints"
+			    : "--enable_ha=false but meta endpoints are given (%s): "
+			      "drop one of them",
+			 cfg_str(c, CFG_META_ENDPOINTS));
+		rc = -EINVAL;
+		goto fail;
 	}
 	free(sets);
 	return 0;
@@ -800,6 +1167,20 @@ bool cfg_bool(const struct cfg *c, enum cfg_key k)
 unsigned cfg_roles(const struct cfg *c)
 {
 	return (unsigned)c->v[CFG_ROLE].num;
+}
+
+void cfg_meta_endpoints(const struct cfg *c, char *out, size_t len)
+{
+	if (!(cfg_roles(c) & CFG_ROLE_META) || c->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
+		snprintf(out, len, "%s", cfg_str(c, CFG_META_ENDPOINTS));
+		return;
+	}
+	const char *listen = cfg_str(c, CFG_LISTEN_CLIENT);
+	const char *colon = strrchr(listen, ':');
+	if (strncmp(listen, "0.0.0.0:", 8) == 0)
+		snprintf(out, len, "http://127.0.0.1%s", colon);
+	else
+		snprintf(out, len, "http://%s", listen);
 }
 
 /* ------------------------------------------------------------ output */
@@ -873,6 +1254,19 @@ static void print_wrapped(FILE *f, const char *lhs, const char *text)
 	fputc('\n', f);
 }
 
+/* One line of --help's Mooncake spellings. */
+static void help_alias(FILE *f, const char *dashes, const struct up_alias *a)
+{
+	char lhs[96], text[256];
+	snprintf(lhs, sizeof(lhs), "%s%s", dashes, a->name);
+	if (up_conv_text(a->conv))
+		snprintf(text, sizeof(text), "--%s (%s)", cfg_keydefs[a->key].name,
+			 up_conv_text(a->conv));
+	else
+		snprintf(text, sizeof(text), "--%s", cfg_keydefs[a->key].name);
+	print_wrapped(f, lhs, text);
+}
+
 void cfg_print_help(FILE *f, const char *prog)
 {
 	fprintf(f,
@@ -898,15 +1292,30 @@ void cfg_print_help(FILE *f, const char *prog)
 			char lhs[96], text[1024];
 			snprintf(lhs, sizeof(lhs), "--%s=%s", d->name, metavar(d));
 			if (env_alias(k))
-				snprintf(text, sizeof(text), "%s; also the environment "
+				snprintf(text, sizeof(text), "%s; also Mooncake's "
 					 "variable %s (default: %s)", d->help,
-					 env_alias(k), *d->def ? d->def : "none");
+					 env_alias(k)->name, *d->def ? d->def : "none");
 			else
 				snprintf(text, sizeof(text), "%s (default: %s)", d->help,
 					 *d->def ? d->def : "none");
 			print_wrapped(f, lhs, text);
 		}
 	}
+	fprintf(f, "\nMooncake's spellings (mooncake_master and mooncake_client "
+		   "flags, MC_* variables),\nbelow the key's own flag or variable "
+		   "in precedence:\n");
+	for (size_t i = 0; i < MC_ARRAY_LEN(flag_aliases); i++)
+		help_alias(f, "--", &flag_aliases[i]);
+	for (size_t i = 0; i < MC_ARRAY_LEN(env_aliases); i++)
+		help_alias(f, "", &env_aliases[i]);
+	fprintf(f, "Refused (no meaning here; mooncaked(8) says why):");
+	for (size_t i = 0; i < MC_ARRAY_LEN(flags_refused); i++)
+		fprintf(f, "%s --%s", i % 4 == 3 ? "\n " : "", flags_refused[i][0]);
+	fprintf(f, "\nIgnored with a warning:");
+	for (size_t i = 0; i < MC_ARRAY_LEN(env_ignored); i++)
+		fprintf(f, "%s %s", i % 4 == 3 ? "\n " : "", env_ignored[i][0]);
+	fprintf(f, "\nA MOONCAKE_* variable that names no key and any other MC_* "
+		   "variable are\nreported with a warning.\n");
 	fprintf(f, "\nSizes: 4096, 512K, 512M, 4G, 1.5T. Durations: 500ms, 10s, "
 		   "5m, 2h.\nSignals: SIGTERM/SIGINT drain in-flight calls and "
 		   "exit; SIGHUP reopens --log-file.\nExit status: 0 ok, 1 "
@@ -971,6 +1380,23 @@ static void roff(FILE *f, const char *s)
 	}
 }
 
+/* One spelling of MOONCAKE SPELLINGS: .TP, the name, the key it sets and
+ * how its value is converted. */
+static void man_alias(FILE *f, const char *dashes, const struct up_alias *a)
+{
+	fprintf(f, ".TP\n.B %s", dashes);
+	roff(f, a->name);
+	fputs("\n.BR \\-\\-", f);
+	roff(f, cfg_keydefs[a->key].name);
+	if (up_conv_text(a->conv)) {
+		fputs(" :\n", f);
+		roff(f, up_conv_text(a->conv));
+		fputs(".\n", f);
+	} else {
+		fputs(" .\n", f);
+	}
+}
+
 void cfg_print_man_options(FILE *f)
 {
 	fputs(".\\\" Generated by mooncaked --print-man-options from "
@@ -1017,8 +1443,8 @@ void cfg_print_man_options(FILE *f)
 			if (env_alias(k)) {
 				char up[128];
 				env_name(d->name, up, sizeof(up));
-				fputs(".\nAlso the environment variable\n.B ", f);
-				roff(f, env_alias(k));
+				fputs(".\nAlso Mooncake's environment variable\n.B ", f);
+				roff(f, env_alias(k)->name);
 				fputs("\n(below ", f);
 				roff(f, up);
 				fputs(" in precedence)", f);
@@ -1027,5 +1453,40 @@ void cfg_print_man_options(FILE *f)
 			roff(f, *d->def ? d->def : "none");
 			fputs(" .\n", f);
 		}
+	}
+	fputs(".SH MOONCAKE SPELLINGS\nThe flags of Mooncake's mooncake_master and "
+	      "mooncake_client and the\nMC_* variables of its transfer engine that "
+	      "map one to one onto a key are\naccepted (flags also with one dash, "
+	      "as gflags takes them), converted as\nshown, and named as the "
+	      "value's origin by\n.BR \\-\\-print\\-config .\n"
+	      "A variable counts below the key's own MOONCAKE_* variable; flags "
+	      "apply in\ncommand-line order.\n.SS Flags\n",
+	      f);
+	for (size_t i = 0; i < MC_ARRAY_LEN(flag_aliases); i++)
+		man_alias(f, "\\-\\-", &flag_aliases[i]);
+	fputs(".SS Environment\n", f);
+	for (size_t i = 0; i < MC_ARRAY_LEN(env_aliases); i++)
+		man_alias(f, "", &env_aliases[i]);
+	fputs(".SS Refused flags\nThese mean nothing here; mooncaked exits with "
+	      "status 2 and this reason.\n",
+	      f);
+	for (size_t i = 0; i < MC_ARRAY_LEN(flags_refused); i++) {
+		fputs(".TP\n.B \\-\\-", f);
+		roff(f, flags_refused[i][0]);
+		fputs("\n", f);
+		roff(f, flags_refused[i][1]);
+		fputs(".\n", f);
+	}
+	fputs(".SS Ignored variables\nThese mean nothing here; each set one is "
+	      "reported with a warning line\nand ignored (the node's inference "
+	      "processes may share the environment).\nSo is any other MC_* "
+	      "variable, and a MOONCAKE_* variable that names no key.\n",
+	      f);
+	for (size_t i = 0; i < MC_ARRAY_LEN(env_ignored); i++) {
+		fputs(".TP\n.B ", f);
+		roff(f, env_ignored[i][0]);
+		fputs("\n", f);
+		roff(f, env_ignored[i][1]);
+		fputs(".\n", f);
 	}
 }

@@ -84,6 +84,7 @@ struct cfg_value {
 struct cfg {
 	struct cfg_value v[CFG_NKEYS];
 	char *config_path;    /* the file read, or NULL (owned) */
+	char *warnings;       /* lines to report, or NULL (owned) */
 };
 
 /* What the command line asked for besides keys. */
@@ -98,6 +99,10 @@ struct cfg_cmdline {
  * Build the effective configuration: defaults, then the file (--config,
  * MOONCAKE_CONFIG, or CFG_DEFAULT_FILE if it exists), then MOONCAKE_*
  * variables from envp, then flags from argv[1..].
+ * Mooncake's spellings (cfg_keys.h) are accepted among flags and
+ * variables. What is accepted but deserves a word — a MOONCAKE_* variable
+ * that names no key, an MC_* variable without a meaning here — is kept as
+ * a line in c->warnings (cfg_warnings) for the caller to report.
  * Errors (err holds one line naming the flag/variable/file:line and what
  * is accepted): -EINVAL bad input, -ENOENT/-EACCES/... config file,
  * -ENOMEM. On error *c is freed.
@@ -105,6 +110,8 @@ struct cfg_cmdline {
 int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 	     struct cfg_cmdline *cl, char *err, size_t errlen) MC_MUST_CHECK;
 void cfg_free(struct cfg *c);
+/* The warnings of cfg_load, one per line (each ends with '\n'), or "". */
+const char *cfg_warnings(const struct cfg *c);
 
 /* Parse and store one value with its origin. Errors: -EINVAL (err set). */
 int cfg_set(struct cfg *c, enum cfg_key k, const char *text,
@@ -123,6 +130,11 @@ bool cfg_bool(const struct cfg *c, enum cfg_key k);
 /* A RATIO key's value, 0.0 to 1.0. */
 double cfg_ratio(const struct cfg *c, enum cfg_key k);
 unsigned cfg_roles(const struct cfg *c);
+/* The meta endpoints the roles above meta use: --meta-endpoints as
+ * configured, except that a process running the meta role with
+ * --meta-endpoints left at its default uses its own meta (its
+ * --listen-client, 0.0.0.0 read as 127.0.0.1). Written into out. */
+void cfg_meta_endpoints(const struct cfg *c, char *out, size_t len);
 
 /* Value parsers (also used by mooncakectl). Errors: -EINVAL, -ERANGE. */
 int cfg_parse_size(const char *s, uint64_t *bytes) MC_MUST_CHECK;

@@ -30,6 +30,14 @@
 	X(LOG_FILE, "log-file", COMMON, PATH, "", 0, 0, NULL,                  \
 	  "append log lines to this file instead of stderr; reopened on "      \
 	  "SIGHUP")                                                            \
+	X(LOG_MAX_SIZE, "log-max-size", COMMON, SIZE, "0", 0, 1ull << 40,       \
+	  NULL,                                                                \
+	  "rotate --log-file once it reaches this size: FILE becomes FILE.1, " \
+	  "FILE.1 becomes FILE.2 and so on, and a new FILE is begun; 0: never " \
+	  "(leave rotation to logrotate and SIGHUP)")                          \
+	X(LOG_MAX_FILES, "log-max-files", COMMON, UINT, "5", 1, 1000, NULL,     \
+	  "rotated log files kept by --log-max-size (FILE.1 to FILE.N); the "  \
+	  "oldest is deleted")                                                 \
 	X(RPC_MAX_MESSAGE_SIZE, "rpc-max-message-size", COMMON, SIZE, "64M",   \
 	  1024, 1073741824ull, NULL,                                           \
 	  "largest gRPC message accepted or sent; larger ones fail with "      \
@@ -152,6 +160,13 @@
 	  "agent: back the segment with 2 MiB huge pages: auto (when the "     \
 	  "kernel has them reserved, else 4 KiB pages and a log line), on "    \
 	  "(refuse to start without), off")                                    \
+	X(FORCE_SEGMENT_SIZE, "force-segment-size", AGENT, BOOL, "false", 0,   \
+	  0, NULL,                                                             \
+	  "agent: start even when the segment does not fit: more than the "    \
+	  "memory available, more than the memory-lock limit (RLIMIT_MEMLOCK) " \
+	  "when RDMA pins it, more than the free huge pages with "             \
+	  "--hugepages=on; without it the agent refuses to start and says "    \
+	  "which figure is short")                                             \
 	X(SOCKET, "socket", AGENT, PATH, "/run/mooncake/agent.sock", 0, 0,     \
 	  NULL,                                                                \
 	  "agent: the clients' Unix socket (mode 0660); when the default's "   \
@@ -217,14 +232,148 @@
 	  "usable one)")                                                       \
 	X(RDMA_GID_INDEX, "rdma-gid-index", AGENT, STRING, "auto", 0, 0, NULL, \
 	  "GID index for RoCE, 0-255 (auto: RoCE v2 with an IPv4-mapped "      \
-	  "address first)")
+	  "address first)")                                                    \
+	X(RDMA_MTU, "rdma-mtu", AGENT, ENUM, "auto", 0, 0,                     \
+	  "auto|256|512|1024|2048|4096",                                       \
+	  "path MTU of RDMA connections in bytes: auto (the port's active "    \
+	  "MTU), or at most this (never more than the active MTU)")
 
 /*
- * Other environment names of a key, for the variables Mooncake users
- * already set: read when the key's own MOONCAKE_* variable is not set
- * (so below it, and below flags), shown as the origin in --print-config,
- * listed in --help and the man page. X(id, variable)
+ * Mooncake's spellings. Mooncake users set MC_* variables for its transfer
+ * engine and pass mooncake_master / mooncake_client gflags; those that map
+ * one to one onto a key are accepted, each value converted as its
+ * conversion says, shown by --print-config as its origin and listed in
+ * --help and the man page. Those without a meaning here are refused (a
+ * flag: exit status 2) or ignored with a warning (a variable, which the
+ * node's inference processes may share), with a line saying why.
+ *
+ * Conversions:
+ *   SAME       the value as given
+ *   SIZE       a size, spaces dropped ("4 GB" is 4GB)
+ *   PORT       the port of the key's host:port (its host kept)
+ *   HOST       the host of the key's host:port (its port kept)
+ *   MS         integer milliseconds
+ *   SECONDS    integer seconds
+ *   ENDPOINTS  a list separated by ';' or ','
+ *   METADATA   Mooncake's metadata_server: P2PHANDSHAKE (no meta) or
+ *              etcd://HOST:PORT[;HOST:PORT]
+ *   HA         true: meta is used (it must be set); false: no meta
+ *   FORCE_TCP  set (empty or true): protocol tcp
  */
-#define CFG_ENV_ALIASES(X) X(RDMA_GID_INDEX, "MC_GID_INDEX")
+
+/* Environment variables read below the key's own MOONCAKE_* variable
+ * (so below it and below flags). X(id, variable, conversion) */
+#define CFG_ENV_ALIASES(X)                                                     \
+	X(RDMA_GID_INDEX, "MC_GID_INDEX", SAME)                                \
+	X(PROTOCOL, "MC_FORCE_TCP", FORCE_TCP)                                 \
+	X(RDMA_MTU, "MC_MTU", SAME)                                            \
+	X(LOG_LEVEL, "MC_LOG_LEVEL", SAME)                                     \
+	X(TE_SLICE_SIZE, "MC_SLICE_SIZE", SIZE)                                \
+	X(CLUSTER_ID, "MC_STORE_CLUSTER_ID", SAME)                             \
+	X(RDMA_DEVICES, "MC_MS_FILTERS", SAME)
+
+/* Flags of mooncake_master and mooncake_client, applied in command-line
+ * order with mooncaked's own. X(spelling, id, conversion) */
+#define CFG_MOONCAKE_FLAGS(X)                                                  \
+	X("rpc_port", MASTER_LISTEN, PORT)                                     \
+	X("rpc_address", MASTER_LISTEN, HOST)                                  \
+	X("metrics_port", MASTER_HTTP, PORT)                                   \
+	X("eviction_high_watermark_ratio", EVICTION_HIGH_WATERMARK_RATIO,      \
+	  SAME)                                                                \
+	X("eviction_ratio", EVICTION_RATIO, SAME)                              \
+	X("default_kv_lease_ttl", DEFAULT_KV_LEASE_TTL, MS)                    \
+	X("client_ttl", AGENT_TTL, SECONDS)                                    \
+	X("put_start_discard_timeout_sec", PUT_TIMEOUT, SECONDS)               \
+	X("enable_ha", META_ENDPOINTS, HA)                                     \
+	X("etcd_endpoints", META_ENDPOINTS, ENDPOINTS)                         \
+	X("cluster_id", CLUSTER_ID, SAME)                                      \
+	X("metadata_server", META_ENDPOINTS, METADATA)                         \
+	X("master_server_address", MASTER_ADDRESS, SAME)                       \
+	X("device_names", RDMA_DEVICES, SAME)                                  \
+	X("global_segment_size", GLOBAL_SEGMENT_SIZE, SIZE)                    \
+	X("local_buffer_size", LOCAL_BUFFER_SIZE, SIZE)
+
+/* Mooncake flags with no meaning here: refused. X(spelling, why) */
+#define CFG_MOONCAKE_FLAGS_REFUSED(X)                                          \
+	X("port", "ambiguous: mooncake_master's RPC port is --rpc_port "       \
+		  "(--master-listen), mooncake_client's port is --agent-listen") \
+	X("max_threads", "the master serves every call on one event loop; "    \
+			 "there is no thread pool to size")                    \
+	X("rpc_thread_num", "the master serves every call on one event loop; " \
+			    "there is no thread pool to size")                 \
+	X("rpc_conn_timeout_seconds", "connections are kept; every call "      \
+				      "carries its own deadline")              \
+	X("rpc_enable_tcp_no_delay", "TCP_NODELAY is always set")              \
+	X("enable_metric_reporting", "metrics are always served on /metrics "  \
+				     "(--master-http)")                        \
+	X("default_kv_soft_pin_ttl", "a soft pin lasts as long as its object") \
+	X("allow_evict_soft_pinned_objects", "soft-pinned objects are always " \
+		"evictable, after every other object")                         \
+	X("enable_offload", "there is no SSD or file tier yet")                \
+	X("root_fs_dir", "there is no SSD or file tier yet")                   \
+	X("global_file_segment_size", "there is no SSD or file tier yet")      \
+	X("enable_disk_eviction", "there is no SSD or file tier yet")          \
+	X("quota_bytes", "Mooncake's storage-tier quota (mooncaked's "         \
+			 "--quota-bytes is meta's space quota)")               \
+	X("memory_allocator", "one allocator: size classes with coalescing")   \
+	X("allocation_strategy", "one placement rule: the writer's segment "   \
+				 "first, then the emptiest")                   \
+	X("enable_http_metadata_server", "metadata is --role=meta (etcd v3 "   \
+					 "API), not an HTTP server")           \
+	X("http_metadata_server_port", "metadata is --role=meta (etcd v3 "     \
+				       "API), not an HTTP server")             \
+	X("http_metadata_server_host", "metadata is --role=meta (etcd v3 "     \
+				       "API), not an HTTP server")             \
+	X("put_start_release_timeout_sec", "a revoked put's space is freed "   \
+		"when it is revoked (--put-timeout)")                          \
+	X("config_path", "mooncaked reads an INI file: --config=FILE")         \
+	X("host", "the agent listens on --agent-listen=HOST:PORT and moves "   \
+		  "data on --te-data-listen")                                  \
+	X("threads", "client requests are served on one loop; copies on "      \
+		     "--agent-copy-threads")                                   \
+	X("enable_cxl", "no CXL memory support")                               \
+	X("cxl_path", "no CXL memory support")                                 \
+	X("cxl_size", "no CXL memory support")
+
+/* MC_* variables with no meaning here: ignored with a warning. Other
+ * MC_* variables get a generic one. X(variable, why) */
+#define CFG_MOONCAKE_ENV_IGNORED(X)                                            \
+	X("MC_IB_PORT", "the first ACTIVE port of each device is used")        \
+	X("MC_NUM_CQ_PER_CTX", "RDMA queues are sized by mooncaked (one CQ "   \
+			       "per device)")                                  \
+	X("MC_NUM_COMP_CHANNELS_PER_CTX", "RDMA queues are sized by "          \
+					  "mooncaked (one channel per device)") \
+	X("MC_MAX_CQE_PER_CTX", "RDMA queues are sized by mooncaked")          \
+	X("MC_MAX_EP_PER_CTX", "RDMA queues are sized by mooncaked")           \
+	X("MC_NUM_QP_PER_EP", "one queue pair per peer and NIC")               \
+	X("MC_MAX_SGE", "RDMA queues are sized by mooncaked")                  \
+	X("MC_MAX_WR", "RDMA queues are sized by mooncaked")                   \
+	X("MC_MAX_INLINE", "RDMA queues are sized by mooncaked")               \
+	X("MC_WORKERS_PER_CTX", "data threads are --te-threads")               \
+	X("MC_RETRY_CNT", "the RDMA retry count is fixed at 7")                \
+	X("MC_SLICE_TIMEOUT", "a silent path is declared dead after "          \
+			      "--te-io-timeout")                               \
+	X("MC_HANDSHAKE_PORT", "the handshake runs on --agent-listen")         \
+	X("MC_LOG_DIR", "log to a file with --log-file")                       \
+	X("MC_STORE_USE_HUGEPAGE", "huge pages are used whenever reserved "    \
+				   "(--hugepages=auto); --hugepages=on "       \
+				   "requires them")                            \
+	X("MC_STORE_HUGEPAGE_SIZE", "the segment uses 2 MiB huge pages")       \
+	X("MC_STORE_MEMCPY", "copies on one host always go through shared "   \
+			     "memory")                                         \
+	X("MC_MS_AUTO_DISC", "every usable RDMA device is used when "          \
+			     "--rdma-devices is empty")                        \
+	X("MC_TE_METRIC", "metrics are always served on /metrics")             \
+	X("MC_IB_TC", "the RDMA traffic class is not configurable")            \
+	X("MC_IB_SL", "the RDMA service level is not configurable")            \
+	X("MC_USE_IPV6", "addresses are numeric host:port, IPv6 as [v6]:port")
+
+/* MOONCAKE_* variables that are not keys but are read by clients
+ * (libmooncake, the Python package, Mooncake's connectors): no warning. */
+#define CFG_CLIENT_ENV(X)                                                      \
+	X("MOONCAKE_CONFIG") X("MOONCAKE_SOCKET") X("MOONCAKE_LIB")            \
+	X("MOONCAKE_CONFIG_PATH") X("MOONCAKE_MASTER")                         \
+	X("MOONCAKE_TE_META_DATA_SERVER") X("MOONCAKE_LOCAL_HOSTNAME")         \
+	X("MOONCAKE_DEVICE")
 
 #endif

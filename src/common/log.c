@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,9 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct log_rl log_rl_state;
 static int log_fd = STDERR_FILENO;
 static char *log_path;
+static uint64_t log_size;          /* bytes in the file (when rotating) */
+static uint64_t log_max_bytes;     /* 0: no rotation */
+static unsigned log_max_files = 5;
 
 const char *log_level_name(enum log_level lvl)
 {
@@ -122,6 +126,15 @@ static void write_all(int fd, const char *buf, size_t len)
 	}
 }
 
+/* The size of the file behind fd, 0 when unknown. */
+static uint64_t fd_size(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static void do_rotate(void);
+
 /* Caller holds log_lock. */
 static void do_write_line(const char *body, const char *suffix)
 {
@@ -136,7 +149,10 @@ static void do_write_line(const char *body, const char *suffix)
 		n = sizeof(line) - 1;
 		line[n - 1] = '\n';
 	}
+	if (log_max_bytes && log_path && log_size > 0 && log_size + n > log_max_bytes)
+		do_rotate();
 	write_all(log_fd, line, n);
+	log_size += n;
 }
 
 static void on_rl_report(void *ctx, const char *text, uint32_t suppressed)
@@ -307,9 +323,70 @@ int log_open_file(const char *path)
 	log_fd = fd;
 	free(log_path);
 	log_path = copy;
+	log_size = fd_size(fd);
 out:
 	pthread_mutex_unlock(&log_lock);
 	return rc;
+}
+
+/* Caller holds log_lock; log_path is set. */
+static void do_rotate(void)
+{
+	size_t plen = strlen(log_path) + 16;
+	char *from = malloc(plen), *to = malloc(plen);
+	const char *fail = NULL;
+	int err = 0;
+	if (!from || !to) {
+		fail = "out of memory";
+		goto out;
+	}
+	for (unsigned i = log_max_files; i >= 1; i--) {
+		if (i == 1)
+			snprintf(from, plen, "%s", log_path);
+		else
+			snprintf(from, plen, "%s.%u", log_path, i - 1);
+		snprintf(to, plen, "%s.%u", log_path, i);
+		if (rename(from, to) != 0 && errno != ENOENT) {
+			fail = "rename";
+			err = errno;
+			goto out;
+		}
+	}
+	int fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+	if (fd < 0) {
+		fail = "open";
+		err = errno;
+		goto out;
+	}
+	if (dup3(fd, log_fd, O_CLOEXEC) < 0) {
+		fail = "dup3";
+		err = errno;
+	}
+	close(fd);
+out:
+	free(from);
+	free(to);
+	log_size = fd_size(log_fd);
+	if (fail) {
+		/* In the old file, which keeps growing until the next try. */
+		char msg[512];
+		int m = snprintf(msg, sizeof(msg),
+				 "ERROR main: log rotation of %s failed (%s: %s); writing on "
+				 "and trying again after --log-max-size more bytes\n",
+				 log_path, fail, err ? strerror(err) : "");
+		if (m > 0)
+			write_all(log_fd, msg, MC_MIN((size_t)m, sizeof(msg) - 1));
+		log_size = 0;
+	}
+}
+
+void log_set_rotation(uint64_t max_bytes, unsigned max_files)
+{
+	pthread_mutex_lock(&log_lock);
+	log_max_bytes = max_bytes;
+	log_max_files = max_files ? max_files : 1;
+	log_size = log_path ? fd_size(log_fd) : 0;
+	pthread_mutex_unlock(&log_lock);
 }
 
 int log_reopen(void)
@@ -326,6 +403,7 @@ int log_reopen(void)
 			if (dup3(fd, log_fd, O_CLOEXEC) < 0)
 				rc = -errno;
 			close(fd);
+			log_size = fd_size(log_fd);
 		}
 	}
 	pthread_mutex_unlock(&log_lock);

@@ -97,6 +97,15 @@ void log_set_levels(const unsigned char levels[LOGS_COUNT]);
 int log_open_file(const char *path) MC_MUST_CHECK;
 /* Reopen the log file (SIGHUP, after logrotate). No-op for stderr. */
 int log_reopen(void) MC_MUST_CHECK;
+/*
+ * Size-based rotation of the log file (--log-max-size, --log-max-files):
+ * before a line would take the file past max_bytes, FILE.(N-1) becomes
+ * FILE.N (the old FILE.N is deleted), ..., FILE becomes FILE.1, and a new
+ * FILE is begun. max_bytes 0 turns it off. Lines are never split. A
+ * rotation that fails (rename, open) is reported in the log and tried
+ * again after another max_bytes. No-op for stderr.
+ */
+void log_set_rotation(uint64_t max_bytes, unsigned max_files);
 /* Report suppressed repeats whose window ended. Call once a second. */
 void log_tick(void);
 /* Report every pending suppression count (at exit). */

@@ -8,6 +8,8 @@
  */
 #include "common/metrics.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -294,6 +298,100 @@ struct metric *metrics_gauge_fn(struct metrics_registry *r, const char *name,
 			  fn, ctx);
 }
 
+struct metric *metrics_counter_fn(struct metrics_registry *r, const char *name,
+				  const char *help, const char *labels,
+				  const char *const *values,
+				  double (*fn)(void *ctx), void *ctx)
+{
+	return get_metric(r, METRIC_COUNTER, name, help, labels, values, NULL, 0,
+			  fn, ctx);
+}
+
+/* ------------------------------------------------------------ process */
+
+static double p_cpu_seconds(void *ctx)
+{
+	(void)ctx;
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return 0;
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Field i (0: size, 1: resident) of /proc/self/statm, in bytes. */
+static double statm_bytes(int i)
+{
+	FILE *f = fopen("/proc/self/statm", "re");
+	unsigned long v[2] = {0, 0};
+	if (!f)
+		return 0;
+	if (fscanf(f, "%lu %lu", &v[0], &v[1]) != 2)
+		v[0] = v[1] = 0;
+	fclose(f);
+	long ps = sysconf(_SC_PAGESIZE);
+	return (double)v[i] * (double)(ps > 0 ? ps : 4096);
+}
+
+static double p_rss(void *ctx)
+{
+	(void)ctx;
+	return statm_bytes(1);
+}
+
+static double p_vsize(void *ctx)
+{
+	(void)ctx;
+	return statm_bytes(0);
+}
+
+static double p_open_fds(void *ctx)
+{
+	(void)ctx;
+	DIR *dir = opendir("/proc/self/fd");
+	double n = 0;
+	if (!dir)
+		return 0;
+	for (struct dirent *e; (e = readdir(dir));)
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n - 1; /* the directory's own descriptor */
+}
+
+static double p_max_fds(void *ctx)
+{
+	(void)ctx;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 0;
+	return rl.rlim_cur == RLIM_INFINITY ? INFINITY : (double)rl.rlim_cur;
+}
+
+static double p_start_time(void *ctx)
+{
+	return *(const double *)ctx;
+}
+
+int metrics_register_process(struct metrics_registry *r, const double *start_time_s)
+{
+	bool ok = metrics_counter_fn(r, "process_cpu_seconds_total",
+				     "Total user and system CPU time spent in seconds.", NULL,
+				     NULL, p_cpu_seconds, NULL) != NULL;
+	ok &= metrics_gauge_fn(r, "process_resident_memory_bytes",
+			       "Resident memory size in bytes.", NULL, NULL, p_rss, NULL) != NULL;
+	ok &= metrics_gauge_fn(r, "process_virtual_memory_bytes",
+			       "Virtual memory size in bytes.", NULL, NULL, p_vsize, NULL) != NULL;
+	ok &= metrics_gauge_fn(r, "process_open_fds", "Number of open file descriptors.", NULL,
+			       NULL, p_open_fds, NULL) != NULL;
+	ok &= metrics_gauge_fn(r, "process_max_fds",
+			       "Maximum number of open file descriptors.", NULL, NULL,
+			       p_max_fds, NULL) != NULL;
+	ok &= metrics_gauge_fn(r, "process_start_time_seconds",
+			       "Start time of the process since unix epoch in seconds.", NULL,
+			       NULL, p_start_time, (void *)start_time_s) != NULL;
+	return ok ? 0 : -ENOMEM;
+}
+
 void metric_inc(struct metric *m)
 {
 	metric_add(m, 1);
@@ -389,6 +487,12 @@ static int put_double(struct mc_buf *out, double v)
 		return mc_buf_printf(out, v > 0 ? "+Inf" : "-Inf");
 	if (v == (double)(int64_t)v && fabs(v) < 9e15)
 		return mc_buf_printf(out, "%lld", (long long)(int64_t)v);
+	/* The shortest of %.15g and %.17g that reads back as v: 0.1, not
+	 * 0.10000000000000001. */
+	char tmp[40];
+	snprintf(tmp, sizeof(tmp), "%.15g", v);
+	if (strtod(tmp, NULL) == v)
+		return mc_buf_printf(out, "%s", tmp);
 	return mc_buf_printf(out, "%.17g", v);
 }
 

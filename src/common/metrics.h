@@ -62,6 +62,23 @@ struct metric *metrics_gauge_fn(struct metrics_registry *r, const char *name,
 				const char *const *values,
 				double (*fn)(void *ctx), void *ctx);
 
+/* A counter read at scrape time, under the same rules as metrics_gauge_fn. */
+struct metric *metrics_counter_fn(struct metrics_registry *r, const char *name,
+				  const char *help, const char *labels,
+				  const char *const *values,
+				  double (*fn)(void *ctx), void *ctx);
+
+/*
+ * The standard process metrics of Prometheus client libraries, read at
+ * scrape time: process_cpu_seconds_total, process_resident_memory_bytes,
+ * process_virtual_memory_bytes, process_open_fds, process_max_fds and
+ * process_start_time_seconds (*start_time_s, seconds since the epoch;
+ * borrowed: it must outlive the registry). Returns 0, or -ENOMEM when one
+ * could not be registered.
+ */
+int metrics_register_process(struct metrics_registry *r,
+			     const double *start_time_s) MC_MUST_CHECK;
+
 /* Updates: NULL metric is a no-op, so a failed registration never crashes
  * the hot path. */
 void metric_inc(struct metric *m);

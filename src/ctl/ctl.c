@@ -11,6 +11,8 @@
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
  *   mooncakectl stats [--master=HOST:PORT]
  *   mooncakectl put KEY FILE|- / get KEY [FILE] / rm KEY  (local agent)
+ *   mooncakectl doctor [--cluster] [--json]   (ctl_doctor.c)
+ *   mooncakectl plan --model=NAME | --layers=... (ctl_plan.c)
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
@@ -38,6 +40,8 @@ static const struct ctl_cmd cmds[] = {
 	{"get", "fetch a key's value through the local agent", ctl_get_main},
 	{"rm", "remove a key through the local agent", ctl_rm_main},
 	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
+	{"doctor", "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)", ctl_doctor_main},
+	{"plan", "size the pool for a model: KV bytes per token and request, requests held, segment per node", ctl_plan_main},
 };
 
 static void usage(FILE *f)

@@ -8,13 +8,18 @@
  * status the server sends is printed on its own line as it arrives, until
  * SIGINT/SIGTERM or the end of the stream; the exit status follows the
  * last status seen. --timeout then bounds the wait for the first one.
+ * With --wait=DURATION: Check again (on a new connection each time, every
+ * 100 ms) until the answer is SERVING or the duration has passed — for
+ * scripts that start a daemon and go on once it serves.
  */
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <string.h>
 #include <uv.h>
 
 #include "common/cfg.h"
+#include "common/util.h"
 #include "ctl/ctl_int.h"
 #include "health.pb-c.h"
 #include "rpc/rpc.h"
@@ -37,11 +42,13 @@ static void health_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]\n"
-		"                          [--timeout=5s]\n\n"
+		"                          [--timeout=5s] [--wait=DURATION]\n\n"
 		"  --endpoint=HOST:PORT  the server (numeric host; http:// prefix allowed)\n"
 		"  --service=NAME        service to ask about (default \"\": the server)\n"
 		"  --watch               stream status changes until interrupted\n"
-		"  --timeout=DURATION    deadline of the check, or of the first watch update\n\n"
+		"  --timeout=DURATION    deadline of the check, or of the first watch update\n"
+		"  --wait=DURATION       check again until SERVING, for up to DURATION (a\n"
+		"                        daemon that is still starting)\n\n"
 		"Prints SERVING, NOT_SERVING, UNKNOWN or SERVICE_UNKNOWN. Exit status 0 when\n"
 		"SERVING, 1 otherwise (including an unreachable server), 2 on a usage error.\n");
 }
@@ -184,9 +191,58 @@ static int do_check(struct rpc_client *c, const char *endpoint, const char *serv
 	return CTL_EXIT_FAIL;
 }
 
+/* --wait: Check on a new connection every 100 ms until SERVING or the
+ * deadline. Prints the last answer. */
+static int do_wait(const char *endpoint, const char *service, uint64_t timeout_ms,
+		   uint64_t wait_ms)
+{
+	uint64_t deadline = mc_now_ms() + wait_ms;
+	int s = -1, st = RPC_UNAVAILABLE;
+	char err[256] = "";
+	for (;;) {
+		uv_loop_t loop;
+		struct rpc_client *c;
+		uint64_t left = deadline > mc_now_ms() ? deadline - mc_now_ms() : 1;
+		uint64_t t = MC_MIN(timeout_ms ? timeout_ms : 1000, MC_MAX(left, 100));
+		struct rpc_client_opts o = {.connect_timeout_ms = t, .backoff_initial_ms = t};
+		if (uv_loop_init(&loop))
+			return CTL_EXIT_FAIL;
+		if (rpc_client_new(&loop, endpoint, &o, &c)) {
+			(void)uv_loop_close(&loop);
+			fprintf(stderr, "mooncakectl health: bad --endpoint \"%s\" (want a numeric "
+					"HOST:PORT)\n", endpoint);
+			return CTL_EXIT_USAGE;
+		}
+		Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+		ProtobufCMessage *resp = NULL;
+		req.service = (char *)service;
+		st = rpc_client_unary_sync(c, "/grpc.health.v1.Health/Check", &req.base,
+					   &grpc__health__v1__health_check_response__descriptor, t,
+					   &resp, err, sizeof(err));
+		if (st == RPC_OK) {
+			s = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status;
+			protobuf_c_message_free_unpacked(resp, NULL);
+		}
+		rpc_client_free(c);
+		uv_run(&loop, UV_RUN_DEFAULT);
+		(void)uv_loop_close(&loop);
+		if (s == RPC_HEALTH_SERVING || mc_now_ms() >= deadline)
+			break;
+		struct timespec ts = {0, 100 * 1000000L};
+		nanosleep(&ts, NULL);
+	}
+	if (st == RPC_OK) {
+		printf("%s\n", health_name(s));
+		return s == RPC_HEALTH_SERVING ? CTL_EXIT_OK : CTL_EXIT_FAIL;
+	}
+	fprintf(stderr, "mooncakectl health: %s: %s%s%s (waited %llu ms)\n", endpoint,
+		rpc_status_name(st), *err ? ": " : "", err, (unsigned long long)wait_ms);
+	return CTL_EXIT_FAIL;
+}
+
 int ctl_health_main(int argc, char **argv)
 {
-	const char *endpoint = NULL, *service = "", *timeout_s = "5s", *v;
+	const char *endpoint = NULL, *service = "", *timeout_s = "5s", *wait_s = NULL, *v;
 	bool watch = false, ok;
 	uint64_t timeout_ms;
 
@@ -200,6 +256,10 @@ int ctl_health_main(int argc, char **argv)
 			service = v ? v : "";
 		} else if (ctl_flag_value(argc, argv, &i, "timeout", &v)) {
 			timeout_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "wait", &v)) {
+			if (!v)
+				goto usage_err;
+			wait_s = v;
 		} else if (ctl_flag_bool(argv[i], "watch", &watch, &ok)) {
 			if (!ok) {
 				fprintf(stderr, "mooncakectl health: bad value in %s\n", argv[i]);
@@ -211,6 +271,13 @@ int ctl_health_main(int argc, char **argv)
 			return CTL_EXIT_USAGE;
 		}
 	}
+	uint64_t wait_ms = 0;
+	if (wait_s && (cfg_parse_duration_ms(wait_s, &wait_ms) != 0 || watch)) {
+	usage_err:
+		fprintf(stderr, "mooncakectl health: --wait wants a duration such as 10s, and "
+				"not --watch\n");
+		return CTL_EXIT_USAGE;
+	}
 	if (!endpoint || !*endpoint) {
 		fprintf(stderr, "mooncakectl health: --endpoint=HOST:PORT is required\n");
 		health_usage(stderr);
@@ -221,6 +288,9 @@ int ctl_health_main(int argc, char **argv)
 			timeout_s ? timeout_s : "");
 		return CTL_EXIT_USAGE;
 	}
+
+	if (wait_s)
+		return do_wait(endpoint, service, timeout_ms, wait_ms);
 
 	uv_loop_t loop;
 	struct rpc_client *c;

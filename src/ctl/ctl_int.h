@@ -43,6 +43,9 @@ void ctl_lat_free(struct ctl_lat *l);
 /* `bench meta`; argv[0] is "meta". */
 int ctl_bench_meta_main(int argc, char **argv);
 int ctl_transfer_main(int argc, char **argv);
+/* `doctor` (ctl_doctor.c) and `plan` (ctl_plan.c). */
+int ctl_doctor_main(int argc, char **argv);
+int ctl_plan_main(int argc, char **argv);
 /* `bench transfer`: argv[0] is "transfer". */
 int ctl_bench_transfer_main(int argc, char **argv);
 

@@ -13,7 +13,6 @@
 #include "daemon/daemon.h"
 #include "daemon/daemon_int.h"
 
-#include <dirent.h>
 #include <stddef.h>
 #include <errno.h>
 #include <limits.h>
@@ -29,6 +28,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "doctor/doctor.h"
 #include "http/http.h"
 #include "rpc/rpc.h"
 
@@ -98,6 +98,7 @@ struct daemon {
 	char pid_path[PATH_MAX];
 	bool pid_written;
 	uint64_t start_wall_ms;
+	double start_s; /* the same, for process_start_time_seconds */
 };
 
 /* ------------------------------------------------------------ systemd */
@@ -130,30 +131,6 @@ static void notify_systemd(const char *state)
 
 /* ------------------------------------------------------------ metrics */
 
-static double m_rss_bytes(void *ctx)
-{
-	(void)ctx;
-	return (double)mc_rss_bytes();
-}
-
-static double m_open_fds(void *ctx)
-{
-	(void)ctx;
-	DIR *dir = opendir("/proc/self/fd");
-	double n = 0;
-	if (!dir)
-		return 0;
-	for (struct dirent *e; (e = readdir(dir));)
-		n += e->d_name[0] != '.';
-	closedir(dir);
-	return n - 1; /* the directory's own descriptor */
-}
-
-static double m_start_time(void *ctx)
-{
-	return (double)((struct daemon *)ctx)->start_wall_ms / 1000.0;
-}
-
 static void register_process_metrics(struct daemon *d,
 				     struct metrics_registry *r,
 				     const char *role)
@@ -163,14 +140,8 @@ static void register_process_metrics(struct daemon *d,
 				 "version,revision,role",
 				 (const char *[]){MC_VERSION, MC_GITREV, role}),
 		   1);
-	metrics_gauge_fn(r, "process_start_time_seconds",
-			 "Start time of the process since the epoch, in seconds.",
-			 NULL, NULL, m_start_time, d);
-	metrics_gauge_fn(r, "process_resident_memory_bytes",
-			 "Resident memory size in bytes.", NULL, NULL, m_rss_bytes,
-			 NULL);
-	metrics_gauge_fn(r, "process_open_fds", "Number of open file descriptors.",
-			 NULL, NULL, m_open_fds, NULL);
+	if (metrics_register_process(r, &d->start_s) != 0)
+		log_warn("%s: some process_* metrics could not be registered", role);
 }
 
 /* ------------------------------------------------------------ health */
@@ -400,6 +371,9 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 					    RPC_HEALTH_NOT_SERVING);
 		if (rc == 0 && cfg_bool(cfg, CFG_DIAG_SERVICE))
 			rc = rpc_diag_add(rt->rpc[i]);
+		/* The node's checks, for mooncakectl doctor --cluster. */
+		if (rc == 0 && i == 0)
+			rc = doctor_service_add(rt->rpc[i], cfg);
 		if (rc) {
 			log_error("%s: cannot register services: %s", def->name,
 				  mc_strerror(rc));
@@ -459,10 +433,19 @@ static int setup_logging(const struct cfg *cfg)
 		log_set_levels(levels);
 	const char *file = cfg_str(cfg, CFG_LOG_FILE);
 	int rc = log_open_file(file);
-	if (rc)
+	if (rc) {
 		fprintf(stderr, "mooncaked: cannot open --log-file %s: %s\n", file,
 			mc_strerror(rc));
-	return rc;
+		return rc;
+	}
+	log_set_rotation(cfg_u64(cfg, CFG_LOG_MAX_SIZE),
+			 (unsigned)cfg_u64(cfg, CFG_LOG_MAX_FILES));
+	for (const char *w = cfg_warnings(cfg); *w;) {
+		size_t n = strcspn(w, "\n");
+		log_at(LOGS_CFG, LOG_WARN, "%.*s", (int)n, w);
+		w += n + (w[n] == '\n');
+	}
+	return 0;
 }
 
 static int lock_data_dir(struct daemon *d)
@@ -529,6 +512,7 @@ int daemon_run(const struct cfg *cfg)
 	d->cfg = cfg;
 	d->lock_fd = -1;
 	d->start_wall_ms = mc_wall_ms();
+	d->start_s = (double)d->start_wall_ms / 1000.0;
 	if (setup_logging(cfg) != 0) {
 		free(d);
 		return 1;
@@ -615,15 +599,5 @@ const struct cfg *role_cfg(const struct role_rt *rt)
 
 void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len)
 {
-	if (!(cfg_roles(cfg) & CFG_ROLE_META) ||
-	    cfg->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
-		snprintf(out, len, "%s", cfg_str(cfg, CFG_META_ENDPOINTS));
-		return;
-	}
-	const char *listen = cfg_str(cfg, CFG_LISTEN_CLIENT);
-	const char *colon = strrchr(listen, ':');
-	if (strncmp(listen, "0.0.0.0:", 8) == 0)
-		snprintf(out, len, "http://127.0.0.1%s", colon);
-	else
-		snprintf(out, len, "http://%s", listen);
+	cfg_meta_endpoints(cfg, out, len);
 }

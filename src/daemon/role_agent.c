@@ -213,6 +213,9 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		.lease_ttl_s = (ttl_ms + 999) / 1000,
 		.rdma_devices = cfg_str(c, CFG_RDMA_DEVICES),
 		.rdma_gid_index = gid,
+		.rdma_mtu_bytes = strcmp(cfg_str(c, CFG_RDMA_MTU), "auto") == 0
+					  ? 0
+					  : (unsigned)strtoul(cfg_str(c, CFG_RDMA_MTU), NULL, 10),
 		.cluster_secret = slen ? secret : NULL,
 		.cluster_secret_len = slen,
 		.metrics = rt->metrics,
@@ -286,6 +289,7 @@ static int role_agent_start(struct role_rt *rt)
 		.rpc = rt->rpc[0],
 		.rpc_listen = cfg_str(cfg, CFG_AGENT_LISTEN),
 		.segment_bytes = cfg_u64(cfg, CFG_GLOBAL_SEGMENT_SIZE),
+		.force_segment_size = cfg_bool(cfg, CFG_FORCE_SEGMENT_SIZE),
 		.staging_bytes = cfg_u64(cfg, CFG_LOCAL_BUFFER_SIZE),
 		.numa_node = node,
 		.hugepages = strcmp(hp, "on") == 0    ? AGENT_HUGEPAGES_ON

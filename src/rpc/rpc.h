@@ -99,6 +99,10 @@ struct rpc_method {
 	 * message", as for any message that does not parse. */
 	int too_deep_status;
 	const char *too_deep_message;
+	/* A long poll (the handler holds the call until something happens):
+	 * its duration goes to mooncake_rpc_server_long_poll_duration_seconds
+	 * instead of the call latency histogram operators alert on. */
+	bool long_poll;
 };
 
 /* Back-pressure threshold of on_drain (server) and on_drain (client). */

@@ -212,8 +212,18 @@ static void call_record(struct rpc_call *call, int code)
 	metric_observe(st->duration, (double)(uv_hrtime() - call->start_ns) / 1e9);
 }
 
+/* A long poll's duration in seconds: up to a minute; a stream's: up to
+ * a day. */
+static const double long_poll_buckets[] = {0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60};
+static const double stream_buckets[] = {0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 21600, 86400};
+
+/*
+ * The call latency histogram operators alert on holds unary calls only:
+ * long polls (rpc_method.long_poll) and streams (held as long as their
+ * client wants) have histograms of their own.
+ */
 static int mstats_init(struct rpc_server *s, struct mstats *st, const char *svc,
-		       const char *method)
+		       const char *method, bool long_poll, bool stream)
 {
 	size_t len = strlen(svc) + strlen(method) + 3;
 	st->path = malloc(len);
@@ -223,11 +233,28 @@ static int mstats_init(struct rpc_server *s, struct mstats *st, const char *svc,
 		snprintf(st->path, len, "/%s/%s", svc, method);
 	else
 		snprintf(st->path, len, "%s", svc);
-	st->duration = metrics_histogram(
-		s->reg, "mooncake_rpc_server_call_duration_seconds",
-		"Time from request headers to the final status.", "server,method",
-		(const char *[]){s->name, st->path}, metrics_latency_buckets,
-		metrics_latency_nbuckets);
+	if (stream)
+		st->duration = metrics_histogram(
+			s->reg, "mooncake_rpc_server_stream_duration_seconds",
+			"How long streaming calls lasted, from request headers to the "
+			"final status; kept out of "
+			"mooncake_rpc_server_call_duration_seconds.",
+			"server,method", (const char *[]){s->name, st->path}, stream_buckets,
+			MC_ARRAY_LEN(stream_buckets));
+	else if (long_poll)
+		st->duration = metrics_histogram(
+			s->reg, "mooncake_rpc_server_long_poll_duration_seconds",
+			"Time long polls (calls held until something happens) were "
+			"held, from request headers to the final status; kept out of "
+			"mooncake_rpc_server_call_duration_seconds.",
+			"server,method", (const char *[]){s->name, st->path},
+			long_poll_buckets, MC_ARRAY_LEN(long_poll_buckets));
+	else
+		st->duration = metrics_histogram(
+			s->reg, "mooncake_rpc_server_call_duration_seconds",
+			"Time from request headers to the final status.", "server,method",
+			(const char *[]){s->name, st->path}, metrics_latency_buckets,
+			metrics_latency_nbuckets);
 	return 0;
 }
 
@@ -1310,7 +1337,7 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(s->cbs, on_data_chunk);
 	nghttp2_session_callbacks_set_on_frame_send_callback(s->cbs, on_frame_send);
 	nghttp2_session_callbacks_set_on_stream_close_callback(s->cbs, on_stream_close);
-	if (mstats_init(s, &s->unknown, "unknown", ""))
+	if (mstats_init(s, &s->unknown, "unknown", "", false, false))
 		goto err_free;
 	s->m_conns = metrics_gauge(s->reg, "mooncake_rpc_server_connections",
 				   "Open client connections.", "server",
@@ -1361,7 +1388,8 @@ int rpc_server_add_service(struct rpc_server *s, const char *service,
 	if (!v->name || !v->stats)
 		goto err;
 	for (size_t i = 0; i < nmethods; i++)
-		if (mstats_init(s, &v->stats[i], service, methods[i].name))
+		if (mstats_init(s, &v->stats[i], service, methods[i].name,
+				methods[i].long_poll, methods[i].kind != RPC_UNARY))
 			goto err;
 	v->next = s->svcs;
 	s->svcs = v;

@@ -448,6 +448,12 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 			  o->rdma_gid_index);
 		return -EINVAL;
 	}
+	if (o->rdma_mtu_bytes && (o->rdma_mtu_bytes < 256 || o->rdma_mtu_bytes > 4096 ||
+				  (o->rdma_mtu_bytes & (o->rdma_mtu_bytes - 1)))) {
+		log_error("transfer engine: RDMA MTU %u is not 256, 512, 1024, 2048 or 4096",
+			  o->rdma_mtu_bytes);
+		return -EINVAL;
+	}
 
 	struct te_engine *e = calloc(1, sizeof(*e));
 	if (!e)
@@ -475,6 +481,7 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	snprintf(e->rdma_devices, sizeof(e->rdma_devices), "%s",
 		 o->rdma_devices ? o->rdma_devices : "");
 	e->rdma_gid_index = o->rdma_gid_index;
+	e->rdma_mtu_bytes = o->rdma_mtu_bytes;
 	if (o->segment_name)
 		snprintf(e->name, sizeof(e->name), "%s", o->segment_name);
 	else

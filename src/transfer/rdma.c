@@ -35,6 +35,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_RDMA
 
@@ -184,46 +185,36 @@ static bool in_list(const char *list, const char *name)
 	return false;
 }
 
-static bool gid_zero(const union ibv_gid *g)
-{
-	for (int i = 0; i < 16; i++)
-		if (g->raw[i])
-			return false;
-	return true;
-}
-
-static bool gid_v4mapped(const union ibv_gid *g)
-{
-	static const uint8_t pfx[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-	return memcmp(g->raw, pfx, sizeof(pfx)) == 0;
-}
-
-/* Choose the GID of a port: RoCE v2 + IPv4-mapped (3), RoCE v2 (2),
- * RoCE v1 or IB (1); the lowest index of the best kind. */
+/* Choose the GID of a port (te_gid_pick, shared with mooncakectl doctor)
+ * from its table as the verbs report it. */
 static int pick_gid(struct ibv_context *ctx, uint8_t port, const struct ibv_port_attr *pa,
 		    int want, struct ibv_gid_entry *out)
 {
-	int best = -1, best_score = 0;
-	for (int i = 0; i < pa->gid_tbl_len; i++) {
+	struct te_gid_entry t[256];
+	size_t n = pa->gid_tbl_len > 0 ? MC_MIN((size_t)pa->gid_tbl_len, MC_ARRAY_LEN(t)) : 0;
+	for (size_t i = 0; i < n; i++) {
 		struct ibv_gid_entry e;
-		if (want >= 0 && i != want)
+		memset(&t[i], 0, sizeof(t[i]));
+		if ((want >= 0 && (size_t)want != i) ||
+		    ibv_query_gid_ex(ctx, port, (uint32_t)i, &e, 0))
 			continue;
-		if (ibv_query_gid_ex(ctx, port, (uint32_t)i, &e, 0) || gid_zero(&e.gid))
-			continue;
-		int score = e.gid_type == IBV_GID_TYPE_ROCE_V2 ? (gid_v4mapped(&e.gid) ? 3 : 2) : 1;
-		if (score > best_score) {
-			best = i;
-			best_score = score;
-			*out = e;
-		}
+		memcpy(t[i].raw, e.gid.raw, 16);
+		t[i].type = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? TE_GID_ROCE_V2
+			    : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? TE_GID_ROCE_V1
+								 : TE_GID_IB;
+		t[i].valid = true;
 	}
+	int best = te_gid_pick(t, n, want);
+	if (best >= 0 && ibv_query_gid_ex(ctx, port, (uint32_t)best, out, 0))
+		return -1;
 	return best;
 }
 
 /* Open one device and find its first usable port; fills d on success. */
-static enum stage probe_dev(struct ibv_device *ibd, int gid_index, struct rdev *d, char *why,
-			    size_t why_len)
+static enum stage probe_dev(struct ibv_device *ibd, const struct te_rdma_opts *o, struct rdev *d,
+			    char *why, size_t why_len)
 {
+	int gid_index = o->gid_index;
 	const char *name = ibv_get_device_name(ibd);
 	struct ibv_context *ctx = ibv_open_device(ibd);
 	if (!ctx) {
@@ -261,17 +252,59 @@ static enum stage probe_dev(struct ibv_device *ibd, int gid_index, struct rdev *
 		}
 		d->ctx = ctx;
 		d->mtu = pa.active_mtu;
+		while (o->mtu_bytes && mtu_bytes(d->mtu) > o->mtu_bytes && d->mtu > IBV_MTU_256)
+			d->mtu = (enum ibv_mtu)(d->mtu - 1);
 		snprintf(d->info.name, sizeof(d->info.name), "%s", name);
 		d->info.port = port;
 		d->info.gid_index = (uint8_t)gi;
 		d->info.gid_type = (uint8_t)g.gid_type;
 		memcpy(d->info.gid, g.gid.raw, 16);
 		d->info.lid = pa.lid;
-		d->info.mtu_bytes = mtu_bytes(pa.active_mtu);
+		d->info.mtu_bytes = mtu_bytes(d->mtu);
 		return ST_USABLE;
 	}
 	ibv_close_device(ctx);
 	return reached;
+}
+
+int te_rdma_query_port(const char *device, unsigned port, struct te_rdma_port_attr *out)
+{
+	int num = 0, rc = -ENODEV;
+	if (te_rdma__static_providers)
+		te_rdma__static_providers();
+	struct ibv_device **list = ibv_get_device_list(&num);
+	if (!list)
+		return errno == EACCES || errno == EPERM ? -EACCES : -ENODEV;
+	for (int i = 0; i < num; i++) {
+		if (strcmp(ibv_get_device_name(list[i]), device) != 0)
+			continue;
+		struct ibv_context *ctx = ibv_open_device(list[i]);
+		if (!ctx) {
+			rc = errno == EACCES || errno == EPERM ? -EACCES : -(errno ? errno : EIO);
+			break;
+		}
+		struct ibv_device_attr da;
+		struct ibv_port_attr pa;
+		if (ibv_query_device(ctx, &da)) {
+			rc = -EIO;
+		} else if (port < 1 || port > da.phys_port_cnt) {
+			rc = -ENOENT;
+		} else if ((rc = ibv_query_port(ctx, (uint8_t)port, &pa)) != 0) {
+			rc = rc > 0 ? -rc : -EIO;
+		} else {
+			memset(out, 0, sizeof(*out));
+			out->state = (unsigned)pa.state;
+			out->active_mtu_bytes = mtu_bytes(pa.active_mtu);
+			out->max_mtu_bytes = mtu_bytes(pa.max_mtu);
+			out->gid_tbl_len = pa.gid_tbl_len > 0 ? (unsigned)pa.gid_tbl_len : 0;
+			out->ethernet = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+			rc = 0;
+		}
+		ibv_close_device(ctx);
+		break;
+	}
+	ibv_free_device_list(list);
+	return rc;
 }
 
 static int select_devices(struct te_rdma *r, char *why, size_t why_len)
@@ -321,7 +354,7 @@ static int select_devices(struct te_rdma *r, char *why, size_t why_len)
 	for (int i = 0; i < num && r->n < TE_RDMA_MAX_NICS; i++) {
 		if (!all && !in_list(filter, ibv_get_device_name(list[i])))
 			continue;
-		enum stage s = probe_dev(list[i], r->o.gid_index, &r->dev[r->n], reasons,
+		enum stage s = probe_dev(list[i], &r->o, &r->dev[r->n], reasons,
 					 sizeof(reasons));
 		if (s == ST_USABLE)
 			r->n++;
@@ -561,10 +594,12 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 	if (!r->o.cq_depth)
 		r->o.cq_depth = TE_RDMA_DEFAULT_CQ_DEPTH;
 	if (r->o.sq_depth < 2 || r->o.sq_depth > 65536 || r->o.signal_every > r->o.sq_depth / 2 ||
-	    r->o.gid_index < -1 || r->o.gid_index > 255) {
+	    r->o.gid_index < -1 || r->o.gid_index > 255 ||
+	    (r->o.mtu_bytes && (r->o.mtu_bytes < 256 || r->o.mtu_bytes > 4096 ||
+				(r->o.mtu_bytes & (r->o.mtu_bytes - 1))))) {
 		why_set(why, why_len, "bad options: sq_depth %u (2..65536), signal_every %u "
-			"(at most sq_depth/2), gid_index %d (-1..255)", r->o.sq_depth,
-			r->o.signal_every, r->o.gid_index);
+			"(at most sq_depth/2), gid_index %d (-1..255), mtu %u (256..4096)",
+			r->o.sq_depth, r->o.signal_every, r->o.gid_index, r->o.mtu_bytes);
 		rc = -EINVAL;
 		goto fail_free;
 	}

@@ -11,7 +11,8 @@
  *  1. te_rdma_new() at engine creation, on any thread. It selects devices
  *     (opts.devices or all), keeps ports that are ACTIVE, chooses a GID
  *     index (RoCE v2 with an IPv4-mapped address, then RoCE v2, then RoCE
- *     v1 / IB; opts.gid_index overrides) and uses the port's active MTU.
+ *     v1 / IB; opts.gid_index overrides) and uses the port's active MTU
+ *     (or opts.mtu_bytes when that is lower).
  *     When nothing is usable it fails with a distinct code and a reason
  *     (see below) that --protocol=auto logs before choosing tcp.
  *  2. te_rdma_reg() for every region the engine registers: synchronous
@@ -94,6 +95,7 @@ struct te_rdma_conn;
 struct te_rdma_opts {
 	const char *devices;   /* "mlx5_0,mlx5_1"; NULL, "" or "auto": all usable */
 	int gid_index;         /* -1: automatic */
+	unsigned mtu_bytes;    /* path MTU cap (256..4096); 0: the active MTU */
 	unsigned sq_depth;     /* WRs per QP send queue; 0: default */
 	unsigned signal_every; /* K: signal every K-th WR; 0: default */
 	unsigned cq_depth;     /* CQ entries per device; 0: default; it bounds

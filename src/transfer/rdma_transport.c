@@ -1120,6 +1120,7 @@ static int rdma_init(struct te_engine *e, struct te_xport **out)
 	struct te_rdma_opts o = {
 		.devices = e->rdma_devices,
 		.gid_index = e->rdma_gid_index,
+		.mtu_bytes = e->rdma_mtu_bytes,
 		.cq_depth = CQ_DEPTH,
 		.on_complete = on_complete,
 		.on_qp_error = on_qp_error,

@@ -48,7 +48,7 @@
 #define RING 256                        /* answers queued per connection */
 #define MAX_IOV 64
 #define READ_BUDGET ((size_t)2 << 20)   /* per wake-up, for fairness */
-#define SOCKBUF_BYTES (4 << 20)
+#define SOCKBUF_BYTES ((int)TE_TCP_SOCKBUF_BYTES)
 
 struct srv_conn;
 struct cli_conn;

@@ -654,6 +654,7 @@ struct te_engine {
 	char data_listen[80];
 	char rdma_devices[TE_RDMA_DEVICES_BYTES]; /* "" = every usable one */
 	int rdma_gid_index;            /* -1: automatic */
+	unsigned rdma_mtu_bytes;       /* 0: the port's active MTU */
 	pthread_t loop_tid;            /* te_new's (the loop's) thread */
 	struct metrics_registry *metrics;
 

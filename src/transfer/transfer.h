@@ -82,6 +82,8 @@ struct te_opts {
 	uint64_t lease_ttl_s;            /* descriptor lease in meta; 0: 10 */
 	const char *rdma_devices;        /* "mlx5_0,mlx5_1" or NULL/"" = auto */
 	int rdma_gid_index;              /* -1: auto; 0..255 */
+	unsigned rdma_mtu_bytes;         /* path MTU cap: 0 = the port's active
+					  * MTU; else 256..4096, a power of 2 */
 	const uint8_t *cluster_secret;   /* NULL: no peer authentication */
 	size_t cluster_secret_len;       /* 1 .. MC_SECRET_MAX_BYTES */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
@@ -259,5 +261,52 @@ size_t te_poll(struct te_batch *b, struct te_result *results);
 int te_wait(struct te_batch *b, uint64_t timeout_ms) MC_MUST_CHECK;
 /* Free a batch; one still pending is waited for first. */
 void te_batch_free(struct te_batch *b);
+
+/* The socket buffer the tcp transport wants: it fixes SO_SNDBUF/RCVBUF at
+ * this when autotuning (net.ipv4.tcp_[rw]mem) stays below it and
+ * net.core.[rw]mem_max allows it. */
+#define TE_TCP_SOCKBUF_BYTES (4u << 20)
+
+/* ------------------------------------------------------------ RDMA facts
+ * What the rdma transport decides about a port, for tools that check a
+ * node before it runs (mooncakectl doctor) and must decide the same way.
+ */
+
+/* GID types, as in a port's GID table (enum ibv_gid_type's values). */
+enum te_gid_type { TE_GID_IB = 0, TE_GID_ROCE_V1 = 1, TE_GID_ROCE_V2 = 2 };
+
+struct te_gid_entry {
+	uint8_t raw[16];
+	enum te_gid_type type;
+	bool valid; /* the entry could be read (an unset entry cannot) */
+};
+
+/*
+ * The GID index the rdma transport uses on a port whose table is
+ * t[0..n): the lowest index of the best kind — RoCE v2 with an
+ * IPv4-mapped address, then RoCE v2, then RoCE v1 or IB; invalid and
+ * all-zero entries never. want >= 0 (--rdma-gid-index) considers that
+ * index only. Returns the index, or -1 when none is usable. Pure.
+ */
+int te_gid_pick(const struct te_gid_entry *t, size_t n, int want);
+/* True for an IPv4-mapped address (::ffff:a.b.c.d). */
+bool te_gid_v4mapped(const uint8_t raw[16]);
+
+/* A port as libibverbs reports it (ibv_query_port). */
+struct te_rdma_port_attr {
+	unsigned state;          /* enum ibv_port_state: 4 = ACTIVE */
+	unsigned active_mtu_bytes;
+	unsigned max_mtu_bytes;
+	unsigned gid_tbl_len;
+	bool ethernet;           /* link layer Ethernet (RoCE), else IB */
+};
+
+/*
+ * Query port `port` of the RDMA device `device` through libibverbs.
+ * Errors: -ENODEV (no such device), -EACCES (no permission to open it),
+ * -ENOENT (no such port), another negative errno of the verbs.
+ */
+int te_rdma_query_port(const char *device, unsigned port,
+		       struct te_rdma_port_attr *out) MC_MUST_CHECK;
 
 #endif

@@ -366,3 +366,174 @@ Test(cfg_ratio, parse_and_bounds)
 	cr_assert_eq(cfg_load(&c, 2, zero_argv, envp, &cl, err, sizeof(err)), -EINVAL);
 	cr_assert(strstr(err, "out of range (1e-06 to 1)"), "%s", err);
 }
+
+/* ------------------------------------------------------------ Mooncake's spellings */
+
+/* cfg_load of a NULL-terminated argv, never reading /etc/mooncake. */
+static int loadv(struct cfg *c, struct cfg_cmdline *cl, char **envp, char **argv)
+{
+	char *full[32] = {"mooncaked", "--config="};
+	int n = 2;
+	for (int i = 1; argv[i] && n < 31; i++)
+		full[n++] = argv[i];
+	full[n] = NULL;
+	return cfg_load(c, n, full, envp, cl, err, sizeof(err));
+}
+
+Test(cfg_mooncake, master_flags_map_onto_keys)
+{
+	char *envp[] = {NULL};
+	char *argv[] = {"mooncaked",
+			"--master-listen=0.0.0.0:1",
+			"--rpc_port=6000",
+			"-metrics_port", "9999",
+			"--eviction_high_watermark_ratio=0.85",
+			"--eviction_ratio=0.15",
+			"--default_kv_lease_ttl=200",
+			"--client_ttl=30",
+			"--put_start_discard_timeout_sec=60",
+			"--cluster_id=prod",
+			"--etcd_endpoints=10.0.0.1:2379;10.0.0.2:2379",
+			"--enable_ha",
+			"--global_segment_size=4 GB",
+			NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	cr_assert_eq(loadv(&c, &cl, envp, argv), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_MASTER_LISTEN), "0.0.0.0:6000");
+	cr_assert_str_eq(c.v[CFG_MASTER_LISTEN].origin, "flag --rpc_port");
+	cr_assert_str_eq(cfg_str(&c, CFG_MASTER_HTTP), "127.0.0.1:9999");
+	cr_assert_eq(c.v[CFG_EVICTION_HIGH_WATERMARK_RATIO].num, 850000);
+	cr_assert_eq(c.v[CFG_EVICTION_RATIO].num, 150000);
+	cr_assert_eq(cfg_u64(&c, CFG_DEFAULT_KV_LEASE_TTL), 200, "milliseconds, as upstream");
+	cr_assert_eq(cfg_u64(&c, CFG_AGENT_TTL), 30000);
+	cr_assert_eq(cfg_u64(&c, CFG_PUT_TIMEOUT), 60000);
+	cr_assert_str_eq(cfg_str(&c, CFG_CLUSTER_ID), "prod");
+	cr_assert_str_eq(cfg_str(&c, CFG_META_ENDPOINTS), "10.0.0.1:2379,10.0.0.2:2379");
+	cr_assert_str_eq(c.v[CFG_META_ENDPOINTS].origin, "flag --enable_ha");
+	cr_assert_eq(cfg_u64(&c, CFG_GLOBAL_SEGMENT_SIZE), 4ull << 30);
+	cr_assert_str_eq(cfg_warnings(&c), "");
+	cfg_free(&c);
+}
+
+Test(cfg_mooncake, order_and_ha)
+{
+	char *envp[] = {NULL};
+	char *a1[] = {"mooncaked", "--rpc_address=10.1.2.3", "--master-listen=127.0.0.1:7",
+		      "--noenable_ha", NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	cr_assert_eq(loadv(&c, &cl, envp, a1), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_MASTER_LISTEN), "127.0.0.1:7", "the later flag wins");
+	cr_assert_str_eq(cfg_str(&c, CFG_META_ENDPOINTS), "", "--noenable_ha: no meta");
+	cfg_free(&c);
+
+	char *a2[] = {"mooncaked", "--rpc_address=::1", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a2), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_MASTER_LISTEN), "[::1]:50051");
+	cfg_free(&c);
+
+	char *a3[] = {"mooncaked", "--meta-endpoints=", "--enable_ha=true", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a3), -EINVAL);
+	cr_assert(strstr(err, "--enable_ha") && strstr(err, "--etcd_endpoints"), "%s", err);
+
+	char *a4[] = {"mooncaked", "--metadata_server=P2PHANDSHAKE", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a4), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_META_ENDPOINTS), "");
+	cfg_free(&c);
+	char *a5[] = {"mooncaked", "--metadata_server=etcd://10.0.0.9:2379", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a5), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_META_ENDPOINTS), "10.0.0.9:2379");
+	cfg_free(&c);
+	char *a6[] = {"mooncaked", "--metadata_server=http://10.0.0.9:8080/metadata", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a6), -EINVAL);
+	cr_assert(strstr(err, "etcd v3"), "%s", err);
+}
+
+Test(cfg_mooncake, refused_flags_say_why)
+{
+	char *envp[] = {NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	char *a1[] = {"mooncaked", "--rpc_thread_num=8", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a1), -EINVAL);
+	cr_assert(strstr(err, "--rpc_thread_num is Mooncake's and has no meaning") &&
+		  strstr(err, "event loop"), "%s", err);
+	char *a2[] = {"mooncaked", "-enable_http_metadata_server=true", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a2), -EINVAL);
+	cr_assert(strstr(err, "-enable_http_metadata_server is Mooncake's"), "%s", err);
+	char *a3[] = {"mooncaked", "--rpc_port=http", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a3), -EINVAL);
+	cr_assert(strstr(err, "--rpc_port: 'http' is not a port") &&
+		  strstr(err, "--master-listen"), "%s", err);
+	char *a4[] = {"mooncaked", "-data-dir=/x", NULL};
+	cr_assert_eq(loadv(&c, &cl, envp, a4), -EINVAL, "one dash is for Mooncake's names only");
+}
+
+Test(cfg_mooncake, mc_variables)
+{
+	char *envp[] = {"MC_FORCE_TCP=1", "MC_MTU=2048", "MC_LOG_LEVEL=WARNING",
+			"MC_SLICE_SIZE=262144", "MC_STORE_CLUSTER_ID=c2", "MC_MS_FILTERS=mlx5_0,mlx5_1",
+			"MC_GID_INDEX=3", "MOONCAKE_RDMA_GID_INDEX=5", NULL};
+	char *argv[] = {"mooncaked", NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	cr_assert_eq(loadv(&c, &cl, envp, argv), 0, "%s", err);
+	cr_assert_str_eq(cfg_str(&c, CFG_PROTOCOL), "tcp");
+	cr_assert_str_eq(c.v[CFG_PROTOCOL].origin, "env MC_FORCE_TCP");
+	cr_assert_str_eq(cfg_str(&c, CFG_RDMA_MTU), "2048");
+	cr_assert_str_eq(cfg_str(&c, CFG_LOG_LEVEL), "WARNING");
+	cr_assert_eq(cfg_u64(&c, CFG_TE_SLICE_SIZE), 262144);
+	cr_assert_str_eq(cfg_str(&c, CFG_CLUSTER_ID), "c2");
+	cr_assert_str_eq(cfg_str(&c, CFG_RDMA_DEVICES), "mlx5_0,mlx5_1");
+	cr_assert_str_eq(cfg_str(&c, CFG_RDMA_GID_INDEX), "5", "MOONCAKE_* above MC_*");
+	cr_assert_str_eq(cfg_warnings(&c), "");
+	cfg_free(&c);
+
+	char *e2[] = {"MC_MTU=1000", NULL};
+	cr_assert_eq(loadv(&c, &cl, e2, argv), -EINVAL);
+	cr_assert(strstr(err, "MC_MTU: '1000' is not one of auto|256|512|1024|2048|4096"), "%s", err);
+}
+
+Test(cfg_mooncake, unknown_and_meaningless_variables_warn_once_each)
+{
+	char *envp[] = {"MOONCAKE_SEGMENT_SIZE=1G", "MOONCAKE_SOCKET=/x", "MOONCAKE_MASTER=a:1",
+			"MC_NUM_QP_PER_EP=2", "MC_WHATEVER=1", "MC_FORCE_TCP=0", NULL};
+	char *argv[] = {"mooncaked", NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	cr_assert_eq(loadv(&c, &cl, envp, argv), 0, "%s", err);
+	const char *w = cfg_warnings(&c);
+	cr_assert(strstr(w, "MOONCAKE_SEGMENT_SIZE names no key"), "%s", w);
+	cr_assert(!strstr(w, "MOONCAKE_SOCKET") && !strstr(w, "MOONCAKE_MASTER"),
+		  "client variables are not warned about: %s", w);
+	cr_assert(strstr(w, "MC_NUM_QP_PER_EP is Mooncake's and has no meaning in mooncaked (one "
+			    "queue pair"), "%s", w);
+	cr_assert(strstr(w, "MC_WHATEVER is not one of Mooncake's variables"), "%s", w);
+	cr_assert(strstr(w, "MC_FORCE_TCP=0"), "%s", w);
+	cr_assert_str_eq(cfg_str(&c, CFG_PROTOCOL), "auto", "MC_FORCE_TCP=0 is not applied");
+	size_t lines = 0;
+	for (const char *p = w; *p; p++)
+		lines += *p == '\n';
+	cr_assert_eq(lines, 4, "one line each: %s", w);
+	cfg_free(&c);
+}
+
+Test(cfg_mooncake, help_and_man_list_them)
+{
+	char *out = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&out, &len);
+	cfg_print_help(f, "mooncaked");
+	cfg_print_man_options(f);
+	fclose(f);
+	const char *names[] = {"rpc_port", "metrics_port", "eviction_high_watermark_ratio",
+			       "eviction_ratio", "default_kv_lease_ttl", "enable_ha",
+			       "etcd_endpoints", "cluster_id", "MC_FORCE_TCP", "MC_MTU",
+			       "MC_LOG_LEVEL", "MC_SLICE_SIZE", "MC_GID_INDEX", "rpc_thread_num",
+			       "MC_IB_SL"};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		cr_assert(strstr(out, names[i]), "%s missing", names[i]);
+	cr_assert(strstr(out, ".SH MOONCAKE SPELLINGS"));
+	free(out);
+}

@@ -4,6 +4,7 @@
  * in the integration tests).
  */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -40,10 +41,10 @@ Test(metrics, counter_gauge_histogram_format)
 		"t_conns -2\n"
 		"# HELP t_lat_seconds Latency.\n"
 		"# TYPE t_lat_seconds histogram\n"
-		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"0.10000000000000001\"} 2\n"
+		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"0.1\"} 2\n"
 		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"1\"} 3\n"
 		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"+Inf\"} 4\n"
-		"t_lat_seconds_sum{m=\"x\\\"y\\n\"} 7.6500000000000004\n"
+		"t_lat_seconds_sum{m=\"x\\\"y\\n\"} 7.65\n"
 		"t_lat_seconds_count{m=\"x\\\"y\\n\"} 4\n";
 	cr_assert_str_eq(out.data, want);
 	cr_assert_eq(metric_value(h), 4);
@@ -100,5 +101,27 @@ Test(metrics, concurrent_updates_are_not_lost)
 	for (int i = 0; i < 4; i++)
 		pthread_join(t[i], NULL);
 	cr_assert_eq(metric_value(shared), 400000);
+	metrics_registry_free(r);
+}
+
+Test(metrics, process_metrics_of_every_role)
+{
+	struct metrics_registry *r = metrics_registry_new();
+	static const double start = 1796420100.5;
+	cr_assert_eq(metrics_register_process(r, &start), 0);
+	struct mc_buf out = MC_BUF_INIT;
+	cr_assert_eq(metrics_format(r, &out), 0);
+	const char *want[] = {"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ",
+			      "# TYPE process_resident_memory_bytes gauge\n",
+			      "# TYPE process_virtual_memory_bytes gauge\n",
+			      "# TYPE process_open_fds gauge\n", "# TYPE process_max_fds gauge\n",
+			      "process_start_time_seconds 1796420100.5\n"};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		cr_assert(strstr(out.data, want[i]), "%s missing in:\n%s", want[i], out.data);
+	const char *fds = strstr(out.data, "\nprocess_open_fds ");
+	cr_assert(fds && atof(fds + 18) >= 3, "stdin, stdout and stderr at least");
+	const char *max = strstr(out.data, "\nprocess_max_fds ");
+	cr_assert(max && atof(max + 17) >= atof(fds + 18));
+	mc_buf_free(&out);
 	metrics_registry_free(r);
 }
