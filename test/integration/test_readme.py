@@ -50,11 +50,18 @@ def blocks():
 
 def namespace_cmd(script):
     """bash running script in fresh net/mount/PID namespaces."""
+    # The checkout itself may live under /tmp (a CI clone does): it is bound
+    # onto /mnt first, so the fresh /tmp does not hide it.
+    root = "/mnt"
     build = os.path.join(mctest.ROOT, os.environ.get("BUILD", "build"))
-    setup = ["set -e", "mount -t tmpfs tmpfs /tmp", "mount -t tmpfs tmpfs /run",
+    rel = os.path.relpath(build, mctest.ROOT)
+    if not rel.startswith(".."):
+        build = os.path.join(root, rel)
+    setup = ["set -e", "mount --bind %s %s" % (sh_quote(mctest.ROOT), root),
+             "mount -t tmpfs tmpfs /tmp", "mount -t tmpfs tmpfs /run",
              "ip link set lo up", "mkdir -p /tmp/work/bin", "cd /tmp/work",
              "ln -s %s build" % build] + \
-            ["ln -s %s/%s %s" % (mctest.ROOT, d, d) for d in ("python", "deploy", "conf", "man")]
+            ["ln -s %s/%s %s" % (root, d, d) for d in ("python", "deploy", "conf", "man")]
     if SAN:
         # libmooncake.so of a sanitizer build needs its runtime loaded first.
         libs = [subprocess.run(["cc", "-print-file-name=%s" % l], capture_output=True,
@@ -72,7 +79,8 @@ def sh_quote(s):
 
 
 def run_block(script, timeout=240):
-    r = subprocess.run(namespace_cmd(script), capture_output=True, text=True, timeout=timeout,
+    r = subprocess.run(namespace_cmd(script), capture_output=True, text=True, errors="replace",
+                       timeout=timeout,
                        stdin=subprocess.DEVNULL)
     return r.returncode, r.stdout + r.stderr
 
