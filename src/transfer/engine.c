@@ -638,6 +638,9 @@ static void engine_destroy(struct te_engine *e)
 	}
 	e->async_open = false;
 	run_loop_jobs(e);
+	/* The etcd client outlives the engine: nothing of its may call back. */
+	if (e->meta)
+		te__pub_drop(e);
 	/* Peers are disconnected by tasks on the workers, which run what is
 	 * queued before they exit; then nothing runs and the transports close
 	 * their listeners and served connections. */

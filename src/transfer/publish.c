@@ -379,6 +379,23 @@ static void on_deleted(void *ud, int err, const Etcdserverpb__DeleteRangeRespons
 	pub_done(e);
 }
 
+void te__pub_drop(struct te_engine *e)
+{
+	e->pub.stopping = true;
+	if (e->watch) {
+		etcd_watch_cancel(e->watch);
+		e->watch = NULL;
+	}
+	if (e->pub.lease) {
+		etcd_lease_revoke(e->pub.lease);
+		e->pub.lease = NULL;
+	}
+	if (e->pub.retry) {
+		uv_close((uv_handle_t *)e->pub.retry, on_timer_closed);
+		e->pub.retry = NULL;
+	}
+}
+
 void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud),
 		  void *ud)
 {

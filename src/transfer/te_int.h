@@ -726,6 +726,11 @@ int te__pub_start(struct te_engine *e) MC_MUST_CHECK;
 void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud),
 		  void *ud);
 void te__pub_kick(struct te_engine *e);
+/* Drop what the publisher holds without talking to meta: its watch, its
+ * lease (no callback of either runs afterwards) and its retry timer. For
+ * an engine freed without te__pub_stop (a start-up that failed after
+ * te_new); after te__pub_stop it finds nothing left. */
+void te__pub_drop(struct te_engine *e);
 
 /* segment.c */
 void te__segments_watch_event(struct te_engine *e, const char *name,

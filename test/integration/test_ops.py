@@ -63,6 +63,24 @@ def a_segment_larger_than_the_memory_is_refused():
 
 
 @case
+def a_refused_start_with_meta_configured_frees_the_engine_cleanly():
+    # The engine had asked meta for a lease when the agent refused its
+    # segment; freeing the etcd client after the engine ran the lease's
+    # callback on freed memory (a garbled segment name in the log, an
+    # ASan report under SAN=1).
+    total = meminfo("MemTotal")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [a for a in agent_cmd(tmp, "--global-segment-size=%dG" % (total // GiB + 40))
+               if not a.startswith("--meta-endpoints=")]
+        r = subprocess.run(cmd + ["--meta-endpoints=http://127.0.0.1:%d" % mctest.free_port()],
+                           capture_output=True, timeout=60)
+        eq(r.returncode, 1, "exit status")
+        out = (r.stdout + r.stderr).decode("utf-8")  # raises on a garbled name
+        assert "refusing to start" in out, out
+        assert "cannot get a lease" not in out, out
+
+
+@case
 def the_memory_lock_limit_counts_when_rdma_pins_the_segment():
     if not os.path.exists(EMU):
         raise AssertionError("%s missing: run through make test" % EMU)
