@@ -13,72 +13,34 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/endian.h"
 #include "common/util.h"
 #include "transfer/te_int.h"
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v = 0;
-	for (int i = 3; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
 
 /* ------------------------------------------------------------ slice header */
 
 void te__wire_encode(const struct te_wire_hdr *h, uint8_t out[TE_WIRE_HDR_BYTES])
 {
-	put32(out, TE_WIRE_MAGIC);
+	mc_put_le32(out, TE_WIRE_MAGIC);
 	out[4] = h->type;
 	out[5] = 0;
-	put16(out + 6, 0);
-	put32(out + 8, (uint32_t)h->status);
-	put32(out + 12, h->len);
-	put64(out + 16, h->id);
-	put64(out + 24, h->addr);
+	mc_put_le16(out + 6, 0);
+	mc_put_le32(out + 8, (uint32_t)h->status);
+	mc_put_le32(out + 12, h->len);
+	mc_put_le64(out + 16, h->id);
+	mc_put_le64(out + 24, h->addr);
 }
 
 int te__wire_decode(const uint8_t in[TE_WIRE_HDR_BYTES], uint32_t max_len,
 		    struct te_wire_hdr *h)
 {
-	if (get32(in) != TE_WIRE_MAGIC || in[5] != 0 || get16(in + 6) != 0)
+	if (mc_get_le32(in) != TE_WIRE_MAGIC || in[5] != 0 || mc_get_le16(in + 6) != 0)
 		return MC_EPROTOCOL;
 	h->type = in[4];
-	h->status = (int32_t)get32(in + 8);
-	h->len = get32(in + 12);
-	h->id = get64(in + 16);
-	h->addr = get64(in + 24);
+	h->status = (int32_t)mc_get_le32(in + 8);
+	h->len = mc_get_le32(in + 12);
+	h->id = mc_get_le64(in + 16);
+	h->addr = mc_get_le64(in + 24);
 	if (h->len > max_len)
 		return MC_EPROTOCOL;
 	switch (h->type) {
@@ -113,11 +75,11 @@ int te__wire_decode(const uint8_t in[TE_WIRE_HDR_BYTES], uint32_t max_len,
 void te__hs_encode(const struct te_hs_msg *m, uint8_t out[TE_HS_BYTES])
 {
 	memset(out, 0, TE_HS_BYTES);
-	put32(out, TE_HS_MAGIC);
-	put16(out + 4, TE_HS_VERSION);
+	mc_put_le32(out, TE_HS_MAGIC);
+	mc_put_le16(out + 4, TE_HS_VERSION);
 	out[6] = m->kind;
 	out[7] = m->flags;
-	put32(out + 8, (uint32_t)m->status);
+	mc_put_le32(out + 8, (uint32_t)m->status);
 	memcpy(out + 16, m->nonce, TE_HS_NONCE);
 	memcpy(out + 48, m->mac, MC_SHA256_BYTES);
 	memcpy(out + HS_NAME_OFF, m->name, strnlen(m->name, TE_NAME_MAX));
@@ -140,15 +102,15 @@ static int get_name(const uint8_t *p, char *out)
 
 int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m)
 {
-	if (get32(in) != TE_HS_MAGIC)
+	if (mc_get_le32(in) != TE_HS_MAGIC)
 		return MC_EPROTOCOL;
-	if (get16(in + 4) != TE_HS_VERSION)
+	if (mc_get_le16(in + 4) != TE_HS_VERSION)
 		return -EPROTONOSUPPORT;
 	m->kind = in[6];
 	m->flags = in[7];
-	m->status = (int32_t)get32(in + 8);
+	m->status = (int32_t)mc_get_le32(in + 8);
 	if (m->kind < TE_HS_HELLO || m->kind > TE_HS_RESULT ||
-	    (m->flags & ~TE_HS_F_SECRET) || get32(in + 12) != 0)
+	    (m->flags & ~TE_HS_F_SECRET) || mc_get_le32(in + 12) != 0)
 		return MC_EPROTOCOL;
 	if (m->status > 0 || m->status < -4095)
 		return MC_EPROTOCOL;
@@ -233,23 +195,23 @@ int te__hs_server_step(struct te_hs_server *s, const struct te_hs_msg *in,
 void te__shm_encode(const struct te_shm_msg *m, uint8_t out[TE_SHM_MSG_BYTES])
 {
 	memset(out, 0, TE_SHM_MSG_BYTES);
-	put32(out, TE_SHM_MAGIC);
+	mc_put_le32(out, TE_SHM_MAGIC);
 	out[4] = m->type;
-	put32(out + 8, m->id);
-	put64(out + 16, m->addr);
-	put64(out + 24, m->len);
-	put64(out + 32, m->off);
+	mc_put_le32(out + 8, m->id);
+	mc_put_le64(out + 16, m->addr);
+	mc_put_le64(out + 24, m->len);
+	mc_put_le64(out + 32, m->off);
 }
 
 int te__shm_decode(const uint8_t in[TE_SHM_MSG_BYTES], struct te_shm_msg *m)
 {
-	if (get32(in) != TE_SHM_MAGIC || in[5] || in[6] || in[7] || get32(in + 12))
+	if (mc_get_le32(in) != TE_SHM_MAGIC || in[5] || in[6] || in[7] || mc_get_le32(in + 12))
 		return MC_EPROTOCOL;
 	m->type = in[4];
-	m->id = get32(in + 8);
-	m->addr = get64(in + 16);
-	m->len = get64(in + 24);
-	m->off = get64(in + 32);
+	m->id = mc_get_le32(in + 8);
+	m->addr = mc_get_le64(in + 16);
+	m->len = mc_get_le64(in + 24);
+	m->off = mc_get_le64(in + 32);
 	switch (m->type) {
 	case TE_SHM_ADD:
 		if (m->len == 0 || m->addr + (m->len - 1) < m->addr ||
