@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "common/endian.h"
-#include "rpc/rpc.h"
+#include "rpc/frame.h"
 
 static const char *const status_names[] = {
 	"OK",
