@@ -54,6 +54,10 @@
 #include "transfer/te_int.h"
 
 #define LOG_SUBSYS LOGS_RDMA
+
+/* This transport's ops (at the end of the file), registered in engine.c. */
+extern const struct te_xport_ops te__rdma_ops;
+
 #define POST_MAX 64                   /* WRs per te_rdma_post */
 #define MAX_TRIES (TE_MAX_PATHS + 8)  /* resubmissions of one slice */
 #define CTRL_TIMEOUT_MS TE_CONNECT_TIMEOUT_MS
@@ -1017,7 +1021,7 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 	if (err)
 		goto fail_peer;
 	if ((d->transports & TE_XP_TCP) && e->xp[TE_PROTO_TCP]) {
-		int terr = te__tcp_ops.connect(e->xp[TE_PROTO_TCP], seg, d, &p->tcp);
+		int terr = e->xops[TE_PROTO_TCP]->connect(e->xp[TE_PROTO_TCP], seg, d, &p->tcp);
 		if (terr) {
 			log_warn("segment %s: no tcp fallback for rdma (%s)", seg->name,
 				 mc_strerror(terr));
@@ -1040,7 +1044,7 @@ fallback:
 	}
 	log_warn("segment %s: rdma unavailable (%s); using tcp", seg->name,
 		 why[0] ? why : mc_strerror(err));
-	return te__tcp_ops.connect(e->xp[TE_PROTO_TCP], seg, d, out);
+	return e->xops[TE_PROTO_TCP]->connect(e->xp[TE_PROTO_TCP], seg, d, out);
 }
 
 /* ------------------------------------------------------------ engine-wide */

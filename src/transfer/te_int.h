@@ -47,7 +47,9 @@
  * calls te__slice_done. A slice without an rkey or a registered local
  * buffer, or whose QPs failed, goes to a tcp peer the rdma peer holds
  * (slice->xp carries the local MR meanwhile). engine.c picks remote_proto
- * (rdma when a device is usable) and fills xops[TE_PROTO_RDMA].
+ * (rdma when a device is usable) and starts it like every transport:
+ * looked up by protocol in the one table (te__xport_ops), then reached
+ * through xops[TE_PROTO_RDMA].
  */
 #ifndef MC_TRANSFER_TE_INT_H
 #define MC_TRANSFER_TE_INT_H
@@ -335,11 +337,17 @@ int te__ctrl_open(struct te_engine *e, const struct te_desc *d,
 int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen,
 		  uint8_t *out, size_t *outlen, uint64_t timeout_ms) MC_MUST_CHECK;
 
-extern const struct te_xport_ops te__tcp_ops;
+/*
+ * The transports, one per protocol, registered in one table (engine.c):
+ * the ops of TE_PROTO_TCP, TE_PROTO_RDMA or TE_PROTO_SHM; NULL for any
+ * other value. Nothing names a transport's ops but that table: the
+ * engine starts each through this lookup, and everything after reaches a
+ * started transport through e->xops[proto] (NULL while it is not
+ * running, beside its state e->xp[proto]).
+ */
+const struct te_xport_ops *te__xport_ops(enum te_protocol proto);
 /* The TCP data listener's port. */
 uint16_t te__tcp_port(const struct te_xport *x);
-extern const struct te_xport_ops te__shm_ops;
-extern const struct te_xport_ops te__rdma_ops;
 
 /*
  * rdma control message (the payload of a TE_WIRE_CTRL for the rdma
