@@ -74,7 +74,8 @@ static void *slow_reader(void *arg)
 	struct peer *p = arg;
 	size_t got = 0;
 	while (got < p->len) {
-		ssize_t n = read(p->fd, p->buf + got, p->len - got < p->chunk ? p->len - got : p->chunk);
+		ssize_t n = read(p->fd, p->buf + got,
+				 p->len - got < p->chunk ? p->len - got : p->chunk);
 		if (n <= 0)
 			break;
 		got += (size_t)n;
