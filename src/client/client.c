@@ -15,6 +15,7 @@
  * one the agent attaches to the reply.
  */
 #include "common/err.h"
+#include "common/io.h"
 #include "common/uframe.h"
 #include "client.pb-c.h"
 #include "client/mooncake.h"
@@ -389,42 +390,6 @@ static int tmp_memfd(size_t len)
 	return fd;
 }
 
-static int pwrite_all(int fd, const void *p, size_t len, uint64_t off)
-{
-	const uint8_t *b = p;
-	while (len) {
-		ssize_t n = pwrite(fd, b, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		b += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static int pread_all(int fd, void *p, size_t len, uint64_t off)
-{
-	uint8_t *b = p;
-	while (len) {
-		ssize_t n = pread(fd, b, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		b += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 /* The agent-mapped range holding [p, p + len), under mu. */
 static const struct range *find_agent_range(mc_client *c, const void *p, size_t len)
 {
@@ -680,7 +645,7 @@ MC__PUBLIC int mc_batch_put(mc_client *c, size_t n, const void *const *keys,
 		}
 		for (size_t i = 0; i < n; i++)
 			if (!results[i] && regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
-			    (rc = pwrite_all(tfd, values[i], lens[i], regs[i].offset)) != 0)
+			    (rc = mc_pwrite_all(tfd, values[i], lens[i], regs[i].offset)) != 0)
 				goto out;
 	}
 	Mooncake__Client__PutRequest p = MOONCAKE__CLIENT__PUT_REQUEST__INIT;
@@ -1618,7 +1583,7 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 		for (size_t i = 0; i < n; i++)
 			if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
 			    reqs[i].op == MC_TRANSFER_WRITE &&
-			    (rc = pwrite_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset)) != 0)
+			    (rc = mc_pwrite_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset)) != 0)
 				goto out;
 	}
 	Mooncake__Client__TransferRequest q = MOONCAKE__CLIENT__TRANSFER_REQUEST__INIT;
@@ -1646,7 +1611,7 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 		if (blk[i] >= 0)
 			memcpy(reqs[i].local, c->stg + blk[i], reqs[i].len);
 		else if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED)
-			results[i] = pread_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset);
+			results[i] = mc_pread_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset);
 	}
 out:
 	if (blk)

@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/endian.h"
+
 static const uint32_t K[64] = {
 	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
 	0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
@@ -34,8 +36,7 @@ static void compress(uint32_t h[8], const uint8_t b[64])
 {
 	uint32_t w[64];
 	for (int i = 0; i < 16; i++)
-		w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 |
-		       (uint32_t)b[4 * i + 2] << 8 | (uint32_t)b[4 * i + 3];
+		w[i] = mc_get_be32(b + 4 * i);
 	for (int i = 16; i < 64; i++) {
 		uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
 		uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -111,12 +112,8 @@ void mc_sha256_final(struct mc_sha256 *s, uint8_t out[MC_SHA256_BYTES])
 	for (int i = 0; i < 8; i++)
 		s->block[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
 	compress(s->h, s->block);
-	for (int i = 0; i < 8; i++) {
-		out[4 * i] = (uint8_t)(s->h[i] >> 24);
-		out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
-		out[4 * i + 2] = (uint8_t)(s->h[i] >> 8);
-		out[4 * i + 3] = (uint8_t)s->h[i];
-	}
+	for (int i = 0; i < 8; i++)
+		mc_put_be32(out + 4 * i, s->h[i]);
 	memset(s, 0, sizeof(*s));
 }
 

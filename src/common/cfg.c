@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -545,24 +546,16 @@ static int load_file(struct cfg *c, const char *path, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	size_t got = 0;
-	while (got < len) {
-		ssize_t r = read(fd, buf + got, len - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			int e = r < 0 ? errno : EIO;
-			snprintf(err, errlen, "--config: reading '%s': %s", path,
-				 strerror(e));
-			free(buf);
-			close(fd);
-			return -e;
-		}
-		got += (size_t)r;
+	int rc = mc_read_full(fd, buf, len);
+	if (rc) {
+		snprintf(err, errlen, "--config: reading '%s': %s", path, strerror(-rc));
+		free(buf);
+		close(fd);
+		return rc;
 	}
 	close(fd);
 	buf[len] = '\0';
-	int rc = cfg_parse_ini(c, path, buf, len, err, errlen);
+	rc = cfg_parse_ini(c, path, buf, len, err, errlen);
 	free(buf);
 	if (rc == 0) {
 		c->config_path = strdup(path);

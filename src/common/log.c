@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/io.h"
 #include "common/util.h"
 
 _Atomic unsigned char log__levels[LOGS_COUNT] = {[0 ... LOGS_COUNT - 1] =
@@ -112,20 +113,6 @@ static size_t format_time(char *buf, size_t len)
 	return n + (size_t)(m > 0 ? m : 0);
 }
 
-static void write_all(int fd, const char *buf, size_t len)
-{
-	while (len > 0) {
-		ssize_t w = write(fd, buf, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return; /* nowhere left to report a failing log */
-		}
-		buf += w;
-		len -= (size_t)w;
-	}
-}
-
 /* The size of the file behind fd, 0 when unknown. */
 static uint64_t fd_size(int fd)
 {
@@ -151,7 +138,9 @@ static void do_write_line(const char *body, const char *suffix)
 	}
 	if (log_max_bytes && log_path && log_size > 0 && log_size + n > log_max_bytes)
 		do_rotate();
-	write_all(log_fd, line, n);
+	/* A failing write has nowhere left to be reported. */
+	int rc = mc_write_all(log_fd, line, n);
+	(void)rc;
 	log_size += n;
 }
 
@@ -374,8 +363,10 @@ out:
 				 "ERROR main: log rotation of %s failed (%s: %s); writing on "
 				 "and trying again after --log-max-size more bytes\n",
 				 log_path, fail, err ? strerror(err) : "");
-		if (m > 0)
-			write_all(log_fd, msg, MC_MIN((size_t)m, sizeof(msg) - 1));
+		if (m > 0) {
+			int rc = mc_write_all(log_fd, msg, MC_MIN((size_t)m, sizeof(msg) - 1));
+			(void)rc; /* nowhere left to report a failing write */
+		}
 		log_size = 0;
 	}
 }

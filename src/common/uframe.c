@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/endian.h"
+
 int mc_uframe_rx_init(struct mc_uframe_rx *r, size_t max_frame)
 {
 	memset(r, 0, sizeof(*r));
@@ -178,16 +180,12 @@ int mc_uframe_rx_idle(const struct mc_uframe_rx *r)
 
 void mc_uframe_put_len(uint8_t hdr[MC_UFRAME_HDR], uint32_t len)
 {
-	hdr[0] = (uint8_t)len;
-	hdr[1] = (uint8_t)(len >> 8);
-	hdr[2] = (uint8_t)(len >> 16);
-	hdr[3] = (uint8_t)(len >> 24);
+	mc_put_le32(hdr, len);
 }
 
 uint32_t mc_uframe_get_len(const uint8_t hdr[MC_UFRAME_HDR])
 {
-	return (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
-	       (uint32_t)hdr[3] << 24;
+	return mc_get_le32(hdr);
 }
 
 ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt,

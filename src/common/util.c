@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/io.h"
+
 uint64_t mc_now_ns(void)
 {
 	struct timespec ts;
@@ -166,10 +168,10 @@ int mc_lock_dir(const char *dir, int *fd_out, int *holder_pid)
 	}
 	char pidbuf[32];
 	int n = snprintf(pidbuf, sizeof(pidbuf), "%d\n", (int)getpid());
-	if (ftruncate(fd, 0) != 0 || pwrite(fd, pidbuf, (size_t)n, 0) != n) {
-		int err = errno;
+	int rc = ftruncate(fd, 0) != 0 ? -errno : mc_pwrite_all(fd, pidbuf, (size_t)n, 0);
+	if (rc) {
 		close(fd);
-		return -err;
+		return rc;
 	}
 	*fd_out = fd;
 	return 0;

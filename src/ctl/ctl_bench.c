@@ -24,6 +24,7 @@
 #include <uv.h>
 
 #include "common/cfg.h"
+#include "common/endian.h"
 #include "common/metrics.h"
 #include "common/util.h"
 #include "ctl/ctl_int.h"
@@ -149,8 +150,7 @@ static void tconn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 			len -= k;
 			if (c->hdr_len < 4)
 				break;
-			c->flen = (size_t)c->hdr[0] << 24 | (size_t)c->hdr[1] << 16 |
-				  (size_t)c->hdr[2] << 8 | c->hdr[3];
+			c->flen = mc_get_be32(c->hdr);
 			if (c->spare && c->spare_cap >= 4 + c->flen) {
 				c->frame = c->spare;
 				c->fcap = c->spare_cap;
@@ -520,8 +520,7 @@ static void t_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 			len -= k;
 			if (b->rh_len < 4)
 				break;
-			b->rlen = (size_t)b->rh[0] << 24 | (size_t)b->rh[1] << 16 |
-				  (size_t)b->rh[2] << 8 | b->rh[3];
+			b->rlen = mc_get_be32(b->rh);
 			b->rgot = 0;
 			if (b->rlen > b->rcap) {
 				b->failed = b->stop = true;
@@ -584,10 +583,7 @@ static void run_tcp(uv_loop_t *loop, int port, unsigned conc, const uint8_t *pay
 		wr[i].next = b->wfree;
 		b->wfree = &wr[i];
 	}
-	b->hdr[0] = (uint8_t)(len >> 24);
-	b->hdr[1] = (uint8_t)(len >> 16);
-	b->hdr[2] = (uint8_t)(len >> 8);
-	b->hdr[3] = (uint8_t)len;
+	mc_put_be32(b->hdr, (uint32_t)len);
 	uv_ip4_addr("127.0.0.1", port, &a);
 	uv_tcp_init(loop, &b->tcp);
 	if (!b->t0s || !b->rbody ||

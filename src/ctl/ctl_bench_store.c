@@ -48,6 +48,7 @@
 
 #include "common/cfg.h"
 #include "common/err.h"
+#include "common/io.h"
 #include "common/util.h"
 #include "ctl/ctl_int.h"
 #include "client/mooncake.h"
@@ -280,28 +281,6 @@ static int redis_connect(int port)
 	return fd;
 }
 
-static int write_all(int fd, struct iovec *iov, int n)
-{
-	while (n > 0) {
-		ssize_t w = writev(fd, iov, n);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		while (n > 0 && (size_t)w >= iov->iov_len) {
-			w -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n > 0) {
-			iov->iov_base = (char *)iov->iov_base + w;
-			iov->iov_len -= (size_t)w;
-		}
-	}
-	return 0;
-}
-
 /* A reply's first line into line (without CRLF). */
 static int read_line(int fd, char *line, size_t len)
 {
@@ -319,26 +298,13 @@ static int read_line(int fd, char *line, size_t len)
 	return -EPROTO;
 }
 
-static int read_full(int fd, void *p, size_t len)
-{
-	uint8_t *b = p;
-	while (len) {
-		ssize_t r = read(fd, b, len);
-		if (r <= 0)
-			return -EIO;
-		b += r;
-		len -= (size_t)r;
-	}
-	return 0;
-}
-
 static int redis_set(int fd, const char *key, const void *val, size_t len)
 {
 	char hdr[128], line[64];
 	size_t kl = strlen(key);
 	int h = snprintf(hdr, sizeof(hdr), "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", kl, key, len);
 	struct iovec iov[3] = {{hdr, (size_t)h}, {(void *)val, len}, {"\r\n", 2}};
-	int rc = write_all(fd, iov, 3);
+	int rc = mc_writev_all(fd, iov, 3);
 	if (rc == 0)
 		rc = read_line(fd, line, sizeof(line));
 	return rc ? rc : line[0] == '+' ? 0 : -EPROTO;
@@ -349,7 +315,7 @@ static int64_t redis_get(int fd, const char *key, void *buf, size_t cap)
 	char hdr[128], line[64];
 	int h = snprintf(hdr, sizeof(hdr), "*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n", strlen(key), key);
 	struct iovec iov[1] = {{hdr, (size_t)h}};
-	int rc = write_all(fd, iov, 1);
+	int rc = mc_writev_all(fd, iov, 1);
 	if (rc == 0)
 		rc = read_line(fd, line, sizeof(line));
 	if (rc)
@@ -362,9 +328,9 @@ static int64_t redis_get(int fd, const char *key, void *buf, size_t cap)
 	if ((size_t)n > cap)
 		return -ENOBUFS;
 	char crlf[2];
-	rc = read_full(fd, buf, (size_t)n);
+	rc = mc_read_full(fd, buf, (size_t)n);
 	if (rc == 0)
-		rc = read_full(fd, crlf, 2);
+		rc = mc_read_full(fd, crlf, 2);
 	return rc ? rc : n;
 }
 

@@ -24,6 +24,7 @@
 
 #include "common/cfg.h"
 #include "common/err.h"
+#include "common/io.h"
 #include "ctl/ctl_int.h"
 #include "client/mooncake.h"
 
@@ -208,21 +209,6 @@ int ctl_put_main(int argc, char **argv)
 	return CTL_EXIT_OK;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t len)
-{
-	while (len) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 int ctl_get_main(int argc, char **argv)
 {
 	struct store_args a;
@@ -256,7 +242,7 @@ int ctl_get_main(int argc, char **argv)
 			return CTL_EXIT_FAIL;
 		}
 	}
-	rc = write_all(fd, val, len);
+	rc = mc_write_all(fd, val, len);
 	if (fd != 1 && close(fd) != 0 && rc == 0)
 		rc = -errno;
 	free(val);

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "master/master_int.h"
+#include "master/core.h"
 
 #define SAME_CLASS_PROBES 16
 #define BITMAP_WORDS (MASTER_ALLOC_NBINS / 64)

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "master/master_int.h"
+#include "master/core.h"
 
 #define MIN_BUCKETS 1024u
 #define SWEEP_BUCKETS_PER_TICK 65536u

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "master/master_int.h"
+#include "master/core.h"
 
 #define CHUNK_BYTES (64u * 1024)
 

@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "common/crc32c.h"
+#include "common/endian.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -40,65 +42,6 @@
 static _Atomic unsigned snap_tmp_counter;
 
 /* ------------------------------------------------------------ helpers */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-	while (len > 0) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static int read_full(int fd, void *buf, size_t len)
-{
-	uint8_t *p = buf;
-	while (len > 0) {
-		ssize_t n = read(fd, p, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
 
 static bool parse_hex16(const char *s, uint64_t *out)
 {
@@ -375,9 +318,9 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 	}
 	/* Header placeholder (written for real at commit), then conf. */
 	uint8_t hdr[SNAP_HDR_BYTES] = {0};
-	if ((rc = write_all(wr->fd, hdr, sizeof(hdr))) ||
+	if ((rc = mc_write_all(wr->fd, hdr, sizeof(hdr))) ||
 	    (meta->conf_len &&
-	     (rc = write_all(wr->fd, meta->conf, meta->conf_len)))) {
+	     (rc = mc_write_all(wr->fd, meta->conf, meta->conf_len)))) {
 		log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 		goto out_unlink;
 	}
@@ -395,7 +338,7 @@ static int writer_flush(struct snap_writer *wr)
 {
 	if (wr->wlen == 0)
 		return 0;
-	int rc = write_all(wr->fd, wr->wbuf, wr->wlen);
+	int rc = mc_write_all(wr->fd, wr->wbuf, wr->wlen);
 	if (rc) {
 		log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 		wr->err = rc;
@@ -421,7 +364,7 @@ int snap_writer_write(struct snap_writer *wr, const void *data, size_t len)
 	if (rc)
 		return rc;
 	if (len >= SNAP_WBUF_BYTES) {
-		if ((rc = write_all(wr->fd, p, len))) {
+		if ((rc = mc_write_all(wr->fd, p, len))) {
 			log_error("%s: write failed: %s", wr->tmp,
 				  mc_strerror(rc));
 			wr->err = rc;
@@ -442,15 +385,15 @@ static void encode_header(uint8_t *h, const struct snap_writer *wr)
 {
 	memset(h, 0, SNAP_HDR_BYTES);
 	memcpy(h, SNAP_MAGIC, 8);
-	put32(h + 8, SNAP_VERSION);
-	put32(h + 12, SNAP_HDR_BYTES);
-	put64(h + 16, wr->index);
-	put64(h + 24, wr->term);
-	put64(h + 32, wr->data_bytes);
-	put32(h + 40, wr->conf_len);
-	put32(h + 44, wr->conf_crc);
-	put32(h + 48, wr->data_crc);
-	put32(h + 60, crc32c(0, h, 60));
+	mc_put_le32(h + 8, SNAP_VERSION);
+	mc_put_le32(h + 12, SNAP_HDR_BYTES);
+	mc_put_le64(h + 16, wr->index);
+	mc_put_le64(h + 24, wr->term);
+	mc_put_le64(h + 32, wr->data_bytes);
+	mc_put_le32(h + 40, wr->conf_len);
+	mc_put_le32(h + 44, wr->conf_crc);
+	mc_put_le32(h + 48, wr->data_crc);
+	mc_put_le32(h + 60, crc32c(0, h, 60));
 }
 
 int snap_writer_commit(struct snap_writer *wr, unsigned keep)
@@ -460,12 +403,7 @@ int snap_writer_commit(struct snap_writer *wr, unsigned keep)
 		goto out_unlink;
 	uint8_t hdr[SNAP_HDR_BYTES];
 	encode_header(hdr, wr);
-	ssize_t n;
-	do
-		n = pwrite(wr->fd, hdr, sizeof(hdr), 0);
-	while (n < 0 && errno == EINTR);
-	if (n != (ssize_t)sizeof(hdr)) {
-		rc = n < 0 ? -errno : -EIO;
+	if ((rc = mc_pwrite_all(wr->fd, hdr, sizeof(hdr), 0))) {
 		log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 		goto out_unlink;
 	}
@@ -560,20 +498,20 @@ int snap_reader_open(const char *path, struct snap_reader **out,
 	rc = -EBADMSG;
 	why = "file shorter than a snapshot header";
 	if ((uint64_t)st.st_size < SNAP_HDR_BYTES ||
-	    read_full(r->fd, h, sizeof(h)) != 0)
+	    mc_read_full(r->fd, h, sizeof(h)) != 0)
 		goto out_corrupt;
 	why = "not a snapshot (bad magic)";
 	if (memcmp(h, SNAP_MAGIC, 8) != 0)
 		goto out_corrupt;
 	why = "header CRC mismatch";
-	if (get32(h + 60) != crc32c(0, h, 60))
+	if (mc_get_le32(h + 60) != crc32c(0, h, 60))
 		goto out_corrupt;
 	why = "unsupported snapshot version";
-	if (get32(h + 8) != SNAP_VERSION || get32(h + 12) != SNAP_HDR_BYTES)
+	if (mc_get_le32(h + 8) != SNAP_VERSION || mc_get_le32(h + 12) != SNAP_HDR_BYTES)
 		goto out_corrupt;
-	uint64_t index = get64(h + 16), term = get64(h + 24);
-	uint64_t data_bytes = get64(h + 32);
-	uint32_t conf_len = get32(h + 40);
+	uint64_t index = mc_get_le64(h + 16), term = mc_get_le64(h + 24);
+	uint64_t data_bytes = mc_get_le64(h + 32);
+	uint32_t conf_len = mc_get_le32(h + 40);
 	why = "conf state length out of range";
 	if (conf_len > SNAP_CONF_MAX_BYTES)
 		goto out_corrupt;
@@ -587,14 +525,14 @@ int snap_reader_open(const char *path, struct snap_reader **out,
 			goto out_free;
 		rc = -EBADMSG;
 		why = "conf state unreadable";
-		if (read_full(r->fd, conf, conf_len) != 0)
+		if (mc_read_full(r->fd, conf, conf_len) != 0)
 			goto out_corrupt;
 	}
 	why = "conf state CRC mismatch";
-	if (crc32c(0, conf, conf_len) != get32(h + 44))
+	if (crc32c(0, conf, conf_len) != mc_get_le32(h + 44))
 		goto out_corrupt;
 	r->data_bytes = data_bytes;
-	r->want_crc = get32(h + 48);
+	r->want_crc = mc_get_le32(h + 48);
 	if (info) {
 		memset(info, 0, sizeof(*info));
 		info->path = strdup(path);

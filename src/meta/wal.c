@@ -68,6 +68,8 @@
 
 #include "common/buf.h"
 #include "common/crc32c.h"
+#include "common/endian.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -88,29 +90,6 @@
 #define WAL_INDEX_MAX (UINT64_MAX >> 2)
 
 /* ------------------------------------------------------------ helpers */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 static bool all_zero(const uint8_t *p, size_t n)
 {
@@ -135,44 +114,6 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return true;
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const uint8_t *p = buf;
-	while (len > 0) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
-static int pread_all(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *p = buf;
-	while (len > 0) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO; /* the file shrank under us */
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
 /* ------------------------------------------------------------ formats */
 
 void wal__seg_hdr_encode(uint8_t out[WAL__SEG_HDR_BYTES],
@@ -180,13 +121,13 @@ void wal__seg_hdr_encode(uint8_t out[WAL__SEG_HDR_BYTES],
 {
 	memset(out, 0, WAL__SEG_HDR_BYTES);
 	memcpy(out, WAL_SEG_MAGIC, 8);
-	put32(out + 8, WAL_VERSION);
-	put32(out + 12, WAL__SEG_HDR_BYTES);
-	put64(out + 16, h->wal_id);
-	put64(out + 24, h->seq);
-	put64(out + 32, h->first_index);
-	put32(out + 40, h->prev_crc);
-	put32(out + 60, crc32c(0, out, 60));
+	mc_put_le32(out + 8, WAL_VERSION);
+	mc_put_le32(out + 12, WAL__SEG_HDR_BYTES);
+	mc_put_le64(out + 16, h->wal_id);
+	mc_put_le64(out + 24, h->seq);
+	mc_put_le64(out + 32, h->first_index);
+	mc_put_le32(out + 40, h->prev_crc);
+	mc_put_le32(out + 60, crc32c(0, out, 60));
 }
 
 int wal__seg_hdr_decode(const uint8_t *buf, size_t len, struct wal__seg_hdr *h,
@@ -200,19 +141,19 @@ int wal__seg_hdr_decode(const uint8_t *buf, size_t len, struct wal__seg_hdr *h,
 		*why = "not a WAL segment (bad magic)";
 		return -EBADMSG;
 	}
-	if (get32(buf + 60) != crc32c(0, buf, 60)) {
+	if (mc_get_le32(buf + 60) != crc32c(0, buf, 60)) {
 		*why = "segment header CRC mismatch";
 		return -EBADMSG;
 	}
-	if (get32(buf + 8) != WAL_VERSION ||
-	    get32(buf + 12) != WAL__SEG_HDR_BYTES) {
+	if (mc_get_le32(buf + 8) != WAL_VERSION ||
+	    mc_get_le32(buf + 12) != WAL__SEG_HDR_BYTES) {
 		*why = "unsupported segment version";
 		return -EBADMSG;
 	}
-	h->wal_id = get64(buf + 16);
-	h->seq = get64(buf + 24);
-	h->first_index = get64(buf + 32);
-	h->prev_crc = get32(buf + 40);
+	h->wal_id = mc_get_le64(buf + 16);
+	h->seq = mc_get_le64(buf + 24);
+	h->first_index = mc_get_le64(buf + 32);
+	h->prev_crc = mc_get_le32(buf + 40);
 	if (h->seq == 0 || h->first_index == 0 ||
 	    h->first_index > WAL_INDEX_MAX) {
 		*why = "segment header with seq or first index out of range";
@@ -224,8 +165,8 @@ int wal__seg_hdr_decode(const uint8_t *buf, size_t len, struct wal__seg_hdr *h,
 uint32_t wal__seed(uint64_t wal_id, uint64_t seq)
 {
 	uint8_t b[16];
-	put64(b, wal_id);
-	put64(b + 8, seq);
+	mc_put_le64(b, wal_id);
+	mc_put_le64(b + 8, seq);
 	return crc32c(0, b, sizeof(b));
 }
 
@@ -240,13 +181,13 @@ uint32_t wal__encode_frame(uint8_t *out, uint32_t seed, unsigned type,
 {
 	size_t len = n1 + n2;
 	size_t frame = wal__frame_bytes(len);
-	put32(out + 4, (uint32_t)len);
-	put32(out + 8, ~(uint32_t)len);
+	mc_put_le32(out + 4, (uint32_t)len);
+	mc_put_le32(out + 8, ~(uint32_t)len);
 	out[12] = (uint8_t)type;
 	out[13] = WAL__REC_MAGIC;
 	out[14] = 0;
 	out[15] = 0;
-	put64(out + 16, group_off);
+	mc_put_le64(out + 16, group_off);
 	if (n1)
 		memcpy(out + WAL__REC_HDR_BYTES, p1, n1);
 	if (n2)
@@ -254,7 +195,7 @@ uint32_t wal__encode_frame(uint8_t *out, uint32_t seed, unsigned type,
 	memset(out + WAL__REC_HDR_BYTES + len, 0,
 	       frame - WAL__REC_HDR_BYTES - len);
 	uint32_t crc = crc32c(seed, out + 4, frame - 4);
-	put32(out, crc);
+	mc_put_le32(out, crc);
 	return crc;
 }
 
@@ -263,8 +204,8 @@ static bool frame_header_ok(const uint8_t *p, size_t n, size_t *frame)
 {
 	if (n < WAL__REC_HDR_BYTES)
 		return false;
-	uint32_t len = get32(p + 4);
-	if ((len ^ get32(p + 8)) != 0xFFFFFFFFu || p[13] != WAL__REC_MAGIC ||
+	uint32_t len = mc_get_le32(p + 4);
+	if ((len ^ mc_get_le32(p + 8)) != 0xFFFFFFFFu || p[13] != WAL__REC_MAGIC ||
 	    p[14] != 0 || p[15] != 0 || p[12] < WAL__REC_ENTRY ||
 	    p[12] > WAL__REC_SNAPSHOT || len > WAL_RECORD_MAX_BYTES)
 		return false;
@@ -274,7 +215,7 @@ static bool frame_header_ok(const uint8_t *p, size_t n, size_t *frame)
 
 static bool frame_crc_ok(const uint8_t *p, size_t frame, uint32_t seed)
 {
-	return get32(p) == crc32c(seed, p + 4, frame - 4);
+	return mc_get_le32(p) == crc32c(seed, p + 4, frame - 4);
 }
 
 /* ------------------------------------------------------------ arena */
@@ -477,9 +418,9 @@ static int replay_record(unsigned type, const uint8_t *p, size_t len,
 			return -EBADMSG;
 		}
 		struct wal_entry e = {
-			.index = get64(p),
-			.term = get64(p + 8),
-			.type = get32(p + 16),
+			.index = mc_get_le64(p),
+			.term = mc_get_le64(p + 8),
+			.type = mc_get_le32(p + 16),
 			.data = p + WAL__ENTRY_HDR_BYTES,
 			.len = len - WAL__ENTRY_HDR_BYTES,
 		};
@@ -494,8 +435,8 @@ static int replay_record(unsigned type, const uint8_t *p, size_t len,
 			*why = "hard state record of the wrong size";
 			return -EBADMSG;
 		}
-		struct wal_hard_state hs = {get64(p), get64(p + 8),
-					    get64(p + 16)};
+		struct wal_hard_state hs = {mc_get_le64(p), mc_get_le64(p + 8),
+					    mc_get_le64(p + 16)};
 		if ((bad = wal__view_check_hs(v, &hs))) {
 			*why = bad;
 			return -EBADMSG;
@@ -508,7 +449,7 @@ static int replay_record(unsigned type, const uint8_t *p, size_t len,
 			*why = "snapshot marker record of the wrong size";
 			return -EBADMSG;
 		}
-		struct wal_snap_ref s = {get64(p), get64(p + 8)};
+		struct wal_snap_ref s = {mc_get_le64(p), mc_get_le64(p + 8)};
 		if ((bad = wal__view_check_snap(v, s))) {
 			*why = bad;
 			return -EBADMSG;
@@ -537,7 +478,7 @@ static int scan_decide(const uint8_t *buf, size_t len, size_t x,
 		if (!frame_header_ok(buf + p, len - p, &frame) ||
 		    !frame_crc_ok(buf + p, frame, s->seed))
 			continue;
-		uint64_t g = get64(buf + p + 16);
+		uint64_t g = mc_get_le64(buf + p + 16);
 		if (g > x || g < group_off) {
 			s->bad_off = x;
 			s->why = stop_why;
@@ -576,9 +517,9 @@ int wal__scan_segment(const uint8_t *buf, size_t len, struct wal__scan *s,
 			return scan_decide(buf, len, off, group_off,
 					   "partial record header", s);
 		if (!frame_header_ok(p, len - off, &frame)) {
-			uint32_t n = get32(p + 4);
+			uint32_t n = mc_get_le32(p + 4);
 			const char *why =
-				(n ^ get32(p + 8)) == 0xFFFFFFFFu &&
+				(n ^ mc_get_le32(p + 8)) == 0xFFFFFFFFu &&
 						n <= WAL_RECORD_MAX_BYTES &&
 						p[13] == WAL__REC_MAGIC
 					? "record runs past the end of the file"
@@ -589,7 +530,7 @@ int wal__scan_segment(const uint8_t *buf, size_t len, struct wal__scan *s,
 			return scan_decide(buf, len, off, group_off,
 					   "record CRC mismatch", s);
 		/* A valid record: from here on, damage is corruption. */
-		uint64_t g = get64(p + 16);
+		uint64_t g = mc_get_le64(p + 16);
 		if (g > off || g < group_off || g < WAL__SEG_HDR_BYTES) {
 			s->bad_off = off;
 			s->why = "record with an impossible write-group offset";
@@ -597,12 +538,12 @@ int wal__scan_segment(const uint8_t *buf, size_t len, struct wal__scan *s,
 		}
 		group_off = g;
 		int rc = replay_record(p[12], p + WAL__REC_HDR_BYTES,
-				       get32(p + 4), v, &s->why);
+				       mc_get_le32(p + 4), v, &s->why);
 		if (rc) {
 			s->bad_off = off;
 			return rc;
 		}
-		s->last_crc = get32(p);
+		s->last_crc = mc_get_le32(p);
 		s->nrec++;
 		off += frame;
 		s->end = off;
@@ -810,7 +751,7 @@ static int flush_pending(struct wal *w)
 {
 	if (w->pend.len == 0)
 		return 0;
-	int rc = pwrite_all(w->fd, w->pend.data, w->pend.len, w->seg_off);
+	int rc = mc_pwrite_all(w->fd, w->pend.data, w->pend.len, w->seg_off);
 	if (rc)
 		return wal_fail(w, rc, "write");
 	w->seg_off += w->pend.len;
@@ -853,15 +794,15 @@ static int encode_into(struct mc_buf *b, uint32_t seed, unsigned type,
 
 static void hs_payload(uint8_t p[24], const struct wal_hard_state *hs)
 {
-	put64(p, hs->term);
-	put64(p + 8, hs->vote);
-	put64(p + 16, hs->commit);
+	mc_put_le64(p, hs->term);
+	mc_put_le64(p + 8, hs->vote);
+	mc_put_le64(p + 16, hs->commit);
 }
 
 static void snap_payload(uint8_t p[16], struct wal_snap_ref s)
 {
-	put64(p, s.index);
-	put64(p + 8, s.term);
+	mc_put_le64(p, s.index);
+	mc_put_le64(p + 8, s.term);
 }
 
 /*
@@ -915,7 +856,7 @@ static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
 			  mc_strerror(rc));
 		goto out_buf;
 	}
-	if ((rc = pwrite_all(fd, b.data, b.len, 0))) {
+	if ((rc = mc_pwrite_all(fd, b.data, b.len, 0))) {
 		log_error("%s: write failed: %s", tmp, mc_strerror(rc));
 		goto out_unlink;
 	}
@@ -1049,7 +990,7 @@ static int read_segment(const char *path, int fd, uint8_t **buf, size_t *cap,
 		*buf = b;
 		*cap = n;
 	}
-	int rc = pread_all(fd, *buf, n, 0);
+	int rc = mc_pread_all(fd, *buf, n, 0);
 	if (rc) {
 		log_error("%s: read failed: %s", path, mc_strerror(rc));
 		return rc;
@@ -1451,9 +1392,9 @@ int wal_save(struct wal *w, const struct wal_hard_state *hs,
 	}
 	for (size_t k = 0; k < n; k++) {
 		uint8_t h[WAL__ENTRY_HDR_BYTES];
-		put64(h, ents[k].index);
-		put64(h + 8, ents[k].term);
-		put32(h + 16, ents[k].type);
+		mc_put_le64(h, ents[k].index);
+		mc_put_le64(h + 8, ents[k].term);
+		mc_put_le32(h + 16, ents[k].type);
 		if ((rc = append_record(w, WAL__REC_ENTRY, h, sizeof(h),
 					ents[k].data, ents[k].len)))
 			return rc;

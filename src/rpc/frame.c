@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rpc/rpc.h"
+#include "common/endian.h"
+#include "rpc/frame.h"
 
 static const char *const status_names[] = {
 	"OK",
@@ -106,8 +107,7 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 			d->compressed = d->hdr[0] & 1;
 			if (d->compressed)
 				return -EPROTO;
-			d->msg_len = (size_t)d->hdr[1] << 24 | (size_t)d->hdr[2] << 16 |
-				     (size_t)d->hdr[3] << 8 | (size_t)d->hdr[4];
+			d->msg_len = mc_get_be32(d->hdr + 1);
 			d->msg_got = 0;
 			if (d->msg_len > d->max_message_bytes)
 				return MC_ETOO_LARGE;
@@ -159,10 +159,7 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 void rpc_frame_prefix(uint8_t out[5], uint32_t len)
 {
 	out[0] = 0;
-	out[1] = (uint8_t)(len >> 24);
-	out[2] = (uint8_t)(len >> 16);
-	out[3] = (uint8_t)(len >> 8);
-	out[4] = (uint8_t)len;
+	mc_put_be32(out + 1, len);
 }
 
 /* ------------------------------------------------------------ grpc-timeout */

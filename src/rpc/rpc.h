@@ -35,32 +35,9 @@
 #include <uv.h>
 
 #include "common/err.h"
+#include "rpc/frame.h" /* status codes and the pure message framing */
 
 struct metrics_registry;
-
-/* gRPC status codes (grpc/status.h values). */
-enum rpc_status {
-	RPC_OK = 0,
-	RPC_CANCELLED = 1,
-	RPC_UNKNOWN = 2,
-	RPC_INVALID_ARGUMENT = 3,
-	RPC_DEADLINE_EXCEEDED = 4,
-	RPC_NOT_FOUND = 5,
-	RPC_ALREADY_EXISTS = 6,
-	RPC_PERMISSION_DENIED = 7,
-	RPC_RESOURCE_EXHAUSTED = 8,
-	RPC_FAILED_PRECONDITION = 9,
-	RPC_ABORTED = 10,
-	RPC_OUT_OF_RANGE = 11,
-	RPC_UNIMPLEMENTED = 12,
-	RPC_INTERNAL = 13,
-	RPC_UNAVAILABLE = 14,
-	RPC_DATA_LOSS = 15,
-	RPC_UNAUTHENTICATED = 16,
-};
-
-/* "OK", "CANCELLED", ... ; "UNKNOWN" for out-of-range codes. */
-const char *rpc_status_name(int status);
 
 enum rpc_kind {
 	RPC_UNARY,
@@ -313,52 +290,5 @@ int rpc_client_unary_sync(struct rpc_client *c, const char *path,
 			  const ProtobufCMessageDescriptor *resp_desc,
 			  uint64_t timeout_ms, ProtobufCMessage **resp,
 			  char *errmsg, size_t errlen);
-
-/* ------------------------------------------------------------------ framing
- * The pure gRPC message framing, exposed for tests and fuzzing.
- */
-
-/* Incremental decoder of 5-byte-prefixed messages from DATA chunks. */
-struct rpc_deframer {
-	size_t max_message_bytes;
-	uint8_t hdr[5];
-	size_t hdr_len;
-	uint8_t *msg;    /* current message body (owned) */
-	size_t msg_len;  /* expected body length */
-	size_t msg_got;
-	bool compressed;
-	/* Optional source of body buffers (NULL: malloc/free), so a caller
-	 * can recycle large buffers instead of faulting in fresh pages for
-	 * every message. rpc_deframer_init sets them NULL. */
-	void *(*alloc)(void *ctx, size_t len);
-	void (*release)(void *ctx, void *p, size_t len);
-	void *alloc_ctx;
-};
-
-void rpc_deframer_init(struct rpc_deframer *d, size_t max_message_bytes);
-void rpc_deframer_free(struct rpc_deframer *d);
-/*
- * Feed bytes; each complete message is passed to on_msg (body borrowed).
- * on_msg returns 0 to continue or a negative code to stop (returned).
- * Errors: MC_ETOO_LARGE (declared length over the maximum), -EPROTO
- * (compressed flag set: no compression is negotiated), -ENOMEM.
- */
-int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
-		      int (*on_msg)(void *ud, const uint8_t *body, size_t len),
-		      void *ud) MC_MUST_CHECK;
-/* True when no partial message is buffered. */
-bool rpc_deframer_idle(const struct rpc_deframer *d);
-
-/* Write the 5-byte prefix for an uncompressed message of len bytes. */
-void rpc_frame_prefix(uint8_t out[5], uint32_t len);
-
-/* grpc-timeout header value <-> milliseconds ("100m", "5S", "1H").
- * Parse errors: -EINVAL. */
-int rpc_timeout_parse(const char *value, uint64_t *ms) MC_MUST_CHECK;
-void rpc_timeout_format(uint64_t ms, char *buf, size_t len);
-
-/* grpc-message percent-encoding (RFC: bytes outside 0x20-0x7e and '%'). */
-void rpc_percent_encode(const char *in, char *out, size_t outlen);
-void rpc_percent_decode(const char *in, char *out, size_t outlen);
 
 #endif

@@ -34,6 +34,35 @@
 
 static const char *const proto_names[] = {"auto", "tcp", "rdma", "shm"};
 
+/* ------------------------------------------------------------ transports */
+
+/* Defined by tcp.c, rdma_transport.c and shm.c; named only here. */
+extern const struct te_xport_ops te__tcp_ops, te__rdma_ops, te__shm_ops;
+
+static const struct te_xport_ops *const xports[] = {
+	[TE_PROTO_TCP] = &te__tcp_ops,
+	[TE_PROTO_RDMA] = &te__rdma_ops,
+	[TE_PROTO_SHM] = &te__shm_ops,
+};
+
+const struct te_xport_ops *te__xport_ops(enum te_protocol proto)
+{
+	return (unsigned)proto < MC_ARRAY_LEN(xports) ? xports[proto] : NULL;
+}
+
+/* Start the transport of proto: on success its ops are in e->xops[proto]
+ * and its state in e->xp[proto]. The ops go in first, so whoever sees the
+ * state (a connection the new listener served) finds them. Errors: the
+ * transport's init's. */
+static int xport_start(struct te_engine *e, enum te_protocol proto)
+{
+	e->xops[proto] = te__xport_ops(proto);
+	int rc = e->xops[proto]->init(e, &e->xp[proto]);
+	if (rc)
+		e->xops[proto] = NULL;
+	return rc;
+}
+
 const char *te_protocol_name(enum te_protocol p)
 {
 	return (unsigned)p < MC_ARRAY_LEN(proto_names) ? proto_names[p] : "?";
@@ -503,8 +532,6 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	e->setup_tail = &e->setup_head;
 	e->loop_tail = &e->loop_head;
 	e->desc_job.fn = on_desc_job;
-	e->xops[TE_PROTO_TCP] = &te__tcp_ops;
-	e->xops[TE_PROTO_SHM] = &te__shm_ops;
 	e->metrics = o->metrics ? o->metrics : metrics_global();
 	register_metrics(e, e->metrics);
 
@@ -519,22 +546,20 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 			  mc_strerror(rc));
 		goto fail;
 	}
-	rc = te__tcp_ops.init(e, &e->xp[TE_PROTO_TCP]);
+	rc = xport_start(e, TE_PROTO_TCP);
 	if (rc)
 		goto fail;
 	if (e->proto == TE_PROTO_AUTO || e->proto == TE_PROTO_RDMA) {
 		/* It logs what it uses, or why nothing is usable. */
-		rc = te__rdma_ops.init(e, &e->xp[TE_PROTO_RDMA]);
-		if (rc == 0) {
-			e->xops[TE_PROTO_RDMA] = &te__rdma_ops;
+		rc = xport_start(e, TE_PROTO_RDMA);
+		if (rc == 0)
 			e->remote_proto = TE_PROTO_RDMA;
-		} else if (e->proto == TE_PROTO_RDMA) {
+		else if (e->proto == TE_PROTO_RDMA)
 			goto fail;
-		}
 		rc = 0;
 	}
 	if (e->host_id[0]) {
-		int src = te__shm_ops.init(e, &e->xp[TE_PROTO_SHM]);
+		int src = xport_start(e, TE_PROTO_SHM);
 		if (src)
 			log_warn("shm transport unavailable: %s", mc_strerror(src));
 	}

@@ -47,12 +47,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/endian.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
 #include "transfer/te_int.h"
 
 #define LOG_SUBSYS LOGS_RDMA
+
+/* This transport's ops (at the end of the file), registered in engine.c. */
+extern const struct te_xport_ops te__rdma_ops;
+
 #define POST_MAX 64                   /* WRs per te_rdma_post */
 #define MAX_TRIES (TE_MAX_PATHS + 8)  /* resubmissions of one slice */
 #define CTRL_TIMEOUT_MS TE_CONNECT_TIMEOUT_MS
@@ -64,36 +69,16 @@
 
 /* ------------------------------------------------------------ control messages (pure) */
 
-static void put_le32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-	for (int i = n; i-- > 0;)
-		v = v << 8 | p[i];
-	return v;
-}
-
 size_t te__rdma_msg_encode(const struct te_rdma_msg *m, uint8_t out[TE_RDMA_MSG_MAX])
 {
 	unsigned n = MC_MIN(m->n, (unsigned)TE_RDMA_MAX_NICS);
 	memset(out, 0, TE_RDMA_MSG_HDR);
-	put_le32(out, TE_RDMA_MSG_MAGIC);
+	mc_put_le32(out, TE_RDMA_MSG_MAGIC);
 	out[4] = 1;
 	out[5] = m->kind;
 	out[6] = m->nics;
 	out[7] = (uint8_t)n;
-	put_le64(out + 8, m->incarnation);
+	mc_put_le64(out + 8, m->incarnation);
 	for (unsigned k = 0; k < n; k++)
 		te_rdma_ep_encode(&m->eps[k], out + TE_RDMA_MSG_HDR + k * TE_RDMA_EP_WIRE_BYTES);
 	return TE_RDMA_MSG_HDR + (size_t)n * TE_RDMA_EP_WIRE_BYTES;
@@ -101,7 +86,7 @@ size_t te__rdma_msg_encode(const struct te_rdma_msg *m, uint8_t out[TE_RDMA_MSG_
 
 int te__rdma_msg_decode(const uint8_t *in, size_t len, struct te_rdma_msg *m)
 {
-	if (len < TE_RDMA_MSG_HDR || get_le(in, 4) != TE_RDMA_MSG_MAGIC || in[4] != 1 ||
+	if (len < TE_RDMA_MSG_HDR || mc_get_le32(in) != TE_RDMA_MSG_MAGIC || in[4] != 1 ||
 	    (in[5] != TE_RDMA_CONNECT && in[5] != TE_RDMA_ACCEPT))
 		return MC_EPROTOCOL;
 	unsigned nics = in[6], n = in[7];
@@ -112,7 +97,7 @@ int te__rdma_msg_decode(const uint8_t *in, size_t len, struct te_rdma_msg *m)
 	m->kind = in[5];
 	m->nics = (uint8_t)nics;
 	m->n = (uint8_t)n;
-	m->incarnation = get_le(in + 8, 8);
+	m->incarnation = mc_get_le64(in + 8);
 	for (unsigned k = 0; k < n; k++) {
 		struct te_rdma_ep *ep = &m->eps[k];
 		if (te_rdma_ep_decode(in + TE_RDMA_MSG_HDR + k * TE_RDMA_EP_WIRE_BYTES,
@@ -1036,7 +1021,7 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 	if (err)
 		goto fail_peer;
 	if ((d->transports & TE_XP_TCP) && e->xp[TE_PROTO_TCP]) {
-		int terr = te__tcp_ops.connect(e->xp[TE_PROTO_TCP], seg, d, &p->tcp);
+		int terr = e->xops[TE_PROTO_TCP]->connect(e->xp[TE_PROTO_TCP], seg, d, &p->tcp);
 		if (terr) {
 			log_warn("segment %s: no tcp fallback for rdma (%s)", seg->name,
 				 mc_strerror(terr));
@@ -1059,7 +1044,7 @@ fallback:
 	}
 	log_warn("segment %s: rdma unavailable (%s); using tcp", seg->name,
 		 why[0] ? why : mc_strerror(err));
-	return te__tcp_ops.connect(e->xp[TE_PROTO_TCP], seg, d, out);
+	return e->xops[TE_PROTO_TCP]->connect(e->xp[TE_PROTO_TCP], seg, d, out);
 }
 
 /* ------------------------------------------------------------ engine-wide */

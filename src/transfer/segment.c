@@ -400,7 +400,7 @@ static void on_connect(struct te_job *j)
 	}
 	if (!err && same_host &&
 	    (e->proto == TE_PROTO_AUTO || e->proto == TE_PROTO_SHM)) {
-		int rc = te__shm_ops.connect(e->xp[TE_PROTO_SHM], s, d, &shm);
+		int rc = e->xops[TE_PROTO_SHM]->connect(e->xp[TE_PROTO_SHM], s, d, &shm);
 		if (rc == -EACCES || rc == MC_ESEGMENT_NOT_FOUND ||
 		    e->proto == TE_PROTO_SHM) {
 			err = rc;

@@ -41,6 +41,10 @@
 #include "transfer/te_int.h"
 
 #define LOG_SUBSYS LOGS_SHM
+
+/* This transport's ops (at the end of the file), registered in engine.c. */
+extern const struct te_xport_ops te__shm_ops;
+
 #define MAX_MSG TE_HS_BYTES
 
 /* ------------------------------------------------------------ messages */

@@ -44,6 +44,10 @@
 #include "transfer/te_int.h"
 
 #define LOG_SUBSYS LOGS_TCP
+
+/* This transport's ops (at the end of the file), registered in engine.c. */
+extern const struct te_xport_ops te__tcp_ops;
+
 #define STAGE_BYTES ((size_t)64 << 10)
 #define RING 256                        /* answers queued per connection */
 #define MAX_IOV 64

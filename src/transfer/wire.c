@@ -1,84 +1,45 @@
 /*
  * wire: the transfer engine's binary formats — the 32-byte slice header of
- * the TCP data path and the fixed-size handshake messages that
- * authenticate a connection with the cluster secret — plus the blocking
- * client side of the handshake used by the setup thread. Encoding and
- * decoding are pure (the fuzz target drives them); every field from the
- * wire is checked before use. Formats: te_int.h.
+ * the TCP data path, the fixed-size handshake messages that authenticate
+ * a connection with the cluster secret and the server's side of that
+ * handshake as a step function, and the shm channel's messages. Pure (the
+ * Makefile's purity check holds it to that; the fuzz target drives it):
+ * every field from the wire is checked before use. Formats: wire.h. The
+ * blocking client side of the handshake is handshake.c.
  */
+#include "transfer/wire.h"
+
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
+#include "common/endian.h"
 #include "common/util.h"
-#include "transfer/te_int.h"
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v = 0;
-	for (int i = 3; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
 
 /* ------------------------------------------------------------ slice header */
 
 void te__wire_encode(const struct te_wire_hdr *h, uint8_t out[TE_WIRE_HDR_BYTES])
 {
-	put32(out, TE_WIRE_MAGIC);
+	mc_put_le32(out, TE_WIRE_MAGIC);
 	out[4] = h->type;
 	out[5] = 0;
-	put16(out + 6, 0);
-	put32(out + 8, (uint32_t)h->status);
-	put32(out + 12, h->len);
-	put64(out + 16, h->id);
-	put64(out + 24, h->addr);
+	mc_put_le16(out + 6, 0);
+	mc_put_le32(out + 8, (uint32_t)h->status);
+	mc_put_le32(out + 12, h->len);
+	mc_put_le64(out + 16, h->id);
+	mc_put_le64(out + 24, h->addr);
 }
 
 int te__wire_decode(const uint8_t in[TE_WIRE_HDR_BYTES], uint32_t max_len,
 		    struct te_wire_hdr *h)
 {
-	if (get32(in) != TE_WIRE_MAGIC || in[5] != 0 || get16(in + 6) != 0)
+	if (mc_get_le32(in) != TE_WIRE_MAGIC || in[5] != 0 || mc_get_le16(in + 6) != 0)
 		return MC_EPROTOCOL;
 	h->type = in[4];
-	h->status = (int32_t)get32(in + 8);
-	h->len = get32(in + 12);
-	h->id = get64(in + 16);
-	h->addr = get64(in + 24);
+	h->status = (int32_t)mc_get_le32(in + 8);
+	h->len = mc_get_le32(in + 12);
+	h->id = mc_get_le64(in + 16);
+	h->addr = mc_get_le64(in + 24);
 	if (h->len > max_len)
 		return MC_EPROTOCOL;
 	switch (h->type) {
@@ -113,11 +74,11 @@ int te__wire_decode(const uint8_t in[TE_WIRE_HDR_BYTES], uint32_t max_len,
 void te__hs_encode(const struct te_hs_msg *m, uint8_t out[TE_HS_BYTES])
 {
 	memset(out, 0, TE_HS_BYTES);
-	put32(out, TE_HS_MAGIC);
-	put16(out + 4, TE_HS_VERSION);
+	mc_put_le32(out, TE_HS_MAGIC);
+	mc_put_le16(out + 4, TE_HS_VERSION);
 	out[6] = m->kind;
 	out[7] = m->flags;
-	put32(out + 8, (uint32_t)m->status);
+	mc_put_le32(out + 8, (uint32_t)m->status);
 	memcpy(out + 16, m->nonce, TE_HS_NONCE);
 	memcpy(out + 48, m->mac, MC_SHA256_BYTES);
 	memcpy(out + HS_NAME_OFF, m->name, strnlen(m->name, TE_NAME_MAX));
@@ -140,15 +101,15 @@ static int get_name(const uint8_t *p, char *out)
 
 int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m)
 {
-	if (get32(in) != TE_HS_MAGIC)
+	if (mc_get_le32(in) != TE_HS_MAGIC)
 		return MC_EPROTOCOL;
-	if (get16(in + 4) != TE_HS_VERSION)
+	if (mc_get_le16(in + 4) != TE_HS_VERSION)
 		return -EPROTONOSUPPORT;
 	m->kind = in[6];
 	m->flags = in[7];
-	m->status = (int32_t)get32(in + 8);
+	m->status = (int32_t)mc_get_le32(in + 8);
 	if (m->kind < TE_HS_HELLO || m->kind > TE_HS_RESULT ||
-	    (m->flags & ~TE_HS_F_SECRET) || get32(in + 12) != 0)
+	    (m->flags & ~TE_HS_F_SECRET) || mc_get_le32(in + 12) != 0)
 		return MC_EPROTOCOL;
 	if (m->status > 0 || m->status < -4095)
 		return MC_EPROTOCOL;
@@ -233,23 +194,23 @@ int te__hs_server_step(struct te_hs_server *s, const struct te_hs_msg *in,
 void te__shm_encode(const struct te_shm_msg *m, uint8_t out[TE_SHM_MSG_BYTES])
 {
 	memset(out, 0, TE_SHM_MSG_BYTES);
-	put32(out, TE_SHM_MAGIC);
+	mc_put_le32(out, TE_SHM_MAGIC);
 	out[4] = m->type;
-	put32(out + 8, m->id);
-	put64(out + 16, m->addr);
-	put64(out + 24, m->len);
-	put64(out + 32, m->off);
+	mc_put_le32(out + 8, m->id);
+	mc_put_le64(out + 16, m->addr);
+	mc_put_le64(out + 24, m->len);
+	mc_put_le64(out + 32, m->off);
 }
 
 int te__shm_decode(const uint8_t in[TE_SHM_MSG_BYTES], struct te_shm_msg *m)
 {
-	if (get32(in) != TE_SHM_MAGIC || in[5] || in[6] || in[7] || get32(in + 12))
+	if (mc_get_le32(in) != TE_SHM_MAGIC || in[5] || in[6] || in[7] || mc_get_le32(in + 12))
 		return MC_EPROTOCOL;
 	m->type = in[4];
-	m->id = get32(in + 8);
-	m->addr = get64(in + 16);
-	m->len = get64(in + 24);
-	m->off = get64(in + 32);
+	m->id = mc_get_le32(in + 8);
+	m->addr = mc_get_le64(in + 16);
+	m->len = mc_get_le64(in + 24);
+	m->off = mc_get_le64(in + 32);
 	switch (m->type) {
 	case TE_SHM_ADD:
 		if (m->len == 0 || m->addr + (m->len - 1) < m->addr ||
@@ -263,88 +224,4 @@ int te__shm_decode(const uint8_t in[TE_SHM_MSG_BYTES], struct te_shm_msg *m)
 	default:
 		return MC_EPROTOCOL;
 	}
-}
-
-/* ------------------------------------------------------------ blocking I/O */
-
-int te__io_full(int fd, void *buf, size_t len, bool write, uint64_t deadline_ms)
-{
-	uint8_t *p = buf;
-	while (len > 0) {
-		ssize_t n = write ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
-				  : recv(fd, p, len, MSG_DONTWAIT);
-		if (n > 0) {
-			p += n;
-			len -= (size_t)n;
-			continue;
-		}
-		if (n == 0)
-			return -ECONNRESET;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		uint64_t now = mc_now_ms();
-		if (now >= deadline_ms)
-			return MC_ETIMEDOUT;
-		struct pollfd pfd = {fd, write ? POLLOUT : POLLIN, 0};
-		int ms = (int)MC_MIN(deadline_ms - now, 1000);
-		if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
-			return -errno;
-	}
-	return 0;
-}
-
-static int hs_send(int fd, const struct te_hs_msg *m, uint64_t deadline)
-{
-	uint8_t buf[TE_HS_BYTES];
-	te__hs_encode(m, buf);
-	return te__io_full(fd, buf, sizeof(buf), true, deadline);
-}
-
-static int hs_recv(int fd, struct te_hs_msg *m, uint64_t deadline)
-{
-	uint8_t buf[TE_HS_BYTES];
-	int rc = te__io_full(fd, buf, sizeof(buf), false, deadline);
-	if (rc)
-		return rc;
-	return te__hs_decode(buf, m);
-}
-
-int te__hs_client(int fd, const uint8_t *secret, size_t slen, const char *own,
-		  const char *target, uint64_t timeout_ms)
-{
-	uint64_t deadline = mc_now_ms() + timeout_ms;
-	struct te_hs_msg m, r;
-	bool have = secret && slen;
-	int rc;
-
-	memset(&m, 0, sizeof(m));
-	m.kind = TE_HS_HELLO;
-	m.flags = have ? TE_HS_F_SECRET : 0;
-	rc = mc_random(m.nonce, sizeof(m.nonce));
-	if (rc)
-		return rc;
-	snprintf(m.name, sizeof(m.name), "%s", own);
-	snprintf(m.target, sizeof(m.target), "%s", target);
-	uint8_t nonce_c[TE_HS_NONCE];
-	memcpy(nonce_c, m.nonce, sizeof(nonce_c));
-	if ((rc = hs_send(fd, &m, deadline)) || (rc = hs_recv(fd, &r, deadline)))
-		return rc;
-	if (r.kind == TE_HS_RESULT)
-		return r.status < 0 ? r.status : (have ? -EACCES : 0);
-	if (r.kind != TE_HS_CHALLENGE || !have)
-		return MC_EPROTOCOL;
-	uint8_t want[MC_SHA256_BYTES];
-	te__hs_mac(secret, slen, true, nonce_c, r.nonce, target, want);
-	if (!mc_ct_equal(want, r.mac, sizeof(want)))
-		return -EACCES; /* the server does not know our secret */
-	memset(&m, 0, sizeof(m));
-	m.kind = TE_HS_AUTH;
-	te__hs_mac(secret, slen, false, r.nonce, nonce_c, own, m.mac);
-	if ((rc = hs_send(fd, &m, deadline)) || (rc = hs_recv(fd, &r, deadline)))
-		return rc;
-	if (r.kind != TE_HS_RESULT)
-		return MC_EPROTOCOL;
-	return r.status;
 }

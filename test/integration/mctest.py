@@ -64,11 +64,29 @@ _random = random.Random(os.getpid() ^ int(time.time() * 1000))
 _given = set()  # never hand out a port twice: it may not be bound yet
 
 
+def _claim(port):
+    """Claim port for this process among every test of the run: test/run.sh
+    runs test files side by side and names a directory in MCTEST_PORT_DIR
+    where each port handed out is a file, created exclusively. Without it
+    (a test run alone) the claim is this process's own."""
+    if port in _given:
+        return False
+    d = os.environ.get("MCTEST_PORT_DIR")
+    if d:
+        try:
+            os.close(os.open(os.path.join(d, str(port)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+    _given.add(port)
+    return True
+
+
 def free_port():
-    """A port that was free a moment ago, chosen below the kernel's
-    ephemeral range: a port handed out by bind(0) can be taken again by any
-    outgoing connection before the daemon binds it (a flaky "address already
-    in use"), one outside that range only by another listener."""
+    """A port that was free a moment ago and that no other test of the run
+    was given, chosen below the kernel's ephemeral range: a port handed
+    out by bind(0) can be taken again by any outgoing connection before the
+    daemon binds it (a flaky "address already in use"), one outside that
+    range only by another listener."""
     hi = min(_ephemeral_low(), 32768)
     lo = max(1024, hi - 12000)
     for _ in range(200 if hi - lo >= 1000 else 0):
@@ -80,7 +98,7 @@ def free_port():
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            _given.add(port)
+        if _claim(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

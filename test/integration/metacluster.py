@@ -357,6 +357,16 @@ class Load:
         for t in self.threads:
             t.join(30)
 
+    def wait_progress(self, n, timeout=20.0):
+        """Wait until n more puts were acknowledged (from now): the load
+        goes on with the cluster as it is."""
+        with self.lock:
+            want = self.acked_puts + n
+        for _ in deadline_loop(timeout, "the load got no %d more puts acknowledged" % n):
+            with self.lock:
+                if self.acked_puts >= want:
+                    return
+
     def final_reads(self, member):
         """A last linearizable read of every key, appended to the history."""
         c = Client(member.client_addr, timeout=5.0)

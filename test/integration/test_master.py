@@ -368,11 +368,15 @@ def failover_between_two_masters_with_etcd():
     (sd, sm) = b if ld is a[0] else a
     view = lm.stats().view
     assert view >= 1
-    # The standby redirects.
-    code, err = sm.code("PutStart", M.PutStartRequest(key=b"x", size=1), M.PutStartResponse)
-    eq(err.code(), grpc.StatusCode.UNAVAILABLE, "standby status")
-    assert err.details().startswith("-807 not the leader: leader=%s view=%d" % (lm.addr, view)), \
-        err.details()
+    # The standby redirects, once its watch has seen the leader's key.
+    want = "-807 not the leader: leader=%s view=%d" % (lm.addr, view)
+
+    def redirects():
+        code, err = sm.code("PutStart", M.PutStartRequest(key=b"x", size=1), M.PutStartResponse)
+        eq(err.code(), grpc.StatusCode.UNAVAILABLE, "standby status")
+        assert err.details().startswith(want), err.details()
+        return True
+    wait_for(redirects, 10, "the standby redirecting to the leader")
     eq(health(sm.addr), health_pb2.HealthCheckResponse.NOT_SERVING, "standby health")
     value = etcd.ctl("get", "--print-value-only", "/mooncake/hatest/master").stdout.strip()
     eq(value, "%s %d" % (lm.addr, view), "leader key value")

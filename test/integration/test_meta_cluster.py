@@ -26,6 +26,7 @@ closes each history).
     through the log once keep-alives stop; a watch on a follower sees the
     put and the expiry's delete; MoveLeader.
 """
+import threading
 import time
 
 import mctest
@@ -49,7 +50,7 @@ def three_members_kill_leader_under_load():
     try:
         c.start()
         load = Load(c, clients=4, seed=3).start()
-        time.sleep(1.5)
+        load.wait_progress(25)
         old = c.leader()
         old.kill()
         t0 = time.monotonic()
@@ -69,12 +70,12 @@ def three_members_kill_leader_under_load():
         took = time.monotonic() - t0
         assert took <= 3 * ELECTION_MS / 1000.0, \
             "new leader after %.2fs (> 3 x %d ms election timeout)" % (took, ELECTION_MS)
-        time.sleep(1.0)  # load goes on with two members
+        load.wait_progress(10)  # the load goes on with two members
         old.start()
         lead = c.wait_leader()
         applied = lead.status().raftAppliedIndex
         c.wait_applied(old, applied)
-        time.sleep(0.5)
+        load.wait_progress(10)  # and with the restarted one back
         load.stop()
         load.final_reads(c.wait_leader())
         n = load.check()
@@ -111,7 +112,7 @@ def five_members_kill_leader_and_follower_snapshot_catch_up():
         took = time.monotonic() - t0
         assert took <= 3 * ELECTION_MS / 1000.0, \
             "new leader after %.2fs (> 3 x %d ms election timeout)" % (took, ELECTION_MS)
-        time.sleep(0.5)
+        load.wait_progress(10)  # three of five go on
         victim.start()
         lead.start()
         new = c.wait_leader()
@@ -147,7 +148,7 @@ def isolated_leader_steps_down_others_go_on_then_heal():
     try:
         c.start()
         load = Load(c, clients=3, seed=7).start()
-        time.sleep(1.0)
+        load.wait_progress(15)
         old = c.leader()
         old.proxy.set_mode("blackhole")  # nothing reaches the leader now
         others = [m for m in c.members if m is not old]
@@ -167,11 +168,11 @@ def isolated_leader_steps_down_others_go_on_then_heal():
         except grpc.RpcError as e:
             assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
         oc.close()
-        time.sleep(1.0)
+        load.wait_progress(10)  # the two others go on
         old.proxy.set_mode("pass")
         lead = c.wait_leader()
         c.wait_applied(old, lead.status().raftAppliedIndex)
-        time.sleep(0.5)
+        load.wait_progress(10)  # and with the old leader back
         load.stop()
         load.final_reads(lead)
         n = load.check()
@@ -223,7 +224,7 @@ def graceful_stop_of_leader_transfers_leadership():
     try:
         c.start()
         load = Load(c, clients=4, seed=11).start()
-        time.sleep(0.5)
+        load.wait_progress(10)
         old = c.leader()
         t0 = time.monotonic()
         eq(old.stop(), 0, "exit status")
@@ -237,7 +238,7 @@ def graceful_stop_of_leader_transfers_leadership():
         cl = Client(new.client_addr)
         cl.put(b"after-transfer", b"1")
         cl.close()
-        time.sleep(0.5)
+        load.wait_progress(10)  # the load goes on under the new leader
         load.stop()
         load.final_reads(new)
         n = load.check()
@@ -267,11 +268,12 @@ def leases_and_watches_through_followers_survive_a_leader_change():
                     events.extend((e.type, e.kv.key) for e in resp.events)
             except grpc.RpcError:
                 pass
-        import threading
         t = threading.Thread(target=watch, daemon=True)
         t.start()
         # a lease granted and kept alive through a follower (forwarded)
-        out = etcdctl(f1.endpoint, "lease", "grant", "2").stdout
+        ttl = 2
+        t_grant = time.monotonic()
+        out = etcdctl(f1.endpoint, "lease", "grant", str(ttl)).stdout
         lid = out.split()[1]
         etcdctl(f2.endpoint, "put", "--lease=" + lid, "lw/k", "v")
         import os
@@ -280,14 +282,28 @@ def leases_and_watches_through_followers_survive_a_leader_change():
         ka = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + f1.endpoint, "lease",
                                "keep-alive", lid], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env)
+        answered = []  # when each keep-alive was answered
+
+        def keepalives():
+            for line in ka.stdout:
+                if "keepalived" in line:
+                    answered.append(time.monotonic())
+        threading.Thread(target=keepalives, daemon=True).start()
+
+        def kept_alive_past(t, what):
+            """Wait for a keep-alive answered a second after t + TTL (the
+            lease had run out by then without it); the key is still there."""
+            for _ in deadline_loop(10, "no keep-alive answered past the TTL (%s)" % what):
+                if answered and answered[-1] > t + ttl + 1:
+                    break
+            eq(etcdctl(f2.endpoint, "get", "lw/k").stdout.split(), ["lw/k", "v"], what)
         try:
-            time.sleep(3)  # longer than the TTL
-            eq(etcdctl(f2.endpoint, "get", "lw/k").stdout.split(), ["lw/k", "v"], "kept alive")
+            kept_alive_past(t_grant, "kept alive")
             lead.kill()
+            t_kill = time.monotonic()
             new = c.wait_leader(members=[f1, f2])
-            time.sleep(3)  # the new leader extended the lease; keep-alives go on
-            eq(etcdctl(f2.endpoint, "get", "lw/k").stdout.split(), ["lw/k", "v"],
-               "alive after the leader change")
+            # the new leader extended the lease; keep-alives go on
+            kept_alive_past(t_kill, "alive after the leader change")
         finally:
             ka.kill()
             ka.wait()

@@ -22,6 +22,7 @@ import os
 import re
 import resource
 import signal
+import tempfile
 import time
 
 import mctest
@@ -302,12 +303,26 @@ def rdma_restarted_peer_with_new_regions_is_reopened():
 
 # ------------------------------------------------------------ choosing the protocol
 
+def agent_refusing(exe, *args, env=None):
+    """Run an agent that is expected to refuse to start, on ports and a
+    socket of its own (never the defaults: other tests run beside it)."""
+    tmp = tempfile.TemporaryDirectory(prefix="mooncaked-refuse-")
+    try:
+        return run([exe, "--role=agent", "--config=", "--protocol=rdma",
+                    "--data-dir=" + os.path.join(tmp.name, "data"),
+                    "--agent-listen=127.0.0.1:%d" % mctest.free_port(),
+                    "--agent-http=127.0.0.1:%d" % mctest.free_port(),
+                    "--socket=" + os.path.join(tmp.name, "agent.sock"),
+                    "--meta-endpoints=" + meta()] + list(args),
+                   check=False, timeout=60, env=env)
+    finally:
+        tmp.cleanup()
+
+
 @case
 def protocol_rdma_without_a_device_refuses_to_start():
     # The production binary (static libibverbs, no RDMA device here).
-    r = run([mctest.MOONCAKED, "--role=agent", "--config=", "--protocol=rdma",
-             "--data-dir=/nonexistent-unused", "--meta-endpoints=" + meta()],
-            check=False, timeout=60)
+    r = agent_refusing(mctest.MOONCAKED)
     assert r.returncode != 0, r
     out = r.stdout + r.stderr
     assert "--protocol=rdma: no RDMA devices found" in out, out
@@ -320,9 +335,7 @@ def protocol_rdma_without_a_device_refuses_to_start():
                              "no permission to open the RDMA devices")):
         e = dict(os.environ, VERBS_EMU_DEVICES="1")
         e.update(env)
-        r = run([MOONCAKED_EMU, "--role=agent", "--config=", "--protocol=rdma",
-                 "--data-dir=/nonexistent-unused", "--meta-endpoints=" + meta()] + args,
-                check=False, timeout=60, env=e)
+        r = agent_refusing(MOONCAKED_EMU, *args, env=e)
         assert r.returncode != 0 and want in r.stdout + r.stderr, (want, r)
 
 
@@ -376,9 +389,7 @@ def agent_rdma_keys_and_mc_gid_index():
         d.output()
     eq(d.stop(), 0, "agent exit")
     env["MC_GID_INDEX"] = "7"
-    r = run([MOONCAKED_EMU, "--role=agent", "--config=", "--protocol=rdma",
-             "--data-dir=/nonexistent-unused", "--meta-endpoints=" + meta()],
-            check=False, timeout=60, env=env)
+    r = agent_refusing(MOONCAKED_EMU, env=env)
     assert r.returncode != 0 and "GID index 7 is not valid" in r.stdout + r.stderr, r
 
 

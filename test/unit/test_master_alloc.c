@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "master/master_int.h"
+#include "master/core.h"
 
 #define G MASTER_ALLOC_GRANULE
 

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "master/master_int.h"
+#include "master/core.h"
 
 #define MiB (1ull << 20)
 #define K(s) (const uint8_t *)(s), strlen(s)

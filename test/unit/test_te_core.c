@@ -3,7 +3,8 @@
  * (counts and bounds for every awkward length), path picking for stripes
  * and retries (dead and already-tried paths skipped), and the region
  * table (overlaps refused, lookups against the edges, busy counts, and an
- * unregister that waits for a request being served to finish).
+ * unregister that waits for a request being served to finish), and the
+ * table that registers the transports by protocol.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -157,4 +158,21 @@ Test(te_region, unregister_waits_for_requests)
 	pthread_join(tid, NULL);
 	te__rtable_destroy(&t);
 	free(r);
+}
+
+Test(te_xport, one_table_by_protocol)
+{
+	static const enum te_protocol protos[] = {TE_PROTO_TCP, TE_PROTO_RDMA, TE_PROTO_SHM};
+	for (size_t i = 0; i < sizeof(protos) / sizeof(protos[0]); i++) {
+		const struct te_xport_ops *ops = te__xport_ops(protos[i]);
+		cr_assert_not_null(ops, "%s", te_protocol_name(protos[i]));
+		cr_assert_eq(ops->proto, protos[i]);
+		cr_assert_str_eq(ops->name, te_protocol_name(protos[i]));
+		cr_assert(ops->init && ops->fini && ops->connect && ops->submit &&
+			  ops->disconnect && ops->peer_free,
+			  "%s lacks a required operation", ops->name);
+	}
+	cr_assert_null(te__xport_ops(TE_PROTO_AUTO), "auto is a choice, not a transport");
+	cr_assert_null(te__xport_ops((enum te_protocol)4));
+	cr_assert_null(te__xport_ops((enum te_protocol)-1));
 }
