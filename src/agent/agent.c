@@ -1,5 +1,5 @@
 /*
- * agent: lifecycle, the DRAM segment and metrics. See agent.h.
+ * agent: lifecycle and the DRAM segment. See agent.h.
  *
  * Start: segment (memfd; huge pages and NUMA binding as configured;
  * pre-faulted on a copy thread so the first puts do not pay for page
@@ -31,178 +31,6 @@
 #define LOG_SUBSYS LOGS_AGENT
 
 #define VIEW_RENEW_MIN_MS 100
-
-/* Names of request ops (Request.op field numbers 10..21) for metrics. */
-static const char *const op_names[] = {
-	"hello", "put", "get", "exist", "remove", "remove_all", "register_buffer",
-	"unregister_buffer", "alloc_buffer", "transfer", "stats", "release",
-};
-#define OP_FIRST MOONCAKE__CLIENT__REQUEST__OP_HELLO
-#define NOPS (sizeof(op_names) / sizeof(op_names[0]))
-
-static const char *op_name(int op)
-{
-	if (op >= OP_FIRST && op < OP_FIRST + (int)NOPS)
-		return op_names[op - OP_FIRST];
-	return "unknown";
-}
-
-/* ------------------------------------------------------------ metrics */
-
-void agent__count(struct agent *a, enum agent_counter c, uint64_t n)
-{
-	a->counters[c] += n;
-	metric_add(a->m_counters[c], n);
-}
-
-void agent__gauges(struct agent *a)
-{
-	metric_set(a->m_clients, (int64_t)a->nconns);
-	metric_set(a->m_buffers, (int64_t)a->nbuffers);
-	metric_set(a->m_views, (int64_t)a->nviews);
-	metric_set(a->m_staging, (int64_t)a->staging_in_use);
-	metric_set(a->m_inv, (int64_t)a->inv.n);
-	metric_set(a->m_view, (int64_t)a->view);
-	metric_set(a->m_mounted, a->mounted);
-}
-
-static struct metric *requests_counter(struct agent *a, const char *name, int err)
-{
-	return metrics_counter(a->metrics, "mooncake_agent_requests_total",
-			       "Client requests served, by operation and result "
-			       "(error: the request or one of its items failed; a "
-			       "get miss is not an error).",
-			       "op,result", (const char *[]){name, err ? "error" : "ok"});
-}
-
-void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns)
-{
-	const char *name = op_name(op);
-	int i = op - OP_FIRST;
-	if (i < 0 || (size_t)i >= NOPS) {
-		metric_inc(requests_counter(a, name, err));
-		return;
-	}
-	/* Looked up once per op and result: this runs for every request. */
-	struct metric **m = &a->m_op_requests[i][err != 0];
-	if (!*m)
-		*m = requests_counter(a, name, err);
-	metric_inc(*m);
-	if (!a->m_op_seconds[i])
-		a->m_op_seconds[i] = metrics_histogram(
-			a->metrics, "mooncake_agent_request_seconds",
-			"Time from a client request's arrival to its reply.", "op",
-			(const char *[]){name}, metrics_latency_buckets, metrics_latency_nbuckets);
-	metric_observe(a->m_op_seconds[i], (double)(mc_now_ns() - start_ns) / 1e9);
-}
-
-static void register_metrics(struct agent *a)
-{
-	struct metrics_registry *r = a->metrics;
-	metric_set(metrics_gauge(r, "mooncake_agent_segment_bytes",
-				 "DRAM this agent contributes to the pool.", NULL, NULL),
-		   (int64_t)a->seg->len);
-	metric_set(metrics_gauge(r, "mooncake_agent_segment_hugepages",
-				 "1 when the segment is backed by huge pages.", NULL, NULL),
-		   a->seg->hugepages);
-	metric_set(metrics_gauge(r, "mooncake_agent_local_buffer_bytes",
-				 "Staging buffer size of a client session "
-				 "(--local-buffer-size).",
-				 NULL, NULL),
-		   (int64_t)a->staging_bytes);
-	a->m_staging = metrics_gauge(r, "mooncake_agent_staging_bytes",
-				     "Staging buffer bytes held by open sessions.", NULL, NULL);
-	a->m_clients = metrics_gauge(r, "mooncake_agent_clients",
-				     "Open client sessions.", NULL, NULL);
-	a->m_buffers = metrics_gauge(r, "mooncake_agent_buffers",
-				     "Client buffers registered or allocated.", NULL, NULL);
-	a->m_views = metrics_gauge(r, "mooncake_agent_views",
-				   "Zero-copy views held by clients.", NULL, NULL);
-	a->m_inv = metrics_gauge(r, "mooncake_agent_inventory_objects",
-				 "Objects in this agent's segment as its mirror of the "
-				 "master's index knows them (re-reported after a master "
-				 "failover).", NULL, NULL);
-	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
-				  "View number of the master leader the segment is "
-				  "mounted with.", NULL, NULL);
-	a->m_rlease = metrics_gauge(r, "mooncake_agent_remote_lease_bytes",
-				    "Bytes of remote leases (space of other agents' "
-				    "segments for puts onto them) not taken by puts yet "
-				    "and still usable.", NULL, NULL);
-	a->m_lease = metrics_gauge(r, "mooncake_agent_put_lease_bytes",
-				   "Bytes of the put lease (--put-lease-size) not taken by "
-				   "puts yet.", NULL, NULL);
-	a->m_mounted = metrics_gauge(r, "mooncake_agent_segment_mounted",
-				     "1 while the segment is mounted with the master "
-				     "leader.", NULL, NULL);
-	a->m_counters[AGENT_C_PUTS] =
-		metrics_counter(r, "mooncake_agent_puts_total", "Objects stored.", NULL, NULL);
-	a->m_counters[AGENT_C_PUT_FAILS] = metrics_counter(
-		r, "mooncake_agent_put_failures_total",
-		"Puts that failed (exists, no space, transfer errors, ...).", NULL, NULL);
-	a->m_counters[AGENT_C_GETS] =
-		metrics_counter(r, "mooncake_agent_gets_total", "Objects asked for.", NULL, NULL);
-	a->m_counters[AGENT_C_LOCAL_HITS] = metrics_counter(
-		r, "mooncake_agent_get_hits_total",
-		"Gets served, by where the replica was.", "source", (const char *[]){"local"});
-	a->m_counters[AGENT_C_REMOTE_HITS] = metrics_counter(
-		r, "mooncake_agent_get_hits_total",
-		"Gets served, by where the replica was.", "source", (const char *[]){"remote"});
-	a->m_counters[AGENT_C_MISSES] = metrics_counter(
-		r, "mooncake_agent_get_misses_total", "Gets of objects not in the pool.", NULL,
-		NULL);
-	a->m_counters[AGENT_C_BYTES_WRITTEN] = metrics_counter(
-		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
-		(const char *[]){"written"});
-	a->m_counters[AGENT_C_LEASE_CACHE_HITS] = metrics_counter(
-		r, "mooncake_agent_lease_cache_hits_total",
-		"Gets of local replicas answered within a read lease the agent "
-		"already held, without asking the master.", NULL, NULL);
-	a->m_counters[AGENT_C_LEASE_RENEWALS] = metrics_counter(
-		r, "mooncake_agent_lease_renewals_total",
-		"Cached read leases renewed in the background by a get in the "
-		"second half of their window.", NULL, NULL);
-	a->m_counters[AGENT_C_BYTES_READ] = metrics_counter(
-		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
-		(const char *[]){"read"});
-	a->m_counters[AGENT_C_MIRROR_EVENTS] = metrics_counter(
-		r, "mooncake_agent_mirror_events_total",
-		"Changes of this agent's segment applied to its mirror from the "
-		"master's log.", NULL, NULL);
-	a->m_counters[AGENT_C_MIRROR_LISTINGS] = metrics_counter(
-		r, "mooncake_agent_mirror_listings_total",
-		"Listings of the whole segment (the mirror fell behind the master's "
-		"log).", NULL, NULL);
-	const char *rs = "Objects of the mirror left out of a re-sync report, by reason.";
-	a->m_counters[AGENT_C_RESYNC_BAD] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"checksum"});
-	a->m_counters[AGENT_C_RESYNC_UNCHECKED] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"unchecked"});
-	a->m_counters[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"conflict"});
-	a->m_spin = metrics_histogram(
-		r, "mooncake_agent_busy_poll_seconds",
-		"Periods the loop polled without sleeping after requests and "
-		"replies (--busy-poll-us): CPU spent for latency.",
-		NULL, NULL, metrics_latency_buckets, metrics_latency_nbuckets);
-	a->m_counters[AGENT_C_LEASE_CACHE_STALE] = metrics_counter(
-		r, "mooncake_agent_lease_cache_stale_total",
-		"Cached replicas on other agents' segments whose bytes did not "
-		"match their checksum or could not be read: the get asked the "
-		"master instead.", NULL, NULL);
-	a->m_counters[AGENT_C_PUT_COMMITS] = metrics_counter(
-		r, "mooncake_agent_put_commits_total",
-		"Puts written into space the master leased to this agent and sealed "
-		"with one master call (BatchCommit).", NULL, NULL);
-	a->m_counters[AGENT_C_GET_BAD] = metrics_counter(
-		r, "mooncake_agent_get_checksum_failures_total",
-		"Verified gets whose bytes did not match the object's checksum.", NULL,
-		NULL);
-	agent__gauges(a);
-}
 
 static void pool_idle(void *ud);
 
@@ -501,7 +329,8 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		agent__pool_stop(&a->pool, on_abandoned);
 		return rc;
 	}
-	register_metrics(a);
+	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
+			  a->staging_bytes);
 	struct prefault_job *pf = calloc(1, sizeof(*pf));
 	if (pf) {
 		pf->a = a;

@@ -34,6 +34,7 @@
 #include <uv.h>
 
 #include "agent/agent.h"
+#include "agent/stats.h"
 #include "client.pb-c.h"
 #include "common/uframe.h"
 #include "master.pb-c.h"
@@ -197,6 +198,8 @@ void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen);
 bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen,
 		       uint64_t offset);
 void agent__inv_clear(struct agent_inv *v);
+/* How many objects it holds. */
+size_t agent__inv_count(const struct agent_inv *v);
 /*
  * Listings. A listing of the segment runs while the mirror keeps
  * following the log; every change (agent__inv_add/_del*) marks what it
@@ -427,28 +430,6 @@ void agent__batch_flush(struct agent *a);
 
 /* ------------------------------------------------------------ agent */
 
-enum agent_counter {
-	AGENT_C_PUTS,
-	AGENT_C_PUT_FAILS,
-	AGENT_C_GETS,
-	AGENT_C_LOCAL_HITS,
-	AGENT_C_REMOTE_HITS,
-	AGENT_C_MISSES,
-	AGENT_C_BYTES_WRITTEN,
-	AGENT_C_BYTES_READ,
-	AGENT_C_LEASE_CACHE_HITS,
-	AGENT_C_LEASE_RENEWALS,    /* cached read leases renewed ahead */
-	AGENT_C_MIRROR_EVENTS,
-	AGENT_C_MIRROR_LISTINGS,
-	AGENT_C_RESYNC_BAD,        /* bytes did not match the checksum */
-	AGENT_C_RESYNC_UNCHECKED,  /* no checksum to check against */
-	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
-	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
-	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
-	AGENT_C_LEASE_CACHE_STALE, /* cached remote replicas that failed the check */
-	AGENT_C_COUNT
-};
-
 struct agent_mcall;
 
 /* [off, end) of the segment. */
@@ -483,7 +464,6 @@ struct agent {
 	 * cached for values up to this size, read and checked against their
 	 * checksum before a get uses them (ops.c, get_probe) */
 	uint64_t remote_cache_bytes;
-	struct metric *m_spin;        /* histogram of polling periods */
 	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */
@@ -573,28 +553,19 @@ struct agent {
 	uint64_t leader_retry_ms, leader_retry_at;
 	void (*mlink_done)(struct agent *a);
 	struct agent_mcall *mcalls;   /* calls in flight */
-	/* counters and metrics */
-	uint64_t counters[AGENT_C_COUNT];
-	struct metric *m_counters[AGENT_C_COUNT];
-	struct metric *m_ops_ok, *m_ops_err;
-	struct metric *m_rlease; /* remote leases' room */
-	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv, *m_lease,
-		*m_view, *m_mounted;
-	struct metric *m_op_seconds[32];
-	struct metric *m_op_requests[32][2]; /* by op: ok, error */
 	uint64_t nbuffers, nviews;
+	struct agent_stats stats;
 };
 
 /* agent.c */
-void agent__count(struct agent *a, enum agent_counter c, uint64_t n);
-void agent__gauges(struct agent *a);
-void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns);
 void agent__maybe_stopped(struct agent *a);
 void agent__spin_touch(struct agent *a);
 /* The master's read lease TTL, learned from its replies. */
 void agent__set_lease_ttl(struct agent *a, uint64_t ms);
 
 /* server.c */
+/* Set the sessions' gauges (clients, buffers, views, staging bytes). */
+void agent__server_gauges(struct agent *a);
 int agent__server_start(struct agent *a, const char *path) MC_MUST_CHECK;
 void agent__server_stop(struct agent *a);
 /* Queue a response on a session (dropped if it closed). The descriptors

@@ -30,6 +30,11 @@ int agent__inv_init(struct agent_inv *v)
 	return 0;
 }
 
+size_t agent__inv_count(const struct agent_inv *v)
+{
+	return v->n;
+}
+
 void agent__inv_clear(struct agent_inv *v)
 {
 	for (size_t i = 0; i < v->nbuckets; i++) {

@@ -37,7 +37,6 @@
 #include "agent/agent_int.h"
 #include "common/crc32c.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -119,7 +118,7 @@ static void list_begin(struct agent *a)
 	a->listing = true;
 	a->list_cursor = 0;
 	agent__inv_listing_start(&a->inv);
-	agent__count(a, AGENT_C_MIRROR_LISTINGS, 1);
+	agent__count(&a->stats, AGENT_C_MIRROR_LISTINGS, 1);
 	log_warn("segment mirror: behind the master's log of segment %s; listing "
 		 "the whole segment", a->name);
 	list_send(a);
@@ -157,9 +156,9 @@ static void on_listed(void *ud, int err, const char *message, const ProtobufCMes
 	}
 	a->listing = false;
 	size_t gone = agent__inv_listing_end(&a->inv);
-	agent__gauges(a);
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	log_info("segment mirror: segment %s listed: %zu objects, %zu forgotten", a->name,
-		 a->inv.n, gone);
+		 agent__inv_count(&a->inv), gone);
 }
 
 static void list_send(struct agent *a)
@@ -210,13 +209,13 @@ static void on_synced(void *ud, int err, const char *message, const ProtobufCMes
 		a->mirror_seq = e->seq;
 		n++;
 	}
-	agent__count(a, AGENT_C_MIRROR_EVENTS, n);
+	agent__count(&a->stats, AGENT_C_MIRROR_EVENTS, n);
 	if (r->behind) {
 		a->mirror_seq = r->last_seq;
 		list_begin(a); /* (again, if one was running: it missed changes) */
 	}
 	if (n)
-		agent__gauges(a);
+		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	if (n && !uv_is_active((uv_handle_t *)&a->mirror_timer))
 		uv_timer_start(&a->mirror_timer, on_retry, PACE_MS, 0);
 	else

@@ -58,6 +58,12 @@ struct agent_mcall {
 };
 
 static void mcall_send(struct agent_mcall *c);
+
+static void set_mounted(struct agent *a, bool mounted)
+{
+	a->mounted = mounted;
+	agent__gauge(&a->stats, AGENT_G_MOUNTED, mounted);
+}
 static void mcall_poll(struct agent *a);
 static void set_master(struct agent *a, const char *addr, uint64_t view);
 static void mount(struct agent *a);
@@ -306,7 +312,7 @@ static void on_inventory(void *ud, int err, const char *message,
 		log_warn("inventory report to %s failed: %s; mounting again",
 			 a->master_addr, message ? message : mc_strerror(err));
 		resync_free(a);
-		a->mounted = false;
+		set_mounted(a, false);
 		mount(a);
 		return;
 	}
@@ -317,7 +323,7 @@ static void on_inventory(void *ud, int err, const char *message,
 			agent__inv_del_at(&a->inv, b->good[i]->key, b->good[i]->klen,
 					  b->good[i]->rec.offset);
 	}
-	agent__count(a, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
+	agent__count(&a->stats, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
 	a->resync_reported += resp->items_accepted;
 	if (resp->items_skipped)
 		log_warn("re-sync: the master skipped %" PRIu64 " inventory items "
@@ -331,7 +337,7 @@ static void on_inventory(void *ud, int err, const char *message,
 		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
 		 "none to check)", a->master_addr, a->view, a->resync_reported, a->resync_bad);
 	resync_free(a);
-	agent__gauges(a);
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	a->need_resync = false;
 	agent__lease_start(a, a->lease_epoch); /* the segment takes placements */
 	hb_arm(a);
@@ -358,7 +364,7 @@ static void verify_done(struct agent_job *j)
 			/* Its space holds other bytes (or cannot be vouched
 			 * for): never report it, and forget it. */
 			agent__inv_del_at(&a->inv, e->key, e->klen, e->rec.offset);
-			agent__count(a, b->verdict[i] == AGENT_VERIFY_BAD ? AGENT_C_RESYNC_BAD
+			agent__count(&a->stats, b->verdict[i] == AGENT_VERIFY_BAD ? AGENT_C_RESYNC_BAD
 									  : AGENT_C_RESYNC_UNCHECKED,
 				     1);
 			a->resync_bad++;
@@ -397,7 +403,7 @@ static void send_inventory(struct agent *a)
 							 sizeof(Mooncake__Master__InventoryItem) + 1));
 	if (!b) {
 		log_error("out of memory for the inventory report; retrying");
-		a->mounted = false;
+		set_mounted(a, false);
 		uv_timer_start(&a->hb_timer, on_hb_timer, RETRY_MAX_MS, 0);
 		return;
 	}
@@ -476,11 +482,12 @@ static void on_mounted(void *ud, int err, const char *message,
 		(const Mooncake__Master__MountSegmentResponse *)m;
 	a->retry_ms = 0;
 	a->view = resp->view;
-	a->mounted = true;
+	set_mounted(a, true);
 	/* Leases of an earlier mount mean nothing now. */
 	agent__lcache_clear(&a->lc);
 	a->ever_mounted = true;
-	agent__gauges(a);
+	agent__gauge(&a->stats, AGENT_G_MASTER_VIEW, (int64_t)a->view);
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
 		 a->name, a->seg->len, a->master_addr, a->view,
 		 resync ? "; re-syncing the inventory" : "");
@@ -489,6 +496,7 @@ static void on_mounted(void *ud, int err, const char *message,
 	a->lease_epoch = resp->lease_epoch;
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
+		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 		a->need_resync = false;
 		agent__lease_start(a, a->lease_epoch);
 		hb_arm(a);
@@ -497,7 +505,7 @@ static void on_mounted(void *ud, int err, const char *message,
 	int rc = start_resync(a);
 	if (rc) {
 		log_error("cannot prepare the inventory: %s; retrying", mc_strerror(rc));
-		a->mounted = false;
+		set_mounted(a, false);
 		retry_mount_later(a);
 		return;
 	}
@@ -516,13 +524,12 @@ static void mount(struct agent *a)
 	uv_timer_stop(&a->hb_timer);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
-	a->mounted = false;
+	set_mounted(a, false);
 	if (a->lease_takes_old) {
 		/* Puts still copy into the dropped lease's bytes, which the
 		 * mount gives back to the segment: mount once they are done
 		 * (space.c). */
 		a->mount_held = true;
-		agent__gauges(a);
 		return;
 	}
 	struct mount_block *b = calloc(1, sizeof(*b));
@@ -544,9 +551,8 @@ static void mount(struct agent *a)
 	b->seg.size = a->seg->len;
 	b->req.segment = &b->seg;
 	b->req.resync = a->ever_mounted;
-	a->mounted = false;
+	set_mounted(a, false);
 	a->mount_busy = true;
-	agent__gauges(a);
 	agent__mcall(a, "MountSegment", &b->req.base,
 		     &mooncake__master__mount_segment_response__descriptor, on_mounted, b);
 }
@@ -577,7 +583,7 @@ static void on_heartbeat(void *ud, int err, const char *message,
 			 "again and re-reporting the inventory",
 			 a->master_addr, resp->resync ? "does not know this agent" : "has a new view",
 			 resp->view, a->view);
-		a->mounted = false;
+		set_mounted(a, false);
 		a->need_resync = true;
 		mount(a);
 		return;
@@ -637,10 +643,9 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 		a->mc = NULL;
 		rpc_client_free(old);
 	}
-	a->mounted = false;
+	set_mounted(a, false);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
-	agent__gauges(a);
 	if (!addr[0]) {
 		log_warn("no master leader at the moment; calls wait for one");
 		return;

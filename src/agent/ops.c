@@ -46,7 +46,7 @@ typedef Mooncake__Client__Region Region;
 
 static void finish(struct agent_req *r, int err)
 {
-	agent__op_done(r->a, r->op, err, r->start_ns);
+	agent__op_done(&r->a->stats, r->op, err, r->start_ns);
 	agent__req_free(r);
 }
 
@@ -334,7 +334,7 @@ static void op_hello(struct agent_req *r)
 	log_debug("client %s: session started, staging %llu bytes", c->name,
 		  (unsigned long long)m->len);
 	agent__reply(r, &resp, &fd, &own, 1);
-	agent__gauges(a);
+	agent__server_gauges(a);
 	finish(r, 0);
 }
 
@@ -366,10 +366,10 @@ static void put_reply(struct agent_req *r)
 		if (errs[i] && !first)
 			first = errs[i];
 		if (errs[i] == 0) {
-			agent__count(r->a, AGENT_C_PUTS, 1);
-			agent__count(r->a, AGENT_C_BYTES_WRITTEN, r->items[i].len);
+			agent__count(&r->a->stats, AGENT_C_PUTS, 1);
+			agent__count(&r->a->stats, AGENT_C_BYTES_WRITTEN, r->items[i].len);
 		} else
-			agent__count(r->a, AGENT_C_PUT_FAILS, 1);
+			agent__count(&r->a->stats, AGENT_C_PUT_FAILS, 1);
 	}
 	Mooncake__Client__PutReply pr = MOONCAKE__CLIENT__PUT_REPLY__INIT;
 	pr.errors = errs;
@@ -482,7 +482,7 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 				agent__rlease_drop(r->a, it->reps[0].segment);
 			continue;
 		}
-		agent__count(r->a, AGENT_C_PUT_COMMITS, 1);
+		agent__count(&r->a->stats, AGENT_C_PUT_COMMITS, 1);
 		if (it->rleased)
 			continue; /* its owner's inventory, not this agent's */
 		struct agent_inv_rec rec = {.offset = it->reps[0].offset, .size = it->len,
@@ -1047,6 +1047,7 @@ static void drop_view(struct agent_conn *c, uint64_t id)
 			free(c->views[i].key);
 			c->views[i] = c->views[--c->nviews];
 			c->a->nviews--;
+			agent__server_gauges(c->a);
 			return;
 		}
 }
@@ -1076,7 +1077,7 @@ static void get_done(struct agent_job *j)
 		if (it->err && it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
 			drop_view(c, it->view);
 		if (it->err == MC_ECHECKSUM) {
-			agent__count(a, AGENT_C_GET_BAD, 1);
+			agent__count(&a->stats, AGENT_C_GET_BAD, 1);
 			log_warn("get of a %llu-byte object from segment %s at offset %llu: "
 				 "its bytes do not match its checksum",
 				 (unsigned long long)it->size,
@@ -1091,8 +1092,8 @@ static void get_done(struct agent_job *j)
 		res[i].where = it->where;
 		res[i].offset = it->offset;
 		res[i].view = it->view;
-		agent__count(a, AGENT_C_BYTES_READ, it->size);
-		agent__count(a, it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
+		agent__count(&a->stats, AGENT_C_BYTES_READ, it->size);
+		agent__count(&a->stats, it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
 	}
 	Mooncake__Client__GetReply gr = MOONCAKE__CLIENT__GET_REPLY__INIT;
 	gr.results = ptrs;
@@ -1219,7 +1220,7 @@ static void get_place_and_copy(struct agent_req *r)
 			remote_bytes += it->size;
 		remote |= !rep->local && !it->scratch;
 	}
-	agent__gauges(a);
+	agent__server_gauges(a);
 	/* Place the items without a destination. */
 	uint8_t *spill_base = NULL;
 	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
@@ -1311,7 +1312,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		if (res->error) {
 			it->err = res->error;
 			if (res->error == MC_EOBJECT_NOT_FOUND)
-				agent__count(a, AGENT_C_MISSES, 1);
+				agent__count(&a->stats, AGENT_C_MISSES, 1);
 			continue;
 		}
 		if (res->n_replicas == 0) {
@@ -1399,7 +1400,7 @@ static void renew_lease(struct agent *a, const uint8_t *key, size_t klen, uint64
 	mooncake__master__batch_keys_request__init(&w->req);
 	w->req.keys = &w->key;
 	w->req.n_keys = 1;
-	agent__count(a, AGENT_C_LEASE_RENEWALS, 1);
+	agent__count(&a->stats, AGENT_C_LEASE_RENEWALS, 1);
 	agent__bcall(a, AGENT_B_GET, &w->req.base, on_lease_renewed, w);
 }
 
@@ -1447,7 +1448,7 @@ static void unprobe(struct agent_item *it)
 static void probe_miss(struct agent_req *r, struct agent_item *it)
 {
 	agent__lcache_del(&r->a->lc, it->key, it->klen);
-	agent__count(r->a, AGENT_C_LEASE_CACHE_STALE, 1);
+	agent__count(&r->a->stats, AGENT_C_LEASE_CACHE_STALE, 1);
 	unprobe(it);
 }
 
@@ -1463,7 +1464,7 @@ static void get_probe_done(struct agent_job *j)
 			continue;
 		}
 		it->probing = false;
-		agent__count(r->a, AGENT_C_LEASE_CACHE_HITS, 1);
+		agent__count(&r->a->stats, AGENT_C_LEASE_CACHE_HITS, 1);
 	}
 	get_lookup(r);
 }
@@ -1523,7 +1524,7 @@ static void op_get(struct agent_req *r)
 		it->key = gi->key.data;
 		it->klen = gi->key.len;
 		it->zero_copy = gi->zero_copy;
-		agent__count(a, AGENT_C_GETS, 1);
+		agent__count(&a->stats, AGENT_C_GETS, 1);
 		if (!agent__key_ok(&gi->key)) {
 			it->err = -EINVAL;
 			continue;
@@ -1559,7 +1560,7 @@ static void op_get(struct agent_req *r)
 			it->probing = !e->rep.local;
 			probes += it->probing ? it->size : 0;
 			if (!it->probing)
-				agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
+				agent__count(&a->stats, AGENT_C_LEASE_CACHE_HITS, 1);
 		}
 	}
 	if (probes && get_probe(r, probes))
@@ -1720,7 +1721,7 @@ static int add_buf(struct agent_conn *c, struct agent_map *m, uint8_t *base,
 	b->address = address;
 	*id = b->id;
 	c->a->nbuffers++;
-	agent__gauges(c->a);
+	agent__server_gauges(c->a);
 	return 0;
 }
 
@@ -1886,7 +1887,7 @@ static void op_unregister_buffer(struct agent_req *r)
 		struct agent_map *m = c->bufs[i].map;
 		c->bufs[i] = c->bufs[--c->nbufs];
 		r->a->nbuffers--;
-		agent__gauges(r->a);
+		agent__server_gauges(r->a);
 		struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
 		if (u) {
 			u->r = r;
@@ -2004,7 +2005,7 @@ static void transfer_done(struct agent_job *j)
 		if (errs[i] && !first)
 			first = errs[i];
 		if (!errs[i])
-			agent__count(r->a, r->items[i].write ? AGENT_C_BYTES_WRITTEN
+			agent__count(&r->a->stats, r->items[i].write ? AGENT_C_BYTES_WRITTEN
 							      : AGENT_C_BYTES_READ,
 				     r->items[i].len);
 	}
@@ -2073,19 +2074,20 @@ static void op_stats(struct agent_req *r)
 	s.clients = a->nconns;
 	s.buffers = a->nbuffers;
 	s.views = a->nviews;
-	s.puts = a->counters[AGENT_C_PUTS];
-	s.gets = a->counters[AGENT_C_GETS];
-	s.local_hits = a->counters[AGENT_C_LOCAL_HITS];
-	s.remote_hits = a->counters[AGENT_C_REMOTE_HITS];
-	s.misses = a->counters[AGENT_C_MISSES];
-	s.bytes_written = a->counters[AGENT_C_BYTES_WRITTEN];
-	s.bytes_read = a->counters[AGENT_C_BYTES_READ];
+	s.puts = agent__counter(&a->stats, AGENT_C_PUTS);
+	s.gets = agent__counter(&a->stats, AGENT_C_GETS);
+	s.local_hits = agent__counter(&a->stats, AGENT_C_LOCAL_HITS);
+	s.remote_hits = agent__counter(&a->stats, AGENT_C_REMOTE_HITS);
+	s.misses = agent__counter(&a->stats, AGENT_C_MISSES);
+	s.bytes_written = agent__counter(&a->stats, AGENT_C_BYTES_WRITTEN);
+	s.bytes_read = agent__counter(&a->stats, AGENT_C_BYTES_READ);
 	s.master = a->master_addr;
 	s.view = a->view;
-	s.inventory = a->inv.n;
+	s.inventory = agent__inv_count(&a->inv);
 	s.mirror_seq = a->mirror_seq;
-	s.resync_bad = a->counters[AGENT_C_RESYNC_BAD] + a->counters[AGENT_C_RESYNC_UNCHECKED];
-	s.get_bad = a->counters[AGENT_C_GET_BAD];
+	s.resync_bad = agent__counter(&a->stats, AGENT_C_RESYNC_BAD) +
+		       agent__counter(&a->stats, AGENT_C_RESYNC_UNCHECKED);
+	s.get_bad = agent__counter(&a->stats, AGENT_C_GET_BAD);
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_STATS;
 	resp.stats = &s;
@@ -2111,7 +2113,7 @@ static void op_release(struct agent_req *r)
 		c->views[i] = c->views[--c->nviews];
 		r->a->nviews--;
 	}
-	agent__gauges(r->a);
+	agent__server_gauges(r->a);
 	if (q->quiet) {
 		if (err)
 			log_warn("client %s released a view that is not its own", c->name);

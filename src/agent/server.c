@@ -25,7 +25,6 @@
 
 #include "agent/agent_int.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -39,12 +38,19 @@ static void on_conn_poll(uv_poll_t *h, int status, int events);
 
 /* ------------------------------------------------------------ lifetime */
 
+void agent__server_gauges(struct agent *a)
+{
+	agent__gauge(&a->stats, AGENT_G_CLIENTS, (int64_t)a->nconns);
+	agent__gauge(&a->stats, AGENT_G_BUFFERS, (int64_t)a->nbuffers);
+	agent__gauge(&a->stats, AGENT_G_VIEWS, (int64_t)a->nviews);
+	agent__gauge(&a->stats, AGENT_G_STAGING, (int64_t)a->staging_in_use);
+}
+
 static void conn_free(struct agent_conn *c)
 {
 	struct agent *a = c->a;
 	free(c);
 	a->conn_objs--;
-	agent__gauges(a);
 	agent__maybe_stopped(a);
 }
 
@@ -120,7 +126,7 @@ static void conn_close(struct agent_conn *c, const char *why)
 		c->next->prev = c->prev;
 	a->nconns--;
 	agent__conn_unref(c);
-	agent__gauges(a);
+	agent__server_gauges(a);
 }
 
 /* ------------------------------------------------------------ output */
@@ -194,7 +200,7 @@ static void on_spin(uv_idle_t *h)
 	if (a->pool.threaded == 0 && now < a->spin_until_ns)
 		return;
 	uv_idle_stop(h);
-	metric_observe(a->m_spin, (double)(now - a->spin_start_ns) / 1e9);
+	agent__stats_spin(&a->stats, now - a->spin_start_ns);
 }
 
 /*
@@ -354,7 +360,7 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 			 (unsigned long long)m->id, why);
 		agent__reply_error(r, rc, why);
 		bool fatal = rc == MC_EPROTOCOL;
-		agent__op_done(c->a, r->op, rc, r->start_ns);
+		agent__op_done(&c->a->stats, r->op, rc, r->start_ns);
 		agent__req_free(r);
 		if (fatal) {
 			conn_close(c, why);
@@ -494,7 +500,7 @@ static void accept_one(struct agent *a, int fd)
 	a->nconns++;
 	a->conn_objs++;
 	log_debug("client %s connected", c->name);
-	agent__gauges(a);
+	agent__server_gauges(a);
 }
 
 static void on_listen_poll(uv_poll_t *h, int status, int events)

@@ -45,7 +45,6 @@
 
 #include "agent/agent_int.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -79,7 +78,7 @@ static uint64_t lease_target(const struct agent *a)
 
 static void gauge(struct agent *a)
 {
-	metric_set(a->m_lease, (int64_t)agent__lease_room(a));
+	agent__gauge(&a->stats, AGENT_G_PUT_LEASE, (int64_t)agent__lease_room(a));
 }
 
 static void give_back(struct agent *a, uint64_t off, uint64_t len)
@@ -281,7 +280,7 @@ static void rlease_gauge(struct agent *a)
 			room += e[k]->end - e[k]->off;
 		}
 	}
-	metric_set(a->m_rlease, (int64_t)room);
+	agent__gauge(&a->stats, AGENT_G_REMOTE_LEASE, (int64_t)room);
 }
 
 static void on_rleased(void *ud, int err, const char *message, const ProtobufCMessage *m)
