@@ -34,6 +34,7 @@
 #include <uv.h>
 
 #include "agent/agent.h"
+#include "agent/mcall.h"
 #include "agent/stats.h"
 #include "client.pb-c.h"
 #include "common/uframe.h"
@@ -350,8 +351,6 @@ struct agent_req {
 	uint64_t att_len[MC_UFRAME_MAX_FDS];
 };
 
-typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
-			       const ProtobufCMessage *resp);
 
 /* ------------------------------------------------------------ lcache.c */
 
@@ -430,8 +429,6 @@ void agent__batch_flush(struct agent *a);
 
 /* ------------------------------------------------------------ agent */
 
-struct agent_mcall;
-
 /* [off, end) of the segment. */
 struct agent_extent {
 	uint64_t off, end;
@@ -496,14 +493,10 @@ struct agent {
 	struct etcd_client *etcd;
 	struct etcd_watch *watch;
 	bool leader_range_busy;
-	char master_addr[128];        /* the master calls go to ("" none) */
-	struct rpc_client *mc;
 	uint64_t view;                /* the leader's view we mounted in */
-	uint64_t master_view_seen;
 	bool ever_mounted;
 	bool mounted;
 	bool mount_busy, hb_busy;
-	bool need_resync;
 	struct agent_inv_entry **resync_items;
 	size_t resync_n, resync_pos;
 	uint64_t resync_reported, resync_bad;
@@ -547,14 +540,13 @@ struct agent {
 	uv_timer_t hb_timer;
 	uv_timer_t retry_timer;
 	uint64_t retry_ms;
-	bool unmount_busy;
 	Mooncake__Master__HeartbeatRequest *hb_req;
 	Mooncake__Master__UnmountSegmentRequest *unmount_req;
 	uint64_t leader_retry_ms, leader_retry_at;
 	void (*mlink_done)(struct agent *a);
-	struct agent_mcall *mcalls;   /* calls in flight */
 	uint64_t nbuffers, nviews;
 	struct agent_stats stats;
+	struct agent_mcalls mcalls;
 };
 
 /* agent.c */
@@ -685,19 +677,5 @@ void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
 void agent__mlink_free(struct agent *a);
 /* Close the link's last handle (after agent__mlink_stop finished). */
 void agent__mlink_close(struct agent *a, uv_close_cb on_closed);
-
-/*
- * Call method ("PutStart") of mooncake.master.Master on the leader. req
- * must stay valid until cb runs (it is sent again after a redirect). cb
- * runs exactly once, never from inside this call, with err 0 and resp
- * (borrowed), or the error: the code of the master's grpc-message,
- * MC_EUNAVAILABLE (no master known, or unreachable), MC_ETIMEDOUT.
- */
-void agent__mcall(struct agent *a, const char *method,
-		  const ProtobufCMessage *req,
-		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
-		  void *ud);
-/* The error code a master call failed with, from status and message. */
-int agent__master_err(int status, const char *message);
 
 #endif

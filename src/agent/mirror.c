@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/mcall.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -237,7 +238,7 @@ static void sync_send(struct agent *a)
 	b->req.sync.after_seq = a->mirror_seq;
 	b->req.sync.max_events = SYNC_MAX_EVENTS;
 	/* Well inside the call's deadline. */
-	b->req.sync.wait_ms = a->master_timeout_ms / 2;
+	b->req.sync.wait_ms = agent__mcall_timeout_ms(a) / 2;
 	a->mirror_busy = true;
 	agent__mcall(a, "SyncSegment", &b->req.sync.base,
 		     &mooncake__master__sync_segment_response__descriptor, on_synced, b);

@@ -28,225 +28,25 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/mcall.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "etcd/etcd.h"
-#include "rpc/rpc.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
-#define SERVICE "/mooncake.master.Master/"
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 2000
 #define WAIT_TICK_MS 50
-#define MAX_REDIRECTS 4
 #define STOP_TIMEOUT_MS 2000
 
-struct agent_mcall {
-	struct agent_mcall *prev, *next;
-	struct agent *a;
-	char path[64];
-	const ProtobufCMessage *req;
-	const ProtobufCMessageDescriptor *resp_desc;
-	agent_mcall_cb cb;
-	void *ud;
-	uint64_t deadline_ms;
-	uint64_t not_before_ms; /* retry no earlier than this */
-	unsigned redirects;
-	struct rpc_stream *st;  /* in flight, or NULL while waiting */
-	int fail_err;           /* could not be sent: end with this */
-};
-
-static void mcall_send(struct agent_mcall *c);
+static void set_master(struct agent *a, const char *addr, uint64_t view);
+static void mount(struct agent *a);
 
 static void set_mounted(struct agent *a, bool mounted)
 {
 	a->mounted = mounted;
 	agent__gauge(&a->stats, AGENT_G_MOUNTED, mounted);
-}
-static void mcall_poll(struct agent *a);
-static void set_master(struct agent *a, const char *addr, uint64_t view);
-static void mount(struct agent *a);
-
-/* ------------------------------------------------------------ errors */
-
-int agent__master_err(int status, const char *message)
-{
-	if (message && message[0] == '-' && message[1] >= '0' && message[1] <= '9') {
-		char *end;
-		long v = strtol(message, &end, 10);
-		if (v < 0 && v > -100000 && (*end == ' ' || *end == '\0'))
-			return (int)v;
-	}
-	switch (status) {
-	case RPC_OK: return 0;
-	case RPC_DEADLINE_EXCEEDED: return MC_ETIMEDOUT;
-	case RPC_UNAVAILABLE: return MC_EUNAVAILABLE;
-	case RPC_CANCELLED: return MC_ECANCELLED;
-	case RPC_NOT_FOUND: return MC_EOBJECT_NOT_FOUND;
-	case RPC_ALREADY_EXISTS: return MC_EOBJECT_ALREADY_EXISTS;
-	case RPC_INVALID_ARGUMENT: return -EINVAL;
-	case RPC_RESOURCE_EXHAUSTED: return MC_ENO_SPACE;
-	case RPC_UNIMPLEMENTED: return -EOPNOTSUPP;
-	default: return MC_EINTERNAL;
-	}
-}
-
-/* "... leader=HOST:PORT view=N" -> addr ("" for none), view. */
-static bool parse_redirect(const char *msg, char *addr, size_t alen, uint64_t *view)
-{
-	const char *l = msg ? strstr(msg, "leader=") : NULL;
-	if (!l)
-		return false;
-	l += 7;
-	size_t n = strcspn(l, " ");
-	if (n >= alen)
-		return false;
-	memcpy(addr, l, n);
-	addr[n] = '\0';
-	if (strcmp(addr, "none") == 0)
-		addr[0] = '\0';
-	const char *v = strstr(l, "view=");
-	*view = v ? strtoull(v + 5, NULL, 10) : 0;
-	return true;
-}
-
-/* ------------------------------------------------------------ calls */
-
-static void mcall_unlink(struct agent_mcall *c)
-{
-	struct agent *a = c->a;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		a->mcalls = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-}
-
-static void mcall_end(struct agent_mcall *c, int err, const char *message,
-		      const ProtobufCMessage *resp)
-{
-	mcall_unlink(c);
-	agent_mcall_cb cb = c->cb;
-	void *ud = c->ud;
-	free(c);
-	cb(ud, err, message, resp);
-}
-
-/* Park a call until a leader is known (or retry after a pause). */
-static void mcall_wait(struct agent_mcall *c, uint64_t pause_ms)
-{
-	c->st = NULL;
-	c->not_before_ms = mc_now_ms() + pause_ms;
-}
-
-static void on_unary(void *ud, int status, const char *message,
-		     const ProtobufCMessage *resp)
-{
-	struct agent_mcall *c = ud;
-	struct agent *a = c->a;
-	c->st = NULL;
-	if (status == RPC_OK) {
-		mcall_end(c, 0, NULL, resp);
-		return;
-	}
-	uint64_t now = mc_now_ms();
-	if (status == RPC_CANCELLED && !a->stopping) {
-		/* The link moved to another master: send it again there. */
-		mcall_wait(c, 0);
-		return;
-	}
-	int err = agent__master_err(status, message);
-	if (err == MC_ENOT_LEADER && !a->stopping) {
-		char addr[128];
-		uint64_t view;
-		if (parse_redirect(message, addr, sizeof(addr), &view) &&
-		    c->redirects++ < MAX_REDIRECTS) {
-			/* Park first: set_master sends parked calls. */
-			mcall_wait(c, addr[0] ? 0 : RETRY_MIN_MS);
-			if (addr[0] && strcmp(addr, a->master_addr) != 0) {
-				log_info("master %s is a standby; the leader is %s (view %" PRIu64 ")",
-					 a->master_addr, addr, view);
-				set_master(a, addr, view);
-			} else if (addr[0]) {
-				mcall_poll(a);
-			}
-			return;
-		}
-	}
-	if (err == MC_EUNAVAILABLE && status == RPC_UNAVAILABLE && !a->stopping &&
-	    now + RETRY_MIN_MS < c->deadline_ms) {
-		mcall_wait(c, RETRY_MIN_MS);
-		return;
-	}
-	mcall_end(c, err, message, NULL);
-}
-
-static void mcall_send(struct agent_mcall *c)
-{
-	struct agent *a = c->a;
-	uint64_t now = mc_now_ms();
-	uint64_t left = c->deadline_ms > now ? c->deadline_ms - now : 1;
-	int rc = rpc_client_unary(a->mc, c->path, c->req, c->resp_desc, left, on_unary, c,
-				  &c->st);
-	if (rc) {
-		/* Ended by the next poll, never from inside agent__mcall. */
-		c->st = NULL;
-		c->fail_err = rc;
-	}
-}
-
-/* Send parked calls whose pause ended, fail those past their deadline. */
-static void mcall_poll(struct agent *a)
-{
-	uint64_t now = mc_now_ms();
-	struct agent_mcall *c = a->mcalls;
-	while (c) {
-		struct agent_mcall *next = c->next;
-		if (!c->st && c->fail_err) {
-			mcall_end(c, c->fail_err, "cannot send the call to the master", NULL);
-		} else if (!c->st) {
-			if (now >= c->deadline_ms || a->stopping) {
-				mcall_end(c, a->stopping ? MC_ESHUTDOWN : MC_EUNAVAILABLE,
-					  a->master_addr[0] ? "the master did not answer in time"
-							    : "no master leader is known",
-					  NULL);
-			} else if (a->mc && now >= c->not_before_ms) {
-				mcall_send(c);
-			}
-		}
-		c = next;
-	}
-}
-
-void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *req,
-		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
-		  void *ud)
-{
-	struct agent_mcall *c = calloc(1, sizeof(*c));
-	if (!c) {
-		/* The one case where cb runs inside: every caller makes this
-		 * call its last statement. */
-		log_error("out of memory for a master call");
-		cb(ud, -ENOMEM, NULL, NULL);
-		return;
-	}
-	c->a = a;
-	snprintf(c->path, sizeof(c->path), SERVICE "%s", method);
-	c->req = req;
-	c->resp_desc = resp_desc;
-	c->cb = cb;
-	c->ud = ud;
-	c->deadline_ms = mc_now_ms() + a->master_timeout_ms;
-	c->next = a->mcalls;
-	if (a->mcalls)
-		a->mcalls->prev = c;
-	a->mcalls = c;
-	if (a->mc && !a->stopped)
-		mcall_send(c);
-	else
-		mcall_wait(c, 0);
 }
 
 /* ------------------------------------------------------------ mount */
@@ -310,7 +110,7 @@ static void on_inventory(void *ud, int err, const char *message,
 	if (err) {
 		inv_block_free(b);
 		log_warn("inventory report to %s failed: %s; mounting again",
-			 a->master_addr, message ? message : mc_strerror(err));
+			 agent__mcall_master(a), message ? message : mc_strerror(err));
 		resync_free(a);
 		set_mounted(a, false);
 		mount(a);
@@ -335,10 +135,9 @@ static void on_inventory(void *ud, int err, const char *message,
 	}
 	log_info("re-sync with master %s (view %" PRIu64 ") done: %" PRIu64 " objects "
 		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
-		 "none to check)", a->master_addr, a->view, a->resync_reported, a->resync_bad);
+		 "none to check)", agent__mcall_master(a), a->view, a->resync_reported, a->resync_bad);
 	resync_free(a);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-	a->need_resync = false;
 	agent__lease_start(a, a->lease_epoch); /* the segment takes placements */
 	hb_arm(a);
 }
@@ -462,7 +261,7 @@ static void on_mounted(void *ud, int err, const char *message,
 	struct mount_block *b = ud;
 	struct agent *a = b->a;
 	bool resync = b->req.resync;
-	bool same = strcmp(b->addr, a->master_addr) == 0;
+	bool same = strcmp(b->addr, agent__mcall_master(a)) == 0;
 	free(b->addr);
 	free(b);
 	a->mount_busy = false;
@@ -474,7 +273,7 @@ static void on_mounted(void *ud, int err, const char *message,
 	}
 	if (err) {
 		log_warn("cannot mount segment %s with master %s: %s; retrying",
-			 a->name, a->master_addr, message ? message : mc_strerror(err));
+			 a->name, agent__mcall_master(a), message ? message : mc_strerror(err));
 		retry_mount_later(a);
 		return;
 	}
@@ -489,7 +288,7 @@ static void on_mounted(void *ud, int err, const char *message,
 	agent__gauge(&a->stats, AGENT_G_MASTER_VIEW, (int64_t)a->view);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
-		 a->name, a->seg->len, a->master_addr, a->view,
+		 a->name, a->seg->len, agent__mcall_master(a), a->view,
 		 resync ? "; re-syncing the inventory" : "");
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
@@ -497,7 +296,6 @@ static void on_mounted(void *ud, int err, const char *message,
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
 		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-		a->need_resync = false;
 		agent__lease_start(a, a->lease_epoch);
 		hb_arm(a);
 		return;
@@ -519,7 +317,7 @@ void agent__mlink_mount(struct agent *a)
 
 static void mount(struct agent *a)
 {
-	if (a->mount_busy || a->stopping || !a->mc || !a->named)
+	if (a->mount_busy || a->stopping || !agent__mcall_connected(a) || !a->named)
 		return;
 	uv_timer_stop(&a->hb_timer);
 	agent__mirror_stop(a);
@@ -533,7 +331,7 @@ static void mount(struct agent *a)
 		return;
 	}
 	struct mount_block *b = calloc(1, sizeof(*b));
-	char *addr = strdup(a->master_addr);
+	char *addr = strdup(agent__mcall_master(a));
 	if (!b || !addr) {
 		free(b);
 		free(addr);
@@ -569,7 +367,7 @@ static void on_heartbeat(void *ud, int err, const char *message,
 	if (a->stopping)
 		return;
 	if (err) {
-		log_warn("heartbeat to master %s failed: %s", a->master_addr,
+		log_warn("heartbeat to master %s failed: %s", agent__mcall_master(a),
 			 message ? message : mc_strerror(err));
 		hb_arm(a);
 		return;
@@ -581,10 +379,9 @@ static void on_heartbeat(void *ud, int err, const char *message,
 	if (resp->resync || resp->view != a->view) {
 		log_info("master %s %s (view %" PRIu64 ", ours %" PRIu64 "): mounting "
 			 "again and re-reporting the inventory",
-			 a->master_addr, resp->resync ? "does not know this agent" : "has a new view",
+			 agent__mcall_master(a), resp->resync ? "does not know this agent" : "has a new view",
 			 resp->view, a->view);
 		set_mounted(a, false);
-		a->need_resync = true;
 		mount(a);
 		return;
 	}
@@ -630,19 +427,11 @@ static void hb_arm(struct agent *a)
 
 /* ------------------------------------------------------------ leader */
 
+/* Use the leader at addr ("": none known) from now on. */
 static void set_master(struct agent *a, const char *addr, uint64_t view)
 {
-	if (view > a->master_view_seen)
-		a->master_view_seen = view;
-	if (strcmp(addr, a->master_addr) == 0 && (a->mc || !addr[0]))
+	if (!agent__mcall_set_master(a, addr))
 		return;
-	snprintf(a->master_addr, sizeof(a->master_addr), "%s", addr);
-	if (a->mc) {
-		/* Outstanding calls come back CANCELLED and are parked. */
-		struct rpc_client *old = a->mc;
-		a->mc = NULL;
-		rpc_client_free(old);
-	}
 	set_mounted(a, false);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
@@ -650,24 +439,10 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 		log_warn("no master leader at the moment; calls wait for one");
 		return;
 	}
-	struct rpc_client_opts o = {
-		.max_message_bytes = 64u << 20,
-		.metrics = a->metrics,
-		.backoff_initial_ms = 50,
-		.backoff_max_ms = 1000,
-		/* A master in this process (standalone, --role=master,agent)
-		 * is called directly. */
-		.local_calls = true,
-	};
-	int rc = rpc_client_new(a->loop, addr, &o, &a->mc);
-	if (rc) {
-		log_error("master address %s: %s", addr, mc_strerror(rc));
-		a->mc = NULL;
-		a->master_addr[0] = '\0';
+	if (!agent__mcall_connected(a))
 		return;
-	}
 	log_info("using master %s (view %" PRIu64 ")", addr, view);
-	mcall_poll(a);
+	agent__mcall_poll(a);
 	a->retry_ms = 0;
 	mount(a);
 }
@@ -792,7 +567,7 @@ static void watch_leader(struct agent *a, int64_t from)
 static void on_retry_timer(uv_timer_t *t)
 {
 	struct agent *a = t->data;
-	mcall_poll(a);
+	agent__mcall_poll(a);
 	if (a->etcd && !a->watch && !a->leader_range_busy && !a->stopping &&
 	    mc_now_ms() >= a->leader_retry_at)
 		read_leader(a);
@@ -804,6 +579,7 @@ void agent__mlink_init(struct agent *a)
 	uv_timer_init(a->loop, &a->retry_timer);
 	a->hb_timer.data = a->retry_timer.data = a;
 	agent__mirror_init(a);
+	agent__mcalls_init(a, a->master_timeout_ms, set_master);
 	/* Until the first heartbeat reply tells the agent TTL. */
 	a->hb_interval_ms = 250;
 }
@@ -852,12 +628,8 @@ static void mlink_finish(struct agent *a)
 		etcd_watch_cancel(a->watch);
 		a->watch = NULL;
 	}
-	mcall_poll(a); /* fail parked calls: stopping */
-	if (a->mc) {
-		struct rpc_client *mc = a->mc;
-		a->mc = NULL;
-		rpc_client_free(mc);
-	}
+	agent__mcall_poll(a); /* fail parked calls: stopping */
+	agent__mcall_disconnect(a);
 	if (a->etcd) {
 		etcd_client_free(a->etcd);
 		a->etcd = NULL;
@@ -878,12 +650,11 @@ static void on_unmounted(void *ud, int err, const char *message,
 	struct agent *a = ud;
 	const Mooncake__Master__UnmountSegmentResponse *resp =
 		(const Mooncake__Master__UnmountSegmentResponse *)m;
-	a->unmount_busy = false;
 	if (err == MC_ENOT_LEADER || err == MC_ESHUTDOWN)
 		log_info("segment %s: the master is stopping too; not unmounted", a->name);
 	else if (err)
 		log_warn("cannot unmount segment %s from master %s: %s (it expires "
-			 "after the agent TTL)", a->name, a->master_addr,
+			 "after the agent TTL)", a->name, agent__mcall_master(a),
 			 message ? message : mc_strerror(err));
 	else
 		log_info("segment %s unmounted: %" PRIu64 " objects left the pool", a->name,
@@ -897,7 +668,7 @@ void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
 {
 	a->mlink_done = done;
 	uv_timer_stop(&a->hb_timer);
-	if (!a->mounted || !a->mc) {
+	if (!a->mounted || !agent__mcall_connected(a)) {
 		mlink_finish(a);
 		return;
 	}
@@ -910,8 +681,7 @@ void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
 	q->name = a->name;
 	q->agent_id = a->name;
 	a->unmount_req = q;
-	a->unmount_busy = true;
-	a->master_timeout_ms = MC_MIN(a->master_timeout_ms, (uint64_t)STOP_TIMEOUT_MS);
+	agent__mcall_limit_timeout(a, STOP_TIMEOUT_MS);
 	agent__mcall(a, "UnmountSegment", &q->base,
 		     &mooncake__master__unmount_segment_response__descriptor, on_unmounted, a);
 }

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/mcall.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -2081,7 +2082,7 @@ static void op_stats(struct agent_req *r)
 	s.misses = agent__counter(&a->stats, AGENT_C_MISSES);
 	s.bytes_written = agent__counter(&a->stats, AGENT_C_BYTES_WRITTEN);
 	s.bytes_read = agent__counter(&a->stats, AGENT_C_BYTES_READ);
-	s.master = a->master_addr;
+	s.master = (char *)agent__mcall_master(a);
 	s.view = a->view;
 	s.inventory = agent__inv_count(&a->inv);
 	s.mirror_seq = a->mirror_seq;

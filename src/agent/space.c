@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/mcall.h"
 #include "common/log.h"
 #include "common/util.h"
 
