@@ -341,9 +341,9 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	}
 	uv_timer_init(a->loop, &a->start_timer);
 	uv_timer_init(a->loop, &a->view_timer);
-	uv_check_init(a->loop, &a->batch_check);
+	agent__batch_init(a);
 	uv_idle_init(a->loop, &a->spin_idle);
-	a->batch_check.data = a->spin_idle.data = a;
+	a->spin_idle.data = a;
 	a->spin_ns = o->busy_poll_us * 1000;
 	a->remote_cache_bytes = o->remote_cache_bytes;
 	a->start_timer.data = a->view_timer.data = a;
@@ -402,8 +402,7 @@ void agent__maybe_stopped(struct agent *a)
 		a->closing += 6;
 		uv_close((uv_handle_t *)&a->spin_idle, on_closed);
 		agent__pool_stop(&a->pool, on_closed);
-		agent__batch_flush(a);
-		uv_close((uv_handle_t *)&a->batch_check, on_closed);
+		agent__batch_close(a, on_closed);
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
 		uv_close((uv_handle_t *)&a->view_timer, on_closed);
 		agent__mlink_close(a, on_closed);

@@ -34,6 +34,7 @@
 #include <uv.h>
 
 #include "agent/agent.h"
+#include "agent/batch.h"
 #include "agent/mcall.h"
 #include "agent/stats.h"
 #include "client.pb-c.h"
@@ -401,32 +402,6 @@ void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 		       uint64_t until_ms, uint64_t now_ms);
 void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen);
 
-/* ------------------------------------------------------------ batch.c */
-
-enum agent_bkind {
-	AGENT_B_PUT_START,  /* BatchPutStartRequest */
-	AGENT_B_PUT_END,    /* BatchKeysRequest */
-	AGENT_B_GET,        /* BatchKeysRequest -> BatchGetReplicas */
-	AGENT_B_EXIST,      /* BatchKeysRequest */
-	AGENT_B_COMMIT,     /* BatchCommitRequest (one segment and epoch per call) */
-	AGENT_B_COUNT
-};
-
-struct agent_bwait;
-
-struct agent_bqueue {
-	struct agent_bwait *head, *tail;
-	size_t nitems;
-	unsigned nwaits;
-};
-
-/* Like agent__mcall of the kind's batch method, coalesced with the other
- * requests of this loop iteration (see batch.c). */
-void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,
-		  agent_mcall_cb cb, void *ud);
-/* Send every queue now. */
-void agent__batch_flush(struct agent *a);
-
 /* ------------------------------------------------------------ agent */
 
 /* [off, end) of the segment. */
@@ -452,7 +427,6 @@ struct agent {
 	struct agent_pool pool;
 	struct agent_inv inv;
 	struct agent_lcache lc;
-	uv_check_t batch_check;
 	/* busy poll (server.c): the loop polls without sleeping until
 	 * spin_until_ns, set spin_ns after each request and reply */
 	uv_idle_t spin_idle;
@@ -461,7 +435,7 @@ struct agent {
 	 * cached for values up to this size, read and checked against their
 	 * checksum before a get uses them (ops.c, get_probe) */
 	uint64_t remote_cache_bytes;
-	struct agent_bqueue bq[AGENT_B_COUNT];
+	struct agent_batch batch;
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */
 	bool mlink_stopped, handles_closed;

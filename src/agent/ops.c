@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/batch.h"
 #include "agent/mcall.h"
 #include "common/crc32c.h"
 #include "common/log.h"
