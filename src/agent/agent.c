@@ -288,7 +288,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->hugepages = o->hugepages;
 	a->lease_ttl_ms = 5000;
 	a->master_timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
-	a->lease_bytes = o->put_lease_bytes;
+	agent__space_init(a, o->put_lease_bytes);
 	a->rpc_listen = dup_opt(o->rpc_listen);
 	a->master_fixed = dup_opt(o->master_address);
 	a->meta_endpoints = dup_opt(o->meta_endpoints);
@@ -439,7 +439,7 @@ void agent_free(struct agent *a)
 	if (!a)
 		return;
 	agent__mlink_free(a);
-	free(a->release);
+	agent__space_free(a);
 	agent__inv_free(&a->inv);
 	agent__lcache_free(&a->lc);
 	if (a->seg_ro_fd >= 0)

@@ -36,6 +36,7 @@
 #include "agent/agent.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
+#include "agent/space.h"
 #include "agent/stats.h"
 #include "client.pb-c.h"
 #include "common/uframe.h"
@@ -54,10 +55,6 @@ struct metric;
 #define AGENT_MAX_REPLICAS 16u
 #define AGENT_SPILL_ALIGN 64u
 #define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
-#define AGENT_LEASE_EXTENTS 4u        /* put lease extents held at once */
-#define AGENT_LEASE_IDLE_MS 10000u    /* an unused put lease goes back */
-#define AGENT_LEASE_RETRY_MS 100u     /* after a LeaseSpace granting none */
-#define AGENT_RLEASES 4u              /* other agents' segments leased at once */
 
 /* ------------------------------------------------------------ mem.c */
 
@@ -404,11 +401,6 @@ void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen)
 
 /* ------------------------------------------------------------ agent */
 
-/* [off, end) of the segment. */
-struct agent_extent {
-	uint64_t off, end;
-};
-
 struct agent {
 	uv_loop_t *loop;
 	struct metrics_registry *metrics;
@@ -484,32 +476,8 @@ struct agent {
 	uv_timer_t mirror_timer;
 	uint64_t mirror_retry_ms;
 	bool mirror_oom_told;
-	/* put lease (space.c) */
-	uint64_t lease_bytes;         /* --put-lease-size; 0: no lease */
-	struct agent_extent lease[AGENT_LEASE_EXTENTS];
-	unsigned nlease;
-	struct agent_extent *release; /* to give back with the next call */
-	size_t nrelease, release_cap;
-	bool lease_ready, lease_busy, lease_idle;
-	bool lease_denied;            /* none granted at lease_denied_ms */
-	uint64_t lease_denied_ms;
-	uint64_t lease_epoch;         /* the master's, from the mount */
-	unsigned lease_gen;           /* bumped at every mount */
-	uint64_t lease_takes;         /* puts of this generation copying */
-	uint64_t lease_takes_old;     /* puts of earlier ones still copying */
-	bool mount_held;              /* until lease_takes_old is 0 */
-	uint64_t lease_used_ms;
-	/* remote leases (space.c): space of other agents' segments */
-	struct agent_rlease {
-		char seg[128];        /* "" : free slot */
-		struct agent_rextent {
-			uint64_t epoch, base; /* the segment's, from the grant */
-			uint64_t off, end;    /* room left */
-			uint64_t until_ms;    /* taken from until then */
-		} cur, next;          /* next: granted ahead, used when cur is */
-		uint64_t used_ms, denied_ms;
-		bool busy;            /* a LeaseSpace call in flight */
-	} rl[AGENT_RLEASES];
+	bool mount_held;              /* until no put copies into a dropped lease */
+	uint64_t mount_epoch;         /* the lease epoch the mount answered */
 	uint64_t hb_interval_ms;
 	uv_timer_t hb_timer;
 	uv_timer_t retry_timer;
@@ -521,6 +489,7 @@ struct agent {
 	uint64_t nbuffers, nviews;
 	struct agent_stats stats;
 	struct agent_mcalls mcalls;
+	struct agent_space space;
 };
 
 /* agent.c */
@@ -608,44 +577,12 @@ enum agent_verify { AGENT_VERIFY_OK = 0, AGENT_VERIFY_BAD, AGENT_VERIFY_UNCHECKE
 void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items, size_t n,
 			  uint8_t *verdict);
 
-/* space.c */
-/* Take space for a value of size bytes from the put lease: *off, and the
- * generation to hand back to agent__lease_put_done. false: no lease, or
- * not enough room (more is asked for; use PutStart meanwhile). */
-bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *gen);
-/* The put that took [off, size) finished copying; committing: it goes on
- * to BatchCommit, else the space is given back. */
-void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigned gen,
-			   bool committing);
-/* Bytes of the lease not taken yet. */
-uint64_t agent__lease_room(const struct agent *a);
-/* Space for a value of size bytes in another agent's segment seg, from a
- * remote lease: its offset there, the segment's lease epoch to commit
- * with and its base address. false: none (a LeaseSpace call may have
- * gone out for the next put). */
-struct agent_rtake {
-	uint64_t off, epoch, base;
-};
-bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
-			struct agent_rtake *t);
-/* A commit into seg's remote lease was refused for its space (not for its
- * key): forget the lease. */
-void agent__rlease_drop(struct agent *a, const char *seg);
-/* A mount begins: the lease is gone. */
-void agent__lease_reset(struct agent *a);
-/* Mounted (and re-synced) in lease epoch: ask for a lease. */
-void agent__lease_start(struct agent *a, uint64_t epoch);
-/* Ask for more space and give back what waits (when due). */
-void agent__lease_sync(struct agent *a);
-/* From the heartbeat timer: an idle lease goes back. */
-void agent__lease_tick(struct agent *a);
-
 /* mlink.c */
 void agent__mlink_init(struct agent *a);
 int agent__mlink_start(struct agent *a) MC_MUST_CHECK;
-/* Mount the segment (again) with the leader in use, unless a mount is
- * under way already. */
-void agent__mlink_mount(struct agent *a);
+/* The last put into a lease an earlier mount dropped is done: a mount
+ * held for it goes now. */
+void agent__mlink_lease_drained(struct agent *a);
 /* Unmount (best effort, bounded) then done(a). */
 void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
 void agent__mlink_free(struct agent *a);

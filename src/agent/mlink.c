@@ -29,6 +29,7 @@
 
 #include "agent/agent_int.h"
 #include "agent/mcall.h"
+#include "agent/space.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "etcd/etcd.h"
@@ -138,7 +139,7 @@ static void on_inventory(void *ud, int err, const char *message,
 		 "none to check)", agent__mcall_master(a), a->view, a->resync_reported, a->resync_bad);
 	resync_free(a);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-	agent__lease_start(a, a->lease_epoch); /* the segment takes placements */
+	agent__lease_start(a, a->mount_epoch); /* the segment takes placements */
 	hb_arm(a);
 }
 
@@ -292,11 +293,11 @@ static void on_mounted(void *ud, int err, const char *message,
 		 resync ? "; re-syncing the inventory" : "");
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
-	a->lease_epoch = resp->lease_epoch;
+	a->mount_epoch = resp->lease_epoch;
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
 		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-		agent__lease_start(a, a->lease_epoch);
+		agent__lease_start(a, a->mount_epoch);
 		hb_arm(a);
 		return;
 	}
@@ -310,8 +311,11 @@ static void on_mounted(void *ud, int err, const char *message,
 	send_inventory(a);
 }
 
-void agent__mlink_mount(struct agent *a)
+void agent__mlink_lease_drained(struct agent *a)
 {
+	if (!a->mount_held)
+		return;
+	a->mount_held = false;
 	mount(a);
 }
 
@@ -323,7 +327,7 @@ static void mount(struct agent *a)
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
 	set_mounted(a, false);
-	if (a->lease_takes_old) {
+	if (agent__lease_draining(a)) {
 		/* Puts still copy into the dropped lease's bytes, which the
 		 * mount gives back to the segment: mount once they are done
 		 * (space.c). */

@@ -37,6 +37,7 @@
 #include "agent/agent_int.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
+#include "agent/space.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -533,7 +534,7 @@ static struct commit_block *commit_block(struct agent_req *r)
 	mooncake__master__batch_commit_request__init(&b->req);
 	b->req.agent_id = r->a->name;
 	b->req.segment = r->a->name;
-	b->req.lease_epoch = r->a->lease_epoch;
+	b->req.lease_epoch = agent__lease_epoch(r->a);
 	if (b->n && r->items[b->idx[0]].rleased) {
 		/* (a request with a remote-leased item has no other: put_start) */
 		b->req.segment = r->items[b->idx[0]].reps[0].segment;
@@ -558,7 +559,7 @@ static void put_done(struct agent_job *j)
 	 * meanwhile) cannot be committed any more. */
 	for (size_t i = 0; i < r->n; i++)
 		if (r->items[i].leased && !r->items[i].err &&
-		    r->items[i].lease_gen != a->lease_gen)
+		    r->items[i].lease_gen != agent__lease_gen(a))
 			r->items[i].err = MC_EUNAVAILABLE;
 	struct keys_block *b = keys_block(r, item_end);
 	struct commit_block *cb = commit_block(r);
@@ -572,9 +573,9 @@ static void put_done(struct agent_job *j)
 	}
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->leased)
-			agent__lease_put_done(a, it->reps[0].offset, it->len, it->lease_gen,
-					      !it->err);
+		if (it->leased && agent__lease_put_done(a, it->reps[0].offset, it->len,
+							it->lease_gen, !it->err))
+			agent__mlink_lease_drained(a);
 	}
 	revoke_items(r);
 	if (!b) {
@@ -774,7 +775,7 @@ static bool take_leased(struct agent_req *r, struct agent_item *it)
 		return false;
 	it->reps = calloc(1, sizeof(*it->reps));
 	if (!it->reps) {
-		agent__lease_put_done(a, off, it->len, gen, false);
+		agent__lease_put_done(a, off, it->len, gen, false); /* (this generation) */
 		it->err = -ENOMEM;
 		return true;
 	}
@@ -1351,7 +1352,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
  * key it names (one allocation, freed by the callback). */
 struct lease_renewal {
 	struct agent *a;
-	unsigned gen;       /* a->lease_gen when sent: a mount empties the cache */
+	unsigned gen;       /* agent__lease_gen when sent: a mount empties the cache */
 	uint64_t sent_ms;
 	Mooncake__Master__BatchKeysRequest req;
 	ProtobufCBinaryData key;
@@ -1365,7 +1366,7 @@ static void on_lease_renewed(void *ud, int err, const char *message, const Proto
 	const Mooncake__Master__BatchGetReplicasResponse *resp = (const void *)m;
 	(void)message;
 	/* On an error the entry keeps its window and expires as before. */
-	if (err || a->stopping || w->gen != a->lease_gen || resp->n_results != 1) {
+	if (err || a->stopping || w->gen != agent__lease_gen(a) || resp->n_results != 1) {
 		free(w);
 		return;
 	}
@@ -1394,7 +1395,7 @@ static void renew_lease(struct agent *a, const uint8_t *key, size_t klen, uint64
 	if (!w)
 		return; /* the entry expires as before */
 	w->a = a;
-	w->gen = a->lease_gen;
+	w->gen = agent__lease_gen(a);
 	w->sent_ms = now;
 	memcpy(w->kbuf, key, klen);
 	w->key.data = w->kbuf;
