@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/mirror.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sysmem.h"
@@ -347,6 +348,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->spin_ns = o->busy_poll_us * 1000;
 	a->remote_cache_bytes = o->remote_cache_bytes;
 	a->start_timer.data = a->view_timer.data = a;
+	agent__mirror_init(a);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
 	uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
@@ -399,13 +401,14 @@ void agent__maybe_stopped(struct agent *a)
 	if (!a->handles_closed) {
 		a->handles_closed = true;
 		a->pool.async.data = a;
-		a->closing += 6;
+		a->closing += 7;
 		uv_close((uv_handle_t *)&a->spin_idle, on_closed);
 		agent__pool_stop(&a->pool, on_closed);
 		agent__batch_close(a, on_closed);
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
 		uv_close((uv_handle_t *)&a->view_timer, on_closed);
 		agent__mlink_close(a, on_closed);
+		agent__mirror_close(a, on_closed);
 		return;
 	}
 	if (a->closing > 0)

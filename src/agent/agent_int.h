@@ -36,6 +36,7 @@
 #include "agent/agent.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
+#include "agent/mirror.h"
 #include "agent/space.h"
 #include "agent/stats.h"
 #include "client.pb-c.h"
@@ -467,15 +468,6 @@ struct agent {
 	size_t resync_n, resync_pos;
 	uint64_t resync_reported, resync_bad;
 	unsigned resync_gen;          /* bumped when a re-sync is dropped */
-	/* segment mirror (mirror.c) */
-	bool mirror_on, mirror_busy;
-	unsigned mirror_gen;          /* bumped per mount: older answers dropped */
-	uint64_t mirror_seq;          /* the log is applied up to here */
-	bool listing, listing_busy;
-	uint64_t list_cursor;
-	uv_timer_t mirror_timer;
-	uint64_t mirror_retry_ms;
-	bool mirror_oom_told;
 	bool mount_held;              /* until no put copies into a dropped lease */
 	uint64_t mount_epoch;         /* the lease epoch the mount answered */
 	uint64_t hb_interval_ms;
@@ -490,6 +482,7 @@ struct agent {
 	struct agent_stats stats;
 	struct agent_mcalls mcalls;
 	struct agent_space space;
+	struct agent_mirror mirror;
 };
 
 /* agent.c */
@@ -562,20 +555,6 @@ bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 /* ops.c */
 void agent__dispatch(struct agent_req *r);
 void agent__renew_views(struct agent *a);
-
-/* mirror.c */
-void agent__mirror_init(struct agent *a);
-/* Follow the segment's log after seq (a mount's mirror_seq); an earlier
- * loop is abandoned. */
-void agent__mirror_start(struct agent *a, uint64_t seq);
-/* Stop following (the master link moved, or stopping). */
-void agent__mirror_stop(struct agent *a);
-void agent__mirror_close(struct agent *a, uv_close_cb cb);
-enum agent_verify { AGENT_VERIFY_OK = 0, AGENT_VERIFY_BAD, AGENT_VERIFY_UNCHECKED };
-/* Check the bytes of n entries against their checksums (a copy thread):
- * verdict[i] is enum agent_verify. */
-void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items, size_t n,
-			  uint8_t *verdict);
 
 /* mlink.c */
 void agent__mlink_init(struct agent *a);

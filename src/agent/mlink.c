@@ -29,6 +29,7 @@
 
 #include "agent/agent_int.h"
 #include "agent/mcall.h"
+#include "agent/mirror.h"
 #include "agent/space.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -582,7 +583,6 @@ void agent__mlink_init(struct agent *a)
 	uv_timer_init(a->loop, &a->hb_timer);
 	uv_timer_init(a->loop, &a->retry_timer);
 	a->hb_timer.data = a->retry_timer.data = a;
-	agent__mirror_init(a);
 	agent__mcalls_init(a, a->master_timeout_ms, set_master);
 	/* Until the first heartbeat reply tells the agent TTL. */
 	a->hb_interval_ms = 250;
@@ -639,9 +639,9 @@ static void mlink_finish(struct agent *a)
 		a->etcd = NULL;
 	}
 	resync_free(a);
-	a->closing += 2;
+	agent__mirror_stop(a);
+	a->closing++;
 	uv_close((uv_handle_t *)&a->hb_timer, on_handle_closed);
-	agent__mirror_close(a, on_handle_closed);
 	void (*done)(struct agent *) = a->mlink_done;
 	a->mlink_done = NULL;
 	if (done)

@@ -37,6 +37,7 @@
 #include "agent/agent_int.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
+#include "agent/mirror.h"
 #include "agent/space.h"
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -2087,7 +2088,7 @@ static void op_stats(struct agent_req *r)
 	s.master = (char *)agent__mcall_master(a);
 	s.view = a->view;
 	s.inventory = agent__inv_count(&a->inv);
-	s.mirror_seq = a->mirror_seq;
+	s.mirror_seq = agent__mirror_seq(a);
 	s.resync_bad = agent__counter(&a->stats, AGENT_C_RESYNC_BAD) +
 		       agent__counter(&a->stats, AGENT_C_RESYNC_UNCHECKED);
 	s.get_bad = agent__counter(&a->stats, AGENT_C_GET_BAD);
