@@ -22,6 +22,7 @@
 
 #include "agent/agent_int.h"
 #include "agent/mirror.h"
+#include "agent/mlink.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sysmem.h"
@@ -288,13 +289,13 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->numa_node = o->numa_node;
 	a->hugepages = o->hugepages;
 	a->lease_ttl_ms = 5000;
-	a->master_timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
 	agent__space_init(a, o->put_lease_bytes);
 	a->rpc_listen = dup_opt(o->rpc_listen);
-	a->master_fixed = dup_opt(o->master_address);
-	a->meta_endpoints = dup_opt(o->meta_endpoints);
-	a->cluster_id = strdup(o->cluster_id && *o->cluster_id ? o->cluster_id : "mooncake");
-	if (!a->cluster_id || (o->rpc_listen && *o->rpc_listen && !a->rpc_listen))
+	if (o->rpc_listen && *o->rpc_listen && !a->rpc_listen)
+		goto out_strings;
+	rc = agent__mlink_config(a, o->master_address, o->meta_endpoints, o->cluster_id,
+				 o->master_timeout_ms ? o->master_timeout_ms : 5000);
+	if (rc)
 		goto out_strings;
 	if (o->te && !(o->segment_name && *o->segment_name)) {
 		snprintf(a->name, sizeof(a->name), "%s", te_name(o->te));
@@ -363,10 +364,8 @@ out_inv:
 	agent__lcache_free(&a->lc);
 	agent__inv_free(&a->inv);
 out_strings:
+	agent__mlink_free(a);
 	free(a->rpc_listen);
-	free(a->master_fixed);
-	free(a->meta_endpoints);
-	free(a->cluster_id);
 	free(a);
 	return rc;
 }
@@ -401,14 +400,15 @@ void agent__maybe_stopped(struct agent *a)
 	if (!a->handles_closed) {
 		a->handles_closed = true;
 		a->pool.async.data = a;
-		a->closing += 7;
+		/* One call of on_closed owed per handle. */
+		a->closing += 6;
 		uv_close((uv_handle_t *)&a->spin_idle, on_closed);
 		agent__pool_stop(&a->pool, on_closed);
 		agent__batch_close(a, on_closed);
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
 		uv_close((uv_handle_t *)&a->view_timer, on_closed);
-		agent__mlink_close(a, on_closed);
 		agent__mirror_close(a, on_closed);
+		a->closing += agent__mlink_close(a, on_closed);
 		return;
 	}
 	if (a->closing > 0)
@@ -450,9 +450,6 @@ void agent_free(struct agent *a)
 	agent__map_unref(a->seg);
 	free(a->socket_path);
 	free(a->rpc_listen);
-	free(a->master_fixed);
-	free(a->meta_endpoints);
-	free(a->cluster_id);
 	free(a);
 }
 

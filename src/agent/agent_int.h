@@ -37,6 +37,7 @@
 #include "agent/batch.h"
 #include "agent/mcall.h"
 #include "agent/mirror.h"
+#include "agent/mlink.h"
 #include "agent/space.h"
 #include "agent/stats.h"
 #include "client.pb-c.h"
@@ -44,8 +45,6 @@
 #include "master.pb-c.h"
 
 struct rpc_client;
-struct etcd_client;
-struct etcd_watch;
 struct metric;
 
 #define AGENT_MAX_KEY_BYTES 4096u
@@ -413,7 +412,6 @@ struct agent {
 	uint64_t staging_bytes;
 	int numa_node;
 	enum agent_hugepages hugepages;
-	uint64_t master_timeout_ms;
 	struct agent_map *seg;        /* the DRAM segment */
 	struct te_region *seg_region; /* it, registered with the engine */
 	int seg_ro_fd;                /* read-only descriptor of it */
@@ -454,35 +452,12 @@ struct agent {
 	uv_timer_t view_timer;
 	bool view_renew_busy;
 	uint64_t lease_ttl_ms;
-	/* master link (mlink.c) */
-	char *master_fixed;           /* --master-address, or NULL */
-	char *meta_endpoints, *cluster_id, *leader_key;
-	struct etcd_client *etcd;
-	struct etcd_watch *watch;
-	bool leader_range_busy;
-	uint64_t view;                /* the leader's view we mounted in */
-	bool ever_mounted;
-	bool mounted;
-	bool mount_busy, hb_busy;
-	struct agent_inv_entry **resync_items;
-	size_t resync_n, resync_pos;
-	uint64_t resync_reported, resync_bad;
-	unsigned resync_gen;          /* bumped when a re-sync is dropped */
-	bool mount_held;              /* until no put copies into a dropped lease */
-	uint64_t mount_epoch;         /* the lease epoch the mount answered */
-	uint64_t hb_interval_ms;
-	uv_timer_t hb_timer;
-	uv_timer_t retry_timer;
-	uint64_t retry_ms;
-	Mooncake__Master__HeartbeatRequest *hb_req;
-	Mooncake__Master__UnmountSegmentRequest *unmount_req;
-	uint64_t leader_retry_ms, leader_retry_at;
-	void (*mlink_done)(struct agent *a);
 	uint64_t nbuffers, nviews;
 	struct agent_stats stats;
 	struct agent_mcalls mcalls;
 	struct agent_space space;
 	struct agent_mirror mirror;
+	struct agent_mlink mlink;
 };
 
 /* agent.c */
@@ -555,17 +530,5 @@ bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 /* ops.c */
 void agent__dispatch(struct agent_req *r);
 void agent__renew_views(struct agent *a);
-
-/* mlink.c */
-void agent__mlink_init(struct agent *a);
-int agent__mlink_start(struct agent *a) MC_MUST_CHECK;
-/* The last put into a lease an earlier mount dropped is done: a mount
- * held for it goes now. */
-void agent__mlink_lease_drained(struct agent *a);
-/* Unmount (best effort, bounded) then done(a). */
-void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
-void agent__mlink_free(struct agent *a);
-/* Close the link's last handle (after agent__mlink_stop finished). */
-void agent__mlink_close(struct agent *a, uv_close_cb on_closed);
 
 #endif

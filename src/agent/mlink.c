@@ -18,8 +18,11 @@
  * a Heartbeat every agent_ttl / 3; a reply with another view or resync =
  * true starts the re-sync over.
  *
- * Calls (agent__mcall) go to the leader in use. While none is known, or
- * it cannot be reached, calls wait (up to their deadline) for one.
+ * The link chooses the master that calls (mcall.c) go to, and ticks
+ * the calls parked while none is known. Each mount starts the mirror
+ * (mirror.c) and a new put lease generation (space.c); a mount waits
+ * while puts still copy into the lease the last one dropped, until the
+ * last of them tells the link (agent__mlink_lease_drained).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,6 +33,7 @@
 #include "agent/agent_int.h"
 #include "agent/mcall.h"
 #include "agent/mirror.h"
+#include "agent/mlink.h"
 #include "agent/space.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -47,7 +51,7 @@ static void mount(struct agent *a);
 
 static void set_mounted(struct agent *a, bool mounted)
 {
-	a->mounted = mounted;
+	a->mlink.mounted = mounted;
 	agent__gauge(&a->stats, AGENT_G_MOUNTED, mounted);
 }
 
@@ -65,7 +69,7 @@ struct inv_block {
 	Mooncake__Master__HeartbeatRequest req;
 	struct agent_job job;
 	struct agent *a;
-	unsigned gen;                     /* a->resync_gen when made */
+	unsigned gen;                     /* a->mlink.resync_gen when made */
 	size_t n, ngood;
 	bool last;
 	struct agent_inv_entry **ents;    /* owned */
@@ -84,14 +88,14 @@ static void inv_block_free(struct inv_block *b)
 
 static void resync_free(struct agent *a)
 {
-	a->resync_gen++;
-	if (!a->resync_items)
+	a->mlink.resync_gen++;
+	if (!a->mlink.resync_items)
 		return;
-	for (size_t i = a->resync_pos; i < a->resync_n; i++)
-		free(a->resync_items[i]);
-	free(a->resync_items);
-	a->resync_items = NULL;
-	a->resync_n = a->resync_pos = 0;
+	for (size_t i = a->mlink.resync_pos; i < a->mlink.resync_n; i++)
+		free(a->mlink.resync_items[i]);
+	free(a->mlink.resync_items);
+	a->mlink.resync_items = NULL;
+	a->mlink.resync_n = a->mlink.resync_pos = 0;
 }
 
 static void send_inventory(struct agent *a);
@@ -104,11 +108,11 @@ static void on_inventory(void *ud, int err, const char *message,
 	const Mooncake__Master__HeartbeatResponse *resp =
 		(const Mooncake__Master__HeartbeatResponse *)m;
 	bool last = b->last;
-	if (b->gen != a->resync_gen || a->stopping) {
+	if (b->gen != a->mlink.resync_gen || a->stopping) {
 		inv_block_free(b);
 		return;
 	}
-	a->hb_busy = false;
+	a->mlink.hb_busy = false;
 	if (err) {
 		inv_block_free(b);
 		log_warn("inventory report to %s failed: %s; mounting again",
@@ -126,7 +130,7 @@ static void on_inventory(void *ud, int err, const char *message,
 					  b->good[i]->rec.offset);
 	}
 	agent__count(&a->stats, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
-	a->resync_reported += resp->items_accepted;
+	a->mlink.resync_reported += resp->items_accepted;
 	if (resp->items_skipped)
 		log_warn("re-sync: the master skipped %" PRIu64 " inventory items "
 			 "that conflict with its index", resp->items_skipped);
@@ -137,10 +141,10 @@ static void on_inventory(void *ud, int err, const char *message,
 	}
 	log_info("re-sync with master %s (view %" PRIu64 ") done: %" PRIu64 " objects "
 		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
-		 "none to check)", agent__mcall_master(a), a->view, a->resync_reported, a->resync_bad);
+		 "none to check)", agent__mcall_master(a), a->mlink.view, a->mlink.resync_reported, a->mlink.resync_bad);
 	resync_free(a);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-	agent__lease_start(a, a->mount_epoch); /* the segment takes placements */
+	agent__lease_start(a, a->mlink.mount_epoch); /* the segment takes placements */
 	hb_arm(a);
 }
 
@@ -154,9 +158,8 @@ static void verify_done(struct agent_job *j)
 {
 	struct inv_block *b = MC_CONTAINER_OF(j, struct inv_block, job);
 	struct agent *a = b->a;
-	if (b->gen != a->resync_gen || a->stopping) {
-		inv_block_free(b);
-		agent__maybe_stopped(a);
+	if (b->gen != a->mlink.resync_gen || a->stopping) {
+		inv_block_free(b); /* (the copy threads' idle tells a stop) */
 		return;
 	}
 	for (size_t i = 0; i < b->n; i++) {
@@ -168,7 +171,7 @@ static void verify_done(struct agent_job *j)
 			agent__count(&a->stats, b->verdict[i] == AGENT_VERIFY_BAD ? AGENT_C_RESYNC_BAD
 									  : AGENT_C_RESYNC_UNCHECKED,
 				     1);
-			a->resync_bad++;
+			a->mlink.resync_bad++;
 			continue;
 		}
 		Mooncake__Master__InventoryItem *it = &b->items[b->ngood];
@@ -187,7 +190,7 @@ static void verify_done(struct agent_job *j)
 	}
 	mooncake__master__heartbeat_request__init(&b->req);
 	b->req.agent_id = a->name;
-	b->req.view = a->view;
+	b->req.view = a->mlink.view;
 	b->req.inventory = b->ptrs;
 	b->req.n_inventory = b->ngood;
 	b->req.inventory_complete = b->last;
@@ -197,7 +200,7 @@ static void verify_done(struct agent_job *j)
 
 static void send_inventory(struct agent *a)
 {
-	size_t left = a->resync_n - a->resync_pos;
+	size_t left = a->mlink.resync_n - a->mlink.resync_pos;
 	size_t n = MC_MIN(left, (size_t)AGENT_INVENTORY_BATCH);
 	struct inv_block *b = calloc(1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
 							 sizeof(Mooncake__Master__InventoryItem *) +
@@ -205,11 +208,11 @@ static void send_inventory(struct agent *a)
 	if (!b) {
 		log_error("out of memory for the inventory report; retrying");
 		set_mounted(a, false);
-		uv_timer_start(&a->hb_timer, on_hb_timer, RETRY_MAX_MS, 0);
+		uv_timer_start(&a->mlink.hb_timer, on_hb_timer, RETRY_MAX_MS, 0);
 		return;
 	}
 	b->a = a;
-	b->gen = a->resync_gen;
+	b->gen = a->mlink.resync_gen;
 	b->n = n;
 	b->items = (Mooncake__Master__InventoryItem *)(b + 1);
 	b->ptrs = (Mooncake__Master__InventoryItem **)(b->items + n);
@@ -217,10 +220,10 @@ static void send_inventory(struct agent *a)
 	b->good = b->ents + n;
 	b->verdict = (uint8_t *)(b->good + n);
 	/* The block takes the entries. */
-	memcpy(b->ents, a->resync_items + a->resync_pos, n * sizeof(*b->ents));
-	a->resync_pos += n;
-	b->last = a->resync_pos == a->resync_n;
-	a->hb_busy = true;
+	memcpy(b->ents, a->mlink.resync_items + a->mlink.resync_pos, n * sizeof(*b->ents));
+	a->mlink.resync_pos += n;
+	b->last = a->mlink.resync_pos == a->mlink.resync_n;
+	a->mlink.hb_busy = true;
 	b->job.run = verify_run;
 	b->job.done = verify_done;
 	agent__pool_submit(&a->pool, &b->job);
@@ -235,10 +238,10 @@ static int start_resync(struct agent *a)
 	int rc = agent__inv_snapshot(&a->inv, &snap, &n);
 	if (rc)
 		return rc;
-	a->resync_items = snap;
-	a->resync_n = n;
-	a->resync_pos = 0;
-	a->resync_reported = a->resync_bad = 0;
+	a->mlink.resync_items = snap;
+	a->mlink.resync_n = n;
+	a->mlink.resync_pos = 0;
+	a->mlink.resync_reported = a->mlink.resync_bad = 0;
 	return 0;
 }
 
@@ -246,8 +249,8 @@ static void retry_mount_later(struct agent *a)
 {
 	if (a->stopping)
 		return;
-	a->retry_ms = a->retry_ms ? MC_MIN(a->retry_ms * 2, RETRY_MAX_MS) : RETRY_MIN_MS;
-	uv_timer_start(&a->hb_timer, on_hb_timer, a->retry_ms, 0);
+	a->mlink.retry_ms = a->mlink.retry_ms ? MC_MIN(a->mlink.retry_ms * 2, RETRY_MAX_MS) : RETRY_MIN_MS;
+	uv_timer_start(&a->mlink.hb_timer, on_hb_timer, a->mlink.retry_ms, 0);
 }
 
 struct mount_block {
@@ -266,7 +269,7 @@ static void on_mounted(void *ud, int err, const char *message,
 	bool same = strcmp(b->addr, agent__mcall_master(a)) == 0;
 	free(b->addr);
 	free(b);
-	a->mount_busy = false;
+	a->mlink.mount_busy = false;
 	if (a->stopping)
 		return;
 	if (!same) {
@@ -281,24 +284,24 @@ static void on_mounted(void *ud, int err, const char *message,
 	}
 	const Mooncake__Master__MountSegmentResponse *resp =
 		(const Mooncake__Master__MountSegmentResponse *)m;
-	a->retry_ms = 0;
-	a->view = resp->view;
+	a->mlink.retry_ms = 0;
+	a->mlink.view = resp->view;
 	set_mounted(a, true);
 	/* Leases of an earlier mount mean nothing now. */
 	agent__lcache_clear(&a->lc);
-	a->ever_mounted = true;
-	agent__gauge(&a->stats, AGENT_G_MASTER_VIEW, (int64_t)a->view);
+	a->mlink.ever_mounted = true;
+	agent__gauge(&a->stats, AGENT_G_MASTER_VIEW, (int64_t)a->mlink.view);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
-		 a->name, a->seg->len, agent__mcall_master(a), a->view,
+		 a->name, a->seg->len, agent__mcall_master(a), a->mlink.view,
 		 resync ? "; re-syncing the inventory" : "");
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
-	a->mount_epoch = resp->lease_epoch;
+	a->mlink.mount_epoch = resp->lease_epoch;
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
 		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-		agent__lease_start(a, a->mount_epoch);
+		agent__lease_start(a, a->mlink.mount_epoch);
 		hb_arm(a);
 		return;
 	}
@@ -314,17 +317,17 @@ static void on_mounted(void *ud, int err, const char *message,
 
 void agent__mlink_lease_drained(struct agent *a)
 {
-	if (!a->mount_held)
+	if (!a->mlink.mount_held)
 		return;
-	a->mount_held = false;
+	a->mlink.mount_held = false;
 	mount(a);
 }
 
 static void mount(struct agent *a)
 {
-	if (a->mount_busy || a->stopping || !agent__mcall_connected(a) || !a->named)
+	if (a->mlink.mount_busy || a->stopping || !agent__mcall_connected(a) || !a->named)
 		return;
-	uv_timer_stop(&a->hb_timer);
+	uv_timer_stop(&a->mlink.hb_timer);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
 	set_mounted(a, false);
@@ -332,7 +335,7 @@ static void mount(struct agent *a)
 		/* Puts still copy into the dropped lease's bytes, which the
 		 * mount gives back to the segment: mount once they are done
 		 * (space.c). */
-		a->mount_held = true;
+		a->mlink.mount_held = true;
 		return;
 	}
 	struct mount_block *b = calloc(1, sizeof(*b));
@@ -353,9 +356,9 @@ static void mount(struct agent *a)
 	b->seg.base_address = (uint64_t)(uintptr_t)a->seg->addr;
 	b->seg.size = a->seg->len;
 	b->req.segment = &b->seg;
-	b->req.resync = a->ever_mounted;
+	b->req.resync = a->mlink.ever_mounted;
 	set_mounted(a, false);
-	a->mount_busy = true;
+	a->mlink.mount_busy = true;
 	agent__mcall(a, "MountSegment", &b->req.base,
 		     &mooncake__master__mount_segment_response__descriptor, on_mounted, b);
 }
@@ -366,9 +369,9 @@ static void on_heartbeat(void *ud, int err, const char *message,
 			 const ProtobufCMessage *m)
 {
 	struct agent *a = ud;
-	a->hb_busy = false;
-	free(a->hb_req);
-	a->hb_req = NULL;
+	a->mlink.hb_busy = false;
+	free(a->mlink.hb_req);
+	a->mlink.hb_req = NULL;
 	if (a->stopping)
 		return;
 	if (err) {
@@ -380,12 +383,12 @@ static void on_heartbeat(void *ud, int err, const char *message,
 	const Mooncake__Master__HeartbeatResponse *resp =
 		(const Mooncake__Master__HeartbeatResponse *)m;
 	if (resp->agent_ttl_ms)
-		a->hb_interval_ms = MC_MAX(resp->agent_ttl_ms / 3, (uint64_t)50);
-	if (resp->resync || resp->view != a->view) {
+		a->mlink.hb_interval_ms = MC_MAX(resp->agent_ttl_ms / 3, (uint64_t)50);
+	if (resp->resync || resp->view != a->mlink.view) {
 		log_info("master %s %s (view %" PRIu64 ", ours %" PRIu64 "): mounting "
 			 "again and re-reporting the inventory",
 			 agent__mcall_master(a), resp->resync ? "does not know this agent" : "has a new view",
-			 resp->view, a->view);
+			 resp->view, a->mlink.view);
 		set_mounted(a, false);
 		mount(a);
 		return;
@@ -395,7 +398,7 @@ static void on_heartbeat(void *ud, int err, const char *message,
 
 static void heartbeat(struct agent *a)
 {
-	if (a->hb_busy || a->stopping)
+	if (a->mlink.hb_busy || a->stopping)
 		return;
 	Mooncake__Master__HeartbeatRequest *q = malloc(sizeof(*q));
 	if (!q) {
@@ -404,9 +407,9 @@ static void heartbeat(struct agent *a)
 	}
 	mooncake__master__heartbeat_request__init(q);
 	q->agent_id = a->name;
-	q->view = a->view;
-	a->hb_req = q;
-	a->hb_busy = true;
+	q->view = a->mlink.view;
+	a->mlink.hb_req = q;
+	a->mlink.hb_busy = true;
 	agent__mcall(a, "Heartbeat", &q->base, &mooncake__master__heartbeat_response__descriptor,
 		     on_heartbeat, a);
 }
@@ -416,7 +419,7 @@ static void on_hb_timer(uv_timer_t *t)
 	struct agent *a = t->data;
 	if (a->stopping)
 		return;
-	if (!a->mounted) {
+	if (!a->mlink.mounted) {
 		mount(a);
 	} else {
 		agent__lease_tick(a);
@@ -427,7 +430,7 @@ static void on_hb_timer(uv_timer_t *t)
 static void hb_arm(struct agent *a)
 {
 	if (!a->stopping)
-		uv_timer_start(&a->hb_timer, on_hb_timer, a->hb_interval_ms, 0);
+		uv_timer_start(&a->mlink.hb_timer, on_hb_timer, a->mlink.hb_interval_ms, 0);
 }
 
 /* ------------------------------------------------------------ leader */
@@ -448,7 +451,7 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 		return;
 	log_info("using master %s (view %" PRIu64 ")", addr, view);
 	agent__mcall_poll(a);
-	a->retry_ms = 0;
+	a->mlink.retry_ms = 0;
 	mount(a);
 }
 
@@ -487,7 +490,7 @@ static void on_leader_events(struct etcd_watch *w, void *ud, Mvccpb__Event *cons
 		if (kv && parse_leader(kv->value.data, kv->value.len, addr, sizeof(addr), &view))
 			set_master(a, addr, view);
 		else
-			log_warn("%s holds an unreadable value; ignored", a->leader_key);
+			log_warn("%s holds an unreadable value; ignored", a->mlink.leader_key);
 	}
 }
 
@@ -497,10 +500,10 @@ static void on_leader_watch_error(struct etcd_watch *w, void *ud, int err)
 {
 	struct agent *a = ud;
 	(void)w;
-	a->watch = NULL;
+	a->mlink.watch = NULL;
 	if (a->stopping || err == MC_ECANCELLED)
 		return;
-	log_warn("watch on %s ended: %s; watching again", a->leader_key, mc_strerror(err));
+	log_warn("watch on %s ended: %s; watching again", a->mlink.leader_key, mc_strerror(err));
 	watch_leader(a, 0);
 }
 
@@ -516,15 +519,15 @@ static void on_leader_range(void *ud, int err, const Etcdserverpb__RangeResponse
 	struct agent *a = ud;
 	if (err == MC_ECANCELLED)
 		return;
-	a->leader_range_busy = false;
+	a->mlink.leader_range_busy = false;
 	if (a->stopping)
 		return;
 	if (err) {
-		log_warn("reading %s from meta: %s; retrying", a->leader_key, mc_strerror(err));
-		a->leader_retry_ms = a->leader_retry_ms
-					     ? MC_MIN(a->leader_retry_ms * 2, RETRY_MAX_MS)
+		log_warn("reading %s from meta: %s; retrying", a->mlink.leader_key, mc_strerror(err));
+		a->mlink.leader_retry_ms = a->mlink.leader_retry_ms
+					     ? MC_MIN(a->mlink.leader_retry_ms * 2, RETRY_MAX_MS)
 					     : RETRY_MIN_MS;
-		a->leader_retry_at = mc_now_ms() + a->leader_retry_ms;
+		a->mlink.leader_retry_at = mc_now_ms() + a->mlink.leader_retry_ms;
 		return;
 	}
 	char addr[128];
@@ -534,36 +537,36 @@ static void on_leader_range(void *ud, int err, const Etcdserverpb__RangeResponse
 			 sizeof(addr), &view))
 		set_master(a, addr, view);
 	else
-		log_info("no master leader in meta yet (%s); waiting for one", a->leader_key);
-	a->leader_retry_ms = 0;
+		log_info("no master leader in meta yet (%s); waiting for one", a->mlink.leader_key);
+	a->mlink.leader_retry_ms = 0;
 	watch_leader(a, resp->header ? resp->header->revision + 1 : 0);
 }
 
 static void read_leader(struct agent *a)
 {
-	if (a->leader_range_busy || a->stopping)
+	if (a->mlink.leader_range_busy || a->stopping)
 		return;
 	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
-	q.key.data = (uint8_t *)a->leader_key;
-	q.key.len = strlen(a->leader_key);
-	a->leader_range_busy = true;
-	if (etcd_range(a->etcd, &q, on_leader_range, a) != 0)
-		a->leader_range_busy = false;
+	q.key.data = (uint8_t *)a->mlink.leader_key;
+	q.key.len = strlen(a->mlink.leader_key);
+	a->mlink.leader_range_busy = true;
+	if (etcd_range(a->mlink.etcd, &q, on_leader_range, a) != 0)
+		a->mlink.leader_range_busy = false;
 }
 
 static void watch_leader(struct agent *a, int64_t from)
 {
-	if (a->watch || a->stopping)
+	if (a->mlink.watch || a->stopping)
 		return;
 	if (from == 0) {
 		read_leader(a); /* re-read, then watch from there */
 		return;
 	}
-	int rc = etcd_watch(a->etcd, a->leader_key, strlen(a->leader_key), NULL, 0, from, 0,
-			    &leader_watch_cbs, a, &a->watch);
+	int rc = etcd_watch(a->mlink.etcd, a->mlink.leader_key, strlen(a->mlink.leader_key), NULL, 0, from, 0,
+			    &leader_watch_cbs, a, &a->mlink.watch);
 	if (rc) {
-		a->watch = NULL;
-		log_warn("cannot watch %s: %s", a->leader_key, mc_strerror(rc));
+		a->mlink.watch = NULL;
+		log_warn("cannot watch %s: %s", a->mlink.leader_key, mc_strerror(rc));
 	}
 }
 
@@ -573,53 +576,65 @@ static void on_retry_timer(uv_timer_t *t)
 {
 	struct agent *a = t->data;
 	agent__mcall_poll(a);
-	if (a->etcd && !a->watch && !a->leader_range_busy && !a->stopping &&
-	    mc_now_ms() >= a->leader_retry_at)
+	if (a->mlink.etcd && !a->mlink.watch && !a->mlink.leader_range_busy && !a->stopping &&
+	    mc_now_ms() >= a->mlink.leader_retry_at)
 		read_leader(a);
+}
+
+static char *dup_opt(const char *s)
+{
+	return s && *s ? strdup(s) : NULL;
+}
+
+int agent__mlink_config(struct agent *a, const char *master_address,
+			const char *meta_endpoints, const char *cluster_id, uint64_t timeout_ms)
+{
+	struct agent_mlink *l = &a->mlink;
+	l->timeout_ms = timeout_ms;
+	l->master_fixed = dup_opt(master_address);
+	l->meta_endpoints = dup_opt(meta_endpoints);
+	l->cluster_id = strdup(cluster_id && *cluster_id ? cluster_id : "mooncake");
+	if (!l->cluster_id || (master_address && *master_address && !l->master_fixed) ||
+	    (meta_endpoints && *meta_endpoints && !l->meta_endpoints))
+		return -ENOMEM;
+	return 0;
 }
 
 void agent__mlink_init(struct agent *a)
 {
-	uv_timer_init(a->loop, &a->hb_timer);
-	uv_timer_init(a->loop, &a->retry_timer);
-	a->hb_timer.data = a->retry_timer.data = a;
-	agent__mcalls_init(a, a->master_timeout_ms, set_master);
+	uv_timer_init(a->loop, &a->mlink.hb_timer);
+	uv_timer_init(a->loop, &a->mlink.retry_timer);
+	a->mlink.hb_timer.data = a->mlink.retry_timer.data = a;
+	agent__mcalls_init(a, a->mlink.timeout_ms, set_master);
 	/* Until the first heartbeat reply tells the agent TTL. */
-	a->hb_interval_ms = 250;
+	a->mlink.hb_interval_ms = 250;
 }
 
 int agent__mlink_start(struct agent *a)
 {
-	uv_timer_start(&a->retry_timer, on_retry_timer, WAIT_TICK_MS, WAIT_TICK_MS);
-	if (a->master_fixed) {
-		set_master(a, a->master_fixed, 0);
+	uv_timer_start(&a->mlink.retry_timer, on_retry_timer, WAIT_TICK_MS, WAIT_TICK_MS);
+	if (a->mlink.master_fixed) {
+		set_master(a, a->mlink.master_fixed, 0);
 		return 0;
 	}
-	if (!a->meta_endpoints) {
+	if (!a->mlink.meta_endpoints) {
 		log_error("no way to find the master: set --master-address or "
 			  "--meta-endpoints");
 		return -EINVAL;
 	}
-	size_t klen = strlen(a->cluster_id) + 32;
-	a->leader_key = malloc(klen);
-	if (!a->leader_key)
+	size_t klen = strlen(a->mlink.cluster_id) + 32;
+	a->mlink.leader_key = malloc(klen);
+	if (!a->mlink.leader_key)
 		return -ENOMEM;
-	snprintf(a->leader_key, klen, "/mooncake/%s/master", a->cluster_id);
-	struct etcd_opts eo = {.endpoints = a->meta_endpoints};
-	int rc = etcd_client_new(a->loop, &eo, &a->etcd);
+	snprintf(a->mlink.leader_key, klen, "/mooncake/%s/master", a->mlink.cluster_id);
+	struct etcd_opts eo = {.endpoints = a->mlink.meta_endpoints};
+	int rc = etcd_client_new(a->loop, &eo, &a->mlink.etcd);
 	if (rc) {
-		log_error("--meta-endpoints %s: %s", a->meta_endpoints, mc_strerror(rc));
+		log_error("--meta-endpoints %s: %s", a->mlink.meta_endpoints, mc_strerror(rc));
 		return rc;
 	}
 	read_leader(a);
 	return 0;
-}
-
-static void on_handle_closed(uv_handle_t *h)
-{
-	struct agent *a = h->data;
-	a->closing--;
-	agent__maybe_stopped(a);
 }
 
 static void mlink_finish(struct agent *a)
@@ -627,23 +642,21 @@ static void mlink_finish(struct agent *a)
 	/* The retry timer runs on until the agent's handles close: requests
 	 * still in flight may call the master, and their parked calls must
 	 * be ended (MC_ESHUTDOWN) by its ticks. */
-	uv_timer_stop(&a->hb_timer);
-	if (a->watch) {
-		etcd_watch_cancel(a->watch);
-		a->watch = NULL;
+	uv_timer_stop(&a->mlink.hb_timer);
+	if (a->mlink.watch) {
+		etcd_watch_cancel(a->mlink.watch);
+		a->mlink.watch = NULL;
 	}
 	agent__mcall_poll(a); /* fail parked calls: stopping */
 	agent__mcall_disconnect(a);
-	if (a->etcd) {
-		etcd_client_free(a->etcd);
-		a->etcd = NULL;
+	if (a->mlink.etcd) {
+		etcd_client_free(a->mlink.etcd);
+		a->mlink.etcd = NULL;
 	}
 	resync_free(a);
 	agent__mirror_stop(a);
-	a->closing++;
-	uv_close((uv_handle_t *)&a->hb_timer, on_handle_closed);
-	void (*done)(struct agent *) = a->mlink_done;
-	a->mlink_done = NULL;
+	void (*done)(struct agent *) = a->mlink.done;
+	a->mlink.done = NULL;
 	if (done)
 		done(a);
 }
@@ -663,16 +676,16 @@ static void on_unmounted(void *ud, int err, const char *message,
 	else
 		log_info("segment %s unmounted: %" PRIu64 " objects left the pool", a->name,
 			 resp->objects_removed);
-	free(a->unmount_req);
-	a->unmount_req = NULL;
+	free(a->mlink.unmount_req);
+	a->mlink.unmount_req = NULL;
 	mlink_finish(a);
 }
 
 void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
 {
-	a->mlink_done = done;
-	uv_timer_stop(&a->hb_timer);
-	if (!a->mounted || !agent__mcall_connected(a)) {
+	a->mlink.done = done;
+	uv_timer_stop(&a->mlink.hb_timer);
+	if (!a->mlink.mounted || !agent__mcall_connected(a)) {
 		mlink_finish(a);
 		return;
 	}
@@ -684,23 +697,36 @@ void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
 	mooncake__master__unmount_segment_request__init(q);
 	q->name = a->name;
 	q->agent_id = a->name;
-	a->unmount_req = q;
+	a->mlink.unmount_req = q;
 	agent__mcall_limit_timeout(a, STOP_TIMEOUT_MS);
 	agent__mcall(a, "UnmountSegment", &q->base,
 		     &mooncake__master__unmount_segment_response__descriptor, on_unmounted, a);
 }
 
-void agent__mlink_close(struct agent *a, uv_close_cb on_closed)
+unsigned agent__mlink_close(struct agent *a, uv_close_cb on_closed)
 {
-	uv_close((uv_handle_t *)&a->retry_timer, on_closed);
+	uv_close((uv_handle_t *)&a->mlink.hb_timer, on_closed);
+	uv_close((uv_handle_t *)&a->mlink.retry_timer, on_closed);
+	return 2;
+}
+
+uint64_t agent__mlink_view(const struct agent *a)
+{
+	return a->mlink.view;
 }
 
 void agent__mlink_free(struct agent *a)
 {
-	free(a->leader_key);
-	a->leader_key = NULL;
-	free(a->hb_req);
-	a->hb_req = NULL;
-	free(a->unmount_req);
-	a->unmount_req = NULL;
+	free(a->mlink.master_fixed);
+	a->mlink.master_fixed = NULL;
+	free(a->mlink.meta_endpoints);
+	a->mlink.meta_endpoints = NULL;
+	free(a->mlink.cluster_id);
+	a->mlink.cluster_id = NULL;
+	free(a->mlink.leader_key);
+	a->mlink.leader_key = NULL;
+	free(a->mlink.hb_req);
+	a->mlink.hb_req = NULL;
+	free(a->mlink.unmount_req);
+	a->mlink.unmount_req = NULL;
 }

@@ -38,6 +38,7 @@
 #include "agent/batch.h"
 #include "agent/mcall.h"
 #include "agent/mirror.h"
+#include "agent/mlink.h"
 #include "agent/space.h"
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -2086,7 +2087,7 @@ static void op_stats(struct agent_req *r)
 	s.bytes_written = agent__counter(&a->stats, AGENT_C_BYTES_WRITTEN);
 	s.bytes_read = agent__counter(&a->stats, AGENT_C_BYTES_READ);
 	s.master = (char *)agent__mcall_master(a);
-	s.view = a->view;
+	s.view = agent__mlink_view(a);
 	s.inventory = agent__inv_count(&a->inv);
 	s.mirror_seq = agent__mirror_seq(a);
 	s.resync_bad = agent__counter(&a->stats, AGENT_C_RESYNC_BAD) +
