@@ -23,6 +23,7 @@
 #include "agent/agent_int.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
+#include "agent/server.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sysmem.h"
@@ -35,6 +36,7 @@
 #define VIEW_RENEW_MIN_MS 100
 
 static void pool_idle(void *ud);
+static void maybe_stopped(struct agent *a);
 
 /* ------------------------------------------------------------ segment */
 
@@ -65,7 +67,7 @@ static void prefault_done(struct agent_job *j)
 		 a->seg->len, (double)(mc_now_ns() - p->start_ns) / 1e6,
 		 p->err ? " (by touching pages)" : "");
 	free(p);
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
 }
 
 static int make_segment(struct agent *a, const struct agent_opts *o)
@@ -187,7 +189,7 @@ static void start_mlink(struct agent *a)
 	log_info("agent %s: segment %zu bytes (%s pages%s), client staging buffers "
 		 "up to %" PRIu64 " bytes, socket %s%s",
 		 a->name, a->seg->len, a->seg->hugepages ? "2 MiB" : "4 KiB",
-		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, a->socket_path,
+		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, agent__server_path(a),
 		 a->te ? "" : "; no transfer engine: only this segment is reachable");
 	int rc = agent__mlink_start(a);
 	if (rc)
@@ -226,7 +228,7 @@ static void te_ready_done(struct agent_job *j)
 	int err = t->err;
 	free(t);
 	if (a->stopping) {
-		agent__maybe_stopped(a);
+		maybe_stopped(a);
 		return;
 	}
 	if (err) {
@@ -283,7 +285,6 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->metrics = o->metrics ? o->metrics : metrics_global();
 	a->te = o->te;
 	a->rpc = o->rpc;
-	a->listen_fd = -1;
 	a->seg_ro_fd = -1;
 	a->staging_bytes = o->staging_bytes;
 	a->numa_node = o->numa_node;
@@ -323,12 +324,12 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	 * can be the last thing a stop waits for.) */
 	a->pool.on_idle = pool_idle;
 	a->pool.idle_ud = a;
-	rc = agent__server_start(a, o->socket_path);
+	rc = agent__server_start(a, o->socket_path, o->busy_poll_us * 1000, agent__dispatch,
+				 maybe_stopped);
 	if (rc) {
 		/* The copy threads' async handle must close before the agent
 		 * is freed: finish in its close callback. */
-		a->pool.async.data = a;
-		agent__pool_stop(&a->pool, on_abandoned);
+		agent__pool_stop(&a->pool, on_abandoned, a);
 		return rc;
 	}
 	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
@@ -344,9 +345,6 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	uv_timer_init(a->loop, &a->start_timer);
 	uv_timer_init(a->loop, &a->view_timer);
 	agent__batch_init(a);
-	uv_idle_init(a->loop, &a->spin_idle);
-	a->spin_idle.data = a;
-	a->spin_ns = o->busy_poll_us * 1000;
 	a->remote_cache_bytes = o->remote_cache_bytes;
 	a->start_timer.data = a->view_timer.data = a;
 	agent__mirror_init(a);
@@ -376,34 +374,33 @@ static void on_closed(uv_handle_t *h)
 {
 	struct agent *a = h->data;
 	a->closing--;
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
 }
 
 static void on_mlink_stopped(struct agent *a)
 {
 	a->mlink_stopped = true;
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
 }
 
 static void pool_idle(void *ud)
 {
 	agent__spin_touch(ud);
-	agent__maybe_stopped(ud);
+	maybe_stopped(ud);
 }
 
-void agent__maybe_stopped(struct agent *a)
+static void maybe_stopped(struct agent *a)
 {
 	if (!a->stopping || a->stopped)
 		return;
-	if (!a->mlink_stopped || a->conn_objs > 0 || a->pool.pending > 0)
+	if (!a->mlink_stopped || !agent__server_idle(a) || agent__pool_pending(&a->pool) > 0)
 		return;
 	if (!a->handles_closed) {
 		a->handles_closed = true;
-		a->pool.async.data = a;
 		/* One call of on_closed owed per handle. */
-		a->closing += 6;
-		uv_close((uv_handle_t *)&a->spin_idle, on_closed);
-		agent__pool_stop(&a->pool, on_closed);
+		a->closing += 5;
+		a->closing += agent__server_close(a, on_closed);
+		agent__pool_stop(&a->pool, on_closed, a);
 		agent__batch_close(a, on_closed);
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
 		uv_close((uv_handle_t *)&a->view_timer, on_closed);
@@ -429,12 +426,12 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	a->stop_ud = ud;
 	uv_timer_stop(&a->start_timer);
 	uv_timer_stop(&a->view_timer);
-	agent__server_stop(a);
+	a->closing += agent__server_stop(a, on_closed);
 	agent__batch_flush(a);
 	/* on_stopped always comes from a close callback: never from inside
 	 * this call. */
 	agent__mlink_stop(a, on_mlink_stopped);
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
 }
 
 void agent_free(struct agent *a)
@@ -448,12 +445,12 @@ void agent_free(struct agent *a)
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
-	free(a->socket_path);
+	agent__server_free(a);
 	free(a->rpc_listen);
 	free(a);
 }
 
 const char *agent_socket_path(const struct agent *a)
 {
-	return a->socket_path;
+	return agent__server_path(a);
 }

@@ -38,6 +38,7 @@
 #include "agent/mcall.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
+#include "agent/server.h"
 #include "agent/space.h"
 #include "agent/stats.h"
 #include "client.pb-c.h"
@@ -154,9 +155,14 @@ void agent__pool_done_now(struct agent_pool *p, struct agent_job *j);
  * the copy's state if it is the last out). Small copies, or no memory:
  * plain memcpy. */
 void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len);
+/* Jobs queued or running (begun, for agent__pool_begin's), and of them
+ * those the copy threads run. */
+unsigned agent__pool_pending(const struct agent_pool *p);
+unsigned agent__pool_threaded(const struct agent_pool *p);
+bool agent__pool_started(const struct agent_pool *p);
 /* Join the threads (every job must have completed) and close the async
- * handle (on_closed runs from the loop). */
-void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed);
+ * handle (on_closed runs from the loop and gets it with data). */
+void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed, void *data);
 
 /* ------------------------------------------------------------ inv.c */
 
@@ -219,61 +225,6 @@ size_t agent__inv_listing_end(struct agent_inv *v);
  */
 int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
 			size_t *n) MC_MUST_CHECK;
-
-/* ------------------------------------------------------------ sessions */
-
-struct agent_buf {
-	uint64_t id;
-	struct agent_map *map;
-	uint8_t *base;
-	uint64_t len;
-	uint64_t address; /* published to the engine at this address, or 0 */
-};
-
-struct agent_view {
-	uint64_t id;
-	uint64_t offset, size;
-	uint16_t klen;
-	uint8_t *key; /* owned */
-};
-
-struct agent_out {
-	struct agent_out *next;
-	uint8_t *data;    /* header + body (owned) */
-	size_t len, sent;
-	int fds[2];
-	unsigned nfds;
-	bool own_fd[2];   /* close after sending */
-};
-
-struct agent_conn {
-	struct agent *a;
-	struct agent_conn *prev, *next;
-	int fd;
-	uv_poll_t poll;
-	int poll_events;
-	struct mc_uframe_rx rx;
-	struct agent_out *out_head, *out_tail;
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	char name[96];
-	bool hello;
-	bool closed;       /* no more I/O; freed when refs reach 0 */
-	bool poll_closed;
-	unsigned refs;     /* 1 while open + 1 per request in flight */
-	unsigned inflight;
-	struct agent_map *staging;
-	uint8_t *staging_base;
-	uint64_t staging_len;
-	struct agent_buf *bufs;
-	size_t nbufs, bufs_cap;
-	uint64_t next_buf_id;
-	struct agent_view *views;
-	size_t nviews, views_cap;
-	uint64_t next_view_id;
-	bool segment_fd_sent;
-};
 
 /* ------------------------------------------------------------ requests */
 
@@ -418,10 +369,6 @@ struct agent {
 	struct agent_pool pool;
 	struct agent_inv inv;
 	struct agent_lcache lc;
-	/* busy poll (server.c): the loop polls without sleeping until
-	 * spin_until_ns, set spin_ns after each request and reply */
-	uv_idle_t spin_idle;
-	uint64_t spin_ns, spin_until_ns, spin_start_ns;
 	/* --remote-lease-cache-size: replicas on other agents' segments are
 	 * cached for values up to this size, read and checked against their
 	 * checksum before a get uses them (ops.c, get_probe) */
@@ -430,62 +377,25 @@ struct agent {
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */
 	bool mlink_stopped, handles_closed;
-	unsigned conn_objs;           /* sessions not yet freed */
 	void (*on_stopped)(void *ud);
 	void *stop_ud;
 	unsigned closing;             /* handles whose close callback is owed */
 	uv_timer_t start_timer;
-	/* socket server (server.c) */
-	char *socket_path;
-	int listen_fd;
-	uv_poll_t listen_poll;
-	bool listen_open;
-	struct agent_conn *conns;
-	unsigned nconns;
-	unsigned reqs;                /* requests in flight, every session */
-	/* The session of the last request and when requests began to come
-	 * from it alone (a get copies inline when it is the only one). */
-	const struct agent_conn *last_conn; /* compared, never followed */
-	uint64_t solo_since_ns;
-	uint64_t staging_in_use;
 	/* zero-copy views: lease renewal */
 	uv_timer_t view_timer;
 	bool view_renew_busy;
 	uint64_t lease_ttl_ms;
-	uint64_t nbuffers, nviews;
 	struct agent_stats stats;
 	struct agent_mcalls mcalls;
 	struct agent_space space;
 	struct agent_mirror mirror;
 	struct agent_mlink mlink;
+	struct agent_server server;
 };
 
 /* agent.c */
-void agent__maybe_stopped(struct agent *a);
-void agent__spin_touch(struct agent *a);
 /* The master's read lease TTL, learned from its replies. */
 void agent__set_lease_ttl(struct agent *a, uint64_t ms);
-
-/* server.c */
-/* Set the sessions' gauges (clients, buffers, views, staging bytes). */
-void agent__server_gauges(struct agent *a);
-int agent__server_start(struct agent *a, const char *path) MC_MUST_CHECK;
-void agent__server_stop(struct agent *a);
-/* Queue a response on a session (dropped if it closed). The descriptors
- * in fds are sent with it; those with own set are closed afterwards.
- * Frees nothing of resp. */
-void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
-		  const int *fds, const bool *own, unsigned nfds);
-/* Reply with only an error code and message. */
-void agent__reply_error(struct agent_req *r, int err, const char *message);
-/* Finish a request: release its maps, descriptors and message, drop the
- * session reference. */
-void agent__req_free(struct agent_req *r);
-void agent__conn_unref(struct agent_conn *c);
-/* Every view held by every session, for lease renewal. */
-void agent__views_foreach(struct agent *a,
-			  void (*fn)(void *ud, const struct agent_view *v),
-			  void *ud);
 
 /* req.c */
 /*

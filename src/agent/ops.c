@@ -39,6 +39,7 @@
 #include "agent/mcall.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
+#include "agent/server.h"
 #include "agent/space.h"
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -49,10 +50,27 @@
 
 typedef Mooncake__Client__Region Region;
 
+/* The end of a request: release what its operation held, then the
+ * request itself (agent__req_end). */
 static void finish(struct agent_req *r, int err)
 {
 	agent__op_done(&r->a->stats, r->op, err, r->start_ns);
-	agent__req_free(r);
+	for (unsigned i = 0; i < r->nmaps; i++)
+		agent__map_unref(r->maps[i]);
+	free(r->maps);
+	if (r->items) {
+		for (size_t i = 0; i < r->n; i++) {
+			for (unsigned k = 0; k < r->items[i].nrep; k++)
+				free(r->items[i].reps[k].segment);
+			free(r->items[i].reps);
+			free(r->items[i].scratch);
+		}
+		free(r->items);
+	}
+	agent__map_unref(r->spill);
+	free(r->mstate);
+	free(r->mstate2);
+	agent__req_end(r);
 }
 
 static void fail(struct agent_req *r, int err, const char *why)
@@ -80,14 +98,6 @@ static int hold(struct agent_req *r, struct agent_map *m)
 	return 0;
 }
 
-static struct agent_buf *find_buf(struct agent_conn *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->nbufs; i++)
-		if (c->bufs[i].id == id)
-			return &c->bufs[i];
-	return NULL;
-}
-
 /* Map the i-th attached descriptor (once per request). */
 static int attached(struct agent_req *r, unsigned i)
 {
@@ -100,8 +110,8 @@ static int attached(struct agent_req *r, unsigned i)
 		return size == 0 ? -EINVAL : -EBADF;
 	struct agent_map *m;
 	uint8_t *base;
-	int rc = agent__map_client_fd(r->a, r->fds[i], r->c->uid, 0, (uint64_t)size,
-				      &m, &base);
+	int rc = agent__map_client_fd(r->a, r->fds[i], agent__session_uid(r->c), 0,
+				      (uint64_t)size, &m, &base);
 	if (rc)
 		return rc;
 	r->fds[i] = -1; /* the map owns it */
@@ -127,12 +137,10 @@ static int region_ptr(struct agent_req *r, const Region *g, uint8_t **ptr)
 	struct agent_map *m;
 	switch (g->where) {
 	case MOONCAKE__CLIENT__REGION__WHERE__STAGING:
-		m = c->staging;
-		base = c->staging_base;
-		blen = c->staging_len;
+		m = agent__session_staging(c, &base, &blen);
 		break;
 	case MOONCAKE__CLIENT__REGION__WHERE__BUFFER: {
-		struct agent_buf *b = find_buf(c, g->buffer);
+		const struct agent_buf *b = agent__session_buf(c, g->buffer);
 		if (!b)
 			return -ENOENT;
 		m = b->map;
@@ -287,14 +295,11 @@ static void op_hello(struct agent_req *r)
 		char why[96];
 		snprintf(why, sizeof(why), "protocol version %u is not supported (this "
 			 "agent speaks %u)", h->version, AGENT_PROTOCOL_VERSION);
-		log_warn("client %s: %s", c->name, why);
+		log_warn("client %s: %s", agent__session_name(c), why);
 		agent__reply_error(r, MC_EPROTOCOL, why);
 		finish(r, MC_EPROTOCOL);
 		return;
 	}
-	if (h->client_name && h->client_name[0])
-		snprintf(c->name, sizeof(c->name), "pid %d uid %u (%.48s)", (int)c->pid,
-			 (unsigned)c->uid, h->client_name);
 	uint64_t want = h->staging_size ? h->staging_size : a->staging_bytes;
 	if (want > a->staging_bytes)
 		want = a->staging_bytes;
@@ -318,11 +323,7 @@ static void op_hello(struct agent_req *r)
 		fail(r, -errno, "cannot pass the staging buffer");
 		return;
 	}
-	c->staging = m;
-	c->staging_base = m->addr;
-	c->staging_len = m->len;
-	c->hello = true;
-	a->staging_in_use += m->len;
+	agent__session_hello(c, h->client_name, m);
 	Mooncake__Client__HelloReply hr = MOONCAKE__CLIENT__HELLO_REPLY__INIT;
 	hr.version = AGENT_PROTOCOL_VERSION;
 	hr.staging_size = m->len;
@@ -336,10 +337,9 @@ static void op_hello(struct agent_req *r)
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_HELLO;
 	resp.hello = &hr;
 	bool own = true;
-	log_debug("client %s: session started, staging %llu bytes", c->name,
+	log_debug("client %s: session started, staging %llu bytes", agent__session_name(c),
 		  (unsigned long long)m->len);
 	agent__reply(r, &resp, &fd, &own, 1);
-	agent__server_gauges(a);
 	finish(r, 0);
 }
 
@@ -551,7 +551,7 @@ static void put_done(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
 	struct agent *a = r->a;
-	if (r->c->closed) {
+	if (agent__session_closed(r->c)) {
 		/* The client went away: nobody will learn the outcome. */
 		for (size_t i = 0; i < r->n; i++)
 			if (r->items[i].nrep && !r->items[i].err)
@@ -1044,19 +1044,6 @@ static bool get_from_loop(struct agent_req *r, uint64_t inline_bytes)
 	return start_from_loop(r, x, get_copy_local, get_loop_done);
 }
 
-/* Forget a view of this session (its item failed after all). */
-static void drop_view(struct agent_conn *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->nviews; i++)
-		if (c->views[i].id == id) {
-			free(c->views[i].key);
-			c->views[i] = c->views[--c->nviews];
-			c->a->nviews--;
-			agent__server_gauges(c->a);
-			return;
-		}
-}
-
 static void get_done(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
@@ -1080,7 +1067,7 @@ static void get_done(struct agent_job *j)
 		if (it->err && it->nrep)
 			agent__lcache_del(&a->lc, it->key, it->klen); /* a read failed */
 		if (it->err && it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
-			drop_view(c, it->view);
+			agent__session_view_drop(c, it->view);
 		if (it->err == MC_ECHECKSUM) {
 			agent__count(&a->stats, AGENT_C_GET_BAD, 1);
 			log_warn("get of a %llu-byte object from segment %s at offset %llu: "
@@ -1114,46 +1101,18 @@ static void get_done(struct agent_job *j)
 		if (fds[nfds] >= 0)
 			nfds++;
 	}
-	if (r->send_segment_fd && !c->closed) {
+	if (r->send_segment_fd && !agent__session_closed(c)) {
 		fds[nfds] = dup(a->seg_ro_fd);
 		if (fds[nfds] >= 0) {
 			nfds++;
 			gr.segment_fd = true;
-			c->segment_fd_sent = true;
+			agent__session_segment_fd_sent(c);
 		}
 	}
 	agent__reply(r, &resp, fds, own, nfds);
 	free(res);
 	free(ptrs);
 	finish(r, first);
-}
-
-static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset)
-{
-	struct agent *a = c->a;
-	if (c->nviews >= AGENT_MAX_VIEWS)
-		return -ENOSPC;
-	if (c->nviews == c->views_cap) {
-		size_t cap = c->views_cap ? c->views_cap * 2 : 16;
-		struct agent_view *p = realloc(c->views, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		c->views = p;
-		c->views_cap = cap;
-	}
-	uint8_t *key = malloc(it->klen);
-	if (!key)
-		return -ENOMEM;
-	memcpy(key, it->key, it->klen);
-	struct agent_view *v = &c->views[c->nviews++];
-	v->id = c->next_view_id++;
-	v->offset = offset;
-	v->size = it->size;
-	v->klen = (uint16_t)it->klen;
-	v->key = key;
-	it->view = v->id;
-	a->nviews++;
-	return 0;
 }
 
 /* A big local get copied on the loop thread: when it is the only request
@@ -1163,8 +1122,9 @@ static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset
 static bool solo_get(const struct agent_req *r, uint64_t bytes)
 {
 	const struct agent *a = r->a;
-	return bytes <= AGENT_INLINE_SOLO_COPY_BYTES && a->reqs == 1 && a->pool.pending == 0 &&
-	       r->start_ns - a->solo_since_ns >= AGENT_SOLO_NS;
+	return bytes <= AGENT_INLINE_SOLO_COPY_BYTES && agent__server_reqs(a) == 1 &&
+	       agent__pool_pending(&a->pool) == 0 &&
+	       r->start_ns - agent__server_solo_since_ns(a) >= AGENT_SOLO_NS;
 }
 
 /*
@@ -1186,17 +1146,18 @@ static void get_place_and_copy(struct agent_req *r)
 		if (it->err || it->nrep == 0)
 			continue;
 		const struct agent_rep *rep = &it->reps[0];
-		if (it->zero_copy && rep->local && !c->closed) {
+		if (it->zero_copy && rep->local && !agent__session_closed(c)) {
 			if (rep->offset > a->seg->len || it->size > a->seg->len - rep->offset) {
 				it->err = MC_EINVALID_REPLICA;
 				continue;
 			}
-			it->err = add_view(c, it, rep->offset);
+			it->err = agent__session_view_add(c, it->key, it->klen, rep->offset,
+							  it->size, &it->view);
 			if (it->err)
 				continue;
 			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED;
 			it->offset = rep->offset;
-			if (!c->segment_fd_sent)
+			if (!agent__session_has_segment_fd(c))
 				r->send_segment_fd = true;
 			if (g->verify)
 				bytes += it->size; /* checked on a copy thread */
@@ -1225,7 +1186,6 @@ static void get_place_and_copy(struct agent_req *r)
 			remote_bytes += it->size;
 		remote |= !rep->local && !it->scratch;
 	}
-	agent__server_gauges(a);
 	/* Place the items without a destination. */
 	uint8_t *spill_base = NULL;
 	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
@@ -1705,31 +1665,6 @@ static void op_remove_all(struct agent_req *r)
 
 /* ------------------------------------------------------------ buffers */
 
-static int add_buf(struct agent_conn *c, struct agent_map *m, uint8_t *base,
-		   uint64_t len, uint64_t address, uint64_t *id)
-{
-	if (c->nbufs >= AGENT_MAX_BUFFERS)
-		return -ENOSPC;
-	if (c->nbufs == c->bufs_cap) {
-		size_t cap = c->bufs_cap ? c->bufs_cap * 2 : 8;
-		struct agent_buf *p = realloc(c->bufs, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		c->bufs = p;
-		c->bufs_cap = cap;
-	}
-	struct agent_buf *b = &c->bufs[c->nbufs++];
-	b->id = c->next_buf_id++;
-	b->map = m;
-	b->base = base;
-	b->len = len;
-	b->address = address;
-	*id = b->id;
-	c->a->nbuffers++;
-	agent__server_gauges(c->a);
-	return 0;
-}
-
 static void buffer_reply(struct agent_req *r, uint64_t id, uint64_t len, int fd)
 {
 	Mooncake__Client__BufferReply br = MOONCAKE__CLIENT__BUFFER_REPLY__INIT;
@@ -1788,11 +1723,12 @@ static void publish_done(struct agent_job *j)
 	int rc = p->err;
 	if (rc == -EEXIST)
 		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
-			 "(another session's buffer at the same address)", r->c->name,
+			 "(another session's buffer at the same address)", agent__session_name(r->c),
 			 (unsigned long long)p->address);
 	if (rc == 0)
-		rc = r->c->closed ? MC_ECANCELLED : add_buf(r->c, p->m, p->base, p->len,
-							       p->address, &id);
+		rc = agent__session_closed(r->c)
+			     ? MC_ECANCELLED
+			     : agent__session_buf_add(r->c, p->m, p->base, p->len, p->address, &id);
 	if (rc) {
 		agent__map_unref(p->m);
 		if (p->fd >= 0)
@@ -1827,7 +1763,7 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 		return;
 	}
 	uint64_t id;
-	int rc = add_buf(r->c, m, base, len, address, &id);
+	int rc = agent__session_buf_add(r->c, m, base, len, address, &id);
 	if (rc) {
 		agent__map_unref(m);
 		if (fd >= 0)
@@ -1844,12 +1780,13 @@ static void op_register_buffer(struct agent_req *r)
 	struct agent_conn *c = r->c;
 	struct agent_map *m;
 	uint8_t *base;
-	int rc = c->nbufs >= AGENT_MAX_BUFFERS ? -ENOSPC
-		 : agent__map_client_fd(r->a, r->fds[0], c->uid, q->offset, q->length,
-					&m, &base);
+	int rc = agent__session_bufs_full(c)
+			 ? -ENOSPC
+			 : agent__map_client_fd(r->a, r->fds[0], agent__session_uid(c), q->offset,
+						q->length, &m, &base);
 	if (rc) {
 		const char *why = register_why(rc);
-		log_warn("client %s: register_buffer refused: %s", c->name,
+		log_warn("client %s: register_buffer refused: %s", agent__session_name(c),
 			 why ? why : mc_strerror(rc));
 		fail(r, rc, why);
 		return;
@@ -1884,30 +1821,24 @@ static void unpublish_done(struct agent_job *j)
 
 static void op_unregister_buffer(struct agent_req *r)
 {
-	struct agent_conn *c = r->c;
 	uint64_t id = r->msg->unregister_buffer->buffer;
-	for (size_t i = 0; i < c->nbufs; i++) {
-		if (c->bufs[i].id != id)
-			continue;
-		struct agent_map *m = c->bufs[i].map;
-		c->bufs[i] = c->bufs[--c->nbufs];
-		r->a->nbuffers--;
-		agent__server_gauges(r->a);
-		struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
-		if (u) {
-			u->r = r;
-			u->m = m;
-			u->id = id;
-			u->job.run = unpublish_run;
-			u->job.done = unpublish_done;
-			agent__pool_submit(&r->a->pool, &u->job);
-			return;
-		}
-		agent__map_unref(m);
-		buffer_reply(r, id, 0, -1);
+	struct agent_map *m = agent__session_buf_remove(r->c, id);
+	if (!m) {
+		fail(r, -ENOENT, "no such buffer in this session");
 		return;
 	}
-	fail(r, -ENOENT, "no such buffer in this session");
+	struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
+	if (u) {
+		u->r = r;
+		u->m = m;
+		u->id = id;
+		u->job.run = unpublish_run;
+		u->job.done = unpublish_done;
+		agent__pool_submit(&r->a->pool, &u->job);
+		return;
+	}
+	agent__map_unref(m);
+	buffer_reply(r, id, 0, -1);
 }
 
 static void op_alloc_buffer(struct agent_req *r)
@@ -1915,7 +1846,7 @@ static void op_alloc_buffer(struct agent_req *r)
 	struct agent *a = r->a;
 	struct agent_conn *c = r->c;
 	const Mooncake__Client__AllocBufferRequest *q = r->msg->alloc_buffer;
-	if (c->nbufs >= AGENT_MAX_BUFFERS) {
+	if (agent__session_bufs_full(c)) {
 		fail(r, -ENOSPC, register_why(-ENOSPC));
 		return;
 	}
@@ -1954,14 +1885,10 @@ static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
 	uint64_t base = (uint64_t)(uintptr_t)a->seg->addr;
 	if (addr >= base && addr - base <= a->seg->len && len <= a->seg->len - (addr - base))
 		return a->seg->addr + (addr - base);
-	for (struct agent_conn *c = a->conns; c; c = c->next)
-		for (size_t i = 0; i < c->nbufs; i++) {
-			const struct agent_buf *b = &c->bufs[i];
-			if (b->address && addr >= b->address && addr - b->address <= b->len &&
-			    len <= b->len - (addr - b->address))
-				return hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
-		}
-	return NULL;
+	const struct agent_buf *b = agent__server_published(a, addr, len);
+	if (!b)
+		return NULL;
+	return hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
 }
 
 static void transfer_run(struct agent_job *j)
@@ -2076,9 +2003,7 @@ static void op_stats(struct agent_req *r)
 	s.hugepages = a->seg->hugepages;
 	s.numa_node = a->numa_node;
 	s.staging_size = a->staging_bytes;
-	s.clients = a->nconns;
-	s.buffers = a->nbuffers;
-	s.views = a->nviews;
+	agent__server_counts(a, &s.clients, &s.buffers, &s.views);
 	s.puts = agent__counter(&a->stats, AGENT_C_PUTS);
 	s.gets = agent__counter(&a->stats, AGENT_C_GETS);
 	s.local_hits = agent__counter(&a->stats, AGENT_C_LOCAL_HITS);
@@ -2105,23 +2030,13 @@ static void op_release(struct agent_req *r)
 	struct agent_conn *c = r->c;
 	const Mooncake__Client__ReleaseRequest *q = r->msg->release;
 	int err = 0;
-	for (size_t k = 0; k < q->n_views; k++) {
-		size_t i;
-		for (i = 0; i < c->nviews; i++)
-			if (c->views[i].id == q->views[k])
-				break;
-		if (i == c->nviews) {
+	for (size_t k = 0; k < q->n_views; k++)
+		if (!agent__session_view_drop(c, q->views[k]))
 			err = -ENOENT;
-			continue;
-		}
-		free(c->views[i].key);
-		c->views[i] = c->views[--c->nviews];
-		r->a->nviews--;
-	}
-	agent__server_gauges(r->a);
 	if (q->quiet) {
 		if (err)
-			log_warn("client %s released a view that is not its own", c->name);
+			log_warn("client %s released a view that is not its own",
+				 agent__session_name(c));
 		finish(r, err);
 		return;
 	}
@@ -2204,7 +2119,9 @@ static void on_renewed(void *ud, int err, const char *message,
 
 void agent__renew_views(struct agent *a)
 {
-	if (a->view_renew_busy || a->nviews == 0)
+	uint64_t clients, buffers, views;
+	agent__server_counts(a, &clients, &buffers, &views);
+	if (a->view_renew_busy || views == 0)
 		return;
 	struct renew_block *b = calloc(1, sizeof(*b));
 	if (!b)

@@ -239,7 +239,22 @@ void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t l
 	shared_copy_put(c);
 }
 
-void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
+unsigned agent__pool_pending(const struct agent_pool *p)
+{
+	return p->pending;
+}
+
+unsigned agent__pool_threaded(const struct agent_pool *p)
+{
+	return p->threaded;
+}
+
+bool agent__pool_started(const struct agent_pool *p)
+{
+	return p->started;
+}
+
+void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed, void *data)
 {
 	if (!p->started)
 		return;
@@ -249,6 +264,7 @@ void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
 	 * which lives until then). */
 	on_async(&p->async);
 	free_all(p);
+	p->async.data = data;
 	uv_close((uv_handle_t *)&p->async, on_closed);
 	p->started = false;
 }

@@ -37,7 +37,7 @@ static void teardown(void)
 	while (pool.pending)
 		uv_run(&loop, UV_RUN_ONCE);
 	closed = false;
-	agent__pool_stop(&pool, on_closed);
+	agent__pool_stop(&pool, on_closed, NULL);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	cr_assert(closed);
 	cr_assert_eq(uv_loop_close(&loop), 0);
