@@ -23,6 +23,7 @@
 #include "agent/agent_int.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
+#include "agent/op.h"
 #include "agent/server.h"
 #include "common/log.h"
 #include "common/metrics.h"

@@ -226,80 +226,16 @@ size_t agent__inv_listing_end(struct agent_inv *v);
 int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
 			size_t *n) MC_MUST_CHECK;
 
-/* ------------------------------------------------------------ requests */
+/* ------------------------------------------------------------ replicas */
 
+/* Where an object's bytes are (the master's placement, or the lease
+ * cache's memory of it). */
 struct agent_rep {
 	bool local;
 	uint64_t offset;   /* in its segment */
 	uint64_t address;  /* remote address */
 	char *segment;     /* name (owned) */
 };
-
-struct agent_item {
-	const uint8_t *key;   /* borrowed from the request message */
-	size_t klen;
-	int err;
-	uint8_t *ptr;         /* client memory: source or destination */
-	uint64_t len;         /* source length, or destination capacity */
-	bool has_dest;
-	bool zero_copy;
-	uint64_t size;        /* object size (gets) */
-	uint32_t crc;         /* the value's CRC-32C: computed (puts), known (gets) */
-	bool has_crc;
-	bool leased;          /* put into leased space: sealed by BatchCommit */
-	unsigned lease_gen;
-	bool rleased;         /* ... of another agent's segment (reps[0]) */
-	uint64_t rlease_epoch;
-	struct agent_rep *reps;
-	unsigned nrep;
-	/* get of a cached replica on another segment: its bytes, read and
-	 * then checked before use (owned) */
-	bool probing;
-	uint8_t *scratch;
-	/* get results */
-	int where;            /* Mooncake__Client__GetResult__Where */
-	uint64_t offset;
-	uint64_t view;
-	/* transfer */
-	bool write;
-	const char *target;
-	uint64_t remote;
-};
-
-struct agent_req {
-	struct agent_conn *c;
-	struct agent *a;
-	uint64_t id;
-	Mooncake__Client__Request *msg;  /* owned */
-	int fds[MC_UFRAME_MAX_FDS];      /* attached, owned until used */
-	unsigned nfds;
-	struct agent_map **maps;         /* references held (distinct) */
-	unsigned nmaps, maps_cap;
-	struct agent_item *items;
-	size_t n;
-	int op;                          /* Request op case */
-	uint64_t start_ns;
-	uint64_t sent_ms;                /* when the master call went out */
-	struct agent_job job;
-	struct agent_xfer *xfer;         /* remote pieces started from the loop */
-	bool solo;                       /* copying on the loop, alone (solo_get) */
-	bool upsert_retry;
-	/* get */
-	struct agent_map *spill;         /* attached to the reply */
-	bool send_segment_fd;
-	/* remove_all */
-	uint64_t removed, skipped;
-	/* the master request in flight (one malloc'd block, freed with the
-	 * request) */
-	void *mstate;
-	void *mstate2;                   /* a second one (BatchCommit) */
-	unsigned mcalls;                 /* master calls the request waits for */
-	/* attached descriptors mapped as regions */
-	struct agent_map *att[MC_UFRAME_MAX_FDS];
-	uint8_t *att_base[MC_UFRAME_MAX_FDS];
-	uint64_t att_len[MC_UFRAME_MAX_FDS];
-};
-
 
 /* ------------------------------------------------------------ lcache.c */
 
@@ -438,7 +374,6 @@ void agent__xfer_inline(struct agent_xfer *x, size_t bytes);
 bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j);
 
 /* ops.c */
-void agent__dispatch(struct agent_req *r);
 void agent__renew_views(struct agent *a);
 
 #endif

@@ -39,6 +39,7 @@
 #include "agent/mcall.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
+#include "agent/op.h"
 #include "agent/server.h"
 #include "agent/space.h"
 #include "common/crc32c.h"
@@ -47,242 +48,6 @@
 #include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
-
-typedef Mooncake__Client__Region Region;
-
-/* The end of a request: release what its operation held, then the
- * request itself (agent__req_end). */
-static void finish(struct agent_req *r, int err)
-{
-	agent__op_done(&r->a->stats, r->op, err, r->start_ns);
-	for (unsigned i = 0; i < r->nmaps; i++)
-		agent__map_unref(r->maps[i]);
-	free(r->maps);
-	if (r->items) {
-		for (size_t i = 0; i < r->n; i++) {
-			for (unsigned k = 0; k < r->items[i].nrep; k++)
-				free(r->items[i].reps[k].segment);
-			free(r->items[i].reps);
-			free(r->items[i].scratch);
-		}
-		free(r->items);
-	}
-	agent__map_unref(r->spill);
-	free(r->mstate);
-	free(r->mstate2);
-	agent__req_end(r);
-}
-
-static void fail(struct agent_req *r, int err, const char *why)
-{
-	agent__reply_error(r, err, why);
-	finish(r, err);
-}
-
-/* Keep a reference on m for the request's lifetime. */
-static int hold(struct agent_req *r, struct agent_map *m)
-{
-	for (unsigned i = 0; i < r->nmaps; i++)
-		if (r->maps[i] == m)
-			return 0;
-	if (r->nmaps == r->maps_cap) {
-		unsigned cap = r->maps_cap ? r->maps_cap * 2 : 4;
-		struct agent_map **p = realloc(r->maps, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		r->maps = p;
-		r->maps_cap = cap;
-	}
-	agent__map_ref(m);
-	r->maps[r->nmaps++] = m;
-	return 0;
-}
-
-/* Map the i-th attached descriptor (once per request). */
-static int attached(struct agent_req *r, unsigned i)
-{
-	if (r->att[i])
-		return 0;
-	if (i >= r->nfds || r->fds[i] < 0)
-		return -EBADF;
-	off_t size = lseek(r->fds[i], 0, SEEK_END);
-	if (size <= 0)
-		return size == 0 ? -EINVAL : -EBADF;
-	struct agent_map *m;
-	uint8_t *base;
-	int rc = agent__map_client_fd(r->a, r->fds[i], agent__session_uid(r->c), 0,
-				      (uint64_t)size, &m, &base);
-	if (rc)
-		return rc;
-	r->fds[i] = -1; /* the map owns it */
-	r->att[i] = m;
-	r->att_base[i] = base;
-	r->att_len[i] = (uint64_t)size;
-	rc = hold(r, m);
-	agent__map_unref(m); /* the request's hold keeps it */
-	return rc;
-}
-
-/*
- * Client memory of a region: *ptr and its usable length (the region's
- * length, checked against what backs it). Errors: -ENOENT (unknown
- * buffer), -ERANGE (outside), -EBADF/-EPERM/-EACCES/-EINVAL (attached
- * descriptor refused), -ENOMEM.
- */
-static int region_ptr(struct agent_req *r, const Region *g, uint8_t **ptr)
-{
-	struct agent_conn *c = r->c;
-	uint8_t *base;
-	uint64_t blen;
-	struct agent_map *m;
-	switch (g->where) {
-	case MOONCAKE__CLIENT__REGION__WHERE__STAGING:
-		m = agent__session_staging(c, &base, &blen);
-		break;
-	case MOONCAKE__CLIENT__REGION__WHERE__BUFFER: {
-		const struct agent_buf *b = agent__session_buf(c, g->buffer);
-		if (!b)
-			return -ENOENT;
-		m = b->map;
-		base = b->base;
-		blen = b->len;
-		break;
-	}
-	case MOONCAKE__CLIENT__REGION__WHERE__ATTACHED: {
-		int rc = attached(r, g->fd_index);
-		if (rc)
-			return rc;
-		m = r->att[g->fd_index];
-		base = r->att_base[g->fd_index];
-		blen = r->att_len[g->fd_index];
-		break;
-	}
-	default:
-		return -EINVAL;
-	}
-	if (!m)
-		return -ENOENT;
-	if (g->offset > blen || g->length > blen - g->offset)
-		return -ERANGE;
-	int rc = hold(r, m);
-	if (rc)
-		return rc;
-	*ptr = base + g->offset;
-	return 0;
-}
-
-static int alloc_items(struct agent_req *r, size_t n)
-{
-	r->items = calloc(n, sizeof(*r->items));
-	if (!r->items)
-		return -ENOMEM;
-	r->n = n;
-	return 0;
-}
-
-/* Copy a master replica list into an item. */
-static int take_replicas(struct agent *a, struct agent_item *it,
-			 Mooncake__Master__Replica *const *reps, size_t n)
-{
-	if (n > AGENT_MAX_REPLICAS)
-		n = AGENT_MAX_REPLICAS;
-	it->reps = calloc(n ? n : 1, sizeof(*it->reps));
-	if (!it->reps)
-		return -ENOMEM;
-	for (size_t k = 0; k < n; k++) {
-		struct agent_rep *p = &it->reps[k];
-		p->segment = strdup(reps[k]->segment ? reps[k]->segment : "");
-		if (!p->segment)
-			return -ENOMEM;
-		p->local = strcmp(p->segment, a->name) == 0;
-		p->offset = reps[k]->offset;
-		p->address = reps[k]->address;
-		it->nrep++;
-	}
-	return 0;
-}
-
-/*
- * Move len bytes between client memory and a local replica; with crc,
- * the CRC-32C of the bytes moved is computed in the same pass. Runs on a
- * copy thread (or inline for small ones; with help, a copy without crc
- * is shared with one of its copy threads: agent__pool_copy). Offsets are
- * checked against the segment's bounds: the master's answer is not
- * trusted with the agent's memory.
- */
-static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
-		    bool write, uint32_t *crc, struct agent_pool *help)
-{
-	if (crc)
-		*crc = 0;
-	if (len == 0)
-		return 0;
-	if (p->offset > a->seg->len || len > a->seg->len - p->offset)
-		return MC_EINVALID_REPLICA;
-	uint8_t *s = a->seg->addr + p->offset;
-	uint8_t *dst = write ? s : mem;
-	const uint8_t *src = write ? mem : s;
-	if (crc)
-		*crc = crc32c_copy(0, dst, src, len);
-	else if (help)
-		agent__pool_copy(help, dst, src, len);
-	else
-		memcpy(dst, src, len);
-	return 0;
-}
-
-/* Build a BatchKeysRequest of the items selected by want(item) in one
- * block; *idx maps request positions back to items; crcs holds the
- * items' checksums (attach them for BatchPutEnd). */
-struct keys_block {
-	Mooncake__Master__BatchKeysRequest req;
-	Mooncake__Master__BatchRemoveRequest rm; /* the same keys */
-	size_t *idx;
-	uint32_t *crcs;
-	ProtobufCBinaryData keys[];
-};
-
-static struct keys_block *keys_block(struct agent_req *r,
-				     bool (*want)(const struct agent_item *))
-{
-	size_t n = 0;
-	for (size_t i = 0; i < r->n; i++)
-		n += want(&r->items[i]);
-	struct keys_block *b = malloc(sizeof(*b) + n * sizeof(b->keys[0]) +
-				      n * sizeof(size_t) + n * sizeof(uint32_t));
-	if (!b)
-		return NULL;
-	mooncake__master__batch_keys_request__init(&b->req);
-	b->idx = (size_t *)&b->keys[n];
-	b->crcs = (uint32_t *)&b->idx[n];
-	size_t k = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		if (!want(&r->items[i]))
-			continue;
-		b->keys[k].data = (uint8_t *)r->items[i].key;
-		b->keys[k].len = r->items[i].klen;
-		b->crcs[k] = r->items[i].crc;
-		b->idx[k] = i;
-		k++;
-	}
-	b->req.keys = b->keys;
-	b->req.n_keys = n;
-	mooncake__master__batch_remove_request__init(&b->rm);
-	b->rm.keys = b->keys;
-	b->rm.n_keys = n;
-	return b;
-}
-
-static bool item_ok(const struct agent_item *it)
-{
-	return it->err == 0;
-}
-
-static void set_mstate(struct agent_req *r, void *p)
-{
-	free(r->mstate);
-	r->mstate = p;
-}
 
 /* ------------------------------------------------------------ hello */
 
@@ -297,7 +62,7 @@ static void op_hello(struct agent_req *r)
 			 "agent speaks %u)", h->version, AGENT_PROTOCOL_VERSION);
 		log_warn("client %s: %s", agent__session_name(c), why);
 		agent__reply_error(r, MC_EPROTOCOL, why);
-		finish(r, MC_EPROTOCOL);
+		agent__op_finish(r, MC_EPROTOCOL);
 		return;
 	}
 	uint64_t want = h->staging_size ? h->staging_size : a->staging_bytes;
@@ -314,13 +79,13 @@ static void op_hello(struct agent_req *r)
 	struct agent_map *m;
 	int rc = agent__memfd_new(a, &mo, &m);
 	if (rc) {
-		fail(r, rc, "cannot create the staging buffer");
+		agent__op_fail(r, rc, "cannot create the staging buffer");
 		return;
 	}
 	int fd = dup(m->fd);
 	if (fd < 0) {
 		agent__map_unref(m);
-		fail(r, -errno, "cannot pass the staging buffer");
+		agent__op_fail(r, -errno, "cannot pass the staging buffer");
 		return;
 	}
 	agent__session_hello(c, h->client_name, m);
@@ -340,7 +105,7 @@ static void op_hello(struct agent_req *r)
 	log_debug("client %s: session started, staging %llu bytes", agent__session_name(c),
 		  (unsigned long long)m->len);
 	agent__reply(r, &resp, &fd, &own, 1);
-	finish(r, 0);
+	agent__op_finish(r, 0);
 }
 
 /* ------------------------------------------------------------ put */
@@ -362,7 +127,7 @@ static void put_reply(struct agent_req *r)
 {
 	int32_t *errs = calloc(r->n, sizeof(*errs));
 	if (!errs) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	int first = 0;
@@ -384,7 +149,7 @@ static void put_reply(struct agent_req *r)
 	resp.put = &pr;
 	agent__reply(r, &resp, NULL, NULL, 0);
 	free(errs);
-	finish(r, first);
+	agent__op_finish(r, first);
 }
 
 static void on_revoked(void *ud, int err, const char *message,
@@ -417,7 +182,7 @@ static void put_call_done(struct agent_req *r)
 
 static void revoke_items(struct agent_req *r)
 {
-	struct keys_block *b = keys_block(r, item_revoke);
+	struct agent_keys_block *b = agent__op_keys_block(r, item_revoke);
 	if (!b)
 		return; /* the master's put timeout revokes them */
 	if (b->req.n_keys == 0) {
@@ -432,7 +197,7 @@ static void on_put_ended(void *ud, int err, const char *message,
 			 const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchErrorsResponse *resp =
 		(const Mooncake__Master__BatchErrorsResponse *)m;
 	for (size_t k = 0; k < b->req.n_keys; k++) {
@@ -563,7 +328,7 @@ static void put_done(struct agent_job *j)
 		if (r->items[i].leased && !r->items[i].err &&
 		    r->items[i].lease_gen != agent__lease_gen(a))
 			r->items[i].err = MC_EUNAVAILABLE;
-	struct keys_block *b = keys_block(r, item_end);
+	struct agent_keys_block *b = agent__op_keys_block(r, item_end);
 	struct commit_block *cb = commit_block(r);
 	if (!b || !cb) {
 		free(b);
@@ -584,7 +349,7 @@ static void put_done(struct agent_job *j)
 		put_reply(r);
 		return;
 	}
-	set_mstate(r, b);
+	agent__op_set_mstate(r, b);
 	free(r->mstate2);
 	r->mstate2 = cb;
 	r->mcalls = (b->req.n_keys > 0) + (cb->n > 0);
@@ -629,7 +394,7 @@ static void put_copy_local(struct agent_req *r)
 		struct agent_item *it = &r->items[i];
 		for (unsigned p = 0; p < it->nrep && !it->err; p++)
 			if (it->reps[p].local) {
-				it->err = local_io(r->a, &it->reps[p], it->ptr, it->len, true,
+				it->err = agent__op_local_io(r->a, &it->reps[p], it->ptr, it->len, true,
 						   &it->crc, NULL);
 				it->has_crc = !it->err;
 			}
@@ -654,40 +419,9 @@ static void put_run(struct agent_job *j)
 		agent__xfer_finish(r->a, x);
 }
 
-/* Start x's remote pieces from the loop (agent__xfer_start_loop), make
- * the local copies meanwhile, and have done(j) run once the pieces are
- * over. False — x dropped, nothing sent — when a segment was not open
- * yet: the request takes the copy thread's way. */
-static bool start_from_loop(struct agent_req *r, struct agent_xfer *x,
-			    void (*copy_local)(struct agent_req *r),
-			    void (*done)(struct agent_job *j))
-{
-	if (agent__xfer_missed(x)) {
-		agent__xfer_finish(r->a, x);
-		return false;
-	}
-	r->xfer = x;
-	r->job.done = done;
-	bool over = agent__xfer_start_loop(r->a, x, &r->job);
-	copy_local(r);
-	if (over)
-		agent__pool_done_now(&r->a->pool, &r->job);
-	return true;
-}
-
-/* First thing in a done of start_from_loop: the pieces' outcome is in
- * their items' errors. */
-static struct agent_req *end_from_loop(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	agent__xfer_finish(r->a, r->xfer); /* (complete: returns at once) */
-	r->xfer = NULL;
-	return r;
-}
-
 static void put_loop_done(struct agent_job *j)
 {
-	end_from_loop(j);
+	agent__op_end_from_loop(j);
 	put_done(j);
 }
 
@@ -696,7 +430,7 @@ static bool put_from_loop(struct agent_req *r)
 {
 	struct agent_xfer *x = NULL;
 	put_add_remote(r, &x, true);
-	return x && start_from_loop(r, x, put_copy_local, put_loop_done);
+	return x && agent__op_start_from_loop(r, x, put_copy_local, put_loop_done);
 }
 
 /* Every item has its replicas (leased space or PutStart placements) or an
@@ -757,7 +491,7 @@ static void on_put_started(void *ud, int err, const char *message,
 			it->err = MC_EPROTOCOL;
 			continue;
 		}
-		if (take_replicas(r->a, it, res->replicas, res->n_replicas) != 0) {
+		if (agent__op_replicas(r->a, it, res->replicas, res->n_replicas) != 0) {
 			it->err = -ENOMEM; /* revoked if any replica was taken, else
 					      by the master's put timeout */
 			continue;
@@ -838,7 +572,7 @@ static void put_start(struct agent_req *r)
 	struct put_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
 						  sizeof(*b->idx)));
 	if (!b) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	b->items = (Mooncake__Master__PutStartRequest *)(b + 1);
@@ -869,7 +603,7 @@ static void put_start(struct agent_req *r)
 	b->n = n;
 	b->req.items = b->ptrs;
 	b->req.n_items = n;
-	set_mstate(r, b);
+	agent__op_set_mstate(r, b);
 	agent__bcall(a, AGENT_B_PUT_START, &b->req.base, on_put_started, r);
 }
 
@@ -877,7 +611,7 @@ static void on_upsert_removed(void *ud, int err, const char *message,
 			      const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchErrorsResponse *resp =
 		(const Mooncake__Master__BatchErrorsResponse *)m;
 	(void)message;
@@ -895,15 +629,15 @@ static void on_upsert_removed(void *ud, int err, const char *message,
 			if (!r->items[i].err)
 				r->items[i].err = err;
 	}
-	set_mstate(r, NULL);
+	agent__op_set_mstate(r, NULL);
 	put_start(r);
 }
 
 static void op_put(struct agent_req *r)
 {
 	const Mooncake__Client__PutRequest *p = r->msg->put;
-	if (alloc_items(r, p->n_items)) {
-		fail(r, -ENOMEM, NULL);
+	if (agent__op_items(r, p->n_items)) {
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	for (size_t i = 0; i < p->n_items; i++) {
@@ -916,15 +650,15 @@ static void op_put(struct agent_req *r)
 			continue;
 		}
 		it->len = pi->source->length;
-		it->err = region_ptr(r, pi->source, &it->ptr);
+		it->err = agent__op_region(r, pi->source, &it->ptr);
 	}
 	if (p->upsert) {
-		struct keys_block *b = keys_block(r, item_ok);
+		struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 		if (!b) {
-			fail(r, -ENOMEM, NULL);
+			agent__op_fail(r, -ENOMEM, NULL);
 			return;
 		}
-		set_mstate(r, b);
+		agent__op_set_mstate(r, b);
 		if (b->req.n_keys == 0) {
 			put_reply(r);
 			return;
@@ -989,7 +723,7 @@ static void get_copy_local(struct agent_req *r)
 		if (!it->ptr || !rep->local)
 			continue;
 		uint32_t crc;
-		it->err = local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL,
+		it->err = agent__op_local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL,
 				   r->solo ? &a->pool : NULL);
 		if (verify)
 			check(it, crc);
@@ -1027,7 +761,7 @@ static void get_done(struct agent_job *j);
 
 static void get_loop_done(struct agent_job *j)
 {
-	get_check_remote(end_from_loop(j));
+	get_check_remote(agent__op_end_from_loop(j));
 	get_done(j);
 }
 
@@ -1041,7 +775,7 @@ static bool get_from_loop(struct agent_req *r, uint64_t inline_bytes)
 	if (!x)
 		return false;
 	agent__xfer_inline(x, inline_bytes);
-	return start_from_loop(r, x, get_copy_local, get_loop_done);
+	return agent__op_start_from_loop(r, x, get_copy_local, get_loop_done);
 }
 
 static void get_done(struct agent_job *j)
@@ -1054,7 +788,7 @@ static void get_done(struct agent_job *j)
 	if (!res || !ptrs) {
 		free(res);
 		free(ptrs);
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	int first = 0;
@@ -1112,7 +846,7 @@ static void get_done(struct agent_job *j)
 	agent__reply(r, &resp, fds, own, nfds);
 	free(res);
 	free(ptrs);
-	finish(r, first);
+	agent__op_finish(r, first);
 }
 
 /* A big local get copied on the loop thread: when it is the only request
@@ -1191,7 +925,7 @@ static void get_place_and_copy(struct agent_req *r)
 	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
 	uint64_t spill_off = 0;
 	if (spill_total > 0 && g->spill && spill_total <= g->spill->length &&
-	    region_ptr(r, g->spill, &spill_base) == 0) {
+	    agent__op_region(r, g->spill, &spill_base) == 0) {
 		where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
 		spill_off = g->spill->offset;
 	} else if (spill_total > 0) {
@@ -1257,7 +991,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 {
 	struct agent_req *r = ud;
 	struct agent *a = r->a;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchGetReplicasResponse *resp =
 		(const Mooncake__Master__BatchGetReplicasResponse *)m;
 	(void)message;
@@ -1287,7 +1021,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		it->size = res->size;
 		it->crc = res->crc32c;
 		it->has_crc = res->checksummed;
-		if (take_replicas(a, it, res->replicas, res->n_replicas) != 0) {
+		if (agent__op_replicas(a, it, res->replicas, res->n_replicas) != 0) {
 			it->err = -ENOMEM;
 			continue;
 		}
@@ -1385,12 +1119,12 @@ static void get_lookup(struct agent_req *r)
 		get_place_and_copy(r);
 		return;
 	}
-	struct keys_block *b = keys_block(r, item_uncached);
+	struct agent_keys_block *b = agent__op_keys_block(r, item_uncached);
 	if (!b) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
-	set_mstate(r, b);
+	agent__op_set_mstate(r, b);
 	r->sent_ms = mc_now_ms();
 	agent__bcall(r->a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
 }
@@ -1419,7 +1153,7 @@ static void probe_miss(struct agent_req *r, struct agent_item *it)
 
 static void get_probe_done(struct agent_job *j)
 {
-	struct agent_req *r = end_from_loop(j);
+	struct agent_req *r = agent__op_end_from_loop(j);
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (!it->probing)
@@ -1477,8 +1211,8 @@ static void op_get(struct agent_req *r)
 {
 	struct agent *a = r->a;
 	const Mooncake__Client__GetRequest *g = r->msg->get;
-	if (alloc_items(r, g->n_items)) {
-		fail(r, -ENOMEM, NULL);
+	if (agent__op_items(r, g->n_items)) {
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	uint64_t now = mc_now_ms();
@@ -1497,7 +1231,7 @@ static void op_get(struct agent_req *r)
 		if (gi->dest) {
 			it->has_dest = true;
 			it->len = gi->dest->length;
-			it->err = region_ptr(r, gi->dest, &it->ptr);
+			it->err = agent__op_region(r, gi->dest, &it->ptr);
 			if (it->err)
 				continue;
 		}
@@ -1539,7 +1273,7 @@ static void keys_reply(struct agent_req *r, int first)
 {
 	int32_t *res = calloc(r->n, sizeof(*res));
 	if (!res) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	for (size_t i = 0; i < r->n; i++)
@@ -1552,14 +1286,14 @@ static void keys_reply(struct agent_req *r, int first)
 	resp.keys = &kr;
 	agent__reply(r, &resp, NULL, NULL, 0);
 	free(res);
-	finish(r, first);
+	agent__op_finish(r, first);
 }
 
 static void on_exist(void *ud, int err, const char *message,
 		     const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchExistResponse *resp =
 		(const Mooncake__Master__BatchExistResponse *)m;
 	(void)message;
@@ -1579,7 +1313,7 @@ static void on_removed(void *ud, int err, const char *message,
 		       const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchErrorsResponse *resp =
 		(const Mooncake__Master__BatchErrorsResponse *)m;
 	(void)message;
@@ -1597,8 +1331,8 @@ static void on_removed(void *ud, int err, const char *message,
 static void op_keys(struct agent_req *r, bool remove)
 {
 	const Mooncake__Client__KeysRequest *q = remove ? r->msg->remove : r->msg->exist;
-	if (alloc_items(r, q->n_keys)) {
-		fail(r, -ENOMEM, NULL);
+	if (agent__op_items(r, q->n_keys)) {
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	for (size_t i = 0; i < q->n_keys; i++) {
@@ -1607,12 +1341,12 @@ static void op_keys(struct agent_req *r, bool remove)
 		if (!agent__key_ok(&q->keys[i]))
 			r->items[i].err = -EINVAL;
 	}
-	struct keys_block *b = keys_block(r, item_ok);
+	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 	if (!b) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
-	set_mstate(r, b);
+	agent__op_set_mstate(r, b);
 	if (b->req.n_keys == 0) {
 		keys_reply(r, 0);
 		return;
@@ -1633,7 +1367,7 @@ static void on_removed_all(void *ud, int err, const char *message,
 	const Mooncake__Master__RemoveAllResponse *resp =
 		(const Mooncake__Master__RemoveAllResponse *)m;
 	if (err) {
-		fail(r, err, message);
+		agent__op_fail(r, err, message);
 		return;
 	}
 	/* The mirror hears of each removal from the master's log (leased
@@ -1646,19 +1380,19 @@ static void on_removed_all(void *ud, int err, const char *message,
 	out.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_REMOVE_ALL;
 	out.remove_all = &rr;
 	agent__reply(r, &out, NULL, NULL, 0);
-	finish(r, 0);
+	agent__op_finish(r, 0);
 }
 
 static void op_remove_all(struct agent_req *r)
 {
 	Mooncake__Master__RemoveAllRequest *q = malloc(sizeof(*q));
 	if (!q) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	mooncake__master__remove_all_request__init(q);
 	q->force = r->msg->remove_all->force;
-	set_mstate(r, q);
+	agent__op_set_mstate(r, q);
 	agent__mcall(r->a, "RemoveAll", &q->base,
 		     &mooncake__master__remove_all_response__descriptor, on_removed_all, r);
 }
@@ -1675,7 +1409,7 @@ static void buffer_reply(struct agent_req *r, uint64_t id, uint64_t len, int fd)
 	resp.buffer = &br;
 	bool own = true;
 	agent__reply(r, &resp, fd >= 0 ? &fd : NULL, &own, fd >= 0 ? 1 : 0);
-	finish(r, 0);
+	agent__op_finish(r, 0);
 }
 
 static const char *register_why(int rc)
@@ -1733,7 +1467,7 @@ static void publish_done(struct agent_job *j)
 		agent__map_unref(p->m);
 		if (p->fd >= 0)
 			close(p->fd);
-		fail(r, rc, rc == -EEXIST ? "the address range is already published by "
+		agent__op_fail(r, rc, rc == -EEXIST ? "the address range is already published by "
 					    "another session of this agent"
 					  : NULL);
 	} else {
@@ -1759,7 +1493,7 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 		agent__map_unref(m);
 		if (fd >= 0)
 			close(fd);
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	uint64_t id;
@@ -1768,7 +1502,7 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 		agent__map_unref(m);
 		if (fd >= 0)
 			close(fd);
-		fail(r, rc, register_why(rc));
+		agent__op_fail(r, rc, register_why(rc));
 		return;
 	}
 	buffer_reply(r, id, len, fd);
@@ -1788,7 +1522,7 @@ static void op_register_buffer(struct agent_req *r)
 		const char *why = register_why(rc);
 		log_warn("client %s: register_buffer refused: %s", agent__session_name(c),
 			 why ? why : mc_strerror(rc));
-		fail(r, rc, why);
+		agent__op_fail(r, rc, why);
 		return;
 	}
 	r->fds[0] = -1;
@@ -1824,7 +1558,7 @@ static void op_unregister_buffer(struct agent_req *r)
 	uint64_t id = r->msg->unregister_buffer->buffer;
 	struct agent_map *m = agent__session_buf_remove(r->c, id);
 	if (!m) {
-		fail(r, -ENOENT, "no such buffer in this session");
+		agent__op_fail(r, -ENOENT, "no such buffer in this session");
 		return;
 	}
 	struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
@@ -1847,7 +1581,7 @@ static void op_alloc_buffer(struct agent_req *r)
 	struct agent_conn *c = r->c;
 	const Mooncake__Client__AllocBufferRequest *q = r->msg->alloc_buffer;
 	if (agent__session_bufs_full(c)) {
-		fail(r, -ENOSPC, register_why(-ENOSPC));
+		agent__op_fail(r, -ENOSPC, register_why(-ENOSPC));
 		return;
 	}
 	struct agent_memfd_opts mo = {
@@ -1860,14 +1594,14 @@ static void op_alloc_buffer(struct agent_req *r)
 	struct agent_map *m;
 	int rc = agent__memfd_new(a, &mo, &m);
 	if (rc) {
-		fail(r, rc, "cannot create the buffer");
+		agent__op_fail(r, rc, "cannot create the buffer");
 		return;
 	}
 	int fd = dup(m->fd);
 	if (fd < 0) {
 		rc = -errno;
 		agent__map_unref(m);
-		fail(r, rc, NULL);
+		agent__op_fail(r, rc, NULL);
 		return;
 	}
 	add_or_publish(r, m, m->addr, q->length, q->address, 0, fd);
@@ -1888,7 +1622,7 @@ static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
 	const struct agent_buf *b = agent__server_published(a, addr, len);
 	if (!b)
 		return NULL;
-	return hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
+	return agent__op_hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
 }
 
 static void transfer_run(struct agent_job *j)
@@ -1928,7 +1662,7 @@ static void transfer_done(struct agent_job *j)
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
 	int32_t *errs = calloc(r->n, sizeof(*errs));
 	if (!errs) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	int first = 0;
@@ -1949,15 +1683,15 @@ static void transfer_done(struct agent_job *j)
 	resp.transfer = &tr;
 	agent__reply(r, &resp, NULL, NULL, 0);
 	free(errs);
-	finish(r, first);
+	agent__op_finish(r, first);
 }
 
 static void op_transfer(struct agent_req *r)
 {
 	struct agent *a = r->a;
 	const Mooncake__Client__TransferRequest *q = r->msg->transfer;
-	if (alloc_items(r, q->n_items)) {
-		fail(r, -ENOMEM, NULL);
+	if (agent__op_items(r, q->n_items)) {
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	for (size_t i = 0; i < q->n_items; i++) {
@@ -1967,7 +1701,7 @@ static void op_transfer(struct agent_req *r)
 		it->len = ti->local->length;
 		it->target = ti->target;
 		it->remote = ti->remote_address;
-		it->err = region_ptr(r, ti->local, &it->ptr);
+		it->err = agent__op_region(r, ti->local, &it->ptr);
 		if (it->err || it->len == 0)
 			continue;
 		if (strcmp(ti->target, a->name) == 0) {
@@ -2022,7 +1756,7 @@ static void op_stats(struct agent_req *r)
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_STATS;
 	resp.stats = &s;
 	agent__reply(r, &resp, NULL, NULL, 0);
-	finish(r, 0);
+	agent__op_finish(r, 0);
 }
 
 static void op_release(struct agent_req *r)
@@ -2037,16 +1771,16 @@ static void op_release(struct agent_req *r)
 		if (err)
 			log_warn("client %s released a view that is not its own",
 				 agent__session_name(c));
-		finish(r, err);
+		agent__op_finish(r, err);
 		return;
 	}
 	if (err) {
-		fail(r, err, "no such view in this session");
+		agent__op_fail(r, err, "no such view in this session");
 		return;
 	}
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	agent__reply(r, &resp, NULL, NULL, 0);
-	finish(r, 0);
+	agent__op_finish(r, 0);
 }
 
 /* ------------------------------------------------------------ views */
@@ -2158,6 +1892,6 @@ void agent__dispatch(struct agent_req *r)
 	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER: op_transfer(r); break;
 	case MOONCAKE__CLIENT__REQUEST__OP_STATS: op_stats(r); break;
 	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE: op_release(r); break;
-	default: fail(r, -EOPNOTSUPP, "unknown operation"); break;
+	default: agent__op_fail(r, -EOPNOTSUPP, "unknown operation"); break;
 	}
 }
