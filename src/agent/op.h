@@ -166,6 +166,10 @@ bool agent__op_start_from_loop(struct agent_req *r, struct agent_xfer *x,
  * outcome is in their items' errors. */
 struct agent_req *agent__op_end_from_loop(struct agent_job *j);
 
+/* ------------------------------------------------------------ op_put.c */
+
+void agent__op_put(struct agent_req *r);
+
 /* ------------------------------------------------------------ ops.c */
 
 /* Serve a checked request (the server's on_request hook). */
