@@ -15,7 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/inv.h"
+#include "agent/req.h"
 #include "common/util.h"
 
 #define INITIAL_BUCKETS 1024u

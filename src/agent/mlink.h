@@ -18,6 +18,8 @@
 #include "common/err.h"
 #include "master.pb-c.h"
 
+#define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
+
 struct agent;
 struct agent_inv_entry;
 struct etcd_client;

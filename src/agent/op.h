@@ -24,11 +24,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "agent/agent_int.h"
+#include "agent/lcache.h"
+#include "agent/pool.h"
 #include "client.pb-c.h"
 #include "common/uframe.h"
 #include "master.pb-c.h"
 
+/* Values of a get's spill area start at multiples of this. */
+#define AGENT_SPILL_ALIGN 64u
+
+struct agent;
 struct agent_conn;
 struct agent_map;
 struct agent_xfer;

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/xfer.h"
+#include "agent/req.h"
 #include "agent/op.h"
 #include "agent/server.h"
 #include "common/crc32c.h"

@@ -23,6 +23,8 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/xfer.h"
+#include "agent/req.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
 #include "agent/mlink.h"

@@ -23,6 +23,8 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/xfer.h"
+#include "agent/req.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
 #include "agent/mirror.h"

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/req.h"
 #include "agent/op.h"
 #include "agent/server.h"
 #include "common/log.h"

@@ -19,6 +19,10 @@
 #include "client.pb-c.h"
 #include "common/err.h"
 
+#define AGENT_MAX_INFLIGHT 256u       /* requests per session */
+#define AGENT_MAX_BUFFERS 4096u       /* per session */
+#define AGENT_MAX_VIEWS 65536u        /* per session */
+
 struct agent;
 struct agent_conn;
 struct agent_map;

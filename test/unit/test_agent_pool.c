@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/agent_int.h"
+#include "agent/pool.h"
 #include "common/util.h"
 
 static uv_loop_t loop;
