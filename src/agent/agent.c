@@ -34,8 +34,6 @@
 
 #define LOG_SUBSYS LOGS_AGENT
 
-#define VIEW_RENEW_MIN_MS 100
-
 static void pool_idle(void *ud);
 static void maybe_stopped(struct agent *a);
 
@@ -127,27 +125,6 @@ static int make_segment(struct agent *a, const struct agent_opts *o)
 }
 
 /* ------------------------------------------------------------ start */
-
-static void on_view_timer(uv_timer_t *t)
-{
-	agent__renew_views(t->data);
-}
-
-static uint64_t renew_period(const struct agent *a)
-{
-	return MC_MAX(a->lease_ttl_ms / 3, (uint64_t)VIEW_RENEW_MIN_MS);
-}
-
-void agent__set_lease_ttl(struct agent *a, uint64_t ms)
-{
-	if (ms == a->lease_ttl_ms)
-		return;
-	a->lease_ttl_ms = ms;
-	/* Views must be renewed well within the lease: restart the timer
-	 * at once with the new period. */
-	if (!a->stopping)
-		uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
-}
 
 /* "HOST:PORT" of the agent's RPC listener, with the bound port. */
 static bool resolve_name(struct agent *a)
@@ -290,7 +267,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->staging_bytes = o->staging_bytes;
 	a->numa_node = o->numa_node;
 	a->hugepages = o->hugepages;
-	a->lease_ttl_ms = 5000;
+	agent__gets_init(a, o->remote_cache_bytes);
 	agent__space_init(a, o->put_lease_bytes);
 	a->rpc_listen = dup_opt(o->rpc_listen);
 	if (o->rpc_listen && *o->rpc_listen && !a->rpc_listen)
@@ -344,14 +321,12 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		agent__pool_submit(&a->pool, &pf->job);
 	}
 	uv_timer_init(a->loop, &a->start_timer);
-	uv_timer_init(a->loop, &a->view_timer);
 	agent__batch_init(a);
-	a->remote_cache_bytes = o->remote_cache_bytes;
-	a->start_timer.data = a->view_timer.data = a;
+	a->start_timer.data = a;
 	agent__mirror_init(a);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
-	uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
+	agent__gets_start(a);
 	*out = a;
 	return 0;
 
@@ -399,12 +374,12 @@ static void maybe_stopped(struct agent *a)
 	if (!a->handles_closed) {
 		a->handles_closed = true;
 		/* One call of on_closed owed per handle. */
-		a->closing += 5;
+		a->closing += 4;
 		a->closing += agent__server_close(a, on_closed);
 		agent__pool_stop(&a->pool, on_closed, a);
 		agent__batch_close(a, on_closed);
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
-		uv_close((uv_handle_t *)&a->view_timer, on_closed);
+		a->closing += agent__gets_close(a, on_closed);
 		agent__mirror_close(a, on_closed);
 		a->closing += agent__mlink_close(a, on_closed);
 		return;
@@ -426,7 +401,7 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	a->on_stopped = on_stopped;
 	a->stop_ud = ud;
 	uv_timer_stop(&a->start_timer);
-	uv_timer_stop(&a->view_timer);
+	agent__gets_stop(a);
 	a->closing += agent__server_stop(a, on_closed);
 	agent__batch_flush(a);
 	/* on_stopped always comes from a close callback: never from inside

@@ -41,6 +41,7 @@
 #include "agent/mem.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
+#include "agent/op.h"
 #include "agent/pool.h"
 #include "agent/server.h"
 #include "agent/space.h"
@@ -65,10 +66,6 @@ struct agent {
 	struct agent_pool pool;
 	struct agent_inv inv;
 	struct agent_lcache lc;
-	/* --remote-lease-cache-size: replicas on other agents' segments are
-	 * cached for values up to this size, read and checked against their
-	 * checksum before a get uses them (ops.c, get_probe) */
-	uint64_t remote_cache_bytes;
 	struct agent_batch batch;
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */
@@ -77,23 +74,13 @@ struct agent {
 	void *stop_ud;
 	unsigned closing;             /* handles whose close callback is owed */
 	uv_timer_t start_timer;
-	/* zero-copy views: lease renewal */
-	uv_timer_t view_timer;
-	bool view_renew_busy;
-	uint64_t lease_ttl_ms;
 	struct agent_stats stats;
 	struct agent_mcalls mcalls;
 	struct agent_space space;
 	struct agent_mirror mirror;
 	struct agent_mlink mlink;
 	struct agent_server server;
+	struct agent_gets gets;
 };
-
-/* agent.c */
-/* The master's read lease TTL, learned from its replies. */
-void agent__set_lease_ttl(struct agent *a, uint64_t ms);
-
-/* ops.c */
-void agent__renew_views(struct agent *a);
 
 #endif

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
 #include "agent/lcache.h"
 #include "agent/pool.h"
@@ -174,6 +175,30 @@ struct agent_req *agent__op_end_from_loop(struct agent_job *j);
 /* ------------------------------------------------------------ op_put.c */
 
 void agent__op_put(struct agent_req *r);
+
+/* ------------------------------------------------------------ op_get.c */
+
+/* The gets' state, embedded in struct agent (touched only by op_get.c). */
+struct agent_gets {
+	/* --remote-lease-cache-size: replicas on other agents' segments are
+	 * cached for values up to this size, read and checked against their
+	 * checksum before a get uses them (get_probe) */
+	uint64_t remote_cache_bytes;
+	uint64_t lease_ttl_ms;   /* the master's read lease TTL */
+	uv_timer_t view_timer;   /* renews the zero-copy views' leases */
+	bool view_renew_busy;
+};
+
+void agent__gets_init(struct agent *a, uint64_t remote_cache_bytes);
+/* Start renewing the views' leases (the timer); stop, and close it
+ * (returns how many handles: 1; on_closed gets it with data pointing at
+ * the agent). */
+void agent__gets_start(struct agent *a);
+void agent__gets_stop(struct agent *a);
+unsigned agent__gets_close(struct agent *a, uv_close_cb on_closed);
+/* The master's read lease TTL as last learned (told to clients). */
+uint64_t agent__lease_ttl_ms(const struct agent *a);
+void agent__op_get(struct agent_req *r);
 
 /* ------------------------------------------------------------ ops.c */
 
