@@ -200,6 +200,13 @@ unsigned agent__gets_close(struct agent *a, uv_close_cb on_closed);
 uint64_t agent__lease_ttl_ms(const struct agent *a);
 void agent__op_get(struct agent_req *r);
 
+/* ------------------------------------------------------------ op_buf.c */
+
+void agent__op_register_buffer(struct agent_req *r);
+void agent__op_unregister_buffer(struct agent_req *r);
+void agent__op_alloc_buffer(struct agent_req *r);
+void agent__op_transfer(struct agent_req *r);
+
 /* ------------------------------------------------------------ ops.c */
 
 /* Serve a checked request (the server's on_request hook). */
