@@ -300,8 +300,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		goto out_seg;
 	/* (A job whose done ends no request, e.g. the segment's prefault,
 	 * can be the last thing a stop waits for.) */
-	a->pool.on_idle = pool_idle;
-	a->pool.idle_ud = a;
+	agent__pool_on_idle(&a->pool, pool_idle, a);
 	rc = agent__server_start(a, o->socket_path, o->busy_poll_us * 1000, agent__dispatch,
 				 maybe_stopped);
 	if (rc) {
@@ -373,15 +372,17 @@ static void maybe_stopped(struct agent *a)
 		return;
 	if (!a->handles_closed) {
 		a->handles_closed = true;
-		/* One call of on_closed owed per handle. */
-		a->closing += 4;
-		a->closing += agent__server_close(a, on_closed);
-		agent__pool_stop(&a->pool, on_closed, a);
-		agent__batch_close(a, on_closed);
+		/* Each closed handle owes one call of on_closed (none runs
+		 * before this returns). */
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
-		a->closing += agent__gets_close(a, on_closed);
-		agent__mirror_close(a, on_closed);
-		a->closing += agent__mlink_close(a, on_closed);
+		unsigned n = 1;
+		n += agent__server_close(a, on_closed);
+		n += agent__pool_stop(&a->pool, on_closed, a);
+		n += agent__batch_close(a, on_closed);
+		n += agent__gets_close(a, on_closed);
+		n += agent__mirror_close(a, on_closed);
+		n += agent__mlink_close(a, on_closed);
+		a->closing += n;
 		return;
 	}
 	if (a->closing > 0)

@@ -265,10 +265,11 @@ void agent__batch_init(struct agent *a)
 	a->batch.check.data = a;
 }
 
-void agent__batch_close(struct agent *a, uv_close_cb on_closed)
+unsigned agent__batch_close(struct agent *a, uv_close_cb on_closed)
 {
 	agent__batch_flush(a);
 	uv_close((uv_handle_t *)&a->batch.check, on_closed);
+	return 1;
 }
 
 void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,

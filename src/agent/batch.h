@@ -44,7 +44,7 @@ void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *r
 /* Send every queue now. */
 void agent__batch_flush(struct agent *a);
 /* Send every queue, then close the check handle; on_closed gets it with
- * data pointing at the agent. */
-void agent__batch_close(struct agent *a, uv_close_cb on_closed);
+ * data pointing at the agent. Returns how many handles (1). */
+unsigned agent__batch_close(struct agent *a, uv_close_cb on_closed);
 
 #endif

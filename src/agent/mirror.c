@@ -272,10 +272,11 @@ void agent__mirror_init(struct agent *a)
 	a->mirror.timer.data = a;
 }
 
-void agent__mirror_close(struct agent *a, uv_close_cb on_closed)
+unsigned agent__mirror_close(struct agent *a, uv_close_cb on_closed)
 {
 	agent__mirror_stop(a);
 	uv_close((uv_handle_t *)&a->mirror.timer, on_closed);
+	return 1;
 }
 
 uint64_t agent__mirror_seq(const struct agent *a)

@@ -37,8 +37,8 @@ void agent__mirror_start(struct agent *a, uint64_t seq);
 /* Stop following (the master link moved, or stopping). */
 void agent__mirror_stop(struct agent *a);
 /* Stop, and close the timer; on_closed gets it with data pointing at
- * the agent. */
-void agent__mirror_close(struct agent *a, uv_close_cb on_closed);
+ * the agent. Returns how many handles (1). */
+unsigned agent__mirror_close(struct agent *a, uv_close_cb on_closed);
 /* Where the mirror is in the segment's log. */
 uint64_t agent__mirror_seq(const struct agent *a);
 enum agent_verify { AGENT_VERIFY_OK = 0, AGENT_VERIFY_BAD, AGENT_VERIFY_UNCHECKED };

@@ -141,7 +141,9 @@ static void on_inventory(void *ud, int err, const char *message,
 	}
 	log_info("re-sync with master %s (view %" PRIu64 ") done: %" PRIu64 " objects "
 		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
-		 "none to check)", agent__mcall_master(a), a->mlink.view, a->mlink.resync_reported, a->mlink.resync_bad);
+		 "none to check)",
+		 agent__mcall_master(a), a->mlink.view, a->mlink.resync_reported,
+		 a->mlink.resync_bad);
 	resync_free(a);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	agent__lease_start(a, a->mlink.mount_epoch); /* the segment takes placements */
@@ -249,7 +251,8 @@ static void retry_mount_later(struct agent *a)
 {
 	if (a->stopping)
 		return;
-	a->mlink.retry_ms = a->mlink.retry_ms ? MC_MIN(a->mlink.retry_ms * 2, RETRY_MAX_MS) : RETRY_MIN_MS;
+	a->mlink.retry_ms = a->mlink.retry_ms ? MC_MIN(a->mlink.retry_ms * 2, RETRY_MAX_MS)
+					      : RETRY_MIN_MS;
 	uv_timer_start(&a->mlink.hb_timer, on_hb_timer, a->mlink.retry_ms, 0);
 }
 
@@ -562,8 +565,8 @@ static void watch_leader(struct agent *a, int64_t from)
 		read_leader(a); /* re-read, then watch from there */
 		return;
 	}
-	int rc = etcd_watch(a->mlink.etcd, a->mlink.leader_key, strlen(a->mlink.leader_key), NULL, 0, from, 0,
-			    &leader_watch_cbs, a, &a->mlink.watch);
+	int rc = etcd_watch(a->mlink.etcd, a->mlink.leader_key, strlen(a->mlink.leader_key),
+			    NULL, 0, from, 0, &leader_watch_cbs, a, &a->mlink.watch);
 	if (rc) {
 		a->mlink.watch = NULL;
 		log_warn("cannot watch %s: %s", a->mlink.leader_key, mc_strerror(rc));

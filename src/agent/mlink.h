@@ -4,8 +4,8 @@
  * A part above the mirror and the put lease, which it starts and resets
  * at every mount; it calls the master calls (mcall.c), the mirror, the
  * put lease, the inventory, the lease cache, the copy threads and the
- * statistics. Only the agent's lifecycle (agent.c) and the put (a lease
- * drained) call it.
+ * statistics. Only the agent's lifecycle (agent.c), the put (a lease
+ * drained) and the Stats reply (the view) call it.
  */
 #ifndef MC_AGENT_MLINK_H
 #define MC_AGENT_MLINK_H

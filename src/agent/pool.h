@@ -20,6 +20,7 @@ struct agent_job {
 	bool threaded;                     /* given to the copy threads */
 };
 
+/* The copy threads, embedded in their owner (touched only by pool.c). */
 struct agent_pool {
 	pthread_t *threads;
 	unsigned nthreads;
@@ -31,8 +32,7 @@ struct agent_pool {
 	uv_async_t async;
 	unsigned pending;                   /* queued or running (loop) */
 	unsigned threaded;                  /* of them, the copy threads' */
-	/* Optional: threaded (and maybe pending) fell to 0 in a round of
-	 * completions. */
+	/* agent__pool_on_idle's */
 	void (*on_idle)(void *ud);
 	void *idle_ud;
 	bool started, closing;
@@ -58,13 +58,17 @@ void agent__pool_done_now(struct agent_pool *p, struct agent_job *j);
  * the copy's state if it is the last out). Small copies, or no memory:
  * plain memcpy. */
 void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len);
+/* Have on_idle(ud) run on the loop after a round of completions that
+ * leaves the copy threads without work. */
+void agent__pool_on_idle(struct agent_pool *p, void (*on_idle)(void *ud), void *ud);
 /* Jobs queued or running (begun, for agent__pool_begin's), and of them
  * those the copy threads run. */
 unsigned agent__pool_pending(const struct agent_pool *p);
 unsigned agent__pool_threaded(const struct agent_pool *p);
 bool agent__pool_started(const struct agent_pool *p);
 /* Join the threads (every job must have completed) and close the async
- * handle (on_closed runs from the loop and gets it with data). */
-void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed, void *data);
+ * handle (on_closed runs from the loop and gets it with data). Returns
+ * how many handles it closed (0: the pool never started). */
+unsigned agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed, void *data);
 
 #endif

@@ -3,9 +3,10 @@
  * (staging buffer, registered buffers, zero-copy views), their output
  * queues, the busy poll, and the replies. A part below the operations:
  * it hands each checked request to the on_request hook the agent sets
- * and calls only the request check (req.c), the memory maps (mem.c) and
- * the statistics. The operations reach a session only through the
- * functions below: struct agent_conn is server.c's alone.
+ * and calls only the request check (req.c), the memory maps (mem.c), the
+ * copy threads (are they busy?) and the statistics. The operations reach
+ * a session only through the functions below: struct agent_conn is
+ * server.c's alone.
  */
 #ifndef MC_AGENT_SERVER_H
 #define MC_AGENT_SERVER_H

@@ -119,7 +119,8 @@ static void drop_shortest(struct agent *a)
 {
 	unsigned k = 0;
 	for (unsigned j = 1; j < a->space.nlease; j++)
-		if (a->space.lease[j].end - a->space.lease[j].off < a->space.lease[k].end - a->space.lease[k].off)
+		if (a->space.lease[j].end - a->space.lease[j].off <
+		    a->space.lease[k].end - a->space.lease[k].off)
 			k = j;
 	give_back(a, a->space.lease[k].off, a->space.lease[k].end - a->space.lease[k].off);
 	a->space.lease[k] = a->space.lease[--a->space.nlease];
@@ -208,7 +209,8 @@ void agent__lease_sync(struct agent *a)
 
 bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *gen)
 {
-	if (!a->space.ready || !a->space.lease_bytes || size > lease_target(a) / AGENT_LEASE_VALUE_DIV)
+	if (!a->space.ready || !a->space.lease_bytes ||
+	    size > lease_target(a) / AGENT_LEASE_VALUE_DIV)
 		return false;
 	a->space.idle = false;
 	uint64_t len = (size + AGENT_LEASE_GRANULE - 1) & ~(uint64_t)(AGENT_LEASE_GRANULE - 1);
@@ -373,7 +375,8 @@ bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
 			struct agent_rtake *t)
 {
 	uint64_t len = (size + AGENT_LEASE_GRANULE - 1) & ~(uint64_t)(AGENT_LEASE_GRANULE - 1);
-	if (!a->space.ready || !a->space.lease_bytes || len == 0 || len > rlease_target(a) / AGENT_RLEASE_VALUE_DIV ||
+	if (!a->space.ready || !a->space.lease_bytes || len == 0 ||
+	    len > rlease_target(a) / AGENT_RLEASE_VALUE_DIV ||
 	    strlen(seg) >= sizeof(a->space.rl[0].seg))
 		return false;
 	/* Its slot, else the least recently used one without a call out. */
@@ -406,7 +409,8 @@ bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
 		t->base = e->base;
 		e->off += len;
 	}
-	if (!l->next.end && (now >= e->until_ms || e->end - e->off < rlease_target(a) / AGENT_RLEASE_REFILL_DIV))
+	if (!l->next.end && (now >= e->until_ms ||
+			     e->end - e->off < rlease_target(a) / AGENT_RLEASE_REFILL_DIV))
 		rlease_ask(a, k); /* for the next puts */
 	rlease_gauge(a);
 	return ok;
@@ -450,7 +454,8 @@ void agent__lease_start(struct agent *a, uint64_t epoch)
 void agent__lease_tick(struct agent *a)
 {
 	rlease_gauge(a);
-	if (a->space.ready && a->space.nlease && mc_now_ms() - a->space.used_ms > AGENT_LEASE_IDLE_MS) {
+	if (a->space.ready && a->space.nlease &&
+	    mc_now_ms() - a->space.used_ms > AGENT_LEASE_IDLE_MS) {
 		/* Idle: the space is more use to the pool. */
 		for (unsigned i = 0; i < a->space.nlease; i++)
 			give_back(a, a->space.lease[i].off, a->space.lease[i].end - a->space.lease[i].off);

@@ -41,7 +41,7 @@ enum agent_gauge {
 	AGENT_G_BUFFERS,      /* server.c: buffers of every session */
 	AGENT_G_VIEWS,        /* server.c: zero-copy views of every session */
 	AGENT_G_STAGING,      /* server.c: staging bytes of every session */
-	AGENT_G_INVENTORY,    /* whoever changes the inventory (inv.c) */
+	AGENT_G_INVENTORY,    /* mirror.c, mlink.c: objects in the inventory */
 	AGENT_G_MASTER_VIEW,  /* mlink.c: the view the segment is mounted in */
 	AGENT_G_MOUNTED,      /* mlink.c */
 	AGENT_G_PUT_LEASE,    /* space.c: room left in the put lease */
