@@ -1,22 +1,59 @@
 /*
- * agent_int: what the agent's files share.
+ * agent_int: struct agent, and the map of the agent's rooms.
  *
- *   agent.c    lifecycle, options, metrics, the segment
- *   mem.c      memfds (huge pages, NUMA, seals), mappings, client memfd
- *              checks
- *   pool.c     copy threads: jobs run off the loop, completions back on it
- *   server.c   the Unix socket: sessions, frames, descriptors, replies
- *   req.c      request validation (pure: also the fuzz target's entry)
- *   ops.c      the operations: put, get, exist, remove, buffers, transfer
- *   mlink.c    the master: discovery (fixed or meta leader key), mount,
- *              heartbeats, re-sync with inventory, calls with redirects
- *   mirror.c   the segment mirror: following the master's log of the
- *              segment's changes (SyncSegment), listing it when behind,
- *              and checking bytes against checksums before a re-sync
- *   space.c    the put lease: space of the segment the master delegated,
- *              for puts sealed with one call (BatchCommit)
- *   inv.c      the mirror's table: every COMPLETE object in this agent's
- *              segment, whoever wrote it (pure)
+ * Each file has one job and, when it keeps state, a struct of its own
+ * in its header (named after the file), embedded in struct agent below
+ * and touched only by that file; the others call its functions. What
+ * struct agent holds directly is the frame every file may read (loop,
+ * name, segment, options, stopping), written only by agent.c.
+ *
+ *   agent.c      lifecycle: start, stop, the DRAM segment; sets the hooks
+ *   ops.c        which operation serves a request; hello, exist, remove,
+ *                remove_all, stats, release (op.h, as the op_* files)
+ *   op_put.c     put: leased space or PutStart, copies, commit or PutEnd
+ *   op_get.c     get, and read leases (cached replicas, zero-copy views)
+ *   op_buf.c     client buffers (register, unregister, alloc), transfers
+ *   op_common.c  the operations' shared steps
+ *   server.c     the Unix socket: sessions, frames, descriptors, replies,
+ *                busy poll
+ *   mlink.c      the master link: discovery, mount, heartbeats, re-sync
+ *   mirror.c     the segment mirror: following the master's log of this
+ *                segment, listings, checking bytes before a re-sync
+ *   space.c      put leases: own segment's and other agents' space
+ *   batch.c      master calls of concurrent requests, coalesced
+ *   mcall.c      calls to the master leader: redirects, parked calls
+ *   stats.c      counters, gauges, request metrics
+ *   xfer.c       reads and writes of other segments (transfer engine)
+ *   mem.c        memfds, mappings, checks of client memfds
+ *   pool.c       copy threads: jobs off the loop, completions back on it
+ *   inv.c        the inventory: objects in this segment (pure)
+ *   lcache.c     the lease cache: replicas under a read lease (pure)
+ *   req.c        request validation (pure: also the fuzz target's entry)
+ *
+ * Calls between the files (a file -> the files it calls). Calls go down
+ * this list only, so there is no circle; news goes up through hooks the
+ * caller sets (the server's on_request and on_gone, mcall's on_leader,
+ * the pool's on_idle, mlink's done). test_agent_rooms.py checks this
+ * list against the objects and the embedded structs against their use.
+ *
+ *   agent.c     -> batch inv lcache mem mirror mlink op_get ops pool
+ *                  server space stats
+ *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
+ *                  op_common op_get op_put req server stats
+ *   op_put.c    -> batch inv lcache mcall mlink op_common pool req server
+ *                  space stats xfer
+ *   op_get.c    -> batch lcache mcall mem op_common pool req server space
+ *                  stats xfer
+ *   op_buf.c    -> mem op_common pool server stats xfer
+ *   op_common.c -> mem pool server stats xfer
+ *   server.c    -> mem pool req stats
+ *   mlink.c     -> inv lcache mcall mirror pool space stats
+ *   mirror.c    -> inv mcall stats
+ *   space.c     -> mcall stats
+ *   batch.c     -> mcall
+ *   xfer.c      -> pool
+ *   mem.c       -> pool
+ *   mcall.c, stats.c, pool.c, inv.c, lcache.c, req.c -> nothing
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
  * touch only the memory their job owns (mappings hold references taken
@@ -47,9 +84,8 @@
 #include "agent/space.h"
 #include "agent/stats.h"
 
-/* ------------------------------------------------------------ agent */
-
 struct agent {
+	/* The frame (agent.c's; every file may read it). */
 	uv_loop_t *loop;
 	struct metrics_registry *metrics;
 	struct te_engine *te;
@@ -63,10 +99,6 @@ struct agent {
 	struct agent_map *seg;        /* the DRAM segment */
 	struct te_region *seg_region; /* it, registered with the engine */
 	int seg_ro_fd;                /* read-only descriptor of it */
-	struct agent_pool pool;
-	struct agent_inv inv;
-	struct agent_lcache lc;
-	struct agent_batch batch;
 	bool stopping, stopped;
 	atomic_bool stop_flag;        /* stopping, for the copy threads */
 	bool mlink_stopped, handles_closed;
@@ -74,13 +106,19 @@ struct agent {
 	void *stop_ud;
 	unsigned closing;             /* handles whose close callback is owed */
 	uv_timer_t start_timer;
-	struct agent_stats stats;
-	struct agent_mcalls mcalls;
-	struct agent_space space;
-	struct agent_mirror mirror;
-	struct agent_mlink mlink;
-	struct agent_server server;
-	struct agent_gets gets;
+	/* The rooms: each touched only by the file named (the others pass
+	 * a pool, inventory, lease cache or statistics to its functions). */
+	struct agent_pool pool;       /* pool.c */
+	struct agent_inv inv;         /* inv.c */
+	struct agent_lcache lc;       /* lcache.c */
+	struct agent_stats stats;     /* stats.c */
+	struct agent_mcalls mcalls;   /* mcall.c */
+	struct agent_batch batch;     /* batch.c */
+	struct agent_space space;     /* space.c */
+	struct agent_mirror mirror;   /* mirror.c */
+	struct agent_mlink mlink;     /* mlink.c */
+	struct agent_server server;   /* server.c */
+	struct agent_gets gets;       /* op_get.c */
 };
 
 #endif
