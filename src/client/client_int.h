@@ -33,7 +33,10 @@ typedef Mooncake__Client__Request Request;
 typedef Mooncake__Client__Response Response;
 typedef Mooncake__Client__Region Region;
 
-enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW };
+/* R_ALLOC: from mc_buffer_alloc; R_MEMFD: mc_register_memfd; R_HOST: an
+ * mc_host_alloc allocation this session handed to its agent; R_SHADOW:
+ * other registered memory, copied through staging. */
+enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST };
 
 struct range {
 	uint8_t *addr;
@@ -42,6 +45,8 @@ struct range {
 	enum range_kind kind;
 	void *map_base;       /* R_ALLOC: the whole reservation */
 	size_t map_len;
+	uint64_t host_gen;    /* R_HOST: which allocation */
+	bool published;       /* published to the transfer engine */
 };
 
 struct block {
@@ -129,12 +134,36 @@ int mc__tmp_memfd(size_t len);
 const struct range *mc__find_agent_range_locked(mc_client *c, const void *p, size_t len);
 /* Region of agent-mapped memory for [p, p + len): true if there is one. */
 bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g);
+/* Whether p lies in memory registered in this session (any kind); *room:
+ * the bytes from p to that range's end. mc_host_alloc memory counts
+ * (attached on the way). */
+bool mc__registered_room(mc_client *c, const void *p, size_t *room);
 /* Add a range under mu. Errors: -EEXIST (overlap), -ENOMEM. */
 int mc__range_add_locked(mc_client *c, const struct range *r);
 /* Remove the range starting at addr under mu; *out gets it. -ENOENT. */
 int mc__range_del_locked(mc_client *c, const void *addr, struct range *out);
 /* Unregister buffer id with the agent: 0 or an error. */
 int mc__unregister_id(mc_client *c, uint64_t id);
+/*
+ * Hand memfd fd (borrowed) to the agent as a buffer of len bytes from
+ * offset, living at addr here; published to the transfer engine at addr
+ * when publish is set. *id: the agent's buffer id. Errors: those of
+ * mc_register_memfd.
+ */
+int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len,
+		    bool publish, uint64_t *id);
+
+/* host.c */
+/*
+ * Attach the mc_host_alloc allocation holding [p, p + len) to session c
+ * (whole, published when asked: an unpublished attachment is replaced).
+ * Returns 0 (also when attached already), -ENOENT (not such memory, or
+ * freed meanwhile), or an error of the agent's registration.
+ */
+int mc__host_attach(mc_client *c, const void *p, size_t len, bool publish);
+/* Add / remove an open handle from those mc_host_free tells. -ENOMEM. */
+int mc__host_track(mc_client *c);
+void mc__host_untrack(mc_client *c);
 
 static inline bool mc__key_ok(size_t klen)
 {

@@ -301,6 +301,8 @@ MC__PUBLIC int mc_open_ex(const struct mc_open_opts *opts, mc_client **out)
 	pthread_mutex_init(&c->send_mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	rc = hello(c, &o);
+	if (rc == 0)
+		rc = mc__host_track(c);
 	if (rc) {
 		mc_close(c);
 		return rc;
@@ -326,6 +328,7 @@ MC__PUBLIC void mc_close(mc_client *c)
 {
 	if (!c)
 		return;
+	mc__host_untrack(c);
 	close(c->fd);
 	for (size_t i = 0; i < c->nranges; i++)
 		if (c->ranges[i].kind == R_ALLOC)

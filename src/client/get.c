@@ -21,6 +21,8 @@ struct get_item {
 	size_t klen;
 	void *buf;        /* destination, or NULL: allocate */
 	size_t cap;
+	const struct mc_part *parts; /* or scatter over these (nparts > 1) */
+	size_t nparts;
 	bool zero_copy;
 	/* out */
 	int err;
@@ -121,6 +123,21 @@ static int map_segment(mc_client *c, int fd)
 /* Deliver size bytes at src to the item: its buffer, or a new one. */
 static void deliver(struct get_item *it, const void *src)
 {
+	if (it->parts) {
+		if (it->size > it->cap) {
+			it->err = -ENOBUFS;
+			return;
+		}
+		const uint8_t *p = src;
+		size_t left = it->size;
+		for (size_t k = 0; k < it->nparts && left; k++) {
+			size_t n = it->parts[k].len < left ? it->parts[k].len : left;
+			memcpy(it->parts[k].buf, p, n);
+			p += n;
+			left -= n;
+		}
+		return;
+	}
 	if (it->buf) {
 		if (it->size > it->cap) {
 			it->err = -ENOBUFS;
@@ -433,37 +450,171 @@ MC__PUBLIC int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys
 	return rc;
 }
 
+static void send_release(mc_client *c, uint64_t id);
+
+/* Turn the outcome of a zero-copy item into a view (0), or free what it
+ * holds and return its error. */
+static int make_view(mc_client *c, struct get_item *it, int rc, const void **data,
+		     size_t *len, mc_view **view)
+{
+	mc_view *v = rc ? NULL : calloc(1, sizeof(*v));
+	if (!rc && !v)
+		rc = -ENOMEM;
+	if (rc) {
+		free(it->alloc);
+		spill_give(c, it->spill);
+		mc__stg_free(c, it->view_blk);
+		if (it->view)
+			send_release(c, it->view); /* mapped, but no handle for it */
+		return rc;
+	}
+	v->spill = it->spill;
+	v->blk = it->view_blk;
+	if (it->spill >= 0 || it->view_blk >= 0) {
+		*data = it->mapped;
+	} else if (it->mapped) {
+		v->id = it->view;
+		*data = it->mapped;
+	} else {
+		v->copy = it->alloc;
+		*data = it->alloc;
+	}
+	*len = it->size;
+	*view = v;
+	return 0;
+}
+
 MC__PUBLIC int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data,
 			   size_t *len, mc_view **view)
 {
-	mc_view *v = calloc(1, sizeof(*v));
-	if (!v)
-		return -ENOMEM;
 	struct get_item it = {.key = key, .klen = klen, .zero_copy = true};
 	int rc = do_get(c, &it, 1, false);
-	if (rc == 0)
-		rc = it.err;
-	v->spill = it.spill;
-	v->blk = it.view_blk;
-	if (rc) {
-		free(it.alloc);
-		spill_give(c, it.spill);
-		mc__stg_free(c, it.view_blk);
-		free(v);
-		return rc;
+	return make_view(c, &it, rc ? rc : it.err, data, len, view);
+}
+
+MC__PUBLIC int mc_batch_get_view(mc_client *c, size_t n, const void *const *keys,
+				 const size_t *klens, const void **datas, size_t *lens,
+				 mc_view **views, int *results)
+{
+	struct get_item *its = calloc(n ? n : 1, sizeof(*its));
+	if (!its)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		its[i].key = keys[i];
+		its[i].klen = klens[i];
+		its[i].zero_copy = true;
 	}
-	if (it.spill >= 0 || it.view_blk >= 0) {
-		*data = it.mapped;
-	} else if (it.mapped) {
-		v->id = it.view;
-		*data = it.mapped;
-	} else {
-		v->copy = it.alloc;
-		*data = it.alloc;
+	int rc = do_get(c, its, n, false);
+	for (size_t i = 0; i < n; i++) {
+		views[i] = NULL;
+		datas[i] = NULL;
+		lens[i] = 0;
+		results[i] = make_view(c, &its[i], rc ? rc : its[i].err, &datas[i], &lens[i],
+				       &views[i]);
 	}
-	*len = it.size;
-	*view = v;
-	return 0;
+	free(its);
+	return rc;
+}
+
+MC__PUBLIC int mc_batch_get_into_parts(mc_client *c, size_t n, const void *const *keys,
+				       const size_t *klens, const struct mc_part *const *parts,
+				       const size_t *nparts, int64_t *results)
+{
+	struct get_item *its = calloc(n ? n : 1, sizeof(*its));
+	if (!its)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		its[i].key = keys[i];
+		its[i].klen = klens[i];
+		size_t cap = 0;
+		for (size_t k = 0; k < nparts[i]; k++)
+			cap = parts[i][k].len > SIZE_MAX - cap ? SIZE_MAX : cap + parts[i][k].len;
+		its[i].cap = cap;
+		if (nparts[i] == 1) {
+			its[i].buf = parts[i][0].buf;
+		} else if (nparts[i] > 1) {
+			its[i].parts = parts[i];
+			its[i].nparts = nparts[i];
+		} else {
+			its[i].klen = 0; /* refused below: no destination */
+		}
+	}
+	int rc = do_get(c, its, n, false);
+	for (size_t i = 0; i < n; i++)
+		results[i] = rc ? rc : its[i].err ? its[i].err : (int64_t)its[i].size;
+	free(its);
+	return rc;
+}
+
+/* Position of key (k, klen) among the first n of keys, or n. */
+static size_t key_index(const void *const *keys, const size_t *klens, size_t n, const void *k,
+			size_t klen)
+{
+	for (size_t i = 0; i < n; i++)
+		if (klens[i] == klen && memcmp(keys[i], k, klen) == 0)
+			return i;
+	return n;
+}
+
+MC__PUBLIC int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n,
+			     int64_t *results)
+{
+	if (n == 0)
+		return 0;
+	const void **keys = malloc(n * sizeof(*keys));
+	size_t *klens = malloc(n * sizeof(*klens));
+	size_t *which = malloc(n * sizeof(*which));
+	const void **datas = malloc(n * sizeof(*datas));
+	size_t *lens = malloc(n * sizeof(*lens));
+	mc_view **views = malloc(n * sizeof(*views));
+	int *res = malloc(n * sizeof(*res));
+	int rc = 0;
+	size_t nk = 0;
+	if (!keys || !klens || !which || !datas || !lens || !views || !res) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Each object once, however many ranges name it. */
+	for (size_t i = 0; i < n; i++) {
+		size_t k = key_index(keys, klens, nk, reqs[i].key, reqs[i].klen);
+		if (k == nk) {
+			keys[nk] = reqs[i].key;
+			klens[nk++] = reqs[i].klen;
+		}
+		which[i] = k;
+	}
+	rc = mc_batch_get_view(c, nk, keys, klens, datas, lens, views, res);
+	if (rc)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		const struct mc_range_req *q = &reqs[i];
+		size_t k = which[i];
+		size_t room = 0;
+		if (res[k]) {
+			results[i] = res[k];
+		} else if (q->src_offset > lens[k] || q->len > lens[k] - q->src_offset) {
+			results[i] = -ERANGE;
+		} else if (!mc__registered_room(c, q->dst, &room)) {
+			results[i] = -EINVAL;
+		} else if (q->len > room) {
+			results[i] = -ENOBUFS;
+		} else {
+			if (q->len)
+				memmove(q->dst, (const uint8_t *)datas[k] + q->src_offset, q->len);
+			results[i] = (int64_t)q->len;
+		}
+	}
+	for (size_t k = 0; k < nk; k++)
+		mc_view_release(c, views[k]);
+out:
+	free(keys);
+	free(klens);
+	free(which);
+	free(datas);
+	free(lens);
+	free(views);
+	free(res);
+	return rc;
 }
 
 MC__PUBLIC int mc_view_is_mapped(const mc_view *v)
@@ -471,20 +622,25 @@ MC__PUBLIC int mc_view_is_mapped(const mc_view *v)
 	return v && v->id != 0;
 }
 
+/* Tell the agent a mapped view is released (no answer to wait for). */
+static void send_release(mc_client *c, uint64_t id)
+{
+	Mooncake__Client__ReleaseRequest q = MOONCAKE__CLIENT__RELEASE_REQUEST__INIT;
+	q.views = &id;
+	q.n_views = 1;
+	q.quiet = true;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_RELEASE;
+	req.release = &q;
+	mc__send_only(c, &req);
+}
+
 MC__PUBLIC void mc_view_release(mc_client *c, mc_view *v)
 {
 	if (!v)
 		return;
-	if (v->id) {
-		Mooncake__Client__ReleaseRequest q = MOONCAKE__CLIENT__RELEASE_REQUEST__INIT;
-		q.views = &v->id;
-		q.n_views = 1;
-		q.quiet = true; /* no answer to read */
-		Request req = MOONCAKE__CLIENT__REQUEST__INIT;
-		req.op_case = MOONCAKE__CLIENT__REQUEST__OP_RELEASE;
-		req.release = &q;
-		mc__send_only(c, &req);
-	}
+	if (v->id)
+		send_release(c, v->id);
 	spill_give(c, v->spill);
 	mc__stg_free(c, v->blk);
 	free(v->copy);

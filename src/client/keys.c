@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <regex.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ keys */
@@ -152,5 +153,97 @@ MC__PUBLIC int mc_agent_stats(mc_client *c, struct mc_agent_stats *out)
 		out->resync_bad = s->resync_bad;
 	}
 	mc__waiter_clear(&w);
+	return rc;
+}
+
+MC__PUBLIC int64_t mc_remove_regex(mc_client *c, const char *pattern, int force)
+{
+	if (!pattern)
+		return -EINVAL;
+	regex_t re;
+	if (regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB) != 0)
+		return -EINVAL;
+	regfree(&re);
+	Mooncake__Client__RemoveRegexRequest q = MOONCAKE__CLIENT__REMOVE_REGEX_REQUEST__INIT;
+	q.pattern = (char *)pattern;
+	q.force = force != 0;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX;
+	req.remove_regex = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	int64_t out;
+	if (w.resp->error)
+		out = w.resp->error;
+	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_REMOVE_ALL)
+		out = MC_EPROTOCOL;
+	else
+		out = (int64_t)w.resp->remove_all->removed;
+	mc__waiter_clear(&w);
+	return out;
+}
+
+MC__PUBLIC int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
+				      const size_t *klens, const char *segment, int *cleared)
+{
+	if (n == 0)
+		return 0;
+	if (!segment || !*segment) {
+		/* Whole objects: a remove that leaves leased ones alone. */
+		int rc = mc_batch_remove(c, n, keys, klens, 0, cleared);
+		for (size_t i = 0; rc == 0 && i < n; i++)
+			if (cleared[i] == 0)
+				cleared[i] = 1;
+			else if (cleared[i] == MC_EOBJECT_NOT_FOUND ||
+				 cleared[i] == MC_EOBJECT_HAS_LEASE)
+				cleared[i] = 0;
+		return rc;
+	}
+	ProtobufCBinaryData *k = calloc(n, sizeof(*k));
+	size_t *map = malloc(n * sizeof(*map));
+	size_t nreq = 0;
+	int rc = 0;
+	if (!k || !map) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		cleared[i] = 0;
+		if (!mc__key_ok(klens[i])) {
+			cleared[i] = -EINVAL;
+			continue;
+		}
+		k[nreq].data = (uint8_t *)keys[i];
+		k[nreq].len = klens[i];
+		map[nreq++] = i;
+	}
+	if (nreq == 0)
+		goto out;
+	Mooncake__Client__ReplicaClearRequest q = MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
+	q.keys = k;
+	q.n_keys = nreq;
+	q.segment = (char *)segment;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR;
+	req.replica_clear = &q;
+	struct waiter w;
+	rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		goto out;
+	const Response *r = w.resp;
+	if (r->error)
+		rc = r->error;
+	else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_KEYS ||
+		 r->keys->n_results != nreq)
+		rc = MC_EPROTOCOL;
+	else
+		for (size_t j = 0; j < nreq; j++)
+			cleared[map[j]] = r->keys->results[j];
+	mc__waiter_clear(&w);
+out:
+	free(k);
+	free(map);
 	return rc;
 }

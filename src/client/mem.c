@@ -126,11 +126,8 @@ const struct range *mc__find_agent_range_locked(mc_client *c, const void *p, siz
 }
 
 /* Region of agent-mapped memory for [p, p + len): true if there is one. */
-bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g)
+static bool region_locked(mc_client *c, const void *p, size_t len, Region *g)
 {
-	if (!p)
-		return false;
-	pthread_mutex_lock(&c->mu);
 	const struct range *r = mc__find_agent_range_locked(c, p, len);
 	if (r) {
 		g->where = MOONCAKE__CLIENT__REGION__WHERE__BUFFER;
@@ -138,8 +135,41 @@ bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g)
 		g->offset = (uint64_t)((const uint8_t *)p - r->addr);
 		g->length = len;
 	}
-	pthread_mutex_unlock(&c->mu);
 	return r != NULL;
+}
+
+bool mc__registered_room(mc_client *c, const void *p, size_t *room)
+{
+	const uint8_t *a = p;
+	bool found = false;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < c->nranges && !found; i++) {
+		const struct range *r = &c->ranges[i];
+		if (a >= r->addr && (size_t)(a - r->addr) < r->len) {
+			*room = r->len - (size_t)(a - r->addr);
+			found = true;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (!found && mc__host_attach(c, p, 1, false) == 0)
+		return mc__registered_room(c, p, room); /* mc_host_alloc memory */
+	return found;
+}
+
+bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g)
+{
+	if (!p)
+		return false;
+	pthread_mutex_lock(&c->mu);
+	bool found = region_locked(c, p, len, g);
+	pthread_mutex_unlock(&c->mu);
+	if (found || mc__host_attach(c, p, len, false) != 0)
+		return found;
+	/* mc_host_alloc memory, attached just now. */
+	pthread_mutex_lock(&c->mu);
+	found = region_locked(c, p, len, g);
+	pthread_mutex_unlock(&c->mu);
+	return found;
 }
 
 
@@ -235,7 +265,8 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 	}
 	mc__waiter_clear(&w);
 	if (rc == 0) {
-		struct range r = {addr, len, id, R_ALLOC, base, rlen};
+		struct range r = {.addr = addr, .len = len, .id = id, .kind = R_ALLOC,
+				  .map_base = base, .map_len = rlen, .published = true};
 		pthread_mutex_lock(&c->mu);
 		rc = mc__range_add_locked(c, &r);
 		pthread_mutex_unlock(&c->mu);
@@ -267,6 +298,30 @@ MC__PUBLIC int mc_buffer_free(mc_client *c, void *buf)
 	return rc;
 }
 
+int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len,
+		    bool publish, uint64_t *id)
+{
+	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	q.offset = offset;
+	q.length = len;
+	q.address = publish ? (uint64_t)(uintptr_t)addr : 0;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
+	req.register_buffer = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, &fd, 1, &w);
+	if (rc)
+		return rc;
+	if (w.resp->error)
+		rc = w.resp->error;
+	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER)
+		rc = MC_EPROTOCOL;
+	else
+		*id = w.resp->buffer->buffer;
+	mc__waiter_clear(&w);
+	return rc;
+}
+
 MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
 				 size_t len)
 {
@@ -282,28 +337,11 @@ MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *ad
 	pthread_mutex_unlock(&c->mu);
 	if (rc)
 		return rc;
-	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
-	q.offset = offset;
-	q.length = len;
-	q.address = (uint64_t)(uintptr_t)addr;
-	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
-	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
-	req.register_buffer = &q;
-	struct waiter w;
-	rc = mc__call(c, &req, &fd, 1, &w);
-	if (rc)
-		return rc;
 	uint64_t id = 0;
-	if (w.resp->error)
-		rc = w.resp->error;
-	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER)
-		rc = MC_EPROTOCOL;
-	else
-		id = w.resp->buffer->buffer;
-	mc__waiter_clear(&w);
+	rc = mc__register_fd(c, fd, offset, addr, len, true, &id);
 	if (rc)
 		return rc;
-	struct range r = {addr, len, id, R_MEMFD, NULL, 0};
+	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_MEMFD, .published = true};
 	pthread_mutex_lock(&c->mu);
 	rc = mc__range_add_locked(c, &r);
 	pthread_mutex_unlock(&c->mu);
@@ -312,36 +350,54 @@ MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *ad
 	return rc;
 }
 
-MC__PUBLIC int mc_register_buffer(mc_client *c, void *addr, size_t len)
+static int register_any(mc_client *c, void *addr, size_t len, bool publish)
 {
 	if (len == 0 || !addr)
 		return -EINVAL;
+	int rc = mc__host_attach(c, addr, len, publish);
+	if (rc != -ENOENT)
+		return rc;
 	pthread_mutex_lock(&c->mu);
-	int rc = 0;
 	/* Inside a buffer of the session already: nothing to do. */
 	if (mc__find_agent_range_locked(c, addr, len)) {
 		pthread_mutex_unlock(&c->mu);
 		return 0;
 	}
-	struct range r = {addr, len, 0, R_SHADOW, NULL, 0};
+	struct range r = {.addr = addr, .len = len, .kind = R_SHADOW};
 	rc = mc__range_add_locked(c, &r);
 	pthread_mutex_unlock(&c->mu);
 	return rc;
+}
+
+MC__PUBLIC int mc_register_buffer(mc_client *c, void *addr, size_t len)
+{
+	return register_any(c, addr, len, false);
+}
+
+MC__PUBLIC int mc_register_memory(mc_client *c, void *addr, size_t len)
+{
+	return register_any(c, addr, len, true);
 }
 
 MC__PUBLIC int mc_unregister_buffer(mc_client *c, void *addr)
 {
 	struct range r;
 	pthread_mutex_lock(&c->mu);
+	const struct range *in = mc__find_agent_range_locked(c, addr, 1);
+	if (in && in->kind == R_HOST && in->addr != addr) {
+		/* A part of an attached mc_host_alloc allocation: the
+		 * session keeps the whole. */
+		pthread_mutex_unlock(&c->mu);
+		return 0;
+	}
 	int rc = mc__range_del_locked(c, addr, &r);
 	if (rc == 0 && r.kind == R_ALLOC) {
 		(void)mc__range_add_locked(c, &r); /* mc_buffer_free frees those */
-		rc = 0;
 		pthread_mutex_unlock(&c->mu);
 		return 0;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (rc == 0 && r.kind == R_MEMFD)
+	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST))
 		rc = mc__unregister_id(c, r.id);
 	return rc;
 }

@@ -106,3 +106,33 @@ out:
 	free(blk);
 	return rc;
 }
+
+MC__PUBLIC int mc_segment_info(mc_client *c, const char *name, struct mc_segment_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!name || !*name)
+		return -EINVAL;
+	Mooncake__Client__SegmentRequest q = MOONCAKE__CLIENT__SEGMENT_REQUEST__INIT;
+	q.name = (char *)name;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_SEGMENT;
+	req.segment = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	const Response *r = w.resp;
+	if (r->error) {
+		rc = r->error;
+	} else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_SEGMENT) {
+		rc = MC_EPROTOCOL;
+	} else {
+		out->regions = r->segment->n_regions;
+		if (r->segment->n_regions) {
+			out->first_address = r->segment->regions[0]->address;
+			out->first_length = r->segment->regions[0]->length;
+		}
+	}
+	mc__waiter_clear(&w);
+	return rc;
+}
