@@ -324,6 +324,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
+	$(Q)$(B)/bench/bench_hostmem 64 1024 4
 	$(Q)test/bench/bench_meta.sh $(B)
 
 # ---------------------------------------------------------------- format
