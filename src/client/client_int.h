@@ -34,9 +34,10 @@ typedef Mooncake__Client__Response Response;
 typedef Mooncake__Client__Region Region;
 
 /* R_ALLOC: from mc_buffer_alloc; R_MEMFD: mc_register_memfd; R_HOST: an
- * mc_host_alloc allocation this session handed to its agent; R_SHADOW:
+ * mc_host_alloc allocation this session handed to its agent; R_PROC:
+ * ordinary memory the agent reaches by cross-memory attach; R_SHADOW:
  * other registered memory, copied through staging. */
-enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST };
+enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST, R_PROC };
 
 struct range {
 	uint8_t *addr;
@@ -88,6 +89,8 @@ struct mc_client {
 	char agent_addr[128];
 	uint64_t segment_size;
 	bool verify_gets;        /* every get checks the bytes' checksum */
+	bool no_process_memory;  /* the agent refused a process_memory
+				    registration: do not ask again */
 	/* Buffers (mc_buffer_alloc) kept to receive gets without a
 	 * destination that do not fit in the staging memfd: reused, so a
 	 * big value is not a fresh memfd whose every page faults on both

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -350,6 +352,51 @@ MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *ad
 	return rc;
 }
 
+/*
+ * Ordinary memory peers may reach: ask the agent to reach it by
+ * cross-memory attach (after naming it as this process's ptracer).
+ * Returns 0 with the range added, or the agent's refusal.
+ */
+static int register_process(mc_client *c, void *addr, size_t len)
+{
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
+		return -errno;
+	/* Yama (ptrace_scope 1) lets only a named process attach; without
+	 * Yama the call is EINVAL and the usual ptrace rules apply. */
+	if (prctl(PR_SET_PTRACER, (unsigned long)cred.pid, 0, 0, 0) != 0 && errno != EINVAL)
+		return -errno;
+	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	q.length = len;
+	q.address = (uint64_t)(uintptr_t)addr;
+	q.process_memory = true;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
+	req.register_buffer = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	uint64_t id = 0;
+	if (w.resp->error)
+		rc = w.resp->error;
+	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER)
+		rc = MC_EPROTOCOL;
+	else
+		id = w.resp->buffer->buffer;
+	mc__waiter_clear(&w);
+	if (rc)
+		return rc;
+	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_PROC, .published = true};
+	pthread_mutex_lock(&c->mu);
+	rc = mc__range_add_locked(c, &r);
+	pthread_mutex_unlock(&c->mu);
+	if (rc)
+		(void)mc__unregister_id(c, id);
+	return rc;
+}
+
 static int register_any(mc_client *c, void *addr, size_t len, bool publish)
 {
 	if (len == 0 || !addr)
@@ -363,6 +410,19 @@ static int register_any(mc_client *c, void *addr, size_t len, bool publish)
 		pthread_mutex_unlock(&c->mu);
 		return 0;
 	}
+	bool ask = publish && !c->no_process_memory;
+	pthread_mutex_unlock(&c->mu);
+	if (ask) {
+		rc = register_process(c, addr, len);
+		if (rc == 0 || rc == -EEXIST)
+			return rc;
+		/* An agent that does not reach process memory: copies
+		 * through staging, as for mc_register_buffer. */
+		pthread_mutex_lock(&c->mu);
+		c->no_process_memory = true;
+		pthread_mutex_unlock(&c->mu);
+	}
+	pthread_mutex_lock(&c->mu);
 	struct range r = {.addr = addr, .len = len, .kind = R_SHADOW};
 	rc = mc__range_add_locked(c, &r);
 	pthread_mutex_unlock(&c->mu);
@@ -397,7 +457,7 @@ MC__PUBLIC int mc_unregister_buffer(mc_client *c, void *addr)
 		return 0;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST))
+	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC))
 		rc = mc__unregister_id(c, r.id);
 	return rc;
 }

@@ -288,8 +288,11 @@ int mc_unregister_buffer(mc_client *c, void *addr);
  * mc_register_buffer, and memory peers may then read and write — an
  * mc_host_alloc allocation (whole) or memory inside an mc_buffer_alloc
  * buffer is published to the transfer engine at its address. Other
- * memory is accepted as by mc_register_buffer (this process's own
- * transfers copy it through staging; peers cannot reach it).
+ * memory is offered to the agent to reach by cross-memory attach (the
+ * process names the agent with prctl(PR_SET_PTRACER)) and published the
+ * same way; an agent that does not do that refuses, and the memory is
+ * then accepted as by mc_register_buffer (this process's own transfers
+ * copy it through staging; peers cannot reach it).
  * Errors: those of mc_register_buffer, -EEXIST (another session of the
  * process published the allocation already).
  */
