@@ -325,6 +325,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 	$(Q)$(B)/bench/bench_hostmem 64 1024 4
+	$(Q)BUILD=$(B) $(PYTHON) test/bench/bench_pd.py --protocol=tcp
 	$(Q)test/bench/bench_meta.sh $(B)
 
 # ---------------------------------------------------------------- format

@@ -9,7 +9,8 @@ decode MEMORY BLOCKS BLOCK_BYTES LAYERS
     "host:get_rpc_port()", a KV cache of LAYERS x BLOCKS x BLOCK_BYTES in
     MEMORY (allocator: MooncakeHostMemAllocator; hook: the C functions of
     get_alloc_func_addr/get_free_func_addr, as LMCache calls them;
-    managed: allocate_managed_buffer), batch_register_memory(ptrs, lens).
+    managed: allocate_managed_buffer; ordinary: numpy arrays),
+    batch_register_memory(ptrs, lens).
     Prints {"session", "ptrs", "block_bytes"}; then "check SEED" verifies
     every byte against the pattern the prefill wrote, "exit" ends.
 prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
@@ -18,7 +19,8 @@ prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
     of every layer; sglang: per layer, runs of contiguous blocks merged,
     batch_transfer_sync_write each, as conn.py's send_kvcache groups
     them. Prints {"rc": ...}. STYLE loop: write again and again until a
-    transfer fails, printing {"rc": first failure}.
+    transfer fails, printing {"rc": first failure}. STYLE bench:SECONDS:
+    the vllm batch again and again for SECONDS, printing {"rc", "gbps"}.
 """
 import ctypes
 import json
@@ -66,6 +68,11 @@ def decode(memory, blocks, block_bytes, layers):
             p = alloc(size)
         elif memory == "managed":
             p = te.allocate_managed_buffer(size)
+        elif memory == "ordinary":
+            arr = np.zeros(size, dtype=np.uint8)
+            caches.append(arr)
+            ptrs.append(arr.ctypes.data)
+            continue
         else:
             raise ValueError(memory)
         if not p:
@@ -109,7 +116,7 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
     if rc != 0:
         raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
     src, dst, lens = [], [], []
-    if style in ("vllm", "loop"):
+    if style in ("vllm", "loop") or style.startswith("bench:"):
         for layer in range(layers):
             for b in range(blocks):
                 src.append(kv[layer].ctypes.data + b * block_bytes)
@@ -127,6 +134,18 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
                 d.append(ptrs[layer] + run[0] * block_bytes)
                 n.append(len(run) * block_bytes)
             groups.append((s, d, n))
+    if style.startswith("bench:"):
+        import time
+        seconds = float(style.split(":", 1)[1])
+        moved, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            rc = te.batch_transfer_sync_write(session, src, dst, lens)
+            if rc != 0:
+                out(rc=rc)
+                return
+            moved += sum(lens)
+        out(rc=0, gbps=moved / (time.monotonic() - t0) / 1e9)
+        return
     if style == "loop":
         while True:
             rc = te.batch_transfer_sync_write(session, src, dst, lens)

@@ -176,4 +176,5 @@ def decode_dies_mid_transfer():
         p.p.wait(timeout=30)
 
 
-mctest.main()
+if __name__ == "__main__":
+    mctest.main()
