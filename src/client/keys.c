@@ -12,8 +12,10 @@
 
 /* ------------------------------------------------------------ keys */
 
+/* One request about keys (exist, remove, replica clear on segment), the
+ * invalid keys answered here; results[i] per key. */
 static int keys_call(mc_client *c, int op, size_t n, const void *const *keys,
-		     const size_t *klens, int force, int *results)
+		     const size_t *klens, int force, const char *segment, int *results)
 {
 	ProtobufCBinaryData *k = calloc(n ? n : 1, sizeof(*k));
 	size_t *map = malloc((n ? n : 1) * sizeof(*map));
@@ -39,12 +41,18 @@ static int keys_call(mc_client *c, int op, size_t n, const void *const *keys,
 	q.keys = k;
 	q.n_keys = nreq;
 	q.force = force != 0;
+	Mooncake__Client__ReplicaClearRequest rq = MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
+	rq.keys = k;
+	rq.n_keys = nreq;
+	rq.segment = (char *)(segment ? segment : "");
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = op;
 	if (op == MOONCAKE__CLIENT__REQUEST__OP_EXIST)
 		req.exist = &q;
-	else
+	else if (op == MOONCAKE__CLIENT__REQUEST__OP_REMOVE)
 		req.remove = &q;
+	else
+		req.replica_clear = &rq;
 	struct waiter w;
 	rc = mc__call(c, &req, NULL, 0, &w);
 	if (rc)
@@ -68,13 +76,14 @@ out:
 MC__PUBLIC int mc_batch_exist(mc_client *c, size_t n, const void *const *keys,
 			      const size_t *klens, int *results)
 {
-	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_EXIST, n, keys, klens, 0, results);
+	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_EXIST, n, keys, klens, 0, NULL,
+			 results);
 }
 
 MC__PUBLIC int mc_batch_remove(mc_client *c, size_t n, const void *const *keys,
 			       const size_t *klens, int force, int *results)
 {
-	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REMOVE, n, keys, klens, force,
+	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REMOVE, n, keys, klens, force, NULL,
 			 results);
 }
 
@@ -201,49 +210,6 @@ MC__PUBLIC int mc_batch_replica_clear(mc_client *c, size_t n, const void *const 
 				cleared[i] = 0;
 		return rc;
 	}
-	ProtobufCBinaryData *k = calloc(n, sizeof(*k));
-	size_t *map = malloc(n * sizeof(*map));
-	size_t nreq = 0;
-	int rc = 0;
-	if (!k || !map) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		cleared[i] = 0;
-		if (!mc__key_ok(klens[i])) {
-			cleared[i] = -EINVAL;
-			continue;
-		}
-		k[nreq].data = (uint8_t *)keys[i];
-		k[nreq].len = klens[i];
-		map[nreq++] = i;
-	}
-	if (nreq == 0)
-		goto out;
-	Mooncake__Client__ReplicaClearRequest q = MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
-	q.keys = k;
-	q.n_keys = nreq;
-	q.segment = (char *)segment;
-	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
-	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR;
-	req.replica_clear = &q;
-	struct waiter w;
-	rc = mc__call(c, &req, NULL, 0, &w);
-	if (rc)
-		goto out;
-	const Response *r = w.resp;
-	if (r->error)
-		rc = r->error;
-	else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_KEYS ||
-		 r->keys->n_results != nreq)
-		rc = MC_EPROTOCOL;
-	else
-		for (size_t j = 0; j < nreq; j++)
-			cleared[map[j]] = r->keys->results[j];
-	mc__waiter_clear(&w);
-out:
-	free(k);
-	free(map);
-	return rc;
+	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR, n, keys, klens, 0, segment,
+			 cleared);
 }

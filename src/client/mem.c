@@ -300,18 +300,16 @@ MC__PUBLIC int mc_buffer_free(mc_client *c, void *buf)
 	return rc;
 }
 
-int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len,
-		    bool publish, uint64_t *id)
+/* Send a buffer registration (with fd attached unless fd < 0): 0 with
+ * *id, or the agent's error. */
+static int register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
+			uint64_t *id)
 {
-	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
-	q.offset = offset;
-	q.length = len;
-	q.address = publish ? (uint64_t)(uintptr_t)addr : 0;
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
-	req.register_buffer = &q;
+	req.register_buffer = q;
 	struct waiter w;
-	int rc = mc__call(c, &req, &fd, 1, &w);
+	int rc = mc__call(c, &req, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, &w);
 	if (rc)
 		return rc;
 	if (w.resp->error)
@@ -322,6 +320,16 @@ int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t le
 		*id = w.resp->buffer->buffer;
 	mc__waiter_clear(&w);
 	return rc;
+}
+
+int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len,
+		    bool publish, uint64_t *id)
+{
+	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	q.offset = offset;
+	q.length = len;
+	q.address = publish ? (uint64_t)(uintptr_t)addr : 0;
+	return register_req(c, &q, fd, id);
 }
 
 MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
@@ -371,21 +379,8 @@ static int register_process(mc_client *c, void *addr, size_t len)
 	q.length = len;
 	q.address = (uint64_t)(uintptr_t)addr;
 	q.process_memory = true;
-	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
-	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
-	req.register_buffer = &q;
-	struct waiter w;
-	int rc = mc__call(c, &req, NULL, 0, &w);
-	if (rc)
-		return rc;
 	uint64_t id = 0;
-	if (w.resp->error)
-		rc = w.resp->error;
-	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER)
-		rc = MC_EPROTOCOL;
-	else
-		id = w.resp->buffer->buffer;
-	mc__waiter_clear(&w);
+	int rc = register_req(c, &q, -1, &id);
 	if (rc)
 		return rc;
 	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_PROC, .published = true};
