@@ -1,8 +1,7 @@
 /*
  * mvcc: the multi-version key-value store (see mvcc.h for the model).
  *
- * Layout of this file: errors; the intrusive AVL tree the three meta
- * modules share; byte helpers and CRC-32C; the store (key nodes with their
+ * Layout of this file: errors; byte helpers; the store (key nodes with their
  * version arrays, the revision log); reads; the write transaction (checks,
  * compare path, execution with an undo log, commit); compaction; the
  * history cursor; snapshot encode/decode.
@@ -20,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/crc32c.h"
 #include "common/util.h"
+#include "meta/avl.h"
 #include "meta/lease.h"
 
 /* ------------------------------------------------------------- errors */
@@ -51,175 +52,7 @@ const char *mvcc_errname(int code)
 	}
 }
 
-/* ------------------------------------------------------------- AVL tree */
-
-void mvcc__tree_init(struct mvcc__tree *t, mvcc__tcmp_fn cmp, mvcc__taug_fn aug)
-{
-	t->root = NULL;
-	t->count = 0;
-	t->cmp = cmp;
-	t->aug = aug;
-}
-
-static int th(const struct mvcc__tnode *n)
-{
-	return n ? n->height : 0;
-}
-
-static void tfix(const struct mvcc__tree *t, struct mvcc__tnode *n)
-{
-	int l = th(n->child[0]), r = th(n->child[1]);
-	n->height = 1 + (l > r ? l : r);
-	if (t->aug)
-		t->aug(n);
-}
-
-/* dir 1: right rotation (the left child comes up); dir 0: left rotation. */
-static struct mvcc__tnode *trot(const struct mvcc__tree *t, struct mvcc__tnode *n,
-				int dir)
-{
-	struct mvcc__tnode *c = n->child[!dir];
-	n->child[!dir] = c->child[dir];
-	c->child[dir] = n;
-	tfix(t, n);
-	tfix(t, c);
-	return c;
-}
-
-static struct mvcc__tnode *tbalance(const struct mvcc__tree *t, struct mvcc__tnode *n)
-{
-	tfix(t, n);
-	int bf = th(n->child[0]) - th(n->child[1]);
-	if (bf > 1) {
-		struct mvcc__tnode *l = n->child[0];
-		if (th(l->child[0]) < th(l->child[1]))
-			n->child[0] = trot(t, l, 0);
-		return trot(t, n, 1);
-	}
-	if (bf < -1) {
-		struct mvcc__tnode *r = n->child[1];
-		if (th(r->child[1]) < th(r->child[0]))
-			n->child[1] = trot(t, r, 1);
-		return trot(t, n, 0);
-	}
-	return n;
-}
-
-struct mvcc__tnode *mvcc__tree_find(const struct mvcc__tree *t, const void *key)
-{
-	struct mvcc__tnode *n = t->root;
-	while (n) {
-		int c = t->cmp(key, n);
-		if (c == 0)
-			return n;
-		n = n->child[c > 0];
-	}
-	return NULL;
-}
-
-struct mvcc__tnode *mvcc__tree_insert(struct mvcc__tree *t, const void *key,
-				      struct mvcc__tnode *n)
-{
-	struct mvcc__tnode **path[MVCC__TREE_MAX_DEPTH];
-	int d = 0;
-	struct mvcc__tnode **link = &t->root;
-	while (*link) {
-		int c = t->cmp(key, *link);
-		if (c == 0)
-			return *link;
-		path[d++] = link;
-		link = &(*link)->child[c > 0];
-	}
-	n->child[0] = n->child[1] = NULL;
-	n->height = 1;
-	if (t->aug)
-		t->aug(n);
-	*link = n;
-	t->count++;
-	while (d > 0) {
-		link = path[--d];
-		*link = tbalance(t, *link);
-	}
-	return NULL;
-}
-
-struct mvcc__tnode *mvcc__tree_remove(struct mvcc__tree *t, const void *key)
-{
-	struct mvcc__tnode **path[MVCC__TREE_MAX_DEPTH];
-	int d = 0;
-	struct mvcc__tnode **link = &t->root;
-	while (*link) {
-		int c = t->cmp(key, *link);
-		if (c == 0)
-			break;
-		path[d++] = link;
-		link = &(*link)->child[c > 0];
-	}
-	struct mvcc__tnode *n = *link;
-	if (!n)
-		return NULL;
-	if (!n->child[0] || !n->child[1]) {
-		*link = n->child[0] ? n->child[0] : n->child[1];
-	} else {
-		/* Replace n by its successor s, the leftmost node on the right. */
-		int nd = d;
-		path[d++] = link;
-		struct mvcc__tnode **sl = &n->child[1];
-		while ((*sl)->child[0]) {
-			path[d++] = sl;
-			sl = &(*sl)->child[0];
-		}
-		struct mvcc__tnode *s = *sl;
-		*sl = s->child[1];
-		s->child[0] = n->child[0];
-		s->child[1] = n->child[1];
-		s->height = n->height;
-		*link = s;
-		/* The link below n on the path lived in n; it now lives in s. */
-		if (d > nd + 1)
-			path[nd + 1] = &s->child[1];
-	}
-	t->count--;
-	while (d > 0) {
-		link = path[--d];
-		*link = tbalance(t, *link);
-	}
-	n->child[0] = n->child[1] = NULL;
-	return n;
-}
-
-struct mvcc__tnode *mvcc__titer_seek(struct mvcc__titer *it,
-				     const struct mvcc__tree *t, const void *key)
-{
-	it->depth = 0;
-	struct mvcc__tnode *n = t->root;
-	while (n) {
-		int c = key ? t->cmp(key, n) : -1;
-		if (c <= 0) {
-			it->stk[it->depth++] = n;
-			if (c == 0)
-				break;
-			n = n->child[0];
-		} else {
-			n = n->child[1];
-		}
-	}
-	return it->depth ? it->stk[it->depth - 1] : NULL;
-}
-
-struct mvcc__tnode *mvcc__titer_next(struct mvcc__titer *it)
-{
-	if (!it->depth)
-		return NULL;
-	struct mvcc__tnode *n = it->stk[--it->depth]->child[1];
-	while (n) {
-		it->stk[it->depth++] = n;
-		n = n->child[0];
-	}
-	return it->depth ? it->stk[it->depth - 1] : NULL;
-}
-
-/* ------------------------------------------------------------- bytes, CRC */
+/* ------------------------------------------------------------- bytes */
 
 int mvcc__bytes_cmp(const void *a, size_t alen, const void *b, size_t blen)
 {
@@ -228,61 +61,6 @@ int mvcc__bytes_cmp(const void *a, size_t alen, const void *b, size_t blen)
 	if (c)
 		return c < 0 ? -1 : 1;
 	return alen < blen ? -1 : alen > blen;
-}
-
-static const uint32_t crc32c_table[256] = {
-	0x00000000, 0xf26b8303, 0xe13b70f7, 0x1350f3f4, 0xc79a971f, 0x35f1141c,
-	0x26a1e7e8, 0xd4ca64eb, 0x8ad958cf, 0x78b2dbcc, 0x6be22838, 0x9989ab3b,
-	0x4d43cfd0, 0xbf284cd3, 0xac78bf27, 0x5e133c24, 0x105ec76f, 0xe235446c,
-	0xf165b798, 0x030e349b, 0xd7c45070, 0x25afd373, 0x36ff2087, 0xc494a384,
-	0x9a879fa0, 0x68ec1ca3, 0x7bbcef57, 0x89d76c54, 0x5d1d08bf, 0xaf768bbc,
-	0xbc267848, 0x4e4dfb4b, 0x20bd8ede, 0xd2d60ddd, 0xc186fe29, 0x33ed7d2a,
-	0xe72719c1, 0x154c9ac2, 0x061c6936, 0xf477ea35, 0xaa64d611, 0x580f5512,
-	0x4b5fa6e6, 0xb93425e5, 0x6dfe410e, 0x9f95c20d, 0x8cc531f9, 0x7eaeb2fa,
-	0x30e349b1, 0xc288cab2, 0xd1d83946, 0x23b3ba45, 0xf779deae, 0x05125dad,
-	0x1642ae59, 0xe4292d5a, 0xba3a117e, 0x4851927d, 0x5b016189, 0xa96ae28a,
-	0x7da08661, 0x8fcb0562, 0x9c9bf696, 0x6ef07595, 0x417b1dbc, 0xb3109ebf,
-	0xa0406d4b, 0x522bee48, 0x86e18aa3, 0x748a09a0, 0x67dafa54, 0x95b17957,
-	0xcba24573, 0x39c9c670, 0x2a993584, 0xd8f2b687, 0x0c38d26c, 0xfe53516f,
-	0xed03a29b, 0x1f682198, 0x5125dad3, 0xa34e59d0, 0xb01eaa24, 0x42752927,
-	0x96bf4dcc, 0x64d4cecf, 0x77843d3b, 0x85efbe38, 0xdbfc821c, 0x2997011f,
-	0x3ac7f2eb, 0xc8ac71e8, 0x1c661503, 0xee0d9600, 0xfd5d65f4, 0x0f36e6f7,
-	0x61c69362, 0x93ad1061, 0x80fde395, 0x72966096, 0xa65c047d, 0x5437877e,
-	0x4767748a, 0xb50cf789, 0xeb1fcbad, 0x197448ae, 0x0a24bb5a, 0xf84f3859,
-	0x2c855cb2, 0xdeeedfb1, 0xcdbe2c45, 0x3fd5af46, 0x7198540d, 0x83f3d70e,
-	0x90a324fa, 0x62c8a7f9, 0xb602c312, 0x44694011, 0x5739b3e5, 0xa55230e6,
-	0xfb410cc2, 0x092a8fc1, 0x1a7a7c35, 0xe811ff36, 0x3cdb9bdd, 0xceb018de,
-	0xdde0eb2a, 0x2f8b6829, 0x82f63b78, 0x709db87b, 0x63cd4b8f, 0x91a6c88c,
-	0x456cac67, 0xb7072f64, 0xa457dc90, 0x563c5f93, 0x082f63b7, 0xfa44e0b4,
-	0xe9141340, 0x1b7f9043, 0xcfb5f4a8, 0x3dde77ab, 0x2e8e845f, 0xdce5075c,
-	0x92a8fc17, 0x60c37f14, 0x73938ce0, 0x81f80fe3, 0x55326b08, 0xa759e80b,
-	0xb4091bff, 0x466298fc, 0x1871a4d8, 0xea1a27db, 0xf94ad42f, 0x0b21572c,
-	0xdfeb33c7, 0x2d80b0c4, 0x3ed04330, 0xccbbc033, 0xa24bb5a6, 0x502036a5,
-	0x4370c551, 0xb11b4652, 0x65d122b9, 0x97baa1ba, 0x84ea524e, 0x7681d14d,
-	0x2892ed69, 0xdaf96e6a, 0xc9a99d9e, 0x3bc21e9d, 0xef087a76, 0x1d63f975,
-	0x0e330a81, 0xfc588982, 0xb21572c9, 0x407ef1ca, 0x532e023e, 0xa145813d,
-	0x758fe5d6, 0x87e466d5, 0x94b49521, 0x66df1622, 0x38cc2a06, 0xcaa7a905,
-	0xd9f75af1, 0x2b9cd9f2, 0xff56bd19, 0x0d3d3e1a, 0x1e6dcdee, 0xec064eed,
-	0xc38d26c4, 0x31e6a5c7, 0x22b65633, 0xd0ddd530, 0x0417b1db, 0xf67c32d8,
-	0xe52cc12c, 0x1747422f, 0x49547e0b, 0xbb3ffd08, 0xa86f0efc, 0x5a048dff,
-	0x8ecee914, 0x7ca56a17, 0x6ff599e3, 0x9d9e1ae0, 0xd3d3e1ab, 0x21b862a8,
-	0x32e8915c, 0xc083125f, 0x144976b4, 0xe622f5b7, 0xf5720643, 0x07198540,
-	0x590ab964, 0xab613a67, 0xb831c993, 0x4a5a4a90, 0x9e902e7b, 0x6cfbad78,
-	0x7fab5e8c, 0x8dc0dd8f, 0xe330a81a, 0x115b2b19, 0x020bd8ed, 0xf0605bee,
-	0x24aa3f05, 0xd6c1bc06, 0xc5914ff2, 0x37faccf1, 0x69e9f0d5, 0x9b8273d6,
-	0x88d28022, 0x7ab90321, 0xae7367ca, 0x5c18e4c9, 0x4f48173d, 0xbd23943e,
-	0xf36e6f75, 0x0105ec76, 0x12551f82, 0xe03e9c81, 0x34f4f86a, 0xc69f7b69,
-	0xd5cf889d, 0x27a40b9e, 0x79b737ba, 0x8bdcb4b9, 0x988c474d, 0x6ae7c44e,
-	0xbe2da0a5, 0x4c4623a6, 0x5f16d052, 0xad7d5351,
-};
-
-uint32_t mvcc__crc32c(uint32_t crc, const void *data, size_t len)
-{
-	const unsigned char *p = data;
-	crc = ~crc;
-	while (len--)
-		crc = crc32c_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
-	return ~crc;
 }
 
 /* ------------------------------------------------------------- store */
@@ -300,7 +78,7 @@ struct mvcc__ver {
 
 /* A key with any stored history, in the store's tree. */
 struct mvcc__key {
-	struct mvcc__tnode node;
+	struct avl_node node;
 	struct mvcc__ver *hist; /* (main, sub) ascending */
 	uint32_t nhist;
 	uint32_t caphist;
@@ -316,7 +94,7 @@ struct mvcc__rent {
 };
 
 struct mvcc_store {
-	struct mvcc__tree keys;
+	struct avl_tree keys;
 	/* Revision log: live entries rl[rl_head, rl_len); rl[rl_head] has
 	 * the absolute position rl_base. */
 	struct mvcc__rent *rl;
@@ -342,14 +120,14 @@ struct mvcc__bytes {
 
 static const char mvcc__empty[1] = "";
 
-static int key_cmp(const void *key, const struct mvcc__tnode *n)
+static int key_cmp(const void *key, const struct avl_node *n)
 {
 	const struct mvcc__bytes *b = key;
 	const struct mvcc__key *k = MC_CONTAINER_OF(n, struct mvcc__key, node);
 	return mvcc__bytes_cmp(b->p, b->n, k->key, k->klen);
 }
 
-static struct mvcc__key *key_of(struct mvcc__tnode *n)
+static struct mvcc__key *key_of(struct avl_node *n)
 {
 	return n ? MC_CONTAINER_OF(n, struct mvcc__key, node) : NULL;
 }
@@ -358,7 +136,7 @@ static struct mvcc__key *find_key(const struct mvcc_store *s, const char *key,
 				  size_t len)
 {
 	struct mvcc__bytes b = {key, len};
-	return key_of(mvcc__tree_find(&s->keys, &b));
+	return key_of(avl_find(&s->keys, &b));
 }
 
 static uint64_t ver_size(const struct mvcc__key *k, const struct mvcc__ver *v)
@@ -413,11 +191,11 @@ static void key_free(struct mvcc_store *s, struct mvcc__key *k)
 	free(k);
 }
 
-static void free_tree_keys(struct mvcc_store *s, struct mvcc__tnode *n)
+static void free_tree_keys(struct mvcc_store *s, struct avl_node *n)
 {
 	while (n) {
 		free_tree_keys(s, n->child[0]);
-		struct mvcc__tnode *r = n->child[1];
+		struct avl_node *r = n->child[1];
 		key_free(s, key_of(n));
 		n = r;
 	}
@@ -428,7 +206,7 @@ int mvcc_new(const struct mvcc_options *opts, struct mvcc_store **out)
 	struct mvcc_store *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	mvcc__tree_init(&s->keys, key_cmp, NULL);
+	avl_init(&s->keys, key_cmp, NULL);
 	s->rev = 1;
 	s->compact_rev = -1;
 	s->max_txn_ops = opts && opts->max_txn_ops ? opts->max_txn_ops : 128;
@@ -511,7 +289,7 @@ static void span_init(struct span *sp, const char *key, size_t klen,
 }
 
 struct scan {
-	struct mvcc__titer it;
+	struct avl_iter it;
 	struct span sp;
 	bool done;
 };
@@ -536,14 +314,14 @@ static struct mvcc__key *scan_first(struct scan *sc, const struct mvcc_store *s,
 		return find_key(s, sp->key, sp->klen);
 	}
 	struct mvcc__bytes b = {sp->key, sp->klen};
-	return scan_check(sc, key_of(mvcc__titer_seek(&sc->it, &s->keys, &b)));
+	return scan_check(sc, key_of(avl_seek(&sc->it, &s->keys, &b)));
 }
 
 static struct mvcc__key *scan_next(struct scan *sc)
 {
 	if (sc->done)
 		return NULL;
-	return scan_check(sc, key_of(mvcc__titer_next(&sc->it)));
+	return scan_check(sc, key_of(avl_next(&sc->it)));
 }
 
 /* ------------------------------------------------------------- arena */
@@ -1155,7 +933,7 @@ static void tx_rollback(struct tx *x)
 		free(k->hist[--k->nhist].value);
 		if (x->undo[i].created) {
 			struct mvcc__bytes b = {k->key, k->klen};
-			mvcc__tree_remove(&s->keys, &b);
+			avl_remove(&s->keys, &b);
 			key_free(s, k);
 		}
 	}
@@ -1374,7 +1152,7 @@ static int tx_put(struct tx *x, const struct mvcc_put_req *p, struct mvcc_put_re
 
 	if (created) {
 		struct mvcc__bytes b = {k->key, k->klen};
-		mvcc__tree_insert(&s->keys, &b, &k->node);
+		avl_insert(&s->keys, &b, &k->node);
 	}
 	x->sub++;
 	tx_push(x, k, &nv, created);
@@ -1630,7 +1408,7 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev)
 		drop_oldest(s, k, drop);
 		if (k->nhist == 0) {
 			struct mvcc__bytes b = {k->key, k->klen};
-			mvcc__tree_remove(&s->keys, &b);
+			avl_remove(&s->keys, &b);
 			key_free(s, k);
 		} else if (k->caphist > 2 * k->nhist) {
 			void *p = realloc(k->hist, k->nhist * sizeof(*k->hist));
@@ -1733,11 +1511,11 @@ int mvcc_versions(const struct mvcc_store *s,
 {
 	struct vref *refs = NULL;
 	size_t n = 0, cap = 0;
-	struct mvcc__titer it;
+	struct avl_iter it;
 	int rc = 0;
 
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &s->keys, NULL); x;
-	     x = mvcc__titer_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &s->keys, NULL); x;
+	     x = avl_next(&it)) {
 		const struct mvcc__key *k = key_of(x);
 		if ((rc = grow((void **)&refs, &cap, n + k->nhist, sizeof(*refs))))
 			goto out;
@@ -1817,7 +1595,7 @@ static void enc_bytes(struct enc *e, const void *data, size_t n)
 {
 	if (!n)
 		return;
-	e->crc = mvcc__crc32c(e->crc, data, n);
+	e->crc = crc32c(e->crc, data, n);
 	enc_raw(e, data, n);
 }
 
@@ -1871,9 +1649,9 @@ int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx)
 	enc_u64(&e, lease_count(s->leases));
 	enc_u64(&e, s->keys.count);
 	(void)lease__foreach(s->leases, enc_lease, &e);
-	struct mvcc__titer it;
-	for (struct mvcc__key *k = key_of(mvcc__titer_seek(&it, &s->keys, NULL));
-	     k && !e.err; k = key_of(mvcc__titer_next(&it))) {
+	struct avl_iter it;
+	for (struct mvcc__key *k = key_of(avl_seek(&it, &s->keys, NULL));
+	     k && !e.err; k = key_of(avl_next(&it))) {
 		enc_u32(&e, k->klen);
 		enc_bytes(&e, k->key, k->klen);
 		enc_u32(&e, k->nhist);
@@ -2029,7 +1807,7 @@ static int restore_key(struct mvcc_store *s, struct dec *d,
 	}
 	s->nlive += last != NULL;
 	struct mvcc__bytes b = {k->key, k->klen};
-	mvcc__tree_insert(&s->keys, &b, &k->node);
+	avl_insert(&s->keys, &b, &k->node);
 	*prev = k;
 	return 0;
 fail:
@@ -2045,16 +1823,16 @@ fail:
 static int restore_revlog(struct mvcc_store *s)
 {
 	size_t n = 0;
-	struct mvcc__titer it;
-	for (struct mvcc__key *k = key_of(mvcc__titer_seek(&it, &s->keys, NULL)); k;
-	     k = key_of(mvcc__titer_next(&it)))
+	struct avl_iter it;
+	for (struct mvcc__key *k = key_of(avl_seek(&it, &s->keys, NULL)); k;
+	     k = key_of(avl_next(&it)))
 		for (uint32_t i = 0; i < k->nhist; i++)
 			n += k->hist[i].main >= s->compact_rev;
 	int rc = rl_reserve(s, n);
 	if (rc)
 		return rc;
-	for (struct mvcc__key *k = key_of(mvcc__titer_seek(&it, &s->keys, NULL)); k;
-	     k = key_of(mvcc__titer_next(&it)))
+	for (struct mvcc__key *k = key_of(avl_seek(&it, &s->keys, NULL)); k;
+	     k = key_of(avl_next(&it)))
 		for (uint32_t i = 0; i < k->nhist; i++)
 			if (k->hist[i].main >= s->compact_rev)
 				s->rl[s->rl_len++] = (struct mvcc__rent){
@@ -2081,7 +1859,7 @@ int mvcc_restore(const struct mvcc_options *opts, const void *data, size_t len,
 		return MVCC_ESNAPSHOT_VERSION;
 	crc = (uint32_t)p[len - 4] | (uint32_t)p[len - 3] << 8 |
 	      (uint32_t)p[len - 2] << 16 | (uint32_t)p[len - 1] << 24;
-	if (mvcc__crc32c(0, p, len - 4) != crc)
+	if (crc32c(0, p, len - 4) != crc)
 		return MVCC_ESNAPSHOT_CORRUPT;
 	int64_t rev, compact_rev, next_id;
 	uint64_t nleases, nkeys;
