@@ -28,8 +28,7 @@ static void tfix(const struct avl_tree *t, struct avl_node *n)
 }
 
 /* dir 1: right rotation (the left child comes up); dir 0: left rotation. */
-static struct avl_node *trot(const struct avl_tree *t, struct avl_node *n,
-				int dir)
+static struct avl_node *trot(const struct avl_tree *t, struct avl_node *n, int dir)
 {
 	struct avl_node *c = n->child[!dir];
 	n->child[!dir] = c->child[dir];
@@ -70,8 +69,7 @@ struct avl_node *avl_find(const struct avl_tree *t, const void *key)
 	return NULL;
 }
 
-struct avl_node *avl_insert(struct avl_tree *t, const void *key,
-				      struct avl_node *n)
+struct avl_node *avl_insert(struct avl_tree *t, const void *key, struct avl_node *n)
 {
 	struct avl_node **path[AVL_MAX_DEPTH];
 	int d = 0;
@@ -141,8 +139,7 @@ struct avl_node *avl_remove(struct avl_tree *t, const void *key)
 	return n;
 }
 
-struct avl_node *avl_seek(struct avl_iter *it,
-				     const struct avl_tree *t, const void *key)
+struct avl_node *avl_seek(struct avl_iter *it, const struct avl_tree *t, const void *key)
 {
 	it->depth = 0;
 	struct avl_node *n = t->root;

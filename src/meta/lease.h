@@ -132,7 +132,7 @@ void lease_demote(struct lease_table *t);
 bool lease_is_primary(const struct lease_table *t);
 
 /* ------------------------------------------------------------- private */
-/* For mvcc.c (attachments, revoke, snapshot). A lease__key is one key's
+/* For the MVCC store (attachments, revoke, snapshot). A lease__key is one key's
  * attachment record, allocated ahead so that linking it cannot fail. */
 struct lease__key;
 int lease__key_new(const char *key, size_t len, struct lease__key **out) MC_MUST_CHECK;

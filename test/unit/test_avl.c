@@ -50,7 +50,8 @@ static int check(const struct avl_node *n, const int *lo, const int *hi, size_t 
 	cr_assert_eq(n->height, h, "height of %d", it->key);
 	int mx = it->key;
 	for (int i = 0; i < 2; i++)
-		if (n->child[i] && MC_CONTAINER_OF(n->child[i], struct item, node)->sub_max > mx)
+		if (n->child[i] &&
+		    MC_CONTAINER_OF(n->child[i], struct item, node)->sub_max > mx)
 			mx = MC_CONTAINER_OF(n->child[i], struct item, node)->sub_max;
 	cr_assert_eq(it->sub_max, mx, "augmented value of %d", it->key);
 	(*count)++;
