@@ -60,6 +60,16 @@ bool meta__is_leader(const struct meta_node *n)
 	return n->running && n->role == RAFT_LEADER;
 }
 
+struct meta__sm_in meta__sm_in(const struct meta_node *n)
+{
+	return (struct meta__sm_in){.now_ms = meta__now(n), .term = n->term};
+}
+
+Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n, struct meta__arena *a)
+{
+	return meta__sm_header(&n->sm, n->term, a);
+}
+
 static void on_kick(uv_idle_t *h);
 
 void meta__kick(struct meta_node *n)
@@ -326,14 +336,14 @@ static void propose_internal(struct meta_node *n, enum meta__method m,
 static void raise_nospace(struct meta_node *n)
 {
 	Etcdserverpb__AlarmRequest a = ETCDSERVERPB__ALARM_REQUEST__INIT;
-	if (meta__alarm_active(n, ETCDSERVERPB__ALARM_TYPE__NOSPACE))
+	if (meta__alarm_active(&n->sm, ETCDSERVERPB__ALARM_TYPE__NOSPACE))
 		return;
 	a.action = ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE;
 	a.memberid = n->id;
 	a.alarm = ETCDSERVERPB__ALARM_TYPE__NOSPACE;
 	log_warn("database space exceeded (%" PRIu64 " of %" PRIu64
 		 " bytes, --quota-bytes): raising the NOSPACE alarm",
-		 mvcc_db_size_bytes(n->store), n->o.quota_bytes);
+		 mvcc_db_size_bytes(n->sm.store), n->o.quota_bytes);
 	propose_internal(n, META_M_ALARM, &a.base);
 }
 
@@ -342,7 +352,7 @@ static void raise_nospace(struct meta_node *n)
 static int64_t next_lease_id(struct meta_node *n)
 {
 	const uint64_t suffix_mask = (UINT64_C(1) << 48) - 1;
-	const struct lease_table *lt = mvcc_leases(n->store);
+	const struct lease_table *lt = mvcc_leases(n->sm.store);
 
 	if (!n->lease_id_suffix) {
 		n->lease_id_prefix = (n->id & 0xffff) << 48;
@@ -417,7 +427,7 @@ static bool retry_lease_grant(struct meta_node *n, struct meta__op *op, int code
 
 static void propose_write(struct meta_node *n, struct meta__op *op)
 {
-	if (op->puts && meta__over_quota(n, op->method, op->req_len)) {
+	if (op->puts && meta__over_quota(&n->sm, n->o.quota_bytes, op->req_len)) {
 		raise_nospace(n);
 		meta__op_fail(op, META_ENOSPACE);
 		return;
@@ -505,7 +515,7 @@ static uint64_t new_member_id(struct meta_node *n, const char *url)
 		snprintf(seed, sizeof(seed), "%s|%" PRIu64 "|%" PRIu64, url, mc_wall_ms(),
 			 ++n->next_member_id_seed ^ mc_now_ns());
 		uint64_t id = mc_hash64(seed, strlen(seed)) & MEMBER_ID_MASK;
-		if (id && !meta__member_find(n, id) && !meta__is_removed(n, id))
+		if (id && !meta__member_find(&n->sm, id) && !meta__is_removed(&n->sm, id))
 			return id;
 	}
 }
@@ -531,8 +541,8 @@ static void propose_conf(struct meta_node *n, struct meta__op *op)
 			code = META_EBAD_URLS;
 			goto out;
 		}
-		for (size_t i = 0; i < n->n_members; i++)
-			if (strcmp(n->members[i].peer_url, url) == 0) {
+		for (size_t i = 0; i < n->sm.n_members; i++)
+			if (strcmp(n->sm.members[i].peer_url, url) == 0) {
 				code = META_EPEER_URL_EXISTS;
 				goto out;
 			}
@@ -542,8 +552,8 @@ static void propose_conf(struct meta_node *n, struct meta__op *op)
 		}
 		if (q->islearner) {
 			size_t learners = 0;
-			for (size_t i = 0; i < n->n_members; i++)
-				learners += n->members[i].learner;
+			for (size_t i = 0; i < n->sm.n_members; i++)
+				learners += n->sm.members[i].learner;
 			if (learners + 1 > META_MAX_LEARNERS) {
 				code = META_ETOO_MANY_LEARNERS;
 				goto out;
@@ -566,7 +576,7 @@ static void propose_conf(struct meta_node *n, struct meta__op *op)
 		cc.context = ctxbuf;
 	} else if (op->method == META_M_MEMBER_REMOVE) {
 		const Etcdserverpb__MemberRemoveRequest *q = (const void *)req;
-		const struct meta__member *m = meta__member_find(n, q->id);
+		const struct meta__member *m = meta__member_find(&n->sm, q->id);
 		if (!m) {
 			code = META_EMEMBER_NOT_FOUND;
 			goto out;
@@ -579,7 +589,7 @@ static void propose_conf(struct meta_node *n, struct meta__op *op)
 		cc.node_id = q->id;
 	} else {
 		const Etcdserverpb__MemberPromoteRequest *q = (const void *)req;
-		const struct meta__member *m = meta__member_find(n, q->id);
+		const struct meta__member *m = meta__member_find(&n->sm, q->id);
 		struct raft_status st;
 		struct raft_peer_status ps[64];
 		if (!m) {
@@ -699,12 +709,57 @@ static void do_propose(struct meta_node *n, struct meta__op *op)
 
 /* ------------------------------------------------------------- reads */
 
+/* Status: this member's view of the cluster and its state. */
+static int serve_status(struct meta_node *n, struct meta__reply *r)
+{
+	static const char version[] = "3.4.0+mooncaked." MC_VERSION;
+	Etcdserverpb__StatusResponse *p = meta__alloc(&r->arena, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	etcdserverpb__status_response__init(p);
+	if (!(p->header = meta__header(n, &r->arena)))
+		return -ENOMEM;
+	p->version = (char *)version;
+	p->dbsize = (int64_t)mvcc_db_size_bytes(n->sm.store);
+	p->dbsizeinuse = p->dbsize;
+	p->leader = n->leader;
+	p->raftindex = n->commit;
+	p->raftterm = n->term;
+	p->raftappliedindex = n->applied;
+	const struct meta__member *me = meta__member_find(&n->sm, n->id);
+	p->islearner = me && me->learner;
+	if (n->sm.n_alarms) {
+		p->errors = meta__alloc(&r->arena, n->sm.n_alarms * sizeof(char *));
+		if (!p->errors)
+			return -ENOMEM;
+		for (size_t i = 0; i < n->sm.n_alarms; i++) {
+			char *s = meta__alloc(&r->arena, 64);
+			if (!s)
+				return -ENOMEM;
+			snprintf(s, 64, "memberID:%llu alarm:%s ",
+				 (unsigned long long)n->sm.alarms[i].memberid,
+				 n->sm.alarms[i].alarm == ETCDSERVERPB__ALARM_TYPE__NOSPACE
+					 ? "NOSPACE"
+					 : "CORRUPT");
+			p->errors[i] = s;
+		}
+		p->n_errors = n->sm.n_alarms;
+	}
+	r->resp = &p->base;
+	return 0;
+}
+
 static void serve_local(struct meta_node *n, struct meta__op *op)
 {
 	struct meta__reply r = {0};
-	int rc = meta__serve_read(n, op, &r);
-	if (rc)
-		r.code = rc;
+	if (op->method == META_M_STATUS) {
+		int rc = serve_status(n, &r);
+		if (rc)
+			r.code = rc;
+	} else {
+		struct meta__sm_in in = meta__sm_in(n);
+		meta__sm_read(&n->sm, &in, op->method, op->req, op->req_len, &r);
+	}
 	op_reply(op, &r);
 	meta__reply_free(&r);
 }
@@ -825,7 +880,7 @@ static void move_leader(struct meta_node *n, struct meta__op *op)
 		meta__op_fail(op, -EINVAL);
 		return;
 	}
-	const struct meta__member *m = meta__member_find(n, q->targetid);
+	const struct meta__member *m = meta__member_find(&n->sm, q->targetid);
 	if (!m || m->learner) {
 		etcdserverpb__move_leader_request__free_unpacked(q, NULL);
 		meta__op_fail(op, META_EBAD_LEADER_TRANSFEREE);
@@ -867,7 +922,8 @@ static void serve_leader(struct meta_node *n, struct meta__op *op)
 		move_leader(n, op);
 		return;
 	}
-	int rc = meta__serve_leader(n, op, &r);
+	struct meta__sm_in in = meta__sm_in(n);
+	int rc = meta__sm_leader(&n->sm, &in, op->method, op->req, op->req_len, &r);
 	if (rc == -EAGAIN) {
 		meta__oplist_push(&n->retry, op);
 	} else if (rc == MC_ENOT_LEADER) {
@@ -1054,12 +1110,12 @@ static void on_soft_state(struct meta_node *n, uint64_t leader, enum raft_role r
 				 leader == n->id ? " (this member)" : "");
 	}
 	if (role == RAFT_LEADER && old_role != RAFT_LEADER) {
-		lease_promote(mvcc_leases(n->store), meta__now(n), n->o.election_ms);
+		lease_promote(mvcc_leases(n->sm.store), meta__now(n), n->o.election_ms);
 		log_info("became the leader at term %" PRIu64 "; leases extended by %" PRIu64
 			 " ms",
 			 n->term, n->o.election_ms);
 	} else if (old_role == RAFT_LEADER && role != RAFT_LEADER) {
-		lease_demote(mvcc_leases(n->store));
+		lease_demote(mvcc_leases(n->sm.store));
 		log_info("no longer the leader");
 	}
 	if (leader != old_leader) {
@@ -1291,6 +1347,71 @@ static void process_ready(struct meta_node *n)
 	meta__worker_submit(n->disk, &p->job);
 }
 
+void meta__sync_members(struct meta_node *n)
+{
+	const struct meta__sm *sm = &n->sm;
+	const struct meta__member *me = meta__member_find(sm, n->id);
+
+	n->published = me && strcmp(me->name, n->name) == 0 &&
+		       strcmp(me->client_url, n->self_client_url) == 0;
+	for (size_t i = 0; i < sm->n_members; i++) {
+		const struct meta__member *m = &sm->members[i];
+		if (m->id != n->id && *m->peer_url && meta__peer_set(n, m->id, m->peer_url))
+			log_warn("member %016" PRIx64 ": cannot use peer URL %s", m->id,
+				 m->peer_url);
+	}
+}
+
+static const char *alarm_name(int alarm)
+{
+	return alarm == ETCDSERVERPB__ALARM_TYPE__NOSPACE ? "NOSPACE" : "CORRUPT";
+}
+
+void meta__sm_effects_done(struct meta_node *n, const struct meta__sm_effects *fx)
+{
+	const struct meta__member *m = meta__member_find(&n->sm, fx->member_id);
+
+	switch (fx->member_change) {
+	case META_MEMBER_NONE:
+		break;
+	case META_MEMBER_ADDED:
+		log_info("member %016" PRIx64 " (%s) added as a %s", fx->member_id,
+			 m && *m->peer_url ? m->peer_url : "no peer URL",
+			 m && m->learner ? "learner" : "voter");
+		break;
+	case META_MEMBER_PROMOTED:
+		log_info("member %016" PRIx64 " promoted to voter", fx->member_id);
+		break;
+	case META_MEMBER_REMOVED:
+		log_info("member %016" PRIx64 " removed", fx->member_id);
+		if (fx->member_id == n->id) {
+			log_error("this member (%016" PRIx64 ") was removed from the cluster",
+				  n->id);
+			meta__fatal(n, META_ESTOPPED, "removed from the cluster");
+			return;
+		}
+		break;
+	case META_MEMBER_PUBLISHED:
+		log_info("member %016" PRIx64 " published name %s, client URL %s", fx->member_id,
+			 m ? m->name : "?", m && *m->client_url ? m->client_url : "(none)");
+		break;
+	case META_MEMBER_MOVED:
+		log_info("member %016" PRIx64 " moved to peer URL %s", fx->member_id,
+			 m ? m->peer_url : "?");
+		break;
+	}
+	if (fx->member_change != META_MEMBER_NONE)
+		meta__sync_members(n);
+	if (fx->alarm_raised)
+		log_warn("alarm %s raised for member %016" PRIx64, alarm_name(fx->alarm_raised),
+			 fx->alarm_member);
+	if (fx->alarms_cleared)
+		log_info("%zu alarm%s cleared", fx->alarms_cleared,
+			 fx->alarms_cleared == 1 ? "" : "s");
+	if (fx->compacted_rev)
+		log_info("compacted the store at revision %" PRId64, fx->compacted_rev);
+}
+
 static void apply_committed(struct meta_node *n, const struct raft_entry *e, size_t k)
 {
 	for (size_t i = 0; i < k && !n->fatal; i++) {
@@ -1308,7 +1429,9 @@ static void apply_committed(struct meta_node *n, const struct raft_entry *e, siz
 			meta__op_fail(w, META_ELEADER_CHANGED);
 		}
 		struct meta__reply r = {0};
-		int rc = meta__apply_entry(n, &e[i], op ? &r : NULL);
+		struct meta__sm_effects fx;
+		struct meta__sm_in in = meta__sm_in(n);
+		int rc = meta__sm_apply(&n->sm, &e[i], &in, op ? &r : NULL, &fx);
 		if (rc) {
 			meta__reply_free(&r);
 			if (op)
@@ -1321,16 +1444,7 @@ static void apply_committed(struct meta_node *n, const struct raft_entry *e, siz
 		if (op && !retry_lease_grant(n, op, r.code))
 			op_reply(op, &r);
 		meta__reply_free(&r);
-		if (e[i].type == RAFT_ENTRY_CONF_CHANGE) {
-			struct raft_conf_change cc;
-			if (raft_conf_change_decode(e[i].data, e[i].len, &cc) == 0 &&
-			    cc.type == RAFT_CC_REMOVE && cc.node_id == n->id) {
-				log_error("this member (%016" PRIx64 ") was removed from the cluster",
-					  n->id);
-				meta__fatal(n, META_ESTOPPED, "removed from the cluster");
-				return;
-			}
-		}
+		meta__sm_effects_done(n, &fx);
 	}
 	metric_add(n->m_committed, k);
 }
@@ -1356,11 +1470,12 @@ static void persist_done(struct meta_node *n)
 		return; /* the ready stays out: the node is frozen for good */
 	if (rd->snapshot) {
 		struct meta__recv_snap *rs = n->recv_snap;
-		rc = meta__sm_restore(n, rs->data, rs->len);
+		rc = meta__sm_restore(&n->sm, rs->data, rs->len);
 		if (rc) {
 			meta__fatal(n, rc, "cannot load the snapshot received from the leader");
 			return;
 		}
+		meta__sync_members(n);
 		n->applied = rs->index;
 		n->applied_term = rs->term;
 		n->snap_index = rs->index;
@@ -1526,9 +1641,9 @@ static void maybe_snapshot(struct meta_node *n)
 	s->n = n;
 	s->index = n->applied;
 	s->term = n->applied_term;
-	rc = meta__sm_snapshot(n, &s->data, &s->len);
+	rc = meta__sm_snapshot(&n->sm, &s->data, &s->len);
 	if (rc == 0)
-		rc = meta__conf_bytes(n, &s->conf, &s->conf_len);
+		rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len);
 	if (rc)
 		goto fail;
 	rc = uv_queue_work(n->loop, &s->req, snap_write_work, snap_write_done);
@@ -1555,7 +1670,7 @@ static void maybe_publish(struct meta_node *n)
 	Mooncake__Meta__MemberAttributes at = MOONCAKE__META__MEMBER_ATTRIBUTES__INIT;
 
 	if (n->published || n->leader == RAFT_NONE || n->stopping || n->fatal ||
-	    !meta__member_find(n, n->id))
+	    !meta__member_find(&n->sm, n->id))
 		return;
 	uint64_t now = meta__now(n);
 	if (n->publish_sent_ms && now - n->publish_sent_ms < 2 * n->o.election_ms)
@@ -1588,7 +1703,7 @@ static void sweep(struct meta_node *n, struct meta__oplist *l, int code)
 static void expire_leases(struct meta_node *n)
 {
 	int64_t ids[LEASE_REVOKES_PER_TICK];
-	size_t k = lease_expired(mvcc_leases(n->store), meta__now(n), 2 * n->o.election_ms,
+	size_t k = lease_expired(mvcc_leases(n->sm.store), meta__now(n), 2 * n->o.election_ms,
 				 ids, MC_ARRAY_LEN(ids));
 	for (size_t i = 0; i < k; i++) {
 		Etcdserverpb__LeaseRevokeRequest q = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
@@ -1786,10 +1901,10 @@ static void update_metrics(struct meta_node *n)
 	metric_set(n->m_commit, (int64_t)n->commit);
 	metric_set(n->m_applied, (int64_t)n->applied);
 	metric_set(n->m_pending, (int64_t)n->waiters.n);
-	mvcc_stats(n->store, &ms);
+	mvcc_stats(n->sm.store, &ms);
 	metric_set(n->m_db_size, (int64_t)ms.db_size_bytes);
 	metric_set(n->m_keys, (int64_t)ms.keys);
-	metric_set(n->m_leases, (int64_t)lease_count(mvcc_leases(n->store)));
+	metric_set(n->m_leases, (int64_t)lease_count(mvcc_leases(n->sm.store)));
 	if (n->watch) {
 		watch_stats(n->watch, &ws);
 		metric_set(n->m_watchers, (int64_t)ws.watchers);
@@ -1834,7 +1949,7 @@ static int write_member_file(struct meta_node *n)
 	snprintf(text, sizeof(text),
 		 "# mooncaked meta member identity; do not edit\n"
 		 "member-id = %016" PRIx64 "\ncluster-id = %016" PRIx64 "\n",
-		 n->id, n->cluster_id);
+		 n->id, n->sm.cluster_id);
 	int rc = write_file_durably(n->dir, n->member_path, text);
 	if (rc)
 		log_error("cannot write %s: %s", n->member_path, mc_strerror(rc));
@@ -1860,7 +1975,7 @@ static int read_member_file(struct meta_node *n)
 			n->id = v;
 			have_id = true;
 		} else if (sscanf(line, "cluster-id = %llx", &v) == 1) {
-			n->cluster_id = v;
+			n->sm.cluster_id = v;
 			have_cluster = true;
 		}
 	}
@@ -2025,7 +2140,8 @@ static int found(struct meta_node *n)
 		cluster ^= mc_hash64(&f[i].id, sizeof(f[i].id));
 	}
 	n->id = f[self].id;
-	n->cluster_id = cluster & MEMBER_ID_MASK ? cluster & MEMBER_ID_MASK : 1;
+	n->sm.member_id = n->id;
+	n->sm.cluster_id = cluster & MEMBER_ID_MASK ? cluster & MEMBER_ID_MASK : 1;
 
 	rc = -ENOMEM;
 	ccs = calloc(k, sizeof(*ccs));
@@ -2063,7 +2179,7 @@ static int found(struct meta_node *n)
 	}
 	log_info("founded cluster %016" PRIx64 " with %zu member%s; this member is %s (%016" PRIx64
 		 ")",
-		 n->cluster_id, k, k == 1 ? "" : "s", n->name, n->id);
+		 n->sm.cluster_id, k, k == 1 ? "" : "s", n->name, n->id);
 	rc = 0;
 out:
 	if (ctxs)
@@ -2131,6 +2247,7 @@ static int recover(struct meta_node *n)
 
 	if ((rc = read_member_file(n)))
 		return rc;
+	n->sm.member_id = n->id;
 	if ((rc = open_wal(n, false, &rec)))
 		return rc;
 	rc = snap_load_newest(n->snap_dir, accept_snapshot, &rec, &info);
@@ -2147,11 +2264,12 @@ static int recover(struct meta_node *n)
 	if (info.index) {
 		if ((rc = meta__snap_load(info.path, &data, &len)))
 			goto out;
-		if ((rc = meta__sm_restore(n, data, len))) {
+		if ((rc = meta__sm_restore(&n->sm, data, len))) {
 			log_error("%s: cannot load the state machine: %s", info.path,
 				  mc_strerror(rc));
 			goto out;
 		}
+		meta__sync_members(n);
 		if ((rc = meta__conf_parse(info.conf, info.conf_len, &cs))) {
 			log_error("%s: bad membership in the header", info.path);
 			goto out;
@@ -2187,7 +2305,7 @@ static int recover(struct meta_node *n)
 	n->commit = rec.hs.commit;
 	log_info("recovered member %016" PRIx64 " of cluster %016" PRIx64
 		 ": snapshot at %" PRIu64 ", %zu WAL entries, term %" PRIu64 ", commit %" PRIu64,
-		 n->id, n->cluster_id, info.index, rec.n_ents, rec.hs.term, rec.hs.commit);
+		 n->id, n->sm.cluster_id, info.index, rec.n_ents, rec.hs.term, rec.hs.commit);
 	rc = 0;
 out:
 	free(ents);
@@ -2238,12 +2356,13 @@ void meta__join_done(struct meta_node *n, int rc, const Mooncake__Meta__MembersR
 			const Mooncake__Meta__Member *m = resp->members[i];
 			if (m->n_peer_urls && strcmp(m->peer_urls[0], my_url) == 0) {
 				n->id = m->id;
+				n->sm.member_id = m->id;
 				rc = 0;
 			} else if (m->n_peer_urls && meta__peer_set(n, m->id, m->peer_urls[0])) {
 				rc = -ENOMEM;
 			}
 		}
-		n->cluster_id = resp->cluster_id;
+		n->sm.cluster_id = resp->cluster_id;
 		if (rc == -ENOENT)
 			log_warn("the cluster has no member with peer URL %s yet: add it with "
 				 "`etcdctl member add %s --peer-urls=%s`; asking again",
@@ -2262,7 +2381,7 @@ void meta__join_done(struct meta_node *n, int rc, const Mooncake__Meta__MembersR
 		meta__fatal(n, rc, "cannot start the Raft core");
 		return;
 	}
-	log_info("joined cluster %016" PRIx64 " as member %016" PRIx64 " (%s)", n->cluster_id,
+	log_info("joined cluster %016" PRIx64 " as member %016" PRIx64 " (%s)", n->sm.cluster_id,
 		 n->id, n->name);
 	start_running(n);
 }
@@ -2337,7 +2456,7 @@ static void node_free_state(struct meta_node *n)
 	meta__peer_free_all(n);
 	if (n->watch)
 		watch_registry_free(n->watch);
-	meta__sm_free(n);
+	meta__sm_free(&n->sm);
 	raft_free(n->raft);
 	wal_close(n->wal);
 	free(n->went);
@@ -2371,7 +2490,10 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 		goto fail;
 	}
 	register_metrics(n);
-	if ((rc = meta__sm_new_store(n)))
+	/* etcd's minimum lease TTL: 1.5 election timeouts, in whole seconds. */
+	struct mvcc_options mo = {.min_lease_ttl_s =
+					  (int64_t)((n->o.election_ms * 3 / 2 + 999) / 1000)};
+	if ((rc = meta__sm_init(&n->sm, &mo)))
 		goto fail;
 	bool join = false;
 	if (wal_exists(n->wal_dir)) {
@@ -2389,7 +2511,7 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 	}
 	if (rc)
 		goto fail;
-	if ((rc = watch_registry_new(n->store, 0, &n->watch)))
+	if ((rc = watch_registry_new(n->sm.store, 0, &n->watch)))
 		goto fail;
 	if ((rc = meta__svc_add(n)) || (rc = meta__watch_service_add(n)) ||
 	    (rc = meta__peer_service_add(n))) {
