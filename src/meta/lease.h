@@ -7,7 +7,7 @@
  * mvcc_lease_revoke, which deletes the keys in the same revision) and
  * checkpoint are applied from the Raft log on every member, so they are
  * deterministic. The member that proposes a grant without an ID chooses
- * one (etcd's generator, see node.c) and logs it with the grant; an ID of
+ * one (etcd's generator, see req.c) and logs it with the grant; an ID of
  * 0 reaches the table only from entries logged before that, and picks the
  * lowest unused ID at or after a counter that is part of the snapshot.
  * Any other ID is taken as it is, negative ones included, as etcd's

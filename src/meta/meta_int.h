@@ -1,13 +1,20 @@
 /*
  * meta_int: what the files of the meta node share — the node itself, the
- * requests in flight, the state machine's apply functions, the peer
- * transport and the etcd services. Nothing outside src/meta includes it.
+ * requests in flight, the peer transport and the etcd services. The
+ * state machine and the etcd vocabulary it speaks are in sm.h. Nothing
+ * outside src/meta includes it.
  *
- *   node.c       the Raft driver: ready loop, persistence, apply, reads,
- *                proposals, timers, snapshots, recovery, stop
+ *   node.c       the node's life: options, start, metrics, health, stop
+ *   boot.c       identity and first state: recover, found, join
+ *   ready.c      the driver: the turn around the Raft core (feed, ready,
+ *                persist, send, apply, advance), the tick, transport inputs
+ *   req.c        client requests: lifecycle, dispatch, proposals, forwarding
+ *   read.c       linearizable read rounds (ReadIndex)
+ *   member.c     membership changes, publishing, peers from the member table
+ *   snapshot.c   taking this member's snapshots, compacting the log behind
  *   worker.c     the disk thread (WAL and snapshot files)
- *   sm.c         the state machine: entries applied to the MVCC store,
- *                leases, members and alarms; snapshot encoding
+ *   sm.c         the state machine (sm.h): entries applied to the MVCC
+ *                store, leases, members and alarms; snapshot encoding
  *   conv.c       etcd protobuf messages <-> mvcc structs, errors, arena
  *   peer.c       mooncake.raft.Raft: messages, snapshots, Forward, Members
  *   svc.c        etcdserverpb.KV, Lease, Cluster, Maintenance
@@ -260,43 +267,125 @@ struct meta_node {
 	struct metric *m_snap_sent, *m_snap_recv, *m_forwarded;
 };
 
+/* A member ID fits 53 bits: exact in a float gauge (the leader_id metric). */
+#define META_MEMBER_ID_MASK ((UINT64_C(1) << 53) - 1)
+/* Snapshot files kept (the WAL is kept from the oldest). */
+#define META_SNAPSHOTS_KEPT 2
+
+/* ---- node.c: the node's life */
+
 /* Loop time in ms. */
 uint64_t meta__now(const struct meta_node *n);
+bool meta__is_leader(const struct meta_node *n);
 /* The state machine's inputs now: loop time and term. */
 struct meta__sm_in meta__sm_in(const struct meta_node *n);
-/* After an entry was applied: act on what it changed (reach new or moved
- * peers, stop when this member was removed) and log it. */
-void meta__sm_effects_done(struct meta_node *n, const struct meta__sm_effects *fx);
-/* The member table changed (an entry, a snapshot): reach every other
- * member at its peer URL and note whether ours is published. */
-void meta__sync_members(struct meta_node *n);
-/* Wake the driver (it runs from an idle callback). */
-void meta__kick(struct meta_node *n);
-/* An unrecoverable error: log it and tell the role. */
-void meta__fatal(struct meta_node *n, int code, const char *what);
-/* After disk work completed: finish a stop waiting for it. */
-void meta__check_stopped(struct meta_node *n);
-bool meta__is_leader(const struct meta_node *n);
-
 /* A ResponseHeader for now (revision: the store's), in arena a. */
 Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n,
 					   struct meta__arena *a);
+/* An unrecoverable error: log it and tell the role. */
+void meta__fatal(struct meta_node *n, int code, const char *what);
+/* A malloc'd formatted string, NULL when out of memory. */
+char *meta__printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Start driving the Raft core (after bootstrap, or once joined). */
+void meta__start_running(struct meta_node *n);
+/* The etcd services' and the peer service's health. Errors: rpc_health_set's. */
+int meta__set_health(struct meta_node *n, enum rpc_health_status st) MC_MUST_CHECK;
+void meta__update_metrics(struct meta_node *n);
+/* Stopping, past the leadership transfer: fail what waits, end streams. */
+void meta__finish_stop(struct meta_node *n);
+/* After disk work completed: finish a stop waiting for it. */
+void meta__check_stopped(struct meta_node *n);
+
+/* ---- boot.c: this member's identity and first state */
+
+/* Recover from the data directory, found a new cluster from
+ * --initial-cluster, or (*join set) check --initial-cluster for a join
+ * that meta__peer_join then performs. Errors: MC_ECONFIG, -EBADMSG (bad
+ * files), -ENOMEM, the WAL's and the Raft core's. */
+int meta__boot(struct meta_node *n, bool *join) MC_MUST_CHECK;
+
+/* ---- ready.c: the turn */
+
+/* Wake the driver (it runs from an idle callback). */
+void meta__kick(struct meta_node *n);
+/* The heartbeat tick: Raft ticks, request deadlines, lease expiry. */
+void meta__on_tick(uv_timer_t *t);
+/* Inputs from the transport. m is borrowed (copied if queued); q is
+ * taken (freed or queued). */
+void meta__step(struct meta_node *n, const struct raft_msg *m);
+void meta__step_owned(struct meta_node *n, struct meta__qmsg *q);
+void meta__report_unreachable(struct meta_node *n, uint64_t id);
+void meta__report_snapshot(struct meta_node *n, uint64_t id, bool ok);
+/* After an entry was applied: act on what it changed (reach new or moved
+ * peers, stop when this member was removed) and log it. */
+void meta__sm_effects_done(struct meta_node *n, const struct meta__sm_effects *fx);
+
+/* ---- req.c: requests */
+
+/* Answer op from a reply of the state machine. */
+void meta__op_reply(struct meta__op *op, struct meta__reply *r);
+/* Fail every op of l with code. */
+void meta__fail_list(struct meta__oplist *l, int code);
+/* Insert a proposal waiter keeping the list sorted by index. */
+void meta__waiters_insert(struct meta__oplist *l, struct meta__op *op);
+/* Propose op's entry (op->ent) now, or queue it while a ready is out. */
+void meta__propose(struct meta_node *n, struct meta__op *op);
+/* Propose an internal request (alarm, lease revoke, member attributes)
+ * with no one waiting for its answer. */
+void meta__propose_internal(struct meta_node *n, enum meta__method m,
+			    const ProtobufCMessage *req);
+/* A grant whose chosen ID another grant took meanwhile: choose again and
+ * resubmit (true), or let code be the answer (false). */
+bool meta__retry_lease_grant(struct meta_node *n, struct meta__op *op, int code);
+/* Serve a local read (serializable, or at its read index) at once. */
+void meta__serve_local(struct meta_node *n, struct meta__op *op);
+/* Run every op of list l again (leader known, an entry applied). */
+void meta__rerun(struct meta_node *n, struct meta__oplist *l);
+/* Fail the requests past their deadline. */
+void meta__req_sweep(struct meta_node *n);
+/* Park a request until a leader is known. */
+void meta__wait_leader(struct meta_node *n, struct meta__op *op);
+
+/* ---- read.c: linearizable read rounds */
+
+/* Start a round for the reads queued, unless one is in flight. */
+void meta__read_round(struct meta_node *n);
+/* The round in flight is lost: its reads go back to the queue. */
+void meta__read_retry(struct meta_node *n);
+/* Answer the reads whose read index is applied. */
+void meta__read_serve(struct meta_node *n);
+/* A ReadIndex answer from the core. */
+void meta__read_state(struct meta_node *n, const struct raft_read_state *rs);
+/* On each tick: retry a round that took an election timeout. */
+void meta__read_tick(struct meta_node *n);
+
+/* ---- member.c: membership */
+
+/* "http://host:port" with a numeric host (malloc'd), or NULL. */
+char *meta__normalize_url(const char *url);
+/* Propose a MemberAdd, MemberRemove or MemberPromote (leader). */
+void meta__propose_conf(struct meta_node *n, struct meta__op *op);
+/* Publish this member's name and client URL until it is in the table. */
+void meta__maybe_publish(struct meta_node *n);
+/* The member table changed (an entry, a snapshot): reach every other
+ * member at its peer URL and note whether ours is published. */
+void meta__sync_members(struct meta_node *n);
+/* Peers named in conf change entries about to be persisted become known
+ * to the transport at once (the change is in force when appended). */
+void meta__learn_peers(struct meta_node *n, const struct raft_entry *e, size_t k);
+
+/* ---- snapshot.c */
+
+/* Take a snapshot when --snapshot-count entries were applied since the last. */
+void meta__maybe_snapshot(struct meta_node *n);
+
+/* ---- conv.c */
+
 /* Set this member's cluster_id, member_id and raft_term in every
  * ResponseHeader of m, nested ones included, keeping their revisions: an
  * answer relayed from the leader then names the member the client asked,
  * as etcd's does. Headers m lacks stay absent. */
 void meta__stamp_headers(const struct meta_node *n, ProtobufCMessage *m);
-
-/* Inputs from the transport. m is borrowed (copied if queued); q is
- * taken (freed or queued). */
-void meta__step(struct meta_node *n, const struct raft_msg *m);
-void meta__step_owned(struct meta_node *n, struct meta__qmsg *q);
-/* Run a request again (its forward came back "not leader"). */
-void meta__resubmit(struct meta_node *n, struct meta__op *op);
-/* Park a request until a leader is known. */
-void meta__wait_leader(struct meta_node *n, struct meta__op *op);
-void meta__report_unreachable(struct meta_node *n, uint64_t id);
-void meta__report_snapshot(struct meta_node *n, uint64_t id, bool ok);
 
 /* ------------------------------------------------------------- worker */
 
