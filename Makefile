@@ -257,6 +257,13 @@ $(B)/verbs-emu/libverbs-emu.a: $(VEMU_OBJS)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# test_client*: libmooncake's own modules, linked from its archive.
+CLIENT_TEST_BINS := $(filter $(B)/test/test_client%,$(UNIT_BINS))
+$(CLIENT_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmooncake.a $(B)/libmcd.a $(B)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC TEST $< (libmooncake)"
+	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmooncake.a $(B)/libmcd.a -lcriterion $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
 RDMA_TEST_BINS := $(filter $(B)/test/test_rdma%,$(UNIT_BINS))
 $(RDMA_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(B)/.flags
 	@mkdir -p $(dir $@)

@@ -198,6 +198,41 @@ def sglang_hicache_standalone_storage():
     store.close()
 
 
+@case
+def allocator_memory_across_sessions_and_freed():
+    """One allocation used by two sessions of the process (each hands it
+    to the agent once); freeing it takes it back from both, and memory
+    allocated after it — at the same address or not — is never read
+    through an agent's stale mapping."""
+    daemon()
+    from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
+
+    s1, s2 = MooncakeDistributedStore(), MooncakeDistributedStore()
+    for s in (s1, s2):
+        eq(s.setup("localhost", "P2PHANDSHAKE", 1 << 26, 1 << 24, "tcp", "", "x"), 0, "setup")
+    al = MooncakeHostMemAllocator()
+    n = 1 << 20
+    before = s1._stats().buffers
+    p = al.alloc(n)
+    ctypes.memset(p, 0x11, n)
+    eq(s1.put_from("alloc-a1", p, n), 0, "put_from (first use by session 1)")
+    eq(s2.register_buffer(p, n), 0, "register_buffer (session 2)")
+    eq(s2.put_from("alloc-a2", p, n), 0, "put_from by session 2")
+    eq(s1._stats().buffers, before + 2, "each session handed it to the agent once")
+    eq(al.free(p), 0, "free")
+    eq(s1._stats().buffers, before, "both sessions gave it back")
+    for i in range(4):
+        q = al.alloc(n)
+        ctypes.memset(q, 0x20 + i, n)
+        eq(s1.put_from("alloc-b%d" % i, q, n), 0, "put_from of new memory")
+        eq(s1.get("alloc-b%d" % i) == bytes([0x20 + i]) * n, True, "its own bytes")
+        eq(al.free(q), 0, "free")
+    eq(s1.get("alloc-a2") == b"\x11" * n, True, "the first value")
+    for s in (s1, s2):
+        s.remove_all(force=True)
+        s.close()
+
+
 # ---------------------------------------------------------------- LMCache
 
 METADATA_BYTES_LEN = 28
