@@ -333,6 +333,7 @@ static void mount(struct agent *a)
 	uv_timer_stop(&a->mlink.hb_timer);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
+	a->mlink.mount_epoch = 0; /* learned again from the next mount */
 	set_mounted(a, false);
 	if (agent__lease_draining(a)) {
 		/* Puts still copy into the dropped lease's bytes, which the
@@ -446,6 +447,7 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 	set_mounted(a, false);
 	agent__mirror_stop(a);
 	agent__lease_reset(a);
+	a->mlink.mount_epoch = 0; /* learned again from the next mount */
 	if (!addr[0]) {
 		log_warn("no master leader at the moment; calls wait for one");
 		return;
