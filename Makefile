@@ -159,6 +159,7 @@ $(B)/py/%_pb2.py: proto/%.proto
 # loses its object, so the build stops there.
 # A new pure core goes into this list.
 PURE_SRCS := $(wildcard src/meta/raft/*.c) src/meta/mvcc.c src/meta/lease.c \
+             src/common/extalloc.c \
              src/master/alloc.c src/master/core.c src/master/mlog.c \
              src/rpc/frame.c src/transfer/wire.c
 PURE_OBJS := $(patsubst src/%.c,$(B)/obj/%.o,$(PURE_SRCS))
