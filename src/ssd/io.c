@@ -84,17 +84,29 @@ struct ssd__io {
 	pthread_t ring_thread;
 	bool ring_thread_ok;
 
+	/* io_uring: reads whose checksum is still to be checked, and the
+	 * thread that checks them (the ring's thread goes back to the ring) */
+	pthread_mutex_t vmu;
+	pthread_cond_t vcv;
+	struct opq vq;
+	bool vquit;
+	pthread_t vthread;
+	bool vthread_ok;
+
 	/* thread pool */
 	pthread_t *threads;
 	unsigned nthreads;
 
-	/* helper thread for jobs */
-	pthread_mutex_t jmu;
-	pthread_cond_t jcv;
-	struct opq jq;
-	bool jquit;
-	pthread_t jthread;
-	bool jthread_ok;
+	/* helper threads for jobs, one per lane */
+	struct lane {
+		struct ssd__io *io;
+		pthread_mutex_t mu;
+		pthread_cond_t cv;
+		struct opq q;
+		bool quit;
+		pthread_t thread;
+		bool thread_ok;
+	} lanes[SSD__LANES];
 
 	/* finished, for the owner */
 	pthread_mutex_t dmu;
@@ -126,6 +138,34 @@ static void finish(struct ssd__io *io, struct ssd__op *op)
 }
 
 /* ------------------------------------------------------------ io_uring */
+
+static void *verify_main(void *arg)
+{
+	struct ssd__io *io = arg;
+	for (;;) {
+		pthread_mutex_lock(&io->vmu);
+		struct ssd__op *op;
+		while (!(op = opq_pop(&io->vq)) && !io->vquit)
+			pthread_cond_wait(&io->vcv, &io->vmu);
+		pthread_mutex_unlock(&io->vmu);
+		if (!op)
+			return NULL;
+		finish(io, op);
+	}
+}
+
+/* A finished ring operation: reads to check go to the checking thread. */
+static void ring_finish(struct ssd__io *io, struct ssd__op *op)
+{
+	if (op->result != 0 || op->kind != SSD__OP_READ || !op->verify) {
+		post_done(io, op);
+		return;
+	}
+	pthread_mutex_lock(&io->vmu);
+	opq_push(&io->vq, op);
+	pthread_cond_signal(&io->vcv);
+	pthread_mutex_unlock(&io->vmu);
+}
 
 static void ring_prep(struct ssd__io *io, struct ssd__op *op)
 {
@@ -196,7 +236,7 @@ static void *ring_main(void *arg)
 				}
 			}
 			inflight--;
-			finish(io, op);
+			ring_finish(io, op);
 		}
 	}
 	return NULL;
@@ -255,21 +295,45 @@ static void *pool_main(void *arg)
 
 static void *job_main(void *arg)
 {
-	struct ssd__io *io = arg;
+	struct lane *l = arg;
 	for (;;) {
-		pthread_mutex_lock(&io->jmu);
+		pthread_mutex_lock(&l->mu);
 		struct ssd__op *op;
-		while (!(op = opq_pop(&io->jq)) && !io->jquit)
-			pthread_cond_wait(&io->jcv, &io->jmu);
-		pthread_mutex_unlock(&io->jmu);
+		while (!(op = opq_pop(&l->q)) && !l->quit)
+			pthread_cond_wait(&l->cv, &l->mu);
+		pthread_mutex_unlock(&l->mu);
 		if (!op)
 			return NULL;
 		op->job(op);
-		post_done(io, op);
+		post_done(l->io, op);
 	}
 }
 
 /* ------------------------------------------------------------ API */
+
+/* Stop the ring's threads (every operation done) and free the ring. */
+static void stop_ring(struct ssd__io *io)
+{
+	if (io->ring_thread_ok) {
+		ring_wake(io);
+		pthread_join(io->ring_thread, NULL);
+		io->ring_thread_ok = false;
+	}
+	if (io->vthread_ok) {
+		pthread_mutex_lock(&io->vmu);
+		io->vquit = true;
+		pthread_cond_signal(&io->vcv);
+		pthread_mutex_unlock(&io->vmu);
+		pthread_join(io->vthread, NULL);
+		io->vthread_ok = false;
+	}
+	if (io->ring_ok)
+		io_uring_queue_exit(&io->ring);
+	io->ring_ok = false;
+	if (io->wake_fd >= 0)
+		close(io->wake_fd);
+	io->wake_fd = -1;
+}
 
 static int start_ring(struct ssd__io *io)
 {
@@ -283,6 +347,10 @@ static int start_ring(struct ssd__io *io)
 	io->wake_fd = eventfd(0, EFD_CLOEXEC);
 	if (io->wake_fd < 0)
 		return -errno;
+	rc = pthread_create(&io->vthread, NULL, verify_main, io);
+	if (rc)
+		return -rc;
+	io->vthread_ok = true;
 	rc = pthread_create(&io->ring_thread, NULL, ring_main, io);
 	if (rc)
 		return -rc;
@@ -314,9 +382,14 @@ int ssd__io_new(enum ssd_io_kind kind, unsigned depth, struct ssd__io **out)
 	io->wake_fd = -1;
 	pthread_mutex_init(&io->mu, NULL);
 	pthread_cond_init(&io->cv, NULL);
-	pthread_mutex_init(&io->jmu, NULL);
-	pthread_cond_init(&io->jcv, NULL);
+	for (unsigned i = 0; i < SSD__LANES; i++) {
+		io->lanes[i].io = io;
+		pthread_mutex_init(&io->lanes[i].mu, NULL);
+		pthread_cond_init(&io->lanes[i].cv, NULL);
+	}
 	pthread_mutex_init(&io->dmu, NULL);
+	pthread_mutex_init(&io->vmu, NULL);
+	pthread_cond_init(&io->vcv, NULL);
 	io->kind = SSD_IO_URING;
 	int rc = 0;
 	io->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -324,12 +397,14 @@ int ssd__io_new(enum ssd_io_kind kind, unsigned depth, struct ssd__io **out)
 		rc = -errno;
 		goto fail;
 	}
-	rc = pthread_create(&io->jthread, NULL, job_main, io);
-	if (rc) {
-		rc = -rc;
-		goto fail;
+	for (unsigned i = 0; i < SSD__LANES; i++) {
+		rc = pthread_create(&io->lanes[i].thread, NULL, job_main, &io->lanes[i]);
+		if (rc) {
+			rc = -rc;
+			goto fail;
+		}
+		io->lanes[i].thread_ok = true;
 	}
-	io->jthread_ok = true;
 	if (kind != SSD_IO_THREADS) {
 		rc = start_ring(io);
 		if (rc == 0)
@@ -343,12 +418,7 @@ int ssd__io_new(enum ssd_io_kind kind, unsigned depth, struct ssd__io **out)
 		}
 		log_warn("io_uring unavailable (%s): SSD I/O on %u threads",
 			 mc_strerror(rc), depth);
-		if (io->ring_ok)
-			io_uring_queue_exit(&io->ring);
-		io->ring_ok = false;
-		if (io->wake_fd >= 0)
-			close(io->wake_fd);
-		io->wake_fd = -1;
+		stop_ring(io);
 	}
 	io->kind = SSD_IO_THREADS;
 	rc = start_pool(io);
@@ -374,10 +444,11 @@ void ssd__io_submit(struct ssd__io *io, struct ssd__op *op)
 	op->next = NULL;
 	io->pending++;
 	if (op->kind == SSD__OP_JOB) {
-		pthread_mutex_lock(&io->jmu);
-		opq_push(&io->jq, op);
-		pthread_cond_signal(&io->jcv);
-		pthread_mutex_unlock(&io->jmu);
+		struct lane *l = &io->lanes[op->lane < SSD__LANES ? op->lane : 0];
+		pthread_mutex_lock(&l->mu);
+		opq_push(&l->q, op);
+		pthread_cond_signal(&l->cv);
+		pthread_mutex_unlock(&l->mu);
 		return;
 	}
 	if (op->len == 0) {
@@ -440,29 +511,29 @@ void ssd__io_free(struct ssd__io *io)
 	io->quit = true;
 	pthread_cond_broadcast(&io->cv);
 	pthread_mutex_unlock(&io->mu);
-	if (io->ring_thread_ok) {
-		ring_wake(io);
-		pthread_join(io->ring_thread, NULL);
-	}
+	stop_ring(io);
 	for (unsigned i = 0; i < io->nthreads; i++)
 		pthread_join(io->threads[i], NULL);
 	free(io->threads);
-	pthread_mutex_lock(&io->jmu);
-	io->jquit = true;
-	pthread_cond_signal(&io->jcv);
-	pthread_mutex_unlock(&io->jmu);
-	if (io->jthread_ok)
-		pthread_join(io->jthread, NULL);
-	if (io->ring_ok)
-		io_uring_queue_exit(&io->ring);
-	if (io->wake_fd >= 0)
-		close(io->wake_fd);
+	for (unsigned i = 0; i < SSD__LANES; i++) {
+		struct lane *l = &io->lanes[i];
+		pthread_mutex_lock(&l->mu);
+		l->quit = true;
+		pthread_cond_signal(&l->cv);
+		pthread_mutex_unlock(&l->mu);
+		if (l->thread_ok)
+			pthread_join(l->thread, NULL);
+	}
 	if (io->done_fd >= 0)
 		close(io->done_fd);
 	pthread_mutex_destroy(&io->mu);
 	pthread_cond_destroy(&io->cv);
-	pthread_mutex_destroy(&io->jmu);
-	pthread_cond_destroy(&io->jcv);
+	for (unsigned i = 0; i < SSD__LANES; i++) {
+		pthread_mutex_destroy(&io->lanes[i].mu);
+		pthread_cond_destroy(&io->lanes[i].cv);
+	}
 	pthread_mutex_destroy(&io->dmu);
+	pthread_mutex_destroy(&io->vmu);
+	pthread_cond_destroy(&io->vcv);
 	free(io);
 }

@@ -22,16 +22,22 @@
  *               ssd.index.new + rename when dead records outweigh live ones.
  *
  * Durability. A put completes (its callback runs with 0) once its bytes
- * and its index record are on stable storage: the value is written, the
- * data file fdatasync'ed, the record appended and the index fdatasync'ed
- * (group commit: one pair of syncs for every put that finished writing in
- * the meantime). A removal is appended to the index at once and synced
- * with the next group; its extent is reused only after that, and after
- * every read of it has ended, so a crash never leaves an index record
- * pointing at another object's bytes. After a crash, what recovery finds
- * is every put that completed, and removals synced before the crash (a
- * removal in the last few milliseconds may be undone: the object comes
- * back with its own bytes).
+ * are written (direct I/O: in the device, not the page cache) and its
+ * index record is appended (group append: every put that finished writing
+ * meanwhile goes in one write, one append at a time): from then on a crash
+ * of the process (kill -9) loses nothing. Syncs (fdatasync of the data
+ * file, then of the index) run on a thread of their own while appends are
+ * not yet synced, at most one per sync_interval_ms (a device cache flush
+ * stalls the device's other I/O); ssd_sync() tells when everything before
+ * it is on stable storage (a power loss then loses nothing either). A
+ * power loss can lose the puts of the last sync interval; an index record that
+ * reached the disk before its object's bytes did is caught by the
+ * checksum (below). A removal is appended like a put; its extent is reused
+ * only after it is synced and every read of it has ended, so a crash never
+ * leaves an index record pointing at another object's bytes. After a
+ * crash, recovery finds every completed put (a power loss: every synced
+ * one) and removals appended before it (a removal in the last few
+ * milliseconds may be undone: the object comes back with its own bytes).
  *
  * Checks. Every read checks the value's CRC-32C before its callback sees
  * success; a mismatch fails it with MC_ECHECKSUM, drops the object (a log
@@ -49,8 +55,8 @@
  * queue_depth I/Os in flight, reaped by a thread of the store that also
  * checks the checksums of reads; where io_uring is unavailable (a kernel or
  * container that refuses it) a pool of queue_depth threads does the same
- * with pread/pwrite. Index writes, fsyncs and compaction run on a helper
- * thread. Finished operations wait in a queue until the owner calls
+ * with pread/pwrite. Index appends and compaction run on one helper thread,
+ * syncs on another. Finished operations wait in a queue until the owner calls
  * ssd_poll(), which runs their callbacks on the owner's thread; ssd_fd()
  * becomes readable whenever that queue is not empty (an event loop watches
  * it; uv_poll_t in the agent).
@@ -96,6 +102,9 @@ struct ssd_opts {
 	/* Compact the index once it passes this many bytes and twice its
 	 * live records (0: 4 MiB). */
 	uint64_t compact_min_bytes;
+	/* Least time between the starts of two syncs (0: back to back). What
+	 * a power loss can lose; a kill -9 loses nothing either way. */
+	unsigned sync_interval_ms;
 };
 
 /* What ssd_open found and did. */
@@ -176,13 +185,14 @@ struct ssd_req {
  * the bytes past size written too, whatever they are) is borrowed until
  * cb; crc is the CRC-32C of its first size bytes, kept in the index and
  * checked by every read. The key is visible to lookups and gets once cb
- * has run with status 0 (durable). Errors (no callback then): -EINVAL
+ * has run with status 0 (written and appended: see Durability). Errors (no callback then): -EINVAL
  * (key of 0 or more than SSD_MAX_KEY_BYTES bytes, size 0 or above
  * SSD_MAX_VALUE_BYTES, unaligned buf), MC_EOBJECT_ALREADY_EXISTS (the key
  * is stored or being stored), MC_ENO_SPACE (no free extent that large),
- * -EIO (the store failed an index or sync write before: it serves reads
- * only), -ENOMEM. Callback status: 0, or the negative errno of the write
- * or sync that failed (the object is then not stored).
+ * -EIO (the store failed an index append or sync before: it serves reads
+ * only), -ENOMEM. Callback status: 0, MC_ECANCELLED (removed meanwhile),
+ * or the negative errno of the write or append that failed (the object is
+ * then not stored).
  */
 int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
 	    size_t klen, const void *buf, uint64_t size, uint32_t crc,
@@ -206,6 +216,14 @@ int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key,
  * MC_ECANCELLED. Errors: MC_EOBJECT_NOT_FOUND, -EINVAL.
  */
 int ssd_remove(struct ssd_store *s, const void *key, size_t klen) MC_MUST_CHECK;
+
+/*
+ * Call cb once every put completed and every removal made before this
+ * call is on stable storage (both files synced). Errors: -EINVAL (no cb),
+ * -EIO (the store failed before). Callback status: 0, or the sync's
+ * negative errno.
+ */
+int ssd_sync(struct ssd_store *s, struct ssd_req *r, ssd_cb cb) MC_MUST_CHECK;
 
 /* A stored object. */
 struct ssd_obj {
@@ -234,7 +252,8 @@ struct ssd_stats {
 	uint64_t reads, writes;   /* data I/Os finished */
 	uint64_t read_bytes, write_bytes;
 	uint64_t checksum_failures;
-	uint64_t commits;         /* group commits */
+	uint64_t commits;         /* group appends to the index */
+	uint64_t syncs;           /* fdatasync pairs */
 	uint64_t compactions;
 	unsigned inflight;        /* data I/Os submitted, not finished */
 };

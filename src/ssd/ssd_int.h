@@ -84,6 +84,8 @@ enum ssd__dec ssd__rec_decode(const uint8_t *p, size_t len, uint32_t seed,
 /* ------------------------------------------------------------ io.c */
 
 enum ssd__op_kind { SSD__OP_READ, SSD__OP_WRITE, SSD__OP_JOB };
+/* Job lanes: each runs its jobs one at a time, in order. */
+enum { SSD__LANE_APPEND = 0, SSD__LANE_SYNC = 1, SSD__LANES = 2 };
 
 /* One operation of the engine, in its submitter's storage. */
 struct ssd__op {
@@ -98,8 +100,9 @@ struct ssd__op {
 	bool verify;
 	uint32_t want_crc;
 	uint64_t crc_len;
-	/* JOB: run on the helper thread; sets result. */
+	/* JOB: run on the lane's helper thread; sets result. */
 	void (*job)(struct ssd__op *op);
+	unsigned lane;
 	/* On the owner's thread, from ssd__io_reap. */
 	void (*done)(struct ssd__op *op);
 	int result;              /* 0 or negative */
@@ -114,7 +117,7 @@ int ssd__io_new(enum ssd_io_kind kind, unsigned depth,
 /* Name of the engine in use: "io_uring" or "threads". */
 const char *ssd__io_name(const struct ssd__io *io);
 /* Queue op (from the owner's thread). READ/WRITE run up to depth at a
- * time, JOBs one at a time in order. */
+ * time, JOBs one at a time in order per lane. */
 void ssd__io_submit(struct ssd__io *io, struct ssd__op *op);
 /* The eventfd readable while finished operations wait. */
 int ssd__io_fd(const struct ssd__io *io);

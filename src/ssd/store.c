@@ -36,6 +36,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/crc32c.h"
@@ -121,8 +124,7 @@ struct commit {
 	struct ssd_store *s;
 	struct bbuf buf;
 	uint64_t index_off;
-	int data_fd, index_fd;
-	bool sync_data;
+	int index_fd;
 	uint64_t number;
 	struct ssd_req *puts;          /* whose records it carries */
 	/* compaction's last step */
@@ -164,6 +166,17 @@ struct ssd_store {
 	struct ssd_req *waiting, *waiting_tail; /* puts whose records are in ibuf */
 	bool commit_running;
 	uint64_t commits_started, commits_done;
+	/* syncs (fdatasync of data and index) */
+	bool sync_running;
+	uint64_t synced;               /* appends up to this one are synced */
+	struct ssd_req *sync_waiters;  /* seq: the append they wait for */
+	int stale_fd;                  /* an index replaced while a sync ran */
+	_Atomic uint64_t appended;     /* commits_done, for the sync lane */
+	uint64_t sync_interval_ns;
+	pthread_mutex_t kick_mu;       /* the sync lane's wait */
+	pthread_cond_t kick_cv;
+	bool kick;                     /* under kick_mu */
+	uint64_t last_sync_ns;         /* under kick_mu */
 	int failed;                    /* an index write or sync failed */
 
 	/* compaction */
@@ -309,7 +322,7 @@ static void reclaim(struct ssd_store *s)
 	struct ssd__ent **pp = &s->dead;
 	while (*pp) {
 		struct ssd__ent *e = *pp;
-		if (e->reads == 0 && !e->put_pending && e->del_commit <= s->commits_done) {
+		if (e->reads == 0 && !e->put_pending && e->del_commit <= s->synced) {
 			*pp = e->dnext;
 			extent_free(s, e);
 			free(e);
@@ -382,14 +395,12 @@ static void commit_job(struct ssd__op *op)
 {
 	struct commit *c = MC_CONTAINER_OF(op, struct commit, op);
 	int rc = 0;
-	if (c->sync_data && fdatasync(c->data_fd) != 0)
-		rc = -errno;
-	if (!rc && c->buf.len)
+	if (c->buf.len)
 		rc = mc_pwrite_all(c->index_fd, c->buf.p, c->buf.len, c->index_off);
-	if (!rc && fdatasync(c->index_fd) != 0)
-		rc = -errno;
 	if (!rc && c->finish) {
-		if (rename(c->new_path, c->path) != 0)
+		if (fdatasync(c->index_fd) != 0)
+			rc = -errno;
+		else if (rename(c->new_path, c->path) != 0)
 			rc = -errno;
 		else
 			rc = mc_fsync_dir(c->dir);
@@ -399,11 +410,21 @@ static void commit_job(struct ssd__op *op)
 
 static void maybe_compact(struct ssd_store *s);
 static void compact_next(struct ssd_store *s);
+static void maybe_sync(struct ssd_store *s);
 
 static void complete_req(struct ssd_req *r, int status)
 {
 	r->status = status;
 	r->cb(r);
+}
+
+static void set_failed(struct ssd_store *s, int rc, const char *what)
+{
+	if (s->failed)
+		return;
+	log_error("SSD index %s: %s; the store takes no more puts until restart", what,
+		  mc_strerror(rc));
+	s->failed = rc;
 }
 
 static void commit_done(struct ssd__op *op)
@@ -412,16 +433,19 @@ static void commit_done(struct ssd__op *op)
 	struct ssd_store *s = c->s;
 	s->commit_running = false;
 	int rc = op->result;
-	if (rc < 0 && !s->failed) {
-		log_error("SSD index %s: %s; the store takes no more puts until "
-			  "restart", c->finish ? "compaction" : "commit", mc_strerror(rc));
-		s->failed = rc;
-	}
+	if (rc < 0)
+		set_failed(s, rc, c->finish ? "compaction" : "append");
 	if (c->finish) {
 		if (rc == 0) {
-			close(s->index_fd);
+			/* A sync may still use the old index: it closes it. */
+			if (s->sync_running)
+				s->stale_fd = s->index_fd;
+			else
+				close(s->index_fd);
 			s->index_fd = s->new_fd;
 			s->st.compactions++;
+			/* The new index is synced and holds every record so far. */
+			s->synced = c->number;
 			log_info("SSD index compacted: %" PRIu64 " bytes, %" PRIu64 " objects",
 				 s->index_end, s->live_objects);
 		} else {
@@ -433,6 +457,7 @@ static void commit_done(struct ssd__op *op)
 	}
 	if (rc == 0) {
 		s->commits_done = c->number;
+		atomic_store(&s->appended, c->number);
 		s->st.commits++;
 	}
 	struct ssd_req *r = c->puts;
@@ -463,6 +488,7 @@ static void commit_done(struct ssd__op *op)
 	bbuf_free(&c->buf);
 	free(c);
 	reclaim(s);
+	maybe_sync(s);
 	maybe_compact(s);
 }
 
@@ -473,13 +499,12 @@ static void start_commit(struct ssd_store *s, bool finish)
 		return; /* tried again at the next poll */
 	c->s = s;
 	c->op.kind = SSD__OP_JOB;
+	c->op.lane = SSD__LANE_APPEND;
 	c->op.job = commit_job;
 	c->op.done = commit_done;
-	c->data_fd = s->data_fd;
 	c->index_fd = finish ? s->new_fd : s->index_fd;
 	c->number = ++s->commits_started;
 	c->puts = s->waiting;
-	c->sync_data = s->waiting != NULL;
 	s->waiting = s->waiting_tail = NULL;
 	if (finish) {
 		/* The tail holds every record of ibuf too, in the new seed. */
@@ -494,7 +519,6 @@ static void start_commit(struct ssd_store *s, bool finish)
 		c->new_path = s->new_path;
 		c->path = s->index_path;
 		c->dir = s->dir;
-		c->sync_data = true;
 	} else {
 		c->buf = s->ibuf;
 		memset(&s->ibuf, 0, sizeof(s->ibuf));
@@ -505,7 +529,7 @@ static void start_commit(struct ssd_store *s, bool finish)
 	ssd__io_submit(s->io, &c->op);
 }
 
-/* Start a group commit when records wait and none runs. */
+/* Start an append when records wait and none runs. */
 static void maybe_commit(struct ssd_store *s)
 {
 	if (s->commit_running || s->cstep_running)
@@ -516,6 +540,127 @@ static void maybe_commit(struct ssd_store *s)
 	}
 	if (s->ibuf.len > 0 || s->waiting)
 		start_commit(s, false);
+}
+
+/* ------------------------------------------------------------ sync */
+
+struct syncop {
+	struct ssd__op op;
+	struct ssd_store *s;
+	int data_fd, index_fd;
+	uint64_t target;
+};
+
+/* On the sync lane: wait out the interval since the last sync began
+ * (unless kicked: a waiter, close), then sync what was appended by then. */
+static void sync_job(struct ssd__op *op)
+{
+	struct syncop *y = MC_CONTAINER_OF(op, struct syncop, op);
+	struct ssd_store *s = y->s;
+	pthread_mutex_lock(&s->kick_mu);
+	uint64_t due = s->last_sync_ns + s->sync_interval_ns;
+	while (!s->kick && mc_now_ns() < due) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t left = due - mc_now_ns(), ns = (uint64_t)ts.tv_nsec + MC_MIN(left, 1000000000ull);
+		ts.tv_sec += (time_t)(ns / 1000000000ull);
+		ts.tv_nsec = (long)(ns % 1000000000ull);
+		pthread_cond_timedwait(&s->kick_cv, &s->kick_mu, &ts);
+	}
+	s->kick = false;
+	s->last_sync_ns = mc_now_ns();
+	pthread_mutex_unlock(&s->kick_mu);
+	y->target = atomic_load(&s->appended);
+	int rc = 0;
+	if (fdatasync(y->data_fd) != 0 || fdatasync(y->index_fd) != 0)
+		rc = -errno;
+	op->result = rc;
+}
+
+/* Make a waiting sync start now. */
+static void kick_sync(struct ssd_store *s)
+{
+	pthread_mutex_lock(&s->kick_mu);
+	s->kick = true;
+	pthread_cond_signal(&s->kick_cv);
+	pthread_mutex_unlock(&s->kick_mu);
+}
+
+static void sync_done(struct ssd__op *op)
+{
+	struct syncop *y = MC_CONTAINER_OF(op, struct syncop, op);
+	struct ssd_store *s = y->s;
+	s->sync_running = false;
+	if (s->stale_fd >= 0) {
+		close(s->stale_fd);
+		s->stale_fd = -1;
+	}
+	if (op->result < 0) {
+		set_failed(s, op->result, "sync");
+	} else {
+		if (y->target > s->synced)
+			s->synced = y->target;
+		s->st.syncs++;
+	}
+	free(y);
+	struct ssd_req **pp = &s->sync_waiters;
+	while (*pp) {
+		struct ssd_req *r = *pp;
+		if (s->failed || r->seq <= s->synced) {
+			*pp = r->next;
+			complete_req(r, s->failed);
+		} else {
+			pp = &r->next;
+		}
+	}
+	reclaim(s);
+	maybe_sync(s);
+}
+
+/* Sync when appended records are not yet synced or someone waits. */
+static void maybe_sync(struct ssd_store *s)
+{
+	if (s->sync_running || s->failed)
+		return;
+	bool waiter = false;
+	for (struct ssd_req *r = s->sync_waiters; r; r = r->next)
+		waiter |= r->seq <= s->commits_done;
+	if (s->commits_done <= s->synced && !waiter)
+		return;
+	struct syncop *y = calloc(1, sizeof(*y));
+	if (!y)
+		return; /* tried again at the next poll */
+	y->s = s;
+	y->op.kind = SSD__OP_JOB;
+	y->op.lane = SSD__LANE_SYNC;
+	y->op.job = sync_job;
+	y->op.done = sync_done;
+	y->data_fd = s->data_fd;
+	y->index_fd = s->index_fd;
+	s->sync_running = true;
+	ssd__io_submit(s->io, &y->op);
+	if (waiter || s->closing)
+		kick_sync(s);
+}
+
+int ssd_sync(struct ssd_store *s, struct ssd_req *r, ssd_cb cb)
+{
+	if (!cb)
+		return -EINVAL;
+	if (s->failed)
+		return -EIO;
+	r->s = s;
+	r->cb = cb;
+	r->status = 0;
+	/* Every record appended so far: those of the next append too. */
+	r->seq = s->commits_started + (s->ibuf.len || s->waiting ? 1 : 0);
+	r->next = s->sync_waiters;
+	s->sync_waiters = r;
+	maybe_commit(s);
+	maybe_sync(s);
+	if (s->sync_running)
+		kick_sync(s);
+	return 0;
 }
 
 /* ------------------------------------------------------------ compaction */
@@ -585,6 +730,7 @@ static void compact_next(struct ssd_store *s)
 	}
 	c->s = s;
 	c->op.kind = SSD__OP_JOB;
+	c->op.lane = SSD__LANE_APPEND;
 	c->op.job = cstep_job;
 	c->op.done = cstep_done;
 	c->off = s->new_end;
@@ -628,6 +774,7 @@ static void maybe_compact(struct ssd_store *s)
 	c->s = s;
 	c->first = true;
 	c->op.kind = SSD__OP_JOB;
+	c->op.lane = SSD__LANE_APPEND;
 	c->op.job = cstep_job;
 	c->op.done = cstep_done;
 	c->off = 0;
@@ -867,6 +1014,7 @@ unsigned ssd_poll(struct ssd_store *s)
 {
 	unsigned n = ssd__io_reap(s->io);
 	maybe_commit(s);
+	maybe_sync(s);
 	return n;
 }
 
@@ -1369,10 +1517,13 @@ int ssd_open(const struct ssd_opts *o, struct ssd_store **out,
 	struct ssd_store *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->lock_fd = s->data_fd = s->index_fd = s->new_fd = -1;
+	s->lock_fd = s->data_fd = s->index_fd = s->new_fd = s->stale_fd = -1;
 	s->capacity = cap;
 	s->next_seq = 1;
 	s->compact_min = o->compact_min_bytes ? o->compact_min_bytes : DEFAULT_COMPACT_MIN;
+	s->sync_interval_ns = (uint64_t)o->sync_interval_ms * 1000000ull;
+	pthread_mutex_init(&s->kick_mu, NULL);
+	pthread_cond_init(&s->kick_cv, NULL);
 	s->nbuckets = 1024;
 	struct recov rv = {0};
 	int rc = -ENOMEM;
@@ -1469,10 +1620,12 @@ void ssd_close(struct ssd_store *s)
 		return;
 	s->closing = true;
 	if (s->io) {
+		kick_sync(s);
 		for (;;) {
 			maybe_commit(s);
 			if (ssd__io_pending(s->io) == 0 && !s->commit_running &&
-			    !s->cstep_running && s->ibuf.len == 0 && !s->waiting)
+			    !s->cstep_running && !s->sync_running && s->ibuf.len == 0 &&
+			    !s->waiting)
 				break;
 			if (s->failed && ssd__io_pending(s->io) == 0)
 				break;
@@ -1480,9 +1633,18 @@ void ssd_close(struct ssd_store *s)
 			ssd__io_reap(s->io);
 		}
 		ssd__io_free(s->io);
+		if (!s->failed && (fdatasync(s->data_fd) != 0 || fdatasync(s->index_fd) != 0))
+			log_error("SSD tier %s: final sync: %s", s->dir, strerror(errno));
 	}
+	if (s->stale_fd >= 0)
+		close(s->stale_fd);
 	if (s->compacting)
 		compact_abort(s);
+	for (struct ssd_req *r = s->sync_waiters; r;) {
+		struct ssd_req *next = r->next;
+		complete_req(r, s->failed ? s->failed : 0);
+		r = next;
+	}
 	/* Puts whose records a failed store could not commit. */
 	for (struct ssd_req *r = s->waiting; r;) {
 		struct ssd_req *next = r->next;
@@ -1515,5 +1677,7 @@ void ssd_close(struct ssd_store *s)
 	free(s->data_path);
 	free(s->index_path);
 	free(s->new_path);
+	pthread_mutex_destroy(&s->kick_mu);
+	pthread_cond_destroy(&s->kick_cv);
 	free(s);
 }
