@@ -80,6 +80,8 @@
 #define SSD_MAX_KEY_BYTES 4096u
 /* Largest value. */
 #define SSD_MAX_VALUE_BYTES (1ull << 40)
+/* The agent's default sync interval (ssd_opts.sync_interval_ms). */
+#define SSD_SYNC_INTERVAL_DEFAULT_MS 5000u
 
 struct ssd_store;
 
@@ -103,7 +105,9 @@ struct ssd_opts {
 	 * live records (0: 4 MiB). */
 	uint64_t compact_min_bytes;
 	/* Least time between the starts of two syncs (0: back to back). What
-	 * a power loss can lose; a kill -9 loses nothing either way. */
+	 * a power loss can lose; a kill -9 loses nothing either way. A put
+	 * that finds no room while removed space waits for its sync starts
+	 * that sync at once. */
 	unsigned sync_interval_ms;
 };
 

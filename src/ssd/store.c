@@ -591,6 +591,9 @@ static void sync_done(struct ssd__op *op)
 	struct syncop *y = MC_CONTAINER_OF(op, struct syncop, op);
 	struct ssd_store *s = y->s;
 	s->sync_running = false;
+	/* An index replaced by a compaction meanwhile: this sync covered the
+	 * old file only (the new one was synced when it was made). */
+	bool replaced = y->index_fd != s->index_fd;
 	if (s->stale_fd >= 0) {
 		close(s->stale_fd);
 		s->stale_fd = -1;
@@ -598,7 +601,7 @@ static void sync_done(struct ssd__op *op)
 	if (op->result < 0) {
 		set_failed(s, op->result, "sync");
 	} else {
-		if (y->target > s->synced)
+		if (!replaced && y->target > s->synced)
 			s->synced = y->target;
 		s->st.syncs++;
 	}
@@ -844,6 +847,13 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
 		return MC_EOBJECT_ALREADY_EXISTS;
 	uint64_t len = ssd_io_len(size), off;
 	int rc = mc_extalloc_get(&s->alloc, len, &off);
+	if (rc == MC_ENO_SPACE && s->dead) {
+		/* Removed space waits for a sync: have it now, not at the
+		 * interval's end. */
+		maybe_sync(s);
+		if (s->sync_running)
+			kick_sync(s);
+	}
 	if (rc < 0)
 		return rc;
 	struct ssd__ent *e = ent_new(key, klen);
