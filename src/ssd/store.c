@@ -181,6 +181,7 @@ struct ssd_store {
 
 	/* compaction */
 	bool compacting, cstep_running;
+	bool finishing;                /* its last step is running */
 	int new_fd;                    /* written by the helper thread only */
 	uint32_t new_seed;
 	uint64_t new_end;              /* bytes of ssd.index.new planned */
@@ -337,13 +338,16 @@ static void reclaim(struct ssd_store *s)
 static int append_rec(struct ssd_store *s, const struct ssd__rec *r)
 {
 	size_t n = ssd__rec_len(r->klen);
+	/* A compaction collects its tail until its last step begins; from
+	 * then on records go to ibuf only, in the new index's seed. */
+	bool tail = s->compacting && !s->finishing;
 	if (bbuf_reserve(&s->ibuf, n) < 0)
 		return -ENOMEM;
-	if (s->compacting && bbuf_reserve(&s->ctail, n) < 0)
+	if (tail && bbuf_reserve(&s->ctail, n) < 0)
 		return -ENOMEM;
 	ssd__rec_encode(s->ibuf.p + s->ibuf.len, r, s->seed);
 	s->ibuf.len += n;
-	if (s->compacting) {
+	if (tail) {
 		ssd__rec_encode(s->ctail.p + s->ctail.len, r, s->new_seed);
 		s->ctail.len += n;
 	}
@@ -454,6 +458,7 @@ static void commit_done(struct ssd__op *op)
 		}
 		s->new_fd = -1;
 		s->compacting = false;
+		s->finishing = false;
 	}
 	if (rc == 0) {
 		s->commits_done = c->number;
@@ -509,6 +514,7 @@ static void start_commit(struct ssd_store *s, bool finish)
 	if (finish) {
 		/* The tail holds every record of ibuf too, in the new seed. */
 		c->finish = true;
+		s->finishing = true;
 		c->buf = s->ctail;
 		memset(&s->ctail, 0, sizeof(s->ctail));
 		bbuf_free(&s->ibuf);
@@ -766,6 +772,7 @@ static void maybe_compact(struct ssd_store *s)
 		return;
 	}
 	s->compacting = true;
+	s->ctail.len = 0;
 	s->cursor = s->head;
 	s->cursor_done = s->cursor == NULL;
 	s->new_seed = ssd__rec_seed(s->store_id, s->generation + 1);
