@@ -84,6 +84,7 @@
 #define SSD_SYNC_INTERVAL_DEFAULT_MS 5000u
 
 struct ssd_store;
+struct metrics_registry;
 
 enum ssd_io_kind {
 	SSD_IO_AUTO = 0,  /* io_uring, else threads */
@@ -109,6 +110,12 @@ struct ssd_opts {
 	 * that finds no room while removed space waits for its sync starts
 	 * that sync at once. */
 	unsigned sync_interval_ms;
+	/* Where to register the tier's metrics (mooncake_agent_ssd_*: size,
+	 * use, objects, index bytes, data I/Os with their bytes and latency
+	 * histogram, checksum failures, syncs, compactions, and what the last
+	 * open recovered, dropped and took); NULL: none. Borrowed: it must
+	 * outlive the store. */
+	struct metrics_registry *metrics;
 };
 
 /* What ssd_open found and did. */

@@ -52,6 +52,7 @@
 #include "common/extalloc.h"
 #include "common/io.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 #include "ssd/ssd_int.h"
 
@@ -192,7 +193,72 @@ struct ssd_store {
 
 	bool closing;
 	struct ssd_stats st;
+
+	/* metrics (NULL without a registry: updates are no-ops) */
+	struct metric *m_bytes, *m_used, *m_objects, *m_index, *m_reads, *m_writes,
+		*m_read_bytes, *m_write_bytes, *m_read_s, *m_write_s, *m_crc_fail,
+		*m_syncs, *m_compactions, *m_rec_s, *m_rec_objects, *m_rec_dropped,
+		*m_rec_records;
 };
+
+static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
+{
+	if (!r)
+		return;
+	const char *rd[] = {"read"}, *wr[] = {"write"};
+	s->m_bytes = metrics_gauge(r, "mooncake_agent_ssd_bytes",
+				   "Data area of the SSD tier.", NULL, NULL);
+	s->m_used = metrics_gauge(r, "mooncake_agent_ssd_used_bytes",
+				  "SSD tier extents allocated (also being written, or removed "
+				  "and awaiting a sync).", NULL, NULL);
+	s->m_objects = metrics_gauge(r, "mooncake_agent_ssd_objects",
+				     "Objects stored in the SSD tier.", NULL, NULL);
+	s->m_index = metrics_gauge(r, "mooncake_agent_ssd_index_bytes",
+				   "Size of the SSD tier's index file.", NULL, NULL);
+	s->m_reads = metrics_counter(r, "mooncake_agent_ssd_ios_total",
+				     "SSD tier data reads and writes finished.", "op", rd);
+	s->m_writes = metrics_counter(r, "mooncake_agent_ssd_ios_total",
+				      "SSD tier data reads and writes finished.", "op", wr);
+	s->m_read_bytes = metrics_counter(r, "mooncake_agent_ssd_io_bytes_total",
+					  "SSD tier bytes read and written.", "op", rd);
+	s->m_write_bytes = metrics_counter(r, "mooncake_agent_ssd_io_bytes_total",
+					   "SSD tier bytes read and written.", "op", wr);
+	s->m_read_s = metrics_histogram(r, "mooncake_agent_ssd_io_seconds",
+					"SSD tier data I/O latency, submitted to finished "
+					"(a read: with its checksum checked).", "op", rd,
+					metrics_latency_buckets, metrics_latency_nbuckets);
+	s->m_write_s = metrics_histogram(r, "mooncake_agent_ssd_io_seconds",
+					 "SSD tier data I/O latency, submitted to finished "
+					 "(a read: with its checksum checked).", "op", wr,
+					 metrics_latency_buckets, metrics_latency_nbuckets);
+	s->m_crc_fail = metrics_counter(r, "mooncake_agent_ssd_checksum_failures_total",
+					"SSD tier objects whose bytes failed their checksum "
+					"(dropped).", NULL, NULL);
+	s->m_syncs = metrics_counter(r, "mooncake_agent_ssd_syncs_total",
+				     "SSD tier syncs of data and index.", NULL, NULL);
+	s->m_compactions = metrics_counter(r, "mooncake_agent_ssd_compactions_total",
+					   "SSD tier index compactions.", NULL, NULL);
+	s->m_rec_s = metrics_gauge(r, "mooncake_agent_ssd_recovery_milliseconds",
+				   "Time the SSD tier's last open took (recovery).", NULL, NULL);
+	s->m_rec_objects = metrics_gauge(r, "mooncake_agent_ssd_recovered_objects",
+					 "Objects the SSD tier's last open recovered.", NULL, NULL);
+	s->m_rec_dropped = metrics_gauge(r, "mooncake_agent_ssd_dropped_objects",
+					 "Objects the SSD tier's last open dropped (checksum, "
+					 "past the end, overlap).", NULL, NULL);
+	s->m_rec_records = metrics_gauge(r, "mooncake_agent_ssd_dropped_records",
+					 "Index records the SSD tier's last open dropped (torn "
+					 "or corrupt).", NULL, NULL);
+}
+
+/* Gauges of the owner's state, after each change of it. */
+static void update_gauges(struct ssd_store *s)
+{
+	if (!s->m_used)
+		return;
+	metric_set(s->m_used, (int64_t)(s->capacity - mc_extalloc_free_bytes(&s->alloc)));
+	metric_set(s->m_objects, (int64_t)s->live_objects);
+	metric_set(s->m_index, (int64_t)s->index_end);
+}
 
 /* ------------------------------------------------------------ buffers */
 
@@ -448,6 +514,7 @@ static void commit_done(struct ssd__op *op)
 				close(s->index_fd);
 			s->index_fd = s->new_fd;
 			s->st.compactions++;
+			metric_inc(s->m_compactions);
 			/* The new index is synced and holds every record so far. */
 			s->synced = c->number;
 			log_info("SSD index compacted: %" PRIu64 " bytes, %" PRIu64 " objects",
@@ -610,6 +677,7 @@ static void sync_done(struct ssd__op *op)
 		if (!replaced && y->target > s->synced)
 			s->synced = y->target;
 		s->st.syncs++;
+		metric_inc(s->m_syncs);
 	}
 	free(y);
 	struct ssd_req **pp = &s->sync_waiters;
@@ -806,6 +874,9 @@ static void put_written(struct ssd__op *op)
 	if (rc == 0) {
 		s->st.writes++;
 		s->st.write_bytes += e->len;
+		metric_inc(s->m_writes);
+		metric_add(s->m_write_bytes, e->len);
+		metric_observe(s->m_write_s, (double)(mc_now_ns() - r->t0_ns) / 1e9);
 	}
 	if (rc == 0 && !e->cancelled && s->failed)
 		rc = s->failed;
@@ -888,6 +959,7 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
 	r->crc = crc;
 	r->kind = REQ_PUT;
 	r->status = 0;
+	r->t0_ns = mc_now_ns();
 	x->r = r;
 	x->s = s;
 	x->op.kind = SSD__OP_WRITE;
@@ -897,6 +969,7 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
 	x->op.off = SSD__DATA_START + off;
 	x->op.done = put_written;
 	ssd__io_submit(s->io, &x->op);
+	update_gauges(s);
 	return 0;
 }
 
@@ -912,9 +985,13 @@ static void get_read(struct ssd__op *op)
 	if (rc == 0 || rc == MC_ECHECKSUM) {
 		s->st.reads++;
 		s->st.read_bytes += e->len;
+		metric_inc(s->m_reads);
+		metric_add(s->m_read_bytes, e->len);
+		metric_observe(s->m_read_s, (double)(mc_now_ns() - r->t0_ns) / 1e9);
 	}
 	if (rc == MC_ECHECKSUM) {
 		s->st.checksum_failures++;
+		metric_inc(s->m_crc_fail);
 		log_error("SSD object '%.*s' (seq %" PRIu64 ", %" PRIu64 " bytes at %" PRIu64
 			  ") fails its checksum: dropped",
 			  (int)MC_MIN(e->klen, 64), (const char *)e->key, e->seq, e->size,
@@ -954,6 +1031,7 @@ int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key,
 	r->crc = e->crc;
 	r->kind = REQ_GET;
 	r->status = 0;
+	r->t0_ns = mc_now_ns();
 	x->r = r;
 	x->s = s;
 	x->op.kind = SSD__OP_READ;
@@ -979,6 +1057,7 @@ int ssd_remove(struct ssd_store *s, const void *key, size_t klen)
 	kill_ent(s, e);
 	maybe_commit(s);
 	reclaim(s);
+	update_gauges(s);
 	return 0;
 }
 
@@ -1032,6 +1111,7 @@ unsigned ssd_poll(struct ssd_store *s)
 	unsigned n = ssd__io_reap(s->io);
 	maybe_commit(s);
 	maybe_sync(s);
+	update_gauges(s);
 	return n;
 }
 
@@ -1616,6 +1696,13 @@ int ssd_open(const struct ssd_opts *o, struct ssd_store **out,
 	rep->torn_bytes = rv.torn_bytes;
 	rep->dropped_objects = rv.dropped_objects;
 	rep->elapsed_ms = mc_now_ms() - t0;
+	register_metrics(s, o->metrics);
+	metric_set(s->m_bytes, (int64_t)s->capacity);
+	metric_set(s->m_rec_s, (int64_t)rep->elapsed_ms);
+	metric_set(s->m_rec_objects, (int64_t)rep->objects);
+	metric_set(s->m_rec_dropped, (int64_t)rep->dropped_objects);
+	metric_set(s->m_rec_records, (int64_t)rep->dropped_records);
+	update_gauges(s);
 	log_info("SSD tier %s: %s, %" PRIu64 " MiB, %" PRIu64 " objects (%" PRIu64
 		 " MiB) recovered, %" PRIu64 " index records and %" PRIu64
 		 " objects dropped, %s%s, %" PRIu64 " ms",

@@ -19,6 +19,7 @@
 #include "common/crc32c.h"
 #include "common/extalloc.h"
 #include "common/io.h"
+#include "common/metrics.h"
 #include "ssd/ssd.h"
 #include "ssd/ssd_int.h"
 
@@ -771,4 +772,32 @@ Test(ssd, kill_during_compaction)
 	}
 	cr_assert_gt(kept, 10);
 	ssd_close(s);
+}
+
+Test(ssd, metrics)
+{
+	struct metrics_registry *reg = metrics_registry_new();
+	struct ssd_opts o = opts(16 << 20, SSD_IO_AUTO);
+	o.metrics = reg;
+	struct ssd_store *s = open_ok(&o, NULL);
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(put_i(s, i), 0);
+	cr_assert_eq(get_i(s, 3), 0);
+	ssd_poll(s);
+	const char *rd[] = {"read"}, *wr[] = {"write"};
+	cr_assert_eq(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_bytes", "", NULL, NULL)),
+		     16 << 20);
+	cr_assert_eq(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_objects", "", NULL, NULL)), 5);
+	cr_assert_gt(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_used_bytes", "", NULL, NULL)), 0);
+	cr_assert_eq(metric_value(metrics_counter(reg, "mooncake_agent_ssd_ios_total", "", "op", wr)), 5);
+	cr_assert_eq(metric_value(metrics_counter(reg, "mooncake_agent_ssd_ios_total", "", "op", rd)), 1);
+	cr_assert_eq(metric_value(metrics_histogram(reg, "mooncake_agent_ssd_io_seconds", "", "op", rd,
+						    metrics_latency_buckets,
+						    metrics_latency_nbuckets)), 1);
+	struct mc_buf out = {0};
+	cr_assert_eq(metrics_format(reg, &out), 0);
+	cr_assert_not_null(memmem(out.data, out.len, "mooncake_agent_ssd_recovered_objects 0", 38));
+	mc_buf_free(&out);
+	ssd_close(s);
+	metrics_registry_free(reg);
 }
