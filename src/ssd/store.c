@@ -1595,6 +1595,8 @@ static int setup_files(struct ssd_store *s, const struct ssd_opts *o, bool *crea
 		rc = write_data_hdr(s);
 	if (rc == 0)
 		rc = write_index_file(s, 1, NULL, 0);
+	if (rc < 0 && !have_data)
+		unlink(s->data_path); /* made by this open: leave nothing behind */
 	return rc;
 }
 

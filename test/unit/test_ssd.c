@@ -491,6 +491,8 @@ Test(ssd, bad_configuration)
 	char p[256];
 	path_in(p, "ssd.index");
 	cr_assert_neq(access(p, F_OK), 0);
+	path_in(p, "ssd.data");
+	cr_assert_neq(access(p, F_OK), 0);
 	/* Another file where the data file should be is not overwritten. */
 	path_in(p, "ssd.data");
 	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
