@@ -157,7 +157,9 @@ struct ssd_store {
 	struct ssd__ent **tab;
 	size_t nbuckets, nents;        /* entries in the table */
 	struct ssd__ent *head, *tail;  /* seq order */
-	struct ssd__ent *dead;
+	/* DEAD entries awaiting their extent's reuse, in del_commit order
+	 * (it never decreases), and those whose extent is never reused. */
+	struct ssd__ent *dead, *dead_tail, *lost;
 	uint64_t next_seq;
 	uint64_t live_objects, live_rec_bytes;
 
@@ -382,20 +384,39 @@ static void extent_free(struct ssd_store *s, struct ssd__ent *e)
 			  "until restart)", e->off, e->len, mc_strerror(rc));
 }
 
-/* Free DEAD entries whose DEL is durable, with no read and no put in
- * flight; their extents go back. */
+/* Free DEAD entries whose DEL is synced, with no read and no put in
+ * flight; their extents go back. The list is in del_commit order, so the
+ * scan ends at the first one not synced yet. */
 static void reclaim(struct ssd_store *s)
 {
-	struct ssd__ent **pp = &s->dead;
-	while (*pp) {
+	struct ssd__ent **pp = &s->dead, *prev = NULL;
+	while (*pp && (*pp)->del_commit <= s->synced) {
 		struct ssd__ent *e = *pp;
-		if (e->reads == 0 && !e->put_pending && e->del_commit <= s->synced) {
+		if (e->reads == 0 && !e->put_pending) {
 			*pp = e->dnext;
+			if (s->dead_tail == e)
+				s->dead_tail = prev;
 			extent_free(s, e);
 			free(e);
 		} else {
+			prev = e;
 			pp = &e->dnext;
 		}
+	}
+}
+
+/* e (DEAD, del_commit set) waits for its extent's reuse. */
+static void dead_add(struct ssd_store *s, struct ssd__ent *e)
+{
+	e->dnext = NULL;
+	if (e->del_commit == UINT64_MAX) {
+		e->dnext = s->lost;
+		s->lost = e;
+	} else if (s->dead_tail) {
+		s->dead_tail->dnext = e;
+		s->dead_tail = e;
+	} else {
+		s->dead = s->dead_tail = e;
 	}
 }
 
@@ -455,8 +476,7 @@ static void kill_ent(struct ssd_store *s, struct ssd__ent *e)
 	} else {
 		e->del_commit = s->commits_started + 1;
 	}
-	e->dnext = s->dead;
-	s->dead = e;
+	dead_add(s, e);
 }
 
 /* ------------------------------------------------------------ commit */
@@ -543,8 +563,7 @@ static void commit_done(struct ssd__op *op)
 				e->state = ENT_DEAD;
 				/* Its record may be on disk: never reuse. */
 				e->del_commit = UINT64_MAX;
-				e->dnext = s->dead;
-				s->dead = e;
+				dead_add(s, e);
 			}
 			complete_req(r, rc);
 		} else if (e->state == ENT_COMMITTING) {
@@ -1763,10 +1782,13 @@ void ssd_close(struct ssd_store *s)
 		s->head = e->next;
 		free(e);
 	}
-	while (s->dead) {
-		struct ssd__ent *e = s->dead;
-		s->dead = e->dnext;
-		free(e);
+	for (int i = 0; i < 2; i++) {
+		struct ssd__ent **l = i ? &s->lost : &s->dead;
+		while (*l) {
+			struct ssd__ent *e = *l;
+			*l = e->dnext;
+			free(e);
+		}
 	}
 	bbuf_free(&s->ibuf);
 	bbuf_free(&s->ctail);
