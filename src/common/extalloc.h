@@ -50,17 +50,14 @@ uint64_t mc_extalloc_len(const struct mc_extalloc *a, uint64_t size);
 
 /* Allocate len bytes (a multiple of the granule, > 0). Errors:
  * MC_ENO_SPACE (no free range that large), -EINVAL, -ENOMEM. */
-int mc_extalloc_get(struct mc_extalloc *a, uint64_t len,
-		    uint64_t *off) MC_MUST_CHECK;
+int mc_extalloc_get(struct mc_extalloc *a, uint64_t len, uint64_t *off) MC_MUST_CHECK;
 /* Mark [off, off+len) allocated. Errors: -EBUSY (not entirely free),
  * -EINVAL (unaligned or out of range), -ENOMEM. */
-int mc_extalloc_reserve(struct mc_extalloc *a, uint64_t off,
-			uint64_t len) MC_MUST_CHECK;
+int mc_extalloc_reserve(struct mc_extalloc *a, uint64_t off, uint64_t len) MC_MUST_CHECK;
 /* Free [off, off+len), coalescing with free neighbours. Errors: -EINVAL
  * (unaligned, out of range, or overlapping free space: a double free),
  * -ENOMEM (a new free range could not be recorded; the space is lost). */
-int mc_extalloc_put(struct mc_extalloc *a, uint64_t off,
-		    uint64_t len) MC_MUST_CHECK;
+int mc_extalloc_put(struct mc_extalloc *a, uint64_t off, uint64_t len) MC_MUST_CHECK;
 
 /* Free bytes (O(1), unlike mc_extalloc_stats). */
 uint64_t mc_extalloc_free_bytes(const struct mc_extalloc *a);
@@ -74,8 +71,7 @@ struct mc_extalloc_stats {
 void mc_extalloc_stats(const struct mc_extalloc *a, struct mc_extalloc_stats *st);
 /* Walk the free ranges in offset order (tests: compare with a model). */
 void mc_extalloc_foreach_free(const struct mc_extalloc *a,
-			      void (*fn)(void *ud, uint64_t off, uint64_t len),
-			      void *ud);
+			      void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud);
 /* Size class of a length (tests). */
 unsigned mc_extalloc_class(const struct mc_extalloc *a, uint64_t len);
 

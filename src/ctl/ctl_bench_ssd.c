@@ -239,7 +239,7 @@ static bool json_pct(const char *js, const char *section, const char *p, double 
 }
 
 struct fio_fig {
-	double bw;          /* bytes/s, summed over rounds */
+	double bw; /* bytes/s, summed over rounds */
 	double p50_us, p99_us;
 	unsigned runs;
 };
@@ -259,7 +259,8 @@ static bool run_fio(const char *file, uint64_t file_bytes, uint64_t bs, unsigned
 	int st = system(cmd);
 	if (st != 0) {
 		fprintf(stderr, "mooncakectl bench ssd: fio failed (%s; Debian package fio)\n",
-			WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "not installed" : "exit status");
+			WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "not installed"
+								: "exit status");
 		return false;
 	}
 	FILE *fp = fopen(out, "r");
@@ -343,7 +344,8 @@ static int warm_up(struct bench *b, uint64_t bytes)
 	b->depth = depth;
 	ssd_buf_free(buf, 4u << 20);
 	if (rc < 0)
-		fprintf(stderr, "mooncakectl bench ssd: filling the store: %s\n", mc_strerror(rc));
+		fprintf(stderr, "mooncakectl bench ssd: filling the store: %s\n",
+			mc_strerror(rc));
 	return rc;
 }
 
@@ -413,7 +415,8 @@ int ctl_bench_ssd_main(int argc, char **argv)
 			ok = false;
 		}
 		if (!ok) {
-			fprintf(stderr, "mooncakectl bench ssd: bad argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench ssd: bad argument \"%s\"\n",
+				argv[i]);
 			usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
@@ -423,9 +426,9 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	enum ssd_io_kind io = strcmp(io_s ? io_s : "", "uring") == 0     ? SSD_IO_URING
 			      : strcmp(io_s ? io_s : "", "threads") == 0 ? SSD_IO_THREADS
 									 : SSD_IO_AUTO;
-	if (!dir_s || !*dir_s || !size_s || cfg_parse_size(size_s, &size) || size < (64u << 20) ||
-	    !dur_s || cfg_parse_duration_ms(dur_s, &ms) || ms == 0 || !vs || !ops ||
-	    !io_s || (io == SSD_IO_AUTO && strcmp(io_s, "auto") != 0)) {
+	if (!dir_s || !*dir_s || !size_s || cfg_parse_size(size_s, &size) ||
+	    size < (64u << 20) || !dur_s || cfg_parse_duration_ms(dur_s, &ms) || ms == 0 ||
+	    !vs || !ops || !io_s || (io == SSD_IO_AUTO && strcmp(io_s, "auto") != 0)) {
 		fprintf(stderr, "mooncakectl bench ssd: bad --dir, --size (64M or more), "
 				"--duration or --io\n");
 		return CTL_EXIT_USAGE;
@@ -435,8 +438,10 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
 		if (nsizes == MAX_SIZES || cfg_parse_size(t, &sizes[nsizes]) ||
 		    sizes[nsizes] == 0 || sizes[nsizes] > size / 4) {
-			fprintf(stderr, "mooncakectl bench ssd: bad --value-size \"%s\" (at most "
-					"--size/4)\n", t);
+			fprintf(stderr,
+				"mooncakectl bench ssd: bad --value-size \"%s\" (at most "
+				"--size/4)\n",
+				t);
 			return CTL_EXIT_USAGE;
 		}
 		nsizes++;
@@ -450,15 +455,20 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	char dir[512], sdir[600], fiofile[600];
 	snprintf(dir, sizeof(dir), "%s/mooncake-bench-ssd.XXXXXX", dir_s);
 	if (!mkdtemp(dir)) {
-		fprintf(stderr, "mooncakectl bench ssd: mkdtemp in %s: %s\n", dir_s, strerror(errno));
+		fprintf(stderr, "mooncakectl bench ssd: mkdtemp in %s: %s\n", dir_s,
+			strerror(errno));
 		return CTL_EXIT_FAIL;
 	}
 	snprintf(sdir, sizeof(sdir), "%s/store", dir);
 	snprintf(fiofile, sizeof(fiofile), "%s/fio.dat", dir);
 	/* The store and fio's file must both fit: half the size each. */
 	uint64_t half = (size / 2) & ~(uint64_t)(SSD_ALIGN - 1);
-	struct ssd_opts o = {.dir = sdir, .size_bytes = half, .queue_depth = depth, .io = io,
-			     .check_free_space = true, .sync_interval_ms = sync_ms};
+	struct ssd_opts o = {.dir = sdir,
+			     .size_bytes = half,
+			     .queue_depth = depth,
+			     .io = io,
+			     .check_free_space = true,
+			     .sync_interval_ms = sync_ms};
 	struct ssd_open_report rep;
 	static struct bench b;
 	memset(&b, 0, sizeof(b));
@@ -478,8 +488,7 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	/* Both write their whole file once first: writes to blocks written
 	 * before cost less than to preallocated ones (no extent conversion),
 	 * and a cache tier past its first fill only overwrites. */
-	if (warm_up(&b, half) < 0 ||
-	    (use_fio && !fio_fill(fiofile, half)))
+	if (warm_up(&b, half) < 0 || (use_fio && !fio_fill(fiofile, half)))
 		goto out;
 	printf("%-4s %6s  %10s %9s %9s  %10s %9s %9s  %6s\n", "op", "value", "store GB/s",
 	       "p50 us", "p99 us", "fio GB/s", "p50 us", "p99 us", "ratio");
@@ -494,7 +503,8 @@ int ctl_bench_ssd_main(int argc, char **argv)
 				goto out;
 			}
 			for (uint64_t k = 0; k < vsz; k += 8)
-				memcpy(b.slots[i].buf + k, &(uint64_t){k * 0x9e3779b97f4a7c15ull + i},
+				memcpy(b.slots[i].buf + k,
+				       &(uint64_t){k * 0x9e3779b97f4a7c15ull + i},
 				       MC_MIN(8, vsz - k));
 		}
 		for (int pass = 0; pass < 2; pass++) {
@@ -521,7 +531,8 @@ int ctl_bench_ssd_main(int argc, char **argv)
 					goto out;
 				}
 				if (fio_ok)
-					fio_ok = run_fio(fiofile, half, vsz, depth, put, ms / rounds, &ff);
+					fio_ok = run_fio(fiofile, half, vsz, depth, put,
+							 ms / rounds, &ff);
 			}
 			char vname[32];
 			if (vsz >= (1u << 20) && vsz % (1u << 20) == 0)
@@ -529,15 +540,18 @@ int ctl_bench_ssd_main(int argc, char **argv)
 			else
 				snprintf(vname, sizeof(vname), "%" PRIu64 "K", vsz >> 10);
 			double gbs = f.bytes / f.secs / 1e9;
-			double p50 = ctl_lat_pct_us(&f.lat, 0.50), p99 = ctl_lat_pct_us(&f.lat, 0.99);
+			double p50 = ctl_lat_pct_us(&f.lat, 0.50),
+			       p99 = ctl_lat_pct_us(&f.lat, 0.99);
 			if (fio_ok && ff.runs) {
 				double fg = ff.bw / ff.runs / 1e9;
 				printf("%-4s %6s  %10.2f %9.0f %9.0f  %10.2f %9.0f %9.0f  %6.2f\n",
 				       put ? "put" : "get", vname, gbs, p50, p99, fg,
-				       ff.p50_us / ff.runs, ff.p99_us / ff.runs, fg > 0 ? gbs / fg : 0);
+				       ff.p50_us / ff.runs, ff.p99_us / ff.runs,
+				       fg > 0 ? gbs / fg : 0);
 			} else {
 				printf("%-4s %6s  %10.2f %9.0f %9.0f  %10s %9s %9s  %6s\n",
-				       put ? "put" : "get", vname, gbs, p50, p99, "-", "-", "-", "-");
+				       put ? "put" : "get", vname, gbs, p50, p99, "-", "-",
+				       "-", "-");
 			}
 			fflush(stdout);
 			ctl_lat_free(&f.lat);
@@ -564,7 +578,8 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	}
 	printf("put: written and in the index (survives kill -9), data and index synced every "
 	       "%u ms (a device cache flush);\n     fio: direct writes, no fsync. get: checksum "
-	       "checked; fio: random direct reads.\n", sync_ms);
+	       "checked; fio: random direct reads.\n",
+	       sync_ms);
 	ret = CTL_EXIT_OK;
 out:
 	ssd_close(b.s);

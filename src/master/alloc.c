@@ -72,8 +72,7 @@ uint64_t master__alloc_free_bytes(const struct master_alloc *a)
 	return mc_extalloc_free_bytes(&a->x);
 }
 
-void master__alloc_stats(const struct master_alloc *a,
-			 struct master_alloc_stats *st)
+void master__alloc_stats(const struct master_alloc *a, struct master_alloc_stats *st)
 {
 	struct mc_extalloc_stats x;
 	mc_extalloc_stats(&a->x, &x);
@@ -86,8 +85,7 @@ void master__alloc_stats(const struct master_alloc *a,
 }
 
 void master__alloc_foreach_free(const struct master_alloc *a,
-				void (*fn)(void *ud, uint64_t off, uint64_t len),
-				void *ud)
+				void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud)
 {
 	mc_extalloc_foreach_free(&a->x, fn, ud);
 }

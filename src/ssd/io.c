@@ -66,20 +66,20 @@ static struct ssd__op *opq_pop(struct opq *q)
 }
 
 struct ssd__io {
-	enum ssd_io_kind kind;   /* URING or THREADS, once started */
+	enum ssd_io_kind kind; /* URING or THREADS, once started */
 	unsigned depth;
-	unsigned pending;        /* owner's thread: submitted, not reaped */
+	unsigned pending; /* owner's thread: submitted, not reaped */
 
 	/* data operations waiting for a slot */
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* threads: work or quit */
+	pthread_cond_t cv; /* threads: work or quit */
 	struct opq q;
 	bool quit;
 
 	/* io_uring */
 	struct io_uring ring;
 	bool ring_ok;
-	int wake_fd;             /* eventfd: new work or quit */
+	int wake_fd; /* eventfd: new work or quit */
 	uint64_t wake_buf;
 	pthread_t ring_thread;
 	bool ring_thread_ok;
@@ -111,7 +111,7 @@ struct ssd__io {
 	/* finished, for the owner */
 	pthread_mutex_t dmu;
 	struct opq done;
-	int done_fd;             /* eventfd */
+	int done_fd; /* eventfd */
 };
 
 static void post_done(struct ssd__io *io, struct ssd__op *op)
@@ -167,11 +167,20 @@ static void ring_finish(struct ssd__io *io, struct ssd__op *op)
 	pthread_mutex_unlock(&io->vmu);
 }
 
+/* A free submission entry. The ring has depth + 1 (one per operation in
+ * flight, one for the wake read), so it is not exhausted; if it ever were,
+ * submitting what is queued frees entries. */
+static struct io_uring_sqe *get_sqe(struct ssd__io *io)
+{
+	struct io_uring_sqe *sqe;
+	while (!(sqe = io_uring_get_sqe(&io->ring)))
+		io_uring_submit(&io->ring);
+	return sqe;
+}
+
 static void ring_prep(struct ssd__io *io, struct ssd__op *op)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-	/* depth + 1 entries: one for each operation in flight, one for the
-	 * wake read; never exhausted. */
+	struct io_uring_sqe *sqe = get_sqe(io);
 	uint64_t n = op->len - op->moved;
 	if (n > IO_CHUNK_MAX)
 		n = IO_CHUNK_MAX;
@@ -185,7 +194,7 @@ static void ring_prep(struct ssd__io *io, struct ssd__op *op)
 
 static void ring_arm_wake(struct ssd__io *io)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+	struct io_uring_sqe *sqe = get_sqe(io);
 	io_uring_prep_read(sqe, io->wake_fd, &io->wake_buf, sizeof(io->wake_buf), 0);
 	io_uring_sqe_set_data(sqe, NULL);
 }
@@ -416,8 +425,8 @@ int ssd__io_new(enum ssd_io_kind kind, unsigned depth, struct ssd__io **out)
 			rc = MC_ECONFIG;
 			goto fail;
 		}
-		log_warn("io_uring unavailable (%s): SSD I/O on %u threads",
-			 mc_strerror(rc), depth);
+		log_warn("io_uring unavailable (%s): SSD I/O on %u threads", mc_strerror(rc),
+			 depth);
 		stop_ring(io);
 	}
 	io->kind = SSD_IO_THREADS;

@@ -40,8 +40,7 @@ void ssd__hdr_encode(uint8_t out[SSD__HDR_BYTES], const struct ssd__hdr *h)
 	mc_put_le32(out + 60, crc32c(0, out, 60));
 }
 
-int ssd__hdr_decode(const uint8_t *p, size_t len, const char *magic,
-		    struct ssd__hdr *h)
+int ssd__hdr_decode(const uint8_t *p, size_t len, const char *magic, struct ssd__hdr *h)
 {
 	if (len < SSD__HDR_BYTES || memcmp(p, magic, 8) != 0 ||
 	    mc_get_le32(p + 60) != crc32c(0, p, 60))
@@ -87,8 +86,8 @@ void ssd__rec_encode(uint8_t *out, const struct ssd__rec *r, uint32_t seed)
 	mc_put_le32(out, crc32c(seed, out + 4, n - 4));
 }
 
-enum ssd__dec ssd__rec_decode(const uint8_t *p, size_t len, uint32_t seed,
-			      struct ssd__rec *r, size_t *used)
+enum ssd__dec ssd__rec_decode(const uint8_t *p, size_t len, uint32_t seed, struct ssd__rec *r,
+			      size_t *used)
 {
 	if (len < SSD__REC_HDR_BYTES)
 		return SSD__DEC_SHORT;

@@ -87,17 +87,17 @@ struct ssd_store;
 struct metrics_registry;
 
 enum ssd_io_kind {
-	SSD_IO_AUTO = 0,  /* io_uring, else threads */
-	SSD_IO_URING,     /* io_uring or fail (MC_ECONFIG) */
-	SSD_IO_THREADS,   /* a thread pool with pread/pwrite */
+	SSD_IO_AUTO = 0, /* io_uring, else threads */
+	SSD_IO_URING,    /* io_uring or fail (MC_ECONFIG) */
+	SSD_IO_THREADS,  /* a thread pool with pread/pwrite */
 };
 
 struct ssd_opts {
-	const char *dir;          /* created (mode 0750) when missing */
-	uint64_t size_bytes;      /* data capacity, rounded down to SSD_ALIGN */
-	unsigned queue_depth;     /* data I/Os in flight, 1..1024 (0: 32) */
+	const char *dir;      /* created (mode 0750) when missing */
+	uint64_t size_bytes;  /* data capacity, rounded down to SSD_ALIGN */
+	unsigned queue_depth; /* data I/Os in flight, 1..1024 (0: 32) */
 	enum ssd_io_kind io;
-	bool verify_on_open;      /* read and check every object at open */
+	bool verify_on_open; /* read and check every object at open */
 	/* Refuse to grow the data file past the file system's free space
 	 * (fallocate would fail anyway on most file systems; this names the
 	 * figures). */
@@ -177,10 +177,10 @@ typedef void (*ssd_cb)(struct ssd_req *r);
  * call until its callback. */
 struct ssd_req {
 	/* public */
-	void *data;             /* the caller's */
-	int status;             /* set before the callback */
-	uint64_t size, seq;     /* the object's size and sequence */
-	uint32_t crc;           /* the object's CRC-32C */
+	void *data;         /* the caller's */
+	int status;         /* set before the callback */
+	uint64_t size, seq; /* the object's size and sequence */
+	uint32_t crc;       /* the object's CRC-32C */
 	/* private */
 	struct ssd_req *next;
 	struct ssd_store *s;
@@ -205,9 +205,8 @@ struct ssd_req {
  * or the negative errno of the write or append that failed (the object is
  * then not stored).
  */
-int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
-	    size_t klen, const void *buf, uint64_t size, uint32_t crc,
-	    ssd_cb cb) MC_MUST_CHECK;
+int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb) MC_MUST_CHECK;
 
 /*
  * Read the object key into buf (aligned, buf_len >= ssd_io_len of its
@@ -218,8 +217,8 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
  * on disk are not the object's: it is dropped, logged), or the read's
  * negative errno.
  */
-int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key,
-	    size_t klen, void *buf, uint64_t buf_len, ssd_cb cb) MC_MUST_CHECK;
+int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen, void *buf,
+	    uint64_t buf_len, ssd_cb cb) MC_MUST_CHECK;
 
 /*
  * Remove key: it is gone for lookups and new gets at once; gets already
@@ -238,7 +237,7 @@ int ssd_sync(struct ssd_store *s, struct ssd_req *r, ssd_cb cb) MC_MUST_CHECK;
 
 /* A stored object. */
 struct ssd_obj {
-	uint64_t offset;  /* of its extent in the data area */
+	uint64_t offset; /* of its extent in the data area */
 	uint64_t size, seq;
 	uint32_t crc;
 };
@@ -254,19 +253,19 @@ void ssd_foreach(const struct ssd_store *s,
 		 void *ud);
 
 struct ssd_stats {
-	uint64_t capacity_bytes;  /* data area */
-	uint64_t used_bytes;      /* extents allocated (also writing, or
+	uint64_t capacity_bytes; /* data area */
+	uint64_t used_bytes;     /* extents allocated (also writing, or
 				     freed and awaiting a sync) */
-	uint64_t objects;         /* stored */
-	uint64_t index_bytes;     /* the index file */
-	uint64_t largest_free;    /* largest free extent */
-	uint64_t reads, writes;   /* data I/Os finished */
+	uint64_t objects;        /* stored */
+	uint64_t index_bytes;    /* the index file */
+	uint64_t largest_free;   /* largest free extent */
+	uint64_t reads, writes;  /* data I/Os finished */
 	uint64_t read_bytes, write_bytes;
 	uint64_t checksum_failures;
-	uint64_t commits;         /* group appends to the index */
-	uint64_t syncs;           /* fdatasync pairs */
+	uint64_t commits; /* group appends to the index */
+	uint64_t syncs;   /* fdatasync pairs */
 	uint64_t compactions;
-	unsigned inflight;        /* data I/Os submitted, not finished */
+	unsigned inflight; /* data I/Os submitted, not finished */
 };
 void ssd_stats(const struct ssd_store *s, struct ssd_stats *st);
 

@@ -37,10 +37,10 @@ enum ssd__rec_type { SSD__REC_PUT = 1, SSD__REC_DEL = 2 };
 struct ssd__hdr {
 	char magic[8];
 	uint32_t version;
-	uint32_t block_bytes;    /* SSD_ALIGN */
-	uint64_t store_id;       /* random, the same in both files */
-	uint64_t capacity;       /* data: the data area's bytes */
-	uint64_t generation;     /* index: its compaction count */
+	uint32_t block_bytes; /* SSD_ALIGN */
+	uint64_t store_id;    /* random, the same in both files */
+	uint64_t capacity;    /* data: the data area's bytes */
+	uint64_t generation;  /* index: its compaction count */
 };
 
 /* One index record; key borrowed. PUT: the object (offset, size, crc,
@@ -69,8 +69,8 @@ void ssd__rec_encode(uint8_t *out, const struct ssd__rec *r, uint32_t seed);
 
 enum ssd__dec {
 	SSD__DEC_OK = 0,
-	SSD__DEC_SHORT = 1,   /* needs more bytes than len */
-	SSD__DEC_BAD = 2,     /* not a valid record */
+	SSD__DEC_SHORT = 1, /* needs more bytes than len */
+	SSD__DEC_BAD = 2,   /* not a valid record */
 };
 /*
  * Decode the record at p (len bytes available). On SSD__DEC_OK *r points
@@ -78,8 +78,8 @@ enum ssd__dec {
  * marker, type, key length, reserved bytes, padding and CRC are right and
  * a PUT has size > 0 and aligned offset (a DEL: size 0). Pure.
  */
-enum ssd__dec ssd__rec_decode(const uint8_t *p, size_t len, uint32_t seed,
-			      struct ssd__rec *r, size_t *used);
+enum ssd__dec ssd__rec_decode(const uint8_t *p, size_t len, uint32_t seed, struct ssd__rec *r,
+			      size_t *used);
 
 /* ------------------------------------------------------------ io.c */
 
@@ -94,7 +94,7 @@ struct ssd__op {
 	int fd;
 	void *buf;
 	uint64_t len, off;
-	uint64_t moved;          /* bytes done (short transfers resume) */
+	uint64_t moved; /* bytes done (short transfers resume) */
 	/* READ: check that the CRC-32C of the first crc_len bytes is
 	 * want_crc (result MC_ECHECKSUM when not). */
 	bool verify;
@@ -105,15 +105,14 @@ struct ssd__op {
 	unsigned lane;
 	/* On the owner's thread, from ssd__io_reap. */
 	void (*done)(struct ssd__op *op);
-	int result;              /* 0 or negative */
+	int result; /* 0 or negative */
 };
 
 struct ssd__io;
 
 /* Start the engine. Errors: MC_ECONFIG (URING asked for and refused;
  * logged), negative errno (threads, eventfd), -ENOMEM. */
-int ssd__io_new(enum ssd_io_kind kind, unsigned depth,
-		struct ssd__io **out) MC_MUST_CHECK;
+int ssd__io_new(enum ssd_io_kind kind, unsigned depth, struct ssd__io **out) MC_MUST_CHECK;
 /* Name of the engine in use: "io_uring" or "threads". */
 const char *ssd__io_name(const struct ssd__io *io);
 /* Queue op (from the owner's thread). READ/WRITE run up to depth at a

@@ -62,25 +62,24 @@
 #define DEFAULT_DEPTH 32u
 #define MAX_DEPTH 1024u
 #define DEFAULT_COMPACT_MIN (4ull << 20)
-#define CHUNK_BYTES (1u << 20)          /* compaction step */
-#define READ_WINDOW (4u << 20)          /* recovery reads the index so */
-#define VERIFY_BUF_BYTES (64ull << 20)  /* recovery's checks in flight */
+#define CHUNK_BYTES (1u << 20)         /* compaction step */
+#define READ_WINDOW (4u << 20)         /* recovery reads the index so */
+#define VERIFY_BUF_BYTES (64ull << 20) /* recovery's checks in flight */
 
 enum ent_state { ENT_WRITING, ENT_COMMITTING, ENT_LIVE, ENT_DEAD };
 enum req_kind { REQ_PUT = 1, REQ_GET };
 
 struct ssd__ent {
-	struct ssd__ent *hnext;        /* hash chain (not DEAD) */
-	struct ssd__ent *prev, *next;  /* seq order (not DEAD) */
-	struct ssd__ent *dnext;        /* dead list */
+	struct ssd__ent *hnext;       /* hash chain (not DEAD) */
+	struct ssd__ent *prev, *next; /* seq order (not DEAD) */
+	struct ssd__ent *dnext;       /* dead list */
 	uint64_t off, len, size, seq;
-	uint64_t del_commit;           /* DEAD: the commit carrying its DEL */
+	uint64_t del_commit; /* DEAD: the commit carrying its DEL */
 	uint32_t crc;
-	uint32_t reads;                /* gets in flight */
+	uint32_t reads; /* gets in flight */
 	uint8_t state;
-	bool put_pending;              /* its put's callback has not run */
-	bool cancelled;                /* removed while WRITING */
-	bool has_record;               /* its PUT reached the index buffer */
+	bool put_pending; /* its put's callback has not run */
+	bool cancelled;   /* removed while WRITING */
 	uint16_t klen;
 	uint8_t key[];
 };
@@ -127,7 +126,7 @@ struct commit {
 	uint64_t index_off;
 	int index_fd;
 	uint64_t number;
-	struct ssd_req *puts;          /* whose records it carries */
+	struct ssd_req *puts; /* whose records it carries */
 	/* compaction's last step */
 	bool finish;
 	char *new_path, *path, *dir;
@@ -155,8 +154,8 @@ struct ssd_store {
 
 	/* the table */
 	struct ssd__ent **tab;
-	size_t nbuckets, nents;        /* entries in the table */
-	struct ssd__ent *head, *tail;  /* seq order */
+	size_t nbuckets, nents;       /* entries in the table */
+	struct ssd__ent *head, *tail; /* seq order */
 	/* DEAD entries awaiting their extent's reuse, in del_commit order
 	 * (it never decreases), and those whose extent is never reused. */
 	struct ssd__ent *dead, *dead_tail, *lost;
@@ -165,32 +164,32 @@ struct ssd_store {
 
 	/* the index */
 	uint64_t index_end;
-	struct bbuf ibuf;              /* records not yet committed */
+	struct bbuf ibuf;                       /* records not yet committed */
 	struct ssd_req *waiting, *waiting_tail; /* puts whose records are in ibuf */
 	bool commit_running;
 	uint64_t commits_started, commits_done;
 	/* syncs (fdatasync of data and index) */
 	bool sync_running;
-	uint64_t synced;               /* appends up to this one are synced */
-	struct ssd_req *sync_waiters;  /* seq: the append they wait for */
-	int stale_fd;                  /* an index replaced while a sync ran */
-	_Atomic uint64_t appended;     /* commits_done, for the sync lane */
+	uint64_t synced;              /* appends up to this one are synced */
+	struct ssd_req *sync_waiters; /* seq: the append they wait for */
+	int stale_fd;                 /* an index replaced while a sync ran */
+	_Atomic uint64_t appended;    /* commits_done, for the sync lane */
 	uint64_t sync_interval_ns;
-	pthread_mutex_t kick_mu;       /* the sync lane's wait */
+	pthread_mutex_t kick_mu; /* the sync lane's wait */
 	pthread_cond_t kick_cv;
-	bool kick;                     /* under kick_mu */
-	uint64_t last_sync_ns;         /* under kick_mu */
-	int failed;                    /* an index write or sync failed */
+	bool kick;             /* under kick_mu */
+	uint64_t last_sync_ns; /* under kick_mu */
+	int failed;            /* an index write or sync failed */
 
 	/* compaction */
 	bool compacting, cstep_running;
-	bool finishing;                /* its last step is running */
-	int new_fd;                    /* written by the helper thread only */
+	bool finishing; /* its last step is running */
+	int new_fd;     /* written by the helper thread only */
 	uint32_t new_seed;
-	uint64_t new_end;              /* bytes of ssd.index.new planned */
+	uint64_t new_end; /* bytes of ssd.index.new planned */
 	struct ssd__ent *cursor;
 	bool cursor_done;
-	struct bbuf ctail;             /* records since it began, new seed */
+	struct bbuf ctail; /* records since it began, new seed */
 	int cfailed;
 
 	bool closing;
@@ -198,9 +197,8 @@ struct ssd_store {
 
 	/* metrics (NULL without a registry: updates are no-ops) */
 	struct metric *m_bytes, *m_used, *m_objects, *m_index, *m_reads, *m_writes,
-		*m_read_bytes, *m_write_bytes, *m_read_s, *m_write_s, *m_crc_fail,
-		*m_syncs, *m_compactions, *m_rec_s, *m_rec_objects, *m_rec_dropped,
-		*m_rec_records;
+		*m_read_bytes, *m_write_bytes, *m_read_s, *m_write_s, *m_crc_fail, *m_syncs,
+		*m_compactions, *m_rec_s, *m_rec_objects, *m_rec_dropped, *m_rec_records;
 };
 
 static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
@@ -208,11 +206,12 @@ static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
 	if (!r)
 		return;
 	const char *rd[] = {"read"}, *wr[] = {"write"};
-	s->m_bytes = metrics_gauge(r, "mooncake_agent_ssd_bytes",
-				   "Data area of the SSD tier.", NULL, NULL);
+	s->m_bytes = metrics_gauge(r, "mooncake_agent_ssd_bytes", "Data area of the SSD tier.",
+				   NULL, NULL);
 	s->m_used = metrics_gauge(r, "mooncake_agent_ssd_used_bytes",
 				  "SSD tier extents allocated (also being written, or removed "
-				  "and awaiting a sync).", NULL, NULL);
+				  "and awaiting a sync).",
+				  NULL, NULL);
 	s->m_objects = metrics_gauge(r, "mooncake_agent_ssd_objects",
 				     "Objects stored in the SSD tier.", NULL, NULL);
 	s->m_index = metrics_gauge(r, "mooncake_agent_ssd_index_bytes",
@@ -227,29 +226,37 @@ static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
 					   "SSD tier bytes read and written.", "op", wr);
 	s->m_read_s = metrics_histogram(r, "mooncake_agent_ssd_io_seconds",
 					"SSD tier data I/O latency, submitted to finished "
-					"(a read: with its checksum checked).", "op", rd,
-					metrics_latency_buckets, metrics_latency_nbuckets);
+					"(a read: with its checksum checked).",
+					"op", rd, metrics_latency_buckets,
+					metrics_latency_nbuckets);
 	s->m_write_s = metrics_histogram(r, "mooncake_agent_ssd_io_seconds",
 					 "SSD tier data I/O latency, submitted to finished "
-					 "(a read: with its checksum checked).", "op", wr,
-					 metrics_latency_buckets, metrics_latency_nbuckets);
+					 "(a read: with its checksum checked).",
+					 "op", wr, metrics_latency_buckets,
+					 metrics_latency_nbuckets);
 	s->m_crc_fail = metrics_counter(r, "mooncake_agent_ssd_checksum_failures_total",
 					"SSD tier objects whose bytes failed their checksum "
-					"(dropped).", NULL, NULL);
+					"(dropped).",
+					NULL, NULL);
 	s->m_syncs = metrics_counter(r, "mooncake_agent_ssd_syncs_total",
 				     "SSD tier syncs of data and index.", NULL, NULL);
 	s->m_compactions = metrics_counter(r, "mooncake_agent_ssd_compactions_total",
 					   "SSD tier index compactions.", NULL, NULL);
 	s->m_rec_s = metrics_gauge(r, "mooncake_agent_ssd_recovery_milliseconds",
-				   "Time the SSD tier's last open took (recovery).", NULL, NULL);
+				   "Time the SSD tier's last open took (recovery).", NULL,
+				   NULL);
 	s->m_rec_objects = metrics_gauge(r, "mooncake_agent_ssd_recovered_objects",
-					 "Objects the SSD tier's last open recovered.", NULL, NULL);
+					 "Objects the SSD tier's last open recovered.", NULL,
+					 NULL);
 	s->m_rec_dropped = metrics_gauge(r, "mooncake_agent_ssd_dropped_objects",
 					 "Objects the SSD tier's last open dropped (checksum, "
-					 "past the end, overlap).", NULL, NULL);
-	s->m_rec_records = metrics_gauge(r, "mooncake_agent_ssd_dropped_records",
-					 "Index records the SSD tier's last open dropped (torn "
-					 "or corrupt).", NULL, NULL);
+					 "past the end, overlap).",
+					 NULL, NULL);
+	s->m_rec_records = metrics_gauge(
+		r, "mooncake_agent_ssd_dropped_records",
+		"Index records the SSD tier's last open dropped (torn "
+		"or corrupt).",
+		NULL, NULL);
 }
 
 /* Gauges of the owner's state, after each change of it. */
@@ -285,8 +292,7 @@ static uint64_t key_hash(const void *key, size_t klen)
 	return mc_hash64(key, klen);
 }
 
-static struct ssd__ent **slot_of(const struct ssd_store *s, const void *key,
-				 size_t klen)
+static struct ssd__ent **slot_of(const struct ssd_store *s, const void *key, size_t klen)
 {
 	struct ssd__ent **pp = &s->tab[key_hash(key, klen) & (s->nbuckets - 1)];
 	while (*pp && !((*pp)->klen == klen && memcmp((*pp)->key, key, klen) == 0))
@@ -294,8 +300,7 @@ static struct ssd__ent **slot_of(const struct ssd_store *s, const void *key,
 	return pp;
 }
 
-static struct ssd__ent *find(const struct ssd_store *s, const void *key,
-			     size_t klen)
+static struct ssd__ent *find(const struct ssd_store *s, const void *key, size_t klen)
 {
 	return *slot_of(s, key, klen);
 }
@@ -381,7 +386,8 @@ static void extent_free(struct ssd_store *s, struct ssd__ent *e)
 	int rc = mc_extalloc_put(&s->alloc, e->off, e->len);
 	if (rc < 0)
 		log_error("freeing extent %" PRIu64 "+%" PRIu64 ": %s (space lost "
-			  "until restart)", e->off, e->len, mc_strerror(rc));
+			  "until restart)",
+			  e->off, e->len, mc_strerror(rc));
 }
 
 /* Free DEAD entries whose DEL is synced, with no read and no put in
@@ -443,15 +449,22 @@ static int append_rec(struct ssd_store *s, const struct ssd__rec *r)
 
 static struct ssd__rec put_rec(const struct ssd__ent *e)
 {
-	return (struct ssd__rec){.type = SSD__REC_PUT, .klen = e->klen, .seq = e->seq,
-				 .offset = e->off, .size = e->size, .crc = e->crc,
+	return (struct ssd__rec){.type = SSD__REC_PUT,
+				 .klen = e->klen,
+				 .seq = e->seq,
+				 .offset = e->off,
+				 .size = e->size,
+				 .crc = e->crc,
 				 .key = e->key};
 }
 
 static struct ssd__rec del_rec(const struct ssd__ent *e)
 {
-	return (struct ssd__rec){.type = SSD__REC_DEL, .klen = e->klen, .seq = e->seq,
-				 .offset = e->off, .key = e->key};
+	return (struct ssd__rec){.type = SSD__REC_DEL,
+				 .klen = e->klen,
+				 .seq = e->seq,
+				 .offset = e->off,
+				 .key = e->key};
 }
 
 /* Take e out of the table for good (ssd_remove, a failed checksum). */
@@ -470,8 +483,8 @@ static void kill_ent(struct ssd_store *s, struct ssd__ent *e)
 		/* Without its DEL the object would come back after a restart,
 		 * with its own bytes: keep its extent rather than reuse it. */
 		log_error("removing '%.*s': out of memory for its index record; "
-			  "its space stays used until restart", (int)MC_MIN(e->klen, 64),
-			  (const char *)e->key);
+			  "its space stays used until restart",
+			  (int)MC_MIN(e->klen, 64), (const char *)e->key);
 		e->del_commit = UINT64_MAX;
 	} else {
 		e->del_commit = s->commits_started + 1;
@@ -654,7 +667,8 @@ static void sync_job(struct ssd__op *op)
 	while (!s->kick && mc_now_ns() < due) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
-		uint64_t left = due - mc_now_ns(), ns = (uint64_t)ts.tv_nsec + MC_MIN(left, 1000000000ull);
+		uint64_t left = due - mc_now_ns(),
+			 ns = (uint64_t)ts.tv_nsec + MC_MIN(left, 1000000000ull);
 		ts.tv_sec += (time_t)(ns / 1000000000ull);
 		ts.tv_nsec = (long)(ns % 1000000000ull);
 		pthread_cond_timedwait(&s->kick_cv, &s->kick_mu, &ts);
@@ -863,9 +877,12 @@ static void maybe_compact(struct ssd_store *s)
 	s->cursor = s->head;
 	s->cursor_done = s->cursor == NULL;
 	s->new_seed = ssd__rec_seed(s->store_id, s->generation + 1);
-	struct ssd__hdr h = {.magic = SSD__INDEX_MAGIC, .version = SSD__VERSION,
-			     .block_bytes = SSD_ALIGN, .store_id = s->store_id,
-			     .capacity = s->capacity, .generation = s->generation + 1};
+	struct ssd__hdr h = {.magic = SSD__INDEX_MAGIC,
+			     .version = SSD__VERSION,
+			     .block_bytes = SSD_ALIGN,
+			     .store_id = s->store_id,
+			     .capacity = s->capacity,
+			     .generation = s->generation + 1};
 	ssd__hdr_encode(c->buf.p, &h);
 	c->buf.len = SSD__HDR_BYTES;
 	c->s = s;
@@ -916,7 +933,6 @@ static void put_written(struct ssd__op *op)
 		return;
 	}
 	e->state = ENT_COMMITTING;
-	e->has_record = true;
 	r->next = NULL;
 	if (s->waiting_tail)
 		s->waiting_tail->next = r;
@@ -930,11 +946,11 @@ static bool aligned_ptr(const void *p)
 	return ((uintptr_t)p & (SSD_ALIGN - 1)) == 0;
 }
 
-int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key,
-	    size_t klen, const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
+int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
 {
-	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || size == 0 ||
-	    size > SSD_MAX_VALUE_BYTES || !aligned_ptr(buf) || !cb)
+	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || size == 0 || size > SSD_MAX_VALUE_BYTES ||
+	    !aligned_ptr(buf) || !cb)
 		return -EINVAL;
 	if (s->failed)
 		return -EIO;
@@ -1027,8 +1043,8 @@ static void get_read(struct ssd__op *op)
 	complete_req(r, rc);
 }
 
-int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key,
-	    size_t klen, void *buf, uint64_t buf_len, ssd_cb cb)
+int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen, void *buf,
+	    uint64_t buf_len, ssd_cb cb)
 {
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || !aligned_ptr(buf) || !cb)
 		return -EINVAL;
@@ -1080,16 +1096,15 @@ int ssd_remove(struct ssd_store *s, const void *key, size_t klen)
 	return 0;
 }
 
-int ssd_lookup(const struct ssd_store *s, const void *key, size_t klen,
-	       struct ssd_obj *out)
+int ssd_lookup(const struct ssd_store *s, const void *key, size_t klen, struct ssd_obj *out)
 {
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES)
 		return MC_EOBJECT_NOT_FOUND;
 	const struct ssd__ent *e = find(s, key, klen);
 	if (!e || e->state != ENT_LIVE)
 		return MC_EOBJECT_NOT_FOUND;
-	*out = (struct ssd_obj){.offset = e->off, .size = e->size, .seq = e->seq,
-				.crc = e->crc};
+	*out = (struct ssd_obj){
+		.offset = e->off, .size = e->size, .seq = e->seq, .crc = e->crc};
 	return 0;
 }
 
@@ -1101,8 +1116,8 @@ void ssd_foreach(const struct ssd_store *s,
 	for (const struct ssd__ent *e = s->head; e; e = e->next) {
 		if (e->state != ENT_LIVE)
 			continue;
-		struct ssd_obj o = {.offset = e->off, .size = e->size, .seq = e->seq,
-				    .crc = e->crc};
+		struct ssd_obj o = {
+			.offset = e->off, .size = e->size, .seq = e->seq, .crc = e->crc};
 		fn(ud, e->key, e->klen, &o);
 	}
 }
@@ -1171,8 +1186,10 @@ static int write_data_hdr(struct ssd_store *s)
 	uint8_t *blk = ssd_buf_alloc(SSD_ALIGN);
 	if (!blk)
 		return -ENOMEM;
-	struct ssd__hdr h = {.magic = SSD__DATA_MAGIC, .version = SSD__VERSION,
-			     .block_bytes = SSD_ALIGN, .store_id = s->store_id,
+	struct ssd__hdr h = {.magic = SSD__DATA_MAGIC,
+			     .version = SSD__VERSION,
+			     .block_bytes = SSD_ALIGN,
+			     .store_id = s->store_id,
 			     .capacity = s->capacity};
 	ssd__hdr_encode(blk, &h);
 	int rc = mc_pwrite_all(s->data_fd, blk, SSD_ALIGN, 0);
@@ -1197,7 +1214,8 @@ static int size_data_file(struct ssd_store *s, uint64_t total, bool check_free)
 		if (total - have > avail) {
 			log_error("ssd-path %s: the SSD tier needs %" PRIu64 " MiB more and "
 				  "the file system has %" PRIu64 " MiB free; lower ssd-size "
-				  "or free space", s->dir, (total - have) >> 20, avail >> 20);
+				  "or free space",
+				  s->dir, (total - have) >> 20, avail >> 20);
 			return MC_ECONFIG;
 		}
 	}
@@ -1223,13 +1241,16 @@ static int size_data_file(struct ssd_store *s, uint64_t total, bool check_free)
 
 /* Write a whole index (header + records) to ssd.index.new, sync, rename
  * over ssd.index, sync the directory. Blocks (open only). */
-static int write_index_file(struct ssd_store *s, uint64_t generation,
-			    const uint8_t *recs, size_t len)
+static int write_index_file(struct ssd_store *s, uint64_t generation, const uint8_t *recs,
+			    size_t len)
 {
 	uint8_t hb[SSD__HDR_BYTES];
-	struct ssd__hdr h = {.magic = SSD__INDEX_MAGIC, .version = SSD__VERSION,
-			     .block_bytes = SSD_ALIGN, .store_id = s->store_id,
-			     .capacity = s->capacity, .generation = generation};
+	struct ssd__hdr h = {.magic = SSD__INDEX_MAGIC,
+			     .version = SSD__VERSION,
+			     .block_bytes = SSD_ALIGN,
+			     .store_id = s->store_id,
+			     .capacity = s->capacity,
+			     .generation = generation};
 	ssd__hdr_encode(hb, &h);
 	int fd = open(s->new_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
 	if (fd < 0)
@@ -1334,7 +1355,8 @@ static int read_index(struct ssd_store *s, struct recov *rv)
 		rc = ssd__hdr_decode(hb, sizeof(hb), SSD__INDEX_MAGIC, &h);
 	if (rc < 0 || h.store_id != s->store_id) {
 		log_error("ssd-path %s: %s is %s; move the directory away or choose "
-			  "another ssd-path", s->dir, s->index_path,
+			  "another ssd-path",
+			  s->dir, s->index_path,
 			  rc < 0 ? "not an SSD tier index" : "another store's index");
 		return MC_ECONFIG;
 	}
@@ -1368,8 +1390,8 @@ static int read_index(struct ssd_store *s, struct recov *rv)
 		if (d == SSD__DEC_OK) {
 			if (skipping) {
 				log_warn("SSD index %s: corrupt bytes %" PRIu64 "..%" PRIu64
-					 " skipped (records there are lost)", s->index_path,
-					 bad_from, pos + at);
+					 " skipped (records there are lost)",
+					 s->index_path, bad_from, pos + at);
 				rv->dropped_records++;
 				rv->rewrite = true;
 				skipping = false;
@@ -1392,7 +1414,8 @@ static int read_index(struct ssd_store *s, struct recov *rv)
 		rv->torn_bytes = fsize - bad_from;
 		rv->dropped_records++;
 		log_warn("SSD index %s: torn record at %" PRIu64 " (%" PRIu64
-			 " bytes) cut off", s->index_path, bad_from, rv->torn_bytes);
+			 " bytes) cut off",
+			 s->index_path, bad_from, rv->torn_bytes);
 		if (ftruncate(s->index_fd, (off_t)bad_from) != 0 ||
 		    fdatasync(s->index_fd) != 0)
 			return -errno;
@@ -1413,8 +1436,8 @@ static void drop_ent(struct ssd_store *s, struct recov *rv, struct ssd__ent *e,
 		     const char *why)
 {
 	log_warn("SSD object '%.*s' (seq %" PRIu64 ", %" PRIu64 " bytes at %" PRIu64
-		 ") dropped: %s", (int)MC_MIN(e->klen, 64), (const char *)e->key,
-		 e->seq, e->size, e->off, why);
+		 ") dropped: %s",
+		 (int)MC_MIN(e->klen, 64), (const char *)e->key, e->seq, e->size, e->off, why);
 	ent_unlink(s, e);
 	free(e);
 	rv->dropped_objects++;
@@ -1522,8 +1545,12 @@ static int verify_all(struct ssd_store *s, struct recov *rv, unsigned depth)
 					goto out;
 				}
 			}
-			*j = (struct vjob){.buf = j->buf, .cap = j->cap, .e = cur, .rv = rv,
-					   .s = s, .busy = true};
+			*j = (struct vjob){.buf = j->buf,
+					   .cap = j->cap,
+					   .e = cur,
+					   .rv = rv,
+					   .s = s,
+					   .busy = true};
 			j->op.kind = SSD__OP_READ;
 			j->op.fd = s->data_fd;
 			j->op.buf = j->buf;
@@ -1558,7 +1585,8 @@ static int open_data(struct ssd_store *s)
 	s->direct = true;
 	if (s->data_fd < 0 && errno == EINVAL) {
 		log_warn("ssd-path %s: the file system refuses direct I/O; the SSD "
-			 "tier goes through the page cache", s->dir);
+			 "tier goes through the page cache",
+			 s->dir);
 		s->direct = false;
 		s->data_fd = open(s->data_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
 	}
@@ -1573,7 +1601,8 @@ static int setup_files(struct ssd_store *s, const struct ssd_opts *o, bool *crea
 	bool have_index = access(s->index_path, F_OK) == 0;
 	int rc = open_data(s);
 	if (rc < 0) {
-		log_error("ssd-path %s: opening %s: %s", s->dir, s->data_path, mc_strerror(rc));
+		log_error("ssd-path %s: opening %s: %s", s->dir, s->data_path,
+			  mc_strerror(rc));
 		return rc;
 	}
 	struct ssd__hdr h;
@@ -1586,16 +1615,18 @@ static int setup_files(struct ssd_store *s, const struct ssd_opts *o, bool *crea
 	}
 	if (!have_data && have_index) {
 		log_error("ssd-path %s: %s exists without its data file %s; move the "
-			  "directory away or choose another ssd-path", s->dir,
-			  s->index_path, s->data_path);
+			  "directory away or choose another ssd-path",
+			  s->dir, s->index_path, s->data_path);
 		return MC_ECONFIG;
 	}
 	if (have_data && data_ok && have_index) {
 		s->store_id = h.store_id;
 		if (h.capacity != s->capacity) {
 			log_info("ssd-path %s: data area %" PRIu64 " MiB -> %" PRIu64 " MiB "
-				 "(ssd-size)", s->dir, h.capacity >> 20, s->capacity >> 20);
-			rc = size_data_file(s, SSD__DATA_START + s->capacity, o->check_free_space);
+				 "(ssd-size)",
+				 s->dir, h.capacity >> 20, s->capacity >> 20);
+			rc = size_data_file(s, SSD__DATA_START + s->capacity,
+					    o->check_free_space);
 			if (rc == 0)
 				rc = write_data_hdr(s);
 			if (rc < 0)
@@ -1619,8 +1650,7 @@ static int setup_files(struct ssd_store *s, const struct ssd_opts *o, bool *crea
 	return rc;
 }
 
-int ssd_open(const struct ssd_opts *o, struct ssd_store **out,
-	     struct ssd_open_report *rep)
+int ssd_open(const struct ssd_opts *o, struct ssd_store **out, struct ssd_open_report *rep)
 {
 	uint64_t t0 = mc_now_ms();
 	memset(rep, 0, sizeof(*rep));
@@ -1660,7 +1690,8 @@ int ssd_open(const struct ssd_opts *o, struct ssd_store **out,
 	rc = mc_lock_dir(o->dir, &s->lock_fd, &holder);
 	if (rc == MC_ELOCKED) {
 		log_error("ssd-path %s is in use by another process (pid %d); every "
-			  "agent needs an ssd-path of its own", o->dir, holder);
+			  "agent needs an ssd-path of its own",
+			  o->dir, holder);
 		goto fail;
 	}
 	if (rc < 0) {

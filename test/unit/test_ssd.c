@@ -40,8 +40,11 @@ static void teardown(void)
 
 static struct ssd_opts opts(uint64_t size, enum ssd_io_kind io)
 {
-	return (struct ssd_opts){.dir = dir, .size_bytes = size, .queue_depth = 8,
-				 .io = io, .check_free_space = true};
+	return (struct ssd_opts){.dir = dir,
+				 .size_bytes = size,
+				 .queue_depth = 8,
+				 .io = io,
+				 .check_free_space = true};
 }
 
 static struct ssd_store *open_ok(const struct ssd_opts *o, struct ssd_open_report *rep)
@@ -144,8 +147,12 @@ static off_t file_size(const char *name)
 Test(ssd_rec, round_trip_and_every_flipped_bit_fails)
 {
 	uint8_t key[] = "prefix/0123456789abcdef";
-	struct ssd__rec r = {.type = SSD__REC_PUT, .klen = sizeof(key) - 1, .seq = 42,
-			     .offset = 8 * SSD_ALIGN, .size = 12345, .crc = 0xdeadbeef,
+	struct ssd__rec r = {.type = SSD__REC_PUT,
+			     .klen = sizeof(key) - 1,
+			     .seq = 42,
+			     .offset = 8 * SSD_ALIGN,
+			     .size = 12345,
+			     .crc = 0xdeadbeef,
 			     .key = key};
 	uint32_t seed = ssd__rec_seed(7, 1);
 	size_t n = ssd__rec_len(r.klen);
@@ -176,7 +183,8 @@ Test(ssd_rec, round_trip_and_every_flipped_bit_fails)
 Test(ssd_rec, removal_and_header)
 {
 	uint8_t key[] = "k";
-	struct ssd__rec r = {.type = SSD__REC_DEL, .klen = 1, .seq = 9, .offset = 0, .key = key};
+	struct ssd__rec r = {
+		.type = SSD__REC_DEL, .klen = 1, .seq = 9, .offset = 0, .key = key};
 	uint8_t buf[64];
 	ssd__rec_encode(buf, &r, 5);
 	struct ssd__rec d;
@@ -184,8 +192,11 @@ Test(ssd_rec, removal_and_header)
 	cr_assert_eq(ssd__rec_decode(buf, sizeof(buf), 5, &d, &used), SSD__DEC_OK);
 	cr_assert_eq(d.type, SSD__REC_DEL);
 	cr_assert_eq(used, 48);
-	struct ssd__hdr h = {.magic = SSD__INDEX_MAGIC, .version = SSD__VERSION,
-			     .block_bytes = SSD_ALIGN, .store_id = 77, .capacity = 1 << 20,
+	struct ssd__hdr h = {.magic = SSD__INDEX_MAGIC,
+			     .version = SSD__VERSION,
+			     .block_bytes = SSD_ALIGN,
+			     .store_id = 77,
+			     .capacity = 1 << 20,
 			     .generation = 3};
 	uint8_t hb[SSD__HDR_BYTES];
 	ssd__hdr_encode(hb, &h);
@@ -273,7 +284,8 @@ Test(ssd, many_in_flight_then_full_then_space_back)
 		fill(bufs + (size_t)i * SZ, SZ, i);
 		reqs[i] = (struct ssd_req){.data = &flags[i]};
 		cr_assert_eq(ssd_put(s, &reqs[i], k, strlen(k), bufs + (size_t)i * SZ, SZ,
-				     crc32c(0, bufs + (size_t)i * SZ, SZ), on_done), 0);
+				     crc32c(0, bufs + (size_t)i * SZ, SZ), on_done),
+			     0);
 	}
 	for (int i = 0; i < N; i++)
 		cr_assert_eq(wait_req(s, &flags[i]), 0);
@@ -292,7 +304,8 @@ Test(ssd, many_in_flight_then_full_then_space_back)
 	}
 	cr_assert_lt(st.used_bytes, st.capacity_bytes);
 	cr_assert_eq(ssd_put(s, &r, "more", 4, bufs, SSD_ALIGN, crc32c(0, bufs, SSD_ALIGN),
-			     on_done), 0);
+			     on_done),
+		     0);
 	cr_assert_eq(wait_req(s, &flag), 0);
 	ssd_buf_free(bufs, (size_t)N * SZ);
 	ssd_close(s);
@@ -405,7 +418,8 @@ Test(ssd, corrupt_last_and_middle_records)
 	cr_assert_eq(rep.objects, 8);
 	cr_assert_eq(rep.dropped_records, 2);
 	for (int i = 0; i < 10; i++)
-		cr_assert_eq(get_i(s, i), i == 2 || i == 9 ? MC_EOBJECT_NOT_FOUND : 0, "key %d", i);
+		cr_assert_eq(get_i(s, i), i == 2 || i == 9 ? MC_EOBJECT_NOT_FOUND : 0,
+			     "key %d", i);
 	ssd_close(s);
 	/* The index was rewritten: nothing is dropped again. */
 	s = open_ok(&o, &rep);
@@ -787,18 +801,29 @@ Test(ssd, metrics)
 	cr_assert_eq(get_i(s, 3), 0);
 	ssd_poll(s);
 	const char *rd[] = {"read"}, *wr[] = {"write"};
-	cr_assert_eq(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_bytes", "", NULL, NULL)),
-		     16 << 20);
-	cr_assert_eq(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_objects", "", NULL, NULL)), 5);
-	cr_assert_gt(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_used_bytes", "", NULL, NULL)), 0);
-	cr_assert_eq(metric_value(metrics_counter(reg, "mooncake_agent_ssd_ios_total", "", "op", wr)), 5);
-	cr_assert_eq(metric_value(metrics_counter(reg, "mooncake_agent_ssd_ios_total", "", "op", rd)), 1);
-	cr_assert_eq(metric_value(metrics_histogram(reg, "mooncake_agent_ssd_io_seconds", "", "op", rd,
-						    metrics_latency_buckets,
-						    metrics_latency_nbuckets)), 1);
+	cr_assert_eq(
+		metric_value(metrics_gauge(reg, "mooncake_agent_ssd_bytes", "", NULL, NULL)),
+		16 << 20);
+	cr_assert_eq(
+		metric_value(metrics_gauge(reg, "mooncake_agent_ssd_objects", "", NULL, NULL)),
+		5);
+	cr_assert_gt(metric_value(metrics_gauge(reg, "mooncake_agent_ssd_used_bytes", "", NULL,
+						NULL)),
+		     0);
+	cr_assert_eq(metric_value(metrics_counter(reg, "mooncake_agent_ssd_ios_total", "",
+						  "op", wr)),
+		     5);
+	cr_assert_eq(metric_value(metrics_counter(reg, "mooncake_agent_ssd_ios_total", "",
+						  "op", rd)),
+		     1);
+	cr_assert_eq(metric_value(metrics_histogram(reg, "mooncake_agent_ssd_io_seconds", "",
+						    "op", rd, metrics_latency_buckets,
+						    metrics_latency_nbuckets)),
+		     1);
 	struct mc_buf out = {0};
 	cr_assert_eq(metrics_format(reg, &out), 0);
-	cr_assert_not_null(memmem(out.data, out.len, "mooncake_agent_ssd_recovered_objects 0", 38));
+	cr_assert_not_null(
+		memmem(out.data, out.len, "mooncake_agent_ssd_recovered_objects 0", 38));
 	mc_buf_free(&out);
 	ssd_close(s);
 	metrics_registry_free(reg);
