@@ -68,6 +68,7 @@
 
 enum ent_state { ENT_WRITING, ENT_COMMITTING, ENT_LIVE, ENT_DEAD };
 enum req_kind { REQ_PUT = 1, REQ_GET };
+enum { IO_READ = 0, IO_WRITE = 1 }; /* metrics' op label */
 
 struct ssd__ent {
 	struct ssd__ent *hnext;       /* hash chain (not DEAD) */
@@ -196,16 +197,15 @@ struct ssd_store {
 	struct ssd_stats st;
 
 	/* metrics (NULL without a registry: updates are no-ops) */
-	struct metric *m_bytes, *m_used, *m_objects, *m_index, *m_reads, *m_writes,
-		*m_read_bytes, *m_write_bytes, *m_read_s, *m_write_s, *m_crc_fail, *m_syncs,
-		*m_compactions, *m_rec_s, *m_rec_objects, *m_rec_dropped, *m_rec_records;
+	struct metric *m_bytes, *m_used, *m_objects, *m_index, *m_ios[2], *m_io_bytes[2],
+		*m_io_s[2], *m_crc_fail, *m_syncs, *m_compactions, *m_rec_s, *m_rec_objects,
+		*m_rec_dropped, *m_rec_records;
 };
 
 static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
 {
 	if (!r)
 		return;
-	const char *rd[] = {"read"}, *wr[] = {"write"};
 	s->m_bytes = metrics_gauge(r, "mooncake_agent_ssd_bytes", "Data area of the SSD tier.",
 				   NULL, NULL);
 	s->m_used = metrics_gauge(r, "mooncake_agent_ssd_used_bytes",
@@ -216,24 +216,20 @@ static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
 				     "Objects stored in the SSD tier.", NULL, NULL);
 	s->m_index = metrics_gauge(r, "mooncake_agent_ssd_index_bytes",
 				   "Size of the SSD tier's index file.", NULL, NULL);
-	s->m_reads = metrics_counter(r, "mooncake_agent_ssd_ios_total",
-				     "SSD tier data reads and writes finished.", "op", rd);
-	s->m_writes = metrics_counter(r, "mooncake_agent_ssd_ios_total",
-				      "SSD tier data reads and writes finished.", "op", wr);
-	s->m_read_bytes = metrics_counter(r, "mooncake_agent_ssd_io_bytes_total",
-					  "SSD tier bytes read and written.", "op", rd);
-	s->m_write_bytes = metrics_counter(r, "mooncake_agent_ssd_io_bytes_total",
-					   "SSD tier bytes read and written.", "op", wr);
-	s->m_read_s = metrics_histogram(r, "mooncake_agent_ssd_io_seconds",
-					"SSD tier data I/O latency, submitted to finished "
-					"(a read: with its checksum checked).",
-					"op", rd, metrics_latency_buckets,
-					metrics_latency_nbuckets);
-	s->m_write_s = metrics_histogram(r, "mooncake_agent_ssd_io_seconds",
-					 "SSD tier data I/O latency, submitted to finished "
-					 "(a read: with its checksum checked).",
-					 "op", wr, metrics_latency_buckets,
-					 metrics_latency_nbuckets);
+	for (int op = 0; op < 2; op++) {
+		const char *v[] = {op == IO_READ ? "read" : "write"};
+		s->m_ios[op] = metrics_counter(r, "mooncake_agent_ssd_ios_total",
+					       "SSD tier data reads and writes finished.",
+					       "op", v);
+		s->m_io_bytes[op] = metrics_counter(r, "mooncake_agent_ssd_io_bytes_total",
+						    "SSD tier bytes read and written.", "op",
+						    v);
+		s->m_io_s[op] = metrics_histogram(
+			r, "mooncake_agent_ssd_io_seconds",
+			"SSD tier data I/O latency, submitted to finished "
+			"(a read: with its checksum checked).",
+			"op", v, metrics_latency_buckets, metrics_latency_nbuckets);
+	}
 	s->m_crc_fail = metrics_counter(r, "mooncake_agent_ssd_checksum_failures_total",
 					"SSD tier objects whose bytes failed their checksum "
 					"(dropped).",
@@ -257,6 +253,13 @@ static void register_metrics(struct ssd_store *s, struct metrics_registry *r)
 		"Index records the SSD tier's last open dropped (torn "
 		"or corrupt).",
 		NULL, NULL);
+}
+
+static void io_metrics(struct ssd_store *s, int op, uint64_t bytes, uint64_t t0_ns)
+{
+	metric_inc(s->m_ios[op]);
+	metric_add(s->m_io_bytes[op], bytes);
+	metric_observe(s->m_io_s[op], (double)(mc_now_ns() - t0_ns) / 1e9);
 }
 
 /* Gauges of the owner's state, after each change of it. */
@@ -910,9 +913,7 @@ static void put_written(struct ssd__op *op)
 	if (rc == 0) {
 		s->st.writes++;
 		s->st.write_bytes += e->len;
-		metric_inc(s->m_writes);
-		metric_add(s->m_write_bytes, e->len);
-		metric_observe(s->m_write_s, (double)(mc_now_ns() - r->t0_ns) / 1e9);
+		io_metrics(s, IO_WRITE, e->len, r->t0_ns);
 	}
 	if (rc == 0 && !e->cancelled && s->failed)
 		rc = s->failed;
@@ -1020,9 +1021,7 @@ static void get_read(struct ssd__op *op)
 	if (rc == 0 || rc == MC_ECHECKSUM) {
 		s->st.reads++;
 		s->st.read_bytes += e->len;
-		metric_inc(s->m_reads);
-		metric_add(s->m_read_bytes, e->len);
-		metric_observe(s->m_read_s, (double)(mc_now_ns() - r->t0_ns) / 1e9);
+		io_metrics(s, IO_READ, e->len, r->t0_ns);
 	}
 	if (rc == MC_ECHECKSUM) {
 		s->st.checksum_failures++;
