@@ -100,6 +100,33 @@ static bool wait_reclaim(struct bench *b, uint64_t deadline_ms)
 	return false;
 }
 
+static void on_synced(struct ssd_req *r)
+{
+	*(bool *)r->data = true;
+}
+
+/* Everything removed: sync now (not at the interval's end) and poll until
+ * the space is back (30 s at most). */
+static void wait_empty(struct ssd_store *s)
+{
+	bool synced = false;
+	struct ssd_req r = {.data = &synced};
+	if (ssd_sync(s, &r, on_synced) < 0)
+		synced = true;
+	for (uint64_t end = mc_now_ms() + 30000; mc_now_ms() < end;) {
+		struct ssd_stats st;
+		ssd_stats(s, &st);
+		if (synced && st.used_bytes == 0)
+			break;
+		ssd_wait(s, 50);
+		ssd_poll(s);
+	}
+	while (!synced) { /* r must outlive its callback */
+		ssd_wait(s, 50);
+		ssd_poll(s);
+	}
+}
+
 /* Start a put of the next key in sl; removes the oldest keys while full. */
 static int start_put(struct bench *b, struct slot *sl)
 {
@@ -330,14 +357,8 @@ static int warm_up(struct bench *b, uint64_t bytes)
 		if (r < 0 && r != MC_EOBJECT_NOT_FOUND)
 			rc = r;
 	}
-	for (uint64_t end = mc_now_ms() + 30000; rc == 0 && mc_now_ms() < end;) {
-		struct ssd_stats st;
-		ssd_stats(b->s, &st);
-		if (st.used_bytes == 0)
-			break;
-		ssd_wait(b->s, 50);
-		ssd_poll(b->s);
-	}
+	if (rc == 0)
+		wait_empty(b->s);
 	memcpy(b->slots, saved, sizeof(saved));
 	b->vsize = vs;
 	b->keep_bytes = keep;
@@ -563,14 +584,7 @@ int ctl_bench_ssd_main(int argc, char **argv)
 			int r = ssd_remove(b.s, k, strlen(k));
 			(void)r; /* a key already removed by a failed get */
 		}
-		for (uint64_t end = mc_now_ms() + 10000; mc_now_ms() < end;) {
-			struct ssd_stats st;
-			ssd_stats(b.s, &st);
-			if (st.used_bytes == 0)
-				break;
-			ssd_wait(b.s, 50);
-			ssd_poll(b.s);
-		}
+		wait_empty(b.s);
 		for (unsigned i = 0; i < depth; i++) {
 			ssd_buf_free(b.slots[i].buf, ssd_io_len(vsz));
 			b.slots[i].buf = NULL;
