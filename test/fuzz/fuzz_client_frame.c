@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/req.h"
+#include "common/uframe.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
