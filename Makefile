@@ -8,6 +8,7 @@
 #   make bench           benchmarks (figures beside the machine's own limit;
 #                        meta: a 3-member cluster beside a 3-member etcd)
 #   make fuzz            libFuzzer targets (clang)
+#   make fuzz-seeds      rewrite the WAL and MVCC snapshot seed corpora
 #   make man             regenerate the committed man pages from the config key table
 #   make format-check    clang-format (.clang-format) finds nothing to change in
 #                        FILES (default: every C file under src/ and test/unit)
@@ -127,7 +128,7 @@ UNIT_BINS  := $(patsubst test/unit/%.c,$(B)/test/%,$(UNIT_SRCS))
 BINS := $(B)/mooncaked $(B)/mooncakectl
 LIBS := $(B)/libmooncake.a $(B)/libmooncake.so
 
-.PHONY: all test bench soak fuzz fuzz-run man install clean format format-check
+.PHONY: all test bench soak fuzz fuzz-run fuzz-seeds man install clean format format-check
 .SECONDARY: $(GEN_C) $(GEN_H)
 all: $(BINS) $(LIBS) $(B)/man/mooncaked.8
 
@@ -294,6 +295,17 @@ $(B)/fuzz/%: test/fuzz/%.c $(B)/libmcd.a
 
 fuzz:
 	$(MAKE) FUZZ=1 fuzz-run
+
+# The seed corpora written with the project's own writers (test/fuzz/seeds.c):
+# valid WAL segments and MVCC snapshots. Run after a format change and
+# commit the files.
+$(B)/fuzz-seeds: test/fuzz/seeds.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+fuzz-seeds: $(B)/fuzz-seeds
+	$(B)/fuzz-seeds test/fuzz/corpus
 
 fuzz-run: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n test/fuzz/corpus/$$n; \
