@@ -46,6 +46,8 @@ int ctl_transfer_main(int argc, char **argv);
 /* `doctor` (ctl_doctor.c) and `plan` (ctl_plan.c). */
 int ctl_doctor_main(int argc, char **argv);
 int ctl_plan_main(int argc, char **argv);
+/* `secret create FILE` (ctl_secret.c). */
+int ctl_secret_main(int argc, char **argv);
 /* `bench transfer`: argv[0] is "transfer". */
 int ctl_bench_transfer_main(int argc, char **argv);
 

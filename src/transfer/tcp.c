@@ -338,6 +338,7 @@ static bool srv_handshake(struct srv_conn *c)
 	if (rc == MC_EPROTOCOL || rc == -EPROTONOSUPPORT) {
 		log_warn("connection from %s: bad handshake (%s)", c->addr,
 			 mc_strerror(rc));
+		metric_inc(c->x->e->m_auth_refused[TE_AUTH_TCP]);
 		srv_close(c, NULL);
 		return false;
 	}
@@ -350,6 +351,8 @@ static bool srv_handshake(struct srv_conn *c)
 		return false;
 	}
 	if (rc < 0) {
+		if (rc == -EACCES)
+			metric_inc(c->x->e->m_auth_refused[TE_AUTH_TCP]);
 		log_warn("refused a connection from %s (segment %s): %s", c->addr,
 			 c->hs.peer, rc == -EACCES ? "cluster secret mismatch"
 						   : mc_strerror(rc));

@@ -79,9 +79,10 @@ def sh_quote(s):
 
 
 def run_block(script, timeout=240):
+    # Without the tests' shared cluster secret: a reader has none either.
     r = subprocess.run(namespace_cmd(script), capture_output=True, text=True, errors="replace",
-                       timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+                       timeout=timeout, stdin=subprocess.DEVNULL,
+                       env=mctest.child_env({"MOONCAKE_CLUSTER_SECRET_FILE": None}))
     return r.returncode, r.stdout + r.stderr
 
 
