@@ -372,9 +372,10 @@ install: all
 	install -m 0644 man/libmooncake.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -m 0644 python/mooncake/*.py $(DESTDIR)$(PYDIR)/mooncake/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
-	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d
 	for u in deploy/*.service.in; do \
 	  sed 's|@PREFIX@|$(PREFIX)|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u .in); done
+	install -m 0644 deploy/mooncaked.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/mooncaked.conf
 	install -m 0644 deploy/mooncaked.default $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:
