@@ -89,7 +89,7 @@ BIN_LDFLAGS := -static
 BIN_LIBS    := $(LIBS_STATIC)
 # A static libibverbs finds no device unless its providers are linked in:
 # this object registers them (STYLE.md build notes); the binaries name it
-# explicitly, src/transfer/rdma.c refers to it weakly.
+# explicitly, src/transfer/rdma_dev.c refers to it weakly.
 BIN_RDMA_PROVIDERS := $(B)/obj/transfer/rdma_providers.o
 $(B)/obj/transfer/rdma_providers.o: private CFLAGS_ALL += -DRDMA_STATIC_PROVIDERS=all
 endif
