@@ -19,7 +19,8 @@
  *
  * Without --socket the bench starts its own master and two agents
  * (mooncaked next to mooncakectl) on loopback with a temporary directory,
- * and stops them at the end: the master in the first agent's process
+ * and stops them at the end (with a cluster secret of their own, made in
+ * that directory): the master in the first agent's process
  * (--master=local, as standalone runs it: that agent calls it without a
  * connection) or in a process of its own (--master=separate: every put
  * waits for a loopback round trip to it). redis-server, when installed, is started the
@@ -46,6 +47,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "common/err.h"
 #include "common/io.h"
@@ -180,13 +182,18 @@ static int start_cluster(struct cluster *cl, uint64_t segment, bool separate)
 		cl->dir[0] = '\0';
 		return -errno;
 	}
-	char daemon[600];
+	char daemon[600], secret[sizeof(cl->dir) + 16];
 	sibling(daemon, sizeof(daemon), "mooncaked");
+	/* The two agents move bytes to each other: they prove one secret
+	 * (each would make its own in its data directory). */
+	snprintf(secret, sizeof(secret), "%s/cluster.secret", cl->dir);
+	int rc = mc_secret_create(secret);
+	if (rc)
+		return rc;
 	int mport = free_port(), mhttp = free_port();
 	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
 	char a[16][192];
 	int k = 0;
-	int rc = 0;
 #define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
 	if (separate) {
 		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
@@ -208,7 +215,7 @@ static int start_cluster(struct cluster *cl, uint64_t segment, bool separate)
 			      ARG("--agent-http=127.0.0.1:%d", free_port()),
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
-			      "--log-level=warn",
+			      ARG("--cluster-secret-file=%s", secret), "--log-level=warn",
 			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
 			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
