@@ -159,7 +159,7 @@ $(B)/py/%_pb2.py: proto/%.proto
 # object calls (clocks, libuv, pthreads, random sources). A failing core
 # loses its object, so the build stops there.
 # A new pure core goes into this list.
-PURE_SRCS := $(wildcard src/meta/raft/*.c) src/meta/mvcc.c src/meta/lease.c \
+PURE_SRCS := $(wildcard src/meta/raft/*.c) $(wildcard src/meta/mvcc*.c) src/meta/lease.c src/meta/avl.c src/meta/wal_format.c src/meta/sm.c \
              src/master/alloc.c src/master/core.c src/master/mlog.c \
              src/rpc/frame.c src/transfer/wire.c
 PURE_OBJS := $(patsubst src/%.c,$(B)/obj/%.o,$(PURE_SRCS))

@@ -585,7 +585,7 @@ void meta__stamp_headers(const struct meta_node *n, ProtobufCMessage *m)
 
 	if (d == &etcdserverpb__response_header__descriptor) {
 		Etcdserverpb__ResponseHeader *h = (Etcdserverpb__ResponseHeader *)m;
-		h->cluster_id = n->cluster_id;
+		h->cluster_id = n->sm.cluster_id;
 		h->member_id = n->id;
 		h->raft_term = n->term;
 		return;

@@ -15,29 +15,30 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "meta/avl.h"
 
 #define LEASE__FOREVER UINT64_MAX
 
 struct lease__key {
-	struct mvcc__tnode node;
+	struct avl_node node;
 	size_t len;
 	char key[];
 };
 
 struct lease__lease {
-	struct mvcc__tnode by_id;
-	struct mvcc__tnode by_check;
+	struct avl_node by_id;
+	struct avl_node by_check;
 	int64_t id;
 	int64_t ttl_s;
 	int64_t remaining_ttl_s;
 	uint64_t expiry_ms;
 	uint64_t check_ms;
-	struct mvcc__tree keys;
+	struct avl_tree keys;
 };
 
 struct lease_table {
-	struct mvcc__tree by_id;
-	struct mvcc__tree by_check;
+	struct avl_tree by_id;
+	struct avl_tree by_check;
 	int64_t min_ttl_s;
 	int64_t next_id;
 	bool primary;
@@ -58,13 +59,13 @@ static int cmp_i64(int64_t a, int64_t b)
 	return a < b ? -1 : a > b;
 }
 
-static int by_id_cmp(const void *key, const struct mvcc__tnode *n)
+static int by_id_cmp(const void *key, const struct avl_node *n)
 {
 	const struct lease__lease *l = MC_CONTAINER_OF(n, struct lease__lease, by_id);
 	return cmp_i64(*(const int64_t *)key, l->id);
 }
 
-static int by_check_cmp(const void *key, const struct mvcc__tnode *n)
+static int by_check_cmp(const void *key, const struct avl_node *n)
 {
 	const struct lease__check_key *k = key;
 	const struct lease__lease *l = MC_CONTAINER_OF(n, struct lease__lease, by_check);
@@ -73,7 +74,7 @@ static int by_check_cmp(const void *key, const struct mvcc__tnode *n)
 	return cmp_i64(k->id, l->id);
 }
 
-static int key_cmp(const void *key, const struct mvcc__tnode *n)
+static int key_cmp(const void *key, const struct avl_node *n)
 {
 	const struct lease__bytes *b = key;
 	const struct lease__key *k = MC_CONTAINER_OF(n, struct lease__key, node);
@@ -82,7 +83,7 @@ static int key_cmp(const void *key, const struct mvcc__tnode *n)
 
 static struct lease__lease *find(const struct lease_table *t, int64_t id)
 {
-	struct mvcc__tnode *n = mvcc__tree_find(&t->by_id, &id);
+	struct avl_node *n = avl_find(&t->by_id, &id);
 	return n ? MC_CONTAINER_OF(n, struct lease__lease, by_id) : NULL;
 }
 
@@ -91,30 +92,30 @@ int lease_table_new(int64_t min_ttl_s, struct lease_table **out)
 	struct lease_table *t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
-	mvcc__tree_init(&t->by_id, by_id_cmp, NULL);
-	mvcc__tree_init(&t->by_check, by_check_cmp, NULL);
+	avl_init(&t->by_id, by_id_cmp, NULL);
+	avl_init(&t->by_check, by_check_cmp, NULL);
 	t->min_ttl_s = min_ttl_s > 0 ? min_ttl_s : 0;
 	t->next_id = 1;
 	*out = t;
 	return 0;
 }
 
-static void free_keys(struct mvcc__tnode *n)
+static void free_keys(struct avl_node *n)
 {
 	while (n) {
 		/* Free the left spine recursively, then loop on the right. */
 		free_keys(n->child[0]);
-		struct mvcc__tnode *r = n->child[1];
+		struct avl_node *r = n->child[1];
 		free(MC_CONTAINER_OF(n, struct lease__key, node));
 		n = r;
 	}
 }
 
-static void free_leases(struct mvcc__tnode *n)
+static void free_leases(struct avl_node *n)
 {
 	while (n) {
 		free_leases(n->child[0]);
-		struct mvcc__tnode *r = n->child[1];
+		struct avl_node *r = n->child[1];
 		struct lease__lease *l = MC_CONTAINER_OF(n, struct lease__lease, by_id);
 		free_keys(l->keys.root);
 		free(l);
@@ -135,7 +136,7 @@ static void check_unlink(struct lease_table *t, struct lease__lease *l)
 	if (l->check_ms == LEASE__FOREVER)
 		return;
 	struct lease__check_key k = {l->check_ms, l->id};
-	mvcc__tree_remove(&t->by_check, &k);
+	avl_remove(&t->by_check, &k);
 }
 
 /* Set expiry and check time; link into by_check unless forever. */
@@ -147,7 +148,7 @@ static void set_expiry(struct lease_table *t, struct lease__lease *l,
 	l->check_ms = expiry_ms;
 	if (expiry_ms != LEASE__FOREVER) {
 		struct lease__check_key k = {l->check_ms, l->id};
-		mvcc__tree_insert(&t->by_check, &k, &l->by_check);
+		avl_insert(&t->by_check, &k, &l->by_check);
 	}
 }
 
@@ -183,8 +184,8 @@ int lease_grant(struct lease_table *t, int64_t id, int64_t ttl_s,
 		l->ttl_s = 0;
 	l->check_ms = LEASE__FOREVER;
 	l->expiry_ms = LEASE__FOREVER;
-	mvcc__tree_init(&l->keys, key_cmp, NULL);
-	mvcc__tree_insert(&t->by_id, &l->id, &l->by_id);
+	avl_init(&l->keys, key_cmp, NULL);
+	avl_insert(&t->by_id, &l->id, &l->by_id);
 	if (t->primary)
 		set_expiry(t, l, add_sat(now_ms, ttl_ms(l->ttl_s)));
 	if (id_out)
@@ -271,10 +272,10 @@ int lease_list(const struct lease_table *t, int64_t **ids_out, size_t *n_out)
 	int64_t *ids = malloc((n ? n : 1) * sizeof(*ids));
 	if (!ids)
 		return -ENOMEM;
-	struct mvcc__titer it;
+	struct avl_iter it;
 	size_t i = 0;
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &t->by_id, NULL); x;
-	     x = mvcc__titer_next(&it))
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
+	     x = avl_next(&it))
 		ids[i++] = MC_CONTAINER_OF(x, struct lease__lease, by_id)->id;
 	*ids_out = ids;
 	*n_out = n;
@@ -285,10 +286,10 @@ size_t lease_expired(struct lease_table *t, uint64_t now_ms, uint64_t retry_ms,
 		     int64_t *ids, size_t max)
 {
 	size_t n = 0;
-	struct mvcc__titer it;
+	struct avl_iter it;
 	/* Collect first: re-keying while iterating would disturb the walk. */
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &t->by_check, NULL);
-	     x && n < max; x = mvcc__titer_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &t->by_check, NULL);
+	     x && n < max; x = avl_next(&it)) {
 		struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_check);
 		if (l->check_ms > now_ms)
 			break;
@@ -300,15 +301,15 @@ size_t lease_expired(struct lease_table *t, uint64_t now_ms, uint64_t retry_ms,
 		check_unlink(t, l);
 		l->check_ms = next;
 		struct lease__check_key k = {l->check_ms, l->id};
-		mvcc__tree_insert(&t->by_check, &k, &l->by_check);
+		avl_insert(&t->by_check, &k, &l->by_check);
 	}
 	return n;
 }
 
 uint64_t lease_next_check_ms(const struct lease_table *t)
 {
-	struct mvcc__titer it;
-	struct mvcc__tnode *x = mvcc__titer_seek(&it, &t->by_check, NULL);
+	struct avl_iter it;
+	struct avl_node *x = avl_seek(&it, &t->by_check, NULL);
 	return x ? MC_CONTAINER_OF(x, struct lease__lease, by_check)->check_ms
 		 : UINT64_MAX;
 }
@@ -316,10 +317,10 @@ uint64_t lease_next_check_ms(const struct lease_table *t)
 void lease_promote(struct lease_table *t, uint64_t now_ms, uint64_t extend_ms)
 {
 	t->primary = true;
-	mvcc__tree_init(&t->by_check, by_check_cmp, NULL);
-	struct mvcc__titer it;
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &t->by_id, NULL); x;
-	     x = mvcc__titer_next(&it)) {
+	avl_init(&t->by_check, by_check_cmp, NULL);
+	struct avl_iter it;
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
+	     x = avl_next(&it)) {
 		struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_id);
 		int64_t ttl = l->remaining_ttl_s > 0 ? l->remaining_ttl_s : l->ttl_s;
 		l->check_ms = LEASE__FOREVER; /* by_check was reset above */
@@ -330,10 +331,10 @@ void lease_promote(struct lease_table *t, uint64_t now_ms, uint64_t extend_ms)
 void lease_demote(struct lease_table *t)
 {
 	t->primary = false;
-	mvcc__tree_init(&t->by_check, by_check_cmp, NULL);
-	struct mvcc__titer it;
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &t->by_id, NULL); x;
-	     x = mvcc__titer_next(&it)) {
+	avl_init(&t->by_check, by_check_cmp, NULL);
+	struct avl_iter it;
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
+	     x = avl_next(&it)) {
 		struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_id);
 		l->check_ms = LEASE__FOREVER;
 		l->expiry_ms = LEASE__FOREVER;
@@ -370,7 +371,7 @@ int lease__attach(struct lease_table *t, int64_t id, struct lease__key *k)
 	if (!l)
 		return MVCC_ELEASE_NOT_FOUND;
 	struct lease__bytes b = {k->key, k->len};
-	return mvcc__tree_insert(&l->keys, &b, &k->node) ? 1 : 0;
+	return avl_insert(&l->keys, &b, &k->node) ? 1 : 0;
 }
 
 void lease__detach(struct lease_table *t, int64_t id, const char *key, size_t len)
@@ -379,7 +380,7 @@ void lease__detach(struct lease_table *t, int64_t id, const char *key, size_t le
 	if (!l)
 		return;
 	struct lease__bytes b = {key, len};
-	struct mvcc__tnode *n = mvcc__tree_remove(&l->keys, &b);
+	struct avl_node *n = avl_remove(&l->keys, &b);
 	if (n)
 		free(MC_CONTAINER_OF(n, struct lease__key, node));
 }
@@ -394,10 +395,10 @@ int lease__keys(const struct lease_table *t, int64_t id,
 	struct lease_key_ref *r = malloc((n ? n : 1) * sizeof(*r));
 	if (!r)
 		return -ENOMEM;
-	struct mvcc__titer it;
+	struct avl_iter it;
 	size_t i = 0;
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &l->keys, NULL); x;
-	     x = mvcc__titer_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &l->keys, NULL); x;
+	     x = avl_next(&it)) {
 		const struct lease__key *k = MC_CONTAINER_OF(x, struct lease__key, node);
 		r[i].key = k->key;
 		r[i].len = k->len;
@@ -414,7 +415,7 @@ int lease__remove(struct lease_table *t, int64_t id)
 	if (!l)
 		return MVCC_ELEASE_NOT_FOUND;
 	check_unlink(t, l);
-	mvcc__tree_remove(&t->by_id, &id);
+	avl_remove(&t->by_id, &id);
 	free_keys(l->keys.root);
 	free(l);
 	return 0;
@@ -425,9 +426,9 @@ int lease__foreach(const struct lease_table *t,
 			     int64_t remaining_ttl_s),
 		   void *ctx)
 {
-	struct mvcc__titer it;
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &t->by_id, NULL); x;
-	     x = mvcc__titer_next(&it)) {
+	struct avl_iter it;
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
+	     x = avl_next(&it)) {
 		const struct lease__lease *l =
 			MC_CONTAINER_OF(x, struct lease__lease, by_id);
 		int rc = fn(ctx, l->id, l->ttl_s, l->remaining_ttl_s);
@@ -460,7 +461,7 @@ int lease__restore(struct lease_table *t, int64_t id, int64_t ttl_s,
 	l->remaining_ttl_s = remaining_ttl_s;
 	l->check_ms = LEASE__FOREVER;
 	l->expiry_ms = LEASE__FOREVER;
-	mvcc__tree_init(&l->keys, key_cmp, NULL);
-	mvcc__tree_insert(&t->by_id, &l->id, &l->by_id);
+	avl_init(&l->keys, key_cmp, NULL);
+	avl_insert(&t->by_id, &l->id, &l->by_id);
 	return 0;
 }

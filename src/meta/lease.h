@@ -7,7 +7,7 @@
  * mvcc_lease_revoke, which deletes the keys in the same revision) and
  * checkpoint are applied from the Raft log on every member, so they are
  * deterministic. The member that proposes a grant without an ID chooses
- * one (etcd's generator, see node.c) and logs it with the grant; an ID of
+ * one (etcd's generator, see req.c) and logs it with the grant; an ID of
  * 0 reaches the table only from entries logged before that, and picks the
  * lowest unused ID at or after a counter that is part of the snapshot.
  * Any other ID is taken as it is, negative ones included, as etcd's
@@ -132,7 +132,7 @@ void lease_demote(struct lease_table *t);
 bool lease_is_primary(const struct lease_table *t);
 
 /* ------------------------------------------------------------- private */
-/* For mvcc.c (attachments, revoke, snapshot). A lease__key is one key's
+/* For the MVCC store (attachments, revoke, snapshot). A lease__key is one key's
  * attachment record, allocated ahead so that linking it cannot fail. */
 struct lease__key;
 int lease__key_new(const char *key, size_t len, struct lease__key **out) MC_MUST_CHECK;

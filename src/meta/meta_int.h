@@ -1,13 +1,20 @@
 /*
  * meta_int: what the files of the meta node share — the node itself, the
- * requests in flight, the state machine's apply functions, the peer
- * transport and the etcd services. Nothing outside src/meta includes it.
+ * requests in flight, the peer transport and the etcd services. The
+ * state machine and the etcd vocabulary it speaks are in sm.h. Nothing
+ * outside src/meta includes it.
  *
- *   node.c       the Raft driver: ready loop, persistence, apply, reads,
- *                proposals, timers, snapshots, recovery, stop
+ *   node.c       the node's life: options, start, metrics, health, stop
+ *   boot.c       identity and first state: recover, found, join
+ *   ready.c      the driver: the turn around the Raft core (feed, ready,
+ *                persist, send, apply, advance), the tick, transport inputs
+ *   req.c        client requests: lifecycle, dispatch, proposals, forwarding
+ *   read.c       linearizable read rounds (ReadIndex)
+ *   member.c     membership changes, publishing, peers from the member table
+ *   snapshot.c   taking this member's snapshots, compacting the log behind
  *   worker.c     the disk thread (WAL and snapshot files)
- *   sm.c         the state machine: entries applied to the MVCC store,
- *                leases, members and alarms; snapshot encoding
+ *   sm.c         the state machine (sm.h): entries applied to the MVCC
+ *                store, leases, members and alarms; snapshot encoding
  *   conv.c       etcd protobuf messages <-> mvcc structs, errors, arena
  *   peer.c       mooncake.raft.Raft: messages, snapshots, Forward, Members
  *   svc.c        etcdserverpb.KV, Lease, Cluster, Maintenance
@@ -23,128 +30,15 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "etcd_rpc.pb-c.h"
-#include "meta.pb-c.h"
-#include "raft.pb-c.h"
-#include "meta/bolt.h"
-#include "meta/lease.h"
 #include "meta/meta.h"
-#include "meta/mvcc.h"
 #include "meta/raft/raft.h"
+#include "meta/sm.h"
 #include "meta/snap.h"
 #include "meta/wal.h"
 #include "meta/watch.h"
 #include "rpc/rpc.h"
 
 struct metric;
-
-/* ------------------------------------------------------------- errors */
-/*
- * The etcd server errors the node answers with besides the state
- * machine's (MVCC_E*): code, gRPC status, etcd's message. The range
- * -950.. is used by no errno, MC_E* or MVCC_E*.
- */
-#define META_ERRORS(X)                                                         \
-	X(META_ENO_LEADER, -950, RPC_UNAVAILABLE, "etcdserver: no leader")     \
-	X(META_ENOT_LEADER, -951, RPC_FAILED_PRECONDITION,                    \
-	  "etcdserver: not leader")                                            \
-	X(META_ELEADER_CHANGED, -952, RPC_UNAVAILABLE,                         \
-	  "etcdserver: leader changed")                                        \
-	X(META_ETIMEOUT, -953, RPC_UNAVAILABLE, "etcdserver: request timed out") \
-	X(META_ESTOPPED, -954, RPC_UNAVAILABLE, "etcdserver: server stopped")  \
-	X(META_ETOO_LARGE, -955, RPC_INVALID_ARGUMENT,                         \
-	  "etcdserver: request is too large")                                  \
-	X(META_ENOSPACE, -956, RPC_RESOURCE_EXHAUSTED,                         \
-	  "etcdserver: mvcc: database space exceeded")                         \
-	X(META_EMEMBER_NOT_FOUND, -957, RPC_NOT_FOUND,                         \
-	  "etcdserver: member not found")                                      \
-	X(META_EMEMBER_EXISTS, -958, RPC_FAILED_PRECONDITION,                  \
-	  "etcdserver: member ID already exist")                               \
-	X(META_EPEER_URL_EXISTS, -959, RPC_FAILED_PRECONDITION,                \
-	  "etcdserver: Peer URLs already exists")                              \
-	X(META_ENOT_LEARNER, -960, RPC_FAILED_PRECONDITION,                    \
-	  "etcdserver: can only promote a learner member")                     \
-	X(META_ELEARNER_NOT_READY, -961, RPC_FAILED_PRECONDITION,              \
-	  "etcdserver: can only promote a learner member which is in sync "    \
-	  "with leader")                                                       \
-	X(META_ENOT_ENOUGH_STARTED, -962, RPC_FAILED_PRECONDITION,             \
-	  "etcdserver: re-configuration failed due to not enough started "     \
-	  "members")                                                           \
-	X(META_EBAD_URLS, -963, RPC_INVALID_ARGUMENT,                          \
-	  "etcdserver: given member URLs are invalid")                         \
-	X(META_ENOT_CAPABLE, -964, RPC_UNAVAILABLE, "etcdserver: not capable") \
-	X(META_ETIMEOUT_LEADER_FAIL, -965, RPC_UNAVAILABLE,                    \
-	  "etcdserver: request timed out, possibly due to previous leader "    \
-	  "failure")                                                           \
-	X(META_ETIMEOUT_CONN_LOST, -966, RPC_UNAVAILABLE,                      \
-	  "etcdserver: request timed out, possibly due to connection lost")    \
-	X(META_EBAD_LEADER_TRANSFEREE, -967, RPC_FAILED_PRECONDITION,          \
-	  "etcdserver: bad leader transferee")                                 \
-	X(META_ETOO_MANY_LEARNERS, -968, RPC_FAILED_PRECONDITION,              \
-	  "etcdserver: too many learner members in cluster")                   \
-	X(META_ETIMEOUT_LEADER_TRANSFER, -969, RPC_UNKNOWN,                    \
-	  "etcdserver: request timed out, leader transfer took too long")
-
-/* etcd's limit on learners (membership.maxLearners). */
-#define META_MAX_LEARNERS 1
-/* What etcd's gRPC server takes beyond --max-request-bytes
- * (v3rpc.grpcOverheadBytes). */
-#define META_GRPC_OVERHEAD_BYTES (512u * 1024u)
-
-enum meta__err {
-#define META__ERR_ENUM(name, value, status, text) name = value,
-	META_ERRORS(META__ERR_ENUM)
-#undef META__ERR_ENUM
-};
-
-/* The gRPC status and message a client gets for an error code (META_E*,
- * MVCC_E*, MC_E*, negative errno). */
-void meta__status_of(int code, int *status, const char **message);
-/* Text of any code above (for logs). */
-const char *meta__strerror(int code);
-
-/* ------------------------------------------------------------- arena */
-
-/* A bump allocator for building response messages; freed at once. */
-struct meta__arena {
-	struct meta__ablk *head;
-};
-/* n zeroed bytes; NULL when out of memory. */
-void *meta__alloc(struct meta__arena *a, size_t n);
-void meta__arena_free(struct meta__arena *a);
-
-/* ------------------------------------------------------------- methods */
-
-enum meta__method {
-	META_M_RANGE,
-	META_M_PUT,
-	META_M_DELETE_RANGE,
-	META_M_TXN,
-	META_M_COMPACT,
-	META_M_LEASE_GRANT,
-	META_M_LEASE_REVOKE,
-	META_M_LEASE_KEEPALIVE,
-	META_M_LEASE_TTL,
-	META_M_LEASE_LEASES,
-	META_M_MEMBER_ADD,
-	META_M_MEMBER_REMOVE,
-	META_M_MEMBER_UPDATE,
-	META_M_MEMBER_LIST,
-	META_M_MEMBER_PROMOTE,
-	META_M_ALARM,
-	META_M_STATUS,
-	META_M_MOVE_LEADER,
-	META_M_PUBLISH, /* a member's name and client URL (internal) */
-	META_M__COUNT
-};
-
-struct meta__method_def {
-	const char *name; /* etcd's method name ("Range") */
-	const ProtobufCMessageDescriptor *req, *resp;
-};
-extern const struct meta__method_def meta__methods[META_M__COUNT];
-/* The method with that name, or -1. */
-int meta__method_by_name(const char *name);
 
 /* ------------------------------------------------------------- requests */
 
@@ -225,16 +119,6 @@ void meta__op_fail(struct meta__op *op, int code);
 void meta__oplist_push(struct meta__oplist *l, struct meta__op *op);
 void meta__oplist_remove(struct meta__op *op);
 
-/* ------------------------------------------------------------- members */
-
-struct meta__member {
-	uint64_t id;
-	char *name;        /* "" until published */
-	char *peer_url;    /* "http://host:port" */
-	char *client_url;  /* "" until published */
-	bool learner;
-};
-
 /* ------------------------------------------------------------- transport */
 
 struct meta__snap_tx;
@@ -278,7 +162,7 @@ struct meta_node {
 	char *name, *initial_cluster, *listen_peer, *listen_client;
 	char *dir, *wal_dir, *snap_dir, *member_path;
 	char *self_peer_url, *self_client_url; /* http://host:port */
-	uint64_t id, cluster_id;
+	uint64_t id; /* this member's; the cluster's is sm.cluster_id */
 	uint64_t request_timeout_ms;
 	bool running;  /* the Raft core exists and is driven */
 	bool stopping; /* meta_node_stop ran */
@@ -292,14 +176,8 @@ struct meta_node {
 	struct meta__worker *disk;
 
 	/* state machine */
-	struct mvcc_store *store;
+	struct meta__sm sm;
 	struct watch_registry *watch;
-	struct meta__member *members;
-	size_t n_members;
-	uint64_t *removed;
-	size_t n_removed;
-	Etcdserverpb__AlarmMember *alarms; /* member_id, alarm */
-	size_t n_alarms;
 	uint64_t applied, applied_term;
 	uint64_t snap_index;     /* newest durable snapshot */
 	uint64_t commit;
@@ -389,35 +267,125 @@ struct meta_node {
 	struct metric *m_snap_sent, *m_snap_recv, *m_forwarded;
 };
 
+/* A member ID fits 53 bits: exact in a float gauge (the leader_id metric). */
+#define META_MEMBER_ID_MASK ((UINT64_C(1) << 53) - 1)
+/* Snapshot files kept (the WAL is kept from the oldest). */
+#define META_SNAPSHOTS_KEPT 2
+
+/* ---- node.c: the node's life */
+
 /* Loop time in ms. */
 uint64_t meta__now(const struct meta_node *n);
-/* Wake the driver (it runs from an idle callback). */
-void meta__kick(struct meta_node *n);
-/* An unrecoverable error: log it and tell the role. */
-void meta__fatal(struct meta_node *n, int code, const char *what);
-/* After disk work completed: finish a stop waiting for it. */
-void meta__check_stopped(struct meta_node *n);
 bool meta__is_leader(const struct meta_node *n);
-
+/* The state machine's inputs now: loop time and term. */
+struct meta__sm_in meta__sm_in(const struct meta_node *n);
 /* A ResponseHeader for now (revision: the store's), in arena a. */
 Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n,
 					   struct meta__arena *a);
+/* An unrecoverable error: log it and tell the role. */
+void meta__fatal(struct meta_node *n, int code, const char *what);
+/* A malloc'd formatted string, NULL when out of memory. */
+char *meta__printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Start driving the Raft core (after bootstrap, or once joined). */
+void meta__start_running(struct meta_node *n);
+/* The etcd services' and the peer service's health. Errors: rpc_health_set's. */
+int meta__set_health(struct meta_node *n, enum rpc_health_status st) MC_MUST_CHECK;
+void meta__update_metrics(struct meta_node *n);
+/* Stopping, past the leadership transfer: fail what waits, end streams. */
+void meta__finish_stop(struct meta_node *n);
+/* After disk work completed: finish a stop waiting for it. */
+void meta__check_stopped(struct meta_node *n);
+
+/* ---- boot.c: this member's identity and first state */
+
+/* Recover from the data directory, found a new cluster from
+ * --initial-cluster, or (*join set) check --initial-cluster for a join
+ * that meta__peer_join then performs. Errors: MC_ECONFIG, -EBADMSG (bad
+ * files), -ENOMEM, the WAL's and the Raft core's. */
+int meta__boot(struct meta_node *n, bool *join) MC_MUST_CHECK;
+
+/* ---- ready.c: the turn */
+
+/* Wake the driver (it runs from an idle callback). */
+void meta__kick(struct meta_node *n);
+/* The heartbeat tick: Raft ticks, request deadlines, lease expiry. */
+void meta__on_tick(uv_timer_t *t);
+/* Inputs from the transport. m is borrowed (copied if queued); q is
+ * taken (freed or queued). */
+void meta__step(struct meta_node *n, const struct raft_msg *m);
+void meta__step_owned(struct meta_node *n, struct meta__qmsg *q);
+void meta__report_unreachable(struct meta_node *n, uint64_t id);
+void meta__report_snapshot(struct meta_node *n, uint64_t id, bool ok);
+/* After an entry was applied: act on what it changed (reach new or moved
+ * peers, stop when this member was removed) and log it. */
+void meta__sm_effects_done(struct meta_node *n, const struct meta__sm_effects *fx);
+
+/* ---- req.c: requests */
+
+/* Answer op from a reply of the state machine. */
+void meta__op_reply(struct meta__op *op, struct meta__reply *r);
+/* Fail every op of l with code. */
+void meta__fail_list(struct meta__oplist *l, int code);
+/* Insert a proposal waiter keeping the list sorted by index. */
+void meta__waiters_insert(struct meta__oplist *l, struct meta__op *op);
+/* Propose op's entry (op->ent) now, or queue it while a ready is out. */
+void meta__propose(struct meta_node *n, struct meta__op *op);
+/* Propose an internal request (alarm, lease revoke, member attributes)
+ * with no one waiting for its answer. */
+void meta__propose_internal(struct meta_node *n, enum meta__method m,
+			    const ProtobufCMessage *req);
+/* A grant whose chosen ID another grant took meanwhile: choose again and
+ * resubmit (true), or let code be the answer (false). */
+bool meta__retry_lease_grant(struct meta_node *n, struct meta__op *op, int code);
+/* Serve a local read (serializable, or at its read index) at once. */
+void meta__serve_local(struct meta_node *n, struct meta__op *op);
+/* Run every op of list l again (leader known, an entry applied). */
+void meta__rerun(struct meta_node *n, struct meta__oplist *l);
+/* Fail the requests past their deadline. */
+void meta__req_sweep(struct meta_node *n);
+/* Park a request until a leader is known. */
+void meta__wait_leader(struct meta_node *n, struct meta__op *op);
+
+/* ---- read.c: linearizable read rounds */
+
+/* Start a round for the reads queued, unless one is in flight. */
+void meta__read_round(struct meta_node *n);
+/* The round in flight is lost: its reads go back to the queue. */
+void meta__read_retry(struct meta_node *n);
+/* Answer the reads whose read index is applied. */
+void meta__read_serve(struct meta_node *n);
+/* A ReadIndex answer from the core. */
+void meta__read_state(struct meta_node *n, const struct raft_read_state *rs);
+/* On each tick: retry a round that took an election timeout. */
+void meta__read_tick(struct meta_node *n);
+
+/* ---- member.c: membership */
+
+/* "http://host:port" with a numeric host (malloc'd), or NULL. */
+char *meta__normalize_url(const char *url);
+/* Propose a MemberAdd, MemberRemove or MemberPromote (leader). */
+void meta__propose_conf(struct meta_node *n, struct meta__op *op);
+/* Publish this member's name and client URL until it is in the table. */
+void meta__maybe_publish(struct meta_node *n);
+/* The member table changed (an entry, a snapshot): reach every other
+ * member at its peer URL and note whether ours is published. */
+void meta__sync_members(struct meta_node *n);
+/* Peers named in conf change entries about to be persisted become known
+ * to the transport at once (the change is in force when appended). */
+void meta__learn_peers(struct meta_node *n, const struct raft_entry *e, size_t k);
+
+/* ---- snapshot.c */
+
+/* Take a snapshot when --snapshot-count entries were applied since the last. */
+void meta__maybe_snapshot(struct meta_node *n);
+
+/* ---- conv.c */
+
 /* Set this member's cluster_id, member_id and raft_term in every
  * ResponseHeader of m, nested ones included, keeping their revisions: an
  * answer relayed from the leader then names the member the client asked,
  * as etcd's does. Headers m lacks stay absent. */
 void meta__stamp_headers(const struct meta_node *n, ProtobufCMessage *m);
-
-/* Inputs from the transport. m is borrowed (copied if queued); q is
- * taken (freed or queued). */
-void meta__step(struct meta_node *n, const struct raft_msg *m);
-void meta__step_owned(struct meta_node *n, struct meta__qmsg *q);
-/* Run a request again (its forward came back "not leader"). */
-void meta__resubmit(struct meta_node *n, struct meta__op *op);
-/* Park a request until a leader is known. */
-void meta__wait_leader(struct meta_node *n, struct meta__op *op);
-void meta__report_unreachable(struct meta_node *n, uint64_t id);
-void meta__report_snapshot(struct meta_node *n, uint64_t id, bool ok);
 
 /* ------------------------------------------------------------- worker */
 
@@ -436,107 +404,12 @@ void meta__worker_submit(struct meta__worker *w, struct meta__job *j);
 void meta__worker_close(struct meta__worker *w);
 void meta__worker_free(struct meta__worker *w);
 
-/* ------------------------------------------------------------- sm.c */
+/* ------------------------------------------------------------- snapshots */
 
-/* What applying an entry answers the op that proposed it. */
-struct meta__reply {
-	int code; /* 0 or an error code (meta__status_of) */
-	ProtobufCMessage *resp;
-	struct meta__arena arena;
-	struct mvcc_result mres;
-	bool has_mres;
-};
-void meta__reply_free(struct meta__reply *r);
-
-/* Apply a committed entry. r (may be NULL) gets the answer for the op
- * that proposed it. Errors (fatal: the member would diverge): -ENOMEM,
- * -EBADMSG (an entry that does not decode). */
-int meta__apply_entry(struct meta_node *n, const struct raft_entry *e,
-		      struct meta__reply *r) MC_MUST_CHECK;
-
-/* Serve a read-only request (Range, read-only Txn, LeaseLeases,
- * MemberList, Status, Alarm GET) from the local state into r.
- * Returns 0 (r->code may hold the request's error) or -ENOMEM. */
-int meta__serve_read(struct meta_node *n, struct meta__op *op,
-		     struct meta__reply *r) MC_MUST_CHECK;
-/* Leader-local requests (LeaseKeepAlive, LeaseTimeToLive). Returns
- * -EAGAIN when the answer must wait for the next apply (an expired
- * lease's revoke is in flight). */
-int meta__serve_leader(struct meta_node *n, struct meta__op *op,
-		       struct meta__reply *r) MC_MUST_CHECK;
-
-/* The whole state (members, alarms, KV store) as snapshot data. */
-int meta__sm_snapshot(struct meta_node *n, uint8_t **data, size_t *len) MC_MUST_CHECK;
-/* Replace the state with snapshot data. Errors: -EBADMSG, -ENOMEM. */
-int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len) MC_MUST_CHECK;
-/* The options a store of this node is built with. */
-struct mvcc_options meta__sm_store_opts(const struct meta_node *n);
-/* Decode snapshot data (as meta__sm_snapshot makes it) into a private
- * store and member tables, call fn with them as the state of an etcd
- * backend whose consistent index is applied, then free them. Touches no
- * node, so it runs on any thread. Errors: -EBADMSG, -ENOMEM, what fn
- * returned. */
-int meta__sm_export(const uint8_t *data, size_t len, const struct mvcc_options *mo,
-		    uint64_t applied, int (*fn)(void *ctx, const struct bolt_state *st),
-		    void *ctx) MC_MUST_CHECK;
-/* An empty store with the node's options. Errors: -ENOMEM. */
-int meta__sm_new_store(struct meta_node *n) MC_MUST_CHECK;
 /* Read a whole snapshot file's data (blocking: a worker's job). */
 int meta__snap_load(const char *path, uint8_t **data, size_t *len) MC_MUST_CHECK;
-/* Free the state machine (store, members, alarms). */
-void meta__sm_free(struct meta_node *n);
-/* The voters/learners of the applied member table, as a ConfState
- * (serialized, malloc'd). */
-int meta__conf_bytes(const struct meta_node *n, uint8_t **out, size_t *len) MC_MUST_CHECK;
-/* Decode a ConfState (arrays malloc'd, sorted). */
-int meta__conf_parse(const uint8_t *data, size_t len,
-		     struct raft_conf_state *cs) MC_MUST_CHECK;
-void meta__conf_state_free(struct raft_conf_state *cs);
-
-const struct meta__member *meta__member_find(const struct meta_node *n, uint64_t id);
-bool meta__is_removed(const struct meta_node *n, uint64_t id);
-/* The member list as etcd Members, in arena a (NULL on OOM). */
-Etcdserverpb__Member **meta__members_pb(const struct meta_node *n,
-					struct meta__arena *a, size_t *count);
-bool meta__alarm_active(const struct meta_node *n, int alarm);
-/* Whether a write request must be refused for the quota: the NOSPACE
- * alarm is on or the write would pass --quota-bytes. */
-bool meta__over_quota(const struct meta_node *n, enum meta__method m,
-		      size_t req_len);
 
 /* ------------------------------------------------------------- conv.c */
-
-/*
- * The log entry of a write: a mooncake.meta.Request whose oneof field for
- * method m holds the serialized etcd request (req, len) — a tag, a
- * length, then the bytes as they are, so nothing is re-encoded. *out is
- * malloc'd. Errors: -EINVAL (m is not a logged write), -ENOMEM.
- */
-int meta__wrap_request(enum meta__method m, const uint8_t *req, size_t len,
-		       uint8_t **out, size_t *out_len) MC_MUST_CHECK;
-
-/* etcd request -> mvcc op, borrowing the message's bytes; nested arrays
- * in arena a. Errors: -ENOMEM, -EINVAL. */
-int meta__op_from_range(const Etcdserverpb__RangeRequest *r, struct mvcc_op *op);
-int meta__op_from_put(const Etcdserverpb__PutRequest *r, struct mvcc_op *op);
-int meta__op_from_delete(const Etcdserverpb__DeleteRangeRequest *r,
-			 struct mvcc_op *op);
-int meta__op_from_txn(const Etcdserverpb__TxnRequest *r, struct mvcc_op *op,
-		      struct meta__arena *a) MC_MUST_CHECK;
-/* Does this txn write (a put or delete anywhere, nested included)?
- * with_put: only puts count. */
-bool meta__txn_writes(const Etcdserverpb__TxnRequest *r, bool put_only);
-bool meta__txn_serializable(const Etcdserverpb__TxnRequest *r);
-
-/* mvcc response -> etcd message in arena a (bytes borrowed from the
- * result). h is the response's header; each nested response of a txn
- * gets a copy with the revision etcd gives that op. NULL when out of
- * memory. */
-Mvccpb__KeyValue *meta__kv_pb(const struct mvcc_kv *kv, struct meta__arena *a);
-ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
-				Etcdserverpb__ResponseHeader *h,
-				struct meta__arena *a);
-Mvccpb__Event *meta__event_pb(const struct mvcc_event *ev, struct meta__arena *a);
 
 /* Raft message <-> protobuf. to_pb: pointers borrowed from m; arrays in
  * arena a. from_pb: a queued deep copy (malloc, free()). */

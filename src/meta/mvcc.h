@@ -469,49 +469,8 @@ int mvcc_restore(const struct mvcc_options *opts, const void *data,
 		 size_t len, struct mvcc_store **out) MC_MUST_CHECK;
 
 /* ------------------------------------------------------------- private */
-/*
- * Shared by mvcc, lease and watch only; no other subsystem uses these.
- *
- * mvcc__tree: an intrusive AVL tree. The owner embeds a struct mvcc__tnode
- * in its objects and supplies cmp(key, node) (<0, 0, >0) and optionally
- * aug(node), called whenever a node's children change so that augmented
- * subtree data (the watch interval tree) stays right. The tree allocates
- * nothing; removal returns the node to its owner.
- */
-struct mvcc__tnode {
-	struct mvcc__tnode *child[2];
-	int height;
-};
-typedef int (*mvcc__tcmp_fn)(const void *key, const struct mvcc__tnode *n);
-typedef void (*mvcc__taug_fn)(struct mvcc__tnode *n);
-struct mvcc__tree {
-	struct mvcc__tnode *root;
-	size_t count;
-	mvcc__tcmp_fn cmp;
-	mvcc__taug_fn aug;
-};
-#define MVCC__TREE_MAX_DEPTH 96
-struct mvcc__titer {
-	struct mvcc__tnode *stk[MVCC__TREE_MAX_DEPTH];
-	int depth;
-};
-
-void mvcc__tree_init(struct mvcc__tree *t, mvcc__tcmp_fn cmp, mvcc__taug_fn aug);
-struct mvcc__tnode *mvcc__tree_find(const struct mvcc__tree *t, const void *key);
-/* Link n under key; returns the node already there (n not linked) or NULL. */
-struct mvcc__tnode *mvcc__tree_insert(struct mvcc__tree *t, const void *key,
-				      struct mvcc__tnode *n);
-/* Unlink and return the node with key, or NULL. */
-struct mvcc__tnode *mvcc__tree_remove(struct mvcc__tree *t, const void *key);
-/* In-order iteration; the tree must not change meanwhile. seek: first node
- * with key >= key (key NULL: the first node). */
-struct mvcc__tnode *mvcc__titer_seek(struct mvcc__titer *it,
-				     const struct mvcc__tree *t, const void *key);
-struct mvcc__tnode *mvcc__titer_next(struct mvcc__titer *it);
-
-/* Byte-string comparison in etcd's order (bytes.Compare). */
+/* Shared by mvcc, lease and watch only; no other subsystem uses it.
+ * Byte-string comparison in etcd's order (bytes.Compare). */
 int mvcc__bytes_cmp(const void *a, size_t alen, const void *b, size_t blen);
-/* CRC-32C (Castagnoli), continuing from crc (0 to start). */
-uint32_t mvcc__crc32c(uint32_t crc, const void *data, size_t len);
 
 #endif

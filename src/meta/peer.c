@@ -224,7 +224,7 @@ static void send_batch(struct meta_node *n, struct meta__peer *p, const struct r
 	for (size_t i = 0; i < k; i++)
 		if (!(v[i] = meta__msg_to_pb(&msgs[idx[i]], &a)))
 			goto out;
-	b.cluster_id = n->cluster_id;
+	b.cluster_id = n->sm.cluster_id;
 	b.msgs = v;
 	b.n_msgs = k;
 	rc = rpc_stream_send(p->msgs, &b.base);
@@ -330,10 +330,10 @@ static bool cluster_ok(struct meta_node *n, uint64_t cluster_id, struct meta__pc
 			pcall_end(pc, RPC_UNAVAILABLE, "member not running");
 		return false;
 	}
-	if (cluster_id == n->cluster_id)
+	if (cluster_id == n->sm.cluster_id)
 		return true;
 	log_warn("refused peer traffic from %s: cluster ID %016" PRIx64 ", ours is %016" PRIx64,
-		 pc ? rpc_call_peer(pc->call) : "?", cluster_id, n->cluster_id);
+		 pc ? rpc_call_peer(pc->call) : "?", cluster_id, n->sm.cluster_id);
 	if (pc)
 		pcall_end(pc, RPC_FAILED_PRECONDITION, "cluster ID mismatch");
 	return false;
@@ -358,7 +358,7 @@ static void msgs_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 		const Mooncake__Raft__Message *pm = b->msgs[i];
 		if (pm->type == RAFT_MSG_SNAP)
 			continue; /* snapshots come with their data only */
-		if (meta__is_removed(n, pm->from)) {
+		if (meta__is_removed(&n->sm, pm->from)) {
 			pcall_end(pc, RPC_PERMISSION_DENIED, "member removed from the cluster");
 			return;
 		}
@@ -510,7 +510,7 @@ static void snap_tx_pump(struct meta__snap_tx *tx)
 		if (chunk > SNAP_CHUNK_BYTES)
 			chunk = SNAP_CHUNK_BYTES;
 		mooncake__raft__snapshot_chunk__init(&c);
-		c.cluster_id = n->cluster_id;
+		c.cluster_id = n->sm.cluster_id;
 		c.offset = tx->sent;
 		c.data.data = tx->data + tx->sent;
 		c.data.len = chunk;
@@ -723,7 +723,7 @@ void meta__peer_forward(struct meta_node *n, struct meta__op *op)
 		meta__wait_leader(n, op);
 		return;
 	}
-	q.cluster_id = n->cluster_id;
+	q.cluster_id = n->sm.cluster_id;
 	q.from = n->id;
 	q.method = (char *)meta__methods[op->method].name;
 	q.request.data = op->req;
@@ -769,7 +769,7 @@ static void fwd_on_message(struct rpc_call *call, const ProtobufCMessage *msg)
 	struct meta_node *n = svc_node(call);
 	int m = meta__method_by_name(q->method);
 
-	if (q->cluster_id != n->cluster_id) {
+	if (q->cluster_id != n->sm.cluster_id) {
 		rpc_call_finish(call, RPC_FAILED_PRECONDITION, "cluster ID mismatch");
 		return;
 	}
@@ -822,16 +822,16 @@ static void members_on_message(struct rpc_call *call, const ProtobufCMessage *ms
 		rpc_call_finish(call, RPC_UNAVAILABLE, "member not running");
 		return;
 	}
-	blk = calloc(n->n_members + 1, sizeof(*blk));
-	v = calloc(n->n_members + 1, sizeof(*v));
+	blk = calloc(n->sm.n_members + 1, sizeof(*blk));
+	v = calloc(n->sm.n_members + 1, sizeof(*v));
 	if (!blk || !v) {
 		free(blk);
 		free(v);
 		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
 		return;
 	}
-	for (size_t i = 0; i < n->n_members; i++) {
-		struct meta__member *m = &n->members[i];
+	for (size_t i = 0; i < n->sm.n_members; i++) {
+		struct meta__member *m = &n->sm.members[i];
 		mooncake__meta__member__init(&blk[i]);
 		blk[i].id = m->id;
 		blk[i].name = m->name;
@@ -842,9 +842,9 @@ static void members_on_message(struct rpc_call *call, const ProtobufCMessage *ms
 		blk[i].n_client_urls = *m->client_url ? 1 : 0;
 		v[i] = &blk[i];
 	}
-	resp.cluster_id = n->cluster_id;
+	resp.cluster_id = n->sm.cluster_id;
 	resp.members = v;
-	resp.n_members = n->n_members;
+	resp.n_members = n->sm.n_members;
 	resp.leader = n->leader;
 	int rc = rpc_call_send(call, &resp.base);
 	free(blk);
@@ -959,7 +959,7 @@ static void probe_answer(void *ud, int status, const char *message,
 	n->probing = false;
 	if (status != RPC_OK || n->fatal || n->finishing)
 		return;
-	if (r->cluster_id != n->cluster_id)
+	if (r->cluster_id != n->sm.cluster_id)
 		return;
 	for (size_t i = 0; i < r->n_members; i++)
 		if (r->members[i]->id == n->id)

@@ -1,18 +1,16 @@
 /*
- * sm: the meta node's state machine — what a committed entry does, on
- * every member alike: KV writes, compaction, lease grants and revokes go
- * to the MVCC store and its lease table (mvcc.h, lease.h); membership
- * changes, published member attributes and alarms go to the member and
- * alarm tables kept here. Applying is deterministic: the same entries in
- * the same order give the same state and the same answers everywhere, so
- * a failure that would make one member differ (out of memory, an entry
- * that does not decode) is fatal.
+ * sm: the meta state machine (see sm.h for the model) — what a committed
+ * entry does, on every member alike: KV writes, compaction, lease grants
+ * and revokes go to the MVCC store and its lease table (mvcc.h, lease.h);
+ * membership changes, published member attributes and alarms go to the
+ * member and alarm tables kept here. The same entries in the same order
+ * give the same state and the same answers everywhere, so a failure that
+ * would make one member differ (out of memory, an entry that does not
+ * decode) is fatal to the caller.
  *
  * Also here: serving reads from the applied state, the leader-local lease
- * calls, and the snapshot of the whole state:
- *
- *   u32 header length (little-endian) | mooncake.meta.SnapshotHeader |
- *   the MVCC store's snapshot (mvcc.h)
+ * calls, and the snapshot of the whole state (format in sm.h). Nothing
+ * here logs: what changed goes back as effects, and the driver reports it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,14 +18,9 @@
 #include <string.h>
 
 #include "common/buf.h"
-#include "common/log.h"
+#include "common/endian.h"
 #include "common/util.h"
-#include "meta/meta_int.h"
-
-#define LOG_SUBSYS LOGS_META
-
-/* Tags of mooncake.meta.Request's oneof fields that compare with etcd
- * messages (the request is the wrapped etcd message as is). */
+#include "meta/sm.h"
 
 /* ------------------------------------------------------------- replies */
 
@@ -41,33 +34,34 @@ void meta__reply_free(struct meta__reply *r)
 	memset(r, 0, sizeof(*r));
 }
 
-Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n, struct meta__arena *a)
+Etcdserverpb__ResponseHeader *meta__sm_header(const struct meta__sm *sm, uint64_t term,
+					      struct meta__arena *a)
 {
 	Etcdserverpb__ResponseHeader *h = meta__alloc(a, sizeof(*h));
 	if (!h)
 		return NULL;
 	etcdserverpb__response_header__init(h);
-	h->cluster_id = n->cluster_id;
-	h->member_id = n->id;
-	h->revision = n->store ? mvcc_rev(n->store) : 0;
-	h->raft_term = n->term;
+	h->cluster_id = sm->cluster_id;
+	h->member_id = sm->member_id;
+	h->revision = sm->store ? mvcc_rev(sm->store) : 0;
+	h->raft_term = term;
 	return h;
 }
 
 /* ------------------------------------------------------------- members */
 
-const struct meta__member *meta__member_find(const struct meta_node *n, uint64_t id)
+const struct meta__member *meta__member_find(const struct meta__sm *sm, uint64_t id)
 {
-	for (size_t i = 0; i < n->n_members; i++)
-		if (n->members[i].id == id)
-			return &n->members[i];
+	for (size_t i = 0; i < sm->n_members; i++)
+		if (sm->members[i].id == id)
+			return &sm->members[i];
 	return NULL;
 }
 
-bool meta__is_removed(const struct meta_node *n, uint64_t id)
+bool meta__is_removed(const struct meta__sm *sm, uint64_t id)
 {
-	for (size_t i = 0; i < n->n_removed; i++)
-		if (n->removed[i] == id)
+	for (size_t i = 0; i < sm->n_removed; i++)
+		if (sm->removed[i] == id)
 			return true;
 	return false;
 }
@@ -98,23 +92,23 @@ static int set_str(char **dst, const char *src)
 }
 
 /* Insert or update a member (kept sorted by ID). */
-static int member_put(struct meta_node *n, uint64_t id, const char *name,
+static int member_put(struct meta__sm *sm, uint64_t id, const char *name,
 		      const char *peer_url, const char *client_url, bool learner)
 {
-	struct meta__member *m = (struct meta__member *)meta__member_find(n, id);
+	struct meta__member *m = (struct meta__member *)meta__member_find(sm, id);
 	int rc;
 
 	if (!m) {
-		struct meta__member *v = realloc(n->members, (n->n_members + 1) * sizeof(*v));
+		struct meta__member *v = realloc(sm->members, (sm->n_members + 1) * sizeof(*v));
 		if (!v)
 			return -ENOMEM;
-		n->members = v;
+		sm->members = v;
 		size_t at = 0;
-		while (at < n->n_members && v[at].id < id)
+		while (at < sm->n_members && v[at].id < id)
 			at++;
-		memmove(&v[at + 1], &v[at], (n->n_members - at) * sizeof(*v));
+		memmove(&v[at + 1], &v[at], (sm->n_members - at) * sizeof(*v));
 		memset(&v[at], 0, sizeof(*v));
-		n->n_members++;
+		sm->n_members++;
 		m = &v[at];
 		m->id = id;
 		if ((rc = set_str(&m->name, "")) || (rc = set_str(&m->peer_url, "")) ||
@@ -131,41 +125,41 @@ static int member_put(struct meta_node *n, uint64_t id, const char *name,
 	return 0;
 }
 
-static void member_del(struct meta_node *n, uint64_t id)
+static void member_del(struct meta__sm *sm, uint64_t id)
 {
-	for (size_t i = 0; i < n->n_members; i++) {
-		if (n->members[i].id != id)
+	for (size_t i = 0; i < sm->n_members; i++) {
+		if (sm->members[i].id != id)
 			continue;
-		member_clear(&n->members[i]);
-		memmove(&n->members[i], &n->members[i + 1],
-			(n->n_members - i - 1) * sizeof(*n->members));
-		n->n_members--;
+		member_clear(&sm->members[i]);
+		memmove(&sm->members[i], &sm->members[i + 1],
+			(sm->n_members - i - 1) * sizeof(*sm->members));
+		sm->n_members--;
 		return;
 	}
 }
 
-static int removed_add(struct meta_node *n, uint64_t id)
+static int removed_add(struct meta__sm *sm, uint64_t id)
 {
-	if (meta__is_removed(n, id))
+	if (meta__is_removed(sm, id))
 		return 0;
-	uint64_t *v = realloc(n->removed, (n->n_removed + 1) * sizeof(*v));
+	uint64_t *v = realloc(sm->removed, (sm->n_removed + 1) * sizeof(*v));
 	if (!v)
 		return -ENOMEM;
-	v[n->n_removed++] = id;
-	n->removed = v;
+	v[sm->n_removed++] = id;
+	sm->removed = v;
 	return 0;
 }
 
-Etcdserverpb__Member **meta__members_pb(const struct meta_node *n,
+Etcdserverpb__Member **meta__members_pb(const struct meta__sm *sm,
 					struct meta__arena *a, size_t *count)
 {
-	size_t k = n->n_members;
+	size_t k = sm->n_members;
 	Etcdserverpb__Member **v = meta__alloc(a, (k ? k : 1) * sizeof(*v));
 	Etcdserverpb__Member *blk = meta__alloc(a, (k ? k : 1) * sizeof(*blk));
 	if (!v || !blk)
 		return NULL;
 	for (size_t i = 0; i < k; i++) {
-		const struct meta__member *m = &n->members[i];
+		const struct meta__member *m = &sm->members[i];
 		Etcdserverpb__Member *p = &blk[i];
 		etcdserverpb__member__init(p);
 		p->id = m->id;
@@ -197,14 +191,14 @@ Etcdserverpb__Member **meta__members_pb(const struct meta_node *n,
  * Promote, Update and Add (whose `member` the caller sets). Returns the
  * message, or NULL with r->code set when out of memory.
  */
-static ProtobufCMessage *members_reply(struct meta_node *n, struct meta__reply *r,
-				       const ProtobufCMessageDescriptor *d)
+static ProtobufCMessage *members_reply(struct meta__sm *sm, const struct meta__sm_in *in,
+				       struct meta__reply *r, const ProtobufCMessageDescriptor *d)
 {
 	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "members");
 	ProtobufCMessage *p = meta__alloc(&r->arena, d->sizeof_message);
-	Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
+	Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
 	size_t k = 0;
-	Etcdserverpb__Member **ms = meta__members_pb(n, &r->arena, &k);
+	Etcdserverpb__Member **ms = meta__members_pb(sm, &r->arena, &k);
 
 	if (!p || !h || !ms || !f) {
 		r->code = -ENOMEM;
@@ -218,20 +212,20 @@ static ProtobufCMessage *members_reply(struct meta_node *n, struct meta__reply *
 	return p;
 }
 
-int meta__conf_bytes(const struct meta_node *n, uint8_t **out, size_t *len)
+int meta__conf_bytes(const struct meta__sm *sm, uint8_t **out, size_t *len)
 {
-	uint64_t *voters = calloc(n->n_members + 1, sizeof(uint64_t));
-	uint64_t *learners = calloc(n->n_members + 1, sizeof(uint64_t));
+	uint64_t *voters = calloc(sm->n_members + 1, sizeof(uint64_t));
+	uint64_t *learners = calloc(sm->n_members + 1, sizeof(uint64_t));
 	Mooncake__Raft__ConfState cs = MOONCAKE__RAFT__CONF_STATE__INIT;
 	int rc = -ENOMEM;
 
 	if (!voters || !learners)
 		goto out;
-	for (size_t i = 0; i < n->n_members; i++) {
-		if (n->members[i].learner)
-			learners[cs.n_learners++] = n->members[i].id;
+	for (size_t i = 0; i < sm->n_members; i++) {
+		if (sm->members[i].learner)
+			learners[cs.n_learners++] = sm->members[i].id;
 		else
-			voters[cs.n_voters++] = n->members[i].id;
+			voters[cs.n_voters++] = sm->members[i].id;
 	}
 	cs.voters = voters;
 	cs.learners = learners;
@@ -292,21 +286,20 @@ void meta__conf_state_free(struct raft_conf_state *cs)
 
 /* ------------------------------------------------------------- alarms */
 
-bool meta__alarm_active(const struct meta_node *n, int alarm)
+bool meta__alarm_active(const struct meta__sm *sm, int alarm)
 {
-	for (size_t i = 0; i < n->n_alarms; i++)
-		if ((int)n->alarms[i].alarm == alarm)
+	for (size_t i = 0; i < sm->n_alarms; i++)
+		if ((int)sm->alarms[i].alarm == alarm)
 			return true;
 	return false;
 }
 
-bool meta__over_quota(const struct meta_node *n, enum meta__method m, size_t req_len)
+bool meta__over_quota(const struct meta__sm *sm, uint64_t quota_bytes, size_t req_len)
 {
-	(void)m;
-	if (meta__alarm_active(n, ETCDSERVERPB__ALARM_TYPE__NOSPACE))
+	if (meta__alarm_active(sm, ETCDSERVERPB__ALARM_TYPE__NOSPACE))
 		return true;
-	uint64_t size = mvcc_db_size_bytes(n->store);
-	return size + req_len + MVCC_VERSION_OVERHEAD_BYTES > n->o.quota_bytes;
+	uint64_t size = mvcc_db_size_bytes(sm->store);
+	return size + req_len + MVCC_VERSION_OVERHEAD_BYTES > quota_bytes;
 }
 
 static Etcdserverpb__AlarmMember **alarms_pb(const Etcdserverpb__AlarmMember *src, size_t k,
@@ -327,31 +320,30 @@ static Etcdserverpb__AlarmMember **alarms_pb(const Etcdserverpb__AlarmMember *sr
 
 /* Apply an AlarmRequest (ACTIVATE or DEACTIVATE); the response lists the
  * alarms that changed, like etcd's. */
-static int apply_alarm(struct meta_node *n, const Etcdserverpb__AlarmRequest *q,
-		       struct meta__reply *r)
+static int apply_alarm(struct meta__sm *sm, const struct meta__sm_in *in,
+		       const Etcdserverpb__AlarmRequest *q, struct meta__reply *r,
+		       struct meta__sm_effects *fx)
 {
 	Etcdserverpb__AlarmMember changed[8];
 	size_t n_changed = 0;
 
 	if (q->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE) {
 		bool have = false;
-		for (size_t i = 0; i < n->n_alarms; i++)
-			have |= n->alarms[i].memberid == q->memberid &&
-				n->alarms[i].alarm == q->alarm;
+		for (size_t i = 0; i < sm->n_alarms; i++)
+			have |= sm->alarms[i].memberid == q->memberid &&
+				sm->alarms[i].alarm == q->alarm;
 		if (!have && q->alarm != ETCDSERVERPB__ALARM_TYPE__NONE) {
 			Etcdserverpb__AlarmMember *v =
-				realloc(n->alarms, (n->n_alarms + 1) * sizeof(*v));
+				realloc(sm->alarms, (sm->n_alarms + 1) * sizeof(*v));
 			if (!v)
 				return -ENOMEM;
-			n->alarms = v;
-			etcdserverpb__alarm_member__init(&v[n->n_alarms]);
-			v[n->n_alarms].memberid = q->memberid;
-			v[n->n_alarms].alarm = q->alarm;
-			n->n_alarms++;
-			log_warn("alarm %s raised for member %016llx",
-				 q->alarm == ETCDSERVERPB__ALARM_TYPE__NOSPACE ? "NOSPACE"
-									   : "CORRUPT",
-				 (unsigned long long)q->memberid);
+			sm->alarms = v;
+			etcdserverpb__alarm_member__init(&v[sm->n_alarms]);
+			v[sm->n_alarms].memberid = q->memberid;
+			v[sm->n_alarms].alarm = q->alarm;
+			sm->n_alarms++;
+			fx->alarm_raised = q->alarm;
+			fx->alarm_member = q->memberid;
 		}
 		if (q->alarm != ETCDSERVERPB__ALARM_TYPE__NONE) {
 			etcdserverpb__alarm_member__init(&changed[0]);
@@ -360,8 +352,8 @@ static int apply_alarm(struct meta_node *n, const Etcdserverpb__AlarmRequest *q,
 			n_changed = 1;
 		}
 	} else if (q->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__DEACTIVATE) {
-		for (size_t i = 0; i < n->n_alarms;) {
-			Etcdserverpb__AlarmMember *am = &n->alarms[i];
+		for (size_t i = 0; i < sm->n_alarms;) {
+			Etcdserverpb__AlarmMember *am = &sm->alarms[i];
 			bool match = (q->memberid == 0 || am->memberid == q->memberid) &&
 				     (q->alarm == ETCDSERVERPB__ALARM_TYPE__NONE ||
 				      am->alarm == q->alarm);
@@ -371,12 +363,9 @@ static int apply_alarm(struct meta_node *n, const Etcdserverpb__AlarmRequest *q,
 			}
 			if (n_changed < MC_ARRAY_LEN(changed))
 				changed[n_changed++] = *am;
-			log_info("alarm %s cleared for member %016llx",
-				 am->alarm == ETCDSERVERPB__ALARM_TYPE__NOSPACE ? "NOSPACE"
-										: "CORRUPT",
-				 (unsigned long long)am->memberid);
-			memmove(am, am + 1, (n->n_alarms - i - 1) * sizeof(*am));
-			n->n_alarms--;
+			fx->alarms_cleared++;
+			memmove(am, am + 1, (sm->n_alarms - i - 1) * sizeof(*am));
+			sm->n_alarms--;
 		}
 	}
 	if (!r)
@@ -385,7 +374,7 @@ static int apply_alarm(struct meta_node *n, const Etcdserverpb__AlarmRequest *q,
 	if (!p)
 		goto nomem;
 	etcdserverpb__alarm_response__init(p);
-	if (!(p->header = meta__header(n, &r->arena)) ||
+	if (!(p->header = meta__sm_header(sm, in->term, &r->arena)) ||
 	    !(p->alarms = alarms_pb(changed, n_changed, &r->arena)))
 		goto nomem;
 	p->n_alarms = n_changed;
@@ -398,10 +387,11 @@ nomem:
 
 /* ------------------------------------------------------------- apply */
 
-static int kv_reply(struct meta_node *n, struct mvcc_op *op, struct meta__reply *r)
+static int kv_reply(struct meta__sm *sm, const struct meta__sm_in *in, struct mvcc_op *op,
+		    struct meta__reply *r)
 {
 	struct mvcc_result res;
-	int rc = mvcc_apply(n->store, op, &res);
+	int rc = mvcc_apply(sm->store, op, &res);
 
 	if (rc == -ENOMEM)
 		return rc; /* the store is unchanged here and changed elsewhere */
@@ -416,7 +406,7 @@ static int kv_reply(struct meta_node *n, struct mvcc_op *op, struct meta__reply 
 	}
 	r->mres = res;
 	r->has_mres = true;
-	Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
+	Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
 	if (h)
 		h->revision = res.revision;
 	if (!h || !(r->resp = meta__resp_pb(&r->mres.resp, h, &r->arena)))
@@ -425,8 +415,9 @@ static int kv_reply(struct meta_node *n, struct mvcc_op *op, struct meta__reply 
 }
 
 /* A reply holding only a header (CompactionResponse, LeaseRevokeResponse). */
-static void header_reply(struct meta_node *n, const ProtobufCMessageDescriptor *d,
-			 struct meta__reply *r, int64_t revision)
+static void header_reply(struct meta__sm *sm, const struct meta__sm_in *in,
+			 const ProtobufCMessageDescriptor *d, struct meta__reply *r,
+			 int64_t revision)
 {
 	ProtobufCMessage *p;
 	Etcdserverpb__ResponseHeader *h;
@@ -434,7 +425,7 @@ static void header_reply(struct meta_node *n, const ProtobufCMessageDescriptor *
 	if (!r)
 		return;
 	p = meta__alloc(&r->arena, d->sizeof_message);
-	h = meta__header(n, &r->arena);
+	h = meta__sm_header(sm, in->term, &r->arena);
 	if (!p || !h) {
 		r->code = -ENOMEM;
 		return;
@@ -448,13 +439,14 @@ static void header_reply(struct meta_node *n, const ProtobufCMessageDescriptor *
 	r->resp = p;
 }
 
-static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
-			 struct meta__reply *r)
+static int apply_request(struct meta__sm *sm, const struct meta__sm_in *in,
+			 const Mooncake__Meta__Request *q, struct meta__reply *r,
+			 struct meta__sm_effects *fx)
 {
 	struct meta__arena tmp = {0};
 	struct mvcc_op op;
 	int rc = 0;
-	bool capped = meta__alarm_active(n, ETCDSERVERPB__ALARM_TYPE__NOSPACE);
+	bool capped = meta__alarm_active(sm, ETCDSERVERPB__ALARM_TYPE__NOSPACE);
 
 	switch (q->req_case) {
 	case MOONCAKE__META__REQUEST__REQ_PUT:
@@ -464,10 +456,10 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 			return 0;
 		}
 		meta__op_from_put(q->put, &op);
-		return kv_reply(n, &op, r);
+		return kv_reply(sm, in, &op, r);
 	case MOONCAKE__META__REQUEST__REQ_DELETE_RANGE:
 		meta__op_from_delete(q->delete_range, &op);
-		return kv_reply(n, &op, r);
+		return kv_reply(sm, in, &op, r);
 	case MOONCAKE__META__REQUEST__REQ_TXN:
 		if (capped && meta__txn_writes(q->txn, true)) {
 			if (r)
@@ -476,11 +468,11 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 		}
 		rc = meta__op_from_txn(q->txn, &op, &tmp);
 		if (rc == 0)
-			rc = kv_reply(n, &op, r);
+			rc = kv_reply(sm, in, &op, r);
 		meta__arena_free(&tmp);
 		return rc;
 	case MOONCAKE__META__REQUEST__REQ_COMPACTION:
-		rc = mvcc_compact(n->store, q->compaction->revision);
+		rc = mvcc_compact(sm->store, q->compaction->revision);
 		if (rc == -ENOMEM)
 			return rc;
 		if (rc) {
@@ -488,9 +480,8 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 				r->code = rc;
 			return 0;
 		}
-		log_info("compacted the store at revision %lld",
-			 (long long)q->compaction->revision);
-		header_reply(n, &etcdserverpb__compaction_response__descriptor, r, 0);
+		fx->compacted_rev = q->compaction->revision;
+		header_reply(sm, in, &etcdserverpb__compaction_response__descriptor, r, 0);
 		return 0;
 	case MOONCAKE__META__REQUEST__REQ_LEASE_GRANT: {
 		int64_t id = 0, ttl = 0;
@@ -499,8 +490,8 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 				r->code = META_ENOSPACE;
 			return 0;
 		}
-		rc = lease_grant(mvcc_leases(n->store), q->lease_grant->id,
-				 q->lease_grant->ttl, meta__now(n), &id, &ttl);
+		rc = lease_grant(mvcc_leases(sm->store), q->lease_grant->id,
+				 q->lease_grant->ttl, in->now_ms, &id, &ttl);
 		if (rc == -ENOMEM)
 			return rc;
 		if (!r)
@@ -510,7 +501,7 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 			return 0;
 		}
 		Etcdserverpb__LeaseGrantResponse *p = meta__alloc(&r->arena, sizeof(*p));
-		Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
+		Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
 		if (!p || !h) {
 			r->code = -ENOMEM;
 			return 0;
@@ -524,7 +515,7 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 	}
 	case MOONCAKE__META__REQUEST__REQ_LEASE_REVOKE: {
 		int64_t rev = 0;
-		rc = mvcc_lease_revoke(n->store, q->lease_revoke->id, &rev);
+		rc = mvcc_lease_revoke(sm->store, q->lease_revoke->id, &rev);
 		if (rc == -ENOMEM)
 			return rc;
 		if (rc) {
@@ -532,52 +523,47 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 				r->code = rc;
 			return 0;
 		}
-		header_reply(n, &etcdserverpb__lease_revoke_response__descriptor, r, rev);
+		header_reply(sm, in, &etcdserverpb__lease_revoke_response__descriptor, r, rev);
 		return 0;
 	}
 	case MOONCAKE__META__REQUEST__REQ_LEASE_CHECKPOINT:
-		lease_checkpoint(mvcc_leases(n->store), q->lease_checkpoint->id,
+		lease_checkpoint(mvcc_leases(sm->store), q->lease_checkpoint->id,
 				 q->lease_checkpoint->remaining_ttl);
 		return 0;
 	case MOONCAKE__META__REQUEST__REQ_ALARM:
-		return apply_alarm(n, q->alarm, r);
+		return apply_alarm(sm, in, q->alarm, r, fx);
 	case MOONCAKE__META__REQUEST__REQ_MEMBER_ATTRIBUTES: {
 		const Mooncake__Meta__MemberAttributes *at = q->member_attributes;
-		const struct meta__member *m = meta__member_find(n, at->id);
+		const struct meta__member *m = meta__member_find(sm, at->id);
 		if (!m)
 			return 0; /* removed meanwhile */
-		rc = member_put(n, at->id, at->name,
+		rc = member_put(sm, at->id, at->name,
 				NULL, at->n_client_urls ? at->client_urls[0] : "",
 				m->learner);
 		if (rc)
 			return rc;
-		if (at->id == n->id)
-			n->published = strcmp(at->name, n->name) == 0 && at->n_client_urls &&
-					strcmp(at->client_urls[0], n->self_client_url) == 0;
-		log_info("member %016llx published name %s, client URL %s",
-			 (unsigned long long)at->id, at->name,
-			 at->n_client_urls ? at->client_urls[0] : "(none)");
+		fx->member_change = META_MEMBER_PUBLISHED;
+		fx->member_id = at->id;
 		if (r)
-			members_reply(n, r, &etcdserverpb__member_update_response__descriptor);
+			members_reply(sm, in, r, &etcdserverpb__member_update_response__descriptor);
 		return 0;
 	}
 	case MOONCAKE__META__REQUEST__REQ_MEMBER_UPDATE: {
 		const Etcdserverpb__MemberUpdateRequest *u = q->member_update;
-		const struct meta__member *m = meta__member_find(n, u->id);
+		const struct meta__member *m = meta__member_find(sm, u->id);
 		if (!m) {
 			if (r)
 				r->code = META_EMEMBER_NOT_FOUND;
 			return 0;
 		}
 		if (u->n_peerurls) {
-			if ((rc = member_put(n, u->id, NULL, u->peerurls[0], NULL, m->learner)))
+			if ((rc = member_put(sm, u->id, NULL, u->peerurls[0], NULL, m->learner)))
 				return rc;
-			if (u->id != n->id && meta__peer_set(n, u->id, u->peerurls[0]))
-				log_warn("member %016llx: cannot use peer URL %s",
-					 (unsigned long long)u->id, u->peerurls[0]);
+			fx->member_change = META_MEMBER_MOVED;
+			fx->member_id = u->id;
 		}
 		if (r)
-			members_reply(n, r, &etcdserverpb__member_update_response__descriptor);
+			members_reply(sm, in, r, &etcdserverpb__member_update_response__descriptor);
 		return 0;
 	}
 	default:
@@ -585,8 +571,9 @@ static int apply_request(struct meta_node *n, const Mooncake__Meta__Request *q,
 	}
 }
 
-static int apply_conf(struct meta_node *n, const struct raft_entry *e,
-		      struct meta__reply *r)
+static int apply_conf(struct meta__sm *sm, const struct meta__sm_in *in,
+		      const struct raft_entry *e, struct meta__reply *r,
+		      struct meta__sm_effects *fx)
 {
 	struct raft_conf_change cc;
 	Mooncake__Meta__ConfContext *ctx = NULL;
@@ -604,51 +591,46 @@ static int apply_conf(struct meta_node *n, const struct raft_entry *e,
 	switch (cc.type) {
 	case RAFT_CC_ADD_VOTER:
 	case RAFT_CC_ADD_LEARNER:
-		rc = member_put(n, cc.node_id, pm ? pm->name : NULL,
+		rc = member_put(sm, cc.node_id, pm ? pm->name : NULL,
 				pm && pm->n_peer_urls ? pm->peer_urls[0] : NULL,
 				pm && pm->n_client_urls ? pm->client_urls[0] : NULL,
 				cc.type == RAFT_CC_ADD_LEARNER);
 		if (rc)
 			goto out;
-		log_info("member %016llx (%s) added as a %s", (unsigned long long)cc.node_id,
-			 pm && pm->n_peer_urls ? pm->peer_urls[0] : "no peer URL",
-			 cc.type == RAFT_CC_ADD_LEARNER ? "learner" : "voter");
-		if (cc.node_id != n->id && pm && pm->n_peer_urls &&
-		    meta__peer_set(n, cc.node_id, pm->peer_urls[0]))
-			log_warn("member %016llx: cannot use peer URL %s",
-				 (unsigned long long)cc.node_id, pm->peer_urls[0]);
+		fx->member_change = META_MEMBER_ADDED;
 		break;
 	case RAFT_CC_PROMOTE: {
-		const struct meta__member *m = meta__member_find(n, cc.node_id);
+		const struct meta__member *m = meta__member_find(sm, cc.node_id);
 		if (m) {
 			((struct meta__member *)m)->learner = false;
-			log_info("member %016llx promoted to voter", (unsigned long long)cc.node_id);
+			fx->member_change = META_MEMBER_PROMOTED;
 		}
 		rc = 0;
 		break;
 	}
 	case RAFT_CC_REMOVE:
-		member_del(n, cc.node_id);
-		rc = removed_add(n, cc.node_id);
+		member_del(sm, cc.node_id);
+		rc = removed_add(sm, cc.node_id);
 		if (rc)
 			goto out;
-		log_info("member %016llx removed", (unsigned long long)cc.node_id);
+		fx->member_change = META_MEMBER_REMOVED;
 		break;
 	default:
 		rc = -EBADMSG;
 		goto out;
 	}
+	fx->member_id = cc.node_id;
 	if (r) {
 		if (cc.type == RAFT_CC_ADD_VOTER || cc.type == RAFT_CC_ADD_LEARNER) {
 			Etcdserverpb__MemberAddResponse *p = (void *)members_reply(
-				n, r, &etcdserverpb__member_add_response__descriptor);
+				sm, in, r, &etcdserverpb__member_add_response__descriptor);
 			for (size_t i = 0; p && i < p->n_members; i++)
 				if (p->members[i]->id == cc.node_id)
 					p->member = p->members[i];
 		} else if (cc.type == RAFT_CC_PROMOTE) {
-			members_reply(n, r, &etcdserverpb__member_promote_response__descriptor);
+			members_reply(sm, in, r, &etcdserverpb__member_promote_response__descriptor);
 		} else {
-			members_reply(n, r, &etcdserverpb__member_remove_response__descriptor);
+			members_reply(sm, in, r, &etcdserverpb__member_remove_response__descriptor);
 		}
 	}
 	rc = 0;
@@ -658,70 +640,34 @@ out:
 	return rc;
 }
 
-int meta__apply_entry(struct meta_node *n, const struct raft_entry *e,
-		      struct meta__reply *r)
+int meta__sm_apply(struct meta__sm *sm, const struct raft_entry *e,
+		   const struct meta__sm_in *in, struct meta__reply *r,
+		   struct meta__sm_effects *fx)
 {
 	Mooncake__Meta__Request *q;
 	int rc;
 
+	memset(fx, 0, sizeof(*fx));
 	if (e->type == RAFT_ENTRY_CONF_CHANGE)
-		return apply_conf(n, e, r);
+		return apply_conf(sm, in, e, r, fx);
 	if (e->len == 0)
 		return 0; /* a new leader's empty entry */
 	q = mooncake__meta__request__unpack(NULL, e->len, e->data);
 	if (!q)
 		return -EBADMSG;
-	rc = apply_request(n, q, r);
+	rc = apply_request(sm, in, q, r, fx);
 	mooncake__meta__request__free_unpacked(q, NULL);
 	return rc;
 }
 
 /* ------------------------------------------------------------- reads */
 
-static int serve_status(struct meta_node *n, struct meta__reply *r)
-{
-	static const char version[] = "3.4.0+mooncaked." MC_VERSION;
-	Etcdserverpb__StatusResponse *p = meta__alloc(&r->arena, sizeof(*p));
-	if (!p)
-		return -ENOMEM;
-	etcdserverpb__status_response__init(p);
-	if (!(p->header = meta__header(n, &r->arena)))
-		return -ENOMEM;
-	p->version = (char *)version;
-	p->dbsize = (int64_t)mvcc_db_size_bytes(n->store);
-	p->dbsizeinuse = p->dbsize;
-	p->leader = n->leader;
-	p->raftindex = n->commit;
-	p->raftterm = n->term;
-	p->raftappliedindex = n->applied;
-	const struct meta__member *me = meta__member_find(n, n->id);
-	p->islearner = me && me->learner;
-	if (n->n_alarms) {
-		p->errors = meta__alloc(&r->arena, n->n_alarms * sizeof(char *));
-		if (!p->errors)
-			return -ENOMEM;
-		for (size_t i = 0; i < n->n_alarms; i++) {
-			char *s = meta__alloc(&r->arena, 64);
-			if (!s)
-				return -ENOMEM;
-			snprintf(s, 64, "memberID:%llu alarm:%s ",
-				 (unsigned long long)n->alarms[i].memberid,
-				 n->alarms[i].alarm == ETCDSERVERPB__ALARM_TYPE__NOSPACE
-					 ? "NOSPACE"
-					 : "CORRUPT");
-			p->errors[i] = s;
-		}
-		p->n_errors = n->n_alarms;
-	}
-	r->resp = &p->base;
-	return 0;
-}
-
-static int serve_leases(struct meta_node *n, struct meta__reply *r)
+static int serve_leases(struct meta__sm *sm, const struct meta__sm_in *in,
+			struct meta__reply *r)
 {
 	int64_t *ids = NULL;
 	size_t k = 0;
-	int rc = lease_list(mvcc_leases(n->store), &ids, &k);
+	int rc = lease_list(mvcc_leases(sm->store), &ids, &k);
 	if (rc)
 		return rc;
 	Etcdserverpb__LeaseLeasesResponse *p = meta__alloc(&r->arena, sizeof(*p));
@@ -731,7 +677,7 @@ static int serve_leases(struct meta_node *n, struct meta__reply *r)
 	if (!p || !v || !blk)
 		goto out;
 	etcdserverpb__lease_leases_response__init(p);
-	if (!(p->header = meta__header(n, &r->arena)))
+	if (!(p->header = meta__sm_header(sm, in->term, &r->arena)))
 		goto out;
 	for (size_t i = 0; i < k; i++) {
 		etcdserverpb__lease_status__init(&blk[i]);
@@ -747,38 +693,36 @@ out:
 	return rc;
 }
 
-int meta__serve_read(struct meta_node *n, struct meta__op *op, struct meta__reply *r)
+void meta__sm_read(struct meta__sm *sm, const struct meta__sm_in *in, enum meta__method m,
+		   const uint8_t *data, size_t len, struct meta__reply *r)
 {
-	const ProtobufCMessageDescriptor *d = meta__methods[op->method].req;
-	ProtobufCMessage *req = protobuf_c_message_unpack(d, NULL, op->req_len, op->req);
+	const ProtobufCMessageDescriptor *d = meta__methods[m].req;
+	ProtobufCMessage *req = protobuf_c_message_unpack(d, NULL, len, data);
 	struct mvcc_op mop;
 	int rc = 0;
 
 	if (!req) {
 		r->code = -EINVAL;
-		return 0;
+		return;
 	}
-	switch (op->method) {
+	switch (m) {
 	case META_M_RANGE:
 		meta__op_from_range((Etcdserverpb__RangeRequest *)req, &mop);
-		rc = kv_reply(n, &mop, r);
+		rc = kv_reply(sm, in, &mop, r);
 		break;
 	case META_M_TXN: {
 		struct meta__arena tmp = {0};
 		rc = meta__op_from_txn((Etcdserverpb__TxnRequest *)req, &mop, &tmp);
 		if (rc == 0)
-			rc = kv_reply(n, &mop, r);
+			rc = kv_reply(sm, in, &mop, r);
 		meta__arena_free(&tmp);
 		break;
 	}
 	case META_M_LEASE_LEASES:
-		rc = serve_leases(n, r);
-		break;
-	case META_M_STATUS:
-		rc = serve_status(n, r);
+		rc = serve_leases(sm, in, r);
 		break;
 	case META_M_MEMBER_LIST:
-		members_reply(n, r, &etcdserverpb__member_list_response__descriptor);
+		members_reply(sm, in, r, &etcdserverpb__member_list_response__descriptor);
 		break;
 	case META_M_ALARM: {
 		Etcdserverpb__AlarmResponse *p = meta__alloc(&r->arena, sizeof(*p));
@@ -786,10 +730,10 @@ int meta__serve_read(struct meta_node *n, struct meta__op *op, struct meta__repl
 		if (!p)
 			break;
 		etcdserverpb__alarm_response__init(p);
-		if (!(p->header = meta__header(n, &r->arena)) ||
-		    !(p->alarms = alarms_pb(n->alarms, n->n_alarms, &r->arena)))
+		if (!(p->header = meta__sm_header(sm, in->term, &r->arena)) ||
+		    !(p->alarms = alarms_pb(sm->alarms, sm->n_alarms, &r->arena)))
 			break;
-		p->n_alarms = n->n_alarms;
+		p->n_alarms = sm->n_alarms;
 		r->resp = &p->base;
 		rc = 0;
 		break;
@@ -799,36 +743,34 @@ int meta__serve_read(struct meta_node *n, struct meta__op *op, struct meta__repl
 		break;
 	}
 	protobuf_c_message_free_unpacked(req, NULL);
-	if (rc == -ENOMEM) {
-		r->code = -ENOMEM;
-		rc = 0;
-	}
-	return rc;
+	if (rc)
+		r->code = rc;
 }
 
-int meta__serve_leader(struct meta_node *n, struct meta__op *op, struct meta__reply *r)
+int meta__sm_leader(struct meta__sm *sm, const struct meta__sm_in *in, enum meta__method m,
+		    const uint8_t *data, size_t len, struct meta__reply *r)
 {
-	const ProtobufCMessageDescriptor *d = meta__methods[op->method].req;
-	ProtobufCMessage *req = protobuf_c_message_unpack(d, NULL, op->req_len, op->req);
-	struct lease_table *lt = mvcc_leases(n->store);
+	const ProtobufCMessageDescriptor *d = meta__methods[m].req;
+	ProtobufCMessage *req = protobuf_c_message_unpack(d, NULL, len, data);
+	struct lease_table *lt = mvcc_leases(sm->store);
 	int rc = 0;
 
 	if (!req) {
 		r->code = -EINVAL;
 		return 0;
 	}
-	if (op->method == META_M_LEASE_KEEPALIVE) {
+	if (m == META_M_LEASE_KEEPALIVE) {
 		const Etcdserverpb__LeaseKeepAliveRequest *q = (void *)req;
 		int64_t ttl = 0;
 		bool clear = false;
-		rc = lease_renew(lt, q->id, meta__now(n), &ttl, &clear);
+		rc = lease_renew(lt, q->id, in->now_ms, &ttl, &clear);
 		if (rc == MVCC_ELEASE_NOT_FOUND) {
 			ttl = 0;
 			rc = 0;
 		}
 		if (rc == 0) {
 			Etcdserverpb__LeaseKeepAliveResponse *p = meta__alloc(&r->arena, sizeof(*p));
-			Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
+			Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
 			if (p && h) {
 				etcdserverpb__lease_keep_alive_response__init(p);
 				p->header = h;
@@ -839,11 +781,11 @@ int meta__serve_leader(struct meta_node *n, struct meta__op *op, struct meta__re
 				r->code = -ENOMEM;
 			}
 		}
-	} else if (op->method == META_M_LEASE_TTL) {
+	} else if (m == META_M_LEASE_TTL) {
 		const Etcdserverpb__LeaseTimeToLiveRequest *q = (void *)req;
 		struct lease_ttl t;
 		Etcdserverpb__LeaseTimeToLiveResponse *p = meta__alloc(&r->arena, sizeof(*p));
-		Etcdserverpb__ResponseHeader *h = meta__header(n, &r->arena);
+		Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
 		if (!p || !h) {
 			r->code = -ENOMEM;
 			goto out;
@@ -851,7 +793,7 @@ int meta__serve_leader(struct meta_node *n, struct meta__op *op, struct meta__re
 		etcdserverpb__lease_time_to_live_response__init(p);
 		p->header = h;
 		p->id = q->id;
-		rc = lease_time_to_live(lt, q->id, meta__now(n), q->keys, &t);
+		rc = lease_time_to_live(lt, q->id, in->now_ms, q->keys, &t);
 		if (rc == MVCC_ELEASE_NOT_FOUND) {
 			p->ttl = -1; /* etcd answers an unknown lease so */
 			r->resp = &p->base;
@@ -911,20 +853,20 @@ static int buf_chunk(void *ctx, const void *data, size_t len)
 	return mc_buf_append(ctx, data, len);
 }
 
-int meta__sm_snapshot(struct meta_node *n, uint8_t **data, size_t *len)
+int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len)
 {
 	Mooncake__Meta__SnapshotHeader h = MOONCAKE__META__SNAPSHOT_HEADER__INIT;
-	Mooncake__Meta__Member *blk = calloc(n->n_members + 1, sizeof(*blk));
-	Mooncake__Meta__Member **mv = calloc(n->n_members + 1, sizeof(*mv));
-	Etcdserverpb__AlarmMember **av = calloc(n->n_alarms + 1, sizeof(*av));
+	Mooncake__Meta__Member *blk = calloc(sm->n_members + 1, sizeof(*blk));
+	Mooncake__Meta__Member **mv = calloc(sm->n_members + 1, sizeof(*mv));
+	Etcdserverpb__AlarmMember **av = calloc(sm->n_alarms + 1, sizeof(*av));
 	struct mc_buf b = MC_BUF_INIT;
 	int rc = -ENOMEM;
 
 	if (!blk || !mv || !av)
 		goto out;
-	h.cluster_id = n->cluster_id;
-	for (size_t i = 0; i < n->n_members; i++) {
-		const struct meta__member *m = &n->members[i];
+	h.cluster_id = sm->cluster_id;
+	for (size_t i = 0; i < sm->n_members; i++) {
+		const struct meta__member *m = &sm->members[i];
 		mooncake__meta__member__init(&blk[i]);
 		blk[i].id = m->id;
 		blk[i].name = m->name;
@@ -936,24 +878,21 @@ int meta__sm_snapshot(struct meta_node *n, uint8_t **data, size_t *len)
 		mv[i] = &blk[i];
 	}
 	h.members = mv;
-	h.n_members = n->n_members;
-	h.removed = n->removed;
-	h.n_removed = n->n_removed;
-	for (size_t i = 0; i < n->n_alarms; i++)
-		av[i] = &n->alarms[i];
+	h.n_members = sm->n_members;
+	h.removed = sm->removed;
+	h.n_removed = sm->n_removed;
+	for (size_t i = 0; i < sm->n_alarms; i++)
+		av[i] = &sm->alarms[i];
 	h.alarms = av;
-	h.n_alarms = n->n_alarms;
+	h.n_alarms = sm->n_alarms;
 
 	size_t hl = mooncake__meta__snapshot_header__get_packed_size(&h);
 	if (hl > UINT32_MAX || mc_buf_reserve(&b, 4 + hl))
 		goto out;
-	b.data[0] = (char)(hl & 0xff);
-	b.data[1] = (char)((hl >> 8) & 0xff);
-	b.data[2] = (char)((hl >> 16) & 0xff);
-	b.data[3] = (char)((hl >> 24) & 0xff);
+	mc_put_le32((uint8_t *)b.data, (uint32_t)hl);
 	mooncake__meta__snapshot_header__pack(&h, (uint8_t *)b.data + 4);
 	b.len = 4 + hl;
-	rc = mvcc_snapshot(n->store, buf_chunk, &b);
+	rc = mvcc_snapshot(sm->store, buf_chunk, &b);
 	if (rc)
 		goto out;
 	*data = (uint8_t *)b.data;
@@ -968,26 +907,13 @@ out:
 	return rc;
 }
 
-static struct mvcc_options store_opts(const struct meta_node *n)
-{
-	/* etcd's minimum lease TTL: 1.5 election timeouts, in whole seconds. */
-	uint64_t min_ms = n->o.election_ms * 3 / 2;
-	return (struct mvcc_options){.min_lease_ttl_s = (int64_t)((min_ms + 999) / 1000)};
-}
-
-struct mvcc_options meta__sm_store_opts(const struct meta_node *n)
-{
-	return store_opts(n);
-}
-
 /* Split snapshot data into its header and the store's part. */
 static Mooncake__Meta__SnapshotHeader *snap_header(const uint8_t *data, size_t len,
 						   size_t *store_at)
 {
 	if (len < 4)
 		return NULL;
-	size_t hl = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
-		    (size_t)data[3] << 24;
+	size_t hl = mc_get_le32(data);
 	if (hl > len - 4)
 		return NULL;
 	*store_at = 4 + hl;
@@ -1049,7 +975,7 @@ out:
 	return rc;
 }
 
-int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
+int meta__sm_restore(struct meta__sm *sm, const uint8_t *data, size_t len)
 {
 	Mooncake__Meta__SnapshotHeader *h;
 	struct mvcc_store *store = NULL;
@@ -1063,8 +989,7 @@ int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
 	h = snap_header(data, len, &at);
 	if (!h)
 		return -EBADMSG;
-	struct mvcc_options mo = store_opts(n);
-	rc = mvcc_restore(&mo, data + at, len - at, &store);
+	rc = mvcc_restore(&sm->mo, data + at, len - at, &store);
 	if (rc) {
 		rc = rc == -ENOMEM ? -ENOMEM : -EBADMSG;
 		goto out;
@@ -1095,36 +1020,25 @@ int meta__sm_restore(struct meta_node *n, const uint8_t *data, size_t len)
 		alarms[i].alarm = h->alarms[i]->alarm;
 	}
 	/* Commit: nothing below fails. */
-	if (n->store)
-		mvcc_free(n->store);
-	n->store = store;
+	if (sm->store)
+		mvcc_free(sm->store);
+	sm->store = store;
 	store = NULL;
-	members_free(n->members, n->n_members);
-	n->members = mv;
-	n->n_members = nm;
+	members_free(sm->members, sm->n_members);
+	sm->members = mv;
+	sm->n_members = nm;
 	mv = NULL;
 	nm = 0;
-	free(n->removed);
-	n->removed = removed;
-	n->n_removed = h->n_removed;
+	free(sm->removed);
+	sm->removed = removed;
+	sm->n_removed = h->n_removed;
 	removed = NULL;
-	free(n->alarms);
-	n->alarms = alarms;
-	n->n_alarms = h->n_alarms;
+	free(sm->alarms);
+	sm->alarms = alarms;
+	sm->n_alarms = h->n_alarms;
 	alarms = NULL;
 	if (h->cluster_id)
-		n->cluster_id = h->cluster_id;
-	n->published = false;
-	for (size_t i = 0; i < n->n_members; i++)
-		if (n->members[i].id == n->id)
-			n->published = strcmp(n->members[i].name, n->name) == 0 &&
-				       strcmp(n->members[i].client_url, n->self_client_url) == 0;
-	for (size_t i = 0; i < n->n_members; i++)
-		if (n->members[i].id != n->id && *n->members[i].peer_url &&
-		    meta__peer_set(n, n->members[i].id, n->members[i].peer_url))
-			log_warn("member %016llx: cannot use peer URL %s",
-				 (unsigned long long)n->members[i].id,
-				 n->members[i].peer_url);
+		sm->cluster_id = h->cluster_id;
 	rc = 0;
 out:
 	if (store)
@@ -1136,24 +1050,25 @@ out:
 	return rc;
 }
 
-int meta__sm_new_store(struct meta_node *n)
+int meta__sm_init(struct meta__sm *sm, const struct mvcc_options *mo)
 {
-	struct mvcc_options mo = store_opts(n);
-	return mvcc_new(&mo, &n->store);
+	memset(sm, 0, sizeof(*sm));
+	sm->mo = *mo;
+	return mvcc_new(&sm->mo, &sm->store);
 }
 
-void meta__sm_free(struct meta_node *n)
+void meta__sm_free(struct meta__sm *sm)
 {
-	if (n->store)
-		mvcc_free(n->store);
-	n->store = NULL;
-	members_free(n->members, n->n_members);
-	n->members = NULL;
-	n->n_members = 0;
-	free(n->removed);
-	n->removed = NULL;
-	n->n_removed = 0;
-	free(n->alarms);
-	n->alarms = NULL;
-	n->n_alarms = 0;
+	if (sm->store)
+		mvcc_free(sm->store);
+	sm->store = NULL;
+	members_free(sm->members, sm->n_members);
+	sm->members = NULL;
+	sm->n_members = 0;
+	free(sm->removed);
+	sm->removed = NULL;
+	sm->n_removed = 0;
+	free(sm->alarms);
+	sm->alarms = NULL;
+	sm->n_alarms = 0;
 }

@@ -69,25 +69,6 @@ static bool parse_snap_name(const char *name, uint64_t *index, uint64_t *term)
 	       parse_hex16(name, index) && parse_hex16(name + 17, term);
 }
 
-/* A formatted string on the heap, NULL when out of memory. */
-__attribute__((format(printf, 1, 2))) static char *str_printf(const char *fmt,
-							      ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(NULL, 0, fmt, ap);
-	va_end(ap);
-	if (n < 0)
-		return NULL;
-	char *s = malloc((size_t)n + 1);
-	if (!s)
-		return NULL;
-	va_start(ap, fmt);
-	vsnprintf(s, (size_t)n + 1, fmt, ap);
-	va_end(ap);
-	return s;
-}
-
 static bool ends_with(const char *s, const char *suffix)
 {
 	size_t n = strlen(s), m = strlen(suffix);
@@ -305,11 +286,16 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 		 meta->index, meta->term);
 	unsigned seq = atomic_fetch_add(&snap_tmp_counter, 1);
 	rc = -ENOMEM;
-	if (!(wr->dir = strdup(dir)) || !(wr->wbuf = malloc(SNAP_WBUF_BYTES)) ||
-	    !(wr->path = str_printf("%s/%s", dir, name)) ||
-	    !(wr->tmp = str_printf("%s/%s.%d.%u.tmp", dir, name, (int)getpid(),
-				   seq)))
+	if (!(wr->dir = strdup(dir)) || !(wr->wbuf = malloc(SNAP_WBUF_BYTES)))
 		goto out_free;
+	if (asprintf(&wr->path, "%s/%s", dir, name) < 0) {
+		wr->path = NULL;
+		goto out_free;
+	}
+	if (asprintf(&wr->tmp, "%s/%s.%d.%u.tmp", dir, name, (int)getpid(), seq) < 0) {
+		wr->tmp = NULL;
+		goto out_free;
+	}
 	wr->fd = open(wr->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (wr->fd < 0) {
 		rc = -errno;

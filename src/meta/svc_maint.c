@@ -236,12 +236,12 @@ static void mjob_start(struct rpc_call *call, enum mjob_kind kind, int64_t rev)
 	n->mjobs = j;
 	rpc_call_set_data(call, j);
 	etcdserverpb__response_header__init(&j->header);
-	j->header.cluster_id = n->cluster_id;
+	j->header.cluster_id = n->sm.cluster_id;
 	j->header.member_id = n->id;
 	j->header.raft_term = n->term;
-	j->mo = meta__sm_store_opts(n);
+	j->mo = n->sm.mo;
 	j->applied = n->applied;
-	if ((rc = meta__sm_snapshot(n, &j->snap, &j->snap_len))) {
+	if ((rc = meta__sm_snapshot(&n->sm, &j->snap, &j->snap_len))) {
 		mjob_fail(j, rc);
 		return;
 	}

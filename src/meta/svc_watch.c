@@ -217,10 +217,10 @@ void meta__watch_pump(struct meta_node *n)
 {
 	int64_t rid;
 
-	if (!n->watch || !n->store)
+	if (!n->watch || !n->sm.store)
 		return;
-	watch_notify(n->watch, n->store);
-	size_t unsynced = watch_sync(n->watch, n->store, SYNC_BUDGET_ENTRIES);
+	watch_notify(n->watch, n->sm.store);
+	size_t unsynced = watch_sync(n->watch, n->sm.store, SYNC_BUDGET_ENTRIES);
 	while (watch_next_ready(n->watch, &rid))
 		deliver(n, rid);
 	for (struct meta__wstream *s = n->wstreams, *next; s; s = next) {
@@ -285,7 +285,7 @@ static void on_create(struct meta__wstream *s, const Etcdserverpb__WatchCreateRe
 	if (c->range_end.len)
 		memcpy(w.end, c->range_end.data, c->range_end.len);
 	w.elen = c->range_end.len;
-	rc = watch_create(n->watch, n->store, &o, &rid);
+	rc = watch_create(n->watch, n->sm.store, &o, &rid);
 	if (rc) {
 		free(w.key);
 		if (rc == -ENOMEM)
@@ -299,7 +299,7 @@ static void on_create(struct meta__wstream *s, const Etcdserverpb__WatchCreateRe
 	w.progress = o.progress_notify;
 	w.noput = o.filter_noput;
 	w.nodelete = o.filter_nodelete;
-	w.last_rev = c->start_revision > 0 ? c->start_revision - 1 : mvcc_rev(n->store);
+	w.last_rev = c->start_revision > 0 ? c->start_revision - 1 : mvcc_rev(n->sm.store);
 	s->ws[s->nws++] = w;
 	if (s->blocked && watch_pause(n->watch, rid, true))
 		log_debug("watch %" PRId64 ": cannot pause", sid);
@@ -355,7 +355,7 @@ static void try_progress(struct meta__wstream *s)
 	}
 	s->progress_pending = false;
 	if (!s->nws)
-		rev = mvcc_rev(s->n->store);
+		rev = mvcc_rev(s->n->sm.store);
 	send_progress(s, -1, rev);
 }
 
@@ -511,7 +511,7 @@ void meta__watch_start_timers(struct meta_node *n)
 int meta__watch_rebind(struct meta_node *n)
 {
 	struct watch_registry *reg;
-	int rc = watch_registry_new(n->store, 0, &reg);
+	int rc = watch_registry_new(n->sm.store, 0, &reg);
 	if (rc)
 		return rc;
 	for (struct meta__wstream *s = n->wstreams; s; s = s->next) {
@@ -531,7 +531,7 @@ int meta__watch_rebind(struct meta_node *n)
 				.filter_nodelete = w->nodelete,
 			};
 			int64_t rid;
-			rc = watch_create(reg, n->store, &o, &rid);
+			rc = watch_create(reg, n->sm.store, &o, &rid);
 			if (rc == 0 && s->blocked)
 				rc = watch_pause(reg, rid, true);
 			if (rc) {

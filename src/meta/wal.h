@@ -49,7 +49,7 @@
  *   ... restore the state machine from the snapshot, hand rec.hs and
  *   rec.ents to the Raft core, wal_recovery_close(&rec) ...
  *
- * Files and formats: see wal.c.
+ * Files: see wal.c; record formats and the recovery scan: wal_format.c.
  */
 #ifndef MC_META_WAL_H
 #define MC_META_WAL_H

@@ -1,8 +1,9 @@
 /*
- * wal_int: the WAL's in-memory decoder and log-rule checker, exposed for
- * the unit tests and the fuzz target (test/fuzz/fuzz_wal.c). Nothing here
- * does I/O: a segment is scanned from a buffer, records are encoded into
- * one. Not for use outside src/meta/wal.c and its tests.
+ * wal_int: the WAL's in-memory decoder and log-rule checker (wal_format.c),
+ * used by wal.c and exposed for the unit tests and the fuzz target
+ * (test/fuzz/fuzz_wal.c). Nothing here does I/O: a segment is scanned
+ * from a buffer, records are encoded into one. Not for use outside
+ * src/meta/wal*.c and their tests.
  */
 #ifndef MC_META_WAL_INT_H
 #define MC_META_WAL_INT_H
@@ -90,6 +91,12 @@ const char *wal__view_check_hs(const struct wal__view *v,
 int wal__view_apply_entry(struct wal__view *v,
 			  const struct wal_entry *e) MC_MUST_CHECK;
 void wal__view_apply_snap(struct wal__view *v, struct wal_snap_ref s);
+/* Indexes held (last + 1 - first). */
+size_t wal__view_count(const struct wal__view *v);
+/* Room for need indexes from first. Errors: -ENOMEM (view unchanged). */
+int wal__view_reserve(struct wal__view *v, size_t need) MC_MUST_CHECK;
+/* Save path: drop the terms below the marker. */
+void wal__view_compact(struct wal__view *v);
 
 /*
  * Scan one segment image. The caller has checked the header and sets

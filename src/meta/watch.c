@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "meta/avl.h"
 
 enum { W_SYNCED, W_UNSYNCED, W_DEAD };
 
@@ -49,8 +50,8 @@ struct watch__list {
 struct watch__bucket;
 
 struct watch__w {
-	struct mvcc__tnode by_id;
-	struct mvcc__tnode by_range;
+	struct avl_node by_id;
+	struct avl_node by_range;
 	struct watch__link blink; /* bucket list (synced single key) */
 	struct watch__link ulink; /* unsynced list */
 	struct watch__link rlink; /* ready list */
@@ -80,16 +81,16 @@ struct watch__w {
 };
 
 struct watch__bucket {
-	struct mvcc__tnode node;
+	struct avl_node node;
 	struct watch__list ws;
 	size_t klen;
 	char key[];
 };
 
 struct watch_registry {
-	struct mvcc__tree by_id;
-	struct mvcc__tree keys;   /* buckets of synced single-key watchers */
-	struct mvcc__tree ranges; /* synced range watchers */
+	struct avl_tree by_id;
+	struct avl_tree keys;   /* buckets of synced single-key watchers */
+	struct avl_tree ranges; /* synced range watchers */
 	struct watch__list unsynced;
 	struct watch__list ready;
 	struct watch__w *moving;
@@ -148,19 +149,19 @@ static int cmp_i64(int64_t a, int64_t b)
 	return a < b ? -1 : a > b;
 }
 
-static int by_id_cmp(const void *key, const struct mvcc__tnode *n)
+static int by_id_cmp(const void *key, const struct avl_node *n)
 {
 	return cmp_i64(*(const int64_t *)key, W_OF(n, by_id)->id);
 }
 
-static int bucket_cmp(const void *key, const struct mvcc__tnode *n)
+static int bucket_cmp(const void *key, const struct avl_node *n)
 {
 	const struct wbytes *b = key;
 	const struct watch__bucket *bk = MC_CONTAINER_OF(n, struct watch__bucket, node);
 	return mvcc__bytes_cmp(b->p, b->n, bk->key, bk->klen);
 }
 
-static int range_cmp(const void *key, const struct mvcc__tnode *n)
+static int range_cmp(const void *key, const struct avl_node *n)
 {
 	const struct range_key *k = key;
 	const struct watch__w *w = W_OF(n, by_range);
@@ -177,7 +178,7 @@ static int end_cmp(bool ainf, const char *a, size_t an, bool binf, const char *b
 	return mvcc__bytes_cmp(a, an, b, bn);
 }
 
-static void range_aug(struct mvcc__tnode *n)
+static void range_aug(struct avl_node *n)
 {
 	struct watch__w *w = W_OF(n, by_range);
 	w->aug_inf = w->unbounded;
@@ -243,7 +244,7 @@ static void ev_unref(struct watch__ev *e)
 
 static struct watch__w *find(const struct watch_registry *r, int64_t id)
 {
-	struct mvcc__tnode *n = mvcc__tree_find(&r->by_id, &id);
+	struct avl_node *n = avl_find(&r->by_id, &id);
 	return n ? W_OF(n, by_id) : NULL;
 }
 
@@ -321,10 +322,10 @@ static int index_add(struct watch_registry *r, struct watch__w *w)
 {
 	if (!w->single) {
 		struct range_key k = {w->key, w->klen, w->id};
-		mvcc__tree_insert(&r->ranges, &k, &w->by_range);
+		avl_insert(&r->ranges, &k, &w->by_range);
 	} else {
 		struct wbytes b = {w->key, w->klen};
-		struct mvcc__tnode *n = mvcc__tree_find(&r->keys, &b);
+		struct avl_node *n = avl_find(&r->keys, &b);
 		struct watch__bucket *bk;
 		if (n) {
 			bk = MC_CONTAINER_OF(n, struct watch__bucket, node);
@@ -335,7 +336,7 @@ static int index_add(struct watch_registry *r, struct watch__w *w)
 			memcpy(bk->key, w->key, w->klen);
 			bk->klen = w->klen;
 			b.p = bk->key;
-			mvcc__tree_insert(&r->keys, &b, &bk->node);
+			avl_insert(&r->keys, &b, &bk->node);
 		}
 		list_append(&bk->ws, &w->blink);
 		w->bucket = bk;
@@ -349,14 +350,14 @@ static void index_remove(struct watch_registry *r, struct watch__w *w)
 {
 	if (!w->single) {
 		struct range_key k = {w->key, w->klen, w->id};
-		mvcc__tree_remove(&r->ranges, &k);
+		avl_remove(&r->ranges, &k);
 	} else {
 		struct watch__bucket *bk = w->bucket;
 		list_remove(&bk->ws, &w->blink);
 		w->bucket = NULL;
 		if (!bk->ws.n) {
 			struct wbytes b = {bk->key, bk->klen};
-			mvcc__tree_remove(&r->keys, &b);
+			avl_remove(&r->keys, &b);
 			free(bk);
 		}
 	}
@@ -388,7 +389,7 @@ static void watcher_remove(struct watch_registry *r, struct watch__w *w)
 		list_remove(&r->unsynced, &w->ulink);
 	w->state = W_DEAD;
 	ready_remove(r, w);
-	mvcc__tree_remove(&r->by_id, &w->id);
+	avl_remove(&r->by_id, &w->id);
 	watcher_free(r, w);
 }
 
@@ -398,9 +399,9 @@ int watch_registry_new(const struct mvcc_store *s, size_t max_pending_events,
 	struct watch_registry *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
-	mvcc__tree_init(&r->by_id, by_id_cmp, NULL);
-	mvcc__tree_init(&r->keys, bucket_cmp, NULL);
-	mvcc__tree_init(&r->ranges, range_cmp, range_aug);
+	avl_init(&r->by_id, by_id_cmp, NULL);
+	avl_init(&r->keys, bucket_cmp, NULL);
+	avl_init(&r->ranges, range_cmp, range_aug);
 	r->max_pending = max_pending_events ? max_pending_events : 1024;
 	r->rev = mvcc_rev(s);
 	r->next_id = 1;
@@ -412,9 +413,9 @@ void watch_registry_free(struct watch_registry *r)
 {
 	if (!r)
 		return;
-	struct mvcc__titer it;
-	struct mvcc__tnode *n;
-	while ((n = mvcc__titer_seek(&it, &r->by_id, NULL)))
+	struct avl_iter it;
+	struct avl_node *n;
+	while ((n = avl_seek(&it, &r->by_id, NULL)))
 		watcher_remove(r, W_OF(n, by_id));
 	free(r);
 }
@@ -484,7 +485,7 @@ int watch_create(struct watch_registry *r, const struct mvcc_store *s,
 		free(w);
 		return rc;
 	}
-	mvcc__tree_insert(&r->by_id, &w->id, &w->by_id);
+	avl_insert(&r->by_id, &w->id, &w->by_id);
 	*id_out = id;
 	return 0;
 }
@@ -530,7 +531,7 @@ static void route_one(struct route *rt, struct watch__w *w)
 		overflow(rt->r, w, rev);
 }
 
-static void stab(struct route *rt, struct mvcc__tnode *n, const char *key, size_t len)
+static void stab(struct route *rt, struct avl_node *n, const char *key, size_t len)
 {
 	while (n) {
 		struct watch__w *w = W_OF(n, by_range);
@@ -559,9 +560,9 @@ static void finish_moving(struct watch_registry *r)
 /* Every synced watcher to unsynced from revision `from` (a gap in routing). */
 static void desync_all(struct watch_registry *r, int64_t from)
 {
-	struct mvcc__titer it;
-	for (struct mvcc__tnode *n = mvcc__titer_seek(&it, &r->by_id, NULL); n;
-	     n = mvcc__titer_next(&it)) {
+	struct avl_iter it;
+	for (struct avl_node *n = avl_seek(&it, &r->by_id, NULL); n;
+	     n = avl_next(&it)) {
 		struct watch__w *w = W_OF(n, by_id);
 		if (w->state != W_SYNCED)
 			continue;
@@ -592,7 +593,7 @@ void watch_notify(struct watch_registry *r, const struct mvcc_store *s)
 			break;
 		struct route rt = {r, &ev, NULL, false};
 		struct wbytes b = {ev.kv.key, ev.kv.key_len};
-		struct mvcc__tnode *n = mvcc__tree_find(&r->keys, &b);
+		struct avl_node *n = avl_find(&r->keys, &b);
 		if (n) {
 			struct watch__bucket *bk = MC_CONTAINER_OF(n, struct watch__bucket, node);
 			for (struct watch__link *l = bk->ws.head; l; l = l->next)
@@ -743,7 +744,7 @@ int watch_take(struct watch_registry *r, int64_t id, struct watch_delivery *out)
 		out->canceled = true;
 		out->compact_revision = w->compact_rev;
 		ready_remove(r, w);
-		mvcc__tree_remove(&r->by_id, &id);
+		avl_remove(&r->by_id, &id);
 		watcher_free(r, w);
 		return 0;
 	}
@@ -769,9 +770,9 @@ int watch_progress(struct watch_registry *r, int64_t **ids_out, size_t *n_out,
 {
 	size_t n = 0, cap = 0;
 	int64_t *ids = NULL;
-	struct mvcc__titer it;
-	for (struct mvcc__tnode *x = mvcc__titer_seek(&it, &r->by_id, NULL); x;
-	     x = mvcc__titer_next(&it)) {
+	struct avl_iter it;
+	for (struct avl_node *x = avl_seek(&it, &r->by_id, NULL); x;
+	     x = avl_next(&it)) {
 		struct watch__w *w = W_OF(x, by_id);
 		if (!w->progress_notify)
 			continue;

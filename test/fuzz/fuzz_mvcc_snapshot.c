@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/crc32c.h"
 #include "meta/lease.h"
 #include "meta/mvcc.h"
 
@@ -90,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	memcpy(buf, data + 1, n);
 	if ((data[0] & 1) && n >= 4) {
-		uint32_t crc = mvcc__crc32c(0, buf, n - 4);
+		uint32_t crc = crc32c(0, buf, n - 4);
 		for (int i = 0; i < 4; i++)
 			buf[n - 4 + i] = (unsigned char)(crc >> (8 * i));
 	}

@@ -1,12 +1,15 @@
 /*
- * test_meta_sm: the meta node's state machine and translations, without
- * Raft or sockets — log entries built the way the node builds them
- * (meta__wrap_request) applied with meta__apply_entry, reads served with
- * meta__serve_read and meta__serve_leader, and the answers checked as the
- * etcd messages a client gets: KV writes and txn, compaction, leases,
- * membership changes carried by conf change entries, the NOSPACE alarm,
- * member attributes, the snapshot of the whole state and its refusal when
- * corrupt, error mapping, and Raft messages through their protobuf form.
+ * test_meta_sm: the meta state machine and translations, without Raft,
+ * sockets or a node — log entries built the way the node builds them
+ * (meta__wrap_request) applied with meta__sm_apply, reads served with
+ * meta__sm_read and meta__sm_leader, and the answers checked as the etcd
+ * messages a client gets: KV writes and txn, compaction, leases,
+ * membership changes carried by conf change entries and the effects they
+ * report (which the driver turns into peer connections), the NOSPACE
+ * alarm, member attributes, the snapshot of the whole state and its
+ * refusal when corrupt, determinism (two members applying the same
+ * entries at different local times end in the same state), error mapping,
+ * and Raft messages through their protobuf form.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -16,32 +19,31 @@
 #include "meta/meta_int.h"
 
 static uv_loop_t loop;
+/* The applying member's clock: tests move it; nothing replicated may
+ * depend on it. */
+static uint64_t now_ms = 1000;
+static struct meta__sm_effects last_fx;
 
-static struct meta_node *node_new(uint64_t id)
+static struct meta__sm *node_new(uint64_t id)
 {
-	struct meta_node *n = calloc(1, sizeof(*n));
-	cr_assert_not_null(n);
-	n->loop = &loop;
-	n->id = id;
-	n->cluster_id = 77;
-	n->term = 3;
-	n->o.quota_bytes = 1 << 20;
-	n->o.election_ms = 1000;
-	n->request_timeout_ms = 5000;
-	n->name = strdup("m1");
-	n->self_client_url = strdup("http://127.0.0.1:2379");
-	n->finishing = true; /* the transport opens no connection */
-	cr_assert_eq(meta__sm_new_store(n), 0);
-	return n;
+	struct meta__sm *sm = malloc(sizeof(*sm));
+	struct mvcc_options mo = {.min_lease_ttl_s = 2};
+	cr_assert_not_null(sm);
+	cr_assert_eq(meta__sm_init(sm, &mo), 0);
+	sm->member_id = id;
+	sm->cluster_id = 77;
+	return sm;
 }
 
-static void node_free(struct meta_node *n)
+static void node_free(struct meta__sm *sm)
 {
-	meta__sm_free(n);
-	meta__peer_free_all(n);
-	free(n->name);
-	free(n->self_client_url);
-	free(n);
+	meta__sm_free(sm);
+	free(sm);
+}
+
+static struct meta__sm_in in_now(void)
+{
+	return (struct meta__sm_in){.now_ms = now_ms, .term = 3};
 }
 
 static void setup(void)
@@ -59,23 +61,24 @@ TestSuite(meta_sm, .init = setup, .fini = teardown);
 static uint64_t next_index = 1;
 
 /* Apply method m's request as the node would log it; r may be NULL. */
-static int apply(struct meta_node *n, enum meta__method m, const ProtobufCMessage *req,
+static int apply(struct meta__sm *n, enum meta__method m, const ProtobufCMessage *req,
 		 struct meta__reply *r)
 {
+	struct meta__sm_in in = in_now();
 	size_t len = protobuf_c_message_get_packed_size(req);
 	uint8_t *buf = malloc(len + 1), *ent;
 	size_t elen;
 	protobuf_c_message_pack(req, buf);
 	cr_assert_eq(meta__wrap_request(m, buf, len, &ent, &elen), 0);
-	struct raft_entry e = {.term = n->term, .index = next_index++,
+	struct raft_entry e = {.term = 3, .index = next_index++,
 			       .type = RAFT_ENTRY_NORMAL, .data = ent, .len = elen};
-	int rc = meta__apply_entry(n, &e, r);
+	int rc = meta__sm_apply(n, &e, &in, r, &last_fx);
 	free(ent);
 	free(buf);
 	return rc;
 }
 
-static void put(struct meta_node *n, const char *k, const char *v, struct meta__reply *r)
+static void put(struct meta__sm *n, const char *k, const char *v, struct meta__reply *r)
 {
 	Etcdserverpb__PutRequest q = ETCDSERVERPB__PUT_REQUEST__INIT;
 	q.key = (ProtobufCBinaryData){strlen(k), (uint8_t *)k};
@@ -85,7 +88,7 @@ static void put(struct meta_node *n, const char *k, const char *v, struct meta__
 }
 
 /* A Range served from the local state; returns the values joined by ','. */
-static char *range(struct meta_node *n, const char *k, const char *end, int64_t rev)
+static char *range(struct meta__sm *n, const char *k, const char *end, int64_t rev)
 {
 	static char out[4096];
 	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
@@ -93,10 +96,11 @@ static char *range(struct meta_node *n, const char *k, const char *end, int64_t 
 	if (end)
 		q.range_end = (ProtobufCBinaryData){strlen(end), (uint8_t *)end};
 	q.revision = rev;
-	struct meta__op *op = meta__op_new(n, META_M_RANGE, &q.base, 0, NULL, NULL);
+	uint8_t buf[512];
+	size_t len = etcdserverpb__range_request__pack(&q, buf);
 	struct meta__reply r = {0};
-	cr_assert_not_null(op);
-	cr_assert_eq(meta__serve_read(n, op, &r), 0);
+	struct meta__sm_in in = in_now();
+	meta__sm_read(n, &in, META_M_RANGE, buf, len, &r);
 	out[0] = '\0';
 	if (r.code) {
 		snprintf(out, sizeof(out), "error %d", r.code);
@@ -108,14 +112,12 @@ static char *range(struct meta_node *n, const char *k, const char *end, int64_t 
 					      (int)p->kvs[i]->value.len, p->kvs[i]->value.data);
 	}
 	meta__reply_free(&r);
-	free(op->req);
-	free(op);
 	return out;
 }
 
 Test(meta_sm, kv_writes_answer_like_etcd)
 {
-	struct meta_node *n = node_new(5);
+	struct meta__sm *n = node_new(5);
 	struct meta__reply r = {0};
 
 	put(n, "a", "1", &r);
@@ -237,20 +239,21 @@ Test(meta_sm, wrapped_entry_is_a_request_message)
 
 Test(meta_sm, undecodable_entry_is_fatal)
 {
-	struct meta_node *n = node_new(5);
+	struct meta__sm *n = node_new(5);
 	uint8_t junk[] = {0xff, 0xff, 0xff, 0x01};
 	struct raft_entry e = {.term = 1, .index = 1, .type = RAFT_ENTRY_NORMAL,
 			       .data = junk, .len = sizeof(junk)};
-	cr_assert_eq(meta__apply_entry(n, &e, NULL), -EBADMSG);
+	struct meta__sm_in in = in_now();
+	cr_assert_eq(meta__sm_apply(n, &e, &in, NULL, &last_fx), -EBADMSG);
 	e.type = RAFT_ENTRY_CONF_CHANGE;
-	cr_assert_eq(meta__apply_entry(n, &e, NULL), -EBADMSG);
+	cr_assert_eq(meta__sm_apply(n, &e, &in, NULL, &last_fx), -EBADMSG);
 	e.type = RAFT_ENTRY_NORMAL;
 	e.len = 0;
-	cr_assert_eq(meta__apply_entry(n, &e, NULL), 0, "a leader's empty entry");
+	cr_assert_eq(meta__sm_apply(n, &e, &in, NULL, &last_fx), 0, "a leader's empty entry");
 	node_free(n);
 }
 
-static int conf(struct meta_node *n, enum raft_conf_change_type type, uint64_t id,
+static int conf(struct meta__sm *n, enum raft_conf_change_type type, uint64_t id,
 		const char *peer, struct meta__reply *r)
 {
 	Mooncake__Meta__ConfContext ctx = MOONCAKE__META__CONF_CONTEXT__INIT;
@@ -270,12 +273,13 @@ static int conf(struct meta_node *n, enum raft_conf_change_type type, uint64_t i
 	}
 	struct raft_entry e = {.term = 2, .index = next_index++, .type = RAFT_ENTRY_CONF_CHANGE,
 			       .data = ebuf, .len = raft_conf_change_encode(&cc, ebuf)};
-	return meta__apply_entry(n, &e, r);
+	struct meta__sm_in in = in_now();
+	return meta__sm_apply(n, &e, &in, r, &last_fx);
 }
 
 Test(meta_sm, membership_from_conf_change_entries)
 {
-	struct meta_node *n = node_new(1);
+	struct meta__sm *n = node_new(1);
 	struct meta__reply r = {0};
 	cr_assert_eq(conf(n, RAFT_CC_ADD_VOTER, 1, "http://10.0.0.1:2380", NULL), 0);
 	cr_assert_eq(conf(n, RAFT_CC_ADD_VOTER, 2, "http://10.0.0.2:2380", &r), 0);
@@ -287,7 +291,8 @@ Test(meta_sm, membership_from_conf_change_entries)
 	meta__reply_free(&r);
 	cr_assert_eq(conf(n, RAFT_CC_ADD_LEARNER, 3, "http://10.0.0.3:2380", NULL), 0);
 	cr_assert(meta__member_find(n, 3)->learner);
-	cr_assert_not_null(meta__peer_find(n, 3), "the transport knows the new member");
+	cr_assert_eq(last_fx.member_change, META_MEMBER_ADDED, "the driver learns of it");
+	cr_assert_eq(last_fx.member_id, 3);
 
 	/* the conf state of the applied table */
 	uint8_t *cb;
@@ -303,10 +308,13 @@ Test(meta_sm, membership_from_conf_change_entries)
 
 	cr_assert_eq(conf(n, RAFT_CC_PROMOTE, 3, NULL, &r), 0);
 	cr_assert(!meta__member_find(n, 3)->learner);
+	cr_assert_eq(last_fx.member_change, META_MEMBER_PROMOTED);
 	cr_assert_eq(((const Etcdserverpb__MemberPromoteResponse *)r.resp)->n_members, 3);
 	meta__reply_free(&r);
 	cr_assert_eq(conf(n, RAFT_CC_REMOVE, 2, NULL, &r), 0);
 	cr_assert_null(meta__member_find(n, 2));
+	cr_assert_eq(last_fx.member_change, META_MEMBER_REMOVED);
+	cr_assert_eq(last_fx.member_id, 2);
 	cr_assert(meta__is_removed(n, 2));
 	cr_assert_eq(((const Etcdserverpb__MemberRemoveResponse *)r.resp)->n_members, 2);
 	meta__reply_free(&r);
@@ -318,9 +326,9 @@ Test(meta_sm, membership_from_conf_change_entries)
 	at.name = "m1";
 	at.client_urls = curls;
 	at.n_client_urls = 1;
-	cr_assert(!n->published);
 	cr_assert_eq(apply(n, META_M_PUBLISH, &at.base, NULL), 0);
-	cr_assert(n->published);
+	cr_assert_eq(last_fx.member_change, META_MEMBER_PUBLISHED);
+	cr_assert_str_eq(meta__member_find(n, 1)->name, "m1");
 	cr_assert_str_eq(meta__member_find(n, 1)->client_url, "http://127.0.0.1:2379");
 
 	/* MemberUpdate moves a peer; an unknown member is etcd's error */
@@ -331,7 +339,7 @@ Test(meta_sm, membership_from_conf_change_entries)
 	u.n_peerurls = 1;
 	cr_assert_eq(apply(n, META_M_MEMBER_UPDATE, &u.base, &r), 0);
 	cr_assert_str_eq(meta__member_find(n, 3)->peer_url, "http://10.0.0.33:2380");
-	cr_assert_str_eq(meta__peer_find(n, 3)->addr, "10.0.0.33:2380");
+	cr_assert_eq(last_fx.member_change, META_MEMBER_MOVED);
 	meta__reply_free(&r);
 	u.id = 99;
 	cr_assert_eq(apply(n, META_M_MEMBER_UPDATE, &u.base, &r), 0);
@@ -342,12 +350,11 @@ Test(meta_sm, membership_from_conf_change_entries)
 
 Test(meta_sm, nospace_alarm_caps_writes_until_disarmed)
 {
-	struct meta_node *n = node_new(1);
+	struct meta__sm *n = node_new(1);
 	struct meta__reply r = {0};
-	n->o.quota_bytes = 4096;
 	put(n, "k", "small", NULL);
-	cr_assert(!meta__over_quota(n, META_M_PUT, 100));
-	cr_assert(meta__over_quota(n, META_M_PUT, 5000));
+	cr_assert(!meta__over_quota(n, 4096, 100));
+	cr_assert(meta__over_quota(n, 4096, 5000));
 	Etcdserverpb__AlarmRequest a = ETCDSERVERPB__ALARM_REQUEST__INIT;
 	a.action = ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE;
 	a.memberid = 1;
@@ -356,7 +363,8 @@ Test(meta_sm, nospace_alarm_caps_writes_until_disarmed)
 	cr_assert_eq(((const Etcdserverpb__AlarmResponse *)r.resp)->n_alarms, 1);
 	meta__reply_free(&r);
 	cr_assert(meta__alarm_active(n, ETCDSERVERPB__ALARM_TYPE__NOSPACE));
-	cr_assert(meta__over_quota(n, META_M_PUT, 1), "the alarm refuses even small writes");
+	cr_assert_eq(last_fx.alarm_raised, ETCDSERVERPB__ALARM_TYPE__NOSPACE);
+	cr_assert(meta__over_quota(n, 4096, 1), "the alarm refuses even small writes");
 	/* applied on every member: puts and grants refused, deletes pass */
 	put(n, "k2", "v", &r);
 	cr_assert_eq(r.code, META_ENOSPACE);
@@ -378,6 +386,7 @@ Test(meta_sm, nospace_alarm_caps_writes_until_disarmed)
 	cr_assert_str_eq(msg, "etcdserver: mvcc: database space exceeded");
 	a.action = ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__DEACTIVATE;
 	cr_assert_eq(apply(n, META_M_ALARM, &a.base, NULL), 0);
+	cr_assert_eq(last_fx.alarms_cleared, 1);
 	cr_assert(!meta__alarm_active(n, ETCDSERVERPB__ALARM_TYPE__NOSPACE));
 	put(n, "k2", "v", &r);
 	cr_assert_eq(r.code, 0);
@@ -385,19 +394,18 @@ Test(meta_sm, nospace_alarm_caps_writes_until_disarmed)
 	node_free(n);
 }
 
-static void lease_op(struct meta_node *n, enum meta__method m, const ProtobufCMessage *q,
+static void lease_op(struct meta__sm *n, enum meta__method m, const ProtobufCMessage *q,
 		     struct meta__reply *r, int want_rc)
 {
-	struct meta__op *op = meta__op_new(n, m, q, 0, NULL, NULL);
-	cr_assert_not_null(op);
-	cr_assert_eq(meta__serve_leader(n, op, r), want_rc);
-	free(op->req);
-	free(op);
+	uint8_t buf[256];
+	size_t len = protobuf_c_message_pack(q, buf);
+	struct meta__sm_in in = in_now();
+	cr_assert_eq(meta__sm_leader(n, &in, m, buf, len, r), want_rc);
 }
 
 Test(meta_sm, leases_grant_keepalive_ttl_revoke)
 {
-	struct meta_node *n = node_new(1);
+	struct meta__sm *n = node_new(1);
 	struct meta__reply r = {0};
 	Etcdserverpb__LeaseGrantRequest g = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
 	g.ttl = 30;
@@ -420,7 +428,7 @@ Test(meta_sm, leases_grant_keepalive_ttl_revoke)
 	ka.id = 7;
 	lease_op(n, META_M_LEASE_KEEPALIVE, &ka.base, &r, MC_ENOT_LEADER);
 	meta__reply_free(&r);
-	lease_promote(mvcc_leases(n->store), meta__now(n), 1000);
+	lease_promote(mvcc_leases(n->store), now_ms, 1000);
 	lease_op(n, META_M_LEASE_KEEPALIVE, &ka.base, &r, 0);
 	cr_assert_eq(((const Etcdserverpb__LeaseKeepAliveResponse *)r.resp)->ttl, 30);
 	meta__reply_free(&r);
@@ -455,7 +463,7 @@ Test(meta_sm, leases_grant_keepalive_ttl_revoke)
 
 Test(meta_sm, snapshot_round_trip_and_corruption)
 {
-	struct meta_node *a = node_new(1);
+	struct meta__sm *a = node_new(1);
 	for (int i = 0; i < 50; i++) {
 		char k[16], v[16];
 		snprintf(k, sizeof(k), "k%02d", i);
@@ -475,7 +483,7 @@ Test(meta_sm, snapshot_round_trip_and_corruption)
 	uint8_t *data;
 	size_t len;
 	cr_assert_eq(meta__sm_snapshot(a, &data, &len), 0);
-	struct meta_node *b = node_new(4);
+	struct meta__sm *b = node_new(4);
 	b->cluster_id = 0;
 	cr_assert_eq(meta__sm_restore(b, data, len), 0);
 	cr_assert_eq(b->cluster_id, 77);
@@ -485,7 +493,6 @@ Test(meta_sm, snapshot_round_trip_and_corruption)
 	cr_assert(meta__member_find(b, 4)->learner);
 	cr_assert(meta__is_removed(b, 9));
 	cr_assert(meta__alarm_active(b, ETCDSERVERPB__ALARM_TYPE__NOSPACE));
-	cr_assert_not_null(meta__peer_find(b, 1), "peers come back from the snapshot");
 
 	/* a corrupt snapshot changes nothing */
 	int64_t rev = mvcc_rev(b->store);
@@ -499,6 +506,219 @@ Test(meta_sm, snapshot_round_trip_and_corruption)
 	free(data);
 	node_free(a);
 	node_free(b);
+}
+
+/* Pack a reply with the member named in its header cleared: what two
+ * members answer must be the same but for who answers. */
+static size_t reply_bytes(struct meta__reply *r, uint8_t *out, size_t cap)
+{
+	if (r->code || !r->resp)
+		return (size_t)snprintf((char *)out, cap, "error %d", r->code);
+	const ProtobufCFieldDescriptor *f =
+		protobuf_c_message_descriptor_get_field_by_name(r->resp->descriptor, "header");
+	if (f) {
+		Etcdserverpb__ResponseHeader *h =
+			*(Etcdserverpb__ResponseHeader **)((char *)r->resp + f->offset);
+		if (h)
+			h->member_id = 0;
+	}
+	size_t len = protobuf_c_message_get_packed_size(r->resp);
+	cr_assert_leq(len, cap);
+	return protobuf_c_message_pack(r->resp, out);
+}
+
+Test(meta_sm, same_entries_at_different_times_give_the_same_state)
+{
+	/* Two members apply one log: a with its clock near 1 s, b near
+	 * 50 days, each advancing by its own steps, both the primary lessor
+	 * (the case where the time is used at all). */
+	struct meta__sm *a = node_new(1), *b = node_new(2);
+	uint64_t t0[2] = {1000, 4321000000ull};
+	struct meta__sm *sms[2] = {a, b};
+	unsigned seed = 7;
+	static uint8_t ra[65536], rb[65536];
+
+	for (int k = 0; k < 2; k++)
+		lease_promote(mvcc_leases(sms[k]->store), t0[k], 1000);
+	for (int step = 0; step < 400; step++) {
+		seed = seed * 1103515245u + 12345u;
+		unsigned what = (seed >> 16) % 10, x = (seed >> 8) % 23;
+		char key[16], val[16];
+		snprintf(key, sizeof(key), "k%02u", x);
+		snprintf(val, sizeof(val), "v%d", step);
+		Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+		Etcdserverpb__DeleteRangeRequest d = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+		Etcdserverpb__LeaseGrantRequest g = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+		Etcdserverpb__LeaseRevokeRequest rv = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+		Etcdserverpb__CompactionRequest c = ETCDSERVERPB__COMPACTION_REQUEST__INIT;
+		Etcdserverpb__AlarmRequest al = ETCDSERVERPB__ALARM_REQUEST__INIT;
+		const ProtobufCMessage *req;
+		enum meta__method m;
+		switch (what) {
+		case 0:
+		case 1:
+		case 2:
+			p.key = (ProtobufCBinaryData){strlen(key), (uint8_t *)key};
+			p.value = (ProtobufCBinaryData){strlen(val), (uint8_t *)val};
+			p.lease = x % 3 == 0 ? 100 + x % 5 : 0;
+			p.prev_kv = true;
+			req = &p.base, m = META_M_PUT;
+			break;
+		case 3:
+			d.key = (ProtobufCBinaryData){strlen(key), (uint8_t *)key};
+			d.range_end = (ProtobufCBinaryData){3, (uint8_t *)"k2"};
+			req = &d.base, m = META_M_DELETE_RANGE;
+			break;
+		case 4:
+		case 5:
+			g.id = 100 + x % 5;
+			g.ttl = 1 + x;
+			req = &g.base, m = META_M_LEASE_GRANT;
+			break;
+		case 6:
+			rv.id = 100 + x % 5;
+			req = &rv.base, m = META_M_LEASE_REVOKE;
+			break;
+		case 7:
+			c.revision = mvcc_rev(a->store) - (int64_t)(x % 4);
+			req = &c.base, m = META_M_COMPACT;
+			break;
+		case 8:
+			al.action = x % 2 ? ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE
+					  : ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__DEACTIVATE;
+			al.memberid = 1;
+			al.alarm = ETCDSERVERPB__ALARM_TYPE__NOSPACE;
+			req = &al.base, m = META_M_ALARM;
+			break;
+		default:
+			cr_assert_eq(conf(a, x % 2 ? RAFT_CC_ADD_LEARNER : RAFT_CC_REMOVE, 50 + x % 3,
+					  "http://10.0.0.5:2380", NULL),
+				     0);
+			next_index--;
+			cr_assert_eq(conf(b, x % 2 ? RAFT_CC_ADD_LEARNER : RAFT_CC_REMOVE, 50 + x % 3,
+					  "http://10.0.0.5:2380", NULL),
+				     0);
+			continue;
+		}
+		struct meta__reply r1 = {0}, r2 = {0};
+		now_ms = t0[0] + (uint64_t)step * 10 + x;
+		cr_assert_eq(apply(a, m, req, &r1), 0);
+		next_index--;
+		now_ms = t0[1] + (uint64_t)step * 37 + 5 * x;
+		cr_assert_eq(apply(b, m, req, &r2), 0);
+		size_t l1 = reply_bytes(&r1, ra, sizeof(ra)), l2 = reply_bytes(&r2, rb, sizeof(rb));
+		cr_assert(l1 == l2 && memcmp(ra, rb, l1) == 0, "step %d: the answers differ", step);
+		meta__reply_free(&r1);
+		meta__reply_free(&r2);
+	}
+	/* The replicated state, byte for byte: keys, revisions, lease IDs
+	 * and TTLs, members, removed IDs, alarms. */
+	uint8_t *sa, *sb;
+	size_t la, lb;
+	cr_assert_eq(meta__sm_snapshot(a, &sa, &la), 0);
+	cr_assert_eq(meta__sm_snapshot(b, &sb, &lb), 0);
+	cr_assert_eq(la, lb);
+	cr_assert_eq(memcmp(sa, sb, la), 0, "the snapshots differ");
+	free(sa);
+	free(sb);
+	/* The clock only placed each leader's expiries on its own time line:
+	 * a lease granted at the same point of the log has the same time left
+	 * at the same point of each member's clock. */
+	int64_t *ids;
+	size_t nids;
+	cr_assert_eq(lease_list(mvcc_leases(a->store), &ids, &nids), 0);
+	cr_assert_gt(nids, 0);
+	for (size_t i = 0; i < nids; i++) {
+		struct lease_ttl ta, tb;
+		cr_assert_eq(lease_time_to_live(mvcc_leases(a->store), ids[i], t0[0], false, &ta), 0);
+		cr_assert_eq(lease_time_to_live(mvcc_leases(b->store), ids[i], t0[1], false, &tb), 0);
+		cr_assert_eq(ta.granted_ttl_s, tb.granted_ttl_s);
+		cr_assert_geq(ta.ttl_s, ta.granted_ttl_s, "expiry is after the grant");
+		cr_assert_geq(tb.ttl_s, tb.granted_ttl_s, "expiry is after the grant");
+		lease_ttl_free(&ta);
+		lease_ttl_free(&tb);
+	}
+	free(ids);
+	now_ms = 1000;
+	node_free(a);
+	node_free(b);
+}
+
+/* The driver's side of the effects: a fake node whose transport opens no
+ * connection. */
+static struct meta_node *driver_new(uint64_t id)
+{
+	struct meta_node *n = calloc(1, sizeof(*n));
+	struct mvcc_options mo = {.min_lease_ttl_s = 2};
+	cr_assert_not_null(n);
+	n->loop = &loop;
+	n->id = id;
+	n->name = strdup("m1");
+	n->self_client_url = strdup("http://127.0.0.1:2379");
+	n->finishing = true;
+	cr_assert_eq(meta__sm_init(&n->sm, &mo), 0);
+	n->sm.member_id = id;
+	n->sm.cluster_id = 77;
+	return n;
+}
+
+static void driver_free(struct meta_node *n)
+{
+	meta__sm_free(&n->sm);
+	meta__peer_free_all(n);
+	free(n->name);
+	free(n->self_client_url);
+	free(n);
+}
+
+Test(meta_sm, effects_reach_the_transport)
+{
+	struct meta_node *n = driver_new(1);
+	cr_assert_eq(conf(&n->sm, RAFT_CC_ADD_VOTER, 1, "http://10.0.0.1:2380", NULL), 0);
+	meta__sm_effects_done(n, &last_fx);
+	cr_assert_null(meta__peer_find(n, 1), "no peer for this member itself");
+	cr_assert_eq(conf(&n->sm, RAFT_CC_ADD_LEARNER, 3, "http://10.0.0.3:2380", NULL), 0);
+	meta__sm_effects_done(n, &last_fx);
+	cr_assert_not_null(meta__peer_find(n, 3), "the transport knows the new member");
+	cr_assert_str_eq(meta__peer_find(n, 3)->addr, "10.0.0.3:2380");
+
+	Etcdserverpb__MemberUpdateRequest u = ETCDSERVERPB__MEMBER_UPDATE_REQUEST__INIT;
+	char *purls[] = {"http://10.0.0.33:2380"};
+	u.id = 3;
+	u.peerurls = purls;
+	u.n_peerurls = 1;
+	cr_assert_eq(apply(&n->sm, META_M_MEMBER_UPDATE, &u.base, NULL), 0);
+	meta__sm_effects_done(n, &last_fx);
+	cr_assert_str_eq(meta__peer_find(n, 3)->addr, "10.0.0.33:2380");
+
+	Mooncake__Meta__MemberAttributes at = MOONCAKE__META__MEMBER_ATTRIBUTES__INIT;
+	char *curls[] = {"http://127.0.0.1:2379"};
+	at.id = 1;
+	at.name = "m1";
+	at.client_urls = curls;
+	at.n_client_urls = 1;
+	cr_assert(!n->published);
+	cr_assert_eq(apply(&n->sm, META_M_PUBLISH, &at.base, NULL), 0);
+	meta__sm_effects_done(n, &last_fx);
+	cr_assert(n->published);
+
+	/* peers come back from a snapshot */
+	uint8_t *data;
+	size_t len;
+	cr_assert_eq(meta__sm_snapshot(&n->sm, &data, &len), 0);
+	struct meta_node *m = driver_new(4);
+	cr_assert_eq(meta__sm_restore(&m->sm, data, len), 0);
+	meta__sync_members(m);
+	cr_assert_not_null(meta__peer_find(m, 1));
+	cr_assert_not_null(meta__peer_find(m, 3));
+	free(data);
+
+	/* this member removed: the driver stops */
+	cr_assert_eq(conf(&n->sm, RAFT_CC_REMOVE, 1, NULL, NULL), 0);
+	meta__sm_effects_done(n, &last_fx);
+	cr_assert(n->fatal);
+	driver_free(m);
+	driver_free(n);
 }
 
 Test(meta_sm, errors_map_to_etcd_status)
