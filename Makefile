@@ -258,6 +258,13 @@ $(B)/verbs-emu/libverbs-emu.a: $(VEMU_OBJS)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# test_client*: libmooncake's own modules, linked from its archive.
+CLIENT_TEST_BINS := $(filter $(B)/test/test_client%,$(UNIT_BINS))
+$(CLIENT_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmooncake.a $(B)/libmcd.a $(B)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC TEST $< (libmooncake)"
+	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmooncake.a $(B)/libmcd.a -lcriterion $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
 RDMA_TEST_BINS := $(filter $(B)/test/test_rdma%,$(UNIT_BINS))
 $(RDMA_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(B)/.flags
 	@mkdir -p $(dir $@)
@@ -336,6 +343,8 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
+	$(Q)$(B)/bench/bench_hostmem 64 1024 4
+	$(Q)BUILD=$(B) $(PYTHON) test/bench/bench_pd.py --protocol=tcp
 	$(Q)test/bench/bench_meta.sh $(B)
 
 # ---------------------------------------------------------------- format
