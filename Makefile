@@ -160,7 +160,8 @@ $(B)/py/%_pb2.py: proto/%.proto
 # loses its object, so the build stops there.
 # A new pure core goes into this list.
 PURE_SRCS := $(wildcard src/meta/raft/*.c) $(wildcard src/meta/mvcc*.c) src/meta/lease.c src/meta/avl.c src/meta/wal_format.c src/meta/sm.c \
-             src/master/alloc.c src/master/core.c src/master/mlog.c \
+             src/master/alloc.c src/master/core.c src/master/index.c \
+             src/master/lease.c src/master/mlog.c src/master/segment.c \
              src/rpc/frame.c src/transfer/wire.c
 PURE_OBJS := $(patsubst src/%.c,$(B)/obj/%.o,$(PURE_SRCS))
 PURE_GUARDS := _TIME_H|_SYS_TIME_H|_UNISTD_H|_PTHREAD_H|UV_H
