@@ -8,6 +8,7 @@
 #   make bench           benchmarks (figures beside the machine's own limit;
 #                        meta: a 3-member cluster beside a 3-member etcd)
 #   make fuzz            libFuzzer targets (clang)
+#   make fuzz-seeds      rewrite the WAL and MVCC snapshot seed corpora
 #   make man             regenerate the committed man pages from the config key table
 #   make format-check    clang-format (.clang-format) finds nothing to change in
 #                        FILES (default: every C file under src/ and test/unit)
@@ -88,7 +89,7 @@ BIN_LDFLAGS := -static
 BIN_LIBS    := $(LIBS_STATIC)
 # A static libibverbs finds no device unless its providers are linked in:
 # this object registers them (STYLE.md build notes); the binaries name it
-# explicitly, src/transfer/rdma.c refers to it weakly.
+# explicitly, src/transfer/rdma_dev.c refers to it weakly.
 BIN_RDMA_PROVIDERS := $(B)/obj/transfer/rdma_providers.o
 $(B)/obj/transfer/rdma_providers.o: private CFLAGS_ALL += -DRDMA_STATIC_PROVIDERS=all
 endif
@@ -127,7 +128,7 @@ UNIT_BINS  := $(patsubst test/unit/%.c,$(B)/test/%,$(UNIT_SRCS))
 BINS := $(B)/mooncaked $(B)/mooncakectl
 LIBS := $(B)/libmooncake.a $(B)/libmooncake.so
 
-.PHONY: all test bench soak fuzz fuzz-run man install clean format format-check
+.PHONY: all test bench soak fuzz fuzz-run fuzz-seeds man install clean format format-check
 .SECONDARY: $(GEN_C) $(GEN_H)
 all: $(BINS) $(LIBS) $(B)/man/mooncaked.8
 
@@ -304,6 +305,17 @@ $(B)/fuzz/%: test/fuzz/%.c $(B)/libmcd.a
 fuzz:
 	$(MAKE) FUZZ=1 fuzz-run
 
+# The seed corpora written with the project's own writers (test/fuzz/seeds.c):
+# valid WAL segments and MVCC snapshots. Run after a format change and
+# commit the files.
+$(B)/fuzz-seeds: test/fuzz/seeds.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+fuzz-seeds: $(B)/fuzz-seeds
+	$(B)/fuzz-seeds test/fuzz/corpus
+
 fuzz-run: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n test/fuzz/corpus/$$n; \
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
@@ -372,9 +384,10 @@ install: all
 	install -m 0644 man/libmooncake.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -m 0644 python/mooncake/*.py $(DESTDIR)$(PYDIR)/mooncake/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
-	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d
 	for u in deploy/*.service.in; do \
 	  sed 's|@PREFIX@|$(PREFIX)|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u .in); done
+	install -m 0644 deploy/mooncaked.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/mooncaked.conf
 	install -m 0644 deploy/mooncaked.default $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:

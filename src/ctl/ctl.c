@@ -13,6 +13,7 @@
  *   mooncakectl put KEY FILE|- / get KEY [FILE] / rm KEY  (local agent)
  *   mooncakectl doctor [--cluster] [--json]   (ctl_doctor.c)
  *   mooncakectl plan --model=NAME | --layers=... (ctl_plan.c)
+ *   mooncakectl secret create FILE            (ctl_secret.c)
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
@@ -42,6 +43,7 @@ static const struct ctl_cmd cmds[] = {
 	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
 	{"doctor", "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)", ctl_doctor_main},
 	{"plan", "size the pool for a model: KV bytes per token and request, requests held, segment per node", ctl_plan_main},
+	{"secret", "`secret create FILE`: a new random cluster secret (0600) for --cluster-secret-file", ctl_secret_main},
 };
 
 static void usage(FILE *f)
