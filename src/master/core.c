@@ -10,7 +10,12 @@
  * Eviction walks the plain LRU list from the head, skipping leased
  * objects, then the pinned list, until the round's target is freed: a
  * round frees eviction_ratio of the DRAM capacity when usage passes the
- * watermark, or just enough for a placement that found no room.
+ * watermark, or just enough for a placement that found no room. With SSD
+ * segments mounted a watermark round demotes its victims instead (tier.c)
+ * and counts what their demotions will free; a placement that finds no
+ * room still evicts (it cannot wait for a demotion), skipping objects on
+ * their way to SSD, and an object with an SSD replica too only loses its
+ * DRAM ones.
  *
  * Mirror logs: every change of a COMPLETE replica is appended to its
  * segment's log (mlog.c) with a sequence number from one core-wide
@@ -58,6 +63,7 @@ void master__core_reset(struct master_core *c)
 	master__segs_clear(&c->segs);
 	c->nquar = 0; /* (their segments are gone) */
 	master__leases_clear(&c->ls);
+	master__tiers_clear(&c->tiers);
 }
 
 void master__core_free(struct master_core *c)
@@ -67,19 +73,20 @@ void master__core_free(struct master_core *c)
 	master__index_free(&c->ix);
 	master__segs_free(&c->segs);
 	master__leases_free(&c->ls);
+	master__tiers_free(&c->tiers);
 	free(c->quar);
 	free(c);
 }
 
 /* ------------------------------------------------------------ objects */
 
-void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
-		    enum master_ev_op op)
+void master__mirror_seg(struct master_core *c, uint32_t seg, const struct master_obj *o,
+			uint64_t offset, enum master_ev_op op)
 {
-	struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+	struct master_seg *s = master__segs_at(&c->segs, seg);
 	struct master_ev e = {
 		.seq = ++c->ev_seq,
-		.offset = o->rep[i].offset,
+		.offset = offset,
 		.size = o->size,
 		.crc = o->crc,
 		.klen = o->klen,
@@ -101,6 +108,31 @@ void master__mirror(struct master_core *c, const struct master_obj *o, unsigned 
 		c->n.mirror_lost++;
 }
 
+void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
+		    enum master_ev_op op)
+{
+	master__mirror_seg(c, o->rep[i].seg, o, o->rep[i].offset, op);
+}
+
+enum master_tier master__rep_tier(const struct master_core *c, const struct master_obj *o,
+				  unsigned i)
+{
+	return master__segs_at(&c->segs, o->rep[i].seg)->tier;
+}
+
+void master__obj_retier(struct master_core *c, struct master_obj *o)
+{
+	if (o->flags & MASTER_OBJ_PENDING)
+		return;
+	bool dram = false;
+	for (unsigned i = 0; i < o->nrep && !dram; i++)
+		dram = master__rep_tier(c, o, i) == MASTER_TIER_DRAM;
+	uint8_t flags = dram ? (uint8_t)(o->flags & ~MASTER_OBJ_SSD)
+			     : (uint8_t)(o->flags | MASTER_OBJ_SSD);
+	if (flags != o->flags)
+		master__index_set_flags(&c->ix, o, flags);
+}
+
 uint64_t master__ev_next(struct master_core *c)
 {
 	return ++c->ev_seq;
@@ -120,33 +152,70 @@ static int quar_reserve(struct master_core *c, size_t n)
 	return 0;
 }
 
+/* Hold [off, off+len) of segment seg until until_ms (room reserved). */
+static void quar_add(struct master_core *c, uint32_t seg, uint64_t off, uint64_t len,
+		     uint64_t until_ms)
+{
+	c->quar[c->nquar++] = (struct master_quarantine){
+		.seg = seg,
+		.log_id = master__segs_at(&c->segs, seg)->log_id,
+		.off = off,
+		.len = len,
+		.until_ms = until_ms,
+	};
+}
+
+void master__rep_drop(struct master_core *c, struct master_obj *o, unsigned i,
+		      uint64_t until_ms)
+{
+	struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+	uint64_t len = master__rep_len(s, o->size);
+	if (until_ms && (s->tier != MASTER_TIER_DRAM || quar_reserve(c, 1) != 0))
+		until_ms = 0; /* (SSD, or out of memory: freed at once) */
+	if (!(o->flags & MASTER_OBJ_PENDING))
+		master__mirror(c, o, i, MASTER_EV_DEL);
+	if (until_ms && len) {
+		quar_add(c, o->rep[i].seg, o->rep[i].offset, len, until_ms);
+		c->n.quarantined++;
+	} else if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
+		/* Cannot happen unless the index is corrupt; the space stays
+		 * allocated rather than be handed out twice. */
+	}
+	s->replicas--;
+	/* Shift the later replicas and the key down. */
+	uint8_t *p = (uint8_t *)&o->rep[i];
+	size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen;
+	memmove(p, p + sizeof(struct master_rep), tail);
+	o->nrep--;
+}
+
 /*
  * Unlink and free the object. Its space on every segment is freed — or,
  * with until_ms, held until then: a forced removal of a leased object,
  * whose readers may go on reading its bytes until their lease ends (a
  * zero-copy view, a get in flight, an agent's lease cache), never
- * another object's.
+ * another object's. An object being demoted holds its DRAM space until
+ * the demotion's deadline (its new owner may be reading it); SSD space
+ * is never held (the owner's store lets the reads that began finish).
  */
 static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint64_t until_ms)
 {
+	if (o->flags & MASTER_OBJ_DEMOTING) {
+		uint64_t until = master__demote_forget(c, o);
+		until_ms = MC_MAX(until_ms, until);
+	}
 	if (until_ms && quar_reserve(c, o->nrep) != 0)
 		until_ms = 0; /* (out of memory: freed at once, as before) */
 	if (!(o->flags & MASTER_OBJ_PENDING))
 		for (unsigned i = 0; i < o->nrep; i++)
 			master__mirror(c, o, i, MASTER_EV_DEL);
-	uint64_t len = master__alloc_len(o->size);
-	if (until_ms && len)
-		c->n.quarantined++;
+	bool held = false;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
-		if (until_ms && len) {
-			c->quar[c->nquar++] = (struct master_quarantine){
-				.seg = o->rep[i].seg,
-				.log_id = s->log_id,
-				.off = o->rep[i].offset,
-				.len = len,
-				.until_ms = until_ms,
-			};
+		uint64_t len = master__rep_len(s, o->size);
+		if (until_ms && len && s->tier == MASTER_TIER_DRAM) {
+			quar_add(c, o->rep[i].seg, o->rep[i].offset, len, until_ms);
+			held = true;
 		} else if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
 			/* Cannot happen unless the index is corrupt; the
 			 * space stays allocated rather than be handed out
@@ -154,6 +223,7 @@ static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint6
 		}
 		s->replicas--;
 	}
+	c->n.quarantined += held;
 	master__index_del(&c->ix, o);
 }
 
@@ -180,22 +250,17 @@ static void quar_release(struct master_core *c, uint64_t now_ms)
 	}
 }
 
-static bool leased(const struct master_obj *o, uint64_t now_ms)
-{
-	return !(o->flags & MASTER_OBJ_PENDING) && o->lease_or_start_ms > now_ms;
-}
-
 /* A removal's obj_destroy_until: until the lease ends, if any (never for
  * a PENDING object). */
 static void obj_remove(struct master_core *c, struct master_obj *o, uint64_t now_ms)
 {
-	obj_destroy_until(c, o, leased(o, now_ms) ? o->lease_or_start_ms : 0);
+	obj_destroy_until(c, o, master__leased(o, now_ms) ? o->lease_or_start_ms : 0);
 }
 
 static bool expired(const struct master_obj *o, uint64_t now_ms)
 {
 	return !(o->flags & MASTER_OBJ_PENDING) && o->ttl_ms && o->ttl_ms <= now_ms &&
-	       !leased(o, now_ms);
+	       !master__leased(o, now_ms);
 }
 
 struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, size_t klen,
@@ -212,23 +277,49 @@ struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, siz
 
 /* ------------------------------------------------------------ eviction */
 
+/* Evict o from DRAM: gone, or (with an SSD replica too) only its DRAM
+ * replicas. Returns the DRAM bytes freed. */
+static uint64_t dram_evict(struct master_core *c, struct master_obj *o)
+{
+	uint64_t freed = 0;
+	bool ssd = false;
+	for (unsigned i = 0; i < o->nrep; i++) {
+		const struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+		if (s->tier == MASTER_TIER_DRAM)
+			freed += master__rep_len(s, o->size);
+		else
+			ssd = true;
+	}
+	c->n.evictions++;
+	c->n.evicted_bytes += o->size;
+	if (!ssd) {
+		master__obj_destroy(c, o);
+		return freed;
+	}
+	for (unsigned i = o->nrep; i-- > 0;)
+		if (master__rep_tier(c, o, i) == MASTER_TIER_DRAM)
+			master__rep_drop(c, o, i, 0);
+	master__obj_retier(c, o);
+	return freed;
+}
+
 /* Evict the least recently used evictable object: plain list first, the
- * soft-pinned one only when the plain list has nothing evictable. Returns
- * the bytes freed, 0 when nothing can go. */
+ * soft-pinned one only when the plain list has nothing evictable. Objects
+ * on their way to SSD are left alone. Returns the bytes freed, 0 when
+ * nothing can go. */
 static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 {
 	static const enum master_list lists[2] = {MASTER_LIST_PLAIN, MASTER_LIST_PINNED};
 	for (int k = 0; k < (pinned ? 2 : 1); k++) {
 		for (struct master_obj *o = master__index_oldest(&c->ix, lists[k]); o;
 		     o = o->next) {
-			if (leased(o, now_ms)) {
+			if (master__leased(o, now_ms)) {
 				c->n.lease_waits++;
 				continue;
 			}
-			uint64_t freed = master__alloc_len(o->size) * o->nrep;
-			c->n.evictions++;
-			c->n.evicted_bytes += o->size;
-			master__obj_destroy(c, o);
+			if (o->flags & MASTER_OBJ_DEMOTING)
+				continue;
+			uint64_t freed = dram_evict(c, o);
 			/* Zero-byte objects free nothing but still go. */
 			return freed ? freed : 1;
 		}
@@ -236,21 +327,63 @@ static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 	return 0;
 }
 
+/*
+ * Up to target bytes from list l of a watermark round, demoting where an
+ * SSD segment can take the object (tier.c), else evicting. Returns the
+ * bytes freed or being freed; *busy when the SSD segments that could
+ * take more are busy with demotions already (the round stops: the next
+ * one goes on).
+ */
+static uint64_t round_list(struct master_core *c, enum master_list l, uint64_t target,
+			   uint64_t now_ms, bool *busy)
+{
+	uint64_t freed = 0;
+	struct master_obj *next;
+	for (struct master_obj *o = master__index_oldest(&c->ix, l); o && freed < target;
+	     o = next) {
+		next = o->next;
+		if (master__leased(o, now_ms)) {
+			c->n.lease_waits++;
+			continue;
+		}
+		if (o->flags & MASTER_OBJ_DEMOTING)
+			continue;
+		uint64_t f = 0;
+		switch (master__demote(c, o, now_ms, &f)) {
+		case MASTER_DEMOTE_STARTED:
+		case MASTER_DEMOTE_DONE:
+			break;
+		case MASTER_DEMOTE_BUSY:
+			*busy = true;
+			return freed;
+		case MASTER_DEMOTE_NONE:
+			f = dram_evict(c, o);
+			f = f ? f : 1; /* zero-byte objects free nothing but go */
+			break;
+		}
+		freed += f;
+	}
+	return freed;
+}
+
 uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms)
 {
 	uint64_t used, cap = master__dram_capacity(c, &used);
+	/* What demotions on their way will free is as good as free. */
+	uint64_t demoting = master__demoting_bytes(c);
+	used -= MC_MIN(used, demoting);
 	if (cap == 0 || (double)used <= c->o.high_watermark * (double)cap)
 		return 0;
 	/* Unpinned objects up to the round's target; soft-pinned ones only
 	 * as far as needed to get under the watermark. */
 	uint64_t target = (uint64_t)(c->o.eviction_ratio * (double)cap);
 	uint64_t limit = (uint64_t)(c->o.high_watermark * (double)cap);
-	uint64_t freed = 0, f;
+	bool busy = false;
 	c->n.eviction_rounds++;
-	while (freed < target && (f = evict_one(c, now_ms, false)) != 0)
-		freed += f;
-	while (used - MC_MIN(used, freed) > limit && (f = evict_one(c, now_ms, true)) != 0)
-		freed += f;
+	uint64_t freed = round_list(c, MASTER_LIST_PLAIN, target, now_ms, &busy);
+	if (!busy && used - MC_MIN(used, freed) > limit)
+		freed += round_list(c, MASTER_LIST_PINNED, used - MC_MIN(used, freed) - limit,
+				    now_ms, &busy);
 	return freed;
 }
 
@@ -470,7 +603,7 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
 	struct master_obj *o = master__lookup(c, key, klen, now_ms);
 	if (!o || (o->flags & MASTER_OBJ_PENDING))
 		return MC_EOBJECT_NOT_FOUND;
-	if (!force && leased(o, now_ms)) {
+	if (!force && master__leased(o, now_ms)) {
 		c->n.lease_waits++;
 		return MC_EOBJECT_HAS_LEASE;
 	}
@@ -487,7 +620,7 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 		struct master_obj *o = master__index_slot(&c->ix, b);
 		while (o) {
 			struct master_obj *next = o->hnext;
-			if ((o->flags & MASTER_OBJ_PENDING) || (!force && leased(o, now_ms))) {
+			if ((o->flags & MASTER_OBJ_PENDING) || (!force && master__leased(o, now_ms))) {
 				s++;
 			} else {
 				obj_remove(c, o, now_ms);
@@ -529,12 +662,14 @@ void master__tick(struct master_core *c, uint64_t now_ms)
 		master__obj_destroy(c, o);
 	}
 	master__agents_expire(c, now_ms);
+	master__tiers_tick(c, now_ms);
 	/* A slice of the index for TTL expiry (none without TTLs: the walk
 	 * was 2-3% of an agent's loop under 4K puts, with the master in its
 	 * process). */
 	struct sweep sw = {c, now_ms};
 	master__index_sweep(&c->ix, SWEEP_BUCKETS_PER_TICK, sweep_one, &sw);
 	master__evict_if_needed(c, now_ms);
+	master__ssd_evict_if_needed(c, now_ms);
 }
 
 /* ------------------------------------------------------------ stats */
@@ -544,6 +679,8 @@ void master__core_stats(const struct master_core *c, struct master_core_stats *s
 	memset(st, 0, sizeof(*st));
 	master__index_stats(&c->ix, st);
 	master__segs_stats(c, st);
+	st->ssd_objects = master__index_count(&c->ix, MASTER_LIST_SSD);
+	master__tiers_stats(c, st);
 }
 
 const struct master_counters *master__core_counters(const struct master_core *c)

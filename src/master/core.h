@@ -18,6 +18,9 @@
  *          in core.c, index.c, segment.c and lease.c (core_int.h).
  *   mlog   per segment, the log of changes to its COMPLETE replicas that
  *          the owner agent follows to keep its mirror (SyncSegment).
+ *   tiers  the SSD tier: demotion of cold DRAM objects to SSD segments,
+ *          eviction past an SSD segment's watermark, objects stored or
+ *          lost there by its owner, promotion back to DRAM (tier.c).
  */
 #ifndef MC_MASTER_CORE_H
 #define MC_MASTER_CORE_H
@@ -80,7 +83,9 @@ unsigned master__alloc_class(uint64_t len);
 
 /* ------------------------------------------------------------ mlog */
 
-enum master_ev_op { MASTER_EV_ADD = 0, MASTER_EV_DEL = 1 }; /* = MirrorEvent.Op */
+/* = MirrorEvent.Op. FETCH (SSD segments only): an order to the owner to
+ * copy the object (key, size, crc) into the segment; offset is unused. */
+enum master_ev_op { MASTER_EV_ADD = 0, MASTER_EV_DEL = 1, MASTER_EV_FETCH = 2 };
 #define MASTER_EV_F_CRC 0x1u      /* crc is the value's checksum */
 #define MASTER_EV_F_SOFT_PIN 0x2u
 
@@ -150,6 +155,8 @@ struct master_rep {
 #define MASTER_OBJ_SOFT_PIN 0x2u
 #define MASTER_OBJ_LRU_PIN 0x4u /* on the pinned LRU list */
 #define MASTER_OBJ_CRC 0x8u     /* crc is the value's CRC-32C */
+#define MASTER_OBJ_SSD 0x10u    /* no replica in DRAM: on the SSD LRU list */
+#define MASTER_OBJ_DEMOTING 0x20u /* a copy to an SSD segment is on its way */
 
 /*
  * One object: 64 bytes plus 16 per replica plus the key, in one
@@ -181,6 +188,14 @@ struct master_seg {
 	struct master_agent *agent;
 	enum master_tier tier;
 	uint64_t base, size;
+	/* Replicas take whole blocks: MASTER_ALLOC_GRANULE in DRAM, the
+	 * owner's block in an SSD segment (whose owner chooses offsets). */
+	uint64_t block;
+	/* SSD segments: evict past high_watermark of size, eviction_ratio of
+	 * size a round (the owner's, or the core's). */
+	double high_watermark, eviction_ratio;
+	uint64_t promised;       /* SSD: bytes of demotions on their way here */
+	unsigned demotions;      /* SSD: demotions on their way here */
 	struct master_alloc *alloc;
 	uint64_t replicas;
 	bool syncing; /* mounted with resync; no placements until inventory done */
@@ -202,6 +217,7 @@ struct master_agent {
 };
 
 struct master_core_opts {
+	/* Also how long a demotion may take before it is given up. */
 	uint64_t put_timeout_ms;
 	uint64_t lease_ttl_ms;
 	uint64_t agent_ttl_ms;
@@ -223,6 +239,12 @@ struct master_counters {
 	uint64_t mirror_events, mirror_lost; /* appended; dropped unacknowledged */
 	uint64_t commits, commit_refusals;   /* BatchCommit items sealed / not */
 	uint64_t lease_grants, lease_granted_bytes, lease_released_bytes;
+	/* The SSD tier (tier.c): demotions started, done, given up (by the
+	 * owner, or timed out); objects promoted back to DRAM; replicas
+	 * evicted from SSD segments, with their bytes; puts stored straight
+	 * on an SSD segment; replicas an owner lost (bad bytes). */
+	uint64_t demotion_starts, demotions, demotion_failures;
+	uint64_t promotions, ssd_evictions, ssd_evicted_bytes, ssd_puts, ssd_lost;
 };
 
 struct master_core;
@@ -255,6 +277,29 @@ uint32_t master__seg_find(const struct master_core *c, const char *name);
 int master__mount(struct master_core *c, const char *name, const char *agent,
 		  enum master_tier tier, uint64_t base, uint64_t size,
 		  bool resync, uint64_t now_ms, uint64_t *mirror_seq) MC_MUST_CHECK;
+/* The same with a segment's tier properties (master__mount: a DRAM
+ * segment's, or an SSD segment's defaults). */
+struct master_mount {
+	const char *name, *agent;
+	enum master_tier tier;
+	uint64_t base, size;
+	/* 0: MASTER_ALLOC_GRANULE; else a power of two multiple of it (an
+	 * SSD segment's block: DRAM segments take only the granule). */
+	uint64_t block_bytes;
+	/* SSD segments: (0, 1], or 0 for the core's high_watermark and
+	 * eviction_ratio. */
+	double high_watermark, eviction_ratio;
+	bool resync;
+};
+/* Errors: as master__mount; -EINVAL also for a block or ratio out of
+ * range, and -EEXIST for another block size than the mounted one's. */
+int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint64_t now_ms,
+		      uint64_t *mirror_seq) MC_MUST_CHECK;
+/* Bytes a replica of size bytes takes in s (0 for 0). */
+static inline uint64_t master__rep_len(const struct master_seg *s, uint64_t size)
+{
+	return size ? (size + s->block - 1) & ~(s->block - 1) : 0;
+}
 /* Errors: MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
 int master__unmount(struct master_core *c, const char *name, const char *agent,
 		    uint64_t *replicas_dropped,
@@ -331,17 +376,27 @@ const struct master_obj *master__find(const struct master_core *c,
 				      const uint8_t *key, size_t klen);
 
 /* Timers: PENDING puts past --put-timeout are revoked, agents silent for
- * --agent-ttl expire, part of the index is swept for TTL expiry, and the
- * DRAM tier is brought under the watermark. */
+ * --agent-ttl expire, part of the index is swept for TTL expiry,
+ * demotions past --put-timeout are given up, and the DRAM tier and every
+ * SSD segment are brought under their watermarks. */
 void master__tick(struct master_core *c, uint64_t now_ms);
-/* One eviction round if DRAM usage is above the watermark (also run after
- * each put start). Returns the bytes freed. */
+/*
+ * One eviction round if DRAM usage, less what demotions on their way
+ * will free, is above the watermark (also run after each put start).
+ * With SSD segments mounted the round demotes instead of evicting (see
+ * tier.c): the coldest objects are given to an SSD segment (the one of
+ * their DRAM replica's agent first, then the one with the most room),
+ * and leave DRAM once their owner stored them; objects no SSD segment
+ * can take are evicted. Returns the DRAM bytes freed or being freed.
+ */
 uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms);
 
 struct master_core_stats {
 	uint64_t objects, pending, key_bytes, index_bytes;
 	uint64_t dram_capacity, dram_used, ssd_capacity, ssd_used;
 	uint64_t segments, agents;
+	uint64_t ssd_objects;            /* objects with no DRAM replica */
+	uint64_t demoting, demoting_bytes; /* demotions on their way (DRAM bytes) */
 };
 void master__core_stats(const struct master_core *c,
 			struct master_core_stats *st);
@@ -398,6 +453,9 @@ struct master_commit {
 	uint32_t crc;
 	bool soft_pin;
 	uint64_t ttl_ms;
+	/* A promotion: the key exists in SSD segments only (with this size
+	 * and checksum), and this DRAM copy replaces its SSD replicas. */
+	bool promote;
 };
 
 /* Seal an object written into leased space: COMPLETE at once, one
@@ -405,10 +463,60 @@ struct master_commit {
  * MC_EINVALID_REPLICA (the space is not leased to the agent in epoch —
  * its own, or a live remote lease on another's segment) — nothing
  * changes; -EINVAL (key),
- * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. */
+ * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. A promotion
+ * (it->promote) adds the replica to the object instead and drops its SSD
+ * replicas; refused (the space freed) with MC_EOBJECT_NOT_FOUND (gone)
+ * or MC_EINVALID_REPLICA (it has a DRAM replica, is being demoted, or has
+ * another size or checksum). */
 int master__commit(struct master_core *c, const char *agent, const char *segment,
 		   uint64_t epoch, const struct master_commit *it,
 		   uint64_t now_ms) MC_MUST_CHECK;
+
+/* ------------------------------------------------------------ tiers
+ * What an SSD segment's owner tells the master (TierCommit): the owner
+ * chooses the offsets there (its store allocates them), in whole blocks
+ * of the segment. */
+enum master_tier_op {
+	/* A new object the owner stored (a put naming the SSD tier). */
+	MASTER_TIER_PUT = 0,
+	/* A FETCH order carried out: the object is stored at offset. */
+	MASTER_TIER_DEMOTED = 1,
+	/* A FETCH order the owner could not carry out. */
+	MASTER_TIER_ABANDONED = 2,
+	/* The owner lost the object's replica at offset (its bytes failed
+	 * their checksum): the replica leaves the index. */
+	MASTER_TIER_LOST = 3,
+};
+
+struct master_tier_item {
+	const uint8_t *key;
+	size_t klen;
+	uint64_t offset, size;
+	bool has_crc;
+	uint32_t crc;
+	bool soft_pin;  /* PUT */
+	uint64_t ttl_ms; /* PUT; 0: none */
+};
+
+/*
+ * Apply one item of an SSD segment's owner. Errors: MC_ESEGMENT_NOT_FOUND,
+ * -EACCES (another agent's segment), -EINVAL (not an SSD segment; key;
+ * PUT or DEMOTED: size 0, offset not a multiple of the block or out of
+ * range), MC_EOBJECT_ALREADY_EXISTS (PUT: the key exists), -EBUSY (the
+ * space is taken), MC_EINVALID_REPLICA (DEMOTED, ABANDONED: no demotion
+ * of the key to this segment is on its way — it was removed, evicted or
+ * given up meanwhile; DEMOTED: another size or checksum), MC_EOBJECT_NOT_FOUND
+ * (LOST: no replica of the key at offset), -ENOMEM. A refused PUT or
+ * DEMOTED leaves the index as it was: the owner deletes its copy.
+ */
+int master__tier_update(struct master_core *c, const char *agent, const char *segment,
+			enum master_tier_op op, const struct master_tier_item *it,
+			uint64_t now_ms) MC_MUST_CHECK;
+/* Where a demotion of the object under key reads it from: a DRAM replica
+ * (its segment slot and offset), for the FETCH order the owner of the
+ * SSD segment receives. false: the key is not being demoted. */
+bool master__demote_source(const struct master_core *c, const uint8_t *key, size_t klen,
+			   uint32_t *seg, uint64_t *offset);
 
 /* Visit every object (in no order). fn returns false to stop. */
 void master__foreach(const struct master_core *c,

@@ -3,8 +3,9 @@
  *
  * A chained hash table of objects (power-of-two buckets, doubled when the
  * load passes 1). Each object is one allocation: header, replicas, key.
- * COMPLETE objects sit on one of two LRU lists (plain and soft-pinned),
- * least recently read at the head; a read moves the object to the tail.
+ * COMPLETE objects sit on one of three LRU lists (plain and soft-pinned
+ * ones with a DRAM replica, and those on SSD segments only), least
+ * recently read at the head; a read moves the object to the tail.
  * PENDING objects sit on the pending list in PutStart order, which with
  * one --put-timeout is also deadline order.
  *
@@ -67,6 +68,8 @@ static struct master_lru *obj_list(struct master_index *ix, const struct master_
 {
 	if (o->flags & MASTER_OBJ_PENDING)
 		return &ix->lists[MASTER_LIST_PENDING];
+	if (o->flags & MASTER_OBJ_SSD)
+		return &ix->lists[MASTER_LIST_SSD];
 	return &ix->lists[(o->flags & MASTER_OBJ_LRU_PIN) ? MASTER_LIST_PINNED
 							   : MASTER_LIST_PLAIN];
 }
@@ -208,6 +211,22 @@ void master__index_seal(struct master_index *ix, struct master_obj *o)
 	if (o->flags & MASTER_OBJ_SOFT_PIN)
 		o->flags |= MASTER_OBJ_LRU_PIN;
 	lru_push(obj_list(ix, o), o);
+}
+
+void master__index_set_flags(struct master_index *ix, struct master_obj *o, uint8_t flags)
+{
+	struct master_lru *from = obj_list(ix, o);
+	o->flags = flags;
+	struct master_lru *to = obj_list(ix, o);
+	if (from != to) {
+		lru_del(from, o);
+		lru_push(to, o);
+	}
+}
+
+uint64_t master__index_count(const struct master_index *ix, enum master_list l)
+{
+	return ix->lists[l].n;
 }
 
 struct master_obj *master__index_add_replica(struct master_index *ix, struct master_obj *o,

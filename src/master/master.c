@@ -98,6 +98,26 @@ static void register_metrics(struct master *m)
 				      "Leased bytes given back unused.");
 	m->m_leased = gauge(m, "mooncake_master_leased_bytes",
 			    "Bytes leased to segment owners and not committed yet.");
+	m->m_demotion_starts = counter(m, "mooncake_master_demotion_starts_total",
+				       "Objects given to an SSD segment's owner to copy (FETCH).");
+	m->m_demotions = counter(m, "mooncake_master_demotions_total",
+				 "Objects moved from DRAM to an SSD segment.");
+	m->m_demotion_failures = counter(m, "mooncake_master_demotion_failures_total",
+					 "Demotions given up (by the owner, or past --put-timeout).");
+	m->m_promotions = counter(m, "mooncake_master_promotions_total",
+				  "Objects moved from SSD back to DRAM.");
+	m->m_ssd_evictions = counter(m, "mooncake_master_ssd_evictions_total",
+				     "Replicas evicted from SSD segments past their watermark.");
+	m->m_ssd_evicted_bytes = counter(m, "mooncake_master_ssd_evicted_bytes_total",
+					 "Object bytes evicted from SSD segments.");
+	m->m_ssd_puts = counter(m, "mooncake_master_ssd_puts_total",
+				"Puts stored straight on an SSD segment.");
+	m->m_ssd_lost = counter(m, "mooncake_master_ssd_lost_total",
+				"SSD replicas their owner lost (bytes that failed their checksum).");
+	m->m_demoting = gauge(m, "mooncake_master_demoting_objects",
+			      "Demotions on their way to an SSD segment.");
+	m->m_ssd_objects = gauge(m, "mooncake_master_ssd_objects",
+				 "Objects with no DRAM replica (on SSD segments only).");
 }
 
 static void add_delta(struct metric *mt, uint64_t now, uint64_t *last)
@@ -159,6 +179,14 @@ void master__update_metrics(struct master *m)
 	add_delta(m->m_commit_refusals, n->commit_refusals, &l->commit_refusals);
 	add_delta(m->m_lease_granted, n->lease_granted_bytes, &l->lease_granted_bytes);
 	add_delta(m->m_lease_released, n->lease_released_bytes, &l->lease_released_bytes);
+	add_delta(m->m_demotion_starts, n->demotion_starts, &l->demotion_starts);
+	add_delta(m->m_demotions, n->demotions, &l->demotions);
+	add_delta(m->m_demotion_failures, n->demotion_failures, &l->demotion_failures);
+	add_delta(m->m_promotions, n->promotions, &l->promotions);
+	add_delta(m->m_ssd_evictions, n->ssd_evictions, &l->ssd_evictions);
+	add_delta(m->m_ssd_evicted_bytes, n->ssd_evicted_bytes, &l->ssd_evicted_bytes);
+	add_delta(m->m_ssd_puts, n->ssd_puts, &l->ssd_puts);
+	add_delta(m->m_ssd_lost, n->ssd_lost, &l->ssd_lost);
 	metric_set(m->m_sync_waiters, (int64_t)m->nsyncw);
 
 	struct master_core_stats st;
@@ -175,6 +203,8 @@ void master__update_metrics(struct master *m)
 	metric_set(m->m_used_dram, (int64_t)st.dram_used);
 	metric_set(m->m_cap_ssd, (int64_t)st.ssd_capacity);
 	metric_set(m->m_used_ssd, (int64_t)st.ssd_used);
+	metric_set(m->m_demoting, (int64_t)st.demoting);
+	metric_set(m->m_ssd_objects, (int64_t)st.ssd_objects);
 	metric_set(m->m_leader, m->leader);
 	metric_set(m->m_view, (int64_t)m->view);
 

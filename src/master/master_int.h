@@ -73,6 +73,9 @@ struct master {
 	struct master_seg_metrics *segm;
 	size_t nsegm;
 	struct metric *m_mirror_events, *m_mirror_lost, *m_sync_waiters;
+	struct metric *m_demotion_starts, *m_demotions, *m_demotion_failures, *m_promotions;
+	struct metric *m_ssd_evictions, *m_ssd_evicted_bytes, *m_ssd_puts, *m_ssd_lost;
+	struct metric *m_demoting, *m_ssd_objects;
 	struct metric *m_commits, *m_commit_refusals, *m_lease_granted, *m_lease_released,
 		*m_leased;
 	/* parked SyncSegment calls (sync.c) */

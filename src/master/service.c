@@ -144,6 +144,9 @@ static void fill_replica(const struct master *m, const struct master_obj *o,
 	r->state = o->rep[i].state == MASTER_REP_COMPLETE
 			   ? MOONCAKE__MASTER__REPLICA_STATE__REPLICA_COMPLETE
 			   : MOONCAKE__MASTER__REPLICA_STATE__REPLICA_PENDING;
+	r->tier = s->tier == MASTER_TIER_SSD ? MOONCAKE__MASTER__TIER__TIER_SSD
+					     : MOONCAKE__MASTER__TIER__TIER_DRAM;
+	r->agent_id = s->agent->id;
 }
 
 /* ------------------------------------------------------------ segments */
@@ -160,16 +163,26 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	}
 	Mooncake__Master__MountSegmentResponse resp = MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
-	int rc = master__mount(m->core, s->name, s->agent_id,
-			       s->tier == MOONCAKE__MASTER__TIER__TIER_SSD ? MASTER_TIER_SSD
-									: MASTER_TIER_DRAM,
-			       s->base_address, s->size, req->resync, now_ms(m), &resp.mirror_seq);
+	bool ssd = s->tier == MOONCAKE__MASTER__TIER__TIER_SSD;
+	struct master_mount mt = {
+		.name = s->name,
+		.agent = s->agent_id,
+		.tier = ssd ? MASTER_TIER_SSD : MASTER_TIER_DRAM,
+		.base = s->base_address,
+		.size = s->size,
+		.block_bytes = s->block_bytes,
+		.high_watermark = s->high_watermark,
+		.eviction_ratio = s->eviction_ratio,
+		.resync = req->resync,
+	};
+	int rc = master__mount_seg(m->core, &mt, now_ms(m), &resp.mirror_seq);
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
 	}
-	log_info("segment %s mounted by agent %s: %llu bytes at 0x%llx%s", s->name,
-		 s->agent_id, (unsigned long long)s->size, (unsigned long long)s->base_address,
+	log_info("segment %s mounted by agent %s: %llu bytes %s 0x%llx%s", s->name, s->agent_id,
+		 (unsigned long long)s->size, ssd ? "of SSD, blocks of" : "at",
+		 ssd ? (unsigned long long)s->block_bytes : (unsigned long long)s->base_address,
 		 req->resync ? " (re-sync)" : "");
 	resp.view = m->view;
 	resp.lease_epoch = master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
@@ -531,11 +544,56 @@ static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 			.crc = it->crc32c,
 			.soft_pin = it->soft_pin,
 			.ttl_ms = it->ttl_ms,
+			.promote = it->promote,
 		};
 		errs[i] = commit_err(m,
 				     master__commit(m->core, req->agent_id, req->segment,
 						    req->lease_epoch, &c, now),
 				     req->segment, req->lease_epoch);
+	}
+	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	resp.n_errors = n;
+	resp.errors = errs;
+	master__reply(call, &resp.base);
+	free(errs);
+}
+
+static void on_tier_commit(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__TierCommitRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_items;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	if (!errs) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		const Mooncake__Master__TierItem *it = req->items[i];
+		struct master_tier_item t = {
+			.key = it->key.data,
+			.klen = it->key.len,
+			.offset = it->offset,
+			.size = it->size,
+			.has_crc = it->checksummed,
+			.crc = it->crc32c,
+			.soft_pin = it->soft_pin,
+			.ttl_ms = it->ttl_ms,
+		};
+		enum master_tier_op op;
+		switch (it->kind) {
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__PUT: op = MASTER_TIER_PUT; break;
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__DEMOTED: op = MASTER_TIER_DEMOTED; break;
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__ABANDONED: op = MASTER_TIER_ABANDONED; break;
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__LOST: op = MASTER_TIER_LOST; break;
+		default:
+			errs[i] = -EINVAL;
+			continue;
+		}
+		errs[i] = master__tier_update(m->core, req->agent_id, req->segment, op, &t, now);
 	}
 	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
@@ -788,6 +846,14 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.commits = n->commits;
 	resp.commit_refusals = n->commit_refusals;
 	resp.agents = st.agents;
+	resp.ssd_capacity = st.ssd_capacity;
+	resp.ssd_used = st.ssd_used;
+	resp.ssd_objects = st.ssd_objects;
+	resp.demotions = n->demotions;
+	resp.promotions = n->promotions;
+	resp.ssd_evictions = n->ssd_evictions;
+	resp.demoting = st.demoting;
+	resp.demotion_failures = n->demotion_failures;
 	uint32_t slots = master__seg_slots(m->core), k = 0;
 	Mooncake__Master__SegmentStats *ss = calloc(slots ? slots : 1, sizeof(*ss));
 	Mooncake__Master__SegmentStats **sp = calloc(slots ? slots : 1, sizeof(*sp));
@@ -810,6 +876,11 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 							: MOONCAKE__MASTER__TIER__TIER_DRAM;
 		sg[k].base_address = s->base;
 		sg[k].size = s->size;
+		sg[k].block_bytes = s->block;
+		if (s->tier == MASTER_TIER_SSD) {
+			sg[k].high_watermark = s->high_watermark;
+			sg[k].eviction_ratio = s->eviction_ratio;
+		}
 		ss[k].segment = &sg[k];
 		ss[k].used = as.used;
 		ss[k].replicas = s->replicas;
@@ -971,6 +1042,7 @@ static const struct rpc_method methods[] = {
 	      list_segment_response),
 	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),
 	UNARY("BatchCommit", on_batch_commit, batch_commit_request, batch_errors_response),
+	UNARY("TierCommit", on_tier_commit, tier_commit_request, batch_errors_response),
 };
 
 int master__service_add(struct master *m)

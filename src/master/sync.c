@@ -72,24 +72,38 @@ static int owned_segment(struct master *m, const char *agent, const char *name,
 	return 0;
 }
 
-static void fill_event(Mooncake__Master__MirrorEvent *e, const struct master_ev *ev)
+/* An event of a log; a FETCH order names the DRAM replica its owner
+ * reads the object from (none when the demotion is over). */
+static void fill_event(const struct master *m, Mooncake__Master__MirrorEvent *e,
+		       const struct master_ev *ev)
 {
 	mooncake__master__mirror_event__init(e);
-	e->op = ev->op == MASTER_EV_DEL ? MOONCAKE__MASTER__MIRROR_EVENT__OP__DEL
-					: MOONCAKE__MASTER__MIRROR_EVENT__OP__ADD;
+	e->op = ev->op == MASTER_EV_DEL	    ? MOONCAKE__MASTER__MIRROR_EVENT__OP__DEL
+		: ev->op == MASTER_EV_FETCH ? MOONCAKE__MASTER__MIRROR_EVENT__OP__FETCH
+					    : MOONCAKE__MASTER__MIRROR_EVENT__OP__ADD;
 	e->seq = ev->seq;
 	e->key.data = (uint8_t *)ev->key;
 	e->key.len = ev->klen;
 	e->offset = ev->offset;
-	if (ev->op == MASTER_EV_ADD) {
+	if (ev->op != MASTER_EV_DEL) {
 		e->size = ev->size;
 		e->crc32c = ev->crc;
 		e->checksummed = (ev->flags & MASTER_EV_F_CRC) != 0;
 		e->soft_pin = (ev->flags & MASTER_EV_F_SOFT_PIN) != 0;
 	}
+	uint32_t seg;
+	uint64_t off;
+	if (ev->op == MASTER_EV_FETCH && m &&
+	    master__demote_source(m->core, ev->key, ev->klen, &seg, &off)) {
+		const struct master_seg *s = master__seg(m->core, seg);
+		e->source_segment = s->name;
+		e->source_offset = off;
+		e->source_address = s->base + off;
+	}
 }
 
 struct collect {
+	const struct master *m;
 	Mooncake__Master__MirrorEvent *ev;
 	Mooncake__Master__MirrorEvent **ptrs;
 	size_t n, cap;
@@ -99,7 +113,7 @@ struct collect {
 static void collect_ev(void *ud, const struct master_ev *ev)
 {
 	struct collect *x = ud;
-	fill_event(&x->ev[x->n], ev);
+	fill_event(x->m, &x->ev[x->n], ev);
 	x->ptrs[x->n] = &x->ev[x->n];
 	x->n++;
 }
@@ -114,6 +128,7 @@ static void answer(struct master *m, struct rpc_call *call, uint32_t id, uint64_
 	master__mlog_stats(s->log, &ls);
 	size_t cap = (size_t)MC_MIN((uint64_t)max, ls.records);
 	struct collect x = {
+		.m = m,
 		.ev = malloc((cap ? cap : 1) * sizeof(*x.ev)),
 		.ptrs = malloc((cap ? cap : 1) * sizeof(*x.ptrs)),
 		.cap = cap,
@@ -327,7 +342,7 @@ static bool list_item(void *ud, const struct master_obj *o, unsigned i)
 				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN : 0)),
 		.key = master__obj_key(o),
 	};
-	fill_event(&p->items[p->n++], &ev);
+	fill_event(NULL, &p->items[p->n++], &ev);
 	p->key_bytes += o->klen;
 	return p->key_bytes < LIST_MAX_KEY_BYTES;
 }
