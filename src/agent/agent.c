@@ -21,10 +21,12 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/demote.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
 #include "agent/op.h"
 #include "agent/server.h"
+#include "agent/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sysmem.h"
@@ -226,6 +228,7 @@ static void on_start_timer(uv_timer_t *t)
 		uv_timer_start(t, on_start_timer, 20, 0);
 		return;
 	}
+	agent__tier_start(a);
 	if (a->te) {
 		struct te_ready_job *j = calloc(1, sizeof(*j));
 		if (!j) {
@@ -289,9 +292,20 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	rc = agent__lcache_init(&a->lc, AGENT_LCACHE_ENTRIES);
 	if (rc)
 		goto out_inv;
+	struct agent_tier_opts to = {
+		.path = o->ssd_path,
+		.bytes = o->ssd_bytes,
+		.high_watermark = o->ssd_high_watermark,
+		.eviction_ratio = o->ssd_eviction_ratio,
+		.sync_interval_ms = o->ssd_sync_interval_ms,
+		.verify_on_start = o->ssd_verify_on_start,
+	};
+	rc = agent__tier_open(a, &to);
+	if (rc)
+		goto out_lc;
 	rc = make_segment(a, o);
 	if (rc)
-		goto out_inv;
+		goto out_tier;
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	unsigned threads = o->copy_threads ? o->copy_threads
 					   : (unsigned)MC_MIN(MC_MAX(cores, 1L), 8L);
@@ -323,6 +337,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	agent__batch_init(a);
 	a->start_timer.data = a;
 	agent__mirror_init(a);
+	agent__demote_init(a, o->ssd_flush_on_stop);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
 	agent__gets_start(a);
@@ -333,8 +348,11 @@ out_seg:
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
-out_inv:
+out_tier:
+	agent__tier_free(a);
+out_lc:
 	agent__lcache_free(&a->lc);
+out_inv:
 	agent__inv_free(&a->inv);
 out_strings:
 	agent__mlink_free(a);
@@ -358,6 +376,12 @@ static void on_mlink_stopped(struct agent *a)
 	maybe_stopped(a);
 }
 
+/* The DRAM segment is written down into the SSD tier: unmount. */
+static void on_flushed(struct agent *a)
+{
+	agent__mlink_stop(a, on_mlink_stopped);
+}
+
 static void pool_idle(void *ud)
 {
 	agent__spin_touch(ud);
@@ -368,7 +392,8 @@ static void maybe_stopped(struct agent *a)
 {
 	if (!a->stopping || a->stopped)
 		return;
-	if (!a->mlink_stopped || !agent__server_idle(a) || agent__pool_pending(&a->pool) > 0)
+	if (!a->mlink_stopped || !agent__server_idle(a) || agent__pool_pending(&a->pool) > 0 ||
+	    agent__demote_busy(a) || agent__tier_inflight(a) > 0)
 		return;
 	if (!a->handles_closed) {
 		a->handles_closed = true;
@@ -381,6 +406,8 @@ static void maybe_stopped(struct agent *a)
 		n += agent__batch_close(a, on_closed);
 		n += agent__gets_close(a, on_closed);
 		n += agent__mirror_close(a, on_closed);
+		n += agent__demote_close(a, on_closed);
+		n += agent__tier_close(a, on_closed);
 		n += agent__mlink_close(a, on_closed);
 		a->closing += n;
 		return;
@@ -407,7 +434,8 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	agent__batch_flush(a);
 	/* on_stopped always comes from a close callback: never from inside
 	 * this call. */
-	agent__mlink_stop(a, on_mlink_stopped);
+	if (!agent__demote_flush(a, on_flushed))
+		agent__mlink_stop(a, on_mlink_stopped);
 	maybe_stopped(a);
 }
 
@@ -415,6 +443,8 @@ void agent_free(struct agent *a)
 {
 	if (!a)
 		return;
+	agent__tier_free(a);
+	agent__demote_free(a);
 	agent__mlink_free(a);
 	agent__space_free(a);
 	agent__inv_free(&a->inv);

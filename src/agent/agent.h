@@ -78,6 +78,21 @@ struct agent_opts {
 	 * puts sealed in one master call; 0: every put takes PutStart and
 	 * PutEnd. */
 	uint64_t put_lease_bytes;
+	/* The SSD tier (--ssd-*): its directory (NULL or "": none) and the
+	 * bytes it takes there; the watermark and eviction ratio the master
+	 * keeps it under; write the DRAM segment down at a stop; copy objects
+	 * read from it back to DRAM; check every object at start; least time
+	 * between syncs; memory other agents' reads of it go through. */
+	const char *ssd_path;
+	uint64_t ssd_bytes;
+	double ssd_high_watermark, ssd_eviction_ratio;
+	bool ssd_flush_on_stop, ssd_promote_on_hit, ssd_verify_on_start;
+	unsigned ssd_sync_interval_ms;
+	uint64_t ssd_bounce_bytes;
+	/* The cluster secret other agents prove when they ask for an object
+	 * of the SSD tier (copied); len 0: not checked (--insecure-transfer). */
+	const uint8_t *cluster_secret;
+	size_t cluster_secret_len;
 };
 
 /* Copies up to this size run on the loop thread; a get's up to the
@@ -90,21 +105,25 @@ struct agent_opts {
 #define AGENT_PROTOCOL_VERSION 1u
 
 /*
- * Create the agent: map the segment, start the copy threads, listen on the
- * socket (mode 0660; a stale socket file is replaced, a live one refused),
- * and begin finding and mounting with the master. Errors (logged): -EINVAL
- * (options), -EADDRINUSE (another agent serves the socket), -ENOMEM or
- * another negative errno of memfd/mmap/socket/bind, MC_ECONFIG (huge pages
+ * Create the agent: open the SSD tier (recovering what it holds), map the
+ * segment, start the copy threads, listen on the socket (mode 0660; a
+ * stale socket file is replaced, a live one refused), and begin finding
+ * and mounting with the master. Errors (logged): -EINVAL (options),
+ * -EADDRINUSE (another agent serves the socket), -ENOMEM or another
+ * negative errno of memfd/mmap/socket/bind, MC_ECONFIG (huge pages
  * required but unavailable, NUMA node not present, the segment does not
- * fit the node's memory and force_segment_size is not set).
+ * fit the node's memory and force_segment_size is not set; the SSD tier's
+ * size, free space or files), MC_ELOCKED (another process has ssd_path),
+ * -EACCES (ssd_path cannot be written).
  */
 int agent_new(const struct agent_opts *opts, struct agent **out) MC_MUST_CHECK;
 
 /*
- * Stop: close the socket and every client session, unmount the segment
- * from the master (so its objects leave the index at once), stop the
- * heartbeats; on_stopped(ud) runs when done (from the loop, never from
- * inside this call).
+ * Stop: close the socket and every client session, write the DRAM
+ * segment's objects into the SSD tier when ssd_flush_on_stop, unmount the
+ * segments from the master (so their objects leave the index at once),
+ * stop the heartbeats; on_stopped(ud) runs when done (from the loop,
+ * never from inside this call).
  */
 void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud);
 

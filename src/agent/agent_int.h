@@ -72,6 +72,7 @@
 
 #include "agent/agent.h"
 #include "agent/batch.h"
+#include "agent/demote.h"
 #include "agent/inv.h"
 #include "agent/lcache.h"
 #include "agent/mcall.h"
@@ -83,6 +84,7 @@
 #include "agent/server.h"
 #include "agent/space.h"
 #include "agent/stats.h"
+#include "agent/tier.h"
 
 struct agent {
 	/* The frame (agent.c's; every file may read it). */
@@ -119,6 +121,8 @@ struct agent {
 	struct agent_mlink mlink;     /* mlink.c */
 	struct agent_server server;   /* server.c */
 	struct agent_gets gets;       /* op_get.c */
+	struct agent_tier tier;       /* tier.c */
+	struct agent_demote demote;   /* demote.c */
 };
 
 #endif

@@ -18,6 +18,15 @@
  * a Heartbeat every agent_ttl / 3; a reply with another view or resync =
  * true starts the re-sync over.
  *
+ * With an SSD tier the SSD segment is mounted right after the DRAM one
+ * (resync false the first time, as the DRAM segment), its log followed
+ * by the tier's moves (demote.c), and what the tier's store holds is
+ * reported after every mount, the first one included (a restarted agent
+ * brings its SSD objects back): those items follow the DRAM segment's,
+ * unchecked (every read of the tier checks an object's bytes), and an
+ * item the master refuses is deleted from the tier. At a stop the SSD
+ * segment is unmounted after the DRAM one.
+ *
  * The link chooses the master that calls (mcall.c) go to, and ticks
  * the calls parked while none is known. Each mount starts the mirror
  * (mirror.c) and a new put lease generation (space.c); a mount waits
@@ -31,10 +40,12 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/demote.h"
 #include "agent/mcall.h"
 #include "agent/mirror.h"
 #include "agent/mlink.h"
 #include "agent/space.h"
+#include "agent/tier.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "etcd/etcd.h"
@@ -59,6 +70,9 @@ static void set_mounted(struct agent *a, bool mounted)
 
 static void hb_arm(struct agent *a);
 static void on_hb_timer(uv_timer_t *t);
+static void mount_ssd(struct agent *a);
+static void mounted_all(struct agent *a);
+static void retry_mount_later(struct agent *a);
 
 /*
  * One inventory Heartbeat: up to AGENT_INVENTORY_BATCH entries, taken
@@ -72,6 +86,7 @@ struct inv_block {
 	unsigned gen;                     /* a->mlink.resync_gen when made */
 	size_t n, ngood;
 	bool last;
+	bool ssd;                         /* items of the SSD segment */
 	struct agent_inv_entry **ents;    /* owned */
 	uint8_t *verdict;
 	struct agent_inv_entry **good;    /* borrowed from ents, reported order */
@@ -122,12 +137,17 @@ static void on_inventory(void *ud, int err, const char *message,
 		mount(a);
 		return;
 	}
-	/* What the master refused is not in its index: not in the mirror. */
+	/* What the master refused is not in its index: not in the mirror,
+	 * not in the SSD tier. */
 	for (size_t k = 0; k < resp->n_skipped_items; k++) {
 		uint32_t i = resp->skipped_items[k];
-		if (i < b->ngood)
-			agent__inv_del_at(&a->inv, b->good[i]->key, b->good[i]->klen,
-					  b->good[i]->rec.offset);
+		if (i >= b->ngood)
+			continue;
+		const struct agent_inv_entry *e = b->good[i];
+		if (b->ssd)
+			agent__tier_remove(a, e->key, e->klen, e->rec.offset);
+		else
+			agent__inv_del_at(&a->inv, e->key, e->klen, e->rec.offset);
 	}
 	agent__count(&a->stats, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
 	a->mlink.resync_reported += resp->items_accepted;
@@ -140,10 +160,10 @@ static void on_inventory(void *ud, int err, const char *message,
 		return;
 	}
 	log_info("re-sync with master %s (view %" PRIu64 ") done: %" PRIu64 " objects "
-		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
-		 "none to check)",
+		 "reported (%zu of the SSD tier), %" PRIu64 " left out (bytes not "
+		 "matching their checksum, or none to check)",
 		 agent__mcall_master(a), a->mlink.view, a->mlink.resync_reported,
-		 a->mlink.resync_bad);
+		 a->mlink.resync_n - a->mlink.resync_ndram, a->mlink.resync_bad);
 	resync_free(a);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	agent__lease_start(a, a->mlink.mount_epoch); /* the segment takes placements */
@@ -153,7 +173,10 @@ static void on_inventory(void *ud, int err, const char *message,
 static void verify_run(struct agent_job *j)
 {
 	struct inv_block *b = MC_CONTAINER_OF(j, struct inv_block, job);
-	agent__mirror_verify(b->a, b->ents, b->n, b->verdict);
+	if (b->ssd)
+		memset(b->verdict, AGENT_VERIFY_OK, b->n); /* (checked when read) */
+	else
+		agent__mirror_verify(b->a, b->ents, b->n, b->verdict);
 }
 
 static void verify_done(struct agent_job *j)
@@ -180,7 +203,7 @@ static void verify_done(struct agent_job *j)
 		mooncake__master__inventory_item__init(it);
 		it->key.data = (uint8_t *)e->key;
 		it->key.len = e->klen;
-		it->segment = a->name;
+		it->segment = b->ssd ? (char *)agent__tier_name(a) : a->name;
 		it->offset = e->rec.offset;
 		it->size = e->rec.size;
 		it->soft_pin = e->rec.soft_pin;
@@ -204,6 +227,10 @@ static void send_inventory(struct agent *a)
 {
 	size_t left = a->mlink.resync_n - a->mlink.resync_pos;
 	size_t n = MC_MIN(left, (size_t)AGENT_INVENTORY_BATCH);
+	/* A block holds one segment's items. */
+	bool ssd = a->mlink.resync_pos >= a->mlink.resync_ndram;
+	if (!ssd)
+		n = MC_MIN(n, a->mlink.resync_ndram - a->mlink.resync_pos);
 	struct inv_block *b = calloc(1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
 							 sizeof(Mooncake__Master__InventoryItem *) +
 							 sizeof(Mooncake__Master__InventoryItem) + 1));
@@ -216,6 +243,7 @@ static void send_inventory(struct agent *a)
 	b->a = a;
 	b->gen = a->mlink.resync_gen;
 	b->n = n;
+	b->ssd = ssd;
 	b->items = (Mooncake__Master__InventoryItem *)(b + 1);
 	b->ptrs = (Mooncake__Master__InventoryItem **)(b->items + n);
 	b->ents = (struct agent_inv_entry **)(b->ptrs + n);
@@ -231,17 +259,71 @@ static void send_inventory(struct agent *a)
 	agent__pool_submit(&a->pool, &b->job);
 }
 
-/* Snapshot the mirror (copies: it changes while the report goes out). */
-static int start_resync(struct agent *a)
+struct ssd_items {
+	struct agent_inv_entry **v;
+	size_t n, cap;
+	bool nomem;
+};
+
+static void collect_ssd(void *ud, const uint8_t *key, size_t klen,
+			const struct agent_tier_obj *o)
+{
+	struct ssd_items *x = ud;
+	if (x->nomem)
+		return;
+	if (x->n == x->cap) {
+		size_t cap = x->cap ? x->cap * 2 : 256;
+		struct agent_inv_entry **v = realloc(x->v, cap * sizeof(*v));
+		if (!v) {
+			x->nomem = true;
+			return;
+		}
+		x->v = v;
+		x->cap = cap;
+	}
+	struct agent_inv_entry *e = calloc(1, sizeof(*e) + klen);
+	if (!e) {
+		x->nomem = true;
+		return;
+	}
+	e->klen = (uint16_t)klen;
+	memcpy(e->key, key, klen);
+	e->rec.offset = o->offset;
+	e->rec.size = o->size;
+	e->rec.crc = o->crc;
+	e->rec.has_crc = true;
+	x->v[x->n++] = e;
+}
+
+/* Snapshot the mirror (copies: it changes while the report goes out) when
+ * the DRAM segment re-syncs, then the SSD tier's objects. */
+static int start_resync(struct agent *a, bool dram)
 {
 	resync_free(a);
-	struct agent_inv_entry **snap;
-	size_t n;
-	int rc = agent__inv_snapshot(&a->inv, &snap, &n);
+	struct agent_inv_entry **snap = NULL;
+	size_t n = 0;
+	int rc = dram ? agent__inv_snapshot(&a->inv, &snap, &n) : 0;
 	if (rc)
 		return rc;
-	a->mlink.resync_items = snap;
-	a->mlink.resync_n = n;
+	struct ssd_items x = {0};
+	agent__tier_foreach(a, collect_ssd, &x);
+	struct agent_inv_entry **all =
+		x.nomem ? NULL : realloc(snap, (n + x.n ? n + x.n : 1) * sizeof(*all));
+	if (!all) {
+		for (size_t i = 0; i < n; i++)
+			free(snap[i]);
+		free(snap);
+		for (size_t i = 0; i < x.n; i++)
+			free(x.v[i]);
+		free(x.v);
+		return -ENOMEM;
+	}
+	if (x.n)
+		memcpy(all + n, x.v, x.n * sizeof(*all));
+	free(x.v);
+	a->mlink.resync_items = all;
+	a->mlink.resync_n = n + x.n;
+	a->mlink.resync_ndram = n;
 	a->mlink.resync_pos = 0;
 	a->mlink.resync_reported = a->mlink.resync_bad = 0;
 	return 0;
@@ -301,14 +383,27 @@ static void on_mounted(void *ud, int err, const char *message,
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
 	a->mlink.mount_epoch = resp->lease_epoch;
+	a->mlink.resync_dram = resync;
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
 		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+	}
+	if (agent__tier_on(a)) {
+		mount_ssd(a);
+		return;
+	}
+	mounted_all(a);
+}
+
+/* Every segment is mounted: report the inventory, or take placements. */
+static void mounted_all(struct agent *a)
+{
+	if (!a->mlink.resync_dram && !agent__tier_on(a)) {
 		agent__lease_start(a, a->mlink.mount_epoch);
 		hb_arm(a);
 		return;
 	}
-	int rc = start_resync(a);
+	int rc = start_resync(a, a->mlink.resync_dram);
 	if (rc) {
 		log_error("cannot prepare the inventory: %s; retrying", mc_strerror(rc));
 		set_mounted(a, false);
@@ -316,6 +411,66 @@ static void on_mounted(void *ud, int err, const char *message,
 		return;
 	}
 	send_inventory(a);
+}
+
+static void on_ssd_mounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct mount_block *b = ud;
+	struct agent *a = b->a;
+	bool resync = b->req.resync;
+	bool same = strcmp(b->addr, agent__mcall_master(a)) == 0;
+	free(b->addr);
+	free(b);
+	a->mlink.mount_busy = false;
+	if (a->stopping)
+		return;
+	if (!same) {
+		mount(a); /* the leader changed meanwhile */
+		return;
+	}
+	if (err) {
+		log_warn("cannot mount the SSD tier's segment %s with master %s: %s; retrying",
+			 agent__tier_name(a), agent__mcall_master(a),
+			 message ? message : mc_strerror(err));
+		set_mounted(a, false);
+		retry_mount_later(a);
+		return;
+	}
+	const Mooncake__Master__MountSegmentResponse *resp = (const void *)m;
+	a->mlink.ssd_ever_mounted = true;
+	log_info("SSD tier segment %s (%" PRIu64 " bytes) mounted with master %s%s",
+		 agent__tier_name(a), agent__tier_capacity(a), agent__mcall_master(a),
+		 resync ? " (re-sync)" : "");
+	agent__demote_start(a, resp->mirror_seq);
+	mounted_all(a);
+}
+
+static void mount_ssd(struct agent *a)
+{
+	struct mount_block *b = calloc(1, sizeof(*b));
+	char *addr = strdup(agent__mcall_master(a));
+	if (!b || !addr) {
+		free(b);
+		free(addr);
+		set_mounted(a, false);
+		retry_mount_later(a);
+		return;
+	}
+	b->a = a;
+	b->addr = addr;
+	mooncake__master__mount_segment_request__init(&b->req);
+	mooncake__master__segment__init(&b->seg);
+	b->seg.name = (char *)agent__tier_name(a);
+	b->seg.agent_id = a->name;
+	b->seg.tier = MOONCAKE__MASTER__TIER__TIER_SSD;
+	b->seg.size = agent__tier_capacity(a);
+	b->seg.block_bytes = agent__tier_block(a);
+	agent__tier_watermarks(a, &b->seg.high_watermark, &b->seg.eviction_ratio);
+	b->req.segment = &b->seg;
+	b->req.resync = a->mlink.ssd_ever_mounted;
+	a->mlink.mount_busy = true;
+	agent__mcall(a, "MountSegment", &b->req.base,
+		     &mooncake__master__mount_segment_response__descriptor, on_ssd_mounted, b);
 }
 
 void agent__mlink_lease_drained(struct agent *a)
@@ -332,6 +487,7 @@ static void mount(struct agent *a)
 		return;
 	uv_timer_stop(&a->mlink.hb_timer);
 	agent__mirror_stop(a);
+	agent__demote_stop(a);
 	agent__lease_reset(a);
 	a->mlink.mount_epoch = 0; /* learned again from the next mount */
 	set_mounted(a, false);
@@ -446,6 +602,7 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 		return;
 	set_mounted(a, false);
 	agent__mirror_stop(a);
+	agent__demote_stop(a);
 	agent__lease_reset(a);
 	a->mlink.mount_epoch = 0; /* learned again from the next mount */
 	if (!addr[0]) {
@@ -660,10 +817,29 @@ static void mlink_finish(struct agent *a)
 	}
 	resync_free(a);
 	agent__mirror_stop(a);
+	agent__demote_stop(a);
 	void (*done)(struct agent *) = a->mlink.done;
 	a->mlink.done = NULL;
 	if (done)
 		done(a);
+}
+
+static void on_ssd_unmounted(void *ud, int err, const char *message,
+			     const ProtobufCMessage *m)
+{
+	struct agent *a = ud;
+	const Mooncake__Master__UnmountSegmentResponse *resp = (const void *)m;
+	if (err && err != MC_ENOT_LEADER && err != MC_ESHUTDOWN)
+		log_warn("cannot unmount the SSD tier's segment %s: %s (it expires after "
+			 "the agent TTL)",
+			 agent__tier_name(a), message ? message : mc_strerror(err));
+	else if (!err)
+		log_info("SSD tier segment %s unmounted: %" PRIu64 " objects left the pool "
+			 "until the agent is back",
+			 agent__tier_name(a), resp->objects_removed);
+	free(a->mlink.unmount_ssd_req);
+	a->mlink.unmount_ssd_req = NULL;
+	mlink_finish(a);
 }
 
 static void on_unmounted(void *ud, int err, const char *message,
@@ -683,6 +859,18 @@ static void on_unmounted(void *ud, int err, const char *message,
 			 resp->objects_removed);
 	free(a->mlink.unmount_req);
 	a->mlink.unmount_req = NULL;
+	Mooncake__Master__UnmountSegmentRequest *q = NULL;
+	if (!err && agent__tier_on(a) && a->mlink.ssd_ever_mounted &&
+	    (q = malloc(sizeof(*q)))) {
+		mooncake__master__unmount_segment_request__init(q);
+		q->name = (char *)agent__tier_name(a);
+		q->agent_id = a->name;
+		a->mlink.unmount_ssd_req = q;
+		agent__mcall(a, "UnmountSegment", &q->base,
+			     &mooncake__master__unmount_segment_response__descriptor,
+			     on_ssd_unmounted, a);
+		return;
+	}
 	mlink_finish(a);
 }
 
@@ -734,4 +922,6 @@ void agent__mlink_free(struct agent *a)
 	a->mlink.hb_req = NULL;
 	free(a->mlink.unmount_req);
 	a->mlink.unmount_req = NULL;
+	free(a->mlink.unmount_ssd_req);
+	a->mlink.unmount_ssd_req = NULL;
 }

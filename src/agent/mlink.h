@@ -1,6 +1,7 @@
 /*
  * mlink.h: the agent's link to the master leader (mlink.c) — finding
- * it, mounting the segment, heartbeats and the re-sync of the inventory.
+ * it, mounting the segment (and the SSD tier's), heartbeats and the
+ * re-sync of the inventory.
  * A part above the mirror and the put lease, which it starts and resets
  * at every mount; it calls the master calls (mcall.c), the mirror, the
  * put lease, the inventory, the lease cache, the copy threads and the
@@ -42,6 +43,10 @@ struct agent_mlink {
 	uint64_t mount_epoch;         /* the lease epoch the mount answered */
 	struct agent_inv_entry **resync_items;
 	size_t resync_n, resync_pos;
+	size_t resync_ndram;          /* the items before it are the DRAM segment's */
+	bool resync_dram;             /* the DRAM segment's mount was a re-sync */
+	bool ssd_ever_mounted;        /* the SSD segment's first mount was made */
+	Mooncake__Master__UnmountSegmentRequest *unmount_ssd_req;
 	uint64_t resync_reported, resync_bad;
 	unsigned resync_gen;          /* bumped when a re-sync is dropped */
 	uint64_t hb_interval_ms;

@@ -184,6 +184,39 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 		r, "mooncake_agent_put_commits_total",
 		"Puts written into space the master leased to this agent and sealed "
 		"with one master call (BatchCommit).", NULL, NULL);
+	c[AGENT_C_SSD_HITS] = metrics_counter(
+		r, "mooncake_agent_get_hits_total",
+		"Gets served, by where the replica was.", "source", (const char *[]){"ssd"});
+	c[AGENT_C_SSD_REMOTE_HITS] = metrics_counter(
+		r, "mooncake_agent_get_hits_total",
+		"Gets served, by where the replica was.", "source",
+		(const char *[]){"remote_ssd"});
+	c[AGENT_C_SSD_PEER_READS] = metrics_counter(
+		r, "mooncake_agent_ssd_peer_reads_total",
+		"Objects of this agent's SSD tier read for other agents' gets.", NULL, NULL);
+	c[AGENT_C_SSD_DEMOTIONS] = metrics_counter(
+		r, "mooncake_agent_ssd_demotions_total",
+		"Objects copied from DRAM into this agent's SSD tier and taken by "
+		"the master (their DRAM replicas then left).", NULL, NULL);
+	c[AGENT_C_SSD_DEMOTE_FAILS] = metrics_counter(
+		r, "mooncake_agent_ssd_demotion_failures_total",
+		"Demotions into this agent's SSD tier given up (read failed, bytes "
+		"not matching, no room) or refused by the master.", NULL, NULL);
+	c[AGENT_C_SSD_PROMOTIONS] = metrics_counter(
+		r, "mooncake_agent_ssd_promotions_total",
+		"Objects of the SSD tier copied back to the DRAM segment on a hit "
+		"(--ssd-promote-on-hit).", NULL, NULL);
+	c[AGENT_C_SSD_DELETES] = metrics_counter(
+		r, "mooncake_agent_ssd_deletes_total",
+		"Objects deleted from the SSD tier because the master evicted, "
+		"removed or promoted them.", NULL, NULL);
+	c[AGENT_C_SSD_LOST] = metrics_counter(
+		r, "mooncake_agent_ssd_lost_total",
+		"Objects of the SSD tier whose bytes failed their checksum when "
+		"read: dropped, never served.", NULL, NULL);
+	c[AGENT_C_SSD_PUTS] = metrics_counter(
+		r, "mooncake_agent_ssd_puts_total",
+		"Puts that named the SSD tier, stored there.", NULL, NULL);
 	c[AGENT_C_GET_BAD] = metrics_counter(
 		r, "mooncake_agent_get_checksum_failures_total",
 		"Verified gets whose bytes did not match the object's checksum.", NULL,

@@ -32,6 +32,15 @@ enum agent_counter {
 	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
 	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
 	AGENT_C_LEASE_CACHE_STALE, /* cached remote replicas that failed the check */
+	AGENT_C_SSD_HITS,          /* gets served from this agent's SSD tier */
+	AGENT_C_SSD_REMOTE_HITS,   /* ... from another agent's SSD tier */
+	AGENT_C_SSD_PEER_READS,    /* reads of the SSD tier for other agents */
+	AGENT_C_SSD_DEMOTIONS,     /* objects demoted into the SSD tier */
+	AGENT_C_SSD_DEMOTE_FAILS,  /* demotions given up or refused */
+	AGENT_C_SSD_PROMOTIONS,    /* objects copied back to DRAM */
+	AGENT_C_SSD_DELETES,       /* copies deleted on the master's order */
+	AGENT_C_SSD_LOST,          /* objects whose bytes failed their checksum */
+	AGENT_C_SSD_PUTS,          /* puts stored straight into the SSD tier */
 	AGENT_C_COUNT
 };
 

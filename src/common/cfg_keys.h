@@ -137,7 +137,8 @@
 	X(EVICTION_HIGH_WATERMARK_RATIO, "eviction-high-watermark-ratio",      \
 	  MASTER, RATIO, "0.9", 1, 1000000, NULL,                              \
 	  "master: evict when DRAM-tier usage passes this fraction of "        \
-	  "capacity")                                                          \
+	  "capacity; with SSD tiers mounted, demote to them instead (an "      \
+	  "object no SSD tier can take is evicted)")                           \
 	X(EVICTION_RATIO, "eviction-ratio", MASTER, RATIO, "0.1", 1, 1000000,  \
 	  NULL,                                                                \
 	  "master: fraction of DRAM-tier capacity freed by one eviction "      \
@@ -246,7 +247,48 @@
 	X(RDMA_MTU, "rdma-mtu", AGENT, ENUM, "auto", 0, 0,                     \
 	  "auto|256|512|1024|2048|4096",                                       \
 	  "path MTU of RDMA connections in bytes: auto (the port's active "    \
-	  "MTU), or at most this (never more than the active MTU)")
+	  "MTU), or at most this (never more than the active MTU)")         \
+	X(SSD_PATH, "ssd-path", AGENT, PATH, "", 0, 0, NULL,                   \
+	  "agent: directory of its SSD tier (created when missing; one agent " \
+	  "per directory, not the data dir itself); objects demoted from "     \
+	  "DRAM or put there survive a restart; empty: no SSD tier")           \
+	X(SSD_SIZE, "ssd-size", AGENT, SIZE, "0", 0, 1ull << 50, NULL,         \
+	  "agent: space of --ssd-path the SSD tier takes (preallocated; the "  \
+	  "agent refuses to start when the file system has less free); "       \
+	  "required with --ssd-path")                                          \
+	X(SSD_HIGH_WATERMARK_RATIO, "ssd-high-watermark-ratio", AGENT, RATIO,  \
+	  "0.9", 1, 1000000, NULL,                                             \
+	  "agent: the master evicts objects from this agent's SSD tier (for "  \
+	  "real) when its use passes this fraction of --ssd-size")             \
+	X(SSD_EVICTION_RATIO, "ssd-eviction-ratio", AGENT, RATIO, "0.1", 1,    \
+	  1000000, NULL,                                                       \
+	  "agent: fraction of --ssd-size one SSD eviction round frees, least " \
+	  "recently read first")                                               \
+	X(SSD_FLUSH_ON_STOP, "ssd-flush-on-stop", AGENT, BOOL, "false", 0, 0,  \
+	  NULL,                                                                \
+	  "agent: on SIGTERM, write the objects of its DRAM segment to the "   \
+	  "SSD tier before leaving (within --shutdown-timeout), so that a "    \
+	  "restart on the same --ssd-path finds them")                         \
+	X(SSD_PROMOTE_ON_HIT, "ssd-promote-on-hit", AGENT, BOOL, "true", 0, 0, \
+	  NULL,                                                                \
+	  "agent: a get of an object on this agent's SSD tier copies it back " \
+	  "to its DRAM segment when there is room below the eviction "         \
+	  "watermark (the SSD copy is then deleted)")                          \
+	X(SSD_VERIFY_ON_START, "ssd-verify-on-start", AGENT, BOOL, "false", 0, \
+	  0, NULL,                                                             \
+	  "agent: read every object of the SSD tier at start and drop those "  \
+	  "whose bytes fail their checksum (a slower start; otherwise a read " \
+	  "finds them, fails and drops them)")                                 \
+	X(SSD_SYNC_INTERVAL, "ssd-sync-interval", AGENT, DURATION, "5s", 0,    \
+	  3600000, NULL,                                                       \
+	  "agent: least time between two syncs of the SSD tier to stable "     \
+	  "storage: what a power loss can lose (a kill -9 loses nothing that " \
+	  "reached the SSD tier); 0: sync back to back")                       \
+	X(SSD_BOUNCE_SIZE, "ssd-bounce-size", AGENT, SIZE, "64M", 1048576,      \
+	  1ull << 40, NULL,                                                    \
+	  "agent: memory, registered with the transfer engine, that objects "  \
+	  "of its SSD tier are read into for other agents' gets; larger "      \
+	  "objects cannot be read from another node")
 
 /*
  * Mooncake's spellings. Mooncake users set MC_* variables for its transfer

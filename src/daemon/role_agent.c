@@ -44,6 +44,7 @@ extern const struct role_ops role_agent_ops;
 struct role_agent {
 	struct etcd_client *meta; /* NULL: no meta (P2P engine, fixed master) */
 	struct te_engine *te;
+	struct mc_secret *sec;    /* the engine's, until the agent has a copy */
 	struct agent *store;
 	struct role_rt *rt;
 	int stopping; /* parts not stopped yet */
@@ -247,9 +248,45 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		a->te = NULL;
 	}
 out:
+	if (rc == 0) {
+		a->sec = sec; /* the agent's peers prove it too */
+		return 0;
+	}
 	mc_secret_clear(sec);
 	free(sec);
 	return rc;
+}
+
+static void drop_secret(struct role_agent *a)
+{
+	if (!a->sec)
+		return;
+	mc_secret_clear(a->sec);
+	free(a->sec);
+	a->sec = NULL;
+}
+
+/* The SSD tier's keys that only make sense together. */
+static int check_ssd(const struct cfg *cfg)
+{
+	const char *path = cfg_str(cfg, CFG_SSD_PATH);
+	if (!*path)
+		return 0;
+	if (cfg_u64(cfg, CFG_SSD_SIZE) == 0) {
+		log_error("--ssd-path=%s needs --ssd-size (the space the SSD tier may take "
+			  "there, e.g. --ssd-size=100G)",
+			  path);
+		return MC_ECONFIG;
+	}
+	char rp[4096], rd[4096];
+	if (realpath(path, rp) && realpath(cfg_str(cfg, CFG_DATA_DIR), rd) &&
+	    strcmp(rp, rd) == 0) {
+		log_error("--ssd-path=%s is the data dir: give the SSD tier a directory of "
+			  "its own (e.g. %s/ssd)",
+			  path, cfg_str(cfg, CFG_DATA_DIR));
+		return MC_ECONFIG;
+	}
+	return 0;
 }
 
 /* ------------------------------------------------------------ hooks */
@@ -266,6 +303,7 @@ static void free_parts(struct role_agent *a)
 	agent_free(a->store);
 	if (a->meta)
 		etcd_client_free(a->meta);
+	drop_secret(a);
 	free(a);
 }
 
@@ -275,6 +313,9 @@ static int role_agent_start(struct role_rt *rt)
 	char sock[4096], master[256] = "";
 	int node;
 	int rc = parse_numa(cfg_str(cfg, CFG_NUMA_NODE), &node);
+	if (rc)
+		return rc;
+	rc = check_ssd(cfg);
 	if (rc)
 		return rc;
 	socket_path(cfg, sock, sizeof(sock));
@@ -318,8 +359,20 @@ static int role_agent_start(struct role_rt *rt)
 		.master_address = master,
 		.meta_endpoints = meta,
 		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
+		.ssd_path = cfg_str(cfg, CFG_SSD_PATH),
+		.ssd_bytes = cfg_u64(cfg, CFG_SSD_SIZE),
+		.ssd_high_watermark = cfg_ratio(cfg, CFG_SSD_HIGH_WATERMARK_RATIO),
+		.ssd_eviction_ratio = cfg_ratio(cfg, CFG_SSD_EVICTION_RATIO),
+		.ssd_flush_on_stop = cfg_bool(cfg, CFG_SSD_FLUSH_ON_STOP),
+		.ssd_promote_on_hit = cfg_bool(cfg, CFG_SSD_PROMOTE_ON_HIT),
+		.ssd_verify_on_start = cfg_bool(cfg, CFG_SSD_VERIFY_ON_START),
+		.ssd_sync_interval_ms = (unsigned)cfg_u64(cfg, CFG_SSD_SYNC_INTERVAL),
+		.ssd_bounce_bytes = cfg_u64(cfg, CFG_SSD_BOUNCE_SIZE),
+		.cluster_secret = a->sec ? a->sec->key : NULL,
+		.cluster_secret_len = a->sec ? a->sec->len : 0,
 	};
 	rc = agent_new(&o, &a->store);
+	drop_secret(a);
 	if (rc) {
 		log_error("cannot start the agent: %s", mc_strerror(rc));
 		a->store = NULL;

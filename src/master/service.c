@@ -180,10 +180,15 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
 	}
-	log_info("segment %s mounted by agent %s: %llu bytes %s 0x%llx%s", s->name, s->agent_id,
-		 (unsigned long long)s->size, ssd ? "of SSD, blocks of" : "at",
-		 ssd ? (unsigned long long)s->block_bytes : (unsigned long long)s->base_address,
-		 req->resync ? " (re-sync)" : "");
+	if (ssd)
+		log_info("segment %s mounted by agent %s: %llu bytes of SSD in blocks of %llu%s",
+			 s->name, s->agent_id, (unsigned long long)s->size,
+			 (unsigned long long)(s->block_bytes ? s->block_bytes : MASTER_ALLOC_GRANULE),
+			 req->resync ? " (re-sync)" : "");
+	else
+		log_info("segment %s mounted by agent %s: %llu bytes at 0x%llx%s", s->name,
+			 s->agent_id, (unsigned long long)s->size,
+			 (unsigned long long)s->base_address, req->resync ? " (re-sync)" : "");
 	resp.view = m->view;
 	resp.lease_epoch = master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
 	master__reply(call, &resp.base);
