@@ -249,6 +249,8 @@ static void on_abandoned(uv_handle_t *h)
 	agent_free(h->data);
 }
 
+
+
 static char *dup_opt(const char *s)
 {
 	return s && *s ? strdup(s) : NULL;
@@ -270,7 +272,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->staging_bytes = o->staging_bytes;
 	a->numa_node = o->numa_node;
 	a->hugepages = o->hugepages;
-	agent__gets_init(a, o->remote_cache_bytes);
+	agent__gets_init(a, o->remote_cache_bytes, o->ssd_promote_on_hit);
 	agent__space_init(a, o->put_lease_bytes);
 	a->rpc_listen = dup_opt(o->rpc_listen);
 	if (o->rpc_listen && *o->rpc_listen && !a->rpc_listen)
@@ -306,6 +308,9 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	rc = make_segment(a, o);
 	if (rc)
 		goto out_tier;
+	rc = agent__peer_start(a, o->ssd_bounce_bytes);
+	if (rc)
+		goto out_seg;
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	unsigned threads = o->copy_threads ? o->copy_threads
 					   : (unsigned)MC_MIN(MC_MAX(cores, 1L), 8L);
@@ -325,6 +330,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	}
 	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
 			  a->staging_bytes);
+
 	struct prefault_job *pf = calloc(1, sizeof(*pf));
 	if (pf) {
 		pf->a = a;
@@ -338,6 +344,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->start_timer.data = a;
 	agent__mirror_init(a);
 	agent__demote_init(a, o->ssd_flush_on_stop);
+	agent__peer_init(a, o->cluster_secret, o->cluster_secret_len);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
 	agent__gets_start(a);
@@ -345,6 +352,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	return 0;
 
 out_seg:
+	agent__peer_free(a);
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
@@ -393,7 +401,7 @@ static void maybe_stopped(struct agent *a)
 	if (!a->stopping || a->stopped)
 		return;
 	if (!a->mlink_stopped || !agent__server_idle(a) || agent__pool_pending(&a->pool) > 0 ||
-	    agent__demote_busy(a) || agent__tier_inflight(a) > 0)
+	    agent__demote_busy(a) || agent__tier_inflight(a) > 0 || agent__peer_busy(a))
 		return;
 	if (!a->handles_closed) {
 		a->handles_closed = true;
@@ -408,6 +416,7 @@ static void maybe_stopped(struct agent *a)
 		n += agent__mirror_close(a, on_closed);
 		n += agent__demote_close(a, on_closed);
 		n += agent__tier_close(a, on_closed);
+		n += agent__peer_close(a, on_closed);
 		n += agent__mlink_close(a, on_closed);
 		a->closing += n;
 		return;
@@ -445,6 +454,7 @@ void agent_free(struct agent *a)
 		return;
 	agent__tier_free(a);
 	agent__demote_free(a);
+	agent__peer_free(a);
 	agent__mlink_free(a);
 	agent__space_free(a);
 	agent__inv_free(&a->inv);

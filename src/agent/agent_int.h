@@ -80,6 +80,7 @@
 #include "agent/mirror.h"
 #include "agent/mlink.h"
 #include "agent/op.h"
+#include "agent/peer.h"
 #include "agent/pool.h"
 #include "agent/server.h"
 #include "agent/space.h"
@@ -123,6 +124,7 @@ struct agent {
 	struct agent_gets gets;       /* op_get.c */
 	struct agent_tier tier;       /* tier.c */
 	struct agent_demote demote;   /* demote.c */
+	struct agent_peer peer;       /* peer.c */
 };
 
 #endif

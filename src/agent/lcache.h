@@ -16,7 +16,10 @@
 /* Where an object's bytes are (the master's placement, or the lease
  * cache's memory of it). */
 struct agent_rep {
-	bool local;
+	bool local;        /* in this agent's DRAM segment */
+	/* In an SSD tier: segment is then its owner's agent id (this agent's
+	 * own, or another's), local false. */
+	bool ssd;
 	uint64_t offset;   /* in its segment */
 	uint64_t address;  /* remote address */
 	char *segment;     /* name (owned) */

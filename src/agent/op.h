@@ -61,6 +61,12 @@ struct agent_item {
 	 * then checked before use (owned) */
 	bool probing;
 	uint8_t *scratch;
+	/* get of a replica in an SSD tier: asked again once when it was gone
+	 * (promoted or evicted meanwhile); read by this agent's tier (its
+	 * bytes then in scratch, aligned), or by another's into memory of its
+	 * own (hold: what to give back once read). */
+	bool ssd_again, ssd_own;
+	uint64_t ssd_hold;
 	/* get results */
 	int where;            /* Mooncake__Client__GetResult__Where */
 	uint64_t offset;
@@ -100,6 +106,7 @@ struct agent_req {
 	void *mstate;
 	void *mstate2;                   /* a second one (BatchCommit) */
 	unsigned mcalls;                 /* master calls the request waits for */
+	unsigned ssd_pending;            /* reads of SSD tiers it waits for */
 	/* attached descriptors mapped as regions */
 	struct agent_map *att[MC_UFRAME_MAX_FDS];
 	uint8_t *att_base[MC_UFRAME_MAX_FDS];
@@ -125,8 +132,9 @@ int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g,
 		     uint8_t **ptr) MC_MUST_CHECK;
 /* n zeroed items. Errors: -ENOMEM. */
 int agent__op_items(struct agent_req *r, size_t n) MC_MUST_CHECK;
-/* Copy a master replica list into an item (at most AGENT_MAX_REPLICAS).
- * Errors: -ENOMEM (the replicas taken so far stay with the item). */
+/* Copy a master replica list into an item (at most AGENT_MAX_REPLICAS;
+ * an SSD replica is named by its owner's agent id). Errors: -ENOMEM (the
+ * replicas taken so far stay with the item). */
 int agent__op_replicas(struct agent *a, struct agent_item *it,
 		       Mooncake__Master__Replica *const *reps, size_t n) MC_MUST_CHECK;
 /*
@@ -180,6 +188,9 @@ void agent__op_put(struct agent_req *r);
 
 /* The gets' state, embedded in struct agent (touched only by op_get.c). */
 struct agent_gets {
+	/* --ssd-promote-on-hit: an object read from this agent's SSD tier is
+	 * copied back to its DRAM segment when the put lease has room */
+	bool promote_on_hit;
 	/* --remote-lease-cache-size: replicas on other agents' segments are
 	 * cached for values up to this size, read and checked against their
 	 * checksum before a get uses them (get_probe) */
@@ -189,7 +200,7 @@ struct agent_gets {
 	bool view_renew_busy;
 };
 
-void agent__gets_init(struct agent *a, uint64_t remote_cache_bytes);
+void agent__gets_init(struct agent *a, uint64_t remote_cache_bytes, bool promote_on_hit);
 /* Start renewing the views' leases (the timer); stop, and close it
  * (returns how many handles: 1; on_closed gets it with data pointing at
  * the agent). */

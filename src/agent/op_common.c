@@ -152,10 +152,12 @@ int agent__op_replicas(struct agent *a, struct agent_item *it,
 		return -ENOMEM;
 	for (size_t k = 0; k < n; k++) {
 		struct agent_rep *p = &it->reps[k];
-		p->segment = strdup(reps[k]->segment ? reps[k]->segment : "");
+		p->ssd = reps[k]->tier == MOONCAKE__MASTER__TIER__TIER_SSD;
+		const char *name = p->ssd ? reps[k]->agent_id : reps[k]->segment;
+		p->segment = strdup(name ? name : "");
 		if (!p->segment)
 			return -ENOMEM;
-		p->local = strcmp(p->segment, a->name) == 0;
+		p->local = !p->ssd && strcmp(p->segment, a->name) == 0;
 		p->offset = reps[k]->offset;
 		p->address = reps[k]->address;
 		it->nrep++;

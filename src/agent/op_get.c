@@ -12,6 +12,19 @@
  * checksum -> reply. Small copies run on the loop, a big local one too
  * when its session is alone (solo_get), the rest on a copy thread.
  *
+ * A replica in an SSD tier (when no DRAM one is there) is read by its
+ * owner: this agent's tier reads it into an aligned buffer, checked
+ * against its checksum, then copied like a local replica; another
+ * agent's reads it into its bounce region (peer.c), and this agent reads
+ * that through the transfer engine like a remote replica, always checking
+ * the bytes, then lets the owner reuse the room. A replica gone meanwhile
+ * (promoted, evicted) makes the item ask the master again, once. A
+ * zero-copy view of an SSD object is such a copy into the spill area (no
+ * segment holds it). After a hit in this agent's own tier, with
+ * --ssd-promote-on-hit, the value is copied back into its DRAM segment
+ * through the put lease and committed as a promotion, when the lease has
+ * room (it never has past the eviction watermark).
+ *
  * Read leases: a cached replica answers gets for half the lease the
  * master granted; a hit in the second half renews it in the background.
  * The zero-copy views sessions hold (server.c) have their leases renewed
@@ -25,10 +38,13 @@
 #include "agent/agent_int.h"
 #include "agent/batch.h"
 #include "agent/mcall.h"
+#include "agent/mlink.h"
 #include "agent/op.h"
+#include "agent/peer.h"
 #include "agent/req.h"
 #include "agent/server.h"
 #include "agent/space.h"
+#include "agent/tier.h"
 #include "agent/xfer.h"
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -70,9 +86,10 @@ uint64_t agent__lease_ttl_ms(const struct agent *a)
 	return a->gets.lease_ttl_ms;
 }
 
-void agent__gets_init(struct agent *a, uint64_t remote_cache_bytes)
+void agent__gets_init(struct agent *a, uint64_t remote_cache_bytes, bool promote_on_hit)
 {
 	a->gets.remote_cache_bytes = remote_cache_bytes;
+	a->gets.promote_on_hit = promote_on_hit;
 	a->gets.lease_ttl_ms = 5000; /* until the master's replies say */
 }
 
@@ -153,13 +170,15 @@ static void get_copy_local(struct agent_req *r)
 	}
 }
 
-/* After the remote reads: check their bytes when asked to. */
+/* After the remote reads: check their bytes when asked to, and always
+ * those an SSD tier's owner staged (its room is reused after a while). */
 static void get_check_remote(struct agent_req *r)
 {
-	for (size_t i = 0; r->msg->get->verify && i < r->n; i++) {
+	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (!it->err && it->nrep && it->ptr && !it->reps[0].local && !it->scratch &&
-		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED &&
+		    (r->msg->get->verify || it->ssd_hold))
 			check(it, crc32c(0, it->ptr, it->size));
 	}
 }
@@ -200,6 +219,102 @@ static bool get_from_loop(struct agent_req *r, uint64_t inline_bytes)
 	agent__xfer_inline(x, inline_bytes);
 	return agent__op_start_from_loop(r, x, get_copy_local, get_loop_done);
 }
+
+/* ------------------------------------------------------------ promotion */
+
+/* A value read from this agent's SSD tier, on its way back to DRAM: copied
+ * into put-lease space on a copy thread, then committed as a promotion. */
+struct promotion {
+	struct agent_job job;
+	struct agent *a;
+	uint8_t *buf;
+	uint64_t size, off;
+	uint32_t crc;
+	unsigned gen;
+	Mooncake__Master__BatchCommitRequest req;
+	Mooncake__Master__CommitItem item, *pitem;
+	size_t klen;
+	uint8_t key[];
+};
+
+static void on_promoted(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct promotion *p = ud;
+	const Mooncake__Master__BatchErrorsResponse *resp = (const void *)m;
+	(void)message;
+	if (!err && resp->n_errors == 1)
+		err = resp->errors[0];
+	if (!err)
+		agent__count(&p->a->stats, AGENT_C_SSD_PROMOTIONS, 1);
+	free(p);
+}
+
+static void promote_run(struct agent_job *j)
+{
+	struct promotion *p = MC_CONTAINER_OF(j, struct promotion, job);
+	memcpy(p->a->seg->addr + p->off, p->buf, p->size);
+}
+
+static void promote_done(struct agent_job *j)
+{
+	struct promotion *p = MC_CONTAINER_OF(j, struct promotion, job);
+	struct agent *a = p->a;
+	free(p->buf);
+	p->buf = NULL;
+	bool same = p->gen == agent__lease_gen(a) && !a->stopping;
+	if (agent__lease_put_done(a, p->off, p->size, p->gen, same))
+		agent__mlink_lease_drained(a);
+	if (!same) {
+		free(p);
+		return;
+	}
+	mooncake__master__batch_commit_request__init(&p->req);
+	mooncake__master__commit_item__init(&p->item);
+	p->item.key.data = p->key;
+	p->item.key.len = p->klen;
+	p->item.offset = p->off;
+	p->item.size = p->size;
+	p->item.crc32c = p->crc;
+	p->item.checksummed = true;
+	p->item.promote = true;
+	p->pitem = &p->item;
+	p->req.agent_id = a->name;
+	p->req.segment = a->name;
+	p->req.lease_epoch = agent__lease_epoch(a);
+	p->req.items = &p->pitem;
+	p->req.n_items = 1;
+	agent__mcall(a, "BatchCommit", &p->req.base,
+		     &mooncake__master__batch_errors_response__descriptor, on_promoted, p);
+}
+
+/* Copy the value in it->scratch (taken) back to DRAM, when the put lease
+ * has room for it. */
+static void promote(struct agent *a, struct agent_item *it)
+{
+	uint64_t off;
+	unsigned gen;
+	if (!it->size || !agent__lease_take(a, it->size, &off, &gen))
+		return;
+	struct promotion *p = calloc(1, sizeof(*p) + it->klen);
+	if (!p) {
+		agent__lease_put_done(a, off, it->size, gen, false);
+		return;
+	}
+	p->a = a;
+	p->buf = it->scratch;
+	it->scratch = NULL;
+	p->size = it->size;
+	p->off = off;
+	p->gen = gen;
+	p->crc = it->crc;
+	p->klen = it->klen;
+	memcpy(p->key, it->key, it->klen);
+	p->job.run = promote_run;
+	p->job.done = promote_done;
+	agent__pool_submit(&a->pool, &p->job);
+}
+
+/* ------------------------------------------------------------ get */
 
 static void get_done(struct agent_job *j)
 {
@@ -242,7 +357,12 @@ static void get_done(struct agent_job *j)
 		res[i].offset = it->offset;
 		res[i].view = it->view;
 		agent__count(&a->stats, AGENT_C_BYTES_READ, it->size);
-		agent__count(&a->stats, it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
+		agent__count(&a->stats,
+			     it->ssd_own    ? AGENT_C_SSD_HITS
+			     : it->ssd_hold ? AGENT_C_SSD_REMOTE_HITS
+			     : it->reps[0].local ? AGENT_C_LOCAL_HITS
+						 : AGENT_C_REMOTE_HITS,
+			     1);
 	}
 	Mooncake__Client__GetReply gr = MOONCAKE__CLIENT__GET_REPLY__INIT;
 	gr.results = ptrs;
@@ -269,6 +389,13 @@ static void get_done(struct agent_job *j)
 	agent__reply(r, &resp, fds, own, nfds);
 	free(res);
 	free(ptrs);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->ssd_hold)
+			agent__peer_release(a, it->reps[0].segment, it->ssd_hold);
+		if (!it->err && it->ssd_own && it->scratch && a->gets.promote_on_hit)
+			promote(a, it);
+	}
 	agent__op_finish(r, first);
 }
 
@@ -409,6 +536,141 @@ static uint64_t lease_window_end(struct agent *a, uint64_t sent_ms, uint64_t lea
 	return sent_ms + lease_ttl_ms / 2;
 }
 
+/* ------------------------------------------------------------ SSD tiers */
+
+static void get_lookup(struct agent_req *r);
+
+/* One read of an SSD tier for item i of r. */
+struct ssd_read {
+	struct agent_req *r;
+	size_t i;
+};
+
+/* The last SSD read ended: ask the master again for the items whose
+ * replica was gone, else place and copy. */
+static void ssd_read_end(struct agent_req *r)
+{
+	if (--r->ssd_pending)
+		return;
+	for (size_t i = 0; i < r->n; i++)
+		if (!r->items[i].err && r->items[i].nrep == 0) {
+			get_lookup(r);
+			return;
+		}
+	get_place_and_copy(r);
+}
+
+/* An SSD replica was gone: the item asks the master again (once). */
+static void ssd_again(struct agent_item *it)
+{
+	if (it->ssd_again) {
+		it->err = MC_EOBJECT_NOT_FOUND;
+		return;
+	}
+	it->ssd_again = true;
+	for (unsigned k = 0; k < it->nrep; k++)
+		free(it->reps[k].segment);
+	free(it->reps);
+	it->reps = NULL;
+	it->nrep = 0;
+	free(it->scratch);
+	it->scratch = NULL;
+	it->ssd_own = false;
+	it->err = 0;
+}
+
+static void on_ssd_read(void *ud, int err, const struct agent_tier_obj *o)
+{
+	struct ssd_read *x = ud;
+	struct agent_req *r = x->r;
+	struct agent_item *it = &r->items[x->i];
+	free(x);
+	if (err == MC_EOBJECT_NOT_FOUND)
+		ssd_again(it);
+	else if (err)
+		it->err = err;
+	else if (o->size != it->size || (it->has_crc && o->crc != it->crc))
+		ssd_again(it); /* (another object's bytes under the key) */
+	ssd_read_end(r);
+}
+
+static void on_peer_staged(void *ud, int err, uint64_t address, uint64_t hold)
+{
+	struct ssd_read *x = ud;
+	struct agent_req *r = x->r;
+	struct agent_item *it = &r->items[x->i];
+	free(x);
+	if (err == MC_EOBJECT_NOT_FOUND) {
+		ssd_again(it);
+	} else if (err) {
+		it->err = err;
+	} else {
+		/* A remote replica now: the owner's bounce region. */
+		it->reps[0].ssd = false;
+		it->reps[0].address = address;
+		it->ssd_hold = hold;
+	}
+	ssd_read_end(r);
+}
+
+/* Start the reads of the items whose nearest replica is in an SSD tier;
+ * false when there are none (or none could start). */
+static bool get_ssd(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	r->ssd_pending = 1; /* (held until every read is started) */
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0 || !it->reps[0].ssd)
+			continue;
+		struct ssd_read *x = malloc(sizeof(*x));
+		if (!x) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		x->r = r;
+		x->i = i;
+		if (strcmp(it->reps[0].segment, a->name) != 0) {
+			r->ssd_pending++;
+			agent__peer_read(a, it->reps[0].segment, it->key, it->klen, it->size,
+					 on_peer_staged, x);
+			continue;
+		}
+		it->ssd_own = true;
+		it->scratch = agent__tier_buf(it->size);
+		int rc = !it->scratch ? -ENOMEM
+				      : agent__tier_read(a, it->key, it->klen, it->scratch,
+							 agent__tier_io_len(it->size), on_ssd_read, x);
+		if (rc == 0) {
+			r->ssd_pending++;
+			continue;
+		}
+		free(x);
+		if (rc == MC_EOBJECT_NOT_FOUND)
+			ssd_again(it);
+		else
+			it->err = rc;
+	}
+	if (r->ssd_pending == 1) {
+		r->ssd_pending = 0;
+		for (size_t i = 0; i < r->n; i++)
+			if (!r->items[i].err && r->items[i].nrep == 0) {
+				get_lookup(r);
+				return true;
+			}
+		return false;
+	}
+	ssd_read_end(r);
+	return true;
+}
+
+/* The nearest replica first: this agent's DRAM segment, another DRAM
+ * segment, this agent's SSD tier, another's. */
+static unsigned rank(const struct agent *a, const struct agent_rep *p)
+{
+	return p->local ? 0 : !p->ssd ? 1 : strcmp(p->segment, a->name) == 0 ? 2 : 3;
+}
+
 static void on_get_replicas(void *ud, int err, const char *message,
 			    const ProtobufCMessage *m)
 {
@@ -448,13 +710,15 @@ static void on_get_replicas(void *ud, int err, const char *message,
 			it->err = -ENOMEM;
 			continue;
 		}
-		/* Nearest replica first: this agent's segment. */
+		/* Nearest replica first. */
 		for (unsigned p = 1; p < it->nrep; p++)
-			if (it->reps[p].local && !it->reps[0].local) {
+			if (rank(a, &it->reps[p]) < rank(a, &it->reps[0])) {
 				struct agent_rep t = it->reps[0];
 				it->reps[0] = it->reps[p];
 				it->reps[p] = t;
 			}
+		if (it->reps[0].ssd)
+			continue; /* (read by its owner: not cached) */
 		/* Local replicas are cached (nobody but the master's
 		 * placements writes this segment, and the cache is emptied
 		 * whenever the segment is mounted again), and small ones
@@ -464,7 +728,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}
-	get_place_and_copy(r);
+	if (!get_ssd(r))
+		get_place_and_copy(r);
 }
 
 /* A background renewal of one cached lease (lcache.c): the call, and the

@@ -654,6 +654,11 @@ size_t te_segment_info(struct te_segment *s, struct te_segment_info *info,
 						: TE_PROTO_AUTO;
 		info->nregions = n;
 		info->generation = d ? d->generation : 0;
+		info->rpc_addr[0] = '\0';
+		if (d && d->rpc_port && d->host[0])
+			snprintf(info->rpc_addr, sizeof(info->rpc_addr),
+				 strchr(d->host, ':') ? "[%s]:%u" : "%s:%u", d->host,
+				 (unsigned)d->rpc_port);
 	}
 	for (size_t i = 0; regions && i < n && i < max; i++) {
 		regions[i].addr = d->regions[i].addr;

@@ -209,6 +209,9 @@ struct te_segment_info {
 	enum te_protocol transport;  /* shm when same-host, else the remote one */
 	size_t nregions;
 	uint64_t generation;
+	/* "host:port" of the engine's gRPC control port (its process's RPC
+	 * server), "" when the descriptor names none. */
+	char rpc_addr[96];
 };
 struct te_region_info {
 	uint64_t addr;
