@@ -58,7 +58,7 @@ class GetOpts(ctypes.Structure):
 class PutOpts(ctypes.Structure):
     _fields_ = [("replica_num", ctypes.c_uint), ("soft_pin", c_int),
                 ("ttl_ms", c_uint64), ("preferred_segment", c_char_p),
-                ("upsert", c_int)]
+                ("upsert", c_int), ("tier", c_int)]
 
 
 class Part(ctypes.Structure):

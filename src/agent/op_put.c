@@ -14,6 +14,12 @@
  * lease an earlier mount dropped tells the master link, which holds that
  * mount until then (agent__mlink_lease_drained).
  *
+ * A put naming the SSD tier (one replica, this agent's tier): each value
+ * is copied into an aligned buffer on a copy thread (its checksum
+ * computed in the same pass), written into the tier, and told to the
+ * master (TierCommit PUT, through demote.c) — visible once the master has
+ * it, and lasting a crash from the tier's write on.
+ *
  * Master requests are built in one malloc'd block (r->mstate, r->mstate2
  * for the commit) that lives until the request ends, since a redirected
  * call is sent again.
@@ -23,6 +29,8 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/demote.h"
+#include "agent/tier.h"
 #include "agent/xfer.h"
 #include "agent/req.h"
 #include "agent/batch.h"
@@ -474,10 +482,109 @@ static bool take_rleased(struct agent_req *r, struct agent_item *it, const char 
 	return true;
 }
 
+/* ------------------------------------------------------------ SSD tier */
+
+struct ssd_put {
+	struct agent_req *r;
+	size_t i;
+};
+
+static void on_ssd_committed(void *ud, int err)
+{
+	struct ssd_put *x = ud;
+	struct agent_req *r = x->r;
+	size_t i = x->i;
+	free(x);
+	if (err)
+		r->items[i].err = err;
+	else
+		agent__count(&r->a->stats, AGENT_C_SSD_PUTS, 1);
+	put_call_done(r);
+}
+
+static void on_ssd_stored(void *ud, int err, const struct agent_tier_obj *o)
+{
+	struct ssd_put *x = ud;
+	struct agent_req *r = x->r;
+	struct agent_item *it = &r->items[x->i];
+	if (err) {
+		it->err = err;
+		free(x);
+		put_call_done(r);
+		return;
+	}
+	const Mooncake__Client__PutRequest *p = r->msg->put;
+	agent__demote_put(r->a, it->key, it->klen, o->offset, it->len, it->crc, p->soft_pin,
+			  p->ttl_ms, on_ssd_committed, x);
+}
+
+/* On a copy thread: the values into aligned buffers, with checksums. */
+static void ssd_copy_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || !it->scratch)
+			continue;
+		it->crc = crc32c_copy(0, it->scratch, it->ptr, it->len);
+		it->has_crc = true;
+	}
+}
+
+static void ssd_copy_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	r->mcalls = 1; /* (held until every write is started) */
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err)
+			continue;
+		struct ssd_put *x = malloc(sizeof(*x));
+		if (!x) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		x->r = r;
+		x->i = i;
+		int rc = agent__tier_write(a, it->key, it->klen, it->scratch, it->len, it->crc,
+					   on_ssd_stored, x);
+		if (rc) {
+			free(x);
+			it->err = rc;
+			continue;
+		}
+		r->mcalls++;
+	}
+	put_call_done(r);
+}
+
+static void put_ssd(struct agent_req *r)
+{
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err)
+			continue;
+		if (it->len == 0)
+			it->err = -EINVAL; /* (the SSD tier holds no empty values) */
+		else if (!(it->scratch = agent__tier_buf(it->len)))
+			it->err = -ENOMEM;
+	}
+	r->job.run = ssd_copy_run;
+	r->job.done = ssd_copy_done;
+	agent__pool_submit(&r->a->pool, &r->job);
+}
+
+/* ------------------------------------------------------------ put */
+
 static void put_start(struct agent_req *r)
 {
 	const Mooncake__Client__PutRequest *p = r->msg->put;
 	struct agent *a = r->a;
+	if (p->tier) {
+		put_ssd(r);
+		return;
+	}
 	bool local_only = p->replica_num <= 1 &&
 			  (!p->preferred_segment || !p->preferred_segment[0] ||
 			   strcmp(p->preferred_segment, a->name) == 0);
@@ -563,6 +670,20 @@ static void on_upsert_removed(void *ud, int err, const char *message,
 void agent__op_put(struct agent_req *r)
 {
 	const Mooncake__Client__PutRequest *p = r->msg->put;
+	if (p->tier > 1 || (p->tier == 1 && (p->replica_num > 1 ||
+					     (p->preferred_segment && *p->preferred_segment &&
+					      strcmp(p->preferred_segment, r->a->name) != 0)))) {
+		agent__op_fail(r, -EINVAL,
+			       p->tier > 1 ? "tier is 0 (DRAM) or 1 (SSD)"
+					   : "a put to the SSD tier makes one replica, in this "
+					     "agent's SSD tier");
+		return;
+	}
+	if (p->tier == 1 && !agent__tier_on(r->a)) {
+		agent__op_fail(r, MC_ESEGMENT_NOT_FOUND,
+			       "this agent has no SSD tier (--ssd-path, --ssd-size)");
+		return;
+	}
 	if (agent__op_items(r, p->n_items)) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;

@@ -82,12 +82,19 @@ int mc_open_ex(const struct mc_open_opts *opts, mc_client **out);
  * must have been released (their memory goes away). NULL is a no-op. */
 void mc_close(mc_client *c);
 
+/* Tiers a put can name (mc_put_opts.tier). */
+#define MC_TIER_DRAM 0 /* the pool's memory; cold objects move to SSD tiers */
+#define MC_TIER_SSD 1  /* straight into the local agent's SSD tier */
+
 struct mc_put_opts {
 	unsigned replica_num;          /* copies on distinct segments; 0: 1 */
 	int soft_pin;                  /* evicted only when nothing else is */
 	uint64_t ttl_ms;               /* removed this long after the put; 0: never */
 	const char *preferred_segment; /* NULL: the local agent's segment */
 	int upsert;                    /* replace an existing object */
+	/* MC_TIER_SSD: one replica, in the local agent's SSD tier (no
+	 * preferred segment; MC_ESEGMENT_NOT_FOUND when it has none). */
+	int tier;
 };
 
 /*

@@ -111,6 +111,7 @@ static int put_items(mc_client *c, size_t n, const void *const *keys, const size
 		p.ttl_ms = opts->ttl_ms;
 		p.preferred_segment = (char *)(opts->preferred_segment ? opts->preferred_segment : "");
 		p.upsert = opts->upsert != 0;
+		p.tier = opts->tier == MC_TIER_SSD ? 1 : 0;
 	}
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_PUT;

@@ -4,7 +4,7 @@
  * would:
  *
  *   mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] [--soft-pin]
- *                   [--ttl=DURATION] [--upsert]
+ *                   [--ttl=DURATION] [--upsert] [--tier=dram|ssd]
  *   mooncakectl get KEY [FILE] [--socket=PATH] [--verify]
  *   mooncakectl rm KEY [--force] [--socket=PATH]
  *   mooncakectl stats --agent [--socket=PATH]   (ctl_agent_stats)
@@ -41,9 +41,10 @@ static void store_usage(FILE *f, const char *cmd)
 {
 	if (strcmp(cmd, "put") == 0)
 		fprintf(f, "usage: mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] "
-			   "[--soft-pin] [--ttl=DURATION] [--upsert]\n"
+			   "[--soft-pin] [--ttl=DURATION] [--upsert] [--tier=dram|ssd]\n"
 			   "Store FILE (or standard input) under KEY through the local "
-			   "agent. An existing key is refused unless --upsert.\n");
+			   "agent. An existing key is refused unless --upsert. --tier=ssd: "
+			   "straight into the agent's SSD tier (one replica).\n");
 	else if (strcmp(cmd, "get") == 0)
 		fprintf(f, "usage: mooncakectl get KEY [FILE] [--socket=PATH] [--verify]\n"
 			   "Write the value of KEY to FILE (or standard output). Exit "
@@ -78,6 +79,12 @@ static int parse(int argc, char **argv, struct store_args *a)
 				return -1;
 			}
 			a->put.replica_num = (unsigned)n;
+		} else if (ctl_flag_value(argc, argv, &i, "tier", &v)) {
+			if (!v || (strcmp(v, "dram") != 0 && strcmp(v, "ssd") != 0)) {
+				fprintf(stderr, "mooncakectl: --tier takes dram or ssd\n");
+				return -1;
+			}
+			a->put.tier = strcmp(v, "ssd") == 0 ? MC_TIER_SSD : MC_TIER_DRAM;
 		} else if (ctl_flag_value(argc, argv, &i, "ttl", &v)) {
 			if (!v || cfg_parse_duration_ms(v, &a->put.ttl_ms) != 0) {
 				fprintf(stderr, "mooncakectl: --ttl takes a duration (10s, 5m)\n");
