@@ -82,7 +82,10 @@ class AgentStats(ctypes.Structure):
                 ("buffers", c_uint64), ("views", c_uint64), ("puts", c_uint64),
                 ("gets", c_uint64), ("local_hits", c_uint64), ("remote_hits", c_uint64),
                 ("misses", c_uint64), ("bytes_written", c_uint64), ("bytes_read", c_uint64),
-                ("inventory", c_uint64), ("get_bad", c_uint64), ("resync_bad", c_uint64)]
+                ("inventory", c_uint64), ("get_bad", c_uint64), ("resync_bad", c_uint64),
+                ("ssd_segment", ctypes.c_char * 160), ("ssd_size", c_uint64),
+                ("ssd_used", c_uint64), ("ssd_objects", c_uint64), ("ssd_hits", c_uint64),
+                ("ssd_demotions", c_uint64), ("ssd_promotions", c_uint64)]
 
 
 class TransferReq(ctypes.Structure):

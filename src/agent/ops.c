@@ -20,6 +20,7 @@
 #include "agent/op.h"
 #include "agent/req.h"
 #include "agent/server.h"
+#include "agent/tier.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -241,6 +242,14 @@ static void op_stats(struct agent_req *r)
 	s.resync_bad = agent__counter(&a->stats, AGENT_C_RESYNC_BAD) +
 		       agent__counter(&a->stats, AGENT_C_RESYNC_UNCHECKED);
 	s.get_bad = agent__counter(&a->stats, AGENT_C_GET_BAD);
+	if (agent__tier_on(a)) {
+		s.ssd_segment = (char *)agent__tier_name(a);
+		s.ssd_size = agent__tier_capacity(a);
+		agent__tier_usage(a, &s.ssd_used, &s.ssd_objects);
+		s.ssd_hits = agent__counter(&a->stats, AGENT_C_SSD_HITS);
+		s.ssd_demotions = agent__counter(&a->stats, AGENT_C_SSD_DEMOTIONS);
+		s.ssd_promotions = agent__counter(&a->stats, AGENT_C_SSD_PROMOTIONS);
+	}
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_STATS;
 	resp.stats = &s;

@@ -160,6 +160,14 @@ MC__PUBLIC int mc_agent_stats(mc_client *c, struct mc_agent_stats *out)
 		out->inventory = s->inventory;
 		out->get_bad = s->get_bad;
 		out->resync_bad = s->resync_bad;
+		snprintf(out->ssd_segment, sizeof(out->ssd_segment), "%s",
+			 s->ssd_segment ? s->ssd_segment : "");
+		out->ssd_size = s->ssd_size;
+		out->ssd_used = s->ssd_used;
+		out->ssd_objects = s->ssd_objects;
+		out->ssd_hits = s->ssd_hits;
+		out->ssd_demotions = s->ssd_demotions;
+		out->ssd_promotions = s->ssd_promotions;
 	}
 	mc__waiter_clear(&w);
 	return rc;

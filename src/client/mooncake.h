@@ -383,6 +383,12 @@ struct mc_agent_stats {
 	uint64_t inventory;      /* objects known in its segment */
 	uint64_t get_bad;        /* verified gets whose bytes did not match */
 	uint64_t resync_bad;     /* inventory items left out at a re-sync */
+	/* Its SSD tier (all 0 and "" without one). */
+	char ssd_segment[160];   /* the tier's segment name */
+	uint64_t ssd_size, ssd_used, ssd_objects;
+	uint64_t ssd_hits;       /* gets served from it */
+	uint64_t ssd_demotions;  /* objects moved into it from DRAM */
+	uint64_t ssd_promotions; /* objects copied back to DRAM on a hit */
 };
 int mc_agent_stats(mc_client *c, struct mc_agent_stats *out);
 

@@ -283,6 +283,11 @@ int ctl_stats_main(int argc, char **argv)
 	       r->key_bytes, r->bytes_per_object, r->puts, r->gets, r->hits, r->misses,
 	       r->evictions, r->lease_waits, r->put_timeouts, r->leased, r->commits,
 	       r->commit_refusals);
+	printf("ssd_capacity_bytes %" PRIu64 "\nssd_used_bytes %" PRIu64 "\nssd_objects %" PRIu64
+	       "\ndemotions %" PRIu64 "\ndemoting %" PRIu64 "\ndemotion_failures %" PRIu64
+	       "\npromotions %" PRIu64 "\nssd_evictions %" PRIu64 "\n",
+	       r->ssd_capacity, r->ssd_used, r->ssd_objects, r->demotions, r->demoting,
+	       r->demotion_failures, r->promotions, r->ssd_evictions);
 	printf("%-24s %-16s %-5s %14s %14s %12s %10s %8s %s\n", "segment", "agent", "tier",
 	       "size", "used", "leased", "replicas", "frag", "state");
 	for (size_t i = 0; i < r->n_segments; i++) {

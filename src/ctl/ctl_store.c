@@ -319,5 +319,11 @@ int ctl_agent_stats(const char *socket)
 	       s.hugepages, s.numa_node, s.staging_size, s.clients, s.buffers, s.views, s.puts,
 	       s.gets, s.local_hits, s.remote_hits, s.misses, s.bytes_written, s.bytes_read,
 	       s.inventory, s.get_bad, s.resync_bad);
+	if (s.ssd_segment[0])
+		printf("ssd_segment %s\nssd_bytes %" PRIu64 "\nssd_used_bytes %" PRIu64
+		       "\nssd_objects %" PRIu64 "\nssd_hits %" PRIu64 "\nssd_demotions %" PRIu64
+		       "\nssd_promotions %" PRIu64 "\n",
+		       s.ssd_segment, s.ssd_size, s.ssd_used, s.ssd_objects, s.ssd_hits,
+		       s.ssd_demotions, s.ssd_promotions);
 	return CTL_EXIT_OK;
 }
