@@ -17,8 +17,14 @@
  *   server.c     the Unix socket: sessions, frames, descriptors, replies,
  *                busy poll
  *   mlink.c      the master link: discovery, mount, heartbeats, re-sync
+ *   demote.c     the SSD tier's moves: the master's orders from the SSD
+ *                segment's log (demotions, deletions), TierCommit, the
+ *                flush at a stop
+ *   peer.c       reads of SSD tiers between agents: the Tier service, the
+ *                bounce region, the calls to other agents
  *   mirror.c     the segment mirror: following the master's log of this
- *                segment, listings, checking bytes before a re-sync
+ *                segment (the follower serves the SSD segment's too),
+ *                listings, checking bytes before a re-sync
  *   space.c      put leases: own segment's and other agents' space
  *   batch.c      master calls of concurrent requests, coalesced
  *   mcall.c      calls to the master leader: redirects, parked calls
@@ -26,6 +32,7 @@
  *   xfer.c       reads and writes of other segments (transfer engine)
  *   mem.c        memfds, mappings, checks of client memfds
  *   pool.c       copy threads: jobs off the loop, completions back on it
+ *   tier.c       the SSD tier's store: open, recovery, reads, writes
  *   inv.c        the inventory: objects in this segment (pure)
  *   lcache.c     the lease cache: replicas under a read lease (pure)
  *   req.c        request validation (pure: also the fuzz target's entry)
@@ -33,31 +40,36 @@
  * Calls between the files (a file -> the files it calls). Calls go down
  * this list only, so there is no circle; news goes up through hooks the
  * caller sets (the server's on_request and on_gone, mcall's on_leader,
- * the pool's on_idle, mlink's done). test_agent_rooms.py checks this
+ * the pool's on_idle, mlink's done, a log follower's hooks, the tier's
+ * on_lost). test_agent_rooms.py checks this
  * list against the objects and the embedded structs against their use.
  *
- *   agent.c     -> batch inv lcache mem mirror mlink op_get ops pool
- *                  server space stats
+ *   agent.c     -> batch demote inv lcache mem mirror mlink op_get ops
+ *                  peer pool server space stats tier
  *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
- *                  op_common op_get op_put req server stats
- *   op_put.c    -> batch inv lcache mcall mlink op_common pool req server
- *                  space stats xfer
- *   op_get.c    -> batch lcache mcall mem op_common pool req server space
- *                  stats xfer
+ *                  op_common op_get op_put req server stats tier
+ *   op_put.c    -> batch demote inv lcache mcall mlink op_common pool req
+ *                  server space stats tier xfer
+ *   op_get.c    -> batch lcache mcall mem mlink op_common peer pool req
+ *                  server space stats tier xfer
  *   op_buf.c    -> mem op_common pool server stats xfer
  *   op_common.c -> mem pool server stats xfer
  *   server.c    -> mem pool req stats
- *   mlink.c     -> inv lcache mcall mirror pool space stats
+ *   mlink.c     -> demote inv lcache mcall mirror pool space stats tier
+ *   demote.c    -> inv mcall mirror pool stats tier xfer
+ *   peer.c      -> mcall mem stats tier
  *   mirror.c    -> inv mcall stats
  *   space.c     -> mcall stats
  *   batch.c     -> mcall
  *   xfer.c      -> pool
  *   mem.c       -> pool
- *   mcall.c, stats.c, pool.c, inv.c, lcache.c, req.c -> nothing
+ *   mcall.c, stats.c, pool.c, tier.c, inv.c, lcache.c, req.c -> nothing
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
  * touch only the memory their job owns (mappings hold references taken
- * on the loop before the job is queued and dropped after it completes).
+ * on the loop before the job is queued and dropped after it completes),
+ * and the SSD store's own threads (src/ssd), whose completions come back
+ * to the loop through tier.c.
  */
 #ifndef MC_AGENT_AGENT_INT_H
 #define MC_AGENT_AGENT_INT_H
