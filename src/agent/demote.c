@@ -227,17 +227,23 @@ void agent__demote_put(struct agent *a, const uint8_t *key, size_t klen, uint64_
 		       uint64_t size, uint32_t crc, bool soft_pin, uint64_t ttl_ms,
 		       void (*cb)(void *ud, int err), void *ud)
 {
-	queue_item(a, &(struct item_args){.kind = K_PUT, .key = key, .klen = klen,
-					  .offset = offset, .size = size, .crc = crc,
-					  .soft_pin = soft_pin, .ttl_ms = ttl_ms, .cb = cb,
+	queue_item(a, &(struct item_args){.kind = K_PUT,
+					  .key = key,
+					  .klen = klen,
+					  .offset = offset,
+					  .size = size,
+					  .crc = crc,
+					  .soft_pin = soft_pin,
+					  .ttl_ms = ttl_ms,
+					  .cb = cb,
 					  .ud = ud});
 }
 
 static void on_lost(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset)
 {
 	agent__count(&a->stats, AGENT_C_SSD_LOST, 1);
-	queue_item(a, &(struct item_args){.kind = K_LOST, .key = key, .klen = klen,
-					  .offset = offset});
+	queue_item(a, &(struct item_args){
+			      .kind = K_LOST, .key = key, .klen = klen, .offset = offset});
 }
 
 /* ------------------------------------------------------------ FETCH orders */
@@ -267,7 +273,8 @@ static void fetch_run(struct agent_job *j)
 			f->err = -ENOMEM;
 			return;
 		}
-		agent__xfer_add(a, x, f->source, false, f->buf, f->src_address, f->size, &f->err);
+		agent__xfer_add(a, x, f->source, false, f->buf, f->src_address, f->size,
+				&f->err);
 		agent__xfer_start(a, x);
 		agent__xfer_finish(a, x);
 		if (f->err)
@@ -300,8 +307,10 @@ static void fetch_stored(void *ud, int err, const struct agent_tier_obj *o)
 			 (int)MC_MIN(f->klen, 64), f->key, f->size, mc_strerror(err));
 	if (!a->stopped)
 		queue_item(a, &(struct item_args){.kind = err ? K_ABANDONED : K_DEMOTED,
-						  .key = f->key, .klen = f->klen,
-						  .offset = err ? 0 : o->offset, .size = f->size,
+						  .key = f->key,
+						  .klen = f->klen,
+						  .offset = err ? 0 : o->offset,
+						  .size = f->size,
 						  .crc = f->crc});
 	fetch_free(f);
 	pump(a);
@@ -316,8 +325,8 @@ static void fetch_done(struct agent_job *j)
 		/* A copy the tier still holds from an earlier life of the
 		 * key (its deletion not heard of yet) makes room. */
 		agent__tier_remove(a, f->key, f->klen, UINT64_MAX);
-		rc = agent__tier_write(a, f->key, f->klen, f->buf, f->size, f->crc, fetch_stored,
-				       f);
+		rc = agent__tier_write(a, f->key, f->klen, f->buf, f->size, f->crc,
+				       fetch_stored, f);
 		if (!rc)
 			return;
 	}
@@ -382,8 +391,10 @@ static void order(struct agent *a, const Mooncake__Master__MirrorEvent *e)
 		f = NULL;
 	}
 	if (!f) {
-		queue_item(a, &(struct item_args){.kind = K_ABANDONED, .key = e->key.data,
-						  .klen = e->key.len, .size = e->size});
+		queue_item(a, &(struct item_args){.kind = K_ABANDONED,
+						  .key = e->key.data,
+						  .klen = e->key.len,
+						  .size = e->size});
 		return;
 	}
 	f->crc = e->crc32c;
@@ -416,7 +427,8 @@ static void on_event(struct agent *a, const Mooncake__Master__MirrorEvent *e, bo
 		return;
 	default: {
 		struct agent_inv_rec rec = {.offset = e->offset, .size = e->size};
-		if (d->listing && agent__inv_add(&d->listed, e->key.data, e->key.len, &rec) != 0)
+		if (d->listing &&
+		    agent__inv_add(&d->listed, e->key.data, e->key.len, &rec) != 0)
 			d->listing = false; /* (out of memory: nothing is deleted) */
 		return;
 	}

@@ -33,7 +33,7 @@ struct demote_item;
 /* The moves' state, embedded in struct agent (touched only by
  * demote.c). */
 struct agent_demote {
-	struct agent_follow f;          /* the SSD segment's log */
+	struct agent_follow f; /* the SSD segment's log */
 	/* FETCH orders waiting, and those being copied */
 	struct demote_fetch *head, *tail;
 	unsigned running;

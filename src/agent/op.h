@@ -45,7 +45,8 @@ struct agent_item {
 	size_t klen;
 	int err;
 	uint8_t *ptr;         /* client memory: source or destination */
-	uint64_t len;         /* source length, or destination capacity */
+	uint64_t len;         /* source length, or destination capacity (a
+				 get's spill slot's once placed) */
 	bool has_dest;
 	bool zero_copy;
 	uint64_t size;        /* object size (gets) */
@@ -67,6 +68,7 @@ struct agent_item {
 	 * own (hold: what to give back once read). */
 	bool ssd_again, ssd_own;
 	uint64_t ssd_hold;
+	bool placed;          /* its destination is decided (ptr, where) */
 	/* get results */
 	int where;            /* Mooncake__Client__GetResult__Where */
 	uint64_t offset;

@@ -127,7 +127,8 @@ static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->nrep == 0 || !it->ptr || it->reps[0].local || it->scratch ||
-		    !it->size || it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
+		    it->ssd_own || !it->size ||
+		    it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
 			continue;
 		if (!*x && !(*x = loop ? agent__xfer_new_loop() : agent__xfer_new())) {
 			it->err = -ENOMEM;
@@ -177,7 +178,7 @@ static void get_check_remote(struct agent_req *r)
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (!it->err && it->nrep && it->ptr && !it->reps[0].local && !it->scratch &&
-		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED &&
+		    !it->ssd_own && it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED &&
 		    (r->msg->get->verify || it->ssd_hold))
 			check(it, crc32c(0, it->ptr, it->size));
 	}
@@ -416,18 +417,20 @@ static bool solo_get(const struct agent_req *r, uint64_t bytes)
  * error: decide where each value goes, then copy.
  */
 
-static void get_place_and_copy(struct agent_req *r)
+/* Where each item's value goes (items placed before keep their place):
+ * a zero-copy view of the segment when asked and local, else its
+ * destination, the staging spill area, or one new memfd attached to the
+ * reply. A value read from this agent's SSD tier gets a spill slot the
+ * tier can read into (aligned, whole blocks). */
+static void get_place(struct agent_req *r)
 {
 	struct agent *a = r->a;
 	struct agent_conn *c = r->c;
 	const Mooncake__Client__GetRequest *g = r->msg->get;
 	uint64_t spill_total = 0;
-	uint64_t bytes = 0;
-	bool remote = false;
-	uint64_t remote_bytes = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0)
+		if (it->err || it->nrep == 0 || it->placed)
 			continue;
 		const struct agent_rep *rep = &it->reps[0];
 		if (it->zero_copy && rep->local && !agent__session_closed(c)) {
@@ -439,12 +442,11 @@ static void get_place_and_copy(struct agent_req *r)
 							  it->size, &it->view);
 			if (it->err)
 				continue;
+			it->placed = true;
 			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED;
 			it->offset = rep->offset;
 			if (!agent__session_has_segment_fd(c))
 				r->send_segment_fd = true;
-			if (g->verify)
-				bytes += it->size; /* checked on a copy thread */
 			continue;
 		}
 		if (it->has_dest) {
@@ -459,16 +461,17 @@ static void get_place_and_copy(struct agent_req *r)
 			}
 		}
 		if (!it->has_dest) {
+			uint64_t align = AGENT_SPILL_ALIGN, len = it->size;
+			if (rep->ssd && strcmp(rep->segment, a->name) == 0) {
+				align = agent__tier_block(a);
+				len = agent__tier_io_len(it->size);
+			}
+			spill_total = (spill_total + align - 1) & ~(align - 1);
 			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
 			it->offset = spill_total;
-			spill_total += (it->size + AGENT_SPILL_ALIGN - 1) &
-				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
+			it->len = len;
+			spill_total += (len + AGENT_SPILL_ALIGN - 1) & ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
 		}
-		if (rep->local || it->scratch)
-			bytes += it->size;
-		else
-			remote_bytes += it->size;
-		remote |= !rep->local && !it->scratch;
 	}
 	/* Place the items without a destination. */
 	uint8_t *spill_base = NULL;
@@ -478,7 +481,7 @@ static void get_place_and_copy(struct agent_req *r)
 	    agent__op_region(r, g->spill, &spill_base) == 0) {
 		where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
 		spill_off = g->spill->offset;
-	} else if (spill_total > 0) {
+	} else if (spill_total > 0 && !r->spill) {
 		struct agent_memfd_opts mo = {
 			.name = "mooncake-get",
 			.len = spill_total,
@@ -488,7 +491,7 @@ static void get_place_and_copy(struct agent_req *r)
 		int rc = agent__memfd_new(a, &mo, &r->spill);
 		if (rc) {
 			for (size_t i = 0; i < r->n; i++)
-				if (!r->items[i].err && !r->items[i].has_dest &&
+				if (!r->items[i].err && !r->items[i].placed && !r->items[i].has_dest &&
 				    r->items[i].where == where)
 					r->items[i].err = rc;
 		} else {
@@ -497,17 +500,59 @@ static void get_place_and_copy(struct agent_req *r)
 	}
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0)
+		if (it->err || it->nrep == 0 || it->placed)
 			continue;
+		it->placed = true;
 		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL) {
 			if (!spill_base) {
-				it->err = -ENOMEM;
+				it->err = spill_total ? -ENOMEM : MC_EINTERNAL;
 				continue;
 			}
 			it->ptr = spill_base + it->offset;
 			it->offset += spill_off;
 			it->where = where;
 		}
+	}
+}
+
+/*
+ * Every item has its place and its bytes where they can be copied from
+ * (a local replica, a read of this agent's SSD tier, a remote replica or
+ * another agent's bounce region): copy. Small copies run on the loop, a
+ * big local one too when its session is alone (solo_get), the rest on a
+ * copy thread; remote reads start from the loop when the local work is
+ * small.
+ */
+static void get_copy(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	const Mooncake__Client__GetRequest *g = r->msg->get;
+	uint64_t bytes = 0;
+	bool remote = false;
+	uint64_t remote_bytes = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->nrep == 0)
+			continue;
+		const struct agent_rep *rep = &it->reps[0];
+		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED) {
+			if (g->verify)
+				bytes += it->size; /* checked on a copy thread */
+			continue;
+		}
+		if (it->size > it->len) {
+			it->err = -ENOBUFS; /* (asked again: another object now) */
+			continue;
+		}
+		if (it->ssd_own) {
+			bytes += it->scratch ? it->size : 0; /* (read in place otherwise) */
+			continue;
+		}
+		if (rep->local || it->scratch)
+			bytes += it->size;
+		else
+			remote_bytes += it->size;
+		remote |= !rep->local && !it->scratch;
 	}
 	r->job.run = get_run;
 	r->job.done = get_done;
@@ -547,7 +592,7 @@ struct ssd_read {
 };
 
 /* The last SSD read ended: ask the master again for the items whose
- * replica was gone, else place and copy. */
+ * replica was gone, else copy. */
 static void ssd_read_end(struct agent_req *r)
 {
 	if (--r->ssd_pending)
@@ -557,7 +602,7 @@ static void ssd_read_end(struct agent_req *r)
 			get_lookup(r);
 			return;
 		}
-	get_place_and_copy(r);
+	get_copy(r);
 }
 
 /* An SSD replica was gone: the item asks the master again (once). */
@@ -614,8 +659,8 @@ static void on_peer_staged(void *ud, int err, uint64_t address, uint64_t hold)
 }
 
 /* Start the reads of the items whose nearest replica is in an SSD tier;
- * false when there are none (or none could start). */
-static bool get_ssd(struct agent_req *r)
+ * the copies follow when they are over (at once when there are none). */
+static void get_ssd(struct agent_req *r)
 {
 	struct agent *a = r->a;
 	r->ssd_pending = 1; /* (held until every read is started) */
@@ -623,6 +668,10 @@ static bool get_ssd(struct agent_req *r)
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->nrep == 0 || !it->reps[0].ssd)
 			continue;
+		if (it->size > it->len) {
+			it->err = -ENOBUFS; /* (asked again: another object now) */
+			continue;
+		}
 		struct ssd_read *x = malloc(sizeof(*x));
 		if (!x) {
 			it->err = -ENOMEM;
@@ -637,10 +686,14 @@ static bool get_ssd(struct agent_req *r)
 			continue;
 		}
 		it->ssd_own = true;
-		it->scratch = agent__tier_buf(it->size);
-		int rc = !it->scratch ? -ENOMEM
-				      : agent__tier_read(a, it->key, it->klen, it->scratch,
-							 agent__tier_io_len(it->size), on_ssd_read, x);
+		/* Into its place when the tier can read there (aligned, whole
+		 * blocks of room), else into a buffer copied from after. */
+		uint64_t io_len = agent__tier_io_len(it->size);
+		uint8_t *buf = it->ptr;
+		if (!buf || (uintptr_t)buf % agent__tier_block(a) || it->len < io_len)
+			buf = it->scratch = agent__tier_buf(it->size);
+		int rc = !buf ? -ENOMEM
+			      : agent__tier_read(a, it->key, it->klen, buf, io_len, on_ssd_read, x);
 		if (rc == 0) {
 			r->ssd_pending++;
 			continue;
@@ -651,17 +704,7 @@ static bool get_ssd(struct agent_req *r)
 		else
 			it->err = rc;
 	}
-	if (r->ssd_pending == 1) {
-		r->ssd_pending = 0;
-		for (size_t i = 0; i < r->n; i++)
-			if (!r->items[i].err && r->items[i].nrep == 0) {
-				get_lookup(r);
-				return true;
-			}
-		return false;
-	}
 	ssd_read_end(r);
-	return true;
 }
 
 /* The nearest replica first: this agent's DRAM segment, another DRAM
@@ -728,8 +771,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}
-	if (!get_ssd(r))
-		get_place_and_copy(r);
+	get_place(r);
+	get_ssd(r);
 }
 
 /* A background renewal of one cached lease (lcache.c): the call, and the
@@ -804,7 +847,8 @@ static void get_lookup(struct agent_req *r)
 	for (size_t i = 0; i < r->n; i++)
 		uncached += item_uncached(&r->items[i]);
 	if (uncached == 0) {
-		get_place_and_copy(r);
+		get_place(r);
+		get_ssd(r);
 		return;
 	}
 	struct agent_keys_block *b = agent__op_keys_block(r, item_uncached);

@@ -16,9 +16,11 @@
  *
  * A put naming the SSD tier (one replica, this agent's tier): each value
  * is copied into an aligned buffer on a copy thread (its checksum
- * computed in the same pass), written into the tier, and told to the
- * master (TierCommit PUT, through demote.c) — visible once the master has
- * it, and lasting a crash from the tier's write on.
+ * computed in the same pass) — or, when the client's memory is aligned
+ * and the value whole blocks, written from there, its checksum computed
+ * first — into the tier, and told to the master (TierCommit PUT, through
+ * demote.c): visible once the master has it, lasting a crash from the
+ * tier's write on.
  *
  * Master requests are built in one malloc'd block (r->mstate, r->mstate2
  * for the commit) that lives until the request ends, since a redirected
@@ -524,9 +526,10 @@ static void ssd_copy_run(struct agent_job *j)
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || !it->scratch)
+		if (it->err)
 			continue;
-		it->crc = crc32c_copy(0, it->scratch, it->ptr, it->len);
+		it->crc = it->scratch ? crc32c_copy(0, it->scratch, it->ptr, it->len)
+				      : crc32c(0, it->ptr, it->len);
 		it->has_crc = true;
 	}
 }
@@ -547,8 +550,8 @@ static void ssd_copy_done(struct agent_job *j)
 		}
 		x->r = r;
 		x->i = i;
-		int rc = agent__tier_write(a, it->key, it->klen, it->scratch, it->len, it->crc,
-					   on_ssd_stored, x);
+		int rc = agent__tier_write(a, it->key, it->klen, it->scratch ? it->scratch : it->ptr,
+					   it->len, it->crc, on_ssd_stored, x);
 		if (rc) {
 			free(x);
 			it->err = rc;
@@ -565,8 +568,11 @@ static void put_ssd(struct agent_req *r)
 		struct agent_item *it = &r->items[i];
 		if (it->err)
 			continue;
+		uint64_t block = agent__tier_block(r->a);
 		if (it->len == 0)
 			it->err = -EINVAL; /* (the SSD tier holds no empty values) */
+		else if ((uintptr_t)it->ptr % block == 0 && it->len % block == 0)
+			continue; /* written from the client's memory, whole blocks */
 		else if (!(it->scratch = agent__tier_buf(it->len)))
 			it->err = -ENOMEM;
 	}

@@ -65,9 +65,9 @@ struct peer_client {
 	struct peer_client *next;
 	struct agent *a;
 	char owner[128];
-	struct rpc_client *c;   /* NULL while resolving, or after a failure */
+	struct rpc_client *c; /* NULL while resolving, or after a failure */
 	bool resolving;
-	int err;                /* the last resolution's, while c is NULL */
+	int err; /* the last resolution's, while c is NULL */
 	uint64_t failed_ms;
 	struct peer_call *waiting; /* reads asked for while resolving */
 };
@@ -125,11 +125,11 @@ static void finish_code(struct rpc_call *call, int err, const char *detail)
 	snprintf(msg, sizeof(msg), "%d %s%s%s", err, mc_strerror(err), detail ? ": " : "",
 		 detail ? detail : "");
 	int status = err == MC_EOBJECT_NOT_FOUND ? RPC_NOT_FOUND
-		     : err == -EACCES	      ? RPC_PERMISSION_DENIED
-		     : err == MC_ENO_SPACE	      ? RPC_RESOURCE_EXHAUSTED
-		     : err == MC_EUNAVAILABLE     ? RPC_UNAVAILABLE
-		     : err == -EINVAL	      ? RPC_INVALID_ARGUMENT
-						      : RPC_INTERNAL;
+		     : err == -EACCES            ? RPC_PERMISSION_DENIED
+		     : err == MC_ENO_SPACE       ? RPC_RESOURCE_EXHAUSTED
+		     : err == MC_EUNAVAILABLE    ? RPC_UNAVAILABLE
+		     : err == -EINVAL            ? RPC_INVALID_ARGUMENT
+						 : RPC_INTERNAL;
 	rpc_call_finish(call, status, msg);
 }
 
@@ -161,7 +161,9 @@ static void on_staged(void *ud, int err, const struct agent_tier_obj *o)
 		wait_free(a, w);
 		return;
 	}
-	*h = (struct peer_hold){.id = ++p->next_hold, .off = w->off, .len = w->len,
+	*h = (struct peer_hold){.id = ++p->next_hold,
+				.off = w->off,
+				.len = w->len,
 				.until_ms = mc_now_ms() + AGENT_PEER_HOLD_MS};
 	Mooncake__Agent__TierReadReply r = MOONCAKE__AGENT__TIER_READ_REPLY__INIT;
 	r.address = (uint64_t)(uintptr_t)p->bounce->addr + w->off;
@@ -261,8 +263,9 @@ static void on_read(struct rpc_call *call, const ProtobufCMessage *msg)
 	uint64_t len = agent__tier_io_len(o.size);
 	if (len > p->bounce->len) {
 		char why[128];
-		snprintf(why, sizeof(why), "%" PRIu64 " bytes, more than --ssd-bounce-size %zu",
-			 o.size, p->bounce->len);
+		snprintf(why, sizeof(why),
+			 "%" PRIu64 " bytes, more than --ssd-bounce-size %zu", o.size,
+			 p->bounce->len);
 		finish_code(call, MC_ENO_SPACE, why);
 		return;
 	}
@@ -271,7 +274,8 @@ static void on_read(struct rpc_call *call, const ProtobufCMessage *msg)
 		waiting++;
 	struct peer_wait *w = waiting < MAX_WAITS ? calloc(1, sizeof(*w) + q->key.len) : NULL;
 	if (!w) {
-		finish_code(call, MC_ENO_SPACE, "too many reads waiting for the bounce region");
+		finish_code(call, MC_ENO_SPACE,
+			    "too many reads waiting for the bounce region");
 		return;
 	}
 	w->a = a;
@@ -351,12 +355,12 @@ static void on_timer(uv_timer_t *t)
 	}
 }
 
-#define UNARY(n, fn, req, resp)                                                    \
-	{.name = n,                                                                \
-	 .kind = RPC_UNARY,                                                        \
-	 .request = &mooncake__agent__##req##__descriptor,                         \
-	 .response = &mooncake__agent__##resp##__descriptor,                       \
-	 .on_message = fn}
+#define UNARY(n, fn, req, resp) \
+	{ \
+		.name = n, .kind = RPC_UNARY, \
+		.request = &mooncake__agent__##req##__descriptor, \
+		.response = &mooncake__agent__##resp##__descriptor, .on_message = fn \
+	}
 
 static const struct rpc_method methods[] = {
 	UNARY("Read", on_read, tier_read_request, tier_read_reply),
@@ -461,11 +465,11 @@ static void call_send(struct peer_call *c)
 	const ProtobufCMessageDescriptor *d =
 		c->release ? &mooncake__agent__tier_release_reply__descriptor
 			   : &mooncake__agent__tier_read_reply__descriptor;
-	int rc = pc->c ? rpc_client_unary(pc->c, path, c->release ? &c->req.rel.base
-								  : &c->req.read.base,
-					  d, agent__mcall_timeout_ms(a), on_peer_reply, c, NULL)
-		       : pc->err ? pc->err
-				 : MC_EUNAVAILABLE;
+	int rc = pc->c     ? rpc_client_unary(pc->c, path,
+                                          c->release ? &c->req.rel.base : &c->req.read.base, d,
+					      agent__mcall_timeout_ms(a), on_peer_reply, c, NULL)
+		 : pc->err ? pc->err
+			   : MC_EUNAVAILABLE;
 	if (rc) {
 		if (!c->release)
 			log_warn("reading from the SSD tier of agent %s: %s", pc->owner,
@@ -561,9 +565,8 @@ static void submit(struct agent *a, struct peer_call *c, const char *owner)
 }
 
 void agent__peer_read(struct agent *a, const char *owner, const uint8_t *key, size_t klen,
-		      uint64_t size, void (*cb)(void *ud, int err, uint64_t address,
-						uint64_t hold),
-		      void *ud)
+		      uint64_t size,
+		      void (*cb)(void *ud, int err, uint64_t address, uint64_t hold), void *ud)
 {
 	(void)size;
 	struct peer_call *c = calloc(1, sizeof(*c) + klen);

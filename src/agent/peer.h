@@ -32,20 +32,20 @@ struct peer_wait;
 /* The peers' state, embedded in struct agent (touched only by peer.c). */
 struct agent_peer {
 	/* The serving side: the bounce region and what is staged in it. */
-	struct agent_map *bounce;      /* NULL: no SSD tier, nothing served */
+	struct agent_map *bounce; /* NULL: no SSD tier, nothing served */
 	struct te_region *region;
 	struct mc_extalloc alloc;
 	bool alloc_ok, registered, service;
-	struct peer_hold *holds;       /* staged, until released or expired */
+	struct peer_hold *holds;              /* staged, until released or expired */
 	struct peer_wait *waits, *waits_tail; /* reads waiting for room */
 	uint64_t next_hold;
-	uv_timer_t timer;              /* expires holds */
+	uv_timer_t timer; /* expires holds */
 	bool timer_on;
 	uint8_t secret[MC_SECRET_MAX_BYTES];
 	size_t secret_len;
 	/* The calling side: one RPC client per owner agent. */
 	struct peer_client *clients;
-	unsigned reads;                /* reads of this agent's tier in flight */
+	unsigned reads; /* reads of this agent's tier in flight */
 };
 
 /* Keep the secret readers prove (len 0: none asked for). */
@@ -76,8 +76,8 @@ void agent__peer_free(struct agent *a);
  * inside this call.
  */
 void agent__peer_read(struct agent *a, const char *owner, const uint8_t *key, size_t klen,
-		      uint64_t size, void (*cb)(void *ud, int err, uint64_t address,
-						uint64_t hold),
+		      uint64_t size,
+		      void (*cb)(void *ud, int err, uint64_t address, uint64_t hold),
 		      void *ud);
 /* The bytes of hold are read: the owner may reuse its room. */
 void agent__peer_release(struct agent *a, const char *owner, uint64_t hold);

@@ -12,7 +12,12 @@
  * never on the loop.
  *
  * Each read or write is a small block of its own (the store's request and
- * the caller's callback), freed when its callback has run.
+ * the caller's callback), freed when its callback has run. A write that
+ * finds the store full waits, in order, for room: the master evicts past
+ * the tier's watermark, its deletions arrive, and the store reuses their
+ * space once they are synced (a full store starts that sync at once).
+ * Waiting writes are tried again after the store's completions and every
+ * AGENT_TIER_ROOM_POLL_MS, up to AGENT_TIER_ROOM_WAIT_MS.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,13 +35,20 @@
 
 struct tier_op {
 	struct ssd_req req;
+	struct tier_op *next; /* waiting for room */
 	struct agent *a;
 	agent_tier_cb cb;
 	void *ud;
 	uint8_t *key; /* reads: for the lost object's news */
 	size_t klen;
 	uint64_t offset;
+	/* a write waiting for room */
+	const void *buf;
+	uint64_t size, until_ms;
+	uint32_t crc;
 };
+
+static void retry_writes(struct agent *a);
 
 int agent__tier_open(struct agent *a, const struct agent_tier_opts *o)
 {
@@ -69,6 +81,12 @@ static void on_poll(uv_poll_t *p, int status, int events)
 	(void)status;
 	(void)events;
 	ssd_poll(a->tier.store);
+	retry_writes(a);
+}
+
+static void on_wait_timer(uv_timer_t *t)
+{
+	retry_writes(t->data);
 }
 
 void agent__tier_start(struct agent *a)
@@ -79,6 +97,9 @@ void agent__tier_start(struct agent *a)
 	snprintf(t->name, sizeof(t->name), "%s/ssd", a->name);
 	if (t->polling)
 		return;
+	uv_timer_init(a->loop, &t->wait_timer);
+	t->wait_timer.data = a;
+	t->timer_on = true;
 	int rc = uv_poll_init(a->loop, &t->poll, ssd_fd(t->store));
 	if (rc == 0)
 		rc = uv_poll_start(&t->poll, UV_READABLE, on_poll);
@@ -93,13 +114,19 @@ void agent__tier_start(struct agent *a)
 unsigned agent__tier_close(struct agent *a, uv_close_cb on_closed)
 {
 	struct agent_tier *t = &a->tier;
+	unsigned n = 0;
+	if (t->timer_on) {
+		t->timer_on = false;
+		uv_close((uv_handle_t *)&t->wait_timer, on_closed);
+		n++;
+	}
 	if (!t->polling)
-		return 0;
+		return n;
 	t->polling = false;
 	uv_poll_stop(&t->poll);
 	t->poll.data = a;
 	uv_close((uv_handle_t *)&t->poll, on_closed);
-	return 1;
+	return n + 1;
 }
 
 void agent__tier_free(struct agent *a)
@@ -141,7 +168,7 @@ unsigned agent__tier_inflight(const struct agent *a)
 }
 
 void agent__tier_on_lost(struct agent *a, void (*fn)(struct agent *a, const uint8_t *key,
-						    size_t klen, uint64_t offset))
+						     size_t klen, uint64_t offset))
 {
 	a->tier.on_lost = fn;
 }
@@ -169,8 +196,8 @@ int agent__tier_lookup(const struct agent *a, const uint8_t *key, size_t klen,
 	int rc = ssd_lookup(a->tier.store, key, klen, &o);
 	if (rc)
 		return rc;
-	*out = (struct agent_tier_obj){.offset = o.offset, .size = o.size, .seq = o.seq,
-				       .crc = o.crc};
+	*out = (struct agent_tier_obj){
+		.offset = o.offset, .size = o.size, .seq = o.seq, .crc = o.crc};
 	return 0;
 }
 
@@ -187,8 +214,8 @@ static void on_read(struct ssd_req *r)
 	a->tier.inflight--;
 	if (r->status == MC_ECHECKSUM && a->tier.on_lost)
 		a->tier.on_lost(a, op->key, op->klen, op->offset);
-	struct agent_tier_obj o = {.offset = op->offset, .size = r->size, .seq = r->seq,
-				   .crc = r->crc};
+	struct agent_tier_obj o = {
+		.offset = op->offset, .size = r->size, .seq = r->seq, .crc = r->crc};
 	op->cb(op->ud, r->status, r->status ? NULL : &o);
 	op_free(op);
 }
@@ -240,6 +267,56 @@ static void on_written(struct ssd_req *r)
 	op_free(op);
 }
 
+/* Submit a write; false (op waiting, a try again due) when the store is
+ * full. The call's other errors end op through its callback when from
+ * a retry, else go back to the caller (op freed). */
+static int try_write(struct agent *a, struct tier_op *op)
+{
+	int rc = ssd_put(a->tier.store, &op->req, op->key, op->klen, op->buf, op->size,
+			 op->crc, on_written);
+	if (rc == 0)
+		a->tier.inflight++;
+	return rc;
+}
+
+static void wait_for_room(struct agent *a, struct tier_op *op)
+{
+	struct agent_tier *t = &a->tier;
+	op->next = NULL;
+	if (t->wait_tail)
+		t->wait_tail->next = op;
+	else
+		t->wait_head = op;
+	t->wait_tail = op;
+	t->inflight++; /* (a stop waits for it too) */
+	if (t->timer_on && !uv_is_active((uv_handle_t *)&t->wait_timer))
+		uv_timer_start(&t->wait_timer, on_wait_timer, AGENT_TIER_ROOM_POLL_MS,
+			       AGENT_TIER_ROOM_POLL_MS);
+}
+
+/* Try the waiting writes again, in order, until one finds no room. */
+static void retry_writes(struct agent *a)
+{
+	struct agent_tier *t = &a->tier;
+	uint64_t now = mc_now_ms();
+	while (t->wait_head) {
+		struct tier_op *op = t->wait_head;
+		int rc = a->stopping ? MC_ESHUTDOWN : try_write(a, op);
+		if (rc == MC_ENO_SPACE && now < op->until_ms)
+			break;
+		t->wait_head = op->next;
+		if (!t->wait_head)
+			t->wait_tail = NULL;
+		t->inflight--;
+		if (rc) {
+			op->cb(op->ud, rc, NULL);
+			op_free(op);
+		}
+	}
+	if (!t->wait_head && t->timer_on)
+		uv_timer_stop(&t->wait_timer);
+}
+
 int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
 		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud)
 {
@@ -257,12 +334,19 @@ int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const vo
 	op->cb = cb;
 	op->ud = ud;
 	op->req.data = op;
-	int rc = ssd_put(t->store, &op->req, key, klen, buf, size, crc, on_written);
+	op->buf = buf;
+	op->size = size;
+	op->crc = crc;
+	int rc = t->wait_head ? MC_ENO_SPACE : try_write(a, op); /* (in order) */
+	if (rc == MC_ENO_SPACE && t->timer_on && !a->stopping) {
+		op->until_ms = mc_now_ms() + AGENT_TIER_ROOM_WAIT_MS;
+		wait_for_room(a, op);
+		return 0;
+	}
 	if (rc) {
 		op_free(op);
 		return rc;
 	}
-	t->inflight++;
 	return 0;
 }
 
@@ -284,8 +368,8 @@ struct each {
 static void each_obj(void *ud, const uint8_t *key, size_t klen, const struct ssd_obj *so)
 {
 	struct each *e = ud;
-	struct agent_tier_obj o = {.offset = so->offset, .size = so->size, .seq = so->seq,
-				   .crc = so->crc};
+	struct agent_tier_obj o = {
+		.offset = so->offset, .size = so->size, .seq = so->seq, .crc = so->crc};
 	e->fn(e->ud, key, klen, &o);
 }
 

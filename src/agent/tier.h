@@ -19,9 +19,14 @@
 
 struct agent;
 struct ssd_store;
+struct tier_op;
+
+/* A write that finds the tier full waits this long for room at most. */
+#define AGENT_TIER_ROOM_WAIT_MS 2000u
+#define AGENT_TIER_ROOM_POLL_MS 10u
 
 struct agent_tier_opts {
-	const char *path;            /* NULL or "": no SSD tier */
+	const char *path; /* NULL or "": no SSD tier */
 	uint64_t bytes;
 	double high_watermark, eviction_ratio; /* told to the master at mount */
 	unsigned sync_interval_ms;
@@ -36,7 +41,12 @@ struct agent_tier {
 	double high_watermark, eviction_ratio;
 	uv_poll_t poll;
 	bool polling;
-	unsigned inflight;       /* reads and writes not called back yet */
+	unsigned inflight; /* reads and writes not called back yet */
+	/* Writes waiting for room (the master evicts past the tier's
+	 * watermark; deleted space is reused once synced), in order. */
+	struct tier_op *wait_head, *wait_tail;
+	uv_timer_t wait_timer;
+	bool timer_on;
 	/* A read found an object's bytes bad: the store dropped it (the
 	 * moves' part tells the master). */
 	void (*on_lost)(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset);
@@ -69,7 +79,7 @@ void agent__tier_watermarks(const struct agent *a, double *high, double *ratio);
 /* Reads and writes whose callback has not run. */
 unsigned agent__tier_inflight(const struct agent *a);
 void agent__tier_on_lost(struct agent *a, void (*fn)(struct agent *a, const uint8_t *key,
-						    size_t klen, uint64_t offset));
+						     size_t klen, uint64_t offset));
 
 /* A buffer aligned for the store of len bytes rounded up to its block
  * (freed with free()), or NULL. */
@@ -105,10 +115,12 @@ int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf
  * Store size bytes of buf (aligned, agent__tier_io_len(size) long) under
  * key, crc their CRC-32C: cb(ud, 0, object — its offset) once written and
  * in the index (a crash loses nothing from then on), or cb(ud, err, NULL)
- * (MC_ECANCELLED: removed meanwhile; the write's errno). Errors of the
- * call: MC_EOBJECT_ALREADY_EXISTS (stored or being stored), MC_ENO_SPACE,
- * -EINVAL, -EIO (the store failed before: it serves reads only),
- * -ENOMEM.
+ * (MC_ECANCELLED: removed meanwhile; MC_ENO_SPACE: no room within
+ * AGENT_TIER_ROOM_WAIT_MS — a full tier makes writes wait for the room
+ * evictions free; MC_EOBJECT_ALREADY_EXISTS found when it was retried;
+ * the write's errno). Errors of the call: MC_EOBJECT_ALREADY_EXISTS
+ * (stored or being stored), -EINVAL, -EIO (the store failed before: it
+ * serves reads only), -ENOMEM.
  */
 int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
 		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud) MC_MUST_CHECK;

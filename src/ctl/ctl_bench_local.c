@@ -154,8 +154,17 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
 			      ARG("--cluster-secret-file=%s", secret), "--log-level=warn",
-			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
-			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
+			      NULL, NULL, NULL, NULL, NULL, NULL};
+		char **more = &av[12];
+		if (with_master) {
+			*more++ = ARG("--master-listen=%s", cl->master);
+			*more++ = ARG("--master-http=127.0.0.1:%d", mhttp);
+		}
+		if (cl->ssd_dir) {
+			*more++ = ARG("--ssd-path=%s/agent%d", cl->ssd_dir, i);
+			*more++ = ARG("--ssd-size=%llu", (unsigned long long)cl->ssd_bytes);
+			*more++ = "--ssd-promote-on-hit=false";
+		}
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
 	}
 #undef ARG

@@ -29,6 +29,14 @@
  * memcpy bandwidth of the same number of threads over 16 MiB blocks; with
  * one client, the floor of a get (ctl_bench_floor.c) runs in the same
  * rounds. Nothing here is an assertion.
+ *
+ * --tier=ssd measures the agents' SSD tiers instead (puts naming the SSD
+ * tier, gets of objects only there, no promotion; each agent's tier under
+ * --dir): put and get of the local agent's tier, get of the other
+ * agent's (read into its bounce region, then through the transfer
+ * engine), beside fio with the same block size, direct I/O, io_uring and
+ * as many I/Os in flight as clients on a file in the same directory
+ * (sequential writes, random reads), in the same rounds.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -37,6 +45,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <inttypes.h>
 
 #include "common/cfg.h"
 #include "common/err.h"
@@ -61,8 +71,9 @@ static size_t get_set_len(size_t size)
 
 /* ---------------------------------------------------------------- workers */
 
-enum target { T_LOCAL, T_REMOTE, T_REDIS, T_FLOOR, NTARGETS };
-static const char *const target_names[NTARGETS] = {"local", "remote", "redis", "floor"};
+enum target { T_LOCAL, T_REMOTE, T_REDIS, T_FLOOR, T_FIO, NTARGETS };
+static const char *const target_names[NTARGETS] = {"local", "remote", "redis", "floor",
+						   "fio"};
 
 struct run {
 	enum op op;
@@ -73,6 +84,7 @@ struct run {
 	const char *remote_segment;
 	unsigned tag;       /* of this round's put keys */
 	unsigned gtag;      /* of the get set: the same in every round */
+	bool ssd;           /* --tier=ssd: puts name the SSD tier */
 };
 
 struct worker {
@@ -116,7 +128,8 @@ static int one(struct worker *w, bool put, uint64_t i)
 			   : (int)MC_MIN(ctl_redis_get(w->redis, key, w->buf, r->size), 0);
 	if (put) {
 		struct mc_put_opts o = {.preferred_segment =
-						r->target == T_REMOTE ? r->remote_segment : NULL};
+						r->target == T_REMOTE ? r->remote_segment : NULL,
+					.tier = r->ssd ? MC_TIER_SSD : MC_TIER_DRAM};
 		return mc_put_from(w->c, key, strlen(key), w->buf, r->size, &o);
 	}
 	if (r->op == OP_VIEW) {
@@ -184,10 +197,11 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 			int there = r->target == T_REDIS ? 0 : mc_exist(ws[id].c, key, strlen(key));
 			if (there < 0)
 				return there;
+			struct mc_put_opts o = {.tier = r->ssd ? MC_TIER_SSD : MC_TIER_DRAM};
 			int rc = there ? 0
 				 : r->target == T_REDIS
 					 ? ctl_redis_set(ws[id].redis, key, ws[id].buf, r->size)
-					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size, NULL);
+					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size, &o);
 			if (rc)
 				return rc;
 			int64_t got = r->target == T_REDIS
@@ -266,6 +280,29 @@ static void print_line(const char *vs, enum op op, enum target tg, size_t size,
 	       op_names[op], target_names[tg], ops_s(t), gbps, ctl_lat_pct_us(&t->lat, 0.50),
 	       ctl_lat_pct_us(&t->lat, 0.99), rs, xs, limit > 0 ? gbps / limit : 0,
 	       (unsigned long long)t->errors, fmt_err(t->first_err));
+}
+
+/* One line of the --tier=ssd table: a tally beside fio's (NULL: fio's own
+ * line, from f). */
+static void print_ssd_line(const char *vs, enum op op, enum target tg, size_t size,
+			   struct tally *t, const struct ctl_fio *f, bool fio_line)
+{
+	double fio_gbps = f->runs ? f->bw / f->runs / 1e9 : 0;
+	if (fio_line) {
+		printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %9s %8s\n", "", op_names[op],
+		       "fio", fio_gbps * 1e9 / (double)size, fio_gbps,
+		       f->runs ? f->p50_us / f->runs : 0, f->runs ? f->p99_us / f->runs : 0, "-",
+		       "-");
+		return;
+	}
+	double gbps = ops_s(t) * (double)size / 1e9;
+	char xs[32] = "-";
+	if (fio_gbps > 0)
+		snprintf(xs, sizeof(xs), "%.2f", gbps / fio_gbps);
+	printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %9.2f %8s %9llu %s\n", vs, op_names[op],
+	       target_names[tg], ops_s(t), gbps, ctl_lat_pct_us(&t->lat, 0.50),
+	       ctl_lat_pct_us(&t->lat, 0.99), fio_gbps, xs, (unsigned long long)t->errors,
+	       fmt_err(t->first_err));
 }
 
 /* ---------------------------------------------------------------- the limit */
@@ -369,7 +406,8 @@ static void usage(FILE *f)
 		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
 		"           [--op=put,get,view,mixed] [--duration=3s] [--socket=PATH]\n"
 		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n"
-		"           [--master=local|separate] [--rounds=N]\n\n"
+		"           [--master=local|separate] [--rounds=N]\n"
+		"           [--tier=dram|ssd] [--dir=DIR] [--ssd-size=SIZE]\n\n"
 		"Clients (threads, one session each) put, get (mc_get_into), view\n"
 		"(mc_get_view, zero copy when local, then a copy into the client's\n"
 		"buffer) or put and get alternating (mixed) with values in\n"
@@ -389,7 +427,13 @@ static void usage(FILE *f)
 		"process of its own.\n"
 		"Each size and op runs in --rounds rounds (default 3) of local,\n"
 		"remote and redis in turn, --duration/rounds each, summed: a slower\n"
-		"minute of the machine falls on all three alike.\n");
+		"minute of the machine falls on all three alike.\n"
+		"--tier=ssd (ops put,get; default sizes 1M,16M): the agents it starts\n"
+		"get SSD tiers of --ssd-size (default 2G) under --dir (default\n"
+		"/var/tmp); puts name the SSD tier, gets read objects only there\n"
+		"(this agent's tier: local; the other agent's: remote), beside fio\n"
+		"(sequential writes, random reads; direct I/O, io_uring, clients in\n"
+		"flight) on a file in the same directory, in the same rounds.\n");
 }
 
 static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)
@@ -412,6 +456,8 @@ int ctl_bench_store_main(int argc, char **argv)
 {
 	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,view,mixed", *dur_s = "3s";
 	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *master_s = "local", *v;
+	const char *tier_s = "dram", *dir_s = "/var/tmp", *ssd_size_s = "2G";
+	bool sizes_given = false, ops_given = false;
 	unsigned clients = 4, rounds = 3, opmask;
 	size_t sizes[MAX_SIZES];
 	unsigned nsizes = 0;
@@ -422,6 +468,13 @@ int ctl_bench_store_main(int argc, char **argv)
 			return CTL_EXIT_OK;
 		} else if (ctl_flag_value(argc, argv, &i, "value-size", &v) && v) {
 			sizes_s = v;
+			sizes_given = true;
+		} else if (ctl_flag_value(argc, argv, &i, "tier", &v) && v) {
+			tier_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "dir", &v) && v) {
+			dir_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "ssd-size", &v) && v) {
+			ssd_size_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "clients", &v) && v) {
 			char *end;
 			clients = (unsigned)strtoul(v, &end, 10);
@@ -436,6 +489,7 @@ int ctl_bench_store_main(int argc, char **argv)
 			master_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "op", &v) && v) {
 			ops_s = v;
+			ops_given = true;
 		} else if (ctl_flag_value(argc, argv, &i, "duration", &v) && v) {
 			dur_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "socket", &v) && v) {
@@ -450,6 +504,19 @@ int ctl_bench_store_main(int argc, char **argv)
 			return CTL_EXIT_USAGE;
 		}
 	}
+	bool ssd = strcmp(tier_s, "ssd") == 0;
+	uint64_t ssd_bytes = 0;
+	if ((!ssd && strcmp(tier_s, "dram") != 0) ||
+	    (ssd && (cfg_parse_size(ssd_size_s, &ssd_bytes) || ssd_bytes < (256u << 20)))) {
+		fprintf(stderr, "mooncakectl bench store: --tier is dram or ssd; --ssd-size at "
+				"least 256M\n");
+		return CTL_EXIT_USAGE;
+	}
+	if (ssd) {
+		sizes_s = sizes_given ? sizes_s : "1M,16M";
+		ops_s = ops_given ? ops_s : "put,get";
+		redis_s = "off";
+	}
 	char buf[128];
 	snprintf(buf, sizeof(buf), "%s", sizes_s);
 	for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -461,10 +528,12 @@ int ctl_bench_store_main(int argc, char **argv)
 		sizes[nsizes++] = s;
 	}
 	if (clients < 1 || clients > MAX_CLIENTS || parse_list(ops_s, op_names, NOPS, &opmask) ||
+	    (ssd && (opmask & ~((1u << OP_PUT) | (1u << OP_GET)))) || (ssd && sock) ||
 	    cfg_parse_duration_ms(dur_s, &duration_ms) || rounds < 1 || rounds > 100 ||
 	    duration_ms < rounds) {
-		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op, "
-				"--rounds (1 to 100) or --duration (at least 1ms a round)\n",
+		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op (put and "
+				"get with --tier=ssd), --rounds (1 to 100) or --duration (at least "
+				"1ms a round); --tier=ssd starts its own agents (no --socket)\n",
 			MAX_CLIENTS);
 		return CTL_EXIT_USAGE;
 	}
@@ -480,13 +549,28 @@ int ctl_bench_store_main(int argc, char **argv)
 
 	signal(SIGPIPE, SIG_IGN);
 	struct ctl_local cl = {0};
+	/* --tier=ssd: the agents' tiers and fio's file in one directory of the
+	 * file system measured. */
+	char sdir[512] = "", fiofile[600] = "";
+	if (ssd) {
+		snprintf(sdir, sizeof(sdir), "%s/mooncake-bench-tier.XXXXXX", dir_s);
+		if (!mkdtemp(sdir)) {
+			fprintf(stderr, "mooncakectl bench store: mkdtemp in %s: %s\n", dir_s,
+				strerror(errno));
+			return CTL_EXIT_FAIL;
+		}
+		snprintf(fiofile, sizeof(fiofile), "%s/fio.dat", sdir);
+		cl.ssd_dir = sdir;
+		cl.ssd_bytes = ssd_bytes;
+	}
 	int rc = 0;
 	bool own_cluster = !sock;
 	mc_client *holder_local = NULL, *holder_remote = NULL;
 	/* Its ports are picked free but taken only when the daemons bind
 	 * them: another process may take one first; then start again. */
 	for (int attempt = 1; !sock; attempt++) {
-		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
+		uint64_t seg = ssd ? (256u << 20)
+				   : MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
 		rc = ctl_local_start(&cl, seg, separate);
 		if (rc == 0)
 			rc = ctl_local_open(cl.sock[0], &holder_local, 15000);
@@ -556,16 +640,27 @@ int ctl_bench_store_main(int argc, char **argv)
 		goto out;
 	}
 
-	double limit = memcpy_gbps(clients);
-	printf("bench store: %u clients, %s per run in %u rounds, values in buffers from "
-	       "mc_buffer_alloc\n"
-	       "limit: memcpy of %u threads over 16 MiB blocks = %.2f GB/s\n",
-	       clients, dur_s, rounds, clients, limit);
-	if (own_cluster)
-		printf("cluster: two agents, the master %s\n",
-		       separate ? "in a process of its own" : "in the local agent's process");
-	printf("%-6s %-6s %-6s %10s %8s %9s %9s %10s %8s %8s %9s\n", "size", "op", "where", "ops/s",
-	       "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis", "memcpy", "errors");
+	double limit = ssd ? 0 : memcpy_gbps(clients);
+	if (ssd) {
+		printf("bench store --tier=ssd: %u clients, %s per run in %u rounds, SSD tiers of "
+		       "%" PRIu64 " MiB and fio's file in %s\n",
+		       clients, dur_s, rounds, ssd_bytes >> 20, sdir);
+		if (!ctl_fio_fill(fiofile, ssd_bytes))
+			fiofile[0] = '\0';
+		printf("%-6s %-6s %-6s %10s %8s %9s %9s %9s %8s %9s\n", "size", "op", "where",
+		       "ops/s", "GB/s", "p50(us)", "p99(us)", "fio GB/s", "x fio", "errors");
+	} else {
+		printf("bench store: %u clients, %s per run in %u rounds, values in buffers from "
+		       "mc_buffer_alloc\n"
+		       "limit: memcpy of %u threads over 16 MiB blocks = %.2f GB/s\n",
+		       clients, dur_s, rounds, clients, limit);
+		if (own_cluster)
+			printf("cluster: two agents, the master %s\n",
+			       separate ? "in a process of its own" : "in the local agent's process");
+		printf("%-6s %-6s %-6s %10s %8s %9s %9s %10s %8s %8s %9s\n", "size", "op", "where",
+		       "ops/s", "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis", "memcpy",
+		       "errors");
+	}
 	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
 	unsigned tag = (unsigned)getpid();
 	for (unsigned si = 0; si < nsizes; si++) {
@@ -574,7 +669,7 @@ int ctl_bench_store_main(int argc, char **argv)
 		if (sizes[si] >= (1u << 20))
 			snprintf(vs, sizeof(vs), "%zuM", sizes[si] >> 20);
 		double l50, l99;
-		if (memcpy_lat(sizes[si], &l50, &l99) == 0)
+		if (!ssd && memcpy_lat(sizes[si], &l50, &l99) == 0)
 			printf("limit %s: memcpy of one value (1 thread, from a get set's worth of "
 			       "values) p50 %.1f us, p99 %.1f us\n", vs, l50, l99);
 		for (unsigned op = 0; op < NOPS; op++) {
@@ -583,11 +678,12 @@ int ctl_bench_store_main(int argc, char **argv)
 			/* Rounds of local, remote, redis in turn: a slower minute
 			 * of the machine falls on all of them alike. */
 			struct tally tal[NTARGETS] = {0};
+			struct ctl_fio fio = {0};
 			unsigned gtag = tag;
 			tag += NTARGETS;
 			/* The floor of a get, in the same rounds (one client). */
 			struct ctl_floor *fl = NULL;
-			if (op == OP_GET && clients == 1) {
+			if (op == OP_GET && clients == 1 && !ssd) {
 				int frc = ctl_floor_start(sizes[si], get_set_len(sizes[si]),
 							  ws[0].buf, &fl);
 				if (frc)
@@ -597,8 +693,16 @@ int ctl_bench_store_main(int argc, char **argv)
 			for (unsigned round = 0; round < rounds; round++)
 				for (unsigned t = 0; t < NTARGETS; t++) {
 					if ((t == T_REMOTE && !holder_remote) ||
-					    (t == T_REDIS && !redis_port) || (t == T_FLOOR && !fl))
+					    (t == T_REDIS && !redis_port) || (t == T_FLOOR && !fl) ||
+					    (t == T_FIO && !(ssd && fiofile[0])) ||
+					    (ssd && t == T_REMOTE && op == OP_PUT))
 						continue;
+					if (t == T_FIO) {
+						if (!ctl_fio_run(fiofile, ssd_bytes, sizes[si], clients,
+								 op == OP_PUT, round_ms, &fio))
+							fiofile[0] = '\0';
+						continue;
+					}
 					struct run r = {
 						.op = op,
 						.target = t,
@@ -609,6 +713,7 @@ int ctl_bench_store_main(int argc, char **argv)
 						.remote_segment = remote_seg,
 						.tag = tag++,
 						.gtag = gtag + t,
+						.ssd = ssd,
 					};
 					run_one(ws, clients, &r, round_ms,
 						t == T_REMOTE ? holder_remote : holder_local, &tal[t]);
@@ -617,17 +722,27 @@ int ctl_bench_store_main(int argc, char **argv)
 			ws[0].floor = NULL;
 			(void)mc_remove_all(holder_local, 1);
 			for (unsigned t = 0; t < NTARGETS; t++) {
-				if (tal[t].ran || tal[t].errors)
+				if (ssd && (tal[t].ran || tal[t].errors))
+					print_ssd_line(vs, op, t, sizes[si], &tal[t], &fio, false);
+				else if (tal[t].ran || tal[t].errors)
 					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si], &tal[t],
 						   t >= T_REDIS ? NULL : &tal[T_REDIS], limit);
 			}
+			if (ssd && fio.runs)
+				print_ssd_line(vs, op, T_FIO, sizes[si], NULL, &fio, true);
 			for (unsigned t = 0; t < NTARGETS; t++)
 				ctl_lat_free(&tal[t].lat);
 		}
 	}
-	printf("x redis = ops/s over redis-server's ops/s for the same size, op and clients;\n"
-	       "memcpy = GB/s over the memcpy limit above. remote = replicas on a second\n"
-	       "agent, through the transfer engine.\n");
+	if (ssd)
+		printf("x fio = GB/s over fio's GB/s for the same block size and I/Os in flight "
+		       "(fio: writes for put, random reads for get). local = this agent's SSD "
+		       "tier; remote = the other agent's, read into its bounce region and then "
+		       "through the transfer engine.\n");
+	else
+		printf("x redis = ops/s over redis-server's ops/s for the same size, op and "
+		       "clients;\nmemcpy = GB/s over the memcpy limit above. remote = replicas on "
+		       "a second\nagent, through the transfer engine.\n");
 out:
 	for (unsigned i = 0; i < clients; i++) {
 		if (ws[i].buf)
@@ -641,5 +756,13 @@ out:
 	mc_close(holder_local);
 	mc_close(holder_remote);
 	ctl_local_stop(&cl);
+	if (sdir[0]) {
+		if (fiofile[0] || ssd)
+			unlink(fiofile);
+		char cmd[600];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", sdir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "bench store: cannot remove %s\n", sdir);
+	}
 	return rc ? CTL_EXIT_FAIL : CTL_EXIT_OK;
 }

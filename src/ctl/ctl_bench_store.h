@@ -37,9 +37,14 @@ struct ctl_local {
 	char sock[2][128]; /* the agents' client sockets */
 	char master[32];   /* the master's host:port */
 	int redis_port;
+	/* Set before ctl_local_start: each agent gets an SSD tier of
+	 * ssd_bytes in ssd_dir/agentN (promotion off). */
+	const char *ssd_dir;
+	uint64_t ssd_bytes;
 };
 
-/* A master and two agents with a segment of segment bytes each; the
+/* A master and two agents with a segment of segment bytes each (and an
+ * SSD tier each when ssd_dir is set); the
  * master in the first agent's process (separate false: the layout of
  * standalone and --role=master,agent) or in one of its own. */
 int ctl_local_start(struct ctl_local *l, uint64_t segment, bool separate);

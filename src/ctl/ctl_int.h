@@ -38,6 +38,21 @@ int ctl_bench_store_main(int argc, char **argv);
  * (ctl_bench_ssd.c). */
 int ctl_bench_ssd_main(int argc, char **argv);
 
+/* fio's figures (ctl_fio.c), summed over runs. */
+struct ctl_fio {
+	double bw; /* bytes/s */
+	double p50_us, p99_us;
+	unsigned runs;
+};
+/* Run fio for ms on file (file_bytes, written whole before: ctl_fio_fill)
+ * with blocks of bs, depth in flight, direct I/O: sequential writes
+ * (write) or random reads; its figures added to f. false when fio is
+ * missing or failed (a line printed). */
+bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
+		 bool write, uint64_t ms, struct ctl_fio *f);
+/* Write fio's file once, whole. false as ctl_fio_run. */
+bool ctl_fio_fill(const char *file, uint64_t file_bytes);
+
 /* Latency samples in ns (ctl_lat.c); a zeroed struct is empty. */
 struct ctl_lat {
 	uint64_t *v;
