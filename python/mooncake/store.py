@@ -459,8 +459,10 @@ class MooncakeDistributedStore:
         protocol, rdma_devices, master_server_addr: it was configured
         with them) are accepted and not used. engine: a TransferEngine of
         this package (or its get_engine()) — both sessions reach the same
-        agent. Refused (-22, logged): enable_ssd_offload=True (no SSD
-        tier yet), a tenant_id other than "default" (no tenants)."""
+        agent. enable_ssd_offload=True asks that the agent has an SSD
+        tier (its --ssd-path, not ssd_offload_path, says where): refused
+        (-22, logged) when it has none, as is a tenant_id other than
+        "default" (no tenants)."""
         cfg = {}
         if isinstance(local_hostname, dict):
             cfg.update(local_hostname)
@@ -474,7 +476,8 @@ class MooncakeDistributedStore:
                        global_segment_size=global_segment_size,
                        local_buffer_size=local_buffer_size, protocol=protocol,
                        rdma_devices=rdma_devices, master_server_addr=master_server_addr,
-                       enable_ssd_offload=enable_ssd_offload, tenant_id=tenant_id,
+                       enable_ssd_offload=enable_ssd_offload,
+                       ssd_offload_path=ssd_offload_path, tenant_id=tenant_id,
                        enable_client_http_server=enable_client_http_server,
                        client_http_port=client_http_port)
         for k, v in kwargs.items():
@@ -485,9 +488,6 @@ class MooncakeDistributedStore:
         if engine is not None and not hasattr(engine, "_mooncake_engine"):
             raise TypeError("setup(): engine must be a mooncake.engine.TransferEngine, not %s"
                             % type(engine).__name__)
-        if cfg.get("enable_ssd_offload"):
-            log.error("setup: enable_ssd_offload: mooncaked has no SSD tier yet")
-            return INVALID_PARAMS
         tenant = str(cfg.get("tenant_id") or "default").strip() or "default"
         if tenant != "default":
             log.error("setup: tenant_id %r: mooncaked has one key space (tenant 'default')",
@@ -506,6 +506,16 @@ class MooncakeDistributedStore:
         rc = self._connect(cfg, stg)
         if rc:
             return rc
+        if cfg.get("enable_ssd_offload"):
+            st = self._stats()
+            if st is None or not st.ssd_segment:
+                log.error("setup: enable_ssd_offload: the agent on this node has no SSD "
+                          "tier (start it with --ssd-path and --ssd-size)")
+                self.close()
+                return INVALID_PARAMS
+            if cfg.get("ssd_offload_path"):
+                log.warning("setup: ssd_offload_path %r is not used: the agent's SSD tier "
+                            "(--ssd-path) holds what it demotes", cfg["ssd_offload_path"])
         offered = n.mc_segment_size(self._h)
         if seg > offered:
             log.warning("global_segment_size %d: the agent on this node contributes a "

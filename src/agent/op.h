@@ -68,6 +68,10 @@ struct agent_item {
 	 * own (hold: what to give back once read). */
 	bool ssd_again, ssd_own;
 	uint64_t ssd_hold;
+	/* ... copied back to DRAM too (a promotion): put-lease space */
+	bool promo;
+	unsigned promo_gen;
+	uint64_t promo_off;
 	bool placed;          /* its destination is decided (ptr, where) */
 	/* get results */
 	int where;            /* Mooncake__Client__GetResult__Where */

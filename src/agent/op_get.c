@@ -22,8 +22,9 @@
  * zero-copy view of an SSD object is such a copy into the spill area (no
  * segment holds it). After a hit in this agent's own tier, with
  * --ssd-promote-on-hit, the value is copied back into its DRAM segment
- * through the put lease and committed as a promotion, when the lease has
- * room (it never has past the eviction watermark).
+ * too, into put-lease space, with the get's copies, and committed as a
+ * promotion once the get is answered — when the lease has room (it never
+ * has past the eviction watermark).
  *
  * Read leases: a cached replica answers gets for half the lease the
  * master granted; a hit in the second half renews it in the background.
@@ -157,6 +158,9 @@ static void get_copy_local(struct agent_req *r)
 				check(it, crc32c(0, a->seg->addr + rep->offset, it->size));
 			continue;
 		}
+		if (it->promo)
+			memcpy(a->seg->addr + it->promo_off, it->scratch ? it->scratch : it->ptr,
+			       it->size); /* (checked already) */
 		if (it->ptr && it->scratch) {
 			memcpy(it->ptr, it->scratch, it->size); /* checked already */
 			continue;
@@ -223,15 +227,9 @@ static bool get_from_loop(struct agent_req *r, uint64_t inline_bytes)
 
 /* ------------------------------------------------------------ promotion */
 
-/* A value read from this agent's SSD tier, on its way back to DRAM: copied
- * into put-lease space on a copy thread, then committed as a promotion. */
+/* A promotion's commit (one allocation with its key). */
 struct promotion {
-	struct agent_job job;
 	struct agent *a;
-	uint8_t *buf;
-	uint64_t size, off;
-	uint32_t crc;
-	unsigned gen;
 	Mooncake__Master__BatchCommitRequest req;
 	Mooncake__Master__CommitItem item, *pitem;
 	size_t klen;
@@ -250,33 +248,38 @@ static void on_promoted(void *ud, int err, const char *message, const ProtobufCM
 	free(p);
 }
 
-static void promote_run(struct agent_job *j)
+/* Take put-lease space for a value read from this agent's SSD tier, to
+ * copy it back to DRAM with the get's copies (none: no room). */
+static void promote_take(struct agent *a, struct agent_item *it)
 {
-	struct promotion *p = MC_CONTAINER_OF(j, struct promotion, job);
-	memcpy(p->a->seg->addr + p->off, p->buf, p->size);
+	it->promo = a->gets.promote_on_hit && it->size &&
+		    agent__lease_take(a, it->size, &it->promo_off, &it->promo_gen);
 }
 
-static void promote_done(struct agent_job *j)
+/* The value is in the segment at promo_off (or the get failed): commit it
+ * as a promotion, or give the space back. */
+static void promote_end(struct agent *a, struct agent_item *it)
 {
-	struct promotion *p = MC_CONTAINER_OF(j, struct promotion, job);
-	struct agent *a = p->a;
-	free(p->buf);
-	p->buf = NULL;
-	bool same = p->gen == agent__lease_gen(a) && !a->stopping;
-	if (agent__lease_put_done(a, p->off, p->size, p->gen, same))
-		agent__mlink_lease_drained(a);
-	if (!same) {
-		free(p);
+	if (!it->promo)
 		return;
-	}
+	it->promo = false;
+	bool go = !it->err && it->promo_gen == agent__lease_gen(a) && !a->stopping;
+	struct promotion *p = go ? calloc(1, sizeof(*p) + it->klen) : NULL;
+	if (agent__lease_put_done(a, it->promo_off, it->size, it->promo_gen, p != NULL))
+		agent__mlink_lease_drained(a);
+	if (!p)
+		return;
+	p->a = a;
+	p->klen = it->klen;
+	memcpy(p->key, it->key, it->klen);
 	mooncake__master__batch_commit_request__init(&p->req);
 	mooncake__master__commit_item__init(&p->item);
 	p->item.key.data = p->key;
 	p->item.key.len = p->klen;
-	p->item.offset = p->off;
-	p->item.size = p->size;
-	p->item.crc32c = p->crc;
-	p->item.checksummed = true;
+	p->item.offset = it->promo_off;
+	p->item.size = it->size;
+	p->item.crc32c = it->crc;
+	p->item.checksummed = it->has_crc;
 	p->item.promote = true;
 	p->pitem = &p->item;
 	p->req.agent_id = a->name;
@@ -286,33 +289,6 @@ static void promote_done(struct agent_job *j)
 	p->req.n_items = 1;
 	agent__mcall(a, "BatchCommit", &p->req.base,
 		     &mooncake__master__batch_errors_response__descriptor, on_promoted, p);
-}
-
-/* Copy the value in it->scratch (taken) back to DRAM, when the put lease
- * has room for it. */
-static void promote(struct agent *a, struct agent_item *it)
-{
-	uint64_t off;
-	unsigned gen;
-	if (!it->size || !agent__lease_take(a, it->size, &off, &gen))
-		return;
-	struct promotion *p = calloc(1, sizeof(*p) + it->klen);
-	if (!p) {
-		agent__lease_put_done(a, off, it->size, gen, false);
-		return;
-	}
-	p->a = a;
-	p->buf = it->scratch;
-	it->scratch = NULL;
-	p->size = it->size;
-	p->off = off;
-	p->gen = gen;
-	p->crc = it->crc;
-	p->klen = it->klen;
-	memcpy(p->key, it->key, it->klen);
-	p->job.run = promote_run;
-	p->job.done = promote_done;
-	agent__pool_submit(&a->pool, &p->job);
 }
 
 /* ------------------------------------------------------------ get */
@@ -394,8 +370,7 @@ static void get_done(struct agent_job *j)
 		struct agent_item *it = &r->items[i];
 		if (it->ssd_hold)
 			agent__peer_release(a, it->reps[0].segment, it->ssd_hold);
-		if (!it->err && it->ssd_own && it->scratch && a->gets.promote_on_hit)
-			promote(a, it);
+		promote_end(a, it);
 	}
 	agent__op_finish(r, first);
 }
@@ -546,6 +521,8 @@ static void get_copy(struct agent_req *r)
 		}
 		if (it->ssd_own) {
 			bytes += it->scratch ? it->size : 0; /* (read in place otherwise) */
+			promote_take(a, it);
+			bytes += it->promo ? it->size : 0;
 			continue;
 		}
 		if (rep->local || it->scratch)

@@ -414,8 +414,16 @@ def puts_naming_the_ssd_tier_and_every_get_path():
     out = os.path.join(b.tmp.name, "q.bin")
     b.ctl("get", "q", out, "--verify")
     eq(open(out, "rb").read(), v, "mooncakectl get from another agent")
+    # Mooncake's setup(enable_ssd_offload=True) wants an agent with a tier.
+    from mooncake.store import MooncakeDistributedStore
+    s3 = MooncakeDistributedStore()
+    eq(s3.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+                enable_ssd_offload=True, socket_path=a.socket), 0, "SSD offload: the tier")
+    s3.close()
     # An agent without an SSD tier refuses such puts.
     plain = st.Agent(master_addr=m.addr("master-listen"))
+    eq(s3.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+                enable_ssd_offload=True, socket_path=plain.socket), INVALID, "no tier")
     r = plain.ctl("put", "z", os.path.join(a.tmp.name, "v.bin"), "--tier=ssd", check=False)
     eq(r.returncode, 1)
     assert "segment not found" in r.stderr or "no SSD tier" in r.stderr, r.stderr
