@@ -154,7 +154,7 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
 			      ARG("--cluster-secret-file=%s", secret), "--log-level=warn",
-			      NULL, NULL, NULL, NULL, NULL, NULL};
+			      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 		char **more = &av[12];
 		if (with_master) {
 			*more++ = ARG("--master-listen=%s", cl->master);
@@ -164,6 +164,11 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			*more++ = ARG("--ssd-path=%s/agent%d", cl->ssd_dir, i);
 			*more++ = ARG("--ssd-size=%llu", (unsigned long long)cl->ssd_bytes);
 			*more++ = "--ssd-promote-on-hit=false";
+			/* Evicted past half, down to a quarter: puts never wait
+			 * for the space of deleted objects to be synced (bench
+			 * ssd keeps its store within a quarter the same way). */
+			*more++ = "--ssd-high-watermark-ratio=0.5";
+			*more++ = "--ssd-eviction-ratio=0.25";
 		}
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
 	}

@@ -643,7 +643,8 @@ int ctl_bench_store_main(int argc, char **argv)
 	double limit = ssd ? 0 : memcpy_gbps(clients);
 	if (ssd) {
 		printf("bench store --tier=ssd: %u clients, %s per run in %u rounds, SSD tiers of "
-		       "%" PRIu64 " MiB and fio's file in %s\n",
+		       "%" PRIu64 " MiB (evicted past half of it, to a quarter) and fio's file "
+		       "in %s\n",
 		       clients, dur_s, rounds, ssd_bytes >> 20, sdir);
 		if (!ctl_fio_fill(fiofile, ssd_bytes))
 			fiofile[0] = '\0';
