@@ -343,6 +343,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
 	$(Q)$(B)/mooncakectl bench ssd --duration=3s
+	$(Q)$(B)/mooncakectl bench store --tier=ssd --duration=4s --rounds=4
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
