@@ -345,22 +345,32 @@ struct mount_block {
 	char *addr; /* the master it was sent to */
 };
 
-static void on_mounted(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+/* The start of a mount's answer: the block goes; false when the answer
+ * is void (stopping, or the leader changed meanwhile: mounted again). */
+static bool mount_answered(struct mount_block *b, struct agent **ap, bool *resync)
 {
-	struct mount_block *b = ud;
-	struct agent *a = b->a;
-	bool resync = b->req.resync;
+	struct agent *a = *ap = b->a;
+	*resync = b->req.resync;
 	bool same = strcmp(b->addr, agent__mcall_master(a)) == 0;
 	free(b->addr);
 	free(b);
 	a->mlink.mount_busy = false;
 	if (a->stopping)
-		return;
+		return false;
 	if (!same) {
-		mount(a); /* the leader changed meanwhile */
-		return;
+		mount(a);
+		return false;
 	}
+	return true;
+}
+
+static void on_mounted(void *ud, int err, const char *message,
+		       const ProtobufCMessage *m)
+{
+	struct agent *a;
+	bool resync;
+	if (!mount_answered(ud, &a, &resync))
+		return;
 	if (err) {
 		log_warn("cannot mount segment %s with master %s: %s; retrying",
 			 a->name, agent__mcall_master(a), message ? message : mc_strerror(err));
@@ -415,19 +425,10 @@ static void mounted_all(struct agent *a)
 
 static void on_ssd_mounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
-	struct mount_block *b = ud;
-	struct agent *a = b->a;
-	bool resync = b->req.resync;
-	bool same = strcmp(b->addr, agent__mcall_master(a)) == 0;
-	free(b->addr);
-	free(b);
-	a->mlink.mount_busy = false;
-	if (a->stopping)
+	struct agent *a;
+	bool resync;
+	if (!mount_answered(ud, &a, &resync))
 		return;
-	if (!same) {
-		mount(a); /* the leader changed meanwhile */
-		return;
-	}
 	if (err) {
 		log_warn("cannot mount the SSD tier's segment %s with master %s: %s; retrying",
 			 agent__tier_name(a), agent__mcall_master(a),

@@ -562,6 +562,20 @@ static uint64_t lease_window_end(struct agent *a, uint64_t sent_ms, uint64_t lea
 
 static void get_lookup(struct agent_req *r);
 
+/* An item's replicas and bytes read so far go: the master is asked
+ * again. */
+static void forget_replicas(struct agent_item *it)
+{
+	for (unsigned k = 0; k < it->nrep; k++)
+		free(it->reps[k].segment);
+	free(it->reps);
+	it->reps = NULL;
+	it->nrep = 0;
+	free(it->scratch);
+	it->scratch = NULL;
+	it->err = 0;
+}
+
 /* One read of an SSD tier for item i of r. */
 struct ssd_read {
 	struct agent_req *r;
@@ -590,15 +604,8 @@ static void ssd_again(struct agent_item *it)
 		return;
 	}
 	it->ssd_again = true;
-	for (unsigned k = 0; k < it->nrep; k++)
-		free(it->reps[k].segment);
-	free(it->reps);
-	it->reps = NULL;
-	it->nrep = 0;
-	free(it->scratch);
-	it->scratch = NULL;
+	forget_replicas(it);
 	it->ssd_own = false;
-	it->err = 0;
 }
 
 static void on_ssd_read(void *ud, int err, const struct agent_tier_obj *o)
@@ -643,8 +650,8 @@ static void get_ssd(struct agent_req *r)
 	r->ssd_pending = 1; /* (held until every read is started) */
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0 || !it->reps[0].ssd)
-			continue;
+		if (it->err || it->nrep == 0 || !it->reps[0].ssd || it->ssd_own)
+			continue; /* (read already, when another item asked again) */
 		if (it->size > it->len) {
 			it->err = -ENOBUFS; /* (asked again: another object now) */
 			continue;
@@ -841,14 +848,8 @@ static void get_lookup(struct agent_req *r)
 /* Leave a probed item to the master. */
 static void unprobe(struct agent_item *it)
 {
-	free(it->reps[0].segment);
-	free(it->reps);
-	it->reps = NULL;
-	it->nrep = 0;
-	free(it->scratch);
-	it->scratch = NULL;
+	forget_replicas(it);
 	it->probing = false;
-	it->err = 0;
 }
 
 /* A probed item is not to be trusted after all: forget its entry, and let

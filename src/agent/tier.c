@@ -201,6 +201,23 @@ int agent__tier_lookup(const struct agent *a, const uint8_t *key, size_t klen,
 	return 0;
 }
 
+static struct tier_op *op_new(struct agent *a, const uint8_t *key, size_t klen,
+			      agent_tier_cb cb, void *ud)
+{
+	struct tier_op *op = calloc(1, sizeof(*op));
+	if (!op || !(op->key = malloc(klen ? klen : 1))) {
+		free(op);
+		return NULL;
+	}
+	memcpy(op->key, key, klen);
+	op->klen = klen;
+	op->a = a;
+	op->cb = cb;
+	op->ud = ud;
+	op->req.data = op;
+	return op;
+}
+
 static void op_free(struct tier_op *op)
 {
 	free(op->key);
@@ -230,18 +247,10 @@ int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf
 	int rc = ssd_lookup(t->store, key, klen, &so);
 	if (rc)
 		return rc;
-	struct tier_op *op = calloc(1, sizeof(*op));
-	if (!op || !(op->key = malloc(klen ? klen : 1))) {
-		free(op);
+	struct tier_op *op = op_new(a, key, klen, cb, ud);
+	if (!op)
 		return -ENOMEM;
-	}
-	memcpy(op->key, key, klen);
-	op->klen = klen;
 	op->offset = so.offset;
-	op->a = a;
-	op->cb = cb;
-	op->ud = ud;
-	op->req.data = op;
 	rc = ssd_get(t->store, &op->req, key, klen, buf, buf_len, on_read);
 	if (rc) {
 		op_free(op);
@@ -323,17 +332,9 @@ int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const vo
 	struct agent_tier *t = &a->tier;
 	if (!t->store)
 		return -EINVAL;
-	struct tier_op *op = calloc(1, sizeof(*op));
-	if (!op || !(op->key = malloc(klen ? klen : 1))) {
-		free(op);
+	struct tier_op *op = op_new(a, key, klen, cb, ud);
+	if (!op)
 		return -ENOMEM;
-	}
-	memcpy(op->key, key, klen);
-	op->klen = klen;
-	op->a = a;
-	op->cb = cb;
-	op->ud = ud;
-	op->req.data = op;
 	op->buf = buf;
 	op->size = size;
 	op->crc = crc;
