@@ -61,7 +61,8 @@ class Node:
         self.start(wait)
 
     def start(self, wait=True):
-        self.d = Daemon("agent", args=self.args, ports=self.ports, env=st.daemon_env())
+        self.d = Daemon("agent", args=self.args, ports=self.ports, env=st.daemon_env(),
+                        wait=wait)
         self.ports = dict(self.d.ports)
         self.name = self.d.addr("agent-listen")
         if wait:
@@ -245,8 +246,20 @@ def kill9_during_demotions_and_during_recovery():
     a.d.kill()
     a.args.append("--ssd-verify-on-start=true")
     a.start(wait=False)
-    time.sleep(0.05)
+
+    def recovering():
+        fds = "/proc/%d/fd" % a.d.pid
+        try:
+            return any(os.readlink(os.path.join(fds, f)) == os.path.join(a.ssd, "LOCK")
+                       for f in os.listdir(fds))
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while not recovering() and time.monotonic() < deadline:
+        time.sleep(0.001)
     a.d.kill()
+    print("killed %s recovery" % ("after" if "recovered" in a.d.output() else "during"))
     a.args.pop()
     a.start()
     ok2, miss2, bad2 = read_all(a.store(), keys)
