@@ -391,7 +391,13 @@ void meta__propose(struct meta_node *n, struct meta__op *op)
 		rc = raft_propose(n->raft, op->ent, op->ent_len, &index);
 	}
 	if (rc == MC_ENOT_LEADER) {
-		meta__submit(n, op); /* forward, or wait for a leader */
+		/* The core stepped down since the last ready (a message with a
+		 * higher term, a lost quorum) while the node still thinks it
+		 * leads: submitting again would come straight back here. Wait
+		 * for the ready that tells who leads; then the op is run again
+		 * (forwarded, or proposed by the new leader we may be). */
+		meta__oplist_push(&n->wait_leader, op);
+		meta__kick(n);
 		return;
 	}
 	if (rc == -EBUSY) {
