@@ -22,6 +22,13 @@
 
 #define LOG_SUBSYS LOGS_META
 
+/* Entries kept in the log behind a snapshot (etcd's
+ * SnapshotCatchUpEntries), at most: a follower a few seconds behind under
+ * a heavy write load catches up from the log instead of being sent the
+ * whole state. A member told to snapshot more often than that keeps as
+ * many as it logs between two snapshots. */
+#define META_CATCHUP_ENTRIES 10000
+
 static int write_file_durably(const char *dir, const char *path, const char *text)
 {
 	char *tmp = meta__printf("%s.tmp", path);
@@ -190,6 +197,9 @@ static int open_raft(struct meta_node *n, const struct raft_restore *rs)
 	raft_config_init(&c, n->id);
 	c.election_ticks = (unsigned)(n->o.election_ms / n->o.heartbeat_ms);
 	c.heartbeat_ticks = 1;
+	c.trailing_entries = n->o.snapshot_count < META_CATCHUP_ENTRIES
+				     ? n->o.snapshot_count
+				     : META_CATCHUP_ENTRIES;
 	c.seed = mc_now_ns() ^ n->id;
 	int rc = raft_new(&c, rs, &n->raft);
 	if (rc)

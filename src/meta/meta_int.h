@@ -155,6 +155,7 @@ struct meta__wstream;
 struct meta__kstream;
 struct meta__mjob;
 struct meta__pcall;
+struct meta__snap_job;
 
 struct meta_node {
 	uv_loop_t *loop;
@@ -177,6 +178,7 @@ struct meta_node {
 
 	/* state machine */
 	struct meta__sm sm;
+	struct meta__sm *installed_sm; /* received, decoded, to swap in */
 	struct watch_registry *watch;
 	uint64_t applied, applied_term;
 	uint64_t snap_index;     /* newest durable snapshot */
@@ -249,7 +251,7 @@ struct meta_node {
 	bool probing;
 
 	/* snapshots and disk work in flight */
-	bool snapshotting;
+	struct meta__snap_job *snap_job; /* this member's snapshot being taken */
 	unsigned disk_jobs; /* jobs submitted and not yet completed */
 	unsigned uv_works;
 
@@ -378,6 +380,8 @@ void meta__learn_peers(struct meta_node *n, const struct raft_entry *e, size_t k
 
 /* Take a snapshot when --snapshot-count entries were applied since the last. */
 void meta__maybe_snapshot(struct meta_node *n);
+/* Stopping: end a snapshot child still writing. */
+void meta__snapshot_stop(struct meta_node *n);
 
 /* ---- conv.c */
 

@@ -239,6 +239,10 @@ static void node_free_state(struct meta_node *n)
 	if (n->watch)
 		watch_registry_free(n->watch);
 	meta__sm_free(&n->sm);
+	if (n->installed_sm) {
+		meta__sm_free(n->installed_sm);
+		free(n->installed_sm);
+	}
 	raft_free(n->raft);
 	wal_close(n->wal);
 	free(n->went);
@@ -365,6 +369,7 @@ void meta__finish_stop(struct meta_node *n)
 	meta__watch_close_streams(n);
 	meta__svc_close_streams(n);
 	meta__peer_close_all(n);
+	meta__snapshot_stop(n);
 	if (meta__set_health(n, RPC_HEALTH_NOT_SERVING))
 		log_warn("cannot set the services' health");
 	meta__check_stopped(n);

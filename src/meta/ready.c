@@ -200,6 +200,8 @@ struct persist_job {
 	const uint8_t *snap_data;
 	size_t snap_len;
 	bool install;
+	/* the received state, decoded off the loop */
+	struct meta__sm *sm;
 };
 
 static void persist_work(struct meta__job *j)
@@ -218,6 +220,10 @@ static void persist_work(struct meta__job *j)
 			else
 				snap_writer_abort(wr);
 		}
+		/* Decoding a large state takes long: here, not on the loop,
+		 * which only swaps it in (persist_done). */
+		if (rc == 0)
+			rc = meta__sm_restore(p->sm, p->snap_data, p->snap_len);
 		if (rc == 0)
 			rc = wal_save_snapshot(
 				n->wal, (struct wal_snap_ref){p->smeta.index, p->smeta.term},
@@ -228,22 +234,73 @@ static void persist_work(struct meta__job *j)
 	j->rc = rc;
 }
 
+struct free_sm_job {
+	struct meta__job job;
+	struct meta_node *n;
+	struct meta__sm *sm;
+};
+
+static void free_sm_work(struct meta__job *j)
+{
+	struct free_sm_job *f = MC_CONTAINER_OF(j, struct free_sm_job, job);
+	meta__sm_free(f->sm);
+	free(f->sm);
+	j->rc = 0;
+}
+
+static void free_sm_done(struct meta__job *j)
+{
+	struct free_sm_job *f = MC_CONTAINER_OF(j, struct free_sm_job, job);
+	struct meta_node *n = f->n;
+	n->disk_jobs--;
+	free(f);
+	meta__check_stopped(n);
+}
+
+/* A replaced state can hold hundreds of megabytes in millions of pieces:
+ * the disk thread frees it, not the loop (here if that cannot be arranged). */
+static void free_sm_later(struct meta_node *n, struct meta__sm *sm)
+{
+	struct free_sm_job *f = calloc(1, sizeof(*f));
+	if (!f) {
+		meta__sm_free(sm);
+		free(sm);
+		return;
+	}
+	f->job.work = free_sm_work;
+	f->job.done = free_sm_done;
+	f->n = n;
+	f->sm = sm;
+	n->disk_jobs++;
+	meta__worker_submit(n->disk, &f->job);
+}
+
 static void persist_job_done(struct meta__job *j)
 {
 	struct persist_job *p = MC_CONTAINER_OF(j, struct persist_job, job);
 	struct meta_node *n = p->n;
 	int rc = j->rc;
+	bool install = p->install;
 
 	n->disk_jobs--;
 	n->persist_job = NULL;
-	if (!rc && p->install)
+	if (!rc && p->install) {
 		n->durable_index = p->smeta.index;
+		n->installed_sm = p->sm;
+		p->sm = NULL;
+	}
 	if (!rc && p->n_ents)
 		n->durable_index = p->ents[p->n_ents - 1].index;
+	if (p->sm) {
+		meta__sm_free(p->sm);
+		free(p->sm);
+	}
 	free(p->conf);
 	free(p);
 	if (rc) {
-		meta__fatal(n, rc, "cannot write the WAL");
+		meta__fatal(n, rc,
+			    install ? "cannot install the snapshot received from the leader"
+				    : "cannot write the WAL");
 		meta__check_stopped(n);
 		return;
 	}
@@ -358,6 +415,15 @@ static void process_ready(struct meta_node *n)
 		p->snap_len = rs->len;
 		p->install = true;
 		p->sync = true;
+		if (!(p->sm = malloc(sizeof(*p->sm))) || meta__sm_init(p->sm, &n->sm.mo)) {
+			free(p->sm);
+			free(p->conf);
+			free(p);
+			meta__fatal(n, -ENOMEM, "cannot persist a snapshot");
+			return;
+		}
+		p->sm->member_id = n->sm.member_id;
+		p->sm->cluster_id = n->sm.cluster_id;
 	}
 	n->persist_job = &p->job;
 	n->disk_jobs++;
@@ -469,12 +535,11 @@ static void persist_done(struct meta_node *n)
 		return; /* the ready stays out: the node is frozen for good */
 	if (rd->snapshot) {
 		struct meta__recv_snap *rs = n->recv_snap;
-		rc = meta__sm_restore(&n->sm, rs->data, rs->len);
-		if (rc) {
-			meta__fatal(n, rc,
-				    "cannot load the snapshot received from the leader");
-			return;
-		}
+		struct meta__sm *old = n->installed_sm;
+		struct meta__sm tmp = n->sm;
+		n->sm = *old;
+		*old = tmp;
+		n->installed_sm = NULL;
 		meta__sync_members(n);
 		n->applied = rs->index;
 		n->applied_term = rs->term;
@@ -485,7 +550,9 @@ static void persist_done(struct meta_node *n)
 		free(rs);
 		n->recv_snap = NULL;
 		metric_inc(n->m_snap_recv);
-		if ((rc = meta__watch_rebind(n))) {
+		rc = meta__watch_rebind(n);
+		free_sm_later(n, old); /* nothing points into it any more */
+		if (rc) {
 			meta__fatal(n, rc, "cannot move the watchers to the new store");
 			return;
 		}

@@ -1,18 +1,39 @@
 /*
  * snapshot: this member's own snapshots, taken every --snapshot-count
- * applied entries. The state machine is copied on the loop (sm.h); the
- * file is written, fsynced and renamed on a libuv worker (snap.h); then
- * the disk thread records it in the WAL and releases the segments before
- * the oldest snapshot kept, and the core compacts its log behind it.
+ * applied entries, without stopping the member.
+ *
+ * The state machine lives in memory, so a snapshot is a copy of it as it
+ * stands at the applied index. Copying it on the loop would stop the
+ * member from answering heartbeats and requests for as long as encoding
+ * and writing take — seconds for a few hundred megabytes — and cost it
+ * its leadership. Instead the loop forks: the child is a frozen copy of
+ * the state (the kernel shares the pages and copies only those the member
+ * changes meanwhile), encodes it straight into a snapshot file (snap.h:
+ * written, fsynced, renamed), reports the outcome through a pipe and
+ * exits; the loop pays only for the fork. A libuv worker waits for the
+ * child; then the disk thread records the snapshot in the WAL and
+ * releases the segments before the oldest snapshot kept, and the core
+ * compacts its log behind it. The child touches nothing the member's
+ * other threads might hold but the allocator and the log, both safe
+ * across fork (glibc's malloc and log.c's atfork handlers). A member that
+ * stops kills a child still writing (the temp file is removed at the next
+ * start); a child whose member dies is killed by the kernel.
+ *
  * Reading a snapshot file whole is here too (recovery, and sending one to
  * a member that lags).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common/io.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -20,38 +41,88 @@
 
 #define LOG_SUBSYS LOGS_META
 
-struct snap_job {
-	uv_work_t req;
+/* What the child reports through the pipe. */
+struct snap_outcome {
+	int32_t rc;
+	uint32_t pad;
+	uint64_t bytes;
+};
+
+struct meta__snap_job {
+	uv_work_t req; /* waits for the child */
 	struct meta__job wal_job;
 	struct meta_node *n;
 	uint64_t index, term;
-	uint8_t *data;
-	size_t len;
 	uint8_t *conf;
 	size_t conf_len;
-	int rc;
+	pid_t pid;
+	int fd;     /* the pipe's read end */
+	int status; /* the child's wait status */
+	struct snap_outcome out;
+	uint64_t fork_us; /* how long the loop stood still for the fork */
 };
 
-static void snap_write_work(uv_work_t *w)
-{
-	struct snap_job *s = MC_CONTAINER_OF(w, struct snap_job, req);
-	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
+struct child_sink {
 	struct snap_writer *wr;
+	uint64_t bytes;
+};
 
-	s->rc = snap_writer_open(s->n->snap_dir, &m, &wr);
-	if (s->rc)
-		return;
-	s->rc = snap_writer_write(wr, s->data, s->len);
-	if (s->rc) {
-		snap_writer_abort(wr);
-		return;
+static int child_chunk(void *ctx, const void *data, size_t len)
+{
+	struct child_sink *k = ctx;
+	k->bytes += len;
+	return snap_writer_write(k->wr, data, len);
+}
+
+/* In the child: the state at s->index into a snapshot file. */
+static struct snap_outcome child_write(struct meta_node *n, const struct meta__snap_job *s)
+{
+	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
+	struct child_sink k = {0};
+	struct snap_outcome out = {0};
+
+	out.rc = snap_writer_open(n->snap_dir, &m, &k.wr);
+	if (out.rc)
+		return out;
+	out.rc = meta__sm_snapshot_write(&n->sm, child_chunk, &k);
+	if (out.rc) {
+		snap_writer_abort(k.wr);
+		return out;
 	}
-	s->rc = snap_writer_commit(wr, META_SNAPSHOTS_KEPT);
+	out.rc = snap_writer_commit(k.wr, META_SNAPSHOTS_KEPT);
+	out.bytes = k.bytes;
+	return out;
+}
+
+static void child_main(struct meta_node *n, const struct meta__snap_job *s, int fd)
+{
+	/* Signals are the member's business (its handlers would write to the
+	 * member's loop); this copy goes with its parent. */
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGHUP, SIG_DFL);
+	signal(SIGPIPE, SIG_IGN);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	struct snap_outcome out = child_write(n, s);
+	int rc = mc_write_all(fd, &out, sizeof(out));
+	_exit(rc || out.rc ? 1 : 0);
+}
+
+static void wait_work(uv_work_t *w)
+{
+	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, req);
+	int rc = mc_read_full(s->fd, &s->out, sizeof(s->out));
+	if (rc) {
+		s->out.rc = rc == -EIO ? -EPIPE : rc; /* the child died before it said */
+		s->out.bytes = 0;
+	}
+	while (waitpid(s->pid, &s->status, 0) < 0 && errno == EINTR)
+		;
 }
 
 static void snap_marker_work(struct meta__job *j)
 {
-	struct snap_job *s = MC_CONTAINER_OF(j, struct snap_job, wal_job);
+	struct meta__snap_job *s = MC_CONTAINER_OF(j, struct meta__snap_job, wal_job);
 	struct meta_node *n = s->n;
 	uint64_t oldest = 0;
 	int rc;
@@ -72,20 +143,21 @@ static void snap_marker_work(struct meta__job *j)
 			 mc_strerror(rc));
 }
 
-static void snap_job_free(struct snap_job *s)
+static void snap_job_free(struct meta__snap_job *s)
 {
-	free(s->data);
+	if (s->fd >= 0)
+		close(s->fd);
 	free(s->conf);
 	free(s);
 }
 
 static void snap_marker_done(struct meta__job *j)
 {
-	struct snap_job *s = MC_CONTAINER_OF(j, struct snap_job, wal_job);
+	struct meta__snap_job *s = MC_CONTAINER_OF(j, struct meta__snap_job, wal_job);
 	struct meta_node *n = s->n;
 
 	n->disk_jobs--;
-	n->snapshotting = false;
+	n->snap_job = NULL;
 	if (j->rc) {
 		meta__fatal(n, j->rc, "cannot record a snapshot in the WAL");
 	} else {
@@ -93,37 +165,43 @@ static void snap_marker_done(struct meta__job *j)
 			n->snap_index = s->index;
 		n->pending_compact = s->index;
 		metric_inc(n->m_snapshots);
-		log_info("snapshot at index %" PRIu64 " (%zu bytes) saved; log compacted",
-			 s->index, s->len);
+		log_info("snapshot at index %" PRIu64 " (%" PRIu64 " bytes) saved by a child "
+			 "process, the member paused %" PRIu64 " us to fork it; log compacted",
+			 s->index, s->out.bytes, s->fork_us);
 		meta__kick(n);
 	}
 	snap_job_free(s);
 	meta__check_stopped(n);
 }
 
-static void snap_write_done(uv_work_t *w, int status)
+static void wait_done(uv_work_t *w, int status)
 {
-	struct snap_job *s = MC_CONTAINER_OF(w, struct snap_job, req);
+	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, req);
 	struct meta_node *n = s->n;
 
 	n->uv_works--;
-	if (status || s->rc) {
-		log_error("cannot write the snapshot at index %" PRIu64 ": %s", s->index,
-			  mc_strerror(status ? status : s->rc));
-		n->snapshotting = false;
+	s->pid = 0;
+	if (status || s->out.rc || !WIFEXITED(s->status) || WEXITSTATUS(s->status)) {
+		if (!n->stopping)
+			log_error("cannot write the snapshot at index %" PRIu64
+				  ": %s (child %s %d)",
+				  s->index, mc_strerror(status ? status : s->out.rc),
+				  WIFSIGNALED(s->status) ? "killed by signal" : "exit status",
+				  WIFSIGNALED(s->status) ? WTERMSIG(s->status)
+							 : WEXITSTATUS(s->status));
+		n->snap_job = NULL;
+		/* Try again after as many entries again. */
+		n->snap_index = n->applied;
 		snap_job_free(s);
 		meta__check_stopped(n);
 		return;
 	}
 	if (n->fatal) {
-		n->snapshotting = false;
+		n->snap_job = NULL;
 		snap_job_free(s);
 		meta__check_stopped(n);
 		return;
 	}
-	/* The data is on disk: only the marker job needs the job now. */
-	free(s->data);
-	s->data = NULL;
 	s->wal_job.work = snap_marker_work;
 	s->wal_job.done = snap_marker_done;
 	n->disk_jobs++;
@@ -132,34 +210,68 @@ static void snap_write_done(uv_work_t *w, int status)
 
 void meta__maybe_snapshot(struct meta_node *n)
 {
-	if (n->snapshotting || n->stopping || n->fatal ||
+	if (n->snap_job || n->stopping || n->fatal ||
 	    n->applied - n->snap_index < n->o.snapshot_count)
 		return;
-	struct snap_job *s = calloc(1, sizeof(*s));
+	struct meta__snap_job *s = calloc(1, sizeof(*s));
+	int fds[2] = {-1, -1};
 	int rc = -ENOMEM;
 	if (!s)
 		goto fail;
+	s->fd = -1;
 	s->n = n;
 	s->index = n->applied;
 	s->term = n->applied_term;
-	rc = meta__sm_snapshot(&n->sm, &s->data, &s->len);
-	if (rc == 0)
-		rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len);
-	if (rc)
+	if ((rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len)))
 		goto fail;
-	rc = uv_queue_work(n->loop, &s->req, snap_write_work, snap_write_done);
-	if (rc)
+	if (pipe2(fds, O_CLOEXEC)) {
+		rc = -errno;
 		goto fail;
+	}
+	uint64_t t0 = mc_now_ns();
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(fds[0]);
+		child_main(n, s, fds[1]);
+	}
+	s->fork_us = (mc_now_ns() - t0) / 1000;
+	close(fds[1]);
+	fds[1] = -1;
+	if (pid < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	s->pid = pid;
+	s->fd = fds[0];
+	fds[0] = -1;
+	rc = uv_queue_work(n->loop, &s->req, wait_work, wait_done);
+	if (rc) {
+		/* No waiter: stop the child and reap it here. */
+		kill(pid, SIGKILL);
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		goto fail;
+	}
 	n->uv_works++;
-	n->snapshotting = true;
+	n->snap_job = s;
 	return;
 fail:
 	log_error("cannot take a snapshot at index %" PRIu64 ": %s", n->applied,
 		  mc_strerror(rc));
+	if (fds[0] >= 0)
+		close(fds[0]);
+	if (fds[1] >= 0)
+		close(fds[1]);
 	if (s)
 		snap_job_free(s);
 	/* Try again after as many entries again. */
 	n->snap_index = n->applied;
+}
+
+void meta__snapshot_stop(struct meta_node *n)
+{
+	if (n->snap_job && n->snap_job->pid > 0)
+		kill(n->snap_job->pid, SIGKILL);
 }
 
 int meta__snap_load(const char *path, uint8_t **data, size_t *len)

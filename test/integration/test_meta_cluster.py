@@ -101,7 +101,7 @@ def five_members_kill_leader_and_follower_snapshot_catch_up():
         victim.kill()
         cl = Client(lead.client_addr)
         # Far enough past the victim that no log still holds what it
-        # lacks (snapshots every 50 entries, 1024 trailing entries kept).
+        # lacks (snapshots every 50 entries, as many kept behind them).
         for i in range(1300):
             cl.put(b"s/%04d" % (i % 300), b"v%d" % i)
         cl.close()
