@@ -147,6 +147,42 @@ struct meta__recv_snap {
 	size_t len;
 };
 
+/* ------------------------------------------------------------- compaction */
+
+/* etcd's automatic compaction (compact.c): what to keep, and when the
+ * leader last compacted. */
+struct meta__compactor {
+	bool periodic;        /* else revision mode */
+	uint64_t period_ms;   /* periodic: the history kept (0: off) */
+	int64_t keep_revs;    /* revision: revisions kept (0: off) */
+	uint64_t interval_ms; /* between compactions */
+	uint64_t sample_ms;   /* periodic: between two notes of the revision */
+	int64_t *revs;        /* periodic: revisions noted, oldest first */
+	size_t n_revs, cap_revs;
+	bool started, in_flight;
+	uint64_t next_sample_ms;
+	uint64_t last_ms;     /* the start, or the last compaction */
+	uint64_t wait_ms;     /* from last_ms to the next compaction */
+	uint64_t retry_ms;    /* after a failure, not before this */
+	int64_t prev_rev;     /* the last compaction's revision */
+};
+
+/* From --auto-compaction-mode and --auto-compaction-retention (etcd's
+ * syntax). Errors: MC_ECONFIG (logged), -ENOMEM. */
+int meta__compactor_init(struct meta__compactor *c, const char *mode,
+			 const char *retention) MC_MUST_CHECK;
+void meta__compactor_free(struct meta__compactor *c);
+bool meta__compactor_on(const struct meta__compactor *c);
+/* At now_ms, with the store at rev and compacted at compacted_rev: note
+ * the revision when due and, on the leader, say whether to compact and to
+ * which revision (*to); then meta__compactor_done tells how it went.
+ * Pure: the clock and revisions are inputs. */
+bool meta__compactor_step(struct meta__compactor *c, uint64_t now_ms, int64_t rev,
+			  int64_t compacted_rev, bool leader, int64_t *to);
+void meta__compactor_done(struct meta__compactor *c, uint64_t now_ms, int64_t rev, bool ok);
+/* On each tick: note, and on the leader propose a compaction when due. */
+void meta__compactor_tick(struct meta_node *n);
+
 /* ------------------------------------------------------------- the node */
 
 struct meta__worker;
@@ -249,6 +285,8 @@ struct meta_node {
 	uint64_t last_probe_ms;
 	size_t probe_next;
 	bool probing;
+
+	struct meta__compactor compactor;
 
 	/* snapshots and disk work in flight */
 	struct meta__snap_job *snap_job; /* this member's snapshot being taken */

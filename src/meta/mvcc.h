@@ -320,7 +320,7 @@ int64_t mvcc_compact_rev(const struct mvcc_store *s);
  * Logical size of everything stored, live and historical: for each version
  * key + value + MVCC_VERSION_OVERHEAD_BYTES. Grows with every write,
  * shrinks when compaction drops history. The service compares it with
- * --quota-bytes (etcd's dbSizeInUse plays this role).
+ * --quota-backend-bytes (etcd's dbSizeInUse plays this role).
  */
 #define MVCC_VERSION_OVERHEAD_BYTES 32
 uint64_t mvcc_db_size_bytes(const struct mvcc_store *s);

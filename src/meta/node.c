@@ -96,7 +96,7 @@ static const struct {
 	{M_(m_snap_recv), true, "mooncake_meta_snapshots_received_total",
 	 "Snapshots installed from the leader."},
 	{M_(m_db_size), false, "mooncake_meta_db_size_bytes",
-	 "Size of the key-value store (keys, values, history), as compared with --quota-bytes."},
+	 "Size of the key-value store (keys, values, history), as compared with --quota-backend-bytes."},
 	{M_(m_watchers), false, "mooncake_meta_watchers", "Active watchers."},
 	{M_(m_leases), false, "mooncake_meta_leases", "Leases held."},
 	{M_(m_keys), false, "mooncake_meta_keys", "Live keys."},
@@ -212,11 +212,17 @@ static int copy_opts(struct meta_node *n, const struct meta_options *o)
 			  o->election_ms, o->heartbeat_ms);
 		return MC_ECONFIG;
 	}
-	if (!o->snapshot_count || !o->max_request_bytes || !o->quota_bytes) {
-		log_error("--snapshot-count, --max-request-bytes and --quota-bytes must be "
+	if (!o->snapshot_count || !o->max_request_bytes || !o->quota_backend_bytes) {
+		log_error("--snapshot-count, --max-request-bytes and --quota-backend-bytes must be "
 			  "positive");
 		return MC_ECONFIG;
 	}
+	int rc;
+	if ((rc = meta__compactor_init(&n->compactor, o->auto_compaction_mode,
+				       o->auto_compaction_retention)))
+		return rc;
+	n->o.auto_compaction_mode = NULL; /* not copied: read here only */
+	n->o.auto_compaction_retention = NULL;
 	if (!n->o.progress_notify_ms)
 		n->o.progress_notify_ms = 600000;
 	/* etcd's request timeout: 5 s plus two election timeouts. */
@@ -238,6 +244,7 @@ static void node_free_state(struct meta_node *n)
 	meta__peer_free_all(n);
 	if (n->watch)
 		watch_registry_free(n->watch);
+	meta__compactor_free(&n->compactor);
 	meta__sm_free(&n->sm);
 	if (n->installed_sm) {
 		meta__sm_free(n->installed_sm);

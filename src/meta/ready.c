@@ -609,6 +609,7 @@ void meta__on_tick(uv_timer_t *t)
 	meta__read_tick(n);
 	if (meta__is_leader(n) && !n->stopping)
 		expire_leases(n);
+	meta__compactor_tick(n);
 	/* Silence from every peer: are we still a member? */
 	if (!meta__is_leader(n) && n->n_peers &&
 	    now - n->last_heard_ms > 4 * n->o.election_ms &&

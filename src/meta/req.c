@@ -256,8 +256,8 @@ static void raise_nospace(struct meta_node *n)
 	a.memberid = n->id;
 	a.alarm = ETCDSERVERPB__ALARM_TYPE__NOSPACE;
 	log_warn("database space exceeded (%" PRIu64 " of %" PRIu64
-		 " bytes, --quota-bytes): raising the NOSPACE alarm",
-		 mvcc_db_size_bytes(n->sm.store), n->o.quota_bytes);
+		 " bytes, --quota-backend-bytes): raising the NOSPACE alarm",
+		 mvcc_db_size_bytes(n->sm.store), n->o.quota_backend_bytes);
 	meta__propose_internal(n, META_M_ALARM, &a.base);
 }
 
@@ -342,7 +342,7 @@ bool meta__retry_lease_grant(struct meta_node *n, struct meta__op *op, int code)
 
 static void propose_write(struct meta_node *n, struct meta__op *op)
 {
-	if (op->puts && meta__over_quota(&n->sm, n->o.quota_bytes, op->req_len)) {
+	if (op->puts && meta__over_quota(&n->sm, n->o.quota_backend_bytes, op->req_len)) {
 		raise_nospace(n);
 		meta__op_fail(op, META_ENOSPACE);
 		return;

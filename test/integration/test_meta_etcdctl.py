@@ -406,7 +406,7 @@ def request_size_limit():
 
 @case
 def quota_fills_raises_nospace_alarm_then_recovers():
-    d = Daemon("meta", args=FAST + ["--quota-bytes=64K"])
+    d = Daemon("meta", args=FAST + ["--quota-backend-bytes=64K"])
     e = ep(d)
     c = Client(d.addr("listen-client"))
     try:
@@ -528,6 +528,35 @@ def metrics_pass_promtool():
     r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
                        text=True)
     eq(r.returncode, 0, "promtool: " + r.stdout + r.stderr)
+
+
+@case
+def auto_compaction_drops_old_history():
+    """etcd's --auto-compaction-*: periodic keeps a duration of history,
+    revision a count; the leader compacts through the log."""
+    d = Daemon("meta", args=FAST + ["--auto-compaction-retention=2s"])
+    e = ep(d)
+    c = Client(d.addr("listen-client"))
+    try:
+        first = c.put(b"ac", b"0").header.revision
+        for i in range(1, 20):
+            c.put(b"ac", b"%d" % i)
+        assert c.range(b"ac", revision=first).kvs[0].value == b"0"
+        for _ in deadline_loop(15, "no auto-compaction"):
+            r = etcdctl(e, "get", "ac", "--rev=%d" % first, check=False)
+            if r.returncode != 0:
+                assert "required revision has been compacted" in r.stderr, r.stderr
+                break
+            time.sleep(0.2)
+        assert c.get(b"ac") == b"19", "the live value stays"
+        assert "auto-compaction to revision" in d.output()
+    finally:
+        c.close()
+    eq(d.stop(), 0, "exit")
+    d = Daemon("meta", args=FAST + ["--auto-compaction-mode=revision",
+                                    "--auto-compaction-retention=5m"], wait=False)
+    eq(d.proc.wait(20), 1, "a duration is no revision count")
+    assert "--auto-compaction-retention=5m: not a revision count" in d.output(), d.output()
 
 
 @case

@@ -50,7 +50,7 @@ static struct meta_node *deposed_leader(void)
 	cr_assert_not_null(n);
 	n->loop = &loop;
 	n->id = 1;
-	n->o.quota_bytes = 1 << 20;
+	n->o.quota_backend_bytes = 1 << 20;
 	n->o.max_request_bytes = 1 << 20;
 	n->o.election_ms = 1000;
 	n->request_timeout_ms = 5000;
@@ -93,8 +93,9 @@ Test(meta_req, write_on_a_deposed_leader_waits_for_the_next_leader)
 	/* The same when the write was queued during a ready and proposed
 	 * when the core was free again (the turn's feed). */
 	struct meta__op *op = put_op(n);
-	cr_assert_eq(meta__wrap_request(op->method, op->req, op->req_len, &op->ent, &op->ent_len),
-		     0);
+	cr_assert_eq(
+		meta__wrap_request(op->method, op->req, op->req_len, &op->ent, &op->ent_len),
+		0);
 	meta__propose(n, op);
 	cr_assert_eq(n->wait_leader.n, 2);
 
