@@ -305,6 +305,7 @@ struct meta_node {
 	struct metric *m_pending, *m_leader_changes, *m_snapshots;
 	struct metric *m_db_size, *m_watchers, *m_leases, *m_keys;
 	struct metric *m_snap_sent, *m_snap_recv, *m_forwarded;
+	struct metric *m_snap_writing;
 };
 
 /* A member ID fits 53 bits: exact in a float gauge (the leader_id metric). */

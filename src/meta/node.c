@@ -91,6 +91,8 @@ static const struct {
 	 "Leader changes seen."},
 	{M_(m_snapshots), true, "mooncake_meta_snapshots_total",
 	 "Snapshots taken by this member."},
+	{M_(m_snap_writing), false, "mooncake_meta_snapshot_in_progress",
+	 "1 while a forked copy of this member writes its snapshot."},
 	{M_(m_snap_sent), true, "mooncake_meta_snapshots_sent_total",
 	 "Snapshots streamed to lagging members."},
 	{M_(m_snap_recv), true, "mooncake_meta_snapshots_received_total",
