@@ -6,7 +6,8 @@
 #   make DYN=1           dynamically linked binaries in build-dyn/ (for valgrind,
 #                        which misreports inside a static glibc)
 #   make bench           benchmarks (figures beside the machine's own limit;
-#                        meta: a 3-member cluster beside a 3-member etcd)
+#                        meta: a 3-member cluster beside a 3-member etcd,
+#                        and etcdctl check perf against both)
 #   make fuzz            libFuzzer targets (clang)
 #   make man             regenerate the committed man pages from the config key table
 #   make format-check    clang-format (.clang-format) finds nothing to change in
@@ -325,6 +326,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
 	$(Q)test/bench/bench_meta.sh $(B)
+	$(Q)test/bench/bench_meta_perf.sh $(B)
 
 # ---------------------------------------------------------------- format
 # The committed .clang-format (tuned with Debian 12's clang-format 14 to
