@@ -191,16 +191,25 @@ fail:
 	return rc;
 }
 
+/* The Raft core's events (elections, step-downs, snapshots) at debug
+ * level of the raft subsystem: --log-level=info,raft=debug. */
+static void on_raft_trace(void *arg, uint64_t id, const char *text)
+{
+	(void)arg;
+	log_at(LOGS_RAFT, LOG_DEBUG, "%016" PRIx64 " %s", id, text);
+}
+
 static int open_raft(struct meta_node *n, const struct raft_restore *rs)
 {
 	struct raft_config c;
 	raft_config_init(&c, n->id);
 	c.election_ticks = (unsigned)(n->o.election_ms / n->o.heartbeat_ms);
 	c.heartbeat_ticks = 1;
-	c.trailing_entries = n->o.snapshot_count < META_CATCHUP_ENTRIES
-				     ? n->o.snapshot_count
-				     : META_CATCHUP_ENTRIES;
+	c.trailing_entries = n->o.snapshot_count < META_CATCHUP_ENTRIES ? n->o.snapshot_count
+									: META_CATCHUP_ENTRIES;
 	c.seed = mc_now_ns() ^ n->id;
+	if (log_enabled(LOGS_RAFT, LOG_DEBUG))
+		c.trace = on_raft_trace;
 	int rc = raft_new(&c, rs, &n->raft);
 	if (rc)
 		log_error("cannot start the Raft core: %s", mc_strerror(rc));

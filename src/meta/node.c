@@ -215,8 +215,9 @@ static int copy_opts(struct meta_node *n, const struct meta_options *o)
 		return MC_ECONFIG;
 	}
 	if (!o->snapshot_count || !o->max_request_bytes || !o->quota_backend_bytes) {
-		log_error("--snapshot-count, --max-request-bytes and --quota-backend-bytes must be "
-			  "positive");
+		log_error(
+			"--snapshot-count, --max-request-bytes and --quota-backend-bytes must be "
+			"positive");
 		return MC_ECONFIG;
 	}
 	int rc;
