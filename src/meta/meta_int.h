@@ -229,6 +229,9 @@ struct meta_node {
 	size_t went_cap;
 	struct meta__job *persist_job;
 	uint64_t durable_index; /* last log index made durable here */
+	struct raft_msg *late;  /* rd's messages held until it is durable */
+	size_t n_late, late_cap;
+	bool split_msgs;        /* some of rd's messages went early: send late */
 	size_t early_applied;   /* committed entries of rd applied early */
 	bool early_ran;         /* apply_early handled rd's read states */
 	uint64_t leader, term;

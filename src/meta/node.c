@@ -256,6 +256,7 @@ static void node_free_state(struct meta_node *n)
 	raft_free(n->raft);
 	wal_close(n->wal);
 	free(n->went);
+	free(n->late);
 	free(n->unreachable);
 	free(n->snap_reports);
 	free(n->name);

@@ -337,10 +337,62 @@ static void apply_early(struct meta_node *n)
 		after_apply(n);
 }
 
+/*
+ * Messages that may leave before the ready is durable. raft.h's rule is
+ * that every message waits for the persist; two kinds need not:
+ *  - everything a leader sends while its term and vote stand (appends,
+ *    heartbeats, snapshots, answers): the leader then writes its entries
+ *    while the followers write theirs (Raft thesis 10.2.1, etcd's
+ *    leader). Its own entries count toward a commit only through the
+ *    followers' acknowledgements, which the driver queues while the ready
+ *    is out and feeds after the persist, so nothing commits that the
+ *    leader has not made durable, and no follower learns such a commit.
+ *  - a follower's heartbeat response, which claims nothing about the log
+ *    (while its term stands).
+ * Waiting for them would let a slow disk (the WAL's fdatasync behind a
+ * snapshot's writes, on a disk the members share) stop heartbeats and
+ * their answers, and the leader step down for want of a quorum.
+ */
+static bool early_ok(const struct meta_node *n, const struct raft_ready *rd, uint64_t old_term,
+		     const struct raft_msg *m)
+{
+	if (rd->snapshot || (rd->hard_state_changed && rd->hard_state.term != old_term))
+		return false;
+	return n->role == RAFT_LEADER || m->type == RAFT_MSG_HEARTBEAT_RESP;
+}
+
+/* Send the messages of rd that may go now; keep the others in n->late
+ * for persist_done. */
+static int send_early(struct meta_node *n, const struct raft_ready *rd, uint64_t old_term)
+{
+	size_t k = 0, m = 0;
+	if (rd->n_msgs > n->late_cap) {
+		struct raft_msg *v = realloc(n->late, 2 * rd->n_msgs * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		n->late = v;
+		n->late_cap = 2 * rd->n_msgs;
+	}
+	/* Early ones first, in order, then the rest: two lists in one. */
+	for (size_t i = 0; i < rd->n_msgs; i++)
+		if (early_ok(n, rd, old_term, &rd->msgs[i]))
+			n->late[k++] = rd->msgs[i];
+	if (k)
+		meta__peer_send(n, n->late, k);
+	for (size_t i = 0; i < rd->n_msgs; i++)
+		if (!early_ok(n, rd, old_term, &rd->msgs[i]))
+			n->late[m++] = rd->msgs[i];
+	n->n_late = m;
+	n->split_msgs = true;
+	return 0;
+}
+
 static void process_ready(struct meta_node *n)
 {
 	struct raft_ready *rd = &n->rd;
+	uint64_t old_term = n->term;
 
+	n->split_msgs = false;
 	if (rd->hard_state_changed) {
 		n->term = rd->hard_state.term;
 		n->commit = rd->hard_state.commit;
@@ -360,6 +412,10 @@ static void process_ready(struct meta_node *n)
 	apply_early(n);
 	if (n->fatal)
 		return;
+	if (rd->n_msgs && send_early(n, rd, old_term)) {
+		meta__fatal(n, -ENOMEM, "cannot send a ready's messages");
+		return;
+	}
 	struct persist_job *p = calloc(1, sizeof(*p));
 	if (!p || (rd->n_entries > n->went_cap &&
 		   !(n->went = realloc(n->went, rd->n_entries * sizeof(*n->went))))) {
@@ -557,7 +613,11 @@ static void persist_done(struct meta_node *n)
 			return;
 		}
 	}
-	meta__peer_send(n, rd->msgs, rd->n_msgs);
+	if (n->split_msgs)
+		meta__peer_send(n, n->late, n->n_late);
+	else
+		meta__peer_send(n, rd->msgs, rd->n_msgs);
+	n->split_msgs = false;
 	size_t early = n->early_applied;
 	apply_committed(n, rd->committed + early, rd->n_committed - early);
 	if (n->fatal)
