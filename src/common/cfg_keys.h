@@ -90,8 +90,8 @@
 	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "100000", 1,           \
 	  100000000, NULL,                                                     \
 	  "meta: applied entries between snapshots, as etcd's (the WAL and "   \
-	  "the in-memory log are then compacted); a forked copy of the "       \
-	  "member writes each one while the member serves")                    \
+	  "the in-memory log are then compacted); each is encoded a slice at " \
+	  "a time while the member serves")                                    \
 	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
 	  67108864, NULL,                                                      \
 	  "meta: largest write (its log entry); larger ones fail with "        \

@@ -40,24 +40,6 @@ static uint64_t log_size;          /* bytes in the file (when rotating) */
 static uint64_t log_max_bytes;     /* 0: no rotation */
 static unsigned log_max_files = 5;
 
-/* A process that forks (a meta member writes its snapshots from a child)
- * must not fork while another thread holds the lock: the child would
- * inherit it held, and its first log line would wait forever. */
-static void log_fork_prepare(void)
-{
-	pthread_mutex_lock(&log_lock);
-}
-
-static void log_fork_release(void)
-{
-	pthread_mutex_unlock(&log_lock);
-}
-
-__attribute__((constructor)) static void log_fork_init(void)
-{
-	pthread_atfork(log_fork_prepare, log_fork_release, log_fork_release);
-}
-
 const char *log_level_name(enum log_level lvl)
 {
 	return (unsigned)lvl < MC_ARRAY_LEN(level_names) ? level_names[lvl]

@@ -270,6 +270,7 @@ struct meta_node {
 	/* timers and wake-ups */
 	uv_timer_t tick_timer;
 	uv_idle_t kick;
+	uv_idle_t snap_idle;
 	uv_timer_t progress_timer;
 	uv_timer_t sync_timer;
 	uv_timer_t join_timer;
@@ -422,8 +423,10 @@ void meta__learn_peers(struct meta_node *n, const struct raft_entry *e, size_t k
 
 /* Take a snapshot when --snapshot-count entries were applied since the last. */
 void meta__maybe_snapshot(struct meta_node *n);
-/* Stopping: end a snapshot child still writing. */
-void meta__snapshot_stop(struct meta_node *n);
+/* Give up the snapshot being taken (stopping, or the state is replaced). */
+void meta__snapshot_abandon(struct meta_node *n);
+/* Encodes the snapshot being taken a slice at a time. */
+void meta__on_snap_idle(uv_idle_t *h);
 
 /* ---- conv.c */
 

@@ -309,6 +309,7 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 	}
 	uv_timer_init(loop, &n->tick_timer);
 	uv_idle_init(loop, &n->kick);
+	uv_idle_init(loop, &n->snap_idle);
 	uv_timer_init(loop, &n->progress_timer);
 	uv_timer_init(loop, &n->sync_timer);
 	uv_timer_init(loop, &n->join_timer);
@@ -357,6 +358,7 @@ void meta__check_stopped(struct meta_node *n)
 	meta__worker_close(n->disk);
 	close_handle(n, (uv_handle_t *)&n->tick_timer);
 	close_handle(n, (uv_handle_t *)&n->kick);
+	close_handle(n, (uv_handle_t *)&n->snap_idle);
 	close_handle(n, (uv_handle_t *)&n->progress_timer);
 	close_handle(n, (uv_handle_t *)&n->sync_timer);
 	close_handle(n, (uv_handle_t *)&n->join_timer);
@@ -380,7 +382,7 @@ void meta__finish_stop(struct meta_node *n)
 	meta__watch_close_streams(n);
 	meta__svc_close_streams(n);
 	meta__peer_close_all(n);
-	meta__snapshot_stop(n);
+	meta__snapshot_abandon(n);
 	if (meta__set_health(n, RPC_HEALTH_NOT_SERVING))
 		log_warn("cannot set the services' health");
 	meta__check_stopped(n);

@@ -591,6 +591,7 @@ static void persist_done(struct meta_node *n)
 		return; /* the ready stays out: the node is frozen for good */
 	if (rd->snapshot) {
 		struct meta__recv_snap *rs = n->recv_snap;
+		meta__snapshot_abandon(n); /* it encodes the state being replaced */
 		struct meta__sm *old = n->installed_sm;
 		struct meta__sm tmp = n->sm;
 		n->sm = *old;

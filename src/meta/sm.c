@@ -848,7 +848,8 @@ out:
 
 /* ------------------------------------------------------------- snapshots */
 
-int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx)
+int meta__sm_snap_begin(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx,
+			struct mvcc_snap_cursor **cur)
 {
 	Mooncake__Meta__SnapshotHeader h = MOONCAKE__META__SNAPSHOT_HEADER__INIT;
 	Mooncake__Meta__Member *blk = calloc(sm->n_members + 1, sizeof(*blk));
@@ -888,13 +889,24 @@ int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn, void *c
 	mooncake__meta__snapshot_header__pack(&h, hb + 4);
 	rc = fn(ctx, hb, 4 + hl);
 	if (rc == 0)
-		rc = mvcc_snapshot(sm->store, fn, ctx);
+		rc = mvcc_snap_begin(sm->store, fn, ctx, cur);
 out:
 	free(hb);
 	free(blk);
 	free(mv);
 	free(av);
 	return rc;
+}
+
+int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx)
+{
+	struct mvcc_snap_cursor *cur;
+	int rc = meta__sm_snap_begin(sm, fn, ctx, &cur);
+	if (rc)
+		return rc;
+	rc = mvcc_snap_step(cur, SIZE_MAX);
+	mvcc_snap_free(cur);
+	return rc == 1 ? 0 : rc;
 }
 
 static int buf_chunk(void *ctx, const void *data, size_t len)

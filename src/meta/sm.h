@@ -248,6 +248,11 @@ int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len) MC
  * copied whole). Errors: -ENOMEM, what fn returned. */
 int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn,
 			    void *ctx) MC_MUST_CHECK;
+/* The same in steps while the state takes entries (mvcc.h's cursor): the
+ * members, alarms and leases go to fn now, then mvcc_snap_step() encodes
+ * the keys as they were now. Errors: -ENOMEM, what fn returned. */
+int meta__sm_snap_begin(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx,
+			struct mvcc_snap_cursor **cur) MC_MUST_CHECK;
 /* Replace the state with snapshot data (the member table changes
  * wholesale: the driver reconciles its peers). The state is unchanged on
  * error. Errors: -EBADMSG, -ENOMEM. */

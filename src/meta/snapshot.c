@@ -3,38 +3,36 @@
  * applied entries, without stopping the member.
  *
  * The state machine lives in memory, so a snapshot is a copy of it as it
- * stands at the applied index. Copying it on the loop would stop the
- * member from answering heartbeats and requests for as long as encoding
- * and writing take — seconds for a few hundred megabytes — and cost it
- * its leadership. Instead the loop forks: the child is a frozen copy of
- * the state (the kernel shares the pages and copies only those the member
- * changes meanwhile), encodes it straight into a snapshot file (snap.h:
- * written, fsynced, renamed) at the lowest CPU priority, reports the
- * outcome through a pipe and exits; the loop pays only for the fork. A libuv worker waits for the
- * child; then the disk thread records the snapshot in the WAL and
- * releases the segments before the oldest snapshot kept, and the core
- * compacts its log behind it. The child touches nothing the member's
- * other threads might hold but the allocator and the log, both safe
- * across fork (glibc's malloc and log.c's atfork handlers). A member that
- * stops kills a child still writing (the temp file is removed at the next
- * start); a child whose member dies is killed by the kernel.
+ * stood at the applied index. Encoding it whole on the loop would stop
+ * the member from answering heartbeats and requests for as long as that
+ * takes — seconds for a few hundred megabytes, long enough to cost it
+ * its leadership. (Forking a frozen copy to write it costs as much here:
+ * once the member and its copy share pages, each page the member writes
+ * is copied first, and on this project's virtual machines that made
+ * every write thousands of times slower while the copy lived.) Instead
+ * the snapshot is encoded on the loop a slice at a time (SLICE_BYTES per
+ * turn, from an idle handle, so requests and heartbeats are served in
+ * between) by the MVCC store's snapshot cursor, which encodes the store
+ * as it was at the applied index while later entries go on being applied
+ * (they only add versions above that revision). A libuv worker writes
+ * each filled buffer to the snapshot file (snap.h, on disk in steps) while
+ * the loop fills the next, then commits it (fsync, rename); then the disk
+ * thread records the snapshot in the WAL and releases the segments before
+ * the oldest snapshot kept, and the core compacts its log behind it. A
+ * compaction of the store meanwhile (it drops versions), a snapshot
+ * received from the leader (it replaces the state) or a stop abandons
+ * the snapshot; the next turn starts another.
  *
  * Reading a snapshot file whole is here too (recovery, and sending one to
  * a member that lags).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "common/io.h"
+#include "common/buf.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -42,86 +40,59 @@
 
 #define LOG_SUBSYS LOGS_META
 
-/* What the child reports through the pipe. */
-struct snap_outcome {
-	int32_t rc;
-	uint32_t pad;
-	uint64_t bytes;
-};
+/* Encoded per turn of the loop: a few milliseconds of work. */
+#define SLICE_BYTES ((size_t)1 << 20)
+/* Handed to the writer at a time; the loop fills one while it writes one. */
+#define BUF_BYTES ((size_t)8 << 20)
 
 struct meta__snap_job {
-	uv_work_t req; /* waits for the child */
-	struct meta__job wal_job;
 	struct meta_node *n;
 	uint64_t index, term;
+	struct mvcc_snap_cursor *cur;
+	struct snap_writer *wr;
 	uint8_t *conf;
 	size_t conf_len;
-	pid_t pid;
-	int fd;     /* the pipe's read end */
-	int status; /* the child's wait status */
-	struct snap_outcome out;
-	uint64_t fork_us; /* how long the loop stood still for the fork */
-};
-
-struct child_sink {
-	struct snap_writer *wr;
+	struct mc_buf fill; /* being encoded into, on the loop */
+	struct mc_buf out;  /* with the writer */
+	uv_work_t work;     /* writes out, or commits */
+	bool writing;       /* the worker has out (or the commit) */
+	bool encoded;       /* the cursor is done */
+	bool committing;
+	bool abandon; /* give up once the worker returns */
+	int rc;       /* the worker's */
 	uint64_t bytes;
+	uint64_t start_ms, loop_ns; /* wall time, and the loop's share of it */
+	struct meta__job wal_job;
 };
 
-static int child_chunk(void *ctx, const void *data, size_t len)
+static void snap_job_free(struct meta__snap_job *s)
 {
-	struct child_sink *k = ctx;
-	k->bytes += len;
-	return snap_writer_write(k->wr, data, len);
+	mvcc_snap_free(s->cur);
+	if (s->wr)
+		snap_writer_abort(s->wr);
+	mc_buf_free(&s->fill);
+	mc_buf_free(&s->out);
+	free(s->conf);
+	free(s);
 }
 
-/* In the child: the state at s->index into a snapshot file. */
-static struct snap_outcome child_write(struct meta_node *n, const struct meta__snap_job *s)
+/* The job is over (done or given up): forget it. */
+static void snap_job_end(struct meta_node *n, struct meta__snap_job *s)
 {
-	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
-	struct child_sink k = {0};
-	struct snap_outcome out = {0};
-
-	out.rc = snap_writer_open(n->snap_dir, &m, &k.wr);
-	if (out.rc)
-		return out;
-	out.rc = meta__sm_snapshot_write(&n->sm, child_chunk, &k);
-	if (out.rc) {
-		snap_writer_abort(k.wr);
-		return out;
+	if (n->snap_job == s) {
+		n->snap_job = NULL;
+		uv_idle_stop(&n->snap_idle);
+		metric_set(n->m_snap_writing, 0);
 	}
-	out.rc = snap_writer_commit(k.wr, META_SNAPSHOTS_KEPT);
-	out.bytes = k.bytes;
-	return out;
+	snap_job_free(s);
+	meta__check_stopped(n);
 }
 
-static void child_main(struct meta_node *n, const struct meta__snap_job *s, int fd)
+static int sink(void *ctx, const void *data, size_t len)
 {
-	/* Signals are the member's business (its handlers would write to the
-	 * member's loop); this copy goes with its parent. */
-	signal(SIGTERM, SIG_DFL);
-	signal(SIGINT, SIG_DFL);
-	signal(SIGHUP, SIG_DFL);
-	signal(SIGPIPE, SIG_IGN);
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	/* The snapshot can wait; the member's requests cannot: on shared
-	 * cores the scheduler runs the member first. */
-	(void)setpriority(PRIO_PROCESS, 0, 19); /* if refused, it only runs sooner */
-	struct snap_outcome out = child_write(n, s);
-	int rc = mc_write_all(fd, &out, sizeof(out));
-	_exit(rc || out.rc ? 1 : 0);
-}
-
-static void wait_work(uv_work_t *w)
-{
-	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, req);
-	int rc = mc_read_full(s->fd, &s->out, sizeof(s->out));
-	if (rc) {
-		s->out.rc = rc == -EIO ? -EPIPE : rc; /* the child died before it said */
-		s->out.bytes = 0;
-	}
-	while (waitpid(s->pid, &s->status, 0) < 0 && errno == EINTR)
-		;
+	struct meta__snap_job *s = ctx;
+	s->bytes += len;
+	return mc_buf_append(&s->fill, data, len);
 }
 
 static void snap_marker_work(struct meta__job *j)
@@ -147,21 +118,12 @@ static void snap_marker_work(struct meta__job *j)
 			 mc_strerror(rc));
 }
 
-static void snap_job_free(struct meta__snap_job *s)
-{
-	if (s->fd >= 0)
-		close(s->fd);
-	free(s->conf);
-	free(s);
-}
-
 static void snap_marker_done(struct meta__job *j)
 {
 	struct meta__snap_job *s = MC_CONTAINER_OF(j, struct meta__snap_job, wal_job);
 	struct meta_node *n = s->n;
 
 	n->disk_jobs--;
-	n->snap_job = NULL;
 	if (j->rc) {
 		meta__fatal(n, j->rc, "cannot record a snapshot in the WAL");
 	} else {
@@ -169,57 +131,122 @@ static void snap_marker_done(struct meta__job *j)
 			n->snap_index = s->index;
 		n->pending_compact = s->index;
 		metric_inc(n->m_snapshots);
-		log_info("snapshot at index %" PRIu64 " (%" PRIu64 " bytes) saved by a child "
-			 "process, the member paused %" PRIu64 " us to fork it; log compacted",
-			 s->index, s->out.bytes, s->fork_us);
+		log_info("snapshot at index %" PRIu64 " (%" PRIu64 " bytes) saved in %" PRIu64
+			 " ms, %" PRIu64 " ms of them encoding on the loop; log compacted",
+			 s->index, s->bytes, meta__now(n) - s->start_ms, s->loop_ns / 1000000);
 		meta__kick(n);
 	}
-	snap_job_free(s);
-	meta__check_stopped(n);
+	snap_job_end(n, s);
 }
 
-static void wait_done(uv_work_t *w, int status)
+static void give_up(struct meta_node *n, struct meta__snap_job *s, int rc)
 {
-	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, req);
+	if (!n->stopping && !n->fatal && rc)
+		log_warn("snapshot at index %" PRIu64 " abandoned: %s", s->index,
+			 rc == MVCC_ESNAPSHOT_STALE ? "the store was compacted meanwhile"
+						    : meta__strerror(rc));
+	snap_job_end(n, s);
+}
+
+static void hand_off(struct meta_node *n, struct meta__snap_job *s);
+
+static void write_work(uv_work_t *w)
+{
+	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, work);
+	if (s->committing) {
+		s->rc = snap_writer_commit(s->wr, META_SNAPSHOTS_KEPT);
+		s->wr = NULL; /* commit frees it, whatever happened */
+	} else {
+		s->rc = snap_writer_write(s->wr, s->out.data, s->out.len);
+	}
+}
+
+static void write_done(uv_work_t *w, int status)
+{
+	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, work);
 	struct meta_node *n = s->n;
 
 	n->uv_works--;
-	s->pid = 0;
-	metric_set(n->m_snap_writing, 0);
-	if (status || s->out.rc || !WIFEXITED(s->status) || WEXITSTATUS(s->status)) {
-		if (!n->stopping)
-			log_error("cannot write the snapshot at index %" PRIu64
-				  ": %s (child %s %d)",
-				  s->index, mc_strerror(status ? status : s->out.rc),
-				  WIFSIGNALED(s->status) ? "killed by signal" : "exit status",
-				  WIFSIGNALED(s->status) ? WTERMSIG(s->status)
-							 : WEXITSTATUS(s->status));
-		n->snap_job = NULL;
-		/* Try again after as many entries again. */
-		n->snap_index = n->applied;
-		snap_job_free(s);
-		meta__check_stopped(n);
+	s->writing = false;
+	s->out.len = 0;
+	if (status || s->rc || s->abandon) {
+		give_up(n, s, s->abandon ? 0 : status ? status : s->rc);
 		return;
 	}
-	if (n->fatal) {
-		n->snap_job = NULL;
-		snap_job_free(s);
-		meta__check_stopped(n);
+	if (s->committing) {
+		/* On disk: record it in the WAL. */
+		s->wal_job.work = snap_marker_work;
+		s->wal_job.done = snap_marker_done;
+		n->disk_jobs++;
+		meta__worker_submit(n->disk, &s->wal_job);
 		return;
 	}
-	s->wal_job.work = snap_marker_work;
-	s->wal_job.done = snap_marker_done;
-	n->disk_jobs++;
-	meta__worker_submit(n->disk, &s->wal_job);
+	if (s->encoded || s->fill.len >= BUF_BYTES)
+		hand_off(n, s);
+	else
+		uv_idle_start(&n->snap_idle, meta__on_snap_idle);
+}
+
+/* Give the filled buffer to a worker; after the last one, commit. */
+static void hand_off(struct meta_node *n, struct meta__snap_job *s)
+{
+	if (s->writing)
+		return;
+	if (s->fill.len) {
+		struct mc_buf t = s->out;
+		s->out = s->fill;
+		s->fill = t;
+		s->fill.len = 0;
+	} else if (s->encoded) {
+		s->committing = true;
+	} else {
+		return;
+	}
+	int rc = uv_queue_work(n->loop, &s->work, write_work, write_done);
+	if (rc) {
+		s->committing = false;
+		give_up(n, s, rc);
+		return;
+	}
+	n->uv_works++;
+	s->writing = true;
+}
+
+void meta__on_snap_idle(uv_idle_t *h)
+{
+	struct meta_node *n = MC_CONTAINER_OF(h, struct meta_node, snap_idle);
+	struct meta__snap_job *s = n->snap_job;
+
+	if (!s || s->encoded || (s->writing && s->fill.len >= BUF_BYTES)) {
+		uv_idle_stop(h); /* the writer's completion restarts it */
+		return;
+	}
+	uint64_t t0 = mc_now_ns();
+	int rc = mvcc_snap_step(s->cur, SLICE_BYTES);
+	s->loop_ns += mc_now_ns() - t0;
+	if (rc < 0) {
+		uv_idle_stop(h);
+		if (s->writing)
+			s->abandon = true; /* when the worker returns */
+		else
+			give_up(n, s, rc);
+		return;
+	}
+	if (rc == 1) {
+		s->encoded = true;
+		uv_idle_stop(h);
+	}
+	if (s->encoded || s->fill.len >= BUF_BYTES)
+		hand_off(n, s);
 }
 
 /*
  * Members take their snapshots at different points of the log: member r
  * of k (by ID among the members) at the indexes r * count / k past a
  * multiple of --snapshot-count. All at the same index, the members of a
- * cluster on shared cores would fork and write at once, each slowing the
- * others, and a stalled leader with stalled followers is how leadership is
- * lost.
+ * cluster on shared cores would encode and write at once, each slowing
+ * the others, and a stalled leader with stalled followers is how
+ * leadership is lost.
  */
 static uint64_t snap_offset(const struct meta_node *n)
 {
@@ -245,70 +272,54 @@ static bool snapshot_due(const struct meta_node *n)
 
 void meta__maybe_snapshot(struct meta_node *n)
 {
-	if (n->snap_job || n->stopping || n->fatal || !snapshot_due(n))
+	if (n->snap_job || n->stopping || n->fatal || !n->handles_open || !snapshot_due(n))
 		return;
 	struct meta__snap_job *s = calloc(1, sizeof(*s));
-	int fds[2] = {-1, -1};
 	int rc = -ENOMEM;
 	if (!s)
 		goto fail;
-	s->fd = -1;
 	s->n = n;
 	s->index = n->applied;
 	s->term = n->applied_term;
+	s->start_ms = meta__now(n);
+	s->fill = (struct mc_buf)MC_BUF_INIT;
+	s->out = (struct mc_buf)MC_BUF_INIT;
 	if ((rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len)))
 		goto fail;
-	if (pipe2(fds, O_CLOEXEC)) {
-		rc = -errno;
+	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
+	if ((rc = snap_writer_open(n->snap_dir, &m, &s->wr)))
 		goto fail;
-	}
 	uint64_t t0 = mc_now_ns();
-	pid_t pid = fork();
-	if (pid == 0) {
-		close(fds[0]);
-		child_main(n, s, fds[1]);
-	}
-	s->fork_us = (mc_now_ns() - t0) / 1000;
-	close(fds[1]);
-	fds[1] = -1;
-	if (pid < 0) {
-		rc = -errno;
+	rc = meta__sm_snap_begin(&n->sm, sink, s, &s->cur);
+	s->loop_ns += mc_now_ns() - t0;
+	if (rc)
 		goto fail;
-	}
-	s->pid = pid;
-	s->fd = fds[0];
-	fds[0] = -1;
-	rc = uv_queue_work(n->loop, &s->req, wait_work, wait_done);
-	if (rc) {
-		/* No waiter: stop the child and reap it here. */
-		kill(pid, SIGKILL);
-		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-			;
-		goto fail;
-	}
-	n->uv_works++;
 	n->snap_job = s;
 	metric_set(n->m_snap_writing, 1);
-	log_info("writing the snapshot at index %" PRIu64 " in child process %d", s->index,
-		 (int)pid);
+	uv_idle_start(&n->snap_idle, meta__on_snap_idle);
+	log_info("writing the snapshot at index %" PRIu64, s->index);
 	return;
 fail:
 	log_error("cannot take a snapshot at index %" PRIu64 ": %s", n->applied,
-		  mc_strerror(rc));
-	if (fds[0] >= 0)
-		close(fds[0]);
-	if (fds[1] >= 0)
-		close(fds[1]);
+		  meta__strerror(rc));
 	if (s)
 		snap_job_free(s);
 	/* Try again after as many entries again. */
 	n->snap_index = n->applied;
 }
 
-void meta__snapshot_stop(struct meta_node *n)
+void meta__snapshot_abandon(struct meta_node *n)
 {
-	if (n->snap_job && n->snap_job->pid > 0)
-		kill(n->snap_job->pid, SIGKILL);
+	struct meta__snap_job *s = n->snap_job;
+	if (!s)
+		return;
+	uv_idle_stop(&n->snap_idle);
+	metric_set(n->m_snap_writing, 0);
+	n->snap_job = NULL; /* a new one may start while the worker finishes */
+	if (s->writing)
+		s->abandon = true;
+	else
+		give_up(n, s, 0);
 }
 
 int meta__snap_load(const char *path, uint8_t **data, size_t *len)

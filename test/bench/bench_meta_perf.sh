@@ -15,8 +15,8 @@
 # between: a third meta cluster snapshotting every --snap-count entries is
 # filled with --snap-fill keys of 1 KiB, then takes puts at --snap-rate a
 # second for 60 s (an open load: a stall shows as latency); each put counts
-# as "during a snapshot" if it overlaps the time any member's snapshot
-# child was writing (from the members' logs). Nothing is asserted; a
+# as "during a snapshot" if it overlaps the time any member was taking a
+# snapshot (from the members' logs). Nothing is asserted; a
 # member that died is reported.
 #
 #   test/bench/bench_meta_perf.sh [BUILD] [--loads=s,m,l,xl] [--only=meta|etcd]
@@ -232,7 +232,7 @@ def p99(v):
     v = sorted(v)
     return v[min(len(v) - 1, len(v) * 99 // 100)] if v else float("nan")
 span = sum(b - a for a, b in wins) / 1000.0
-print("   snapshots written: %d (%.1f s of child time, summed over members)" % (len(wins), span))
+print("   snapshots written: %d (%.1f s of snapshot time, summed over members)" % (len(wins), span))
 print("   puts during a snapshot: %6d  p99 %8.1f ms" % (len(dur), p99(dur)))
 print("   puts in between:        %6d  p99 %8.1f ms" % (len(steady), p99(steady)))
 if dur and steady:
