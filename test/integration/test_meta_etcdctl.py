@@ -533,14 +533,26 @@ def metrics_pass_promtool():
 @case
 def auto_compaction_drops_old_history():
     """etcd's --auto-compaction-*: periodic keeps a duration of history,
-    revision a count; the leader compacts through the log."""
-    d = Daemon("meta", args=FAST + ["--auto-compaction-retention=2s"])
+    revision a count; the leader compacts through the log, and the
+    snapshots taken afterwards no longer carry what it dropped."""
+    d = Daemon("meta", args=FAST + ["--auto-compaction-retention=2s", "--snapshot-count=100"])
     e = ep(d)
     c = Client(d.addr("listen-client"))
+    snaps = os.path.join(d.data_dir, "meta", "snap")
+    def newest_snapshot_bytes():
+        names = sorted(n for n in os.listdir(snaps) if n.endswith(".snap"))
+        return os.path.getsize(os.path.join(snaps, names[-1])) if names else 0
     try:
+        big = b"h" * 4096
         first = c.put(b"ac", b"0").header.revision
-        for i in range(1, 20):
-            c.put(b"ac", b"%d" % i)
+        for i in range(1, 120):
+            c.put(b"ac", big)  # 480 KB of history on one key
+        for _ in deadline_loop(10, "no snapshot"):
+            if newest_snapshot_bytes():
+                break
+            time.sleep(0.1)
+        with_history = newest_snapshot_bytes()
+        assert with_history > 300 * 1024, with_history
         assert c.range(b"ac", revision=first).kvs[0].value == b"0"
         for _ in deadline_loop(15, "no auto-compaction"):
             r = etcdctl(e, "get", "ac", "--rev=%d" % first, check=False)
@@ -548,8 +560,18 @@ def auto_compaction_drops_old_history():
                 assert "required revision has been compacted" in r.stderr, r.stderr
                 break
             time.sleep(0.2)
-        assert c.get(b"ac") == b"19", "the live value stays"
+        assert c.get(b"ac") == big, "the live value stays"
         assert "auto-compaction to revision" in d.output()
+        # Snapshots go on every 100 entries; once a compaction passed the
+        # big history, the next one is small.
+        i = 0
+        for _ in deadline_loop(15, "snapshots still carry the compacted history"):
+            if newest_snapshot_bytes() < 64 * 1024:
+                break
+            for _ in range(25):
+                c.put(b"small/%d" % (i % 50), b"x")
+                i += 1
+            time.sleep(0.1)
     finally:
         c.close()
     eq(d.stop(), 0, "exit")
