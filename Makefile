@@ -73,8 +73,8 @@ endif
 # Libraries. Production binaries are fully static; SAN and test builds link
 # the shared libraries (ASan cannot be static).
 RDMA_STATIC_LIBS := $(shell pkg-config --static --libs libibverbs librdmacm 2>/dev/null)
-LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
-LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
+LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -luring -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
+LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -luring -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
 
 ifneq ($(SAN)$(FUZZ)$(DYN),000)
 BIN_LDFLAGS := $(LDFLAGS_SAN)
@@ -103,7 +103,7 @@ PY_GEN     := $(patsubst proto/%.proto,$(B)/py/%_pb2.py,$(PROTOS))
 # The daemon's internal library: every subsystem except main, ctl and the
 # client library. Subsystem folders are picked up by wildcard so adding a
 # file needs no Makefile edit.
-CORE_DIRS  := common rpc http etcd transfer meta meta/raft master agent doctor daemon
+CORE_DIRS  := common rpc http etcd transfer meta meta/raft master ssd agent doctor daemon
 CORE_SRCS  := $(foreach d,$(CORE_DIRS),$(wildcard src/$(d)/*.c))
 CORE_OBJS  := $(patsubst src/%.c,$(B)/obj/%.o,$(CORE_SRCS)) \
               $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
@@ -160,8 +160,10 @@ $(B)/py/%_pb2.py: proto/%.proto
 # loses its object, so the build stops there.
 # A new pure core goes into this list.
 PURE_SRCS := $(wildcard src/meta/raft/*.c) $(wildcard src/meta/mvcc*.c) src/meta/lease.c src/meta/avl.c src/meta/wal_format.c src/meta/sm.c \
-             src/master/alloc.c src/master/core.c src/master/mlog.c \
-             src/rpc/frame.c src/transfer/wire.c
+             src/common/extalloc.c \
+             src/master/alloc.c src/master/core.c src/master/index.c \
+             src/master/lease.c src/master/mlog.c src/master/segment.c \
+             src/rpc/frame.c src/transfer/wire.c src/ssd/rec.c
 PURE_OBJS := $(patsubst src/%.c,$(B)/obj/%.o,$(PURE_SRCS))
 PURE_GUARDS := _TIME_H|_SYS_TIME_H|_UNISTD_H|_PTHREAD_H|UV_H
 PURE_CALLS := mc_now_.*|mc_wall_.*|clock_gettime|clock|gettimeofday|time|uv_.*|pthread_.*|rand|random|srand|rand_r|getrandom|mc_random
@@ -258,6 +260,13 @@ $(B)/verbs-emu/libverbs-emu.a: $(VEMU_OBJS)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# test_client*: libmooncake's own modules, linked from its archive.
+CLIENT_TEST_BINS := $(filter $(B)/test/test_client%,$(UNIT_BINS))
+$(CLIENT_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmooncake.a $(B)/libmcd.a $(B)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC TEST $< (libmooncake)"
+	$(Q)$(CC) $(TEST_CFLAGS) -MMD -MP -o $@ $< $(B)/libmooncake.a $(B)/libmcd.a -lcriterion $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
 RDMA_TEST_BINS := $(filter $(B)/test/test_rdma%,$(UNIT_BINS))
 $(RDMA_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmcd.a $(B)/verbs-emu/libverbs-emu.a $(B)/.flags
 	@mkdir -p $(dir $@)
@@ -322,9 +331,12 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
+	$(Q)$(B)/mooncakectl bench ssd --duration=3s
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
+	$(Q)$(B)/bench/bench_hostmem 64 1024 4
+	$(Q)BUILD=$(B) $(PYTHON) test/bench/bench_pd.py --protocol=tcp
 	$(Q)test/bench/bench_meta.sh $(B)
 	$(Q)test/bench/bench_meta_perf.sh $(B)
 

@@ -17,4 +17,13 @@ the installed package (PREFIX/lib), or on the dynamic linker's path.
 
 from mooncake._native import errname, strerror, version  # noqa: F401
 
-__all__ = ["errname", "strerror", "version"]
+__all__ = ["BufferPool", "RegisteredBufferPool", "errname", "strerror", "version"]
+
+
+def __getattr__(name):
+    # mooncake.BufferPool, as Mooncake's package exports it (imported on
+    # first use, so "import mooncake" alone loads no store code).
+    if name in ("BufferPool", "RegisteredBufferPool"):
+        from mooncake import buffer_pool
+        return getattr(buffer_pool, name)
+    raise AttributeError(name)

@@ -61,6 +61,30 @@ class PutOpts(ctypes.Structure):
                 ("upsert", c_int)]
 
 
+class Part(ctypes.Structure):
+    _fields_ = [("buf", c_void_p), ("len", c_size_t)]
+
+
+class RangeReq(ctypes.Structure):
+    _fields_ = [("key", c_void_p), ("klen", c_size_t), ("dst", c_void_p),
+                ("src_offset", c_uint64), ("len", c_size_t)]
+
+
+class SegmentInfo(ctypes.Structure):
+    _fields_ = [("first_address", c_uint64), ("first_length", c_uint64),
+                ("regions", c_uint64)]
+
+
+class AgentStats(ctypes.Structure):
+    _fields_ = [("agent_id", ctypes.c_char * 128), ("master", ctypes.c_char * 128),
+                ("master_view", c_uint64), ("segment_size", c_uint64), ("hugepages", c_int),
+                ("numa_node", c_int), ("staging_size", c_uint64), ("clients", c_uint64),
+                ("buffers", c_uint64), ("views", c_uint64), ("puts", c_uint64),
+                ("gets", c_uint64), ("local_hits", c_uint64), ("remote_hits", c_uint64),
+                ("misses", c_uint64), ("bytes_written", c_uint64), ("bytes_read", c_uint64),
+                ("inventory", c_uint64), ("get_bad", c_uint64), ("resync_bad", c_uint64)]
+
+
 class TransferReq(ctypes.Structure):
     _fields_ = [("op", c_int), ("local", c_void_p), ("len", c_size_t),
                 ("target", c_char_p), ("remote_addr", c_uint64)]
@@ -106,6 +130,26 @@ mc_buffer_free = _fn("mc_buffer_free", c_int, c_void_p, c_void_p)
 mc_register_buffer = _fn("mc_register_buffer", c_int, c_void_p, c_void_p, c_size_t)
 mc_unregister_buffer = _fn("mc_unregister_buffer", c_int, c_void_p, c_void_p)
 mc_transfer = _fn("mc_transfer", c_int, c_void_p, POINTER(TransferReq), c_size_t, POINTER(c_int))
+mc_register_memory = _fn("mc_register_memory", c_int, c_void_p, c_void_p, c_size_t)
+mc_host_alloc = _fn("mc_host_alloc", c_void_p, c_size_t)
+mc_host_free = _fn("mc_host_free", None, c_void_p)
+mc_host_size = _fn("mc_host_size", c_size_t, c_void_p)
+mc_batch_put_parts = _fn("mc_batch_put_parts", c_int, c_void_p, c_size_t, POINTER(c_void_p),
+                         POINTER(c_size_t), POINTER(POINTER(Part)), POINTER(c_size_t),
+                         POINTER(PutOpts), POINTER(c_int))
+mc_batch_get_into_parts = _fn("mc_batch_get_into_parts", c_int, c_void_p, c_size_t,
+                              POINTER(c_void_p), POINTER(c_size_t), POINTER(POINTER(Part)),
+                              POINTER(c_size_t), POINTER(c_int64))
+mc_batch_get_view = _fn("mc_batch_get_view", c_int, c_void_p, c_size_t, POINTER(c_void_p),
+                        POINTER(c_size_t), POINTER(c_void_p), POINTER(c_size_t),
+                        POINTER(c_void_p), POINTER(c_int))
+mc_get_ranges = _fn("mc_get_ranges", c_int, c_void_p, POINTER(RangeReq), c_size_t,
+                    POINTER(c_int64))
+mc_remove_regex = _fn("mc_remove_regex", c_int64, c_void_p, c_char_p, c_int)
+mc_batch_replica_clear = _fn("mc_batch_replica_clear", c_int, c_void_p, c_size_t,
+                             POINTER(c_void_p), POINTER(c_size_t), c_char_p, POINTER(c_int))
+mc_segment_info = _fn("mc_segment_info", c_int, c_void_p, c_char_p, POINTER(SegmentInfo))
+mc_agent_stats = _fn("mc_agent_stats", c_int, c_void_p, POINTER(AgentStats))
 mc_agent_address = _fn("mc_agent_address", c_char_p, c_void_p)
 mc_segment_size = _fn("mc_segment_size", c_uint64, c_void_p)
 mc_staging_size = _fn("mc_staging_size", c_uint64, c_void_p)
@@ -219,3 +263,75 @@ def parse_size(v):
     if unit not in _UNITS or not num:
         raise ValueError("not a size: %r" % (v,))
     return int(float(num) * _UNITS[unit])
+
+
+def parts_arrays(groups):
+    """Lists of (address, length) lists as the C arrays of mc_batch_*_parts
+    (kept alive by the returned tuple's last item)."""
+    n = len(groups)
+    rows = [(Part * max(len(g), 1))(*[Part(int(a), int(ln)) for a, ln in g]) for g in groups]
+    ptrs = (POINTER(Part) * max(n, 1))(*[ctypes.cast(r, POINTER(Part)) for r in rows])
+    counts = (c_size_t * max(n, 1))(*[len(g) for g in groups])
+    return ptrs, counts, rows
+
+
+# ---------------------------------------------------------------- buffer protocol
+
+class _TypeSlot(ctypes.Structure):
+    _fields_ = [("slot", c_int), ("pfunc", c_void_p)]
+
+
+class _TypeSpec(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("basicsize", c_int), ("itemsize", c_int),
+                ("flags", ctypes.c_uint), ("slots", POINTER(_TypeSlot))]
+
+
+_fill_info = ctypes.pythonapi.PyBuffer_FillInfo
+_fill_info.argtypes = [c_void_p, ctypes.py_object, c_void_p, ctypes.c_ssize_t, c_int, c_int]
+_fill_info.restype = c_int
+_GETBUF = ctypes.PYFUNCTYPE(c_int, ctypes.py_object, c_void_p, c_int)
+
+
+_RELBUF = ctypes.PYFUNCTYPE(None, ctypes.py_object, c_void_p)
+
+
+def _getbuffer(obj, view, flags):
+    # Writable, as Mooncake's BufferHandle: a copy is the caller's; do
+    # not write into a mapped view (read-only pages).
+    rc = _fill_info(view, obj, obj._buf_ptr or None, obj._buf_len, 0, flags)
+    obj._buf_exports += 1
+    return rc
+
+
+def _releasebuffer(obj, view):
+    obj._buf_exports -= 1
+    if obj._buf_exports == 0:
+        obj._buf_unexported()
+
+
+_getbuffer_c = _GETBUF(_getbuffer)
+_releasebuffer_c = _RELBUF(_releasebuffer)
+_PY_BF_GETBUFFER = 1
+_PY_BF_RELEASEBUFFER = 2
+_TPFLAGS = (1 << 18) | (1 << 10)  # HAVE_VERSION_TAG | BASETYPE
+
+
+def _buffer_base():
+    """A base class whose instances export [_buf_ptr, _buf_ptr + _buf_len)
+    through the buffer protocol, on every Python 3 (PEP 688's __buffer__
+    is 3.12+ only): a type made with PyType_FromSpec and bf_getbuffer /
+    bf_releasebuffer slots, the way a C extension declares one. Subclasses
+    set _buf_ptr, _buf_len and _buf_exports (0), and get _buf_unexported()
+    called when the last exported view is released."""
+    slots = (_TypeSlot * 3)(_TypeSlot(_PY_BF_GETBUFFER, ctypes.cast(_getbuffer_c, c_void_p)),
+                            _TypeSlot(_PY_BF_RELEASEBUFFER,
+                                      ctypes.cast(_releasebuffer_c, c_void_p)),
+                            _TypeSlot(0, None))
+    spec = _TypeSpec(b"mooncake.BufferBase", 0, 0, _TPFLAGS, slots)
+    make = ctypes.pythonapi.PyType_FromSpec
+    make.argtypes = [POINTER(_TypeSpec)]
+    make.restype = ctypes.py_object
+    return make(ctypes.byref(spec))
+
+
+BufferBase = _buffer_base()

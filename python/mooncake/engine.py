@@ -21,8 +21,21 @@ transfer (the agent cannot reach another process's private memory) — use
 managed buffers for memory peers write into (the KV cache of a decode
 instance).
 
+Memory from mooncake.store's MooncakeHostMemAllocator, alloc_from_mem_pool
+or get_alloc_func_addr (mc_host_alloc) is shared with the agent on first
+use: register_memory publishes it, and peers write into it in place.
+
 Parameters that have no meaning here (local_hostname, metadata_server,
 protocol, device_name: the agent was configured with them) are accepted.
+transport_hint: the agent picks the transport per peer (shm on one host,
+rdma where a device is usable, else tcp); a known name is accepted as
+advice, an unknown one is a ValueError, as in Mooncake's TENT builds.
+location (register_memory): "*" or "cpu..." are host memory; device
+memory ("cuda:N", "npu:N") is refused with -95.
+Notifications (transfer_sync(..., notify=...)) are refused with -95: the
+agents do not carry them to a peer (get_notifies() is always empty).
+Mismatched list lengths in batch calls return -1 (batch_transfer_async_*:
+0), as Mooncake does.
 Returns: 0 or a negative code; allocate_managed_buffer 0 on failure;
 transfer_check_status 1 done, 0 pending, -1 failed, -2 timed out.
 """
@@ -51,9 +64,32 @@ class TransferOpcode(enum.IntEnum):
     Write = 1
 
 
+_HINTS = {"", "unspec", "rdma", "mnnvl", "shm", "nvlink", "gds", "io_uring", "tcp", "ascend",
+          "sunrise_link"}
+WILDCARD_LOCATION = "*"
+
+
+def _check_hint(hint):
+    if hint not in _HINTS:
+        raise ValueError("Unknown transport_hint '%s' (valid: %s, or empty string for no hint)"
+                         % (hint, ", ".join(sorted(h for h in _HINTS if h))))
+
+
+class TransferNotify:
+    """A notification sent with a transfer (Mooncake's TransferNotify)."""
+
+    def __init__(self, name="", msg=""):
+        self.name = name
+        self.msg = msg
+
+
 class TransferEngine:
     """Thread-safe. Synchronous transfers block the calling thread;
-    transfer_submit_write runs on a small pool of threads."""
+    transfer_submit_write and batch_transfer_async_* run on a small pool
+    of threads."""
+
+    _mooncake_engine = True
+    TransferOpcode = TransferOpcode
 
     def __init__(self):
         self._h = None
@@ -132,10 +168,17 @@ class TransferEngine:
             self._managed.pop(buffer_addr, None)
         return rc
 
-    def register_memory(self, buffer_addr, capacity):
+    def register_memory(self, buffer_addr, capacity, location=WILDCARD_LOCATION):
+        """0, or negative. Managed buffers and allocator memory become
+        reachable by peers at their address; other memory serves this
+        process's own transfers (copied through the staging buffer)."""
         if not self._h:
             return NOT_CONNECTED
-        rc = n.mc_register_buffer(self._h, buffer_addr, capacity)
+        loc = str(location or WILDCARD_LOCATION)
+        if loc != WILDCARD_LOCATION and not loc.startswith("cpu"):
+            log.error("register_memory: location %r: device memory is not supported yet", loc)
+            return -95
+        rc = n.mc_register_memory(self._h, buffer_addr, capacity)
         return 0 if rc == -17 and self._inside_managed(buffer_addr, capacity) else rc
 
     def _inside_managed(self, addr, length):
@@ -147,16 +190,20 @@ class TransferEngine:
         rc = n.mc_unregister_buffer(self._h, buffer_addr)
         return 0 if rc == -2 and self._inside_managed(buffer_addr, 1) else rc
 
-    def batch_register_memory(self, buffer_addrs, capacities):
-        for a, c in zip(buffer_addrs, capacities):
-            rc = self.register_memory(a, c)
+    def batch_register_memory(self, buffer_addresses, capacities, location=WILDCARD_LOCATION):
+        buffer_addresses, capacities = list(buffer_addresses), list(capacities)
+        if len(buffer_addresses) != len(capacities):
+            log.error("batch_register_memory: buffer_addresses and capacities differ in length")
+            return -1
+        for a, c in zip(buffer_addresses, capacities):
+            rc = self.register_memory(a, c, location)
             if rc:
                 return rc
         return 0
 
-    def batch_unregister_memory(self, buffer_addrs):
+    def batch_unregister_memory(self, buffer_addresses):
         rc = 0
-        for a in buffer_addrs:
+        for a in buffer_addresses:
             rc = self.unregister_memory(a) or rc
         return rc
 
@@ -172,15 +219,17 @@ class TransferEngine:
 
     # ------------------------------------------------------------ transfers
 
-    def _transfer(self, target, op, buffers, peer_addrs, lengths):
+    def _transfer(self, target, op, buffers, peer_addrs, lengths, transport_hint=""):
         if not self._h:
             return NOT_CONNECTED
+        _check_hint(transport_hint)
         buffers, peer_addrs, lengths = list(buffers), list(peer_addrs), list(lengths)
         cnt = len(buffers)
+        if not (len(peer_addrs) == len(lengths) == cnt):
+            log.error("buffers, peer_buffer_addresses and lengths have different size")
+            return -1
         if cnt == 0:
             return 0
-        if not (len(peer_addrs) == len(lengths) == cnt):
-            return -22
         t = target.encode() if isinstance(target, str) else bytes(target)
         reqs = (n.TransferReq * cnt)()
         for i in range(cnt):
@@ -195,41 +244,92 @@ class TransferEngine:
             return rc
         return next((r for r in res if r), 0)
 
-    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length):
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
+                            transport_hint=""):
         return self._transfer(target_hostname, TransferOpcode.WRITE, [buffer],
-                              [peer_buffer_address], [length])
+                              [peer_buffer_address], [length], transport_hint)
 
-    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length):
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint=""):
         return self._transfer(target_hostname, TransferOpcode.READ, [buffer],
-                              [peer_buffer_address], [length])
+                              [peer_buffer_address], [length], transport_hint)
 
-    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode):
-        return self._transfer(target_hostname, opcode, [buffer], [peer_buffer_address],
-                              [length])
+    def _refuse_notify(self, notify):
+        if notify is not None:
+            log.error("transfer notifications are not supported: the agents do not "
+                      "carry them to the peer")
+            return -95
+        return 0
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
+                      notify=None, transport_hint=""):
+        return self._refuse_notify(notify) or self._transfer(
+            target_hostname, opcode, [buffer], [peer_buffer_address], [length], transport_hint)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                            opcode, notify=None, transport_hint=""):
+        return self._refuse_notify(notify) or self._transfer(
+            target_hostname, opcode, buffers, peer_buffer_addresses, lengths, transport_hint)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
-                                  lengths):
+                                  lengths, transport_hint=""):
         return self._transfer(target_hostname, TransferOpcode.WRITE, buffers,
-                              peer_buffer_addresses, lengths)
+                              peer_buffer_addresses, lengths, transport_hint)
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses,
-                                 lengths):
+                                 lengths, transport_hint=""):
         return self._transfer(target_hostname, TransferOpcode.READ, buffers,
-                              peer_buffer_addresses, lengths)
+                              peer_buffer_addresses, lengths, transport_hint)
 
-    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length):
-        """A batch id for transfer_check_status, or negative."""
-        if not self._h:
-            return NOT_CONNECTED
+    def _submit(self, *args):
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=4, thread_name_prefix="mooncake-te")
             bid = next(self._ids)
-            self._batches[bid] = self._pool.submit(
-                self._transfer, target_hostname, TransferOpcode.WRITE, [buffer],
-                [peer_buffer_address], [length])
+            self._batches[bid] = self._pool.submit(self._transfer, *args)
         return bid
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                             opcode, transport_hint=""):
+        """A batch id (> 0) for get_batch_transfer_status, or 0."""
+        if not self._h:
+            return 0
+        _check_hint(transport_hint)
+        buffers, peers, lengths = list(buffers), list(peer_buffer_addresses), list(lengths)
+        if not len(buffers) == len(peers) == len(lengths):
+            log.error("buffers, peer_buffer_addresses and lengths have different size")
+            return 0
+        return self._submit(target_hostname, opcode, buffers, peers, lengths, transport_hint)
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint=""):
+        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
+                                         lengths, TransferOpcode.WRITE, transport_hint)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
+                                         lengths, TransferOpcode.READ, transport_hint)
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Wait for the batches: 0 when all completed, -1 when one failed
+        or is unknown (every batch is forgotten once waited for)."""
+        failed = False
+        for bid in list(batch_ids):
+            fut = self._batches.pop(bid, None)
+            if fut is None or fut.result() != 0:
+                failed = True
+        return -1 if failed else 0
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
+                              transport_hint=""):
+        """A batch id for transfer_check_status, or negative."""
+        if not self._h:
+            return NOT_CONNECTED
+        _check_hint(transport_hint)
+        return self._submit(target_hostname, TransferOpcode.WRITE, [buffer],
+                            [peer_buffer_address], [length], transport_hint)
 
     def transfer_check_status(self, batch_id):
         """1 done, 0 pending, -1 failed, -2 timed out (the batch is
@@ -244,3 +344,36 @@ class TransferEngine:
         if rc == 0:
             return 1
         return -2 if rc == -803 else -1
+
+    def get_notifies(self):
+        """Notifications received: always [] (see transfer_sync)."""
+        return []
+
+    def send_probe(self, peer_server_name):
+        """0 when the peer "host:port" can be reached (its segment opens),
+        else negative."""
+        if not self._h:
+            return -1
+        info = n.SegmentInfo()
+        return n.mc_segment_info(self._h, str(peer_server_name).encode(), ctypes.byref(info))
+
+    def get_first_buffer_address(self, segment_name):
+        """The address of the first region segment_name registered, or 0."""
+        if not self._h:
+            return 0
+        info = n.SegmentInfo()
+        rc = n.mc_segment_info(self._h, str(segment_name).encode(), ctypes.byref(info))
+        if rc:
+            log.error("get_first_buffer_address(%s): %s", segment_name, n.strerror(rc))
+            return 0
+        return info.first_address
+
+    def get_engine(self):
+        """The engine itself: what MooncakeDistributedStore.setup(...,
+        engine=) accepts."""
+        return self
+
+    def get_engine_ptr(self):
+        """This engine's native handle (the libmooncake session), as an
+        integer; 0 before initialize."""
+        return self._h.value if self._h else 0

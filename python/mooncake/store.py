@@ -35,6 +35,8 @@ staging buffer (it cannot be shared with the agent after the fact).
 """
 
 import ctypes
+import enum
+import http.server
 import json
 import logging
 import os
@@ -50,6 +52,81 @@ OBJECT_HAS_LEASE = -706
 LEASE_EXPIRED = -707
 CHECKSUM_MISMATCH = -810
 NOT_CONNECTED = -802  # MC_EUNAVAILABLE
+INVALID_PARAMS = -22  # -EINVAL
+NOT_SUPPORTED = -95   # -EOPNOTSUPP
+
+# health_check() codes, as Mooncake's.
+HC_HEALTHY = 0
+HC_NOT_INITIALIZED = 1
+HC_MASTER_UNREACHABLE = 2
+
+
+class SoftPinAction(enum.IntEnum):
+    """What a put does to the object's soft pin: PRESERVE (a new object is
+    not pinned), ENABLE, DISABLE."""
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class ReplicaStatus(enum.IntEnum):
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ObjectDataType(enum.IntEnum):
+    """What an object holds (ReplicateConfig.data_type): accepted, not
+    stored — every object here is a block of bytes under its key."""
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
+
+
+class TaskType(enum.IntEnum):
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+class TaskStatus(enum.IntEnum):
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
+
+
+# The enums' values at module level too, as pybind11's export_values()
+# leaves them (a later enum's name wins: PROCESSING and FAILED are
+# TaskStatus's).
+for _e in (ObjectDataType, ReplicaStatus, TaskType, TaskStatus):
+    globals().update(_e.__members__)
+del _e
+
+
+class QueryTaskResponse:
+    """The result type of query_task (never returned here: see
+    create_copy_task)."""
+    __slots__ = ("id", "type", "status", "created_at_ms_epoch", "last_updated_at_ms_epoch",
+                 "assigned_client", "message")
+
+    def __init__(self):
+        self.id = (0, 0)
+        self.type = TaskType.REPLICA_COPY
+        self.status = TaskStatus.PENDING
+        self.created_at_ms_epoch = 0
+        self.last_updated_at_ms_epoch = 0
+        self.assigned_client = (0, 0)
+        self.message = ""
 
 _SETUP_KEYS = ("local_hostname", "metadata_server", "global_segment_size",
                "local_buffer_size", "protocol", "rdma_devices", "master_server_addr")
@@ -57,20 +134,56 @@ _ALIASES = {"device_name": "rdma_devices", "master_server_address": "master_serv
 
 
 class ReplicateConfig:
-    """Placement of a put: replica_num copies on distinct segments,
-    with_soft_pin (evicted last), preferred_segment ("host:port" of an
-    agent; "" = this node's agent). ttl_ms: removed this long after the
-    put (0: never)."""
+    """Placement of a put, with Mooncake's fields. Acted on: replica_num
+    (copies on distinct segments), soft_pin_action / with_soft_pin
+    (evicted only when nothing else is), preferred_segment or a
+    preferred_segments list of one ("host:port" of an agent; none: this
+    node's agent, which is also what prefer_alloc_in_same_node asks),
+    ttl_ms (removed this long after the put; mooncaked's own). data_type
+    is accepted and not stored. Refused with -22 (the put fails, the log
+    says why) because mooncaked cannot do them: with_hard_pin (the master
+    evicts every object under pressure), soft_pin_ttl_ms (a soft pin lasts
+    as long as its object), more than one preferred segment,
+    nof_replica_num / preferred_nof_segments (no NVMe-oF tier), host_id.
+    An unknown attribute is an AttributeError, as in Mooncake's class."""
 
-    def __init__(self, replica_num=1, with_soft_pin=False, preferred_segment="", ttl_ms=0):
+    __slots__ = ("replica_num", "soft_pin_action", "soft_pin_ttl_ms", "with_hard_pin",
+                 "preferred_segments", "preferred_segment", "prefer_alloc_in_same_node",
+                 "data_type", "nof_replica_num", "preferred_nof_segments", "host_id", "ttl_ms")
+
+    def __init__(self, replica_num=1, with_soft_pin=False, preferred_segment="", ttl_ms=0,
+                 **kw):
         self.replica_num = replica_num
-        self.with_soft_pin = with_soft_pin
+        self.soft_pin_action = SoftPinAction.ENABLE if with_soft_pin else SoftPinAction.PRESERVE
+        self.soft_pin_ttl_ms = None
+        self.with_hard_pin = False
+        self.preferred_segments = []
         self.preferred_segment = preferred_segment
+        self.prefer_alloc_in_same_node = False
+        self.data_type = ObjectDataType.UNKNOWN
+        self.nof_replica_num = 0
+        self.preferred_nof_segments = []
+        self.host_id = ""
         self.ttl_ms = ttl_ms
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+    @property
+    def with_soft_pin(self):
+        return self.soft_pin_action == SoftPinAction.ENABLE
+
+    @with_soft_pin.setter
+    def with_soft_pin(self, on):
+        self.soft_pin_action = SoftPinAction.ENABLE if on else SoftPinAction.PRESERVE
 
     def __repr__(self):
-        return ("ReplicateConfig(replica_num=%d, with_soft_pin=%s, preferred_segment=%r)"
-                % (self.replica_num, self.with_soft_pin, self.preferred_segment))
+        return ("ReplicateConfig(replica_num=%s, soft_pin_action=%s, with_hard_pin=%s, "
+                "preferred_segment=%r, preferred_segments=%r, ttl_ms=%s)"
+                % (self.replica_num, SoftPinAction(int(self.soft_pin_action)).name,
+                   self.with_hard_pin, self.preferred_segment, self.preferred_segments,
+                   self.ttl_ms))
+
+    __str__ = __repr__
 
 
 def _exists_ok(rc):
@@ -80,66 +193,96 @@ def _exists_ok(rc):
 
 
 def _put_opts(config, upsert=False):
+    """The C options of a put, or (None, error) when config asks what
+    mooncaked cannot do (logged)."""
     o = n.PutOpts()
-    if config is not None:
-        o.replica_num = int(getattr(config, "replica_num", 1) or 1)
-        o.soft_pin = 1 if getattr(config, "with_soft_pin", False) else 0
-        o.ttl_ms = int(getattr(config, "ttl_ms", 0) or 0)
-        seg = getattr(config, "preferred_segment", "") or ""
-        o.preferred_segment = seg.encode() if seg else None
     o.upsert = 1 if upsert else 0
-    return o
+    if config is None:
+        return o, 0
+    why = None
+    segs = [x for x in (getattr(config, "preferred_segments", None) or []) if x]
+    seg = getattr(config, "preferred_segment", "") or ""
+    try:
+        action = SoftPinAction(int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE)))
+    except ValueError:
+        action = None
+        why = "soft_pin_action must be a SoftPinAction"
+    if getattr(config, "with_hard_pin", False):
+        why = ("with_hard_pin: hard pins are not supported (the master may evict any object "
+               "under memory pressure; soft-pinned ones last)")
+    elif getattr(config, "soft_pin_ttl_ms", None) is not None:
+        why = "soft_pin_ttl_ms: a soft pin lasts as long as its object here (no pin TTL)"
+    elif len(segs) > 1 or (segs and seg and segs != [seg]):
+        why = "preferred_segments: at most one preferred segment is supported"
+    elif getattr(config, "nof_replica_num", 0) or getattr(config, "preferred_nof_segments", None):
+        why = "nof_replica_num/preferred_nof_segments: there is no NVMe-oF tier"
+    elif getattr(config, "host_id", ""):
+        why = "host_id: placement by host id is not supported (use preferred_segment)"
+    elif int(getattr(config, "replica_num", 1) or 1) < 0:
+        why = "replica_num must not be negative"
+    if why:
+        log.error("ReplicateConfig refused: %s", why)
+        return None, INVALID_PARAMS
+    o.replica_num = int(getattr(config, "replica_num", 1) or 1)
+    o.soft_pin = 1 if action == SoftPinAction.ENABLE else 0
+    o.ttl_ms = int(getattr(config, "ttl_ms", 0) or 0)
+    seg = seg or (segs[0] if segs else "")
+    o.preferred_segment = seg.encode() if seg else None
+    return o, 0
 
 
-class BufferHandle:
+class BufferHandle(n.BufferBase):
     """An object's bytes without a copy when the local agent holds a
     replica (a read-only mapping kept under the object's read lease until
     release(), or until the handle is garbage-collected); else a private
-    copy (in a buffer the session keeps for such reads, until release()). ptr(), size(), len(); numpy.asarray(handle), memoryview(handle)
-    (Python 3.12+) and memoryview(handle.view()) do not copy. The memory
-    is read-only."""
+    copy. ptr(), size(), len(); the buffer protocol on every Python 3:
+    memoryview(handle), numpy.frombuffer(handle), torch.frombuffer(handle)
+    do not copy. As in Mooncake the exported buffer is writable; do not
+    write into a mapped one (is_mapped()): its pages are read-only. A
+    release() while exported views exist takes effect when the last one
+    is released."""
 
     def __init__(self, store, view, ptr, size):
         self._store = store
         self._view = view
-        self._ptr = ptr
-        self._size = size
+        self._buf_ptr = ptr
+        self._buf_len = size
+        self._buf_exports = 0
+        self._release_pending = False
 
     def ptr(self):
-        return self._ptr
+        return self._buf_ptr
 
     def size(self):
-        return self._size
+        return self._buf_len
 
     def __len__(self):
-        return self._size
+        return self._buf_len
 
     def is_mapped(self):
         """True when the bytes are the agent's own (zero copy)."""
         return bool(self._view and n.mc_view_is_mapped(self._view))
 
-    @property
-    def __array_interface__(self):
-        return {"shape": (self._size,), "typestr": "|u1", "version": 3,
-                "data": (self._ptr, True)}
-
     def view(self):
-        """A ctypes array over the bytes (wrap it in memoryview(); do not
-        write: the memory is read-only)."""
-        return (ctypes.c_ubyte * self._size).from_address(self._ptr) if self._size else \
-            (ctypes.c_ubyte * 0)()
-
-    def __buffer__(self, flags):
-        """memoryview(handle) on Python 3.12+ (PEP 688), read-only."""
-        return memoryview(self.view()).cast("B").toreadonly()
+        """A ctypes array over the bytes."""
+        if not self._buf_len:
+            return (ctypes.c_ubyte * 0)()
+        return (ctypes.c_ubyte * self._buf_len).from_address(self._buf_ptr)
 
     def tobytes(self):
-        return ctypes.string_at(self._ptr, self._size) if self._size else b""
+        return ctypes.string_at(self._buf_ptr, self._buf_len) if self._buf_len else b""
 
     def __bytes__(self):
         return self.tobytes()
 
+    def _buf_unexported(self):
+        if self._release_pending:
+            self.release()
+
     def release(self):
+        if self._buf_exports:
+            self._release_pending = True
+            return
         if self._view:
             h = self._store._h
             if h:
@@ -159,22 +302,158 @@ class BufferHandle:
             pass
 
 
+class MooncakeHostMemAllocator:
+    """Mooncake's host-memory allocator: memory every session of this
+    process hands to its agent on first use, so puts, gets and peers'
+    transfers read and write it in place (mc_host_alloc). alloc returns
+    an address (0 on failure), free 0 or -2 (not an allocation)."""
+
+    def alloc(self, size):
+        return n.mc_host_alloc(int(size)) or 0
+
+    def free(self, ptr):
+        if not n.mc_host_size(ptr):
+            return -2
+        n.mc_host_free(ptr)
+        return 0
+
+
+def get_alloc_func_addr():
+    """Address of void *mc_host_alloc(size_t): the allocation hook a
+    PyTorch pluggable allocator or LMCache calls."""
+    return ctypes.cast(n.lib.mc_host_alloc, ctypes.c_void_p).value
+
+
+def get_free_func_addr():
+    """Address of void mc_host_free(void *)."""
+    return ctypes.cast(n.lib.mc_host_free, ctypes.c_void_p).value
+
+
+def bind_to_numa_node(node):
+    """Run this thread on NUMA node `node` (its CPUs, from sysfs); memory
+    then comes from there by first touch. Logs and does nothing where
+    NUMA information is missing or the node is unknown."""
+    try:
+        with open("/sys/devices/system/node/node%d/cpulist" % int(node)) as f:
+            spec = f.read().strip()
+    except OSError:
+        log.warning("NUMA node %s is not available; binding skipped", node)
+        return
+    cpus = set()
+    for part in spec.split(","):
+        if part:
+            a, _, b = part.partition("-")
+            cpus.update(range(int(a), int(b or a) + 1))
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        log.warning("binding to NUMA node %s failed: %s", node, e)
+
+
+class _ClientHTTP:
+    """The client-side HTTP endpoints Mooncake's setup(...,
+    enable_client_http_server=True) serves: /health (200 when
+    health_check() is 0, else 503), /metrics (Prometheus text: this
+    node's agent's figures) and /metrics/summary."""
+
+    def __init__(self, store, port):
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                code, ctype, body = outer.answer(self.path)
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.store = store
+        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True,
+                                       name="mooncake-client-http")
+        self.thread.start()
+
+    def answer(self, path):
+        path = path.split("?", 1)[0]
+        hc = self.store.health_check()
+        if path == "/health":
+            return (200 if hc == HC_HEALTHY else 503, "text/plain",
+                    b"OK\n" if hc == HC_HEALTHY else b"UNHEALTHY %d\n" % hc)
+        st = self.store._stats()
+        if path == "/metrics":
+            lines = ["# TYPE mooncake_client_healthy gauge",
+                     "mooncake_client_healthy %d" % (hc == HC_HEALTHY)]
+            if st:
+                for name in ("puts", "gets", "local_hits", "remote_hits", "misses",
+                             "bytes_written", "bytes_read"):
+                    lines += ["# TYPE mooncake_client_agent_%s_total counter" % name,
+                              "mooncake_client_agent_%s_total %d" % (name, getattr(st, name))]
+                for name in ("segment_size", "staging_size", "clients", "buffers", "views"):
+                    lines += ["# TYPE mooncake_client_agent_%s gauge" % name,
+                              "mooncake_client_agent_%s %d" % (name, getattr(st, name))]
+            return 200, "text/plain; version=0.0.4", ("\n".join(lines) + "\n").encode()
+        if path == "/metrics/summary":
+            if not st:
+                return 503, "text/plain", b"not connected\n"
+            text = ("agent %s master %s healthy %s\nputs %d gets %d hits %d/%d misses %d\n"
+                    % (st.agent_id.decode(), st.master.decode() or "-", hc == HC_HEALTHY,
+                       st.puts, st.gets, st.local_hits, st.remote_hits, st.misses))
+            return 200, "text/plain", text.encode()
+        return 404, "text/plain", b"not found\n"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _mismatch(what, *lists):
+    n0 = len(lists[0])
+    if any(len(x) != n0 for x in lists[1:]):
+        log.error("%s: the lists have different lengths (%s)", what,
+                  ", ".join(str(len(x)) for x in lists))
+        return True
+    return False
+
+
 class MooncakeDistributedStore:
     """Mooncake's store client, served by the mooncaked agent on this node.
-    Thread-safe: one connection, requests from many threads pipelined."""
+    Thread-safe: one connection, requests from many threads pipelined.
+
+    close() ends the session (its views, buffers and allocations from
+    alloc_from_mem_pool go with it) and returns 0, as often as it is
+    called; calls after it fail as before setup (NOT_CONNECTED, b"",
+    None, HC_NOT_INITIALIZED), and setup() may be called again."""
 
     def __init__(self):
         self._h = None
         self._lock = threading.Lock()
+        self._pool = []          # alloc_from_mem_pool allocations
+        self._pool_left = None   # setup_dummy's mem_pool_size budget
+        self._http = None
 
     # ------------------------------------------------------------ session
 
     def setup(self, local_hostname=None, metadata_server=None, global_segment_size=16 << 20,
               local_buffer_size=16 << 20, protocol="tcp", rdma_devices="",
-              master_server_addr="127.0.0.1:50051", **kwargs):
+              master_server_addr="127.0.0.1:50051", engine=None, enable_ssd_offload=False,
+              ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+              client_http_port=9300, **kwargs):
         """Connect to the local agent. Also setup(config_dict) with the same
         names as keys, or setup() alone: the JSON file named by
-        $MOONCAKE_CONFIG_PATH. Returns 0 or a negative code."""
+        $MOONCAKE_CONFIG_PATH. Returns 0 or a negative code; a failed
+        setup leaves the store as it was before.
+
+        Parameters the agent owns (local_hostname, metadata_server,
+        protocol, rdma_devices, master_server_addr: it was configured
+        with them) are accepted and not used. engine: a TransferEngine of
+        this package (or its get_engine()) — both sessions reach the same
+        agent. Refused (-22, logged): enable_ssd_offload=True (no SSD
+        tier yet), a tenant_id other than "default" (no tenants)."""
         cfg = {}
         if isinstance(local_hostname, dict):
             cfg.update(local_hostname)
@@ -187,32 +466,39 @@ class MooncakeDistributedStore:
             cfg.update(local_hostname=local_hostname, metadata_server=metadata_server,
                        global_segment_size=global_segment_size,
                        local_buffer_size=local_buffer_size, protocol=protocol,
-                       rdma_devices=rdma_devices, master_server_addr=master_server_addr)
+                       rdma_devices=rdma_devices, master_server_addr=master_server_addr,
+                       enable_ssd_offload=enable_ssd_offload, tenant_id=tenant_id,
+                       enable_client_http_server=enable_client_http_server,
+                       client_http_port=client_http_port)
         for k, v in kwargs.items():
             cfg[_ALIASES.get(k, k)] = v
         for k, v in list(cfg.items()):
             if k in _ALIASES:
                 cfg[_ALIASES[k]] = cfg.pop(k)
+        if engine is not None and not hasattr(engine, "_mooncake_engine"):
+            raise TypeError("setup(): engine must be a mooncake.engine.TransferEngine, not %s"
+                            % type(engine).__name__)
+        if cfg.get("enable_ssd_offload"):
+            log.error("setup: enable_ssd_offload: mooncaked has no SSD tier yet")
+            return INVALID_PARAMS
+        tenant = str(cfg.get("tenant_id") or "default").strip() or "default"
+        if tenant != "default":
+            log.error("setup: tenant_id %r: mooncaked has one key space (tenant 'default')",
+                      tenant)
+            return INVALID_PARAMS
+        port = int(cfg.get("client_http_port", 9300))
+        if cfg.get("enable_client_http_server") and not 0 < port < 65536:
+            log.error("setup: client_http_port %d is not a port", port)
+            return INVALID_PARAMS
         try:
             seg = n.parse_size(cfg.get("global_segment_size", 16 << 20))
             stg = n.parse_size(cfg.get("local_buffer_size", 16 << 20))
         except ValueError as e:
             log.error("setup: %s", e)
-            return -22
-        with self._lock:
-            if self._h:
-                return 0
-            sock = cfg.get("socket_path") or os.environ.get("MOONCAKE_SOCKET") or None
-            o = n.OpenOpts(sock.encode() if sock else None, max(stg, 0),
-                           ("python pid %d" % os.getpid()).encode(),
-                           1 if cfg.get("verify_gets") else 0)
-            h = ctypes.c_void_p()
-            rc = n.mc_open_ex(ctypes.byref(o), ctypes.byref(h))
-            if rc:
-                log.error("cannot reach the mooncaked agent%s: %s",
-                          " at " + sock if sock else "", n.strerror(rc))
-                return rc
-            self._h = h
+            return INVALID_PARAMS
+        rc = self._connect(cfg, stg)
+        if rc:
+            return rc
         offered = n.mc_segment_size(self._h)
         if seg > offered:
             log.warning("global_segment_size %d: the agent on this node contributes a "
@@ -222,18 +508,103 @@ class MooncakeDistributedStore:
             log.warning("local_buffer_size %d: the agent granted a staging buffer of %d "
                         "bytes (--local-buffer-size); larger values travel in "
                         "temporary shared memory", stg, granted)
+        if cfg.get("enable_client_http_server") and self._http is None:
+            try:
+                self._http = _ClientHTTP(self, port)
+            except OSError as e:
+                log.error("setup: client HTTP server on port %d: %s", port, e)
+                self.close()
+                return -(e.errno or 98)
         return 0
+
+    def _connect(self, cfg, staging):
+        with self._lock:
+            if self._h:
+                return 0
+            sock = cfg.get("socket_path") or os.environ.get("MOONCAKE_SOCKET") or None
+            o = n.OpenOpts(sock.encode() if sock else None, max(staging, 0),
+                           ("python pid %d" % os.getpid()).encode(),
+                           1 if cfg.get("verify_gets") else 0)
+            h = ctypes.c_void_p()
+            rc = n.mc_open_ex(ctypes.byref(o), ctypes.byref(h))
+            if rc:
+                log.error("cannot reach the mooncaked agent%s: %s",
+                          " at " + sock if sock else "", n.strerror(rc))
+                return rc
+            self._h = h
+        return 0
+
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """Mooncake's standalone-storage client (SGLang HiCache's
+        standalone_storage): here too a client of the local agent, which
+        plays the separate "real client" process (server_address names it
+        in Mooncake; the agent is found as by setup). mem_pool_size bounds
+        what alloc_from_mem_pool hands out."""
+        try:
+            pool = n.parse_size(mem_pool_size)
+            stg = n.parse_size(local_buffer_size)
+        except ValueError as e:
+            log.error("setup_dummy: %s", e)
+            return INVALID_PARAMS
+        rc = self._connect({}, stg)
+        if rc == 0:
+            self._pool_left = pool
+            log.info("setup_dummy: served by the local agent %s (server_address %s)",
+                     self.get_hostname(), server_address)
+        return rc
+
+    def alloc_from_mem_pool(self, size):
+        """Address of size bytes the agent reads and writes in place (see
+        MooncakeHostMemAllocator), freed by close(); 0 on failure or when
+        setup_dummy's mem_pool_size is used up."""
+        size = int(size)
+        with self._lock:
+            if not self._h or size <= 0:
+                return 0
+            if self._pool_left is not None and size > self._pool_left:
+                log.error("alloc_from_mem_pool(%d): the pool has %d bytes left", size,
+                          self._pool_left)
+                return 0
+            p = n.mc_host_alloc(size)
+            if not p:
+                return 0
+            self._pool.append(p)
+            if self._pool_left is not None:
+                self._pool_left -= size
+            return p
 
     def close(self):
         with self._lock:
             h, self._h = self._h, None
+            pool, self._pool = self._pool, []
+            srv, self._http = self._http, None
+            self._pool_left = None
+        if srv:
+            srv.close()
         if h:
             n.mc_close(h)
+        for p in pool:
+            n.mc_host_free(p)
         return 0
 
     def get_hostname(self):
         """The agent's "host:port" (its segment name)."""
         return n.mc_agent_address(self._h).decode() if self._h else ""
+
+    def _stats(self):
+        h = self._h
+        if not h:
+            return None
+        st = n.AgentStats()
+        return st if n.mc_agent_stats(h, ctypes.byref(st)) == 0 else None
+
+    def health_check(self):
+        """0 healthy, 1 not set up (or closed), 2 the agent or its master
+        cannot be reached."""
+        if not self._h:
+            return HC_NOT_INITIALIZED
+        st = self._stats()
+        return HC_HEALTHY if st is not None and st.master else HC_MASTER_UNREACHABLE
 
     def __del__(self):
         try:
@@ -246,76 +617,101 @@ class MooncakeDistributedStore:
 
     # ------------------------------------------------------------ put
 
-    def put(self, key, value, config=None):
-        h = self._h
-        if not h:
-            return NOT_CONNECTED
-        k = n.key_bytes(key)
-        with n.Pinned(value) as v:
-            o = _put_opts(config)
-            return _exists_ok(n.mc_put(h, k, len(k), v.ptr, v.len, ctypes.byref(o)))
-
-    def upsert(self, key, value, config=None):
-        """put() that replaces an existing object (refused with -706 while
-        a reader holds its lease)."""
-        h = self._h
-        if not h:
-            return NOT_CONNECTED
-        k = n.key_bytes(key)
-        with n.Pinned(value) as v:
-            o = _put_opts(config, upsert=True)
-            return n.mc_put(h, k, len(k), v.ptr, v.len, ctypes.byref(o))
-
-    def put_parts(self, key, *parts, config=None):
-        return self.put(key, b"".join(bytes(memoryview(p)) for p in parts), config)
-
-    def put_from(self, key, buffer_ptr, size, config=None):
-        h = self._h
-        if not h:
-            return NOT_CONNECTED
-        k = n.key_bytes(key)
-        o = _put_opts(config)
-        return _exists_ok(n.mc_put_from(h, k, len(k), buffer_ptr, size, ctypes.byref(o)))
-
-    def upsert_from(self, key, buffer_ptr, size, config=None):
-        h = self._h
-        if not h:
-            return NOT_CONNECTED
-        k = n.key_bytes(key)
-        o = _put_opts(config, upsert=True)
-        return n.mc_put_from(h, k, len(k), buffer_ptr, size, ctypes.byref(o))
-
-    def _batch_put(self, keys, ptrs, sizes, config, upsert=False):
+    def _put_parts(self, keys, groups, config, upsert):
+        """Batch put of values given as lists of (address, length)."""
         h = self._h
         cnt = len(keys)
         if not h:
             return [NOT_CONNECTED] * cnt
         if cnt == 0:
             return []
+        o, err = _put_opts(config, upsert)
+        if err:
+            return [err] * cnt
         kp, kl, _keep = n.keys_arrays(keys)
-        vp = (ctypes.c_void_p * cnt)(*ptrs)
-        vl = (ctypes.c_size_t * cnt)(*sizes)
+        pp, pc, _rows = n.parts_arrays(groups)
         res = (ctypes.c_int * cnt)()
-        o = _put_opts(config, upsert)
-        rc = n.mc_batch_put(h, cnt, kp, kl, vp, vl, ctypes.byref(o), res)
-        return [rc] * cnt if rc else [_exists_ok(r) for r in res]
+        rc = n.mc_batch_put_parts(h, cnt, kp, kl, pp, pc, ctypes.byref(o), res)
+        out = [rc] * cnt if rc else list(res)
+        return out if upsert else [_exists_ok(r) for r in out]
 
-    def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
-        return self._batch_put(list(keys), list(buffer_ptrs), list(sizes), config)
-
-    def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
-        return self._batch_put(list(keys), list(buffer_ptrs), list(sizes), config, True)
-
-    def put_batch(self, keys, values, config=None):
-        """Returns 0, or the first item's error."""
+    def _put_values(self, keys, values, config, upsert):
         pins = [n.Pinned(v) for v in values]
         try:
-            res = self._batch_put(list(keys), [p.ptr for p in pins], [p.len for p in pins],
-                                  config)
+            return self._put_parts(keys, [[(p.ptr, p.len)] for p in pins], config, upsert)
         finally:
             for p in pins:
                 p.release()
-        return next((r for r in res if r), 0)
+
+    def put(self, key, value, config=None):
+        return self._put_values([key], [value], config, False)[0]
+
+    def upsert(self, key, value, config=None):
+        """put() that replaces an existing object (refused with -706 while
+        a reader holds its lease)."""
+        return self._put_values([key], [value], config, True)[0]
+
+    def put_parts(self, key, *parts, config=None):
+        """One object from several bytes-like parts, gathered once."""
+        return self._put_multi(key, parts, config, False)
+
+    def upsert_parts(self, key, *parts, config=None):
+        return self._put_multi(key, parts, config, True)
+
+    def _put_multi(self, key, parts, config, upsert):
+        if not parts:
+            return INVALID_PARAMS
+        pins = [n.Pinned(p) for p in parts]
+        try:
+            return self._put_parts([key], [[(p.ptr, p.len) for p in pins]], config, upsert)[0]
+        finally:
+            for p in pins:
+                p.release()
+
+    def put_from(self, key, buffer_ptr, size, config=None):
+        return self._put_parts([key], [[(buffer_ptr, size)]], config, False)[0]
+
+    def upsert_from(self, key, buffer_ptr, size, config=None):
+        return self._put_parts([key], [[(buffer_ptr, size)]], config, True)[0]
+
+    def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if _mismatch("batch_put_from", keys, buffer_ptrs, sizes):
+            return [INVALID_PARAMS] * len(keys)
+        return self._put_parts(keys, [[(p, s)] for p, s in zip(buffer_ptrs, sizes)], config,
+                               False)
+
+    def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if _mismatch("batch_upsert_from", keys, buffer_ptrs, sizes):
+            return [INVALID_PARAMS] * len(keys)
+        return self._put_parts(keys, [[(p, s)] for p, s in zip(buffer_ptrs, sizes)], config,
+                               True)
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
+        """Object i is the concatenation of the buffers all_buffer_ptrs[i]
+        (lengths all_sizes[i]): one value per KV block from its per-layer
+        or K/V pieces."""
+        keys, ptrs, sizes = list(keys), list(all_buffer_ptrs), list(all_sizes)
+        if _mismatch("batch_put_from_multi_buffers", keys, ptrs, sizes) or any(
+                len(p) != len(s) for p, s in zip(ptrs, sizes)):
+            return [INVALID_PARAMS] * len(keys)
+        return self._put_parts(keys, [list(zip(p, s)) for p, s in zip(ptrs, sizes)], config,
+                               False)
+
+    def put_batch(self, keys, values, config=None):
+        """Returns 0, or the first item's error."""
+        keys, values = list(keys), list(values)
+        if _mismatch("put_batch", keys, values):
+            return INVALID_PARAMS
+        return next((r for r in self._put_values(keys, values, config, False) if r), 0)
+
+    def upsert_batch(self, keys, values, config=None):
+        """Returns 0, or the first item's error."""
+        keys, values = list(keys), list(values)
+        if _mismatch("upsert_batch", keys, values):
+            return INVALID_PARAMS
+        return next((r for r in self._put_values(keys, values, config, True) if r), 0)
 
     # ------------------------------------------------------------ get
 
@@ -367,18 +763,28 @@ class MooncakeDistributedStore:
 
     def get_buffer(self, key):
         """A BufferHandle (zero copy for local replicas), or None."""
+        return self.batch_get_buffer([key])[0]
+
+    def batch_get_buffer(self, keys):
+        """BufferHandles in one round trip, None for keys not found."""
+        keys = list(keys)
         h = self._h
-        if not h:
-            return None
-        k = n.key_bytes(key)
-        data = ctypes.c_void_p()
-        ln = ctypes.c_size_t()
-        view = ctypes.c_void_p()
-        rc = n.mc_get_view(h, k, len(k), ctypes.byref(data), ctypes.byref(ln),
-                           ctypes.byref(view))
-        if rc:
-            return None
-        return BufferHandle(self, view, data.value or 0, ln.value)
+        cnt = len(keys)
+        if not h or cnt == 0:
+            return [None] * cnt
+        kp, kl, _keep = n.keys_arrays(keys)
+        datas = (ctypes.c_void_p * cnt)()
+        lens = (ctypes.c_size_t * cnt)()
+        views = (ctypes.c_void_p * cnt)()
+        res = (ctypes.c_int * cnt)()
+        rc = n.mc_batch_get_view(h, cnt, kp, kl, datas, lens, views, res)
+        out = []
+        for i in range(cnt):
+            if rc == 0 and res[i] == 0:
+                out.append(BufferHandle(self, ctypes.c_void_p(views[i]), datas[i] or 0, lens[i]))
+            else:
+                out.append(None)
+        return out
 
     def get_size(self, key):
         """The object's size in bytes, or a negative code."""
@@ -401,8 +807,7 @@ class MooncakeDistributedStore:
         return int(n.mc_get_into_ex(h, k, len(k), buffer_ptr, size,
                                     ctypes.byref(n.GetOpts(1 if verify else 0))))
 
-    def batch_get_into(self, keys, buffer_ptrs, sizes):
-        keys = list(keys)
+    def _get_parts(self, keys, groups):
         h = self._h
         cnt = len(keys)
         if not h:
@@ -410,11 +815,71 @@ class MooncakeDistributedStore:
         if cnt == 0:
             return []
         kp, kl, _keep = n.keys_arrays(keys)
-        bp = (ctypes.c_void_p * cnt)(*list(buffer_ptrs))
-        bl = (ctypes.c_size_t * cnt)(*list(sizes))
+        pp, pc, _rows = n.parts_arrays(groups)
         res = (ctypes.c_int64 * cnt)()
-        rc = n.mc_batch_get_into(h, cnt, kp, kl, bp, bl, res)
+        rc = n.mc_batch_get_into_parts(h, cnt, kp, kl, pp, pc, res)
         return [rc] * cnt if rc else [int(r) for r in res]
+
+    def batch_get_into(self, keys, buffer_ptrs, sizes):
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if _mismatch("batch_get_into", keys, buffer_ptrs, sizes):
+            return [INVALID_PARAMS] * len(keys)
+        return self._get_parts(keys, [[(p, s)] for p, s in zip(buffer_ptrs, sizes)])
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes,
+                                     prefer_alloc_in_same_node=False):
+        """Object i scattered over the buffers all_buffer_ptrs[i] in order:
+        bytes read per key, or negative. prefer_alloc_in_same_node: gets
+        read the nearest replica whatever it says."""
+        keys, ptrs, sizes = list(keys), list(all_buffer_ptrs), list(all_sizes)
+        if _mismatch("batch_get_into_multi_buffers", keys, ptrs, sizes) or any(
+                len(p) != len(s) for p, s in zip(ptrs, sizes)):
+            return [INVALID_PARAMS] * len(keys)
+        return self._get_parts(keys, [list(zip(p, s)) for p, s in zip(ptrs, sizes)])
+
+    def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
+                        all_sizes):
+        """Byte ranges of objects into registered buffers, buffer-major:
+        results[i][j][k] is the bytes of fragment k of key all_keys[i][j]
+        read into buffer_ptrs[i], or negative (its key missing, a range
+        past the object's or the registered buffer's end, a shape that
+        does not match)."""
+        n_buf = len(buffer_ptrs)
+        if _mismatch("get_into_ranges", buffer_ptrs, all_keys, all_dst_offsets,
+                     all_src_offsets, all_sizes):
+            return [[[INVALID_PARAMS] * len(frags) for frags in
+                     (all_sizes[i] if i < len(all_sizes) else [])]
+                    for i in range(len(all_keys))]
+        out, reqs, where, keep = [], [], [], []
+        for i in range(n_buf):
+            keys_i = all_keys[i]
+            row = []
+            shapes_ok = len(keys_i) == len(all_dst_offsets[i]) == len(all_src_offsets[i]) == \
+                len(all_sizes[i])
+            for j in range(len(keys_i)):
+                d = all_dst_offsets[i][j] if shapes_ok else []
+                s_ = all_src_offsets[i][j] if shapes_ok else []
+                z = all_sizes[i][j] if j < len(all_sizes[i]) else []
+                if not shapes_ok or not len(d) == len(s_) == len(z):
+                    row.append([INVALID_PARAMS] * len(z))
+                    continue
+                kb = n.key_bytes(keys_i[j])
+                keep.append(kb)
+                row.append([INVALID_PARAMS] * len(z))
+                for k in range(len(z)):
+                    reqs.append(n.RangeReq(ctypes.cast(ctypes.c_char_p(kb), ctypes.c_void_p),
+                                           len(kb), int(buffer_ptrs[i]) + int(d[k]),
+                                           int(s_[k]), int(z[k])))
+                    where.append((i, j, k))
+            out.append(row)
+        if reqs:
+            h = self._h
+            cnt = len(reqs)
+            res = (ctypes.c_int64 * cnt)()
+            rc = n.mc_get_ranges(h, (n.RangeReq * cnt)(*reqs), cnt, res) if h else NOT_CONNECTED
+            for q, (i, j, k) in enumerate(where):
+                out[i][j][k] = rc if rc else int(res[q])
+        return out
 
     # ------------------------------------------------------------ keys
 
@@ -465,10 +930,65 @@ class MooncakeDistributedStore:
             return NOT_CONNECTED
         return int(n.mc_remove_all(h, 1 if force else 0))
 
+    def remove_by_regex(self, regex_pattern, force=False):
+        """Objects whose key matches regex_pattern removed (leased ones
+        only with force): their count, or negative (-22: the pattern is
+        not a POSIX extended regular expression). Mooncake's patterns are
+        ECMAScript: the common ones (^prefix, .*, [0-9]+, alternation)
+        mean the same; \\d and lookarounds do not exist in POSIX."""
+        h = self._h
+        if not h:
+            return NOT_CONNECTED
+        rc = int(n.mc_remove_regex(h, str(regex_pattern).encode(), 1 if force else 0))
+        if rc < 0:
+            log.error("remove_by_regex %r: %s", regex_pattern, n.strerror(rc))
+        return rc
+
+    def batch_replica_clear(self, keys, segment_name=""):
+        """Mooncake's BatchReplicaClear: the keys cleared (list), skipping
+        leased objects and those still being written. segment_name "" =
+        the whole object; a segment name = its replicas there only. Any
+        client's objects may be cleared (Mooncake checks that the caller
+        wrote them; mooncaked does not record writers)."""
+        keys = list(keys)
+        h = self._h
+        if not h or not keys:
+            return []
+        kp, kl, _keep = n.keys_arrays(keys)
+        res = (ctypes.c_int * len(keys))()
+        seg = segment_name.encode() if segment_name else None
+        rc = n.mc_batch_replica_clear(h, len(keys), kp, kl, seg, res)
+        if rc:
+            log.error("batch_replica_clear: %s", n.strerror(rc))
+            return []
+        return [k for k, r in zip(keys, res) if r == 1]
+
+    def create_copy_task(self, key, targets):
+        """Refused: (UUID (0, 0), -95). The master has no task queue for
+        replica copies (replicate with ReplicateConfig.replica_num)."""
+        log.error("create_copy_task %r: replica copy tasks are not supported by "
+                  "mooncaked's master", key)
+        return (0, 0), NOT_SUPPORTED
+
+    def create_move_task(self, key, source, target):
+        """Refused: (UUID (0, 0), -95), as create_copy_task."""
+        log.error("create_move_task %r: replica move tasks are not supported by "
+                  "mooncaked's master", key)
+        return (0, 0), NOT_SUPPORTED
+
+    def query_task(self, task_id):
+        """(None, -95): no task can exist (see create_copy_task)."""
+        log.error("query_task %r: replica tasks are not supported by mooncaked's master",
+                  task_id)
+        return None, NOT_SUPPORTED
+
     # ------------------------------------------------------------ buffers
 
     def register_buffer(self, buffer_ptr, size):
-        """0, or negative (-17 EEXIST: overlaps a registered range)."""
+        """0, or negative (-17 EEXIST: overlaps a registered range).
+        Memory from alloc_from_mem_pool / MooncakeHostMemAllocator /
+        get_alloc_func_addr is handed to the agent (zero copy); other
+        memory is copied through the staging buffer."""
         h = self._h
         if not h:
             return NOT_CONNECTED
@@ -479,3 +999,6 @@ class MooncakeDistributedStore:
         if not h:
             return NOT_CONNECTED
         return n.mc_unregister_buffer(h, buffer_ptr)
+
+
+from mooncake.buffer_pool import BufferLease, BufferPool, RegisteredBufferPool  # noqa: E402,F401

@@ -175,6 +175,82 @@ int mc_batch_exist(mc_client *c, size_t n, const void *const *keys,
 int mc_batch_remove(mc_client *c, size_t n, const void *const *keys,
 		    const size_t *klens, int force, int *results);
 
+/* A piece of caller memory: one of the buffers an object is put from or
+ * read into. */
+struct mc_part {
+	void *buf;
+	size_t len;
+};
+
+/*
+ * Batch puts of values in several pieces each: value i is parts[i][0..
+ * nparts[i]) one after another (Mooncake's multi-buffer layouts: K and V,
+ * one piece per layer). A one-piece value in memory the agent maps is
+ * read in place; pieces are gathered through staging otherwise. results
+ * and errors as mc_batch_put (-EINVAL: nparts[i] is 0).
+ */
+int mc_batch_put_parts(mc_client *c, size_t n, const void *const *keys,
+		       const size_t *klens, const struct mc_part *const *parts,
+		       const size_t *nparts, const struct mc_put_opts *opts,
+		       int *results);
+/*
+ * Batch gets scattering value i over parts[i][0..nparts[i]) in order.
+ * results[i]: the value's size, -ENOBUFS when it is larger than its
+ * parts together, or the item's error (as mc_batch_get_into).
+ */
+int mc_batch_get_into_parts(mc_client *c, size_t n, const void *const *keys,
+			    const size_t *klens, const struct mc_part *const *parts,
+			    const size_t *nparts, int64_t *results);
+/*
+ * Views of n values in one round trip (see mc_get_view): datas[i],
+ * lens[i] and views[i] for items whose results[i] is 0; release every
+ * views[i] that is not NULL. Local objects are mapped, others copied.
+ */
+int mc_batch_get_view(mc_client *c, size_t n, const void *const *keys,
+		      const size_t *klens, const void **datas, size_t *lens,
+		      mc_view **views, int *results);
+
+/* One byte range of an object read into caller memory (mc_get_ranges). */
+struct mc_range_req {
+	const void *key;
+	size_t klen;
+	void *dst;           /* inside memory registered in this session */
+	uint64_t src_offset; /* into the object */
+	size_t len;
+};
+
+/*
+ * Read byte ranges of objects into registered memory, each object fetched
+ * once however many ranges name it (one round trip). results[i]: len,
+ * or the range's error: MC_EOBJECT_NOT_FOUND, -ERANGE (past the object's
+ * end), -EINVAL (key, or a destination not inside memory registered with
+ * mc_register_buffer/mc_register_memory/mc_buffer_alloc), -ENOBUFS (the
+ * range runs past the end of that registered memory). Returns 0 when the
+ * call ran, or an error for all of it.
+ */
+int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n,
+		  int64_t *results);
+
+/*
+ * Remove every object whose key matches pattern (a POSIX extended
+ * regular expression, searched anywhere in the key as by regexec; keys
+ * with NUL bytes never match); leased ones only with force. Returns how
+ * many were removed, or -EINVAL (the pattern does not compile),
+ * -EOPNOTSUPP (an agent that does not serve the request), MC_EUNAVAILABLE.
+ */
+int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
+/*
+ * Clear objects as Mooncake's BatchReplicaClear does: segment NULL or ""
+ * removes each object whole, a segment name drops only its replicas
+ * there (the object goes when none is left). Leased objects and objects
+ * still being written are skipped. cleared[i]: 1 if key i was cleared,
+ * 0 if skipped (not found, leased, no replica there), or an error.
+ * Errors: -EOPNOTSUPP (a segment name, to an agent that does not serve
+ * the request), those of mc_batch_remove.
+ */
+int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
+			   const size_t *klens, const char *segment, int *cleared);
+
 /*
  * Buffers the agent maps: mc_buffer_alloc returns len bytes of shared
  * memory (from the agent: huge pages and NUMA placement like its segment
@@ -207,6 +283,38 @@ int mc_register_buffer(mc_client *c, void *addr, size_t len);
 /* Errors: -ENOENT. */
 int mc_unregister_buffer(mc_client *c, void *addr);
 
+/*
+ * Register memory for transfers as a TransferEngine does: like
+ * mc_register_buffer, and memory peers may then read and write — an
+ * mc_host_alloc allocation (whole) or memory inside an mc_buffer_alloc
+ * buffer is published to the transfer engine at its address. Other
+ * memory is offered to the agent to reach by cross-memory attach (the
+ * process names the agent with prctl(PR_SET_PTRACER)) and published the
+ * same way; an agent that does not do that refuses, and the memory is
+ * then accepted as by mc_register_buffer (this process's own transfers
+ * copy it through staging; peers cannot reach it).
+ * Errors: those of mc_register_buffer, -EEXIST (another session of the
+ * process published the allocation already).
+ */
+int mc_register_memory(mc_client *c, void *addr, size_t len);
+
+/*
+ * Host memory the agent can map, without a handle and from any thread:
+ * len bytes of a memfd of this process, mapped shared at a 2 MiB-aligned
+ * address (NULL and errno on failure). The first time a session meets an
+ * address inside it — a put, get, transfer or registration — it hands the
+ * memfd to its agent, which then reads and writes it in place (zero copy);
+ * mc_register_memory publishes it to peers too. The signatures are those
+ * a PyTorch pluggable allocator or LMCache's allocator hook calls
+ * (void *(size_t), void (void *)).
+ */
+void *mc_host_alloc(size_t len);
+/* Free an mc_host_alloc allocation (p its start; any other pointer, and
+ * NULL, is ignored): every session that has it gives it back first. */
+void mc_host_free(void *p);
+/* The length of the mc_host_alloc allocation starting at p, 0 if none. */
+size_t mc_host_size(const void *p);
+
 enum mc_transfer_op { MC_TRANSFER_READ = 0, MC_TRANSFER_WRITE = 1 };
 
 struct mc_transfer_req {
@@ -226,6 +334,21 @@ struct mc_transfer_req {
  */
 int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
 		int *results);
+
+/* What a transfer target's segment offers (mc_segment_info). */
+struct mc_segment_info {
+	uint64_t first_address; /* its first registered region (0: none) */
+	uint64_t first_length;
+	uint64_t regions;       /* how many it has */
+};
+
+/*
+ * Open segment name ("host:port") through the agent, as a transfer to it
+ * would, and describe it: a probe of whether a peer can be reached.
+ * Errors: MC_ESEGMENT_NOT_FOUND / MC_EUNAVAILABLE (not reachable),
+ * -EINVAL, -EOPNOTSUPP (an agent that does not serve the request).
+ */
+int mc_segment_info(mc_client *c, const char *name, struct mc_segment_info *out);
 
 /* The agent's transfer-engine address "host:port" (its segment name). */
 const char *mc_agent_address(const mc_client *c);

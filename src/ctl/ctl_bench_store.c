@@ -25,33 +25,24 @@
  * waits for a loopback round trip to it). redis-server, when installed, is started the
  * same way and driven with the same sizes, clients and operations (SET of
  * a new key, GET of a key set beforehand) by a minimal RESP client, one
- * connection per thread. The limit: memcpy bandwidth of the same number of
- * threads over 16 MiB blocks; with one client, the floor of a get (see
- * struct floor) runs in the same rounds. Nothing here is an assertion.
+ * connection per thread (ctl_bench_local.c, ctl_redis.c). The limit:
+ * memcpy bandwidth of the same number of threads over 16 MiB blocks; with
+ * one client, the floor of a get (ctl_bench_floor.c) runs in the same
+ * rounds. Nothing here is an assertion.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/uio.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/cfg.h"
 #include "common/err.h"
-#include "common/io.h"
 #include "common/util.h"
+#include "ctl/ctl_bench_store.h"
 #include "ctl/ctl_int.h"
-#include "client/mooncake.h"
 
 #define MAX_SIZES 8
 #define MAX_CLIENTS 256
@@ -61,277 +52,11 @@
 enum op { OP_PUT, OP_GET, OP_VIEW, OP_MIXED, NOPS };
 static const char *const op_names[NOPS] = {"put", "get", "view", "mixed"};
 
-/* ---------------------------------------------------------------- processes */
-
-struct proc {
-	pid_t pid;
-	char name[32];
-};
-
-struct cluster {
-	char dir[64];
-	struct proc procs[4];
-	int nprocs;
-	char sock[2][128];
-	char master[32];
-	int redis_port;
-};
-
-static int free_port(void)
+/* The values of a get set of one client (at least two): what the floor
+ * and the latency limit read from. */
+static size_t get_set_len(size_t size)
 {
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t sl = sizeof(sa);
-	int port = -1;
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
-/* Start argv with stdout/stderr to dir/name.log. */
-static int spawn(struct cluster *cl, const char *name, char *const argv[])
-{
-	char log[160];
-	snprintf(log, sizeof(log), "%s/%s.log", cl->dir, name);
-	pid_t pid = fork();
-	if (pid < 0)
-		return -errno;
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	struct proc *p = &cl->procs[cl->nprocs++];
-	p->pid = pid;
-	snprintf(p->name, sizeof(p->name), "%s", name);
-	return 0;
-}
-
-/* Tell which started process has exited already, with the end of its
- * log (the log is removed with the directory by stop_all). */
-static void report_dead(struct cluster *cl)
-{
-	for (int i = 0; i < cl->nprocs; i++) {
-		int st;
-		if (waitpid(cl->procs[i].pid, &st, WNOHANG) != cl->procs[i].pid)
-			continue;
-		cl->procs[i].pid = -1; /* reaped */
-		fprintf(stderr, "bench store: %s exited (%s %d); the end of its log:\n",
-			cl->procs[i].name, WIFSIGNALED(st) ? "signal" : "status",
-			WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-		char path[160], tail[2048];
-		snprintf(path, sizeof(path), "%s/%s.log", cl->dir, cl->procs[i].name);
-		FILE *f = fopen(path, "r");
-		if (!f)
-			continue;
-		long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
-		if (fseek(f, size > (long)sizeof(tail) - 1 ? size - (long)sizeof(tail) + 1 : 0,
-			  SEEK_SET) == 0) {
-			size_t n = fread(tail, 1, sizeof(tail) - 1, f);
-			tail[n] = '\0';
-			fputs(tail, stderr);
-		}
-		fclose(f);
-	}
-}
-
-static void stop_all(struct cluster *cl)
-{
-	for (int i = cl->nprocs; i-- > 0;)
-		if (cl->procs[i].pid > 0)
-			kill(cl->procs[i].pid, SIGTERM);
-	for (int i = cl->nprocs; i-- > 0;)
-		if (cl->procs[i].pid > 0)
-			waitpid(cl->procs[i].pid, NULL, 0);
-	cl->nprocs = 0;
-	if (cl->dir[0]) {
-		char cmd[128];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cl->dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "bench store: could not remove %s\n", cl->dir);
-	}
-}
-
-static void sibling(char *out, size_t len, const char *exe)
-{
-	char self[400];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	self[n > 0 ? n : 0] = '\0';
-	char *slash = strrchr(self, '/');
-	if (slash)
-		*slash = '\0';
-	snprintf(out, len, "%s/%s", n > 0 ? self : ".", exe);
-}
-
-/* Two agents and a master: in the first agent's process (separate:
- * false, the layout of standalone and --role=master,agent) or in one of
- * its own. */
-static int start_cluster(struct cluster *cl, uint64_t segment, bool separate)
-{
-	snprintf(cl->dir, sizeof(cl->dir), "/tmp/mooncake-bench-XXXXXX");
-	if (!mkdtemp(cl->dir)) {
-		cl->dir[0] = '\0';
-		return -errno;
-	}
-	char daemon[600];
-	sibling(daemon, sizeof(daemon), "mooncaked");
-	int mport = free_port(), mhttp = free_port();
-	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
-	char a[16][192];
-	int k = 0;
-	int rc = 0;
-#define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
-	if (separate) {
-		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
-			      "--config=", "--meta-endpoints=",
-			      ARG("--master-listen=%s", cl->master),
-			      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
-		rc = spawn(cl, "master", mv);
-	}
-	for (int i = 0; rc == 0 && i < 2; i++) {
-		k = 0;
-		bool with_master = i == 0 && !separate;
-		char dir[sizeof(cl->dir)]; /* (not cl's own: snprintf's restrict) */
-		memcpy(dir, cl->dir, sizeof(dir));
-		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
-		char *av[] = {daemon, with_master ? "--role=master,agent" : "--role=agent",
-			      ARG("--data-dir=%s/agent%d", cl->dir, i), "--config=",
-			      "--meta-endpoints=", ARG("--master-address=%s", cl->master),
-			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
-			      ARG("--agent-http=127.0.0.1:%d", free_port()),
-			      ARG("--socket=%s", cl->sock[i]),
-			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
-			      "--log-level=warn",
-			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
-			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
-		rc = spawn(cl, i ? "agent1" : "agent0", av);
-	}
-#undef ARG
-	return rc;
-}
-
-/* Connect and wait until a put succeeds (the segment is mounted). */
-static int open_ready(const char *sock, mc_client **out, uint64_t timeout_ms)
-{
-	uint64_t deadline = mc_now_ms() + timeout_ms;
-	int rc;
-	for (;;) {
-		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
-		rc = mc_open_ex(&o, out);
-		if (rc == 0) {
-			rc = mc_put(*out, "bench/probe", 11, "x", 1, &(struct mc_put_opts){.upsert = 1});
-			if (rc == 0) {
-				(void)mc_remove(*out, "bench/probe", 11, 1);
-				return 0;
-			}
-			mc_close(*out);
-		}
-		if (mc_now_ms() > deadline)
-			return rc;
-		usleep(20000);
-	}
-}
-
-/* ---------------------------------------------------------------- redis */
-
-static int start_redis(struct cluster *cl)
-{
-	char exe[256] = "";
-	const char *path = getenv("PATH");
-	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", path ? path : "/usr/bin:/usr/local/bin");
-	for (char *save, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-		snprintf(exe, sizeof(exe), "%s/redis-server", d);
-		if (access(exe, X_OK) == 0)
-			break;
-		exe[0] = '\0';
-	}
-	if (!exe[0])
-		return -ENOENT;
-	cl->redis_port = free_port();
-	char port[16], dir[96];
-	snprintf(port, sizeof(port), "%d", cl->redis_port);
-	snprintf(dir, sizeof(dir), "%s", cl->dir);
-	char *argv[] = {exe, "--port", port, "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "no", "--dir", dir, "--protected-mode", "no", NULL};
-	return spawn(cl, "redis", argv);
-}
-
-static int redis_connect(int port)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		int e = -errno;
-		close(fd);
-		return e;
-	}
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	return fd;
-}
-
-/* A reply's first line into line (without CRLF). */
-static int read_line(int fd, char *line, size_t len)
-{
-	size_t n = 0;
-	while (n + 1 < len) {
-		ssize_t r = read(fd, line + n, 1);
-		if (r <= 0)
-			return -EIO;
-		if (line[n] == '\n') {
-			line[n > 0 && line[n - 1] == '\r' ? n - 1 : n] = '\0';
-			return 0;
-		}
-		n++;
-	}
-	return -EPROTO;
-}
-
-static int redis_set(int fd, const char *key, const void *val, size_t len)
-{
-	char hdr[128], line[64];
-	size_t kl = strlen(key);
-	int h = snprintf(hdr, sizeof(hdr), "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", kl, key, len);
-	struct iovec iov[3] = {{hdr, (size_t)h}, {(void *)val, len}, {"\r\n", 2}};
-	int rc = mc_writev_all(fd, iov, 3);
-	if (rc == 0)
-		rc = read_line(fd, line, sizeof(line));
-	return rc ? rc : line[0] == '+' ? 0 : -EPROTO;
-}
-
-static int64_t redis_get(int fd, const char *key, void *buf, size_t cap)
-{
-	char hdr[128], line[64];
-	int h = snprintf(hdr, sizeof(hdr), "*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n", strlen(key), key);
-	struct iovec iov[1] = {{hdr, (size_t)h}};
-	int rc = mc_writev_all(fd, iov, 1);
-	if (rc == 0)
-		rc = read_line(fd, line, sizeof(line));
-	if (rc)
-		return rc;
-	if (line[0] != '$')
-		return -EPROTO;
-	long n = strtol(line + 1, NULL, 10);
-	if (n < 0)
-		return MC_EOBJECT_NOT_FOUND;
-	if ((size_t)n > cap)
-		return -ENOBUFS;
-	char crlf[2];
-	rc = mc_read_full(fd, buf, (size_t)n);
-	if (rc == 0)
-		rc = mc_read_full(fd, crlf, 2);
-	return rc ? rc : n;
+	return MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -356,169 +81,13 @@ struct worker {
 	const struct run *r;
 	mc_client *c;       /* the session (local agent) */
 	int redis;          /* connection (redis target) */
-	struct floor *floor; /* the floor target's server (one client) */
+	struct ctl_floor *floor; /* the floor target's server (one client) */
 	void *buf;
 	struct ctl_lat lat;
 	uint64_t ops, errors;
 	int first_err;
 	uint32_t rnd;
 };
-
-/* ---------------------------------------------------------------- the floor */
-
-/*
- * The floor of a get, for one client: what a get through a daemon on
- * this host does at the least, without the store (no lookup, lease or
- * protocol): a request over a Unix socket; the value copied from memory
- * into the client's buffer by two threads, half each, as the agent shares
- * a copy of 256 KiB or more with a copy thread; the answer. The server
- * thread polls for 50 us after each answer (the agent's --busy-poll-us
- * default) and then sleeps in poll; the client sleeps in poll, as
- * libmooncake does.
- */
-#define FLOOR_SPLIT (256u << 10)
-#define FLOOR_SPIN_NS 50000ull
-
-struct floor {
-	int fd[2];             /* [0] the client's end, [1] the server's */
-	pthread_t server, helper;
-	bool has_server, has_helper;
-	uint8_t *set;          /* nvals values of size bytes (owned) */
-	uint8_t *dst;          /* the client's buffer (its worker's) */
-	size_t size, nvals;
-	size_t half;           /* the helper's part (the end), 0: no helper */
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	const uint8_t *job;    /* the helper's half, NULL: none (under mu) */
-	bool quit;             /* under mu */
-	atomic_bool half_done;
-};
-
-static void *floor_helper(void *arg)
-{
-	struct floor *f = arg;
-	pthread_mutex_lock(&f->mu);
-	for (;;) {
-		while (!f->job && !f->quit)
-			pthread_cond_wait(&f->cv, &f->mu);
-		if (f->quit)
-			break;
-		const uint8_t *src = f->job;
-		f->job = NULL;
-		pthread_mutex_unlock(&f->mu);
-		memcpy(f->dst + f->size - f->half, src, f->half);
-		atomic_store_explicit(&f->half_done, true, memory_order_release);
-		pthread_mutex_lock(&f->mu);
-	}
-	pthread_mutex_unlock(&f->mu);
-	return NULL;
-}
-
-static void *floor_server(void *arg)
-{
-	struct floor *f = arg;
-	size_t half = f->half;
-	uint64_t spin_until = 0;
-	for (;;) {
-		uint32_t k;
-		ssize_t n = recv(f->fd[1], &k, sizeof(k), MSG_DONTWAIT);
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-			if (mc_now_ns() < spin_until)
-				continue;
-			struct pollfd p = {.fd = f->fd[1], .events = POLLIN};
-			(void)poll(&p, 1, -1);
-			continue;
-		}
-		if (n != (ssize_t)sizeof(k))
-			break; /* the client's end closed: the run is over */
-		const uint8_t *src = f->set + (size_t)(k % f->nvals) * f->size;
-		if (half) {
-			atomic_store_explicit(&f->half_done, false, memory_order_relaxed);
-			pthread_mutex_lock(&f->mu);
-			f->job = src + f->size - half;
-			pthread_cond_signal(&f->cv);
-			pthread_mutex_unlock(&f->mu);
-		}
-		memcpy(f->dst, src, f->size - half);
-		while (half && !atomic_load_explicit(&f->half_done, memory_order_acquire))
-			;
-		if (send(f->fd[1], &k, sizeof(k), MSG_NOSIGNAL) != (ssize_t)sizeof(k))
-			break;
-		spin_until = mc_now_ns() + FLOOR_SPIN_NS;
-	}
-	return NULL;
-}
-
-/* The client's side: one get of value k. 0 or a negative errno. */
-static int floor_get(struct floor *f, uint32_t k)
-{
-	if (send(f->fd[0], &k, sizeof(k), MSG_NOSIGNAL) != (ssize_t)sizeof(k))
-		return -errno;
-	struct pollfd p = {.fd = f->fd[0], .events = POLLIN};
-	if (poll(&p, 1, -1) < 0)
-		return -errno;
-	uint32_t got;
-	ssize_t n = recv(f->fd[0], &got, sizeof(got), 0);
-	return n == (ssize_t)sizeof(got) && got == k ? 0 : n < 0 ? -errno : MC_EPROTOCOL;
-}
-
-static void floor_stop(struct floor *f)
-{
-	if (!f)
-		return;
-	if (f->fd[0] >= 0)
-		close(f->fd[0]); /* the server sees the end */
-	if (f->has_server)
-		pthread_join(f->server, NULL);
-	if (f->has_helper) {
-		pthread_mutex_lock(&f->mu);
-		f->quit = true;
-		pthread_cond_signal(&f->cv);
-		pthread_mutex_unlock(&f->mu);
-		pthread_join(f->helper, NULL);
-	}
-	if (f->fd[1] >= 0)
-		close(f->fd[1]);
-	pthread_mutex_destroy(&f->mu);
-	pthread_cond_destroy(&f->cv);
-	free(f->set);
-	free(f);
-}
-
-/* A floor for values of size bytes copied into dst (the caller's buffer,
- * which must outlive it); floor_stop ends and frees it. */
-static int floor_start(size_t size, uint8_t *dst, struct floor **out)
-{
-	struct floor *f = calloc(1, sizeof(*f));
-	if (!f)
-		return -ENOMEM;
-	f->fd[0] = f->fd[1] = -1;
-	pthread_mutex_init(&f->mu, NULL);
-	pthread_cond_init(&f->cv, NULL);
-	f->size = size;
-	f->half = size >= FLOOR_SPLIT ? size / 2 : 0;
-	f->dst = dst;
-	f->nvals = MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
-	f->set = malloc(f->nvals * size);
-	int rc = f->set ? 0 : -ENOMEM;
-	if (rc == 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, f->fd) != 0)
-		rc = -errno;
-	if (rc == 0) {
-		memset(f->set, 0x5a, f->nvals * size);
-		rc = -pthread_create(&f->helper, NULL, floor_helper, f);
-		f->has_helper = rc == 0;
-	}
-	if (rc == 0) {
-		rc = -pthread_create(&f->server, NULL, floor_server, f);
-		f->has_server = rc == 0;
-	}
-	if (rc) {
-		floor_stop(f);
-		return rc;
-	}
-	*out = f;
-	return 0;
-}
 
 /* ---------------------------------------------------------------- runs */
 
@@ -541,10 +110,10 @@ static int one(struct worker *w, bool put, uint64_t i)
 		key_of(key, sizeof(key), r, w->id, "get", (w->rnd >> 8) % r->nkeys);
 	}
 	if (r->target == T_FLOOR)
-		return floor_get(w->floor, w->rnd >> 8);
+		return ctl_floor_get(w->floor, w->rnd >> 8);
 	if (r->target == T_REDIS)
-		return put ? redis_set(w->redis, key, w->buf, r->size)
-			   : (int)MC_MIN(redis_get(w->redis, key, w->buf, r->size), 0);
+		return put ? ctl_redis_set(w->redis, key, w->buf, r->size)
+			   : (int)MC_MIN(ctl_redis_get(w->redis, key, w->buf, r->size), 0);
 	if (put) {
 		struct mc_put_opts o = {.preferred_segment =
 						r->target == T_REMOTE ? r->remote_segment : NULL};
@@ -617,12 +186,12 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 				return there;
 			int rc = there ? 0
 				 : r->target == T_REDIS
-					 ? redis_set(ws[id].redis, key, ws[id].buf, r->size)
+					 ? ctl_redis_set(ws[id].redis, key, ws[id].buf, r->size)
 					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size, NULL);
 			if (rc)
 				return rc;
 			int64_t got = r->target == T_REDIS
-					      ? redis_get(ws[id].redis, key, ws[id].buf, r->size)
+					      ? ctl_redis_get(ws[id].redis, key, ws[id].buf, r->size)
 					      : mc_get_into(ws[id].c, key, strlen(key), ws[id].buf,
 							    r->size);
 			if (got < 0)
@@ -770,7 +339,7 @@ static double memcpy_gbps(unsigned n)
  * cache, as the agent's copies are), for 200 ms. -ENOMEM: not measured. */
 static int memcpy_lat(size_t size, double *p50, double *p99)
 {
-	size_t nvals = MC_MAX((size_t)2, MC_MIN((size_t)256, GET_SET_BYTES / size));
+	size_t nvals = get_set_len(size);
 	uint8_t *set = malloc(nvals * size), *dst = malloc(size);
 	struct ctl_lat lat = {0};
 	int rc = set && dst ? 0 : -ENOMEM;
@@ -910,7 +479,7 @@ int ctl_bench_store_main(int argc, char **argv)
 		maxsize = MC_MAX(maxsize, sizes[i]);
 
 	signal(SIGPIPE, SIG_IGN);
-	struct cluster cl = {0};
+	struct ctl_local cl = {0};
 	int rc = 0;
 	bool own_cluster = !sock;
 	mc_client *holder_local = NULL, *holder_remote = NULL;
@@ -918,9 +487,9 @@ int ctl_bench_store_main(int argc, char **argv)
 	 * them: another process may take one first; then start again. */
 	for (int attempt = 1; !sock; attempt++) {
 		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
-		rc = start_cluster(&cl, seg, separate);
+		rc = ctl_local_start(&cl, seg, separate);
 		if (rc == 0)
-			rc = open_ready(cl.sock[0], &holder_local, 15000);
+			rc = ctl_local_open(cl.sock[0], &holder_local, 15000);
 		if (rc == 0) {
 			sock = cl.sock[0];
 			rsock = cl.sock[1];
@@ -928,20 +497,15 @@ int ctl_bench_store_main(int argc, char **argv)
 		}
 		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n", attempt,
 			mc_strerror(rc));
-		report_dead(&cl);
-		stop_all(&cl);
+		ctl_local_report_dead(&cl);
+		ctl_local_stop(&cl);
 		if (attempt == 3)
 			return CTL_EXIT_FAIL;
 	}
 	int redis_port = 0;
 	if (strcmp(redis_s, "off") != 0) {
 		if (strcmp(redis_s, "auto") == 0) {
-			if (!cl.dir[0]) {
-				snprintf(cl.dir, sizeof(cl.dir), "/tmp/mooncake-bench-XXXXXX");
-				if (!mkdtemp(cl.dir))
-					cl.dir[0] = '\0';
-			}
-			if (cl.dir[0] && start_redis(&cl) == 0)
+			if (ctl_local_start_redis(&cl) == 0)
 				redis_port = cl.redis_port;
 			else
 				printf("redis-server is not installed: the redis comparison is "
@@ -952,20 +516,20 @@ int ctl_bench_store_main(int argc, char **argv)
 		}
 	}
 
-	rc = holder_local ? 0 : open_ready(sock, &holder_local, 15000);
+	rc = holder_local ? 0 : ctl_local_open(sock, &holder_local, 15000);
 	if (rc) {
 		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock, mc_strerror(rc));
-		stop_all(&cl);
+		ctl_local_stop(&cl);
 		return CTL_EXIT_FAIL;
 	}
-	if (rsock && open_ready(rsock, &holder_remote, 15000) != 0) {
+	if (rsock && ctl_local_open(rsock, &holder_remote, 15000) != 0) {
 		fprintf(stderr, "bench store: second agent at %s not ready: remote runs skipped\n",
 			rsock);
 		holder_remote = NULL;
 	}
 	struct worker *ws = calloc(clients, sizeof(*ws));
 	if (!ws) {
-		stop_all(&cl);
+		ctl_local_stop(&cl);
 		return CTL_EXIT_FAIL;
 	}
 	for (unsigned i = 0; i < clients && rc == 0; i++) {
@@ -979,7 +543,7 @@ int ctl_bench_store_main(int argc, char **argv)
 			memset(ws[i].buf, (int)(0x41 + i), maxsize);
 		if (rc == 0 && redis_port) {
 			uint64_t deadline = mc_now_ms() + 5000;
-			while ((ws[i].redis = redis_connect(redis_port)) < 0 && mc_now_ms() < deadline)
+			while ((ws[i].redis = ctl_redis_connect(redis_port)) < 0 && mc_now_ms() < deadline)
 				usleep(20000);
 			if (ws[i].redis < 0) {
 				printf("redis at port %d does not answer: skipped\n", redis_port);
@@ -1022,9 +586,10 @@ int ctl_bench_store_main(int argc, char **argv)
 			unsigned gtag = tag;
 			tag += NTARGETS;
 			/* The floor of a get, in the same rounds (one client). */
-			struct floor *fl = NULL;
+			struct ctl_floor *fl = NULL;
 			if (op == OP_GET && clients == 1) {
-				int frc = floor_start(sizes[si], ws[0].buf, &fl);
+				int frc = ctl_floor_start(sizes[si], get_set_len(sizes[si]),
+							  ws[0].buf, &fl);
 				if (frc)
 					printf("%s get floor: not measured: %s\n", vs, mc_strerror(frc));
 			}
@@ -1048,7 +613,7 @@ int ctl_bench_store_main(int argc, char **argv)
 					run_one(ws, clients, &r, round_ms,
 						t == T_REMOTE ? holder_remote : holder_local, &tal[t]);
 				}
-			floor_stop(fl);
+			ctl_floor_stop(fl);
 			ws[0].floor = NULL;
 			(void)mc_remove_all(holder_local, 1);
 			for (unsigned t = 0; t < NTARGETS; t++) {
@@ -1075,6 +640,6 @@ out:
 	free(ws);
 	mc_close(holder_local);
 	mc_close(holder_remote);
-	stop_all(&cl);
+	ctl_local_stop(&cl);
 	return rc ? CTL_EXIT_FAIL : CTL_EXIT_OK;
 }

@@ -30,6 +30,9 @@ int ctl_rm_main(int argc, char **argv);
 int ctl_bench_master_main(int argc, char **argv);
 /* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
 int ctl_bench_store_main(int argc, char **argv);
+/* `bench ssd`: the SSD tier's store beside fio; argv[0] is "ssd"
+ * (ctl_bench_ssd.c). */
+int ctl_bench_ssd_main(int argc, char **argv);
 
 /* Latency samples in ns (ctl_lat.c); a zeroed struct is empty. */
 struct ctl_lat {

@@ -3,8 +3,8 @@
  * the unit tests. Nothing here does I/O, reads a clock or calls rand():
  * time is an argument (now_ms, any monotonic millisecond clock), so tests
  * drive them with a fake clock (STYLE.md rule 6; the Makefile's purity
- * check holds alloc.c, core.c and mlog.c to it). This header includes
- * only libc and common/err.h.
+ * check holds every file of them to it). This header includes only libc
+ * and common/err.h.
  *
  *   alloc  per-segment offset allocator: size classes (TLSF-like: exact
  *          classes for small sizes, four per power of two above) for
@@ -14,7 +14,8 @@
  *          caller passes (offset, len) back to free them.
  *   core   segments, agents, the object index (key -> size, replicas,
  *          lease, soft pin, TTL, LRU position, checksum), placement,
- *          eviction, PENDING put timeouts and agent expiry.
+ *          eviction, PENDING put timeouts, agent expiry and put leases;
+ *          in core.c, index.c, segment.c and lease.c (core_int.h).
  *   mlog   per segment, the log of changes to its COMPLETE replicas that
  *          the owner agent follows to keep its mirror (SyncSegment).
  */

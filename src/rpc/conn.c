@@ -1,6 +1,6 @@
 /*
- * conn: one HTTP/2 connection on a libuv TCP stream, shared by server.c
- * and client.c.
+ * conn: one HTTP/2 connection on a libuv TCP stream, shared by the
+ * server (sconn.c) and the client (client.c, client_h2.c).
  *
  * Reading: the read callback hands every chunk to nghttp2_session_mem_recv
  * (the session never touches the socket), then flushes what the frame

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/metrics.h"
 #include "rpc/rpc_int.h"
 
 /* ---------------------------------------------------------------- buffers */
@@ -547,4 +548,26 @@ int rpc__status_from_h2(uint32_t error_code)
 	default:
 		return RPC_INTERNAL;
 	}
+}
+
+bool rpc__content_type_ok(const uint8_t *value, size_t vlen)
+{
+	return vlen >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
+	       (vlen == 16 || value[16] == '+' || value[16] == ';');
+}
+
+void rpc__count_status(struct metric *calls[RPC__NCODES], struct metrics_registry *reg,
+		       const char *name, const char *help, const char *server,
+		       const char *method, int code)
+{
+	if (code < 0 || code >= RPC__NCODES)
+		code = RPC_UNKNOWN;
+	if (!calls[code])
+		calls[code] = server ? metrics_counter(reg, name, help, "server,method,code",
+						       (const char *[]){server, method,
+									rpc_status_name(code)})
+				     : metrics_counter(reg, name, help, "method,code",
+						       (const char *[]){method,
+									rpc_status_name(code)});
+	metric_inc(calls[code]);
 }

@@ -17,7 +17,8 @@
  *    into one after its stream has gone.
  *  - rpc__dlheap: a binary min-heap of deadlines; the server and the
  *    client each run one uv_timer for all their calls.
- *  - hooks between server.c and health.c.
+ *  - hooks between the server and health.c, and the in-process calls
+ *    between client.c and the server (server_int.h is the server's own).
  */
 #ifndef MC_RPC_RPC_INT_H
 #define MC_RPC_RPC_INT_H
@@ -26,6 +27,8 @@
 
 #include "common/buf.h"
 #include "rpc/rpc.h"
+
+struct metric;
 
 /* Flow control: what we let a peer send before it hears from us. Large
  * so a 16 MiB message is not throttled by round trips on a LAN. */
@@ -44,6 +47,17 @@
 #define RPC__WRITE_HIGH_BYTES (1u << 20)
 #define RPC__DEFAULT_MAX_MESSAGE_BYTES (4u << 20)
 #define RPC__USER_AGENT "mooncake-rpc/" MC_VERSION
+/* gRPC status codes: RPC_OK to RPC_UNAUTHENTICATED. */
+#define RPC__NCODES 17
+
+/* An nghttp2 header of two literals, and of a literal name and a value
+ * of vlen bytes that nghttp2 copies. */
+#define RPC__NV(n, v)                                                          \
+	{(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1,          \
+	 NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE}
+#define RPC__NVS(n, v, vlen)                                                   \
+	{(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen),                 \
+	 NGHTTP2_NV_FLAG_NO_COPY_NAME}
 
 /* ---------------------------------------------------------------- deadlines */
 
@@ -267,7 +281,7 @@ void rpc__health_free(struct rpc_health *h);
 
 /* ---------------------------------------------------------------- in-process calls
  * A client made with local_calls sends a unary call to a server listening
- * at its target on the same loop without a connection (server.c's head
+ * at its target on the same loop without a connection (inproc.c's head
  * comment). Everything runs on that loop's thread.
  */
 
@@ -304,5 +318,14 @@ unsigned rpc__client_inproc_calls(const struct rpc_client *c);
  * Mapping"); HTTP/2 RST_STREAM error -> gRPC status. */
 int rpc__status_from_http(int http_status);
 int rpc__status_from_h2(uint32_t error_code);
+/* Count a call that ended with code (out of range: UNKNOWN) in calls[code],
+ * registered on first use as the counter name (help) labelled
+ * "server,method,code", or "method,code" when server is NULL. */
+void rpc__count_status(struct metric *calls[RPC__NCODES], struct metrics_registry *reg,
+		       const char *name, const char *help, const char *server,
+		       const char *method, int code);
+/* Whether a content-type header value is gRPC's: application/grpc, alone
+ * or followed by '+' or ';'. */
+bool rpc__content_type_ok(const uint8_t *value, size_t vlen);
 
 #endif

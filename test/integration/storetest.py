@@ -58,7 +58,8 @@ def daemon_env():
 class Agent:
     """One mooncaked --role=agent with its own socket."""
 
-    def __init__(self, master_addr=None, meta=None, segment=64 * MiB, args=()):
+    def __init__(self, master_addr=None, meta=None, segment=64 * MiB, args=(), exe=None,
+                 env=None):
         self.d = None
         base = ["--global-segment-size=%d" % segment, "--local-buffer-size=16M"]
         if meta:
@@ -69,8 +70,10 @@ class Agent:
             base.append("--master-address=" + master_addr)
         self.tmp = tempfile.TemporaryDirectory(prefix="mooncake-sock-")
         self.socket = os.path.join(self.tmp.name, "agent.sock")
+        denv = daemon_env()
+        denv.update(env or {})
         self.d = Daemon("agent", args=base + ["--socket=" + self.socket] + list(args),
-                        env=daemon_env())
+                        env=denv, exe=exe)
         self.name = self.d.addr("agent-listen")
         wait_for(lambda: os.path.exists(self.socket), what="agent socket")
         wait_for(lambda: "mounted with master" in self.d.output(), what="segment mounted")

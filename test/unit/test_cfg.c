@@ -1,5 +1,5 @@
 /*
- * Mirror test of src/common/cfg.c: value parsers, precedence, the INI
+ * Mirror test of src/common/cfg*.c: value parsers, precedence, the INI
  * parser's error paths and the generated outputs.
  */
 #include <criterion/criterion.h>

@@ -5,7 +5,8 @@
  * like RoCE NICs, across processes, on a machine without RDMA hardware.
  *
  * What it provides: the ibv_* entry points the transfer engine uses
- * (device list, open/close, query device/port/GID, PD, MR, CQ with a
+ * (device list, open/close, query device/port/GID, PD, MR — also over a
+ * dma-buf fd, ibv_reg_dmabuf_mr, as GPU memory is registered — CQ with a
  * completion channel, RC QP with the RESET/INIT/RTR/RTS/ERR state machine,
  * post_send of RDMA WRITE and READ, poll_cq) and the ops table that the
  * static inline wrappers of <infiniband/verbs.h> call through
@@ -60,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -116,9 +118,13 @@ struct emu_ctx {
 };
 
 struct emu_mr {
-	struct ibv_mr mr;
+	struct ibv_mr mr;  /* mr.addr: the region's first address for the NIC
+			      (its iova) */
 	struct emu_dev *dev;
 	int access;
+	uint8_t *host;     /* where the bytes at mr.addr are in this process */
+	void *map;         /* a dma-buf MR's mapping of its fd, else NULL */
+	size_t map_len;
 	struct emu_mr *next;
 };
 
@@ -392,6 +398,12 @@ static bool mr_covers(const struct emu_mr *m, uint64_t addr, uint64_t len)
 	return addr >= base && len <= m->mr.length && addr - base <= m->mr.length - len;
 }
 
+/* The bytes at NIC address addr of m (mr_covers checked). */
+static void *mr_host(const struct emu_mr *m, uint64_t addr)
+{
+	return m->host + (addr - (uint64_t)(uintptr_t)m->mr.addr);
+}
+
 /* ------------------------------------------------------------ target side */
 
 /* Under d->lock. */
@@ -452,14 +464,14 @@ static void *srv_main(void *arg)
 		}
 		int rc = 0;
 		if (r.op == OP_WRITE) {
-			rc = st == ST_OK ? io_full(s->fd, (void *)(uintptr_t)r.raddr, r.len, false)
+			rc = st == ST_OK ? io_full(s->fd, mr_host(m, r.raddr), r.len, false)
 					 : drain(s->fd, r.len);
 			if (!rc)
 				rc = io_full(s->fd, &st, sizeof(st), true);
 		} else {
 			rc = io_full(s->fd, &st, sizeof(st), true);
 			if (!rc && st == ST_OK)
-				rc = io_full(s->fd, (void *)(uintptr_t)r.raddr, r.len, true);
+				rc = io_full(s->fd, mr_host(m, r.raddr), r.len, true);
 		}
 		pthread_rwlock_unlock(&d->mr_rw);
 		if (rc)
@@ -788,12 +800,14 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
-struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-				unsigned int access)
+/* Add an MR of length bytes known to the NIC from iova, whose bytes are at
+ * host here; map/map_len: a mapping the MR owns (NULL: none). */
+static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t iova, uint8_t *host, size_t length,
+			     unsigned access, void *map, size_t map_len)
 {
 	struct emu_dev *d = dev_of(pd->context);
 	int err = 0;
-	if (iova != (uint64_t)(uintptr_t)addr || !addr || length == 0 ||
+	if (length == 0 ||
 	    ((access & (IBV_ACCESS_REMOTE_WRITE)) && !(access & IBV_ACCESS_LOCAL_WRITE)))
 		err = EINVAL;
 	struct emu_mr *m = err ? NULL : calloc(1, sizeof(*m));
@@ -817,9 +831,12 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	if (!err) {
 		m->dev = d;
 		m->access = (int)access;
+		m->host = host;
+		m->map = map;
+		m->map_len = map_len;
 		m->mr.context = pd->context;
 		m->mr.pd = pd;
-		m->mr.addr = addr;
+		m->mr.addr = (void *)(uintptr_t)iova;
 		m->mr.length = length;
 		m->mr.lkey = m->mr.rkey = (d->next_key++ << 8) | 0x5a;
 		m->mr.handle = d->next_key;
@@ -838,9 +855,51 @@ fail:
 	return NULL;
 }
 
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+				unsigned int access)
+{
+	if (iova != (uint64_t)(uintptr_t)addr || !addr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	return mr_add(pd, iova, addr, length, access, NULL, 0);
+}
+
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
 	return ibv_reg_mr_iova2(pd, addr, length, (uint64_t)(uintptr_t)addr, (unsigned)access);
+}
+
+/*
+ * A dma-buf MR: [offset, offset + length) of the dma-buf fd, known to the
+ * NIC from iova. A real NIC reaches the exporter's memory (a GPU's) by DMA;
+ * the emulator maps the fd to move the bytes, so any fd that mmap accepts
+ * stands in for a dma-buf (the tests use a memfd, as the client library's
+ * GPU path would hand a CUDA dma-buf over). The MR keeps its own mapping:
+ * the caller may close fd after registering, as with a real dma-buf.
+ */
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+				 uint64_t iova, int fd, int access)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	uint64_t head = offset & (uint64_t)(pg - 1);
+	if (fd < 0 || length == 0 || length > SIZE_MAX - head) {
+		errno = EINVAL;
+		return NULL;
+	}
+	size_t map_len = (size_t)head + length;
+	void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+			 (off_t)(offset - head));
+	if (map == MAP_FAILED)
+		return NULL; /* errno: EBADF, EACCES, ENODEV (not mappable) */
+	struct ibv_mr *mr = mr_add(pd, iova, (uint8_t *)map + head, length, (unsigned)access,
+				   map, map_len);
+	if (!mr) {
+		int e = errno;
+		munmap(map, map_len);
+		errno = e;
+	}
+	return mr;
 }
 
 int ibv_dereg_mr(struct ibv_mr *mr)
@@ -860,6 +919,8 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 		pthread_mutex_unlock(&g_lock);
 	}
 	pthread_rwlock_unlock(&d->mr_rw);
+	if (m->map)
+		munmap(m->map, m->map_len);
 	free(m);
 	return 0;
 }
@@ -1353,13 +1414,13 @@ static int qp_exec(struct emu_qp *q, int fd, const struct emu_wr *w)
 		goto out;
 	}
 	if (io_full(fd, &r, sizeof(r), true) ||
-	    (r.op == OP_WRITE && io_full(fd, (void *)(uintptr_t)w->laddr, w->len, true)) ||
+	    (r.op == OP_WRITE && w->len && io_full(fd, mr_host(m, w->laddr), w->len, true)) ||
 	    io_full(fd, &reply, sizeof(reply), false)) {
 		st = io_fail();
 		goto out;
 	}
-	if (reply == ST_OK && r.op == OP_READ &&
-	    io_full(fd, (void *)(uintptr_t)w->laddr, w->len, false))
+	if (reply == ST_OK && r.op == OP_READ && w->len &&
+	    io_full(fd, mr_host(m, w->laddr), w->len, false))
 		st = io_fail();
 	else if (reply == ST_ACCESS)
 		st = IBV_WC_REM_ACCESS_ERR;

@@ -1,0 +1,138 @@
+/*
+ * Transfers between this process's memory and memory another engine
+ * registered (mc_transfer): local memory in place, or copied through
+ * staging / a temporary memfd.
+ */
+#include "client/client_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ transfer */
+
+MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
+			   int *results)
+{
+	if (n == 0)
+		return 0;
+	Mooncake__Client__TransferItem *items = calloc(n, sizeof(*items));
+	Mooncake__Client__TransferItem **ptrs = calloc(n, sizeof(*ptrs));
+	Region *regs = calloc(n, sizeof(*regs));
+	int64_t *blk = malloc(n * sizeof(*blk));
+	int rc = 0, tfd = -1;
+	if (!items || !ptrs || !regs || !blk) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	uint64_t spill = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct mc_transfer_req *t = &reqs[i];
+		bool write = t->op == MC_TRANSFER_WRITE;
+		Region *g = &regs[i];
+		mooncake__client__region__init(g);
+		blk[i] = -1;
+		results[i] = 0;
+		if (t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
+			g->length = t->len;
+		} else if ((blk[i] = mc__stg_alloc(c, t->len)) >= 0) {
+			if (write)
+				memcpy(c->stg + blk[i], t->local, t->len);
+			g->offset = (uint64_t)blk[i];
+			g->length = t->len;
+		} else {
+			g->where = MOONCAKE__CLIENT__REGION__WHERE__ATTACHED;
+			g->offset = spill;
+			g->length = t->len;
+			spill += t->len;
+		}
+		mooncake__client__transfer_item__init(&items[i]);
+		items[i].op = write ? MOONCAKE__CLIENT__TRANSFER_ITEM__OP__WRITE
+				    : MOONCAKE__CLIENT__TRANSFER_ITEM__OP__READ;
+		items[i].local = g;
+		items[i].target = (char *)(t->target ? t->target : "");
+		items[i].remote_address = t->remote_addr;
+		ptrs[i] = &items[i];
+	}
+	if (spill) {
+		tfd = mc__tmp_memfd(spill);
+		if (tfd < 0) {
+			rc = tfd;
+			goto out;
+		}
+		for (size_t i = 0; i < n; i++)
+			if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
+			    reqs[i].op == MC_TRANSFER_WRITE &&
+			    (rc = mc_pwrite_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset)) != 0)
+				goto out;
+	}
+	Mooncake__Client__TransferRequest q = MOONCAKE__CLIENT__TRANSFER_REQUEST__INIT;
+	q.items = ptrs;
+	q.n_items = n;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_TRANSFER;
+	req.transfer = &q;
+	struct waiter w;
+	rc = mc__call(c, &req, tfd >= 0 ? &tfd : NULL, tfd >= 0 ? 1 : 0, &w);
+	if (rc)
+		goto out;
+	if (w.resp->error)
+		rc = w.resp->error;
+	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_TRANSFER ||
+		 w.resp->transfer->n_errors != n)
+		rc = MC_EPROTOCOL;
+	else
+		for (size_t i = 0; i < n; i++)
+			results[i] = w.resp->transfer->errors[i];
+	mc__waiter_clear(&w);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (results[i] || reqs[i].op != MC_TRANSFER_READ || reqs[i].len == 0)
+			continue;
+		if (blk[i] >= 0)
+			memcpy(reqs[i].local, c->stg + blk[i], reqs[i].len);
+		else if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED)
+			results[i] = mc_pread_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset);
+	}
+out:
+	if (blk)
+		for (size_t i = 0; i < n; i++)
+			mc__stg_free(c, blk[i]);
+	if (tfd >= 0)
+		close(tfd);
+	free(items);
+	free(ptrs);
+	free(regs);
+	free(blk);
+	return rc;
+}
+
+MC__PUBLIC int mc_segment_info(mc_client *c, const char *name, struct mc_segment_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!name || !*name)
+		return -EINVAL;
+	Mooncake__Client__SegmentRequest q = MOONCAKE__CLIENT__SEGMENT_REQUEST__INIT;
+	q.name = (char *)name;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_SEGMENT;
+	req.segment = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	const Response *r = w.resp;
+	if (r->error) {
+		rc = r->error;
+	} else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_SEGMENT) {
+		rc = MC_EPROTOCOL;
+	} else {
+		out->regions = r->segment->n_regions;
+		if (r->segment->n_regions) {
+			out->first_address = r->segment->regions[0]->address;
+			out->first_length = r->segment->regions[0]->length;
+		}
+	}
+	mc__waiter_clear(&w);
+	return rc;
+}

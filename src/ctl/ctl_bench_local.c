@@ -1,0 +1,207 @@
+/*
+ * ctl_bench_local: the servers `mooncakectl bench store` starts for
+ * itself (ctl_bench_store.h): a master and two agents (mooncaked next to
+ * mooncakectl) and redis-server when installed, each a child process
+ * logging into a temporary directory, all on loopback ports picked free.
+ * Stopping them removes the directory; a process that died first is
+ * reported with the end of its log.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "ctl/ctl_bench_store.h"
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	int port = -1;
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* Start argv with stdout/stderr to dir/name.log. */
+static int spawn(struct ctl_local *cl, const char *name, char *const argv[])
+{
+	char log[160];
+	snprintf(log, sizeof(log), "%s/%s.log", cl->dir, name);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	struct ctl_proc *p = &cl->procs[cl->nprocs++];
+	p->pid = pid;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	return 0;
+}
+
+void ctl_local_report_dead(struct ctl_local *cl)
+{
+	for (int i = 0; i < cl->nprocs; i++) {
+		int st;
+		if (waitpid(cl->procs[i].pid, &st, WNOHANG) != cl->procs[i].pid)
+			continue;
+		cl->procs[i].pid = -1; /* reaped */
+		fprintf(stderr, "bench store: %s exited (%s %d); the end of its log:\n",
+			cl->procs[i].name, WIFSIGNALED(st) ? "signal" : "status",
+			WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+		char path[160], tail[2048];
+		snprintf(path, sizeof(path), "%s/%s.log", cl->dir, cl->procs[i].name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+		if (fseek(f, size > (long)sizeof(tail) - 1 ? size - (long)sizeof(tail) + 1 : 0,
+			  SEEK_SET) == 0) {
+			size_t n = fread(tail, 1, sizeof(tail) - 1, f);
+			tail[n] = '\0';
+			fputs(tail, stderr);
+		}
+		fclose(f);
+	}
+}
+
+void ctl_local_stop(struct ctl_local *cl)
+{
+	for (int i = cl->nprocs; i-- > 0;)
+		if (cl->procs[i].pid > 0)
+			kill(cl->procs[i].pid, SIGTERM);
+	for (int i = cl->nprocs; i-- > 0;)
+		if (cl->procs[i].pid > 0)
+			waitpid(cl->procs[i].pid, NULL, 0);
+	cl->nprocs = 0;
+	if (cl->dir[0]) {
+		char cmd[128];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cl->dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "bench store: could not remove %s\n", cl->dir);
+	}
+}
+
+static void sibling(char *out, size_t len, const char *exe)
+{
+	char self[400];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	self[n > 0 ? n : 0] = '\0';
+	char *slash = strrchr(self, '/');
+	if (slash)
+		*slash = '\0';
+	snprintf(out, len, "%s/%s", n > 0 ? self : ".", exe);
+}
+
+int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
+{
+	snprintf(cl->dir, sizeof(cl->dir), "/tmp/mooncake-bench-XXXXXX");
+	if (!mkdtemp(cl->dir)) {
+		cl->dir[0] = '\0';
+		return -errno;
+	}
+	char daemon[600];
+	sibling(daemon, sizeof(daemon), "mooncaked");
+	int mport = free_port(), mhttp = free_port();
+	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
+	char a[16][192];
+	int k = 0;
+	int rc = 0;
+#define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
+	if (separate) {
+		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
+			      "--config=", "--meta-endpoints=",
+			      ARG("--master-listen=%s", cl->master),
+			      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
+		rc = spawn(cl, "master", mv);
+	}
+	for (int i = 0; rc == 0 && i < 2; i++) {
+		k = 0;
+		bool with_master = i == 0 && !separate;
+		char dir[sizeof(cl->dir)]; /* (not cl's own: snprintf's restrict) */
+		memcpy(dir, cl->dir, sizeof(dir));
+		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
+		char *av[] = {daemon, with_master ? "--role=master,agent" : "--role=agent",
+			      ARG("--data-dir=%s/agent%d", cl->dir, i), "--config=",
+			      "--meta-endpoints=", ARG("--master-address=%s", cl->master),
+			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
+			      ARG("--agent-http=127.0.0.1:%d", free_port()),
+			      ARG("--socket=%s", cl->sock[i]),
+			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
+			      "--log-level=warn",
+			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
+			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
+		rc = spawn(cl, i ? "agent1" : "agent0", av);
+	}
+#undef ARG
+	return rc;
+}
+
+int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)
+{
+	uint64_t deadline = mc_now_ms() + timeout_ms;
+	int rc;
+	for (;;) {
+		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
+		rc = mc_open_ex(&o, out);
+		if (rc == 0) {
+			rc = mc_put(*out, "bench/probe", 11, "x", 1, &(struct mc_put_opts){.upsert = 1});
+			if (rc == 0) {
+				(void)mc_remove(*out, "bench/probe", 11, 1);
+				return 0;
+			}
+			mc_close(*out);
+		}
+		if (mc_now_ms() > deadline)
+			return rc;
+		usleep(20000);
+	}
+}
+
+int ctl_local_start_redis(struct ctl_local *cl)
+{
+	char exe[256] = "";
+	const char *path = getenv("PATH");
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", path ? path : "/usr/bin:/usr/local/bin");
+	for (char *save, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+		snprintf(exe, sizeof(exe), "%s/redis-server", d);
+		if (access(exe, X_OK) == 0)
+			break;
+		exe[0] = '\0';
+	}
+	if (!exe[0])
+		return -ENOENT;
+	if (!cl->dir[0]) {
+		snprintf(cl->dir, sizeof(cl->dir), "/tmp/mooncake-bench-XXXXXX");
+		if (!mkdtemp(cl->dir)) {
+			cl->dir[0] = '\0';
+			return -errno;
+		}
+	}
+	cl->redis_port = free_port();
+	char port[16], dir[96];
+	snprintf(port, sizeof(port), "%d", cl->redis_port);
+	snprintf(dir, sizeof(dir), "%s", cl->dir);
+	char *argv[] = {exe, "--port", port, "--bind", "127.0.0.1", "--save", "",
+			"--appendonly", "no", "--dir", dir, "--protected-mode", "no", NULL};
+	return spawn(cl, "redis", argv);
+}

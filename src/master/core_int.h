@@ -1,0 +1,188 @@
+/*
+ * core_int: what the master core's files share and nobody else may use.
+ * The core's contract is core.h; like it, everything here is pure
+ * (time is an argument) and includes only libc and common/.
+ *
+ *   core.c     the core object and the life of an object in it: puts
+ *              (placement, eviction), gets, removes, TTLs, the mirror log
+ *              of every COMPLETE replica's change, the quarantine of space
+ *              a reader may still read, the timers, the statistics
+ *   index.c    the object index: hash table, LRU and PENDING lists, the
+ *              memory they take; lookups, walks and segment listings
+ *   segment.c  segments and agents: mount, unmount, heartbeats, an
+ *              agent's inventory re-sync and expiry, capacity
+ *   lease.c    put leases: space of a segment delegated to its owner or,
+ *              for a while, to another agent, and the commits that seal
+ *              objects written there
+ *
+ * Each part's state is a struct of its own, embedded in struct
+ * master_core and touched only by its file: the others go through the
+ * functions below. The counters (c->n) are the exception: each file
+ * counts its own events there, and only core.c reads them.
+ */
+#ifndef MC_MASTER_CORE_INT_H
+#define MC_MASTER_CORE_INT_H
+
+#include "master/core.h"
+
+static inline bool master__key_ok(size_t klen)
+{
+	return klen >= 1 && klen <= MASTER_MAX_KEY_BYTES;
+}
+
+/* ------------------------------------------------------------ index.c */
+
+struct master_lru {
+	struct master_obj *head, *tail; /* least recently used first */
+	uint64_t n;
+};
+
+enum master_list { MASTER_LIST_PLAIN, MASTER_LIST_PINNED, MASTER_LIST_PENDING };
+
+struct master_index {
+	struct master_obj **buckets;
+	size_t nbuckets;
+	uint64_t nobjs, npending, key_bytes, obj_bytes;
+	uint64_t nttl; /* objects with a TTL (PENDING ones too): the sweep's work */
+	struct master_lru lists[3]; /* by enum master_list */
+	size_t sweep_pos;
+};
+
+/* Errors: -ENOMEM. */
+int master__index_init(struct master_index *ix) MC_MUST_CHECK;
+/* Free every object (the index stays usable). */
+void master__index_clear(struct master_index *ix);
+void master__index_free(struct master_index *ix);
+/* A new object with nrep zeroed replicas, not in the index (NULL: out of
+ * memory). */
+struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep);
+/* Take o in: its flags and ttl_ms say which list and what it counts. */
+void master__index_link(struct master_index *ix, struct master_obj *o);
+/* Take o out and free it. */
+void master__index_del(struct master_index *ix, struct master_obj *o);
+struct master_obj *master__index_find(const struct master_index *ix, const uint8_t *key,
+				      size_t klen);
+/* o was read: to the tail of its LRU list. */
+void master__index_touch(struct master_index *ix, struct master_obj *o);
+/* A PENDING o becomes COMPLETE: flags updated, onto its LRU list's tail. */
+void master__index_seal(struct master_index *ix, struct master_obj *o);
+/* o with one more replica, COMPLETE, at (seg, offset); o is reallocated
+ * (NULL: out of memory, o unchanged). */
+struct master_obj *master__index_add_replica(struct master_index *ix, struct master_obj *o,
+					     uint32_t seg, uint64_t offset);
+/* The head of a list; the rest follow through o->next. */
+struct master_obj *master__index_oldest(const struct master_index *ix, enum master_list l);
+/* Hash slots, for walks over every object: the chain of slot b starts at
+ * master__index_slot and goes on through o->hnext (read it before
+ * deleting o). A slot's objects stay at or after its position while the
+ * index grows. */
+size_t master__index_slots(const struct master_index *ix);
+struct master_obj *master__index_slot(const struct master_index *ix, size_t b);
+/* The next `slots` slots of a round over the index (none while no object
+ * has a TTL): fn(ud, o) for each object; fn may delete o. */
+void master__index_sweep(struct master_index *ix, size_t slots,
+			 void (*fn)(void *ud, struct master_obj *o), void *ud);
+/* Fills objects, pending, key_bytes and index_bytes. */
+void master__index_stats(const struct master_index *ix, struct master_core_stats *st);
+
+/* ------------------------------------------------------------ segment.c */
+
+struct master_segs {
+	struct master_seg **v; /* by slot; NULL: free */
+	uint32_t cap, n;
+	struct master_agent *agents;
+	uint64_t nagents;
+	uint64_t seed; /* the next allocator's treap seed */
+};
+
+static inline struct master_seg *master__segs_at(const struct master_segs *sg, uint32_t id)
+{
+	return id < sg->cap ? sg->v[id] : NULL;
+}
+
+/* Segments mounted (master__seg_slots gives the slots). */
+static inline uint32_t master__segs_count(const struct master_segs *sg)
+{
+	return sg->n;
+}
+
+void master__segs_init(struct master_segs *sg, uint64_t seed);
+/* Free every segment and agent (their objects must be gone). */
+void master__segs_clear(struct master_segs *sg);
+void master__segs_free(struct master_segs *sg);
+/* DRAM capacity (whole granules) and, in *used (may be NULL), what of it
+ * is allocated. */
+uint64_t master__dram_capacity(const struct master_core *c, uint64_t *used);
+/* Agents silent for --agent-ttl leave with their segments. */
+void master__agents_expire(struct master_core *c, uint64_t now_ms);
+/* Fills segments, agents and the tiers' capacity and use. */
+void master__segs_stats(const struct master_core *c, struct master_core_stats *st);
+
+/* ------------------------------------------------------------ lease.c */
+
+/* Remote leases: space of a segment leased to an agent that does not own
+ * it, usable until until_ms (then what is left goes back). */
+struct master_rlease {
+	char agent[MASTER_AGENT_ID_MAX];
+	uint32_t seg;
+	uint64_t epoch, off, len, until_ms;
+	uint64_t committed; /* bytes of it committed */
+};
+
+struct master_leases {
+	struct master_rlease *rl;
+	size_t nrl, rl_cap;
+	uint64_t epoch_seq; /* last lease epoch handed out */
+};
+
+/* Forget every remote lease (their segments are gone). */
+void master__leases_clear(struct master_leases *ls);
+void master__leases_free(struct master_leases *ls);
+/* Hand out epochs above floor from now on. */
+void master__leases_floor(struct master_leases *ls, uint64_t floor);
+/* A new segment's lease allocator: all of [0, size) allocated (nothing
+ * leased). Errors: as master__alloc_new, master__alloc_reserve. */
+int master__lease_space_new(uint64_t size, uint64_t seed,
+			    struct master_alloc **out) MC_MUST_CHECK;
+/* A new lease epoch for s: taken back whatever s has leased (a segment
+ * mounted again), or a new segment's first. */
+void master__lease_reset(struct master_core *c, struct master_seg *s);
+/* Remote leases whose time is over (or whose segment was mounted again
+ * or is gone) leave; what is left of them goes back to the free space. */
+void master__leases_expire(struct master_core *c, uint64_t now_ms);
+
+/* ------------------------------------------------------------ core.c */
+
+/* The object under key, or NULL; a COMPLETE one whose TTL passed (and is
+ * not leased) is removed on the way. */
+struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, size_t klen,
+				  uint64_t now_ms);
+/* Remove o from the index and free its space on every segment. */
+void master__obj_destroy(struct master_core *c, struct master_obj *o);
+/* Append a change of o's replica i to its segment's mirror log. */
+void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
+		    enum master_ev_op op);
+/* A new mirror-log sequence number (also a segment incarnation's id). */
+uint64_t master__ev_next(struct master_core *c);
+
+struct master_quarantine {
+	uint32_t seg;
+	uint64_t log_id; /* the segment's incarnation */
+	uint64_t off, len, until_ms;
+};
+
+struct master_core {
+	struct master_core_opts o;
+	struct master_index ix;   /* index.c */
+	struct master_segs segs;  /* segment.c */
+	struct master_leases ls;  /* lease.c */
+	uint64_t ev_seq; /* last mirror-log sequence number handed out */
+	/* Space of objects removed by force while leased: allocated until
+	 * their lease ends, so nothing new is written where a reader may
+	 * still read (master__obj_destroy's quarantine, master__tick). */
+	struct master_quarantine *quar;
+	size_t nquar, quar_cap;
+	struct master_counters n;
+};
+
+#endif

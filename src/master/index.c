@@ -1,0 +1,323 @@
+/*
+ * index: the master core's object index (core_int.h), pure.
+ *
+ * A chained hash table of objects (power-of-two buckets, doubled when the
+ * load passes 1). Each object is one allocation: header, replicas, key.
+ * COMPLETE objects sit on one of two LRU lists (plain and soft-pinned),
+ * least recently read at the head; a read moves the object to the tail.
+ * PENDING objects sit on the pending list in PutStart order, which with
+ * one --put-timeout is also deadline order.
+ *
+ * Memory per object is measured with malloc_usable_size (plus the
+ * allocator's per-chunk header) and the bucket array.
+ *
+ * The index knows nothing of segments, leases or time: what an object
+ * means is the rest of the core's business.
+ */
+#include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "master/core_int.h"
+
+#define MIN_BUCKETS 1024u
+#define LIST_BUCKETS_PER_PAGE 65536u
+#define MALLOC_HEADER_BYTES sizeof(size_t)
+
+static uint32_t key_hash(const uint8_t *key, size_t klen)
+{
+	uint64_t h = mc_hash64(key, klen);
+	return (uint32_t)(h ^ (h >> 32));
+}
+
+static size_t obj_alloc_bytes(const struct master_obj *o)
+{
+	return malloc_usable_size((void *)o) + MALLOC_HEADER_BYTES;
+}
+
+static void lru_push(struct master_lru *l, struct master_obj *o)
+{
+	o->next = NULL;
+	o->prev = l->tail;
+	if (l->tail)
+		l->tail->next = o;
+	else
+		l->head = o;
+	l->tail = o;
+	l->n++;
+}
+
+static void lru_del(struct master_lru *l, struct master_obj *o)
+{
+	if (o->prev)
+		o->prev->next = o->next;
+	else
+		l->head = o->next;
+	if (o->next)
+		o->next->prev = o->prev;
+	else
+		l->tail = o->prev;
+	o->prev = o->next = NULL;
+	l->n--;
+}
+
+static struct master_lru *obj_list(struct master_index *ix, const struct master_obj *o)
+{
+	if (o->flags & MASTER_OBJ_PENDING)
+		return &ix->lists[MASTER_LIST_PENDING];
+	return &ix->lists[(o->flags & MASTER_OBJ_LRU_PIN) ? MASTER_LIST_PINNED
+							   : MASTER_LIST_PLAIN];
+}
+
+static struct master_obj **bucket_of(const struct master_index *ix, uint32_t h)
+{
+	return &ix->buckets[h & (ix->nbuckets - 1)];
+}
+
+/* Where o's bucket chain points at it. */
+static struct master_obj **link_of(const struct master_index *ix, const struct master_obj *o)
+{
+	struct master_obj **pp = bucket_of(ix, o->hash);
+	while (*pp != o)
+		pp = &(*pp)->hnext;
+	return pp;
+}
+
+static void grow(struct master_index *ix)
+{
+	size_t n = ix->nbuckets * 2;
+	struct master_obj **b = calloc(n, sizeof(*b));
+	if (!b)
+		return; /* keep the longer chains */
+	for (size_t i = 0; i < ix->nbuckets; i++) {
+		struct master_obj *o = ix->buckets[i];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			struct master_obj **pp = &b[o->hash & (n - 1)];
+			o->hnext = *pp;
+			*pp = o;
+			o = next;
+		}
+	}
+	free(ix->buckets);
+	ix->buckets = b;
+	ix->nbuckets = n;
+	ix->sweep_pos = 0;
+}
+
+int master__index_init(struct master_index *ix)
+{
+	memset(ix, 0, sizeof(*ix));
+	ix->nbuckets = MIN_BUCKETS;
+	ix->buckets = calloc(ix->nbuckets, sizeof(*ix->buckets));
+	return ix->buckets ? 0 : -ENOMEM;
+}
+
+void master__index_clear(struct master_index *ix)
+{
+	for (size_t i = 0; i < ix->nbuckets; i++) {
+		struct master_obj *o = ix->buckets[i];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			free(o);
+			o = next;
+		}
+		ix->buckets[i] = NULL;
+	}
+	memset(ix->lists, 0, sizeof(ix->lists));
+	ix->nobjs = ix->npending = ix->key_bytes = ix->obj_bytes = ix->nttl = 0;
+}
+
+void master__index_free(struct master_index *ix)
+{
+	master__index_clear(ix);
+	free(ix->buckets);
+	ix->buckets = NULL;
+}
+
+struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep)
+{
+	struct master_obj *o =
+		malloc(sizeof(*o) + nrep * sizeof(struct master_rep) + klen);
+	if (!o)
+		return NULL;
+	memset(o, 0, sizeof(*o));
+	o->klen = (uint16_t)klen;
+	o->nrep = (uint8_t)nrep;
+	memcpy((uint8_t *)&o->rep[nrep], key, klen);
+	o->hash = key_hash(key, klen);
+	return o;
+}
+
+void master__index_link(struct master_index *ix, struct master_obj *o)
+{
+	struct master_obj **pp = bucket_of(ix, o->hash);
+	o->hnext = *pp;
+	*pp = o;
+	ix->nobjs++;
+	ix->key_bytes += o->klen;
+	ix->obj_bytes += obj_alloc_bytes(o);
+	ix->nttl += o->ttl_ms != 0;
+	lru_push(obj_list(ix, o), o);
+	if (o->flags & MASTER_OBJ_PENDING)
+		ix->npending++;
+	if (ix->nobjs > ix->nbuckets)
+		grow(ix);
+}
+
+void master__index_del(struct master_index *ix, struct master_obj *o)
+{
+	struct master_obj **pp = link_of(ix, o);
+	*pp = o->hnext;
+	lru_del(obj_list(ix, o), o);
+	if (o->flags & MASTER_OBJ_PENDING)
+		ix->npending--;
+	ix->nobjs--;
+	ix->nttl -= o->ttl_ms != 0;
+	ix->key_bytes -= o->klen;
+	ix->obj_bytes -= obj_alloc_bytes(o);
+	free(o);
+}
+
+struct master_obj *master__index_find(const struct master_index *ix, const uint8_t *key,
+				      size_t klen)
+{
+	uint32_t h = key_hash(key, klen);
+	for (struct master_obj *o = *bucket_of(ix, h); o; o = o->hnext)
+		if (o->hash == h && o->klen == klen && memcmp(master__obj_key(o), key, klen) == 0)
+			return o;
+	return NULL;
+}
+
+void master__index_touch(struct master_index *ix, struct master_obj *o)
+{
+	struct master_lru *l = obj_list(ix, o);
+	if (l->tail != o) {
+		lru_del(l, o);
+		lru_push(l, o);
+	}
+}
+
+void master__index_seal(struct master_index *ix, struct master_obj *o)
+{
+	lru_del(&ix->lists[MASTER_LIST_PENDING], o);
+	ix->npending--;
+	o->flags &= (uint8_t)~MASTER_OBJ_PENDING;
+	if (o->flags & MASTER_OBJ_SOFT_PIN)
+		o->flags |= MASTER_OBJ_LRU_PIN;
+	lru_push(obj_list(ix, o), o);
+}
+
+struct master_obj *master__index_add_replica(struct master_index *ix, struct master_obj *o,
+					     uint32_t seg, uint64_t offset)
+{
+	struct master_lru *l = obj_list(ix, o);
+	struct master_obj **pp = link_of(ix, o);
+	size_t old_bytes = obj_alloc_bytes(o);
+	size_t klen = o->klen;
+	struct master_obj *n = realloc(o, sizeof(*o) +
+					       (o->nrep + 1u) * sizeof(struct master_rep) + klen);
+	if (!n)
+		return NULL;
+	uint8_t *key = (uint8_t *)&n->rep[n->nrep];
+	memmove(key + sizeof(struct master_rep), key, klen);
+	n->rep[n->nrep].offset = offset;
+	n->rep[n->nrep].seg = seg;
+	n->rep[n->nrep].state = MASTER_REP_COMPLETE;
+	n->nrep++;
+	*pp = n;
+	if (n->prev)
+		n->prev->next = n;
+	else
+		l->head = n;
+	if (n->next)
+		n->next->prev = n;
+	else
+		l->tail = n;
+	ix->obj_bytes += obj_alloc_bytes(n) - old_bytes;
+	return n;
+}
+
+struct master_obj *master__index_oldest(const struct master_index *ix, enum master_list l)
+{
+	return ix->lists[l].head;
+}
+
+size_t master__index_slots(const struct master_index *ix)
+{
+	return ix->nbuckets;
+}
+
+struct master_obj *master__index_slot(const struct master_index *ix, size_t b)
+{
+	return ix->buckets[b];
+}
+
+void master__index_sweep(struct master_index *ix, size_t slots,
+			 void (*fn)(void *ud, struct master_obj *o), void *ud)
+{
+	size_t end = ix->nttl ? MC_MIN(ix->sweep_pos + slots, ix->nbuckets) : ix->sweep_pos;
+	for (size_t b = ix->sweep_pos; b < end; b++) {
+		struct master_obj *o = ix->buckets[b];
+		while (o) {
+			struct master_obj *next = o->hnext;
+			fn(ud, o);
+			o = next;
+		}
+	}
+	ix->sweep_pos = end == ix->nbuckets ? 0 : end;
+}
+
+void master__index_stats(const struct master_index *ix, struct master_core_stats *st)
+{
+	st->objects = ix->nobjs;
+	st->pending = ix->npending;
+	st->key_bytes = ix->key_bytes;
+	st->index_bytes = ix->obj_bytes + ix->nbuckets * sizeof(*ix->buckets);
+}
+
+/* ------------------------------------------------------------ core.h */
+
+const struct master_obj *master__find(const struct master_core *c,
+				      const uint8_t *key, size_t klen)
+{
+	if (!master__key_ok(klen))
+		return NULL;
+	return master__index_find(&c->ix, key, klen);
+}
+
+void master__foreach(const struct master_core *c,
+		     bool (*fn)(void *ud, const struct master_obj *o), void *ud)
+{
+	for (size_t b = 0; b < c->ix.nbuckets; b++)
+		for (const struct master_obj *o = c->ix.buckets[b]; o; o = o->hnext)
+			if (!fn(ud, o))
+				return;
+}
+
+bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,
+			  size_t limit,
+			  bool (*fn)(void *ud, const struct master_obj *o, unsigned i),
+			  void *ud)
+{
+	const struct master_index *ix = &c->ix;
+	size_t b = *cursor < ix->nbuckets ? (size_t)*cursor : ix->nbuckets;
+	size_t end = MC_MIN(b + LIST_BUCKETS_PER_PAGE, ix->nbuckets);
+	size_t n = 0;
+	bool more = true;
+	/* Whole buckets only, so the cursor stays a bucket position. */
+	for (; b < end && n < limit && more; b++)
+		for (const struct master_obj *o = ix->buckets[b]; o; o = o->hnext) {
+			if (o->flags & MASTER_OBJ_PENDING)
+				continue;
+			for (unsigned i = 0; i < o->nrep; i++)
+				if (o->rep[i].seg == id) {
+					more &= fn(ud, o, i);
+					n++;
+				}
+		}
+	*cursor = b;
+	return b >= ix->nbuckets;
+}

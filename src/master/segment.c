@@ -1,0 +1,420 @@
+/*
+ * segment: the master core's segments and agents (core_int.h), pure.
+ *
+ * A segment is a range of an agent's memory the master allocates in: it
+ * has a slot (stable while mounted), an offset allocator, a mirror log of
+ * changes for its owner and a lease allocator (lease.c). An agent exists
+ * while it has a segment mounted and is heard from within --agent-ttl.
+ *
+ * A segment mounted again by its agent with the same geometry is either
+ * a restarted agent (resync false: every replica there is dropped and its
+ * log begins anew) or an agent re-reporting after a master failover
+ * (resync true: its replicas stay, and the segment takes no placement
+ * until the agent's inventory is done). Either way space leased before is
+ * taken back and a new lease epoch begins.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "master/core_int.h"
+
+#define DEFAULT_MIRROR_LOG_BYTES (16u << 20)
+
+void master__segs_init(struct master_segs *sg, uint64_t seed)
+{
+	memset(sg, 0, sizeof(*sg));
+	sg->seed = seed ? seed : 1;
+}
+
+static void seg_free(struct master_seg *s)
+{
+	master__alloc_free(s->lease);
+	master__mlog_free(s->log);
+	master__alloc_free(s->alloc);
+	free(s->name);
+	free(s);
+}
+
+void master__segs_clear(struct master_segs *sg)
+{
+	for (uint32_t i = 0; i < sg->cap; i++) {
+		if (sg->v[i])
+			seg_free(sg->v[i]);
+		sg->v[i] = NULL;
+	}
+	sg->n = 0;
+	while (sg->agents) {
+		struct master_agent *a = sg->agents;
+		sg->agents = a->next;
+		free(a->id);
+		free(a);
+	}
+	sg->nagents = 0;
+}
+
+void master__segs_free(struct master_segs *sg)
+{
+	master__segs_clear(sg);
+	free(sg->v);
+	sg->v = NULL;
+}
+
+const struct master_seg *master__seg(const struct master_core *c, uint32_t id)
+{
+	return master__segs_at(&c->segs, id);
+}
+
+uint32_t master__seg_slots(const struct master_core *c)
+{
+	return c->segs.cap;
+}
+
+uint32_t master__seg_find(const struct master_core *c, const char *name)
+{
+	const struct master_segs *sg = &c->segs;
+	for (uint32_t i = 0; i < sg->cap; i++)
+		if (sg->v[i] && strcmp(sg->v[i]->name, name) == 0)
+			return i;
+	return MASTER_NO_SEGMENT;
+}
+
+const struct master_agent *master__agents(const struct master_core *c)
+{
+	return c->segs.agents;
+}
+
+static struct master_agent *agent_find(const struct master_segs *sg, const char *id)
+{
+	for (struct master_agent *a = sg->agents; a; a = a->next)
+		if (strcmp(a->id, id) == 0)
+			return a;
+	return NULL;
+}
+
+static void agent_del(struct master_segs *sg, struct master_agent *a)
+{
+	struct master_agent **pp = &sg->agents;
+	while (*pp != a)
+		pp = &(*pp)->next;
+	*pp = a->next;
+	free(a->id);
+	free(a);
+	sg->nagents--;
+}
+
+/* Drop every replica on segment id; objects left without one are
+ * removed. Replicas elsewhere of the same objects stay. */
+static void drop_segment_replicas(struct master_core *c, uint32_t id,
+				  uint64_t *dropped, uint64_t *removed)
+{
+	uint64_t nd = 0, nr = 0;
+	struct master_seg *s = c->segs.v[id];
+	uint64_t len;
+	for (size_t b = 0; b < master__index_slots(&c->ix) && s->replicas; b++) {
+		struct master_obj *o = master__index_slot(&c->ix, b);
+		while (o) {
+			struct master_obj *next = o->hnext;
+			for (unsigned i = 0; i < o->nrep; i++) {
+				if (o->rep[i].seg != id)
+					continue;
+				nd++;
+				if (o->nrep == 1 || (o->flags & MASTER_OBJ_PENDING)) {
+					/* A put in flight loses the whole put. */
+					nr++;
+					master__obj_destroy(c, o);
+					break;
+				}
+				len = master__alloc_len(o->size);
+				if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
+					/* corrupt index: keep the space */
+				}
+				s->replicas--;
+				/* Shift the later replicas and the key down. */
+				uint8_t *p = (uint8_t *)&o->rep[i];
+				size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) +
+					      o->klen;
+				memmove(p, p + sizeof(struct master_rep), tail);
+				o->nrep--;
+				break;
+			}
+			o = next;
+		}
+	}
+	if (dropped)
+		*dropped = nd;
+	if (removed)
+		*removed = nr;
+}
+
+static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
+		       uint64_t *removed)
+{
+	struct master_seg *s = c->segs.v[id];
+	drop_segment_replicas(c, id, dropped, removed);
+	s->agent->nsegs--;
+	c->segs.v[id] = NULL;
+	c->segs.n--;
+	seg_free(s);
+}
+
+int master__mount(struct master_core *c, const char *name, const char *agent,
+		  enum master_tier tier, uint64_t base, uint64_t size,
+		  bool resync, uint64_t now_ms, uint64_t *mirror_seq)
+{
+	struct master_segs *sg = &c->segs;
+	if (!name || !*name || !agent || !*agent || size < MASTER_ALLOC_GRANULE ||
+	    base > UINT64_MAX - size || (tier != MASTER_TIER_DRAM && tier != MASTER_TIER_SSD))
+		return -EINVAL;
+	uint32_t id = master__seg_find(c, name);
+	struct master_agent *a = agent_find(sg, agent);
+	if (id != MASTER_NO_SEGMENT) {
+		struct master_seg *s = sg->v[id];
+		if (s->agent != a || s->tier != tier || s->base != base || s->size != size)
+			return -EEXIST;
+		a->last_heartbeat_ms = now_ms;
+		if (!resync) {
+			drop_segment_replicas(c, id, NULL, NULL);
+			master__mlog_reset(s->log, master__ev_seq(c));
+			s->log_id = master__ev_next(c);
+			s->syncing = false;
+		} else {
+			s->syncing = true;
+		}
+		master__lease_reset(c, s);
+		if (mirror_seq) {
+			struct master_mlog_stats ls;
+			master__mlog_stats(s->log, &ls);
+			*mirror_seq = ls.acked;
+		}
+		return 0;
+	}
+	bool new_agent = !a;
+	if (new_agent) {
+		a = calloc(1, sizeof(*a));
+		if (!a || !(a->id = strdup(agent))) {
+			free(a);
+			return -ENOMEM;
+		}
+	}
+	struct master_seg *s = calloc(1, sizeof(*s));
+	int rc = -ENOMEM;
+	if (!s || !(s->name = strdup(name)))
+		goto err_seg;
+	rc = master__alloc_new(size, sg->seed++, &s->alloc);
+	if (rc)
+		goto err_seg;
+	rc = master__mlog_new(c->o.mirror_log_bytes ? c->o.mirror_log_bytes
+						    : DEFAULT_MIRROR_LOG_BYTES,
+			      master__ev_seq(c), &s->log);
+	if (rc)
+		goto err_alloc;
+	rc = master__lease_space_new(size, sg->seed++, &s->lease);
+	if (rc)
+		goto err_log;
+	if (sg->n == sg->cap) {
+		uint32_t cap = sg->cap ? sg->cap * 2 : 8;
+		struct master_seg **v = realloc(sg->v, cap * sizeof(*v));
+		rc = -ENOMEM;
+		if (!v)
+			goto err_lease;
+		memset(v + sg->cap, 0, (cap - sg->cap) * sizeof(*v));
+		sg->v = v;
+		sg->cap = cap;
+	}
+	for (id = 0; sg->v[id]; id++)
+		;
+	s->agent = a;
+	s->tier = tier;
+	s->base = base;
+	s->size = size;
+	s->syncing = resync;
+	sg->v[id] = s;
+	sg->n++;
+	if (new_agent) {
+		a->next = sg->agents;
+		sg->agents = a;
+		sg->nagents++;
+	}
+	a->nsegs++;
+	a->last_heartbeat_ms = now_ms;
+	if (mirror_seq)
+		*mirror_seq = master__ev_seq(c);
+	s->log_id = master__ev_next(c);
+	master__lease_reset(c, s);
+	return 0;
+
+err_lease:
+	master__alloc_free(s->lease);
+err_log:
+	master__mlog_free(s->log);
+err_alloc:
+	master__alloc_free(s->alloc);
+err_seg:
+	if (s)
+		free(s->name);
+	free(s);
+	if (new_agent && a) {
+		free(a->id);
+		free(a);
+	}
+	return rc;
+}
+
+int master__unmount(struct master_core *c, const char *name, const char *agent,
+		    uint64_t *replicas_dropped, uint64_t *objects_removed)
+{
+	uint32_t id = master__seg_find(c, name ? name : "");
+	if (id == MASTER_NO_SEGMENT)
+		return MC_ESEGMENT_NOT_FOUND;
+	struct master_agent *a = c->segs.v[id]->agent;
+	if (!agent || strcmp(a->id, agent) != 0)
+		return -EACCES;
+	seg_remove(c, id, replicas_dropped, objects_removed);
+	if (a->nsegs == 0)
+		agent_del(&c->segs, a);
+	return 0;
+}
+
+bool master__heartbeat(struct master_core *c, const char *agent, uint64_t now_ms)
+{
+	struct master_agent *a = agent_find(&c->segs, agent ? agent : "");
+	if (!a)
+		return false;
+	a->last_heartbeat_ms = now_ms;
+	return true;
+}
+
+void master__agents_expire(struct master_core *c, uint64_t now_ms)
+{
+	struct master_segs *sg = &c->segs;
+	for (struct master_agent *a = sg->agents, *next; a; a = next) {
+		next = a->next;
+		if (a->last_heartbeat_ms + c->o.agent_ttl_ms > now_ms)
+			continue;
+		for (uint32_t i = 0; i < sg->cap; i++)
+			if (sg->v[i] && sg->v[i]->agent == a)
+				seg_remove(c, i, NULL, NULL);
+		agent_del(sg, a);
+		c->n.agents_expired++;
+	}
+}
+
+/* ------------------------------------------------------------ inventory */
+
+void master__inventory_done(struct master_core *c, const char *agent)
+{
+	struct master_segs *sg = &c->segs;
+	struct master_agent *a = agent_find(sg, agent ? agent : "");
+	for (uint32_t i = 0; a && i < sg->cap; i++)
+		if (sg->v[i] && sg->v[i]->agent == a)
+			sg->v[i]->syncing = false;
+}
+
+int master__inventory_add(struct master_core *c, const char *agent,
+			  const struct master_inv_item *it, uint64_t now_ms)
+{
+	const uint8_t *key = it->key;
+	size_t klen = it->klen;
+	uint64_t offset = it->offset, size = it->size;
+	if (!master__key_ok(klen))
+		return -EINVAL;
+	uint32_t id = master__seg_find(c, it->segment ? it->segment : "");
+	if (id == MASTER_NO_SEGMENT || !agent || strcmp(c->segs.v[id]->agent->id, agent))
+		return MC_ESEGMENT_NOT_FOUND;
+	struct master_seg *s = c->segs.v[id];
+	uint64_t len = master__alloc_len(size);
+	if (len && (offset > s->size || len > s->size - offset))
+		return -EBUSY;
+	struct master_obj *o = master__lookup(c, key, klen, now_ms);
+	if (o) {
+		bool crc_ok = !(o->flags & MASTER_OBJ_CRC) || !it->has_crc || o->crc == it->crc;
+		if ((o->flags & MASTER_OBJ_PENDING) || o->size != size || !crc_ok)
+			return MC_EOBJECT_ALREADY_EXISTS;
+		for (unsigned i = 0; i < o->nrep; i++)
+			if (o->rep[i].seg == id)
+				/* The same replica again (a report sent twice)
+				 * is accepted; another is a conflict. */
+				return o->rep[i].offset == (len ? offset : 0)
+					       ? 0
+					       : MC_EOBJECT_ALREADY_EXISTS;
+		if (o->nrep >= MASTER_MAX_REPLICAS)
+			return MC_EOBJECT_ALREADY_EXISTS;
+	}
+	int rc = len ? master__alloc_reserve(s->alloc, offset, len) : 0;
+	if (rc)
+		return rc;
+	if (o) {
+		if (!(o = master__index_add_replica(&c->ix, o, id, len ? offset : 0)))
+			goto err_nomem;
+		if (it->has_crc && !(o->flags & MASTER_OBJ_CRC)) {
+			o->crc = it->crc;
+			o->flags |= MASTER_OBJ_CRC;
+		}
+		s->replicas++;
+		return 0;
+	}
+	o = master__obj_new(key, klen, 1);
+	if (!o)
+		goto err_nomem;
+	o->size = size;
+	o->rep[0].offset = len ? offset : 0;
+	o->rep[0].seg = id;
+	o->rep[0].state = MASTER_REP_COMPLETE;
+	if (it->soft_pin)
+		o->flags |= MASTER_OBJ_SOFT_PIN | MASTER_OBJ_LRU_PIN;
+	if (it->has_crc) {
+		o->crc = it->crc;
+		o->flags |= MASTER_OBJ_CRC;
+	}
+	master__index_link(&c->ix, o);
+	s->replicas++;
+	return 0;
+
+err_nomem:
+	if (len && master__alloc_put(s->alloc, offset, len)) {
+		/* just reserved: cannot fail */
+	}
+	return -ENOMEM;
+}
+
+/* ------------------------------------------------------------ capacity */
+
+uint64_t master__dram_capacity(const struct master_core *c, uint64_t *used)
+{
+	const struct master_segs *sg = &c->segs;
+	uint64_t cap = 0, u = 0;
+	for (uint32_t i = 0; i < sg->cap; i++) {
+		const struct master_seg *s = sg->v[i];
+		if (!s || s->tier != MASTER_TIER_DRAM)
+			continue;
+		uint64_t size = s->size & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1);
+		cap += size;
+		u += size - master__alloc_free_bytes(s->alloc);
+	}
+	if (used)
+		*used = u;
+	return cap;
+}
+
+void master__segs_stats(const struct master_core *c, struct master_core_stats *st)
+{
+	const struct master_segs *sg = &c->segs;
+	st->segments = sg->n;
+	st->agents = sg->nagents;
+	struct master_alloc_stats as;
+	for (uint32_t i = 0; i < sg->cap; i++) {
+		const struct master_seg *s = sg->v[i];
+		if (!s)
+			continue;
+		master__alloc_stats(s->alloc, &as);
+		if (s->tier == MASTER_TIER_DRAM) {
+			st->dram_capacity += as.size;
+			st->dram_used += as.used;
+		} else {
+			st->ssd_capacity += as.size;
+			st->ssd_used += as.used;
+		}
+	}
+}

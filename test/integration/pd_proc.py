@@ -1,0 +1,168 @@
+"""A prefill or a decode process of a PD-disaggregation test, doing what
+vLLM's MooncakeConnector and SGLang's disaggregation conn.py do with
+mooncake.engine.TransferEngine (numpy in place of torch). Run by
+test_pd.py as a separate process; the agent is the one $MOONCAKE_SOCKET
+names. One JSON object per line on stdout, commands on stdin.
+
+decode MEMORY BLOCKS BLOCK_BYTES LAYERS
+    initialize(hostname, "P2PHANDSHAKE", protocol, ""), session id
+    "host:get_rpc_port()", a KV cache of LAYERS x BLOCKS x BLOCK_BYTES in
+    MEMORY (allocator: MooncakeHostMemAllocator; hook: the C functions of
+    get_alloc_func_addr/get_free_func_addr, as LMCache calls them;
+    managed: allocate_managed_buffer; ordinary: numpy arrays),
+    batch_register_memory(ptrs, lens).
+    Prints {"session", "ptrs", "block_bytes"}; then "check SEED" verifies
+    every byte against the pattern the prefill wrote, "exit" ends.
+prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
+    Its own KV cache in ordinary numpy memory (allocator memory with
+    PD_SRC=allocator), filled with the pattern, registered; STYLE vllm: one batch_transfer_sync_write of every block
+    of every layer; sglang: per layer, runs of contiguous blocks merged,
+    batch_transfer_sync_write each, as conn.py's send_kvcache groups
+    them. Prints {"rc": ...}. STYLE loop: write again and again until a
+    transfer fails, printing {"rc": first failure}. STYLE bench:SECONDS:
+    the vllm batch again and again for SECONDS, printing {"rc", "gbps"}.
+"""
+import ctypes
+import json
+import os
+import socket
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def pattern(seed, layer, size):
+    base = np.arange(size, dtype=np.uint64)
+    return ((base * 2654435761 + seed * 7919 + layer * 104729) >> 3).astype(np.uint8)
+
+
+def engine():
+    from mooncake.engine import TransferEngine
+    te = TransferEngine()
+    hostname = socket.gethostbyname("localhost")
+    rc = te.initialize(hostname, "P2PHANDSHAKE", os.environ.get("PD_PROTOCOL", "tcp"), "")
+    if rc != 0:
+        raise RuntimeError("Mooncake Transfer Engine initialization failed.")
+    return te, "%s:%d" % (hostname, te.get_rpc_port())
+
+
+def decode(memory, blocks, block_bytes, layers):
+    te, session = engine()
+    size = blocks * block_bytes
+    caches, ptrs = [], []
+    if memory == "hook":
+        from mooncake.store import get_alloc_func_addr, get_free_func_addr
+        alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(int(get_alloc_func_addr()))
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(int(get_free_func_addr()))
+    for _ in range(layers):
+        if memory == "allocator":
+            from mooncake.store import MooncakeHostMemAllocator
+            p = MooncakeHostMemAllocator().alloc(size)
+        elif memory == "hook":
+            p = alloc(size)
+        elif memory == "managed":
+            p = te.allocate_managed_buffer(size)
+        elif memory == "ordinary":
+            arr = np.zeros(size, dtype=np.uint8)
+            caches.append(arr)
+            ptrs.append(arr.ctypes.data)
+            continue
+        else:
+            raise ValueError(memory)
+        if not p:
+            raise RuntimeError("allocation failed")
+        arr = np.frombuffer((ctypes.c_ubyte * size).from_address(p), dtype=np.uint8)
+        arr[:] = 0
+        caches.append(arr)
+        ptrs.append(p)
+    rc = te.batch_register_memory(ptrs, [size] * layers)
+    if rc != 0:
+        raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
+    out(session=session, ptrs=ptrs, block_bytes=block_bytes)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "check":
+            seed = int(cmd[1])
+            bad = [layer for layer in range(layers)
+                   if not np.array_equal(caches[layer], pattern(seed, layer, size))]
+            out(bad_layers=bad)
+        elif cmd[0] == "exit":
+            break
+    te.close()
+
+
+def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
+    te, _ = engine()
+    size = blocks * block_bytes
+    kv = [pattern(seed, layer, size) for layer in range(layers)]
+    if os.environ.get("PD_SRC") == "allocator":
+        # The prefill's KV cache in allocator memory too (the agent then
+        # reads it in place, and over RDMA with the region's lkey).
+        from mooncake.store import MooncakeHostMemAllocator
+        moved = []
+        for a in kv:
+            p = MooncakeHostMemAllocator().alloc(size)
+            m = np.frombuffer((ctypes.c_ubyte * size).from_address(p), dtype=np.uint8)
+            m[:] = a
+            moved.append(m)
+        kv = moved
+    rc = te.batch_register_memory([a.ctypes.data for a in kv], [size] * layers)
+    if rc != 0:
+        raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
+    src, dst, lens = [], [], []
+    if style in ("vllm", "loop") or style.startswith("bench:"):
+        for layer in range(layers):
+            for b in range(blocks):
+                src.append(kv[layer].ctypes.data + b * block_bytes)
+                dst.append(ptrs[layer] + b * block_bytes)
+                lens.append(block_bytes)
+        groups = [(src, dst, lens)]
+    else:
+        # conn.py: group_concurrent_contiguous over the block ids, per layer.
+        groups = []
+        runs = [list(range(0, blocks // 2)), list(range(blocks // 2, blocks))]
+        for layer in range(layers):
+            s, d, n = [], [], []
+            for run in runs:
+                s.append(kv[layer].ctypes.data + run[0] * block_bytes)
+                d.append(ptrs[layer] + run[0] * block_bytes)
+                n.append(len(run) * block_bytes)
+            groups.append((s, d, n))
+    if style.startswith("bench:"):
+        import time
+        seconds = float(style.split(":", 1)[1])
+        moved, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            rc = te.batch_transfer_sync_write(session, src, dst, lens)
+            if rc != 0:
+                out(rc=rc)
+                return
+            moved += sum(lens)
+        out(rc=0, gbps=moved / (time.monotonic() - t0) / 1e9)
+        return
+    if style == "loop":
+        while True:
+            rc = te.batch_transfer_sync_write(session, src, dst, lens)
+            if rc != 0:
+                out(rc=rc)
+                return
+    for s, d, n in groups:
+        rc = te.batch_transfer_sync_write(session, s, d, n)
+        if rc != 0:
+            out(rc=rc)
+            return
+    out(rc=0)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    if a[0] == "decode":
+        decode(a[1], int(a[2]), int(a[3]), int(a[4]))
+    else:
+        prefill(a[1], json.loads(a[2]), int(a[3]), int(a[4]), int(a[5]), int(a[6]), a[7])

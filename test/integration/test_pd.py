@@ -1,0 +1,180 @@
+"""Prefill/decode disaggregation through mooncake.engine.TransferEngine:
+a prefill process and a decode process (separate processes, pd_proc.py)
+doing what vLLM's MooncakeConnector and SGLang's conn.py do — the decode
+registers its KV cache with batch_register_memory and publishes its
+session id "host:get_rpc_port()", the prefill writes every block with
+batch_transfer_sync_write — with the decode's KV cache in allocator
+memory (MooncakeHostMemAllocator, the get_alloc_func_addr hook) and in
+managed buffers; every byte checked. On one agent, between two agents on
+one host (shm), over tcp, and over rdma on the verbs emulator; two decode
+processes on one node; a decode killed mid-transfer gives the prefill a
+negative return, not a hang.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import storetest as st
+import mctest
+from mctest import case, eq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROC = os.path.join(HERE, "pd_proc.py")
+MOONCAKED_EMU = os.path.join(mctest.BUILD, "test", "mooncaked-emu")
+BLOCKS, BLOCK_BYTES, LAYERS = 16, 64 * 1024, 3
+
+
+class Proc:
+    def __init__(self, agent, *args, protocol="tcp", src="numpy"):
+        env = dict(os.environ, MOONCAKE_SOCKET=agent.socket, PD_PROTOCOL=protocol, PD_SRC=src)
+        self.p = subprocess.Popen([sys.executable, PROC] + [str(a) for a in args],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                  text=True)
+
+    def read(self, timeout=60):
+        import select
+        r, _, _ = select.select([self.p.stdout], [], [], timeout)
+        if not r:
+            self.p.kill()
+            raise AssertionError("no answer within %ds (a hang)" % timeout)
+        line = self.p.stdout.readline()
+        if not line:
+            raise AssertionError("the process ended (exit %s)" % self.p.wait())
+        return json.loads(line)
+
+    def send(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def end(self):
+        try:
+            self.send("exit")
+        except BrokenPipeError:
+            pass
+        self.p.wait(timeout=30)
+
+
+def run_pd(decode_agent, prefill_agent, memory, style, seed, protocol="tcp", src="numpy"):
+    d = Proc(decode_agent, "decode", memory, BLOCKS, BLOCK_BYTES, LAYERS, protocol=protocol)
+    info = d.read()
+    p = Proc(prefill_agent, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS,
+             BLOCK_BYTES, LAYERS, seed, style, protocol=protocol, src=src)
+    eq(p.read(), {"rc": 0}, "prefill %s into %s memory" % (style, memory))
+    p.p.wait(timeout=30)
+    d.send("check %d" % seed)
+    eq(d.read(), {"bad_layers": []}, "every byte of the decode's KV cache")
+    d.end()
+    return info
+
+
+_one = None
+
+
+def one_agent():
+    global _one
+    if _one is None:
+        _one = st.Cluster(agents=1, segment=64 << 20)
+    return _one.agents[0]
+
+
+_two = {}
+
+
+def two_agents(protocol):
+    if protocol not in _two:
+        args = ["--protocol=" + protocol] if protocol != "auto" else []
+        _two[protocol] = st.Cluster(agents=2, agent_args=args, segment=64 << 20)
+    return _two[protocol].agents
+
+
+@case
+def one_agent_vllm_and_sglang():
+    a = one_agent()
+    for memory in ("allocator", "hook", "managed"):
+        info = run_pd(a, a, memory, "vllm", 11)
+        eq(info["session"].split(":")[1], a.name.split(":")[1], "the agent's session")
+    run_pd(a, a, "allocator", "sglang", 12)
+
+
+@case
+def two_agents_shm():
+    a, b = two_agents("auto")
+    run_pd(b, a, "allocator", "vllm", 21)
+    run_pd(b, a, "hook", "sglang", 22)
+    run_pd(a, b, "managed", "vllm", 23)
+    m = a.metrics()
+    eq(st.metric_labels(m, "mooncake_te_bytes_total", 'transport="shm",op="write"') > 0, True,
+       "the bytes went through shared memory")
+
+
+@case
+def two_agents_tcp():
+    a, b = two_agents("tcp")
+    run_pd(b, a, "allocator", "vllm", 31)
+    run_pd(b, a, "hook", "sglang", 32)
+    m = a.metrics()
+    eq(st.metric_labels(m, "mooncake_te_bytes_total", 'transport="tcp",op="write"') > 0, True,
+       "the bytes went over tcp")
+
+
+@case
+def two_agents_rdma_on_the_verbs_emulator():
+    if not os.path.exists(MOONCAKED_EMU):
+        raise AssertionError("%s is not built (make test builds it)" % MOONCAKED_EMU)
+    master = mctest.Daemon("master", args=["--meta-endpoints="], env=st.daemon_env())
+    agents = []
+    for _ in range(2):
+        agents.append(st.Agent(master_addr=master.addr("master-listen"), segment=64 << 20,
+                               args=["--protocol=rdma"], exe=MOONCAKED_EMU,
+                               env={"VERBS_EMU_DEVICES": "1"}))
+    a, b = agents
+    # The prefill's source in allocator memory: the agent's RDMA needs an
+    # lkey for the local side (ordinary memory is staged, and staging is
+    # not an RDMA region).
+    run_pd(b, a, "allocator", "vllm", 41, protocol="rdma", src="allocator")
+    run_pd(b, a, "managed", "sglang", 42, protocol="rdma", src="allocator")
+    m = a.metrics()
+    eq(st.metric_labels(m, "mooncake_te_rdma_nic_bytes_total", 'nic="emu_0",op="write"') > 0,
+       True, "the bytes went over RDMA")
+
+
+@case
+def two_decode_processes_on_one_node():
+    a, b = two_agents("tcp")
+    d1 = Proc(b, "decode", "allocator", BLOCKS, BLOCK_BYTES, LAYERS)
+    d2 = Proc(b, "decode", "hook", BLOCKS, BLOCK_BYTES, LAYERS)
+    i1, i2 = d1.read(), d2.read()
+    for info, seed in ((i1, 51), (i2, 52)):
+        p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
+                 LAYERS, seed, "vllm")
+        eq(p.read(), {"rc": 0}, "prefill")
+        p.p.wait(timeout=30)
+    d1.send("check 51")
+    d2.send("check 52")
+    eq((d1.read(), d2.read()), ({"bad_layers": []}, {"bad_layers": []}),
+       "each decode has its own bytes")
+    d1.end()
+    d2.end()
+
+
+@case
+def decode_dies_mid_transfer():
+    for protocol in ("tcp", "auto"):
+        a, b = two_agents(protocol)
+        d = Proc(b, "decode", "allocator", BLOCKS, BLOCK_BYTES, LAYERS)
+        info = d.read()
+        p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
+                 LAYERS, 61, "loop")
+        import time
+        time.sleep(0.5)                  # writes are going on
+        os.kill(d.p.pid, signal.SIGKILL)
+        d.p.wait(timeout=30)
+        r = p.read(timeout=60)
+        eq(r["rc"] < 0, True, "the prefill's write fails (%s): %s" % (protocol, r))
+        p.p.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    mctest.main()
