@@ -5,7 +5,9 @@ Debian's etcdctl (etcd-client 3.4) against one member: put/get/del with
 deletes in order; lease grant, keep-alive, timetolive --keys and revoke,
 and a key vanishing when its lease expires; txn compare-and-swap; member
 list, add (a learner that then joins) and remove; endpoint status and
-health; compaction; check perf. Also: a Python grpcio client (with
+health; compaction. etcdctl check perf against three members (no write
+lost, every error one clients retry; its verdict on speed is the
+benchmark's). Also: a Python grpcio client (with
 progress notifications and a slow watcher that is paused, then cancelled
 with the compaction revision when history it needs is compacted), restart
 from the WAL and snapshots, a torn WAL tail cut and a corrupt record
@@ -14,6 +16,7 @@ alarm, the request size limit, and /metrics.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -581,18 +584,62 @@ def auto_compaction_drops_old_history():
     assert "--auto-compaction-retention=5m: not a revision count" in d.output(), d.output()
 
 
+# The errors etcd's own servers answer under load and its clients retry
+# (a timed-out proposal, a leader change, a queue that is full); a dropped
+# connection ("transport is closing") is none of them.
+RETRYABLE = ("etcdserver: request timed out", "etcdserver: leader changed",
+             "etcdserver: no leader", "etcdserver: too many requests")
+
+
 @case
-def check_perf_small_load_passes():
-    """etcdctl's own latency/throughput check; a build with sanitizers is
-    several times slower than the product, so there it is not run."""
-    if os.environ.get("SAN") == "1":
-        print("skip check perf: sanitizer build (SAN=1)")
-        return
-    d = single()
-    r = etcdctl(ep(d), "check", "perf", "--load=s", check=False, timeout=120)
-    out = r.stdout + r.stderr
-    assert "PASS: Throughput" in out and r.returncode == 0, out[-3000:]
-    eq(d.stop(), 0, "exit")
+def check_perf_small_load_keeps_every_write():
+    """etcdctl's own load check (--load=s: 50 clients, 150 writes/s for
+    60 s) against three members with the default timings. Whether it
+    PASSes depends on the machine, so that is left to the benchmark
+    (test/bench/bench_meta_perf.sh); what is checked here: the check runs
+    to its verdict, every error it saw is one clients retry, no member
+    dies, every member holds the same keys it wrote (counted at the
+    revision before the check's final delete), and there are at least as
+    many as the throughput it reports says were acknowledged."""
+    c = Cluster(3, args=["--heartbeat-interval=100ms", "--election-timeout=1s"])
+    try:
+        c.start()
+        cl = Client(c.members[0].client_addr, timeout=10)
+        rev0 = cl.status().header.revision
+        r = etcdctl(c.endpoints, "check", "perf", "--load=s", check=False, timeout=240)
+        out = r.stdout + r.stderr
+        m = re.search(r"Throughput (?:is|too low:) (\d+) writes/s", out)
+        assert m, "the check never reached its verdict:\n" + out[-3000:]
+        for err in re.findall(r"ERROR\((.*)\) -> \d+", out) + re.findall(r"Error: (.*)", out):
+            assert err.startswith(RETRYABLE), "not an error clients retry: %r\n%s" % (err, out)
+        for x in c.members:
+            assert x.alive(), "%s died:\n%s" % (x.name, x.output()[-3000:])
+        rev1 = cl.status().header.revision
+        counts = []
+        for x in c.members:
+            mc = Client(x.client_addr, timeout=10)
+            for _ in deadline_loop(20, "%s did not apply revision %d" % (x.name, rev1)):
+                if mc.status().header.revision >= rev1:
+                    break
+            # Check perf deletes its keys last (one revision), unless that
+            # delete failed (with an error checked above).
+            at = rev1 if mc.range(b"/etcdctl-check-perf/", range_end=b"/etcdctl-check-perf0",
+                                  count_only=True, revision=rev1).count else rev1 - 1
+            counts.append(mc.range(b"/etcdctl-check-perf/", range_end=b"/etcdctl-check-perf0",
+                                   count_only=True, revision=at, serializable=True).count)
+            mc.close()
+        cl.close()
+        eq(len(set(counts)), 1, "every member holds the same keys: %s" % counts)
+        writes = int(m.group(1))
+        print("  %d writes/s reported, %d keys on every member, %d revisions" %
+              (writes, counts[0], rev1 - rev0))
+        assert counts[0] >= (writes - 1) * 57, \
+            "fewer keys (%d) than %d writes/s for 60 s acknowledged" % (counts[0], writes)
+        assert counts[0] in (rev1 - rev0, rev1 - rev0 - 1), "a revision per key written"
+        for x in c.members:
+            eq(x.stop(), 0, "%s exit" % x.name)
+    finally:
+        c.close()
 
 
 mctest.main()
