@@ -6,9 +6,12 @@
 # 256-byte keys, 1 KiB values), etcd first, then meta, with the default
 # settings of each. Both clusters stay up for the whole run, so later
 # loads meet the history earlier ones left. Prints both outputs side by
-# side with etcd's verdicts, then for each cluster whether every member
-# is still running, the leader changes and snapshots it saw, and the
-# machine's load average before and after. A lost-write check follows:
+# side with etcd's verdicts, whether every member still runs, check perf's
+# keys counted on every member at the revision before its final delete
+# (beside the writes its throughput says were acknowledged), and any error
+# that is not one etcd's clients retry. Then for each cluster the leader
+# changes and snapshots it saw, and the machine's load average before and
+# after. A lost-write check follows:
 # `mooncakectl bench meta` with 500 clients puts distinct keys and
 # counts them back (every acknowledged put must be there). Last, the p99
 # latency of meta while its members write snapshots beside its p99 in
@@ -24,7 +27,7 @@
 #       [--keep]
 #
 # --keep leaves the data directories and logs (printed) for a look;
-# --loads= and --verify-total=0 skip those parts.
+# --loads=, --verify-total=0 and --snap-fill=0 skip those parts.
 set -u
 BUILD=${1:-build}
 [ $# -gt 0 ] && shift
@@ -140,13 +143,68 @@ metric_sum() { # metric name: summed over the meta members
 	done
 	echo $s
 }
+ctl() { # endpoints etcdctl-args...
+	local e=$1
+	shift
+	ETCDCTL_API=3 "$ETCDCTL" --endpoints="$e" --command-timeout=30s "$@"
+}
+json() { # python expression on the JSON document j read from stdin
+	"${PYTHON:-/usr/bin/python3}" -c 'import json, sys
+try:
+    j = json.load(sys.stdin)
+    print('"$1"')
+except Exception:
+    print("?")'
+}
+rev_of() { # endpoint: the revision it has applied
+	ctl "$1" endpoint status -w json 2>/dev/null | json 'j[0]["Status"]["header"]["revision"]'
+}
+perf_keys() { # endpoint revision: check perf's keys in that member's own copy
+	ctl "$1" get --prefix /etcdctl-check-perf/ --keys-only --limit=1 --consistency=s --rev="$2" -w json \
+		2>/dev/null | json 'j.get("count", 0)'
+}
+# After a check: its keys counted on every member at the revision before
+# its final delete (every revision since rev0 is one of its puts, then the
+# delete), beside the writes its throughput says were acknowledged (at
+# least writes/s x 60 s); and whether every error it saw is one etcd's
+# clients retry (not a dropped connection).
+kept() { # system rev0 output
+	local sys=$1 rev0=$2 out=$3 rev1 e at n counts= w verdict errs
+	rev1=$(rev_of "${EP[$sys]%%,*}")
+	for e in ${EP[$sys]//,/ }; do
+		for i in $(seq 1 100); do
+			[ "$(rev_of "$e")" -ge "$rev1" ] 2>/dev/null && break
+			sleep 0.2
+		done
+		at=$rev1
+		[ "$(perf_keys "$e" "$rev1")" = 0 ] && at=$((rev1 - 1))
+		n=$(perf_keys "$e" "$at")
+		counts+=" ${n:-?}"
+	done
+	w=$(grep -oE 'Throughput (is|too low:) [0-9]+' "$out" | grep -oE '[0-9]+$')
+	verdict="none lost"
+	[ "$(printf '%s\n' $counts | sort -u | wc -l)" = 1 ] || verdict="MEMBERS DIFFER"
+	for n in $counts; do
+		case $n in
+		'' | *[!0-9]*) verdict="cannot count" ;;
+		*) [ -n "$w" ] && [ "$n" -lt $(((w - 1) * 57)) ] && verdict="LOST WRITES" ;;
+		esac
+	done
+	echo "   keys kept per member:$counts"
+	echo "   ($((rev1 - rev0)) revisions; >= ${w:-?}/s x 60 s acked): $verdict"
+	errs=$(grep -oE 'ERROR\(.*\) -> [0-9]+|^Error: .*' "$out" |
+		grep -vE 'etcdserver: (request timed out|leader changed|no leader|too many requests)')
+	echo "   errors clients do not retry: ${errs:-none}" | fold -s -w 56 | sed '2,$s/^/      /'
+}
 check() { # system load
-	local out="$tmp/$1.$2.out"
+	local out="$tmp/$1.$2.out" rev0
+	rev0=$(rev_of "${EP[$1]%%,*}")
 	echo "   [$1 --load=$2 from load average $(load_avg)]" >"$out"
 	ETCDCTL_API=3 timeout 300 "$ETCDCTL" --endpoints="${EP[$1]}" check perf --load="$2" 2>&1 |
 		tr '\r' '\n' | sed -E 's#^ *[0-9]+ / [0-9]+ +[0-9.]+%( *[0-9hms]+)?##' |
 		grep -Ev '^\{"level":"warn"|^ *$' >>"$out"
 	echo "   (exit ${PIPESTATUS[0]}; $(alive "$1"))" >>"$out"
+	kept "$1" "$rev0" "$out" >>"$out"
 }
 
 echo "== bench_meta_perf: etcdctl check perf, 3 etcd members beside 3 meta members"
@@ -194,7 +252,7 @@ done
 echo
 echo "   load average $(load_avg) at the end"
 
-[ "$ONLY" = etcd ] && exit 0
+[ "$ONLY" = etcd ] || [ "$SNAP_FILL" = 0 ] && exit 0
 echo
 echo "== meta p99 while snapshots are written: --snapshot-count=$SNAP_COUNT, $SNAP_FILL keys" \
 	"of 1 KiB, then $SNAP_RATE puts/s for 60 s"
