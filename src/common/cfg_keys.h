@@ -90,8 +90,8 @@
 	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "100000", 1,           \
 	  100000000, NULL,                                                     \
 	  "meta: applied entries between snapshots, as etcd's (the WAL and "   \
-	  "the in-memory log are then compacted); each is encoded a slice at " \
-	  "a time while the member serves")                                    \
+	  "the in-memory log are then compacted); each copies the whole "      \
+	  "store, encoded a slice at a time while the member serves")          \
 	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
 	  67108864, NULL,                                                      \
 	  "meta: largest write (its log entry); larger ones fail with "        \
@@ -113,8 +113,8 @@
 	  "meta: history kept by the leader's automatic compaction: a "        \
 	  "duration (5m, 1h; a bare number is hours, as etcd reads it) or a "  \
 	  "revision count (--auto-compaction-mode=revision); 0 turns it off "  \
-	  "(etcd's default; here history then grows until a client "           \
-	  "compacts)")                                                         \
+	  "(etcd's default; here history then grows, in memory and in every "  \
+	  "snapshot, until a client compacts)")                                \
 	X(WATCH_PROGRESS_NOTIFY_INTERVAL, "watch-progress-notify-interval",    \
 	  META, DURATION, "10m", 100, 86400000, NULL,                          \
 	  "meta: how often idle watchers created with progress_notify get a "  \

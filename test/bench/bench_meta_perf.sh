@@ -17,14 +17,15 @@
 # latency of meta while its members write snapshots beside its p99 in
 # between: a third meta cluster snapshotting every --snap-count entries is
 # filled with --snap-fill keys of 1 KiB, then takes puts at --snap-rate a
-# second for 60 s (an open load: a stall shows as latency); each put counts
-# as "during a snapshot" if it overlaps the time any member was taking a
-# snapshot (from the members' logs). Nothing is asserted; a
-# member that died is reported.
+# second for --snap-seconds (60; an open load: a stall shows as latency);
+# each put counts as "during a snapshot" if it overlaps the time any
+# member was taking a snapshot (from the members' logs). With
+# --snap-fill=1000000 the store holds 1M keys and about 1.3 GB, issue 20's
+# scale. Nothing is asserted; a member that died is reported.
 #
 #   test/bench/bench_meta_perf.sh [BUILD] [--loads=s,m,l,xl] [--only=meta|etcd]
 #       [--verify-total=N] [--snap-fill=N] [--snap-rate=N] [--snap-count=N]
-#       [--keep]
+#       [--snap-seconds=N] [--keep]
 #
 # --keep leaves the data directories and logs (printed) for a look;
 # --loads=, --verify-total=0 and --snap-fill=0 skip those parts.
@@ -37,6 +38,7 @@ VERIFY_TOTAL=60000
 SNAP_FILL=150000
 SNAP_RATE=500
 SNAP_COUNT=10000
+SNAP_SECONDS=60
 KEEP=0
 for a in "$@"; do
 	case $a in
@@ -46,9 +48,11 @@ for a in "$@"; do
 	--snap-fill=*) SNAP_FILL=${a#--snap-fill=} ;;
 	--snap-rate=*) SNAP_RATE=${a#--snap-rate=} ;;
 	--snap-count=*) SNAP_COUNT=${a#--snap-count=} ;;
+	--snap-seconds=*) SNAP_SECONDS=${a#--snap-seconds=} ;;
 	--keep) KEEP=1 ;;
 	*) echo "usage: $0 [BUILD] [--loads=s,m,l,xl] [--only=meta|etcd] [--verify-total=N]" \
-		"[--snap-fill=N] [--snap-rate=N] [--snap-count=N] [--keep]" >&2; exit 2 ;;
+		"[--snap-fill=N] [--snap-rate=N] [--snap-count=N] [--snap-seconds=N] [--keep]" >&2
+		exit 2 ;;
 	esac
 done
 CTL=$BUILD/mooncakectl
@@ -255,20 +259,24 @@ echo "   load average $(load_avg) at the end"
 [ "$ONLY" = etcd ] || [ "$SNAP_FILL" = 0 ] && exit 0
 echo
 echo "== meta p99 while snapshots are written: --snapshot-count=$SNAP_COUNT, $SNAP_FILL keys" \
-	"of 1 KiB, then $SNAP_RATE puts/s for 60 s"
+	"of 1 KiB, then $SNAP_RATE puts/s for $SNAP_SECONDS s"
 start_meta snap s --snapshot-count="$SNAP_COUNT" || exit 1
 wait_leader snap || exit 1
 "$CTL" bench meta --endpoints="${EP[snap]}" --clients=200 --conns=20 --key-size=256 \
 	--val-size=1024 --total="$SNAP_FILL" 2>&1 | grep -E '^  put' | sed 's/^/   fill: /'
 "$CTL" bench meta --endpoints="${EP[snap]}" --clients=200 --conns=20 --key-size=256 \
-	--val-size=1024 --total=$((SNAP_RATE * 60)) --rate="$SNAP_RATE" \
+	--val-size=1024 --total=$((SNAP_RATE * SNAP_SECONDS)) --rate="$SNAP_RATE" \
 	--latency-log="$tmp/snap.lat" 2>&1 | grep -E '^  (put|lost)' | sed 's/^/   load: /'
 "${PYTHON:-/usr/bin/python3}" - "$tmp/snap.lat" "$tmp"/s?.log <<'EOF'
 import datetime, re, sys
 lat = [l.split() for l in open(sys.argv[1])]
-starts, wins = {}, []
+starts, wins, sizes = {}, [], []
 for path in sys.argv[2:]:
     for line in open(path):
+        m = re.search(r"meta: snapshot at index \d+ \((\d+) bytes\) saved in (\d+) ms, "
+                      r"(\d+) ms of them encoding on the loop", line)
+        if m:
+            sizes.append(tuple(int(x) for x in m.groups()))
         m = re.match(r"(\S+Z) INFO  meta: (writing the snapshot at index|snapshot at index) (\d+)",
                      line)
         if not m:
@@ -291,6 +299,10 @@ def p99(v):
     return v[min(len(v) - 1, len(v) * 99 // 100)] if v else float("nan")
 span = sum(b - a for a, b in wins) / 1000.0
 print("   snapshots written: %d (%.1f s of snapshot time, summed over members)" % (len(wins), span))
+if sizes:
+    b, ms, loop = max(sizes)
+    print("   largest: %.0f MB in %d ms, %d ms of them encoding on the loop (in 1 MiB slices)"
+          % (b / 1e6, ms, loop))
 print("   puts during a snapshot: %6d  p99 %8.1f ms" % (len(dur), p99(dur)))
 print("   puts in between:        %6d  p99 %8.1f ms" % (len(steady), p99(steady)))
 if dur and steady:
