@@ -6,7 +6,8 @@
 #   make DYN=1           dynamically linked binaries in build-dyn/ (for valgrind,
 #                        which misreports inside a static glibc)
 #   make bench           benchmarks (figures beside the machine's own limit;
-#                        meta: a 3-member cluster beside a 3-member etcd)
+#                        meta: a 3-member cluster beside a 3-member etcd,
+#                        and etcdctl check perf against both)
 #   make fuzz            libFuzzer targets (clang)
 #   make fuzz-seeds      rewrite the WAL and MVCC snapshot seed corpora
 #   make man             regenerate the committed man pages from the config key table
@@ -349,6 +350,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/bench/bench_hostmem 64 1024 4
 	$(Q)BUILD=$(B) $(PYTHON) test/bench/bench_pd.py --protocol=tcp
 	$(Q)test/bench/bench_meta.sh $(B)
+	$(Q)test/bench/bench_meta_perf.sh $(B)
 
 # ---------------------------------------------------------------- format
 # The committed .clang-format (tuned with Debian 12's clang-format 14 to
