@@ -45,7 +45,9 @@
 	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0,    \
 	  3600000, NULL,                                                       \
 	  "on SIGTERM/SIGINT, how long to wait for in-flight calls before "    \
-	  "cancelling them")                                                   \
+	  "cancelling them: the agent's client requests first (new ones are "  \
+	  "refused with MC_ESHUTDOWN), then each role's stop, then gRPC calls, " \
+	  "each phase at most this long")                                      \
 	X(DIAG_SERVICE, "diag-service", COMMON, BOOL, "false", 0, 0, NULL,     \
 	  "also serve mooncake.diag.Diag (echo and streaming diagnostics used " \
 	  "by mooncakectl bench rpc) on every RPC port")                       \
@@ -210,8 +212,7 @@
 	X(CLIENT_MAX_SESSIONS, "client-max-sessions", AGENT, UINT, "512", 1,   \
 	  1000000, NULL,                                                       \
 	  "agent: client sessions open at once, every user together; one "     \
-	  "more is refused (-EUSERS, logged, counted in "                      \
-	  "mooncake_agent_client_refused_total)")                              \
+	  "more is refused (-EUSERS; logged and counted)")                     \
 	X(CLIENT_MAX_SESSIONS_PER_UID, "client-max-sessions-per-uid", AGENT,   \
 	  UINT, "128", 1, 1000000, NULL,                                       \
 	  "agent: client sessions one user (uid) may have open at once; one "  \
