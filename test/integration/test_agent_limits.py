@@ -50,6 +50,13 @@ def rss_mib(pid):
     raise AssertionError("no VmRSS")
 
 
+def sanitized():
+    """The daemons are a sanitizer build: ASan keeps freed memory in its
+    quarantine, so their RSS says nothing of what they hold."""
+    with open(mctest.MOONCAKED, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
 def nfds(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
@@ -89,6 +96,8 @@ class Sender(threading.Thread):
                 self.sent += self.sock.send(self.data[self.sent:self.sent + 65536])
             except socket.timeout:
                 continue
+            except OSError:
+                return  # the session or the test ended
 
     def stalled(self, quiet=1.0, timeout=60):
         """Wait until nothing has gone for quiet seconds, or all went."""
@@ -137,7 +146,10 @@ def a_client_that_never_reads_is_paused_not_closed():
     assert metric_labels(m, "mooncake_agent_client_pauses_total", 'reason="replies"') >= 1, \
         "pause counted"
     grew = rss_mib(a.d.pid) - rss0
-    assert grew < 16, "agent RSS grew %.1f MiB" % grew
+    if sanitized():
+        print("     RSS not checked: a sanitizer build (grew %.1f MiB)" % grew)
+    else:
+        assert grew < 16, "agent RSS grew %.1f MiB" % grew
     # Everyone else is served meanwhile.
     eq(other.get("k"), b"12345678", "another client's get")
     eq(other.put("k2", b"x" * 1000), OK, "another client's put")
