@@ -45,7 +45,9 @@
 	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0,    \
 	  3600000, NULL,                                                       \
 	  "on SIGTERM/SIGINT, how long to wait for in-flight calls before "    \
-	  "cancelling them")                                                   \
+	  "cancelling them: the agent's client requests first (new ones are "  \
+	  "refused with MC_ESHUTDOWN), then each role's stop, then gRPC calls, " \
+	  "each phase at most this long")                                      \
 	X(DIAG_SERVICE, "diag-service", COMMON, BOOL, "false", 0, 0, NULL,     \
 	  "also serve mooncake.diag.Diag (echo and streaming diagnostics used " \
 	  "by mooncakectl bench rpc) on every RPC port")                       \
@@ -222,6 +224,40 @@
 	  "client request, reply and end of copies, so that the next request " \
 	  "is taken without a thread wakeup (never while copy threads "        \
 	  "work); 0: always sleep")                                            \
+	X(CLIENT_MAX_SESSIONS, "client-max-sessions", AGENT, UINT, "512", 1,   \
+	  1000000, NULL,                                                       \
+	  "agent: client sessions open at once, every user together; one "     \
+	  "more is refused (-EUSERS; logged and counted)")                     \
+	X(CLIENT_MAX_SESSIONS_PER_UID, "client-max-sessions-per-uid", AGENT,   \
+	  UINT, "128", 1, 1000000, NULL,                                       \
+	  "agent: client sessions one user (uid) may have open at once; one "  \
+	  "more is refused (-EUSERS)")                                         \
+	X(CLIENT_REPLY_BUFFER_SIZE, "client-reply-buffer-size", AGENT, SIZE,   \
+	  "64M", 65536, 1ull << 40, NULL,                                      \
+	  "agent: per session, replies the client has not read yet plus the "  \
+	  "memory made for what they carry (a get's values without a "         \
+	  "destination); past it the session's requests are not read until "   \
+	  "it reads (the session stays open), and a get that needs more waits" \
+	  " for room")                                                         \
+	X(CLIENT_MAX_FDS, "client-max-fds", AGENT, UINT, "256", 32, 1000000,   \
+	  NULL,                                                                \
+	  "agent: per session, descriptors the agent holds for its requests "  \
+	  "in flight and its unread replies (its buffers' apart); past it the " \
+	  "session's requests are not read until it reads")                    \
+	X(CLIENT_MAX_BUFFERS, "client-max-buffers", AGENT, UINT, "1024", 1,    \
+	  1000000, NULL,                                                       \
+	  "agent: buffers (registered or allocated) one session may hold, "    \
+	  "each a descriptor and a mapping; one more is refused (-ENOSPC)")    \
+	X(CLIENT_MAX_VIEWS, "client-max-views", AGENT, UINT, "65536", 1,       \
+	  16777216, NULL,                                                      \
+	  "agent: zero-copy views one session may hold (each keeps a read "    \
+	  "lease and a copy of its key); a get asking for one more fails "     \
+	  "that item (-ENOSPC)")                                               \
+	X(CLIENT_ALLOC_SIZE, "client-alloc-size", AGENT, SIZE, "0", 0,         \
+	  1ull << 50, NULL,                                                    \
+	  "agent: memory of the buffers the agent makes for clients "          \
+	  "(AllocBuffer), every session together; past it AllocBuffer is "     \
+	  "refused (-ENOSPC); 0: the machine's RAM")                           \
 	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
 	  NULL,                                                                \
 	  "agent: threads that copy object bytes; 0: one per core, at most 8") \

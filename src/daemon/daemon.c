@@ -90,10 +90,11 @@ struct daemon {
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;
 	int rpc_open;      /* RPC servers not yet shut down */
+	unsigned drains;    /* roles whose drain is not over */
 	size_t stop_next;   /* roles[stop_next - 1] is the next to stop */
 	bool draining;      /* every role stopped (or timed out): calls drain */
 	uint64_t drain_timeout_ms;
-	uv_timer_t stop_timer; /* bounds the roles' stop hooks */
+	uv_timer_t stop_timer; /* bounds the roles' drain and stop hooks */
 	bool shutting_down;
 	int exit_code;
 	int lock_fd;
@@ -291,6 +292,44 @@ void role_stopped(struct role_rt *rt)
 	stop_next_role(rt->d);
 }
 
+/* Every role drained (or the timeout passed): stop them in turn. */
+static void begin_stops(struct daemon *d)
+{
+	uv_timer_stop(&d->stop_timer);
+	d->stop_next = NROLES;
+	stop_next_role(d);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	for (size_t i = 0; i < NROLES; i++)
+		if (d->roles[i].draining) {
+			log_warn("%s: did not drain within the shutdown timeout; stopping "
+				 "with work in flight",
+				 d->roles[i].def->name);
+			d->roles[i].draining = false;
+		}
+	d->drains = 0;
+	begin_stops(d);
+}
+
+void role_drained(struct role_rt *rt)
+{
+	struct daemon *d = rt->d;
+	if (!rt->draining)
+		return; /* late, after the timeout */
+	rt->draining = false;
+	if (--d->drains == 0)
+		begin_stops(d);
+}
+
+/*
+ * Shutdown: the roles that serve local clients drain first, all at once
+ * and with every role still up (a request in flight may need the
+ * master); then the roles stop one after the other; then RPC calls
+ * drain. Each phase is bounded by the shutdown timeout.
+ */
 static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 {
 	if (d->shutting_down)
@@ -298,8 +337,20 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	d->shutting_down = true;
 	d->drain_timeout_ms = timeout_ms;
 	notify_systemd("STOPPING=1");
-	d->stop_next = NROLES;
-	stop_next_role(d);
+	for (size_t i = 0; i < NROLES; i++) {
+		struct role_rt *rt = &d->roles[i];
+		rt->draining = rt->started && rt->def->ops && rt->def->ops->drain;
+		d->drains += rt->draining;
+	}
+	if (d->drains == 0) {
+		begin_stops(d);
+		return;
+	}
+	uv_timer_start(&d->stop_timer, on_drain_timeout, timeout_ms, 0);
+	/* role_drained may run inside a hook: the count is complete first. */
+	for (size_t i = 0; i < NROLES && d->drains > 0; i++)
+		if (d->roles[i].draining)
+			d->roles[i].def->ops->drain(&d->roles[i]);
 }
 
 void role_fatal(struct role_rt *rt)
