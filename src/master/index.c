@@ -32,6 +32,11 @@ static uint32_t key_hash(const uint8_t *key, size_t klen)
 	return (uint32_t)(h ^ (h >> 32));
 }
 
+static uint32_t obj_hash(const struct master_obj *o)
+{
+	return key_hash(master__obj_key(o), o->klen);
+}
+
 static size_t obj_alloc_bytes(const struct master_obj *o)
 {
 	return malloc_usable_size((void *)o) + MALLOC_HEADER_BYTES;
@@ -79,7 +84,7 @@ static struct master_obj **bucket_of(const struct master_index *ix, uint32_t h)
 /* Where o's bucket chain points at it. */
 static struct master_obj **link_of(const struct master_index *ix, const struct master_obj *o)
 {
-	struct master_obj **pp = bucket_of(ix, o->hash);
+	struct master_obj **pp = bucket_of(ix, obj_hash(o));
 	while (*pp != o)
 		pp = &(*pp)->hnext;
 	return pp;
@@ -95,7 +100,7 @@ static void grow(struct master_index *ix)
 		struct master_obj *o = ix->buckets[i];
 		while (o) {
 			struct master_obj *next = o->hnext;
-			struct master_obj **pp = &b[o->hash & (n - 1)];
+			struct master_obj **pp = &b[obj_hash(o) & (n - 1)];
 			o->hnext = *pp;
 			*pp = o;
 			o = next;
@@ -147,13 +152,12 @@ struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nre
 	o->klen = (uint16_t)klen;
 	o->nrep = (uint8_t)nrep;
 	memcpy((uint8_t *)&o->rep[nrep], key, klen);
-	o->hash = key_hash(key, klen);
 	return o;
 }
 
 void master__index_link(struct master_index *ix, struct master_obj *o)
 {
-	struct master_obj **pp = bucket_of(ix, o->hash);
+	struct master_obj **pp = bucket_of(ix, obj_hash(o));
 	o->hnext = *pp;
 	*pp = o;
 	ix->nobjs++;
@@ -186,7 +190,7 @@ struct master_obj *master__index_find(const struct master_index *ix, const uint8
 {
 	uint32_t h = key_hash(key, klen);
 	for (struct master_obj *o = *bucket_of(ix, h); o; o = o->hnext)
-		if (o->hash == h && o->klen == klen && memcmp(master__obj_key(o), key, klen) == 0)
+		if (o->klen == klen && memcmp(master__obj_key(o), key, klen) == 0)
 			return o;
 	return NULL;
 }
