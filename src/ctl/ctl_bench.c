@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <uv.h>
 
 #include "common/cfg.h"
@@ -327,20 +326,11 @@ struct cpu_mark {
 	bool server;
 };
 
-static uint64_t clock_ns(clockid_t id)
-{
-	struct timespec ts;
-	if (clock_gettime(id, &ts))
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void cpu_mark(struct cpu_mark *m, const struct srv_thread *srv)
 {
-	clockid_t id;
-	m->client_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-	m->server = srv && pthread_getcpuclockid(srv->tid, &id) == 0;
-	m->server_ns = m->server ? clock_ns(id) : 0;
+	m->client_ns = ctl_thread_cpu_ns(pthread_self());
+	m->server_ns = srv ? ctl_thread_cpu_ns(srv->tid) : 0;
+	m->server = m->server_ns != 0;
 }
 
 static void cpu_per_call(struct result *r, const struct cpu_mark *a, const struct srv_thread *srv)

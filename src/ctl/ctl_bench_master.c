@@ -196,6 +196,14 @@ static void fill_key(char *buf, size_t len, uint64_t i)
 	snprintf(buf, len, KEY_FMT, i);
 }
 
+/* The i-th key a reader asks for, of the first limit put: scattered, so
+ * that reads do not walk the index in the order its objects were
+ * allocated (which a cache would favour). */
+static uint64_t pick_key(uint64_t i, uint64_t limit)
+{
+	return (i * 0x9e3779b97f4a7c15ull >> 16) % limit;
+}
+
 /* ---- unary put: PutStart then PutEnd */
 
 static void on_put_end(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
@@ -258,7 +266,7 @@ static void on_get(void *ud, int status, const char *msg, const ProtobufCMessage
 static int issue_get(struct run *r, unsigned slot)
 {
 	char key[40];
-	fill_key(key, sizeof(key), r->next_key++ % r->key_limit);
+	fill_key(key, sizeof(key), pick_key(r->next_key++, r->key_limit));
 	Mooncake__Master__GetReplicasRequest req = MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
 	req.key.data = (uint8_t *)key;
 	req.key.len = strlen(key);
@@ -296,10 +304,12 @@ static void keyset_free(struct keyset *k)
 	memset(k, 0, sizeof(*k));
 }
 
+/* Keys first.. in order, or (modulo) n picked among the first modulo. */
 static void keyset_fill(struct keyset *k, unsigned n, uint64_t first, uint64_t modulo)
 {
 	for (unsigned i = 0; i < n; i++) {
-		fill_key(k->keys[i], sizeof(k->keys[i]), modulo ? (first + i) % modulo : first + i);
+		fill_key(k->keys[i], sizeof(k->keys[i]),
+			 modulo ? pick_key(first + i, modulo) : first + i);
 		k->bin[i].data = (uint8_t *)k->keys[i];
 		k->bin[i].len = strlen(k->keys[i]);
 		mooncake__master__put_start_request__init(&k->items[i]);
@@ -465,6 +475,83 @@ static void row(const char *name, double v, double limit, const char *unit)
 	fflush(stdout);
 }
 
+/* ---------------------------------------------------------------- scale */
+
+#define SCALE_SMALL_OBJECTS 10000
+#define SCALE_TARGET 0.8
+
+/* Operations measured at two sizes of the index. */
+enum { SC_GET, SC_BGET, SC_BPUT, SC_N };
+
+struct scale_fig {
+	double ops[SC_N];    /* keys per second */
+	double cpu_us[SC_N]; /* the master thread's CPU per key; 0: unknown */
+};
+
+/* Fill the index up to `objects` (no-op when it holds that many). */
+static int fill_to(struct run *r, uint64_t *written, uint64_t objects)
+{
+	if (objects <= *written)
+		return 0;
+	*r = (struct run){.loop = r->loop, .c = r->c, .issue = issue_bput, .batch = FILL_BATCH,
+			  .next_key = *written, .key_limit = objects};
+	if (drive(r, BATCH_INFLIGHT, 0) < 0)
+		return -1;
+	*written = MC_MAX(*written, r->next_key);
+	return 0;
+}
+
+/* GetReplicas (unary, keys scattered over all `*written`), BatchGetReplicas
+ * and BatchPutStart+End of new keys (the index grows by what they put),
+ * with the master thread's CPU per key when it runs in this process
+ * (master_tid NULL: it does not). */
+static int scale_measure(struct run *r, uint64_t *written, unsigned batch, uint64_t duration_ms,
+			 const pthread_t *master_tid, struct scale_fig *f)
+{
+	static const issue_fn fns[SC_N] = {issue_get, issue_bget, issue_bput};
+	const unsigned inflight[SC_N] = {UNARY_INFLIGHT, BATCH_INFLIGHT, BATCH_INFLIGHT};
+	for (int i = 0; i < SC_N; i++) {
+		*r = (struct run){.loop = r->loop, .c = r->c, .issue = fns[i], .batch = batch,
+				  .key_limit = i == SC_BPUT ? 0 : *written,
+				  .next_key = i == SC_BPUT ? *written : 0};
+		uint64_t cpu0 = master_tid ? ctl_thread_cpu_ns(*master_tid) : 0;
+		double steps = drive(r, inflight[i], duration_ms);
+		if (steps < 0)
+			return -1;
+		uint64_t cpu1 = master_tid ? ctl_thread_cpu_ns(*master_tid) : 0;
+		double keys = (double)r->steps * (i == SC_GET ? 1 : batch);
+		f->ops[i] = steps * (i == SC_GET ? 1 : batch);
+		f->cpu_us[i] = cpu0 && cpu1 > cpu0 && keys > 0 ? (double)(cpu1 - cpu0) / 1e3 / keys : 0;
+		if (i == SC_BPUT)
+			*written = MC_MAX(*written, r->next_key);
+	}
+	return 0;
+}
+
+static void scale_report(const struct scale_fig *small, const struct scale_fig *big,
+			 uint64_t small_n, uint64_t big_n)
+{
+	static const char *const names[SC_N] = {"GetReplicas, unary x64", "BatchGetReplicas x8",
+						"BatchPutStart+BatchPutEnd x8"};
+	printf("\nops/s and master CPU per key at %" PRIu64 " and %" PRIu64
+	       " objects (ratio = large / small;\n"
+	       "target: ops/s ratio >= %.1f; CPU ratio above 1 is more CPU per key at scale)\n",
+	       small_n, big_n, SCALE_TARGET);
+	printf("%-30s %11s %11s %6s %9s %9s %6s\n", "operation", "ops/s small", "ops/s large",
+	       "ratio", "CPU us", "CPU us", "ratio");
+	for (int i = 0; i < SC_N; i++) {
+		char c0[16] = "n/a", c1[16] = "n/a", cr[16] = "-";
+		if (small->cpu_us[i] > 0 && big->cpu_us[i] > 0) {
+			snprintf(c0, sizeof(c0), "%.2f", small->cpu_us[i]);
+			snprintf(c1, sizeof(c1), "%.2f", big->cpu_us[i]);
+			snprintf(cr, sizeof(cr), "%.2f", big->cpu_us[i] / small->cpu_us[i]);
+		}
+		printf("%-30s %11.0f %11.0f %6.2f %9s %9s %6s\n", names[i], small->ops[i],
+		       big->ops[i], small->ops[i] > 0 ? big->ops[i] / small->ops[i] : 0, c0, c1, cr);
+	}
+	fflush(stdout);
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -474,12 +561,16 @@ static void usage(FILE *f)
 		"                      thread and loop); the Echo limit needs --diag-service\n"
 		"  --duration=D        how long each ops/s figure is measured\n"
 		"  --batch=N           keys per batch call\n"
-		"  --objects=N         objects put for the memory figure (10M takes a while)\n\n"
+		"  --objects=N         objects put for the memory and scale figures (10M takes\n"
+		"                      a while)\n\n"
 		"Metadata ops/s (PutStart+PutEnd, GetReplicas; unary with %d in flight and\n"
 		"batched with %d batches in flight), each beside Diag Echo of the same bytes and\n"
-		"concurrency from the same client (the RPC layer's ceiling), and the master's\n"
-		"index memory per object. Figures are measurements, never pass/fail.\n",
-		UNARY_INFLIGHT, BATCH_INFLIGHT);
+		"concurrency from the same client (the RPC layer's ceiling), the master's\n"
+		"index memory per object, and GetReplicas, BatchGetReplicas and batched puts\n"
+		"at %d objects and at --objects side by side, with the master thread's CPU\n"
+		"per key when it runs in this process. Figures are measurements, never\n"
+		"pass/fail.\n",
+		UNARY_INFLIGHT, BATCH_INFLIGHT, SCALE_SMALL_OBJECTS);
 }
 
 int ctl_bench_master_main(int argc, char **argv)
@@ -576,15 +667,24 @@ int ctl_bench_master_main(int argc, char **argv)
 	       "ratio = master / limit\n\n");
 	printf("%-34s %12s %12s %8s  %s\n", "operation", "master", "limit", "ratio", "unit");
 
+	/* The scale figures' first half: at SCALE_SMALL_OBJECTS objects. */
 	struct run r = {.loop = &loop, .c = c};
-	uint64_t base_key = 0;
+	uint64_t written = 0;
+	struct scale_fig sc_small, sc_big;
+	memset(&sc_small, 0, sizeof(sc_small));
+	memset(&sc_big, 0, sizeof(sc_big));
+	const pthread_t *mtid = local ? &srv.tid : NULL;
+	if (fill_to(&r, &written, SCALE_SMALL_OBJECTS) ||
+	    scale_measure(&r, &written, (unsigned)batch, duration_ms, mtid, &sc_small))
+		goto failed;
+	heartbeat(c, &hb);
+
 	/* put, unary */
-	r.issue = issue_put;
-	r.next_key = base_key;
+	r = (struct run){.loop = &loop, .c = c, .issue = issue_put, .next_key = written};
 	double put = drive(&r, UNARY_INFLIGHT, duration_ms);
 	if (put < 0)
 		goto failed;
-	uint64_t written = r.next_key;
+	written = r.next_key;
 	/* Echo of a PutStart-sized exchange (two calls per put). */
 	Mooncake__Master__PutStartRequest psr = MOONCAKE__MASTER__PUT_START_REQUEST__INIT;
 	char k0[40];
@@ -662,11 +762,8 @@ int ctl_bench_master_main(int argc, char **argv)
 	uint64_t before = written;
 	if (objects > written) {
 		uint64_t t0 = uv_hrtime();
-		r = (struct run){.loop = &loop, .c = c, .issue = issue_bput, .batch = FILL_BATCH,
-				 .next_key = written, .key_limit = objects};
-		if (drive(&r, BATCH_INFLIGHT, 0) < 0)
+		if (fill_to(&r, &written, objects))
 			goto failed;
-		written = MC_MAX(written, r.next_key);
 		printf("\nfilled to %" PRIu64 " objects in %.1f s\n", written,
 		       (double)(uv_hrtime() - t0) / 1e9);
 	}
@@ -681,13 +778,21 @@ int ctl_bench_master_main(int argc, char **argv)
 	double rss2 = (double)mc_rss_bytes();
 	printf("\nmemory at %" PRIu64 " objects (keys %.1f B on average)\n", s->objects,
 	       s->objects ? (double)s->key_bytes / (double)s->objects : 0.0);
-	printf("  index, measured (malloc_usable_size)  %8.1f B/object + key   target <= 200\n",
+	printf("  index, measured (malloc_usable_size)  %8.1f B/object + key   target <= 100\n",
 	       s->bytes_per_object);
 	if (local && written > before)
 		printf("  process RSS growth (upper bound)      %8.1f B/object incl. key\n",
 		       (rss2 - rss1) / (double)(written - before));
 	(void)rss0;
+	uint64_t big_n = s->objects;
 	protobuf_c_message_free_unpacked(out, NULL);
+	fflush(stdout);
+
+	/* The scale figures' second half, at --objects. */
+	heartbeat(c, &hb);
+	if (scale_measure(&r, &written, (unsigned)batch, duration_ms, mtid, &sc_big))
+		goto failed;
+	scale_report(&sc_small, &sc_big, SCALE_SMALL_OBJECTS, big_n);
 	rc = CTL_EXIT_OK;
 	goto out_client;
 failed:

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #define CTL_EXIT_OK 0
@@ -40,6 +41,9 @@ void ctl_lat_add(struct ctl_lat *l, uint64_t ns);
 /* The p-th percentile (0..1) in microseconds; sorts the samples. */
 double ctl_lat_pct_us(struct ctl_lat *l, double p);
 void ctl_lat_free(struct ctl_lat *l);
+/* CPU time a thread of this process has used, in ns (0 when it cannot be
+ * read), for the benchmarks' CPU-per-operation figures. */
+uint64_t ctl_thread_cpu_ns(pthread_t t);
 /* `bench meta`; argv[0] is "meta". */
 int ctl_bench_meta_main(int argc, char **argv);
 int ctl_transfer_main(int argc, char **argv);

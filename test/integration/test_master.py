@@ -487,4 +487,26 @@ def ctl_follows_standby_redirect():
     etcd.kill()
 
 
+@case
+def bench_master_prints_memory_and_scale():
+    # Small and fast: the rows and their shape, not the figures.
+    r = run([mctest.MOONCAKECTL, "bench", "master", "--duration=100ms", "--batch=10",
+             "--objects=30K"])
+    out = r.stdout
+    mem = [l for l in out.splitlines() if "B/object + key" in l]
+    eq(len(mem), 1, "index memory line")
+    per_obj = float(mem[0].split()[3])
+    assert 40 < per_obj <= 100, mem[0]
+    lines = out.splitlines()
+    head = [i for i, l in enumerate(lines) if l.startswith("ops/s and master CPU per key")]
+    eq(len(head), 1, "scale table heading")
+    assert " at 10000 and " in lines[head[0]], lines[head[0]]
+    rows = lines[head[0] + 3:head[0] + 6]
+    for name, l in zip(["GetReplicas", "BatchGetReplicas", "BatchPutStart"], rows):
+        assert l.startswith(name), (name, l)
+        f = l.split()
+        small, large, cpu0, cpu1 = (float(f[-6]), float(f[-5]), float(f[-3]), float(f[-2]))
+        assert small > 0 and large > 0 and cpu0 > 0 and cpu1 > 0, l
+
+
 mctest.main()
