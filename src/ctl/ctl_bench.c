@@ -787,6 +787,8 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "master") == 0)
 		return ctl_bench_master_main(argc - 1, argv + 1);
+	if (strcmp(argv[1], "resync") == 0)
+		return ctl_bench_resync_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "store") == 0)
 		return ctl_bench_store_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "meta") == 0)
@@ -794,7 +796,7 @@ int ctl_bench_main(int argc, char **argv)
 	if (strcmp(argv[1], "transfer") == 0)
 		return ctl_bench_transfer_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
-		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, meta, transfer)\n",
+		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, resync, meta, store, transfer)\n",
 			argv[1]);
 		return CTL_EXIT_USAGE;
 	}

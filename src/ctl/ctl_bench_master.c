@@ -46,100 +46,6 @@
 #define KEY_FMT "bench/%012" PRIu64
 #define TIMEOUT_MS 60000
 
-/* ---------------------------------------------------------------- server thread */
-
-struct msrv {
-	pthread_t tid;
-	uv_loop_t loop;
-	uv_async_t stop;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool ready, stopped_master;
-	int port;
-	struct metrics_registry *reg;
-	struct rpc_server *rpc;
-	struct master *m;
-};
-
-static void srv_rpc_done(struct rpc_server *s, void *ud)
-{
-	struct msrv *t = ud;
-	master_free(t->m);
-	t->m = NULL;
-	rpc_server_free(s);
-}
-
-static void srv_master_stopped(void *ud)
-{
-	struct msrv *t = ud;
-	rpc_server_shutdown(t->rpc, 1000, srv_rpc_done, t);
-}
-
-static void srv_on_stop(uv_async_t *a)
-{
-	struct msrv *t = MC_CONTAINER_OF(a, struct msrv, stop);
-	uv_close((uv_handle_t *)a, NULL);
-	if (t->m)
-		master_stop(t->m, srv_master_stopped, t);
-	else if (t->rpc)
-		rpc_server_shutdown(t->rpc, 0, srv_rpc_done, t);
-}
-
-static void *srv_main(void *arg)
-{
-	struct msrv *t = arg;
-	struct rpc_server_opts so = {.name = "bench-master", .max_message_bytes = 256u << 20,
-				     .metrics = t->reg};
-	int rc = rpc_server_new(&t->loop, &so, &t->rpc);
-	if (rc == 0)
-		rc = rpc_diag_add(t->rpc);
-	struct master_opts mo = {
-		.loop = &t->loop, .rpc = t->rpc, .metrics = t->reg, .listen = "127.0.0.1:0",
-		.cluster_id = "bench", .meta_endpoints = "", .agent_ttl_ms = 3600000,
-		.put_timeout_ms = 3600000, .lease_ttl_ms = 5000, .leader_lease_ttl_ms = 5000,
-		.high_watermark = 0.9, .eviction_ratio = 0.1,
-	};
-	if (rc == 0)
-		rc = master_new(&mo, &t->m);
-	if (rc == 0)
-		rc = rpc_server_listen(t->rpc, "127.0.0.1:0");
-	pthread_mutex_lock(&t->mu);
-	t->port = rc == 0 ? rpc_server_port(t->rpc, 0) : 0;
-	t->ready = true;
-	pthread_cond_signal(&t->cv);
-	pthread_mutex_unlock(&t->mu);
-	uv_run(&t->loop, UV_RUN_DEFAULT);
-	return NULL;
-}
-
-static int srv_start(struct msrv *t)
-{
-	memset(t, 0, sizeof(*t));
-	pthread_mutex_init(&t->mu, NULL);
-	pthread_cond_init(&t->cv, NULL);
-	t->reg = metrics_registry_new();
-	if (!t->reg || uv_loop_init(&t->loop))
-		return -ENOMEM;
-	uv_async_init(&t->loop, &t->stop, srv_on_stop);
-	if (pthread_create(&t->tid, NULL, srv_main, t))
-		return -EAGAIN;
-	pthread_mutex_lock(&t->mu);
-	while (!t->ready)
-		pthread_cond_wait(&t->cv, &t->mu);
-	pthread_mutex_unlock(&t->mu);
-	return t->port ? 0 : -EADDRNOTAVAIL;
-}
-
-static void srv_stop(struct msrv *t)
-{
-	uv_async_send(&t->stop);
-	pthread_join(t->tid, NULL);
-	(void)uv_loop_close(&t->loop);
-	metrics_registry_free(t->reg);
-	pthread_mutex_destroy(&t->mu);
-	pthread_cond_destroy(&t->cv);
-}
-
 /* ---------------------------------------------------------------- driver */
 
 /* A pipelined closed loop: `inflight` slots each issue a step, and on its
@@ -587,22 +493,15 @@ int ctl_bench_master_main(int argc, char **argv)
 			   cfg_parse_duration_ms(v, &duration_ms) == 0 && duration_ms) {
 		} else if (ctl_flag_value(argc, argv, &i, "batch", &v) && v &&
 			   cfg_parse_size(v, &batch) == 0 && batch && batch <= 100000) {
-		} else if (ctl_flag_value(argc, argv, &i, "objects", &v) && v &&
-			   cfg_parse_size(v, &objects) == 0 && objects) {
-			/* 1M = 2^20 with the size parser: count in decimal. */
-			if (strpbrk(v, "Mm"))
-				objects = objects / (1u << 20) * 1000000;
-			else if (strpbrk(v, "Kk"))
-				objects = objects / (1u << 10) * 1000;
-			else if (strpbrk(v, "Gg"))
-				objects = objects / (1u << 30) * 1000000000;
+		} else if (ctl_flag_value(argc, argv, &i, "objects", &v) &&
+			   ctl_parse_count(v, &objects) == 0) {
 		} else {
 			usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
 	}
 
-	struct msrv srv;
+	struct ctl_msrv *srv = NULL;
 	bool local = !target;
 	char addr[64];
 	int rc = CTL_EXIT_FAIL;
@@ -616,11 +515,11 @@ int ctl_bench_master_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	if (local) {
-		if (srv_start(&srv)) {
+		if (ctl_msrv_start(3600000, &srv)) {
 			fprintf(stderr, "mooncakectl bench master: cannot start a master\n");
 			goto out_loop;
 		}
-		snprintf(addr, sizeof(addr), "127.0.0.1:%d", srv.port);
+		snprintf(addr, sizeof(addr), "127.0.0.1:%d", ctl_msrv_port(srv));
 		target = addr;
 	}
 	struct rpc_client_opts co = {.max_message_bytes = 256u << 20, .metrics = reg};
@@ -673,7 +572,8 @@ int ctl_bench_master_main(int argc, char **argv)
 	struct scale_fig sc_small, sc_big;
 	memset(&sc_small, 0, sizeof(sc_small));
 	memset(&sc_big, 0, sizeof(sc_big));
-	const pthread_t *mtid = local ? &srv.tid : NULL;
+	pthread_t tid = local ? ctl_msrv_thread(srv) : pthread_self();
+	const pthread_t *mtid = local ? &tid : NULL;
 	if (fill_to(&r, &written, SCALE_SMALL_OBJECTS) ||
 	    scale_measure(&r, &written, (unsigned)batch, duration_ms, mtid, &sc_small))
 		goto failed;
@@ -804,7 +704,7 @@ out_client:
 	uv_run(&loop, UV_RUN_DEFAULT);
 out_srv:
 	if (local)
-		srv_stop(&srv);
+		ctl_msrv_stop(srv);
 out_loop:
 	(void)uv_loop_close(&loop);
 	metrics_registry_free(reg);

@@ -27,8 +27,20 @@ int ctl_agent_stats(const char *socket);
 int ctl_put_main(int argc, char **argv);
 int ctl_get_main(int argc, char **argv);
 int ctl_rm_main(int argc, char **argv);
+/* A master for the benchmarks on a thread of this process
+ * (ctl_bench_msrv.c): listening on 127.0.0.1, no meta, an empty index.
+ * Errors: -ENOMEM, -EAGAIN (no thread), -EADDRNOTAVAIL (it did not
+ * start; it logged why). */
+struct ctl_msrv;
+int ctl_msrv_start(uint64_t agent_ttl_ms, struct ctl_msrv **out);
+int ctl_msrv_port(const struct ctl_msrv *t);
+pthread_t ctl_msrv_thread(const struct ctl_msrv *t);
+/* Stop it (its master first, then its server) and free it; NULL: no-op. */
+void ctl_msrv_stop(struct ctl_msrv *t);
 /* `bench master`; argv[0] is "master". */
 int ctl_bench_master_main(int argc, char **argv);
+/* `bench resync` (ctl_bench_resync.c); argv[0] is "resync". */
+int ctl_bench_resync_main(int argc, char **argv);
 /* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
 int ctl_bench_store_main(int argc, char **argv);
 
@@ -63,5 +75,8 @@ bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
 /* Match a boolean flag: --name, --name=true/false. Sets *out. Returns
  * true on a match; *ok false when the value is not a boolean. */
 bool ctl_flag_bool(const char *arg, const char *name, bool *out, bool *ok);
+/* A count of things: digits with an optional decimal K, M or G suffix
+ * (10K = 10,000, 1M = 1,000,000). Errors: -EINVAL (not one, or 0). */
+int ctl_parse_count(const char *s, uint64_t *out);
 
 #endif
