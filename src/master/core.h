@@ -155,6 +155,7 @@ struct __attribute__((packed, aligned(4))) master_rep {
 #define MASTER_OBJ_SOFT_PIN 0x2u
 #define MASTER_OBJ_LRU_PIN 0x4u /* on the pinned LRU list */
 #define MASTER_OBJ_CRC 0x8u     /* crc is the value's CRC-32C */
+#define MASTER_OBJ_READ 0x10u   /* read since eviction last passed it */
 
 /*
  * One object: 56 bytes plus 12 per replica plus the key, in one
@@ -323,6 +324,15 @@ int master__put_revoke(struct master_core *c, const uint8_t *key,
  * moved to the LRU tail. Errors: -EINVAL, MC_EOBJECT_NOT_FOUND. */
 int master__get(struct master_core *c, const uint8_t *key, size_t klen,
 		uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+/* The key of item j of a batch (for master__prefetch_ahead). */
+typedef const uint8_t *(*master_key_at_fn)(const void *batch, size_t j, size_t *klen);
+/* A hint, called before the lookup of item i of a batch of n: it loads
+ * into the cache, a few items ahead, what their lookups will read (the
+ * key's hash bucket, then the first object of its chain), so that the
+ * cache misses of several keys overlap instead of coming one after
+ * another. It changes nothing. */
+void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
+			    master_key_at_fn key_at);
 /* 1 COMPLETE, 0 not (or PENDING), -EINVAL. */
 int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
 		  uint64_t now_ms) MC_MUST_CHECK;
