@@ -8,6 +8,7 @@
 #   make bench           benchmarks (figures beside the machine's own limit;
 #                        meta: a 3-member cluster beside a 3-member etcd)
 #   make fuzz            libFuzzer targets (clang)
+#   make fuzz-seeds      rewrite the WAL and MVCC snapshot seed corpora
 #   make man             regenerate the committed man pages from the config key table
 #   make format-check    clang-format (.clang-format) finds nothing to change in
 #                        FILES (default: every C file under src/ and test/unit)
@@ -72,8 +73,8 @@ endif
 # Libraries. Production binaries are fully static; SAN and test builds link
 # the shared libraries (ASan cannot be static).
 RDMA_STATIC_LIBS := $(shell pkg-config --static --libs libibverbs librdmacm 2>/dev/null)
-LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
-LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
+LIBS_STATIC  := -l:libuv_a.a -lnghttp2 -lprotobuf-c -luring -lnuma $(RDMA_STATIC_LIBS) -lpthread -ldl -lm
+LIBS_DYNAMIC := -luv -lnghttp2 -lprotobuf-c -luring -lnuma -libverbs -lrdmacm -lpthread -ldl -lm
 
 ifneq ($(SAN)$(FUZZ)$(DYN),000)
 BIN_LDFLAGS := $(LDFLAGS_SAN)
@@ -88,7 +89,7 @@ BIN_LDFLAGS := -static
 BIN_LIBS    := $(LIBS_STATIC)
 # A static libibverbs finds no device unless its providers are linked in:
 # this object registers them (STYLE.md build notes); the binaries name it
-# explicitly, src/transfer/rdma.c refers to it weakly.
+# explicitly, src/transfer/rdma_dev.c refers to it weakly.
 BIN_RDMA_PROVIDERS := $(B)/obj/transfer/rdma_providers.o
 $(B)/obj/transfer/rdma_providers.o: private CFLAGS_ALL += -DRDMA_STATIC_PROVIDERS=all
 endif
@@ -102,7 +103,7 @@ PY_GEN     := $(patsubst proto/%.proto,$(B)/py/%_pb2.py,$(PROTOS))
 # The daemon's internal library: every subsystem except main, ctl and the
 # client library. Subsystem folders are picked up by wildcard so adding a
 # file needs no Makefile edit.
-CORE_DIRS  := common rpc http etcd transfer meta meta/raft master agent doctor daemon
+CORE_DIRS  := common rpc http etcd transfer meta meta/raft master ssd agent doctor daemon
 CORE_SRCS  := $(foreach d,$(CORE_DIRS),$(wildcard src/$(d)/*.c))
 CORE_OBJS  := $(patsubst src/%.c,$(B)/obj/%.o,$(CORE_SRCS)) \
               $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
@@ -127,7 +128,7 @@ UNIT_BINS  := $(patsubst test/unit/%.c,$(B)/test/%,$(UNIT_SRCS))
 BINS := $(B)/mooncaked $(B)/mooncakectl
 LIBS := $(B)/libmooncake.a $(B)/libmooncake.so
 
-.PHONY: all test bench soak fuzz fuzz-run man install clean format format-check
+.PHONY: all test bench soak fuzz fuzz-run fuzz-seeds man install clean format format-check
 .SECONDARY: $(GEN_C) $(GEN_H)
 all: $(BINS) $(LIBS) $(B)/man/mooncaked.8
 
@@ -159,9 +160,10 @@ $(B)/py/%_pb2.py: proto/%.proto
 # loses its object, so the build stops there.
 # A new pure core goes into this list.
 PURE_SRCS := $(wildcard src/meta/raft/*.c) $(wildcard src/meta/mvcc*.c) src/meta/lease.c src/meta/avl.c src/meta/wal_format.c src/meta/sm.c \
+             src/common/extalloc.c \
              src/master/alloc.c src/master/core.c src/master/index.c \
              src/master/lease.c src/master/mlog.c src/master/segment.c \
-             src/rpc/frame.c src/transfer/wire.c
+             src/rpc/frame.c src/transfer/wire.c src/ssd/rec.c
 PURE_OBJS := $(patsubst src/%.c,$(B)/obj/%.o,$(PURE_SRCS))
 PURE_GUARDS := _TIME_H|_SYS_TIME_H|_UNISTD_H|_PTHREAD_H|UV_H
 PURE_CALLS := mc_now_.*|mc_wall_.*|clock_gettime|clock|gettimeofday|time|uv_.*|pthread_.*|rand|random|srand|rand_r|getrandom|mc_random
@@ -303,6 +305,17 @@ $(B)/fuzz/%: test/fuzz/%.c $(B)/libmcd.a
 fuzz:
 	$(MAKE) FUZZ=1 fuzz-run
 
+# The seed corpora written with the project's own writers (test/fuzz/seeds.c):
+# valid WAL segments and MVCC snapshots. Run after a format change and
+# commit the files.
+$(B)/fuzz-seeds: test/fuzz/seeds.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+fuzz-seeds: $(B)/fuzz-seeds
+	$(B)/fuzz-seeds test/fuzz/corpus
+
 fuzz-run: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n test/fuzz/corpus/$$n; \
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
@@ -330,6 +343,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
+	$(Q)$(B)/mooncakectl bench ssd --duration=3s
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
@@ -371,9 +385,10 @@ install: all
 	install -m 0644 man/libmooncake.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -m 0644 python/mooncake/*.py $(DESTDIR)$(PYDIR)/mooncake/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
-	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d
 	for u in deploy/*.service.in; do \
 	  sed 's|@PREFIX@|$(PREFIX)|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u .in); done
+	install -m 0644 deploy/mooncaked.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/mooncaked.conf
 	install -m 0644 deploy/mooncaked.default $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:

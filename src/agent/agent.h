@@ -82,7 +82,7 @@ struct agent_opts {
 
 /* Copies up to this size run on the loop thread; a get's up to the
  * second one too when one session alone has sent requests for
- * AGENT_SOLO_NS (ops.c, solo_get), with a copy thread taking part. */
+ * AGENT_SOLO_NS (op_get.c, solo_get), with a copy thread taking part. */
 #define AGENT_INLINE_COPY_BYTES (64u * 1024)
 #define AGENT_INLINE_SOLO_COPY_BYTES (2u << 20)
 #define AGENT_SOLO_NS (2000000ull)

@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/batch.h"
+#include "agent/mcall.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -164,7 +166,7 @@ static bool crcs_alike(const struct agent_bwait *waits)
 
 static void send_queue(struct agent *a, enum agent_bkind k)
 {
-	struct agent_bqueue *q = &a->bq[k];
+	struct agent_bqueue *q = &a->batch.q[k];
 	struct agent_bwait *waits = q->head;
 	size_t n = q->nitems;
 	q->head = q->tail = NULL;
@@ -249,19 +251,32 @@ void agent__batch_flush(struct agent *a)
 {
 	for (int k = 0; k < AGENT_B_COUNT; k++)
 		send_queue(a, (enum agent_bkind)k);
-	uv_check_stop(&a->batch_check);
+	uv_check_stop(&a->batch.check);
 }
 
 static void on_check(uv_check_t *h)
 {
-	agent__batch_flush(MC_CONTAINER_OF(h, struct agent, batch_check));
+	agent__batch_flush(h->data);
+}
+
+void agent__batch_init(struct agent *a)
+{
+	uv_check_init(a->loop, &a->batch.check);
+	a->batch.check.data = a;
+}
+
+unsigned agent__batch_close(struct agent *a, uv_close_cb on_closed)
+{
+	agent__batch_flush(a);
+	uv_close((uv_handle_t *)&a->batch.check, on_closed);
+	return 1;
 }
 
 void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,
 		  agent_mcall_cb cb, void *ud)
 {
 	size_t n = items_of(k, req);
-	struct agent_bqueue *q = &a->bq[k];
+	struct agent_bqueue *q = &a->batch.q[k];
 	struct agent_bwait *w = calloc(1, sizeof(*w));
 	if (!w || a->stopping || n == 0) {
 		free(w);
@@ -282,6 +297,6 @@ void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *r
 	q->tail = w;
 	q->nitems += n;
 	q->nwaits++;
-	if (!uv_is_active((uv_handle_t *)&a->batch_check))
-		uv_check_start(&a->batch_check, on_check);
+	if (!uv_is_active((uv_handle_t *)&a->batch.check))
+		uv_check_start(&a->batch.check, on_check);
 }

@@ -15,7 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/inv.h"
+#include "agent/req.h"
 #include "common/util.h"
 
 #define INITIAL_BUCKETS 1024u
@@ -28,6 +29,11 @@ int agent__inv_init(struct agent_inv *v)
 		return -ENOMEM;
 	v->nbuckets = INITIAL_BUCKETS;
 	return 0;
+}
+
+size_t agent__inv_count(const struct agent_inv *v)
+{
+	return v->n;
 }
 
 void agent__inv_clear(struct agent_inv *v)

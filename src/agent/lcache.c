@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/lcache.h"
 #include "common/util.h"
 
 #define BUCKETS 16384u

@@ -230,7 +230,7 @@ void agent__map_unref(struct agent_map *m)
 {
 	if (!m || --m->refs > 0)
 		return;
-	if (m->region && m->a && m->a->pool.started) {
+	if (m->region && m->a && agent__pool_started(&m->a->pool)) {
 		struct unmap_job *u = calloc(1, sizeof(*u));
 		if (u) {
 			u->m = m;

@@ -35,9 +35,10 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/mcall.h"
+#include "agent/mirror.h"
 #include "common/crc32c.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -63,20 +64,20 @@ static void list_send(struct agent *a);
 static void on_retry(uv_timer_t *t)
 {
 	struct agent *a = t->data;
-	if (a->stopping || !a->mirror_on)
+	if (a->stopping || !a->mirror.on)
 		return;
 	sync_send(a);
-	if (a->listing)
+	if (a->mirror.listing)
 		list_send(a);
 }
 
 static void retry_later(struct agent *a)
 {
-	if (a->stopping || uv_is_active((uv_handle_t *)&a->mirror_timer))
+	if (a->stopping || uv_is_active((uv_handle_t *)&a->mirror.timer))
 		return;
-	a->mirror_retry_ms = a->mirror_retry_ms ? MC_MIN(a->mirror_retry_ms * 2, RETRY_MAX_MS)
+	a->mirror.retry_ms = a->mirror.retry_ms ? MC_MIN(a->mirror.retry_ms * 2, RETRY_MAX_MS)
 						: RETRY_MIN_MS;
-	uv_timer_start(&a->mirror_timer, on_retry, a->mirror_retry_ms, 0);
+	uv_timer_start(&a->mirror.timer, on_retry, a->mirror.retry_ms, 0);
 }
 
 static struct mblock *mblock(struct agent *a)
@@ -84,7 +85,7 @@ static struct mblock *mblock(struct agent *a)
 	struct mblock *b = calloc(1, sizeof(*b));
 	if (b) {
 		b->a = a;
-		b->gen = a->mirror_gen;
+		b->gen = a->mirror.gen;
 	}
 	return b;
 }
@@ -105,8 +106,8 @@ static void apply(struct agent *a, const Mooncake__Master__MirrorEvent *e)
 		.soft_pin = e->soft_pin,
 	};
 	if (agent__inv_add(&a->inv, e->key.data, e->key.len, &rec) != 0 &&
-	    !a->mirror_oom_told) {
-		a->mirror_oom_told = true;
+	    !a->mirror.oom_told) {
+		a->mirror.oom_told = true;
 		log_error("segment mirror: out of memory; some objects will not be "
 			  "re-reported after a master failover");
 	}
@@ -116,10 +117,10 @@ static void apply(struct agent *a, const Mooncake__Master__MirrorEvent *e)
 
 static void list_begin(struct agent *a)
 {
-	a->listing = true;
-	a->list_cursor = 0;
+	a->mirror.listing = true;
+	a->mirror.list_cursor = 0;
 	agent__inv_listing_start(&a->inv);
-	agent__count(a, AGENT_C_MIRROR_LISTINGS, 1);
+	agent__count(&a->stats, AGENT_C_MIRROR_LISTINGS, 1);
 	log_warn("segment mirror: behind the master's log of segment %s; listing "
 		 "the whole segment", a->name);
 	list_send(a);
@@ -132,10 +133,10 @@ static void on_listed(void *ud, int err, const char *message, const ProtobufCMes
 	unsigned gen = b->gen;
 	uint64_t cursor = b->req.list.cursor;
 	free(b);
-	if (gen != a->mirror_gen || a->stopping)
+	if (gen != a->mirror.gen || a->stopping)
 		return;
-	a->listing_busy = false;
-	if (!a->listing)
+	a->mirror.listing_busy = false;
+	if (!a->mirror.listing)
 		return;
 	if (err) {
 		log_warn("segment mirror: listing segment %s: %s; retrying", a->name,
@@ -143,7 +144,7 @@ static void on_listed(void *ud, int err, const char *message, const ProtobufCMes
 		retry_later(a);
 		return;
 	}
-	if (cursor != a->list_cursor) {
+	if (cursor != a->mirror.list_cursor) {
 		list_send(a); /* restarted meanwhile: from its first page */
 		return;
 	}
@@ -151,20 +152,20 @@ static void on_listed(void *ud, int err, const char *message, const ProtobufCMes
 	for (size_t i = 0; i < r->n_items; i++)
 		apply(a, r->items[i]);
 	if (!r->done) {
-		a->list_cursor = r->next_cursor;
+		a->mirror.list_cursor = r->next_cursor;
 		list_send(a);
 		return;
 	}
-	a->listing = false;
+	a->mirror.listing = false;
 	size_t gone = agent__inv_listing_end(&a->inv);
-	agent__gauges(a);
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
 	log_info("segment mirror: segment %s listed: %zu objects, %zu forgotten", a->name,
-		 a->inv.n, gone);
+		 agent__inv_count(&a->inv), gone);
 }
 
 static void list_send(struct agent *a)
 {
-	if (a->listing_busy || !a->listing || a->stopping)
+	if (a->mirror.listing_busy || !a->mirror.listing || a->stopping)
 		return;
 	struct mblock *b = mblock(a);
 	if (!b) {
@@ -174,9 +175,9 @@ static void list_send(struct agent *a)
 	mooncake__master__list_segment_request__init(&b->req.list);
 	b->req.list.agent_id = a->name;
 	b->req.list.segment = a->name;
-	b->req.list.cursor = a->list_cursor;
+	b->req.list.cursor = a->mirror.list_cursor;
 	b->req.list.limit = LIST_PAGE_ITEMS;
-	a->listing_busy = true;
+	a->mirror.listing_busy = true;
 	agent__mcall(a, "ListSegment", &b->req.list.base,
 		     &mooncake__master__list_segment_response__descriptor, on_listed, b);
 }
@@ -189,9 +190,9 @@ static void on_synced(void *ud, int err, const char *message, const ProtobufCMes
 	struct agent *a = b->a;
 	unsigned gen = b->gen;
 	free(b);
-	if (gen != a->mirror_gen || a->stopping)
+	if (gen != a->mirror.gen || a->stopping)
 		return;
-	a->mirror_busy = false;
+	a->mirror.busy = false;
 	if (err) {
 		if (err != MC_ESHUTDOWN)
 			log_warn("segment mirror: following segment %s: %s; retrying", a->name,
@@ -199,33 +200,33 @@ static void on_synced(void *ud, int err, const char *message, const ProtobufCMes
 		retry_later(a);
 		return;
 	}
-	a->mirror_retry_ms = 0;
+	a->mirror.retry_ms = 0;
 	const Mooncake__Master__SyncSegmentResponse *r = (const void *)m;
 	uint64_t n = 0;
 	for (size_t i = 0; i < r->n_events; i++) {
 		const Mooncake__Master__MirrorEvent *e = r->events[i];
-		if (e->seq <= a->mirror_seq)
+		if (e->seq <= a->mirror.seq)
 			continue;
 		apply(a, e);
-		a->mirror_seq = e->seq;
+		a->mirror.seq = e->seq;
 		n++;
 	}
-	agent__count(a, AGENT_C_MIRROR_EVENTS, n);
+	agent__count(&a->stats, AGENT_C_MIRROR_EVENTS, n);
 	if (r->behind) {
-		a->mirror_seq = r->last_seq;
+		a->mirror.seq = r->last_seq;
 		list_begin(a); /* (again, if one was running: it missed changes) */
 	}
 	if (n)
-		agent__gauges(a);
-	if (n && !uv_is_active((uv_handle_t *)&a->mirror_timer))
-		uv_timer_start(&a->mirror_timer, on_retry, PACE_MS, 0);
+		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+	if (n && !uv_is_active((uv_handle_t *)&a->mirror.timer))
+		uv_timer_start(&a->mirror.timer, on_retry, PACE_MS, 0);
 	else
 		sync_send(a);
 }
 
 static void sync_send(struct agent *a)
 {
-	if (a->mirror_busy || !a->mirror_on || a->stopping)
+	if (a->mirror.busy || !a->mirror.on || a->stopping)
 		return;
 	struct mblock *b = mblock(a);
 	if (!b) {
@@ -235,11 +236,11 @@ static void sync_send(struct agent *a)
 	mooncake__master__sync_segment_request__init(&b->req.sync);
 	b->req.sync.agent_id = a->name;
 	b->req.sync.segment = a->name;
-	b->req.sync.after_seq = a->mirror_seq;
+	b->req.sync.after_seq = a->mirror.seq;
 	b->req.sync.max_events = SYNC_MAX_EVENTS;
 	/* Well inside the call's deadline. */
-	b->req.sync.wait_ms = a->master_timeout_ms / 2;
-	a->mirror_busy = true;
+	b->req.sync.wait_ms = agent__mcall_timeout_ms(a) / 2;
+	a->mirror.busy = true;
 	agent__mcall(a, "SyncSegment", &b->req.sync.base,
 		     &mooncake__master__sync_segment_response__descriptor, on_synced, b);
 }
@@ -247,34 +248,40 @@ static void sync_send(struct agent *a)
 void agent__mirror_start(struct agent *a, uint64_t seq)
 {
 	agent__mirror_stop(a);
-	a->mirror_on = true;
-	a->mirror_seq = seq;
+	a->mirror.on = true;
+	a->mirror.seq = seq;
 	sync_send(a);
 }
 
 void agent__mirror_stop(struct agent *a)
 {
 	/* Calls in flight end later; their generation is then stale. */
-	a->mirror_gen++;
-	a->mirror_on = false;
-	a->mirror_busy = false;
-	a->listing = false;
-	a->listing_busy = false;
-	a->mirror_retry_ms = 0;
-	if (!uv_is_closing((uv_handle_t *)&a->mirror_timer))
-		uv_timer_stop(&a->mirror_timer);
+	a->mirror.gen++;
+	a->mirror.on = false;
+	a->mirror.busy = false;
+	a->mirror.listing = false;
+	a->mirror.listing_busy = false;
+	a->mirror.retry_ms = 0;
+	if (!uv_is_closing((uv_handle_t *)&a->mirror.timer))
+		uv_timer_stop(&a->mirror.timer);
 }
 
 void agent__mirror_init(struct agent *a)
 {
-	uv_timer_init(a->loop, &a->mirror_timer);
-	a->mirror_timer.data = a;
+	uv_timer_init(a->loop, &a->mirror.timer);
+	a->mirror.timer.data = a;
 }
 
-void agent__mirror_close(struct agent *a, uv_close_cb cb)
+unsigned agent__mirror_close(struct agent *a, uv_close_cb on_closed)
 {
 	agent__mirror_stop(a);
-	uv_close((uv_handle_t *)&a->mirror_timer, cb);
+	uv_close((uv_handle_t *)&a->mirror.timer, on_closed);
+	return 1;
+}
+
+uint64_t agent__mirror_seq(const struct agent *a)
+{
+	return a->mirror.seq;
 }
 
 /* ------------------------------------------------------------ checking */

@@ -9,7 +9,8 @@
  */
 #include <errno.h>
 
-#include "agent/agent_int.h"
+#include "agent/req.h"
+#include "common/uframe.h"
 
 bool agent__key_ok(const ProtobufCBinaryData *k)
 {

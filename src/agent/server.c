@@ -3,9 +3,11 @@
  * uv_poll (libuv's pipes cannot carry arbitrary descriptors both ways),
  * frames and descriptors through common/uframe. One session per
  * connection: its peer credentials (SO_PEERCRED), staging buffer,
- * registered buffers and zero-copy views. Requests are decoded, checked
- * (req.c) and handed to ops.c; responses are queued and written as the
- * socket takes them.
+ * registered buffers and zero-copy views, which the operations reach
+ * only through the agent__session_* functions. Requests are decoded,
+ * checked (req.c) and handed to the on_request hook (the operations'
+ * dispatch, set by agent.c: the server never calls an operation by
+ * name); responses are queued and written as the socket takes them.
  *
  * A session closes when the client hangs up or breaks the framing (a
  * frame of length 0 or above the maximum, bytes that do not decode, or
@@ -24,13 +26,53 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/req.h"
+#include "agent/op.h"
+#include "agent/server.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
 #define READS_PER_EVENT 16
+
+struct agent_out {
+	struct agent_out *next;
+	uint8_t *data;    /* header + body (owned) */
+	size_t len, sent;
+	int fds[2];
+	unsigned nfds;
+	bool own_fd[2];   /* close after sending */
+};
+
+struct agent_conn {
+	struct agent *a;
+	struct agent_conn *prev, *next;
+	int fd;
+	uv_poll_t poll;
+	int poll_events;
+	struct mc_uframe_rx rx;
+	struct agent_out *out_head, *out_tail;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	char name[96];
+	bool hello;
+	bool closed;       /* no more I/O; freed when refs reach 0 */
+	bool poll_closed;
+	unsigned refs;     /* 1 while open + 1 per request in flight */
+	unsigned inflight;
+	struct agent_map *staging;
+	uint8_t *staging_base;
+	uint64_t staging_len;
+	struct agent_buf *bufs;
+	size_t nbufs, bufs_cap;
+	uint64_t next_buf_id;
+	struct agent_view *views;
+	size_t nviews, views_cap;
+	uint64_t next_view_id;
+	bool segment_fd_sent;
+};
 
 static void conn_close(struct agent_conn *c, const char *why);
 static void conn_flush(struct agent_conn *c);
@@ -39,13 +81,20 @@ static void on_conn_poll(uv_poll_t *h, int status, int events);
 
 /* ------------------------------------------------------------ lifetime */
 
+static void gauges(struct agent *a)
+{
+	agent__gauge(&a->stats, AGENT_G_CLIENTS, (int64_t)a->server.nconns);
+	agent__gauge(&a->stats, AGENT_G_BUFFERS, (int64_t)a->server.nbuffers);
+	agent__gauge(&a->stats, AGENT_G_VIEWS, (int64_t)a->server.nviews);
+	agent__gauge(&a->stats, AGENT_G_STAGING, (int64_t)a->server.staging_in_use);
+}
+
 static void conn_free(struct agent_conn *c)
 {
 	struct agent *a = c->a;
 	free(c);
-	a->conn_objs--;
-	agent__gauges(a);
-	agent__maybe_stopped(a);
+	a->server.conn_objs--;
+	a->server.on_gone(a);
 }
 
 static void on_poll_closed(uv_handle_t *h)
@@ -56,7 +105,7 @@ static void on_poll_closed(uv_handle_t *h)
 		conn_free(c);
 }
 
-void agent__conn_unref(struct agent_conn *c)
+static void conn_unref(struct agent_conn *c)
 {
 	if (--c->refs > 0)
 		return;
@@ -69,18 +118,18 @@ static void release_session(struct agent_conn *c)
 	struct agent *a = c->a;
 	for (size_t i = 0; i < c->nbufs; i++)
 		agent__map_unref(c->bufs[i].map);
-	a->nbuffers -= c->nbufs;
+	a->server.nbuffers -= c->nbufs;
 	free(c->bufs);
 	c->bufs = NULL;
 	c->nbufs = 0;
 	for (size_t i = 0; i < c->nviews; i++)
 		free(c->views[i].key);
-	a->nviews -= c->nviews;
+	a->server.nviews -= c->nviews;
 	free(c->views);
 	c->views = NULL;
 	c->nviews = 0;
 	if (c->staging) {
-		a->staging_in_use -= c->staging_len;
+		a->server.staging_in_use -= c->staging_len;
 		agent__map_unref(c->staging);
 		c->staging = NULL;
 	}
@@ -115,12 +164,12 @@ static void conn_close(struct agent_conn *c, const char *why)
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		a->conns = c->next;
+		a->server.conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	a->nconns--;
-	agent__conn_unref(c);
-	agent__gauges(a);
+	a->server.nconns--;
+	conn_unref(c);
+	gauges(a);
 }
 
 /* ------------------------------------------------------------ output */
@@ -191,10 +240,10 @@ static void on_spin(uv_idle_t *h)
 {
 	struct agent *a = h->data;
 	uint64_t now = mc_now_ns();
-	if (a->pool.threaded == 0 && now < a->spin_until_ns)
+	if (agent__pool_threaded(&a->pool) == 0 && now < a->server.spin_until_ns)
 		return;
 	uv_idle_stop(h);
-	metric_observe(a->m_spin, (double)(now - a->spin_start_ns) / 1e9);
+	agent__stats_spin(&a->stats, now - a->server.spin_start_ns);
 }
 
 /*
@@ -207,13 +256,13 @@ static void on_spin(uv_idle_t *h)
  */
 void agent__spin_touch(struct agent *a)
 {
-	if (!a->spin_ns || a->stopping || a->pool.threaded > 0)
+	if (!a->server.spin_ns || a->stopping || agent__pool_threaded(&a->pool) > 0)
 		return;
 	uint64_t now = mc_now_ns();
-	a->spin_until_ns = now + a->spin_ns;
-	if (!uv_is_active((uv_handle_t *)&a->spin_idle)) {
-		a->spin_start_ns = now;
-		uv_idle_start(&a->spin_idle, on_spin);
+	a->server.spin_until_ns = now + a->server.spin_ns;
+	if (!uv_is_active((uv_handle_t *)&a->server.spin_idle)) {
+		a->server.spin_start_ns = now;
+		uv_idle_start(&a->server.spin_idle, on_spin);
 	}
 }
 
@@ -258,35 +307,20 @@ void agent__reply_error(struct agent_req *r, int err, const char *message)
 	send_response(r->c, &resp, NULL, NULL, 0);
 }
 
-void agent__req_free(struct agent_req *r)
+void agent__req_end(struct agent_req *r)
 {
 	struct agent_conn *c = r->c;
-	for (unsigned i = 0; i < r->nmaps; i++)
-		agent__map_unref(r->maps[i]);
-	free(r->maps);
 	for (unsigned i = 0; i < r->nfds; i++)
 		if (r->fds[i] >= 0)
 			close(r->fds[i]);
-	if (r->items) {
-		for (size_t i = 0; i < r->n; i++) {
-			for (unsigned k = 0; k < r->items[i].nrep; k++)
-				free(r->items[i].reps[k].segment);
-			free(r->items[i].reps);
-			free(r->items[i].scratch);
-		}
-		free(r->items);
-	}
-	agent__map_unref(r->spill);
-	free(r->mstate);
-	free(r->mstate2);
 	if (r->msg)
 		mooncake__client__request__free_unpacked(r->msg, NULL);
 	free(r);
 	c->inflight--;
-	c->a->reqs--;
+	c->a->server.reqs--;
 	if (!c->closed)
 		conn_update_poll(c);
-	agent__conn_unref(c);
+	conn_unref(c);
 }
 
 /* ------------------------------------------------------------ input */
@@ -332,17 +366,17 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 	r->op = m->op_case;
 	r->start_ns = mc_now_ns();
 	agent__spin_touch(c->a);
-	if (c->a->last_conn != c) {
-		c->a->last_conn = c;
-		c->a->solo_since_ns = r->start_ns;
+	if (c->a->server.last_conn != c) {
+		c->a->server.last_conn = c;
+		c->a->server.solo_since_ns = r->start_ns;
 	}
 	c->refs++;
 	c->inflight++;
-	c->a->reqs++;
+	c->a->server.reqs++;
 	unsigned n = m->nfds <= MC_UFRAME_MAX_FDS ? m->nfds : 0;
 	if (m->nfds > MC_UFRAME_MAX_FDS ||
 	    mc_uframe_rx_take_fds(&c->rx, n, r->fds) != 0) {
-		agent__req_free(r);
+		agent__req_end(r);
 		conn_close(c, "announced descriptors that did not come");
 		return false;
 	}
@@ -354,15 +388,15 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 			 (unsigned long long)m->id, why);
 		agent__reply_error(r, rc, why);
 		bool fatal = rc == MC_EPROTOCOL;
-		agent__op_done(c->a, r->op, rc, r->start_ns);
-		agent__req_free(r);
+		agent__op_done(&c->a->stats, r->op, rc, r->start_ns);
+		agent__req_end(r);
 		if (fatal) {
 			conn_close(c, why);
 			return false;
 		}
 		return !c->closed;
 	}
-	agent__dispatch(r);
+	c->a->server.on_request(r);
 	return !c->closed;
 }
 
@@ -448,7 +482,7 @@ static void on_conn_poll(uv_poll_t *h, int status, int events)
 		conn_read(c);
 	}
 	conn_update_poll(c);
-	agent__conn_unref(c);
+	conn_unref(c);
 }
 
 /* ------------------------------------------------------------ accept */
@@ -487,27 +521,27 @@ static void accept_one(struct agent *a, int fd)
 	}
 	c->poll_events = UV_READABLE;
 	uv_poll_start(&c->poll, UV_READABLE, on_conn_poll);
-	c->next = a->conns;
-	if (a->conns)
-		a->conns->prev = c;
-	a->conns = c;
-	a->nconns++;
-	a->conn_objs++;
+	c->next = a->server.conns;
+	if (a->server.conns)
+		a->server.conns->prev = c;
+	a->server.conns = c;
+	a->server.nconns++;
+	a->server.conn_objs++;
 	log_debug("client %s connected", c->name);
-	agent__gauges(a);
+	gauges(a);
 }
 
 static void on_listen_poll(uv_poll_t *h, int status, int events)
 {
-	struct agent *a = MC_CONTAINER_OF(h, struct agent, listen_poll);
+	struct agent *a = h->data;
 	(void)events;
 	if (status < 0 || a->stopping)
 		return;
 	for (int i = 0; i < 64; i++) {
-		int fd = accept4(a->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int fd = accept4(a->server.listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-				log_warn("accept on %s: %s", a->socket_path, strerror(errno));
+				log_warn("accept on %s: %s", a->server.socket_path, strerror(errno));
 			return;
 		}
 		accept_one(a, fd);
@@ -525,8 +559,14 @@ static bool socket_alive(const struct sockaddr_un *sa)
 	return alive;
 }
 
-int agent__server_start(struct agent *a, const char *path)
+int agent__server_start(struct agent *a, const char *path, uint64_t spin_ns,
+			void (*on_request)(struct agent_req *r), void (*on_gone)(struct agent *a))
 {
+	struct agent_server *s = &a->server;
+	s->listen_fd = -1;
+	s->spin_ns = spin_ns;
+	s->on_request = on_request;
+	s->on_gone = on_gone;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t plen = strlen(path);
 	if (plen == 0 || plen >= sizeof(sa.sun_path)) {
@@ -572,25 +612,28 @@ int agent__server_start(struct agent *a, const char *path)
 		log_error("cannot listen on %s: %s", path, strerror(-rc));
 		goto out_unlink;
 	}
-	a->socket_path = strdup(path);
-	if (!a->socket_path) {
+	a->server.socket_path = strdup(path);
+	if (!a->server.socket_path) {
 		rc = -ENOMEM;
 		goto out_unlink;
 	}
-	rc = uv_poll_init(a->loop, &a->listen_poll, fd);
+	rc = uv_poll_init(a->loop, &a->server.listen_poll, fd);
 	if (rc) {
 		rc = -ENOMEM;
 		goto out_path;
 	}
-	a->listen_fd = fd;
-	a->listen_open = true;
-	uv_poll_start(&a->listen_poll, UV_READABLE, on_listen_poll);
+	s->listen_poll.data = a;
+	s->listen_fd = fd;
+	s->listen_open = true;
+	uv_poll_start(&s->listen_poll, UV_READABLE, on_listen_poll);
+	uv_idle_init(a->loop, &s->spin_idle);
+	s->spin_idle.data = a;
 	log_info("serving clients on %s (mode 0660)", path);
 	return 0;
 
 out_path:
-	free(a->socket_path);
-	a->socket_path = NULL;
+	free(a->server.socket_path);
+	a->server.socket_path = NULL;
 out_unlink:
 	unlink(path);
 out_close:
@@ -598,32 +641,224 @@ out_close:
 	return rc;
 }
 
-static void on_listen_closed(uv_handle_t *h)
+unsigned agent__server_stop(struct agent *a, uv_close_cb on_closed)
 {
-	struct agent *a = MC_CONTAINER_OF((uv_poll_t *)h, struct agent, listen_poll);
-	a->closing--;
-	agent__maybe_stopped(a);
+	struct agent_server *s = &a->server;
+	unsigned n = 0;
+	if (s->listen_open) {
+		s->listen_open = false;
+		uv_poll_stop(&s->listen_poll);
+		uv_close((uv_handle_t *)&s->listen_poll, on_closed);
+		n++;
+		close(s->listen_fd);
+		s->listen_fd = -1;
+		unlink(s->socket_path);
+	}
+	while (s->conns)
+		conn_close(s->conns, NULL);
+	return n;
 }
 
-void agent__server_stop(struct agent *a)
+unsigned agent__server_close(struct agent *a, uv_close_cb on_closed)
 {
-	if (a->listen_open) {
-		a->listen_open = false;
-		uv_poll_stop(&a->listen_poll);
-		a->closing++;
-		uv_close((uv_handle_t *)&a->listen_poll, on_listen_closed);
-		close(a->listen_fd);
-		a->listen_fd = -1;
-		unlink(a->socket_path);
-	}
-	while (a->conns)
-		conn_close(a->conns, NULL);
+	uv_close((uv_handle_t *)&a->server.spin_idle, on_closed);
+	return 1;
+}
+
+bool agent__server_idle(const struct agent *a)
+{
+	return a->server.conn_objs == 0;
+}
+
+const char *agent__server_path(const struct agent *a)
+{
+	return a->server.socket_path;
+}
+
+void agent__server_free(struct agent *a)
+{
+	free(a->server.socket_path);
+	a->server.socket_path = NULL;
+}
+
+void agent__server_counts(const struct agent *a, uint64_t *clients, uint64_t *buffers,
+			  uint64_t *views)
+{
+	*clients = a->server.nconns;
+	*buffers = a->server.nbuffers;
+	*views = a->server.nviews;
+}
+
+unsigned agent__server_reqs(const struct agent *a)
+{
+	return a->server.reqs;
+}
+
+uint64_t agent__server_solo_since_ns(const struct agent *a)
+{
+	return a->server.solo_since_ns;
+}
+
+const struct agent_buf *agent__server_published(const struct agent *a, uint64_t addr,
+						uint64_t len)
+{
+	for (const struct agent_conn *c = a->server.conns; c; c = c->next)
+		for (size_t i = 0; i < c->nbufs; i++) {
+			const struct agent_buf *b = &c->bufs[i];
+			if (b->address && addr >= b->address && addr - b->address <= b->len &&
+			    len <= b->len - (addr - b->address))
+				return b;
+		}
+	return NULL;
 }
 
 void agent__views_foreach(struct agent *a,
 			  void (*fn)(void *ud, const struct agent_view *v), void *ud)
 {
-	for (struct agent_conn *c = a->conns; c; c = c->next)
+	for (struct agent_conn *c = a->server.conns; c; c = c->next)
 		for (size_t i = 0; i < c->nviews; i++)
 			fn(ud, &c->views[i]);
+}
+
+/* ------------------------------------------------------------ a session */
+
+const char *agent__session_name(const struct agent_conn *c)
+{
+	return c->name;
+}
+
+uid_t agent__session_uid(const struct agent_conn *c)
+{
+	return c->uid;
+}
+
+bool agent__session_closed(const struct agent_conn *c)
+{
+	return c->closed;
+}
+
+void agent__session_hello(struct agent_conn *c, const char *client_name,
+			  struct agent_map *staging)
+{
+	if (client_name && client_name[0])
+		snprintf(c->name, sizeof(c->name), "pid %d uid %u (%.48s)", (int)c->pid,
+			 (unsigned)c->uid, client_name);
+	c->staging = staging;
+	c->staging_base = staging->addr;
+	c->staging_len = staging->len;
+	c->hello = true;
+	c->a->server.staging_in_use += staging->len;
+	gauges(c->a);
+}
+
+struct agent_map *agent__session_staging(const struct agent_conn *c, uint8_t **base,
+					 uint64_t *len)
+{
+	*base = c->staging_base;
+	*len = c->staging_len;
+	return c->staging;
+}
+
+bool agent__session_bufs_full(const struct agent_conn *c)
+{
+	return c->nbufs >= AGENT_MAX_BUFFERS;
+}
+
+int agent__session_buf_add(struct agent_conn *c, struct agent_map *m, uint8_t *base,
+			   uint64_t len, uint64_t address, uint64_t *id)
+{
+	if (c->nbufs >= AGENT_MAX_BUFFERS)
+		return -ENOSPC;
+	if (c->nbufs == c->bufs_cap) {
+		size_t cap = c->bufs_cap ? c->bufs_cap * 2 : 8;
+		struct agent_buf *p = realloc(c->bufs, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		c->bufs = p;
+		c->bufs_cap = cap;
+	}
+	struct agent_buf *b = &c->bufs[c->nbufs++];
+	b->id = c->next_buf_id++;
+	b->map = m;
+	b->base = base;
+	b->len = len;
+	b->address = address;
+	*id = b->id;
+	c->a->server.nbuffers++;
+	gauges(c->a);
+	return 0;
+}
+
+const struct agent_buf *agent__session_buf(const struct agent_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nbufs; i++)
+		if (c->bufs[i].id == id)
+			return &c->bufs[i];
+	return NULL;
+}
+
+struct agent_map *agent__session_buf_remove(struct agent_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nbufs; i++) {
+		if (c->bufs[i].id != id)
+			continue;
+		struct agent_map *m = c->bufs[i].map;
+		c->bufs[i] = c->bufs[--c->nbufs];
+		c->a->server.nbuffers--;
+		gauges(c->a);
+		return m;
+	}
+	return NULL;
+}
+
+int agent__session_view_add(struct agent_conn *c, const uint8_t *key, size_t klen,
+			    uint64_t offset, uint64_t size, uint64_t *id)
+{
+	if (c->nviews >= AGENT_MAX_VIEWS)
+		return -ENOSPC;
+	if (c->nviews == c->views_cap) {
+		size_t cap = c->views_cap ? c->views_cap * 2 : 16;
+		struct agent_view *p = realloc(c->views, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		c->views = p;
+		c->views_cap = cap;
+	}
+	uint8_t *copy = malloc(klen);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, key, klen);
+	struct agent_view *v = &c->views[c->nviews++];
+	v->id = c->next_view_id++;
+	v->offset = offset;
+	v->size = size;
+	v->klen = (uint16_t)klen;
+	v->key = copy;
+	*id = v->id;
+	c->a->server.nviews++;
+	gauges(c->a);
+	return 0;
+}
+
+bool agent__session_view_drop(struct agent_conn *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->nviews; i++)
+		if (c->views[i].id == id) {
+			free(c->views[i].key);
+			c->views[i] = c->views[--c->nviews];
+			c->a->server.nviews--;
+			gauges(c->a);
+			return true;
+		}
+	return false;
+}
+
+bool agent__session_has_segment_fd(const struct agent_conn *c)
+{
+	return c->segment_fd_sent;
+}
+
+void agent__session_segment_fd_sent(struct agent_conn *c)
+{
+	c->segment_fd_sent = true;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/xfer.h"
 #include "common/log.h"
 #include "transfer/transfer.h"
 

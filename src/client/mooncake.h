@@ -48,6 +48,7 @@ extern "C" {
 #define MC_EOBJECT_ALREADY_EXISTS (-705)
 #define MC_EOBJECT_HAS_LEASE (-706)
 #define MC_ELEASE_EXPIRED (-707)
+#define MC_ETOO_FEW_SEGMENTS (-708)
 #define MC_EPROTOCOL (-801)
 #define MC_EUNAVAILABLE (-802)
 #define MC_ETIMEDOUT (-803)
@@ -91,9 +92,12 @@ struct mc_put_opts {
 
 /*
  * Store a value. Errors: MC_EOBJECT_ALREADY_EXISTS (-705; see upsert),
- * MC_ENO_SPACE, MC_EOBJECT_HAS_LEASE (upsert of a leased object),
- * -EINVAL (key empty or above MC_MAX_KEY_BYTES, replica_num above 16),
- * MC_EUNAVAILABLE (no master, or the connection broke), transfer errors.
+ * MC_ENO_SPACE, MC_ETOO_FEW_SEGMENTS (replica_num above the segments
+ * mounted), MC_EOBJECT_HAS_LEASE (upsert of a leased object), -EINVAL
+ * (key empty or above MC_MAX_KEY_BYTES, replica_num above 16),
+ * MC_EUNAVAILABLE (no master, the connection broke, or a master leader
+ * that took over is still taking the agents back: try again; never
+ * MC_ENO_SPACE for that), transfer errors.
  */
 int mc_put(mc_client *c, const void *key, size_t klen, const void *value,
 	   size_t len, const struct mc_put_opts *opts);

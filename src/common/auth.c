@@ -1,17 +1,22 @@
 /*
- * auth: SHA-256 (FIPS 180-4), HMAC-SHA256 (RFC 2104), secret files. See
- * auth.h.
+ * auth: SHA-256 (FIPS 180-4), HMAC-SHA256 (RFC 2104), secret files and
+ * where the transfer engine's secret comes from. See auth.h.
  */
 #include "common/auth.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cfg.h"
 #include "common/endian.h"
+#include "common/io.h"
+#include "common/util.h"
 
 static const uint32_t K[64] = {
 	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
@@ -217,4 +222,149 @@ int mc_secret_load(const char *path, uint8_t *buf, size_t *len_out,
 out:
 	close(fd);
 	return rc;
+}
+
+/* ------------------------------------------------------------ secret files */
+
+/* Move tmp to path unless path exists. renameat2 does it in one step;
+ * on a file system without RENAME_NOREPLACE a hard link does the same
+ * (link never replaces), and tmp is removed by the caller. */
+static int move_noreplace(const char *tmp, const char *path)
+{
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EINVAL && errno != ENOSYS)
+		return -errno;
+	return link(tmp, path) == 0 ? 0 : -errno;
+}
+
+int mc_secret_create(const char *path)
+{
+	static const char hex[] = "0123456789abcdef";
+	uint8_t raw[32];
+	char text[2 * sizeof(raw) + 1], tmp[4096], dir[4096];
+	int rc = mc_random(raw, sizeof(raw));
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < sizeof(raw); i++) {
+		text[2 * i] = hex[raw[i] >> 4];
+		text[2 * i + 1] = hex[raw[i] & 15];
+	}
+	text[2 * sizeof(raw)] = '\n';
+	memset(raw, 0, sizeof(raw));
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= sizeof(tmp))
+		return -ENAMETOOLONG;
+	int fd = mkostemp(tmp, O_CLOEXEC); /* mode 0600 */
+	if (fd < 0)
+		return -errno;
+	rc = fchmod(fd, 0600) == 0 ? 0 : -errno;
+	if (rc == 0)
+		rc = mc_write_all(fd, text, sizeof(text));
+	if (rc == 0 && fsync(fd) != 0)
+		rc = -errno;
+	memset(text, 0, sizeof(text));
+	close(fd);
+	if (rc == 0)
+		rc = move_noreplace(tmp, path);
+	unlink(tmp);
+	if (rc)
+		return rc;
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash == dir)
+		slash[1] = '\0';
+	else if (slash)
+		*slash = '\0';
+	else
+		snprintf(dir, sizeof(dir), ".");
+	return mc_fsync_dir(dir);
+}
+
+void mc_secret_clear(struct mc_secret *s)
+{
+	memset(s->key, 0, sizeof(s->key));
+	s->len = 0;
+}
+
+static int load_into(struct mc_secret *out, const char *how, char *err, size_t errlen)
+{
+	int rc = mc_secret_load(out->path, out->key, &out->len, &out->loose);
+	if (rc == 0)
+		return 0;
+	out->len = 0;
+	switch (rc) {
+	case -ENOENT:
+		snprintf(err, errlen,
+			 "%s %s does not exist: create one with `mooncakectl secret create "
+			 "%s` and give every host the same file",
+			 how, out->path, out->path);
+		break;
+	case -EACCES:
+		snprintf(err, errlen,
+			 "%s %s cannot be read by uid %d: run as the daemon's user, or "
+			 "give a file this user can read with --cluster-secret-file",
+			 how, out->path, (int)geteuid());
+		break;
+	case -EINVAL:
+		snprintf(err, errlen, "%s %s is empty", how, out->path);
+		break;
+	case -EFBIG:
+		snprintf(err, errlen, "%s %s is larger than %d bytes", how, out->path,
+			 MC_SECRET_MAX_BYTES);
+		break;
+	default:
+		snprintf(err, errlen, "%s %s: %s", how, out->path, mc_strerror(rc));
+	}
+	return rc;
+}
+
+int mc_secret_find(const struct cfg *c, bool create, bool public_listen,
+		   struct mc_secret *out, char *err, size_t errlen)
+{
+	const char *file = cfg_str(c, CFG_CLUSTER_SECRET_FILE);
+	memset(out, 0, sizeof(*out));
+	if (cfg_bool(c, CFG_INSECURE_TRANSFER)) {
+		if (*file) {
+			snprintf(err, errlen,
+				 "--insecure-transfer and --cluster-secret-file=%s contradict "
+				 "each other: choose one",
+				 file);
+			return MC_ECONFIG;
+		}
+		return 0;
+	}
+	if (*file) {
+		snprintf(out->path, sizeof(out->path), "%s", file);
+		return load_into(out, "--cluster-secret-file", err, errlen);
+	}
+	if (public_listen) {
+		snprintf(err, errlen,
+			 "the transfer engine listens on an address other than loopback, and "
+			 "no --cluster-secret-file is configured: give every host the same "
+			 "secret file (`mooncakectl secret create FILE`), or set "
+			 "--insecure-transfer to serve memory to anyone who reaches the port");
+		return MC_ECONFIG;
+	}
+	if ((size_t)snprintf(out->path, sizeof(out->path), "%s/%s", cfg_str(c, CFG_DATA_DIR),
+			     MC_SECRET_DEFAULT_NAME) >= sizeof(out->path)) {
+		snprintf(err, errlen, "--data-dir is too long");
+		return -ENAMETOOLONG;
+	}
+	if (create) {
+		int rc = mc_secret_create(out->path);
+		if (rc && rc != -EEXIST) {
+			snprintf(err, errlen, "cannot create the cluster secret %s: %s",
+				 out->path, mc_strerror(rc));
+			return rc;
+		}
+		out->created = rc == 0;
+	} else if (access(out->path, F_OK) != 0 && errno == ENOENT) {
+		snprintf(err, errlen,
+			 "no cluster secret: %s does not exist (the agent creates it at its "
+			 "first start); give --cluster-secret-file=FILE or --data-dir of the "
+			 "agent whose peers this process talks to",
+			 out->path);
+		return -ENOENT;
+	}
+	return load_into(out, "the cluster secret", err, errlen);
 }

@@ -58,8 +58,18 @@
 	  "left at its default uses its own --listen-client; empty: no meta")  \
 	X(CLUSTER_SECRET_FILE, "cluster-secret-file", COMMON, PATH, "", 0, 0,  \
 	  NULL,                                                                \
-	  "file holding the secret daemons prove to each other (HMAC "         \
-	  "challenge); empty: peers are not authenticated")                    \
+	  "file holding the secret transfer engines prove to each other "      \
+	  "(HMAC challenge) on every tcp, shm and rdma connection and "        \
+	  "descriptor fetch; the same file on every host (mooncakectl secret " \
+	  "create F makes one); empty: <data-dir>/cluster.secret, created "    \
+	  "(random, 0600) at the agent's first start, allowed only while the " \
+	  "agent listens on loopback addresses")                               \
+	X(INSECURE_TRANSFER, "insecure-transfer", COMMON, BOOL, "false", 0, 0, \
+	  NULL,                                                                \
+	  "run the transfer engine without authentication: anyone who "        \
+	  "reaches its data or RPC port reads and writes its registered "      \
+	  "memory; logged as a warning at every start; not with "              \
+	  "--cluster-secret-file")                                             \
 	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0,  \
 	  NULL, "meta: etcd v3 gRPC API (host:port, numeric)")                 \
 	X(LISTEN_PEER, "listen-peer", META, ADDR, "127.0.0.1:2380", 0, 0,      \

@@ -19,6 +19,8 @@
 	X(MC_EOBJECT_ALREADY_EXISTS, -705, "object already exists")            \
 	X(MC_EOBJECT_HAS_LEASE, -706, "object is held by a read lease")        \
 	X(MC_ELEASE_EXPIRED, -707, "lease expired")                            \
+	X(MC_ETOO_FEW_SEGMENTS, -708, "more replicas asked for than "          \
+	  "segments are mounted (each replica needs a segment of its own)")    \
 	X(MC_ECONFIG, -800, "invalid configuration")                           \
 	X(MC_EPROTOCOL, -801, "protocol error")                                \
 	X(MC_EUNAVAILABLE, -802, "service unavailable")                        \

@@ -46,6 +46,7 @@ enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG, LOG_TRACE };
 	X(LOGS_TCP, "tcp")                                                     \
 	X(LOGS_RDMA, "rdma")                                                   \
 	X(LOGS_CLIENT, "client")                                               \
+	X(LOGS_SSD, "ssd")                                                     \
 	X(LOGS_CTL, "ctl")
 
 enum log_subsys {

@@ -66,7 +66,8 @@ enum mc_fit {
  * Whether the segment fits, and when it does not, one line (into why)
  * naming the figures and the key to change: --global-segment-size, the
  * memory-lock limit (LimitMEMLOCK, ulimit -l), the reserved huge pages,
- * or --force-segment-size to start anyway. With huge pages on, or auto
+ * or --force-segment-size to start anyway; every refusal ends with what
+ * the node has (RAM available, free huge pages, the memory-lock limit). With huge pages on, or auto
  * and enough of them free, the segment comes from the huge page pool,
  * else from the memory available. Pure.
  */

@@ -103,6 +103,21 @@ int mc_parse_hostport(const char *s, struct sockaddr_storage *out)
 	return 0;
 }
 
+bool mc_addr_is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+		if (IN6_IS_ADDR_LOOPBACK(a))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+	}
+	return false;
+}
+
 void mc_format_addr(const struct sockaddr *sa, char *buf, size_t len)
 {
 	char host[INET6_ADDRSTRLEN];

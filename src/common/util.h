@@ -8,6 +8,7 @@
 #ifndef MC_COMMON_UTIL_H
 #define MC_COMMON_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -37,6 +38,10 @@ uint64_t mc_wall_ms(void);
  * (meaning 127.0.0.1). Port 0 is allowed (ephemeral). Errors: -EINVAL.
  */
 int mc_parse_hostport(const char *s, struct sockaddr_storage *out) MC_MUST_CHECK;
+
+/* True for an address only this host reaches: 127.0.0.0/8, ::1 and
+ * IPv4-mapped 127.x. */
+bool mc_addr_is_loopback(const struct sockaddr *sa);
 
 /* Format a socket address as "host:port" into buf (at least 64 bytes). */
 void mc_format_addr(const struct sockaddr *sa, char *buf, size_t len);

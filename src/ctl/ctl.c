@@ -14,6 +14,7 @@
  *   mooncakectl put KEY FILE|- / get KEY [FILE] / rm KEY  (local agent)
  *   mooncakectl doctor [--cluster] [--json]   (ctl_doctor.c)
  *   mooncakectl plan --model=NAME | --layers=... (ctl_plan.c)
+ *   mooncakectl secret create FILE            (ctl_secret.c)
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
@@ -35,7 +36,7 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench resync` (agents through a master failover), `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis)",
+	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench resync` (agents through a master failover), `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench ssd` (vs fio)",
 	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
@@ -45,6 +46,7 @@ static const struct ctl_cmd cmds[] = {
 	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
 	{"doctor", "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)", ctl_doctor_main},
 	{"plan", "size the pool for a model: KV bytes per token and request, requests held, segment per node", ctl_plan_main},
+	{"secret", "`secret create FILE`: a new random cluster secret (0600) for --cluster-secret-file", ctl_secret_main},
 };
 
 static void usage(FILE *f)

@@ -2,7 +2,8 @@
  * ctl_bench_local: the servers `mooncakectl bench store` starts for
  * itself (ctl_bench_store.h): a master and two agents (mooncaked next to
  * mooncakectl) and redis-server when installed, each a child process
- * logging into a temporary directory, all on loopback ports picked free.
+ * logging into a temporary directory, all on loopback ports picked free;
+ * the agents prove a cluster secret made in that directory.
  * Stopping them removes the directory; a process that died first is
  * reported with the end of its log.
  */
@@ -17,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/util.h"
 #include "ctl/ctl_bench_store.h"
 
@@ -118,13 +120,18 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 		cl->dir[0] = '\0';
 		return -errno;
 	}
-	char daemon[600];
+	char daemon[600], secret[sizeof(cl->dir) + 16];
 	sibling(daemon, sizeof(daemon), "mooncaked");
+	/* The two agents move bytes to each other: they prove one secret
+	 * (each would make its own in its data directory). */
+	snprintf(secret, sizeof(secret), "%s/cluster.secret", cl->dir);
+	int rc = mc_secret_create(secret);
+	if (rc)
+		return rc;
 	int mport = free_port(), mhttp = free_port();
 	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
 	char a[16][192];
 	int k = 0;
-	int rc = 0;
 #define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
 	if (separate) {
 		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
@@ -146,7 +153,7 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			      ARG("--agent-http=127.0.0.1:%d", free_port()),
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
-			      "--log-level=warn",
+			      ARG("--cluster-secret-file=%s", secret), "--log-level=warn",
 			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
 			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
 		rc = spawn(cl, i ? "agent1" : "agent0", av);

@@ -26,7 +26,8 @@
  * Without --target the target is a child process forked at start (before
  * any thread exists): a transfer engine with a memfd buffer, serving in
  * P2P mode (or published to --meta-endpoints), plus the plain TCP stream
- * server. Figures are measurements, never pass/fail.
+ * server; the two engines prove a secret made for the run. Figures are
+ * measurements, never pass/fail.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -97,7 +98,9 @@ static void usage(FILE *f)
 		"                      runs the plain TCP stream the tcp figure is "
 		"compared to\n\n"
 		"engine flags (without --meta-endpoints the target is reached in "
-		"P2P mode):\n%s",
+		"P2P mode;\nwithout --target the two engines share a secret made "
+		"for the run, and the\ncluster secret flags matter only with "
+		"--target):\n%s",
 		ctl_te_flags_help);
 }
 
@@ -186,7 +189,7 @@ static int child_main(const struct bench *b, int ctl, int ready)
 {
 	struct ctl_te h;
 	struct ctl_buf buf;
-	char err[256];
+	char err[1024];
 	struct ctl_te_opts o = b->te;
 	char name[64];
 	if (o.meta && *o.meta) {
@@ -577,6 +580,21 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	if (rc)
 		return rc < 0 ? CTL_EXIT_OK : CTL_EXIT_USAGE;
 
+	/* Without --target both engines are this command's own: they share a
+	 * secret made for the run (unless --insecure-transfer), and need
+	 * none of the cluster's. */
+	struct mc_secret own;
+	memset(&own, 0, sizeof(own));
+	if (!b.target && !b.te.insecure) {
+		own.len = 32;
+		if (mc_random(own.key, own.len) != 0) {
+			fprintf(stderr, "mooncakectl bench transfer: no random bytes\n");
+			return CTL_EXIT_FAIL;
+		}
+		snprintf(own.path, sizeof(own.path), "(made for this run)");
+		b.te.secret = &own;
+	}
+
 	/* The target process, forked before this one starts any thread. */
 	pid_t child = -1;
 	int ctl_pipe[2] = {-1, -1}, ready_pipe[2] = {-1, -1};
@@ -618,7 +636,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	}
 
 	struct ctl_te h;
-	char err[256];
+	char err[1024];
 	rc = CTL_EXIT_FAIL;
 	if (ctl_te_start(&h, &b.te, err, sizeof(err)) != 0) {
 		fprintf(stderr, "mooncakectl bench transfer: %s\n", err);

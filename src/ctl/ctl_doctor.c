@@ -11,7 +11,10 @@
  *      records under /mooncake/<cluster-id>/segments/, each asked for
  *      its descriptor at the address it names — a record whose address
  *      does not answer, answers for another segment or for another
- *      incarnation is stale, and peers opening it time out;
+ *      incarnation is stale, and peers opening it time out. The request
+ *      carries the proof of the cluster secret, found as the agent finds
+ *      it (mc_secret_find); without read access to it the check can only
+ *      say that a transfer engine answers there;
  *   3. the master leader key and the leader's health;
  *   4. with --cluster, each agent found in meta runs the node checks on
  *      its own node (mooncake.doctor.Doctor/Check) and its clock is
@@ -29,6 +32,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "common/sysmem.h"
 #include "common/util.h"
@@ -39,6 +43,7 @@
 #include "health.pb-c.h"
 #include "rpc/rpc.h"
 #include "transfer.pb-c.h"
+#include "transfer/transfer.h"
 
 extern char **environ;
 
@@ -258,8 +263,40 @@ static int get_prefix(const char *ep, const char *prefix, uint64_t tmo,
 	return st;
 }
 
+/* GetDescriptor for name at addr, with the proof of sec over a fresh
+ * Challenge when sec holds a secret. Returns the gRPC status. */
+static int fetch_descriptor(const char *addr, const char *name, const struct mc_secret *sec,
+			    uint64_t tmo, ProtobufCMessage **resp, char *err, size_t errlen)
+{
+	Mooncake__Transfer__GetDescriptorRequest req =
+		MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
+	req.name = (char *)name;
+	ProtobufCMessage *ch = NULL;
+	uint8_t mac[32];
+	if (sec && sec->len) {
+		Mooncake__Transfer__ChallengeRequest creq =
+			MOONCAKE__TRANSFER__CHALLENGE_REQUEST__INIT;
+		int gs = call(addr, "/mooncake.transfer.Transfer/Challenge", &creq.base,
+			      &mooncake__transfer__challenge_reply__descriptor, tmo, &ch, err,
+			      errlen);
+		if (gs != RPC_OK)
+			return gs;
+		const Mooncake__Transfer__ChallengeReply *c = (const void *)ch;
+		te_descriptor_mac(sec->key, sec->len, c->nonce.data, c->nonce.len, name, mac);
+		req.challenge = c->nonce;
+		req.mac.data = mac;
+		req.mac.len = sizeof(mac);
+	}
+	int gs = call(addr, "/mooncake.transfer.Transfer/GetDescriptor", &req.base,
+		      &mooncake__transfer__segment_desc__descriptor, tmo, resp, err, errlen);
+	if (ch)
+		protobuf_c_message_free_unpacked(ch, NULL);
+	return gs;
+}
+
+/* sec: the cluster secret, NULL when it cannot be had (sec_err says why). */
 static size_t check_segments(struct table *t, const struct meta_view *mv, uint64_t tmo,
-			     struct seg *segs)
+			     struct seg *segs, const struct mc_secret *sec, const char *sec_err)
 {
 	char prefix[256], value[512], check[300], err[256];
 	snprintf(prefix, sizeof(prefix), "/mooncake/%s/segments/", mv->cluster_id);
@@ -304,13 +341,8 @@ static size_t check_segments(struct table *t, const struct meta_view *mv, uint64
 		n++;
 
 		/* Does the address serve this segment, this incarnation? */
-		Mooncake__Transfer__GetDescriptorRequest req =
-			MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
-		req.name = s->name;
 		ProtobufCMessage *resp;
-		int gs = call(s->addr, "/mooncake.transfer.Transfer/GetDescriptor", &req.base,
-			      &mooncake__transfer__segment_desc__descriptor, tmo, &resp, err,
-			      sizeof(err));
+		int gs = fetch_descriptor(s->addr, s->name, sec, tmo, &resp, err, sizeof(err));
 		const char *fix = "the record outlived its agent: it goes --te-lease-ttl after the "
 				  "agent died; one that stays is held by a live lease of a process "
 				  "that no longer serves it (a rebuilt node); peers that open it "
@@ -324,6 +356,16 @@ static size_t check_segments(struct table *t, const struct meta_view *mv, uint64
 			s->live = same;
 			put(t, "cluster", same ? DOCTOR_OK : DOCTOR_FAIL, check, value,
 			    "its address serves it", fix);
+		} else if (gs == RPC_UNAUTHENTICATED) {
+			/* A transfer engine answers, but which segment it serves
+			 * is only told to a holder of the secret. */
+			textf(value, sizeof(value), "%s serves a transfer engine (%s); %s", s->addr,
+			      xps, sec ? err : sec_err);
+			s->live = true;
+			put(t, "cluster", DOCTOR_WARN, check, value, "its address serves it",
+			    sec ? "give every host the same --cluster-secret-file"
+				: "run the doctor where it can read the cluster secret (as the "
+				  "daemon's user, with its --data-dir or --cluster-secret-file)");
 		} else {
 			textf(value, sizeof(value), "%s %s: %s%s%s", s->addr,
 				 gs == RPC_NOT_FOUND ? "serves another segment" : "does not answer",
@@ -677,8 +719,14 @@ int ctl_doctor_main(int argc, char **argv)
 		size_t nsegs = 0;
 		if (!segs)
 			rc = -ENOMEM;
-		else if (mv.endpoint[0])
-			nsegs = check_segments(&t, &mv, tmo, segs);
+		else if (mv.endpoint[0]) {
+			struct mc_secret sec;
+			char sec_err[1024];
+			bool have = mc_secret_find(&cfg, false, false, &sec, sec_err,
+						   sizeof(sec_err)) == 0;
+			nsegs = check_segments(&t, &mv, tmo, segs, have ? &sec : NULL, sec_err);
+			mc_secret_clear(&sec);
+		}
 		check_master(&t, &cfg, &mv, tmo);
 		if (cluster && segs)
 			check_agents(&t, segs, nsegs, tmo);

@@ -23,6 +23,10 @@ int ctl_stats_main(int argc, char **argv);
 /* `stats --agent`: the local agent's figures (ctl_store.c); socket NULL:
  * where libmooncake looks. Returns an exit status. */
 int ctl_agent_stats(const char *socket);
+/* The DRAM segments the master at addr has ready (mounted, not
+ * re-syncing), following a standby's redirect. Errors: -EINVAL (addr),
+ * MC_EUNAVAILABLE (no answer). */
+int ctl_master_dram_segments(const char *addr, unsigned *ready);
 /* put/get/rm through the local agent (ctl_store.c). */
 int ctl_put_main(int argc, char **argv);
 int ctl_get_main(int argc, char **argv);
@@ -43,6 +47,9 @@ int ctl_bench_master_main(int argc, char **argv);
 int ctl_bench_resync_main(int argc, char **argv);
 /* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
 int ctl_bench_store_main(int argc, char **argv);
+/* `bench ssd`: the SSD tier's store beside fio; argv[0] is "ssd"
+ * (ctl_bench_ssd.c). */
+int ctl_bench_ssd_main(int argc, char **argv);
 
 /* Latency samples in ns (ctl_lat.c); a zeroed struct is empty. */
 struct ctl_lat {
@@ -62,6 +69,8 @@ int ctl_transfer_main(int argc, char **argv);
 /* `doctor` (ctl_doctor.c) and `plan` (ctl_plan.c). */
 int ctl_doctor_main(int argc, char **argv);
 int ctl_plan_main(int argc, char **argv);
+/* `secret create FILE` (ctl_secret.c). */
+int ctl_secret_main(int argc, char **argv);
 /* `bench transfer`: argv[0] is "transfer". */
 int ctl_bench_transfer_main(int argc, char **argv);
 

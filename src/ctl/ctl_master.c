@@ -205,6 +205,28 @@ static void stats_usage(FILE *f)
 		   "  /run/mooncake/agent.sock, $XDG_RUNTIME_DIR/mooncake/agent.sock.\n");
 }
 
+int ctl_master_dram_segments(const char *addr, unsigned *ready)
+{
+	struct mconn mc;
+	if (mconn_open(&mc, addr))
+		return -EINVAL;
+	Mooncake__Master__StatsRequest req = MOONCAKE__MASTER__STATS_REQUEST__INIT;
+	ProtobufCMessage *out = NULL;
+	char err[512];
+	int st = mcall(&mc, "Stats", &req.base, &mooncake__master__stats_response__descriptor, &out,
+		       err, sizeof(err));
+	mconn_close(&mc);
+	if (st != RPC_OK)
+		return MC_EUNAVAILABLE;
+	const Mooncake__Master__StatsResponse *r = (void *)out;
+	*ready = 0;
+	for (size_t i = 0; i < r->n_segments; i++)
+		*ready += r->segments[i]->segment->tier != MOONCAKE__MASTER__TIER__TIER_SSD &&
+			  !r->segments[i]->syncing;
+	protobuf_c_message_free_unpacked(out, NULL);
+	return 0;
+}
+
 int ctl_stats_main(int argc, char **argv)
 {
 	const char *addr = NULL, *socket = NULL, *v;

@@ -199,8 +199,21 @@ int ctl_put_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	rc = mc_put(c, key, strlen(key), val, len, &a.put);
-	mc_close(c);
 	free(val);
+	struct mc_agent_stats st;
+	unsigned ready;
+	if (rc == MC_ETOO_FEW_SEGMENTS && mc_agent_stats(c, &st) == 0 && st.master[0] &&
+	    ctl_master_dram_segments(st.master, &ready) == 0) {
+		/* Say it with the figures: N replicas, M segments. */
+		unsigned n = a.put.replica_num ? a.put.replica_num : 1;
+		fprintf(stderr,
+			"mooncakectl put %s: --replicas=%u needs %u segments, one per replica, "
+			"and only %u %s mounted (%s)\n",
+			key, n, n, ready, ready == 1 ? "is" : "are", mc_errname(rc));
+		mc_close(c);
+		return CTL_EXIT_FAIL;
+	}
+	mc_close(c);
 	if (rc) {
 		fprintf(stderr, "mooncakectl put %s: %s (%s)\n", key, mc_strerror(rc),
 			mc_errname(rc));

@@ -241,10 +241,15 @@ static void drain_rpc(struct daemon *d)
 						    d->drain_timeout_ms, on_rpc_done, d);
 }
 
+static void on_stop_timeout(uv_timer_t *t);
+
 /*
  * Roles stop one after the other in reverse start order (agent, master,
  * meta): each may still use the ones below it while it stops (the agent
- * and the master delete their keys in meta). Then calls drain.
+ * and the master delete their keys in meta). Each gets the shutdown
+ * timeout to finish; one that overruns it is left behind and the next
+ * is stopped all the same, since a role never stopped keeps the loop
+ * alive. Then calls drain.
  */
 static void stop_next_role(struct daemon *d)
 {
@@ -253,6 +258,7 @@ static void stop_next_role(struct daemon *d)
 		if (!rt->started || !rt->def->ops || !rt->def->ops->stop)
 			continue;
 		rt->stopping = true;
+		uv_timer_start(&d->stop_timer, on_stop_timeout, d->drain_timeout_ms, 0);
 		rt->def->ops->stop(rt); /* role_stopped may run inside */
 		return;
 	}
@@ -268,11 +274,10 @@ static void on_stop_timeout(uv_timer_t *t)
 	for (size_t i = 0; i < NROLES; i++)
 		if (d->roles[i].stopping) {
 			log_warn("%s: did not finish stopping within the shutdown "
-				 "timeout; draining calls anyway",
+				 "timeout; stopping the roles below it anyway",
 				 d->roles[i].def->name);
 			d->roles[i].stopping = false;
 		}
-	d->stop_next = 0;
 	stop_next_role(d);
 }
 
@@ -291,7 +296,6 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	d->shutting_down = true;
 	d->drain_timeout_ms = timeout_ms;
 	notify_systemd("STOPPING=1");
-	uv_timer_start(&d->stop_timer, on_stop_timeout, timeout_ms, 0);
 	d->stop_next = NROLES;
 	stop_next_role(d);
 }
@@ -556,8 +560,9 @@ int daemon_run(const struct cfg *cfg)
 		rc = start_role(d, &d->roles[i]);
 	}
 	if (rc) {
+		/* The roles that started stop as on SIGTERM. */
 		d->exit_code = 1;
-		begin_shutdown(d, 0);
+		begin_shutdown(d, cfg_u64(cfg, CFG_SHUTDOWN_TIMEOUT));
 	} else {
 		log_info("ready");
 		char st[64];

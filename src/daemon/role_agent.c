@@ -114,26 +114,33 @@ static int parse_numa(const char *s, int *node)
 	return 0;
 }
 
-/* --cluster-secret-file into buf (len 0: none). Logs its errors. */
-static int load_secret(const struct cfg *c, uint8_t *buf, size_t *len)
+/* The engine's secret (mc_secret_find: configured, <data-dir>/cluster.secret
+ * created at the first start, or none with --insecure-transfer). Listening
+ * on anything but loopback needs a configured one. Logs its errors and,
+ * at every start, where the secret came from or that there is none. */
+static int find_secret(const struct cfg *c, const struct sockaddr_storage *rpc,
+		       const struct sockaddr_storage *data, struct mc_secret *sec)
 {
-	const char *path = cfg_str(c, CFG_CLUSTER_SECRET_FILE);
-	bool loose = false;
-	*len = 0;
-	if (!*path)
-		return 0;
-	int rc = mc_secret_load(path, buf, len, &loose);
+	char err[1024];
+	bool public_listen = !mc_addr_is_loopback((const struct sockaddr *)rpc) ||
+			     !mc_addr_is_loopback((const struct sockaddr *)data);
+	int rc = mc_secret_find(c, true, public_listen, sec, err, sizeof(err));
 	if (rc) {
-		log_error("cannot use --cluster-secret-file %s: %s", path,
-			  rc == -EINVAL  ? "the file is empty"
-			  : rc == -EFBIG ? "larger than 4096 bytes"
-					 : mc_strerror(rc));
+		log_error("%s", err);
 		return rc;
 	}
-	if (loose)
-		log_warn("--cluster-secret-file %s is readable by group or others; "
-			 "chmod 600 it",
-			 path);
+	if (!sec->len) {
+		log_warn("--insecure-transfer: the transfer engine does NOT authenticate "
+			 "peers: anyone who reaches %s or its data port reads and writes "
+			 "this agent's memory",
+			 cfg_str(c, CFG_AGENT_LISTEN));
+		return 0;
+	}
+	if (sec->loose)
+		log_warn("cluster secret %s is readable by group or others; chmod 600 it",
+			 sec->path);
+	log_info("transfer engine: peers authenticated with the cluster secret %s%s",
+		 sec->path, sec->created ? " (created now)" : "");
 	return 0;
 }
 
@@ -156,16 +163,12 @@ static int parse_gid_index(const char *s, int *out)
 static int start_engine(struct role_rt *rt, struct role_agent *a, const char *meta)
 {
 	const struct cfg *c = role_cfg(rt);
-	uint8_t secret[MC_SECRET_MAX_BYTES];
-	size_t slen;
+	struct mc_secret *sec;
 	char data[128], listen[80];
-	struct sockaddr_storage ss;
+	struct sockaddr_storage ss, dss;
 	enum te_protocol proto;
 	int gid, rc;
 
-	rc = load_secret(c, secret, &slen);
-	if (rc)
-		return rc;
 	if (parse_gid_index(cfg_str(c, CFG_RDMA_GID_INDEX), &gid) != 0) {
 		log_error("--rdma-gid-index '%s' is not auto or 0-255",
 			  cfg_str(c, CFG_RDMA_GID_INDEX));
@@ -185,6 +188,18 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		snprintf(strrchr(data, ':'), sizeof(data) - (size_t)(strrchr(data, ':') - data),
 			 ":0");
 	}
+	if (mc_parse_hostport(data, &dss) != 0) {
+		log_error("--te-data-listen '%s' is not a numeric host:port", data);
+		return -EINVAL;
+	}
+	sec = malloc(sizeof(*sec));
+	if (!sec)
+		return -ENOMEM;
+	rc = find_secret(c, &ss, &dss, sec);
+	if (rc) {
+		free(sec);
+		return rc;
+	}
 	const char *name = cfg_str(c, CFG_AGENT_NAME);
 	if (*meta) {
 		struct etcd_opts eo = {.endpoints = meta};
@@ -193,7 +208,7 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 			log_error("--meta-endpoints '%s': %s", eo.endpoints,
 				  rc == -EINVAL ? "not a comma list of numeric host:port"
 						: mc_strerror(rc));
-			return rc;
+			goto out;
 		}
 	}
 	uint64_t ttl_ms = cfg_u64(c, CFG_TE_LEASE_TTL);
@@ -216,25 +231,25 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		.rdma_mtu_bytes = strcmp(cfg_str(c, CFG_RDMA_MTU), "auto") == 0
 					  ? 0
 					  : (unsigned)strtoul(cfg_str(c, CFG_RDMA_MTU), NULL, 10),
-		.cluster_secret = slen ? secret : NULL,
-		.cluster_secret_len = slen,
+		.cluster_secret = sec->len ? sec->key : NULL,
+		.cluster_secret_len = sec->len,
+		.insecure = sec->len == 0,
 		.metrics = rt->metrics,
 	};
 	/* Before the engine exists; no client sees it before the frame
 	 * listens, which is after a successful start. */
 	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer", RPC_HEALTH_SERVING);
-	if (rc) {
-		memset(secret, 0, sizeof(secret));
-		return rc;
-	}
+	if (rc)
+		goto out;
 	rc = te_new(&o, &a->te);
-	memset(secret, 0, sizeof(secret));
 	if (rc) {
 		log_error("cannot start the transfer engine: %s", mc_strerror(rc));
 		a->te = NULL;
-		return rc;
 	}
-	return 0;
+out:
+	mc_secret_clear(sec);
+	free(sec);
+	return rc;
 }
 
 /* ------------------------------------------------------------ hooks */

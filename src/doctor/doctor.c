@@ -608,10 +608,13 @@ static void check_rdma(struct ctx *c)
 
 /*
  * With no daemon running, the memory-lock limit it will start with is
- * its unit's: LimitMEMLOCK= of the first mooncaked unit installed (in
- * <etc>/systemd/system, then the unit directories of the root <etc> is
- * in), and whether it runs as root (no User=), which has CAP_IPC_LOCK.
- * Returns false when no unit sets it.
+ * its unit's: LimitMEMLOCK= of the first mooncaked unit installed that
+ * sets it — the agent's own unit, then the template (the shipped one
+ * leaves it to meta and master), then the all-in-one, since systemd
+ * prefers an instance's own file to the template wherever each is; each
+ * in <etc>/systemd/system first, then the unit directories of the root
+ * <etc> is in — and whether it runs as root (no User=), which has
+ * CAP_IPC_LOCK. Returns false when no unit sets it.
  */
 static bool unit_memlock(const struct doctor_env *env, uint64_t *soft, bool *root_user,
 			 char *unit, size_t len)
@@ -624,11 +627,12 @@ static bool unit_memlock(const struct doctor_env *env, uint64_t *soft, bool *roo
 	     el >= 4 && strcmp(etc + el - 4, "/etc") == 0 ? (int)(el - 4) : 0, etc);
 	static const char *const dirs[] = {"/systemd/system", "/usr/local/lib/systemd/system",
 					   "/lib/systemd/system", "/usr/lib/systemd/system"};
-	static const char *const names[] = {"mooncaked@.service", "mooncaked.service"};
-	for (size_t d = 0; d < MC_ARRAY_LEN(dirs); d++) {
+	static const char *const names[] = {"mooncaked@agent.service", "mooncaked@.service",
+					    "mooncaked.service"};
+	for (size_t i = 0; i < MC_ARRAY_LEN(names); i++) {
 		char dir[4096], path[4200], text[16384];
-		sfmt(dir, sizeof(dir), "%s%s", d == 0 ? etc : base, dirs[d]);
-		for (size_t i = 0; i < MC_ARRAY_LEN(names); i++) {
+		for (size_t d = 0; d < MC_ARRAY_LEN(dirs); d++) {
+			sfmt(dir, sizeof(dir), "%s%s", d == 0 ? etc : base, dirs[d]);
 			sfmt(path, sizeof(path), "%s/%s", dir, names[i]);
 			if (mc_read_small_file(path, text, sizeof(text)) < 0)
 				continue;

@@ -1,397 +1,91 @@
 /*
- * alloc: the per-segment offset allocator. See master_int.h.
- *
- * Free ranges are nodes in two structures at once:
- *   - a treap ordered by offset (priorities from a xorshift generator
- *     seeded at creation), to find the neighbours of a freed range in
- *     O(log n) and coalesce with them, and to find the range containing
- *     an offset for reserve;
- *   - one doubly-linked list per size class, with a bitmap of non-empty
- *     classes, for allocation: a few nodes of the request's own class
- *     are tried first fit, then the first node of the next non-empty
- *     class, which always fits (classes are ordered by size).
- * Allocation takes the front of a free range; the rest keeps its node and
- * its place in the treap (its offset grows but stays between the same
- * neighbours), so an allocation never touches the tree unless it uses a
- * range up exactly.
+ * alloc: the master's per-segment offset allocator (core.h), which is
+ * common/extalloc with a granule of MASTER_ALLOC_GRANULE bytes.
  */
 #include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "common/extalloc.h"
 #include "master/core.h"
 
-#define SAME_CLASS_PROBES 16
-#define BITMAP_WORDS (MASTER_ALLOC_NBINS / 64)
-
-struct frange {
-	uint64_t off, len;
-	struct frange *l, *r;          /* treap by offset */
-	struct frange *bprev, *bnext;  /* size-class list */
-	uint32_t prio;
-	uint16_t bin;
-};
-
 struct master_alloc {
-	uint64_t size, free;
-	uint64_t nranges;
-	uint64_t rng;
-	struct frange *root;
-	struct frange *bins[MASTER_ALLOC_NBINS];
-	uint64_t bitmap[BITMAP_WORDS];
+	struct mc_extalloc x;
 };
 
-uint64_t master__alloc_len(uint64_t size)
-{
-	if (size == 0)
-		return 0;
-	if (size > UINT64_MAX - (MASTER_ALLOC_GRANULE - 1))
-		return UINT64_MAX - (MASTER_ALLOC_GRANULE - 1); /* never fits */
-	return (size + MASTER_ALLOC_GRANULE - 1) & ~(uint64_t)(MASTER_ALLOC_GRANULE - 1);
-}
-
-unsigned master__alloc_class(uint64_t len)
-{
-	uint64_t g = len / MASTER_ALLOC_GRANULE;
-	if (g < 16)
-		return (unsigned)g;
-	unsigned fl = 63u - (unsigned)__builtin_clzll(g);
-	unsigned sl = (unsigned)(g >> (fl - 2)) & 3u;
-	return 16u + (fl - 4u) * 4u + sl;
-}
-
-static uint32_t next_prio(struct master_alloc *a)
-{
-	uint64_t x = a->rng;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	a->rng = x;
-	return (uint32_t)(x >> 32);
-}
-
-/* ------------------------------------------------------------ bins */
-
-static void bin_add(struct master_alloc *a, struct frange *n)
-{
-	unsigned b = master__alloc_class(n->len);
-	n->bin = (uint16_t)b;
-	n->bprev = NULL;
-	n->bnext = a->bins[b];
-	if (n->bnext)
-		n->bnext->bprev = n;
-	a->bins[b] = n;
-	a->bitmap[b / 64] |= 1ull << (b % 64);
-}
-
-static void bin_del(struct master_alloc *a, struct frange *n)
-{
-	unsigned b = n->bin;
-	if (n->bprev)
-		n->bprev->bnext = n->bnext;
-	else
-		a->bins[b] = n->bnext;
-	if (n->bnext)
-		n->bnext->bprev = n->bprev;
-	if (!a->bins[b])
-		a->bitmap[b / 64] &= ~(1ull << (b % 64));
-}
-
-/* First non-empty class >= from, or -1. */
-static int bin_find(const struct master_alloc *a, unsigned from)
-{
-	if (from >= MASTER_ALLOC_NBINS)
-		return -1;
-	unsigned w = from / 64;
-	uint64_t bits = a->bitmap[w] & (~0ull << (from % 64));
-	for (;;) {
-		if (bits)
-			return (int)(w * 64 + (unsigned)__builtin_ctzll(bits));
-		if (++w == BITMAP_WORDS)
-			return -1;
-		bits = a->bitmap[w];
-	}
-}
-
-/* ------------------------------------------------------------ treap */
-
-/* Split t into offsets < key (*lo) and >= key (*hi). */
-static void split(struct frange *t, uint64_t key, struct frange **lo,
-		  struct frange **hi)
-{
-	if (!t) {
-		*lo = *hi = NULL;
-	} else if (t->off < key) {
-		split(t->r, key, &t->r, hi);
-		*lo = t;
-	} else {
-		split(t->l, key, lo, &t->l);
-		*hi = t;
-	}
-}
-
-/* Every offset in a is below every offset in b. */
-static struct frange *merge(struct frange *a, struct frange *b)
-{
-	if (!a)
-		return b;
-	if (!b)
-		return a;
-	if (a->prio > b->prio) {
-		a->r = merge(a->r, b);
-		return a;
-	}
-	b->l = merge(a, b->l);
-	return b;
-}
-
-static void tree_insert(struct master_alloc *a, struct frange *n)
-{
-	struct frange *lo, *hi;
-	n->l = n->r = NULL;
-	split(a->root, n->off, &lo, &hi);
-	a->root = merge(merge(lo, n), hi);
-}
-
-static void tree_remove(struct master_alloc *a, struct frange *n)
-{
-	struct frange *lo, *mid, *hi;
-	split(a->root, n->off, &lo, &mid);
-	split(mid, n->off + 1, &mid, &hi);
-	a->root = merge(lo, hi);
-}
-
-/* The free range with the greatest offset <= off, or NULL. */
-static struct frange *tree_floor(const struct master_alloc *a, uint64_t off)
-{
-	struct frange *t = a->root, *best = NULL;
-	while (t) {
-		if (t->off <= off) {
-			best = t;
-			t = t->r;
-		} else {
-			t = t->l;
-		}
-	}
-	return best;
-}
-
-/* The free range with the smallest offset > off, or NULL. */
-static struct frange *tree_above(const struct master_alloc *a, uint64_t off)
-{
-	struct frange *t = a->root, *best = NULL;
-	while (t) {
-		if (t->off > off) {
-			best = t;
-			t = t->l;
-		} else {
-			t = t->r;
-		}
-	}
-	return best;
-}
-
-static struct frange *range_new(struct master_alloc *a, uint64_t off,
-				uint64_t len)
-{
-	struct frange *n = calloc(1, sizeof(*n));
-	if (!n)
-		return NULL;
-	n->off = off;
-	n->len = len;
-	n->prio = next_prio(a);
-	tree_insert(a, n);
-	bin_add(a, n);
-	a->nranges++;
-	return n;
-}
-
-static void range_del(struct master_alloc *a, struct frange *n)
-{
-	bin_del(a, n);
-	tree_remove(a, n);
-	a->nranges--;
-	free(n);
-}
-
-/* ------------------------------------------------------------ API */
+/* Class and length depend only on the granule, not on an allocator's
+ * size: a one-granule allocator answers them for every length. */
+static const struct mc_extalloc granule_only = {
+	.size = MASTER_ALLOC_GRANULE,
+	.granule = MASTER_ALLOC_GRANULE,
+	.granule_shift = __builtin_ctz(MASTER_ALLOC_GRANULE),
+};
 
 int master__alloc_new(uint64_t size, uint64_t seed, struct master_alloc **out)
 {
-	size &= ~(uint64_t)(MASTER_ALLOC_GRANULE - 1);
-	if (size == 0)
-		return -EINVAL;
-	struct master_alloc *a = calloc(1, sizeof(*a));
+	struct master_alloc *a = malloc(sizeof(*a));
 	if (!a)
 		return -ENOMEM;
-	a->size = size;
-	a->rng = seed ? seed : 0x9e3779b97f4a7c15ull;
-	if (!range_new(a, 0, size)) {
+	int rc = mc_extalloc_init(&a->x, size, MASTER_ALLOC_GRANULE, seed);
+	if (rc < 0) {
 		free(a);
-		return -ENOMEM;
+		return rc;
 	}
-	a->free = size;
 	*out = a;
 	return 0;
-}
-
-static void free_tree(struct frange *t)
-{
-	while (t) {
-		free_tree(t->l);
-		struct frange *r = t->r;
-		free(t);
-		t = r;
-	}
 }
 
 void master__alloc_free(struct master_alloc *a)
 {
 	if (!a)
 		return;
-	free_tree(a->root);
+	mc_extalloc_close(&a->x);
 	free(a);
 }
 
-static bool aligned(uint64_t v)
+uint64_t master__alloc_len(uint64_t size)
 {
-	return (v & (MASTER_ALLOC_GRANULE - 1)) == 0;
+	return mc_extalloc_len(&granule_only, size);
 }
 
-/* Take len bytes from the front of n. */
-static void take_front(struct master_alloc *a, struct frange *n, uint64_t len)
+unsigned master__alloc_class(uint64_t len)
 {
-	if (n->len == len) {
-		range_del(a, n);
-	} else {
-		bin_del(a, n);
-		n->off += len;
-		n->len -= len;
-		bin_add(a, n);
-	}
-	a->free -= len;
+	return mc_extalloc_class(&granule_only, len);
 }
 
 int master__alloc_get(struct master_alloc *a, uint64_t len, uint64_t *off)
 {
-	if (len == 0 || !aligned(len))
-		return -EINVAL;
-	if (len > a->free)
-		return MC_ENO_SPACE;
-	unsigned c = master__alloc_class(len);
-	struct frange *n = c < MASTER_ALLOC_NBINS ? a->bins[c] : NULL;
-	for (int i = 0; n && i < SAME_CLASS_PROBES; i++, n = n->bnext)
-		if (n->len >= len)
-			break;
-	if (!n || n->len < len) {
-		int b = bin_find(a, c + 1);
-		if (b < 0)
-			return MC_ENO_SPACE;
-		n = a->bins[b];
-	}
-	*off = n->off;
-	take_front(a, n, len);
-	return 0;
+	return mc_extalloc_get(&a->x, len, off);
 }
 
 int master__alloc_reserve(struct master_alloc *a, uint64_t off, uint64_t len)
 {
-	if (len == 0 || !aligned(off) || !aligned(len) || off > a->size ||
-	    len > a->size - off)
-		return -EINVAL;
-	struct frange *n = tree_floor(a, off);
-	if (!n || n->off + n->len < off + len)
-		return -EBUSY;
-	uint64_t tail_off = off + len, tail_len = n->off + n->len - tail_off;
-	if (n->off == off) {
-		take_front(a, n, len);
-		return 0;
-	}
-	/* n keeps its head [n->off, off); the tail becomes a new range. */
-	if (tail_len && !range_new(a, tail_off, tail_len))
-		return -ENOMEM;
-	bin_del(a, n);
-	n->len = off - n->off;
-	bin_add(a, n);
-	a->free -= len;
-	return 0;
+	return mc_extalloc_reserve(&a->x, off, len);
 }
 
 int master__alloc_put(struct master_alloc *a, uint64_t off, uint64_t len)
 {
-	if (len == 0 || !aligned(off) || !aligned(len) || off > a->size ||
-	    len > a->size - off)
-		return -EINVAL;
-	struct frange *prev = tree_floor(a, off);
-	struct frange *next = tree_above(a, off);
-	if (prev && prev->off + prev->len > off)
-		return -EINVAL; /* overlaps free space */
-	if (next && next->off < off + len)
-		return -EINVAL;
-	bool join_prev = prev && prev->off + prev->len == off;
-	bool join_next = next && next->off == off + len;
-	if (join_prev && join_next) {
-		uint64_t extra = next->len;
-		range_del(a, next);
-		bin_del(a, prev);
-		prev->len += len + extra;
-		bin_add(a, prev);
-	} else if (join_prev) {
-		bin_del(a, prev);
-		prev->len += len;
-		bin_add(a, prev);
-	} else if (join_next) {
-		/* Moving next's offset down keeps it between the same
-		 * neighbours: no tree change. */
-		bin_del(a, next);
-		next->off = off;
-		next->len += len;
-		bin_add(a, next);
-	} else if (!range_new(a, off, len)) {
-		return -ENOMEM;
-	}
-	a->free += len;
-	return 0;
+	return mc_extalloc_put(&a->x, off, len);
 }
 
 uint64_t master__alloc_free_bytes(const struct master_alloc *a)
 {
-	return a->free;
+	return mc_extalloc_free_bytes(&a->x);
 }
 
-void master__alloc_stats(const struct master_alloc *a,
-			 struct master_alloc_stats *st)
+void master__alloc_stats(const struct master_alloc *a, struct master_alloc_stats *st)
 {
-	memset(st, 0, sizeof(*st));
-	st->size = a->size;
-	st->free = a->free;
-	st->used = a->size - a->free;
-	st->free_ranges = a->nranges;
-	for (int w = BITMAP_WORDS - 1; w >= 0; w--) {
-		if (!a->bitmap[w])
-			continue;
-		unsigned b = (unsigned)w * 64 + 63u - (unsigned)__builtin_clzll(a->bitmap[w]);
-		for (const struct frange *n = a->bins[b]; n; n = n->bnext)
-			if (n->len > st->largest_free)
-				st->largest_free = n->len;
-		break;
-	}
-	st->fragmentation = a->free ? 1.0 - (double)st->largest_free / (double)a->free : 0;
-}
-
-static void walk(const struct frange *t,
-		 void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud)
-{
-	while (t) {
-		walk(t->l, fn, ud);
-		fn(ud, t->off, t->len);
-		t = t->r;
-	}
+	struct mc_extalloc_stats x;
+	mc_extalloc_stats(&a->x, &x);
+	st->size = x.size;
+	st->used = x.used;
+	st->free = x.free;
+	st->largest_free = x.largest_free;
+	st->free_ranges = x.free_ranges;
+	st->fragmentation = x.fragmentation;
 }
 
 void master__alloc_foreach_free(const struct master_alloc *a,
-				void (*fn)(void *ud, uint64_t off, uint64_t len),
-				void *ud)
+				void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud)
 {
-	walk(a->root, fn, ud);
+	mc_extalloc_foreach_free(&a->x, fn, ud);
 }

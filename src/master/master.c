@@ -240,6 +240,7 @@ void master__set_leader(struct master *m, bool leader, uint64_t view,
 	if (leader)
 		master__ev_seq_floor(m->core, mc_wall_ms() << 20);
 	m->leader = leader;
+	m->leader_since_ms = uv_now(m->loop);
 	if (m->health &&
 	    rpc_health_set(m->health, MASTER_SERVICE,
 			   leader ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING) != 0)

@@ -46,6 +46,7 @@ struct master {
 	unsigned ticks;
 	bool leader, stopping;
 	uint64_t view;
+	uint64_t leader_since_ms; /* loop time this leadership began */
 	char leader_addr[128]; /* the known leader ("" while unknown) */
 	char self_addr[128];   /* what this master advertises */
 	/* HA (ha.c) */

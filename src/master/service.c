@@ -43,6 +43,8 @@ int master__rpc_status(int err)
 	case -ENOMEM:
 	case MC_ETOO_LARGE:
 		return RPC_RESOURCE_EXHAUSTED;
+	case MC_ETOO_FEW_SEGMENTS:
+		return RPC_FAILED_PRECONDITION;
 	case -EINVAL:
 		return RPC_INVALID_ARGUMENT;
 	case -EACCES:
@@ -244,6 +246,83 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 
 /* ------------------------------------------------------------ puts */
 
+/*
+ * A leader that took over from another (view > 1) starts with an empty
+ * index and spends its first agent_ttl taking the agents' segments back:
+ * each agent sees the leader key change and mounts again, reporting what
+ * its segment holds (a segment is "syncing" until the report is done),
+ * and an agent that has not come back within agent_ttl is dead anyway.
+ * Until then, and while a segment is still reporting, a put that finds
+ * no room or too few segments may only be early, so it is answered with
+ * MC_EUNAVAILABLE — "try again" (an agent retries a single call until
+ * its deadline) — and never with MC_ENO_SPACE, which a client takes as
+ * final. *mounted and *syncing count the DRAM segments.
+ */
+static bool settling(const struct master *m, unsigned *mounted, unsigned *syncing)
+{
+	*mounted = *syncing = 0;
+	for (uint32_t i = 0; i < master__seg_slots(m->core); i++) {
+		const struct master_seg *s = master__seg(m->core, i);
+		if (s && s->tier == MASTER_TIER_DRAM) {
+			*mounted += !s->syncing;
+			*syncing += s->syncing;
+		}
+	}
+	return *syncing > 0 ||
+	       (m->view > 1 && now_ms(m) - m->leader_since_ms < m->core_opts.agent_ttl_ms);
+}
+
+/* The error a put start answers for the core's rc: MC_ENO_SPACE becomes
+ * MC_EUNAVAILABLE while settling, and MC_ETOO_FEW_SEGMENTS when fewer
+ * segments are mounted than replicas asked for. why (may be NULL) gets
+ * the figures. */
+static int put_start_err(const struct master *m, int rc, unsigned replicas, char *why,
+			 size_t len)
+{
+	unsigned mounted, syncing;
+	if (rc != MC_ENO_SPACE)
+		return rc;
+	replicas = replicas ? replicas : 1;
+	if (settling(m, &mounted, &syncing)) {
+		if (why)
+			snprintf(why, len,
+				 "the leader of view %llu took over %llu ms ago and is taking the "
+				 "agents' segments back (%u mounted, %u reporting); retry",
+				 (unsigned long long)m->view,
+				 (unsigned long long)(now_ms(m) - m->leader_since_ms), mounted,
+				 syncing);
+		return MC_EUNAVAILABLE;
+	}
+	if (mounted < replicas) {
+		if (why)
+			snprintf(why, len, "%u replicas need %u segments and only %u %s mounted",
+				 replicas, replicas, mounted, mounted == 1 ? "is" : "are");
+		return MC_ETOO_FEW_SEGMENTS;
+	}
+	return rc;
+}
+
+/* A commit refused because the space lease it names belongs to an
+ * earlier mount of the segment (or the segment is not mounted now: the
+ * master changed, or forgot the agent) is not the caller's fault: the
+ * space is gone and the put must be made again. */
+static int commit_err(const struct master *m, int rc, const char *segment, uint64_t epoch)
+{
+	if (rc != MC_ESEGMENT_NOT_FOUND && rc != MC_EINVALID_REPLICA)
+		return rc;
+	const struct master_seg *s = master__seg(m->core, master__seg_find(m->core, segment));
+	return !s || s->lease_epoch != epoch ? MC_EUNAVAILABLE : rc;
+}
+
+/* A put ended (or revoked) that this leader never heard of began under
+ * an earlier leader: while settling, the caller is told to put again. */
+static int put_end_err(const struct master *m, int rc)
+{
+	unsigned mounted, syncing;
+	return rc == MC_EOBJECT_NOT_FOUND && settling(m, &mounted, &syncing) ? MC_EUNAVAILABLE
+									       : rc;
+}
+
 static int put_start_one(struct master *m, const Mooncake__Master__PutStartRequest *req,
 			 const struct master_obj **o)
 {
@@ -268,7 +347,10 @@ static void on_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
 	const struct master_obj *o;
 	int rc = put_start_one(m, req, &o);
 	if (rc) {
-		finish_key_err(call, rc, req->key);
+		char why[256] = "", k[KEY_SHOWN_BYTES * 4 + 8];
+		rc = put_start_err(m, rc, req->replica_num, why, sizeof(why));
+		show_key(k, sizeof(k), req->key.data, req->key.len);
+		finish_err(call, rc, "key '%s'%s%s", k, *why ? ": " : "", why);
 		return;
 	}
 	Mooncake__Master__Replica reps[MASTER_MAX_REPLICAS], *ptrs[MASTER_MAX_REPLICAS];
@@ -291,7 +373,7 @@ static void on_put_end(struct rpc_call *call, const ProtobufCMessage *msg)
 	int rc = master__put_end(m->core, req->key.data, req->key.len,
 				 req->checksummed ? &req->crc32c : NULL, now_ms(m));
 	if (rc) {
-		finish_key_err(call, rc, req->key);
+		finish_key_err(call, put_end_err(m, rc), req->key);
 		return;
 	}
 	Mooncake__Master__PutEndResponse resp = MOONCAKE__MASTER__PUT_END_RESPONSE__INIT;
@@ -306,7 +388,7 @@ static void on_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	int rc = master__put_revoke(m->core, req->key.data, req->key.len);
 	if (rc) {
-		finish_key_err(call, rc, req->key);
+		finish_key_err(call, put_end_err(m, rc), req->key);
 		return;
 	}
 	Mooncake__Master__PutRevokeResponse resp = MOONCAKE__MASTER__PUT_REVOKE_RESPONSE__INIT;
@@ -450,8 +532,10 @@ static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 			.soft_pin = it->soft_pin,
 			.ttl_ms = it->ttl_ms,
 		};
-		errs[i] = master__commit(m->core, req->agent_id, req->segment, req->lease_epoch, &c,
-					 now);
+		errs[i] = commit_err(m,
+				     master__commit(m->core, req->agent_id, req->segment,
+						    req->lease_epoch, &c, now),
+				     req->segment, req->lease_epoch);
 	}
 	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
@@ -481,8 +565,11 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 		mooncake__master__put_start_result__init(&res[i]);
 		rptr[i] = &res[i];
 		res[i].error = put_start_one(m, req->items[i], &objs[i]);
-		if (res[i].error)
+		if (res[i].error) {
+			res[i].error = put_start_err(m, res[i].error, req->items[i]->replica_num,
+						     NULL, 0);
 			objs[i] = NULL;
+		}
 		else
 			total += objs[i]->nrep;
 	}
@@ -543,11 +630,13 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 		master__prefetch_ahead(m->core, keys, n, i, key_at);
 		switch (op) {
 		case OP_PUT_END:
-			errs[i] = master__put_end(m->core, keys[i].data, keys[i].len,
-						  crcs ? &crcs[i] : NULL, now);
+			errs[i] = put_end_err(m, master__put_end(m->core, keys[i].data,
+								 keys[i].len,
+								 crcs ? &crcs[i] : NULL, now));
 			break;
 		case OP_PUT_REVOKE:
-			errs[i] = master__put_revoke(m->core, keys[i].data, keys[i].len);
+			errs[i] = put_end_err(
+				m, master__put_revoke(m->core, keys[i].data, keys[i].len));
 			break;
 		case OP_REMOVE:
 			errs[i] = master__remove(m->core, keys[i].data, keys[i].len, force, now);

@@ -1,8 +1,7 @@
 /*
  * engine: the transfer engine object — options, transports, the data
  * threads, the setup thread and the loop hand-off, registered regions, the
- * descriptor this engine publishes, and the mooncake.transfer.Transfer
- * gRPC service (descriptor fetch for P2P peers).
+ * descriptor this engine publishes (its gRPC service is svc.c).
  *
  * Protocol choice: shm is used for every peer on this host whose regions
  * are memfd-backed (host identity = the kernel's boot id, so processes in
@@ -224,49 +223,6 @@ void te__desc_changed(struct te_engine *e)
 	te__loop_post(e, &e->desc_job);
 }
 
-/* ------------------------------------------------------------ gRPC service */
-
-static void svc_get_descriptor(struct rpc_call *call, const ProtobufCMessage *msg)
-{
-	struct te_engine *e = rpc_call_service_data(call);
-	const Mooncake__Transfer__GetDescriptorRequest *req =
-		(const Mooncake__Transfer__GetDescriptorRequest *)msg;
-	struct te_desc *d = NULL;
-	uint8_t *buf = NULL;
-	size_t len = 0;
-
-	if (e->stopped) {
-		rpc_call_finish(call, RPC_UNAVAILABLE, "transfer engine stopping");
-		return;
-	}
-	if (req->name && req->name[0] && strcmp(req->name, e->name) != 0) {
-		rpc_call_finish(call, RPC_NOT_FOUND, "no such segment here");
-		return;
-	}
-	int rc = te__desc_build(e, &d);
-	if (rc == 0)
-		rc = te__desc_encode(d, &buf, &len);
-	te__desc_free(d);
-	Mooncake__Transfer__SegmentDesc *m =
-		rc ? NULL : mooncake__transfer__segment_desc__unpack(NULL, len, buf);
-	free(buf);
-	if (!m) {
-		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
-		return;
-	}
-	rc = rpc_call_send(call, &m->base);
-	mooncake__transfer__segment_desc__free_unpacked(m, NULL);
-	rpc_call_finish(call, rc ? RPC_INTERNAL : RPC_OK, rc ? mc_strerror(rc) : NULL);
-}
-
-static const struct rpc_method svc_methods[] = {
-	{.name = "GetDescriptor",
-	 .kind = RPC_UNARY,
-	 .request = &mooncake__transfer__get_descriptor_request__descriptor,
-	 .response = &mooncake__transfer__segment_desc__descriptor,
-	 .on_message = svc_get_descriptor},
-};
-
 /* ------------------------------------------------------------ regions */
 
 int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
@@ -395,6 +351,14 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 				       "Peers' requests refused because the range "
 				       "is not inside one registered region.",
 				       NULL, NULL);
+	static const char *const auth_where[TE_AUTH_N] = {"tcp", "shm", "grpc"};
+	for (int w = 0; w < TE_AUTH_N; w++)
+		e->m_auth_refused[w] = metrics_counter(
+			r, "mooncake_te_auth_refused_total",
+			"Peers refused for lacking the cluster secret: handshakes "
+			"on the data port (tcp, which also carries rdma's control) "
+			"and the shm socket, proofs of GetDescriptor (grpc).",
+			"transport", (const char *[]){auth_where[w]});
 	e->m_regions = metrics_gauge(r, "mooncake_te_regions",
 				     "Registered memory regions.", NULL, NULL);
 	e->m_reg_bytes = metrics_gauge(r, "mooncake_te_registered_bytes",
@@ -446,8 +410,18 @@ static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)
 		return -EINVAL;
 	}
 	if (o->cluster_secret && (o->cluster_secret_len == 0 ||
-				  o->cluster_secret_len > MC_SECRET_MAX_BYTES))
+				  o->cluster_secret_len > MC_SECRET_MAX_BYTES)) {
+		log_error("transfer engine: a cluster secret must be 1..%d bytes",
+			  MC_SECRET_MAX_BYTES);
 		return -EINVAL;
+	}
+	if (!o->cluster_secret == !o->insecure) {
+		log_error("transfer engine: %s",
+			  o->insecure ? "a cluster secret and insecure contradict each other"
+				      : "no cluster secret: peers must be authenticated "
+					"unless insecure is set");
+		return -EINVAL;
+	}
 	return 0;
 }
 
@@ -577,14 +551,9 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	e->async->data = e;
 	e->async_open = true;
 	if (e->rpc) {
-		rc = rpc_server_add_service(e->rpc, "mooncake.transfer.Transfer",
-					    svc_methods, MC_ARRAY_LEN(svc_methods), e);
-		if (rc) {
-			log_error("transfer engine: cannot serve "
-				  "mooncake.transfer.Transfer: %s",
-				  mc_strerror(rc));
+		rc = te__svc_start(e);
+		if (rc)
 			goto fail;
-		}
 	}
 	rc = te__pub_start(e);
 	if (rc)
@@ -598,7 +567,7 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 		 e->tcp_conns, e->slice_bytes >> 10, te_protocol_name(e->proto),
 		 te_protocol_name(e->remote_proto),
 		 e->secret_len ? "peers authenticated with the cluster secret"
-			       : "no cluster secret: peers are not authenticated");
+			       : "INSECURE: peers are not authenticated");
 	*out = e;
 	return 0;
 fail:

@@ -1,6 +1,6 @@
 /*
  * gid: which entry of a port's GID table the rdma transport uses. The
- * transport (rdma.c, from ibv_query_gid_ex) and mooncakectl doctor (from
+ * transport (rdma_dev.c, from ibv_query_gid_ex) and mooncakectl doctor (from
  * sysfs) both ask this one function, so the doctor names the index the
  * daemon will pick. Pure: no I/O.
  *

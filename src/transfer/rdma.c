@@ -3,7 +3,7 @@
  * transfer engine's rdma transport (see rdma.h for how the engine uses it).
  *
  * Layout, in set-up order (torn down in reverse, rc_pingpong style):
- * device selection (te_rdma_new: list, filter, open, ACTIVE port, GID,
+ * device selection (rdma_dev.c: list, filter, open, ACTIVE port, GID,
  * MTU) -> per NIC: PD, completion channel, CQ -> completion thread ->
  * MRs (te_rdma_reg) -> connections (te_rdma_conn_new: QPs in INIT,
  * te_rdma_conn_connect: RTR, RTS) -> posts.
@@ -19,6 +19,7 @@
  * the unsignaled WRs that had completed silently; its slot is reserved.
  */
 #include "transfer/rdma.h"
+#include "transfer/rdma_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,24 +45,6 @@
 #define TE_RDMA_DRAIN_MS 10000u  /* teardown waits this long for flushes */
 #define TE_RDMA_HOP_LIMIT 64
 #define TE_RDMA_MIN_RNR_TIMER 12 /* 0.64 ms */
-
-/* Built into production binaries only (rdma_providers.c, linked
- * explicitly): registers libibverbs' static providers. Absent in test and
- * dynamic builds, where the weak reference stays NULL. */
-void te_rdma__static_providers(void) __attribute__((weak));
-
-struct rdev {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_comp_channel *ch;
-	struct ibv_cq *cq;
-	struct ibv_device_attr attr;
-	struct te_rdma_nic info;
-	enum ibv_mtu mtu;
-	/* under te_rdma.lock */
-	unsigned cq_used;  /* CQ entries reserved by QPs */
-	unsigned n_qp, n_mr;
-};
 
 struct rqp;
 
@@ -119,34 +102,6 @@ struct te_rdma_conn {
 	struct rqp q[TE_RDMA_MAX_NICS];
 };
 
-static void why_set(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void why_set(char *why, size_t len, const char *fmt, ...)
-{
-	if (!why || !len)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(why, len, fmt, ap);
-	va_end(ap);
-}
-
-static void why_add(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void why_add(char *buf, size_t len, const char *fmt, ...)
-{
-	size_t used = strlen(buf);
-	if (used + 1 >= len)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(buf + used, len - used, fmt, ap);
-	va_end(ap);
-}
-
-static unsigned mtu_bytes(enum ibv_mtu m)
-{
-	return (m >= IBV_MTU_256 && m <= IBV_MTU_4096) ? 128u << m : 0;
-}
-
 int te_rdma_wc_status_code(int st)
 {
 	switch (st) {
@@ -165,264 +120,46 @@ int te_rdma_wc_status_code(int st)
 	}
 }
 
-/* ------------------------------------------------------------ devices */
-
-/* How far a candidate device got; te_rdma_new reports the furthest
- * stage any device reached. */
-enum stage { ST_OPEN_FAIL = 1, ST_PERM, ST_NO_PORT, ST_NO_GID, ST_USABLE };
-
-static bool in_list(const char *list, const char *name)
-{
-	size_t n = strlen(name);
-	for (const char *p = list; *p;) {
-		size_t len = strcspn(p, ",");
-		if (len == n && strncmp(p, name, n) == 0)
-			return true;
-		p += len;
-		if (*p == ',')
-			p++;
-	}
-	return false;
-}
-
-/* Choose the GID of a port (te_gid_pick, shared with mooncakectl doctor)
- * from its table as the verbs report it. */
-static int pick_gid(struct ibv_context *ctx, uint8_t port, const struct ibv_port_attr *pa,
-		    int want, struct ibv_gid_entry *out)
-{
-	struct te_gid_entry t[256];
-	size_t n = pa->gid_tbl_len > 0 ? MC_MIN((size_t)pa->gid_tbl_len, MC_ARRAY_LEN(t)) : 0;
-	for (size_t i = 0; i < n; i++) {
-		struct ibv_gid_entry e;
-		memset(&t[i], 0, sizeof(t[i]));
-		if ((want >= 0 && (size_t)want != i) ||
-		    ibv_query_gid_ex(ctx, port, (uint32_t)i, &e, 0))
-			continue;
-		memcpy(t[i].raw, e.gid.raw, 16);
-		t[i].type = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? TE_GID_ROCE_V2
-			    : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? TE_GID_ROCE_V1
-								 : TE_GID_IB;
-		t[i].valid = true;
-	}
-	int best = te_gid_pick(t, n, want);
-	if (best >= 0 && ibv_query_gid_ex(ctx, port, (uint32_t)best, out, 0))
-		return -1;
-	return best;
-}
-
-/* Open one device and find its first usable port; fills d on success. */
-static enum stage probe_dev(struct ibv_device *ibd, const struct te_rdma_opts *o, struct rdev *d,
-			    char *why, size_t why_len)
-{
-	int gid_index = o->gid_index;
-	const char *name = ibv_get_device_name(ibd);
-	struct ibv_context *ctx = ibv_open_device(ibd);
-	if (!ctx) {
-		int e = errno;
-		why_add(why, why_len, "%s: cannot open (%s%s); ", name, strerror(e),
-			e == EACCES || e == EPERM ? ": no permission on /dev/infiniband/uverbs*" : "");
-		return e == EACCES || e == EPERM ? ST_PERM : ST_OPEN_FAIL;
-	}
-	if (ibv_query_device(ctx, &d->attr)) {
-		why_add(why, why_len, "%s: ibv_query_device failed; ", name);
-		ibv_close_device(ctx);
-		return ST_OPEN_FAIL;
-	}
-	enum stage reached = ST_NO_PORT;
-	for (uint8_t port = 1; port <= d->attr.phys_port_cnt; port++) {
-		struct ibv_port_attr pa;
-		struct ibv_gid_entry g;
-		if (ibv_query_port(ctx, port, &pa))
-			continue;
-		if (pa.state != IBV_PORT_ACTIVE) {
-			why_add(why, why_len, "%s: port %u is %s, not ACTIVE; ", name, port,
-				ibv_port_state_str(pa.state));
-			continue;
-		}
-		reached = ST_NO_GID;
-		int gi = pick_gid(ctx, port, &pa, gid_index, &g);
-		if (gi < 0) {
-			if (gid_index >= 0)
-				why_add(why, why_len, "%s: port %u: GID index %d is not valid "
-					"(table of %d); ", name, port, gid_index, pa.gid_tbl_len);
-			else
-				why_add(why, why_len, "%s: port %u has no usable GID "
-					"(no IP address on the interface?); ", name, port);
-			continue;
-		}
-		d->ctx = ctx;
-		d->mtu = pa.active_mtu;
-		while (o->mtu_bytes && mtu_bytes(d->mtu) > o->mtu_bytes && d->mtu > IBV_MTU_256)
-			d->mtu = (enum ibv_mtu)(d->mtu - 1);
-		snprintf(d->info.name, sizeof(d->info.name), "%s", name);
-		d->info.port = port;
-		d->info.gid_index = (uint8_t)gi;
-		d->info.gid_type = (uint8_t)g.gid_type;
-		memcpy(d->info.gid, g.gid.raw, 16);
-		d->info.lid = pa.lid;
-		d->info.mtu_bytes = mtu_bytes(d->mtu);
-		return ST_USABLE;
-	}
-	ibv_close_device(ctx);
-	return reached;
-}
-
-int te_rdma_query_port(const char *device, unsigned port, struct te_rdma_port_attr *out)
-{
-	int num = 0, rc = -ENODEV;
-	if (te_rdma__static_providers)
-		te_rdma__static_providers();
-	struct ibv_device **list = ibv_get_device_list(&num);
-	if (!list)
-		return errno == EACCES || errno == EPERM ? -EACCES : -ENODEV;
-	for (int i = 0; i < num; i++) {
-		if (strcmp(ibv_get_device_name(list[i]), device) != 0)
-			continue;
-		struct ibv_context *ctx = ibv_open_device(list[i]);
-		if (!ctx) {
-			rc = errno == EACCES || errno == EPERM ? -EACCES : -(errno ? errno : EIO);
-			break;
-		}
-		struct ibv_device_attr da;
-		struct ibv_port_attr pa;
-		if (ibv_query_device(ctx, &da)) {
-			rc = -EIO;
-		} else if (port < 1 || port > da.phys_port_cnt) {
-			rc = -ENOENT;
-		} else if ((rc = ibv_query_port(ctx, (uint8_t)port, &pa)) != 0) {
-			rc = rc > 0 ? -rc : -EIO;
-		} else {
-			memset(out, 0, sizeof(*out));
-			out->state = (unsigned)pa.state;
-			out->active_mtu_bytes = mtu_bytes(pa.active_mtu);
-			out->max_mtu_bytes = mtu_bytes(pa.max_mtu);
-			out->gid_tbl_len = pa.gid_tbl_len > 0 ? (unsigned)pa.gid_tbl_len : 0;
-			out->ethernet = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
-			rc = 0;
-		}
-		ibv_close_device(ctx);
-		break;
-	}
-	ibv_free_device_list(list);
-	return rc;
-}
-
-static int select_devices(struct te_rdma *r, char *why, size_t why_len)
-{
-	int num = 0;
-	char reasons[512] = "";
-	enum stage furthest = 0;
-	if (te_rdma__static_providers)
-		te_rdma__static_providers();
-	struct ibv_device **list = ibv_get_device_list(&num);
-	if (!list || num <= 0) {
-		int e = list ? 0 : errno;
-		if (list)
-			ibv_free_device_list(list);
-		if (e == EACCES || e == EPERM) {
-			why_set(why, why_len, "no permission to list RDMA devices (%s)", strerror(e));
-			return -EACCES;
-		}
-		why_set(why, why_len, "no RDMA devices found (no RDMA NIC or no kernel support)");
-		return -ENODEV;
-	}
-	const char *filter = r->o.devices;
-	bool all = !filter || !*filter || strcmp(filter, "auto") == 0;
-	if (!all) {
-		/* every name asked for must exist */
-		for (const char *p = filter; *p;) {
-			size_t len = strcspn(p, ",");
-			bool found = false;
-			for (int i = 0; i < num && !found; i++)
-				found = strlen(ibv_get_device_name(list[i])) == len &&
-					strncmp(ibv_get_device_name(list[i]), p, len) == 0;
-			if (!found) {
-				char avail[256] = "";
-				for (int i = 0; i < num; i++)
-					why_add(avail, sizeof(avail), "%s%s", i ? "," : "",
-						ibv_get_device_name(list[i]));
-				why_set(why, why_len, "RDMA device '%.*s' not found (devices: %s)",
-					(int)len, p, avail);
-				ibv_free_device_list(list);
-				return -ENODEV;
-			}
-			p += len;
-			if (*p == ',')
-				p++;
-		}
-	}
-	for (int i = 0; i < num && r->n < TE_RDMA_MAX_NICS; i++) {
-		if (!all && !in_list(filter, ibv_get_device_name(list[i])))
-			continue;
-		enum stage s = probe_dev(list[i], &r->o, &r->dev[r->n], reasons,
-					 sizeof(reasons));
-		if (s == ST_USABLE)
-			r->n++;
-		else if (s > furthest)
-			furthest = s;
-	}
-	ibv_free_device_list(list);
-	if (r->n > 0)
-		return 0;
-	size_t rl = strlen(reasons);
-	if (rl >= 2 && reasons[rl - 2] == ';')
-		reasons[rl - 2] = 0;
-	switch (furthest) {
-	case ST_PERM:
-		why_set(why, why_len, "no permission to open the RDMA devices: %s", reasons);
-		return -EACCES;
-	case ST_NO_GID:
-		why_set(why, why_len, "no usable GID: %s", reasons);
-		return -EADDRNOTAVAIL;
-	case ST_NO_PORT:
-		why_set(why, why_len, "no ACTIVE RDMA port: %s", reasons);
-		return -ENETDOWN;
-	default:
-		why_set(why, why_len, "no usable RDMA device: %s", reasons);
-		return -ENODEV;
-	}
-}
-
 static int dev_setup(struct te_rdma *r, struct rdev *d, char *why, size_t why_len)
 {
 	int rc;
 	if ((uint64_t)r->o.sq_depth + 1 > (uint64_t)d->attr.max_qp_wr) {
-		why_set(why, why_len, "%s: send queue depth %u exceeds the device's max_qp_wr %d",
+		te_rdma__why(why, why_len, "%s: send queue depth %u exceeds the device's max_qp_wr %d",
 			d->info.name, r->o.sq_depth, d->attr.max_qp_wr);
 		return -EINVAL;
 	}
 	unsigned cqe = r->o.cq_depth;
 	if (d->attr.max_cqe > 0 && cqe > (unsigned)d->attr.max_cqe)
 		cqe = (unsigned)d->attr.max_cqe;
-	d->info.mtu_bytes = mtu_bytes(d->mtu);
+	d->info.mtu_bytes = te_rdma__mtu_bytes(d->mtu);
 	d->pd = ibv_alloc_pd(d->ctx);
 	if (!d->pd) {
 		rc = -errno;
-		why_set(why, why_len, "%s: ibv_alloc_pd: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_alloc_pd: %s", d->info.name, strerror(errno));
 		goto fail;
 	}
 	d->ch = ibv_create_comp_channel(d->ctx);
 	if (!d->ch) {
 		rc = -errno;
-		why_set(why, why_len, "%s: ibv_create_comp_channel: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_create_comp_channel: %s", d->info.name, strerror(errno));
 		goto fail_pd;
 	}
 	int fl = fcntl(d->ch->fd, F_GETFL);
 	if (fl < 0 || fcntl(d->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
 		rc = -errno;
-		why_set(why, why_len, "%s: completion channel: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: completion channel: %s", d->info.name, strerror(errno));
 		goto fail_ch;
 	}
 	d->cq = ibv_create_cq(d->ctx, (int)cqe, d, d->ch, 0);
 	if (!d->cq) {
 		rc = -errno;
-		why_set(why, why_len, "%s: ibv_create_cq(%u): %s", d->info.name, cqe, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_create_cq(%u): %s", d->info.name, cqe, strerror(errno));
 		goto fail_ch;
 	}
 	rc = ibv_req_notify_cq(d->cq, 0);
 	if (rc) {
 		rc = -rc;
-		why_set(why, why_len, "%s: ibv_req_notify_cq: %s", d->info.name, strerror(-rc));
+		te_rdma__why(why, why_len, "%s: ibv_req_notify_cq: %s", d->info.name, strerror(-rc));
 		goto fail_cq;
 	}
 	return 0;
@@ -580,7 +317,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 	if (why && why_len)
 		why[0] = 0;
 	if (!opts || !out || !opts->on_complete) {
-		why_set(why, why_len, "on_complete callback missing");
+		te_rdma__why(why, why_len, "on_complete callback missing");
 		return -EINVAL;
 	}
 	struct te_rdma *r = calloc(1, sizeof(*r));
@@ -597,7 +334,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 	    r->o.gid_index < -1 || r->o.gid_index > 255 ||
 	    (r->o.mtu_bytes && (r->o.mtu_bytes < 256 || r->o.mtu_bytes > 4096 ||
 				(r->o.mtu_bytes & (r->o.mtu_bytes - 1))))) {
-		why_set(why, why_len, "bad options: sq_depth %u (2..65536), signal_every %u "
+		te_rdma__why(why, why_len, "bad options: sq_depth %u (2..65536), signal_every %u "
 			"(at most sq_depth/2), gid_index %d (-1..255), mtu %u (256..4096)",
 			r->o.sq_depth, r->o.signal_every, r->o.gid_index, r->o.mtu_bytes);
 		rc = -EINVAL;
@@ -609,7 +346,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 		goto fail_free;
 	}
 	pthread_mutex_init(&r->lock, NULL);
-	rc = select_devices(r, why, why_len);
+	rc = te_rdma__select_devices(&r->o, r->dev, &r->n, why, why_len);
 	if (rc)
 		goto fail_devs;
 	for (unsigned i = 0; i < r->n; i++) {
@@ -624,7 +361,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 	}
 	rc = -pthread_create(&r->thread, NULL, cq_thread, r);
 	if (rc) {
-		why_set(why, why_len, "cannot start the completion thread: %s", strerror(-rc));
+		te_rdma__why(why, why_len, "cannot start the completion thread: %s", strerror(-rc));
 		goto fail_efd;
 	}
 	for (unsigned i = 0; i < r->n; i++)
@@ -686,23 +423,23 @@ static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char 
 	n_mr = d->n_mr;
 	pthread_mutex_unlock(&r->lock);
 	if (e == ENOMEM && d->attr.max_mr > 0 && n_mr >= (unsigned)d->attr.max_mr) {
-		why_set(why, why_len, "%s: the device allows %d memory regions (max_mr) and %u are "
+		te_rdma__why(why, why_len, "%s: the device allows %d memory regions (max_mr) and %u are "
 			"registered: register fewer, larger regions", d->info.name, d->attr.max_mr, n_mr);
 	} else if (e == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-		why_set(why, why_len, "%s: cannot pin %zu bytes: the locked-memory limit "
+		te_rdma__why(why, why_len, "%s: cannot pin %zu bytes: the locked-memory limit "
 			"(RLIMIT_MEMLOCK, ulimit -l) is %llu KiB; raise it (ulimit -l unlimited, "
 			"LimitMEMLOCK=infinity in the systemd unit, or memlock in "
 			"/etc/security/limits.conf)", d->info.name, len,
 			(unsigned long long)(rl.rlim_cur / 1024));
 	} else if (e == ENOMEM) {
-		why_set(why, why_len, "%s: out of memory registering %zu bytes", d->info.name, len);
+		te_rdma__why(why, why_len, "%s: out of memory registering %zu bytes", d->info.name, len);
 	} else if (e == EACCES || e == EPERM) {
-		why_set(why, why_len, "%s: no permission to register memory (%s)", d->info.name,
+		te_rdma__why(why, why_len, "%s: no permission to register memory (%s)", d->info.name,
 			strerror(e));
 	} else if (e == EFAULT) {
-		why_set(why, why_len, "%s: the region is not mapped", d->info.name);
+		te_rdma__why(why, why_len, "%s: the region is not mapped", d->info.name);
 	} else {
-		why_set(why, why_len, "%s: ibv_reg_mr of %zu bytes: %s", d->info.name, len, strerror(e));
+		te_rdma__why(why, why_len, "%s: ibv_reg_mr of %zu bytes: %s", d->info.name, len, strerror(e));
 	}
 	return e ? -e : -EIO;
 }
@@ -717,7 +454,7 @@ int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
 	if (why && why_len)
 		why[0] = 0;
 	if (!addr || !len) {
-		why_set(why, why_len, "empty region");
+		te_rdma__why(why, why_len, "empty region");
 		return -EINVAL;
 	}
 	struct te_rdma_mr *m = calloc(1, sizeof(*m));
@@ -792,7 +529,7 @@ static int qp_reserve(struct te_rdma *r, struct rqp *q, char *why, size_t why_le
 	int rc = 0;
 	pthread_mutex_lock(&r->lock);
 	if (d->cq_used + need > (unsigned)d->cq->cqe) {
-		why_set(why, why_len, "%s: the completion queue (%d entries) is full with %u QPs of "
+		te_rdma__why(why, why_len, "%s: the completion queue (%d entries) is full with %u QPs of "
 			"%u: raise the CQ depth or lower the send queue depth", d->info.name,
 			d->cq->cqe, d->n_qp, need);
 		rc = -ENOMEM;
@@ -861,10 +598,10 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		n_qp = d->n_qp - 1;
 		pthread_mutex_unlock(&r->lock);
 		if (e == ENOMEM && d->attr.max_qp > 0 && n_qp >= (unsigned)d->attr.max_qp)
-			why_set(why, why_len, "%s: the device allows %d queue pairs (max_qp) and %u are "
+			te_rdma__why(why, why_len, "%s: the device allows %d queue pairs (max_qp) and %u are "
 				"open: fewer peers or NICs per engine", d->info.name, d->attr.max_qp, n_qp);
 		else
-			why_set(why, why_len, "%s: ibv_create_qp: %s", d->info.name, strerror(e));
+			te_rdma__why(why, why_len, "%s: ibv_create_qp: %s", d->info.name, strerror(e));
 		rc = e ? -e : -EIO;
 		goto fail_reserve;
 	}
@@ -878,7 +615,7 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 	rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 					     IBV_QP_ACCESS_FLAGS);
 	if (rc) {
-		why_set(why, why_len, "%s: QP to INIT: %s", d->info.name, strerror(rc));
+		te_rdma__why(why, why_len, "%s: QP to INIT: %s", d->info.name, strerror(rc));
 		rc = -rc;
 		goto fail_qp;
 	}
@@ -984,7 +721,7 @@ int te_rdma_conn_new(struct te_rdma *r, unsigned peer_nics, void *arg, struct te
 	if (why && why_len)
 		why[0] = 0;
 	if (peer_nics == 0 || peer_nics > TE_RDMA_MAX_NICS) {
-		why_set(why, why_len, "peer NIC count %u not in 1..%d", peer_nics, TE_RDMA_MAX_NICS);
+		te_rdma__why(why, why_len, "peer NIC count %u not in 1..%d", peer_nics, TE_RDMA_MAX_NICS);
 		return -EINVAL;
 	}
 	struct te_rdma_conn *c = calloc(1, sizeof(*c));
@@ -1063,7 +800,7 @@ static int qp_connect(struct rqp *q, const struct te_rdma_ep *p)
 					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (rc) {
 		log_error("%s: QP %u to RTR (peer QP %u, MTU %u): %s", d->info.name, q->qp->qp_num,
-			  p->qpn, mtu_bytes(mtu), strerror(rc));
+			  p->qpn, te_rdma__mtu_bytes(mtu), strerror(rc));
 		return -rc;
 	}
 	memset(&a, 0, sizeof(a));
@@ -1089,7 +826,7 @@ int te_rdma_conn_connect(struct te_rdma_conn *c, const struct te_rdma_ep *peer, 
 		return -EINVAL;
 	for (unsigned k = 0; k < n; k++)
 		if (peer[k].qpn > 0xffffff || peer[k].psn > 0xffffff ||
-		    mtu_bytes((enum ibv_mtu)peer[k].mtu) == 0)
+		    te_rdma__mtu_bytes((enum ibv_mtu)peer[k].mtu) == 0)
 			return -EINVAL;
 	for (unsigned k = 0; k < n; k++) {
 		struct rqp *q = &c->q[k];
@@ -1258,7 +995,7 @@ int te_rdma_ep_decode(const uint8_t *in, size_t len, struct te_rdma_ep *ep)
 	ep->mtu = in[24];
 	ep->port = in[25];
 	ep->nic = in[26];
-	if (mtu_bytes((enum ibv_mtu)ep->mtu) == 0 || ep->port == 0 || ep->nic >= TE_RDMA_MAX_NICS)
+	if (te_rdma__mtu_bytes((enum ibv_mtu)ep->mtu) == 0 || ep->port == 0 || ep->nic >= TE_RDMA_MAX_NICS)
 		return -EINVAL;
 	return 0;
 }

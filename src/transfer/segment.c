@@ -267,15 +267,28 @@ static int status_err(int status)
 	case RPC_NOT_FOUND:
 	case RPC_UNIMPLEMENTED: return MC_ESEGMENT_NOT_FOUND;
 	case RPC_DEADLINE_EXCEEDED: return MC_ETIMEDOUT;
-	case RPC_UNAVAILABLE: return MC_EUNAVAILABLE;
+	case RPC_UNAVAILABLE:
+	case RPC_RESOURCE_EXHAUSTED: return MC_EUNAVAILABLE;
+	case RPC_UNAUTHENTICATED:
+	case RPC_PERMISSION_DENIED: return -EACCES;
 	default: return MC_EPROTOCOL;
 	}
 }
 
+/* The P2P fetch: with a cluster secret, Challenge and then GetDescriptor
+ * with the proof (svc.c); without, GetDescriptor alone. */
 struct p2p_call {
 	struct te_segment *s;
 	struct rpc_client *c;
 };
+
+static void p2p_done(struct p2p_call *pc, int err, struct te_desc *d)
+{
+	got_desc(pc->s, err, d);
+	rpc_client_free(pc->c);
+	seg_unref(pc->s);
+	free(pc);
+}
 
 static void on_p2p(void *ud, int status, const char *message,
 		   const ProtobufCMessage *resp)
@@ -283,16 +296,54 @@ static void on_p2p(void *ud, int status, const char *message,
 	struct p2p_call *pc = ud;
 	struct te_desc *d = NULL;
 	int err = status_err(status);
-	if (err)
+	if (err == -EACCES)
+		log_warn("segment %s refused our descriptor fetch: %s", pc->s->name,
+			 message ? message : rpc_status_name(status));
+	else if (err)
 		log_debug("GetDescriptor from %s: %s %s", pc->s->name,
 			  rpc_status_name(status), message ? message : "");
 	else
 		err = te__desc_from_pb(
 			(const Mooncake__Transfer__SegmentDesc *)resp, &d);
-	got_desc(pc->s, err, d);
-	rpc_client_free(pc->c);
-	seg_unref(pc->s);
-	free(pc);
+	p2p_done(pc, err, d);
+}
+
+/* GetDescriptor, with the proof over nonce when there is one. */
+static int p2p_get(struct p2p_call *pc, const uint8_t *nonce, size_t nlen)
+{
+	struct te_engine *e = pc->s->e;
+	uint8_t mac[MC_SHA256_BYTES];
+	Mooncake__Transfer__GetDescriptorRequest req =
+		MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
+	if (nonce) {
+		/* The proof names what the fetch asks for: "" (any). */
+		te__desc_mac(e->secret, e->secret_len, nonce, nlen, "", mac);
+		req.challenge.data = (uint8_t *)nonce;
+		req.challenge.len = nlen;
+		req.mac.data = mac;
+		req.mac.len = sizeof(mac);
+	}
+	return rpc_client_unary(pc->c, "/mooncake.transfer.Transfer/GetDescriptor",
+				&req.base, &mooncake__transfer__segment_desc__descriptor,
+				P2P_TIMEOUT_MS, on_p2p, pc, NULL);
+}
+
+static void on_challenge(void *ud, int status, const char *message,
+			 const ProtobufCMessage *resp)
+{
+	struct p2p_call *pc = ud;
+	int err = status_err(status);
+	if (err) {
+		log_debug("Challenge from %s: %s %s", pc->s->name, rpc_status_name(status),
+			  message ? message : "");
+		p2p_done(pc, err, NULL);
+		return;
+	}
+	const Mooncake__Transfer__ChallengeReply *ch =
+		(const Mooncake__Transfer__ChallengeReply *)resp;
+	err = p2p_get(pc, ch->nonce.data, ch->nonce.len);
+	if (err)
+		p2p_done(pc, err, NULL);
 }
 
 static int resolve_p2p(struct te_segment *s)
@@ -308,11 +359,15 @@ static int resolve_p2p(struct te_segment *s)
 		free(pc);
 		return rc;
 	}
-	Mooncake__Transfer__GetDescriptorRequest req =
-		MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
-	rc = rpc_client_unary(pc->c, "/mooncake.transfer.Transfer/GetDescriptor",
-			      &req.base, &mooncake__transfer__segment_desc__descriptor,
-			      P2P_TIMEOUT_MS, on_p2p, pc, NULL);
+	if (s->e->secret_len) {
+		Mooncake__Transfer__ChallengeRequest req =
+			MOONCAKE__TRANSFER__CHALLENGE_REQUEST__INIT;
+		rc = rpc_client_unary(pc->c, "/mooncake.transfer.Transfer/Challenge",
+				      &req.base, &mooncake__transfer__challenge_reply__descriptor,
+				      P2P_TIMEOUT_MS, on_challenge, pc, NULL);
+	} else {
+		rc = p2p_get(pc, NULL, 0);
+	}
 	if (rc) {
 		rpc_client_free(pc->c);
 		free(pc);

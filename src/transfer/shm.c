@@ -268,6 +268,9 @@ static void srv_on_io(struct te_ioh *h, uint32_t events)
 					 (int)c->pid, (int)c->uid);
 			}
 			if (rc == MC_EPROTOCOL || rc == -EPROTONOSUPPORT) {
+				metric_inc(e->m_auth_refused[TE_AUTH_SHM]);
+				log_warn("shm client pid %d: bad handshake (%s)", (int)c->pid,
+					 mc_strerror(rc));
 				srv_close(c, "bad handshake");
 				return;
 			}
@@ -276,6 +279,8 @@ static void srv_on_io(struct te_ioh *h, uint32_t events)
 			if (send_msg(c->fd, ob, sizeof(ob), -1, e->io_timeout_ms) != 0 ||
 			    rc < 0) {
 				if (rc == -EACCES)
+					metric_inc(e->m_auth_refused[TE_AUTH_SHM]);
+				if (rc == -EACCES && e->secret_len)
 					log_warn("refused shm client pid %d (segment %s): "
 						 "cluster secret mismatch",
 						 (int)c->pid, c->hs.peer);

@@ -500,7 +500,44 @@ struct te_segment {
 	struct te_job notify_job;  /* loop: run async waiters */
 };
 
+/* ------------------------------------------------------------ gRPC service (svc.c) */
+
+/* A Challenge nonce: u64 issued_ms, TE_CHAL_RAND random bytes, a tag. */
+#define TE_CHAL_RAND 16
+#define TE_CHAL_TAG 16
+#define TE_CHAL_BYTES (8 + TE_CHAL_RAND + TE_CHAL_TAG)
+#define TE_CHALLENGE_TTL_MS 30000
+#define TE_CHALLENGE_USED_MAX 1024 /* accepted proofs remembered */
+
+struct te_chal_used {
+	uint64_t issued_ms; /* 0: free */
+	uint8_t rnd[TE_CHAL_RAND];
+};
+
+/* The service's state, owned by svc.c, touched on the loop thread only. */
+struct te_svc {
+	uint8_t key[32]; /* tags this engine's challenges */
+	struct te_chal_used used[TE_CHALLENGE_USED_MAX];
+	size_t next;     /* the slot the next accepted proof takes */
+};
+
+/* Serve mooncake.transfer.Transfer on e->rpc (logs its errors). Errors:
+ * those of mc_random and rpc_server_add_service. */
+int te__svc_start(struct te_engine *e) MC_MUST_CHECK;
+/* The nonce Challenge answers, issued at now_ms (> 0). Pure. */
+void te__svc_challenge(const struct te_svc *v, uint64_t now_ms,
+		       const uint8_t rnd[TE_CHAL_RAND], uint8_t out[TE_CHAL_BYTES]);
+/* Check a GetDescriptor proof at now_ms and remember its challenge as
+ * used. Pure. Errors: -EACCES (refused; *why says why), -EBUSY (too many
+ * proofs accepted within TE_CHALLENGE_TTL_MS: try again). */
+int te__svc_check(struct te_svc *v, const uint8_t *secret, size_t slen,
+		  const uint8_t *chal, size_t clen, const char *name, const uint8_t *mac,
+		  size_t maclen, uint64_t now_ms, const char **why) MC_MUST_CHECK;
+
 /* ------------------------------------------------------------ engine */
+
+/* What refused an unauthenticated peer (mooncake_te_auth_refused_total). */
+enum te_auth_where { TE_AUTH_TCP, TE_AUTH_SHM, TE_AUTH_GRPC, TE_AUTH_N };
 
 struct te_pub {
 	struct etcd_lease *lease;
@@ -572,6 +609,8 @@ struct te_engine {
 	struct te_job *loop_head, **loop_tail;
 	bool stopped;                  /* te_stop ran: no more loop jobs */
 
+	struct te_svc svc;
+
 	/* meta */
 	struct te_pub pub;
 	pthread_mutex_t pub_mu;
@@ -587,6 +626,7 @@ struct te_engine {
 	struct metric *m_failed[4];
 	struct metric *m_retries;
 	struct metric *m_refused;
+	struct metric *m_auth_refused[TE_AUTH_N];
 	struct metric *m_shm_inline;       /* shm bytes the submitter copied */
 	struct metric *m_regions, *m_reg_bytes, *m_segments;
 	struct metric *m_peers[4];         /* [proto] peer objects not freed */

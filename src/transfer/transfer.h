@@ -84,15 +84,28 @@ struct te_opts {
 	int rdma_gid_index;              /* -1: auto; 0..255 */
 	unsigned rdma_mtu_bytes;         /* path MTU cap: 0 = the port's active
 					  * MTU; else 256..4096, a power of 2 */
-	const uint8_t *cluster_secret;   /* NULL: no peer authentication */
+	const uint8_t *cluster_secret;   /* peers prove it (mc_secret_find) */
 	size_t cluster_secret_len;       /* 1 .. MC_SECRET_MAX_BYTES */
+	bool insecure;                   /* no cluster_secret: serve and open
+					  * segments without authentication;
+					  * must be said, never a default */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
 };
 
 /*
+ * Authentication. With a cluster secret every connection to this engine
+ * (tcp data and rdma control connections, the shm channel) first passes
+ * the HMAC challenge of wire.h, both ways, and GetDescriptor wants a
+ * proof made over a fresh Challenge nonce (proto/transfer.proto); what
+ * fails is refused, logged and counted in
+ * mooncake_te_auth_refused_total{transport}. Without one (opts.insecure)
+ * tcp peers are not authenticated and shm peers must run as our uid.
+ */
+
+/*
  * Create the engine: start the data threads and listeners, pick transports
  * (logging why), start publishing the (empty) segment descriptor. Errors:
- * -EINVAL (options), negative errno of bind/listen, -ENOMEM; with protocol
+ * -EINVAL (options; no cluster secret and not insecure), negative errno of bind/listen, -ENOMEM; with protocol
  * rdma and no usable RDMA device (the log says why): -ENODEV (none, or
  * none of rdma_devices), -EACCES (no permission), -ENETDOWN (no ACTIVE
  * port), -EADDRNOTAVAIL (no usable GID, or rdma_gid_index is not one).
@@ -123,6 +136,12 @@ void te_free(struct te_engine *e);
  * MC_ETIMEDOUT, or the last publishing error (MC_EUNAVAILABLE, or -EEXIST
  * while another live engine holds the segment name). */
 int te_wait_published(struct te_engine *e, uint64_t timeout_ms) MC_MUST_CHECK;
+
+/* The proof a GetDescriptor request carries, for a tool that fetches a
+ * descriptor itself: out = HMAC-SHA256(secret, "mooncake-te-descriptor" 0
+ * challenge name), challenge being a Challenge answer's nonce. */
+void te_descriptor_mac(const uint8_t *secret, size_t slen, const uint8_t *challenge,
+		       size_t clen, const char *name, uint8_t out[32]);
 
 /* This engine's segment name. */
 const char *te_name(const struct te_engine *e);

@@ -134,6 +134,15 @@ void te__hs_mac(const uint8_t *secret, size_t slen, bool server,
 	mc_hmac_sha256(secret, slen, parts, lens, 4, out);
 }
 
+void te__desc_mac(const uint8_t *secret, size_t slen, const uint8_t *challenge,
+		  size_t clen, const char *name, uint8_t out[MC_SHA256_BYTES])
+{
+	static const char label[] = "mooncake-te-descriptor";
+	const void *parts[3] = {label, challenge, name};
+	size_t lens[3] = {sizeof(label), clen, strlen(name)};
+	mc_hmac_sha256(secret, slen, parts, lens, 3, out);
+}
+
 static void result(struct te_hs_msg *r, int status)
 {
 	memset(r, 0, sizeof(*r));

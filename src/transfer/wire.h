@@ -100,6 +100,13 @@ void te__hs_mac(const uint8_t *secret, size_t slen, bool server,
 		const uint8_t a[TE_HS_NONCE], const uint8_t b[TE_HS_NONCE],
 		const char *name, uint8_t out[MC_SHA256_BYTES]);
 
+/*
+ * The proof of a GetDescriptor request (proto/transfer.proto):
+ * HMAC(secret, "mooncake-te-descriptor" 0 challenge name).
+ */
+void te__desc_mac(const uint8_t *secret, size_t slen, const uint8_t *challenge,
+		  size_t clen, const char *name, uint8_t out[MC_SHA256_BYTES]);
+
 /* Server side of the handshake as a pure step function: feed the
  * client's message, get the reply to send. */
 struct te_hs_server {

@@ -142,8 +142,10 @@ def put_get_remove_and_error_codes():
     eq(m.get(b"\x00")[1].size, 0, "0-byte value")
     code, err = m.code("PutStart", M.PutStartRequest(key=big + b"x", size=1), M.PutStartResponse)
     eq((code, err.code()), (EINVAL, grpc.StatusCode.INVALID_ARGUMENT), "4097-byte key")
-    eq(m.code("PutStart", M.PutStartRequest(key=b"three", size=1, replica_num=3),
-              M.PutStartResponse)[0], NO_SPACE, "three replicas on two segments")
+    code, err = m.code("PutStart", M.PutStartRequest(key=b"three", size=1, replica_num=3),
+                       M.PutStartResponse)
+    eq(code, -708, "three replicas on two segments: too few segments, not no space")
+    assert "3 replicas need 3 segments and only 2 are mounted" in err.details(), err.details()
     eq(m.code("PutStart", M.PutStartRequest(key=b"huge", size=65 * MiB), M.PutStartResponse)[0],
        NO_SPACE, "larger than any segment")
     # PENDING: not visible, revocable once.
@@ -398,8 +400,13 @@ def failover_between_two_masters_with_etcd():
     hb = sm.heartbeat("agent1", view=view)
     eq((hb.resync, hb.view), (True, view + 1), "heartbeat asks for a re-sync")
     eq(sm.mount("seg", "agent1", 64 * MiB, resync=True).view, view + 1, "remount")
-    eq(sm.code("PutStart", M.PutStartRequest(key=b"new", size=10), M.PutStartResponse)[0],
-       NO_SPACE, "no placement on a segment still re-syncing")
+    # No placement on a segment still re-syncing, and while it reports
+    # the answer says "retry", never NO_SPACE (which a client takes as
+    # final).
+    code, err = sm.code("PutStart", M.PutStartRequest(key=b"new", size=10), M.PutStartResponse)
+    eq((code, err.code()), (-802, grpc.StatusCode.UNAVAILABLE), "put while re-syncing")
+    assert "taking the agents' segments back (0 mounted, 1 reporting)" in err.details(), \
+        err.details()
     inv = [M.InventoryItem(key=b"survivor", segment="seg", offset=placed.offset, size=5000,
                            soft_pin=True),
            M.InventoryItem(key=b"second", segment="seg", offset=second.offset, size=100),

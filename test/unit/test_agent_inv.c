@@ -5,10 +5,12 @@
  * the newer of two entries over the same space (as copies).
  */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/inv.h"
 
 static struct agent_inv v;
 

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/lcache.h"
+#include "agent/req.h"
+#include "common/uframe.h"
 
 static const char *why;
 

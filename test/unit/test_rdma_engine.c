@@ -263,7 +263,8 @@ Test(rdma_engine, no_device)
 	uv_loop_t loop;
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	struct te_opts o = {.loop = &loop, .data_listen = "127.0.0.1:0",
-			    .protocol = TE_PROTO_RDMA, .threads = 1, .rdma_gid_index = -1};
+			    .protocol = TE_PROTO_RDMA, .threads = 1, .rdma_gid_index = -1,
+			    .insecure = true};
 	struct te_engine *e;
 	cr_assert_eq(te_new(&o, &e), -ENODEV, "rdma without a device refuses to start");
 	o.protocol = TE_PROTO_AUTO;

@@ -62,6 +62,10 @@ Test(sysmem, a_64g_segment_on_a_24g_host_does_not_fit)
 	cr_assert(strstr(why, "64 GiB") && strstr(why, "21.9 GiB of 23.5 GiB") &&
 		  strstr(why, "--global-segment-size") && strstr(why, "--force-segment-size"),
 		  "%s", why);
+	/* The line names all the node has: RAM, huge pages, memory-lock limit. */
+	cr_assert(strstr(why, "this node: 21.9 GiB of 23.5 GiB RAM available, 0 of 0 huge "
+			      "pages free (0 B), memory-lock limit unlimited"),
+		  "%s", why);
 	in.segment_bytes = 16ull << 30;
 	cr_assert_eq(mc_segment_fit(&in, why, sizeof(why)), MC_FIT_OK, "%s", why);
 	in.buffer_bytes = 8ull << 30;

@@ -320,3 +320,27 @@ Test(te_engine, shm_peer_regions_are_faulted_in_ahead)
 	mem_free(&b);
 	host_stop();
 }
+
+Test(te_engine, authentication_is_required_unless_insecure)
+{
+	uv_loop_t loop;
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	struct te_opts o = {.loop = &loop, .data_listen = "127.0.0.1:0",
+			    .protocol = TE_PROTO_TCP, .threads = 1, .rdma_gid_index = -1};
+	struct te_engine *e;
+	cr_assert_eq(te_new(&o, &e), -EINVAL, "no secret and not insecure");
+	o.cluster_secret = (const uint8_t *)"s";
+	o.cluster_secret_len = 1;
+	o.insecure = true;
+	cr_assert_eq(te_new(&o, &e), -EINVAL, "a secret and insecure");
+	o.insecure = false;
+	cr_assert_eq(te_new(&o, &e), 0);
+	te_free(e);
+	o.cluster_secret = NULL;
+	o.cluster_secret_len = 0;
+	o.insecure = true;
+	cr_assert_eq(te_new(&o, &e), 0);
+	te_free(e);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	cr_assert_eq(uv_loop_close(&loop), 0);
+}

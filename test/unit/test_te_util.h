@@ -124,6 +124,11 @@ static inline void host_start_with(const struct te_opts t[2])
 		h->opts[i].rpc_port = (uint16_t)rpc_server_port(h->rpc[i], 0);
 		h->opts[i].data_listen = "127.0.0.1:0";
 		h->opts[i].metrics = h->m[i];
+		if (!t[i].cluster_secret && !t[i].insecure) {
+			/* Both engines prove one secret unless the test says. */
+			h->opts[i].cluster_secret = (const uint8_t *)"unit-test-secret";
+			h->opts[i].cluster_secret_len = 16;
+		}
 	}
 	uv_async_init(&h->loop, &h->call, on_call);
 	h->call.data = h;

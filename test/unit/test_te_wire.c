@@ -211,3 +211,61 @@ Test(te_wire, shm_messages)
 	cr_assert_eq(te__shm_decode(c, &g), 0);
 	cr_assert_eq(g.type, TE_SHM_DEL);
 }
+
+/* GetDescriptor's proof (svc.c): a challenge of this engine, fresh, with
+ * the right mac over the right name, used once. */
+Test(te_svc, descriptor_proof)
+{
+	static struct te_svc v;
+	const uint8_t secret[] = "s3cret", other[] = "other!";
+	uint8_t rnd[TE_CHAL_RAND] = {1, 2, 3}, ch[TE_CHAL_BYTES], mac[32], c2[TE_CHAL_BYTES];
+	const char *why;
+	memset(&v, 0, sizeof(v));
+	memset(v.key, 7, sizeof(v.key));
+	uint64_t t = 1000;
+	te__svc_challenge(&v, t, rnd, ch);
+	te__desc_mac(secret, 6, ch, sizeof(ch), "seg", mac);
+
+	cr_assert_eq(te__svc_check(&v, secret, 6, NULL, 0, "seg", NULL, 0, t, &why), -EACCES);
+	cr_assert(strstr(why, "no proof"), "%s", why);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, 10, "seg", mac, 32, t, &why), -EACCES);
+	cr_assert(strstr(why, "malformed"), "%s", why);
+	memcpy(c2, ch, sizeof(c2));
+	c2[9] ^= 1; /* not a challenge this key tagged */
+	cr_assert_eq(te__svc_check(&v, secret, 6, c2, sizeof(c2), "seg", mac, 32, t, &why), -EACCES);
+	cr_assert(strstr(why, "did not issue"), "%s", why);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32,
+				   t + TE_CHALLENGE_TTL_MS + 1, &why), -EACCES);
+	cr_assert(strstr(why, "expired"), "%s", why);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32, t - 1, &why),
+		     -EACCES, "issued in the future");
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "other", mac, 32, t, &why),
+		     -EACCES, "made for another name");
+	cr_assert_eq(te__svc_check(&v, other, 6, ch, sizeof(ch), "seg", mac, 32, t, &why), -EACCES);
+	cr_assert(strstr(why, "mismatch"), "%s", why);
+	/* None of the refusals used the challenge up. */
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32, t + 5, &why), 0);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32, t + 6, &why),
+		     -EACCES);
+	cr_assert(strstr(why, "replayed"), "%s", why);
+
+	/* The list of used challenges: full of live ones it refuses (try
+	 * again), and once they expired it takes new ones. */
+	memset(&v.used, 0, sizeof(v.used));
+	v.next = 0;
+	for (unsigned i = 0; i < TE_CHALLENGE_USED_MAX; i++) {
+		memcpy(rnd, &i, sizeof(i));
+		te__svc_challenge(&v, t, rnd, ch);
+		te__desc_mac(secret, 6, ch, sizeof(ch), "", mac);
+		cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "", mac, 32, t, &why), 0);
+	}
+	rnd[15] = 1;
+	te__svc_challenge(&v, t + 1, rnd, ch);
+	te__desc_mac(secret, 6, ch, sizeof(ch), "", mac);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "", mac, 32, t + 1, &why),
+		     -EBUSY);
+	uint64_t later = t + TE_CHALLENGE_TTL_MS + 1;
+	te__svc_challenge(&v, later, rnd, ch);
+	te__desc_mac(secret, 6, ch, sizeof(ch), "", mac);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "", mac, 32, later, &why), 0);
+}

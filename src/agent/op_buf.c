@@ -1,0 +1,353 @@
+/*
+ * op_buf: client buffers and transfers. A buffer is client memory the
+ * agent maps for a session: registered (the client's memfd, checked:
+ * sealed against shrinking, the client's own, writable) or allocated
+ * (a memfd the agent makes and passes back). A buffer with an address is
+ * published to the transfer engine first, so peers may read and write
+ * it; unregistering takes it out of the engine before the reply. A
+ * transfer moves bytes between client memory and an address of a
+ * segment: another agent's through the engine on a copy thread, or this
+ * agent's own segment or a buffer one of its sessions published.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/agent_int.h"
+#include "agent/op.h"
+#include "agent/server.h"
+#include "agent/xfer.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "transfer/transfer.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+/* ------------------------------------------------------------ buffers */
+
+static void buffer_reply(struct agent_req *r, uint64_t id, uint64_t len, int fd)
+{
+	Mooncake__Client__BufferReply br = MOONCAKE__CLIENT__BUFFER_REPLY__INIT;
+	br.buffer = id;
+	br.length = len;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER;
+	resp.buffer = &br;
+	bool own = true;
+	agent__reply(r, &resp, fd >= 0 ? &fd : NULL, &own, fd >= 0 ? 1 : 0);
+	agent__op_finish(r, 0);
+}
+
+static const char *register_why(int rc)
+{
+	switch (rc) {
+	case -EBADF: return "the descriptor is not a memfd";
+	case -EPERM: return "the memfd belongs to another user";
+	case -EACCES: return "the memfd is not open for reading and writing";
+	case -EINVAL: return "the memfd is not sealed against shrinking "
+			     "(F_SEAL_SHRINK) or is smaller than the range";
+	case -ENOSPC: return "too many buffers in this session";
+	default: return NULL;
+	}
+}
+
+/*
+ * A buffer with an address is published to the transfer engine at that
+ * address (peers may then read and write it) before it is added; the
+ * registration (an RDMA MR for large buffers) runs on a copy thread.
+ */
+struct publish {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
+	uint8_t *base;
+	uint64_t len, address, memfd_off;
+	int fd;   /* to send with the reply (alloc), or -1 */
+	int err;
+};
+
+static void publish_run(struct agent_job *j)
+{
+	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
+	p->err = te_register(p->r->a->te, p->address, p->base, p->len, p->m->fd, p->memfd_off,
+			     &p->m->region);
+	if (p->err)
+		p->m->region = NULL;
+}
+
+static void publish_done(struct agent_job *j)
+{
+	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
+	struct agent_req *r = p->r;
+	uint64_t id;
+	int rc = p->err;
+	if (rc == -EEXIST)
+		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
+			 "(another session's buffer at the same address)", agent__session_name(r->c),
+			 (unsigned long long)p->address);
+	if (rc == 0)
+		rc = agent__session_closed(r->c)
+			     ? MC_ECANCELLED
+			     : agent__session_buf_add(r->c, p->m, p->base, p->len, p->address, &id);
+	if (rc) {
+		agent__map_unref(p->m);
+		if (p->fd >= 0)
+			close(p->fd);
+		agent__op_fail(r, rc, rc == -EEXIST ? "the address range is already published by "
+					    "another session of this agent"
+					  : NULL);
+	} else {
+		buffer_reply(r, id, p->len, p->fd);
+	}
+	free(p);
+}
+
+/* Add the buffer now, or publish it first. Takes the map reference. */
+static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *base,
+			   uint64_t len, uint64_t address, uint64_t memfd_off, int fd)
+{
+	if (address && r->a->te) {
+		struct publish *p = calloc(1, sizeof(*p));
+		if (p) {
+			*p = (struct publish){.r = r, .m = m, .base = base, .len = len,
+					      .address = address, .memfd_off = memfd_off, .fd = fd};
+			p->job.run = publish_run;
+			p->job.done = publish_done;
+			agent__pool_submit(&r->a->pool, &p->job);
+			return;
+		}
+		agent__map_unref(m);
+		if (fd >= 0)
+			close(fd);
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t id;
+	int rc = agent__session_buf_add(r->c, m, base, len, address, &id);
+	if (rc) {
+		agent__map_unref(m);
+		if (fd >= 0)
+			close(fd);
+		agent__op_fail(r, rc, register_why(rc));
+		return;
+	}
+	buffer_reply(r, id, len, fd);
+}
+
+void agent__op_register_buffer(struct agent_req *r)
+{
+	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
+	struct agent_conn *c = r->c;
+	struct agent_map *m;
+	uint8_t *base;
+	int rc = agent__session_bufs_full(c)
+			 ? -ENOSPC
+			 : agent__map_client_fd(r->a, r->fds[0], agent__session_uid(c), q->offset,
+						q->length, &m, &base);
+	if (rc) {
+		const char *why = register_why(rc);
+		log_warn("client %s: register_buffer refused: %s", agent__session_name(c),
+			 why ? why : mc_strerror(rc));
+		agent__op_fail(r, rc, why);
+		return;
+	}
+	r->fds[0] = -1;
+	add_or_publish(r, m, base, q->length, q->address, q->offset, -1);
+}
+
+/* A published buffer leaves the engine before the reply: once the client
+ * hears back, no peer can reach it any more. */
+struct unpublish {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
+	uint64_t id;
+};
+
+static void unpublish_run(struct agent_job *j)
+{
+	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
+	te_unregister(u->m->region);
+	u->m->region = NULL;
+}
+
+static void unpublish_done(struct agent_job *j)
+{
+	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
+	agent__map_unref(u->m);
+	buffer_reply(u->r, u->id, 0, -1);
+	free(u);
+}
+
+void agent__op_unregister_buffer(struct agent_req *r)
+{
+	uint64_t id = r->msg->unregister_buffer->buffer;
+	struct agent_map *m = agent__session_buf_remove(r->c, id);
+	if (!m) {
+		agent__op_fail(r, -ENOENT, "no such buffer in this session");
+		return;
+	}
+	struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
+	if (u) {
+		u->r = r;
+		u->m = m;
+		u->id = id;
+		u->job.run = unpublish_run;
+		u->job.done = unpublish_done;
+		agent__pool_submit(&r->a->pool, &u->job);
+		return;
+	}
+	agent__map_unref(m);
+	buffer_reply(r, id, 0, -1);
+}
+
+void agent__op_alloc_buffer(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	struct agent_conn *c = r->c;
+	const Mooncake__Client__AllocBufferRequest *q = r->msg->alloc_buffer;
+	if (agent__session_bufs_full(c)) {
+		agent__op_fail(r, -ENOSPC, register_why(-ENOSPC));
+		return;
+	}
+	struct agent_memfd_opts mo = {
+		.name = "mooncake-buffer",
+		.len = q->length,
+		.hugepages = a->hugepages == AGENT_HUGEPAGES_ON ? AGENT_HUGEPAGES_AUTO
+								 : a->hugepages,
+		.numa_node = a->numa_node,
+	};
+	struct agent_map *m;
+	int rc = agent__memfd_new(a, &mo, &m);
+	if (rc) {
+		agent__op_fail(r, rc, "cannot create the buffer");
+		return;
+	}
+	int fd = dup(m->fd);
+	if (fd < 0) {
+		rc = -errno;
+		agent__map_unref(m);
+		agent__op_fail(r, rc, NULL);
+		return;
+	}
+	add_or_publish(r, m, m->addr, q->length, q->address, 0, fd);
+}
+
+/* ------------------------------------------------------------ transfer */
+
+/* This agent's memory at a remote address: its segment, or a buffer one
+ * of its clients published at that address. */
+/* A reference on the memory is held for the request: another session may
+ * unregister its buffer while the copy runs. */
+static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
+{
+	struct agent *a = r->a;
+	uint64_t base = (uint64_t)(uintptr_t)a->seg->addr;
+	if (addr >= base && addr - base <= a->seg->len && len <= a->seg->len - (addr - base))
+		return a->seg->addr + (addr - base);
+	const struct agent_buf *b = agent__server_published(a, addr, len);
+	if (!b)
+		return NULL;
+	return agent__op_hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
+}
+
+static void transfer_run(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	struct agent *a = r->a;
+	struct agent_xfer *x = NULL;
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->len == 0 || (it->reps && it->reps[0].local))
+			continue;
+		if (!x && !(x = agent__xfer_new())) {
+			it->err = -ENOMEM;
+			continue;
+		}
+		agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote, it->len,
+				&it->err);
+	}
+	if (x)
+		agent__xfer_start(a, x);
+	for (size_t i = 0; i < r->n; i++) {
+		struct agent_item *it = &r->items[i];
+		if (it->err || it->len == 0 || !it->reps || !it->reps[0].local)
+			continue;
+		uint8_t *t = (uint8_t *)(uintptr_t)it->reps[0].address;
+		if (it->write)
+			memmove(t, it->ptr, it->len);
+		else
+			memmove(it->ptr, t, it->len);
+	}
+	if (x)
+		agent__xfer_finish(a, x);
+}
+
+static void transfer_done(struct agent_job *j)
+{
+	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
+	int32_t *errs = calloc(r->n, sizeof(*errs));
+	if (!errs) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	int first = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		errs[i] = r->items[i].err;
+		if (errs[i] && !first)
+			first = errs[i];
+		if (!errs[i])
+			agent__count(&r->a->stats, r->items[i].write ? AGENT_C_BYTES_WRITTEN
+							      : AGENT_C_BYTES_READ,
+				     r->items[i].len);
+	}
+	Mooncake__Client__TransferReply tr = MOONCAKE__CLIENT__TRANSFER_REPLY__INIT;
+	tr.errors = errs;
+	tr.n_errors = r->n;
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_TRANSFER;
+	resp.transfer = &tr;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	free(errs);
+	agent__op_finish(r, first);
+}
+
+void agent__op_transfer(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	const Mooncake__Client__TransferRequest *q = r->msg->transfer;
+	if (agent__op_items(r, q->n_items)) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	for (size_t i = 0; i < q->n_items; i++) {
+		struct agent_item *it = &r->items[i];
+		const Mooncake__Client__TransferItem *ti = q->items[i];
+		it->write = ti->op == MOONCAKE__CLIENT__TRANSFER_ITEM__OP__WRITE;
+		it->len = ti->local->length;
+		it->target = ti->target;
+		it->remote = ti->remote_address;
+		it->err = agent__op_region(r, ti->local, &it->ptr);
+		if (it->err || it->len == 0)
+			continue;
+		if (strcmp(ti->target, a->name) == 0) {
+			uint8_t *t = local_target(r, ti->remote_address, it->len);
+			if (!t) {
+				it->err = MC_EINVALID_REPLICA; /* not registered here */
+				continue;
+			}
+			it->reps = calloc(1, sizeof(*it->reps));
+			if (!it->reps) {
+				it->err = -ENOMEM;
+				continue;
+			}
+			it->nrep = 1;
+			it->reps[0].local = true;
+			it->reps[0].address = (uint64_t)(uintptr_t)t;
+		}
+	}
+	r->job.run = transfer_run;
+	r->job.done = transfer_done;
+	agent__pool_submit(&a->pool, &r->job);
+}
