@@ -346,6 +346,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)for c in 4 16; do for m in separate local; do $(B)/mooncakectl bench store \
 	  --value-size=4K --clients=$$c --op=put,get,mixed,batch-put,batch-get --master=$$m \
 	  --duration=3s || exit 1; done; done
+	$(Q)$(B)/mooncakectl bench sessions --sessions=1000
 	$(Q)$(B)/mooncakectl bench ssd --duration=3s
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done

@@ -793,12 +793,14 @@ int ctl_bench_main(int argc, char **argv)
 		return ctl_bench_store_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "ssd") == 0)
 		return ctl_bench_ssd_main(argc - 1, argv + 1);
+	if (strcmp(argv[1], "sessions") == 0)
+		return ctl_bench_sessions_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "meta") == 0)
 		return ctl_bench_meta_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "transfer") == 0)
 		return ctl_bench_transfer_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
-		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, resync, meta, transfer, store, ssd)\n",
+		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, resync, meta, transfer, store, sessions, ssd)\n",
 			argv[1]);
 		return CTL_EXIT_USAGE;
 	}

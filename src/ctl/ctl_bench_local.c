@@ -208,6 +208,35 @@ int ctl_proc_usage(pid_t pid, struct ctl_usage *u)
 	return 0;
 }
 
+int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	memset(m, 0, sizeof(*m));
+	for (struct dirent *e; (e = readdir(d)) != NULL;)
+		m->fds += e->d_name[0] != '.';
+	closedir(d);
+	snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	/* Every mapping's Rss but the DRAM segment's: the agent fills that
+	 * in the background after its start, whatever the sessions do. */
+	bool segment = false;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long kb, lo, hi;
+		if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2)
+			segment = strstr(line, "memfd:mooncake-segment") != NULL;
+		else if (!segment && sscanf(line, "Rss: %llu kB", &kb) == 1)
+			m->rss_bytes += kb * 1024;
+	}
+	fclose(f);
+	return 0;
+}
+
 int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)
 {
 	uint64_t deadline = mc_now_ms() + timeout_ms;

@@ -9,6 +9,8 @@
  *   ctl_redis.c        a minimal RESP client, for the redis comparison
  *   ctl_bench_floor.c  the floor of a get: what a daemon on this host
  *                      does at the least for one, without the store
+ *   ctl_bench_sessions.c  `bench sessions`: many sessions with one agent
+ *                      (its servers and /proc readings from here too)
  *
  * Every function returns 0 or a negative errno / MC_E* code unless said.
  */
@@ -63,6 +65,15 @@ struct ctl_usage {
 /* The usage of every thread of pid (threads that have exited are not
  * counted). Errors: -errno (no such process). */
 int ctl_proc_usage(pid_t pid, struct ctl_usage *u);
+
+/* The resident memory and open descriptors of pid. */
+struct ctl_proc_mem {
+	uint64_t rss_bytes; /* resident: heap, stacks and shared pages
+			     * touched, but for an agent's DRAM segment */
+	uint64_t fds;
+};
+/* Errors: -errno (no such process, /proc not readable). */
+int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m);
 
 /* A session with the agent at sock once a put succeeds (its segment is
  * mounted), trying until timeout_ms. Errors: those of mc_open_ex and

@@ -47,6 +47,9 @@ int ctl_bench_master_main(int argc, char **argv);
 int ctl_bench_resync_main(int argc, char **argv);
 /* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
 int ctl_bench_store_main(int argc, char **argv);
+/* `bench sessions`: many client sessions with one agent; argv[0] is
+ * "sessions" (ctl_bench_sessions.c). */
+int ctl_bench_sessions_main(int argc, char **argv);
 /* `bench ssd`: the SSD tier's store beside fio; argv[0] is "ssd"
  * (ctl_bench_ssd.c). */
 int ctl_bench_ssd_main(int argc, char **argv);

@@ -38,7 +38,8 @@ int ctl_redis_connect(int port, struct ctl_redis **out)
 		return -ENOMEM;
 	r->head = r->tail = 0;
 	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)port),
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	if (r->fd < 0 || connect(r->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
 		int e = -errno;
@@ -138,8 +139,9 @@ int ctl_redis_set_n(struct ctl_redis *r, size_t n, const char *const *keys,
 		size_t kl = strlen(keys[i]);
 		if (kl > CTL_REDIS_MAX_KEY)
 			return -EINVAL;
-		int h = snprintf(hdr[i], HDR_BYTES, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", kl,
-				 keys[i], len);
+		int h = snprintf(hdr[i], HDR_BYTES,
+				 "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", kl, keys[i],
+				 len);
 		iov[3 * i] = (struct iovec){hdr[i], (size_t)h};
 		iov[3 * i + 1] = (struct iovec){(void *)vals[i], len};
 		iov[3 * i + 2] = (struct iovec){"\r\n", 2};
@@ -153,8 +155,8 @@ int ctl_redis_set_n(struct ctl_redis *r, size_t n, const char *const *keys,
 	return rc;
 }
 
-int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys,
-		    void *const *bufs, size_t cap, int64_t *lens)
+int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys, void *const *bufs,
+		    size_t cap, int64_t *lens)
 {
 	if (n > CTL_REDIS_MAX_PIPELINE)
 		return -EINVAL;
@@ -164,7 +166,8 @@ int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys,
 		size_t kl = strlen(keys[i]);
 		if (kl > CTL_REDIS_MAX_KEY)
 			return -EINVAL;
-		int h = snprintf(hdr[i], HDR_BYTES, "*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n", kl, keys[i]);
+		int h = snprintf(hdr[i], HDR_BYTES, "*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n", kl,
+				 keys[i]);
 		iov[i] = (struct iovec){hdr[i], (size_t)h};
 	}
 	int rc = mc_writev_all(r->fd, iov, (int)n);

@@ -84,13 +84,16 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: bench_master_index [objects] [batch] [rounds]\n");
 		return 2;
 	}
-	struct master_core_opts o = {.put_timeout_ms = 3600000, .lease_ttl_ms = 1,
-				     .agent_ttl_ms = 3600000, .high_watermark = 0.99,
-				     .eviction_ratio = 0.01, .seed = 1};
+	struct master_core_opts o = {.put_timeout_ms = 3600000,
+				     .lease_ttl_ms = 1,
+				     .agent_ttl_ms = 3600000,
+				     .high_watermark = 0.99,
+				     .eviction_ratio = 0.01,
+				     .seed = 1};
 	struct master_core *c;
 	if (master__core_new(&o, &c) ||
-	    master__mount(c, "seg", "agent", MASTER_TIER_DRAM, 1ull << 44, 1ull << 46, false, 0,
-			  NULL)) {
+	    master__mount(c, "seg", "agent", MASTER_TIER_DRAM, 1ull << 44, 1ull << 46, false,
+			  0, NULL)) {
 		fprintf(stderr, "bench_master_index: cannot set up the core\n");
 		return 1;
 	}
@@ -98,7 +101,8 @@ int main(int argc, char **argv)
 	for (uint64_t i = 0; i < objects; i++) {
 		const struct master_obj *obj;
 		key_of(k, i);
-		struct master_put p = {.key = (const uint8_t *)k, .klen = KEY_LEN, .size = 4096};
+		struct master_put p = {
+			.key = (const uint8_t *)k, .klen = KEY_LEN, .size = 4096};
 		if (master__put_start(c, &p, 0, &obj) ||
 		    master__put_end(c, (const uint8_t *)k, KEY_LEN, NULL, 0)) {
 			fprintf(stderr, "bench_master_index: put %" PRIu64 " failed\n", i);

@@ -302,6 +302,25 @@ def bench_store_runs_every_op_beside_redis():
 
 
 @case
+def bench_sessions_serves_every_session():
+    """`mooncakectl bench sessions` opens many sessions with its own agent,
+    prints the agent's memory per idle session, and serves a checked put
+    and get through every one of them."""
+    r = run([mctest.MOONCAKECTL, "bench", "sessions", "--sessions=64", "--threads=4",
+             "--duration=200ms"], timeout=300)
+    assert "served: 64 of 64 sessions" in r.stdout and ", 0 errors" in r.stdout, r.stdout
+    idle = [l.split() for l in r.stdout.splitlines() if "sessions open, idle" in l]
+    eq(len(idle), 1, r.stdout)
+    # RSS MiB, KiB/session, fds/session: each session holds its socket
+    # and its staging memfd.
+    assert float(idle[0][-3]) > 0 and float(idle[0][-2]) > 0, r.stdout
+    assert float(idle[0][-1]) >= 1, r.stdout
+    for bad in ("--sessions=0", "--threads=65 --sessions=64", "--value-size=0"):
+        r = run([mctest.MOONCAKECTL, "bench", "sessions"] + bad.split(), check=False)
+        eq(r.returncode, 2, "%s is a usage error" % bad)
+
+
+@case
 def an_agent_calls_the_master_of_its_own_process_in_process():
     """--role=master,agent (as standalone): the agent's master calls skip
     the network — the master has no connection while puts, gets and
