@@ -340,9 +340,14 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
+	$(Q)$(B)/bench/bench_master_index 1000000 100 5
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
+	$(Q)for c in 4 16; do for m in separate local; do $(B)/mooncakectl bench store \
+	  --value-size=4K --clients=$$c --op=put,get,mixed,batch-put,batch-get --master=$$m \
+	  --duration=3s || exit 1; done; done
+	$(Q)$(B)/mooncakectl bench sessions --sessions=1000
 	$(Q)$(B)/mooncakectl bench ssd --duration=3s
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done

@@ -628,6 +628,14 @@ out:
 	free(res);
 }
 
+/* master_key_at_fn over an array of ProtobufCBinaryData keys. */
+static const uint8_t *key_at(const void *batch, size_t j, size_t *klen)
+{
+	const ProtobufCBinaryData *k = (const ProtobufCBinaryData *)batch + j;
+	*klen = k->len;
+	return k->data;
+}
+
 enum batch_op { OP_PUT_END, OP_PUT_REVOKE, OP_REMOVE };
 
 static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_t n,
@@ -643,6 +651,7 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 	}
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, keys, n, i, key_at);
 		switch (op) {
 		case OP_PUT_END:
 			errs[i] = put_end_err(m, master__put_end(m->core, keys[i].data,
@@ -704,6 +713,7 @@ static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		int rc = master__exist(m->core, req->keys[i].data, req->keys[i].len, now);
 		errs[i] = rc < 0 ? rc : 0;
 		ex[i] = rc == 1;
@@ -734,6 +744,7 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		goto err_nomem;
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		mooncake__master__get_replicas_result__init(&res[i]);
 		rptr[i] = &res[i];
 		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now, &objs[i]);
