@@ -64,6 +64,8 @@ void agent__map_ref(struct agent_map *m);
 /* Drop a reference; the last one unregisters, unmaps and closes. */
 void agent__map_unref(struct agent_map *m);
 
+/* The machine's physical RAM (0 when unknown). */
+uint64_t agent__ram_bytes(void);
 /* min(1 GiB, physical RAM / 4), rounded down to 2 MiB. */
 uint64_t agent__default_segment_bytes(void);
 

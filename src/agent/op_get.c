@@ -389,8 +389,27 @@ static bool solo_get(const struct agent_req *r, uint64_t bytes)
 
 /*
  * Every item has its replica (from the master or the lease cache) or an
- * error: decide where each value goes, then copy.
+ * error: decide where each value goes (get_place), give it memory
+ * (get_fill), read what is in SSD tiers (get_ssd), then copy (get_copy).
+ * Values without a destination go to the request's spill region when
+ * they fit there, else to one memfd made for the reply, whose memory
+ * counts against the session's reply budget from now until the reply is
+ * written: a get that needs more than the session has left waits for its
+ * client to read earlier replies.
  */
+
+static void get_fill(struct agent_req *r);
+static void get_ssd(struct agent_req *r);
+
+static void on_spill_room(struct agent_wait *w, int err)
+{
+	struct agent_req *r = MC_CONTAINER_OF(w, struct agent_req, wait);
+	if (err) {
+		agent__op_fail(r, err, NULL); /* the session closed */
+		return;
+	}
+	get_fill(r);
+}
 
 /* Where each item's value goes (items placed before keep their place):
  * a zero-copy view of the segment when asked and local, else its
@@ -448,25 +467,47 @@ static void get_place(struct agent_req *r)
 			spill_total += (len + AGENT_SPILL_ALIGN - 1) & ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
 		}
 	}
+	r->spill_len = spill_total;
+	uint8_t *base;
+	if (spill_total == 0 ||
+	    (g->spill && spill_total <= g->spill->length && agent__op_region(r, g->spill, &base) == 0))
+		r->spill_len = 0; /* no memfd to make */
+	if (r->spill_len &&
+	    agent__session_reserve(r, r->spill_len, &r->wait, on_spill_room) == 1)
+		return; /* on_spill_room goes on */
+	get_fill(r);
+}
+
+/* The items placed now get their memory; then the reads of SSD tiers,
+ * then the copies. */
+static void get_fill(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	const Mooncake__Client__GetRequest *g = r->msg->get;
 	/* Place the items without a destination. */
 	uint8_t *spill_base = NULL;
 	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
 	uint64_t spill_off = 0;
-	if (spill_total > 0 && g->spill && spill_total <= g->spill->length &&
-	    agent__op_region(r, g->spill, &spill_base) == 0) {
-		where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
-		spill_off = g->spill->offset;
-	} else if (spill_total > 0 && !r->spill) {
+	if (r->spill_len == 0) {
+		bool any = false;
+		for (size_t i = 0; i < r->n && !any; i++)
+			any = !r->items[i].err && r->items[i].nrep && !r->items[i].placed &&
+			      r->items[i].where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
+		if (any && agent__op_region(r, g->spill, &spill_base) == 0) {
+			where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
+			spill_off = g->spill->offset;
+		}
+	} else {
 		struct agent_memfd_opts mo = {
 			.name = "mooncake-get",
-			.len = spill_total,
+			.len = r->spill_len,
 			.hugepages = AGENT_HUGEPAGES_OFF,
 			.numa_node = -1,
 		};
 		int rc = agent__memfd_new(a, &mo, &r->spill);
 		if (rc) {
 			for (size_t i = 0; i < r->n; i++)
-				if (!r->items[i].err && !r->items[i].placed && !r->items[i].has_dest &&
+				if (!r->items[i].err && r->items[i].nrep && !r->items[i].placed &&
 				    r->items[i].where == where)
 					r->items[i].err = rc;
 		} else {
@@ -480,7 +521,7 @@ static void get_place(struct agent_req *r)
 		it->placed = true;
 		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL) {
 			if (!spill_base) {
-				it->err = spill_total ? -ENOMEM : MC_EINTERNAL;
+				it->err = -ENOMEM;
 				continue;
 			}
 			it->ptr = spill_base + it->offset;
@@ -488,6 +529,7 @@ static void get_place(struct agent_req *r)
 			it->where = where;
 		}
 	}
+	get_ssd(r);
 }
 
 /*
@@ -756,7 +798,6 @@ static void on_get_replicas(void *ud, int err, const char *message,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}
 	get_place(r);
-	get_ssd(r);
 }
 
 /* A background renewal of one cached lease (lcache.c): the call, and the
@@ -832,7 +873,6 @@ static void get_lookup(struct agent_req *r)
 		uncached += item_uncached(&r->items[i]);
 	if (uncached == 0) {
 		get_place(r);
-		get_ssd(r);
 		return;
 	}
 	struct agent_keys_block *b = agent__op_keys_block(r, item_uncached);

@@ -22,11 +22,12 @@
  * leave (their space freed, or held while a read lease lasts) and it
  * moves to the SSD list — or ABANDONED. A demotion not answered within
  * --put-timeout, or whose segment went away, is given up; given up, the
- * object goes to its list's tail, so the next round tries others first.
+ * object is marked as read, so the next round passes it over once.
  *
  * SSD eviction. An SSD segment whose use plus what is promised there
  * passes its high watermark loses replicas from the SSD list's head
- * (least recently read first), leased objects skipped, until
+ * (least recently read first: a read object gets a second chance, as in
+ * DRAM), leased objects skipped, until
  * eviction_ratio of it is freed; an object whose last replica goes
  * leaves the index. (Objects with a DRAM replica too, which only an
  * inventory re-sync makes, are not on that list and keep theirs.)
@@ -113,8 +114,8 @@ static void drop(struct master_core *c, struct master_demotion *d)
 	*d = t->v[--t->n];
 }
 
-/* Give demotion d up: o is no longer on its way, and goes to its list's
- * tail (the next round tries others first). */
+/* Give demotion d up: o is no longer on its way, and is marked as read
+ * (the next round gives it a second chance: others are tried first). */
 static void give_up(struct master_core *c, struct master_demotion *d)
 {
 	struct master_obj *o = master__index_find(&c->ix, d->key, d->klen);
@@ -122,7 +123,7 @@ static void give_up(struct master_core *c, struct master_demotion *d)
 	c->n.demotion_failures++;
 	if (o) {
 		o->flags &= (uint8_t)~MASTER_OBJ_DEMOTING;
-		master__index_touch(&c->ix, o);
+		master__index_touch(o);
 	}
 }
 
@@ -302,6 +303,12 @@ static void ssd_evict(struct master_core *c, uint32_t id, uint64_t target, uint6
 	for (struct master_obj *o = master__index_oldest(&c->ix, MASTER_LIST_SSD);
 	     o && freed < target; o = next) {
 		next = o->next;
+		if (master__index_second_chance(&c->ix, o)) {
+			/* At the tail now: the walk meets it again last. */
+			if (!next)
+				next = o;
+			continue;
+		}
 		for (unsigned i = 0; i < o->nrep; i++) {
 			if (o->rep[i].seg != id)
 				continue;
@@ -426,7 +433,7 @@ static int tier_demoted(struct master_core *c, struct master_seg *s, uint32_t id
 	if (!n) {
 		unreserve(s, it);
 		c->n.demotion_failures++;
-		master__index_touch(&c->ix, o);
+		master__index_touch(o);
 		return -ENOMEM;
 	}
 	o = n;
