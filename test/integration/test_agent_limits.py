@@ -135,16 +135,16 @@ def a_client_that_never_reads_is_paused_not_closed():
     s.settimeout(0.2)
     snd = Sender(s, b"".join(frames))
     snd.start()
+    wait_for(lambda: metric_labels(a.metrics(), "mooncake_agent_client_pauses_total",
+                                   'reason="replies"') >= 1,
+             timeout=120, what="the session paused")
     sent = snd.stalled()
     total = len(snd.data)
     # Each reply is larger than its request: the agent read at most its
     # budget's worth of replies, then stopped reading.
     assert sent < total // 2, "the agent read %d of %d request bytes unanswered" % (sent, total)
-    m = a.metrics()
-    held = metric(m, "mooncake_agent_client_reply_bytes")
+    held = metric(a.metrics(), "mooncake_agent_client_reply_bytes")
     assert cap / 2 <= held <= 2 * cap, "reply bytes held: %d (budget %d)" % (held, cap)
-    assert metric_labels(m, "mooncake_agent_client_pauses_total", 'reason="replies"') >= 1, \
-        "pause counted"
     grew = rss_mib(a.d.pid) - rss0
     if sanitized():
         print("     RSS not checked: a sanitizer build (grew %.1f MiB)" % grew)
@@ -249,13 +249,13 @@ def unread_replies_with_descriptors_pause_the_session():
     snd = Sender(s, b"".join(st.frame(get_request(i + 2, [b"k"], spill=False))
                              for i in range(n)))
     snd.start()
+    wait_for(lambda: metric_labels(a.metrics(), "mooncake_agent_client_pauses_total",
+                                   'reason="descriptors"') >= 1,
+             timeout=120, what="the session paused")
     snd.stalled()
     held = nfds(a.d.pid) - base
     assert held <= limit + 64, "the agent holds %d descriptors for the session" % held
-    m = a.metrics()
-    assert metric_labels(m, "mooncake_agent_client_pauses_total",
-                         'reason="descriptors"') >= 1, "pause counted"
-    assert metric(m, "mooncake_agent_client_descriptors") <= limit + 64
+    assert metric(a.metrics(), "mooncake_agent_client_descriptors") <= limit + 64
     eq(other.get("k"), b"12345678", "another client is served")
     s.settimeout(30)
     for i in range(n):
