@@ -99,19 +99,34 @@
 	  600000, NULL,                                                        \
 	  "meta: a follower that hears no leader this long starts an "         \
 	  "election (at least 2 heartbeat intervals)")                         \
-	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "10000", 1,            \
+	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "100000", 1,           \
 	  100000000, NULL,                                                     \
-	  "meta: applied entries between snapshots (the WAL and the "          \
-	  "in-memory log are then compacted)")                                 \
+	  "meta: applied entries between snapshots, as etcd's (the WAL and "   \
+	  "the in-memory log are then compacted); each copies the whole "      \
+	  "store, encoded a slice at a time while the member serves")          \
 	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
 	  67108864, NULL,                                                      \
 	  "meta: largest write (its log entry); larger ones fail with "        \
 	  "etcd's \"request is too large\"; the client port refuses any "      \
 	  "request larger than this plus 512K, as etcd's gRPC server does")    \
-	X(QUOTA_BYTES, "quota-bytes", META, SIZE, "2G", 4096,                  \
+	X(QUOTA_BACKEND_BYTES, "quota-backend-bytes", META, SIZE, "2G", 4096,  \
 	  1099511627776ull, NULL,                                              \
 	  "meta: space quota of the key-value store (keys, values and "        \
-	  "history); past it writes fail with NOSPACE and an alarm is raised") \
+	  "history), as etcd's; past it writes fail with NOSPACE and an "      \
+	  "alarm is raised")                                                   \
+	X(AUTO_COMPACTION_MODE, "auto-compaction-mode", META, ENUM,            \
+	  "periodic", 0, 0, "periodic|revision",                               \
+	  "meta: how --auto-compaction-retention is read, as etcd's: "         \
+	  "periodic (a duration: the leader compacts the history older than "  \
+	  "that, every retention period, at most every hour) or revision (a "  \
+	  "count: every 5 minutes, all but the newest that many revisions)")   \
+	X(AUTO_COMPACTION_RETENTION, "auto-compaction-retention", META,        \
+	  STRING, "5m", 0, 0, NULL,                                            \
+	  "meta: history kept by the leader's automatic compaction: a "        \
+	  "duration (5m, 1h; a bare number is hours, as etcd reads it) or a "  \
+	  "revision count (--auto-compaction-mode=revision); 0 turns it off "  \
+	  "(etcd's default; here history then grows, in memory and in every "  \
+	  "snapshot, until a client compacts)")                                \
 	X(WATCH_PROGRESS_NOTIFY_INTERVAL, "watch-progress-notify-interval",    \
 	  META, DURATION, "10m", 100, 86400000, NULL,                          \
 	  "meta: how often idle watchers created with progress_notify get a "  \
@@ -360,7 +375,7 @@
 	X("global_file_segment_size", "there is no SSD or file tier yet")      \
 	X("enable_disk_eviction", "there is no SSD or file tier yet")          \
 	X("quota_bytes", "Mooncake's storage-tier quota (mooncaked's "         \
-			 "--quota-bytes is meta's space quota)")               \
+			 "--quota-backend-bytes is meta's space quota)")       \
 	X("memory_allocator", "one allocator: size classes with coalescing")   \
 	X("allocation_strategy", "one placement rule: the writer's segment "   \
 				 "first, then the emptiest")                   \
