@@ -335,7 +335,7 @@ def sessions_past_their_limits_are_refused():
         child = subprocess.Popen(
             [sys.executable, "-c", NOBODY_SESSIONS, a.socket, "3"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+            user=65534, group=65534, extra_groups=[])
         line = child.stdout.readline()
         assert line, "the second uid's client: " + child.stderr.read()
         got = eval(line)
