@@ -101,7 +101,8 @@ static void list_begin(struct agent_follow *f)
 	f->h->list_start(f->a);
 	agent__count(&f->a->stats, AGENT_C_MIRROR_LISTINGS, 1);
 	log_warn("segment mirror: behind the master's log of segment %s; listing "
-		 "the whole segment", f->segment);
+		 "the whole segment",
+		 f->segment);
 	list_send(f);
 }
 
@@ -172,8 +173,8 @@ static void on_synced(void *ud, int err, const char *message, const ProtobufCMes
 	f->busy = false;
 	if (err) {
 		if (err != MC_ESHUTDOWN)
-			log_warn("segment mirror: following segment %s: %s; retrying", f->segment,
-				 message ? message : mc_strerror(err));
+			log_warn("segment mirror: following segment %s: %s; retrying",
+				 f->segment, message ? message : mc_strerror(err));
 		retry_later(f);
 		return;
 	}
@@ -361,6 +362,6 @@ void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items,
 			continue;
 		}
 		verdict[i] = crc32c(0, base + r->offset, r->size) == r->crc ? AGENT_VERIFY_OK
-									 : AGENT_VERIFY_BAD;
+									    : AGENT_VERIFY_BAD;
 	}
 }

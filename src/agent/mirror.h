@@ -30,8 +30,7 @@ struct agent_inv_entry;
 struct agent_follow_hooks {
 	/* A change of the log (listed false) or an item of a listing (an
 	 * ADD, listed true). */
-	void (*apply)(struct agent *a, const Mooncake__Master__MirrorEvent *e,
-		      bool listed);
+	void (*apply)(struct agent *a, const Mooncake__Master__MirrorEvent *e, bool listed);
 	/* A listing begins; it ended (every page applied): returns how many
 	 * entries it forgot. */
 	void (*list_start)(struct agent *a);
@@ -42,11 +41,11 @@ struct agent_follow_hooks {
 
 struct agent_follow {
 	struct agent *a;
-	const char *segment;   /* borrowed: the owner's */
+	const char *segment; /* borrowed: the owner's */
 	const struct agent_follow_hooks *h;
 	bool on, busy;
-	unsigned gen;          /* bumped per start: older answers dropped */
-	uint64_t seq;          /* the log is applied up to here */
+	unsigned gen; /* bumped per start: older answers dropped */
+	uint64_t seq; /* the log is applied up to here */
 	bool listing, listing_busy;
 	uint64_t list_cursor;
 	uv_timer_t timer;

@@ -135,8 +135,8 @@ static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop
 			it->err = -ENOMEM;
 			continue;
 		}
-		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr, it->reps[0].address,
-				it->size, &it->err);
+		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr,
+				it->reps[0].address, it->size, &it->err);
 	}
 }
 
@@ -159,7 +159,8 @@ static void get_copy_local(struct agent_req *r)
 			continue;
 		}
 		if (it->promo)
-			memcpy(a->seg->addr + it->promo_off, it->scratch ? it->scratch : it->ptr,
+			memcpy(a->seg->addr + it->promo_off,
+			       it->scratch ? it->scratch : it->ptr,
 			       it->size); /* (checked already) */
 		if (it->ptr && it->scratch) {
 			memcpy(it->ptr, it->scratch, it->size); /* checked already */
@@ -168,8 +169,8 @@ static void get_copy_local(struct agent_req *r)
 		if (!it->ptr || !rep->local)
 			continue;
 		uint32_t crc;
-		it->err = agent__op_local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL,
-				   r->solo ? &a->pool : NULL);
+		it->err = agent__op_local_io(a, rep, it->ptr, it->size, false,
+					     verify ? &crc : NULL, r->solo ? &a->pool : NULL);
 		if (verify)
 			check(it, crc);
 	}
@@ -335,8 +336,8 @@ static void get_done(struct agent_job *j)
 		res[i].view = it->view;
 		agent__count(&a->stats, AGENT_C_BYTES_READ, it->size);
 		agent__count(&a->stats,
-			     it->ssd_own    ? AGENT_C_SSD_HITS
-			     : it->ssd_hold ? AGENT_C_SSD_REMOTE_HITS
+			     it->ssd_own         ? AGENT_C_SSD_HITS
+			     : it->ssd_hold      ? AGENT_C_SSD_REMOTE_HITS
 			     : it->reps[0].local ? AGENT_C_LOCAL_HITS
 						 : AGENT_C_REMOTE_HITS,
 			     1);
@@ -428,7 +429,8 @@ static void get_place(struct agent_req *r)
 			continue;
 		const struct agent_rep *rep = &it->reps[0];
 		if (it->zero_copy && rep->local && !agent__session_closed(c)) {
-			if (rep->offset > a->seg->len || it->size > a->seg->len - rep->offset) {
+			if (rep->offset > a->seg->len ||
+			    it->size > a->seg->len - rep->offset) {
 				it->err = MC_EINVALID_REPLICA;
 				continue;
 			}
@@ -464,13 +466,14 @@ static void get_place(struct agent_req *r)
 			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
 			it->offset = spill_total;
 			it->len = len;
-			spill_total += (len + AGENT_SPILL_ALIGN - 1) & ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
+			spill_total += (len + AGENT_SPILL_ALIGN - 1) &
+				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
 		}
 	}
 	r->spill_len = spill_total;
 	uint8_t *base;
-	if (spill_total == 0 ||
-	    (g->spill && spill_total <= g->spill->length && agent__op_region(r, g->spill, &base) == 0))
+	if (spill_total == 0 || (g->spill && spill_total <= g->spill->length &&
+				 agent__op_region(r, g->spill, &base) == 0))
 		r->spill_len = 0; /* no memfd to make */
 	if (r->spill_len &&
 	    agent__session_reserve(r, r->spill_len, &r->wait, on_spill_room) == 1)
@@ -507,8 +510,8 @@ static void get_fill(struct agent_req *r)
 		int rc = agent__memfd_new(a, &mo, &r->spill);
 		if (rc) {
 			for (size_t i = 0; i < r->n; i++)
-				if (!r->items[i].err && r->items[i].nrep && !r->items[i].placed &&
-				    r->items[i].where == where)
+				if (!r->items[i].err && r->items[i].nrep &&
+				    !r->items[i].placed && r->items[i].where == where)
 					r->items[i].err = rc;
 		} else {
 			spill_base = r->spill->addr;
@@ -719,7 +722,8 @@ static void get_ssd(struct agent_req *r)
 		if (!buf || (uintptr_t)buf % agent__tier_block(a) || it->len < io_len)
 			buf = it->scratch = agent__tier_buf(it->size);
 		int rc = !buf ? -ENOMEM
-			      : agent__tier_read(a, it->key, it->klen, buf, io_len, on_ssd_read, x);
+			      : agent__tier_read(a, it->key, it->klen, buf, io_len,
+						 on_ssd_read, x);
 		if (rc == 0) {
 			r->ssd_pending++;
 			continue;
@@ -740,8 +744,7 @@ static unsigned rank(const struct agent *a, const struct agent_rep *p)
 	return p->local ? 0 : !p->ssd ? 1 : strcmp(p->segment, a->name) == 0 ? 2 : 3;
 }
 
-static void on_get_replicas(void *ud, int err, const char *message,
-			    const ProtobufCMessage *m)
+static void on_get_replicas(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent *a = r->a;
@@ -795,7 +798,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		if (it->reps[0].local ||
 		    (it->has_crc && it->size > 0 && it->size <= a->gets.remote_cache_bytes))
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
-					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
+					  it->has_crc ? &it->crc : NULL, &it->reps[0], until,
+					  now);
 	}
 	get_place(r);
 }
@@ -804,7 +808,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
  * key it names (one allocation, freed by the callback). */
 struct lease_renewal {
 	struct agent *a;
-	unsigned gen;       /* agent__lease_gen when sent: a mount empties the cache */
+	unsigned gen; /* agent__lease_gen when sent: a mount empties the cache */
 	uint64_t sent_ms;
 	Mooncake__Master__BatchKeysRequest req;
 	ProtobufCBinaryData key;
@@ -986,8 +990,8 @@ void agent__op_get(struct agent_req *r)
 				continue;
 		}
 		bool renew;
-		const struct agent_lentry *e =
-			agent__lcache_get(&a->lc, it->key, it->klen, now, &renew);
+		const struct agent_lentry *e = agent__lcache_get(&a->lc, it->key, it->klen,
+								 now, &renew);
 		if (renew)
 			renew_lease(a, it->key, it->klen, now);
 		if (e) {
@@ -1061,8 +1065,7 @@ static void renew_free(struct renew_block *b)
 	free(b);
 }
 
-static void on_renewed(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+static void on_renewed(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct renew_block *b = ud;
 	struct agent *a = b->a;
@@ -1105,6 +1108,6 @@ static void renew_views(struct agent *a)
 	b->req.n_keys = b->n;
 	a->gets.view_renew_busy = true;
 	agent__mcall(a, "BatchGetReplicas", &b->req.base,
-		     &mooncake__master__batch_get_replicas_response__descriptor,
-		     on_renewed, b);
+		     &mooncake__master__batch_get_replicas_response__descriptor, on_renewed,
+		     b);
 }

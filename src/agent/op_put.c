@@ -89,13 +89,13 @@ static void put_reply(struct agent_req *r)
 	agent__op_finish(r, first);
 }
 
-static void on_revoked(void *ud, int err, const char *message,
-		       const ProtobufCMessage *resp)
+static void on_revoked(void *ud, int err, const char *message, const ProtobufCMessage *resp)
 {
 	(void)resp;
 	if (err && err != MC_ECANCELLED)
 		log_warn("PutRevoke failed: %s (the master's put timeout will "
-			 "revoke it)", message ? message : mc_strerror(err));
+			 "revoke it)",
+			 message ? message : mc_strerror(err));
 	free(ud);
 }
 
@@ -130,8 +130,7 @@ static void revoke_items(struct agent_req *r)
 		     &mooncake__master__batch_errors_response__descriptor, on_revoked, b);
 }
 
-static void on_put_ended(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_put_ended(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent_keys_block *b = r->mstate;
@@ -143,17 +142,19 @@ static void on_put_ended(void *ud, int err, const char *message,
 		if (e) {
 			it->err = e;
 			if (err)
-				log_warn("PutEnd failed: %s", message ? message : mc_strerror(err));
+				log_warn("PutEnd failed: %s",
+					 message ? message : mc_strerror(err));
 			continue;
 		}
 		/* Into the mirror at once (its log entry follows). */
-		struct agent_inv_rec rec = {.size = it->len, .crc = it->crc,
+		struct agent_inv_rec rec = {.size = it->len,
+					    .crc = it->crc,
 					    .has_crc = it->has_crc,
 					    .soft_pin = r->msg->put->soft_pin};
 		for (unsigned p = 0; p < it->nrep; p++) {
 			rec.offset = it->reps[p].offset;
-			if (it->reps[p].local && agent__inv_add(&r->a->inv, it->key, it->klen,
-								&rec) != 0)
+			if (it->reps[p].local &&
+			    agent__inv_add(&r->a->inv, it->key, it->klen, &rec) != 0)
 				log_warn("inventory: out of memory; an object will not be "
 					 "re-reported after a master failover");
 		}
@@ -192,8 +193,10 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 		agent__count(&r->a->stats, AGENT_C_PUT_COMMITS, 1);
 		if (it->rleased)
 			continue; /* its owner's inventory, not this agent's */
-		struct agent_inv_rec rec = {.offset = it->reps[0].offset, .size = it->len,
-					    .crc = it->crc, .has_crc = it->has_crc,
+		struct agent_inv_rec rec = {.offset = it->reps[0].offset,
+					    .size = it->len,
+					    .crc = it->crc,
+					    .has_crc = it->has_crc,
 					    .soft_pin = r->msg->put->soft_pin};
 		if (agent__inv_add(&r->a->inv, it->key, it->klen, &rec) != 0)
 			log_warn("inventory: out of memory; an object will not be "
@@ -208,8 +211,8 @@ static struct commit_block *commit_block(struct agent_req *r)
 	size_t n = 0;
 	for (size_t i = 0; i < r->n; i++)
 		n += (r->items[i].leased || r->items[i].rleased) && !r->items[i].err;
-	struct commit_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
-							  sizeof(*b->idx)));
+	struct commit_block *b = malloc(
+		sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) + sizeof(*b->idx)));
 	if (!b)
 		return NULL;
 	b->items = (Mooncake__Master__CommitItem *)(b + 1);
@@ -331,8 +334,8 @@ static void put_copy_local(struct agent_req *r)
 		struct agent_item *it = &r->items[i];
 		for (unsigned p = 0; p < it->nrep && !it->err; p++)
 			if (it->reps[p].local) {
-				it->err = agent__op_local_io(r->a, &it->reps[p], it->ptr, it->len, true,
-						   &it->crc, NULL);
+				it->err = agent__op_local_io(r->a, &it->reps[p], it->ptr,
+							     it->len, true, &it->crc, NULL);
 				it->has_crc = !it->err;
 			}
 		if (!it->err && it->nrep && !it->has_crc) {
@@ -401,8 +404,7 @@ static void put_copy(struct agent_req *r)
 	agent__pool_submit(&r->a->pool, &r->job);
 }
 
-static void on_put_started(void *ud, int err, const char *message,
-			   const ProtobufCMessage *m)
+static void on_put_started(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct put_block *b = r->mstate;
@@ -550,8 +552,9 @@ static void ssd_copy_done(struct agent_job *j)
 		}
 		x->r = r;
 		x->i = i;
-		int rc = agent__tier_write(a, it->key, it->klen, it->scratch ? it->scratch : it->ptr,
-					   it->len, it->crc, on_ssd_stored, x);
+		int rc = agent__tier_write(a, it->key, it->klen,
+					   it->scratch ? it->scratch : it->ptr, it->len,
+					   it->crc, on_ssd_stored, x);
 		if (rc) {
 			free(x);
 			it->err = rc;
@@ -609,8 +612,8 @@ static void put_start(struct agent_req *r)
 		put_copy(r); /* (or the reply, when nothing is left to do) */
 		return;
 	}
-	struct put_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
-						  sizeof(*b->idx)));
+	struct put_block *b = malloc(
+		sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) + sizeof(*b->idx)));
 	if (!b) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
@@ -676,13 +679,15 @@ static void on_upsert_removed(void *ud, int err, const char *message,
 void agent__op_put(struct agent_req *r)
 {
 	const Mooncake__Client__PutRequest *p = r->msg->put;
-	if (p->tier > 1 || (p->tier == 1 && (p->replica_num > 1 ||
-					     (p->preferred_segment && *p->preferred_segment &&
-					      strcmp(p->preferred_segment, r->a->name) != 0)))) {
+	if (p->tier > 1 ||
+	    (p->tier == 1 &&
+	     (p->replica_num > 1 || (p->preferred_segment && *p->preferred_segment &&
+				     strcmp(p->preferred_segment, r->a->name) != 0)))) {
 		agent__op_fail(r, -EINVAL,
-			       p->tier > 1 ? "tier is 0 (DRAM) or 1 (SSD)"
-					   : "a put to the SSD tier makes one replica, in this "
-					     "agent's SSD tier");
+			       p->tier > 1
+				       ? "tier is 0 (DRAM) or 1 (SSD)"
+				       : "a put to the SSD tier makes one replica, in this "
+					 "agent's SSD tier");
 		return;
 	}
 	if (p->tier == 1 && !agent__tier_on(r->a)) {

@@ -35,8 +35,10 @@ static void op_hello(struct agent_req *r)
 	const Mooncake__Client__Hello *h = r->msg->hello;
 	if (h->version != AGENT_PROTOCOL_VERSION) {
 		char why[96];
-		snprintf(why, sizeof(why), "protocol version %u is not supported (this "
-			 "agent speaks %u)", h->version, AGENT_PROTOCOL_VERSION);
+		snprintf(why, sizeof(why),
+			 "protocol version %u is not supported (this "
+			 "agent speaks %u)",
+			 h->version, AGENT_PROTOCOL_VERSION);
 		log_warn("client %s: %s", agent__session_name(c), why);
 		agent__reply_error(r, MC_EPROTOCOL, why);
 		agent__op_finish(r, MC_EPROTOCOL);
@@ -107,8 +109,7 @@ static void keys_reply(struct agent_req *r, int first)
 	agent__op_finish(r, first);
 }
 
-static void on_exist(void *ud, int err, const char *message,
-		     const ProtobufCMessage *m)
+static void on_exist(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent_keys_block *b = r->mstate;
@@ -127,8 +128,7 @@ static void on_exist(void *ud, int err, const char *message,
 	keys_reply(r, err);
 }
 
-static void on_removed(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+static void on_removed(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent_keys_block *b = r->mstate;
@@ -178,8 +178,7 @@ static void op_keys(struct agent_req *r, bool remove)
 		     &mooncake__master__batch_errors_response__descriptor, on_removed, r);
 }
 
-static void on_removed_all(void *ud, int err, const char *message,
-			   const ProtobufCMessage *m)
+static void on_removed_all(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	const Mooncake__Master__RemoveAllResponse *resp =
@@ -286,18 +285,44 @@ static void op_release(struct agent_req *r)
 void agent__dispatch(struct agent_req *r)
 {
 	switch (r->op) {
-	case MOONCAKE__CLIENT__REQUEST__OP_HELLO: op_hello(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_PUT: agent__op_put(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_GET: agent__op_get(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_EXIST: op_keys(r, false); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE: op_keys(r, true); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL: op_remove_all(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: agent__op_register_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER: agent__op_unregister_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER: agent__op_alloc_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER: agent__op_transfer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_STATS: op_stats(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE: op_release(r); break;
-	default: agent__op_fail(r, -EOPNOTSUPP, "unknown operation"); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_HELLO:
+		op_hello(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_PUT:
+		agent__op_put(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_GET:
+		agent__op_get(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_EXIST:
+		op_keys(r, false);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE:
+		op_keys(r, true);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL:
+		op_remove_all(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER:
+		agent__op_register_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER:
+		agent__op_unregister_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER:
+		agent__op_alloc_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER:
+		agent__op_transfer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_STATS:
+		op_stats(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE:
+		op_release(r);
+		break;
+	default:
+		agent__op_fail(r, -EOPNOTSUPP, "unknown operation");
+		break;
 	}
 }

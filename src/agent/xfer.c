@@ -38,10 +38,10 @@ struct agent_xfer {
 	struct xseg *segs;
 	size_t nsegs, segs_cap;
 	struct te_batch *batch;
-	bool loop;        /* on the loop thread: open segments only */
-	bool missed;      /* ... and one was not */
+	bool loop;           /* on the loop thread: open segments only */
+	bool missed;         /* ... and one was not */
 	size_t inline_bytes; /* agent__xfer_inline */
-	struct agent *a;  /* agent__xfer_start_loop: */
+	struct agent *a;     /* agent__xfer_start_loop: */
 	struct agent_job *job;
 	atomic_int state; /* XS_*: who finishes the job */
 };

@@ -20,8 +20,8 @@ struct agent_job;
  * piece fails with MC_EUNAVAILABLE. */
 struct agent_xfer;
 struct agent_xfer *agent__xfer_new(void);
-void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment,
-		     bool write, void *local, uint64_t remote, size_t len, int *err);
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment, bool write,
+		     void *local, uint64_t remote, size_t len, int *err);
 void agent__xfer_start(struct agent *a, struct agent_xfer *x);
 void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
 /* The same from the loop thread, without a copy thread: an xfer from

@@ -64,7 +64,8 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 		for (size_t i = 0; i < n; i++)
 			if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
 			    reqs[i].op == MC_TRANSFER_WRITE &&
-			    (rc = mc_pwrite_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset)) != 0)
+			    (rc = mc_pwrite_all(tfd, reqs[i].local, reqs[i].len,
+						regs[i].offset)) != 0)
 				goto out;
 	}
 	Mooncake__Client__TransferRequest q = MOONCAKE__CLIENT__TRANSFER_REQUEST__INIT;
@@ -92,7 +93,8 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 		if (blk[i] >= 0)
 			memcpy(reqs[i].local, c->stg + blk[i], reqs[i].len);
 		else if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED)
-			results[i] = mc_pread_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset);
+			results[i] = mc_pread_all(tfd, reqs[i].local, reqs[i].len,
+						  regs[i].offset);
 	}
 out:
 	if (blk)

@@ -456,7 +456,7 @@ int ctl_bench_ssd_main(int argc, char **argv)
 				}
 				if (fio_ok)
 					fio_ok = ctl_fio_run(fiofile, half, vsz, depth, put,
-							 ms / rounds, &ff);
+							     ms / rounds, &ff);
 			}
 			char vname[32];
 			if (vsz >= (1u << 20) && vsz % (1u << 20) == 0)

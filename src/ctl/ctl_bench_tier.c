@@ -154,9 +154,10 @@ static void tier_line(const char *vs, const char *op, const char *where, size_t 
 	char xs[32] = "-";
 	if (fio > 0)
 		snprintf(xs, sizeof(xs), "%.2f", gbps / fio);
-	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %9.2f %7s %7llu %s\n", vs, op, where, ops,
-	       gbps, ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99), fio, xs,
-	       (unsigned long long)t->errors, t->first_err ? mc_strerror(t->first_err) : "");
+	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %9.2f %7s %7llu %s\n", vs, op, where,
+	       ops, gbps, ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99), fio,
+	       xs, (unsigned long long)t->errors,
+	       t->first_err ? mc_strerror(t->first_err) : "");
 }
 
 static void fio_line(const char *op, size_t size, const struct ctl_fio *f)
@@ -189,7 +190,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 			ok = v && (clients = (unsigned)strtoul(v, NULL, 10)) >= 1 &&
 			     clients <= MAX_CLIENTS;
 		else if (ctl_flag_value(argc, argv, &i, "rounds", &v))
-			ok = v && (rounds = (unsigned)strtoul(v, NULL, 10)) >= 1 && rounds <= 100;
+			ok = v && (rounds = (unsigned)strtoul(v, NULL, 10)) >= 1 &&
+			     rounds <= 100;
 		else
 			ok = false;
 		if (!ok) {
@@ -208,17 +210,21 @@ int ctl_bench_tier_main(int argc, char **argv)
 	snprintf(list, sizeof(list), "%s", sizes_s);
 	for (char *save, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		uint64_t s;
-		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 || s > (256ull << 20)) {
-			fprintf(stderr, "mooncakectl bench store: bad --value-size (1 to 256M each)\n");
+		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 ||
+		    s > (256ull << 20)) {
+			fprintf(stderr,
+				"mooncakectl bench store: bad --value-size (1 to 256M each)\n");
 			return CTL_EXIT_USAGE;
 		}
 		sizes[nsizes++] = s;
 	}
 	bool do_put = strstr(ops_s, "put") != NULL, do_get = strstr(ops_s, "get") != NULL;
-	if (cfg_parse_duration_ms(dur_s, &ms) || ms < rounds || cfg_parse_size(ssd_size_s, &ssd_bytes) ||
-	    ssd_bytes < (256u << 20) || (!do_put && !do_get)) {
-		fprintf(stderr, "mooncakectl bench store --tier=ssd: bad --duration, --op (put, "
-				"get) or --ssd-size (256M or more)\n");
+	if (cfg_parse_duration_ms(dur_s, &ms) || ms < rounds ||
+	    cfg_parse_size(ssd_size_s, &ssd_bytes) || ssd_bytes < (256u << 20) ||
+	    (!do_put && !do_get)) {
+		fprintf(stderr,
+			"mooncakectl bench store --tier=ssd: bad --duration, --op (put, "
+			"get) or --ssd-size (256M or more)\n");
 		return CTL_EXIT_USAGE;
 	}
 	size_t maxsize = 0;
@@ -246,8 +252,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 			rc = ctl_local_open(cl.sock[1], &holder[1], 30000);
 		if (rc == 0)
 			break;
-		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n", attempt,
-			mc_strerror(rc));
+		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n",
+			attempt, mc_strerror(rc));
 		ctl_local_report_dead(&cl);
 		mc_close(holder[0]);
 		mc_close(holder[1]);
@@ -262,7 +268,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 		goto out;
 	for (unsigned i = 0; i < clients && rc == 0; i++) {
 		ws[i].id = i;
-		struct mc_open_opts o = {.socket_path = cl.sock[0], .client_name = "bench store"};
+		struct mc_open_opts o = {.socket_path = cl.sock[0],
+					 .client_name = "bench store"};
 		rc = mc_open_ex(&o, &ws[i].c);
 		if (rc == 0)
 			rc = mc_buffer_alloc(ws[i].c, maxsize, &ws[i].buf);
@@ -270,11 +277,13 @@ int ctl_bench_tier_main(int argc, char **argv)
 			memset(ws[i].buf, (int)(0x41 + i), maxsize);
 	}
 	if (rc) {
-		fprintf(stderr, "bench store: cannot open client sessions: %s\n", mc_strerror(rc));
+		fprintf(stderr, "bench store: cannot open client sessions: %s\n",
+			mc_strerror(rc));
 		goto out;
 	}
 	printf("bench store --tier=ssd: %u clients, %s per run in %u rounds, SSD tiers of "
-	       "%" PRIu64 " MiB (evicted past half of it, to a quarter) and fio's file in %s\n",
+	       "%" PRIu64
+	       " MiB (evicted past half of it, to a quarter) and fio's file in %s\n",
 	       clients, dur_s, rounds, ssd_bytes >> 20, sdir);
 	bool fio_ok = ctl_fio_fill(fiofile, ssd_bytes);
 	printf("%-6s %-4s %-7s %9s %8s %9s %9s %9s %7s %7s\n", "size", "op", "where", "ops/s",
@@ -286,7 +295,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 		snprintf(vs, sizeof(vs), "%zuK", size >> 10);
 		if (size >= (1u << 20))
 			snprintf(vs, sizeof(vs), "%zuM", size >> 20);
-		unsigned nkeys = (unsigned)MC_MAX((size_t)2, MC_MIN((size_t)64, GET_SET_BYTES / size));
+		unsigned nkeys = (unsigned)MC_MAX((size_t)2,
+						  MC_MIN((size_t)64, GET_SET_BYTES / size));
 		for (int pass = 0; pass < 2; pass++) {
 			bool put = pass == 0;
 			if ((put && !do_put) || (!put && !do_get))
@@ -296,8 +306,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 			struct ctl_fio fio = {0};
 			if (!put)
 				for (unsigned w = 0; w < nwhere && rc == 0; w++)
-					rc = tier_populate(ws, clients, holder[w], (enum where)w, size,
-							   tag, nkeys);
+					rc = tier_populate(ws, clients, holder[w],
+							   (enum where)w, size, tag, nkeys);
 			if (rc) {
 				fprintf(stderr, "bench store: filling the get set: %s\n",
 					mc_strerror(rc));
@@ -315,12 +325,12 @@ int ctl_bench_tier_main(int argc, char **argv)
 					tier_round(ws, clients, ms / rounds, &tal[w]);
 				}
 				if (fio_ok)
-					fio_ok = ctl_fio_run(fiofile, ssd_bytes, size, clients, put,
-							     ms / rounds, &fio);
+					fio_ok = ctl_fio_run(fiofile, ssd_bytes, size, clients,
+							     put, ms / rounds, &fio);
 			}
 			for (unsigned w = 0; w < nwhere; w++) {
-				tier_line(vs, put ? "put" : "get", w ? "remote" : "local", size,
-					  &tal[w], &fio);
+				tier_line(vs, put ? "put" : "get", w ? "remote" : "local",
+					  size, &tal[w], &fio);
 				ctl_lat_free(&tal[w].lat);
 			}
 			if (fio.runs)

@@ -213,8 +213,8 @@ enum master_demote {
 };
 /* Demote the COMPLETE, unleased o (not being demoted); *dram_bytes gets
  * the DRAM bytes it frees or will free. -ENOMEM is NONE. */
-enum master_demote master__demote(struct master_core *c, struct master_obj *o,
-				  uint64_t now_ms, uint64_t *dram_bytes);
+enum master_demote master__demote(struct master_core *c, struct master_obj *o, uint64_t now_ms,
+				  uint64_t *dram_bytes);
 /* o, being demoted, leaves the index: the demotion is forgotten. Returns
  * until when its DRAM bytes may still be read by the owner copying them. */
 uint64_t master__demote_forget(struct master_core *c, const struct master_obj *o);
@@ -267,11 +267,11 @@ struct master_quarantine {
 
 struct master_core {
 	struct master_core_opts o;
-	struct master_index ix;   /* index.c */
-	struct master_segs segs;  /* segment.c */
-	struct master_leases ls;  /* lease.c */
+	struct master_index ix;    /* index.c */
+	struct master_segs segs;   /* segment.c */
+	struct master_leases ls;   /* lease.c */
 	struct master_tiers tiers; /* tier.c */
-	uint64_t ev_seq; /* last mirror-log sequence number handed out */
+	uint64_t ev_seq;           /* last mirror-log sequence number handed out */
 	/* Space of objects removed by force while leased: allocated until
 	 * their lease ends, so nothing new is written where a reader may
 	 * still read (master__obj_destroy's quarantine, master__tick). */

@@ -183,10 +183,16 @@ Test(te_peers, kick_never_queued_twice)
 	/* One data thread each: every connection of the peer on one worker,
 	 * whose task queue holds the kicks of all four. */
 	struct te_opts t[2] = {
-		{.protocol = TE_PROTO_TCP, .threads = 1, .tcp_conns = 4,
-		 .slice_bytes = 64 << 10, .rdma_gid_index = -1},
-		{.protocol = TE_PROTO_TCP, .threads = 1, .tcp_conns = 4,
-		 .slice_bytes = 64 << 10, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_TCP,
+		 .threads = 1,
+		 .tcp_conns = 4,
+		 .slice_bytes = 64 << 10,
+		 .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_TCP,
+		 .threads = 1,
+		 .tcp_conns = 4,
+		 .slice_bytes = 64 << 10,
+		 .rdma_gid_index = -1},
 	};
 	host_start_with(t);
 	struct mem b, dst;
@@ -219,8 +225,8 @@ Test(te_peers, kick_never_queued_twice)
 	 * 2. A's answer (that connection takes B at once; its kick is still
 	 *    queued), 3. a submit of C (must not queue that kick again). */
 	struct submitter sb, sc;
-	struct te_request qb = {TE_READ, dst.p + BLOCK, s,
-				(uint64_t)(uintptr_t)b.p + BLOCK, BLOCK};
+	struct te_request qb = {TE_READ, dst.p + BLOCK, s, (uint64_t)(uintptr_t)b.p + BLOCK,
+				BLOCK};
 	struct te_request qc = {TE_READ, dst.p + 2 * BLOCK, s,
 				(uint64_t)(uintptr_t)b.p + 2 * BLOCK, BLOCK};
 	submitter_init(&sb, w, &qb);
