@@ -225,11 +225,14 @@ void te__desc_changed(struct te_engine *e)
 
 /* ------------------------------------------------------------ regions */
 
-int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
-		size_t len, int memfd, uint64_t memfd_off, struct te_region **out)
+/* Add a region: this process's memory at local (pid 0), or process
+ * pid's at remote_addr (local NULL; pidfd its pidfd, dup'd). */
+static int region_add(struct te_engine *e, uint64_t remote_addr, void *local, size_t len,
+		      int memfd, uint64_t memfd_off, pid_t pid, int pidfd,
+		      struct te_region **out)
 {
 	int rc;
-	if (!e || !local || len == 0 || remote_addr + (len - 1) < remote_addr ||
+	if (!e || len == 0 || remote_addr + (len - 1) < remote_addr ||
 	    (uintptr_t)local + (len - 1) < (uintptr_t)local)
 		return -EINVAL;
 	struct te_region *r = calloc(1, sizeof(*r));
@@ -241,11 +244,20 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 	r->local = local;
 	r->memfd = -1;
 	r->memfd_off = memfd_off;
+	r->pid = pid;
+	r->pidfd = -1;
 	if (memfd >= 0) {
 		r->memfd = fcntl(memfd, F_DUPFD_CLOEXEC, 3);
 		if (r->memfd < 0) {
 			rc = -errno;
 			goto fail_free;
+		}
+	}
+	if (pidfd >= 0) {
+		r->pidfd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+		if (r->pidfd < 0) {
+			rc = -errno;
+			goto fail_fd;
 		}
 	}
 	rc = te__rtable_add(&e->regions, r);
@@ -261,8 +273,10 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 	}
 	metric_add(e->m_regions, 1);
 	metric_add(e->m_reg_bytes, len);
-	log_debug("registered region 0x%llx+%zu (%s)", (unsigned long long)remote_addr,
-		  len, r->memfd >= 0 ? "memfd" : "private");
+	log_debug("registered region 0x%llx+%zu (%s)", (unsigned long long)remote_addr, len,
+		  pid             ? "another process's"
+		  : r->memfd >= 0 ? "memfd"
+				  : "private");
 	te__desc_changed(e);
 	*out = r;
 	return 0;
@@ -275,9 +289,27 @@ fail_xp:
 fail_fd:
 	if (r->memfd >= 0)
 		close(r->memfd);
+	if (r->pidfd >= 0)
+		close(r->pidfd);
 fail_free:
 	free(r);
 	return rc;
+}
+
+int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
+		uint64_t memfd_off, struct te_region **out)
+{
+	if (!local)
+		return -EINVAL;
+	return region_add(e, remote_addr, local, len, memfd, memfd_off, 0, -1, out);
+}
+
+int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
+			struct te_region **out)
+{
+	if (pid <= 0 || pidfd < 0)
+		return -EINVAL;
+	return region_add(e, addr, NULL, len, -1, 0, pid, pidfd, out);
 }
 
 void te_unregister(struct te_region *r)
@@ -294,6 +326,8 @@ void te_unregister(struct te_region *r)
 	te__desc_changed(e);
 	if (r->memfd >= 0)
 		close(r->memfd);
+	if (r->pidfd >= 0)
+		close(r->pidfd);
 	free(r);
 }
 
@@ -651,6 +685,8 @@ static void engine_destroy(struct te_engine *e)
 		struct te_region *r = e->regions.v[i];
 		if (r->memfd >= 0)
 			close(r->memfd);
+		if (r->pidfd >= 0)
+			close(r->pidfd);
 		free(r);
 	}
 	te__rtable_destroy(&e->regions);

@@ -334,6 +334,8 @@ static void on_reg_job(struct te_job *j)
 static int rdma_region_add(struct te_xport *xp, struct te_region *r)
 {
 	struct rdma_xport *x = (struct rdma_xport *)xp;
+	if (!r->local)
+		return 0; /* another process's memory: no MR, peers use tcp */
 	struct lmr *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;

@@ -40,6 +40,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "common/err.h"
@@ -170,6 +171,21 @@ int te_protocol_parse(const char *s, enum te_protocol *out) MC_MUST_CHECK;
 int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 		size_t len, int memfd, uint64_t memfd_off,
 		struct te_region **out) MC_MUST_CHECK;
+/*
+ * Register [addr, addr + len) of another process's memory (process pid,
+ * pidfd a pidfd of it: borrowed, the engine keeps a dup), at the address
+ * it has there: peers' requests for it are served by cross-memory attach
+ * (process_vm_readv/writev) through a bounce buffer of the serving
+ * connection, so the process must let this one attach (Yama:
+ * prctl(PR_SET_PTRACER) naming it; else the same uid with ptrace_scope
+ * 0, or CAP_SYS_PTRACE) — the caller checks that before. The region has
+ * no memfd and no RDMA keys: peers reach it over tcp, same-host ones too
+ * (one-sided RDMA and shm mappings need memory this process maps).
+ * Errors: -EINVAL (pid, pidfd, len 0, overflow), -EEXIST (overlaps a
+ * registered region), -EMFILE, -ENOMEM.
+ */
+int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
+			struct te_region **out) MC_MUST_CHECK;
 /* Remove a region from the descriptor and wait until no request being
  * served touches it, every shm peer unmapped it (a peer that does not
  * answer within the io timeout is disconnected) and no RDMA request of

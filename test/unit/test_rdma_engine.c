@@ -6,12 +6,14 @@
  * the loop thread), transfers over one and two NICs with the slices
  * striped, unregistering a region our requests use as local memory (they
  * complete, over RDMA while they hold its lkeys, then tcp), a QP error (a stale rkey) is a remote access error and
- * the queue pairs are set up again, protocol choice without a device, and
- * the CONNECT/ACCEPT control message.
+ * the queue pairs are set up again, protocol choice without a device,
+ * the CONNECT/ACCEPT control message, and a region of another process's
+ * memory (no MR: peers reach it over tcp).
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -328,4 +330,46 @@ Test(rdma_engine, control_message)
 	cr_assert_eq(len, TE_RDMA_MSG_MAX);
 	cr_assert_eq(te__rdma_msg_decode(buf, len, &g), 0);
 	cr_assert_eq(g.n, 8);
+}
+
+/* Memory registered as another process's (this one's, by cross-memory
+ * attach) has no rkeys: an rdma peer writes and reads it over its tcp
+ * connection, every byte arriving. */
+Test(rdma_engine, process_memory_goes_over_tcp)
+{
+	host_start("", "");
+	size_t len = 4 << 20;
+	uint8_t *target = calloc(1, len);
+	int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+	cr_assert(pidfd >= 0);
+	struct te_region *r;
+	cr_assert_eq(te_register_process(H.e[1], (uint64_t)(uintptr_t)target, len, getpid(),
+					 pidfd, &r),
+		     0);
+	close(pidfd);
+	struct te_desc *d;
+	cr_assert_eq(te__desc_build(H.e[1], &d), 0);
+	cr_assert_eq(d->nregions, 1);
+	cr_assert_eq(d->regions[0].nrkeys, 0, "no MR for it");
+	cr_assert_eq(d->regions[0].shm, false);
+	te__desc_free(d);
+	struct mem src, back;
+	mem_new(H.e[0], len, &src);
+	mem_new(H.e[0], len, &back);
+	fill(&src, 5);
+	struct te_segment *s = open_b();
+	transfer(TE_WRITE, s, src.p, (uint64_t)(uintptr_t)target, len / 4, 4, 0);
+	cr_assert(memcmp(target, src.p, len) == 0, "every byte");
+	transfer(TE_READ, s, back.p, (uint64_t)(uintptr_t)target, len / 4, 4, 0);
+	cr_assert(memcmp(back.p, src.p, len) == 0, "read back");
+	cr_assert(
+		metric(1, "mooncake_te_served_bytes_total{transport=\"tcp\",op=\"write\"} ") >=
+			(double)len,
+		"over tcp");
+	te_close_segment(s);
+	te_unregister(r);
+	mem_free(&src);
+	mem_free(&back);
+	free(target);
+	host_stop();
 }
