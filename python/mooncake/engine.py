@@ -14,16 +14,17 @@ registered here by this process's own virtual addresses.
 
 Memory. allocate_managed_buffer returns memory shared with the agent: it
 is read and written in place, and published to the engine so that peers
-can transfer into and out of it. register_memory of any other memory is
-accepted for this process's own transfers, which then copy through the
-session's staging buffer; that memory cannot be the target of a peer's
-transfer (the agent cannot reach another process's private memory) — use
-managed buffers for memory peers write into (the KV cache of a decode
-instance).
-
-Memory from mooncake.store's MooncakeHostMemAllocator, alloc_from_mem_pool
-or get_alloc_func_addr (mc_host_alloc) is shared with the agent on first
-use: register_memory publishes it, and peers write into it in place.
+can transfer into and out of it. Memory from mooncake.store's
+MooncakeHostMemAllocator, alloc_from_mem_pool or get_alloc_func_addr
+(mc_host_alloc) is shared with the agent on first use: register_memory
+publishes it, and peers write into it in place (zero copy).
+register_memory of any other memory (numpy, a CPU tensor, pinned or not)
+publishes it too: the agent reaches it by cross-memory attach (this
+process names the agent with prctl(PR_SET_PTRACER)), one copy per byte
+on the agent's side, over tcp; when the agent may not attach, or the
+range is not mapped writable, register_memory fails (-1 EPERM, -14
+EFAULT) rather than promise what peers cannot do. This process's own
+transfers from and into such memory copy through the staging buffer.
 
 Parameters that have no meaning here (local_hostname, metadata_server,
 protocol, device_name: the agent was configured with them) are accepted.
@@ -169,9 +170,10 @@ class TransferEngine:
         return rc
 
     def register_memory(self, buffer_addr, capacity, location=WILDCARD_LOCATION):
-        """0, or negative. Managed buffers and allocator memory become
-        reachable by peers at their address; other memory serves this
-        process's own transfers (copied through the staging buffer)."""
+        """0, or negative. The memory becomes reachable by peers at its
+        address: managed buffers and allocator memory in place, other
+        memory by the agent's cross-memory attach (see the module's
+        text); a registration peers could not use fails."""
         if not self._h:
             return NOT_CONNECTED
         loc = str(location or WILDCARD_LOCATION)

@@ -64,6 +64,29 @@ void agent__map_ref(struct agent_map *m);
 /* Drop a reference; the last one unregisters, unmaps and closes. */
 void agent__map_unref(struct agent_map *m);
 
+/*
+ * A map of no memory of the agent's: len bytes of a client's own memory
+ * (process memory), which the transfer engine reaches by cross-memory
+ * attach; it holds only the region registered for it (fd -1, addr NULL).
+ * One reference. Errors: -ENOMEM.
+ */
+int agent__map_process(struct agent *a, uint64_t len, struct agent_map **out) MC_MUST_CHECK;
+/*
+ * Whether process pid lets the agent reach [addr, addr + len) of its
+ * memory by cross-memory attach: both ends can be read, and every byte
+ * is in a mapping readable and writable (its /proc/<pid>/maps). Blocking
+ * (reads /proc): not on the loop thread. Errors: -EPERM (the process does
+ * not let the agent attach: it has not named the agent with
+ * prctl(PR_SET_PTRACER), or the kernel's ptrace rules refuse), -EFAULT
+ * (a byte of the range is not mapped readable and writable), -ESRCH (the
+ * process exited), -ENOMEM.
+ */
+int agent__check_process(pid_t pid, uint64_t addr, uint64_t len) MC_MUST_CHECK;
+/* The part of that check that reads maps (the text of a /proc/<pid>/maps,
+ * NUL-terminated): 0 when its readable and writable mappings cover
+ * [addr, addr + len), else -EFAULT. Pure. */
+int agent__maps_cover(const char *maps, uint64_t addr, uint64_t len) MC_MUST_CHECK;
+
 /* min(1 GiB, physical RAM / 4), rounded down to 2 MiB. */
 uint64_t agent__default_segment_bytes(void);
 

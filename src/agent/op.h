@@ -38,6 +38,7 @@ struct agent;
 struct agent_conn;
 struct agent_map;
 struct agent_xfer;
+struct te_region;
 
 /* One item of a request (a key of a put or get, a piece of a transfer). */
 struct agent_item {
@@ -69,6 +70,8 @@ struct agent_item {
 	bool write;
 	const char *target;
 	uint64_t remote;
+	struct te_region *proc; /* the target is a client's process memory
+				   published here (reached through it) */
 };
 
 /* A client request. server.c makes it (the fields up to start_ns) and
@@ -119,7 +122,8 @@ int agent__op_hold(struct agent_req *r, struct agent_map *m) MC_MUST_CHECK;
  * Client memory of a region: *ptr and its usable length (the region's
  * length, checked against what backs it). Errors: -ENOENT (unknown
  * buffer), -ERANGE (outside), -EBADF/-EPERM/-EACCES/-EINVAL (attached
- * descriptor refused), -ENOMEM.
+ * descriptor refused), -EINVAL (a buffer of process memory, which only
+ * the transfer engine reaches, for peers), -ENOMEM.
  */
 int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g,
 		     uint8_t **ptr) MC_MUST_CHECK;

@@ -5,11 +5,16 @@
  * (a memfd the agent makes and passes back). A buffer with an address is
  * published to the transfer engine first, so peers may read and write
  * it; unregistering takes it out of the engine before the reply. A
- * transfer moves bytes between client memory and an address of a
- * segment: another agent's through the engine on a copy thread, or this
- * agent's own segment or a buffer one of its sessions published.
+ * buffer of process memory is the client's ordinary memory (no memfd),
+ * published for peers only: the engine reaches it by cross-memory
+ * attach, once the client's process is seen to let the agent in and the
+ * range to be mapped writable (mem.c). A transfer moves bytes between
+ * client memory and an address of a segment: another agent's through
+ * the engine on a copy thread, or this agent's own segment or a buffer
+ * one of its sessions published.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -135,10 +140,123 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 	buffer_reply(r, id, len, fd);
 }
 
+/* ------------------------------------------------------------ process memory */
+
+static const char *process_why(int rc)
+{
+	switch (rc) {
+	case -EPERM:
+		return "the process does not let the agent attach (it names the agent "
+		       "with prctl(PR_SET_PTRACER); Yama or the ptrace rules refuse)";
+	case -EFAULT:
+		return "the range is not mapped readable and writable in the process";
+	case -ESRCH:
+		return "the process exited";
+	case -ENOSYS:
+		return "the kernel has no pidfds (Linux 5.3): process memory is refused";
+	case -ENOSPC:
+		return "too many buffers in this session";
+	case -EEXIST:
+		return "the address range is already published by another session "
+		       "of this agent";
+	default:
+		return NULL;
+	}
+}
+
+/* The check and the registration with the engine, on a copy thread. */
+struct proc_reg {
+	struct agent_job job;
+	struct agent_req *r;
+	struct agent_map *m;
+	pid_t pid;
+	int pidfd; /* a dup, owned */
+	uint64_t address, len;
+	int err;
+};
+
+static void proc_reg_run(struct agent_job *j)
+{
+	struct proc_reg *p = MC_CONTAINER_OF(j, struct proc_reg, job);
+	p->err = agent__check_process(p->pid, p->address, p->len);
+	if (p->err == 0)
+		p->err = te_register_process(p->r->a->te, p->address, p->len, p->pid, p->pidfd,
+					     &p->m->region);
+	if (p->err)
+		p->m->region = NULL;
+	close(p->pidfd);
+}
+
+static void proc_reg_done(struct agent_job *j)
+{
+	struct proc_reg *p = MC_CONTAINER_OF(j, struct proc_reg, job);
+	struct agent_req *r = p->r;
+	uint64_t id;
+	int rc = p->err;
+	if (rc == 0)
+		rc = agent__session_closed(r->c)
+			     ? MC_ECANCELLED
+			     : agent__session_buf_add(r->c, p->m, NULL, p->len, p->address,
+						      &id);
+	if (rc) {
+		const char *why = process_why(rc);
+		log_warn("client %s: process memory 0x%llx+%llu refused: %s",
+			 agent__session_name(r->c), (unsigned long long)p->address,
+			 (unsigned long long)p->len, why ? why : mc_strerror(rc));
+		agent__map_unref(p->m);
+		agent__op_fail(r, rc, why);
+	} else {
+		buffer_reply(r, id, p->len, -1);
+	}
+	free(p);
+}
+
+/* Register the client's own memory [address, address + length): checked
+ * and published on a copy thread (reading /proc and pinning take time). */
+static void register_process(struct agent_req *r)
+{
+	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
+	struct agent_conn *c = r->c;
+	int pidfd, rc = 0;
+	pid_t pid = agent__session_pid(c, &pidfd);
+	struct proc_reg *p = NULL;
+	struct agent_map *m = NULL;
+	if (!r->a->te)
+		rc = -EOPNOTSUPP;
+	else if (agent__session_bufs_full(c))
+		rc = -ENOSPC;
+	else if (pidfd < 0)
+		rc = -ENOSYS;
+	else if (!(p = calloc(1, sizeof(*p))) || agent__map_process(r->a, q->length, &m) != 0)
+		rc = -ENOMEM;
+	else if ((p->pidfd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3)) < 0)
+		rc = -errno;
+	if (rc) {
+		agent__map_unref(m);
+		free(p);
+		agent__op_fail(r, rc,
+			       rc == -EOPNOTSUPP ? "this agent runs no transfer engine"
+						 : process_why(rc));
+		return;
+	}
+	p->r = r;
+	p->m = m;
+	p->pid = pid;
+	p->address = q->address;
+	p->len = q->length;
+	p->job.run = proc_reg_run;
+	p->job.done = proc_reg_done;
+	agent__pool_submit(&r->a->pool, &p->job);
+}
+
 void agent__op_register_buffer(struct agent_req *r)
 {
 	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
 	struct agent_conn *c = r->c;
+	if (q->process_memory) {
+		register_process(r);
+		return;
+	}
 	struct agent_map *m;
 	uint8_t *base;
 	int rc = agent__session_bufs_full(c)
@@ -237,19 +355,24 @@ void agent__op_alloc_buffer(struct agent_req *r)
 /* ------------------------------------------------------------ transfer */
 
 /* This agent's memory at a remote address: its segment, or a buffer one
- * of its clients published at that address. */
-/* A reference on the memory is held for the request: another session may
+ * of its clients published at that address — mapped here (the pointer),
+ * or a client's process memory (NULL, with *proc its region). A
+ * reference on the memory is held for the request: another session may
  * unregister its buffer while the copy runs. */
-static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
+static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len,
+			     struct te_region **proc)
 {
 	struct agent *a = r->a;
 	uint64_t base = (uint64_t)(uintptr_t)a->seg->addr;
+	*proc = NULL;
 	if (addr >= base && addr - base <= a->seg->len && len <= a->seg->len - (addr - base))
 		return a->seg->addr + (addr - base);
 	const struct agent_buf *b = agent__server_published(a, addr, len);
-	if (!b)
+	if (!b || agent__op_hold(r, b->map) != 0)
 		return NULL;
-	return agent__op_hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
+	if (!b->base)
+		*proc = b->map->region;
+	return b->base ? b->base + (addr - b->address) : NULL;
 }
 
 static void transfer_run(struct agent_job *j)
@@ -275,7 +398,10 @@ static void transfer_run(struct agent_job *j)
 		if (it->err || it->len == 0 || !it->reps || !it->reps[0].local)
 			continue;
 		uint8_t *t = (uint8_t *)(uintptr_t)it->reps[0].address;
-		if (it->write)
+		if (it->proc)
+			it->err = te_region_io(it->proc, it->remote, it->ptr, it->len,
+					       it->write);
+		else if (it->write)
 			memmove(t, it->ptr, it->len);
 		else
 			memmove(it->ptr, t, it->len);
@@ -332,8 +458,8 @@ void agent__op_transfer(struct agent_req *r)
 		if (it->err || it->len == 0)
 			continue;
 		if (strcmp(ti->target, a->name) == 0) {
-			uint8_t *t = local_target(r, ti->remote_address, it->len);
-			if (!t) {
+			uint8_t *t = local_target(r, ti->remote_address, it->len, &it->proc);
+			if (!t && !it->proc) {
 				it->err = MC_EINVALID_REPLICA; /* not registered here */
 				continue;
 			}

@@ -105,6 +105,8 @@ int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g, uin
 		const struct agent_buf *b = agent__session_buf(c, g->buffer);
 		if (!b)
 			return -ENOENT;
+		if (!b->base)
+			return -EINVAL; /* process memory: peers' to reach, not ours */
 		m = b->map;
 		base = b->base;
 		blen = b->len;

@@ -120,16 +120,28 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL:
 	case MOONCAKE__CLIENT__REQUEST__OP_STATS:
 		return 0;
-	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER:
-		if (m->nfds != 1) {
+	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: {
+		const Mooncake__Client__RegisterBufferRequest *q = m->register_buffer;
+		if (q->process_memory) {
+			if (m->nfds != 0) {
+				*why = "register_buffer of process memory carries no descriptor";
+				return -EINVAL;
+			}
+			if (q->address == 0 || q->offset != 0 ||
+			    q->address > UINT64_MAX - q->length) {
+				*why = "process memory needs an address, no offset, no overflow";
+				return -EINVAL;
+			}
+		} else if (m->nfds != 1) {
 			*why = "register_buffer needs exactly one descriptor";
 			return -EINVAL;
 		}
-		if (m->register_buffer->length == 0) {
+		if (q->length == 0) {
 			*why = "empty buffer";
 			return -EINVAL;
 		}
 		return 0;
+	}
 	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER:
 		if (m->unregister_buffer->buffer == 0) {
 			*why = "buffer id 0";

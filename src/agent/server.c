@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -35,6 +36,12 @@
 #define LOG_SUBSYS LOGS_AGENT
 
 #define READS_PER_EVENT 16
+
+/* A pidfd of the peer as it connected (Linux 6.5); glibc 2.36 does not
+ * name it yet. */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
 
 struct agent_out {
 	struct agent_out *next;
@@ -54,6 +61,7 @@ struct agent_conn {
 	struct mc_uframe_rx rx;
 	struct agent_out *out_head, *out_tail;
 	pid_t pid;
+	int pidfd; /* the client process's, or -1 */
 	uid_t uid;
 	gid_t gid;
 	char name[96];
@@ -149,6 +157,9 @@ static void conn_close(struct agent_conn *c, const char *why)
 	uv_close((uv_handle_t *)&c->poll, on_poll_closed);
 	close(c->fd);
 	c->fd = -1;
+	if (c->pidfd >= 0)
+		close(c->pidfd);
+	c->pidfd = -1;
 	mc_uframe_rx_free(&c->rx);
 	while (c->out_head) {
 		struct agent_out *o = c->out_head;
@@ -487,6 +498,18 @@ static void on_conn_poll(uv_poll_t *h, int status, int events)
 
 /* ------------------------------------------------------------ accept */
 
+/* A pidfd of the client that connected on fd: the kernel's (the very
+ * process, whatever its pid names later), else one opened now by pid;
+ * -1 on kernels without pidfds. */
+static int peer_pidfd(int fd, pid_t pid)
+{
+	int pidfd = -1;
+	socklen_t len = sizeof(pidfd);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && pidfd >= 0)
+		return pidfd;
+	return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
 static void accept_one(struct agent *a, int fd)
 {
 	struct ucred cred;
@@ -505,6 +528,7 @@ static void accept_one(struct agent *a, int fd)
 	c->a = a;
 	c->fd = fd;
 	c->pid = cred.pid;
+	c->pidfd = peer_pidfd(fd, cred.pid);
 	c->uid = cred.uid;
 	c->gid = cred.gid;
 	c->refs = 1;
@@ -515,6 +539,8 @@ static void accept_one(struct agent *a, int fd)
 	if (mc_uframe_rx_init(&c->rx, MC_UFRAME_MAX_BYTES) != 0 ||
 	    uv_poll_init(a->loop, &c->poll, fd) != 0) {
 		mc_uframe_rx_free(&c->rx);
+		if (c->pidfd >= 0)
+			close(c->pidfd);
 		close(fd);
 		free(c);
 		return;
@@ -730,6 +756,12 @@ const char *agent__session_name(const struct agent_conn *c)
 uid_t agent__session_uid(const struct agent_conn *c)
 {
 	return c->uid;
+}
+
+pid_t agent__session_pid(const struct agent_conn *c, int *pidfd)
+{
+	*pidfd = c->pidfd;
+	return c->pid;
 }
 
 bool agent__session_closed(const struct agent_conn *c)

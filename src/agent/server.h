@@ -129,6 +129,9 @@ void agent__req_end(struct agent_req *r);
 /* A session. */
 const char *agent__session_name(const struct agent_conn *c);
 uid_t agent__session_uid(const struct agent_conn *c);
+/* The client's process (SO_PEERCRED) and a pidfd of it (*pidfd: -1 on a
+ * kernel without pidfds, or once the session closed). */
+pid_t agent__session_pid(const struct agent_conn *c, int *pidfd);
 /* The client hung up (or broke the framing): replies go nowhere. */
 bool agent__session_closed(const struct agent_conn *c);
 /* Hello: the session is named after client_name (NULL or "": kept) and

@@ -88,9 +88,7 @@ struct mc_client {
 	size_t seg_len;
 	char agent_addr[128];
 	uint64_t segment_size;
-	bool verify_gets;        /* every get checks the bytes' checksum */
-	bool no_process_memory;  /* the agent refused a process_memory
-				    registration: do not ask again */
+	bool verify_gets; /* every get checks the bytes' checksum */
 	/* Buffers (mc_buffer_alloc) kept to receive gets without a
 	 * destination that do not fit in the staging memfd: reused, so a
 	 * big value is not a fresh memfd whose every page faults on both

@@ -112,19 +112,28 @@ int mc__tmp_memfd(size_t len)
 	return fd;
 }
 
-/* The agent-mapped range holding [p, p + len), under mu. */
-const struct range *mc__find_agent_range_locked(mc_client *c, const void *p, size_t len)
+/* The range of one of the kinds holding [p, p + len), under mu. */
+static const struct range *find_range_locked(mc_client *c, const void *p, size_t len,
+					     bool proc)
 {
 	const uint8_t *a = p;
 	for (size_t i = 0; i < c->nranges; i++) {
 		const struct range *r = &c->ranges[i];
-		if (r->kind == R_SHADOW)
+		if (r->kind == R_SHADOW || (r->kind == R_PROC && !proc))
 			continue;
 		if (a >= r->addr && (size_t)(a - r->addr) <= r->len &&
 		    len <= r->len - (size_t)(a - r->addr))
 			return r;
 	}
 	return NULL;
+}
+
+/* The agent-mapped range holding [p, p + len), under mu. Process memory
+ * is not mapped by the agent: this process's own operations copy it
+ * through staging (faster than the agent's cross-memory attach). */
+const struct range *mc__find_agent_range_locked(mc_client *c, const void *p, size_t len)
+{
+	return find_range_locked(c, p, len, false);
 }
 
 /* Region of agent-mapped memory for [p, p + len): true if there is one. */
@@ -371,6 +380,8 @@ static int register_process(mc_client *c, void *addr, size_t len)
 	socklen_t cl = sizeof(cred);
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
 		return -errno;
+	if (cred.pid <= 0)
+		return -EPERM; /* the agent is not in this pid namespace */
 	/* Yama (ptrace_scope 1) lets only a named process attach; without
 	 * Yama the call is EINVAL and the usual ptrace rules apply. */
 	if (prctl(PR_SET_PTRACER, (unsigned long)cred.pid, 0, 0, 0) != 0 && errno != EINVAL)
@@ -400,23 +411,17 @@ static int register_any(mc_client *c, void *addr, size_t len, bool publish)
 	if (rc != -ENOENT)
 		return rc;
 	pthread_mutex_lock(&c->mu);
-	/* Inside a buffer of the session already: nothing to do. */
-	if (mc__find_agent_range_locked(c, addr, len)) {
+	/* Inside a buffer of the session (or process memory it published)
+	 * already: nothing to do. */
+	if (find_range_locked(c, addr, len, true)) {
 		pthread_mutex_unlock(&c->mu);
 		return 0;
 	}
-	bool ask = publish && !c->no_process_memory;
 	pthread_mutex_unlock(&c->mu);
-	if (ask) {
-		rc = register_process(c, addr, len);
-		if (rc == 0 || rc == -EEXIST)
-			return rc;
-		/* An agent that does not reach process memory: copies
-		 * through staging, as for mc_register_buffer. */
-		pthread_mutex_lock(&c->mu);
-		c->no_process_memory = true;
-		pthread_mutex_unlock(&c->mu);
-	}
+	/* Memory peers must reach: the agent reaches it, or the
+	 * registration fails (it would promise what cannot happen). */
+	if (publish)
+		return register_process(c, addr, len);
 	pthread_mutex_lock(&c->mu);
 	struct range r = {.addr = addr, .len = len, .kind = R_SHADOW};
 	rc = mc__range_add_locked(c, &r);

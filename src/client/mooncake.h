@@ -291,14 +291,22 @@ int mc_unregister_buffer(mc_client *c, void *addr);
  * Register memory for transfers as a TransferEngine does: like
  * mc_register_buffer, and memory peers may then read and write — an
  * mc_host_alloc allocation (whole) or memory inside an mc_buffer_alloc
- * buffer is published to the transfer engine at its address. Other
- * memory is offered to the agent to reach by cross-memory attach (the
- * process names the agent with prctl(PR_SET_PTRACER)) and published the
- * same way; an agent that does not do that refuses, and the memory is
- * then accepted as by mc_register_buffer (this process's own transfers
- * copy it through staging; peers cannot reach it).
+ * buffer is published to the transfer engine at its address, and peers
+ * write it in place. Other memory (malloc, numpy, a CPU tensor, pinned
+ * or not) is published for the agent to reach by cross-memory attach:
+ * this process names the agent with prctl(PR_SET_PTRACER) (replacing any
+ * ptracer it named before), the agent checks that it may attach and that
+ * every byte is mapped readable and writable, and serves peers' requests
+ * for it with process_vm_readv/writev through its own buffers (over tcp,
+ * for same-host and rdma peers too: one copy per byte, see libmooncake(3),
+ * Memory). This process's own puts, gets and transfers still copy such
+ * memory through staging. A registration that peers could not use fails.
  * Errors: those of mc_register_buffer, -EEXIST (another session of the
- * process published the allocation already).
+ * process published the allocation already, or the range overlaps memory
+ * published there), -EPERM (the agent may not attach: the kernel's
+ * ptrace rules, or an agent outside this pid namespace), -EFAULT (part of
+ * the range is not mapped readable and writable), -ENOSYS (no pidfds:
+ * Linux before 5.3), -EOPNOTSUPP (an agent without a transfer engine).
  */
 int mc_register_memory(mc_client *c, void *addr, size_t len);
 

@@ -214,3 +214,10 @@ int te__region_io(const struct te_region *r, uint64_t addr, void *buf, size_t le
 	}
 	return 0;
 }
+
+int te_region_io(struct te_region *r, uint64_t addr, void *buf, size_t len, bool write)
+{
+	if (addr < r->addr || addr - r->addr > r->len || len > r->len - (addr - r->addr))
+		return MC_EREMOTE_ACCESS;
+	return te__region_io(r, addr, buf, len, write);
+}

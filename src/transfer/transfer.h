@@ -186,6 +186,17 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
  */
 int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
 			struct te_region **out) MC_MUST_CHECK;
+/*
+ * Move len bytes between buf and [addr, addr + len) of region r of this
+ * engine, as a peer's request for it would (cross-memory attach for
+ * another process's memory): for a caller that serves such requests
+ * itself, on a thread that may block. write: buf -> region. The caller
+ * keeps r registered meanwhile. Errors: MC_EREMOTE_ACCESS (not inside r;
+ * the range is no longer reachable in its process), -ESRCH (that process
+ * exited).
+ */
+int te_region_io(struct te_region *r, uint64_t addr, void *buf, size_t len,
+		 bool write) MC_MUST_CHECK;
 /* Remove a region from the descriptor and wait until no request being
  * served touches it, every shm peer unmapped it (a peer that does not
  * answer within the io timeout is disconnected) and no RDMA request of

@@ -92,7 +92,7 @@ def two_agents(protocol):
 @case
 def one_agent_vllm_and_sglang():
     a = one_agent()
-    for memory in ("allocator", "hook", "managed"):
+    for memory in ("allocator", "hook", "managed", "ordinary"):
         info = run_pd(a, a, memory, "vllm", 11)
         eq(info["session"].split(":")[1], a.name.split(":")[1], "the agent's session")
     run_pd(a, a, "allocator", "sglang", 12)
@@ -104,6 +104,8 @@ def two_agents_shm():
     run_pd(b, a, "allocator", "vllm", 21)
     run_pd(b, a, "hook", "sglang", 22)
     run_pd(a, b, "managed", "vllm", 23)
+    run_pd(b, a, "ordinary", "vllm", 24)
+    run_pd(b, a, "ordinary", "sglang", 25)
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_bytes_total", 'transport="shm",op="write"') > 0, True,
        "the bytes went through shared memory")
@@ -114,6 +116,8 @@ def two_agents_tcp():
     a, b = two_agents("tcp")
     run_pd(b, a, "allocator", "vllm", 31)
     run_pd(b, a, "hook", "sglang", 32)
+    run_pd(b, a, "ordinary", "vllm", 33)
+    run_pd(b, a, "ordinary", "sglang", 34)
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_bytes_total", 'transport="tcp",op="write"') > 0, True,
        "the bytes went over tcp")
@@ -135,6 +139,9 @@ def two_agents_rdma_on_the_verbs_emulator():
     # not an RDMA region).
     run_pd(b, a, "allocator", "vllm", 41, protocol="rdma", src="allocator")
     run_pd(b, a, "managed", "sglang", 42, protocol="rdma", src="allocator")
+    # Both sides in ordinary memory: no MR on either side, so the bytes
+    # take the rdma peer's tcp connection (counted as rdma fallbacks).
+    run_pd(b, a, "ordinary", "vllm", 43, protocol="rdma")
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_rdma_nic_bytes_total", 'nic="emu_0",op="write"') > 0,
        True, "the bytes went over RDMA")
