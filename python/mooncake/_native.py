@@ -151,6 +151,7 @@ mc_batch_replica_clear = _fn("mc_batch_replica_clear", c_int, c_void_p, c_size_t
 mc_segment_info = _fn("mc_segment_info", c_int, c_void_p, c_char_p, POINTER(SegmentInfo))
 mc_agent_stats = _fn("mc_agent_stats", c_int, c_void_p, POINTER(AgentStats))
 mc_agent_address = _fn("mc_agent_address", c_char_p, c_void_p)
+mc_engine_open = _fn("mc_engine_open", c_int, c_void_p, c_char_p, c_size_t)
 mc_segment_size = _fn("mc_segment_size", c_uint64, c_void_p)
 mc_staging_size = _fn("mc_staging_size", c_uint64, c_void_p)
 _strerror = _fn("mc_strerror", c_char_p, c_int)

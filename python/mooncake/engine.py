@@ -8,9 +8,12 @@ connections).
     buf = te.allocate_managed_buffer(1 << 20)          # shared with the agent
     te.transfer_sync_write("10.0.0.2:12345", buf, peer_addr, 1 << 20)
 
-Peers name this process by the agent's session id "host:rpc_port"
-(get_rpc_port() is the agent's transfer-engine port), and address memory
-registered here by this process's own virtual addresses.
+Each TransferEngine has a session id of its own, "host:rpc_port", as in
+Mooncake: initialize asks the agent for a transfer engine of this
+instance's own (mc_engine_open), with its own RPC port (get_rpc_port())
+and segment, published in P2P mode and to meta; two processes on one
+node are told apart. Peers address memory registered here by this
+process's own virtual addresses.
 
 Memory. allocate_managed_buffer returns memory shared with the agent: it
 is read and written in place, and published to the engine so that peers
@@ -99,6 +102,18 @@ class TransferEngine:
         self._batches = {}
         self._ids = itertools.count(1)
         self._managed = {}
+        self._name = ""
+
+    def _open_engine(self, h):
+        """This instance's own engine: 0 with self._name, or negative."""
+        buf = ctypes.create_string_buffer(256)
+        rc = n.mc_engine_open(h, buf, len(buf))
+        if rc:
+            log.error("the agent cannot start a transfer engine for this instance: %s",
+                      n.strerror(rc))
+            return rc
+        self._name = buf.value.decode()
+        return 0
 
     def initialize(self, local_hostname="", metadata_server="", protocol="tcp",
                    device_name="", socket_path=None):
@@ -112,6 +127,10 @@ class TransferEngine:
             rc = n.mc_open_ex(ctypes.byref(o), ctypes.byref(h))
             if rc:
                 log.error("cannot reach the mooncaked agent: %s", n.strerror(rc))
+                return rc
+            rc = self._open_engine(h)
+            if rc:
+                n.mc_close(h)
                 return rc
             self._h = h
             return 0
@@ -137,7 +156,8 @@ class TransferEngine:
             pass
 
     def get_rpc_port(self):
-        """The agent's transfer-engine port: peers use "host:port"."""
+        """This instance's RPC port: peers use "host:port" (its session
+        id), -1 before initialize."""
         addr = self.get_local_hostname()
         try:
             return int(addr.rsplit(":", 1)[1])
@@ -145,7 +165,8 @@ class TransferEngine:
             return -1
 
     def get_local_hostname(self):
-        return n.mc_agent_address(self._h).decode() if self._h else ""
+        """This instance's session id "host:port" ("" before initialize)."""
+        return self._name if self._h else ""
 
     # ------------------------------------------------------------ memory
 

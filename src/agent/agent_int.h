@@ -12,7 +12,8 @@
  *                remove_all, stats, release (op.h, as the op_* files)
  *   op_put.c     put: leased space or PutStart, copies, commit or PutEnd
  *   op_get.c     get, and read leases (cached replicas, zero-copy views)
- *   op_buf.c     client buffers (register, unregister, alloc), transfers
+ *   op_buf.c     client buffers (register, unregister, alloc), transfers,
+ *                sessions' own engines, segment probes
  *   op_common.c  the operations' shared steps
  *   server.c     the Unix socket: sessions, frames, descriptors, replies,
  *                busy poll
@@ -24,7 +25,9 @@
  *   mcall.c      calls to the master leader: redirects, parked calls
  *   stats.c      counters, gauges, request metrics
  *   xfer.c       reads and writes of other segments (transfer engine)
- *   mem.c        memfds, mappings, checks of client memfds
+ *   mem.c        memfds, mappings, checks of client memfds and memory
+ *   inst.c       transfer engines of sessions' own (TransferEngine
+ *                instances)
  *   pool.c       copy threads: jobs off the loop, completions back on it
  *   inv.c        the inventory: objects in this segment (pure)
  *   lcache.c     the lease cache: replicas under a read lease (pure)
@@ -36,7 +39,7 @@
  * the pool's on_idle, mlink's done). test_agent_rooms.py checks this
  * list against the objects and the embedded structs against their use.
  *
- *   agent.c     -> batch inv lcache mem mirror mlink op_get ops pool
+ *   agent.c     -> batch inst inv lcache mem mirror mlink op_get ops pool
  *                  server space stats
  *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
  *                  op_common op_get op_put req server stats
@@ -44,15 +47,16 @@
  *                  space stats xfer
  *   op_get.c    -> batch lcache mcall mem op_common pool req server space
  *                  stats xfer
- *   op_buf.c    -> mem op_common pool server stats xfer
- *   op_common.c -> mem pool server stats xfer
- *   server.c    -> mem pool req stats
+ *   op_buf.c    -> inst mem op_common pool server stats xfer
+ *   op_common.c -> inst mem pool server stats xfer
+ *   server.c    -> inst mem pool req stats
  *   mlink.c     -> inv lcache mcall mirror pool space stats
  *   mirror.c    -> inv mcall stats
  *   space.c     -> mcall stats
  *   batch.c     -> mcall
  *   xfer.c      -> pool
- *   mem.c       -> pool
+ *   mem.c       -> inst pool
+ *   inst.c      -> pool
  *   mcall.c, stats.c, pool.c, inv.c, lcache.c, req.c -> nothing
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
@@ -72,6 +76,7 @@
 
 #include "agent/agent.h"
 #include "agent/batch.h"
+#include "agent/inst.h"
 #include "agent/inv.h"
 #include "agent/lcache.h"
 #include "agent/mcall.h"
@@ -119,6 +124,7 @@ struct agent {
 	struct agent_mlink mlink;     /* mlink.c */
 	struct agent_server server;   /* server.c */
 	struct agent_gets gets;       /* op_get.c */
+	struct agent_insts insts;     /* inst.c */
 };
 
 #endif

@@ -216,6 +216,7 @@ static void free_map(struct agent_map *m)
 struct unmap_job {
 	struct agent_job job;
 	struct agent_map *m;
+	struct agent_inst *inst; /* the engine's: dropped after */
 };
 
 static void unmap_run(struct agent_job *j)
@@ -229,7 +230,9 @@ static void unmap_run(struct agent_job *j)
 
 static void unmap_done(struct agent_job *j)
 {
-	free(MC_CONTAINER_OF(j, struct unmap_job, job));
+	struct unmap_job *u = MC_CONTAINER_OF(j, struct unmap_job, job);
+	agent__inst_unref(u->inst);
+	free(u);
 }
 
 void agent__map_unref(struct agent_map *m)
@@ -240,6 +243,7 @@ void agent__map_unref(struct agent_map *m)
 		struct unmap_job *u = calloc(1, sizeof(*u));
 		if (u) {
 			u->m = m;
+			u->inst = m->inst;
 			u->job.run = unmap_run;
 			u->job.done = unmap_done;
 			agent__pool_submit(&m->a->pool, &u->job);
@@ -254,6 +258,7 @@ void agent__map_unref(struct agent_map *m)
 			  "engine; its memory stays mapped until exit");
 		return;
 	}
+	agent__inst_unref(m->inst);
 	free_map(m);
 }
 

@@ -16,6 +16,7 @@
 #include "common/err.h"
 
 struct agent;
+struct agent_inst;
 struct te_region;
 
 /* A shared mapping of a memfd, reference-counted on the loop thread. */
@@ -27,6 +28,8 @@ struct agent_map {
 	bool hugepages;
 	struct agent *a;
 	struct te_region *region; /* registered with the engine, or NULL */
+	struct agent_inst *inst;  /* ... with this session's engine (a
+				     reference), or NULL: the agent's */
 };
 
 struct agent_memfd_opts {

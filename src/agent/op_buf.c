@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/inst.h"
 #include "agent/op.h"
 #include "agent/server.h"
 #include "agent/xfer.h"
@@ -57,6 +58,16 @@ static const char *register_why(int rc)
 	}
 }
 
+/* A map just registered with the request's engine: when that is the
+ * session's own, the map keeps it alive until its region is gone. */
+static void map_engine(struct agent_req *r, struct agent_map *m)
+{
+	if (r->inst && m->region && !m->inst) {
+		agent__inst_ref(r->inst);
+		m->inst = r->inst;
+	}
+}
+
 /*
  * A buffer with an address is published to the transfer engine at that
  * address (peers may then read and write it) before it is added; the
@@ -65,6 +76,7 @@ static const char *register_why(int rc)
 struct publish {
 	struct agent_job job;
 	struct agent_req *r;
+	struct te_engine *te; /* the session's (agent__op_te) */
 	struct agent_map *m;
 	uint8_t *base;
 	uint64_t len, address, memfd_off;
@@ -75,7 +87,7 @@ struct publish {
 static void publish_run(struct agent_job *j)
 {
 	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
-	p->err = te_register(p->r->a->te, p->address, p->base, p->len, p->m->fd, p->memfd_off,
+	p->err = te_register(p->te, p->address, p->base, p->len, p->m->fd, p->memfd_off,
 			     &p->m->region);
 	if (p->err)
 		p->m->region = NULL;
@@ -91,6 +103,8 @@ static void publish_done(struct agent_job *j)
 		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
 			 "(another session's buffer at the same address)", agent__session_name(r->c),
 			 (unsigned long long)p->address);
+	if (rc == 0)
+		map_engine(r, p->m);
 	if (rc == 0)
 		rc = agent__session_closed(r->c)
 			     ? MC_ECANCELLED
@@ -112,10 +126,11 @@ static void publish_done(struct agent_job *j)
 static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *base,
 			   uint64_t len, uint64_t address, uint64_t memfd_off, int fd)
 {
-	if (address && r->a->te) {
+	struct te_engine *te = address ? agent__op_te(r) : NULL;
+	if (te) {
 		struct publish *p = calloc(1, sizeof(*p));
 		if (p) {
-			*p = (struct publish){.r = r, .m = m, .base = base, .len = len,
+			*p = (struct publish){.r = r, .te = te, .m = m, .base = base, .len = len,
 					      .address = address, .memfd_off = memfd_off, .fd = fd};
 			p->job.run = publish_run;
 			p->job.done = publish_done;
@@ -168,6 +183,7 @@ static const char *process_why(int rc)
 struct proc_reg {
 	struct agent_job job;
 	struct agent_req *r;
+	struct te_engine *te; /* the session's (agent__op_te) */
 	struct agent_map *m;
 	pid_t pid;
 	int pidfd; /* a dup, owned */
@@ -180,7 +196,7 @@ static void proc_reg_run(struct agent_job *j)
 	struct proc_reg *p = MC_CONTAINER_OF(j, struct proc_reg, job);
 	p->err = agent__check_process(p->pid, p->address, p->len);
 	if (p->err == 0)
-		p->err = te_register_process(p->r->a->te, p->address, p->len, p->pid, p->pidfd,
+		p->err = te_register_process(p->te, p->address, p->len, p->pid, p->pidfd,
 					     &p->m->region);
 	if (p->err)
 		p->m->region = NULL;
@@ -193,11 +209,13 @@ static void proc_reg_done(struct agent_job *j)
 	struct agent_req *r = p->r;
 	uint64_t id;
 	int rc = p->err;
-	if (rc == 0)
+	if (rc == 0) {
+		map_engine(r, p->m);
 		rc = agent__session_closed(r->c)
 			     ? MC_ECANCELLED
 			     : agent__session_buf_add(r->c, p->m, NULL, p->len, p->address,
 						      &id);
+	}
 	if (rc) {
 		const char *why = process_why(rc);
 		log_warn("client %s: process memory 0x%llx+%llu refused: %s",
@@ -221,7 +239,8 @@ static void register_process(struct agent_req *r)
 	pid_t pid = agent__session_pid(c, &pidfd);
 	struct proc_reg *p = NULL;
 	struct agent_map *m = NULL;
-	if (!r->a->te)
+	struct te_engine *te = agent__op_te(r);
+	if (!te)
 		rc = -EOPNOTSUPP;
 	else if (agent__session_bufs_full(c))
 		rc = -ENOSPC;
@@ -240,6 +259,7 @@ static void register_process(struct agent_req *r)
 		return;
 	}
 	p->r = r;
+	p->te = te;
 	p->m = m;
 	p->pid = pid;
 	p->address = q->address;
@@ -384,9 +404,13 @@ static void transfer_run(struct agent_job *j)
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->len == 0 || (it->reps && it->reps[0].local))
 			continue;
-		if (!x && !(x = agent__xfer_new())) {
-			it->err = -ENOMEM;
-			continue;
+		if (!x) {
+			if (!(x = agent__xfer_new())) {
+				it->err = -ENOMEM;
+				continue;
+			}
+			if (r->inst)
+				agent__xfer_engine(x, agent__inst_te(r->inst));
 		}
 		agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote, it->len,
 				&it->err);
@@ -473,7 +497,164 @@ void agent__op_transfer(struct agent_req *r)
 			it->reps[0].address = (uint64_t)(uintptr_t)t;
 		}
 	}
+	(void)agent__op_te(r); /* the session's engine, held */
 	r->job.run = transfer_run;
 	r->job.done = transfer_done;
 	agent__pool_submit(&a->pool, &r->job);
+}
+
+/* ------------------------------------------------------------ engine */
+
+static void engine_reply(struct agent_req *r, int rc)
+{
+	if (rc) {
+		agent__op_fail(r, rc,
+			       rc == -EBUSY ? "the session published buffers with the agent's "
+					      "engine already"
+			       : rc == -EOPNOTSUPP ? "this agent runs no transfer engine"
+						   : NULL);
+		return;
+	}
+	Mooncake__Client__EngineReply er = MOONCAKE__CLIENT__ENGINE_REPLY__INIT;
+	er.name = (char *)agent__inst_name(r->inst);
+	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_ENGINE;
+	resp.engine = &er;
+	agent__reply(r, &resp, NULL, NULL, 0);
+	agent__op_finish(r, 0);
+}
+
+/* A new engine answers once its descriptor is in meta (at once in P2P
+ * mode), waiting up to the engine's io timeout: peers told its name can
+ * open it. */
+struct engine_wait {
+	struct agent_job job;
+	struct agent_req *r;
+	int err;
+};
+
+static void engine_wait_run(struct agent_job *j)
+{
+	struct engine_wait *w = MC_CONTAINER_OF(j, struct engine_wait, job);
+	struct te_engine *te = agent__inst_te(w->r->inst);
+	w->err = te_wait_published(te, te_io_timeout_ms(te));
+	if (w->err)
+		log_warn("transfer engine %s: not published in meta: %s",
+			 agent__inst_name(w->r->inst), mc_strerror(w->err));
+}
+
+static void engine_wait_done(struct agent_job *j)
+{
+	struct engine_wait *w = MC_CONTAINER_OF(j, struct engine_wait, job);
+	struct agent_req *r = w->r;
+	int rc = w->err;
+	free(w);
+	engine_reply(r, rc);
+}
+
+void agent__op_engine(struct agent_req *r)
+{
+	struct agent_inst *i = agent__session_inst(r->c);
+	if (i) {
+		(void)agent__op_te(r); /* r->inst */
+		engine_reply(r, 0);
+		return;
+	}
+	int rc = agent__inst_new(r->a, &i);
+	if (rc == 0 && (rc = agent__session_set_inst(r->c, i)) != 0)
+		agent__inst_unref(i);
+	struct engine_wait *w = rc ? NULL : calloc(1, sizeof(*w));
+	if (!rc && !w)
+		rc = -ENOMEM;
+	if (rc) {
+		engine_reply(r, rc);
+		return;
+	}
+	log_info("client %s: a transfer engine of its own, %s", agent__session_name(r->c),
+		 agent__inst_name(i));
+	(void)agent__op_te(r); /* r->inst */
+	w->r = r;
+	w->job.run = engine_wait_run;
+	w->job.done = engine_wait_done;
+	agent__pool_submit(&r->a->pool, &w->job);
+}
+
+/* ------------------------------------------------------------ segment probe */
+
+/* A segment opened as a transfer would (blocking: on a copy thread),
+ * and its regions. */
+struct probe {
+	struct agent_job job;
+	struct agent_req *r;
+	struct te_engine *te;
+	int err;
+	size_t n;
+	struct te_region_info *regions;
+};
+
+static void probe_run(struct agent_job *j)
+{
+	struct probe *p = MC_CONTAINER_OF(j, struct probe, job);
+	struct te_segment *s;
+	p->err = te_open_segment(p->te, p->r->msg->segment->name, &s);
+	if (p->err)
+		return;
+	struct te_segment_info info;
+	size_t n = te_segment_info(s, &info, NULL, 0);
+	p->regions = calloc(n ? n : 1, sizeof(*p->regions));
+	if (p->regions)
+		p->n = MC_MIN(n, te_segment_info(s, &info, p->regions, n));
+	else
+		p->err = -ENOMEM;
+	te_close_segment(s);
+}
+
+static void probe_done(struct agent_job *j)
+{
+	struct probe *p = MC_CONTAINER_OF(j, struct probe, job);
+	struct agent_req *r = p->r;
+	Mooncake__Client__SegmentRegion *regs = calloc(p->n ? p->n : 1, sizeof(*regs));
+	Mooncake__Client__SegmentRegion **ptrs = calloc(p->n ? p->n : 1, sizeof(*ptrs));
+	if (!p->err && (!regs || !ptrs))
+		p->err = -ENOMEM;
+	if (p->err) {
+		log_debug("client %s: segment %s: %s", agent__session_name(r->c),
+			  r->msg->segment->name, mc_strerror(p->err));
+		agent__op_fail(r, p->err, NULL);
+	} else {
+		for (size_t i = 0; i < p->n; i++) {
+			mooncake__client__segment_region__init(&regs[i]);
+			regs[i].address = p->regions[i].addr;
+			regs[i].length = p->regions[i].len;
+			ptrs[i] = &regs[i];
+		}
+		Mooncake__Client__SegmentReply sr = MOONCAKE__CLIENT__SEGMENT_REPLY__INIT;
+		sr.regions = ptrs;
+		sr.n_regions = p->n;
+		Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
+		resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_SEGMENT;
+		resp.segment = &sr;
+		agent__reply(r, &resp, NULL, NULL, 0);
+		agent__op_finish(r, 0);
+	}
+	free(regs);
+	free(ptrs);
+	free(p->regions);
+	free(p);
+}
+
+void agent__op_segment(struct agent_req *r)
+{
+	struct te_engine *te = agent__op_te(r);
+	struct probe *p = te ? calloc(1, sizeof(*p)) : NULL;
+	if (!p) {
+		agent__op_fail(r, te ? -ENOMEM : MC_EUNAVAILABLE,
+			       te ? NULL : "this agent runs no transfer engine");
+		return;
+	}
+	p->r = r;
+	p->te = te;
+	p->job.run = probe_run;
+	p->job.done = probe_done;
+	agent__pool_submit(&r->a->pool, &p->job);
 }

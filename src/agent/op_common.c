@@ -37,6 +37,7 @@ void agent__op_finish(struct agent_req *r, int err)
 		free(r->items);
 	}
 	agent__map_unref(r->spill);
+	agent__inst_unref(r->inst);
 	free(r->mstate);
 	free(r->mstate2);
 	agent__req_end(r);
@@ -133,6 +134,18 @@ int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g, uin
 		return rc;
 	*ptr = base + g->offset;
 	return 0;
+}
+
+struct te_engine *agent__op_te(struct agent_req *r)
+{
+	struct agent_inst *i = agent__session_inst(r->c);
+	if (!i)
+		return r->a->te;
+	if (!r->inst) {
+		agent__inst_ref(i);
+		r->inst = i;
+	}
+	return agent__inst_te(r->inst);
 }
 
 int agent__op_items(struct agent_req *r, size_t n)

@@ -289,6 +289,8 @@ void agent__dispatch(struct agent_req *r)
 	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER: agent__op_transfer(r); break;
 	case MOONCAKE__CLIENT__REQUEST__OP_STATS: op_stats(r); break;
 	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE: op_release(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE: agent__op_engine(r); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT: agent__op_segment(r); break;
 	default: agent__op_fail(r, -EOPNOTSUPP, "unknown operation"); break;
 	}
 }

@@ -8,6 +8,7 @@
  * only fails its own item, later, with -EINVAL.
  */
 #include <errno.h>
+#include <string.h>
 
 #include "agent/req.h"
 #include "common/uframe.h"
@@ -179,6 +180,19 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 		}
 		return 0;
 	}
+	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE:
+		if (m->nfds != 0) {
+			*why = "engine carries no descriptors";
+			return -EINVAL;
+		}
+		return 0;
+	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT:
+		if (m->nfds != 0 || !m->segment->name || !m->segment->name[0] ||
+		    strlen(m->segment->name) > AGENT_MAX_SEGMENT_NAME) {
+			*why = "segment: a name of 1 to 255 bytes, no descriptors";
+			return -EINVAL;
+		}
+		return 0;
 	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE:
 		if (m->release->n_views > AGENT_MAX_ITEMS) {
 			*why = "too many views";

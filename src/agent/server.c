@@ -80,6 +80,7 @@ struct agent_conn {
 	size_t nviews, views_cap;
 	uint64_t next_view_id;
 	bool segment_fd_sent;
+	struct agent_inst *inst; /* its own engine (a reference), or NULL */
 };
 
 static void conn_close(struct agent_conn *c, const char *why);
@@ -141,6 +142,8 @@ static void release_session(struct agent_conn *c)
 		agent__map_unref(c->staging);
 		c->staging = NULL;
 	}
+	agent__inst_unref(c->inst);
+	c->inst = NULL;
 }
 
 static void conn_close(struct agent_conn *c, const char *why)
@@ -728,8 +731,9 @@ uint64_t agent__server_solo_since_ns(const struct agent *a)
 const struct agent_buf *agent__server_published(const struct agent *a, uint64_t addr,
 						uint64_t len)
 {
+	/* (A session with an engine of its own publishes there.) */
 	for (const struct agent_conn *c = a->server.conns; c; c = c->next)
-		for (size_t i = 0; i < c->nbufs; i++) {
+		for (size_t i = 0; i < c->nbufs && !c->inst; i++) {
 			const struct agent_buf *b = &c->bufs[i];
 			if (b->address && addr >= b->address && addr - b->address <= b->len &&
 			    len <= b->len - (addr - b->address))
@@ -789,6 +793,22 @@ struct agent_map *agent__session_staging(const struct agent_conn *c, uint8_t **b
 	*base = c->staging_base;
 	*len = c->staging_len;
 	return c->staging;
+}
+
+struct agent_inst *agent__session_inst(const struct agent_conn *c)
+{
+	return c->inst;
+}
+
+int agent__session_set_inst(struct agent_conn *c, struct agent_inst *i)
+{
+	if (c->inst)
+		return -EEXIST;
+	for (size_t k = 0; k < c->nbufs; k++)
+		if (c->bufs[k].address)
+			return -EBUSY;
+	c->inst = i;
+	return 0;
 }
 
 bool agent__session_bufs_full(const struct agent_conn *c)

@@ -26,6 +26,7 @@
 
 struct agent;
 struct agent_conn;
+struct agent_inst;
 struct agent_map;
 struct agent_req;
 
@@ -141,6 +142,12 @@ void agent__session_hello(struct agent_conn *c, const char *client_name,
 /* The staging buffer, or NULL before hello. */
 struct agent_map *agent__session_staging(const struct agent_conn *c, uint8_t **base,
 					 uint64_t *len);
+/* The session's own transfer engine (inst.c), or NULL: the agent's. */
+struct agent_inst *agent__session_inst(const struct agent_conn *c);
+/* Give the session its engine (takes the reference on success; the
+ * session drops it when it closes). Errors: -EEXIST (it has one),
+ * -EBUSY (it published buffers with the agent's engine already). */
+int agent__session_set_inst(struct agent_conn *c, struct agent_inst *i) MC_MUST_CHECK;
 bool agent__session_bufs_full(const struct agent_conn *c);
 /* Add a buffer; takes the map reference on success. *id names it.
  * Errors: -ENOSPC (AGENT_MAX_BUFFERS), -ENOMEM. */

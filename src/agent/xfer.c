@@ -41,10 +41,21 @@ struct agent_xfer {
 	bool loop;        /* on the loop thread: open segments only */
 	bool missed;      /* ... and one was not */
 	size_t inline_bytes; /* agent__xfer_inline */
+	struct te_engine *te; /* agent__xfer_engine's, or NULL: the agent's */
 	struct agent *a;  /* agent__xfer_start_loop: */
 	struct agent_job *job;
 	atomic_int state; /* XS_*: who finishes the job */
 };
+
+static struct te_engine *engine(const struct agent *a, const struct agent_xfer *x)
+{
+	return x->te ? x->te : a->te;
+}
+
+void agent__xfer_engine(struct agent_xfer *x, struct te_engine *te)
+{
+	x->te = te;
+}
 
 static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *name)
 {
@@ -63,12 +74,12 @@ static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *n
 	g->name = name;
 	g->s = NULL;
 	if (x->loop) {
-		g->err = te_open_segment_cached(a->te, name, &g->s);
+		g->err = te_open_segment_cached(engine(a, x), name, &g->s);
 		if (g->err == -EAGAIN)
 			x->missed = true;
 		return g;
 	}
-	g->err = te_open_segment(a->te, name, &g->s);
+	g->err = te_open_segment(engine(a, x), name, &g->s);
 	if (g->err)
 		log_warn("cannot open segment %s: %s", name, mc_strerror(g->err));
 	return g;
@@ -84,7 +95,7 @@ void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, boo
 {
 	if (*err)
 		return;
-	if (!a->te) {
+	if (!engine(a, x)) {
 		*err = MC_EUNAVAILABLE;
 		return;
 	}
@@ -165,7 +176,7 @@ bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 	if (x->n == 0)
 		return true;
 	atomic_store(&x->state, XS_SUBMITTING);
-	int rc = te_submit_inline(a->te, x->reqs, x->n, x->inline_bytes, on_submitted_done, x,
+	int rc = te_submit_inline(engine(a, x), x->reqs, x->n, x->inline_bytes, on_submitted_done, x,
 				  &x->batch);
 	if (rc) {
 		x->batch = NULL;
@@ -182,7 +193,7 @@ void agent__xfer_start(struct agent *a, struct agent_xfer *x)
 {
 	if (x->n == 0)
 		return;
-	int rc = te_submit(a->te, x->reqs, x->n, &x->batch);
+	int rc = te_submit(engine(a, x), x->reqs, x->n, &x->batch);
 	if (rc) {
 		x->batch = NULL;
 		for (size_t i = 0; i < x->n; i++)

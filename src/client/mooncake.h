@@ -364,6 +364,24 @@ int mc_segment_info(mc_client *c, const char *name, struct mc_segment_info *out)
 
 /* The agent's transfer-engine address "host:port" (its segment name). */
 const char *mc_agent_address(const mc_client *c);
+
+/*
+ * Give this session a transfer engine of its own, run by the agent, as
+ * each of Mooncake's TransferEngine instances has: its own segment,
+ * named "host:port" by a port of its own — the session id peers use, so
+ * that two processes on one node are told apart — published like the
+ * agent's (served to P2P peers at that port, and put in meta when the
+ * agent uses meta). Memory this session publishes from then on
+ * (mc_buffer_alloc, mc_register_memfd, mc_register_memory) is in that
+ * segment, and its transfers are made by that engine. The engine lives
+ * as long as the session or any of that memory. The name (NUL
+ * included) is copied into name[0..cap); a second call gives it again.
+ * Errors: -EBUSY (the session published memory with the agent's segment
+ * already: call this first), -EOPNOTSUPP (an agent without a transfer
+ * engine), -ENOSPC (cap too small), the agent's errors of starting one
+ * (listening, devices), MC_EUNAVAILABLE.
+ */
+int mc_engine_open(mc_client *c, char *name, size_t cap);
 /* Sizes the agent offers: its segment and this session's staging. */
 uint64_t mc_segment_size(const mc_client *c);
 uint64_t mc_staging_size(const mc_client *c);

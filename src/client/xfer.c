@@ -1,7 +1,8 @@
 /*
  * Transfers between this process's memory and memory another engine
  * registered (mc_transfer): local memory in place, or copied through
- * staging / a temporary memfd.
+ * staging / a temporary memfd; a segment's description (mc_segment_info)
+ * and the session's own engine (mc_engine_open).
  */
 #include "client/client_int.h"
 
@@ -133,6 +134,30 @@ MC__PUBLIC int mc_segment_info(mc_client *c, const char *name, struct mc_segment
 			out->first_length = r->segment->regions[0]->length;
 		}
 	}
+	mc__waiter_clear(&w);
+	return rc;
+}
+
+MC__PUBLIC int mc_engine_open(mc_client *c, char *name, size_t cap)
+{
+	Mooncake__Client__EngineRequest q = MOONCAKE__CLIENT__ENGINE_REQUEST__INIT;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_ENGINE;
+	req.engine = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	const Response *r = w.resp;
+	if (r->error)
+		rc = r->error;
+	else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_ENGINE || !r->engine->name ||
+		 !r->engine->name[0])
+		rc = MC_EPROTOCOL;
+	else if (strlen(r->engine->name) >= cap)
+		rc = -ENOSPC;
+	else
+		memcpy(name, r->engine->name, strlen(r->engine->name) + 1);
 	mc__waiter_clear(&w);
 	return rc;
 }

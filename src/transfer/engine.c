@@ -88,6 +88,11 @@ const char *te_name(const struct te_engine *e)
 	return e->name;
 }
 
+uint64_t te_io_timeout_ms(const struct te_engine *e)
+{
+	return e->io_timeout_ms;
+}
+
 int te__seg_key(const struct te_engine *e, const char *name, char *buf, size_t len)
 {
 	int n = snprintf(buf, len, "/mooncake/%s/segments/%s", e->cluster_id,

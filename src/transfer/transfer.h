@@ -147,6 +147,9 @@ void te_descriptor_mac(const uint8_t *secret, size_t slen, const uint8_t *challe
 /* This engine's segment name. */
 const char *te_name(const struct te_engine *e);
 
+/* Its io timeout (te_opts.io_timeout_ms, or the default). */
+uint64_t te_io_timeout_ms(const struct te_engine *e);
+
 /* The protocol chosen for remote (non-shm) peers. */
 enum te_protocol te_protocol_in_use(const struct te_engine *e);
 const char *te_protocol_name(enum te_protocol p);

@@ -8,7 +8,8 @@ memory (MooncakeHostMemAllocator, the get_alloc_func_addr hook) and in
 managed buffers; every byte checked. On one agent, between two agents on
 one host (shm), over tcp, and over rdma on the verbs emulator; two decode
 processes on one node; a decode killed mid-transfer gives the prefill a
-negative return, not a hang.
+negative return, not a hang. Each TransferEngine has a session id of its
+own, found by P2P probes and in meta.
 """
 import json
 import os
@@ -92,9 +93,12 @@ def two_agents(protocol):
 @case
 def one_agent_vllm_and_sglang():
     a = one_agent()
+    sessions = set()
     for memory in ("allocator", "hook", "managed", "ordinary"):
         info = run_pd(a, a, memory, "vllm", 11)
-        eq(info["session"].split(":")[1], a.name.split(":")[1], "the agent's session")
+        eq(info["session"] != a.name, True, "a session id of the instance's own")
+        sessions.add(info["session"])
+    eq(len(sessions), 4, "every instance its own session id")
     run_pd(a, a, "allocator", "sglang", 12)
 
 
@@ -147,12 +151,33 @@ def two_agents_rdma_on_the_verbs_emulator():
        True, "the bytes went over RDMA")
 
 
+def probe(agent, session):
+    """send_probe and get_first_buffer_address of a session, from a
+    TransferEngine of this test process on agent."""
+    from mooncake.engine import TransferEngine
+    te = TransferEngine()
+    eq(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "", socket_path=agent.socket), 0,
+       "engine")
+    try:
+        return te.send_probe(session), te.get_first_buffer_address(session)
+    finally:
+        te.close()
+
+
 @case
 def two_decode_processes_on_one_node():
+    """Each TransferEngine its own session id (upstream's "host:port" per
+    instance): two decodes on one node with their KV caches at the same
+    virtual addresses (ordinary memory of forked-alike processes may
+    coincide) are told apart, and each is found by a P2P probe."""
     a, b = two_agents("tcp")
-    d1 = Proc(b, "decode", "allocator", BLOCKS, BLOCK_BYTES, LAYERS)
+    d1 = Proc(b, "decode", "ordinary", BLOCKS, BLOCK_BYTES, LAYERS)
     d2 = Proc(b, "decode", "hook", BLOCKS, BLOCK_BYTES, LAYERS)
     i1, i2 = d1.read(), d2.read()
+    eq(i1["session"] != i2["session"], True, "two session ids")
+    for info in (i1, i2):
+        rc, first = probe(a, info["session"])
+        eq((rc, first in info["ptrs"]), (0, True), "found by its session id (P2P)")
     for info, seed in ((i1, 51), (i2, 52)):
         p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
                  LAYERS, seed, "vllm")
@@ -164,6 +189,40 @@ def two_decode_processes_on_one_node():
        "each decode has its own bytes")
     d1.end()
     d2.end()
+
+
+@case
+def sessions_in_meta():
+    """With meta, each instance's segment is published under its session
+    id while it lives (the prefill finds it there) and is gone after."""
+    c = st.Cluster(agents=2, meta=True, agent_args=["--protocol=tcp"], segment=64 << 20)
+    a, b = c.agents
+    d = Proc(b, "decode", "ordinary", BLOCKS, BLOCK_BYTES, LAYERS)
+    info = d.read()
+    key = "/mooncake/mooncake/segments/" + info["session"]
+    mctest.wait_for(lambda: key in c.etcd.ctl("get", "--prefix", "--keys-only",
+                                              "/mooncake/mooncake/segments/").stdout,
+                    what="the session's segment in meta")
+    p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
+             LAYERS, 71, "vllm")
+    eq(p.read(), {"rc": 0}, "prefill through meta")
+    p.p.wait(timeout=30)
+    d.send("check 71")
+    eq(d.read(), {"bad_layers": []}, "every byte")
+    d.end()
+    mctest.wait_for(lambda: key not in c.etcd.ctl("get", "--prefix", "--keys-only",
+                                                  "/mooncake/mooncake/segments/").stdout,
+                    what="the session's segment gone from meta")
+    eq(probe(a, info["session"])[0] < 0, True, "no longer found")
+    # An agent stopped under a live instance stops it too, and exits.
+    d = Proc(b, "decode", "ordinary", BLOCKS, BLOCK_BYTES, LAYERS)
+    d.read()
+    eq(b.d.stop(), 0, "the agent exits under a live instance")
+    out = b.d.output()
+    eq("cannot delete" not in out and "leaking" not in out, True, "a clean stop: " + out[-2000:])
+    d.p.kill()
+    d.p.wait()
+    c.stop()
 
 
 @case
