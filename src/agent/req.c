@@ -180,6 +180,24 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 		}
 		return 0;
 	}
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX:
+		if (m->nfds != 0 || !m->remove_regex->pattern ||
+		    strlen(m->remove_regex->pattern) > AGENT_MAX_KEY_BYTES) {
+			*why = "remove_regex: a pattern of up to 4096 bytes, no descriptors";
+			return -EINVAL;
+		}
+		return 0;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR: {
+		const Mooncake__Client__ReplicaClearRequest *q = m->replica_clear;
+		if (!count_ok(q->n_keys, why))
+			return -EINVAL;
+		if (m->nfds != 0 || !q->segment || !q->segment[0] ||
+		    strlen(q->segment) > AGENT_MAX_SEGMENT_NAME) {
+			*why = "replica_clear: a segment name of 1 to 255 bytes, no descriptors";
+			return -EINVAL;
+		}
+		return 0;
+	}
 	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE:
 		if (m->nfds != 0) {
 			*why = "engine carries no descriptors";

@@ -238,9 +238,9 @@ int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n,
 /*
  * Remove every object whose key matches pattern (a POSIX extended
  * regular expression, searched anywhere in the key as by regexec; keys
- * with NUL bytes never match); leased ones only with force. Returns how
- * many were removed, or -EINVAL (the pattern does not compile),
- * -EOPNOTSUPP (an agent that does not serve the request), MC_EUNAVAILABLE.
+ * with NUL bytes never match); leased ones only with force. The master
+ * walks its whole index for it. Returns how many were removed, or
+ * -EINVAL (the pattern does not compile), MC_EUNAVAILABLE.
  */
 int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
 /*
@@ -249,8 +249,7 @@ int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
  * there (the object goes when none is left). Leased objects and objects
  * still being written are skipped. cleared[i]: 1 if key i was cleared,
  * 0 if skipped (not found, leased, no replica there), or an error.
- * Errors: -EOPNOTSUPP (a segment name, to an agent that does not serve
- * the request), those of mc_batch_remove.
+ * Errors: those of mc_batch_remove.
  */
 int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
 			   const size_t *klens, const char *segment, int *cleared);
