@@ -230,37 +230,37 @@ void te__desc_changed(struct te_engine *e)
 
 /* ------------------------------------------------------------ regions */
 
-/* Add a region: this process's memory at local (pid 0), or process
- * pid's at remote_addr (local NULL; pidfd its pidfd, dup'd). */
-static int region_add(struct te_engine *e, uint64_t remote_addr, void *local, size_t len,
-		      int memfd, uint64_t memfd_off, pid_t pid, int pidfd,
+/* Close the descriptors a region owns. */
+static void region_close_fds(struct te_region *r)
+{
+	if (r->memfd >= 0)
+		close(r->memfd);
+	if (r->pidfd >= 0)
+		close(r->pidfd);
+	if (r->dmabuf >= 0)
+		close(r->dmabuf);
+}
+
+/* Add a region like spec (addr, len, local, pid, memfd_off, dmabuf_off
+ * taken as they are; its memfd, pidfd and dmabuf, when >= 0, dup'd):
+ * this process's memory at local, process pid's memory, or a dma-buf. */
+static int region_add(struct te_engine *e, const struct te_region *spec,
 		      struct te_region **out)
 {
 	int rc;
-	if (!e || len == 0 || remote_addr + (len - 1) < remote_addr ||
-	    (uintptr_t)local + (len - 1) < (uintptr_t)local)
+	if (!e || spec->len == 0 || spec->addr + (spec->len - 1) < spec->addr ||
+	    (uintptr_t)spec->local + (spec->len - 1) < (uintptr_t)spec->local)
 		return -EINVAL;
 	struct te_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
+	*r = *spec;
 	r->e = e;
-	r->addr = remote_addr;
-	r->len = len;
-	r->local = local;
-	r->memfd = -1;
-	r->memfd_off = memfd_off;
-	r->pid = pid;
-	r->pidfd = -1;
-	if (memfd >= 0) {
-		r->memfd = fcntl(memfd, F_DUPFD_CLOEXEC, 3);
-		if (r->memfd < 0) {
-			rc = -errno;
-			goto fail_free;
-		}
-	}
-	if (pidfd >= 0) {
-		r->pidfd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
-		if (r->pidfd < 0) {
+	r->memfd = r->pidfd = r->dmabuf = -1;
+	const int *fds[3] = {&spec->memfd, &spec->pidfd, &spec->dmabuf};
+	int *dups[3] = {&r->memfd, &r->pidfd, &r->dmabuf};
+	for (int i = 0; i < 3; i++) {
+		if (*fds[i] >= 0 && (*dups[i] = fcntl(*fds[i], F_DUPFD_CLOEXEC, 3)) < 0) {
 			rc = -errno;
 			goto fail_fd;
 		}
@@ -277,11 +277,13 @@ static int region_add(struct te_engine *e, uint64_t remote_addr, void *local, si
 		}
 	}
 	metric_add(e->m_regions, 1);
-	metric_add(e->m_reg_bytes, len);
-	log_debug("registered region 0x%llx+%zu (%s)", (unsigned long long)remote_addr, len,
-		  pid             ? "another process's"
-		  : r->memfd >= 0 ? "memfd"
-				  : "private");
+	metric_add(e->m_reg_bytes, r->len);
+	log_debug("registered region 0x%llx+%llu (%s)", (unsigned long long)r->addr,
+		  (unsigned long long)r->len,
+		  r->pid           ? "another process's"
+		  : r->dmabuf >= 0 ? "dma-buf"
+		  : r->memfd >= 0  ? "memfd"
+				   : "private");
 	te__desc_changed(e);
 	*out = r;
 	return 0;
@@ -292,11 +294,7 @@ fail_xp:
 			e->xops[p]->region_del(e->xp[p], r);
 	te__rtable_del(&e->regions, r);
 fail_fd:
-	if (r->memfd >= 0)
-		close(r->memfd);
-	if (r->pidfd >= 0)
-		close(r->pidfd);
-fail_free:
+	region_close_fds(r);
 	free(r);
 	return rc;
 }
@@ -306,7 +304,14 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t l
 {
 	if (!local)
 		return -EINVAL;
-	return region_add(e, remote_addr, local, len, memfd, memfd_off, 0, -1, out);
+	struct te_region spec = {.addr = remote_addr,
+				 .len = len,
+				 .local = local,
+				 .memfd = memfd,
+				 .memfd_off = memfd_off,
+				 .pidfd = -1,
+				 .dmabuf = -1};
+	return region_add(e, &spec, out);
 }
 
 int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
@@ -314,7 +319,29 @@ int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pi
 {
 	if (pid <= 0 || pidfd < 0)
 		return -EINVAL;
-	return region_add(e, addr, NULL, len, -1, 0, pid, pidfd, out);
+	struct te_region spec = {.addr = addr,
+				 .len = len,
+				 .memfd = -1,
+				 .pid = pid,
+				 .pidfd = pidfd,
+				 .dmabuf = -1};
+	return region_add(e, &spec, out);
+}
+
+int te_register_dmabuf(struct te_engine *e, uint64_t addr, size_t len, int fd, uint64_t offset,
+		       struct te_region **out)
+{
+	if (fd < 0)
+		return -EINVAL;
+	if (!e || !e->xp[TE_PROTO_RDMA])
+		return -EOPNOTSUPP;
+	struct te_region spec = {.addr = addr,
+				 .len = len,
+				 .memfd = -1,
+				 .pidfd = -1,
+				 .dmabuf = fd,
+				 .dmabuf_off = offset};
+	return region_add(e, &spec, out);
 }
 
 void te_unregister(struct te_region *r)
@@ -329,10 +356,7 @@ void te_unregister(struct te_region *r)
 	metric_sub(e->m_regions, 1);
 	metric_sub(e->m_reg_bytes, r->len);
 	te__desc_changed(e);
-	if (r->memfd >= 0)
-		close(r->memfd);
-	if (r->pidfd >= 0)
-		close(r->pidfd);
+	region_close_fds(r);
 	free(r);
 }
 
@@ -688,10 +712,7 @@ static void engine_destroy(struct te_engine *e)
 	/* Regions left registered. */
 	for (size_t i = 0; i < e->regions.n; i++) {
 		struct te_region *r = e->regions.v[i];
-		if (r->memfd >= 0)
-			close(r->memfd);
-		if (r->pidfd >= 0)
-			close(r->pidfd);
+		region_close_fds(r);
 		free(r);
 	}
 	te__rtable_destroy(&e->regions);

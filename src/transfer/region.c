@@ -159,7 +159,9 @@ int te__rtable_describe(struct te_rtable *t, struct te_desc *d)
 		o->shm = r->memfd >= 0;
 		o->nrkeys = r->nrkeys;
 		memcpy(o->rkeys, r->rkeys, sizeof(o->rkeys));
-		o->rdma_addr = r->nrkeys ? (uint64_t)(uintptr_t)r->local : 0;
+		o->rdma_addr = !r->nrkeys ? 0
+			       : r->local ? (uint64_t)(uintptr_t)r->local
+					  : r->addr;
 	}
 	d->nregions = t->n;
 out:
@@ -187,6 +189,8 @@ static bool exited(int pidfd)
 
 int te__region_io(const struct te_region *r, uint64_t addr, void *buf, size_t len, bool write)
 {
+	if (r->dmabuf >= 0)
+		return MC_EREMOTE_ACCESS; /* device memory: RDMA only */
 	if (!r->pid) {
 		uint8_t *at = r->local + (addr - r->addr);
 		if (write)

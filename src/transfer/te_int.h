@@ -230,6 +230,10 @@ struct te_region {
 	pid_t pid;                 /* te_register_process: whose memory it
 				    * is (0: this process's, at local) */
 	int pidfd;                 /* ... its pidfd (dup'd, owned) or -1 */
+	int dmabuf;                /* te_register_dmabuf: the dma-buf (dup'd,
+				    * owned) or -1; no local memory: RDMA
+				    * only, known to the NICs at addr */
+	uint64_t dmabuf_off;
 	uint32_t id;               /* shm protocol id */
 	atomic_uint inflight;      /* served requests touching it */
 	bool dead;
@@ -264,9 +268,9 @@ int te__rtable_describe(struct te_rtable *t, struct te_desc *d) MC_MUST_CHECK;
  * Move len bytes between buf and [addr, addr + len) of region r, which
  * holds that range: memcpy for this process's memory, cross-memory
  * attach (process_vm_readv/writev) for another process's. write: buf ->
- * region. Errors (another process's memory only): -ESRCH (the process
- * exited), MC_EREMOTE_ACCESS (the range is no longer mapped writable
- * there, or the process refuses access).
+ * region. Errors: MC_EREMOTE_ACCESS (a dma-buf, which only RDMA reaches;
+ * another process's range no longer mapped writable, or the process
+ * refuses access), -ESRCH (that process exited).
  */
 int te__region_io(const struct te_region *r, uint64_t addr, void *buf, size_t len,
 		  bool write) MC_MUST_CHECK;

@@ -190,6 +190,20 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
 			struct te_region **out) MC_MUST_CHECK;
 /*
+ * Register device memory (a GPU's) by a dma-buf of it: fd (borrowed; the
+ * engine keeps a dup), [offset, offset + len) of it, known at addr (its
+ * address in the process that owns it, which peers use). Each RDMA NIC
+ * registers it (ibv_reg_dmabuf_mr, before this returns: not on the loop
+ * thread) and peers read and write it by one-sided RDMA with its rkeys;
+ * nothing else reaches it (no CPU of this engine maps it: tcp peers'
+ * requests for it are refused, and it is never the local side of this
+ * engine's own requests). Errors: -EOPNOTSUPP (no rdma transport running;
+ * the device or libibverbs registers no dma-bufs), -EINVAL, -EEXIST, the
+ * MR errors of te_register, -ENOMEM.
+ */
+int te_register_dmabuf(struct te_engine *e, uint64_t addr, size_t len, int fd, uint64_t offset,
+		       struct te_region **out) MC_MUST_CHECK;
+/*
  * Move len bytes between buf and [addr, addr + len) of region r of this
  * engine, as a peer's request for it would (cross-memory attach for
  * another process's memory): for a caller that serves such requests

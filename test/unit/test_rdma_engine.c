@@ -7,8 +7,9 @@
  * striped, unregistering a region our requests use as local memory (they
  * complete, over RDMA while they hold its lkeys, then tcp), a QP error (a stale rkey) is a remote access error and
  * the queue pairs are set up again, protocol choice without a device,
- * the CONNECT/ACCEPT control message, and a region of another process's
- * memory (no MR: peers reach it over tcp).
+ * the CONNECT/ACCEPT control message, a region of another process's
+ * memory (no MR: peers reach it over tcp), and a dma-buf region (an MR by
+ * ibv_reg_dmabuf_mr at the owner's address: RDMA only).
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -371,5 +372,73 @@ Test(rdma_engine, process_memory_goes_over_tcp)
 	mem_free(&src);
 	mem_free(&back);
 	free(target);
+	host_stop();
+}
+
+/* A dma-buf (a memfd stands in for a GPU's, as in test_rdma_dmabuf)
+ * registered at an address nothing maps here, as GPU memory is known by
+ * its virtual address in its own process: the NIC writes and reads it by
+ * one-sided RDMA, the descriptor names that address, and no CPU path
+ * reaches it. */
+Test(rdma_engine, dmabuf_region_is_reached_by_rdma_only)
+{
+	host_start("", "");
+	size_t len = 1 << 20;
+	struct mem gpu;
+	mem_map(2 * len, &gpu); /* its second MiB is registered */
+	uint64_t iova = 0x7e0000000000ull;
+	struct te_region *r;
+	cr_assert_eq(te_register_dmabuf(H.e[1], iova, len, -1, len, &r), -EINVAL);
+	cr_assert_eq(te_register_dmabuf(H.e[1], iova, len, gpu.fd, len, &r), 0);
+	struct te_desc *d;
+	cr_assert_eq(te__desc_build(H.e[1], &d), 0);
+	cr_assert_eq(d->nregions, 1);
+	cr_assert_eq(d->regions[0].addr, iova);
+	cr_assert_eq(d->regions[0].rdma_addr, iova, "the NICs know it at its address");
+	cr_assert_eq(d->regions[0].nrkeys, 1);
+	cr_assert_eq(d->regions[0].shm, false);
+	te__desc_free(d);
+	uint8_t buf[64];
+	cr_assert_eq(te_region_io(r, iova, buf, sizeof(buf), true), MC_EREMOTE_ACCESS,
+		     "no CPU copy into device memory");
+	struct mem src, back;
+	mem_new(H.e[0], len, &src);
+	mem_new(H.e[0], len, &back);
+	fill(&src, 9);
+	struct te_segment *s = open_b();
+	double before = metric(
+		1, "mooncake_te_served_bytes_total{transport=\"tcp\",op=\"write\"} ");
+	transfer(TE_WRITE, s, src.p, iova, len / 4, 4, 0);
+	cr_assert(memcmp(gpu.p + len, src.p, len) == 0, "every byte, in the dma-buf");
+	for (size_t i = 0; i < len; i++)
+		cr_assert_eq(gpu.p[i], 0, "nothing before its offset");
+	transfer(TE_READ, s, back.p, iova, len / 4, 4, 0);
+	cr_assert(memcmp(back.p, src.p, len) == 0, "read back");
+	cr_assert_eq(
+		metric(1, "mooncake_te_served_bytes_total{transport=\"tcp\",op=\"write\"} "),
+		before, "none of it over tcp");
+	te_close_segment(s);
+	te_unregister(r);
+	mem_free(&src);
+	mem_free(&back);
+	munmap(gpu.p, gpu.len);
+	close(gpu.fd);
+	host_stop();
+}
+
+Test(rdma_engine, dmabuf_needs_rdma)
+{
+	struct te_opts t[2] = {
+		{.protocol = TE_PROTO_TCP, .threads = 1, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_TCP, .threads = 1, .rdma_gid_index = -1},
+	};
+	host_start_with(t);
+	struct mem gpu;
+	mem_map(1 << 20, &gpu);
+	struct te_region *r;
+	cr_assert_eq(te_register_dmabuf(H.e[0], 0x7e0000000000ull, 1 << 20, gpu.fd, 0, &r),
+		     -EOPNOTSUPP);
+	munmap(gpu.p, gpu.len);
+	close(gpu.fd);
 	host_stop();
 }
