@@ -131,6 +131,9 @@ mc_register_buffer = _fn("mc_register_buffer", c_int, c_void_p, c_void_p, c_size
 mc_unregister_buffer = _fn("mc_unregister_buffer", c_int, c_void_p, c_void_p)
 mc_transfer = _fn("mc_transfer", c_int, c_void_p, POINTER(TransferReq), c_size_t, POINTER(c_int))
 mc_register_memory = _fn("mc_register_memory", c_int, c_void_p, c_void_p, c_size_t)
+mc_register_dmabuf = _fn("mc_register_dmabuf", c_int, c_void_p, c_int, c_uint64, c_void_p,
+                         c_size_t)
+mc_register_cuda = _fn("mc_register_cuda", c_int, c_void_p, c_void_p, c_size_t)
 mc_host_alloc = _fn("mc_host_alloc", c_void_p, c_size_t)
 mc_host_free = _fn("mc_host_free", None, c_void_p)
 mc_host_size = _fn("mc_host_size", c_size_t, c_void_p)

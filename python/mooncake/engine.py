@@ -34,8 +34,13 @@ protocol, device_name: the agent was configured with them) are accepted.
 transport_hint: the agent picks the transport per peer (shm on one host,
 rdma where a device is usable, else tcp); a known name is accepted as
 advice, an unknown one is a ValueError, as in Mooncake's TENT builds.
-location (register_memory): "*" or "cpu..." are host memory; device
-memory ("cuda:N", "npu:N") is refused with -95.
+location (register_memory): "*" or "cpu..." are host memory. "cuda:N"
+is GPU memory: exported as a dma-buf by the CUDA driver (loaded at run
+time) and registered by the agent with its RDMA devices, so peers write
+and read it by one-sided RDMA; -95 when CUDA, a dma-buf capable device
+or an RDMA device of the agent is missing, and this process's own
+transfers cannot use it as local memory (-95 per item). Other devices
+("npu:N") are refused with -95.
 Notifications (transfer_sync(..., notify=...)) are refused with -95: the
 agents do not carry them to a peer (get_notifies() is always empty).
 Mismatched list lengths in batch calls return -1 (batch_transfer_async_*:
@@ -198,8 +203,14 @@ class TransferEngine:
         if not self._h:
             return NOT_CONNECTED
         loc = str(location or WILDCARD_LOCATION)
+        if loc.startswith("cuda"):
+            rc = n.mc_register_cuda(self._h, buffer_addr, capacity)
+            if rc:
+                log.error("register_memory(%s): GPU memory: %s", loc, n.strerror(rc))
+            return rc
         if loc != WILDCARD_LOCATION and not loc.startswith("cpu"):
-            log.error("register_memory: location %r: device memory is not supported yet", loc)
+            log.error("register_memory: location %r: only host and CUDA memory are "
+                      "supported", loc)
             return -95
         rc = n.mc_register_memory(self._h, buffer_addr, capacity)
         return 0 if rc == -17 and self._inside_managed(buffer_addr, capacity) else rc

@@ -264,7 +264,7 @@ void agent__map_unref(struct agent_map *m)
 
 /* ------------------------------------------------------------ process memory */
 
-int agent__map_process(struct agent *a, uint64_t len, struct agent_map **out)
+int agent__map_unmapped(struct agent *a, uint64_t len, struct agent_map **out)
 {
 	struct agent_map *m = calloc(1, sizeof(*m));
 	if (!m)

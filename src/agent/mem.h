@@ -68,12 +68,13 @@ void agent__map_ref(struct agent_map *m);
 void agent__map_unref(struct agent_map *m);
 
 /*
- * A map of no memory of the agent's: len bytes of a client's own memory
- * (process memory), which the transfer engine reaches by cross-memory
- * attach; it holds only the region registered for it (fd -1, addr NULL).
- * One reference. Errors: -ENOMEM.
+ * A map of memory the agent does not map: len bytes of a client's own
+ * memory (process memory, which the transfer engine reaches by
+ * cross-memory attach) or of its device (a dma-buf, reached by RDMA); it
+ * holds only the region registered for it (fd -1, addr NULL). One
+ * reference. Errors: -ENOMEM.
  */
-int agent__map_process(struct agent *a, uint64_t len, struct agent_map **out) MC_MUST_CHECK;
+int agent__map_unmapped(struct agent *a, uint64_t len, struct agent_map **out) MC_MUST_CHECK;
 /*
  * Whether process pid lets the agent reach [addr, addr + len) of its
  * memory by cross-memory attach: both ends can be read, and every byte

@@ -8,7 +8,9 @@
  * buffer of process memory is the client's ordinary memory (no memfd),
  * published for peers only: the engine reaches it by cross-memory
  * attach, once the client's process is seen to let the agent in and the
- * range to be mapped writable (mem.c). A transfer moves bytes between
+ * range to be mapped writable (mem.c); a buffer of device memory is a
+ * dma-buf the client attached, registered with the RDMA devices for
+ * peers' one-sided access only. A transfer moves bytes between
  * client memory and an address of a segment: another agent's through
  * the engine on a copy thread, or this agent's own segment or a buffer
  * one of its sessions published.
@@ -155,9 +157,9 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 	buffer_reply(r, id, len, fd);
 }
 
-/* ------------------------------------------------------------ process memory */
+/* ------------------------------------------------------------ unmapped memory */
 
-static const char *process_why(int rc)
+static const char *unmapped_why(int rc, bool dmabuf)
 {
 	switch (rc) {
 	case -EPERM:
@@ -174,39 +176,56 @@ static const char *process_why(int rc)
 	case -EEXIST:
 		return "the address range is already published by another session "
 		       "of this agent";
+	case -EOPNOTSUPP:
+		return dmabuf ? "device memory is reached by RDMA only, and this agent's "
+				"engine has no RDMA device that registers dma-bufs"
+			      : "this agent runs no transfer engine";
 	default:
 		return NULL;
 	}
 }
 
-/* The check and the registration with the engine, on a copy thread. */
-struct proc_reg {
+/*
+ * A registration of client memory the agent does not map: its own
+ * process memory (checked, then reached by cross-memory attach) or a
+ * dma-buf of its device memory (registered with the RDMA devices). Both
+ * take time (reading /proc, pinning): on a copy thread.
+ */
+struct unmapped_reg {
 	struct agent_job job;
 	struct agent_req *r;
 	struct te_engine *te; /* the session's (agent__op_te) */
 	struct agent_map *m;
 	pid_t pid;
-	int pidfd; /* a dup, owned */
-	uint64_t address, len;
+	int pidfd;            /* process memory: a dup, owned; else -1 */
+	int dmabuf;           /* a dma-buf: the attached fd, owned; else -1 */
+	uint64_t address, len, offset;
 	int err;
 };
 
-static void proc_reg_run(struct agent_job *j)
+static void unmapped_run(struct agent_job *j)
 {
-	struct proc_reg *p = MC_CONTAINER_OF(j, struct proc_reg, job);
-	p->err = agent__check_process(p->pid, p->address, p->len);
-	if (p->err == 0)
-		p->err = te_register_process(p->te, p->address, p->len, p->pid, p->pidfd,
-					     &p->m->region);
+	struct unmapped_reg *p = MC_CONTAINER_OF(j, struct unmapped_reg, job);
+	if (p->dmabuf >= 0) {
+		p->err = te_register_dmabuf(p->te, p->address, p->len, p->dmabuf, p->offset,
+					    &p->m->region);
+		close(p->dmabuf);
+	} else {
+		p->err = agent__check_process(p->pid, p->address, p->len);
+		if (p->err == 0)
+			p->err = te_register_process(p->te, p->address, p->len, p->pid,
+						     p->pidfd, &p->m->region);
+		close(p->pidfd);
+	}
 	if (p->err)
 		p->m->region = NULL;
-	close(p->pidfd);
 }
 
-static void proc_reg_done(struct agent_job *j)
+static void unmapped_done(struct agent_job *j)
 {
-	struct proc_reg *p = MC_CONTAINER_OF(j, struct proc_reg, job);
+	struct unmapped_reg *p = MC_CONTAINER_OF(j, struct unmapped_reg, job);
 	struct agent_req *r = p->r;
+	bool dmabuf = p->dmabuf >= 0;
 	uint64_t id;
 	int rc = p->err;
 	if (rc == 0) {
@@ -217,10 +236,11 @@ static void proc_reg_done(struct agent_job *j)
 						      &id);
 	}
 	if (rc) {
-		const char *why = process_why(rc);
-		log_warn("client %s: process memory 0x%llx+%llu refused: %s",
-			 agent__session_name(r->c), (unsigned long long)p->address,
-			 (unsigned long long)p->len, why ? why : mc_strerror(rc));
+		const char *why = unmapped_why(rc, dmabuf);
+		log_warn("client %s: %s 0x%llx+%llu refused: %s", agent__session_name(r->c),
+			 dmabuf ? "device memory" : "process memory",
+			 (unsigned long long)p->address, (unsigned long long)p->len,
+			 why ? why : mc_strerror(rc));
 		agent__map_unref(p->m);
 		agent__op_fail(r, rc, why);
 	} else {
@@ -229,43 +249,49 @@ static void proc_reg_done(struct agent_job *j)
 	free(p);
 }
 
-/* Register the client's own memory [address, address + length): checked
- * and published on a copy thread (reading /proc and pinning take time). */
-static void register_process(struct agent_req *r)
+/* Register [address, address + length) of the client's process memory,
+ * or of its device memory by the attached dma-buf. */
+static void register_unmapped(struct agent_req *r)
 {
 	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
 	struct agent_conn *c = r->c;
-	int pidfd, rc = 0;
-	pid_t pid = agent__session_pid(c, &pidfd);
-	struct proc_reg *p = NULL;
+	int pidfd = -1, rc = 0;
+	pid_t pid = q->dmabuf ? 0 : agent__session_pid(c, &pidfd);
+	struct unmapped_reg *p = NULL;
 	struct agent_map *m = NULL;
 	struct te_engine *te = agent__op_te(r);
 	if (!te)
 		rc = -EOPNOTSUPP;
 	else if (agent__session_bufs_full(c))
 		rc = -ENOSPC;
-	else if (pidfd < 0)
+	else if (!q->dmabuf && pidfd < 0)
 		rc = -ENOSYS;
-	else if (!(p = calloc(1, sizeof(*p))) || agent__map_process(r->a, q->length, &m) != 0)
+	else if (!(p = calloc(1, sizeof(*p))) || agent__map_unmapped(r->a, q->length, &m) != 0)
 		rc = -ENOMEM;
-	else if ((p->pidfd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3)) < 0)
+	else if (!q->dmabuf && (p->pidfd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3)) < 0)
 		rc = -errno;
 	if (rc) {
 		agent__map_unref(m);
 		free(p);
-		agent__op_fail(r, rc,
-			       rc == -EOPNOTSUPP ? "this agent runs no transfer engine"
-						 : process_why(rc));
+		agent__op_fail(r, rc, unmapped_why(rc, q->dmabuf));
 		return;
 	}
 	p->r = r;
 	p->te = te;
 	p->m = m;
 	p->pid = pid;
+	if (q->dmabuf) {
+		p->pidfd = -1;
+		p->dmabuf = r->fds[0];
+		r->fds[0] = -1;
+	} else {
+		p->dmabuf = -1;
+	}
 	p->address = q->address;
 	p->len = q->length;
-	p->job.run = proc_reg_run;
-	p->job.done = proc_reg_done;
+	p->offset = q->offset;
+	p->job.run = unmapped_run;
+	p->job.done = unmapped_done;
 	agent__pool_submit(&r->a->pool, &p->job);
 }
 
@@ -273,8 +299,8 @@ void agent__op_register_buffer(struct agent_req *r)
 {
 	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
 	struct agent_conn *c = r->c;
-	if (q->process_memory) {
-		register_process(r);
+	if (q->process_memory || q->dmabuf) {
+		register_unmapped(r);
 		return;
 	}
 	struct agent_map *m;

@@ -123,6 +123,11 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 		return 0;
 	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: {
 		const Mooncake__Client__RegisterBufferRequest *q = m->register_buffer;
+		if (q->dmabuf && (q->process_memory || m->nfds != 1 || q->address == 0 ||
+				  q->address > UINT64_MAX - q->length)) {
+			*why = "register_buffer of a dma-buf: one descriptor and an address";
+			return -EINVAL;
+		}
 		if (q->process_memory) {
 			if (m->nfds != 0) {
 				*why = "register_buffer of process memory carries no descriptor";

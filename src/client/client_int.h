@@ -6,6 +6,7 @@
  *            maps, the ranges a session registered
  *   put.c    puts          get.c   gets and views
  *   keys.c   exist, remove, stats      xfer.c  transfers
+ *   device.c device memory (dma-bufs, CUDA)
  * Names here carry mc__; "_locked" ones expect the handle's mu held.
  */
 #ifndef MC_CLIENT_INT_H
@@ -36,8 +37,9 @@ typedef Mooncake__Client__Region Region;
 /* R_ALLOC: from mc_buffer_alloc; R_MEMFD: mc_register_memfd; R_HOST: an
  * mc_host_alloc allocation this session handed to its agent; R_PROC:
  * ordinary memory the agent reaches by cross-memory attach; R_SHADOW:
- * other registered memory, copied through staging. */
-enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST, R_PROC };
+ * other registered memory, copied through staging; R_DEVICE: device
+ * memory registered by a dma-buf, for peers' RDMA only. */
+enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST, R_PROC, R_DEVICE };
 
 struct range {
 	uint8_t *addr;
@@ -165,6 +167,11 @@ int mc__host_attach(mc_client *c, const void *p, size_t len, bool publish);
 /* Add / remove an open handle from those mc_host_free tells. -ENOMEM. */
 int mc__host_track(mc_client *c);
 void mc__host_untrack(mc_client *c);
+
+/* device.c */
+/* Whether [p, p + len) touches device memory registered in this session
+ * (which this process's own requests cannot copy). */
+bool mc__device_range(mc_client *c, const void *p, size_t len);
 
 static inline bool mc__key_ok(size_t klen)
 {

@@ -119,7 +119,7 @@ static const struct range *find_range_locked(mc_client *c, const void *p, size_t
 	const uint8_t *a = p;
 	for (size_t i = 0; i < c->nranges; i++) {
 		const struct range *r = &c->ranges[i];
-		if (r->kind == R_SHADOW || (r->kind == R_PROC && !proc))
+		if (r->kind == R_SHADOW || r->kind == R_DEVICE || (r->kind == R_PROC && !proc))
 			continue;
 		if (a >= r->addr && (size_t)(a - r->addr) <= r->len &&
 		    len <= r->len - (size_t)(a - r->addr))
@@ -457,7 +457,8 @@ MC__PUBLIC int mc_unregister_buffer(mc_client *c, void *addr)
 		return 0;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC))
+	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC ||
+			r.kind == R_DEVICE))
 		rc = mc__unregister_id(c, r.id);
 	return rc;
 }

@@ -310,6 +310,35 @@ int mc_unregister_buffer(mc_client *c, void *addr);
 int mc_register_memory(mc_client *c, void *addr, size_t len);
 
 /*
+ * Register device memory (a GPU's) for peers' RDMA: fd is a dma-buf of it
+ * (borrowed: sent to the agent, which keeps its own reference), and
+ * [offset, offset + len) of the dma-buf is the memory at addr in this
+ * process — the address peers use. The agent registers it with each of
+ * its RDMA devices (ibv_reg_dmabuf_mr) and publishes it: peers write and
+ * read it by one-sided RDMA, the NIC reaching the device directly. No
+ * CPU copies it: tcp and shm peers' requests for it fail, and it cannot
+ * be the local memory of this process's own transfers (mc_transfer fails
+ * such an item with -EOPNOTSUPP) or of its puts and gets (do not pass
+ * it). Errors: -EINVAL, -EEXIST (overlaps a registered range),
+ * -EOPNOTSUPP (the agent's engine has no RDMA device, or its device or
+ * libibverbs registers no dma-bufs), the RDMA registration's errors
+ * (-ENOMEM, -EACCES, -EFAULT), MC_EUNAVAILABLE.
+ */
+int mc_register_dmabuf(mc_client *c, int fd, uint64_t offset, void *addr, size_t len);
+/*
+ * Register CUDA device memory [addr, addr + len) as mc_register_dmabuf
+ * does, its dma-buf exported by the CUDA driver: libcuda.so.1 is loaded
+ * at the first call (never linked), the pointer must be device memory
+ * inside one allocation (cuPointerGetAttribute, cuMemGetAddressRange),
+ * and that allocation is exported whole (cuMemGetHandleForAddressRange,
+ * CUDA 11.7, a device with dma-buf support). Errors: -EOPNOTSUPP (no
+ * CUDA driver, too old, or the device exports no dma-bufs), -EINVAL (not
+ * device memory of the current context, or past its allocation), those
+ * of mc_register_dmabuf.
+ */
+int mc_register_cuda(mc_client *c, void *addr, size_t len);
+
+/*
  * Host memory the agent can map, without a handle and from any thread:
  * len bytes of a memfd of this process, mapped shared at a 2 MiB-aligned
  * address (NULL and errno on failure). The first time a session meets an

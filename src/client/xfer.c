@@ -13,6 +13,9 @@
 
 /* ------------------------------------------------------------ transfer */
 
+/* An item's staging block offset when its local memory is device memory. */
+#define BLK_DEVICE (-2)
+
 MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
 			   int *results)
 {
@@ -35,7 +38,12 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 		mooncake__client__region__init(g);
 		blk[i] = -1;
 		results[i] = 0;
-		if (t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
+		if (t->len && mc__device_range(c, t->local, t->len)) {
+			/* Nothing here can copy device memory: the item goes
+			 * as an empty one and fails (BLK_DEVICE). */
+			blk[i] = BLK_DEVICE;
+			g->length = 0;
+		} else if (t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
 			g->length = t->len;
 		} else if ((blk[i] = mc__stg_alloc(c, t->len)) >= 0) {
 			if (write)
@@ -85,7 +93,7 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 		rc = MC_EPROTOCOL;
 	else
 		for (size_t i = 0; i < n; i++)
-			results[i] = w.resp->transfer->errors[i];
+			results[i] = blk[i] == BLK_DEVICE ? -EOPNOTSUPP : w.resp->transfer->errors[i];
 	mc__waiter_clear(&w);
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		if (results[i] || reqs[i].op != MC_TRANSFER_READ || reqs[i].len == 0)

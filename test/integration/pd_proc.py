@@ -9,10 +9,15 @@ decode MEMORY BLOCKS BLOCK_BYTES LAYERS
     "host:get_rpc_port()", a KV cache of LAYERS x BLOCKS x BLOCK_BYTES in
     MEMORY (allocator: MooncakeHostMemAllocator; hook: the C functions of
     get_alloc_func_addr/get_free_func_addr, as LMCache calls them;
-    managed: allocate_managed_buffer; ordinary: numpy arrays),
+    managed: allocate_managed_buffer; ordinary: numpy arrays; dmabuf:
+    device memory as register_memory(location="cuda:N") hands it to the
+    agent, a memfd standing in for the GPU's dma-buf, registered at
+    addresses this process reserves without access — a GPU's virtual
+    addresses — and checked through a mapping of the memfd),
     batch_register_memory(ptrs, lens).
-    Prints {"session", "ptrs", "block_bytes"}; then "check SEED" verifies
-    every byte against the pattern the prefill wrote, "exit" ends.
+    Prints {"session", "ptrs", "block_bytes"} (or {"register_rc"} when
+    the registration fails); then "check SEED" verifies every byte
+    against the pattern the prefill wrote, "exit" ends.
 prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
     Its own KV cache in ordinary numpy memory (allocator memory with
     PD_SRC=allocator), filled with the pattern, registered; STYLE vllm: one batch_transfer_sync_write of every block
@@ -52,6 +57,31 @@ def engine():
     return te, "%s:%d" % (hostname, te.get_rpc_port())
 
 
+def dmabuf(te, size, layers):
+    """Device memory of LAYERS x size bytes: a memfd as its dma-buf, known
+    by addresses reserved here without access (the GPU's virtual
+    addresses: this process's CPU cannot touch them). Returns (rc of the
+    registrations, views of the memfd per layer, the addresses)."""
+    import mmap
+    from mooncake import _native as n
+    fd = os.memfd_create("pd-dmabuf")
+    os.ftruncate(fd, size * layers)
+    view = mmap.mmap(fd, size * layers)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    va = libc.mmap(None, size * layers, 0, 0x22 | 0x4000, -1, 0)  # PRIVATE|ANON|NORESERVE
+    caches = [np.frombuffer(view, dtype=np.uint8, count=size, offset=k * size)
+              for k in range(layers)]
+    ptrs = [va + k * size for k in range(layers)]
+    rc = 0
+    for k in range(layers):
+        rc = rc or n.mc_register_dmabuf(te._h, fd, k * size, ptrs[k], size)
+    os.close(fd)  # the agent keeps its own
+    return rc, caches, ptrs
+
+
 def decode(memory, blocks, block_bytes, layers):
     te, session = engine()
     size = blocks * block_bytes
@@ -68,6 +98,8 @@ def decode(memory, blocks, block_bytes, layers):
             p = alloc(size)
         elif memory == "managed":
             p = te.allocate_managed_buffer(size)
+        elif memory == "dmabuf":
+            break
         elif memory == "ordinary":
             arr = np.zeros(size, dtype=np.uint8)
             caches.append(arr)
@@ -81,9 +113,14 @@ def decode(memory, blocks, block_bytes, layers):
         arr[:] = 0
         caches.append(arr)
         ptrs.append(p)
-    rc = te.batch_register_memory(ptrs, [size] * layers)
+    if memory == "dmabuf":
+        rc, caches, ptrs = dmabuf(te, size, layers)
+    else:
+        rc = te.batch_register_memory(ptrs, [size] * layers)
     if rc != 0:
-        raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
+        out(register_rc=rc)
+        te.close()
+        return
     out(session=session, ptrs=ptrs, block_bytes=block_bytes)
     for line in sys.stdin:
         cmd = line.split()

@@ -11,6 +11,7 @@ processes on one node; a decode killed mid-transfer gives the prefill a
 negative return, not a hang. Each TransferEngine has a session id of its
 own, found by P2P probes and in meta.
 """
+import ctypes
 import json
 import os
 import signal
@@ -146,6 +147,10 @@ def two_agents_rdma_on_the_verbs_emulator():
     # Both sides in ordinary memory: no MR on either side, so the bytes
     # take the rdma peer's tcp connection (counted as rdma fallbacks).
     run_pd(b, a, "ordinary", "vllm", 43, protocol="rdma")
+    # The decode's KV cache in device memory, by a dma-buf (a memfd in
+    # its stead) the agent registers with ibv_reg_dmabuf_mr: written by
+    # one-sided RDMA only.
+    run_pd(b, a, "dmabuf", "vllm", 44, protocol="rdma", src="allocator")
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_rdma_nic_bytes_total", 'nic="emu_0",op="write"') > 0,
        True, "the bytes went over RDMA")
@@ -162,6 +167,25 @@ def probe(agent, session):
         return te.send_probe(session), te.get_first_buffer_address(session)
     finally:
         te.close()
+
+
+@case
+def device_memory_needs_rdma():
+    """A dma-buf registration with agents that have no RDMA device fails
+    (-95), rather than publish memory nobody could reach."""
+    a, b = two_agents("tcp")
+    d = Proc(b, "decode", "dmabuf", BLOCKS, BLOCK_BYTES, LAYERS)
+    eq(d.read(), {"register_rc": -95}, "refused")
+    d.p.wait(timeout=30)
+    # CUDA memory: libcuda.so.1 is loaded at run time; this machine has
+    # no CUDA driver, so the registration is refused the same way.
+    from mooncake.engine import TransferEngine
+    te = TransferEngine()
+    eq(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "", socket_path=b.socket), 0, "engine")
+    buf = ctypes.create_string_buffer(4096)
+    eq(te.register_memory(ctypes.addressof(buf), 4096, "cuda:0"), -95, "no CUDA driver")
+    eq(te.register_memory(ctypes.addressof(buf), 4096, "npu:0"), -95, "another device")
+    te.close()
 
 
 @case
