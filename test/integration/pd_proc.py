@@ -23,9 +23,12 @@ prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
     PD_SRC=allocator), filled with the pattern, registered; STYLE vllm: one batch_transfer_sync_write of every block
     of every layer; sglang: per layer, runs of contiguous blocks merged,
     batch_transfer_sync_write each, as conn.py's send_kvcache groups
-    them. Prints {"rc": ...}. STYLE loop: write again and again until a
+    them. Prints {"rc": ...}. STYLE readback: vllm's batch, then every
+    block read back with batch_transfer_sync_read into fresh numpy memory
+    and compared, printing {"rc", "read_back": true/false}. STYLE loop: write again and again until a
     transfer fails, printing {"rc": first failure}. STYLE bench:SECONDS:
-    the vllm batch again and again for SECONDS, printing {"rc", "gbps"}.
+    the vllm batch once (page faults), then again and again for SECONDS,
+    printing {"rc", "gbps"}.
 """
 import ctypes
 import json
@@ -153,7 +156,7 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
     if rc != 0:
         raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
     src, dst, lens = [], [], []
-    if style in ("vllm", "loop") or style.startswith("bench:"):
+    if style in ("vllm", "loop", "readback") or style.startswith("bench:"):
         for layer in range(layers):
             for b in range(blocks):
                 src.append(kv[layer].ctypes.data + b * block_bytes)
@@ -174,6 +177,12 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
     if style.startswith("bench:"):
         import time
         seconds = float(style.split(":", 1)[1])
+        # One batch first: its page faults on both sides are not the
+        # steady state a decode sees.
+        rc = te.batch_transfer_sync_write(session, src, dst, lens)
+        if rc != 0:
+            out(rc=rc)
+            return
         moved, t0 = 0, time.monotonic()
         while time.monotonic() - t0 < seconds:
             rc = te.batch_transfer_sync_write(session, src, dst, lens)
@@ -182,6 +191,15 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
                 return
             moved += sum(lens)
         out(rc=0, gbps=moved / (time.monotonic() - t0) / 1e9)
+        return
+    if style == "readback":
+        rc = te.batch_transfer_sync_write(session, src, dst, lens)
+        back = [np.zeros(size, dtype=np.uint8) for _ in range(layers)]
+        if rc == 0:
+            rc = te.batch_transfer_sync_read(
+                session, [back[k // blocks].ctypes.data + (k % blocks) * block_bytes
+                          for k in range(len(dst))], dst, lens)
+        out(rc=rc, read_back=all(np.array_equal(back[k], kv[k]) for k in range(layers)))
         return
     if style == "loop":
         while True:

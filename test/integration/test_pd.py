@@ -170,6 +170,25 @@ def probe(agent, session):
 
 
 @case
+def batches_larger_than_the_staging_buffer():
+    """32 MiB batches from and into ordinary memory, twice the agents'
+    16 MiB staging buffers: the prefill's side goes through staging in
+    rounds, the decode's by cross-memory attach; written, then read back,
+    every byte checked."""
+    a, b = two_agents("tcp")
+    blocks, block_bytes, layers = 64, 256 * 1024, 2
+    d = Proc(b, "decode", "ordinary", blocks, block_bytes, layers)
+    info = d.read()
+    p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), blocks, block_bytes,
+             layers, 81, "readback")
+    eq(p.read(), {"rc": 0, "read_back": True}, "written and read back")
+    p.p.wait(timeout=30)
+    d.send("check 81")
+    eq(d.read(), {"bad_layers": []}, "every byte in the decode")
+    d.end()
+
+
+@case
 def device_memory_needs_rdma():
     """A dma-buf registration with agents that have no RDMA device fails
     (-95), rather than publish memory nobody could reach."""
