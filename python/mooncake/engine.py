@@ -38,9 +38,10 @@ location (register_memory): "*" or "cpu..." are host memory. "cuda:N"
 is GPU memory: exported as a dma-buf by the CUDA driver (loaded at run
 time) and registered by the agent with its RDMA devices, so peers write
 and read it by one-sided RDMA; -95 when CUDA, a dma-buf capable device
-or an RDMA device of the agent is missing, and this process's own
-transfers cannot use it as local memory (-95 per item). Other devices
-("npu:N") are refused with -95.
+or an RDMA device of the agent is missing. It is the local memory of
+this process's transfers to RDMA peers too (-95 for an item the agent
+cannot move by RDMA: a same-host peer over shm, a tcp peer). Other
+devices ("npu:N") are refused with -95.
 Notifications (transfer_sync(..., notify=...)) are refused with -95: the
 agents do not carry them to a peer (get_notifies() is always empty).
 Mismatched list lengths in batch calls return -1 (batch_transfer_async_*:

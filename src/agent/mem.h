@@ -30,6 +30,7 @@ struct agent_map {
 	struct te_region *region; /* registered with the engine, or NULL */
 	struct agent_inst *inst;  /* ... with this session's engine (a
 				     reference), or NULL: the agent's */
+	bool device;              /* its region is a client's dma-buf */
 };
 
 struct agent_memfd_opts {

@@ -75,6 +75,8 @@ struct agent_item {
 	uint64_t remote;
 	struct te_region *proc; /* the target is a client's process memory
 				   published here (reached through it) */
+	bool device;            /* ptr is a client's device memory (its
+				   address there): RDMA moves it, nothing else */
 };
 
 /* A client request. server.c makes it (the fields up to start_ns) and
@@ -132,6 +134,12 @@ int agent__op_hold(struct agent_req *r, struct agent_map *m) MC_MUST_CHECK;
  */
 int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g,
 		     uint8_t **ptr) MC_MUST_CHECK;
+/* A region naming a buffer of the session's device memory (a dma-buf):
+ * *iova, the memory's address in the client, which the engine's RDMA
+ * NICs know it by. Errors: -ENOENT (not such a buffer), -ERANGE,
+ * -ENOMEM. */
+int agent__op_device(struct agent_req *r, const Mooncake__Client__Region *g,
+		     uint8_t **iova) MC_MUST_CHECK;
 /* The transfer engine the request's session uses: its own (held for the
  * request: the session may close meanwhile), else the agent's (NULL when
  * the agent runs none). */

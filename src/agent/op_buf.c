@@ -230,6 +230,7 @@ static void unmapped_done(struct agent_job *j)
 	int rc = p->err;
 	if (rc == 0) {
 		map_engine(r, p->m);
+		p->m->device = dmabuf;
 		rc = agent__session_closed(r->c)
 			     ? MC_ECANCELLED
 			     : agent__session_buf_add(r->c, p->m, NULL, p->len, p->address,
@@ -438,8 +439,12 @@ static void transfer_run(struct agent_job *j)
 			if (r->inst)
 				agent__xfer_engine(x, agent__inst_te(r->inst));
 		}
-		agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote, it->len,
-				&it->err);
+		if (it->device)
+			agent__xfer_add_device(a, x, it->target, it->write, it->ptr,
+					       it->remote, it->len, &it->err);
+		else
+			agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote,
+					it->len, &it->err);
 	}
 	if (x)
 		agent__xfer_start(a, x);
@@ -505,8 +510,16 @@ void agent__op_transfer(struct agent_req *r)
 		it->target = ti->target;
 		it->remote = ti->remote_address;
 		it->err = agent__op_region(r, ti->local, &it->ptr);
+		if (it->err == -EINVAL && agent__op_device(r, ti->local, &it->ptr) == 0) {
+			it->device = true;
+			it->err = 0;
+		}
 		if (it->err || it->len == 0)
 			continue;
+		if (it->device && strcmp(ti->target, a->name) == 0) {
+			it->err = -EOPNOTSUPP; /* no CPU copies device memory */
+			continue;
+		}
 		if (strcmp(ti->target, a->name) == 0) {
 			uint8_t *t = local_target(r, ti->remote_address, it->len, &it->proc);
 			if (!t && !it->proc) {

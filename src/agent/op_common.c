@@ -136,6 +136,22 @@ int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g, uin
 	return 0;
 }
 
+int agent__op_device(struct agent_req *r, const Mooncake__Client__Region *g, uint8_t **iova)
+{
+	const struct agent_buf *b = g->where == MOONCAKE__CLIENT__REGION__WHERE__BUFFER
+					    ? agent__session_buf(r->c, g->buffer)
+					    : NULL;
+	if (!b || !b->map->device)
+		return -ENOENT;
+	if (g->offset > b->len || g->length > b->len - g->offset)
+		return -ERANGE;
+	int rc = agent__op_hold(r, b->map);
+	if (rc)
+		return rc;
+	*iova = (uint8_t *)(uintptr_t)(b->address + g->offset);
+	return 0;
+}
+
 struct te_engine *agent__op_te(struct agent_req *r)
 {
 	struct agent_inst *i = agent__session_inst(r->c);

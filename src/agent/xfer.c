@@ -90,8 +90,8 @@ struct agent_xfer *agent__xfer_new(void)
 	return calloc(1, sizeof(struct agent_xfer));
 }
 
-void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
-		     void *local, uint64_t remote, size_t len, int *err)
+static void add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+		void *local, uint64_t remote, size_t len, bool device, int *err)
 {
 	if (*err)
 		return;
@@ -133,9 +133,22 @@ void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, boo
 		.segment = g->s,
 		.remote_addr = remote,
 		.len = len,
+		.local_device = device,
 	};
 	x->errs[x->n] = err;
 	x->n++;
+}
+
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+		     void *local, uint64_t remote, size_t len, int *err)
+{
+	add(a, x, seg, write, local, remote, len, false, err);
+}
+
+void agent__xfer_add_device(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+			    void *local, uint64_t remote, size_t len, int *err)
+{
+	add(a, x, seg, write, local, remote, len, true, err);
 }
 
 struct agent_xfer *agent__xfer_new_loop(void)

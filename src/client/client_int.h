@@ -169,9 +169,10 @@ int mc__host_track(mc_client *c);
 void mc__host_untrack(mc_client *c);
 
 /* device.c */
-/* Whether [p, p + len) touches device memory registered in this session
- * (which this process's own requests cannot copy). */
-bool mc__device_range(mc_client *c, const void *p, size_t len);
+/* Device memory registered in this session at [p, p + len): 1 with *g
+ * naming it (the agent moves it by RDMA only), 0 when the range touches
+ * none, -EOPNOTSUPP when it is partly device memory. */
+int mc__device_region(mc_client *c, const void *p, size_t len, Region *g);
 
 static inline bool mc__key_ok(size_t klen)
 {

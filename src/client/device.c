@@ -61,18 +61,28 @@ MC__PUBLIC int mc_register_dmabuf(mc_client *c, int fd, uint64_t offset, void *a
 	return rc;
 }
 
-bool mc__device_range(mc_client *c, const void *p, size_t len)
+int mc__device_region(mc_client *c, const void *p, size_t len, Region *g)
 {
 	const uint8_t *a = p;
-	bool found = false;
+	int rc = 0;
 	pthread_mutex_lock(&c->mu);
-	for (size_t i = 0; i < c->nranges && !found; i++) {
+	for (size_t i = 0; i < c->nranges && !rc; i++) {
 		const struct range *r = &c->ranges[i];
-		found = r->kind == R_DEVICE && a < r->addr + r->len &&
-			r->addr < a + (len ? len : 1);
+		if (r->kind != R_DEVICE || a >= r->addr + r->len ||
+		    r->addr >= a + (len ? len : 1))
+			continue;
+		if (a < r->addr || len > r->len - (size_t)(a - r->addr)) {
+			rc = -EOPNOTSUPP; /* partly device memory */
+			break;
+		}
+		g->where = MOONCAKE__CLIENT__REGION__WHERE__BUFFER;
+		g->buffer = r->id;
+		g->offset = (uint64_t)(a - r->addr);
+		g->length = len;
+		rc = 1;
 	}
 	pthread_mutex_unlock(&c->mu);
-	return found;
+	return rc;
 }
 
 /* ------------------------------------------------------------ CUDA */

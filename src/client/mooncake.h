@@ -315,11 +315,14 @@ int mc_register_memory(mc_client *c, void *addr, size_t len);
  * [offset, offset + len) of the dma-buf is the memory at addr in this
  * process — the address peers use. The agent registers it with each of
  * its RDMA devices (ibv_reg_dmabuf_mr) and publishes it: peers write and
- * read it by one-sided RDMA, the NIC reaching the device directly. No
- * CPU copies it: tcp and shm peers' requests for it fail, and it cannot
- * be the local memory of this process's own transfers (mc_transfer fails
- * such an item with -EOPNOTSUPP) or of its puts and gets (do not pass
- * it). Errors: -EINVAL, -EEXIST (overlaps a registered range),
+ * read it by one-sided RDMA, the NIC reaching the device directly. It is
+ * also the local memory of this process's transfers to RDMA peers (the
+ * agent's NIC reads or writes it by its MR). No CPU copies it: tcp and
+ * shm peers' requests for it fail, a transfer item with it whose target
+ * the agent cannot reach by RDMA (a peer on the same host over shm, a tcp
+ * peer, a region without rkeys) fails with -EOPNOTSUPP, and so does an
+ * item partly in it; puts and gets cannot use it (do not pass it).
+ * Errors: -EINVAL, -EEXIST (overlaps a registered range),
  * -EOPNOTSUPP (the agent's engine has no RDMA device, or its device or
  * libibverbs registers no dma-bufs), the RDMA registration's errors
  * (-ENOMEM, -EACCES, -EFAULT), MC_EUNAVAILABLE.

@@ -13,7 +13,8 @@
 
 /* ------------------------------------------------------------ transfer */
 
-/* An item's staging block offset when its local memory is device memory. */
+/* An item's staging block offset when its local memory is partly device
+ * memory (which nothing copies). */
 #define BLK_DEVICE (-2)
 
 /*
@@ -39,12 +40,13 @@ static int transfer_round(mc_client *c, const struct mc_transfer_req *reqs, size
 		mooncake__client__region__init(g);
 		blk[m] = -1;
 		results[m] = 0;
-		if (t->len && mc__device_range(c, t->local, t->len)) {
-			/* Nothing here can copy device memory: the item goes
-			 * as an empty one and fails (BLK_DEVICE). */
+		int dev = t->len ? mc__device_region(c, t->local, t->len, g) : 0;
+		if (dev < 0) {
+			/* Nothing can copy device memory: the item goes as an
+			 * empty one and fails (BLK_DEVICE). */
 			blk[m] = BLK_DEVICE;
 			g->length = 0;
-		} else if (t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
+		} else if (dev || t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
 			g->length = t->len;
 		} else if ((blk[m] = mc__stg_alloc(c, t->len)) >= 0) {
 			if (write)

@@ -261,8 +261,10 @@ static void mr_remove(struct rdma_xport *x, struct lmr *m)
 	pthread_rwlock_unlock(&x->mr_lk);
 }
 
-/* The registered MR holding [p, p + len), counted in use; NULL if none. */
-static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len)
+/* The registered MR holding [p, p + len) — of a dma-buf when device
+ * (p an address in its owner's process), else of this process's memory
+ * — counted in use; NULL if none. */
+static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len, bool device)
 {
 	struct lmr *found = NULL;
 	uintptr_t a = (uintptr_t)p;
@@ -272,7 +274,7 @@ static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len)
 		uintptr_t off = a - (uintptr_t)m->base;
 		if (off >= x->maxlen)
 			break; /* every earlier one starts further below */
-		if (m->mr && !m->device && off < m->len && len <= m->len - off) {
+		if (m->mr && m->device == device && off < m->len && len <= m->len - off) {
 			atomic_fetch_add(&m->inflight, 1);
 			found = m;
 			break;
@@ -580,10 +582,15 @@ static void rconn_unref(struct rconn *rc)
 	free(rc);
 }
 
-/* The slice goes over tcp, or fails when there is no tcp path either. */
+/* The slice goes over tcp, or fails when there is no tcp path either (or
+ * its local memory is device memory, which no CPU copies). */
 static void to_tcp(struct rpeer *p, struct te_slice *s)
 {
 	struct te_peer *t = p->tcp;
+	if (s->device) {
+		te__slice_done(s, p->x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
+		return;
+	}
 	if (!t || atomic_load(&t->closed)) {
 		te__slice_done(s, p->x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
 		return;
@@ -711,7 +718,12 @@ static void rdma_submit(struct te_peer *bp, struct te_slice *s)
 		te__slice_done(s, x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
 		return;
 	}
-	struct lmr *m = s->route ? lmr_get(x, s->local, s->len) : NULL;
+	struct lmr *m = s->route ? lmr_get(x, s->local, s->len, s->device) : NULL;
+	if (!m && s->device) {
+		/* Not inside a dma-buf this engine registered. */
+		te__slice_done(s, -EOPNOTSUPP, false);
+		return;
+	}
 	if (m) {
 		bool queued = false;
 		s->xp = m;

@@ -421,6 +421,7 @@ struct te_slice {
 	uint32_t req;              /* request index */
 	uint8_t op;                /* TE_READ / TE_WRITE */
 	uint8_t tries;
+	bool device; /* local is device memory: RDMA only */
 	uint16_t path;
 	uint32_t excluded;         /* paths that failed it */
 	uint32_t len;

@@ -272,6 +272,13 @@ struct te_request {
 	struct te_segment *segment;
 	uint64_t remote_addr;   /* an address inside a region of segment */
 	size_t len;             /* 0 completes at once with success */
+	/* local is device memory registered with te_register_dmabuf (by
+	 * its address in its owner's process): only RDMA moves it, the NIC
+	 * reaching it through the dma-buf's MR; the request fails with
+	 * -EOPNOTSUPP when the segment cannot be reached so (a same-host
+	 * peer over shm, a tcp peer, a remote region without rkeys) or
+	 * local is not inside such a region. */
+	bool local_device;
 };
 
 enum te_status {

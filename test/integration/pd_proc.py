@@ -20,7 +20,8 @@ decode MEMORY BLOCKS BLOCK_BYTES LAYERS
     against the pattern the prefill wrote, "exit" ends.
 prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
     Its own KV cache in ordinary numpy memory (allocator memory with
-    PD_SRC=allocator), filled with the pattern, registered; STYLE vllm: one batch_transfer_sync_write of every block
+    PD_SRC=allocator, device memory as the decode's dmabuf with
+    PD_SRC=dmabuf), filled with the pattern, registered; STYLE vllm: one batch_transfer_sync_write of every block
     of every layer; sglang: per layer, runs of contiguous blocks merged,
     batch_transfer_sync_write each, as conn.py's send_kvcache groups
     them. Prints {"rc": ...}. STYLE readback: vllm's batch, then every
@@ -152,14 +153,23 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
             m[:] = a
             moved.append(m)
         kv = moved
-    rc = te.batch_register_memory([a.ctypes.data for a in kv], [size] * layers)
+    if os.environ.get("PD_SRC") == "dmabuf":
+        # The prefill's KV cache in device memory too (a dma-buf in its
+        # stead): the agent's NIC reads it by its MR, nothing else can.
+        rc, views, base = dmabuf(te, size, layers)
+        for k in range(layers):
+            views[k][:] = kv[k]
+        kv = views
+    else:
+        base = [a.ctypes.data for a in kv]
+        rc = te.batch_register_memory(base, [size] * layers)
     if rc != 0:
         raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
     src, dst, lens = [], [], []
     if style in ("vllm", "loop", "readback") or style.startswith("bench:"):
         for layer in range(layers):
             for b in range(blocks):
-                src.append(kv[layer].ctypes.data + b * block_bytes)
+                src.append(base[layer] + b * block_bytes)
                 dst.append(ptrs[layer] + b * block_bytes)
                 lens.append(block_bytes)
         groups = [(src, dst, lens)]
@@ -170,7 +180,7 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
         for layer in range(layers):
             s, d, n = [], [], []
             for run in runs:
-                s.append(kv[layer].ctypes.data + run[0] * block_bytes)
+                s.append(base[layer] + run[0] * block_bytes)
                 d.append(ptrs[layer] + run[0] * block_bytes)
                 n.append(len(run) * block_bytes)
             groups.append((s, d, n))

@@ -151,6 +151,9 @@ def two_agents_rdma_on_the_verbs_emulator():
     # its stead) the agent registers with ibv_reg_dmabuf_mr: written by
     # one-sided RDMA only.
     run_pd(b, a, "dmabuf", "vllm", 44, protocol="rdma", src="allocator")
+    # GPU to GPU: the prefill's KV cache a dma-buf too, read by its
+    # agent's NIC.
+    run_pd(b, a, "dmabuf", "sglang", 45, protocol="rdma", src="dmabuf")
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_rdma_nic_bytes_total", 'nic="emu_0",op="write"') > 0,
        True, "the bytes went over RDMA")

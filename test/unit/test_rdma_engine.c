@@ -9,7 +9,8 @@
  * the queue pairs are set up again, protocol choice without a device,
  * the CONNECT/ACCEPT control message, a region of another process's
  * memory (no MR: peers reach it over tcp), and a dma-buf region (an MR by
- * ibv_reg_dmabuf_mr at the owner's address: RDMA only).
+ * ibv_reg_dmabuf_mr at the owner's address: RDMA only, as a peer's target
+ * and as the local memory of this engine's requests).
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -45,7 +46,8 @@ static void transfer(enum te_op op, struct te_segment *s, uint8_t *local, uint64
 	struct te_request q[64];
 	cr_assert(n <= 64);
 	for (size_t i = 0; i < n; i++)
-		q[i] = (struct te_request){op, local + i * len, s, remote + i * len, len};
+		q[i] = (struct te_request){op,   local + i * len, s, remote + i * len, len,
+					   false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, n, &bt), 0);
 	cr_assert_eq(te_wait(bt, 60000), 0);
@@ -191,8 +193,9 @@ Test(rdma_engine, unregister_under_requests_using_the_region)
 	struct te_segment *s = open_b();
 	struct te_request q[64];
 	for (size_t i = 0; i < 64; i++)
-		q[i] = (struct te_request){TE_WRITE, src.p + (i << 20), s,
-					   (uint64_t)(uintptr_t)b.p + (i << 20), 1 << 20};
+		q[i] = (struct te_request){TE_WRITE, src.p + (i << 20),
+					   s,        (uint64_t)(uintptr_t)b.p + (i << 20),
+					   1 << 20,  false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, 64, &bt), 0);
 	pthread_t t;
@@ -438,6 +441,71 @@ Test(rdma_engine, dmabuf_needs_rdma)
 	struct te_region *r;
 	cr_assert_eq(te_register_dmabuf(H.e[0], 0x7e0000000000ull, 1 << 20, gpu.fd, 0, &r),
 		     -EOPNOTSUPP);
+	/* Device memory as local memory to a peer tcp reaches: refused. */
+	struct mem b;
+	mem_new(H.e[1], 1 << 20, &b);
+	struct te_segment *s = open_b();
+	struct te_request q = {TE_WRITE, gpu.p, s, (uint64_t)(uintptr_t)b.p, 4096, true};
+	struct te_batch *bt;
+	struct te_result res;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.err, -EOPNOTSUPP, "no CPU copy of device memory");
+	te_close_segment(s);
+	mem_free(&b);
+	munmap(gpu.p, gpu.len);
+	close(gpu.fd);
+	host_stop();
+}
+
+/* Device memory as the local side: the NIC reads and writes the dma-buf
+ * by its MR, at the owner's address; a request whose local memory is no
+ * registered dma-buf, or whose peer only tcp reaches, fails rather than
+ * have a CPU copy it. */
+Test(rdma_engine, dmabuf_as_local_memory)
+{
+	host_start("", "");
+	size_t len = 1 << 20;
+	struct mem gpu;
+	mem_map(len, &gpu);
+	uint64_t iova = 0x7e0000000000ull;
+	struct te_region *r;
+	cr_assert_eq(te_register_dmabuf(H.e[0], iova, len, gpu.fd, 0, &r), 0);
+	fill(&gpu, 3);
+	struct mem b;
+	mem_new(H.e[1], len, &b);
+	struct te_segment *s = open_b();
+	struct te_request q = {
+		TE_WRITE, (void *)(uintptr_t)iova, s, (uint64_t)(uintptr_t)b.p, len, true};
+	struct te_batch *bt;
+	struct te_result res;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.status, TE_DONE, "%d", res.err);
+	cr_assert(memcmp(b.p, gpu.p, len) == 0, "the dma-buf's bytes, read by the NIC");
+	memset(gpu.p, 0, len);
+	q.op = TE_READ;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.status, TE_DONE, "%d", res.err);
+	cr_assert(memcmp(b.p, gpu.p, len) == 0, "written into the dma-buf by the NIC");
+	/* Local memory that is no registered dma-buf. */
+	q.local = (void *)(uintptr_t)(iova + len);
+	q.len = 4096;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.err, -EOPNOTSUPP);
+	te_close_segment(s);
+	te_unregister(r);
+	mem_free(&b);
 	munmap(gpu.p, gpu.len);
 	close(gpu.fd);
 	host_stop();
