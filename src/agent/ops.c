@@ -145,18 +145,26 @@ static void on_removed(void *ud, int err, const char *message,
 	keys_reply(r, err);
 }
 
+/* An item per key, the invalid ones failed (-EINVAL). Errors: -ENOMEM. */
+static int key_items(struct agent_req *r, const ProtobufCBinaryData *keys, size_t n)
+{
+	if (agent__op_items(r, n))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		r->items[i].key = keys[i].data;
+		r->items[i].klen = keys[i].len;
+		if (!agent__key_ok(&keys[i]))
+			r->items[i].err = -EINVAL;
+	}
+	return 0;
+}
+
 static void op_keys(struct agent_req *r, bool remove)
 {
 	const Mooncake__Client__KeysRequest *q = remove ? r->msg->remove : r->msg->exist;
-	if (agent__op_items(r, q->n_keys)) {
+	if (key_items(r, q->keys, q->n_keys)) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
-	}
-	for (size_t i = 0; i < q->n_keys; i++) {
-		r->items[i].key = q->keys[i].data;
-		r->items[i].klen = q->keys[i].len;
-		if (!agent__key_ok(&q->keys[i]))
-			r->items[i].err = -EINVAL;
 	}
 	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 	if (!b) {
@@ -242,15 +250,9 @@ static void on_cleared(void *ud, int err, const char *message, const ProtobufCMe
 static void op_replica_clear(struct agent_req *r)
 {
 	const Mooncake__Client__ReplicaClearRequest *q = r->msg->replica_clear;
-	if (agent__op_items(r, q->n_keys)) {
+	if (key_items(r, q->keys, q->n_keys)) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
-	}
-	for (size_t i = 0; i < q->n_keys; i++) {
-		r->items[i].key = q->keys[i].data;
-		r->items[i].klen = q->keys[i].len;
-		if (!agent__key_ok(&q->keys[i]))
-			r->items[i].err = -EINVAL;
 	}
 	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 	Mooncake__Master__BatchReplicaClearRequest *mq = malloc(sizeof(*mq));

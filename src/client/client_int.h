@@ -145,6 +145,17 @@ bool mc__registered_room(mc_client *c, const void *p, size_t *room);
 int mc__range_add_locked(mc_client *c, const struct range *r);
 /* Remove the range starting at addr under mu; *out gets it. -ENOENT. */
 int mc__range_del_locked(mc_client *c, const void *addr, struct range *out);
+/* Whether [addr, addr + len) overlaps a range of the session. */
+bool mc__overlaps(mc_client *c, const void *addr, size_t len);
+/* Send a buffer registration (with fd attached unless fd < 0): 0 with
+ * *id, or the agent's error. */
+int mc__register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
+		     uint64_t *id);
+/* Add the published range of the agent's buffer id (kind R_MEMFD,
+ * R_PROC or R_DEVICE); when that fails, unregister the buffer. Errors:
+ * those of mc__range_add_locked. */
+int mc__range_add_buffer(mc_client *c, void *addr, size_t len, uint64_t id,
+			 enum range_kind kind);
 /* Unregister buffer id with the agent: 0 or an error. */
 int mc__unregister_id(mc_client *c, uint64_t id);
 /*

@@ -18,47 +18,19 @@ MC__PUBLIC int mc_register_dmabuf(mc_client *c, int fd, uint64_t offset, void *a
 {
 	if (fd < 0 || !addr || len == 0 || (uintptr_t)addr > UINTPTR_MAX - len)
 		return -EINVAL;
-	pthread_mutex_lock(&c->mu);
-	int rc = 0;
-	for (size_t i = 0; i < c->nranges && !rc; i++) {
-		const struct range *o = &c->ranges[i];
-		if ((uint8_t *)addr < o->addr + o->len && o->addr < (uint8_t *)addr + len)
-			rc = -EEXIST;
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		return rc;
+	if (mc__overlaps(c, addr, len))
+		return -EEXIST;
 	Mooncake__Client__RegisterBufferRequest q =
 		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	q.offset = offset;
 	q.length = len;
 	q.address = (uint64_t)(uintptr_t)addr;
 	q.dmabuf = true;
-	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
-	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
-	req.register_buffer = &q;
-	struct waiter w;
-	rc = mc__call(c, &req, &fd, 1, &w);
-	if (rc)
-		return rc;
 	uint64_t id = 0;
-	if (w.resp->error)
-		rc = w.resp->error;
-	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER)
-		rc = MC_EPROTOCOL;
-	else
-		id = w.resp->buffer->buffer;
-	mc__waiter_clear(&w);
+	int rc = mc__register_req(c, &q, fd, &id);
 	if (rc)
 		return rc;
-	struct range r = {
-		.addr = addr, .len = len, .id = id, .kind = R_DEVICE, .published = true};
-	pthread_mutex_lock(&c->mu);
-	rc = mc__range_add_locked(c, &r);
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		(void)mc__unregister_id(c, id);
-	return rc;
+	return mc__range_add_buffer(c, addr, len, id, R_DEVICE);
 }
 
 int mc__device_region(mc_client *c, const void *p, size_t len, Region *g)

@@ -186,6 +186,19 @@ bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g)
 
 /* ------------------------------------------------------------ buffers */
 
+bool mc__overlaps(mc_client *c, const void *addr, size_t len)
+{
+	const uint8_t *a = addr;
+	bool found = false;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < c->nranges && !found; i++) {
+		const struct range *o = &c->ranges[i];
+		found = a < o->addr + o->len && o->addr < a + len;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return found;
+}
+
 /* Add a range under mu. Errors: -EEXIST (overlap), -ENOMEM. */
 int mc__range_add_locked(mc_client *c, const struct range *r)
 {
@@ -216,6 +229,18 @@ int mc__range_del_locked(mc_client *c, const void *addr, struct range *out)
 			return 0;
 		}
 	return -ENOENT;
+}
+
+int mc__range_add_buffer(mc_client *c, void *addr, size_t len, uint64_t id,
+			 enum range_kind kind)
+{
+	struct range r = {.addr = addr, .len = len, .id = id, .kind = kind, .published = true};
+	pthread_mutex_lock(&c->mu);
+	int rc = mc__range_add_locked(c, &r);
+	pthread_mutex_unlock(&c->mu);
+	if (rc)
+		(void)mc__unregister_id(c, id);
+	return rc;
 }
 
 int mc__unregister_id(mc_client *c, uint64_t id)
@@ -309,10 +334,8 @@ MC__PUBLIC int mc_buffer_free(mc_client *c, void *buf)
 	return rc;
 }
 
-/* Send a buffer registration (with fd attached unless fd < 0): 0 with
- * *id, or the agent's error. */
-static int register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
-			uint64_t *id)
+int mc__register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
+		     uint64_t *id)
 {
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
@@ -338,7 +361,7 @@ int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t le
 	q.offset = offset;
 	q.length = len;
 	q.address = publish ? (uint64_t)(uintptr_t)addr : 0;
-	return register_req(c, &q, fd, id);
+	return mc__register_req(c, &q, fd, id);
 }
 
 MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
@@ -346,27 +369,13 @@ MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *ad
 {
 	if (len == 0 || !addr)
 		return -EINVAL;
-	pthread_mutex_lock(&c->mu);
-	int rc = 0;
-	for (size_t i = 0; i < c->nranges && !rc; i++) {
-		const struct range *o = &c->ranges[i];
-		if ((uint8_t *)addr < o->addr + o->len && o->addr < (uint8_t *)addr + len)
-			rc = -EEXIST;
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		return rc;
+	if (mc__overlaps(c, addr, len))
+		return -EEXIST;
 	uint64_t id = 0;
-	rc = mc__register_fd(c, fd, offset, addr, len, true, &id);
+	int rc = mc__register_fd(c, fd, offset, addr, len, true, &id);
 	if (rc)
 		return rc;
-	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_MEMFD, .published = true};
-	pthread_mutex_lock(&c->mu);
-	rc = mc__range_add_locked(c, &r);
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		(void)mc__unregister_id(c, id);
-	return rc;
+	return mc__range_add_buffer(c, addr, len, id, R_MEMFD);
 }
 
 /*
@@ -391,16 +400,10 @@ static int register_process(mc_client *c, void *addr, size_t len)
 	q.address = (uint64_t)(uintptr_t)addr;
 	q.process_memory = true;
 	uint64_t id = 0;
-	int rc = register_req(c, &q, -1, &id);
+	int rc = mc__register_req(c, &q, -1, &id);
 	if (rc)
 		return rc;
-	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_PROC, .published = true};
-	pthread_mutex_lock(&c->mu);
-	rc = mc__range_add_locked(c, &r);
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		(void)mc__unregister_id(c, id);
-	return rc;
+	return mc__range_add_buffer(c, addr, len, id, R_PROC);
 }
 
 static int register_any(mc_client *c, void *addr, size_t len, bool publish)

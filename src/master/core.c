@@ -479,15 +479,24 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
 	return 0;
 }
 
-void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
-			uint64_t *removed, uint64_t *skipped)
+/* Remove the COMPLETE objects match accepts (every one when it is NULL),
+ * leased ones only with force; *skipped counts the leased ones left, and
+ * with pending the PENDING ones too. */
+static void remove_walk(struct master_core *c,
+			bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			bool force, bool pending, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped)
 {
 	uint64_t r = 0, s = 0;
 	for (size_t b = 0; b < master__index_slots(&c->ix); b++) {
 		struct master_obj *o = master__index_slot(&c->ix, b);
 		while (o) {
 			struct master_obj *next = o->hnext;
-			if ((o->flags & MASTER_OBJ_PENDING) || (!force && leased(o, now_ms))) {
+			if (o->flags & MASTER_OBJ_PENDING) {
+				s += pending;
+			} else if (match && !match(ud, master__obj_key(o), o->klen)) {
+				/* not asked for */
+			} else if (!force && leased(o, now_ms)) {
 				s++;
 			} else {
 				obj_remove(c, o, now_ms);
@@ -501,30 +510,17 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 	*skipped = s;
 }
 
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped)
+{
+	remove_walk(c, NULL, NULL, force, true, now_ms, removed, skipped);
+}
+
 void master__remove_match(struct master_core *c,
 			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
 			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped)
 {
-	uint64_t r = 0, s = 0;
-	for (size_t b = 0; b < master__index_slots(&c->ix); b++) {
-		struct master_obj *o = master__index_slot(&c->ix, b);
-		while (o) {
-			struct master_obj *next = o->hnext;
-			if (!(o->flags & MASTER_OBJ_PENDING) &&
-			    match(ud, master__obj_key(o), o->klen)) {
-				if (!force && leased(o, now_ms)) {
-					s++;
-				} else {
-					obj_remove(c, o, now_ms);
-					r++;
-				}
-			}
-			o = next;
-		}
-	}
-	c->n.removes += r;
-	*removed = r;
-	*skipped = s;
+	remove_walk(c, match, ud, force, false, now_ms, removed, skipped);
 }
 
 int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen,
