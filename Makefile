@@ -6,7 +6,8 @@
 #   make DYN=1           dynamically linked binaries in build-dyn/ (for valgrind,
 #                        which misreports inside a static glibc)
 #   make bench           benchmarks (figures beside the machine's own limit;
-#                        meta: a 3-member cluster beside a 3-member etcd)
+#                        meta: a 3-member cluster beside a 3-member etcd,
+#                        and etcdctl check perf against both)
 #   make fuzz            libFuzzer targets (clang)
 #   make fuzz-seeds      rewrite the WAL and MVCC snapshot seed corpora
 #   make man             regenerate the committed man pages from the config key table
@@ -339,9 +340,14 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
+	$(Q)$(B)/bench/bench_master_index 1000000 100 5
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
+	$(Q)for c in 4 16; do for m in separate local; do $(B)/mooncakectl bench store \
+	  --value-size=4K --clients=$$c --op=put,get,mixed,batch-put,batch-get --master=$$m \
+	  --duration=3s || exit 1; done; done
+	$(Q)$(B)/mooncakectl bench sessions --sessions=1000
 	$(Q)$(B)/mooncakectl bench ssd --duration=3s
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
@@ -349,6 +355,7 @@ bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/bench/bench_hostmem 64 1024 4
 	$(Q)BUILD=$(B) $(PYTHON) test/bench/bench_pd.py --protocol=tcp
 	$(Q)test/bench/bench_meta.sh $(B)
+	$(Q)test/bench/bench_meta_perf.sh $(B)
 
 # ---------------------------------------------------------------- format
 # The committed .clang-format (tuned with Debian 12's clang-format 14 to

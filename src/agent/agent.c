@@ -253,7 +253,9 @@ static char *dup_opt(const char *s)
 
 int agent_new(const struct agent_opts *o, struct agent **out)
 {
-	if (!o->loop || !o->socket_path || !*o->socket_path || !o->staging_bytes)
+	if (!o->loop || !o->socket_path || !*o->socket_path || !o->staging_bytes ||
+	    !o->max_sessions || !o->max_sessions_per_uid || !o->reply_buffer_bytes ||
+	    !o->max_fds || !o->max_buffers || !o->max_views)
 		return -EINVAL;
 	struct agent *a = calloc(1, sizeof(*a));
 	if (!a)
@@ -305,16 +307,26 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	/* (A job whose done ends no request, e.g. the segment's prefault,
 	 * can be the last thing a stop waits for.) */
 	agent__pool_on_idle(&a->pool, pool_idle, a);
-	rc = agent__server_start(a, o->socket_path, o->busy_poll_us * 1000, agent__dispatch,
-				 maybe_stopped);
+	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
+			  a->staging_bytes);
+	uint64_t ram = agent__ram_bytes(); /* 0: unknown */
+	struct agent_limits lim = {
+		.sessions = o->max_sessions,
+		.sessions_per_uid = o->max_sessions_per_uid,
+		.reply_bytes = o->reply_buffer_bytes,
+		.fds = o->max_fds,
+		.buffers = o->max_buffers,
+		.views = o->max_views,
+		.alloc_bytes = o->alloc_bytes ? o->alloc_bytes : ram ? ram : UINT64_MAX,
+	};
+	rc = agent__server_start(a, o->socket_path, o->busy_poll_us * 1000, &lim,
+				 agent__dispatch, maybe_stopped);
 	if (rc) {
 		/* The copy threads' async handle must close before the agent
 		 * is freed: finish in its close callback. */
 		agent__pool_stop(&a->pool, on_abandoned, a);
 		return rc;
 	}
-	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
-			  a->staging_bytes);
 	struct prefault_job *pf = calloc(1, sizeof(*pf));
 	if (pf) {
 		pf->a = a;
@@ -324,8 +336,10 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		agent__pool_submit(&a->pool, &pf->job);
 	}
 	uv_timer_init(a->loop, &a->start_timer);
+	uv_timer_init(a->loop, &a->drain_timer);
 	agent__batch_init(a);
 	a->start_timer.data = a;
+	a->drain_timer.data = a;
 	agent__mirror_init(a);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
@@ -383,7 +397,8 @@ static void maybe_stopped(struct agent *a)
 		/* Each closed handle owes one call of on_closed (none runs
 		 * before this returns). */
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
-		unsigned n = 1;
+		uv_close((uv_handle_t *)&a->drain_timer, on_closed);
+		unsigned n = 2;
 		n += agent__server_close(a, on_closed);
 		n += agent__pool_stop(&a->pool, on_closed, a);
 		n += agent__batch_close(a, on_closed);
@@ -401,6 +416,29 @@ static void maybe_stopped(struct agent *a)
 		a->on_stopped(a->stop_ud);
 }
 
+static void on_drain_timer(uv_timer_t *t)
+{
+	struct agent *a = t->data;
+	if (a->on_drained && !a->stopping)
+		a->on_drained(a->drain_ud);
+}
+
+/* The server has nothing in flight or queued (perhaps inside one of its
+ * calls): tell the caller from the loop. */
+static void server_drained(struct agent *a)
+{
+	uv_timer_start(&a->drain_timer, on_drain_timer, 0, 0);
+}
+
+void agent_drain(struct agent *a, void (*on_drained)(void *ud), void *ud)
+{
+	if (a->stopping || a->on_drained)
+		return;
+	a->on_drained = on_drained;
+	a->drain_ud = ud;
+	agent__server_drain(a, server_drained);
+}
+
 void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 {
 	if (a->stopping)
@@ -410,6 +448,7 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	a->on_stopped = on_stopped;
 	a->stop_ud = ud;
 	uv_timer_stop(&a->start_timer);
+	uv_timer_stop(&a->drain_timer);
 	agent__gets_stop(a);
 	a->closing += agent__server_stop(a, on_closed);
 	agent__batch_flush(a);

@@ -84,6 +84,13 @@ struct agent_opts {
 	 * puts sealed in one master call; 0: every put takes PutStart and
 	 * PutEnd. */
 	uint64_t put_lease_bytes;
+	/* What clients may hold (the --client-* keys; each must be > 0
+	 * except alloc_bytes, 0: the machine's RAM). */
+	unsigned max_sessions, max_sessions_per_uid;
+	uint64_t reply_buffer_bytes;     /* per session */
+	unsigned max_fds;                /* per session, beside its buffers' */
+	unsigned max_buffers, max_views; /* per session */
+	uint64_t alloc_bytes;            /* AllocBuffer memory, every session */
 };
 
 /* Copies up to this size run on the loop thread; a get's up to the
@@ -107,10 +114,22 @@ struct agent_opts {
 int agent_new(const struct agent_opts *opts, struct agent **out) MC_MUST_CHECK;
 
 /*
+ * Drain, the first step of a graceful stop: take no new client sessions
+ * (the socket file goes), answer requests that come from now on with
+ * MC_ESHUTDOWN, and run on_drained(ud) once every request in flight has
+ * been answered and its reply written (or its session closed) — from the
+ * loop, never from inside this call. Nothing else stops: the segment
+ * stays mounted and the master reachable, so requests in flight finish.
+ * agent_stop may follow at any time (before on_drained: the requests
+ * left are cut short).
+ */
+void agent_drain(struct agent *a, void (*on_drained)(void *ud), void *ud);
+
+/*
  * Stop: close the socket and every client session, unmount the segment
  * from the master (so its objects leave the index at once), stop the
  * heartbeats; on_stopped(ud) runs when done (from the loop, never from
- * inside this call).
+ * inside this call). An unfinished drain's on_drained never runs.
  */
 void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud);
 

@@ -111,6 +111,9 @@ struct agent {
 	void *stop_ud;
 	unsigned closing;             /* handles whose close callback is owed */
 	uv_timer_t start_timer;
+	uv_timer_t drain_timer;       /* tells on_drained from the loop */
+	void (*on_drained)(void *ud);
+	void *drain_ud;
 	/* The rooms: each touched only by the file named (the others pass
 	 * a pool, inventory, lease cache or statistics to its functions). */
 	struct agent_pool pool;       /* pool.c */

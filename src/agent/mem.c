@@ -38,11 +38,15 @@ static size_t page_size(void)
 	return p > 0 ? (size_t)p : 4096;
 }
 
-uint64_t agent__default_segment_bytes(void)
+uint64_t agent__ram_bytes(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES);
-	uint64_t ram = pages > 0 ? (uint64_t)pages * page_size() : 0;
-	return mc_default_segment_bytes(ram);
+	return pages > 0 ? (uint64_t)pages * page_size() : 0;
+}
+
+uint64_t agent__default_segment_bytes(void)
+{
+	return mc_default_segment_bytes(agent__ram_bytes());
 }
 
 static int bind_numa(void *addr, size_t len, int node)

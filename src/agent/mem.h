@@ -92,6 +92,8 @@ int agent__check_process(pid_t pid, uint64_t addr, uint64_t len) MC_MUST_CHECK;
  * [addr, addr + len), else -EFAULT. Pure. */
 int agent__maps_cover(const char *maps, uint64_t addr, uint64_t len) MC_MUST_CHECK;
 
+/* The machine's physical RAM (0 when unknown). */
+uint64_t agent__ram_bytes(void);
 /* min(1 GiB, physical RAM / 4), rounded down to 2 MiB. */
 uint64_t agent__default_segment_bytes(void);
 

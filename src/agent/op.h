@@ -28,6 +28,7 @@
 
 #include "agent/lcache.h"
 #include "agent/pool.h"
+#include "agent/server.h"
 #include "client.pb-c.h"
 #include "common/uframe.h"
 #include "master.pb-c.h"
@@ -91,6 +92,7 @@ struct agent_req {
 	unsigned nfds;
 	int op;                          /* Request op case */
 	uint64_t start_ns;
+	uint64_t held;                   /* reply budget reserved (server.c) */
 	/* the operation's */
 	struct agent_map **maps;         /* references held (distinct) */
 	unsigned nmaps, maps_cap;
@@ -102,6 +104,8 @@ struct agent_req {
 	bool solo;                       /* copying on the loop, alone (solo_get) */
 	/* get */
 	struct agent_map *spill;         /* attached to the reply */
+	uint64_t spill_len;              /* its size, reserved (0: none) */
+	struct agent_wait wait;          /* for the reservation */
 	bool send_segment_fd;
 	/* the master request in flight (one malloc'd block, freed with the
 	 * request) */

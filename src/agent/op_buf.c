@@ -55,7 +55,7 @@ static const char *register_why(int rc)
 	case -EACCES: return "the memfd is not open for reading and writing";
 	case -EINVAL: return "the memfd is not sealed against shrinking "
 			     "(F_SEAL_SHRINK) or is smaller than the range";
-	case -ENOSPC: return "too many buffers in this session";
+	case -ENOSPC: return "too many buffers in this session (--client-max-buffers)";
 	default: return NULL;
 	}
 }
@@ -82,7 +82,7 @@ struct publish {
 	struct agent_map *m;
 	uint8_t *base;
 	uint64_t len, address, memfd_off;
-	int fd;   /* to send with the reply (alloc), or -1 */
+	int fd;   /* to send with the reply (alloc: the agent made m), or -1 */
 	int err;
 };
 
@@ -110,11 +110,14 @@ static void publish_done(struct agent_job *j)
 	if (rc == 0)
 		rc = agent__session_closed(r->c)
 			     ? MC_ECANCELLED
-			     : agent__session_buf_add(r->c, p->m, p->base, p->len, p->address, &id);
+			     : agent__session_buf_add(r->c, p->m, p->base, p->len, p->address,
+						      p->fd >= 0, &id);
 	if (rc) {
 		agent__map_unref(p->m);
-		if (p->fd >= 0)
+		if (p->fd >= 0) {
 			close(p->fd);
+			agent__server_alloc_give(r->a, p->len);
+		}
 		agent__op_fail(r, rc, rc == -EEXIST ? "the address range is already published by "
 					    "another session of this agent"
 					  : NULL);
@@ -124,7 +127,9 @@ static void publish_done(struct agent_job *j)
 	free(p);
 }
 
-/* Add the buffer now, or publish it first. Takes the map reference. */
+/* Add the buffer now, or publish it first. Takes the map reference, and
+ * fd (>= 0: the agent made the buffer; its --client-alloc-size share is
+ * taken). */
 static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *base,
 			   uint64_t len, uint64_t address, uint64_t memfd_off, int fd)
 {
@@ -140,17 +145,21 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 			return;
 		}
 		agent__map_unref(m);
-		if (fd >= 0)
+		if (fd >= 0) {
 			close(fd);
+			agent__server_alloc_give(r->a, len);
+		}
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	uint64_t id;
-	int rc = agent__session_buf_add(r->c, m, base, len, address, &id);
+	int rc = agent__session_buf_add(r->c, m, base, len, address, fd >= 0, &id);
 	if (rc) {
 		agent__map_unref(m);
-		if (fd >= 0)
+		if (fd >= 0) {
 			close(fd);
+			agent__server_alloc_give(r->a, len);
+		}
 		agent__op_fail(r, rc, register_why(rc));
 		return;
 	}
@@ -234,7 +243,7 @@ static void unmapped_done(struct agent_job *j)
 		rc = agent__session_closed(r->c)
 			     ? MC_ECANCELLED
 			     : agent__session_buf_add(r->c, p->m, NULL, p->len, p->address,
-						      &id);
+						      false, &id);
 	}
 	if (rc) {
 		const char *why = unmapped_why(rc, dmabuf);
@@ -376,6 +385,11 @@ void agent__op_alloc_buffer(struct agent_req *r)
 		agent__op_fail(r, -ENOSPC, register_why(-ENOSPC));
 		return;
 	}
+	if (agent__server_alloc_take(c, q->length) != 0) {
+		agent__op_fail(r, -ENOSPC, "the buffers the agent made for its clients hold "
+					   "all the memory it may give them (--client-alloc-size)");
+		return;
+	}
 	struct agent_memfd_opts mo = {
 		.name = "mooncake-buffer",
 		.len = q->length,
@@ -386,6 +400,7 @@ void agent__op_alloc_buffer(struct agent_req *r)
 	struct agent_map *m;
 	int rc = agent__memfd_new(a, &mo, &m);
 	if (rc) {
+		agent__server_alloc_give(a, q->length);
 		agent__op_fail(r, rc, "cannot create the buffer");
 		return;
 	}
@@ -393,6 +408,7 @@ void agent__op_alloc_buffer(struct agent_req *r)
 	if (fd < 0) {
 		rc = -errno;
 		agent__map_unref(m);
+		agent__server_alloc_give(a, q->length);
 		agent__op_fail(r, rc, NULL);
 		return;
 	}

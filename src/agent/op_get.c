@@ -286,18 +286,32 @@ static bool solo_get(const struct agent_req *r, uint64_t bytes)
 
 /*
  * Every item has its replica (from the master or the lease cache) or an
- * error: decide where each value goes, then copy.
+ * error: decide where each value goes (get_place), then copy (get_fill).
+ * Values without a destination go to the request's spill region when
+ * they fit there, else to one memfd made for the reply, whose memory
+ * counts against the session's reply budget from now until the reply is
+ * written: a get that needs more than the session has left waits for its
+ * client to read earlier replies.
  */
 
-static void get_place_and_copy(struct agent_req *r)
+static void get_fill(struct agent_req *r);
+
+static void on_spill_room(struct agent_wait *w, int err)
+{
+	struct agent_req *r = MC_CONTAINER_OF(w, struct agent_req, wait);
+	if (err) {
+		agent__op_fail(r, err, NULL); /* the session closed */
+		return;
+	}
+	get_fill(r);
+}
+
+static void get_place(struct agent_req *r)
 {
 	struct agent *a = r->a;
 	struct agent_conn *c = r->c;
 	const Mooncake__Client__GetRequest *g = r->msg->get;
 	uint64_t spill_total = 0;
-	uint64_t bytes = 0;
-	bool remote = false;
-	uint64_t remote_bytes = 0;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->nrep == 0)
@@ -316,8 +330,6 @@ static void get_place_and_copy(struct agent_req *r)
 			it->offset = rep->offset;
 			if (!agent__session_has_segment_fd(c))
 				r->send_segment_fd = true;
-			if (g->verify)
-				bytes += it->size; /* checked on a copy thread */
 			continue;
 		}
 		if (it->has_dest) {
@@ -337,41 +349,63 @@ static void get_place_and_copy(struct agent_req *r)
 			spill_total += (it->size + AGENT_SPILL_ALIGN - 1) &
 				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
 		}
-		if (rep->local || it->scratch)
-			bytes += it->size;
-		else
-			remote_bytes += it->size;
-		remote |= !rep->local && !it->scratch;
 	}
+	r->spill_len = spill_total;
+	uint8_t *base;
+	if (spill_total == 0 ||
+	    (g->spill && spill_total <= g->spill->length && agent__op_region(r, g->spill, &base) == 0))
+		r->spill_len = 0; /* no memfd to make */
+	if (r->spill_len &&
+	    agent__session_reserve(r, r->spill_len, &r->wait, on_spill_room) == 1)
+		return; /* on_spill_room goes on */
+	get_fill(r);
+}
+
+static void get_fill(struct agent_req *r)
+{
+	struct agent *a = r->a;
+	const Mooncake__Client__GetRequest *g = r->msg->get;
 	/* Place the items without a destination. */
 	uint8_t *spill_base = NULL;
 	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
 	uint64_t spill_off = 0;
-	if (spill_total > 0 && g->spill && spill_total <= g->spill->length &&
-	    agent__op_region(r, g->spill, &spill_base) == 0) {
-		where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
-		spill_off = g->spill->offset;
-	} else if (spill_total > 0) {
+	if (r->spill_len == 0) {
+		bool any = false;
+		for (size_t i = 0; i < r->n && !any; i++)
+			any = !r->items[i].err && r->items[i].nrep &&
+			      r->items[i].where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
+		if (any && agent__op_region(r, g->spill, &spill_base) == 0) {
+			where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
+			spill_off = g->spill->offset;
+		}
+	} else {
 		struct agent_memfd_opts mo = {
 			.name = "mooncake-get",
-			.len = spill_total,
+			.len = r->spill_len,
 			.hugepages = AGENT_HUGEPAGES_OFF,
 			.numa_node = -1,
 		};
 		int rc = agent__memfd_new(a, &mo, &r->spill);
 		if (rc) {
 			for (size_t i = 0; i < r->n; i++)
-				if (!r->items[i].err && !r->items[i].has_dest &&
+				if (!r->items[i].err && r->items[i].nrep &&
 				    r->items[i].where == where)
 					r->items[i].err = rc;
 		} else {
 			spill_base = r->spill->addr;
 		}
 	}
+	uint64_t bytes = 0, remote_bytes = 0;
+	bool remote = false;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (it->err || it->nrep == 0)
 			continue;
+		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED) {
+			if (g->verify)
+				bytes += it->size; /* checked on a copy thread */
+			continue;
+		}
 		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL) {
 			if (!spill_base) {
 				it->err = -ENOMEM;
@@ -381,6 +415,12 @@ static void get_place_and_copy(struct agent_req *r)
 			it->offset += spill_off;
 			it->where = where;
 		}
+		const struct agent_rep *rep = &it->reps[0];
+		if (rep->local || it->scratch)
+			bytes += it->size;
+		else
+			remote_bytes += it->size;
+		remote |= !rep->local && !it->scratch;
 	}
 	r->job.run = get_run;
 	r->job.done = get_done;
@@ -464,7 +504,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
 	}
-	get_place_and_copy(r);
+	get_place(r);
 }
 
 /* A background renewal of one cached lease (lcache.c): the call, and the
@@ -539,7 +579,7 @@ static void get_lookup(struct agent_req *r)
 	for (size_t i = 0; i < r->n; i++)
 		uncached += item_uncached(&r->items[i]);
 	if (uncached == 0) {
-		get_place_and_copy(r);
+		get_place(r);
 		return;
 	}
 	struct agent_keys_block *b = agent__op_keys_block(r, item_uncached);

@@ -184,6 +184,48 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 		r, "mooncake_agent_put_commits_total",
 		"Puts written into space the master leased to this agent and sealed "
 		"with one master call (BatchCommit).", NULL, NULL);
+	const char *rf = "Client sessions, requests, buffers and views refused, by the "
+			 "limit that refused them (--client-max-*, --client-alloc-size; "
+			 "descriptors: a frame brought descriptors it did not announce; "
+			 "shutdown: a request came while the agent drained).";
+	static const struct {
+		enum agent_counter c;
+		const char *reason;
+	} refusals[] = {
+		{AGENT_C_REFUSED_SESSIONS, "sessions"},
+		{AGENT_C_REFUSED_SESSIONS_UID, "sessions_per_uid"},
+		{AGENT_C_REFUSED_FDS, "descriptors"},
+		{AGENT_C_REFUSED_BUFFERS, "buffers"},
+		{AGENT_C_REFUSED_VIEWS, "views"},
+		{AGENT_C_REFUSED_ALLOC, "alloc"},
+		{AGENT_C_REFUSED_SHUTDOWN, "shutdown"},
+	};
+	for (size_t i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++)
+		c[refusals[i].c] = metrics_counter(r, "mooncake_agent_client_refused_total", rf,
+						   "reason", (const char *[]){refusals[i].reason});
+	c[AGENT_C_FDS_CLOSED] = metrics_counter(
+		r, "mooncake_agent_client_descriptors_closed_total",
+		"Descriptors clients sent that no request announced, closed as they "
+		"came.", NULL, NULL);
+	const char *pz = "Times a client session was no longer read because it held too "
+			 "much: replies it had not read (--client-reply-buffer-size) or "
+			 "descriptors (--client-max-fds); it is read again once under half.";
+	c[AGENT_C_PAUSED_REPLIES] = metrics_counter(r, "mooncake_agent_client_pauses_total", pz,
+						    "reason", (const char *[]){"replies"});
+	c[AGENT_C_PAUSED_FDS] = metrics_counter(r, "mooncake_agent_client_pauses_total", pz,
+						"reason", (const char *[]){"descriptors"});
+	g[AGENT_G_HELD_BYTES] = metrics_gauge(
+		r, "mooncake_agent_client_reply_bytes",
+		"Reply budget in use, every session: bytes of replies queued and not "
+		"read yet, and the memory reserved for what they carry.", NULL, NULL);
+	g[AGENT_G_HELD_FDS] = metrics_gauge(
+		r, "mooncake_agent_client_descriptors",
+		"Descriptors held for client sessions beside their buffers': those "
+		"of requests in flight and of queued replies.", NULL, NULL);
+	g[AGENT_G_ALLOC] = metrics_gauge(
+		r, "mooncake_agent_alloc_bytes",
+		"Memory of the buffers the agent made for clients (AllocBuffer; "
+		"--client-alloc-size).", NULL, NULL);
 	c[AGENT_C_GET_BAD] = metrics_counter(
 		r, "mooncake_agent_get_checksum_failures_total",
 		"Verified gets whose bytes did not match the object's checksum.", NULL,

@@ -32,6 +32,17 @@ enum agent_counter {
 	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
 	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
 	AGENT_C_LEASE_CACHE_STALE, /* cached remote replicas that failed the check */
+	/* server.c: what clients were refused, by limit */
+	AGENT_C_REFUSED_SESSIONS,     /* --client-max-sessions */
+	AGENT_C_REFUSED_SESSIONS_UID, /* --client-max-sessions-per-uid */
+	AGENT_C_REFUSED_FDS,          /* frames with descriptors not announced */
+	AGENT_C_REFUSED_BUFFERS,      /* --client-max-buffers */
+	AGENT_C_REFUSED_VIEWS,        /* --client-max-views */
+	AGENT_C_REFUSED_ALLOC,        /* --client-alloc-size */
+	AGENT_C_REFUSED_SHUTDOWN,     /* requests that came while draining */
+	AGENT_C_FDS_CLOSED,           /* descriptors closed as they came */
+	AGENT_C_PAUSED_REPLIES,       /* sessions paused: reply budget */
+	AGENT_C_PAUSED_FDS,           /* sessions paused: descriptors */
 	AGENT_C_COUNT
 };
 
@@ -46,6 +57,9 @@ enum agent_gauge {
 	AGENT_G_MOUNTED,      /* mlink.c */
 	AGENT_G_PUT_LEASE,    /* space.c: room left in the put lease */
 	AGENT_G_REMOTE_LEASE, /* space.c: room left in the remote leases */
+	AGENT_G_HELD_BYTES,   /* server.c: reply budgets in use, every session */
+	AGENT_G_HELD_FDS,     /* server.c: descriptors in flight and queued */
+	AGENT_G_ALLOC,        /* server.c: buffers made for clients, bytes */
 	AGENT_G_COUNT
 };
 

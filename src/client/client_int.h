@@ -77,6 +77,7 @@ struct mc_client {
 	pthread_cond_t cv;
 	bool reader;             /* a thread is reading frames */
 	int broken;              /* sticky error of the connection */
+	int closed_why;          /* the agent's reason, when it said one */
 	uint64_t next_id;
 	struct waiter *waiters;
 	struct mc_uframe_rx rx;  /* the reader's only */

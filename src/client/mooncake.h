@@ -16,6 +16,7 @@
  * or a store code with the numbers Mooncake users know (MC_E* below;
  * mc_strerror and mc_errname name them). A connection that broke fails
  * every later call with MC_EUNAVAILABLE: close the handle and open again.
+ * A request that comes while the agent stops fails with MC_ESHUTDOWN.
  *
  * Thread safety: a handle may be used from many threads at once; their
  * requests are pipelined on the one connection.
@@ -52,6 +53,7 @@ extern "C" {
 #define MC_EPROTOCOL (-801)
 #define MC_EUNAVAILABLE (-802)
 #define MC_ETIMEDOUT (-803)
+#define MC_ESHUTDOWN (-808)
 #define MC_ECHECKSUM (-810)
 #endif
 
@@ -74,6 +76,8 @@ struct mc_open_opts {
  * /run/mooncake/agent.sock, else $XDG_RUNTIME_DIR/mooncake/agent.sock
  * (the first that exists). Errors: -ENOENT (no socket found), negative
  * errno of connect (-ECONNREFUSED: no agent serves it, -EACCES),
+ * -EUSERS (the agent serves as many sessions as it may: in all, or of
+ * this user; its log says which), MC_ESHUTDOWN (the agent is stopping),
  * MC_EPROTOCOL (not an agent, or another protocol version), -ENOMEM.
  */
 int mc_open(const char *socket_path, mc_client **out);
@@ -260,7 +264,8 @@ int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
  * when available), registered for zero-copy puts, gets and transfers, and
  * published to the transfer engine at its address so that peers can read
  * and write it (mc_transfer from another node). Errors: -EINVAL (len 0),
- * -ENOMEM, -ENOSPC (too many buffers), MC_EUNAVAILABLE.
+ * -ENOMEM, -ENOSPC (too many buffers in the session, or the agent's
+ * --client-alloc-size is used up), MC_EUNAVAILABLE.
  */
 int mc_buffer_alloc(mc_client *c, size_t len, void **buf);
 /* Errors: -ENOENT (not from mc_buffer_alloc). */

@@ -45,7 +45,9 @@
 	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0,    \
 	  3600000, NULL,                                                       \
 	  "on SIGTERM/SIGINT, how long to wait for in-flight calls before "    \
-	  "cancelling them")                                                   \
+	  "cancelling them: the agent's client requests first (new ones are "  \
+	  "refused with MC_ESHUTDOWN), then each role's stop, then gRPC calls, " \
+	  "each phase at most this long")                                      \
 	X(DIAG_SERVICE, "diag-service", COMMON, BOOL, "false", 0, 0, NULL,     \
 	  "also serve mooncake.diag.Diag (echo and streaming diagnostics used " \
 	  "by mooncakectl bench rpc) on every RPC port")                       \
@@ -97,19 +99,34 @@
 	  600000, NULL,                                                        \
 	  "meta: a follower that hears no leader this long starts an "         \
 	  "election (at least 2 heartbeat intervals)")                         \
-	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "10000", 1,            \
+	X(SNAPSHOT_COUNT, "snapshot-count", META, UINT, "100000", 1,           \
 	  100000000, NULL,                                                     \
-	  "meta: applied entries between snapshots (the WAL and the "          \
-	  "in-memory log are then compacted)")                                 \
+	  "meta: applied entries between snapshots, as etcd's (the WAL and "   \
+	  "the in-memory log are then compacted); each copies the whole "      \
+	  "store, encoded a slice at a time while the member serves")          \
 	X(MAX_REQUEST_BYTES, "max-request-bytes", META, SIZE, "1536K", 1024,   \
 	  67108864, NULL,                                                      \
 	  "meta: largest write (its log entry); larger ones fail with "        \
 	  "etcd's \"request is too large\"; the client port refuses any "      \
 	  "request larger than this plus 512K, as etcd's gRPC server does")    \
-	X(QUOTA_BYTES, "quota-bytes", META, SIZE, "2G", 4096,                  \
+	X(QUOTA_BACKEND_BYTES, "quota-backend-bytes", META, SIZE, "2G", 4096,  \
 	  1099511627776ull, NULL,                                              \
 	  "meta: space quota of the key-value store (keys, values and "        \
-	  "history); past it writes fail with NOSPACE and an alarm is raised") \
+	  "history), as etcd's; past it writes fail with NOSPACE and an "      \
+	  "alarm is raised")                                                   \
+	X(AUTO_COMPACTION_MODE, "auto-compaction-mode", META, ENUM,            \
+	  "periodic", 0, 0, "periodic|revision",                               \
+	  "meta: how --auto-compaction-retention is read, as etcd's: "         \
+	  "periodic (a duration: the leader compacts the history older than "  \
+	  "that, every retention period, at most every hour) or revision (a "  \
+	  "count: every 5 minutes, all but the newest that many revisions)")   \
+	X(AUTO_COMPACTION_RETENTION, "auto-compaction-retention", META,        \
+	  STRING, "5m", 0, 0, NULL,                                            \
+	  "meta: history kept by the leader's automatic compaction: a "        \
+	  "duration (5m, 1h; a bare number is hours, as etcd reads it) or a "  \
+	  "revision count (--auto-compaction-mode=revision); 0 turns it off "  \
+	  "(etcd's default; here history then grows, in memory and in every "  \
+	  "snapshot, until a client compacts)")                                \
 	X(WATCH_PROGRESS_NOTIFY_INTERVAL, "watch-progress-notify-interval",    \
 	  META, DURATION, "10m", 100, 86400000, NULL,                          \
 	  "meta: how often idle watchers created with progress_notify get a "  \
@@ -207,6 +224,40 @@
 	  "client request, reply and end of copies, so that the next request " \
 	  "is taken without a thread wakeup (never while copy threads "        \
 	  "work); 0: always sleep")                                            \
+	X(CLIENT_MAX_SESSIONS, "client-max-sessions", AGENT, UINT, "512", 1,   \
+	  1000000, NULL,                                                       \
+	  "agent: client sessions open at once, every user together; one "     \
+	  "more is refused (-EUSERS; logged and counted)")                     \
+	X(CLIENT_MAX_SESSIONS_PER_UID, "client-max-sessions-per-uid", AGENT,   \
+	  UINT, "128", 1, 1000000, NULL,                                       \
+	  "agent: client sessions one user (uid) may have open at once; one "  \
+	  "more is refused (-EUSERS)")                                         \
+	X(CLIENT_REPLY_BUFFER_SIZE, "client-reply-buffer-size", AGENT, SIZE,   \
+	  "64M", 65536, 1ull << 40, NULL,                                      \
+	  "agent: per session, replies the client has not read yet plus the "  \
+	  "memory made for what they carry (a get's values without a "         \
+	  "destination); past it the session's requests are not read until "   \
+	  "it reads (the session stays open), and a get that needs more waits" \
+	  " for room")                                                         \
+	X(CLIENT_MAX_FDS, "client-max-fds", AGENT, UINT, "256", 32, 1000000,   \
+	  NULL,                                                                \
+	  "agent: per session, descriptors the agent holds for its requests "  \
+	  "in flight and its unread replies (its buffers' apart); past it the " \
+	  "session's requests are not read until it reads")                    \
+	X(CLIENT_MAX_BUFFERS, "client-max-buffers", AGENT, UINT, "1024", 1,    \
+	  1000000, NULL,                                                       \
+	  "agent: buffers (registered or allocated) one session may hold, "    \
+	  "each a descriptor and a mapping; one more is refused (-ENOSPC)")    \
+	X(CLIENT_MAX_VIEWS, "client-max-views", AGENT, UINT, "65536", 1,       \
+	  16777216, NULL,                                                      \
+	  "agent: zero-copy views one session may hold (each keeps a read "    \
+	  "lease and a copy of its key); a get asking for one more fails "     \
+	  "that item (-ENOSPC)")                                               \
+	X(CLIENT_ALLOC_SIZE, "client-alloc-size", AGENT, SIZE, "0", 0,         \
+	  1ull << 50, NULL,                                                    \
+	  "agent: memory of the buffers the agent makes for clients "          \
+	  "(AllocBuffer), every session together; past it AllocBuffer is "     \
+	  "refused (-ENOSPC); 0: the machine's RAM")                           \
 	X(AGENT_COPY_THREADS, "agent-copy-threads", AGENT, UINT, "0", 0, 64,   \
 	  NULL,                                                                \
 	  "agent: threads that copy object bytes; 0: one per core, at most 8") \
@@ -324,7 +375,7 @@
 	X("global_file_segment_size", "there is no SSD or file tier yet")      \
 	X("enable_disk_eviction", "there is no SSD or file tier yet")          \
 	X("quota_bytes", "Mooncake's storage-tier quota (mooncaked's "         \
-			 "--quota-bytes is meta's space quota)")               \
+			 "--quota-backend-bytes is meta's space quota)")       \
 	X("memory_allocator", "one allocator: size classes with coalescing")   \
 	X("allocation_strategy", "one placement rule: the writer's segment "   \
 				 "first, then the emptiest")                   \

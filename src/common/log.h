@@ -111,6 +111,14 @@ void log_set_rotation(uint64_t max_bytes, unsigned max_files);
 void log_tick(void);
 /* Report every pending suppression count (at exit). */
 void log_flush(void);
+/*
+ * Write len bytes of text (a whole line, newline included) to the log file
+ * or stderr as they are: no lock, no time stamp, no rate limit, one
+ * write(2). Async-signal-safe: for a fatal signal's handler, which must
+ * say why the process dies even when it interrupted a thread holding the
+ * log's lock.
+ */
+void log_write_raw(const char *text, size_t len);
 
 const char *log_level_name(enum log_level lvl);
 const char *log_subsys_name(enum log_subsys sub);

@@ -240,7 +240,8 @@ int mc_uframe_rx_frame_fds(struct mc_uframe_rx *r, unsigned announced, int *out,
 		mine++;
 	int rc = 0;
 	unsigned took = 0;
-	if (announced > mine || announced > MC_UFRAME_MAX_FDS)
+	bool missing = announced > mine || announced > MC_UFRAME_MAX_FDS;
+	if (missing)
 		rc = MC_EPROTOCOL;
 	else
 		for (; took < announced; took++)
@@ -251,7 +252,8 @@ int mc_uframe_rx_frame_fds(struct mc_uframe_rx *r, unsigned announced, int *out,
 	while (stray < left && fd_at(r, stray)->b <= e)
 		stray++;
 	if (stray) {
-		rc = MC_EPROTOCOL;
+		if (!missing)
+			rc = -EBADF;
 		for (size_t i = 0; i < stray; i++)
 			close(pop_fd(r));
 		*closed += (unsigned)stray;
@@ -272,6 +274,15 @@ size_t mc_uframe_rx_queued_fds(const struct mc_uframe_rx *r)
 int mc_uframe_rx_idle(const struct mc_uframe_rx *r)
 {
 	return r->len == r->off;
+}
+
+int mc_uframe_rx_ready(const struct mc_uframe_rx *r)
+{
+	size_t have = r->len - r->off;
+	if (have < MC_UFRAME_HDR)
+		return 0;
+	uint32_t n = mc_uframe_get_len(r->buf + r->off);
+	return n == 0 || n > r->max_frame || have - MC_UFRAME_HDR >= n;
 }
 
 void mc_uframe_put_len(uint8_t hdr[MC_UFRAME_HDR], uint32_t len)

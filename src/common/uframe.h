@@ -96,12 +96,12 @@ int mc_uframe_rx_take_fds(struct mc_uframe_rx *r, unsigned n,
  * a frame that starts within its bytes. The frame may take `announced`
  * of those (oldest first) into out[] (the caller owns them). What no
  * frame can take any more — brought by bytes that only this frame or
- * earlier ones start in — is closed at once. Returns 0, or MC_EPROTOCOL
- * when the frame must be refused: it announced descriptors that did not
- * come with it, or it was the last frame to start in bytes that brought
- * descriptors nobody announced (then none is handed out: every one of
- * them is closed). *closed gets the number closed. Call it for every
- * frame, announced 0 included. Descriptors brought by bytes in which no
+ * earlier ones start in — is closed at once. Returns 0, or when the
+ * frame must be refused (then none is handed out: every descriptor it
+ * brought is closed): MC_EPROTOCOL when it announced descriptors that did
+ * not come with it, -EBADF when it was the last frame to start in bytes
+ * that brought descriptors nobody announced. *closed gets the number
+ * closed. Call it for every frame, announced 0 included. Descriptors brought by bytes in which no
  * frame starts (the middle of a frame) are closed as they arrive and
  * counted in r->dropped, so a frame being received holds none of them.
  */
@@ -111,6 +111,9 @@ int mc_uframe_rx_frame_fds(struct mc_uframe_rx *r, unsigned announced, int *out,
 size_t mc_uframe_rx_queued_fds(const struct mc_uframe_rx *r);
 /* True when no partial frame is buffered. */
 int mc_uframe_rx_idle(const struct mc_uframe_rx *r);
+/* True when mc_uframe_rx_next has something to say without another
+ * read: a complete frame, or a length it refuses. */
+int mc_uframe_rx_ready(const struct mc_uframe_rx *r);
 
 /* Write the 4-byte header of a frame of len bytes. */
 void mc_uframe_put_len(uint8_t hdr[MC_UFRAME_HDR], uint32_t len);

@@ -64,7 +64,9 @@ int mc_write_pidfile(const char *path) MC_MUST_CHECK;
 /* fsync a directory (after renames inside it). */
 int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
 
-/* 64-bit FNV-1a. */
+/* A 64-bit hash for in-memory tables: eight bytes a step, each mixed in
+ * by a 64x64->128-bit multiply (as wyhash does). Not stable across
+ * versions or byte orders: never store it. */
 uint64_t mc_hash64(const void *data, size_t len);
 
 /* Resident set size of this process in bytes (/proc/self/statm); 0 when

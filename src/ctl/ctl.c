@@ -7,6 +7,7 @@
  *   mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]
  *   mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]
  *   mooncakectl bench master [--target=HOST:PORT] ...
+ *   mooncakectl bench resync [--agents=64] [--objects=1M] [--heartbeat=1s]
  *   mooncakectl bench meta --endpoints=URL,... [--clients=N] [--conns=M] ...
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
  *   mooncakectl stats [--master=HOST:PORT]
@@ -18,7 +19,9 @@
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
  */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cfg.h"
@@ -33,7 +36,7 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench ssd` (vs fio)",
+	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench resync` (agents through a master failover), `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench sessions` (many sessions, one agent), `bench ssd` (vs fio)",
 	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
@@ -76,6 +79,28 @@ bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
 		*value = NULL;
 	}
 	return true;
+}
+
+int ctl_parse_count(const char *s, uint64_t *out)
+{
+	char *end;
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	uint64_t mul = 1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1000;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1000000;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1000000000;
+	if (mul > 1)
+		end++;
+	if (errno || *end || v == 0 || v > UINT64_MAX / mul)
+		return -EINVAL;
+	*out = (uint64_t)v * mul;
+	return 0;
 }
 
 bool ctl_flag_bool(const char *arg, const char *name, bool *out, bool *ok)

@@ -7,6 +7,7 @@
  * Stopping them removes the directory; a process that died first is
  * reported with the end of its log.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -160,6 +161,80 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 	}
 #undef ARG
 	return rc;
+}
+
+pid_t ctl_local_pid(const struct ctl_local *cl, const char *name)
+{
+	for (int i = 0; i < cl->nprocs; i++)
+		if (cl->procs[i].pid > 0 && strcmp(cl->procs[i].name, name) == 0)
+			return cl->procs[i].pid;
+	return -1;
+}
+
+/* The first number after `field` in a /proc file (0: none). */
+static uint64_t proc_field(const char *path, const char *field)
+{
+	FILE *f = fopen(path, "re");
+	char line[256];
+	unsigned long long v = 0;
+	size_t fl = strlen(field);
+	while (f && fgets(line, sizeof(line), f))
+		if (strncmp(line, field, fl) == 0) {
+			v = strtoull(line + fl, NULL, 10);
+			break;
+		}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+int ctl_proc_usage(pid_t pid, struct ctl_usage *u)
+{
+	char path[96];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	memset(u, 0, sizeof(*u));
+	for (struct dirent *e; (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat", (int)pid, e->d_name);
+		u->cpu_ns += proc_field(path, "");
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/status", (int)pid, e->d_name);
+		u->wakeups += proc_field(path, "voluntary_ctxt_switches:");
+	}
+	closedir(d);
+	return 0;
+}
+
+int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	memset(m, 0, sizeof(*m));
+	for (struct dirent *e; (e = readdir(d)) != NULL;)
+		m->fds += e->d_name[0] != '.';
+	closedir(d);
+	snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	/* Every mapping's Rss but the DRAM segment's: the agent fills that
+	 * in the background after its start, whatever the sessions do. */
+	bool segment = false;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long kb, lo, hi;
+		if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2)
+			segment = strstr(line, "memfd:mooncake-segment") != NULL;
+		else if (!segment && sscanf(line, "Rss: %llu kB", &kb) == 1)
+			m->rss_bytes += kb * 1024;
+	}
+	fclose(f);
+	return 0;
 }
 
 int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)

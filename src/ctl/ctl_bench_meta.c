@@ -6,13 +6,21 @@
  *
  *   mooncakectl bench meta --endpoints=URL,... [--clients=64] [--conns=8]
  *       [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]
+ *       [--rate=OPS] [--latency-log=FILE]
  *
  * --conns connections are spread round-robin over the endpoints and
  * --clients requests are kept in flight, spread over the connections, as
  * etcd's own benchmark tool does. Phase one puts --total distinct keys,
- * phase two reads them back with linearizable Range calls. With
+ * phase two reads them back with linearizable Range calls and checks that
+ * every put that was acknowledged is there (a lost write is counted and
+ * fails the run; a put that failed may or may not have been applied). With
  * --fsync-dir the run also measures the disk's fdatasync rate there (the
  * limit of a member that syncs once per write, which group commit beats).
+ * --rate caps the requests started per second (an open load whose latency
+ * shows stalls, where a closed one would slow down with them), and
+ * --latency-log writes one line per put, "END_UNIX_MS LATENCY_US OK", for
+ * scripts that set latencies beside what the server did meanwhile
+ * (bench_meta_perf.sh: the p99 while a snapshot is written).
  * The last line is "RESULT key=value ..." for scripts (make bench compares
  * mooncaked with etcd from it). Nothing is asserted.
  */
@@ -21,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -41,6 +50,7 @@ struct bclient {
 	struct bm *b;
 	size_t conn;
 	uint64_t t0;
+	uint64_t i; /* the key in flight */
 	uint8_t key[MAX_KEY_BYTES];
 };
 
@@ -54,6 +64,14 @@ struct bm {
 	uint8_t *val;
 	uint64_t total, issued, done, failed;
 	bool get_phase;
+	uint8_t *acked;             /* per key: the put was acknowledged */
+	uint64_t lost, unacked_applied;
+	uint64_t rate;              /* requests started per second; 0: no cap */
+	uint64_t phase_t0;
+	uv_timer_t pace;
+	struct bclient **idle;      /* clients waiting for the pace */
+	size_t nidle;
+	FILE *latlog;
 	uint64_t *lat_ns;
 	char first_err[256];
 };
@@ -74,9 +92,23 @@ static void on_done(void *ud, int status, const char *message, const ProtobufCMe
 {
 	struct bclient *c = ud;
 	struct bm *b = c->b;
-	(void)resp;
 
 	b->lat_ns[b->done] = mc_now_ns() - c->t0;
+	if (b->latlog && !b->get_phase) {
+		struct timeval tv;
+		gettimeofday(&tv, NULL);
+		fprintf(b->latlog, "%.3f %llu %d\n", (double)tv.tv_sec * 1e3 + tv.tv_usec / 1e3,
+			(unsigned long long)(b->lat_ns[b->done] / 1000), status == RPC_OK);
+	}
+	if (status == RPC_OK && !b->get_phase) {
+		b->acked[c->i] = 1;
+	} else if (status == RPC_OK) {
+		bool found = ((const Etcdserverpb__RangeResponse *)resp)->n_kvs > 0;
+		if (b->acked[c->i] && !found)
+			b->lost++;
+		if (!b->acked[c->i] && found)
+			b->unacked_applied++;
+	}
 	b->done++;
 	if (status != RPC_OK) {
 		if (!b->failed)
@@ -97,7 +129,12 @@ static void issue(struct bclient *c)
 
 	if (b->issued >= b->total)
 		return;
+	if (b->rate && b->issued >= (mc_now_ns() - b->phase_t0) * b->rate / 1000000000ull + 1) {
+		b->idle[b->nidle++] = c; /* started by on_pace when its turn comes */
+		return;
+	}
 	uint64_t i = b->issued++;
+	c->i = i;
 	key_of(c->key, b->key_size, i);
 	c->t0 = mc_now_ns();
 	if (b->get_phase) {
@@ -121,6 +158,14 @@ static void issue(struct bclient *c)
 		on_done(c, RPC_INTERNAL, mc_strerror(rc), NULL);
 }
 
+static void on_pace(uv_timer_t *t)
+{
+	struct bm *b = MC_CONTAINER_OF(t, struct bm, pace);
+	uint64_t allowed = (mc_now_ns() - b->phase_t0) * b->rate / 1000000000ull + 1;
+	while (b->nidle && b->issued < allowed && b->issued < b->total)
+		issue(b->idle[--b->nidle]);
+}
+
 static int cmp_u64(const void *x, const void *y)
 {
 	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
@@ -137,11 +182,16 @@ static void run_phase(struct bm *b, bool gets, struct phase_result *r)
 	b->get_phase = gets;
 	b->issued = b->done = b->failed = 0;
 	b->first_err[0] = '\0';
+	b->nidle = 0;
 	uint64_t t0 = mc_now_ns();
+	b->phase_t0 = t0;
+	if (b->rate)
+		uv_timer_start(&b->pace, on_pace, 1, 1);
 	for (size_t i = 0; i < b->nclients; i++)
 		issue(&b->clients[i]);
 	if (b->done < b->total)
 		uv_run(&b->loop, UV_RUN_DEFAULT);
+	uv_timer_stop(&b->pace);
 	double secs = (double)(mc_now_ns() - t0) / 1e9;
 	qsort(b->lat_ns, b->total, sizeof(*b->lat_ns), cmp_u64);
 	r->ops_per_s = (double)b->total / secs;
@@ -179,10 +229,14 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: mooncakectl bench meta --endpoints=URL[,URL...] [--clients=64] [--conns=8]\n"
-		"         [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]\n\n"
+		"         [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]\n"
+		"         [--rate=OPS] [--latency-log=FILE]\n\n"
 		"Puts --total distinct keys, then reads them back with linearizable Range\n"
 		"calls, keeping --clients requests in flight over --conns connections spread\n"
-		"over the endpoints (etcd v3 API: a mooncaked meta cluster or a real etcd).\n"
+		"over the endpoints (etcd v3 API: a mooncaked meta cluster or a real etcd),\n"
+		"and counts acknowledged puts it does not find (lost writes: exit status 1).\n"
+		"--rate caps the requests started per second; --latency-log writes a line\n"
+		"per put: END_UNIX_MS LATENCY_US OK.\n"
 		"Prints ops/s and p50/p99 latency of each phase; with --fsync-dir also the\n"
 		"disk's fdatasync/s there, the limit of one sync per write. The last line\n"
 		"is RESULT key=value ... for scripts. Figures, never pass/fail.\n");
@@ -203,9 +257,11 @@ static bool parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 
 int ctl_bench_meta_main(int argc, char **argv)
 {
-	const char *endpoints = NULL, *fsync_dir = NULL, *v;
-	uint64_t clients = 64, conns = 8, key_size = 8, val_size = 256, total = 20000;
+	const char *endpoints = NULL, *fsync_dir = NULL, *latlog = NULL, *v;
+	uint64_t clients = 64, conns = 8, key_size = 8, val_size = 256, total = 20000, rate = 0;
 	struct bm b;
+	struct metrics_registry *reg = NULL;
+	char *eps = NULL;
 	int rc = CTL_EXIT_FAIL;
 
 	for (int i = 1; i < argc; i++) {
@@ -226,6 +282,11 @@ int ctl_bench_meta_main(int argc, char **argv)
 			ok = parse_u64(v, 0, MAX_VAL_BYTES, &val_size);
 		} else if (ctl_flag_value(argc, argv, &i, "total", &v)) {
 			ok = parse_u64(v, 1, 100000000, &total);
+		} else if (ctl_flag_value(argc, argv, &i, "rate", &v)) {
+			ok = parse_u64(v, 1, 10000000, &rate);
+		} else if (ctl_flag_value(argc, argv, &i, "latency-log", &v)) {
+			latlog = v;
+			ok = v && *v;
 		} else if (ctl_flag_value(argc, argv, &i, "fsync-dir", &v)) {
 			fsync_dir = v;
 			ok = v && *v;
@@ -254,27 +315,37 @@ int ctl_bench_meta_main(int argc, char **argv)
 	b.nclients = clients;
 	b.val = malloc(val_size ? val_size : 1);
 	b.lat_ns = malloc(total * sizeof(*b.lat_ns));
+	b.acked = calloc(total, 1);
+	b.rate = rate;
+	b.idle = calloc(clients, sizeof(*b.idle));
 	b.clients = calloc(clients, sizeof(*b.clients));
 	b.cli = calloc(conns, sizeof(*b.cli));
-	if (!b.val || !b.lat_ns || !b.clients || !b.cli || uv_loop_init(&b.loop)) {
+	if (!b.val || !b.lat_ns || !b.acked || !b.idle || !b.clients || !b.cli ||
+	    uv_loop_init(&b.loop)) {
 		fprintf(stderr, "mooncakectl bench meta: out of memory\n");
 		goto out_free;
+	}
+	uv_timer_init(&b.loop, &b.pace);
+	if (latlog && !(b.latlog = fopen(latlog, "we"))) {
+		fprintf(stderr, "mooncakectl bench meta: %s: %s\n", latlog, strerror(errno));
+		rc = CTL_EXIT_USAGE;
+		goto out_loop;
 	}
 	for (size_t i = 0; i < val_size; i++)
 		b.val[i] = (uint8_t)('a' + i % 26);
 
 	/* The endpoints, then one connection after another round-robin. */
-	char *eps = strdup(endpoints);
+	eps = strdup(endpoints);
 	char *names[64];
 	if (!eps) {
 		fprintf(stderr, "mooncakectl bench meta: out of memory\n");
-		goto out_free;
+		goto out_loop;
 	}
 	size_t neps = 0;
 	for (char *save = NULL, *t = strtok_r(eps, ",", &save); t && neps < 64;
 	     t = strtok_r(NULL, ",", &save))
 		names[neps++] = t;
-	struct metrics_registry *reg = metrics_registry_new();
+	reg = metrics_registry_new();
 	struct rpc_client_opts co = {.max_message_bytes = 64u << 20, .metrics = reg};
 	for (size_t i = 0; i < conns; i++) {
 		if (rpc_client_new(&b.loop, names[i % neps], &co, &b.cli[i])) {
@@ -314,22 +385,35 @@ int ctl_bench_meta_main(int argc, char **argv)
 	       "linearizable)\n",
 	       get.ops_per_s, get.p50_ms, get.p99_ms, (unsigned long long)get.failed,
 	       get.failed ? ", first: " : "", get.failed ? b.first_err : "");
+	printf("  lost     %9llu of %llu acknowledged puts not read back%s (%llu failed puts "
+	       "applied anyway)\n",
+	       (unsigned long long)b.lost, (unsigned long long)(total - put.failed),
+	       get.failed ? ", among the keys read" : "", (unsigned long long)b.unacked_applied);
 	printf("RESULT put_ops=%.0f put_p50_ms=%.3f put_p99_ms=%.3f put_failed=%llu "
-	       "get_ops=%.0f get_p50_ms=%.3f get_p99_ms=%.3f get_failed=%llu fsync_per_s=%.0f\n",
+	       "get_ops=%.0f get_p50_ms=%.3f get_p99_ms=%.3f get_failed=%llu fsync_per_s=%.0f "
+	       "lost=%llu\n",
 	       put.ops_per_s, put.p50_ms, put.p99_ms, (unsigned long long)put.failed,
-	       get.ops_per_s, get.p50_ms, get.p99_ms, (unsigned long long)get.failed, fs);
-	rc = put.failed || get.failed ? CTL_EXIT_FAIL : CTL_EXIT_OK;
+	       get.ops_per_s, get.p50_ms, get.p99_ms, (unsigned long long)get.failed, fs,
+	       (unsigned long long)b.lost);
+	rc = put.failed || get.failed || b.lost ? CTL_EXIT_FAIL : CTL_EXIT_OK;
 
 out_clients:
 	for (size_t i = 0; i < b.ncli; i++)
 		rpc_client_free(b.cli[i]);
+out_loop:
+	if (b.latlog)
+		fclose(b.latlog);
+	uv_close((uv_handle_t *)&b.pace, NULL);
 	uv_run(&b.loop, UV_RUN_DEFAULT); /* let the connections close */
 	(void)uv_loop_close(&b.loop);
-	metrics_registry_free(reg);
+	if (reg)
+		metrics_registry_free(reg);
 	free(eps);
 out_free:
 	free(b.val);
 	free(b.lat_ns);
+	free(b.acked);
+	free(b.idle);
 	free(b.clients);
 	free(b.cli);
 	return rc;

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #define CTL_EXIT_OK 0
@@ -30,10 +31,25 @@ int ctl_master_dram_segments(const char *addr, unsigned *ready);
 int ctl_put_main(int argc, char **argv);
 int ctl_get_main(int argc, char **argv);
 int ctl_rm_main(int argc, char **argv);
+/* A master for the benchmarks on a thread of this process
+ * (ctl_bench_msrv.c): listening on 127.0.0.1, no meta, an empty index.
+ * Errors: -ENOMEM, -EAGAIN (no thread), -EADDRNOTAVAIL (it did not
+ * start; it logged why). */
+struct ctl_msrv;
+int ctl_msrv_start(uint64_t agent_ttl_ms, struct ctl_msrv **out);
+int ctl_msrv_port(const struct ctl_msrv *t);
+pthread_t ctl_msrv_thread(const struct ctl_msrv *t);
+/* Stop it (its master first, then its server) and free it; NULL: no-op. */
+void ctl_msrv_stop(struct ctl_msrv *t);
 /* `bench master`; argv[0] is "master". */
 int ctl_bench_master_main(int argc, char **argv);
+/* `bench resync` (ctl_bench_resync.c); argv[0] is "resync". */
+int ctl_bench_resync_main(int argc, char **argv);
 /* `bench store`; argv[0] is "store" (ctl_bench_store.c). */
 int ctl_bench_store_main(int argc, char **argv);
+/* `bench sessions`: many client sessions with one agent; argv[0] is
+ * "sessions" (ctl_bench_sessions.c). */
+int ctl_bench_sessions_main(int argc, char **argv);
 /* `bench ssd`: the SSD tier's store beside fio; argv[0] is "ssd"
  * (ctl_bench_ssd.c). */
 int ctl_bench_ssd_main(int argc, char **argv);
@@ -47,6 +63,9 @@ void ctl_lat_add(struct ctl_lat *l, uint64_t ns);
 /* The p-th percentile (0..1) in microseconds; sorts the samples. */
 double ctl_lat_pct_us(struct ctl_lat *l, double p);
 void ctl_lat_free(struct ctl_lat *l);
+/* CPU time a thread of this process has used, in ns (0 when it cannot be
+ * read), for the benchmarks' CPU-per-operation figures. */
+uint64_t ctl_thread_cpu_ns(pthread_t t);
 /* `bench meta`; argv[0] is "meta". */
 int ctl_bench_meta_main(int argc, char **argv);
 int ctl_transfer_main(int argc, char **argv);
@@ -68,5 +87,8 @@ bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
 /* Match a boolean flag: --name, --name=true/false. Sets *out. Returns
  * true on a match; *ok false when the value is not a boolean. */
 bool ctl_flag_bool(const char *arg, const char *name, bool *out, bool *ok);
+/* A count of things: digits with an optional decimal K, M or G suffix
+ * (10K = 10,000, 1M = 1,000,000). Errors: -EINVAL (not one, or 0). */
+int ctl_parse_count(const char *s, uint64_t *out);
 
 #endif

@@ -19,6 +19,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
+#include <ucontext.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,10 +90,11 @@ struct daemon {
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;
 	int rpc_open;      /* RPC servers not yet shut down */
+	unsigned drains;    /* roles whose drain is not over */
 	size_t stop_next;   /* roles[stop_next - 1] is the next to stop */
 	bool draining;      /* every role stopped (or timed out): calls drain */
 	uint64_t drain_timeout_ms;
-	uv_timer_t stop_timer; /* bounds the roles' stop hooks */
+	uv_timer_t stop_timer; /* bounds the roles' drain and stop hooks */
 	bool shutting_down;
 	int exit_code;
 	int lock_fd;
@@ -289,6 +292,44 @@ void role_stopped(struct role_rt *rt)
 	stop_next_role(rt->d);
 }
 
+/* Every role drained (or the timeout passed): stop them in turn. */
+static void begin_stops(struct daemon *d)
+{
+	uv_timer_stop(&d->stop_timer);
+	d->stop_next = NROLES;
+	stop_next_role(d);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	for (size_t i = 0; i < NROLES; i++)
+		if (d->roles[i].draining) {
+			log_warn("%s: did not drain within the shutdown timeout; stopping "
+				 "with work in flight",
+				 d->roles[i].def->name);
+			d->roles[i].draining = false;
+		}
+	d->drains = 0;
+	begin_stops(d);
+}
+
+void role_drained(struct role_rt *rt)
+{
+	struct daemon *d = rt->d;
+	if (!rt->draining)
+		return; /* late, after the timeout */
+	rt->draining = false;
+	if (--d->drains == 0)
+		begin_stops(d);
+}
+
+/*
+ * Shutdown: the roles that serve local clients drain first, all at once
+ * and with every role still up (a request in flight may need the
+ * master); then the roles stop one after the other; then RPC calls
+ * drain. Each phase is bounded by the shutdown timeout.
+ */
 static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 {
 	if (d->shutting_down)
@@ -296,8 +337,20 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	d->shutting_down = true;
 	d->drain_timeout_ms = timeout_ms;
 	notify_systemd("STOPPING=1");
-	d->stop_next = NROLES;
-	stop_next_role(d);
+	for (size_t i = 0; i < NROLES; i++) {
+		struct role_rt *rt = &d->roles[i];
+		rt->draining = rt->started && rt->def->ops && rt->def->ops->drain;
+		d->drains += rt->draining;
+	}
+	if (d->drains == 0) {
+		begin_stops(d);
+		return;
+	}
+	uv_timer_start(&d->stop_timer, on_drain_timeout, timeout_ms, 0);
+	/* role_drained may run inside a hook: the count is complete first. */
+	for (size_t i = 0; i < NROLES && d->drains > 0; i++)
+		if (d->roles[i].draining)
+			d->roles[i].def->ops->drain(&d->roles[i]);
 }
 
 void role_fatal(struct role_rt *rt)
@@ -452,6 +505,156 @@ static int setup_logging(const struct cfg *cfg)
 	return 0;
 }
 
+/* ------------------------------------------------------------ fatal signals */
+
+/*
+ * A daemon that dies of a fault says so in its log: SIGSEGV, SIGBUS,
+ * SIGILL, SIGFPE and SIGABRT write one line (the signal, its code, the
+ * address it names and the instruction it hit, which `addr2line -f -e
+ * mooncaked ADDR` turns into a function and line of the static binary, or
+ * the pid that sent it) and then take their default action, so a core is
+ * dumped where enabled and the exit status still names the signal. The
+ * handler runs on an alternate stack: a stack overflow on the loop thread
+ * (the crash of issue 22 was one) is reported too. Sanitizer builds keep
+ * the sanitizers' own handlers, which report more.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define FATAL_HANDLERS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FATAL_HANDLERS 0
+#endif
+#endif
+#ifndef FATAL_HANDLERS
+#define FATAL_HANDLERS 1
+#endif
+
+#if FATAL_HANDLERS
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+
+/* Appenders for the handler: no stdio, which is not async-signal-safe. */
+static size_t put_str(char *b, size_t at, size_t cap, const char *s)
+{
+	while (*s && at + 1 < cap)
+		b[at++] = *s++;
+	return at;
+}
+
+static size_t put_num(char *b, size_t at, size_t cap, uint64_t v, unsigned base)
+{
+	char d[24];
+	size_t n = 0;
+	do {
+		d[n++] = "0123456789abcdef"[v % base];
+		v /= base;
+	} while (v && n < sizeof(d));
+	if (base == 16)
+		at = put_str(b, at, cap, "0x");
+	while (n && at + 1 < cap)
+		b[at++] = d[--n];
+	return at;
+}
+
+static size_t put_2(char *b, size_t at, size_t cap, unsigned v, const char *sep)
+{
+	if (v < 10)
+		at = put_str(b, at, cap, "0");
+	at = put_num(b, at, cap, v, 10);
+	return put_str(b, at, cap, sep);
+}
+
+/* The log's time stamp (2026-01-31T23:59:59.999Z), from clock_gettime,
+ * which is async-signal-safe where gmtime_r is not. */
+static size_t put_time(char *b, size_t at, size_t cap)
+{
+	struct timespec ts;
+	if (clock_gettime(CLOCK_REALTIME, &ts))
+		return at;
+	int64_t days = ts.tv_sec / 86400, sec = ts.tv_sec % 86400;
+	/* Days since 1970-01-01 to a civil date (H. Hinnant's algorithm). */
+	int64_t z = days + 719468, era = z / 146097;
+	int64_t doe = z - era * 146097;
+	int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+	int64_t mp = (5 * doy + 2) / 153;
+	unsigned d = (unsigned)(doy - (153 * mp + 2) / 5 + 1);
+	unsigned m = (unsigned)(mp < 10 ? mp + 3 : mp - 9);
+	int64_t y = yoe + era * 400 + (m <= 2);
+	unsigned ms = (unsigned)(ts.tv_nsec / 1000000);
+	at = put_num(b, at, cap, (uint64_t)y, 10);
+	at = put_str(b, at, cap, "-");
+	at = put_2(b, at, cap, m, "-");
+	at = put_2(b, at, cap, d, "T");
+	at = put_2(b, at, cap, (unsigned)(sec / 3600), ":");
+	at = put_2(b, at, cap, (unsigned)(sec / 60 % 60), ":");
+	at = put_2(b, at, cap, (unsigned)(sec % 60), ".");
+	if (ms < 100)
+		at = put_str(b, at, cap, "0");
+	return put_2(b, at, cap, ms, "Z ");
+}
+
+static void on_fatal_signal(int sig, siginfo_t *si, void *ucv)
+{
+	char b[320];
+	size_t n = 0, cap = sizeof(b);
+	const char *name = sigabbrev_np(sig);
+	uint64_t ip = 0;
+#if defined(__x86_64__)
+	ip = (uint64_t)((ucontext_t *)ucv)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+	ip = (uint64_t)((ucontext_t *)ucv)->uc_mcontext.pc;
+#else
+	(void)ucv;
+#endif
+	n = put_time(b, n, cap);
+	n = put_str(b, n, cap, "ERROR daemon: killed by SIG");
+	n = put_str(b, n, cap, name ? name : "?");
+	n = put_str(b, n, cap, " (signal ");
+	n = put_num(b, n, cap, (uint64_t)sig, 10);
+	n = put_str(b, n, cap, ", code ");
+	n = put_num(b, n, cap, (uint64_t)(int64_t)si->si_code, 10);
+	if (si->si_code <= 0) { /* sent: kill(2), tgkill(2), abort(3) */
+		n = put_str(b, n, cap, ") sent by pid ");
+		n = put_num(b, n, cap, (uint64_t)si->si_pid, 10);
+	} else {
+		n = put_str(b, n, cap, ") at address ");
+		n = put_num(b, n, cap, (uint64_t)(uintptr_t)si->si_addr, 16);
+	}
+	if (ip) {
+		n = put_str(b, n, cap, ", instruction ");
+		n = put_num(b, n, cap, ip, 16);
+		n = put_str(b, n, cap, " (addr2line -f -e mooncaked ADDR)");
+	}
+	n = put_str(b, n, cap, "; exiting\n");
+	log_write_raw(b, n);
+	/* SA_RESETHAND restored the default action: a fault happens again
+	 * when the handler returns, a sent signal is raised once more. */
+	if (si->si_code <= 0)
+		raise(sig);
+}
+
+static void install_fatal_handlers(void)
+{
+	static char alt[64 * 1024];
+	stack_t ss = {.ss_sp = alt, .ss_size = sizeof(alt)};
+	struct sigaction sa = {.sa_sigaction = on_fatal_signal,
+			       .sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND};
+	if (sigaltstack(&ss, NULL))
+		log_warn("no alternate signal stack (%s): a stack overflow would "
+			 "not be reported",
+			 strerror(errno));
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < MC_ARRAY_LEN(fatal_signals); i++)
+		if (sigaction(fatal_signals[i], &sa, NULL))
+			log_warn("cannot catch %s: %s", strsignal(fatal_signals[i]),
+				 strerror(errno));
+}
+#else
+static void install_fatal_handlers(void)
+{
+}
+#endif
+
 static int lock_data_dir(struct daemon *d)
 {
 	const char *dir = cfg_str(d->cfg, CFG_DATA_DIR);
@@ -522,6 +725,7 @@ int daemon_run(const struct cfg *cfg)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	install_fatal_handlers();
 	rc = uv_loop_init(&d->loop);
 	if (rc) {
 		log_error("cannot create the event loop: %s", uv_strerror(rc));

@@ -17,9 +17,9 @@
  *  - the master: --master-address as given; when empty, the leader key
  *    in meta; without meta, this process's own master if it runs one.
  *
- * Stop: the agent (sessions closed, segment unmounted) and the engine's
- * control plane together; free: the engine (its data plane) before the
- * agent's memory.
+ * Drain: the agent's client requests in flight finish. Stop: the agent
+ * (sessions closed, segment unmounted) and the engine's control plane
+ * together; free: the engine (its data plane) before the agent's memory.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -336,6 +336,13 @@ static int role_agent_start(struct role_rt *rt)
 		.busy_poll_us = cfg_u64(cfg, CFG_BUSY_POLL_US),
 		.remote_cache_bytes = cfg_u64(cfg, CFG_REMOTE_LEASE_CACHE_SIZE),
 		.put_lease_bytes = cfg_u64(cfg, CFG_PUT_LEASE_SIZE),
+		.max_sessions = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_SESSIONS),
+		.max_sessions_per_uid = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_SESSIONS_PER_UID),
+		.reply_buffer_bytes = cfg_u64(cfg, CFG_CLIENT_REPLY_BUFFER_SIZE),
+		.max_fds = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_FDS),
+		.max_buffers = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_BUFFERS),
+		.max_views = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_VIEWS),
+		.alloc_bytes = cfg_u64(cfg, CFG_CLIENT_ALLOC_SIZE),
 		.master_address = master,
 		.meta_endpoints = meta,
 		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
@@ -380,6 +387,18 @@ static void on_agent_stopped(void *ud)
 	part_stopped(ud);
 }
 
+static void on_agent_drained(void *ud)
+{
+	role_drained(ud);
+}
+
+/* Client requests in flight finish first (like gRPC calls): the engine
+ * and the master link still serve them. */
+static void role_agent_drain(struct role_rt *rt)
+{
+	agent_drain(rt->agent->store, on_agent_drained, rt);
+}
+
 static void role_agent_stop(struct role_rt *rt)
 {
 	rt->agent->stopping = 2;
@@ -397,6 +416,7 @@ static void role_agent_free(struct role_rt *rt)
 
 const struct role_ops role_agent_ops = {
 	.start = role_agent_start,
+	.drain = role_agent_drain,
 	.stop = role_agent_stop,
 	.free = role_agent_free,
 };

@@ -5,10 +5,12 @@
  * This file holds the core object and the life of an object in it: a put
  * places replicas on distinct DRAM segments (the preferred one first,
  * then the emptiest), PutEnd seals them, a get leases the object to its
- * reader and moves it to its LRU list's tail, a remove or a TTL ends it.
+ * reader and marks it read, a remove or a TTL ends it.
  *
  * Eviction walks the plain LRU list from the head, skipping leased
- * objects, then the pinned list, until the round's target is freed: a
+ * objects and sending objects read since it last passed them to the tail
+ * (index.c's second chance), then the pinned list, until the round's
+ * target is freed: a
  * round frees eviction_ratio of the DRAM capacity when usage passes the
  * watermark, or just enough for a placement that found no room.
  *
@@ -219,8 +221,16 @@ static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 {
 	static const enum master_list lists[2] = {MASTER_LIST_PLAIN, MASTER_LIST_PINNED};
 	for (int k = 0; k < (pinned ? 2 : 1); k++) {
+		struct master_obj *next;
 		for (struct master_obj *o = master__index_oldest(&c->ix, lists[k]); o;
-		     o = o->next) {
+		     o = next) {
+			next = o->next;
+			if (master__index_second_chance(&c->ix, o)) {
+				/* At the tail now: the walk meets it again last. */
+				if (!next)
+					next = o;
+				continue;
+			}
 			if (leased(o, now_ms)) {
 				c->n.lease_waits++;
 				continue;
@@ -446,9 +456,35 @@ int master__get(struct master_core *c, const uint8_t *key, size_t klen,
 	uint64_t until = now_ms + c->o.lease_ttl_ms;
 	if (until > o->lease_or_start_ms)
 		o->lease_or_start_ms = until;
-	master__index_touch(&c->ix, o);
+	master__index_touch(o);
 	*out = o;
 	return 0;
+}
+
+/* How many items ahead of a batch's lookups each prefetch stage runs:
+ * the bucket's line must arrive before the object stage reads it. */
+#define PREFETCH_BUCKET_AHEAD 12
+#define PREFETCH_OBJECT_AHEAD 8
+
+void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
+			    master_key_at_fn key_at)
+{
+	static const struct {
+		size_t ahead;
+		enum master_prefetch stage;
+	} st[] = {{PREFETCH_BUCKET_AHEAD, MASTER_PREFETCH_BUCKET},
+		  {PREFETCH_OBJECT_AHEAD, MASTER_PREFETCH_OBJECT}};
+	for (size_t s = 0; s < MC_ARRAY_LEN(st); s++) {
+		/* The first lookup also starts the stages of every item before
+		 * its distance. */
+		size_t from = i == 0 ? 0 : i + st[s].ahead;
+		for (size_t j = from; j <= i + st[s].ahead && j < n; j++) {
+			size_t klen;
+			const uint8_t *key = key_at(batch, j, &klen);
+			if (master__key_ok(klen))
+				master__index_prefetch(&c->ix, key, klen, st[s].stage);
+		}
+	}
 }
 
 int master__exist(struct master_core *c, const uint8_t *key, size_t klen,

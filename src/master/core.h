@@ -140,20 +140,27 @@ void master__mlog_stats(const struct master_mlog *l, struct master_mlog_stats *s
 enum master_tier { MASTER_TIER_DRAM = 0, MASTER_TIER_SSD = 1 };
 enum master_rep_state { MASTER_REP_PENDING = 0, MASTER_REP_COMPLETE = 1 };
 
-struct master_rep {
+/* A replica: 12 bytes, 4-aligned, so that an object of one replica and a
+ * short key fits a smaller malloc chunk (an index of millions of objects
+ * is mostly these). Segment slots stay below MASTER_SEG_SLOTS_MAX. */
+struct __attribute__((packed, aligned(4))) master_rep {
 	uint64_t offset;
-	uint32_t seg;   /* segment slot (master__seg) */
-	uint32_t state; /* enum master_rep_state */
+	uint32_t seg : 31;  /* segment slot (master__seg) */
+	uint32_t state : 1; /* enum master_rep_state */
 };
+
+#define MASTER_SEG_SLOTS_MAX (1u << 31)
 
 #define MASTER_OBJ_PENDING 0x1u
 #define MASTER_OBJ_SOFT_PIN 0x2u
 #define MASTER_OBJ_LRU_PIN 0x4u /* on the pinned LRU list */
 #define MASTER_OBJ_CRC 0x8u     /* crc is the value's CRC-32C */
+#define MASTER_OBJ_READ 0x10u   /* read since eviction last passed it */
 
 /*
- * One object: 64 bytes plus 16 per replica plus the key, in one
- * allocation. Replicas follow the header, then the key bytes.
+ * One object: 56 bytes plus 12 per replica plus the key, in one
+ * allocation. Replicas follow the header, then the key bytes. The key's
+ * hash is not kept: the index computes it again where it needs it.
  */
 struct master_obj {
 	struct master_obj *hnext;           /* hash chain */
@@ -163,7 +170,6 @@ struct master_obj {
 	uint64_t lease_or_start_ms;
 	/* COMPLETE: TTL expiry (0: none). PENDING: the TTL asked for. */
 	uint64_t ttl_ms;
-	uint32_t hash;
 	uint32_t crc;                       /* with MASTER_OBJ_CRC */
 	uint16_t klen;
 	uint8_t nrep;
@@ -250,7 +256,8 @@ uint32_t master__seg_find(const struct master_core *c, const char *name);
  * (may be NULL) gets where the owner's mirror follows the segment's log
  * from (MountSegmentResponse.mirror_seq). Errors: -EINVAL (empty name or
  * agent, size below one granule, base + size overflows), -EEXIST (the
- * name is mounted by another agent or with another geometry), -ENOMEM.
+ * name is mounted by another agent or with another geometry),
+ * MC_ENO_SPACE (MASTER_SEG_SLOTS_MAX segments mounted), -ENOMEM.
  */
 int master__mount(struct master_core *c, const char *name, const char *agent,
 		  enum master_tier tier, uint64_t base, uint64_t size,
@@ -317,6 +324,15 @@ int master__put_revoke(struct master_core *c, const uint8_t *key,
  * moved to the LRU tail. Errors: -EINVAL, MC_EOBJECT_NOT_FOUND. */
 int master__get(struct master_core *c, const uint8_t *key, size_t klen,
 		uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+/* The key of item j of a batch (for master__prefetch_ahead). */
+typedef const uint8_t *(*master_key_at_fn)(const void *batch, size_t j, size_t *klen);
+/* A hint, called before the lookup of item i of a batch of n: it loads
+ * into the cache, a few items ahead, what their lookups will read (the
+ * key's hash bucket, then the first object of its chain), so that the
+ * cache misses of several keys overlap instead of coming one after
+ * another. It changes nothing. */
+void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
+			    master_key_at_fn key_at);
 /* 1 COMPLETE, 0 not (or PENDING), -EINVAL. */
 int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
 		  uint64_t now_ms) MC_MUST_CHECK;

@@ -62,8 +62,16 @@ void master__index_link(struct master_index *ix, struct master_obj *o);
 void master__index_del(struct master_index *ix, struct master_obj *o);
 struct master_obj *master__index_find(const struct master_index *ix, const uint8_t *key,
 				      size_t klen);
-/* o was read: to the tail of its LRU list. */
-void master__index_touch(struct master_index *ix, struct master_obj *o);
+/* master__prefetch_ahead's stages: the bucket of the key, then the
+ * first object of the bucket's chain. */
+enum master_prefetch { MASTER_PREFETCH_BUCKET, MASTER_PREFETCH_OBJECT };
+void master__index_prefetch(const struct master_index *ix, const uint8_t *key, size_t klen,
+			    enum master_prefetch stage);
+/* o was read: marked, so that eviction gives it a second chance. */
+void master__index_touch(struct master_obj *o);
+/* Eviction reached o: if it was read since eviction last passed it, it
+ * goes to the tail of its LRU list unmarked and this returns true. */
+bool master__index_second_chance(struct master_index *ix, struct master_obj *o);
 /* A PENDING o becomes COMPLETE: flags updated, onto its LRU list's tail. */
 void master__index_seal(struct master_index *ix, struct master_obj *o);
 /* o with one more replica, COMPLETE, at (seg, offset); o is reallocated

@@ -215,6 +215,9 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 		goto err_log;
 	if (sg->n == sg->cap) {
 		uint32_t cap = sg->cap ? sg->cap * 2 : 8;
+		rc = MC_ENO_SPACE;
+		if (cap > MASTER_SEG_SLOTS_MAX)
+			goto err_lease;
 		struct master_seg **v = realloc(sg->v, cap * sizeof(*v));
 		rc = -ENOMEM;
 		if (!v)

@@ -258,6 +258,12 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
  * MC_EUNAVAILABLE — "try again" (an agent retries a single call until
  * its deadline) — and never with MC_ENO_SPACE, which a client takes as
  * final. *mounted and *syncing count the DRAM segments.
+ *
+ * A first leader (view 1) is early in the same way while no segment at
+ * all is mounted and it has led for less than agent_ttl: the agents
+ * started beside it are still mounting (a put right after `mooncaked &`
+ * got MC_ETOO_FEW_SEGMENTS before its own agent's mount landed). With
+ * one segment or more the figures are taken as they are.
  */
 static bool settling(const struct master *m, unsigned *mounted, unsigned *syncing)
 {
@@ -274,7 +280,8 @@ static bool settling(const struct master *m, unsigned *mounted, unsigned *syncin
 }
 
 /* The error a put start answers for the core's rc: MC_ENO_SPACE becomes
- * MC_EUNAVAILABLE while settling, and MC_ETOO_FEW_SEGMENTS when fewer
+ * MC_EUNAVAILABLE while settling or before the first segment is mounted
+ * (both above), and MC_ETOO_FEW_SEGMENTS when fewer
  * segments are mounted than replicas asked for. why (may be NULL) gets
  * the figures. */
 static int put_start_err(const struct master *m, int rc, unsigned replicas, char *why,
@@ -292,6 +299,14 @@ static int put_start_err(const struct master *m, int rc, unsigned replicas, char
 				 (unsigned long long)m->view,
 				 (unsigned long long)(now_ms(m) - m->leader_since_ms), mounted,
 				 syncing);
+		return MC_EUNAVAILABLE;
+	}
+	if (mounted == 0 && now_ms(m) - m->leader_since_ms < m->core_opts.agent_ttl_ms) {
+		if (why)
+			snprintf(why, len,
+				 "the master started leading %llu ms ago and no segment is mounted "
+				 "yet; agents may still be mounting; retry",
+				 (unsigned long long)(now_ms(m) - m->leader_since_ms));
 		return MC_EUNAVAILABLE;
 	}
 	if (mounted < replicas) {
@@ -618,7 +633,8 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 	Mooncake__Master__Replica *reps = NULL;
 	Mooncake__Master__Replica **pptr = NULL;
 	const struct master_obj **objs = calloc(n ? n : 1, sizeof(*objs));
-	size_t total = 0;
+	size_t total = 0, unavailable = 0;
+	char why[256] = "";
 	if (!res || !rptr || !objs)
 		goto err_nomem;
 	for (size_t i = 0; i < n; i++) {
@@ -627,11 +643,19 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 		res[i].error = put_start_one(m, req->items[i], &objs[i]);
 		if (res[i].error) {
 			res[i].error = put_start_err(m, res[i].error, req->items[i]->replica_num,
-						     NULL, 0);
+						     why, sizeof(why));
+			unavailable += res[i].error == MC_EUNAVAILABLE;
 			objs[i] = NULL;
 		}
 		else
 			total += objs[i]->nrep;
+	}
+	if (n > 0 && unavailable == n) {
+		/* Nothing was started: the whole call says "retry", which an
+		 * agent does by itself until the call's deadline (one item's
+		 * error in a batch would go to the client as it is). */
+		finish_err(call, MC_EUNAVAILABLE, "%s", why);
+		goto out;
 	}
 	/* A later put of the batch cannot free an earlier one's object
 	 * (they are PENDING, never evicted), so objs[] are all valid. */
@@ -664,6 +688,14 @@ out:
 	free(res);
 }
 
+/* master_key_at_fn over an array of ProtobufCBinaryData keys. */
+static const uint8_t *key_at(const void *batch, size_t j, size_t *klen)
+{
+	const ProtobufCBinaryData *k = (const ProtobufCBinaryData *)batch + j;
+	*klen = k->len;
+	return k->data;
+}
+
 enum batch_op { OP_PUT_END, OP_PUT_REVOKE, OP_REMOVE };
 
 static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_t n,
@@ -679,6 +711,7 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 	}
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, keys, n, i, key_at);
 		switch (op) {
 		case OP_PUT_END:
 			errs[i] = put_end_err(m, master__put_end(m->core, keys[i].data,
@@ -740,6 +773,7 @@ static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		int rc = master__exist(m->core, req->keys[i].data, req->keys[i].len, now);
 		errs[i] = rc < 0 ? rc : 0;
 		ex[i] = rc == 1;
@@ -770,6 +804,7 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		goto err_nomem;
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		mooncake__master__get_replicas_result__init(&res[i]);
 		rptr[i] = &res[i];
 		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now, &objs[i]);

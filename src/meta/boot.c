@@ -22,6 +22,13 @@
 
 #define LOG_SUBSYS LOGS_META
 
+/* Entries kept in the log behind a snapshot (etcd's
+ * SnapshotCatchUpEntries), at most: a follower a few seconds behind under
+ * a heavy write load catches up from the log instead of being sent the
+ * whole state. A member told to snapshot more often than that keeps as
+ * many as it logs between two snapshots. */
+#define META_CATCHUP_ENTRIES 10000
+
 static int write_file_durably(const char *dir, const char *path, const char *text)
 {
 	char *tmp = meta__printf("%s.tmp", path);
@@ -184,13 +191,25 @@ fail:
 	return rc;
 }
 
+/* The Raft core's events (elections, step-downs, snapshots) at debug
+ * level of the raft subsystem: --log-level=info,raft=debug. */
+static void on_raft_trace(void *arg, uint64_t id, const char *text)
+{
+	(void)arg;
+	log_at(LOGS_RAFT, LOG_DEBUG, "%016" PRIx64 " %s", id, text);
+}
+
 static int open_raft(struct meta_node *n, const struct raft_restore *rs)
 {
 	struct raft_config c;
 	raft_config_init(&c, n->id);
 	c.election_ticks = (unsigned)(n->o.election_ms / n->o.heartbeat_ms);
 	c.heartbeat_ticks = 1;
+	c.trailing_entries = n->o.snapshot_count < META_CATCHUP_ENTRIES ? n->o.snapshot_count
+									: META_CATCHUP_ENTRIES;
 	c.seed = mc_now_ns() ^ n->id;
+	if (log_enabled(LOGS_RAFT, LOG_DEBUG))
+		c.trace = on_raft_trace;
 	int rc = raft_new(&c, rs, &n->raft);
 	if (rc)
 		log_error("cannot start the Raft core: %s", mc_strerror(rc));

@@ -58,7 +58,11 @@ struct meta_options {
 	uint64_t election_ms;        /* >= 2 * heartbeat_ms */
 	uint64_t snapshot_count;     /* applied entries between snapshots */
 	uint64_t max_request_bytes;
-	uint64_t quota_bytes;
+	uint64_t quota_backend_bytes;
+	/* etcd's auto-compaction: "periodic" or "revision", and the history
+	 * kept ("5m", "1" = 1 hour, a revision count; "0" = off). */
+	const char *auto_compaction_mode;
+	const char *auto_compaction_retention;
 	uint64_t progress_notify_ms; /* watch progress notifications */
 	uint64_t max_message_bytes;  /* the RPC servers' limit */
 	/* The role's servers (borrowed): services are registered on them

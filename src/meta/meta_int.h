@@ -147,6 +147,42 @@ struct meta__recv_snap {
 	size_t len;
 };
 
+/* ------------------------------------------------------------- compaction */
+
+/* etcd's automatic compaction (compact.c): what to keep, and when the
+ * leader last compacted. */
+struct meta__compactor {
+	bool periodic;        /* else revision mode */
+	uint64_t period_ms;   /* periodic: the history kept (0: off) */
+	int64_t keep_revs;    /* revision: revisions kept (0: off) */
+	uint64_t interval_ms; /* between compactions */
+	uint64_t sample_ms;   /* periodic: between two notes of the revision */
+	int64_t *revs;        /* periodic: revisions noted, oldest first */
+	size_t n_revs, cap_revs;
+	bool started, in_flight;
+	uint64_t next_sample_ms;
+	uint64_t last_ms;     /* the start, or the last compaction */
+	uint64_t wait_ms;     /* from last_ms to the next compaction */
+	uint64_t retry_ms;    /* after a failure, not before this */
+	int64_t prev_rev;     /* the last compaction's revision */
+};
+
+/* From --auto-compaction-mode and --auto-compaction-retention (etcd's
+ * syntax). Errors: MC_ECONFIG (logged), -ENOMEM. */
+int meta__compactor_init(struct meta__compactor *c, const char *mode,
+			 const char *retention) MC_MUST_CHECK;
+void meta__compactor_free(struct meta__compactor *c);
+bool meta__compactor_on(const struct meta__compactor *c);
+/* At now_ms, with the store at rev and compacted at compacted_rev: note
+ * the revision when due and, on the leader, say whether to compact and to
+ * which revision (*to); then meta__compactor_done tells how it went.
+ * Pure: the clock and revisions are inputs. */
+bool meta__compactor_step(struct meta__compactor *c, uint64_t now_ms, int64_t rev,
+			  int64_t compacted_rev, bool leader, int64_t *to);
+void meta__compactor_done(struct meta__compactor *c, uint64_t now_ms, int64_t rev, bool ok);
+/* On each tick: note, and on the leader propose a compaction when due. */
+void meta__compactor_tick(struct meta_node *n);
+
 /* ------------------------------------------------------------- the node */
 
 struct meta__worker;
@@ -155,6 +191,7 @@ struct meta__wstream;
 struct meta__kstream;
 struct meta__mjob;
 struct meta__pcall;
+struct meta__snap_job;
 
 struct meta_node {
 	uv_loop_t *loop;
@@ -177,6 +214,7 @@ struct meta_node {
 
 	/* state machine */
 	struct meta__sm sm;
+	struct meta__sm *installed_sm; /* received, decoded, to swap in */
 	struct watch_registry *watch;
 	uint64_t applied, applied_term;
 	uint64_t snap_index;     /* newest durable snapshot */
@@ -191,6 +229,9 @@ struct meta_node {
 	size_t went_cap;
 	struct meta__job *persist_job;
 	uint64_t durable_index; /* last log index made durable here */
+	struct raft_msg *late;  /* rd's messages held until it is durable */
+	size_t n_late, late_cap;
+	bool split_msgs;        /* some of rd's messages went early: send late */
 	size_t early_applied;   /* committed entries of rd applied early */
 	bool early_ran;         /* apply_early handled rd's read states */
 	uint64_t leader, term;
@@ -229,6 +270,7 @@ struct meta_node {
 	/* timers and wake-ups */
 	uv_timer_t tick_timer;
 	uv_idle_t kick;
+	uv_idle_t snap_idle;
 	uv_timer_t progress_timer;
 	uv_timer_t sync_timer;
 	uv_timer_t join_timer;
@@ -248,8 +290,10 @@ struct meta_node {
 	size_t probe_next;
 	bool probing;
 
+	struct meta__compactor compactor;
+
 	/* snapshots and disk work in flight */
-	bool snapshotting;
+	struct meta__snap_job *snap_job; /* this member's snapshot being taken */
 	unsigned disk_jobs; /* jobs submitted and not yet completed */
 	unsigned uv_works;
 
@@ -265,6 +309,7 @@ struct meta_node {
 	struct metric *m_pending, *m_leader_changes, *m_snapshots;
 	struct metric *m_db_size, *m_watchers, *m_leases, *m_keys;
 	struct metric *m_snap_sent, *m_snap_recv, *m_forwarded;
+	struct metric *m_snap_writing;
 };
 
 /* A member ID fits 53 bits: exact in a float gauge (the leader_id metric). */
@@ -378,6 +423,10 @@ void meta__learn_peers(struct meta_node *n, const struct raft_entry *e, size_t k
 
 /* Take a snapshot when --snapshot-count entries were applied since the last. */
 void meta__maybe_snapshot(struct meta_node *n);
+/* Give up the snapshot being taken (stopping, or the state is replaced). */
+void meta__snapshot_abandon(struct meta_node *n);
+/* Encodes the snapshot being taken a slice at a time. */
+void meta__on_snap_idle(uv_idle_t *h);
 
 /* ---- conv.c */
 

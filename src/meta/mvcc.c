@@ -410,6 +410,7 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev)
 	if (rev > s->rev)
 		return MVCC_EFUTURE_REV;
 	s->compact_rev = rev;
+	s->generation++;
 	size_t i = s->rl_head;
 	for (; i < s->rl_len && s->rl[i].main < rev; i++) {
 		struct mvcc__key *k = s->rl[i].key;

@@ -84,7 +84,9 @@
 	  "mvcc: duplicate watch ID provided on the WatchStream")              \
 	X(MVCC_EWATCH_NOT_FOUND, -914, "mvcc: watcher does not exist")         \
 	X(MVCC_ESNAPSHOT_CORRUPT, -915, "mvcc: snapshot is corrupt")           \
-	X(MVCC_ESNAPSHOT_VERSION, -916, "mvcc: unsupported snapshot version")
+	X(MVCC_ESNAPSHOT_VERSION, -916, "mvcc: unsupported snapshot version")  \
+	X(MVCC_ESNAPSHOT_STALE, -917,                                          \
+	  "mvcc: the store was compacted during the snapshot")
 
 enum mvcc_err {
 #define MVCC__ERR_ENUM(name, value, text) name = value,
@@ -320,7 +322,7 @@ int64_t mvcc_compact_rev(const struct mvcc_store *s);
  * Logical size of everything stored, live and historical: for each version
  * key + value + MVCC_VERSION_OVERHEAD_BYTES. Grows with every write,
  * shrinks when compaction drops history. The service compares it with
- * --quota-bytes (etcd's dbSizeInUse plays this role).
+ * --quota-backend-bytes (etcd's dbSizeInUse plays this role).
  */
 #define MVCC_VERSION_OVERHEAD_BYTES 32
 uint64_t mvcc_db_size_bytes(const struct mvcc_store *s);
@@ -457,6 +459,24 @@ typedef int (*mvcc_write_fn)(void *ctx, const void *data, size_t len);
  * Errors: -ENOMEM, or what on_chunk returned. */
 int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk,
 		  void *ctx) MC_MUST_CHECK;
+
+/*
+ * The same in steps, while the store takes writes: begin notes the
+ * revision, writes the header and the leases as they are now; each step
+ * encodes the following keys as they were at that revision until about
+ * budget bytes went out. Writes meanwhile are fine (they only add versions
+ * above the revision); a compaction is not (it drops versions): the next
+ * step fails stale and the snapshot must start again. The cursor borrows
+ * the store, which must outlive it.
+ * begin errors: -ENOMEM, what on_chunk returned. step returns 1 once the
+ * whole snapshot went out, 0 while more is left; errors:
+ * MVCC_ESNAPSHOT_STALE, -ENOMEM, what on_chunk returned.
+ */
+struct mvcc_snap_cursor;
+int mvcc_snap_begin(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx,
+		    struct mvcc_snap_cursor **out) MC_MUST_CHECK;
+int mvcc_snap_step(struct mvcc_snap_cursor *c, size_t budget) MC_MUST_CHECK;
+void mvcc_snap_free(struct mvcc_snap_cursor *c);
 
 /*
  * Build a new store from a snapshot (borrowed). Every length, count, order

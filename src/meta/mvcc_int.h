@@ -68,6 +68,7 @@ struct mvcc_store {
 	size_t max_txn_ops;
 	int64_t min_lease_ttl_s;
 	struct lease_table *leases;
+	uint64_t generation; /* compactions so far: snapshot cursors go stale */
 };
 
 struct mvcc__bytes {

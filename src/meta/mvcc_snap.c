@@ -1,8 +1,13 @@
 /*
  * mvcc_snap: the MVCC store's snapshot codec (format in mvcc.h). Encoding
- * streams the store in chunks through a callback; decoding checks every
- * length, count, order and revision and rebuilds the revision log, so a
- * bad snapshot never yields a store.
+ * streams the store in chunks through a callback, all at once or in steps
+ * while the store goes on taking writes: a cursor encodes the store as it
+ * was at its start — the versions at or below that revision, which later
+ * writes never change (they append above it) — and resumes after the last
+ * key it encoded; a compaction (the one change that drops versions and
+ * keys) makes it stale. Decoding checks every length, count, order and
+ * revision and rebuilds the revision log, so a bad snapshot never yields
+ * a store.
  */
 #include "meta/mvcc.h"
 
@@ -100,45 +105,141 @@ static int enc_lease(void *ctx, int64_t id, int64_t ttl_s, int64_t remaining_ttl
 	return e->err;
 }
 
+struct mvcc_snap_cursor {
+	const struct mvcc_store *s;
+	uint64_t generation; /* s->generation at the start */
+	int64_t rev;         /* the revision encoded: versions above it are not */
+	struct enc e;
+	char *last; /* the last key encoded (NULL: none yet) */
+	size_t last_len, last_cap;
+	uint64_t keys_left;
+	bool done;
+};
+
+int mvcc_snap_begin(const struct mvcc_store *s, mvcc_write_fn fn, void *ctx,
+		    struct mvcc_snap_cursor **out)
+{
+	struct mvcc_snap_cursor *c = calloc(1, sizeof(*c));
+	if (!c || !(c->e.buf = malloc(SNAP_CHUNK))) {
+		free(c);
+		return -ENOMEM;
+	}
+	c->s = s;
+	c->generation = s->generation;
+	c->rev = s->rev;
+	c->keys_left = s->keys.count;
+	c->e.fn = fn;
+	c->e.ctx = ctx;
+	struct enc *e = &c->e;
+	enc_bytes(e, SNAP_MAGIC, 8);
+	enc_u32(e, SNAP_VERSION);
+	enc_u32(e, 0);
+	enc_i64(e, s->rev);
+	enc_i64(e, s->compact_rev);
+	enc_i64(e, lease__next_id(s->leases));
+	enc_u64(e, lease_count(s->leases));
+	enc_u64(e, s->keys.count);
+	(void)lease__foreach(s->leases, enc_lease, e);
+	if (e->err) {
+		int rc = e->err;
+		mvcc_snap_free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+/* Versions of k at revision rev (those after it were appended later). */
+static uint32_t versions_at(const struct mvcc__key *k, int64_t rev)
+{
+	uint32_t n = k->nhist;
+	while (n && k->hist[n - 1].main > rev)
+		n--;
+	return n;
+}
+
+int mvcc_snap_step(struct mvcc_snap_cursor *c, size_t budget)
+{
+	const struct mvcc_store *s = c->s;
+	struct enc *e = &c->e;
+	size_t out = 0;
+
+	if (c->done)
+		return 1;
+	if (s->generation != c->generation)
+		return MVCC_ESNAPSHOT_STALE;
+	struct avl_iter it;
+	struct mvcc__bytes from = {c->last, c->last_len};
+	struct mvcc__key *k = mvcc__key_of(avl_seek(&it, &s->keys, c->last ? &from : NULL));
+	if (k && c->last && mvcc__bytes_cmp(k->key, k->klen, c->last, c->last_len) == 0)
+		k = mvcc__key_of(avl_next(&it));
+	for (; k && !e->err && out < budget; k = mvcc__key_of(avl_next(&it))) {
+		uint32_t nv = versions_at(k, c->rev);
+		if (!nv)
+			continue; /* created after the snapshot's revision */
+		if (!c->keys_left)
+			return MC_EINTERNAL; /* more keys than at the start: a bug */
+		c->keys_left--;
+		enc_u32(e, k->klen);
+		enc_bytes(e, k->key, k->klen);
+		enc_u32(e, nv);
+		out += 8 + k->klen;
+		for (uint32_t i = 0; i < nv; i++) {
+			const struct mvcc__ver *v = &k->hist[i];
+			enc_i64(e, v->main);
+			enc_u32(e, v->sub);
+			enc_u8(e, !mvcc__ver_live(v));
+			enc_i64(e, v->create);
+			enc_i64(e, v->version);
+			enc_i64(e, v->lease);
+			enc_u32(e, v->vlen);
+			enc_bytes(e, v->value, v->vlen);
+			out += SNAP_VER_MIN_LEN + v->vlen;
+		}
+		if (k->klen > c->last_cap) {
+			char *p = realloc(c->last, k->klen);
+			if (!p)
+				return -ENOMEM;
+			c->last = p;
+			c->last_cap = k->klen;
+		}
+		memcpy(c->last, k->key, k->klen);
+		c->last_len = k->klen;
+	}
+	if (e->err)
+		return e->err;
+	if (k)
+		return 0;
+	if (c->keys_left)
+		return MC_EINTERNAL; /* fewer keys than at the start: a bug */
+	uint8_t trailer[4];
+	mc_put_le32(trailer, e->crc);
+	enc_raw(e, trailer, 4);
+	enc_flush(e);
+	if (e->err)
+		return e->err;
+	c->done = true;
+	return 1;
+}
+
+void mvcc_snap_free(struct mvcc_snap_cursor *c)
+{
+	if (!c)
+		return;
+	free(c->e.buf);
+	free(c->last);
+	free(c);
+}
+
 int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx)
 {
-	struct enc e = {.fn = on_chunk, .ctx = ctx};
-	e.buf = malloc(SNAP_CHUNK);
-	if (!e.buf)
-		return -ENOMEM;
-	enc_bytes(&e, SNAP_MAGIC, 8);
-	enc_u32(&e, SNAP_VERSION);
-	enc_u32(&e, 0);
-	enc_i64(&e, s->rev);
-	enc_i64(&e, s->compact_rev);
-	enc_i64(&e, lease__next_id(s->leases));
-	enc_u64(&e, lease_count(s->leases));
-	enc_u64(&e, s->keys.count);
-	(void)lease__foreach(s->leases, enc_lease, &e);
-	struct avl_iter it;
-	for (struct mvcc__key *k = mvcc__key_of(avl_seek(&it, &s->keys, NULL)); k && !e.err;
-	     k = mvcc__key_of(avl_next(&it))) {
-		enc_u32(&e, k->klen);
-		enc_bytes(&e, k->key, k->klen);
-		enc_u32(&e, k->nhist);
-		for (uint32_t i = 0; i < k->nhist; i++) {
-			const struct mvcc__ver *v = &k->hist[i];
-			enc_i64(&e, v->main);
-			enc_u32(&e, v->sub);
-			enc_u8(&e, !mvcc__ver_live(v));
-			enc_i64(&e, v->create);
-			enc_i64(&e, v->version);
-			enc_i64(&e, v->lease);
-			enc_u32(&e, v->vlen);
-			enc_bytes(&e, v->value, v->vlen);
-		}
-	}
-	uint8_t trailer[4];
-	mc_put_le32(trailer, e.crc);
-	enc_raw(&e, trailer, 4);
-	enc_flush(&e);
-	free(e.buf);
-	return e.err;
+	struct mvcc_snap_cursor *c;
+	int rc = mvcc_snap_begin(s, on_chunk, ctx, &c);
+	if (rc)
+		return rc;
+	rc = mvcc_snap_step(c, SIZE_MAX);
+	mvcc_snap_free(c);
+	return rc == 1 ? 0 : rc;
 }
 
 struct dec {

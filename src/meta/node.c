@@ -91,12 +91,14 @@ static const struct {
 	 "Leader changes seen."},
 	{M_(m_snapshots), true, "mooncake_meta_snapshots_total",
 	 "Snapshots taken by this member."},
+	{M_(m_snap_writing), false, "mooncake_meta_snapshot_in_progress",
+	 "1 while a forked copy of this member writes its snapshot."},
 	{M_(m_snap_sent), true, "mooncake_meta_snapshots_sent_total",
 	 "Snapshots streamed to lagging members."},
 	{M_(m_snap_recv), true, "mooncake_meta_snapshots_received_total",
 	 "Snapshots installed from the leader."},
 	{M_(m_db_size), false, "mooncake_meta_db_size_bytes",
-	 "Size of the key-value store (keys, values, history), as compared with --quota-bytes."},
+	 "Size of the key-value store (keys, values, history), as compared with --quota-backend-bytes."},
 	{M_(m_watchers), false, "mooncake_meta_watchers", "Active watchers."},
 	{M_(m_leases), false, "mooncake_meta_leases", "Leases held."},
 	{M_(m_keys), false, "mooncake_meta_keys", "Live keys."},
@@ -212,11 +214,18 @@ static int copy_opts(struct meta_node *n, const struct meta_options *o)
 			  o->election_ms, o->heartbeat_ms);
 		return MC_ECONFIG;
 	}
-	if (!o->snapshot_count || !o->max_request_bytes || !o->quota_bytes) {
-		log_error("--snapshot-count, --max-request-bytes and --quota-bytes must be "
-			  "positive");
+	if (!o->snapshot_count || !o->max_request_bytes || !o->quota_backend_bytes) {
+		log_error(
+			"--snapshot-count, --max-request-bytes and --quota-backend-bytes must be "
+			"positive");
 		return MC_ECONFIG;
 	}
+	int rc;
+	if ((rc = meta__compactor_init(&n->compactor, o->auto_compaction_mode,
+				       o->auto_compaction_retention)))
+		return rc;
+	n->o.auto_compaction_mode = NULL; /* not copied: read here only */
+	n->o.auto_compaction_retention = NULL;
 	if (!n->o.progress_notify_ms)
 		n->o.progress_notify_ms = 600000;
 	/* etcd's request timeout: 5 s plus two election timeouts. */
@@ -238,10 +247,16 @@ static void node_free_state(struct meta_node *n)
 	meta__peer_free_all(n);
 	if (n->watch)
 		watch_registry_free(n->watch);
+	meta__compactor_free(&n->compactor);
 	meta__sm_free(&n->sm);
+	if (n->installed_sm) {
+		meta__sm_free(n->installed_sm);
+		free(n->installed_sm);
+	}
 	raft_free(n->raft);
 	wal_close(n->wal);
 	free(n->went);
+	free(n->late);
 	free(n->unreachable);
 	free(n->snap_reports);
 	free(n->name);
@@ -294,6 +309,7 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 	}
 	uv_timer_init(loop, &n->tick_timer);
 	uv_idle_init(loop, &n->kick);
+	uv_idle_init(loop, &n->snap_idle);
 	uv_timer_init(loop, &n->progress_timer);
 	uv_timer_init(loop, &n->sync_timer);
 	uv_timer_init(loop, &n->join_timer);
@@ -342,6 +358,7 @@ void meta__check_stopped(struct meta_node *n)
 	meta__worker_close(n->disk);
 	close_handle(n, (uv_handle_t *)&n->tick_timer);
 	close_handle(n, (uv_handle_t *)&n->kick);
+	close_handle(n, (uv_handle_t *)&n->snap_idle);
 	close_handle(n, (uv_handle_t *)&n->progress_timer);
 	close_handle(n, (uv_handle_t *)&n->sync_timer);
 	close_handle(n, (uv_handle_t *)&n->join_timer);
@@ -365,6 +382,7 @@ void meta__finish_stop(struct meta_node *n)
 	meta__watch_close_streams(n);
 	meta__svc_close_streams(n);
 	meta__peer_close_all(n);
+	meta__snapshot_abandon(n);
 	if (meta__set_health(n, RPC_HEALTH_NOT_SERVING))
 		log_warn("cannot set the services' health");
 	meta__check_stopped(n);

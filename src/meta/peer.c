@@ -402,7 +402,7 @@ static void snap_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 	const Mooncake__Raft__SnapshotChunk *c = (const Mooncake__Raft__SnapshotChunk *)msg;
 	struct meta__pcall *pc = rpc_call_data(call);
 	struct meta_node *n = svc_node(call);
-	uint64_t limit = 2 * n->o.quota_bytes + ((uint64_t)64 << 20);
+	uint64_t limit = 2 * n->o.quota_backend_bytes + ((uint64_t)64 << 20);
 
 	if (!pc || !cluster_ok(n, c->cluster_id, pc))
 		return;

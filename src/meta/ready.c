@@ -200,6 +200,8 @@ struct persist_job {
 	const uint8_t *snap_data;
 	size_t snap_len;
 	bool install;
+	/* the received state, decoded off the loop */
+	struct meta__sm *sm;
 };
 
 static void persist_work(struct meta__job *j)
@@ -218,6 +220,10 @@ static void persist_work(struct meta__job *j)
 			else
 				snap_writer_abort(wr);
 		}
+		/* Decoding a large state takes long: here, not on the loop,
+		 * which only swaps it in (persist_done). */
+		if (rc == 0)
+			rc = meta__sm_restore(p->sm, p->snap_data, p->snap_len);
 		if (rc == 0)
 			rc = wal_save_snapshot(
 				n->wal, (struct wal_snap_ref){p->smeta.index, p->smeta.term},
@@ -228,22 +234,73 @@ static void persist_work(struct meta__job *j)
 	j->rc = rc;
 }
 
+struct free_sm_job {
+	struct meta__job job;
+	struct meta_node *n;
+	struct meta__sm *sm;
+};
+
+static void free_sm_work(struct meta__job *j)
+{
+	struct free_sm_job *f = MC_CONTAINER_OF(j, struct free_sm_job, job);
+	meta__sm_free(f->sm);
+	free(f->sm);
+	j->rc = 0;
+}
+
+static void free_sm_done(struct meta__job *j)
+{
+	struct free_sm_job *f = MC_CONTAINER_OF(j, struct free_sm_job, job);
+	struct meta_node *n = f->n;
+	n->disk_jobs--;
+	free(f);
+	meta__check_stopped(n);
+}
+
+/* A replaced state can hold hundreds of megabytes in millions of pieces:
+ * the disk thread frees it, not the loop (here if that cannot be arranged). */
+static void free_sm_later(struct meta_node *n, struct meta__sm *sm)
+{
+	struct free_sm_job *f = calloc(1, sizeof(*f));
+	if (!f) {
+		meta__sm_free(sm);
+		free(sm);
+		return;
+	}
+	f->job.work = free_sm_work;
+	f->job.done = free_sm_done;
+	f->n = n;
+	f->sm = sm;
+	n->disk_jobs++;
+	meta__worker_submit(n->disk, &f->job);
+}
+
 static void persist_job_done(struct meta__job *j)
 {
 	struct persist_job *p = MC_CONTAINER_OF(j, struct persist_job, job);
 	struct meta_node *n = p->n;
 	int rc = j->rc;
+	bool install = p->install;
 
 	n->disk_jobs--;
 	n->persist_job = NULL;
-	if (!rc && p->install)
+	if (!rc && p->install) {
 		n->durable_index = p->smeta.index;
+		n->installed_sm = p->sm;
+		p->sm = NULL;
+	}
 	if (!rc && p->n_ents)
 		n->durable_index = p->ents[p->n_ents - 1].index;
+	if (p->sm) {
+		meta__sm_free(p->sm);
+		free(p->sm);
+	}
 	free(p->conf);
 	free(p);
 	if (rc) {
-		meta__fatal(n, rc, "cannot write the WAL");
+		meta__fatal(n, rc,
+			    install ? "cannot install the snapshot received from the leader"
+				    : "cannot write the WAL");
 		meta__check_stopped(n);
 		return;
 	}
@@ -280,10 +337,62 @@ static void apply_early(struct meta_node *n)
 		after_apply(n);
 }
 
+/*
+ * Messages that may leave before the ready is durable. raft.h's rule is
+ * that every message waits for the persist; two kinds need not:
+ *  - everything a leader sends while its term and vote stand (appends,
+ *    heartbeats, snapshots, answers): the leader then writes its entries
+ *    while the followers write theirs (Raft thesis 10.2.1, etcd's
+ *    leader). Its own entries count toward a commit only through the
+ *    followers' acknowledgements, which the driver queues while the ready
+ *    is out and feeds after the persist, so nothing commits that the
+ *    leader has not made durable, and no follower learns such a commit.
+ *  - a follower's heartbeat response, which claims nothing about the log
+ *    (while its term stands).
+ * Waiting for them would let a slow disk (the WAL's fdatasync behind a
+ * snapshot's writes, on a disk the members share) stop heartbeats and
+ * their answers, and the leader step down for want of a quorum.
+ */
+static bool early_ok(const struct meta_node *n, const struct raft_ready *rd, uint64_t old_term,
+		     const struct raft_msg *m)
+{
+	if (rd->snapshot || (rd->hard_state_changed && rd->hard_state.term != old_term))
+		return false;
+	return n->role == RAFT_LEADER || m->type == RAFT_MSG_HEARTBEAT_RESP;
+}
+
+/* Send the messages of rd that may go now; keep the others in n->late
+ * for persist_done. */
+static int send_early(struct meta_node *n, const struct raft_ready *rd, uint64_t old_term)
+{
+	size_t k = 0, m = 0;
+	if (rd->n_msgs > n->late_cap) {
+		struct raft_msg *v = realloc(n->late, 2 * rd->n_msgs * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		n->late = v;
+		n->late_cap = 2 * rd->n_msgs;
+	}
+	/* Early ones first, in order, then the rest: two lists in one. */
+	for (size_t i = 0; i < rd->n_msgs; i++)
+		if (early_ok(n, rd, old_term, &rd->msgs[i]))
+			n->late[k++] = rd->msgs[i];
+	if (k)
+		meta__peer_send(n, n->late, k);
+	for (size_t i = 0; i < rd->n_msgs; i++)
+		if (!early_ok(n, rd, old_term, &rd->msgs[i]))
+			n->late[m++] = rd->msgs[i];
+	n->n_late = m;
+	n->split_msgs = true;
+	return 0;
+}
+
 static void process_ready(struct meta_node *n)
 {
 	struct raft_ready *rd = &n->rd;
+	uint64_t old_term = n->term;
 
+	n->split_msgs = false;
 	if (rd->hard_state_changed) {
 		n->term = rd->hard_state.term;
 		n->commit = rd->hard_state.commit;
@@ -303,6 +412,10 @@ static void process_ready(struct meta_node *n)
 	apply_early(n);
 	if (n->fatal)
 		return;
+	if (rd->n_msgs && send_early(n, rd, old_term)) {
+		meta__fatal(n, -ENOMEM, "cannot send a ready's messages");
+		return;
+	}
 	struct persist_job *p = calloc(1, sizeof(*p));
 	if (!p || (rd->n_entries > n->went_cap &&
 		   !(n->went = realloc(n->went, rd->n_entries * sizeof(*n->went))))) {
@@ -358,6 +471,15 @@ static void process_ready(struct meta_node *n)
 		p->snap_len = rs->len;
 		p->install = true;
 		p->sync = true;
+		if (!(p->sm = malloc(sizeof(*p->sm))) || meta__sm_init(p->sm, &n->sm.mo)) {
+			free(p->sm);
+			free(p->conf);
+			free(p);
+			meta__fatal(n, -ENOMEM, "cannot persist a snapshot");
+			return;
+		}
+		p->sm->member_id = n->sm.member_id;
+		p->sm->cluster_id = n->sm.cluster_id;
 	}
 	n->persist_job = &p->job;
 	n->disk_jobs++;
@@ -469,12 +591,12 @@ static void persist_done(struct meta_node *n)
 		return; /* the ready stays out: the node is frozen for good */
 	if (rd->snapshot) {
 		struct meta__recv_snap *rs = n->recv_snap;
-		rc = meta__sm_restore(&n->sm, rs->data, rs->len);
-		if (rc) {
-			meta__fatal(n, rc,
-				    "cannot load the snapshot received from the leader");
-			return;
-		}
+		meta__snapshot_abandon(n); /* it encodes the state being replaced */
+		struct meta__sm *old = n->installed_sm;
+		struct meta__sm tmp = n->sm;
+		n->sm = *old;
+		*old = tmp;
+		n->installed_sm = NULL;
 		meta__sync_members(n);
 		n->applied = rs->index;
 		n->applied_term = rs->term;
@@ -485,12 +607,18 @@ static void persist_done(struct meta_node *n)
 		free(rs);
 		n->recv_snap = NULL;
 		metric_inc(n->m_snap_recv);
-		if ((rc = meta__watch_rebind(n))) {
+		rc = meta__watch_rebind(n);
+		free_sm_later(n, old); /* nothing points into it any more */
+		if (rc) {
 			meta__fatal(n, rc, "cannot move the watchers to the new store");
 			return;
 		}
 	}
-	meta__peer_send(n, rd->msgs, rd->n_msgs);
+	if (n->split_msgs)
+		meta__peer_send(n, n->late, n->n_late);
+	else
+		meta__peer_send(n, rd->msgs, rd->n_msgs);
+	n->split_msgs = false;
 	size_t early = n->early_applied;
 	apply_committed(n, rd->committed + early, rd->n_committed - early);
 	if (n->fatal)
@@ -542,6 +670,7 @@ void meta__on_tick(uv_timer_t *t)
 	meta__read_tick(n);
 	if (meta__is_leader(n) && !n->stopping)
 		expire_leases(n);
+	meta__compactor_tick(n);
 	/* Silence from every peer: are we still a member? */
 	if (!meta__is_leader(n) && n->n_peers &&
 	    now - n->last_heard_ms > 4 * n->o.election_ms &&

@@ -256,8 +256,8 @@ static void raise_nospace(struct meta_node *n)
 	a.memberid = n->id;
 	a.alarm = ETCDSERVERPB__ALARM_TYPE__NOSPACE;
 	log_warn("database space exceeded (%" PRIu64 " of %" PRIu64
-		 " bytes, --quota-bytes): raising the NOSPACE alarm",
-		 mvcc_db_size_bytes(n->sm.store), n->o.quota_bytes);
+		 " bytes, --quota-backend-bytes): raising the NOSPACE alarm",
+		 mvcc_db_size_bytes(n->sm.store), n->o.quota_backend_bytes);
 	meta__propose_internal(n, META_M_ALARM, &a.base);
 }
 
@@ -342,7 +342,7 @@ bool meta__retry_lease_grant(struct meta_node *n, struct meta__op *op, int code)
 
 static void propose_write(struct meta_node *n, struct meta__op *op)
 {
-	if (op->puts && meta__over_quota(&n->sm, n->o.quota_bytes, op->req_len)) {
+	if (op->puts && meta__over_quota(&n->sm, n->o.quota_backend_bytes, op->req_len)) {
 		raise_nospace(n);
 		meta__op_fail(op, META_ENOSPACE);
 		return;
@@ -391,7 +391,13 @@ void meta__propose(struct meta_node *n, struct meta__op *op)
 		rc = raft_propose(n->raft, op->ent, op->ent_len, &index);
 	}
 	if (rc == MC_ENOT_LEADER) {
-		meta__submit(n, op); /* forward, or wait for a leader */
+		/* The core stepped down since the last ready (a message with a
+		 * higher term, a lost quorum) while the node still thinks it
+		 * leads: submitting again would come straight back here. Wait
+		 * for the ready that tells who leads; then the op is run again
+		 * (forwarded, or proposed by the new leader we may be). */
+		meta__oplist_push(&n->wait_leader, op);
+		meta__kick(n);
 		return;
 	}
 	if (rc == -EBUSY) {

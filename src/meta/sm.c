@@ -848,18 +848,14 @@ out:
 
 /* ------------------------------------------------------------- snapshots */
 
-static int buf_chunk(void *ctx, const void *data, size_t len)
-{
-	return mc_buf_append(ctx, data, len);
-}
-
-int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len)
+int meta__sm_snap_begin(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx,
+			struct mvcc_snap_cursor **cur)
 {
 	Mooncake__Meta__SnapshotHeader h = MOONCAKE__META__SNAPSHOT_HEADER__INIT;
 	Mooncake__Meta__Member *blk = calloc(sm->n_members + 1, sizeof(*blk));
 	Mooncake__Meta__Member **mv = calloc(sm->n_members + 1, sizeof(*mv));
 	Etcdserverpb__AlarmMember **av = calloc(sm->n_alarms + 1, sizeof(*av));
-	struct mc_buf b = MC_BUF_INIT;
+	uint8_t *hb = NULL;
 	int rc = -ENOMEM;
 
 	if (!blk || !mv || !av)
@@ -887,24 +883,48 @@ int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len)
 	h.n_alarms = sm->n_alarms;
 
 	size_t hl = mooncake__meta__snapshot_header__get_packed_size(&h);
-	if (hl > UINT32_MAX || mc_buf_reserve(&b, 4 + hl))
+	if (hl > UINT32_MAX || !(hb = malloc(4 + hl)))
 		goto out;
-	mc_put_le32((uint8_t *)b.data, (uint32_t)hl);
-	mooncake__meta__snapshot_header__pack(&h, (uint8_t *)b.data + 4);
-	b.len = 4 + hl;
-	rc = mvcc_snapshot(sm->store, buf_chunk, &b);
-	if (rc)
-		goto out;
-	*data = (uint8_t *)b.data;
-	*len = b.len;
-	b.data = NULL;
-	rc = 0;
+	mc_put_le32(hb, (uint32_t)hl);
+	mooncake__meta__snapshot_header__pack(&h, hb + 4);
+	rc = fn(ctx, hb, 4 + hl);
+	if (rc == 0)
+		rc = mvcc_snap_begin(sm->store, fn, ctx, cur);
 out:
-	mc_buf_free(&b);
+	free(hb);
 	free(blk);
 	free(mv);
 	free(av);
 	return rc;
+}
+
+int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx)
+{
+	struct mvcc_snap_cursor *cur;
+	int rc = meta__sm_snap_begin(sm, fn, ctx, &cur);
+	if (rc)
+		return rc;
+	rc = mvcc_snap_step(cur, SIZE_MAX);
+	mvcc_snap_free(cur);
+	return rc == 1 ? 0 : rc;
+}
+
+static int buf_chunk(void *ctx, const void *data, size_t len)
+{
+	return mc_buf_append(ctx, data, len);
+}
+
+int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len)
+{
+	struct mc_buf b = MC_BUF_INIT;
+	int rc = meta__sm_snapshot_write(sm, buf_chunk, &b);
+	if (rc) {
+		mc_buf_free(&b);
+		return rc;
+	}
+	*data = (uint8_t *)b.data;
+	*len = b.len;
+	return 0;
 }
 
 /* Split snapshot data into its header and the store's part. */

@@ -37,6 +37,12 @@
 #define SNAP_HDR_BYTES 64u
 #define SNAP_NAME_LEN 38 /* 16 + 1 + 16 + 5 */
 #define SNAP_WBUF_BYTES (256u << 10)
+/* A snapshot's data goes to disk in steps of this many bytes while it is
+ * written, not all at the final fsync: on a file system shared with WAL
+ * segments, an fsync that has to flush hundreds of megabytes holds every
+ * fdatasync of the WAL (the journal commit waits for the data) — the
+ * member stops committing while its snapshot lands. */
+#define SNAP_SYNC_STEP_BYTES (8u << 20)
 #define SNAP_VERIFY_CHUNK (1u << 20)
 
 static _Atomic unsigned snap_tmp_counter;
@@ -241,6 +247,8 @@ struct snap_writer {
 	uint64_t data_bytes;
 	size_t wlen;
 	uint8_t *wbuf;
+	uint64_t file_off;   /* bytes written to the file so far */
+	uint64_t synced_off; /* of which on disk (sync_file_range) */
 };
 
 static void writer_free(struct snap_writer *wr)
@@ -310,6 +318,7 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 		log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 		goto out_unlink;
 	}
+	wr->file_off = wr->synced_off = SNAP_HDR_BYTES + meta->conf_len;
 	*out = wr;
 	return 0;
 
@@ -318,6 +327,25 @@ out_unlink:
 out_free:
 	writer_free(wr);
 	return rc;
+}
+
+/* Written len more bytes: push the data to disk when a step is full. */
+static int writer_wrote(struct snap_writer *wr, size_t len)
+{
+	wr->file_off += len;
+	if (wr->file_off - wr->synced_off < SNAP_SYNC_STEP_BYTES)
+		return 0;
+	if (sync_file_range(wr->fd, (off64_t)wr->synced_off,
+			    (off64_t)(wr->file_off - wr->synced_off),
+			    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+				    SYNC_FILE_RANGE_WAIT_AFTER)) {
+		int rc = -errno;
+		log_error("%s: writing to disk failed: %s", wr->tmp, mc_strerror(rc));
+		wr->err = rc;
+		return rc;
+	}
+	wr->synced_off = wr->file_off;
+	return 0;
 }
 
 static int writer_flush(struct snap_writer *wr)
@@ -330,8 +358,9 @@ static int writer_flush(struct snap_writer *wr)
 		wr->err = rc;
 		return rc;
 	}
+	rc = writer_wrote(wr, wr->wlen);
 	wr->wlen = 0;
-	return 0;
+	return rc;
 }
 
 int snap_writer_write(struct snap_writer *wr, const void *data, size_t len)
@@ -354,8 +383,9 @@ int snap_writer_write(struct snap_writer *wr, const void *data, size_t len)
 			log_error("%s: write failed: %s", wr->tmp,
 				  mc_strerror(rc));
 			wr->err = rc;
+			return rc;
 		}
-		return rc;
+		return writer_wrote(wr, len);
 	}
 	memcpy(wr->wbuf, p, len);
 	wr->wlen = len;

@@ -1,9 +1,28 @@
 /*
  * snapshot: this member's own snapshots, taken every --snapshot-count
- * applied entries. The state machine is copied on the loop (sm.h); the
- * file is written, fsynced and renamed on a libuv worker (snap.h); then
- * the disk thread records it in the WAL and releases the segments before
- * the oldest snapshot kept, and the core compacts its log behind it.
+ * applied entries, without stopping the member.
+ *
+ * The state machine lives in memory, so a snapshot is a copy of it as it
+ * stood at the applied index. Encoding it whole on the loop would stop
+ * the member from answering heartbeats and requests for as long as that
+ * takes — seconds for a few hundred megabytes, long enough to cost it
+ * its leadership. (Forking a frozen copy to write it costs as much here:
+ * once the member and its copy share pages, each page the member writes
+ * is copied first, and on this project's virtual machines that made
+ * every write thousands of times slower while the copy lived.) Instead
+ * the snapshot is encoded on the loop a slice at a time (SLICE_BYTES per
+ * turn, from an idle handle, so requests and heartbeats are served in
+ * between) by the MVCC store's snapshot cursor, which encodes the store
+ * as it was at the applied index while later entries go on being applied
+ * (they only add versions above that revision). A libuv worker writes
+ * each filled buffer to the snapshot file (snap.h, on disk in steps) while
+ * the loop fills the next, then commits it (fsync, rename); then the disk
+ * thread records the snapshot in the WAL and releases the segments before
+ * the oldest snapshot kept, and the core compacts its log behind it. A
+ * compaction of the store meanwhile (it drops versions), a snapshot
+ * received from the leader (it replaces the state) or a stop abandons
+ * the snapshot; the next turn starts another.
+ *
  * Reading a snapshot file whole is here too (recovery, and sending one to
  * a member that lags).
  */
@@ -13,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -20,38 +40,64 @@
 
 #define LOG_SUBSYS LOGS_META
 
-struct snap_job {
-	uv_work_t req;
-	struct meta__job wal_job;
+/* Encoded per turn of the loop: a few milliseconds of work. */
+#define SLICE_BYTES ((size_t)1 << 20)
+/* Handed to the writer at a time; the loop fills one while it writes one. */
+#define BUF_BYTES ((size_t)8 << 20)
+
+struct meta__snap_job {
 	struct meta_node *n;
 	uint64_t index, term;
-	uint8_t *data;
-	size_t len;
+	struct mvcc_snap_cursor *cur;
+	struct snap_writer *wr;
 	uint8_t *conf;
 	size_t conf_len;
-	int rc;
+	struct mc_buf fill; /* being encoded into, on the loop */
+	struct mc_buf out;  /* with the writer */
+	uv_work_t work;     /* writes out, or commits */
+	bool writing;       /* the worker has out (or the commit) */
+	bool encoded;       /* the cursor is done */
+	bool committing;
+	bool abandon; /* give up once the worker returns */
+	int rc;       /* the worker's */
+	uint64_t bytes;
+	uint64_t start_ms, loop_ns; /* wall time, and the loop's share of it */
+	struct meta__job wal_job;
 };
 
-static void snap_write_work(uv_work_t *w)
+static void snap_job_free(struct meta__snap_job *s)
 {
-	struct snap_job *s = MC_CONTAINER_OF(w, struct snap_job, req);
-	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
-	struct snap_writer *wr;
+	mvcc_snap_free(s->cur);
+	if (s->wr)
+		snap_writer_abort(s->wr);
+	mc_buf_free(&s->fill);
+	mc_buf_free(&s->out);
+	free(s->conf);
+	free(s);
+}
 
-	s->rc = snap_writer_open(s->n->snap_dir, &m, &wr);
-	if (s->rc)
-		return;
-	s->rc = snap_writer_write(wr, s->data, s->len);
-	if (s->rc) {
-		snap_writer_abort(wr);
-		return;
+/* The job is over (done or given up): forget it. */
+static void snap_job_end(struct meta_node *n, struct meta__snap_job *s)
+{
+	if (n->snap_job == s) {
+		n->snap_job = NULL;
+		uv_idle_stop(&n->snap_idle);
+		metric_set(n->m_snap_writing, 0);
 	}
-	s->rc = snap_writer_commit(wr, META_SNAPSHOTS_KEPT);
+	snap_job_free(s);
+	meta__check_stopped(n);
+}
+
+static int sink(void *ctx, const void *data, size_t len)
+{
+	struct meta__snap_job *s = ctx;
+	s->bytes += len;
+	return mc_buf_append(&s->fill, data, len);
 }
 
 static void snap_marker_work(struct meta__job *j)
 {
-	struct snap_job *s = MC_CONTAINER_OF(j, struct snap_job, wal_job);
+	struct meta__snap_job *s = MC_CONTAINER_OF(j, struct meta__snap_job, wal_job);
 	struct meta_node *n = s->n;
 	uint64_t oldest = 0;
 	int rc;
@@ -72,20 +118,12 @@ static void snap_marker_work(struct meta__job *j)
 			 mc_strerror(rc));
 }
 
-static void snap_job_free(struct snap_job *s)
-{
-	free(s->data);
-	free(s->conf);
-	free(s);
-}
-
 static void snap_marker_done(struct meta__job *j)
 {
-	struct snap_job *s = MC_CONTAINER_OF(j, struct snap_job, wal_job);
+	struct meta__snap_job *s = MC_CONTAINER_OF(j, struct meta__snap_job, wal_job);
 	struct meta_node *n = s->n;
 
 	n->disk_jobs--;
-	n->snapshotting = false;
 	if (j->rc) {
 		meta__fatal(n, j->rc, "cannot record a snapshot in the WAL");
 	} else {
@@ -93,73 +131,195 @@ static void snap_marker_done(struct meta__job *j)
 			n->snap_index = s->index;
 		n->pending_compact = s->index;
 		metric_inc(n->m_snapshots);
-		log_info("snapshot at index %" PRIu64 " (%zu bytes) saved; log compacted",
-			 s->index, s->len);
+		log_info("snapshot at index %" PRIu64 " (%" PRIu64 " bytes) saved in %" PRIu64
+			 " ms, %" PRIu64 " ms of them encoding on the loop; log compacted",
+			 s->index, s->bytes, meta__now(n) - s->start_ms, s->loop_ns / 1000000);
 		meta__kick(n);
 	}
-	snap_job_free(s);
-	meta__check_stopped(n);
+	snap_job_end(n, s);
 }
 
-static void snap_write_done(uv_work_t *w, int status)
+static void give_up(struct meta_node *n, struct meta__snap_job *s, int rc)
 {
-	struct snap_job *s = MC_CONTAINER_OF(w, struct snap_job, req);
+	if (!n->stopping && !n->fatal && rc)
+		log_warn("snapshot at index %" PRIu64 " abandoned: %s", s->index,
+			 rc == MVCC_ESNAPSHOT_STALE ? "the store was compacted meanwhile"
+						    : meta__strerror(rc));
+	snap_job_end(n, s);
+}
+
+static void hand_off(struct meta_node *n, struct meta__snap_job *s);
+
+static void write_work(uv_work_t *w)
+{
+	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, work);
+	if (s->committing) {
+		s->rc = snap_writer_commit(s->wr, META_SNAPSHOTS_KEPT);
+		s->wr = NULL; /* commit frees it, whatever happened */
+	} else {
+		s->rc = snap_writer_write(s->wr, s->out.data, s->out.len);
+	}
+}
+
+static void write_done(uv_work_t *w, int status)
+{
+	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, work);
 	struct meta_node *n = s->n;
 
 	n->uv_works--;
-	if (status || s->rc) {
-		log_error("cannot write the snapshot at index %" PRIu64 ": %s", s->index,
-			  mc_strerror(status ? status : s->rc));
-		n->snapshotting = false;
-		snap_job_free(s);
-		meta__check_stopped(n);
+	s->writing = false;
+	s->out.len = 0;
+	if (status || s->rc || s->abandon) {
+		give_up(n, s, s->abandon ? 0 : status ? status : s->rc);
 		return;
 	}
-	if (n->fatal) {
-		n->snapshotting = false;
-		snap_job_free(s);
-		meta__check_stopped(n);
+	if (s->committing) {
+		/* On disk: record it in the WAL. */
+		s->wal_job.work = snap_marker_work;
+		s->wal_job.done = snap_marker_done;
+		n->disk_jobs++;
+		meta__worker_submit(n->disk, &s->wal_job);
 		return;
 	}
-	/* The data is on disk: only the marker job needs the job now. */
-	free(s->data);
-	s->data = NULL;
-	s->wal_job.work = snap_marker_work;
-	s->wal_job.done = snap_marker_done;
-	n->disk_jobs++;
-	meta__worker_submit(n->disk, &s->wal_job);
+	if (s->encoded || s->fill.len >= BUF_BYTES)
+		hand_off(n, s);
+	else
+		uv_idle_start(&n->snap_idle, meta__on_snap_idle);
+}
+
+/* Give the filled buffer to a worker; after the last one, commit. */
+static void hand_off(struct meta_node *n, struct meta__snap_job *s)
+{
+	if (s->writing)
+		return;
+	if (s->fill.len) {
+		struct mc_buf t = s->out;
+		s->out = s->fill;
+		s->fill = t;
+		s->fill.len = 0;
+	} else if (s->encoded) {
+		s->committing = true;
+	} else {
+		return;
+	}
+	int rc = uv_queue_work(n->loop, &s->work, write_work, write_done);
+	if (rc) {
+		s->committing = false;
+		give_up(n, s, rc);
+		return;
+	}
+	n->uv_works++;
+	s->writing = true;
+}
+
+void meta__on_snap_idle(uv_idle_t *h)
+{
+	struct meta_node *n = MC_CONTAINER_OF(h, struct meta_node, snap_idle);
+	struct meta__snap_job *s = n->snap_job;
+
+	if (!s || s->encoded || (s->writing && s->fill.len >= BUF_BYTES)) {
+		uv_idle_stop(h); /* the writer's completion restarts it */
+		return;
+	}
+	uint64_t t0 = mc_now_ns();
+	int rc = mvcc_snap_step(s->cur, SLICE_BYTES);
+	s->loop_ns += mc_now_ns() - t0;
+	if (rc < 0) {
+		uv_idle_stop(h);
+		if (s->writing)
+			s->abandon = true; /* when the worker returns */
+		else
+			give_up(n, s, rc);
+		return;
+	}
+	if (rc == 1) {
+		s->encoded = true;
+		uv_idle_stop(h);
+	}
+	if (s->encoded || s->fill.len >= BUF_BYTES)
+		hand_off(n, s);
+}
+
+/*
+ * Members take their snapshots at different points of the log: member r
+ * of k (by ID among the members) at the indexes r * count / k past a
+ * multiple of --snapshot-count. All at the same index, the members of a
+ * cluster on shared cores would encode and write at once, each slowing
+ * the others, and a stalled leader with stalled followers is how
+ * leadership is lost.
+ */
+static uint64_t snap_offset(const struct meta_node *n)
+{
+	const struct meta__sm *sm = &n->sm;
+	size_t rank = 0;
+	for (size_t i = 0; i < sm->n_members; i++)
+		if (sm->members[i].id < n->id)
+			rank++;
+	return sm->n_members ? n->o.snapshot_count * rank / sm->n_members : 0;
+}
+
+static bool snapshot_due(const struct meta_node *n)
+{
+	uint64_t count = n->o.snapshot_count, off = snap_offset(n);
+	if (n->applied - n->snap_index < count / 2)
+		return false; /* never two close together, whatever the offsets did */
+	if (n->applied - n->snap_index >= 2 * count)
+		return true;
+	uint64_t a = n->applied > off ? (n->applied - off) / count : 0;
+	uint64_t s = n->snap_index > off ? (n->snap_index - off) / count : 0;
+	return a > s;
 }
 
 void meta__maybe_snapshot(struct meta_node *n)
 {
-	if (n->snapshotting || n->stopping || n->fatal ||
-	    n->applied - n->snap_index < n->o.snapshot_count)
+	if (n->snap_job || n->stopping || n->fatal || !n->handles_open || !snapshot_due(n))
 		return;
-	struct snap_job *s = calloc(1, sizeof(*s));
+	struct meta__snap_job *s = calloc(1, sizeof(*s));
 	int rc = -ENOMEM;
 	if (!s)
 		goto fail;
 	s->n = n;
 	s->index = n->applied;
 	s->term = n->applied_term;
-	rc = meta__sm_snapshot(&n->sm, &s->data, &s->len);
-	if (rc == 0)
-		rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len);
+	s->start_ms = meta__now(n);
+	s->fill = (struct mc_buf)MC_BUF_INIT;
+	s->out = (struct mc_buf)MC_BUF_INIT;
+	if ((rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len)))
+		goto fail;
+	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
+	if ((rc = snap_writer_open(n->snap_dir, &m, &s->wr)))
+		goto fail;
+	uint64_t t0 = mc_now_ns();
+	rc = meta__sm_snap_begin(&n->sm, sink, s, &s->cur);
+	s->loop_ns += mc_now_ns() - t0;
 	if (rc)
 		goto fail;
-	rc = uv_queue_work(n->loop, &s->req, snap_write_work, snap_write_done);
-	if (rc)
-		goto fail;
-	n->uv_works++;
-	n->snapshotting = true;
+	n->snap_job = s;
+	metric_set(n->m_snap_writing, 1);
+	uv_idle_start(&n->snap_idle, meta__on_snap_idle);
+	log_info("writing the snapshot at index %" PRIu64, s->index);
 	return;
 fail:
 	log_error("cannot take a snapshot at index %" PRIu64 ": %s", n->applied,
-		  mc_strerror(rc));
+		  meta__strerror(rc));
 	if (s)
 		snap_job_free(s);
 	/* Try again after as many entries again. */
 	n->snap_index = n->applied;
+}
+
+void meta__snapshot_abandon(struct meta_node *n)
+{
+	struct meta__snap_job *s = n->snap_job;
+	if (!s)
+		return;
+	uv_idle_stop(&n->snap_idle);
+	metric_set(n->m_snap_writing, 0);
+	n->snap_job = NULL; /* a new one may start while the worker finishes */
+	if (s->writing)
+		s->abandon = true;
+	else
+		give_up(n, s, 0);
 }
 
 int meta__snap_load(const char *path, uint8_t **data, size_t *len)

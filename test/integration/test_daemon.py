@@ -3,7 +3,8 @@
 Command line and configuration errors, every role's listeners, the
 grpc.health.v1.Health service seen by a real gRPC client (Python grpcio),
 /metrics validated by promtool and /healthz, signals (SIGTERM drains,
-SIGHUP reopens the log), the data-dir lock, 16 MiB messages both ways
+SIGHUP reopens the log, a fatal signal is logged before the daemon dies),
+the data-dir lock, 16 MiB messages both ways
 through mooncake.diag.Diag, and abuse of the RPC port (garbage, truncated
 preface, oversized frame, half-open connection) after which the daemon
 still answers.
@@ -231,6 +232,28 @@ def sighup_reopens_log_file():
         assert "log file reopened" not in open(logf + ".1").read()
         eq(d.stop(), 0, "exit")
         assert "shut down cleanly" in open(logf).read()
+
+
+@case
+def a_fatal_signal_is_logged_before_the_daemon_dies():
+    """A member that dies of a fault says why in its log (issue 22: one
+    died without a word), then takes the signal's default action."""
+    if os.environ.get("SAN") == "1":
+        print("skip: sanitizer builds keep the sanitizers' handlers")
+        return
+    import tempfile
+    for sig, name in ((signal.SIGSEGV, "SIGSEGV"), (signal.SIGABRT, "SIGABRT")):
+        with tempfile.TemporaryDirectory() as tmp:
+            logf = os.path.join(tmp, "mooncaked.log")
+            d = Daemon("meta", args=["--log-file=" + logf])
+            wait_for_text(logf, "published name")
+            d.signal(sig)
+            eq(d.proc.wait(20), -sig, "killed by the signal itself")
+            line = [x for x in open(logf).read().splitlines() if "killed by" in x]
+            eq(len(line), 1, "one line says why: " + open(logf).read()[-2000:])
+            assert " ERROR daemon: killed by %s (signal %d, code 0) sent by pid %d" % (
+                name, sig, os.getpid()) in line[0], line[0]
+            assert line[0].startswith(time.strftime("%Y-%m-%dT", time.gmtime())), line[0]
 
 
 # ------------------------------------------------------------ metrics

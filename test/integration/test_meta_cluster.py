@@ -16,7 +16,7 @@ closes each history).
   - 3 members behind fault-injecting proxies (faultproxy.py): isolate the
     leader (nothing reaches it), the others elect a leader and go on; heal;
     the old leader rejoins and catches up.
-  - 3 members: fill --quota-bytes; the NOSPACE alarm reaches every member;
+  - 3 members: fill --quota-backend-bytes; the NOSPACE alarm reaches every member;
     compaction and disarm restore writes.
   - graceful stop of the leader under load hands leadership over
     (TimeoutNow) with no election timeout wait; followers hand the writes
@@ -68,8 +68,11 @@ def three_members_kill_leader_under_load():
                     new = new[0]
                     break
         took = time.monotonic() - t0
-        assert took <= 3 * ELECTION_MS / 1000.0, \
-            "new leader after %.2fs (> 3 x %d ms election timeout)" % (took, ELECTION_MS)
+        # A liveness bound, not a speed check: an election takes one to
+        # three timeouts on an idle machine (printed below), and a loaded
+        # CI machine may stretch it; ten means no leader would ever come.
+        assert took <= 10 * ELECTION_MS / 1000.0, \
+            "no new leader after %.2fs (10 x %d ms election timeout)" % (took, ELECTION_MS)
         load.wait_progress(10)  # the load goes on with two members
         old.start()
         lead = c.wait_leader()
@@ -101,7 +104,7 @@ def five_members_kill_leader_and_follower_snapshot_catch_up():
         victim.kill()
         cl = Client(lead.client_addr)
         # Far enough past the victim that no log still holds what it
-        # lacks (snapshots every 50 entries, 1024 trailing entries kept).
+        # lacks (snapshots every 50 entries, as many kept behind them).
         for i in range(1300):
             cl.put(b"s/%04d" % (i % 300), b"v%d" % i)
         cl.close()
@@ -110,8 +113,11 @@ def five_members_kill_leader_and_follower_snapshot_catch_up():
         rest = [m for m in c.members if m.alive()]
         new = c.wait_leader(members=rest, timeout=10)
         took = time.monotonic() - t0
-        assert took <= 3 * ELECTION_MS / 1000.0, \
-            "new leader after %.2fs (> 3 x %d ms election timeout)" % (took, ELECTION_MS)
+        # A liveness bound, not a speed check: an election takes one to
+        # three timeouts on an idle machine (printed below), and a loaded
+        # CI machine may stretch it; ten means no leader would ever come.
+        assert took <= 10 * ELECTION_MS / 1000.0, \
+            "no new leader after %.2fs (10 x %d ms election timeout)" % (took, ELECTION_MS)
         load.wait_progress(10)  # three of five go on
         victim.start()
         lead.start()
@@ -186,7 +192,7 @@ def isolated_leader_steps_down_others_go_on_then_heal():
 
 @case
 def quota_alarm_reaches_every_member():
-    c = Cluster(3, args=["--quota-bytes=48K"])
+    c = Cluster(3, args=["--quota-backend-bytes=48K"])
     try:
         c.start()
         f = [m for m in c.members if m is not c.leader()][0]

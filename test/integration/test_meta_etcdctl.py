@@ -5,7 +5,9 @@ Debian's etcdctl (etcd-client 3.4) against one member: put/get/del with
 deletes in order; lease grant, keep-alive, timetolive --keys and revoke,
 and a key vanishing when its lease expires; txn compare-and-swap; member
 list, add (a learner that then joins) and remove; endpoint status and
-health; compaction; check perf. Also: a Python grpcio client (with
+health; compaction. etcdctl check perf against three members (no write
+lost, every error one clients retry; its verdict on speed is the
+benchmark's). Also: a Python grpcio client (with
 progress notifications and a slow watcher that is paused, then cancelled
 with the compaction revision when history it needs is compacted), restart
 from the WAL and snapshots, a torn WAL tail cut and a corrupt record
@@ -14,6 +16,7 @@ alarm, the request size limit, and /metrics.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -406,7 +409,7 @@ def request_size_limit():
 
 @case
 def quota_fills_raises_nospace_alarm_then_recovers():
-    d = Daemon("meta", args=FAST + ["--quota-bytes=64K"])
+    d = Daemon("meta", args=FAST + ["--quota-backend-bytes=64K"])
     e = ep(d)
     c = Client(d.addr("listen-client"))
     try:
@@ -531,17 +534,112 @@ def metrics_pass_promtool():
 
 
 @case
-def check_perf_small_load_passes():
-    """etcdctl's own latency/throughput check; a build with sanitizers is
-    several times slower than the product, so there it is not run."""
-    if os.environ.get("SAN") == "1":
-        print("skip check perf: sanitizer build (SAN=1)")
-        return
-    d = single()
-    r = etcdctl(ep(d), "check", "perf", "--load=s", check=False, timeout=120)
-    out = r.stdout + r.stderr
-    assert "PASS: Throughput" in out and r.returncode == 0, out[-3000:]
+def auto_compaction_drops_old_history():
+    """etcd's --auto-compaction-*: periodic keeps a duration of history,
+    revision a count; the leader compacts through the log, and the
+    snapshots taken afterwards no longer carry what it dropped."""
+    d = Daemon("meta", args=FAST + ["--auto-compaction-retention=2s", "--snapshot-count=100"])
+    e = ep(d)
+    c = Client(d.addr("listen-client"))
+    snaps = os.path.join(d.data_dir, "meta", "snap")
+    def newest_snapshot_bytes():
+        names = sorted(n for n in os.listdir(snaps) if n.endswith(".snap"))
+        return os.path.getsize(os.path.join(snaps, names[-1])) if names else 0
+    try:
+        big = b"h" * 4096
+        first = c.put(b"ac", b"0").header.revision
+        for i in range(1, 120):
+            c.put(b"ac", big)  # 480 KB of history on one key
+        for _ in deadline_loop(10, "no snapshot"):
+            if newest_snapshot_bytes():
+                break
+            time.sleep(0.1)
+        with_history = newest_snapshot_bytes()
+        assert with_history > 300 * 1024, with_history
+        assert c.range(b"ac", revision=first).kvs[0].value == b"0"
+        for _ in deadline_loop(15, "no auto-compaction"):
+            r = etcdctl(e, "get", "ac", "--rev=%d" % first, check=False)
+            if r.returncode != 0:
+                assert "required revision has been compacted" in r.stderr, r.stderr
+                break
+            time.sleep(0.2)
+        assert c.get(b"ac") == big, "the live value stays"
+        assert "auto-compaction to revision" in d.output()
+        # Snapshots go on every 100 entries; once a compaction passed the
+        # big history, the next one is small.
+        i = 0
+        for _ in deadline_loop(15, "snapshots still carry the compacted history"):
+            if newest_snapshot_bytes() < 64 * 1024:
+                break
+            for _ in range(25):
+                c.put(b"small/%d" % (i % 50), b"x")
+                i += 1
+            time.sleep(0.1)
+    finally:
+        c.close()
     eq(d.stop(), 0, "exit")
+    d = Daemon("meta", args=FAST + ["--auto-compaction-mode=revision",
+                                    "--auto-compaction-retention=5m"], wait=False)
+    eq(d.proc.wait(20), 1, "a duration is no revision count")
+    assert "--auto-compaction-retention=5m: not a revision count" in d.output(), d.output()
+
+
+# The errors etcd's own servers answer under load and its clients retry
+# (a timed-out proposal, a leader change, a queue that is full); a dropped
+# connection ("transport is closing") is none of them.
+RETRYABLE = ("etcdserver: request timed out", "etcdserver: leader changed",
+             "etcdserver: no leader", "etcdserver: too many requests")
+
+
+@case
+def check_perf_small_load_keeps_every_write():
+    """etcdctl's own load check (--load=s: 50 clients, 150 writes/s for
+    60 s) against three members with the default timings. Whether it
+    PASSes depends on the machine, so that is left to the benchmark
+    (test/bench/bench_meta_perf.sh); what is checked here: the check runs
+    to its verdict, every error it saw is one clients retry, no member
+    dies, every member holds the same keys it wrote (counted at the
+    revision before the check's final delete), and there are at least as
+    many as the throughput it reports says were acknowledged."""
+    c = Cluster(3, args=["--heartbeat-interval=100ms", "--election-timeout=1s"])
+    try:
+        c.start()
+        cl = Client(c.members[0].client_addr, timeout=10)
+        rev0 = cl.status().header.revision
+        r = etcdctl(c.endpoints, "check", "perf", "--load=s", check=False, timeout=240)
+        out = r.stdout + r.stderr
+        m = re.search(r"Throughput (?:is|too low:) (\d+) writes/s", out)
+        assert m, "the check never reached its verdict:\n" + out[-3000:]
+        for err in re.findall(r"ERROR\((.*)\) -> \d+", out) + re.findall(r"Error: (.*)", out):
+            assert err.startswith(RETRYABLE), "not an error clients retry: %r\n%s" % (err, out)
+        for x in c.members:
+            assert x.alive(), "%s died:\n%s" % (x.name, x.output()[-3000:])
+        rev1 = cl.status().header.revision
+        counts = []
+        for x in c.members:
+            mc = Client(x.client_addr, timeout=10)
+            for _ in deadline_loop(20, "%s did not apply revision %d" % (x.name, rev1)):
+                if mc.status().header.revision >= rev1:
+                    break
+            # Check perf deletes its keys last (one revision), unless that
+            # delete failed (with an error checked above).
+            at = rev1 if mc.range(b"/etcdctl-check-perf/", range_end=b"/etcdctl-check-perf0",
+                                  count_only=True, revision=rev1).count else rev1 - 1
+            counts.append(mc.range(b"/etcdctl-check-perf/", range_end=b"/etcdctl-check-perf0",
+                                   count_only=True, revision=at, serializable=True).count)
+            mc.close()
+        cl.close()
+        eq(len(set(counts)), 1, "every member holds the same keys: %s" % counts)
+        writes = int(m.group(1))
+        print("  %d writes/s reported, %d keys on every member, %d revisions" %
+              (writes, counts[0], rev1 - rev0))
+        assert counts[0] >= (writes - 1) * 57, \
+            "fewer keys (%d) than %d writes/s for 60 s acknowledged" % (counts[0], writes)
+        assert counts[0] in (rev1 - rev0, rev1 - rev0 - 1), "a revision per key written"
+        for x in c.members:
+            eq(x.stop(), 0, "%s exit" % x.name)
+    finally:
+        c.close()
 
 
 mctest.main()

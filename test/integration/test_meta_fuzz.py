@@ -19,6 +19,7 @@ disarmed) so that the rest of the run still reaches every path.
 """
 import itertools
 import random
+import signal
 import threading
 import time
 
@@ -178,8 +179,11 @@ class Fuzz:
     def alive(self, what):
         for m in self.c.members:
             if not m.alive():
-                raise AssertionError("%s exited during %s:\n%s"
-                                     % (m.name, what, m.output()[-4000:]))
+                rc = m.daemon.proc.returncode
+                how = ("killed by %s" % signal.Signals(-rc).name if rc < 0
+                       else "exit status %d" % rc)
+                raise AssertionError("%s exited (%s) during %s:\n%s"
+                                     % (m.name, how, what, m.output()[-4000:]))
 
     def unary(self, svc, method, req, resp_type, raw=None):
         ch = self.chan()

@@ -8,7 +8,11 @@ and 6), through the real binaries:
   free, MC_EINVALID_REPLICA or MC_ESEGMENT_NOT_FOUND, which a client
   takes as final and so drops the write;
 - a put of more replicas than segments are mounted says so
-  (MC_ETOO_FEW_SEGMENTS; mooncakectl with the figures), not "no space".
+  (MC_ETOO_FEW_SEGMENTS; mooncakectl with the figures), not "no space";
+- a put sent the moment a standalone daemon's socket exists, before its
+  agent has mounted the segment, waits for the mount and succeeds (the
+  master answers "retry" while no segment is mounted in its first
+  --agent-ttl, and the agent retries until the call's deadline).
 """
 import os
 import tempfile
@@ -115,6 +119,25 @@ def more_replicas_than_segments_says_so():
     eq(s.put("three", b"v"), OK, "the same key with one replica")
     s.close()
     eq(d.stop(), 0, "exit")
+
+
+@case
+def a_put_right_after_start_waits_for_the_mount():
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        for i in range(3):
+            d = Daemon("standalone", env=st.daemon_env())
+            wait_for(lambda: os.path.exists(d.socket), what="the agent's socket")
+            r = run([mctest.MOONCAKECTL, "put", "early", f.name, "--socket=" + d.socket],
+                    check=False)
+            eq((r.returncode, r.stderr), (0, ""), "round %d: the put at once" % i)
+            out = f.name + ".out"
+            run([mctest.MOONCAKECTL, "get", "early", out, "--verify", "--socket=" + d.socket])
+            with open(f.name, "rb") as g, open(out, "rb") as h:
+                eq(h.read() == g.read(), True, "round %d: the bytes" % i)
+            os.unlink(out)
+            eq(d.stop(), 0, "exit")
 
 
 mctest.main()

@@ -210,6 +210,43 @@ Test(master_core, ttl_expiry)
 	cr_assert_eq(master__core_counters(c)->ttl_expired, 2);
 }
 
+/* A read earns one second chance: the eviction that reaches a read object
+ * sends it to the back of the list unmarked, and the next one that
+ * reaches it, with no read between, evicts it. */
+Test(master_core, eviction_second_chance)
+{
+	mount("s", "a", 20 * MiB, 0);
+	const struct master_obj *o;
+	char key[32];
+	/* 18 MiB = the watermark; each round frees 2 MiB. */
+	for (int i = 0; i < 18; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		put(key, MiB, 1, 0, 0);
+	}
+	must(master__get(c, K("k0"), 0, &o));
+	must(master__get(c, K("k2"), 0, &o));
+	/* Leases over at 5000: the round takes k1 and k3, the read ones stay
+	 * and go to the back, after k17. */
+	put("a", MiB, 1, 10000, 0);
+	cr_assert_eq(master__exist(c, K("k0"), 10000), 1);
+	cr_assert_eq(master__exist(c, K("k1"), 10000), 0);
+	cr_assert_eq(master__exist(c, K("k2"), 10000), 1);
+	cr_assert_eq(master__exist(c, K("k3"), 10000), 0);
+	/* Every second put passes the watermark: seven more rounds take
+	 * k4..k17, oldest first; k0 and k2, not read again, go in the eighth,
+	 * before "a" and every later put. */
+	for (int r = 0; r < 16; r++) {
+		snprintf(key, sizeof(key), "n%d", r);
+		put(key, MiB, 1, 10000, 0);
+	}
+	for (int i = 0; i < 18; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		cr_assert_eq(master__exist(c, K(key), 10000), 0, "%s evicted", key);
+	}
+	cr_assert_eq(master__exist(c, K("a"), 10000), 1);
+	cr_assert_eq(master__core_counters(c)->evictions, 18);
+}
+
 /* Ten 10 MiB segments' worth of 1 MiB objects: eviction keeps usage at or
  * under the watermark, evicts least recently read first, never a leased
  * object, and soft-pinned ones only when nothing else is left. */

@@ -25,8 +25,9 @@ static void rnd_key(char *k, size_t *len)
 		k[i] = "\0ab\xff"[rnd() % 4];
 }
 
-/* Apply nops random requests (puts, deletes, txns, leases, compactions). */
-static void random_state(struct mvcc_store *s, uint64_t seed, int nops)
+/* Apply nops random requests (puts, deletes, txns, leases and, with
+ * compact, compactions). */
+static void random_ops(struct mvcc_store *s, uint64_t seed, int nops, bool compact)
 {
 	rnd_state = seed;
 	struct lease_table *t = mvcc_leases(s);
@@ -88,7 +89,7 @@ static void random_state(struct mvcc_store *s, uint64_t seed, int nops)
 				cr_assert_eq(mvcc_lease_revoke(s, ids[rnd() % n], NULL), 0);
 			free(ids);
 			continue;
-		} else if (what < 19) {
+		} else if (what < 19 && compact) {
 			int64_t lo = mvcc_compact_rev(s) + 1, hi = mvcc_rev(s);
 			if (lo <= hi)
 				cr_assert_eq(mvcc_compact(s, lo + (int64_t)(rnd() % (uint32_t)(hi - lo + 1))),
@@ -100,6 +101,11 @@ static void random_state(struct mvcc_store *s, uint64_t seed, int nops)
 		cr_assert_eq(mvcc_apply(s, &o, &res), 0);
 		mvcc_result_free(&res);
 	}
+}
+
+static void random_state(struct mvcc_store *s, uint64_t seed, int nops)
+{
+	random_ops(s, seed, nops, true);
 }
 
 /* Everything readable: every revision from the compaction on, the
@@ -216,6 +222,53 @@ static int fail_after(void *ctx, const void *data, size_t len)
 	(void)len;
 	int *left = ctx;
 	return --*left < 0 ? -EPIPE : 0;
+}
+
+Test(snapshot, stepped_snapshot_is_the_state_at_its_start_despite_writes)
+{
+	for (uint64_t seed = 1; seed <= 40; seed++) {
+		struct mvcc_store *s = h_store();
+		random_state(s, seed, 300);
+		struct h_sink want = h_snapshot(s), got = {0};
+		struct mvcc_snap_cursor *c;
+		cr_assert_eq(mvcc_snap_begin(s, h_sink_write, &got, &c), 0);
+		int rc, steps = 0;
+		/* Small steps, writes of every kind but compaction between them:
+		 * the result is the state when the cursor began. */
+		while ((rc = mvcc_snap_step(c, 1 + seed * 7)) == 0) {
+			random_ops(s, seed * 1000 + (uint64_t)steps, 5, false);
+			steps++;
+		}
+		cr_assert_eq(rc, 1, "seed %llu", (unsigned long long)seed);
+		cr_assert_gt(steps, 1);
+		cr_assert_eq(got.len, want.len, "seed %llu", (unsigned long long)seed);
+		cr_assert_eq(memcmp(got.data, want.data, want.len), 0, "seed %llu",
+			     (unsigned long long)seed);
+		mvcc_snap_free(c);
+		free(got.data);
+		free(want.data);
+		mvcc_free(s);
+	}
+}
+
+Test(snapshot, stepped_snapshot_goes_stale_on_compaction)
+{
+	struct mvcc_store *s = h_store();
+	for (int i = 0; i < 50; i++) {
+		char k[8];
+		snprintf(k, sizeof(k), "k%02d", i);
+		h_put(s, k, "v");
+		h_put(s, k, "w");
+	}
+	struct h_sink got = {0};
+	struct mvcc_snap_cursor *c;
+	cr_assert_eq(mvcc_snap_begin(s, h_sink_write, &got, &c), 0);
+	cr_assert_eq(mvcc_snap_step(c, 100), 0);
+	cr_assert_eq(mvcc_compact(s, mvcc_rev(s) - 1), 0);
+	cr_assert_eq(mvcc_snap_step(c, 100), MVCC_ESNAPSHOT_STALE);
+	mvcc_snap_free(c);
+	free(got.data);
+	mvcc_free(s);
 }
 
 Test(snapshot, corrupt_and_truncated)

@@ -248,7 +248,7 @@ Test(uframe, frame_fds_follow_the_bytes_that_brought_them)
 		cr_assert_eq(mc_uframe_rx_push_fd(&r, q[i][1]), 0);
 	}
 	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
-	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 0, out, &closed), MC_EPROTOCOL);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 0, out, &closed), -EBADF);
 	cr_assert_eq(closed, 2);
 	cr_assert_eq(mc_uframe_rx_queued_fds(&r), 0);
 	char c;
@@ -388,4 +388,56 @@ Test(uframe, descriptors_inside_a_frame_are_closed_on_arrival)
 	mc_uframe_rx_free(&r);
 	close(sv[0]);
 	close(sv[1]);
+}
+
+/* rx_ready: whether rx_next has something to say without another read
+ * (the agent serves buffered frames of a session it may read again). */
+Test(uframe, ready_says_when_a_frame_is_buffered)
+{
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 64), 0);
+	uint8_t s[16];
+	size_t n = put_frame(s, "abc", 3);
+	cr_assert_not(mc_uframe_rx_ready(&r), "empty");
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, 3), 0);
+	cr_assert_not(mc_uframe_rx_ready(&r), "part of the header");
+	cr_assert_eq(mc_uframe_rx_feed(&r, s + 3, n - 4), 0);
+	cr_assert_not(mc_uframe_rx_ready(&r), "part of the body");
+	cr_assert_eq(mc_uframe_rx_feed(&r, s + n - 1, 1), 0);
+	cr_assert(mc_uframe_rx_ready(&r), "whole");
+	const uint8_t *b;
+	size_t len;
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_not(mc_uframe_rx_ready(&r), "taken");
+	uint8_t bad[4];
+	mc_uframe_put_len(bad, 65);
+	cr_assert_eq(mc_uframe_rx_feed(&r, bad, 4), 0);
+	cr_assert(mc_uframe_rx_ready(&r), "a length rx_next refuses");
+	mc_uframe_rx_free(&r);
+}
+
+/* A frame that announced more than came and also brought some nobody
+ * announced: missing wins (MC_EPROTOCOL: the stream cannot be trusted),
+ * and every descriptor it brought is closed. */
+Test(uframe, missing_descriptors_outrank_stray_ones)
+{
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 1024), 0);
+	uint8_t s[16];
+	size_t n = put_frame(s, "x", 1);
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n), 0);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	cr_assert_eq(mc_uframe_rx_push_fd(&r, p[1]), 0);
+	const uint8_t *b;
+	size_t len;
+	int out[MC_UFRAME_MAX_FDS];
+	unsigned closed;
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 2, out, &closed), MC_EPROTOCOL);
+	cr_assert_eq(closed, 1);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 0, "closed: EOF");
+	close(p[0]);
+	mc_uframe_rx_free(&r);
 }

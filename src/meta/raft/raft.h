@@ -37,7 +37,13 @@
  * and hard state of the same ready are durable. The core counts a leader's
  * own entries as matched when it appends them; that is safe because of
  * this rule (no follower can acknowledge an entry the leader has not made
- * durable first). Between raft_ready and raft_advance the driver may call
+ * durable first). One exception keeps that safe: a leader whose ready
+ * changes neither its term nor its vote and installs no snapshot may send
+ * its messages while it makes the ready durable (Raft thesis 10.2.1)
+ * provided the driver steps nothing into the core until then — the
+ * acknowledgements that would commit the leader's new entries wait until
+ * they are durable on the leader too. A follower's HEARTBEAT_RESP, which
+ * says nothing about its log, may also go early while its term stands. Between raft_ready and raft_advance the driver may call
  * only the read-only functions (raft_status, raft_term_at, raft_entry_at,
  * raft_last_snapshot, raft_conf, raft_has_ready); every other call returns
  * -EINPROGRESS. Messages arriving meanwhile must be queued by the driver.
