@@ -273,9 +273,10 @@ def sessions_in_meta():
 
 @case
 def decode_dies_mid_transfer():
-    for protocol in ("tcp", "auto"):
+    for protocol, memory in (("tcp", "allocator"), ("auto", "allocator"),
+                             ("tcp", "ordinary")):
         a, b = two_agents(protocol)
-        d = Proc(b, "decode", "allocator", BLOCKS, BLOCK_BYTES, LAYERS)
+        d = Proc(b, "decode", memory, BLOCKS, BLOCK_BYTES, LAYERS)
         info = d.read()
         p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
                  LAYERS, 61, "loop")
@@ -284,7 +285,7 @@ def decode_dies_mid_transfer():
         os.kill(d.p.pid, signal.SIGKILL)
         d.p.wait(timeout=30)
         r = p.read(timeout=60)
-        eq(r["rc"] < 0, True, "the prefill's write fails (%s): %s" % (protocol, r))
+        eq(r["rc"] < 0, True, "the prefill's write fails (%s, %s): %s" % (protocol, memory, r))
         p.p.wait(timeout=30)
 
 
