@@ -589,10 +589,11 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 		return !c->closed;
 	}
 	if (frc) {
-		agent__req_end(r);
-		conn_close(c, m->nfds > MC_UFRAME_MAX_FDS
-				      ? "announced more descriptors than a frame may carry"
-				      : "announced descriptors that did not come");
+		const char *why = n > MC_UFRAME_MAX_FDS
+					  ? "announced more descriptors than a frame may carry"
+					  : "announced descriptors that did not come";
+		agent__req_end(r); /* frees m */
+		conn_close(c, why);
 		return false;
 	}
 	r->nfds = n;

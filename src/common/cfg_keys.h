@@ -224,12 +224,12 @@
 	  "client request, reply and end of copies, so that the next request " \
 	  "is taken without a thread wakeup (never while copy threads "        \
 	  "work); 0: always sleep")                                            \
-	X(CLIENT_MAX_SESSIONS, "client-max-sessions", AGENT, UINT, "512", 1,   \
+	X(CLIENT_MAX_SESSIONS, "client-max-sessions", AGENT, UINT, "4096", 1,  \
 	  1000000, NULL,                                                       \
 	  "agent: client sessions open at once, every user together; one "     \
 	  "more is refused (-EUSERS; logged and counted)")                     \
 	X(CLIENT_MAX_SESSIONS_PER_UID, "client-max-sessions-per-uid", AGENT,   \
-	  UINT, "128", 1, 1000000, NULL,                                       \
+	  UINT, "2048", 1, 1000000, NULL,                                      \
 	  "agent: client sessions one user (uid) may have open at once; one "  \
 	  "more is refused (-EUSERS)")                                         \
 	X(CLIENT_REPLY_BUFFER_SIZE, "client-reply-buffer-size", AGENT, SIZE,   \

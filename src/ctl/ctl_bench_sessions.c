@@ -134,8 +134,9 @@ static void usage(FILE *f)
 		   "the put+get pairs per second, their p50/p99, the sessions served and\n"
 		   "the memory per session after serving and after closing. Without\n"
 		   "--socket it starts its own agent with the master in its process\n"
-		   "(mooncaked next to mooncakectl); with --socket the agent's memory is\n"
-		   "not seen.\n");
+		   "(mooncaked next to mooncakectl), its session limits set to serve\n"
+		   "them all; with --socket the agent's memory is not seen, and its\n"
+		   "--client-max-sessions(-per-uid) must allow --sessions + 1.\n");
 }
 
 int ctl_bench_sessions_main(int argc, char **argv)
@@ -195,6 +196,15 @@ int ctl_bench_sessions_main(int argc, char **argv)
 	struct ctl_local cl = {0};
 	mc_client *holder = NULL;
 	int rc = 0;
+	if (!sock) {
+		/* Its own agent serves every session it opens (and the one
+		 * that holds it), past the agent's default session limits if
+		 * need be: the agent reads its keys from the environment. */
+		char lim[24];
+		snprintf(lim, sizeof(lim), "%u", n + 16);
+		setenv("MOONCAKE_CLIENT_MAX_SESSIONS", lim, 1);
+		setenv("MOONCAKE_CLIENT_MAX_SESSIONS_PER_UID", lim, 1);
+	}
 	for (int attempt = 1; !sock; attempt++) {
 		rc = ctl_local_start(&cl, MC_MAX((uint64_t)1 << 30, 4 * (uint64_t)n * size),
 				     false);

@@ -13,6 +13,7 @@ directory, would otherwise each make their own and refuse each other.
 A test of the default (the secret an agent creates in its data directory)
 passes env={"MOONCAKE_CLUSTER_SECRET_FILE": None} to remove it.
 """
+import faulthandler
 import os
 import random
 import signal
@@ -30,6 +31,10 @@ MOONCAKECTL = os.path.join(BUILD, "mooncakectl")
 sys.path.insert(0, os.path.join(BUILD, "py"))
 
 _cases = []
+
+# test/run.sh's timeout ends a hung file with SIGTERM: print where every
+# thread was first, so a hang on a machine nobody can log into says where.
+faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
 _secret_dir = tempfile.TemporaryDirectory(prefix="mooncaked-test-secret-")
 CLUSTER_SECRET = os.path.join(_secret_dir.name, "cluster.secret")

@@ -514,7 +514,7 @@ def bad_frames_get_clean_errors():
     child = subprocess.run(
         [sys.executable, "-c", NOBODY_REGISTERS, a.socket, str(sealed)],
         pass_fds=[sealed], capture_output=True, text=True, timeout=30,
-        preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)),
+        user=65534, group=65534, extra_groups=[],
         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LD_PRELOAD=""))
     eq((child.returncode, child.stdout.strip()), (0, "-1"),
        "registering another user's memfd: -EPERM\n" + child.stderr)
