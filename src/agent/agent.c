@@ -167,7 +167,8 @@ static void start_mlink(struct agent *a)
 	log_info("agent %s: segment %zu bytes (%s pages%s), client staging buffers "
 		 "up to %" PRIu64 " bytes, socket %s%s",
 		 a->name, a->seg->len, a->seg->hugepages ? "2 MiB" : "4 KiB",
-		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, agent__server_path(a),
+		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes,
+		 agent__server_path(a),
 		 a->te ? "" : "; no transfer engine: only this segment is reachable");
 	int rc = agent__mlink_start(a);
 	if (rc)
@@ -211,7 +212,8 @@ static void te_ready_done(struct agent_job *j)
 	}
 	if (err) {
 		log_error("segment %s: the transfer engine cannot serve it (%s); not "
-			  "mounting it", a->name, mc_strerror(err));
+			  "mounting it",
+			  a->name, mc_strerror(err));
 		return;
 	}
 	start_mlink(a);
@@ -317,7 +319,9 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		.fds = o->max_fds,
 		.buffers = o->max_buffers,
 		.views = o->max_views,
-		.alloc_bytes = o->alloc_bytes ? o->alloc_bytes : ram ? ram : UINT64_MAX,
+		.alloc_bytes = o->alloc_bytes ? o->alloc_bytes
+			       : ram          ? ram
+					      : UINT64_MAX,
 	};
 	rc = agent__server_start(a, o->socket_path, o->busy_poll_us * 1000, &lim,
 				 agent__dispatch, maybe_stopped);

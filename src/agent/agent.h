@@ -58,17 +58,17 @@ struct agent_opts {
 	 * transfer-engine port), known once it listens.
 	 */
 	const char *segment_name;
-	struct rpc_server *rpc;          /* the agent's RPC server (borrowed) */
-	const char *rpc_listen;          /* its listen address */
-	uint64_t segment_bytes;          /* 0: min(1 GiB, RAM / 4) */
+	struct rpc_server *rpc; /* the agent's RPC server (borrowed) */
+	const char *rpc_listen; /* its listen address */
+	uint64_t segment_bytes; /* 0: min(1 GiB, RAM / 4) */
 	/* Start even when the segment does not fit (RAM, memory-lock limit
 	 * when RDMA pins it, free huge pages with AGENT_HUGEPAGES_ON). */
 	bool force_segment_size;
-	uint64_t staging_bytes;          /* staging buffer of a client session */
-	int numa_node;                   /* -1: no binding */
+	uint64_t staging_bytes; /* staging buffer of a client session */
+	int numa_node;          /* -1: no binding */
 	enum agent_hugepages hugepages;
-	const char *socket_path;         /* clients' Unix socket */
-	unsigned copy_threads;           /* 0: cores, at most 8 */
+	const char *socket_path; /* clients' Unix socket */
+	unsigned copy_threads;   /* 0: cores, at most 8 */
 	/* After a client request, a reply or the copy threads' last job, the
 	 * loop polls without sleeping for this long (0: never). */
 	uint64_t busy_poll_us;
@@ -76,10 +76,10 @@ struct agent_opts {
 	 * are answered from the lease cache, checked (0: never). */
 	uint64_t remote_cache_bytes;
 	/* Master discovery: a fixed address, else the leader key in meta. */
-	const char *master_address;      /* "" or NULL: use meta */
-	const char *meta_endpoints;      /* "" or NULL: no meta */
+	const char *master_address; /* "" or NULL: use meta */
+	const char *meta_endpoints; /* "" or NULL: no meta */
 	const char *cluster_id;
-	uint64_t master_timeout_ms;      /* per master call; 0: 5s */
+	uint64_t master_timeout_ms; /* per master call; 0: 5s */
 	/* Space of its segment the agent asks the master to lease it, for
 	 * puts sealed in one master call; 0: every put takes PutStart and
 	 * PutEnd. */

@@ -96,7 +96,7 @@ struct agent {
 	struct te_engine *te;
 	struct rpc_server *rpc;
 	char *rpc_listen;
-	char name[128];               /* segment name = agent id */
+	char name[128]; /* segment name = agent id */
 	bool named;
 	uint64_t staging_bytes;
 	int numa_node;
@@ -105,29 +105,29 @@ struct agent {
 	struct te_region *seg_region; /* it, registered with the engine */
 	int seg_ro_fd;                /* read-only descriptor of it */
 	bool stopping, stopped;
-	atomic_bool stop_flag;        /* stopping, for the copy threads */
+	atomic_bool stop_flag; /* stopping, for the copy threads */
 	bool mlink_stopped, handles_closed;
 	void (*on_stopped)(void *ud);
 	void *stop_ud;
-	unsigned closing;             /* handles whose close callback is owed */
+	unsigned closing; /* handles whose close callback is owed */
 	uv_timer_t start_timer;
-	uv_timer_t drain_timer;       /* tells on_drained from the loop */
+	uv_timer_t drain_timer; /* tells on_drained from the loop */
 	void (*on_drained)(void *ud);
 	void *drain_ud;
 	/* The rooms: each touched only by the file named (the others pass
 	 * a pool, inventory, lease cache or statistics to its functions). */
-	struct agent_pool pool;       /* pool.c */
-	struct agent_inv inv;         /* inv.c */
-	struct agent_lcache lc;       /* lcache.c */
-	struct agent_stats stats;     /* stats.c */
-	struct agent_mcalls mcalls;   /* mcall.c */
-	struct agent_batch batch;     /* batch.c */
-	struct agent_space space;     /* space.c */
-	struct agent_mirror mirror;   /* mirror.c */
-	struct agent_mlink mlink;     /* mlink.c */
-	struct agent_server server;   /* server.c */
-	struct agent_gets gets;       /* op_get.c */
-	struct agent_insts insts;     /* inst.c */
+	struct agent_pool pool;     /* pool.c */
+	struct agent_inv inv;       /* inv.c */
+	struct agent_lcache lc;     /* lcache.c */
+	struct agent_stats stats;   /* stats.c */
+	struct agent_mcalls mcalls; /* mcall.c */
+	struct agent_batch batch;   /* batch.c */
+	struct agent_space space;   /* space.c */
+	struct agent_mirror mirror; /* mirror.c */
+	struct agent_mlink mlink;   /* mlink.c */
+	struct agent_server server; /* server.c */
+	struct agent_gets gets;     /* op_get.c */
+	struct agent_insts insts;   /* inst.c */
 };
 
 #endif

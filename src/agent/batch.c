@@ -40,11 +40,15 @@ static const char *const methods[AGENT_B_COUNT] = {
 static const ProtobufCMessageDescriptor *resp_desc(enum agent_bkind k)
 {
 	switch (k) {
-	case AGENT_B_PUT_START: return &mooncake__master__batch_put_start_response__descriptor;
+	case AGENT_B_PUT_START:
+		return &mooncake__master__batch_put_start_response__descriptor;
 	case AGENT_B_PUT_END:
-	case AGENT_B_COMMIT: return &mooncake__master__batch_errors_response__descriptor;
-	case AGENT_B_GET: return &mooncake__master__batch_get_replicas_response__descriptor;
-	default: return &mooncake__master__batch_exist_response__descriptor;
+	case AGENT_B_COMMIT:
+		return &mooncake__master__batch_errors_response__descriptor;
+	case AGENT_B_GET:
+		return &mooncake__master__batch_get_replicas_response__descriptor;
+	default:
+		return &mooncake__master__batch_exist_response__descriptor;
 	}
 }
 
@@ -83,7 +87,7 @@ struct combined {
 		Mooncake__Master__BatchKeysRequest keys;
 		Mooncake__Master__BatchCommitRequest commit;
 	} req;
-	void *array; /* the concatenated items or keys */
+	void *array;    /* the concatenated items or keys */
 	uint32_t *crcs; /* BatchPutEnd: the concatenated checksums */
 };
 
@@ -110,16 +114,19 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 		switch (cb->kind) {
 		case AGENT_B_PUT_START: {
 			const Mooncake__Master__BatchPutStartResponse *r = (const void *)m;
-			Mooncake__Master__BatchPutStartResponse s = MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
+			Mooncake__Master__BatchPutStartResponse s =
+				MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
 			s.results = off < r->n_results ? r->results + off : NULL;
-			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off) : 0;
+			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off)
+							 : 0;
 			w->cb(w->ud, 0, NULL, &s.base);
 			break;
 		}
 		case AGENT_B_PUT_END:
 		case AGENT_B_COMMIT: {
 			const Mooncake__Master__BatchErrorsResponse *r = (const void *)m;
-			Mooncake__Master__BatchErrorsResponse s = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+			Mooncake__Master__BatchErrorsResponse s =
+				MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 			s.errors = off < r->n_errors ? r->errors + off : NULL;
 			s.n_errors = off < r->n_errors ? MC_MIN(w->n, r->n_errors - off) : 0;
 			w->cb(w->ud, 0, NULL, &s.base);
@@ -130,14 +137,16 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 			Mooncake__Master__BatchGetReplicasResponse s =
 				MOONCAKE__MASTER__BATCH_GET_REPLICAS_RESPONSE__INIT;
 			s.results = off < r->n_results ? r->results + off : NULL;
-			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off) : 0;
+			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off)
+							 : 0;
 			s.lease_ttl_ms = r->lease_ttl_ms;
 			w->cb(w->ud, 0, NULL, &s.base);
 			break;
 		}
 		default: {
 			const Mooncake__Master__BatchExistResponse *r = (const void *)m;
-			Mooncake__Master__BatchExistResponse s = MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
+			Mooncake__Master__BatchExistResponse s =
+				MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
 			s.errors = off < r->n_errors ? r->errors + off : NULL;
 			s.n_errors = off < r->n_errors ? MC_MIN(w->n, r->n_errors - off) : 0;
 			s.exists = off < r->n_exists ? r->exists + off : NULL;
@@ -186,14 +195,16 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 	bool with_crcs = k == AGENT_B_PUT_END &&
 			 ((const Mooncake__Master__BatchKeysRequest *)waits->req)->n_crc32c;
 	uint32_t *crcs = with_crcs && arr ? malloc(n * sizeof(*crcs)) : NULL;
-	if (!cb || !arr || (with_crcs && !crcs) || (k == AGENT_B_PUT_END && !crcs_alike(waits))) {
+	if (!cb || !arr || (with_crcs && !crcs) ||
+	    (k == AGENT_B_PUT_END && !crcs_alike(waits))) {
 		/* Out of memory, or requests unlike: each on its own. */
 		free(crcs);
 		free(arr);
 		free(cb);
 		while (waits) {
 			struct agent_bwait *next = waits->next;
-			agent__mcall(a, methods[k], waits->req, resp_desc(k), waits->cb, waits->ud);
+			agent__mcall(a, methods[k], waits->req, resp_desc(k), waits->cb,
+				     waits->ud);
 			free(waits);
 			waits = next;
 		}
@@ -234,7 +245,8 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		cb->req.commit.lease_epoch = first->lease_epoch;
 		cb->req.commit.items = arr;
 		cb->req.commit.n_items = n;
-		agent__mcall(a, methods[k], &cb->req.commit.base, resp_desc(k), on_combined, cb);
+		agent__mcall(a, methods[k], &cb->req.commit.base, resp_desc(k), on_combined,
+			     cb);
 	} else {
 		mooncake__master__batch_keys_request__init(&cb->req.keys);
 		cb->req.keys.keys = arr;

@@ -17,15 +17,15 @@
 struct agent_inv_rec {
 	uint64_t offset, size;
 	uint32_t crc;
-	bool has_crc;   /* crc is the value's CRC-32C */
+	bool has_crc; /* crc is the value's CRC-32C */
 	bool soft_pin;
 };
 
 struct agent_inv_entry {
 	struct agent_inv_entry *next; /* hash chain */
 	struct agent_inv_rec rec;
-	uint64_t seq;                 /* order of the last change here */
-	unsigned epoch;               /* the listing that last touched it */
+	uint64_t seq;   /* order of the last change here */
+	unsigned epoch; /* the listing that last touched it */
 	uint16_t klen;
 	uint8_t key[];
 };
@@ -34,7 +34,7 @@ struct agent_inv {
 	struct agent_inv_entry **tab;
 	size_t nbuckets, n;
 	uint64_t seq;
-	unsigned epoch;               /* the listing in progress (or last) */
+	unsigned epoch; /* the listing in progress (or last) */
 };
 
 int agent__inv_init(struct agent_inv *v) MC_MUST_CHECK;
@@ -47,8 +47,7 @@ int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
 void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen);
 /* Forget the object key only if it is at offset (a change for another
  * placement of the key is not about this entry). Returns true if it was. */
-bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen,
-		       uint64_t offset);
+bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen, uint64_t offset);
 void agent__inv_clear(struct agent_inv *v);
 /* How many objects it holds. */
 size_t agent__inv_count(const struct agent_inv *v);

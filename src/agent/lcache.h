@@ -17,19 +17,19 @@
  * cache's memory of it). */
 struct agent_rep {
 	bool local;
-	uint64_t offset;   /* in its segment */
-	uint64_t address;  /* remote address */
-	char *segment;     /* name (owned) */
+	uint64_t offset;  /* in its segment */
+	uint64_t address; /* remote address */
+	char *segment;    /* name (owned) */
 };
 
 struct agent_lentry {
 	struct agent_lentry *next;
 	uint64_t size, until_ms;
-	uint64_t refresh_ms;    /* a hit from here on renews the lease */
-	bool refreshing;        /* a renewal is on its way */
-	uint32_t crc;           /* with has_crc: the value's CRC-32C */
+	uint64_t refresh_ms; /* a hit from here on renews the lease */
+	bool refreshing;     /* a renewal is on its way */
+	uint32_t crc;        /* with has_crc: the value's CRC-32C */
 	bool has_crc;
-	struct agent_rep rep;   /* segment owned */
+	struct agent_rep rep; /* segment owned */
 	uint16_t klen;
 	uint8_t key[];
 };
@@ -64,9 +64,9 @@ void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t kl
 			  uint64_t offset, uint64_t size, uint64_t until_ms, uint64_t now_ms);
 /* Remember rep (copied) for key until until_ms, with the value's
  * checksum (crc NULL: none); best effort. */
-void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
-		       uint64_t size, const uint32_t *crc, const struct agent_rep *rep,
-		       uint64_t until_ms, uint64_t now_ms);
+void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen, uint64_t size,
+		       const uint32_t *crc, const struct agent_rep *rep, uint64_t until_ms,
+		       uint64_t now_ms);
 void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen);
 
 #endif

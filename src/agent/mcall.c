@@ -37,8 +37,8 @@ struct agent_mcall {
 	uint64_t deadline_ms;
 	uint64_t not_before_ms; /* retry no earlier than this */
 	unsigned redirects;
-	struct rpc_stream *st;  /* in flight, or NULL while waiting */
-	int fail_err;           /* could not be sent: end with this */
+	struct rpc_stream *st; /* in flight, or NULL while waiting */
+	int fail_err;          /* could not be sent: end with this */
 };
 
 static void mcall_send(struct agent_mcall *c);
@@ -54,16 +54,26 @@ int agent__master_err(int status, const char *message)
 			return (int)v;
 	}
 	switch (status) {
-	case RPC_OK: return 0;
-	case RPC_DEADLINE_EXCEEDED: return MC_ETIMEDOUT;
-	case RPC_UNAVAILABLE: return MC_EUNAVAILABLE;
-	case RPC_CANCELLED: return MC_ECANCELLED;
-	case RPC_NOT_FOUND: return MC_EOBJECT_NOT_FOUND;
-	case RPC_ALREADY_EXISTS: return MC_EOBJECT_ALREADY_EXISTS;
-	case RPC_INVALID_ARGUMENT: return -EINVAL;
-	case RPC_RESOURCE_EXHAUSTED: return MC_ENO_SPACE;
-	case RPC_UNIMPLEMENTED: return -EOPNOTSUPP;
-	default: return MC_EINTERNAL;
+	case RPC_OK:
+		return 0;
+	case RPC_DEADLINE_EXCEEDED:
+		return MC_ETIMEDOUT;
+	case RPC_UNAVAILABLE:
+		return MC_EUNAVAILABLE;
+	case RPC_CANCELLED:
+		return MC_ECANCELLED;
+	case RPC_NOT_FOUND:
+		return MC_EOBJECT_NOT_FOUND;
+	case RPC_ALREADY_EXISTS:
+		return MC_EOBJECT_ALREADY_EXISTS;
+	case RPC_INVALID_ARGUMENT:
+		return -EINVAL;
+	case RPC_RESOURCE_EXHAUSTED:
+		return MC_ENO_SPACE;
+	case RPC_UNIMPLEMENTED:
+		return -EOPNOTSUPP;
+	default:
+		return MC_EINTERNAL;
 	}
 }
 
@@ -116,8 +126,7 @@ static void mcall_wait(struct agent_mcall *c, uint64_t pause_ms)
 	c->not_before_ms = mc_now_ms() + pause_ms;
 }
 
-static void on_unary(void *ud, int status, const char *message,
-		     const ProtobufCMessage *resp)
+static void on_unary(void *ud, int status, const char *message, const ProtobufCMessage *resp)
 {
 	struct agent_mcall *c = ud;
 	struct agent *a = c->a;
@@ -142,8 +151,10 @@ static void on_unary(void *ud, int status, const char *message,
 			/* Park first: a new master sends parked calls. */
 			mcall_wait(c, addr[0] ? 0 : RETRY_MS);
 			if (addr[0] && strcmp(addr, m->addr) != 0) {
-				log_info("master %s is a standby; the leader is %s (view %" PRIu64 ")",
-					 m->addr, addr, view);
+				log_info(
+					"master %s is a standby; the leader is %s (view %" PRIu64
+					")",
+					m->addr, addr, view);
 				m->on_leader(a, addr, view);
 			} else if (addr[0]) {
 				agent__mcall_poll(a);
@@ -197,8 +208,7 @@ void agent__mcall_poll(struct agent *a)
 }
 
 void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *req,
-		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
-		  void *ud)
+		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb, void *ud)
 {
 	struct agent_mcalls *m = &a->mcalls;
 	struct agent_mcall *c = calloc(1, sizeof(*c));

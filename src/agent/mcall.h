@@ -21,10 +21,10 @@ typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
 
 /* The calls' state, embedded in struct agent (touched only by mcall.c). */
 struct agent_mcalls {
-	struct rpc_client *client;  /* to the master in use, or NULL */
-	char addr[128];             /* its address ("" none) */
-	struct agent_mcall *calls;  /* in flight or parked */
-	uint64_t timeout_ms;        /* per call */
+	struct rpc_client *client; /* to the master in use, or NULL */
+	char addr[128];            /* its address ("" none) */
+	struct agent_mcall *calls; /* in flight or parked */
+	uint64_t timeout_ms;       /* per call */
 	/* A standby named another leader: the owner of the choice (mlink.c)
 	 * decides whether to use it. */
 	void (*on_leader)(struct agent *a, const char *addr, uint64_t view);
@@ -40,10 +40,8 @@ void agent__mcalls_init(struct agent *a, uint64_t timeout_ms,
  * (borrowed), or the error: the code of the master's grpc-message,
  * MC_EUNAVAILABLE (no master known, or unreachable), MC_ETIMEDOUT.
  */
-void agent__mcall(struct agent *a, const char *method,
-		  const ProtobufCMessage *req,
-		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
-		  void *ud);
+void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *req,
+		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb, void *ud);
 
 /*
  * Send calls to addr from now on ("": no master is known; calls wait).

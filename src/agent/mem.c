@@ -72,8 +72,8 @@ static int bind_numa(void *addr, size_t len, int node)
 }
 
 /* One attempt: huge pages or not. Returns 0 or a negative errno. */
-static int memfd_try(const char *name, size_t len, bool huge, int *fd_out,
-		     void **addr_out, size_t *len_out)
+static int memfd_try(const char *name, size_t len, bool huge, int *fd_out, void **addr_out,
+		     size_t *len_out)
 {
 	unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
 	if (huge) {
@@ -109,8 +109,7 @@ out_close:
 	return rc;
 }
 
-int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
-		     struct agent_map **out)
+int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o, struct agent_map **out)
 {
 	struct agent_map *m = calloc(1, sizeof(*m));
 	if (!m)
@@ -135,8 +134,8 @@ int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
 	if (!huge) {
 		rc = memfd_try(o->name, o->len, false, &fd, &addr, &len);
 		if (rc) {
-			log_error("%s: cannot create %zu bytes of shared memory: %s",
-				  o->name, o->len, strerror(-rc));
+			log_error("%s: cannot create %zu bytes of shared memory: %s", o->name,
+				  o->len, strerror(-rc));
 			goto out_free;
 		}
 	}
@@ -162,8 +161,8 @@ out_free:
 	return rc;
 }
 
-int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off,
-			 uint64_t len, struct agent_map **out, uint8_t **base)
+int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off, uint64_t len,
+			 struct agent_map **out, uint8_t **base)
 {
 	struct stat st;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))

@@ -22,8 +22,8 @@ struct te_region;
 /* A shared mapping of a memfd, reference-counted on the loop thread. */
 struct agent_map {
 	unsigned refs;
-	int fd;            /* the memfd (owned) */
-	uint8_t *addr;     /* mapping of [map_off, map_off + len) */
+	int fd;        /* the memfd (owned) */
+	uint8_t *addr; /* mapping of [map_off, map_off + len) */
 	size_t len;
 	bool hugepages;
 	struct agent *a;
@@ -37,7 +37,7 @@ struct agent_memfd_opts {
 	const char *name;
 	size_t len;
 	enum agent_hugepages hugepages;
-	int numa_node;     /* -1: none */
+	int numa_node; /* -1: none */
 	bool populate;
 };
 
@@ -60,9 +60,8 @@ int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
  * -EINVAL (not sealed against shrinking, range, size), negative errno of
  * mmap.
  */
-int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off,
-			 uint64_t len, struct agent_map **out,
-			 uint8_t **base) MC_MUST_CHECK;
+int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off, uint64_t len,
+			 struct agent_map **out, uint8_t **base) MC_MUST_CHECK;
 
 void agent__map_ref(struct agent_map *m);
 /* Drop a reference; the last one unregisters, unmaps and closes. */

@@ -122,7 +122,8 @@ static void list_begin(struct agent *a)
 	agent__inv_listing_start(&a->inv);
 	agent__count(&a->stats, AGENT_C_MIRROR_LISTINGS, 1);
 	log_warn("segment mirror: behind the master's log of segment %s; listing "
-		 "the whole segment", a->name);
+		 "the whole segment",
+		 a->name);
 	list_send(a);
 }
 
@@ -302,6 +303,6 @@ void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items,
 			continue;
 		}
 		verdict[i] = crc32c(0, base + r->offset, r->size) == r->crc ? AGENT_VERIFY_OK
-									 : AGENT_VERIFY_BAD;
+									    : AGENT_VERIFY_BAD;
 	}
 }

@@ -21,8 +21,8 @@ struct agent_inv_entry;
  * mirror.c). */
 struct agent_mirror {
 	bool on, busy;
-	unsigned gen;          /* bumped per mount: older answers dropped */
-	uint64_t seq;          /* the log is applied up to here */
+	unsigned gen; /* bumped per mount: older answers dropped */
+	uint64_t seq; /* the log is applied up to here */
 	bool listing, listing_busy;
 	uint64_t list_cursor;
 	uv_timer_t timer;

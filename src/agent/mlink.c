@@ -69,12 +69,12 @@ struct inv_block {
 	Mooncake__Master__HeartbeatRequest req;
 	struct agent_job job;
 	struct agent *a;
-	unsigned gen;                     /* a->mlink.resync_gen when made */
+	unsigned gen; /* a->mlink.resync_gen when made */
 	size_t n, ngood;
 	bool last;
-	struct agent_inv_entry **ents;    /* owned */
+	struct agent_inv_entry **ents; /* owned */
 	uint8_t *verdict;
-	struct agent_inv_entry **good;    /* borrowed from ents, reported order */
+	struct agent_inv_entry **good; /* borrowed from ents, reported order */
 	Mooncake__Master__InventoryItem **ptrs;
 	Mooncake__Master__InventoryItem *items;
 };
@@ -100,8 +100,7 @@ static void resync_free(struct agent *a)
 
 static void send_inventory(struct agent *a);
 
-static void on_inventory(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_inventory(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct inv_block *b = ud;
 	struct agent *a = b->a;
@@ -133,7 +132,8 @@ static void on_inventory(void *ud, int err, const char *message,
 	a->mlink.resync_reported += resp->items_accepted;
 	if (resp->items_skipped)
 		log_warn("re-sync: the master skipped %" PRIu64 " inventory items "
-			 "that conflict with its index", resp->items_skipped);
+			 "that conflict with its index",
+			 resp->items_skipped);
 	inv_block_free(b);
 	if (!last) {
 		send_inventory(a);
@@ -170,8 +170,10 @@ static void verify_done(struct agent_job *j)
 			/* Its space holds other bytes (or cannot be vouched
 			 * for): never report it, and forget it. */
 			agent__inv_del_at(&a->inv, e->key, e->klen, e->rec.offset);
-			agent__count(&a->stats, b->verdict[i] == AGENT_VERIFY_BAD ? AGENT_C_RESYNC_BAD
-									  : AGENT_C_RESYNC_UNCHECKED,
+			agent__count(&a->stats,
+				     b->verdict[i] == AGENT_VERIFY_BAD
+					     ? AGENT_C_RESYNC_BAD
+					     : AGENT_C_RESYNC_UNCHECKED,
 				     1);
 			a->mlink.resync_bad++;
 			continue;
@@ -204,9 +206,10 @@ static void send_inventory(struct agent *a)
 {
 	size_t left = a->mlink.resync_n - a->mlink.resync_pos;
 	size_t n = MC_MIN(left, (size_t)AGENT_INVENTORY_BATCH);
-	struct inv_block *b = calloc(1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
-							 sizeof(Mooncake__Master__InventoryItem *) +
-							 sizeof(Mooncake__Master__InventoryItem) + 1));
+	struct inv_block *b = calloc(
+		1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
+				     sizeof(Mooncake__Master__InventoryItem *) +
+				     sizeof(Mooncake__Master__InventoryItem) + 1));
 	if (!b) {
 		log_error("out of memory for the inventory report; retrying");
 		set_mounted(a, false);
@@ -263,8 +266,7 @@ struct mount_block {
 	char *addr; /* the master it was sent to */
 };
 
-static void on_mounted(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+static void on_mounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct mount_block *b = ud;
 	struct agent *a = b->a;
@@ -280,8 +282,8 @@ static void on_mounted(void *ud, int err, const char *message,
 		return;
 	}
 	if (err) {
-		log_warn("cannot mount segment %s with master %s: %s; retrying",
-			 a->name, agent__mcall_master(a), message ? message : mc_strerror(err));
+		log_warn("cannot mount segment %s with master %s: %s; retrying", a->name,
+			 agent__mcall_master(a), message ? message : mc_strerror(err));
 		retry_mount_later(a);
 		return;
 	}
@@ -295,8 +297,8 @@ static void on_mounted(void *ud, int err, const char *message,
 	a->mlink.ever_mounted = true;
 	agent__gauge(&a->stats, AGENT_G_MASTER_VIEW, (int64_t)a->mlink.view);
 	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
-	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
-		 a->name, a->seg->len, agent__mcall_master(a), a->mlink.view,
+	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s", a->name,
+		 a->seg->len, agent__mcall_master(a), a->mlink.view,
 		 resync ? "; re-syncing the inventory" : "");
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
@@ -369,8 +371,7 @@ static void mount(struct agent *a)
 
 /* ------------------------------------------------------------ heartbeats */
 
-static void on_heartbeat(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_heartbeat(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent *a = ud;
 	a->mlink.hb_busy = false;
@@ -391,7 +392,8 @@ static void on_heartbeat(void *ud, int err, const char *message,
 	if (resp->resync || resp->view != a->mlink.view) {
 		log_info("master %s %s (view %" PRIu64 ", ours %" PRIu64 "): mounting "
 			 "again and re-reporting the inventory",
-			 agent__mcall_master(a), resp->resync ? "does not know this agent" : "has a new view",
+			 agent__mcall_master(a),
+			 resp->resync ? "does not know this agent" : "has a new view",
 			 resp->view, a->mlink.view);
 		set_mounted(a, false);
 		mount(a);
@@ -414,8 +416,8 @@ static void heartbeat(struct agent *a)
 	q->view = a->mlink.view;
 	a->mlink.hb_req = q;
 	a->mlink.hb_busy = true;
-	agent__mcall(a, "Heartbeat", &q->base, &mooncake__master__heartbeat_response__descriptor,
-		     on_heartbeat, a);
+	agent__mcall(a, "Heartbeat", &q->base,
+		     &mooncake__master__heartbeat_response__descriptor, on_heartbeat, a);
 }
 
 static void on_hb_timer(uv_timer_t *t)
@@ -461,8 +463,7 @@ static void set_master(struct agent *a, const char *addr, uint64_t view)
 }
 
 /* "HOST:PORT VIEW" */
-static bool parse_leader(const uint8_t *v, size_t len, char *addr, size_t alen,
-			 uint64_t *view)
+static bool parse_leader(const uint8_t *v, size_t len, char *addr, size_t alen, uint64_t *view)
 {
 	char buf[160];
 	if (len == 0 || len >= sizeof(buf))
@@ -492,7 +493,8 @@ static void on_leader_events(struct etcd_watch *w, void *ud, Mvccpb__Event *cons
 		char addr[128];
 		uint64_t view;
 		const Mvccpb__KeyValue *kv = ev[i]->kv;
-		if (kv && parse_leader(kv->value.data, kv->value.len, addr, sizeof(addr), &view))
+		if (kv &&
+		    parse_leader(kv->value.data, kv->value.len, addr, sizeof(addr), &view))
 			set_master(a, addr, view);
 		else
 			log_warn("%s holds an unreadable value; ignored", a->mlink.leader_key);
@@ -508,7 +510,8 @@ static void on_leader_watch_error(struct etcd_watch *w, void *ud, int err)
 	a->mlink.watch = NULL;
 	if (a->stopping || err == MC_ECANCELLED)
 		return;
-	log_warn("watch on %s ended: %s; watching again", a->mlink.leader_key, mc_strerror(err));
+	log_warn("watch on %s ended: %s; watching again", a->mlink.leader_key,
+		 mc_strerror(err));
 	watch_leader(a, 0);
 }
 
@@ -528,21 +531,23 @@ static void on_leader_range(void *ud, int err, const Etcdserverpb__RangeResponse
 	if (a->stopping)
 		return;
 	if (err) {
-		log_warn("reading %s from meta: %s; retrying", a->mlink.leader_key, mc_strerror(err));
+		log_warn("reading %s from meta: %s; retrying", a->mlink.leader_key,
+			 mc_strerror(err));
 		a->mlink.leader_retry_ms = a->mlink.leader_retry_ms
-					     ? MC_MIN(a->mlink.leader_retry_ms * 2, RETRY_MAX_MS)
-					     : RETRY_MIN_MS;
+						   ? MC_MIN(a->mlink.leader_retry_ms * 2,
+							    RETRY_MAX_MS)
+						   : RETRY_MIN_MS;
 		a->mlink.leader_retry_at = mc_now_ms() + a->mlink.leader_retry_ms;
 		return;
 	}
 	char addr[128];
 	uint64_t view;
-	if (resp->n_kvs &&
-	    parse_leader(resp->kvs[0]->value.data, resp->kvs[0]->value.len, addr,
-			 sizeof(addr), &view))
+	if (resp->n_kvs && parse_leader(resp->kvs[0]->value.data, resp->kvs[0]->value.len,
+					addr, sizeof(addr), &view))
 		set_master(a, addr, view);
 	else
-		log_info("no master leader in meta yet (%s); waiting for one", a->mlink.leader_key);
+		log_info("no master leader in meta yet (%s); waiting for one",
+			 a->mlink.leader_key);
 	a->mlink.leader_retry_ms = 0;
 	watch_leader(a, resp->header ? resp->header->revision + 1 : 0);
 }
@@ -592,7 +597,8 @@ static char *dup_opt(const char *s)
 }
 
 int agent__mlink_config(struct agent *a, const char *master_address,
-			const char *meta_endpoints, const char *cluster_id, uint64_t timeout_ms)
+			const char *meta_endpoints, const char *cluster_id,
+			uint64_t timeout_ms)
 {
 	struct agent_mlink *l = &a->mlink;
 	l->timeout_ms = timeout_ms;
@@ -666,8 +672,7 @@ static void mlink_finish(struct agent *a)
 		done(a);
 }
 
-static void on_unmounted(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_unmounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent *a = ud;
 	const Mooncake__Master__UnmountSegmentResponse *resp =
@@ -676,7 +681,8 @@ static void on_unmounted(void *ud, int err, const char *message,
 		log_info("segment %s: the master is stopping too; not unmounted", a->name);
 	else if (err)
 		log_warn("cannot unmount segment %s from master %s: %s (it expires "
-			 "after the agent TTL)", a->name, agent__mcall_master(a),
+			 "after the agent TTL)",
+			 a->name, agent__mcall_master(a),
 			 message ? message : mc_strerror(err));
 	else
 		log_info("segment %s unmounted: %" PRIu64 " objects left the pool", a->name,

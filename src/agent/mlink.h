@@ -18,7 +18,7 @@
 #include "common/err.h"
 #include "master.pb-c.h"
 
-#define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
+#define AGENT_INVENTORY_BATCH 1000u /* items per inventory heartbeat */
 
 struct agent;
 struct agent_inv_entry;
@@ -27,26 +27,26 @@ struct etcd_watch;
 
 /* The link's state, embedded in struct agent (touched only by mlink.c). */
 struct agent_mlink {
-	char *master_fixed;           /* --master-address, or NULL */
+	char *master_fixed; /* --master-address, or NULL */
 	char *meta_endpoints, *cluster_id, *leader_key;
-	uint64_t timeout_ms;          /* per master call (mcall.c) */
+	uint64_t timeout_ms; /* per master call (mcall.c) */
 	struct etcd_client *etcd;
 	struct etcd_watch *watch;
 	bool leader_range_busy;
 	uint64_t leader_retry_ms, leader_retry_at;
-	uint64_t view;                /* the leader's view we mounted in */
+	uint64_t view; /* the leader's view we mounted in */
 	bool ever_mounted;
 	bool mounted;
 	bool mount_busy, hb_busy;
-	bool mount_held;              /* until no put copies into a dropped lease */
-	uint64_t mount_epoch;         /* the lease epoch the mount answered */
+	bool mount_held;      /* until no put copies into a dropped lease */
+	uint64_t mount_epoch; /* the lease epoch the mount answered */
 	struct agent_inv_entry **resync_items;
 	size_t resync_n, resync_pos;
 	uint64_t resync_reported, resync_bad;
-	unsigned resync_gen;          /* bumped when a re-sync is dropped */
+	unsigned resync_gen; /* bumped when a re-sync is dropped */
 	uint64_t hb_interval_ms;
 	uv_timer_t hb_timer;
-	uv_timer_t retry_timer;       /* ticks the parked master calls */
+	uv_timer_t retry_timer; /* ticks the parked master calls */
 	uint64_t retry_ms;
 	Mooncake__Master__HeartbeatRequest *hb_req;
 	Mooncake__Master__UnmountSegmentRequest *unmount_req;

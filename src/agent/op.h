@@ -46,19 +46,19 @@ struct te_region;
 
 /* One item of a request (a key of a put or get, a piece of a transfer). */
 struct agent_item {
-	const uint8_t *key;   /* borrowed from the request message */
+	const uint8_t *key; /* borrowed from the request message */
 	size_t klen;
 	int err;
-	uint8_t *ptr;         /* client memory: source or destination */
-	uint64_t len;         /* source length, or destination capacity */
+	uint8_t *ptr; /* client memory: source or destination */
+	uint64_t len; /* source length, or destination capacity */
 	bool has_dest;
 	bool zero_copy;
-	uint64_t size;        /* object size (gets) */
-	uint32_t crc;         /* the value's CRC-32C: computed (puts), known (gets) */
+	uint64_t size; /* object size (gets) */
+	uint32_t crc;  /* the value's CRC-32C: computed (puts), known (gets) */
 	bool has_crc;
-	bool leased;          /* put into leased space: sealed by BatchCommit */
+	bool leased; /* put into leased space: sealed by BatchCommit */
 	unsigned lease_gen;
-	bool rleased;         /* ... of another agent's segment (reps[0]) */
+	bool rleased; /* ... of another agent's segment (reps[0]) */
 	uint64_t rlease_epoch;
 	struct agent_rep *reps;
 	unsigned nrep;
@@ -67,7 +67,7 @@ struct agent_item {
 	bool probing;
 	uint8_t *scratch;
 	/* get results */
-	int where;            /* Mooncake__Client__GetResult__Where */
+	int where; /* Mooncake__Client__GetResult__Where */
 	uint64_t offset;
 	uint64_t view;
 	/* transfer */
@@ -87,31 +87,31 @@ struct agent_req {
 	struct agent_conn *c;
 	struct agent *a;
 	uint64_t id;
-	Mooncake__Client__Request *msg;  /* owned */
-	int fds[MC_UFRAME_MAX_FDS];      /* attached, owned until used */
+	Mooncake__Client__Request *msg; /* owned */
+	int fds[MC_UFRAME_MAX_FDS];     /* attached, owned until used */
 	unsigned nfds;
-	int op;                          /* Request op case */
+	int op; /* Request op case */
 	uint64_t start_ns;
-	uint64_t held;                   /* reply budget reserved (server.c) */
+	uint64_t held; /* reply budget reserved (server.c) */
 	/* the operation's */
-	struct agent_map **maps;         /* references held (distinct) */
+	struct agent_map **maps; /* references held (distinct) */
 	unsigned nmaps, maps_cap;
 	struct agent_item *items;
 	size_t n;
-	uint64_t sent_ms;                /* when the master call went out */
+	uint64_t sent_ms; /* when the master call went out */
 	struct agent_job job;
-	struct agent_xfer *xfer;         /* remote pieces started from the loop */
-	bool solo;                       /* copying on the loop, alone (solo_get) */
+	struct agent_xfer *xfer; /* remote pieces started from the loop */
+	bool solo;               /* copying on the loop, alone (solo_get) */
 	/* get */
-	struct agent_map *spill;         /* attached to the reply */
-	uint64_t spill_len;              /* its size, reserved (0: none) */
-	struct agent_wait wait;          /* for the reservation */
+	struct agent_map *spill; /* attached to the reply */
+	uint64_t spill_len;      /* its size, reserved (0: none) */
+	struct agent_wait wait;  /* for the reservation */
 	bool send_segment_fd;
 	/* the master request in flight (one malloc'd block, freed with the
 	 * request) */
 	void *mstate;
-	void *mstate2;                   /* a second one (BatchCommit) */
-	unsigned mcalls;                 /* master calls the request waits for */
+	void *mstate2;   /* a second one (BatchCommit) */
+	unsigned mcalls; /* master calls the request waits for */
 	/* the session's own engine, held for the request (agent__op_te) */
 	struct agent_inst *inst;
 	/* attached descriptors mapped as regions */
@@ -162,8 +162,8 @@ int agent__op_replicas(struct agent *a, struct agent_item *it,
  * checked against the segment's bounds: the master's answer is not
  * trusted with the agent's memory. Errors: MC_EINVALID_REPLICA.
  */
-int agent__op_local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem,
-		       uint64_t len, bool write, uint32_t *crc, struct agent_pool *help);
+int agent__op_local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
+		       bool write, uint32_t *crc, struct agent_pool *help);
 
 /* A BatchKeysRequest (and a BatchRemoveRequest of the same keys) of the
  * items a filter selects, in one block; idx maps request positions back
@@ -209,8 +209,8 @@ struct agent_gets {
 	 * cached for values up to this size, read and checked against their
 	 * checksum before a get uses them (get_probe) */
 	uint64_t remote_cache_bytes;
-	uint64_t lease_ttl_ms;   /* the master's read lease TTL */
-	uv_timer_t view_timer;   /* renews the zero-copy views' leases */
+	uint64_t lease_ttl_ms; /* the master's read lease TTL */
+	uv_timer_t view_timer; /* renews the zero-copy views' leases */
 	bool view_renew_busy;
 };
 

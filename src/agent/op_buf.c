@@ -50,13 +50,19 @@ static void buffer_reply(struct agent_req *r, uint64_t id, uint64_t len, int fd)
 static const char *register_why(int rc)
 {
 	switch (rc) {
-	case -EBADF: return "the descriptor is not a memfd";
-	case -EPERM: return "the memfd belongs to another user";
-	case -EACCES: return "the memfd is not open for reading and writing";
-	case -EINVAL: return "the memfd is not sealed against shrinking "
-			     "(F_SEAL_SHRINK) or is smaller than the range";
-	case -ENOSPC: return "too many buffers in this session (--client-max-buffers)";
-	default: return NULL;
+	case -EBADF:
+		return "the descriptor is not a memfd";
+	case -EPERM:
+		return "the memfd belongs to another user";
+	case -EACCES:
+		return "the memfd is not open for reading and writing";
+	case -EINVAL:
+		return "the memfd is not sealed against shrinking "
+		       "(F_SEAL_SHRINK) or is smaller than the range";
+	case -ENOSPC:
+		return "too many buffers in this session (--client-max-buffers)";
+	default:
+		return NULL;
 	}
 }
 
@@ -82,7 +88,7 @@ struct publish {
 	struct agent_map *m;
 	uint8_t *base;
 	uint64_t len, address, memfd_off;
-	int fd;   /* to send with the reply (alloc: the agent made m), or -1 */
+	int fd; /* to send with the reply (alloc: the agent made m), or -1 */
 	int err;
 };
 
@@ -103,8 +109,8 @@ static void publish_done(struct agent_job *j)
 	int rc = p->err;
 	if (rc == -EEXIST)
 		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
-			 "(another session's buffer at the same address)", agent__session_name(r->c),
-			 (unsigned long long)p->address);
+			 "(another session's buffer at the same address)",
+			 agent__session_name(r->c), (unsigned long long)p->address);
 	if (rc == 0)
 		map_engine(r, p->m);
 	if (rc == 0)
@@ -118,9 +124,10 @@ static void publish_done(struct agent_job *j)
 			close(p->fd);
 			agent__server_alloc_give(r->a, p->len);
 		}
-		agent__op_fail(r, rc, rc == -EEXIST ? "the address range is already published by "
-					    "another session of this agent"
-					  : NULL);
+		agent__op_fail(r, rc,
+			       rc == -EEXIST ? "the address range is already published by "
+					       "another session of this agent"
+					     : NULL);
 	} else {
 		buffer_reply(r, id, p->len, p->fd);
 	}
@@ -137,8 +144,14 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 	if (te) {
 		struct publish *p = calloc(1, sizeof(*p));
 		if (p) {
-			*p = (struct publish){.r = r, .te = te, .m = m, .base = base, .len = len,
-					      .address = address, .memfd_off = memfd_off, .fd = fd};
+			*p = (struct publish){.r = r,
+					      .te = te,
+					      .m = m,
+					      .base = base,
+					      .len = len,
+					      .address = address,
+					      .memfd_off = memfd_off,
+					      .fd = fd};
 			p->job.run = publish_run;
 			p->job.done = publish_done;
 			agent__pool_submit(&r->a->pool, &p->job);
@@ -206,8 +219,8 @@ struct unmapped_reg {
 	struct te_engine *te; /* the session's (agent__op_te) */
 	struct agent_map *m;
 	pid_t pid;
-	int pidfd;            /* process memory: a dup, owned; else -1 */
-	int dmabuf;           /* a dma-buf: the attached fd, owned; else -1 */
+	int pidfd;  /* process memory: a dup, owned; else -1 */
+	int dmabuf; /* a dma-buf: the attached fd, owned; else -1 */
 	uint64_t address, len, offset;
 	int err;
 };
@@ -317,8 +330,8 @@ void agent__op_register_buffer(struct agent_req *r)
 	uint8_t *base;
 	int rc = agent__session_bufs_full(c)
 			 ? -ENOSPC
-			 : agent__map_client_fd(r->a, r->fds[0], agent__session_uid(c), q->offset,
-						q->length, &m, &base);
+			 : agent__map_client_fd(r->a, r->fds[0], agent__session_uid(c),
+						q->offset, q->length, &m, &base);
 	if (rc) {
 		const char *why = register_why(rc);
 		log_warn("client %s: register_buffer refused: %s", agent__session_name(c),
@@ -386,15 +399,16 @@ void agent__op_alloc_buffer(struct agent_req *r)
 		return;
 	}
 	if (agent__server_alloc_take(c, q->length) != 0) {
-		agent__op_fail(r, -ENOSPC, "the buffers the agent made for its clients hold "
-					   "all the memory it may give them (--client-alloc-size)");
+		agent__op_fail(r, -ENOSPC,
+			       "the buffers the agent made for its clients hold "
+			       "all the memory it may give them (--client-alloc-size)");
 		return;
 	}
 	struct agent_memfd_opts mo = {
 		.name = "mooncake-buffer",
 		.len = q->length,
 		.hugepages = a->hugepages == AGENT_HUGEPAGES_ON ? AGENT_HUGEPAGES_AUTO
-								 : a->hugepages,
+								: a->hugepages,
 		.numa_node = a->numa_node,
 	};
 	struct agent_map *m;
@@ -495,8 +509,9 @@ static void transfer_done(struct agent_job *j)
 		if (errs[i] && !first)
 			first = errs[i];
 		if (!errs[i])
-			agent__count(&r->a->stats, r->items[i].write ? AGENT_C_BYTES_WRITTEN
-							      : AGENT_C_BYTES_READ,
+			agent__count(&r->a->stats,
+				     r->items[i].write ? AGENT_C_BYTES_WRITTEN
+						       : AGENT_C_BYTES_READ,
 				     r->items[i].len);
 	}
 	Mooncake__Client__TransferReply tr = MOONCAKE__CLIENT__TRANSFER_REPLY__INIT;

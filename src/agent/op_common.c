@@ -194,8 +194,8 @@ int agent__op_replicas(struct agent *a, struct agent_item *it,
 	return 0;
 }
 
-int agent__op_local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem,
-		       uint64_t len, bool write, uint32_t *crc, struct agent_pool *help)
+int agent__op_local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
+		       bool write, uint32_t *crc, struct agent_pool *help)
 {
 	if (crc)
 		*crc = 0;

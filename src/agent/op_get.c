@@ -116,8 +116,8 @@ static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop
 			it->err = -ENOMEM;
 			continue;
 		}
-		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr, it->reps[0].address,
-				it->size, &it->err);
+		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr,
+				it->reps[0].address, it->size, &it->err);
 	}
 }
 
@@ -146,8 +146,8 @@ static void get_copy_local(struct agent_req *r)
 		if (!it->ptr || !rep->local)
 			continue;
 		uint32_t crc;
-		it->err = agent__op_local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL,
-				   r->solo ? &a->pool : NULL);
+		it->err = agent__op_local_io(a, rep, it->ptr, it->size, false,
+					     verify ? &crc : NULL, r->solo ? &a->pool : NULL);
 		if (verify)
 			check(it, crc);
 	}
@@ -242,7 +242,8 @@ static void get_done(struct agent_job *j)
 		res[i].offset = it->offset;
 		res[i].view = it->view;
 		agent__count(&a->stats, AGENT_C_BYTES_READ, it->size);
-		agent__count(&a->stats, it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
+		agent__count(&a->stats,
+			     it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
 	}
 	Mooncake__Client__GetReply gr = MOONCAKE__CLIENT__GET_REPLY__INIT;
 	gr.results = ptrs;
@@ -318,7 +319,8 @@ static void get_place(struct agent_req *r)
 			continue;
 		const struct agent_rep *rep = &it->reps[0];
 		if (it->zero_copy && rep->local && !agent__session_closed(c)) {
-			if (rep->offset > a->seg->len || it->size > a->seg->len - rep->offset) {
+			if (rep->offset > a->seg->len ||
+			    it->size > a->seg->len - rep->offset) {
 				it->err = MC_EINVALID_REPLICA;
 				continue;
 			}
@@ -352,8 +354,8 @@ static void get_place(struct agent_req *r)
 	}
 	r->spill_len = spill_total;
 	uint8_t *base;
-	if (spill_total == 0 ||
-	    (g->spill && spill_total <= g->spill->length && agent__op_region(r, g->spill, &base) == 0))
+	if (spill_total == 0 || (g->spill && spill_total <= g->spill->length &&
+				 agent__op_region(r, g->spill, &base) == 0))
 		r->spill_len = 0; /* no memfd to make */
 	if (r->spill_len &&
 	    agent__session_reserve(r, r->spill_len, &r->wait, on_spill_room) == 1)
@@ -449,8 +451,7 @@ static uint64_t lease_window_end(struct agent *a, uint64_t sent_ms, uint64_t lea
 	return sent_ms + lease_ttl_ms / 2;
 }
 
-static void on_get_replicas(void *ud, int err, const char *message,
-			    const ProtobufCMessage *m)
+static void on_get_replicas(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent *a = r->a;
@@ -502,7 +503,8 @@ static void on_get_replicas(void *ud, int err, const char *message,
 		if (it->reps[0].local ||
 		    (it->has_crc && it->size > 0 && it->size <= a->gets.remote_cache_bytes))
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
-					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
+					  it->has_crc ? &it->crc : NULL, &it->reps[0], until,
+					  now);
 	}
 	get_place(r);
 }
@@ -511,7 +513,7 @@ static void on_get_replicas(void *ud, int err, const char *message,
  * key it names (one allocation, freed by the callback). */
 struct lease_renewal {
 	struct agent *a;
-	unsigned gen;       /* agent__lease_gen when sent: a mount empties the cache */
+	unsigned gen; /* agent__lease_gen when sent: a mount empties the cache */
 	uint64_t sent_ms;
 	Mooncake__Master__BatchKeysRequest req;
 	ProtobufCBinaryData key;
@@ -699,8 +701,8 @@ void agent__op_get(struct agent_req *r)
 				continue;
 		}
 		bool renew;
-		const struct agent_lentry *e =
-			agent__lcache_get(&a->lc, it->key, it->klen, now, &renew);
+		const struct agent_lentry *e = agent__lcache_get(&a->lc, it->key, it->klen,
+								 now, &renew);
 		if (renew)
 			renew_lease(a, it->key, it->klen, now);
 		if (e) {
@@ -774,8 +776,7 @@ static void renew_free(struct renew_block *b)
 	free(b);
 }
 
-static void on_renewed(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+static void on_renewed(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct renew_block *b = ud;
 	struct agent *a = b->a;
@@ -818,6 +819,6 @@ static void renew_views(struct agent *a)
 	b->req.n_keys = b->n;
 	a->gets.view_renew_busy = true;
 	agent__mcall(a, "BatchGetReplicas", &b->req.base,
-		     &mooncake__master__batch_get_replicas_response__descriptor,
-		     on_renewed, b);
+		     &mooncake__master__batch_get_replicas_response__descriptor, on_renewed,
+		     b);
 }

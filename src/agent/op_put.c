@@ -79,13 +79,13 @@ static void put_reply(struct agent_req *r)
 	agent__op_finish(r, first);
 }
 
-static void on_revoked(void *ud, int err, const char *message,
-		       const ProtobufCMessage *resp)
+static void on_revoked(void *ud, int err, const char *message, const ProtobufCMessage *resp)
 {
 	(void)resp;
 	if (err && err != MC_ECANCELLED)
 		log_warn("PutRevoke failed: %s (the master's put timeout will "
-			 "revoke it)", message ? message : mc_strerror(err));
+			 "revoke it)",
+			 message ? message : mc_strerror(err));
 	free(ud);
 }
 
@@ -120,8 +120,7 @@ static void revoke_items(struct agent_req *r)
 		     &mooncake__master__batch_errors_response__descriptor, on_revoked, b);
 }
 
-static void on_put_ended(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_put_ended(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent_keys_block *b = r->mstate;
@@ -133,17 +132,19 @@ static void on_put_ended(void *ud, int err, const char *message,
 		if (e) {
 			it->err = e;
 			if (err)
-				log_warn("PutEnd failed: %s", message ? message : mc_strerror(err));
+				log_warn("PutEnd failed: %s",
+					 message ? message : mc_strerror(err));
 			continue;
 		}
 		/* Into the mirror at once (its log entry follows). */
-		struct agent_inv_rec rec = {.size = it->len, .crc = it->crc,
+		struct agent_inv_rec rec = {.size = it->len,
+					    .crc = it->crc,
 					    .has_crc = it->has_crc,
 					    .soft_pin = r->msg->put->soft_pin};
 		for (unsigned p = 0; p < it->nrep; p++) {
 			rec.offset = it->reps[p].offset;
-			if (it->reps[p].local && agent__inv_add(&r->a->inv, it->key, it->klen,
-								&rec) != 0)
+			if (it->reps[p].local &&
+			    agent__inv_add(&r->a->inv, it->key, it->klen, &rec) != 0)
 				log_warn("inventory: out of memory; an object will not be "
 					 "re-reported after a master failover");
 		}
@@ -182,8 +183,10 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 		agent__count(&r->a->stats, AGENT_C_PUT_COMMITS, 1);
 		if (it->rleased)
 			continue; /* its owner's inventory, not this agent's */
-		struct agent_inv_rec rec = {.offset = it->reps[0].offset, .size = it->len,
-					    .crc = it->crc, .has_crc = it->has_crc,
+		struct agent_inv_rec rec = {.offset = it->reps[0].offset,
+					    .size = it->len,
+					    .crc = it->crc,
+					    .has_crc = it->has_crc,
 					    .soft_pin = r->msg->put->soft_pin};
 		if (agent__inv_add(&r->a->inv, it->key, it->klen, &rec) != 0)
 			log_warn("inventory: out of memory; an object will not be "
@@ -198,8 +201,8 @@ static struct commit_block *commit_block(struct agent_req *r)
 	size_t n = 0;
 	for (size_t i = 0; i < r->n; i++)
 		n += (r->items[i].leased || r->items[i].rleased) && !r->items[i].err;
-	struct commit_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
-							  sizeof(*b->idx)));
+	struct commit_block *b = malloc(
+		sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) + sizeof(*b->idx)));
 	if (!b)
 		return NULL;
 	b->items = (Mooncake__Master__CommitItem *)(b + 1);
@@ -321,8 +324,8 @@ static void put_copy_local(struct agent_req *r)
 		struct agent_item *it = &r->items[i];
 		for (unsigned p = 0; p < it->nrep && !it->err; p++)
 			if (it->reps[p].local) {
-				it->err = agent__op_local_io(r->a, &it->reps[p], it->ptr, it->len, true,
-						   &it->crc, NULL);
+				it->err = agent__op_local_io(r->a, &it->reps[p], it->ptr,
+							     it->len, true, &it->crc, NULL);
 				it->has_crc = !it->err;
 			}
 		if (!it->err && it->nrep && !it->has_crc) {
@@ -391,8 +394,7 @@ static void put_copy(struct agent_req *r)
 	agent__pool_submit(&r->a->pool, &r->job);
 }
 
-static void on_put_started(void *ud, int err, const char *message,
-			   const ProtobufCMessage *m)
+static void on_put_started(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct put_block *b = r->mstate;
@@ -496,8 +498,8 @@ static void put_start(struct agent_req *r)
 		put_copy(r); /* (or the reply, when nothing is left to do) */
 		return;
 	}
-	struct put_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
-						  sizeof(*b->idx)));
+	struct put_block *b = malloc(
+		sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) + sizeof(*b->idx)));
 	if (!b) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;

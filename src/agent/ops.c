@@ -34,8 +34,10 @@ static void op_hello(struct agent_req *r)
 	const Mooncake__Client__Hello *h = r->msg->hello;
 	if (h->version != AGENT_PROTOCOL_VERSION) {
 		char why[96];
-		snprintf(why, sizeof(why), "protocol version %u is not supported (this "
-			 "agent speaks %u)", h->version, AGENT_PROTOCOL_VERSION);
+		snprintf(why, sizeof(why),
+			 "protocol version %u is not supported (this "
+			 "agent speaks %u)",
+			 h->version, AGENT_PROTOCOL_VERSION);
 		log_warn("client %s: %s", agent__session_name(c), why);
 		agent__reply_error(r, MC_EPROTOCOL, why);
 		agent__op_finish(r, MC_EPROTOCOL);
@@ -106,8 +108,7 @@ static void keys_reply(struct agent_req *r, int first)
 	agent__op_finish(r, first);
 }
 
-static void on_exist(void *ud, int err, const char *message,
-		     const ProtobufCMessage *m)
+static void on_exist(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent_keys_block *b = r->mstate;
@@ -126,8 +127,7 @@ static void on_exist(void *ud, int err, const char *message,
 	keys_reply(r, err);
 }
 
-static void on_removed(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+static void on_removed(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	struct agent_keys_block *b = r->mstate;
@@ -185,8 +185,7 @@ static void op_keys(struct agent_req *r, bool remove)
 		     &mooncake__master__batch_errors_response__descriptor, on_removed, r);
 }
 
-static void on_removed_all(void *ud, int err, const char *message,
-			   const ProtobufCMessage *m)
+static void on_removed_all(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	const Mooncake__Master__RemoveAllResponse *resp =
@@ -237,7 +236,9 @@ static void on_cleared(void *ud, int err, const char *message, const ProtobufCMe
 	for (size_t k = 0; k < b->req.n_keys; k++) {
 		struct agent_item *it = &r->items[b->idx[k]];
 		int e = err ? err : k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL;
-		it->err = e == 0 ? 1 : e == MC_EOBJECT_NOT_FOUND || e == MC_EOBJECT_HAS_LEASE ? 0 : e;
+		it->err = e == 0                                                   ? 1
+			  : e == MC_EOBJECT_NOT_FOUND || e == MC_EOBJECT_HAS_LEASE ? 0
+										   : e;
 		if (e == 0) {
 			if (own)
 				agent__inv_del(&r->a->inv, it->key, it->klen);
@@ -353,22 +354,56 @@ static void op_release(struct agent_req *r)
 void agent__dispatch(struct agent_req *r)
 {
 	switch (r->op) {
-	case MOONCAKE__CLIENT__REQUEST__OP_HELLO: op_hello(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_PUT: agent__op_put(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_GET: agent__op_get(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_EXIST: op_keys(r, false); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE: op_keys(r, true); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL: op_remove_all(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: agent__op_register_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER: agent__op_unregister_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER: agent__op_alloc_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER: agent__op_transfer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_STATS: op_stats(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE: op_release(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE: agent__op_engine(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX: op_remove_regex(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR: op_replica_clear(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT: agent__op_segment(r); break;
-	default: agent__op_fail(r, -EOPNOTSUPP, "unknown operation"); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_HELLO:
+		op_hello(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_PUT:
+		agent__op_put(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_GET:
+		agent__op_get(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_EXIST:
+		op_keys(r, false);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE:
+		op_keys(r, true);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL:
+		op_remove_all(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER:
+		agent__op_register_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER:
+		agent__op_unregister_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER:
+		agent__op_alloc_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER:
+		agent__op_transfer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_STATS:
+		op_stats(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE:
+		op_release(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE:
+		agent__op_engine(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX:
+		op_remove_regex(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR:
+		op_replica_clear(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT:
+		agent__op_segment(r);
+		break;
+	default:
+		agent__op_fail(r, -EOPNOTSUPP, "unknown operation");
+		break;
 	}
 }

@@ -216,7 +216,8 @@ static void shared_copy_run(struct agent_job *j)
 
 void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len)
 {
-	struct shared_copy *c = len >= 4 * COPY_CHUNK && p->started ? malloc(sizeof(*c)) : NULL;
+	struct shared_copy *c = len >= 4 * COPY_CHUNK && p->started ? malloc(sizeof(*c))
+								    : NULL;
 	if (!c) {
 		memcpy(dst, src, len);
 		return;
@@ -232,8 +233,8 @@ void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t l
 	enqueue(p, &c->job);
 	copy_chunks(c);
 	/* What is left is a chunk the helper is copying. */
-	for (unsigned spins = 0;
-	     atomic_load_explicit(&c->copied, memory_order_acquire) < len; spins++)
+	for (unsigned spins = 0; atomic_load_explicit(&c->copied, memory_order_acquire) < len;
+	     spins++)
 		if (spins >= 1000)
 			sched_yield();
 	shared_copy_put(c);

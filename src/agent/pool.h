@@ -26,20 +26,19 @@ struct agent_pool {
 	unsigned nthreads;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	struct agent_job *head, *tail;      /* queued */
+	struct agent_job *head, *tail; /* queued */
 	struct agent_job *done_head, *done_tail;
 	bool quit;
 	uv_async_t async;
-	unsigned pending;                   /* queued or running (loop) */
-	unsigned threaded;                  /* of them, the copy threads' */
+	unsigned pending;  /* queued or running (loop) */
+	unsigned threaded; /* of them, the copy threads' */
 	/* agent__pool_on_idle's */
 	void (*on_idle)(void *ud);
 	void *idle_ud;
 	bool started, closing;
 };
 
-int agent__pool_start(struct agent_pool *p, uv_loop_t *loop,
-		      unsigned nthreads) MC_MUST_CHECK;
+int agent__pool_start(struct agent_pool *p, uv_loop_t *loop, unsigned nthreads) MC_MUST_CHECK;
 /* Queue a job; done runs later on the loop thread. */
 void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
 /* A job whose work runs elsewhere (its run unused): counted as pending

@@ -18,8 +18,7 @@ bool agent__key_ok(const ProtobufCBinaryData *k)
 	return k->len >= 1 && k->len <= AGENT_MAX_KEY_BYTES;
 }
 
-static bool region_ok(const Mooncake__Client__Region *r, uint32_t nfds,
-		      const char **why)
+static bool region_ok(const Mooncake__Client__Region *r, uint32_t nfds, const char **why)
 {
 	switch (r->where) {
 	case MOONCAKE__CLIENT__REGION__WHERE__STAGING:
@@ -55,8 +54,7 @@ static bool count_ok(size_t n, const char **why)
 	return true;
 }
 
-int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
-		     const char **why)
+int agent__req_check(const Mooncake__Client__Request *m, bool hello_done, const char **why)
 {
 	*why = "";
 	if (m->nfds > MC_UFRAME_MAX_FDS) {

@@ -61,13 +61,13 @@
 
 struct agent_out {
 	struct agent_out *next;
-	uint8_t *data;    /* header + body (owned) */
+	uint8_t *data; /* header + body (owned) */
 	size_t len, sent;
 	int fds[2];
 	unsigned nfds;
-	bool own_fd[2];   /* close after sending */
-	unsigned owned;   /* how many of fds are owned (counted in conn fds) */
-	uint64_t held;    /* reply budget it holds: len + what it carries */
+	bool own_fd[2]; /* close after sending */
+	unsigned owned; /* how many of fds are owned (counted in conn fds) */
+	uint64_t held;  /* reply budget it holds: len + what it carries */
 };
 
 struct agent_conn {
@@ -84,9 +84,9 @@ struct agent_conn {
 	gid_t gid;
 	char name[96];
 	bool hello;
-	bool closed;       /* no more I/O; freed when refs reach 0 */
+	bool closed; /* no more I/O; freed when refs reach 0 */
 	bool poll_closed;
-	unsigned refs;     /* 1 while open + 1 per request in flight */
+	unsigned refs; /* 1 while open + 1 per request in flight */
 	unsigned inflight;
 	struct agent_map *staging;
 	uint8_t *staging_base;
@@ -100,10 +100,10 @@ struct agent_conn {
 	bool segment_fd_sent;
 	struct agent_inst *inst; /* its own engine (a reference), or NULL */
 	/* The limits' figures (see the opening comment). */
-	uint64_t held;     /* reply budget in use */
-	unsigned fds;      /* descriptors of requests in flight, queued replies */
-	bool paused;       /* over a limit: not read until back under half */
-	uint64_t dropped;  /* rx.dropped already counted */
+	uint64_t held;    /* reply budget in use */
+	unsigned fds;     /* descriptors of requests in flight, queued replies */
+	bool paused;      /* over a limit: not read until back under half */
+	uint64_t dropped; /* rx.dropped already counted */
 	struct agent_wait *waits, **waits_tail; /* reservations, in order */
 	bool resuming;
 	struct agent_conn *kick_next; /* on the server's kick list (a ref) */
@@ -372,8 +372,8 @@ static void conn_flush(struct agent_conn *c)
 }
 
 /* Queue a frame; it holds held bytes of the budget beyond its own. */
-static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len,
-			const int *fds, const bool *own, unsigned nfds, uint64_t held)
+static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len, const int *fds,
+			const bool *own, unsigned nfds, uint64_t held)
 {
 	struct agent_out *o = calloc(1, sizeof(*o));
 	if (!o) {
@@ -467,8 +467,8 @@ static void send_response(struct agent_conn *c, Mooncake__Client__Response *resp
 	agent__spin_touch(c->a);
 }
 
-void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
-		  const int *fds, const bool *own, unsigned nfds)
+void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp, const int *fds,
+		  const bool *own, unsigned nfds)
 {
 	resp->id = r->id;
 	send_response(r->c, resp, fds, own, nfds, &r->held);
@@ -544,8 +544,7 @@ static void conn_update_poll(struct agent_conn *c)
  * false when the session was closed. */
 static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 {
-	Mooncake__Client__Request *m =
-		mooncake__client__request__unpack(NULL, len, body);
+	Mooncake__Client__Request *m = mooncake__client__request__unpack(NULL, len, body);
 	if (!m) {
 		conn_close(c, "sent a frame that does not decode as a Request");
 		return false;
@@ -657,7 +656,8 @@ static void conn_read(struct agent_conn *c)
 		if (n < 0) {
 			conn_close(c, n == MC_EPROTOCOL
 					      ? "sent more descriptors than a frame may carry"
-					      : n == -ECONNRESET ? NULL : "read failed");
+				      : n == -ECONNRESET ? NULL
+							 : "read failed");
 			return;
 		}
 		for (;;) {
@@ -791,8 +791,7 @@ static void accept_one(struct agent *a, int fd)
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
-		log_warn("client socket: cannot read peer credentials: %s",
-			 strerror(errno));
+		log_warn("client socket: cannot read peer credentials: %s", strerror(errno));
 		close(fd);
 		return;
 	}
@@ -819,8 +818,7 @@ static void accept_one(struct agent *a, int fd)
 	c->next_buf_id = 1;
 	c->next_view_id = 1;
 	c->waits_tail = &c->waits;
-	snprintf(c->name, sizeof(c->name), "pid %d uid %u", (int)cred.pid,
-		 (unsigned)cred.uid);
+	snprintf(c->name, sizeof(c->name), "pid %d uid %u", (int)cred.pid, (unsigned)cred.uid);
 	if (mc_uframe_rx_init(&c->rx, MC_UFRAME_MAX_BYTES) != 0 ||
 	    uv_poll_init(a->loop, &c->poll, fd) != 0) {
 		mc_uframe_rx_free(&c->rx);
@@ -858,19 +856,22 @@ static void on_listen_poll(uv_poll_t *h, int status, int events)
 	if (status < 0 || a->stopping || a->server.listen_fd < 0)
 		return;
 	for (int i = 0; i < 64; i++) {
-		int fd = accept4(a->server.listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int fd = accept4(a->server.listen_fd, NULL, NULL,
+				 SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd >= 0) {
 			accept_one(a, fd);
 			continue;
 		}
-		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+		    errno == ENOMEM) {
 			/* The connection waits in the backlog: try again in a
 			 * while rather than spin on a socket that stays
 			 * readable. */
-			log_warn("accept on %s: %s; new clients wait %d ms", a->server.socket_path,
-				 strerror(errno), ACCEPT_RETRY_MS);
+			log_warn("accept on %s: %s; new clients wait %d ms",
+				 a->server.socket_path, strerror(errno), ACCEPT_RETRY_MS);
 			uv_poll_stop(&a->server.listen_poll);
-			uv_timer_start(&a->server.accept_timer, on_accept_timer, ACCEPT_RETRY_MS, 0);
+			uv_timer_start(&a->server.accept_timer, on_accept_timer,
+				       ACCEPT_RETRY_MS, 0);
 		} else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
 			log_warn("accept on %s: %s", a->server.socket_path, strerror(errno));
 		}
@@ -890,7 +891,8 @@ static bool socket_alive(const struct sockaddr_un *sa)
 }
 
 int agent__server_start(struct agent *a, const char *path, uint64_t spin_ns,
-			const struct agent_limits *lim, void (*on_request)(struct agent_req *r),
+			const struct agent_limits *lim,
+			void (*on_request)(struct agent_req *r),
 			void (*on_gone)(struct agent *a))
 {
 	struct agent_server *s = &a->server;
@@ -902,8 +904,8 @@ int agent__server_start(struct agent *a, const char *path, uint64_t spin_ns,
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t plen = strlen(path);
 	if (plen == 0 || plen >= sizeof(sa.sun_path)) {
-		log_error("--socket %s: a Unix socket path must be 1 to %zu bytes",
-			  path, sizeof(sa.sun_path) - 1);
+		log_error("--socket %s: a Unix socket path must be 1 to %zu bytes", path,
+			  sizeof(sa.sun_path) - 1);
 		return -EINVAL;
 	}
 	memcpy(sa.sun_path, path, plen);
@@ -1076,8 +1078,8 @@ const struct agent_buf *agent__server_published(const struct agent *a, uint64_t 
 	return NULL;
 }
 
-void agent__views_foreach(struct agent *a,
-			  void (*fn)(void *ud, const struct agent_view *v), void *ud)
+void agent__views_foreach(struct agent *a, void (*fn)(void *ud, const struct agent_view *v),
+			  void *ud)
 {
 	for (struct agent_conn *c = a->server.conns; c; c = c->next)
 		for (size_t i = 0; i < c->nviews; i++)

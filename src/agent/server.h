@@ -21,7 +21,7 @@
 #include "client.pb-c.h"
 #include "common/err.h"
 
-#define AGENT_MAX_INFLIGHT 256u       /* requests per session */
+#define AGENT_MAX_INFLIGHT 256u /* requests per session */
 
 struct agent;
 struct agent_conn;
@@ -58,13 +58,13 @@ struct agent_view {
  * buffers, views and allocated memory past theirs are refused.
  */
 struct agent_limits {
-	unsigned sessions;         /* open sessions, every uid */
+	unsigned sessions; /* open sessions, every uid */
 	unsigned sessions_per_uid;
-	uint64_t reply_bytes;      /* per session */
-	unsigned fds;              /* per session, beside its buffers' */
-	unsigned buffers;          /* per session */
-	unsigned views;            /* per session */
-	uint64_t alloc_bytes;      /* AllocBuffer memory, every session */
+	uint64_t reply_bytes; /* per session */
+	unsigned fds;         /* per session, beside its buffers' */
+	unsigned buffers;     /* per session */
+	unsigned views;       /* per session */
+	uint64_t alloc_bytes; /* AllocBuffer memory, every session */
 };
 
 /* A request waiting for room in its session's reply budget
@@ -86,17 +86,17 @@ struct agent_server {
 	bool listen_open;
 	struct agent_conn *conns;
 	unsigned nconns;
-	unsigned conn_objs;           /* sessions not yet freed */
-	unsigned reqs;                /* requests in flight, every session */
+	unsigned conn_objs; /* sessions not yet freed */
+	unsigned reqs;      /* requests in flight, every session */
 	/* The session of the last request and when requests began to come
 	 * from it alone (a get copies inline when it is the only one). */
 	const struct agent_conn *last_conn; /* compared, never followed */
 	uint64_t solo_since_ns;
 	uint64_t staging_in_use;
-	uint64_t nbuffers, nviews;    /* of every session */
-	uint64_t held_bytes;          /* reply budgets in use, every session */
-	uint64_t held_fds;            /* descriptors in flight and queued */
-	uint64_t alloc_bytes;         /* buffers made for clients */
+	uint64_t nbuffers, nviews; /* of every session */
+	uint64_t held_bytes;       /* reply budgets in use, every session */
+	uint64_t held_fds;         /* descriptors in flight and queued */
+	uint64_t alloc_bytes;      /* buffers made for clients */
 	/* Draining (agent__server_drain): no listener, new requests
 	 * refused; on_drained once nothing is in flight or queued. */
 	bool draining, drained;
@@ -163,15 +163,14 @@ uint64_t agent__server_solo_since_ns(const struct agent *a);
 const struct agent_buf *agent__server_published(const struct agent *a, uint64_t addr,
 						uint64_t len);
 /* Every view held by every session, for lease renewal. */
-void agent__views_foreach(struct agent *a,
-			  void (*fn)(void *ud, const struct agent_view *v),
+void agent__views_foreach(struct agent *a, void (*fn)(void *ud, const struct agent_view *v),
 			  void *ud);
 
 /* Replies. Queue a response to r on its session (dropped if it closed).
  * The descriptors in fds are sent with it; those with own set are closed
  * afterwards. Frees nothing of resp. */
-void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
-		  const int *fds, const bool *own, unsigned nfds);
+void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp, const int *fds,
+		  const bool *own, unsigned nfds);
 /* Reply with only an error code and message. */
 void agent__reply_error(struct agent_req *r, int err, const char *message);
 /* The end of a request, after its operation released what it held:

@@ -172,14 +172,17 @@ void agent__lease_sync(struct agent *a)
 	uint64_t target = lease_target(a), room = agent__lease_room(a);
 	if (a->space.denied && mc_now_ms() - a->space.denied_ms >= AGENT_LEASE_RETRY_MS)
 		a->space.denied = false;
-	uint64_t want = !a->space.idle && !a->space.denied && a->space.nlease < AGENT_LEASE_EXTENTS &&
-				room < target / AGENT_LEASE_REFILL_DIV && a->space.takes_old == 0
-			? target - room
-			: 0;
+	uint64_t want = !a->space.idle && !a->space.denied &&
+					a->space.nlease < AGENT_LEASE_EXTENTS &&
+					room < target / AGENT_LEASE_REFILL_DIV &&
+					a->space.takes_old == 0
+				? target - room
+				: 0;
 	if (want == 0 && a->space.nrelease == 0)
 		return;
 	size_t n = a->space.nrelease;
-	struct lease_call *c = calloc(1, sizeof(*c) + n * (sizeof(*c->ext) + sizeof(*c->ptrs)));
+	struct lease_call *c = calloc(1,
+				      sizeof(*c) + n * (sizeof(*c->ext) + sizeof(*c->ptrs)));
 	if (!c)
 		return;
 	c->a = a;
@@ -371,8 +374,7 @@ static void rlease_ask(struct agent *a, unsigned slot)
 		     &mooncake__master__lease_space_response__descriptor, on_rleased, c);
 }
 
-bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
-			struct agent_rtake *t)
+bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size, struct agent_rtake *t)
 {
 	uint64_t len = (size + AGENT_LEASE_GRANULE - 1) & ~(uint64_t)(AGENT_LEASE_GRANULE - 1);
 	if (!a->space.ready || !a->space.lease_bytes || len == 0 ||
@@ -387,7 +389,8 @@ bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
 	if (k == AGENT_RLEASES) {
 		for (unsigned i = 0; i < AGENT_RLEASES; i++)
 			if (!a->space.rl[i].busy &&
-			    (k == AGENT_RLEASES || a->space.rl[i].used_ms < a->space.rl[k].used_ms))
+			    (k == AGENT_RLEASES ||
+			     a->space.rl[i].used_ms < a->space.rl[k].used_ms))
 				k = i;
 		if (k == AGENT_RLEASES)
 			return false;
@@ -458,7 +461,8 @@ void agent__lease_tick(struct agent *a)
 	    mc_now_ms() - a->space.used_ms > AGENT_LEASE_IDLE_MS) {
 		/* Idle: the space is more use to the pool. */
 		for (unsigned i = 0; i < a->space.nlease; i++)
-			give_back(a, a->space.lease[i].off, a->space.lease[i].end - a->space.lease[i].off);
+			give_back(a, a->space.lease[i].off,
+				  a->space.lease[i].end - a->space.lease[i].off);
 		a->space.nlease = 0;
 		a->space.idle = true;
 		gauge(a);

@@ -14,10 +14,10 @@
 
 struct agent;
 
-#define AGENT_LEASE_EXTENTS 4u        /* put lease extents held at once */
-#define AGENT_LEASE_IDLE_MS 10000u    /* an unused put lease goes back */
-#define AGENT_LEASE_RETRY_MS 100u     /* after a LeaseSpace granting none */
-#define AGENT_RLEASES 4u              /* other agents' segments leased at once */
+#define AGENT_LEASE_EXTENTS 4u     /* put lease extents held at once */
+#define AGENT_LEASE_IDLE_MS 10000u /* an unused put lease goes back */
+#define AGENT_LEASE_RETRY_MS 100u  /* after a LeaseSpace granting none */
+#define AGENT_RLEASES 4u           /* other agents' segments leased at once */
 
 /*
  * The leases' policy, as fractions of what each derives from: the put
@@ -53,30 +53,30 @@ struct agent_extent {
 
 /* A remote lease: space of another agent's segment. */
 struct agent_rlease {
-	char seg[128];        /* "" : free slot */
+	char seg[128]; /* "" : free slot */
 	struct agent_rextent {
 		uint64_t epoch, base; /* the segment's, from the grant */
 		uint64_t off, end;    /* room left */
 		uint64_t until_ms;    /* taken from until then */
-	} cur, next;          /* next: granted ahead, used when cur is */
+	} cur, next;                  /* next: granted ahead, used when cur is */
 	uint64_t used_ms, denied_ms;
-	bool busy;            /* a LeaseSpace call in flight */
+	bool busy; /* a LeaseSpace call in flight */
 };
 
 /* The leases, embedded in struct agent (touched only by space.c). */
 struct agent_space {
-	uint64_t lease_bytes;         /* --put-lease-size; 0: no lease */
+	uint64_t lease_bytes; /* --put-lease-size; 0: no lease */
 	struct agent_extent lease[AGENT_LEASE_EXTENTS];
 	unsigned nlease;
 	struct agent_extent *release; /* to give back with the next call */
 	size_t nrelease, release_cap;
 	bool ready, busy, idle;
-	bool denied;                  /* none granted at denied_ms */
+	bool denied; /* none granted at denied_ms */
 	uint64_t denied_ms;
-	uint64_t epoch;               /* the master's, from the mount */
-	unsigned gen;                 /* bumped at every mount */
-	uint64_t takes;               /* puts of this generation copying */
-	uint64_t takes_old;           /* puts of earlier ones still copying */
+	uint64_t epoch;     /* the master's, from the mount */
+	unsigned gen;       /* bumped at every mount */
+	uint64_t takes;     /* puts of this generation copying */
+	uint64_t takes_old; /* puts of earlier ones still copying */
 	uint64_t used_ms;
 	struct agent_rlease rl[AGENT_RLEASES];
 };

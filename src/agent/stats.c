@@ -13,8 +13,18 @@
 
 /* Names of request ops (Request.op field numbers 10..21) for metrics. */
 static const char *const op_names[] = {
-	"hello", "put", "get", "exist", "remove", "remove_all", "register_buffer",
-	"unregister_buffer", "alloc_buffer", "transfer", "stats", "release",
+	"hello",
+	"put",
+	"get",
+	"exist",
+	"remove",
+	"remove_all",
+	"register_buffer",
+	"unregister_buffer",
+	"alloc_buffer",
+	"transfer",
+	"stats",
+	"release",
 };
 #define OP_FIRST MOONCAKE__CLIENT__REQUEST__OP_HELLO
 #define NOPS (sizeof(op_names) / sizeof(op_names[0]))
@@ -75,7 +85,8 @@ void agent__op_done(struct agent_stats *s, int op, int err, uint64_t start_ns)
 		s->m_op_seconds[i] = metrics_histogram(
 			s->reg, "mooncake_agent_request_seconds",
 			"Time from a client request's arrival to its reply.", "op",
-			(const char *[]){name}, metrics_latency_buckets, metrics_latency_nbuckets);
+			(const char *[]){name}, metrics_latency_buckets,
+			metrics_latency_nbuckets);
 	metric_observe(s->m_op_seconds[i], (double)(mc_now_ns() - start_ns) / 1e9);
 }
 
@@ -101,75 +112,87 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 	g[AGENT_G_CLIENTS] = metrics_gauge(r, "mooncake_agent_clients",
 					   "Open client sessions.", NULL, NULL);
 	g[AGENT_G_BUFFERS] = metrics_gauge(r, "mooncake_agent_buffers",
-					   "Client buffers registered or allocated.", NULL, NULL);
+					   "Client buffers registered or allocated.", NULL,
+					   NULL);
 	g[AGENT_G_VIEWS] = metrics_gauge(r, "mooncake_agent_views",
 					 "Zero-copy views held by clients.", NULL, NULL);
-	g[AGENT_G_INVENTORY] = metrics_gauge(r, "mooncake_agent_inventory_objects",
-					     "Objects in this agent's segment as its mirror of the "
-					     "master's index knows them (re-reported after a master "
-					     "failover).", NULL, NULL);
-	g[AGENT_G_MASTER_VIEW] = metrics_gauge(r, "mooncake_agent_master_view",
-					       "View number of the master leader the segment is "
-					       "mounted with.", NULL, NULL);
-	g[AGENT_G_REMOTE_LEASE] = metrics_gauge(r, "mooncake_agent_remote_lease_bytes",
-						"Bytes of remote leases (space of other agents' "
-						"segments for puts onto them) not taken by puts yet "
-						"and still usable.", NULL, NULL);
-	g[AGENT_G_PUT_LEASE] = metrics_gauge(r, "mooncake_agent_put_lease_bytes",
-					     "Bytes of the put lease (--put-lease-size) not taken by "
-					     "puts yet.", NULL, NULL);
+	g[AGENT_G_INVENTORY] = metrics_gauge(
+		r, "mooncake_agent_inventory_objects",
+		"Objects in this agent's segment as its mirror of the "
+		"master's index knows them (re-reported after a master "
+		"failover).",
+		NULL, NULL);
+	g[AGENT_G_MASTER_VIEW] = metrics_gauge(
+		r, "mooncake_agent_master_view",
+		"View number of the master leader the segment is "
+		"mounted with.",
+		NULL, NULL);
+	g[AGENT_G_REMOTE_LEASE] = metrics_gauge(
+		r, "mooncake_agent_remote_lease_bytes",
+		"Bytes of remote leases (space of other agents' "
+		"segments for puts onto them) not taken by puts yet "
+		"and still usable.",
+		NULL, NULL);
+	g[AGENT_G_PUT_LEASE] = metrics_gauge(
+		r, "mooncake_agent_put_lease_bytes",
+		"Bytes of the put lease (--put-lease-size) not taken by "
+		"puts yet.",
+		NULL, NULL);
 	g[AGENT_G_MOUNTED] = metrics_gauge(r, "mooncake_agent_segment_mounted",
 					   "1 while the segment is mounted with the master "
-					   "leader.", NULL, NULL);
+					   "leader.",
+					   NULL, NULL);
 	struct metric **c = s->m_counters;
-	c[AGENT_C_PUTS] =
-		metrics_counter(r, "mooncake_agent_puts_total", "Objects stored.", NULL, NULL);
+	c[AGENT_C_PUTS] = metrics_counter(r, "mooncake_agent_puts_total", "Objects stored.",
+					  NULL, NULL);
 	c[AGENT_C_PUT_FAILS] = metrics_counter(
 		r, "mooncake_agent_put_failures_total",
 		"Puts that failed (exists, no space, transfer errors, ...).", NULL, NULL);
-	c[AGENT_C_GETS] =
-		metrics_counter(r, "mooncake_agent_gets_total", "Objects asked for.", NULL, NULL);
-	c[AGENT_C_LOCAL_HITS] = metrics_counter(
-		r, "mooncake_agent_get_hits_total",
-		"Gets served, by where the replica was.", "source", (const char *[]){"local"});
-	c[AGENT_C_REMOTE_HITS] = metrics_counter(
-		r, "mooncake_agent_get_hits_total",
-		"Gets served, by where the replica was.", "source", (const char *[]){"remote"});
-	c[AGENT_C_MISSES] = metrics_counter(
-		r, "mooncake_agent_get_misses_total", "Gets of objects not in the pool.", NULL,
-		NULL);
-	c[AGENT_C_BYTES_WRITTEN] = metrics_counter(
-		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
-		(const char *[]){"written"});
+	c[AGENT_C_GETS] = metrics_counter(r, "mooncake_agent_gets_total", "Objects asked for.",
+					  NULL, NULL);
+	c[AGENT_C_LOCAL_HITS] = metrics_counter(r, "mooncake_agent_get_hits_total",
+						"Gets served, by where the replica was.",
+						"source", (const char *[]){"local"});
+	c[AGENT_C_REMOTE_HITS] = metrics_counter(r, "mooncake_agent_get_hits_total",
+						 "Gets served, by where the replica was.",
+						 "source", (const char *[]){"remote"});
+	c[AGENT_C_MISSES] = metrics_counter(r, "mooncake_agent_get_misses_total",
+					    "Gets of objects not in the pool.", NULL, NULL);
+	c[AGENT_C_BYTES_WRITTEN] = metrics_counter(r, "mooncake_agent_bytes_total",
+						   "Object bytes moved for clients.",
+						   "direction", (const char *[]){"written"});
 	c[AGENT_C_LEASE_CACHE_HITS] = metrics_counter(
 		r, "mooncake_agent_lease_cache_hits_total",
 		"Gets of local replicas answered within a read lease the agent "
-		"already held, without asking the master.", NULL, NULL);
+		"already held, without asking the master.",
+		NULL, NULL);
 	c[AGENT_C_LEASE_RENEWALS] = metrics_counter(
 		r, "mooncake_agent_lease_renewals_total",
 		"Cached read leases renewed in the background by a get in the "
-		"second half of their window.", NULL, NULL);
-	c[AGENT_C_BYTES_READ] = metrics_counter(
-		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
-		(const char *[]){"read"});
+		"second half of their window.",
+		NULL, NULL);
+	c[AGENT_C_BYTES_READ] = metrics_counter(r, "mooncake_agent_bytes_total",
+						"Object bytes moved for clients.", "direction",
+						(const char *[]){"read"});
 	c[AGENT_C_MIRROR_EVENTS] = metrics_counter(
 		r, "mooncake_agent_mirror_events_total",
 		"Changes of this agent's segment applied to its mirror from the "
-		"master's log.", NULL, NULL);
+		"master's log.",
+		NULL, NULL);
 	c[AGENT_C_MIRROR_LISTINGS] = metrics_counter(
 		r, "mooncake_agent_mirror_listings_total",
 		"Listings of the whole segment (the mirror fell behind the master's "
-		"log).", NULL, NULL);
+		"log).",
+		NULL, NULL);
 	const char *rs = "Objects of the mirror left out of a re-sync report, by reason.";
-	c[AGENT_C_RESYNC_BAD] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"checksum"});
-	c[AGENT_C_RESYNC_UNCHECKED] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"unchecked"});
-	c[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"conflict"});
+	c[AGENT_C_RESYNC_BAD] = metrics_counter(r, "mooncake_agent_resync_skipped_total", rs,
+						"reason", (const char *[]){"checksum"});
+	c[AGENT_C_RESYNC_UNCHECKED] = metrics_counter(r, "mooncake_agent_resync_skipped_total",
+						      rs, "reason",
+						      (const char *[]){"unchecked"});
+	c[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(r, "mooncake_agent_resync_skipped_total",
+						      rs, "reason",
+						      (const char *[]){"conflict"});
 	s->m_spin = metrics_histogram(
 		r, "mooncake_agent_busy_poll_seconds",
 		"Periods the loop polled without sleeping after requests and "
@@ -179,11 +202,13 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 		r, "mooncake_agent_lease_cache_stale_total",
 		"Cached replicas on other agents' segments whose bytes did not "
 		"match their checksum or could not be read: the get asked the "
-		"master instead.", NULL, NULL);
+		"master instead.",
+		NULL, NULL);
 	c[AGENT_C_PUT_COMMITS] = metrics_counter(
 		r, "mooncake_agent_put_commits_total",
 		"Puts written into space the master leased to this agent and sealed "
-		"with one master call (BatchCommit).", NULL, NULL);
+		"with one master call (BatchCommit).",
+		NULL, NULL);
 	const char *rf = "Client sessions, requests, buffers and views refused, by the "
 			 "limit that refused them (--client-max-*, --client-alloc-size; "
 			 "descriptors: a frame brought descriptors it did not announce; "
@@ -201,33 +226,37 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 		{AGENT_C_REFUSED_SHUTDOWN, "shutdown"},
 	};
 	for (size_t i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++)
-		c[refusals[i].c] = metrics_counter(r, "mooncake_agent_client_refused_total", rf,
-						   "reason", (const char *[]){refusals[i].reason});
+		c[refusals[i].c] = metrics_counter(r, "mooncake_agent_client_refused_total",
+						   rf, "reason",
+						   (const char *[]){refusals[i].reason});
 	c[AGENT_C_FDS_CLOSED] = metrics_counter(
 		r, "mooncake_agent_client_descriptors_closed_total",
 		"Descriptors clients sent that no request announced, closed as they "
-		"came.", NULL, NULL);
+		"came.",
+		NULL, NULL);
 	const char *pz = "Times a client session was no longer read because it held too "
 			 "much: replies it had not read (--client-reply-buffer-size) or "
 			 "descriptors (--client-max-fds); it is read again once under half.";
-	c[AGENT_C_PAUSED_REPLIES] = metrics_counter(r, "mooncake_agent_client_pauses_total", pz,
-						    "reason", (const char *[]){"replies"});
+	c[AGENT_C_PAUSED_REPLIES] = metrics_counter(r, "mooncake_agent_client_pauses_total",
+						    pz, "reason", (const char *[]){"replies"});
 	c[AGENT_C_PAUSED_FDS] = metrics_counter(r, "mooncake_agent_client_pauses_total", pz,
 						"reason", (const char *[]){"descriptors"});
 	g[AGENT_G_HELD_BYTES] = metrics_gauge(
 		r, "mooncake_agent_client_reply_bytes",
 		"Reply budget in use, every session: bytes of replies queued and not "
-		"read yet, and the memory reserved for what they carry.", NULL, NULL);
+		"read yet, and the memory reserved for what they carry.",
+		NULL, NULL);
 	g[AGENT_G_HELD_FDS] = metrics_gauge(
 		r, "mooncake_agent_client_descriptors",
 		"Descriptors held for client sessions beside their buffers': those "
-		"of requests in flight and of queued replies.", NULL, NULL);
+		"of requests in flight and of queued replies.",
+		NULL, NULL);
 	g[AGENT_G_ALLOC] = metrics_gauge(
 		r, "mooncake_agent_alloc_bytes",
 		"Memory of the buffers the agent made for clients (AllocBuffer; "
-		"--client-alloc-size).", NULL, NULL);
+		"--client-alloc-size).",
+		NULL, NULL);
 	c[AGENT_C_GET_BAD] = metrics_counter(
 		r, "mooncake_agent_get_checksum_failures_total",
-		"Verified gets whose bytes did not match the object's checksum.", NULL,
-		NULL);
+		"Verified gets whose bytes did not match the object's checksum.", NULL, NULL);
 }

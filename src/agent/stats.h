@@ -23,7 +23,7 @@ enum agent_counter {
 	AGENT_C_BYTES_WRITTEN,
 	AGENT_C_BYTES_READ,
 	AGENT_C_LEASE_CACHE_HITS,
-	AGENT_C_LEASE_RENEWALS,    /* cached read leases renewed ahead */
+	AGENT_C_LEASE_RENEWALS, /* cached read leases renewed ahead */
 	AGENT_C_MIRROR_EVENTS,
 	AGENT_C_MIRROR_LISTINGS,
 	AGENT_C_RESYNC_BAD,        /* bytes did not match the checksum */

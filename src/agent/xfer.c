@@ -38,11 +38,11 @@ struct agent_xfer {
 	struct xseg *segs;
 	size_t nsegs, segs_cap;
 	struct te_batch *batch;
-	bool loop;        /* on the loop thread: open segments only */
-	bool missed;      /* ... and one was not */
-	size_t inline_bytes; /* agent__xfer_inline */
+	bool loop;            /* on the loop thread: open segments only */
+	bool missed;          /* ... and one was not */
+	size_t inline_bytes;  /* agent__xfer_inline */
 	struct te_engine *te; /* agent__xfer_engine's, or NULL: the agent's */
-	struct agent *a;  /* agent__xfer_start_loop: */
+	struct agent *a;      /* agent__xfer_start_loop: */
 	struct agent_job *job;
 	atomic_int state; /* XS_*: who finishes the job */
 };
@@ -189,8 +189,8 @@ bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 	if (x->n == 0)
 		return true;
 	atomic_store(&x->state, XS_SUBMITTING);
-	int rc = te_submit_inline(engine(a, x), x->reqs, x->n, x->inline_bytes, on_submitted_done, x,
-				  &x->batch);
+	int rc = te_submit_inline(engine(a, x), x->reqs, x->n, x->inline_bytes,
+				  on_submitted_done, x, &x->batch);
 	if (rc) {
 		x->batch = NULL;
 		for (size_t i = 0; i < x->n; i++)

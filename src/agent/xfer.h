@@ -24,8 +24,8 @@ struct agent_xfer *agent__xfer_new(void);
 /* Make x's pieces with te (a session's own engine; borrowed until
  * finish) instead of the agent's; before the first add. */
 void agent__xfer_engine(struct agent_xfer *x, struct te_engine *te);
-void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment,
-		     bool write, void *local, uint64_t remote, size_t len, int *err);
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment, bool write,
+		     void *local, uint64_t remote, size_t len, int *err);
 /* The same for local device memory (a client's dma-buf, by its address
  * in the client): moved by RDMA only (te_request.local_device). */
 void agent__xfer_add_device(struct agent *a, struct agent_xfer *x, const char *segment,

@@ -44,12 +44,12 @@ enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST, R_PROC, R_DEVICE };
 struct range {
 	uint8_t *addr;
 	size_t len;
-	uint64_t id;          /* the agent's buffer id (0 for shadow) */
+	uint64_t id; /* the agent's buffer id (0 for shadow) */
 	enum range_kind kind;
-	void *map_base;       /* R_ALLOC: the whole reservation */
+	void *map_base; /* R_ALLOC: the whole reservation */
 	size_t map_len;
-	uint64_t host_gen;    /* R_HOST: which allocation */
-	bool published;       /* published to the transfer engine */
+	uint64_t host_gen; /* R_HOST: which allocation */
+	bool published;    /* published to the transfer engine */
 };
 
 struct block {
@@ -75,19 +75,19 @@ struct mc_client {
 	pthread_mutex_t mu;      /* everything below but rx */
 	pthread_mutex_t send_mu; /* frame writes */
 	pthread_cond_t cv;
-	bool reader;             /* a thread is reading frames */
-	int broken;              /* sticky error of the connection */
-	int closed_why;          /* the agent's reason, when it said one */
+	bool reader;    /* a thread is reading frames */
+	int broken;     /* sticky error of the connection */
+	int closed_why; /* the agent's reason, when it said one */
 	uint64_t next_id;
 	struct waiter *waiters;
-	struct mc_uframe_rx rx;  /* the reader's only */
+	struct mc_uframe_rx rx; /* the reader's only */
 	uint8_t *stg;
 	size_t stg_len;
-	struct block *blocks;    /* allocated staging blocks, by offset */
+	struct block *blocks; /* allocated staging blocks, by offset */
 	size_t nblocks, blocks_cap;
 	struct range *ranges;
 	size_t nranges, ranges_cap;
-	const uint8_t *seg;      /* read-only mapping of the agent segment */
+	const uint8_t *seg; /* read-only mapping of the agent segment */
 	size_t seg_len;
 	char agent_addr[128];
 	uint64_t segment_size;
@@ -105,10 +105,10 @@ struct mc_client {
 };
 
 struct mc_view {
-	uint64_t id;      /* the agent's view id (mapped), 0 for a copy */
+	uint64_t id; /* the agent's view id (mapped), 0 for a copy */
 	void *copy;
-	int spill;        /* the spill buffer holding its bytes, or -1 */
-	int64_t blk;      /* or the staging block holding them, or -1 */
+	int spill;   /* the spill buffer holding its bytes, or -1 */
+	int64_t blk; /* or the staging block holding them, or -1 */
 };
 
 /* conn.c */

@@ -73,7 +73,8 @@ static int read_one(mc_client *c)
 			}
 			int fds[MAX_REPLY_FDS];
 			unsigned nf = resp->nfds;
-			if (nf > MAX_REPLY_FDS || mc_uframe_rx_take_fds(&c->rx, nf, fds) != 0) {
+			if (nf > MAX_REPLY_FDS ||
+			    mc_uframe_rx_take_fds(&c->rx, nf, fds) != 0) {
 				mooncake__client__response__free_unpacked(resp, NULL);
 				return MC_EPROTOCOL;
 			}
@@ -121,8 +122,7 @@ static int read_one(mc_client *c)
  * may be non-zero), or MC_EUNAVAILABLE / -ENOMEM / -EMSGSIZE, or the
  * reason the agent gave for closing the session (-EUSERS).
  */
-int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds,
-		struct waiter *w)
+int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds, struct waiter *w)
 {
 	memset(w, 0, sizeof(*w));
 	pthread_mutex_lock(&c->mu);
@@ -225,7 +225,6 @@ void mc__send_only(mc_client *c, Request *req)
 	}
 }
 
-
 /* ------------------------------------------------------------ open */
 
 static int find_socket(char *out, size_t len)
@@ -276,7 +275,8 @@ static int hello(mc_client *c, const struct mc_open_opts *o)
 		if (fstat(w.fds[0], &st) != 0 || (uint64_t)st.st_size < len) {
 			rc = MC_EPROTOCOL;
 		} else {
-			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, w.fds[0], 0);
+			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, w.fds[0],
+				       0);
 			if (p == MAP_FAILED) {
 				rc = -errno;
 			} else {

@@ -41,7 +41,8 @@ static int keys_call(mc_client *c, int op, size_t n, const void *const *keys,
 	q.keys = k;
 	q.n_keys = nreq;
 	q.force = force != 0;
-	Mooncake__Client__ReplicaClearRequest rq = MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
+	Mooncake__Client__ReplicaClearRequest rq =
+		MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
 	rq.keys = k;
 	rq.n_keys = nreq;
 	rq.segment = (char *)(segment ? segment : "");
@@ -210,6 +211,6 @@ MC__PUBLIC int mc_batch_replica_clear(mc_client *c, size_t n, const void *const 
 				cleared[i] = 0;
 		return rc;
 	}
-	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR, n, keys, klens, 0, segment,
-			 cleared);
+	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR, n, keys, klens, 0,
+			 segment, cleared);
 }

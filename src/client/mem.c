@@ -183,7 +183,6 @@ bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g)
 	return found;
 }
 
-
 /* ------------------------------------------------------------ buffers */
 
 bool mc__overlaps(mc_client *c, const void *addr, size_t len)
@@ -270,7 +269,8 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 			  -1, 0);
 	if (base == MAP_FAILED)
 		return -errno;
-	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HUGE_ALIGN - 1) &
+				    ~(uintptr_t)(HUGE_ALIGN - 1));
 	Mooncake__Client__AllocBufferRequest q = MOONCAKE__CLIENT__ALLOC_BUFFER_REQUEST__INIT;
 	q.length = len;
 	q.address = (uint64_t)(uintptr_t)addr;
@@ -286,7 +286,8 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 	uint64_t id = 0;
 	if (w.resp->error) {
 		rc = w.resp->error;
-	} else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER || w.nfds != 1) {
+	} else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER ||
+		   w.nfds != 1) {
 		rc = MC_EPROTOCOL;
 	} else {
 		id = w.resp->buffer->buffer;
@@ -301,8 +302,13 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 	}
 	mc__waiter_clear(&w);
 	if (rc == 0) {
-		struct range r = {.addr = addr, .len = len, .id = id, .kind = R_ALLOC,
-				  .map_base = base, .map_len = rlen, .published = true};
+		struct range r = {.addr = addr,
+				  .len = len,
+				  .id = id,
+				  .kind = R_ALLOC,
+				  .map_base = base,
+				  .map_len = rlen,
+				  .published = true};
 		pthread_mutex_lock(&c->mu);
 		rc = mc__range_add_locked(c, &r);
 		pthread_mutex_unlock(&c->mu);
@@ -357,15 +363,15 @@ int mc__register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, i
 int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len,
 		    bool publish, uint64_t *id)
 {
-	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest q =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	q.offset = offset;
 	q.length = len;
 	q.address = publish ? (uint64_t)(uintptr_t)addr : 0;
 	return mc__register_req(c, &q, fd, id);
 }
 
-MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
-				 size_t len)
+MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len)
 {
 	if (len == 0 || !addr)
 		return -EINVAL;
@@ -395,7 +401,8 @@ static int register_process(mc_client *c, void *addr, size_t len)
 	 * Yama the call is EINVAL and the usual ptrace rules apply. */
 	if (prctl(PR_SET_PTRACER, (unsigned long)cred.pid, 0, 0, 0) != 0 && errno != EINVAL)
 		return -errno;
-	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest q =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	q.length = len;
 	q.address = (uint64_t)(uintptr_t)addr;
 	q.process_memory = true;
@@ -460,8 +467,8 @@ MC__PUBLIC int mc_unregister_buffer(mc_client *c, void *addr)
 		return 0;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC ||
-			r.kind == R_DEVICE))
+	if (rc == 0 &&
+	    (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC || r.kind == R_DEVICE))
 		rc = mc__unregister_id(c, r.id);
 	return rc;
 }

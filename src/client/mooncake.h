@@ -64,10 +64,10 @@ typedef struct mc_client mc_client;
 typedef struct mc_view mc_view;
 
 struct mc_open_opts {
-	const char *socket_path;  /* NULL: see mc_open */
-	size_t staging_bytes;     /* 0: the agent's --local-buffer-size */
-	const char *client_name;  /* shown in the agent's logs; NULL: none */
-	int verify_gets;          /* every get of the session verifies (see
+	const char *socket_path; /* NULL: see mc_open */
+	size_t staging_bytes;    /* 0: the agent's --local-buffer-size */
+	const char *client_name; /* shown in the agent's logs; NULL: none */
+	int verify_gets;         /* every get of the session verifies (see
 				     mc_get_opts) */
 };
 
@@ -103,27 +103,25 @@ struct mc_put_opts {
  * that took over is still taking the agents back: try again; never
  * MC_ENO_SPACE for that), transfer errors.
  */
-int mc_put(mc_client *c, const void *key, size_t klen, const void *value,
-	   size_t len, const struct mc_put_opts *opts);
+int mc_put(mc_client *c, const void *key, size_t klen, const void *value, size_t len,
+	   const struct mc_put_opts *opts);
 /* The same, for a value in a buffer from mc_buffer_alloc (written in
  * place; any other memory is copied as by mc_put). */
-int mc_put_from(mc_client *c, const void *key, size_t klen, const void *buf,
-		size_t len, const struct mc_put_opts *opts);
+int mc_put_from(mc_client *c, const void *key, size_t klen, const void *buf, size_t len,
+		const struct mc_put_opts *opts);
 
 /*
  * Fetch a value into a new malloc'd buffer (*value, free() it; a 0-byte
  * value gives a non-NULL pointer). Errors: MC_EOBJECT_NOT_FOUND, -EINVAL,
  * MC_EUNAVAILABLE, -ENOMEM, MC_ECHECKSUM (verifying gets).
  */
-int mc_get(mc_client *c, const void *key, size_t klen, void **value,
-	   size_t *len);
+int mc_get(mc_client *c, const void *key, size_t klen, void **value, size_t *len);
 /*
  * Fetch a value into buf (cap bytes); returns its size, or -ENOBUFS when
  * it is larger than cap, or another error of mc_get. Zero copy when buf
  * lies in a buffer from mc_buffer_alloc.
  */
-int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf,
-		    size_t cap);
+int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf, size_t cap);
 
 struct mc_get_opts {
 	/* Check the bytes delivered against the CRC-32C the object's writer
@@ -134,10 +132,10 @@ struct mc_get_opts {
 };
 
 /* mc_get and mc_get_into with options (NULL: as without). */
-int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value,
-	      size_t *len, const struct mc_get_opts *opts);
-int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
-		       size_t cap, const struct mc_get_opts *opts);
+int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value, size_t *len,
+	      const struct mc_get_opts *opts);
+int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf, size_t cap,
+		       const struct mc_get_opts *opts);
 
 /*
  * A read-only view of a value: when the object has a replica in the local
@@ -147,8 +145,8 @@ int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
  * (in one of the session's spill buffers until the release: see
  * libmooncake(3), Memory). Errors: those of mc_get.
  */
-int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data,
-		size_t *len, mc_view **view);
+int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data, size_t *len,
+		mc_view **view);
 /* Whether a view maps the agent's segment (1) or holds a copy (0). */
 int mc_view_is_mapped(const mc_view *v);
 /* Release a view (NULL is a no-op). */
@@ -168,20 +166,19 @@ int64_t mc_remove_all(mc_client *c, int force);
  * (as the single call's return value). The call returns 0 when it ran
  * (items may still have failed), or an error for the whole batch.
  */
-int mc_batch_put(mc_client *c, size_t n, const void *const *keys,
-		 const size_t *klens, const void *const *values,
-		 const size_t *lens, const struct mc_put_opts *opts, int *results);
+int mc_batch_put(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		 const void *const *values, const size_t *lens, const struct mc_put_opts *opts,
+		 int *results);
 /* values[i]: malloc'd (free them), NULL for failed items. */
-int mc_batch_get(mc_client *c, size_t n, const void *const *keys,
-		 const size_t *klens, void **values, size_t *lens, int *results);
+int mc_batch_get(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		 void **values, size_t *lens, int *results);
 /* results[i]: bytes read into bufs[i], or an error. */
-int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys,
-		      const size_t *klens, void *const *bufs, const size_t *caps,
-		      int64_t *results);
-int mc_batch_exist(mc_client *c, size_t n, const void *const *keys,
-		   const size_t *klens, int *results);
-int mc_batch_remove(mc_client *c, size_t n, const void *const *keys,
-		    const size_t *klens, int force, int *results);
+int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		      void *const *bufs, const size_t *caps, int64_t *results);
+int mc_batch_exist(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		   int *results);
+int mc_batch_remove(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		    int force, int *results);
 
 /* A piece of caller memory: one of the buffers an object is put from or
  * read into. */
@@ -197,10 +194,9 @@ struct mc_part {
  * read in place; pieces are gathered through staging otherwise. results
  * and errors as mc_batch_put (-EINVAL: nparts[i] is 0).
  */
-int mc_batch_put_parts(mc_client *c, size_t n, const void *const *keys,
-		       const size_t *klens, const struct mc_part *const *parts,
-		       const size_t *nparts, const struct mc_put_opts *opts,
-		       int *results);
+int mc_batch_put_parts(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		       const struct mc_part *const *parts, const size_t *nparts,
+		       const struct mc_put_opts *opts, int *results);
 /*
  * Batch gets scattering value i over parts[i][0..nparts[i]) in order.
  * results[i]: the value's size, -ENOBUFS when it is larger than its
@@ -214,9 +210,8 @@ int mc_batch_get_into_parts(mc_client *c, size_t n, const void *const *keys,
  * lens[i] and views[i] for items whose results[i] is 0; release every
  * views[i] that is not NULL. Local objects are mapped, others copied.
  */
-int mc_batch_get_view(mc_client *c, size_t n, const void *const *keys,
-		      const size_t *klens, const void **datas, size_t *lens,
-		      mc_view **views, int *results);
+int mc_batch_get_view(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		      const void **datas, size_t *lens, mc_view **views, int *results);
 
 /* One byte range of an object read into caller memory (mc_get_ranges). */
 struct mc_range_req {
@@ -236,8 +231,7 @@ struct mc_range_req {
  * range runs past the end of that registered memory). Returns 0 when the
  * call ran, or an error for all of it.
  */
-int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n,
-		  int64_t *results);
+int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n, int64_t *results);
 
 /*
  * Remove every object whose key matches pattern (a POSIX extended
@@ -278,8 +272,7 @@ int mc_buffer_free(mc_client *c, void *buf);
  * memfd. Errors: -EBADF (not a memfd), -EPERM (another user's), -EINVAL
  * (not sealed, range), -EEXIST (overlaps a registered buffer).
  */
-int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
-		      size_t len);
+int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len);
 /*
  * Register any memory for mc_transfer/mc_put_from/mc_get_into. Memory
  * that is not a buffer of this session cannot be shared with the agent:
@@ -369,8 +362,8 @@ struct mc_transfer_req {
 	enum mc_transfer_op op; /* READ: remote -> local; WRITE: local -> remote */
 	void *local;
 	size_t len;
-	const char *target;     /* segment name, "host:port" of its agent */
-	uint64_t remote_addr;   /* an address the target registered */
+	const char *target;   /* segment name, "host:port" of its agent */
+	uint64_t remote_addr; /* an address the target registered */
 };
 
 /*
@@ -380,14 +373,13 @@ struct mc_transfer_req {
  * registered there; MC_EUNAVAILABLE: the target cannot be reached).
  * Returns 0 when the batch ran, or an error for all of it.
  */
-int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
-		int *results);
+int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n, int *results);
 
 /* What a transfer target's segment offers (mc_segment_info). */
 struct mc_segment_info {
 	uint64_t first_address; /* its first registered region (0: none) */
 	uint64_t first_length;
-	uint64_t regions;       /* how many it has */
+	uint64_t regions; /* how many it has */
 };
 
 /*
@@ -425,19 +417,19 @@ uint64_t mc_staging_size(const mc_client *c);
 /* The agent's own figures (its Stats request): what it offers, who uses
  * it, and counters since it started. Strings are cut to fit. */
 struct mc_agent_stats {
-	char agent_id[128];      /* also its segment's name, "host:port" */
-	char master[128];        /* the master leader in use ("" if none) */
-	uint64_t master_view;    /* that leader's view number */
-	uint64_t segment_size;   /* bytes of DRAM given to the pool */
-	int hugepages;           /* 1: the segment is backed by huge pages */
-	int numa_node;           /* -1: not bound */
-	uint64_t staging_size;   /* staging buffer of a session */
+	char agent_id[128];               /* also its segment's name, "host:port" */
+	char master[128];                 /* the master leader in use ("" if none) */
+	uint64_t master_view;             /* that leader's view number */
+	uint64_t segment_size;            /* bytes of DRAM given to the pool */
+	int hugepages;                    /* 1: the segment is backed by huge pages */
+	int numa_node;                    /* -1: not bound */
+	uint64_t staging_size;            /* staging buffer of a session */
 	uint64_t clients, buffers, views; /* open now */
 	uint64_t puts, gets, local_hits, remote_hits, misses;
 	uint64_t bytes_written, bytes_read;
-	uint64_t inventory;      /* objects known in its segment */
-	uint64_t get_bad;        /* verified gets whose bytes did not match */
-	uint64_t resync_bad;     /* inventory items left out at a re-sync */
+	uint64_t inventory;  /* objects known in its segment */
+	uint64_t get_bad;    /* verified gets whose bytes did not match */
+	uint64_t resync_bad; /* inventory items left out at a re-sync */
 };
 int mc_agent_stats(mc_client *c, struct mc_agent_stats *out);
 

@@ -95,7 +95,8 @@ static int transfer_round(mc_client *c, const struct mc_transfer_req *reqs, size
 		rc = MC_EPROTOCOL;
 	else
 		for (size_t i = 0; i < m; i++)
-			results[i] = blk[i] == BLK_DEVICE ? -EOPNOTSUPP : w.resp->transfer->errors[i];
+			results[i] = blk[i] == BLK_DEVICE ? -EOPNOTSUPP
+							  : w.resp->transfer->errors[i];
 	mc__waiter_clear(&w);
 	for (size_t i = 0; rc == 0 && i < m; i++) {
 		if (results[i] || reqs[i].op != MC_TRANSFER_READ || reqs[i].len == 0)

@@ -19,17 +19,16 @@
 #include "common/util.h"
 
 static const uint32_t K[64] = {
-	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
-	0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
-	0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-	0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-	0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-	0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-	0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-	0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-	0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-	0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-	0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+	0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+	0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+	0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+	0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+	0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+	0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+	0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+	0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+	0xc67178f2,
 };
 
 static uint32_t ror(uint32_t x, unsigned n)
@@ -47,8 +46,8 @@ static void compress(uint32_t h[8], const uint8_t b[64])
 		uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
 		w[i] = w[i - 16] + s0 + w[i - 7] + s1;
 	}
-	uint32_t a = h[0], bb = h[1], c = h[2], d = h[3], e = h[4], f = h[5],
-		 g = h[6], hh = h[7];
+	uint32_t a = h[0], bb = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6],
+		 hh = h[7];
 	for (int i = 0; i < 64; i++) {
 		uint32_t t1 = hh + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) +
 			      ((e & f) ^ (~e & g)) + K[i] + w[i];
@@ -75,9 +74,8 @@ static void compress(uint32_t h[8], const uint8_t b[64])
 
 void mc_sha256_init(struct mc_sha256 *s)
 {
-	static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372,
-				       0xa54ff53a, 0x510e527f, 0x9b05688c,
-				       0x1f83d9ab, 0x5be0cd19};
+	static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+				       0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
 	memcpy(s->h, iv, sizeof(iv));
 	s->total = 0;
 	s->used = 0;
@@ -130,8 +128,8 @@ void mc_sha256(const void *data, size_t len, uint8_t out[MC_SHA256_BYTES])
 	mc_sha256_final(&s, out);
 }
 
-void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts,
-		    const size_t *lens, size_t n, uint8_t out[MC_SHA256_BYTES])
+void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
+		    size_t n, uint8_t out[MC_SHA256_BYTES])
 {
 	uint8_t k[64] = {0}, pad[64], inner[MC_SHA256_BYTES];
 	struct mc_sha256 s;
@@ -181,8 +179,7 @@ int mc_random(void *buf, size_t len)
 	return 0;
 }
 
-int mc_secret_load(const char *path, uint8_t *buf, size_t *len_out,
-		   bool *world_readable)
+int mc_secret_load(const char *path, uint8_t *buf, size_t *len_out, bool *world_readable)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -318,8 +315,8 @@ static int load_into(struct mc_secret *out, const char *how, char *err, size_t e
 	return rc;
 }
 
-int mc_secret_find(const struct cfg *c, bool create, bool public_listen,
-		   struct mc_secret *out, char *err, size_t errlen)
+int mc_secret_find(const struct cfg *c, bool create, bool public_listen, struct mc_secret *out,
+		   char *err, size_t errlen)
 {
 	const char *file = cfg_str(c, CFG_CLUSTER_SECRET_FILE);
 	memset(out, 0, sizeof(*out));

@@ -34,9 +34,9 @@
 
 struct mc_sha256 {
 	uint32_t h[8];
-	uint64_t total;      /* bytes hashed so far */
+	uint64_t total; /* bytes hashed so far */
 	uint8_t block[64];
-	size_t used;         /* bytes in block */
+	size_t used; /* bytes in block */
 };
 
 void mc_sha256_init(struct mc_sha256 *s);
@@ -45,8 +45,8 @@ void mc_sha256_final(struct mc_sha256 *s, uint8_t out[MC_SHA256_BYTES]);
 void mc_sha256(const void *data, size_t len, uint8_t out[MC_SHA256_BYTES]);
 
 /* HMAC-SHA256 over the concatenation of n parts (parts[i], lens[i]). */
-void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts,
-		    const size_t *lens, size_t n, uint8_t out[MC_SHA256_BYTES]);
+void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
+		    size_t n, uint8_t out[MC_SHA256_BYTES]);
 
 /* Compare without a data-dependent early exit. True when equal. */
 bool mc_ct_equal(const void *a, const void *b, size_t len);
@@ -81,10 +81,10 @@ struct cfg;
 
 struct mc_secret {
 	uint8_t key[MC_SECRET_MAX_BYTES];
-	size_t len;          /* 0: --insecure-transfer, no authentication */
-	char path[4096];     /* the file it came from */
-	bool created;        /* mc_secret_find created it just now */
-	bool loose;          /* readable by group or others */
+	size_t len;      /* 0: --insecure-transfer, no authentication */
+	char path[4096]; /* the file it came from */
+	bool created;    /* mc_secret_find created it just now */
+	bool loose;      /* readable by group or others */
 };
 
 /*
@@ -99,8 +99,8 @@ struct mc_secret {
  * (it cannot be read), -EINVAL (empty), -EFBIG (too large), another
  * negative errno.
  */
-int mc_secret_find(const struct cfg *c, bool create, bool public_listen,
-		   struct mc_secret *out, char *err, size_t errlen) MC_MUST_CHECK;
+int mc_secret_find(const struct cfg *c, bool create, bool public_listen, struct mc_secret *out,
+		   char *err, size_t errlen) MC_MUST_CHECK;
 
 /* Forget the key (memset). */
 void mc_secret_clear(struct mc_secret *s);

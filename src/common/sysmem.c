@@ -152,7 +152,7 @@ static void node_figures(const struct mc_fit_in *in, char *buf, size_t len)
 		 " huge pages free (%s), memory-lock limit %s%s",
 		 avail, ram, in->mem.huge_free, in->mem.huge_total, huge, lock,
 		 in->cap_ipc_lock ? " (CAP_IPC_LOCK: not applied)"
-		 : !in->pins	  ? " (nothing pinned without RDMA)"
+		 : !in->pins      ? " (nothing pinned without RDMA)"
 				  : "");
 }
 

@@ -295,8 +295,8 @@ uint32_t mc_uframe_get_len(const uint8_t hdr[MC_UFRAME_HDR])
 	return mc_get_le32(hdr);
 }
 
-ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt,
-			  const int *fds, unsigned nfds, int flags)
+ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+			  unsigned nfds, int flags)
 {
 	union {
 		struct cmsghdr h;
@@ -327,8 +327,7 @@ ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt,
 	return n;
 }
 
-int mc_uframe_send_all(int sock, const void *body, size_t len, const int *fds,
-		       unsigned nfds)
+int mc_uframe_send_all(int sock, const void *body, size_t len, const int *fds, unsigned nfds)
 {
 	uint8_t hdr[MC_UFRAME_HDR];
 	if (len > UINT32_MAX)
@@ -350,8 +349,8 @@ int mc_uframe_send_all(int sock, const void *body, size_t len, const int *fds,
 			skip = 0;
 			cnt++;
 		}
-		ssize_t n = mc_uframe_sendmsg(sock, v, cnt, sent ? NULL : fds,
-					      sent ? 0 : nfds, 0);
+		ssize_t n = mc_uframe_sendmsg(sock, v, cnt, sent ? NULL : fds, sent ? 0 : nfds,
+					      0);
 		if (n < 0)
 			return (int)n;
 		sent += (size_t)n;

@@ -40,15 +40,15 @@ struct mc_uframe_fd {
 
 struct mc_uframe_rx {
 	size_t max_frame;
-	uint8_t *buf;      /* received bytes [off, len) not yet handed out */
+	uint8_t *buf; /* received bytes [off, len) not yet handed out */
 	size_t off, len, cap;
-	uint64_t base;     /* stream position of buf[0] */
-	uint64_t last_a, last_b; /* bytes of the last read (or feed) */
+	uint64_t base;             /* stream position of buf[0] */
+	uint64_t last_a, last_b;   /* bytes of the last read (or feed) */
 	uint64_t frame_a, frame_b; /* the frame rx_next returned last */
-	uint64_t scan;     /* a frame start at or after the consumed bytes */
-	uint64_t dropped;  /* descriptors closed on arrival (no frame
+	uint64_t scan;             /* a frame start at or after the consumed bytes */
+	uint64_t dropped;          /* descriptors closed on arrival (no frame
 			      starts in the bytes that brought them) */
-	struct mc_uframe_fd *fds; /* received, not yet taken (owned) */
+	struct mc_uframe_fd *fds;  /* received, not yet taken (owned) */
 	size_t fd_head, nfds, fd_cap;
 };
 
@@ -58,8 +58,7 @@ int mc_uframe_rx_init(struct mc_uframe_rx *r, size_t max_frame) MC_MUST_CHECK;
 void mc_uframe_rx_free(struct mc_uframe_rx *r);
 
 /* Append bytes as if received (tests, fuzzing). Errors: -ENOMEM. */
-int mc_uframe_rx_feed(struct mc_uframe_rx *r, const void *data,
-		      size_t len) MC_MUST_CHECK;
+int mc_uframe_rx_feed(struct mc_uframe_rx *r, const void *data, size_t len) MC_MUST_CHECK;
 /* Queue a descriptor as if received with the bytes of the last feed
  * (takes ownership). Errors: -ENOMEM (the descriptor is closed). */
 int mc_uframe_rx_push_fd(struct mc_uframe_rx *r, int fd) MC_MUST_CHECK;
@@ -79,14 +78,12 @@ ssize_t mc_uframe_rx_read(struct mc_uframe_rx *r, int sock, int flags);
  * frame is not complete yet, MC_EPROTOCOL when its length is 0, or
  * MC_ETOO_LARGE when it is above max_frame (the stream cannot continue).
  */
-int mc_uframe_rx_next(struct mc_uframe_rx *r, const uint8_t **body,
-		      size_t *len) MC_MUST_CHECK;
+int mc_uframe_rx_next(struct mc_uframe_rx *r, const uint8_t **body, size_t *len) MC_MUST_CHECK;
 
 /* Move the n oldest queued descriptors to out[] (the caller owns them).
  * Errors: MC_EPROTOCOL (fewer than n queued, or n above the maximum;
  * nothing taken). */
-int mc_uframe_rx_take_fds(struct mc_uframe_rx *r, unsigned n,
-			  int *out) MC_MUST_CHECK;
+int mc_uframe_rx_take_fds(struct mc_uframe_rx *r, unsigned n, int *out) MC_MUST_CHECK;
 /*
  * The descriptors of the frame rx_next returned last, for a receiver that
  * must not trust its peer (the agent). A sender attaches a frame's
@@ -125,8 +122,8 @@ uint32_t mc_uframe_get_len(const uint8_t hdr[MC_UFRAME_HDR]);
  * descriptors went with them if > 0) or a negative errno (-EAGAIN, -EPIPE,
  * -EINVAL for too many descriptors).
  */
-ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt,
-			  const int *fds, unsigned nfds, int flags);
+ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+			  unsigned nfds, int flags);
 
 /*
  * Send a whole frame (header + body) on a blocking socket, retrying

@@ -15,8 +15,7 @@
 
 #include "common/err.h"
 
-#define MC_CONTAINER_OF(ptr, type, member)                                     \
-	((type *)((char *)(ptr)-offsetof(type, member)))
+#define MC_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define MC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MC_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MC_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -36,17 +36,25 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench resync` (agents through a master failover), `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench sessions` (many sessions, one agent), `bench ssd` (vs fio)",
+	{"bench",
+	 "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench resync` (agents through a master failover), `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench sessions` (many sessions, one agent), `bench ssd` (vs fio)",
 	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
 	{"put", "store a file under a key through the local agent", ctl_put_main},
 	{"get", "fetch a key's value through the local agent", ctl_get_main},
 	{"rm", "remove a key through the local agent", ctl_rm_main},
-	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
-	{"doctor", "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)", ctl_doctor_main},
-	{"plan", "size the pool for a model: KV bytes per token and request, requests held, segment per node", ctl_plan_main},
-	{"secret", "`secret create FILE`: a new random cluster secret (0600) for --cluster-secret-file", ctl_secret_main},
+	{"transfer", "a transfer engine in this process: check a segment's data path, serve",
+	 ctl_transfer_main},
+	{"doctor",
+	 "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)",
+	 ctl_doctor_main},
+	{"plan",
+	 "size the pool for a model: KV bytes per token and request, requests held, segment per node",
+	 ctl_plan_main},
+	{"secret",
+	 "`secret create FILE`: a new random cluster secret (0600) for --cluster-secret-file",
+	 ctl_secret_main},
 };
 
 static void usage(FILE *f)
@@ -60,8 +68,7 @@ static void usage(FILE *f)
 		   "Exit status: 0 success, 1 failure or not serving, 2 usage error.\n");
 }
 
-bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
-		    const char **value)
+bool ctl_flag_value(int argc, char **argv, int *i, const char *name, const char **value)
 {
 	const char *a = argv[*i];
 	size_t n = strlen(name);
@@ -134,8 +141,7 @@ int main(int argc, char **argv)
 		printf("mooncakectl %s (%s)\n", MC_VERSION, MC_GITREV);
 		return CTL_EXIT_OK;
 	}
-	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
-	    strcmp(cmd, "help") == 0) {
+	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
 		if (argc > 2 && strcmp(cmd, "help") == 0) {
 			for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
 				if (strcmp(cmds[i].name, argv[2]) == 0) {

@@ -259,8 +259,8 @@ static void *srv_main(void *arg)
 		}
 		srv_ready(t, ntohs(((struct sockaddr_in *)&ss)->sin_port), NULL);
 	} else {
-		struct rpc_server_opts o = {.name = "bench", .max_message_bytes = t->max_msg,
-					    .metrics = t->reg};
+		struct rpc_server_opts o = {
+			.name = "bench", .max_message_bytes = t->max_msg, .metrics = t->reg};
 		rc = rpc_server_new(&t->loop, &o, &t->rpc);
 		if (rc == 0)
 			rc = rpc_diag_add(t->rpc);
@@ -333,7 +333,8 @@ static void cpu_mark(struct cpu_mark *m, const struct srv_thread *srv)
 	m->server = m->server_ns != 0;
 }
 
-static void cpu_per_call(struct result *r, const struct cpu_mark *a, const struct srv_thread *srv)
+static void cpu_per_call(struct result *r, const struct cpu_mark *a,
+			 const struct srv_thread *srv)
 {
 	struct cpu_mark b;
 	cpu_mark(&b, srv);
@@ -368,8 +369,7 @@ struct gbench {
 
 static void g_issue(struct gslot *s);
 
-static void g_on_done(void *ud, int status, const char *message,
-		      const ProtobufCMessage *resp)
+static void g_on_done(void *ud, int status, const char *message, const ProtobufCMessage *resp)
 {
 	struct gslot *s = ud;
 	struct gbench *b = s->b;
@@ -608,7 +608,8 @@ static void t_closed(uv_handle_t *h)
 }
 
 static void run_tcp(uv_loop_t *loop, const struct srv_thread *srv, unsigned conc,
-		    const uint8_t *payload, size_t len, uint64_t duration_ms, struct result *out)
+		    const uint8_t *payload, size_t len, uint64_t duration_ms,
+		    struct result *out)
 {
 	struct tbench *b = calloc(1, sizeof(*b));
 	struct twreq *wr = calloc(conc, sizeof(*wr));
@@ -642,7 +643,8 @@ static void run_tcp(uv_loop_t *loop, const struct srv_thread *srv, unsigned conc
 	while (!b->connected)
 		uv_run(loop, UV_RUN_ONCE);
 	if (b->connect_status) {
-		snprintf(out->err, sizeof(out->err), "connect: %s", uv_strerror(b->connect_status));
+		snprintf(out->err, sizeof(out->err), "connect: %s",
+			 uv_strerror(b->connect_status));
 		goto out_close;
 	}
 	/* Warm-up, untimed, on the same connection: one call per slot. */
@@ -724,9 +726,11 @@ static void report(const char *name, const struct result *g, const struct result
 	if (g->cpu_us >= 0 && t->cpu_us >= 0)
 		row("", "CPU us/call", g, t, g->cpu_us, t->cpu_us);
 	if (!g->ok)
-		fprintf(stderr, "mooncakectl bench rpc: %s over gRPC failed: %s\n", name, g->err);
+		fprintf(stderr, "mooncakectl bench rpc: %s over gRPC failed: %s\n", name,
+			g->err);
 	if (!t->ok)
-		fprintf(stderr, "mooncakectl bench rpc: %s over TCP failed: %s\n", name, t->err);
+		fprintf(stderr, "mooncakectl bench rpc: %s over TCP failed: %s\n", name,
+			t->err);
 	fflush(stdout);
 }
 
@@ -800,7 +804,8 @@ int ctl_bench_main(int argc, char **argv)
 	if (strcmp(argv[1], "transfer") == 0)
 		return ctl_bench_transfer_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
-		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, resync, meta, transfer, store, sessions, ssd)\n",
+		fprintf(stderr,
+			"mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, resync, meta, transfer, store, sessions, ssd)\n",
 			argv[1]);
 		return CTL_EXIT_USAGE;
 	}
@@ -817,13 +822,15 @@ int ctl_bench_main(int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "patterns", &v)) {
 			patterns_s = v;
 		} else {
-			fprintf(stderr, "mooncakectl bench rpc: unknown argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench rpc: unknown argument \"%s\"\n",
+				argv[i]);
 			bench_usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
 	}
 	if (!dur_s || cfg_parse_duration_ms(dur_s, &duration_ms) || duration_ms == 0) {
-		fprintf(stderr, "mooncakectl bench rpc: bad --duration (want e.g. 500ms, 3s)\n");
+		fprintf(stderr,
+			"mooncakectl bench rpc: bad --duration (want e.g. 500ms, 3s)\n");
 		return CTL_EXIT_USAGE;
 	}
 	if (!size_s || cfg_parse_size(size_s, &size) || size == 0 || size > (1ull << 30)) {
@@ -835,8 +842,9 @@ int ctl_bench_main(int argc, char **argv)
 		return CTL_EXIT_USAGE;
 	}
 	if (patterns_s && parse_patterns(patterns_s, &patterns)) {
-		fprintf(stderr, "mooncakectl bench rpc: bad --patterns \"%s\" (want a comma-separated "
-				"list of unary, streams, large)\n",
+		fprintf(stderr,
+			"mooncakectl bench rpc: bad --patterns \"%s\" (want a comma-separated "
+			"list of unary, streams, large)\n",
 			patterns_s);
 		return CTL_EXIT_USAGE;
 	}
@@ -869,7 +877,8 @@ int ctl_bench_main(int argc, char **argv)
 	tcp_started = true;
 	if (!target) {
 		if (srv_start(&rpc_srv, false, max_msg)) {
-			fprintf(stderr, "mooncakectl bench rpc: gRPC server: %s\n", rpc_srv.err);
+			fprintf(stderr, "mooncakectl bench rpc: gRPC server: %s\n",
+				rpc_srv.err);
 			rpc_started = true;
 			goto out;
 		}
@@ -888,13 +897,16 @@ int ctl_bench_main(int argc, char **argv)
 	printf("mooncakectl bench rpc: gRPC (mooncake rpc, HTTP/2 cleartext) vs plain TCP echo\n"
 	       "  (libuv, 4-byte length framing), loopback, client on this thread\n");
 	printf("  gRPC server: %s%s\n", target,
-	       rpc_started ? " (in process, own thread and loop)" : " (mooncaked --diag-service)");
-	printf("  TCP echo:    127.0.0.1:%d (in process, own thread and loop)\n", tcp_srv.port);
+	       rpc_started ? " (in process, own thread and loop)"
+			   : " (mooncaked --diag-service)");
+	printf("  TCP echo:    127.0.0.1:%d (in process, own thread and loop)\n",
+	       tcp_srv.port);
 	printf("  %.1f s per figure; unary payload %d B; large message %llu bytes; one connection\n"
 	       "  per server; ratio = gRPC / TCP (above 1 is faster for calls/s and GB/s,\n"
 	       "  slower for latency)\n\n",
 	       (double)duration_ms / 1000, SMALL_PAYLOAD_BYTES, (unsigned long long)size);
-	printf("%-20s %-10s %12s %12s %10s\n", "pattern", "figure", "gRPC", "TCP echo", "ratio");
+	printf("%-20s %-10s %12s %12s %10s\n", "pattern", "figure", "gRPC", "TCP echo",
+	       "ratio");
 
 	const struct srv_thread *gs = rpc_started ? &rpc_srv : NULL;
 	/* Warm-up: connections made, allocator and caches primed. */
@@ -922,7 +934,8 @@ int ctl_bench_main(int argc, char **argv)
 		}
 		char name[32];
 		if (size % (1u << 20) == 0)
-			snprintf(name, sizeof(name), "%llu MiB echo", (unsigned long long)(size >> 20));
+			snprintf(name, sizeof(name), "%llu MiB echo",
+				 (unsigned long long)(size >> 20));
 		else
 			snprintf(name, sizeof(name), "%llu B echo", (unsigned long long)size);
 		report(name, &g[i], &t[i], true);

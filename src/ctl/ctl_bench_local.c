@@ -26,7 +26,8 @@
 static int free_port(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(sa);
 	int port = -1;
 	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
@@ -135,10 +136,15 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 	int k = 0;
 #define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
 	if (separate) {
-		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
-			      "--config=", "--meta-endpoints=",
+		char *mv[] = {daemon,
+			      "--role=master",
+			      ARG("--data-dir=%s/master", cl->dir),
+			      "--config=",
+			      "--meta-endpoints=",
 			      ARG("--master-listen=%s", cl->master),
-			      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
+			      ARG("--master-http=127.0.0.1:%d", mhttp),
+			      "--log-level=warn",
+			      NULL};
 		rc = spawn(cl, "master", mv);
 	}
 	for (int i = 0; rc == 0 && i < 2; i++) {
@@ -147,16 +153,21 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 		char dir[sizeof(cl->dir)]; /* (not cl's own: snprintf's restrict) */
 		memcpy(dir, cl->dir, sizeof(dir));
 		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
-		char *av[] = {daemon, with_master ? "--role=master,agent" : "--role=agent",
-			      ARG("--data-dir=%s/agent%d", cl->dir, i), "--config=",
-			      "--meta-endpoints=", ARG("--master-address=%s", cl->master),
+		char *av[] = {daemon,
+			      with_master ? "--role=master,agent" : "--role=agent",
+			      ARG("--data-dir=%s/agent%d", cl->dir, i),
+			      "--config=",
+			      "--meta-endpoints=",
+			      ARG("--master-address=%s", cl->master),
 			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
 			      ARG("--agent-http=127.0.0.1:%d", free_port()),
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
-			      ARG("--cluster-secret-file=%s", secret), "--log-level=warn",
+			      ARG("--cluster-secret-file=%s", secret),
+			      "--log-level=warn",
 			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
-			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
+			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL,
+			      NULL};
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
 	}
 #undef ARG
@@ -199,9 +210,11 @@ int ctl_proc_usage(pid_t pid, struct ctl_usage *u)
 	for (struct dirent *e; (e = readdir(d)) != NULL;) {
 		if (e->d_name[0] == '.')
 			continue;
-		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat", (int)pid, e->d_name);
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat", (int)pid,
+			 e->d_name);
 		u->cpu_ns += proc_field(path, "");
-		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/status", (int)pid, e->d_name);
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/status", (int)pid,
+			 e->d_name);
 		u->wakeups += proc_field(path, "voluntary_ctxt_switches:");
 	}
 	closedir(d);
@@ -245,7 +258,8 @@ int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)
 		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
 		rc = mc_open_ex(&o, out);
 		if (rc == 0) {
-			rc = mc_put(*out, "bench/probe", 11, "x", 1, &(struct mc_put_opts){.upsert = 1});
+			rc = mc_put(*out, "bench/probe", 11, "x", 1,
+				    &(struct mc_put_opts){.upsert = 1});
 			if (rc == 0) {
 				(void)mc_remove(*out, "bench/probe", 11, 1);
 				return 0;
@@ -283,7 +297,9 @@ int ctl_local_start_redis(struct ctl_local *cl)
 	char port[16], dir[96];
 	snprintf(port, sizeof(port), "%d", cl->redis_port);
 	snprintf(dir, sizeof(dir), "%s", cl->dir);
-	char *argv[] = {exe, "--port", port, "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "no", "--dir", dir, "--protected-mode", "no", NULL};
+	char *argv[] = {exe,         "--port", port, "--bind",
+			"127.0.0.1", "--save", "",   "--appendonly",
+			"no",        "--dir",  dir,  "--protected-mode",
+			"no",        NULL};
 	return spawn(cl, "redis", argv);
 }

@@ -173,12 +173,13 @@ static int issue_get(struct run *r, unsigned slot)
 {
 	char key[40];
 	fill_key(key, sizeof(key), pick_key(r->next_key++, r->key_limit));
-	Mooncake__Master__GetReplicasRequest req = MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
+	Mooncake__Master__GetReplicasRequest req =
+		MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
 	req.key.data = (uint8_t *)key;
 	req.key.len = strlen(key);
 	return rpc_client_unary(r->c, "/mooncake.master.Master/GetReplicas", &req.base,
-				&mooncake__master__get_replicas_response__descriptor, TIMEOUT_MS,
-				on_get, &slots[slot], NULL);
+				&mooncake__master__get_replicas_response__descriptor,
+				TIMEOUT_MS, on_get, &slots[slot], NULL);
 }
 
 /* ---- batches */
@@ -271,12 +272,13 @@ static int issue_bput(struct run *r, unsigned slot)
 		return -ERANGE; /* fill done */
 	keyset_fill(&ks[slot], r->batch, r->next_key, 0);
 	r->next_key += r->batch;
-	Mooncake__Master__BatchPutStartRequest req = MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
+	Mooncake__Master__BatchPutStartRequest req =
+		MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
 	req.items = ks[slot].iptr;
 	req.n_items = r->batch;
 	return rpc_client_unary(r->c, "/mooncake.master.Master/BatchPutStart", &req.base,
-				&mooncake__master__batch_put_start_response__descriptor, TIMEOUT_MS,
-				on_bput_start, &slots[slot], NULL);
+				&mooncake__master__batch_put_start_response__descriptor,
+				TIMEOUT_MS, on_bput_start, &slots[slot], NULL);
 }
 
 static void on_bget(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
@@ -320,8 +322,8 @@ static int issue_echo(struct run *r, unsigned slot)
 	req.payload.len = r->echo_len;
 	req.response_bytes = r->echo_reply;
 	return rpc_client_unary(r->c, "/mooncake.diag.Diag/Echo", &req.base,
-				&mooncake__diag__echo_response__descriptor, TIMEOUT_MS, on_echo,
-				&slots[slot], NULL);
+				&mooncake__diag__echo_response__descriptor, TIMEOUT_MS,
+				on_echo, &slots[slot], NULL);
 }
 
 /* Run r with n slots for duration_ms (0: until issue refuses). Returns
@@ -362,8 +364,9 @@ static void heartbeat(struct rpc_client *c, const Mooncake__Master__HeartbeatReq
 {
 	ProtobufCMessage *out = NULL;
 	char err[256];
-	if (sync_call(c, "Heartbeat", &hb->base, &mooncake__master__heartbeat_response__descriptor,
-		      &out, err, sizeof(err)) == RPC_OK)
+	if (sync_call(c, "Heartbeat", &hb->base,
+		      &mooncake__master__heartbeat_response__descriptor, &out, err,
+		      sizeof(err)) == RPC_OK)
 		protobuf_c_message_free_unpacked(out, NULL);
 }
 
@@ -399,8 +402,12 @@ static int fill_to(struct run *r, uint64_t *written, uint64_t objects)
 {
 	if (objects <= *written)
 		return 0;
-	*r = (struct run){.loop = r->loop, .c = r->c, .issue = issue_bput, .batch = FILL_BATCH,
-			  .next_key = *written, .key_limit = objects};
+	*r = (struct run){.loop = r->loop,
+			  .c = r->c,
+			  .issue = issue_bput,
+			  .batch = FILL_BATCH,
+			  .next_key = *written,
+			  .key_limit = objects};
 	if (drive(r, BATCH_INFLIGHT, 0) < 0)
 		return -1;
 	*written = MC_MAX(*written, r->next_key);
@@ -411,13 +418,17 @@ static int fill_to(struct run *r, uint64_t *written, uint64_t objects)
  * and BatchPutStart+End of new keys (the index grows by what they put),
  * with the master thread's CPU per key when it runs in this process
  * (master_tid NULL: it does not). */
-static int scale_measure(struct run *r, uint64_t *written, unsigned batch, uint64_t duration_ms,
-			 const pthread_t *master_tid, struct scale_fig *f)
+static int scale_measure(struct run *r, uint64_t *written, unsigned batch,
+			 uint64_t duration_ms, const pthread_t *master_tid,
+			 struct scale_fig *f)
 {
 	static const issue_fn fns[SC_N] = {issue_get, issue_bget, issue_bput};
 	const unsigned inflight[SC_N] = {UNARY_INFLIGHT, BATCH_INFLIGHT, BATCH_INFLIGHT};
 	for (int i = 0; i < SC_N; i++) {
-		*r = (struct run){.loop = r->loop, .c = r->c, .issue = fns[i], .batch = batch,
+		*r = (struct run){.loop = r->loop,
+				  .c = r->c,
+				  .issue = fns[i],
+				  .batch = batch,
 				  .key_limit = i == SC_BPUT ? 0 : *written,
 				  .next_key = i == SC_BPUT ? *written : 0};
 		uint64_t cpu0 = master_tid ? ctl_thread_cpu_ns(*master_tid) : 0;
@@ -427,7 +438,9 @@ static int scale_measure(struct run *r, uint64_t *written, unsigned batch, uint6
 		uint64_t cpu1 = master_tid ? ctl_thread_cpu_ns(*master_tid) : 0;
 		double keys = (double)r->steps * (i == SC_GET ? 1 : batch);
 		f->ops[i] = steps * (i == SC_GET ? 1 : batch);
-		f->cpu_us[i] = cpu0 && cpu1 > cpu0 && keys > 0 ? (double)(cpu1 - cpu0) / 1e3 / keys : 0;
+		f->cpu_us[i] = cpu0 && cpu1 > cpu0 && keys > 0
+				       ? (double)(cpu1 - cpu0) / 1e3 / keys
+				       : 0;
 		if (i == SC_BPUT)
 			*written = MC_MAX(*written, r->next_key);
 	}
@@ -437,7 +450,8 @@ static int scale_measure(struct run *r, uint64_t *written, unsigned batch, uint6
 static void scale_report(const struct scale_fig *small, const struct scale_fig *big,
 			 uint64_t small_n, uint64_t big_n)
 {
-	static const char *const names[SC_N] = {"GetReplicas, unary x64", "BatchGetReplicas x8",
+	static const char *const names[SC_N] = {"GetReplicas, unary x64",
+						"BatchGetReplicas x8",
 						"BatchPutStart+BatchPutEnd x8"};
 	printf("\nops/s and master CPU per key at %" PRIu64 " and %" PRIu64
 	       " objects (ratio = large / small;\n"
@@ -453,7 +467,8 @@ static void scale_report(const struct scale_fig *small, const struct scale_fig *
 			snprintf(cr, sizeof(cr), "%.2f", big->cpu_us[i] / small->cpu_us[i]);
 		}
 		printf("%-30s %11.0f %11.0f %6.2f %9s %9s %6s\n", names[i], small->ops[i],
-		       big->ops[i], small->ops[i] > 0 ? big->ops[i] / small->ops[i] : 0, c0, c1, cr);
+		       big->ops[i], small->ops[i] > 0 ? big->ops[i] / small->ops[i] : 0, c0,
+		       c1, cr);
 	}
 	fflush(stdout);
 }
@@ -543,7 +558,8 @@ int ctl_bench_master_main(int argc, char **argv)
 	seg.agent_id = agent;
 	seg.base_address = 1ull << 44;
 	seg.size = 1ull << 46;
-	Mooncake__Master__MountSegmentRequest mreq = MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
+	Mooncake__Master__MountSegmentRequest mreq =
+		MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
 	mreq.segment = &seg;
 	ProtobufCMessage *out = NULL;
 	int st = sync_call(c, "MountSegment", &mreq.base,
@@ -610,7 +626,10 @@ int ctl_bench_master_main(int argc, char **argv)
 	row("GetReplicas, unary x64", get, echo1 > 0 ? echo1 : 0, "gets/s");
 	heartbeat(c, &hb);
 
-	r = (struct run){.loop = &loop, .c = c, .issue = issue_bput, .batch = (unsigned)batch,
+	r = (struct run){.loop = &loop,
+			 .c = c,
+			 .issue = issue_bput,
+			 .batch = (unsigned)batch,
 			 .next_key = written};
 	double bput = drive(&r, BATCH_INFLIGHT, duration_ms);
 	if (bput < 0)
@@ -626,13 +645,20 @@ int ctl_bench_master_main(int argc, char **argv)
 	if (!bpay)
 		goto failed;
 	memset(bpay, 'k', breq * 2 + 1);
-	e = (struct run){.loop = &loop, .c = c, .issue = issue_echo, .echo_payload = bpay,
-			 .echo_len = breq, .echo_reply = batch * 48};
+	e = (struct run){.loop = &loop,
+			 .c = c,
+			 .issue = issue_echo,
+			 .echo_payload = bpay,
+			 .echo_len = breq,
+			 .echo_reply = batch * 48};
 	double echob = drive(&e, BATCH_INFLIGHT, duration_ms);
 	row("BatchPutStart+BatchPutEnd x8", bput * (double)batch,
 	    echob > 0 ? echob * (double)batch / 2 : 0, "puts/s");
 
-	r = (struct run){.loop = &loop, .c = c, .issue = issue_bget, .batch = (unsigned)batch,
+	r = (struct run){.loop = &loop,
+			 .c = c,
+			 .issue = issue_bget,
+			 .batch = (unsigned)batch,
 			 .key_limit = written};
 	double bget = drive(&r, BATCH_INFLIGHT, duration_ms);
 	if (bget < 0) {
@@ -654,7 +680,8 @@ int ctl_bench_master_main(int argc, char **argv)
 	row("BatchGetReplicas x8", bget * (double)batch, echob > 0 ? echob * (double)batch : 0,
 	    "gets/s");
 	if (e.err_status)
-		printf("  (no Echo limit: %s — start the target with --diag-service)\n", e.err);
+		printf("  (no Echo limit: %s — start the target with --diag-service)\n",
+		       e.err);
 
 	/* Memory: fill up to --objects in batches of FILL_BATCH. */
 	heartbeat(c, &hb);
@@ -668,10 +695,11 @@ int ctl_bench_master_main(int argc, char **argv)
 		       (double)(uv_hrtime() - t0) / 1e9);
 	}
 	Mooncake__Master__StatsRequest sreq = MOONCAKE__MASTER__STATS_REQUEST__INIT;
-	st = sync_call(c, "Stats", &sreq.base, &mooncake__master__stats_response__descriptor, &out,
-		       err, sizeof(err));
+	st = sync_call(c, "Stats", &sreq.base, &mooncake__master__stats_response__descriptor,
+		       &out, err, sizeof(err));
 	if (st != RPC_OK) {
-		fprintf(stderr, "mooncakectl bench master: Stats: %s %s\n", rpc_status_name(st), err);
+		fprintf(stderr, "mooncakectl bench master: Stats: %s %s\n",
+			rpc_status_name(st), err);
 		goto out_client;
 	}
 	const Mooncake__Master__StatsResponse *s = (const void *)out;

@@ -58,16 +58,24 @@ static void srv_on_stop(uv_async_t *a)
 static void *srv_main(void *arg)
 {
 	struct ctl_msrv *t = arg;
-	struct rpc_server_opts so = {.name = "bench-master", .max_message_bytes = 256u << 20,
-				     .metrics = t->reg};
+	struct rpc_server_opts so = {
+		.name = "bench-master", .max_message_bytes = 256u << 20, .metrics = t->reg};
 	int rc = rpc_server_new(&t->loop, &so, &t->rpc);
 	if (rc == 0)
 		rc = rpc_diag_add(t->rpc);
 	struct master_opts mo = {
-		.loop = &t->loop, .rpc = t->rpc, .metrics = t->reg, .listen = "127.0.0.1:0",
-		.cluster_id = "bench", .meta_endpoints = "", .agent_ttl_ms = t->agent_ttl_ms,
-		.put_timeout_ms = 3600000, .lease_ttl_ms = 5000, .leader_lease_ttl_ms = 5000,
-		.high_watermark = 0.9, .eviction_ratio = 0.1,
+		.loop = &t->loop,
+		.rpc = t->rpc,
+		.metrics = t->reg,
+		.listen = "127.0.0.1:0",
+		.cluster_id = "bench",
+		.meta_endpoints = "",
+		.agent_ttl_ms = t->agent_ttl_ms,
+		.put_timeout_ms = 3600000,
+		.lease_ttl_ms = 5000,
+		.leader_lease_ttl_ms = 5000,
+		.high_watermark = 0.9,
+		.eviction_ratio = 0.1,
 	};
 	if (rc == 0)
 		rc = master_new(&mo, &t->m);

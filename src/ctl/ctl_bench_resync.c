@@ -51,10 +51,10 @@ struct sim_agent {
 	char name[32];
 	struct rpc_client *c;
 	uint64_t view;
-	uint64_t nobj;     /* its share of the objects */
-	uint64_t *off;     /* offset of each of them in its segment */
-	uint64_t pos;      /* next object to put, or to report */
-	uint64_t batch_n;  /* objects in the batch in flight */
+	uint64_t nobj;    /* its share of the objects */
+	uint64_t *off;    /* offset of each of them in its segment */
+	uint64_t pos;     /* next object to put, or to report */
+	uint64_t batch_n; /* objects in the batch in flight */
 	uv_timer_t hb;
 	uint64_t hb_t0;
 	bool hb_inflight;
@@ -124,7 +124,8 @@ static int agent_mount(struct sim_agent *a, bool resync, rpc_unary_cb cb)
 	seg.agent_id = a->name;
 	seg.base_address = (1ull << 44) + (uint64_t)a->idx * SEGMENT_BYTES;
 	seg.size = SEGMENT_BYTES;
-	Mooncake__Master__MountSegmentRequest req = MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
+	Mooncake__Master__MountSegmentRequest req =
+		MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
 	req.segment = &seg;
 	req.resync = resync;
 	return agent_call(a, "MountSegment", &req.base,
@@ -157,8 +158,8 @@ static void on_hb_timer(uv_timer_t *t)
 	req.agent_id = a->name;
 	req.view = a->view;
 	a->hb_t0 = uv_hrtime();
-	if (agent_call(a, "Heartbeat", &req.base, &mooncake__master__heartbeat_response__descriptor,
-		       on_heartbeat) == 0) {
+	if (agent_call(a, "Heartbeat", &req.base,
+		       &mooncake__master__heartbeat_response__descriptor, on_heartbeat) == 0) {
 		a->hb_inflight = true;
 		a->s->hb_sent++;
 	}
@@ -173,7 +174,8 @@ static void on_put_end(void *ud, int status, const char *msg, const ProtobufCMes
 	struct sim_agent *a = ud;
 	const Mooncake__Master__BatchErrorsResponse *r = (const void *)resp;
 	if (status != RPC_OK || r->n_errors != a->batch_n) {
-		sim_fail(a->s, a->name, "BatchPutEnd", status != RPC_OK ? msg : "short answer");
+		sim_fail(a->s, a->name, "BatchPutEnd",
+			 status != RPC_OK ? msg : "short answer");
 		agent_done(a);
 		return;
 	}
@@ -192,15 +194,18 @@ static void on_put_start(void *ud, int status, const char *msg, const ProtobufCM
 	struct sim_agent *a = ud;
 	const Mooncake__Master__BatchPutStartResponse *r = (const void *)resp;
 	if (status != RPC_OK || r->n_results != a->batch_n) {
-		sim_fail(a->s, a->name, "BatchPutStart", status != RPC_OK ? msg : "short answer");
+		sim_fail(a->s, a->name, "BatchPutStart",
+			 status != RPC_OK ? msg : "short answer");
 		agent_done(a);
 		return;
 	}
 	for (size_t i = 0; i < r->n_results; i++) {
 		const Mooncake__Master__PutStartResult *p = r->results[i];
-		if (p->error || p->n_replicas != 1 || strcmp(p->replicas[0]->segment, a->name)) {
+		if (p->error || p->n_replicas != 1 ||
+		    strcmp(p->replicas[0]->segment, a->name)) {
 			sim_fail(a->s, a->name, "BatchPutStart",
-				 p->error ? mc_strerror(p->error) : "placed off its own segment");
+				 p->error ? mc_strerror(p->error)
+					  : "placed off its own segment");
 			agent_done(a);
 			return;
 		}
@@ -233,11 +238,13 @@ static void put_next(struct sim_agent *a)
 		a->items[i].preferred_segment = a->name;
 		a->iptr[i] = &a->items[i];
 	}
-	Mooncake__Master__BatchPutStartRequest req = MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
+	Mooncake__Master__BatchPutStartRequest req =
+		MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
 	req.items = a->iptr;
 	req.n_items = a->batch_n;
 	if (agent_call(a, "BatchPutStart", &req.base,
-		       &mooncake__master__batch_put_start_response__descriptor, on_put_start)) {
+		       &mooncake__master__batch_put_start_response__descriptor,
+		       on_put_start)) {
 		sim_fail(a->s, a->name, "BatchPutStart", "cannot issue");
 		agent_done(a);
 	}
@@ -288,8 +295,8 @@ static void inv_next(struct sim_agent *a)
 	req.inventory = a->invp;
 	req.n_inventory = a->batch_n;
 	req.inventory_complete = a->pos + a->batch_n == a->nobj;
-	if (agent_call(a, "Heartbeat", &req.base, &mooncake__master__heartbeat_response__descriptor,
-		       on_inventory)) {
+	if (agent_call(a, "Heartbeat", &req.base,
+		       &mooncake__master__heartbeat_response__descriptor, on_inventory)) {
 		sim_fail(a->s, a->name, "inventory Heartbeat", "cannot issue");
 		agent_done(a);
 	}
@@ -329,7 +336,8 @@ static void agent_resync(struct sim_agent *a)
 	Mooncake__Master__HeartbeatRequest req = MOONCAKE__MASTER__HEARTBEAT_REQUEST__INIT;
 	req.agent_id = a->name;
 	req.view = a->view;
-	if (agent_call(a, "Heartbeat", &req.base, &mooncake__master__heartbeat_response__descriptor,
+	if (agent_call(a, "Heartbeat", &req.base,
+		       &mooncake__master__heartbeat_response__descriptor,
 		       on_first_heartbeat)) {
 		sim_fail(a->s, a->name, "Heartbeat to the new master", "cannot issue");
 		agent_done(a);
@@ -386,7 +394,8 @@ static int sim_alloc(struct sim *s, uint64_t objects)
 		a->iptr = calloc(INV_BATCH, sizeof(*a->iptr));
 		a->inv = calloc(INV_BATCH, sizeof(*a->inv));
 		a->invp = calloc(INV_BATCH, sizeof(*a->invp));
-		if (!a->off || !a->keys || !a->bin || !a->items || !a->iptr || !a->inv || !a->invp)
+		if (!a->off || !a->keys || !a->bin || !a->items || !a->iptr || !a->inv ||
+		    !a->invp)
 			return -1;
 	}
 	return 0;
@@ -420,15 +429,15 @@ static int sim_check(struct sim *s, uint64_t objects, char *err, size_t errlen)
 	struct rpc_client *c = s->a[0].c;
 	Mooncake__Master__StatsRequest sreq = MOONCAKE__MASTER__STATS_REQUEST__INIT;
 	int st = rpc_client_unary_sync(c, "/mooncake.master.Master/Stats", &sreq.base,
-				       &mooncake__master__stats_response__descriptor, TIMEOUT_MS,
-				       &out, err, errlen);
+				       &mooncake__master__stats_response__descriptor,
+				       TIMEOUT_MS, &out, err, errlen);
 	if (st != RPC_OK)
 		return -1;
 	uint64_t have = ((const Mooncake__Master__StatsResponse *)out)->objects;
 	protobuf_c_message_free_unpacked(out, NULL);
 	if (have != objects) {
-		snprintf(err, errlen, "the index holds %" PRIu64 " objects, not %" PRIu64, have,
-			 objects);
+		snprintf(err, errlen, "the index holds %" PRIu64 " objects, not %" PRIu64,
+			 have, objects);
 		return -1;
 	}
 	for (uint64_t k = 0; k < SAMPLE_KEYS && objects; k++) {
@@ -442,13 +451,15 @@ static int sim_check(struct sim *s, uint64_t objects, char *err, size_t errlen)
 			MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
 		g_req.key.data = (uint8_t *)key;
 		g_req.key.len = strlen(key);
-		st = rpc_client_unary_sync(c, "/mooncake.master.Master/GetReplicas", &g_req.base,
-					   &mooncake__master__get_replicas_response__descriptor,
-					   TIMEOUT_MS, &out, err, errlen);
+		st = rpc_client_unary_sync(
+			c, "/mooncake.master.Master/GetReplicas", &g_req.base,
+			&mooncake__master__get_replicas_response__descriptor, TIMEOUT_MS, &out,
+			err, errlen);
 		if (st != RPC_OK)
 			return -1;
 		const Mooncake__Master__GetReplicasResponse *r = (const void *)out;
-		bool ok = r->n_replicas == 1 && strcmp(r->replicas[0]->segment, a->name) == 0 &&
+		bool ok = r->n_replicas == 1 &&
+			  strcmp(r->replicas[0]->segment, a->name) == 0 &&
 			  r->replicas[0]->offset == a->off[li] && r->size == VALUE_BYTES;
 		protobuf_c_message_free_unpacked(out, NULL);
 		if (!ok) {
@@ -460,7 +471,8 @@ static int sim_check(struct sim *s, uint64_t objects, char *err, size_t errlen)
 		struct sim_agent *a = &s->a[i];
 		char key[KEY_BYTES];
 		snprintf(key, sizeof(key), "sim/%02u/after", i);
-		Mooncake__Master__PutStartRequest p = MOONCAKE__MASTER__PUT_START_REQUEST__INIT;
+		Mooncake__Master__PutStartRequest p =
+			MOONCAKE__MASTER__PUT_START_REQUEST__INIT;
 		p.key.data = (uint8_t *)key;
 		p.key.len = strlen(key);
 		p.size = VALUE_BYTES;
@@ -474,7 +486,8 @@ static int sim_check(struct sim *s, uint64_t objects, char *err, size_t errlen)
 		bool ok = r->n_replicas == 1 && strcmp(r->replicas[0]->segment, a->name) == 0;
 		protobuf_c_message_free_unpacked(out, NULL);
 		if (!ok) {
-			snprintf(err, errlen, "a put after the re-sync was not placed on %s", a->name);
+			snprintf(err, errlen, "a put after the re-sync was not placed on %s",
+				 a->name);
 			return -1;
 		}
 	}
@@ -531,11 +544,13 @@ int ctl_bench_resync_main(int argc, char **argv)
 		goto out;
 	}
 	/* The agent TTL well above the heartbeat, as a deployment sets it. */
-	if (ctl_msrv_start(MC_MAX(10 * hb_ms, 10000), &srv) || sim_connect(&s, ctl_msrv_port(srv))) {
+	if (ctl_msrv_start(MC_MAX(10 * hb_ms, 10000), &srv) ||
+	    sim_connect(&s, ctl_msrv_port(srv))) {
 		fprintf(stderr, "mooncakectl bench resync: cannot start a master\n");
 		goto out;
 	}
-	printf("mooncakectl bench resync: %u agents, %" PRIu64 " objects of %d B, heartbeat every "
+	printf("mooncakectl bench resync: %u agents, %" PRIu64
+	       " objects of %d B, heartbeat every "
 	       "%" PRIu64 " ms, master in this process (own thread and loop)\n\n",
 	       s.n, objects, VALUE_BYTES, hb_ms);
 
@@ -549,7 +564,8 @@ int ctl_bench_resync_main(int argc, char **argv)
 	sim_wait(&s);
 	if (s.failed)
 		goto failed;
-	printf("%-34s %10.1f ms\n", "mount, all agents at once", (double)(uv_hrtime() - t0) / 1e6);
+	printf("%-34s %10.1f ms\n", "mount, all agents at once",
+	       (double)(uv_hrtime() - t0) / 1e6);
 	for (unsigned i = 0; i < s.n; i++)
 		uv_timer_start(&s.a[i].hb, on_hb_timer, (hb_ms * i) / s.n, hb_ms);
 
@@ -565,7 +581,8 @@ int ctl_bench_resync_main(int argc, char **argv)
 	double fill_s = (double)(uv_hrtime() - t0) / 1e9;
 	printf("%-34s %10.1f s  (%.0f puts/s)\n", "put, all agents at once", fill_s,
 	       fill_s > 0 ? (double)objects / fill_s : 0);
-	printf("%-34s %10" PRIu64 "    p50 %.0f us, p99 %.0f us, %" PRIu64 " asked to re-sync\n",
+	printf("%-34s %10" PRIu64 "    p50 %.0f us, p99 %.0f us, %" PRIu64
+	       " asked to re-sync\n",
 	       "heartbeats during the puts", s.hb_sent, ctl_lat_pct_us(&s.hb_lat, 0.5),
 	       ctl_lat_pct_us(&s.hb_lat, 0.99), s.hb_resync);
 
@@ -577,7 +594,8 @@ int ctl_bench_resync_main(int argc, char **argv)
 	ctl_msrv_stop(srv);
 	srv = NULL;
 	t0 = uv_hrtime();
-	if (ctl_msrv_start(MC_MAX(10 * hb_ms, 10000), &srv) || sim_connect(&s, ctl_msrv_port(srv))) {
+	if (ctl_msrv_start(MC_MAX(10 * hb_ms, 10000), &srv) ||
+	    sim_connect(&s, ctl_msrv_port(srv))) {
 		fprintf(stderr, "mooncakectl bench resync: cannot start the new master\n");
 		goto out;
 	}
@@ -588,13 +606,14 @@ int ctl_bench_resync_main(int argc, char **argv)
 	if (s.failed)
 		goto failed;
 	double rs = (double)(uv_hrtime() - t0) / 1e9;
-	printf("%-34s %10.2f s  (%.2f s per million objects)\n", "re-sync after a failover", rs,
-	       objects ? rs * 1e6 / (double)objects : 0);
-	printf("%-34s %10" PRIu64 "    of %" PRIu64 ", %" PRIu64 " skipped\n", "inventory items accepted",
-	       s.accepted, objects, s.skipped);
+	printf("%-34s %10.2f s  (%.2f s per million objects)\n", "re-sync after a failover",
+	       rs, objects ? rs * 1e6 / (double)objects : 0);
+	printf("%-34s %10" PRIu64 "    of %" PRIu64 ", %" PRIu64 " skipped\n",
+	       "inventory items accepted", s.accepted, objects, s.skipped);
 	if (s.accepted != objects || s.skipped) {
-		snprintf(err, sizeof(err), "%" PRIu64 " of %" PRIu64 " items accepted, %" PRIu64
-			 " skipped", s.accepted, objects, s.skipped);
+		snprintf(err, sizeof(err),
+			 "%" PRIu64 " of %" PRIu64 " items accepted, %" PRIu64 " skipped",
+			 s.accepted, objects, s.skipped);
 		goto check_failed;
 	}
 	if (sim_check(&s, objects, err, sizeof(err)))

@@ -84,22 +84,22 @@ struct run {
 	enum op op;
 	enum target target;
 	size_t size;
-	unsigned nkeys;     /* get set per client */
-	unsigned batch;     /* values per call (1 but for batch ops) */
+	unsigned nkeys; /* get set per client */
+	unsigned batch; /* values per call (1 but for batch ops) */
 	uint64_t stop_ns;
 	const char *remote_segment;
-	unsigned tag;       /* of this round's put keys */
-	unsigned gtag;      /* of the get set: the same in every round */
+	unsigned tag;  /* of this round's put keys */
+	unsigned gtag; /* of the get set: the same in every round */
 };
 
 struct worker {
 	pthread_t t;
 	unsigned id;
 	const struct run *r;
-	mc_client *c;       /* the session (local agent) */
+	mc_client *c;            /* the session (local agent) */
 	struct ctl_redis *redis; /* connection (redis target) */
 	struct ctl_floor *floor; /* the floor target's server (one client) */
-	void *buf;          /* room for a batch of values */
+	void *buf;               /* room for a batch of values */
 	struct ctl_lat lat;
 	uint64_t ops, errors;
 	uint64_t cpu_ns, wakeups; /* of this thread in its run */
@@ -113,8 +113,7 @@ static void key_of(char *k, size_t len, const struct run *r, unsigned id, const 
 		   uint64_t i)
 {
 	snprintf(k, len, "bench/%u/%s/%zu/%u/%llu", *kind == 'g' ? r->gtag : r->tag, kind,
-		 r->size, id,
-		 (unsigned long long)i);
+		 r->size, id, (unsigned long long)i);
 }
 
 /* One batch call of r->batch values (keys i*batch on for puts). */
@@ -133,7 +132,8 @@ static int one_batch(struct worker *w, bool put, uint64_t i)
 			key_of(kb[k], sizeof(kb[k]), r, w->id, "put", i * r->batch + k);
 		else {
 			w->rnd = w->rnd * 1103515245u + 12345u;
-			key_of(kb[k], sizeof(kb[k]), r, w->id, "get", (w->rnd >> 8) % r->nkeys);
+			key_of(kb[k], sizeof(kb[k]), r, w->id, "get",
+			       (w->rnd >> 8) % r->nkeys);
 		}
 		keys[k] = kb[k];
 		klens[k] = strlen(kb[k]);
@@ -155,7 +155,9 @@ static int one_batch(struct worker *w, bool put, uint64_t i)
 		if (put && r->target != T_REDIS)
 			rc = res[k];
 		else if (!put)
-			rc = got[k] < 0 ? (int)got[k] : got[k] == (int64_t)r->size ? 0 : MC_EPROTOCOL;
+			rc = got[k] < 0                   ? (int)got[k]
+			     : got[k] == (int64_t)r->size ? 0
+							  : MC_EPROTOCOL;
 	return rc;
 }
 
@@ -184,8 +186,8 @@ static int one(struct worker *w, bool put, uint64_t i)
 		return rc ? rc : (int)MC_MIN(got, 0);
 	}
 	if (put) {
-		struct mc_put_opts o = {.preferred_segment =
-						r->target == T_REMOTE ? r->remote_segment : NULL};
+		struct mc_put_opts o = {
+			.preferred_segment = r->target == T_REMOTE ? r->remote_segment : NULL};
 		return mc_put_from(w->c, key, strlen(key), w->buf, r->size, &o);
 	}
 	if (r->op == OP_VIEW) {
@@ -210,7 +212,8 @@ static void thread_usage(struct ctl_usage *u)
 	memset(u, 0, sizeof(*u));
 	if (getrusage(RUSAGE_THREAD, &ru) != 0)
 		return;
-	u->cpu_ns = ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000u +
+	u->cpu_ns = ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+			    1000000000u +
 		    ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
 	u->wakeups = (uint64_t)ru.ru_nvcsw;
 }
@@ -225,7 +228,8 @@ static void *worker_main(void *arg)
 		uint64_t t0 = mc_now_ns();
 		if (t0 >= r->stop_ns)
 			break;
-		bool put = r->op == OP_PUT || r->op == OP_BPUT || (r->op == OP_MIXED && (i & 1));
+		bool put = r->op == OP_PUT || r->op == OP_BPUT ||
+			   (r->op == OP_MIXED && (i & 1));
 		int rc = one(w, put, i);
 		uint64_t t1 = mc_now_ns();
 		if (rc) {
@@ -306,19 +310,25 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 			const void *vals[1] = {ws[id].buf};
 			void *bufs[1] = {ws[id].buf};
 			int64_t got;
-			int there = r->target == T_REDIS ? 0 : mc_exist(ws[id].c, key, strlen(key));
+			int there = r->target == T_REDIS
+					    ? 0
+					    : mc_exist(ws[id].c, key, strlen(key));
 			if (there < 0)
 				return there;
 			int rc = there ? 0
 				 : r->target == T_REDIS
-					 ? ctl_redis_set_n(ws[id].redis, 1, keys, vals, r->size)
-					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size, NULL);
+					 ? ctl_redis_set_n(ws[id].redis, 1, keys, vals,
+							   r->size)
+					 : mc_put_from(through, key, strlen(key), ws[id].buf,
+						       r->size, NULL);
 			if (rc)
 				return rc;
 			if (r->target == T_REDIS)
-				rc = ctl_redis_get_n(ws[id].redis, 1, keys, bufs, r->size, &got);
+				rc = ctl_redis_get_n(ws[id].redis, 1, keys, bufs, r->size,
+						     &got);
 			else
-				got = mc_get_into(ws[id].c, key, strlen(key), ws[id].buf, r->size);
+				got = mc_get_into(ws[id].c, key, strlen(key), ws[id].buf,
+						  r->size);
 			if (rc || got < 0)
 				return rc ? rc : (int)got;
 		}
@@ -407,12 +417,14 @@ static void print_line(const char *vs, enum op op, enum target tg, size_t size,
 		snprintf(cpu[1], sizeof(cpu[1]), "%.1f", (double)t->agent_ns / per);
 		if (tg != T_REDIS && t->master_ns)
 			snprintf(cpu[2], sizeof(cpu[2]), "%.1f", (double)t->master_ns / per);
-		snprintf(cpu[3], sizeof(cpu[3]), "%.2f", (double)t->srv_wakeups / (double)t->ops);
+		snprintf(cpu[3], sizeof(cpu[3]), "%.2f",
+			 (double)t->srv_wakeups / (double)t->ops);
 	}
 	printf("%-6s %-9s %-6s %9.0f %6.2f %8.1f %8.1f %9s %7s %6.2f %6s %6s %6s %6s %6llu %s\n",
-	       vs, op_names[op], target_names[tg], ops_s(t), gbps, ctl_lat_pct_us(&t->lat, 0.50),
-	       ctl_lat_pct_us(&t->lat, 0.99), rs, xs, limit > 0 ? gbps / limit : 0, cpu[0], cpu[1],
-	       cpu[2], cpu[3], (unsigned long long)t->errors, fmt_err(t->first_err));
+	       vs, op_names[op], target_names[tg], ops_s(t), gbps,
+	       ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99), rs, xs,
+	       limit > 0 ? gbps / limit : 0, cpu[0], cpu[1], cpu[2], cpu[3],
+	       (unsigned long long)t->errors, fmt_err(t->first_err));
 }
 
 /* ---------------------------------------------------------------- the limit */
@@ -512,37 +524,36 @@ static int memcpy_lat(size_t size, double *p50, double *p99)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
-		"           [--op=put,get,view,mixed,batch-put,batch-get] [--batch=32]\n"
-		"           [--duration=3s] [--socket=PATH]\n"
-		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n"
-		"           [--master=local|separate] [--rounds=N]\n\n"
-		"Clients (threads, one session each) put, get (mc_get_into), view\n"
-		"(mc_get_view, zero copy when local, then a copy into the client's\n"
-		"buffer) or put and get alternating (mixed) with values in\n"
-		"buffers from mc_buffer_alloc, or --batch values in one mc_batch_put\n"
-		"or mc_batch_get_into (batch-put, batch-get; redis: as many commands\n"
-		"pipelined), for each value size: through the local\n"
-		"agent with local replicas, then with replicas on a second agent\n"
-		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
-		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
-		"as many threads (the limit); per size, the p50/p99 of one thread's\n"
-		"memcpy of one value (the latency limit of a get) and, with one client,\n"
-		"the floor of a get in the same rounds: a request over a Unix socket,\n"
-		"the value copied by two threads half each, the answer (what a get\n"
-		"through a daemon does at the least, without the store). Without\n"
-		"--socket it starts a master and two agents itself (mooncaked next to\n"
-		"mooncakectl),\n"
-		"and redis-server when installed; the master runs in the process of\n"
-		"the first agent (as in standalone) or, with --master=separate, in a\n"
-		"process of its own. Beside each figure: the CPU time an operation\n"
-		"costs the client threads, the agents (redis: redis-server) and the\n"
-		"master, in us, and the servers' wakeups per operation (voluntary\n"
-		"context switches of their threads), when the bench started them.\n"
-		"Each size and op runs in --rounds rounds (default 3) of local,\n"
-		"remote and redis in turn, --duration/rounds each, summed: a slower\n"
-		"minute of the machine falls on all three alike.\n");
+	fprintf(f, "usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
+		   "           [--op=put,get,view,mixed,batch-put,batch-get] [--batch=32]\n"
+		   "           [--duration=3s] [--socket=PATH]\n"
+		   "           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n"
+		   "           [--master=local|separate] [--rounds=N]\n\n"
+		   "Clients (threads, one session each) put, get (mc_get_into), view\n"
+		   "(mc_get_view, zero copy when local, then a copy into the client's\n"
+		   "buffer) or put and get alternating (mixed) with values in\n"
+		   "buffers from mc_buffer_alloc, or --batch values in one mc_batch_put\n"
+		   "or mc_batch_get_into (batch-put, batch-get; redis: as many commands\n"
+		   "pipelined), for each value size: through the local\n"
+		   "agent with local replicas, then with replicas on a second agent\n"
+		   "(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
+		   "GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
+		   "as many threads (the limit); per size, the p50/p99 of one thread's\n"
+		   "memcpy of one value (the latency limit of a get) and, with one client,\n"
+		   "the floor of a get in the same rounds: a request over a Unix socket,\n"
+		   "the value copied by two threads half each, the answer (what a get\n"
+		   "through a daemon does at the least, without the store). Without\n"
+		   "--socket it starts a master and two agents itself (mooncaked next to\n"
+		   "mooncakectl),\n"
+		   "and redis-server when installed; the master runs in the process of\n"
+		   "the first agent (as in standalone) or, with --master=separate, in a\n"
+		   "process of its own. Beside each figure: the CPU time an operation\n"
+		   "costs the client threads, the agents (redis: redis-server) and the\n"
+		   "master, in us, and the servers' wakeups per operation (voluntary\n"
+		   "context switches of their threads), when the bench started them.\n"
+		   "Each size and op runs in --rounds rounds (default 3) of local,\n"
+		   "remote and redis in turn, --duration/rounds each, summed: a slower\n"
+		   "minute of the machine falls on all three alike.\n");
 }
 
 static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)
@@ -603,7 +614,8 @@ int ctl_bench_store_main(int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "redis", &v) && v) {
 			redis_s = v;
 		} else {
-			fprintf(stderr, "mooncakectl bench store: unknown argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench store: unknown argument \"%s\"\n",
+				argv[i]);
 			usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
@@ -612,18 +624,22 @@ int ctl_bench_store_main(int argc, char **argv)
 	snprintf(buf, sizeof(buf), "%s", sizes_s);
 	for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		uint64_t s;
-		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 || s > (256ull << 20)) {
-			fprintf(stderr, "mooncakectl bench store: bad --value-size (1 to 256M each)\n");
+		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 ||
+		    s > (256ull << 20)) {
+			fprintf(stderr,
+				"mooncakectl bench store: bad --value-size (1 to 256M each)\n");
 			return CTL_EXIT_USAGE;
 		}
 		sizes[nsizes++] = s;
 	}
-	if (clients < 1 || clients > MAX_CLIENTS || parse_list(ops_s, op_names, NOPS, &opmask) ||
+	if (clients < 1 || clients > MAX_CLIENTS ||
+	    parse_list(ops_s, op_names, NOPS, &opmask) ||
 	    cfg_parse_duration_ms(dur_s, &duration_ms) || rounds < 1 || rounds > 100 ||
 	    duration_ms < rounds || batch < 1 || batch > MAX_BATCH) {
-		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op, "
-				"--rounds (1 to 100), --batch (1 to %d) or --duration (at least "
-				"1ms a round)\n",
+		fprintf(stderr,
+			"mooncakectl bench store: bad --clients (1 to %d), --op, "
+			"--rounds (1 to 100), --batch (1 to %d) or --duration (at least "
+			"1ms a round)\n",
 			MAX_CLIENTS, MAX_BATCH);
 		return CTL_EXIT_USAGE;
 	}
@@ -637,10 +653,12 @@ int ctl_bench_store_main(int argc, char **argv)
 	for (unsigned i = 0; i < nsizes; i++)
 		maxsize = MC_MAX(maxsize, sizes[i]);
 	/* Each client's buffer holds a batch of the largest values. */
-	size_t bufsize = opmask & ((1u << OP_BPUT) | (1u << OP_BGET)) ? maxsize * batch : maxsize;
+	size_t bufsize = opmask & ((1u << OP_BPUT) | (1u << OP_BGET)) ? maxsize * batch
+								      : maxsize;
 	if (bufsize > (1ull << 30)) {
-		fprintf(stderr, "mooncakectl bench store: --batch values of --value-size need "
-				"%zu MiB a client; at most 1 GiB\n",
+		fprintf(stderr,
+			"mooncakectl bench store: --batch values of --value-size need "
+			"%zu MiB a client; at most 1 GiB\n",
 			bufsize >> 20);
 		return CTL_EXIT_USAGE;
 	}
@@ -662,8 +680,8 @@ int ctl_bench_store_main(int argc, char **argv)
 			rsock = cl.sock[1];
 			break;
 		}
-		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n", attempt,
-			mc_strerror(rc));
+		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n",
+			attempt, mc_strerror(rc));
 		ctl_local_report_dead(&cl);
 		ctl_local_stop(&cl);
 		if (attempt == 3)
@@ -685,12 +703,14 @@ int ctl_bench_store_main(int argc, char **argv)
 
 	rc = holder_local ? 0 : ctl_local_open(sock, &holder_local, 15000);
 	if (rc) {
-		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock, mc_strerror(rc));
+		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock,
+			mc_strerror(rc));
 		ctl_local_stop(&cl);
 		return CTL_EXIT_FAIL;
 	}
 	if (rsock && ctl_local_open(rsock, &holder_remote, 15000) != 0) {
-		fprintf(stderr, "bench store: second agent at %s not ready: remote runs skipped\n",
+		fprintf(stderr,
+			"bench store: second agent at %s not ready: remote runs skipped\n",
 			rsock);
 		holder_remote = NULL;
 	}
@@ -713,13 +733,15 @@ int ctl_bench_store_main(int argc, char **argv)
 			       mc_now_ms() < deadline)
 				usleep(20000);
 			if (!ws[i].redis) {
-				printf("redis at port %d does not answer: skipped\n", redis_port);
+				printf("redis at port %d does not answer: skipped\n",
+				       redis_port);
 				redis_port = 0;
 			}
 		}
 	}
 	if (rc) {
-		fprintf(stderr, "bench store: cannot open client sessions: %s\n", mc_strerror(rc));
+		fprintf(stderr, "bench store: cannot open client sessions: %s\n",
+			mc_strerror(rc));
 		goto out;
 	}
 
@@ -731,12 +753,13 @@ int ctl_bench_store_main(int argc, char **argv)
 	if (own_cluster)
 		printf("cluster: two agents, the master %s\n",
 		       separate ? "in a process of its own" : "in the local agent's process");
-	printf("%-6s %-9s %-6s %9s %6s %8s %8s %9s %7s %6s %6s %6s %6s %6s %6s\n", "size", "op",
-	       "where", "ops/s", "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis", "memcpy",
-	       "cli-us", "agt-us", "mst-us", "wake", "errors");
-	struct servers sv = {.agent = {ctl_local_pid(&cl, "agent0"), ctl_local_pid(&cl, "agent1")},
-			     .master = ctl_local_pid(&cl, "master"),
-			     .redis = ctl_local_pid(&cl, "redis")};
+	printf("%-6s %-9s %-6s %9s %6s %8s %8s %9s %7s %6s %6s %6s %6s %6s %6s\n", "size",
+	       "op", "where", "ops/s", "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis",
+	       "memcpy", "cli-us", "agt-us", "mst-us", "wake", "errors");
+	struct servers sv = {
+		.agent = {ctl_local_pid(&cl, "agent0"), ctl_local_pid(&cl, "agent1")},
+		.master = ctl_local_pid(&cl, "master"),
+		.redis = ctl_local_pid(&cl, "redis")};
 	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
 	unsigned tag = (unsigned)getpid();
 	for (unsigned si = 0; si < nsizes; si++) {
@@ -747,7 +770,8 @@ int ctl_bench_store_main(int argc, char **argv)
 		double l50, l99;
 		if (memcpy_lat(sizes[si], &l50, &l99) == 0)
 			printf("limit %s: memcpy of one value (1 thread, from a get set's worth of "
-			       "values) p50 %.1f us, p99 %.1f us\n", vs, l50, l99);
+			       "values) p50 %.1f us, p99 %.1f us\n",
+			       vs, l50, l99);
 		for (unsigned op = 0; op < NOPS; op++) {
 			if (!(opmask & (1u << op)))
 				continue;
@@ -762,13 +786,15 @@ int ctl_bench_store_main(int argc, char **argv)
 				int frc = ctl_floor_start(sizes[si], get_set_len(sizes[si]),
 							  ws[0].buf, &fl);
 				if (frc)
-					printf("%s get floor: not measured: %s\n", vs, mc_strerror(frc));
+					printf("%s get floor: not measured: %s\n", vs,
+					       mc_strerror(frc));
 			}
 			ws[0].floor = fl;
 			for (unsigned round = 0; round < rounds; round++)
 				for (unsigned t = 0; t < NTARGETS; t++) {
 					if ((t == T_REMOTE && !holder_remote) ||
-					    (t == T_REDIS && !redis_port) || (t == T_FLOOR && !fl))
+					    (t == T_REDIS && !redis_port) ||
+					    (t == T_FLOOR && !fl))
 						continue;
 					struct run r = {
 						.op = op,
@@ -776,22 +802,24 @@ int ctl_bench_store_main(int argc, char **argv)
 						.size = sizes[si],
 						.nkeys = (unsigned)MC_MAX(
 							(size_t)1,
-							MC_MIN((size_t)256, GET_SET_BYTES / sizes[si])),
+							MC_MIN((size_t)256,
+							       GET_SET_BYTES / sizes[si])),
 						.batch = op_batch(op) ? batch : 1,
 						.remote_segment = remote_seg,
 						.tag = tag++,
 						.gtag = gtag + t,
 					};
 					run_one(ws, clients, &r, round_ms,
-						t == T_REMOTE ? holder_remote : holder_local, &sv,
-						&tal[t]);
+						t == T_REMOTE ? holder_remote : holder_local,
+						&sv, &tal[t]);
 				}
 			ctl_floor_stop(fl);
 			ws[0].floor = NULL;
 			(void)mc_remove_all(holder_local, 1);
 			for (unsigned t = 0; t < NTARGETS; t++) {
 				if (tal[t].ran || tal[t].errors)
-					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si], &tal[t],
+					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si],
+						   &tal[t],
 						   t >= T_REDIS ? NULL : &tal[T_REDIS], limit);
 			}
 			for (unsigned t = 0; t < NTARGETS; t++)

@@ -83,7 +83,7 @@ int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms);
 /* ------------------------------------------------------------ ctl_redis.c */
 
 #define CTL_REDIS_MAX_PIPELINE 64 /* commands sent at once */
-#define CTL_REDIS_MAX_KEY 128      /* bytes */
+#define CTL_REDIS_MAX_KEY 128     /* bytes */
 
 struct ctl_redis;
 
@@ -100,8 +100,8 @@ int ctl_redis_set_n(struct ctl_redis *r, size_t n, const char *const *keys,
 /* GET keys[i] into bufs[i] (cap bytes each), pipelined as ctl_redis_set_n:
  * lens[i] is value i's length, MC_EOBJECT_NOT_FOUND or -ENOBUFS (longer
  * than cap). Errors (of the connection): -EINVAL, -EIO, -EPROTO, -errno. */
-int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys,
-		    void *const *bufs, size_t cap, int64_t *lens);
+int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys, void *const *bufs,
+		    size_t cap, int64_t *lens);
 
 /* ------------------------------------------------------------ ctl_bench_floor.c */
 

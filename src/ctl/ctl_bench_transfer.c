@@ -59,7 +59,7 @@ extern const char verbs_emu_test_device[] __attribute__((weak));
 
 struct bench {
 	struct ctl_te_opts te;
-	struct ctl_te *h;        /* the initiator's engine */
+	struct ctl_te *h; /* the initiator's engine */
 	enum te_protocol proto;
 	bool write;
 	uint64_t block, batch, threads, duration_ms;
@@ -236,7 +236,7 @@ struct load {
 	struct bench *b;
 	struct te_engine *e;
 	struct te_segment *seg;
-	uint64_t remote;        /* this thread's part of the region */
+	uint64_t remote; /* this thread's part of the region */
 	size_t block, batch;
 	uint64_t end_ms;
 	uint64_t bytes, reqs;
@@ -310,9 +310,9 @@ struct figures {
 	int err;
 };
 
-static struct figures run_load(struct bench *b, struct te_engine *e,
-			       struct te_segment *seg, uint64_t base, size_t block,
-			       size_t batch, unsigned threads, uint64_t ms)
+static struct figures run_load(struct bench *b, struct te_engine *e, struct te_segment *seg,
+			       uint64_t base, size_t block, size_t batch, unsigned threads,
+			       uint64_t ms)
 {
 	struct load *l = calloc(threads, sizeof(*l));
 	struct figures f = {0};
@@ -322,8 +322,12 @@ static struct figures run_load(struct bench *b, struct te_engine *e,
 	}
 	uint64_t t0 = mc_now_ns();
 	for (unsigned t = 0; t < threads; t++) {
-		l[t] = (struct load){.b = b, .e = e, .seg = seg, .block = block,
-				     .batch = batch, .end_ms = mc_now_ms() + ms,
+		l[t] = (struct load){.b = b,
+				     .e = e,
+				     .seg = seg,
+				     .block = block,
+				     .batch = batch,
+				     .end_ms = mc_now_ms() + ms,
 				     .remote = base + (uint64_t)t * block * batch};
 		pthread_create(&l[t].tid, NULL, load_main, &l[t]);
 	}
@@ -415,7 +419,7 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 struct stream {
 	uint16_t port;
 	bool write;
-	uint64_t ws;            /* working set per connection and side */
+	uint64_t ws; /* working set per connection and side */
 	uint64_t end_ms, bytes, t_end_ns;
 	int err;
 	pthread_t tid;
@@ -425,7 +429,8 @@ static void *stream_main(void *arg)
 {
 	struct stream *s = arg;
 	pthread_setname_np(pthread_self(), "stream-client");
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->port),
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons(s->port),
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	uint8_t *buf = malloc(s->ws);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
@@ -465,8 +470,7 @@ out:
 	return NULL;
 }
 
-static double stream_gbps(uint16_t port, bool write, unsigned conns,
-			  uint64_t ws, uint64_t ms)
+static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws, uint64_t ms)
 {
 	struct stream *s = calloc(conns, sizeof(*s));
 	double gbps = 0;
@@ -474,7 +478,8 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns,
 		return 0;
 	uint64_t t0 = mc_now_ns(), bytes = 0, t_end = t0;
 	for (unsigned i = 0; i < conns; i++) {
-		s[i] = (struct stream){.port = port, .write = write,
+		s[i] = (struct stream){.port = port,
+				       .write = write,
 				       .ws = MC_MAX(ws, (uint64_t)STREAM_CHUNK),
 				       .end_ms = mc_now_ms() + ms};
 		pthread_create(&s[i].tid, NULL, stream_main, &s[i]);
@@ -497,16 +502,15 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns,
 static void print_ratio(const char *what, double limit, double got)
 {
 	if (limit > 0)
-		printf("  %-34s %8.2f GB/s   engine/limit %.2f\n", what, limit,
-		       got / limit);
+		printf("  %-34s %8.2f GB/s   engine/limit %.2f\n", what, limit, got / limit);
 	else
 		printf("  %-34s      n/a\n", what);
 }
 
 static int parse_flags(struct bench *b, int argc, char **argv)
 {
-	const char *v, *proto, *op = "write", *block = "1M", *batch = "32",
-		       *threads = "2", *dur = "3s";
+	const char *v, *proto, *op = "write", *block = "1M", *batch = "32", *threads = "2",
+			       *dur = "3s";
 	bool te_threads_set = false;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -529,25 +533,27 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "target", &v)) {
 			b->target = v;
 		} else {
-			fprintf(stderr, "mooncakectl bench transfer: unknown argument "
-				"\"%s\"\n", argv[i]);
+			fprintf(stderr,
+				"mooncakectl bench transfer: unknown argument "
+				"\"%s\"\n",
+				argv[i]);
 			return 2;
 		}
 	}
 	char *end;
 	proto = b->te.protocol;
-	if (!proto || (strcmp(proto, "tcp") && strcmp(proto, "shm") && strcmp(proto, "rdma")) ||
+	if (!proto ||
+	    (strcmp(proto, "tcp") && strcmp(proto, "shm") && strcmp(proto, "rdma")) ||
 	    te_protocol_parse(proto, &b->proto) || !op ||
 	    (strcmp(op, "write") && strcmp(op, "read")) || !block ||
-	    cfg_parse_size(block, &b->block) || b->block == 0 ||
-	    b->block > (256u << 20) || !batch || !*batch ||
-	    (b->batch = strtoull(batch, &end, 10), *end) || b->batch == 0 ||
-	    b->batch > 4096 || !threads || !*threads ||
+	    cfg_parse_size(block, &b->block) || b->block == 0 || b->block > (256u << 20) ||
+	    !batch || !*batch || (b->batch = strtoull(batch, &end, 10), *end) ||
+	    b->batch == 0 || b->batch > 4096 || !threads || !*threads ||
 	    (b->threads = strtoull(threads, &end, 10), *end) || b->threads == 0 ||
 	    b->threads > 64 || !dur || cfg_parse_duration_ms(dur, &b->duration_ms) ||
 	    b->duration_ms == 0 || (b->target && !*b->target)) {
 		fprintf(stderr, "mooncakectl bench transfer: bad flag value (see "
-			"--help)\n");
+				"--help)\n");
 		return 2;
 	}
 	b->write = strcmp(op, "write") == 0;
@@ -564,7 +570,7 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 	uint64_t need = b->threads * b->batch * MC_MAX(b->block, (uint64_t)SMALL_BLOCK);
 	if (need > (16ull << 30)) {
 		fprintf(stderr, "mooncakectl bench transfer: threads x batch x block "
-			"is over 16G\n");
+				"is over 16G\n");
 		return 2;
 	}
 	b->region_bytes = (size_t)need;
@@ -623,7 +629,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		if (!f || !fgets(line, sizeof(line), f) ||
 		    sscanf(line, "%299s %u", target, &stream_port) != 2) {
 			fprintf(stderr, "mooncakectl bench transfer: the target process "
-				"did not start\n");
+					"did not start\n");
 			if (f)
 				fclose(f);
 			close(ctl_pipe[1]);
@@ -663,10 +669,10 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	struct te_segment_info info;
 	te_segment_info(seg, &info, NULL, 0);
 
-	printf("bench transfer: %s %s, %" PRIu64 " KiB blocks, batch %" PRIu64
-	       ", %" PRIu64 " threads, te-threads %s, %u tcp connections, target %s%s\n",
-	       te_protocol_name(info.transport), b.write ? "write" : "read",
-	       b.block >> 10, b.batch, b.threads, b.te.threads, b.conns, target,
+	printf("bench transfer: %s %s, %" PRIu64 " KiB blocks, batch %" PRIu64 ", %" PRIu64
+	       " threads, te-threads %s, %u tcp connections, target %s%s\n",
+	       te_protocol_name(info.transport), b.write ? "write" : "read", b.block >> 10,
+	       b.batch, b.threads, b.te.threads, b.conns, target,
 	       child > 0 ? " (forked)" : "");
 	/* Bandwidth and its limit in alternating rounds, so that a burst of
 	 * other load on the machine hits both alike; the best round of each
@@ -678,8 +684,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	int ferr = 0;
 	for (int r = 0; r < ROUNDS && !ferr; r++) {
 		struct figures f = run_load(&b, h.te, seg, reg.addr, (size_t)b.block,
-					    (size_t)b.batch, (unsigned)b.threads,
-					    round_ms);
+					    (size_t)b.batch, (unsigned)b.threads, round_ms);
 		ferr = f.err;
 		if (f.gbps > bw.gbps)
 			bw = f;
@@ -689,9 +694,8 @@ int ctl_bench_transfer_main(int argc, char **argv)
 			mn = MC_MAX(mn, memcpy_gbps((size_t)b.block, (size_t)b.batch,
 						    (unsigned)b.threads, round_ms));
 		} else if (child > 0) {
-			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write,
-						    b.conns, b.region_bytes / b.conns,
-						    round_ms));
+			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write, b.conns,
+						    b.region_bytes / b.conns, round_ms));
 		}
 	}
 	uint64_t short_ms = MC_MAX(b.duration_ms / 3, (uint64_t)300);
@@ -708,23 +712,22 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		te_close_segment(seg);
 		goto out_engine;
 	}
-	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", "engine",
-	       bw.gbps, bw.p50_us, bw.p99_us);
+	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", "engine", bw.gbps,
+	       bw.p50_us, bw.p99_us);
 	char what[64];
 	if (shm) {
 		print_ratio("limit: memcpy, 1 thread", m1, bw.gbps);
-		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads",
-			 b.threads);
+		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads", b.threads);
 		print_ratio(what, mn, bw.gbps);
 	} else {
-		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns",
-			 b.conns);
+		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns", b.conns);
 		print_ratio(what, st, bw.gbps);
 	}
 	if (info.transport == TE_PROTO_RDMA) {
 		if (verbs_emu_test_device)
 			printf("  note: RDMA on %s:\n  these are an emulator's figures, not a "
-			       "NIC's\n", verbs_emu_test_device);
+			       "NIC's\n",
+			       verbs_emu_test_device);
 		else
 			printf("  note: on a NIC the line rate is the limit (not measured "
 			       "here)\n");

@@ -82,8 +82,7 @@ int ctl_bench_transfer_main(int argc, char **argv);
  * consumes argv[*i + 1]). Returns true and sets *value on a match;
  * *value is NULL when the flag was given without a value.
  */
-bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
-		    const char **value);
+bool ctl_flag_value(int argc, char **argv, int *i, const char *name, const char **value);
 /* Match a boolean flag: --name, --name=true/false. Sets *out. Returns
  * true on a match; *ok false when the value is not a boolean. */
 bool ctl_flag_bool(const char *arg, const char *name, bool *out, bool *ok);

@@ -80,7 +80,8 @@ static int parse(int argc, char **argv, struct store_args *a)
 			a->put.replica_num = (unsigned)n;
 		} else if (ctl_flag_value(argc, argv, &i, "ttl", &v)) {
 			if (!v || cfg_parse_duration_ms(v, &a->put.ttl_ms) != 0) {
-				fprintf(stderr, "mooncakectl: --ttl takes a duration (10s, 5m)\n");
+				fprintf(stderr,
+					"mooncakectl: --ttl takes a duration (10s, 5m)\n");
 				return -1;
 			}
 		} else if (ctl_flag_bool(argv[i], "soft-pin", &b, &ok)) {
@@ -250,7 +251,8 @@ int ctl_get_main(int argc, char **argv)
 	if (a.npos == 2 && strcmp(a.pos[1], "-") != 0) {
 		fd = open(a.pos[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd < 0) {
-			fprintf(stderr, "mooncakectl get: %s: %s\n", a.pos[1], strerror(errno));
+			fprintf(stderr, "mooncakectl get: %s: %s\n", a.pos[1],
+				strerror(errno));
 			free(val);
 			return CTL_EXIT_FAIL;
 		}
@@ -299,7 +301,8 @@ int ctl_agent_stats(const char *socket)
 	int rc = mc_agent_stats(c, &s);
 	mc_close(c);
 	if (rc) {
-		fprintf(stderr, "mooncakectl stats: %s (%s)\n", mc_strerror(rc), mc_errname(rc));
+		fprintf(stderr, "mooncakectl stats: %s (%s)\n", mc_strerror(rc),
+			mc_errname(rc));
 		return CTL_EXIT_FAIL;
 	}
 	printf("agent %s\nmaster %s\nmaster_view %" PRIu64 "\nsegment_bytes %" PRIu64

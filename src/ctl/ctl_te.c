@@ -167,7 +167,8 @@ static int find_secret(const struct ctl_te_opts *o, struct mc_secret *sec, char 
 	if (o->config)
 		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--config=%s", o->config);
 	if (o->data_dir)
-		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--data-dir=%s", o->data_dir);
+		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--data-dir=%s",
+			 o->data_dir);
 	if (o->secret_file)
 		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--cluster-secret-file=%s",
 			 o->secret_file);
@@ -180,10 +181,10 @@ static int find_secret(const struct ctl_te_opts *o, struct mc_secret *sec, char 
 	if (rc)
 		return rc;
 	struct sockaddr_storage a, b;
-	bool public_listen =
-		mc_parse_hostport(o->listen, &a) != 0 || mc_parse_hostport(o->data_listen, &b) != 0 ||
-		!mc_addr_is_loopback((struct sockaddr *)&a) ||
-		!mc_addr_is_loopback((struct sockaddr *)&b);
+	bool public_listen = mc_parse_hostport(o->listen, &a) != 0 ||
+			     mc_parse_hostport(o->data_listen, &b) != 0 ||
+			     !mc_addr_is_loopback((struct sockaddr *)&a) ||
+			     !mc_addr_is_loopback((struct sockaddr *)&b);
 	rc = mc_secret_find(&cfg, false, public_listen, sec, err, errlen);
 	cfg_free(&cfg);
 	if (rc == 0 && !sec->len)
@@ -193,8 +194,7 @@ static int find_secret(const struct ctl_te_opts *o, struct mc_secret *sec, char 
 	return rc;
 }
 
-int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
-		 size_t errlen)
+int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err, size_t errlen)
 {
 	uint64_t threads, conns, slice, io_ms, ttl_ms;
 	enum te_protocol proto;
@@ -225,7 +225,7 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		gid = (int)v;
 	}
 	const char *devs = o->rdma_devices && strcmp(o->rdma_devices, "auto") ? o->rdma_devices
-									       : "";
+									      : "";
 	struct mc_secret sec;
 	rc = find_secret(o, &sec, err, errlen);
 	if (rc)
@@ -307,8 +307,7 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		pthread_join(h->tid, NULL);
 		rpc_server_free(h->rpc);
 		(void)uv_loop_close(&h->loop);
-		snprintf(err, errlen, "cannot start the transfer engine: %s",
-			 mc_strerror(rc));
+		snprintf(err, errlen, "cannot start the transfer engine: %s", mc_strerror(rc));
 		return rc;
 	}
 	snprintf(h->name, sizeof(h->name), "%s", te_name(h->te));

@@ -39,8 +39,8 @@
 #define MAX_SERVICES 6
 
 struct rpc_def {
-	enum cfg_key key;   /* listen address */
-	const char *label;  /* server name in logs and metrics */
+	enum cfg_key key;                   /* listen address */
+	const char *label;                  /* server name in logs and metrics */
 	const char *services[MAX_SERVICES]; /* served NOT_SERVING until built */
 };
 
@@ -50,10 +50,9 @@ struct role_def {
 	struct rpc_def rpc[MAX_RPC];
 	enum cfg_key http_key;
 	const struct role_ops *ops; /* NULL: the frame only */
-	const char *not_yet; /* what the role does not do yet, logged once;
+	const char *not_yet;        /* what the role does not do yet, logged once;
 				NULL when it does everything */
 };
-
 
 static const struct role_def role_defs[] = {
 	{"meta",
@@ -82,17 +81,16 @@ static const struct role_def role_defs[] = {
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))
 
-
 struct daemon {
 	uv_loop_t loop;
 	const struct cfg *cfg;
 	struct role_rt roles[NROLES];
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;
-	int rpc_open;      /* RPC servers not yet shut down */
-	unsigned drains;    /* roles whose drain is not over */
-	size_t stop_next;   /* roles[stop_next - 1] is the next to stop */
-	bool draining;      /* every role stopped (or timed out): calls drain */
+	int rpc_open;     /* RPC servers not yet shut down */
+	unsigned drains;  /* roles whose drain is not over */
+	size_t stop_next; /* roles[stop_next - 1] is the next to stop */
+	bool draining;    /* every role stopped (or timed out): calls drain */
 	uint64_t drain_timeout_ms;
 	uv_timer_t stop_timer; /* bounds the roles' drain and stop hooks */
 	bool shutting_down;
@@ -117,8 +115,7 @@ static void notify_systemd(const char *state)
 	const char *path = getenv("NOTIFY_SOCKET");
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t len = path ? strlen(path) : 0;
-	if (len == 0 || len >= sizeof(sa.sun_path) ||
-	    (path[0] != '/' && path[0] != '@'))
+	if (len == 0 || len >= sizeof(sa.sun_path) || (path[0] != '/' && path[0] != '@'))
 		return;
 	memcpy(sa.sun_path, path, len);
 	if (path[0] == '@')
@@ -134,8 +131,7 @@ static void notify_systemd(const char *state)
 
 /* ------------------------------------------------------------ metrics */
 
-static void register_process_metrics(struct daemon *d,
-				     struct metrics_registry *r,
+static void register_process_metrics(struct daemon *d, struct metrics_registry *r,
 				     const char *role)
 {
 	metric_set(metrics_gauge(r, "mooncake_build_info",
@@ -152,10 +148,14 @@ static void register_process_metrics(struct daemon *d,
 static const char *health_name(enum rpc_health_status s)
 {
 	switch (s) {
-	case RPC_HEALTH_SERVING: return "SERVING";
-	case RPC_HEALTH_NOT_SERVING: return "NOT_SERVING";
-	case RPC_HEALTH_SERVICE_UNKNOWN: return "SERVICE_UNKNOWN";
-	default: return "UNKNOWN";
+	case RPC_HEALTH_SERVING:
+		return "SERVING";
+	case RPC_HEALTH_NOT_SERVING:
+		return "NOT_SERVING";
+	case RPC_HEALTH_SERVICE_UNKNOWN:
+		return "SERVICE_UNKNOWN";
+	default:
+		return "UNKNOWN";
 	}
 }
 
@@ -165,14 +165,12 @@ struct healthz_ctx {
 	int rc;
 };
 
-static void healthz_line(void *ud, const char *service,
-			 enum rpc_health_status status)
+static void healthz_line(void *ud, const char *service, enum rpc_health_status status)
 {
 	struct healthz_ctx *h = ud;
 	if (h->rc == 0)
 		h->rc = mc_buf_printf(h->body, "%s %s %s\n", h->server,
-				      *service ? service : "(server)",
-				      health_name(status));
+				      *service ? service : "(server)", health_name(status));
 }
 
 /* /healthz: 200 while the process runs and is not draining; the body
@@ -182,8 +180,7 @@ static int role_healthz(void *ctx, struct mc_buf *body)
 	struct role_rt *rt = ctx;
 	int code = rt->d->shutting_down ? 503 : 200;
 	struct healthz_ctx h = {body, NULL, 0};
-	h.rc = mc_buf_printf(body, "%s\n",
-			     rt->d->shutting_down ? "shutting down" : "ok");
+	h.rc = mc_buf_printf(body, "%s\n", rt->d->shutting_down ? "shutting down" : "ok");
 	for (int i = 0; h.rc == 0 && i < MAX_RPC; i++) {
 		if (!rt->health[i])
 			continue;
@@ -240,8 +237,8 @@ static void drain_rpc(struct daemon *d)
 	for (size_t i = 0; i < NROLES; i++)
 		for (int j = 0; j < MAX_RPC; j++)
 			if (d->roles[i].rpc[j])
-				rpc_server_shutdown(d->roles[i].rpc[j],
-						    d->drain_timeout_ms, on_rpc_done, d);
+				rpc_server_shutdown(d->roles[i].rpc[j], d->drain_timeout_ms,
+						    on_rpc_done, d);
 }
 
 static void on_stop_timeout(uv_timer_t *t);
@@ -367,8 +364,7 @@ static void on_signal(uv_signal_t *h, int signum)
 	if (signum == SIGHUP) {
 		int rc = log_reopen();
 		if (rc)
-			log_error("SIGHUP: cannot reopen the log file: %s",
-				  mc_strerror(rc));
+			log_error("SIGHUP: cannot reopen the log file: %s", mc_strerror(rc));
 		else
 			log_info("SIGHUP: log file reopened");
 		return;
@@ -452,8 +448,8 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		const char *addr = cfg_str(cfg, rd->key);
 		rc = rpc_server_listen(rt->rpc[i], addr);
 		if (rc) {
-			log_error("%s: cannot listen on %s (--%s): %s", def->name,
-				  addr, cfg_keydefs[rd->key].name, mc_strerror(rc));
+			log_error("%s: cannot listen on %s (--%s): %s", def->name, addr,
+				  cfg_keydefs[rd->key].name, mc_strerror(rc));
 			return rc;
 		}
 	}
@@ -469,9 +465,8 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		const char *addr = cfg_str(cfg, def->http_key);
 		rc = http_server_listen(rt->http, addr);
 		if (rc)
-			log_error("%s: cannot listen on %s (--%s): %s", def->name,
-				  addr, cfg_keydefs[def->http_key].name,
-				  mc_strerror(rc));
+			log_error("%s: cannot listen on %s (--%s): %s", def->name, addr,
+				  cfg_keydefs[def->http_key].name, mc_strerror(rc));
 	}
 	if (rc)
 		return rc;
@@ -485,8 +480,7 @@ static int setup_logging(const struct cfg *cfg)
 	unsigned char levels[LOGS_COUNT];
 	char err[256];
 	/* Validated when the configuration was loaded. */
-	if (log_parse_levels(cfg_str(cfg, CFG_LOG_LEVEL), levels, err,
-			     sizeof(err)) == 0)
+	if (log_parse_levels(cfg_str(cfg, CFG_LOG_LEVEL), levels, err, sizeof(err)) == 0)
 		log_set_levels(levels);
 	const char *file = cfg_str(cfg, CFG_LOG_FILE);
 	int rc = log_open_file(file);
@@ -683,8 +677,7 @@ static int lock_data_dir(struct daemon *d)
 		snprintf(d->pid_path, sizeof(d->pid_path), "%s/mooncaked.pid", dir);
 	rc = mc_write_pidfile(d->pid_path);
 	if (rc) {
-		log_error("cannot write pid file %s: %s", d->pid_path,
-			  mc_strerror(rc));
+		log_error("cannot write pid file %s: %s", d->pid_path, mc_strerror(rc));
 		return rc;
 	}
 	d->pid_written = true;
@@ -739,11 +732,10 @@ int daemon_run(const struct cfg *cfg)
 	char names[64] = "";
 	for (size_t i = 0; i < NROLES; i++)
 		if (roles & role_defs[i].mask)
-			snprintf(names + strlen(names), sizeof(names) - strlen(names),
-				 "%s%s", *names ? "," : "", role_defs[i].name);
-	log_info("mooncaked %s (%s) starting: pid %d, roles %s, data dir %s",
-		 MC_VERSION, MC_GITREV, (int)getpid(), names,
-		 cfg_str(cfg, CFG_DATA_DIR));
+			snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+				 *names ? "," : "", role_defs[i].name);
+	log_info("mooncaked %s (%s) starting: pid %d, roles %s, data dir %s", MC_VERSION,
+		 MC_GITREV, (int)getpid(), names, cfg_str(cfg, CFG_DATA_DIR));
 
 	uv_signal_init(&d->loop, &d->sig_term);
 	uv_signal_init(&d->loop, &d->sig_int);

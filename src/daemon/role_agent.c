@@ -112,7 +112,8 @@ static int parse_numa(const char *s, int *node)
 	long v = strtol(s, &end, 10);
 	if (*end || end == s || v < 0 || v > 1023) {
 		log_error("--numa-node=%s: expected a node number (0, 1, ...) or "
-			  "empty for no binding", s);
+			  "empty for no binding",
+			  s);
 		return MC_ECONFIG;
 	}
 	*node = (int)v;
@@ -190,8 +191,8 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		snprintf(data, sizeof(a->data), "%s", dl);
 	} else {
 		snprintf(data, sizeof(a->data), "%s", listen);
-		snprintf(strrchr(data, ':'), sizeof(a->data) - (size_t)(strrchr(data, ':') - data),
-			 ":0");
+		snprintf(strrchr(data, ':'),
+			 sizeof(a->data) - (size_t)(strrchr(data, ':') - data), ":0");
 	}
 	if (mc_parse_hostport(data, &dss) != 0) {
 		log_error("--te-data-listen '%s' is not a numeric host:port", data);
@@ -235,7 +236,8 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		.rdma_gid_index = gid,
 		.rdma_mtu_bytes = strcmp(cfg_str(c, CFG_RDMA_MTU), "auto") == 0
 					  ? 0
-					  : (unsigned)strtoul(cfg_str(c, CFG_RDMA_MTU), NULL, 10),
+					  : (unsigned)strtoul(cfg_str(c, CFG_RDMA_MTU), NULL,
+							      10),
 		.cluster_secret = sec->len ? sec->key : NULL,
 		.cluster_secret_len = sec->len,
 		.insecure = sec->len == 0,
@@ -337,7 +339,8 @@ static int role_agent_start(struct role_rt *rt)
 		.remote_cache_bytes = cfg_u64(cfg, CFG_REMOTE_LEASE_CACHE_SIZE),
 		.put_lease_bytes = cfg_u64(cfg, CFG_PUT_LEASE_SIZE),
 		.max_sessions = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_SESSIONS),
-		.max_sessions_per_uid = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_SESSIONS_PER_UID),
+		.max_sessions_per_uid = (unsigned)cfg_u64(cfg,
+							  CFG_CLIENT_MAX_SESSIONS_PER_UID),
 		.reply_buffer_bytes = cfg_u64(cfg, CFG_CLIENT_REPLY_BUFFER_SIZE),
 		.max_fds = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_FDS),
 		.max_buffers = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_BUFFERS),

@@ -87,7 +87,8 @@ void master__mirror(struct master_core *c, const struct master_obj *o, unsigned 
 		.klen = o->klen,
 		.op = (uint8_t)op,
 		.flags = (uint8_t)(((o->flags & MASTER_OBJ_CRC) ? MASTER_EV_F_CRC : 0) |
-				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN : 0)),
+				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN
+								     : 0)),
 		.key = master__obj_key(o),
 	};
 	struct master_mlog_stats before;
@@ -175,7 +176,8 @@ static void quar_release(struct master_core *c, uint64_t now_ms)
 			continue;
 		}
 		struct master_seg *s = master__segs_at(&c->segs, q->seg);
-		if (s && s->log_id == q->log_id && master__alloc_put(s->alloc, q->off, q->len)) {
+		if (s && s->log_id == q->log_id &&
+		    master__alloc_put(s->alloc, q->off, q->len)) {
 			/* corrupt index: keep the space */
 		}
 		*q = c->quar[--c->nquar];
@@ -281,8 +283,8 @@ static int cmp_cand(const void *a, const void *b)
 
 /* Try to allocate n replicas of len bytes on distinct usable segments.
  * Fills reps on success. Errors: MC_ENO_SPACE (nothing changed). */
-static int place(struct master_core *c, uint64_t len, unsigned n,
-		 uint32_t preferred, struct master_rep *reps)
+static int place(struct master_core *c, uint64_t len, unsigned n, uint32_t preferred,
+		 struct master_rep *reps)
 {
 	const struct master_segs *sg = &c->segs;
 	struct cand stack[64], *cands = stack;
@@ -298,7 +300,8 @@ static int place(struct master_core *c, uint64_t len, unsigned n,
 			continue;
 		cands[nc].id = i;
 		/* The preferred segment sorts first. */
-		cands[nc].free = i == preferred ? UINT64_MAX : master__alloc_free_bytes(s->alloc);
+		cands[nc].free = i == preferred ? UINT64_MAX
+						: master__alloc_free_bytes(s->alloc);
 		nc++;
 	}
 	int rc = MC_ENO_SPACE;
@@ -307,8 +310,8 @@ static int place(struct master_core *c, uint64_t len, unsigned n,
 		qsort(cands, nc, sizeof(*cands), cmp_cand);
 		for (uint32_t i = 0; i < nc && got < n; i++) {
 			uint64_t off = 0;
-			if (len && master__alloc_get(master__segs_at(sg, cands[i].id)->alloc, len,
-						     &off))
+			if (len && master__alloc_get(master__segs_at(sg, cands[i].id)->alloc,
+						     len, &off))
 				continue;
 			reps[got].seg = cands[i].id;
 			reps[got].offset = off;
@@ -342,8 +345,8 @@ static unsigned usable_segments(const struct master_core *c, uint64_t len)
 	return n;
 }
 
-int master__put_start(struct master_core *c, const struct master_put *p,
-		      uint64_t now_ms, const struct master_obj **out)
+int master__put_start(struct master_core *c, const struct master_put *p, uint64_t now_ms,
+		      const struct master_obj **out)
 {
 	unsigned n = p->replica_num ? p->replica_num : 1;
 	if (!master__key_ok(p->klen) || n > MASTER_MAX_REPLICAS)
@@ -354,7 +357,7 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 	if (usable_segments(c, len) < n)
 		return MC_ENO_SPACE; /* eviction cannot help */
 	uint32_t pref = p->preferred && *p->preferred ? master__seg_find(c, p->preferred)
-						       : MASTER_NO_SEGMENT;
+						      : MASTER_NO_SEGMENT;
 	struct master_rep reps[MASTER_MAX_REPLICAS];
 	int rc;
 	while ((rc = place(c, len, n, pref, reps)) == MC_ENO_SPACE) {
@@ -386,8 +389,8 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 	return 0;
 }
 
-static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key,
-				      size_t klen, uint64_t now_ms, int *err)
+static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key, size_t klen,
+				      uint64_t now_ms, int *err)
 {
 	if (!master__key_ok(klen)) {
 		*err = -EINVAL;
@@ -441,8 +444,8 @@ int master__put_revoke(struct master_core *c, const uint8_t *key, size_t klen)
 
 /* ------------------------------------------------------------ gets */
 
-int master__get(struct master_core *c, const uint8_t *key, size_t klen,
-		uint64_t now_ms, const struct master_obj **out)
+int master__get(struct master_core *c, const uint8_t *key, size_t klen, uint64_t now_ms,
+		const struct master_obj **out)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;
@@ -487,8 +490,7 @@ void master__prefetch_ahead(const struct master_core *c, const void *batch, size
 	}
 }
 
-int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
-		  uint64_t now_ms)
+int master__exist(struct master_core *c, const uint8_t *key, size_t klen, uint64_t now_ms)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;
@@ -498,8 +500,8 @@ int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
 
 /* ------------------------------------------------------------ removes */
 
-int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
-		   bool force, uint64_t now_ms)
+int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool force,
+		   uint64_t now_ms)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;
@@ -559,8 +561,8 @@ void master__remove_match(struct master_core *c,
 	remove_walk(c, match, ud, force, false, now_ms, removed, skipped);
 }
 
-int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen,
-			  uint32_t seg, uint64_t now_ms)
+int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
+			  uint64_t now_ms)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;

@@ -39,8 +39,7 @@ struct master_alloc;
 /* An allocator for [0, size). Errors: -EINVAL (size 0 or not a multiple
  * of MASTER_ALLOC_GRANULE after rounding down to it), -ENOMEM. seed
  * drives the treap's priorities. */
-int master__alloc_new(uint64_t size, uint64_t seed,
-		      struct master_alloc **out) MC_MUST_CHECK;
+int master__alloc_new(uint64_t size, uint64_t seed, struct master_alloc **out) MC_MUST_CHECK;
 void master__alloc_free(struct master_alloc *a);
 
 /* The length allocated for an object of size bytes (0 for 0). */
@@ -48,17 +47,14 @@ uint64_t master__alloc_len(uint64_t size);
 
 /* Allocate len bytes (a multiple of the granule, > 0). Errors:
  * MC_ENO_SPACE (no free range that large), -EINVAL, -ENOMEM. */
-int master__alloc_get(struct master_alloc *a, uint64_t len,
-		      uint64_t *off) MC_MUST_CHECK;
+int master__alloc_get(struct master_alloc *a, uint64_t len, uint64_t *off) MC_MUST_CHECK;
 /* Mark [off, off+len) allocated. Errors: -EBUSY (not entirely free),
  * -EINVAL (unaligned or out of range), -ENOMEM. */
-int master__alloc_reserve(struct master_alloc *a, uint64_t off,
-			  uint64_t len) MC_MUST_CHECK;
+int master__alloc_reserve(struct master_alloc *a, uint64_t off, uint64_t len) MC_MUST_CHECK;
 /* Free [off, off+len), coalescing with free neighbours. Errors: -EINVAL
  * (unaligned, out of range, or overlapping free space: a double free),
  * -ENOMEM (a new free range could not be recorded; the space is lost). */
-int master__alloc_put(struct master_alloc *a, uint64_t off,
-		      uint64_t len) MC_MUST_CHECK;
+int master__alloc_put(struct master_alloc *a, uint64_t off, uint64_t len) MC_MUST_CHECK;
 
 /* Free bytes (O(1), unlike master__alloc_stats). */
 uint64_t master__alloc_free_bytes(const struct master_alloc *a);
@@ -69,19 +65,17 @@ struct master_alloc_stats {
 	uint64_t free_ranges;
 	double fragmentation; /* 1 - largest_free / free; 0 when free is 0 */
 };
-void master__alloc_stats(const struct master_alloc *a,
-			 struct master_alloc_stats *st);
+void master__alloc_stats(const struct master_alloc *a, struct master_alloc_stats *st);
 /* Walk the free ranges in offset order (tests: compare with a model). */
 void master__alloc_foreach_free(const struct master_alloc *a,
-				void (*fn)(void *ud, uint64_t off, uint64_t len),
-				void *ud);
+				void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud);
 /* Size class of a length (tests). */
 unsigned master__alloc_class(uint64_t len);
 
 /* ------------------------------------------------------------ mlog */
 
 enum master_ev_op { MASTER_EV_ADD = 0, MASTER_EV_DEL = 1 }; /* = MirrorEvent.Op */
-#define MASTER_EV_F_CRC 0x1u      /* crc is the value's checksum */
+#define MASTER_EV_F_CRC 0x1u                                /* crc is the value's checksum */
 #define MASTER_EV_F_SOFT_PIN 0x2u
 
 /* One change; key borrowed. */
@@ -163,14 +157,14 @@ struct __attribute__((packed, aligned(4))) master_rep {
  * hash is not kept: the index computes it again where it needs it.
  */
 struct master_obj {
-	struct master_obj *hnext;           /* hash chain */
-	struct master_obj *prev, *next;     /* LRU list, or the PENDING list */
+	struct master_obj *hnext;       /* hash chain */
+	struct master_obj *prev, *next; /* LRU list, or the PENDING list */
 	uint64_t size;
 	/* COMPLETE: read lease end. PENDING: when PutStart ran. */
 	uint64_t lease_or_start_ms;
 	/* COMPLETE: TTL expiry (0: none). PENDING: the TTL asked for. */
 	uint64_t ttl_ms;
-	uint32_t crc;                       /* with MASTER_OBJ_CRC */
+	uint32_t crc; /* with MASTER_OBJ_CRC */
 	uint16_t klen;
 	uint8_t nrep;
 	uint8_t flags;
@@ -189,15 +183,15 @@ struct master_seg {
 	uint64_t base, size;
 	struct master_alloc *alloc;
 	uint64_t replicas;
-	bool syncing; /* mounted with resync; no placements until inventory done */
+	bool syncing;            /* mounted with resync; no placements until inventory done */
 	struct master_mlog *log; /* changes for the owner's mirror */
 	uint64_t log_id;         /* unique per segment incarnation */
 	/* Space leased to the owner (LeaseSpace) and not committed yet: the
 	 * free ranges of this allocator (allocated in alloc). */
 	struct master_alloc *lease;
-	uint64_t leased;         /* bytes */
-	uint64_t rleased;        /* ... of them leased to other agents */
-	uint64_t lease_epoch;    /* new at every mount */
+	uint64_t leased;      /* bytes */
+	uint64_t rleased;     /* ... of them leased to other agents */
+	uint64_t lease_epoch; /* new at every mount */
 };
 
 struct master_agent {
@@ -211,9 +205,9 @@ struct master_core_opts {
 	uint64_t put_timeout_ms;
 	uint64_t lease_ttl_ms;
 	uint64_t agent_ttl_ms;
-	double high_watermark; /* eviction starts above used/capacity this */
-	double eviction_ratio; /* of capacity, freed per eviction round */
-	uint64_t seed;         /* allocator treaps */
+	double high_watermark;   /* eviction starts above used/capacity this */
+	double eviction_ratio;   /* of capacity, freed per eviction round */
+	uint64_t seed;           /* allocator treaps */
 	size_t mirror_log_bytes; /* per segment (0: 16 MiB) */
 };
 
@@ -234,8 +228,7 @@ struct master_counters {
 struct master_core;
 
 /* Errors: -EINVAL (a ratio outside (0, 1]), -ENOMEM. */
-int master__core_new(const struct master_core_opts *o,
-		     struct master_core **out) MC_MUST_CHECK;
+int master__core_new(const struct master_core_opts *o, struct master_core **out) MC_MUST_CHECK;
 /* Free everything (objects, segments, agents). */
 void master__core_free(struct master_core *c);
 /* Drop every object, segment and agent (a leader stepping down). */
@@ -260,16 +253,14 @@ uint32_t master__seg_find(const struct master_core *c, const char *name);
  * MC_ENO_SPACE (MASTER_SEG_SLOTS_MAX segments mounted), -ENOMEM.
  */
 int master__mount(struct master_core *c, const char *name, const char *agent,
-		  enum master_tier tier, uint64_t base, uint64_t size,
-		  bool resync, uint64_t now_ms, uint64_t *mirror_seq) MC_MUST_CHECK;
+		  enum master_tier tier, uint64_t base, uint64_t size, bool resync,
+		  uint64_t now_ms, uint64_t *mirror_seq) MC_MUST_CHECK;
 /* Errors: MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
 int master__unmount(struct master_core *c, const char *name, const char *agent,
-		    uint64_t *replicas_dropped,
-		    uint64_t *objects_removed) MC_MUST_CHECK;
+		    uint64_t *replicas_dropped, uint64_t *objects_removed) MC_MUST_CHECK;
 /* A heartbeat: returns true when the agent is known (has segments
  * mounted), false when it must re-sync. */
-bool master__heartbeat(struct master_core *c, const char *agent,
-		       uint64_t now_ms);
+bool master__heartbeat(struct master_core *c, const char *agent, uint64_t now_ms);
 /* An inventory item: a COMPLETE replica the agent holds. */
 struct master_inv_item {
 	const uint8_t *key;
@@ -296,8 +287,8 @@ struct master_put {
 	const uint8_t *key;
 	size_t klen;
 	uint64_t size;
-	unsigned replica_num;     /* 0: 1 */
-	const char *preferred;    /* segment name or NULL/"" */
+	unsigned replica_num;  /* 0: 1 */
+	const char *preferred; /* segment name or NULL/"" */
 	bool soft_pin;
 	uint64_t ttl_ms;
 };
@@ -311,19 +302,18 @@ struct master_put {
  * (fewer usable segments than replica_num, or eviction cannot make room),
  * -ENOMEM.
  */
-int master__put_start(struct master_core *c, const struct master_put *p,
-		      uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+int master__put_start(struct master_core *c, const struct master_put *p, uint64_t now_ms,
+		      const struct master_obj **out) MC_MUST_CHECK;
 /* Seal a put: its replicas become COMPLETE (logged for each segment's
  * mirror), with the value's CRC-32C when crc is not NULL. Errors:
  * -EINVAL, MC_EOBJECT_NOT_FOUND, MC_EINVALID_REPLICA (not PENDING). */
 int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
 		    const uint32_t *crc, uint64_t now_ms) MC_MUST_CHECK;
-int master__put_revoke(struct master_core *c, const uint8_t *key,
-		       size_t klen) MC_MUST_CHECK;
+int master__put_revoke(struct master_core *c, const uint8_t *key, size_t klen) MC_MUST_CHECK;
 /* A COMPLETE object, leased to the reader until now + lease_ttl and
  * moved to the LRU tail. Errors: -EINVAL, MC_EOBJECT_NOT_FOUND. */
-int master__get(struct master_core *c, const uint8_t *key, size_t klen,
-		uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+int master__get(struct master_core *c, const uint8_t *key, size_t klen, uint64_t now_ms,
+		const struct master_obj **out) MC_MUST_CHECK;
 /* The key of item j of a batch (for master__prefetch_ahead). */
 typedef const uint8_t *(*master_key_at_fn)(const void *batch, size_t j, size_t *klen);
 /* A hint, called before the lookup of item i of a batch of n: it loads
@@ -338,10 +328,10 @@ int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
 		  uint64_t now_ms) MC_MUST_CHECK;
 /* Errors: -EINVAL, MC_EOBJECT_NOT_FOUND (also PENDING),
  * MC_EOBJECT_HAS_LEASE (leased and not forced). */
-int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
-		   bool force, uint64_t now_ms) MC_MUST_CHECK;
-void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
-			uint64_t *removed, uint64_t *skipped);
+int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool force,
+		   uint64_t now_ms) MC_MUST_CHECK;
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped);
 /* Remove every COMPLETE object whose key match(ud, key, klen) accepts,
  * leased ones only with force; *skipped counts the leased matches left
  * (PENDING objects are not asked about). */
@@ -352,11 +342,11 @@ void master__remove_match(struct master_core *c,
  * space (the object goes with its last one). Errors: -EINVAL (key),
  * MC_EOBJECT_NOT_FOUND (no such COMPLETE object, or no replica there),
  * MC_EOBJECT_HAS_LEASE (read lease held). */
-int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen,
-			  uint32_t seg, uint64_t now_ms) MC_MUST_CHECK;
+int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
+			  uint64_t now_ms) MC_MUST_CHECK;
 /* Lookup without side effects (NULL if absent). */
-const struct master_obj *master__find(const struct master_core *c,
-				      const uint8_t *key, size_t klen);
+const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
+				      size_t klen);
 
 /* Timers: PENDING puts past --put-timeout are revoked, agents silent for
  * --agent-ttl expire, part of the index is swept for TTL expiry, and the
@@ -371,8 +361,7 @@ struct master_core_stats {
 	uint64_t dram_capacity, dram_used, ssd_capacity, ssd_used;
 	uint64_t segments, agents;
 };
-void master__core_stats(const struct master_core *c,
-			struct master_core_stats *st);
+void master__core_stats(const struct master_core *c, struct master_core_stats *st);
 const struct master_counters *master__core_counters(const struct master_core *c);
 const struct master_agent *master__agents(const struct master_core *c);
 
@@ -395,9 +384,8 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 			uint64_t *len) MC_MUST_CHECK;
 /* Take back [off, off+len) of the agent's leased space; returns the bytes
  * taken back (0: not leased in that epoch, nothing done). */
-uint64_t master__lease_release(struct master_core *c, const char *agent,
-			       const char *segment, uint64_t epoch, uint64_t off,
-			       uint64_t len);
+uint64_t master__lease_release(struct master_core *c, const char *agent, const char *segment,
+			       uint64_t epoch, uint64_t off, uint64_t len);
 
 /* A remote lease: space of another agent's segment for puts the caller
  * writes there and seals with one BatchCommit (proto/master.proto, "Put

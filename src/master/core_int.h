@@ -181,10 +181,10 @@ struct master_quarantine {
 
 struct master_core {
 	struct master_core_opts o;
-	struct master_index ix;   /* index.c */
-	struct master_segs segs;  /* segment.c */
-	struct master_leases ls;  /* lease.c */
-	uint64_t ev_seq; /* last mirror-log sequence number handed out */
+	struct master_index ix;  /* index.c */
+	struct master_segs segs; /* segment.c */
+	struct master_leases ls; /* lease.c */
+	uint64_t ev_seq;         /* last mirror-log sequence number handed out */
 	/* Space of objects removed by force while leased: allocated until
 	 * their lease ends, so nothing new is written where a reader may
 	 * still read (master__obj_destroy's quarantine, master__tick). */

@@ -79,7 +79,7 @@ static struct master_lru *obj_list(struct master_index *ix, const struct master_
 	if (o->flags & MASTER_OBJ_PENDING)
 		return &ix->lists[MASTER_LIST_PENDING];
 	return &ix->lists[(o->flags & MASTER_OBJ_LRU_PIN) ? MASTER_LIST_PINNED
-							   : MASTER_LIST_PLAIN];
+							  : MASTER_LIST_PLAIN];
 }
 
 static struct master_obj **bucket_of(const struct master_index *ix, uint32_t h)
@@ -150,8 +150,7 @@ void master__index_free(struct master_index *ix)
 
 struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep)
 {
-	struct master_obj *o =
-		malloc(sizeof(*o) + nrep * sizeof(struct master_rep) + klen);
+	struct master_obj *o = malloc(sizeof(*o) + nrep * sizeof(struct master_rep) + klen);
 	if (!o)
 		return NULL;
 	memset(o, 0, sizeof(*o));
@@ -252,8 +251,8 @@ struct master_obj *master__index_add_replica(struct master_index *ix, struct mas
 	struct master_obj **pp = link_of(ix, o);
 	size_t old_bytes = obj_alloc_bytes(o);
 	size_t klen = o->klen;
-	struct master_obj *n = realloc(o, sizeof(*o) +
-					       (o->nrep + 1u) * sizeof(struct master_rep) + klen);
+	struct master_obj *n = realloc(
+		o, sizeof(*o) + (o->nrep + 1u) * sizeof(struct master_rep) + klen);
 	if (!n)
 		return NULL;
 	uint8_t *key = (uint8_t *)&n->rep[n->nrep];
@@ -315,8 +314,8 @@ void master__index_stats(const struct master_index *ix, struct master_core_stats
 
 /* ------------------------------------------------------------ core.h */
 
-const struct master_obj *master__find(const struct master_core *c,
-				      const uint8_t *key, size_t klen)
+const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
+				      size_t klen)
 {
 	if (!master__key_ok(klen))
 		return NULL;

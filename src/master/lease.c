@@ -163,9 +163,8 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 	return lease_carve(c, s, MC_MIN(want, most - own), off, len);
 }
 
-uint64_t master__lease_release(struct master_core *c, const char *agent,
-			       const char *segment, uint64_t epoch, uint64_t off,
-			       uint64_t len)
+uint64_t master__lease_release(struct master_core *c, const char *agent, const char *segment,
+			       uint64_t epoch, uint64_t off, uint64_t len)
 {
 	uint32_t id;
 	int err;
@@ -191,7 +190,8 @@ static uint64_t lease_take_back(struct master_seg *s, uint64_t off, uint64_t len
 	uint64_t n = 0;
 	master__alloc_foreach_free(s->lease, collect_range, &r);
 	for (size_t i = 0; i < r.n; i++) {
-		uint64_t a = MC_MAX(r.v[i][0], off), b = MC_MIN(r.v[i][0] + r.v[i][1], off + len);
+		uint64_t a = MC_MAX(r.v[i][0], off),
+			 b = MC_MIN(r.v[i][0] + r.v[i][1], off + len);
 		if (a >= b)
 			continue;
 		if (master__alloc_reserve(s->lease, a, b - a) == 0 &&

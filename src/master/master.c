@@ -44,32 +44,43 @@ static void register_metrics(struct master *m)
 	m->m_timeouts = counter(m, "mooncake_master_put_timeouts_total",
 				"PENDING puts revoked after --put-timeout.");
 	m->m_gets = counter(m, "mooncake_master_gets_total", "GetReplicas lookups (per key).");
-	m->m_hits = counter(m, "mooncake_master_hits_total", "GetReplicas lookups that found a complete object.");
-	m->m_misses = counter(m, "mooncake_master_misses_total", "GetReplicas lookups that found nothing.");
+	m->m_hits = counter(m, "mooncake_master_hits_total",
+			    "GetReplicas lookups that found a complete object.");
+	m->m_misses = counter(m, "mooncake_master_misses_total",
+			      "GetReplicas lookups that found nothing.");
 	m->m_evictions = counter(m, "mooncake_master_evictions_total", "Objects evicted.");
 	m->m_evicted_bytes = counter(m, "mooncake_master_evicted_bytes_total",
 				     "Object bytes evicted.");
-	m->m_lease_waits = counter(m, "mooncake_master_lease_waits_total",
-				   "Removals refused and eviction candidates skipped because of a read lease.");
-	m->m_removes = counter(m, "mooncake_master_removes_total", "Objects removed by Remove/RemoveAll.");
+	m->m_lease_waits = counter(
+		m, "mooncake_master_lease_waits_total",
+		"Removals refused and eviction candidates skipped because of a read lease.");
+	m->m_removes = counter(m, "mooncake_master_removes_total",
+			       "Objects removed by Remove/RemoveAll.");
 	m->m_quarantined = counter(m, "mooncake_master_forced_removes_held_total",
 				   "Objects removed by force while leased: their space "
 				   "stayed allocated until the lease ended.");
-	m->m_ttl = counter(m, "mooncake_master_ttl_expired_total", "Objects removed when their TTL passed.");
-	m->m_agents_expired = counter(m, "mooncake_master_agents_expired_total",
-				      "Agents declared dead after --agent-ttl without a heartbeat.");
-	m->m_leader_changes = counter(m, "mooncake_master_leadership_changes_total",
-				      "Times this master became leader or stopped being leader.");
-	m->m_objects = gauge(m, "mooncake_master_objects", "Objects in the index (complete and pending).");
+	m->m_ttl = counter(m, "mooncake_master_ttl_expired_total",
+			   "Objects removed when their TTL passed.");
+	m->m_agents_expired = counter(
+		m, "mooncake_master_agents_expired_total",
+		"Agents declared dead after --agent-ttl without a heartbeat.");
+	m->m_leader_changes = counter(
+		m, "mooncake_master_leadership_changes_total",
+		"Times this master became leader or stopped being leader.");
+	m->m_objects = gauge(m, "mooncake_master_objects",
+			     "Objects in the index (complete and pending).");
 	m->m_pending = gauge(m, "mooncake_master_pending_objects", "PENDING puts.");
 	m->m_segments = gauge(m, "mooncake_master_segments", "Mounted segments.");
 	m->m_agents = gauge(m, "mooncake_master_agents", "Agents with mounted segments.");
-	m->m_index_bytes = gauge(m, "mooncake_master_index_bytes",
-				 "Memory of the object index (objects, keys, buckets), measured.");
+	m->m_index_bytes = gauge(
+		m, "mooncake_master_index_bytes",
+		"Memory of the object index (objects, keys, buckets), measured.");
 	m->m_key_bytes = gauge(m, "mooncake_master_key_bytes", "Sum of the key lengths.");
-	m->m_bytes_per_object = gauge(m, "mooncake_master_bytes_per_object",
-				      "Index memory per object, keys excluded (0 when empty).");
-	m->m_leader = gauge(m, "mooncake_master_is_leader", "1 while this master is the leader.");
+	m->m_bytes_per_object = gauge(
+		m, "mooncake_master_bytes_per_object",
+		"Index memory per object, keys excluded (0 when empty).");
+	m->m_leader = gauge(m, "mooncake_master_is_leader",
+			    "1 while this master is the leader.");
 	m->m_view = gauge(m, "mooncake_master_view", "View number led or last seen.");
 	const char *dram[] = {"dram"}, *ssd[] = {"ssd"};
 	m->m_cap_dram = metrics_gauge(m->metrics, "mooncake_master_capacity_bytes",
@@ -90,10 +101,12 @@ static void register_metrics(struct master *m)
 				  "SyncSegment calls parked until their segment changes.");
 	m->m_commits = counter(m, "mooncake_master_commits_total",
 			       "Puts sealed with one call into leased space (BatchCommit).");
-	m->m_commit_refusals = counter(m, "mooncake_master_commit_refusals_total",
-				       "BatchCommit items refused (key exists, space not leased, ...).");
-	m->m_lease_granted = counter(m, "mooncake_master_lease_granted_bytes_total",
-				     "Bytes of segment space leased to their owners (LeaseSpace).");
+	m->m_commit_refusals = counter(
+		m, "mooncake_master_commit_refusals_total",
+		"BatchCommit items refused (key exists, space not leased, ...).");
+	m->m_lease_granted = counter(
+		m, "mooncake_master_lease_granted_bytes_total",
+		"Bytes of segment space leased to their owners (LeaseSpace).");
 	m->m_lease_released = counter(m, "mooncake_master_lease_released_bytes_total",
 				      "Leased bytes given back unused.");
 	m->m_leased = gauge(m, "mooncake_master_leased_bytes",
@@ -126,9 +139,9 @@ static struct master_seg_metrics *seg_metrics(struct master *m, const char *name
 				     "Bytes of a mounted segment.", "segment", lv);
 	sm->used = metrics_gauge(m->metrics, "mooncake_master_segment_used_bytes",
 				 "Allocated bytes of a mounted segment.", "segment", lv);
-	sm->fragmentation = metrics_gauge(m->metrics, "mooncake_master_segment_fragmentation_ppm",
-					  "1 - largest free range / free bytes, in parts per million.",
-					  "segment", lv);
+	sm->fragmentation = metrics_gauge(
+		m->metrics, "mooncake_master_segment_fragmentation_ppm",
+		"1 - largest free range / free bytes, in parts per million.", "segment", lv);
 	sm->replicas = metrics_gauge(m->metrics, "mooncake_master_segment_replicas",
 				     "Replicas placed on a mounted segment.", "segment", lv);
 	m->nsegm++;
@@ -216,8 +229,7 @@ void master__update_metrics(struct master *m)
 
 /* ------------------------------------------------------------ leadership */
 
-void master__set_leader(struct master *m, bool leader, uint64_t view,
-			const char *leader_addr)
+void master__set_leader(struct master *m, bool leader, uint64_t view, const char *leader_addr)
 {
 	bool was = m->leader;
 	if (leader_addr != m->leader_addr)
@@ -274,8 +286,8 @@ static void free_strings(struct master *m)
 
 int master_new(const struct master_opts *o, struct master **out)
 {
-	if (!o->loop || !o->rpc || !o->cluster_id || !*o->cluster_id ||
-	    !o->agent_ttl_ms || !o->put_timeout_ms || !o->leader_lease_ttl_ms)
+	if (!o->loop || !o->rpc || !o->cluster_id || !*o->cluster_id || !o->agent_ttl_ms ||
+	    !o->put_timeout_ms || !o->leader_lease_ttl_ms)
 		return -EINVAL;
 	struct master *m = calloc(1, sizeof(*m));
 	if (!m)

@@ -106,8 +106,8 @@ static void agent_del(struct master_segs *sg, struct master_agent *a)
 
 /* Drop every replica on segment id; objects left without one are
  * removed. Replicas elsewhere of the same objects stay. */
-static void drop_segment_replicas(struct master_core *c, uint32_t id,
-				  uint64_t *dropped, uint64_t *removed)
+static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *dropped,
+				  uint64_t *removed)
 {
 	uint64_t nd = 0, nr = 0;
 	struct master_seg *s = c->segs.v[id];
@@ -127,13 +127,15 @@ static void drop_segment_replicas(struct master_core *c, uint32_t id,
 					break;
 				}
 				len = master__alloc_len(o->size);
-				if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
+				if (len &&
+				    master__alloc_put(s->alloc, o->rep[i].offset, len)) {
 					/* corrupt index: keep the space */
 				}
 				s->replicas--;
 				/* Shift the later replicas and the key down. */
 				uint8_t *p = (uint8_t *)&o->rep[i];
-				size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) +
+				size_t tail = (size_t)(o->nrep - i - 1) *
+						      sizeof(struct master_rep) +
 					      o->klen;
 				memmove(p, p + sizeof(struct master_rep), tail);
 				o->nrep--;
@@ -160,8 +162,8 @@ static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
 }
 
 int master__mount(struct master_core *c, const char *name, const char *agent,
-		  enum master_tier tier, uint64_t base, uint64_t size,
-		  bool resync, uint64_t now_ms, uint64_t *mirror_seq)
+		  enum master_tier tier, uint64_t base, uint64_t size, bool resync,
+		  uint64_t now_ms, uint64_t *mirror_seq)
 {
 	struct master_segs *sg = &c->segs;
 	if (!name || !*name || !agent || !*agent || size < MASTER_ALLOC_GRANULE ||
@@ -332,7 +334,8 @@ int master__inventory_add(struct master_core *c, const char *agent,
 		return -EBUSY;
 	struct master_obj *o = master__lookup(c, key, klen, now_ms);
 	if (o) {
-		bool crc_ok = !(o->flags & MASTER_OBJ_CRC) || !it->has_crc || o->crc == it->crc;
+		bool crc_ok = !(o->flags & MASTER_OBJ_CRC) || !it->has_crc ||
+			      o->crc == it->crc;
 		if ((o->flags & MASTER_OBJ_PENDING) || o->size != size || !crc_ok)
 			return MC_EOBJECT_ALREADY_EXISTS;
 		for (unsigned i = 0; i < o->nrep; i++)

@@ -133,8 +133,8 @@ static uint64_t now_ms(const struct master *m)
 }
 
 /* Fill r from replica i of o. */
-static void fill_replica(const struct master *m, const struct master_obj *o,
-			 unsigned i, Mooncake__Master__Replica *r)
+static void fill_replica(const struct master *m, const struct master_obj *o, unsigned i,
+			 Mooncake__Master__Replica *r)
 {
 	const struct master_seg *s = master__seg(m->core, o->rep[i].seg);
 	mooncake__master__replica__init(r);
@@ -160,11 +160,13 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, -EINVAL, "no segment");
 		return;
 	}
-	Mooncake__Master__MountSegmentResponse resp = MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
+	Mooncake__Master__MountSegmentResponse resp =
+		MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
 	int rc = master__mount(m->core, s->name, s->agent_id,
 			       s->tier == MOONCAKE__MASTER__TIER__TIER_SSD ? MASTER_TIER_SSD
-									: MASTER_TIER_DRAM,
-			       s->base_address, s->size, req->resync, now_ms(m), &resp.mirror_seq);
+									   : MASTER_TIER_DRAM,
+			       s->base_address, s->size, req->resync, now_ms(m),
+			       &resp.mirror_seq);
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
@@ -173,7 +175,8 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		 s->agent_id, (unsigned long long)s->size, (unsigned long long)s->base_address,
 		 req->resync ? " (re-sync)" : "");
 	resp.view = m->view;
-	resp.lease_epoch = master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
+	resp.lease_epoch =
+		master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
 	master__reply(call, &resp.base);
 }
 
@@ -191,9 +194,10 @@ static void on_unmount(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, rc, "segment '%s'", req->name);
 		return;
 	}
-	log_info("segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
-		 req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
-		 (unsigned long long)resp.objects_removed);
+	log_info(
+		"segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
+		req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
+		(unsigned long long)resp.objects_removed);
 	master__reply(call, &resp.base);
 }
 
@@ -232,8 +236,8 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.items_skipped = resp.n_skipped_items;
 	resp.skipped_items = skipped;
 	if (req->n_inventory || req->inventory_complete)
-		log_info("agent %s re-sync: %llu objects accepted, %llu skipped%s", req->agent_id,
-			 (unsigned long long)resp.items_accepted,
+		log_info("agent %s re-sync: %llu objects accepted, %llu skipped%s",
+			 req->agent_id, (unsigned long long)resp.items_accepted,
 			 (unsigned long long)resp.items_skipped,
 			 req->inventory_complete ? " (complete)" : "");
 	if (req->inventory_complete)
@@ -293,25 +297,28 @@ static int put_start_err(const struct master *m, int rc, unsigned replicas, char
 	replicas = replicas ? replicas : 1;
 	if (settling(m, &mounted, &syncing)) {
 		if (why)
-			snprintf(why, len,
-				 "the leader of view %llu took over %llu ms ago and is taking the "
-				 "agents' segments back (%u mounted, %u reporting); retry",
-				 (unsigned long long)m->view,
-				 (unsigned long long)(now_ms(m) - m->leader_since_ms), mounted,
-				 syncing);
+			snprintf(
+				why, len,
+				"the leader of view %llu took over %llu ms ago and is taking the "
+				"agents' segments back (%u mounted, %u reporting); retry",
+				(unsigned long long)m->view,
+				(unsigned long long)(now_ms(m) - m->leader_since_ms), mounted,
+				syncing);
 		return MC_EUNAVAILABLE;
 	}
 	if (mounted == 0 && now_ms(m) - m->leader_since_ms < m->core_opts.agent_ttl_ms) {
 		if (why)
-			snprintf(why, len,
-				 "the master started leading %llu ms ago and no segment is mounted "
-				 "yet; agents may still be mounting; retry",
-				 (unsigned long long)(now_ms(m) - m->leader_since_ms));
+			snprintf(
+				why, len,
+				"the master started leading %llu ms ago and no segment is mounted "
+				"yet; agents may still be mounting; retry",
+				(unsigned long long)(now_ms(m) - m->leader_since_ms));
 		return MC_EUNAVAILABLE;
 	}
 	if (mounted < replicas) {
 		if (why)
-			snprintf(why, len, "%u replicas need %u segments and only %u %s mounted",
+			snprintf(why, len,
+				 "%u replicas need %u segments and only %u %s mounted",
 				 replicas, replicas, mounted, mounted == 1 ? "is" : "are");
 		return MC_ETOO_FEW_SEGMENTS;
 	}
@@ -336,7 +343,7 @@ static int put_end_err(const struct master *m, int rc)
 {
 	unsigned mounted, syncing;
 	return rc == MC_EOBJECT_NOT_FOUND && settling(m, &mounted, &syncing) ? MC_EUNAVAILABLE
-									       : rc;
+									     : rc;
 }
 
 static int put_start_one(struct master *m, const Mooncake__Master__PutStartRequest *req,
@@ -426,7 +433,8 @@ static void on_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	}
 	Mooncake__Master__Replica reps[MASTER_MAX_REPLICAS], *ptrs[MASTER_MAX_REPLICAS];
-	Mooncake__Master__GetReplicasResponse resp = MOONCAKE__MASTER__GET_REPLICAS_RESPONSE__INIT;
+	Mooncake__Master__GetReplicasResponse resp =
+		MOONCAKE__MASTER__GET_REPLICAS_RESPONSE__INIT;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		fill_replica(m, o, i, &reps[i]);
 		ptrs[resp.n_replicas++] = &reps[i];
@@ -529,13 +537,15 @@ static void on_batch_replica_clear(struct rpc_call *call, const ProtobufCMessage
 		finish_err(call, -ENOMEM, NULL);
 		return;
 	}
-	uint32_t seg = req->segment ? master__seg_find(m->core, req->segment) : MASTER_NO_SEGMENT;
+	uint32_t seg = req->segment ? master__seg_find(m->core, req->segment)
+				    : MASTER_NO_SEGMENT;
 	uint64_t now = now_ms(m);
 	/* (A segment not mounted has no replica of any key.) */
 	for (size_t i = 0; i < n; i++)
-		errs[i] = master__replica_clear(m->core, req->keys[i].data, req->keys[i].len, seg,
-						now);
-	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+		errs[i] = master__replica_clear(m->core, req->keys[i].data, req->keys[i].len,
+						seg, now);
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.errors = errs;
 	resp.n_errors = n;
 	master__reply(call, &resp.base);
@@ -550,19 +560,20 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 	const Mooncake__Master__LeaseSpaceRequest *req = (const void *)msg;
 	if (!m)
 		return;
-	Mooncake__Master__LeaseSpaceResponse resp = MOONCAKE__MASTER__LEASE_SPACE_RESPONSE__INIT;
+	Mooncake__Master__LeaseSpaceResponse resp =
+		MOONCAKE__MASTER__LEASE_SPACE_RESPONSE__INIT;
 	for (size_t i = 0; i < req->n_release; i++)
-		resp.released += master__lease_release(m->core, req->agent_id, req->segment,
-						       req->lease_epoch, req->release[i]->offset,
-						       req->release[i]->length);
+		resp.released += master__lease_release(
+			m->core, req->agent_id, req->segment, req->lease_epoch,
+			req->release[i]->offset, req->release[i]->length);
 	Mooncake__Master__Extent ext = MOONCAKE__MASTER__EXTENT__INIT, *ptr = &ext;
 	int rc = master__lease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
 				     req->want_bytes, &ext.offset, &ext.length);
 	if (rc == -EACCES) {
 		/* Another agent's segment: a remote lease. */
 		struct master_rlease_grant g;
-		rc = master__rlease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
-					  req->want_bytes, now_ms(m), &g);
+		rc = master__rlease_grant(m->core, req->agent_id, req->segment,
+					  req->lease_epoch, req->want_bytes, now_ms(m), &g);
 		ext.offset = g.offset;
 		ext.length = g.length;
 		resp.lease_epoch = g.epoch;
@@ -577,7 +588,8 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 		resp.extents = &ptr;
 		resp.n_extents = 1;
 	}
-	const struct master_seg *seg = master__seg(m->core, master__seg_find(m->core, req->segment));
+	const struct master_seg *seg = master__seg(m->core,
+						   master__seg_find(m->core, req->segment));
 	resp.leased_bytes = seg ? seg->leased : 0;
 	master__reply(call, &resp.base);
 }
@@ -612,7 +624,8 @@ static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 						    req->lease_epoch, &c, now),
 				     req->segment, req->lease_epoch);
 	}
-	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
 	master__reply(call, &resp.base);
@@ -642,12 +655,11 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 		rptr[i] = &res[i];
 		res[i].error = put_start_one(m, req->items[i], &objs[i]);
 		if (res[i].error) {
-			res[i].error = put_start_err(m, res[i].error, req->items[i]->replica_num,
-						     why, sizeof(why));
+			res[i].error = put_start_err(
+				m, res[i].error, req->items[i]->replica_num, why, sizeof(why));
 			unavailable += res[i].error == MC_EUNAVAILABLE;
 			objs[i] = NULL;
-		}
-		else
+		} else
 			total += objs[i]->nrep;
 	}
 	if (n > 0 && unavailable == n) {
@@ -673,7 +685,8 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 			pptr[k] = &reps[k];
 		}
 	}
-	Mooncake__Master__BatchPutStartResponse resp = MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
+	Mooncake__Master__BatchPutStartResponse resp =
+		MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
 	resp.n_results = n;
 	resp.results = rptr;
 	master__reply(call, &resp.base);
@@ -723,11 +736,13 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 				m, master__put_revoke(m->core, keys[i].data, keys[i].len));
 			break;
 		case OP_REMOVE:
-			errs[i] = master__remove(m->core, keys[i].data, keys[i].len, force, now);
+			errs[i] = master__remove(m->core, keys[i].data, keys[i].len, force,
+						 now);
 			break;
 		}
 	}
-	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
 	master__reply(call, &resp.base);
@@ -778,7 +793,8 @@ static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 		errs[i] = rc < 0 ? rc : 0;
 		ex[i] = rc == 1;
 	}
-	Mooncake__Master__BatchExistResponse resp = MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
+	Mooncake__Master__BatchExistResponse resp =
+		MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
 	resp.n_errors = resp.n_exists = n;
 	resp.errors = errs;
 	resp.exists = ex;
@@ -807,7 +823,8 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		mooncake__master__get_replicas_result__init(&res[i]);
 		rptr[i] = &res[i];
-		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now, &objs[i]);
+		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now,
+					   &objs[i]);
 		if (res[i].error)
 			objs[i] = NULL;
 		else
@@ -981,8 +998,10 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, -EINVAL, "limit above %u", LIST_MAX_LIMIT);
 		return;
 	}
-	struct list_ctx x = {.prefix = req->prefix.data, .plen = req->prefix.len,
-			     .after = req->start_after.data, .alen = req->start_after.len};
+	struct list_ctx x = {.prefix = req->prefix.data,
+			     .plen = req->prefix.len,
+			     .after = req->start_after.data,
+			     .alen = req->start_after.len};
 	master__foreach(m->core, list_collect, &x);
 	Mooncake__Master__ListItem *items = NULL;
 	Mooncake__Master__ListItem **ptrs = NULL;
@@ -1027,12 +1046,12 @@ out:
 
 /* ------------------------------------------------------------ table */
 
-#define UNARY(nm, fn, req, resp)                                               \
-	{.name = nm,                                                           \
-	 .kind = RPC_UNARY,                                                    \
-	 .request = &mooncake__master__##req##__descriptor,                    \
-	 .response = &mooncake__master__##resp##__descriptor,                  \
-	 .on_message = fn}
+#define UNARY(nm, fn, req, resp) \
+	{ \
+		.name = nm, .kind = RPC_UNARY, \
+		.request = &mooncake__master__##req##__descriptor, \
+		.response = &mooncake__master__##resp##__descriptor, .on_message = fn \
+	}
 
 static const struct rpc_method methods[] = {
 	UNARY("MountSegment", on_mount, mount_segment_request, mount_segment_response),
@@ -1048,8 +1067,10 @@ static const struct rpc_method methods[] = {
 	UNARY("BatchPutStart", on_batch_put_start, batch_put_start_request,
 	      batch_put_start_response),
 	UNARY("BatchPutEnd", on_batch_put_end, batch_keys_request, batch_errors_response),
-	UNARY("BatchPutRevoke", on_batch_put_revoke, batch_keys_request, batch_errors_response),
-	UNARY("BatchGetReplicas", on_batch_get, batch_keys_request, batch_get_replicas_response),
+	UNARY("BatchPutRevoke", on_batch_put_revoke, batch_keys_request,
+	      batch_errors_response),
+	UNARY("BatchGetReplicas", on_batch_get, batch_keys_request,
+	      batch_get_replicas_response),
 	UNARY("BatchExist", on_batch_exist, batch_keys_request, batch_exist_response),
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
 	UNARY("RemoveRegex", on_remove_regex, remove_regex_request, remove_all_response),
@@ -1073,5 +1094,6 @@ static const struct rpc_method methods[] = {
 
 int master__service_add(struct master *m)
 {
-	return rpc_server_add_service(m->rpc, MASTER_SERVICE, methods, MC_ARRAY_LEN(methods), m);
+	return rpc_server_add_service(m->rpc, MASTER_SERVICE, methods, MC_ARRAY_LEN(methods),
+				      m);
 }

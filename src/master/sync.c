@@ -34,7 +34,7 @@
 #define SYNC_COALESCE_MS 5
 #define SYNC_DEFAULT_EVENTS 4096u
 #define SYNC_MAX_EVENTS 65536u
-#define SYNC_MAX_KEY_BYTES (1u << 20)   /* per answer, beyond its first event */
+#define SYNC_MAX_KEY_BYTES (1u << 20) /* per answer, beyond its first event */
 #define LIST_DEFAULT_ITEMS 4096u
 #define LIST_MAX_ITEMS 65536u
 #define LIST_MAX_KEY_BYTES (1u << 20)
@@ -60,8 +60,8 @@ static void finish_code(struct rpc_call *call, int err, const char *detail)
 }
 
 /* The segment named by an owner's request, or an error. */
-static int owned_segment(struct master *m, const char *agent, const char *name,
-			 uint32_t *id, const struct master_seg **seg)
+static int owned_segment(struct master *m, const char *agent, const char *name, uint32_t *id,
+			 const struct master_seg **seg)
 {
 	*id = master__seg_find(m->core, name ? name : "");
 	if (*id == MASTER_NO_SEGMENT)
@@ -122,9 +122,11 @@ static void answer(struct master *m, struct rpc_call *call, uint32_t id, uint64_
 		finish_code(call, -ENOMEM, NULL);
 		goto out;
 	}
-	Mooncake__Master__SyncSegmentResponse resp = MOONCAKE__MASTER__SYNC_SEGMENT_RESPONSE__INIT;
+	Mooncake__Master__SyncSegmentResponse resp =
+		MOONCAKE__MASTER__SYNC_SEGMENT_RESPONSE__INIT;
 	size_t nread;
-	int rc = master__mlog_read(s->log, after, cap, SYNC_MAX_KEY_BYTES, collect_ev, &x, &nread);
+	int rc = master__mlog_read(s->log, after, cap, SYNC_MAX_KEY_BYTES, collect_ev, &x,
+				   &nread);
 	resp.behind = rc == MC_ECOMPACTED;
 	resp.last_seq = ls.last;
 	resp.events = x.ptrs;
@@ -205,7 +207,8 @@ void master__sync_drop_all(struct master *m)
 		rpc_call_set_data(w->call, NULL);
 		char msg[320];
 		snprintf(msg, sizeof(msg), "%d %s: leader=%s view=%llu", MC_ENOT_LEADER,
-			 mc_strerror(MC_ENOT_LEADER), *m->leader_addr ? m->leader_addr : "none",
+			 mc_strerror(MC_ENOT_LEADER),
+			 *m->leader_addr ? m->leader_addr : "none",
 			 (unsigned long long)m->view);
 		rpc_call_finish(w->call, RPC_UNAVAILABLE, msg);
 		free(w);
@@ -285,8 +288,11 @@ void master__on_sync(struct rpc_call *call, const ProtobufCMessage *msg)
 	uint64_t deadline = rpc_call_deadline_ms(call);
 	if (deadline && deadline < until)
 		until = deadline;
-	*w = (struct master_syncw){.call = call, .seg = id, .log_id = s->log_id,
-				   .after = req->after_seq, .max_events = req->max_events,
+	*w = (struct master_syncw){.call = call,
+				   .seg = id,
+				   .log_id = s->log_id,
+				   .after = req->after_seq,
+				   .max_events = req->max_events,
 				   .until_ms = until};
 	w->next = m->syncw;
 	if (m->syncw)
@@ -324,7 +330,8 @@ static bool list_item(void *ud, const struct master_obj *o, unsigned i)
 		.crc = o->crc,
 		.klen = o->klen,
 		.flags = (uint8_t)(((o->flags & MASTER_OBJ_CRC) ? MASTER_EV_F_CRC : 0) |
-				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN : 0)),
+				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN
+								     : 0)),
 		.key = master__obj_key(o),
 	};
 	fill_event(&p->items[p->n++], &ev);
@@ -355,7 +362,8 @@ void master__on_list_segment(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	for (size_t i = 0; i < p.n; i++)
 		p.ptrs[i] = &p.items[i];
-	Mooncake__Master__ListSegmentResponse resp = MOONCAKE__MASTER__LIST_SEGMENT_RESPONSE__INIT;
+	Mooncake__Master__ListSegmentResponse resp =
+		MOONCAKE__MASTER__LIST_SEGMENT_RESPONSE__INIT;
 	resp.items = p.ptrs;
 	resp.n_items = p.n;
 	resp.next_cursor = cursor;

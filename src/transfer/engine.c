@@ -398,8 +398,8 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 		}
 		e->m_failed[p] = metrics_counter(
 			r, "mooncake_te_failed_requests_total",
-			"Transfer requests this engine initiated that failed.",
-			"transport", (const char *[]){pn});
+			"Transfer requests this engine initiated that failed.", "transport",
+			(const char *[]){pn});
 	}
 	e->m_retries = metrics_counter(r, "mooncake_te_slice_retries_total",
 				       "Slices resubmitted on another path after "
@@ -422,13 +422,12 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 			"on the data port (tcp, which also carries rdma's control) "
 			"and the shm socket, proofs of GetDescriptor (grpc).",
 			"transport", (const char *[]){auth_where[w]});
-	e->m_regions = metrics_gauge(r, "mooncake_te_regions",
-				     "Registered memory regions.", NULL, NULL);
+	e->m_regions = metrics_gauge(r, "mooncake_te_regions", "Registered memory regions.",
+				     NULL, NULL);
 	e->m_reg_bytes = metrics_gauge(r, "mooncake_te_registered_bytes",
 				       "Bytes of registered memory.", NULL, NULL);
 	e->m_segments = metrics_gauge(r, "mooncake_te_segments_open",
-				      "Peer segments in the open-segment cache.",
-				      NULL, NULL);
+				      "Peer segments in the open-segment cache.", NULL, NULL);
 	for (size_t i = 0; i < MC_ARRAY_LEN(protos); i++)
 		e->m_peers[protos[i]] = metrics_gauge(
 			r, "mooncake_te_peers",
@@ -457,13 +456,12 @@ static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)
 		return -EINVAL;
 	}
 	if (o->segment_name && (!*o->segment_name || strlen(o->segment_name) > TE_NAME_MAX)) {
-		log_error("transfer engine: segment name must be 1..%d bytes",
-			  TE_NAME_MAX);
+		log_error("transfer engine: segment name must be 1..%d bytes", TE_NAME_MAX);
 		return -EINVAL;
 	}
-	if (o->slice_bytes && (o->slice_bytes < TE_SLICE_MIN || o->slice_bytes > TE_SLICE_MAX)) {
-		log_error("transfer engine: slice size %zu outside 64K..64M",
-			  o->slice_bytes);
+	if (o->slice_bytes &&
+	    (o->slice_bytes < TE_SLICE_MIN || o->slice_bytes > TE_SLICE_MAX)) {
+		log_error("transfer engine: slice size %zu outside 64K..64M", o->slice_bytes);
 		return -EINVAL;
 	}
 	if (o->tcp_conns > TE_MAX_PATHS || o->threads > 1024) {
@@ -472,8 +470,8 @@ static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)
 			  TE_MAX_PATHS);
 		return -EINVAL;
 	}
-	if (o->cluster_secret && (o->cluster_secret_len == 0 ||
-				  o->cluster_secret_len > MC_SECRET_MAX_BYTES)) {
+	if (o->cluster_secret &&
+	    (o->cluster_secret_len == 0 || o->cluster_secret_len > MC_SECRET_MAX_BYTES)) {
 		log_error("transfer engine: a cluster secret must be 1..%d bytes",
 			  MC_SECRET_MAX_BYTES);
 		return -EINVAL;
@@ -660,8 +658,7 @@ static void on_pub_stopped(struct te_engine *e, void *ud)
 		cb(e, cb_ud);
 }
 
-void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud),
-	     void *ud)
+void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud), void *ud)
 {
 	pthread_mutex_lock(&e->mu);
 	e->stopped = true;

@@ -40,9 +40,9 @@
 
 #define LOG_SUBSYS LOGS_RDMA
 
-#define TE_RDMA_POST_CHUNK 32    /* WRs per ibv_post_send call */
-#define TE_RDMA_POLL_BATCH 64    /* CQEs per ibv_poll_cq call */
-#define TE_RDMA_DRAIN_MS 10000u  /* teardown waits this long for flushes */
+#define TE_RDMA_POST_CHUNK 32   /* WRs per ibv_post_send call */
+#define TE_RDMA_POLL_BATCH 64   /* CQEs per ibv_poll_cq call */
+#define TE_RDMA_DRAIN_MS 10000u /* teardown waits this long for flushes */
 #define TE_RDMA_HOP_LIMIT 64
 #define TE_RDMA_MIN_RNR_TIMER 12 /* 0.64 ms */
 
@@ -59,7 +59,10 @@ struct te_rdma {
 	pthread_t thread;
 	/* completion thread only */
 	struct ibv_wc wc[TE_RDMA_POLL_BATCH];
-	struct rdone { uint64_t cookie; int status; } *done;
+	struct rdone {
+		uint64_t cookie;
+		int status;
+	} * done;
 };
 
 struct te_rdma_mr {
@@ -74,7 +77,7 @@ struct rqp {
 	unsigned k;
 	struct rdev *dev;
 	struct ibv_qp *qp;
-	uint32_t id;  /* index in te_rdma.qps */
+	uint32_t id; /* index in te_rdma.qps */
 	uint32_t psn;
 	pthread_mutex_t lock;
 	pthread_cond_t idle;
@@ -105,18 +108,25 @@ struct te_rdma_conn {
 int te_rdma_wc_status_code(int st)
 {
 	switch (st) {
-	case IBV_WC_SUCCESS: return 0;
-	case IBV_WC_REM_ACCESS_ERR: return -EACCES;
+	case IBV_WC_SUCCESS:
+		return 0;
+	case IBV_WC_REM_ACCESS_ERR:
+		return -EACCES;
 	case IBV_WC_LOC_PROT_ERR:
 	case IBV_WC_LOC_ACCESS_ERR:
-	case IBV_WC_LOC_LEN_ERR: return -EFAULT;
+	case IBV_WC_LOC_LEN_ERR:
+		return -EFAULT;
 	case IBV_WC_RETRY_EXC_ERR:
 	case IBV_WC_RNR_RETRY_EXC_ERR:
-	case IBV_WC_RESP_TIMEOUT_ERR: return MC_EUNAVAILABLE;
-	case IBV_WC_WR_FLUSH_ERR: return MC_ECANCELLED;
+	case IBV_WC_RESP_TIMEOUT_ERR:
+		return MC_EUNAVAILABLE;
+	case IBV_WC_WR_FLUSH_ERR:
+		return MC_ECANCELLED;
 	case IBV_WC_REM_INV_REQ_ERR:
-	case IBV_WC_REM_INV_RD_REQ_ERR: return -EINVAL;
-	default: return -EIO;
+	case IBV_WC_REM_INV_RD_REQ_ERR:
+		return -EINVAL;
+	default:
+		return -EIO;
 	}
 }
 
@@ -124,8 +134,9 @@ static int dev_setup(struct te_rdma *r, struct rdev *d, char *why, size_t why_le
 {
 	int rc;
 	if ((uint64_t)r->o.sq_depth + 1 > (uint64_t)d->attr.max_qp_wr) {
-		te_rdma__why(why, why_len, "%s: send queue depth %u exceeds the device's max_qp_wr %d",
-			d->info.name, r->o.sq_depth, d->attr.max_qp_wr);
+		te_rdma__why(why, why_len,
+			     "%s: send queue depth %u exceeds the device's max_qp_wr %d",
+			     d->info.name, r->o.sq_depth, d->attr.max_qp_wr);
 		return -EINVAL;
 	}
 	unsigned cqe = r->o.cq_depth;
@@ -135,31 +146,36 @@ static int dev_setup(struct te_rdma *r, struct rdev *d, char *why, size_t why_le
 	d->pd = ibv_alloc_pd(d->ctx);
 	if (!d->pd) {
 		rc = -errno;
-		te_rdma__why(why, why_len, "%s: ibv_alloc_pd: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_alloc_pd: %s", d->info.name,
+			     strerror(errno));
 		goto fail;
 	}
 	d->ch = ibv_create_comp_channel(d->ctx);
 	if (!d->ch) {
 		rc = -errno;
-		te_rdma__why(why, why_len, "%s: ibv_create_comp_channel: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_create_comp_channel: %s", d->info.name,
+			     strerror(errno));
 		goto fail_pd;
 	}
 	int fl = fcntl(d->ch->fd, F_GETFL);
 	if (fl < 0 || fcntl(d->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
 		rc = -errno;
-		te_rdma__why(why, why_len, "%s: completion channel: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: completion channel: %s", d->info.name,
+			     strerror(errno));
 		goto fail_ch;
 	}
 	d->cq = ibv_create_cq(d->ctx, (int)cqe, d, d->ch, 0);
 	if (!d->cq) {
 		rc = -errno;
-		te_rdma__why(why, why_len, "%s: ibv_create_cq(%u): %s", d->info.name, cqe, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_create_cq(%u): %s", d->info.name, cqe,
+			     strerror(errno));
 		goto fail_ch;
 	}
 	rc = ibv_req_notify_cq(d->cq, 0);
 	if (rc) {
 		rc = -rc;
-		te_rdma__why(why, why_len, "%s: ibv_req_notify_cq: %s", d->info.name, strerror(-rc));
+		te_rdma__why(why, why_len, "%s: ibv_req_notify_cq: %s", d->info.name,
+			     strerror(-rc));
 		goto fail_cq;
 	}
 	return 0;
@@ -199,7 +215,8 @@ static void deliver(struct te_rdma *r, struct rqp *q, uint64_t seq32, int ibst,
 	bool first_err = false;
 	int code = te_rdma_wc_status_code(ibst);
 	pthread_mutex_lock(&q->lock);
-	uint64_t seq = q->done_seq + (uint64_t)(uint32_t)((uint32_t)seq32 - (uint32_t)q->done_seq);
+	uint64_t seq = q->done_seq +
+		       (uint64_t)(uint32_t)((uint32_t)seq32 - (uint32_t)q->done_seq);
 	if (seq >= q->post_seq) {
 		pthread_mutex_unlock(&q->lock);
 		log_error("%s: completion for QP %u sequence %llu not posted (posted %llu)",
@@ -213,17 +230,18 @@ static void deliver(struct te_rdma *r, struct rqp *q, uint64_t seq32, int ibst,
 			continue;
 		r->done[nd].cookie = q->cookies[slot];
 		r->done[nd].status = q->kind[slot] == WR_UNPOSTED ? q->unposted_err[slot]
-				     : s == seq		       ? code
-							       : 0;
+				     : s == seq                   ? code
+								  : 0;
 		nd++;
 	}
 	q->done_seq = seq + 1;
 	if (code && !q->err) {
 		q->err = code;
 		q->connected = false;
-		log_warn("%s: QP %u (peer QP %u) failed: %s (vendor error 0x%x); it stays in ERR",
-			 q->dev->info.name, q->qp->qp_num, q->peer_qpn,
-			 ibv_wc_status_str(wc->status), wc->vendor_err);
+		log_warn(
+			"%s: QP %u (peer QP %u) failed: %s (vendor error 0x%x); it stays in ERR",
+			q->dev->info.name, q->qp->qp_num, q->peer_qpn,
+			ibv_wc_status_str(wc->status), wc->vendor_err);
 	}
 	int qp_err = q->err;
 	if (q->err && !q->err_reported && !q->closing) {
@@ -258,7 +276,8 @@ static void drain_cq(struct te_rdma *r, struct rdev *d)
 			struct rqp *q = id < r->qps_cap ? r->qps[id] : NULL;
 			pthread_mutex_unlock(&r->lock);
 			if (!q) {
-				log_error("%s: completion for unknown QP %u", d->info.name, wc->qp_num);
+				log_error("%s: completion for unknown QP %u", d->info.name,
+					  wc->qp_num);
 				continue;
 			}
 			deliver(r, q, wc->wr_id & 0xffffffffu, wc->status, wc);
@@ -302,7 +321,8 @@ static void *cq_thread(void *arg)
 			 * found by the poll, one after it raises an event */
 			int rc = ibv_req_notify_cq(d->cq, 0);
 			if (rc)
-				log_error("%s: ibv_req_notify_cq: %s", d->info.name, strerror(rc));
+				log_error("%s: ibv_req_notify_cq: %s", d->info.name,
+					  strerror(rc));
 			drain_cq(r, d);
 		}
 	}
@@ -311,7 +331,8 @@ static void *cq_thread(void *arg)
 
 /* ------------------------------------------------------------ context */
 
-int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why, size_t why_len)
+int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why,
+		size_t why_len)
 {
 	int rc;
 	if (why && why_len)
@@ -330,11 +351,14 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 		r->o.signal_every = TE_RDMA_DEFAULT_SIGNAL_EVERY;
 	if (!r->o.cq_depth)
 		r->o.cq_depth = TE_RDMA_DEFAULT_CQ_DEPTH;
-	if (r->o.sq_depth < 2 || r->o.sq_depth > 65536 || r->o.signal_every > r->o.sq_depth / 2 ||
-	    r->o.gid_index < -1 || r->o.gid_index > 255 ||
+	if (r->o.sq_depth < 2 || r->o.sq_depth > 65536 ||
+	    r->o.signal_every > r->o.sq_depth / 2 || r->o.gid_index < -1 ||
+	    r->o.gid_index > 255 ||
 	    (r->o.mtu_bytes && (r->o.mtu_bytes < 256 || r->o.mtu_bytes > 4096 ||
 				(r->o.mtu_bytes & (r->o.mtu_bytes - 1))))) {
-		te_rdma__why(why, why_len, "bad options: sq_depth %u (2..65536), signal_every %u "
+		te_rdma__why(
+			why, why_len,
+			"bad options: sq_depth %u (2..65536), signal_every %u "
 			"(at most sq_depth/2), gid_index %d (-1..255), mtu %u (256..4096)",
 			r->o.sq_depth, r->o.signal_every, r->o.gid_index, r->o.mtu_bytes);
 		rc = -EINVAL;
@@ -361,7 +385,8 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 	}
 	rc = -pthread_create(&r->thread, NULL, cq_thread, r);
 	if (rc) {
-		te_rdma__why(why, why_len, "cannot start the completion thread: %s", strerror(-rc));
+		te_rdma__why(why, why_len, "cannot start the completion thread: %s",
+			     strerror(-rc));
 		goto fail_efd;
 	}
 	for (unsigned i = 0; i < r->n; i++)
@@ -369,7 +394,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 			 r->dev[i].info.port, r->dev[i].info.gid_index,
 			 r->dev[i].info.gid_type == IBV_GID_TYPE_ROCE_V2   ? "RoCE v2"
 			 : r->dev[i].info.gid_type == IBV_GID_TYPE_ROCE_V1 ? "RoCE v1"
-									     : "IB",
+									   : "IB",
 			 r->dev[i].info.mtu_bytes);
 	*out = r;
 	return 0;
@@ -396,8 +421,8 @@ void te_rdma_free(struct te_rdma *r)
 	close(r->stop_fd);
 	for (unsigned i = r->n; i-- > 0;) {
 		if (r->dev[i].n_qp || r->dev[i].n_mr)
-			log_error("%s: freed with %u QPs and %u MRs still open", r->dev[i].info.name,
-				  r->dev[i].n_qp, r->dev[i].n_mr);
+			log_error("%s: freed with %u QPs and %u MRs still open",
+				  r->dev[i].info.name, r->dev[i].n_qp, r->dev[i].n_mr);
 		dev_teardown(&r->dev[i]);
 	}
 	free(r->qps);
@@ -406,7 +431,10 @@ void te_rdma_free(struct te_rdma *r)
 	free(r);
 }
 
-unsigned te_rdma_nic_count(const struct te_rdma *r) { return r->n; }
+unsigned te_rdma_nic_count(const struct te_rdma *r)
+{
+	return r->n;
+}
 
 const struct te_rdma_nic *te_rdma_nic(const struct te_rdma *r, unsigned nic)
 {
@@ -415,7 +443,8 @@ const struct te_rdma_nic *te_rdma_nic(const struct te_rdma *r, unsigned nic)
 
 /* ------------------------------------------------------------ memory */
 
-static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char *why, size_t why_len)
+static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char *why,
+		     size_t why_len)
 {
 	struct rlimit rl;
 	unsigned n_mr;
@@ -423,23 +452,30 @@ static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char 
 	n_mr = d->n_mr;
 	pthread_mutex_unlock(&r->lock);
 	if (e == ENOMEM && d->attr.max_mr > 0 && n_mr >= (unsigned)d->attr.max_mr) {
-		te_rdma__why(why, why_len, "%s: the device allows %d memory regions (max_mr) and %u are "
-			"registered: register fewer, larger regions", d->info.name, d->attr.max_mr, n_mr);
-	} else if (e == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-		te_rdma__why(why, why_len, "%s: cannot pin %zu bytes: the locked-memory limit "
+		te_rdma__why(why, why_len,
+			     "%s: the device allows %d memory regions (max_mr) and %u are "
+			     "registered: register fewer, larger regions",
+			     d->info.name, d->attr.max_mr, n_mr);
+	} else if (e == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+		   rl.rlim_cur != RLIM_INFINITY) {
+		te_rdma__why(
+			why, why_len,
+			"%s: cannot pin %zu bytes: the locked-memory limit "
 			"(RLIMIT_MEMLOCK, ulimit -l) is %llu KiB; raise it (ulimit -l unlimited, "
 			"LimitMEMLOCK=infinity in the systemd unit, or memlock in "
-			"/etc/security/limits.conf)", d->info.name, len,
-			(unsigned long long)(rl.rlim_cur / 1024));
+			"/etc/security/limits.conf)",
+			d->info.name, len, (unsigned long long)(rl.rlim_cur / 1024));
 	} else if (e == ENOMEM) {
-		te_rdma__why(why, why_len, "%s: out of memory registering %zu bytes", d->info.name, len);
+		te_rdma__why(why, why_len, "%s: out of memory registering %zu bytes",
+			     d->info.name, len);
 	} else if (e == EACCES || e == EPERM) {
-		te_rdma__why(why, why_len, "%s: no permission to register memory (%s)", d->info.name,
-			strerror(e));
+		te_rdma__why(why, why_len, "%s: no permission to register memory (%s)",
+			     d->info.name, strerror(e));
 	} else if (e == EFAULT) {
 		te_rdma__why(why, why_len, "%s: the region is not mapped", d->info.name);
 	} else {
-		te_rdma__why(why, why_len, "%s: ibv_reg_mr of %zu bytes: %s", d->info.name, len, strerror(e));
+		te_rdma__why(why, why_len, "%s: ibv_reg_mr of %zu bytes: %s", d->info.name,
+			     len, strerror(e));
 	}
 	return e ? -e : -EIO;
 }
@@ -558,9 +594,10 @@ static int qp_reserve(struct te_rdma *r, struct rqp *q, char *why, size_t why_le
 	int rc = 0;
 	pthread_mutex_lock(&r->lock);
 	if (d->cq_used + need > (unsigned)d->cq->cqe) {
-		te_rdma__why(why, why_len, "%s: the completion queue (%d entries) is full with %u QPs of "
-			"%u: raise the CQ depth or lower the send queue depth", d->info.name,
-			d->cq->cqe, d->n_qp, need);
+		te_rdma__why(why, why_len,
+			     "%s: the completion queue (%d entries) is full with %u QPs of "
+			     "%u: raise the CQ depth or lower the send queue depth",
+			     d->info.name, d->cq->cqe, d->n_qp, need);
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -614,8 +651,10 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		.qp_context = q,
 		.send_cq = d->cq,
 		.recv_cq = d->cq,
-		.cap = {.max_send_wr = r->o.sq_depth + 1, .max_recv_wr = 1,
-			.max_send_sge = 1, .max_recv_sge = 1},
+		.cap = {.max_send_wr = r->o.sq_depth + 1,
+			.max_recv_wr = 1,
+			.max_send_sge = 1,
+			.max_recv_sge = 1},
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
 	};
@@ -627,10 +666,14 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		n_qp = d->n_qp - 1;
 		pthread_mutex_unlock(&r->lock);
 		if (e == ENOMEM && d->attr.max_qp > 0 && n_qp >= (unsigned)d->attr.max_qp)
-			te_rdma__why(why, why_len, "%s: the device allows %d queue pairs (max_qp) and %u are "
-				"open: fewer peers or NICs per engine", d->info.name, d->attr.max_qp, n_qp);
+			te_rdma__why(
+				why, why_len,
+				"%s: the device allows %d queue pairs (max_qp) and %u are "
+				"open: fewer peers or NICs per engine",
+				d->info.name, d->attr.max_qp, n_qp);
 		else
-			te_rdma__why(why, why_len, "%s: ibv_create_qp: %s", d->info.name, strerror(e));
+			te_rdma__why(why, why_len, "%s: ibv_create_qp: %s", d->info.name,
+				     strerror(e));
 		rc = e ? -e : -EIO;
 		goto fail_reserve;
 	}
@@ -641,8 +684,9 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
 				   IBV_ACCESS_REMOTE_WRITE,
 	};
-	rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					     IBV_QP_ACCESS_FLAGS);
+	rc = ibv_modify_qp(q->qp, &a,
+			   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS);
 	if (rc) {
 		te_rdma__why(why, why_len, "%s: QP to INIT: %s", d->info.name, strerror(rc));
 		rc = -rc;
@@ -682,7 +726,8 @@ static void qp_fence_locked(struct te_rdma *r, struct rqp *q)
 	};
 	struct ibv_send_wr *bad = NULL;
 	if (q->post_seq - q->done_seq >= ring) {
-		log_error("%s: QP %u: no slot for the fence", q->dev->info.name, q->qp->qp_num);
+		log_error("%s: QP %u: no slot for the fence", q->dev->info.name,
+			  q->qp->qp_num);
 		return;
 	}
 	int rc = ibv_post_send(q->qp, &wr, &bad);
@@ -702,7 +747,8 @@ static void qp_to_err_locked(struct te_rdma *r, struct rqp *q)
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	int rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
 	if (rc) {
-		log_error("%s: QP %u to ERR: %s", q->dev->info.name, q->qp->qp_num, strerror(rc));
+		log_error("%s: QP %u to ERR: %s", q->dev->info.name, q->qp->qp_num,
+			  strerror(rc));
 		return;
 	}
 	if (q->post_seq != q->done_seq)
@@ -724,9 +770,10 @@ static void qp_destroy(struct te_rdma *r, struct rqp *q)
 		ts.tv_sec += 1;
 		pthread_cond_timedwait(&q->idle, &q->lock, &ts);
 		if (mc_now_ms() > deadline) {
-			log_error("%s: QP %u: %llu work requests never completed; destroying anyway",
-				  q->dev->info.name, q->qp->qp_num,
-				  (unsigned long long)(q->post_seq - q->done_seq));
+			log_error(
+				"%s: QP %u: %llu work requests never completed; destroying anyway",
+				q->dev->info.name, q->qp->qp_num,
+				(unsigned long long)(q->post_seq - q->done_seq));
 			break;
 		}
 	}
@@ -742,15 +789,16 @@ static void qp_destroy(struct te_rdma *r, struct rqp *q)
 	free(q->cookies);
 }
 
-int te_rdma_conn_new(struct te_rdma *r, unsigned peer_nics, void *arg, struct te_rdma_conn **out,
-		     char *why, size_t why_len)
+int te_rdma_conn_new(struct te_rdma *r, unsigned peer_nics, void *arg,
+		     struct te_rdma_conn **out, char *why, size_t why_len)
 {
 	int rc = 0;
 	unsigned k;
 	if (why && why_len)
 		why[0] = 0;
 	if (peer_nics == 0 || peer_nics > TE_RDMA_MAX_NICS) {
-		te_rdma__why(why, why_len, "peer NIC count %u not in 1..%d", peer_nics, TE_RDMA_MAX_NICS);
+		te_rdma__why(why, why_len, "peer NIC count %u not in 1..%d", peer_nics,
+			     TE_RDMA_MAX_NICS);
 		return -EINVAL;
 	}
 	struct te_rdma_conn *c = calloc(1, sizeof(*c));
@@ -778,7 +826,10 @@ fail_qps:
 	return rc;
 }
 
-unsigned te_rdma_conn_qps(const struct te_rdma_conn *c) { return c->n; }
+unsigned te_rdma_conn_qps(const struct te_rdma_conn *c)
+{
+	return c->n;
+}
 
 unsigned te_rdma_conn_nic(const struct te_rdma_conn *c, unsigned k)
 {
@@ -813,23 +864,27 @@ static int qp_connect(struct rqp *q, const struct te_rdma_ep *p)
 		.path_mtu = mtu,
 		.dest_qp_num = p->qpn,
 		.rq_psn = p->psn,
-		.max_dest_rd_atomic = (uint8_t)MC_MIN(TE_RDMA_QP_RD_ATOMIC, d->attr.max_qp_rd_atom),
+		.max_dest_rd_atomic = (uint8_t)MC_MIN(TE_RDMA_QP_RD_ATOMIC,
+						      d->attr.max_qp_rd_atom),
 		.min_rnr_timer = TE_RDMA_MIN_RNR_TIMER,
-		.ah_attr = {
-			.is_global = 1,
-			.grh = {.sgid_index = d->info.gid_index, .hop_limit = TE_RDMA_HOP_LIMIT},
-			.dlid = p->lid,
-			.sl = 0,
-			.port_num = d->info.port,
-		},
+		.ah_attr =
+			{
+				.is_global = 1,
+				.grh = {.sgid_index = d->info.gid_index,
+					.hop_limit = TE_RDMA_HOP_LIMIT},
+				.dlid = p->lid,
+				.sl = 0,
+				.port_num = d->info.port,
+			},
 	};
 	memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
-	int rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-					     IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	int rc = ibv_modify_qp(q->qp, &a,
+			       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				       IBV_QP_MIN_RNR_TIMER);
 	if (rc) {
-		log_error("%s: QP %u to RTR (peer QP %u, MTU %u): %s", d->info.name, q->qp->qp_num,
-			  p->qpn, te_rdma__mtu_bytes(mtu), strerror(rc));
+		log_error("%s: QP %u to RTR (peer QP %u, MTU %u): %s", d->info.name,
+			  q->qp->qp_num, p->qpn, te_rdma__mtu_bytes(mtu), strerror(rc));
 		return -rc;
 	}
 	memset(&a, 0, sizeof(a));
@@ -839,9 +894,9 @@ static int qp_connect(struct rqp *q, const struct te_rdma_ep *p)
 	a.rnr_retry = TE_RDMA_QP_RNR_RETRY;
 	a.sq_psn = q->psn;
 	a.max_rd_atomic = (uint8_t)MC_MIN(TE_RDMA_QP_RD_ATOMIC, d->attr.max_qp_init_rd_atom);
-	rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					     IBV_QP_MAX_QP_RD_ATOMIC);
+	rc = ibv_modify_qp(q->qp, &a,
+			   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (rc) {
 		log_error("%s: QP %u to RTS: %s", d->info.name, q->qp->qp_num, strerror(rc));
 		return -rc;
@@ -931,13 +986,15 @@ int te_rdma_post(struct te_rdma_conn *c, unsigned k, const struct te_rdma_wr *wr
 			if (sig)
 				q->since_signal = 0;
 			sge[j] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)w->local,
-						  .length = w->len, .lkey = w->lkey};
+						  .length = w->len,
+						  .lkey = w->lkey};
 			wr[j] = (struct ibv_send_wr){
 				.wr_id = (uint64_t)q->id << 32 | (seq & 0xffffffffu),
 				.next = j + 1 < m ? &wr[j + 1] : NULL,
 				.sg_list = &sge[j],
 				.num_sge = 1,
-				.opcode = w->op == TE_RDMA_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
+				.opcode = w->op == TE_RDMA_WRITE ? IBV_WR_RDMA_WRITE
+								 : IBV_WR_RDMA_READ,
 				.send_flags = sig ? IBV_SEND_SIGNALED : 0,
 			};
 			wr[j].wr.rdma.remote_addr = w->remote;
@@ -1024,7 +1081,8 @@ int te_rdma_ep_decode(const uint8_t *in, size_t len, struct te_rdma_ep *ep)
 	ep->mtu = in[24];
 	ep->port = in[25];
 	ep->nic = in[26];
-	if (te_rdma__mtu_bytes((enum ibv_mtu)ep->mtu) == 0 || ep->port == 0 || ep->nic >= TE_RDMA_MAX_NICS)
+	if (te_rdma__mtu_bytes((enum ibv_mtu)ep->mtu) == 0 || ep->port == 0 ||
+	    ep->nic >= TE_RDMA_MAX_NICS)
 		return -EINVAL;
 	return 0;
 }

@@ -106,10 +106,10 @@ struct te_rdma_opts {
 
 /* One NIC (device + port) in use. */
 struct te_rdma_nic {
-	char name[64];      /* device name, "mlx5_0" */
+	char name[64]; /* device name, "mlx5_0" */
 	uint8_t port;
 	uint8_t gid_index;
-	uint8_t gid_type;   /* 0 IB, 1 RoCE v1, 2 RoCE v2 (enum ibv_gid_type) */
+	uint8_t gid_type; /* 0 IB, 1 RoCE v1, 2 RoCE v2 (enum ibv_gid_type) */
 	uint8_t gid[16];
 	uint16_t lid;
 	unsigned mtu_bytes; /* the port's active MTU */
@@ -119,23 +119,23 @@ struct te_rdma_nic {
 struct te_rdma_ep {
 	uint8_t gid[16];
 	uint16_t lid;
-	uint32_t qpn;  /* 24 bits */
-	uint32_t psn;  /* 24 bits */
-	uint8_t mtu;   /* enum ibv_mtu of the local port */
+	uint32_t qpn; /* 24 bits */
+	uint32_t psn; /* 24 bits */
+	uint8_t mtu;  /* enum ibv_mtu of the local port */
 	uint8_t port;
-	uint8_t nic;   /* index of the local NIC */
+	uint8_t nic; /* index of the local NIC */
 };
 
 enum te_rdma_op { TE_RDMA_WRITE = 1, TE_RDMA_READ = 2 };
 
 struct te_rdma_wr {
 	enum te_rdma_op op;
-	void *local;      /* local address inside a region registered here */
-	uint32_t lkey;    /* te_rdma_mr_lkey(mr, nic of the QP) */
-	uint64_t remote;  /* remote address inside the peer's region */
-	uint32_t rkey;    /* the peer's rkey for the QP's peer NIC */
-	uint32_t len;     /* 0 .. 2^31 */
-	uint64_t cookie;  /* returned by on_complete */
+	void *local;     /* local address inside a region registered here */
+	uint32_t lkey;   /* te_rdma_mr_lkey(mr, nic of the QP) */
+	uint64_t remote; /* remote address inside the peer's region */
+	uint32_t rkey;   /* the peer's rkey for the QP's peer NIC */
+	uint32_t len;    /* 0 .. 2^31 */
+	uint64_t cookie; /* returned by on_complete */
 };
 
 /* Select devices and start the completion thread. why (may be NULL)

@@ -116,8 +116,8 @@ int te__rtable_acquire(struct te_rtable *t, uint64_t addr, uint64_t len,
 		if (i > 0) {
 			struct te_region *r = t->v[i - 1];
 			uint64_t b[2] = {r->addr, r->len};
-			if (te__range_find(b, 1, sizeof(b), 0, sizeof(uint64_t), addr,
-					   len) == 0) {
+			if (te__range_find(b, 1, sizeof(b), 0, sizeof(uint64_t), addr, len) ==
+			    0) {
 				atomic_fetch_add(&r->inflight, 1);
 				*out = r;
 				rc = 0;

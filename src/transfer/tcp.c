@@ -150,8 +150,8 @@ int te__ctrl_open(struct te_engine *e, const struct te_desc *d, uint64_t timeout
 	int fd = te__tcp_dial(&ss, mc_now_ms() + timeout_ms);
 	if (fd < 0)
 		return fd == -ECONNREFUSED ? MC_EUNAVAILABLE : fd;
-	int rc = te__hs_client(fd, e->secret_len ? e->secret : NULL, e->secret_len,
-			       e->name, d->name, timeout_ms);
+	int rc = te__hs_client(fd, e->secret_len ? e->secret : NULL, e->secret_len, e->name,
+			       d->name, timeout_ms);
 	if (rc) {
 		close(fd);
 		return rc == -ECONNRESET ? MC_EUNAVAILABLE : rc;
@@ -165,8 +165,8 @@ int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen, uint8_t
 	if (inlen > TE_CTRL_MAX_BYTES)
 		return -EINVAL;
 	uint64_t deadline = mc_now_ms() + timeout_ms;
-	struct te_wire_hdr h = {.type = TE_WIRE_CTRL, .len = (uint32_t)inlen, .id = 1,
-				.addr = xid};
+	struct te_wire_hdr h = {
+		.type = TE_WIRE_CTRL, .len = (uint32_t)inlen, .id = 1, .addr = xid};
 	uint8_t hb[TE_WIRE_HDR_BYTES];
 	te__wire_encode(&h, hb);
 	int rc = te__io_full(fd, hb, sizeof(hb), true, deadline);
@@ -245,9 +245,8 @@ static int tcp_init(struct te_engine *e, struct te_xport **out)
 	}
 	sl = sizeof(ss);
 	getsockname(x->lfd, (struct sockaddr *)&ss, &sl);
-	x->port = ntohs(ss.ss_family == AF_INET6
-				? ((struct sockaddr_in6 *)&ss)->sin6_port
-				: ((struct sockaddr_in *)&ss)->sin_port);
+	x->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						 : ((struct sockaddr_in *)&ss)->sin_port);
 	rc = te__worker_add(&e->workers[0], x->lfd, &x->lioh, EPOLLIN);
 	if (rc)
 		goto fail_fd;

@@ -58,36 +58,36 @@ enum te_protocol {
 	TE_PROTO_AUTO = 0, /* rdma when a usable device exists, else tcp */
 	TE_PROTO_TCP,
 	TE_PROTO_RDMA,
-	TE_PROTO_SHM,      /* forced shm (peer must be on this host) */
+	TE_PROTO_SHM, /* forced shm (peer must be on this host) */
 };
 
 struct te_opts {
-	uv_loop_t *loop;                 /* control loop (runs in caller's thread) */
-	const char *segment_name;        /* this engine's segment name; P2P
+	uv_loop_t *loop;          /* control loop (runs in caller's thread) */
+	const char *segment_name; /* this engine's segment name; P2P
 					  * mode: NULL = "host:rpc_port" */
-	const char *cluster_id;          /* meta key prefix /mooncake/<id>/ */
-	struct etcd_client *meta;        /* NULL: P2P handshake mode */
-	struct rpc_server *rpc;          /* serves mooncake.transfer.Transfer
+	const char *cluster_id;   /* meta key prefix /mooncake/<id>/ */
+	struct etcd_client *meta; /* NULL: P2P handshake mode */
+	struct rpc_server *rpc;   /* serves mooncake.transfer.Transfer
 					  * (descriptor fetch); NULL: none
 					  * (then P2P peers cannot open us) */
-	uint16_t rpc_port;               /* the port rpc listens on, advertised */
-	const char *data_listen;         /* numeric host:port of the TCP data
+	uint16_t rpc_port;        /* the port rpc listens on, advertised */
+	const char *data_listen;  /* numeric host:port of the TCP data
 					  * listener (port 0: ephemeral); its
 					  * host is advertised, so not 0.0.0.0 */
 	enum te_protocol protocol;
-	unsigned threads;                /* 0: number of cores */
-	unsigned tcp_conns;              /* per peer; 0: 4 */
-	size_t slice_bytes;              /* 0: 1 MiB; 64 KiB .. 64 MiB */
-	uint64_t io_timeout_ms;          /* a path that makes no progress for
+	unsigned threads;                 /* 0: number of cores */
+	unsigned tcp_conns;               /* per peer; 0: 4 */
+	size_t slice_bytes;               /* 0: 1 MiB; 64 KiB .. 64 MiB */
+	uint64_t io_timeout_ms;           /* a path that makes no progress for
 					  * this long is declared dead; 0: 10s */
-	uint64_t lease_ttl_s;            /* descriptor lease in meta; 0: 10 */
-	const char *rdma_devices;        /* "mlx5_0,mlx5_1" or NULL/"" = auto */
-	int rdma_gid_index;              /* -1: auto; 0..255 */
-	unsigned rdma_mtu_bytes;         /* path MTU cap: 0 = the port's active
+	uint64_t lease_ttl_s;             /* descriptor lease in meta; 0: 10 */
+	const char *rdma_devices;         /* "mlx5_0,mlx5_1" or NULL/"" = auto */
+	int rdma_gid_index;               /* -1: auto; 0..255 */
+	unsigned rdma_mtu_bytes;          /* path MTU cap: 0 = the port's active
 					  * MTU; else 256..4096, a power of 2 */
-	const uint8_t *cluster_secret;   /* peers prove it (mc_secret_find) */
-	size_t cluster_secret_len;       /* 1 .. MC_SECRET_MAX_BYTES */
-	bool insecure;                   /* no cluster_secret: serve and open
+	const uint8_t *cluster_secret;    /* peers prove it (mc_secret_find) */
+	size_t cluster_secret_len;        /* 1 .. MC_SECRET_MAX_BYTES */
+	bool insecure;                    /* no cluster_secret: serve and open
 					  * segments without authentication;
 					  * must be said, never a default */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
@@ -123,8 +123,7 @@ int te_new(const struct te_opts *opts, struct te_engine **out) MC_MUST_CHECK;
  * working and the data plane keeps serving until te_free. Called once.
  * The meta client must stay alive until on_stopped.
  */
-void te_stop(struct te_engine *e,
-	     void (*on_stopped)(struct te_engine *e, void *ud), void *ud);
+void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud), void *ud);
 
 /* Stop the data threads, close every connection (in-flight requests fail
  * with MC_ESHUTDOWN), free. Only after te_stop's on_stopped ran (or if
@@ -171,9 +170,8 @@ int te_protocol_parse(const char *s, enum te_protocol *out) MC_MUST_CHECK;
  * memfd), RDMA MR errors (-ENOMEM with a log line naming ulimit -l /
  * max_mr, -EACCES, -EFAULT), -ENOMEM.
  */
-int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
-		size_t len, int memfd, uint64_t memfd_off,
-		struct te_region **out) MC_MUST_CHECK;
+int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
+		uint64_t memfd_off, struct te_region **out) MC_MUST_CHECK;
 /*
  * Register [addr, addr + len) of another process's memory (process pid,
  * pidfd a pidfd of it: borrowed, the engine keeps a dup), at the address
@@ -249,8 +247,8 @@ void te_close_segment(struct te_segment *s);
 
 /* What a segment offers, from its current descriptor. */
 struct te_segment_info {
-	const char *name;            /* valid while the handle is held */
-	enum te_protocol transport;  /* shm when same-host, else the remote one */
+	const char *name;           /* valid while the handle is held */
+	enum te_protocol transport; /* shm when same-host, else the remote one */
 	size_t nregions;
 	uint64_t generation;
 };
@@ -268,10 +266,10 @@ enum te_op { TE_READ, TE_WRITE };
 
 struct te_request {
 	enum te_op op;
-	void *local;            /* local buffer (need not be registered) */
+	void *local; /* local buffer (need not be registered) */
 	struct te_segment *segment;
-	uint64_t remote_addr;   /* an address inside a region of segment */
-	size_t len;             /* 0 completes at once with success */
+	uint64_t remote_addr; /* an address inside a region of segment */
+	size_t len;           /* 0 completes at once with success */
 	/* local is device memory registered with te_register_dmabuf (by
 	 * its address in its owner's process): only RDMA moves it, the NIC
 	 * reaching it through the dma-buf's MR; the request fails with
@@ -289,7 +287,7 @@ enum te_status {
 
 struct te_result {
 	enum te_status status;
-	int err;                /* when FAILED: MC_EREMOTE_ACCESS (the range
+	int err; /* when FAILED: MC_EREMOTE_ACCESS (the range
 				 * is not inside one registered region of
 				 * the segment), MC_EUNAVAILABLE (peer gone
 				 * after retries on every path),
@@ -311,9 +309,9 @@ int te_submit(struct te_engine *e, const struct te_request *reqs, size_t n,
  * on whichever thread completed the last one (a data thread, or the
  * caller's inside te_submit_notify): it must not block — hand off with
  * uv_async_send or a condition variable. */
-int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
-		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
-		     void *ud, struct te_batch **out) MC_MUST_CHECK;
+int te_submit_notify(struct te_engine *e, const struct te_request *reqs, size_t n,
+		     void (*on_done)(struct te_batch *b, void *ud), void *ud,
+		     struct te_batch **out) MC_MUST_CHECK;
 /* te_submit_notify, where the submitting thread itself copies up to
  * inline_bytes of the requests to same-host (shm) peers, in slices of any
  * size, rather than handing them to the data threads (which copy the
@@ -364,11 +362,11 @@ bool te_gid_v4mapped(const uint8_t raw[16]);
 
 /* A port as libibverbs reports it (ibv_query_port). */
 struct te_rdma_port_attr {
-	unsigned state;          /* enum ibv_port_state: 4 = ACTIVE */
+	unsigned state; /* enum ibv_port_state: 4 = ACTIVE */
 	unsigned active_mtu_bytes;
 	unsigned max_mtu_bytes;
 	unsigned gid_tbl_len;
-	bool ethernet;           /* link layer Ethernet (RoCE), else IB */
+	bool ethernet; /* link layer Ethernet (RoCE), else IB */
 };
 
 /*

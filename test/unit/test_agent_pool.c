@@ -106,7 +106,8 @@ Test(agent_pool, work_done_elsewhere_ends_on_the_loop)
 
 Test(agent_pool, shared_copies_deliver_every_byte)
 {
-	static const size_t sizes[] = {1, 4096, 256 << 10, (1 << 20) + 3, 2 << 20, (3 << 20) - 7};
+	static const size_t sizes[] = {1,       4096,         256 << 10, (1 << 20) + 3,
+				       2 << 20, (3 << 20) - 7};
 	size_t max = 3 << 20;
 	uint8_t *src = malloc(max), *dst = malloc(max);
 	cr_assert(src && dst);

@@ -47,8 +47,8 @@ Test(agent_req, unknown_op)
 	cr_assert_eq(agent__req_check(&s, true, &why), -EOPNOTSUPP);
 	/* An op number from a newer protocol decodes as "not set". */
 	uint8_t frame[] = {0x08, 0x07, 0xfa, 0x06, 0x00}; /* id=7, field 111 */
-	Mooncake__Client__Request *m =
-		mooncake__client__request__unpack(NULL, sizeof(frame), frame);
+	Mooncake__Client__Request *m = mooncake__client__request__unpack(NULL, sizeof(frame),
+									 frame);
 	cr_assert_not_null(m);
 	cr_assert_eq(m->id, 7);
 	cr_assert_eq(agent__req_check(m, true, &why), -EOPNOTSUPP);
@@ -170,7 +170,8 @@ Test(agent_req, transfer_and_get)
 
 Test(agent_req, register_needs_one_descriptor)
 {
-	Mooncake__Client__RegisterBufferRequest rb = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest rb =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
 	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
 	r.register_buffer = &rb;
@@ -184,7 +185,8 @@ Test(agent_req, register_needs_one_descriptor)
 
 Test(agent_req, process_memory_needs_no_descriptor_and_an_address)
 {
-	Mooncake__Client__RegisterBufferRequest rb = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest rb =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
 	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
 	r.register_buffer = &rb;
@@ -236,22 +238,26 @@ Test(agent_lcache, window_and_invalidation)
 	cr_assert_eq(agent__lcache_init(&lc, 4), 0);
 	struct agent_rep rep = {.local = true, .offset = 640, .address = 0x1000 + 640};
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 2000, 1000);
-	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999, &renew);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999,
+							 &renew);
 	cr_assert_not_null(e);
 	cr_assert_eq(e->size, 100);
 	cr_assert_eq(e->rep.offset, 640);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000, &renew), "window ended");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000, &renew),
+		       "window ended");
 	cr_assert_eq(lc.n, 0, "expired entry dropped");
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 900, 1000);
 	cr_assert_eq(lc.n, 0, "a window already over is not cached");
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 5000, 1000);
 	agent__lcache_del(&lc, (const uint8_t *)"k", 1);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001, &renew), "deleted");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001, &renew),
+		       "deleted");
 	/* Full: expired entries are swept first, then everything goes. */
 	char k[16];
 	for (int i = 0; i < 4; i++) {
 		snprintf(k, sizeof(k), "a%d", i);
-		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, NULL, &rep, i < 2 ? 1500 : 9000, 1000);
+		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, NULL, &rep,
+				  i < 2 ? 1500 : 9000, 1000);
 	}
 	cr_assert_eq(lc.n, 4);
 	agent__lcache_put(&lc, (const uint8_t *)"new", 3, 1, NULL, &rep, 9000, 1600);
@@ -284,13 +290,15 @@ Test(agent_lcache, hits_in_the_second_half_renew_once)
 	cr_assert(!renew, "one renewal at a time");
 	/* the answer (sent at 2000, lease 2000 ms: half is 3000 + ... ) extends */
 	agent__lcache_extend(&lc, (const uint8_t *)"k", 1, 640, 100, 4000, 2100);
-	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3500, &renew);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3500,
+							 &renew);
 	cr_assert_not_null(e, "still cached past the first window");
 	cr_assert_eq(e->until_ms, 4000);
 	cr_assert(renew, "3500 is in the second half of [2100, 4000): renew again");
 	/* an answer naming another replica drops the entry */
 	agent__lcache_extend(&lc, (const uint8_t *)"k", 1, 1280, 100, 6000, 3600);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3601, &renew), "dropped");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3601, &renew),
+		       "dropped");
 	cr_assert(!renew);
 	/* an answer for a key no longer cached adds nothing */
 	agent__lcache_extend(&lc, (const uint8_t *)"gone", 4, 640, 100, 6000, 3600);
@@ -299,6 +307,7 @@ Test(agent_lcache, hits_in_the_second_half_renew_once)
 	agent__lcache_put(&lc, (const uint8_t *)"f", 1, 1, NULL, &rep, 5000, 4000);
 	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 4600, &renew));
 	cr_assert(renew);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 5000, &renew), "expired");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 5000, &renew),
+		       "expired");
 	agent__lcache_free(&lc);
 }

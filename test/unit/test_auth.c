@@ -33,12 +33,15 @@ static void check_sha(const void *data, size_t len, const char *want)
 Test(sha256, fips_vectors)
 {
 	check_sha("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-	check_sha("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	check_sha("abc", 3,
+		  "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 	const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-	check_sha(m, strlen(m), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+	check_sha(m, strlen(m),
+		  "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 	char *a = malloc(1000000);
 	memset(a, 'a', 1000000);
-	check_sha(a, 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	check_sha(a, 1000000,
+		  "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 	free(a);
 }
 
@@ -52,7 +55,8 @@ Test(sha256, incremental_equals_whole)
 		struct mc_sha256 s;
 		mc_sha256_init(&s);
 		for (size_t o = 0; o < sizeof(buf); o += step)
-			mc_sha256_update(&s, buf + o, o + step > sizeof(buf) ? sizeof(buf) - o : step);
+			mc_sha256_update(&s, buf + o,
+					 o + step > sizeof(buf) ? sizeof(buf) - o : step);
 		mc_sha256_final(&s, inc);
 		cr_assert(memcmp(whole, inc, 32) == 0, "step %zu", step);
 	}

@@ -14,8 +14,10 @@ static const struct master_obj *put(const char *key, uint64_t size, unsigned nre
 				    uint64_t now, int want)
 {
 	const struct master_obj *o = NULL;
-	struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-			       .size = size, .replica_num = nrep};
+	struct master_put p = {.key = (const uint8_t *)key,
+			       .klen = strlen(key),
+			       .size = size,
+			       .replica_num = nrep};
 	int rc = master__put_start(c, &p, now, &o);
 	cr_assert_eq(rc, want, "put_start %s: %d (%s)", key, rc, mc_strerror(rc));
 	if (rc == 0) {
@@ -29,14 +31,18 @@ static const struct master_obj *put(const char *key, uint64_t size, unsigned nre
 static int inv(const char *agent, const char *key, const char *seg, uint64_t off,
 	       uint64_t size, uint64_t now)
 {
-	struct master_inv_item it = {.key = (const uint8_t *)key, .klen = strlen(key),
-				     .segment = seg, .offset = off, .size = size};
+	struct master_inv_item it = {.key = (const uint8_t *)key,
+				     .klen = strlen(key),
+				     .segment = seg,
+				     .offset = off,
+				     .size = size};
 	return master__inventory_add(c, agent, &it, now);
 }
 
 static void mount(const char *name, const char *agent, uint64_t size, uint64_t now)
 {
-	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, false, now, NULL));
+	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, false, now,
+			   NULL));
 }
 
 Test(master_core, put_get_remove_leases)
@@ -44,17 +50,20 @@ Test(master_core, put_get_remove_leases)
 	mount("segA", "a", 64 * MiB, 0);
 	mount("segB", "b", 64 * MiB, 0);
 	const struct master_obj *o = NULL;
-	struct master_put p = {.key = (const uint8_t *)"k1", .klen = 2, .size = 1000, .replica_num = 2};
+	struct master_put p = {
+		.key = (const uint8_t *)"k1", .klen = 2, .size = 1000, .replica_num = 2};
 	must(master__put_start(c, &p, 0, &o));
 	cr_assert_eq(o->nrep, 2);
 	cr_assert_neq(o->rep[0].seg, o->rep[1].seg, "distinct segments");
 	cr_assert_eq(o->rep[0].state, MASTER_REP_PENDING);
 	cr_assert_eq(master__exist(c, K("k1"), 0), 0, "PENDING does not exist yet");
 	cr_assert_eq(master__get(c, K("k1"), 0, &o), MC_EOBJECT_NOT_FOUND);
-	cr_assert_eq(master__put_start(c, &p, 0, &o), MC_EOBJECT_ALREADY_EXISTS, "dup while pending");
+	cr_assert_eq(master__put_start(c, &p, 0, &o), MC_EOBJECT_ALREADY_EXISTS,
+		     "dup while pending");
 	must(master__put_end(c, K("k1"), NULL, 1));
 	cr_assert_eq(master__put_end(c, K("k1"), NULL, 1), MC_EINVALID_REPLICA);
-	cr_assert_eq(master__put_start(c, &p, 1, &o), MC_EOBJECT_ALREADY_EXISTS, "dup when complete");
+	cr_assert_eq(master__put_start(c, &p, 1, &o), MC_EOBJECT_ALREADY_EXISTS,
+		     "dup when complete");
 	cr_assert_eq(master__exist(c, K("k1"), 1), 1);
 	must(master__get(c, K("k1"), 100, &o));
 	cr_assert_eq(o->size, 1000);
@@ -96,8 +105,11 @@ Test(master_core, preferred_segment_first)
 	for (int i = 0; i < 20; i++) {
 		const struct master_obj *o;
 		snprintf(key, sizeof(key), "p%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-				       .size = MiB, .replica_num = 2, .preferred = "a0"};
+		struct master_put p = {.key = (const uint8_t *)key,
+				       .klen = strlen(key),
+				       .size = MiB,
+				       .replica_num = 2,
+				       .preferred = "a0"};
 		must(master__put_start(c, &p, 0, &o));
 		cr_assert_eq(o->rep[0].seg, a0, "preferred first");
 		cr_assert_eq(o->rep[1].seg, b0, "then the emptiest");
@@ -170,19 +182,24 @@ Test(master_core, unmount_and_remount)
 {
 	mount("s", "a", 64 * MiB, 0);
 	put("x", 100, 1, 0, 0);
-	cr_assert_eq(master__mount(c, "s", "other", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0, NULL),
+	cr_assert_eq(master__mount(c, "s", "other", MASTER_TIER_DRAM, 0x10000000, 64 * MiB,
+				   false, 0, NULL),
 		     -EEXIST);
-	cr_assert_eq(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 32 * MiB, false, 0, NULL),
+	cr_assert_eq(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 32 * MiB, false,
+				   0, NULL),
 		     -EEXIST);
 	/* Same geometry, resync: kept. Not resync: a restarted agent. */
-	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, true, 0, NULL));
+	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, true, 0,
+			   NULL));
 	cr_assert_eq(master__exist(c, K("x"), 0), 1);
-	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0, NULL));
+	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0,
+			   NULL));
 	cr_assert_eq(master__exist(c, K("x"), 0), 0);
 	put("y", 100, 1, 0, 0);
 	uint64_t dropped, removed;
 	cr_assert_eq(master__unmount(c, "s", "b", &dropped, &removed), -EACCES);
-	cr_assert_eq(master__unmount(c, "nope", "a", &dropped, &removed), MC_ESEGMENT_NOT_FOUND);
+	cr_assert_eq(master__unmount(c, "nope", "a", &dropped, &removed),
+		     MC_ESEGMENT_NOT_FOUND);
 	must(master__unmount(c, "s", "a", &dropped, &removed));
 	cr_assert_eq(dropped, 1);
 	cr_assert_eq(removed, 1);
@@ -193,7 +210,8 @@ Test(master_core, ttl_expiry)
 {
 	mount("s", "a", 64 * MiB, 0);
 	const struct master_obj *o;
-	struct master_put p = {.key = (const uint8_t *)"t", .klen = 1, .size = 10, .ttl_ms = 2000};
+	struct master_put p = {
+		.key = (const uint8_t *)"t", .klen = 1, .size = 10, .ttl_ms = 2000};
 	must(master__put_start(c, &p, 0, &o));
 	must(master__put_end(c, K("t"), NULL, 1000));
 	cr_assert_eq(master__exist(c, K("t"), 2999), 1);
@@ -258,8 +276,10 @@ Test(master_core, eviction_order_leases_pins)
 	/* 10 pinned, then 80 plain: 90 MiB = the watermark, not above. */
 	for (int i = 0; i < 10; i++) {
 		snprintf(key, sizeof(key), "pin%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-				       .size = MiB, .soft_pin = true};
+		struct master_put p = {.key = (const uint8_t *)key,
+				       .klen = strlen(key),
+				       .size = MiB,
+				       .soft_pin = true};
 		must(master__put_start(c, &p, 0, &o));
 		must(master__put_end(c, K(key), NULL, 0));
 	}
@@ -332,7 +352,8 @@ Test(master_core, eviction_order_leases_pins)
 	int rc = 0;
 	for (int i = 0; i < 200 && rc == 0; i++) {
 		snprintf(key, sizeof(key), "last%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
 		rc = master__put_start(c, &p, 400, &o);
 		if (rc == 0)
 			must(master__get(c, K(key), 400, &o) == MC_EOBJECT_NOT_FOUND ? 0 : -1);
@@ -360,15 +381,14 @@ Test(master_core, inventory_resync)
 	put("x", 10, 1, 0, MC_ENO_SPACE);
 	must(inv("a", "obj", "s1", 4096, 1000, 0));
 	must(inv("b", "obj", "s2", 0, 1000, 0));
-	cr_assert_eq(inv("b", "obj", "s2", 8192, 1000, 0),
-		     MC_EOBJECT_ALREADY_EXISTS, "second replica on the same segment");
-	cr_assert_eq(inv("a", "other", "s1", 4096 + 512, 10, 0),
-		     -EBUSY, "overlaps obj's space");
+	cr_assert_eq(inv("b", "obj", "s2", 8192, 1000, 0), MC_EOBJECT_ALREADY_EXISTS,
+		     "second replica on the same segment");
+	cr_assert_eq(inv("a", "other", "s1", 4096 + 512, 10, 0), -EBUSY,
+		     "overlaps obj's space");
 	cr_assert_eq(inv("a", "diff", "s1", 0, 10, 0), 0);
-	cr_assert_eq(inv("b", "diff", "s2", 8192, 11, 0),
-		     MC_EOBJECT_ALREADY_EXISTS, "another size");
-	cr_assert_eq(inv("a", "z", "s2", 0, 10, 0),
-		     MC_ESEGMENT_NOT_FOUND, "not a's segment");
+	cr_assert_eq(inv("b", "diff", "s2", 8192, 11, 0), MC_EOBJECT_ALREADY_EXISTS,
+		     "another size");
+	cr_assert_eq(inv("a", "z", "s2", 0, 10, 0), MC_ESEGMENT_NOT_FOUND, "not a's segment");
 	master__inventory_done(c, "a");
 	master__inventory_done(c, "b");
 	const struct master_obj *o;
@@ -382,10 +402,10 @@ Test(master_core, inventory_resync)
 		snprintf(key, sizeof(key), "n%d", i);
 		const struct master_obj *n = put(key, 1000, 1, 0, 0);
 		for (unsigned r = 0; r < n->nrep; r++) {
-			if (n->rep[r].seg == master__seg_find(c, "s1"))
-			{
+			if (n->rep[r].seg == master__seg_find(c, "s1")) {
 				uint64_t off = n->rep[r].offset;
-				cr_assert_not(off < 4096 + 1024 && off + 1024 > 4096, "over obj");
+				cr_assert_not(off < 4096 + 1024 && off + 1024 > 4096,
+					      "over obj");
 				cr_assert_geq(off, 64, "over diff");
 			}
 		}
@@ -398,9 +418,11 @@ Test(master_core, memory_per_object)
 	char key[64];
 	const int n = 200000;
 	for (int i = 0; i < n; i++) {
-		int klen = snprintf(key, sizeof(key), "model/layer-%04d/block-%08d", i % 80, i);
+		int klen = snprintf(key, sizeof(key), "model/layer-%04d/block-%08d", i % 80,
+				    i);
 		const struct master_obj *o;
-		struct master_put p = {.key = (const uint8_t *)key, .klen = (size_t)klen, .size = 4096};
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = (size_t)klen, .size = 4096};
 		must(master__put_start(c, &p, 0, &o));
 		must(master__put_end(c, (const uint8_t *)key, (size_t)klen, NULL, 0));
 	}
@@ -490,7 +512,8 @@ Test(master_core, replica_clear_one_segment)
 	cr_assert_eq(o->nrep, 1, "one replica left");
 	cr_assert_eq(o->rep[0].seg, a);
 	cr_assert_eq(memcmp(master__obj_key(o), "k", 1), 0, "the key moved with it");
-	cr_assert_eq(master__replica_clear(c, K("k"), b, 10), MC_EOBJECT_NOT_FOUND, "none there");
+	cr_assert_eq(master__replica_clear(c, K("k"), b, 10), MC_EOBJECT_NOT_FOUND,
+		     "none there");
 	cr_assert_eq(master__replica_clear(c, K("k"), a, 10), MC_EOBJECT_HAS_LEASE);
 	cr_assert_eq(master__replica_clear(c, K("k"), a, 5000), 0, "the last one");
 	cr_assert_eq(master__exist(c, K("k"), 5000), 0, "the object went with it");

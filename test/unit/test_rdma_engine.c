@@ -24,10 +24,18 @@
 static void host_start(const char *nics0, const char *nics1)
 {
 	struct te_opts t[2] = {
-		{.protocol = TE_PROTO_RDMA, .threads = 2, .tcp_conns = 2,
-		 .slice_bytes = 64 << 10, .rdma_devices = nics0, .rdma_gid_index = -1},
-		{.protocol = TE_PROTO_RDMA, .threads = 2, .tcp_conns = 2,
-		 .slice_bytes = 64 << 10, .rdma_devices = nics1, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_RDMA,
+		 .threads = 2,
+		 .tcp_conns = 2,
+		 .slice_bytes = 64 << 10,
+		 .rdma_devices = nics0,
+		 .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_RDMA,
+		 .threads = 2,
+		 .tcp_conns = 2,
+		 .slice_bytes = 64 << 10,
+		 .rdma_devices = nics1,
+		 .rdma_gid_index = -1},
 	};
 	host_start_with(t);
 	cr_assert_eq(te_protocol_in_use(H.e[0]), TE_PROTO_RDMA);
@@ -251,7 +259,8 @@ Test(rdma_engine, stale_rkey_is_a_remote_access_error_and_qps_come_back)
 		memset(dst.p, 0, dst.len);
 		transfer(TE_READ, s, dst.p, (uint64_t)(uintptr_t)b.p, 1 << 20, 4, 0);
 		cr_assert(memcmp(dst.p, b.p, b.len) == 0);
-		if (metric(0, "mooncake_te_rdma_nic_bytes_total{nic=\"emu_0\",op=\"read\"} ") >=
+		if (metric(0,
+			   "mooncake_te_rdma_nic_bytes_total{nic=\"emu_0\",op=\"read\"} ") >=
 		    before + (4 << 20))
 			break;
 		cr_assert(mc_now_ms() < deadline, "reads never went over RDMA again");
@@ -268,8 +277,11 @@ Test(rdma_engine, no_device)
 	setenv("VERBS_EMU_DEVICES", "0", 1);
 	uv_loop_t loop;
 	cr_assert_eq(uv_loop_init(&loop), 0);
-	struct te_opts o = {.loop = &loop, .data_listen = "127.0.0.1:0",
-			    .protocol = TE_PROTO_RDMA, .threads = 1, .rdma_gid_index = -1,
+	struct te_opts o = {.loop = &loop,
+			    .data_listen = "127.0.0.1:0",
+			    .protocol = TE_PROTO_RDMA,
+			    .threads = 1,
+			    .rdma_gid_index = -1,
 			    .insecure = true};
 	struct te_engine *e;
 	cr_assert_eq(te_new(&o, &e), -ENODEV, "rdma without a device refuses to start");
@@ -285,11 +297,17 @@ Test(rdma_engine, no_device)
 
 Test(rdma_engine, control_message)
 {
-	struct te_rdma_msg m = {.kind = TE_RDMA_CONNECT, .nics = 2, .n = 3,
-				.incarnation = 0x0102030405060708ull}, g;
+	struct te_rdma_msg m = {.kind = TE_RDMA_CONNECT,
+				.nics = 2,
+				.n = 3,
+				.incarnation = 0x0102030405060708ull},
+			   g;
 	for (unsigned k = 0; k < 3; k++)
-		m.eps[k] = (struct te_rdma_ep){.lid = (uint16_t)k, .qpn = 0x100 + k,
-					       .psn = 0xabcde, .mtu = 3, .port = 1,
+		m.eps[k] = (struct te_rdma_ep){.lid = (uint16_t)k,
+					       .qpn = 0x100 + k,
+					       .psn = 0xabcde,
+					       .mtu = 3,
+					       .port = 1,
 					       .nic = (uint8_t)(k % 2)};
 	uint8_t buf[TE_RDMA_MSG_MAX];
 	size_t len = te__rdma_msg_encode(&m, buf);
@@ -328,8 +346,8 @@ Test(rdma_engine, control_message)
 	m.n = 9; /* clamped to TE_RDMA_MAX_NICS on encode */
 	m.nics = 8;
 	for (unsigned k = 0; k < 8; k++)
-		m.eps[k] = (struct te_rdma_ep){.qpn = k + 1, .mtu = 3, .port = 1,
-					       .nic = (uint8_t)k};
+		m.eps[k] = (struct te_rdma_ep){
+			.qpn = k + 1, .mtu = 3, .port = 1, .nic = (uint8_t)k};
 	len = te__rdma_msg_encode(&m, buf);
 	cr_assert_eq(len, TE_RDMA_MSG_MAX);
 	cr_assert_eq(te__rdma_msg_decode(buf, len, &g), 0);

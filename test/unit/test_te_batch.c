@@ -17,8 +17,8 @@
 
 struct fake {
 	struct te_peer base;
-	uint32_t fail_retry;   /* paths that break */
-	uint32_t refuse;       /* paths that answer MC_EREMOTE_ACCESS */
+	uint32_t fail_retry; /* paths that break */
+	uint32_t refuse;     /* paths that answer MC_EREMOTE_ACCESS */
 	unsigned per_path[NPATHS];
 	unsigned submits;
 	bool freed;

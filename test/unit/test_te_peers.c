@@ -183,10 +183,16 @@ Test(te_peers, kick_never_queued_twice)
 	/* One data thread each: every connection of the peer on one worker,
 	 * whose task queue holds the kicks of all four. */
 	struct te_opts t[2] = {
-		{.protocol = TE_PROTO_TCP, .threads = 1, .tcp_conns = 4,
-		 .slice_bytes = 64 << 10, .rdma_gid_index = -1},
-		{.protocol = TE_PROTO_TCP, .threads = 1, .tcp_conns = 4,
-		 .slice_bytes = 64 << 10, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_TCP,
+		 .threads = 1,
+		 .tcp_conns = 4,
+		 .slice_bytes = 64 << 10,
+		 .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_TCP,
+		 .threads = 1,
+		 .tcp_conns = 4,
+		 .slice_bytes = 64 << 10,
+		 .rdma_gid_index = -1},
 	};
 	host_start_with(t);
 	struct mem b, dst;

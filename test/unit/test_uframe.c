@@ -57,8 +57,11 @@ Test(uframe, frames_split_anywhere)
 			size_t len;
 			int rc;
 			while ((rc = mc_uframe_rx_next(&r, &b, &len)) == 1) {
-				const char *want = got == 0 ? "a" : got == 1 ? "hello" : "0123456789abcdef";
-				cr_assert_eq(len, strlen(want), "step %zu frame %zu", step, got);
+				const char *want = got == 0   ? "a"
+						   : got == 1 ? "hello"
+							      : "0123456789abcdef";
+				cr_assert_eq(len, strlen(want), "step %zu frame %zu", step,
+					     got);
 				cr_assert(memcmp(b, want, len) == 0);
 				got++;
 			}
@@ -219,8 +222,8 @@ Test(uframe, frame_fds_follow_the_bytes_that_brought_them)
 	struct mc_uframe_rx r;
 	cr_assert_eq(mc_uframe_rx_init(&r, 1024), 0);
 	uint8_t s[64];
-	size_t n = put_frame(s, "a", 1);  /* A: no descriptors */
-	n += put_frame(s + n, "bb", 2);   /* B: announces one */
+	size_t n = put_frame(s, "a", 1); /* A: no descriptors */
+	n += put_frame(s + n, "bb", 2);  /* B: announces one */
 	/* One chunk (one recvmsg) brings A, B's first bytes and a descriptor. */
 	cr_assert_eq(mc_uframe_rx_feed(&r, s, n - 1), 0);
 	int p[2];
