@@ -276,6 +276,10 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->hugepages = o->hugepages;
 	agent__gets_init(a, o->remote_cache_bytes, o->ssd_promote_on_hit);
 	agent__space_init(a, o->put_lease_bytes);
+	if (agent__insts_init(a, o->te ? o->engine_opts : NULL) != 0) {
+		free(a);
+		return -ENOMEM;
+	}
 	a->rpc_listen = dup_opt(o->rpc_listen);
 	if (o->rpc_listen && *o->rpc_listen && !a->rpc_listen)
 		goto out_strings;
@@ -379,6 +383,7 @@ out_inv:
 	agent__inv_free(&a->inv);
 out_strings:
 	agent__mlink_free(a);
+	agent__insts_free(a);
 	free(a->rpc_listen);
 	free(a);
 	return rc;
@@ -415,8 +420,11 @@ static void maybe_stopped(struct agent *a)
 {
 	if (!a->stopping || a->stopped)
 		return;
+	/* Sessions' engines end with a job of the copy threads: the pool's
+	 * idle hook calls again after it. */
 	if (!a->mlink_stopped || !agent__server_idle(a) || agent__pool_pending(&a->pool) > 0 ||
-	    agent__demote_busy(a) || agent__tier_inflight(a) > 0 || agent__peer_busy(a))
+	    agent__demote_busy(a) || agent__tier_inflight(a) > 0 || agent__peer_busy(a) ||
+	    agent__insts_live(a) > 0)
 		return;
 	if (!a->handles_closed) {
 		a->handles_closed = true;
@@ -503,6 +511,7 @@ void agent_free(struct agent *a)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
 	agent__server_free(a);
+	agent__insts_free(a);
 	free(a->rpc_listen);
 	free(a);
 }

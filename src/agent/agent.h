@@ -29,6 +29,7 @@
 struct metrics_registry;
 struct rpc_server;
 struct te_engine;
+struct te_opts;
 struct agent;
 
 enum agent_hugepages {
@@ -46,6 +47,11 @@ struct agent_opts {
 	 * used (single-node setups), remote replicas fail with MC_EUNAVAILABLE.
 	 */
 	struct te_engine *te;
+	/* te's options, for the engines of sessions that want one of their
+	 * own (TransferEngine instances; copied, but the meta client and
+	 * metrics registry they name must outlive the agent); NULL: such
+	 * sessions are refused. */
+	const struct te_opts *engine_opts;
 	/*
 	 * The segment's name and the agent's id: unique in the cluster. NULL
 	 * or "": "HOST:PORT" of the first listener of rpc (the agent's

@@ -12,7 +12,8 @@
  *                remove_all, stats, release (op.h, as the op_* files)
  *   op_put.c     put: leased space or PutStart, copies, commit or PutEnd
  *   op_get.c     get, and read leases (cached replicas, zero-copy views)
- *   op_buf.c     client buffers (register, unregister, alloc), transfers
+ *   op_buf.c     client buffers (register, unregister, alloc), transfers,
+ *                sessions' own engines, segment probes
  *   op_common.c  the operations' shared steps
  *   server.c     the Unix socket: sessions, frames, descriptors, replies,
  *                busy poll
@@ -30,7 +31,9 @@
  *   mcall.c      calls to the master leader: redirects, parked calls
  *   stats.c      counters, gauges, request metrics
  *   xfer.c       reads and writes of other segments (transfer engine)
- *   mem.c        memfds, mappings, checks of client memfds
+ *   mem.c        memfds, mappings, checks of client memfds and memory
+ *   inst.c       transfer engines of sessions' own (TransferEngine
+ *                instances)
  *   pool.c       copy threads: jobs off the loop, completions back on it
  *   tier.c       the SSD tier's store: open, recovery, reads, writes
  *   inv.c        the inventory: objects in this segment (pure)
@@ -44,7 +47,7 @@
  * on_lost). test_agent_rooms.py checks this
  * list against the objects and the embedded structs against their use.
  *
- *   agent.c     -> batch demote inv lcache mem mirror mlink op_get ops
+ *   agent.c     -> batch demote inst inv lcache mem mirror mlink op_get ops
  *                  peer pool server space stats tier
  *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
  *                  op_common op_get op_put req server stats tier
@@ -52,9 +55,9 @@
  *                  server space stats tier xfer
  *   op_get.c    -> batch lcache mcall mem mlink op_common peer pool req
  *                  server space stats tier xfer
- *   op_buf.c    -> mem op_common pool server stats xfer
- *   op_common.c -> mem pool server stats xfer
- *   server.c    -> mem pool req stats
+ *   op_buf.c    -> inst mem op_common pool server stats xfer
+ *   op_common.c -> inst mem pool server stats xfer
+ *   server.c    -> inst mem pool req stats
  *   mlink.c     -> demote inv lcache mcall mirror pool space stats tier
  *   demote.c    -> inv mcall mirror pool stats tier xfer
  *   peer.c      -> mcall mem stats tier
@@ -62,7 +65,8 @@
  *   space.c     -> mcall stats
  *   batch.c     -> mcall
  *   xfer.c      -> pool
- *   mem.c       -> pool
+ *   mem.c       -> inst pool
+ *   inst.c      -> pool
  *   mcall.c, stats.c, pool.c, tier.c, inv.c, lcache.c, req.c -> nothing
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
@@ -85,6 +89,7 @@
 #include "agent/agent.h"
 #include "agent/batch.h"
 #include "agent/demote.h"
+#include "agent/inst.h"
 #include "agent/inv.h"
 #include "agent/lcache.h"
 #include "agent/mcall.h"
@@ -140,6 +145,7 @@ struct agent {
 	struct agent_tier tier;     /* tier.c */
 	struct agent_demote demote; /* demote.c */
 	struct agent_peer peer;     /* peer.c */
+	struct agent_insts insts;   /* inst.c */
 };
 
 #endif

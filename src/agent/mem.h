@@ -16,6 +16,7 @@
 #include "common/err.h"
 
 struct agent;
+struct agent_inst;
 struct te_region;
 
 /* A shared mapping of a memfd, reference-counted on the loop thread. */
@@ -27,6 +28,9 @@ struct agent_map {
 	bool hugepages;
 	struct agent *a;
 	struct te_region *region; /* registered with the engine, or NULL */
+	struct agent_inst *inst;  /* ... with this session's engine (a
+				     reference), or NULL: the agent's */
+	bool device;              /* its region is a client's dma-buf */
 };
 
 struct agent_memfd_opts {
@@ -62,6 +66,30 @@ int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off, uint6
 void agent__map_ref(struct agent_map *m);
 /* Drop a reference; the last one unregisters, unmaps and closes. */
 void agent__map_unref(struct agent_map *m);
+
+/*
+ * A map of memory the agent does not map: len bytes of a client's own
+ * memory (process memory, which the transfer engine reaches by
+ * cross-memory attach) or of its device (a dma-buf, reached by RDMA); it
+ * holds only the region registered for it (fd -1, addr NULL). One
+ * reference. Errors: -ENOMEM.
+ */
+int agent__map_unmapped(struct agent *a, uint64_t len, struct agent_map **out) MC_MUST_CHECK;
+/*
+ * Whether process pid lets the agent reach [addr, addr + len) of its
+ * memory by cross-memory attach: both ends can be read, and every byte
+ * is in a mapping readable and writable (its /proc/<pid>/maps). Blocking
+ * (reads /proc): not on the loop thread. Errors: -EPERM (the process does
+ * not let the agent attach: it has not named the agent with
+ * prctl(PR_SET_PTRACER), or the kernel's ptrace rules refuse), -EFAULT
+ * (a byte of the range is not mapped readable and writable), -ESRCH (the
+ * process exited), -ENOMEM.
+ */
+int agent__check_process(pid_t pid, uint64_t addr, uint64_t len) MC_MUST_CHECK;
+/* The part of that check that reads maps (the text of a /proc/<pid>/maps,
+ * NUL-terminated): 0 when its readable and writable mappings cover
+ * [addr, addr + len), else -EFAULT. Pure. */
+int agent__maps_cover(const char *maps, uint64_t addr, uint64_t len) MC_MUST_CHECK;
 
 /* The machine's physical RAM (0 when unknown). */
 uint64_t agent__ram_bytes(void);

@@ -8,7 +8,8 @@
  *   op_put.c     put
  *   op_get.c     get, and the read leases of cached replicas and of
  *                zero-copy views
- *   op_buf.c     buffers (register, unregister, alloc) and transfers
+ *   op_buf.c     buffers (register, unregister, alloc), transfers, the
+ *                session's own engine, segment probes
  *   op_common.c  the shared steps
  *
  * The operations are the top of the agent's calls: they call the parts
@@ -38,7 +39,10 @@
 struct agent;
 struct agent_conn;
 struct agent_map;
+struct agent_inst;
 struct agent_xfer;
+struct te_engine;
+struct te_region;
 
 /* One item of a request (a key of a put or get, a piece of a transfer). */
 struct agent_item {
@@ -82,6 +86,10 @@ struct agent_item {
 	bool write;
 	const char *target;
 	uint64_t remote;
+	struct te_region *proc; /* the target is a client's process memory
+				   published here (reached through it) */
+	bool device;            /* ptr is a client's device memory (its
+				   address there): RDMA moves it, nothing else */
 };
 
 /* A client request. server.c makes it (the fields up to start_ns) and
@@ -117,6 +125,8 @@ struct agent_req {
 	void *mstate2;        /* a second one (BatchCommit) */
 	unsigned mcalls;      /* master calls the request waits for */
 	unsigned ssd_pending; /* reads of SSD tiers it waits for */
+	/* the session's own engine, held for the request (agent__op_te) */
+	struct agent_inst *inst;
 	/* attached descriptors mapped as regions */
 	struct agent_map *att[MC_UFRAME_MAX_FDS];
 	uint8_t *att_base[MC_UFRAME_MAX_FDS];
@@ -136,10 +146,21 @@ int agent__op_hold(struct agent_req *r, struct agent_map *m) MC_MUST_CHECK;
  * Client memory of a region: *ptr and its usable length (the region's
  * length, checked against what backs it). Errors: -ENOENT (unknown
  * buffer), -ERANGE (outside), -EBADF/-EPERM/-EACCES/-EINVAL (attached
- * descriptor refused), -ENOMEM.
+ * descriptor refused), -EINVAL (a buffer of process memory, which only
+ * the transfer engine reaches, for peers), -ENOMEM.
  */
 int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g,
 		     uint8_t **ptr) MC_MUST_CHECK;
+/* A region naming a buffer of the session's device memory (a dma-buf):
+ * *iova, the memory's address in the client, which the engine's RDMA
+ * NICs know it by. Errors: -ENOENT (not such a buffer), -ERANGE,
+ * -ENOMEM. */
+int agent__op_device(struct agent_req *r, const Mooncake__Client__Region *g,
+		     uint8_t **iova) MC_MUST_CHECK;
+/* The transfer engine the request's session uses: its own (held for the
+ * request: the session may close meanwhile), else the agent's (NULL when
+ * the agent runs none). */
+struct te_engine *agent__op_te(struct agent_req *r);
 /* n zeroed items. Errors: -ENOMEM. */
 int agent__op_items(struct agent_req *r, size_t n) MC_MUST_CHECK;
 /* Copy a master replica list into an item (at most AGENT_MAX_REPLICAS;
@@ -227,6 +248,10 @@ void agent__op_register_buffer(struct agent_req *r);
 void agent__op_unregister_buffer(struct agent_req *r);
 void agent__op_alloc_buffer(struct agent_req *r);
 void agent__op_transfer(struct agent_req *r);
+/* A session's own engine (EngineRequest), and a segment's description
+ * (SegmentRequest). */
+void agent__op_engine(struct agent_req *r);
+void agent__op_segment(struct agent_req *r);
 
 /* ------------------------------------------------------------ ops.c */
 

@@ -37,6 +37,7 @@ void agent__op_finish(struct agent_req *r, int err)
 		free(r->items);
 	}
 	agent__map_unref(r->spill);
+	agent__inst_unref(r->inst);
 	free(r->mstate);
 	free(r->mstate2);
 	agent__req_end(r);
@@ -105,6 +106,8 @@ int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g, uin
 		const struct agent_buf *b = agent__session_buf(c, g->buffer);
 		if (!b)
 			return -ENOENT;
+		if (!b->base)
+			return -EINVAL; /* process memory: peers' to reach, not ours */
 		m = b->map;
 		base = b->base;
 		blen = b->len;
@@ -131,6 +134,34 @@ int agent__op_region(struct agent_req *r, const Mooncake__Client__Region *g, uin
 		return rc;
 	*ptr = base + g->offset;
 	return 0;
+}
+
+int agent__op_device(struct agent_req *r, const Mooncake__Client__Region *g, uint8_t **iova)
+{
+	const struct agent_buf *b = g->where == MOONCAKE__CLIENT__REGION__WHERE__BUFFER
+					    ? agent__session_buf(r->c, g->buffer)
+					    : NULL;
+	if (!b || !b->map->device)
+		return -ENOENT;
+	if (g->offset > b->len || g->length > b->len - g->offset)
+		return -ERANGE;
+	int rc = agent__op_hold(r, b->map);
+	if (rc)
+		return rc;
+	*iova = (uint8_t *)(uintptr_t)(b->address + g->offset);
+	return 0;
+}
+
+struct te_engine *agent__op_te(struct agent_req *r)
+{
+	struct agent_inst *i = agent__session_inst(r->c);
+	if (!i)
+		return r->a->te;
+	if (!r->inst) {
+		agent__inst_ref(i);
+		r->inst = i;
+	}
+	return agent__inst_te(r->inst);
 }
 
 int agent__op_items(struct agent_req *r, size_t n)

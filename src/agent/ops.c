@@ -146,18 +146,26 @@ static void on_removed(void *ud, int err, const char *message, const ProtobufCMe
 	keys_reply(r, err);
 }
 
+/* An item per key, the invalid ones failed (-EINVAL). Errors: -ENOMEM. */
+static int key_items(struct agent_req *r, const ProtobufCBinaryData *keys, size_t n)
+{
+	if (agent__op_items(r, n))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		r->items[i].key = keys[i].data;
+		r->items[i].klen = keys[i].len;
+		if (!agent__key_ok(&keys[i]))
+			r->items[i].err = -EINVAL;
+	}
+	return 0;
+}
+
 static void op_keys(struct agent_req *r, bool remove)
 {
 	const Mooncake__Client__KeysRequest *q = remove ? r->msg->remove : r->msg->exist;
-	if (agent__op_items(r, q->n_keys)) {
+	if (key_items(r, q->keys, q->n_keys)) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
-	}
-	for (size_t i = 0; i < q->n_keys; i++) {
-		r->items[i].key = q->keys[i].data;
-		r->items[i].klen = q->keys[i].len;
-		if (!agent__key_ok(&q->keys[i]))
-			r->items[i].err = -EINVAL;
 	}
 	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 	if (!b) {
@@ -198,6 +206,76 @@ static void on_removed_all(void *ud, int err, const char *message, const Protobu
 	out.remove_all = &rr;
 	agent__reply(r, &out, NULL, NULL, 0);
 	agent__op_finish(r, 0);
+}
+
+/* Objects whose key matches a pattern: the master walks its index. */
+static void op_remove_regex(struct agent_req *r)
+{
+	Mooncake__Master__RemoveRegexRequest *q = malloc(sizeof(*q));
+	if (!q) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	mooncake__master__remove_regex_request__init(q);
+	q->pattern = r->msg->remove_regex->pattern; /* borrowed from the request */
+	q->force = r->msg->remove_regex->force;
+	agent__op_set_mstate(r, q);
+	agent__mcall(r->a, "RemoveRegex", &q->base,
+		     &mooncake__master__remove_all_response__descriptor, on_removed_all, r);
+}
+
+/* BatchReplicaClear: the master's 0 is a clear (1 to the client), its
+ * "not found" and "leased" are skips (0). */
+static void on_cleared(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct agent_keys_block *b = r->mstate;
+	const Mooncake__Master__BatchErrorsResponse *resp =
+		(const Mooncake__Master__BatchErrorsResponse *)m;
+	bool own = strcmp(r->msg->replica_clear->segment, r->a->name) == 0;
+	(void)message;
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		int e = err ? err : k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL;
+		it->err = e == 0                                                   ? 1
+			  : e == MC_EOBJECT_NOT_FOUND || e == MC_EOBJECT_HAS_LEASE ? 0
+										   : e;
+		if (e == 0) {
+			if (own)
+				agent__inv_del(&r->a->inv, it->key, it->klen);
+			agent__lcache_del(&r->a->lc, it->key, it->klen);
+		}
+	}
+	keys_reply(r, err);
+}
+
+static void op_replica_clear(struct agent_req *r)
+{
+	const Mooncake__Client__ReplicaClearRequest *q = r->msg->replica_clear;
+	if (key_items(r, q->keys, q->n_keys)) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
+	Mooncake__Master__BatchReplicaClearRequest *mq = malloc(sizeof(*mq));
+	if (!b || !mq) {
+		free(b);
+		free(mq);
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	agent__op_set_mstate(r, b);
+	r->mstate2 = mq;
+	if (b->req.n_keys == 0) {
+		keys_reply(r, 0);
+		return;
+	}
+	mooncake__master__batch_replica_clear_request__init(mq);
+	mq->keys = b->req.keys;
+	mq->n_keys = b->req.n_keys;
+	mq->segment = q->segment; /* borrowed from the request */
+	agent__mcall(r->a, "BatchReplicaClear", &mq->base,
+		     &mooncake__master__batch_errors_response__descriptor, on_cleared, r);
 }
 
 static void op_remove_all(struct agent_req *r)
@@ -320,6 +398,18 @@ void agent__dispatch(struct agent_req *r)
 		break;
 	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE:
 		op_release(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE:
+		agent__op_engine(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX:
+		op_remove_regex(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR:
+		op_replica_clear(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT:
+		agent__op_segment(r);
 		break;
 	default:
 		agent__op_fail(r, -EOPNOTSUPP, "unknown operation");

@@ -12,8 +12,9 @@
 #include "common/err.h"
 
 #define AGENT_MAX_KEY_BYTES 4096u
-#define AGENT_MAX_ITEMS 65536u /* per request */
-#define AGENT_MAX_REPLICAS 16u /* per put, and taken from a placement */
+#define AGENT_MAX_ITEMS 65536u      /* per request */
+#define AGENT_MAX_REPLICAS 16u      /* per put, and taken from a placement */
+#define AGENT_MAX_SEGMENT_NAME 255u /* bytes (the engine's TE_NAME_MAX) */
 
 /*
  * Check a decoded request against the protocol's limits before anything

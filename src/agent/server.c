@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -51,6 +52,12 @@
 #define READS_PER_EVENT 16
 /* After accept() ran out of descriptors or memory. */
 #define ACCEPT_RETRY_MS 100
+
+/* A pidfd of the peer as it connected (Linux 6.5); glibc 2.36 does not
+ * name it yet. */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
 
 struct agent_out {
 	struct agent_out *next;
@@ -72,6 +79,7 @@ struct agent_conn {
 	struct mc_uframe_rx rx;
 	struct agent_out *out_head, *out_tail;
 	pid_t pid;
+	int pidfd; /* the client process's, or -1 */
 	uid_t uid;
 	gid_t gid;
 	char name[96];
@@ -90,6 +98,7 @@ struct agent_conn {
 	size_t nviews, views_cap;
 	uint64_t next_view_id;
 	bool segment_fd_sent;
+	struct agent_inst *inst; /* its own engine (a reference), or NULL */
 	/* The limits' figures (see the opening comment). */
 	uint64_t held;    /* reply budget in use */
 	unsigned fds;     /* descriptors of requests in flight, queued replies */
@@ -264,6 +273,8 @@ static void release_session(struct agent_conn *c)
 		agent__map_unref(c->staging);
 		c->staging = NULL;
 	}
+	agent__inst_unref(c->inst);
+	c->inst = NULL;
 }
 
 static void conn_close(struct agent_conn *c, const char *why)
@@ -280,6 +291,9 @@ static void conn_close(struct agent_conn *c, const char *why)
 	uv_close((uv_handle_t *)&c->poll, on_poll_closed);
 	close(c->fd);
 	c->fd = -1;
+	if (c->pidfd >= 0)
+		close(c->pidfd);
+	c->pidfd = -1;
 	mc_uframe_rx_free(&c->rx);
 	while (c->out_head) {
 		struct agent_out *o = c->out_head;
@@ -727,6 +741,18 @@ static void on_kick(uv_idle_t *h)
 
 /* ------------------------------------------------------------ accept */
 
+/* A pidfd of the client that connected on fd: the kernel's (the very
+ * process, whatever its pid names later), else one opened now by pid;
+ * -1 on kernels without pidfds. */
+static int peer_pidfd(int fd, pid_t pid)
+{
+	int pidfd = -1;
+	socklen_t len = sizeof(pidfd);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && pidfd >= 0)
+		return pidfd;
+	return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
 /* A connection past a session limit: one Response (id 0, -EUSERS, why)
  * if the socket takes it at once, then the close. */
 static void refuse_session(struct agent *a, int fd, const struct ucred *cred, bool per_uid)
@@ -785,6 +811,7 @@ static void accept_one(struct agent *a, int fd)
 	c->a = a;
 	c->fd = fd;
 	c->pid = cred.pid;
+	c->pidfd = peer_pidfd(fd, cred.pid);
 	c->uid = cred.uid;
 	c->gid = cred.gid;
 	c->refs = 1;
@@ -795,6 +822,8 @@ static void accept_one(struct agent *a, int fd)
 	if (mc_uframe_rx_init(&c->rx, MC_UFRAME_MAX_BYTES) != 0 ||
 	    uv_poll_init(a->loop, &c->poll, fd) != 0) {
 		mc_uframe_rx_free(&c->rx);
+		if (c->pidfd >= 0)
+			close(c->pidfd);
 		close(fd);
 		free(c);
 		return;
@@ -1038,8 +1067,9 @@ uint64_t agent__server_solo_since_ns(const struct agent *a)
 const struct agent_buf *agent__server_published(const struct agent *a, uint64_t addr,
 						uint64_t len)
 {
+	/* (A session with an engine of its own publishes there.) */
 	for (const struct agent_conn *c = a->server.conns; c; c = c->next)
-		for (size_t i = 0; i < c->nbufs; i++) {
+		for (size_t i = 0; i < c->nbufs && !c->inst; i++) {
 			const struct agent_buf *b = &c->bufs[i];
 			if (b->address && addr >= b->address && addr - b->address <= b->len &&
 			    len <= b->len - (addr - b->address))
@@ -1068,6 +1098,12 @@ uid_t agent__session_uid(const struct agent_conn *c)
 	return c->uid;
 }
 
+pid_t agent__session_pid(const struct agent_conn *c, int *pidfd)
+{
+	*pidfd = c->pidfd;
+	return c->pid;
+}
+
 bool agent__session_closed(const struct agent_conn *c)
 {
 	return c->closed;
@@ -1093,6 +1129,22 @@ struct agent_map *agent__session_staging(const struct agent_conn *c, uint8_t **b
 	*base = c->staging_base;
 	*len = c->staging_len;
 	return c->staging;
+}
+
+struct agent_inst *agent__session_inst(const struct agent_conn *c)
+{
+	return c->inst;
+}
+
+int agent__session_set_inst(struct agent_conn *c, struct agent_inst *i)
+{
+	if (c->inst)
+		return -EEXIST;
+	for (size_t k = 0; k < c->nbufs; k++)
+		if (c->bufs[k].address)
+			return -EBUSY;
+	c->inst = i;
+	return 0;
 }
 
 static bool bufs_full(struct agent_conn *c)

@@ -25,6 +25,7 @@
 
 struct agent;
 struct agent_conn;
+struct agent_inst;
 struct agent_map;
 struct agent_req;
 
@@ -180,6 +181,9 @@ void agent__req_end(struct agent_req *r);
 /* A session. */
 const char *agent__session_name(const struct agent_conn *c);
 uid_t agent__session_uid(const struct agent_conn *c);
+/* The client's process (SO_PEERCRED) and a pidfd of it (*pidfd: -1 on a
+ * kernel without pidfds, or once the session closed). */
+pid_t agent__session_pid(const struct agent_conn *c, int *pidfd);
 /* The client hung up (or broke the framing): replies go nowhere. */
 bool agent__session_closed(const struct agent_conn *c);
 /* Hello: the session is named after client_name (NULL or "": kept) and
@@ -189,6 +193,12 @@ void agent__session_hello(struct agent_conn *c, const char *client_name,
 /* The staging buffer, or NULL before hello. */
 struct agent_map *agent__session_staging(const struct agent_conn *c, uint8_t **base,
 					 uint64_t *len);
+/* The session's own transfer engine (inst.c), or NULL: the agent's. */
+struct agent_inst *agent__session_inst(const struct agent_conn *c);
+/* Give the session its engine (takes the reference on success; the
+ * session drops it when it closes). Errors: -EEXIST (it has one),
+ * -EBUSY (it published buffers with the agent's engine already). */
+int agent__session_set_inst(struct agent_conn *c, struct agent_inst *i) MC_MUST_CHECK;
 /* The session has as many buffers as --client-max-buffers allows
  * (counted as a refusal). */
 bool agent__session_bufs_full(struct agent_conn *c);

@@ -12,6 +12,7 @@
 
 struct agent;
 struct agent_job;
+struct te_engine;
 
 /* xfer.c: remote reads and writes through the transfer engine, on a
  * copy thread. add() records a piece (its error goes to *err, which must
@@ -20,8 +21,15 @@ struct agent_job;
  * piece fails with MC_EUNAVAILABLE. */
 struct agent_xfer;
 struct agent_xfer *agent__xfer_new(void);
+/* Make x's pieces with te (a session's own engine; borrowed until
+ * finish) instead of the agent's; before the first add. */
+void agent__xfer_engine(struct agent_xfer *x, struct te_engine *te);
 void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment, bool write,
 		     void *local, uint64_t remote, size_t len, int *err);
+/* The same for local device memory (a client's dma-buf, by its address
+ * in the client): moved by RDMA only (te_request.local_device). */
+void agent__xfer_add_device(struct agent *a, struct agent_xfer *x, const char *segment,
+			    bool write, void *local, uint64_t remote, size_t len, int *err);
 void agent__xfer_start(struct agent *a, struct agent_xfer *x);
 void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
 /* The same from the loop thread, without a copy thread: an xfer from

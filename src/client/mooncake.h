@@ -243,9 +243,9 @@ int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n, int64
 /*
  * Remove every object whose key matches pattern (a POSIX extended
  * regular expression, searched anywhere in the key as by regexec; keys
- * with NUL bytes never match); leased ones only with force. Returns how
- * many were removed, or -EINVAL (the pattern does not compile),
- * -EOPNOTSUPP (an agent that does not serve the request), MC_EUNAVAILABLE.
+ * with NUL bytes never match); leased ones only with force. The master
+ * walks its whole index for it. Returns how many were removed, or
+ * -EINVAL (the pattern does not compile), MC_EUNAVAILABLE.
  */
 int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
 /*
@@ -254,8 +254,7 @@ int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
  * there (the object goes when none is left). Leased objects and objects
  * still being written are skipped. cleared[i]: 1 if key i was cleared,
  * 0 if skipped (not found, leased, no replica there), or an error.
- * Errors: -EOPNOTSUPP (a segment name, to an agent that does not serve
- * the request), those of mc_batch_remove.
+ * Errors: those of mc_batch_remove.
  */
 int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
 			   const size_t *klens, const char *segment, int *cleared);
@@ -296,16 +295,56 @@ int mc_unregister_buffer(mc_client *c, void *addr);
  * Register memory for transfers as a TransferEngine does: like
  * mc_register_buffer, and memory peers may then read and write — an
  * mc_host_alloc allocation (whole) or memory inside an mc_buffer_alloc
- * buffer is published to the transfer engine at its address. Other
- * memory is offered to the agent to reach by cross-memory attach (the
- * process names the agent with prctl(PR_SET_PTRACER)) and published the
- * same way; an agent that does not do that refuses, and the memory is
- * then accepted as by mc_register_buffer (this process's own transfers
- * copy it through staging; peers cannot reach it).
+ * buffer is published to the transfer engine at its address, and peers
+ * write it in place. Other memory (malloc, numpy, a CPU tensor, pinned
+ * or not) is published for the agent to reach by cross-memory attach:
+ * this process names the agent with prctl(PR_SET_PTRACER) (replacing any
+ * ptracer it named before), the agent checks that it may attach and that
+ * every byte is mapped readable and writable, and serves peers' requests
+ * for it with process_vm_readv/writev through its own buffers (over tcp,
+ * for same-host and rdma peers too: one copy per byte, see libmooncake(3),
+ * Memory). This process's own puts, gets and transfers still copy such
+ * memory through staging. A registration that peers could not use fails.
  * Errors: those of mc_register_buffer, -EEXIST (another session of the
- * process published the allocation already).
+ * process published the allocation already, or the range overlaps memory
+ * published there), -EPERM (the agent may not attach: the kernel's
+ * ptrace rules, or an agent outside this pid namespace), -EFAULT (part of
+ * the range is not mapped readable and writable), -ENOSYS (no pidfds:
+ * Linux before 5.3), -EOPNOTSUPP (an agent without a transfer engine).
  */
 int mc_register_memory(mc_client *c, void *addr, size_t len);
+
+/*
+ * Register device memory (a GPU's) for peers' RDMA: fd is a dma-buf of it
+ * (borrowed: sent to the agent, which keeps its own reference), and
+ * [offset, offset + len) of the dma-buf is the memory at addr in this
+ * process — the address peers use. The agent registers it with each of
+ * its RDMA devices (ibv_reg_dmabuf_mr) and publishes it: peers write and
+ * read it by one-sided RDMA, the NIC reaching the device directly. It is
+ * also the local memory of this process's transfers to RDMA peers (the
+ * agent's NIC reads or writes it by its MR). No CPU copies it: tcp and
+ * shm peers' requests for it fail, a transfer item with it whose target
+ * the agent cannot reach by RDMA (a peer on the same host over shm, a tcp
+ * peer, a region without rkeys) fails with -EOPNOTSUPP, and so does an
+ * item partly in it; puts and gets cannot use it (do not pass it).
+ * Errors: -EINVAL, -EEXIST (overlaps a registered range),
+ * -EOPNOTSUPP (the agent's engine has no RDMA device, or its device or
+ * libibverbs registers no dma-bufs), the RDMA registration's errors
+ * (-ENOMEM, -EACCES, -EFAULT), MC_EUNAVAILABLE.
+ */
+int mc_register_dmabuf(mc_client *c, int fd, uint64_t offset, void *addr, size_t len);
+/*
+ * Register CUDA device memory [addr, addr + len) as mc_register_dmabuf
+ * does, its dma-buf exported by the CUDA driver: libcuda.so.1 is loaded
+ * at the first call (never linked), the pointer must be device memory
+ * inside one allocation (cuPointerGetAttribute, cuMemGetAddressRange),
+ * and that allocation is exported whole (cuMemGetHandleForAddressRange,
+ * CUDA 11.7, a device with dma-buf support). Errors: -EOPNOTSUPP (no
+ * CUDA driver, too old, or the device exports no dma-bufs), -EINVAL (not
+ * device memory of the current context, or past its allocation), those
+ * of mc_register_dmabuf.
+ */
+int mc_register_cuda(mc_client *c, void *addr, size_t len);
 
 /*
  * Host memory the agent can map, without a handle and from any thread:
@@ -360,6 +399,24 @@ int mc_segment_info(mc_client *c, const char *name, struct mc_segment_info *out)
 
 /* The agent's transfer-engine address "host:port" (its segment name). */
 const char *mc_agent_address(const mc_client *c);
+
+/*
+ * Give this session a transfer engine of its own, run by the agent, as
+ * each of Mooncake's TransferEngine instances has: its own segment,
+ * named "host:port" by a port of its own — the session id peers use, so
+ * that two processes on one node are told apart — published like the
+ * agent's (served to P2P peers at that port, and put in meta when the
+ * agent uses meta). Memory this session publishes from then on
+ * (mc_buffer_alloc, mc_register_memfd, mc_register_memory) is in that
+ * segment, and its transfers are made by that engine. The engine lives
+ * as long as the session or any of that memory. The name (NUL
+ * included) is copied into name[0..cap); a second call gives it again.
+ * Errors: -EBUSY (the session published memory with the agent's segment
+ * already: call this first), -EOPNOTSUPP (an agent without a transfer
+ * engine), -ENOSPC (cap too small), the agent's errors of starting one
+ * (listening, devices), MC_EUNAVAILABLE.
+ */
+int mc_engine_open(mc_client *c, char *name, size_t cap);
 /* Sizes the agent offers: its segment and this session's staging. */
 uint64_t mc_segment_size(const mc_client *c);
 uint64_t mc_staging_size(const mc_client *c);

@@ -267,9 +267,9 @@ static void *load_main(void *arg)
 	}
 	memset(buf, 0xa5, l->block * l->batch);
 	for (size_t i = 0; i < l->batch; i++)
-		reqs[i] = (struct te_request){l->b->write ? TE_WRITE : TE_READ,
-					      buf + i * l->block, l->seg,
-					      l->remote + i * l->block, l->block};
+		reqs[i] = (struct te_request){
+			l->b->write ? TE_WRITE : TE_READ, buf + i * l->block, l->seg,
+			l->remote + i * l->block,         l->block,           false};
 	struct te_result *res = calloc(l->batch, sizeof(*res));
 	while (res && mc_now_ms() < l->end_ms) {
 		struct te_batch *bt;

@@ -44,7 +44,11 @@ extern const struct role_ops role_agent_ops;
 struct role_agent {
 	struct etcd_client *meta; /* NULL: no meta (P2P engine, fixed master) */
 	struct te_engine *te;
-	struct mc_secret *sec; /* the engine's, until the agent has a copy */
+	/* te's options and what they point to, until the agent (which
+	 * starts sessions' own engines like it) has copied them */
+	struct te_opts te_opts;
+	struct mc_secret *sec;
+	char data[128];
 	struct agent *store;
 	struct role_rt *rt;
 	int stopping; /* parts not stopped yet */
@@ -166,7 +170,7 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 {
 	const struct cfg *c = role_cfg(rt);
 	struct mc_secret *sec;
-	char data[128], listen[80];
+	char *data = a->data, listen[80];
 	struct sockaddr_storage ss, dss;
 	enum te_protocol proto;
 	int gid, rc;
@@ -184,11 +188,11 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 	uint16_t rpc_port = (uint16_t)strtoul(strrchr(listen, ':') + 1, NULL, 10);
 	const char *dl = cfg_str(c, CFG_TE_DATA_LISTEN);
 	if (*dl) {
-		snprintf(data, sizeof(data), "%s", dl);
+		snprintf(data, sizeof(a->data), "%s", dl);
 	} else {
-		snprintf(data, sizeof(data), "%s", listen);
+		snprintf(data, sizeof(a->data), "%s", listen);
 		snprintf(strrchr(data, ':'),
-			 sizeof(data) - (size_t)(strrchr(data, ':') - data), ":0");
+			 sizeof(a->data) - (size_t)(strrchr(data, ':') - data), ":0");
 	}
 	if (mc_parse_hostport(data, &dss) != 0) {
 		log_error("--te-data-listen '%s' is not a numeric host:port", data);
@@ -248,12 +252,12 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 	if (rc) {
 		log_error("cannot start the transfer engine: %s", mc_strerror(rc));
 		a->te = NULL;
+		goto out;
 	}
+	a->te_opts = o;
+	a->sec = sec; /* until the agent copied it */
+	return 0;
 out:
-	if (rc == 0) {
-		a->sec = sec; /* the agent's peers prove it too */
-		return 0;
-	}
 	mc_secret_clear(sec);
 	free(sec);
 	return rc;
@@ -261,11 +265,12 @@ out:
 
 static void drop_secret(struct role_agent *a)
 {
-	if (!a->sec)
-		return;
-	mc_secret_clear(a->sec);
-	free(a->sec);
-	a->sec = NULL;
+	if (a->sec) {
+		mc_secret_clear(a->sec);
+		free(a->sec);
+		a->sec = NULL;
+	}
+	memset(&a->te_opts, 0, sizeof(a->te_opts));
 }
 
 /* The SSD tier's keys that only make sense together. */
@@ -302,6 +307,7 @@ static void free_parts(struct role_agent *a)
 	 * memory until it is freed. */
 	if (a->te)
 		te_free(a->te);
+	drop_secret(a);
 	agent_free(a->store);
 	if (a->meta)
 		etcd_client_free(a->meta);
@@ -344,6 +350,7 @@ static int role_agent_start(struct role_rt *rt)
 		.loop = role_loop(rt),
 		.metrics = rt->metrics,
 		.te = a->te,
+		.engine_opts = &a->te_opts,
 		.rpc = rt->rpc[0],
 		.rpc_listen = cfg_str(cfg, CFG_AGENT_LISTEN),
 		.segment_bytes = cfg_u64(cfg, CFG_GLOBAL_SEGMENT_SIZE),
@@ -395,24 +402,25 @@ static int role_agent_start(struct role_rt *rt)
 
 /* Both stop at once: the engine's control plane (its descriptor leaves
  * meta while meta is still up — the meta role stops right after) and the
- * agent (sessions, unmount). The data plane serves the agent's last
- * copies until te_free. */
+ * agent (sessions and their own engines, unmount). The data plane serves
+ * the agent's last copies until te_free. */
 static void part_stopped(struct role_rt *rt)
 {
-	if (--rt->agent->stopping == 0)
-		role_stopped(rt);
-}
-
-static void on_te_stopped(struct te_engine *e, void *ud)
-{
-	struct role_rt *rt = ud;
-	(void)e;
-	/* The meta client's handles close while the loop still runs. */
+	if (--rt->agent->stopping > 0)
+		return;
+	/* The meta client's handles close while the loop still runs; the
+	 * sessions' engines used it too until the agent stopped. */
 	if (rt->agent->meta) {
 		etcd_client_free(rt->agent->meta);
 		rt->agent->meta = NULL;
 	}
-	part_stopped(rt);
+	role_stopped(rt);
+}
+
+static void on_te_stopped(struct te_engine *e, void *ud)
+{
+	(void)e;
+	part_stopped(ud);
 }
 
 static void on_agent_stopped(void *ud)

@@ -656,7 +656,12 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool 
 	return 0;
 }
 
-void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
+/* Remove the COMPLETE objects match accepts (every one when it is NULL),
+ * leased ones only with force; *skipped counts the leased ones left, and
+ * with pending the PENDING ones too. */
+static void remove_walk(struct master_core *c,
+			bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			bool force, bool pending, uint64_t now_ms, uint64_t *removed,
 			uint64_t *skipped)
 {
 	uint64_t r = 0, s = 0;
@@ -664,8 +669,11 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint
 		struct master_obj *o = master__index_slot(&c->ix, b);
 		while (o) {
 			struct master_obj *next = o->hnext;
-			if ((o->flags & MASTER_OBJ_PENDING) ||
-			    (!force && master__leased(o, now_ms))) {
+			if (o->flags & MASTER_OBJ_PENDING) {
+				s += pending;
+			} else if (match && !match(ud, master__obj_key(o), o->klen)) {
+				/* not asked for */
+			} else if (!force && master__leased(o, now_ms)) {
 				s++;
 			} else {
 				obj_remove(c, o, now_ms);
@@ -677,6 +685,54 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint
 	c->n.removes += r;
 	*removed = r;
 	*skipped = s;
+}
+
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped)
+{
+	remove_walk(c, NULL, NULL, force, true, now_ms, removed, skipped);
+}
+
+void master__remove_match(struct master_core *c,
+			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped)
+{
+	remove_walk(c, match, ud, force, false, now_ms, removed, skipped);
+}
+
+int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
+			  uint64_t now_ms)
+{
+	if (!master__key_ok(klen))
+		return -EINVAL;
+	struct master_obj *o = master__lookup(c, key, klen, now_ms);
+	if (!o || (o->flags & MASTER_OBJ_PENDING))
+		return MC_EOBJECT_NOT_FOUND;
+	unsigned i = 0;
+	while (i < o->nrep && o->rep[i].seg != seg)
+		i++;
+	if (i == o->nrep)
+		return MC_EOBJECT_NOT_FOUND;
+	if (master__leased(o, now_ms))
+		return MC_EOBJECT_HAS_LEASE;
+	c->n.removes++;
+	if (o->nrep == 1) {
+		master__obj_destroy(c, o);
+		return 0;
+	}
+	master__mirror(c, o, i, MASTER_EV_DEL);
+	struct master_seg *s = master__segs_at(&c->segs, seg);
+	uint64_t len = master__alloc_len(o->size);
+	if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
+		/* corrupt index: keep the space */
+	}
+	s->replicas--;
+	/* Shift the later replicas and the key down. */
+	uint8_t *p = (uint8_t *)&o->rep[i];
+	memmove(p, p + sizeof(struct master_rep),
+		(size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen);
+	o->nrep--;
+	return 0;
 }
 
 /* ------------------------------------------------------------ timers */

@@ -377,6 +377,18 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool 
 		   uint64_t now_ms) MC_MUST_CHECK;
 void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
 			uint64_t *skipped);
+/* Remove every COMPLETE object whose key match(ud, key, klen) accepts,
+ * leased ones only with force; *skipped counts the leased matches left
+ * (PENDING objects are not asked about). */
+void master__remove_match(struct master_core *c,
+			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped);
+/* Drop the object's COMPLETE replica on segment slot seg and free its
+ * space (the object goes with its last one). Errors: -EINVAL (key),
+ * MC_EOBJECT_NOT_FOUND (no such COMPLETE object, or no replica there),
+ * MC_EOBJECT_HAS_LEASE (read lease held). */
+int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
+			  uint64_t now_ms) MC_MUST_CHECK;
 /* Lookup without side effects (NULL if absent). */
 const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
 				      size_t klen);

@@ -7,6 +7,7 @@
  * batch calls answer OK with one code per item. See proto/master.proto.
  */
 #include <errno.h>
+#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -507,6 +508,67 @@ static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
 	log_info("RemoveAll%s: %llu removed, %llu left", req->force ? " (forced)" : "",
 		 (unsigned long long)resp.removed, (unsigned long long)resp.skipped);
 	master__reply(call, &resp.base);
+}
+
+/* A key matches when regexec finds the pattern in it; a key holding a
+ * NUL byte never does (POSIX patterns see C strings). */
+static bool regex_match(void *ud, const uint8_t *key, size_t klen)
+{
+	char buf[MASTER_MAX_KEY_BYTES + 1];
+	if (klen > MASTER_MAX_KEY_BYTES || memchr(key, 0, klen))
+		return false;
+	memcpy(buf, key, klen);
+	buf[klen] = '\0';
+	return regexec(ud, buf, 0, NULL, 0) == 0;
+}
+
+static void on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__RemoveRegexRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	regex_t re;
+	if (!req->pattern || regcomp(&re, req->pattern, REG_EXTENDED | REG_NOSUB) != 0) {
+		finish_err(call, -EINVAL, "'%s' is not a POSIX extended regular expression",
+			   req->pattern ? req->pattern : "");
+		return;
+	}
+	Mooncake__Master__RemoveAllResponse resp = MOONCAKE__MASTER__REMOVE_ALL_RESPONSE__INIT;
+	master__remove_match(m->core, regex_match, &re, req->force, now_ms(m), &resp.removed,
+			     &resp.skipped);
+	regfree(&re);
+	log_info("RemoveRegex '%s'%s: %llu removed, %llu leased left", req->pattern,
+		 req->force ? " (forced)" : "", (unsigned long long)resp.removed,
+		 (unsigned long long)resp.skipped);
+	master__reply(call, &resp.base);
+}
+
+static void on_batch_replica_clear(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__BatchReplicaClearRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_keys;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	if (!errs) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
+	uint32_t seg = req->segment ? master__seg_find(m->core, req->segment)
+				    : MASTER_NO_SEGMENT;
+	uint64_t now = now_ms(m);
+	/* (A segment not mounted has no replica of any key.) */
+	for (size_t i = 0; i < n; i++)
+		errs[i] = master__replica_clear(m->core, req->keys[i].data, req->keys[i].len,
+						seg, now);
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	resp.errors = errs;
+	resp.n_errors = n;
+	master__reply(call, &resp.base);
+	free(errs);
 }
 
 /* ------------------------------------------------------------ leases */
@@ -1098,6 +1160,9 @@ static const struct rpc_method methods[] = {
 	      batch_get_replicas_response),
 	UNARY("BatchExist", on_batch_exist, batch_keys_request, batch_exist_response),
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
+	UNARY("RemoveRegex", on_remove_regex, remove_regex_request, remove_all_response),
+	UNARY("BatchReplicaClear", on_batch_replica_clear, batch_replica_clear_request,
+	      batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),
 	UNARY("List", on_list, list_request, list_response),
 	/* A long poll: kept out of the call latency histogram. */

@@ -138,6 +138,24 @@ static int route_locked(struct te_segment *s, struct te_req_state *rs)
 	uint64_t addr = rs->r.remote_addr;
 	uint64_t len = rs->r.len;
 	struct te_peer *p = s->shm;
+	if (rs->r.local_device) {
+		/* Device memory: no CPU copies it, only an RDMA NIC. */
+		p = s->remote;
+		if (!p || p->ops->proto != TE_PROTO_RDMA)
+			return -EOPNOTSUPP;
+		if (atomic_load(&p->closed))
+			return MC_EUNAVAILABLE;
+		int rc = p->ops->bind(p, addr, len, &rs->route);
+		if (rc)
+			return rc == -EAGAIN ? MC_EREMOTE_ACCESS : rc;
+		if (!rs->route) {
+			p->ops->unbind(p, rs->route);
+			return -EOPNOTSUPP; /* a region without rkeys */
+		}
+		rs->peer = p;
+		te__peer_ref(p);
+		return 0;
+	}
 	if (p && !atomic_load(&p->closed)) {
 		int rc = p->ops->bind(p, addr, len, &rs->route);
 		if (rc == 0) {
@@ -226,6 +244,7 @@ void te__req_dispatch(struct te_batch *b, struct te_req_state *rs)
 		sl->remote = r.remote_addr + off;
 		sl->local = (uint8_t *)r.local + off;
 		sl->route = route;
+		sl->device = r.local_device;
 		int path = te__pick_path(npaths, start, k, 0, alive);
 		if (path < 0) {
 			te__slice_done(sl, MC_EUNAVAILABLE, false);

@@ -88,6 +88,11 @@ const char *te_name(const struct te_engine *e)
 	return e->name;
 }
 
+uint64_t te_io_timeout_ms(const struct te_engine *e)
+{
+	return e->io_timeout_ms;
+}
+
 int te__seg_key(const struct te_engine *e, const char *name, char *buf, size_t len)
 {
 	int n = snprintf(buf, len, "/mooncake/%s/segments/%s", e->cluster_id,
@@ -225,27 +230,39 @@ void te__desc_changed(struct te_engine *e)
 
 /* ------------------------------------------------------------ regions */
 
-int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
-		uint64_t memfd_off, struct te_region **out)
+/* Close the descriptors a region owns. */
+static void region_close_fds(struct te_region *r)
+{
+	if (r->memfd >= 0)
+		close(r->memfd);
+	if (r->pidfd >= 0)
+		close(r->pidfd);
+	if (r->dmabuf >= 0)
+		close(r->dmabuf);
+}
+
+/* Add a region like spec (addr, len, local, pid, memfd_off, dmabuf_off
+ * taken as they are; its memfd, pidfd and dmabuf, when >= 0, dup'd):
+ * this process's memory at local, process pid's memory, or a dma-buf. */
+static int region_add(struct te_engine *e, const struct te_region *spec,
+		      struct te_region **out)
 {
 	int rc;
-	if (!e || !local || len == 0 || remote_addr + (len - 1) < remote_addr ||
-	    (uintptr_t)local + (len - 1) < (uintptr_t)local)
+	if (!e || spec->len == 0 || spec->addr + (spec->len - 1) < spec->addr ||
+	    (uintptr_t)spec->local + (spec->len - 1) < (uintptr_t)spec->local)
 		return -EINVAL;
 	struct te_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
+	*r = *spec;
 	r->e = e;
-	r->addr = remote_addr;
-	r->len = len;
-	r->local = local;
-	r->memfd = -1;
-	r->memfd_off = memfd_off;
-	if (memfd >= 0) {
-		r->memfd = fcntl(memfd, F_DUPFD_CLOEXEC, 3);
-		if (r->memfd < 0) {
+	r->memfd = r->pidfd = r->dmabuf = -1;
+	const int *fds[3] = {&spec->memfd, &spec->pidfd, &spec->dmabuf};
+	int *dups[3] = {&r->memfd, &r->pidfd, &r->dmabuf};
+	for (int i = 0; i < 3; i++) {
+		if (*fds[i] >= 0 && (*dups[i] = fcntl(*fds[i], F_DUPFD_CLOEXEC, 3)) < 0) {
 			rc = -errno;
-			goto fail_free;
+			goto fail_fd;
 		}
 	}
 	rc = te__rtable_add(&e->regions, r);
@@ -260,9 +277,13 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t l
 		}
 	}
 	metric_add(e->m_regions, 1);
-	metric_add(e->m_reg_bytes, len);
-	log_debug("registered region 0x%llx+%zu (%s)", (unsigned long long)remote_addr, len,
-		  r->memfd >= 0 ? "memfd" : "private");
+	metric_add(e->m_reg_bytes, r->len);
+	log_debug("registered region 0x%llx+%llu (%s)", (unsigned long long)r->addr,
+		  (unsigned long long)r->len,
+		  r->pid           ? "another process's"
+		  : r->dmabuf >= 0 ? "dma-buf"
+		  : r->memfd >= 0  ? "memfd"
+				   : "private");
 	te__desc_changed(e);
 	*out = r;
 	return 0;
@@ -273,11 +294,54 @@ fail_xp:
 			e->xops[p]->region_del(e->xp[p], r);
 	te__rtable_del(&e->regions, r);
 fail_fd:
-	if (r->memfd >= 0)
-		close(r->memfd);
-fail_free:
+	region_close_fds(r);
 	free(r);
 	return rc;
+}
+
+int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
+		uint64_t memfd_off, struct te_region **out)
+{
+	if (!local)
+		return -EINVAL;
+	struct te_region spec = {.addr = remote_addr,
+				 .len = len,
+				 .local = local,
+				 .memfd = memfd,
+				 .memfd_off = memfd_off,
+				 .pidfd = -1,
+				 .dmabuf = -1};
+	return region_add(e, &spec, out);
+}
+
+int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
+			struct te_region **out)
+{
+	if (pid <= 0 || pidfd < 0)
+		return -EINVAL;
+	struct te_region spec = {.addr = addr,
+				 .len = len,
+				 .memfd = -1,
+				 .pid = pid,
+				 .pidfd = pidfd,
+				 .dmabuf = -1};
+	return region_add(e, &spec, out);
+}
+
+int te_register_dmabuf(struct te_engine *e, uint64_t addr, size_t len, int fd, uint64_t offset,
+		       struct te_region **out)
+{
+	if (fd < 0)
+		return -EINVAL;
+	if (!e || !e->xp[TE_PROTO_RDMA])
+		return -EOPNOTSUPP;
+	struct te_region spec = {.addr = addr,
+				 .len = len,
+				 .memfd = -1,
+				 .pidfd = -1,
+				 .dmabuf = fd,
+				 .dmabuf_off = offset};
+	return region_add(e, &spec, out);
 }
 
 void te_unregister(struct te_region *r)
@@ -292,8 +356,7 @@ void te_unregister(struct te_region *r)
 	metric_sub(e->m_regions, 1);
 	metric_sub(e->m_reg_bytes, r->len);
 	te__desc_changed(e);
-	if (r->memfd >= 0)
-		close(r->memfd);
+	region_close_fds(r);
 	free(r);
 }
 
@@ -646,8 +709,7 @@ static void engine_destroy(struct te_engine *e)
 	/* Regions left registered. */
 	for (size_t i = 0; i < e->regions.n; i++) {
 		struct te_region *r = e->regions.v[i];
-		if (r->memfd >= 0)
-			close(r->memfd);
+		region_close_fds(r);
 		free(r);
 	}
 	te__rtable_destroy(&e->regions);

@@ -480,13 +480,13 @@ static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char 
 	return e ? -e : -EIO;
 }
 
-int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
-		struct te_rdma_mr **out, char *why, size_t why_len)
+/* One MR per NIC of [addr, addr + len), or of a dma-buf (fd >= 0, from
+ * offset) known to the NICs at addr. */
+static int reg_mrs(struct te_rdma *r, void *addr, size_t len, int fd, uint64_t offset,
+		   int access, struct te_rdma_mr **out, char *why, size_t why_len)
 {
 	int rc;
 	unsigned i;
-	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-		     (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
 	if (why && why_len)
 		why[0] = 0;
 	if (!addr || !len) {
@@ -501,9 +501,19 @@ int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
 	m->len = len;
 	for (i = 0; i < r->n; i++) {
 		struct rdev *d = &r->dev[i];
-		m->mr[i] = ibv_reg_mr(d->pd, addr, len, access);
+		m->mr[i] = fd < 0 ? ibv_reg_mr(d->pd, addr, len, access)
+				  : ibv_reg_dmabuf_mr(d->pd, offset, len,
+						      (uint64_t)(uintptr_t)addr, fd, access);
 		if (!m->mr[i]) {
-			rc = reg_error(r, d, len, errno, why, why_len);
+			if (fd >= 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
+				te_rdma__why(why, why_len,
+					     "%s: no dma-buf registration (driver "
+					     "or kernel)",
+					     d->info.name);
+				rc = -EOPNOTSUPP;
+			} else {
+				rc = reg_error(r, d, len, errno, why, why_len);
+			}
 			goto fail_dereg;
 		}
 		pthread_mutex_lock(&r->lock);
@@ -521,6 +531,25 @@ fail_dereg:
 	}
 	free(m);
 	return rc;
+}
+
+int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
+		struct te_rdma_mr **out, char *why, size_t why_len)
+{
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+		     (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
+	return reg_mrs(r, addr, len, -1, 0, access, out, why, why_len);
+}
+
+int te_rdma_reg_dmabuf(struct te_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova,
+		       struct te_rdma_mr **out, char *why, size_t why_len)
+{
+	if (fd < 0) {
+		te_rdma__why(why, why_len, "no dma-buf");
+		return -EINVAL;
+	}
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	return reg_mrs(r, (void *)(uintptr_t)iova, len, fd, offset, access, out, why, why_len);
 }
 
 uint32_t te_rdma_mr_lkey(const struct te_rdma_mr *mr, unsigned nic)

@@ -158,6 +158,14 @@ const struct te_rdma_nic *te_rdma_nic(const struct te_rdma *r, unsigned nic);
  * -EPERM; -EFAULT (not mapped); negative errno of ibv_reg_mr. */
 int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
 		struct te_rdma_mr **out, char *why, size_t why_len) MC_MUST_CHECK;
+/* Register len bytes of a dma-buf (fd, from offset: device memory its
+ * driver exported, such as a GPU's) on every NIC, which know it at iova
+ * (the address peers use); local write, remote read and write access.
+ * The MRs hold the memory: the caller may close fd after. Errors:
+ * -EINVAL; -EOPNOTSUPP (this libibverbs or device registers no dma-bufs);
+ * those of te_rdma_reg. */
+int te_rdma_reg_dmabuf(struct te_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova,
+		       struct te_rdma_mr **out, char *why, size_t why_len) MC_MUST_CHECK;
 uint32_t te_rdma_mr_lkey(const struct te_rdma_mr *mr, unsigned nic);
 uint32_t te_rdma_mr_rkey(const struct te_rdma_mr *mr, unsigned nic);
 /* Deregister on every NIC; no WR may still use the region. */

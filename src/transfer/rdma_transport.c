@@ -120,6 +120,8 @@ struct lmr {
 	uint8_t *base;
 	size_t len;
 	struct te_rdma_mr *mr; /* NULL until registered (written under mr_lk) */
+	bool device;           /* a dma-buf: base is its address in the
+				     * process that owns it, never ours */
 	atomic_uint inflight;  /* slices using its lkeys */
 	bool pending;          /* registration queued (under x->mu) */
 	bool dying;            /* being unregistered (under x->mu) */
@@ -261,8 +263,10 @@ static void mr_remove(struct rdma_xport *x, struct lmr *m)
 	pthread_rwlock_unlock(&x->mr_lk);
 }
 
-/* The registered MR holding [p, p + len), counted in use; NULL if none. */
-static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len)
+/* The registered MR holding [p, p + len) — of a dma-buf when device
+ * (p an address in its owner's process), else of this process's memory
+ * — counted in use; NULL if none. */
+static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len, bool device)
 {
 	struct lmr *found = NULL;
 	uintptr_t a = (uintptr_t)p;
@@ -272,7 +276,7 @@ static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len)
 		uintptr_t off = a - (uintptr_t)m->base;
 		if (off >= x->maxlen)
 			break; /* every earlier one starts further below */
-		if (m->mr && off < m->len && len <= m->len - off) {
+		if (m->mr && m->device == device && off < m->len && len <= m->len - off) {
 			atomic_fetch_add(&m->inflight, 1);
 			found = m;
 			break;
@@ -298,7 +302,9 @@ static int lmr_register(struct rdma_xport *x, struct lmr *m)
 {
 	char why[512];
 	struct te_rdma_mr *mr;
-	int rc = te_rdma_reg(x->r, m->base, m->len, true, &mr, why, sizeof(why));
+	int rc = m->device ? te_rdma_reg_dmabuf(x->r, m->r->dmabuf, m->r->dmabuf_off, m->len,
+						m->r->addr, &mr, why, sizeof(why))
+			   : te_rdma_reg(x->r, m->base, m->len, true, &mr, why, sizeof(why));
 	if (rc) {
 		log_error("cannot register region 0x%llx+%zu for RDMA: %s",
 			  (unsigned long long)m->r->addr, m->len,
@@ -337,13 +343,17 @@ static void on_reg_job(struct te_job *j)
 static int rdma_region_add(struct te_xport *xp, struct te_region *r)
 {
 	struct rdma_xport *x = (struct rdma_xport *)xp;
+	bool device = r->dmabuf >= 0;
+	if (!r->local && !device)
+		return 0; /* another process's memory: no MR, peers use tcp */
 	struct lmr *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
 	m->x = x;
 	m->r = r;
-	m->base = r->local;
+	m->base = device ? (uint8_t *)(uintptr_t)r->addr : r->local;
 	m->len = r->len;
+	m->device = device;
 	m->job.fn = on_reg_job;
 	int rc = mr_insert(x, m);
 	if (rc) {
@@ -351,7 +361,9 @@ static int rdma_region_add(struct te_xport *xp, struct te_region *r)
 		return rc;
 	}
 	r->xp[TE_PROTO_RDMA] = m;
-	if (pthread_equal(pthread_self(), x->e->loop_tid)) {
+	/* A dma-buf is registered at once: without its MR nothing can
+	 * reach it, so a failure must fail the registration. */
+	if (!device && pthread_equal(pthread_self(), x->e->loop_tid)) {
 		/* The loop must not wait for the kernel to pin it. */
 		m->pending = true;
 		if (te__setup_post(x->e, &m->job))
@@ -573,10 +585,15 @@ static void rconn_unref(struct rconn *rc)
 	free(rc);
 }
 
-/* The slice goes over tcp, or fails when there is no tcp path either. */
+/* The slice goes over tcp, or fails when there is no tcp path either (or
+ * its local memory is device memory, which no CPU copies). */
 static void to_tcp(struct rpeer *p, struct te_slice *s)
 {
 	struct te_peer *t = p->tcp;
+	if (s->device) {
+		te__slice_done(s, p->x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
+		return;
+	}
 	if (!t || atomic_load(&t->closed)) {
 		te__slice_done(s, p->x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
 		return;
@@ -704,7 +721,12 @@ static void rdma_submit(struct te_peer *bp, struct te_slice *s)
 		te__slice_done(s, x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
 		return;
 	}
-	struct lmr *m = s->route ? lmr_get(x, s->local, s->len) : NULL;
+	struct lmr *m = s->route ? lmr_get(x, s->local, s->len, s->device) : NULL;
+	if (!m && s->device) {
+		/* Not inside a dma-buf this engine registered. */
+		te__slice_done(s, -EOPNOTSUPP, false);
+		return;
+	}
 	if (m) {
 		bool queued = false;
 		s->xp = m;

@@ -9,7 +9,13 @@
  * unregistering waits for it. Answers queue in a fixed ring per
  * connection; a full ring stops reading (back-pressure). CTRL messages
  * are handed to the transport they name (rdma's queue-pair exchange).
- * Memory: per connection a 64 KiB staging buffer, nothing per slice.
+ * A region of another process's memory (te_register_process) is reached
+ * through a bounce buffer: a WRITE's body is read into the connection's
+ * bounce buffer and written there once complete, a READ's bytes are
+ * read from there into a buffer of the answer.
+ * Memory: per connection a 64 KiB staging buffer, and a bounce buffer of
+ * the largest slice written to another process's memory; a READ of such
+ * memory has a buffer of its length until it is sent.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,7 +40,8 @@ struct resp {
 	uint8_t *data;
 	size_t len;
 	struct te_region *r; /* released once sent */
-	bool owned;          /* data is freed once sent (CTRL answers) */
+	bool owned;          /* data is freed once sent (CTRL answers,
+			      * reads of another process's memory) */
 };
 
 enum rx_state { RX_HS, RX_HDR, RX_PAYLOAD, RX_DISCARD, RX_CTRL };
@@ -62,6 +69,8 @@ struct srv_conn {
 	uint8_t *dst;
 	size_t left;
 	int cur_err;
+	uint8_t *bounce; /* WRITE body for another process's memory */
+	size_t bounce_cap;
 	uint8_t *ctrl;     /* CTRL payload (rdma QP exchange) */
 	void *ctrl_conn;   /* the transport's state for this connection */
 	uint64_t ctrl_xid; /* ... and which transport it is */
@@ -77,6 +86,7 @@ static void srv_free_task(struct te_task *t)
 {
 	struct srv_conn *c = MC_CONTAINER_OF(t, struct srv_conn, free_task);
 	free(c->stage);
+	free(c->bounce);
 	free(c->ctrl);
 	free(c);
 }
@@ -289,6 +299,30 @@ static ssize_t stage_fill(struct srv_conn *c)
 	}
 }
 
+/* A READ of another process's memory (region r, counted busy): its
+ * bytes copied into a buffer the answer owns. Returns true. */
+static bool srv_read_process(struct srv_conn *c, struct te_region *r)
+{
+	struct te_engine *e = c->x->e;
+	const struct te_wire_hdr *h = &c->cur;
+	uint8_t *buf = malloc(h->len ? h->len : 1);
+	int rc = buf ? te__region_io(r, h->addr, buf, h->len, false) : -ENOMEM;
+	te__rtable_release(&e->regions, r);
+	if (rc) {
+		free(buf);
+		log_debug("read of %u bytes at 0x%llx for %s failed: %s", h->len,
+			  (unsigned long long)h->addr, c->hs.peer, mc_strerror(rc));
+		push_resp(c, rc, 0, h->id);
+		return true;
+	}
+	metric_add(e->m_served[TE_PROTO_TCP][0], h->len);
+	struct resp *p = push_resp(c, 0, h->len, h->id);
+	p->data = buf;
+	p->len = h->len;
+	p->owned = true;
+	return true;
+}
+
 /* A complete header is staged: start serving it. Returns false to stop
  * reading (ring full or closed). */
 static bool srv_header(struct srv_conn *c)
@@ -331,6 +365,8 @@ static bool srv_header(struct srv_conn *c)
 	}
 	if (h->type == TE_WIRE_READ) {
 		c->big = false; /* a READ header is all there is to read */
+		if (rc == 0 && !r->local)
+			return srv_read_process(c, r);
 		struct resp *p = push_resp(c, rc, rc ? 0 : h->len, h->id);
 		if (rc == 0) {
 			p->data = r->local + (h->addr - r->addr);
@@ -342,12 +378,22 @@ static bool srv_header(struct srv_conn *c)
 	/* WRITE */
 	c->left = h->len;
 	c->big = h->len >= TE_TCP_STAGE_BYTES;
+	if (rc == 0 && !r->local && c->bounce_cap < h->len) {
+		uint8_t *b = realloc(c->bounce, h->len);
+		if (b) {
+			c->bounce = b;
+			c->bounce_cap = h->len;
+		} else {
+			te__rtable_release(&e->regions, r);
+			rc = -ENOMEM;
+		}
+	}
 	if (rc) {
 		c->cur_err = rc;
 		c->rx = RX_DISCARD;
 	} else {
 		c->cur_r = r;
-		c->dst = r->local + (h->addr - r->addr);
+		c->dst = r->local ? r->local + (h->addr - r->addr) : c->bounce;
 		c->rx = RX_PAYLOAD;
 	}
 	return true;
@@ -391,10 +437,18 @@ static void srv_body_done(struct srv_conn *c)
 {
 	struct te_engine *e = c->x->e;
 	if (c->rx == RX_PAYLOAD) {
-		metric_add(e->m_served[TE_PROTO_TCP][1], c->cur.len);
-		te__rtable_release(&e->regions, c->cur_r);
+		struct te_region *r = c->cur_r;
+		int rc = r->local ? 0
+				  : te__region_io(r, c->cur.addr, c->bounce, c->cur.len, true);
+		if (rc == 0)
+			metric_add(e->m_served[TE_PROTO_TCP][1], c->cur.len);
+		else
+			log_debug("write of %u bytes at 0x%llx for %s failed: %s", c->cur.len,
+				  (unsigned long long)c->cur.addr, c->hs.peer,
+				  mc_strerror(rc));
+		te__rtable_release(&e->regions, r);
 		c->cur_r = NULL;
-		push_resp(c, 0, 0, c->cur.id);
+		push_resp(c, rc, 0, c->cur.id);
 	} else if (c->rx == RX_DISCARD) {
 		push_resp(c, c->cur_err, 0, c->cur.id);
 	} else {
@@ -580,6 +634,7 @@ void te__tcp_srv_free_all(struct tcp_xport *x)
 		struct srv_conn *c = x->srv;
 		srv_teardown(c); /* unlinks it */
 		free(c->stage);
+		free(c->bounce);
 		free(c->ctrl);
 		free(c);
 	}

@@ -59,6 +59,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 #include <uv.h>
 
@@ -221,9 +222,16 @@ struct te_region {
 	struct te_engine *e;
 	uint64_t addr;
 	uint64_t len;
-	uint8_t *local;
-	int memfd; /* dup'd, owned; -1 when not shareable */
+	uint8_t *local; /* NULL for another process's memory */
+	int memfd;      /* dup'd, owned; -1 when not shareable */
 	uint64_t memfd_off;
+	pid_t pid;  /* te_register_process: whose memory it
+				    * is (0: this process's, at local) */
+	int pidfd;  /* ... its pidfd (dup'd, owned) or -1 */
+	int dmabuf; /* te_register_dmabuf: the dma-buf (dup'd,
+				    * owned) or -1; no local memory: RDMA
+				    * only, known to the NICs at addr */
+	uint64_t dmabuf_off;
 	uint32_t id;          /* shm protocol id */
 	atomic_uint inflight; /* served requests touching it */
 	bool dead;
@@ -254,6 +262,17 @@ int te__rtable_acquire(struct te_rtable *t, uint64_t addr, uint64_t len,
 void te__rtable_release(struct te_rtable *t, struct te_region *r);
 /* Copy the regions into a descriptor (sorted). Errors: -ENOMEM. */
 int te__rtable_describe(struct te_rtable *t, struct te_desc *d) MC_MUST_CHECK;
+/*
+ * Move len bytes between buf and [addr, addr + len) of region r, which
+ * holds that range: memcpy for this process's memory, cross-memory
+ * attach (process_vm_readv/writev) for another process's. write: buf ->
+ * region. Errors: MC_EREMOTE_ACCESS (a dma-buf, which only RDMA reaches;
+ * another process's range no longer mapped writable, or the process
+ * refuses access), -ESRCH (that process exited).
+ */
+int te__region_io(const struct te_region *r, uint64_t addr, void *buf, size_t len,
+		  bool write) MC_MUST_CHECK;
+
 /* Call fn for each region under the read lock. */
 void te__rtable_foreach(struct te_rtable *t, void (*fn)(void *ud, struct te_region *r),
 			void *ud);
@@ -400,6 +419,7 @@ struct te_slice {
 	uint32_t req; /* request index */
 	uint8_t op;   /* TE_READ / TE_WRITE */
 	uint8_t tries;
+	bool device; /* local is device memory: RDMA only */
 	uint16_t path;
 	uint32_t excluded; /* paths that failed it */
 	uint32_t len;

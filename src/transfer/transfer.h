@@ -40,6 +40,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "common/err.h"
@@ -145,6 +146,9 @@ void te_descriptor_mac(const uint8_t *secret, size_t slen, const uint8_t *challe
 /* This engine's segment name. */
 const char *te_name(const struct te_engine *e);
 
+/* Its io timeout (te_opts.io_timeout_ms, or the default). */
+uint64_t te_io_timeout_ms(const struct te_engine *e);
+
 /* The protocol chosen for remote (non-shm) peers. */
 enum te_protocol te_protocol_in_use(const struct te_engine *e);
 const char *te_protocol_name(enum te_protocol p);
@@ -168,6 +172,46 @@ int te_protocol_parse(const char *s, enum te_protocol *out) MC_MUST_CHECK;
  */
 int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
 		uint64_t memfd_off, struct te_region **out) MC_MUST_CHECK;
+/*
+ * Register [addr, addr + len) of another process's memory (process pid,
+ * pidfd a pidfd of it: borrowed, the engine keeps a dup), at the address
+ * it has there: peers' requests for it are served by cross-memory attach
+ * (process_vm_readv/writev) through a bounce buffer of the serving
+ * connection, so the process must let this one attach (Yama:
+ * prctl(PR_SET_PTRACER) naming it; else the same uid with ptrace_scope
+ * 0, or CAP_SYS_PTRACE) — the caller checks that before. The region has
+ * no memfd and no RDMA keys: peers reach it over tcp, same-host ones too
+ * (one-sided RDMA and shm mappings need memory this process maps).
+ * Errors: -EINVAL (pid, pidfd, len 0, overflow), -EEXIST (overlaps a
+ * registered region), -EMFILE, -ENOMEM.
+ */
+int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
+			struct te_region **out) MC_MUST_CHECK;
+/*
+ * Register device memory (a GPU's) by a dma-buf of it: fd (borrowed; the
+ * engine keeps a dup), [offset, offset + len) of it, known at addr (its
+ * address in the process that owns it, which peers use). Each RDMA NIC
+ * registers it (ibv_reg_dmabuf_mr, before this returns: not on the loop
+ * thread) and peers read and write it by one-sided RDMA with its rkeys;
+ * nothing else reaches it (no CPU of this engine maps it: tcp peers'
+ * requests for it are refused, and it is never the local side of this
+ * engine's own requests). Errors: -EOPNOTSUPP (no rdma transport running;
+ * the device or libibverbs registers no dma-bufs), -EINVAL, -EEXIST, the
+ * MR errors of te_register, -ENOMEM.
+ */
+int te_register_dmabuf(struct te_engine *e, uint64_t addr, size_t len, int fd, uint64_t offset,
+		       struct te_region **out) MC_MUST_CHECK;
+/*
+ * Move len bytes between buf and [addr, addr + len) of region r of this
+ * engine, as a peer's request for it would (cross-memory attach for
+ * another process's memory): for a caller that serves such requests
+ * itself, on a thread that may block. write: buf -> region. The caller
+ * keeps r registered meanwhile. Errors: MC_EREMOTE_ACCESS (not inside r;
+ * the range is no longer reachable in its process), -ESRCH (that process
+ * exited).
+ */
+int te_region_io(struct te_region *r, uint64_t addr, void *buf, size_t len,
+		 bool write) MC_MUST_CHECK;
 /* Remove a region from the descriptor and wait until no request being
  * served touches it, every shm peer unmapped it (a peer that does not
  * answer within the io timeout is disconnected) and no RDMA request of
@@ -229,6 +273,13 @@ struct te_request {
 	struct te_segment *segment;
 	uint64_t remote_addr; /* an address inside a region of segment */
 	size_t len;           /* 0 completes at once with success */
+	/* local is device memory registered with te_register_dmabuf (by
+	 * its address in its owner's process): only RDMA moves it, the NIC
+	 * reaching it through the dma-buf's MR; the request fails with
+	 * -EOPNOTSUPP when the segment cannot be reached so (a same-host
+	 * peer over shm, a tcp peer, a remote region without rkeys) or
+	 * local is not inside such a region. */
+	bool local_device;
 };
 
 enum te_status {

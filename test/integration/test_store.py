@@ -143,9 +143,12 @@ def zero_copy_views_buffers_and_transfers():
     eq(te.read_bytes_from_buffer(p + 4096, 7), b"managed", "written")
     eq(te.transfer_sync_read(te.get_local_hostname(), ctypes.addressof(priv), p, 7), OK,
        "transfer read into private memory")
-    eq(te.transfer_sync_write(te.get_local_hostname(), p, 12345, 8), -703,
-       "an address nobody registered")
-    eq(te.get_rpc_port(), a.d.ports["agent-listen"], "rpc port is the agent's")
+    eq(te.transfer_sync_write(te.get_local_hostname(), p, 12345, 8), -820,
+       "an address nobody registered in the instance's segment")
+    eq(te.transfer_sync_write(a.name, p, 12345, 8), -703,
+       "an address nobody registered in the agent's")
+    eq(te.get_rpc_port() != a.d.ports["agent-listen"], True,
+       "an rpc port of the instance's own")
     eq(te.free_managed_buffer(p, 2 * MiB), OK, "free")
     te.close()
     s.close()

@@ -183,6 +183,52 @@ Test(agent_req, register_needs_one_descriptor)
 	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL);
 }
 
+Test(agent_req, process_memory_needs_no_descriptor_and_an_address)
+{
+	Mooncake__Client__RegisterBufferRequest rb =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
+	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
+	r.register_buffer = &rb;
+	rb.process_memory = true;
+	rb.length = 4096;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "no address");
+	rb.address = 0x7f0000000000;
+	cr_assert_eq(agent__req_check(&r, true, &why), 0);
+	r.nfds = 1;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "a descriptor");
+	r.nfds = 0;
+	rb.offset = 8;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "an offset");
+	rb.offset = 0;
+	rb.address = UINT64_MAX - 100;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "overflow");
+}
+
+Test(agent_req, engine_and_segment)
+{
+	Mooncake__Client__EngineRequest eq = MOONCAKE__CLIENT__ENGINE_REQUEST__INIT;
+	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
+	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_ENGINE;
+	r.engine = &eq;
+	cr_assert_eq(agent__req_check(&r, true, &why), 0);
+	r.nfds = 1;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "no descriptors");
+	Mooncake__Client__SegmentRequest sq = MOONCAKE__CLIENT__SEGMENT_REQUEST__INIT;
+	r = (Mooncake__Client__Request)MOONCAKE__CLIENT__REQUEST__INIT;
+	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_SEGMENT;
+	r.segment = &sq;
+	sq.name = "";
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "an empty name");
+	sq.name = "10.0.0.1:12345";
+	cr_assert_eq(agent__req_check(&r, true, &why), 0);
+	char long_name[300];
+	memset(long_name, 'a', sizeof(long_name) - 1);
+	long_name[sizeof(long_name) - 1] = '\0';
+	sq.name = long_name;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "too long");
+}
+
 /* ------------------------------------------------------------ lease cache */
 
 Test(agent_lcache, window_and_invalidation)

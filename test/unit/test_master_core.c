@@ -3,7 +3,8 @@
  * placement on distinct segments (preferred first), the put protocol,
  * leases, removal rules, PENDING timeouts, agent expiry, TTL, eviction
  * order with leases and soft pins, NO_SPACE only when eviction cannot
- * help, inventory re-sync, and memory per object.
+ * help, inventory re-sync, memory per object, removal by a key predicate
+ * (RemoveRegex) and the clear of one segment's replica.
  */
 #include "test_master_util.h"
 
@@ -464,4 +465,60 @@ Test(master_core, forced_removal_of_a_leased_object_holds_its_space)
 	put("third", 1 * MiB, 1, 5500, 0);
 	master__tick(c, 20000); /* (the old range is not freed into the new segment) */
 	put("fourth", 1, 1, 20000, MC_ENO_SPACE);
+}
+
+static bool prefix_a(void *ud, const uint8_t *key, size_t klen)
+{
+	(void)ud;
+	return klen >= 2 && memcmp(key, "a/", 2) == 0;
+}
+
+Test(master_core, remove_by_match)
+{
+	mount("segA", "a", 64 * MiB, 0);
+	put("a/1", 10, 1, 0, 0);
+	put("a/2", 10, 1, 0, 0);
+	put("b/1", 10, 1, 0, 0);
+	const struct master_obj *o = NULL;
+	struct master_put p = {.key = (const uint8_t *)"a/pending", .klen = 9, .size = 10};
+	must(master__put_start(c, &p, 0, &o));
+	must(master__get(c, K("a/2"), 0, &o)); /* leased until 5000 */
+	uint64_t removed, skipped;
+	master__remove_match(c, prefix_a, NULL, false, 10, &removed, &skipped);
+	cr_assert_eq(removed, 1);
+	cr_assert_eq(skipped, 1, "the leased match");
+	cr_assert_eq(master__exist(c, K("a/1"), 10), 0);
+	cr_assert_eq(master__exist(c, K("a/2"), 10), 1);
+	cr_assert_eq(master__exist(c, K("b/1"), 10), 1, "no match");
+	must(master__put_end(c, K("a/pending"), NULL, 10)); /* never asked about */
+	master__remove_match(c, prefix_a, NULL, true, 20, &removed, &skipped);
+	cr_assert_eq(removed, 2, "forced, and the put sealed since");
+	cr_assert_eq(skipped, 0);
+}
+
+Test(master_core, replica_clear_one_segment)
+{
+	mount("segA", "a", 64 * MiB, 0);
+	mount("segB", "b", 64 * MiB, 0);
+	put("k", 1 * MiB, 2, 0, 0);
+	uint32_t a = master__seg_find(c, "segA"), b = master__seg_find(c, "segB");
+	uint64_t free_b = master__alloc_free_bytes(master__seg(c, b)->alloc);
+	cr_assert_eq(master__replica_clear(c, K("k"), b, 0), 0);
+	cr_assert_eq(master__alloc_free_bytes(master__seg(c, b)->alloc), free_b + 1 * MiB,
+		     "its space freed");
+	cr_assert_eq(master__seg(c, b)->replicas, 0);
+	const struct master_obj *o = NULL;
+	must(master__get(c, K("k"), 0, &o));
+	cr_assert_eq(o->nrep, 1, "one replica left");
+	cr_assert_eq(o->rep[0].seg, a);
+	cr_assert_eq(memcmp(master__obj_key(o), "k", 1), 0, "the key moved with it");
+	cr_assert_eq(master__replica_clear(c, K("k"), b, 10), MC_EOBJECT_NOT_FOUND,
+		     "none there");
+	cr_assert_eq(master__replica_clear(c, K("k"), a, 10), MC_EOBJECT_HAS_LEASE);
+	cr_assert_eq(master__replica_clear(c, K("k"), a, 5000), 0, "the last one");
+	cr_assert_eq(master__exist(c, K("k"), 5000), 0, "the object went with it");
+	cr_assert_eq(master__replica_clear(c, K("k"), a, 5000), MC_EOBJECT_NOT_FOUND);
+	cr_assert_eq(master__replica_clear(c, K("k"), MASTER_NO_SEGMENT, 5000),
+		     MC_EOBJECT_NOT_FOUND);
+	cr_assert_eq(master__replica_clear(c, (const uint8_t *)"", 0, a, 5000), -EINVAL);
 }

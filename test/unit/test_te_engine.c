@@ -125,9 +125,10 @@ Test(te_engine, connection_shut_down_under_a_stream)
 
 	struct te_request q[64];
 	for (int i = 0; i < 64; i++)
-		q[i] = (struct te_request){TE_WRITE, src.p + (size_t)i * (1 << 20), s,
-					   (uint64_t)(uintptr_t)b.p + (size_t)i * (1 << 20),
-					   1 << 20};
+		q[i] = (struct te_request){
+			TE_WRITE, src.p + (size_t)i * (1 << 20),
+			s,        (uint64_t)(uintptr_t)b.p + (size_t)i * (1 << 20),
+			1 << 20,  false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, 64, &bt), 0);
 	shutdown(fds[1], SHUT_RDWR); /* one path dies under the stream */
