@@ -307,6 +307,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		.eviction_ratio = o->ssd_eviction_ratio,
 		.sync_interval_ms = o->ssd_sync_interval_ms,
 		.verify_on_start = o->ssd_verify_on_start,
+		.io = o->ssd_io,
 	};
 	rc = agent__tier_open(a, &to);
 	if (rc)

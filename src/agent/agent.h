@@ -88,12 +88,14 @@ struct agent_opts {
 	 * bytes it takes there; the watermark and eviction ratio the master
 	 * keeps it under; write the DRAM segment down at a stop; copy objects
 	 * read from it back to DRAM; check every object at start; least time
-	 * between syncs; memory other agents' reads of it go through. */
+	 * between syncs; its I/O engine ("auto", "io_uring" or "threads";
+	 * NULL: auto); memory other agents' reads of it go through. */
 	const char *ssd_path;
 	uint64_t ssd_bytes;
 	double ssd_high_watermark, ssd_eviction_ratio;
 	bool ssd_flush_on_stop, ssd_promote_on_hit, ssd_verify_on_start;
 	unsigned ssd_sync_interval_ms;
+	const char *ssd_io;
 	uint64_t ssd_bounce_bytes;
 	/* The cluster secret other agents prove when they ask for an object
 	 * of the SSD tier (copied); len 0: not checked (--insecure-transfer). */

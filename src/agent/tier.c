@@ -55,10 +55,22 @@ int agent__tier_open(struct agent *a, const struct agent_tier_opts *o)
 	struct agent_tier *t = &a->tier;
 	if (!o->path || !*o->path)
 		return 0;
+	enum ssd_io_kind io;
+	if (!o->io || strcmp(o->io, "auto") == 0) {
+		io = SSD_IO_AUTO;
+	} else if (strcmp(o->io, "io_uring") == 0) {
+		io = SSD_IO_URING;
+	} else if (strcmp(o->io, "threads") == 0) {
+		io = SSD_IO_THREADS;
+	} else {
+		log_error("SSD tier I/O '%s' is not auto, io_uring or threads", o->io);
+		return MC_ECONFIG;
+	}
 	struct ssd_opts so = {
 		.dir = o->path,
 		.size_bytes = o->bytes,
 		.verify_on_open = o->verify_on_start,
+		.io = io,
 		.check_free_space = true,
 		.sync_interval_ms = o->sync_interval_ms,
 		.metrics = a->metrics,

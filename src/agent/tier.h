@@ -31,6 +31,7 @@ struct agent_tier_opts {
 	double high_watermark, eviction_ratio; /* told to the master at mount */
 	unsigned sync_interval_ms;
 	bool verify_on_start;
+	const char *io; /* "auto" (or NULL), "io_uring" or "threads" */
 };
 
 /* The tier, embedded in struct agent (touched only by tier.c). */

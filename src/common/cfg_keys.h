@@ -302,6 +302,11 @@
 	  "agent: least time between two syncs of the SSD tier to stable " \
 	  "storage: what a power loss can lose (a kill -9 loses nothing that " \
 	  "reached the SSD tier); 0: sync back to back") \
+	X(SSD_IO, "ssd-io", AGENT, ENUM, "auto", 0, 0, "auto|io_uring|threads", \
+	  "agent: how the SSD tier's data I/O runs: io_uring (fail at start " \
+	  "when the kernel or a seccomp profile refuses it), threads (a pool " \
+	  "doing pread/pwrite; also for valgrind, which cannot follow " \
+	  "io_uring's shared rings), auto (io_uring, else threads)") \
 	X(SSD_BOUNCE_SIZE, "ssd-bounce-size", AGENT, SIZE, "64M", 1048576, 1ull << 40, NULL, \
 	  "agent: memory, registered with the transfer engine, that objects " \
 	  "of its SSD tier are read into for other agents' gets; larger " \

@@ -383,6 +383,7 @@ static int role_agent_start(struct role_rt *rt)
 		.ssd_flush_on_stop = cfg_bool(cfg, CFG_SSD_FLUSH_ON_STOP),
 		.ssd_promote_on_hit = cfg_bool(cfg, CFG_SSD_PROMOTE_ON_HIT),
 		.ssd_verify_on_start = cfg_bool(cfg, CFG_SSD_VERIFY_ON_START),
+		.ssd_io = cfg_str(cfg, CFG_SSD_IO),
 		.ssd_sync_interval_ms = (unsigned)cfg_u64(cfg, CFG_SSD_SYNC_INTERVAL),
 		.ssd_bounce_bytes = cfg_u64(cfg, CFG_SSD_BOUNCE_SIZE),
 		.cluster_secret = a->sec ? a->sec->key : NULL,

@@ -400,6 +400,30 @@ def bad_configuration_is_refused_clearly():
 
 
 @case
+def the_thread_pool_engine_serves_the_tier():
+    """--ssd-io=threads (what a daemon under valgrind needs) serves puts and
+    gets like io_uring does; a value that is not an engine is refused."""
+    rc, out = exit_status(["--ssd-io=aio"])
+    eq(rc, 2, "an unknown engine: " + out)
+    assert "ssd-io" in out, out
+    tmp = tempfile.TemporaryDirectory(prefix="mooncake-ssd-thr-")
+    d = Daemon(args=ssd_args(os.path.join(tmp.name, "ssd"), extra=["--ssd-io=threads"]),
+               data_dir=os.path.join(tmp.name, "data"), env=st.daemon_env())
+    wait_for(lambda: "re-sync with master" in d.output(), timeout=30, what="ready")
+    assert "recovered, 0 index records and 0 objects dropped, threads" in d.output(), d.output()
+    node = Node.__new__(Node)
+    node.socket, node.ports = d.socket, dict(d.ports)
+    from mooncake.store import ReplicateConfig
+    s = node.store()
+    keys = ["t/%d" % i for i in range(16)]
+    for k in keys:
+        eq(s.put(k, value(k), ReplicateConfig(tier="ssd")), OK, "put " + k)
+    ok, miss, bad = read_all(s, keys)
+    eq((ok, miss, bad), (16, 0, 0), "every object read back from the SSD tier")
+    eq(d.stop(), 0, "exit")
+
+
+@case
 def puts_naming_the_ssd_tier_and_every_get_path():
     m = master()
     a = Node(m.addr("master-listen"))
