@@ -54,6 +54,14 @@ def child_env(env=None):
     return full
 
 
+def as_uid(cmd, uid, gid):
+    """cmd run as uid:gid with no supplementary groups, through setpriv.
+    Not Popen's user= or a preexec_fn: both make Python fork() rather
+    than vfork(), and a fork() in a test process with grpc's threads can
+    hang in the parent for good (seen in CI: 900 s in _fork_exec)."""
+    return ["setpriv", "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups", "--"] + list(cmd)
+
+
 def case(fn):
     _cases.append(fn)
     return fn

@@ -333,9 +333,9 @@ def sessions_past_their_limits_are_refused():
         os.chmod(a.socket, 0o666)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LD_PRELOAD="")
         child = subprocess.Popen(
-            [sys.executable, "-c", NOBODY_SESSIONS, a.socket, "3"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            user=65534, group=65534, extra_groups=[])
+            mctest.as_uid([sys.executable, "-c", NOBODY_SESSIONS, a.socket, "3"], 65534, 65534),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env)
         line = child.stdout.readline()
         assert line, "the second uid's client: " + child.stderr.read()
         got = eval(line)

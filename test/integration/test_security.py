@@ -267,11 +267,8 @@ def a_second_local_user_cannot_reach_the_segment():
         return
     pw = pwd.getpwnam(user)
 
-    # Popen's own user/group/extra_groups, not a preexec_fn: the grpc
-    # threads of the cases before make a Python preexec_fn unsafe (the
-    # forked child can block on a lock one of them held; the parent then
-    # waits for its exec with no timeout).
-    as_user = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    def as_user(cmd):
+        return mctest.as_uid(cmd, pw.pw_uid, pw.pw_gid)
 
     try:
         d = standalone()
@@ -297,10 +294,10 @@ def a_second_local_user_cannot_reach_the_segment():
         for n in ("cfg.json", "intruder.py"):
             os.chmod(os.path.join(tmp.name, n), 0o644)
         here = os.path.dirname(os.path.abspath(__file__))
-        r = subprocess.run([sys.executable, os.path.join(tmp.name, "intruder.py"),
-                            os.path.join(tmp.name, "cfg.json"), here,
-                            os.path.join(mctest.BUILD, "py")],
-                           capture_output=True, text=True, timeout=120, **as_user,
+        r = subprocess.run(as_user([sys.executable, os.path.join(tmp.name, "intruder.py"),
+                                    os.path.join(tmp.name, "cfg.json"), here,
+                                    os.path.join(mctest.BUILD, "py")]),
+                           capture_output=True, text=True, timeout=120,
                            cwd=tmp.name, env=mctest.child_env({"HOME": tmp.name}))
         assert r.returncode == 0, r.stdout + r.stderr
         got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -308,15 +305,16 @@ def a_second_local_user_cannot_reach_the_segment():
                  "shm False": EACCES, "shm True": EACCES, "raw read bytes": 0,
                  "descriptor": "UNAUTHENTICATED"}, "every way in, as uid %d" % pw.pw_uid)
         # The tools say what they need rather than run unauthenticated.
-        r = subprocess.run([mctest.MOONCAKECTL, "transfer", "--meta-endpoints=",
-                            "--data-dir=" + d.data_dir, "-c", "open " + d.addr("agent-listen")],
-                           capture_output=True, text=True, timeout=60, **as_user,
+        r = subprocess.run(as_user([mctest.MOONCAKECTL, "transfer", "--meta-endpoints=",
+                                    "--data-dir=" + d.data_dir, "-c",
+                                    "open " + d.addr("agent-listen")]),
+                           capture_output=True, text=True, timeout=60,
                            env=mctest.child_env(NO_SHARED), cwd=tmp.name)
         assert r.returncode != 0 and "cannot be read by uid %d" % pw.pw_uid in r.stderr, \
             r.stdout + r.stderr
         # Nor is the client socket (0660, root's group).
-        r = subprocess.run([mctest.MOONCAKECTL, "get", "victim", "--socket=" + sock],
-                           capture_output=True, timeout=60, **as_user, cwd=tmp.name)
+        r = subprocess.run(as_user([mctest.MOONCAKECTL, "get", "victim", "--socket=" + sock]),
+                           capture_output=True, timeout=60, cwd=tmp.name)
         assert r.returncode != 0, r
         run([mctest.MOONCAKECTL, "get", "victim", after, "--socket=" + sock, "--verify"])
         with open(before, "rb") as b, open(after, "rb") as a, open(value, "rb") as v:

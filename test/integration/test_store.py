@@ -512,9 +512,9 @@ def bad_frames_get_clean_errors():
     os.chmod(a.tmp.name, 0o755)
     os.chmod(a.socket, 0o666)
     child = subprocess.run(
-        [sys.executable, "-c", NOBODY_REGISTERS, a.socket, str(sealed)],
+        mctest.as_uid([sys.executable, "-c", NOBODY_REGISTERS, a.socket, str(sealed)], 65534,
+                      65534),
         pass_fds=[sealed], capture_output=True, text=True, timeout=30,
-        user=65534, group=65534, extra_groups=[],
         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LD_PRELOAD=""))
     eq((child.returncode, child.stdout.strip()), (0, "-1"),
        "registering another user's memfd: -EPERM\n" + child.stderr)
