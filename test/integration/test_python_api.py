@@ -244,4 +244,36 @@ def transfer_engine_async_notify_hints_and_mismatches():
     b.close()
 
 
+
+@case
+def a_registration_peers_cannot_use_fails():
+    """register_memory of a range that is not mapped readable and
+    writable fails (-14) instead of reporting success, and a peer's write
+    there is refused."""
+    daemon()
+    import mmap
+    from mooncake.engine import TransferEngine
+
+    a, b = TransferEngine(), TransferEngine()
+    for e in (a, b):
+        eq(e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0, "initialize")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    ro_addr = libc.mmap(None, 1 << 16, mmap.PROT_READ, 0x22, -1, 0)        # PRIVATE|ANON
+    none_addr = libc.mmap(None, 1 << 16, 0, 0x22, -1, 0)               # PROT_NONE
+    eq(b.register_memory(ro_addr, 1 << 16), -14, "read-only memory")
+    eq(b.register_memory(none_addr, 1 << 16), -14, "inaccessible memory")
+    eq(b.batch_register_memory([none_addr], [1 << 16]), -14, "batch: the same")
+    src = a.allocate_managed_buffer(4096)
+    rc = a.transfer_sync_write(b.get_local_hostname(), src, ro_addr, 4096)
+    eq(rc < 0, True, "a write there is refused (%d)" % rc)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    for addr in (ro_addr, none_addr):
+        libc.munmap(addr, 1 << 16)
+    a.close()
+    b.close()
+
+
 mctest.main()
