@@ -54,6 +54,7 @@ import concurrent.futures
 import ctypes
 import enum
 import itertools
+import json
 import logging
 import os
 import threading
@@ -63,6 +64,16 @@ from mooncake import _native as n
 log = logging.getLogger("mooncake")
 
 NOT_CONNECTED = -802
+
+# What this package was built with, as Mooncake's module reports it: no
+# EFA, HIP or NVLink transports, and no *_on_cuda stream-ordered calls
+# (GPU memory is registered by dma-buf instead: register_memory's
+# location="cuda:N").
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_CUDA = False
 
 
 class TransferOpcode(enum.IntEnum):
@@ -402,6 +413,35 @@ class TransferEngine:
             log.error("get_first_buffer_address(%s): %s", segment_name, n.strerror(rc))
             return 0
         return info.first_address
+
+    def get_local_topology(self, device_name=None):
+        """This host's RDMA devices by NUMA node, as the JSON text of
+        Mooncake's topology: {"cpu:N": [[devices on node N], [the
+        others]]}, "{}" without RDMA devices. device_name: a comma list
+        the devices are filtered by (all when empty)."""
+        want = [d for d in str(device_name or "").split(",") if d]
+        root = "/sys/class/infiniband"
+        try:
+            devs = sorted(d for d in os.listdir(root) if not want or d in want)
+        except OSError:
+            devs = []
+        node_of = {}
+        for d in devs:
+            try:
+                with open(os.path.join(root, d, "device", "numa_node")) as f:
+                    node_of[d] = max(int(f.read().strip() or "0"), 0)
+            except (OSError, ValueError):
+                node_of[d] = 0
+        topo = {}
+        for node in sorted(set(node_of.values())):
+            near = [d for d in devs if node_of[d] == node]
+            topo["cpu:%d" % node] = [near, [d for d in devs if d not in near]]
+        return json.dumps(topo)
+
+    def warmup_efa_segment(self, segment_name):
+        """0: there is no EFA transport to warm up (Mooncake returns 0 too
+        when EFA is not installed)."""
+        return 0
 
     def get_engine(self):
         """The engine itself: what MooncakeDistributedStore.setup(...,

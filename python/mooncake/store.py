@@ -570,6 +570,13 @@ class MooncakeDistributedStore:
                      self.get_hostname(), server_address)
         return rc
 
+    def init_all(self, protocol, device_name, mount_segment_size=16 << 20):
+        """Mooncake's setup with its defaults (its initAll): connect to the
+        local agent, mount_segment_size compared with the agent's segment
+        as setup's global_segment_size is. Returns 0 or a negative code."""
+        return self.setup("localhost", "P2PHANDSHAKE", mount_segment_size, 16 << 20, protocol,
+                          device_name, "127.0.0.1:50051")
+
     def alloc_from_mem_pool(self, size):
         """Address of size bytes the agent reads and writes in place (see
         MooncakeHostMemAllocator), freed by close(); 0 on failure or when
@@ -690,6 +697,14 @@ class MooncakeDistributedStore:
 
     def upsert_from(self, key, buffer_ptr, size, config=None):
         return self._put_parts([key], [[(buffer_ptr, size)]], config, True)[0]
+
+    def put_from_with_metadata(self, key, buffer_ptr, metadata_buffer_ptr, size,
+                               metadata_size, config=None):
+        """One object of metadata_size bytes at metadata_buffer_ptr
+        followed by size bytes at buffer_ptr (the metadata first, as
+        get_buffer's readers split it)."""
+        return self._put_parts([key], [[(metadata_buffer_ptr, metadata_size),
+                                        (buffer_ptr, size)]], config, False)[0]
 
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
         keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)

@@ -24,7 +24,10 @@ prefill SESSION PTRS BLOCKS BLOCK_BYTES LAYERS SEED STYLE
     PD_SRC=dmabuf), filled with the pattern, registered; STYLE vllm: one batch_transfer_sync_write of every block
     of every layer; sglang: per layer, runs of contiguous blocks merged,
     batch_transfer_sync_write each, as conn.py's send_kvcache groups
-    them. Prints {"rc": ...}. STYLE readback: vllm's batch, then every
+    them, the last layer run by run with transfer_sync_write (as send_aux
+    moves its items); PD_REGISTER=each registers buffer by buffer with
+    register_memory, as SGLang's MooncakeTransferEngine.register does.
+    Prints {"rc": ...}. STYLE readback: vllm's batch, then every
     block read back with batch_transfer_sync_read into fresh numpy memory
     and compared, printing {"rc", "read_back": true/false}. STYLE loop: write again and again until a
     transfer fails, printing {"rc": first failure}. STYLE bench:SECONDS:
@@ -86,6 +89,19 @@ def dmabuf(te, size, layers):
     return rc, caches, ptrs
 
 
+def register(te, ptrs, size):
+    """vLLM's batch_register_memory(ptrs, lens), or with PD_REGISTER=each
+    SGLang's MooncakeTransferEngine.register: register_memory(ptr, len)
+    buffer by buffer."""
+    if os.environ.get("PD_REGISTER") == "each":
+        for p in ptrs:
+            rc = te.register_memory(p, size)
+            if rc:
+                return rc
+        return 0
+    return te.batch_register_memory(ptrs, [size] * len(ptrs))
+
+
 def decode(memory, blocks, block_bytes, layers):
     te, session = engine()
     size = blocks * block_bytes
@@ -120,7 +136,7 @@ def decode(memory, blocks, block_bytes, layers):
     if memory == "dmabuf":
         rc, caches, ptrs = dmabuf(te, size, layers)
     else:
-        rc = te.batch_register_memory(ptrs, [size] * layers)
+        rc = register(te, ptrs, size)
     if rc != 0:
         out(register_rc=rc)
         te.close()
@@ -162,7 +178,7 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
         kv = views
     else:
         base = [a.ctypes.data for a in kv]
-        rc = te.batch_register_memory(base, [size] * layers)
+        rc = register(te, base, size)
     if rc != 0:
         raise RuntimeError("Mooncake batch memory registration failed: %d" % rc)
     src, dst, lens = [], [], []
@@ -217,8 +233,14 @@ def prefill(session, ptrs, blocks, block_bytes, layers, seed, style):
             if rc != 0:
                 out(rc=rc)
                 return
-    for s, d, n in groups:
-        rc = te.batch_transfer_sync_write(session, s, d, n)
+    for k, (s, d, n) in enumerate(groups):
+        if style == "sglang" and k == len(groups) - 1:
+            # The last layer item by item with transfer_sync_write, as
+            # conn.py's send_aux moves its buffers.
+            rc = next((r for r in (te.transfer_sync_write(session, a, b, c)
+                                   for a, b, c in zip(s, d, n)) if r != 0), 0)
+        else:
+            rc = te.batch_transfer_sync_write(session, s, d, n)
         if rc != 0:
             out(rc=rc)
             return

@@ -29,8 +29,9 @@ BLOCKS, BLOCK_BYTES, LAYERS = 16, 64 * 1024, 3
 
 
 class Proc:
-    def __init__(self, agent, *args, protocol="tcp", src="numpy"):
-        env = dict(os.environ, MOONCAKE_SOCKET=agent.socket, PD_PROTOCOL=protocol, PD_SRC=src)
+    def __init__(self, agent, *args, protocol="tcp", src="numpy", register="batch"):
+        env = dict(os.environ, MOONCAKE_SOCKET=agent.socket, PD_PROTOCOL=protocol, PD_SRC=src,
+                   PD_REGISTER=register)
         self.p = subprocess.Popen([sys.executable, PROC] + [str(a) for a in args],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                   text=True)
@@ -59,10 +60,13 @@ class Proc:
 
 
 def run_pd(decode_agent, prefill_agent, memory, style, seed, protocol="tcp", src="numpy"):
-    d = Proc(decode_agent, "decode", memory, BLOCKS, BLOCK_BYTES, LAYERS, protocol=protocol)
+    # SGLang registers buffer by buffer (MooncakeTransferEngine.register).
+    register = "each" if style == "sglang" else "batch"
+    d = Proc(decode_agent, "decode", memory, BLOCKS, BLOCK_BYTES, LAYERS, protocol=protocol,
+             register=register)
     info = d.read()
     p = Proc(prefill_agent, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS,
-             BLOCK_BYTES, LAYERS, seed, style, protocol=protocol, src=src)
+             BLOCK_BYTES, LAYERS, seed, style, protocol=protocol, src=src, register=register)
     eq(p.read(), {"rc": 0}, "prefill %s into %s memory" % (style, memory))
     p.p.wait(timeout=30)
     d.send("check %d" % seed)
@@ -101,6 +105,7 @@ def one_agent_vllm_and_sglang():
         sessions.add(info["session"])
     eq(len(sessions), 4, "every instance its own session id")
     run_pd(a, a, "allocator", "sglang", 12)
+    run_pd(a, a, "ordinary", "sglang", 13)
 
 
 @case

@@ -179,4 +179,101 @@ def transfer_engine_managed_buffers():
     engine.close()
 
 
+
+@case
+def transfer_engine_async_notify_hints_and_mismatches():
+    """batch_transfer_async_write/read with get_batch_transfer_status
+    between two engines of this process (the target's memory a numpy
+    array), transport hints, refused notifications, and mismatched lists
+    answered with upstream's codes rather than exceptions."""
+    daemon()
+    import numpy as np
+    from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
+
+    a, b = TransferEngine(), TransferEngine()
+    for e in (a, b):
+        eq(e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0, "initialize")
+    eq(a.get_engine() is a and a.get_engine_ptr() != 0, True, "get_engine, get_engine_ptr")
+    n = 256 * 1024
+    src = a.allocate_managed_buffer(n)
+    ctypes.memmove(src, bytes(range(256)) * (n // 256), n)
+    dst = np.zeros(n, dtype=np.uint8)
+    eq(b.register_memory(dst.ctypes.data, n), 0, "register numpy memory")
+    target = b.get_local_hostname()
+    eq(a.send_probe(target), 0, "send_probe")
+    bid = a.batch_transfer_async_write(target, [src, src + n // 2], [dst.ctypes.data,
+                                       dst.ctypes.data + n // 2], [n // 2, n // 2])
+    eq(bid > 0, True, "batch id")
+    eq(a.get_batch_transfer_status([bid]), 0, "completed")
+    eq(dst.tobytes(), ctypes.string_at(src, n), "every byte written")
+    back = a.allocate_managed_buffer(n)
+    bid = a.batch_transfer_async_read(target, [back], [dst.ctypes.data], [n], "tcp")
+    eq(a.get_batch_transfer_status([bid]), 0, "read completed")
+    eq(ctypes.string_at(back, n), dst.tobytes(), "every byte read")
+    eq(a.get_batch_transfer_status([bid]), -1, "a batch is forgotten once waited for")
+    bad = a.batch_transfer_async_write(target, [src], [dst.ctypes.data], [n], "tcp")
+    eq(a.get_batch_transfer_status([bad + 1000]), -1, "an unknown batch")
+    eq(a.get_batch_transfer_status([bad]), 0, "the real one")
+    # Out of range of the target's registration: the batch fails.
+    bid = a.batch_transfer_async_write(target, [src], [dst.ctypes.data + n // 2], [n])
+    eq(a.get_batch_transfer_status([bid]), -1, "past the registered range")
+    # Mismatched lists: upstream's codes, no exception.
+    eq(a.batch_transfer_sync_write(target, [src, src], [dst.ctypes.data], [n]), -1,
+       "batch_transfer_sync_write")
+    eq(a.batch_transfer_sync_read(target, [src], [dst.ctypes.data], [n, n]), -1,
+       "batch_transfer_sync_read")
+    eq(a.batch_transfer_async_write(target, [src], [], [n]), 0, "batch_transfer_async_write")
+    eq(a.batch_register_memory([src], [n, n]), -1, "batch_register_memory")
+    # Notifications are refused, never dropped silently.
+    eq(a.transfer_sync(target, src, dst.ctypes.data, 16, TransferOpcode.WRITE,
+                       TransferNotify("req-1", "done")), -95, "notify refused")
+    eq(a.batch_transfer_sync(target, [src], [dst.ctypes.data], [16], TransferOpcode.Write,
+                             notify=TransferNotify("req-1", "done")), -95, "batch notify refused")
+    eq(b.get_notifies(), [], "nothing received")
+    eq(a.transfer_sync(target, src, dst.ctypes.data, 16, TransferOpcode.WRITE,
+                       transport_hint="rdma"), 0, "a known hint is advice")
+    try:
+        a.transfer_sync_write(target, src, dst.ctypes.data, 16, transport_hint="carrier-pigeon")
+        raise AssertionError("an unknown transport_hint must be a ValueError")
+    except ValueError:
+        pass
+    eq(b.unregister_memory(dst.ctypes.data), 0, "unregister")
+    rc = a.transfer_sync_write(target, src, dst.ctypes.data, 16)
+    eq(rc < 0, True, "after unregister_memory: negative (%d)" % rc)
+    a.close()
+    b.close()
+
+
+
+@case
+def a_registration_peers_cannot_use_fails():
+    """register_memory of a range that is not mapped readable and
+    writable fails (-14) instead of reporting success, and a peer's write
+    there is refused."""
+    daemon()
+    import mmap
+    from mooncake.engine import TransferEngine
+
+    a, b = TransferEngine(), TransferEngine()
+    for e in (a, b):
+        eq(e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0, "initialize")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    ro_addr = libc.mmap(None, 1 << 16, mmap.PROT_READ, 0x22, -1, 0)        # PRIVATE|ANON
+    none_addr = libc.mmap(None, 1 << 16, 0, 0x22, -1, 0)               # PROT_NONE
+    eq(b.register_memory(ro_addr, 1 << 16), -14, "read-only memory")
+    eq(b.register_memory(none_addr, 1 << 16), -14, "inaccessible memory")
+    eq(b.batch_register_memory([none_addr], [1 << 16]), -14, "batch: the same")
+    src = a.allocate_managed_buffer(4096)
+    rc = a.transfer_sync_write(b.get_local_hostname(), src, ro_addr, 4096)
+    eq(rc < 0, True, "a write there is refused (%d)" % rc)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    for addr in (ro_addr, none_addr):
+        libc.munmap(addr, 1 << 16)
+    a.close()
+    b.close()
+
+
 mctest.main()

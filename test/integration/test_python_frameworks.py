@@ -289,6 +289,30 @@ def lmcache_connector():
     eq(store.close(), 0, "close again")
 
 
+@case
+def put_from_with_metadata_and_init_all():
+    """put_from_with_metadata stores the metadata then the data, as
+    get_buffer's readers split them; init_all is setup with Mooncake's
+    defaults."""
+    daemon()
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    eq(store.init_all("tcp", "", 1 << 26), 0, "init_all")
+    meta = np.frombuffer(struct.pack("<iiiiiii", 4096, 2, 3, 2048, 0, 1, 0), dtype=np.uint8)
+    kv = pattern(400, 4096)
+    eq(store.put_from_with_metadata("meta-kv", ptr(kv), ptr(meta), kv.size, meta.size), 0,
+       "put_from_with_metadata")
+    buf = store.get_buffer("meta-kv")
+    eq(bytes(memoryview(buf)), meta.tobytes() + kv.tobytes(), "metadata, then data")
+    del buf
+    eq(store.put_from_with_metadata("meta-kv", ptr(kv), ptr(meta), kv.size, meta.size), 0,
+       "again: an existing key is success")
+    wait_leases()
+    eq(store.remove("meta-kv"), 0, "remove")
+    store.close()
+
+
 # ---------------------------------------------------------------- vLLM
 
 @case
