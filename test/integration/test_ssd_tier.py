@@ -538,6 +538,29 @@ def ssd_objects_into_and_out_of_clients_ordinary_memory():
 
 
 @case
+def the_ssd_watermark_keys_reach_the_master():
+    """--ssd-high-watermark-ratio and --ssd-eviction-ratio of the agent are
+    its SSD segment's: puts straight to SSD past half of it evict a
+    quarter of it, the least recently read first."""
+    from mooncake.store import ReplicateConfig
+    m = master()
+    a = Node(m.addr("master-listen"), size="32M",
+             extra=["--ssd-high-watermark-ratio=0.5", "--ssd-eviction-ratio=0.25"])
+    s = a.store()
+    keys = ["w/%d" % i for i in range(24)]
+    for k in keys:
+        eq(s.put(k, value(k), ReplicateConfig(tier="ssd")), OK, "put " + k)
+    ms = mstats(m)
+    assert ms["ssd_used_bytes"] <= 16 * MiB, ms["_text"]
+    assert ms["ssd_evictions"] >= 8, ms["_text"]
+    ok, miss, bad = read_all(s, keys)
+    eq((ok + miss, bad), (len(keys), 0), "no wrong bytes")
+    eq(miss, int(ms["ssd_evictions"]), "missing = evicted from SSD")
+    eq(ok, int(ms["ssd_objects"]))
+    eq(read_all(s, keys[-ok:]), (ok, 0, 0), "the most recent ones kept")
+
+
+@case
 def a_hit_promotes_back_to_dram():
     m = master()
     a = Node(m.addr("master-listen"), extra=["--ssd-promote-on-hit=true"])
