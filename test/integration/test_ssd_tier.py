@@ -561,6 +561,35 @@ def the_ssd_watermark_keys_reach_the_master():
 
 
 @case
+def a_cached_ssd_replica_gone_asks_the_master_again():
+    """Gets of an object in the agent's own SSD tier are answered from its
+    lease cache (no master call) while the lease lasts; one whose object
+    left the tier meanwhile (force-removed elsewhere, put again on another
+    agent with other bytes) asks the master and returns the new bytes."""
+    from mooncake.store import ReplicateConfig
+    m = master()
+    a = Node(m.addr("master-listen"))
+    b = Node(m.addr("master-listen"))
+    sa, sb = a.store(), b.store()
+    ssd = ReplicateConfig(tier="ssd")
+    eq(sa.put("c", value("c"), ssd), OK)
+    eq(sa.get("c"), value("c"))
+    hits = metric(a.metrics(), "mooncake_agent_lease_cache_hits_total")
+    eq(sa.get("c"), value("c"), "from the cache")
+    eq(metric(a.metrics(), "mooncake_agent_lease_cache_hits_total"), hits + 1, "a cache hit")
+    eq(sb.remove("c", True), OK, "force-removed through the other agent")
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_ssd_objects") == 0,
+             what="the owner deleted it")
+    v2 = value("c2")
+    eq(sb.put("c", v2, ssd), OK, "put again, into the other agent's tier")
+    eq(sa.get("c"), v2, "the new bytes, not the old ones or a miss")
+    eq(sb.remove("c", True), OK)
+    wait_for(lambda: metric(b.metrics(), "mooncake_agent_ssd_objects") == 0,
+             what="gone from the other tier")
+    eq(sa.get("c"), b"", "and a miss once it is gone")
+
+
+@case
 def a_hit_promotes_back_to_dram():
     m = master()
     a = Node(m.addr("master-listen"), extra=["--ssd-promote-on-hit=true"])
