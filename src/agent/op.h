@@ -70,8 +70,10 @@ struct agent_item {
 	/* get of a replica in an SSD tier: asked again once when it was gone
 	 * (promoted or evicted meanwhile); read by this agent's tier (its
 	 * bytes then in scratch, aligned), or by another's into memory of its
-	 * own (hold: what to give back once read). */
-	bool ssd_again, ssd_own;
+	 * own (hold: what to give back once read); ssd_cached: the replica
+	 * came from the lease cache (gone, it asks the master without using
+	 * up the once). */
+	bool ssd_again, ssd_own, ssd_cached;
 	uint64_t ssd_hold;
 	/* ... copied back to DRAM too (a promotion): put-lease space */
 	bool promo;

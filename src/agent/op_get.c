@@ -659,12 +659,21 @@ static void on_ssd_read(void *ud, int err, const struct agent_tier_obj *o)
 	struct agent_req *r = x->r;
 	struct agent_item *it = &r->items[x->i];
 	free(x);
-	if (err == MC_EOBJECT_NOT_FOUND)
+	/* Gone, or another object's bytes under the key. */
+	bool gone = err == MC_EOBJECT_NOT_FOUND ||
+		    (!err && (o->size != it->size || (it->has_crc && o->crc != it->crc)));
+	if (gone && it->ssd_cached) {
+		/* The cached replica is stale: the master is asked, and a
+		 * replica it names may still be gone once. */
+		agent__lcache_del(&r->a->lc, it->key, it->klen);
+		it->ssd_cached = false;
+		forget_replicas(it);
+		it->ssd_own = false;
+	} else if (gone) {
 		ssd_again(it);
-	else if (err)
+	} else if (err) {
 		it->err = err;
-	else if (o->size != it->size || (it->has_crc && o->crc != it->crc))
-		ssd_again(it); /* (another object's bytes under the key) */
+	}
 	ssd_read_end(r);
 }
 
@@ -789,13 +798,19 @@ static void on_get_replicas(void *ud, int err, const char *message, const Protob
 				it->reps[0] = it->reps[p];
 				it->reps[p] = t;
 			}
-		if (it->reps[0].ssd)
-			continue; /* (read by its owner: not cached) */
+		/* An object in this agent's own SSD tier is cached (its read
+		 * checks its size and checksum; one gone meanwhile asks the
+		 * master again) unless a hit moves it to DRAM; another agent's
+		 * is read by its owner and not cached. */
+		bool own_ssd = it->reps[0].ssd && !a->gets.promote_on_hit &&
+			       strcmp(it->reps[0].segment, a->name) == 0;
+		if (it->reps[0].ssd && !own_ssd)
+			continue;
 		/* Local replicas are cached (nobody but the master's
 		 * placements writes this segment, and the cache is emptied
 		 * whenever the segment is mounted again), and small ones
 		 * elsewhere whose bytes can be checked (get_probe). */
-		if (it->reps[0].local ||
+		if (own_ssd || it->reps[0].local ||
 		    (it->has_crc && it->size > 0 && it->size <= a->gets.remote_cache_bytes))
 			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
 					  it->has_crc ? &it->crc : NULL, &it->reps[0], until,
@@ -837,9 +852,14 @@ static void on_lease_renewed(void *ud, int err, const char *message, const Proto
 	const struct agent_lentry *e = agent__lcache_peek(&a->lc, w->key.data, w->key.len);
 	const char *seg = !e ? NULL : e->rep.local ? a->name : e->rep.segment;
 	uint64_t offset = UINT64_MAX;
-	for (size_t k = 0; seg && k < res->n_replicas; k++)
-		if (res->replicas[k]->segment && strcmp(res->replicas[k]->segment, seg) == 0)
-			offset = res->replicas[k]->offset;
+	for (size_t k = 0; seg && k < res->n_replicas; k++) {
+		const Mooncake__Master__Replica *p = res->replicas[k];
+		/* (An SSD replica is cached under its owner's name.) */
+		bool ssd = p->tier == MOONCAKE__MASTER__TIER__TIER_SSD;
+		const char *name = ssd ? p->agent_id : p->segment;
+		if (ssd == e->rep.ssd && name && strcmp(name, seg) == 0)
+			offset = p->offset;
+	}
 	agent__lcache_extend(&a->lc, w->key.data, w->key.len, offset, res->size, until, now);
 	free(w);
 }
@@ -1010,7 +1030,8 @@ void agent__op_get(struct agent_req *r)
 			it->size = e->size;
 			it->crc = e->crc;
 			it->has_crc = e->has_crc;
-			it->probing = !e->rep.local;
+			it->probing = !e->rep.local && !e->rep.ssd;
+			it->ssd_cached = e->rep.ssd;
 			probes += it->probing ? it->size : 0;
 			if (!it->probing)
 				agent__count(&a->stats, AGENT_C_LEASE_CACHE_HITS, 1);

@@ -12,7 +12,9 @@ same --ssd-path brings back every object that was on SSD, 0 wrong bytes.
 Torn or corrupt records and bytes on disk are dropped with a log line,
 never served. Bad configurations exit with status 1 and a clear line,
 nothing overwritten. Puts may name the SSD tier; gets through get,
-get_into, batch_get_into and zero-copy views; promotion on a hit;
+get_into, batch_get_into and zero-copy views, into and from memory the
+agent did not allocate (numpy arrays, allocator memory) at any
+alignment, from the owner and another node; promotion on a hit;
 --ssd-flush-on-stop; metrics and stats of both tiers.
 """
 import ctypes
@@ -472,6 +474,151 @@ def puts_naming_the_ssd_tier_and_every_get_path():
     r = plain.ctl("put", "z", os.path.join(a.tmp.name, "v.bin"), "--tier=ssd", check=False)
     eq(r.returncode, 1)
     assert "segment not found" in r.stderr or "no SSD tier" in r.stderr, r.stderr
+
+
+def pattern(key, size):
+    """value(key) for any size, not only multiples of 32."""
+    v = value(key, (size + 31) // 32 * 32)
+    return v[:size]
+
+
+@case
+def ssd_objects_into_and_out_of_clients_ordinary_memory():
+    """The SSD tier meets memory the agent did not allocate: numpy arrays
+    registered with register_buffer (ordinary memory, reached through the
+    staging buffer) and the process's allocator memory (a memfd the agent
+    reads in place), at addresses and sizes that are not whole 4 KiB
+    blocks, larger than the 16 MiB staging buffer, from the owner and
+    from another node. Every get returns the object's bytes or an error,
+    never success with other bytes."""
+    import numpy as np
+    from mooncake.store import ReplicateConfig
+    m = master()
+    a = Node(m.addr("master-listen"), extra=["--ssd-bounce-size=48M"])
+    b = Node(m.addr("master-listen"))
+    sa, sb = a.store(verify_gets=False), b.store(verify_gets=False)
+    ssd = ReplicateConfig(tier="ssd")
+    sizes = {"o/1m": MiB, "o/odd": 3 * MiB + 4097, "o/small": 5000, "o/big": 40 * MiB + 12}
+    # Puts straight to SSD from ordinary memory: one at a time (put_from)
+    # and as a batch (batch_put_from), from offsets that are not aligned.
+    src = np.zeros(sum(sizes.values()) + 4096, dtype=np.uint8)
+    eq(sa.register_buffer(src.ctypes.data, src.nbytes), 0, "register the source")
+    at, where = 3, {}
+    for k, n in sizes.items():
+        src[at:at + n] = np.frombuffer(pattern(k, n), dtype=np.uint8)
+        where[k] = at
+        at += n + 1
+    eq(sa.put_from("o/1m", src.ctypes.data + where["o/1m"], MiB, ssd), OK, "put_from to SSD")
+    rest = [k for k in sizes if k != "o/1m"]
+    eq(sa.batch_put_from(rest, [src.ctypes.data + where[k] for k in rest],
+                         [sizes[k] for k in rest], ssd), [OK] * len(rest),
+       "batch_put_from to SSD")
+    eq(int(mstats(m)["ssd_objects"]), len(sizes), "all of them on SSD, none in DRAM")
+    src[:] = 0  # what a get returns must come from the tier
+    eq(sa.unregister_buffer(src.ctypes.data), 0)
+
+    def check(s, who, dst, base):
+        """get_into and batch_get_into into dst (registered) at base."""
+        for k, n in sizes.items():
+            dst[:] = 0xee
+            for verify in (False, True):
+                eq(s.get_into(k, dst.ctypes.data + base, n + 10, verify), n,
+                   "get_into %s from %s (verify=%s)" % (k, who, verify))
+                eq(dst[base:base + n].tobytes(), pattern(k, n), "%s's bytes, %s" % (k, who))
+                eq(int(dst[base + n]), 0xee, "nothing written past %s, %s" % (k, who))
+            eq(s.get_into(k, dst.ctypes.data + base, n - 1), -105,
+               "a buffer too small for %s, %s" % (k, who))
+        dst[:] = 0
+        keys = list(sizes)
+        offs, at = [], base
+        for k in keys:
+            offs.append(at)
+            at += sizes[k] + 3
+        eq(s.batch_get_into(keys, [dst.ctypes.data + o for o in offs],
+                            [sizes[k] for k in keys]), [sizes[k] for k in keys],
+           "batch_get_into from " + who)
+        for k, o in zip(keys, offs):
+            eq(dst[o:o + sizes[k]].tobytes(), pattern(k, sizes[k]),
+               "%s's bytes after batch_get_into, %s" % (k, who))
+
+    for s, who in ((sa, "the owner"), (sb, "another node")):
+        dst = np.empty(sum(sizes.values()) + 4 * 4096, dtype=np.uint8)
+        eq(s.register_buffer(dst.ctypes.data, dst.nbytes), 0, "register numpy, " + who)
+        check(s, who + " into numpy", dst, 5)
+        eq(s.unregister_buffer(dst.ctypes.data), 0)
+        # Allocator memory: the agent's SSD reads land in it in place.
+        n = sum(sizes.values()) + 4 * 4096
+        p = s.alloc_from_mem_pool(n)
+        assert p, "alloc_from_mem_pool"
+        mem = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(p))
+        eq(s.register_buffer(p, n), 0, "register allocator memory, " + who)
+        check(s, who + " into allocator memory, aligned", mem, 0)
+        check(s, who + " into allocator memory, unaligned", mem, 4095)
+        eq(s.unregister_buffer(p), 0)
+    eq(int(mstats(m)["ssd_objects"]), len(sizes), "read from SSD throughout (no promotion)")
+    # A remote read of an object larger than the owner's bounce region
+    # fails clearly instead of returning anything.
+    v = pattern("o/huge", 50 * MiB)
+    eq(sa.put("o/huge", v, ssd), OK)
+    dst = np.zeros(50 * MiB, dtype=np.uint8)
+    eq(sb.register_buffer(dst.ctypes.data, dst.nbytes), 0)
+    rc = sb.get_into("o/huge", dst.ctypes.data, dst.nbytes)
+    assert rc < 0, "a remote get past --ssd-bounce-size fails (%d)" % rc
+    eq(int(dst.max()), 0, "and writes nothing")
+    eq(sb.unregister_buffer(dst.ctypes.data), 0)
+    eq(sa.get("o/huge"), v, "the owner reads it")
+
+
+@case
+def the_ssd_watermark_keys_reach_the_master():
+    """--ssd-high-watermark-ratio and --ssd-eviction-ratio of the agent are
+    its SSD segment's: puts straight to SSD past half of it evict a
+    quarter of it, the least recently read first."""
+    from mooncake.store import ReplicateConfig
+    m = master()
+    a = Node(m.addr("master-listen"), size="32M",
+             extra=["--ssd-high-watermark-ratio=0.5", "--ssd-eviction-ratio=0.25"])
+    s = a.store()
+    keys = ["w/%d" % i for i in range(24)]
+    for k in keys:
+        eq(s.put(k, value(k), ReplicateConfig(tier="ssd")), OK, "put " + k)
+    ms = mstats(m)
+    assert ms["ssd_used_bytes"] <= 16 * MiB, ms["_text"]
+    assert ms["ssd_evictions"] >= 8, ms["_text"]
+    ok, miss, bad = read_all(s, keys)
+    eq((ok + miss, bad), (len(keys), 0), "no wrong bytes")
+    eq(miss, int(ms["ssd_evictions"]), "missing = evicted from SSD")
+    eq(ok, int(ms["ssd_objects"]))
+    eq(read_all(s, keys[-ok:]), (ok, 0, 0), "the most recent ones kept")
+
+
+@case
+def a_cached_ssd_replica_gone_asks_the_master_again():
+    """Gets of an object in the agent's own SSD tier are answered from its
+    lease cache (no master call) while the lease lasts; one whose object
+    left the tier meanwhile (force-removed elsewhere, put again on another
+    agent with other bytes) asks the master and returns the new bytes."""
+    from mooncake.store import ReplicateConfig
+    m = master()
+    a = Node(m.addr("master-listen"))
+    b = Node(m.addr("master-listen"))
+    sa, sb = a.store(), b.store()
+    ssd = ReplicateConfig(tier="ssd")
+    eq(sa.put("c", value("c"), ssd), OK)
+    eq(sa.get("c"), value("c"))
+    hits = metric(a.metrics(), "mooncake_agent_lease_cache_hits_total")
+    eq(sa.get("c"), value("c"), "from the cache")
+    eq(metric(a.metrics(), "mooncake_agent_lease_cache_hits_total"), hits + 1, "a cache hit")
+    eq(sb.remove("c", True), OK, "force-removed through the other agent")
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_ssd_objects") == 0,
+             what="the owner deleted it")
+    v2 = value("c2")
+    eq(sb.put("c", v2, ssd), OK, "put again, into the other agent's tier")
+    eq(sa.get("c"), v2, "the new bytes, not the old ones or a miss")
+    eq(sb.remove("c", True), OK)
+    wait_for(lambda: metric(b.metrics(), "mooncake_agent_ssd_objects") == 0,
+             what="gone from the other tier")
+    eq(sa.get("c"), b"", "and a miss once it is gone")
 
 
 @case

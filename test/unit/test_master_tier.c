@@ -6,7 +6,7 @@
  * answered in time, abandoned or whose object went away are given up and
  * their DRAM space is held while the owner may still read it; an SSD
  * segment past its watermark evicts its coldest replicas (leased ones
- * skipped); puts straight to SSD, lost replicas, promotions back to DRAM
+ * skipped); soft-pinned objects stay in DRAM while others can go; puts straight to SSD, lost replicas, promotions back to DRAM
  * and inventory re-sync of an SSD segment.
  */
 #include <stdlib.h>
@@ -57,13 +57,21 @@ static uint32_t crc_of(const char *key)
 	return (uint32_t)strlen(key) * 0x9e3779b1u + (uint8_t)key[strlen(key) - 1];
 }
 
-static void put(const char *key, uint64_t size, uint64_t now)
+static void put_pinned(const char *key, uint64_t size, bool soft_pin, uint64_t now)
 {
 	const struct master_obj *o;
-	struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key), .size = size};
+	struct master_put p = {.key = (const uint8_t *)key,
+			       .klen = strlen(key),
+			       .size = size,
+			       .soft_pin = soft_pin};
 	must(master__put_start(c, &p, now, &o));
 	uint32_t crc = crc_of(key);
 	must(master__put_end(c, K(key), &crc, now));
+}
+
+static void put(const char *key, uint64_t size, uint64_t now)
+{
+	put_pinned(key, size, false, now);
 }
 
 /* The events of segment name's log after *pos, by op; *pos moves on. */
@@ -248,6 +256,46 @@ Test(master_tier, the_own_agents_ssd_first_then_the_emptiest)
 	cr_assert_eq(master__core_counters(c)->demotion_failures, 4);
 	xc = read_log("c/ssd", &pc);
 	cr_assert_gt(xc.fetch, 0, "another agent's segment with room");
+}
+
+Test(master_tier, soft_pinned_objects_stay_in_dram_while_others_can_go)
+{
+	mount_dram("d", "a", 1 * MiB);
+	mount_ssd("a/ssd", "a", 16 * MiB, 0, 0);
+	uint64_t pos = log_end("a/ssd");
+	char key[32];
+	/* The five coldest soft-pinned, then ten others: 15 of 16 slots. */
+	for (int i = 0; i < 15; i++) {
+		snprintf(key, sizeof(key), "%c%d", i < 5 ? 'p' : 'k', i);
+		put_pinned(key, 64 * KiB, i < 5, 0);
+	}
+	struct evs x = read_log("a/ssd", &pos);
+	cr_assert_eq(x.fetch, 2, "got %zu", x.fetch);
+	cr_assert_str_eq(x.keys[0], "k5", "the coldest unpinned, not the pinned ones");
+	cr_assert_str_eq(x.keys[1], "k6");
+	for (int i = 0; i < 5; i++) {
+		snprintf(key, sizeof(key), "p%d", i);
+		cr_assert_not(find(key)->flags & MASTER_OBJ_DEMOTING, "%s stays", key);
+	}
+}
+
+Test(master_tier, soft_pinned_objects_go_when_nothing_else_is_left)
+{
+	mount_dram("d", "a", 1 * MiB);
+	mount_ssd("a/ssd", "a", 16 * MiB, 0, 0);
+	uint64_t pos = log_end("a/ssd");
+	char key[32];
+	for (int i = 0; i < 15; i++) {
+		snprintf(key, sizeof(key), "p%d", i);
+		put_pinned(key, 64 * KiB, true, 0);
+	}
+	/* Only as many as bring DRAM under its watermark: one. */
+	struct evs x = read_log("a/ssd", &pos);
+	cr_assert_eq(x.fetch, 1, "got %zu", x.fetch);
+	cr_assert_str_eq(x.keys[0], "p0", "the coldest");
+	must(tier("a", "a/ssd", MASTER_TIER_DEMOTED, "p0", 0, 64 * KiB, 10));
+	cr_assert(on_tier("p0", MASTER_TIER_SSD) && !on_tier("p0", MASTER_TIER_DRAM));
+	cr_assert_eq(master__core_counters(c)->evictions, 0, "demoted, not evicted");
 }
 
 Test(master_tier, demotions_not_answered_or_abandoned_are_given_up)
