@@ -301,7 +301,7 @@ span = sum(b - a for a, b in wins) / 1000.0
 print("   snapshots written: %d (%.1f s of snapshot time, summed over members)" % (len(wins), span))
 if sizes:
     b, ms, loop = max(sizes)
-    print("   largest: %.0f MB in %d ms, %d ms of them encoding on the loop (in 1 MiB slices)"
+    print("   largest: %.0f MB in %d ms, %d ms of them encoding on the loop (in slices of 1 ms)"
           % (b / 1e6, ms, loop))
 print("   puts during a snapshot: %6d  p99 %8.1f ms" % (len(dur), p99(dur)))
 print("   puts in between:        %6d  p99 %8.1f ms" % (len(steady), p99(steady)))
