@@ -9,6 +9,7 @@
 #                        meta: a 3-member cluster beside a 3-member etcd,
 #                        and etcdctl check perf against both)
 #   make fuzz            libFuzzer targets (clang)
+#   make fuzz-seeds      rewrite the WAL and MVCC snapshot seed corpora
 #   make man             regenerate the committed man pages from the config key table
 #   make format-check    clang-format (.clang-format) finds nothing to change in
 #                        FILES (default: every C file under src/ and test/unit)
@@ -89,7 +90,7 @@ BIN_LDFLAGS := -static
 BIN_LIBS    := $(LIBS_STATIC)
 # A static libibverbs finds no device unless its providers are linked in:
 # this object registers them (STYLE.md build notes); the binaries name it
-# explicitly, src/transfer/rdma.c refers to it weakly.
+# explicitly, src/transfer/rdma_dev.c refers to it weakly.
 BIN_RDMA_PROVIDERS := $(B)/obj/transfer/rdma_providers.o
 $(B)/obj/transfer/rdma_providers.o: private CFLAGS_ALL += -DRDMA_STATIC_PROVIDERS=all
 endif
@@ -128,7 +129,7 @@ UNIT_BINS  := $(patsubst test/unit/%.c,$(B)/test/%,$(UNIT_SRCS))
 BINS := $(B)/mooncaked $(B)/mooncakectl
 LIBS := $(B)/libmooncake.a $(B)/libmooncake.so
 
-.PHONY: all test bench soak fuzz fuzz-run man install clean format format-check
+.PHONY: all test bench soak fuzz fuzz-run fuzz-seeds man install clean format format-check
 .SECONDARY: $(GEN_C) $(GEN_H)
 all: $(BINS) $(LIBS) $(B)/man/mooncaked.8
 
@@ -162,7 +163,7 @@ $(B)/py/%_pb2.py: proto/%.proto
 PURE_SRCS := $(wildcard src/meta/raft/*.c) $(wildcard src/meta/mvcc*.c) src/meta/lease.c src/meta/avl.c src/meta/wal_format.c src/meta/sm.c \
              src/common/extalloc.c \
              src/master/alloc.c src/master/core.c src/master/index.c \
-             src/master/lease.c src/master/mlog.c src/master/segment.c \
+             src/master/lease.c src/master/mlog.c src/master/segment.c src/master/tier.c \
              src/rpc/frame.c src/transfer/wire.c src/ssd/rec.c
 PURE_OBJS := $(patsubst src/%.c,$(B)/obj/%.o,$(PURE_SRCS))
 PURE_GUARDS := _TIME_H|_SYS_TIME_H|_UNISTD_H|_PTHREAD_H|UV_H
@@ -305,6 +306,17 @@ $(B)/fuzz/%: test/fuzz/%.c $(B)/libmcd.a
 fuzz:
 	$(MAKE) FUZZ=1 fuzz-run
 
+# The seed corpora written with the project's own writers (test/fuzz/seeds.c):
+# valid WAL segments and MVCC snapshots. Run after a format change and
+# commit the files.
+$(B)/fuzz-seeds: test/fuzz/seeds.c $(B)/libmcd.a
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(TEST_CFLAGS) -o $@ $< $(B)/libmcd.a $(LIBS_DYNAMIC) $(LDFLAGS_SAN)
+
+fuzz-seeds: $(B)/fuzz-seeds
+	$(B)/fuzz-seeds test/fuzz/corpus
+
 fuzz-run: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(B)/corpus/$$n test/fuzz/corpus/$$n; \
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
@@ -328,10 +340,16 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
+	$(Q)$(B)/bench/bench_master_index 1000000 100 5
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done
 	$(Q)$(B)/mooncakectl bench store --duration=1s
+	$(Q)for c in 4 16; do for m in separate local; do $(B)/mooncakectl bench store \
+	  --value-size=4K --clients=$$c --op=put,get,mixed,batch-put,batch-get --master=$$m \
+	  --duration=3s || exit 1; done; done
+	$(Q)$(B)/mooncakectl bench sessions --sessions=1000
 	$(Q)$(B)/mooncakectl bench ssd --duration=3s
+	$(Q)$(B)/mooncakectl bench store --tier=ssd --duration=4s --rounds=4
 	$(Q)for op in write read; do VERBS_EMU_DEVICES=2 $(B)/test/mooncakectl-emu bench transfer \
 	  --protocol=rdma --op=$$op --duration=2s || exit 1; done
 	$(Q)d=$$(mktemp -d) && $(B)/bench/bench_wal $$d 256 64; rm -rf $$d
@@ -374,9 +392,10 @@ install: all
 	install -m 0644 man/libmooncake.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -m 0644 python/mooncake/*.py $(DESTDIR)$(PYDIR)/mooncake/
 	install -m 0644 conf/mooncaked.conf $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
-	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d
 	for u in deploy/*.service.in; do \
 	  sed 's|@PREFIX@|$(PREFIX)|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u .in); done
+	install -m 0644 deploy/mooncaked.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/mooncaked.conf
 	install -m 0644 deploy/mooncaked.default $(DESTDIR)$(PREFIX)/share/doc/mooncaked/
 
 clean:

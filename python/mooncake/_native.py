@@ -58,7 +58,7 @@ class GetOpts(ctypes.Structure):
 class PutOpts(ctypes.Structure):
     _fields_ = [("replica_num", ctypes.c_uint), ("soft_pin", c_int),
                 ("ttl_ms", c_uint64), ("preferred_segment", c_char_p),
-                ("upsert", c_int)]
+                ("upsert", c_int), ("tier", c_int)]
 
 
 class Part(ctypes.Structure):
@@ -82,7 +82,10 @@ class AgentStats(ctypes.Structure):
                 ("buffers", c_uint64), ("views", c_uint64), ("puts", c_uint64),
                 ("gets", c_uint64), ("local_hits", c_uint64), ("remote_hits", c_uint64),
                 ("misses", c_uint64), ("bytes_written", c_uint64), ("bytes_read", c_uint64),
-                ("inventory", c_uint64), ("get_bad", c_uint64), ("resync_bad", c_uint64)]
+                ("inventory", c_uint64), ("get_bad", c_uint64), ("resync_bad", c_uint64),
+                ("ssd_segment", ctypes.c_char * 160), ("ssd_size", c_uint64),
+                ("ssd_used", c_uint64), ("ssd_objects", c_uint64), ("ssd_hits", c_uint64),
+                ("ssd_demotions", c_uint64), ("ssd_promotions", c_uint64)]
 
 
 class TransferReq(ctypes.Structure):
@@ -131,6 +134,9 @@ mc_register_buffer = _fn("mc_register_buffer", c_int, c_void_p, c_void_p, c_size
 mc_unregister_buffer = _fn("mc_unregister_buffer", c_int, c_void_p, c_void_p)
 mc_transfer = _fn("mc_transfer", c_int, c_void_p, POINTER(TransferReq), c_size_t, POINTER(c_int))
 mc_register_memory = _fn("mc_register_memory", c_int, c_void_p, c_void_p, c_size_t)
+mc_register_dmabuf = _fn("mc_register_dmabuf", c_int, c_void_p, c_int, c_uint64, c_void_p,
+                         c_size_t)
+mc_register_cuda = _fn("mc_register_cuda", c_int, c_void_p, c_void_p, c_size_t)
 mc_host_alloc = _fn("mc_host_alloc", c_void_p, c_size_t)
 mc_host_free = _fn("mc_host_free", None, c_void_p)
 mc_host_size = _fn("mc_host_size", c_size_t, c_void_p)
@@ -151,6 +157,7 @@ mc_batch_replica_clear = _fn("mc_batch_replica_clear", c_int, c_void_p, c_size_t
 mc_segment_info = _fn("mc_segment_info", c_int, c_void_p, c_char_p, POINTER(SegmentInfo))
 mc_agent_stats = _fn("mc_agent_stats", c_int, c_void_p, POINTER(AgentStats))
 mc_agent_address = _fn("mc_agent_address", c_char_p, c_void_p)
+mc_engine_open = _fn("mc_engine_open", c_int, c_void_p, c_char_p, c_size_t)
 mc_segment_size = _fn("mc_segment_size", c_uint64, c_void_p)
 mc_staging_size = _fn("mc_staging_size", c_uint64, c_void_p)
 _strerror = _fn("mc_strerror", c_char_p, c_int)

@@ -8,30 +8,40 @@ connections).
     buf = te.allocate_managed_buffer(1 << 20)          # shared with the agent
     te.transfer_sync_write("10.0.0.2:12345", buf, peer_addr, 1 << 20)
 
-Peers name this process by the agent's session id "host:rpc_port"
-(get_rpc_port() is the agent's transfer-engine port), and address memory
-registered here by this process's own virtual addresses.
+Each TransferEngine has a session id of its own, "host:rpc_port", as in
+Mooncake: initialize asks the agent for a transfer engine of this
+instance's own (mc_engine_open), with its own RPC port (get_rpc_port())
+and segment, published in P2P mode and to meta; two processes on one
+node are told apart. Peers address memory registered here by this
+process's own virtual addresses.
 
 Memory. allocate_managed_buffer returns memory shared with the agent: it
 is read and written in place, and published to the engine so that peers
-can transfer into and out of it. register_memory of any other memory is
-accepted for this process's own transfers, which then copy through the
-session's staging buffer; that memory cannot be the target of a peer's
-transfer (the agent cannot reach another process's private memory) — use
-managed buffers for memory peers write into (the KV cache of a decode
-instance).
-
-Memory from mooncake.store's MooncakeHostMemAllocator, alloc_from_mem_pool
-or get_alloc_func_addr (mc_host_alloc) is shared with the agent on first
-use: register_memory publishes it, and peers write into it in place.
+can transfer into and out of it. Memory from mooncake.store's
+MooncakeHostMemAllocator, alloc_from_mem_pool or get_alloc_func_addr
+(mc_host_alloc) is shared with the agent on first use: register_memory
+publishes it, and peers write into it in place (zero copy).
+register_memory of any other memory (numpy, a CPU tensor, pinned or not)
+publishes it too: the agent reaches it by cross-memory attach (this
+process names the agent with prctl(PR_SET_PTRACER)), one copy per byte
+on the agent's side, over tcp; when the agent may not attach, or the
+range is not mapped writable, register_memory fails (-1 EPERM, -14
+EFAULT) rather than promise what peers cannot do. This process's own
+transfers from and into such memory copy through the staging buffer.
 
 Parameters that have no meaning here (local_hostname, metadata_server,
 protocol, device_name: the agent was configured with them) are accepted.
 transport_hint: the agent picks the transport per peer (shm on one host,
 rdma where a device is usable, else tcp); a known name is accepted as
 advice, an unknown one is a ValueError, as in Mooncake's TENT builds.
-location (register_memory): "*" or "cpu..." are host memory; device
-memory ("cuda:N", "npu:N") is refused with -95.
+location (register_memory): "*" or "cpu..." are host memory. "cuda:N"
+is GPU memory: exported as a dma-buf by the CUDA driver (loaded at run
+time) and registered by the agent with its RDMA devices, so peers write
+and read it by one-sided RDMA; -95 when CUDA, a dma-buf capable device
+or an RDMA device of the agent is missing. It is the local memory of
+this process's transfers to RDMA peers too (-95 for an item the agent
+cannot move by RDMA: a same-host peer over shm, a tcp peer). Other
+devices ("npu:N") are refused with -95.
 Notifications (transfer_sync(..., notify=...)) are refused with -95: the
 agents do not carry them to a peer (get_notifies() is always empty).
 Mismatched list lengths in batch calls return -1 (batch_transfer_async_*:
@@ -98,6 +108,18 @@ class TransferEngine:
         self._batches = {}
         self._ids = itertools.count(1)
         self._managed = {}
+        self._name = ""
+
+    def _open_engine(self, h):
+        """This instance's own engine: 0 with self._name, or negative."""
+        buf = ctypes.create_string_buffer(256)
+        rc = n.mc_engine_open(h, buf, len(buf))
+        if rc:
+            log.error("the agent cannot start a transfer engine for this instance: %s",
+                      n.strerror(rc))
+            return rc
+        self._name = buf.value.decode()
+        return 0
 
     def initialize(self, local_hostname="", metadata_server="", protocol="tcp",
                    device_name="", socket_path=None):
@@ -111,6 +133,10 @@ class TransferEngine:
             rc = n.mc_open_ex(ctypes.byref(o), ctypes.byref(h))
             if rc:
                 log.error("cannot reach the mooncaked agent: %s", n.strerror(rc))
+                return rc
+            rc = self._open_engine(h)
+            if rc:
+                n.mc_close(h)
                 return rc
             self._h = h
             return 0
@@ -136,7 +162,8 @@ class TransferEngine:
             pass
 
     def get_rpc_port(self):
-        """The agent's transfer-engine port: peers use "host:port"."""
+        """This instance's RPC port: peers use "host:port" (its session
+        id), -1 before initialize."""
         addr = self.get_local_hostname()
         try:
             return int(addr.rsplit(":", 1)[1])
@@ -144,7 +171,8 @@ class TransferEngine:
             return -1
 
     def get_local_hostname(self):
-        return n.mc_agent_address(self._h).decode() if self._h else ""
+        """This instance's session id "host:port" ("" before initialize)."""
+        return self._name if self._h else ""
 
     # ------------------------------------------------------------ memory
 
@@ -169,14 +197,21 @@ class TransferEngine:
         return rc
 
     def register_memory(self, buffer_addr, capacity, location=WILDCARD_LOCATION):
-        """0, or negative. Managed buffers and allocator memory become
-        reachable by peers at their address; other memory serves this
-        process's own transfers (copied through the staging buffer)."""
+        """0, or negative. The memory becomes reachable by peers at its
+        address: managed buffers and allocator memory in place, other
+        memory by the agent's cross-memory attach (see the module's
+        text); a registration peers could not use fails."""
         if not self._h:
             return NOT_CONNECTED
         loc = str(location or WILDCARD_LOCATION)
+        if loc.startswith("cuda"):
+            rc = n.mc_register_cuda(self._h, buffer_addr, capacity)
+            if rc:
+                log.error("register_memory(%s): GPU memory: %s", loc, n.strerror(rc))
+            return rc
         if loc != WILDCARD_LOCATION and not loc.startswith("cpu"):
-            log.error("register_memory: location %r: device memory is not supported yet", loc)
+            log.error("register_memory: location %r: only host and CUDA memory are "
+                      "supported", loc)
             return -95
         rc = n.mc_register_memory(self._h, buffer_addr, capacity)
         return 0 if rc == -17 and self._inside_managed(buffer_addr, capacity) else rc

@@ -139,7 +139,9 @@ class ReplicateConfig:
     (evicted only when nothing else is), preferred_segment or a
     preferred_segments list of one ("host:port" of an agent; none: this
     node's agent, which is also what prefer_alloc_in_same_node asks),
-    ttl_ms (removed this long after the put; mooncaked's own). data_type
+    ttl_ms (removed this long after the put; mooncaked's own), tier ("dram",
+    the default, or "ssd": straight into this node's agent's SSD tier, one
+    replica; mooncaked's own). data_type
     is accepted and not stored. Refused with -22 (the put fails, the log
     says why) because mooncaked cannot do them: with_hard_pin (the master
     evicts every object under pressure), soft_pin_ttl_ms (a soft pin lasts
@@ -149,10 +151,11 @@ class ReplicateConfig:
 
     __slots__ = ("replica_num", "soft_pin_action", "soft_pin_ttl_ms", "with_hard_pin",
                  "preferred_segments", "preferred_segment", "prefer_alloc_in_same_node",
-                 "data_type", "nof_replica_num", "preferred_nof_segments", "host_id", "ttl_ms")
+                 "data_type", "nof_replica_num", "preferred_nof_segments", "host_id", "ttl_ms",
+                 "tier")
 
     def __init__(self, replica_num=1, with_soft_pin=False, preferred_segment="", ttl_ms=0,
-                 **kw):
+                 tier="dram", **kw):
         self.replica_num = replica_num
         self.soft_pin_action = SoftPinAction.ENABLE if with_soft_pin else SoftPinAction.PRESERVE
         self.soft_pin_ttl_ms = None
@@ -165,6 +168,7 @@ class ReplicateConfig:
         self.preferred_nof_segments = []
         self.host_id = ""
         self.ttl_ms = ttl_ms
+        self.tier = tier
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -178,10 +182,10 @@ class ReplicateConfig:
 
     def __repr__(self):
         return ("ReplicateConfig(replica_num=%s, soft_pin_action=%s, with_hard_pin=%s, "
-                "preferred_segment=%r, preferred_segments=%r, ttl_ms=%s)"
+                "preferred_segment=%r, preferred_segments=%r, ttl_ms=%s, tier=%r)"
                 % (self.replica_num, SoftPinAction(int(self.soft_pin_action)).name,
                    self.with_hard_pin, self.preferred_segment, self.preferred_segments,
-                   self.ttl_ms))
+                   self.ttl_ms, self.tier))
 
     __str__ = __repr__
 
@@ -220,6 +224,8 @@ def _put_opts(config, upsert=False):
         why = "host_id: placement by host id is not supported (use preferred_segment)"
     elif int(getattr(config, "replica_num", 1) or 1) < 0:
         why = "replica_num must not be negative"
+    elif str(getattr(config, "tier", "dram") or "dram").lower() not in ("dram", "ssd"):
+        why = "tier must be 'dram' or 'ssd'"
     if why:
         log.error("ReplicateConfig refused: %s", why)
         return None, INVALID_PARAMS
@@ -228,6 +234,7 @@ def _put_opts(config, upsert=False):
     o.ttl_ms = int(getattr(config, "ttl_ms", 0) or 0)
     seg = seg or (segs[0] if segs else "")
     o.preferred_segment = seg.encode() if seg else None
+    o.tier = 1 if str(getattr(config, "tier", "dram") or "dram").lower() == "ssd" else 0
     return o, 0
 
 
@@ -452,8 +459,10 @@ class MooncakeDistributedStore:
         protocol, rdma_devices, master_server_addr: it was configured
         with them) are accepted and not used. engine: a TransferEngine of
         this package (or its get_engine()) — both sessions reach the same
-        agent. Refused (-22, logged): enable_ssd_offload=True (no SSD
-        tier yet), a tenant_id other than "default" (no tenants)."""
+        agent. enable_ssd_offload=True asks that the agent has an SSD
+        tier (its --ssd-path, not ssd_offload_path, says where): refused
+        (-22, logged) when it has none, as is a tenant_id other than
+        "default" (no tenants)."""
         cfg = {}
         if isinstance(local_hostname, dict):
             cfg.update(local_hostname)
@@ -467,7 +476,8 @@ class MooncakeDistributedStore:
                        global_segment_size=global_segment_size,
                        local_buffer_size=local_buffer_size, protocol=protocol,
                        rdma_devices=rdma_devices, master_server_addr=master_server_addr,
-                       enable_ssd_offload=enable_ssd_offload, tenant_id=tenant_id,
+                       enable_ssd_offload=enable_ssd_offload,
+                       ssd_offload_path=ssd_offload_path, tenant_id=tenant_id,
                        enable_client_http_server=enable_client_http_server,
                        client_http_port=client_http_port)
         for k, v in kwargs.items():
@@ -478,9 +488,6 @@ class MooncakeDistributedStore:
         if engine is not None and not hasattr(engine, "_mooncake_engine"):
             raise TypeError("setup(): engine must be a mooncake.engine.TransferEngine, not %s"
                             % type(engine).__name__)
-        if cfg.get("enable_ssd_offload"):
-            log.error("setup: enable_ssd_offload: mooncaked has no SSD tier yet")
-            return INVALID_PARAMS
         tenant = str(cfg.get("tenant_id") or "default").strip() or "default"
         if tenant != "default":
             log.error("setup: tenant_id %r: mooncaked has one key space (tenant 'default')",
@@ -499,6 +506,16 @@ class MooncakeDistributedStore:
         rc = self._connect(cfg, stg)
         if rc:
             return rc
+        if cfg.get("enable_ssd_offload"):
+            st = self._stats()
+            if st is None or not st.ssd_segment:
+                log.error("setup: enable_ssd_offload: the agent on this node has no SSD "
+                          "tier (start it with --ssd-path and --ssd-size)")
+                self.close()
+                return INVALID_PARAMS
+            if cfg.get("ssd_offload_path"):
+                log.warning("setup: ssd_offload_path %r is not used: the agent's SSD tier "
+                            "(--ssd-path) holds what it demotes", cfg["ssd_offload_path"])
         offered = n.mc_segment_size(self._h)
         if seg > offered:
             log.warning("global_segment_size %d: the agent on this node contributes a "

@@ -1,5 +1,5 @@
 /*
- * agent: lifecycle, the DRAM segment and metrics. See agent.h.
+ * agent: lifecycle and the DRAM segment. See agent.h.
  *
  * Start: segment (memfd; huge pages and NUMA binding as configured;
  * pre-faulted on a copy thread so the first puts do not pay for page
@@ -21,6 +21,12 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "agent/demote.h"
+#include "agent/mirror.h"
+#include "agent/mlink.h"
+#include "agent/op.h"
+#include "agent/server.h"
+#include "agent/tier.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sysmem.h"
@@ -30,181 +36,8 @@
 
 #define LOG_SUBSYS LOGS_AGENT
 
-#define VIEW_RENEW_MIN_MS 100
-
-/* Names of request ops (Request.op field numbers 10..21) for metrics. */
-static const char *const op_names[] = {
-	"hello", "put", "get", "exist", "remove", "remove_all", "register_buffer",
-	"unregister_buffer", "alloc_buffer", "transfer", "stats", "release",
-};
-#define OP_FIRST MOONCAKE__CLIENT__REQUEST__OP_HELLO
-#define NOPS (sizeof(op_names) / sizeof(op_names[0]))
-
-static const char *op_name(int op)
-{
-	if (op >= OP_FIRST && op < OP_FIRST + (int)NOPS)
-		return op_names[op - OP_FIRST];
-	return "unknown";
-}
-
-/* ------------------------------------------------------------ metrics */
-
-void agent__count(struct agent *a, enum agent_counter c, uint64_t n)
-{
-	a->counters[c] += n;
-	metric_add(a->m_counters[c], n);
-}
-
-void agent__gauges(struct agent *a)
-{
-	metric_set(a->m_clients, (int64_t)a->nconns);
-	metric_set(a->m_buffers, (int64_t)a->nbuffers);
-	metric_set(a->m_views, (int64_t)a->nviews);
-	metric_set(a->m_staging, (int64_t)a->staging_in_use);
-	metric_set(a->m_inv, (int64_t)a->inv.n);
-	metric_set(a->m_view, (int64_t)a->view);
-	metric_set(a->m_mounted, a->mounted);
-}
-
-static struct metric *requests_counter(struct agent *a, const char *name, int err)
-{
-	return metrics_counter(a->metrics, "mooncake_agent_requests_total",
-			       "Client requests served, by operation and result "
-			       "(error: the request or one of its items failed; a "
-			       "get miss is not an error).",
-			       "op,result", (const char *[]){name, err ? "error" : "ok"});
-}
-
-void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns)
-{
-	const char *name = op_name(op);
-	int i = op - OP_FIRST;
-	if (i < 0 || (size_t)i >= NOPS) {
-		metric_inc(requests_counter(a, name, err));
-		return;
-	}
-	/* Looked up once per op and result: this runs for every request. */
-	struct metric **m = &a->m_op_requests[i][err != 0];
-	if (!*m)
-		*m = requests_counter(a, name, err);
-	metric_inc(*m);
-	if (!a->m_op_seconds[i])
-		a->m_op_seconds[i] = metrics_histogram(
-			a->metrics, "mooncake_agent_request_seconds",
-			"Time from a client request's arrival to its reply.", "op",
-			(const char *[]){name}, metrics_latency_buckets, metrics_latency_nbuckets);
-	metric_observe(a->m_op_seconds[i], (double)(mc_now_ns() - start_ns) / 1e9);
-}
-
-static void register_metrics(struct agent *a)
-{
-	struct metrics_registry *r = a->metrics;
-	metric_set(metrics_gauge(r, "mooncake_agent_segment_bytes",
-				 "DRAM this agent contributes to the pool.", NULL, NULL),
-		   (int64_t)a->seg->len);
-	metric_set(metrics_gauge(r, "mooncake_agent_segment_hugepages",
-				 "1 when the segment is backed by huge pages.", NULL, NULL),
-		   a->seg->hugepages);
-	metric_set(metrics_gauge(r, "mooncake_agent_local_buffer_bytes",
-				 "Staging buffer size of a client session "
-				 "(--local-buffer-size).",
-				 NULL, NULL),
-		   (int64_t)a->staging_bytes);
-	a->m_staging = metrics_gauge(r, "mooncake_agent_staging_bytes",
-				     "Staging buffer bytes held by open sessions.", NULL, NULL);
-	a->m_clients = metrics_gauge(r, "mooncake_agent_clients",
-				     "Open client sessions.", NULL, NULL);
-	a->m_buffers = metrics_gauge(r, "mooncake_agent_buffers",
-				     "Client buffers registered or allocated.", NULL, NULL);
-	a->m_views = metrics_gauge(r, "mooncake_agent_views",
-				   "Zero-copy views held by clients.", NULL, NULL);
-	a->m_inv = metrics_gauge(r, "mooncake_agent_inventory_objects",
-				 "Objects in this agent's segment as its mirror of the "
-				 "master's index knows them (re-reported after a master "
-				 "failover).", NULL, NULL);
-	a->m_view = metrics_gauge(r, "mooncake_agent_master_view",
-				  "View number of the master leader the segment is "
-				  "mounted with.", NULL, NULL);
-	a->m_rlease = metrics_gauge(r, "mooncake_agent_remote_lease_bytes",
-				    "Bytes of remote leases (space of other agents' "
-				    "segments for puts onto them) not taken by puts yet "
-				    "and still usable.", NULL, NULL);
-	a->m_lease = metrics_gauge(r, "mooncake_agent_put_lease_bytes",
-				   "Bytes of the put lease (--put-lease-size) not taken by "
-				   "puts yet.", NULL, NULL);
-	a->m_mounted = metrics_gauge(r, "mooncake_agent_segment_mounted",
-				     "1 while the segment is mounted with the master "
-				     "leader.", NULL, NULL);
-	a->m_counters[AGENT_C_PUTS] =
-		metrics_counter(r, "mooncake_agent_puts_total", "Objects stored.", NULL, NULL);
-	a->m_counters[AGENT_C_PUT_FAILS] = metrics_counter(
-		r, "mooncake_agent_put_failures_total",
-		"Puts that failed (exists, no space, transfer errors, ...).", NULL, NULL);
-	a->m_counters[AGENT_C_GETS] =
-		metrics_counter(r, "mooncake_agent_gets_total", "Objects asked for.", NULL, NULL);
-	a->m_counters[AGENT_C_LOCAL_HITS] = metrics_counter(
-		r, "mooncake_agent_get_hits_total",
-		"Gets served, by where the replica was.", "source", (const char *[]){"local"});
-	a->m_counters[AGENT_C_REMOTE_HITS] = metrics_counter(
-		r, "mooncake_agent_get_hits_total",
-		"Gets served, by where the replica was.", "source", (const char *[]){"remote"});
-	a->m_counters[AGENT_C_MISSES] = metrics_counter(
-		r, "mooncake_agent_get_misses_total", "Gets of objects not in the pool.", NULL,
-		NULL);
-	a->m_counters[AGENT_C_BYTES_WRITTEN] = metrics_counter(
-		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
-		(const char *[]){"written"});
-	a->m_counters[AGENT_C_LEASE_CACHE_HITS] = metrics_counter(
-		r, "mooncake_agent_lease_cache_hits_total",
-		"Gets of local replicas answered within a read lease the agent "
-		"already held, without asking the master.", NULL, NULL);
-	a->m_counters[AGENT_C_LEASE_RENEWALS] = metrics_counter(
-		r, "mooncake_agent_lease_renewals_total",
-		"Cached read leases renewed in the background by a get in the "
-		"second half of their window.", NULL, NULL);
-	a->m_counters[AGENT_C_BYTES_READ] = metrics_counter(
-		r, "mooncake_agent_bytes_total", "Object bytes moved for clients.", "direction",
-		(const char *[]){"read"});
-	a->m_counters[AGENT_C_MIRROR_EVENTS] = metrics_counter(
-		r, "mooncake_agent_mirror_events_total",
-		"Changes of this agent's segment applied to its mirror from the "
-		"master's log.", NULL, NULL);
-	a->m_counters[AGENT_C_MIRROR_LISTINGS] = metrics_counter(
-		r, "mooncake_agent_mirror_listings_total",
-		"Listings of the whole segment (the mirror fell behind the master's "
-		"log).", NULL, NULL);
-	const char *rs = "Objects of the mirror left out of a re-sync report, by reason.";
-	a->m_counters[AGENT_C_RESYNC_BAD] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"checksum"});
-	a->m_counters[AGENT_C_RESYNC_UNCHECKED] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"unchecked"});
-	a->m_counters[AGENT_C_RESYNC_CONFLICTS] = metrics_counter(
-		r, "mooncake_agent_resync_skipped_total", rs, "reason",
-		(const char *[]){"conflict"});
-	a->m_spin = metrics_histogram(
-		r, "mooncake_agent_busy_poll_seconds",
-		"Periods the loop polled without sleeping after requests and "
-		"replies (--busy-poll-us): CPU spent for latency.",
-		NULL, NULL, metrics_latency_buckets, metrics_latency_nbuckets);
-	a->m_counters[AGENT_C_LEASE_CACHE_STALE] = metrics_counter(
-		r, "mooncake_agent_lease_cache_stale_total",
-		"Cached replicas on other agents' segments whose bytes did not "
-		"match their checksum or could not be read: the get asked the "
-		"master instead.", NULL, NULL);
-	a->m_counters[AGENT_C_PUT_COMMITS] = metrics_counter(
-		r, "mooncake_agent_put_commits_total",
-		"Puts written into space the master leased to this agent and sealed "
-		"with one master call (BatchCommit).", NULL, NULL);
-	a->m_counters[AGENT_C_GET_BAD] = metrics_counter(
-		r, "mooncake_agent_get_checksum_failures_total",
-		"Verified gets whose bytes did not match the object's checksum.", NULL,
-		NULL);
-	agent__gauges(a);
-}
-
 static void pool_idle(void *ud);
+static void maybe_stopped(struct agent *a);
 
 /* ------------------------------------------------------------ segment */
 
@@ -235,7 +68,7 @@ static void prefault_done(struct agent_job *j)
 		 a->seg->len, (double)(mc_now_ns() - p->start_ns) / 1e6,
 		 p->err ? " (by touching pages)" : "");
 	free(p);
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
 }
 
 static int make_segment(struct agent *a, const struct agent_opts *o)
@@ -295,27 +128,6 @@ static int make_segment(struct agent *a, const struct agent_opts *o)
 
 /* ------------------------------------------------------------ start */
 
-static void on_view_timer(uv_timer_t *t)
-{
-	agent__renew_views(t->data);
-}
-
-static uint64_t renew_period(const struct agent *a)
-{
-	return MC_MAX(a->lease_ttl_ms / 3, (uint64_t)VIEW_RENEW_MIN_MS);
-}
-
-void agent__set_lease_ttl(struct agent *a, uint64_t ms)
-{
-	if (ms == a->lease_ttl_ms)
-		return;
-	a->lease_ttl_ms = ms;
-	/* Views must be renewed well within the lease: restart the timer
-	 * at once with the new period. */
-	if (!a->stopping)
-		uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
-}
-
 /* "HOST:PORT" of the agent's RPC listener, with the bound port. */
 static bool resolve_name(struct agent *a)
 {
@@ -357,7 +169,8 @@ static void start_mlink(struct agent *a)
 	log_info("agent %s: segment %zu bytes (%s pages%s), client staging buffers "
 		 "up to %" PRIu64 " bytes, socket %s%s",
 		 a->name, a->seg->len, a->seg->hugepages ? "2 MiB" : "4 KiB",
-		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes, a->socket_path,
+		 a->numa_node >= 0 ? ", NUMA-bound" : "", a->staging_bytes,
+		 agent__server_path(a),
 		 a->te ? "" : "; no transfer engine: only this segment is reachable");
 	int rc = agent__mlink_start(a);
 	if (rc)
@@ -396,12 +209,13 @@ static void te_ready_done(struct agent_job *j)
 	int err = t->err;
 	free(t);
 	if (a->stopping) {
-		agent__maybe_stopped(a);
+		maybe_stopped(a);
 		return;
 	}
 	if (err) {
 		log_error("segment %s: the transfer engine cannot serve it (%s); not "
-			  "mounting it", a->name, mc_strerror(err));
+			  "mounting it",
+			  a->name, mc_strerror(err));
 		return;
 	}
 	start_mlink(a);
@@ -416,6 +230,7 @@ static void on_start_timer(uv_timer_t *t)
 		uv_timer_start(t, on_start_timer, 20, 0);
 		return;
 	}
+	agent__tier_start(a);
 	if (a->te) {
 		struct te_ready_job *j = calloc(1, sizeof(*j));
 		if (!j) {
@@ -443,7 +258,9 @@ static char *dup_opt(const char *s)
 
 int agent_new(const struct agent_opts *o, struct agent **out)
 {
-	if (!o->loop || !o->socket_path || !*o->socket_path || !o->staging_bytes)
+	if (!o->loop || !o->socket_path || !*o->socket_path || !o->staging_bytes ||
+	    !o->max_sessions || !o->max_sessions_per_uid || !o->reply_buffer_bytes ||
+	    !o->max_fds || !o->max_buffers || !o->max_views)
 		return -EINVAL;
 	struct agent *a = calloc(1, sizeof(*a));
 	if (!a)
@@ -453,19 +270,22 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->metrics = o->metrics ? o->metrics : metrics_global();
 	a->te = o->te;
 	a->rpc = o->rpc;
-	a->listen_fd = -1;
 	a->seg_ro_fd = -1;
 	a->staging_bytes = o->staging_bytes;
 	a->numa_node = o->numa_node;
 	a->hugepages = o->hugepages;
-	a->lease_ttl_ms = 5000;
-	a->master_timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
-	a->lease_bytes = o->put_lease_bytes;
+	agent__gets_init(a, o->remote_cache_bytes, o->ssd_promote_on_hit);
+	agent__space_init(a, o->put_lease_bytes);
+	if (agent__insts_init(a, o->te ? o->engine_opts : NULL) != 0) {
+		free(a);
+		return -ENOMEM;
+	}
 	a->rpc_listen = dup_opt(o->rpc_listen);
-	a->master_fixed = dup_opt(o->master_address);
-	a->meta_endpoints = dup_opt(o->meta_endpoints);
-	a->cluster_id = strdup(o->cluster_id && *o->cluster_id ? o->cluster_id : "mooncake");
-	if (!a->cluster_id || (o->rpc_listen && *o->rpc_listen && !a->rpc_listen))
+	if (o->rpc_listen && *o->rpc_listen && !a->rpc_listen)
+		goto out_strings;
+	rc = agent__mlink_config(a, o->master_address, o->meta_endpoints, o->cluster_id,
+				 o->master_timeout_ms ? o->master_timeout_ms : 5000);
+	if (rc)
 		goto out_strings;
 	if (o->te && !(o->segment_name && *o->segment_name)) {
 		snprintf(a->name, sizeof(a->name), "%s", te_name(o->te));
@@ -480,9 +300,23 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	rc = agent__lcache_init(&a->lc, AGENT_LCACHE_ENTRIES);
 	if (rc)
 		goto out_inv;
+	struct agent_tier_opts to = {
+		.path = o->ssd_path,
+		.bytes = o->ssd_bytes,
+		.high_watermark = o->ssd_high_watermark,
+		.eviction_ratio = o->ssd_eviction_ratio,
+		.sync_interval_ms = o->ssd_sync_interval_ms,
+		.verify_on_start = o->ssd_verify_on_start,
+	};
+	rc = agent__tier_open(a, &to);
+	if (rc)
+		goto out_lc;
 	rc = make_segment(a, o);
 	if (rc)
-		goto out_inv;
+		goto out_tier;
+	rc = agent__peer_start(a, o->ssd_bounce_bytes);
+	if (rc)
+		goto out_seg;
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	unsigned threads = o->copy_threads ? o->copy_threads
 					   : (unsigned)MC_MIN(MC_MAX(cores, 1L), 8L);
@@ -491,17 +325,29 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		goto out_seg;
 	/* (A job whose done ends no request, e.g. the segment's prefault,
 	 * can be the last thing a stop waits for.) */
-	a->pool.on_idle = pool_idle;
-	a->pool.idle_ud = a;
-	rc = agent__server_start(a, o->socket_path);
+	agent__pool_on_idle(&a->pool, pool_idle, a);
+	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
+			  a->staging_bytes);
+	uint64_t ram = agent__ram_bytes(); /* 0: unknown */
+	struct agent_limits lim = {
+		.sessions = o->max_sessions,
+		.sessions_per_uid = o->max_sessions_per_uid,
+		.reply_bytes = o->reply_buffer_bytes,
+		.fds = o->max_fds,
+		.buffers = o->max_buffers,
+		.views = o->max_views,
+		.alloc_bytes = o->alloc_bytes ? o->alloc_bytes
+			       : ram          ? ram
+					      : UINT64_MAX,
+	};
+	rc = agent__server_start(a, o->socket_path, o->busy_poll_us * 1000, &lim,
+				 agent__dispatch, maybe_stopped);
 	if (rc) {
 		/* The copy threads' async handle must close before the agent
 		 * is freed: finish in its close callback. */
-		a->pool.async.data = a;
-		agent__pool_stop(&a->pool, on_abandoned);
+		agent__pool_stop(&a->pool, on_abandoned, a);
 		return rc;
 	}
-	register_metrics(a);
 	struct prefault_job *pf = calloc(1, sizeof(*pf));
 	if (pf) {
 		pf->a = a;
@@ -511,31 +357,34 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		agent__pool_submit(&a->pool, &pf->job);
 	}
 	uv_timer_init(a->loop, &a->start_timer);
-	uv_timer_init(a->loop, &a->view_timer);
-	uv_check_init(a->loop, &a->batch_check);
-	uv_idle_init(a->loop, &a->spin_idle);
-	a->batch_check.data = a->spin_idle.data = a;
-	a->spin_ns = o->busy_poll_us * 1000;
-	a->remote_cache_bytes = o->remote_cache_bytes;
-	a->start_timer.data = a->view_timer.data = a;
+	uv_timer_init(a->loop, &a->drain_timer);
+	agent__batch_init(a);
+	a->start_timer.data = a;
+	a->drain_timer.data = a;
+	agent__mirror_init(a);
+	agent__demote_init(a, o->ssd_flush_on_stop);
+	agent__peer_init(a, o->cluster_secret, o->cluster_secret_len);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
-	uv_timer_start(&a->view_timer, on_view_timer, renew_period(a), renew_period(a));
+	agent__gets_start(a);
 	*out = a;
 	return 0;
 
 out_seg:
+	agent__peer_free(a);
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
-out_inv:
+out_tier:
+	agent__tier_free(a);
+out_lc:
 	agent__lcache_free(&a->lc);
+out_inv:
 	agent__inv_free(&a->inv);
 out_strings:
+	agent__mlink_free(a);
+	agent__insts_free(a);
 	free(a->rpc_listen);
-	free(a->master_fixed);
-	free(a->meta_endpoints);
-	free(a->cluster_id);
 	free(a);
 	return rc;
 }
@@ -546,38 +395,54 @@ static void on_closed(uv_handle_t *h)
 {
 	struct agent *a = h->data;
 	a->closing--;
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
 }
 
 static void on_mlink_stopped(struct agent *a)
 {
 	a->mlink_stopped = true;
-	agent__maybe_stopped(a);
+	maybe_stopped(a);
+}
+
+/* The DRAM segment is written down into the SSD tier: unmount. */
+static void on_flushed(struct agent *a)
+{
+	agent__mlink_stop(a, on_mlink_stopped);
 }
 
 static void pool_idle(void *ud)
 {
 	agent__spin_touch(ud);
-	agent__maybe_stopped(ud);
+	maybe_stopped(ud);
 }
 
-void agent__maybe_stopped(struct agent *a)
+static void maybe_stopped(struct agent *a)
 {
 	if (!a->stopping || a->stopped)
 		return;
-	if (!a->mlink_stopped || a->conn_objs > 0 || a->pool.pending > 0)
+	/* Sessions' engines end with a job of the copy threads: the pool's
+	 * idle hook calls again after it. */
+	if (!a->mlink_stopped || !agent__server_idle(a) || agent__pool_pending(&a->pool) > 0 ||
+	    agent__demote_busy(a) || agent__tier_inflight(a) > 0 || agent__peer_busy(a) ||
+	    agent__insts_live(a) > 0)
 		return;
 	if (!a->handles_closed) {
 		a->handles_closed = true;
-		a->pool.async.data = a;
-		a->closing += 6;
-		uv_close((uv_handle_t *)&a->spin_idle, on_closed);
-		agent__pool_stop(&a->pool, on_closed);
-		agent__batch_flush(a);
-		uv_close((uv_handle_t *)&a->batch_check, on_closed);
+		/* Each closed handle owes one call of on_closed (none runs
+		 * before this returns). */
 		uv_close((uv_handle_t *)&a->start_timer, on_closed);
-		uv_close((uv_handle_t *)&a->view_timer, on_closed);
-		agent__mlink_close(a, on_closed);
+		uv_close((uv_handle_t *)&a->drain_timer, on_closed);
+		unsigned n = 2;
+		n += agent__server_close(a, on_closed);
+		n += agent__pool_stop(&a->pool, on_closed, a);
+		n += agent__batch_close(a, on_closed);
+		n += agent__gets_close(a, on_closed);
+		n += agent__mirror_close(a, on_closed);
+		n += agent__demote_close(a, on_closed);
+		n += agent__tier_close(a, on_closed);
+		n += agent__peer_close(a, on_closed);
+		n += agent__mlink_close(a, on_closed);
+		a->closing += n;
 		return;
 	}
 	if (a->closing > 0)
@@ -586,6 +451,29 @@ void agent__maybe_stopped(struct agent *a)
 	log_info("agent %s stopped", a->name);
 	if (a->on_stopped)
 		a->on_stopped(a->stop_ud);
+}
+
+static void on_drain_timer(uv_timer_t *t)
+{
+	struct agent *a = t->data;
+	if (a->on_drained && !a->stopping)
+		a->on_drained(a->drain_ud);
+}
+
+/* The server has nothing in flight or queued (perhaps inside one of its
+ * calls): tell the caller from the loop. */
+static void server_drained(struct agent *a)
+{
+	uv_timer_start(&a->drain_timer, on_drain_timer, 0, 0);
+}
+
+void agent_drain(struct agent *a, void (*on_drained)(void *ud), void *ud)
+{
+	if (a->stopping || a->on_drained)
+		return;
+	a->on_drained = on_drained;
+	a->drain_ud = ud;
+	agent__server_drain(a, server_drained);
 }
 
 void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
@@ -597,35 +485,38 @@ void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud)
 	a->on_stopped = on_stopped;
 	a->stop_ud = ud;
 	uv_timer_stop(&a->start_timer);
-	uv_timer_stop(&a->view_timer);
-	agent__server_stop(a);
+	uv_timer_stop(&a->drain_timer);
+	agent__gets_stop(a);
+	a->closing += agent__server_stop(a, on_closed);
 	agent__batch_flush(a);
 	/* on_stopped always comes from a close callback: never from inside
 	 * this call. */
-	agent__mlink_stop(a, on_mlink_stopped);
-	agent__maybe_stopped(a);
+	if (!agent__demote_flush(a, on_flushed))
+		agent__mlink_stop(a, on_mlink_stopped);
+	maybe_stopped(a);
 }
 
 void agent_free(struct agent *a)
 {
 	if (!a)
 		return;
+	agent__tier_free(a);
+	agent__demote_free(a);
+	agent__peer_free(a);
 	agent__mlink_free(a);
-	free(a->release);
+	agent__space_free(a);
 	agent__inv_free(&a->inv);
 	agent__lcache_free(&a->lc);
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
-	free(a->socket_path);
+	agent__server_free(a);
+	agent__insts_free(a);
 	free(a->rpc_listen);
-	free(a->master_fixed);
-	free(a->meta_endpoints);
-	free(a->cluster_id);
 	free(a);
 }
 
 const char *agent_socket_path(const struct agent *a)
 {
-	return a->socket_path;
+	return agent__server_path(a);
 }

@@ -29,6 +29,7 @@
 struct metrics_registry;
 struct rpc_server;
 struct te_engine;
+struct te_opts;
 struct agent;
 
 enum agent_hugepages {
@@ -46,23 +47,28 @@ struct agent_opts {
 	 * used (single-node setups), remote replicas fail with MC_EUNAVAILABLE.
 	 */
 	struct te_engine *te;
+	/* te's options, for the engines of sessions that want one of their
+	 * own (TransferEngine instances; copied, but the meta client and
+	 * metrics registry they name must outlive the agent); NULL: such
+	 * sessions are refused. */
+	const struct te_opts *engine_opts;
 	/*
 	 * The segment's name and the agent's id: unique in the cluster. NULL
 	 * or "": "HOST:PORT" of the first listener of rpc (the agent's
 	 * transfer-engine port), known once it listens.
 	 */
 	const char *segment_name;
-	struct rpc_server *rpc;          /* the agent's RPC server (borrowed) */
-	const char *rpc_listen;          /* its listen address */
-	uint64_t segment_bytes;          /* 0: min(1 GiB, RAM / 4) */
+	struct rpc_server *rpc; /* the agent's RPC server (borrowed) */
+	const char *rpc_listen; /* its listen address */
+	uint64_t segment_bytes; /* 0: min(1 GiB, RAM / 4) */
 	/* Start even when the segment does not fit (RAM, memory-lock limit
 	 * when RDMA pins it, free huge pages with AGENT_HUGEPAGES_ON). */
 	bool force_segment_size;
-	uint64_t staging_bytes;          /* staging buffer of a client session */
-	int numa_node;                   /* -1: no binding */
+	uint64_t staging_bytes; /* staging buffer of a client session */
+	int numa_node;          /* -1: no binding */
 	enum agent_hugepages hugepages;
-	const char *socket_path;         /* clients' Unix socket */
-	unsigned copy_threads;           /* 0: cores, at most 8 */
+	const char *socket_path; /* clients' Unix socket */
+	unsigned copy_threads;   /* 0: cores, at most 8 */
 	/* After a client request, a reply or the copy threads' last job, the
 	 * loop polls without sleeping for this long (0: never). */
 	uint64_t busy_poll_us;
@@ -70,19 +76,41 @@ struct agent_opts {
 	 * are answered from the lease cache, checked (0: never). */
 	uint64_t remote_cache_bytes;
 	/* Master discovery: a fixed address, else the leader key in meta. */
-	const char *master_address;      /* "" or NULL: use meta */
-	const char *meta_endpoints;      /* "" or NULL: no meta */
+	const char *master_address; /* "" or NULL: use meta */
+	const char *meta_endpoints; /* "" or NULL: no meta */
 	const char *cluster_id;
-	uint64_t master_timeout_ms;      /* per master call; 0: 5s */
+	uint64_t master_timeout_ms; /* per master call; 0: 5s */
 	/* Space of its segment the agent asks the master to lease it, for
 	 * puts sealed in one master call; 0: every put takes PutStart and
 	 * PutEnd. */
 	uint64_t put_lease_bytes;
+	/* The SSD tier (--ssd-*): its directory (NULL or "": none) and the
+	 * bytes it takes there; the watermark and eviction ratio the master
+	 * keeps it under; write the DRAM segment down at a stop; copy objects
+	 * read from it back to DRAM; check every object at start; least time
+	 * between syncs; memory other agents' reads of it go through. */
+	const char *ssd_path;
+	uint64_t ssd_bytes;
+	double ssd_high_watermark, ssd_eviction_ratio;
+	bool ssd_flush_on_stop, ssd_promote_on_hit, ssd_verify_on_start;
+	unsigned ssd_sync_interval_ms;
+	uint64_t ssd_bounce_bytes;
+	/* The cluster secret other agents prove when they ask for an object
+	 * of the SSD tier (copied); len 0: not checked (--insecure-transfer). */
+	const uint8_t *cluster_secret;
+	size_t cluster_secret_len;
+	/* What clients may hold (the --client-* keys; each must be > 0
+	 * except alloc_bytes, 0: the machine's RAM). */
+	unsigned max_sessions, max_sessions_per_uid;
+	uint64_t reply_buffer_bytes;     /* per session */
+	unsigned max_fds;                /* per session, beside its buffers' */
+	unsigned max_buffers, max_views; /* per session */
+	uint64_t alloc_bytes;            /* AllocBuffer memory, every session */
 };
 
 /* Copies up to this size run on the loop thread; a get's up to the
  * second one too when one session alone has sent requests for
- * AGENT_SOLO_NS (ops.c, solo_get), with a copy thread taking part. */
+ * AGENT_SOLO_NS (op_get.c, solo_get), with a copy thread taking part. */
 #define AGENT_INLINE_COPY_BYTES (64u * 1024)
 #define AGENT_INLINE_SOLO_COPY_BYTES (2u << 20)
 #define AGENT_SOLO_NS (2000000ull)
@@ -90,21 +118,38 @@ struct agent_opts {
 #define AGENT_PROTOCOL_VERSION 1u
 
 /*
- * Create the agent: map the segment, start the copy threads, listen on the
- * socket (mode 0660; a stale socket file is replaced, a live one refused),
- * and begin finding and mounting with the master. Errors (logged): -EINVAL
- * (options), -EADDRINUSE (another agent serves the socket), -ENOMEM or
- * another negative errno of memfd/mmap/socket/bind, MC_ECONFIG (huge pages
+ * Create the agent: open the SSD tier (recovering what it holds), map the
+ * segment, start the copy threads, listen on the socket (mode 0660; a
+ * stale socket file is replaced, a live one refused), and begin finding
+ * and mounting with the master. Errors (logged): -EINVAL (options),
+ * -EADDRINUSE (another agent serves the socket), -ENOMEM or another
+ * negative errno of memfd/mmap/socket/bind, MC_ECONFIG (huge pages
  * required but unavailable, NUMA node not present, the segment does not
- * fit the node's memory and force_segment_size is not set).
+ * fit the node's memory and force_segment_size is not set; the SSD tier's
+ * size, free space or files), MC_ELOCKED (another process has ssd_path),
+ * -EACCES (ssd_path cannot be written).
  */
 int agent_new(const struct agent_opts *opts, struct agent **out) MC_MUST_CHECK;
 
 /*
- * Stop: close the socket and every client session, unmount the segment
- * from the master (so its objects leave the index at once), stop the
- * heartbeats; on_stopped(ud) runs when done (from the loop, never from
- * inside this call).
+ * Drain, the first step of a graceful stop: take no new client sessions
+ * (the socket file goes), answer requests that come from now on with
+ * MC_ESHUTDOWN, and run on_drained(ud) once every request in flight has
+ * been answered and its reply written (or its session closed) — from the
+ * loop, never from inside this call. Nothing else stops: the segment
+ * stays mounted and the master reachable, so requests in flight finish.
+ * agent_stop may follow at any time (before on_drained: the requests
+ * left are cut short).
+ */
+void agent_drain(struct agent *a, void (*on_drained)(void *ud), void *ud);
+
+/*
+ * Stop: close the socket and every client session, write the DRAM
+ * segment's objects into the SSD tier when ssd_flush_on_stop, unmount the
+ * segments from the master (so their objects leave the index at once),
+ * stop the heartbeats; on_stopped(ud) runs when done (from the loop,
+ * never from inside this call). An unfinished drain's on_drained never
+ * runs.
  */
 void agent_stop(struct agent *a, void (*on_stopped)(void *ud), void *ud);
 

@@ -1,26 +1,79 @@
 /*
- * agent_int: what the agent's files share.
+ * agent_int: struct agent, and the map of the agent's rooms.
  *
- *   agent.c    lifecycle, options, metrics, the segment
- *   mem.c      memfds (huge pages, NUMA, seals), mappings, client memfd
- *              checks
- *   pool.c     copy threads: jobs run off the loop, completions back on it
- *   server.c   the Unix socket: sessions, frames, descriptors, replies
- *   req.c      request validation (pure: also the fuzz target's entry)
- *   ops.c      the operations: put, get, exist, remove, buffers, transfer
- *   mlink.c    the master: discovery (fixed or meta leader key), mount,
- *              heartbeats, re-sync with inventory, calls with redirects
- *   mirror.c   the segment mirror: following the master's log of the
- *              segment's changes (SyncSegment), listing it when behind,
- *              and checking bytes against checksums before a re-sync
- *   space.c    the put lease: space of the segment the master delegated,
- *              for puts sealed with one call (BatchCommit)
- *   inv.c      the mirror's table: every COMPLETE object in this agent's
- *              segment, whoever wrote it (pure)
+ * Each file has one job and, when it keeps state, a struct of its own
+ * in its header (named after the file), embedded in struct agent below
+ * and touched only by that file; the others call its functions. What
+ * struct agent holds directly is the frame every file may read (loop,
+ * name, segment, options, stopping), written only by agent.c.
+ *
+ *   agent.c      lifecycle: start, stop, the DRAM segment; sets the hooks
+ *   ops.c        which operation serves a request; hello, exist, remove,
+ *                remove_all, stats, release (op.h, as the op_* files)
+ *   op_put.c     put: leased space or PutStart, copies, commit or PutEnd
+ *   op_get.c     get, and read leases (cached replicas, zero-copy views)
+ *   op_buf.c     client buffers (register, unregister, alloc), transfers,
+ *                sessions' own engines, segment probes
+ *   op_common.c  the operations' shared steps
+ *   server.c     the Unix socket: sessions, frames, descriptors, replies,
+ *                busy poll
+ *   mlink.c      the master link: discovery, mount, heartbeats, re-sync
+ *   demote.c     the SSD tier's moves: the master's orders from the SSD
+ *                segment's log (demotions, deletions), TierCommit, the
+ *                flush at a stop
+ *   peer.c       reads of SSD tiers between agents: the Tier service, the
+ *                bounce region, the calls to other agents
+ *   mirror.c     the segment mirror: following the master's log of this
+ *                segment (the follower serves the SSD segment's too),
+ *                listings, checking bytes before a re-sync
+ *   space.c      put leases: own segment's and other agents' space
+ *   batch.c      master calls of concurrent requests, coalesced
+ *   mcall.c      calls to the master leader: redirects, parked calls
+ *   stats.c      counters, gauges, request metrics
+ *   xfer.c       reads and writes of other segments (transfer engine)
+ *   mem.c        memfds, mappings, checks of client memfds and memory
+ *   inst.c       transfer engines of sessions' own (TransferEngine
+ *                instances)
+ *   pool.c       copy threads: jobs off the loop, completions back on it
+ *   tier.c       the SSD tier's store: open, recovery, reads, writes
+ *   inv.c        the inventory: objects in this segment (pure)
+ *   lcache.c     the lease cache: replicas under a read lease (pure)
+ *   req.c        request validation (pure: also the fuzz target's entry)
+ *
+ * Calls between the files (a file -> the files it calls). Calls go down
+ * this list only, so there is no circle; news goes up through hooks the
+ * caller sets (the server's on_request and on_gone, mcall's on_leader,
+ * the pool's on_idle, mlink's done, a log follower's hooks, the tier's
+ * on_lost). test_agent_rooms.py checks this
+ * list against the objects and the embedded structs against their use.
+ *
+ *   agent.c     -> batch demote inst inv lcache mem mirror mlink op_get ops
+ *                  peer pool server space stats tier
+ *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
+ *                  op_common op_get op_put req server stats tier
+ *   op_put.c    -> batch demote inv lcache mcall mlink op_common pool req
+ *                  server space stats tier xfer
+ *   op_get.c    -> batch lcache mcall mem mlink op_common peer pool req
+ *                  server space stats tier xfer
+ *   op_buf.c    -> inst mem op_common pool server stats xfer
+ *   op_common.c -> inst mem pool server stats xfer
+ *   server.c    -> inst mem pool req stats
+ *   mlink.c     -> demote inv lcache mcall mirror pool space stats tier
+ *   demote.c    -> inv mcall mirror pool stats tier xfer
+ *   peer.c      -> mcall mem stats tier
+ *   mirror.c    -> inv mcall stats
+ *   space.c     -> mcall stats
+ *   batch.c     -> mcall
+ *   xfer.c      -> pool
+ *   mem.c       -> inst pool
+ *   inst.c      -> pool
+ *   mcall.c, stats.c, pool.c, tier.c, inv.c, lcache.c, req.c -> nothing
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
  * touch only the memory their job owns (mappings hold references taken
- * on the loop before the job is queued and dropped after it completes).
+ * on the loop before the job is queued and dropped after it completes),
+ * and the SSD store's own threads (src/ssd), whose completions come back
+ * to the loop through tier.c.
  */
 #ifndef MC_AGENT_AGENT_INT_H
 #define MC_AGENT_AGENT_INT_H
@@ -34,699 +87,65 @@
 #include <uv.h>
 
 #include "agent/agent.h"
-#include "client.pb-c.h"
-#include "common/uframe.h"
-#include "master.pb-c.h"
-
-struct rpc_client;
-struct etcd_client;
-struct etcd_watch;
-struct metric;
-
-#define AGENT_MAX_KEY_BYTES 4096u
-#define AGENT_MAX_ITEMS 65536u        /* per request */
-#define AGENT_MAX_INFLIGHT 256u       /* requests per session */
-#define AGENT_MAX_BUFFERS 4096u       /* per session */
-#define AGENT_MAX_VIEWS 65536u        /* per session */
-#define AGENT_MAX_REPLICAS 16u
-#define AGENT_SPILL_ALIGN 64u
-#define AGENT_INVENTORY_BATCH 1000u   /* items per inventory heartbeat */
-#define AGENT_LEASE_EXTENTS 4u        /* put lease extents held at once */
-#define AGENT_LEASE_IDLE_MS 10000u    /* an unused put lease goes back */
-#define AGENT_LEASE_RETRY_MS 100u     /* after a LeaseSpace granting none */
-#define AGENT_RLEASES 4u              /* other agents' segments leased at once */
-
-/* ------------------------------------------------------------ mem.c */
-
-/* A shared mapping of a memfd, reference-counted on the loop thread. */
-struct agent_map {
-	unsigned refs;
-	int fd;            /* the memfd (owned) */
-	uint8_t *addr;     /* mapping of [map_off, map_off + len) */
-	size_t len;
-	bool hugepages;
-	struct agent *a;
-	struct te_region *region; /* registered with the engine, or NULL */
-};
-
-struct agent_memfd_opts {
-	const char *name;
-	size_t len;
-	enum agent_hugepages hugepages;
-	int numa_node;     /* -1: none */
-	bool populate;
-};
-
-/*
- * A new memfd of len bytes, sealed against shrinking and growing, mapped
- * read-write, with one reference. Huge pages: AUTO tries them and falls
- * back (*used_huge tells), ON fails with MC_ECONFIG. Errors: negative
- * errno of memfd_create/ftruncate/mmap, MC_ECONFIG (NUMA or huge pages).
- */
-int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
-		     struct agent_map **out) MC_MUST_CHECK;
-
-/*
- * Check and map a client's memfd: it must be a memfd (sealable, with
- * F_SEAL_SHRINK), owned by uid (unless uid is 0), open read-write, and
- * at least off + len bytes long. Maps [off rounded down to a page,
- * off + len) shared. On success *out holds one reference and *base the
- * address of byte off. Takes ownership of fd on success only. Errors:
- * -EBADF (not a memfd), -EPERM (another user's), -EACCES (not writable),
- * -EINVAL (not sealed against shrinking, range, size), negative errno of
- * mmap.
- */
-int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off,
-			 uint64_t len, struct agent_map **out,
-			 uint8_t **base) MC_MUST_CHECK;
-
-void agent__map_ref(struct agent_map *m);
-/* Drop a reference; the last one unregisters, unmaps and closes. */
-void agent__map_unref(struct agent_map *m);
-
-/* min(1 GiB, physical RAM / 4), rounded down to 2 MiB. */
-uint64_t agent__default_segment_bytes(void);
-
-/* ------------------------------------------------------------ pool.c */
-
-struct agent_job {
-	struct agent_job *next;
-	void (*run)(struct agent_job *j);  /* on a copy thread */
-	void (*done)(struct agent_job *j); /* on the loop thread */
-	bool threaded;                     /* given to the copy threads */
-};
-
-struct agent_pool {
-	pthread_t *threads;
-	unsigned nthreads;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	struct agent_job *head, *tail;      /* queued */
-	struct agent_job *done_head, *done_tail;
-	bool quit;
-	uv_async_t async;
-	unsigned pending;                   /* queued or running (loop) */
-	unsigned threaded;                  /* of them, the copy threads' */
-	/* Optional: threaded (and maybe pending) fell to 0 in a round of
-	 * completions. */
-	void (*on_idle)(void *ud);
-	void *idle_ud;
-	bool started, closing;
-};
-
-int agent__pool_start(struct agent_pool *p, uv_loop_t *loop,
-		      unsigned nthreads) MC_MUST_CHECK;
-/* Queue a job; done runs later on the loop thread. */
-void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
-/* A job whose work runs elsewhere (its run unused): counted as pending
- * from agent__pool_begin (loop thread) until agent__pool_complete (any
- * thread, once) has its done run on the loop thread. */
-void agent__pool_begin(struct agent_pool *p, struct agent_job *j);
-void agent__pool_complete(struct agent_pool *p, struct agent_job *j);
-/* On the loop thread: a begun job's work is over already; run its done
- * now (no wake-up through the pool). */
-void agent__pool_done_now(struct agent_pool *p, struct agent_job *j);
-/* On the loop thread: memcpy with a copy thread's help — both take
- * 64 KiB chunks until none is left, so a helper that starts late finds
- * less to do (never slower than alone, up to twice as fast); returns when
- * every byte is copied. The helper's job is detached: it is not pending
- * and its end wakes no one (a late helper finds nothing left and frees
- * the copy's state if it is the last out). Small copies, or no memory:
- * plain memcpy. */
-void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len);
-/* Join the threads (every job must have completed) and close the async
- * handle (on_closed runs from the loop). */
-void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed);
-
-/* ------------------------------------------------------------ inv.c */
-
-/* What the mirror knows of one object in the segment. */
-struct agent_inv_rec {
-	uint64_t offset, size;
-	uint32_t crc;
-	bool has_crc;   /* crc is the value's CRC-32C */
-	bool soft_pin;
-};
-
-struct agent_inv_entry {
-	struct agent_inv_entry *next; /* hash chain */
-	struct agent_inv_rec rec;
-	uint64_t seq;                 /* order of the last change here */
-	unsigned epoch;               /* the listing that last touched it */
-	uint16_t klen;
-	uint8_t key[];
-};
-
-struct agent_inv {
-	struct agent_inv_entry **tab;
-	size_t nbuckets, n;
-	uint64_t seq;
-	unsigned epoch;               /* the listing in progress (or last) */
-};
-
-int agent__inv_init(struct agent_inv *v) MC_MUST_CHECK;
-void agent__inv_free(struct agent_inv *v);
-/* Record (or replace) the object key at rec's place. Errors: -EINVAL
- * (key length), -ENOMEM. */
-int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
-		   const struct agent_inv_rec *rec) MC_MUST_CHECK;
-/* Forget the object key (wherever it is). */
-void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen);
-/* Forget the object key only if it is at offset (a change for another
- * placement of the key is not about this entry). Returns true if it was. */
-bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen,
-		       uint64_t offset);
-void agent__inv_clear(struct agent_inv *v);
-/*
- * Listings. A listing of the segment runs while the mirror keeps
- * following the log; every change (agent__inv_add/_del*) marks what it
- * touches with the current epoch. agent__inv_listing_start begins a new
- * epoch; the listing's items are added like changes; at its end
- * agent__inv_listing_end forgets every entry the epoch did not touch
- * (neither listed nor changed since the listing began: it was gone
- * before its page was read). Returns how many went.
- */
-void agent__inv_listing_start(struct agent_inv *v);
-size_t agent__inv_listing_end(struct agent_inv *v);
-/*
- * A snapshot for a re-sync: copies of the entries sorted by offset,
- * where of two that overlap only the newer is kept (the older one's
- * space was reused; its bytes are gone). The dropped ones are deleted
- * from the inventory. *out is a malloc'd array of malloc'd copies (free
- * each, then the array). Errors: -ENOMEM.
- */
-int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
-			size_t *n) MC_MUST_CHECK;
-
-/* ------------------------------------------------------------ sessions */
-
-struct agent_buf {
-	uint64_t id;
-	struct agent_map *map;
-	uint8_t *base;
-	uint64_t len;
-	uint64_t address; /* published to the engine at this address, or 0 */
-};
-
-struct agent_view {
-	uint64_t id;
-	uint64_t offset, size;
-	uint16_t klen;
-	uint8_t *key; /* owned */
-};
-
-struct agent_out {
-	struct agent_out *next;
-	uint8_t *data;    /* header + body (owned) */
-	size_t len, sent;
-	int fds[2];
-	unsigned nfds;
-	bool own_fd[2];   /* close after sending */
-};
-
-struct agent_conn {
-	struct agent *a;
-	struct agent_conn *prev, *next;
-	int fd;
-	uv_poll_t poll;
-	int poll_events;
-	struct mc_uframe_rx rx;
-	struct agent_out *out_head, *out_tail;
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	char name[96];
-	bool hello;
-	bool closed;       /* no more I/O; freed when refs reach 0 */
-	bool poll_closed;
-	unsigned refs;     /* 1 while open + 1 per request in flight */
-	unsigned inflight;
-	struct agent_map *staging;
-	uint8_t *staging_base;
-	uint64_t staging_len;
-	struct agent_buf *bufs;
-	size_t nbufs, bufs_cap;
-	uint64_t next_buf_id;
-	struct agent_view *views;
-	size_t nviews, views_cap;
-	uint64_t next_view_id;
-	bool segment_fd_sent;
-};
-
-/* ------------------------------------------------------------ requests */
-
-struct agent_rep {
-	bool local;
-	uint64_t offset;   /* in its segment */
-	uint64_t address;  /* remote address */
-	char *segment;     /* name (owned) */
-};
-
-struct agent_item {
-	const uint8_t *key;   /* borrowed from the request message */
-	size_t klen;
-	int err;
-	uint8_t *ptr;         /* client memory: source or destination */
-	uint64_t len;         /* source length, or destination capacity */
-	bool has_dest;
-	bool zero_copy;
-	uint64_t size;        /* object size (gets) */
-	uint32_t crc;         /* the value's CRC-32C: computed (puts), known (gets) */
-	bool has_crc;
-	bool leased;          /* put into leased space: sealed by BatchCommit */
-	unsigned lease_gen;
-	bool rleased;         /* ... of another agent's segment (reps[0]) */
-	uint64_t rlease_epoch;
-	struct agent_rep *reps;
-	unsigned nrep;
-	/* get of a cached replica on another segment: its bytes, read and
-	 * then checked before use (owned) */
-	bool probing;
-	uint8_t *scratch;
-	/* get results */
-	int where;            /* Mooncake__Client__GetResult__Where */
-	uint64_t offset;
-	uint64_t view;
-	/* transfer */
-	bool write;
-	const char *target;
-	uint64_t remote;
-};
-
-struct agent_req {
-	struct agent_conn *c;
-	struct agent *a;
-	uint64_t id;
-	Mooncake__Client__Request *msg;  /* owned */
-	int fds[MC_UFRAME_MAX_FDS];      /* attached, owned until used */
-	unsigned nfds;
-	struct agent_map **maps;         /* references held (distinct) */
-	unsigned nmaps, maps_cap;
-	struct agent_item *items;
-	size_t n;
-	int op;                          /* Request op case */
-	uint64_t start_ns;
-	uint64_t sent_ms;                /* when the master call went out */
-	struct agent_job job;
-	struct agent_xfer *xfer;         /* remote pieces started from the loop */
-	bool solo;                       /* copying on the loop, alone (solo_get) */
-	bool upsert_retry;
-	/* get */
-	struct agent_map *spill;         /* attached to the reply */
-	bool send_segment_fd;
-	/* remove_all */
-	uint64_t removed, skipped;
-	/* the master request in flight (one malloc'd block, freed with the
-	 * request) */
-	void *mstate;
-	void *mstate2;                   /* a second one (BatchCommit) */
-	unsigned mcalls;                 /* master calls the request waits for */
-	/* attached descriptors mapped as regions */
-	struct agent_map *att[MC_UFRAME_MAX_FDS];
-	uint8_t *att_base[MC_UFRAME_MAX_FDS];
-	uint64_t att_len[MC_UFRAME_MAX_FDS];
-};
-
-typedef void (*agent_mcall_cb)(void *ud, int err, const char *message,
-			       const ProtobufCMessage *resp);
-
-/* ------------------------------------------------------------ lcache.c */
-
-struct agent_lentry {
-	struct agent_lentry *next;
-	uint64_t size, until_ms;
-	uint64_t refresh_ms;    /* a hit from here on renews the lease */
-	bool refreshing;        /* a renewal is on its way */
-	uint32_t crc;           /* with has_crc: the value's CRC-32C */
-	bool has_crc;
-	struct agent_rep rep;   /* segment owned */
-	uint16_t klen;
-	uint8_t key[];
-};
-
-struct agent_lcache {
-	struct agent_lentry **tab;
-	size_t nbuckets, n, capacity;
-	uint64_t hits;
-};
-
-#define AGENT_LCACHE_ENTRIES 65536u
-/* A get's cached replicas on other segments are read and checked on the
- * loop up to this many bytes in all; beyond, the master is asked. */
-#define AGENT_PROBE_MAX_BYTES (1u << 20)
-
-int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
-void agent__lcache_free(struct agent_lcache *lc);
-void agent__lcache_clear(struct agent_lcache *lc);
-/* The entry for key while now is inside its window (borrowed until the
- * next change), else NULL. *renew: set when this hit falls in the second
- * half of the window and no renewal is on its way (the caller renews the
- * lease with agent__lcache_extend, or lets the entry expire). */
-const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint8_t *key,
-					     size_t klen, uint64_t now_ms, bool *renew);
-/* The entry for key, expired or not (borrowed until the next change). */
-const struct agent_lentry *agent__lcache_peek(struct agent_lcache *lc, const uint8_t *key,
-					      size_t klen);
-/* A renewal of key's lease came back: the entry's window now ends at
- * until_ms when its replica is still (offset, size) in its segment; any
- * other answer drops the entry. */
-void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t klen,
-			  uint64_t offset, uint64_t size, uint64_t until_ms, uint64_t now_ms);
-/* Remember rep (copied) for key until until_ms, with the value's
- * checksum (crc NULL: none); best effort. */
-void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
-		       uint64_t size, const uint32_t *crc, const struct agent_rep *rep,
-		       uint64_t until_ms, uint64_t now_ms);
-void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen);
-
-/* ------------------------------------------------------------ batch.c */
-
-enum agent_bkind {
-	AGENT_B_PUT_START,  /* BatchPutStartRequest */
-	AGENT_B_PUT_END,    /* BatchKeysRequest */
-	AGENT_B_GET,        /* BatchKeysRequest -> BatchGetReplicas */
-	AGENT_B_EXIST,      /* BatchKeysRequest */
-	AGENT_B_COMMIT,     /* BatchCommitRequest (one segment and epoch per call) */
-	AGENT_B_COUNT
-};
-
-struct agent_bwait;
-
-struct agent_bqueue {
-	struct agent_bwait *head, *tail;
-	size_t nitems;
-	unsigned nwaits;
-};
-
-/* Like agent__mcall of the kind's batch method, coalesced with the other
- * requests of this loop iteration (see batch.c). */
-void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,
-		  agent_mcall_cb cb, void *ud);
-/* Send every queue now. */
-void agent__batch_flush(struct agent *a);
-
-/* ------------------------------------------------------------ agent */
-
-enum agent_counter {
-	AGENT_C_PUTS,
-	AGENT_C_PUT_FAILS,
-	AGENT_C_GETS,
-	AGENT_C_LOCAL_HITS,
-	AGENT_C_REMOTE_HITS,
-	AGENT_C_MISSES,
-	AGENT_C_BYTES_WRITTEN,
-	AGENT_C_BYTES_READ,
-	AGENT_C_LEASE_CACHE_HITS,
-	AGENT_C_LEASE_RENEWALS,    /* cached read leases renewed ahead */
-	AGENT_C_MIRROR_EVENTS,
-	AGENT_C_MIRROR_LISTINGS,
-	AGENT_C_RESYNC_BAD,        /* bytes did not match the checksum */
-	AGENT_C_RESYNC_UNCHECKED,  /* no checksum to check against */
-	AGENT_C_RESYNC_CONFLICTS,  /* skipped by the master */
-	AGENT_C_GET_BAD,           /* gets whose bytes failed the check */
-	AGENT_C_PUT_COMMITS,       /* puts sealed with one call (BatchCommit) */
-	AGENT_C_LEASE_CACHE_STALE, /* cached remote replicas that failed the check */
-	AGENT_C_COUNT
-};
-
-struct agent_mcall;
-
-/* [off, end) of the segment. */
-struct agent_extent {
-	uint64_t off, end;
-};
+#include "agent/batch.h"
+#include "agent/demote.h"
+#include "agent/inst.h"
+#include "agent/inv.h"
+#include "agent/lcache.h"
+#include "agent/mcall.h"
+#include "agent/mem.h"
+#include "agent/mirror.h"
+#include "agent/mlink.h"
+#include "agent/op.h"
+#include "agent/peer.h"
+#include "agent/pool.h"
+#include "agent/server.h"
+#include "agent/space.h"
+#include "agent/stats.h"
+#include "agent/tier.h"
 
 struct agent {
+	/* The frame (agent.c's; every file may read it). */
 	uv_loop_t *loop;
 	struct metrics_registry *metrics;
 	struct te_engine *te;
 	struct rpc_server *rpc;
 	char *rpc_listen;
-	char name[128];               /* segment name = agent id */
+	char name[128]; /* segment name = agent id */
 	bool named;
 	uint64_t staging_bytes;
 	int numa_node;
 	enum agent_hugepages hugepages;
-	uint64_t master_timeout_ms;
 	struct agent_map *seg;        /* the DRAM segment */
 	struct te_region *seg_region; /* it, registered with the engine */
 	int seg_ro_fd;                /* read-only descriptor of it */
-	struct agent_pool pool;
-	struct agent_inv inv;
-	struct agent_lcache lc;
-	uv_check_t batch_check;
-	/* busy poll (server.c): the loop polls without sleeping until
-	 * spin_until_ns, set spin_ns after each request and reply */
-	uv_idle_t spin_idle;
-	uint64_t spin_ns, spin_until_ns, spin_start_ns;
-	/* --remote-lease-cache-size: replicas on other agents' segments are
-	 * cached for values up to this size, read and checked against their
-	 * checksum before a get uses them (ops.c, get_probe) */
-	uint64_t remote_cache_bytes;
-	struct metric *m_spin;        /* histogram of polling periods */
-	struct agent_bqueue bq[AGENT_B_COUNT];
 	bool stopping, stopped;
-	atomic_bool stop_flag;        /* stopping, for the copy threads */
+	atomic_bool stop_flag; /* stopping, for the copy threads */
 	bool mlink_stopped, handles_closed;
-	unsigned conn_objs;           /* sessions not yet freed */
 	void (*on_stopped)(void *ud);
 	void *stop_ud;
-	unsigned closing;             /* handles whose close callback is owed */
+	unsigned closing; /* handles whose close callback is owed */
 	uv_timer_t start_timer;
-	/* socket server (server.c) */
-	char *socket_path;
-	int listen_fd;
-	uv_poll_t listen_poll;
-	bool listen_open;
-	struct agent_conn *conns;
-	unsigned nconns;
-	unsigned reqs;                /* requests in flight, every session */
-	/* The session of the last request and when requests began to come
-	 * from it alone (a get copies inline when it is the only one). */
-	const struct agent_conn *last_conn; /* compared, never followed */
-	uint64_t solo_since_ns;
-	uint64_t staging_in_use;
-	/* zero-copy views: lease renewal */
-	uv_timer_t view_timer;
-	bool view_renew_busy;
-	uint64_t lease_ttl_ms;
-	/* master link (mlink.c) */
-	char *master_fixed;           /* --master-address, or NULL */
-	char *meta_endpoints, *cluster_id, *leader_key;
-	struct etcd_client *etcd;
-	struct etcd_watch *watch;
-	bool leader_range_busy;
-	char master_addr[128];        /* the master calls go to ("" none) */
-	struct rpc_client *mc;
-	uint64_t view;                /* the leader's view we mounted in */
-	uint64_t master_view_seen;
-	bool ever_mounted;
-	bool mounted;
-	bool mount_busy, hb_busy;
-	bool need_resync;
-	struct agent_inv_entry **resync_items;
-	size_t resync_n, resync_pos;
-	uint64_t resync_reported, resync_bad;
-	unsigned resync_gen;          /* bumped when a re-sync is dropped */
-	/* segment mirror (mirror.c) */
-	bool mirror_on, mirror_busy;
-	unsigned mirror_gen;          /* bumped per mount: older answers dropped */
-	uint64_t mirror_seq;          /* the log is applied up to here */
-	bool listing, listing_busy;
-	uint64_t list_cursor;
-	uv_timer_t mirror_timer;
-	uint64_t mirror_retry_ms;
-	bool mirror_oom_told;
-	/* put lease (space.c) */
-	uint64_t lease_bytes;         /* --put-lease-size; 0: no lease */
-	struct agent_extent lease[AGENT_LEASE_EXTENTS];
-	unsigned nlease;
-	struct agent_extent *release; /* to give back with the next call */
-	size_t nrelease, release_cap;
-	bool lease_ready, lease_busy, lease_idle;
-	bool lease_denied;            /* none granted at lease_denied_ms */
-	uint64_t lease_denied_ms;
-	uint64_t lease_epoch;         /* the master's, from the mount */
-	unsigned lease_gen;           /* bumped at every mount */
-	uint64_t lease_takes;         /* puts of this generation copying */
-	uint64_t lease_takes_old;     /* puts of earlier ones still copying */
-	bool mount_held;              /* until lease_takes_old is 0 */
-	uint64_t lease_used_ms;
-	/* remote leases (space.c): space of other agents' segments */
-	struct agent_rlease {
-		char seg[128];        /* "" : free slot */
-		struct agent_rextent {
-			uint64_t epoch, base; /* the segment's, from the grant */
-			uint64_t off, end;    /* room left */
-			uint64_t until_ms;    /* taken from until then */
-		} cur, next;          /* next: granted ahead, used when cur is */
-		uint64_t used_ms, denied_ms;
-		bool busy;            /* a LeaseSpace call in flight */
-	} rl[AGENT_RLEASES];
-	uint64_t hb_interval_ms;
-	uv_timer_t hb_timer;
-	uv_timer_t retry_timer;
-	uint64_t retry_ms;
-	bool unmount_busy;
-	Mooncake__Master__HeartbeatRequest *hb_req;
-	Mooncake__Master__UnmountSegmentRequest *unmount_req;
-	uint64_t leader_retry_ms, leader_retry_at;
-	void (*mlink_done)(struct agent *a);
-	struct agent_mcall *mcalls;   /* calls in flight */
-	/* counters and metrics */
-	uint64_t counters[AGENT_C_COUNT];
-	struct metric *m_counters[AGENT_C_COUNT];
-	struct metric *m_ops_ok, *m_ops_err;
-	struct metric *m_rlease; /* remote leases' room */
-	struct metric *m_clients, *m_buffers, *m_views, *m_staging, *m_inv, *m_lease,
-		*m_view, *m_mounted;
-	struct metric *m_op_seconds[32];
-	struct metric *m_op_requests[32][2]; /* by op: ok, error */
-	uint64_t nbuffers, nviews;
+	uv_timer_t drain_timer; /* tells on_drained from the loop */
+	void (*on_drained)(void *ud);
+	void *drain_ud;
+	/* The rooms: each touched only by the file named (the others pass
+	 * a pool, inventory, lease cache or statistics to its functions). */
+	struct agent_pool pool;     /* pool.c */
+	struct agent_inv inv;       /* inv.c */
+	struct agent_lcache lc;     /* lcache.c */
+	struct agent_stats stats;   /* stats.c */
+	struct agent_mcalls mcalls; /* mcall.c */
+	struct agent_batch batch;   /* batch.c */
+	struct agent_space space;   /* space.c */
+	struct agent_mirror mirror; /* mirror.c */
+	struct agent_mlink mlink;   /* mlink.c */
+	struct agent_server server; /* server.c */
+	struct agent_gets gets;     /* op_get.c */
+	struct agent_tier tier;     /* tier.c */
+	struct agent_demote demote; /* demote.c */
+	struct agent_peer peer;     /* peer.c */
+	struct agent_insts insts;   /* inst.c */
 };
-
-/* agent.c */
-void agent__count(struct agent *a, enum agent_counter c, uint64_t n);
-void agent__gauges(struct agent *a);
-void agent__op_done(struct agent *a, int op, int err, uint64_t start_ns);
-void agent__maybe_stopped(struct agent *a);
-void agent__spin_touch(struct agent *a);
-/* The master's read lease TTL, learned from its replies. */
-void agent__set_lease_ttl(struct agent *a, uint64_t ms);
-
-/* server.c */
-int agent__server_start(struct agent *a, const char *path) MC_MUST_CHECK;
-void agent__server_stop(struct agent *a);
-/* Queue a response on a session (dropped if it closed). The descriptors
- * in fds are sent with it; those with own set are closed afterwards.
- * Frees nothing of resp. */
-void agent__reply(struct agent_req *r, Mooncake__Client__Response *resp,
-		  const int *fds, const bool *own, unsigned nfds);
-/* Reply with only an error code and message. */
-void agent__reply_error(struct agent_req *r, int err, const char *message);
-/* Finish a request: release its maps, descriptors and message, drop the
- * session reference. */
-void agent__req_free(struct agent_req *r);
-void agent__conn_unref(struct agent_conn *c);
-/* Every view held by every session, for lease renewal. */
-void agent__views_foreach(struct agent *a,
-			  void (*fn)(void *ud, const struct agent_view *v),
-			  void *ud);
-
-/* req.c */
-/*
- * Check a decoded request against the protocol's limits before anything
- * is done with it: the op is known, nfds is within bounds, item counts,
- * key lengths (per item: -EINVAL marks the item), region kinds and
- * fd_index values. Returns 0, or the error to reply with (-EINVAL,
- * -EOPNOTSUPP for an unknown op, MC_EPROTOCOL for hello out of place);
- * *why names the problem. Pure.
- */
-int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
-		     const char **why) MC_MUST_CHECK;
-/* Is a key acceptable (1..AGENT_MAX_KEY_BYTES)? */
-bool agent__key_ok(const ProtobufCBinaryData *k);
-
-/* xfer.c: remote reads and writes through the transfer engine, on a
- * copy thread. add() records a piece (its error goes to *err, which must
- * stay valid until finish; an item already failed is skipped); start()
- * submits them all; finish() waits and frees. Without an engine every
- * piece fails with MC_EUNAVAILABLE. */
-struct agent_xfer;
-struct agent_xfer *agent__xfer_new(void);
-void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment,
-		     bool write, void *local, uint64_t remote, size_t len, int *err);
-void agent__xfer_start(struct agent *a, struct agent_xfer *x);
-void agent__xfer_finish(struct agent *a, struct agent_xfer *x);
-/* The same from the loop thread, without a copy thread: an xfer from
- * agent__xfer_new_loop takes only segments the engine has open already
- * (agent__xfer_missed says one was not: drop it with finish, nothing was
- * sent, and go the copy-thread way); agent__xfer_start_loop submits and
- * has j's done run on the loop when every piece is over (counted as a
- * pending job of the pool), where finish returns at once — or returns
- * true when every piece is over already (copied by the loop itself): the
- * caller then finishes j with agent__pool_done_now when it is ready. */
-struct agent_xfer *agent__xfer_new_loop(void);
-bool agent__xfer_missed(const struct agent_xfer *x);
-/* Let agent__xfer_start_loop copy up to bytes of same-host pieces on the
- * loop itself (te_submit_inline): for a request alone, see solo_get. */
-void agent__xfer_inline(struct agent_xfer *x, size_t bytes);
-bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_job *j);
-
-/* ops.c */
-void agent__dispatch(struct agent_req *r);
-void agent__renew_views(struct agent *a);
-
-/* mirror.c */
-void agent__mirror_init(struct agent *a);
-/* Follow the segment's log after seq (a mount's mirror_seq); an earlier
- * loop is abandoned. */
-void agent__mirror_start(struct agent *a, uint64_t seq);
-/* Stop following (the master link moved, or stopping). */
-void agent__mirror_stop(struct agent *a);
-void agent__mirror_close(struct agent *a, uv_close_cb cb);
-enum agent_verify { AGENT_VERIFY_OK = 0, AGENT_VERIFY_BAD, AGENT_VERIFY_UNCHECKED };
-/* Check the bytes of n entries against their checksums (a copy thread):
- * verdict[i] is enum agent_verify. */
-void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items, size_t n,
-			  uint8_t *verdict);
-
-/* space.c */
-/* Take space for a value of size bytes from the put lease: *off, and the
- * generation to hand back to agent__lease_put_done. false: no lease, or
- * not enough room (more is asked for; use PutStart meanwhile). */
-bool agent__lease_take(struct agent *a, uint64_t size, uint64_t *off, unsigned *gen);
-/* The put that took [off, size) finished copying; committing: it goes on
- * to BatchCommit, else the space is given back. */
-void agent__lease_put_done(struct agent *a, uint64_t off, uint64_t size, unsigned gen,
-			   bool committing);
-/* Bytes of the lease not taken yet. */
-uint64_t agent__lease_room(const struct agent *a);
-/* Space for a value of size bytes in another agent's segment seg, from a
- * remote lease: its offset there, the segment's lease epoch to commit
- * with and its base address. false: none (a LeaseSpace call may have
- * gone out for the next put). */
-struct agent_rtake {
-	uint64_t off, epoch, base;
-};
-bool agent__rlease_take(struct agent *a, const char *seg, uint64_t size,
-			struct agent_rtake *t);
-/* A commit into seg's remote lease was refused for its space (not for its
- * key): forget the lease. */
-void agent__rlease_drop(struct agent *a, const char *seg);
-/* A mount begins: the lease is gone. */
-void agent__lease_reset(struct agent *a);
-/* Mounted (and re-synced) in lease epoch: ask for a lease. */
-void agent__lease_start(struct agent *a, uint64_t epoch);
-/* Ask for more space and give back what waits (when due). */
-void agent__lease_sync(struct agent *a);
-/* From the heartbeat timer: an idle lease goes back. */
-void agent__lease_tick(struct agent *a);
-
-/* mlink.c */
-void agent__mlink_init(struct agent *a);
-int agent__mlink_start(struct agent *a) MC_MUST_CHECK;
-/* Mount the segment (again) with the leader in use, unless a mount is
- * under way already. */
-void agent__mlink_mount(struct agent *a);
-/* Unmount (best effort, bounded) then done(a). */
-void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a));
-void agent__mlink_free(struct agent *a);
-/* Close the link's last handle (after agent__mlink_stop finished). */
-void agent__mlink_close(struct agent *a, uv_close_cb on_closed);
-
-/*
- * Call method ("PutStart") of mooncake.master.Master on the leader. req
- * must stay valid until cb runs (it is sent again after a redirect). cb
- * runs exactly once, never from inside this call, with err 0 and resp
- * (borrowed), or the error: the code of the master's grpc-message,
- * MC_EUNAVAILABLE (no master known, or unreachable), MC_ETIMEDOUT.
- */
-void agent__mcall(struct agent *a, const char *method,
-		  const ProtobufCMessage *req,
-		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
-		  void *ud);
-/* The error code a master call failed with, from status and message. */
-int agent__master_err(int status, const char *message);
 
 #endif

@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/batch.h"
+#include "agent/mcall.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -38,11 +40,15 @@ static const char *const methods[AGENT_B_COUNT] = {
 static const ProtobufCMessageDescriptor *resp_desc(enum agent_bkind k)
 {
 	switch (k) {
-	case AGENT_B_PUT_START: return &mooncake__master__batch_put_start_response__descriptor;
+	case AGENT_B_PUT_START:
+		return &mooncake__master__batch_put_start_response__descriptor;
 	case AGENT_B_PUT_END:
-	case AGENT_B_COMMIT: return &mooncake__master__batch_errors_response__descriptor;
-	case AGENT_B_GET: return &mooncake__master__batch_get_replicas_response__descriptor;
-	default: return &mooncake__master__batch_exist_response__descriptor;
+	case AGENT_B_COMMIT:
+		return &mooncake__master__batch_errors_response__descriptor;
+	case AGENT_B_GET:
+		return &mooncake__master__batch_get_replicas_response__descriptor;
+	default:
+		return &mooncake__master__batch_exist_response__descriptor;
 	}
 }
 
@@ -81,7 +87,7 @@ struct combined {
 		Mooncake__Master__BatchKeysRequest keys;
 		Mooncake__Master__BatchCommitRequest commit;
 	} req;
-	void *array; /* the concatenated items or keys */
+	void *array;    /* the concatenated items or keys */
 	uint32_t *crcs; /* BatchPutEnd: the concatenated checksums */
 };
 
@@ -108,16 +114,19 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 		switch (cb->kind) {
 		case AGENT_B_PUT_START: {
 			const Mooncake__Master__BatchPutStartResponse *r = (const void *)m;
-			Mooncake__Master__BatchPutStartResponse s = MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
+			Mooncake__Master__BatchPutStartResponse s =
+				MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
 			s.results = off < r->n_results ? r->results + off : NULL;
-			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off) : 0;
+			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off)
+							 : 0;
 			w->cb(w->ud, 0, NULL, &s.base);
 			break;
 		}
 		case AGENT_B_PUT_END:
 		case AGENT_B_COMMIT: {
 			const Mooncake__Master__BatchErrorsResponse *r = (const void *)m;
-			Mooncake__Master__BatchErrorsResponse s = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+			Mooncake__Master__BatchErrorsResponse s =
+				MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 			s.errors = off < r->n_errors ? r->errors + off : NULL;
 			s.n_errors = off < r->n_errors ? MC_MIN(w->n, r->n_errors - off) : 0;
 			w->cb(w->ud, 0, NULL, &s.base);
@@ -128,14 +137,16 @@ static void on_combined(void *ud, int err, const char *message, const ProtobufCM
 			Mooncake__Master__BatchGetReplicasResponse s =
 				MOONCAKE__MASTER__BATCH_GET_REPLICAS_RESPONSE__INIT;
 			s.results = off < r->n_results ? r->results + off : NULL;
-			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off) : 0;
+			s.n_results = off < r->n_results ? MC_MIN(w->n, r->n_results - off)
+							 : 0;
 			s.lease_ttl_ms = r->lease_ttl_ms;
 			w->cb(w->ud, 0, NULL, &s.base);
 			break;
 		}
 		default: {
 			const Mooncake__Master__BatchExistResponse *r = (const void *)m;
-			Mooncake__Master__BatchExistResponse s = MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
+			Mooncake__Master__BatchExistResponse s =
+				MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
 			s.errors = off < r->n_errors ? r->errors + off : NULL;
 			s.n_errors = off < r->n_errors ? MC_MIN(w->n, r->n_errors - off) : 0;
 			s.exists = off < r->n_exists ? r->exists + off : NULL;
@@ -164,7 +175,7 @@ static bool crcs_alike(const struct agent_bwait *waits)
 
 static void send_queue(struct agent *a, enum agent_bkind k)
 {
-	struct agent_bqueue *q = &a->bq[k];
+	struct agent_bqueue *q = &a->batch.q[k];
 	struct agent_bwait *waits = q->head;
 	size_t n = q->nitems;
 	q->head = q->tail = NULL;
@@ -184,14 +195,16 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 	bool with_crcs = k == AGENT_B_PUT_END &&
 			 ((const Mooncake__Master__BatchKeysRequest *)waits->req)->n_crc32c;
 	uint32_t *crcs = with_crcs && arr ? malloc(n * sizeof(*crcs)) : NULL;
-	if (!cb || !arr || (with_crcs && !crcs) || (k == AGENT_B_PUT_END && !crcs_alike(waits))) {
+	if (!cb || !arr || (with_crcs && !crcs) ||
+	    (k == AGENT_B_PUT_END && !crcs_alike(waits))) {
 		/* Out of memory, or requests unlike: each on its own. */
 		free(crcs);
 		free(arr);
 		free(cb);
 		while (waits) {
 			struct agent_bwait *next = waits->next;
-			agent__mcall(a, methods[k], waits->req, resp_desc(k), waits->cb, waits->ud);
+			agent__mcall(a, methods[k], waits->req, resp_desc(k), waits->cb,
+				     waits->ud);
 			free(waits);
 			waits = next;
 		}
@@ -232,7 +245,8 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		cb->req.commit.lease_epoch = first->lease_epoch;
 		cb->req.commit.items = arr;
 		cb->req.commit.n_items = n;
-		agent__mcall(a, methods[k], &cb->req.commit.base, resp_desc(k), on_combined, cb);
+		agent__mcall(a, methods[k], &cb->req.commit.base, resp_desc(k), on_combined,
+			     cb);
 	} else {
 		mooncake__master__batch_keys_request__init(&cb->req.keys);
 		cb->req.keys.keys = arr;
@@ -249,19 +263,32 @@ void agent__batch_flush(struct agent *a)
 {
 	for (int k = 0; k < AGENT_B_COUNT; k++)
 		send_queue(a, (enum agent_bkind)k);
-	uv_check_stop(&a->batch_check);
+	uv_check_stop(&a->batch.check);
 }
 
 static void on_check(uv_check_t *h)
 {
-	agent__batch_flush(MC_CONTAINER_OF(h, struct agent, batch_check));
+	agent__batch_flush(h->data);
+}
+
+void agent__batch_init(struct agent *a)
+{
+	uv_check_init(a->loop, &a->batch.check);
+	a->batch.check.data = a;
+}
+
+unsigned agent__batch_close(struct agent *a, uv_close_cb on_closed)
+{
+	agent__batch_flush(a);
+	uv_close((uv_handle_t *)&a->batch.check, on_closed);
+	return 1;
 }
 
 void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *req,
 		  agent_mcall_cb cb, void *ud)
 {
 	size_t n = items_of(k, req);
-	struct agent_bqueue *q = &a->bq[k];
+	struct agent_bqueue *q = &a->batch.q[k];
 	struct agent_bwait *w = calloc(1, sizeof(*w));
 	if (!w || a->stopping || n == 0) {
 		free(w);
@@ -282,6 +309,6 @@ void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *r
 	q->tail = w;
 	q->nitems += n;
 	q->nwaits++;
-	if (!uv_is_active((uv_handle_t *)&a->batch_check))
-		uv_check_start(&a->batch_check, on_check);
+	if (!uv_is_active((uv_handle_t *)&a->batch.check))
+		uv_check_start(&a->batch.check, on_check);
 }

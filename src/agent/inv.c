@@ -15,7 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/inv.h"
+#include "agent/req.h"
 #include "common/util.h"
 
 #define INITIAL_BUCKETS 1024u
@@ -28,6 +29,11 @@ int agent__inv_init(struct agent_inv *v)
 		return -ENOMEM;
 	v->nbuckets = INITIAL_BUCKETS;
 	return 0;
+}
+
+size_t agent__inv_count(const struct agent_inv *v)
+{
+	return v->n;
 }
 
 void agent__inv_clear(struct agent_inv *v)
@@ -53,8 +59,7 @@ void agent__inv_free(struct agent_inv *v)
 	v->tab = NULL;
 }
 
-static struct agent_inv_entry **find(struct agent_inv *v, const uint8_t *key,
-				     size_t klen)
+static struct agent_inv_entry **find(struct agent_inv *v, const uint8_t *key, size_t klen)
 {
 	size_t b = mc_hash64(key, klen) & (v->nbuckets - 1);
 	struct agent_inv_entry **pp = &v->tab[b];
@@ -122,8 +127,7 @@ void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen)
 	v->n--;
 }
 
-bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen,
-		       uint64_t offset)
+bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen, uint64_t offset)
 {
 	if (!v->tab || klen == 0)
 		return false;
@@ -181,8 +185,7 @@ static bool overlap(const struct agent_inv_entry *a, const struct agent_inv_entr
 	return x->offset < y->offset + y->size && y->offset < x->offset + x->size;
 }
 
-int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out,
-			size_t *n)
+int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out, size_t *n)
 {
 	struct agent_inv_entry **arr = malloc((v->n ? v->n : 1) * sizeof(*arr));
 	if (!arr)

@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/lcache.h"
 #include "common/util.h"
 
 #define BUCKETS 16384u
@@ -175,9 +175,9 @@ static void sweep(struct agent_lcache *lc, uint64_t now_ms)
 	}
 }
 
-void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
-		       uint64_t size, const uint32_t *crc, const struct agent_rep *rep,
-		       uint64_t until_ms, uint64_t now_ms)
+void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen, uint64_t size,
+		       const uint32_t *crc, const struct agent_rep *rep, uint64_t until_ms,
+		       uint64_t now_ms)
 {
 	if (!lc->tab || lc->capacity == 0 || until_ms <= now_ms)
 		return;

@@ -4,16 +4,22 @@
  * buffers made for clients and spill areas of large gets. Memfds are
  * sealed against shrinking (a mapping of a file that shrinks faults with
  * SIGBUS on the pages past the end — the agent would die), and the agent
- * maps client memfds only after checking they carry that seal.
+ * maps client memfds only after checking they carry that seal. A
+ * client's ordinary memory, which no memfd backs, is reached by
+ * cross-memory attach instead (the transfer engine does the copies): mem
+ * checks that the client's process lets the agent in and that the range
+ * is mapped readable and writable there.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <numa.h>
 #include <numaif.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "agent/agent_int.h"
@@ -32,11 +38,15 @@ static size_t page_size(void)
 	return p > 0 ? (size_t)p : 4096;
 }
 
-uint64_t agent__default_segment_bytes(void)
+uint64_t agent__ram_bytes(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES);
-	uint64_t ram = pages > 0 ? (uint64_t)pages * page_size() : 0;
-	return mc_default_segment_bytes(ram);
+	return pages > 0 ? (uint64_t)pages * page_size() : 0;
+}
+
+uint64_t agent__default_segment_bytes(void)
+{
+	return mc_default_segment_bytes(agent__ram_bytes());
 }
 
 static int bind_numa(void *addr, size_t len, int node)
@@ -62,8 +72,8 @@ static int bind_numa(void *addr, size_t len, int node)
 }
 
 /* One attempt: huge pages or not. Returns 0 or a negative errno. */
-static int memfd_try(const char *name, size_t len, bool huge, int *fd_out,
-		     void **addr_out, size_t *len_out)
+static int memfd_try(const char *name, size_t len, bool huge, int *fd_out, void **addr_out,
+		     size_t *len_out)
 {
 	unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
 	if (huge) {
@@ -99,8 +109,7 @@ out_close:
 	return rc;
 }
 
-int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
-		     struct agent_map **out)
+int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o, struct agent_map **out)
 {
 	struct agent_map *m = calloc(1, sizeof(*m));
 	if (!m)
@@ -125,8 +134,8 @@ int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o,
 	if (!huge) {
 		rc = memfd_try(o->name, o->len, false, &fd, &addr, &len);
 		if (rc) {
-			log_error("%s: cannot create %zu bytes of shared memory: %s",
-				  o->name, o->len, strerror(-rc));
+			log_error("%s: cannot create %zu bytes of shared memory: %s", o->name,
+				  o->len, strerror(-rc));
 			goto out_free;
 		}
 	}
@@ -152,8 +161,8 @@ out_free:
 	return rc;
 }
 
-int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off,
-			 uint64_t len, struct agent_map **out, uint8_t **base)
+int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off, uint64_t len,
+			 struct agent_map **out, uint8_t **base)
 {
 	struct stat st;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
@@ -210,6 +219,7 @@ static void free_map(struct agent_map *m)
 struct unmap_job {
 	struct agent_job job;
 	struct agent_map *m;
+	struct agent_inst *inst; /* the engine's: dropped after */
 };
 
 static void unmap_run(struct agent_job *j)
@@ -223,17 +233,20 @@ static void unmap_run(struct agent_job *j)
 
 static void unmap_done(struct agent_job *j)
 {
-	free(MC_CONTAINER_OF(j, struct unmap_job, job));
+	struct unmap_job *u = MC_CONTAINER_OF(j, struct unmap_job, job);
+	agent__inst_unref(u->inst);
+	free(u);
 }
 
 void agent__map_unref(struct agent_map *m)
 {
 	if (!m || --m->refs > 0)
 		return;
-	if (m->region && m->a && m->a->pool.started) {
+	if (m->region && m->a && agent__pool_started(&m->a->pool)) {
 		struct unmap_job *u = calloc(1, sizeof(*u));
 		if (u) {
 			u->m = m;
+			u->inst = m->inst;
 			u->job.run = unmap_run;
 			u->job.done = unmap_done;
 			agent__pool_submit(&m->a->pool, &u->job);
@@ -248,5 +261,115 @@ void agent__map_unref(struct agent_map *m)
 			  "engine; its memory stays mapped until exit");
 		return;
 	}
+	agent__inst_unref(m->inst);
 	free_map(m);
+}
+
+/* ------------------------------------------------------------ process memory */
+
+int agent__map_unmapped(struct agent *a, uint64_t len, struct agent_map **out)
+{
+	struct agent_map *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->refs = 1;
+	m->fd = -1;
+	m->len = (size_t)len;
+	m->a = a;
+	*out = m;
+	return 0;
+}
+
+int agent__maps_cover(const char *maps, uint64_t addr, uint64_t len)
+{
+	uint64_t cur = addr, end = addr + len;
+	if (len == 0 || end < addr)
+		return -EFAULT;
+	for (const char *p = maps; p && *p && cur < end;) {
+		char *q;
+		uint64_t lo = strtoull(p, &q, 16);
+		uint64_t hi = *q == '-' ? strtoull(q + 1, &q, 16) : 0;
+		bool rw = *q == ' ' && q[1] == 'r' && q[2] == 'w';
+		if (hi <= lo)
+			return -EFAULT; /* not a maps line */
+		if (lo > cur)
+			return -EFAULT; /* a hole (lines come sorted) */
+		if (hi > cur) {
+			if (!rw)
+				return -EFAULT;
+			cur = hi;
+		}
+		p = strchr(p, '\n');
+		if (p)
+			p++;
+	}
+	return cur >= end ? 0 : -EFAULT;
+}
+
+/* /proc/<pid>/maps, NUL-terminated, malloc'd; NULL with errno. */
+static char *read_maps(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	size_t cap = 0, n = 0;
+	char *buf = NULL;
+	int err;
+	for (;;) {
+		if (cap - n < 4096) {
+			size_t ncap = cap ? cap * 2 : 64 << 10;
+			char *b = realloc(buf, ncap);
+			if (!b) {
+				err = ENOMEM;
+				break;
+			}
+			buf = b;
+			cap = ncap;
+		}
+		ssize_t got = read(fd, buf + n, cap - n - 1);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			err = errno;
+			break;
+		}
+		if (got == 0) {
+			buf[n] = '\0';
+			close(fd);
+			return buf;
+		}
+		n += (size_t)got;
+	}
+	free(buf);
+	close(fd);
+	errno = err;
+	return NULL;
+}
+
+/* Read one byte at addr of pid: 0 or a negative errno. */
+static int probe(pid_t pid, uint64_t addr)
+{
+	uint8_t b;
+	struct iovec l = {.iov_base = &b, .iov_len = 1};
+	struct iovec r = {.iov_base = (void *)(uintptr_t)addr, .iov_len = 1};
+	return process_vm_readv(pid, &l, 1, &r, 1, 0) == 1 ? 0 : -errno;
+}
+
+int agent__check_process(pid_t pid, uint64_t addr, uint64_t len)
+{
+	int rc = probe(pid, addr);
+	if (rc == 0 && len > 1)
+		rc = probe(pid, addr + len - 1);
+	if (rc)
+		return rc == -ESRCH ? -ESRCH : rc == -EFAULT ? -EFAULT : -EPERM;
+	char *maps = read_maps(pid);
+	if (!maps)
+		return errno == ENOENT || errno == ESRCH ? -ESRCH
+		       : errno == ENOMEM                 ? -ENOMEM
+							 : -EPERM;
+	rc = agent__maps_cover(maps, addr, len);
+	free(maps);
+	return rc;
 }

@@ -24,6 +24,9 @@
  * order it made them, on one connection: a page comes after every change
  * older than it and before every newer one.
  *
+ * The follower (agent_follow) is the same for any segment: the SSD tier's
+ * moves follow the SSD segment's log with it, through hooks of their own.
+ *
  * Checking. Before a re-sync reports an entry, a copy thread checks the
  * bytes at its place against its checksum (agent__mirror_verify); entries
  * that fail (their space was reused for something this mirror never
@@ -35,9 +38,10 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/mcall.h"
+#include "agent/mirror.h"
 #include "common/crc32c.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -49,7 +53,7 @@
 #define LIST_PAGE_ITEMS 4096u
 
 struct mblock {
-	struct agent *a;
+	struct agent_follow *f;
 	unsigned gen;
 	union {
 		Mooncake__Master__SyncSegmentRequest sync;
@@ -57,127 +61,102 @@ struct mblock {
 	} req;
 };
 
-static void sync_send(struct agent *a);
-static void list_send(struct agent *a);
+static void sync_send(struct agent_follow *f);
+static void list_send(struct agent_follow *f);
 
 static void on_retry(uv_timer_t *t)
 {
-	struct agent *a = t->data;
-	if (a->stopping || !a->mirror_on)
+	struct agent_follow *f = t->data;
+	if (f->a->stopping || !f->on)
 		return;
-	sync_send(a);
-	if (a->listing)
-		list_send(a);
+	sync_send(f);
+	if (f->listing)
+		list_send(f);
 }
 
-static void retry_later(struct agent *a)
+static void retry_later(struct agent_follow *f)
 {
-	if (a->stopping || uv_is_active((uv_handle_t *)&a->mirror_timer))
+	if (f->a->stopping || uv_is_active((uv_handle_t *)&f->timer))
 		return;
-	a->mirror_retry_ms = a->mirror_retry_ms ? MC_MIN(a->mirror_retry_ms * 2, RETRY_MAX_MS)
-						: RETRY_MIN_MS;
-	uv_timer_start(&a->mirror_timer, on_retry, a->mirror_retry_ms, 0);
+	f->retry_ms = f->retry_ms ? MC_MIN(f->retry_ms * 2, RETRY_MAX_MS) : RETRY_MIN_MS;
+	uv_timer_start(&f->timer, on_retry, f->retry_ms, 0);
 }
 
-static struct mblock *mblock(struct agent *a)
+static struct mblock *mblock(struct agent_follow *f)
 {
 	struct mblock *b = calloc(1, sizeof(*b));
 	if (b) {
-		b->a = a;
-		b->gen = a->mirror_gen;
+		b->f = f;
+		b->gen = f->gen;
 	}
 	return b;
 }
 
-/* ------------------------------------------------------------ changes */
-
-static void apply(struct agent *a, const Mooncake__Master__MirrorEvent *e)
-{
-	if (e->op == MOONCAKE__MASTER__MIRROR_EVENT__OP__DEL) {
-		agent__inv_del_at(&a->inv, e->key.data, e->key.len, e->offset);
-		return;
-	}
-	struct agent_inv_rec rec = {
-		.offset = e->offset,
-		.size = e->size,
-		.crc = e->crc32c,
-		.has_crc = e->checksummed,
-		.soft_pin = e->soft_pin,
-	};
-	if (agent__inv_add(&a->inv, e->key.data, e->key.len, &rec) != 0 &&
-	    !a->mirror_oom_told) {
-		a->mirror_oom_told = true;
-		log_error("segment mirror: out of memory; some objects will not be "
-			  "re-reported after a master failover");
-	}
-}
-
 /* ------------------------------------------------------------ listing */
 
-static void list_begin(struct agent *a)
+static void list_begin(struct agent_follow *f)
 {
-	a->listing = true;
-	a->list_cursor = 0;
-	agent__inv_listing_start(&a->inv);
-	agent__count(a, AGENT_C_MIRROR_LISTINGS, 1);
+	f->listing = true;
+	f->list_cursor = 0;
+	f->h->list_start(f->a);
+	agent__count(&f->a->stats, AGENT_C_MIRROR_LISTINGS, 1);
 	log_warn("segment mirror: behind the master's log of segment %s; listing "
-		 "the whole segment", a->name);
-	list_send(a);
+		 "the whole segment",
+		 f->segment);
+	list_send(f);
 }
 
 static void on_listed(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct mblock *b = ud;
-	struct agent *a = b->a;
+	struct agent_follow *f = b->f;
 	unsigned gen = b->gen;
 	uint64_t cursor = b->req.list.cursor;
 	free(b);
-	if (gen != a->mirror_gen || a->stopping)
+	if (gen != f->gen || f->a->stopping)
 		return;
-	a->listing_busy = false;
-	if (!a->listing)
+	f->listing_busy = false;
+	if (!f->listing)
 		return;
 	if (err) {
-		log_warn("segment mirror: listing segment %s: %s; retrying", a->name,
+		log_warn("segment mirror: listing segment %s: %s; retrying", f->segment,
 			 message ? message : mc_strerror(err));
-		retry_later(a);
+		retry_later(f);
 		return;
 	}
-	if (cursor != a->list_cursor) {
-		list_send(a); /* restarted meanwhile: from its first page */
+	if (cursor != f->list_cursor) {
+		list_send(f); /* restarted meanwhile: from its first page */
 		return;
 	}
 	const Mooncake__Master__ListSegmentResponse *r = (const void *)m;
 	for (size_t i = 0; i < r->n_items; i++)
-		apply(a, r->items[i]);
+		f->h->apply(f->a, r->items[i], true);
 	if (!r->done) {
-		a->list_cursor = r->next_cursor;
-		list_send(a);
+		f->list_cursor = r->next_cursor;
+		list_send(f);
 		return;
 	}
-	a->listing = false;
-	size_t gone = agent__inv_listing_end(&a->inv);
-	agent__gauges(a);
-	log_info("segment mirror: segment %s listed: %zu objects, %zu forgotten", a->name,
-		 a->inv.n, gone);
+	f->listing = false;
+	size_t gone = f->h->list_end(f->a);
+	log_info("segment mirror: segment %s listed: %zu forgotten", f->segment, gone);
 }
 
-static void list_send(struct agent *a)
+static void list_send(struct agent_follow *f)
 {
-	if (a->listing_busy || !a->listing || a->stopping)
+	if (f->listing_busy || !f->listing || f->a->stopping)
 		return;
-	struct mblock *b = mblock(a);
+	struct mblock *b = mblock(f);
 	if (!b) {
-		retry_later(a);
+		retry_later(f);
 		return;
 	}
 	mooncake__master__list_segment_request__init(&b->req.list);
-	b->req.list.agent_id = a->name;
-	b->req.list.segment = a->name;
-	b->req.list.cursor = a->list_cursor;
+	b->req.list.agent_id = f->a->name;
+	b->req.list.segment = (char *)f->segment;
+	b->req.list.cursor = f->list_cursor;
 	b->req.list.limit = LIST_PAGE_ITEMS;
-	a->listing_busy = true;
-	agent__mcall(a, "ListSegment", &b->req.list.base,
+	f->listing_busy = true;
+	agent__mcall(f->a, "ListSegment", &b->req.list.base,
 		     &mooncake__master__list_segment_response__descriptor, on_listed, b);
 }
 
@@ -186,95 +165,183 @@ static void list_send(struct agent *a)
 static void on_synced(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct mblock *b = ud;
-	struct agent *a = b->a;
+	struct agent_follow *f = b->f;
 	unsigned gen = b->gen;
 	free(b);
-	if (gen != a->mirror_gen || a->stopping)
+	if (gen != f->gen || f->a->stopping)
 		return;
-	a->mirror_busy = false;
+	f->busy = false;
 	if (err) {
 		if (err != MC_ESHUTDOWN)
-			log_warn("segment mirror: following segment %s: %s; retrying", a->name,
-				 message ? message : mc_strerror(err));
-		retry_later(a);
+			log_warn("segment mirror: following segment %s: %s; retrying",
+				 f->segment, message ? message : mc_strerror(err));
+		retry_later(f);
 		return;
 	}
-	a->mirror_retry_ms = 0;
+	f->retry_ms = 0;
 	const Mooncake__Master__SyncSegmentResponse *r = (const void *)m;
 	uint64_t n = 0;
 	for (size_t i = 0; i < r->n_events; i++) {
 		const Mooncake__Master__MirrorEvent *e = r->events[i];
-		if (e->seq <= a->mirror_seq)
+		if (e->seq <= f->seq)
 			continue;
-		apply(a, e);
-		a->mirror_seq = e->seq;
+		f->h->apply(f->a, e, false);
+		f->seq = e->seq;
 		n++;
+		if (gen != f->gen)
+			return; /* (the hook stopped or restarted the follower) */
 	}
-	agent__count(a, AGENT_C_MIRROR_EVENTS, n);
+	agent__count(&f->a->stats, AGENT_C_MIRROR_EVENTS, n);
 	if (r->behind) {
-		a->mirror_seq = r->last_seq;
-		list_begin(a); /* (again, if one was running: it missed changes) */
+		f->seq = r->last_seq;
+		list_begin(f); /* (again, if one was running: it missed changes) */
 	}
-	if (n)
-		agent__gauges(a);
-	if (n && !uv_is_active((uv_handle_t *)&a->mirror_timer))
-		uv_timer_start(&a->mirror_timer, on_retry, PACE_MS, 0);
+	f->h->applied(f->a, n);
+	if (n && !uv_is_active((uv_handle_t *)&f->timer))
+		uv_timer_start(&f->timer, on_retry, PACE_MS, 0);
 	else
-		sync_send(a);
+		sync_send(f);
 }
 
-static void sync_send(struct agent *a)
+static void sync_send(struct agent_follow *f)
 {
-	if (a->mirror_busy || !a->mirror_on || a->stopping)
+	if (f->busy || !f->on || f->a->stopping)
 		return;
-	struct mblock *b = mblock(a);
+	struct mblock *b = mblock(f);
 	if (!b) {
-		retry_later(a);
+		retry_later(f);
 		return;
 	}
 	mooncake__master__sync_segment_request__init(&b->req.sync);
-	b->req.sync.agent_id = a->name;
-	b->req.sync.segment = a->name;
-	b->req.sync.after_seq = a->mirror_seq;
+	b->req.sync.agent_id = f->a->name;
+	b->req.sync.segment = (char *)f->segment;
+	b->req.sync.after_seq = f->seq;
 	b->req.sync.max_events = SYNC_MAX_EVENTS;
 	/* Well inside the call's deadline. */
-	b->req.sync.wait_ms = a->master_timeout_ms / 2;
-	a->mirror_busy = true;
-	agent__mcall(a, "SyncSegment", &b->req.sync.base,
+	b->req.sync.wait_ms = agent__mcall_timeout_ms(f->a) / 2;
+	f->busy = true;
+	agent__mcall(f->a, "SyncSegment", &b->req.sync.base,
 		     &mooncake__master__sync_segment_response__descriptor, on_synced, b);
 }
 
+void agent__follow_init(struct agent *a, struct agent_follow *f, const char *segment,
+			const struct agent_follow_hooks *h)
+{
+	f->a = a;
+	f->segment = segment;
+	f->h = h;
+	uv_timer_init(a->loop, &f->timer);
+	f->timer.data = f;
+}
+
+void agent__follow_start(struct agent_follow *f, uint64_t seq)
+{
+	agent__follow_stop(f);
+	f->on = true;
+	f->seq = seq;
+	sync_send(f);
+}
+
+void agent__follow_stop(struct agent_follow *f)
+{
+	/* Calls in flight end later; their generation is then stale. */
+	f->gen++;
+	f->on = false;
+	f->busy = false;
+	f->listing = false;
+	f->listing_busy = false;
+	f->retry_ms = 0;
+	if (!uv_is_closing((uv_handle_t *)&f->timer))
+		uv_timer_stop(&f->timer);
+}
+
+unsigned agent__follow_close(struct agent_follow *f, uv_close_cb on_closed)
+{
+	agent__follow_stop(f);
+	f->timer.data = f->a;
+	uv_close((uv_handle_t *)&f->timer, on_closed);
+	return 1;
+}
+
+uint64_t agent__follow_seq(const struct agent_follow *f)
+{
+	return f->seq;
+}
+
+/* ------------------------------------------------------------ the mirror */
+
+static void mirror_apply(struct agent *a, const Mooncake__Master__MirrorEvent *e, bool listed)
+{
+	(void)listed;
+	if (e->op == MOONCAKE__MASTER__MIRROR_EVENT__OP__DEL) {
+		agent__inv_del_at(&a->inv, e->key.data, e->key.len, e->offset);
+		return;
+	}
+	if (e->op != MOONCAKE__MASTER__MIRROR_EVENT__OP__ADD)
+		return; /* (orders are for SSD segments) */
+	struct agent_inv_rec rec = {
+		.offset = e->offset,
+		.size = e->size,
+		.crc = e->crc32c,
+		.has_crc = e->checksummed,
+		.soft_pin = e->soft_pin,
+	};
+	if (agent__inv_add(&a->inv, e->key.data, e->key.len, &rec) != 0 &&
+	    !a->mirror.oom_told) {
+		a->mirror.oom_told = true;
+		log_error("segment mirror: out of memory; some objects will not be "
+			  "re-reported after a master failover");
+	}
+}
+
+static void mirror_list_start(struct agent *a)
+{
+	agent__inv_listing_start(&a->inv);
+}
+
+static size_t mirror_list_end(struct agent *a)
+{
+	size_t gone = agent__inv_listing_end(&a->inv);
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+	return gone;
+}
+
+static void mirror_applied(struct agent *a, uint64_t n)
+{
+	if (n)
+		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+}
+
+static const struct agent_follow_hooks mirror_hooks = {
+	.apply = mirror_apply,
+	.list_start = mirror_list_start,
+	.list_end = mirror_list_end,
+	.applied = mirror_applied,
+};
+
 void agent__mirror_start(struct agent *a, uint64_t seq)
 {
-	agent__mirror_stop(a);
-	a->mirror_on = true;
-	a->mirror_seq = seq;
-	sync_send(a);
+	agent__follow_start(&a->mirror.f, seq);
 }
 
 void agent__mirror_stop(struct agent *a)
 {
-	/* Calls in flight end later; their generation is then stale. */
-	a->mirror_gen++;
-	a->mirror_on = false;
-	a->mirror_busy = false;
-	a->listing = false;
-	a->listing_busy = false;
-	a->mirror_retry_ms = 0;
-	if (!uv_is_closing((uv_handle_t *)&a->mirror_timer))
-		uv_timer_stop(&a->mirror_timer);
+	agent__follow_stop(&a->mirror.f);
 }
 
 void agent__mirror_init(struct agent *a)
 {
-	uv_timer_init(a->loop, &a->mirror_timer);
-	a->mirror_timer.data = a;
+	agent__follow_init(a, &a->mirror.f, a->name, &mirror_hooks);
 }
 
-void agent__mirror_close(struct agent *a, uv_close_cb cb)
+unsigned agent__mirror_close(struct agent *a, uv_close_cb on_closed)
 {
-	agent__mirror_stop(a);
-	uv_close((uv_handle_t *)&a->mirror_timer, cb);
+	return agent__follow_close(&a->mirror.f, on_closed);
+}
+
+uint64_t agent__mirror_seq(const struct agent *a)
+{
+	return agent__follow_seq(&a->mirror.f);
 }
 
 /* ------------------------------------------------------------ checking */
@@ -295,6 +362,6 @@ void agent__mirror_verify(struct agent *a, struct agent_inv_entry *const *items,
 			continue;
 		}
 		verdict[i] = crc32c(0, base + r->offset, r->size) == r->crc ? AGENT_VERIFY_OK
-									 : AGENT_VERIFY_BAD;
+									    : AGENT_VERIFY_BAD;
 	}
 }

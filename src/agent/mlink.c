@@ -18,8 +18,20 @@
  * a Heartbeat every agent_ttl / 3; a reply with another view or resync =
  * true starts the re-sync over.
  *
- * Calls (agent__mcall) go to the leader in use. While none is known, or
- * it cannot be reached, calls wait (up to their deadline) for one.
+ * With an SSD tier the SSD segment is mounted right after the DRAM one
+ * (resync false the first time, as the DRAM segment), its log followed
+ * by the tier's moves (demote.c), and what the tier's store holds is
+ * reported after every mount, the first one included (a restarted agent
+ * brings its SSD objects back): those items follow the DRAM segment's,
+ * unchecked (every read of the tier checks an object's bytes), and an
+ * item the master refuses is deleted from the tier. At a stop the SSD
+ * segment is unmounted after the DRAM one.
+ *
+ * The link chooses the master that calls (mcall.c) go to, and ticks
+ * the calls parked while none is known. Each mount starts the mirror
+ * (mirror.c) and a new put lease generation (space.c); a mount waits
+ * while puts still copy into the lease the last one dropped, until the
+ * last of them tells the link (agent__mlink_lease_drained).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,225 +40,39 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/demote.h"
+#include "agent/mcall.h"
+#include "agent/mirror.h"
+#include "agent/mlink.h"
+#include "agent/space.h"
+#include "agent/tier.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "etcd/etcd.h"
-#include "rpc/rpc.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
-#define SERVICE "/mooncake.master.Master/"
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 2000
 #define WAIT_TICK_MS 50
-#define MAX_REDIRECTS 4
 #define STOP_TIMEOUT_MS 2000
 
-struct agent_mcall {
-	struct agent_mcall *prev, *next;
-	struct agent *a;
-	char path[64];
-	const ProtobufCMessage *req;
-	const ProtobufCMessageDescriptor *resp_desc;
-	agent_mcall_cb cb;
-	void *ud;
-	uint64_t deadline_ms;
-	uint64_t not_before_ms; /* retry no earlier than this */
-	unsigned redirects;
-	struct rpc_stream *st;  /* in flight, or NULL while waiting */
-	int fail_err;           /* could not be sent: end with this */
-};
-
-static void mcall_send(struct agent_mcall *c);
-static void mcall_poll(struct agent *a);
 static void set_master(struct agent *a, const char *addr, uint64_t view);
 static void mount(struct agent *a);
 
-/* ------------------------------------------------------------ errors */
-
-int agent__master_err(int status, const char *message)
+static void set_mounted(struct agent *a, bool mounted)
 {
-	if (message && message[0] == '-' && message[1] >= '0' && message[1] <= '9') {
-		char *end;
-		long v = strtol(message, &end, 10);
-		if (v < 0 && v > -100000 && (*end == ' ' || *end == '\0'))
-			return (int)v;
-	}
-	switch (status) {
-	case RPC_OK: return 0;
-	case RPC_DEADLINE_EXCEEDED: return MC_ETIMEDOUT;
-	case RPC_UNAVAILABLE: return MC_EUNAVAILABLE;
-	case RPC_CANCELLED: return MC_ECANCELLED;
-	case RPC_NOT_FOUND: return MC_EOBJECT_NOT_FOUND;
-	case RPC_ALREADY_EXISTS: return MC_EOBJECT_ALREADY_EXISTS;
-	case RPC_INVALID_ARGUMENT: return -EINVAL;
-	case RPC_RESOURCE_EXHAUSTED: return MC_ENO_SPACE;
-	case RPC_UNIMPLEMENTED: return -EOPNOTSUPP;
-	default: return MC_EINTERNAL;
-	}
-}
-
-/* "... leader=HOST:PORT view=N" -> addr ("" for none), view. */
-static bool parse_redirect(const char *msg, char *addr, size_t alen, uint64_t *view)
-{
-	const char *l = msg ? strstr(msg, "leader=") : NULL;
-	if (!l)
-		return false;
-	l += 7;
-	size_t n = strcspn(l, " ");
-	if (n >= alen)
-		return false;
-	memcpy(addr, l, n);
-	addr[n] = '\0';
-	if (strcmp(addr, "none") == 0)
-		addr[0] = '\0';
-	const char *v = strstr(l, "view=");
-	*view = v ? strtoull(v + 5, NULL, 10) : 0;
-	return true;
-}
-
-/* ------------------------------------------------------------ calls */
-
-static void mcall_unlink(struct agent_mcall *c)
-{
-	struct agent *a = c->a;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		a->mcalls = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-}
-
-static void mcall_end(struct agent_mcall *c, int err, const char *message,
-		      const ProtobufCMessage *resp)
-{
-	mcall_unlink(c);
-	agent_mcall_cb cb = c->cb;
-	void *ud = c->ud;
-	free(c);
-	cb(ud, err, message, resp);
-}
-
-/* Park a call until a leader is known (or retry after a pause). */
-static void mcall_wait(struct agent_mcall *c, uint64_t pause_ms)
-{
-	c->st = NULL;
-	c->not_before_ms = mc_now_ms() + pause_ms;
-}
-
-static void on_unary(void *ud, int status, const char *message,
-		     const ProtobufCMessage *resp)
-{
-	struct agent_mcall *c = ud;
-	struct agent *a = c->a;
-	c->st = NULL;
-	if (status == RPC_OK) {
-		mcall_end(c, 0, NULL, resp);
-		return;
-	}
-	uint64_t now = mc_now_ms();
-	if (status == RPC_CANCELLED && !a->stopping) {
-		/* The link moved to another master: send it again there. */
-		mcall_wait(c, 0);
-		return;
-	}
-	int err = agent__master_err(status, message);
-	if (err == MC_ENOT_LEADER && !a->stopping) {
-		char addr[128];
-		uint64_t view;
-		if (parse_redirect(message, addr, sizeof(addr), &view) &&
-		    c->redirects++ < MAX_REDIRECTS) {
-			/* Park first: set_master sends parked calls. */
-			mcall_wait(c, addr[0] ? 0 : RETRY_MIN_MS);
-			if (addr[0] && strcmp(addr, a->master_addr) != 0) {
-				log_info("master %s is a standby; the leader is %s (view %" PRIu64 ")",
-					 a->master_addr, addr, view);
-				set_master(a, addr, view);
-			} else if (addr[0]) {
-				mcall_poll(a);
-			}
-			return;
-		}
-	}
-	if (err == MC_EUNAVAILABLE && status == RPC_UNAVAILABLE && !a->stopping &&
-	    now + RETRY_MIN_MS < c->deadline_ms) {
-		mcall_wait(c, RETRY_MIN_MS);
-		return;
-	}
-	mcall_end(c, err, message, NULL);
-}
-
-static void mcall_send(struct agent_mcall *c)
-{
-	struct agent *a = c->a;
-	uint64_t now = mc_now_ms();
-	uint64_t left = c->deadline_ms > now ? c->deadline_ms - now : 1;
-	int rc = rpc_client_unary(a->mc, c->path, c->req, c->resp_desc, left, on_unary, c,
-				  &c->st);
-	if (rc) {
-		/* Ended by the next poll, never from inside agent__mcall. */
-		c->st = NULL;
-		c->fail_err = rc;
-	}
-}
-
-/* Send parked calls whose pause ended, fail those past their deadline. */
-static void mcall_poll(struct agent *a)
-{
-	uint64_t now = mc_now_ms();
-	struct agent_mcall *c = a->mcalls;
-	while (c) {
-		struct agent_mcall *next = c->next;
-		if (!c->st && c->fail_err) {
-			mcall_end(c, c->fail_err, "cannot send the call to the master", NULL);
-		} else if (!c->st) {
-			if (now >= c->deadline_ms || a->stopping) {
-				mcall_end(c, a->stopping ? MC_ESHUTDOWN : MC_EUNAVAILABLE,
-					  a->master_addr[0] ? "the master did not answer in time"
-							    : "no master leader is known",
-					  NULL);
-			} else if (a->mc && now >= c->not_before_ms) {
-				mcall_send(c);
-			}
-		}
-		c = next;
-	}
-}
-
-void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *req,
-		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb,
-		  void *ud)
-{
-	struct agent_mcall *c = calloc(1, sizeof(*c));
-	if (!c) {
-		/* The one case where cb runs inside: every caller makes this
-		 * call its last statement. */
-		log_error("out of memory for a master call");
-		cb(ud, -ENOMEM, NULL, NULL);
-		return;
-	}
-	c->a = a;
-	snprintf(c->path, sizeof(c->path), SERVICE "%s", method);
-	c->req = req;
-	c->resp_desc = resp_desc;
-	c->cb = cb;
-	c->ud = ud;
-	c->deadline_ms = mc_now_ms() + a->master_timeout_ms;
-	c->next = a->mcalls;
-	if (a->mcalls)
-		a->mcalls->prev = c;
-	a->mcalls = c;
-	if (a->mc && !a->stopped)
-		mcall_send(c);
-	else
-		mcall_wait(c, 0);
+	a->mlink.mounted = mounted;
+	agent__gauge(&a->stats, AGENT_G_MOUNTED, mounted);
 }
 
 /* ------------------------------------------------------------ mount */
 
 static void hb_arm(struct agent *a);
 static void on_hb_timer(uv_timer_t *t);
+static void mount_ssd(struct agent *a);
+static void mounted_all(struct agent *a);
+static void retry_mount_later(struct agent *a);
 
 /*
  * One inventory Heartbeat: up to AGENT_INVENTORY_BATCH entries, taken
@@ -257,12 +83,13 @@ struct inv_block {
 	Mooncake__Master__HeartbeatRequest req;
 	struct agent_job job;
 	struct agent *a;
-	unsigned gen;                     /* a->resync_gen when made */
+	unsigned gen; /* a->mlink.resync_gen when made */
 	size_t n, ngood;
 	bool last;
-	struct agent_inv_entry **ents;    /* owned */
+	bool ssd;                      /* items of the SSD segment */
+	struct agent_inv_entry **ents; /* owned */
 	uint8_t *verdict;
-	struct agent_inv_entry **good;    /* borrowed from ents, reported order */
+	struct agent_inv_entry **good; /* borrowed from ents, reported order */
 	Mooncake__Master__InventoryItem **ptrs;
 	Mooncake__Master__InventoryItem *items;
 };
@@ -276,80 +103,88 @@ static void inv_block_free(struct inv_block *b)
 
 static void resync_free(struct agent *a)
 {
-	a->resync_gen++;
-	if (!a->resync_items)
+	a->mlink.resync_gen++;
+	if (!a->mlink.resync_items)
 		return;
-	for (size_t i = a->resync_pos; i < a->resync_n; i++)
-		free(a->resync_items[i]);
-	free(a->resync_items);
-	a->resync_items = NULL;
-	a->resync_n = a->resync_pos = 0;
+	for (size_t i = a->mlink.resync_pos; i < a->mlink.resync_n; i++)
+		free(a->mlink.resync_items[i]);
+	free(a->mlink.resync_items);
+	a->mlink.resync_items = NULL;
+	a->mlink.resync_n = a->mlink.resync_pos = 0;
 }
 
 static void send_inventory(struct agent *a);
 
-static void on_inventory(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_inventory(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct inv_block *b = ud;
 	struct agent *a = b->a;
 	const Mooncake__Master__HeartbeatResponse *resp =
 		(const Mooncake__Master__HeartbeatResponse *)m;
 	bool last = b->last;
-	if (b->gen != a->resync_gen || a->stopping) {
+	if (b->gen != a->mlink.resync_gen || a->stopping) {
 		inv_block_free(b);
 		return;
 	}
-	a->hb_busy = false;
+	a->mlink.hb_busy = false;
 	if (err) {
 		inv_block_free(b);
 		log_warn("inventory report to %s failed: %s; mounting again",
-			 a->master_addr, message ? message : mc_strerror(err));
+			 agent__mcall_master(a), message ? message : mc_strerror(err));
 		resync_free(a);
-		a->mounted = false;
+		set_mounted(a, false);
 		mount(a);
 		return;
 	}
-	/* What the master refused is not in its index: not in the mirror. */
+	/* What the master refused is not in its index: not in the mirror,
+	 * not in the SSD tier. */
 	for (size_t k = 0; k < resp->n_skipped_items; k++) {
 		uint32_t i = resp->skipped_items[k];
-		if (i < b->ngood)
-			agent__inv_del_at(&a->inv, b->good[i]->key, b->good[i]->klen,
-					  b->good[i]->rec.offset);
+		if (i >= b->ngood)
+			continue;
+		const struct agent_inv_entry *e = b->good[i];
+		if (b->ssd)
+			agent__tier_remove(a, e->key, e->klen, e->rec.offset);
+		else
+			agent__inv_del_at(&a->inv, e->key, e->klen, e->rec.offset);
 	}
-	agent__count(a, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
-	a->resync_reported += resp->items_accepted;
+	agent__count(&a->stats, AGENT_C_RESYNC_CONFLICTS, resp->items_skipped);
+	a->mlink.resync_reported += resp->items_accepted;
 	if (resp->items_skipped)
 		log_warn("re-sync: the master skipped %" PRIu64 " inventory items "
-			 "that conflict with its index", resp->items_skipped);
+			 "that conflict with its index",
+			 resp->items_skipped);
 	inv_block_free(b);
 	if (!last) {
 		send_inventory(a);
 		return;
 	}
 	log_info("re-sync with master %s (view %" PRIu64 ") done: %" PRIu64 " objects "
-		 "reported, %" PRIu64 " left out (bytes not matching their checksum, or "
-		 "none to check)", a->master_addr, a->view, a->resync_reported, a->resync_bad);
+		 "reported (%zu of the SSD tier), %" PRIu64 " left out (bytes not "
+		 "matching their checksum, or none to check)",
+		 agent__mcall_master(a), a->mlink.view, a->mlink.resync_reported,
+		 a->mlink.resync_n - a->mlink.resync_ndram, a->mlink.resync_bad);
 	resync_free(a);
-	agent__gauges(a);
-	a->need_resync = false;
-	agent__lease_start(a, a->lease_epoch); /* the segment takes placements */
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+	agent__lease_start(a, a->mlink.mount_epoch); /* the segment takes placements */
 	hb_arm(a);
 }
 
 static void verify_run(struct agent_job *j)
 {
 	struct inv_block *b = MC_CONTAINER_OF(j, struct inv_block, job);
-	agent__mirror_verify(b->a, b->ents, b->n, b->verdict);
+	if (b->ssd)
+		memset(b->verdict, AGENT_VERIFY_OK, b->n); /* (checked when read) */
+	else
+		agent__mirror_verify(b->a, b->ents, b->n, b->verdict);
 }
 
 static void verify_done(struct agent_job *j)
 {
 	struct inv_block *b = MC_CONTAINER_OF(j, struct inv_block, job);
 	struct agent *a = b->a;
-	if (b->gen != a->resync_gen || a->stopping) {
-		inv_block_free(b);
-		agent__maybe_stopped(a);
+	if (b->gen != a->mlink.resync_gen || a->stopping) {
+		inv_block_free(b); /* (the copy threads' idle tells a stop) */
 		return;
 	}
 	for (size_t i = 0; i < b->n; i++) {
@@ -358,17 +193,19 @@ static void verify_done(struct agent_job *j)
 			/* Its space holds other bytes (or cannot be vouched
 			 * for): never report it, and forget it. */
 			agent__inv_del_at(&a->inv, e->key, e->klen, e->rec.offset);
-			agent__count(a, b->verdict[i] == AGENT_VERIFY_BAD ? AGENT_C_RESYNC_BAD
-									  : AGENT_C_RESYNC_UNCHECKED,
+			agent__count(&a->stats,
+				     b->verdict[i] == AGENT_VERIFY_BAD
+					     ? AGENT_C_RESYNC_BAD
+					     : AGENT_C_RESYNC_UNCHECKED,
 				     1);
-			a->resync_bad++;
+			a->mlink.resync_bad++;
 			continue;
 		}
 		Mooncake__Master__InventoryItem *it = &b->items[b->ngood];
 		mooncake__master__inventory_item__init(it);
 		it->key.data = (uint8_t *)e->key;
 		it->key.len = e->klen;
-		it->segment = a->name;
+		it->segment = b->ssd ? (char *)agent__tier_name(a) : a->name;
 		it->offset = e->rec.offset;
 		it->size = e->rec.size;
 		it->soft_pin = e->rec.soft_pin;
@@ -380,7 +217,7 @@ static void verify_done(struct agent_job *j)
 	}
 	mooncake__master__heartbeat_request__init(&b->req);
 	b->req.agent_id = a->name;
-	b->req.view = a->view;
+	b->req.view = a->mlink.view;
 	b->req.inventory = b->ptrs;
 	b->req.n_inventory = b->ngood;
 	b->req.inventory_complete = b->last;
@@ -390,48 +227,108 @@ static void verify_done(struct agent_job *j)
 
 static void send_inventory(struct agent *a)
 {
-	size_t left = a->resync_n - a->resync_pos;
+	size_t left = a->mlink.resync_n - a->mlink.resync_pos;
 	size_t n = MC_MIN(left, (size_t)AGENT_INVENTORY_BATCH);
-	struct inv_block *b = calloc(1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
-							 sizeof(Mooncake__Master__InventoryItem *) +
-							 sizeof(Mooncake__Master__InventoryItem) + 1));
+	/* A block holds one segment's items. */
+	bool ssd = a->mlink.resync_pos >= a->mlink.resync_ndram;
+	if (!ssd)
+		n = MC_MIN(n, a->mlink.resync_ndram - a->mlink.resync_pos);
+	struct inv_block *b = calloc(
+		1, sizeof(*b) + n * (2 * sizeof(struct agent_inv_entry *) +
+				     sizeof(Mooncake__Master__InventoryItem *) +
+				     sizeof(Mooncake__Master__InventoryItem) + 1));
 	if (!b) {
 		log_error("out of memory for the inventory report; retrying");
-		a->mounted = false;
-		uv_timer_start(&a->hb_timer, on_hb_timer, RETRY_MAX_MS, 0);
+		set_mounted(a, false);
+		uv_timer_start(&a->mlink.hb_timer, on_hb_timer, RETRY_MAX_MS, 0);
 		return;
 	}
 	b->a = a;
-	b->gen = a->resync_gen;
+	b->gen = a->mlink.resync_gen;
 	b->n = n;
+	b->ssd = ssd;
 	b->items = (Mooncake__Master__InventoryItem *)(b + 1);
 	b->ptrs = (Mooncake__Master__InventoryItem **)(b->items + n);
 	b->ents = (struct agent_inv_entry **)(b->ptrs + n);
 	b->good = b->ents + n;
 	b->verdict = (uint8_t *)(b->good + n);
 	/* The block takes the entries. */
-	memcpy(b->ents, a->resync_items + a->resync_pos, n * sizeof(*b->ents));
-	a->resync_pos += n;
-	b->last = a->resync_pos == a->resync_n;
-	a->hb_busy = true;
+	memcpy(b->ents, a->mlink.resync_items + a->mlink.resync_pos, n * sizeof(*b->ents));
+	a->mlink.resync_pos += n;
+	b->last = a->mlink.resync_pos == a->mlink.resync_n;
+	a->mlink.hb_busy = true;
 	b->job.run = verify_run;
 	b->job.done = verify_done;
 	agent__pool_submit(&a->pool, &b->job);
 }
 
-/* Snapshot the mirror (copies: it changes while the report goes out). */
-static int start_resync(struct agent *a)
+struct ssd_items {
+	struct agent_inv_entry **v;
+	size_t n, cap;
+	bool nomem;
+};
+
+static void collect_ssd(void *ud, const uint8_t *key, size_t klen,
+			const struct agent_tier_obj *o)
+{
+	struct ssd_items *x = ud;
+	if (x->nomem)
+		return;
+	if (x->n == x->cap) {
+		size_t cap = x->cap ? x->cap * 2 : 256;
+		struct agent_inv_entry **v = realloc(x->v, cap * sizeof(*v));
+		if (!v) {
+			x->nomem = true;
+			return;
+		}
+		x->v = v;
+		x->cap = cap;
+	}
+	struct agent_inv_entry *e = calloc(1, sizeof(*e) + klen);
+	if (!e) {
+		x->nomem = true;
+		return;
+	}
+	e->klen = (uint16_t)klen;
+	memcpy(e->key, key, klen);
+	e->rec.offset = o->offset;
+	e->rec.size = o->size;
+	e->rec.crc = o->crc;
+	e->rec.has_crc = true;
+	x->v[x->n++] = e;
+}
+
+/* Snapshot the mirror (copies: it changes while the report goes out) when
+ * the DRAM segment re-syncs, then the SSD tier's objects. */
+static int start_resync(struct agent *a, bool dram)
 {
 	resync_free(a);
-	struct agent_inv_entry **snap;
-	size_t n;
-	int rc = agent__inv_snapshot(&a->inv, &snap, &n);
+	struct agent_inv_entry **snap = NULL;
+	size_t n = 0;
+	int rc = dram ? agent__inv_snapshot(&a->inv, &snap, &n) : 0;
 	if (rc)
 		return rc;
-	a->resync_items = snap;
-	a->resync_n = n;
-	a->resync_pos = 0;
-	a->resync_reported = a->resync_bad = 0;
+	struct ssd_items x = {0};
+	agent__tier_foreach(a, collect_ssd, &x);
+	struct agent_inv_entry **all =
+		x.nomem ? NULL : realloc(snap, (n + x.n ? n + x.n : 1) * sizeof(*all));
+	if (!all) {
+		for (size_t i = 0; i < n; i++)
+			free(snap[i]);
+		free(snap);
+		for (size_t i = 0; i < x.n; i++)
+			free(x.v[i]);
+		free(x.v);
+		return -ENOMEM;
+	}
+	if (x.n)
+		memcpy(all + n, x.v, x.n * sizeof(*all));
+	free(x.v);
+	a->mlink.resync_items = all;
+	a->mlink.resync_n = n + x.n;
+	a->mlink.resync_ndram = n;
+	a->mlink.resync_pos = 0;
+	a->mlink.resync_reported = a->mlink.resync_bad = 0;
 	return 0;
 }
 
@@ -439,8 +336,9 @@ static void retry_mount_later(struct agent *a)
 {
 	if (a->stopping)
 		return;
-	a->retry_ms = a->retry_ms ? MC_MIN(a->retry_ms * 2, RETRY_MAX_MS) : RETRY_MIN_MS;
-	uv_timer_start(&a->hb_timer, on_hb_timer, a->retry_ms, 0);
+	a->mlink.retry_ms = a->mlink.retry_ms ? MC_MIN(a->mlink.retry_ms * 2, RETRY_MAX_MS)
+					      : RETRY_MIN_MS;
+	uv_timer_start(&a->mlink.hb_timer, on_hb_timer, a->mlink.retry_ms, 0);
 }
 
 struct mount_block {
@@ -450,83 +348,161 @@ struct mount_block {
 	char *addr; /* the master it was sent to */
 };
 
-static void on_mounted(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+/* The start of a mount's answer: the block goes; false when the answer
+ * is void (stopping, or the leader changed meanwhile: mounted again). */
+static bool mount_answered(struct mount_block *b, struct agent **ap, bool *resync)
 {
-	struct mount_block *b = ud;
-	struct agent *a = b->a;
-	bool resync = b->req.resync;
-	bool same = strcmp(b->addr, a->master_addr) == 0;
+	struct agent *a = *ap = b->a;
+	*resync = b->req.resync;
+	bool same = strcmp(b->addr, agent__mcall_master(a)) == 0;
 	free(b->addr);
 	free(b);
-	a->mount_busy = false;
+	a->mlink.mount_busy = false;
 	if (a->stopping)
-		return;
+		return false;
 	if (!same) {
-		mount(a); /* the leader changed meanwhile */
-		return;
+		mount(a);
+		return false;
 	}
+	return true;
+}
+
+static void on_mounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct agent *a;
+	bool resync;
+	if (!mount_answered(ud, &a, &resync))
+		return;
 	if (err) {
-		log_warn("cannot mount segment %s with master %s: %s; retrying",
-			 a->name, a->master_addr, message ? message : mc_strerror(err));
+		log_warn("cannot mount segment %s with master %s: %s; retrying", a->name,
+			 agent__mcall_master(a), message ? message : mc_strerror(err));
 		retry_mount_later(a);
 		return;
 	}
 	const Mooncake__Master__MountSegmentResponse *resp =
 		(const Mooncake__Master__MountSegmentResponse *)m;
-	a->retry_ms = 0;
-	a->view = resp->view;
-	a->mounted = true;
+	a->mlink.retry_ms = 0;
+	a->mlink.view = resp->view;
+	set_mounted(a, true);
 	/* Leases of an earlier mount mean nothing now. */
 	agent__lcache_clear(&a->lc);
-	a->ever_mounted = true;
-	agent__gauges(a);
-	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s",
-		 a->name, a->seg->len, a->master_addr, a->view,
+	a->mlink.ever_mounted = true;
+	agent__gauge(&a->stats, AGENT_G_MASTER_VIEW, (int64_t)a->mlink.view);
+	agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+	log_info("segment %s (%zu bytes) mounted with master %s, view %" PRIu64 "%s", a->name,
+		 a->seg->len, agent__mcall_master(a), a->mlink.view,
 		 resync ? "; re-syncing the inventory" : "");
 	/* The mirror follows the segment's log from where the master says. */
 	agent__mirror_start(a, resp->mirror_seq);
-	a->lease_epoch = resp->lease_epoch;
+	a->mlink.mount_epoch = resp->lease_epoch;
+	a->mlink.resync_dram = resync;
 	if (!resync) {
 		agent__inv_clear(&a->inv); /* the master emptied the segment */
-		a->need_resync = false;
-		agent__lease_start(a, a->lease_epoch);
+		agent__gauge(&a->stats, AGENT_G_INVENTORY, (int64_t)agent__inv_count(&a->inv));
+	}
+	if (agent__tier_on(a)) {
+		mount_ssd(a);
+		return;
+	}
+	mounted_all(a);
+}
+
+/* Every segment is mounted: report the inventory, or take placements. */
+static void mounted_all(struct agent *a)
+{
+	if (!a->mlink.resync_dram && !agent__tier_on(a)) {
+		agent__lease_start(a, a->mlink.mount_epoch);
 		hb_arm(a);
 		return;
 	}
-	int rc = start_resync(a);
+	int rc = start_resync(a, a->mlink.resync_dram);
 	if (rc) {
 		log_error("cannot prepare the inventory: %s; retrying", mc_strerror(rc));
-		a->mounted = false;
+		set_mounted(a, false);
 		retry_mount_later(a);
 		return;
 	}
 	send_inventory(a);
 }
 
-void agent__mlink_mount(struct agent *a)
+static void on_ssd_mounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
+	struct agent *a;
+	bool resync;
+	if (!mount_answered(ud, &a, &resync))
+		return;
+	if (err) {
+		log_warn("cannot mount the SSD tier's segment %s with master %s: %s; retrying",
+			 agent__tier_name(a), agent__mcall_master(a),
+			 message ? message : mc_strerror(err));
+		set_mounted(a, false);
+		retry_mount_later(a);
+		return;
+	}
+	const Mooncake__Master__MountSegmentResponse *resp = (const void *)m;
+	a->mlink.ssd_ever_mounted = true;
+	log_info("SSD tier segment %s (%" PRIu64 " bytes) mounted with master %s%s",
+		 agent__tier_name(a), agent__tier_capacity(a), agent__mcall_master(a),
+		 resync ? " (re-sync)" : "");
+	agent__demote_start(a, resp->mirror_seq);
+	mounted_all(a);
+}
+
+static void mount_ssd(struct agent *a)
+{
+	struct mount_block *b = calloc(1, sizeof(*b));
+	char *addr = strdup(agent__mcall_master(a));
+	if (!b || !addr) {
+		free(b);
+		free(addr);
+		set_mounted(a, false);
+		retry_mount_later(a);
+		return;
+	}
+	b->a = a;
+	b->addr = addr;
+	mooncake__master__mount_segment_request__init(&b->req);
+	mooncake__master__segment__init(&b->seg);
+	b->seg.name = (char *)agent__tier_name(a);
+	b->seg.agent_id = a->name;
+	b->seg.tier = MOONCAKE__MASTER__TIER__TIER_SSD;
+	b->seg.size = agent__tier_capacity(a);
+	b->seg.block_bytes = agent__tier_block(a);
+	agent__tier_watermarks(a, &b->seg.high_watermark, &b->seg.eviction_ratio);
+	b->req.segment = &b->seg;
+	b->req.resync = a->mlink.ssd_ever_mounted;
+	a->mlink.mount_busy = true;
+	agent__mcall(a, "MountSegment", &b->req.base,
+		     &mooncake__master__mount_segment_response__descriptor, on_ssd_mounted, b);
+}
+
+void agent__mlink_lease_drained(struct agent *a)
+{
+	if (!a->mlink.mount_held)
+		return;
+	a->mlink.mount_held = false;
 	mount(a);
 }
 
 static void mount(struct agent *a)
 {
-	if (a->mount_busy || a->stopping || !a->mc || !a->named)
+	if (a->mlink.mount_busy || a->stopping || !agent__mcall_connected(a) || !a->named)
 		return;
-	uv_timer_stop(&a->hb_timer);
+	uv_timer_stop(&a->mlink.hb_timer);
 	agent__mirror_stop(a);
+	agent__demote_stop(a);
 	agent__lease_reset(a);
-	a->mounted = false;
-	if (a->lease_takes_old) {
+	a->mlink.mount_epoch = 0; /* learned again from the next mount */
+	set_mounted(a, false);
+	if (agent__lease_draining(a)) {
 		/* Puts still copy into the dropped lease's bytes, which the
 		 * mount gives back to the segment: mount once they are done
 		 * (space.c). */
-		a->mount_held = true;
-		agent__gauges(a);
+		a->mlink.mount_held = true;
 		return;
 	}
 	struct mount_block *b = calloc(1, sizeof(*b));
-	char *addr = strdup(a->master_addr);
+	char *addr = strdup(agent__mcall_master(a));
 	if (!b || !addr) {
 		free(b);
 		free(addr);
@@ -543,27 +519,25 @@ static void mount(struct agent *a)
 	b->seg.base_address = (uint64_t)(uintptr_t)a->seg->addr;
 	b->seg.size = a->seg->len;
 	b->req.segment = &b->seg;
-	b->req.resync = a->ever_mounted;
-	a->mounted = false;
-	a->mount_busy = true;
-	agent__gauges(a);
+	b->req.resync = a->mlink.ever_mounted;
+	set_mounted(a, false);
+	a->mlink.mount_busy = true;
 	agent__mcall(a, "MountSegment", &b->req.base,
 		     &mooncake__master__mount_segment_response__descriptor, on_mounted, b);
 }
 
 /* ------------------------------------------------------------ heartbeats */
 
-static void on_heartbeat(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_heartbeat(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent *a = ud;
-	a->hb_busy = false;
-	free(a->hb_req);
-	a->hb_req = NULL;
+	a->mlink.hb_busy = false;
+	free(a->mlink.hb_req);
+	a->mlink.hb_req = NULL;
 	if (a->stopping)
 		return;
 	if (err) {
-		log_warn("heartbeat to master %s failed: %s", a->master_addr,
+		log_warn("heartbeat to master %s failed: %s", agent__mcall_master(a),
 			 message ? message : mc_strerror(err));
 		hb_arm(a);
 		return;
@@ -571,14 +545,14 @@ static void on_heartbeat(void *ud, int err, const char *message,
 	const Mooncake__Master__HeartbeatResponse *resp =
 		(const Mooncake__Master__HeartbeatResponse *)m;
 	if (resp->agent_ttl_ms)
-		a->hb_interval_ms = MC_MAX(resp->agent_ttl_ms / 3, (uint64_t)50);
-	if (resp->resync || resp->view != a->view) {
+		a->mlink.hb_interval_ms = MC_MAX(resp->agent_ttl_ms / 3, (uint64_t)50);
+	if (resp->resync || resp->view != a->mlink.view) {
 		log_info("master %s %s (view %" PRIu64 ", ours %" PRIu64 "): mounting "
 			 "again and re-reporting the inventory",
-			 a->master_addr, resp->resync ? "does not know this agent" : "has a new view",
-			 resp->view, a->view);
-		a->mounted = false;
-		a->need_resync = true;
+			 agent__mcall_master(a),
+			 resp->resync ? "does not know this agent" : "has a new view",
+			 resp->view, a->mlink.view);
+		set_mounted(a, false);
 		mount(a);
 		return;
 	}
@@ -587,7 +561,7 @@ static void on_heartbeat(void *ud, int err, const char *message,
 
 static void heartbeat(struct agent *a)
 {
-	if (a->hb_busy || a->stopping)
+	if (a->mlink.hb_busy || a->stopping)
 		return;
 	Mooncake__Master__HeartbeatRequest *q = malloc(sizeof(*q));
 	if (!q) {
@@ -596,11 +570,11 @@ static void heartbeat(struct agent *a)
 	}
 	mooncake__master__heartbeat_request__init(q);
 	q->agent_id = a->name;
-	q->view = a->view;
-	a->hb_req = q;
-	a->hb_busy = true;
-	agent__mcall(a, "Heartbeat", &q->base, &mooncake__master__heartbeat_response__descriptor,
-		     on_heartbeat, a);
+	q->view = a->mlink.view;
+	a->mlink.hb_req = q;
+	a->mlink.hb_busy = true;
+	agent__mcall(a, "Heartbeat", &q->base,
+		     &mooncake__master__heartbeat_response__descriptor, on_heartbeat, a);
 }
 
 static void on_hb_timer(uv_timer_t *t)
@@ -608,7 +582,7 @@ static void on_hb_timer(uv_timer_t *t)
 	struct agent *a = t->data;
 	if (a->stopping)
 		return;
-	if (!a->mounted) {
+	if (!a->mlink.mounted) {
 		mount(a);
 	} else {
 		agent__lease_tick(a);
@@ -619,57 +593,35 @@ static void on_hb_timer(uv_timer_t *t)
 static void hb_arm(struct agent *a)
 {
 	if (!a->stopping)
-		uv_timer_start(&a->hb_timer, on_hb_timer, a->hb_interval_ms, 0);
+		uv_timer_start(&a->mlink.hb_timer, on_hb_timer, a->mlink.hb_interval_ms, 0);
 }
 
 /* ------------------------------------------------------------ leader */
 
+/* Use the leader at addr ("": none known) from now on. */
 static void set_master(struct agent *a, const char *addr, uint64_t view)
 {
-	if (view > a->master_view_seen)
-		a->master_view_seen = view;
-	if (strcmp(addr, a->master_addr) == 0 && (a->mc || !addr[0]))
+	if (!agent__mcall_set_master(a, addr))
 		return;
-	snprintf(a->master_addr, sizeof(a->master_addr), "%s", addr);
-	if (a->mc) {
-		/* Outstanding calls come back CANCELLED and are parked. */
-		struct rpc_client *old = a->mc;
-		a->mc = NULL;
-		rpc_client_free(old);
-	}
-	a->mounted = false;
+	set_mounted(a, false);
 	agent__mirror_stop(a);
+	agent__demote_stop(a);
 	agent__lease_reset(a);
-	agent__gauges(a);
+	a->mlink.mount_epoch = 0; /* learned again from the next mount */
 	if (!addr[0]) {
 		log_warn("no master leader at the moment; calls wait for one");
 		return;
 	}
-	struct rpc_client_opts o = {
-		.max_message_bytes = 64u << 20,
-		.metrics = a->metrics,
-		.backoff_initial_ms = 50,
-		.backoff_max_ms = 1000,
-		/* A master in this process (standalone, --role=master,agent)
-		 * is called directly. */
-		.local_calls = true,
-	};
-	int rc = rpc_client_new(a->loop, addr, &o, &a->mc);
-	if (rc) {
-		log_error("master address %s: %s", addr, mc_strerror(rc));
-		a->mc = NULL;
-		a->master_addr[0] = '\0';
+	if (!agent__mcall_connected(a))
 		return;
-	}
 	log_info("using master %s (view %" PRIu64 ")", addr, view);
-	mcall_poll(a);
-	a->retry_ms = 0;
+	agent__mcall_poll(a);
+	a->mlink.retry_ms = 0;
 	mount(a);
 }
 
 /* "HOST:PORT VIEW" */
-static bool parse_leader(const uint8_t *v, size_t len, char *addr, size_t alen,
-			 uint64_t *view)
+static bool parse_leader(const uint8_t *v, size_t len, char *addr, size_t alen, uint64_t *view)
 {
 	char buf[160];
 	if (len == 0 || len >= sizeof(buf))
@@ -699,10 +651,11 @@ static void on_leader_events(struct etcd_watch *w, void *ud, Mvccpb__Event *cons
 		char addr[128];
 		uint64_t view;
 		const Mvccpb__KeyValue *kv = ev[i]->kv;
-		if (kv && parse_leader(kv->value.data, kv->value.len, addr, sizeof(addr), &view))
+		if (kv &&
+		    parse_leader(kv->value.data, kv->value.len, addr, sizeof(addr), &view))
 			set_master(a, addr, view);
 		else
-			log_warn("%s holds an unreadable value; ignored", a->leader_key);
+			log_warn("%s holds an unreadable value; ignored", a->mlink.leader_key);
 	}
 }
 
@@ -712,10 +665,11 @@ static void on_leader_watch_error(struct etcd_watch *w, void *ud, int err)
 {
 	struct agent *a = ud;
 	(void)w;
-	a->watch = NULL;
+	a->mlink.watch = NULL;
 	if (a->stopping || err == MC_ECANCELLED)
 		return;
-	log_warn("watch on %s ended: %s; watching again", a->leader_key, mc_strerror(err));
+	log_warn("watch on %s ended: %s; watching again", a->mlink.leader_key,
+		 mc_strerror(err));
 	watch_leader(a, 0);
 }
 
@@ -731,54 +685,56 @@ static void on_leader_range(void *ud, int err, const Etcdserverpb__RangeResponse
 	struct agent *a = ud;
 	if (err == MC_ECANCELLED)
 		return;
-	a->leader_range_busy = false;
+	a->mlink.leader_range_busy = false;
 	if (a->stopping)
 		return;
 	if (err) {
-		log_warn("reading %s from meta: %s; retrying", a->leader_key, mc_strerror(err));
-		a->leader_retry_ms = a->leader_retry_ms
-					     ? MC_MIN(a->leader_retry_ms * 2, RETRY_MAX_MS)
-					     : RETRY_MIN_MS;
-		a->leader_retry_at = mc_now_ms() + a->leader_retry_ms;
+		log_warn("reading %s from meta: %s; retrying", a->mlink.leader_key,
+			 mc_strerror(err));
+		a->mlink.leader_retry_ms = a->mlink.leader_retry_ms
+						   ? MC_MIN(a->mlink.leader_retry_ms * 2,
+							    RETRY_MAX_MS)
+						   : RETRY_MIN_MS;
+		a->mlink.leader_retry_at = mc_now_ms() + a->mlink.leader_retry_ms;
 		return;
 	}
 	char addr[128];
 	uint64_t view;
-	if (resp->n_kvs &&
-	    parse_leader(resp->kvs[0]->value.data, resp->kvs[0]->value.len, addr,
-			 sizeof(addr), &view))
+	if (resp->n_kvs && parse_leader(resp->kvs[0]->value.data, resp->kvs[0]->value.len,
+					addr, sizeof(addr), &view))
 		set_master(a, addr, view);
 	else
-		log_info("no master leader in meta yet (%s); waiting for one", a->leader_key);
-	a->leader_retry_ms = 0;
+		log_info("no master leader in meta yet (%s); waiting for one",
+			 a->mlink.leader_key);
+	a->mlink.leader_retry_ms = 0;
 	watch_leader(a, resp->header ? resp->header->revision + 1 : 0);
 }
 
 static void read_leader(struct agent *a)
 {
-	if (a->leader_range_busy || a->stopping)
+	if (a->mlink.leader_range_busy || a->stopping)
 		return;
 	Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
-	q.key.data = (uint8_t *)a->leader_key;
-	q.key.len = strlen(a->leader_key);
-	a->leader_range_busy = true;
-	if (etcd_range(a->etcd, &q, on_leader_range, a) != 0)
-		a->leader_range_busy = false;
+	q.key.data = (uint8_t *)a->mlink.leader_key;
+	q.key.len = strlen(a->mlink.leader_key);
+	a->mlink.leader_range_busy = true;
+	if (etcd_range(a->mlink.etcd, &q, on_leader_range, a) != 0)
+		a->mlink.leader_range_busy = false;
 }
 
 static void watch_leader(struct agent *a, int64_t from)
 {
-	if (a->watch || a->stopping)
+	if (a->mlink.watch || a->stopping)
 		return;
 	if (from == 0) {
 		read_leader(a); /* re-read, then watch from there */
 		return;
 	}
-	int rc = etcd_watch(a->etcd, a->leader_key, strlen(a->leader_key), NULL, 0, from, 0,
-			    &leader_watch_cbs, a, &a->watch);
+	int rc = etcd_watch(a->mlink.etcd, a->mlink.leader_key, strlen(a->mlink.leader_key),
+			    NULL, 0, from, 0, &leader_watch_cbs, a, &a->mlink.watch);
 	if (rc) {
-		a->watch = NULL;
-		log_warn("cannot watch %s: %s", a->leader_key, mc_strerror(rc));
+		a->mlink.watch = NULL;
+		log_warn("cannot watch %s: %s", a->mlink.leader_key, mc_strerror(rc));
 	}
 }
 
@@ -787,54 +743,67 @@ static void watch_leader(struct agent *a, int64_t from)
 static void on_retry_timer(uv_timer_t *t)
 {
 	struct agent *a = t->data;
-	mcall_poll(a);
-	if (a->etcd && !a->watch && !a->leader_range_busy && !a->stopping &&
-	    mc_now_ms() >= a->leader_retry_at)
+	agent__mcall_poll(a);
+	if (a->mlink.etcd && !a->mlink.watch && !a->mlink.leader_range_busy && !a->stopping &&
+	    mc_now_ms() >= a->mlink.leader_retry_at)
 		read_leader(a);
+}
+
+static char *dup_opt(const char *s)
+{
+	return s && *s ? strdup(s) : NULL;
+}
+
+int agent__mlink_config(struct agent *a, const char *master_address,
+			const char *meta_endpoints, const char *cluster_id,
+			uint64_t timeout_ms)
+{
+	struct agent_mlink *l = &a->mlink;
+	l->timeout_ms = timeout_ms;
+	l->master_fixed = dup_opt(master_address);
+	l->meta_endpoints = dup_opt(meta_endpoints);
+	l->cluster_id = strdup(cluster_id && *cluster_id ? cluster_id : "mooncake");
+	if (!l->cluster_id || (master_address && *master_address && !l->master_fixed) ||
+	    (meta_endpoints && *meta_endpoints && !l->meta_endpoints))
+		return -ENOMEM;
+	return 0;
 }
 
 void agent__mlink_init(struct agent *a)
 {
-	uv_timer_init(a->loop, &a->hb_timer);
-	uv_timer_init(a->loop, &a->retry_timer);
-	a->hb_timer.data = a->retry_timer.data = a;
-	agent__mirror_init(a);
+	uv_timer_init(a->loop, &a->mlink.hb_timer);
+	uv_timer_init(a->loop, &a->mlink.retry_timer);
+	a->mlink.hb_timer.data = a->mlink.retry_timer.data = a;
+	agent__mcalls_init(a, a->mlink.timeout_ms, set_master);
 	/* Until the first heartbeat reply tells the agent TTL. */
-	a->hb_interval_ms = 250;
+	a->mlink.hb_interval_ms = 250;
 }
 
 int agent__mlink_start(struct agent *a)
 {
-	uv_timer_start(&a->retry_timer, on_retry_timer, WAIT_TICK_MS, WAIT_TICK_MS);
-	if (a->master_fixed) {
-		set_master(a, a->master_fixed, 0);
+	uv_timer_start(&a->mlink.retry_timer, on_retry_timer, WAIT_TICK_MS, WAIT_TICK_MS);
+	if (a->mlink.master_fixed) {
+		set_master(a, a->mlink.master_fixed, 0);
 		return 0;
 	}
-	if (!a->meta_endpoints) {
+	if (!a->mlink.meta_endpoints) {
 		log_error("no way to find the master: set --master-address or "
 			  "--meta-endpoints");
 		return -EINVAL;
 	}
-	size_t klen = strlen(a->cluster_id) + 32;
-	a->leader_key = malloc(klen);
-	if (!a->leader_key)
+	size_t klen = strlen(a->mlink.cluster_id) + 32;
+	a->mlink.leader_key = malloc(klen);
+	if (!a->mlink.leader_key)
 		return -ENOMEM;
-	snprintf(a->leader_key, klen, "/mooncake/%s/master", a->cluster_id);
-	struct etcd_opts eo = {.endpoints = a->meta_endpoints};
-	int rc = etcd_client_new(a->loop, &eo, &a->etcd);
+	snprintf(a->mlink.leader_key, klen, "/mooncake/%s/master", a->mlink.cluster_id);
+	struct etcd_opts eo = {.endpoints = a->mlink.meta_endpoints};
+	int rc = etcd_client_new(a->loop, &eo, &a->mlink.etcd);
 	if (rc) {
-		log_error("--meta-endpoints %s: %s", a->meta_endpoints, mc_strerror(rc));
+		log_error("--meta-endpoints %s: %s", a->mlink.meta_endpoints, mc_strerror(rc));
 		return rc;
 	}
 	read_leader(a);
 	return 0;
-}
-
-static void on_handle_closed(uv_handle_t *h)
-{
-	struct agent *a = h->data;
-	a->closing--;
-	agent__maybe_stopped(a);
 }
 
 static void mlink_finish(struct agent *a)
@@ -842,57 +811,80 @@ static void mlink_finish(struct agent *a)
 	/* The retry timer runs on until the agent's handles close: requests
 	 * still in flight may call the master, and their parked calls must
 	 * be ended (MC_ESHUTDOWN) by its ticks. */
-	uv_timer_stop(&a->hb_timer);
-	if (a->watch) {
-		etcd_watch_cancel(a->watch);
-		a->watch = NULL;
+	uv_timer_stop(&a->mlink.hb_timer);
+	if (a->mlink.watch) {
+		etcd_watch_cancel(a->mlink.watch);
+		a->mlink.watch = NULL;
 	}
-	mcall_poll(a); /* fail parked calls: stopping */
-	if (a->mc) {
-		struct rpc_client *mc = a->mc;
-		a->mc = NULL;
-		rpc_client_free(mc);
-	}
-	if (a->etcd) {
-		etcd_client_free(a->etcd);
-		a->etcd = NULL;
+	agent__mcall_poll(a); /* fail parked calls: stopping */
+	agent__mcall_disconnect(a);
+	if (a->mlink.etcd) {
+		etcd_client_free(a->mlink.etcd);
+		a->mlink.etcd = NULL;
 	}
 	resync_free(a);
-	a->closing += 2;
-	uv_close((uv_handle_t *)&a->hb_timer, on_handle_closed);
-	agent__mirror_close(a, on_handle_closed);
-	void (*done)(struct agent *) = a->mlink_done;
-	a->mlink_done = NULL;
+	agent__mirror_stop(a);
+	agent__demote_stop(a);
+	void (*done)(struct agent *) = a->mlink.done;
+	a->mlink.done = NULL;
 	if (done)
 		done(a);
 }
 
-static void on_unmounted(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
+static void on_ssd_unmounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct agent *a = ud;
+	const Mooncake__Master__UnmountSegmentResponse *resp = (const void *)m;
+	if (err && err != MC_ENOT_LEADER && err != MC_ESHUTDOWN)
+		log_warn("cannot unmount the SSD tier's segment %s: %s (it expires after "
+			 "the agent TTL)",
+			 agent__tier_name(a), message ? message : mc_strerror(err));
+	else if (!err)
+		log_info("SSD tier segment %s unmounted: %" PRIu64 " objects left the pool "
+			 "until the agent is back",
+			 agent__tier_name(a), resp->objects_removed);
+	free(a->mlink.unmount_ssd_req);
+	a->mlink.unmount_ssd_req = NULL;
+	mlink_finish(a);
+}
+
+static void on_unmounted(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent *a = ud;
 	const Mooncake__Master__UnmountSegmentResponse *resp =
 		(const Mooncake__Master__UnmountSegmentResponse *)m;
-	a->unmount_busy = false;
 	if (err == MC_ENOT_LEADER || err == MC_ESHUTDOWN)
 		log_info("segment %s: the master is stopping too; not unmounted", a->name);
 	else if (err)
 		log_warn("cannot unmount segment %s from master %s: %s (it expires "
-			 "after the agent TTL)", a->name, a->master_addr,
+			 "after the agent TTL)",
+			 a->name, agent__mcall_master(a),
 			 message ? message : mc_strerror(err));
 	else
 		log_info("segment %s unmounted: %" PRIu64 " objects left the pool", a->name,
 			 resp->objects_removed);
-	free(a->unmount_req);
-	a->unmount_req = NULL;
+	free(a->mlink.unmount_req);
+	a->mlink.unmount_req = NULL;
+	Mooncake__Master__UnmountSegmentRequest *q = NULL;
+	if (!err && agent__tier_on(a) && a->mlink.ssd_ever_mounted &&
+	    (q = malloc(sizeof(*q)))) {
+		mooncake__master__unmount_segment_request__init(q);
+		q->name = (char *)agent__tier_name(a);
+		q->agent_id = a->name;
+		a->mlink.unmount_ssd_req = q;
+		agent__mcall(a, "UnmountSegment", &q->base,
+			     &mooncake__master__unmount_segment_response__descriptor,
+			     on_ssd_unmounted, a);
+		return;
+	}
 	mlink_finish(a);
 }
 
 void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
 {
-	a->mlink_done = done;
-	uv_timer_stop(&a->hb_timer);
-	if (!a->mounted || !a->mc) {
+	a->mlink.done = done;
+	uv_timer_stop(&a->mlink.hb_timer);
+	if (!a->mlink.mounted || !agent__mcall_connected(a)) {
 		mlink_finish(a);
 		return;
 	}
@@ -904,24 +896,38 @@ void agent__mlink_stop(struct agent *a, void (*done)(struct agent *a))
 	mooncake__master__unmount_segment_request__init(q);
 	q->name = a->name;
 	q->agent_id = a->name;
-	a->unmount_req = q;
-	a->unmount_busy = true;
-	a->master_timeout_ms = MC_MIN(a->master_timeout_ms, (uint64_t)STOP_TIMEOUT_MS);
+	a->mlink.unmount_req = q;
+	agent__mcall_limit_timeout(a, STOP_TIMEOUT_MS);
 	agent__mcall(a, "UnmountSegment", &q->base,
 		     &mooncake__master__unmount_segment_response__descriptor, on_unmounted, a);
 }
 
-void agent__mlink_close(struct agent *a, uv_close_cb on_closed)
+unsigned agent__mlink_close(struct agent *a, uv_close_cb on_closed)
 {
-	uv_close((uv_handle_t *)&a->retry_timer, on_closed);
+	uv_close((uv_handle_t *)&a->mlink.hb_timer, on_closed);
+	uv_close((uv_handle_t *)&a->mlink.retry_timer, on_closed);
+	return 2;
+}
+
+uint64_t agent__mlink_view(const struct agent *a)
+{
+	return a->mlink.view;
 }
 
 void agent__mlink_free(struct agent *a)
 {
-	free(a->leader_key);
-	a->leader_key = NULL;
-	free(a->hb_req);
-	a->hb_req = NULL;
-	free(a->unmount_req);
-	a->unmount_req = NULL;
+	free(a->mlink.master_fixed);
+	a->mlink.master_fixed = NULL;
+	free(a->mlink.meta_endpoints);
+	a->mlink.meta_endpoints = NULL;
+	free(a->mlink.cluster_id);
+	a->mlink.cluster_id = NULL;
+	free(a->mlink.leader_key);
+	a->mlink.leader_key = NULL;
+	free(a->mlink.hb_req);
+	a->mlink.hb_req = NULL;
+	free(a->mlink.unmount_req);
+	a->mlink.unmount_req = NULL;
+	free(a->mlink.unmount_ssd_req);
+	a->mlink.unmount_ssd_req = NULL;
 }

@@ -1,32 +1,10 @@
 /*
- * ops: what the agent does for each client request.
- *
- *   put       [BatchRemove when upserting] -> for an item whose one
- *             replica is this agent's segment, space from the put lease
- *             (space.c) when there is room, else BatchPutStart (this
- *             agent's segment preferred) -> copy the value to every
- *             replica on a copy thread (local memcpy, or the transfer
- *             engine; small local ones inline), with the value's CRC-32C
- *             computed in the same pass (or while the engine copies) ->
- *             BatchCommit for the leased items written (one master call
- *             per put in all), BatchPutEnd with the checksums for the
- *             others written, BatchPutRevoke for the others (and for all
- *             of them when the client went away); unused leased space
- *             goes back to the lease's giving-back list.
- *   get       BatchGetReplicas (grants the read lease) -> per item the
- *             nearest replica (this agent's segment first): a zero-copy
- *             view of the segment when asked and local, else a copy into
- *             the item's destination, the staging spill area, or one new
- *             memfd attached to the reply; with verify, the bytes are
- *             checked against the object's checksum -> reply.
- *   exist, remove, remove_all: the master's batch calls.
- *   buffers   register (checked client memfd), unregister, alloc (agent
- *             memfd); transfer moves bytes between client memory and a
- *             segment address; stats; release of views.
- *
- * Request state lives in struct agent_req; master requests are built in
- * one malloc'd block (r->mstate) that lives until the request ends, since
- * a redirected call is sent again.
+ * ops: which operation serves each client request (agent__dispatch, the
+ * server's on_request hook), and the small operations: hello (the
+ * session's staging buffer), exist, remove and remove_all (the master's
+ * calls, the lease cache and inventory kept in step), stats, and the
+ * release of zero-copy views. Put, get, buffers and transfers have files
+ * of their own (op_put.c, op_get.c, op_buf.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -35,241 +13,18 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
-#include "common/crc32c.h"
+#include "agent/batch.h"
+#include "agent/mcall.h"
+#include "agent/mirror.h"
+#include "agent/mlink.h"
+#include "agent/op.h"
+#include "agent/req.h"
+#include "agent/server.h"
+#include "agent/tier.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
-
-typedef Mooncake__Client__Region Region;
-
-static void finish(struct agent_req *r, int err)
-{
-	agent__op_done(r->a, r->op, err, r->start_ns);
-	agent__req_free(r);
-}
-
-static void fail(struct agent_req *r, int err, const char *why)
-{
-	agent__reply_error(r, err, why);
-	finish(r, err);
-}
-
-/* Keep a reference on m for the request's lifetime. */
-static int hold(struct agent_req *r, struct agent_map *m)
-{
-	for (unsigned i = 0; i < r->nmaps; i++)
-		if (r->maps[i] == m)
-			return 0;
-	if (r->nmaps == r->maps_cap) {
-		unsigned cap = r->maps_cap ? r->maps_cap * 2 : 4;
-		struct agent_map **p = realloc(r->maps, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		r->maps = p;
-		r->maps_cap = cap;
-	}
-	agent__map_ref(m);
-	r->maps[r->nmaps++] = m;
-	return 0;
-}
-
-static struct agent_buf *find_buf(struct agent_conn *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->nbufs; i++)
-		if (c->bufs[i].id == id)
-			return &c->bufs[i];
-	return NULL;
-}
-
-/* Map the i-th attached descriptor (once per request). */
-static int attached(struct agent_req *r, unsigned i)
-{
-	if (r->att[i])
-		return 0;
-	if (i >= r->nfds || r->fds[i] < 0)
-		return -EBADF;
-	off_t size = lseek(r->fds[i], 0, SEEK_END);
-	if (size <= 0)
-		return size == 0 ? -EINVAL : -EBADF;
-	struct agent_map *m;
-	uint8_t *base;
-	int rc = agent__map_client_fd(r->a, r->fds[i], r->c->uid, 0, (uint64_t)size,
-				      &m, &base);
-	if (rc)
-		return rc;
-	r->fds[i] = -1; /* the map owns it */
-	r->att[i] = m;
-	r->att_base[i] = base;
-	r->att_len[i] = (uint64_t)size;
-	rc = hold(r, m);
-	agent__map_unref(m); /* the request's hold keeps it */
-	return rc;
-}
-
-/*
- * Client memory of a region: *ptr and its usable length (the region's
- * length, checked against what backs it). Errors: -ENOENT (unknown
- * buffer), -ERANGE (outside), -EBADF/-EPERM/-EACCES/-EINVAL (attached
- * descriptor refused), -ENOMEM.
- */
-static int region_ptr(struct agent_req *r, const Region *g, uint8_t **ptr)
-{
-	struct agent_conn *c = r->c;
-	uint8_t *base;
-	uint64_t blen;
-	struct agent_map *m;
-	switch (g->where) {
-	case MOONCAKE__CLIENT__REGION__WHERE__STAGING:
-		m = c->staging;
-		base = c->staging_base;
-		blen = c->staging_len;
-		break;
-	case MOONCAKE__CLIENT__REGION__WHERE__BUFFER: {
-		struct agent_buf *b = find_buf(c, g->buffer);
-		if (!b)
-			return -ENOENT;
-		m = b->map;
-		base = b->base;
-		blen = b->len;
-		break;
-	}
-	case MOONCAKE__CLIENT__REGION__WHERE__ATTACHED: {
-		int rc = attached(r, g->fd_index);
-		if (rc)
-			return rc;
-		m = r->att[g->fd_index];
-		base = r->att_base[g->fd_index];
-		blen = r->att_len[g->fd_index];
-		break;
-	}
-	default:
-		return -EINVAL;
-	}
-	if (!m)
-		return -ENOENT;
-	if (g->offset > blen || g->length > blen - g->offset)
-		return -ERANGE;
-	int rc = hold(r, m);
-	if (rc)
-		return rc;
-	*ptr = base + g->offset;
-	return 0;
-}
-
-static int alloc_items(struct agent_req *r, size_t n)
-{
-	r->items = calloc(n, sizeof(*r->items));
-	if (!r->items)
-		return -ENOMEM;
-	r->n = n;
-	return 0;
-}
-
-/* Copy a master replica list into an item. */
-static int take_replicas(struct agent *a, struct agent_item *it,
-			 Mooncake__Master__Replica *const *reps, size_t n)
-{
-	if (n > AGENT_MAX_REPLICAS)
-		n = AGENT_MAX_REPLICAS;
-	it->reps = calloc(n ? n : 1, sizeof(*it->reps));
-	if (!it->reps)
-		return -ENOMEM;
-	for (size_t k = 0; k < n; k++) {
-		struct agent_rep *p = &it->reps[k];
-		p->segment = strdup(reps[k]->segment ? reps[k]->segment : "");
-		if (!p->segment)
-			return -ENOMEM;
-		p->local = strcmp(p->segment, a->name) == 0;
-		p->offset = reps[k]->offset;
-		p->address = reps[k]->address;
-		it->nrep++;
-	}
-	return 0;
-}
-
-/*
- * Move len bytes between client memory and a local replica; with crc,
- * the CRC-32C of the bytes moved is computed in the same pass. Runs on a
- * copy thread (or inline for small ones; with help, a copy without crc
- * is shared with one of its copy threads: agent__pool_copy). Offsets are
- * checked against the segment's bounds: the master's answer is not
- * trusted with the agent's memory.
- */
-static int local_io(struct agent *a, const struct agent_rep *p, uint8_t *mem, uint64_t len,
-		    bool write, uint32_t *crc, struct agent_pool *help)
-{
-	if (crc)
-		*crc = 0;
-	if (len == 0)
-		return 0;
-	if (p->offset > a->seg->len || len > a->seg->len - p->offset)
-		return MC_EINVALID_REPLICA;
-	uint8_t *s = a->seg->addr + p->offset;
-	uint8_t *dst = write ? s : mem;
-	const uint8_t *src = write ? mem : s;
-	if (crc)
-		*crc = crc32c_copy(0, dst, src, len);
-	else if (help)
-		agent__pool_copy(help, dst, src, len);
-	else
-		memcpy(dst, src, len);
-	return 0;
-}
-
-/* Build a BatchKeysRequest of the items selected by want(item) in one
- * block; *idx maps request positions back to items; crcs holds the
- * items' checksums (attach them for BatchPutEnd). */
-struct keys_block {
-	Mooncake__Master__BatchKeysRequest req;
-	Mooncake__Master__BatchRemoveRequest rm; /* the same keys */
-	size_t *idx;
-	uint32_t *crcs;
-	ProtobufCBinaryData keys[];
-};
-
-static struct keys_block *keys_block(struct agent_req *r,
-				     bool (*want)(const struct agent_item *))
-{
-	size_t n = 0;
-	for (size_t i = 0; i < r->n; i++)
-		n += want(&r->items[i]);
-	struct keys_block *b = malloc(sizeof(*b) + n * sizeof(b->keys[0]) +
-				      n * sizeof(size_t) + n * sizeof(uint32_t));
-	if (!b)
-		return NULL;
-	mooncake__master__batch_keys_request__init(&b->req);
-	b->idx = (size_t *)&b->keys[n];
-	b->crcs = (uint32_t *)&b->idx[n];
-	size_t k = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		if (!want(&r->items[i]))
-			continue;
-		b->keys[k].data = (uint8_t *)r->items[i].key;
-		b->keys[k].len = r->items[i].klen;
-		b->crcs[k] = r->items[i].crc;
-		b->idx[k] = i;
-		k++;
-	}
-	b->req.keys = b->keys;
-	b->req.n_keys = n;
-	mooncake__master__batch_remove_request__init(&b->rm);
-	b->rm.keys = b->keys;
-	b->rm.n_keys = n;
-	return b;
-}
-
-static bool item_ok(const struct agent_item *it)
-{
-	return it->err == 0;
-}
-
-static void set_mstate(struct agent_req *r, void *p)
-{
-	free(r->mstate);
-	r->mstate = p;
-}
 
 /* ------------------------------------------------------------ hello */
 
@@ -280,16 +35,15 @@ static void op_hello(struct agent_req *r)
 	const Mooncake__Client__Hello *h = r->msg->hello;
 	if (h->version != AGENT_PROTOCOL_VERSION) {
 		char why[96];
-		snprintf(why, sizeof(why), "protocol version %u is not supported (this "
-			 "agent speaks %u)", h->version, AGENT_PROTOCOL_VERSION);
-		log_warn("client %s: %s", c->name, why);
+		snprintf(why, sizeof(why),
+			 "protocol version %u is not supported (this "
+			 "agent speaks %u)",
+			 h->version, AGENT_PROTOCOL_VERSION);
+		log_warn("client %s: %s", agent__session_name(c), why);
 		agent__reply_error(r, MC_EPROTOCOL, why);
-		finish(r, MC_EPROTOCOL);
+		agent__op_finish(r, MC_EPROTOCOL);
 		return;
 	}
-	if (h->client_name && h->client_name[0])
-		snprintf(c->name, sizeof(c->name), "pid %d uid %u (%.48s)", (int)c->pid,
-			 (unsigned)c->uid, h->client_name);
 	uint64_t want = h->staging_size ? h->staging_size : a->staging_bytes;
 	if (want > a->staging_bytes)
 		want = a->staging_bytes;
@@ -304,20 +58,16 @@ static void op_hello(struct agent_req *r)
 	struct agent_map *m;
 	int rc = agent__memfd_new(a, &mo, &m);
 	if (rc) {
-		fail(r, rc, "cannot create the staging buffer");
+		agent__op_fail(r, rc, "cannot create the staging buffer");
 		return;
 	}
 	int fd = dup(m->fd);
 	if (fd < 0) {
 		agent__map_unref(m);
-		fail(r, -errno, "cannot pass the staging buffer");
+		agent__op_fail(r, -errno, "cannot pass the staging buffer");
 		return;
 	}
-	c->staging = m;
-	c->staging_base = m->addr;
-	c->staging_len = m->len;
-	c->hello = true;
-	a->staging_in_use += m->len;
+	agent__session_hello(c, h->client_name, m);
 	Mooncake__Client__HelloReply hr = MOONCAKE__CLIENT__HELLO_REPLY__INIT;
 	hr.version = AGENT_PROTOCOL_VERSION;
 	hr.staging_size = m->len;
@@ -325,1246 +75,16 @@ static void op_hello(struct agent_req *r)
 	hr.segment = a->name;
 	hr.segment_size = a->seg->len;
 	hr.max_frame = MC_UFRAME_MAX_BYTES;
-	hr.lease_ttl_ms = a->lease_ttl_ms;
+	hr.lease_ttl_ms = agent__lease_ttl_ms(a);
 	hr.rpc_address = a->name;
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_HELLO;
 	resp.hello = &hr;
 	bool own = true;
-	log_debug("client %s: session started, staging %llu bytes", c->name,
+	log_debug("client %s: session started, staging %llu bytes", agent__session_name(c),
 		  (unsigned long long)m->len);
 	agent__reply(r, &resp, &fd, &own, 1);
-	agent__gauges(a);
-	finish(r, 0);
-}
-
-/* ------------------------------------------------------------ put */
-
-/* One allocation: the header, then n pointers, n items, n indexes. */
-struct put_block {
-	Mooncake__Master__BatchPutStartRequest req;
-	Mooncake__Master__PutStartRequest **ptrs;
-	Mooncake__Master__PutStartRequest *items;
-	size_t *idx;
-	size_t n;
-};
-
-static void put_start(struct agent_req *r);
-static void put_run(struct agent_job *j);
-static void put_done(struct agent_job *j);
-
-static void put_reply(struct agent_req *r)
-{
-	int32_t *errs = calloc(r->n, sizeof(*errs));
-	if (!errs) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	int first = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		errs[i] = r->items[i].err;
-		if (errs[i] && !first)
-			first = errs[i];
-		if (errs[i] == 0) {
-			agent__count(r->a, AGENT_C_PUTS, 1);
-			agent__count(r->a, AGENT_C_BYTES_WRITTEN, r->items[i].len);
-		} else
-			agent__count(r->a, AGENT_C_PUT_FAILS, 1);
-	}
-	Mooncake__Client__PutReply pr = MOONCAKE__CLIENT__PUT_REPLY__INIT;
-	pr.errors = errs;
-	pr.n_errors = r->n;
-	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
-	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_PUT;
-	resp.put = &pr;
-	agent__reply(r, &resp, NULL, NULL, 0);
-	free(errs);
-	finish(r, first);
-}
-
-static void on_revoked(void *ud, int err, const char *message,
-		       const ProtobufCMessage *resp)
-{
-	(void)resp;
-	if (err && err != MC_ECANCELLED)
-		log_warn("PutRevoke failed: %s (the master's put timeout will "
-			 "revoke it)", message ? message : mc_strerror(err));
-	free(ud);
-}
-
-/* Items that were started (PutStart) but will not be ended. */
-static bool item_revoke(const struct agent_item *it)
-{
-	return it->nrep > 0 && it->err != 0 && !it->leased && !it->rleased;
-}
-
-static bool item_end(const struct agent_item *it)
-{
-	return it->nrep > 0 && it->err == 0 && !it->leased && !it->rleased;
-}
-
-/* Both the PutEnd and the Commit call are answered: reply. */
-static void put_call_done(struct agent_req *r)
-{
-	if (--r->mcalls == 0)
-		put_reply(r);
-}
-
-static void revoke_items(struct agent_req *r)
-{
-	struct keys_block *b = keys_block(r, item_revoke);
-	if (!b)
-		return; /* the master's put timeout revokes them */
-	if (b->req.n_keys == 0) {
-		free(b);
-		return;
-	}
-	agent__mcall(r->a, "BatchPutRevoke", &b->req.base,
-		     &mooncake__master__batch_errors_response__descriptor, on_revoked, b);
-}
-
-static void on_put_ended(void *ud, int err, const char *message,
-			 const ProtobufCMessage *m)
-{
-	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
-	const Mooncake__Master__BatchErrorsResponse *resp =
-		(const Mooncake__Master__BatchErrorsResponse *)m;
-	for (size_t k = 0; k < b->req.n_keys; k++) {
-		struct agent_item *it = &r->items[b->idx[k]];
-		int e = err ? err : (k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL);
-		if (e) {
-			it->err = e;
-			if (err)
-				log_warn("PutEnd failed: %s", message ? message : mc_strerror(err));
-			continue;
-		}
-		/* Into the mirror at once (its log entry follows). */
-		struct agent_inv_rec rec = {.size = it->len, .crc = it->crc,
-					    .has_crc = it->has_crc,
-					    .soft_pin = r->msg->put->soft_pin};
-		for (unsigned p = 0; p < it->nrep; p++) {
-			rec.offset = it->reps[p].offset;
-			if (it->reps[p].local && agent__inv_add(&r->a->inv, it->key, it->klen,
-								&rec) != 0)
-				log_warn("inventory: out of memory; an object will not be "
-					 "re-reported after a master failover");
-		}
-	}
-	put_call_done(r);
-}
-
-/* BatchCommit of the leased items written: one allocation, the header,
- * then n pointers, n items, n indexes. */
-struct commit_block {
-	Mooncake__Master__BatchCommitRequest req;
-	Mooncake__Master__CommitItem **ptrs;
-	Mooncake__Master__CommitItem *items;
-	size_t *idx;
-	size_t n;
-};
-
-static void on_committed(void *ud, int err, const char *message, const ProtobufCMessage *m)
-{
-	struct agent_req *r = ud;
-	struct commit_block *b = r->mstate2;
-	const Mooncake__Master__BatchErrorsResponse *resp = (const void *)m;
-	if (err)
-		log_warn("BatchCommit failed: %s", message ? message : mc_strerror(err));
-	for (size_t k = 0; k < b->n; k++) {
-		struct agent_item *it = &r->items[b->idx[k]];
-		int e = err ? err : (k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL);
-		if (e) {
-			/* Refused: the master freed the space or never leased
-			 * it. No answer: see space.c on commits that got none. */
-			it->err = e;
-			if (it->rleased && e != MC_EOBJECT_ALREADY_EXISTS && e != -EINVAL)
-				agent__rlease_drop(r->a, it->reps[0].segment);
-			continue;
-		}
-		agent__count(r->a, AGENT_C_PUT_COMMITS, 1);
-		if (it->rleased)
-			continue; /* its owner's inventory, not this agent's */
-		struct agent_inv_rec rec = {.offset = it->reps[0].offset, .size = it->len,
-					    .crc = it->crc, .has_crc = it->has_crc,
-					    .soft_pin = r->msg->put->soft_pin};
-		if (agent__inv_add(&r->a->inv, it->key, it->klen, &rec) != 0)
-			log_warn("inventory: out of memory; an object will not be "
-				 "re-reported after a master failover");
-	}
-	put_call_done(r);
-}
-
-/* Build the commit of the leased items written (NULL: out of memory). */
-static struct commit_block *commit_block(struct agent_req *r)
-{
-	size_t n = 0;
-	for (size_t i = 0; i < r->n; i++)
-		n += (r->items[i].leased || r->items[i].rleased) && !r->items[i].err;
-	struct commit_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
-							  sizeof(*b->idx)));
-	if (!b)
-		return NULL;
-	b->items = (Mooncake__Master__CommitItem *)(b + 1);
-	b->ptrs = (Mooncake__Master__CommitItem **)(b->items + n);
-	b->idx = (size_t *)(b->ptrs + n);
-	b->n = 0;
-	const Mooncake__Client__PutRequest *p = r->msg->put;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if ((!it->leased && !it->rleased) || it->err)
-			continue;
-		Mooncake__Master__CommitItem *c = &b->items[b->n];
-		mooncake__master__commit_item__init(c);
-		c->key.data = (uint8_t *)it->key;
-		c->key.len = it->klen;
-		c->offset = it->reps[0].offset;
-		c->size = it->len;
-		c->crc32c = it->crc;
-		c->checksummed = it->has_crc;
-		c->soft_pin = p->soft_pin;
-		c->ttl_ms = p->ttl_ms;
-		b->ptrs[b->n] = c;
-		b->idx[b->n] = i;
-		b->n++;
-	}
-	mooncake__master__batch_commit_request__init(&b->req);
-	b->req.agent_id = r->a->name;
-	b->req.segment = r->a->name;
-	b->req.lease_epoch = r->a->lease_epoch;
-	if (b->n && r->items[b->idx[0]].rleased) {
-		/* (a request with a remote-leased item has no other: put_start) */
-		b->req.segment = r->items[b->idx[0]].reps[0].segment;
-		b->req.lease_epoch = r->items[b->idx[0]].rlease_epoch;
-	}
-	b->req.items = b->ptrs;
-	b->req.n_items = b->n;
-	return b;
-}
-
-static void put_done(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent *a = r->a;
-	if (r->c->closed) {
-		/* The client went away: nobody will learn the outcome. */
-		for (size_t i = 0; i < r->n; i++)
-			if (r->items[i].nrep && !r->items[i].err)
-				r->items[i].err = MC_ECANCELLED;
-	}
-	/* Space of an earlier lease epoch (the segment was mounted again
-	 * meanwhile) cannot be committed any more. */
-	for (size_t i = 0; i < r->n; i++)
-		if (r->items[i].leased && !r->items[i].err &&
-		    r->items[i].lease_gen != a->lease_gen)
-			r->items[i].err = MC_EUNAVAILABLE;
-	struct keys_block *b = keys_block(r, item_end);
-	struct commit_block *cb = commit_block(r);
-	if (!b || !cb) {
-		free(b);
-		free(cb);
-		b = NULL;
-		for (size_t i = 0; i < r->n; i++)
-			if (r->items[i].nrep && !r->items[i].err)
-				r->items[i].err = -ENOMEM;
-	}
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->leased)
-			agent__lease_put_done(a, it->reps[0].offset, it->len, it->lease_gen,
-					      !it->err);
-	}
-	revoke_items(r);
-	if (!b) {
-		put_reply(r);
-		return;
-	}
-	set_mstate(r, b);
-	free(r->mstate2);
-	r->mstate2 = cb;
-	r->mcalls = (b->req.n_keys > 0) + (cb->n > 0);
-	if (r->mcalls == 0) {
-		put_reply(r);
-		return;
-	}
-	if (b->req.n_keys) {
-		/* Every item written has its checksum (put_run). */
-		b->req.crc32c = b->crcs;
-		b->req.n_crc32c = b->req.n_keys;
-		agent__bcall(a, AGENT_B_PUT_END, &b->req.base, on_put_ended, r);
-	}
-	if (cb->n)
-		agent__bcall(a, AGENT_B_COMMIT, &cb->req.base, on_committed, r);
-}
-
-/* The writes of the remote replicas, added to x (created when one is
- * needed; NULL stays NULL when none is). */
-static void put_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop)
-{
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		for (unsigned p = 0; p < it->nrep && !it->err; p++) {
-			if (it->reps[p].local || it->len == 0)
-				continue;
-			if (!*x && !(*x = loop ? agent__xfer_new_loop() : agent__xfer_new())) {
-				it->err = -ENOMEM;
-				break;
-			}
-			agent__xfer_add(r->a, *x, it->reps[p].segment, true, it->ptr,
-					it->reps[p].address, it->len, &it->err);
-		}
-	}
-}
-
-/* The local replicas' copies and every value's checksum: in the pass
- * that copies it to its local replica, else while the engine moves it. */
-static void put_copy_local(struct agent_req *r)
-{
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		for (unsigned p = 0; p < it->nrep && !it->err; p++)
-			if (it->reps[p].local) {
-				it->err = local_io(r->a, &it->reps[p], it->ptr, it->len, true,
-						   &it->crc, NULL);
-				it->has_crc = !it->err;
-			}
-		if (!it->err && it->nrep && !it->has_crc) {
-			it->crc = crc32c(0, it->ptr, it->len);
-			it->has_crc = true;
-		}
-	}
-}
-
-/* Remote replicas go out first as one transfer batch; the local ones
- * are copied while it runs. */
-static void put_run(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent_xfer *x = NULL;
-	put_add_remote(r, &x, false);
-	if (x)
-		agent__xfer_start(r->a, x);
-	put_copy_local(r);
-	if (x)
-		agent__xfer_finish(r->a, x);
-}
-
-/* Start x's remote pieces from the loop (agent__xfer_start_loop), make
- * the local copies meanwhile, and have done(j) run once the pieces are
- * over. False — x dropped, nothing sent — when a segment was not open
- * yet: the request takes the copy thread's way. */
-static bool start_from_loop(struct agent_req *r, struct agent_xfer *x,
-			    void (*copy_local)(struct agent_req *r),
-			    void (*done)(struct agent_job *j))
-{
-	if (agent__xfer_missed(x)) {
-		agent__xfer_finish(r->a, x);
-		return false;
-	}
-	r->xfer = x;
-	r->job.done = done;
-	bool over = agent__xfer_start_loop(r->a, x, &r->job);
-	copy_local(r);
-	if (over)
-		agent__pool_done_now(&r->a->pool, &r->job);
-	return true;
-}
-
-/* First thing in a done of start_from_loop: the pieces' outcome is in
- * their items' errors. */
-static struct agent_req *end_from_loop(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	agent__xfer_finish(r->a, r->xfer); /* (complete: returns at once) */
-	r->xfer = NULL;
-	return r;
-}
-
-static void put_loop_done(struct agent_job *j)
-{
-	end_from_loop(j);
-	put_done(j);
-}
-
-/* Small values without a copy thread (start_from_loop). */
-static bool put_from_loop(struct agent_req *r)
-{
-	struct agent_xfer *x = NULL;
-	put_add_remote(r, &x, true);
-	return x && start_from_loop(r, x, put_copy_local, put_loop_done);
-}
-
-/* Every item has its replicas (leased space or PutStart placements) or an
- * error: copy, inline when small and local, else on a copy thread. */
-static void put_copy(struct agent_req *r)
-{
-	uint64_t bytes = 0;
-	bool any = false, remote = false;
-	for (size_t i = 0; i < r->n; i++) {
-		const struct agent_item *it = &r->items[i];
-		any |= it->nrep > 0; /* (failed ones are given back or revoked) */
-		if (it->err)
-			continue;
-		bytes += it->len * it->nrep;
-		for (unsigned p = 0; p < it->nrep; p++)
-			remote |= !it->reps[p].local;
-	}
-	if (!any) {
-		put_reply(r);
-		return;
-	}
-	r->job.run = put_run;
-	r->job.done = put_done;
-	if (bytes <= AGENT_INLINE_COPY_BYTES && !remote) {
-		put_run(&r->job);
-		put_done(&r->job);
-		return;
-	}
-	if (bytes <= AGENT_INLINE_COPY_BYTES && put_from_loop(r))
-		return;
-	agent__pool_submit(&r->a->pool, &r->job);
-}
-
-static void on_put_started(void *ud, int err, const char *message,
-			   const ProtobufCMessage *m)
-{
-	struct agent_req *r = ud;
-	struct put_block *b = r->mstate;
-	const Mooncake__Master__BatchPutStartResponse *resp =
-		(const Mooncake__Master__BatchPutStartResponse *)m;
-	(void)message;
-	for (size_t k = 0; k < b->n; k++) {
-		struct agent_item *it = &r->items[b->idx[k]];
-		if (err) {
-			it->err = err;
-			continue;
-		}
-		if (k >= resp->n_results) {
-			it->err = MC_EPROTOCOL;
-			continue;
-		}
-		const Mooncake__Master__PutStartResult *res = resp->results[k];
-		if (res->error) {
-			it->err = res->error;
-			continue;
-		}
-		if (res->n_replicas == 0) {
-			it->err = MC_EPROTOCOL;
-			continue;
-		}
-		if (take_replicas(r->a, it, res->replicas, res->n_replicas) != 0) {
-			it->err = -ENOMEM; /* revoked if any replica was taken, else
-					      by the master's put timeout */
-			continue;
-		}
-	}
-	put_copy(r);
-}
-
-/* Space from the put lease for an item whose one replica is this
- * agent's segment. */
-static bool take_leased(struct agent_req *r, struct agent_item *it)
-{
-	struct agent *a = r->a;
-	uint64_t off;
-	unsigned gen;
-	if (!agent__lease_take(a, it->len, &off, &gen))
-		return false;
-	it->reps = calloc(1, sizeof(*it->reps));
-	if (!it->reps) {
-		agent__lease_put_done(a, off, it->len, gen, false);
-		it->err = -ENOMEM;
-		return true;
-	}
-	it->reps[0].local = true;
-	it->reps[0].offset = off;
-	it->reps[0].address = (uint64_t)(uintptr_t)a->seg->addr + off;
-	it->nrep = 1;
-	it->leased = true;
-	it->lease_gen = gen;
-	return true;
-}
-
-/* Space from a remote lease on segment seg for the one item of a put
- * whose one replica is to be there. */
-static bool take_rleased(struct agent_req *r, struct agent_item *it, const char *seg)
-{
-	struct agent_rtake t;
-	if (!agent__rlease_take(r->a, seg, it->len, &t))
-		return false;
-	it->reps = calloc(1, sizeof(*it->reps));
-	char *name = strdup(seg);
-	if (!it->reps || !name) {
-		free(name);
-		it->err = -ENOMEM; /* (the space returns at the lease's end) */
-		return true;
-	}
-	it->reps[0].segment = name;
-	it->reps[0].offset = t.off;
-	it->reps[0].address = t.base + t.off;
-	it->nrep = 1;
-	it->rleased = true;
-	it->rlease_epoch = t.epoch;
-	return true;
-}
-
-static void put_start(struct agent_req *r)
-{
-	const Mooncake__Client__PutRequest *p = r->msg->put;
-	struct agent *a = r->a;
-	bool local_only = p->replica_num <= 1 &&
-			  (!p->preferred_segment || !p->preferred_segment[0] ||
-			   strcmp(p->preferred_segment, a->name) == 0);
-	/* One item for one replica on another agent's segment (batches of
-	 * those keep PutStart: one commit names one segment). */
-	bool remote_one = p->replica_num <= 1 && !local_only && r->n == 1;
-	size_t n = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || (local_only && take_leased(r, it)) ||
-		    (remote_one && take_rleased(r, it, p->preferred_segment)))
-			continue;
-		n++;
-	}
-	if (n == 0) {
-		put_copy(r); /* (or the reply, when nothing is left to do) */
-		return;
-	}
-	struct put_block *b = malloc(sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) +
-						  sizeof(*b->idx)));
-	if (!b) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	b->items = (Mooncake__Master__PutStartRequest *)(b + 1);
-	b->ptrs = (Mooncake__Master__PutStartRequest **)(b->items + n);
-	b->idx = (size_t *)(b->ptrs + n);
-	mooncake__master__batch_put_start_request__init(&b->req);
-	const char *pref = p->preferred_segment && p->preferred_segment[0]
-				   ? p->preferred_segment
-				   : a->name;
-	size_t k = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->leased || it->rleased)
-			continue;
-		Mooncake__Master__PutStartRequest *q = &b->items[k];
-		mooncake__master__put_start_request__init(q);
-		q->key.data = (uint8_t *)it->key;
-		q->key.len = it->klen;
-		q->size = it->len;
-		q->replica_num = p->replica_num ? p->replica_num : 1;
-		q->preferred_segment = (char *)pref;
-		q->soft_pin = p->soft_pin;
-		q->ttl_ms = p->ttl_ms;
-		b->ptrs[k] = q;
-		b->idx[k] = i;
-		k++;
-	}
-	b->n = n;
-	b->req.items = b->ptrs;
-	b->req.n_items = n;
-	set_mstate(r, b);
-	agent__bcall(a, AGENT_B_PUT_START, &b->req.base, on_put_started, r);
-}
-
-static void on_upsert_removed(void *ud, int err, const char *message,
-			      const ProtobufCMessage *m)
-{
-	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
-	const Mooncake__Master__BatchErrorsResponse *resp =
-		(const Mooncake__Master__BatchErrorsResponse *)m;
-	(void)message;
-	for (size_t k = 0; k < b->req.n_keys && !err; k++) {
-		int e = k < resp->n_errors ? resp->errors[k] : 0;
-		struct agent_item *it = &r->items[b->idx[k]];
-		if (e == 0) {
-			agent__inv_del(&r->a->inv, it->key, it->klen);
-			agent__lcache_del(&r->a->lc, it->key, it->klen);
-		} else if (e != MC_EOBJECT_NOT_FOUND)
-			it->err = e; /* leased: cannot replace it now */
-	}
-	if (err) {
-		for (size_t i = 0; i < r->n; i++)
-			if (!r->items[i].err)
-				r->items[i].err = err;
-	}
-	set_mstate(r, NULL);
-	put_start(r);
-}
-
-static void op_put(struct agent_req *r)
-{
-	const Mooncake__Client__PutRequest *p = r->msg->put;
-	if (alloc_items(r, p->n_items)) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	for (size_t i = 0; i < p->n_items; i++) {
-		struct agent_item *it = &r->items[i];
-		const Mooncake__Client__PutItem *pi = p->items[i];
-		it->key = pi->key.data;
-		it->klen = pi->key.len;
-		if (!agent__key_ok(&pi->key)) {
-			it->err = -EINVAL;
-			continue;
-		}
-		it->len = pi->source->length;
-		it->err = region_ptr(r, pi->source, &it->ptr);
-	}
-	if (p->upsert) {
-		struct keys_block *b = keys_block(r, item_ok);
-		if (!b) {
-			fail(r, -ENOMEM, NULL);
-			return;
-		}
-		set_mstate(r, b);
-		if (b->req.n_keys == 0) {
-			put_reply(r);
-			return;
-		}
-		agent__mcall(r->a, "BatchRemove", &b->rm.base,
-			     &mooncake__master__batch_errors_response__descriptor,
-			     on_upsert_removed, r);
-		return;
-	}
-	put_start(r);
-}
-
-/* ------------------------------------------------------------ get */
-
-/* With verify: the bytes delivered are the object's, or MC_ECHECKSUM. */
-static void check(struct agent_item *it, uint32_t crc)
-{
-	if (!it->err && it->has_crc && crc != it->crc)
-		it->err = MC_ECHECKSUM;
-}
-
-/* The remote items' reads, added to x (created when one is needed, as
- * put_add_remote does). */
-static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop)
-{
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0 || !it->ptr || it->reps[0].local || it->scratch ||
-		    !it->size || it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
-			continue;
-		if (!*x && !(*x = loop ? agent__xfer_new_loop() : agent__xfer_new())) {
-			it->err = -ENOMEM;
-			continue;
-		}
-		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr, it->reps[0].address,
-				it->size, &it->err);
-	}
-}
-
-/* The local items' copies, and the checks of those the client reads
- * through its mapping of the segment. */
-static void get_copy_local(struct agent_req *r)
-{
-	struct agent *a = r->a;
-	bool verify = r->msg->get->verify;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0)
-			continue;
-		const struct agent_rep *rep = &it->reps[0];
-		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED) {
-			/* The client reads the segment itself: check the
-			 * bytes it will see. */
-			if (verify && it->has_crc)
-				check(it, crc32c(0, a->seg->addr + rep->offset, it->size));
-			continue;
-		}
-		if (it->ptr && it->scratch) {
-			memcpy(it->ptr, it->scratch, it->size); /* checked already */
-			continue;
-		}
-		if (!it->ptr || !rep->local)
-			continue;
-		uint32_t crc;
-		it->err = local_io(a, rep, it->ptr, it->size, false, verify ? &crc : NULL,
-				   r->solo ? &a->pool : NULL);
-		if (verify)
-			check(it, crc);
-	}
-}
-
-/* After the remote reads: check their bytes when asked to. */
-static void get_check_remote(struct agent_req *r)
-{
-	for (size_t i = 0; r->msg->get->verify && i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (!it->err && it->nrep && it->ptr && !it->reps[0].local && !it->scratch &&
-		    it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
-			check(it, crc32c(0, it->ptr, it->size));
-	}
-}
-
-/* On a copy thread: the remote reads go out first as one batch, the
- * local copies run meanwhile. */
-static void get_run(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent_xfer *x = NULL;
-	get_add_remote(r, &x, false);
-	if (x)
-		agent__xfer_start(r->a, x);
-	get_copy_local(r);
-	if (x) {
-		agent__xfer_finish(r->a, x);
-		get_check_remote(r);
-	}
-}
-
-static void get_done(struct agent_job *j);
-
-static void get_loop_done(struct agent_job *j)
-{
-	get_check_remote(end_from_loop(j));
-	get_done(j);
-}
-
-/* Without a copy thread when the local copies are small
- * (start_from_loop); the loop copies up to inline_bytes of the remote
- * reads from same-host agents itself. */
-static bool get_from_loop(struct agent_req *r, uint64_t inline_bytes)
-{
-	struct agent_xfer *x = NULL;
-	get_add_remote(r, &x, true);
-	if (!x)
-		return false;
-	agent__xfer_inline(x, inline_bytes);
-	return start_from_loop(r, x, get_copy_local, get_loop_done);
-}
-
-/* Forget a view of this session (its item failed after all). */
-static void drop_view(struct agent_conn *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->nviews; i++)
-		if (c->views[i].id == id) {
-			free(c->views[i].key);
-			c->views[i] = c->views[--c->nviews];
-			c->a->nviews--;
-			return;
-		}
-}
-
-static void get_done(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent *a = r->a;
-	struct agent_conn *c = r->c;
-	Mooncake__Client__GetResult *res = calloc(r->n, sizeof(*res));
-	Mooncake__Client__GetResult **ptrs = calloc(r->n, sizeof(*ptrs));
-	if (!res || !ptrs) {
-		free(res);
-		free(ptrs);
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	int first = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		mooncake__client__get_result__init(&res[i]);
-		ptrs[i] = &res[i];
-		res[i].error = it->err;
-		res[i].size = it->size;
-		if (it->err && it->nrep)
-			agent__lcache_del(&a->lc, it->key, it->klen); /* a read failed */
-		if (it->err && it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED)
-			drop_view(c, it->view);
-		if (it->err == MC_ECHECKSUM) {
-			agent__count(a, AGENT_C_GET_BAD, 1);
-			log_warn("get of a %llu-byte object from segment %s at offset %llu: "
-				 "its bytes do not match its checksum",
-				 (unsigned long long)it->size,
-				 it->reps[0].local ? a->name : it->reps[0].segment,
-				 (unsigned long long)it->reps[0].offset);
-		}
-		if (it->err) {
-			if (!first && it->err != MC_EOBJECT_NOT_FOUND)
-				first = it->err;
-			continue;
-		}
-		res[i].where = it->where;
-		res[i].offset = it->offset;
-		res[i].view = it->view;
-		agent__count(a, AGENT_C_BYTES_READ, it->size);
-		agent__count(a, it->reps[0].local ? AGENT_C_LOCAL_HITS : AGENT_C_REMOTE_HITS, 1);
-	}
-	Mooncake__Client__GetReply gr = MOONCAKE__CLIENT__GET_REPLY__INIT;
-	gr.results = ptrs;
-	gr.n_results = r->n;
-	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
-	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_GET;
-	resp.get = &gr;
-	int fds[2];
-	bool own[2] = {true, true};
-	unsigned nfds = 0;
-	if (r->spill) {
-		fds[nfds] = dup(r->spill->fd);
-		if (fds[nfds] >= 0)
-			nfds++;
-	}
-	if (r->send_segment_fd && !c->closed) {
-		fds[nfds] = dup(a->seg_ro_fd);
-		if (fds[nfds] >= 0) {
-			nfds++;
-			gr.segment_fd = true;
-			c->segment_fd_sent = true;
-		}
-	}
-	agent__reply(r, &resp, fds, own, nfds);
-	free(res);
-	free(ptrs);
-	finish(r, first);
-}
-
-static int add_view(struct agent_conn *c, struct agent_item *it, uint64_t offset)
-{
-	struct agent *a = c->a;
-	if (c->nviews >= AGENT_MAX_VIEWS)
-		return -ENOSPC;
-	if (c->nviews == c->views_cap) {
-		size_t cap = c->views_cap ? c->views_cap * 2 : 16;
-		struct agent_view *p = realloc(c->views, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		c->views = p;
-		c->views_cap = cap;
-	}
-	uint8_t *key = malloc(it->klen);
-	if (!key)
-		return -ENOMEM;
-	memcpy(key, it->key, it->klen);
-	struct agent_view *v = &c->views[c->nviews++];
-	v->id = c->next_view_id++;
-	v->offset = offset;
-	v->size = it->size;
-	v->klen = (uint16_t)it->klen;
-	v->key = key;
-	it->view = v->id;
-	a->nviews++;
-	return 0;
-}
-
-/* A big local get copied on the loop thread: when it is the only request
- * in flight and one session alone has sent requests for a while, no one
- * waits for the loop, and the copy threads' two hand-offs are saved. (A
- * put's copy also computes the checksum: puts never do this.) */
-static bool solo_get(const struct agent_req *r, uint64_t bytes)
-{
-	const struct agent *a = r->a;
-	return bytes <= AGENT_INLINE_SOLO_COPY_BYTES && a->reqs == 1 && a->pool.pending == 0 &&
-	       r->start_ns - a->solo_since_ns >= AGENT_SOLO_NS;
-}
-
-/*
- * Every item has its replica (from the master or the lease cache) or an
- * error: decide where each value goes, then copy.
- */
-
-static void get_place_and_copy(struct agent_req *r)
-{
-	struct agent *a = r->a;
-	struct agent_conn *c = r->c;
-	const Mooncake__Client__GetRequest *g = r->msg->get;
-	uint64_t spill_total = 0;
-	uint64_t bytes = 0;
-	bool remote = false;
-	uint64_t remote_bytes = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0)
-			continue;
-		const struct agent_rep *rep = &it->reps[0];
-		if (it->zero_copy && rep->local && !c->closed) {
-			if (rep->offset > a->seg->len || it->size > a->seg->len - rep->offset) {
-				it->err = MC_EINVALID_REPLICA;
-				continue;
-			}
-			it->err = add_view(c, it, rep->offset);
-			if (it->err)
-				continue;
-			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED;
-			it->offset = rep->offset;
-			if (!c->segment_fd_sent)
-				r->send_segment_fd = true;
-			if (g->verify)
-				bytes += it->size; /* checked on a copy thread */
-			continue;
-		}
-		if (it->has_dest) {
-			if (it->size <= it->len) {
-				it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__DEST;
-				it->offset = 0;
-			} else if (!g->spill_if_too_small) {
-				it->err = -ENOBUFS;
-				continue;
-			} else {
-				it->has_dest = false;
-			}
-		}
-		if (!it->has_dest) {
-			it->where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
-			it->offset = spill_total;
-			spill_total += (it->size + AGENT_SPILL_ALIGN - 1) &
-				       ~(uint64_t)(AGENT_SPILL_ALIGN - 1);
-		}
-		if (rep->local || it->scratch)
-			bytes += it->size;
-		else
-			remote_bytes += it->size;
-		remote |= !rep->local && !it->scratch;
-	}
-	agent__gauges(a);
-	/* Place the items without a destination. */
-	uint8_t *spill_base = NULL;
-	int where = MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
-	uint64_t spill_off = 0;
-	if (spill_total > 0 && g->spill && spill_total <= g->spill->length &&
-	    region_ptr(r, g->spill, &spill_base) == 0) {
-		where = MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING;
-		spill_off = g->spill->offset;
-	} else if (spill_total > 0) {
-		struct agent_memfd_opts mo = {
-			.name = "mooncake-get",
-			.len = spill_total,
-			.hugepages = AGENT_HUGEPAGES_OFF,
-			.numa_node = -1,
-		};
-		int rc = agent__memfd_new(a, &mo, &r->spill);
-		if (rc) {
-			for (size_t i = 0; i < r->n; i++)
-				if (!r->items[i].err && !r->items[i].has_dest &&
-				    r->items[i].where == where)
-					r->items[i].err = rc;
-		} else {
-			spill_base = r->spill->addr;
-		}
-	}
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->nrep == 0)
-			continue;
-		if (it->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL) {
-			if (!spill_base) {
-				it->err = -ENOMEM;
-				continue;
-			}
-			it->ptr = spill_base + it->offset;
-			it->offset += spill_off;
-			it->where = where;
-		}
-	}
-	r->job.run = get_run;
-	r->job.done = get_done;
-	if (!remote && (bytes <= AGENT_INLINE_COPY_BYTES || (r->solo = solo_get(r, bytes)))) {
-		get_run(&r->job);
-		get_done(&r->job);
-		return;
-	}
-	/* Remote reads move on the engine's threads: start them from here
-	 * unless local copies or checks are big work for the loop. */
-	if (remote && bytes <= AGENT_INLINE_COPY_BYTES &&
-	    (!g->verify || remote_bytes <= AGENT_INLINE_COPY_BYTES) &&
-	    get_from_loop(r, solo_get(r, remote_bytes) ? remote_bytes : 0))
-		return;
-	agent__pool_submit(&a->pool, &r->job);
-}
-
-/* The end of the window in which a read lease granted with lease_ttl_ms
- * answers gets from the cache (lcache.c): half the lease, counted from
- * when the call was sent (the grant came later); 0 without a lease. */
-static uint64_t lease_window_end(struct agent *a, uint64_t sent_ms, uint64_t lease_ttl_ms)
-{
-	if (!lease_ttl_ms)
-		return 0;
-	agent__set_lease_ttl(a, lease_ttl_ms);
-	return sent_ms + lease_ttl_ms / 2;
-}
-
-static void on_get_replicas(void *ud, int err, const char *message,
-			    const ProtobufCMessage *m)
-{
-	struct agent_req *r = ud;
-	struct agent *a = r->a;
-	struct keys_block *b = r->mstate;
-	const Mooncake__Master__BatchGetReplicasResponse *resp =
-		(const Mooncake__Master__BatchGetReplicasResponse *)m;
-	(void)message;
-	uint64_t now = mc_now_ms();
-	uint64_t until = err ? 0 : lease_window_end(a, r->sent_ms, resp->lease_ttl_ms);
-	for (size_t k = 0; k < b->req.n_keys; k++) {
-		struct agent_item *it = &r->items[b->idx[k]];
-		if (err) {
-			it->err = err;
-			continue;
-		}
-		if (k >= resp->n_results) {
-			it->err = MC_EPROTOCOL;
-			continue;
-		}
-		const Mooncake__Master__GetReplicasResult *res = resp->results[k];
-		if (res->error) {
-			it->err = res->error;
-			if (res->error == MC_EOBJECT_NOT_FOUND)
-				agent__count(a, AGENT_C_MISSES, 1);
-			continue;
-		}
-		if (res->n_replicas == 0) {
-			it->err = MC_EOBJECT_NOT_FOUND;
-			continue;
-		}
-		it->size = res->size;
-		it->crc = res->crc32c;
-		it->has_crc = res->checksummed;
-		if (take_replicas(a, it, res->replicas, res->n_replicas) != 0) {
-			it->err = -ENOMEM;
-			continue;
-		}
-		/* Nearest replica first: this agent's segment. */
-		for (unsigned p = 1; p < it->nrep; p++)
-			if (it->reps[p].local && !it->reps[0].local) {
-				struct agent_rep t = it->reps[0];
-				it->reps[0] = it->reps[p];
-				it->reps[p] = t;
-			}
-		/* Local replicas are cached (nobody but the master's
-		 * placements writes this segment, and the cache is emptied
-		 * whenever the segment is mounted again), and small ones
-		 * elsewhere whose bytes can be checked (get_probe). */
-		if (it->reps[0].local ||
-		    (it->has_crc && it->size > 0 && it->size <= a->remote_cache_bytes))
-			agent__lcache_put(&a->lc, it->key, it->klen, it->size,
-					  it->has_crc ? &it->crc : NULL, &it->reps[0], until, now);
-	}
-	get_place_and_copy(r);
-}
-
-/* A background renewal of one cached lease (lcache.c): the call, and the
- * key it names (one allocation, freed by the callback). */
-struct lease_renewal {
-	struct agent *a;
-	unsigned gen;       /* a->lease_gen when sent: a mount empties the cache */
-	uint64_t sent_ms;
-	Mooncake__Master__BatchKeysRequest req;
-	ProtobufCBinaryData key;
-	uint8_t kbuf[];
-};
-
-static void on_lease_renewed(void *ud, int err, const char *message, const ProtobufCMessage *m)
-{
-	struct lease_renewal *w = ud;
-	struct agent *a = w->a;
-	const Mooncake__Master__BatchGetReplicasResponse *resp = (const void *)m;
-	(void)message;
-	/* On an error the entry keeps its window and expires as before. */
-	if (err || a->stopping || w->gen != a->lease_gen || resp->n_results != 1) {
-		free(w);
-		return;
-	}
-	const Mooncake__Master__GetReplicasResult *res = resp->results[0];
-	uint64_t now = mc_now_ms();
-	if (res->error || !resp->lease_ttl_ms) {
-		agent__lcache_del(&a->lc, w->key.data, w->key.len);
-		free(w);
-		return;
-	}
-	uint64_t until = lease_window_end(a, w->sent_ms, resp->lease_ttl_ms);
-	const struct agent_lentry *e = agent__lcache_peek(&a->lc, w->key.data, w->key.len);
-	const char *seg = !e ? NULL : e->rep.local ? a->name : e->rep.segment;
-	uint64_t offset = UINT64_MAX;
-	for (size_t k = 0; seg && k < res->n_replicas; k++)
-		if (res->replicas[k]->segment && strcmp(res->replicas[k]->segment, seg) == 0)
-			offset = res->replicas[k]->offset;
-	agent__lcache_extend(&a->lc, w->key.data, w->key.len, offset, res->size, until, now);
-	free(w);
-}
-
-/* Renew the read lease of a cached key in the background. */
-static void renew_lease(struct agent *a, const uint8_t *key, size_t klen, uint64_t now)
-{
-	struct lease_renewal *w = malloc(sizeof(*w) + klen);
-	if (!w)
-		return; /* the entry expires as before */
-	w->a = a;
-	w->gen = a->lease_gen;
-	w->sent_ms = now;
-	memcpy(w->kbuf, key, klen);
-	w->key.data = w->kbuf;
-	w->key.len = klen;
-	mooncake__master__batch_keys_request__init(&w->req);
-	w->req.keys = &w->key;
-	w->req.n_keys = 1;
-	agent__count(a, AGENT_C_LEASE_RENEWALS, 1);
-	agent__bcall(a, AGENT_B_GET, &w->req.base, on_lease_renewed, w);
-}
-
-static bool item_uncached(const struct agent_item *it)
-{
-	return it->err == 0 && it->nrep == 0;
-}
-
-/* The items without a replica yet ask the master, then the get goes on;
- * at once when every item has one (or an error). */
-static void get_lookup(struct agent_req *r)
-{
-	size_t uncached = 0;
-	for (size_t i = 0; i < r->n; i++)
-		uncached += item_uncached(&r->items[i]);
-	if (uncached == 0) {
-		get_place_and_copy(r);
-		return;
-	}
-	struct keys_block *b = keys_block(r, item_uncached);
-	if (!b) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	set_mstate(r, b);
-	r->sent_ms = mc_now_ms();
-	agent__bcall(r->a, AGENT_B_GET, &b->req.base, on_get_replicas, r);
-}
-
-/* Leave a probed item to the master. */
-static void unprobe(struct agent_item *it)
-{
-	free(it->reps[0].segment);
-	free(it->reps);
-	it->reps = NULL;
-	it->nrep = 0;
-	free(it->scratch);
-	it->scratch = NULL;
-	it->probing = false;
-	it->err = 0;
-}
-
-/* A probed item is not to be trusted after all: forget its entry, and let
- * the master say where the key is. */
-static void probe_miss(struct agent_req *r, struct agent_item *it)
-{
-	agent__lcache_del(&r->a->lc, it->key, it->klen);
-	agent__count(r->a, AGENT_C_LEASE_CACHE_STALE, 1);
-	unprobe(it);
-}
-
-static void get_probe_done(struct agent_job *j)
-{
-	struct agent_req *r = end_from_loop(j);
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (!it->probing)
-			continue;
-		if (it->err || crc32c(0, it->scratch, it->size) != it->crc) {
-			probe_miss(r, it);
-			continue;
-		}
-		it->probing = false;
-		agent__count(r->a, AGENT_C_LEASE_CACHE_HITS, 1);
-	}
-	get_lookup(r);
-}
-
-/*
- * Items whose cached replica is on another agent's segment: read their
- * bytes into scratch buffers from the loop, check them against the
- * checksum, then go on (get_probe_done). False — the probes undone, the
- * items left to the master — when they are more bytes than the loop
- * should check (AGENT_PROBE_MAX_BYTES), a segment is not open in the
- * engine yet or memory is short.
- */
-static bool get_probe(struct agent_req *r, uint64_t bytes)
-{
-	struct agent_xfer *x = bytes <= AGENT_PROBE_MAX_BYTES ? agent__xfer_new_loop() : NULL;
-	bool ok = x != NULL;
-	for (size_t i = 0; ok && i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (!it->probing)
-			continue;
-		it->scratch = malloc(it->size);
-		if (!it->scratch) {
-			ok = false;
-			break;
-		}
-		agent__xfer_add(r->a, x, it->reps[0].segment, false, it->scratch,
-				it->reps[0].address, it->size, &it->err);
-	}
-	if (ok && !agent__xfer_missed(x)) {
-		r->xfer = x;
-		r->job.done = get_probe_done;
-		if (agent__xfer_start_loop(r->a, x, &r->job))
-			agent__pool_done_now(&r->a->pool, &r->job);
-		return true;
-	}
-	if (x)
-		agent__xfer_finish(r->a, x);
-	for (size_t i = 0; i < r->n; i++)
-		if (r->items[i].probing)
-			unprobe(&r->items[i]);
-	return false;
-}
-
-static void op_get(struct agent_req *r)
-{
-	struct agent *a = r->a;
-	const Mooncake__Client__GetRequest *g = r->msg->get;
-	if (alloc_items(r, g->n_items)) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	uint64_t now = mc_now_ms();
-	uint64_t probes = 0; /* bytes */
-	for (size_t i = 0; i < g->n_items; i++) {
-		struct agent_item *it = &r->items[i];
-		const Mooncake__Client__GetItem *gi = g->items[i];
-		it->key = gi->key.data;
-		it->klen = gi->key.len;
-		it->zero_copy = gi->zero_copy;
-		agent__count(a, AGENT_C_GETS, 1);
-		if (!agent__key_ok(&gi->key)) {
-			it->err = -EINVAL;
-			continue;
-		}
-		if (gi->dest) {
-			it->has_dest = true;
-			it->len = gi->dest->length;
-			it->err = region_ptr(r, gi->dest, &it->ptr);
-			if (it->err)
-				continue;
-		}
-		bool renew;
-		const struct agent_lentry *e =
-			agent__lcache_get(&a->lc, it->key, it->klen, now, &renew);
-		if (renew)
-			renew_lease(a, it->key, it->klen, now);
-		if (e) {
-			it->reps = calloc(1, sizeof(*it->reps));
-			if (!it->reps) {
-				it->err = -ENOMEM;
-				continue;
-			}
-			it->reps[0] = e->rep;
-			it->reps[0].segment = e->rep.local ? NULL : strdup(e->rep.segment);
-			if (!e->rep.local && !it->reps[0].segment) {
-				it->err = -ENOMEM;
-				continue;
-			}
-			it->nrep = 1;
-			it->size = e->size;
-			it->crc = e->crc;
-			it->has_crc = e->has_crc;
-			it->probing = !e->rep.local;
-			probes += it->probing ? it->size : 0;
-			if (!it->probing)
-				agent__count(a, AGENT_C_LEASE_CACHE_HITS, 1);
-		}
-	}
-	if (probes && get_probe(r, probes))
-		return;
-	get_lookup(r);
+	agent__op_finish(r, 0);
 }
 
 /* ------------------------------------------------------------ exist, remove */
@@ -1573,7 +93,7 @@ static void keys_reply(struct agent_req *r, int first)
 {
 	int32_t *res = calloc(r->n, sizeof(*res));
 	if (!res) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	for (size_t i = 0; i < r->n; i++)
@@ -1586,14 +106,13 @@ static void keys_reply(struct agent_req *r, int first)
 	resp.keys = &kr;
 	agent__reply(r, &resp, NULL, NULL, 0);
 	free(res);
-	finish(r, first);
+	agent__op_finish(r, first);
 }
 
-static void on_exist(void *ud, int err, const char *message,
-		     const ProtobufCMessage *m)
+static void on_exist(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchExistResponse *resp =
 		(const Mooncake__Master__BatchExistResponse *)m;
 	(void)message;
@@ -1609,11 +128,10 @@ static void on_exist(void *ud, int err, const char *message,
 	keys_reply(r, err);
 }
 
-static void on_removed(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
+static void on_removed(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
-	struct keys_block *b = r->mstate;
+	struct agent_keys_block *b = r->mstate;
 	const Mooncake__Master__BatchErrorsResponse *resp =
 		(const Mooncake__Master__BatchErrorsResponse *)m;
 	(void)message;
@@ -1628,25 +146,33 @@ static void on_removed(void *ud, int err, const char *message,
 	keys_reply(r, err);
 }
 
+/* An item per key, the invalid ones failed (-EINVAL). Errors: -ENOMEM. */
+static int key_items(struct agent_req *r, const ProtobufCBinaryData *keys, size_t n)
+{
+	if (agent__op_items(r, n))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		r->items[i].key = keys[i].data;
+		r->items[i].klen = keys[i].len;
+		if (!agent__key_ok(&keys[i]))
+			r->items[i].err = -EINVAL;
+	}
+	return 0;
+}
+
 static void op_keys(struct agent_req *r, bool remove)
 {
 	const Mooncake__Client__KeysRequest *q = remove ? r->msg->remove : r->msg->exist;
-	if (alloc_items(r, q->n_keys)) {
-		fail(r, -ENOMEM, NULL);
+	if (key_items(r, q->keys, q->n_keys)) {
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
-	for (size_t i = 0; i < q->n_keys; i++) {
-		r->items[i].key = q->keys[i].data;
-		r->items[i].klen = q->keys[i].len;
-		if (!agent__key_ok(&q->keys[i]))
-			r->items[i].err = -EINVAL;
-	}
-	struct keys_block *b = keys_block(r, item_ok);
+	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 	if (!b) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
-	set_mstate(r, b);
+	agent__op_set_mstate(r, b);
 	if (b->req.n_keys == 0) {
 		keys_reply(r, 0);
 		return;
@@ -1660,14 +186,13 @@ static void op_keys(struct agent_req *r, bool remove)
 		     &mooncake__master__batch_errors_response__descriptor, on_removed, r);
 }
 
-static void on_removed_all(void *ud, int err, const char *message,
-			   const ProtobufCMessage *m)
+static void on_removed_all(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
 	const Mooncake__Master__RemoveAllResponse *resp =
 		(const Mooncake__Master__RemoveAllResponse *)m;
 	if (err) {
-		fail(r, err, message);
+		agent__op_fail(r, err, message);
 		return;
 	}
 	/* The mirror hears of each removal from the master's log (leased
@@ -1680,382 +205,91 @@ static void on_removed_all(void *ud, int err, const char *message,
 	out.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_REMOVE_ALL;
 	out.remove_all = &rr;
 	agent__reply(r, &out, NULL, NULL, 0);
-	finish(r, 0);
+	agent__op_finish(r, 0);
+}
+
+/* Objects whose key matches a pattern: the master walks its index. */
+static void op_remove_regex(struct agent_req *r)
+{
+	Mooncake__Master__RemoveRegexRequest *q = malloc(sizeof(*q));
+	if (!q) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	mooncake__master__remove_regex_request__init(q);
+	q->pattern = r->msg->remove_regex->pattern; /* borrowed from the request */
+	q->force = r->msg->remove_regex->force;
+	agent__op_set_mstate(r, q);
+	agent__mcall(r->a, "RemoveRegex", &q->base,
+		     &mooncake__master__remove_all_response__descriptor, on_removed_all, r);
+}
+
+/* BatchReplicaClear: the master's 0 is a clear (1 to the client), its
+ * "not found" and "leased" are skips (0). */
+static void on_cleared(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct agent_keys_block *b = r->mstate;
+	const Mooncake__Master__BatchErrorsResponse *resp =
+		(const Mooncake__Master__BatchErrorsResponse *)m;
+	bool own = strcmp(r->msg->replica_clear->segment, r->a->name) == 0;
+	(void)message;
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		int e = err ? err : k < resp->n_errors ? resp->errors[k] : MC_EPROTOCOL;
+		it->err = e == 0                                                   ? 1
+			  : e == MC_EOBJECT_NOT_FOUND || e == MC_EOBJECT_HAS_LEASE ? 0
+										   : e;
+		if (e == 0) {
+			if (own)
+				agent__inv_del(&r->a->inv, it->key, it->klen);
+			agent__lcache_del(&r->a->lc, it->key, it->klen);
+		}
+	}
+	keys_reply(r, err);
+}
+
+static void op_replica_clear(struct agent_req *r)
+{
+	const Mooncake__Client__ReplicaClearRequest *q = r->msg->replica_clear;
+	if (key_items(r, q->keys, q->n_keys)) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
+	Mooncake__Master__BatchReplicaClearRequest *mq = malloc(sizeof(*mq));
+	if (!b || !mq) {
+		free(b);
+		free(mq);
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	agent__op_set_mstate(r, b);
+	r->mstate2 = mq;
+	if (b->req.n_keys == 0) {
+		keys_reply(r, 0);
+		return;
+	}
+	mooncake__master__batch_replica_clear_request__init(mq);
+	mq->keys = b->req.keys;
+	mq->n_keys = b->req.n_keys;
+	mq->segment = q->segment; /* borrowed from the request */
+	agent__mcall(r->a, "BatchReplicaClear", &mq->base,
+		     &mooncake__master__batch_errors_response__descriptor, on_cleared, r);
 }
 
 static void op_remove_all(struct agent_req *r)
 {
 	Mooncake__Master__RemoveAllRequest *q = malloc(sizeof(*q));
 	if (!q) {
-		fail(r, -ENOMEM, NULL);
+		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
 	mooncake__master__remove_all_request__init(q);
 	q->force = r->msg->remove_all->force;
-	set_mstate(r, q);
+	agent__op_set_mstate(r, q);
 	agent__mcall(r->a, "RemoveAll", &q->base,
 		     &mooncake__master__remove_all_response__descriptor, on_removed_all, r);
-}
-
-/* ------------------------------------------------------------ buffers */
-
-static int add_buf(struct agent_conn *c, struct agent_map *m, uint8_t *base,
-		   uint64_t len, uint64_t address, uint64_t *id)
-{
-	if (c->nbufs >= AGENT_MAX_BUFFERS)
-		return -ENOSPC;
-	if (c->nbufs == c->bufs_cap) {
-		size_t cap = c->bufs_cap ? c->bufs_cap * 2 : 8;
-		struct agent_buf *p = realloc(c->bufs, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		c->bufs = p;
-		c->bufs_cap = cap;
-	}
-	struct agent_buf *b = &c->bufs[c->nbufs++];
-	b->id = c->next_buf_id++;
-	b->map = m;
-	b->base = base;
-	b->len = len;
-	b->address = address;
-	*id = b->id;
-	c->a->nbuffers++;
-	agent__gauges(c->a);
-	return 0;
-}
-
-static void buffer_reply(struct agent_req *r, uint64_t id, uint64_t len, int fd)
-{
-	Mooncake__Client__BufferReply br = MOONCAKE__CLIENT__BUFFER_REPLY__INIT;
-	br.buffer = id;
-	br.length = len;
-	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
-	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER;
-	resp.buffer = &br;
-	bool own = true;
-	agent__reply(r, &resp, fd >= 0 ? &fd : NULL, &own, fd >= 0 ? 1 : 0);
-	finish(r, 0);
-}
-
-static const char *register_why(int rc)
-{
-	switch (rc) {
-	case -EBADF: return "the descriptor is not a memfd";
-	case -EPERM: return "the memfd belongs to another user";
-	case -EACCES: return "the memfd is not open for reading and writing";
-	case -EINVAL: return "the memfd is not sealed against shrinking "
-			     "(F_SEAL_SHRINK) or is smaller than the range";
-	case -ENOSPC: return "too many buffers in this session";
-	default: return NULL;
-	}
-}
-
-/*
- * A buffer with an address is published to the transfer engine at that
- * address (peers may then read and write it) before it is added; the
- * registration (an RDMA MR for large buffers) runs on a copy thread.
- */
-struct publish {
-	struct agent_job job;
-	struct agent_req *r;
-	struct agent_map *m;
-	uint8_t *base;
-	uint64_t len, address, memfd_off;
-	int fd;   /* to send with the reply (alloc), or -1 */
-	int err;
-};
-
-static void publish_run(struct agent_job *j)
-{
-	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
-	p->err = te_register(p->r->a->te, p->address, p->base, p->len, p->m->fd, p->memfd_off,
-			     &p->m->region);
-	if (p->err)
-		p->m->region = NULL;
-}
-
-static void publish_done(struct agent_job *j)
-{
-	struct publish *p = MC_CONTAINER_OF(j, struct publish, job);
-	struct agent_req *r = p->r;
-	uint64_t id;
-	int rc = p->err;
-	if (rc == -EEXIST)
-		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
-			 "(another session's buffer at the same address)", r->c->name,
-			 (unsigned long long)p->address);
-	if (rc == 0)
-		rc = r->c->closed ? MC_ECANCELLED : add_buf(r->c, p->m, p->base, p->len,
-							       p->address, &id);
-	if (rc) {
-		agent__map_unref(p->m);
-		if (p->fd >= 0)
-			close(p->fd);
-		fail(r, rc, rc == -EEXIST ? "the address range is already published by "
-					    "another session of this agent"
-					  : NULL);
-	} else {
-		buffer_reply(r, id, p->len, p->fd);
-	}
-	free(p);
-}
-
-/* Add the buffer now, or publish it first. Takes the map reference. */
-static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *base,
-			   uint64_t len, uint64_t address, uint64_t memfd_off, int fd)
-{
-	if (address && r->a->te) {
-		struct publish *p = calloc(1, sizeof(*p));
-		if (p) {
-			*p = (struct publish){.r = r, .m = m, .base = base, .len = len,
-					      .address = address, .memfd_off = memfd_off, .fd = fd};
-			p->job.run = publish_run;
-			p->job.done = publish_done;
-			agent__pool_submit(&r->a->pool, &p->job);
-			return;
-		}
-		agent__map_unref(m);
-		if (fd >= 0)
-			close(fd);
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	uint64_t id;
-	int rc = add_buf(r->c, m, base, len, address, &id);
-	if (rc) {
-		agent__map_unref(m);
-		if (fd >= 0)
-			close(fd);
-		fail(r, rc, register_why(rc));
-		return;
-	}
-	buffer_reply(r, id, len, fd);
-}
-
-static void op_register_buffer(struct agent_req *r)
-{
-	const Mooncake__Client__RegisterBufferRequest *q = r->msg->register_buffer;
-	struct agent_conn *c = r->c;
-	struct agent_map *m;
-	uint8_t *base;
-	int rc = c->nbufs >= AGENT_MAX_BUFFERS ? -ENOSPC
-		 : agent__map_client_fd(r->a, r->fds[0], c->uid, q->offset, q->length,
-					&m, &base);
-	if (rc) {
-		const char *why = register_why(rc);
-		log_warn("client %s: register_buffer refused: %s", c->name,
-			 why ? why : mc_strerror(rc));
-		fail(r, rc, why);
-		return;
-	}
-	r->fds[0] = -1;
-	add_or_publish(r, m, base, q->length, q->address, q->offset, -1);
-}
-
-/* A published buffer leaves the engine before the reply: once the client
- * hears back, no peer can reach it any more. */
-struct unpublish {
-	struct agent_job job;
-	struct agent_req *r;
-	struct agent_map *m;
-	uint64_t id;
-};
-
-static void unpublish_run(struct agent_job *j)
-{
-	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
-	te_unregister(u->m->region);
-	u->m->region = NULL;
-}
-
-static void unpublish_done(struct agent_job *j)
-{
-	struct unpublish *u = MC_CONTAINER_OF(j, struct unpublish, job);
-	agent__map_unref(u->m);
-	buffer_reply(u->r, u->id, 0, -1);
-	free(u);
-}
-
-static void op_unregister_buffer(struct agent_req *r)
-{
-	struct agent_conn *c = r->c;
-	uint64_t id = r->msg->unregister_buffer->buffer;
-	for (size_t i = 0; i < c->nbufs; i++) {
-		if (c->bufs[i].id != id)
-			continue;
-		struct agent_map *m = c->bufs[i].map;
-		c->bufs[i] = c->bufs[--c->nbufs];
-		r->a->nbuffers--;
-		agent__gauges(r->a);
-		struct unpublish *u = m->region ? calloc(1, sizeof(*u)) : NULL;
-		if (u) {
-			u->r = r;
-			u->m = m;
-			u->id = id;
-			u->job.run = unpublish_run;
-			u->job.done = unpublish_done;
-			agent__pool_submit(&r->a->pool, &u->job);
-			return;
-		}
-		agent__map_unref(m);
-		buffer_reply(r, id, 0, -1);
-		return;
-	}
-	fail(r, -ENOENT, "no such buffer in this session");
-}
-
-static void op_alloc_buffer(struct agent_req *r)
-{
-	struct agent *a = r->a;
-	struct agent_conn *c = r->c;
-	const Mooncake__Client__AllocBufferRequest *q = r->msg->alloc_buffer;
-	if (c->nbufs >= AGENT_MAX_BUFFERS) {
-		fail(r, -ENOSPC, register_why(-ENOSPC));
-		return;
-	}
-	struct agent_memfd_opts mo = {
-		.name = "mooncake-buffer",
-		.len = q->length,
-		.hugepages = a->hugepages == AGENT_HUGEPAGES_ON ? AGENT_HUGEPAGES_AUTO
-								 : a->hugepages,
-		.numa_node = a->numa_node,
-	};
-	struct agent_map *m;
-	int rc = agent__memfd_new(a, &mo, &m);
-	if (rc) {
-		fail(r, rc, "cannot create the buffer");
-		return;
-	}
-	int fd = dup(m->fd);
-	if (fd < 0) {
-		rc = -errno;
-		agent__map_unref(m);
-		fail(r, rc, NULL);
-		return;
-	}
-	add_or_publish(r, m, m->addr, q->length, q->address, 0, fd);
-}
-
-/* ------------------------------------------------------------ transfer */
-
-/* This agent's memory at a remote address: its segment, or a buffer one
- * of its clients published at that address. */
-/* A reference on the memory is held for the request: another session may
- * unregister its buffer while the copy runs. */
-static uint8_t *local_target(struct agent_req *r, uint64_t addr, uint64_t len)
-{
-	struct agent *a = r->a;
-	uint64_t base = (uint64_t)(uintptr_t)a->seg->addr;
-	if (addr >= base && addr - base <= a->seg->len && len <= a->seg->len - (addr - base))
-		return a->seg->addr + (addr - base);
-	for (struct agent_conn *c = a->conns; c; c = c->next)
-		for (size_t i = 0; i < c->nbufs; i++) {
-			const struct agent_buf *b = &c->bufs[i];
-			if (b->address && addr >= b->address && addr - b->address <= b->len &&
-			    len <= b->len - (addr - b->address))
-				return hold(r, b->map) == 0 ? b->base + (addr - b->address) : NULL;
-		}
-	return NULL;
-}
-
-static void transfer_run(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent *a = r->a;
-	struct agent_xfer *x = NULL;
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->len == 0 || (it->reps && it->reps[0].local))
-			continue;
-		if (!x && !(x = agent__xfer_new())) {
-			it->err = -ENOMEM;
-			continue;
-		}
-		agent__xfer_add(a, x, it->target, it->write, it->ptr, it->remote, it->len,
-				&it->err);
-	}
-	if (x)
-		agent__xfer_start(a, x);
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err || it->len == 0 || !it->reps || !it->reps[0].local)
-			continue;
-		uint8_t *t = (uint8_t *)(uintptr_t)it->reps[0].address;
-		if (it->write)
-			memmove(t, it->ptr, it->len);
-		else
-			memmove(it->ptr, t, it->len);
-	}
-	if (x)
-		agent__xfer_finish(a, x);
-}
-
-static void transfer_done(struct agent_job *j)
-{
-	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	int32_t *errs = calloc(r->n, sizeof(*errs));
-	if (!errs) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	int first = 0;
-	for (size_t i = 0; i < r->n; i++) {
-		errs[i] = r->items[i].err;
-		if (errs[i] && !first)
-			first = errs[i];
-		if (!errs[i])
-			agent__count(r->a, r->items[i].write ? AGENT_C_BYTES_WRITTEN
-							      : AGENT_C_BYTES_READ,
-				     r->items[i].len);
-	}
-	Mooncake__Client__TransferReply tr = MOONCAKE__CLIENT__TRANSFER_REPLY__INIT;
-	tr.errors = errs;
-	tr.n_errors = r->n;
-	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
-	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_TRANSFER;
-	resp.transfer = &tr;
-	agent__reply(r, &resp, NULL, NULL, 0);
-	free(errs);
-	finish(r, first);
-}
-
-static void op_transfer(struct agent_req *r)
-{
-	struct agent *a = r->a;
-	const Mooncake__Client__TransferRequest *q = r->msg->transfer;
-	if (alloc_items(r, q->n_items)) {
-		fail(r, -ENOMEM, NULL);
-		return;
-	}
-	for (size_t i = 0; i < q->n_items; i++) {
-		struct agent_item *it = &r->items[i];
-		const Mooncake__Client__TransferItem *ti = q->items[i];
-		it->write = ti->op == MOONCAKE__CLIENT__TRANSFER_ITEM__OP__WRITE;
-		it->len = ti->local->length;
-		it->target = ti->target;
-		it->remote = ti->remote_address;
-		it->err = region_ptr(r, ti->local, &it->ptr);
-		if (it->err || it->len == 0)
-			continue;
-		if (strcmp(ti->target, a->name) == 0) {
-			uint8_t *t = local_target(r, ti->remote_address, it->len);
-			if (!t) {
-				it->err = MC_EINVALID_REPLICA; /* not registered here */
-				continue;
-			}
-			it->reps = calloc(1, sizeof(*it->reps));
-			if (!it->reps) {
-				it->err = -ENOMEM;
-				continue;
-			}
-			it->nrep = 1;
-			it->reps[0].local = true;
-			it->reps[0].address = (uint64_t)(uintptr_t)t;
-		}
-	}
-	r->job.run = transfer_run;
-	r->job.done = transfer_done;
-	agent__pool_submit(&a->pool, &r->job);
 }
 
 /* ------------------------------------------------------------ stats, release */
@@ -2070,27 +304,34 @@ static void op_stats(struct agent_req *r)
 	s.hugepages = a->seg->hugepages;
 	s.numa_node = a->numa_node;
 	s.staging_size = a->staging_bytes;
-	s.clients = a->nconns;
-	s.buffers = a->nbuffers;
-	s.views = a->nviews;
-	s.puts = a->counters[AGENT_C_PUTS];
-	s.gets = a->counters[AGENT_C_GETS];
-	s.local_hits = a->counters[AGENT_C_LOCAL_HITS];
-	s.remote_hits = a->counters[AGENT_C_REMOTE_HITS];
-	s.misses = a->counters[AGENT_C_MISSES];
-	s.bytes_written = a->counters[AGENT_C_BYTES_WRITTEN];
-	s.bytes_read = a->counters[AGENT_C_BYTES_READ];
-	s.master = a->master_addr;
-	s.view = a->view;
-	s.inventory = a->inv.n;
-	s.mirror_seq = a->mirror_seq;
-	s.resync_bad = a->counters[AGENT_C_RESYNC_BAD] + a->counters[AGENT_C_RESYNC_UNCHECKED];
-	s.get_bad = a->counters[AGENT_C_GET_BAD];
+	agent__server_counts(a, &s.clients, &s.buffers, &s.views);
+	s.puts = agent__counter(&a->stats, AGENT_C_PUTS);
+	s.gets = agent__counter(&a->stats, AGENT_C_GETS);
+	s.local_hits = agent__counter(&a->stats, AGENT_C_LOCAL_HITS);
+	s.remote_hits = agent__counter(&a->stats, AGENT_C_REMOTE_HITS);
+	s.misses = agent__counter(&a->stats, AGENT_C_MISSES);
+	s.bytes_written = agent__counter(&a->stats, AGENT_C_BYTES_WRITTEN);
+	s.bytes_read = agent__counter(&a->stats, AGENT_C_BYTES_READ);
+	s.master = (char *)agent__mcall_master(a);
+	s.view = agent__mlink_view(a);
+	s.inventory = agent__inv_count(&a->inv);
+	s.mirror_seq = agent__mirror_seq(a);
+	s.resync_bad = agent__counter(&a->stats, AGENT_C_RESYNC_BAD) +
+		       agent__counter(&a->stats, AGENT_C_RESYNC_UNCHECKED);
+	s.get_bad = agent__counter(&a->stats, AGENT_C_GET_BAD);
+	if (agent__tier_on(a)) {
+		s.ssd_segment = (char *)agent__tier_name(a);
+		s.ssd_size = agent__tier_capacity(a);
+		agent__tier_usage(a, &s.ssd_used, &s.ssd_objects);
+		s.ssd_hits = agent__counter(&a->stats, AGENT_C_SSD_HITS);
+		s.ssd_demotions = agent__counter(&a->stats, AGENT_C_SSD_DEMOTIONS);
+		s.ssd_promotions = agent__counter(&a->stats, AGENT_C_SSD_PROMOTIONS);
+	}
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_STATS;
 	resp.stats = &s;
 	agent__reply(r, &resp, NULL, NULL, 0);
-	finish(r, 0);
+	agent__op_finish(r, 0);
 }
 
 static void op_release(struct agent_req *r)
@@ -2098,123 +339,23 @@ static void op_release(struct agent_req *r)
 	struct agent_conn *c = r->c;
 	const Mooncake__Client__ReleaseRequest *q = r->msg->release;
 	int err = 0;
-	for (size_t k = 0; k < q->n_views; k++) {
-		size_t i;
-		for (i = 0; i < c->nviews; i++)
-			if (c->views[i].id == q->views[k])
-				break;
-		if (i == c->nviews) {
+	for (size_t k = 0; k < q->n_views; k++)
+		if (!agent__session_view_drop(c, q->views[k]))
 			err = -ENOENT;
-			continue;
-		}
-		free(c->views[i].key);
-		c->views[i] = c->views[--c->nviews];
-		r->a->nviews--;
-	}
-	agent__gauges(r->a);
 	if (q->quiet) {
 		if (err)
-			log_warn("client %s released a view that is not its own", c->name);
-		finish(r, err);
+			log_warn("client %s released a view that is not its own",
+				 agent__session_name(c));
+		agent__op_finish(r, err);
 		return;
 	}
 	if (err) {
-		fail(r, err, "no such view in this session");
+		agent__op_fail(r, err, "no such view in this session");
 		return;
 	}
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	agent__reply(r, &resp, NULL, NULL, 0);
-	finish(r, 0);
-}
-
-/* ------------------------------------------------------------ views */
-
-struct renew_block {
-	Mooncake__Master__BatchKeysRequest req;
-	struct agent *a;
-	size_t n, cap;
-	ProtobufCBinaryData *keys;
-	uint8_t **owned;
-};
-
-static void collect_view(void *ud, const struct agent_view *v)
-{
-	struct renew_block *b = ud;
-	if (b->n == b->cap) {
-		size_t cap = b->cap ? b->cap * 2 : 64;
-		ProtobufCBinaryData *k = realloc(b->keys, cap * sizeof(*k));
-		if (!k)
-			return;
-		b->keys = k;
-		uint8_t **o = realloc(b->owned, cap * sizeof(*o));
-		if (!o)
-			return;
-		b->owned = o;
-		b->cap = cap;
-	}
-	uint8_t *copy = malloc(v->klen);
-	if (!copy)
-		return;
-	memcpy(copy, v->key, v->klen);
-	b->owned[b->n] = copy;
-	b->keys[b->n].data = copy;
-	b->keys[b->n].len = v->klen;
-	b->n++;
-}
-
-static void renew_free(struct renew_block *b)
-{
-	for (size_t i = 0; i < b->n; i++)
-		free(b->owned[i]);
-	free(b->owned);
-	free(b->keys);
-	free(b);
-}
-
-static void on_renewed(void *ud, int err, const char *message,
-		       const ProtobufCMessage *m)
-{
-	struct renew_block *b = ud;
-	struct agent *a = b->a;
-	const Mooncake__Master__BatchGetReplicasResponse *resp =
-		(const Mooncake__Master__BatchGetReplicasResponse *)m;
-	a->view_renew_busy = false;
-	if (err) {
-		if (err != MC_ECANCELLED)
-			log_warn("cannot renew the read leases of %zu zero-copy views: %s",
-				 b->n, message ? message : mc_strerror(err));
-	} else {
-		if (resp->lease_ttl_ms)
-			agent__set_lease_ttl(a, resp->lease_ttl_ms);
-		for (size_t i = 0; i < resp->n_results && i < b->n; i++)
-			if (resp->results[i]->error == MC_EOBJECT_NOT_FOUND)
-				log_warn("a zero-copy view's object is gone from the "
-					 "index (removed with force, or its agent "
-					 "left); its bytes may be reused");
-	}
-	renew_free(b);
-}
-
-void agent__renew_views(struct agent *a)
-{
-	if (a->view_renew_busy || a->nviews == 0)
-		return;
-	struct renew_block *b = calloc(1, sizeof(*b));
-	if (!b)
-		return;
-	b->a = a;
-	agent__views_foreach(a, collect_view, b);
-	if (b->n == 0) {
-		renew_free(b);
-		return;
-	}
-	mooncake__master__batch_keys_request__init(&b->req);
-	b->req.keys = b->keys;
-	b->req.n_keys = b->n;
-	a->view_renew_busy = true;
-	agent__mcall(a, "BatchGetReplicas", &b->req.base,
-		     &mooncake__master__batch_get_replicas_response__descriptor,
-		     on_renewed, b);
+	agent__op_finish(r, 0);
 }
 
 /* ------------------------------------------------------------ dispatch */
@@ -2222,18 +363,56 @@ void agent__renew_views(struct agent *a)
 void agent__dispatch(struct agent_req *r)
 {
 	switch (r->op) {
-	case MOONCAKE__CLIENT__REQUEST__OP_HELLO: op_hello(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_PUT: op_put(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_GET: op_get(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_EXIST: op_keys(r, false); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE: op_keys(r, true); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL: op_remove_all(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: op_register_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER: op_unregister_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER: op_alloc_buffer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER: op_transfer(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_STATS: op_stats(r); break;
-	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE: op_release(r); break;
-	default: fail(r, -EOPNOTSUPP, "unknown operation"); break;
+	case MOONCAKE__CLIENT__REQUEST__OP_HELLO:
+		op_hello(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_PUT:
+		agent__op_put(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_GET:
+		agent__op_get(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_EXIST:
+		op_keys(r, false);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE:
+		op_keys(r, true);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL:
+		op_remove_all(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER:
+		agent__op_register_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER:
+		agent__op_unregister_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER:
+		agent__op_alloc_buffer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_TRANSFER:
+		agent__op_transfer(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_STATS:
+		op_stats(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE:
+		op_release(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE:
+		agent__op_engine(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX:
+		op_remove_regex(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR:
+		op_replica_clear(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT:
+		agent__op_segment(r);
+		break;
+	default:
+		agent__op_fail(r, -EOPNOTSUPP, "unknown operation");
+		break;
 	}
 }

@@ -216,7 +216,8 @@ static void shared_copy_run(struct agent_job *j)
 
 void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t len)
 {
-	struct shared_copy *c = len >= 4 * COPY_CHUNK && p->started ? malloc(sizeof(*c)) : NULL;
+	struct shared_copy *c = len >= 4 * COPY_CHUNK && p->started ? malloc(sizeof(*c))
+								    : NULL;
 	if (!c) {
 		memcpy(dst, src, len);
 		return;
@@ -232,23 +233,46 @@ void agent__pool_copy(struct agent_pool *p, void *dst, const void *src, size_t l
 	enqueue(p, &c->job);
 	copy_chunks(c);
 	/* What is left is a chunk the helper is copying. */
-	for (unsigned spins = 0;
-	     atomic_load_explicit(&c->copied, memory_order_acquire) < len; spins++)
+	for (unsigned spins = 0; atomic_load_explicit(&c->copied, memory_order_acquire) < len;
+	     spins++)
 		if (spins >= 1000)
 			sched_yield();
 	shared_copy_put(c);
 }
 
-void agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed)
+void agent__pool_on_idle(struct agent_pool *p, void (*on_idle)(void *ud), void *ud)
+{
+	p->on_idle = on_idle;
+	p->idle_ud = ud;
+}
+
+unsigned agent__pool_pending(const struct agent_pool *p)
+{
+	return p->pending;
+}
+
+unsigned agent__pool_threaded(const struct agent_pool *p)
+{
+	return p->threaded;
+}
+
+bool agent__pool_started(const struct agent_pool *p)
+{
+	return p->started;
+}
+
+unsigned agent__pool_stop(struct agent_pool *p, uv_close_cb on_closed, void *data)
 {
 	if (!p->started)
-		return;
+		return 0;
 	p->on_idle = NULL; /* (the owner is stopping: no more news) */
 	join_all(p);
 	/* Completions not yet delivered: run them now (under the mutex,
 	 * which lives until then). */
 	on_async(&p->async);
 	free_all(p);
+	p->async.data = data;
 	uv_close((uv_handle_t *)&p->async, on_closed);
 	p->started = false;
+	return 1;
 }

@@ -8,16 +8,17 @@
  * only fails its own item, later, with -EINVAL.
  */
 #include <errno.h>
+#include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/req.h"
+#include "common/uframe.h"
 
 bool agent__key_ok(const ProtobufCBinaryData *k)
 {
 	return k->len >= 1 && k->len <= AGENT_MAX_KEY_BYTES;
 }
 
-static bool region_ok(const Mooncake__Client__Region *r, uint32_t nfds,
-		      const char **why)
+static bool region_ok(const Mooncake__Client__Region *r, uint32_t nfds, const char **why)
 {
 	switch (r->where) {
 	case MOONCAKE__CLIENT__REGION__WHERE__STAGING:
@@ -53,8 +54,7 @@ static bool count_ok(size_t n, const char **why)
 	return true;
 }
 
-int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
-		     const char **why)
+int agent__req_check(const Mooncake__Client__Request *m, bool hello_done, const char **why)
 {
 	*why = "";
 	if (m->nfds > MC_UFRAME_MAX_FDS) {
@@ -119,16 +119,33 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL:
 	case MOONCAKE__CLIENT__REQUEST__OP_STATS:
 		return 0;
-	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER:
-		if (m->nfds != 1) {
+	case MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER: {
+		const Mooncake__Client__RegisterBufferRequest *q = m->register_buffer;
+		if (q->dmabuf && (q->process_memory || m->nfds != 1 || q->address == 0 ||
+				  q->address > UINT64_MAX - q->length)) {
+			*why = "register_buffer of a dma-buf: one descriptor and an address";
+			return -EINVAL;
+		}
+		if (q->process_memory) {
+			if (m->nfds != 0) {
+				*why = "register_buffer of process memory carries no descriptor";
+				return -EINVAL;
+			}
+			if (q->address == 0 || q->offset != 0 ||
+			    q->address > UINT64_MAX - q->length) {
+				*why = "process memory needs an address, no offset, no overflow";
+				return -EINVAL;
+			}
+		} else if (m->nfds != 1) {
 			*why = "register_buffer needs exactly one descriptor";
 			return -EINVAL;
 		}
-		if (m->register_buffer->length == 0) {
+		if (q->length == 0) {
 			*why = "empty buffer";
 			return -EINVAL;
 		}
 		return 0;
+	}
 	case MOONCAKE__CLIENT__REQUEST__OP_UNREGISTER_BUFFER:
 		if (m->unregister_buffer->buffer == 0) {
 			*why = "buffer id 0";
@@ -166,6 +183,37 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
 		}
 		return 0;
 	}
+	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_REGEX:
+		if (m->nfds != 0 || !m->remove_regex->pattern ||
+		    strlen(m->remove_regex->pattern) > AGENT_MAX_KEY_BYTES) {
+			*why = "remove_regex: a pattern of up to 4096 bytes, no descriptors";
+			return -EINVAL;
+		}
+		return 0;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR: {
+		const Mooncake__Client__ReplicaClearRequest *q = m->replica_clear;
+		if (!count_ok(q->n_keys, why))
+			return -EINVAL;
+		if (m->nfds != 0 || !q->segment || !q->segment[0] ||
+		    strlen(q->segment) > AGENT_MAX_SEGMENT_NAME) {
+			*why = "replica_clear: a segment name of 1 to 255 bytes, no descriptors";
+			return -EINVAL;
+		}
+		return 0;
+	}
+	case MOONCAKE__CLIENT__REQUEST__OP_ENGINE:
+		if (m->nfds != 0) {
+			*why = "engine carries no descriptors";
+			return -EINVAL;
+		}
+		return 0;
+	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT:
+		if (m->nfds != 0 || !m->segment->name || !m->segment->name[0] ||
+		    strlen(m->segment->name) > AGENT_MAX_SEGMENT_NAME) {
+			*why = "segment: a name of 1 to 255 bytes, no descriptors";
+			return -EINVAL;
+		}
+		return 0;
 	case MOONCAKE__CLIENT__REQUEST__OP_RELEASE:
 		if (m->release->n_views > AGENT_MAX_ITEMS) {
 			*why = "too many views";

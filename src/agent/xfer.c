@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "agent/agent_int.h"
+#include "agent/xfer.h"
 #include "common/log.h"
 #include "transfer/transfer.h"
 
@@ -37,13 +38,24 @@ struct agent_xfer {
 	struct xseg *segs;
 	size_t nsegs, segs_cap;
 	struct te_batch *batch;
-	bool loop;        /* on the loop thread: open segments only */
-	bool missed;      /* ... and one was not */
-	size_t inline_bytes; /* agent__xfer_inline */
-	struct agent *a;  /* agent__xfer_start_loop: */
+	bool loop;            /* on the loop thread: open segments only */
+	bool missed;          /* ... and one was not */
+	size_t inline_bytes;  /* agent__xfer_inline */
+	struct te_engine *te; /* agent__xfer_engine's, or NULL: the agent's */
+	struct agent *a;      /* agent__xfer_start_loop: */
 	struct agent_job *job;
 	atomic_int state; /* XS_*: who finishes the job */
 };
+
+static struct te_engine *engine(const struct agent *a, const struct agent_xfer *x)
+{
+	return x->te ? x->te : a->te;
+}
+
+void agent__xfer_engine(struct agent_xfer *x, struct te_engine *te)
+{
+	x->te = te;
+}
 
 static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *name)
 {
@@ -62,12 +74,12 @@ static struct xseg *segment(struct agent *a, struct agent_xfer *x, const char *n
 	g->name = name;
 	g->s = NULL;
 	if (x->loop) {
-		g->err = te_open_segment_cached(a->te, name, &g->s);
+		g->err = te_open_segment_cached(engine(a, x), name, &g->s);
 		if (g->err == -EAGAIN)
 			x->missed = true;
 		return g;
 	}
-	g->err = te_open_segment(a->te, name, &g->s);
+	g->err = te_open_segment(engine(a, x), name, &g->s);
 	if (g->err)
 		log_warn("cannot open segment %s: %s", name, mc_strerror(g->err));
 	return g;
@@ -78,12 +90,12 @@ struct agent_xfer *agent__xfer_new(void)
 	return calloc(1, sizeof(struct agent_xfer));
 }
 
-void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
-		     void *local, uint64_t remote, size_t len, int *err)
+static void add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+		void *local, uint64_t remote, size_t len, bool device, int *err)
 {
 	if (*err)
 		return;
-	if (!a->te) {
+	if (!engine(a, x)) {
 		*err = MC_EUNAVAILABLE;
 		return;
 	}
@@ -121,9 +133,22 @@ void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, boo
 		.segment = g->s,
 		.remote_addr = remote,
 		.len = len,
+		.local_device = device,
 	};
 	x->errs[x->n] = err;
 	x->n++;
+}
+
+void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+		     void *local, uint64_t remote, size_t len, int *err)
+{
+	add(a, x, seg, write, local, remote, len, false, err);
+}
+
+void agent__xfer_add_device(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
+			    void *local, uint64_t remote, size_t len, int *err)
+{
+	add(a, x, seg, write, local, remote, len, true, err);
 }
 
 struct agent_xfer *agent__xfer_new_loop(void)
@@ -164,8 +189,8 @@ bool agent__xfer_start_loop(struct agent *a, struct agent_xfer *x, struct agent_
 	if (x->n == 0)
 		return true;
 	atomic_store(&x->state, XS_SUBMITTING);
-	int rc = te_submit_inline(a->te, x->reqs, x->n, x->inline_bytes, on_submitted_done, x,
-				  &x->batch);
+	int rc = te_submit_inline(engine(a, x), x->reqs, x->n, x->inline_bytes,
+				  on_submitted_done, x, &x->batch);
 	if (rc) {
 		x->batch = NULL;
 		for (size_t i = 0; i < x->n; i++)
@@ -181,7 +206,7 @@ void agent__xfer_start(struct agent *a, struct agent_xfer *x)
 {
 	if (x->n == 0)
 		return;
-	int rc = te_submit(a->te, x->reqs, x->n, &x->batch);
+	int rc = te_submit(engine(a, x), x->reqs, x->n, &x->batch);
 	if (rc) {
 		x->batch = NULL;
 		for (size_t i = 0; i < x->n; i++)

@@ -6,6 +6,7 @@
  *            maps, the ranges a session registered
  *   put.c    puts          get.c   gets and views
  *   keys.c   exist, remove, stats      xfer.c  transfers
+ *   device.c device memory (dma-bufs, CUDA)
  * Names here carry mc__; "_locked" ones expect the handle's mu held.
  */
 #ifndef MC_CLIENT_INT_H
@@ -36,18 +37,19 @@ typedef Mooncake__Client__Region Region;
 /* R_ALLOC: from mc_buffer_alloc; R_MEMFD: mc_register_memfd; R_HOST: an
  * mc_host_alloc allocation this session handed to its agent; R_PROC:
  * ordinary memory the agent reaches by cross-memory attach; R_SHADOW:
- * other registered memory, copied through staging. */
-enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST, R_PROC };
+ * other registered memory, copied through staging; R_DEVICE: device
+ * memory registered by a dma-buf, for peers' RDMA only. */
+enum range_kind { R_ALLOC, R_MEMFD, R_SHADOW, R_HOST, R_PROC, R_DEVICE };
 
 struct range {
 	uint8_t *addr;
 	size_t len;
-	uint64_t id;          /* the agent's buffer id (0 for shadow) */
+	uint64_t id; /* the agent's buffer id (0 for shadow) */
 	enum range_kind kind;
-	void *map_base;       /* R_ALLOC: the whole reservation */
+	void *map_base; /* R_ALLOC: the whole reservation */
 	size_t map_len;
-	uint64_t host_gen;    /* R_HOST: which allocation */
-	bool published;       /* published to the transfer engine */
+	uint64_t host_gen; /* R_HOST: which allocation */
+	bool published;    /* published to the transfer engine */
 };
 
 struct block {
@@ -73,24 +75,23 @@ struct mc_client {
 	pthread_mutex_t mu;      /* everything below but rx */
 	pthread_mutex_t send_mu; /* frame writes */
 	pthread_cond_t cv;
-	bool reader;             /* a thread is reading frames */
-	int broken;              /* sticky error of the connection */
+	bool reader;    /* a thread is reading frames */
+	int broken;     /* sticky error of the connection */
+	int closed_why; /* the agent's reason, when it said one */
 	uint64_t next_id;
 	struct waiter *waiters;
-	struct mc_uframe_rx rx;  /* the reader's only */
+	struct mc_uframe_rx rx; /* the reader's only */
 	uint8_t *stg;
 	size_t stg_len;
-	struct block *blocks;    /* allocated staging blocks, by offset */
+	struct block *blocks; /* allocated staging blocks, by offset */
 	size_t nblocks, blocks_cap;
 	struct range *ranges;
 	size_t nranges, ranges_cap;
-	const uint8_t *seg;      /* read-only mapping of the agent segment */
+	const uint8_t *seg; /* read-only mapping of the agent segment */
 	size_t seg_len;
 	char agent_addr[128];
 	uint64_t segment_size;
-	bool verify_gets;        /* every get checks the bytes' checksum */
-	bool no_process_memory;  /* the agent refused a process_memory
-				    registration: do not ask again */
+	bool verify_gets; /* every get checks the bytes' checksum */
 	/* Buffers (mc_buffer_alloc) kept to receive gets without a
 	 * destination that do not fit in the staging memfd: reused, so a
 	 * big value is not a fresh memfd whose every page faults on both
@@ -104,10 +105,10 @@ struct mc_client {
 };
 
 struct mc_view {
-	uint64_t id;      /* the agent's view id (mapped), 0 for a copy */
+	uint64_t id; /* the agent's view id (mapped), 0 for a copy */
 	void *copy;
-	int spill;        /* the spill buffer holding its bytes, or -1 */
-	int64_t blk;      /* or the staging block holding them, or -1 */
+	int spill;   /* the spill buffer holding its bytes, or -1 */
+	int64_t blk; /* or the staging block holding them, or -1 */
 };
 
 /* conn.c */
@@ -145,6 +146,17 @@ bool mc__registered_room(mc_client *c, const void *p, size_t *room);
 int mc__range_add_locked(mc_client *c, const struct range *r);
 /* Remove the range starting at addr under mu; *out gets it. -ENOENT. */
 int mc__range_del_locked(mc_client *c, const void *addr, struct range *out);
+/* Whether [addr, addr + len) overlaps a range of the session. */
+bool mc__overlaps(mc_client *c, const void *addr, size_t len);
+/* Send a buffer registration (with fd attached unless fd < 0): 0 with
+ * *id, or the agent's error. */
+int mc__register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
+		     uint64_t *id);
+/* Add the published range of the agent's buffer id (kind R_MEMFD,
+ * R_PROC or R_DEVICE); when that fails, unregister the buffer. Errors:
+ * those of mc__range_add_locked. */
+int mc__range_add_buffer(mc_client *c, void *addr, size_t len, uint64_t id,
+			 enum range_kind kind);
 /* Unregister buffer id with the agent: 0 or an error. */
 int mc__unregister_id(mc_client *c, uint64_t id);
 /*
@@ -167,6 +179,12 @@ int mc__host_attach(mc_client *c, const void *p, size_t len, bool publish);
 /* Add / remove an open handle from those mc_host_free tells. -ENOMEM. */
 int mc__host_track(mc_client *c);
 void mc__host_untrack(mc_client *c);
+
+/* device.c */
+/* Device memory registered in this session at [p, p + len): 1 with *g
+ * naming it (the agent moves it by RDMA only), 0 when the range touches
+ * none, -EOPNOTSUPP when it is partly device memory. */
+int mc__device_region(mc_client *c, const void *p, size_t len, Region *g);
 
 static inline bool mc__key_ok(size_t klen)
 {

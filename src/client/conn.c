@@ -61,9 +61,20 @@ static int read_one(mc_client *c)
 			Response *resp = mooncake__client__response__unpack(NULL, len, body);
 			if (!resp)
 				return MC_EPROTOCOL;
+			if (resp->id == 0) {
+				/* No request's: why the agent closes the session
+				 * (a session limit: -EUSERS). */
+				int why = resp->error ? resp->error : MC_EPROTOCOL;
+				mooncake__client__response__free_unpacked(resp, NULL);
+				pthread_mutex_lock(&c->mu);
+				c->closed_why = why;
+				pthread_mutex_unlock(&c->mu);
+				return why;
+			}
 			int fds[MAX_REPLY_FDS];
 			unsigned nf = resp->nfds;
-			if (nf > MAX_REPLY_FDS || mc_uframe_rx_take_fds(&c->rx, nf, fds) != 0) {
+			if (nf > MAX_REPLY_FDS ||
+			    mc_uframe_rx_take_fds(&c->rx, nf, fds) != 0) {
 				mooncake__client__response__free_unpacked(resp, NULL);
 				return MC_EPROTOCOL;
 			}
@@ -108,16 +119,17 @@ static int read_one(mc_client *c)
 /*
  * Send req with fds and wait for its response in *w (req->id and
  * req->nfds are set here). Returns 0 with w->resp set (its error field
- * may be non-zero), or MC_EUNAVAILABLE / -ENOMEM / -EMSGSIZE.
+ * may be non-zero), or MC_EUNAVAILABLE / -ENOMEM / -EMSGSIZE, or the
+ * reason the agent gave for closing the session (-EUSERS).
  */
-int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds,
-		struct waiter *w)
+int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds, struct waiter *w)
 {
 	memset(w, 0, sizeof(*w));
 	pthread_mutex_lock(&c->mu);
 	if (c->broken) {
+		int why = c->closed_why ? c->closed_why : MC_EUNAVAILABLE;
 		pthread_mutex_unlock(&c->mu);
-		return MC_EUNAVAILABLE;
+		return why;
 	}
 	w->id = ++c->next_id;
 	w->next = c->waiters;
@@ -149,6 +161,16 @@ int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds,
 		return rc;
 	}
 	if (rc) {
+		/* The agent closed the session: it may have said why first
+		 * (a session limit), in a frame that is still to be read. */
+		if ((rc == -EPIPE || rc == -ECONNRESET) && !c->reader) {
+			c->reader = true;
+			pthread_mutex_unlock(&c->mu);
+			while (read_one(c) == 0)
+				;
+			pthread_mutex_lock(&c->mu);
+			c->reader = false;
+		}
 		c->broken = MC_EUNAVAILABLE;
 		pthread_cond_broadcast(&c->cv);
 	}
@@ -168,8 +190,9 @@ int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds,
 	}
 	waiter_unlink(c, w);
 	bool done = w->done;
+	int why = c->closed_why ? c->closed_why : MC_EUNAVAILABLE;
 	pthread_mutex_unlock(&c->mu);
-	return done ? 0 : MC_EUNAVAILABLE;
+	return done ? 0 : why;
 }
 
 /* Send req without waiting for a response (the reader drops one if it
@@ -201,7 +224,6 @@ void mc__send_only(mc_client *c, Request *req)
 		pthread_mutex_unlock(&c->mu);
 	}
 }
-
 
 /* ------------------------------------------------------------ open */
 
@@ -253,7 +275,8 @@ static int hello(mc_client *c, const struct mc_open_opts *o)
 		if (fstat(w.fds[0], &st) != 0 || (uint64_t)st.st_size < len) {
 			rc = MC_EPROTOCOL;
 		} else {
-			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, w.fds[0], 0);
+			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, w.fds[0],
+				       0);
 			if (p == MAP_FAILED) {
 				rc = -errno;
 			} else {

@@ -19,7 +19,7 @@
 struct get_item {
 	const void *key;
 	size_t klen;
-	void *buf;        /* destination, or NULL: allocate */
+	void *buf; /* destination, or NULL: allocate */
 	size_t cap;
 	const struct mc_part *parts; /* or scatter over these (nparts > 1) */
 	size_t nparts;
@@ -27,8 +27,8 @@ struct get_item {
 	/* out */
 	int err;
 	size_t size;
-	void *alloc;      /* allocated copy */
-	uint64_t view;    /* mapped view id */
+	void *alloc;   /* allocated copy */
+	uint64_t view; /* mapped view id */
 	const void *mapped;
 	int spill;        /* zero_copy: the spill buffer mapped holds, or -1 */
 	int64_t view_blk; /* ... or the staging block it holds, or -1 */
@@ -78,7 +78,8 @@ static void spill_grow(mc_client *c, size_t len)
 		    (slot < 0 || c->spills[i].cap < c->spills[slot].cap))
 			slot = i;
 	uint8_t *old = NULL;
-	if (slot >= 0 && cap <= SPILL_MAX_BYTES && total - c->spills[slot].cap + cap <= SPILL_MAX_BYTES) {
+	if (slot >= 0 && cap <= SPILL_MAX_BYTES &&
+	    total - c->spills[slot].cap + cap <= SPILL_MAX_BYTES) {
 		old = c->spills[slot].buf;
 		c->spills[slot].buf = NULL;
 		c->spills[slot].cap = 0;
@@ -167,7 +168,7 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 	int rc = 0;
 	size_t nreq = 0;
 	int64_t spill_blk = -1;
-	int spill_buf = -1;       /* or the spill buffer offered */
+	int spill_buf = -1; /* or the spill buffer offered */
 	uint8_t *spill_map = NULL;
 	size_t spill_len = 0;
 	struct waiter w = {0};
@@ -219,7 +220,8 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 	 * free, else in a part of the staging memfd, else (too big) in a
 	 * memfd the agent makes for this reply. */
 	if (need_spill && (spill_buf = spill_take(c)) >= 0) {
-		if (mc__agent_region(c, c->spills[spill_buf].buf, c->spills[spill_buf].cap, &spill)) {
+		if (mc__agent_region(c, c->spills[spill_buf].buf, c->spills[spill_buf].cap,
+				     &spill)) {
 			g.spill = &spill;
 		} else {
 			spill_give(c, spill_buf);
@@ -248,7 +250,8 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 		rc = r->error;
 		goto out;
 	}
-	if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_GET || r->get->n_results != nreq) {
+	if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_GET ||
+	    r->get->n_results != nreq) {
 		rc = MC_EPROTOCOL;
 		goto out;
 	}
@@ -256,7 +259,8 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 	int spill_fd = -1;
 	bool any_spill = false;
 	for (size_t k = 0; k < nreq; k++)
-		any_spill |= r->get->results[k]->where == MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
+		any_spill |= r->get->results[k]->where ==
+			     MOONCAKE__CLIENT__GET_RESULT__WHERE__SPILL;
 	if (any_spill) {
 		if (fdi >= w.nfds) {
 			rc = MC_EPROTOCOL;
@@ -303,7 +307,8 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 			break;
 		case MOONCAKE__CLIENT__GET_RESULT__WHERE__STAGING: {
 			/* (The spill region offered: a spill buffer or staging.) */
-			const uint8_t *base = spill_buf >= 0 ? c->spills[spill_buf].buf : c->stg;
+			const uint8_t *base = spill_buf >= 0 ? c->spills[spill_buf].buf
+							     : c->stg;
 			size_t blen = spill_buf >= 0 ? c->spills[spill_buf].cap : c->stg_len;
 			if (res->offset > blen || it->size > blen - res->offset) {
 				it->err = MC_EPROTOCOL;
@@ -365,8 +370,8 @@ out:
 	return rc;
 }
 
-MC__PUBLIC int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value,
-			 size_t *len, const struct mc_get_opts *opts)
+MC__PUBLIC int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value, size_t *len,
+			 const struct mc_get_opts *opts)
 {
 	struct get_item it = {.key = key, .klen = klen};
 	int rc = do_get(c, &it, 1, opts && opts->verify);
@@ -381,8 +386,7 @@ MC__PUBLIC int mc_get_ex(mc_client *c, const void *key, size_t klen, void **valu
 	return 0;
 }
 
-MC__PUBLIC int mc_get(mc_client *c, const void *key, size_t klen, void **value,
-		      size_t *len)
+MC__PUBLIC int mc_get(mc_client *c, const void *key, size_t klen, void **value, size_t *len)
 {
 	return mc_get_ex(c, key, klen, value, len, NULL);
 }
@@ -454,8 +458,8 @@ static void send_release(mc_client *c, uint64_t id);
 
 /* Turn the outcome of a zero-copy item into a view (0), or free what it
  * holds and return its error. */
-static int make_view(mc_client *c, struct get_item *it, int rc, const void **data,
-		     size_t *len, mc_view **view)
+static int make_view(mc_client *c, struct get_item *it, int rc, const void **data, size_t *len,
+		     mc_view **view)
 {
 	mc_view *v = rc ? NULL : calloc(1, sizeof(*v));
 	if (!rc && !v)
@@ -528,7 +532,8 @@ MC__PUBLIC int mc_batch_get_into_parts(mc_client *c, size_t n, const void *const
 		its[i].klen = klens[i];
 		size_t cap = 0;
 		for (size_t k = 0; k < nparts[i]; k++)
-			cap = parts[i][k].len > SIZE_MAX - cap ? SIZE_MAX : cap + parts[i][k].len;
+			cap = parts[i][k].len > SIZE_MAX - cap ? SIZE_MAX
+							       : cap + parts[i][k].len;
 		its[i].cap = cap;
 		if (nparts[i] == 1) {
 			its[i].buf = parts[i][0].buf;
@@ -600,7 +605,8 @@ MC__PUBLIC int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size
 			results[i] = -ENOBUFS;
 		} else {
 			if (q->len)
-				memmove(q->dst, (const uint8_t *)datas[k] + q->src_offset, q->len);
+				memmove(q->dst, (const uint8_t *)datas[k] + q->src_offset,
+					q->len);
 			results[i] = (int64_t)q->len;
 		}
 	}

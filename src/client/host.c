@@ -32,11 +32,11 @@
 
 struct host_alloc {
 	uint8_t *addr;
-	size_t len;      /* usable bytes (the memfd may be longer: pages) */
-	void *map_base;  /* the whole reservation */
+	size_t len;     /* usable bytes (the memfd may be longer: pages) */
+	void *map_base; /* the whole reservation */
 	size_t map_len;
 	int fd;
-	uint64_t gen;    /* unique per allocation */
+	uint64_t gen; /* unique per allocation */
 };
 
 static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -84,8 +84,10 @@ MC__PUBLIC void *mc_host_alloc(size_t len)
 		e = errno;
 		goto out_fd;
 	}
-	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HOST_ALIGN - 1) & ~(uintptr_t)(HOST_ALIGN - 1));
-	if (mmap(addr, flen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HOST_ALIGN - 1) &
+				    ~(uintptr_t)(HOST_ALIGN - 1));
+	if (mmap(addr, flen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+	    MAP_FAILED) {
 		e = errno;
 		goto out_map;
 	}
@@ -198,8 +200,12 @@ int mc__host_attach(mc_client *c, const void *p, size_t len, bool publish)
 	close(fd);
 	if (rc)
 		return rc;
-	struct range r = {.addr = a.addr, .len = a.len, .id = id, .kind = R_HOST,
-			  .host_gen = a.gen, .published = publish};
+	struct range r = {.addr = a.addr,
+			  .len = a.len,
+			  .id = id,
+			  .kind = R_HOST,
+			  .host_gen = a.gen,
+			  .published = publish};
 	pthread_mutex_lock(&host_mu);
 	bool alive = false;
 	for (size_t i = 0; i < nallocs; i++)

@@ -41,7 +41,8 @@ static int keys_call(mc_client *c, int op, size_t n, const void *const *keys,
 	q.keys = k;
 	q.n_keys = nreq;
 	q.force = force != 0;
-	Mooncake__Client__ReplicaClearRequest rq = MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
+	Mooncake__Client__ReplicaClearRequest rq =
+		MOONCAKE__CLIENT__REPLICA_CLEAR_REQUEST__INIT;
 	rq.keys = k;
 	rq.n_keys = nreq;
 	rq.segment = (char *)(segment ? segment : "");
@@ -160,6 +161,14 @@ MC__PUBLIC int mc_agent_stats(mc_client *c, struct mc_agent_stats *out)
 		out->inventory = s->inventory;
 		out->get_bad = s->get_bad;
 		out->resync_bad = s->resync_bad;
+		snprintf(out->ssd_segment, sizeof(out->ssd_segment), "%s",
+			 s->ssd_segment ? s->ssd_segment : "");
+		out->ssd_size = s->ssd_size;
+		out->ssd_used = s->ssd_used;
+		out->ssd_objects = s->ssd_objects;
+		out->ssd_hits = s->ssd_hits;
+		out->ssd_demotions = s->ssd_demotions;
+		out->ssd_promotions = s->ssd_promotions;
 	}
 	mc__waiter_clear(&w);
 	return rc;
@@ -210,6 +219,6 @@ MC__PUBLIC int mc_batch_replica_clear(mc_client *c, size_t n, const void *const 
 				cleared[i] = 0;
 		return rc;
 	}
-	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR, n, keys, klens, 0, segment,
-			 cleared);
+	return keys_call(c, MOONCAKE__CLIENT__REQUEST__OP_REPLICA_CLEAR, n, keys, klens, 0,
+			 segment, cleared);
 }

@@ -112,19 +112,28 @@ int mc__tmp_memfd(size_t len)
 	return fd;
 }
 
-/* The agent-mapped range holding [p, p + len), under mu. */
-const struct range *mc__find_agent_range_locked(mc_client *c, const void *p, size_t len)
+/* The range of one of the kinds holding [p, p + len), under mu. */
+static const struct range *find_range_locked(mc_client *c, const void *p, size_t len,
+					     bool proc)
 {
 	const uint8_t *a = p;
 	for (size_t i = 0; i < c->nranges; i++) {
 		const struct range *r = &c->ranges[i];
-		if (r->kind == R_SHADOW)
+		if (r->kind == R_SHADOW || r->kind == R_DEVICE || (r->kind == R_PROC && !proc))
 			continue;
 		if (a >= r->addr && (size_t)(a - r->addr) <= r->len &&
 		    len <= r->len - (size_t)(a - r->addr))
 			return r;
 	}
 	return NULL;
+}
+
+/* The agent-mapped range holding [p, p + len), under mu. Process memory
+ * is not mapped by the agent: this process's own operations copy it
+ * through staging (faster than the agent's cross-memory attach). */
+const struct range *mc__find_agent_range_locked(mc_client *c, const void *p, size_t len)
+{
+	return find_range_locked(c, p, len, false);
 }
 
 /* Region of agent-mapped memory for [p, p + len): true if there is one. */
@@ -174,8 +183,20 @@ bool mc__agent_region(mc_client *c, const void *p, size_t len, Region *g)
 	return found;
 }
 
-
 /* ------------------------------------------------------------ buffers */
+
+bool mc__overlaps(mc_client *c, const void *addr, size_t len)
+{
+	const uint8_t *a = addr;
+	bool found = false;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < c->nranges && !found; i++) {
+		const struct range *o = &c->ranges[i];
+		found = a < o->addr + o->len && o->addr < a + len;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return found;
+}
 
 /* Add a range under mu. Errors: -EEXIST (overlap), -ENOMEM. */
 int mc__range_add_locked(mc_client *c, const struct range *r)
@@ -209,6 +230,18 @@ int mc__range_del_locked(mc_client *c, const void *addr, struct range *out)
 	return -ENOENT;
 }
 
+int mc__range_add_buffer(mc_client *c, void *addr, size_t len, uint64_t id,
+			 enum range_kind kind)
+{
+	struct range r = {.addr = addr, .len = len, .id = id, .kind = kind, .published = true};
+	pthread_mutex_lock(&c->mu);
+	int rc = mc__range_add_locked(c, &r);
+	pthread_mutex_unlock(&c->mu);
+	if (rc)
+		(void)mc__unregister_id(c, id);
+	return rc;
+}
+
 int mc__unregister_id(mc_client *c, uint64_t id)
 {
 	Mooncake__Client__BufferRequest q = MOONCAKE__CLIENT__BUFFER_REQUEST__INIT;
@@ -236,7 +269,8 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 			  -1, 0);
 	if (base == MAP_FAILED)
 		return -errno;
-	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HUGE_ALIGN - 1) &
+				    ~(uintptr_t)(HUGE_ALIGN - 1));
 	Mooncake__Client__AllocBufferRequest q = MOONCAKE__CLIENT__ALLOC_BUFFER_REQUEST__INIT;
 	q.length = len;
 	q.address = (uint64_t)(uintptr_t)addr;
@@ -252,7 +286,8 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 	uint64_t id = 0;
 	if (w.resp->error) {
 		rc = w.resp->error;
-	} else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER || w.nfds != 1) {
+	} else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_BUFFER ||
+		   w.nfds != 1) {
 		rc = MC_EPROTOCOL;
 	} else {
 		id = w.resp->buffer->buffer;
@@ -267,8 +302,13 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 	}
 	mc__waiter_clear(&w);
 	if (rc == 0) {
-		struct range r = {.addr = addr, .len = len, .id = id, .kind = R_ALLOC,
-				  .map_base = base, .map_len = rlen, .published = true};
+		struct range r = {.addr = addr,
+				  .len = len,
+				  .id = id,
+				  .kind = R_ALLOC,
+				  .map_base = base,
+				  .map_len = rlen,
+				  .published = true};
 		pthread_mutex_lock(&c->mu);
 		rc = mc__range_add_locked(c, &r);
 		pthread_mutex_unlock(&c->mu);
@@ -300,10 +340,8 @@ MC__PUBLIC int mc_buffer_free(mc_client *c, void *buf)
 	return rc;
 }
 
-/* Send a buffer registration (with fd attached unless fd < 0): 0 with
- * *id, or the agent's error. */
-static int register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
-			uint64_t *id)
+int mc__register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q, int fd,
+		     uint64_t *id)
 {
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
@@ -325,39 +363,25 @@ static int register_req(mc_client *c, Mooncake__Client__RegisterBufferRequest *q
 int mc__register_fd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len,
 		    bool publish, uint64_t *id)
 {
-	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest q =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	q.offset = offset;
 	q.length = len;
 	q.address = publish ? (uint64_t)(uintptr_t)addr : 0;
-	return register_req(c, &q, fd, id);
+	return mc__register_req(c, &q, fd, id);
 }
 
-MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
-				 size_t len)
+MC__PUBLIC int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len)
 {
 	if (len == 0 || !addr)
 		return -EINVAL;
-	pthread_mutex_lock(&c->mu);
-	int rc = 0;
-	for (size_t i = 0; i < c->nranges && !rc; i++) {
-		const struct range *o = &c->ranges[i];
-		if ((uint8_t *)addr < o->addr + o->len && o->addr < (uint8_t *)addr + len)
-			rc = -EEXIST;
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		return rc;
+	if (mc__overlaps(c, addr, len))
+		return -EEXIST;
 	uint64_t id = 0;
-	rc = mc__register_fd(c, fd, offset, addr, len, true, &id);
+	int rc = mc__register_fd(c, fd, offset, addr, len, true, &id);
 	if (rc)
 		return rc;
-	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_MEMFD, .published = true};
-	pthread_mutex_lock(&c->mu);
-	rc = mc__range_add_locked(c, &r);
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		(void)mc__unregister_id(c, id);
-	return rc;
+	return mc__range_add_buffer(c, addr, len, id, R_MEMFD);
 }
 
 /*
@@ -371,25 +395,22 @@ static int register_process(mc_client *c, void *addr, size_t len)
 	socklen_t cl = sizeof(cred);
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
 		return -errno;
+	if (cred.pid <= 0)
+		return -EPERM; /* the agent is not in this pid namespace */
 	/* Yama (ptrace_scope 1) lets only a named process attach; without
 	 * Yama the call is EINVAL and the usual ptrace rules apply. */
 	if (prctl(PR_SET_PTRACER, (unsigned long)cred.pid, 0, 0, 0) != 0 && errno != EINVAL)
 		return -errno;
-	Mooncake__Client__RegisterBufferRequest q = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest q =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	q.length = len;
 	q.address = (uint64_t)(uintptr_t)addr;
 	q.process_memory = true;
 	uint64_t id = 0;
-	int rc = register_req(c, &q, -1, &id);
+	int rc = mc__register_req(c, &q, -1, &id);
 	if (rc)
 		return rc;
-	struct range r = {.addr = addr, .len = len, .id = id, .kind = R_PROC, .published = true};
-	pthread_mutex_lock(&c->mu);
-	rc = mc__range_add_locked(c, &r);
-	pthread_mutex_unlock(&c->mu);
-	if (rc)
-		(void)mc__unregister_id(c, id);
-	return rc;
+	return mc__range_add_buffer(c, addr, len, id, R_PROC);
 }
 
 static int register_any(mc_client *c, void *addr, size_t len, bool publish)
@@ -400,23 +421,17 @@ static int register_any(mc_client *c, void *addr, size_t len, bool publish)
 	if (rc != -ENOENT)
 		return rc;
 	pthread_mutex_lock(&c->mu);
-	/* Inside a buffer of the session already: nothing to do. */
-	if (mc__find_agent_range_locked(c, addr, len)) {
+	/* Inside a buffer of the session (or process memory it published)
+	 * already: nothing to do. */
+	if (find_range_locked(c, addr, len, true)) {
 		pthread_mutex_unlock(&c->mu);
 		return 0;
 	}
-	bool ask = publish && !c->no_process_memory;
 	pthread_mutex_unlock(&c->mu);
-	if (ask) {
-		rc = register_process(c, addr, len);
-		if (rc == 0 || rc == -EEXIST)
-			return rc;
-		/* An agent that does not reach process memory: copies
-		 * through staging, as for mc_register_buffer. */
-		pthread_mutex_lock(&c->mu);
-		c->no_process_memory = true;
-		pthread_mutex_unlock(&c->mu);
-	}
+	/* Memory peers must reach: the agent reaches it, or the
+	 * registration fails (it would promise what cannot happen). */
+	if (publish)
+		return register_process(c, addr, len);
 	pthread_mutex_lock(&c->mu);
 	struct range r = {.addr = addr, .len = len, .kind = R_SHADOW};
 	rc = mc__range_add_locked(c, &r);
@@ -452,7 +467,8 @@ MC__PUBLIC int mc_unregister_buffer(mc_client *c, void *addr)
 		return 0;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (rc == 0 && (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC))
+	if (rc == 0 &&
+	    (r.kind == R_MEMFD || r.kind == R_HOST || r.kind == R_PROC || r.kind == R_DEVICE))
 		rc = mc__unregister_id(c, r.id);
 	return rc;
 }

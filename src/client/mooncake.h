@@ -16,6 +16,7 @@
  * or a store code with the numbers Mooncake users know (MC_E* below;
  * mc_strerror and mc_errname name them). A connection that broke fails
  * every later call with MC_EUNAVAILABLE: close the handle and open again.
+ * A request that comes while the agent stops fails with MC_ESHUTDOWN.
  *
  * Thread safety: a handle may be used from many threads at once; their
  * requests are pipelined on the one connection.
@@ -48,9 +49,11 @@ extern "C" {
 #define MC_EOBJECT_ALREADY_EXISTS (-705)
 #define MC_EOBJECT_HAS_LEASE (-706)
 #define MC_ELEASE_EXPIRED (-707)
+#define MC_ETOO_FEW_SEGMENTS (-708)
 #define MC_EPROTOCOL (-801)
 #define MC_EUNAVAILABLE (-802)
 #define MC_ETIMEDOUT (-803)
+#define MC_ESHUTDOWN (-808)
 #define MC_ECHECKSUM (-810)
 #endif
 
@@ -61,10 +64,10 @@ typedef struct mc_client mc_client;
 typedef struct mc_view mc_view;
 
 struct mc_open_opts {
-	const char *socket_path;  /* NULL: see mc_open */
-	size_t staging_bytes;     /* 0: the agent's --local-buffer-size */
-	const char *client_name;  /* shown in the agent's logs; NULL: none */
-	int verify_gets;          /* every get of the session verifies (see
+	const char *socket_path; /* NULL: see mc_open */
+	size_t staging_bytes;    /* 0: the agent's --local-buffer-size */
+	const char *client_name; /* shown in the agent's logs; NULL: none */
+	int verify_gets;         /* every get of the session verifies (see
 				     mc_get_opts) */
 };
 
@@ -73,6 +76,8 @@ struct mc_open_opts {
  * /run/mooncake/agent.sock, else $XDG_RUNTIME_DIR/mooncake/agent.sock
  * (the first that exists). Errors: -ENOENT (no socket found), negative
  * errno of connect (-ECONNREFUSED: no agent serves it, -EACCES),
+ * -EUSERS (the agent serves as many sessions as it may: in all, or of
+ * this user; its log says which), MC_ESHUTDOWN (the agent is stopping),
  * MC_EPROTOCOL (not an agent, or another protocol version), -ENOMEM.
  */
 int mc_open(const char *socket_path, mc_client **out);
@@ -81,41 +86,49 @@ int mc_open_ex(const struct mc_open_opts *opts, mc_client **out);
  * must have been released (their memory goes away). NULL is a no-op. */
 void mc_close(mc_client *c);
 
+/* Tiers a put can name (mc_put_opts.tier). */
+#define MC_TIER_DRAM 0 /* the pool's memory; cold objects move to SSD tiers */
+#define MC_TIER_SSD 1  /* straight into the local agent's SSD tier */
+
 struct mc_put_opts {
 	unsigned replica_num;          /* copies on distinct segments; 0: 1 */
 	int soft_pin;                  /* evicted only when nothing else is */
 	uint64_t ttl_ms;               /* removed this long after the put; 0: never */
 	const char *preferred_segment; /* NULL: the local agent's segment */
 	int upsert;                    /* replace an existing object */
+	/* MC_TIER_SSD: one replica, in the local agent's SSD tier (no
+	 * preferred segment; MC_ESEGMENT_NOT_FOUND when it has none). */
+	int tier;
 };
 
 /*
  * Store a value. Errors: MC_EOBJECT_ALREADY_EXISTS (-705; see upsert),
- * MC_ENO_SPACE, MC_EOBJECT_HAS_LEASE (upsert of a leased object),
- * -EINVAL (key empty or above MC_MAX_KEY_BYTES, replica_num above 16),
- * MC_EUNAVAILABLE (no master, or the connection broke), transfer errors.
+ * MC_ENO_SPACE, MC_ETOO_FEW_SEGMENTS (replica_num above the segments
+ * mounted), MC_EOBJECT_HAS_LEASE (upsert of a leased object), -EINVAL
+ * (key empty or above MC_MAX_KEY_BYTES, replica_num above 16),
+ * MC_EUNAVAILABLE (no master, the connection broke, or a master leader
+ * that took over is still taking the agents back: try again; never
+ * MC_ENO_SPACE for that), transfer errors.
  */
-int mc_put(mc_client *c, const void *key, size_t klen, const void *value,
-	   size_t len, const struct mc_put_opts *opts);
+int mc_put(mc_client *c, const void *key, size_t klen, const void *value, size_t len,
+	   const struct mc_put_opts *opts);
 /* The same, for a value in a buffer from mc_buffer_alloc (written in
  * place; any other memory is copied as by mc_put). */
-int mc_put_from(mc_client *c, const void *key, size_t klen, const void *buf,
-		size_t len, const struct mc_put_opts *opts);
+int mc_put_from(mc_client *c, const void *key, size_t klen, const void *buf, size_t len,
+		const struct mc_put_opts *opts);
 
 /*
  * Fetch a value into a new malloc'd buffer (*value, free() it; a 0-byte
  * value gives a non-NULL pointer). Errors: MC_EOBJECT_NOT_FOUND, -EINVAL,
  * MC_EUNAVAILABLE, -ENOMEM, MC_ECHECKSUM (verifying gets).
  */
-int mc_get(mc_client *c, const void *key, size_t klen, void **value,
-	   size_t *len);
+int mc_get(mc_client *c, const void *key, size_t klen, void **value, size_t *len);
 /*
  * Fetch a value into buf (cap bytes); returns its size, or -ENOBUFS when
  * it is larger than cap, or another error of mc_get. Zero copy when buf
  * lies in a buffer from mc_buffer_alloc.
  */
-int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf,
-		    size_t cap);
+int64_t mc_get_into(mc_client *c, const void *key, size_t klen, void *buf, size_t cap);
 
 struct mc_get_opts {
 	/* Check the bytes delivered against the CRC-32C the object's writer
@@ -126,10 +139,10 @@ struct mc_get_opts {
 };
 
 /* mc_get and mc_get_into with options (NULL: as without). */
-int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value,
-	      size_t *len, const struct mc_get_opts *opts);
-int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
-		       size_t cap, const struct mc_get_opts *opts);
+int mc_get_ex(mc_client *c, const void *key, size_t klen, void **value, size_t *len,
+	      const struct mc_get_opts *opts);
+int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf, size_t cap,
+		       const struct mc_get_opts *opts);
 
 /*
  * A read-only view of a value: when the object has a replica in the local
@@ -139,8 +152,8 @@ int64_t mc_get_into_ex(mc_client *c, const void *key, size_t klen, void *buf,
  * (in one of the session's spill buffers until the release: see
  * libmooncake(3), Memory). Errors: those of mc_get.
  */
-int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data,
-		size_t *len, mc_view **view);
+int mc_get_view(mc_client *c, const void *key, size_t klen, const void **data, size_t *len,
+		mc_view **view);
 /* Whether a view maps the agent's segment (1) or holds a copy (0). */
 int mc_view_is_mapped(const mc_view *v);
 /* Release a view (NULL is a no-op). */
@@ -160,20 +173,19 @@ int64_t mc_remove_all(mc_client *c, int force);
  * (as the single call's return value). The call returns 0 when it ran
  * (items may still have failed), or an error for the whole batch.
  */
-int mc_batch_put(mc_client *c, size_t n, const void *const *keys,
-		 const size_t *klens, const void *const *values,
-		 const size_t *lens, const struct mc_put_opts *opts, int *results);
+int mc_batch_put(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		 const void *const *values, const size_t *lens, const struct mc_put_opts *opts,
+		 int *results);
 /* values[i]: malloc'd (free them), NULL for failed items. */
-int mc_batch_get(mc_client *c, size_t n, const void *const *keys,
-		 const size_t *klens, void **values, size_t *lens, int *results);
+int mc_batch_get(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		 void **values, size_t *lens, int *results);
 /* results[i]: bytes read into bufs[i], or an error. */
-int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys,
-		      const size_t *klens, void *const *bufs, const size_t *caps,
-		      int64_t *results);
-int mc_batch_exist(mc_client *c, size_t n, const void *const *keys,
-		   const size_t *klens, int *results);
-int mc_batch_remove(mc_client *c, size_t n, const void *const *keys,
-		    const size_t *klens, int force, int *results);
+int mc_batch_get_into(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		      void *const *bufs, const size_t *caps, int64_t *results);
+int mc_batch_exist(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		   int *results);
+int mc_batch_remove(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		    int force, int *results);
 
 /* A piece of caller memory: one of the buffers an object is put from or
  * read into. */
@@ -189,10 +201,9 @@ struct mc_part {
  * read in place; pieces are gathered through staging otherwise. results
  * and errors as mc_batch_put (-EINVAL: nparts[i] is 0).
  */
-int mc_batch_put_parts(mc_client *c, size_t n, const void *const *keys,
-		       const size_t *klens, const struct mc_part *const *parts,
-		       const size_t *nparts, const struct mc_put_opts *opts,
-		       int *results);
+int mc_batch_put_parts(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		       const struct mc_part *const *parts, const size_t *nparts,
+		       const struct mc_put_opts *opts, int *results);
 /*
  * Batch gets scattering value i over parts[i][0..nparts[i]) in order.
  * results[i]: the value's size, -ENOBUFS when it is larger than its
@@ -206,9 +217,8 @@ int mc_batch_get_into_parts(mc_client *c, size_t n, const void *const *keys,
  * lens[i] and views[i] for items whose results[i] is 0; release every
  * views[i] that is not NULL. Local objects are mapped, others copied.
  */
-int mc_batch_get_view(mc_client *c, size_t n, const void *const *keys,
-		      const size_t *klens, const void **datas, size_t *lens,
-		      mc_view **views, int *results);
+int mc_batch_get_view(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+		      const void **datas, size_t *lens, mc_view **views, int *results);
 
 /* One byte range of an object read into caller memory (mc_get_ranges). */
 struct mc_range_req {
@@ -228,15 +238,14 @@ struct mc_range_req {
  * range runs past the end of that registered memory). Returns 0 when the
  * call ran, or an error for all of it.
  */
-int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n,
-		  int64_t *results);
+int mc_get_ranges(mc_client *c, const struct mc_range_req *reqs, size_t n, int64_t *results);
 
 /*
  * Remove every object whose key matches pattern (a POSIX extended
  * regular expression, searched anywhere in the key as by regexec; keys
- * with NUL bytes never match); leased ones only with force. Returns how
- * many were removed, or -EINVAL (the pattern does not compile),
- * -EOPNOTSUPP (an agent that does not serve the request), MC_EUNAVAILABLE.
+ * with NUL bytes never match); leased ones only with force. The master
+ * walks its whole index for it. Returns how many were removed, or
+ * -EINVAL (the pattern does not compile), MC_EUNAVAILABLE.
  */
 int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
 /*
@@ -245,8 +254,7 @@ int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
  * there (the object goes when none is left). Leased objects and objects
  * still being written are skipped. cleared[i]: 1 if key i was cleared,
  * 0 if skipped (not found, leased, no replica there), or an error.
- * Errors: -EOPNOTSUPP (a segment name, to an agent that does not serve
- * the request), those of mc_batch_remove.
+ * Errors: those of mc_batch_remove.
  */
 int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
 			   const size_t *klens, const char *segment, int *cleared);
@@ -257,7 +265,8 @@ int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
  * when available), registered for zero-copy puts, gets and transfers, and
  * published to the transfer engine at its address so that peers can read
  * and write it (mc_transfer from another node). Errors: -EINVAL (len 0),
- * -ENOMEM, -ENOSPC (too many buffers), MC_EUNAVAILABLE.
+ * -ENOMEM, -ENOSPC (too many buffers in the session, or the agent's
+ * --client-alloc-size is used up), MC_EUNAVAILABLE.
  */
 int mc_buffer_alloc(mc_client *c, size_t len, void **buf);
 /* Errors: -ENOENT (not from mc_buffer_alloc). */
@@ -270,8 +279,7 @@ int mc_buffer_free(mc_client *c, void *buf);
  * memfd. Errors: -EBADF (not a memfd), -EPERM (another user's), -EINVAL
  * (not sealed, range), -EEXIST (overlaps a registered buffer).
  */
-int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr,
-		      size_t len);
+int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr, size_t len);
 /*
  * Register any memory for mc_transfer/mc_put_from/mc_get_into. Memory
  * that is not a buffer of this session cannot be shared with the agent:
@@ -287,16 +295,56 @@ int mc_unregister_buffer(mc_client *c, void *addr);
  * Register memory for transfers as a TransferEngine does: like
  * mc_register_buffer, and memory peers may then read and write — an
  * mc_host_alloc allocation (whole) or memory inside an mc_buffer_alloc
- * buffer is published to the transfer engine at its address. Other
- * memory is offered to the agent to reach by cross-memory attach (the
- * process names the agent with prctl(PR_SET_PTRACER)) and published the
- * same way; an agent that does not do that refuses, and the memory is
- * then accepted as by mc_register_buffer (this process's own transfers
- * copy it through staging; peers cannot reach it).
+ * buffer is published to the transfer engine at its address, and peers
+ * write it in place. Other memory (malloc, numpy, a CPU tensor, pinned
+ * or not) is published for the agent to reach by cross-memory attach:
+ * this process names the agent with prctl(PR_SET_PTRACER) (replacing any
+ * ptracer it named before), the agent checks that it may attach and that
+ * every byte is mapped readable and writable, and serves peers' requests
+ * for it with process_vm_readv/writev through its own buffers (over tcp,
+ * for same-host and rdma peers too: one copy per byte, see libmooncake(3),
+ * Memory). This process's own puts, gets and transfers still copy such
+ * memory through staging. A registration that peers could not use fails.
  * Errors: those of mc_register_buffer, -EEXIST (another session of the
- * process published the allocation already).
+ * process published the allocation already, or the range overlaps memory
+ * published there), -EPERM (the agent may not attach: the kernel's
+ * ptrace rules, or an agent outside this pid namespace), -EFAULT (part of
+ * the range is not mapped readable and writable), -ENOSYS (no pidfds:
+ * Linux before 5.3), -EOPNOTSUPP (an agent without a transfer engine).
  */
 int mc_register_memory(mc_client *c, void *addr, size_t len);
+
+/*
+ * Register device memory (a GPU's) for peers' RDMA: fd is a dma-buf of it
+ * (borrowed: sent to the agent, which keeps its own reference), and
+ * [offset, offset + len) of the dma-buf is the memory at addr in this
+ * process — the address peers use. The agent registers it with each of
+ * its RDMA devices (ibv_reg_dmabuf_mr) and publishes it: peers write and
+ * read it by one-sided RDMA, the NIC reaching the device directly. It is
+ * also the local memory of this process's transfers to RDMA peers (the
+ * agent's NIC reads or writes it by its MR). No CPU copies it: tcp and
+ * shm peers' requests for it fail, a transfer item with it whose target
+ * the agent cannot reach by RDMA (a peer on the same host over shm, a tcp
+ * peer, a region without rkeys) fails with -EOPNOTSUPP, and so does an
+ * item partly in it; puts and gets cannot use it (do not pass it).
+ * Errors: -EINVAL, -EEXIST (overlaps a registered range),
+ * -EOPNOTSUPP (the agent's engine has no RDMA device, or its device or
+ * libibverbs registers no dma-bufs), the RDMA registration's errors
+ * (-ENOMEM, -EACCES, -EFAULT), MC_EUNAVAILABLE.
+ */
+int mc_register_dmabuf(mc_client *c, int fd, uint64_t offset, void *addr, size_t len);
+/*
+ * Register CUDA device memory [addr, addr + len) as mc_register_dmabuf
+ * does, its dma-buf exported by the CUDA driver: libcuda.so.1 is loaded
+ * at the first call (never linked), the pointer must be device memory
+ * inside one allocation (cuPointerGetAttribute, cuMemGetAddressRange),
+ * and that allocation is exported whole (cuMemGetHandleForAddressRange,
+ * CUDA 11.7, a device with dma-buf support). Errors: -EOPNOTSUPP (no
+ * CUDA driver, too old, or the device exports no dma-bufs), -EINVAL (not
+ * device memory of the current context, or past its allocation), those
+ * of mc_register_dmabuf.
+ */
+int mc_register_cuda(mc_client *c, void *addr, size_t len);
 
 /*
  * Host memory the agent can map, without a handle and from any thread:
@@ -321,8 +369,8 @@ struct mc_transfer_req {
 	enum mc_transfer_op op; /* READ: remote -> local; WRITE: local -> remote */
 	void *local;
 	size_t len;
-	const char *target;     /* segment name, "host:port" of its agent */
-	uint64_t remote_addr;   /* an address the target registered */
+	const char *target;   /* segment name, "host:port" of its agent */
+	uint64_t remote_addr; /* an address the target registered */
 };
 
 /*
@@ -332,14 +380,13 @@ struct mc_transfer_req {
  * registered there; MC_EUNAVAILABLE: the target cannot be reached).
  * Returns 0 when the batch ran, or an error for all of it.
  */
-int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
-		int *results);
+int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n, int *results);
 
 /* What a transfer target's segment offers (mc_segment_info). */
 struct mc_segment_info {
 	uint64_t first_address; /* its first registered region (0: none) */
 	uint64_t first_length;
-	uint64_t regions;       /* how many it has */
+	uint64_t regions; /* how many it has */
 };
 
 /*
@@ -352,6 +399,24 @@ int mc_segment_info(mc_client *c, const char *name, struct mc_segment_info *out)
 
 /* The agent's transfer-engine address "host:port" (its segment name). */
 const char *mc_agent_address(const mc_client *c);
+
+/*
+ * Give this session a transfer engine of its own, run by the agent, as
+ * each of Mooncake's TransferEngine instances has: its own segment,
+ * named "host:port" by a port of its own — the session id peers use, so
+ * that two processes on one node are told apart — published like the
+ * agent's (served to P2P peers at that port, and put in meta when the
+ * agent uses meta). Memory this session publishes from then on
+ * (mc_buffer_alloc, mc_register_memfd, mc_register_memory) is in that
+ * segment, and its transfers are made by that engine. The engine lives
+ * as long as the session or any of that memory. The name (NUL
+ * included) is copied into name[0..cap); a second call gives it again.
+ * Errors: -EBUSY (the session published memory with the agent's segment
+ * already: call this first), -EOPNOTSUPP (an agent without a transfer
+ * engine), -ENOSPC (cap too small), the agent's errors of starting one
+ * (listening, devices), MC_EUNAVAILABLE.
+ */
+int mc_engine_open(mc_client *c, char *name, size_t cap);
 /* Sizes the agent offers: its segment and this session's staging. */
 uint64_t mc_segment_size(const mc_client *c);
 uint64_t mc_staging_size(const mc_client *c);
@@ -359,19 +424,25 @@ uint64_t mc_staging_size(const mc_client *c);
 /* The agent's own figures (its Stats request): what it offers, who uses
  * it, and counters since it started. Strings are cut to fit. */
 struct mc_agent_stats {
-	char agent_id[128];      /* also its segment's name, "host:port" */
-	char master[128];        /* the master leader in use ("" if none) */
-	uint64_t master_view;    /* that leader's view number */
-	uint64_t segment_size;   /* bytes of DRAM given to the pool */
-	int hugepages;           /* 1: the segment is backed by huge pages */
-	int numa_node;           /* -1: not bound */
-	uint64_t staging_size;   /* staging buffer of a session */
+	char agent_id[128];               /* also its segment's name, "host:port" */
+	char master[128];                 /* the master leader in use ("" if none) */
+	uint64_t master_view;             /* that leader's view number */
+	uint64_t segment_size;            /* bytes of DRAM given to the pool */
+	int hugepages;                    /* 1: the segment is backed by huge pages */
+	int numa_node;                    /* -1: not bound */
+	uint64_t staging_size;            /* staging buffer of a session */
 	uint64_t clients, buffers, views; /* open now */
 	uint64_t puts, gets, local_hits, remote_hits, misses;
 	uint64_t bytes_written, bytes_read;
-	uint64_t inventory;      /* objects known in its segment */
-	uint64_t get_bad;        /* verified gets whose bytes did not match */
-	uint64_t resync_bad;     /* inventory items left out at a re-sync */
+	uint64_t inventory;  /* objects known in its segment */
+	uint64_t get_bad;    /* verified gets whose bytes did not match */
+	uint64_t resync_bad; /* inventory items left out at a re-sync */
+	/* Its SSD tier (all 0 and "" without one). */
+	char ssd_segment[160]; /* the tier's segment name */
+	uint64_t ssd_size, ssd_used, ssd_objects;
+	uint64_t ssd_hits;       /* gets served from it */
+	uint64_t ssd_demotions;  /* objects moved into it from DRAM */
+	uint64_t ssd_promotions; /* objects copied back to DRAM on a hit */
 };
 int mc_agent_stats(mc_client *c, struct mc_agent_stats *out);
 

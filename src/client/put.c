@@ -98,7 +98,8 @@ static int put_items(mc_client *c, size_t n, const void *const *keys, const size
 			goto out;
 		}
 		for (size_t i = 0; i < n; i++)
-			if (!results[i] && regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
+			if (!results[i] &&
+			    regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
 			    (rc = gather_fd(tfd, parts[i], np[i], regs[i].offset)) != 0)
 				goto out;
 	}
@@ -109,8 +110,10 @@ static int put_items(mc_client *c, size_t n, const void *const *keys, const size
 		p.replica_num = opts->replica_num;
 		p.soft_pin = opts->soft_pin != 0;
 		p.ttl_ms = opts->ttl_ms;
-		p.preferred_segment = (char *)(opts->preferred_segment ? opts->preferred_segment : "");
+		p.preferred_segment =
+			(char *)(opts->preferred_segment ? opts->preferred_segment : "");
 		p.upsert = opts->upsert != 0;
+		p.tier = opts->tier == MC_TIER_SSD ? 1 : 0;
 	}
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_PUT;
@@ -152,9 +155,8 @@ MC__PUBLIC int mc_batch_put_parts(mc_client *c, size_t n, const void *const *key
 }
 
 MC__PUBLIC int mc_batch_put(mc_client *c, size_t n, const void *const *keys,
-			    const size_t *klens, const void *const *values,
-			    const size_t *lens, const struct mc_put_opts *opts,
-			    int *results)
+			    const size_t *klens, const void *const *values, const size_t *lens,
+			    const struct mc_put_opts *opts, int *results)
 {
 	if (n == 0)
 		return 0;

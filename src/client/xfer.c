@@ -1,7 +1,8 @@
 /*
  * Transfers between this process's memory and memory another engine
  * registered (mc_transfer): local memory in place, or copied through
- * staging / a temporary memfd.
+ * staging / a temporary memfd; a segment's description (mc_segment_info)
+ * and the session's own engine (mc_engine_open).
  */
 #include "client/client_int.h"
 
@@ -12,64 +13,74 @@
 
 /* ------------------------------------------------------------ transfer */
 
-MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
-			   int *results)
+/* An item's staging block offset when its local memory is partly device
+ * memory (which nothing copies). */
+#define BLK_DEVICE (-2)
+
+/*
+ * One round of a transfer: items from the first on, in memory the agent
+ * maps (in place), staged (while the staging buffer has room), or — the
+ * first item alone, when it does not fit — in a temporary memfd. A batch
+ * larger than the staging buffer so goes in rounds that reuse it rather
+ * than through a fresh memfd whose every page faults on both sides.
+ * Returns how many items it took (>= 1), or an error for all of them.
+ */
+static int transfer_round(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
+			  int *results, Mooncake__Client__TransferItem *items,
+			  Mooncake__Client__TransferItem **ptrs, Region *regs, int64_t *blk,
+			  size_t *taken)
 {
-	if (n == 0)
-		return 0;
-	Mooncake__Client__TransferItem *items = calloc(n, sizeof(*items));
-	Mooncake__Client__TransferItem **ptrs = calloc(n, sizeof(*ptrs));
-	Region *regs = calloc(n, sizeof(*regs));
-	int64_t *blk = malloc(n * sizeof(*blk));
 	int rc = 0, tfd = -1;
-	if (!items || !ptrs || !regs || !blk) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	uint64_t spill = 0;
-	for (size_t i = 0; i < n; i++) {
-		const struct mc_transfer_req *t = &reqs[i];
+	size_t m = 0;
+	bool spill = false;
+	for (; m < n && !spill; m++) {
+		const struct mc_transfer_req *t = &reqs[m];
 		bool write = t->op == MC_TRANSFER_WRITE;
-		Region *g = &regs[i];
+		Region *g = &regs[m];
 		mooncake__client__region__init(g);
-		blk[i] = -1;
-		results[i] = 0;
-		if (t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
+		blk[m] = -1;
+		results[m] = 0;
+		int dev = t->len ? mc__device_region(c, t->local, t->len, g) : 0;
+		if (dev < 0) {
+			/* Nothing can copy device memory: the item goes as an
+			 * empty one and fails (BLK_DEVICE). */
+			blk[m] = BLK_DEVICE;
+			g->length = 0;
+		} else if (dev || t->len == 0 || mc__agent_region(c, t->local, t->len, g)) {
 			g->length = t->len;
-		} else if ((blk[i] = mc__stg_alloc(c, t->len)) >= 0) {
+		} else if ((blk[m] = mc__stg_alloc(c, t->len)) >= 0) {
 			if (write)
-				memcpy(c->stg + blk[i], t->local, t->len);
-			g->offset = (uint64_t)blk[i];
+				memcpy(c->stg + blk[m], t->local, t->len);
+			g->offset = (uint64_t)blk[m];
 			g->length = t->len;
+		} else if (m > 0) {
+			break; /* the next round, once this one's blocks are free */
 		} else {
 			g->where = MOONCAKE__CLIENT__REGION__WHERE__ATTACHED;
-			g->offset = spill;
 			g->length = t->len;
-			spill += t->len;
+			spill = true;
 		}
-		mooncake__client__transfer_item__init(&items[i]);
-		items[i].op = write ? MOONCAKE__CLIENT__TRANSFER_ITEM__OP__WRITE
+		mooncake__client__transfer_item__init(&items[m]);
+		items[m].op = write ? MOONCAKE__CLIENT__TRANSFER_ITEM__OP__WRITE
 				    : MOONCAKE__CLIENT__TRANSFER_ITEM__OP__READ;
-		items[i].local = g;
-		items[i].target = (char *)(t->target ? t->target : "");
-		items[i].remote_address = t->remote_addr;
-		ptrs[i] = &items[i];
+		items[m].local = g;
+		items[m].target = (char *)(t->target ? t->target : "");
+		items[m].remote_address = t->remote_addr;
+		ptrs[m] = &items[m];
 	}
 	if (spill) {
-		tfd = mc__tmp_memfd(spill);
+		tfd = mc__tmp_memfd(reqs[0].len);
 		if (tfd < 0) {
 			rc = tfd;
 			goto out;
 		}
-		for (size_t i = 0; i < n; i++)
-			if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED &&
-			    reqs[i].op == MC_TRANSFER_WRITE &&
-			    (rc = mc_pwrite_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset)) != 0)
-				goto out;
+		if (reqs[0].op == MC_TRANSFER_WRITE &&
+		    (rc = mc_pwrite_all(tfd, reqs[0].local, reqs[0].len, 0)) != 0)
+			goto out;
 	}
 	Mooncake__Client__TransferRequest q = MOONCAKE__CLIENT__TRANSFER_REQUEST__INIT;
 	q.items = ptrs;
-	q.n_items = n;
+	q.n_items = m;
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_TRANSFER;
 	req.transfer = &q;
@@ -80,26 +91,43 @@ MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, siz
 	if (w.resp->error)
 		rc = w.resp->error;
 	else if (w.resp->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_TRANSFER ||
-		 w.resp->transfer->n_errors != n)
+		 w.resp->transfer->n_errors != m)
 		rc = MC_EPROTOCOL;
 	else
-		for (size_t i = 0; i < n; i++)
-			results[i] = w.resp->transfer->errors[i];
+		for (size_t i = 0; i < m; i++)
+			results[i] = blk[i] == BLK_DEVICE ? -EOPNOTSUPP
+							  : w.resp->transfer->errors[i];
 	mc__waiter_clear(&w);
-	for (size_t i = 0; rc == 0 && i < n; i++) {
+	for (size_t i = 0; rc == 0 && i < m; i++) {
 		if (results[i] || reqs[i].op != MC_TRANSFER_READ || reqs[i].len == 0)
 			continue;
 		if (blk[i] >= 0)
 			memcpy(reqs[i].local, c->stg + blk[i], reqs[i].len);
 		else if (regs[i].where == MOONCAKE__CLIENT__REGION__WHERE__ATTACHED)
-			results[i] = mc_pread_all(tfd, reqs[i].local, reqs[i].len, regs[i].offset);
+			results[i] = mc_pread_all(tfd, reqs[i].local, reqs[i].len, 0);
 	}
 out:
-	if (blk)
-		for (size_t i = 0; i < n; i++)
-			mc__stg_free(c, blk[i]);
+	for (size_t i = 0; i < m; i++)
+		mc__stg_free(c, blk[i]);
 	if (tfd >= 0)
 		close(tfd);
+	*taken = m;
+	return rc;
+}
+
+MC__PUBLIC int mc_transfer(mc_client *c, const struct mc_transfer_req *reqs, size_t n,
+			   int *results)
+{
+	if (n == 0)
+		return 0;
+	Mooncake__Client__TransferItem *items = calloc(n, sizeof(*items));
+	Mooncake__Client__TransferItem **ptrs = calloc(n, sizeof(*ptrs));
+	Region *regs = calloc(n, sizeof(*regs));
+	int64_t *blk = malloc(n * sizeof(*blk));
+	int rc = items && ptrs && regs && blk ? 0 : -ENOMEM;
+	for (size_t i = 0, m; rc == 0 && i < n; i += m)
+		rc = transfer_round(c, reqs + i, n - i, results + i, items, ptrs, regs, blk,
+				    &m);
 	free(items);
 	free(ptrs);
 	free(regs);
@@ -133,6 +161,30 @@ MC__PUBLIC int mc_segment_info(mc_client *c, const char *name, struct mc_segment
 			out->first_length = r->segment->regions[0]->length;
 		}
 	}
+	mc__waiter_clear(&w);
+	return rc;
+}
+
+MC__PUBLIC int mc_engine_open(mc_client *c, char *name, size_t cap)
+{
+	Mooncake__Client__EngineRequest q = MOONCAKE__CLIENT__ENGINE_REQUEST__INIT;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_ENGINE;
+	req.engine = &q;
+	struct waiter w;
+	int rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		return rc;
+	const Response *r = w.resp;
+	if (r->error)
+		rc = r->error;
+	else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_ENGINE || !r->engine->name ||
+		 !r->engine->name[0])
+		rc = MC_EPROTOCOL;
+	else if (strlen(r->engine->name) >= cap)
+		rc = -ENOSPC;
+	else
+		memcpy(name, r->engine->name, strlen(r->engine->name) + 1);
 	mc__waiter_clear(&w);
 	return rc;
 }

@@ -5,8 +5,20 @@
  *
  * A peer proves it knows the secret by answering a fresh random challenge
  * with HMAC(secret, label || challenge || ...); the secret itself never
- * crosses the wire. Pure and thread-safe except mc_secret_load (reads a
- * file) and mc_random (reads the kernel's random source).
+ * crosses the wire. Pure and thread-safe except mc_secret_load,
+ * mc_secret_create and mc_secret_find (files) and mc_random (the kernel's
+ * random source).
+ *
+ * Where the transfer engine's secret comes from (mc_secret_find, the one
+ * rule for the daemon and for every tool that runs an engine):
+ *   --insecure-transfer      none: peers are not authenticated;
+ *   --cluster-secret-file=F  F, which must exist (every host of a
+ *                            multi-host cluster holds the same one);
+ *   neither                  <data-dir>/cluster.secret, which the agent
+ *                            creates (random, 0600) at its first start;
+ *                            only for processes that listen on loopback
+ *                            addresses alone (a secret no other host
+ *                            holds cannot authenticate a remote peer).
  */
 #ifndef MC_COMMON_AUTH_H
 #define MC_COMMON_AUTH_H
@@ -22,9 +34,9 @@
 
 struct mc_sha256 {
 	uint32_t h[8];
-	uint64_t total;      /* bytes hashed so far */
+	uint64_t total; /* bytes hashed so far */
 	uint8_t block[64];
-	size_t used;         /* bytes in block */
+	size_t used; /* bytes in block */
 };
 
 void mc_sha256_init(struct mc_sha256 *s);
@@ -33,8 +45,8 @@ void mc_sha256_final(struct mc_sha256 *s, uint8_t out[MC_SHA256_BYTES]);
 void mc_sha256(const void *data, size_t len, uint8_t out[MC_SHA256_BYTES]);
 
 /* HMAC-SHA256 over the concatenation of n parts (parts[i], lens[i]). */
-void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts,
-		    const size_t *lens, size_t n, uint8_t out[MC_SHA256_BYTES]);
+void mc_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens,
+		    size_t n, uint8_t out[MC_SHA256_BYTES]);
 
 /* Compare without a data-dependent early exit. True when equal. */
 bool mc_ct_equal(const void *a, const void *b, size_t len);
@@ -52,5 +64,45 @@ int mc_random(void *buf, size_t len) MC_MUST_CHECK;
  */
 int mc_secret_load(const char *path, uint8_t *buf, size_t *len_out,
 		   bool *world_readable) MC_MUST_CHECK;
+
+/* The default secret file of a data directory. */
+#define MC_SECRET_DEFAULT_NAME "cluster.secret"
+
+/*
+ * Create a secret file at path: 32 random bytes as 64 hex digits and a
+ * newline, mode 0600, written to a temporary file in the same directory,
+ * synced, and moved into place only if path does not exist — an existing
+ * file is never overwritten, and a reader never sees a partial one.
+ * Errors: -EEXIST (path exists: nothing changed), negative errno.
+ */
+int mc_secret_create(const char *path) MC_MUST_CHECK;
+
+struct cfg;
+
+struct mc_secret {
+	uint8_t key[MC_SECRET_MAX_BYTES];
+	size_t len;      /* 0: --insecure-transfer, no authentication */
+	char path[4096]; /* the file it came from */
+	bool created;    /* mc_secret_find created it just now */
+	bool loose;      /* readable by group or others */
+};
+
+/*
+ * Find the transfer engine's secret as the comment at the top says, from
+ * the keys cluster-secret-file, insecure-transfer and data-dir of c.
+ * create: make <data-dir>/cluster.secret when it is missing (the agent;
+ * tools never do, so that a file they would create cannot end up owned
+ * by another user than the daemon's). public_listen: the caller listens
+ * on an address other than loopback. On error err gets one line that
+ * says what is needed. Errors: MC_ECONFIG (both keys set; public_listen
+ * without a configured secret), -ENOENT (the file is missing), -EACCES
+ * (it cannot be read), -EINVAL (empty), -EFBIG (too large), another
+ * negative errno.
+ */
+int mc_secret_find(const struct cfg *c, bool create, bool public_listen, struct mc_secret *out,
+		   char *err, size_t errlen) MC_MUST_CHECK;
+
+/* Forget the key (memset). */
+void mc_secret_clear(struct mc_secret *s);
 
 #endif

@@ -16,7 +16,10 @@ struct mc_buf {
 	size_t cap;
 };
 
-#define MC_BUF_INIT {NULL, 0, 0}
+#define MC_BUF_INIT \
+	{ \
+		NULL, 0, 0 \
+	}
 
 /* Ensure room for extra more bytes. Errors: -ENOMEM (buffer unchanged). */
 int mc_buf_reserve(struct mc_buf *b, size_t extra) MC_MUST_CHECK;

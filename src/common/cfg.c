@@ -23,15 +23,13 @@
 #include "common/util.h"
 
 const struct cfg_keydef cfg_keydefs[CFG_NKEYS] = {
-#define CFG__DEF(id, name, sec, type, def, lo, hi, choices, help)              \
-	[CFG_##id] = {name, CFG_S_##sec, CFG_T_##type, def, lo, hi, choices,   \
-		      help},
+#define CFG__DEF(id, name, sec, type, def, lo, hi, choices, help) \
+	[CFG_##id] = {name, CFG_S_##sec, CFG_T_##type, def, lo, hi, choices, help},
 	CFG_KEYS(CFG__DEF)
 #undef CFG__DEF
 };
 
-static const char *const section_names[CFG_NSECTIONS] = {"common", "meta",
-							  "master", "agent"};
+static const char *const section_names[CFG_NSECTIONS] = {"common", "meta", "master", "agent"};
 
 const char *cfg_section_name(enum cfg_section s)
 {
@@ -42,8 +40,7 @@ const char *cfg_section_name(enum cfg_section s)
 
 /* Parse "123", "1.5" into an integer part and a fraction numerator over
  * 10^fdigits. Advances *sp past the number. */
-static int parse_decimal(const char **sp, uint64_t *ip, uint64_t *fnum,
-			 uint64_t *fden)
+static int parse_decimal(const char **sp, uint64_t *ip, uint64_t *fnum, uint64_t *fden)
 {
 	const char *s = *sp;
 	uint64_t i = 0, fn = 0, fd = 1;
@@ -75,8 +72,7 @@ static int parse_decimal(const char **sp, uint64_t *ip, uint64_t *fnum,
 }
 
 /* value = (i + fn/fd) * mult, exact when whole; -ERANGE on overflow. */
-static int scale(uint64_t i, uint64_t fn, uint64_t fd, uint64_t mult,
-		 uint64_t *out)
+static int scale(uint64_t i, uint64_t fn, uint64_t fd, uint64_t mult, uint64_t *out)
 {
 	unsigned __int128 v = (unsigned __int128)i * mult;
 	v += (unsigned __int128)fn * mult / fd;
@@ -95,12 +91,28 @@ int cfg_parse_size(const char *s, uint64_t *bytes)
 	if (rc)
 		return rc;
 	switch (toupper((unsigned char)*s)) {
-	case 'K': mult = 1ull << 10; s++; break;
-	case 'M': mult = 1ull << 20; s++; break;
-	case 'G': mult = 1ull << 30; s++; break;
-	case 'T': mult = 1ull << 40; s++; break;
-	case 'P': mult = 1ull << 50; s++; break;
-	default: break;
+	case 'K':
+		mult = 1ull << 10;
+		s++;
+		break;
+	case 'M':
+		mult = 1ull << 20;
+		s++;
+		break;
+	case 'G':
+		mult = 1ull << 30;
+		s++;
+		break;
+	case 'T':
+		mult = 1ull << 40;
+		s++;
+		break;
+	case 'P':
+		mult = 1ull << 50;
+		s++;
+		break;
+	default:
+		break;
 	}
 	if (mult > 1 && *s == 'i')
 		s++;
@@ -258,8 +270,7 @@ const char *cfg__accepted(const struct cfg_keydef *d, char *buf, size_t len)
 }
 
 /* Format a bound in the key's unit for messages. */
-static void format_num(const struct cfg_keydef *d, uint64_t v, char *buf,
-		       size_t len)
+static void format_num(const struct cfg_keydef *d, uint64_t v, char *buf, size_t len)
 {
 	static const char sfx[] = "KMGTP";
 	if (d->type == CFG_T_SIZE) {
@@ -273,18 +284,18 @@ static void format_num(const struct cfg_keydef *d, uint64_t v, char *buf,
 		else
 			snprintf(buf, len, "%llu", (unsigned long long)v);
 	} else if (d->type == CFG_T_DURATION) {
-		static const struct { uint64_t ms; const char *unit; } units[] = {
-			{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
+		static const struct {
+			uint64_t ms;
+			const char *unit;
+		} units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
 		for (size_t i = 0; i < MC_ARRAY_LEN(units); i++) {
 			if (v && v % units[i].ms == 0) {
 				snprintf(buf, len, "%llu%s",
-					 (unsigned long long)(v / units[i].ms),
-					 units[i].unit);
+					 (unsigned long long)(v / units[i].ms), units[i].unit);
 				return;
 			}
 		}
-		snprintf(buf, len, "%llu%s", (unsigned long long)v,
-			 v ? "ms" : "s");
+		snprintf(buf, len, "%llu%s", (unsigned long long)v, v ? "ms" : "s");
 	} else if (d->type == CFG_T_RATIO) {
 		snprintf(buf, len, "%g", (double)v / 1e6);
 	} else {
@@ -293,8 +304,8 @@ static void format_num(const struct cfg_keydef *d, uint64_t v, char *buf,
 }
 
 /* Parse text for key d into *num. Errors: -EINVAL with err set. */
-static int parse_value(const struct cfg_keydef *d, const char *text,
-		       uint64_t *num, char *err, size_t errlen)
+static int parse_value(const struct cfg_keydef *d, const char *text, uint64_t *num, char *err,
+		       size_t errlen)
 {
 	char ebuf[256], acc[128];
 	int rc = 0;
@@ -355,21 +366,20 @@ static int parse_value(const struct cfg_keydef *d, const char *text,
 			 cfg__accepted(d, acc, sizeof(acc)));
 		return -EINVAL;
 	}
-	if ((d->type == CFG_T_UINT || d->type == CFG_T_SIZE ||
-	     d->type == CFG_T_DURATION || d->type == CFG_T_RATIO) &&
+	if ((d->type == CFG_T_UINT || d->type == CFG_T_SIZE || d->type == CFG_T_DURATION ||
+	     d->type == CFG_T_RATIO) &&
 	    (d->min || d->max) && (*num < d->min || *num > d->max)) {
 		char lo[32], hi[32];
 		format_num(d, d->min, lo, sizeof(lo));
 		format_num(d, d->max, hi, sizeof(hi));
-		snprintf(err, errlen, "'%s' is out of range (%s to %s)", text, lo,
-			 hi);
+		snprintf(err, errlen, "'%s' is out of range (%s to %s)", text, lo, hi);
 		return -EINVAL;
 	}
 	return 0;
 }
 
-int cfg_set(struct cfg *c, enum cfg_key k, const char *text,
-	    enum cfg_source src, const char *origin, char *err, size_t errlen)
+int cfg_set(struct cfg *c, enum cfg_key k, const char *text, enum cfg_source src,
+	    const char *origin, char *err, size_t errlen)
 {
 	const struct cfg_keydef *d = &cfg_keydefs[k];
 	uint64_t num;
@@ -453,8 +463,7 @@ const char *cfg_str(const struct cfg *c, enum cfg_key k)
 
 uint64_t cfg_u64(const struct cfg *c, enum cfg_key k)
 {
-	assert(cfg_keydefs[k].type == CFG_T_UINT ||
-	       cfg_keydefs[k].type == CFG_T_SIZE ||
+	assert(cfg_keydefs[k].type == CFG_T_UINT || cfg_keydefs[k].type == CFG_T_SIZE ||
 	       cfg_keydefs[k].type == CFG_T_DURATION);
 	return c->v[k].num;
 }
@@ -478,7 +487,8 @@ unsigned cfg_roles(const struct cfg *c)
 
 void cfg_meta_endpoints(const struct cfg *c, char *out, size_t len)
 {
-	if (!(cfg_roles(c) & CFG_ROLE_META) || c->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
+	if (!(cfg_roles(c) & CFG_ROLE_META) ||
+	    c->v[CFG_META_ENDPOINTS].src != CFG_SRC_DEFAULT) {
 		snprintf(out, len, "%s", cfg_str(c, CFG_META_ENDPOINTS));
 		return;
 	}

@@ -28,7 +28,7 @@ enum cfg_key {
 #define CFG__ENUM(id, ...) CFG_##id,
 	CFG_KEYS(CFG__ENUM)
 #undef CFG__ENUM
-	CFG_NKEYS
+		CFG_NKEYS
 };
 
 enum cfg_type {
@@ -45,13 +45,7 @@ enum cfg_type {
 	CFG_T_RATIO,
 };
 
-enum cfg_section {
-	CFG_S_COMMON,
-	CFG_S_META,
-	CFG_S_MASTER,
-	CFG_S_AGENT,
-	CFG_NSECTIONS
-};
+enum cfg_section { CFG_S_COMMON, CFG_S_META, CFG_S_MASTER, CFG_S_AGENT, CFG_NSECTIONS };
 
 enum cfg_source { CFG_SRC_DEFAULT, CFG_SRC_FILE, CFG_SRC_ENV, CFG_SRC_FLAG };
 
@@ -75,16 +69,16 @@ struct cfg_keydef {
 extern const struct cfg_keydef cfg_keydefs[CFG_NKEYS];
 
 struct cfg_value {
-	char *text;           /* as given (owned) */
-	uint64_t num;         /* parsed: bytes, ms, integer, bool, role mask */
+	char *text;   /* as given (owned) */
+	uint64_t num; /* parsed: bytes, ms, integer, bool, role mask */
 	enum cfg_source src;
-	char origin[256];     /* "file /etc/mooncake/mooncaked.conf:12" */
+	char origin[256]; /* "file /etc/mooncake/mooncaked.conf:12" */
 };
 
 struct cfg {
 	struct cfg_value v[CFG_NKEYS];
-	char *config_path;    /* the file read, or NULL (owned) */
-	char *warnings;       /* lines to report, or NULL (owned) */
+	char *config_path; /* the file read, or NULL (owned) */
+	char *warnings;    /* lines to report, or NULL (owned) */
 };
 
 /* What the command line asked for besides keys. */
@@ -114,14 +108,13 @@ void cfg_free(struct cfg *c);
 const char *cfg_warnings(const struct cfg *c);
 
 /* Parse and store one value with its origin. Errors: -EINVAL (err set). */
-int cfg_set(struct cfg *c, enum cfg_key k, const char *text,
-	    enum cfg_source src, const char *origin, char *err,
-	    size_t errlen) MC_MUST_CHECK;
+int cfg_set(struct cfg *c, enum cfg_key k, const char *text, enum cfg_source src,
+	    const char *origin, char *err, size_t errlen) MC_MUST_CHECK;
 
 /* Parse an INI buffer (the file's contents) into c. name is used in
  * errors ("name:line: ..."). Errors: -EINVAL (err set), -ENOMEM. */
-int cfg_parse_ini(struct cfg *c, const char *name, const char *buf,
-		  size_t len, char *err, size_t errlen) MC_MUST_CHECK;
+int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len, char *err,
+		  size_t errlen) MC_MUST_CHECK;
 
 /* Accessors; the key's type must match (checked with assert). */
 const char *cfg_str(const struct cfg *c, enum cfg_key k);

@@ -57,17 +57,27 @@ static const char *const client_env[] = {
 const char *cfg__conv_text(enum cfg__conv c)
 {
 	switch (c) {
-	case CFG__CONV_SIZE: return "a size, spaces dropped";
-	case CFG__CONV_PORT: return "its port";
-	case CFG__CONV_HOST: return "its host";
-	case CFG__CONV_MS: return "milliseconds";
-	case CFG__CONV_SECONDS: return "seconds";
-	case CFG__CONV_ENDPOINTS: return "a list separated by ';' or ','";
-	case CFG__CONV_METADATA: return "P2PHANDSHAKE: no meta; etcd://HOST:PORT[;...]: "
-				 "those endpoints";
-	case CFG__CONV_HA: return "false: no meta; true: meta must be set";
-	case CFG__CONV_FORCE_TCP: return "set: tcp";
-	default: return NULL;
+	case CFG__CONV_SIZE:
+		return "a size, spaces dropped";
+	case CFG__CONV_PORT:
+		return "its port";
+	case CFG__CONV_HOST:
+		return "its host";
+	case CFG__CONV_MS:
+		return "milliseconds";
+	case CFG__CONV_SECONDS:
+		return "seconds";
+	case CFG__CONV_ENDPOINTS:
+		return "a list separated by ';' or ','";
+	case CFG__CONV_METADATA:
+		return "P2PHANDSHAKE: no meta; etcd://HOST:PORT[;...]: "
+		       "those endpoints";
+	case CFG__CONV_HA:
+		return "false: no meta; true: meta must be set";
+	case CFG__CONV_FORCE_TCP:
+		return "set: tcp";
+	default:
+		return NULL;
 	}
 }
 
@@ -231,8 +241,8 @@ static int up_convert(const struct cfg__alias *a, const struct cfg *c, const cha
 			out[0] = '\0';
 			return 0;
 		}
-		if (strncmp(in, "etcd://", 7) == 0 && up_list(in, "etcd://", out, outlen) == 0 &&
-		    *out)
+		if (strncmp(in, "etcd://", 7) == 0 &&
+		    up_list(in, "etcd://", out, outlen) == 0 && *out)
 			return 0;
 		snprintf(err, errlen,
 			 "'%s': mooncaked's metadata is the etcd v3 API: P2PHANDSHAKE or "
@@ -253,7 +263,6 @@ static int up_convert(const struct cfg__alias *a, const struct cfg *c, const cha
 	}
 	return -EINVAL;
 }
-
 
 /* Whether env entry e (NAME=VALUE) names variable n. */
 static bool env_is(const char *e, const char *n)
@@ -280,28 +289,30 @@ void cfg__check_env_names(struct cfg *c, char *const envp[])
 				known = env_is(e, client_env[j]);
 			if (!known)
 				cfg__warn_add(c,
-					 "environment variable %.*s names no key (see "
-					 "mooncaked --help): ignored",
-					 (int)nlen, e);
+					      "environment variable %.*s names no key (see "
+					      "mooncaked --help): ignored",
+					      (int)nlen, e);
 		} else if (strncmp(e, "MC_", 3) == 0) {
 			bool mapped = false;
 			for (size_t j = 0; j < MC_ARRAY_LEN(cfg__env_aliases) && !mapped; j++)
 				mapped = env_is(e, cfg__env_aliases[j].name);
 			if (mapped)
 				continue;
-			const char *why = find_refused(cfg__env_ignored, MC_ARRAY_LEN(cfg__env_ignored),
-						       e, nlen);
+			const char *why = find_refused(
+				cfg__env_ignored, MC_ARRAY_LEN(cfg__env_ignored), e, nlen);
 			if (why)
-				cfg__warn_add(c,
-					 "environment variable %.*s is Mooncake's and has "
-					 "no meaning in mooncaked (%s): ignored",
-					 (int)nlen, e, why);
+				cfg__warn_add(
+					c,
+					"environment variable %.*s is Mooncake's and has "
+					"no meaning in mooncaked (%s): ignored",
+					(int)nlen, e, why);
 			else
-				cfg__warn_add(c,
-					 "environment variable %.*s is not one of Mooncake's "
-					 "variables mooncaked maps (see mooncaked --help): "
-					 "ignored",
-					 (int)nlen, e);
+				cfg__warn_add(
+					c,
+					"environment variable %.*s is not one of Mooncake's "
+					"variables mooncaked maps (see mooncaked --help): "
+					"ignored",
+					(int)nlen, e);
 		}
 	}
 }

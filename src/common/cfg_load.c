@@ -34,8 +34,8 @@ static char *trim(char *s)
 	return s;
 }
 
-int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len,
-		  char *err, size_t errlen)
+int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len, char *err,
+		  size_t errlen)
 {
 	int section = -1;
 	unsigned lineno = 0;
@@ -52,13 +52,12 @@ int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len,
 			pos++; /* the newline */
 		lineno++;
 		if (llen >= sizeof(line)) {
-			snprintf(err, errlen, "%s:%u: line longer than %zu bytes",
-				 name, lineno, sizeof(line) - 1);
+			snprintf(err, errlen, "%s:%u: line longer than %zu bytes", name,
+				 lineno, sizeof(line) - 1);
 			return -EINVAL;
 		}
 		if (memchr(buf + start, '\0', llen)) {
-			snprintf(err, errlen, "%s:%u: NUL byte in line", name,
-				 lineno);
+			snprintf(err, errlen, "%s:%u: NUL byte in line", name, lineno);
 			return -EINVAL;
 		}
 		memcpy(line, buf + start, llen);
@@ -69,8 +68,7 @@ int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len,
 		if (*s == '[') {
 			char *end = strchr(s, ']');
 			if (!end || *trim(end + 1) != '\0') {
-				snprintf(err, errlen,
-					 "%s:%u: malformed section header", name,
+				snprintf(err, errlen, "%s:%u: malformed section header", name,
 					 lineno);
 				return -EINVAL;
 			}
@@ -91,8 +89,7 @@ int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len,
 		}
 		char *eq = strchr(s, '=');
 		if (!eq) {
-			snprintf(err, errlen,
-				 "%s:%u: expected 'key = value' or '[section]'",
+			snprintf(err, errlen, "%s:%u: expected 'key = value' or '[section]'",
 				 name, lineno);
 			return -EINVAL;
 		}
@@ -106,38 +103,33 @@ int cfg_parse_ini(struct cfg *c, const char *name, const char *buf, size_t len,
 		}
 		int k = cfg__find_key(key, strlen(key));
 		if (k < 0) {
-			snprintf(err, errlen, "%s:%u: unknown key '%s'", name,
-				 lineno, key);
+			snprintf(err, errlen, "%s:%u: unknown key '%s'", name, lineno, key);
 			return -EINVAL;
 		}
 		if (section < 0) {
 			snprintf(err, errlen,
 				 "%s:%u: key '%s' outside a section (it belongs in "
 				 "[%s])",
-				 name, lineno, key,
-				 cfg_section_name(cfg_keydefs[k].section));
+				 name, lineno, key, cfg_section_name(cfg_keydefs[k].section));
 			return -EINVAL;
 		}
 		if ((int)cfg_keydefs[k].section != section) {
-			snprintf(err, errlen,
-				 "%s:%u: key '%s' belongs in [%s], not [%s]", name,
-				 lineno, key, cfg_section_name(cfg_keydefs[k].section),
+			snprintf(err, errlen, "%s:%u: key '%s' belongs in [%s], not [%s]",
+				 name, lineno, key, cfg_section_name(cfg_keydefs[k].section),
 				 cfg_section_name((enum cfg_section)section));
 			return -EINVAL;
 		}
 		if (seen[k]) {
-			snprintf(err, errlen, "%s:%u: key '%s' set twice", name,
-				 lineno, key);
+			snprintf(err, errlen, "%s:%u: key '%s' set twice", name, lineno, key);
 			return -EINVAL;
 		}
 		seen[k] = true;
 		char origin[256], verr[512];
 		snprintf(origin, sizeof(origin), "file %s:%u", name, lineno);
-		int rc = cfg_set(c, (enum cfg_key)k, val, CFG_SRC_FILE, origin,
-				 verr, sizeof(verr));
+		int rc = cfg_set(c, (enum cfg_key)k, val, CFG_SRC_FILE, origin, verr,
+				 sizeof(verr));
 		if (rc) {
-			snprintf(err, errlen, "%s:%u: %s: %s", name, lineno, key,
-				 verr);
+			snprintf(err, errlen, "%s:%u: %s: %s", name, lineno, key, verr);
 			return rc;
 		}
 	}
@@ -149,15 +141,12 @@ static int load_file(struct cfg *c, const char *path, char *err, size_t errlen)
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		snprintf(err, errlen, "--config: cannot open '%s': %s", path,
-			 strerror(e));
+		snprintf(err, errlen, "--config: cannot open '%s': %s", path, strerror(e));
 		return -e;
 	}
 	struct stat st;
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-	    st.st_size > (16 << 20)) {
-		snprintf(err, errlen,
-			 "--config: '%s' is not a regular file of at most 16 MiB",
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (16 << 20)) {
+		snprintf(err, errlen, "--config: '%s' is not a regular file of at most 16 MiB",
 			 path);
 		close(fd);
 		return -EINVAL;
@@ -221,8 +210,8 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 	memset(c, 0, sizeof(*c));
 	memset(cl, 0, sizeof(*cl));
 	for (int k = 0; k < CFG_NKEYS; k++) {
-		rc = cfg_set(c, (enum cfg_key)k, cfg_keydefs[k].def,
-			     CFG_SRC_DEFAULT, "default", err, errlen);
+		rc = cfg_set(c, (enum cfg_key)k, cfg_keydefs[k].def, CFG_SRC_DEFAULT,
+			     "default", err, errlen);
 		assert(rc == 0 && "a default in cfg_keys.h does not parse");
 		if (rc)
 			goto fail;
@@ -296,13 +285,12 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 				value = argv[++i];
 			} else {
 				char acc[128];
-				snprintf(err, errlen,
-					 "%s%.*s: missing value (expected %s)",
+				snprintf(err, errlen, "%s%.*s: missing value (expected %s)",
 					 two ? "--" : "-", (int)nlen, name,
 					 is_config ? "a file path"
-					 : up	   ? "a value"
+					 : up      ? "a value"
 						   : cfg__accepted(&cfg_keydefs[k], acc,
-							      sizeof(acc)));
+								   sizeof(acc)));
 				rc = -EINVAL;
 				goto fail;
 			}
@@ -370,8 +358,8 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 			}
 			continue;
 		}
-		rc = cfg_set(c, (enum cfg_key)sets[i].key, sets[i].value,
-			     CFG_SRC_FLAG, origin, verr, sizeof(verr));
+		rc = cfg_set(c, (enum cfg_key)sets[i].key, sets[i].value, CFG_SRC_FLAG, origin,
+			     verr, sizeof(verr));
 		if (rc) {
 			snprintf(err, errlen, "--%s: %s", sets[i].flag, verr);
 			goto fail;

@@ -14,17 +14,28 @@
 static const char *metavar(const struct cfg_keydef *d)
 {
 	switch (d->type) {
-	case CFG_T_PATH: return "PATH";
-	case CFG_T_BOOL: return "BOOL";
-	case CFG_T_UINT: return "N";
-	case CFG_T_SIZE: return "SIZE";
-	case CFG_T_DURATION: return "DURATION";
-	case CFG_T_ADDR: return "HOST:PORT";
-	case CFG_T_ENUM: return d->choices;
-	case CFG_T_ROLES: return "ROLES";
-	case CFG_T_LOGLEVEL: return "SPEC";
-	case CFG_T_RATIO: return "RATIO";
-	default: return "STRING";
+	case CFG_T_PATH:
+		return "PATH";
+	case CFG_T_BOOL:
+		return "BOOL";
+	case CFG_T_UINT:
+		return "N";
+	case CFG_T_SIZE:
+		return "SIZE";
+	case CFG_T_DURATION:
+		return "DURATION";
+	case CFG_T_ADDR:
+		return "HOST:PORT";
+	case CFG_T_ENUM:
+		return d->choices;
+	case CFG_T_ROLES:
+		return "ROLES";
+	case CFG_T_LOGLEVEL:
+		return "SPEC";
+	case CFG_T_RATIO:
+		return "RATIO";
+	default:
+		return "STRING";
 	}
 }
 
@@ -118,9 +129,11 @@ void cfg_print_help(FILE *f, const char *prog)
 			char lhs[96], text[1024];
 			snprintf(lhs, sizeof(lhs), "--%s=%s", d->name, metavar(d));
 			if (cfg__env_alias(k))
-				snprintf(text, sizeof(text), "%s; also Mooncake's "
-					 "variable %s (default: %s)", d->help,
-					 cfg__env_alias(k)->name, *d->def ? d->def : "none");
+				snprintf(text, sizeof(text),
+					 "%s; also Mooncake's "
+					 "variable %s (default: %s)",
+					 d->help, cfg__env_alias(k)->name,
+					 *d->def ? d->def : "none");
 			else
 				snprintf(text, sizeof(text), "%s (default: %s)", d->help,
 					 *d->def ? d->def : "none");
@@ -151,18 +164,21 @@ void cfg_print_help(FILE *f, const char *prog)
 static const char *source_name(enum cfg_source s)
 {
 	switch (s) {
-	case CFG_SRC_DEFAULT: return "default";
-	case CFG_SRC_FILE: return "file";
-	case CFG_SRC_ENV: return "env";
-	case CFG_SRC_FLAG: return "flag";
+	case CFG_SRC_DEFAULT:
+		return "default";
+	case CFG_SRC_FILE:
+		return "file";
+	case CFG_SRC_ENV:
+		return "env";
+	case CFG_SRC_FLAG:
+		return "flag";
 	}
 	return "?";
 }
 
 void cfg_print_effective(FILE *f, const struct cfg *c)
 {
-	fprintf(f, "# config file: %s\n",
-		c->config_path ? c->config_path : "(none)");
+	fprintf(f, "# config file: %s\n", c->config_path ? c->config_path : "(none)");
 	for (int s = 0; s < CFG_NSECTIONS; s++) {
 		fprintf(f, "[%s]\n", cfg_section_name((enum cfg_section)s));
 		for (int k = 0; k < CFG_NKEYS; k++) {
@@ -175,8 +191,8 @@ void cfg_print_effective(FILE *f, const struct cfg *c)
 			if (v->src == CFG_SRC_DEFAULT)
 				fprintf(f, "%-44s # default\n", lhs);
 			else
-				fprintf(f, "%-44s # %s (%s)\n", lhs,
-					source_name(v->src), v->origin);
+				fprintf(f, "%-44s # %s (%s)\n", lhs, source_name(v->src),
+					v->origin);
 		}
 	}
 }
@@ -246,8 +262,7 @@ void cfg_print_man_options(FILE *f)
 		const char *eq = strchr(lhs, '=');
 		if (eq) {
 			char name[64];
-			snprintf(name, sizeof(name), "%.*s", (int)(eq - lhs + 1),
-				 lhs);
+			snprintf(name, sizeof(name), "%.*s", (int)(eq - lhs + 1), lhs);
 			fputs(".TP\n.BI ", f);
 			roff(f, name);
 			fputs(" ", f);

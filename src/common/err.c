@@ -13,8 +13,8 @@ MC__PUBLIC const char *mc_strerror(int code)
 	switch (code) {
 	case 0:
 		return "success";
-#define MC__ERR_CASE(name, value, text)                                        \
-	case value:                                                            \
+#define MC__ERR_CASE(name, value, text) \
+	case value: \
 		return text;
 		MC_ERRORS(MC__ERR_CASE)
 #undef MC__ERR_CASE
@@ -34,8 +34,8 @@ MC__PUBLIC const char *mc_errname(int code)
 	switch (code) {
 	case 0:
 		return "OK";
-#define MC__ERR_NAME(name, value, text)                                        \
-	case value:                                                            \
+#define MC__ERR_NAME(name, value, text) \
+	case value: \
 		return #name;
 		MC_ERRORS(MC__ERR_NAME)
 #undef MC__ERR_NAME

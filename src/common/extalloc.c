@@ -28,12 +28,11 @@
 
 struct mc_extalloc_range {
 	uint64_t off, len;
-	struct mc_extalloc_range *l, *r;          /* treap by offset */
-	struct mc_extalloc_range *bprev, *bnext;  /* size-class list */
+	struct mc_extalloc_range *l, *r;         /* treap by offset */
+	struct mc_extalloc_range *bprev, *bnext; /* size-class list */
 	uint32_t prio;
 	uint16_t bin;
 };
-
 
 uint64_t mc_extalloc_len(const struct mc_extalloc *a, uint64_t size)
 {
@@ -126,7 +125,8 @@ static void split(struct mc_extalloc_range *t, uint64_t key, struct mc_extalloc_
 }
 
 /* Every offset in a is below every offset in b. */
-static struct mc_extalloc_range *merge(struct mc_extalloc_range *a, struct mc_extalloc_range *b)
+static struct mc_extalloc_range *merge(struct mc_extalloc_range *a,
+				       struct mc_extalloc_range *b)
 {
 	if (!a)
 		return b;
@@ -186,8 +186,7 @@ static struct mc_extalloc_range *tree_above(const struct mc_extalloc *a, uint64_
 	return best;
 }
 
-static struct mc_extalloc_range *range_new(struct mc_extalloc *a, uint64_t off,
-				uint64_t len)
+static struct mc_extalloc_range *range_new(struct mc_extalloc *a, uint64_t off, uint64_t len)
 {
 	struct mc_extalloc_range *n = calloc(1, sizeof(*n));
 	if (!n)
@@ -211,8 +210,7 @@ static void range_del(struct mc_extalloc *a, struct mc_extalloc_range *n)
 
 /* ------------------------------------------------------------ API */
 
-int mc_extalloc_init(struct mc_extalloc *a, uint64_t size, uint64_t granule,
-		     uint64_t seed)
+int mc_extalloc_init(struct mc_extalloc *a, uint64_t size, uint64_t granule, uint64_t seed)
 {
 	memset(a, 0, sizeof(*a));
 	if (granule == 0 || (granule & (granule - 1)) != 0)
@@ -356,8 +354,7 @@ uint64_t mc_extalloc_free_bytes(const struct mc_extalloc *a)
 	return a->free;
 }
 
-void mc_extalloc_stats(const struct mc_extalloc *a,
-			 struct mc_extalloc_stats *st)
+void mc_extalloc_stats(const struct mc_extalloc *a, struct mc_extalloc_stats *st)
 {
 	memset(st, 0, sizeof(*st));
 	st->size = a->size;
@@ -387,8 +384,7 @@ static void walk(const struct mc_extalloc_range *t,
 }
 
 void mc_extalloc_foreach_free(const struct mc_extalloc *a,
-				void (*fn)(void *ud, uint64_t off, uint64_t len),
-				void *ud)
+			      void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud)
 {
 	walk(a->root, fn, ud);
 }

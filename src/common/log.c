@@ -21,11 +21,9 @@
 #include "common/io.h"
 #include "common/util.h"
 
-_Atomic unsigned char log__levels[LOGS_COUNT] = {[0 ... LOGS_COUNT - 1] =
-							 LOG_INFO};
+_Atomic unsigned char log__levels[LOGS_COUNT] = {[0 ... LOGS_COUNT - 1] = LOG_INFO};
 
-static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG",
-					  "TRACE"};
+static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG", "TRACE"};
 static const char *const subsys_names[] = {
 #define LOG__NAME(id, name) name,
 	LOG_SUBSYSTEMS(LOG__NAME)
@@ -36,14 +34,13 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct log_rl log_rl_state;
 static int log_fd = STDERR_FILENO;
 static char *log_path;
-static uint64_t log_size;          /* bytes in the file (when rotating) */
-static uint64_t log_max_bytes;     /* 0: no rotation */
+static uint64_t log_size;      /* bytes in the file (when rotating) */
+static uint64_t log_max_bytes; /* 0: no rotation */
 static unsigned log_max_files = 5;
 
 const char *log_level_name(enum log_level lvl)
 {
-	return (unsigned)lvl < MC_ARRAY_LEN(level_names) ? level_names[lvl]
-							 : "?";
+	return (unsigned)lvl < MC_ARRAY_LEN(level_names) ? level_names[lvl] : "?";
 }
 
 const char *log_subsys_name(enum log_subsys sub)
@@ -53,16 +50,15 @@ const char *log_subsys_name(enum log_subsys sub)
 
 /* ------------------------------------------------------------ rate limit */
 
-static void slot_report(struct log_rl_slot *s, log_rl_report_fn report,
-			void *ctx)
+static void slot_report(struct log_rl_slot *s, log_rl_report_fn report, void *ctx)
 {
 	if (s->suppressed && report)
 		report(ctx, s->text, s->suppressed);
 	s->suppressed = 0;
 }
 
-bool log_rl_admit(struct log_rl *rl, uint64_t hash, const char *text,
-		  uint64_t now_ms, log_rl_report_fn report, void *ctx)
+bool log_rl_admit(struct log_rl *rl, uint64_t hash, const char *text, uint64_t now_ms,
+		  log_rl_report_fn report, void *ctx)
 {
 	struct log_rl_slot *s = &rl->slots[hash % LOG_RL_SLOTS];
 
@@ -85,15 +81,13 @@ bool log_rl_admit(struct log_rl *rl, uint64_t hash, const char *text,
 	return false;
 }
 
-void log_rl_expire(struct log_rl *rl, uint64_t now_ms, log_rl_report_fn report,
-		   void *ctx)
+void log_rl_expire(struct log_rl *rl, uint64_t now_ms, log_rl_report_fn report, void *ctx)
 {
 	for (size_t i = 0; i < LOG_RL_SLOTS; i++) {
 		struct log_rl_slot *s = &rl->slots[i];
 		if (s->suppressed == 0)
 			continue;
-		if (now_ms == UINT64_MAX ||
-		    now_ms - s->window_start_ms >= LOG_RL_WINDOW_MS) {
+		if (now_ms == UINT64_MAX || now_ms - s->window_start_ms >= LOG_RL_WINDOW_MS) {
 			slot_report(s, report, ctx);
 			s->count = 0;
 		}
@@ -127,8 +121,7 @@ static void do_write_line(const char *body, const char *suffix)
 {
 	char line[4096 + 256];
 	size_t n = format_time(line, sizeof(line));
-	int m = snprintf(line + n, sizeof(line) - n, "%s%s\n", body,
-			 suffix ? suffix : "");
+	int m = snprintf(line + n, sizeof(line) - n, "%s%s\n", body, suffix ? suffix : "");
 	if (m < 0)
 		return;
 	n += (size_t)m;
@@ -147,8 +140,7 @@ static void do_write_line(const char *body, const char *suffix)
 static void on_rl_report(void *ctx, const char *text, uint32_t suppressed)
 {
 	char suffix[96];
-	snprintf(suffix, sizeof(suffix), " [%u identical messages suppressed]",
-		 suppressed);
+	snprintf(suffix, sizeof(suffix), " [%u identical messages suppressed]", suppressed);
 	do_write_line(text, suffix);
 }
 
@@ -173,8 +165,7 @@ void log__emit(enum log_subsys sub, enum log_level lvl, const char *fmt, ...)
 	uint64_t hash = mc_hash64(body, len);
 
 	pthread_mutex_lock(&log_lock);
-	if (log_rl_admit(&log_rl_state, hash, body, mc_now_ms(), on_rl_report,
-			 NULL))
+	if (log_rl_admit(&log_rl_state, hash, body, mc_now_ms(), on_rl_report, NULL))
 		do_write_line(body, NULL);
 	pthread_mutex_unlock(&log_lock);
 }
@@ -204,8 +195,7 @@ void log_write_raw(const char *text, size_t len)
 static int parse_level(const char *s, size_t len)
 {
 	for (size_t i = 0; i < MC_ARRAY_LEN(level_names); i++)
-		if (strlen(level_names[i]) == len &&
-		    strncasecmp(level_names[i], s, len) == 0)
+		if (strlen(level_names[i]) == len && strncasecmp(level_names[i], s, len) == 0)
 			return (int)i;
 	if (len == 7 && strncasecmp(s, "warning", 7) == 0)
 		return LOG_WARN;
@@ -215,14 +205,13 @@ static int parse_level(const char *s, size_t len)
 static int find_subsys(const char *s, size_t len)
 {
 	for (size_t i = 0; i < LOGS_COUNT; i++)
-		if (strlen(subsys_names[i]) == len &&
-		    strncmp(subsys_names[i], s, len) == 0)
+		if (strlen(subsys_names[i]) == len && strncmp(subsys_names[i], s, len) == 0)
 			return (int)i;
 	return -1;
 }
 
-int log_parse_levels(const char *spec, unsigned char levels[LOGS_COUNT],
-		     char *err, size_t errlen)
+int log_parse_levels(const char *spec, unsigned char levels[LOGS_COUNT], char *err,
+		     size_t errlen)
 {
 	char buf[512];
 	unsigned char base = LOG_INFO;
@@ -284,8 +273,7 @@ bad_spec:
 void log_set_levels(const unsigned char levels[LOGS_COUNT])
 {
 	for (size_t i = 0; i < LOGS_COUNT; i++)
-		atomic_store_explicit(&log__levels[i], levels[i],
-				      memory_order_relaxed);
+		atomic_store_explicit(&log__levels[i], levels[i], memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------ file */
@@ -391,8 +379,7 @@ int log_reopen(void)
 	pthread_mutex_lock(&log_lock);
 	int rc = 0;
 	if (log_path) {
-		int fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
-			      0640);
+		int fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
 		if (fd < 0) {
 			rc = -errno;
 		} else {

@@ -29,31 +29,31 @@
 
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG, LOG_TRACE };
 
-#define LOG_SUBSYSTEMS(X)                                                      \
-	X(LOGS_MAIN, "main")                                                   \
-	X(LOGS_CFG, "cfg")                                                     \
-	X(LOGS_DAEMON, "daemon")                                               \
-	X(LOGS_RPC, "rpc")                                                     \
-	X(LOGS_HTTP, "http")                                                   \
-	X(LOGS_META, "meta")                                                   \
-	X(LOGS_RAFT, "raft")                                                   \
-	X(LOGS_WAL, "wal")                                                     \
-	X(LOGS_MVCC, "mvcc")                                                   \
-	X(LOGS_MASTER, "master")                                               \
-	X(LOGS_AGENT, "agent")                                                 \
-	X(LOGS_TE, "te")                                                       \
-	X(LOGS_SHM, "shm")                                                     \
-	X(LOGS_TCP, "tcp")                                                     \
-	X(LOGS_RDMA, "rdma")                                                   \
-	X(LOGS_CLIENT, "client")                                               \
-	X(LOGS_SSD, "ssd")                                                     \
+#define LOG_SUBSYSTEMS(X) \
+	X(LOGS_MAIN, "main") \
+	X(LOGS_CFG, "cfg") \
+	X(LOGS_DAEMON, "daemon") \
+	X(LOGS_RPC, "rpc") \
+	X(LOGS_HTTP, "http") \
+	X(LOGS_META, "meta") \
+	X(LOGS_RAFT, "raft") \
+	X(LOGS_WAL, "wal") \
+	X(LOGS_MVCC, "mvcc") \
+	X(LOGS_MASTER, "master") \
+	X(LOGS_AGENT, "agent") \
+	X(LOGS_TE, "te") \
+	X(LOGS_SHM, "shm") \
+	X(LOGS_TCP, "tcp") \
+	X(LOGS_RDMA, "rdma") \
+	X(LOGS_CLIENT, "client") \
+	X(LOGS_SSD, "ssd") \
 	X(LOGS_CTL, "ctl")
 
 enum log_subsys {
 #define LOG__ENUM(id, name) id,
 	LOG_SUBSYSTEMS(LOG__ENUM)
 #undef LOG__ENUM
-	LOGS_COUNT
+		LOGS_COUNT
 };
 
 #define LOG_RL_BURST 5
@@ -63,14 +63,13 @@ enum log_subsys {
 
 extern _Atomic unsigned char log__levels[LOGS_COUNT];
 
-#define log_enabled(sub, lvl)                                                  \
-	((int)(lvl) <                                                          \
-	 (int)atomic_load_explicit(&log__levels[(sub)], memory_order_relaxed) + 1)
+#define log_enabled(sub, lvl) \
+	((int)(lvl) < (int)atomic_load_explicit(&log__levels[(sub)], memory_order_relaxed) + 1)
 
-#define log_at(sub, lvl, ...)                                                  \
-	do {                                                                   \
-		if (log_enabled((sub), (lvl)))                                 \
-			log__emit((sub), (lvl), __VA_ARGS__);                  \
+#define log_at(sub, lvl, ...) \
+	do { \
+		if (log_enabled((sub), (lvl))) \
+			log__emit((sub), (lvl), __VA_ARGS__); \
 	} while (0)
 
 #define log_error(...) log_at(LOG_SUBSYS, LOG_ERROR, __VA_ARGS__)
@@ -88,8 +87,8 @@ void log__emit(enum log_subsys sub, enum log_level lvl, const char *fmt, ...)
  * fills levels[LOGS_COUNT]. Errors: -EINVAL, with a message naming the
  * bad part written to err (may be NULL).
  */
-int log_parse_levels(const char *spec, unsigned char levels[LOGS_COUNT],
-		     char *err, size_t errlen) MC_MUST_CHECK;
+int log_parse_levels(const char *spec, unsigned char levels[LOGS_COUNT], char *err,
+		     size_t errlen) MC_MUST_CHECK;
 /* Apply a spec parsed by log_parse_levels. */
 void log_set_levels(const unsigned char levels[LOGS_COUNT]);
 
@@ -137,19 +136,17 @@ struct log_rl {
 };
 
 /* Report of suppressed repeats: the line text and how many were dropped. */
-typedef void (*log_rl_report_fn)(void *ctx, const char *text,
-				 uint32_t suppressed);
+typedef void (*log_rl_report_fn)(void *ctx, const char *text, uint32_t suppressed);
 
 /*
  * Decide whether the line with this hash/text may be written at now_ms.
  * Returns true to write it. Before returning, reports (through report) any
  * suppression count that this call closes (window ended, or slot reused).
  */
-bool log_rl_admit(struct log_rl *rl, uint64_t hash, const char *text,
-		  uint64_t now_ms, log_rl_report_fn report, void *ctx);
+bool log_rl_admit(struct log_rl *rl, uint64_t hash, const char *text, uint64_t now_ms,
+		  log_rl_report_fn report, void *ctx);
 /* Report windows that ended before now_ms (all of them if now_ms is
  * UINT64_MAX). */
-void log_rl_expire(struct log_rl *rl, uint64_t now_ms, log_rl_report_fn report,
-		   void *ctx);
+void log_rl_expire(struct log_rl *rl, uint64_t now_ms, log_rl_report_fn report, void *ctx);
 
 #endif

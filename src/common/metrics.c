@@ -24,19 +24,18 @@
 
 #define LOG_SUBSYS LOGS_MAIN
 
-const double metrics_latency_buckets[] = {0.0001, 0.00025, 0.0005, 0.001,
-					  0.0025, 0.005,   0.01,   0.025,
-					  0.05,   0.1,     0.25,   0.5,
+const double metrics_latency_buckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+					  0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
 					  1,      2.5,     5,      10};
-const size_t metrics_latency_nbuckets =
-	sizeof(metrics_latency_buckets) / sizeof(metrics_latency_buckets[0]);
+const size_t metrics_latency_nbuckets = sizeof(metrics_latency_buckets) /
+					sizeof(metrics_latency_buckets[0]);
 
 struct metric {
 	struct metric *next;
 	struct metrics_family *fam;
-	char **values; /* fam->nlabels strings, owned */
-	_Atomic uint64_t u;       /* counter value, or histogram count */
-	_Atomic int64_t i;        /* gauge value */
+	char **values;             /* fam->nlabels strings, owned */
+	_Atomic uint64_t u;        /* counter value, or histogram count */
+	_Atomic int64_t i;         /* gauge value */
 	_Atomic uint64_t sum_bits; /* histogram sum as double bits */
 	_Atomic uint64_t *buckets; /* histogram: per-bucket (not cumulative) */
 	double (*fn)(void *ctx);
@@ -146,9 +145,9 @@ static char **split_labels(const char *labels, size_t *n)
 	return v;
 }
 
-static bool family_matches(const struct metrics_family *f,
-			   enum metric_type type, const char *labels,
-			   const double *bounds, size_t nbounds, bool is_fn)
+static bool family_matches(const struct metrics_family *f, enum metric_type type,
+			   const char *labels, const double *bounds, size_t nbounds,
+			   bool is_fn)
 {
 	if (f->type != type || f->is_fn != is_fn || f->nbounds != nbounds)
 		return false;
@@ -165,11 +164,9 @@ static bool family_matches(const struct metrics_family *f,
 }
 
 /* Caller holds r->lock. */
-static struct metrics_family *do_family(struct metrics_registry *r,
-					enum metric_type type, const char *name,
-					const char *help, const char *labels,
-					const double *bounds, size_t nbounds,
-					bool is_fn)
+static struct metrics_family *do_family(struct metrics_registry *r, enum metric_type type,
+					const char *name, const char *help, const char *labels,
+					const double *bounds, size_t nbounds, bool is_fn)
 {
 	for (struct metrics_family *f = r->families; f; f = f->next) {
 		if (strcmp(f->name, name) != 0)
@@ -211,9 +208,8 @@ static struct metrics_family *do_family(struct metrics_registry *r,
 	return f;
 }
 
-static struct metric *get_metric(struct metrics_registry *r,
-				 enum metric_type type, const char *name,
-				 const char *help, const char *labels,
+static struct metric *get_metric(struct metrics_registry *r, enum metric_type type,
+				 const char *name, const char *help, const char *labels,
 				 const char *const *values, const double *bounds,
 				 size_t nbounds, double (*fn)(void *), void *ctx)
 {
@@ -221,8 +217,8 @@ static struct metric *get_metric(struct metrics_registry *r,
 		return NULL;
 	pthread_mutex_lock(&r->lock);
 	struct metric *m = NULL;
-	struct metrics_family *f =
-		do_family(r, type, name, help, labels, bounds, nbounds, fn != NULL);
+	struct metrics_family *f = do_family(r, type, name, help, labels, bounds, nbounds,
+					     fn != NULL);
 	if (!f)
 		goto out;
 	for (m = f->metrics; m; m = m->next) {
@@ -264,47 +260,40 @@ out:
 	return m;
 }
 
-struct metric *metrics_counter(struct metrics_registry *r, const char *name,
-			       const char *help, const char *labels,
-			       const char *const *values)
+struct metric *metrics_counter(struct metrics_registry *r, const char *name, const char *help,
+			       const char *labels, const char *const *values)
 {
-	return get_metric(r, METRIC_COUNTER, name, help, labels, values, NULL,
-			  0, NULL, NULL);
+	return get_metric(r, METRIC_COUNTER, name, help, labels, values, NULL, 0, NULL, NULL);
 }
 
-struct metric *metrics_gauge(struct metrics_registry *r, const char *name,
-			     const char *help, const char *labels,
-			     const char *const *values)
+struct metric *metrics_gauge(struct metrics_registry *r, const char *name, const char *help,
+			     const char *labels, const char *const *values)
 {
-	return get_metric(r, METRIC_GAUGE, name, help, labels, values, NULL, 0,
-			  NULL, NULL);
+	return get_metric(r, METRIC_GAUGE, name, help, labels, values, NULL, 0, NULL, NULL);
 }
 
 struct metric *metrics_histogram(struct metrics_registry *r, const char *name,
 				 const char *help, const char *labels,
-				 const char *const *values,
-				 const double *buckets, size_t nbuckets)
+				 const char *const *values, const double *buckets,
+				 size_t nbuckets)
 {
-	return get_metric(r, METRIC_HISTOGRAM, name, help, labels, values,
-			  buckets, nbuckets, NULL, NULL);
+	return get_metric(r, METRIC_HISTOGRAM, name, help, labels, values, buckets, nbuckets,
+			  NULL, NULL);
 }
 
-struct metric *metrics_gauge_fn(struct metrics_registry *r, const char *name,
-				const char *help, const char *labels,
-				const char *const *values,
+struct metric *metrics_gauge_fn(struct metrics_registry *r, const char *name, const char *help,
+				const char *labels, const char *const *values,
 				double (*fn)(void *ctx), void *ctx)
 {
-	return get_metric(r, METRIC_GAUGE, name, help, labels, values, NULL, 0,
-			  fn, ctx);
+	return get_metric(r, METRIC_GAUGE, name, help, labels, values, NULL, 0, fn, ctx);
 }
 
 struct metric *metrics_counter_fn(struct metrics_registry *r, const char *name,
 				  const char *help, const char *labels,
-				  const char *const *values,
-				  double (*fn)(void *ctx), void *ctx)
+				  const char *const *values, double (*fn)(void *ctx),
+				  void *ctx)
 {
-	return get_metric(r, METRIC_COUNTER, name, help, labels, values, NULL, 0,
-			  fn, ctx);
+	return get_metric(r, METRIC_COUNTER, name, help, labels, values, NULL, 0, fn, ctx);
 }
 
 /* ------------------------------------------------------------ process */
@@ -378,9 +367,11 @@ int metrics_register_process(struct metrics_registry *r, const double *start_tim
 				     "Total user and system CPU time spent in seconds.", NULL,
 				     NULL, p_cpu_seconds, NULL) != NULL;
 	ok &= metrics_gauge_fn(r, "process_resident_memory_bytes",
-			       "Resident memory size in bytes.", NULL, NULL, p_rss, NULL) != NULL;
+			       "Resident memory size in bytes.", NULL, NULL, p_rss,
+			       NULL) != NULL;
 	ok &= metrics_gauge_fn(r, "process_virtual_memory_bytes",
-			       "Virtual memory size in bytes.", NULL, NULL, p_vsize, NULL) != NULL;
+			       "Virtual memory size in bytes.", NULL, NULL, p_vsize,
+			       NULL) != NULL;
 	ok &= metrics_gauge_fn(r, "process_open_fds", "Number of open file descriptors.", NULL,
 			       NULL, p_open_fds, NULL) != NULL;
 	ok &= metrics_gauge_fn(r, "process_max_fds",
@@ -497,8 +488,8 @@ static int put_double(struct mc_buf *out, double v)
 }
 
 /* name{l1="v1",l2="v2"[,le="x"]} */
-static int put_series(struct mc_buf *out, const struct metric *m,
-		      const char *suffix, const char *le)
+static int put_series(struct mc_buf *out, const struct metric *m, const char *suffix,
+		      const char *le)
 {
 	const struct metrics_family *f = m->fam;
 	int rc = mc_buf_printf(out, "%s%s", f->name, suffix);
@@ -573,8 +564,7 @@ int metrics_format(struct metrics_registry *r, struct mc_buf *out)
 		if (!rc)
 			rc = put_escaped(out, f->help, true);
 		if (!rc)
-			rc = mc_buf_printf(out, "\n# TYPE %s %s\n", f->name,
-					   tnames[f->type]);
+			rc = mc_buf_printf(out, "\n# TYPE %s %s\n", f->name, tnames[f->type]);
 		for (struct metric *m = f->metrics; m && rc == 0; m = m->next)
 			rc = format_metric(out, m);
 	}

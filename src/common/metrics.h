@@ -43,30 +43,27 @@ struct metrics_registry *metrics_global(void);
  * is already registered with another type, labels or buckets (a
  * programming error, logged).
  */
-struct metric *metrics_counter(struct metrics_registry *r, const char *name,
-			       const char *help, const char *labels,
-			       const char *const *values);
-struct metric *metrics_gauge(struct metrics_registry *r, const char *name,
-			     const char *help, const char *labels,
-			     const char *const *values);
+struct metric *metrics_counter(struct metrics_registry *r, const char *name, const char *help,
+			       const char *labels, const char *const *values);
+struct metric *metrics_gauge(struct metrics_registry *r, const char *name, const char *help,
+			     const char *labels, const char *const *values);
 /* buckets: strictly increasing upper bounds (+Inf is implicit). */
 struct metric *metrics_histogram(struct metrics_registry *r, const char *name,
 				 const char *help, const char *labels,
-				 const char *const *values,
-				 const double *buckets, size_t nbuckets);
+				 const char *const *values, const double *buckets,
+				 size_t nbuckets);
 /* A gauge read at scrape time: fn(ctx) is called under the registry lock
  * from the scraping thread; it must be thread-safe and must not call
  * into the registry. */
-struct metric *metrics_gauge_fn(struct metrics_registry *r, const char *name,
-				const char *help, const char *labels,
-				const char *const *values,
+struct metric *metrics_gauge_fn(struct metrics_registry *r, const char *name, const char *help,
+				const char *labels, const char *const *values,
 				double (*fn)(void *ctx), void *ctx);
 
 /* A counter read at scrape time, under the same rules as metrics_gauge_fn. */
 struct metric *metrics_counter_fn(struct metrics_registry *r, const char *name,
 				  const char *help, const char *labels,
-				  const char *const *values,
-				  double (*fn)(void *ctx), void *ctx);
+				  const char *const *values, double (*fn)(void *ctx),
+				  void *ctx);
 
 /*
  * The standard process metrics of Prometheus client libraries, read at
@@ -82,9 +79,9 @@ int metrics_register_process(struct metrics_registry *r,
 /* Updates: NULL metric is a no-op, so a failed registration never crashes
  * the hot path. */
 void metric_inc(struct metric *m);
-void metric_add(struct metric *m, uint64_t n);  /* counter or gauge */
-void metric_sub(struct metric *m, uint64_t n);  /* gauge */
-void metric_set(struct metric *m, int64_t v);   /* gauge */
+void metric_add(struct metric *m, uint64_t n);   /* counter or gauge */
+void metric_sub(struct metric *m, uint64_t n);   /* gauge */
+void metric_set(struct metric *m, int64_t v);    /* gauge */
 void metric_observe(struct metric *m, double v); /* histogram */
 /* Read back (tests, status output). Counter/gauge value; histogram count. */
 double metric_value(const struct metric *m);

@@ -138,9 +138,28 @@ void mc_format_bytes(uint64_t b, char *buf, size_t len)
 		snprintf(buf, len, "%.1f %s", v, unit[u]);
 }
 
+/* What the node has, as every refusal names it: the memory available of
+ * the RAM, the free huge pages, the memory-lock limit. */
+static void node_figures(const struct mc_fit_in *in, char *buf, size_t len)
+{
+	char avail[32], ram[32], huge[32], lock[32];
+	mc_format_bytes(in->mem.available_bytes, avail, sizeof(avail));
+	mc_format_bytes(in->mem.total_bytes, ram, sizeof(ram));
+	mc_format_bytes(in->mem.huge_free * in->mem.huge_page_bytes, huge, sizeof(huge));
+	mc_format_bytes(in->memlock_bytes, lock, sizeof(lock));
+	snprintf(buf, len,
+		 "this node: %s of %s RAM available, %" PRIu64 " of %" PRIu64
+		 " huge pages free (%s), memory-lock limit %s%s",
+		 avail, ram, in->mem.huge_free, in->mem.huge_total, huge, lock,
+		 in->cap_ipc_lock ? " (CAP_IPC_LOCK: not applied)"
+		 : !in->pins      ? " (nothing pinned without RDMA)"
+				  : "");
+}
+
 enum mc_fit mc_segment_fit(const struct mc_fit_in *in, char *why, size_t len)
 {
-	char seg[32], have[32], of[32];
+	char seg[32], have[32], of[32], node[256];
+	node_figures(in, node, sizeof(node));
 	mc_format_bytes(in->segment_bytes, seg, sizeof(seg));
 	uint64_t huge_free_bytes = in->mem.huge_free * in->mem.huge_page_bytes;
 	bool huge = in->hugepages == MC_FIT_HUGE_ON ||
@@ -152,8 +171,8 @@ enum mc_fit mc_segment_fit(const struct mc_fit_in *in, char *why, size_t len)
 			 "the segment (--global-segment-size, %s) does not fit in the free "
 			 "huge pages (%" PRIu64 " of %" PRIu64 " free, %s) that "
 			 "--hugepages=on requires: reserve more (vm.nr_hugepages), lower "
-			 "--global-segment-size or set --hugepages=auto",
-			 seg, in->mem.huge_free, in->mem.huge_total, have);
+			 "--global-segment-size or set --hugepages=auto (%s)",
+			 seg, in->mem.huge_free, in->mem.huge_total, have, node);
 		return MC_FIT_HUGEPAGES;
 	}
 	uint64_t need = in->segment_bytes + (huge ? 0 : in->buffer_bytes);
@@ -163,8 +182,8 @@ enum mc_fit mc_segment_fit(const struct mc_fit_in *in, char *why, size_t len)
 		snprintf(why, len,
 			 "the segment (--global-segment-size, %s) does not fit in the "
 			 "memory available (%s of %s); lower --global-segment-size, or "
-			 "set --force-segment-size to start anyway",
-			 seg, have, of);
+			 "set --force-segment-size to start anyway (%s)",
+			 seg, have, of, node);
 		return MC_FIT_RAM;
 	}
 	if (in->pins && !in->cap_ipc_lock && in->memlock_bytes != MC_UNLIMITED &&
@@ -174,8 +193,9 @@ enum mc_fit mc_segment_fit(const struct mc_fit_in *in, char *why, size_t len)
 			 "RDMA pins the whole segment (--global-segment-size, %s) but the "
 			 "memory-lock limit (RLIMIT_MEMLOCK) is %s: raise it "
 			 "(LimitMEMLOCK=infinity in the unit, ulimit -l unlimited), lower "
-			 "--global-segment-size, or set --force-segment-size to start anyway",
-			 seg, have);
+			 "--global-segment-size, or set --force-segment-size to start anyway "
+			 "(%s)",
+			 seg, have, node);
 		return MC_FIT_MEMLOCK;
 	}
 	if (len)

@@ -19,11 +19,11 @@
 #define MC_UNLIMITED UINT64_MAX
 
 struct mc_meminfo {
-	uint64_t total_bytes;       /* MemTotal */
-	uint64_t available_bytes;   /* MemAvailable (MemFree on old kernels) */
-	uint64_t huge_total;        /* HugePages_Total (pages) */
-	uint64_t huge_free;         /* HugePages_Free (pages) */
-	uint64_t huge_page_bytes;   /* Hugepagesize */
+	uint64_t total_bytes;     /* MemTotal */
+	uint64_t available_bytes; /* MemAvailable (MemFree on old kernels) */
+	uint64_t huge_total;      /* HugePages_Total (pages) */
+	uint64_t huge_free;       /* HugePages_Free (pages) */
+	uint64_t huge_page_bytes; /* Hugepagesize */
 };
 
 /* Parse the text of /proc/meminfo. Errors: -EINVAL (no MemTotal). */
@@ -47,26 +47,27 @@ long mc_read_small_file(const char *path, char *buf, size_t len);
 /* What the segment needs and what the node has. */
 struct mc_fit_in {
 	uint64_t segment_bytes;
-	uint64_t buffer_bytes;      /* other memory taken with it (staging) */
-	bool pins;                  /* RDMA registers (pins) the segment */
-	uint64_t memlock_bytes;     /* RLIMIT_MEMLOCK soft limit */
-	bool cap_ipc_lock;          /* the limit does not apply */
+	uint64_t buffer_bytes;  /* other memory taken with it (staging) */
+	bool pins;              /* RDMA registers (pins) the segment */
+	uint64_t memlock_bytes; /* RLIMIT_MEMLOCK soft limit */
+	bool cap_ipc_lock;      /* the limit does not apply */
 	enum { MC_FIT_HUGE_AUTO, MC_FIT_HUGE_ON, MC_FIT_HUGE_OFF } hugepages;
 	struct mc_meminfo mem;
 };
 
 enum mc_fit {
 	MC_FIT_OK = 0,
-	MC_FIT_RAM,        /* more than the memory available */
-	MC_FIT_MEMLOCK,    /* pinned, more than the memory-lock limit */
-	MC_FIT_HUGEPAGES,  /* --hugepages=on, more than the free huge pages */
+	MC_FIT_RAM,       /* more than the memory available */
+	MC_FIT_MEMLOCK,   /* pinned, more than the memory-lock limit */
+	MC_FIT_HUGEPAGES, /* --hugepages=on, more than the free huge pages */
 };
 
 /*
  * Whether the segment fits, and when it does not, one line (into why)
  * naming the figures and the key to change: --global-segment-size, the
  * memory-lock limit (LimitMEMLOCK, ulimit -l), the reserved huge pages,
- * or --force-segment-size to start anyway. With huge pages on, or auto
+ * or --force-segment-size to start anyway; every refusal ends with what
+ * the node has (RAM available, free huge pages, the memory-lock limit). With huge pages on, or auto
  * and enough of them free, the segment comes from the huge page pool,
  * else from the memory available. Pure.
  */

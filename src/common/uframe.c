@@ -5,6 +5,7 @@
 #include "common/uframe.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -26,7 +27,7 @@ int mc_uframe_rx_init(struct mc_uframe_rx *r, size_t max_frame)
 void mc_uframe_rx_free(struct mc_uframe_rx *r)
 {
 	for (size_t i = 0; i < r->nfds; i++)
-		close(r->fds[(r->fd_head + i) % r->fd_cap]);
+		close(r->fds[(r->fd_head + i) % r->fd_cap].fd);
 	free(r->fds);
 	free(r->buf);
 	memset(r, 0, sizeof(*r));
@@ -37,6 +38,7 @@ static int rx_room(struct mc_uframe_rx *r, size_t want)
 {
 	if (r->off > 0 && (r->off == r->len || r->cap - r->len < want)) {
 		memmove(r->buf, r->buf + r->off, r->len - r->off);
+		r->base += r->off;
 		r->len -= r->off;
 		r->off = 0;
 	}
@@ -63,15 +65,45 @@ int mc_uframe_rx_feed(struct mc_uframe_rx *r, const void *data, size_t len)
 		return rc;
 	if (len)
 		memcpy(r->buf + r->len, data, len);
+	r->last_a = r->base + r->len;
 	r->len += len;
+	r->last_b = r->base + r->len;
 	return 0;
 }
 
-int mc_uframe_rx_push_fd(struct mc_uframe_rx *r, int fd)
+/* Whether a frame starts in the stream bytes [a, b), all received: walk
+ * the frame headers from the last start known (r->scan, only ever moved
+ * forward, so the walk is linear in the stream). A length the stream
+ * cannot go on with counts as a start: nothing is closed on a guess. */
+static bool frame_starts_in(struct mc_uframe_rx *r, uint64_t a, uint64_t b)
 {
+	if (a == b)
+		return true; /* no bytes to judge by (mc_uframe_rx_push_fd alone) */
+	if (r->scan < r->base + r->off)
+		r->scan = r->base + r->off; /* consumed up to a frame boundary */
+	while (r->scan < a) {
+		uint64_t rel = r->scan - r->base;
+		if (rel + MC_UFRAME_HDR > r->len)
+			return false; /* [a, b) is inside a header begun before */
+		uint32_t n = mc_uframe_get_len(r->buf + rel);
+		if (n == 0 || n > r->max_frame)
+			return true;
+		r->scan += MC_UFRAME_HDR + n;
+	}
+	return r->scan < b;
+}
+
+/* Queue fd, brought by the stream bytes [a, b). */
+static int push_fd(struct mc_uframe_rx *r, int fd, uint64_t a, uint64_t b)
+{
+	if (!frame_starts_in(r, a, b)) {
+		close(fd);
+		r->dropped++;
+		return 0;
+	}
 	if (r->nfds == r->fd_cap) {
 		size_t cap = r->fd_cap ? r->fd_cap * 2 : 16;
-		int *p = malloc(cap * sizeof(*p));
+		struct mc_uframe_fd *p = malloc(cap * sizeof(*p));
 		if (!p) {
 			close(fd);
 			return -ENOMEM;
@@ -83,9 +115,14 @@ int mc_uframe_rx_push_fd(struct mc_uframe_rx *r, int fd)
 		r->fd_cap = cap;
 		r->fd_head = 0;
 	}
-	r->fds[(r->fd_head + r->nfds) % r->fd_cap] = fd;
+	r->fds[(r->fd_head + r->nfds) % r->fd_cap] = (struct mc_uframe_fd){fd, a, b};
 	r->nfds++;
 	return 0;
+}
+
+int mc_uframe_rx_push_fd(struct mc_uframe_rx *r, int fd)
+{
+	return push_fd(r, fd, r->last_a, r->last_b);
 }
 
 ssize_t mc_uframe_rx_read(struct mc_uframe_rx *r, int sock, int flags)
@@ -119,6 +156,9 @@ ssize_t mc_uframe_rx_read(struct mc_uframe_rx *r, int sock, int flags)
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	r->last_a = r->base + r->len;
+	r->last_b = r->last_a + (uint64_t)n;
+	r->len += (size_t)n;
 	int err = 0;
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -127,14 +167,13 @@ ssize_t mc_uframe_rx_read(struct mc_uframe_rx *r, int sock, int flags)
 		for (size_t i = 0; i < k; i++) {
 			int fd;
 			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-			int prc = mc_uframe_rx_push_fd(r, fd);
+			int prc = push_fd(r, fd, r->last_a, r->last_b);
 			if (prc && !err)
 				err = prc;
 		}
 	}
 	if (msg.msg_flags & MSG_CTRUNC)
 		err = MC_EPROTOCOL;
-	r->len += (size_t)n;
 	return err ? err : n;
 }
 
@@ -152,7 +191,9 @@ int mc_uframe_rx_next(struct mc_uframe_rx *r, const uint8_t **body, size_t *len)
 		return 0;
 	*body = r->buf + r->off + MC_UFRAME_HDR;
 	*len = n;
+	r->frame_a = r->base + r->off;
 	r->off += MC_UFRAME_HDR + n;
+	r->frame_b = r->base + r->off;
 	return 1;
 }
 
@@ -161,11 +202,68 @@ int mc_uframe_rx_take_fds(struct mc_uframe_rx *r, unsigned n, int *out)
 	if (n > MC_UFRAME_MAX_FDS || n > r->nfds)
 		return MC_EPROTOCOL;
 	for (unsigned i = 0; i < n; i++) {
-		out[i] = r->fds[r->fd_head];
+		out[i] = r->fds[r->fd_head].fd;
 		r->fd_head = (r->fd_head + 1) % r->fd_cap;
 		r->nfds--;
 	}
 	return 0;
+}
+
+static const struct mc_uframe_fd *fd_at(const struct mc_uframe_rx *r, size_t i)
+{
+	return &r->fds[(r->fd_head + i) % r->fd_cap];
+}
+
+static int pop_fd(struct mc_uframe_rx *r)
+{
+	int fd = r->fds[r->fd_head].fd;
+	r->fd_head = (r->fd_head + 1) % r->fd_cap;
+	r->nfds--;
+	return fd;
+}
+
+int mc_uframe_rx_frame_fds(struct mc_uframe_rx *r, unsigned announced, int *out,
+			   unsigned *closed)
+{
+	uint64_t f = r->frame_a, e = r->frame_b;
+	*closed = 0;
+	/* Brought by bytes wholly before this frame: no frame is left to
+	 * take them. */
+	while (r->nfds && fd_at(r, 0)->b <= f) {
+		close(pop_fd(r));
+		(*closed)++;
+	}
+	/* Brought with this frame's first byte (the queue is in arrival
+	 * order, so they are at its head). */
+	size_t mine = 0;
+	while (mine < r->nfds && fd_at(r, mine)->a <= f)
+		mine++;
+	int rc = 0;
+	unsigned took = 0;
+	bool missing = announced > mine || announced > MC_UFRAME_MAX_FDS;
+	if (missing)
+		rc = MC_EPROTOCOL;
+	else
+		for (; took < announced; took++)
+			out[took] = pop_fd(r);
+	/* The rest of them: if no later frame starts in the bytes that
+	 * brought them, nobody announced them. */
+	size_t left = mine - took, stray = 0;
+	while (stray < left && fd_at(r, stray)->b <= e)
+		stray++;
+	if (stray) {
+		if (!missing)
+			rc = -EBADF;
+		for (size_t i = 0; i < stray; i++)
+			close(pop_fd(r));
+		*closed += (unsigned)stray;
+	}
+	if (rc) {
+		for (unsigned i = 0; i < took; i++)
+			close(out[i]);
+		*closed += took;
+	}
+	return rc;
 }
 
 size_t mc_uframe_rx_queued_fds(const struct mc_uframe_rx *r)
@@ -178,6 +276,15 @@ int mc_uframe_rx_idle(const struct mc_uframe_rx *r)
 	return r->len == r->off;
 }
 
+int mc_uframe_rx_ready(const struct mc_uframe_rx *r)
+{
+	size_t have = r->len - r->off;
+	if (have < MC_UFRAME_HDR)
+		return 0;
+	uint32_t n = mc_uframe_get_len(r->buf + r->off);
+	return n == 0 || n > r->max_frame || have - MC_UFRAME_HDR >= n;
+}
+
 void mc_uframe_put_len(uint8_t hdr[MC_UFRAME_HDR], uint32_t len)
 {
 	mc_put_le32(hdr, len);
@@ -188,8 +295,8 @@ uint32_t mc_uframe_get_len(const uint8_t hdr[MC_UFRAME_HDR])
 	return mc_get_le32(hdr);
 }
 
-ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt,
-			  const int *fds, unsigned nfds, int flags)
+ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+			  unsigned nfds, int flags)
 {
 	union {
 		struct cmsghdr h;
@@ -220,8 +327,7 @@ ssize_t mc_uframe_sendmsg(int sock, const struct iovec *iov, int iovcnt,
 	return n;
 }
 
-int mc_uframe_send_all(int sock, const void *body, size_t len, const int *fds,
-		       unsigned nfds)
+int mc_uframe_send_all(int sock, const void *body, size_t len, const int *fds, unsigned nfds)
 {
 	uint8_t hdr[MC_UFRAME_HDR];
 	if (len > UINT32_MAX)
@@ -243,8 +349,8 @@ int mc_uframe_send_all(int sock, const void *body, size_t len, const int *fds,
 			skip = 0;
 			cnt++;
 		}
-		ssize_t n = mc_uframe_sendmsg(sock, v, cnt, sent ? NULL : fds,
-					      sent ? 0 : nfds, 0);
+		ssize_t n = mc_uframe_sendmsg(sock, v, cnt, sent ? NULL : fds, sent ? 0 : nfds,
+					      0);
 		if (n < 0)
 			return (int)n;
 		sent += (size_t)n;

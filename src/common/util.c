@@ -103,6 +103,21 @@ int mc_parse_hostport(const char *s, struct sockaddr_storage *out)
 	return 0;
 }
 
+bool mc_addr_is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+		if (IN6_IS_ADDR_LOOPBACK(a))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+	}
+	return false;
+}
+
 void mc_format_addr(const struct sockaddr *sa, char *buf, size_t len)
 {
 	char host[INET6_ADDRSTRLEN];
@@ -212,15 +227,24 @@ int mc_fsync_dir(const char *dir)
 	return rc;
 }
 
+/* The 128-bit product of a and b folded to 64 bits: wyhash's mixing step. */
+static uint64_t mix64(uint64_t a, uint64_t b)
+{
+	unsigned __int128 r = (unsigned __int128)a * b;
+	return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
 uint64_t mc_hash64(const void *data, size_t len)
 {
 	const unsigned char *p = data;
-	uint64_t h = 1469598103934665603ull;
-	for (size_t i = 0; i < len; i++) {
-		h ^= p[i];
-		h *= 1099511628211ull;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ len, w;
+	for (; len >= 8; p += 8, len -= 8) {
+		memcpy(&w, p, 8);
+		h = mix64(w ^ 0xa0761d6478bd642full, h ^ 0xe7037ed1a0b428dbull);
 	}
-	return h;
+	w = 0;
+	memcpy(&w, p, len);
+	return mix64(w ^ 0x8ebc6af09c88c6e3ull, h ^ 0x589965cc75374cc3ull);
 }
 
 uint64_t mc_rss_bytes(void)

@@ -8,14 +8,14 @@
 #ifndef MC_COMMON_UTIL_H
 #define MC_COMMON_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
 #include "common/err.h"
 
-#define MC_CONTAINER_OF(ptr, type, member)                                     \
-	((type *)((char *)(ptr)-offsetof(type, member)))
+#define MC_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define MC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MC_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MC_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -38,6 +38,10 @@ uint64_t mc_wall_ms(void);
  */
 int mc_parse_hostport(const char *s, struct sockaddr_storage *out) MC_MUST_CHECK;
 
+/* True for an address only this host reaches: 127.0.0.0/8, ::1 and
+ * IPv4-mapped 127.x. */
+bool mc_addr_is_loopback(const struct sockaddr *sa);
+
 /* Format a socket address as "host:port" into buf (at least 64 bytes). */
 void mc_format_addr(const struct sockaddr *sa, char *buf, size_t len);
 
@@ -59,7 +63,9 @@ int mc_write_pidfile(const char *path) MC_MUST_CHECK;
 /* fsync a directory (after renames inside it). */
 int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
 
-/* 64-bit FNV-1a. */
+/* A 64-bit hash for in-memory tables: eight bytes a step, each mixed in
+ * by a 64x64->128-bit multiply (as wyhash does). Not stable across
+ * versions or byte orders: never store it. */
 uint64_t mc_hash64(const void *data, size_t len);
 
 /* Resident set size of this process in bytes (/proc/self/statm); 0 when

@@ -7,17 +7,21 @@
  *   mooncakectl health --endpoint=HOST:PORT [--service=NAME] [--watch]
  *   mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]
  *   mooncakectl bench master [--target=HOST:PORT] ...
+ *   mooncakectl bench resync [--agents=64] [--objects=1M] [--heartbeat=1s]
  *   mooncakectl bench meta --endpoints=URL,... [--clients=N] [--conns=M] ...
  *   mooncakectl ls [PREFIX] [--master=HOST:PORT]
  *   mooncakectl stats [--master=HOST:PORT]
  *   mooncakectl put KEY FILE|- / get KEY [FILE] / rm KEY  (local agent)
  *   mooncakectl doctor [--cluster] [--json]   (ctl_doctor.c)
  *   mooncakectl plan --model=NAME | --layers=... (ctl_plan.c)
+ *   mooncakectl secret create FILE            (ctl_secret.c)
  *
  * Log lines from the libraries go to stderr at WARN and above, so that
  * stdout carries only the command's answer.
  */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cfg.h"
@@ -32,16 +36,25 @@ struct ctl_cmd {
 
 static const struct ctl_cmd cmds[] = {
 	{"health", "show (or --watch) a server's grpc.health.v1 status", ctl_health_main},
-	{"bench", "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench ssd` (vs fio)",
+	{"bench",
+	 "benchmarks: `bench rpc` (gRPC vs plain TCP on loopback), `bench master`, `bench resync` (agents through a master failover), `bench meta` (etcd v3 API), `bench transfer`, `bench store` (vs redis), `bench sessions` (many sessions, one agent), `bench ssd` (vs fio)",
 	 ctl_bench_main},
 	{"ls", "list keys in the master's index by prefix", ctl_ls_main},
 	{"stats", "the master's figures and segments", ctl_stats_main},
 	{"put", "store a file under a key through the local agent", ctl_put_main},
 	{"get", "fetch a key's value through the local agent", ctl_get_main},
 	{"rm", "remove a key through the local agent", ctl_rm_main},
-	{"transfer", "a transfer engine in this process: check a segment's data path, serve", ctl_transfer_main},
-	{"doctor", "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)", ctl_doctor_main},
-	{"plan", "size the pool for a model: KV bytes per token and request, requests held, segment per node", ctl_plan_main},
+	{"transfer", "a transfer engine in this process: check a segment's data path, serve",
+	 ctl_transfer_main},
+	{"doctor",
+	 "check this node (RDMA, PCIe, memlock, huge pages, memory) and the cluster (meta, segments, master)",
+	 ctl_doctor_main},
+	{"plan",
+	 "size the pool for a model: KV bytes per token and request, requests held, segment per node",
+	 ctl_plan_main},
+	{"secret",
+	 "`secret create FILE`: a new random cluster secret (0600) for --cluster-secret-file",
+	 ctl_secret_main},
 };
 
 static void usage(FILE *f)
@@ -55,8 +68,7 @@ static void usage(FILE *f)
 		   "Exit status: 0 success, 1 failure or not serving, 2 usage error.\n");
 }
 
-bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
-		    const char **value)
+bool ctl_flag_value(int argc, char **argv, int *i, const char *name, const char **value)
 {
 	const char *a = argv[*i];
 	size_t n = strlen(name);
@@ -74,6 +86,28 @@ bool ctl_flag_value(int argc, char **argv, int *i, const char *name,
 		*value = NULL;
 	}
 	return true;
+}
+
+int ctl_parse_count(const char *s, uint64_t *out)
+{
+	char *end;
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	uint64_t mul = 1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1000;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1000000;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1000000000;
+	if (mul > 1)
+		end++;
+	if (errno || *end || v == 0 || v > UINT64_MAX / mul)
+		return -EINVAL;
+	*out = (uint64_t)v * mul;
+	return 0;
 }
 
 bool ctl_flag_bool(const char *arg, const char *name, bool *out, bool *ok)
@@ -107,8 +141,7 @@ int main(int argc, char **argv)
 		printf("mooncakectl %s (%s)\n", MC_VERSION, MC_GITREV);
 		return CTL_EXIT_OK;
 	}
-	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
-	    strcmp(cmd, "help") == 0) {
+	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
 		if (argc > 2 && strcmp(cmd, "help") == 0) {
 			for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
 				if (strcmp(cmds[i].name, argv[2]) == 0) {

@@ -38,6 +38,8 @@
 
 struct result {
 	double calls_per_s, p50_us, p99_us, gbps;
+	double cpu_us; /* client and server thread CPU per call; < 0: unknown */
+	uint64_t calls;
 	bool ok;
 	char err[256];
 };
@@ -257,8 +259,8 @@ static void *srv_main(void *arg)
 		}
 		srv_ready(t, ntohs(((struct sockaddr_in *)&ss)->sin_port), NULL);
 	} else {
-		struct rpc_server_opts o = {.name = "bench", .max_message_bytes = t->max_msg,
-					    .metrics = t->reg};
+		struct rpc_server_opts o = {
+			.name = "bench", .max_message_bytes = t->max_msg, .metrics = t->reg};
 		rc = rpc_server_new(&t->loop, &o, &t->rpc);
 		if (rc == 0)
 			rc = rpc_diag_add(t->rpc);
@@ -313,6 +315,37 @@ static void srv_stop(struct srv_thread *t)
 	pthread_cond_destroy(&t->cv);
 }
 
+/* ---------------------------------------------------------------- CPU per call */
+
+/* CPU time of the client thread (this one) and of the server's thread
+ * (srv NULL: a server in another process, not counted), so that a
+ * figure can be compared on a loaded machine, where calls/s swing with
+ * what else runs but the CPU a call costs does not. */
+struct cpu_mark {
+	uint64_t client_ns, server_ns;
+	bool server;
+};
+
+static void cpu_mark(struct cpu_mark *m, const struct srv_thread *srv)
+{
+	m->client_ns = ctl_thread_cpu_ns(pthread_self());
+	m->server_ns = srv ? ctl_thread_cpu_ns(srv->tid) : 0;
+	m->server = m->server_ns != 0;
+}
+
+static void cpu_per_call(struct result *r, const struct cpu_mark *a,
+			 const struct srv_thread *srv)
+{
+	struct cpu_mark b;
+	cpu_mark(&b, srv);
+	if (!r->calls || !a->server || !b.server) {
+		r->cpu_us = -1;
+		return;
+	}
+	r->cpu_us = (double)(b.client_ns - a->client_ns + b.server_ns - a->server_ns) / 1e3 /
+		    (double)r->calls;
+}
+
 /* ---------------------------------------------------------------- gRPC client pattern */
 
 struct gbench;
@@ -336,8 +369,7 @@ struct gbench {
 
 static void g_issue(struct gslot *s);
 
-static void g_on_done(void *ud, int status, const char *message,
-		      const ProtobufCMessage *resp)
+static void g_on_done(void *ud, int status, const char *message, const ProtobufCMessage *resp)
 {
 	struct gslot *s = ud;
 	struct gbench *b = s->b;
@@ -381,8 +413,8 @@ static void g_issue(struct gslot *s)
 	}
 }
 
-static void run_grpc(uv_loop_t *loop, struct rpc_client *c, unsigned conc,
-		     const uint8_t *payload, size_t len, uint64_t duration_ms,
+static void run_grpc(uv_loop_t *loop, struct rpc_client *c, const struct srv_thread *srv,
+		     unsigned conc, const uint8_t *payload, size_t len, uint64_t duration_ms,
 		     struct result *out)
 {
 	struct gbench b = {.c = c};
@@ -395,18 +427,34 @@ static void run_grpc(uv_loop_t *loop, struct rpc_client *c, unsigned conc,
 	mooncake__diag__echo_request__init(&b.req);
 	b.req.payload.data = (uint8_t *)payload;
 	b.req.payload.len = len;
+	for (unsigned i = 0; i < conc; i++)
+		slots[i].b = &b;
+	/* Warm-up, untimed: one call per slot, so that the buffers a call
+	 * of this size needs exist before the clock starts. */
+	b.end_ns = 0;
+	b.inflight = conc;
+	for (unsigned i = 0; i < conc; i++)
+		g_issue(&slots[i]);
+	while (b.inflight)
+		uv_run(loop, UV_RUN_ONCE);
+	ctl_lat_free(&b.lat);
+	memset(&b.lat, 0, sizeof(b.lat));
+	b.calls = b.bytes = b.last_ns = 0;
+
+	struct cpu_mark m;
+	cpu_mark(&m, srv);
 	uint64_t t0 = uv_hrtime();
 	b.end_ns = t0 + duration_ms * 1000000ull;
-	b.inflight = conc;
-	for (unsigned i = 0; i < conc; i++) {
-		slots[i].b = &b;
+	b.inflight = b.stop ? 0 : conc;
+	for (unsigned i = 0; i < b.inflight; i++)
 		g_issue(&slots[i]);
-	}
 	while (b.inflight)
 		uv_run(loop, UV_RUN_ONCE);
 	double secs = (double)((b.last_ns > t0 ? b.last_ns : uv_hrtime()) - t0) / 1e9;
 	out->ok = b.err_status == 0 && b.calls > 0;
 	snprintf(out->err, sizeof(out->err), "%s", b.err);
+	out->calls = b.calls;
+	cpu_per_call(out, &m, srv);
 	out->calls_per_s = secs > 0 ? (double)b.calls / secs : 0;
 	out->gbps = secs > 0 ? (double)b.bytes / secs / 1e9 : 0;
 	out->p50_us = ctl_lat_pct_us(&b.lat, 0.50);
@@ -559,8 +607,9 @@ static void t_closed(uv_handle_t *h)
 	b->closed = true;
 }
 
-static void run_tcp(uv_loop_t *loop, int port, unsigned conc, const uint8_t *payload,
-		    size_t len, uint64_t duration_ms, struct result *out)
+static void run_tcp(uv_loop_t *loop, const struct srv_thread *srv, unsigned conc,
+		    const uint8_t *payload, size_t len, uint64_t duration_ms,
+		    struct result *out)
 {
 	struct tbench *b = calloc(1, sizeof(*b));
 	struct twreq *wr = calloc(conc, sizeof(*wr));
@@ -584,7 +633,7 @@ static void run_tcp(uv_loop_t *loop, int port, unsigned conc, const uint8_t *pay
 		b->wfree = &wr[i];
 	}
 	mc_put_be32(b->hdr, (uint32_t)len);
-	uv_ip4_addr("127.0.0.1", port, &a);
+	uv_ip4_addr("127.0.0.1", srv->port, &a);
 	uv_tcp_init(loop, &b->tcp);
 	if (!b->t0s || !b->rbody ||
 	    uv_tcp_connect(&b->creq, &b->tcp, (struct sockaddr *)&a, t_connected)) {
@@ -594,13 +643,27 @@ static void run_tcp(uv_loop_t *loop, int port, unsigned conc, const uint8_t *pay
 	while (!b->connected)
 		uv_run(loop, UV_RUN_ONCE);
 	if (b->connect_status) {
-		snprintf(out->err, sizeof(out->err), "connect: %s", uv_strerror(b->connect_status));
+		snprintf(out->err, sizeof(out->err), "connect: %s",
+			 uv_strerror(b->connect_status));
 		goto out_close;
 	}
-	uint64_t t0 = uv_hrtime();
-	b->end_ns = t0 + duration_ms * 1000000ull;
+	/* Warm-up, untimed, on the same connection: one call per slot. */
+	b->end_ns = 0;
 	b->inflight = conc;
 	for (unsigned i = 0; i < conc; i++)
+		t_send(b);
+	while (b->inflight)
+		uv_run(loop, UV_RUN_ONCE);
+	ctl_lat_free(&b->lat);
+	memset(&b->lat, 0, sizeof(b->lat));
+	b->calls = b->bytes = b->last_ns = 0;
+
+	struct cpu_mark m;
+	cpu_mark(&m, srv);
+	uint64_t t0 = uv_hrtime();
+	b->end_ns = t0 + duration_ms * 1000000ull;
+	b->inflight = b->stop ? 0 : conc;
+	for (unsigned i = 0; i < b->inflight; i++)
 		t_send(b);
 	while (b->inflight)
 		uv_run(loop, UV_RUN_ONCE);
@@ -608,6 +671,8 @@ static void run_tcp(uv_loop_t *loop, int port, unsigned conc, const uint8_t *pay
 	out->ok = !b->failed && b->calls > 0;
 	if (b->failed)
 		snprintf(out->err, sizeof(out->err), "connection failed");
+	out->calls = b->calls;
+	cpu_per_call(out, &m, srv);
 	out->calls_per_s = secs > 0 ? (double)b->calls / secs : 0;
 	out->gbps = secs > 0 ? (double)b->bytes / secs / 1e9 : 0;
 	out->p50_us = ctl_lat_pct_us(&b->lat, 0.50);
@@ -658,31 +723,66 @@ static void report(const char *name, const struct result *g, const struct result
 		row("", "p50 us", g, t, g->p50_us, t->p50_us);
 		row("", "p99 us", g, t, g->p99_us, t->p99_us);
 	}
+	if (g->cpu_us >= 0 && t->cpu_us >= 0)
+		row("", "CPU us/call", g, t, g->cpu_us, t->cpu_us);
 	if (!g->ok)
-		fprintf(stderr, "mooncakectl bench rpc: %s over gRPC failed: %s\n", name, g->err);
+		fprintf(stderr, "mooncakectl bench rpc: %s over gRPC failed: %s\n", name,
+			g->err);
 	if (!t->ok)
-		fprintf(stderr, "mooncakectl bench rpc: %s over TCP failed: %s\n", name, t->err);
+		fprintf(stderr, "mooncakectl bench rpc: %s over TCP failed: %s\n", name,
+			t->err);
 	fflush(stdout);
+}
+
+/* "unary,streams,large" (any of them, in any order) as bits 0, 1, 2.
+ * Errors: -EINVAL (an unknown or empty name). */
+static int parse_patterns(const char *s, unsigned *out)
+{
+	static const char *const known[] = {"unary", "streams", "large"};
+	unsigned bits = 0;
+	while (*s) {
+		size_t n = strcspn(s, ",");
+		int k = -1;
+		for (int i = 0; i < 3; i++)
+			if (strlen(known[i]) == n && strncmp(s, known[i], n) == 0)
+				k = i;
+		if (k < 0)
+			return -EINVAL;
+		bits |= 1u << k;
+		s += n;
+		if (*s == ',' && !*++s)
+			return -EINVAL;
+	}
+	if (!bits)
+		return -EINVAL;
+	*out = bits;
+	return 0;
 }
 
 static void bench_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]\n\n"
+		"usage: mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]\n"
+		"                             [--patterns=unary,streams,large]\n\n"
 		"  --target=HOST:PORT  a mooncaked started with --diag-service (default: an\n"
 		"                      in-process server on 127.0.0.1:0 on its own thread)\n"
 		"  --duration=DURATION how long each figure is measured\n"
-		"  --size=SIZE         payload of the large-message echo\n\n"
+		"  --size=SIZE         payload of the large-message echo\n"
+		"  --patterns=LIST     which to run (default all): unary (1 call in flight),\n"
+		"                      streams (%d in flight), large (the --size echo)\n\n"
 		"Unary calls/s and p50/p99 latency with 1 and %d calls in flight on one\n"
 		"connection, and large-message echo throughput, each beside the same pattern\n"
 		"against a plain libuv TCP echo server (4-byte length framing) in this process,\n"
-		"and the ratio gRPC/TCP. Figures are measurements, never pass/fail.\n",
-		MANY_STREAMS);
+		"and the ratio gRPC/TCP, and the CPU time a call costs the client's and the\n"
+		"in-process server's threads (steadier than calls/s on a loaded machine).\n"
+		"Figures are measurements, never pass/fail.\n",
+		MANY_STREAMS, MANY_STREAMS);
 }
 
 int ctl_bench_main(int argc, char **argv)
 {
-	const char *target = NULL, *dur_s = "3s", *size_s = "16M", *v;
+	const char *target = NULL, *dur_s = "3s", *size_s = "16M", *patterns_s = NULL, *v;
+	unsigned patterns = 7;
 	uint64_t duration_ms, size;
 
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
@@ -691,16 +791,21 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "master") == 0)
 		return ctl_bench_master_main(argc - 1, argv + 1);
+	if (strcmp(argv[1], "resync") == 0)
+		return ctl_bench_resync_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "store") == 0)
 		return ctl_bench_store_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "ssd") == 0)
 		return ctl_bench_ssd_main(argc - 1, argv + 1);
+	if (strcmp(argv[1], "sessions") == 0)
+		return ctl_bench_sessions_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "meta") == 0)
 		return ctl_bench_meta_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "transfer") == 0)
 		return ctl_bench_transfer_main(argc - 1, argv + 1);
 	if (strcmp(argv[1], "rpc") != 0) {
-		fprintf(stderr, "mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, meta, transfer, store, ssd)\n",
+		fprintf(stderr,
+			"mooncakectl bench: unknown benchmark \"%s\" (try: rpc, master, resync, meta, transfer, store, sessions, ssd)\n",
 			argv[1]);
 		return CTL_EXIT_USAGE;
 	}
@@ -714,14 +819,18 @@ int ctl_bench_main(int argc, char **argv)
 			dur_s = v;
 		} else if (ctl_flag_value(argc, argv, &i, "size", &v)) {
 			size_s = v;
+		} else if (ctl_flag_value(argc, argv, &i, "patterns", &v)) {
+			patterns_s = v;
 		} else {
-			fprintf(stderr, "mooncakectl bench rpc: unknown argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench rpc: unknown argument \"%s\"\n",
+				argv[i]);
 			bench_usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
 	}
 	if (!dur_s || cfg_parse_duration_ms(dur_s, &duration_ms) || duration_ms == 0) {
-		fprintf(stderr, "mooncakectl bench rpc: bad --duration (want e.g. 500ms, 3s)\n");
+		fprintf(stderr,
+			"mooncakectl bench rpc: bad --duration (want e.g. 500ms, 3s)\n");
 		return CTL_EXIT_USAGE;
 	}
 	if (!size_s || cfg_parse_size(size_s, &size) || size == 0 || size > (1ull << 30)) {
@@ -730,6 +839,13 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	if (target && !*target) {
 		fprintf(stderr, "mooncakectl bench rpc: empty --target\n");
+		return CTL_EXIT_USAGE;
+	}
+	if (patterns_s && parse_patterns(patterns_s, &patterns)) {
+		fprintf(stderr,
+			"mooncakectl bench rpc: bad --patterns \"%s\" (want a comma-separated "
+			"list of unary, streams, large)\n",
+			patterns_s);
 		return CTL_EXIT_USAGE;
 	}
 
@@ -761,7 +877,8 @@ int ctl_bench_main(int argc, char **argv)
 	tcp_started = true;
 	if (!target) {
 		if (srv_start(&rpc_srv, false, max_msg)) {
-			fprintf(stderr, "mooncakectl bench rpc: gRPC server: %s\n", rpc_srv.err);
+			fprintf(stderr, "mooncakectl bench rpc: gRPC server: %s\n",
+				rpc_srv.err);
 			rpc_started = true;
 			goto out;
 		}
@@ -780,41 +897,54 @@ int ctl_bench_main(int argc, char **argv)
 	printf("mooncakectl bench rpc: gRPC (mooncake rpc, HTTP/2 cleartext) vs plain TCP echo\n"
 	       "  (libuv, 4-byte length framing), loopback, client on this thread\n");
 	printf("  gRPC server: %s%s\n", target,
-	       rpc_started ? " (in process, own thread and loop)" : " (mooncaked --diag-service)");
-	printf("  TCP echo:    127.0.0.1:%d (in process, own thread and loop)\n", tcp_srv.port);
+	       rpc_started ? " (in process, own thread and loop)"
+			   : " (mooncaked --diag-service)");
+	printf("  TCP echo:    127.0.0.1:%d (in process, own thread and loop)\n",
+	       tcp_srv.port);
 	printf("  %.1f s per figure; unary payload %d B; large message %llu bytes; one connection\n"
 	       "  per server; ratio = gRPC / TCP (above 1 is faster for calls/s and GB/s,\n"
 	       "  slower for latency)\n\n",
 	       (double)duration_ms / 1000, SMALL_PAYLOAD_BYTES, (unsigned long long)size);
-	printf("%-20s %-10s %12s %12s %10s\n", "pattern", "figure", "gRPC", "TCP echo", "ratio");
+	printf("%-20s %-10s %12s %12s %10s\n", "pattern", "figure", "gRPC", "TCP echo",
+	       "ratio");
 
+	const struct srv_thread *gs = rpc_started ? &rpc_srv : NULL;
 	/* Warm-up: connections made, allocator and caches primed. */
-	run_grpc(&loop, cli, 1, small, sizeof(small), MC_MIN(duration_ms, 200), &g[0]);
+	run_grpc(&loop, cli, gs, 1, small, sizeof(small), MC_MIN(duration_ms, 200), &g[0]);
 	if (!g[0].ok) {
 		fprintf(stderr, "mooncakectl bench rpc: %s: %s\n", target, g[0].err);
 		goto out_client;
 	}
-	run_tcp(&loop, tcp_srv.port, 1, small, sizeof(small), MC_MIN(duration_ms, 200), &t[0]);
+	run_tcp(&loop, &tcp_srv, 1, small, sizeof(small), MC_MIN(duration_ms, 200), &t[0]);
 
-	run_grpc(&loop, cli, 1, small, sizeof(small), duration_ms, &g[0]);
-	run_tcp(&loop, tcp_srv.port, 1, small, sizeof(small), duration_ms, &t[0]);
-	report("unary, 1 stream", &g[0], &t[0], false);
-	run_grpc(&loop, cli, MANY_STREAMS, small, sizeof(small), duration_ms, &g[1]);
-	run_tcp(&loop, tcp_srv.port, MANY_STREAMS, small, sizeof(small), duration_ms, &t[1]);
-	report("unary, 64 streams", &g[1], &t[1], false);
-	run_grpc(&loop, cli, 1, big, size, duration_ms, &g[2]);
-	run_tcp(&loop, tcp_srv.port, 1, big, size, duration_ms, &t[2]);
-	char name[32];
-	if (size % (1u << 20) == 0)
-		snprintf(name, sizeof(name), "%llu MiB echo", (unsigned long long)(size >> 20));
-	else
-		snprintf(name, sizeof(name), "%llu B echo", (unsigned long long)size);
-	report(name, &g[2], &t[2], true);
-	printf("\n  %s: %.1f round trips/s, p50 %.2f ms; GB/s counts request and response\n"
-	       "  payload bytes (1 GB = 1e9 bytes), one message in flight\n",
-	       name, g[2].calls_per_s, g[2].p50_us / 1000);
-	rc = g[0].ok && g[1].ok && g[2].ok && t[0].ok && t[1].ok && t[2].ok ? CTL_EXIT_OK
-									      : CTL_EXIT_FAIL;
+	static const char *const names[] = {"unary, 1 stream", "unary, 64 streams"};
+	const unsigned conc[] = {1, MANY_STREAMS, 1};
+	bool ok = true;
+	for (int i = 0; i < 3; i++) {
+		if (!(patterns & (1u << i)))
+			continue;
+		const uint8_t *p = i < 2 ? small : big;
+		size_t len = i < 2 ? sizeof(small) : size;
+		run_grpc(&loop, cli, gs, conc[i], p, len, duration_ms, &g[i]);
+		run_tcp(&loop, &tcp_srv, conc[i], p, len, duration_ms, &t[i]);
+		ok = ok && g[i].ok && t[i].ok;
+		if (i < 2) {
+			report(names[i], &g[i], &t[i], false);
+			continue;
+		}
+		char name[32];
+		if (size % (1u << 20) == 0)
+			snprintf(name, sizeof(name), "%llu MiB echo",
+				 (unsigned long long)(size >> 20));
+		else
+			snprintf(name, sizeof(name), "%llu B echo", (unsigned long long)size);
+		report(name, &g[i], &t[i], true);
+		printf("\n  %s: %.1f round trips/s, p50 %.2f ms; GB/s counts request and response\n"
+		       "  payload bytes (1 GB = 1e9 bytes), one message in flight\n",
+		       name, g[i].calls_per_s, g[i].p50_us / 1000);
+	}
+	printf("  CPU us/call: the client's and the in-process server's threads, per call\n");
+	rc = ok ? CTL_EXIT_OK : CTL_EXIT_FAIL;
 out_client:
 	rpc_client_free(cli);
 	uv_run(&loop, UV_RUN_DEFAULT);

@@ -26,17 +26,17 @@
 #define FLOOR_SPIN_NS 50000ull
 
 struct ctl_floor {
-	int fd[2];             /* [0] the client's end, [1] the server's */
+	int fd[2]; /* [0] the client's end, [1] the server's */
 	pthread_t server, helper;
 	bool has_server, has_helper;
-	uint8_t *set;          /* nvals values of size bytes (owned) */
-	uint8_t *dst;          /* the client's buffer (its worker's) */
+	uint8_t *set; /* nvals values of size bytes (owned) */
+	uint8_t *dst; /* the client's buffer (its worker's) */
 	size_t size, nvals;
-	size_t half;           /* the helper's part (the end), 0: no helper */
+	size_t half; /* the helper's part (the end), 0: no helper */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	const uint8_t *job;    /* the helper's half, NULL: none (under mu) */
-	bool quit;             /* under mu */
+	const uint8_t *job; /* the helper's half, NULL: none (under mu) */
+	bool quit;          /* under mu */
 	atomic_bool half_done;
 };
 

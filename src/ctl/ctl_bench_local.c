@@ -2,10 +2,12 @@
  * ctl_bench_local: the servers `mooncakectl bench store` starts for
  * itself (ctl_bench_store.h): a master and two agents (mooncaked next to
  * mooncakectl) and redis-server when installed, each a child process
- * logging into a temporary directory, all on loopback ports picked free.
+ * logging into a temporary directory, all on loopback ports picked free;
+ * the agents prove a cluster secret made in that directory.
  * Stopping them removes the directory; a process that died first is
  * reported with the end of its log.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -17,13 +19,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/util.h"
 #include "ctl/ctl_bench_store.h"
 
 static int free_port(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(sa);
 	int port = -1;
 	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
@@ -118,19 +122,29 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 		cl->dir[0] = '\0';
 		return -errno;
 	}
-	char daemon[600];
+	char daemon[600], secret[sizeof(cl->dir) + 16];
 	sibling(daemon, sizeof(daemon), "mooncaked");
+	/* The two agents move bytes to each other: they prove one secret
+	 * (each would make its own in its data directory). */
+	snprintf(secret, sizeof(secret), "%s/cluster.secret", cl->dir);
+	int rc = mc_secret_create(secret);
+	if (rc)
+		return rc;
 	int mport = free_port(), mhttp = free_port();
 	snprintf(cl->master, sizeof(cl->master), "127.0.0.1:%d", mport);
 	char a[16][192];
 	int k = 0;
-	int rc = 0;
 #define ARG(...) (snprintf(a[k], sizeof(a[k]), __VA_ARGS__), a[k++])
 	if (separate) {
-		char *mv[] = {daemon, "--role=master", ARG("--data-dir=%s/master", cl->dir),
-			      "--config=", "--meta-endpoints=",
+		char *mv[] = {daemon,
+			      "--role=master",
+			      ARG("--data-dir=%s/master", cl->dir),
+			      "--config=",
+			      "--meta-endpoints=",
 			      ARG("--master-listen=%s", cl->master),
-			      ARG("--master-http=127.0.0.1:%d", mhttp), "--log-level=warn", NULL};
+			      ARG("--master-http=127.0.0.1:%d", mhttp),
+			      "--log-level=warn",
+			      NULL};
 		rc = spawn(cl, "master", mv);
 	}
 	for (int i = 0; rc == 0 && i < 2; i++) {
@@ -139,20 +153,121 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 		char dir[sizeof(cl->dir)]; /* (not cl's own: snprintf's restrict) */
 		memcpy(dir, cl->dir, sizeof(dir));
 		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
-		char *av[] = {daemon, with_master ? "--role=master,agent" : "--role=agent",
-			      ARG("--data-dir=%s/agent%d", cl->dir, i), "--config=",
-			      "--meta-endpoints=", ARG("--master-address=%s", cl->master),
+		char *av[] = {daemon,
+			      with_master ? "--role=master,agent" : "--role=agent",
+			      ARG("--data-dir=%s/agent%d", cl->dir, i),
+			      "--config=",
+			      "--meta-endpoints=",
+			      ARG("--master-address=%s", cl->master),
 			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
 			      ARG("--agent-http=127.0.0.1:%d", free_port()),
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
+			      ARG("--cluster-secret-file=%s", secret),
 			      "--log-level=warn",
-			      with_master ? ARG("--master-listen=%s", cl->master) : NULL,
-			      with_master ? ARG("--master-http=127.0.0.1:%d", mhttp) : NULL, NULL};
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL,
+			      NULL};
+		char **more = &av[12];
+		if (with_master) {
+			*more++ = ARG("--master-listen=%s", cl->master);
+			*more++ = ARG("--master-http=127.0.0.1:%d", mhttp);
+		}
+		if (cl->ssd_dir) {
+			*more++ = ARG("--ssd-path=%s/agent%d", cl->ssd_dir, i);
+			*more++ = ARG("--ssd-size=%llu", (unsigned long long)cl->ssd_bytes);
+			*more++ = "--ssd-promote-on-hit=false";
+			/* Evicted past half, down to a quarter: puts never wait
+			 * for the space of deleted objects to be synced (bench
+			 * ssd keeps its store within a quarter the same way). */
+			*more++ = "--ssd-high-watermark-ratio=0.5";
+			*more++ = "--ssd-eviction-ratio=0.25";
+		}
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
 	}
 #undef ARG
 	return rc;
+}
+
+pid_t ctl_local_pid(const struct ctl_local *cl, const char *name)
+{
+	for (int i = 0; i < cl->nprocs; i++)
+		if (cl->procs[i].pid > 0 && strcmp(cl->procs[i].name, name) == 0)
+			return cl->procs[i].pid;
+	return -1;
+}
+
+/* The first number after `field` in a /proc file (0: none). */
+static uint64_t proc_field(const char *path, const char *field)
+{
+	FILE *f = fopen(path, "re");
+	char line[256];
+	unsigned long long v = 0;
+	size_t fl = strlen(field);
+	while (f && fgets(line, sizeof(line), f))
+		if (strncmp(line, field, fl) == 0) {
+			v = strtoull(line + fl, NULL, 10);
+			break;
+		}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+int ctl_proc_usage(pid_t pid, struct ctl_usage *u)
+{
+	char path[96];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	memset(u, 0, sizeof(*u));
+	for (struct dirent *e; (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat", (int)pid,
+			 e->d_name);
+		u->cpu_ns += proc_field(path, "");
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/status", (int)pid,
+			 e->d_name);
+		u->wakeups += proc_field(path, "voluntary_ctxt_switches:");
+	}
+	closedir(d);
+	return 0;
+}
+
+int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	memset(m, 0, sizeof(*m));
+	for (struct dirent *e; (e = readdir(d)) != NULL;)
+		m->fds += e->d_name[0] != '.';
+	closedir(d);
+	snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	/* Every mapping's Rss but the DRAM segment's: the agent fills that
+	 * in the background after its start, whatever the sessions do. */
+	bool segment = false;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long kb, lo, hi;
+		if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2)
+			segment = strstr(line, "memfd:mooncake-segment") != NULL;
+		else if (!segment && sscanf(line, "Rss: %llu kB", &kb) == 1)
+			m->rss_bytes += kb * 1024;
+	}
+	fclose(f);
+	return 0;
 }
 
 int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)
@@ -163,7 +278,8 @@ int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)
 		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
 		rc = mc_open_ex(&o, out);
 		if (rc == 0) {
-			rc = mc_put(*out, "bench/probe", 11, "x", 1, &(struct mc_put_opts){.upsert = 1});
+			rc = mc_put(*out, "bench/probe", 11, "x", 1,
+				    &(struct mc_put_opts){.upsert = 1});
 			if (rc == 0) {
 				(void)mc_remove(*out, "bench/probe", 11, 1);
 				return 0;
@@ -201,7 +317,9 @@ int ctl_local_start_redis(struct ctl_local *cl)
 	char port[16], dir[96];
 	snprintf(port, sizeof(port), "%d", cl->redis_port);
 	snprintf(dir, sizeof(dir), "%s", cl->dir);
-	char *argv[] = {exe, "--port", port, "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "no", "--dir", dir, "--protected-mode", "no", NULL};
+	char *argv[] = {exe,         "--port", port, "--bind",
+			"127.0.0.1", "--save", "",   "--appendonly",
+			"no",        "--dir",  dir,  "--protected-mode",
+			"no",        NULL};
 	return spawn(cl, "redis", argv);
 }

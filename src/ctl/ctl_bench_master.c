@@ -46,100 +46,6 @@
 #define KEY_FMT "bench/%012" PRIu64
 #define TIMEOUT_MS 60000
 
-/* ---------------------------------------------------------------- server thread */
-
-struct msrv {
-	pthread_t tid;
-	uv_loop_t loop;
-	uv_async_t stop;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool ready, stopped_master;
-	int port;
-	struct metrics_registry *reg;
-	struct rpc_server *rpc;
-	struct master *m;
-};
-
-static void srv_rpc_done(struct rpc_server *s, void *ud)
-{
-	struct msrv *t = ud;
-	master_free(t->m);
-	t->m = NULL;
-	rpc_server_free(s);
-}
-
-static void srv_master_stopped(void *ud)
-{
-	struct msrv *t = ud;
-	rpc_server_shutdown(t->rpc, 1000, srv_rpc_done, t);
-}
-
-static void srv_on_stop(uv_async_t *a)
-{
-	struct msrv *t = MC_CONTAINER_OF(a, struct msrv, stop);
-	uv_close((uv_handle_t *)a, NULL);
-	if (t->m)
-		master_stop(t->m, srv_master_stopped, t);
-	else if (t->rpc)
-		rpc_server_shutdown(t->rpc, 0, srv_rpc_done, t);
-}
-
-static void *srv_main(void *arg)
-{
-	struct msrv *t = arg;
-	struct rpc_server_opts so = {.name = "bench-master", .max_message_bytes = 256u << 20,
-				     .metrics = t->reg};
-	int rc = rpc_server_new(&t->loop, &so, &t->rpc);
-	if (rc == 0)
-		rc = rpc_diag_add(t->rpc);
-	struct master_opts mo = {
-		.loop = &t->loop, .rpc = t->rpc, .metrics = t->reg, .listen = "127.0.0.1:0",
-		.cluster_id = "bench", .meta_endpoints = "", .agent_ttl_ms = 3600000,
-		.put_timeout_ms = 3600000, .lease_ttl_ms = 5000, .leader_lease_ttl_ms = 5000,
-		.high_watermark = 0.9, .eviction_ratio = 0.1,
-	};
-	if (rc == 0)
-		rc = master_new(&mo, &t->m);
-	if (rc == 0)
-		rc = rpc_server_listen(t->rpc, "127.0.0.1:0");
-	pthread_mutex_lock(&t->mu);
-	t->port = rc == 0 ? rpc_server_port(t->rpc, 0) : 0;
-	t->ready = true;
-	pthread_cond_signal(&t->cv);
-	pthread_mutex_unlock(&t->mu);
-	uv_run(&t->loop, UV_RUN_DEFAULT);
-	return NULL;
-}
-
-static int srv_start(struct msrv *t)
-{
-	memset(t, 0, sizeof(*t));
-	pthread_mutex_init(&t->mu, NULL);
-	pthread_cond_init(&t->cv, NULL);
-	t->reg = metrics_registry_new();
-	if (!t->reg || uv_loop_init(&t->loop))
-		return -ENOMEM;
-	uv_async_init(&t->loop, &t->stop, srv_on_stop);
-	if (pthread_create(&t->tid, NULL, srv_main, t))
-		return -EAGAIN;
-	pthread_mutex_lock(&t->mu);
-	while (!t->ready)
-		pthread_cond_wait(&t->cv, &t->mu);
-	pthread_mutex_unlock(&t->mu);
-	return t->port ? 0 : -EADDRNOTAVAIL;
-}
-
-static void srv_stop(struct msrv *t)
-{
-	uv_async_send(&t->stop);
-	pthread_join(t->tid, NULL);
-	(void)uv_loop_close(&t->loop);
-	metrics_registry_free(t->reg);
-	pthread_mutex_destroy(&t->mu);
-	pthread_cond_destroy(&t->cv);
-}
-
 /* ---------------------------------------------------------------- driver */
 
 /* A pipelined closed loop: `inflight` slots each issue a step, and on its
@@ -194,6 +100,14 @@ static void step_done(struct run *r, unsigned slot)
 static void fill_key(char *buf, size_t len, uint64_t i)
 {
 	snprintf(buf, len, KEY_FMT, i);
+}
+
+/* The i-th key a reader asks for, of the first limit put: scattered, so
+ * that reads do not walk the index in the order its objects were
+ * allocated (which a cache would favour). */
+static uint64_t pick_key(uint64_t i, uint64_t limit)
+{
+	return (i * 0x9e3779b97f4a7c15ull >> 16) % limit;
 }
 
 /* ---- unary put: PutStart then PutEnd */
@@ -258,13 +172,14 @@ static void on_get(void *ud, int status, const char *msg, const ProtobufCMessage
 static int issue_get(struct run *r, unsigned slot)
 {
 	char key[40];
-	fill_key(key, sizeof(key), r->next_key++ % r->key_limit);
-	Mooncake__Master__GetReplicasRequest req = MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
+	fill_key(key, sizeof(key), pick_key(r->next_key++, r->key_limit));
+	Mooncake__Master__GetReplicasRequest req =
+		MOONCAKE__MASTER__GET_REPLICAS_REQUEST__INIT;
 	req.key.data = (uint8_t *)key;
 	req.key.len = strlen(key);
 	return rpc_client_unary(r->c, "/mooncake.master.Master/GetReplicas", &req.base,
-				&mooncake__master__get_replicas_response__descriptor, TIMEOUT_MS,
-				on_get, &slots[slot], NULL);
+				&mooncake__master__get_replicas_response__descriptor,
+				TIMEOUT_MS, on_get, &slots[slot], NULL);
 }
 
 /* ---- batches */
@@ -296,10 +211,12 @@ static void keyset_free(struct keyset *k)
 	memset(k, 0, sizeof(*k));
 }
 
+/* Keys first.. in order, or (modulo) n picked among the first modulo. */
 static void keyset_fill(struct keyset *k, unsigned n, uint64_t first, uint64_t modulo)
 {
 	for (unsigned i = 0; i < n; i++) {
-		fill_key(k->keys[i], sizeof(k->keys[i]), modulo ? (first + i) % modulo : first + i);
+		fill_key(k->keys[i], sizeof(k->keys[i]),
+			 modulo ? pick_key(first + i, modulo) : first + i);
 		k->bin[i].data = (uint8_t *)k->keys[i];
 		k->bin[i].len = strlen(k->keys[i]);
 		mooncake__master__put_start_request__init(&k->items[i]);
@@ -355,12 +272,13 @@ static int issue_bput(struct run *r, unsigned slot)
 		return -ERANGE; /* fill done */
 	keyset_fill(&ks[slot], r->batch, r->next_key, 0);
 	r->next_key += r->batch;
-	Mooncake__Master__BatchPutStartRequest req = MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
+	Mooncake__Master__BatchPutStartRequest req =
+		MOONCAKE__MASTER__BATCH_PUT_START_REQUEST__INIT;
 	req.items = ks[slot].iptr;
 	req.n_items = r->batch;
 	return rpc_client_unary(r->c, "/mooncake.master.Master/BatchPutStart", &req.base,
-				&mooncake__master__batch_put_start_response__descriptor, TIMEOUT_MS,
-				on_bput_start, &slots[slot], NULL);
+				&mooncake__master__batch_put_start_response__descriptor,
+				TIMEOUT_MS, on_bput_start, &slots[slot], NULL);
 }
 
 static void on_bget(void *ud, int status, const char *msg, const ProtobufCMessage *resp)
@@ -404,8 +322,8 @@ static int issue_echo(struct run *r, unsigned slot)
 	req.payload.len = r->echo_len;
 	req.response_bytes = r->echo_reply;
 	return rpc_client_unary(r->c, "/mooncake.diag.Diag/Echo", &req.base,
-				&mooncake__diag__echo_response__descriptor, TIMEOUT_MS, on_echo,
-				&slots[slot], NULL);
+				&mooncake__diag__echo_response__descriptor, TIMEOUT_MS,
+				on_echo, &slots[slot], NULL);
 }
 
 /* Run r with n slots for duration_ms (0: until issue refuses). Returns
@@ -446,8 +364,9 @@ static void heartbeat(struct rpc_client *c, const Mooncake__Master__HeartbeatReq
 {
 	ProtobufCMessage *out = NULL;
 	char err[256];
-	if (sync_call(c, "Heartbeat", &hb->base, &mooncake__master__heartbeat_response__descriptor,
-		      &out, err, sizeof(err)) == RPC_OK)
+	if (sync_call(c, "Heartbeat", &hb->base,
+		      &mooncake__master__heartbeat_response__descriptor, &out, err,
+		      sizeof(err)) == RPC_OK)
 		protobuf_c_message_free_unpacked(out, NULL);
 }
 
@@ -465,6 +384,95 @@ static void row(const char *name, double v, double limit, const char *unit)
 	fflush(stdout);
 }
 
+/* ---------------------------------------------------------------- scale */
+
+#define SCALE_SMALL_OBJECTS 10000
+#define SCALE_TARGET 0.8
+
+/* Operations measured at two sizes of the index. */
+enum { SC_GET, SC_BGET, SC_BPUT, SC_N };
+
+struct scale_fig {
+	double ops[SC_N];    /* keys per second */
+	double cpu_us[SC_N]; /* the master thread's CPU per key; 0: unknown */
+};
+
+/* Fill the index up to `objects` (no-op when it holds that many). */
+static int fill_to(struct run *r, uint64_t *written, uint64_t objects)
+{
+	if (objects <= *written)
+		return 0;
+	*r = (struct run){.loop = r->loop,
+			  .c = r->c,
+			  .issue = issue_bput,
+			  .batch = FILL_BATCH,
+			  .next_key = *written,
+			  .key_limit = objects};
+	if (drive(r, BATCH_INFLIGHT, 0) < 0)
+		return -1;
+	*written = MC_MAX(*written, r->next_key);
+	return 0;
+}
+
+/* GetReplicas (unary, keys scattered over all `*written`), BatchGetReplicas
+ * and BatchPutStart+End of new keys (the index grows by what they put),
+ * with the master thread's CPU per key when it runs in this process
+ * (master_tid NULL: it does not). */
+static int scale_measure(struct run *r, uint64_t *written, unsigned batch,
+			 uint64_t duration_ms, const pthread_t *master_tid,
+			 struct scale_fig *f)
+{
+	static const issue_fn fns[SC_N] = {issue_get, issue_bget, issue_bput};
+	const unsigned inflight[SC_N] = {UNARY_INFLIGHT, BATCH_INFLIGHT, BATCH_INFLIGHT};
+	for (int i = 0; i < SC_N; i++) {
+		*r = (struct run){.loop = r->loop,
+				  .c = r->c,
+				  .issue = fns[i],
+				  .batch = batch,
+				  .key_limit = i == SC_BPUT ? 0 : *written,
+				  .next_key = i == SC_BPUT ? *written : 0};
+		uint64_t cpu0 = master_tid ? ctl_thread_cpu_ns(*master_tid) : 0;
+		double steps = drive(r, inflight[i], duration_ms);
+		if (steps < 0)
+			return -1;
+		uint64_t cpu1 = master_tid ? ctl_thread_cpu_ns(*master_tid) : 0;
+		double keys = (double)r->steps * (i == SC_GET ? 1 : batch);
+		f->ops[i] = steps * (i == SC_GET ? 1 : batch);
+		f->cpu_us[i] = cpu0 && cpu1 > cpu0 && keys > 0
+				       ? (double)(cpu1 - cpu0) / 1e3 / keys
+				       : 0;
+		if (i == SC_BPUT)
+			*written = MC_MAX(*written, r->next_key);
+	}
+	return 0;
+}
+
+static void scale_report(const struct scale_fig *small, const struct scale_fig *big,
+			 uint64_t small_n, uint64_t big_n)
+{
+	static const char *const names[SC_N] = {"GetReplicas, unary x64",
+						"BatchGetReplicas x8",
+						"BatchPutStart+BatchPutEnd x8"};
+	printf("\nops/s and master CPU per key at %" PRIu64 " and %" PRIu64
+	       " objects (ratio = large / small;\n"
+	       "target: ops/s ratio >= %.1f; CPU ratio above 1 is more CPU per key at scale)\n",
+	       small_n, big_n, SCALE_TARGET);
+	printf("%-30s %11s %11s %6s %9s %9s %6s\n", "operation", "ops/s small", "ops/s large",
+	       "ratio", "CPU us", "CPU us", "ratio");
+	for (int i = 0; i < SC_N; i++) {
+		char c0[16] = "n/a", c1[16] = "n/a", cr[16] = "-";
+		if (small->cpu_us[i] > 0 && big->cpu_us[i] > 0) {
+			snprintf(c0, sizeof(c0), "%.2f", small->cpu_us[i]);
+			snprintf(c1, sizeof(c1), "%.2f", big->cpu_us[i]);
+			snprintf(cr, sizeof(cr), "%.2f", big->cpu_us[i] / small->cpu_us[i]);
+		}
+		printf("%-30s %11.0f %11.0f %6.2f %9s %9s %6s\n", names[i], small->ops[i],
+		       big->ops[i], small->ops[i] > 0 ? big->ops[i] / small->ops[i] : 0, c0,
+		       c1, cr);
+	}
+	fflush(stdout);
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -474,12 +482,16 @@ static void usage(FILE *f)
 		"                      thread and loop); the Echo limit needs --diag-service\n"
 		"  --duration=D        how long each ops/s figure is measured\n"
 		"  --batch=N           keys per batch call\n"
-		"  --objects=N         objects put for the memory figure (10M takes a while)\n\n"
+		"  --objects=N         objects put for the memory and scale figures (10M takes\n"
+		"                      a while)\n\n"
 		"Metadata ops/s (PutStart+PutEnd, GetReplicas; unary with %d in flight and\n"
 		"batched with %d batches in flight), each beside Diag Echo of the same bytes and\n"
-		"concurrency from the same client (the RPC layer's ceiling), and the master's\n"
-		"index memory per object. Figures are measurements, never pass/fail.\n",
-		UNARY_INFLIGHT, BATCH_INFLIGHT);
+		"concurrency from the same client (the RPC layer's ceiling), the master's\n"
+		"index memory per object, and GetReplicas, BatchGetReplicas and batched puts\n"
+		"at %d objects and at --objects side by side, with the master thread's CPU\n"
+		"per key when it runs in this process. Figures are measurements, never\n"
+		"pass/fail.\n",
+		UNARY_INFLIGHT, BATCH_INFLIGHT, SCALE_SMALL_OBJECTS);
 }
 
 int ctl_bench_master_main(int argc, char **argv)
@@ -496,22 +508,15 @@ int ctl_bench_master_main(int argc, char **argv)
 			   cfg_parse_duration_ms(v, &duration_ms) == 0 && duration_ms) {
 		} else if (ctl_flag_value(argc, argv, &i, "batch", &v) && v &&
 			   cfg_parse_size(v, &batch) == 0 && batch && batch <= 100000) {
-		} else if (ctl_flag_value(argc, argv, &i, "objects", &v) && v &&
-			   cfg_parse_size(v, &objects) == 0 && objects) {
-			/* 1M = 2^20 with the size parser: count in decimal. */
-			if (strpbrk(v, "Mm"))
-				objects = objects / (1u << 20) * 1000000;
-			else if (strpbrk(v, "Kk"))
-				objects = objects / (1u << 10) * 1000;
-			else if (strpbrk(v, "Gg"))
-				objects = objects / (1u << 30) * 1000000000;
+		} else if (ctl_flag_value(argc, argv, &i, "objects", &v) &&
+			   ctl_parse_count(v, &objects) == 0) {
 		} else {
 			usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
 	}
 
-	struct msrv srv;
+	struct ctl_msrv *srv = NULL;
 	bool local = !target;
 	char addr[64];
 	int rc = CTL_EXIT_FAIL;
@@ -525,11 +530,11 @@ int ctl_bench_master_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	if (local) {
-		if (srv_start(&srv)) {
+		if (ctl_msrv_start(3600000, &srv)) {
 			fprintf(stderr, "mooncakectl bench master: cannot start a master\n");
 			goto out_loop;
 		}
-		snprintf(addr, sizeof(addr), "127.0.0.1:%d", srv.port);
+		snprintf(addr, sizeof(addr), "127.0.0.1:%d", ctl_msrv_port(srv));
 		target = addr;
 	}
 	struct rpc_client_opts co = {.max_message_bytes = 256u << 20, .metrics = reg};
@@ -553,7 +558,8 @@ int ctl_bench_master_main(int argc, char **argv)
 	seg.agent_id = agent;
 	seg.base_address = 1ull << 44;
 	seg.size = 1ull << 46;
-	Mooncake__Master__MountSegmentRequest mreq = MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
+	Mooncake__Master__MountSegmentRequest mreq =
+		MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
 	mreq.segment = &seg;
 	ProtobufCMessage *out = NULL;
 	int st = sync_call(c, "MountSegment", &mreq.base,
@@ -576,15 +582,25 @@ int ctl_bench_master_main(int argc, char **argv)
 	       "ratio = master / limit\n\n");
 	printf("%-34s %12s %12s %8s  %s\n", "operation", "master", "limit", "ratio", "unit");
 
+	/* The scale figures' first half: at SCALE_SMALL_OBJECTS objects. */
 	struct run r = {.loop = &loop, .c = c};
-	uint64_t base_key = 0;
+	uint64_t written = 0;
+	struct scale_fig sc_small, sc_big;
+	memset(&sc_small, 0, sizeof(sc_small));
+	memset(&sc_big, 0, sizeof(sc_big));
+	pthread_t tid = local ? ctl_msrv_thread(srv) : pthread_self();
+	const pthread_t *mtid = local ? &tid : NULL;
+	if (fill_to(&r, &written, SCALE_SMALL_OBJECTS) ||
+	    scale_measure(&r, &written, (unsigned)batch, duration_ms, mtid, &sc_small))
+		goto failed;
+	heartbeat(c, &hb);
+
 	/* put, unary */
-	r.issue = issue_put;
-	r.next_key = base_key;
+	r = (struct run){.loop = &loop, .c = c, .issue = issue_put, .next_key = written};
 	double put = drive(&r, UNARY_INFLIGHT, duration_ms);
 	if (put < 0)
 		goto failed;
-	uint64_t written = r.next_key;
+	written = r.next_key;
 	/* Echo of a PutStart-sized exchange (two calls per put). */
 	Mooncake__Master__PutStartRequest psr = MOONCAKE__MASTER__PUT_START_REQUEST__INIT;
 	char k0[40];
@@ -610,7 +626,10 @@ int ctl_bench_master_main(int argc, char **argv)
 	row("GetReplicas, unary x64", get, echo1 > 0 ? echo1 : 0, "gets/s");
 	heartbeat(c, &hb);
 
-	r = (struct run){.loop = &loop, .c = c, .issue = issue_bput, .batch = (unsigned)batch,
+	r = (struct run){.loop = &loop,
+			 .c = c,
+			 .issue = issue_bput,
+			 .batch = (unsigned)batch,
 			 .next_key = written};
 	double bput = drive(&r, BATCH_INFLIGHT, duration_ms);
 	if (bput < 0)
@@ -626,13 +645,20 @@ int ctl_bench_master_main(int argc, char **argv)
 	if (!bpay)
 		goto failed;
 	memset(bpay, 'k', breq * 2 + 1);
-	e = (struct run){.loop = &loop, .c = c, .issue = issue_echo, .echo_payload = bpay,
-			 .echo_len = breq, .echo_reply = batch * 48};
+	e = (struct run){.loop = &loop,
+			 .c = c,
+			 .issue = issue_echo,
+			 .echo_payload = bpay,
+			 .echo_len = breq,
+			 .echo_reply = batch * 48};
 	double echob = drive(&e, BATCH_INFLIGHT, duration_ms);
 	row("BatchPutStart+BatchPutEnd x8", bput * (double)batch,
 	    echob > 0 ? echob * (double)batch / 2 : 0, "puts/s");
 
-	r = (struct run){.loop = &loop, .c = c, .issue = issue_bget, .batch = (unsigned)batch,
+	r = (struct run){.loop = &loop,
+			 .c = c,
+			 .issue = issue_bget,
+			 .batch = (unsigned)batch,
 			 .key_limit = written};
 	double bget = drive(&r, BATCH_INFLIGHT, duration_ms);
 	if (bget < 0) {
@@ -654,7 +680,8 @@ int ctl_bench_master_main(int argc, char **argv)
 	row("BatchGetReplicas x8", bget * (double)batch, echob > 0 ? echob * (double)batch : 0,
 	    "gets/s");
 	if (e.err_status)
-		printf("  (no Echo limit: %s — start the target with --diag-service)\n", e.err);
+		printf("  (no Echo limit: %s — start the target with --diag-service)\n",
+		       e.err);
 
 	/* Memory: fill up to --objects in batches of FILL_BATCH. */
 	heartbeat(c, &hb);
@@ -662,32 +689,38 @@ int ctl_bench_master_main(int argc, char **argv)
 	uint64_t before = written;
 	if (objects > written) {
 		uint64_t t0 = uv_hrtime();
-		r = (struct run){.loop = &loop, .c = c, .issue = issue_bput, .batch = FILL_BATCH,
-				 .next_key = written, .key_limit = objects};
-		if (drive(&r, BATCH_INFLIGHT, 0) < 0)
+		if (fill_to(&r, &written, objects))
 			goto failed;
-		written = MC_MAX(written, r.next_key);
 		printf("\nfilled to %" PRIu64 " objects in %.1f s\n", written,
 		       (double)(uv_hrtime() - t0) / 1e9);
 	}
 	Mooncake__Master__StatsRequest sreq = MOONCAKE__MASTER__STATS_REQUEST__INIT;
-	st = sync_call(c, "Stats", &sreq.base, &mooncake__master__stats_response__descriptor, &out,
-		       err, sizeof(err));
+	st = sync_call(c, "Stats", &sreq.base, &mooncake__master__stats_response__descriptor,
+		       &out, err, sizeof(err));
 	if (st != RPC_OK) {
-		fprintf(stderr, "mooncakectl bench master: Stats: %s %s\n", rpc_status_name(st), err);
+		fprintf(stderr, "mooncakectl bench master: Stats: %s %s\n",
+			rpc_status_name(st), err);
 		goto out_client;
 	}
 	const Mooncake__Master__StatsResponse *s = (const void *)out;
 	double rss2 = (double)mc_rss_bytes();
 	printf("\nmemory at %" PRIu64 " objects (keys %.1f B on average)\n", s->objects,
 	       s->objects ? (double)s->key_bytes / (double)s->objects : 0.0);
-	printf("  index, measured (malloc_usable_size)  %8.1f B/object + key   target <= 200\n",
+	printf("  index, measured (malloc_usable_size)  %8.1f B/object + key   target <= 100\n",
 	       s->bytes_per_object);
 	if (local && written > before)
 		printf("  process RSS growth (upper bound)      %8.1f B/object incl. key\n",
 		       (rss2 - rss1) / (double)(written - before));
 	(void)rss0;
+	uint64_t big_n = s->objects;
 	protobuf_c_message_free_unpacked(out, NULL);
+	fflush(stdout);
+
+	/* The scale figures' second half, at --objects. */
+	heartbeat(c, &hb);
+	if (scale_measure(&r, &written, (unsigned)batch, duration_ms, mtid, &sc_big))
+		goto failed;
+	scale_report(&sc_small, &sc_big, SCALE_SMALL_OBJECTS, big_n);
 	rc = CTL_EXIT_OK;
 	goto out_client;
 failed:
@@ -699,7 +732,7 @@ out_client:
 	uv_run(&loop, UV_RUN_DEFAULT);
 out_srv:
 	if (local)
-		srv_stop(&srv);
+		ctl_msrv_stop(srv);
 out_loop:
 	(void)uv_loop_close(&loop);
 	metrics_registry_free(reg);

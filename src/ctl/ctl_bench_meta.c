@@ -64,12 +64,12 @@ struct bm {
 	uint8_t *val;
 	uint64_t total, issued, done, failed;
 	bool get_phase;
-	uint8_t *acked;             /* per key: the put was acknowledged */
+	uint8_t *acked; /* per key: the put was acknowledged */
 	uint64_t lost, unacked_applied;
-	uint64_t rate;              /* requests started per second; 0: no cap */
+	uint64_t rate; /* requests started per second; 0: no cap */
 	uint64_t phase_t0;
 	uv_timer_t pace;
-	struct bclient **idle;      /* clients waiting for the pace */
+	struct bclient **idle; /* clients waiting for the pace */
 	size_t nidle;
 	FILE *latlog;
 	uint64_t *lat_ns;
@@ -97,7 +97,8 @@ static void on_done(void *ud, int status, const char *message, const ProtobufCMe
 	if (b->latlog && !b->get_phase) {
 		struct timeval tv;
 		gettimeofday(&tv, NULL);
-		fprintf(b->latlog, "%.3f %llu %d\n", (double)tv.tv_sec * 1e3 + tv.tv_usec / 1e3,
+		fprintf(b->latlog, "%.3f %llu %d\n",
+			(double)tv.tv_sec * 1e3 + tv.tv_usec / 1e3,
 			(unsigned long long)(b->lat_ns[b->done] / 1000), status == RPC_OK);
 	}
 	if (status == RPC_OK && !b->get_phase) {
@@ -129,7 +130,8 @@ static void issue(struct bclient *c)
 
 	if (b->issued >= b->total)
 		return;
-	if (b->rate && b->issued >= (mc_now_ns() - b->phase_t0) * b->rate / 1000000000ull + 1) {
+	if (b->rate &&
+	    b->issued >= (mc_now_ns() - b->phase_t0) * b->rate / 1000000000ull + 1) {
 		b->idle[b->nidle++] = c; /* started by on_pace when its turn comes */
 		return;
 	}
@@ -142,8 +144,8 @@ static void issue(struct bclient *c)
 		q.key.data = c->key;
 		q.key.len = b->key_size;
 		rc = rpc_client_unary(b->cli[c->conn], "/etcdserverpb.KV/Range", &q.base,
-				      &etcdserverpb__range_response__descriptor, CALL_TIMEOUT_MS,
-				      on_done, c, NULL);
+				      &etcdserverpb__range_response__descriptor,
+				      CALL_TIMEOUT_MS, on_done, c, NULL);
 	} else {
 		Etcdserverpb__PutRequest q = ETCDSERVERPB__PUT_REQUEST__INIT;
 		q.key.data = c->key;
@@ -258,7 +260,8 @@ static bool parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 int ctl_bench_meta_main(int argc, char **argv)
 {
 	const char *endpoints = NULL, *fsync_dir = NULL, *latlog = NULL, *v;
-	uint64_t clients = 64, conns = 8, key_size = 8, val_size = 256, total = 20000, rate = 0;
+	uint64_t clients = 64, conns = 8, key_size = 8, val_size = 256, total = 20000,
+		 rate = 0;
 	struct bm b;
 	struct metrics_registry *reg = NULL;
 	char *eps = NULL;
@@ -291,12 +294,14 @@ int ctl_bench_meta_main(int argc, char **argv)
 			fsync_dir = v;
 			ok = v && *v;
 		} else {
-			fprintf(stderr, "mooncakectl bench meta: unknown argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench meta: unknown argument \"%s\"\n",
+				argv[i]);
 			usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
 		if (!ok) {
-			fprintf(stderr, "mooncakectl bench meta: bad value in \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench meta: bad value in \"%s\"\n",
+				argv[i]);
 			return CTL_EXIT_USAGE;
 		}
 	}
@@ -388,7 +393,8 @@ int ctl_bench_meta_main(int argc, char **argv)
 	printf("  lost     %9llu of %llu acknowledged puts not read back%s (%llu failed puts "
 	       "applied anyway)\n",
 	       (unsigned long long)b.lost, (unsigned long long)(total - put.failed),
-	       get.failed ? ", among the keys read" : "", (unsigned long long)b.unacked_applied);
+	       get.failed ? ", among the keys read" : "",
+	       (unsigned long long)b.unacked_applied);
 	printf("RESULT put_ops=%.0f put_p50_ms=%.3f put_p99_ms=%.3f put_failed=%llu "
 	       "get_ops=%.0f get_p50_ms=%.3f get_p99_ms=%.3f get_failed=%llu fsync_per_s=%.0f "
 	       "lost=%llu\n",

@@ -231,103 +231,6 @@ static int run_store(struct bench *b, bool put, uint64_t ms, struct fig *f)
 	return b->err;
 }
 
-/* ---------------------------------------------------------------- fio */
-
-/* The number after "key": in the object "section" of fio's JSON output. */
-static bool json_num(const char *js, const char *section, const char *key, double *v)
-{
-	char pat[64];
-	snprintf(pat, sizeof(pat), "\"%s\" : {", section);
-	const char *p = strstr(js, pat);
-	if (!p)
-		return false;
-	snprintf(pat, sizeof(pat), "\"%s\"", key);
-	p = strstr(p, pat);
-	if (!p || !(p = strchr(p + strlen(pat), ':')))
-		return false;
-	*v = strtod(p + 1, NULL);
-	return true;
-}
-
-/* The clat percentile p ("50.000000") in ns, in section. */
-static bool json_pct(const char *js, const char *section, const char *p, double *v)
-{
-	char pat[64];
-	snprintf(pat, sizeof(pat), "\"%s\" : {", section);
-	const char *q = strstr(js, pat);
-	if (!q || !(q = strstr(q, "\"clat_ns\"")) || !(q = strstr(q, "\"percentile\"")))
-		return false;
-	snprintf(pat, sizeof(pat), "\"%s\"", p);
-	q = strstr(q, pat);
-	if (!q || !(q = strchr(q + strlen(pat), ':')))
-		return false;
-	*v = strtod(q + 1, NULL);
-	return true;
-}
-
-struct fio_fig {
-	double bw; /* bytes/s, summed over rounds */
-	double p50_us, p99_us;
-	unsigned runs;
-};
-
-/* Run fio once; false when it is missing or failed (message printed). */
-static bool run_fio(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
-		    bool write, uint64_t ms, struct fio_fig *f)
-{
-	char cmd[2048], out[700];
-	snprintf(out, sizeof(out), "%s.json", file);
-	snprintf(cmd, sizeof(cmd),
-		 "fio --name=ssd --filename=%s --size=%" PRIu64 " --bs=%" PRIu64
-		 " --direct=1 --ioengine=io_uring --iodepth=%u --rw=%s --time_based"
-		 " --runtime=%" PRIu64 "ms --ramp_time=0 --percentile_list=50:99"
-		 " --output-format=json --output=%s >/dev/null 2>&1",
-		 file, file_bytes, bs, depth, write ? "write" : "randread", ms, out);
-	int st = system(cmd);
-	if (st != 0) {
-		fprintf(stderr, "mooncakectl bench ssd: fio failed (%s; Debian package fio)\n",
-			WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "not installed"
-								: "exit status");
-		return false;
-	}
-	FILE *fp = fopen(out, "r");
-	if (!fp)
-		return false;
-	static char js[1 << 20];
-	size_t n = fread(js, 1, sizeof(js) - 1, fp);
-	fclose(fp);
-	unlink(out);
-	js[n] = 0;
-	const char *sec = write ? "write" : "read";
-	double bw, p50, p99;
-	if (!json_num(js, sec, "bw_bytes", &bw) || !json_pct(js, sec, "50.000000", &p50) ||
-	    !json_pct(js, sec, "99.000000", &p99)) {
-		fprintf(stderr, "mooncakectl bench ssd: cannot read fio's output\n");
-		return false;
-	}
-	f->bw += bw;
-	f->p50_us += p50 / 1000;
-	f->p99_us += p99 / 1000;
-	f->runs++;
-	return true;
-}
-
-/* Write fio's file once, whole. */
-static bool fio_fill(const char *file, uint64_t file_bytes)
-{
-	char cmd[1024];
-	snprintf(cmd, sizeof(cmd),
-		 "fio --name=fill --filename=%s --size=%" PRIu64 " --bs=4M --direct=1"
-		 " --ioengine=io_uring --iodepth=8 --rw=write >/dev/null 2>&1",
-		 file, file_bytes);
-	if (system(cmd) != 0) {
-		fprintf(stderr, "mooncakectl bench ssd: fio failed (Debian package fio; "
-				"--fio=off runs without it)\n");
-		return false;
-	}
-	return true;
-}
-
 /* Fill the store with 4 MiB values once, then empty it. */
 static int warm_up(struct bench *b, uint64_t bytes)
 {
@@ -509,7 +412,7 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	/* Both write their whole file once first: writes to blocks written
 	 * before cost less than to preallocated ones (no extent conversion),
 	 * and a cache tier past its first fill only overwrites. */
-	if (warm_up(&b, half) < 0 || (use_fio && !fio_fill(fiofile, half)))
+	if (warm_up(&b, half) < 0 || (use_fio && !ctl_fio_fill(fiofile, half)))
 		goto out;
 	printf("%-4s %6s  %10s %9s %9s  %10s %9s %9s  %6s\n", "op", "value", "store GB/s",
 	       "p50 us", "p99 us", "fio GB/s", "p50 us", "p99 us", "ratio");
@@ -542,7 +445,7 @@ int ctl_bench_ssd_main(int argc, char **argv)
 				ctl_lat_free(&fill.lat);
 			}
 			struct fig f = {0};
-			struct fio_fig ff = {0};
+			struct ctl_fio ff = {0};
 			bool fio_ok = use_fio;
 			for (unsigned r = 0; r < rounds; r++) {
 				rc = run_store(&b, put, ms / rounds, &f);
@@ -552,8 +455,8 @@ int ctl_bench_ssd_main(int argc, char **argv)
 					goto out;
 				}
 				if (fio_ok)
-					fio_ok = run_fio(fiofile, half, vsz, depth, put,
-							 ms / rounds, &ff);
+					fio_ok = ctl_fio_run(fiofile, half, vsz, depth, put,
+							     ms / rounds, &ff);
 			}
 			char vname[32];
 			if (vsz >= (1u << 20) && vsz % (1u << 20) == 0)

@@ -10,7 +10,10 @@
  *   view   mc_get_view of such a key (a read-only mapping of the agent's
  *          segment when the replica is local: zero copy), the bytes copied
  *          by the client into its buffer, mc_view_release (redis: GET);
- *   mixed  put and get alternating.
+ *   mixed  put and get alternating;
+ *   batch-put, batch-get  --batch values of new keys in one
+ *          mc_batch_put, or --batch keys of the set in one
+ *          mc_batch_get_into (redis: as many SETs or GETs pipelined).
  * Values live in buffers from mc_buffer_alloc (the agent maps them: zero
  * copy on the client side). "local": the client's own agent holds the
  * replica; "remote": it is on a second agent, reached through the
@@ -28,7 +31,11 @@
  * connection per thread (ctl_bench_local.c, ctl_redis.c). The limit:
  * memcpy bandwidth of the same number of threads over 16 MiB blocks; with
  * one client, the floor of a get (ctl_bench_floor.c) runs in the same
- * rounds. Nothing here is an assertion.
+ * rounds. Beside each figure, the CPU time an operation costs the client
+ * threads, the agents and the master (or redis-server), and the server
+ * side's wakeups per operation, from the processes the bench started
+ * (/proc: every thread's schedstat and voluntary context switches):
+ * where the time goes. Nothing here is an assertion.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/cfg.h"
@@ -49,8 +57,16 @@
 #define GET_SET_BYTES (64u << 20) /* per client, keys put before a get run */
 #define LIMIT_BLOCK (16u << 20)
 
-enum op { OP_PUT, OP_GET, OP_VIEW, OP_MIXED, NOPS };
-static const char *const op_names[NOPS] = {"put", "get", "view", "mixed"};
+#define MAX_BATCH CTL_REDIS_MAX_PIPELINE
+
+enum op { OP_PUT, OP_GET, OP_VIEW, OP_MIXED, OP_BPUT, OP_BGET, NOPS };
+static const char *const op_names[NOPS] = {"put",   "get",       "view",
+					   "mixed", "batch-put", "batch-get"};
+
+static bool op_batch(enum op op)
+{
+	return op == OP_BPUT || op == OP_BGET;
+}
 
 /* The values of a get set of one client (at least two): what the floor
  * and the latency limit read from. */
@@ -68,23 +84,25 @@ struct run {
 	enum op op;
 	enum target target;
 	size_t size;
-	unsigned nkeys;     /* get set per client */
+	unsigned nkeys; /* get set per client */
+	unsigned batch; /* values per call (1 but for batch ops) */
 	uint64_t stop_ns;
 	const char *remote_segment;
-	unsigned tag;       /* of this round's put keys */
-	unsigned gtag;      /* of the get set: the same in every round */
+	unsigned tag;  /* of this round's put keys */
+	unsigned gtag; /* of the get set: the same in every round */
 };
 
 struct worker {
 	pthread_t t;
 	unsigned id;
 	const struct run *r;
-	mc_client *c;       /* the session (local agent) */
-	int redis;          /* connection (redis target) */
+	mc_client *c;            /* the session (local agent) */
+	struct ctl_redis *redis; /* connection (redis target) */
 	struct ctl_floor *floor; /* the floor target's server (one client) */
-	void *buf;
+	void *buf;               /* room for a batch of values */
 	struct ctl_lat lat;
 	uint64_t ops, errors;
+	uint64_t cpu_ns, wakeups; /* of this thread in its run */
 	int first_err;
 	uint32_t rnd;
 };
@@ -95,14 +113,60 @@ static void key_of(char *k, size_t len, const struct run *r, unsigned id, const 
 		   uint64_t i)
 {
 	snprintf(k, len, "bench/%u/%s/%zu/%u/%llu", *kind == 'g' ? r->gtag : r->tag, kind,
-		 r->size, id,
-		 (unsigned long long)i);
+		 r->size, id, (unsigned long long)i);
+}
+
+/* One batch call of r->batch values (keys i*batch on for puts). */
+static int one_batch(struct worker *w, bool put, uint64_t i)
+{
+	const struct run *r = w->r;
+	char kb[MAX_BATCH][96];
+	const char *keys[MAX_BATCH];
+	const void *vals[MAX_BATCH];
+	void *bufs[MAX_BATCH];
+	size_t klens[MAX_BATCH], lens[MAX_BATCH];
+	int64_t got[MAX_BATCH];
+	int res[MAX_BATCH];
+	for (unsigned k = 0; k < r->batch; k++) {
+		if (put)
+			key_of(kb[k], sizeof(kb[k]), r, w->id, "put", i * r->batch + k);
+		else {
+			w->rnd = w->rnd * 1103515245u + 12345u;
+			key_of(kb[k], sizeof(kb[k]), r, w->id, "get",
+			       (w->rnd >> 8) % r->nkeys);
+		}
+		keys[k] = kb[k];
+		klens[k] = strlen(kb[k]);
+		bufs[k] = (uint8_t *)w->buf + (size_t)k * r->size;
+		vals[k] = bufs[k];
+		lens[k] = r->size;
+	}
+	int rc;
+	if (r->target == T_REDIS)
+		rc = put ? ctl_redis_set_n(w->redis, r->batch, keys, vals, r->size)
+			 : ctl_redis_get_n(w->redis, r->batch, keys, bufs, r->size, got);
+	else if (put)
+		rc = mc_batch_put(w->c, r->batch, (const void *const *)keys, klens, vals, lens,
+				  NULL, res);
+	else
+		rc = mc_batch_get_into(w->c, r->batch, (const void *const *)keys, klens, bufs,
+				       lens, got);
+	for (unsigned k = 0; k < r->batch && rc == 0; k++)
+		if (put && r->target != T_REDIS)
+			rc = res[k];
+		else if (!put)
+			rc = got[k] < 0                   ? (int)got[k]
+			     : got[k] == (int64_t)r->size ? 0
+							  : MC_EPROTOCOL;
+	return rc;
 }
 
 static int one(struct worker *w, bool put, uint64_t i)
 {
 	const struct run *r = w->r;
 	char key[96];
+	if (op_batch(r->op))
+		return one_batch(w, put, i);
 	if (put)
 		key_of(key, sizeof(key), r, w->id, "put", i);
 	else {
@@ -111,12 +175,19 @@ static int one(struct worker *w, bool put, uint64_t i)
 	}
 	if (r->target == T_FLOOR)
 		return ctl_floor_get(w->floor, w->rnd >> 8);
-	if (r->target == T_REDIS)
-		return put ? ctl_redis_set(w->redis, key, w->buf, r->size)
-			   : (int)MC_MIN(ctl_redis_get(w->redis, key, w->buf, r->size), 0);
+	if (r->target == T_REDIS) {
+		const char *keys[1] = {key};
+		const void *vals[1] = {w->buf};
+		void *bufs[1] = {w->buf};
+		int64_t got;
+		if (put)
+			return ctl_redis_set_n(w->redis, 1, keys, vals, r->size);
+		int rc = ctl_redis_get_n(w->redis, 1, keys, bufs, r->size, &got);
+		return rc ? rc : (int)MC_MIN(got, 0);
+	}
 	if (put) {
-		struct mc_put_opts o = {.preferred_segment =
-						r->target == T_REMOTE ? r->remote_segment : NULL};
+		struct mc_put_opts o = {
+			.preferred_segment = r->target == T_REMOTE ? r->remote_segment : NULL};
 		return mc_put_from(w->c, key, strlen(key), w->buf, r->size, &o);
 	}
 	if (r->op == OP_VIEW) {
@@ -134,15 +205,31 @@ static int one(struct worker *w, bool put, uint64_t i)
 	return n < 0 ? (int)n : 0;
 }
 
+/* This thread's CPU time and voluntary context switches so far. */
+static void thread_usage(struct ctl_usage *u)
+{
+	struct rusage ru;
+	memset(u, 0, sizeof(*u));
+	if (getrusage(RUSAGE_THREAD, &ru) != 0)
+		return;
+	u->cpu_ns = ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+			    1000000000u +
+		    ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
+	u->wakeups = (uint64_t)ru.ru_nvcsw;
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 	const struct run *r = w->r;
+	struct ctl_usage u0, u1;
+	thread_usage(&u0);
 	for (uint64_t i = 0;; i++) {
 		uint64_t t0 = mc_now_ns();
 		if (t0 >= r->stop_ns)
 			break;
-		bool put = r->op == OP_PUT || (r->op == OP_MIXED && (i & 1));
+		bool put = r->op == OP_PUT || r->op == OP_BPUT ||
+			   (r->op == OP_MIXED && (i & 1));
 		int rc = one(w, put, i);
 		uint64_t t1 = mc_now_ns();
 		if (rc) {
@@ -151,9 +238,12 @@ static void *worker_main(void *arg)
 				w->first_err = rc;
 			continue;
 		}
-		w->ops++;
+		w->ops += r->batch;
 		ctl_lat_add(&w->lat, t1 - t0);
 	}
+	thread_usage(&u1);
+	w->cpu_ns = u1.cpu_ns - u0.cpu_ns;
+	w->wakeups = u1.wakeups - u0.wakeups;
 	return NULL;
 }
 
@@ -164,7 +254,42 @@ struct tally {
 	int first_err;
 	bool ran;
 	struct ctl_lat lat;
+	/* CPU and wakeups: the client threads, the agents (redis-server for
+	 * redis), the master; usage false when the servers are not the
+	 * bench's own (--socket). */
+	uint64_t cli_ns, agent_ns, master_ns, srv_wakeups;
+	bool usage;
 };
+
+/* The servers a target's operations run through: the bench's own
+ * processes, -1 for none. */
+struct servers {
+	pid_t agent[2], master, redis;
+};
+
+/* The servers' usage summed: agents, master (or redis). */
+static int servers_usage(const struct servers *sv, enum target tg, struct ctl_usage *agent,
+			 struct ctl_usage *master)
+{
+	pid_t ag[2] = {tg == T_REDIS ? sv->redis : sv->agent[0],
+		       tg == T_REMOTE ? sv->agent[1] : -1};
+	pid_t ms = tg == T_REDIS ? -1 : sv->master;
+	memset(agent, 0, sizeof(*agent));
+	memset(master, 0, sizeof(*master));
+	if (ag[0] < 0)
+		return -ESRCH;
+	for (int i = 0; i < 2; i++) {
+		struct ctl_usage u;
+		if (ag[i] < 0)
+			continue;
+		int rc = ctl_proc_usage(ag[i], &u);
+		if (rc)
+			return rc;
+		agent->cpu_ns += u.cpu_ns;
+		agent->wakeups += u.wakeups;
+	}
+	return ms < 0 ? 0 : ctl_proc_usage(ms, master);
+}
 
 /* Put the get set of each client where it is missing (its first round,
  * or evicted since an earlier one, its lease over): through `through`
@@ -181,30 +306,40 @@ static int populate(struct worker *ws, unsigned n, const struct run *r, mc_clien
 		for (unsigned k = 0; k < r->nkeys; k++) {
 			char key[96];
 			key_of(key, sizeof(key), r, id, "get", k);
-			int there = r->target == T_REDIS ? 0 : mc_exist(ws[id].c, key, strlen(key));
+			const char *keys[1] = {key};
+			const void *vals[1] = {ws[id].buf};
+			void *bufs[1] = {ws[id].buf};
+			int64_t got;
+			int there = r->target == T_REDIS
+					    ? 0
+					    : mc_exist(ws[id].c, key, strlen(key));
 			if (there < 0)
 				return there;
 			int rc = there ? 0
 				 : r->target == T_REDIS
-					 ? ctl_redis_set(ws[id].redis, key, ws[id].buf, r->size)
-					 : mc_put_from(through, key, strlen(key), ws[id].buf, r->size, NULL);
+					 ? ctl_redis_set_n(ws[id].redis, 1, keys, vals,
+							   r->size)
+					 : mc_put_from(through, key, strlen(key), ws[id].buf,
+						       r->size, NULL);
 			if (rc)
 				return rc;
-			int64_t got = r->target == T_REDIS
-					      ? ctl_redis_get(ws[id].redis, key, ws[id].buf, r->size)
-					      : mc_get_into(ws[id].c, key, strlen(key), ws[id].buf,
-							    r->size);
-			if (got < 0)
-				return (int)got;
+			if (r->target == T_REDIS)
+				rc = ctl_redis_get_n(ws[id].redis, 1, keys, bufs, r->size,
+						     &got);
+			else
+				got = mc_get_into(ws[id].c, key, strlen(key), ws[id].buf,
+						  r->size);
+			if (rc || got < 0)
+				return rc ? rc : (int)got;
 		}
 	return 0;
 }
 
 /* One round of a target: its run added to t. */
 static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t duration_ms,
-		    mc_client *holder, struct tally *t)
+		    mc_client *holder, const struct servers *sv, struct tally *t)
 {
-	if (r->op != OP_PUT && r->target != T_FLOOR) {
+	if (r->op != OP_PUT && r->op != OP_BPUT && r->target != T_FLOOR) {
 		int rc = populate(ws, n, r, holder);
 		if (rc) {
 			if (!t->first_err)
@@ -220,6 +355,8 @@ static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t durat
 		ws[i].lat.n = 0;
 		ws[i].rnd = 2654435761u * (i + 1);
 	}
+	struct ctl_usage a0, m0, a1, m1;
+	bool usage = r->target != T_FLOOR && servers_usage(sv, r->target, &a0, &m0) == 0;
 	uint64_t start = mc_now_ns();
 	r->stop_ns = start + duration_ms * 1000000ull;
 	for (unsigned i = 0; i < n; i++)
@@ -227,7 +364,15 @@ static void run_one(struct worker *ws, unsigned n, struct run *r, uint64_t durat
 	for (unsigned i = 0; i < n; i++)
 		pthread_join(ws[i].t, NULL);
 	t->secs += (double)(mc_now_ns() - start) / 1e9;
+	usage = usage && servers_usage(sv, r->target, &a1, &m1) == 0;
+	t->usage = usage && (!t->ran || t->usage);
+	if (usage) {
+		t->agent_ns += a1.cpu_ns - a0.cpu_ns;
+		t->master_ns += m1.cpu_ns - m0.cpu_ns;
+		t->srv_wakeups += a1.wakeups - a0.wakeups + m1.wakeups - m0.wakeups;
+	}
 	for (unsigned i = 0; i < n; i++) {
+		t->cli_ns += ws[i].cpu_ns;
 		t->ops += ws[i].ops;
 		t->errors += ws[i].errors;
 		if (!t->first_err)
@@ -262,9 +407,23 @@ static void print_line(const char *vs, enum op op, enum target tg, size_t size,
 		snprintf(xs, sizeof(xs), "%.2f", ops_s(t) / MC_MAX(ops_s(redis), 1e-9));
 	}
 	double gbps = ops_s(t) * (double)size / 1e9;
-	printf("%-6s %-6s %-6s %10.0f %8.2f %9.1f %9.1f %10s %8s %8.2f %9llu %s\n", vs,
-	       op_names[op], target_names[tg], ops_s(t), gbps, ctl_lat_pct_us(&t->lat, 0.50),
-	       ctl_lat_pct_us(&t->lat, 0.99), rs, xs, limit > 0 ? gbps / limit : 0,
+	/* CPU per operation: the client's, the agents' (redis-server's), the
+	 * master's; the servers' wakeups. */
+	char cpu[4][16] = {"-", "-", "-", "-"};
+	double per = t->ops ? 1e3 * (double)t->ops : 1;
+	if (t->ops && tg != T_FLOOR)
+		snprintf(cpu[0], sizeof(cpu[0]), "%.1f", (double)t->cli_ns / per);
+	if (t->ops && t->usage) {
+		snprintf(cpu[1], sizeof(cpu[1]), "%.1f", (double)t->agent_ns / per);
+		if (tg != T_REDIS && t->master_ns)
+			snprintf(cpu[2], sizeof(cpu[2]), "%.1f", (double)t->master_ns / per);
+		snprintf(cpu[3], sizeof(cpu[3]), "%.2f",
+			 (double)t->srv_wakeups / (double)t->ops);
+	}
+	printf("%-6s %-9s %-6s %9.0f %6.2f %8.1f %8.1f %9s %7s %6.2f %6s %6s %6s %6s %6llu %s\n",
+	       vs, op_names[op], target_names[tg], ops_s(t), gbps,
+	       ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99), rs, xs,
+	       limit > 0 ? gbps / limit : 0, cpu[0], cpu[1], cpu[2], cpu[3],
 	       (unsigned long long)t->errors, fmt_err(t->first_err));
 }
 
@@ -367,13 +526,19 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: mooncakectl bench store [--value-size=4K,1M,16M] [--clients=N]\n"
-		"           [--op=put,get,view,mixed] [--duration=3s] [--socket=PATH]\n"
+		"           [--op=put,get,view,mixed,batch-put,batch-get] [--batch=32]\n"
+		"           [--duration=3s] [--socket=PATH]\n"
 		"           [--remote-socket=PATH] [--redis=auto|off|HOST:PORT]\n"
-		"           [--master=local|separate] [--rounds=N]\n\n"
+		"           [--master=local|separate] [--rounds=N]\n"
+		"       mooncakectl bench store --tier=ssd [--value-size=1M,16M] [--clients=N]\n"
+		"           [--op=put,get] [--duration=3s] [--rounds=N] [--dir=/var/tmp]\n"
+		"           [--ssd-size=2G]\n\n"
 		"Clients (threads, one session each) put, get (mc_get_into), view\n"
 		"(mc_get_view, zero copy when local, then a copy into the client's\n"
 		"buffer) or put and get alternating (mixed) with values in\n"
-		"buffers from mc_buffer_alloc, for each value size: through the local\n"
+		"buffers from mc_buffer_alloc, or --batch values in one mc_batch_put\n"
+		"or mc_batch_get_into (batch-put, batch-get; redis: as many commands\n"
+		"pipelined), for each value size: through the local\n"
 		"agent with local replicas, then with replicas on a second agent\n"
 		"(remote), then the same against redis-server (SET/GET). Prints ops/s,\n"
 		"GB/s, p50/p99 latency, the ratio to redis and to memcpy bandwidth of\n"
@@ -386,10 +551,19 @@ static void usage(FILE *f)
 		"mooncakectl),\n"
 		"and redis-server when installed; the master runs in the process of\n"
 		"the first agent (as in standalone) or, with --master=separate, in a\n"
-		"process of its own.\n"
+		"process of its own. Beside each figure: the CPU time an operation\n"
+		"costs the client threads, the agents (redis: redis-server) and the\n"
+		"master, in us, and the servers' wakeups per operation (voluntary\n"
+		"context switches of their threads), when the bench started them.\n"
 		"Each size and op runs in --rounds rounds (default 3) of local,\n"
 		"remote and redis in turn, --duration/rounds each, summed: a slower\n"
-		"minute of the machine falls on all three alike.\n");
+		"minute of the machine falls on all three alike.\n"
+		"--tier=ssd measures the agents' SSD tiers instead (ctl_bench_tier.c):\n"
+		"its two agents get SSD tiers of --ssd-size under --dir, puts name\n"
+		"the SSD tier and gets read values only there (the local agent's tier,\n"
+		"and the other agent's through its bounce region), beside fio with the\n"
+		"same block size, direct I/O, io_uring and clients in flight on a file\n"
+		"in the same directory, in the same rounds.\n");
 }
 
 static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)
@@ -410,9 +584,14 @@ static int parse_list(const char *s, const char *const *names, unsigned n, unsig
 
 int ctl_bench_store_main(int argc, char **argv)
 {
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "--tier=ssd") == 0 ||
+		    (strcmp(argv[i], "--tier") == 0 && i + 1 < argc &&
+		     strcmp(argv[i + 1], "ssd") == 0))
+			return ctl_bench_tier_main(argc, argv);
 	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,view,mixed", *dur_s = "3s";
 	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *master_s = "local", *v;
-	unsigned clients = 4, rounds = 3, opmask;
+	unsigned clients = 4, rounds = 3, batch = 32, opmask;
 	size_t sizes[MAX_SIZES];
 	unsigned nsizes = 0;
 	uint64_t duration_ms;
@@ -427,6 +606,11 @@ int ctl_bench_store_main(int argc, char **argv)
 			clients = (unsigned)strtoul(v, &end, 10);
 			if (*end)
 				clients = 0; /* refused below */
+		} else if (ctl_flag_value(argc, argv, &i, "batch", &v) && v) {
+			char *end;
+			batch = (unsigned)strtoul(v, &end, 10);
+			if (*end)
+				batch = 0; /* refused below */
 		} else if (ctl_flag_value(argc, argv, &i, "rounds", &v) && v) {
 			char *end;
 			rounds = (unsigned)strtoul(v, &end, 10);
@@ -445,7 +629,8 @@ int ctl_bench_store_main(int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "redis", &v) && v) {
 			redis_s = v;
 		} else {
-			fprintf(stderr, "mooncakectl bench store: unknown argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl bench store: unknown argument \"%s\"\n",
+				argv[i]);
 			usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
@@ -454,18 +639,23 @@ int ctl_bench_store_main(int argc, char **argv)
 	snprintf(buf, sizeof(buf), "%s", sizes_s);
 	for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		uint64_t s;
-		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 || s > (256ull << 20)) {
-			fprintf(stderr, "mooncakectl bench store: bad --value-size (1 to 256M each)\n");
+		if (nsizes == MAX_SIZES || cfg_parse_size(t, &s) || s == 0 ||
+		    s > (256ull << 20)) {
+			fprintf(stderr,
+				"mooncakectl bench store: bad --value-size (1 to 256M each)\n");
 			return CTL_EXIT_USAGE;
 		}
 		sizes[nsizes++] = s;
 	}
-	if (clients < 1 || clients > MAX_CLIENTS || parse_list(ops_s, op_names, NOPS, &opmask) ||
+	if (clients < 1 || clients > MAX_CLIENTS ||
+	    parse_list(ops_s, op_names, NOPS, &opmask) ||
 	    cfg_parse_duration_ms(dur_s, &duration_ms) || rounds < 1 || rounds > 100 ||
-	    duration_ms < rounds) {
-		fprintf(stderr, "mooncakectl bench store: bad --clients (1 to %d), --op, "
-				"--rounds (1 to 100) or --duration (at least 1ms a round)\n",
-			MAX_CLIENTS);
+	    duration_ms < rounds || batch < 1 || batch > MAX_BATCH) {
+		fprintf(stderr,
+			"mooncakectl bench store: bad --clients (1 to %d), --op, "
+			"--rounds (1 to 100), --batch (1 to %d) or --duration (at least "
+			"1ms a round)\n",
+			MAX_CLIENTS, MAX_BATCH);
 		return CTL_EXIT_USAGE;
 	}
 	uint64_t round_ms = duration_ms / rounds;
@@ -477,6 +667,16 @@ int ctl_bench_store_main(int argc, char **argv)
 	size_t maxsize = 0;
 	for (unsigned i = 0; i < nsizes; i++)
 		maxsize = MC_MAX(maxsize, sizes[i]);
+	/* Each client's buffer holds a batch of the largest values. */
+	size_t bufsize = opmask & ((1u << OP_BPUT) | (1u << OP_BGET)) ? maxsize * batch
+								      : maxsize;
+	if (bufsize > (1ull << 30)) {
+		fprintf(stderr,
+			"mooncakectl bench store: --batch values of --value-size need "
+			"%zu MiB a client; at most 1 GiB\n",
+			bufsize >> 20);
+		return CTL_EXIT_USAGE;
+	}
 
 	signal(SIGPIPE, SIG_IGN);
 	struct ctl_local cl = {0};
@@ -486,7 +686,7 @@ int ctl_bench_store_main(int argc, char **argv)
 	/* Its ports are picked free but taken only when the daemons bind
 	 * them: another process may take one first; then start again. */
 	for (int attempt = 1; !sock; attempt++) {
-		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * maxsize * 16);
+		uint64_t seg = MC_MAX((uint64_t)1 << 30, (uint64_t)clients * bufsize * 16);
 		rc = ctl_local_start(&cl, seg, separate);
 		if (rc == 0)
 			rc = ctl_local_open(cl.sock[0], &holder_local, 15000);
@@ -495,8 +695,8 @@ int ctl_bench_store_main(int argc, char **argv)
 			rsock = cl.sock[1];
 			break;
 		}
-		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n", attempt,
-			mc_strerror(rc));
+		fprintf(stderr, "bench store: mooncaked not ready (attempt %d of 3): %s\n",
+			attempt, mc_strerror(rc));
 		ctl_local_report_dead(&cl);
 		ctl_local_stop(&cl);
 		if (attempt == 3)
@@ -518,12 +718,14 @@ int ctl_bench_store_main(int argc, char **argv)
 
 	rc = holder_local ? 0 : ctl_local_open(sock, &holder_local, 15000);
 	if (rc) {
-		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock, mc_strerror(rc));
+		fprintf(stderr, "bench store: agent at %s not ready: %s\n", sock,
+			mc_strerror(rc));
 		ctl_local_stop(&cl);
 		return CTL_EXIT_FAIL;
 	}
 	if (rsock && ctl_local_open(rsock, &holder_remote, 15000) != 0) {
-		fprintf(stderr, "bench store: second agent at %s not ready: remote runs skipped\n",
+		fprintf(stderr,
+			"bench store: second agent at %s not ready: remote runs skipped\n",
 			rsock);
 		holder_remote = NULL;
 	}
@@ -534,25 +736,27 @@ int ctl_bench_store_main(int argc, char **argv)
 	}
 	for (unsigned i = 0; i < clients && rc == 0; i++) {
 		ws[i].id = i;
-		ws[i].redis = -1;
 		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
 		rc = mc_open_ex(&o, &ws[i].c);
 		if (rc == 0)
-			rc = mc_buffer_alloc(ws[i].c, maxsize, &ws[i].buf);
+			rc = mc_buffer_alloc(ws[i].c, bufsize, &ws[i].buf);
 		if (rc == 0)
-			memset(ws[i].buf, (int)(0x41 + i), maxsize);
+			memset(ws[i].buf, (int)(0x41 + i), bufsize);
 		if (rc == 0 && redis_port) {
 			uint64_t deadline = mc_now_ms() + 5000;
-			while ((ws[i].redis = ctl_redis_connect(redis_port)) < 0 && mc_now_ms() < deadline)
+			while (ctl_redis_connect(redis_port, &ws[i].redis) != 0 &&
+			       mc_now_ms() < deadline)
 				usleep(20000);
-			if (ws[i].redis < 0) {
-				printf("redis at port %d does not answer: skipped\n", redis_port);
+			if (!ws[i].redis) {
+				printf("redis at port %d does not answer: skipped\n",
+				       redis_port);
 				redis_port = 0;
 			}
 		}
 	}
 	if (rc) {
-		fprintf(stderr, "bench store: cannot open client sessions: %s\n", mc_strerror(rc));
+		fprintf(stderr, "bench store: cannot open client sessions: %s\n",
+			mc_strerror(rc));
 		goto out;
 	}
 
@@ -564,8 +768,13 @@ int ctl_bench_store_main(int argc, char **argv)
 	if (own_cluster)
 		printf("cluster: two agents, the master %s\n",
 		       separate ? "in a process of its own" : "in the local agent's process");
-	printf("%-6s %-6s %-6s %10s %8s %9s %9s %10s %8s %8s %9s\n", "size", "op", "where", "ops/s",
-	       "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis", "memcpy", "errors");
+	printf("%-6s %-9s %-6s %9s %6s %8s %8s %9s %7s %6s %6s %6s %6s %6s %6s\n", "size",
+	       "op", "where", "ops/s", "GB/s", "p50(us)", "p99(us)", "redis/s", "x redis",
+	       "memcpy", "cli-us", "agt-us", "mst-us", "wake", "errors");
+	struct servers sv = {
+		.agent = {ctl_local_pid(&cl, "agent0"), ctl_local_pid(&cl, "agent1")},
+		.master = ctl_local_pid(&cl, "master"),
+		.redis = ctl_local_pid(&cl, "redis")};
 	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
 	unsigned tag = (unsigned)getpid();
 	for (unsigned si = 0; si < nsizes; si++) {
@@ -576,7 +785,8 @@ int ctl_bench_store_main(int argc, char **argv)
 		double l50, l99;
 		if (memcpy_lat(sizes[si], &l50, &l99) == 0)
 			printf("limit %s: memcpy of one value (1 thread, from a get set's worth of "
-			       "values) p50 %.1f us, p99 %.1f us\n", vs, l50, l99);
+			       "values) p50 %.1f us, p99 %.1f us\n",
+			       vs, l50, l99);
 		for (unsigned op = 0; op < NOPS; op++) {
 			if (!(opmask & (1u << op)))
 				continue;
@@ -591,13 +801,15 @@ int ctl_bench_store_main(int argc, char **argv)
 				int frc = ctl_floor_start(sizes[si], get_set_len(sizes[si]),
 							  ws[0].buf, &fl);
 				if (frc)
-					printf("%s get floor: not measured: %s\n", vs, mc_strerror(frc));
+					printf("%s get floor: not measured: %s\n", vs,
+					       mc_strerror(frc));
 			}
 			ws[0].floor = fl;
 			for (unsigned round = 0; round < rounds; round++)
 				for (unsigned t = 0; t < NTARGETS; t++) {
 					if ((t == T_REMOTE && !holder_remote) ||
-					    (t == T_REDIS && !redis_port) || (t == T_FLOOR && !fl))
+					    (t == T_REDIS && !redis_port) ||
+					    (t == T_FLOOR && !fl))
 						continue;
 					struct run r = {
 						.op = op,
@@ -605,20 +817,24 @@ int ctl_bench_store_main(int argc, char **argv)
 						.size = sizes[si],
 						.nkeys = (unsigned)MC_MAX(
 							(size_t)1,
-							MC_MIN((size_t)256, GET_SET_BYTES / sizes[si])),
+							MC_MIN((size_t)256,
+							       GET_SET_BYTES / sizes[si])),
+						.batch = op_batch(op) ? batch : 1,
 						.remote_segment = remote_seg,
 						.tag = tag++,
 						.gtag = gtag + t,
 					};
 					run_one(ws, clients, &r, round_ms,
-						t == T_REMOTE ? holder_remote : holder_local, &tal[t]);
+						t == T_REMOTE ? holder_remote : holder_local,
+						&sv, &tal[t]);
 				}
 			ctl_floor_stop(fl);
 			ws[0].floor = NULL;
 			(void)mc_remove_all(holder_local, 1);
 			for (unsigned t = 0; t < NTARGETS; t++) {
 				if (tal[t].ran || tal[t].errors)
-					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si], &tal[t],
+					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si],
+						   &tal[t],
 						   t >= T_REDIS ? NULL : &tal[T_REDIS], limit);
 			}
 			for (unsigned t = 0; t < NTARGETS; t++)
@@ -627,14 +843,16 @@ int ctl_bench_store_main(int argc, char **argv)
 	}
 	printf("x redis = ops/s over redis-server's ops/s for the same size, op and clients;\n"
 	       "memcpy = GB/s over the memcpy limit above. remote = replicas on a second\n"
-	       "agent, through the transfer engine.\n");
+	       "agent, through the transfer engine. CPU us per operation (per value in\n"
+	       "a batch): cli the client threads, agt the agents (redis: redis-server),\n"
+	       "mst the master when in a process of its own; wake = the servers'\n"
+	       "wakeups per operation.\n");
 out:
 	for (unsigned i = 0; i < clients; i++) {
 		if (ws[i].buf)
 			(void)mc_buffer_free(ws[i].c, ws[i].buf);
 		mc_close(ws[i].c);
-		if (ws[i].redis >= 0)
-			close(ws[i].redis);
+		ctl_redis_close(ws[i].redis);
 		ctl_lat_free(&ws[i].lat);
 	}
 	free(ws);

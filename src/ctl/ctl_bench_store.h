@@ -9,6 +9,9 @@
  *   ctl_redis.c        a minimal RESP client, for the redis comparison
  *   ctl_bench_floor.c  the floor of a get: what a daemon on this host
  *                      does at the least for one, without the store
+ *   ctl_bench_tier.c   --tier=ssd: the agents' SSD tiers beside fio
+ *   ctl_bench_sessions.c  `bench sessions`: many sessions with one agent
+ *                      (its servers and /proc readings from here too)
  *
  * Every function returns 0 or a negative errno / MC_E* code unless said.
  */
@@ -21,6 +24,11 @@
 #include <sys/types.h>
 
 #include "client/mooncake.h"
+
+/* ------------------------------------------------------------ ctl_bench_tier.c */
+
+/* mooncakectl bench store --tier=ssd (its own options; see the file). */
+int ctl_bench_tier_main(int argc, char **argv);
 
 /* ------------------------------------------------------------ ctl_bench_local.c */
 
@@ -37,9 +45,14 @@ struct ctl_local {
 	char sock[2][128]; /* the agents' client sockets */
 	char master[32];   /* the master's host:port */
 	int redis_port;
+	/* Set before ctl_local_start: each agent gets an SSD tier of
+	 * ssd_bytes in ssd_dir/agentN (promotion off). */
+	const char *ssd_dir;
+	uint64_t ssd_bytes;
 };
 
-/* A master and two agents with a segment of segment bytes each; the
+/* A master and two agents with a segment of segment bytes each (and an
+ * SSD tier each when ssd_dir is set); the
  * master in the first agent's process (separate false: the layout of
  * standalone and --role=master,agent) or in one of its own. */
 int ctl_local_start(struct ctl_local *l, uint64_t segment, bool separate);
@@ -50,6 +63,29 @@ int ctl_local_start_redis(struct ctl_local *l);
 void ctl_local_report_dead(struct ctl_local *l);
 /* Stop every process (SIGTERM, then wait) and remove the directory. */
 void ctl_local_stop(struct ctl_local *l);
+/* The process ctl_local started under name ("master", "agent0",
+ * "agent1", "redis"): its pid, or -1. */
+pid_t ctl_local_pid(const struct ctl_local *l, const char *name);
+
+/* What the threads of a process have used so far. */
+struct ctl_usage {
+	uint64_t cpu_ns;  /* on a CPU (each thread's schedstat) */
+	uint64_t wakeups; /* voluntary context switches: sleeps, each
+			   * ended by a wakeup */
+};
+/* The usage of every thread of pid (threads that have exited are not
+ * counted). Errors: -errno (no such process). */
+int ctl_proc_usage(pid_t pid, struct ctl_usage *u);
+
+/* The resident memory and open descriptors of pid. */
+struct ctl_proc_mem {
+	uint64_t rss_bytes; /* resident: heap, stacks and shared pages
+			     * touched, but for an agent's DRAM segment */
+	uint64_t fds;
+};
+/* Errors: -errno (no such process, /proc not readable). */
+int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m);
+
 /* A session with the agent at sock once a put succeeds (its segment is
  * mounted), trying until timeout_ms. Errors: those of mc_open_ex and
  * mc_put. */
@@ -57,13 +93,26 @@ int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms);
 
 /* ------------------------------------------------------------ ctl_redis.c */
 
-/* A connection to redis on the loopback port: the fd, or -errno. */
-int ctl_redis_connect(int port);
-/* SET key. Errors: -EIO, -EPROTO (not +OK), -errno. */
-int ctl_redis_set(int fd, const char *key, const void *val, size_t len);
-/* GET key into buf: the value's length. Errors: MC_EOBJECT_NOT_FOUND,
- * -ENOBUFS (longer than cap), -EIO, -EPROTO, -errno. */
-int64_t ctl_redis_get(int fd, const char *key, void *buf, size_t cap);
+#define CTL_REDIS_MAX_PIPELINE 64 /* commands sent at once */
+#define CTL_REDIS_MAX_KEY 128     /* bytes */
+
+struct ctl_redis;
+
+/* A connection to redis on the loopback port (ctl_redis_close closes
+ * it). Errors: -ENOMEM, -errno. */
+int ctl_redis_connect(int port, struct ctl_redis **out);
+void ctl_redis_close(struct ctl_redis *r);
+/* SET keys[i] to vals[i] (len bytes each), i < n: the n commands sent at
+ * once, then their n replies read. Errors: -EINVAL (n over the pipeline
+ * or a key over CTL_REDIS_MAX_KEY), -EIO, -EPROTO (a reply not +OK),
+ * -errno. */
+int ctl_redis_set_n(struct ctl_redis *r, size_t n, const char *const *keys,
+		    const void *const *vals, size_t len);
+/* GET keys[i] into bufs[i] (cap bytes each), pipelined as ctl_redis_set_n:
+ * lens[i] is value i's length, MC_EOBJECT_NOT_FOUND or -ENOBUFS (longer
+ * than cap). Errors (of the connection): -EINVAL, -EIO, -EPROTO, -errno. */
+int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys, void *const *bufs,
+		    size_t cap, int64_t *lens);
 
 /* ------------------------------------------------------------ ctl_bench_floor.c */
 

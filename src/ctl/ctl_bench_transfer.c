@@ -26,7 +26,8 @@
  * Without --target the target is a child process forked at start (before
  * any thread exists): a transfer engine with a memfd buffer, serving in
  * P2P mode (or published to --meta-endpoints), plus the plain TCP stream
- * server. Figures are measurements, never pass/fail.
+ * server; the two engines prove a secret made for the run. Figures are
+ * measurements, never pass/fail.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -58,7 +59,7 @@ extern const char verbs_emu_test_device[] __attribute__((weak));
 
 struct bench {
 	struct ctl_te_opts te;
-	struct ctl_te *h;        /* the initiator's engine */
+	struct ctl_te *h; /* the initiator's engine */
 	enum te_protocol proto;
 	bool write;
 	uint64_t block, batch, threads, duration_ms;
@@ -97,7 +98,9 @@ static void usage(FILE *f)
 		"                      runs the plain TCP stream the tcp figure is "
 		"compared to\n\n"
 		"engine flags (without --meta-endpoints the target is reached in "
-		"P2P mode):\n%s",
+		"P2P mode;\nwithout --target the two engines share a secret made "
+		"for the run, and the\ncluster secret flags matter only with "
+		"--target):\n%s",
 		ctl_te_flags_help);
 }
 
@@ -186,7 +189,7 @@ static int child_main(const struct bench *b, int ctl, int ready)
 {
 	struct ctl_te h;
 	struct ctl_buf buf;
-	char err[256];
+	char err[1024];
 	struct ctl_te_opts o = b->te;
 	char name[64];
 	if (o.meta && *o.meta) {
@@ -233,7 +236,7 @@ struct load {
 	struct bench *b;
 	struct te_engine *e;
 	struct te_segment *seg;
-	uint64_t remote;        /* this thread's part of the region */
+	uint64_t remote; /* this thread's part of the region */
 	size_t block, batch;
 	uint64_t end_ms;
 	uint64_t bytes, reqs;
@@ -264,9 +267,9 @@ static void *load_main(void *arg)
 	}
 	memset(buf, 0xa5, l->block * l->batch);
 	for (size_t i = 0; i < l->batch; i++)
-		reqs[i] = (struct te_request){l->b->write ? TE_WRITE : TE_READ,
-					      buf + i * l->block, l->seg,
-					      l->remote + i * l->block, l->block};
+		reqs[i] = (struct te_request){
+			l->b->write ? TE_WRITE : TE_READ, buf + i * l->block, l->seg,
+			l->remote + i * l->block,         l->block,           false};
 	struct te_result *res = calloc(l->batch, sizeof(*res));
 	while (res && mc_now_ms() < l->end_ms) {
 		struct te_batch *bt;
@@ -307,9 +310,9 @@ struct figures {
 	int err;
 };
 
-static struct figures run_load(struct bench *b, struct te_engine *e,
-			       struct te_segment *seg, uint64_t base, size_t block,
-			       size_t batch, unsigned threads, uint64_t ms)
+static struct figures run_load(struct bench *b, struct te_engine *e, struct te_segment *seg,
+			       uint64_t base, size_t block, size_t batch, unsigned threads,
+			       uint64_t ms)
 {
 	struct load *l = calloc(threads, sizeof(*l));
 	struct figures f = {0};
@@ -319,8 +322,12 @@ static struct figures run_load(struct bench *b, struct te_engine *e,
 	}
 	uint64_t t0 = mc_now_ns();
 	for (unsigned t = 0; t < threads; t++) {
-		l[t] = (struct load){.b = b, .e = e, .seg = seg, .block = block,
-				     .batch = batch, .end_ms = mc_now_ms() + ms,
+		l[t] = (struct load){.b = b,
+				     .e = e,
+				     .seg = seg,
+				     .block = block,
+				     .batch = batch,
+				     .end_ms = mc_now_ms() + ms,
 				     .remote = base + (uint64_t)t * block * batch};
 		pthread_create(&l[t].tid, NULL, load_main, &l[t]);
 	}
@@ -412,7 +419,7 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 struct stream {
 	uint16_t port;
 	bool write;
-	uint64_t ws;            /* working set per connection and side */
+	uint64_t ws; /* working set per connection and side */
 	uint64_t end_ms, bytes, t_end_ns;
 	int err;
 	pthread_t tid;
@@ -422,7 +429,8 @@ static void *stream_main(void *arg)
 {
 	struct stream *s = arg;
 	pthread_setname_np(pthread_self(), "stream-client");
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->port),
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons(s->port),
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	uint8_t *buf = malloc(s->ws);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
@@ -462,8 +470,7 @@ out:
 	return NULL;
 }
 
-static double stream_gbps(uint16_t port, bool write, unsigned conns,
-			  uint64_t ws, uint64_t ms)
+static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws, uint64_t ms)
 {
 	struct stream *s = calloc(conns, sizeof(*s));
 	double gbps = 0;
@@ -471,7 +478,8 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns,
 		return 0;
 	uint64_t t0 = mc_now_ns(), bytes = 0, t_end = t0;
 	for (unsigned i = 0; i < conns; i++) {
-		s[i] = (struct stream){.port = port, .write = write,
+		s[i] = (struct stream){.port = port,
+				       .write = write,
 				       .ws = MC_MAX(ws, (uint64_t)STREAM_CHUNK),
 				       .end_ms = mc_now_ms() + ms};
 		pthread_create(&s[i].tid, NULL, stream_main, &s[i]);
@@ -494,16 +502,15 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns,
 static void print_ratio(const char *what, double limit, double got)
 {
 	if (limit > 0)
-		printf("  %-34s %8.2f GB/s   engine/limit %.2f\n", what, limit,
-		       got / limit);
+		printf("  %-34s %8.2f GB/s   engine/limit %.2f\n", what, limit, got / limit);
 	else
 		printf("  %-34s      n/a\n", what);
 }
 
 static int parse_flags(struct bench *b, int argc, char **argv)
 {
-	const char *v, *proto, *op = "write", *block = "1M", *batch = "32",
-		       *threads = "2", *dur = "3s";
+	const char *v, *proto, *op = "write", *block = "1M", *batch = "32", *threads = "2",
+			       *dur = "3s";
 	bool te_threads_set = false;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -526,25 +533,27 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "target", &v)) {
 			b->target = v;
 		} else {
-			fprintf(stderr, "mooncakectl bench transfer: unknown argument "
-				"\"%s\"\n", argv[i]);
+			fprintf(stderr,
+				"mooncakectl bench transfer: unknown argument "
+				"\"%s\"\n",
+				argv[i]);
 			return 2;
 		}
 	}
 	char *end;
 	proto = b->te.protocol;
-	if (!proto || (strcmp(proto, "tcp") && strcmp(proto, "shm") && strcmp(proto, "rdma")) ||
+	if (!proto ||
+	    (strcmp(proto, "tcp") && strcmp(proto, "shm") && strcmp(proto, "rdma")) ||
 	    te_protocol_parse(proto, &b->proto) || !op ||
 	    (strcmp(op, "write") && strcmp(op, "read")) || !block ||
-	    cfg_parse_size(block, &b->block) || b->block == 0 ||
-	    b->block > (256u << 20) || !batch || !*batch ||
-	    (b->batch = strtoull(batch, &end, 10), *end) || b->batch == 0 ||
-	    b->batch > 4096 || !threads || !*threads ||
+	    cfg_parse_size(block, &b->block) || b->block == 0 || b->block > (256u << 20) ||
+	    !batch || !*batch || (b->batch = strtoull(batch, &end, 10), *end) ||
+	    b->batch == 0 || b->batch > 4096 || !threads || !*threads ||
 	    (b->threads = strtoull(threads, &end, 10), *end) || b->threads == 0 ||
 	    b->threads > 64 || !dur || cfg_parse_duration_ms(dur, &b->duration_ms) ||
 	    b->duration_ms == 0 || (b->target && !*b->target)) {
 		fprintf(stderr, "mooncakectl bench transfer: bad flag value (see "
-			"--help)\n");
+				"--help)\n");
 		return 2;
 	}
 	b->write = strcmp(op, "write") == 0;
@@ -561,7 +570,7 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 	uint64_t need = b->threads * b->batch * MC_MAX(b->block, (uint64_t)SMALL_BLOCK);
 	if (need > (16ull << 30)) {
 		fprintf(stderr, "mooncakectl bench transfer: threads x batch x block "
-			"is over 16G\n");
+				"is over 16G\n");
 		return 2;
 	}
 	b->region_bytes = (size_t)need;
@@ -576,6 +585,21 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	int rc = parse_flags(&b, argc, argv);
 	if (rc)
 		return rc < 0 ? CTL_EXIT_OK : CTL_EXIT_USAGE;
+
+	/* Without --target both engines are this command's own: they share a
+	 * secret made for the run (unless --insecure-transfer), and need
+	 * none of the cluster's. */
+	struct mc_secret own;
+	memset(&own, 0, sizeof(own));
+	if (!b.target && !b.te.insecure) {
+		own.len = 32;
+		if (mc_random(own.key, own.len) != 0) {
+			fprintf(stderr, "mooncakectl bench transfer: no random bytes\n");
+			return CTL_EXIT_FAIL;
+		}
+		snprintf(own.path, sizeof(own.path), "(made for this run)");
+		b.te.secret = &own;
+	}
 
 	/* The target process, forked before this one starts any thread. */
 	pid_t child = -1;
@@ -605,7 +629,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		if (!f || !fgets(line, sizeof(line), f) ||
 		    sscanf(line, "%299s %u", target, &stream_port) != 2) {
 			fprintf(stderr, "mooncakectl bench transfer: the target process "
-				"did not start\n");
+					"did not start\n");
 			if (f)
 				fclose(f);
 			close(ctl_pipe[1]);
@@ -618,7 +642,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	}
 
 	struct ctl_te h;
-	char err[256];
+	char err[1024];
 	rc = CTL_EXIT_FAIL;
 	if (ctl_te_start(&h, &b.te, err, sizeof(err)) != 0) {
 		fprintf(stderr, "mooncakectl bench transfer: %s\n", err);
@@ -645,10 +669,10 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	struct te_segment_info info;
 	te_segment_info(seg, &info, NULL, 0);
 
-	printf("bench transfer: %s %s, %" PRIu64 " KiB blocks, batch %" PRIu64
-	       ", %" PRIu64 " threads, te-threads %s, %u tcp connections, target %s%s\n",
-	       te_protocol_name(info.transport), b.write ? "write" : "read",
-	       b.block >> 10, b.batch, b.threads, b.te.threads, b.conns, target,
+	printf("bench transfer: %s %s, %" PRIu64 " KiB blocks, batch %" PRIu64 ", %" PRIu64
+	       " threads, te-threads %s, %u tcp connections, target %s%s\n",
+	       te_protocol_name(info.transport), b.write ? "write" : "read", b.block >> 10,
+	       b.batch, b.threads, b.te.threads, b.conns, target,
 	       child > 0 ? " (forked)" : "");
 	/* Bandwidth and its limit in alternating rounds, so that a burst of
 	 * other load on the machine hits both alike; the best round of each
@@ -660,8 +684,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	int ferr = 0;
 	for (int r = 0; r < ROUNDS && !ferr; r++) {
 		struct figures f = run_load(&b, h.te, seg, reg.addr, (size_t)b.block,
-					    (size_t)b.batch, (unsigned)b.threads,
-					    round_ms);
+					    (size_t)b.batch, (unsigned)b.threads, round_ms);
 		ferr = f.err;
 		if (f.gbps > bw.gbps)
 			bw = f;
@@ -671,9 +694,8 @@ int ctl_bench_transfer_main(int argc, char **argv)
 			mn = MC_MAX(mn, memcpy_gbps((size_t)b.block, (size_t)b.batch,
 						    (unsigned)b.threads, round_ms));
 		} else if (child > 0) {
-			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write,
-						    b.conns, b.region_bytes / b.conns,
-						    round_ms));
+			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write, b.conns,
+						    b.region_bytes / b.conns, round_ms));
 		}
 	}
 	uint64_t short_ms = MC_MAX(b.duration_ms / 3, (uint64_t)300);
@@ -690,23 +712,22 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		te_close_segment(seg);
 		goto out_engine;
 	}
-	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", "engine",
-	       bw.gbps, bw.p50_us, bw.p99_us);
+	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", "engine", bw.gbps,
+	       bw.p50_us, bw.p99_us);
 	char what[64];
 	if (shm) {
 		print_ratio("limit: memcpy, 1 thread", m1, bw.gbps);
-		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads",
-			 b.threads);
+		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads", b.threads);
 		print_ratio(what, mn, bw.gbps);
 	} else {
-		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns",
-			 b.conns);
+		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns", b.conns);
 		print_ratio(what, st, bw.gbps);
 	}
 	if (info.transport == TE_PROTO_RDMA) {
 		if (verbs_emu_test_device)
 			printf("  note: RDMA on %s:\n  these are an emulator's figures, not a "
-			       "NIC's\n", verbs_emu_test_device);
+			       "NIC's\n",
+			       verbs_emu_test_device);
 		else
 			printf("  note: on a NIC the line rate is the limit (not measured "
 			       "here)\n");

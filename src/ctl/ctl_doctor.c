@@ -11,7 +11,10 @@
  *      records under /mooncake/<cluster-id>/segments/, each asked for
  *      its descriptor at the address it names — a record whose address
  *      does not answer, answers for another segment or for another
- *      incarnation is stale, and peers opening it time out;
+ *      incarnation is stale, and peers opening it time out. The request
+ *      carries the proof of the cluster secret, found as the agent finds
+ *      it (mc_secret_find); without read access to it the check can only
+ *      say that a transfer engine answers there;
  *   3. the master leader key and the leader's health;
  *   4. with --cluster, each agent found in meta runs the node checks on
  *      its own node (mooncake.doctor.Doctor/Check) and its clock is
@@ -29,6 +32,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "common/sysmem.h"
 #include "common/util.h"
@@ -39,6 +43,7 @@
 #include "health.pb-c.h"
 #include "rpc/rpc.h"
 #include "transfer.pb-c.h"
+#include "transfer/transfer.h"
 
 extern char **environ;
 
@@ -47,7 +52,8 @@ extern char **environ;
 #define SKEW_FAIL_MS 2000
 
 /* snprintf for a row's text, cut to its buffer on purpose. */
-static void textf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void textf(char *buf, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 static void textf(char *buf, size_t len, const char *fmt, ...)
 {
 	va_list ap;
@@ -131,11 +137,13 @@ static int call(const char *addr, const char *path, const ProtobufCMessage *req,
 static const char *health_of(const char *addr, const char *service, uint64_t tmo, char *err,
 			     size_t errlen)
 {
-	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckRequest req =
+		GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 	ProtobufCMessage *resp;
 	req.service = (char *)service;
 	int st = call(addr, "/grpc.health.v1.Health/Check", &req.base,
-		      &grpc__health__v1__health_check_response__descriptor, tmo, &resp, err, errlen);
+		      &grpc__health__v1__health_check_response__descriptor, tmo, &resp, err,
+		      errlen);
 	if (st != RPC_OK)
 		return NULL;
 	int s = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status;
@@ -150,7 +158,8 @@ struct meta_view {
 	char cluster_id[128];
 };
 
-static void check_meta(struct table *t, const struct cfg *cfg, uint64_t tmo, struct meta_view *mv)
+static void check_meta(struct table *t, const struct cfg *cfg, uint64_t tmo,
+		       struct meta_view *mv)
 {
 	char eps[1024];
 	cfg_meta_endpoints(cfg, eps, sizeof(eps));
@@ -171,10 +180,11 @@ static void check_meta(struct table *t, const struct cfg *cfg, uint64_t tmo, str
 		Etcdserverpb__StatusRequest req = ETCDSERVERPB__STATUS_REQUEST__INIT;
 		ProtobufCMessage *resp;
 		int st = call(ep, "/etcdserverpb.Maintenance/Status", &req.base,
-			      &etcdserverpb__status_response__descriptor, tmo, &resp, err, sizeof(err));
+			      &etcdserverpb__status_response__descriptor, tmo, &resp, err,
+			      sizeof(err));
 		if (st != RPC_OK) {
 			textf(value, sizeof(value), "no answer: %s%s%s", rpc_status_name(st),
-				 *err ? ": " : "", err);
+			      *err ? ": " : "", err);
 			put(t, "cluster", DOCTOR_FAIL, check, value, "answers Status",
 			    "start the member (mooncaked --role=meta) or correct --meta-endpoints");
 			continue;
@@ -182,10 +192,11 @@ static void check_meta(struct table *t, const struct cfg *cfg, uint64_t tmo, str
 		Etcdserverpb__StatusResponse *s = (void *)resp;
 		char db[32];
 		mc_format_bytes((uint64_t)s->dbsize, db, sizeof(db));
-		textf(value, sizeof(value), "member %" PRIx64 ", leader %" PRIx64 ", term %" PRIu64
-			 ", db %s, version %s%s",
-			 s->header ? s->header->member_id : 0, s->leader, s->raftterm, db,
-			 s->version ? s->version : "?", s->islearner ? ", learner" : "");
+		textf(value, sizeof(value),
+		      "member %" PRIx64 ", leader %" PRIx64 ", term %" PRIu64
+		      ", db %s, version %s%s",
+		      s->header ? s->header->member_id : 0, s->leader, s->raftterm, db,
+		      s->version ? s->version : "?", s->islearner ? ", learner" : "");
 		put(t, "cluster", s->leader ? DOCTOR_OK : DOCTOR_FAIL, check, value,
 		    "a member that knows its leader",
 		    "no leader: the cluster has lost its quorum (fewer than half its members up); "
@@ -200,8 +211,8 @@ static void check_meta(struct table *t, const struct cfg *cfg, uint64_t tmo, str
 		protobuf_c_message_free_unpacked(resp, NULL);
 	}
 	if (total == 0) {
-		put(t, "cluster", DOCTOR_SKIP, "meta quorum", "no meta (--meta-endpoints is empty)",
-		    "", "");
+		put(t, "cluster", DOCTOR_SKIP, "meta quorum",
+		    "no meta (--meta-endpoints is empty)", "", "");
 		return;
 	}
 	/* How many members there are, from one that answers. */
@@ -217,12 +228,16 @@ static void check_meta(struct table *t, const struct cfg *cfg, uint64_t tmo, str
 		}
 	}
 	if (leader)
-		textf(value, sizeof(value), "leader %" PRIx64 " in term %" PRIu64
-			 "; %d of %d endpoints answer; %d members",
-			 leader, term, answered, total, members);
+		textf(value, sizeof(value),
+		      "leader %" PRIx64 " in term %" PRIu64
+		      "; %d of %d endpoints answer; %d members",
+		      leader, term, answered, total, members);
 	else
-		textf(value, sizeof(value), "no leader; %d of %d endpoints answer", answered, total);
-	enum doctor_verdict v = !leader ? DOCTOR_FAIL : answered < total ? DOCTOR_WARN : DOCTOR_OK;
+		textf(value, sizeof(value), "no leader; %d of %d endpoints answer", answered,
+		      total);
+	enum doctor_verdict v = !leader            ? DOCTOR_FAIL
+				: answered < total ? DOCTOR_WARN
+						   : DOCTOR_OK;
 	put(t, "cluster", v, "meta quorum", value, "a leader; every endpoint answers",
 	    !leader ? "meta has no quorum: start enough members (a majority) to elect a leader"
 		    : "some endpoints do not answer: those members are down or unreachable");
@@ -258,22 +273,56 @@ static int get_prefix(const char *ep, const char *prefix, uint64_t tmo,
 	return st;
 }
 
+/* GetDescriptor for name at addr, with the proof of sec over a fresh
+ * Challenge when sec holds a secret. Returns the gRPC status. */
+static int fetch_descriptor(const char *addr, const char *name, const struct mc_secret *sec,
+			    uint64_t tmo, ProtobufCMessage **resp, char *err, size_t errlen)
+{
+	Mooncake__Transfer__GetDescriptorRequest req =
+		MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
+	req.name = (char *)name;
+	ProtobufCMessage *ch = NULL;
+	uint8_t mac[32];
+	if (sec && sec->len) {
+		Mooncake__Transfer__ChallengeRequest creq =
+			MOONCAKE__TRANSFER__CHALLENGE_REQUEST__INIT;
+		int gs = call(addr, "/mooncake.transfer.Transfer/Challenge", &creq.base,
+			      &mooncake__transfer__challenge_reply__descriptor, tmo, &ch, err,
+			      errlen);
+		if (gs != RPC_OK)
+			return gs;
+		const Mooncake__Transfer__ChallengeReply *c = (const void *)ch;
+		te_descriptor_mac(sec->key, sec->len, c->nonce.data, c->nonce.len, name, mac);
+		req.challenge = c->nonce;
+		req.mac.data = mac;
+		req.mac.len = sizeof(mac);
+	}
+	int gs = call(addr, "/mooncake.transfer.Transfer/GetDescriptor", &req.base,
+		      &mooncake__transfer__segment_desc__descriptor, tmo, resp, err, errlen);
+	if (ch)
+		protobuf_c_message_free_unpacked(ch, NULL);
+	return gs;
+}
+
+/* sec: the cluster secret, NULL when it cannot be had (sec_err says why). */
 static size_t check_segments(struct table *t, const struct meta_view *mv, uint64_t tmo,
-			     struct seg *segs)
+			     struct seg *segs, const struct mc_secret *sec,
+			     const char *sec_err)
 {
 	char prefix[256], value[512], check[300], err[256];
 	snprintf(prefix, sizeof(prefix), "/mooncake/%s/segments/", mv->cluster_id);
 	Etcdserverpb__RangeResponse *r;
 	int st = get_prefix(mv->endpoint, prefix, tmo, &r, err, sizeof(err));
 	if (st != RPC_OK) {
-		textf(value, sizeof(value), "cannot list %s: %s %s", prefix, rpc_status_name(st),
-			 err);
-		put(t, "cluster", DOCTOR_FAIL, "segment records", value, "a listing", "check meta");
+		textf(value, sizeof(value), "cannot list %s: %s %s", prefix,
+		      rpc_status_name(st), err);
+		put(t, "cluster", DOCTOR_FAIL, "segment records", value, "a listing",
+		    "check meta");
 		return 0;
 	}
 	size_t n = 0;
 	textf(value, sizeof(value), "%zu under %s%s", r->n_kvs, prefix,
-		 r->more ? " (more not shown)" : "");
+	      r->more ? " (more not shown)" : "");
 	put(t, "cluster", r->n_kvs ? DOCTOR_OK : DOCTOR_WARN, "segment records", value,
 	    "one per agent",
 	    "no agent has published its segment: start agents with this --meta-endpoints and "
@@ -282,53 +331,64 @@ static size_t check_segments(struct table *t, const struct meta_view *mv, uint64
 		const Mvccpb__KeyValue *kv = r->kvs[i];
 		struct seg *s = &segs[n];
 		memset(s, 0, sizeof(*s));
-		snprintf(s->key, sizeof(s->key), "%.*s", (int)kv->key.len, (const char *)kv->key.data);
+		snprintf(s->key, sizeof(s->key), "%.*s", (int)kv->key.len,
+			 (const char *)kv->key.data);
 		snprintf(check, sizeof(check), "segment %s", s->key + strlen(prefix));
-		Mooncake__Transfer__SegmentDesc *d =
-			mooncake__transfer__segment_desc__unpack(NULL, kv->value.len, kv->value.data);
+		Mooncake__Transfer__SegmentDesc *d = mooncake__transfer__segment_desc__unpack(
+			NULL, kv->value.len, kv->value.data);
 		if (!d) {
 			put(t, "cluster", DOCTOR_FAIL, check, "not a segment descriptor",
-			    "a SegmentDesc", "delete the key (etcdctl del KEY): nothing can open it");
+			    "a SegmentDesc",
+			    "delete the key (etcdctl del KEY): nothing can open it");
 			continue;
 		}
 		snprintf(s->name, sizeof(s->name), "%s", d->name ? d->name : "");
-		snprintf(s->addr, sizeof(s->addr), "%s:%u", d->host ? d->host : "", d->rpc_port);
+		snprintf(s->addr, sizeof(s->addr), "%s:%u", d->host ? d->host : "",
+			 d->rpc_port);
 		if (d->host && strchr(d->host, ':'))
 			snprintf(s->addr, sizeof(s->addr), "[%s]:%u", d->host, d->rpc_port);
 		s->incarnation = d->incarnation;
 		char xps[64] = "";
 		for (size_t k = 0; k < d->n_transports; k++)
-			snprintf(xps + strlen(xps), sizeof(xps) - strlen(xps), "%s%s", k ? "," : "",
-				 d->transports[k]);
+			snprintf(xps + strlen(xps), sizeof(xps) - strlen(xps), "%s%s",
+				 k ? "," : "", d->transports[k]);
 		mooncake__transfer__segment_desc__free_unpacked(d, NULL);
 		n++;
 
 		/* Does the address serve this segment, this incarnation? */
-		Mooncake__Transfer__GetDescriptorRequest req =
-			MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
-		req.name = s->name;
 		ProtobufCMessage *resp;
-		int gs = call(s->addr, "/mooncake.transfer.Transfer/GetDescriptor", &req.base,
-			      &mooncake__transfer__segment_desc__descriptor, tmo, &resp, err,
-			      sizeof(err));
-		const char *fix = "the record outlived its agent: it goes --te-lease-ttl after the "
-				  "agent died; one that stays is held by a live lease of a process "
-				  "that no longer serves it (a rebuilt node); peers that open it "
-				  "time out. Delete it: etcdctl del KEY";
+		int gs = fetch_descriptor(s->addr, s->name, sec, tmo, &resp, err, sizeof(err));
+		const char *fix =
+			"the record outlived its agent: it goes --te-lease-ttl after the "
+			"agent died; one that stays is held by a live lease of a process "
+			"that no longer serves it (a rebuilt node); peers that open it "
+			"time out. Delete it: etcdctl del KEY";
 		if (gs == RPC_OK) {
 			Mooncake__Transfer__SegmentDesc *live = (void *)resp;
 			bool same = live->incarnation == s->incarnation;
 			protobuf_c_message_free_unpacked(resp, NULL);
 			textf(value, sizeof(value), "%s serves it (%s)%s", s->addr, xps,
-				 same ? "" : ", but as a newer incarnation than the record's");
+			      same ? "" : ", but as a newer incarnation than the record's");
 			s->live = same;
 			put(t, "cluster", same ? DOCTOR_OK : DOCTOR_FAIL, check, value,
 			    "its address serves it", fix);
+		} else if (gs == RPC_UNAUTHENTICATED) {
+			/* A transfer engine answers, but which segment it serves
+			 * is only told to a holder of the secret. */
+			textf(value, sizeof(value), "%s serves a transfer engine (%s); %s",
+			      s->addr, xps, sec ? err : sec_err);
+			s->live = true;
+			put(t, "cluster", DOCTOR_WARN, check, value, "its address serves it",
+			    sec ? "give every host the same --cluster-secret-file"
+				: "run the doctor where it can read the cluster secret (as the "
+				  "daemon's user, with its --data-dir or --cluster-secret-file)");
 		} else {
 			textf(value, sizeof(value), "%s %s: %s%s%s", s->addr,
-				 gs == RPC_NOT_FOUND ? "serves another segment" : "does not answer",
-				 rpc_status_name(gs), *err ? ": " : "", err);
-			put(t, "cluster", DOCTOR_FAIL, check, value, "its address serves it", fix);
+			      gs == RPC_NOT_FOUND ? "serves another segment"
+						  : "does not answer",
+			      rpc_status_name(gs), *err ? ": " : "", err);
+			put(t, "cluster", DOCTOR_FAIL, check, value, "its address serves it",
+			    fix);
 		}
 	}
 	protobuf_c_message_free_unpacked(&r->base, NULL);
@@ -344,8 +404,8 @@ static void check_master(struct table *t, const struct cfg *cfg, const struct me
 	cfg_meta_endpoints(cfg, eps, sizeof(eps));
 	if (*eps && !mv->endpoint[0]) {
 		put(t, "cluster", DOCTOR_FAIL, "master leader",
-		    "unknown: no meta endpoint answers, so the leader key cannot be read", "a leader",
-		    "bring meta back first (see the meta rows)");
+		    "unknown: no meta endpoint answers, so the leader key cannot be read",
+		    "a leader", "bring meta back first (see the meta rows)");
 		return;
 	}
 	if (mv->endpoint[0]) {
@@ -355,7 +415,8 @@ static void check_master(struct table *t, const struct cfg *cfg, const struct me
 		req.key.len = strlen(key);
 		ProtobufCMessage *resp;
 		int st = call(mv->endpoint, "/etcdserverpb.KV/Range", &req.base,
-			      &etcdserverpb__range_response__descriptor, tmo, &resp, err, sizeof(err));
+			      &etcdserverpb__range_response__descriptor, tmo, &resp, err,
+			      sizeof(err));
 		Etcdserverpb__RangeResponse *r = st == RPC_OK ? (void *)resp : NULL;
 		if (!r || r->n_kvs == 0) {
 			if (r)
@@ -374,19 +435,23 @@ static void check_master(struct table *t, const struct cfg *cfg, const struct me
 			addr[0] = '\0';
 	} else {
 		const char *fixed = cfg_str(cfg, CFG_MASTER_ADDRESS);
-		snprintf(addr, sizeof(addr), "%s", *fixed ? fixed : cfg_str(cfg, CFG_MASTER_LISTEN));
+		snprintf(addr, sizeof(addr), "%s",
+			 *fixed ? fixed : cfg_str(cfg, CFG_MASTER_LISTEN));
 	}
-	const char *h = *addr ? health_of(addr, "mooncake.master.Master", tmo, err, sizeof(err))
+	const char *h = *addr ? health_of(addr, "mooncake.master.Master", tmo, err,
+					  sizeof(err))
 			      : NULL;
 	if (view)
-		textf(value, sizeof(value), "%s view %llu: %s", addr, view, h ? h : "no answer");
+		textf(value, sizeof(value), "%s view %llu: %s", addr, view,
+		      h ? h : "no answer");
 	else
 		textf(value, sizeof(value), "%s: %s", addr, h ? h : "no answer");
-	put(t, "cluster", h && strcmp(h, "SERVING") == 0 ? DOCTOR_OK : DOCTOR_FAIL, "master leader",
-	    value, "SERVING",
-	    mv->endpoint[0] ? "the leader key names a master that does not serve: it is stopping, "
-			      "or lost meta (it gives up within --leader-lease-ttl)"
-			    : "start the master (mooncaked --role=master) or correct --master-address");
+	put(t, "cluster", h && strcmp(h, "SERVING") == 0 ? DOCTOR_OK : DOCTOR_FAIL,
+	    "master leader", value, "SERVING",
+	    mv->endpoint[0]
+		    ? "the leader key names a master that does not serve: it is stopping, "
+		      "or lost meta (it gives up within --leader-lease-ttl)"
+		    : "start the master (mooncaked --role=master) or correct --master-address");
 }
 
 /* --cluster: each live agent's own node checks, and its clock. */
@@ -397,21 +462,23 @@ static void check_agents(struct table *t, const struct seg *segs, size_t n, uint
 		const struct seg *s = &segs[i];
 		snprintf(node, sizeof(node), "%s", *s->name ? s->name : s->addr);
 		if (!s->live) {
-			put(t, node, DOCTOR_SKIP, "node checks", "not asked: its record is stale", "",
-			    "");
+			put(t, node, DOCTOR_SKIP, "node checks",
+			    "not asked: its record is stale", "", "");
 			continue;
 		}
 		Mooncake__Doctor__CheckRequest req = MOONCAKE__DOCTOR__CHECK_REQUEST__INIT;
 		ProtobufCMessage *resp;
 		uint64_t t0 = mc_wall_ms();
 		int st = call(s->addr, "/mooncake.doctor.Doctor/Check", &req.base,
-			      &mooncake__doctor__check_response__descriptor, tmo * 5, &resp, err,
-			      sizeof(err));
+			      &mooncake__doctor__check_response__descriptor, tmo * 5, &resp,
+			      err, sizeof(err));
 		uint64_t t1 = mc_wall_ms();
 		if (st != RPC_OK) {
-			textf(value, sizeof(value), "%s: %s %s", s->addr, rpc_status_name(st), err);
-			put(t, node, st == RPC_UNIMPLEMENTED || st == RPC_NOT_FOUND ? DOCTOR_WARN
-										   : DOCTOR_FAIL,
+			textf(value, sizeof(value), "%s: %s %s", s->addr, rpc_status_name(st),
+			      err);
+			put(t, node,
+			    st == RPC_UNIMPLEMENTED || st == RPC_NOT_FOUND ? DOCTOR_WARN
+									   : DOCTOR_FAIL,
 			    "node checks", value, "answers mooncake.doctor.Doctor/Check",
 			    "an older mooncaked, or the agent stopped meanwhile");
 			continue;
@@ -419,17 +486,20 @@ static void check_agents(struct table *t, const struct seg *segs, size_t n, uint
 		Mooncake__Doctor__CheckResponse *cr = (void *)resp;
 		for (size_t k = 0; k < cr->n_rows; k++) {
 			const Mooncake__Doctor__Row *r = cr->rows[k];
-			put(t, node, (enum doctor_verdict)r->verdict, r->check, r->value, r->expected,
-			    r->fix);
+			put(t, node, (enum doctor_verdict)r->verdict, r->check, r->value,
+			    r->expected, r->fix);
 		}
 		double mid = ((double)t0 + (double)t1) / 2;
 		double skew = (double)cr->wall_time_ms - mid;
 		double half_rtt = ((double)t1 - (double)t0) / 2;
-		textf(value, sizeof(value), "%+.0f ms vs this node (+-%.0f ms), host %s",
-			 skew, half_rtt, cr->host ? cr->host : "?");
+		textf(value, sizeof(value), "%+.0f ms vs this node (+-%.0f ms), host %s", skew,
+		      half_rtt, cr->host ? cr->host : "?");
 		double a = skew < 0 ? -skew : skew;
 		a = a > half_rtt ? a - half_rtt : 0;
-		put(t, node, a > SKEW_FAIL_MS ? DOCTOR_FAIL : a > SKEW_WARN_MS ? DOCTOR_WARN : DOCTOR_OK,
+		put(t, node,
+		    a > SKEW_FAIL_MS   ? DOCTOR_FAIL
+		    : a > SKEW_WARN_MS ? DOCTOR_WARN
+				       : DOCTOR_OK,
 		    "clock skew", value, "within 500 ms",
 		    "synchronize the clocks (chrony or systemd-timesyncd): logs and lease times "
 		    "are compared across nodes");
@@ -457,10 +527,14 @@ static void json_str(FILE *f, const char *s)
 static const char *verdict_word(enum doctor_verdict v)
 {
 	switch (v) {
-	case DOCTOR_OK: return "ok";
-	case DOCTOR_WARN: return "warn";
-	case DOCTOR_FAIL: return "fail";
-	default: return "skip";
+	case DOCTOR_OK:
+		return "ok";
+	case DOCTOR_WARN:
+		return "warn";
+	case DOCTOR_FAIL:
+		return "fail";
+	default:
+		return "skip";
 	}
 }
 
@@ -506,25 +580,32 @@ static size_t wrap(const char *s, size_t width, const char **next)
 static void print_table(FILE *f, const struct table *t, bool nodes)
 {
 	enum { NODE, CHECK, FOUND, EXPECTED, VERDICT, FIX, NCOL };
-	static const char *const head[NCOL] = {"NODE", "CHECK", "FOUND", "EXPECTED", "VERDICT",
-					       "HOW TO FIX"};
+	static const char *const head[NCOL] = {"NODE",     "CHECK",   "FOUND",
+					       "EXPECTED", "VERDICT", "HOW TO FIX"};
 	static const size_t cap[NCOL] = {22, 34, 42, 30, 7, 44};
 	size_t w[NCOL];
 	for (int c = 0; c < NCOL; c++)
 		w[c] = strlen(head[c]);
 	for (size_t i = 0; i < t->n; i++) {
-		const char *cell[NCOL] = {t->v[i].node, t->v[i].r.check, t->v[i].r.value,
+		const char *cell[NCOL] = {t->v[i].node,
+					  t->v[i].r.check,
+					  t->v[i].r.value,
 					  t->v[i].r.expected,
-					  doctor_verdict_name(t->v[i].r.verdict), t->v[i].r.fix};
+					  doctor_verdict_name(t->v[i].r.verdict),
+					  t->v[i].r.fix};
 		for (int c = 0; c < NCOL; c++)
 			w[c] = MC_MAX(w[c], MC_MIN(strlen(cell[c]), cap[c]));
 	}
 	for (int c = nodes ? 0 : 1; c < NCOL; c++)
-		fprintf(f, "%-*s%s", c == FIX ? 0 : (int)w[c], head[c], c == FIX ? "\n" : "  ");
+		fprintf(f, "%-*s%s", c == FIX ? 0 : (int)w[c], head[c],
+			c == FIX ? "\n" : "  ");
 	for (size_t i = 0; i < t->n; i++) {
-		const char *cell[NCOL] = {t->v[i].node, t->v[i].r.check, t->v[i].r.value,
+		const char *cell[NCOL] = {t->v[i].node,
+					  t->v[i].r.check,
+					  t->v[i].r.value,
 					  t->v[i].r.expected,
-					  doctor_verdict_name(t->v[i].r.verdict), t->v[i].r.fix};
+					  doctor_verdict_name(t->v[i].r.verdict),
+					  t->v[i].r.fix};
 		for (bool more = true; more;) {
 			more = false;
 			for (int c = nodes ? 0 : 1; c < NCOL; c++) {
@@ -591,7 +672,8 @@ static int daemon_pid(const struct cfg *cfg, const char *procfs, char *pidfile, 
 	if (pid <= 0)
 		return 0;
 	snprintf(path, sizeof(path), "%s/%d/comm", procfs, pid);
-	if (mc_read_small_file(path, buf, sizeof(buf)) < 0 || strncmp(buf, "mooncaked", 9) != 0)
+	if (mc_read_small_file(path, buf, sizeof(buf)) < 0 ||
+	    strncmp(buf, "mooncaked", 9) != 0)
 		return 0;
 	return pid;
 }
@@ -629,13 +711,14 @@ int ctl_doctor_main(int argc, char **argv)
 		} else {
 			cargv[cargc++] = argv[i]; /* mooncaked's own keys */
 		}
-		if ((sysfs && !*sysfs) || (procfs && !*procfs) || (dev && !*dev) || (etc && !*etc) ||
-		    !timeout_s)
+		if ((sysfs && !*sysfs) || (procfs && !*procfs) || (dev && !*dev) ||
+		    (etc && !*etc) || !timeout_s)
 			goto usage;
 	}
 	uint64_t tmo;
 	if (cfg_parse_duration_ms(timeout_s, &tmo) != 0 || tmo == 0) {
-		fprintf(stderr, "mooncakectl doctor: bad --timeout '%s' (e.g. 500ms, 2s)\n", timeout_s);
+		fprintf(stderr, "mooncakectl doctor: bad --timeout '%s' (e.g. 500ms, 2s)\n",
+			timeout_s);
 		free(cargv);
 		return CTL_EXIT_USAGE;
 	}
@@ -661,7 +744,10 @@ int ctl_doctor_main(int argc, char **argv)
 		w += n + (w[n] == '\n');
 	}
 	struct doctor_env env = {
-		.sysfs_root = sysfs, .procfs_root = procfs, .dev_root = dev, .etc_root = etc,
+		.sysfs_root = sysfs,
+		.procfs_root = procfs,
+		.dev_root = dev,
+		.etc_root = etc,
 		.cfg = &cfg,
 	};
 	env.pid = daemon_pid(&cfg, procfs ? procfs : "/proc", pidfile, sizeof(pidfile));
@@ -677,8 +763,15 @@ int ctl_doctor_main(int argc, char **argv)
 		size_t nsegs = 0;
 		if (!segs)
 			rc = -ENOMEM;
-		else if (mv.endpoint[0])
-			nsegs = check_segments(&t, &mv, tmo, segs);
+		else if (mv.endpoint[0]) {
+			struct mc_secret sec;
+			char sec_err[1024];
+			bool have = mc_secret_find(&cfg, false, false, &sec, sec_err,
+						   sizeof(sec_err)) == 0;
+			nsegs = check_segments(&t, &mv, tmo, segs, have ? &sec : NULL,
+					       sec_err);
+			mc_secret_clear(&sec);
+		}
 		check_master(&t, &cfg, &mv, tmo);
 		if (cluster && segs)
 			check_agents(&t, segs, nsegs, tmo);
@@ -695,7 +788,8 @@ int ctl_doctor_main(int argc, char **argv)
 		print_table(stdout, &t, cluster);
 	bool failed = rc != 0 || t.oom;
 	if (failed)
-		fprintf(stderr, "mooncakectl doctor: out of memory; the report is incomplete\n");
+		fprintf(stderr,
+			"mooncakectl doctor: out of memory; the report is incomplete\n");
 	free(t.v);
 	cfg_free(&cfg);
 	return failed || worst == DOCTOR_FAIL ? CTL_EXIT_FAIL : CTL_EXIT_OK;

@@ -126,9 +126,12 @@ static void on_first_timeout(uv_timer_t *t)
 static int do_watch(uv_loop_t *loop, struct rpc_client *c, const char *endpoint,
 		    const char *service, uint64_t timeout_ms)
 {
-	struct watch w = {.loop = loop, .endpoint = endpoint, .timeout_ms = timeout_ms,
+	struct watch w = {.loop = loop,
+			  .endpoint = endpoint,
+			  .timeout_ms = timeout_ms,
 			  .last = RPC_HEALTH_UNKNOWN};
-	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckRequest req =
+		GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 	req.service = (char *)service;
 
 	uv_signal_init(loop, &w.sigint);
@@ -167,7 +170,8 @@ static int do_watch(uv_loop_t *loop, struct rpc_client *c, const char *endpoint,
 static int do_check(struct rpc_client *c, const char *endpoint, const char *service,
 		    uint64_t timeout_ms)
 {
-	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckRequest req =
+		GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 	ProtobufCMessage *resp = NULL;
 	char err[256];
 	req.service = (char *)service;
@@ -182,7 +186,8 @@ static int do_check(struct rpc_client *c, const char *endpoint, const char *serv
 	}
 	if (st == RPC_NOT_FOUND) {
 		printf("SERVICE_UNKNOWN\n");
-		fprintf(stderr, "mooncakectl health: %s: service \"%s\" is unknown to the server\n",
+		fprintf(stderr,
+			"mooncakectl health: %s: service \"%s\" is unknown to the server\n",
 			endpoint, service);
 		return CTL_EXIT_FAIL;
 	}
@@ -209,16 +214,20 @@ static int do_wait(const char *endpoint, const char *service, uint64_t timeout_m
 			return CTL_EXIT_FAIL;
 		if (rpc_client_new(&loop, endpoint, &o, &c)) {
 			(void)uv_loop_close(&loop);
-			fprintf(stderr, "mooncakectl health: bad --endpoint \"%s\" (want a numeric "
-					"HOST:PORT)\n", endpoint);
+			fprintf(stderr,
+				"mooncakectl health: bad --endpoint \"%s\" (want a numeric "
+				"HOST:PORT)\n",
+				endpoint);
 			return CTL_EXIT_USAGE;
 		}
-		Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+		Grpc__Health__V1__HealthCheckRequest req =
+			GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 		ProtobufCMessage *resp = NULL;
 		req.service = (char *)service;
-		st = rpc_client_unary_sync(c, "/grpc.health.v1.Health/Check", &req.base,
-					   &grpc__health__v1__health_check_response__descriptor, t,
-					   &resp, err, sizeof(err));
+		st = rpc_client_unary_sync(
+			c, "/grpc.health.v1.Health/Check", &req.base,
+			&grpc__health__v1__health_check_response__descriptor, t, &resp, err,
+			sizeof(err));
 		if (st == RPC_OK) {
 			s = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status;
 			protobuf_c_message_free_unpacked(resp, NULL);
@@ -262,11 +271,13 @@ int ctl_health_main(int argc, char **argv)
 			wait_s = v;
 		} else if (ctl_flag_bool(argv[i], "watch", &watch, &ok)) {
 			if (!ok) {
-				fprintf(stderr, "mooncakectl health: bad value in %s\n", argv[i]);
+				fprintf(stderr, "mooncakectl health: bad value in %s\n",
+					argv[i]);
 				return CTL_EXIT_USAGE;
 			}
 		} else {
-			fprintf(stderr, "mooncakectl health: unknown argument \"%s\"\n", argv[i]);
+			fprintf(stderr, "mooncakectl health: unknown argument \"%s\"\n",
+				argv[i]);
 			health_usage(stderr);
 			return CTL_EXIT_USAGE;
 		}
@@ -284,7 +295,8 @@ int ctl_health_main(int argc, char **argv)
 		return CTL_EXIT_USAGE;
 	}
 	if (!timeout_s || cfg_parse_duration_ms(timeout_s, &timeout_ms)) {
-		fprintf(stderr, "mooncakectl health: bad --timeout \"%s\" (want e.g. 500ms, 5s)\n",
+		fprintf(stderr,
+			"mooncakectl health: bad --timeout \"%s\" (want e.g. 500ms, 5s)\n",
 			timeout_s ? timeout_s : "");
 		return CTL_EXIT_USAGE;
 	}
@@ -300,8 +312,10 @@ int ctl_health_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	if (rpc_client_new(&loop, endpoint, &copts, &c)) {
-		fprintf(stderr, "mooncakectl health: bad --endpoint \"%s\" (want a numeric "
-				"HOST:PORT)\n", endpoint);
+		fprintf(stderr,
+			"mooncakectl health: bad --endpoint \"%s\" (want a numeric "
+			"HOST:PORT)\n",
+			endpoint);
 		uv_loop_close(&loop);
 		return CTL_EXIT_USAGE;
 	}

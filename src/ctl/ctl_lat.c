@@ -1,7 +1,9 @@
 /*
- * ctl_lat: latency samples and their percentiles, for the benchmarks.
+ * ctl_lat: latency samples and their percentiles, and thread CPU time,
+ * for the benchmarks.
  */
 #include <stdlib.h>
+#include <time.h>
 
 #include "ctl/ctl_int.h"
 
@@ -38,4 +40,13 @@ void ctl_lat_free(struct ctl_lat *l)
 	free(l->v);
 	l->v = NULL;
 	l->n = l->cap = 0;
+}
+
+uint64_t ctl_thread_cpu_ns(pthread_t t)
+{
+	clockid_t id;
+	struct timespec ts;
+	if (pthread_getcpuclockid(t, &id) || clock_gettime(id, &ts))
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }

@@ -58,8 +58,8 @@ static int mcall(struct mconn *mc, const char *method, const ProtobufCMessage *r
 	char path[96];
 	snprintf(path, sizeof(path), "/mooncake.master.Master/%s", method);
 	for (int i = 0;; i++) {
-		int st = rpc_client_unary_sync(mc->c, path, req, resp_desc, CALL_TIMEOUT_MS, resp,
-					       err, errlen);
+		int st = rpc_client_unary_sync(mc->c, path, req, resp_desc, CALL_TIMEOUT_MS,
+					       resp, err, errlen);
 		const char *l = st == RPC_UNAVAILABLE ? strstr(err, "leader=") : NULL;
 		if (!l || i == MAX_REDIRECTS)
 			return st;
@@ -75,8 +75,8 @@ static int mcall(struct mconn *mc, const char *method, const ProtobufCMessage *r
 		struct rpc_client_opts o = {.max_message_bytes = 256u << 20};
 		if (rpc_client_new(&mc->loop, addr, &o, &c) != 0)
 			return st;
-		fprintf(stderr, "mooncakectl: %s is a standby; asking the leader %s\n", mc->addr,
-			addr);
+		fprintf(stderr, "mooncakectl: %s is a standby; asking the leader %s\n",
+			mc->addr, addr);
 		rpc_client_free(mc->c);
 		mc->c = c;
 		snprintf(mc->addr, sizeof(mc->addr), "%s", addr);
@@ -97,11 +97,12 @@ static void print_key(FILE *f, const uint8_t *k, size_t len)
 
 static void ls_usage(FILE *f)
 {
-	fprintf(f, "usage: mooncakectl ls [PREFIX] [--master=HOST:PORT] [--limit=N] [--long]\n\n"
-		   "  Keys in the master's index that start with PREFIX, in byte order, one per\n"
-		   "  line (bytes outside printable ASCII as \\xNN). --limit is the page size of\n"
-		   "  each List call (all keys are printed). --long adds size, replicas, state,\n"
-		   "  soft pin and the read lease left. Default master: " DEFAULT_MASTER "\n");
+	fprintf(f,
+		"usage: mooncakectl ls [PREFIX] [--master=HOST:PORT] [--limit=N] [--long]\n\n"
+		"  Keys in the master's index that start with PREFIX, in byte order, one per\n"
+		"  line (bytes outside printable ASCII as \\xNN). --limit is the page size of\n"
+		"  each List call (all keys are printed). --long adds size, replicas, state,\n"
+		"  soft pin and the read lease left. Default master: " DEFAULT_MASTER "\n");
 }
 
 int ctl_ls_main(int argc, char **argv)
@@ -148,10 +149,12 @@ int ctl_ls_main(int argc, char **argv)
 		req.limit = (uint32_t)limit;
 		ProtobufCMessage *out = NULL;
 		char err[512] = "";
-		int st = mcall(&mc, "List", &req.base, &mooncake__master__list_response__descriptor,
-			       &out, err, sizeof(err));
+		int st = mcall(&mc, "List", &req.base,
+			       &mooncake__master__list_response__descriptor, &out, err,
+			       sizeof(err));
 		if (st != RPC_OK) {
-			fprintf(stderr, "mooncakectl ls: %s: %s %s\n", mc.addr, rpc_status_name(st), err);
+			fprintf(stderr, "mooncakectl ls: %s: %s %s\n", mc.addr,
+				rpc_status_name(st), err);
 			rc = CTL_EXIT_FAIL;
 			break;
 		}
@@ -160,8 +163,8 @@ int ctl_ls_main(int argc, char **argv)
 			const Mooncake__Master__ListItem *it = r->items[i];
 			print_key(stdout, it->key.data, it->key.len);
 			if (longfmt)
-				printf("\t%" PRIu64 "\t%u\t%s%s\t%" PRIu64 "ms", it->size, it->replicas,
-				       it->complete ? "complete" : "pending",
+				printf("\t%" PRIu64 "\t%u\t%s%s\t%" PRIu64 "ms", it->size,
+				       it->replicas, it->complete ? "complete" : "pending",
 				       it->soft_pin ? ",pinned" : "", it->lease_ms);
 			putchar('\n');
 		}
@@ -194,15 +197,38 @@ usage:
 
 static void stats_usage(FILE *f)
 {
-	fprintf(f, "usage: mooncakectl stats [--master=HOST:PORT]\n"
-		   "       mooncakectl stats --agent [--socket=PATH]\n\n"
-		   "  The master's view, object count, DRAM capacity and usage, index memory per\n"
-		   "  object, counters, and one line per mounted segment.\n"
-		   "  Default master: " DEFAULT_MASTER "\n"
-		   "  --agent (or --socket=PATH): the local agent's own figures instead: its\n"
-		   "  segment, the master it uses, open sessions, buffers and views, puts, gets,\n"
-		   "  hits and bytes since it started. Without --socket: $MOONCAKE_SOCKET,\n"
-		   "  /run/mooncake/agent.sock, $XDG_RUNTIME_DIR/mooncake/agent.sock.\n");
+	fprintf(f,
+		"usage: mooncakectl stats [--master=HOST:PORT]\n"
+		"       mooncakectl stats --agent [--socket=PATH]\n\n"
+		"  The master's view, object count, DRAM capacity and usage, index memory per\n"
+		"  object, counters, and one line per mounted segment.\n"
+		"  Default master: " DEFAULT_MASTER "\n"
+		"  --agent (or --socket=PATH): the local agent's own figures instead: its\n"
+		"  segment, the master it uses, open sessions, buffers and views, puts, gets,\n"
+		"  hits and bytes since it started. Without --socket: $MOONCAKE_SOCKET,\n"
+		"  /run/mooncake/agent.sock, $XDG_RUNTIME_DIR/mooncake/agent.sock.\n");
+}
+
+int ctl_master_dram_segments(const char *addr, unsigned *ready)
+{
+	struct mconn mc;
+	if (mconn_open(&mc, addr))
+		return -EINVAL;
+	Mooncake__Master__StatsRequest req = MOONCAKE__MASTER__STATS_REQUEST__INIT;
+	ProtobufCMessage *out = NULL;
+	char err[512];
+	int st = mcall(&mc, "Stats", &req.base, &mooncake__master__stats_response__descriptor,
+		       &out, err, sizeof(err));
+	mconn_close(&mc);
+	if (st != RPC_OK)
+		return MC_EUNAVAILABLE;
+	const Mooncake__Master__StatsResponse *r = (void *)out;
+	*ready = 0;
+	for (size_t i = 0; i < r->n_segments; i++)
+		*ready += r->segments[i]->segment->tier != MOONCAKE__MASTER__TIER__TIER_SSD &&
+			  !r->segments[i]->syncing;
+	protobuf_c_message_free_unpacked(out, NULL);
+	return 0;
 }
 
 int ctl_stats_main(int argc, char **argv)
@@ -241,10 +267,11 @@ int ctl_stats_main(int argc, char **argv)
 	Mooncake__Master__StatsRequest req = MOONCAKE__MASTER__STATS_REQUEST__INIT;
 	ProtobufCMessage *out = NULL;
 	char err[512] = "";
-	int st = mcall(&mc, "Stats", &req.base, &mooncake__master__stats_response__descriptor, &out,
-		       err, sizeof(err));
+	int st = mcall(&mc, "Stats", &req.base, &mooncake__master__stats_response__descriptor,
+		       &out, err, sizeof(err));
 	if (st != RPC_OK) {
-		fprintf(stderr, "mooncakectl stats: %s: %s %s\n", mc.addr, rpc_status_name(st), err);
+		fprintf(stderr, "mooncakectl stats: %s: %s %s\n", mc.addr, rpc_status_name(st),
+			err);
 		mconn_close(&mc);
 		return CTL_EXIT_FAIL;
 	}
@@ -261,6 +288,12 @@ int ctl_stats_main(int argc, char **argv)
 	       r->key_bytes, r->bytes_per_object, r->puts, r->gets, r->hits, r->misses,
 	       r->evictions, r->lease_waits, r->put_timeouts, r->leased, r->commits,
 	       r->commit_refusals);
+	printf("ssd_capacity_bytes %" PRIu64 "\nssd_used_bytes %" PRIu64
+	       "\nssd_objects %" PRIu64 "\ndemotions %" PRIu64 "\ndemoting %" PRIu64
+	       "\ndemotion_failures %" PRIu64 "\npromotions %" PRIu64
+	       "\nssd_evictions %" PRIu64 "\n",
+	       r->ssd_capacity, r->ssd_used, r->ssd_objects, r->demotions, r->demoting,
+	       r->demotion_failures, r->promotions, r->ssd_evictions);
 	printf("%-24s %-16s %-5s %14s %14s %12s %10s %8s %s\n", "segment", "agent", "tier",
 	       "size", "used", "leased", "replicas", "frag", "state");
 	for (size_t i = 0; i < r->n_segments; i++) {

@@ -132,8 +132,8 @@ static int parse_uint(const char *flag, const char *v, unsigned long long max,
 	*out = x;
 	return 0;
 bad:
-	fprintf(stderr, "mooncakectl plan: --%s wants a whole number up to %llu, not '%s'\n", flag,
-		max, v ? v : "");
+	fprintf(stderr, "mooncakectl plan: --%s wants a whole number up to %llu, not '%s'\n",
+		flag, max, v ? v : "");
 	return -1;
 }
 
@@ -141,8 +141,8 @@ static int parse_ratio(const char *flag, const char *v, double *out)
 {
 	uint64_t ppm;
 	if (!v || cfg_parse_ratio_ppm(v, &ppm) != 0) {
-		fprintf(stderr, "mooncakectl plan: --%s wants a ratio from 0 to 1, not '%s'\n", flag,
-			v ? v : "");
+		fprintf(stderr, "mooncakectl plan: --%s wants a ratio from 0 to 1, not '%s'\n",
+			flag, v ? v : "");
 		return -1;
 	}
 	*out = (double)ppm / 1e6;
@@ -167,10 +167,10 @@ static void size_key(uint64_t b, char *buf, size_t len)
 int ctl_plan_main(int argc, char **argv)
 {
 	const struct model *m = NULL;
-	unsigned long long layers = 0, kv_heads = 0, head_dim = 0, lora = 0, rope = 0, nodes = 1,
-			   ctx = 32768, block = 256;
-	bool mla = false, json = false, list = false, ok, have_layers = false, have_heads = false,
-	     have_dim = false, have_lora = false, have_rope = false;
+	unsigned long long layers = 0, kv_heads = 0, head_dim = 0, lora = 0, rope = 0,
+			   nodes = 1, ctx = 32768, block = 256;
+	bool mla = false, json = false, list = false, ok, have_layers = false,
+	     have_heads = false, have_dim = false, have_lora = false, have_rope = false;
 	const char *dtype = "bf16", *emit = NULL, *v;
 	uint64_t mem = 0;
 	double share = 0, hw = 0.85, er = 0.15;
@@ -186,8 +186,10 @@ int ctl_plan_main(int argc, char **argv)
 				goto usage;
 		} else if (ctl_flag_value(argc, argv, &i, "model", &v)) {
 			if (!v || !(m = find_model(v))) {
-				fprintf(stderr, "mooncakectl plan: unknown --model '%s' (see --list, or "
-						"give --layers --kv-heads --head-dim)\n", v ? v : "");
+				fprintf(stderr,
+					"mooncakectl plan: unknown --model '%s' (see --list, or "
+					"give --layers --kv-heads --head-dim)\n",
+					v ? v : "");
 				return CTL_EXIT_USAGE;
 			}
 		} else if (ctl_flag_value(argc, argv, &i, "layers", &v)) {
@@ -223,8 +225,10 @@ int ctl_plan_main(int argc, char **argv)
 				goto usage;
 		} else if (ctl_flag_value(argc, argv, &i, "mem-per-node", &v)) {
 			if (!v || cfg_parse_size(v, &mem) != 0 || mem == 0) {
-				fprintf(stderr, "mooncakectl plan: --mem-per-node wants a size such as "
-						"512G, not '%s'\n", v ? v : "");
+				fprintf(stderr,
+					"mooncakectl plan: --mem-per-node wants a size such as "
+					"512G, not '%s'\n",
+					v ? v : "");
 				return CTL_EXIT_USAGE;
 			}
 		} else if (ctl_flag_value(argc, argv, &i, "prefix-share", &v)) {
@@ -246,24 +250,27 @@ int ctl_plan_main(int argc, char **argv)
 		}
 	}
 	if (list) {
-		printf("%-18s %6s %8s %8s %12s  %s\n", "MODEL", "LAYERS", "KV HEADS", "HEAD DIM",
-		       "KV/TOKEN", "ALSO");
+		printf("%-18s %6s %8s %8s %12s  %s\n", "MODEL", "LAYERS", "KV HEADS",
+		       "HEAD DIM", "KV/TOKEN", "ALSO");
 		for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
 			const struct model *x = &models[i];
 			char per_s[32], heads[32], dim[48];
 			uint64_t per = x->kv_lora_rank
-					       ? (uint64_t)x->layers * (x->kv_lora_rank + x->rope_dim) * 2
-					       : 2ull * x->layers * x->kv_heads * x->head_dim * 2;
+					       ? (uint64_t)x->layers *
+							 (x->kv_lora_rank + x->rope_dim) * 2
+					       : 2ull * x->layers * x->kv_heads * x->head_dim *
+							 2;
 			mc_format_bytes(per, per_s, sizeof(per_s));
 			if (x->kv_lora_rank) {
 				snprintf(heads, sizeof(heads), "MLA");
-				snprintf(dim, sizeof(dim), "%u+%u", x->kv_lora_rank, x->rope_dim);
+				snprintf(dim, sizeof(dim), "%u+%u", x->kv_lora_rank,
+					 x->rope_dim);
 			} else {
 				snprintf(heads, sizeof(heads), "%u", x->kv_heads);
 				snprintf(dim, sizeof(dim), "%u", x->head_dim);
 			}
-			printf("%-18s %6u %8s %8s %12s  %s\n", x->name, x->layers, heads, dim, per_s,
-			       x->aliases);
+			printf("%-18s %6u %8s %8s %12s  %s\n", x->name, x->layers, heads, dim,
+			       per_s, x->aliases);
 		}
 		printf("\nKV/TOKEN in bf16. MLA: kv_lora_rank + qk_rope_head_dim per layer.\n");
 		return CTL_EXIT_OK;
@@ -284,23 +291,28 @@ int ctl_plan_main(int argc, char **argv)
 	}
 	int db = dtype_bytes(dtype);
 	if (!db) {
-		fprintf(stderr, "mooncakectl plan: --dtype wants bf16, fp16, fp8, int8 or fp32, not "
-				"'%s'\n", dtype);
+		fprintf(stderr,
+			"mooncakectl plan: --dtype wants bf16, fp16, fp8, int8 or fp32, not "
+			"'%s'\n",
+			dtype);
 		return CTL_EXIT_USAGE;
 	}
 	if (!layers || (mla ? !lora : (!kv_heads || !head_dim))) {
-		fprintf(stderr, "mooncakectl plan: give --model=NAME, or --layers, --kv-heads and "
-				"--head-dim (with --mla: --layers, --kv-lora-rank, --rope-dim)\n");
+		fprintf(stderr,
+			"mooncakectl plan: give --model=NAME, or --layers, --kv-heads and "
+			"--head-dim (with --mla: --layers, --kv-lora-rank, --rope-dim)\n");
 		return CTL_EXIT_USAGE;
 	}
 	if (!mem) {
-		fprintf(stderr, "mooncakectl plan: --mem-per-node=SIZE is required (what each node "
-				"gives the pool: its --global-segment-size)\n");
+		fprintf(stderr,
+			"mooncakectl plan: --mem-per-node=SIZE is required (what each node "
+			"gives the pool: its --global-segment-size)\n");
 		return CTL_EXIT_USAGE;
 	}
 	if (hw <= 0 || er <= 0) {
-		fprintf(stderr, "mooncakectl plan: --high-watermark and --eviction-ratio must be "
-				"above 0\n");
+		fprintf(stderr,
+			"mooncakectl plan: --high-watermark and --eviction-ratio must be "
+			"above 0\n");
 		return CTL_EXIT_USAGE;
 	}
 
@@ -337,15 +349,16 @@ int ctl_plan_main(int argc, char **argv)
 	size_key(mem, k_mem, sizeof(k_mem));
 	char shape[160], formula[160];
 	if (mla) {
-		snprintf(shape, sizeof(shape), "MLA: %llu layers, kv_lora_rank %llu + rope %llu, %s",
-			 layers, lora, rope, dtype);
-		snprintf(formula, sizeof(formula), "%llu x (%llu + %llu) x %d B", layers, lora, rope,
-			 db);
+		snprintf(shape, sizeof(shape),
+			 "MLA: %llu layers, kv_lora_rank %llu + rope %llu, %s", layers, lora,
+			 rope, dtype);
+		snprintf(formula, sizeof(formula), "%llu x (%llu + %llu) x %d B", layers, lora,
+			 rope, db);
 	} else {
 		snprintf(shape, sizeof(shape), "%llu layers, %llu KV heads x %llu, %s", layers,
 			 kv_heads, head_dim, dtype);
-		snprintf(formula, sizeof(formula), "2 x %llu x %llu x %llu x %d B", layers, kv_heads,
-			 head_dim, db);
+		snprintf(formula, sizeof(formula), "2 x %llu x %llu x %llu x %d B", layers,
+			 kv_heads, head_dim, db);
 	}
 
 	if (json) {
@@ -356,32 +369,34 @@ int ctl_plan_main(int argc, char **argv)
 		       "\"kv_bytes_per_request\": %" PRIu64 ", \"prefix_share\": %g, "
 		       "\"unique_bytes_per_request\": %.0f,\n"
 		       " \"nodes\": %llu, \"segment_bytes_per_node\": %" PRIu64
-		       ", \"pool_bytes\": %.0f, \"tokens_held\": %" PRIu64 ", \"requests_held\": %" PRIu64
+		       ", \"pool_bytes\": %.0f, \"tokens_held\": %" PRIu64
+		       ", \"requests_held\": %" PRIu64
 		       ", \"requests_held_at_high_watermark\": %" PRIu64 ",\n"
 		       " \"high_watermark\": %g, \"eviction_ratio\": %g, \"eviction_round_bytes\": %.0f, "
 		       "\"eviction_round_requests\": %" PRIu64 ", \"block_tokens\": %llu, "
 		       "\"object_bytes\": %" PRIu64 ", \"objects_held\": %" PRIu64 "}\n",
 		       m ? m->name : "custom", mla ? "mla" : "gqa", layers, mla ? 0 : kv_heads,
-		       mla ? 0 : head_dim, mla ? lora : 0, mla ? rope : 0, dtype, db, per_token, ctx,
-		       per_req, share, unique, nodes, mem, pool, tokens, held, held_hw, hw, er,
-		       round_bytes, round_req, block, obj, objects);
+		       mla ? 0 : head_dim, mla ? lora : 0, mla ? rope : 0, dtype, db,
+		       per_token, ctx, per_req, share, unique, nodes, mem, pool, tokens, held,
+		       held_hw, hw, er, round_bytes, round_req, block, obj, objects);
 	} else {
 		printf("%-22s %s (%s)\n", "model", m ? m->name : "custom", shape);
 		printf("%-22s %s (%s = %" PRIu64 " bytes)\n", "KV per token", s_tok, formula,
 		       per_token);
 		printf("%-22s %s (%llu tokens)\n", "KV per request", s_req, ctx);
 		printf("%-22s %s (prefix share %g)\n", "unique per request", s_uni, share);
-		printf("%-22s %s (%llu node%s x %s)\n", "pool", s_pool, nodes, nodes == 1 ? "" : "s",
-		       s_mem);
+		printf("%-22s %s (%llu node%s x %s)\n", "pool", s_pool, nodes,
+		       nodes == 1 ? "" : "s", s_mem);
 		printf("%-22s %" PRIu64 " (%" PRIu64 " at the %g high watermark; %" PRIu64
 		       " tokens in all)\n",
 		       "requests held", held, held_hw, hw, tokens);
-		printf("%-22s %s (--global-segment-size=%s)\n", "segment per node", s_mem, k_mem);
+		printf("%-22s %s (--global-segment-size=%s)\n", "segment per node", s_mem,
+		       k_mem);
 		printf("%-22s --eviction-high-watermark-ratio=%g --eviction-ratio=%g (a round frees "
 		       "%s, %" PRIu64 " requests)\n",
 		       "watermarks", hw, er, s_round, round_req);
-		printf("%-22s %" PRIu64 " of %s (%llu tokens each)\n", "objects", objects, s_obj,
-		       block);
+		printf("%-22s %" PRIu64 " of %s (%llu tokens each)\n", "objects", objects,
+		       s_obj, block);
 	}
 	if (emit) {
 		FILE *f = strcmp(emit, "-") == 0 ? stdout : fopen(emit, "w");
@@ -391,11 +406,12 @@ int ctl_plan_main(int argc, char **argv)
 		}
 		fprintf(f,
 			"# mooncaked.conf keys from mooncakectl plan: %s, %llu context tokens,\n"
-			"# prefix share %g, %llu node(s) x %s: %" PRIu64 " requests' KV (%" PRIu64
-			" before eviction begins).\n"
+			"# prefix share %g, %llu node(s) x %s: %" PRIu64
+			" requests' KV (%" PRIu64 " before eviction begins).\n"
 			"[master]\neviction-high-watermark-ratio = %g\neviction-ratio = %g\n\n"
 			"[agent]\nglobal-segment-size = %s\n",
-			m ? m->name : shape, ctx, share, nodes, s_mem, held, held_hw, hw, er, k_mem);
+			m ? m->name : shape, ctx, share, nodes, s_mem, held, held_hw, hw, er,
+			k_mem);
 		if (f != stdout && fclose(f) != 0) {
 			perror(emit);
 			return CTL_EXIT_FAIL;

@@ -4,7 +4,7 @@
  * would:
  *
  *   mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] [--soft-pin]
- *                   [--ttl=DURATION] [--upsert]
+ *                   [--ttl=DURATION] [--upsert] [--tier=dram|ssd]
  *   mooncakectl get KEY [FILE] [--socket=PATH] [--verify]
  *   mooncakectl rm KEY [--force] [--socket=PATH]
  *   mooncakectl stats --agent [--socket=PATH]   (ctl_agent_stats)
@@ -41,9 +41,10 @@ static void store_usage(FILE *f, const char *cmd)
 {
 	if (strcmp(cmd, "put") == 0)
 		fprintf(f, "usage: mooncakectl put KEY FILE|- [--socket=PATH] [--replicas=N] "
-			   "[--soft-pin] [--ttl=DURATION] [--upsert]\n"
+			   "[--soft-pin] [--ttl=DURATION] [--upsert] [--tier=dram|ssd]\n"
 			   "Store FILE (or standard input) under KEY through the local "
-			   "agent. An existing key is refused unless --upsert.\n");
+			   "agent. An existing key is refused unless --upsert. --tier=ssd: "
+			   "straight into the agent's SSD tier (one replica).\n");
 	else if (strcmp(cmd, "get") == 0)
 		fprintf(f, "usage: mooncakectl get KEY [FILE] [--socket=PATH] [--verify]\n"
 			   "Write the value of KEY to FILE (or standard output). Exit "
@@ -78,9 +79,16 @@ static int parse(int argc, char **argv, struct store_args *a)
 				return -1;
 			}
 			a->put.replica_num = (unsigned)n;
+		} else if (ctl_flag_value(argc, argv, &i, "tier", &v)) {
+			if (!v || (strcmp(v, "dram") != 0 && strcmp(v, "ssd") != 0)) {
+				fprintf(stderr, "mooncakectl: --tier takes dram or ssd\n");
+				return -1;
+			}
+			a->put.tier = strcmp(v, "ssd") == 0 ? MC_TIER_SSD : MC_TIER_DRAM;
 		} else if (ctl_flag_value(argc, argv, &i, "ttl", &v)) {
 			if (!v || cfg_parse_duration_ms(v, &a->put.ttl_ms) != 0) {
-				fprintf(stderr, "mooncakectl: --ttl takes a duration (10s, 5m)\n");
+				fprintf(stderr,
+					"mooncakectl: --ttl takes a duration (10s, 5m)\n");
 				return -1;
 			}
 		} else if (ctl_flag_bool(argv[i], "soft-pin", &b, &ok)) {
@@ -199,8 +207,21 @@ int ctl_put_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	rc = mc_put(c, key, strlen(key), val, len, &a.put);
-	mc_close(c);
 	free(val);
+	struct mc_agent_stats st;
+	unsigned ready;
+	if (rc == MC_ETOO_FEW_SEGMENTS && mc_agent_stats(c, &st) == 0 && st.master[0] &&
+	    ctl_master_dram_segments(st.master, &ready) == 0) {
+		/* Say it with the figures: N replicas, M segments. */
+		unsigned n = a.put.replica_num ? a.put.replica_num : 1;
+		fprintf(stderr,
+			"mooncakectl put %s: --replicas=%u needs %u segments, one per replica, "
+			"and only %u %s mounted (%s)\n",
+			key, n, n, ready, ready == 1 ? "is" : "are", mc_errname(rc));
+		mc_close(c);
+		return CTL_EXIT_FAIL;
+	}
+	mc_close(c);
 	if (rc) {
 		fprintf(stderr, "mooncakectl put %s: %s (%s)\n", key, mc_strerror(rc),
 			mc_errname(rc));
@@ -237,7 +258,8 @@ int ctl_get_main(int argc, char **argv)
 	if (a.npos == 2 && strcmp(a.pos[1], "-") != 0) {
 		fd = open(a.pos[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd < 0) {
-			fprintf(stderr, "mooncakectl get: %s: %s\n", a.pos[1], strerror(errno));
+			fprintf(stderr, "mooncakectl get: %s: %s\n", a.pos[1],
+				strerror(errno));
 			free(val);
 			return CTL_EXIT_FAIL;
 		}
@@ -286,7 +308,8 @@ int ctl_agent_stats(const char *socket)
 	int rc = mc_agent_stats(c, &s);
 	mc_close(c);
 	if (rc) {
-		fprintf(stderr, "mooncakectl stats: %s (%s)\n", mc_strerror(rc), mc_errname(rc));
+		fprintf(stderr, "mooncakectl stats: %s (%s)\n", mc_strerror(rc),
+			mc_errname(rc));
 		return CTL_EXIT_FAIL;
 	}
 	printf("agent %s\nmaster %s\nmaster_view %" PRIu64 "\nsegment_bytes %" PRIu64
@@ -299,5 +322,11 @@ int ctl_agent_stats(const char *socket)
 	       s.hugepages, s.numa_node, s.staging_size, s.clients, s.buffers, s.views, s.puts,
 	       s.gets, s.local_hits, s.remote_hits, s.misses, s.bytes_written, s.bytes_read,
 	       s.inventory, s.get_bad, s.resync_bad);
+	if (s.ssd_segment[0])
+		printf("ssd_segment %s\nssd_bytes %" PRIu64 "\nssd_used_bytes %" PRIu64
+		       "\nssd_objects %" PRIu64 "\nssd_hits %" PRIu64
+		       "\nssd_demotions %" PRIu64 "\nssd_promotions %" PRIu64 "\n",
+		       s.ssd_segment, s.ssd_size, s.ssd_used, s.ssd_objects, s.ssd_hits,
+		       s.ssd_demotions, s.ssd_promotions);
 	return CTL_EXIT_OK;
 }

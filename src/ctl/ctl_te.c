@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "common/util.h"
 #include "ctl/ctl_int.h"
@@ -41,7 +42,17 @@ const char ctl_te_flags_help[] =
 	"  --te-slice-size=SIZE      slice size, 64K..64M (default 1M)\n"
 	"  --te-io-timeout=DURATION  dead-path timeout (default 10s)\n"
 	"  --te-lease-ttl=DURATION   descriptor lease in meta (default 10s)\n"
-	"  --cluster-secret-file=F   authenticate peers with this secret\n"
+	"  --cluster-secret-file=F   the cluster secret peers prove (default: as\n"
+	"                            mooncaked finds it: MOONCAKE_CLUSTER_SECRET_FILE,\n"
+	"                            the configuration file, else\n"
+	"                            <data-dir>/cluster.secret, which needs read\n"
+	"                            access to the agent's data directory)\n"
+	"  --data-dir=DIR            the agent's data directory (default\n"
+	"                            /var/lib/mooncake)\n"
+	"  --config=FILE             mooncaked's configuration file to read those\n"
+	"                            keys from (default /etc/mooncake/mooncaked.conf)\n"
+	"  --insecure-transfer       no authentication at all (only with peers\n"
+	"                            that run with it too)\n"
 	"  --rdma-devices=LIST       RDMA devices, mlx5_0,mlx5_1 (default: every "
 	"usable one)\n"
 	"  --rdma-gid-index=N        RoCE GID index 0-255 (default auto)\n";
@@ -66,6 +77,9 @@ bool ctl_te_flag(struct ctl_te_opts *o, int argc, char **argv, int *i)
 		{"cluster-secret-file", offsetof(struct ctl_te_opts, secret_file)},
 		{"rdma-devices", offsetof(struct ctl_te_opts, rdma_devices)},
 		{"rdma-gid-index", offsetof(struct ctl_te_opts, rdma_gid_index)},
+		{"config", offsetof(struct ctl_te_opts, config)},
+		{"data-dir", offsetof(struct ctl_te_opts, data_dir)},
+		{"insecure-transfer", offsetof(struct ctl_te_opts, insecure)},
 	};
 	const char *v;
 	for (size_t k = 0; k < MC_ARRAY_LEN(flags); k++) {
@@ -139,13 +153,51 @@ static int bad(char *err, size_t errlen, const char *what, const char *v)
 	return -EINVAL;
 }
 
-int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
-		 size_t errlen)
+/* The flags that say where the secret is, as mooncaked reads them. */
+static int find_secret(const struct ctl_te_opts *o, struct mc_secret *sec, char *err,
+		       size_t errlen)
+{
+	if (o->secret) {
+		*sec = *o->secret;
+		return 0;
+	}
+	char *argv[5], bufs[4][4200];
+	int argc = 0, n = 0;
+	argv[argc++] = "mooncakectl";
+	if (o->config)
+		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--config=%s", o->config);
+	if (o->data_dir)
+		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--data-dir=%s",
+			 o->data_dir);
+	if (o->secret_file)
+		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--cluster-secret-file=%s",
+			 o->secret_file);
+	if (o->insecure)
+		snprintf(argv[argc++] = bufs[n++], sizeof(bufs[0]), "--insecure-transfer%s%s",
+			 *o->insecure ? "=" : "", o->insecure);
+	struct cfg cfg;
+	struct cfg_cmdline cl;
+	int rc = cfg_load(&cfg, argc, argv, environ, &cl, err, errlen);
+	if (rc)
+		return rc;
+	struct sockaddr_storage a, b;
+	bool public_listen = mc_parse_hostport(o->listen, &a) != 0 ||
+			     mc_parse_hostport(o->data_listen, &b) != 0 ||
+			     !mc_addr_is_loopback((struct sockaddr *)&a) ||
+			     !mc_addr_is_loopback((struct sockaddr *)&b);
+	rc = mc_secret_find(&cfg, false, public_listen, sec, err, errlen);
+	cfg_free(&cfg);
+	if (rc == 0 && !sec->len)
+		fprintf(stderr, "mooncakectl: --insecure-transfer: this engine does not "
+				"authenticate peers: anyone who reaches its ports reads and "
+				"writes its buffers\n");
+	return rc;
+}
+
+int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err, size_t errlen)
 {
 	uint64_t threads, conns, slice, io_ms, ttl_ms;
 	enum te_protocol proto;
-	uint8_t secret[MC_SECRET_MAX_BYTES];
-	size_t slen = 0;
 	int rc;
 	char *end;
 
@@ -173,16 +225,11 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		gid = (int)v;
 	}
 	const char *devs = o->rdma_devices && strcmp(o->rdma_devices, "auto") ? o->rdma_devices
-									       : "";
-	if (o->secret_file && *o->secret_file) {
-		bool loose;
-		rc = mc_secret_load(o->secret_file, secret, &slen, &loose);
-		if (rc) {
-			snprintf(err, errlen, "--cluster-secret-file %s: %s", o->secret_file,
-				 mc_strerror(rc));
-			return rc;
-		}
-	}
+									      : "";
+	struct mc_secret sec;
+	rc = find_secret(o, &sec, err, errlen);
+	if (rc)
+		return rc;
 	bool p2p = !o->meta || !*o->meta;
 	if (o->segment)
 		snprintf(h->name, sizeof(h->name), "%s", o->segment);
@@ -193,6 +240,7 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 	pthread_cond_init(&h->cv, NULL);
 	if (uv_loop_init(&h->loop)) {
 		snprintf(err, errlen, "cannot create an event loop");
+		mc_secret_clear(&sec);
 		return -ENOMEM;
 	}
 	if (!p2p) {
@@ -230,8 +278,9 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		.lease_ttl_s = (ttl_ms + 999) / 1000,
 		.rdma_devices = devs,
 		.rdma_gid_index = gid,
-		.cluster_secret = slen ? secret : NULL,
-		.cluster_secret_len = slen,
+		.cluster_secret = sec.len ? sec.key : NULL,
+		.cluster_secret_len = sec.len,
+		.insecure = sec.len == 0,
 	};
 	uv_async_init(&h->loop, &h->stop, on_stop);
 	h->stop.data = h;
@@ -242,6 +291,7 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		snprintf(err, errlen, "cannot start the loop thread");
 		/* Only reachable when out of threads: leak rather than
 		 * tear down a loop with live handles. */
+		mc_secret_clear(&sec);
 		return -EAGAIN;
 	}
 	uv_async_send(&h->start);
@@ -250,15 +300,14 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
 		pthread_cond_wait(&h->cv, &h->mu);
 	rc = h->start_rc;
 	pthread_mutex_unlock(&h->mu);
-	memset(secret, 0, sizeof(secret));
+	mc_secret_clear(&sec);
 	h->start_opts = NULL;
 	if (rc) {
 		/* on_start took the loop's handles down: it ends. */
 		pthread_join(h->tid, NULL);
 		rpc_server_free(h->rpc);
 		(void)uv_loop_close(&h->loop);
-		snprintf(err, errlen, "cannot start the transfer engine: %s",
-			 mc_strerror(rc));
+		snprintf(err, errlen, "cannot start the transfer engine: %s", mc_strerror(rc));
 		return rc;
 	}
 	snprintf(h->name, sizeof(h->name), "%s", te_name(h->te));
@@ -276,6 +325,7 @@ fail_rpc:
 	uv_run(&h->loop, UV_RUN_DEFAULT);
 fail_loop:
 	(void)uv_loop_close(&h->loop);
+	mc_secret_clear(&sec);
 	return rc ? rc : -EINVAL;
 }
 

@@ -21,25 +21,37 @@ struct etcd_client;
 struct rpc_server;
 
 struct ctl_te_opts {
-	const char *segment;       /* NULL: ctl-<pid> (P2P: host:port) */
-	const char *meta;          /* endpoints; "": P2P mode */
+	const char *segment; /* NULL: ctl-<pid> (P2P: host:port) */
+	const char *meta;    /* endpoints; "": P2P mode */
 	const char *cluster_id;
-	const char *listen;        /* gRPC host:port */
-	const char *data_listen;   /* TCP data host:port */
+	const char *listen;      /* gRPC host:port */
+	const char *data_listen; /* TCP data host:port */
 	const char *protocol;
-	const char *threads;       /* numbers and sizes as given */
+	const char *threads; /* numbers and sizes as given */
 	const char *tcp_conns;
 	const char *slice;
 	const char *io_timeout;
 	const char *lease_ttl;
 	const char *secret_file;
-	const char *rdma_devices;  /* "" or "auto": every usable one */
+	const char *rdma_devices;   /* "" or "auto": every usable one */
 	const char *rdma_gid_index; /* "auto" or 0..255 */
+	/* Where the cluster secret comes from, as for mooncaked
+	 * (mc_secret_find): these flags, else MOONCAKE_* variables and
+	 * mooncaked's configuration file. NULL: not given. */
+	const char *config;
+	const char *data_dir;
+	const char *insecure; /* "" (the bare flag) or a boolean */
+	/* Set: use this secret instead (a command whose engines are all its
+	 * own); borrowed until ctl_te_start returns. */
+	const struct mc_secret *secret;
 };
 
-#define CTL_TE_OPTS_INIT                                                       \
-	{NULL, "http://127.0.0.1:2379", "mooncake", "127.0.0.1:0", "127.0.0.1:0", "auto", "0",   \
-	 "4", "1M", "10s", "10s", NULL, "", "auto"}
+#define CTL_TE_OPTS_INIT \
+	{ \
+		NULL, "http://127.0.0.1:2379", "mooncake", "127.0.0.1:0", "127.0.0.1:0", \
+			"auto", "0", "4", "1M", "10s", "10s", NULL, "", "auto", NULL, NULL, \
+			NULL, NULL \
+	}
 
 struct ctl_te {
 	uv_loop_t loop;
@@ -62,17 +74,17 @@ struct ctl_te {
  * Match one of the engine flags (--segment, --meta-endpoints,
  * --cluster-id, --listen, --data-listen, --protocol, --te-threads,
  * --te-tcp-conns, --te-slice-size, --te-io-timeout, --te-lease-ttl,
- * --cluster-secret-file, --rdma-devices, --rdma-gid-index) at argv[*i].
+ * --cluster-secret-file, --insecure-transfer, --config, --data-dir,
+ * --rdma-devices, --rdma-gid-index) at argv[*i].
  * Returns true when it was one.
  */
 bool ctl_te_flag(struct ctl_te_opts *o, int argc, char **argv, int *i);
 /* The flags' help lines. */
 extern const char ctl_te_flags_help[];
 
-/* Start the engine. On error writes one line to err and returns
- * non-zero. */
-int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err,
-		 size_t errlen);
+/* Start the engine. On error writes one line to err (for a missing
+ * cluster secret: what to give) and returns non-zero. */
+int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err, size_t errlen);
 /* Unpublish, stop and free everything. */
 void ctl_te_stop(struct ctl_te *h);
 

@@ -46,8 +46,8 @@ struct shell {
 	size_t nsegs;
 	uint64_t wait_ms;
 	int failures;
-	bool registered_local;      /* transfers from/to the scratch buffer */
-	struct ctl_buf scratch;     /* registered, grown on demand */
+	bool registered_local;  /* transfers from/to the scratch buffer */
+	struct ctl_buf scratch; /* registered, grown on demand */
 };
 
 static void usage(FILE *f)
@@ -213,8 +213,8 @@ static void cmd_open(struct shell *sh, char **a, int n)
 	struct te_segment_info info;
 	struct te_region_info r[16];
 	size_t nr = te_segment_info(s, &info, r, 16);
-	printf("ok open %s transport=%s regions=%zu", a[0],
-	       te_protocol_name(info.transport), nr);
+	printf("ok open %s transport=%s regions=%zu", a[0], te_protocol_name(info.transport),
+	       nr);
 	for (size_t i = 0; i < nr && i < 16; i++)
 		printf(" 0x%" PRIx64 "+%" PRIu64 "%s", r[i].addr, r[i].len,
 		       r[i].shm ? "(shm)" : "");
@@ -224,8 +224,7 @@ static void cmd_open(struct shell *sh, char **a, int n)
 
 /* Submit and wait for one batch; on failure *failed = how many failed and
  * the first error is returned. */
-static int run_batch(struct shell *sh, struct te_request *reqs, size_t n,
-		     size_t *failed)
+static int run_batch(struct shell *sh, struct te_request *reqs, size_t n, size_t *failed)
 {
 	struct te_batch *b;
 	int rc = te_submit(sh->h.te, reqs, n, &b);
@@ -267,8 +266,10 @@ static uint8_t *local_get(struct shell *sh, size_t len)
 		ctl_buf_free(&sh->scratch);
 		int rc = ctl_buf_new(&sh->h, MC_MAX(len, (size_t)4096), &sh->scratch);
 		if (rc) {
-			fprintf(stderr, "mooncakectl transfer: cannot register %zu bytes of "
-				"local memory: %s\n", len, mc_strerror(rc));
+			fprintf(stderr,
+				"mooncakectl transfer: cannot register %zu bytes of "
+				"local memory: %s\n",
+				len, mc_strerror(rc));
 			return NULL;
 		}
 	}
@@ -286,9 +287,9 @@ static void cmd_rw(struct shell *sh, bool write, char **a, int n)
 	const char *what = write ? "write" : "read";
 	uint64_t addr, len, seed = write ? 1 : 0, count = 1;
 	struct te_segment *s;
-	if (n < 3 || n > 5 || parse_len(a[2], &len) ||
-	    (n > 3 && parse_u64(a[3], &seed)) || (n > 4 && parse_u64(a[4], &count)) ||
-	    count == 0 || count > (1u << 20) || (len && count > SIZE_MAX / len)) {
+	if (n < 3 || n > 5 || parse_len(a[2], &len) || (n > 3 && parse_u64(a[3], &seed)) ||
+	    (n > 4 && parse_u64(a[4], &count)) || count == 0 || count > (1u << 20) ||
+	    (len && count > SIZE_MAX / len)) {
 		reply(sh, false, "%s usage: %s SEG OFF LEN [SEED] [N]", what, what);
 		return;
 	}
@@ -315,27 +316,30 @@ static void cmd_rw(struct shell *sh, bool write, char **a, int n)
 		memset(buf, 0, total);
 	for (uint64_t i = 0; i < count; i++)
 		reqs[i] = (struct te_request){write ? TE_WRITE : TE_READ,
-					      buf + i * len, s, addr + i * len,
-					      (size_t)len};
+					      buf + i * len,
+					      s,
+					      addr + i * len,
+					      (size_t)len,
+					      false};
 	size_t failed = 0;
 	uint64_t t0 = mc_now_ns();
 	rc = run_batch(sh, reqs, (size_t)count, &failed);
 	uint64_t us = (mc_now_ns() - t0) / 1000;
 	if (rc) {
 		if (failed)
-			reply(sh, false, "%s %s %s (%zu of %" PRIu64 " requests failed)",
-			      what, mc_errname(rc), mc_strerror(rc), failed, count);
+			reply(sh, false, "%s %s %s (%zu of %" PRIu64 " requests failed)", what,
+			      mc_errname(rc), mc_strerror(rc), failed, count);
 		else
 			reply_err(sh, what, rc);
-	} else if (!write && seed &&
-		   ctl_pattern_check(buf, total, seed, addr) != total) {
+	} else if (!write && seed && ctl_pattern_check(buf, total, seed, addr) != total) {
 		size_t at = ctl_pattern_check(buf, total, seed, addr);
-		reply(sh, false, "%s MISMATCH byte %zu (remote 0x%" PRIx64 ") differs "
+		reply(sh, false,
+		      "%s MISMATCH byte %zu (remote 0x%" PRIx64 ") differs "
 		      "from pattern %" PRIu64,
 		      what, at, addr + at, seed);
 	} else {
-		reply(sh, true, "%s %s bytes=%zu requests=%" PRIu64
-		      " crc32c=%08x us=%" PRIu64 "%s",
+		reply(sh, true,
+		      "%s %s bytes=%zu requests=%" PRIu64 " crc32c=%08x us=%" PRIu64 "%s",
 		      what, a[0], total, count, crc32c(0, buf, total), us,
 		      !write && seed ? " verified" : "");
 	}
@@ -371,8 +375,8 @@ static void cmd_stress(struct shell *sh, char **a, int n)
 	}
 	ctl_pattern_fill(buf, (size_t)(len * count), 1, addr);
 	for (uint64_t i = 0; i < count; i++)
-		reqs[i] = (struct te_request){TE_WRITE, buf + i * len, s,
-					      addr + i * len, (size_t)len};
+		reqs[i] = (struct te_request){TE_WRITE,       buf + i * len, s,
+					      addr + i * len, (size_t)len,   false};
 	uint64_t end = mc_now_ms() + secs * 1000, batches = 0;
 	size_t failed = 0;
 	while (mc_now_ms() < end) {
@@ -388,8 +392,8 @@ static void cmd_stress(struct shell *sh, char **a, int n)
 		reply(sh, false, "stress %s %s after %" PRIu64 " batches", mc_errname(rc),
 		      mc_strerror(rc), batches);
 	else
-		reply(sh, true, "stress %s batches=%" PRIu64 " bytes=%" PRIu64, a[0],
-		      batches, batches * len * count);
+		reply(sh, true, "stress %s batches=%" PRIu64 " bytes=%" PRIu64, a[0], batches,
+		      batches * len * count);
 	free(reqs);
 	local_put(sh, buf);
 }
@@ -522,9 +526,10 @@ int ctl_transfer_main(int argc, char **argv)
 	if (!buffer || cfg_parse_size(buffer, &bufsize) || bufsize > (1ull << 40) ||
 	    (fill && parse_u64(fill, &seed)) || !wait ||
 	    cfg_parse_duration_ms(wait, &wait_ms) || wait_ms == 0 || !local ||
-	    (strcmp(local, "auto") && strcmp(local, "malloc") && strcmp(local, "registered"))) {
+	    (strcmp(local, "auto") && strcmp(local, "malloc") &&
+	     strcmp(local, "registered"))) {
 		fprintf(stderr, "mooncakectl transfer: bad --buffer, --fill, --wait or "
-			"--local-memory\n");
+				"--local-memory\n");
 		goto bad;
 	}
 
@@ -556,8 +561,10 @@ int ctl_transfer_main(int argc, char **argv)
 	if (bufsize) {
 		int r = ctl_buf_new(&sh->h, (size_t)bufsize, &sh->bufs[0]);
 		if (r) {
-			fprintf(stderr, "mooncakectl transfer: cannot register a %s buffer: "
-				"%s\n", buffer, mc_strerror(r));
+			fprintf(stderr,
+				"mooncakectl transfer: cannot register a %s buffer: "
+				"%s\n",
+				buffer, mc_strerror(r));
 			rc = CTL_EXIT_FAIL;
 			goto out;
 		}
@@ -568,8 +575,10 @@ int ctl_transfer_main(int argc, char **argv)
 	}
 	int pr = te_wait_published(sh->h.te, 30000);
 	if (pr) {
-		fprintf(stderr, "mooncakectl transfer: segment %s not published in "
-			"meta: %s\n", sh->h.name, mc_strerror(pr));
+		fprintf(stderr,
+			"mooncakectl transfer: segment %s not published in "
+			"meta: %s\n",
+			sh->h.name, mc_strerror(pr));
 		rc = CTL_EXIT_FAIL;
 		goto out;
 	}

@@ -39,8 +39,8 @@
 #define MAX_SERVICES 6
 
 struct rpc_def {
-	enum cfg_key key;   /* listen address */
-	const char *label;  /* server name in logs and metrics */
+	enum cfg_key key;                   /* listen address */
+	const char *label;                  /* server name in logs and metrics */
 	const char *services[MAX_SERVICES]; /* served NOT_SERVING until built */
 };
 
@@ -50,10 +50,9 @@ struct role_def {
 	struct rpc_def rpc[MAX_RPC];
 	enum cfg_key http_key;
 	const struct role_ops *ops; /* NULL: the frame only */
-	const char *not_yet; /* what the role does not do yet, logged once;
+	const char *not_yet;        /* what the role does not do yet, logged once;
 				NULL when it does everything */
 };
-
 
 static const struct role_def role_defs[] = {
 	{"meta",
@@ -82,18 +81,18 @@ static const struct role_def role_defs[] = {
 
 #define NROLES (sizeof(role_defs) / sizeof(role_defs[0]))
 
-
 struct daemon {
 	uv_loop_t loop;
 	const struct cfg *cfg;
 	struct role_rt roles[NROLES];
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;
-	int rpc_open;      /* RPC servers not yet shut down */
-	size_t stop_next;   /* roles[stop_next - 1] is the next to stop */
-	bool draining;      /* every role stopped (or timed out): calls drain */
+	int rpc_open;     /* RPC servers not yet shut down */
+	unsigned drains;  /* roles whose drain is not over */
+	size_t stop_next; /* roles[stop_next - 1] is the next to stop */
+	bool draining;    /* every role stopped (or timed out): calls drain */
 	uint64_t drain_timeout_ms;
-	uv_timer_t stop_timer; /* bounds the roles' stop hooks */
+	uv_timer_t stop_timer; /* bounds the roles' drain and stop hooks */
 	bool shutting_down;
 	int exit_code;
 	int lock_fd;
@@ -116,8 +115,7 @@ static void notify_systemd(const char *state)
 	const char *path = getenv("NOTIFY_SOCKET");
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t len = path ? strlen(path) : 0;
-	if (len == 0 || len >= sizeof(sa.sun_path) ||
-	    (path[0] != '/' && path[0] != '@'))
+	if (len == 0 || len >= sizeof(sa.sun_path) || (path[0] != '/' && path[0] != '@'))
 		return;
 	memcpy(sa.sun_path, path, len);
 	if (path[0] == '@')
@@ -133,8 +131,7 @@ static void notify_systemd(const char *state)
 
 /* ------------------------------------------------------------ metrics */
 
-static void register_process_metrics(struct daemon *d,
-				     struct metrics_registry *r,
+static void register_process_metrics(struct daemon *d, struct metrics_registry *r,
 				     const char *role)
 {
 	metric_set(metrics_gauge(r, "mooncake_build_info",
@@ -151,10 +148,14 @@ static void register_process_metrics(struct daemon *d,
 static const char *health_name(enum rpc_health_status s)
 {
 	switch (s) {
-	case RPC_HEALTH_SERVING: return "SERVING";
-	case RPC_HEALTH_NOT_SERVING: return "NOT_SERVING";
-	case RPC_HEALTH_SERVICE_UNKNOWN: return "SERVICE_UNKNOWN";
-	default: return "UNKNOWN";
+	case RPC_HEALTH_SERVING:
+		return "SERVING";
+	case RPC_HEALTH_NOT_SERVING:
+		return "NOT_SERVING";
+	case RPC_HEALTH_SERVICE_UNKNOWN:
+		return "SERVICE_UNKNOWN";
+	default:
+		return "UNKNOWN";
 	}
 }
 
@@ -164,14 +165,12 @@ struct healthz_ctx {
 	int rc;
 };
 
-static void healthz_line(void *ud, const char *service,
-			 enum rpc_health_status status)
+static void healthz_line(void *ud, const char *service, enum rpc_health_status status)
 {
 	struct healthz_ctx *h = ud;
 	if (h->rc == 0)
 		h->rc = mc_buf_printf(h->body, "%s %s %s\n", h->server,
-				      *service ? service : "(server)",
-				      health_name(status));
+				      *service ? service : "(server)", health_name(status));
 }
 
 /* /healthz: 200 while the process runs and is not draining; the body
@@ -181,8 +180,7 @@ static int role_healthz(void *ctx, struct mc_buf *body)
 	struct role_rt *rt = ctx;
 	int code = rt->d->shutting_down ? 503 : 200;
 	struct healthz_ctx h = {body, NULL, 0};
-	h.rc = mc_buf_printf(body, "%s\n",
-			     rt->d->shutting_down ? "shutting down" : "ok");
+	h.rc = mc_buf_printf(body, "%s\n", rt->d->shutting_down ? "shutting down" : "ok");
 	for (int i = 0; h.rc == 0 && i < MAX_RPC; i++) {
 		if (!rt->health[i])
 			continue;
@@ -239,14 +237,19 @@ static void drain_rpc(struct daemon *d)
 	for (size_t i = 0; i < NROLES; i++)
 		for (int j = 0; j < MAX_RPC; j++)
 			if (d->roles[i].rpc[j])
-				rpc_server_shutdown(d->roles[i].rpc[j],
-						    d->drain_timeout_ms, on_rpc_done, d);
+				rpc_server_shutdown(d->roles[i].rpc[j], d->drain_timeout_ms,
+						    on_rpc_done, d);
 }
+
+static void on_stop_timeout(uv_timer_t *t);
 
 /*
  * Roles stop one after the other in reverse start order (agent, master,
  * meta): each may still use the ones below it while it stops (the agent
- * and the master delete their keys in meta). Then calls drain.
+ * and the master delete their keys in meta). Each gets the shutdown
+ * timeout to finish; one that overruns it is left behind and the next
+ * is stopped all the same, since a role never stopped keeps the loop
+ * alive. Then calls drain.
  */
 static void stop_next_role(struct daemon *d)
 {
@@ -255,6 +258,7 @@ static void stop_next_role(struct daemon *d)
 		if (!rt->started || !rt->def->ops || !rt->def->ops->stop)
 			continue;
 		rt->stopping = true;
+		uv_timer_start(&d->stop_timer, on_stop_timeout, d->drain_timeout_ms, 0);
 		rt->def->ops->stop(rt); /* role_stopped may run inside */
 		return;
 	}
@@ -270,11 +274,10 @@ static void on_stop_timeout(uv_timer_t *t)
 	for (size_t i = 0; i < NROLES; i++)
 		if (d->roles[i].stopping) {
 			log_warn("%s: did not finish stopping within the shutdown "
-				 "timeout; draining calls anyway",
+				 "timeout; stopping the roles below it anyway",
 				 d->roles[i].def->name);
 			d->roles[i].stopping = false;
 		}
-	d->stop_next = 0;
 	stop_next_role(d);
 }
 
@@ -286,6 +289,44 @@ void role_stopped(struct role_rt *rt)
 	stop_next_role(rt->d);
 }
 
+/* Every role drained (or the timeout passed): stop them in turn. */
+static void begin_stops(struct daemon *d)
+{
+	uv_timer_stop(&d->stop_timer);
+	d->stop_next = NROLES;
+	stop_next_role(d);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	for (size_t i = 0; i < NROLES; i++)
+		if (d->roles[i].draining) {
+			log_warn("%s: did not drain within the shutdown timeout; stopping "
+				 "with work in flight",
+				 d->roles[i].def->name);
+			d->roles[i].draining = false;
+		}
+	d->drains = 0;
+	begin_stops(d);
+}
+
+void role_drained(struct role_rt *rt)
+{
+	struct daemon *d = rt->d;
+	if (!rt->draining)
+		return; /* late, after the timeout */
+	rt->draining = false;
+	if (--d->drains == 0)
+		begin_stops(d);
+}
+
+/*
+ * Shutdown: the roles that serve local clients drain first, all at once
+ * and with every role still up (a request in flight may need the
+ * master); then the roles stop one after the other; then RPC calls
+ * drain. Each phase is bounded by the shutdown timeout.
+ */
 static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 {
 	if (d->shutting_down)
@@ -293,9 +334,20 @@ static void begin_shutdown(struct daemon *d, uint64_t timeout_ms)
 	d->shutting_down = true;
 	d->drain_timeout_ms = timeout_ms;
 	notify_systemd("STOPPING=1");
-	uv_timer_start(&d->stop_timer, on_stop_timeout, timeout_ms, 0);
-	d->stop_next = NROLES;
-	stop_next_role(d);
+	for (size_t i = 0; i < NROLES; i++) {
+		struct role_rt *rt = &d->roles[i];
+		rt->draining = rt->started && rt->def->ops && rt->def->ops->drain;
+		d->drains += rt->draining;
+	}
+	if (d->drains == 0) {
+		begin_stops(d);
+		return;
+	}
+	uv_timer_start(&d->stop_timer, on_drain_timeout, timeout_ms, 0);
+	/* role_drained may run inside a hook: the count is complete first. */
+	for (size_t i = 0; i < NROLES && d->drains > 0; i++)
+		if (d->roles[i].draining)
+			d->roles[i].def->ops->drain(&d->roles[i]);
 }
 
 void role_fatal(struct role_rt *rt)
@@ -312,8 +364,7 @@ static void on_signal(uv_signal_t *h, int signum)
 	if (signum == SIGHUP) {
 		int rc = log_reopen();
 		if (rc)
-			log_error("SIGHUP: cannot reopen the log file: %s",
-				  mc_strerror(rc));
+			log_error("SIGHUP: cannot reopen the log file: %s", mc_strerror(rc));
 		else
 			log_info("SIGHUP: log file reopened");
 		return;
@@ -397,8 +448,8 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		const char *addr = cfg_str(cfg, rd->key);
 		rc = rpc_server_listen(rt->rpc[i], addr);
 		if (rc) {
-			log_error("%s: cannot listen on %s (--%s): %s", def->name,
-				  addr, cfg_keydefs[rd->key].name, mc_strerror(rc));
+			log_error("%s: cannot listen on %s (--%s): %s", def->name, addr,
+				  cfg_keydefs[rd->key].name, mc_strerror(rc));
 			return rc;
 		}
 	}
@@ -414,9 +465,8 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		const char *addr = cfg_str(cfg, def->http_key);
 		rc = http_server_listen(rt->http, addr);
 		if (rc)
-			log_error("%s: cannot listen on %s (--%s): %s", def->name,
-				  addr, cfg_keydefs[def->http_key].name,
-				  mc_strerror(rc));
+			log_error("%s: cannot listen on %s (--%s): %s", def->name, addr,
+				  cfg_keydefs[def->http_key].name, mc_strerror(rc));
 	}
 	if (rc)
 		return rc;
@@ -430,8 +480,7 @@ static int setup_logging(const struct cfg *cfg)
 	unsigned char levels[LOGS_COUNT];
 	char err[256];
 	/* Validated when the configuration was loaded. */
-	if (log_parse_levels(cfg_str(cfg, CFG_LOG_LEVEL), levels, err,
-			     sizeof(err)) == 0)
+	if (log_parse_levels(cfg_str(cfg, CFG_LOG_LEVEL), levels, err, sizeof(err)) == 0)
 		log_set_levels(levels);
 	const char *file = cfg_str(cfg, CFG_LOG_FILE);
 	int rc = log_open_file(file);
@@ -628,8 +677,7 @@ static int lock_data_dir(struct daemon *d)
 		snprintf(d->pid_path, sizeof(d->pid_path), "%s/mooncaked.pid", dir);
 	rc = mc_write_pidfile(d->pid_path);
 	if (rc) {
-		log_error("cannot write pid file %s: %s", d->pid_path,
-			  mc_strerror(rc));
+		log_error("cannot write pid file %s: %s", d->pid_path, mc_strerror(rc));
 		return rc;
 	}
 	d->pid_written = true;
@@ -684,11 +732,10 @@ int daemon_run(const struct cfg *cfg)
 	char names[64] = "";
 	for (size_t i = 0; i < NROLES; i++)
 		if (roles & role_defs[i].mask)
-			snprintf(names + strlen(names), sizeof(names) - strlen(names),
-				 "%s%s", *names ? "," : "", role_defs[i].name);
-	log_info("mooncaked %s (%s) starting: pid %d, roles %s, data dir %s",
-		 MC_VERSION, MC_GITREV, (int)getpid(), names,
-		 cfg_str(cfg, CFG_DATA_DIR));
+			snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+				 *names ? "," : "", role_defs[i].name);
+	log_info("mooncaked %s (%s) starting: pid %d, roles %s, data dir %s", MC_VERSION,
+		 MC_GITREV, (int)getpid(), names, cfg_str(cfg, CFG_DATA_DIR));
 
 	uv_signal_init(&d->loop, &d->sig_term);
 	uv_signal_init(&d->loop, &d->sig_int);
@@ -709,8 +756,9 @@ int daemon_run(const struct cfg *cfg)
 		rc = start_role(d, &d->roles[i]);
 	}
 	if (rc) {
+		/* The roles that started stop as on SIGTERM. */
 		d->exit_code = 1;
-		begin_shutdown(d, 0);
+		begin_shutdown(d, cfg_u64(cfg, CFG_SHUTDOWN_TIMEOUT));
 	} else {
 		log_info("ready");
 		char st[64];

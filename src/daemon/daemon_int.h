@@ -33,7 +33,13 @@ struct role_agent;
  *          registry exist and before the servers listen: register the
  *          role's services (and set their health SERVING), start timers.
  *          A non-zero return fails start-up (the role logged why).
- *   stop   runs when shutdown begins, before RPC calls are drained: end
+ *   drain  runs first when shutdown begins, for every role at once: take
+ *          no new work from local clients and finish what is in flight
+ *          (the agent's client requests), while every role still serves.
+ *          It must call role_drained(rt) exactly once, now or later; the
+ *          frame waits for every role's (bounded by --shutdown-timeout)
+ *          before the stop hooks run.
+ *   stop   runs after the drain, before RPC calls are drained: end
  *          what must end while peers can still be reached (leader
  *          transfer, giving up a lease, unpublishing). It must call
  *          role_stopped(rt) exactly once, now or later; the frame waits
@@ -44,6 +50,7 @@ struct role_agent;
  */
 struct role_ops {
 	int (*start)(struct role_rt *rt);
+	void (*drain)(struct role_rt *rt);
 	void (*stop)(struct role_rt *rt);
 	void (*free)(struct role_rt *rt);
 };
@@ -59,6 +66,7 @@ struct role_rt {
 	struct rpc_health *health[MAX_RPC];
 	struct http_server *http;
 	bool started;  /* ops.start returned 0: ops.free is owed */
+	bool draining; /* ops.drain ran, role_drained not yet */
 	bool stopping; /* ops.stop ran, role_stopped not yet */
 	/* The role's own objects, made by ops.start and freed by ops.free. */
 	struct master *master;
@@ -81,7 +89,8 @@ const struct cfg *role_cfg(const struct role_rt *rt);
  * --listen-client, 0.0.0.0 read as 127.0.0.1). Written into out. */
 void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len);
 
-/* The answer to ops->stop (see struct role_ops). */
+/* The answers to ops->drain and ops->stop (see struct role_ops). */
+void role_drained(struct role_rt *rt);
 void role_stopped(struct role_rt *rt);
 /* A fatal error: shut the daemon down, exit status 1. */
 void role_fatal(struct role_rt *rt);

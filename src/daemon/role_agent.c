@@ -17,9 +17,9 @@
  *  - the master: --master-address as given; when empty, the leader key
  *    in meta; without meta, this process's own master if it runs one.
  *
- * Stop: the agent (sessions closed, segment unmounted) and the engine's
- * control plane together; free: the engine (its data plane) before the
- * agent's memory.
+ * Drain: the agent's client requests in flight finish. Stop: the agent
+ * (sessions closed, segment unmounted) and the engine's control plane
+ * together; free: the engine (its data plane) before the agent's memory.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -44,6 +44,11 @@ extern const struct role_ops role_agent_ops;
 struct role_agent {
 	struct etcd_client *meta; /* NULL: no meta (P2P engine, fixed master) */
 	struct te_engine *te;
+	/* te's options and what they point to, until the agent (which
+	 * starts sessions' own engines like it) has copied them */
+	struct te_opts te_opts;
+	struct mc_secret *sec;
+	char data[128];
 	struct agent *store;
 	struct role_rt *rt;
 	int stopping; /* parts not stopped yet */
@@ -107,33 +112,41 @@ static int parse_numa(const char *s, int *node)
 	long v = strtol(s, &end, 10);
 	if (*end || end == s || v < 0 || v > 1023) {
 		log_error("--numa-node=%s: expected a node number (0, 1, ...) or "
-			  "empty for no binding", s);
+			  "empty for no binding",
+			  s);
 		return MC_ECONFIG;
 	}
 	*node = (int)v;
 	return 0;
 }
 
-/* --cluster-secret-file into buf (len 0: none). Logs its errors. */
-static int load_secret(const struct cfg *c, uint8_t *buf, size_t *len)
+/* The engine's secret (mc_secret_find: configured, <data-dir>/cluster.secret
+ * created at the first start, or none with --insecure-transfer). Listening
+ * on anything but loopback needs a configured one. Logs its errors and,
+ * at every start, where the secret came from or that there is none. */
+static int find_secret(const struct cfg *c, const struct sockaddr_storage *rpc,
+		       const struct sockaddr_storage *data, struct mc_secret *sec)
 {
-	const char *path = cfg_str(c, CFG_CLUSTER_SECRET_FILE);
-	bool loose = false;
-	*len = 0;
-	if (!*path)
-		return 0;
-	int rc = mc_secret_load(path, buf, len, &loose);
+	char err[1024];
+	bool public_listen = !mc_addr_is_loopback((const struct sockaddr *)rpc) ||
+			     !mc_addr_is_loopback((const struct sockaddr *)data);
+	int rc = mc_secret_find(c, true, public_listen, sec, err, sizeof(err));
 	if (rc) {
-		log_error("cannot use --cluster-secret-file %s: %s", path,
-			  rc == -EINVAL  ? "the file is empty"
-			  : rc == -EFBIG ? "larger than 4096 bytes"
-					 : mc_strerror(rc));
+		log_error("%s", err);
 		return rc;
 	}
-	if (loose)
-		log_warn("--cluster-secret-file %s is readable by group or others; "
-			 "chmod 600 it",
-			 path);
+	if (!sec->len) {
+		log_warn("--insecure-transfer: the transfer engine does NOT authenticate "
+			 "peers: anyone who reaches %s or its data port reads and writes "
+			 "this agent's memory",
+			 cfg_str(c, CFG_AGENT_LISTEN));
+		return 0;
+	}
+	if (sec->loose)
+		log_warn("cluster secret %s is readable by group or others; chmod 600 it",
+			 sec->path);
+	log_info("transfer engine: peers authenticated with the cluster secret %s%s",
+		 sec->path, sec->created ? " (created now)" : "");
 	return 0;
 }
 
@@ -156,16 +169,12 @@ static int parse_gid_index(const char *s, int *out)
 static int start_engine(struct role_rt *rt, struct role_agent *a, const char *meta)
 {
 	const struct cfg *c = role_cfg(rt);
-	uint8_t secret[MC_SECRET_MAX_BYTES];
-	size_t slen;
-	char data[128], listen[80];
-	struct sockaddr_storage ss;
+	struct mc_secret *sec;
+	char *data = a->data, listen[80];
+	struct sockaddr_storage ss, dss;
 	enum te_protocol proto;
 	int gid, rc;
 
-	rc = load_secret(c, secret, &slen);
-	if (rc)
-		return rc;
 	if (parse_gid_index(cfg_str(c, CFG_RDMA_GID_INDEX), &gid) != 0) {
 		log_error("--rdma-gid-index '%s' is not auto or 0-255",
 			  cfg_str(c, CFG_RDMA_GID_INDEX));
@@ -179,11 +188,23 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 	uint16_t rpc_port = (uint16_t)strtoul(strrchr(listen, ':') + 1, NULL, 10);
 	const char *dl = cfg_str(c, CFG_TE_DATA_LISTEN);
 	if (*dl) {
-		snprintf(data, sizeof(data), "%s", dl);
+		snprintf(data, sizeof(a->data), "%s", dl);
 	} else {
-		snprintf(data, sizeof(data), "%s", listen);
-		snprintf(strrchr(data, ':'), sizeof(data) - (size_t)(strrchr(data, ':') - data),
-			 ":0");
+		snprintf(data, sizeof(a->data), "%s", listen);
+		snprintf(strrchr(data, ':'),
+			 sizeof(a->data) - (size_t)(strrchr(data, ':') - data), ":0");
+	}
+	if (mc_parse_hostport(data, &dss) != 0) {
+		log_error("--te-data-listen '%s' is not a numeric host:port", data);
+		return -EINVAL;
+	}
+	sec = malloc(sizeof(*sec));
+	if (!sec)
+		return -ENOMEM;
+	rc = find_secret(c, &ss, &dss, sec);
+	if (rc) {
+		free(sec);
+		return rc;
 	}
 	const char *name = cfg_str(c, CFG_AGENT_NAME);
 	if (*meta) {
@@ -193,7 +214,7 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 			log_error("--meta-endpoints '%s': %s", eo.endpoints,
 				  rc == -EINVAL ? "not a comma list of numeric host:port"
 						: mc_strerror(rc));
-			return rc;
+			goto out;
 		}
 	}
 	uint64_t ttl_ms = cfg_u64(c, CFG_TE_LEASE_TTL);
@@ -215,24 +236,62 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		.rdma_gid_index = gid,
 		.rdma_mtu_bytes = strcmp(cfg_str(c, CFG_RDMA_MTU), "auto") == 0
 					  ? 0
-					  : (unsigned)strtoul(cfg_str(c, CFG_RDMA_MTU), NULL, 10),
-		.cluster_secret = slen ? secret : NULL,
-		.cluster_secret_len = slen,
+					  : (unsigned)strtoul(cfg_str(c, CFG_RDMA_MTU), NULL,
+							      10),
+		.cluster_secret = sec->len ? sec->key : NULL,
+		.cluster_secret_len = sec->len,
+		.insecure = sec->len == 0,
 		.metrics = rt->metrics,
 	};
 	/* Before the engine exists; no client sees it before the frame
 	 * listens, which is after a successful start. */
 	rc = rpc_health_set(rt->health[0], "mooncake.transfer.Transfer", RPC_HEALTH_SERVING);
-	if (rc) {
-		memset(secret, 0, sizeof(secret));
-		return rc;
-	}
+	if (rc)
+		goto out;
 	rc = te_new(&o, &a->te);
-	memset(secret, 0, sizeof(secret));
 	if (rc) {
 		log_error("cannot start the transfer engine: %s", mc_strerror(rc));
 		a->te = NULL;
-		return rc;
+		goto out;
+	}
+	a->te_opts = o;
+	a->sec = sec; /* until the agent copied it */
+	return 0;
+out:
+	mc_secret_clear(sec);
+	free(sec);
+	return rc;
+}
+
+static void drop_secret(struct role_agent *a)
+{
+	if (a->sec) {
+		mc_secret_clear(a->sec);
+		free(a->sec);
+		a->sec = NULL;
+	}
+	memset(&a->te_opts, 0, sizeof(a->te_opts));
+}
+
+/* The SSD tier's keys that only make sense together. */
+static int check_ssd(const struct cfg *cfg)
+{
+	const char *path = cfg_str(cfg, CFG_SSD_PATH);
+	if (!*path)
+		return 0;
+	if (cfg_u64(cfg, CFG_SSD_SIZE) == 0) {
+		log_error("--ssd-path=%s needs --ssd-size (the space the SSD tier may take "
+			  "there, e.g. --ssd-size=100G)",
+			  path);
+		return MC_ECONFIG;
+	}
+	char rp[4096], rd[4096];
+	if (realpath(path, rp) && realpath(cfg_str(cfg, CFG_DATA_DIR), rd) &&
+	    strcmp(rp, rd) == 0) {
+		log_error("--ssd-path=%s is the data dir: give the SSD tier a directory of "
+			  "its own (e.g. %s/ssd)",
+			  path, cfg_str(cfg, CFG_DATA_DIR));
+		return MC_ECONFIG;
 	}
 	return 0;
 }
@@ -248,9 +307,11 @@ static void free_parts(struct role_agent *a)
 	 * memory until it is freed. */
 	if (a->te)
 		te_free(a->te);
+	drop_secret(a);
 	agent_free(a->store);
 	if (a->meta)
 		etcd_client_free(a->meta);
+	drop_secret(a);
 	free(a);
 }
 
@@ -260,6 +321,9 @@ static int role_agent_start(struct role_rt *rt)
 	char sock[4096], master[256] = "";
 	int node;
 	int rc = parse_numa(cfg_str(cfg, CFG_NUMA_NODE), &node);
+	if (rc)
+		return rc;
+	rc = check_ssd(cfg);
 	if (rc)
 		return rc;
 	socket_path(cfg, sock, sizeof(sock));
@@ -286,6 +350,7 @@ static int role_agent_start(struct role_rt *rt)
 		.loop = role_loop(rt),
 		.metrics = rt->metrics,
 		.te = a->te,
+		.engine_opts = &a->te_opts,
 		.rpc = rt->rpc[0],
 		.rpc_listen = cfg_str(cfg, CFG_AGENT_LISTEN),
 		.segment_bytes = cfg_u64(cfg, CFG_GLOBAL_SEGMENT_SIZE),
@@ -300,11 +365,31 @@ static int role_agent_start(struct role_rt *rt)
 		.busy_poll_us = cfg_u64(cfg, CFG_BUSY_POLL_US),
 		.remote_cache_bytes = cfg_u64(cfg, CFG_REMOTE_LEASE_CACHE_SIZE),
 		.put_lease_bytes = cfg_u64(cfg, CFG_PUT_LEASE_SIZE),
+		.max_sessions = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_SESSIONS),
+		.max_sessions_per_uid = (unsigned)cfg_u64(cfg,
+							  CFG_CLIENT_MAX_SESSIONS_PER_UID),
+		.reply_buffer_bytes = cfg_u64(cfg, CFG_CLIENT_REPLY_BUFFER_SIZE),
+		.max_fds = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_FDS),
+		.max_buffers = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_BUFFERS),
+		.max_views = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_VIEWS),
+		.alloc_bytes = cfg_u64(cfg, CFG_CLIENT_ALLOC_SIZE),
 		.master_address = master,
 		.meta_endpoints = meta,
 		.cluster_id = cfg_str(cfg, CFG_CLUSTER_ID),
+		.ssd_path = cfg_str(cfg, CFG_SSD_PATH),
+		.ssd_bytes = cfg_u64(cfg, CFG_SSD_SIZE),
+		.ssd_high_watermark = cfg_ratio(cfg, CFG_SSD_HIGH_WATERMARK_RATIO),
+		.ssd_eviction_ratio = cfg_ratio(cfg, CFG_SSD_EVICTION_RATIO),
+		.ssd_flush_on_stop = cfg_bool(cfg, CFG_SSD_FLUSH_ON_STOP),
+		.ssd_promote_on_hit = cfg_bool(cfg, CFG_SSD_PROMOTE_ON_HIT),
+		.ssd_verify_on_start = cfg_bool(cfg, CFG_SSD_VERIFY_ON_START),
+		.ssd_sync_interval_ms = (unsigned)cfg_u64(cfg, CFG_SSD_SYNC_INTERVAL),
+		.ssd_bounce_bytes = cfg_u64(cfg, CFG_SSD_BOUNCE_SIZE),
+		.cluster_secret = a->sec ? a->sec->key : NULL,
+		.cluster_secret_len = a->sec ? a->sec->len : 0,
 	};
 	rc = agent_new(&o, &a->store);
+	drop_secret(a);
 	if (rc) {
 		log_error("cannot start the agent: %s", mc_strerror(rc));
 		a->store = NULL;
@@ -317,29 +402,42 @@ static int role_agent_start(struct role_rt *rt)
 
 /* Both stop at once: the engine's control plane (its descriptor leaves
  * meta while meta is still up — the meta role stops right after) and the
- * agent (sessions, unmount). The data plane serves the agent's last
- * copies until te_free. */
+ * agent (sessions and their own engines, unmount). The data plane serves
+ * the agent's last copies until te_free. */
 static void part_stopped(struct role_rt *rt)
 {
-	if (--rt->agent->stopping == 0)
-		role_stopped(rt);
-}
-
-static void on_te_stopped(struct te_engine *e, void *ud)
-{
-	struct role_rt *rt = ud;
-	(void)e;
-	/* The meta client's handles close while the loop still runs. */
+	if (--rt->agent->stopping > 0)
+		return;
+	/* The meta client's handles close while the loop still runs; the
+	 * sessions' engines used it too until the agent stopped. */
 	if (rt->agent->meta) {
 		etcd_client_free(rt->agent->meta);
 		rt->agent->meta = NULL;
 	}
-	part_stopped(rt);
+	role_stopped(rt);
+}
+
+static void on_te_stopped(struct te_engine *e, void *ud)
+{
+	(void)e;
+	part_stopped(ud);
 }
 
 static void on_agent_stopped(void *ud)
 {
 	part_stopped(ud);
+}
+
+static void on_agent_drained(void *ud)
+{
+	role_drained(ud);
+}
+
+/* Client requests in flight finish first (like gRPC calls): the engine
+ * and the master link still serve them. */
+static void role_agent_drain(struct role_rt *rt)
+{
+	agent_drain(rt->agent->store, on_agent_drained, rt);
 }
 
 static void role_agent_stop(struct role_rt *rt)
@@ -359,6 +457,7 @@ static void role_agent_free(struct role_rt *rt)
 
 const struct role_ops role_agent_ops = {
 	.start = role_agent_start,
+	.drain = role_agent_drain,
 	.stop = role_agent_stop,
 	.free = role_agent_free,
 };

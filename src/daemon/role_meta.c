@@ -24,7 +24,8 @@ static int meta_start(struct role_rt *rt)
 		.data_dir = cfg_str(c, CFG_DATA_DIR),
 		.name = cfg_str(c, CFG_NAME),
 		.initial_cluster = cfg_str(c, CFG_INITIAL_CLUSTER),
-		.join_existing = strcmp(cfg_str(c, CFG_INITIAL_CLUSTER_STATE), "existing") == 0,
+		.join_existing = strcmp(cfg_str(c, CFG_INITIAL_CLUSTER_STATE), "existing") ==
+				 0,
 		.listen_peer = cfg_str(c, CFG_LISTEN_PEER),
 		.listen_client = cfg_str(c, CFG_LISTEN_CLIENT),
 		.advertise_peer = cfg_str(c, CFG_ADVERTISE_PEER),

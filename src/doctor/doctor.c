@@ -36,7 +36,8 @@
 /* snprintf for the report's texts and paths, which are cut to their
  * buffers on purpose (a row is for people; a path past PATH_MAX fails to
  * open, which is a finding). */
-static void sfmt(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void sfmt(char *buf, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 static void sfmt(char *buf, size_t len, const char *fmt, ...)
 {
 	va_list ap;
@@ -85,10 +86,14 @@ enum doctor_verdict doctor_worst(const struct doctor_report *r)
 const char *doctor_verdict_name(enum doctor_verdict v)
 {
 	switch (v) {
-	case DOCTOR_OK: return "ok";
-	case DOCTOR_WARN: return "warn";
-	case DOCTOR_FAIL: return "FAIL";
-	case DOCTOR_SKIP: return "-";
+	case DOCTOR_OK:
+		return "ok";
+	case DOCTOR_WARN:
+		return "warn";
+	case DOCTOR_FAIL:
+		return "FAIL";
+	case DOCTOR_SKIP:
+		return "-";
 	}
 	return "?";
 }
@@ -277,7 +282,7 @@ static void read_gids(const char *base, struct port_gids *g)
 		/* An unset entry's type cannot be read (EINVAL). */
 		if (read_line(buf, sizeof(buf), "%s/gid_attrs/types/%ld", base, idx) != 0)
 			continue;
-		e->type = strstr(buf, "v2") ? TE_GID_ROCE_V2
+		e->type = strstr(buf, "v2")   ? TE_GID_ROCE_V2
 			  : strstr(buf, "v1") ? TE_GID_ROCE_V1
 					      : TE_GID_IB;
 		e->valid = true;
@@ -290,7 +295,7 @@ static void check_port(struct ctx *c, const char *sys, const char *dev, const ch
 {
 	const struct cfg *cfg = c->env->cfg;
 	char base[4096], check[96], value[256], fix[400] = "", state[64], phys[64], ll[64],
-		buf[64];
+						buf[64];
 	sfmt(base, sizeof(base), "%s/class/infiniband/%s/ports/%s", sys, dev, port);
 	if (read_line(state, sizeof(state), "%s/state", base) != 0)
 		sfmt(state, sizeof(state), "unknown");
@@ -316,12 +321,12 @@ static void check_port(struct ctx *c, const char *sys, const char *dev, const ch
 
 	sfmt(check, sizeof(check), "rdma %s port %s: state", dev, port);
 	sfmt(value, sizeof(value), "%s (%s), %s%s%s", after_colon(state), after_colon(phys),
-		 eth ? "Ethernet (RoCE)" : ll, ndev ? ", netdev " : "", ndev ? ndev : "");
+	     eth ? "Ethernet (RoCE)" : ll, ndev ? ", netdev " : "", ndev ? ndev : "");
 	sfmt(fix, sizeof(fix),
-		 "the link is not up: check the cable and the switch port (phys_state "
-		 "Polling: no peer, Disabled: shut down)%s%s%s",
-		 eth && ndev ? "; ip link set " : "", eth && ndev ? ndev : "",
-		 eth && ndev ? " up" : "");
+	     "the link is not up: check the cable and the switch port (phys_state "
+	     "Polling: no peer, Disabled: shut down)%s%s%s",
+	     eth && ndev ? "; ip link set " : "", eth && ndev ? ndev : "",
+	     eth && ndev ? " up" : "");
 	add(c, active ? DOCTOR_OK : DOCTOR_FAIL, check, value, "ACTIVE (LinkUp)", fix);
 
 	/* The GID the daemon would pick. */
@@ -331,38 +336,39 @@ static void check_port(struct ctx *c, const char *sys, const char *dev, const ch
 		v = DOCTOR_FAIL;
 		if (want >= 0)
 			sfmt(value, sizeof(value),
-				 "--rdma-gid-index=%d is not a usable entry (table of %zu)", want,
-				 g->n);
+			     "--rdma-gid-index=%d is not a usable entry (table of %zu)", want,
+			     g->n);
 		else
 			sfmt(value, sizeof(value), "no usable GID (table of %zu)", g->n);
 		sfmt(fix, sizeof(fix), "%s",
-			 want >= 0 ? "set --rdma-gid-index=auto, or to a RoCE v2 entry the "
-				     "table has (gid_attrs/types)"
-			 : eth	   ? "give the interface an IPv4 address (RoCE GIDs follow the "
-				     "netdev's addresses)"
-				   : "the port has no GID: is the subnet manager running?");
+		     want >= 0 ? "set --rdma-gid-index=auto, or to a RoCE v2 entry the "
+				 "table has (gid_attrs/types)"
+		     : eth     ? "give the interface an IPv4 address (RoCE GIDs follow the "
+				 "netdev's addresses)"
+			       : "the port has no GID: is the subnet manager running?");
 	} else {
 		char gs[64];
 		format_gid(g->t[pick].raw, gs, sizeof(gs));
 		sfmt(value, sizeof(value), "index %d: %s %s%s%s%s", pick,
-			 gid_type_name(g->t[pick].type), gs, ndev ? " (" : "", ndev ? ndev : "",
-			 ndev ? ")" : "");
+		     gid_type_name(g->t[pick].type), gs, ndev ? " (" : "", ndev ? ndev : "",
+		     ndev ? ")" : "");
 		if (!eth) {
 			v = DOCTOR_OK;
-		} else if (g->t[pick].type == TE_GID_ROCE_V2 && te_gid_v4mapped(g->t[pick].raw)) {
+		} else if (g->t[pick].type == TE_GID_ROCE_V2 &&
+			   te_gid_v4mapped(g->t[pick].raw)) {
 			v = DOCTOR_OK;
 		} else if (g->t[pick].type == TE_GID_ROCE_V2) {
 			v = DOCTOR_WARN;
 			sfmt(fix, sizeof(fix),
-				 "no RoCE v2 GID with an IPv4 address: give %s an IPv4 address "
-				 "(routed RoCE fabrics carry UDP/IPv4)",
-				 ndev ? ndev : "the interface");
+			     "no RoCE v2 GID with an IPv4 address: give %s an IPv4 address "
+			     "(routed RoCE fabrics carry UDP/IPv4)",
+			     ndev ? ndev : "the interface");
 		} else {
 			v = DOCTOR_FAIL;
 			sfmt(fix, sizeof(fix),
-				 "no RoCE v2 GID: RoCE v1 does not route beyond one L2 network; "
-				 "enable RoCE v2 on the NIC and give %s an IPv4 address",
-				 ndev ? ndev : "the interface");
+			     "no RoCE v2 GID: RoCE v1 does not route beyond one L2 network; "
+			     "enable RoCE v2 on the NIC and give %s an IPv4 address",
+			     ndev ? ndev : "the interface");
 		}
 	}
 	add(c, v, check, value,
@@ -376,7 +382,8 @@ static void check_port(struct ctx *c, const char *sys, const char *dev, const ch
 	if (read_line(buf, sizeof(buf), "%s/active_mtu", base) == 0 && atoi(buf) > 0) {
 		mtu = (unsigned)atoi(buf);
 		sfmt(from, sizeof(from), "sysfs");
-	} else if (eth && ndev && read_line(buf, sizeof(buf), "%s/class/net/%s/mtu", sys, ndev) == 0 &&
+	} else if (eth && ndev &&
+		   read_line(buf, sizeof(buf), "%s/class/net/%s/mtu", sys, ndev) == 0 &&
 		   atoi(buf) > 0) {
 		mtu = roce_mtu((unsigned)atoi(buf));
 		sfmt(from, sizeof(from), "netdev %s MTU %s", ndev, buf);
@@ -388,7 +395,7 @@ static void check_port(struct ctx *c, const char *sys, const char *dev, const ch
 			sfmt(from, sizeof(from), "libibverbs");
 		} else {
 			sfmt(from, sizeof(from), "not in sysfs, libibverbs: %s",
-				 mc_strerror(rc));
+			     mc_strerror(rc));
 		}
 	}
 	unsigned cap = cfg_mtu_cap(cfg);
@@ -400,21 +407,24 @@ static void check_port(struct ctx *c, const char *sys, const char *dev, const ch
 	} else {
 		if (cap && cap < mtu)
 			sfmt(value, sizeof(value), "%u (%s), capped at %u by --rdma-mtu", mtu,
-				 from, cap);
+			     from, cap);
 		else
 			sfmt(value, sizeof(value), "%u (%s)", mtu, from);
 		unsigned eff = cap && cap < mtu ? cap : mtu;
 		v = eff >= WANT_MTU ? DOCTOR_OK : DOCTOR_WARN;
 		if (cap && cap < mtu)
-			sfmt(fix, sizeof(fix), "--rdma-mtu=%u caps the path MTU: set it to auto", cap);
+			sfmt(fix, sizeof(fix),
+			     "--rdma-mtu=%u caps the path MTU: set it to auto", cap);
 		else if (eth)
 			sfmt(fix, sizeof(fix),
-				 "raise %s's MTU to 9000 (ip link set %s mtu 9000, and on the "
-				 "switch ports): RoCE's MTU is the netdev's less %u bytes of headers",
-				 ndev ? ndev : "the interface", ndev ? ndev : "DEV", ROCE_HDR_BYTES);
+			     "raise %s's MTU to 9000 (ip link set %s mtu 9000, and on the "
+			     "switch ports): RoCE's MTU is the netdev's less %u bytes of headers",
+			     ndev ? ndev : "the interface", ndev ? ndev : "DEV",
+			     ROCE_HDR_BYTES);
 		else
-			sfmt(fix, sizeof(fix), "the subnet manager sets it: mtu=5 (4096) for "
-						   "the partition (opensm partitions.conf)");
+			sfmt(fix, sizeof(fix),
+			     "the subnet manager sets it: mtu=5 (4096) for "
+			     "the partition (opensm partitions.conf)");
 	}
 	add(c, v, check, value, "4096", fix);
 	if (active && pick >= 0)
@@ -457,30 +467,32 @@ static void check_pci(struct ctx *c, const char *sys, const char *dev)
 	    read_line(ms, sizeof(ms), "%s/max_link_speed", d) != 0 ||
 	    read_line(cw, sizeof(cw), "%s/current_link_width", d) != 0 ||
 	    read_line(mw, sizeof(mw), "%s/max_link_width", d) != 0) {
-		add(c, DOCTOR_SKIP, check, "no PCIe link in sysfs (a software device: rxe, siw?)",
-		    "", "");
+		add(c, DOCTOR_SKIP, check,
+		    "no PCIe link in sysfs (a software device: rxe, siw?)", "", "");
 	} else {
 		double cg = link_gts(cs), mg = link_gts(ms);
 		unsigned cwn = (unsigned)atoi(cw), mwn = (unsigned)atoi(mw);
 		double cur = link_gbps(cg, cwn), max = link_gbps(mg, mwn);
 		sfmt(value, sizeof(value), "Gen%d (%s) x%u = %.1f GB/s", pcie_gen(cg), cs, cwn,
-			 cur);
+		     cur);
 		sfmt(exp, sizeof(exp), "Gen%d (%s) x%u = %.1f GB/s, the card's maximum",
-			 pcie_gen(mg), ms, mwn, max);
+		     pcie_gen(mg), ms, mwn, max);
 		enum doctor_verdict v = DOCTOR_OK;
 		if (cg <= 0 || mg <= 0 || !cwn || !mwn) {
 			v = DOCTOR_WARN;
-			sfmt(fix, sizeof(fix), "the link speed reads '%s' x%s: check lspci -vv "
-						   "LnkSta", cs, cw);
+			sfmt(fix, sizeof(fix),
+			     "the link speed reads '%s' x%s: check lspci -vv "
+			     "LnkSta",
+			     cs, cw);
 		} else if (cur < max * 0.99) {
 			double ratio = cur / max;
 			v = ratio < 0.5 ? DOCTOR_FAIL : DOCTOR_WARN;
 			sfmt(fix, sizeof(fix),
-				 "the NIC runs at %.0f%% of its PCIe bandwidth: put it in a Gen%d x%u "
-				 "slot (the slot's wiring, a riser or BIOS bifurcation can limit "
-				 "it); a link that trains down when idle reads lower, so check "
-				 "again under load",
-				 ratio * 100, pcie_gen(mg), mwn);
+			     "the NIC runs at %.0f%% of its PCIe bandwidth: put it in a Gen%d x%u "
+			     "slot (the slot's wiring, a riser or BIOS bifurcation can limit "
+			     "it); a link that trains down when idle reads lower, so check "
+			     "again under load",
+			     ratio * 100, pcie_gen(mg), mwn);
 		}
 		add(c, v, check, value, exp, fix);
 	}
@@ -493,19 +505,19 @@ static void check_pci(struct ctx *c, const char *sys, const char *dev)
 	int nic = read_line(buf, sizeof(buf), "%s/numa_node", d) == 0 ? atoi(buf) : -1;
 	const char *want = cfg_str(cfg, CFG_NUMA_NODE);
 	if (nodes <= 1 || nic < 0) {
-		sfmt(value, sizeof(value), "%s", nic < 0 ? "none (one node, or not reported)"
-							     : "the only node");
+		sfmt(value, sizeof(value), "%s",
+		     nic < 0 ? "none (one node, or not reported)" : "the only node");
 		add(c, DOCTOR_SKIP, check, value, "", "");
 		return;
 	}
 	sfmt(value, sizeof(value), "NIC on node %d of %d; segment %s%s", nic, nodes,
-		 *want ? "bound to node " : "not bound (--numa-node empty)", want);
+	     *want ? "bound to node " : "not bound (--numa-node empty)", want);
 	sfmt(exp, sizeof(exp), "--numa-node=%d (the NIC's)", nic);
 	bool ok = *want && atoi(want) == nic;
 	sfmt(fix, sizeof(fix),
-		 "set --numa-node=%d so the segment sits next to the NIC (traffic across "
-		 "sockets costs bandwidth and latency)",
-		 nic);
+	     "set --numa-node=%d so the segment sits next to the NIC (traffic across "
+	     "sockets costs bandwidth and latency)",
+	     nic);
 	add(c, ok ? DOCTOR_OK : DOCTOR_WARN, check, value, exp, fix);
 }
 
@@ -527,8 +539,10 @@ static void check_rdma(struct ctx *c)
 		for (int i = 0; i < n && !found; i++)
 			found = strlen(names[i]) == len && strncmp(names[i], p, len) == 0;
 		if (!found) {
-			sfmt(value, sizeof(value), "--rdma-devices names %.*s, which is not in "
-				 "%s", (int)len, p, path);
+			sfmt(value, sizeof(value),
+			     "--rdma-devices names %.*s, which is not in "
+			     "%s",
+			     (int)len, p, path);
 			add(c, DOCTOR_FAIL, "rdma devices (--rdma-devices)", value,
 			    "every device named exists",
 			    "correct --rdma-devices (the names under /sys/class/infiniband)");
@@ -540,25 +554,29 @@ static void check_rdma(struct ctx *c)
 	for (int i = 0; i < n; i++) {
 		if (*filter && !in_list(filter, names[i]))
 			continue;
-		sfmt(list + strlen(list), sizeof(list) - strlen(list), "%s%s", kept ? ", " : "",
-			 names[i]);
+		sfmt(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
+		     kept ? ", " : "", names[i]);
 		kept++;
 	}
 	c->rdma_devices = (unsigned)kept;
 	bool want_rdma = strcmp(proto, "rdma") == 0;
 	bool auto_p = strcmp(proto, "auto") == 0;
 	if (kept == 0) {
-		sfmt(value, sizeof(value), "none%s", n ? " of those --rdma-devices names" : "");
+		sfmt(value, sizeof(value), "none%s",
+		     n ? " of those --rdma-devices names" : "");
 		sfmt(fix, sizeof(fix), "%s",
-			 want_rdma ? "--protocol=rdma needs an RDMA NIC with its driver loaded "
-				     "(mlx5_ib, irdma, bnxt_re; rdma_rxe for software RoCE)"
-				   : "transfers between hosts use tcp; for RDMA load the NIC's "
-				     "driver (mlx5_ib, irdma, bnxt_re)");
+		     want_rdma ? "--protocol=rdma needs an RDMA NIC with its driver loaded "
+				 "(mlx5_ib, irdma, bnxt_re; rdma_rxe for software RoCE)"
+			       : "transfers between hosts use tcp; for RDMA load the NIC's "
+				 "driver (mlx5_ib, irdma, bnxt_re)");
 		char exp[160] = "";
 		if (want_rdma || auto_p)
 			sfmt(exp, sizeof(exp), "at least one (--protocol=%s)", proto);
-		add(c, want_rdma ? DOCTOR_FAIL : auto_p ? DOCTOR_WARN : DOCTOR_SKIP, "rdma devices",
-		    value, exp, fix);
+		add(c,
+		    want_rdma ? DOCTOR_FAIL
+		    : auto_p  ? DOCTOR_WARN
+			      : DOCTOR_SKIP,
+		    "rdma devices", value, exp, fix);
 		return;
 	}
 	add(c, DOCTOR_OK, "rdma devices", list, "at least one", "");
@@ -590,15 +608,15 @@ static void check_rdma(struct ctx *c)
 		char f[4096];
 		sfmt(f, sizeof(f), "%s/%s", path, uv[i]);
 		if (access(f, R_OK | W_OK) != 0)
-			sfmt(bad + strlen(bad), sizeof(bad) - strlen(bad), "%s%s", *bad ? " " : "",
-				 uv[i]);
+			sfmt(bad + strlen(bad), sizeof(bad) - strlen(bad), "%s%s",
+			     *bad ? " " : "", uv[i]);
 	}
 	char f0[4096];
 	struct stat st;
 	sfmt(f0, sizeof(f0), "%s/%s", path, uv[0]);
 	unsigned mode = stat(f0, &st) == 0 ? (unsigned)st.st_mode & 0777 : 0;
 	sfmt(value, sizeof(value), "%d uverbs device%s, mode %03o%s%s", nu, nu == 1 ? "" : "s",
-		 mode, *bad ? "; no read-write access to " : "", bad);
+	     mode, *bad ? "; no read-write access to " : "", bad);
 	add(c, *bad ? DOCTOR_FAIL : DOCTOR_OK, "/dev/infiniband", value,
 	    "uverbs devices readable and writable by the daemon's user",
 	    "give the daemon's user access (udev: MODE=\"0666\" for uverbs*, or the rdma group)");
@@ -608,10 +626,13 @@ static void check_rdma(struct ctx *c)
 
 /*
  * With no daemon running, the memory-lock limit it will start with is
- * its unit's: LimitMEMLOCK= of the first mooncaked unit installed (in
- * <etc>/systemd/system, then the unit directories of the root <etc> is
- * in), and whether it runs as root (no User=), which has CAP_IPC_LOCK.
- * Returns false when no unit sets it.
+ * its unit's: LimitMEMLOCK= of the first mooncaked unit installed that
+ * sets it — the agent's own unit, then the template (the shipped one
+ * leaves it to meta and master), then the all-in-one, since systemd
+ * prefers an instance's own file to the template wherever each is; each
+ * in <etc>/systemd/system first, then the unit directories of the root
+ * <etc> is in — and whether it runs as root (no User=), which has
+ * CAP_IPC_LOCK. Returns false when no unit sets it.
  */
 static bool unit_memlock(const struct doctor_env *env, uint64_t *soft, bool *root_user,
 			 char *unit, size_t len)
@@ -624,11 +645,12 @@ static bool unit_memlock(const struct doctor_env *env, uint64_t *soft, bool *roo
 	     el >= 4 && strcmp(etc + el - 4, "/etc") == 0 ? (int)(el - 4) : 0, etc);
 	static const char *const dirs[] = {"/systemd/system", "/usr/local/lib/systemd/system",
 					   "/lib/systemd/system", "/usr/lib/systemd/system"};
-	static const char *const names[] = {"mooncaked@.service", "mooncaked.service"};
-	for (size_t d = 0; d < MC_ARRAY_LEN(dirs); d++) {
+	static const char *const names[] = {"mooncaked@agent.service", "mooncaked@.service",
+					    "mooncaked.service"};
+	for (size_t i = 0; i < MC_ARRAY_LEN(names); i++) {
 		char dir[4096], path[4200], text[16384];
-		sfmt(dir, sizeof(dir), "%s%s", d == 0 ? etc : base, dirs[d]);
-		for (size_t i = 0; i < MC_ARRAY_LEN(names); i++) {
+		for (size_t d = 0; d < MC_ARRAY_LEN(dirs); d++) {
+			sfmt(dir, sizeof(dir), "%s%s", d == 0 ? etc : base, dirs[d]);
 			sfmt(path, sizeof(path), "%s/%s", dir, names[i]);
 			if (mc_read_small_file(path, text, sizeof(text)) < 0)
 				continue;
@@ -655,7 +677,8 @@ static void check_memory(struct ctx *c)
 	const struct doctor_env *env = c->env;
 	const struct cfg *cfg = env->cfg;
 	const char *proc = root(env->procfs_root, "/proc");
-	char value[256], exp[160], fix[400] = "", why[512] = "", seg[32], a[32], b[32], buf[8192];
+	char value[256], exp[160], fix[400] = "", why[512] = "", seg[32], a[32], b[32],
+				   buf[8192];
 
 	/* Whose limits: the daemon's when one runs, else this process's. */
 	char who[32];
@@ -668,8 +691,9 @@ static void check_memory(struct ctx *c)
 	else if (env->daemon_running)
 		sfmt(value, sizeof(value), "this daemon (pid %d)", (int)getpid());
 	else
-		sfmt(value, sizeof(value), "none found: the limits below are its unit's, or "
-					   "else this shell's");
+		sfmt(value, sizeof(value),
+		     "none found: the limits below are its unit's, or "
+		     "else this shell's");
 	add(c, DOCTOR_SKIP, "daemon process", value, "", "");
 
 	c->have_mem = mc_meminfo_read(proc, &c->mem) == 0;
@@ -681,7 +705,7 @@ static void check_memory(struct ctx *c)
 		.segment_bytes = c->segment_bytes,
 		.buffer_bytes = cfg_u64(cfg, CFG_LOCAL_BUFFER_SIZE),
 		.memlock_bytes = MC_UNLIMITED,
-		.hugepages = strcmp(hp, "on") == 0	  ? MC_FIT_HUGE_ON
+		.hugepages = strcmp(hp, "on") == 0    ? MC_FIT_HUGE_ON
 			     : strcmp(hp, "off") == 0 ? MC_FIT_HUGE_OFF
 						      : MC_FIT_HUGE_AUTO,
 		.mem = c->mem,
@@ -689,7 +713,8 @@ static void check_memory(struct ctx *c)
 
 	/* Memory-lock limit, when RDMA pins the segment. */
 	const char *proto = cfg_str(cfg, CFG_PROTOCOL);
-	in.pins = strcmp(proto, "rdma") == 0 || (strcmp(proto, "auto") == 0 && c->usable_ports);
+	in.pins = strcmp(proto, "rdma") == 0 ||
+		  (strcmp(proto, "auto") == 0 && c->usable_ports);
 	uint64_t soft = 0, hard = 0;
 	char path[4096], unit[4096];
 	bool cap = false, root_user = false, have_lim = true;
@@ -746,9 +771,9 @@ static void check_memory(struct ctx *c)
 	uint64_t need = (c->segment_bytes + hps - 1) / hps;
 	mc_format_bytes(hps, a, sizeof(a));
 	sfmt(value, sizeof(value), "%" PRIu64 " of %" PRIu64 " free (%s pages)",
-		 c->mem.huge_free, c->mem.huge_total, a);
+	     c->mem.huge_free, c->mem.huge_total, a);
 	sfmt(exp, sizeof(exp), "%" PRIu64 " free for the %s segment (--hugepages=%s)", need,
-		 seg, hp);
+	     seg, hp);
 	if (in.hugepages == MC_FIT_HUGE_OFF) {
 		v = DOCTOR_SKIP;
 	} else if (c->mem.huge_free >= need) {
@@ -756,10 +781,10 @@ static void check_memory(struct ctx *c)
 	} else {
 		v = in.hugepages == MC_FIT_HUGE_ON ? DOCTOR_FAIL : DOCTOR_WARN;
 		sfmt(fix, sizeof(fix),
-			 "reserve them: sysctl -w vm.nr_hugepages=%" PRIu64
-			 " (persist it in /etc/sysctl.d; at boot they are easier to get)%s",
-			 c->mem.huge_total + (need - c->mem.huge_free),
-			 v == DOCTOR_WARN ? "; without them the segment uses 4 KiB pages" : "");
+		     "reserve them: sysctl -w vm.nr_hugepages=%" PRIu64
+		     " (persist it in /etc/sysctl.d; at boot they are easier to get)%s",
+		     c->mem.huge_total + (need - c->mem.huge_free),
+		     v == DOCTOR_WARN ? "; without them the segment uses 4 KiB pages" : "");
 	}
 	add(c, v, "huge pages", value, exp, fix);
 
@@ -769,7 +794,7 @@ static void check_memory(struct ctx *c)
 	sfmt(value, sizeof(value), "%s of %s", a, b);
 	mc_format_bytes(in.buffer_bytes, a, sizeof(a));
 	sfmt(exp, sizeof(exp), "the segment (%s%s) and a client buffer (%s)", seg,
-		 seg_cfg ? "" : ", --global-segment-size=0's", a);
+	     seg_cfg ? "" : ", --global-segment-size=0's", a);
 	struct mc_fit_in ram = in;
 	ram.pins = false;
 	if (ram.hugepages == MC_FIT_HUGE_ON)
@@ -805,14 +830,14 @@ static void check_net(struct ctx *c)
 	mc_format_bytes(tr, d, sizeof(d));
 	mc_format_bytes(tw, e, sizeof(e));
 	mc_format_bytes(TE_TCP_SOCKBUF_BYTES, want, sizeof(want));
-	sfmt(value, sizeof(value), "rmem_max %s, wmem_max %s, tcp_rmem max %s, tcp_wmem max %s",
-		 a, b, d, e);
+	sfmt(value, sizeof(value),
+	     "rmem_max %s, wmem_max %s, tcp_rmem max %s, tcp_wmem max %s", a, b, d, e);
 	bool ok = (rmax >= TE_TCP_SOCKBUF_BYTES || tr >= TE_TCP_SOCKBUF_BYTES) &&
 		  (wmax >= TE_TCP_SOCKBUF_BYTES || tw >= TE_TCP_SOCKBUF_BYTES);
 	char exp[160];
 	sfmt(exp, sizeof(exp), "%s or more, by autotuning (tcp_[rw]mem) or [rw]mem_max", want);
-	add(c, ok ? DOCTOR_OK : DOCTOR_WARN, "socket buffers (net.core.rmem_max/wmem_max)", value,
-	    exp,
+	add(c, ok ? DOCTOR_OK : DOCTOR_WARN, "socket buffers (net.core.rmem_max/wmem_max)",
+	    value, exp,
 	    "tcp transfers are held back by small socket buffers: sysctl -w "
 	    "net.core.rmem_max=67108864 net.core.wmem_max=67108864 (persist in /etc/sysctl.d)");
 }
@@ -831,11 +856,11 @@ static void check_logs(struct ctx *c)
 	if (!*file)
 		sfmt(value, sizeof(value), "%s, to stderr (journald)", lvl);
 	else if (max)
-		sfmt(value, sizeof(value), "%s, %s rotated at %s, %" PRIu64 " kept", lvl, file, sz,
-			 cfg_u64(cfg, CFG_LOG_MAX_FILES));
+		sfmt(value, sizeof(value), "%s, %s rotated at %s, %" PRIu64 " kept", lvl, file,
+		     sz, cfg_u64(cfg, CFG_LOG_MAX_FILES));
 	else
 		sfmt(value, sizeof(value), "%s, %s, %s", lvl, file,
-			 logrotate ? "rotated by logrotate" : "never rotated");
+		     logrotate ? "rotated by logrotate" : "never rotated");
 	enum doctor_verdict v = DOCTOR_OK;
 	const char *fix = "";
 	if (*file && !max && !logrotate) {

@@ -114,8 +114,7 @@ static int parse_endpoint(const char *s, size_t len, char **out)
 	return 0;
 }
 
-int etcd_client_new(uv_loop_t *loop, const struct etcd_opts *opts,
-		    struct etcd_client **out)
+int etcd_client_new(uv_loop_t *loop, const struct etcd_opts *opts, struct etcd_client **out)
 {
 	const char *eps = opts && opts->endpoints ? opts->endpoints : "";
 	struct etcd_client *c = calloc(1, sizeof(*c));
@@ -142,8 +141,7 @@ int etcd_client_new(uv_loop_t *loop, const struct etcd_opts *opts,
 		rc = parse_endpoint(p, len, &c->ep_names[c->neps]);
 		if (rc)
 			goto fail;
-		rc = rpc_client_new(loop, c->ep_names[c->neps], NULL,
-				    &c->eps[c->neps]);
+		rc = rpc_client_new(loop, c->ep_names[c->neps], NULL, &c->eps[c->neps]);
 		if (rc) {
 			free(c->ep_names[c->neps]);
 			goto fail;
@@ -176,8 +174,8 @@ static void rotate_from(struct etcd_client *c, size_t ep)
 {
 	if (c->neps > 1 && c->cur == ep) {
 		c->cur = (c->cur + 1) % c->neps;
-		log_info("meta endpoint %s unavailable, trying %s",
-			 c->ep_names[ep], c->ep_names[c->cur]);
+		log_info("meta endpoint %s unavailable, trying %s", c->ep_names[ep],
+			 c->ep_names[c->cur]);
 	}
 }
 
@@ -195,8 +193,8 @@ union call_fn {
 	etcd_txn_cb txn;
 };
 
-static void call_fn_invoke(enum call_kind kind, union call_fn fn, void *ud,
-			   int err, const ProtobufCMessage *resp)
+static void call_fn_invoke(enum call_kind kind, union call_fn fn, void *ud, int err,
+			   const ProtobufCMessage *resp)
 {
 	switch (kind) {
 	case CALL_INTERNAL:
@@ -249,9 +247,8 @@ static void on_call_done(void *ud, int status, const char *message,
 	k->st = NULL;
 	if (status == RPC_UNAVAILABLE && k->tries < c->neps) {
 		rotate_from(c, k->ep);
-		ProtobufCMessage *copy =
-			protobuf_c_message_unpack(k->req_desc, NULL, k->req_len,
-						  k->req);
+		ProtobufCMessage *copy = protobuf_c_message_unpack(k->req_desc, NULL,
+								   k->req_len, k->req);
 		int rc = copy ? call_send(k, copy) : -ENOMEM;
 		if (copy)
 			protobuf_c_message_free_unpacked(copy, NULL);
@@ -274,15 +271,14 @@ static int call_send(struct etcd_call *k, const ProtobufCMessage *msg)
 	struct etcd_client *c = k->c;
 	k->ep = c->cur;
 	k->tries++;
-	int rc = rpc_client_unary(c->eps[k->ep], k->path, msg, k->resp_desc,
-				  c->timeout_ms, on_call_done, k, &k->st);
+	int rc = rpc_client_unary(c->eps[k->ep], k->path, msg, k->resp_desc, c->timeout_ms,
+				  on_call_done, k, &k->st);
 	return rc;
 }
 
-static int call_start(struct etcd_client *c, const char *path,
-		      const ProtobufCMessage *req,
-		      const ProtobufCMessageDescriptor *resp_desc,
-		      enum call_kind kind, union call_fn fn, void *ud)
+static int call_start(struct etcd_client *c, const char *path, const ProtobufCMessage *req,
+		      const ProtobufCMessageDescriptor *resp_desc, enum call_kind kind,
+		      union call_fn fn, void *ud)
 {
 	struct etcd_call *k = calloc(1, sizeof(*k));
 	if (!k)
@@ -309,33 +305,32 @@ static int call_start(struct etcd_client *c, const char *path,
 	return rc;
 }
 
-int etcd_range(struct etcd_client *c, const Etcdserverpb__RangeRequest *req,
-	       etcd_range_cb cb, void *ud)
+int etcd_range(struct etcd_client *c, const Etcdserverpb__RangeRequest *req, etcd_range_cb cb,
+	       void *ud)
 {
 	return call_start(c, KV_PATH "Range", &req->base,
 			  &etcdserverpb__range_response__descriptor, CALL_RANGE,
 			  (union call_fn){.range = cb}, ud);
 }
 
-int etcd_put(struct etcd_client *c, const Etcdserverpb__PutRequest *req,
-	     etcd_put_cb cb, void *ud)
+int etcd_put(struct etcd_client *c, const Etcdserverpb__PutRequest *req, etcd_put_cb cb,
+	     void *ud)
 {
 	return call_start(c, KV_PATH "Put", &req->base,
 			  &etcdserverpb__put_response__descriptor, CALL_PUT,
 			  (union call_fn){.put = cb}, ud);
 }
 
-int etcd_delete(struct etcd_client *c,
-		const Etcdserverpb__DeleteRangeRequest *req, etcd_delete_cb cb,
-		void *ud)
+int etcd_delete(struct etcd_client *c, const Etcdserverpb__DeleteRangeRequest *req,
+		etcd_delete_cb cb, void *ud)
 {
 	return call_start(c, KV_PATH "DeleteRange", &req->base,
 			  &etcdserverpb__delete_range_response__descriptor, CALL_DELETE,
 			  (union call_fn){.del = cb}, ud);
 }
 
-int etcd_txn(struct etcd_client *c, const Etcdserverpb__TxnRequest *req,
-	     etcd_txn_cb cb, void *ud)
+int etcd_txn(struct etcd_client *c, const Etcdserverpb__TxnRequest *req, etcd_txn_cb cb,
+	     void *ud)
 {
 	return call_start(c, KV_PATH "Txn", &req->base,
 			  &etcdserverpb__txn_response__descriptor, CALL_TXN,
@@ -403,8 +398,7 @@ static void lease_close(struct etcd_lease *l)
 
 static void lease_lost(struct etcd_lease *l, int err)
 {
-	log_warn("meta lease %llx lost: %s", (unsigned long long)l->id,
-		 mc_strerror(err));
+	log_warn("meta lease %llx lost: %s", (unsigned long long)l->id, mc_strerror(err));
 	const struct etcd_lease_cbs *cbs = l->cbs;
 	void *ud = l->ud;
 	lease_close(l);
@@ -412,8 +406,7 @@ static void lease_lost(struct etcd_lease *l, int err)
 		cbs->on_lost(l, ud, err);
 }
 
-static void ka_on_message(struct rpc_stream *st, void *ud,
-			  const ProtobufCMessage *msg)
+static void ka_on_message(struct rpc_stream *st, void *ud, const ProtobufCMessage *msg)
 {
 	struct etcd_lease *l = ud;
 	const Etcdserverpb__LeaseKeepAliveResponse *r =
@@ -433,8 +426,7 @@ static void ka_on_message(struct rpc_stream *st, void *ud,
 		l->valid_until_ms = until;
 }
 
-static void ka_on_close(struct rpc_stream *st, void *ud, int status,
-			const char *message)
+static void ka_on_close(struct rpc_stream *st, void *ud, int status, const char *message)
 {
 	struct etcd_lease *l = ud;
 	(void)st;
@@ -442,8 +434,8 @@ static void ka_on_close(struct rpc_stream *st, void *ud, int status,
 	l->ka_n = 0; /* their answers are lost with the stream */
 	if (status == RPC_UNAVAILABLE)
 		rotate_from(l->c, l->ka_ep);
-	log_debug("lease keep-alive stream closed: %s %s",
-		  rpc_status_name(status), message ? message : "");
+	log_debug("lease keep-alive stream closed: %s %s", rpc_status_name(status),
+		  message ? message : "");
 }
 
 static const struct rpc_stream_cbs ka_cbs = {.on_message = ka_on_message,
@@ -465,16 +457,15 @@ static void lease_on_tick(uv_timer_t *t)
 		l->ka_ep = c->cur;
 		l->ka_n = 0;
 		if (rpc_client_stream(c->eps[l->ka_ep], LEASE_PATH "LeaseKeepAlive",
-				      &etcdserverpb__lease_keep_alive_response__descriptor,
-				      0, &ka_cbs, l, &l->ka) != 0) {
+				      &etcdserverpb__lease_keep_alive_response__descriptor, 0,
+				      &ka_cbs, l, &l->ka) != 0) {
 			l->ka = NULL;
 			return;
 		}
 	}
 	if (l->ka_n == LEASE_KA_INFLIGHT)
 		return; /* the server answers nothing: wait, do not pile up */
-	Etcdserverpb__LeaseKeepAliveRequest req =
-		ETCDSERVERPB__LEASE_KEEP_ALIVE_REQUEST__INIT;
+	Etcdserverpb__LeaseKeepAliveRequest req = ETCDSERVERPB__LEASE_KEEP_ALIVE_REQUEST__INIT;
 	req.id = l->id;
 	if (rpc_stream_send(l->ka, &req.base) != 0) {
 		rpc_stream_cancel(l->ka);
@@ -517,9 +508,8 @@ static void lease_on_granted(void *ud, int err, const ProtobufCMessage *msg)
 	l->cbs->on_granted(l, l->ud, 0, l->id);
 }
 
-int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s,
-		     const struct etcd_lease_cbs *cbs, void *ud,
-		     struct etcd_lease **out)
+int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s, const struct etcd_lease_cbs *cbs,
+		     void *ud, struct etcd_lease **out)
 {
 	if (ttl_s <= 0 || !cbs || !cbs->on_granted)
 		return -EINVAL;
@@ -539,9 +529,8 @@ int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s,
 	Etcdserverpb__LeaseGrantRequest req = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
 	req.ttl = ttl_s;
 	int rc = call_start(c, LEASE_PATH "LeaseGrant", &req.base,
-			    &etcdserverpb__lease_grant_response__descriptor,
-			    CALL_INTERNAL, (union call_fn){.internal = lease_on_granted},
-			    l);
+			    &etcdserverpb__lease_grant_response__descriptor, CALL_INTERNAL,
+			    (union call_fn){.internal = lease_on_granted}, l);
 	if (rc) {
 		lease_close(l);
 		return rc;
@@ -590,8 +579,8 @@ void etcd_lease_revoke(struct etcd_lease *l)
 			req.id = l->id;
 			if (call_start(c, LEASE_PATH "LeaseRevoke", &req.base,
 				       &etcdserverpb__lease_revoke_response__descriptor,
-				       CALL_INTERNAL,
-				       (union call_fn){.internal = on_revoked}, id) != 0)
+				       CALL_INTERNAL, (union call_fn){.internal = on_revoked},
+				       id) != 0)
 				free(id);
 		}
 	} else {
@@ -659,26 +648,22 @@ static void watch_schedule_retry(struct etcd_watch *w)
 	uv_timer_start(&w->retry, watch_on_retry, w->backoff_ms, 0);
 }
 
-static void watch_on_message(struct rpc_stream *st, void *ud,
-			     const ProtobufCMessage *msg)
+static void watch_on_message(struct rpc_stream *st, void *ud, const ProtobufCMessage *msg)
 {
 	struct etcd_watch *w = ud;
-	const Etcdserverpb__WatchResponse *r =
-		(const Etcdserverpb__WatchResponse *)msg;
+	const Etcdserverpb__WatchResponse *r = (const Etcdserverpb__WatchResponse *)msg;
 	int64_t hrev = r->header ? r->header->revision : 0;
 	(void)st;
 	if (r->canceled) {
 		if (r->compact_revision > 0) {
 			log_warn("watch from revision %lld: compacted at %lld",
-				 (long long)w->next_rev,
-				 (long long)r->compact_revision);
+				 (long long)w->next_rev, (long long)r->compact_revision);
 			watch_fail(w, MC_ECOMPACTED);
 			return;
 		}
 		/* Cancelled by the server (e.g. too slow): resume. */
 		log_info("watch cancelled by the server (%s); resuming at %lld",
-			 r->cancel_reason ? r->cancel_reason : "",
-			 (long long)w->next_rev);
+			 r->cancel_reason ? r->cancel_reason : "", (long long)w->next_rev);
 		if (w->st) {
 			rpc_stream_cancel(w->st);
 			w->st = NULL;
@@ -699,8 +684,7 @@ static void watch_on_message(struct rpc_stream *st, void *ud,
 	}
 }
 
-static void watch_on_close(struct rpc_stream *st, void *ud, int status,
-			   const char *message)
+static void watch_on_close(struct rpc_stream *st, void *ud, int status, const char *message)
 {
 	struct etcd_watch *w = ud;
 	(void)st;
@@ -708,8 +692,7 @@ static void watch_on_close(struct rpc_stream *st, void *ud, int status,
 	if (status == RPC_UNAVAILABLE)
 		rotate_from(w->c, w->st_ep);
 	log_debug("watch stream closed: %s %s; resuming at revision %lld",
-		  rpc_status_name(status), message ? message : "",
-		  (long long)w->next_rev);
+		  rpc_status_name(status), message ? message : "", (long long)w->next_rev);
 	watch_schedule_retry(w);
 }
 
@@ -719,8 +702,7 @@ static const struct rpc_stream_cbs watch_cbs = {.on_message = watch_on_message,
 static int watch_open(struct etcd_watch *w)
 {
 	struct etcd_client *c = w->c;
-	Etcdserverpb__WatchCreateRequest cr =
-		ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
 	Etcdserverpb__WatchRequest req = ETCDSERVERPB__WATCH_REQUEST__INIT;
 	cr.key.data = w->key;
 	cr.key.len = w->klen;
@@ -733,8 +715,8 @@ static int watch_open(struct etcd_watch *w)
 	req.create_request = &cr;
 	w->st_ep = c->cur;
 	int rc = rpc_client_stream(c->eps[w->st_ep], WATCH_PATH,
-				   &etcdserverpb__watch_response__descriptor, 0,
-				   &watch_cbs, w, &w->st);
+				   &etcdserverpb__watch_response__descriptor, 0, &watch_cbs, w,
+				   &w->st);
 	if (rc) {
 		w->st = NULL;
 		return rc;
@@ -756,10 +738,9 @@ static void watch_on_retry(uv_timer_t *t)
 		watch_schedule_retry(w);
 }
 
-int etcd_watch(struct etcd_client *c, const void *key, size_t klen,
-	       const void *range_end, size_t elen, int64_t start_rev,
-	       int prev_kv, const struct etcd_watch_cbs *cbs, void *ud,
-	       struct etcd_watch **out)
+int etcd_watch(struct etcd_client *c, const void *key, size_t klen, const void *range_end,
+	       size_t elen, int64_t start_rev, int prev_kv, const struct etcd_watch_cbs *cbs,
+	       void *ud, struct etcd_watch **out)
 {
 	if (!cbs || !cbs->on_events || start_rev < 0)
 		return -EINVAL;
@@ -807,8 +788,8 @@ void etcd_watch_cancel(struct etcd_watch *w)
 void etcd_client_free(struct etcd_client *c)
 {
 	while (c->leases.next != &c->leases) {
-		struct etcd_lease *l =
-			MC_CONTAINER_OF(c->leases.next, struct etcd_lease, link);
+		struct etcd_lease *l = MC_CONTAINER_OF(c->leases.next, struct etcd_lease,
+						       link);
 		const struct etcd_lease_cbs *cbs = l->cbs;
 		void *ud = l->ud;
 		bool granted = l->granted;
@@ -820,13 +801,12 @@ void etcd_client_free(struct etcd_client *c)
 			cbs->on_granted(l, ud, MC_ECANCELLED, 0);
 	}
 	while (c->watches.next != &c->watches) {
-		struct etcd_watch *w =
-			MC_CONTAINER_OF(c->watches.next, struct etcd_watch, link);
+		struct etcd_watch *w = MC_CONTAINER_OF(c->watches.next, struct etcd_watch,
+						       link);
 		watch_fail(w, MC_ECANCELLED);
 	}
 	while (c->calls.next != &c->calls) {
-		struct etcd_call *k =
-			MC_CONTAINER_OF(c->calls.next, struct etcd_call, link);
+		struct etcd_call *k = MC_CONTAINER_OF(c->calls.next, struct etcd_call, link);
 		if (k->st)
 			rpc_stream_cancel(k->st);
 		enum call_kind kind = k->kind;

@@ -29,8 +29,8 @@ struct etcd_lease;
 struct etcd_watch;
 
 struct etcd_opts {
-	const char *endpoints;   /* comma list of [http://]host:port */
-	uint64_t timeout_ms;     /* per call; 0: 5s */
+	const char *endpoints; /* comma list of [http://]host:port */
+	uint64_t timeout_ms;   /* per call; 0: 5s */
 };
 
 /* Errors: -EINVAL (an endpoint does not parse), -ENOMEM. */
@@ -47,14 +47,11 @@ int etcd_status_to_err(int status, const char *message);
 
 /* ------------------------------------------------------------ KV */
 
-typedef void (*etcd_range_cb)(void *ud, int err,
-			      const Etcdserverpb__RangeResponse *resp);
-typedef void (*etcd_put_cb)(void *ud, int err,
-			    const Etcdserverpb__PutResponse *resp);
+typedef void (*etcd_range_cb)(void *ud, int err, const Etcdserverpb__RangeResponse *resp);
+typedef void (*etcd_put_cb)(void *ud, int err, const Etcdserverpb__PutResponse *resp);
 typedef void (*etcd_delete_cb)(void *ud, int err,
 			       const Etcdserverpb__DeleteRangeResponse *resp);
-typedef void (*etcd_txn_cb)(void *ud, int err,
-			    const Etcdserverpb__TxnResponse *resp);
+typedef void (*etcd_txn_cb)(void *ud, int err, const Etcdserverpb__TxnResponse *resp);
 
 /* The range_end that makes [key, end) the keys with this prefix, written
  * into end (at least klen bytes). Returns its length; 1 with end = "\0"
@@ -64,15 +61,14 @@ size_t etcd_prefix_end(const void *key, size_t klen, uint8_t *end);
 /* Unary calls: req is serialized before return (caller keeps it); cb runs
  * exactly once, never from inside the call. Errors as for the callback
  * when the call cannot even start. */
-int etcd_range(struct etcd_client *c, const Etcdserverpb__RangeRequest *req,
-	       etcd_range_cb cb, void *ud) MC_MUST_CHECK;
-int etcd_put(struct etcd_client *c, const Etcdserverpb__PutRequest *req,
-	     etcd_put_cb cb, void *ud) MC_MUST_CHECK;
-int etcd_delete(struct etcd_client *c,
-		const Etcdserverpb__DeleteRangeRequest *req, etcd_delete_cb cb,
-		void *ud) MC_MUST_CHECK;
-int etcd_txn(struct etcd_client *c, const Etcdserverpb__TxnRequest *req,
-	     etcd_txn_cb cb, void *ud) MC_MUST_CHECK;
+int etcd_range(struct etcd_client *c, const Etcdserverpb__RangeRequest *req, etcd_range_cb cb,
+	       void *ud) MC_MUST_CHECK;
+int etcd_put(struct etcd_client *c, const Etcdserverpb__PutRequest *req, etcd_put_cb cb,
+	     void *ud) MC_MUST_CHECK;
+int etcd_delete(struct etcd_client *c, const Etcdserverpb__DeleteRangeRequest *req,
+		etcd_delete_cb cb, void *ud) MC_MUST_CHECK;
+int etcd_txn(struct etcd_client *c, const Etcdserverpb__TxnRequest *req, etcd_txn_cb cb,
+	     void *ud) MC_MUST_CHECK;
 
 /* ------------------------------------------------------------ leases */
 
@@ -92,9 +88,8 @@ struct etcd_lease_cbs {
  * ttl/4 on one LeaseKeepAlive stream, reopened on failure) until
  * etcd_lease_revoke or the loss of the lease. cbs must outlive the lease.
  */
-int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s,
-		     const struct etcd_lease_cbs *cbs, void *ud,
-		     struct etcd_lease **out) MC_MUST_CHECK;
+int etcd_lease_grant(struct etcd_client *c, int64_t ttl_s, const struct etcd_lease_cbs *cbs,
+		     void *ud, struct etcd_lease **out) MC_MUST_CHECK;
 int64_t etcd_lease_id(const struct etcd_lease *l);
 /* The time (uv_now clock, ms) until which the lease surely holds on the
  * server: the send time of the latest answered grant or keep-alive plus
@@ -112,9 +107,8 @@ void etcd_lease_revoke(struct etcd_lease *l);
 struct etcd_watch_cbs {
 	/* Events of one or more revisions, in order. header_rev is the
 	 * store revision the response was sent at. */
-	void (*on_events)(struct etcd_watch *w, void *ud,
-			  Mvccpb__Event *const *events, size_t n,
-			  int64_t header_rev);
+	void (*on_events)(struct etcd_watch *w, void *ud, Mvccpb__Event *const *events,
+			  size_t n, int64_t header_rev);
 	/* The watch ended for good (MC_ECOMPACTED: start revision compacted;
 	 * MC_ECANCELLED: the server cancelled it). Freed after this returns.
 	 * Transient failures are retried silently, resuming from the next
@@ -126,10 +120,9 @@ struct etcd_watch_cbs {
  * Watch [key, range_end) (range_end NULL/0 length = the key only) from
  * start_rev (0 = now). cbs must outlive the watch.
  */
-int etcd_watch(struct etcd_client *c, const void *key, size_t klen,
-	       const void *range_end, size_t elen, int64_t start_rev,
-	       int prev_kv, const struct etcd_watch_cbs *cbs, void *ud,
-	       struct etcd_watch **out) MC_MUST_CHECK;
+int etcd_watch(struct etcd_client *c, const void *key, size_t klen, const void *range_end,
+	       size_t elen, int64_t start_rev, int prev_kv, const struct etcd_watch_cbs *cbs,
+	       void *ud, struct etcd_watch **out) MC_MUST_CHECK;
 void etcd_watch_cancel(struct etcd_watch *w);
 
 #endif

@@ -88,8 +88,7 @@ enum http_parse_result http_parse_request(const char *buf, size_t len,
 	while ((next = line_end(buf, p, len, &n)) != 0 && n == 0)
 		p = next;
 	if (!next)
-		return len > HTTP_MAX_HEAD ? HTTP_PARSE_TOO_LARGE
-					   : HTTP_PARSE_INCOMPLETE;
+		return len > HTTP_MAX_HEAD ? HTTP_PARSE_TOO_LARGE : HTTP_PARSE_INCOMPLETE;
 
 	/* Request line: METHOD SP target SP HTTP/1.x */
 	const char *line = buf + p;
@@ -101,8 +100,7 @@ enum http_parse_result http_parse_request(const char *buf, size_t len,
 		return HTTP_PARSE_BAD;
 	size_t mlen = (size_t)(sp1 - line), tlen = (size_t)(sp2 - sp1 - 1);
 	size_t vlen = n - (size_t)(sp2 + 1 - line);
-	if (mlen == 0 || mlen >= sizeof(req->method) || tlen == 0 ||
-	    tlen >= sizeof(req->path))
+	if (mlen == 0 || mlen >= sizeof(req->method) || tlen == 0 || tlen >= sizeof(req->path))
 		return HTTP_PARSE_BAD;
 	for (size_t i = 0; i < mlen; i++)
 		if (!isupper((unsigned char)line[i]))
@@ -110,8 +108,7 @@ enum http_parse_result http_parse_request(const char *buf, size_t len,
 	memcpy(req->method, line, mlen);
 	memcpy(req->path, sp1 + 1, tlen);
 	for (size_t i = 0; i < tlen; i++)
-		if ((unsigned char)req->path[i] <= 0x20 ||
-		    (unsigned char)req->path[i] >= 0x7f)
+		if ((unsigned char)req->path[i] <= 0x20 || (unsigned char)req->path[i] >= 0x7f)
 			return HTTP_PARSE_BAD;
 	if (vlen != 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0 ||
 	    (sp2[8] != '0' && sp2[8] != '1'))
@@ -219,14 +216,22 @@ static void conn_on_idle(uv_timer_t *t)
 static const char *reason(int code)
 {
 	switch (code) {
-	case 200: return "OK";
-	case 400: return "Bad Request";
-	case 404: return "Not Found";
-	case 405: return "Method Not Allowed";
-	case 431: return "Request Header Fields Too Large";
-	case 500: return "Internal Server Error";
-	case 503: return "Service Unavailable";
-	default: return "Unknown";
+	case 200:
+		return "OK";
+	case 400:
+		return "Bad Request";
+	case 404:
+		return "Not Found";
+	case 405:
+		return "Method Not Allowed";
+	case 431:
+		return "Request Header Fields Too Large";
+	case 500:
+		return "Internal Server Error";
+	case 503:
+		return "Service Unavailable";
+	default:
+		return "Unknown";
 	}
 }
 
@@ -247,8 +252,7 @@ static int conn_respond(struct http_conn *c, int code, const char *ctype,
 	if (rc == 0 && blen && !head_only)
 		rc = mc_buf_append(&c->out, body->data, blen);
 	if (rc) {
-		log_warn("%s: response to %s: %s", c->srv->name, c->peer,
-			 mc_strerror(rc));
+		log_warn("%s: response to %s: %s", c->srv->name, c->peer, mc_strerror(rc));
 		conn_close(c);
 		return rc;
 	}
@@ -256,8 +260,7 @@ static int conn_respond(struct http_conn *c, int code, const char *ctype,
 	c->close_after_write = !keep_alive;
 	rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, conn_on_written);
 	if (rc) {
-		log_debug("%s: write to %s: %s", c->srv->name, c->peer,
-			  uv_strerror(rc));
+		log_debug("%s: write to %s: %s", c->srv->name, c->peer, uv_strerror(rc));
 		conn_close(c);
 		return rc;
 	}
@@ -333,19 +336,17 @@ static void conn_process(struct http_conn *c)
 {
 	while (!c->writing && !c->closing && c->in.len > 0) {
 		struct http_request req;
-		enum http_parse_result r = http_parse_request(c->in.data, c->in.len,
-							      &req);
+		enum http_parse_result r = http_parse_request(c->in.data, c->in.len, &req);
 		if (r == HTTP_PARSE_INCOMPLETE)
 			return;
 		if (r != HTTP_PARSE_OK) {
 			int code = r == HTTP_PARSE_TOO_LARGE ? 431 : 400;
-			log_debug("%s: %d for a request from %s", c->srv->name, code,
-				  c->peer);
+			log_debug("%s: %d for a request from %s", c->srv->name, code, c->peer);
 			struct mc_buf body = MC_BUF_INIT;
 			(void)!mc_buf_printf(&body, "%s\n", reason(code));
 			metric_inc(c->srv->m_other);
-			(void)conn_respond(c, code, "text/plain; charset=utf-8",
-					   &body, false, false);
+			(void)conn_respond(c, code, "text/plain; charset=utf-8", &body, false,
+					   false);
 			mc_buf_free(&body);
 			mc_buf_reset(&c->in);
 			return;
@@ -422,8 +423,7 @@ static void srv_on_connection(uv_stream_t *l, int status)
 	if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0)
 		mc_format_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
 	uv_tcp_nodelay(&c->tcp, 1);
-	uv_timer_start(&c->timer, conn_on_idle, s->idle_timeout_ms,
-		       s->idle_timeout_ms);
+	uv_timer_start(&c->timer, conn_on_idle, s->idle_timeout_ms, s->idle_timeout_ms);
 	rc = uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
 	if (rc) {
 		log_warn("%s: read from %s: %s", s->name, c->peer, uv_strerror(rc));
@@ -440,23 +440,18 @@ int http_server_new(uv_loop_t *loop, const struct http_server_opts *opts,
 	if (!s)
 		return -ENOMEM;
 	s->loop = loop;
-	snprintf(s->name, sizeof(s->name), "%s",
-		 opts && opts->name ? opts->name : "http");
+	snprintf(s->name, sizeof(s->name), "%s", opts && opts->name ? opts->name : "http");
 	s->metrics = opts && opts->metrics ? opts->metrics : metrics_global();
 	s->health = opts ? opts->health : NULL;
 	s->health_ctx = opts ? opts->health_ctx : NULL;
-	s->idle_timeout_ms =
-		opts && opts->idle_timeout_ms ? opts->idle_timeout_ms : 60000;
+	s->idle_timeout_ms = opts && opts->idle_timeout_ms ? opts->idle_timeout_ms : 60000;
 	static const char *const help = "HTTP requests served, by path.";
-	s->m_metrics = metrics_counter(s->metrics, "mooncake_http_requests_total",
-				       help, "server,path",
-				       (const char *[]){s->name, "/metrics"});
-	s->m_healthz = metrics_counter(s->metrics, "mooncake_http_requests_total",
-				       help, "server,path",
-				       (const char *[]){s->name, "/healthz"});
-	s->m_other = metrics_counter(s->metrics, "mooncake_http_requests_total",
-				     help, "server,path",
-				     (const char *[]){s->name, "other"});
+	s->m_metrics = metrics_counter(s->metrics, "mooncake_http_requests_total", help,
+				       "server,path", (const char *[]){s->name, "/metrics"});
+	s->m_healthz = metrics_counter(s->metrics, "mooncake_http_requests_total", help,
+				       "server,path", (const char *[]){s->name, "/healthz"});
+	s->m_other = metrics_counter(s->metrics, "mooncake_http_requests_total", help,
+				     "server,path", (const char *[]){s->name, "other"});
 	*out = s;
 	return 0;
 }
@@ -502,8 +497,7 @@ static void srv_on_listener_closed(uv_handle_t *h)
 }
 
 void http_server_close(struct http_server *s,
-		       void (*on_closed)(struct http_server *s, void *ud),
-		       void *ud)
+		       void (*on_closed)(struct http_server *s, void *ud), void *ud)
 {
 	if (s->closing)
 		return;

@@ -33,7 +33,7 @@ struct http_server_opts {
 	struct metrics_registry *metrics; /* served at /metrics; NULL: global */
 	http_health_fn health;            /* NULL: always 200 "ok" */
 	void *health_ctx;
-	uint64_t idle_timeout_ms;         /* 0: 60s */
+	uint64_t idle_timeout_ms; /* 0: 60s */
 };
 
 /* Errors: -ENOMEM. */
@@ -47,8 +47,7 @@ int http_server_port(const struct http_server *s);
 /* Stop listening, close every connection, then call on_closed (from the
  * loop) after which the server may be freed with http_server_free. */
 void http_server_close(struct http_server *s,
-		       void (*on_closed)(struct http_server *s, void *ud),
-		       void *ud);
+		       void (*on_closed)(struct http_server *s, void *ud), void *ud);
 void http_server_free(struct http_server *s);
 
 /* ---- the request parser, pure (exposed for tests and fuzzing) */
@@ -63,10 +62,10 @@ enum http_parse_result {
 struct http_request {
 	char method[16];
 	char path[256];
-	int minor_version;    /* HTTP/1.<minor> */
-	int keep_alive;       /* after defaults and Connection: header */
+	int minor_version; /* HTTP/1.<minor> */
+	int keep_alive;    /* after defaults and Connection: header */
 	uint64_t content_length;
-	size_t head_len;      /* bytes of the head, incl. the blank line */
+	size_t head_len; /* bytes of the head, incl. the blank line */
 };
 
 #define HTTP_MAX_HEAD 8192

@@ -5,12 +5,19 @@
  * This file holds the core object and the life of an object in it: a put
  * places replicas on distinct DRAM segments (the preferred one first,
  * then the emptiest), PutEnd seals them, a get leases the object to its
- * reader and moves it to its LRU list's tail, a remove or a TTL ends it.
+ * reader and marks it read, a remove or a TTL ends it.
  *
  * Eviction walks the plain LRU list from the head, skipping leased
- * objects, then the pinned list, until the round's target is freed: a
+ * objects and sending objects read since it last passed them to the tail
+ * (index.c's second chance), then the pinned list, until the round's
+ * target is freed: a
  * round frees eviction_ratio of the DRAM capacity when usage passes the
- * watermark, or just enough for a placement that found no room.
+ * watermark, or just enough for a placement that found no room. With SSD
+ * segments mounted a watermark round demotes its victims instead (tier.c)
+ * and counts what their demotions will free; a placement that finds no
+ * room still evicts (it cannot wait for a demotion), skipping objects on
+ * their way to SSD, and an object with an SSD replica too only loses its
+ * DRAM ones.
  *
  * Mirror logs: every change of a COMPLETE replica is appended to its
  * segment's log (mlog.c) with a sequence number from one core-wide
@@ -58,6 +65,7 @@ void master__core_reset(struct master_core *c)
 	master__segs_clear(&c->segs);
 	c->nquar = 0; /* (their segments are gone) */
 	master__leases_clear(&c->ls);
+	master__tiers_clear(&c->tiers);
 }
 
 void master__core_free(struct master_core *c)
@@ -67,25 +75,27 @@ void master__core_free(struct master_core *c)
 	master__index_free(&c->ix);
 	master__segs_free(&c->segs);
 	master__leases_free(&c->ls);
+	master__tiers_free(&c->tiers);
 	free(c->quar);
 	free(c);
 }
 
 /* ------------------------------------------------------------ objects */
 
-void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
-		    enum master_ev_op op)
+void master__mirror_seg(struct master_core *c, uint32_t seg, const struct master_obj *o,
+			uint64_t offset, enum master_ev_op op)
 {
-	struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+	struct master_seg *s = master__segs_at(&c->segs, seg);
 	struct master_ev e = {
 		.seq = ++c->ev_seq,
-		.offset = o->rep[i].offset,
+		.offset = offset,
 		.size = o->size,
 		.crc = o->crc,
 		.klen = o->klen,
 		.op = (uint8_t)op,
 		.flags = (uint8_t)(((o->flags & MASTER_OBJ_CRC) ? MASTER_EV_F_CRC : 0) |
-				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN : 0)),
+				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN
+								     : 0)),
 		.key = master__obj_key(o),
 	};
 	struct master_mlog_stats before;
@@ -99,6 +109,31 @@ void master__mirror(struct master_core *c, const struct master_obj *o, unsigned 
 	master__mlog_stats(s->log, &after);
 	if (after.base > before.base && after.base > before.acked)
 		c->n.mirror_lost++;
+}
+
+void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
+		    enum master_ev_op op)
+{
+	master__mirror_seg(c, o->rep[i].seg, o, o->rep[i].offset, op);
+}
+
+enum master_tier master__rep_tier(const struct master_core *c, const struct master_obj *o,
+				  unsigned i)
+{
+	return master__segs_at(&c->segs, o->rep[i].seg)->tier;
+}
+
+void master__obj_retier(struct master_core *c, struct master_obj *o)
+{
+	if (o->flags & MASTER_OBJ_PENDING)
+		return;
+	bool dram = false;
+	for (unsigned i = 0; i < o->nrep && !dram; i++)
+		dram = master__rep_tier(c, o, i) == MASTER_TIER_DRAM;
+	uint8_t flags = dram ? (uint8_t)(o->flags & ~MASTER_OBJ_SSD)
+			     : (uint8_t)(o->flags | MASTER_OBJ_SSD);
+	if (flags != o->flags)
+		master__index_set_flags(&c->ix, o, flags);
 }
 
 uint64_t master__ev_next(struct master_core *c)
@@ -120,33 +155,70 @@ static int quar_reserve(struct master_core *c, size_t n)
 	return 0;
 }
 
+/* Hold [off, off+len) of segment seg until until_ms (room reserved). */
+static void quar_add(struct master_core *c, uint32_t seg, uint64_t off, uint64_t len,
+		     uint64_t until_ms)
+{
+	c->quar[c->nquar++] = (struct master_quarantine){
+		.seg = seg,
+		.log_id = master__segs_at(&c->segs, seg)->log_id,
+		.off = off,
+		.len = len,
+		.until_ms = until_ms,
+	};
+}
+
+void master__rep_drop(struct master_core *c, struct master_obj *o, unsigned i,
+		      uint64_t until_ms)
+{
+	struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+	uint64_t len = master__rep_len(s, o->size);
+	if (until_ms && (s->tier != MASTER_TIER_DRAM || quar_reserve(c, 1) != 0))
+		until_ms = 0; /* (SSD, or out of memory: freed at once) */
+	if (!(o->flags & MASTER_OBJ_PENDING))
+		master__mirror(c, o, i, MASTER_EV_DEL);
+	if (until_ms && len) {
+		quar_add(c, o->rep[i].seg, o->rep[i].offset, len, until_ms);
+		c->n.quarantined++;
+	} else if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
+		/* Cannot happen unless the index is corrupt; the space stays
+		 * allocated rather than be handed out twice. */
+	}
+	s->replicas--;
+	/* Shift the later replicas and the key down. */
+	uint8_t *p = (uint8_t *)&o->rep[i];
+	size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen;
+	memmove(p, p + sizeof(struct master_rep), tail);
+	o->nrep--;
+}
+
 /*
  * Unlink and free the object. Its space on every segment is freed — or,
  * with until_ms, held until then: a forced removal of a leased object,
  * whose readers may go on reading its bytes until their lease ends (a
  * zero-copy view, a get in flight, an agent's lease cache), never
- * another object's.
+ * another object's. An object being demoted holds its DRAM space until
+ * the demotion's deadline (its new owner may be reading it); SSD space
+ * is never held (the owner's store lets the reads that began finish).
  */
 static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint64_t until_ms)
 {
+	if (o->flags & MASTER_OBJ_DEMOTING) {
+		uint64_t until = master__demote_forget(c, o);
+		until_ms = MC_MAX(until_ms, until);
+	}
 	if (until_ms && quar_reserve(c, o->nrep) != 0)
 		until_ms = 0; /* (out of memory: freed at once, as before) */
 	if (!(o->flags & MASTER_OBJ_PENDING))
 		for (unsigned i = 0; i < o->nrep; i++)
 			master__mirror(c, o, i, MASTER_EV_DEL);
-	uint64_t len = master__alloc_len(o->size);
-	if (until_ms && len)
-		c->n.quarantined++;
+	bool held = false;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
-		if (until_ms && len) {
-			c->quar[c->nquar++] = (struct master_quarantine){
-				.seg = o->rep[i].seg,
-				.log_id = s->log_id,
-				.off = o->rep[i].offset,
-				.len = len,
-				.until_ms = until_ms,
-			};
+		uint64_t len = master__rep_len(s, o->size);
+		if (until_ms && len && s->tier == MASTER_TIER_DRAM) {
+			quar_add(c, o->rep[i].seg, o->rep[i].offset, len, until_ms);
+			held = true;
 		} else if (len && master__alloc_put(s->alloc, o->rep[i].offset, len) != 0) {
 			/* Cannot happen unless the index is corrupt; the
 			 * space stays allocated rather than be handed out
@@ -154,6 +226,7 @@ static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint6
 		}
 		s->replicas--;
 	}
+	c->n.quarantined += held;
 	master__index_del(&c->ix, o);
 }
 
@@ -173,29 +246,25 @@ static void quar_release(struct master_core *c, uint64_t now_ms)
 			continue;
 		}
 		struct master_seg *s = master__segs_at(&c->segs, q->seg);
-		if (s && s->log_id == q->log_id && master__alloc_put(s->alloc, q->off, q->len)) {
+		if (s && s->log_id == q->log_id &&
+		    master__alloc_put(s->alloc, q->off, q->len)) {
 			/* corrupt index: keep the space */
 		}
 		*q = c->quar[--c->nquar];
 	}
 }
 
-static bool leased(const struct master_obj *o, uint64_t now_ms)
-{
-	return !(o->flags & MASTER_OBJ_PENDING) && o->lease_or_start_ms > now_ms;
-}
-
 /* A removal's obj_destroy_until: until the lease ends, if any (never for
  * a PENDING object). */
 static void obj_remove(struct master_core *c, struct master_obj *o, uint64_t now_ms)
 {
-	obj_destroy_until(c, o, leased(o, now_ms) ? o->lease_or_start_ms : 0);
+	obj_destroy_until(c, o, master__leased(o, now_ms) ? o->lease_or_start_ms : 0);
 }
 
 static bool expired(const struct master_obj *o, uint64_t now_ms)
 {
 	return !(o->flags & MASTER_OBJ_PENDING) && o->ttl_ms && o->ttl_ms <= now_ms &&
-	       !leased(o, now_ms);
+	       !master__leased(o, now_ms);
 }
 
 struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, size_t klen,
@@ -212,23 +281,57 @@ struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, siz
 
 /* ------------------------------------------------------------ eviction */
 
+/* Evict o from DRAM: gone, or (with an SSD replica too) only its DRAM
+ * replicas. Returns the DRAM bytes freed. */
+static uint64_t dram_evict(struct master_core *c, struct master_obj *o)
+{
+	uint64_t freed = 0;
+	bool ssd = false;
+	for (unsigned i = 0; i < o->nrep; i++) {
+		const struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+		if (s->tier == MASTER_TIER_DRAM)
+			freed += master__rep_len(s, o->size);
+		else
+			ssd = true;
+	}
+	c->n.evictions++;
+	c->n.evicted_bytes += o->size;
+	if (!ssd) {
+		master__obj_destroy(c, o);
+		return freed;
+	}
+	for (unsigned i = o->nrep; i-- > 0;)
+		if (master__rep_tier(c, o, i) == MASTER_TIER_DRAM)
+			master__rep_drop(c, o, i, 0);
+	master__obj_retier(c, o);
+	return freed;
+}
+
 /* Evict the least recently used evictable object: plain list first, the
- * soft-pinned one only when the plain list has nothing evictable. Returns
- * the bytes freed, 0 when nothing can go. */
+ * soft-pinned one only when the plain list has nothing evictable. Objects
+ * on their way to SSD are left alone. Returns the bytes freed, 0 when
+ * nothing can go. */
 static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 {
 	static const enum master_list lists[2] = {MASTER_LIST_PLAIN, MASTER_LIST_PINNED};
 	for (int k = 0; k < (pinned ? 2 : 1); k++) {
+		struct master_obj *next;
 		for (struct master_obj *o = master__index_oldest(&c->ix, lists[k]); o;
-		     o = o->next) {
-			if (leased(o, now_ms)) {
+		     o = next) {
+			next = o->next;
+			if (master__index_second_chance(&c->ix, o)) {
+				/* At the tail now: the walk meets it again last. */
+				if (!next)
+					next = o;
+				continue;
+			}
+			if (master__leased(o, now_ms)) {
 				c->n.lease_waits++;
 				continue;
 			}
-			uint64_t freed = master__alloc_len(o->size) * o->nrep;
-			c->n.evictions++;
-			c->n.evicted_bytes += o->size;
-			master__obj_destroy(c, o);
+			if (o->flags & MASTER_OBJ_DEMOTING)
+				continue;
+			uint64_t freed = dram_evict(c, o);
 			/* Zero-byte objects free nothing but still go. */
 			return freed ? freed : 1;
 		}
@@ -236,21 +339,69 @@ static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 	return 0;
 }
 
+/*
+ * Up to target bytes from list l of a watermark round, demoting where an
+ * SSD segment can take the object (tier.c), else evicting. Returns the
+ * bytes freed or being freed; *busy when the SSD segments that could
+ * take more are busy with demotions already (the round stops: the next
+ * one goes on).
+ */
+static uint64_t round_list(struct master_core *c, enum master_list l, uint64_t target,
+			   uint64_t now_ms, bool *busy)
+{
+	uint64_t freed = 0;
+	struct master_obj *next;
+	for (struct master_obj *o = master__index_oldest(&c->ix, l); o && freed < target;
+	     o = next) {
+		next = o->next;
+		if (master__index_second_chance(&c->ix, o)) {
+			/* At the tail now: the walk meets it again last. */
+			if (!next)
+				next = o;
+			continue;
+		}
+		if (master__leased(o, now_ms)) {
+			c->n.lease_waits++;
+			continue;
+		}
+		if (o->flags & MASTER_OBJ_DEMOTING)
+			continue;
+		uint64_t f = 0;
+		switch (master__demote(c, o, now_ms, &f)) {
+		case MASTER_DEMOTE_STARTED:
+		case MASTER_DEMOTE_DONE:
+			break;
+		case MASTER_DEMOTE_BUSY:
+			*busy = true;
+			return freed;
+		case MASTER_DEMOTE_NONE:
+			f = dram_evict(c, o);
+			f = f ? f : 1; /* zero-byte objects free nothing but go */
+			break;
+		}
+		freed += f;
+	}
+	return freed;
+}
+
 uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms)
 {
 	uint64_t used, cap = master__dram_capacity(c, &used);
+	/* What demotions on their way will free is as good as free. */
+	uint64_t demoting = master__demoting_bytes(c);
+	used -= MC_MIN(used, demoting);
 	if (cap == 0 || (double)used <= c->o.high_watermark * (double)cap)
 		return 0;
 	/* Unpinned objects up to the round's target; soft-pinned ones only
 	 * as far as needed to get under the watermark. */
 	uint64_t target = (uint64_t)(c->o.eviction_ratio * (double)cap);
 	uint64_t limit = (uint64_t)(c->o.high_watermark * (double)cap);
-	uint64_t freed = 0, f;
+	bool busy = false;
 	c->n.eviction_rounds++;
-	while (freed < target && (f = evict_one(c, now_ms, false)) != 0)
-		freed += f;
-	while (used - MC_MIN(used, freed) > limit && (f = evict_one(c, now_ms, true)) != 0)
-		freed += f;
+	uint64_t freed = round_list(c, MASTER_LIST_PLAIN, target, now_ms, &busy);
+	if (!busy && used - MC_MIN(used, freed) > limit)
+		freed += round_list(c, MASTER_LIST_PINNED, used - MC_MIN(used, freed) - limit,
+				    now_ms, &busy);
 	return freed;
 }
 
@@ -271,8 +422,8 @@ static int cmp_cand(const void *a, const void *b)
 
 /* Try to allocate n replicas of len bytes on distinct usable segments.
  * Fills reps on success. Errors: MC_ENO_SPACE (nothing changed). */
-static int place(struct master_core *c, uint64_t len, unsigned n,
-		 uint32_t preferred, struct master_rep *reps)
+static int place(struct master_core *c, uint64_t len, unsigned n, uint32_t preferred,
+		 struct master_rep *reps)
 {
 	const struct master_segs *sg = &c->segs;
 	struct cand stack[64], *cands = stack;
@@ -288,7 +439,8 @@ static int place(struct master_core *c, uint64_t len, unsigned n,
 			continue;
 		cands[nc].id = i;
 		/* The preferred segment sorts first. */
-		cands[nc].free = i == preferred ? UINT64_MAX : master__alloc_free_bytes(s->alloc);
+		cands[nc].free = i == preferred ? UINT64_MAX
+						: master__alloc_free_bytes(s->alloc);
 		nc++;
 	}
 	int rc = MC_ENO_SPACE;
@@ -297,8 +449,8 @@ static int place(struct master_core *c, uint64_t len, unsigned n,
 		qsort(cands, nc, sizeof(*cands), cmp_cand);
 		for (uint32_t i = 0; i < nc && got < n; i++) {
 			uint64_t off = 0;
-			if (len && master__alloc_get(master__segs_at(sg, cands[i].id)->alloc, len,
-						     &off))
+			if (len && master__alloc_get(master__segs_at(sg, cands[i].id)->alloc,
+						     len, &off))
 				continue;
 			reps[got].seg = cands[i].id;
 			reps[got].offset = off;
@@ -332,8 +484,8 @@ static unsigned usable_segments(const struct master_core *c, uint64_t len)
 	return n;
 }
 
-int master__put_start(struct master_core *c, const struct master_put *p,
-		      uint64_t now_ms, const struct master_obj **out)
+int master__put_start(struct master_core *c, const struct master_put *p, uint64_t now_ms,
+		      const struct master_obj **out)
 {
 	unsigned n = p->replica_num ? p->replica_num : 1;
 	if (!master__key_ok(p->klen) || n > MASTER_MAX_REPLICAS)
@@ -344,7 +496,7 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 	if (usable_segments(c, len) < n)
 		return MC_ENO_SPACE; /* eviction cannot help */
 	uint32_t pref = p->preferred && *p->preferred ? master__seg_find(c, p->preferred)
-						       : MASTER_NO_SEGMENT;
+						      : MASTER_NO_SEGMENT;
 	struct master_rep reps[MASTER_MAX_REPLICAS];
 	int rc;
 	while ((rc = place(c, len, n, pref, reps)) == MC_ENO_SPACE) {
@@ -376,8 +528,8 @@ int master__put_start(struct master_core *c, const struct master_put *p,
 	return 0;
 }
 
-static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key,
-				      size_t klen, uint64_t now_ms, int *err)
+static struct master_obj *pending_obj(struct master_core *c, const uint8_t *key, size_t klen,
+				      uint64_t now_ms, int *err)
 {
 	if (!master__key_ok(klen)) {
 		*err = -EINVAL;
@@ -431,8 +583,8 @@ int master__put_revoke(struct master_core *c, const uint8_t *key, size_t klen)
 
 /* ------------------------------------------------------------ gets */
 
-int master__get(struct master_core *c, const uint8_t *key, size_t klen,
-		uint64_t now_ms, const struct master_obj **out)
+int master__get(struct master_core *c, const uint8_t *key, size_t klen, uint64_t now_ms,
+		const struct master_obj **out)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;
@@ -446,13 +598,38 @@ int master__get(struct master_core *c, const uint8_t *key, size_t klen,
 	uint64_t until = now_ms + c->o.lease_ttl_ms;
 	if (until > o->lease_or_start_ms)
 		o->lease_or_start_ms = until;
-	master__index_touch(&c->ix, o);
+	master__index_touch(o);
 	*out = o;
 	return 0;
 }
 
-int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
-		  uint64_t now_ms)
+/* How many items ahead of a batch's lookups each prefetch stage runs:
+ * the bucket's line must arrive before the object stage reads it. */
+#define PREFETCH_BUCKET_AHEAD 12
+#define PREFETCH_OBJECT_AHEAD 8
+
+void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
+			    master_key_at_fn key_at)
+{
+	static const struct {
+		size_t ahead;
+		enum master_prefetch stage;
+	} st[] = {{PREFETCH_BUCKET_AHEAD, MASTER_PREFETCH_BUCKET},
+		  {PREFETCH_OBJECT_AHEAD, MASTER_PREFETCH_OBJECT}};
+	for (size_t s = 0; s < MC_ARRAY_LEN(st); s++) {
+		/* The first lookup also starts the stages of every item before
+		 * its distance. */
+		size_t from = i == 0 ? 0 : i + st[s].ahead;
+		for (size_t j = from; j <= i + st[s].ahead && j < n; j++) {
+			size_t klen;
+			const uint8_t *key = key_at(batch, j, &klen);
+			if (master__key_ok(klen))
+				master__index_prefetch(&c->ix, key, klen, st[s].stage);
+		}
+	}
+}
+
+int master__exist(struct master_core *c, const uint8_t *key, size_t klen, uint64_t now_ms)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;
@@ -462,15 +639,15 @@ int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
 
 /* ------------------------------------------------------------ removes */
 
-int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
-		   bool force, uint64_t now_ms)
+int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool force,
+		   uint64_t now_ms)
 {
 	if (!master__key_ok(klen))
 		return -EINVAL;
 	struct master_obj *o = master__lookup(c, key, klen, now_ms);
 	if (!o || (o->flags & MASTER_OBJ_PENDING))
 		return MC_EOBJECT_NOT_FOUND;
-	if (!force && leased(o, now_ms)) {
+	if (!force && master__leased(o, now_ms)) {
 		c->n.lease_waits++;
 		return MC_EOBJECT_HAS_LEASE;
 	}
@@ -479,15 +656,24 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
 	return 0;
 }
 
-void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
-			uint64_t *removed, uint64_t *skipped)
+/* Remove the COMPLETE objects match accepts (every one when it is NULL),
+ * leased ones only with force; *skipped counts the leased ones left, and
+ * with pending the PENDING ones too. */
+static void remove_walk(struct master_core *c,
+			bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			bool force, bool pending, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped)
 {
 	uint64_t r = 0, s = 0;
 	for (size_t b = 0; b < master__index_slots(&c->ix); b++) {
 		struct master_obj *o = master__index_slot(&c->ix, b);
 		while (o) {
 			struct master_obj *next = o->hnext;
-			if ((o->flags & MASTER_OBJ_PENDING) || (!force && leased(o, now_ms))) {
+			if (o->flags & MASTER_OBJ_PENDING) {
+				s += pending;
+			} else if (match && !match(ud, master__obj_key(o), o->klen)) {
+				/* not asked for */
+			} else if (!force && master__leased(o, now_ms)) {
 				s++;
 			} else {
 				obj_remove(c, o, now_ms);
@@ -499,6 +685,54 @@ void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
 	c->n.removes += r;
 	*removed = r;
 	*skipped = s;
+}
+
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped)
+{
+	remove_walk(c, NULL, NULL, force, true, now_ms, removed, skipped);
+}
+
+void master__remove_match(struct master_core *c,
+			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped)
+{
+	remove_walk(c, match, ud, force, false, now_ms, removed, skipped);
+}
+
+int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
+			  uint64_t now_ms)
+{
+	if (!master__key_ok(klen))
+		return -EINVAL;
+	struct master_obj *o = master__lookup(c, key, klen, now_ms);
+	if (!o || (o->flags & MASTER_OBJ_PENDING))
+		return MC_EOBJECT_NOT_FOUND;
+	unsigned i = 0;
+	while (i < o->nrep && o->rep[i].seg != seg)
+		i++;
+	if (i == o->nrep)
+		return MC_EOBJECT_NOT_FOUND;
+	if (master__leased(o, now_ms))
+		return MC_EOBJECT_HAS_LEASE;
+	c->n.removes++;
+	if (o->nrep == 1) {
+		master__obj_destroy(c, o);
+		return 0;
+	}
+	master__mirror(c, o, i, MASTER_EV_DEL);
+	struct master_seg *s = master__segs_at(&c->segs, seg);
+	uint64_t len = master__alloc_len(o->size);
+	if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
+		/* corrupt index: keep the space */
+	}
+	s->replicas--;
+	/* Shift the later replicas and the key down. */
+	uint8_t *p = (uint8_t *)&o->rep[i];
+	memmove(p, p + sizeof(struct master_rep),
+		(size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen);
+	o->nrep--;
+	return 0;
 }
 
 /* ------------------------------------------------------------ timers */
@@ -529,12 +763,14 @@ void master__tick(struct master_core *c, uint64_t now_ms)
 		master__obj_destroy(c, o);
 	}
 	master__agents_expire(c, now_ms);
+	master__tiers_tick(c, now_ms);
 	/* A slice of the index for TTL expiry (none without TTLs: the walk
 	 * was 2-3% of an agent's loop under 4K puts, with the master in its
 	 * process). */
 	struct sweep sw = {c, now_ms};
 	master__index_sweep(&c->ix, SWEEP_BUCKETS_PER_TICK, sweep_one, &sw);
 	master__evict_if_needed(c, now_ms);
+	master__ssd_evict_if_needed(c, now_ms);
 }
 
 /* ------------------------------------------------------------ stats */
@@ -544,6 +780,8 @@ void master__core_stats(const struct master_core *c, struct master_core_stats *s
 	memset(st, 0, sizeof(*st));
 	master__index_stats(&c->ix, st);
 	master__segs_stats(c, st);
+	st->ssd_objects = master__index_count(&c->ix, MASTER_LIST_SSD);
+	master__tiers_stats(c, st);
 }
 
 const struct master_counters *master__core_counters(const struct master_core *c)

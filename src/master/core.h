@@ -18,6 +18,9 @@
  *          in core.c, index.c, segment.c and lease.c (core_int.h).
  *   mlog   per segment, the log of changes to its COMPLETE replicas that
  *          the owner agent follows to keep its mirror (SyncSegment).
+ *   tiers  the SSD tier: demotion of cold DRAM objects to SSD segments,
+ *          eviction past an SSD segment's watermark, objects stored or
+ *          lost there by its owner, promotion back to DRAM (tier.c).
  */
 #ifndef MC_MASTER_CORE_H
 #define MC_MASTER_CORE_H
@@ -39,8 +42,7 @@ struct master_alloc;
 /* An allocator for [0, size). Errors: -EINVAL (size 0 or not a multiple
  * of MASTER_ALLOC_GRANULE after rounding down to it), -ENOMEM. seed
  * drives the treap's priorities. */
-int master__alloc_new(uint64_t size, uint64_t seed,
-		      struct master_alloc **out) MC_MUST_CHECK;
+int master__alloc_new(uint64_t size, uint64_t seed, struct master_alloc **out) MC_MUST_CHECK;
 void master__alloc_free(struct master_alloc *a);
 
 /* The length allocated for an object of size bytes (0 for 0). */
@@ -48,17 +50,14 @@ uint64_t master__alloc_len(uint64_t size);
 
 /* Allocate len bytes (a multiple of the granule, > 0). Errors:
  * MC_ENO_SPACE (no free range that large), -EINVAL, -ENOMEM. */
-int master__alloc_get(struct master_alloc *a, uint64_t len,
-		      uint64_t *off) MC_MUST_CHECK;
+int master__alloc_get(struct master_alloc *a, uint64_t len, uint64_t *off) MC_MUST_CHECK;
 /* Mark [off, off+len) allocated. Errors: -EBUSY (not entirely free),
  * -EINVAL (unaligned or out of range), -ENOMEM. */
-int master__alloc_reserve(struct master_alloc *a, uint64_t off,
-			  uint64_t len) MC_MUST_CHECK;
+int master__alloc_reserve(struct master_alloc *a, uint64_t off, uint64_t len) MC_MUST_CHECK;
 /* Free [off, off+len), coalescing with free neighbours. Errors: -EINVAL
  * (unaligned, out of range, or overlapping free space: a double free),
  * -ENOMEM (a new free range could not be recorded; the space is lost). */
-int master__alloc_put(struct master_alloc *a, uint64_t off,
-		      uint64_t len) MC_MUST_CHECK;
+int master__alloc_put(struct master_alloc *a, uint64_t off, uint64_t len) MC_MUST_CHECK;
 
 /* Free bytes (O(1), unlike master__alloc_stats). */
 uint64_t master__alloc_free_bytes(const struct master_alloc *a);
@@ -69,19 +68,19 @@ struct master_alloc_stats {
 	uint64_t free_ranges;
 	double fragmentation; /* 1 - largest_free / free; 0 when free is 0 */
 };
-void master__alloc_stats(const struct master_alloc *a,
-			 struct master_alloc_stats *st);
+void master__alloc_stats(const struct master_alloc *a, struct master_alloc_stats *st);
 /* Walk the free ranges in offset order (tests: compare with a model). */
 void master__alloc_foreach_free(const struct master_alloc *a,
-				void (*fn)(void *ud, uint64_t off, uint64_t len),
-				void *ud);
+				void (*fn)(void *ud, uint64_t off, uint64_t len), void *ud);
 /* Size class of a length (tests). */
 unsigned master__alloc_class(uint64_t len);
 
 /* ------------------------------------------------------------ mlog */
 
-enum master_ev_op { MASTER_EV_ADD = 0, MASTER_EV_DEL = 1 }; /* = MirrorEvent.Op */
-#define MASTER_EV_F_CRC 0x1u      /* crc is the value's checksum */
+/* = MirrorEvent.Op. FETCH (SSD segments only): an order to the owner to
+ * copy the object (key, size, crc) into the segment; offset is unused. */
+enum master_ev_op { MASTER_EV_ADD = 0, MASTER_EV_DEL = 1, MASTER_EV_FETCH = 2 };
+#define MASTER_EV_F_CRC 0x1u /* crc is the value's checksum */
 #define MASTER_EV_F_SOFT_PIN 0x2u
 
 /* One change; key borrowed. */
@@ -140,31 +139,39 @@ void master__mlog_stats(const struct master_mlog *l, struct master_mlog_stats *s
 enum master_tier { MASTER_TIER_DRAM = 0, MASTER_TIER_SSD = 1 };
 enum master_rep_state { MASTER_REP_PENDING = 0, MASTER_REP_COMPLETE = 1 };
 
-struct master_rep {
+/* A replica: 12 bytes, 4-aligned, so that an object of one replica and a
+ * short key fits a smaller malloc chunk (an index of millions of objects
+ * is mostly these). Segment slots stay below MASTER_SEG_SLOTS_MAX. */
+struct __attribute__((packed, aligned(4))) master_rep {
 	uint64_t offset;
-	uint32_t seg;   /* segment slot (master__seg) */
-	uint32_t state; /* enum master_rep_state */
+	uint32_t seg : 31;  /* segment slot (master__seg) */
+	uint32_t state : 1; /* enum master_rep_state */
 };
+
+#define MASTER_SEG_SLOTS_MAX (1u << 31)
 
 #define MASTER_OBJ_PENDING 0x1u
 #define MASTER_OBJ_SOFT_PIN 0x2u
-#define MASTER_OBJ_LRU_PIN 0x4u /* on the pinned LRU list */
-#define MASTER_OBJ_CRC 0x8u     /* crc is the value's CRC-32C */
+#define MASTER_OBJ_LRU_PIN 0x4u   /* on the pinned LRU list */
+#define MASTER_OBJ_CRC 0x8u       /* crc is the value's CRC-32C */
+#define MASTER_OBJ_READ 0x10u     /* read since eviction last passed it */
+#define MASTER_OBJ_SSD 0x20u      /* no replica in DRAM: on the SSD LRU list */
+#define MASTER_OBJ_DEMOTING 0x40u /* a copy to an SSD segment is on its way */
 
 /*
- * One object: 64 bytes plus 16 per replica plus the key, in one
- * allocation. Replicas follow the header, then the key bytes.
+ * One object: 56 bytes plus 12 per replica plus the key, in one
+ * allocation. Replicas follow the header, then the key bytes. The key's
+ * hash is not kept: the index computes it again where it needs it.
  */
 struct master_obj {
-	struct master_obj *hnext;           /* hash chain */
-	struct master_obj *prev, *next;     /* LRU list, or the PENDING list */
+	struct master_obj *hnext;       /* hash chain */
+	struct master_obj *prev, *next; /* LRU list, or the PENDING list */
 	uint64_t size;
 	/* COMPLETE: read lease end. PENDING: when PutStart ran. */
 	uint64_t lease_or_start_ms;
 	/* COMPLETE: TTL expiry (0: none). PENDING: the TTL asked for. */
 	uint64_t ttl_ms;
-	uint32_t hash;
-	uint32_t crc;                       /* with MASTER_OBJ_CRC */
+	uint32_t crc; /* with MASTER_OBJ_CRC */
 	uint16_t klen;
 	uint8_t nrep;
 	uint8_t flags;
@@ -181,17 +188,25 @@ struct master_seg {
 	struct master_agent *agent;
 	enum master_tier tier;
 	uint64_t base, size;
+	/* Replicas take whole blocks: MASTER_ALLOC_GRANULE in DRAM, the
+	 * owner's block in an SSD segment (whose owner chooses offsets). */
+	uint64_t block;
+	/* SSD segments: evict past high_watermark of size, eviction_ratio of
+	 * size a round (the owner's, or the core's). */
+	double high_watermark, eviction_ratio;
+	uint64_t promised;  /* SSD: bytes of demotions on their way here */
+	unsigned demotions; /* SSD: demotions on their way here */
 	struct master_alloc *alloc;
 	uint64_t replicas;
-	bool syncing; /* mounted with resync; no placements until inventory done */
+	bool syncing;            /* mounted with resync; no placements until inventory done */
 	struct master_mlog *log; /* changes for the owner's mirror */
 	uint64_t log_id;         /* unique per segment incarnation */
 	/* Space leased to the owner (LeaseSpace) and not committed yet: the
 	 * free ranges of this allocator (allocated in alloc). */
 	struct master_alloc *lease;
-	uint64_t leased;         /* bytes */
-	uint64_t rleased;        /* ... of them leased to other agents */
-	uint64_t lease_epoch;    /* new at every mount */
+	uint64_t leased;      /* bytes */
+	uint64_t rleased;     /* ... of them leased to other agents */
+	uint64_t lease_epoch; /* new at every mount */
 };
 
 struct master_agent {
@@ -202,12 +217,13 @@ struct master_agent {
 };
 
 struct master_core_opts {
+	/* Also how long a demotion may take before it is given up. */
 	uint64_t put_timeout_ms;
 	uint64_t lease_ttl_ms;
 	uint64_t agent_ttl_ms;
-	double high_watermark; /* eviction starts above used/capacity this */
-	double eviction_ratio; /* of capacity, freed per eviction round */
-	uint64_t seed;         /* allocator treaps */
+	double high_watermark;   /* eviction starts above used/capacity this */
+	double eviction_ratio;   /* of capacity, freed per eviction round */
+	uint64_t seed;           /* allocator treaps */
 	size_t mirror_log_bytes; /* per segment (0: 16 MiB) */
 };
 
@@ -223,13 +239,18 @@ struct master_counters {
 	uint64_t mirror_events, mirror_lost; /* appended; dropped unacknowledged */
 	uint64_t commits, commit_refusals;   /* BatchCommit items sealed / not */
 	uint64_t lease_grants, lease_granted_bytes, lease_released_bytes;
+	/* The SSD tier (tier.c): demotions started, done, given up (by the
+	 * owner, or timed out); objects promoted back to DRAM; replicas
+	 * evicted from SSD segments, with their bytes; puts stored straight
+	 * on an SSD segment; replicas an owner lost (bad bytes). */
+	uint64_t demotion_starts, demotions, demotion_failures;
+	uint64_t promotions, ssd_evictions, ssd_evicted_bytes, ssd_puts, ssd_lost;
 };
 
 struct master_core;
 
 /* Errors: -EINVAL (a ratio outside (0, 1]), -ENOMEM. */
-int master__core_new(const struct master_core_opts *o,
-		     struct master_core **out) MC_MUST_CHECK;
+int master__core_new(const struct master_core_opts *o, struct master_core **out) MC_MUST_CHECK;
 /* Free everything (objects, segments, agents). */
 void master__core_free(struct master_core *c);
 /* Drop every object, segment and agent (a leader stepping down). */
@@ -250,19 +271,41 @@ uint32_t master__seg_find(const struct master_core *c, const char *name);
  * (may be NULL) gets where the owner's mirror follows the segment's log
  * from (MountSegmentResponse.mirror_seq). Errors: -EINVAL (empty name or
  * agent, size below one granule, base + size overflows), -EEXIST (the
- * name is mounted by another agent or with another geometry), -ENOMEM.
+ * name is mounted by another agent or with another geometry),
+ * MC_ENO_SPACE (MASTER_SEG_SLOTS_MAX segments mounted), -ENOMEM.
  */
 int master__mount(struct master_core *c, const char *name, const char *agent,
-		  enum master_tier tier, uint64_t base, uint64_t size,
-		  bool resync, uint64_t now_ms, uint64_t *mirror_seq) MC_MUST_CHECK;
+		  enum master_tier tier, uint64_t base, uint64_t size, bool resync,
+		  uint64_t now_ms, uint64_t *mirror_seq) MC_MUST_CHECK;
+/* The same with a segment's tier properties (master__mount: a DRAM
+ * segment's, or an SSD segment's defaults). */
+struct master_mount {
+	const char *name, *agent;
+	enum master_tier tier;
+	uint64_t base, size;
+	/* 0: MASTER_ALLOC_GRANULE; else a power of two multiple of it (an
+	 * SSD segment's block: DRAM segments take only the granule). */
+	uint64_t block_bytes;
+	/* SSD segments: (0, 1], or 0 for the core's high_watermark and
+	 * eviction_ratio. */
+	double high_watermark, eviction_ratio;
+	bool resync;
+};
+/* Errors: as master__mount; -EINVAL also for a block or ratio out of
+ * range, and -EEXIST for another block size than the mounted one's. */
+int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint64_t now_ms,
+		      uint64_t *mirror_seq) MC_MUST_CHECK;
+/* Bytes a replica of size bytes takes in s (0 for 0). */
+static inline uint64_t master__rep_len(const struct master_seg *s, uint64_t size)
+{
+	return size ? (size + s->block - 1) & ~(s->block - 1) : 0;
+}
 /* Errors: MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
 int master__unmount(struct master_core *c, const char *name, const char *agent,
-		    uint64_t *replicas_dropped,
-		    uint64_t *objects_removed) MC_MUST_CHECK;
+		    uint64_t *replicas_dropped, uint64_t *objects_removed) MC_MUST_CHECK;
 /* A heartbeat: returns true when the agent is known (has segments
  * mounted), false when it must re-sync. */
-bool master__heartbeat(struct master_core *c, const char *agent,
-		       uint64_t now_ms);
+bool master__heartbeat(struct master_core *c, const char *agent, uint64_t now_ms);
 /* An inventory item: a COMPLETE replica the agent holds. */
 struct master_inv_item {
 	const uint8_t *key;
@@ -289,8 +332,8 @@ struct master_put {
 	const uint8_t *key;
 	size_t klen;
 	uint64_t size;
-	unsigned replica_num;     /* 0: 1 */
-	const char *preferred;    /* segment name or NULL/"" */
+	unsigned replica_num;  /* 0: 1 */
+	const char *preferred; /* segment name or NULL/"" */
 	bool soft_pin;
 	uint64_t ttl_ms;
 };
@@ -304,47 +347,76 @@ struct master_put {
  * (fewer usable segments than replica_num, or eviction cannot make room),
  * -ENOMEM.
  */
-int master__put_start(struct master_core *c, const struct master_put *p,
-		      uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+int master__put_start(struct master_core *c, const struct master_put *p, uint64_t now_ms,
+		      const struct master_obj **out) MC_MUST_CHECK;
 /* Seal a put: its replicas become COMPLETE (logged for each segment's
  * mirror), with the value's CRC-32C when crc is not NULL. Errors:
  * -EINVAL, MC_EOBJECT_NOT_FOUND, MC_EINVALID_REPLICA (not PENDING). */
 int master__put_end(struct master_core *c, const uint8_t *key, size_t klen,
 		    const uint32_t *crc, uint64_t now_ms) MC_MUST_CHECK;
-int master__put_revoke(struct master_core *c, const uint8_t *key,
-		       size_t klen) MC_MUST_CHECK;
+int master__put_revoke(struct master_core *c, const uint8_t *key, size_t klen) MC_MUST_CHECK;
 /* A COMPLETE object, leased to the reader until now + lease_ttl and
  * moved to the LRU tail. Errors: -EINVAL, MC_EOBJECT_NOT_FOUND. */
-int master__get(struct master_core *c, const uint8_t *key, size_t klen,
-		uint64_t now_ms, const struct master_obj **out) MC_MUST_CHECK;
+int master__get(struct master_core *c, const uint8_t *key, size_t klen, uint64_t now_ms,
+		const struct master_obj **out) MC_MUST_CHECK;
+/* The key of item j of a batch (for master__prefetch_ahead). */
+typedef const uint8_t *(*master_key_at_fn)(const void *batch, size_t j, size_t *klen);
+/* A hint, called before the lookup of item i of a batch of n: it loads
+ * into the cache, a few items ahead, what their lookups will read (the
+ * key's hash bucket, then the first object of its chain), so that the
+ * cache misses of several keys overlap instead of coming one after
+ * another. It changes nothing. */
+void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
+			    master_key_at_fn key_at);
 /* 1 COMPLETE, 0 not (or PENDING), -EINVAL. */
 int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
 		  uint64_t now_ms) MC_MUST_CHECK;
 /* Errors: -EINVAL, MC_EOBJECT_NOT_FOUND (also PENDING),
  * MC_EOBJECT_HAS_LEASE (leased and not forced). */
-int master__remove(struct master_core *c, const uint8_t *key, size_t klen,
-		   bool force, uint64_t now_ms) MC_MUST_CHECK;
-void master__remove_all(struct master_core *c, bool force, uint64_t now_ms,
-			uint64_t *removed, uint64_t *skipped);
+int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool force,
+		   uint64_t now_ms) MC_MUST_CHECK;
+void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
+			uint64_t *skipped);
+/* Remove every COMPLETE object whose key match(ud, key, klen) accepts,
+ * leased ones only with force; *skipped counts the leased matches left
+ * (PENDING objects are not asked about). */
+void master__remove_match(struct master_core *c,
+			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
+			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped);
+/* Drop the object's COMPLETE replica on segment slot seg and free its
+ * space (the object goes with its last one). Errors: -EINVAL (key),
+ * MC_EOBJECT_NOT_FOUND (no such COMPLETE object, or no replica there),
+ * MC_EOBJECT_HAS_LEASE (read lease held). */
+int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
+			  uint64_t now_ms) MC_MUST_CHECK;
 /* Lookup without side effects (NULL if absent). */
-const struct master_obj *master__find(const struct master_core *c,
-				      const uint8_t *key, size_t klen);
+const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
+				      size_t klen);
 
 /* Timers: PENDING puts past --put-timeout are revoked, agents silent for
- * --agent-ttl expire, part of the index is swept for TTL expiry, and the
- * DRAM tier is brought under the watermark. */
+ * --agent-ttl expire, part of the index is swept for TTL expiry,
+ * demotions past --put-timeout are given up, and the DRAM tier and every
+ * SSD segment are brought under their watermarks. */
 void master__tick(struct master_core *c, uint64_t now_ms);
-/* One eviction round if DRAM usage is above the watermark (also run after
- * each put start). Returns the bytes freed. */
+/*
+ * One eviction round if DRAM usage, less what demotions on their way
+ * will free, is above the watermark (also run after each put start).
+ * With SSD segments mounted the round demotes instead of evicting (see
+ * tier.c): the coldest objects are given to an SSD segment (the one of
+ * their DRAM replica's agent first, then the one with the most room),
+ * and leave DRAM once their owner stored them; objects no SSD segment
+ * can take are evicted. Returns the DRAM bytes freed or being freed.
+ */
 uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms);
 
 struct master_core_stats {
 	uint64_t objects, pending, key_bytes, index_bytes;
 	uint64_t dram_capacity, dram_used, ssd_capacity, ssd_used;
 	uint64_t segments, agents;
+	uint64_t ssd_objects;              /* objects with no DRAM replica */
+	uint64_t demoting, demoting_bytes; /* demotions on their way (DRAM bytes) */
 };
-void master__core_stats(const struct master_core *c,
-			struct master_core_stats *st);
+void master__core_stats(const struct master_core *c, struct master_core_stats *st);
 const struct master_counters *master__core_counters(const struct master_core *c);
 const struct master_agent *master__agents(const struct master_core *c);
 
@@ -367,9 +439,8 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 			uint64_t *len) MC_MUST_CHECK;
 /* Take back [off, off+len) of the agent's leased space; returns the bytes
  * taken back (0: not leased in that epoch, nothing done). */
-uint64_t master__lease_release(struct master_core *c, const char *agent,
-			       const char *segment, uint64_t epoch, uint64_t off,
-			       uint64_t len);
+uint64_t master__lease_release(struct master_core *c, const char *agent, const char *segment,
+			       uint64_t epoch, uint64_t off, uint64_t len);
 
 /* A remote lease: space of another agent's segment for puts the caller
  * writes there and seals with one BatchCommit (proto/master.proto, "Put
@@ -398,6 +469,9 @@ struct master_commit {
 	uint32_t crc;
 	bool soft_pin;
 	uint64_t ttl_ms;
+	/* A promotion: the key exists in SSD segments only (with this size
+	 * and checksum), and this DRAM copy replaces its SSD replicas. */
+	bool promote;
 };
 
 /* Seal an object written into leased space: COMPLETE at once, one
@@ -405,10 +479,60 @@ struct master_commit {
  * MC_EINVALID_REPLICA (the space is not leased to the agent in epoch —
  * its own, or a live remote lease on another's segment) — nothing
  * changes; -EINVAL (key),
- * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. */
+ * MC_EOBJECT_ALREADY_EXISTS, -ENOMEM — the space is freed. A promotion
+ * (it->promote) adds the replica to the object instead and drops its SSD
+ * replicas; refused (the space freed) with MC_EOBJECT_NOT_FOUND (gone)
+ * or MC_EINVALID_REPLICA (it has a DRAM replica, is being demoted, or has
+ * another size or checksum). */
 int master__commit(struct master_core *c, const char *agent, const char *segment,
 		   uint64_t epoch, const struct master_commit *it,
 		   uint64_t now_ms) MC_MUST_CHECK;
+
+/* ------------------------------------------------------------ tiers
+ * What an SSD segment's owner tells the master (TierCommit): the owner
+ * chooses the offsets there (its store allocates them), in whole blocks
+ * of the segment. */
+enum master_tier_op {
+	/* A new object the owner stored (a put naming the SSD tier). */
+	MASTER_TIER_PUT = 0,
+	/* A FETCH order carried out: the object is stored at offset. */
+	MASTER_TIER_DEMOTED = 1,
+	/* A FETCH order the owner could not carry out. */
+	MASTER_TIER_ABANDONED = 2,
+	/* The owner lost the object's replica at offset (its bytes failed
+	 * their checksum): the replica leaves the index. */
+	MASTER_TIER_LOST = 3,
+};
+
+struct master_tier_item {
+	const uint8_t *key;
+	size_t klen;
+	uint64_t offset, size;
+	bool has_crc;
+	uint32_t crc;
+	bool soft_pin;   /* PUT */
+	uint64_t ttl_ms; /* PUT; 0: none */
+};
+
+/*
+ * Apply one item of an SSD segment's owner. Errors: MC_ESEGMENT_NOT_FOUND,
+ * -EACCES (another agent's segment), -EINVAL (not an SSD segment; key;
+ * PUT or DEMOTED: size 0, offset not a multiple of the block or out of
+ * range), MC_EOBJECT_ALREADY_EXISTS (PUT: the key exists), -EBUSY (the
+ * space is taken), MC_EINVALID_REPLICA (DEMOTED, ABANDONED: no demotion
+ * of the key to this segment is on its way — it was removed, evicted or
+ * given up meanwhile; DEMOTED: another size or checksum), MC_EOBJECT_NOT_FOUND
+ * (LOST: no replica of the key at offset), -ENOMEM. A refused PUT or
+ * DEMOTED leaves the index as it was: the owner deletes its copy.
+ */
+int master__tier_update(struct master_core *c, const char *agent, const char *segment,
+			enum master_tier_op op, const struct master_tier_item *it,
+			uint64_t now_ms) MC_MUST_CHECK;
+/* Where a demotion of the object under key reads it from: a DRAM replica
+ * (its segment slot and offset), for the FETCH order the owner of the
+ * SSD segment receives. false: the key is not being demoted. */
+bool master__demote_source(const struct master_core *c, const uint8_t *key, size_t klen,
+			   uint32_t *seg, uint64_t *offset);
 
 /* Visit every object (in no order). fn returns false to stop. */
 void master__foreach(const struct master_core *c,

@@ -14,6 +14,9 @@
  *   lease.c    put leases: space of a segment delegated to its owner or,
  *              for a while, to another agent, and the commits that seal
  *              objects written there
+ *   tier.c     the SSD tier: demotions to SSD segments, eviction past an
+ *              SSD segment's watermark, what an SSD segment's owner
+ *              stored or lost there
  *
  * Each part's state is a struct of its own, embedded in struct
  * master_core and touched only by its file: the others go through the
@@ -30,6 +33,12 @@ static inline bool master__key_ok(size_t klen)
 	return klen >= 1 && klen <= MASTER_MAX_KEY_BYTES;
 }
 
+/* A COMPLETE object under a read lease at now_ms. */
+static inline bool master__leased(const struct master_obj *o, uint64_t now_ms)
+{
+	return !(o->flags & MASTER_OBJ_PENDING) && o->lease_or_start_ms > now_ms;
+}
+
 /* ------------------------------------------------------------ index.c */
 
 struct master_lru {
@@ -37,14 +46,22 @@ struct master_lru {
 	uint64_t n;
 };
 
-enum master_list { MASTER_LIST_PLAIN, MASTER_LIST_PINNED, MASTER_LIST_PENDING };
+/* COMPLETE objects with a DRAM replica are on the plain or the pinned
+ * list, those without one (MASTER_OBJ_SSD) on the SSD list. */
+enum master_list {
+	MASTER_LIST_PLAIN,
+	MASTER_LIST_PINNED,
+	MASTER_LIST_PENDING,
+	MASTER_LIST_SSD,
+	MASTER_LISTS
+};
 
 struct master_index {
 	struct master_obj **buckets;
 	size_t nbuckets;
 	uint64_t nobjs, npending, key_bytes, obj_bytes;
 	uint64_t nttl; /* objects with a TTL (PENDING ones too): the sweep's work */
-	struct master_lru lists[3]; /* by enum master_list */
+	struct master_lru lists[MASTER_LISTS];
 	size_t sweep_pos;
 };
 
@@ -62,10 +79,23 @@ void master__index_link(struct master_index *ix, struct master_obj *o);
 void master__index_del(struct master_index *ix, struct master_obj *o);
 struct master_obj *master__index_find(const struct master_index *ix, const uint8_t *key,
 				      size_t klen);
-/* o was read: to the tail of its LRU list. */
-void master__index_touch(struct master_index *ix, struct master_obj *o);
+/* master__prefetch_ahead's stages: the bucket of the key, then the
+ * first object of the bucket's chain. */
+enum master_prefetch { MASTER_PREFETCH_BUCKET, MASTER_PREFETCH_OBJECT };
+void master__index_prefetch(const struct master_index *ix, const uint8_t *key, size_t klen,
+			    enum master_prefetch stage);
+/* o was read: marked, so that eviction gives it a second chance. */
+void master__index_touch(struct master_obj *o);
+/* Eviction reached o: if it was read since eviction last passed it, it
+ * goes to the tail of its LRU list unmarked and this returns true. */
+bool master__index_second_chance(struct master_index *ix, struct master_obj *o);
 /* A PENDING o becomes COMPLETE: flags updated, onto its LRU list's tail. */
 void master__index_seal(struct master_index *ix, struct master_obj *o);
+/* o's flags become flags; when that changes its list, onto the new
+ * list's tail. */
+void master__index_set_flags(struct master_index *ix, struct master_obj *o, uint8_t flags);
+/* Objects on list l. */
+uint64_t master__index_count(const struct master_index *ix, enum master_list l);
 /* o with one more replica, COMPLETE, at (seg, offset); o is reallocated
  * (NULL: out of memory, o unchanged). */
 struct master_obj *master__index_add_replica(struct master_index *ix, struct master_obj *o,
@@ -151,6 +181,55 @@ void master__lease_reset(struct master_core *c, struct master_seg *s);
  * or is gone) leave; what is left of them goes back to the free space. */
 void master__leases_expire(struct master_core *c, uint64_t now_ms);
 
+/* ------------------------------------------------------------ tier.c */
+
+/* A demotion on its way: the owner of SSD segment seg (incarnation
+ * log_id), promised len bytes there, copies the object under key, whose
+ * DRAM replicas (dram_bytes) leave when it is done; given up at until_ms. */
+struct master_demotion {
+	uint8_t *key;
+	uint16_t klen;
+	uint32_t seg;
+	uint64_t log_id;
+	uint64_t len, dram_bytes;
+	uint64_t until_ms;
+};
+
+struct master_tiers {
+	struct master_demotion *v;
+	size_t n, cap;
+	uint64_t dram_bytes; /* of every demotion on its way */
+};
+
+/* Forget every demotion (their segments are gone). */
+void master__tiers_clear(struct master_tiers *t);
+void master__tiers_free(struct master_tiers *t);
+
+enum master_demote {
+	MASTER_DEMOTE_STARTED, /* o is on its way to an SSD segment */
+	MASTER_DEMOTE_DONE,    /* o had an SSD replica: its DRAM ones left */
+	MASTER_DEMOTE_BUSY,    /* SSD segments have room, not now: stop the round */
+	MASTER_DEMOTE_NONE,    /* no SSD segment can take o: evict it */
+};
+/* Demote the COMPLETE, unleased o (not being demoted); *dram_bytes gets
+ * the DRAM bytes it frees or will free. -ENOMEM is NONE. */
+enum master_demote master__demote(struct master_core *c, struct master_obj *o, uint64_t now_ms,
+				  uint64_t *dram_bytes);
+/* o, being demoted, leaves the index: the demotion is forgotten. Returns
+ * until when its DRAM bytes may still be read by the owner copying them. */
+uint64_t master__demote_forget(struct master_core *c, const struct master_obj *o);
+/* DRAM bytes that demotions on their way will free. */
+uint64_t master__demoting_bytes(const struct master_core *c);
+/* Demotions past their time, or to a segment gone or mounted again,
+ * are given up. */
+void master__tiers_tick(struct master_core *c, uint64_t now_ms);
+/* Every SSD segment past its watermark evicts its coldest replicas. */
+void master__ssd_evict_if_needed(struct master_core *c, uint64_t now_ms);
+/* A new mount of SSD segment s: nothing is promised there any more. */
+void master__tiers_seg_reset(struct master_seg *s);
+/* Fills demoting and demoting_bytes. */
+void master__tiers_stats(const struct master_core *c, struct master_core_stats *st);
+
 /* ------------------------------------------------------------ core.c */
 
 /* The object under key, or NULL; a COMPLETE one whose TTL passed (and is
@@ -162,6 +241,21 @@ void master__obj_destroy(struct master_core *c, struct master_obj *o);
 /* Append a change of o's replica i to its segment's mirror log. */
 void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
 		    enum master_ev_op op);
+/* Append op about o at offset to the log of segment seg. */
+void master__mirror_seg(struct master_core *c, uint32_t seg, const struct master_obj *o,
+			uint64_t offset, enum master_ev_op op);
+/* Take replica i out of o: logged (a COMPLETE o), its space freed, or
+ * held until until_ms (a reader may still read it; never for an SSD
+ * segment, whose owner's store lets reads begun finish); the replicas
+ * after it move down. o keeps its list: master__obj_retier after. */
+void master__rep_drop(struct master_core *c, struct master_obj *o, unsigned i,
+		      uint64_t until_ms);
+/* MASTER_OBJ_SSD set when o (COMPLETE) has no DRAM replica, cleared when
+ * it has one; a change moves it to the other list's tail. */
+void master__obj_retier(struct master_core *c, struct master_obj *o);
+/* The tier of o's replica i. */
+enum master_tier master__rep_tier(const struct master_core *c, const struct master_obj *o,
+				  unsigned i);
 /* A new mirror-log sequence number (also a segment incarnation's id). */
 uint64_t master__ev_next(struct master_core *c);
 
@@ -173,10 +267,11 @@ struct master_quarantine {
 
 struct master_core {
 	struct master_core_opts o;
-	struct master_index ix;   /* index.c */
-	struct master_segs segs;  /* segment.c */
-	struct master_leases ls;  /* lease.c */
-	uint64_t ev_seq; /* last mirror-log sequence number handed out */
+	struct master_index ix;    /* index.c */
+	struct master_segs segs;   /* segment.c */
+	struct master_leases ls;   /* lease.c */
+	struct master_tiers tiers; /* tier.c */
+	uint64_t ev_seq;           /* last mirror-log sequence number handed out */
 	/* Space of objects removed by force while leased: allocated until
 	 * their lease ends, so nothing new is written where a reader may
 	 * still read (master__obj_destroy's quarantine, master__tick). */

@@ -50,8 +50,7 @@ static void retry_later(struct master *m)
 }
 
 /* "HOST:PORT VIEW" -> addr, view. */
-static bool parse_value(const uint8_t *v, size_t len, char *addr, size_t alen,
-			uint64_t *view)
+static bool parse_value(const uint8_t *v, size_t len, char *addr, size_t alen, uint64_t *view)
 {
 	char buf[128];
 	if (len == 0 || len >= sizeof(buf) || alen < sizeof(buf))
@@ -82,8 +81,8 @@ static void step_down(struct master *m, const char *why)
 
 /* ------------------------------------------------------------ watch */
 
-static void on_watch_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const *ev,
-			    size_t n, int64_t rev)
+static void on_watch_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const *ev, size_t n,
+			    int64_t rev)
 {
 	struct master *m = ud;
 	(void)w;
@@ -105,7 +104,8 @@ static void on_watch_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const
 		}
 		char addr[128];
 		uint64_t view;
-		if (!kv || !parse_value(kv->value.data, kv->value.len, addr, sizeof(addr), &view)) {
+		if (!kv ||
+		    !parse_value(kv->value.data, kv->value.len, addr, sizeof(addr), &view)) {
 			log_warn("leader key holds an unreadable value; ignored");
 			continue;
 		}
@@ -141,8 +141,8 @@ static void ensure_watch(struct master *m, int64_t from_rev)
 {
 	if (m->watch || m->stopping)
 		return;
-	int rc = etcd_watch(m->etcd, m->leader_key, strlen(m->leader_key), NULL, 0,
-			    from_rev, 0, &watch_cbs, m, &m->watch);
+	int rc = etcd_watch(m->etcd, m->leader_key, strlen(m->leader_key), NULL, 0, from_rev,
+			    0, &watch_cbs, m, &m->watch);
 	if (rc) {
 		m->watch = NULL;
 		log_warn("cannot watch %s: %s", m->leader_key, mc_strerror(rc));
@@ -182,8 +182,9 @@ static void on_txn(void *ud, int err, const Etcdserverpb__TxnResponse *resp)
 		return;
 	}
 	/* Lost: learn the leader from the failure branch's range. */
-	const Etcdserverpb__RangeResponse *r =
-		resp->n_responses ? resp->responses[0]->response_range : NULL;
+	const Etcdserverpb__RangeResponse *r = resp->n_responses
+						       ? resp->responses[0]->response_range
+						       : NULL;
 	char addr[128];
 	uint64_t v;
 	if (r && r->n_kvs &&
@@ -227,7 +228,8 @@ static void on_view(void *ud, int err, const Etcdserverpb__RangeResponse *resp)
 		mod = resp->kvs[0]->mod_revision;
 	}
 	char value[192], vnum[32];
-	snprintf(value, sizeof(value), "%s %llu", m->self_addr, (unsigned long long)(view + 1));
+	snprintf(value, sizeof(value), "%s %llu", m->self_addr,
+		 (unsigned long long)(view + 1));
 	snprintf(vnum, sizeof(vnum), "%llu", (unsigned long long)(view + 1));
 
 	Etcdserverpb__Compare cmp[2];
@@ -374,7 +376,8 @@ static void campaign(struct master *m)
 	if (!*m->self_addr)
 		self_address(m);
 	if (!m->etcd) {
-		log_info("no --meta-endpoints: leading view 1 alone (no standby can take over)");
+		log_info(
+			"no --meta-endpoints: leading view 1 alone (no standby can take over)");
 		master__set_leader(m, true, 1, m->self_addr);
 		return;
 	}
@@ -401,7 +404,8 @@ int master__ha_start(struct master *m)
 		struct etcd_opts eo = {.endpoints = m->meta_endpoints};
 		int rc = etcd_client_new(m->loop, &eo, &m->etcd);
 		if (rc) {
-			log_error("--meta-endpoints '%s': %s", m->meta_endpoints, mc_strerror(rc));
+			log_error("--meta-endpoints '%s': %s", m->meta_endpoints,
+				  mc_strerror(rc));
 			return rc;
 		}
 	}
@@ -423,7 +427,7 @@ static void on_retry_closed(uv_handle_t *h)
 {
 	struct stop_ctx *x = h->data;
 	struct master *m = x->m;
-	void (*done)(struct master *m) = x->done;
+	void (*done)(struct master * m) = x->done;
 	free(x);
 	m->retry.data = m;
 	done(m);
@@ -491,7 +495,8 @@ void master__ha_stop(struct master *m, void (*done)(struct master *m))
 		cmp.key.len = strlen(m->leader_key);
 		cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE;
 		cmp.lease = m->lease_id;
-		Etcdserverpb__DeleteRangeRequest del = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+		Etcdserverpb__DeleteRangeRequest del =
+			ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
 		del.key.data = (uint8_t *)m->leader_key;
 		del.key.len = strlen(m->leader_key);
 		Etcdserverpb__RequestOp op, *ops[1] = {&op};

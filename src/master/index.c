@@ -3,8 +3,15 @@
  *
  * A chained hash table of objects (power-of-two buckets, doubled when the
  * load passes 1). Each object is one allocation: header, replicas, key.
- * COMPLETE objects sit on one of two LRU lists (plain and soft-pinned),
- * least recently read at the head; a read moves the object to the tail.
+ * COMPLETE objects sit on one of three LRU lists (plain and soft-pinned
+ * ones with a DRAM replica, and those on SSD segments only), in the
+ * order they were sealed or last given a second chance. A read
+ * only marks its object (MASTER_OBJ_READ): moving it to the tail would
+ * write to its two neighbours, which in an index of millions are two
+ * more cache misses per get. Eviction, walking from the head, moves a
+ * marked object to the tail unmarked instead of evicting it (the CLOCK
+ * or second-chance approximation of LRU), so objects read since the
+ * walk last passed them go after every object that was not.
  * PENDING objects sit on the pending list in PutStart order, which with
  * one --put-timeout is also deadline order.
  *
@@ -30,6 +37,11 @@ static uint32_t key_hash(const uint8_t *key, size_t klen)
 {
 	uint64_t h = mc_hash64(key, klen);
 	return (uint32_t)(h ^ (h >> 32));
+}
+
+static uint32_t obj_hash(const struct master_obj *o)
+{
+	return key_hash(master__obj_key(o), o->klen);
 }
 
 static size_t obj_alloc_bytes(const struct master_obj *o)
@@ -67,8 +79,10 @@ static struct master_lru *obj_list(struct master_index *ix, const struct master_
 {
 	if (o->flags & MASTER_OBJ_PENDING)
 		return &ix->lists[MASTER_LIST_PENDING];
+	if (o->flags & MASTER_OBJ_SSD)
+		return &ix->lists[MASTER_LIST_SSD];
 	return &ix->lists[(o->flags & MASTER_OBJ_LRU_PIN) ? MASTER_LIST_PINNED
-							   : MASTER_LIST_PLAIN];
+							  : MASTER_LIST_PLAIN];
 }
 
 static struct master_obj **bucket_of(const struct master_index *ix, uint32_t h)
@@ -79,7 +93,7 @@ static struct master_obj **bucket_of(const struct master_index *ix, uint32_t h)
 /* Where o's bucket chain points at it. */
 static struct master_obj **link_of(const struct master_index *ix, const struct master_obj *o)
 {
-	struct master_obj **pp = bucket_of(ix, o->hash);
+	struct master_obj **pp = bucket_of(ix, obj_hash(o));
 	while (*pp != o)
 		pp = &(*pp)->hnext;
 	return pp;
@@ -95,7 +109,7 @@ static void grow(struct master_index *ix)
 		struct master_obj *o = ix->buckets[i];
 		while (o) {
 			struct master_obj *next = o->hnext;
-			struct master_obj **pp = &b[o->hash & (n - 1)];
+			struct master_obj **pp = &b[obj_hash(o) & (n - 1)];
 			o->hnext = *pp;
 			*pp = o;
 			o = next;
@@ -139,21 +153,19 @@ void master__index_free(struct master_index *ix)
 
 struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep)
 {
-	struct master_obj *o =
-		malloc(sizeof(*o) + nrep * sizeof(struct master_rep) + klen);
+	struct master_obj *o = malloc(sizeof(*o) + nrep * sizeof(struct master_rep) + klen);
 	if (!o)
 		return NULL;
 	memset(o, 0, sizeof(*o));
 	o->klen = (uint16_t)klen;
 	o->nrep = (uint8_t)nrep;
 	memcpy((uint8_t *)&o->rep[nrep], key, klen);
-	o->hash = key_hash(key, klen);
 	return o;
 }
 
 void master__index_link(struct master_index *ix, struct master_obj *o)
 {
-	struct master_obj **pp = bucket_of(ix, o->hash);
+	struct master_obj **pp = bucket_of(ix, obj_hash(o));
 	o->hnext = *pp;
 	*pp = o;
 	ix->nobjs++;
@@ -186,18 +198,43 @@ struct master_obj *master__index_find(const struct master_index *ix, const uint8
 {
 	uint32_t h = key_hash(key, klen);
 	for (struct master_obj *o = *bucket_of(ix, h); o; o = o->hnext)
-		if (o->hash == h && o->klen == klen && memcmp(master__obj_key(o), key, klen) == 0)
+		if (o->klen == klen && memcmp(master__obj_key(o), key, klen) == 0)
 			return o;
 	return NULL;
 }
 
-void master__index_touch(struct master_index *ix, struct master_obj *o)
+void master__index_prefetch(const struct master_index *ix, const uint8_t *key, size_t klen,
+			    enum master_prefetch stage)
 {
-	struct master_lru *l = obj_list(ix, o);
-	if (l->tail != o) {
-		lru_del(l, o);
-		lru_push(l, o);
+	struct master_obj *const *b = bucket_of(ix, key_hash(key, klen));
+	switch (stage) {
+	case MASTER_PREFETCH_BUCKET:
+		__builtin_prefetch(b);
+		break;
+	case MASTER_PREFETCH_OBJECT:
+		if (*b) {
+			/* The header, and the replicas and key after it. */
+			__builtin_prefetch(*b);
+			__builtin_prefetch((const uint8_t *)*b + 64);
+		}
+		break;
 	}
+}
+
+void master__index_touch(struct master_obj *o)
+{
+	o->flags |= MASTER_OBJ_READ;
+}
+
+bool master__index_second_chance(struct master_index *ix, struct master_obj *o)
+{
+	if (!(o->flags & MASTER_OBJ_READ))
+		return false;
+	o->flags &= (uint8_t)~MASTER_OBJ_READ;
+	struct master_lru *l = obj_list(ix, o);
+	lru_del(l, o);
+	lru_push(l, o);
+	return true;
 }
 
 void master__index_seal(struct master_index *ix, struct master_obj *o)
@@ -210,6 +247,22 @@ void master__index_seal(struct master_index *ix, struct master_obj *o)
 	lru_push(obj_list(ix, o), o);
 }
 
+void master__index_set_flags(struct master_index *ix, struct master_obj *o, uint8_t flags)
+{
+	struct master_lru *from = obj_list(ix, o);
+	o->flags = flags;
+	struct master_lru *to = obj_list(ix, o);
+	if (from != to) {
+		lru_del(from, o);
+		lru_push(to, o);
+	}
+}
+
+uint64_t master__index_count(const struct master_index *ix, enum master_list l)
+{
+	return ix->lists[l].n;
+}
+
 struct master_obj *master__index_add_replica(struct master_index *ix, struct master_obj *o,
 					     uint32_t seg, uint64_t offset)
 {
@@ -217,8 +270,8 @@ struct master_obj *master__index_add_replica(struct master_index *ix, struct mas
 	struct master_obj **pp = link_of(ix, o);
 	size_t old_bytes = obj_alloc_bytes(o);
 	size_t klen = o->klen;
-	struct master_obj *n = realloc(o, sizeof(*o) +
-					       (o->nrep + 1u) * sizeof(struct master_rep) + klen);
+	struct master_obj *n = realloc(
+		o, sizeof(*o) + (o->nrep + 1u) * sizeof(struct master_rep) + klen);
 	if (!n)
 		return NULL;
 	uint8_t *key = (uint8_t *)&n->rep[n->nrep];
@@ -280,8 +333,8 @@ void master__index_stats(const struct master_index *ix, struct master_core_stats
 
 /* ------------------------------------------------------------ core.h */
 
-const struct master_obj *master__find(const struct master_core *c,
-				      const uint8_t *key, size_t klen)
+const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
+				      size_t klen)
 {
 	if (!master__key_ok(klen))
 		return NULL;

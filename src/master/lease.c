@@ -163,9 +163,8 @@ int master__lease_grant(struct master_core *c, const char *agent, const char *se
 	return lease_carve(c, s, MC_MIN(want, most - own), off, len);
 }
 
-uint64_t master__lease_release(struct master_core *c, const char *agent,
-			       const char *segment, uint64_t epoch, uint64_t off,
-			       uint64_t len)
+uint64_t master__lease_release(struct master_core *c, const char *agent, const char *segment,
+			       uint64_t epoch, uint64_t off, uint64_t len)
 {
 	uint32_t id;
 	int err;
@@ -191,7 +190,8 @@ static uint64_t lease_take_back(struct master_seg *s, uint64_t off, uint64_t len
 	uint64_t n = 0;
 	master__alloc_foreach_free(s->lease, collect_range, &r);
 	for (size_t i = 0; i < r.n; i++) {
-		uint64_t a = MC_MAX(r.v[i][0], off), b = MC_MIN(r.v[i][0] + r.v[i][1], off + len);
+		uint64_t a = MC_MAX(r.v[i][0], off),
+			 b = MC_MIN(r.v[i][0] + r.v[i][1], off + len);
 		if (a >= b)
 			continue;
 		if (master__alloc_reserve(s->lease, a, b - a) == 0 &&
@@ -293,6 +293,53 @@ int master__rlease_grant(struct master_core *c, const char *agent, const char *s
 
 /* ------------------------------------------------------------ commits */
 
+/*
+ * A promotion: the object under it->key, on SSD segments only, gets the
+ * DRAM replica at (segment id, off) — space committed from the lease —
+ * and loses its SSD replicas, whose owners delete them (their readers
+ * that had not begun find them gone and ask again). Refused, the space
+ * goes back to the free space.
+ */
+static int commit_promotion(struct master_core *c, struct master_seg *s, uint32_t id,
+			    const struct master_commit *it, uint64_t off, uint64_t len,
+			    uint64_t now_ms)
+{
+	struct master_obj *o = NULL;
+	int rc = 0;
+	if (!master__key_ok(it->klen))
+		rc = -EINVAL;
+	else if (!(o = master__lookup(c, it->key, it->klen, now_ms)) ||
+		 (o->flags & MASTER_OBJ_PENDING))
+		rc = MC_EOBJECT_NOT_FOUND;
+	else if (!(o->flags & MASTER_OBJ_SSD) || (o->flags & MASTER_OBJ_DEMOTING) ||
+		 o->size != it->size || !len || o->nrep >= MASTER_MAX_REPLICAS ||
+		 ((o->flags & MASTER_OBJ_CRC) && (!it->has_crc || it->crc != o->crc)))
+		rc = MC_EINVALID_REPLICA;
+	else if (!(o = master__index_add_replica(&c->ix, o, id, off)))
+		rc = -ENOMEM;
+	if (rc) {
+		if (len && master__alloc_put(s->alloc, off, len)) {
+			/* leased until now: cannot fail */
+		}
+		c->n.commit_refusals++;
+		return rc;
+	}
+	s->replicas++;
+	if (it->has_crc && !(o->flags & MASTER_OBJ_CRC)) {
+		o->crc = it->crc;
+		o->flags |= MASTER_OBJ_CRC;
+	}
+	master__mirror(c, o, (unsigned)o->nrep - 1, MASTER_EV_ADD);
+	for (unsigned i = o->nrep; i-- > 0;)
+		if (master__rep_tier(c, o, i) == MASTER_TIER_SSD)
+			master__rep_drop(c, o, i, 0);
+	master__obj_retier(c, o);
+	c->n.promotions++;
+	c->n.commits++;
+	master__evict_if_needed(c, now_ms);
+	return 0;
+}
+
 int master__commit(struct master_core *c, const char *agent, const char *segment,
 		   uint64_t epoch, const struct master_commit *it, uint64_t now_ms)
 {
@@ -330,6 +377,8 @@ int master__commit(struct master_core *c, const char *agent, const char *segment
 		if (rl->committed >= rl->len)
 			*rl = ls->rl[--ls->nrl]; /* used up: nothing left to take back */
 	}
+	if (it->promote)
+		return commit_promotion(c, s, id, it, off, len, now_ms);
 	struct master_obj *o = NULL;
 	int rc = 0;
 	if (!master__key_ok(it->klen))

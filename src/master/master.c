@@ -44,32 +44,43 @@ static void register_metrics(struct master *m)
 	m->m_timeouts = counter(m, "mooncake_master_put_timeouts_total",
 				"PENDING puts revoked after --put-timeout.");
 	m->m_gets = counter(m, "mooncake_master_gets_total", "GetReplicas lookups (per key).");
-	m->m_hits = counter(m, "mooncake_master_hits_total", "GetReplicas lookups that found a complete object.");
-	m->m_misses = counter(m, "mooncake_master_misses_total", "GetReplicas lookups that found nothing.");
+	m->m_hits = counter(m, "mooncake_master_hits_total",
+			    "GetReplicas lookups that found a complete object.");
+	m->m_misses = counter(m, "mooncake_master_misses_total",
+			      "GetReplicas lookups that found nothing.");
 	m->m_evictions = counter(m, "mooncake_master_evictions_total", "Objects evicted.");
 	m->m_evicted_bytes = counter(m, "mooncake_master_evicted_bytes_total",
 				     "Object bytes evicted.");
-	m->m_lease_waits = counter(m, "mooncake_master_lease_waits_total",
-				   "Removals refused and eviction candidates skipped because of a read lease.");
-	m->m_removes = counter(m, "mooncake_master_removes_total", "Objects removed by Remove/RemoveAll.");
+	m->m_lease_waits = counter(
+		m, "mooncake_master_lease_waits_total",
+		"Removals refused and eviction candidates skipped because of a read lease.");
+	m->m_removes = counter(m, "mooncake_master_removes_total",
+			       "Objects removed by Remove/RemoveAll.");
 	m->m_quarantined = counter(m, "mooncake_master_forced_removes_held_total",
 				   "Objects removed by force while leased: their space "
 				   "stayed allocated until the lease ended.");
-	m->m_ttl = counter(m, "mooncake_master_ttl_expired_total", "Objects removed when their TTL passed.");
-	m->m_agents_expired = counter(m, "mooncake_master_agents_expired_total",
-				      "Agents declared dead after --agent-ttl without a heartbeat.");
-	m->m_leader_changes = counter(m, "mooncake_master_leadership_changes_total",
-				      "Times this master became leader or stopped being leader.");
-	m->m_objects = gauge(m, "mooncake_master_objects", "Objects in the index (complete and pending).");
+	m->m_ttl = counter(m, "mooncake_master_ttl_expired_total",
+			   "Objects removed when their TTL passed.");
+	m->m_agents_expired = counter(
+		m, "mooncake_master_agents_expired_total",
+		"Agents declared dead after --agent-ttl without a heartbeat.");
+	m->m_leader_changes = counter(
+		m, "mooncake_master_leadership_changes_total",
+		"Times this master became leader or stopped being leader.");
+	m->m_objects = gauge(m, "mooncake_master_objects",
+			     "Objects in the index (complete and pending).");
 	m->m_pending = gauge(m, "mooncake_master_pending_objects", "PENDING puts.");
 	m->m_segments = gauge(m, "mooncake_master_segments", "Mounted segments.");
 	m->m_agents = gauge(m, "mooncake_master_agents", "Agents with mounted segments.");
-	m->m_index_bytes = gauge(m, "mooncake_master_index_bytes",
-				 "Memory of the object index (objects, keys, buckets), measured.");
+	m->m_index_bytes = gauge(
+		m, "mooncake_master_index_bytes",
+		"Memory of the object index (objects, keys, buckets), measured.");
 	m->m_key_bytes = gauge(m, "mooncake_master_key_bytes", "Sum of the key lengths.");
-	m->m_bytes_per_object = gauge(m, "mooncake_master_bytes_per_object",
-				      "Index memory per object, keys excluded (0 when empty).");
-	m->m_leader = gauge(m, "mooncake_master_is_leader", "1 while this master is the leader.");
+	m->m_bytes_per_object = gauge(
+		m, "mooncake_master_bytes_per_object",
+		"Index memory per object, keys excluded (0 when empty).");
+	m->m_leader = gauge(m, "mooncake_master_is_leader",
+			    "1 while this master is the leader.");
 	m->m_view = gauge(m, "mooncake_master_view", "View number led or last seen.");
 	const char *dram[] = {"dram"}, *ssd[] = {"ssd"};
 	m->m_cap_dram = metrics_gauge(m->metrics, "mooncake_master_capacity_bytes",
@@ -90,14 +101,40 @@ static void register_metrics(struct master *m)
 				  "SyncSegment calls parked until their segment changes.");
 	m->m_commits = counter(m, "mooncake_master_commits_total",
 			       "Puts sealed with one call into leased space (BatchCommit).");
-	m->m_commit_refusals = counter(m, "mooncake_master_commit_refusals_total",
-				       "BatchCommit items refused (key exists, space not leased, ...).");
-	m->m_lease_granted = counter(m, "mooncake_master_lease_granted_bytes_total",
-				     "Bytes of segment space leased to their owners (LeaseSpace).");
+	m->m_commit_refusals = counter(
+		m, "mooncake_master_commit_refusals_total",
+		"BatchCommit items refused (key exists, space not leased, ...).");
+	m->m_lease_granted = counter(
+		m, "mooncake_master_lease_granted_bytes_total",
+		"Bytes of segment space leased to their owners (LeaseSpace).");
 	m->m_lease_released = counter(m, "mooncake_master_lease_released_bytes_total",
 				      "Leased bytes given back unused.");
 	m->m_leased = gauge(m, "mooncake_master_leased_bytes",
 			    "Bytes leased to segment owners and not committed yet.");
+	m->m_demotion_starts = counter(
+		m, "mooncake_master_demotion_starts_total",
+		"Objects given to an SSD segment's owner to copy (FETCH).");
+	m->m_demotions = counter(m, "mooncake_master_demotions_total",
+				 "Objects moved from DRAM to an SSD segment.");
+	m->m_demotion_failures = counter(
+		m, "mooncake_master_demotion_failures_total",
+		"Demotions given up (by the owner, or past --put-timeout).");
+	m->m_promotions = counter(m, "mooncake_master_promotions_total",
+				  "Objects moved from SSD back to DRAM.");
+	m->m_ssd_evictions = counter(
+		m, "mooncake_master_ssd_evictions_total",
+		"Replicas evicted from SSD segments past their watermark.");
+	m->m_ssd_evicted_bytes = counter(m, "mooncake_master_ssd_evicted_bytes_total",
+					 "Object bytes evicted from SSD segments.");
+	m->m_ssd_puts = counter(m, "mooncake_master_ssd_puts_total",
+				"Puts stored straight on an SSD segment.");
+	m->m_ssd_lost = counter(
+		m, "mooncake_master_ssd_lost_total",
+		"SSD replicas their owner lost (bytes that failed their checksum).");
+	m->m_demoting = gauge(m, "mooncake_master_demoting_objects",
+			      "Demotions on their way to an SSD segment.");
+	m->m_ssd_objects = gauge(m, "mooncake_master_ssd_objects",
+				 "Objects with no DRAM replica (on SSD segments only).");
 }
 
 static void add_delta(struct metric *mt, uint64_t now, uint64_t *last)
@@ -126,9 +163,9 @@ static struct master_seg_metrics *seg_metrics(struct master *m, const char *name
 				     "Bytes of a mounted segment.", "segment", lv);
 	sm->used = metrics_gauge(m->metrics, "mooncake_master_segment_used_bytes",
 				 "Allocated bytes of a mounted segment.", "segment", lv);
-	sm->fragmentation = metrics_gauge(m->metrics, "mooncake_master_segment_fragmentation_ppm",
-					  "1 - largest free range / free bytes, in parts per million.",
-					  "segment", lv);
+	sm->fragmentation = metrics_gauge(
+		m->metrics, "mooncake_master_segment_fragmentation_ppm",
+		"1 - largest free range / free bytes, in parts per million.", "segment", lv);
 	sm->replicas = metrics_gauge(m->metrics, "mooncake_master_segment_replicas",
 				     "Replicas placed on a mounted segment.", "segment", lv);
 	m->nsegm++;
@@ -159,6 +196,14 @@ void master__update_metrics(struct master *m)
 	add_delta(m->m_commit_refusals, n->commit_refusals, &l->commit_refusals);
 	add_delta(m->m_lease_granted, n->lease_granted_bytes, &l->lease_granted_bytes);
 	add_delta(m->m_lease_released, n->lease_released_bytes, &l->lease_released_bytes);
+	add_delta(m->m_demotion_starts, n->demotion_starts, &l->demotion_starts);
+	add_delta(m->m_demotions, n->demotions, &l->demotions);
+	add_delta(m->m_demotion_failures, n->demotion_failures, &l->demotion_failures);
+	add_delta(m->m_promotions, n->promotions, &l->promotions);
+	add_delta(m->m_ssd_evictions, n->ssd_evictions, &l->ssd_evictions);
+	add_delta(m->m_ssd_evicted_bytes, n->ssd_evicted_bytes, &l->ssd_evicted_bytes);
+	add_delta(m->m_ssd_puts, n->ssd_puts, &l->ssd_puts);
+	add_delta(m->m_ssd_lost, n->ssd_lost, &l->ssd_lost);
 	metric_set(m->m_sync_waiters, (int64_t)m->nsyncw);
 
 	struct master_core_stats st;
@@ -175,6 +220,8 @@ void master__update_metrics(struct master *m)
 	metric_set(m->m_used_dram, (int64_t)st.dram_used);
 	metric_set(m->m_cap_ssd, (int64_t)st.ssd_capacity);
 	metric_set(m->m_used_ssd, (int64_t)st.ssd_used);
+	metric_set(m->m_demoting, (int64_t)st.demoting);
+	metric_set(m->m_ssd_objects, (int64_t)st.ssd_objects);
 	metric_set(m->m_leader, m->leader);
 	metric_set(m->m_view, (int64_t)m->view);
 
@@ -216,8 +263,7 @@ void master__update_metrics(struct master *m)
 
 /* ------------------------------------------------------------ leadership */
 
-void master__set_leader(struct master *m, bool leader, uint64_t view,
-			const char *leader_addr)
+void master__set_leader(struct master *m, bool leader, uint64_t view, const char *leader_addr)
 {
 	bool was = m->leader;
 	if (leader_addr != m->leader_addr)
@@ -240,6 +286,7 @@ void master__set_leader(struct master *m, bool leader, uint64_t view,
 	if (leader)
 		master__ev_seq_floor(m->core, mc_wall_ms() << 20);
 	m->leader = leader;
+	m->leader_since_ms = uv_now(m->loop);
 	if (m->health &&
 	    rpc_health_set(m->health, MASTER_SERVICE,
 			   leader ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING) != 0)
@@ -273,8 +320,8 @@ static void free_strings(struct master *m)
 
 int master_new(const struct master_opts *o, struct master **out)
 {
-	if (!o->loop || !o->rpc || !o->cluster_id || !*o->cluster_id ||
-	    !o->agent_ttl_ms || !o->put_timeout_ms || !o->leader_lease_ttl_ms)
+	if (!o->loop || !o->rpc || !o->cluster_id || !*o->cluster_id || !o->agent_ttl_ms ||
+	    !o->put_timeout_ms || !o->leader_lease_ttl_ms)
 		return -EINVAL;
 	struct master *m = calloc(1, sizeof(*m));
 	if (!m)

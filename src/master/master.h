@@ -38,8 +38,8 @@ struct master;
 
 struct master_opts {
 	uv_loop_t *loop;
-	struct rpc_server *rpc;          /* the service is added here (borrowed) */
-	struct rpc_health *health;       /* status of MASTER_SERVICE (borrowed) */
+	struct rpc_server *rpc;           /* the service is added here (borrowed) */
+	struct rpc_health *health;        /* status of MASTER_SERVICE (borrowed) */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
 	/* Address written to the leader key: advertise if non-empty, else
 	 * listen (a port of 0 there is replaced by the server's bound port
@@ -47,14 +47,14 @@ struct master_opts {
 	const char *advertise;
 	const char *listen;
 	const char *cluster_id;
-	const char *meta_endpoints;      /* NULL or "": no HA, leader at once */
+	const char *meta_endpoints; /* NULL or "": no HA, leader at once */
 	uint64_t agent_ttl_ms;
 	uint64_t put_timeout_ms;
-	uint64_t lease_ttl_ms;           /* read lease of GetReplicas */
-	uint64_t leader_lease_ttl_ms;    /* meta lease of the leader key */
-	double high_watermark;           /* (0, 1] */
-	double eviction_ratio;           /* (0, 1] */
-	uint64_t mirror_log_bytes;       /* per segment; 0: 16 MiB */
+	uint64_t lease_ttl_ms;        /* read lease of GetReplicas */
+	uint64_t leader_lease_ttl_ms; /* meta lease of the leader key */
+	double high_watermark;        /* (0, 1] */
+	double eviction_ratio;        /* (0, 1] */
+	uint64_t mirror_log_bytes;    /* per segment; 0: 16 MiB */
 };
 
 /*

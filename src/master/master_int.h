@@ -46,32 +46,35 @@ struct master {
 	unsigned ticks;
 	bool leader, stopping;
 	uint64_t view;
-	char leader_addr[128]; /* the known leader ("" while unknown) */
-	char self_addr[128];   /* what this master advertises */
+	uint64_t leader_since_ms; /* loop time this leadership began */
+	char leader_addr[128];    /* the known leader ("" while unknown) */
+	char self_addr[128];      /* what this master advertises */
 	/* HA (ha.c) */
 	struct etcd_client *etcd;
 	struct etcd_lease *lease;
 	int64_t lease_id;
 	struct etcd_watch *watch;
-	bool campaign_busy;    /* a grant/range/txn is in flight */
+	bool campaign_busy; /* a grant/range/txn is in flight */
 	uv_timer_t retry;
 	uint64_t retry_ms;
 	char *leader_key, *view_key;
 	void (*on_stopped)(void *ud);
 	void *stop_ud;
-	unsigned closing;      /* handles whose close callback is owed */
+	unsigned closing; /* handles whose close callback is owed */
 	/* metrics (master.c) */
 	struct master_counters last;
-	struct metric *m_puts, *m_put_starts, *m_revokes, *m_timeouts, *m_gets,
-		*m_hits, *m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits, *m_quarantined,
+	struct metric *m_puts, *m_put_starts, *m_revokes, *m_timeouts, *m_gets, *m_hits,
+		*m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits, *m_quarantined,
 		*m_removes, *m_ttl, *m_agents_expired;
-	struct metric *m_objects, *m_pending, *m_segments, *m_agents,
-		*m_index_bytes, *m_key_bytes, *m_bytes_per_object, *m_leader,
-		*m_view, *m_cap_dram, *m_used_dram, *m_cap_ssd, *m_used_ssd,
-		*m_leader_changes;
+	struct metric *m_objects, *m_pending, *m_segments, *m_agents, *m_index_bytes,
+		*m_key_bytes, *m_bytes_per_object, *m_leader, *m_view, *m_cap_dram,
+		*m_used_dram, *m_cap_ssd, *m_used_ssd, *m_leader_changes;
 	struct master_seg_metrics *segm;
 	size_t nsegm;
 	struct metric *m_mirror_events, *m_mirror_lost, *m_sync_waiters;
+	struct metric *m_demotion_starts, *m_demotions, *m_demotion_failures, *m_promotions;
+	struct metric *m_ssd_evictions, *m_ssd_evicted_bytes, *m_ssd_puts, *m_ssd_lost;
+	struct metric *m_demoting, *m_ssd_objects;
 	struct metric *m_commits, *m_commit_refusals, *m_lease_granted, *m_lease_released,
 		*m_leased;
 	/* parked SyncSegment calls (sync.c) */
@@ -79,12 +82,11 @@ struct master {
 	size_t nsyncw;
 	uv_check_t sync_check;
 	uv_timer_t sync_timer;
-	uint64_t sync_seen;    /* ev_seq when parked calls were last checked */
+	uint64_t sync_seen; /* ev_seq when parked calls were last checked */
 };
 
 /* master.c */
-void master__set_leader(struct master *m, bool leader, uint64_t view,
-			const char *leader_addr);
+void master__set_leader(struct master *m, bool leader, uint64_t view, const char *leader_addr);
 void master__update_metrics(struct master *m);
 /* service.c */
 int master__service_add(struct master *m) MC_MUST_CHECK;

@@ -35,12 +35,12 @@ struct chunk {
 
 struct master_mlog {
 	struct chunk *head, *tail;
-	size_t head_pos;   /* first live record in head */
-	uint64_t base;     /* the log is complete after this seq */
-	uint64_t last;     /* newest seq appended (base when none) */
-	uint64_t acked;    /* the owner's last acknowledgement */
-	uint64_t nrecs;    /* records retained */
-	size_t bytes;      /* bytes of retained records */
+	size_t head_pos; /* first live record in head */
+	uint64_t base;   /* the log is complete after this seq */
+	uint64_t last;   /* newest seq appended (base when none) */
+	uint64_t acked;  /* the owner's last acknowledgement */
+	uint64_t nrecs;  /* records retained */
+	size_t bytes;    /* bytes of retained records */
 	size_t budget;
 };
 
@@ -138,8 +138,13 @@ int master__mlog_append(struct master_mlog *l, const struct master_ev *e)
 			l->head = c;
 		l->tail = t = c;
 	}
-	struct rec_hdr h = {.seq = e->seq, .offset = e->offset, .size = e->size,
-			    .crc = e->crc, .klen = e->klen, .op = e->op, .flags = e->flags};
+	struct rec_hdr h = {.seq = e->seq,
+			    .offset = e->offset,
+			    .size = e->size,
+			    .crc = e->crc,
+			    .klen = e->klen,
+			    .op = e->op,
+			    .flags = e->flags};
 	uint8_t *p = t->data + t->used;
 	memcpy(p, &h, REC_HDR);
 	memcpy(p + REC_HDR, e->key, e->klen);
@@ -194,9 +199,14 @@ int master__mlog_read(const struct master_mlog *l, uint64_t after, size_t max_ev
 				continue;
 			if (*nread == max_events || (*nread > 0 && bytes + h.klen > max_bytes))
 				return 0;
-			struct master_ev e = {.seq = h.seq, .offset = h.offset, .size = h.size,
-					      .crc = h.crc, .klen = h.klen, .op = h.op,
-					      .flags = h.flags, .key = key};
+			struct master_ev e = {.seq = h.seq,
+					      .offset = h.offset,
+					      .size = h.size,
+					      .crc = h.crc,
+					      .klen = h.klen,
+					      .op = h.op,
+					      .flags = h.flags,
+					      .key = key};
 			fn(ud, &e);
 			bytes += REC_HDR + h.klen;
 			(*nread)++;

@@ -106,8 +106,8 @@ static void agent_del(struct master_segs *sg, struct master_agent *a)
 
 /* Drop every replica on segment id; objects left without one are
  * removed. Replicas elsewhere of the same objects stay. */
-static void drop_segment_replicas(struct master_core *c, uint32_t id,
-				  uint64_t *dropped, uint64_t *removed)
+static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *dropped,
+				  uint64_t *removed)
 {
 	uint64_t nd = 0, nr = 0;
 	struct master_seg *s = c->segs.v[id];
@@ -126,17 +126,20 @@ static void drop_segment_replicas(struct master_core *c, uint32_t id,
 					master__obj_destroy(c, o);
 					break;
 				}
-				len = master__alloc_len(o->size);
-				if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
+				len = master__rep_len(s, o->size);
+				if (len &&
+				    master__alloc_put(s->alloc, o->rep[i].offset, len)) {
 					/* corrupt index: keep the space */
 				}
 				s->replicas--;
 				/* Shift the later replicas and the key down. */
 				uint8_t *p = (uint8_t *)&o->rep[i];
-				size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) +
+				size_t tail = (size_t)(o->nrep - i - 1) *
+						      sizeof(struct master_rep) +
 					      o->klen;
 				memmove(p, p + sizeof(struct master_rep), tail);
 				o->nrep--;
+				master__obj_retier(c, o);
 				break;
 			}
 			o = next;
@@ -160,25 +163,59 @@ static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
 }
 
 int master__mount(struct master_core *c, const char *name, const char *agent,
-		  enum master_tier tier, uint64_t base, uint64_t size,
-		  bool resync, uint64_t now_ms, uint64_t *mirror_seq)
+		  enum master_tier tier, uint64_t base, uint64_t size, bool resync,
+		  uint64_t now_ms, uint64_t *mirror_seq)
+{
+	struct master_mount mt = {
+		.name = name,
+		.agent = agent,
+		.tier = tier,
+		.base = base,
+		.size = size,
+		.resync = resync,
+	};
+	return master__mount_seg(c, &mt, now_ms, mirror_seq);
+}
+
+static bool ratio_ok(double r)
+{
+	return r == 0 || (r > 0 && r <= 1);
+}
+
+int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint64_t now_ms,
+		      uint64_t *mirror_seq)
 {
 	struct master_segs *sg = &c->segs;
+	const char *name = mt->name, *agent = mt->agent;
+	enum master_tier tier = mt->tier;
+	uint64_t base = mt->base, size = mt->size;
+	bool resync = mt->resync;
+	uint64_t block = mt->block_bytes ? mt->block_bytes : MASTER_ALLOC_GRANULE;
 	if (!name || !*name || !agent || !*agent || size < MASTER_ALLOC_GRANULE ||
-	    base > UINT64_MAX - size || (tier != MASTER_TIER_DRAM && tier != MASTER_TIER_SSD))
+	    base > UINT64_MAX - size ||
+	    (tier != MASTER_TIER_DRAM && tier != MASTER_TIER_SSD) ||
+	    block % MASTER_ALLOC_GRANULE || (block & (block - 1)) || size < block ||
+	    (tier == MASTER_TIER_DRAM && block != MASTER_ALLOC_GRANULE) ||
+	    !ratio_ok(mt->high_watermark) || !ratio_ok(mt->eviction_ratio))
 		return -EINVAL;
 	uint32_t id = master__seg_find(c, name);
 	struct master_agent *a = agent_find(sg, agent);
 	if (id != MASTER_NO_SEGMENT) {
 		struct master_seg *s = sg->v[id];
-		if (s->agent != a || s->tier != tier || s->base != base || s->size != size)
+		if (s->agent != a || s->tier != tier || s->base != base || s->size != size ||
+		    s->block != block)
 			return -EEXIST;
 		a->last_heartbeat_ms = now_ms;
+		s->high_watermark = mt->high_watermark ? mt->high_watermark
+						       : c->o.high_watermark;
+		s->eviction_ratio = mt->eviction_ratio ? mt->eviction_ratio
+						       : c->o.eviction_ratio;
 		if (!resync) {
 			drop_segment_replicas(c, id, NULL, NULL);
 			master__mlog_reset(s->log, master__ev_seq(c));
 			s->log_id = master__ev_next(c);
 			s->syncing = false;
+			master__tiers_seg_reset(s);
 		} else {
 			s->syncing = true;
 		}
@@ -215,6 +252,9 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 		goto err_log;
 	if (sg->n == sg->cap) {
 		uint32_t cap = sg->cap ? sg->cap * 2 : 8;
+		rc = MC_ENO_SPACE;
+		if (cap > MASTER_SEG_SLOTS_MAX)
+			goto err_lease;
 		struct master_seg **v = realloc(sg->v, cap * sizeof(*v));
 		rc = -ENOMEM;
 		if (!v)
@@ -229,6 +269,9 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	s->tier = tier;
 	s->base = base;
 	s->size = size;
+	s->block = block;
+	s->high_watermark = mt->high_watermark ? mt->high_watermark : c->o.high_watermark;
+	s->eviction_ratio = mt->eviction_ratio ? mt->eviction_ratio : c->o.eviction_ratio;
 	s->syncing = resync;
 	sg->v[id] = s;
 	sg->n++;
@@ -324,12 +367,13 @@ int master__inventory_add(struct master_core *c, const char *agent,
 	if (id == MASTER_NO_SEGMENT || !agent || strcmp(c->segs.v[id]->agent->id, agent))
 		return MC_ESEGMENT_NOT_FOUND;
 	struct master_seg *s = c->segs.v[id];
-	uint64_t len = master__alloc_len(size);
-	if (len && (offset > s->size || len > s->size - offset))
+	uint64_t len = master__rep_len(s, size);
+	if (len && (offset % s->block || offset > s->size || len > s->size - offset))
 		return -EBUSY;
 	struct master_obj *o = master__lookup(c, key, klen, now_ms);
 	if (o) {
-		bool crc_ok = !(o->flags & MASTER_OBJ_CRC) || !it->has_crc || o->crc == it->crc;
+		bool crc_ok = !(o->flags & MASTER_OBJ_CRC) || !it->has_crc ||
+			      o->crc == it->crc;
 		if ((o->flags & MASTER_OBJ_PENDING) || o->size != size || !crc_ok)
 			return MC_EOBJECT_ALREADY_EXISTS;
 		for (unsigned i = 0; i < o->nrep; i++)
@@ -353,6 +397,7 @@ int master__inventory_add(struct master_core *c, const char *agent,
 			o->flags |= MASTER_OBJ_CRC;
 		}
 		s->replicas++;
+		master__obj_retier(c, o);
 		return 0;
 	}
 	o = master__obj_new(key, klen, 1);
@@ -368,6 +413,8 @@ int master__inventory_add(struct master_core *c, const char *agent,
 		o->crc = it->crc;
 		o->flags |= MASTER_OBJ_CRC;
 	}
+	if (s->tier == MASTER_TIER_SSD)
+		o->flags |= MASTER_OBJ_SSD;
 	master__index_link(&c->ix, o);
 	s->replicas++;
 	return 0;

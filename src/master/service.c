@@ -7,6 +7,7 @@
  * batch calls answer OK with one code per item. See proto/master.proto.
  */
 #include <errno.h>
+#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,8 @@ int master__rpc_status(int err)
 	case -ENOMEM:
 	case MC_ETOO_LARGE:
 		return RPC_RESOURCE_EXHAUSTED;
+	case MC_ETOO_FEW_SEGMENTS:
+		return RPC_FAILED_PRECONDITION;
 	case -EINVAL:
 		return RPC_INVALID_ARGUMENT;
 	case -EACCES:
@@ -130,8 +133,8 @@ static uint64_t now_ms(const struct master *m)
 }
 
 /* Fill r from replica i of o. */
-static void fill_replica(const struct master *m, const struct master_obj *o,
-			 unsigned i, Mooncake__Master__Replica *r)
+static void fill_replica(const struct master *m, const struct master_obj *o, unsigned i,
+			 Mooncake__Master__Replica *r)
 {
 	const struct master_seg *s = master__seg(m->core, o->rep[i].seg);
 	mooncake__master__replica__init(r);
@@ -142,6 +145,9 @@ static void fill_replica(const struct master *m, const struct master_obj *o,
 	r->state = o->rep[i].state == MASTER_REP_COMPLETE
 			   ? MOONCAKE__MASTER__REPLICA_STATE__REPLICA_COMPLETE
 			   : MOONCAKE__MASTER__REPLICA_STATE__REPLICA_PENDING;
+	r->tier = s->tier == MASTER_TIER_SSD ? MOONCAKE__MASTER__TIER__TIER_SSD
+					     : MOONCAKE__MASTER__TIER__TIER_DRAM;
+	r->agent_id = s->agent->id;
 }
 
 /* ------------------------------------------------------------ segments */
@@ -157,20 +163,39 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, -EINVAL, "no segment");
 		return;
 	}
-	Mooncake__Master__MountSegmentResponse resp = MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
-	int rc = master__mount(m->core, s->name, s->agent_id,
-			       s->tier == MOONCAKE__MASTER__TIER__TIER_SSD ? MASTER_TIER_SSD
-									: MASTER_TIER_DRAM,
-			       s->base_address, s->size, req->resync, now_ms(m), &resp.mirror_seq);
+	Mooncake__Master__MountSegmentResponse resp =
+		MOONCAKE__MASTER__MOUNT_SEGMENT_RESPONSE__INIT;
+	bool ssd = s->tier == MOONCAKE__MASTER__TIER__TIER_SSD;
+	struct master_mount mt = {
+		.name = s->name,
+		.agent = s->agent_id,
+		.tier = ssd ? MASTER_TIER_SSD : MASTER_TIER_DRAM,
+		.base = s->base_address,
+		.size = s->size,
+		.block_bytes = s->block_bytes,
+		.high_watermark = s->high_watermark,
+		.eviction_ratio = s->eviction_ratio,
+		.resync = req->resync,
+	};
+	int rc = master__mount_seg(m->core, &mt, now_ms(m), &resp.mirror_seq);
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
 	}
-	log_info("segment %s mounted by agent %s: %llu bytes at 0x%llx%s", s->name,
-		 s->agent_id, (unsigned long long)s->size, (unsigned long long)s->base_address,
-		 req->resync ? " (re-sync)" : "");
+	if (ssd)
+		log_info(
+			"segment %s mounted by agent %s: %llu bytes of SSD in blocks of %llu%s",
+			s->name, s->agent_id, (unsigned long long)s->size,
+			(unsigned long long)(s->block_bytes ? s->block_bytes
+							    : MASTER_ALLOC_GRANULE),
+			req->resync ? " (re-sync)" : "");
+	else
+		log_info("segment %s mounted by agent %s: %llu bytes at 0x%llx%s", s->name,
+			 s->agent_id, (unsigned long long)s->size,
+			 (unsigned long long)s->base_address, req->resync ? " (re-sync)" : "");
 	resp.view = m->view;
-	resp.lease_epoch = master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
+	resp.lease_epoch =
+		master__seg(m->core, master__seg_find(m->core, s->name))->lease_epoch;
 	master__reply(call, &resp.base);
 }
 
@@ -188,9 +213,10 @@ static void on_unmount(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, rc, "segment '%s'", req->name);
 		return;
 	}
-	log_info("segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
-		 req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
-		 (unsigned long long)resp.objects_removed);
+	log_info(
+		"segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
+		req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
+		(unsigned long long)resp.objects_removed);
 	master__reply(call, &resp.base);
 }
 
@@ -229,8 +255,8 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.items_skipped = resp.n_skipped_items;
 	resp.skipped_items = skipped;
 	if (req->n_inventory || req->inventory_complete)
-		log_info("agent %s re-sync: %llu objects accepted, %llu skipped%s", req->agent_id,
-			 (unsigned long long)resp.items_accepted,
+		log_info("agent %s re-sync: %llu objects accepted, %llu skipped%s",
+			 req->agent_id, (unsigned long long)resp.items_accepted,
 			 (unsigned long long)resp.items_skipped,
 			 req->inventory_complete ? " (complete)" : "");
 	if (req->inventory_complete)
@@ -243,6 +269,101 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 }
 
 /* ------------------------------------------------------------ puts */
+
+/*
+ * A leader that took over from another (view > 1) starts with an empty
+ * index and spends its first agent_ttl taking the agents' segments back:
+ * each agent sees the leader key change and mounts again, reporting what
+ * its segment holds (a segment is "syncing" until the report is done),
+ * and an agent that has not come back within agent_ttl is dead anyway.
+ * Until then, and while a segment is still reporting, a put that finds
+ * no room or too few segments may only be early, so it is answered with
+ * MC_EUNAVAILABLE — "try again" (an agent retries a single call until
+ * its deadline) — and never with MC_ENO_SPACE, which a client takes as
+ * final. *mounted and *syncing count the DRAM segments.
+ *
+ * A first leader (view 1) is early in the same way while no segment at
+ * all is mounted and it has led for less than agent_ttl: the agents
+ * started beside it are still mounting (a put right after `mooncaked &`
+ * got MC_ETOO_FEW_SEGMENTS before its own agent's mount landed). With
+ * one segment or more the figures are taken as they are.
+ */
+static bool settling(const struct master *m, unsigned *mounted, unsigned *syncing)
+{
+	*mounted = *syncing = 0;
+	for (uint32_t i = 0; i < master__seg_slots(m->core); i++) {
+		const struct master_seg *s = master__seg(m->core, i);
+		if (s && s->tier == MASTER_TIER_DRAM) {
+			*mounted += !s->syncing;
+			*syncing += s->syncing;
+		}
+	}
+	return *syncing > 0 ||
+	       (m->view > 1 && now_ms(m) - m->leader_since_ms < m->core_opts.agent_ttl_ms);
+}
+
+/* The error a put start answers for the core's rc: MC_ENO_SPACE becomes
+ * MC_EUNAVAILABLE while settling or before the first segment is mounted
+ * (both above), and MC_ETOO_FEW_SEGMENTS when fewer
+ * segments are mounted than replicas asked for. why (may be NULL) gets
+ * the figures. */
+static int put_start_err(const struct master *m, int rc, unsigned replicas, char *why,
+			 size_t len)
+{
+	unsigned mounted, syncing;
+	if (rc != MC_ENO_SPACE)
+		return rc;
+	replicas = replicas ? replicas : 1;
+	if (settling(m, &mounted, &syncing)) {
+		if (why)
+			snprintf(
+				why, len,
+				"the leader of view %llu took over %llu ms ago and is taking the "
+				"agents' segments back (%u mounted, %u reporting); retry",
+				(unsigned long long)m->view,
+				(unsigned long long)(now_ms(m) - m->leader_since_ms), mounted,
+				syncing);
+		return MC_EUNAVAILABLE;
+	}
+	if (mounted == 0 && now_ms(m) - m->leader_since_ms < m->core_opts.agent_ttl_ms) {
+		if (why)
+			snprintf(
+				why, len,
+				"the master started leading %llu ms ago and no segment is mounted "
+				"yet; agents may still be mounting; retry",
+				(unsigned long long)(now_ms(m) - m->leader_since_ms));
+		return MC_EUNAVAILABLE;
+	}
+	if (mounted < replicas) {
+		if (why)
+			snprintf(why, len,
+				 "%u replicas need %u segments and only %u %s mounted",
+				 replicas, replicas, mounted, mounted == 1 ? "is" : "are");
+		return MC_ETOO_FEW_SEGMENTS;
+	}
+	return rc;
+}
+
+/* A commit refused because the space lease it names belongs to an
+ * earlier mount of the segment (or the segment is not mounted now: the
+ * master changed, or forgot the agent) is not the caller's fault: the
+ * space is gone and the put must be made again. */
+static int commit_err(const struct master *m, int rc, const char *segment, uint64_t epoch)
+{
+	if (rc != MC_ESEGMENT_NOT_FOUND && rc != MC_EINVALID_REPLICA)
+		return rc;
+	const struct master_seg *s = master__seg(m->core, master__seg_find(m->core, segment));
+	return !s || s->lease_epoch != epoch ? MC_EUNAVAILABLE : rc;
+}
+
+/* A put ended (or revoked) that this leader never heard of began under
+ * an earlier leader: while settling, the caller is told to put again. */
+static int put_end_err(const struct master *m, int rc)
+{
+	unsigned mounted, syncing;
+	return rc == MC_EOBJECT_NOT_FOUND && settling(m, &mounted, &syncing) ? MC_EUNAVAILABLE
+									     : rc;
+}
 
 static int put_start_one(struct master *m, const Mooncake__Master__PutStartRequest *req,
 			 const struct master_obj **o)
@@ -268,7 +389,10 @@ static void on_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
 	const struct master_obj *o;
 	int rc = put_start_one(m, req, &o);
 	if (rc) {
-		finish_key_err(call, rc, req->key);
+		char why[256] = "", k[KEY_SHOWN_BYTES * 4 + 8];
+		rc = put_start_err(m, rc, req->replica_num, why, sizeof(why));
+		show_key(k, sizeof(k), req->key.data, req->key.len);
+		finish_err(call, rc, "key '%s'%s%s", k, *why ? ": " : "", why);
 		return;
 	}
 	Mooncake__Master__Replica reps[MASTER_MAX_REPLICAS], *ptrs[MASTER_MAX_REPLICAS];
@@ -291,7 +415,7 @@ static void on_put_end(struct rpc_call *call, const ProtobufCMessage *msg)
 	int rc = master__put_end(m->core, req->key.data, req->key.len,
 				 req->checksummed ? &req->crc32c : NULL, now_ms(m));
 	if (rc) {
-		finish_key_err(call, rc, req->key);
+		finish_key_err(call, put_end_err(m, rc), req->key);
 		return;
 	}
 	Mooncake__Master__PutEndResponse resp = MOONCAKE__MASTER__PUT_END_RESPONSE__INIT;
@@ -306,7 +430,7 @@ static void on_put_revoke(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	int rc = master__put_revoke(m->core, req->key.data, req->key.len);
 	if (rc) {
-		finish_key_err(call, rc, req->key);
+		finish_key_err(call, put_end_err(m, rc), req->key);
 		return;
 	}
 	Mooncake__Master__PutRevokeResponse resp = MOONCAKE__MASTER__PUT_REVOKE_RESPONSE__INIT;
@@ -328,7 +452,8 @@ static void on_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	}
 	Mooncake__Master__Replica reps[MASTER_MAX_REPLICAS], *ptrs[MASTER_MAX_REPLICAS];
-	Mooncake__Master__GetReplicasResponse resp = MOONCAKE__MASTER__GET_REPLICAS_RESPONSE__INIT;
+	Mooncake__Master__GetReplicasResponse resp =
+		MOONCAKE__MASTER__GET_REPLICAS_RESPONSE__INIT;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		fill_replica(m, o, i, &reps[i]);
 		ptrs[resp.n_replicas++] = &reps[i];
@@ -385,6 +510,67 @@ static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
 	master__reply(call, &resp.base);
 }
 
+/* A key matches when regexec finds the pattern in it; a key holding a
+ * NUL byte never does (POSIX patterns see C strings). */
+static bool regex_match(void *ud, const uint8_t *key, size_t klen)
+{
+	char buf[MASTER_MAX_KEY_BYTES + 1];
+	if (klen > MASTER_MAX_KEY_BYTES || memchr(key, 0, klen))
+		return false;
+	memcpy(buf, key, klen);
+	buf[klen] = '\0';
+	return regexec(ud, buf, 0, NULL, 0) == 0;
+}
+
+static void on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__RemoveRegexRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	regex_t re;
+	if (!req->pattern || regcomp(&re, req->pattern, REG_EXTENDED | REG_NOSUB) != 0) {
+		finish_err(call, -EINVAL, "'%s' is not a POSIX extended regular expression",
+			   req->pattern ? req->pattern : "");
+		return;
+	}
+	Mooncake__Master__RemoveAllResponse resp = MOONCAKE__MASTER__REMOVE_ALL_RESPONSE__INIT;
+	master__remove_match(m->core, regex_match, &re, req->force, now_ms(m), &resp.removed,
+			     &resp.skipped);
+	regfree(&re);
+	log_info("RemoveRegex '%s'%s: %llu removed, %llu leased left", req->pattern,
+		 req->force ? " (forced)" : "", (unsigned long long)resp.removed,
+		 (unsigned long long)resp.skipped);
+	master__reply(call, &resp.base);
+}
+
+static void on_batch_replica_clear(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__BatchReplicaClearRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_keys;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	if (!errs) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
+	uint32_t seg = req->segment ? master__seg_find(m->core, req->segment)
+				    : MASTER_NO_SEGMENT;
+	uint64_t now = now_ms(m);
+	/* (A segment not mounted has no replica of any key.) */
+	for (size_t i = 0; i < n; i++)
+		errs[i] = master__replica_clear(m->core, req->keys[i].data, req->keys[i].len,
+						seg, now);
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	resp.errors = errs;
+	resp.n_errors = n;
+	master__reply(call, &resp.base);
+	free(errs);
+}
+
 /* ------------------------------------------------------------ leases */
 
 static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
@@ -393,19 +579,20 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 	const Mooncake__Master__LeaseSpaceRequest *req = (const void *)msg;
 	if (!m)
 		return;
-	Mooncake__Master__LeaseSpaceResponse resp = MOONCAKE__MASTER__LEASE_SPACE_RESPONSE__INIT;
+	Mooncake__Master__LeaseSpaceResponse resp =
+		MOONCAKE__MASTER__LEASE_SPACE_RESPONSE__INIT;
 	for (size_t i = 0; i < req->n_release; i++)
-		resp.released += master__lease_release(m->core, req->agent_id, req->segment,
-						       req->lease_epoch, req->release[i]->offset,
-						       req->release[i]->length);
+		resp.released += master__lease_release(
+			m->core, req->agent_id, req->segment, req->lease_epoch,
+			req->release[i]->offset, req->release[i]->length);
 	Mooncake__Master__Extent ext = MOONCAKE__MASTER__EXTENT__INIT, *ptr = &ext;
 	int rc = master__lease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
 				     req->want_bytes, &ext.offset, &ext.length);
 	if (rc == -EACCES) {
 		/* Another agent's segment: a remote lease. */
 		struct master_rlease_grant g;
-		rc = master__rlease_grant(m->core, req->agent_id, req->segment, req->lease_epoch,
-					  req->want_bytes, now_ms(m), &g);
+		rc = master__rlease_grant(m->core, req->agent_id, req->segment,
+					  req->lease_epoch, req->want_bytes, now_ms(m), &g);
 		ext.offset = g.offset;
 		ext.length = g.length;
 		resp.lease_epoch = g.epoch;
@@ -420,7 +607,8 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 		resp.extents = &ptr;
 		resp.n_extents = 1;
 	}
-	const struct master_seg *seg = master__seg(m->core, master__seg_find(m->core, req->segment));
+	const struct master_seg *seg = master__seg(m->core,
+						   master__seg_find(m->core, req->segment));
 	resp.leased_bytes = seg ? seg->leased : 0;
 	master__reply(call, &resp.base);
 }
@@ -449,11 +637,69 @@ static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 			.crc = it->crc32c,
 			.soft_pin = it->soft_pin,
 			.ttl_ms = it->ttl_ms,
+			.promote = it->promote,
 		};
-		errs[i] = master__commit(m->core, req->agent_id, req->segment, req->lease_epoch, &c,
-					 now);
+		errs[i] = commit_err(m,
+				     master__commit(m->core, req->agent_id, req->segment,
+						    req->lease_epoch, &c, now),
+				     req->segment, req->lease_epoch);
 	}
-	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	resp.n_errors = n;
+	resp.errors = errs;
+	master__reply(call, &resp.base);
+	free(errs);
+}
+
+static void on_tier_commit(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__TierCommitRequest *req = (const void *)msg;
+	if (!m)
+		return;
+	size_t n = req->n_items;
+	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
+	if (!errs) {
+		finish_err(call, -ENOMEM, NULL);
+		return;
+	}
+	uint64_t now = now_ms(m);
+	for (size_t i = 0; i < n; i++) {
+		const Mooncake__Master__TierItem *it = req->items[i];
+		struct master_tier_item t = {
+			.key = it->key.data,
+			.klen = it->key.len,
+			.offset = it->offset,
+			.size = it->size,
+			.has_crc = it->checksummed,
+			.crc = it->crc32c,
+			.soft_pin = it->soft_pin,
+			.ttl_ms = it->ttl_ms,
+		};
+		enum master_tier_op op;
+		switch (it->kind) {
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__PUT:
+			op = MASTER_TIER_PUT;
+			break;
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__DEMOTED:
+			op = MASTER_TIER_DEMOTED;
+			break;
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__ABANDONED:
+			op = MASTER_TIER_ABANDONED;
+			break;
+		case MOONCAKE__MASTER__TIER_ITEM__KIND__LOST:
+			op = MASTER_TIER_LOST;
+			break;
+		default:
+			errs[i] = -EINVAL;
+			continue;
+		}
+		errs[i] = master__tier_update(m->core, req->agent_id, req->segment, op, &t,
+					      now);
+	}
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
 	master__reply(call, &resp.base);
@@ -474,17 +720,28 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 	Mooncake__Master__Replica *reps = NULL;
 	Mooncake__Master__Replica **pptr = NULL;
 	const struct master_obj **objs = calloc(n ? n : 1, sizeof(*objs));
-	size_t total = 0;
+	size_t total = 0, unavailable = 0;
+	char why[256] = "";
 	if (!res || !rptr || !objs)
 		goto err_nomem;
 	for (size_t i = 0; i < n; i++) {
 		mooncake__master__put_start_result__init(&res[i]);
 		rptr[i] = &res[i];
 		res[i].error = put_start_one(m, req->items[i], &objs[i]);
-		if (res[i].error)
+		if (res[i].error) {
+			res[i].error = put_start_err(
+				m, res[i].error, req->items[i]->replica_num, why, sizeof(why));
+			unavailable += res[i].error == MC_EUNAVAILABLE;
 			objs[i] = NULL;
-		else
+		} else
 			total += objs[i]->nrep;
+	}
+	if (n > 0 && unavailable == n) {
+		/* Nothing was started: the whole call says "retry", which an
+		 * agent does by itself until the call's deadline (one item's
+		 * error in a batch would go to the client as it is). */
+		finish_err(call, MC_EUNAVAILABLE, "%s", why);
+		goto out;
 	}
 	/* A later put of the batch cannot free an earlier one's object
 	 * (they are PENDING, never evicted), so objs[] are all valid. */
@@ -502,7 +759,8 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 			pptr[k] = &reps[k];
 		}
 	}
-	Mooncake__Master__BatchPutStartResponse resp = MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
+	Mooncake__Master__BatchPutStartResponse resp =
+		MOONCAKE__MASTER__BATCH_PUT_START_RESPONSE__INIT;
 	resp.n_results = n;
 	resp.results = rptr;
 	master__reply(call, &resp.base);
@@ -515,6 +773,14 @@ out:
 	free(objs);
 	free(rptr);
 	free(res);
+}
+
+/* master_key_at_fn over an array of ProtobufCBinaryData keys. */
+static const uint8_t *key_at(const void *batch, size_t j, size_t *klen)
+{
+	const ProtobufCBinaryData *k = (const ProtobufCBinaryData *)batch + j;
+	*klen = k->len;
+	return k->data;
 }
 
 enum batch_op { OP_PUT_END, OP_PUT_REVOKE, OP_REMOVE };
@@ -532,20 +798,25 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 	}
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, keys, n, i, key_at);
 		switch (op) {
 		case OP_PUT_END:
-			errs[i] = master__put_end(m->core, keys[i].data, keys[i].len,
-						  crcs ? &crcs[i] : NULL, now);
+			errs[i] = put_end_err(m, master__put_end(m->core, keys[i].data,
+								 keys[i].len,
+								 crcs ? &crcs[i] : NULL, now));
 			break;
 		case OP_PUT_REVOKE:
-			errs[i] = master__put_revoke(m->core, keys[i].data, keys[i].len);
+			errs[i] = put_end_err(
+				m, master__put_revoke(m->core, keys[i].data, keys[i].len));
 			break;
 		case OP_REMOVE:
-			errs[i] = master__remove(m->core, keys[i].data, keys[i].len, force, now);
+			errs[i] = master__remove(m->core, keys[i].data, keys[i].len, force,
+						 now);
 			break;
 		}
 	}
-	Mooncake__Master__BatchErrorsResponse resp = MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
+	Mooncake__Master__BatchErrorsResponse resp =
+		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
 	master__reply(call, &resp.base);
@@ -591,11 +862,13 @@ static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		int rc = master__exist(m->core, req->keys[i].data, req->keys[i].len, now);
 		errs[i] = rc < 0 ? rc : 0;
 		ex[i] = rc == 1;
 	}
-	Mooncake__Master__BatchExistResponse resp = MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
+	Mooncake__Master__BatchExistResponse resp =
+		MOONCAKE__MASTER__BATCH_EXIST_RESPONSE__INIT;
 	resp.n_errors = resp.n_exists = n;
 	resp.errors = errs;
 	resp.exists = ex;
@@ -621,9 +894,11 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 		goto err_nomem;
 	uint64_t now = now_ms(m);
 	for (size_t i = 0; i < n; i++) {
+		master__prefetch_ahead(m->core, req->keys, n, i, key_at);
 		mooncake__master__get_replicas_result__init(&res[i]);
 		rptr[i] = &res[i];
-		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now, &objs[i]);
+		res[i].error = master__get(m->core, req->keys[i].data, req->keys[i].len, now,
+					   &objs[i]);
 		if (res[i].error)
 			objs[i] = NULL;
 		else
@@ -699,6 +974,14 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 	resp.commits = n->commits;
 	resp.commit_refusals = n->commit_refusals;
 	resp.agents = st.agents;
+	resp.ssd_capacity = st.ssd_capacity;
+	resp.ssd_used = st.ssd_used;
+	resp.ssd_objects = st.ssd_objects;
+	resp.demotions = n->demotions;
+	resp.promotions = n->promotions;
+	resp.ssd_evictions = n->ssd_evictions;
+	resp.demoting = st.demoting;
+	resp.demotion_failures = n->demotion_failures;
 	uint32_t slots = master__seg_slots(m->core), k = 0;
 	Mooncake__Master__SegmentStats *ss = calloc(slots ? slots : 1, sizeof(*ss));
 	Mooncake__Master__SegmentStats **sp = calloc(slots ? slots : 1, sizeof(*sp));
@@ -721,6 +1004,11 @@ static void on_stats(struct rpc_call *call, const ProtobufCMessage *msg)
 							: MOONCAKE__MASTER__TIER__TIER_DRAM;
 		sg[k].base_address = s->base;
 		sg[k].size = s->size;
+		sg[k].block_bytes = s->block;
+		if (s->tier == MASTER_TIER_SSD) {
+			sg[k].high_watermark = s->high_watermark;
+			sg[k].eviction_ratio = s->eviction_ratio;
+		}
 		ss[k].segment = &sg[k];
 		ss[k].used = as.used;
 		ss[k].replicas = s->replicas;
@@ -797,8 +1085,10 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 		finish_err(call, -EINVAL, "limit above %u", LIST_MAX_LIMIT);
 		return;
 	}
-	struct list_ctx x = {.prefix = req->prefix.data, .plen = req->prefix.len,
-			     .after = req->start_after.data, .alen = req->start_after.len};
+	struct list_ctx x = {.prefix = req->prefix.data,
+			     .plen = req->prefix.len,
+			     .after = req->start_after.data,
+			     .alen = req->start_after.len};
 	master__foreach(m->core, list_collect, &x);
 	Mooncake__Master__ListItem *items = NULL;
 	Mooncake__Master__ListItem **ptrs = NULL;
@@ -843,12 +1133,12 @@ out:
 
 /* ------------------------------------------------------------ table */
 
-#define UNARY(nm, fn, req, resp)                                               \
-	{.name = nm,                                                           \
-	 .kind = RPC_UNARY,                                                    \
-	 .request = &mooncake__master__##req##__descriptor,                    \
-	 .response = &mooncake__master__##resp##__descriptor,                  \
-	 .on_message = fn}
+#define UNARY(nm, fn, req, resp) \
+	{ \
+		.name = nm, .kind = RPC_UNARY, \
+		.request = &mooncake__master__##req##__descriptor, \
+		.response = &mooncake__master__##resp##__descriptor, .on_message = fn \
+	}
 
 static const struct rpc_method methods[] = {
 	UNARY("MountSegment", on_mount, mount_segment_request, mount_segment_response),
@@ -864,10 +1154,15 @@ static const struct rpc_method methods[] = {
 	UNARY("BatchPutStart", on_batch_put_start, batch_put_start_request,
 	      batch_put_start_response),
 	UNARY("BatchPutEnd", on_batch_put_end, batch_keys_request, batch_errors_response),
-	UNARY("BatchPutRevoke", on_batch_put_revoke, batch_keys_request, batch_errors_response),
-	UNARY("BatchGetReplicas", on_batch_get, batch_keys_request, batch_get_replicas_response),
+	UNARY("BatchPutRevoke", on_batch_put_revoke, batch_keys_request,
+	      batch_errors_response),
+	UNARY("BatchGetReplicas", on_batch_get, batch_keys_request,
+	      batch_get_replicas_response),
 	UNARY("BatchExist", on_batch_exist, batch_keys_request, batch_exist_response),
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
+	UNARY("RemoveRegex", on_remove_regex, remove_regex_request, remove_all_response),
+	UNARY("BatchReplicaClear", on_batch_replica_clear, batch_replica_clear_request,
+	      batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),
 	UNARY("List", on_list, list_request, list_response),
 	/* A long poll: kept out of the call latency histogram. */
@@ -882,9 +1177,11 @@ static const struct rpc_method methods[] = {
 	      list_segment_response),
 	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),
 	UNARY("BatchCommit", on_batch_commit, batch_commit_request, batch_errors_response),
+	UNARY("TierCommit", on_tier_commit, tier_commit_request, batch_errors_response),
 };
 
 int master__service_add(struct master *m)
 {
-	return rpc_server_add_service(m->rpc, MASTER_SERVICE, methods, MC_ARRAY_LEN(methods), m);
+	return rpc_server_add_service(m->rpc, MASTER_SERVICE, methods, MC_ARRAY_LEN(methods),
+				      m);
 }

@@ -34,7 +34,7 @@
 #define SYNC_COALESCE_MS 5
 #define SYNC_DEFAULT_EVENTS 4096u
 #define SYNC_MAX_EVENTS 65536u
-#define SYNC_MAX_KEY_BYTES (1u << 20)   /* per answer, beyond its first event */
+#define SYNC_MAX_KEY_BYTES (1u << 20) /* per answer, beyond its first event */
 #define LIST_DEFAULT_ITEMS 4096u
 #define LIST_MAX_ITEMS 65536u
 #define LIST_MAX_KEY_BYTES (1u << 20)
@@ -60,8 +60,8 @@ static void finish_code(struct rpc_call *call, int err, const char *detail)
 }
 
 /* The segment named by an owner's request, or an error. */
-static int owned_segment(struct master *m, const char *agent, const char *name,
-			 uint32_t *id, const struct master_seg **seg)
+static int owned_segment(struct master *m, const char *agent, const char *name, uint32_t *id,
+			 const struct master_seg **seg)
 {
 	*id = master__seg_find(m->core, name ? name : "");
 	if (*id == MASTER_NO_SEGMENT)
@@ -72,24 +72,38 @@ static int owned_segment(struct master *m, const char *agent, const char *name,
 	return 0;
 }
 
-static void fill_event(Mooncake__Master__MirrorEvent *e, const struct master_ev *ev)
+/* An event of a log; a FETCH order names the DRAM replica its owner
+ * reads the object from (none when the demotion is over). */
+static void fill_event(const struct master *m, Mooncake__Master__MirrorEvent *e,
+		       const struct master_ev *ev)
 {
 	mooncake__master__mirror_event__init(e);
-	e->op = ev->op == MASTER_EV_DEL ? MOONCAKE__MASTER__MIRROR_EVENT__OP__DEL
-					: MOONCAKE__MASTER__MIRROR_EVENT__OP__ADD;
+	e->op = ev->op == MASTER_EV_DEL     ? MOONCAKE__MASTER__MIRROR_EVENT__OP__DEL
+		: ev->op == MASTER_EV_FETCH ? MOONCAKE__MASTER__MIRROR_EVENT__OP__FETCH
+					    : MOONCAKE__MASTER__MIRROR_EVENT__OP__ADD;
 	e->seq = ev->seq;
 	e->key.data = (uint8_t *)ev->key;
 	e->key.len = ev->klen;
 	e->offset = ev->offset;
-	if (ev->op == MASTER_EV_ADD) {
+	if (ev->op != MASTER_EV_DEL) {
 		e->size = ev->size;
 		e->crc32c = ev->crc;
 		e->checksummed = (ev->flags & MASTER_EV_F_CRC) != 0;
 		e->soft_pin = (ev->flags & MASTER_EV_F_SOFT_PIN) != 0;
 	}
+	uint32_t seg;
+	uint64_t off;
+	if (ev->op == MASTER_EV_FETCH && m &&
+	    master__demote_source(m->core, ev->key, ev->klen, &seg, &off)) {
+		const struct master_seg *s = master__seg(m->core, seg);
+		e->source_segment = s->name;
+		e->source_offset = off;
+		e->source_address = s->base + off;
+	}
 }
 
 struct collect {
+	const struct master *m;
 	Mooncake__Master__MirrorEvent *ev;
 	Mooncake__Master__MirrorEvent **ptrs;
 	size_t n, cap;
@@ -99,7 +113,7 @@ struct collect {
 static void collect_ev(void *ud, const struct master_ev *ev)
 {
 	struct collect *x = ud;
-	fill_event(&x->ev[x->n], ev);
+	fill_event(x->m, &x->ev[x->n], ev);
 	x->ptrs[x->n] = &x->ev[x->n];
 	x->n++;
 }
@@ -114,6 +128,7 @@ static void answer(struct master *m, struct rpc_call *call, uint32_t id, uint64_
 	master__mlog_stats(s->log, &ls);
 	size_t cap = (size_t)MC_MIN((uint64_t)max, ls.records);
 	struct collect x = {
+		.m = m,
 		.ev = malloc((cap ? cap : 1) * sizeof(*x.ev)),
 		.ptrs = malloc((cap ? cap : 1) * sizeof(*x.ptrs)),
 		.cap = cap,
@@ -122,9 +137,11 @@ static void answer(struct master *m, struct rpc_call *call, uint32_t id, uint64_
 		finish_code(call, -ENOMEM, NULL);
 		goto out;
 	}
-	Mooncake__Master__SyncSegmentResponse resp = MOONCAKE__MASTER__SYNC_SEGMENT_RESPONSE__INIT;
+	Mooncake__Master__SyncSegmentResponse resp =
+		MOONCAKE__MASTER__SYNC_SEGMENT_RESPONSE__INIT;
 	size_t nread;
-	int rc = master__mlog_read(s->log, after, cap, SYNC_MAX_KEY_BYTES, collect_ev, &x, &nread);
+	int rc = master__mlog_read(s->log, after, cap, SYNC_MAX_KEY_BYTES, collect_ev, &x,
+				   &nread);
 	resp.behind = rc == MC_ECOMPACTED;
 	resp.last_seq = ls.last;
 	resp.events = x.ptrs;
@@ -205,7 +222,8 @@ void master__sync_drop_all(struct master *m)
 		rpc_call_set_data(w->call, NULL);
 		char msg[320];
 		snprintf(msg, sizeof(msg), "%d %s: leader=%s view=%llu", MC_ENOT_LEADER,
-			 mc_strerror(MC_ENOT_LEADER), *m->leader_addr ? m->leader_addr : "none",
+			 mc_strerror(MC_ENOT_LEADER),
+			 *m->leader_addr ? m->leader_addr : "none",
 			 (unsigned long long)m->view);
 		rpc_call_finish(w->call, RPC_UNAVAILABLE, msg);
 		free(w);
@@ -285,8 +303,11 @@ void master__on_sync(struct rpc_call *call, const ProtobufCMessage *msg)
 	uint64_t deadline = rpc_call_deadline_ms(call);
 	if (deadline && deadline < until)
 		until = deadline;
-	*w = (struct master_syncw){.call = call, .seg = id, .log_id = s->log_id,
-				   .after = req->after_seq, .max_events = req->max_events,
+	*w = (struct master_syncw){.call = call,
+				   .seg = id,
+				   .log_id = s->log_id,
+				   .after = req->after_seq,
+				   .max_events = req->max_events,
 				   .until_ms = until};
 	w->next = m->syncw;
 	if (m->syncw)
@@ -324,10 +345,11 @@ static bool list_item(void *ud, const struct master_obj *o, unsigned i)
 		.crc = o->crc,
 		.klen = o->klen,
 		.flags = (uint8_t)(((o->flags & MASTER_OBJ_CRC) ? MASTER_EV_F_CRC : 0) |
-				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN : 0)),
+				   ((o->flags & MASTER_OBJ_SOFT_PIN) ? MASTER_EV_F_SOFT_PIN
+								     : 0)),
 		.key = master__obj_key(o),
 	};
-	fill_event(&p->items[p->n++], &ev);
+	fill_event(NULL, &p->items[p->n++], &ev);
 	p->key_bytes += o->klen;
 	return p->key_bytes < LIST_MAX_KEY_BYTES;
 }
@@ -355,7 +377,8 @@ void master__on_list_segment(struct rpc_call *call, const ProtobufCMessage *msg)
 	}
 	for (size_t i = 0; i < p.n; i++)
 		p.ptrs[i] = &p.items[i];
-	Mooncake__Master__ListSegmentResponse resp = MOONCAKE__MASTER__LIST_SEGMENT_RESPONSE__INIT;
+	Mooncake__Master__ListSegmentResponse resp =
+		MOONCAKE__MASTER__LIST_SEGMENT_RESPONSE__INIT;
 	resp.items = p.ptrs;
 	resp.n_items = p.n;
 	resp.next_cursor = cursor;

@@ -90,7 +90,8 @@ static int enc_kv(struct mc_buf *b, const struct mvcc_version *v)
 	int rc = pb_bytes(b, 1, v->kv.key, v->kv.key_len);
 	if (!rc && !v->tombstone) {
 		if (!(rc = pb_int(b, 2, v->kv.create_revision)) &&
-		    !(rc = pb_int(b, 3, v->kv.mod_revision)) && !(rc = pb_int(b, 4, v->kv.version)) &&
+		    !(rc = pb_int(b, 3, v->kv.mod_revision)) &&
+		    !(rc = pb_int(b, 4, v->kv.version)) &&
 		    !(rc = pb_bytes(b, 5, v->kv.value, v->kv.value_len)))
 			rc = pb_int(b, 6, v->kv.lease);
 	}
@@ -114,7 +115,8 @@ static int json_str(struct mc_buf *b, const char *s)
 		else if (c < 0x20 || c == '<' || c == '>' || c == '&')
 			rc = mc_buf_printf(b, "\\u%04x", c);
 		else if (c == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
-			rc = mc_buf_printf(b, "\\u%04x", p[2] == 0xa8 ? 0x2028 : 0x2029), p += 2;
+			rc = mc_buf_printf(b, "\\u%04x", p[2] == 0xa8 ? 0x2028 : 0x2029),
+			p += 2;
 		else
 			rc = mc_buf_append(b, p, 1);
 	}
@@ -165,7 +167,7 @@ struct kvlist {
 	struct kvent {
 		size_t koff, klen, voff, vlen;
 		const uint8_t *k, *v; /* set by kvlist_emit */
-	} *e;
+	} * e;
 	size_t n, cap;
 };
 
@@ -477,7 +479,7 @@ struct level {
 		uint32_t flags;
 		size_t off, ksize, vsize;
 		uint64_t pgid; /* branch: the child */
-	} *el;
+	} * el;
 	size_t n, cap;
 	size_t bytes; /* header + elements + data */
 };
@@ -595,8 +597,8 @@ static int level_flush(struct image *im, struct level *l, struct prefs *up)
 		memcpy(p + data_at, l->data.data, l->data.len);
 	im->out.len += npages * PAGE;
 	im->next_pgid += npages;
-	int rc = prefs_add(up, l->n ? l->data.data + l->el[0].off : "", l->n ? l->el[0].ksize : 0,
-			   id);
+	int rc = prefs_add(up, l->n ? l->data.data + l->el[0].off : "",
+			   l->n ? l->el[0].ksize : 0, id);
 	level_reset(l, l->leaf);
 	return rc;
 }
@@ -623,8 +625,8 @@ static int bucket_end(struct image *im, const char *name)
 			if (!level_fits(&br, c->klen))
 				rc = level_flush(im, &br, &up);
 			if (!rc)
-				rc = level_add(&br, 0, im->below.keys.data + c->koff, c->klen, NULL,
-					       0, c->pgid);
+				rc = level_add(&br, 0, im->below.keys.data + c->koff, c->klen,
+					       NULL, 0, c->pgid);
 		}
 		if (!rc)
 			rc = level_flush(im, &br, &up);
@@ -672,7 +674,8 @@ static uint64_t fnv64a(const uint8_t *p, size_t n)
 	return h;
 }
 
-static void write_meta(uint8_t *page, uint64_t pgid, uint64_t root, uint64_t hwm, uint64_t txid)
+static void write_meta(uint8_t *page, uint64_t pgid, uint64_t root, uint64_t hwm,
+		       uint64_t txid)
 {
 	uint8_t *m = page + PAGE_HEADER;
 	mc_put_le64(page, pgid);

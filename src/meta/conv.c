@@ -20,10 +20,10 @@
 void meta__status_of(int code, int *status, const char **message)
 {
 	switch (code) {
-#define META__ERR_CASE(name, value, st, text)                                  \
-	case name:                                                             \
-		*status = st;                                                  \
-		*message = text;                                               \
+#define META__ERR_CASE(name, value, st, text) \
+	case name: \
+		*status = st; \
+		*message = text; \
 		return;
 		META_ERRORS(META__ERR_CASE)
 #undef META__ERR_CASE
@@ -151,8 +151,7 @@ const struct meta__method_def meta__methods[META_M__COUNT] = {
 			&etcdserverpb__txn_response__descriptor},
 	[META_M_COMPACT] = {"Compact", &etcdserverpb__compaction_request__descriptor,
 			    &etcdserverpb__compaction_response__descriptor},
-	[META_M_LEASE_GRANT] = {"LeaseGrant",
-				&etcdserverpb__lease_grant_request__descriptor,
+	[META_M_LEASE_GRANT] = {"LeaseGrant", &etcdserverpb__lease_grant_request__descriptor,
 				&etcdserverpb__lease_grant_response__descriptor},
 	[META_M_LEASE_REVOKE] = {"LeaseRevoke",
 				 &etcdserverpb__lease_revoke_request__descriptor,
@@ -203,16 +202,26 @@ int meta__method_by_name(const char *name)
 static unsigned request_field(enum meta__method m)
 {
 	switch (m) {
-	case META_M_PUT: return MOONCAKE__META__REQUEST__REQ_PUT;
-	case META_M_DELETE_RANGE: return MOONCAKE__META__REQUEST__REQ_DELETE_RANGE;
-	case META_M_TXN: return MOONCAKE__META__REQUEST__REQ_TXN;
-	case META_M_COMPACT: return MOONCAKE__META__REQUEST__REQ_COMPACTION;
-	case META_M_LEASE_GRANT: return MOONCAKE__META__REQUEST__REQ_LEASE_GRANT;
-	case META_M_LEASE_REVOKE: return MOONCAKE__META__REQUEST__REQ_LEASE_REVOKE;
-	case META_M_ALARM: return MOONCAKE__META__REQUEST__REQ_ALARM;
-	case META_M_PUBLISH: return MOONCAKE__META__REQUEST__REQ_MEMBER_ATTRIBUTES;
-	case META_M_MEMBER_UPDATE: return MOONCAKE__META__REQUEST__REQ_MEMBER_UPDATE;
-	default: return 0;
+	case META_M_PUT:
+		return MOONCAKE__META__REQUEST__REQ_PUT;
+	case META_M_DELETE_RANGE:
+		return MOONCAKE__META__REQUEST__REQ_DELETE_RANGE;
+	case META_M_TXN:
+		return MOONCAKE__META__REQUEST__REQ_TXN;
+	case META_M_COMPACT:
+		return MOONCAKE__META__REQUEST__REQ_COMPACTION;
+	case META_M_LEASE_GRANT:
+		return MOONCAKE__META__REQUEST__REQ_LEASE_GRANT;
+	case META_M_LEASE_REVOKE:
+		return MOONCAKE__META__REQUEST__REQ_LEASE_REVOKE;
+	case META_M_ALARM:
+		return MOONCAKE__META__REQUEST__REQ_ALARM;
+	case META_M_PUBLISH:
+		return MOONCAKE__META__REQUEST__REQ_MEMBER_ATTRIBUTES;
+	case META_M_MEMBER_UPDATE:
+		return MOONCAKE__META__REQUEST__REQ_MEMBER_UPDATE;
+	default:
+		return 0;
 	}
 }
 
@@ -296,8 +305,8 @@ int meta__op_from_delete(const Etcdserverpb__DeleteRangeRequest *r, struct mvcc_
 	return 0;
 }
 
-static int ops_from(Etcdserverpb__RequestOp *const *in, size_t n,
-		    const struct mvcc_op **out, struct meta__arena *a);
+static int ops_from(Etcdserverpb__RequestOp *const *in, size_t n, const struct mvcc_op **out,
+		    struct meta__arena *a);
 
 int meta__op_from_txn(const Etcdserverpb__TxnRequest *r, struct mvcc_op *op,
 		      struct meta__arena *a)
@@ -362,8 +371,8 @@ int meta__op_from_txn(const Etcdserverpb__TxnRequest *r, struct mvcc_op *op,
 	return 0;
 }
 
-static int ops_from(Etcdserverpb__RequestOp *const *in, size_t n,
-		    const struct mvcc_op **out, struct meta__arena *a)
+static int ops_from(Etcdserverpb__RequestOp *const *in, size_t n, const struct mvcc_op **out,
+		    struct meta__arena *a)
 {
 	*out = NULL;
 	if (!n)
@@ -468,8 +477,7 @@ Mvccpb__KeyValue *meta__kv_pb(const struct mvcc_kv *kv, struct meta__arena *a)
 	return p;
 }
 
-static Mvccpb__KeyValue **kvs_pb(const struct mvcc_kv *kvs, size_t n,
-				 struct meta__arena *a)
+static Mvccpb__KeyValue **kvs_pb(const struct mvcc_kv *kvs, size_t n, struct meta__arena *a)
 {
 	Mvccpb__KeyValue **v = meta__alloc(a, (n ? n : 1) * sizeof(*v));
 	Mvccpb__KeyValue *blk = meta__alloc(a, (n ? n : 1) * sizeof(*blk));
@@ -482,8 +490,8 @@ static Mvccpb__KeyValue **kvs_pb(const struct mvcc_kv *kvs, size_t n,
 	return v;
 }
 
-ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
-				Etcdserverpb__ResponseHeader *h, struct meta__arena *a)
+ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r, Etcdserverpb__ResponseHeader *h,
+				struct meta__arena *a)
 {
 	switch (r->type) {
 	case MVCC_OP_RANGE: {
@@ -553,20 +561,24 @@ ProtobufCMessage *meta__resp_pb(const struct mvcc_op_resp *r,
 			etcdserverpb__response_op__init(o);
 			switch (r->u.txn.responses[i].type) {
 			case MVCC_OP_RANGE:
-				o->response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE;
+				o->response_case =
+					ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE;
 				o->response_range = (Etcdserverpb__RangeResponse *)sub;
 				break;
 			case MVCC_OP_PUT:
-				o->response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_PUT;
+				o->response_case =
+					ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_PUT;
 				o->response_put = (Etcdserverpb__PutResponse *)sub;
 				break;
 			case MVCC_OP_DELETE_RANGE:
 				o->response_case =
 					ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_DELETE_RANGE;
-				o->response_delete_range = (Etcdserverpb__DeleteRangeResponse *)sub;
+				o->response_delete_range =
+					(Etcdserverpb__DeleteRangeResponse *)sub;
 				break;
 			default:
-				o->response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_TXN;
+				o->response_case =
+					ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_TXN;
 				o->response_txn = (Etcdserverpb__TxnResponse *)sub;
 				break;
 			}
@@ -730,7 +742,8 @@ struct meta__qmsg *meta__msg_copy(const struct raft_msg *m)
 		q->m.entries = e;
 	}
 	if (m->snapshot.conf.n_voters) {
-		memcpy(p, m->snapshot.conf.voters, m->snapshot.conf.n_voters * sizeof(uint64_t));
+		memcpy(p, m->snapshot.conf.voters,
+		       m->snapshot.conf.n_voters * sizeof(uint64_t));
 		q->m.snapshot.conf.voters = (const uint64_t *)p;
 		p += align8(m->snapshot.conf.n_voters * sizeof(uint64_t));
 	}

@@ -140,8 +140,7 @@ static void check_unlink(struct lease_table *t, struct lease__lease *l)
 }
 
 /* Set expiry and check time; link into by_check unless forever. */
-static void set_expiry(struct lease_table *t, struct lease__lease *l,
-		       uint64_t expiry_ms)
+static void set_expiry(struct lease_table *t, struct lease__lease *l, uint64_t expiry_ms)
 {
 	check_unlink(t, l);
 	l->expiry_ms = expiry_ms;
@@ -162,8 +161,8 @@ static uint64_t ttl_ms(int64_t ttl_s)
 	return (uint64_t)ttl_s * 1000u; /* ttl_s <= LEASE_MAX_TTL_S: no overflow */
 }
 
-int lease_grant(struct lease_table *t, int64_t id, int64_t ttl_s,
-		uint64_t now_ms, int64_t *id_out, int64_t *ttl_out)
+int lease_grant(struct lease_table *t, int64_t id, int64_t ttl_s, uint64_t now_ms,
+		int64_t *id_out, int64_t *ttl_out)
 {
 	if (ttl_s > LEASE_MAX_TTL_S)
 		return MVCC_ELEASE_TTL_TOO_LARGE;
@@ -205,8 +204,8 @@ size_t lease_count(const struct lease_table *t)
 	return t->by_id.count;
 }
 
-int lease_renew(struct lease_table *t, int64_t id, uint64_t now_ms,
-		int64_t *ttl_out, bool *clear_checkpoint)
+int lease_renew(struct lease_table *t, int64_t id, uint64_t now_ms, int64_t *ttl_out,
+		bool *clear_checkpoint)
 {
 	if (!t->primary)
 		return MC_ENOT_LEADER;
@@ -274,22 +273,21 @@ int lease_list(const struct lease_table *t, int64_t **ids_out, size_t *n_out)
 		return -ENOMEM;
 	struct avl_iter it;
 	size_t i = 0;
-	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
-	     x = avl_next(&it))
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x; x = avl_next(&it))
 		ids[i++] = MC_CONTAINER_OF(x, struct lease__lease, by_id)->id;
 	*ids_out = ids;
 	*n_out = n;
 	return 0;
 }
 
-size_t lease_expired(struct lease_table *t, uint64_t now_ms, uint64_t retry_ms,
-		     int64_t *ids, size_t max)
+size_t lease_expired(struct lease_table *t, uint64_t now_ms, uint64_t retry_ms, int64_t *ids,
+		     size_t max)
 {
 	size_t n = 0;
 	struct avl_iter it;
 	/* Collect first: re-keying while iterating would disturb the walk. */
-	for (struct avl_node *x = avl_seek(&it, &t->by_check, NULL);
-	     x && n < max; x = avl_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &t->by_check, NULL); x && n < max;
+	     x = avl_next(&it)) {
 		struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_check);
 		if (l->check_ms > now_ms)
 			break;
@@ -310,8 +308,7 @@ uint64_t lease_next_check_ms(const struct lease_table *t)
 {
 	struct avl_iter it;
 	struct avl_node *x = avl_seek(&it, &t->by_check, NULL);
-	return x ? MC_CONTAINER_OF(x, struct lease__lease, by_check)->check_ms
-		 : UINT64_MAX;
+	return x ? MC_CONTAINER_OF(x, struct lease__lease, by_check)->check_ms : UINT64_MAX;
 }
 
 void lease_promote(struct lease_table *t, uint64_t now_ms, uint64_t extend_ms)
@@ -319,8 +316,7 @@ void lease_promote(struct lease_table *t, uint64_t now_ms, uint64_t extend_ms)
 	t->primary = true;
 	avl_init(&t->by_check, by_check_cmp, NULL);
 	struct avl_iter it;
-	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
-	     x = avl_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x; x = avl_next(&it)) {
 		struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_id);
 		int64_t ttl = l->remaining_ttl_s > 0 ? l->remaining_ttl_s : l->ttl_s;
 		l->check_ms = LEASE__FOREVER; /* by_check was reset above */
@@ -333,8 +329,7 @@ void lease_demote(struct lease_table *t)
 	t->primary = false;
 	avl_init(&t->by_check, by_check_cmp, NULL);
 	struct avl_iter it;
-	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
-	     x = avl_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x; x = avl_next(&it)) {
 		struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_id);
 		l->check_ms = LEASE__FOREVER;
 		l->expiry_ms = LEASE__FOREVER;
@@ -385,8 +380,8 @@ void lease__detach(struct lease_table *t, int64_t id, const char *key, size_t le
 		free(MC_CONTAINER_OF(n, struct lease__key, node));
 }
 
-int lease__keys(const struct lease_table *t, int64_t id,
-		struct lease_key_ref **keys, size_t *n_out)
+int lease__keys(const struct lease_table *t, int64_t id, struct lease_key_ref **keys,
+		size_t *n_out)
 {
 	const struct lease__lease *l = find(t, id);
 	if (!l)
@@ -397,8 +392,7 @@ int lease__keys(const struct lease_table *t, int64_t id,
 		return -ENOMEM;
 	struct avl_iter it;
 	size_t i = 0;
-	for (struct avl_node *x = avl_seek(&it, &l->keys, NULL); x;
-	     x = avl_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &l->keys, NULL); x; x = avl_next(&it)) {
 		const struct lease__key *k = MC_CONTAINER_OF(x, struct lease__key, node);
 		r[i].key = k->key;
 		r[i].len = k->len;
@@ -422,15 +416,12 @@ int lease__remove(struct lease_table *t, int64_t id)
 }
 
 int lease__foreach(const struct lease_table *t,
-		   int (*fn)(void *ctx, int64_t id, int64_t ttl_s,
-			     int64_t remaining_ttl_s),
+		   int (*fn)(void *ctx, int64_t id, int64_t ttl_s, int64_t remaining_ttl_s),
 		   void *ctx)
 {
 	struct avl_iter it;
-	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x;
-	     x = avl_next(&it)) {
-		const struct lease__lease *l =
-			MC_CONTAINER_OF(x, struct lease__lease, by_id);
+	for (struct avl_node *x = avl_seek(&it, &t->by_id, NULL); x; x = avl_next(&it)) {
+		const struct lease__lease *l = MC_CONTAINER_OF(x, struct lease__lease, by_id);
 		int rc = fn(ctx, l->id, l->ttl_s, l->remaining_ttl_s);
 		if (rc)
 			return rc;
@@ -448,8 +439,7 @@ void lease__set_next_id(struct lease_table *t, int64_t next_id)
 	t->next_id = next_id;
 }
 
-int lease__restore(struct lease_table *t, int64_t id, int64_t ttl_s,
-		   int64_t remaining_ttl_s)
+int lease__restore(struct lease_table *t, int64_t id, int64_t ttl_s, int64_t remaining_ttl_s)
 {
 	if (find(t, id))
 		return MVCC_ELEASE_EXISTS;

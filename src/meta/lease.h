@@ -62,8 +62,8 @@ void lease_table_free(struct lease_table *t);
  * Errors: MVCC_ELEASE_TTL_TOO_LARGE (ttl_s > LEASE_MAX_TTL_S),
  * MVCC_ELEASE_EXISTS, -ENOMEM.
  */
-int lease_grant(struct lease_table *t, int64_t id, int64_t ttl_s,
-		uint64_t now_ms, int64_t *id_out, int64_t *ttl_out) MC_MUST_CHECK;
+int lease_grant(struct lease_table *t, int64_t id, int64_t ttl_s, uint64_t now_ms,
+		int64_t *id_out, int64_t *ttl_out) MC_MUST_CHECK;
 
 bool lease_exists(const struct lease_table *t, int64_t id);
 size_t lease_count(const struct lease_table *t);
@@ -76,8 +76,8 @@ size_t lease_count(const struct lease_table *t);
  * Errors: MC_ENOT_LEADER (not promoted: forward to the leader),
  * MVCC_ELEASE_NOT_FOUND, MVCC_ELEASE_EXPIRED (expired, revoke pending).
  */
-int lease_renew(struct lease_table *t, int64_t id, uint64_t now_ms,
-		int64_t *ttl_out, bool *clear_checkpoint) MC_MUST_CHECK;
+int lease_renew(struct lease_table *t, int64_t id, uint64_t now_ms, int64_t *ttl_out,
+		bool *clear_checkpoint) MC_MUST_CHECK;
 
 /* LeaseCheckpoint as applied from the log: remember the remaining TTL
  * (0 clears it). Unknown IDs are ignored, like etcd. */
@@ -91,11 +91,11 @@ struct lease_key_ref {
 /* LeaseTimeToLive. Owned by the caller, free with lease_ttl_free(). */
 struct lease_ttl {
 	int64_t id;
-	int64_t ttl_s;         /* remaining, truncated like etcd; on a
+	int64_t ttl_s; /* remaining, truncated like etcd; on a
 	                          follower LEASE_TTL_FOREVER_S */
 	int64_t granted_ttl_s;
 	int64_t remaining_checkpoint_s; /* 0: none */
-	size_t key_count;           /* keys attached, asked for or not */
+	size_t key_count;               /* keys attached, asked for or not */
 	/* The keys themselves, in key order, only when asked for: with
 	 * with_keys false, keys is NULL and nkeys 0, so the list and its
 	 * length never disagree. */
@@ -109,8 +109,7 @@ void lease_ttl_free(struct lease_ttl *ttl);
 
 /* LeaseLeases: every ID in ascending order into a new array (free()).
  * Errors: -ENOMEM. */
-int lease_list(const struct lease_table *t, int64_t **ids_out,
-	       size_t *n_out) MC_MUST_CHECK;
+int lease_list(const struct lease_table *t, int64_t **ids_out, size_t *n_out) MC_MUST_CHECK;
 
 /*
  * Leader: up to max IDs of leases whose expiry is <= now_ms, earliest
@@ -118,8 +117,8 @@ int lease_list(const struct lease_table *t, int64_t **ids_out,
  * before now_ms + retry_ms (its revoke is in flight). Returns the count;
  * 0 on a follower.
  */
-size_t lease_expired(struct lease_table *t, uint64_t now_ms, uint64_t retry_ms,
-		     int64_t *ids, size_t max);
+size_t lease_expired(struct lease_table *t, uint64_t now_ms, uint64_t retry_ms, int64_t *ids,
+		     size_t max);
 /* When lease_expired() next has something to say (UINT64_MAX: never), for
  * the driver's timer. */
 uint64_t lease_next_check_ms(const struct lease_table *t);
@@ -144,14 +143,13 @@ int lease__attach(struct lease_table *t, int64_t id, struct lease__key *k);
 void lease__detach(struct lease_table *t, int64_t id, const char *key, size_t len);
 /* The keys attached to id, in key order: a new array (free()) of refs
  * borrowed from the table. Errors: MVCC_ELEASE_NOT_FOUND, -ENOMEM. */
-int lease__keys(const struct lease_table *t, int64_t id,
-		struct lease_key_ref **keys, size_t *n) MC_MUST_CHECK;
+int lease__keys(const struct lease_table *t, int64_t id, struct lease_key_ref **keys,
+		size_t *n) MC_MUST_CHECK;
 /* Drop lease id and its attachments. Errors: MVCC_ELEASE_NOT_FOUND. */
 int lease__remove(struct lease_table *t, int64_t id);
 /* Visit leases in ID order; a non-zero return from fn stops and is returned. */
 int lease__foreach(const struct lease_table *t,
-		   int (*fn)(void *ctx, int64_t id, int64_t ttl_s,
-			     int64_t remaining_ttl_s),
+		   int (*fn)(void *ctx, int64_t id, int64_t ttl_s, int64_t remaining_ttl_s),
 		   void *ctx);
 int64_t lease__next_id(const struct lease_table *t);
 void lease__set_next_id(struct lease_table *t, int64_t next_id);

@@ -40,23 +40,23 @@ struct rpc_health;
 struct metrics_registry;
 
 struct meta_options {
-	const char *data_dir;        /* state goes to <data_dir>/meta */
-	const char *name;            /* this member's name */
+	const char *data_dir; /* state goes to <data_dir>/meta */
+	const char *name;     /* this member's name */
 	/* Founding members "name=host:port,..." (peer addresses, an
 	 * optional http:// prefix); NULL or "" = this member alone at
 	 * listen_peer. */
 	const char *initial_cluster;
-	bool join_existing;          /* --initial-cluster-state=existing */
-	const char *listen_peer;     /* peer address (host:port) */
-	const char *listen_client;   /* client address (host:port) */
+	bool join_existing;        /* --initial-cluster-state=existing */
+	const char *listen_peer;   /* peer address (host:port) */
+	const char *listen_client; /* client address (host:port) */
 	/* The addresses published to the other members and in the member
 	 * list when they differ from the listen addresses; NULL or "":
 	 * the listen address. */
 	const char *advertise_peer;
 	const char *advertise_client;
 	uint64_t heartbeat_ms;
-	uint64_t election_ms;        /* >= 2 * heartbeat_ms */
-	uint64_t snapshot_count;     /* applied entries between snapshots */
+	uint64_t election_ms;    /* >= 2 * heartbeat_ms */
+	uint64_t snapshot_count; /* applied entries between snapshots */
 	uint64_t max_request_bytes;
 	uint64_t quota_backend_bytes;
 	/* etcd's auto-compaction: "periodic" or "revision", and the history

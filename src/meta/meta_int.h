@@ -49,8 +49,8 @@ struct meta__op;
  * during the call), or an error status and message. Runs exactly once;
  * the node frees op after it returns.
  */
-typedef void (*meta__done_fn)(struct meta__op *op, int status,
-			      const char *message, const ProtobufCMessage *resp);
+typedef void (*meta__done_fn)(struct meta__op *op, int status, const char *message,
+			      const ProtobufCMessage *resp);
 
 struct meta__oplist {
 	struct meta__op *head, *tail;
@@ -59,11 +59,11 @@ struct meta__oplist {
 
 /* How a request is served. */
 enum meta__kind {
-	META_K_READ_LOCAL,  /* from the local state at once (serializable) */
-	META_K_READ,        /* linearizable: ReadIndex, then the local state */
-	META_K_WRITE,       /* through the log, proposed by the leader */
-	META_K_CONF,        /* a membership change through the log */
-	META_K_LEADER,      /* answered by the leader's own state */
+	META_K_READ_LOCAL, /* from the local state at once (serializable) */
+	META_K_READ,       /* linearizable: ReadIndex, then the local state */
+	META_K_WRITE,      /* through the log, proposed by the leader */
+	META_K_CONF,       /* a membership change through the log */
+	META_K_LEADER,     /* answered by the leader's own state */
 };
 
 /* A client request in flight (a call, a stream message or a forwarded
@@ -79,15 +79,15 @@ struct meta__op {
 	void *ud;
 	/* the node's */
 	struct meta_node *node;
-	int kind;             /* enum meta__kind, from the request */
-	bool puts;            /* adds data: the quota applies */
-	uint8_t *ent;         /* proposal data (owned) */
+	int kind;     /* enum meta__kind, from the request */
+	bool puts;    /* adds data: the quota applies */
+	uint8_t *ent; /* proposal data (owned) */
 	size_t ent_len;
 	struct meta__op *prev, *next;
 	struct meta__oplist *list;
-	uint64_t index, term;   /* proposal: the entry that answers it */
-	uint64_t read_index;    /* linearizable read: served at this index */
-	uint64_t fwd_leader;    /* forwarded to this leader */
+	uint64_t index, term; /* proposal: the entry that answers it */
+	uint64_t read_index;  /* linearizable read: served at this index */
+	uint64_t fwd_leader;  /* forwarded to this leader */
 	uint64_t read_round;
 	/* LeaseGrant: the leader chose the ID (the client sent 0), so a
 	 * collision at apply is retried with another one. */
@@ -104,9 +104,8 @@ struct meta__op *meta__op_new(struct meta_node *n, enum meta__method m,
 			      const ProtobufCMessage *req, uint64_t deadline_ms,
 			      meta__done_fn done, void *ud);
 /* The same from a serialized request (copied). */
-struct meta__op *meta__op_new_raw(struct meta_node *n, enum meta__method m,
-				  const uint8_t *req, size_t len,
-				  uint64_t deadline_ms, meta__done_fn done,
+struct meta__op *meta__op_new_raw(struct meta_node *n, enum meta__method m, const uint8_t *req,
+				  size_t len, uint64_t deadline_ms, meta__done_fn done,
 				  void *ud);
 /* Run a request: op->done runs exactly once, possibly before this
  * returns. Takes ownership of op. */
@@ -125,11 +124,11 @@ struct meta__snap_tx;
 
 struct meta__peer {
 	uint64_t id;
-	char addr[72];            /* host:port */
+	char addr[72]; /* host:port */
 	struct meta_node *node;
 	struct rpc_client *cli;
-	struct rpc_stream *msgs;  /* the open Messages stream, or NULL */
-	bool msgs_failed;         /* reported unreachable since it failed */
+	struct rpc_stream *msgs;    /* the open Messages stream, or NULL */
+	bool msgs_failed;           /* reported unreachable since it failed */
 	struct meta__snap_tx *snap; /* snapshot being sent */
 };
 
@@ -161,10 +160,10 @@ struct meta__compactor {
 	size_t n_revs, cap_revs;
 	bool started, in_flight;
 	uint64_t next_sample_ms;
-	uint64_t last_ms;     /* the start, or the last compaction */
-	uint64_t wait_ms;     /* from last_ms to the next compaction */
-	uint64_t retry_ms;    /* after a failure, not before this */
-	int64_t prev_rev;     /* the last compaction's revision */
+	uint64_t last_ms;  /* the start, or the last compaction */
+	uint64_t wait_ms;  /* from last_ms to the next compaction */
+	uint64_t retry_ms; /* after a failure, not before this */
+	int64_t prev_rev;  /* the last compaction's revision */
 };
 
 /* From --auto-compaction-mode and --auto-compaction-retention (etcd's
@@ -201,8 +200,8 @@ struct meta_node {
 	char *self_peer_url, *self_client_url; /* http://host:port */
 	uint64_t id; /* this member's; the cluster's is sm.cluster_id */
 	uint64_t request_timeout_ms;
-	bool running;  /* the Raft core exists and is driven */
-	bool stopping; /* meta_node_stop ran */
+	bool running;   /* the Raft core exists and is driven */
+	bool stopping;  /* meta_node_stop ran */
 	bool finishing; /* stopping, past the leadership transfer */
 	bool fatal;
 	void (*on_stopped)(void *ud);
@@ -217,9 +216,9 @@ struct meta_node {
 	struct meta__sm *installed_sm; /* received, decoded, to swap in */
 	struct watch_registry *watch;
 	uint64_t applied, applied_term;
-	uint64_t snap_index;     /* newest durable snapshot */
+	uint64_t snap_index; /* newest durable snapshot */
 	uint64_t commit;
-	bool published;          /* our name/client URL are in the table */
+	bool published; /* our name/client URL are in the table */
 	uint64_t publish_sent_ms;
 
 	/* the ready being processed */
@@ -231,9 +230,9 @@ struct meta_node {
 	uint64_t durable_index; /* last log index made durable here */
 	struct raft_msg *late;  /* rd's messages held until it is durable */
 	size_t n_late, late_cap;
-	bool split_msgs;        /* some of rd's messages went early: send late */
-	size_t early_applied;   /* committed entries of rd applied early */
-	bool early_ran;         /* apply_early handled rd's read states */
+	bool split_msgs;      /* some of rd's messages went early: send late */
+	size_t early_applied; /* committed entries of rd applied early */
+	bool early_ran;       /* apply_early handled rd's read states */
 	uint64_t leader, term;
 	enum raft_role role;
 
@@ -243,7 +242,10 @@ struct meta_node {
 	struct meta__oplist propq; /* ops to propose */
 	uint64_t *unreachable;
 	size_t n_unreachable, cap_unreachable;
-	struct { uint64_t id; bool ok; } *snap_reports;
+	struct {
+		uint64_t id;
+		bool ok;
+	} * snap_reports;
 	size_t n_snap_reports, cap_snap_reports;
 	uint64_t pending_compact; /* raft_compact once possible */
 	uint64_t transfer_to;     /* raft_transfer_leader once possible */
@@ -285,7 +287,7 @@ struct meta_node {
 	struct meta__recv_snap *recv_snap;
 	size_t join_next;
 	struct rpc_client *join_cli;
-	uint64_t last_heard_ms;  /* last Raft traffic from a peer */
+	uint64_t last_heard_ms; /* last Raft traffic from a peer */
 	uint64_t last_probe_ms;
 	size_t probe_next;
 	bool probing;
@@ -294,7 +296,7 @@ struct meta_node {
 
 	/* snapshots and disk work in flight */
 	struct meta__snap_job *snap_job; /* this member's snapshot being taken */
-	unsigned disk_jobs; /* jobs submitted and not yet completed */
+	unsigned disk_jobs;              /* jobs submitted and not yet completed */
 	unsigned uv_works;
 
 	/* services */
@@ -325,8 +327,7 @@ bool meta__is_leader(const struct meta_node *n);
 /* The state machine's inputs now: loop time and term. */
 struct meta__sm_in meta__sm_in(const struct meta_node *n);
 /* A ResponseHeader for now (revision: the store's), in arena a. */
-Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n,
-					   struct meta__arena *a);
+Etcdserverpb__ResponseHeader *meta__header(struct meta_node *n, struct meta__arena *a);
 /* An unrecoverable error: log it and tell the role. */
 void meta__fatal(struct meta_node *n, int code, const char *what);
 /* A malloc'd formatted string, NULL when out of memory. */
@@ -462,8 +463,7 @@ int meta__snap_load(const char *path, uint8_t **data, size_t *len) MC_MUST_CHECK
 
 /* Raft message <-> protobuf. to_pb: pointers borrowed from m; arrays in
  * arena a. from_pb: a queued deep copy (malloc, free()). */
-Mooncake__Raft__Message *meta__msg_to_pb(const struct raft_msg *m,
-					 struct meta__arena *a);
+Mooncake__Raft__Message *meta__msg_to_pb(const struct raft_msg *m, struct meta__arena *a);
 struct meta__qmsg *meta__msg_from_pb(const Mooncake__Raft__Message *pm);
 struct meta__qmsg *meta__msg_copy(const struct raft_msg *m);
 

@@ -63,30 +63,25 @@
  *   MVCC_ESNAPSHOT_CORRUPT / MVCC_ESNAPSHOT_VERSION: a snapshot that
  *                          cannot be restored (never sent to clients)
  */
-#define MVCC_ERRORS(X)                                                         \
+#define MVCC_ERRORS(X) \
 	X(MVCC_ECOMPACTED, -900, "mvcc: required revision has been compacted") \
-	X(MVCC_EFUTURE_REV, -901,                                              \
-	  "mvcc: required revision is a future revision")                      \
-	X(MVCC_EKEY_NOT_FOUND, -902, "etcdserver: key not found")              \
+	X(MVCC_EFUTURE_REV, -901, "mvcc: required revision is a future revision") \
+	X(MVCC_EKEY_NOT_FOUND, -902, "etcdserver: key not found") \
 	X(MVCC_ELEASE_NOT_FOUND, -903, "etcdserver: requested lease not found") \
-	X(MVCC_EDUPLICATE_KEY, -904,                                           \
-	  "etcdserver: duplicate key given in txn request")                    \
-	X(MVCC_EEMPTY_KEY, -905, "etcdserver: key is not provided")            \
-	X(MVCC_EVALUE_PROVIDED, -906, "etcdserver: value is provided")         \
-	X(MVCC_ELEASE_PROVIDED, -907, "etcdserver: lease is provided")         \
-	X(MVCC_ETOO_MANY_OPS, -908,                                            \
-	  "etcdserver: too many operations in txn request")                    \
-	X(MVCC_ELEASE_EXISTS, -909, "etcdserver: lease already exists")        \
-	X(MVCC_ELEASE_TTL_TOO_LARGE, -910, "etcdserver: too large lease TTL")  \
-	X(MVCC_ELEASE_EXPIRED, -911, "lease expired, revoke pending")          \
-	X(MVCC_EEMPTY_WATCH_RANGE, -912, "mvcc: watcher range is empty")       \
-	X(MVCC_EWATCH_EXISTS, -913,                                            \
-	  "mvcc: duplicate watch ID provided on the WatchStream")              \
-	X(MVCC_EWATCH_NOT_FOUND, -914, "mvcc: watcher does not exist")         \
-	X(MVCC_ESNAPSHOT_CORRUPT, -915, "mvcc: snapshot is corrupt")           \
-	X(MVCC_ESNAPSHOT_VERSION, -916, "mvcc: unsupported snapshot version")  \
-	X(MVCC_ESNAPSHOT_STALE, -917,                                          \
-	  "mvcc: the store was compacted during the snapshot")
+	X(MVCC_EDUPLICATE_KEY, -904, "etcdserver: duplicate key given in txn request") \
+	X(MVCC_EEMPTY_KEY, -905, "etcdserver: key is not provided") \
+	X(MVCC_EVALUE_PROVIDED, -906, "etcdserver: value is provided") \
+	X(MVCC_ELEASE_PROVIDED, -907, "etcdserver: lease is provided") \
+	X(MVCC_ETOO_MANY_OPS, -908, "etcdserver: too many operations in txn request") \
+	X(MVCC_ELEASE_EXISTS, -909, "etcdserver: lease already exists") \
+	X(MVCC_ELEASE_TTL_TOO_LARGE, -910, "etcdserver: too large lease TTL") \
+	X(MVCC_ELEASE_EXPIRED, -911, "lease expired, revoke pending") \
+	X(MVCC_EEMPTY_WATCH_RANGE, -912, "mvcc: watcher range is empty") \
+	X(MVCC_EWATCH_EXISTS, -913, "mvcc: duplicate watch ID provided on the WatchStream") \
+	X(MVCC_EWATCH_NOT_FOUND, -914, "mvcc: watcher does not exist") \
+	X(MVCC_ESNAPSHOT_CORRUPT, -915, "mvcc: snapshot is corrupt") \
+	X(MVCC_ESNAPSHOT_VERSION, -916, "mvcc: unsupported snapshot version") \
+	X(MVCC_ESNAPSHOT_STALE, -917, "mvcc: the store was compacted during the snapshot")
 
 enum mvcc_err {
 #define MVCC__ERR_ENUM(name, value, text) name = value,
@@ -385,8 +380,7 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev) MC_MUST_CHECK;
  * drop the lease. *revision_out (may be NULL) gets the header revision.
  * Errors: MVCC_ELEASE_NOT_FOUND, -ENOMEM (nothing changed).
  */
-int mvcc_lease_revoke(struct mvcc_store *s, int64_t id,
-		      int64_t *revision_out) MC_MUST_CHECK;
+int mvcc_lease_revoke(struct mvcc_store *s, int64_t id, int64_t *revision_out) MC_MUST_CHECK;
 
 /* ------------------------------------------------------------- history */
 /*
@@ -397,8 +391,7 @@ int mvcc_lease_revoke(struct mvcc_store *s, int64_t id,
 
 /* Position of the first change with main revision >= rev (the end when
  * there is none). Errors: MVCC_ECOMPACTED (rev < the compaction rev). */
-int mvcc_hist_seek(const struct mvcc_store *s, int64_t rev,
-		   uint64_t *pos) MC_MUST_CHECK;
+int mvcc_hist_seek(const struct mvcc_store *s, int64_t rev, uint64_t *pos) MC_MUST_CHECK;
 /* One past the last change. */
 uint64_t mvcc_hist_end(const struct mvcc_store *s);
 /*
@@ -457,8 +450,7 @@ typedef int (*mvcc_write_fn)(void *ctx, const void *data, size_t len);
 
 /* Stream the whole state to on_chunk in pieces of at most 64 KiB.
  * Errors: -ENOMEM, or what on_chunk returned. */
-int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk,
-		  void *ctx) MC_MUST_CHECK;
+int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx) MC_MUST_CHECK;
 
 /*
  * The same in steps, while the store takes writes: begin notes the
@@ -485,8 +477,8 @@ void mvcc_snap_free(struct mvcc_snap_cursor *c);
  * Errors: MVCC_ESNAPSHOT_CORRUPT (bad magic, CRC, length, order or
  * invariant), MVCC_ESNAPSHOT_VERSION, -ENOMEM.
  */
-int mvcc_restore(const struct mvcc_options *opts, const void *data,
-		 size_t len, struct mvcc_store **out) MC_MUST_CHECK;
+int mvcc_restore(const struct mvcc_options *opts, const void *data, size_t len,
+		 struct mvcc_store **out) MC_MUST_CHECK;
 
 /* ------------------------------------------------------------- private */
 /* Shared by mvcc, lease and watch only; no other subsystem uses it.

@@ -180,7 +180,8 @@ static void msgs_on_close(struct rpc_stream *st, void *ud, int status, const cha
 	if (status == RPC_PERMISSION_DENIED && message && strstr(message, "removed")) {
 		/* A member refused us: we were removed while we could not
 		 * hear the change. */
-		log_error("member %016" PRIx64 " says this member was removed from the cluster",
+		log_error("member %016" PRIx64
+			  " says this member was removed from the cluster",
 			  p->id);
 		meta__fatal(p->node, META_ESTOPPED, "removed from the cluster");
 		return;
@@ -207,7 +208,8 @@ static void send_batch(struct meta_node *n, struct meta__peer *p, const struct r
 		return;
 	if (!p->msgs) {
 		rc = rpc_client_stream(p->cli, "/" RAFT_SVC "/Messages",
-				       &mooncake__raft__ack__descriptor, 0, &msgs_cbs, p, &p->msgs);
+				       &mooncake__raft__ack__descriptor, 0, &msgs_cbs, p,
+				       &p->msgs);
 		if (rc) {
 			meta__report_unreachable(n, p->id);
 			return;
@@ -332,7 +334,8 @@ static bool cluster_ok(struct meta_node *n, uint64_t cluster_id, struct meta__pc
 	}
 	if (cluster_id == n->sm.cluster_id)
 		return true;
-	log_warn("refused peer traffic from %s: cluster ID %016" PRIx64 ", ours is %016" PRIx64,
+	log_warn("refused peer traffic from %s: cluster ID %016" PRIx64
+		 ", ours is %016" PRIx64,
 		 pc ? rpc_call_peer(pc->call) : "?", cluster_id, n->sm.cluster_id);
 	if (pc)
 		pcall_end(pc, RPC_FAILED_PRECONDITION, "cluster ID mismatch");
@@ -359,7 +362,8 @@ static void msgs_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 		if (pm->type == RAFT_MSG_SNAP)
 			continue; /* snapshots come with their data only */
 		if (meta__is_removed(&n->sm, pm->from)) {
-			pcall_end(pc, RPC_PERMISSION_DENIED, "member removed from the cluster");
+			pcall_end(pc, RPC_PERMISSION_DENIED,
+				  "member removed from the cluster");
 			return;
 		}
 		struct meta__qmsg *q = meta__msg_from_pb(pm);
@@ -418,7 +422,8 @@ static void snap_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 			return;
 		}
 		pc->total = c->total_bytes;
-		log_info("receiving a snapshot at index %" PRIu64 " (%zu bytes) from %016" PRIx64,
+		log_info("receiving a snapshot at index %" PRIu64
+			 " (%zu bytes) from %016" PRIx64,
 			 pc->msg->m.snapshot.index, pc->total, pc->msg->m.from);
 	}
 	if (c->offset != pc->len || c->data.len > pc->total - pc->len) {
@@ -596,7 +601,9 @@ static void snap_load_done(uv_work_t *w, int status)
 	meta__check_stopped(n);
 	if (status || tx->rc || !p->cli) {
 		log_warn("cannot read %s to send it: %s", tx->path,
-			 mc_strerror(status ? status : tx->rc ? tx->rc : -ESHUTDOWN));
+			 mc_strerror(status   ? status
+				     : tx->rc ? tx->rc
+					      : -ESHUTDOWN));
 		snap_tx_finish(tx, false);
 		return;
 	}
@@ -730,8 +737,8 @@ void meta__peer_forward(struct meta_node *n, struct meta__op *op)
 	q.request.len = op->req_len;
 	rc = rpc_client_unary(p->cli, "/" RAFT_SVC "/Forward", &q.base,
 			      &mooncake__meta__forward_response__descriptor,
-			      op->deadline_ms > now ? op->deadline_ms - now : 1, forward_answer, op,
-			      NULL);
+			      op->deadline_ms > now ? op->deadline_ms - now : 1,
+			      forward_answer, op, NULL);
 	if (rc)
 		meta__op_fail(op, rc == -ENOMEM ? -ENOMEM : META_ETIMEOUT_CONN_LOST);
 }
@@ -866,7 +873,8 @@ void meta__peer_join_later(struct meta_node *n)
 		uv_timer_start(&n->join_timer, on_join_timer, JOIN_RETRY_MS, 0);
 }
 
-static void join_answer(void *ud, int status, const char *message, const ProtobufCMessage *resp)
+static void join_answer(void *ud, int status, const char *message,
+			const ProtobufCMessage *resp)
 {
 	struct meta_node *n = ud;
 	if (status != RPC_OK) {

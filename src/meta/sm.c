@@ -92,14 +92,15 @@ static int set_str(char **dst, const char *src)
 }
 
 /* Insert or update a member (kept sorted by ID). */
-static int member_put(struct meta__sm *sm, uint64_t id, const char *name,
-		      const char *peer_url, const char *client_url, bool learner)
+static int member_put(struct meta__sm *sm, uint64_t id, const char *name, const char *peer_url,
+		      const char *client_url, bool learner)
 {
 	struct meta__member *m = (struct meta__member *)meta__member_find(sm, id);
 	int rc;
 
 	if (!m) {
-		struct meta__member *v = realloc(sm->members, (sm->n_members + 1) * sizeof(*v));
+		struct meta__member *v = realloc(sm->members,
+						 (sm->n_members + 1) * sizeof(*v));
 		if (!v)
 			return -ENOMEM;
 		sm->members = v;
@@ -150,8 +151,8 @@ static int removed_add(struct meta__sm *sm, uint64_t id)
 	return 0;
 }
 
-Etcdserverpb__Member **meta__members_pb(const struct meta__sm *sm,
-					struct meta__arena *a, size_t *count)
+Etcdserverpb__Member **meta__members_pb(const struct meta__sm *sm, struct meta__arena *a,
+					size_t *count)
 {
 	size_t k = sm->n_members;
 	Etcdserverpb__Member **v = meta__alloc(a, (k ? k : 1) * sizeof(*v));
@@ -192,9 +193,11 @@ Etcdserverpb__Member **meta__members_pb(const struct meta__sm *sm,
  * message, or NULL with r->code set when out of memory.
  */
 static ProtobufCMessage *members_reply(struct meta__sm *sm, const struct meta__sm_in *in,
-				       struct meta__reply *r, const ProtobufCMessageDescriptor *d)
+				       struct meta__reply *r,
+				       const ProtobufCMessageDescriptor *d)
 {
-	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "members");
+	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(
+		d, "members");
 	ProtobufCMessage *p = meta__alloc(&r->arena, d->sizeof_message);
 	Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
 	size_t k = 0;
@@ -333,8 +336,8 @@ static int apply_alarm(struct meta__sm *sm, const struct meta__sm_in *in,
 			have |= sm->alarms[i].memberid == q->memberid &&
 				sm->alarms[i].alarm == q->alarm;
 		if (!have && q->alarm != ETCDSERVERPB__ALARM_TYPE__NONE) {
-			Etcdserverpb__AlarmMember *v =
-				realloc(sm->alarms, (sm->n_alarms + 1) * sizeof(*v));
+			Etcdserverpb__AlarmMember *v = realloc(sm->alarms, (sm->n_alarms + 1) *
+										   sizeof(*v));
 			if (!v)
 				return -ENOMEM;
 			sm->alarms = v;
@@ -537,15 +540,15 @@ static int apply_request(struct meta__sm *sm, const struct meta__sm_in *in,
 		const struct meta__member *m = meta__member_find(sm, at->id);
 		if (!m)
 			return 0; /* removed meanwhile */
-		rc = member_put(sm, at->id, at->name,
-				NULL, at->n_client_urls ? at->client_urls[0] : "",
-				m->learner);
+		rc = member_put(sm, at->id, at->name, NULL,
+				at->n_client_urls ? at->client_urls[0] : "", m->learner);
 		if (rc)
 			return rc;
 		fx->member_change = META_MEMBER_PUBLISHED;
 		fx->member_id = at->id;
 		if (r)
-			members_reply(sm, in, r, &etcdserverpb__member_update_response__descriptor);
+			members_reply(sm, in, r,
+				      &etcdserverpb__member_update_response__descriptor);
 		return 0;
 	}
 	case MOONCAKE__META__REQUEST__REQ_MEMBER_UPDATE: {
@@ -557,13 +560,15 @@ static int apply_request(struct meta__sm *sm, const struct meta__sm_in *in,
 			return 0;
 		}
 		if (u->n_peerurls) {
-			if ((rc = member_put(sm, u->id, NULL, u->peerurls[0], NULL, m->learner)))
+			if ((rc = member_put(sm, u->id, NULL, u->peerurls[0], NULL,
+					     m->learner)))
 				return rc;
 			fx->member_change = META_MEMBER_MOVED;
 			fx->member_id = u->id;
 		}
 		if (r)
-			members_reply(sm, in, r, &etcdserverpb__member_update_response__descriptor);
+			members_reply(sm, in, r,
+				      &etcdserverpb__member_update_response__descriptor);
 		return 0;
 	}
 	default:
@@ -628,9 +633,11 @@ static int apply_conf(struct meta__sm *sm, const struct meta__sm_in *in,
 				if (p->members[i]->id == cc.node_id)
 					p->member = p->members[i];
 		} else if (cc.type == RAFT_CC_PROMOTE) {
-			members_reply(sm, in, r, &etcdserverpb__member_promote_response__descriptor);
+			members_reply(sm, in, r,
+				      &etcdserverpb__member_promote_response__descriptor);
 		} else {
-			members_reply(sm, in, r, &etcdserverpb__member_remove_response__descriptor);
+			members_reply(sm, in, r,
+				      &etcdserverpb__member_remove_response__descriptor);
 		}
 	}
 	rc = 0;
@@ -769,8 +776,10 @@ int meta__sm_leader(struct meta__sm *sm, const struct meta__sm_in *in, enum meta
 			rc = 0;
 		}
 		if (rc == 0) {
-			Etcdserverpb__LeaseKeepAliveResponse *p = meta__alloc(&r->arena, sizeof(*p));
-			Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term, &r->arena);
+			Etcdserverpb__LeaseKeepAliveResponse *p = meta__alloc(&r->arena,
+									      sizeof(*p));
+			Etcdserverpb__ResponseHeader *h = meta__sm_header(sm, in->term,
+									  &r->arena);
 			if (p && h) {
 				etcdserverpb__lease_keep_alive_response__init(p);
 				p->header = h;

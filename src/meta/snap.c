@@ -73,8 +73,8 @@ static bool parse_hex16(const char *s, uint64_t *out)
 static bool parse_snap_name(const char *name, uint64_t *index, uint64_t *term)
 {
 	return strlen(name) >= SNAP_NAME_LEN && name[16] == '-' &&
-	       strncmp(name + 33, ".snap", 5) == 0 &&
-	       parse_hex16(name, index) && parse_hex16(name + 17, term);
+	       strncmp(name + 33, ".snap", 5) == 0 && parse_hex16(name, index) &&
+	       parse_hex16(name + 17, term);
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -133,8 +133,7 @@ static int snap_file_cmp(const void *a, const void *b)
 
 /* List the committed snapshots of dir, newest first; with clean_tmp,
  * remove temp files on the way. A missing dir is an empty list. */
-static int list_snaps(const char *dir, bool clean_tmp, struct snap_file **out,
-		      size_t *n_out)
+static int list_snaps(const char *dir, bool clean_tmp, struct snap_file **out, size_t *n_out)
 {
 	*out = NULL;
 	*n_out = 0;
@@ -143,8 +142,7 @@ static int list_snaps(const char *dir, bool clean_tmp, struct snap_file **out,
 		if (errno == ENOENT)
 			return 0;
 		int rc = -errno;
-		log_error("%s: cannot open snapshot directory: %s", dir,
-			  mc_strerror(rc));
+		log_error("%s: cannot open snapshot directory: %s", dir, mc_strerror(rc));
 		return rc;
 	}
 	struct snap_file *v = NULL;
@@ -159,8 +157,8 @@ static int list_snaps(const char *dir, bool clean_tmp, struct snap_file **out,
 		if (ends_with(de->d_name, ".tmp")) {
 			char path[PATH_MAX];
 			if (clean_tmp &&
-			    snprintf(path, sizeof(path), "%s/%s", dir,
-				     de->d_name) < (int)sizeof(path) &&
+			    snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) <
+				    (int)sizeof(path) &&
 			    unlink(path) == 0)
 				removed++;
 			continue;
@@ -185,7 +183,8 @@ static int list_snaps(const char *dir, bool clean_tmp, struct snap_file **out,
 	closedir(d);
 	if (removed)
 		log_info("%s: removed %u temp files of interrupted snapshot "
-			 "writes", dir, removed);
+			 "writes",
+			 dir, removed);
 	if (rc) {
 		free(v);
 		return rc;
@@ -211,8 +210,7 @@ int snap_purge(const char *dir, unsigned keep)
 		snprintf(path, sizeof(path), "%s/%s", dir, v[i].name);
 		if (unlink(path) != 0 && errno != ENOENT) {
 			rc = -errno;
-			log_warn("%s: cannot delete old snapshot: %s", path,
-				 mc_strerror(rc));
+			log_warn("%s: cannot delete old snapshot: %s", path, mc_strerror(rc));
 		} else {
 			log_debug("%s: deleted old snapshot", path);
 		}
@@ -266,8 +264,7 @@ static void writer_free(struct snap_writer *wr)
 	free(wr);
 }
 
-int snap_writer_open(const char *dir, const struct snap_meta *meta,
-		     struct snap_writer **out)
+int snap_writer_open(const char *dir, const struct snap_meta *meta, struct snap_writer **out)
 {
 	if (meta->index == 0 || meta->conf_len > SNAP_CONF_MAX_BYTES ||
 	    (meta->conf_len > 0 && !meta->conf)) {
@@ -281,8 +278,7 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 	if (!rc && !existed)
 		rc = fsync_parent(dir); /* make the new directory durable */
 	if (rc) {
-		log_error("%s: cannot create snapshot directory: %s", dir,
-			  mc_strerror(rc));
+		log_error("%s: cannot create snapshot directory: %s", dir, mc_strerror(rc));
 		return rc;
 	}
 	struct snap_writer *wr = calloc(1, sizeof(*wr));
@@ -294,8 +290,8 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 	wr->conf_len = (uint32_t)meta->conf_len;
 	wr->conf_crc = crc32c(0, meta->conf, meta->conf_len);
 	char name[SNAP_NAME_LEN + 1];
-	snprintf(name, sizeof(name), "%016" PRIx64 "-%016" PRIx64 ".snap",
-		 meta->index, meta->term);
+	snprintf(name, sizeof(name), "%016" PRIx64 "-%016" PRIx64 ".snap", meta->index,
+		 meta->term);
 	unsigned seq = atomic_fetch_add(&snap_tmp_counter, 1);
 	rc = -ENOMEM;
 	if (!(wr->dir = strdup(dir)) || !(wr->wbuf = malloc(SNAP_WBUF_BYTES)))
@@ -317,8 +313,7 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 	/* Header placeholder (written for real at commit), then conf. */
 	uint8_t hdr[SNAP_HDR_BYTES] = {0};
 	if ((rc = mc_write_all(wr->fd, hdr, sizeof(hdr))) ||
-	    (meta->conf_len &&
-	     (rc = mc_write_all(wr->fd, meta->conf, meta->conf_len)))) {
+	    (meta->conf_len && (rc = mc_write_all(wr->fd, meta->conf, meta->conf_len)))) {
 		log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 		goto out_unlink;
 	}
@@ -414,8 +409,7 @@ int snap_writer_write(struct snap_writer *wr, const void *data, size_t len)
 		while (len) {
 			size_t n = len < SNAP_SYNC_STEP_BYTES ? len : SNAP_SYNC_STEP_BYTES;
 			if ((rc = writer_put(wr, p, n))) {
-				log_error("%s: write failed: %s", wr->tmp,
-					  mc_strerror(rc));
+				log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 				wr->err = rc;
 				return rc;
 			}
@@ -476,16 +470,15 @@ int snap_writer_commit(struct snap_writer *wr, unsigned keep)
 	wr->fd = -1;
 	if (rename(wr->tmp, wr->path) != 0) {
 		rc = -errno;
-		log_error("%s: rename to %s failed: %s", wr->tmp, wr->path,
-			  mc_strerror(rc));
+		log_error("%s: rename to %s failed: %s", wr->tmp, wr->path, mc_strerror(rc));
 		goto out_unlink;
 	}
 	if ((rc = mc_fsync_dir(wr->dir))) {
 		log_error("%s: fsync failed: %s", wr->dir, mc_strerror(rc));
 		goto out_free;
 	}
-	log_info("%s: snapshot at index %" PRIu64 " term %" PRIu64
-		 " saved (%" PRIu64 " bytes)",
+	log_info("%s: snapshot at index %" PRIu64 " term %" PRIu64 " saved (%" PRIu64
+		 " bytes)",
 		 wr->path, wr->index, wr->term, wr->data_bytes);
 	(void)!snap_purge(wr->dir, keep); /* failures logged there */
 	goto out_free;
@@ -526,8 +519,7 @@ void snap_reader_close(struct snap_reader *r)
 	free(r);
 }
 
-int snap_reader_open(const char *path, struct snap_reader **out,
-		     struct snap_info *info)
+int snap_reader_open(const char *path, struct snap_reader **out, struct snap_info *info)
 {
 	struct snap_reader *r = calloc(1, sizeof(*r));
 	uint8_t *conf = NULL;
@@ -552,8 +544,7 @@ int snap_reader_open(const char *path, struct snap_reader **out,
 	uint8_t h[SNAP_HDR_BYTES];
 	rc = -EBADMSG;
 	why = "file shorter than a snapshot header";
-	if ((uint64_t)st.st_size < SNAP_HDR_BYTES ||
-	    mc_read_full(r->fd, h, sizeof(h)) != 0)
+	if ((uint64_t)st.st_size < SNAP_HDR_BYTES || mc_read_full(r->fd, h, sizeof(h)) != 0)
 		goto out_corrupt;
 	why = "not a snapshot (bad magic)";
 	if (memcmp(h, SNAP_MAGIC, 8) != 0)
@@ -620,8 +611,7 @@ int snap_reader_read(struct snap_reader *r, void *buf, size_t cap, size_t *n)
 	uint64_t left = r->data_bytes - r->done;
 	if (left == 0) {
 		if (r->crc != r->want_crc) {
-			log_error("%s: corrupt snapshot: data CRC mismatch",
-				  r->path);
+			log_error("%s: corrupt snapshot: data CRC mismatch", r->path);
 			return -EBADMSG;
 		}
 		return 0;
@@ -637,8 +627,7 @@ int snap_reader_read(struct snap_reader *r, void *buf, size_t cap, size_t *n)
 		return rc;
 	}
 	if (got == 0 && want > 0) {
-		log_error("%s: corrupt snapshot: file shrank while reading",
-			  r->path);
+		log_error("%s: corrupt snapshot: file shrank while reading", r->path);
 		return -EIO;
 	}
 	r->crc = crc32c(r->crc, buf, (size_t)got);
@@ -682,8 +671,7 @@ static void set_aside(const char *dir, const char *name)
 			 mc_strerror(-errno));
 }
 
-int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx,
-		     struct snap_info *out)
+int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx, struct snap_info *out)
 {
 	struct snap_file *v;
 	size_t n;
@@ -700,8 +688,7 @@ int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx,
 		rc = snap_verify(path, &info);
 		if (rc == -ENOMEM)
 			goto out;
-		if (rc == 0 &&
-		    (info.index != v[i].index || info.term != v[i].term)) {
+		if (rc == 0 && (info.index != v[i].index || info.term != v[i].term)) {
 			log_error("%s: corrupt snapshot: header says index "
 				  "%" PRIu64 " term %" PRIu64,
 				  path, info.index, info.term);
@@ -719,8 +706,9 @@ int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx,
 			log_error("%s: newest snapshot %s is corrupt and the "
 				  "WAL cannot continue from %s%s",
 				  dir, v[0].name, i < n ? "the older " : "",
-				  i < n ? v[i].name : "index 1 (no valid "
-						      "snapshot)");
+				  i < n ? v[i].name
+					: "index 1 (no valid "
+					  "snapshot)");
 		else if (i < n)
 			log_error("%s: the WAL cannot continue from snapshot "
 				  "%s (entries after it released)",

@@ -80,8 +80,7 @@ int snap_writer_open(const char *dir, const struct snap_meta *meta,
 		     struct snap_writer **out) MC_MUST_CHECK;
 /* Append data. Errors: negative errno of write (the writer then only
  * accepts abort); -ENOMEM. */
-int snap_writer_write(struct snap_writer *wr, const void *data,
-		      size_t len) MC_MUST_CHECK;
+int snap_writer_write(struct snap_writer *wr, const void *data, size_t len) MC_MUST_CHECK;
 /* Data bytes written so far (the offset the next chunk must have). */
 uint64_t snap_writer_bytes(const struct snap_writer *wr);
 /*
@@ -116,8 +115,7 @@ int snap_reader_open(const char *path, struct snap_reader **out,
  * returns -EBADMSG (logged) instead of the final 0. Errors: -EBADMSG;
  * -EIO the file shrank; negative errno of read.
  */
-int snap_reader_read(struct snap_reader *r, void *buf, size_t cap,
-		     size_t *n) MC_MUST_CHECK;
+int snap_reader_read(struct snap_reader *r, void *buf, size_t cap, size_t *n) MC_MUST_CHECK;
 void snap_reader_close(struct snap_reader *r);
 
 /* Read a whole snapshot, checking every CRC; fills *info (may be NULL).

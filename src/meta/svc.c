@@ -54,7 +54,8 @@ static void unary_done(struct meta__op *op, int status, const char *message,
 static void unary(struct rpc_call *call, const ProtobufCMessage *msg, enum meta__method m)
 {
 	struct meta_node *n = rpc_call_service_data(call);
-	struct meta__op *op = meta__op_new(n, m, msg, rpc_call_deadline_ms(call), unary_done, call);
+	struct meta__op *op = meta__op_new(n, m, msg, rpc_call_deadline_ms(call), unary_done,
+					   call);
 	if (!op) {
 		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "etcdserver: out of memory");
 		return;
@@ -72,10 +73,10 @@ static void unary_cancel(struct rpc_call *call)
 	rpc_call_finish(call, RPC_CANCELLED, NULL);
 }
 
-#define UNARY_HANDLER(fn, method)                                              \
-	static void fn(struct rpc_call *call, const ProtobufCMessage *msg)     \
-	{                                                                      \
-		unary(call, msg, method);                                      \
+#define UNARY_HANDLER(fn, method) \
+	static void fn(struct rpc_call *call, const ProtobufCMessage *msg) \
+	{ \
+		unary(call, msg, method); \
 	}
 
 UNARY_HANDLER(on_range, META_M_RANGE)
@@ -96,11 +97,11 @@ UNARY_HANDLER(on_status, META_M_STATUS)
 UNARY_HANDLER(on_alarm, META_M_ALARM)
 UNARY_HANDLER(on_move_leader, META_M_MOVE_LEADER)
 
-#define UNARY_METHOD(nm, fn, m)                                                \
-	{                                                                      \
+#define UNARY_METHOD(nm, fn, m) \
+	{ \
 		.name = nm, .kind = RPC_UNARY, .request = meta__methods[m].req, \
-		.response = meta__methods[m].resp, .on_message = fn,           \
-		.on_cancel = unary_cancel                                      \
+		.response = meta__methods[m].resp, .on_message = fn, \
+		.on_cancel = unary_cancel \
 	}
 
 /* ------------------------------------------------------------- LeaseKeepAlive */
@@ -200,7 +201,8 @@ static void ks_flush(struct meta__kstream *ks)
 		int rc = rpc_call_send(ks->call, &resp.base);
 		free(sl);
 		if (rc) {
-			ks_end(ks, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL, mc_strerror(rc));
+			ks_end(ks, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
+			       mc_strerror(rc));
 			return;
 		}
 	}

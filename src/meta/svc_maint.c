@@ -131,7 +131,8 @@ static int send_or_end(struct meta__mjob *j, const ProtobufCMessage *m)
 		mjob_finish(j, RPC_RESOURCE_EXHAUSTED,
 			    "etcdserver: response larger than the maximum message size");
 	else if (rc)
-		mjob_finish(j, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL, mc_strerror(rc));
+		mjob_finish(j, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
+			    mc_strerror(rc));
 	return rc;
 }
 
@@ -314,7 +315,8 @@ void meta__maint_close_calls(struct meta_node *n)
 		struct meta__mjob *next = j->next;
 		if (j->call) {
 			rpc_call_set_data(j->call, NULL);
-			rpc_call_finish(j->call, RPC_UNAVAILABLE, "etcdserver: server stopped");
+			rpc_call_finish(j->call, RPC_UNAVAILABLE,
+					"etcdserver: server stopped");
 			j->call = NULL;
 		}
 		if (!j->working)

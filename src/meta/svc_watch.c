@@ -97,7 +97,8 @@ static bool send_resp(struct meta__wstream *s, Etcdserverpb__WatchResponse *r)
 	if (rc == MC_ETOO_LARGE)
 		return true; /* the caller cancels the watcher */
 	if (rc) {
-		stream_end(s, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL, mc_strerror(rc));
+		stream_end(s, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
+			   mc_strerror(rc));
 		return false;
 	}
 	if (!s->blocked && rpc_call_pending_bytes(s->call) >= RPC_DRAIN_BYTES) {
@@ -119,8 +120,8 @@ static Etcdserverpb__ResponseHeader *hdr(struct meta__wstream *s, struct meta__a
 }
 
 /* A create that failed, or a watcher cancelled by the server. */
-static bool send_cancel(struct meta__wstream *s, int64_t sid, bool created, int64_t compact_rev,
-			const char *reason)
+static bool send_cancel(struct meta__wstream *s, int64_t sid, bool created,
+			int64_t compact_rev, const char *reason)
 {
 	struct meta__arena a = {0};
 	Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
@@ -194,7 +195,8 @@ static void deliver(struct meta_node *n, int64_t rid)
 		send_cancel(s, sid, false, 0,
 			    "mooncaked: watch response larger than --rpc-max-message-size");
 	} else if (rc) {
-		stream_end(s, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL, mc_strerror(rc));
+		stream_end(s, rc == -ECANCELED ? RPC_CANCELLED : RPC_INTERNAL,
+			   mc_strerror(rc));
 	} else if (!s->blocked && rpc_call_pending_bytes(s->call) >= RPC_DRAIN_BYTES) {
 		s->blocked = true;
 		for (size_t i = 0; i < s->nws; i++)
@@ -264,7 +266,8 @@ static void on_create(struct meta__wstream *s, const Etcdserverpb__WatchCreateRe
 	for (size_t i = 0; i < c->n_filters; i++) {
 		if (c->filters[i] == ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NOPUT)
 			o.filter_noput = true;
-		else if (c->filters[i] == ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NODELETE)
+		else if (c->filters[i] ==
+			 ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NODELETE)
 			o.filter_nodelete = true;
 	}
 	if (s->nws == s->cap) {
@@ -385,7 +388,8 @@ static void w_start(struct rpc_call *call)
 
 	if (!n->running || n->stopping) {
 		rpc_call_finish(call, RPC_UNAVAILABLE,
-				n->stopping ? "etcdserver: server stopped" : "etcdserver: not capable");
+				n->stopping ? "etcdserver: server stopped"
+					    : "etcdserver: not capable");
 		return;
 	}
 	s = calloc(1, sizeof(*s));

@@ -46,8 +46,7 @@
 #define WAL_SEGMENT_MIN_BYTES (64u << 10)
 #define WAL_SEGMENT_MAX_BYTES (1ull << 30)
 /* A segment file larger than this is not read (corruption). */
-#define WAL_SEGMENT_READ_MAX                                                   \
-	(WAL_SEGMENT_MAX_BYTES + 2ull * WAL_RECORD_MAX_BYTES)
+#define WAL_SEGMENT_READ_MAX (WAL_SEGMENT_MAX_BYTES + 2ull * WAL_RECORD_MAX_BYTES)
 #define WAL_NAME_LEN 37 /* 16 + 1 + 16 + 4 */
 
 /* ------------------------------------------------------------ the WAL */
@@ -93,8 +92,8 @@ static void seg_name(char *buf, size_t len, uint64_t seq, uint64_t first)
 	snprintf(buf, len, "%016" PRIx64 "-%016" PRIx64 ".wal", seq, first);
 }
 
-static int seg_path(const struct wal *w, char *buf, size_t len, uint64_t seq,
-		    uint64_t first, const char *suffix)
+static int seg_path(const struct wal *w, char *buf, size_t len, uint64_t seq, uint64_t first,
+		    const char *suffix)
 {
 	char name[64];
 	seg_name(name, sizeof(name), seq, first);
@@ -161,8 +160,7 @@ static int list_segments(struct wal *w)
 	DIR *d = opendir(w->dir);
 	if (!d) {
 		int err = -errno;
-		log_error("%s: cannot open WAL directory: %s", w->dir,
-			  mc_strerror(err));
+		log_error("%s: cannot open WAL directory: %s", w->dir, mc_strerror(err));
 		return err;
 	}
 	int rc = 0;
@@ -170,14 +168,13 @@ static int list_segments(struct wal *w)
 	while ((de = readdir(d))) {
 		uint64_t seq, first;
 		size_t n = strlen(de->d_name);
-		if (n == WAL_NAME_LEN + 4 &&
-		    strcmp(de->d_name + WAL_NAME_LEN, ".tmp") == 0) {
+		if (n == WAL_NAME_LEN + 4 && strcmp(de->d_name + WAL_NAME_LEN, ".tmp") == 0) {
 			char path[PATH_MAX];
-			snprintf(path, sizeof(path), "%s/%s", w->dir,
-				 de->d_name);
+			snprintf(path, sizeof(path), "%s/%s", w->dir, de->d_name);
 			if (unlink(path) == 0)
 				log_info("%s: removed a segment left by an "
-					 "interrupted roll", path);
+					 "interrupted roll",
+					 path);
 			continue;
 		}
 		if (!parse_seg_name(de->d_name, &seq, &first))
@@ -239,7 +236,8 @@ static int wal_fail(struct wal *w, int rc, const char *what)
 			     w->segs[w->nsegs - 1].first_index, "") != 0)
 			snprintf(path, sizeof(path), "%s", w->dir);
 		log_error("%s: %s failed: %s; the WAL is closed to writes, "
-			  "restart to recover", path, what, mc_strerror(rc));
+			  "restart to recover",
+			  path, what, mc_strerror(rc));
 		w->fatal = rc;
 	}
 	return rc;
@@ -277,16 +275,15 @@ static int sync_pending(struct wal *w)
 }
 
 /* Encode a record into buf at segment offset off; returns its CRC. */
-static int encode_into(struct mc_buf *b, uint32_t seed, unsigned type,
-		       const void *p1, size_t n1, const void *p2, size_t n2,
-		       uint64_t group_off, uint32_t *crc)
+static int encode_into(struct mc_buf *b, uint32_t seed, unsigned type, const void *p1,
+		       size_t n1, const void *p2, size_t n2, uint64_t group_off, uint32_t *crc)
 {
 	size_t frame = wal__frame_bytes(n1 + n2);
 	int rc = mc_buf_reserve(b, frame);
 	if (rc)
 		return rc;
-	*crc = wal__encode_frame((uint8_t *)b->data + b->len, seed, type, p1,
-				 n1, p2, n2, group_off);
+	*crc = wal__encode_frame((uint8_t *)b->data + b->len, seed, type, p1, n1, p2, n2,
+				 group_off);
 	b->len += frame;
 	return 0;
 }
@@ -310,9 +307,8 @@ static void snap_payload(uint8_t p[16], struct wal_snap_ref s)
  * temp file, fsync, rename, fsync the directory. On success *fd_out is the
  * open segment and *len_out / *crc_out its length and last CRC.
  */
-static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
-			  uint32_t prev_crc, int *fd_out, uint64_t *len_out,
-			  uint32_t *crc_out, size_t *nrec_out)
+static int create_segment(struct wal *w, uint64_t seq, uint64_t first, uint32_t prev_crc,
+			  int *fd_out, uint64_t *len_out, uint32_t *crc_out, size_t *nrec_out)
 {
 	char tmp[PATH_MAX], path[PATH_MAX];
 	struct mc_buf b = MC_BUF_INIT;
@@ -333,16 +329,16 @@ static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
 	if (memcmp(&w->view.hs, &zero_hs, sizeof(zero_hs)) != 0) {
 		uint8_t p[24];
 		hs_payload(p, &w->view.hs);
-		if ((rc = encode_into(&b, seed, WAL__REC_HARD_STATE, p, 24,
-				      NULL, 0, WAL__SEG_HDR_BYTES, &crc)))
+		if ((rc = encode_into(&b, seed, WAL__REC_HARD_STATE, p, 24, NULL, 0,
+				      WAL__SEG_HDR_BYTES, &crc)))
 			goto out_buf;
 		nrec++;
 	}
 	if (w->view.snap.index > 0) {
 		uint8_t p[16];
 		snap_payload(p, w->view.snap);
-		if ((rc = encode_into(&b, seed, WAL__REC_SNAPSHOT, p, 16, NULL,
-				      0, WAL__SEG_HDR_BYTES, &crc)))
+		if ((rc = encode_into(&b, seed, WAL__REC_SNAPSHOT, p, 16, NULL, 0,
+				      WAL__SEG_HDR_BYTES, &crc)))
 			goto out_buf;
 		nrec++;
 	}
@@ -351,8 +347,7 @@ static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
 	fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		rc = -errno;
-		log_error("%s: cannot create segment: %s", tmp,
-			  mc_strerror(rc));
+		log_error("%s: cannot create segment: %s", tmp, mc_strerror(rc));
 		goto out_buf;
 	}
 	if ((rc = mc_pwrite_all(fd, b.data, b.len, 0))) {
@@ -374,8 +369,7 @@ static int create_segment(struct wal *w, uint64_t seq, uint64_t first,
 	}
 	if (rename(tmp, path) != 0) {
 		rc = -errno;
-		log_error("%s: rename to %s failed: %s", tmp, path,
-			  mc_strerror(rc));
+		log_error("%s: rename to %s failed: %s", tmp, path, mc_strerror(rc));
 		goto out_unlink;
 	}
 	if ((rc = mc_fsync_dir(w->dir))) {
@@ -414,8 +408,7 @@ static int roll_segment(struct wal *w)
 	uint32_t crc;
 	size_t nrec;
 	if ((rc = segs_reserve(w)) ||
-	    (rc = create_segment(w, seq, first, w->last_crc, &fd, &len, &crc,
-				 &nrec)))
+	    (rc = create_segment(w, seq, first, w->last_crc, &fd, &len, &crc, &nrec)))
 		return wal_fail(w, rc, "segment roll");
 	w->segs[w->nsegs++] = (struct wal_seg){seq, first};
 	close(w->fd);
@@ -431,20 +424,19 @@ static int roll_segment(struct wal *w)
 
 /* Append one record to the pending buffer, rolling or flushing first when
  * needed. Any error is fatal. */
-static int append_record(struct wal *w, unsigned type, const void *p1,
-			 size_t n1, const void *p2, size_t n2)
+static int append_record(struct wal *w, unsigned type, const void *p1, size_t n1,
+			 const void *p2, size_t n2)
 {
 	size_t frame = wal__frame_bytes(n1 + n2);
 	int rc;
-	if (w->seg_body > 0 &&
-	    w->seg_off + w->pend.len + frame > w->segment_bytes &&
+	if (w->seg_body > 0 && w->seg_off + w->pend.len + frame > w->segment_bytes &&
 	    (rc = roll_segment(w)))
 		return rc;
 	if (w->pend.len > 0 && w->pend.len + frame > w->buffer_bytes &&
 	    (rc = flush_pending(w)))
 		return rc;
-	if ((rc = encode_into(&w->pend, w->seed, type, p1, n1, p2, n2,
-			      w->group_off, &w->last_crc)))
+	if ((rc = encode_into(&w->pend, w->seed, type, p1, n1, p2, n2, w->group_off,
+			      &w->last_crc)))
 		return wal_fail(w, rc, "buffering a record");
 	w->seg_body++;
 	return 0;
@@ -459,16 +451,13 @@ static void metrics_setup(struct wal *w, struct metrics_registry *reg)
 		"Duration of WAL segment fdatasync/fsync calls.", NULL, NULL,
 		metrics_latency_buckets, metrics_latency_nbuckets);
 	w->m_fsyncs = metrics_counter(reg, "mooncake_wal_fsyncs_total",
-				      "WAL segment fdatasync/fsync calls.",
-				      NULL, NULL);
+				      "WAL segment fdatasync/fsync calls.", NULL, NULL);
 	w->m_bytes = metrics_counter(reg, "mooncake_wal_bytes_written_total",
-				     "Bytes written to WAL segments.", NULL,
-				     NULL);
+				     "Bytes written to WAL segments.", NULL, NULL);
 }
 
 /* Read a whole segment file into *buf (grown as needed). */
-static int read_segment(const char *path, int fd, uint8_t **buf, size_t *cap,
-			size_t *len)
+static int read_segment(const char *path, int fd, uint8_t **buf, size_t *cap, size_t *len)
 {
 	struct stat st;
 	if (fstat(fd, &st) != 0) {
@@ -478,7 +467,8 @@ static int read_segment(const char *path, int fd, uint8_t **buf, size_t *cap,
 	}
 	if ((uint64_t)st.st_size > WAL_SEGMENT_READ_MAX) {
 		log_error("%s: segment of %" PRIu64 " bytes is larger than any "
-			  "the WAL writes", path, (uint64_t)st.st_size);
+			  "the WAL writes",
+			  path, (uint64_t)st.st_size);
 		return -EBADMSG;
 	}
 	size_t n = (size_t)st.st_size;
@@ -499,9 +489,8 @@ static int read_segment(const char *path, int fd, uint8_t **buf, size_t *cap,
 }
 
 /* Cut the torn tail of the open segment at end and make it durable. */
-static int repair_tail(struct wal *w, int fd, const char *path,
-		       const uint8_t *buf, size_t len, size_t end,
-		       const char *why)
+static int repair_tail(struct wal *w, int fd, const char *path, const uint8_t *buf, size_t len,
+		       size_t end, const char *why)
 {
 	size_t nz = len;
 	while (nz > end && buf[nz - 1] == 0)
@@ -520,15 +509,13 @@ static int repair_tail(struct wal *w, int fd, const char *path,
 
 /* Check segment k's header against its name, the WAL id and the chain.
  * Returns NULL or why not. */
-static const char *check_seg_header(struct wal *w, size_t k,
-				    const uint8_t *buf, size_t len,
+static const char *check_seg_header(struct wal *w, size_t k, const uint8_t *buf, size_t len,
 				    uint32_t chain, struct wal__seg_hdr *h)
 {
 	const char *why = NULL;
 	if (wal__seg_hdr_decode(buf, len, h, &why) != 0)
 		return why;
-	if (h->seq != w->segs[k].seq ||
-	    h->first_index != w->segs[k].first_index)
+	if (h->seq != w->segs[k].seq || h->first_index != w->segs[k].first_index)
 		return "segment header does not match the file name";
 	if (k == 0)
 		w->wal_id = h->wal_id;
@@ -554,8 +541,8 @@ static int recover(struct wal *w, struct wal_recovery *rec)
 		if (w->segs[k].seq != w->segs[k - 1].seq + 1) {
 			log_error("%s: segment %016" PRIx64 " is missing (have "
 				  "%016" PRIx64 " and %016" PRIx64 ")",
-				  w->dir, w->segs[k - 1].seq + 1,
-				  w->segs[k - 1].seq, w->segs[k].seq);
+				  w->dir, w->segs[k - 1].seq + 1, w->segs[k - 1].seq,
+				  w->segs[k].seq);
 			return -EBADMSG;
 		}
 	}
@@ -565,8 +552,7 @@ static int recover(struct wal *w, struct wal_recovery *rec)
 	for (size_t k = 0; k < w->nsegs; k++) {
 		bool last = k + 1 == w->nsegs;
 		const struct wal_seg *sg = &w->segs[k];
-		if ((rc = seg_path(w, path, sizeof(path), sg->seq,
-				   sg->first_index, "")))
+		if ((rc = seg_path(w, path, sizeof(path), sg->seq, sg->first_index, "")))
 			goto out;
 		fd = open(path, (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
 		if (fd < 0) {
@@ -589,8 +575,7 @@ static int recover(struct wal *w, struct wal_recovery *rec)
 				      .last_crc = h.prev_crc};
 		rc = wal__scan_segment(buf, len, &s, v);
 		if (rc == -EBADMSG) {
-			log_error("%s: corrupt at offset %zu: %s", path,
-				  s.bad_off, s.why);
+			log_error("%s: corrupt at offset %zu: %s", path, s.bad_off, s.why);
 			goto out;
 		}
 		if (rc)
@@ -610,8 +595,7 @@ static int recover(struct wal *w, struct wal_recovery *rec)
 		/* Make the previous run's writes durable before appending
 		 * after them (they may still be only in the page cache). */
 		if ((rc = do_fdatasync(w, fd))) {
-			log_error("%s: fdatasync failed: %s", path,
-				  mc_strerror(rc));
+			log_error("%s: fdatasync failed: %s", path, mc_strerror(rc));
 			goto out;
 		}
 		w->fd = fd;
@@ -640,11 +624,9 @@ static int recover(struct wal *w, struct wal_recovery *rec)
 		rec->ents = NULL;
 	}
 	log_info("%s: recovered %zu segments, entries %" PRIu64 "..%" PRIu64
-		 ", snapshot marker %" PRIu64 ", term %" PRIu64
-		 ", commit %" PRIu64,
-		 w->dir, w->nsegs, rec->first_index,
-		 rec->first_index + rec->n_ents - 1, rec->snap.index,
-		 rec->hs.term, rec->hs.commit);
+		 ", snapshot marker %" PRIu64 ", term %" PRIu64 ", commit %" PRIu64,
+		 w->dir, w->nsegs, rec->first_index, rec->first_index + rec->n_ents - 1,
+		 rec->snap.index, rec->hs.term, rec->hs.commit);
 out:
 	if (fd >= 0)
 		close(fd);
@@ -690,10 +672,8 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 	memset(rec, 0, sizeof(*rec));
 	uint64_t seg_bytes = opts->segment_bytes ? opts->segment_bytes
 						 : WAL_SEGMENT_DEFAULT_BYTES;
-	if (seg_bytes < WAL_SEGMENT_MIN_BYTES ||
-	    seg_bytes > WAL_SEGMENT_MAX_BYTES) {
-		log_error("%s: segment size %" PRIu64 " out of range", dir,
-			  seg_bytes);
+	if (seg_bytes < WAL_SEGMENT_MIN_BYTES || seg_bytes > WAL_SEGMENT_MAX_BYTES) {
+		log_error("%s: segment size %" PRIu64 " out of range", dir, seg_bytes);
 		return -EINVAL;
 	}
 
@@ -703,8 +683,7 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 	w->fd = -1;
 	w->lock_fd = -1;
 	w->segment_bytes = seg_bytes;
-	w->buffer_bytes = opts->buffer_bytes ? opts->buffer_bytes
-					     : WAL_BUFFER_DEFAULT_BYTES;
+	w->buffer_bytes = opts->buffer_bytes ? opts->buffer_bytes : WAL_BUFFER_DEFAULT_BYTES;
 	w->prealloc = !opts->no_prealloc;
 	metrics_setup(w, opts->metrics);
 	if (!(w->dir = strdup(dir))) {
@@ -712,19 +691,16 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 		goto out_free;
 	}
 	if (opts->create && (rc = mc_mkdir_p(dir, 0700))) {
-		log_error("%s: cannot create WAL directory: %s", dir,
-			  mc_strerror(rc));
+		log_error("%s: cannot create WAL directory: %s", dir, mc_strerror(rc));
 		goto out_free;
 	}
 	if ((rc = mc_lock_dir(dir, &w->lock_fd, &holder))) {
 		if (rc == MC_ELOCKED)
-			log_error("%s: WAL is in use by process %d", dir,
-				  holder);
+			log_error("%s: WAL is in use by process %d", dir, holder);
 		else if (rc == -ENOENT && !opts->create)
 			log_error("%s: no WAL here", dir);
 		else
-			log_error("%s: cannot lock WAL directory: %s", dir,
-				  mc_strerror(rc));
+			log_error("%s: cannot lock WAL directory: %s", dir, mc_strerror(rc));
 		goto out_free;
 	}
 	if ((rc = list_segments(w)))
@@ -743,8 +719,7 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 		uint32_t crc;
 		size_t nrec;
 		if ((rc = segs_push(w, 1, 1)) ||
-		    (rc = create_segment(w, 1, 1, 0, &w->fd, &len, &crc,
-					 &nrec)))
+		    (rc = create_segment(w, 1, 1, 0, &w->fd, &len, &crc, &nrec)))
 			goto out_view;
 		w->seed = wal__seed(w->wal_id, 1);
 		w->seg_off = len;
@@ -755,7 +730,8 @@ int wal_open(const char *dir, const struct wal_options *opts, struct wal **out,
 		/* The directory itself may be new: make its entry durable. */
 		if ((rc = fsync_parent(dir))) {
 			log_error("%s: fsync of the parent directory failed: "
-				  "%s", dir, mc_strerror(rc));
+				  "%s",
+				  dir, mc_strerror(rc));
 			goto out_view;
 		}
 		log_info("%s: created a new WAL", dir);
@@ -792,8 +768,7 @@ void wal_recovery_close(struct wal_recovery *rec)
 	rec->n_ents = 0;
 }
 
-int wal_recovery_check_start(const struct wal_recovery *rec, uint64_t index,
-			     uint64_t term)
+int wal_recovery_check_start(const struct wal_recovery *rec, uint64_t index, uint64_t term)
 {
 	uint64_t first = rec->first_index;
 	uint64_t last = first + rec->n_ents - 1; /* first - 1 when none */
@@ -810,13 +785,11 @@ int wal_recovery_check_start(const struct wal_recovery *rec, uint64_t index,
 	return -EBADMSG;
 }
 
-int wal_start_at(struct wal *w, struct wal_recovery *rec, uint64_t index,
-		 uint64_t term)
+int wal_start_at(struct wal *w, struct wal_recovery *rec, uint64_t index, uint64_t term)
 {
 	int rc = wal_recovery_check_start(rec, index, term);
 	if (rc) {
-		log_error("%s: cannot start from snapshot %" PRIu64
-			  " (term %" PRIu64 "): %s",
+		log_error("%s: cannot start from snapshot %" PRIu64 " (term %" PRIu64 "): %s",
 			  w->dir, index, term,
 			  rc == -ENOENT ? "the entries after it are not in the "
 					  "WAL (released or replaced)"
@@ -826,8 +799,7 @@ int wal_start_at(struct wal *w, struct wal_recovery *rec, uint64_t index,
 	}
 	uint64_t first = rec->first_index;
 	size_t drop;
-	if (rec->n_ents > 0 && index >= first &&
-	    index < first + rec->n_ents &&
+	if (rec->n_ents > 0 && index >= first && index < first + rec->n_ents &&
 	    rec->ents[index - first].term == term)
 		drop = (size_t)(index - first + 1);
 	else if (index + 1 == first)
@@ -851,8 +823,8 @@ int wal_start_at(struct wal *w, struct wal_recovery *rec, uint64_t index,
 	return 0;
 }
 
-int wal_save(struct wal *w, const struct wal_hard_state *hs,
-	     const struct wal_entry *ents, size_t n, bool sync)
+int wal_save(struct wal *w, const struct wal_hard_state *hs, const struct wal_entry *ents,
+	     size_t n, bool sync)
 {
 	if (w->fatal)
 		return w->fatal;
@@ -869,7 +841,8 @@ int wal_save(struct wal *w, const struct wal_hard_state *hs,
 	for (size_t k = 0; k < n; k++) {
 		if (ents[k].len > 0 && !ents[k].data) {
 			log_error("%s: entry %" PRIu64 " has length %zu and no "
-				  "data", w->dir, ents[k].index, ents[k].len);
+				  "data",
+				  w->dir, ents[k].index, ents[k].len);
 			return -EINVAL;
 		}
 		if (ents[k].len > WAL_RECORD_MAX_BYTES - WAL__ENTRY_HDR_BYTES) {
@@ -884,8 +857,7 @@ int wal_save(struct wal *w, const struct wal_hard_state *hs,
 	if (n > 0) {
 		/* Room for the terms first: applying cannot fail later. */
 		uint64_t x = ents[0].index;
-		size_t slot =
-			x < w->view.first ? 0 : (size_t)(x - w->view.first);
+		size_t slot = x < w->view.first ? 0 : (size_t)(x - w->view.first);
 		if ((rc = wal__view_reserve(&w->view, slot + n)))
 			return rc;
 	}
@@ -894,8 +866,8 @@ int wal_save(struct wal *w, const struct wal_hard_state *hs,
 		mc_put_le64(h, ents[k].index);
 		mc_put_le64(h + 8, ents[k].term);
 		mc_put_le32(h + 16, ents[k].type);
-		if ((rc = append_record(w, WAL__REC_ENTRY, h, sizeof(h),
-					ents[k].data, ents[k].len)))
+		if ((rc = append_record(w, WAL__REC_ENTRY, h, sizeof(h), ents[k].data,
+					ents[k].len)))
 			return rc;
 		struct wal_entry e = ents[k];
 		e.len = 0; /* the save view keeps no data */
@@ -919,8 +891,8 @@ int wal_save_snapshot(struct wal *w, struct wal_snap_ref snap, bool sync)
 		return w->fatal;
 	const char *why = wal__view_check_snap(&w->view, snap);
 	if (why) {
-		log_error("%s: snapshot marker %" PRIu64 " refused: %s", w->dir,
-			  snap.index, why);
+		log_error("%s: snapshot marker %" PRIu64 " refused: %s", w->dir, snap.index,
+			  why);
 		return -EINVAL;
 	}
 	if (snap.index != w->view.snap.index) {
@@ -969,33 +941,40 @@ int wal_release_to(struct wal *w, uint64_t index)
 			break;
 		if (unlink(path) != 0) {
 			rc = -errno;
-			log_error("%s: cannot delete released segment: %s",
-				  path, mc_strerror(rc));
+			log_error("%s: cannot delete released segment: %s", path,
+				  mc_strerror(rc));
 			break;
 		}
 	}
 	if (done > 0) {
-		memmove(w->segs, w->segs + done,
-			(w->nsegs - done) * sizeof(*w->segs));
+		memmove(w->segs, w->segs + done, (w->nsegs - done) * sizeof(*w->segs));
 		w->nsegs -= done;
 		w->stats.segments = w->nsegs;
 		int frc = mc_fsync_dir(w->dir);
 		if (frc && !rc) {
-			log_error("%s: fsync failed: %s", w->dir,
-				  mc_strerror(frc));
+			log_error("%s: fsync failed: %s", w->dir, mc_strerror(frc));
 			rc = frc;
 		}
-		log_debug("%s: released %zu segments up to index %" PRIu64,
-			  w->dir, done, index);
+		log_debug("%s: released %zu segments up to index %" PRIu64, w->dir, done,
+			  index);
 	}
 	return rc;
 }
 
-uint64_t wal_last_index(const struct wal *w) { return w->view.last; }
+uint64_t wal_last_index(const struct wal *w)
+{
+	return w->view.last;
+}
 
-struct wal_hard_state wal_hard_state(const struct wal *w) { return w->view.hs; }
+struct wal_hard_state wal_hard_state(const struct wal *w)
+{
+	return w->view.hs;
+}
 
-struct wal_snap_ref wal_snapshot(const struct wal *w) { return w->view.snap; }
+struct wal_snap_ref wal_snapshot(const struct wal *w)
+{
+	return w->view.snap;
+}
 
 void wal_get_stats(const struct wal *w, struct wal_stats *out)
 {

@@ -117,7 +117,7 @@ struct wal_recovery {
 				     wal_start_at() exactly those after the
 				     chosen snapshot */
 	size_t n_ents;
-	bool tail_truncated;      /* a torn tail was cut (and logged) */
+	bool tail_truncated; /* a torn tail was cut (and logged) */
 	/* private */
 	uint64_t first_index; /* index ents[0] has (or would have) */
 	struct wal__arena *arena;
@@ -187,13 +187,12 @@ void wal_recovery_close(struct wal_recovery *rec);
  * write/fdatasync/segment creation, -ENOMEM, or the WAL's earlier fatal
  * error.
  */
-int wal_save(struct wal *w, const struct wal_hard_state *hs,
-	     const struct wal_entry *ents, size_t n, bool sync) MC_MUST_CHECK;
+int wal_save(struct wal *w, const struct wal_hard_state *hs, const struct wal_entry *ents,
+	     size_t n, bool sync) MC_MUST_CHECK;
 
 /* Save a snapshot marker (after the snapshot file is committed). Errors:
  * -EINVAL index older than the newest marker; fatal ones as wal_save. */
-int wal_save_snapshot(struct wal *w, struct wal_snap_ref snap,
-		      bool sync) MC_MUST_CHECK;
+int wal_save_snapshot(struct wal *w, struct wal_snap_ref snap, bool sync) MC_MUST_CHECK;
 
 /* Write and fdatasync everything pending (no-op if nothing is). Errors:
  * fatal ones as wal_save. */

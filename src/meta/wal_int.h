@@ -32,8 +32,7 @@ struct wal__seg_hdr {
 	uint32_t prev_crc;
 };
 
-void wal__seg_hdr_encode(uint8_t out[WAL__SEG_HDR_BYTES],
-			 const struct wal__seg_hdr *h);
+void wal__seg_hdr_encode(uint8_t out[WAL__SEG_HDR_BYTES], const struct wal__seg_hdr *h);
 /* Errors: -EBADMSG with *why set. */
 int wal__seg_hdr_decode(const uint8_t *buf, size_t len, struct wal__seg_hdr *h,
 			const char **why) MC_MUST_CHECK;
@@ -48,9 +47,8 @@ size_t wal__frame_bytes(size_t payload_len);
  * offset of the first record of the write group this record belongs to.
  * Returns the record's CRC.
  */
-uint32_t wal__encode_frame(uint8_t *out, uint32_t seed, unsigned type,
-			   const void *p1, size_t n1, const void *p2, size_t n2,
-			   uint64_t group_off);
+uint32_t wal__encode_frame(uint8_t *out, uint32_t seed, unsigned type, const void *p1,
+			   size_t n1, const void *p2, size_t n2, uint64_t group_off);
 
 /* Owner of recovered entry data: a list of blocks freed together. */
 struct wal__arena;
@@ -70,8 +68,8 @@ struct wal__view {
 	uint64_t *terms;
 	struct wal_entry *ents; /* recovery mode only */
 	size_t cap;
-	bool keep_data;  /* recovery: keep entries (data in arena) */
-	bool compact;    /* save path: drop terms below the marker */
+	bool keep_data; /* recovery: keep entries (data in arena) */
+	bool compact;   /* save path: drop terms below the marker */
 	struct wal__arena *arena;
 };
 
@@ -81,15 +79,12 @@ void wal__view_init(struct wal__view *v, uint64_t first_index, bool keep_data);
 void wal__view_free(struct wal__view *v);
 /* Check (no change) an entry batch / a marker / a hard state: NULL when it
  * follows the rules, else why not. */
-const char *wal__view_check_entries(const struct wal__view *v,
-				    const struct wal_entry *ents, size_t n);
-const char *wal__view_check_snap(const struct wal__view *v,
-				 struct wal_snap_ref s);
-const char *wal__view_check_hs(const struct wal__view *v,
-			       const struct wal_hard_state *hs);
+const char *wal__view_check_entries(const struct wal__view *v, const struct wal_entry *ents,
+				    size_t n);
+const char *wal__view_check_snap(const struct wal__view *v, struct wal_snap_ref s);
+const char *wal__view_check_hs(const struct wal__view *v, const struct wal_hard_state *hs);
 /* Apply a checked entry / marker. Errors: -ENOMEM (view unchanged). */
-int wal__view_apply_entry(struct wal__view *v,
-			  const struct wal_entry *e) MC_MUST_CHECK;
+int wal__view_apply_entry(struct wal__view *v, const struct wal_entry *e) MC_MUST_CHECK;
 void wal__view_apply_snap(struct wal__view *v, struct wal_snap_ref s);
 /* Indexes held (last + 1 - first). */
 size_t wal__view_count(const struct wal__view *v);

@@ -170,8 +170,7 @@ static int range_cmp(const void *key, const struct avl_node *n)
 }
 
 /* end a vs b, an unbounded end being the largest */
-static int end_cmp(bool ainf, const char *a, size_t an, bool binf, const char *b,
-		   size_t bn)
+static int end_cmp(bool ainf, const char *a, size_t an, bool binf, const char *b, size_t bn)
 {
 	if (ainf || binf)
 		return ainf - binf;
@@ -276,8 +275,8 @@ static void buf_truncate(struct watch_registry *r, struct watch__w *w, size_t fr
 }
 
 /* Add e (revision rev) to w's buffer; false when it does not fit. */
-static bool buf_push(struct watch_registry *r, struct watch__w *w,
-		     struct watch__ev *e, int64_t rev)
+static bool buf_push(struct watch_registry *r, struct watch__w *w, struct watch__ev *e,
+		     int64_t rev)
 {
 	if (w->stage_rev != rev) {
 		w->stage_rev = rev;
@@ -561,8 +560,7 @@ static void finish_moving(struct watch_registry *r)
 static void desync_all(struct watch_registry *r, int64_t from)
 {
 	struct avl_iter it;
-	for (struct avl_node *n = avl_seek(&it, &r->by_id, NULL); n;
-	     n = avl_next(&it)) {
+	for (struct avl_node *n = avl_seek(&it, &r->by_id, NULL); n; n = avl_next(&it)) {
 		struct watch__w *w = W_OF(n, by_id);
 		if (w->state != W_SYNCED)
 			continue;
@@ -595,7 +593,8 @@ void watch_notify(struct watch_registry *r, const struct mvcc_store *s)
 		struct wbytes b = {ev.kv.key, ev.kv.key_len};
 		struct avl_node *n = avl_find(&r->keys, &b);
 		if (n) {
-			struct watch__bucket *bk = MC_CONTAINER_OF(n, struct watch__bucket, node);
+			struct watch__bucket *bk = MC_CONTAINER_OF(n, struct watch__bucket,
+								   node);
 			for (struct watch__link *l = bk->ws.head; l; l = l->next)
 				route_one(&rt, W_OF(l, blink));
 		}
@@ -609,8 +608,8 @@ void watch_notify(struct watch_registry *r, const struct mvcc_store *s)
 /* ------------------------------------------------------------- catch-up */
 
 /* Returns false when w stays unsynced; consumes *budget. */
-static bool catch_up(struct watch_registry *r, const struct mvcc_store *s,
-		     struct watch__w *w, size_t *budget)
+static bool catch_up(struct watch_registry *r, const struct mvcc_store *s, struct watch__w *w,
+		     size_t *budget)
 {
 	uint64_t pos, end = mvcc_hist_end(s);
 	if (w->next_rev < mvcc_compact_rev(s) || mvcc_hist_seek(s, w->next_rev, &pos)) {
@@ -662,8 +661,7 @@ static bool catch_up(struct watch_registry *r, const struct mvcc_store *s,
 	return true;
 }
 
-size_t watch_sync(struct watch_registry *r, const struct mvcc_store *s,
-		  size_t max_entries)
+size_t watch_sync(struct watch_registry *r, const struct mvcc_store *s, size_t max_entries)
 {
 	size_t budget = max_entries;
 	size_t n = r->unsynced.n;
@@ -765,14 +763,12 @@ void watch_delivery_free(struct watch_delivery *d)
 
 /* ------------------------------------------------------------- progress */
 
-int watch_progress(struct watch_registry *r, int64_t **ids_out, size_t *n_out,
-		   int64_t *rev)
+int watch_progress(struct watch_registry *r, int64_t **ids_out, size_t *n_out, int64_t *rev)
 {
 	size_t n = 0, cap = 0;
 	int64_t *ids = NULL;
 	struct avl_iter it;
-	for (struct avl_node *x = avl_seek(&it, &r->by_id, NULL); x;
-	     x = avl_next(&it)) {
+	for (struct avl_node *x = avl_seek(&it, &r->by_id, NULL); x; x = avl_next(&it)) {
 		struct watch__w *w = W_OF(x, by_id);
 		if (!w->progress_notify)
 			continue;

@@ -69,14 +69,14 @@ struct watch_delivery {
 	/* public */
 	int64_t watch_id;
 	uint64_t tag;
-	int64_t revision; /* header revision: every event of the watch up to
+	int64_t revision;                 /* header revision: every event of the watch up to
 	                     it has now been handed out */
 	const struct mvcc_event **events; /* in revision order; prev_kv only
 	                                     when the watcher asked for it */
 	size_t nevents;
 	int64_t compact_revision; /* non-zero: the start revision (or the
 	                             history needed) is compacted */
-	bool canceled; /* the watcher is gone (compaction) */
+	bool canceled;            /* the watcher is gone (compaction) */
 	/* private */
 	struct watch__ev **refs;
 };
@@ -112,8 +112,7 @@ void watch_notify(struct watch_registry *r, const struct mvcc_store *s);
  * about max_entries revision-log entries in all (whole revisions). Returns
  * how many watchers are still unsynced.
  */
-size_t watch_sync(struct watch_registry *r, const struct mvcc_store *s,
-		  size_t max_entries);
+size_t watch_sync(struct watch_registry *r, const struct mvcc_store *s, size_t max_entries);
 
 /*
  * Keep a watcher off (paused) or back on the ready FIFO: the service
@@ -132,8 +131,7 @@ bool watch_next_ready(const struct watch_registry *r, int64_t *id_out);
  * longer exists). An empty delivery when there is nothing.
  * Errors: MVCC_EWATCH_NOT_FOUND, -ENOMEM (nothing taken).
  */
-int watch_take(struct watch_registry *r, int64_t id,
-	       struct watch_delivery *out) MC_MUST_CHECK;
+int watch_take(struct watch_registry *r, int64_t id, struct watch_delivery *out) MC_MUST_CHECK;
 void watch_delivery_free(struct watch_delivery *d);
 
 /*

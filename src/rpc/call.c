@@ -79,8 +79,8 @@ int rpc__mstats_init(struct rpc__mstats *st, struct metrics_registry *reg, const
 			"Time long polls (calls held until something happens) were "
 			"held, from request headers to the final status; kept out of "
 			"mooncake_rpc_server_call_duration_seconds.",
-			"server,method", (const char *[]){server, st->path},
-			long_poll_buckets, MC_ARRAY_LEN(long_poll_buckets));
+			"server,method", (const char *[]){server, st->path}, long_poll_buckets,
+			MC_ARRAY_LEN(long_poll_buckets));
 	else
 		st->duration = metrics_histogram(
 			reg, "mooncake_rpc_server_call_duration_seconds",
@@ -98,8 +98,8 @@ static void call_record(struct rpc_call *call, int code)
 	call->counted = true;
 	struct rpc__mstats *st = call->stats ? call->stats : &s->calls.unknown;
 	rpc__count_status(st->calls, s->calls.reg, "mooncake_rpc_server_calls_total",
-			  "gRPC calls handled, by final status.", rpc__server_name(s), st->path,
-			  code);
+			  "gRPC calls handled, by final status.", rpc__server_name(s),
+			  st->path, code);
 	metric_observe(st->duration, (double)(uv_hrtime() - call->start_ns) / 1e9);
 }
 
@@ -254,8 +254,8 @@ void rpc__call_abort(struct rpc_call *call, int status, const char *message)
 	if (call->done)
 		return;
 	log_debug("%s: call %s from %s ended: %s: %s", rpc__server_name(call->s),
-		  call->stats ? call->stats->path : "?", call->peer,
-		  rpc_status_name(status), message);
+		  call->stats ? call->stats->path : "?", call->peer, rpc_status_name(status),
+		  message);
 	call_set_done(call, status, message, true);
 	call->tp->on_done(call, true);
 	if (call->handler_ref && call->m->on_cancel) {
@@ -266,12 +266,11 @@ void rpc__call_abort(struct rpc_call *call, int status, const char *message)
 }
 
 /* Answer at dispatch, before any handler saw the call. */
-static void call_reject(struct rpc_call *call, const char *http_status,
-			int status, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+static void call_reject(struct rpc_call *call, const char *http_status, int status,
+			const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-static void call_reject(struct rpc_call *call, const char *http_status,
-			int status, const char *fmt, ...)
+static void call_reject(struct rpc_call *call, const char *http_status, int status,
+			const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -441,7 +440,8 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	}
 	struct rpc__arena ar;
 	struct rpc__arena *a = single ? &call->req_arena : &ar;
-	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->calls.bufs, a);
+	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->calls.bufs,
+					    a);
 	if (!msg) {
 		call_abort_unparsed(call, a->too_deep);
 		return -EBADMSG;
@@ -544,8 +544,9 @@ void rpc__call_unary(struct rpc_call *call, uint64_t timeout_ms, const uint8_t *
 	}
 	if (len > cs->max_recv) {
 		char msg[128];
-		snprintf(msg, sizeof(msg), "grpc: received message larger than max (%zu vs. %zu)",
-			 len, cs->max_recv);
+		snprintf(msg, sizeof(msg),
+			 "grpc: received message larger than max (%zu vs. %zu)", len,
+			 cs->max_recv);
 		rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 		return;
 	}

@@ -178,8 +178,7 @@ static void connect_failed(struct rpc_client *c, struct cconn *cc, int err)
 		c->cur = NULL;
 	rpc__conn_close(&cc->base);
 	c->last_error = err;
-	snprintf(msg, sizeof(msg), "connect to %s failed: %s", c->authority,
-		 uv_strerror(err));
+	snprintf(msg, sizeof(msg), "connect to %s failed: %s", c->authority, uv_strerror(err));
 	enter_backoff(c);
 	fail_pending(c, RPC_UNAVAILABLE, msg);
 }
@@ -350,8 +349,8 @@ static void on_backoff_timer(uv_timer_t *t)
 static bool route_local(struct rpc_client *c, struct rpc_stream *st)
 {
 	struct rpc_server *s = rpc__server_local(c->loop, (const struct sockaddr *)&c->addr);
-	if (!s || rpc__server_inproc_start(s, rpc__stream_path(st), st->req_msg, st->timeout_ms,
-					   st, &st->rt.icall) != 0)
+	if (!s || rpc__server_inproc_start(s, rpc__stream_path(st), st->req_msg,
+					   st->timeout_ms, st, &st->rt.icall) != 0)
 		return false;
 	rpc__stream_ref(st); /* the server's */
 	push(&c->inproc, st, RPC__W_INPROC);
@@ -405,8 +404,8 @@ bool rpc__client_retry(struct rpc_stream *st)
 
 /* ---------------------------------------------------------------- the client */
 
-int rpc_client_new(uv_loop_t *loop, const char *target,
-		   const struct rpc_client_opts *opts, struct rpc_client **out)
+int rpc_client_new(uv_loop_t *loop, const char *target, const struct rpc_client_opts *opts,
+		   struct rpc_client **out)
 {
 	if (!target)
 		return -EINVAL;
@@ -431,7 +430,8 @@ int rpc_client_new(uv_loop_t *loop, const char *target,
 	mc_format_addr((struct sockaddr *)&c->addr, c->authority, sizeof(c->authority));
 	snprintf(c->label, sizeof(c->label), "client %s", c->authority);
 	c->connect_ms = opts && opts->connect_timeout_ms ? opts->connect_timeout_ms : 5000;
-	c->backoff_initial_ms = opts && opts->backoff_initial_ms ? opts->backoff_initial_ms : 100;
+	c->backoff_initial_ms = opts && opts->backoff_initial_ms ? opts->backoff_initial_ms
+								 : 100;
 	c->backoff_max_ms = opts && opts->backoff_max_ms ? opts->backoff_max_ms : 10000;
 	if (c->backoff_max_ms < c->backoff_initial_ms)
 		c->backoff_max_ms = c->backoff_initial_ms;

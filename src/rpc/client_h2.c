@@ -114,9 +114,9 @@ static struct cconn *to_cconn(void *user_data)
 	return MC_CONTAINER_OF((struct rpc__conn *)user_data, struct cconn, base);
 }
 
-static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
-		     const uint8_t *name, size_t nlen, const uint8_t *value,
-		     size_t vlen, uint8_t flags, void *user_data)
+static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
+		     size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags,
+		     void *user_data)
 {
 	struct cconn *cc = to_cconn(user_data);
 	if (cc->base.closing || frame->hd.type != NGHTTP2_HEADERS)
@@ -127,8 +127,7 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
 	return 0;
 }
 
-static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
-			 void *user_data)
+static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
 	struct cconn *cc = to_cconn(user_data);
 	struct rpc_stream *st;
@@ -141,7 +140,8 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 		if (!st || !rpc__stream_live(st))
 			return 0;
 		if (frame->headers.cat == NGHTTP2_HCAT_RESPONSE)
-			rpc__stream_response_headers(st, frame->hd.flags & NGHTTP2_FLAG_END_STREAM);
+			rpc__stream_response_headers(st, frame->hd.flags &
+								 NGHTTP2_FLAG_END_STREAM);
 		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
 			rpc__stream_trailers(st);
 		break;
@@ -178,8 +178,8 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t stream_id,
 	return 0;
 }
 
-static int on_stream_close(nghttp2_session *ng, int32_t stream_id,
-			   uint32_t error_code, void *user_data)
+static int on_stream_close(nghttp2_session *ng, int32_t stream_id, uint32_t error_code,
+			   void *user_data)
 {
 	struct cconn *cc = to_cconn(user_data);
 	if (cc->base.closing)
@@ -196,8 +196,9 @@ static int on_stream_close(nghttp2_session *ng, int32_t stream_id,
 		 * limit) means the server did not process it. */
 		char msg[256];
 		int status = rpc__stream_status_on_close(st, error_code, msg, sizeof(msg));
-		retry_or_finish(st, error_code == NGHTTP2_REFUSED_STREAM && rpc__stream_may_retry(st),
-				status, msg);
+		retry_or_finish(
+			st, error_code == NGHTTP2_REFUSED_STREAM && rpc__stream_may_retry(st),
+			status, msg);
 	}
 	rpc__stream_unref(st);
 	return 0;
@@ -225,13 +226,11 @@ static int on_frame_not_send(nghttp2_session *ng, const nghttp2_frame *frame,
 	return 0;
 }
 
-static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame,
-			 void *user_data)
+static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
-	if (frame->hd.type == NGHTTP2_HEADERS &&
-	    frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
-		struct rpc_stream *st =
-			nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+	if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+		struct rpc_stream *st = nghttp2_session_get_stream_user_data(
+			ng, frame->hd.stream_id);
 		if (st)
 			st->h2.opened = true;
 	}

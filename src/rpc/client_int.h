@@ -82,7 +82,7 @@ struct rpc__sh2 {
 struct rpc_stream {
 	struct rpc_client *c;
 	unsigned refs;
-	bool user;        /* final callback not yet delivered */
+	bool user; /* final callback not yet delivered */
 	bool unary;
 	bool send_closed;
 	bool headers_recv;

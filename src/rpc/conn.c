@@ -97,8 +97,7 @@ static struct rpc__wreq *wreq_current(struct rpc__conn *c)
 	return w;
 }
 
-static int wreq_seg(struct rpc__wreq *w, const uint8_t *ptr, size_t off,
-		    size_t len)
+static int wreq_seg(struct rpc__wreq *w, const uint8_t *ptr, size_t off, size_t len)
 {
 	if (w->nsegs) {
 		struct rpc__wseg *last = &w->segs[w->nsegs - 1];
@@ -136,8 +135,7 @@ static int wreq_copy(struct rpc__wreq *w, const uint8_t *data, size_t len)
 	return 0;
 }
 
-static int wreq_ref(struct rpc__wreq *w, struct rpc__omsg *m,
-		    const uint8_t *ptr, size_t len)
+static int wreq_ref(struct rpc__wreq *w, struct rpc__omsg *m, const uint8_t *ptr, size_t len)
 {
 	if (w->nrefs == 0 || w->refs[w->nrefs - 1] != m) {
 		if (w->nrefs == w->refcap) {
@@ -167,8 +165,8 @@ static bool batch_room(struct rpc__conn *c, size_t n)
 
 /* ---------------------------------------------------------------- nghttp2 send side */
 
-static ssize_t on_send(nghttp2_session *ng, const uint8_t *data, size_t length,
-		       int flags, void *user_data)
+static ssize_t on_send(nghttp2_session *ng, const uint8_t *data, size_t length, int flags,
+		       void *user_data)
 {
 	struct rpc__conn *c = user_data;
 	if (!batch_room(c, length)) {
@@ -183,8 +181,8 @@ static ssize_t on_send(nghttp2_session *ng, const uint8_t *data, size_t length,
 
 static void drain_check(struct rpc__conn *c, struct rpc__outq *q)
 {
-	if (q->want_drain && q->bytes < RPC_DRAIN_BYTES && !q->in_drain &&
-	    q->ops && q->ops->on_drain) {
+	if (q->want_drain && q->bytes < RPC_DRAIN_BYTES && !q->in_drain && q->ops &&
+	    q->ops->on_drain) {
 		q->want_drain = false;
 		q->in_drain = true;
 		q->drain_next = c->drain_head;
@@ -192,9 +190,8 @@ static void drain_check(struct rpc__conn *c, struct rpc__outq *q)
 	}
 }
 
-static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame,
-			const uint8_t *framehd, size_t length,
-			nghttp2_data_source *source, void *user_data)
+static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
+			size_t length, nghttp2_data_source *source, void *user_data)
 {
 	struct rpc__conn *c = user_data;
 	struct rpc__outq *q = source->ptr;
@@ -232,10 +229,9 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame,
 	return 0;
 }
 
-static ssize_t on_read_length(nghttp2_session *ng, uint8_t frame_type,
-			      int32_t stream_id, int32_t session_window,
-			      int32_t stream_window, uint32_t remote_max_frame,
-			      void *user_data)
+static ssize_t on_read_length(nghttp2_session *ng, uint8_t frame_type, int32_t stream_id,
+			      int32_t session_window, int32_t stream_window,
+			      uint32_t remote_max_frame, void *user_data)
 {
 	ssize_t n = RPC__MAX_FRAME_BYTES;
 	if ((ssize_t)remote_max_frame < n)
@@ -247,12 +243,12 @@ static ssize_t on_read_length(nghttp2_session *ng, uint8_t frame_type,
 	return n > 0 ? n : 1;
 }
 
-static int on_error(nghttp2_session *ng, int lib_error_code, const char *msg,
-		    size_t len, void *user_data)
+static int on_error(nghttp2_session *ng, int lib_error_code, const char *msg, size_t len,
+		    void *user_data)
 {
 	struct rpc__conn *c = user_data;
-	log_warn("%s: protocol error from %s: %.*s (%s)", c->label, c->peer,
-		 (int)len, msg, nghttp2_strerror(lib_error_code));
+	log_warn("%s: protocol error from %s: %.*s (%s)", c->label, c->peer, (int)len, msg,
+		 nghttp2_strerror(lib_error_code));
 	if (c->ops->on_proto_error)
 		c->ops->on_proto_error(c);
 	return 0;
@@ -383,16 +379,16 @@ void rpc__conn_flush(struct rpc__conn *c)
 			if (c->closing)
 				break;
 			if (rv != 0) {
-				log_warn("%s: connection %s: send failed: %s",
-					 c->label, c->peer, nghttp2_strerror(rv));
+				log_warn("%s: connection %s: send failed: %s", c->label,
+					 c->peer, nghttp2_strerror(rv));
 				c->in_flush = false;
 				rpc__conn_close(c);
 				return;
 			}
 			int rc = submit_batch(c);
 			if (rc < 0) {
-				log_info("%s: write to %s failed: %s", c->label,
-					 c->peer, uv_strerror(rc));
+				log_info("%s: write to %s failed: %s", c->label, c->peer,
+					 uv_strerror(rc));
 				c->in_flush = false;
 				rpc__conn_close(c);
 				return;
@@ -424,8 +420,7 @@ void rpc__conn_want_flush(struct rpc__conn *c)
 	uv_prepare_start(&c->prep, on_prepare);
 }
 
-void rpc__conn_resume(struct rpc__conn *c, int32_t stream_id,
-		      struct rpc__outq *q)
+void rpc__conn_resume(struct rpc__conn *c, int32_t stream_id, struct rpc__outq *q)
 {
 	if (q->deferred && c->ng && !c->closing) {
 		q->deferred = false;
@@ -476,8 +471,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	if (c->closing)
 		return;
 	if (rv < 0) {
-		log_warn("%s: connection from %s: %s, closing", c->label,
-			 c->peer, nghttp2_strerror((int)rv));
+		log_warn("%s: connection from %s: %s, closing", c->label, c->peer,
+			 nghttp2_strerror((int)rv));
 		if (c->ops->on_proto_error)
 			c->ops->on_proto_error(c);
 		/* Send what is queued (a GOAWAY, if nghttp2 made one). */
@@ -489,9 +484,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 /* ---------------------------------------------------------------- lifecycle */
 
-int rpc__conn_init(struct rpc__conn *c, uv_loop_t *loop,
-		   const struct rpc__conn_ops *ops, const char *label,
-		   uint8_t *rbuf)
+int rpc__conn_init(struct rpc__conn *c, uv_loop_t *loop, const struct rpc__conn_ops *ops,
+		   const char *label, uint8_t *rbuf)
 {
 	int rc;
 
@@ -510,10 +504,8 @@ int rpc__conn_init(struct rpc__conn *c, uv_loop_t *loop,
 	return 0;
 }
 
-int rpc__conn_start(struct rpc__conn *c, bool server,
-		    const nghttp2_session_callbacks *cbs,
-		    const nghttp2_option *opt, const nghttp2_settings_entry *iv,
-		    size_t niv)
+int rpc__conn_start(struct rpc__conn *c, bool server, const nghttp2_session_callbacks *cbs,
+		    const nghttp2_option *opt, const nghttp2_settings_entry *iv, size_t niv)
 {
 	int rv;
 
@@ -523,8 +515,8 @@ int rpc__conn_start(struct rpc__conn *c, bool server,
 		return -ENOMEM;
 	rv = nghttp2_submit_settings(c->ng, NGHTTP2_FLAG_NONE, iv, niv);
 	if (rv == 0)
-		rv = nghttp2_session_set_local_window_size(c->ng, NGHTTP2_FLAG_NONE,
-							   0, RPC__CONN_WINDOW_BYTES);
+		rv = nghttp2_session_set_local_window_size(c->ng, NGHTTP2_FLAG_NONE, 0,
+							   RPC__CONN_WINDOW_BYTES);
 	if (rv != 0)
 		return -ENOMEM;
 	uv_tcp_nodelay(&c->tcp, 1);

@@ -86,8 +86,7 @@ bool rpc_deframer_idle(const struct rpc_deframer *d)
 }
 
 int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
-		      int (*on_msg)(void *ud, const uint8_t *body, size_t len),
-		      void *ud)
+		      int (*on_msg)(void *ud, const uint8_t *body, size_t len), void *ud)
 {
 	int rc;
 

@@ -43,8 +43,8 @@ struct rpc_deframer {
 	size_t max_message_bytes;
 	uint8_t hdr[5];
 	size_t hdr_len;
-	uint8_t *msg;    /* current message body (owned) */
-	size_t msg_len;  /* expected body length */
+	uint8_t *msg;   /* current message body (owned) */
+	size_t msg_len; /* expected body length */
 	size_t msg_got;
 	bool compressed;
 	/* Optional source of body buffers (NULL: malloc/free), so a caller

@@ -209,8 +209,7 @@ static void entry_set(struct hentry *e, enum rpc_health_status status)
 	}
 }
 
-int rpc_health_set(struct rpc_health *h, const char *service,
-		   enum rpc_health_status status)
+int rpc_health_set(struct rpc_health *h, const char *service, enum rpc_health_status status)
 {
 	if (!service || status < RPC_HEALTH_UNKNOWN || status > RPC_HEALTH_SERVICE_UNKNOWN)
 		return -EINVAL;
@@ -218,7 +217,7 @@ int rpc_health_set(struct rpc_health *h, const char *service,
 	if (!e)
 		return -ENOMEM;
 	entry_set(e, h->shutdown && status == RPC_HEALTH_SERVING ? RPC_HEALTH_NOT_SERVING
-								  : status);
+								 : status);
 	return 0;
 }
 

@@ -142,8 +142,7 @@ static void on_inproc_idle(uv_idle_t *h)
 }
 
 int rpc__server_inproc_start(struct rpc_server *s, const char *path, struct rpc__omsg *req,
-			     uint64_t timeout_ms, struct rpc_stream *st,
-			     struct rpc_call **out)
+			     uint64_t timeout_ms, struct rpc_stream *st, struct rpc_call **out)
 {
 	struct rpc__inproc *ip = &s->ip;
 	if (rpc__server_shutting_down(s) || !ip->ready)

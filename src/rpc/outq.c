@@ -89,8 +89,7 @@ static void df_release(void *ctx, void *p, size_t len)
 	rpc__buf_put(ctx, base, cap);
 }
 
-void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes,
-			 struct rpc__bufcache *bc)
+void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc)
 {
 	rpc_deframer_init(d, max_bytes);
 	if (bc) {
@@ -165,8 +164,8 @@ static bool read_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v)
 	return false;
 }
 
-bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
-		     size_t len, unsigned max)
+bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+		     unsigned max)
 {
 	struct nest_seen seen = {.n = 0};
 	if (!nest_cycle(&seen, desc))
@@ -206,8 +205,8 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 				return true;
 			const ProtobufCFieldDescriptor *f =
 				tag >> 3 <= UINT32_MAX
-					? protobuf_c_message_descriptor_get_field(stk[depth].d,
-										  (unsigned)(tag >> 3))
+					? protobuf_c_message_descriptor_get_field(
+						  stk[depth].d, (unsigned)(tag >> 3))
 					: NULL;
 			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
 				if (depth == max)
@@ -228,9 +227,8 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 	}
 }
 
-ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc,
-			      const uint8_t *data, size_t len,
-			      struct rpc__bufcache *bc, struct rpc__arena *ar)
+ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+			      size_t len, struct rpc__bufcache *bc, struct rpc__arena *ar)
 {
 	memset(ar, 0, sizeof(*ar));
 	if (!rpc__nesting_ok(desc, data, len, RPC__MAX_NESTING)) {
@@ -271,8 +269,8 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
 
 /* ---------------------------------------------------------------- messages */
 
-int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes,
-		   struct rpc__bufcache *bc, struct rpc__omsg **out)
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
+		   struct rpc__omsg **out)
 {
 	size_t body = protobuf_c_message_get_packed_size(msg);
 	size_t cap;
@@ -370,9 +368,8 @@ void rpc__outq_drop_unsent(struct rpc__outq *q)
 	q->bytes = q->reserved;
 }
 
-ssize_t rpc__outq_read_cb(nghttp2_session *ng, int32_t stream_id,
-			  uint8_t *buf, size_t length, uint32_t *data_flags,
-			  nghttp2_data_source *source, void *user_data)
+ssize_t rpc__outq_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf, size_t length,
+			  uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
 {
 	struct rpc__outq *q = source->ptr;
 
@@ -488,8 +485,7 @@ void rpc__dlheap_free(struct rpc__dlheap *h)
 	h->n = h->cap = 0;
 }
 
-void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer,
-		     uv_timer_cb cb)
+void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb)
 {
 	struct rpc__dl *top = rpc__dlheap_top(h);
 	if (!top) {
@@ -567,7 +563,7 @@ void rpc__count_status(struct metric *calls[RPC__NCODES], struct metrics_registr
 						       (const char *[]){server, method,
 									rpc_status_name(code)})
 				     : metrics_counter(reg, name, help, "method,code",
-						       (const char *[]){method,
-									rpc_status_name(code)});
+						       (const char *[]){
+							       method, rpc_status_name(code)});
 	metric_inc(calls[code]);
 }

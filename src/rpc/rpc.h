@@ -86,11 +86,11 @@ struct rpc_method {
 #define RPC_DRAIN_BYTES ((size_t)1 << 20)
 
 struct rpc_server_opts {
-	const char *name;          /* label in logs and metrics ("meta-client") */
-	size_t max_message_bytes;  /* 0: 4 MiB */
-	uint32_t max_concurrent_streams; /* 0: 1024 */
-	uint64_t handshake_timeout_ms;   /* preface must arrive in this; 0: 10s */
-	uint64_t idle_timeout_ms;        /* close idle connections; 0: never */
+	const char *name;                 /* label in logs and metrics ("meta-client") */
+	size_t max_message_bytes;         /* 0: 4 MiB */
+	uint32_t max_concurrent_streams;  /* 0: 1024 */
+	uint64_t handshake_timeout_ms;    /* preface must arrive in this; 0: 10s */
+	uint64_t idle_timeout_ms;         /* close idle connections; 0: never */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
 };
 
@@ -129,8 +129,7 @@ int rpc_server_port(const struct rpc_server *s, unsigned i);
  * no-op.
  */
 void rpc_server_shutdown(struct rpc_server *s, uint64_t drain_timeout_ms,
-			 void (*on_done)(struct rpc_server *s, void *ud),
-			 void *ud);
+			 void (*on_done)(struct rpc_server *s, void *ud), void *ud);
 
 /* Free a server whose shutdown completed (or that never listened). */
 void rpc_server_free(struct rpc_server *s);
@@ -201,10 +200,10 @@ struct rpc_client;
 struct rpc_stream;
 
 struct rpc_client_opts {
-	size_t max_message_bytes;    /* 0: 4 MiB */
-	uint64_t connect_timeout_ms; /* 0: 5s */
-	uint64_t backoff_initial_ms; /* reconnect backoff; 0: 100ms */
-	uint64_t backoff_max_ms;     /* 0: 10s */
+	size_t max_message_bytes;         /* 0: 4 MiB */
+	uint64_t connect_timeout_ms;      /* 0: 5s */
+	uint64_t backoff_initial_ms;      /* reconnect backoff; 0: 100ms */
+	uint64_t backoff_max_ms;          /* 0: 10s */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
 	/* Unary calls to a server of this process listening at the target
 	 * on the same loop go to it directly, without a connection (same
@@ -221,8 +220,7 @@ struct rpc_client_opts {
  * UNAVAILABLE), and moves to a new connection after the server's GOAWAY
  * while old calls finish on the old one. Errors: -EINVAL (target), -ENOMEM.
  */
-int rpc_client_new(uv_loop_t *loop, const char *target,
-		   const struct rpc_client_opts *opts,
+int rpc_client_new(uv_loop_t *loop, const char *target, const struct rpc_client_opts *opts,
 		   struct rpc_client **out) MC_MUST_CHECK;
 
 /* Cancel every outstanding call (their callbacks run with CANCELLED,
@@ -243,19 +241,15 @@ typedef void (*rpc_unary_cb)(void *ud, int status, const char *message,
  * for rpc_stream_cancel. Errors: -EINVAL (bad path, or the client is
  * being freed), MC_ETOO_LARGE (req above max_message_bytes), -ENOMEM.
  */
-int rpc_client_unary(struct rpc_client *c, const char *path,
-		     const ProtobufCMessage *req,
-		     const ProtobufCMessageDescriptor *resp_desc,
-		     uint64_t timeout_ms, rpc_unary_cb cb, void *ud,
-		     struct rpc_stream **out) MC_MUST_CHECK;
+int rpc_client_unary(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+		     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+		     rpc_unary_cb cb, void *ud, struct rpc_stream **out) MC_MUST_CHECK;
 
 struct rpc_stream_cbs {
 	/* A response message (borrowed). */
-	void (*on_message)(struct rpc_stream *st, void *ud,
-			   const ProtobufCMessage *msg);
+	void (*on_message)(struct rpc_stream *st, void *ud, const ProtobufCMessage *msg);
 	/* The call ended; the stream is freed after this returns. */
-	void (*on_close)(struct rpc_stream *st, void *ud, int status,
-			 const char *message);
+	void (*on_close)(struct rpc_stream *st, void *ud, int status, const char *message);
 	/* Optional: rpc_stream_pending_bytes fell below RPC_DRAIN_BYTES
 	 * after a send had brought it to it or above. */
 	void (*on_drain)(struct rpc_stream *st, void *ud);
@@ -267,9 +261,9 @@ struct rpc_stream_cbs {
  * -ENOMEM.
  */
 int rpc_client_stream(struct rpc_client *c, const char *path,
-		      const ProtobufCMessageDescriptor *resp_desc,
-		      uint64_t timeout_ms, const struct rpc_stream_cbs *cbs,
-		      void *ud, struct rpc_stream **out) MC_MUST_CHECK;
+		      const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+		      const struct rpc_stream_cbs *cbs, void *ud,
+		      struct rpc_stream **out) MC_MUST_CHECK;
 /* Errors: -ECANCELED (closed), -EPIPE (already half-closed),
  * MC_ETOO_LARGE, -ENOMEM. */
 int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg) MC_MUST_CHECK;
@@ -285,10 +279,8 @@ size_t rpc_stream_pending_bytes(const struct rpc_stream *st);
  * loop. On RPC_OK *resp is set (free with protobuf_c_message_free_unpacked).
  * Returns the gRPC status; errmsg gets the status message.
  */
-int rpc_client_unary_sync(struct rpc_client *c, const char *path,
-			  const ProtobufCMessage *req,
-			  const ProtobufCMessageDescriptor *resp_desc,
-			  uint64_t timeout_ms, ProtobufCMessage **resp,
-			  char *errmsg, size_t errlen);
+int rpc_client_unary_sync(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+			  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+			  ProtobufCMessage **resp, char *errmsg, size_t errlen);
 
 #endif

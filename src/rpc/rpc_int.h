@@ -52,12 +52,16 @@ struct metric;
 
 /* An nghttp2 header of two literals, and of a literal name and a value
  * of vlen bytes that nghttp2 copies. */
-#define RPC__NV(n, v)                                                          \
-	{(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1,          \
-	 NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE}
-#define RPC__NVS(n, v, vlen)                                                   \
-	{(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen),                 \
-	 NGHTTP2_NV_FLAG_NO_COPY_NAME}
+#define RPC__NV(n, v) \
+	{ \
+		(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1, \
+			NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE \
+	}
+#define RPC__NVS(n, v, vlen) \
+	{ \
+		(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen), \
+			NGHTTP2_NV_FLAG_NO_COPY_NAME \
+	}
 
 /* ---------------------------------------------------------------- deadlines */
 
@@ -78,8 +82,7 @@ void rpc__dlheap_del(struct rpc__dlheap *h, struct rpc__dl *d);
 struct rpc__dl *rpc__dlheap_top(const struct rpc__dlheap *h);
 void rpc__dlheap_free(struct rpc__dlheap *h);
 /* (Re)arm timer for the earliest deadline, or stop it. */
-void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer,
-		     uv_timer_cb cb);
+void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb);
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -107,8 +110,7 @@ void *rpc__buf_get(struct rpc__bufcache *bc, size_t len, size_t *cap);
 void rpc__buf_put(struct rpc__bufcache *bc, void *p, size_t cap);
 void rpc__bufcache_free(struct rpc__bufcache *bc);
 /* Make d take its body buffers from bc. */
-void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes,
-			 struct rpc__bufcache *bc);
+void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
 
 /* protobuf-c unpacking of a large message into one recycled arena
  * buffer (bytes fields included); small messages use malloc. */
@@ -130,15 +132,14 @@ struct rpc__arena {
 /* Whether data, a message of type desc, nests at most max levels deep.
  * Only the nesting is checked: a malformed message passes (protobuf-c
  * refuses it). Types whose schema cannot nest without bound pass at once. */
-bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
-		     size_t len, unsigned max);
+bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+		     unsigned max);
 
 /* Unpack data (NULL on a parse error or past RPC__MAX_NESTING). bc NULL:
  * plain malloc, and the result may be freed with
  * protobuf_c_message_free_unpacked(m, NULL). */
-ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc,
-			      const uint8_t *data, size_t len,
-			      struct rpc__bufcache *bc, struct rpc__arena *ar);
+ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+			      size_t len, struct rpc__bufcache *bc, struct rpc__arena *ar);
 void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
 
 /* ---------------------------------------------------------------- messages */
@@ -146,7 +147,7 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
 struct rpc__omsg {
 	struct rpc__omsg *next;
 	unsigned refs;
-	size_t len; /* bytes in data: 5-byte prefix + body */
+	size_t len;               /* bytes in data: 5-byte prefix + body */
 	struct rpc__bufcache *bc; /* where the buffer goes back */
 	size_t cap;               /* bytes allocated, header included */
 	uint8_t data[];
@@ -155,8 +156,8 @@ struct rpc__omsg {
 /* Serialize msg with its prefix into a new buffer (refs = 1), from bc
  * (may be NULL). The cache must outlive the message. Errors:
  * MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
-int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes,
-		   struct rpc__bufcache *bc, struct rpc__omsg **out) MC_MUST_CHECK;
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
+		   struct rpc__omsg **out) MC_MUST_CHECK;
 void rpc__omsg_unref(struct rpc__omsg *m);
 
 struct rpc__outq;
@@ -164,8 +165,8 @@ struct rpc__outq;
 struct rpc__outq_ops {
 	/* The data provider reached the end: a server submits trailers here
 	 * and adds NGHTTP2_DATA_FLAG_NO_END_STREAM. May be NULL. */
-	void (*on_eof)(struct rpc__outq *q, nghttp2_session *ng,
-		       int32_t stream_id, uint32_t *data_flags);
+	void (*on_eof)(struct rpc__outq *q, nghttp2_session *ng, int32_t stream_id,
+		       uint32_t *data_flags);
 	/* Queued bytes fell below RPC_DRAIN_BYTES after having reached it.
 	 * Runs from rpc__conn_flush, outside nghttp2. May be NULL. */
 	void (*on_drain)(struct rpc__outq *q);
@@ -174,12 +175,12 @@ struct rpc__outq_ops {
 struct rpc__outq {
 	const struct rpc__outq_ops *ops;
 	struct rpc__omsg *head, *tail;
-	size_t head_off;  /* bytes of head already handed to a write */
-	size_t bytes;     /* bytes queued and not yet handed to a write */
-	size_t reserved;  /* promised to nghttp2 by the read callback */
-	uint64_t taken;   /* bytes ever handed to a write */
-	bool eof;         /* no more messages will be queued */
-	bool deferred;    /* the read callback returned NGHTTP2_ERR_DEFERRED */
+	size_t head_off; /* bytes of head already handed to a write */
+	size_t bytes;    /* bytes queued and not yet handed to a write */
+	size_t reserved; /* promised to nghttp2 by the read callback */
+	uint64_t taken;  /* bytes ever handed to a write */
+	bool eof;        /* no more messages will be queued */
+	bool deferred;   /* the read callback returned NGHTTP2_ERR_DEFERRED */
 	bool want_drain;
 	bool in_drain;
 	struct rpc__outq *drain_next;
@@ -194,9 +195,8 @@ void rpc__outq_push(struct rpc__outq *q, struct rpc__omsg *m);
  * whole). */
 void rpc__outq_drop_unsent(struct rpc__outq *q);
 /* The nghttp2 data source read callback; source->ptr is the outq. */
-ssize_t rpc__outq_read_cb(nghttp2_session *ng, int32_t stream_id,
-			  uint8_t *buf, size_t length, uint32_t *data_flags,
-			  nghttp2_data_source *source, void *user_data);
+ssize_t rpc__outq_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf, size_t length,
+			  uint32_t *data_flags, nghttp2_data_source *source, void *user_data);
 
 /* ---------------------------------------------------------------- connection */
 
@@ -214,38 +214,36 @@ struct rpc__conn_ops {
 
 struct rpc__conn {
 	uv_tcp_t tcp;
-	uv_timer_t timer;   /* owner's: handshake/idle or connect timeout */
-	uv_prepare_t prep;  /* deferred flush */
+	uv_timer_t timer;  /* owner's: handshake/idle or connect timeout */
+	uv_prepare_t prep; /* deferred flush */
 	nghttp2_session *ng;
 	const struct rpc__conn_ops *ops;
-	const char *label;  /* server name or "client" (borrowed) */
+	const char *label; /* server name or "client" (borrowed) */
 	char peer[64];
-	uint8_t *rbuf;      /* shared read buffer (borrowed) */
-	unsigned handles;   /* open handles */
-	unsigned in_ng;     /* depth of nghttp2 calls on the stack */
+	uint8_t *rbuf;    /* shared read buffer (borrowed) */
+	unsigned handles; /* open handles */
+	unsigned in_ng;   /* depth of nghttp2 calls on the stack */
 	bool closing;
 	bool in_flush;
 	bool flush_again;
-	bool blocked;       /* a send callback said WOULDBLOCK */
+	bool blocked; /* a send callback said WOULDBLOCK */
 	bool close_after_flush;
 	bool reading;
 	struct rpc__wreq *cur;   /* batch being built */
 	struct rpc__wreq *wfree; /* recycled batches */
 	unsigned nwfree;
-	unsigned nwrites;        /* uv_writes in flight */
+	unsigned nwrites; /* uv_writes in flight */
 	struct rpc__outq *drain_head;
 };
 
 /* Initialise the handles (tcp, timer, prepare) on loop. Errors: negative
  * errno from uv_*_init. On error nothing needs closing. */
-int rpc__conn_init(struct rpc__conn *c, uv_loop_t *loop,
-		   const struct rpc__conn_ops *ops, const char *label,
-		   uint8_t *rbuf) MC_MUST_CHECK;
+int rpc__conn_init(struct rpc__conn *c, uv_loop_t *loop, const struct rpc__conn_ops *ops,
+		   const char *label, uint8_t *rbuf) MC_MUST_CHECK;
 /* Connected: create the nghttp2 session (callbacks must include those of
  * rpc__callbacks_init), send SETTINGS and the connection window, and
  * start reading. Errors: -ENOMEM, negative errno from uv_read_start. */
-int rpc__conn_start(struct rpc__conn *c, bool server,
-		    const nghttp2_session_callbacks *cbs,
+int rpc__conn_start(struct rpc__conn *c, bool server, const nghttp2_session_callbacks *cbs,
 		    const nghttp2_option *opt, const nghttp2_settings_entry *iv,
 		    size_t niv) MC_MUST_CHECK;
 /* Install the shared send and error callbacks. */
@@ -256,8 +254,7 @@ void rpc__conn_flush(struct rpc__conn *c);
 /* Flush before the loop next blocks. */
 void rpc__conn_want_flush(struct rpc__conn *c);
 /* Resume a deferred data provider after rpc__outq_push. */
-void rpc__conn_resume(struct rpc__conn *c, int32_t stream_id,
-		      struct rpc__outq *q);
+void rpc__conn_resume(struct rpc__conn *c, int32_t stream_id, struct rpc__outq *q);
 /* Close now: pending writes are cancelled; ops->on_closed runs from the
  * loop once every handle is closed. Idempotent. */
 void rpc__conn_close(struct rpc__conn *c);

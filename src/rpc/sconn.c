@@ -133,15 +133,15 @@ static void h2_on_done(struct rpc_call *call, bool aborted)
 	call->outq.eof = true;
 	if (!h->resp_submitted) {
 		if (submit_response(call))
-			nghttp2_submit_rst_stream(h->sc->base.ng, NGHTTP2_FLAG_NONE, h->stream_id,
-						  NGHTTP2_INTERNAL_ERROR);
+			nghttp2_submit_rst_stream(h->sc->base.ng, NGHTTP2_FLAG_NONE,
+						  h->stream_id, NGHTTP2_INTERNAL_ERROR);
 		return;
 	}
 	rpc__conn_resume(&h->sc->base, h->stream_id, &call->outq);
 }
 
-static void on_outq_eof(struct rpc__outq *q, nghttp2_session *ng,
-			int32_t stream_id, uint32_t *data_flags)
+static void on_outq_eof(struct rpc__outq *q, nghttp2_session *ng, int32_t stream_id,
+			uint32_t *data_flags)
 {
 	struct rpc_call *call = MC_CONTAINER_OF(q, struct rpc_call, outq);
 	const char *message;
@@ -239,11 +239,11 @@ static int check_header(nghttp2_session *ng, struct rpc_call *call, const uint8_
 	if (!nghttp2_check_header_value(value, vlen))
 		return reject_headers(ng, call);
 	if (nlen && name[0] == ':') {
-		uint8_t bit = NAME_IS(":method")	  ? PSEUDO_METHOD
-			      : NAME_IS(":scheme")	  ? PSEUDO_SCHEME
+		uint8_t bit = NAME_IS(":method")      ? PSEUDO_METHOD
+			      : NAME_IS(":scheme")    ? PSEUDO_SCHEME
 			      : NAME_IS(":authority") ? PSEUDO_AUTHORITY
-			      : NAME_IS(":path")	  ? PSEUDO_PATH
-						  : 0;
+			      : NAME_IS(":path")      ? PSEUDO_PATH
+						      : 0;
 		if (!bit || (h->pseudo & bit) || h->regular_seen || !vlen)
 			return reject_headers(ng, call);
 		h->pseudo |= bit;
@@ -263,8 +263,7 @@ static struct sconn *to_sconn(void *user_data)
 	return MC_CONTAINER_OF((struct rpc__conn *)user_data, struct sconn, base);
 }
 
-static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame,
-			    void *user_data)
+static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
 	struct sconn *sc = to_sconn(user_data);
 	if (sc->base.closing || frame->hd.type != NGHTTP2_HEADERS ||
@@ -279,9 +278,9 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame,
 	return 0;
 }
 
-static int on_header(nghttp2_session *ng, const nghttp2_frame *frame,
-		     const uint8_t *name, size_t nlen, const uint8_t *value,
-		     size_t vlen, uint8_t flags, void *user_data)
+static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
+		     size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags,
+		     void *user_data)
 {
 	struct rpc__conn *c = user_data;
 	if (c->closing || frame->hd.type != NGHTTP2_HEADERS ||
@@ -307,8 +306,7 @@ static void conn_final_goaway(struct sconn *sc)
 	rpc__conn_want_flush(&sc->base);
 }
 
-static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
-			 void *user_data)
+static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
 	struct sconn *sc = to_sconn(user_data);
 	struct rpc_call *call;
@@ -351,8 +349,8 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame,
 			sc->handshake_done = true;
 			uv_timer_stop(&sc->base.timer);
 			if (sc->cs->idle_ms && sc->ncalls == 0)
-				uv_timer_start(&sc->base.timer, on_conn_timer,
-					       sc->cs->idle_ms, 0);
+				uv_timer_start(&sc->base.timer, on_conn_timer, sc->cs->idle_ms,
+					       0);
 		}
 		break;
 	case NGHTTP2_PING:
@@ -377,8 +375,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t stream_id,
 	return 0;
 }
 
-static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame,
-			 void *user_data)
+static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
 	/* Our side ended while the client still sends (an early error): tell
 	 * it to stop, as gRPC servers do. */
@@ -390,8 +387,8 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame,
 	return 0;
 }
 
-static int on_stream_close(nghttp2_session *ng, int32_t stream_id,
-			   uint32_t error_code, void *user_data)
+static int on_stream_close(nghttp2_session *ng, int32_t stream_id, uint32_t error_code,
+			   void *user_data)
 {
 	struct sconn *sc = to_sconn(user_data);
 	if (sc->base.closing)
@@ -441,8 +438,8 @@ static void on_conn_timer(uv_timer_t *t)
 {
 	struct sconn *sc = MC_CONTAINER_OF(t, struct sconn, base.timer);
 	if (!sc->handshake_done) {
-		log_info("%s: %s sent no HTTP/2 preface within %llu ms, closing",
-			 sc_name(sc), sc->base.peer, (unsigned long long)sc->cs->handshake_ms);
+		log_info("%s: %s sent no HTTP/2 preface within %llu ms, closing", sc_name(sc),
+			 sc->base.peer, (unsigned long long)sc->cs->handshake_ms);
 		metric_inc(sc->cs->m_proto);
 		rpc__conn_close(&sc->base);
 		return;
@@ -555,7 +552,8 @@ int rpc__sconns_init(struct rpc__sconns *cs, struct rpc_server *s,
 	nghttp2_session_callbacks_set_on_frame_send_callback(cs->cbs, on_frame_send);
 	nghttp2_session_callbacks_set_on_stream_close_callback(cs->cbs, on_stream_close);
 	cs->m_conns = metrics_gauge(reg, "mooncake_rpc_server_connections",
-				    "Open client connections.", "server", (const char *[]){name});
+				    "Open client connections.", "server",
+				    (const char *[]){name});
 	cs->m_proto = metrics_counter(reg, "mooncake_rpc_server_protocol_errors_total",
 				      "Connections or streams ended by a protocol "
 				      "error (bad preface, bad frames, handshake timeout).",

@@ -171,8 +171,7 @@ err_free:
 }
 
 int rpc_server_add_service(struct rpc_server *s, const char *service,
-			   const struct rpc_method *methods, size_t nmethods,
-			   void *data)
+			   const struct rpc_method *methods, size_t nmethods, void *data)
 {
 	for (struct svc *v = s->svcs; v; v = v->next)
 		if (strcmp(v->name, service) == 0)
@@ -343,8 +342,8 @@ void rpc_server_shutdown(struct rpc_server *s, uint64_t drain_timeout_ms,
 	s->on_done = on_done;
 	s->done_ud = ud;
 	server_init_timers(s);
-	log_info("%s: shutting down: %u calls on %u connections, drain up to %llu ms",
-		 s->name, rpc__calls_live(&s->calls), rpc__sconns_count(&s->conns),
+	log_info("%s: shutting down: %u calls on %u connections, drain up to %llu ms", s->name,
+		 rpc__calls_live(&s->calls), rpc__sconns_count(&s->conns),
 		 (unsigned long long)drain_timeout_ms);
 	if (s->health)
 		rpc__health_shutdown(s->health);

@@ -88,10 +88,10 @@ struct rpc__h2call {
 
 /* ... the in-process transport's part of a call (inproc.c). */
 struct rpc__icall {
-	struct rpc_stream *st;    /* the client's stream; NULL once detached */
-	struct rpc__omsg *req;    /* its serialized request, until dispatch */
-	uint64_t timeout_ms;      /* its deadline, from dispatch (0: none) */
-	struct rpc_call *q_next;  /* dispatch queue */
+	struct rpc_stream *st;   /* the client's stream; NULL once detached */
+	struct rpc__omsg *req;   /* its serialized request, until dispatch */
+	uint64_t timeout_ms;     /* its deadline, from dispatch (0: none) */
+	struct rpc_call *q_next; /* dispatch queue */
 	struct rpc_call *prev, *next;
 };
 
@@ -106,12 +106,12 @@ struct rpc_call {
 	uint64_t timeout_ms;
 	uint64_t start_ns;
 	bool has_timeout, bad_timeout, bad_encoding, post, ct_ok;
-	bool dispatched;     /* a method was found and its handler may run */
-	bool handler_ref;    /* the handler holds a reference */
-	bool remote_closed;  /* the client half-closed */
-	bool done;           /* final status decided */
-	bool cancelled;      /* ... and not by the handler */
-	bool counted;        /* metrics recorded */
+	bool dispatched;    /* a method was found and its handler may run */
+	bool handler_ref;   /* the handler holds a reference */
+	bool remote_closed; /* the client half-closed */
+	bool done;          /* final status decided */
+	bool cancelled;     /* ... and not by the handler */
+	bool counted;       /* metrics recorded */
 	int status;
 	char *message; /* percent-encoded grpc-message, or NULL */
 	unsigned nreq, nsent;
@@ -122,14 +122,14 @@ struct rpc_call {
 	struct rpc__dl dl;
 	void *data;
 	struct rpc_call *next_free; /* in struct rpc__calls' list */
-	struct rpc__h2call h2; /* sconn.c's */
-	struct rpc__icall ic;  /* inproc.c's */
-	char peer[64];         /* last: call_alloc clears what comes before */
+	struct rpc__h2call h2;      /* sconn.c's */
+	struct rpc__icall ic;       /* inproc.c's */
+	char peer[64];              /* last: call_alloc clears what comes before */
 };
 
 /* Errors: -ENOMEM. */
-int rpc__calls_init(struct rpc__calls *cs, struct metrics_registry *reg,
-		    const char *server, size_t max_msg) MC_MUST_CHECK;
+int rpc__calls_init(struct rpc__calls *cs, struct metrics_registry *reg, const char *server,
+		    size_t max_msg) MC_MUST_CHECK;
 void rpc__calls_init_timer(struct rpc__calls *cs, uv_loop_t *loop);
 /* Close the deadline timer (cb gets it with data set). */
 void rpc__calls_close(struct rpc__calls *cs, void *data, uv_close_cb cb);
@@ -211,10 +211,10 @@ unsigned rpc__sconns_count(const struct rpc__sconns *cs);
 
 /* A server's in-process calls. */
 struct rpc__inproc {
-	struct rpc_call *calls; /* live ones, linked by ic.prev/next */
+	struct rpc_call *calls;           /* live ones, linked by ic.prev/next */
 	struct rpc_call *q_head, *q_tail; /* waiting for dispatch */
 	uv_idle_t idle;
-	bool ready;             /* idle initialised */
+	bool ready;              /* idle initialised */
 	struct rpc_server *next; /* in the process's list of servers */
 	bool listed;
 };

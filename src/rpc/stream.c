@@ -109,9 +109,8 @@ static struct rpc__cstats *stats_get(struct rpc__streams *ss, const char *path)
 	s->hash = h;
 	s->duration = metrics_histogram(
 		ss->reg, "mooncake_rpc_client_call_duration_seconds",
-		"Client-side time from starting a call to its final status.",
-		"method", (const char *[]){s->path}, metrics_latency_buckets,
-		metrics_latency_nbuckets);
+		"Client-side time from starting a call to its final status.", "method",
+		(const char *[]){s->path}, metrics_latency_buckets, metrics_latency_nbuckets);
 	s->next = *b;
 	*b = s;
 	return s;
@@ -247,8 +246,8 @@ void rpc__stream_response_headers(struct rpc_stream *st, bool end_stream)
 		snprintf(msg, sizeof(msg), "HTTP status %d from server", st->http_status);
 		rpc__stream_finish(st, rpc__status_from_http(st->http_status), msg, false);
 	} else if (!st->ct_ok) {
-		rpc__stream_finish(st, RPC_UNKNOWN, "response content-type is not application/grpc",
-				   false);
+		rpc__stream_finish(st, RPC_UNKNOWN,
+				   "response content-type is not application/grpc", false);
 	}
 }
 
@@ -261,7 +260,8 @@ void rpc__stream_trailers(struct rpc_stream *st)
 		return;
 	if (!st->has_grpc_status) {
 		if (st->http_status != 200) {
-			snprintf(msg, sizeof(msg), "HTTP status %d from server", st->http_status);
+			snprintf(msg, sizeof(msg), "HTTP status %d from server",
+				 st->http_status);
 			status = rpc__status_from_http(st->http_status);
 		} else {
 			snprintf(msg, sizeof(msg), "server sent no grpc-status");
@@ -272,11 +272,13 @@ void rpc__stream_trailers(struct rpc_stream *st)
 	}
 	status = st->grpc_status;
 	if (status == RPC_OK && !rpc_deframer_idle(&st->df)) {
-		rpc__stream_finish(st, RPC_INTERNAL, "response stream ended inside a message", true);
+		rpc__stream_finish(st, RPC_INTERNAL, "response stream ended inside a message",
+				   true);
 		return;
 	}
 	if (status == RPC_OK && st->unary && st->nresp != 1) {
-		rpc__stream_finish(st, RPC_INTERNAL, "no response message for a unary call", true);
+		rpc__stream_finish(st, RPC_INTERNAL, "no response message for a unary call",
+				   true);
 		return;
 	}
 	rpc__stream_finish(st, status, st->grpc_message, true);
@@ -317,7 +319,8 @@ static int stream_on_msg(void *ud, const uint8_t *body, size_t len)
 	ProtobufCMessage *msg = rpc__unpack(st->resp_desc, body, len,
 					    st->sync_out ? NULL : &st->c->ss.bufs, a);
 	if (!msg) {
-		rpc__stream_finish(st, RPC_INTERNAL, "failed to parse response message", false);
+		rpc__stream_finish(st, RPC_INTERNAL, "failed to parse response message",
+				   false);
 		return -EBADMSG;
 	}
 	st->nresp++;
@@ -342,7 +345,8 @@ void rpc__stream_data(struct rpc_stream *st, const uint8_t *data, size_t len)
 		rpc__stream_finish(st, RPC_RESOURCE_EXHAUSTED, msg, false);
 	} else if (rc == -EPROTO && st->user) {
 		rpc__stream_finish(st, RPC_INTERNAL,
-				   "compressed response but no compression was negotiated", false);
+				   "compressed response but no compression was negotiated",
+				   false);
 	} else if (rc == -ENOMEM) {
 		rpc__stream_finish(st, RPC_RESOURCE_EXHAUSTED, "out of memory", false);
 	}
@@ -362,7 +366,8 @@ void rpc__stream_inproc_answer(struct rpc_stream *st, int status, const char *me
 		message = "received message larger than max";
 	} else if (status == RPC_OK) {
 		st->uresp = rpc__unpack(st->resp_desc, body, len,
-					st->sync_out ? NULL : &st->c->ss.bufs, &st->resp_arena);
+					st->sync_out ? NULL : &st->c->ss.bufs,
+					&st->resp_arena);
 		st->nresp = 1;
 		if (!st->uresp) {
 			status = RPC_INTERNAL;
@@ -429,8 +434,8 @@ static void on_dl_timer(uv_timer_t *t)
 /* ---------------------------------------------------------------- the call API */
 
 static int stream_new(struct rpc_client *c, const char *path,
-		      const ProtobufCMessageDescriptor *resp_desc,
-		      uint64_t timeout_ms, struct rpc_stream **out)
+		      const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+		      struct rpc_stream **out)
 {
 	struct rpc__streams *ss = &c->ss;
 	if (rpc__client_freeing(c) || !path || path[0] != '/' || !resp_desc)
@@ -476,11 +481,10 @@ static void stream_start(struct rpc_stream *st)
 	rpc__client_route(c, st);
 }
 
-static int unary_start(struct rpc_client *c, const char *path,
-		       const ProtobufCMessage *req,
-		       const ProtobufCMessageDescriptor *resp_desc,
-		       uint64_t timeout_ms, rpc_unary_cb cb, void *ud,
-		       ProtobufCMessage **sync_out, struct rpc_stream **out)
+static int unary_start(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+		       const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+		       rpc_unary_cb cb, void *ud, ProtobufCMessage **sync_out,
+		       struct rpc_stream **out)
 {
 	struct rpc__omsg *m;
 	struct rpc_stream *st;
@@ -511,19 +515,16 @@ static int unary_start(struct rpc_client *c, const char *path,
 	return 0;
 }
 
-int rpc_client_unary(struct rpc_client *c, const char *path,
-		     const ProtobufCMessage *req,
-		     const ProtobufCMessageDescriptor *resp_desc,
-		     uint64_t timeout_ms, rpc_unary_cb cb, void *ud,
-		     struct rpc_stream **out)
+int rpc_client_unary(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+		     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+		     rpc_unary_cb cb, void *ud, struct rpc_stream **out)
 {
 	return unary_start(c, path, req, resp_desc, timeout_ms, cb, ud, NULL, out);
 }
 
 int rpc_client_stream(struct rpc_client *c, const char *path,
-		      const ProtobufCMessageDescriptor *resp_desc,
-		      uint64_t timeout_ms, const struct rpc_stream_cbs *cbs,
-		      void *ud, struct rpc_stream **out)
+		      const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+		      const struct rpc_stream_cbs *cbs, void *ud, struct rpc_stream **out)
 {
 	struct rpc_stream *st;
 	if (!cbs)
@@ -602,11 +603,9 @@ static void on_sync_done(void *ud, int status, const char *message,
 		snprintf(x->errmsg, x->errlen, "%s", message ? message : "");
 }
 
-int rpc_client_unary_sync(struct rpc_client *c, const char *path,
-			  const ProtobufCMessage *req,
-			  const ProtobufCMessageDescriptor *resp_desc,
-			  uint64_t timeout_ms, ProtobufCMessage **resp,
-			  char *errmsg, size_t errlen)
+int rpc_client_unary_sync(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+			  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+			  ProtobufCMessage **resp, char *errmsg, size_t errlen)
 {
 	struct sync_ctx x = {false, RPC_UNKNOWN, errmsg, errlen};
 	ProtobufCMessage *got = NULL;
@@ -615,8 +614,8 @@ int rpc_client_unary_sync(struct rpc_client *c, const char *path,
 		errmsg[0] = '\0';
 	if (resp)
 		*resp = NULL;
-	int rc = unary_start(c, path, req, resp_desc, timeout_ms, on_sync_done, &x,
-			     &got, NULL);
+	int rc = unary_start(c, path, req, resp_desc, timeout_ms, on_sync_done, &x, &got,
+			     NULL);
 	if (rc) {
 		if (errmsg && errlen)
 			snprintf(errmsg, errlen, "%s", mc_strerror(rc));

@@ -6,8 +6,11 @@
  *   io.c     the I/O engine: data reads and writes on an io_uring or a
  *            thread pool, blocking jobs on a helper thread, finished
  *            operations handed back to the owner through an eventfd
- *   store.c  the store: open and recovery, the object table, puts, gets,
- *            removals, group commit and compaction of the index
+ *   store.c  the store: the object table, puts, gets, removals, group
+ *            commit, syncs and compaction of the index
+ *   open.c   the store opened (files made or checked, the index read
+ *            back, objects checked) and closed
+ * store_int.h holds the state store.c and open.c share.
  */
 #ifndef MC_SSD_SSD_INT_H
 #define MC_SSD_SSD_INT_H

@@ -28,16 +28,14 @@ size_t te__slice_count(uint64_t len, size_t slice_bytes)
 	return (size_t)(len / slice_bytes + (len % slice_bytes != 0));
 }
 
-void te__slice_at(uint64_t len, size_t slice_bytes, size_t i, uint64_t *off,
-		  size_t *slen)
+void te__slice_at(uint64_t len, size_t slice_bytes, size_t i, uint64_t *off, size_t *slen)
 {
 	uint64_t o = (uint64_t)i * slice_bytes;
 	*off = o;
 	*slen = (size_t)MC_MIN((uint64_t)slice_bytes, len - o);
 }
 
-int te__pick_path(unsigned npaths, unsigned start, size_t k, uint32_t excluded,
-		  uint32_t alive)
+int te__pick_path(unsigned npaths, unsigned start, size_t k, uint32_t excluded, uint32_t alive)
 {
 	if (npaths == 0)
 		return -1;
@@ -114,8 +112,8 @@ void te__slice_done(struct te_slice *s, int err, bool retry)
 			metric_inc(b->e->m_retries);
 			log_debug("slice of %u bytes at 0x%llx: %s on path %u; "
 				  "retrying on path %d",
-				  s->len, (unsigned long long)s->remote,
-				  mc_strerror(err), s->path, path);
+				  s->len, (unsigned long long)s->remote, mc_strerror(err),
+				  s->path, path);
 			s->path = (uint16_t)path;
 			s->done_bytes = 0;
 			p->ops->submit(p, s);
@@ -140,6 +138,24 @@ static int route_locked(struct te_segment *s, struct te_req_state *rs)
 	uint64_t addr = rs->r.remote_addr;
 	uint64_t len = rs->r.len;
 	struct te_peer *p = s->shm;
+	if (rs->r.local_device) {
+		/* Device memory: no CPU copies it, only an RDMA NIC. */
+		p = s->remote;
+		if (!p || p->ops->proto != TE_PROTO_RDMA)
+			return -EOPNOTSUPP;
+		if (atomic_load(&p->closed))
+			return MC_EUNAVAILABLE;
+		int rc = p->ops->bind(p, addr, len, &rs->route);
+		if (rc)
+			return rc == -EAGAIN ? MC_EREMOTE_ACCESS : rc;
+		if (!rs->route) {
+			p->ops->unbind(p, rs->route);
+			return -EOPNOTSUPP; /* a region without rkeys */
+		}
+		rs->peer = p;
+		te__peer_ref(p);
+		return 0;
+	}
 	if (p && !atomic_load(&p->closed)) {
 		int rc = p->ops->bind(p, addr, len, &rs->route);
 		if (rc == 0) {
@@ -228,6 +244,7 @@ void te__req_dispatch(struct te_batch *b, struct te_req_state *rs)
 		sl->remote = r.remote_addr + off;
 		sl->local = (uint8_t *)r.local + off;
 		sl->route = route;
+		sl->device = r.local_device;
 		int path = te__pick_path(npaths, start, k, 0, alive);
 		if (path < 0) {
 			te__slice_done(sl, MC_EUNAVAILABLE, false);
@@ -251,8 +268,7 @@ int te_submit_inline(struct te_engine *e, const struct te_request *reqs, size_t 
 		const struct te_request *r = &reqs[i];
 		if (r->len == 0)
 			continue;
-		if (!r->segment || !r->local ||
-		    (r->op != TE_READ && r->op != TE_WRITE))
+		if (!r->segment || !r->local || (r->op != TE_READ && r->op != TE_WRITE))
 			return -EINVAL;
 		total += te__slice_count(r->len, e->slice_bytes);
 		if (total > TE_MAX_BATCH_SLICES)
@@ -307,9 +323,9 @@ int te_submit_inline(struct te_engine *e, const struct te_request *reqs, size_t 
 	return 0;
 }
 
-int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
-		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
-		     void *ud, struct te_batch **out)
+int te_submit_notify(struct te_engine *e, const struct te_request *reqs, size_t n,
+		     void (*on_done)(struct te_batch *b, void *ud), void *ud,
+		     struct te_batch **out)
 {
 	return te_submit_inline(e, reqs, n, 0, on_done, ud, out);
 }

@@ -15,8 +15,8 @@
 static const char *const xp_names[4] = {
 	[TE_PROTO_TCP] = "tcp", [TE_PROTO_RDMA] = "rdma", [TE_PROTO_SHM] = "shm"};
 
-long te__range_find(const void *base, size_t n, size_t stride, size_t addr_off,
-		    size_t len_off, uint64_t addr, uint64_t len)
+long te__range_find(const void *base, size_t n, size_t stride, size_t addr_off, size_t len_off,
+		    uint64_t addr, uint64_t len)
 {
 	const uint8_t *b = base;
 	if (len == 0)
@@ -210,8 +210,7 @@ static int from_msg(const Mooncake__Transfer__SegmentDesc *m, struct te_desc *d)
 	return 0;
 }
 
-int te__desc_from_pb(const struct Mooncake__Transfer__SegmentDesc *m,
-		     struct te_desc **out)
+int te__desc_from_pb(const struct Mooncake__Transfer__SegmentDesc *m, struct te_desc **out)
 {
 	struct te_desc *d = calloc(1, sizeof(*d));
 	int rc = d ? from_msg(m, d) : -ENOMEM;
@@ -227,8 +226,8 @@ int te__desc_decode(const uint8_t *buf, size_t len, struct te_desc **out)
 {
 	if (len > TE_DESC_MAX_BYTES)
 		return MC_EPROTOCOL;
-	Mooncake__Transfer__SegmentDesc *m =
-		mooncake__transfer__segment_desc__unpack(NULL, len, buf);
+	Mooncake__Transfer__SegmentDesc *m = mooncake__transfer__segment_desc__unpack(
+		NULL, len, buf);
 	if (!m)
 		return MC_EPROTOCOL;
 	int rc = te__desc_from_pb(m, out);

@@ -1,8 +1,7 @@
 /*
  * engine: the transfer engine object — options, transports, the data
  * threads, the setup thread and the loop hand-off, registered regions, the
- * descriptor this engine publishes, and the mooncake.transfer.Transfer
- * gRPC service (descriptor fetch for P2P peers).
+ * descriptor this engine publishes (its gRPC service is svc.c).
  *
  * Protocol choice: shm is used for every peer on this host whose regions
  * are memfd-backed (host identity = the kernel's boot id, so processes in
@@ -87,6 +86,11 @@ enum te_protocol te_protocol_in_use(const struct te_engine *e)
 const char *te_name(const struct te_engine *e)
 {
 	return e->name;
+}
+
+uint64_t te_io_timeout_ms(const struct te_engine *e)
+{
+	return e->io_timeout_ms;
 }
 
 int te__seg_key(const struct te_engine *e, const char *name, char *buf, size_t len)
@@ -224,72 +228,41 @@ void te__desc_changed(struct te_engine *e)
 	te__loop_post(e, &e->desc_job);
 }
 
-/* ------------------------------------------------------------ gRPC service */
-
-static void svc_get_descriptor(struct rpc_call *call, const ProtobufCMessage *msg)
-{
-	struct te_engine *e = rpc_call_service_data(call);
-	const Mooncake__Transfer__GetDescriptorRequest *req =
-		(const Mooncake__Transfer__GetDescriptorRequest *)msg;
-	struct te_desc *d = NULL;
-	uint8_t *buf = NULL;
-	size_t len = 0;
-
-	if (e->stopped) {
-		rpc_call_finish(call, RPC_UNAVAILABLE, "transfer engine stopping");
-		return;
-	}
-	if (req->name && req->name[0] && strcmp(req->name, e->name) != 0) {
-		rpc_call_finish(call, RPC_NOT_FOUND, "no such segment here");
-		return;
-	}
-	int rc = te__desc_build(e, &d);
-	if (rc == 0)
-		rc = te__desc_encode(d, &buf, &len);
-	te__desc_free(d);
-	Mooncake__Transfer__SegmentDesc *m =
-		rc ? NULL : mooncake__transfer__segment_desc__unpack(NULL, len, buf);
-	free(buf);
-	if (!m) {
-		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
-		return;
-	}
-	rc = rpc_call_send(call, &m->base);
-	mooncake__transfer__segment_desc__free_unpacked(m, NULL);
-	rpc_call_finish(call, rc ? RPC_INTERNAL : RPC_OK, rc ? mc_strerror(rc) : NULL);
-}
-
-static const struct rpc_method svc_methods[] = {
-	{.name = "GetDescriptor",
-	 .kind = RPC_UNARY,
-	 .request = &mooncake__transfer__get_descriptor_request__descriptor,
-	 .response = &mooncake__transfer__segment_desc__descriptor,
-	 .on_message = svc_get_descriptor},
-};
-
 /* ------------------------------------------------------------ regions */
 
-int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
-		size_t len, int memfd, uint64_t memfd_off, struct te_region **out)
+/* Close the descriptors a region owns. */
+static void region_close_fds(struct te_region *r)
+{
+	if (r->memfd >= 0)
+		close(r->memfd);
+	if (r->pidfd >= 0)
+		close(r->pidfd);
+	if (r->dmabuf >= 0)
+		close(r->dmabuf);
+}
+
+/* Add a region like spec (addr, len, local, pid, memfd_off, dmabuf_off
+ * taken as they are; its memfd, pidfd and dmabuf, when >= 0, dup'd):
+ * this process's memory at local, process pid's memory, or a dma-buf. */
+static int region_add(struct te_engine *e, const struct te_region *spec,
+		      struct te_region **out)
 {
 	int rc;
-	if (!e || !local || len == 0 || remote_addr + (len - 1) < remote_addr ||
-	    (uintptr_t)local + (len - 1) < (uintptr_t)local)
+	if (!e || spec->len == 0 || spec->addr + (spec->len - 1) < spec->addr ||
+	    (uintptr_t)spec->local + (spec->len - 1) < (uintptr_t)spec->local)
 		return -EINVAL;
 	struct te_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
+	*r = *spec;
 	r->e = e;
-	r->addr = remote_addr;
-	r->len = len;
-	r->local = local;
-	r->memfd = -1;
-	r->memfd_off = memfd_off;
-	if (memfd >= 0) {
-		r->memfd = fcntl(memfd, F_DUPFD_CLOEXEC, 3);
-		if (r->memfd < 0) {
+	r->memfd = r->pidfd = r->dmabuf = -1;
+	const int *fds[3] = {&spec->memfd, &spec->pidfd, &spec->dmabuf};
+	int *dups[3] = {&r->memfd, &r->pidfd, &r->dmabuf};
+	for (int i = 0; i < 3; i++) {
+		if (*fds[i] >= 0 && (*dups[i] = fcntl(*fds[i], F_DUPFD_CLOEXEC, 3)) < 0) {
 			rc = -errno;
-			goto fail_free;
+			goto fail_fd;
 		}
 	}
 	rc = te__rtable_add(&e->regions, r);
@@ -304,9 +277,13 @@ int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
 		}
 	}
 	metric_add(e->m_regions, 1);
-	metric_add(e->m_reg_bytes, len);
-	log_debug("registered region 0x%llx+%zu (%s)", (unsigned long long)remote_addr,
-		  len, r->memfd >= 0 ? "memfd" : "private");
+	metric_add(e->m_reg_bytes, r->len);
+	log_debug("registered region 0x%llx+%llu (%s)", (unsigned long long)r->addr,
+		  (unsigned long long)r->len,
+		  r->pid           ? "another process's"
+		  : r->dmabuf >= 0 ? "dma-buf"
+		  : r->memfd >= 0  ? "memfd"
+				   : "private");
 	te__desc_changed(e);
 	*out = r;
 	return 0;
@@ -317,11 +294,54 @@ fail_xp:
 			e->xops[p]->region_del(e->xp[p], r);
 	te__rtable_del(&e->regions, r);
 fail_fd:
-	if (r->memfd >= 0)
-		close(r->memfd);
-fail_free:
+	region_close_fds(r);
 	free(r);
 	return rc;
+}
+
+int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
+		uint64_t memfd_off, struct te_region **out)
+{
+	if (!local)
+		return -EINVAL;
+	struct te_region spec = {.addr = remote_addr,
+				 .len = len,
+				 .local = local,
+				 .memfd = memfd,
+				 .memfd_off = memfd_off,
+				 .pidfd = -1,
+				 .dmabuf = -1};
+	return region_add(e, &spec, out);
+}
+
+int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
+			struct te_region **out)
+{
+	if (pid <= 0 || pidfd < 0)
+		return -EINVAL;
+	struct te_region spec = {.addr = addr,
+				 .len = len,
+				 .memfd = -1,
+				 .pid = pid,
+				 .pidfd = pidfd,
+				 .dmabuf = -1};
+	return region_add(e, &spec, out);
+}
+
+int te_register_dmabuf(struct te_engine *e, uint64_t addr, size_t len, int fd, uint64_t offset,
+		       struct te_region **out)
+{
+	if (fd < 0)
+		return -EINVAL;
+	if (!e || !e->xp[TE_PROTO_RDMA])
+		return -EOPNOTSUPP;
+	struct te_region spec = {.addr = addr,
+				 .len = len,
+				 .memfd = -1,
+				 .pidfd = -1,
+				 .dmabuf = fd,
+				 .dmabuf_off = offset};
+	return region_add(e, &spec, out);
 }
 
 void te_unregister(struct te_region *r)
@@ -336,8 +356,7 @@ void te_unregister(struct te_region *r)
 	metric_sub(e->m_regions, 1);
 	metric_sub(e->m_reg_bytes, r->len);
 	te__desc_changed(e);
-	if (r->memfd >= 0)
-		close(r->memfd);
+	region_close_fds(r);
 	free(r);
 }
 
@@ -379,8 +398,8 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 		}
 		e->m_failed[p] = metrics_counter(
 			r, "mooncake_te_failed_requests_total",
-			"Transfer requests this engine initiated that failed.",
-			"transport", (const char *[]){pn});
+			"Transfer requests this engine initiated that failed.", "transport",
+			(const char *[]){pn});
 	}
 	e->m_retries = metrics_counter(r, "mooncake_te_slice_retries_total",
 				       "Slices resubmitted on another path after "
@@ -395,13 +414,20 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 				       "Peers' requests refused because the range "
 				       "is not inside one registered region.",
 				       NULL, NULL);
-	e->m_regions = metrics_gauge(r, "mooncake_te_regions",
-				     "Registered memory regions.", NULL, NULL);
+	static const char *const auth_where[TE_AUTH_N] = {"tcp", "shm", "grpc"};
+	for (int w = 0; w < TE_AUTH_N; w++)
+		e->m_auth_refused[w] = metrics_counter(
+			r, "mooncake_te_auth_refused_total",
+			"Peers refused for lacking the cluster secret: handshakes "
+			"on the data port (tcp, which also carries rdma's control) "
+			"and the shm socket, proofs of GetDescriptor (grpc).",
+			"transport", (const char *[]){auth_where[w]});
+	e->m_regions = metrics_gauge(r, "mooncake_te_regions", "Registered memory regions.",
+				     NULL, NULL);
 	e->m_reg_bytes = metrics_gauge(r, "mooncake_te_registered_bytes",
 				       "Bytes of registered memory.", NULL, NULL);
 	e->m_segments = metrics_gauge(r, "mooncake_te_segments_open",
-				      "Peer segments in the open-segment cache.",
-				      NULL, NULL);
+				      "Peer segments in the open-segment cache.", NULL, NULL);
 	for (size_t i = 0; i < MC_ARRAY_LEN(protos); i++)
 		e->m_peers[protos[i]] = metrics_gauge(
 			r, "mooncake_te_peers",
@@ -430,13 +456,12 @@ static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)
 		return -EINVAL;
 	}
 	if (o->segment_name && (!*o->segment_name || strlen(o->segment_name) > TE_NAME_MAX)) {
-		log_error("transfer engine: segment name must be 1..%d bytes",
-			  TE_NAME_MAX);
+		log_error("transfer engine: segment name must be 1..%d bytes", TE_NAME_MAX);
 		return -EINVAL;
 	}
-	if (o->slice_bytes && (o->slice_bytes < TE_SLICE_MIN || o->slice_bytes > TE_SLICE_MAX)) {
-		log_error("transfer engine: slice size %zu outside 64K..64M",
-			  o->slice_bytes);
+	if (o->slice_bytes &&
+	    (o->slice_bytes < TE_SLICE_MIN || o->slice_bytes > TE_SLICE_MAX)) {
+		log_error("transfer engine: slice size %zu outside 64K..64M", o->slice_bytes);
 		return -EINVAL;
 	}
 	if (o->tcp_conns > TE_MAX_PATHS || o->threads > 1024) {
@@ -445,9 +470,19 @@ static int check_opts(const struct te_opts *o, struct sockaddr_storage *ss)
 			  TE_MAX_PATHS);
 		return -EINVAL;
 	}
-	if (o->cluster_secret && (o->cluster_secret_len == 0 ||
-				  o->cluster_secret_len > MC_SECRET_MAX_BYTES))
+	if (o->cluster_secret &&
+	    (o->cluster_secret_len == 0 || o->cluster_secret_len > MC_SECRET_MAX_BYTES)) {
+		log_error("transfer engine: a cluster secret must be 1..%d bytes",
+			  MC_SECRET_MAX_BYTES);
 		return -EINVAL;
+	}
+	if (!o->cluster_secret == !o->insecure) {
+		log_error("transfer engine: %s",
+			  o->insecure ? "a cluster secret and insecure contradict each other"
+				      : "no cluster secret: peers must be authenticated "
+					"unless insecure is set");
+		return -EINVAL;
+	}
 	return 0;
 }
 
@@ -577,14 +612,9 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 	e->async->data = e;
 	e->async_open = true;
 	if (e->rpc) {
-		rc = rpc_server_add_service(e->rpc, "mooncake.transfer.Transfer",
-					    svc_methods, MC_ARRAY_LEN(svc_methods), e);
-		if (rc) {
-			log_error("transfer engine: cannot serve "
-				  "mooncake.transfer.Transfer: %s",
-				  mc_strerror(rc));
+		rc = te__svc_start(e);
+		if (rc)
 			goto fail;
-		}
 	}
 	rc = te__pub_start(e);
 	if (rc)
@@ -598,7 +628,7 @@ int te_new(const struct te_opts *o, struct te_engine **out)
 		 e->tcp_conns, e->slice_bytes >> 10, te_protocol_name(e->proto),
 		 te_protocol_name(e->remote_proto),
 		 e->secret_len ? "peers authenticated with the cluster secret"
-			       : "no cluster secret: peers are not authenticated");
+			       : "INSECURE: peers are not authenticated");
 	*out = e;
 	return 0;
 fail:
@@ -628,8 +658,7 @@ static void on_pub_stopped(struct te_engine *e, void *ud)
 		cb(e, cb_ud);
 }
 
-void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud),
-	     void *ud)
+void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud), void *ud)
 {
 	pthread_mutex_lock(&e->mu);
 	e->stopped = true;
@@ -680,8 +709,7 @@ static void engine_destroy(struct te_engine *e)
 	/* Regions left registered. */
 	for (size_t i = 0; i < e->regions.n; i++) {
 		struct te_region *r = e->regions.v[i];
-		if (r->memfd >= 0)
-			close(r->memfd);
+		region_close_fds(r);
 		free(r);
 	}
 	te__rtable_destroy(&e->regions);

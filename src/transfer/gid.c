@@ -1,6 +1,6 @@
 /*
  * gid: which entry of a port's GID table the rdma transport uses. The
- * transport (rdma.c, from ibv_query_gid_ex) and mooncakectl doctor (from
+ * transport (rdma_dev.c, from ibv_query_gid_ex) and mooncakectl doctor (from
  * sysfs) both ask this one function, so the doctor names the index the
  * daemon will pick. Pure: no I/O.
  *
@@ -35,7 +35,8 @@ int te_gid_pick(const struct te_gid_entry *t, size_t n, int want)
 			continue;
 		if (!t[i].valid || gid_zero(t[i].raw))
 			continue;
-		int score = t[i].type == TE_GID_ROCE_V2 ? (te_gid_v4mapped(t[i].raw) ? 3 : 2) : 1;
+		int score = t[i].type == TE_GID_ROCE_V2 ? (te_gid_v4mapped(t[i].raw) ? 3 : 2)
+							: 1;
 		if (score > best_score) {
 			best = (int)i;
 			best_score = score;

@@ -96,8 +96,7 @@ static void on_lost(struct etcd_lease *l, void *ud, int err)
 	grant(e);
 }
 
-static const struct etcd_lease_cbs lease_cbs = {.on_granted = on_granted,
-						.on_lost = on_lost};
+static const struct etcd_lease_cbs lease_cbs = {.on_granted = on_granted, .on_lost = on_lost};
 
 static void grant(struct te_engine *e)
 {
@@ -145,8 +144,8 @@ static void on_put(void *ud, int err, const Etcdserverpb__PutResponse *resp)
 
 /* Write the descriptor under our lease without a condition (the key is
  * known to be ours). */
-static void put_plain(struct te_engine *e, uint8_t *val, size_t vlen,
-		      const char *key, size_t klen)
+static void put_plain(struct te_engine *e, uint8_t *val, size_t vlen, const char *key,
+		      size_t klen)
 {
 	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
 	put.key.data = (uint8_t *)key;
@@ -276,8 +275,8 @@ void te__pub_kick(struct te_engine *e)
 
 /* ------------------------------------------------------------ watch */
 
-static void on_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const *ev,
-		      size_t n, int64_t rev)
+static void on_events(struct etcd_watch *w, void *ud, Mvccpb__Event *const *ev, size_t n,
+		      int64_t rev)
 {
 	struct te_engine *e = ud;
 	char prefix[256];
@@ -323,8 +322,7 @@ static int start_watch(struct te_engine *e)
 	uint8_t end[256];
 	size_t klen = (size_t)te__seg_key(e, "", key, sizeof(key));
 	size_t elen = etcd_prefix_end(key, klen, end);
-	return etcd_watch(e->meta, key, klen, end, elen, 0, 0, &watch_cbs, e,
-			  &e->watch);
+	return etcd_watch(e->meta, key, klen, end, elen, 0, 0, &watch_cbs, e, &e->watch);
 }
 
 /* ------------------------------------------------------------ start / stop */
@@ -396,8 +394,7 @@ void te__pub_drop(struct te_engine *e)
 	}
 }
 
-void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud),
-		  void *ud)
+void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud), void *ud)
 {
 	e->pub.stopping = true;
 	e->pub.stop_done = done;

@@ -3,7 +3,7 @@
  * transfer engine's rdma transport (see rdma.h for how the engine uses it).
  *
  * Layout, in set-up order (torn down in reverse, rc_pingpong style):
- * device selection (te_rdma_new: list, filter, open, ACTIVE port, GID,
+ * device selection (rdma_dev.c: list, filter, open, ACTIVE port, GID,
  * MTU) -> per NIC: PD, completion channel, CQ -> completion thread ->
  * MRs (te_rdma_reg) -> connections (te_rdma_conn_new: QPs in INIT,
  * te_rdma_conn_connect: RTR, RTS) -> posts.
@@ -19,6 +19,7 @@
  * the unsignaled WRs that had completed silently; its slot is reserved.
  */
 #include "transfer/rdma.h"
+#include "transfer/rdma_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -39,29 +40,11 @@
 
 #define LOG_SUBSYS LOGS_RDMA
 
-#define TE_RDMA_POST_CHUNK 32    /* WRs per ibv_post_send call */
-#define TE_RDMA_POLL_BATCH 64    /* CQEs per ibv_poll_cq call */
-#define TE_RDMA_DRAIN_MS 10000u  /* teardown waits this long for flushes */
+#define TE_RDMA_POST_CHUNK 32   /* WRs per ibv_post_send call */
+#define TE_RDMA_POLL_BATCH 64   /* CQEs per ibv_poll_cq call */
+#define TE_RDMA_DRAIN_MS 10000u /* teardown waits this long for flushes */
 #define TE_RDMA_HOP_LIMIT 64
 #define TE_RDMA_MIN_RNR_TIMER 12 /* 0.64 ms */
-
-/* Built into production binaries only (rdma_providers.c, linked
- * explicitly): registers libibverbs' static providers. Absent in test and
- * dynamic builds, where the weak reference stays NULL. */
-void te_rdma__static_providers(void) __attribute__((weak));
-
-struct rdev {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_comp_channel *ch;
-	struct ibv_cq *cq;
-	struct ibv_device_attr attr;
-	struct te_rdma_nic info;
-	enum ibv_mtu mtu;
-	/* under te_rdma.lock */
-	unsigned cq_used;  /* CQ entries reserved by QPs */
-	unsigned n_qp, n_mr;
-};
 
 struct rqp;
 
@@ -76,7 +59,10 @@ struct te_rdma {
 	pthread_t thread;
 	/* completion thread only */
 	struct ibv_wc wc[TE_RDMA_POLL_BATCH];
-	struct rdone { uint64_t cookie; int status; } *done;
+	struct rdone {
+		uint64_t cookie;
+		int status;
+	} * done;
 };
 
 struct te_rdma_mr {
@@ -91,7 +77,7 @@ struct rqp {
 	unsigned k;
 	struct rdev *dev;
 	struct ibv_qp *qp;
-	uint32_t id;  /* index in te_rdma.qps */
+	uint32_t id; /* index in te_rdma.qps */
 	uint32_t psn;
 	pthread_mutex_t lock;
 	pthread_cond_t idle;
@@ -119,267 +105,28 @@ struct te_rdma_conn {
 	struct rqp q[TE_RDMA_MAX_NICS];
 };
 
-static void why_set(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void why_set(char *why, size_t len, const char *fmt, ...)
-{
-	if (!why || !len)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(why, len, fmt, ap);
-	va_end(ap);
-}
-
-static void why_add(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void why_add(char *buf, size_t len, const char *fmt, ...)
-{
-	size_t used = strlen(buf);
-	if (used + 1 >= len)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(buf + used, len - used, fmt, ap);
-	va_end(ap);
-}
-
-static unsigned mtu_bytes(enum ibv_mtu m)
-{
-	return (m >= IBV_MTU_256 && m <= IBV_MTU_4096) ? 128u << m : 0;
-}
-
 int te_rdma_wc_status_code(int st)
 {
 	switch (st) {
-	case IBV_WC_SUCCESS: return 0;
-	case IBV_WC_REM_ACCESS_ERR: return -EACCES;
+	case IBV_WC_SUCCESS:
+		return 0;
+	case IBV_WC_REM_ACCESS_ERR:
+		return -EACCES;
 	case IBV_WC_LOC_PROT_ERR:
 	case IBV_WC_LOC_ACCESS_ERR:
-	case IBV_WC_LOC_LEN_ERR: return -EFAULT;
+	case IBV_WC_LOC_LEN_ERR:
+		return -EFAULT;
 	case IBV_WC_RETRY_EXC_ERR:
 	case IBV_WC_RNR_RETRY_EXC_ERR:
-	case IBV_WC_RESP_TIMEOUT_ERR: return MC_EUNAVAILABLE;
-	case IBV_WC_WR_FLUSH_ERR: return MC_ECANCELLED;
+	case IBV_WC_RESP_TIMEOUT_ERR:
+		return MC_EUNAVAILABLE;
+	case IBV_WC_WR_FLUSH_ERR:
+		return MC_ECANCELLED;
 	case IBV_WC_REM_INV_REQ_ERR:
-	case IBV_WC_REM_INV_RD_REQ_ERR: return -EINVAL;
-	default: return -EIO;
-	}
-}
-
-/* ------------------------------------------------------------ devices */
-
-/* How far a candidate device got; te_rdma_new reports the furthest
- * stage any device reached. */
-enum stage { ST_OPEN_FAIL = 1, ST_PERM, ST_NO_PORT, ST_NO_GID, ST_USABLE };
-
-static bool in_list(const char *list, const char *name)
-{
-	size_t n = strlen(name);
-	for (const char *p = list; *p;) {
-		size_t len = strcspn(p, ",");
-		if (len == n && strncmp(p, name, n) == 0)
-			return true;
-		p += len;
-		if (*p == ',')
-			p++;
-	}
-	return false;
-}
-
-/* Choose the GID of a port (te_gid_pick, shared with mooncakectl doctor)
- * from its table as the verbs report it. */
-static int pick_gid(struct ibv_context *ctx, uint8_t port, const struct ibv_port_attr *pa,
-		    int want, struct ibv_gid_entry *out)
-{
-	struct te_gid_entry t[256];
-	size_t n = pa->gid_tbl_len > 0 ? MC_MIN((size_t)pa->gid_tbl_len, MC_ARRAY_LEN(t)) : 0;
-	for (size_t i = 0; i < n; i++) {
-		struct ibv_gid_entry e;
-		memset(&t[i], 0, sizeof(t[i]));
-		if ((want >= 0 && (size_t)want != i) ||
-		    ibv_query_gid_ex(ctx, port, (uint32_t)i, &e, 0))
-			continue;
-		memcpy(t[i].raw, e.gid.raw, 16);
-		t[i].type = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? TE_GID_ROCE_V2
-			    : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? TE_GID_ROCE_V1
-								 : TE_GID_IB;
-		t[i].valid = true;
-	}
-	int best = te_gid_pick(t, n, want);
-	if (best >= 0 && ibv_query_gid_ex(ctx, port, (uint32_t)best, out, 0))
-		return -1;
-	return best;
-}
-
-/* Open one device and find its first usable port; fills d on success. */
-static enum stage probe_dev(struct ibv_device *ibd, const struct te_rdma_opts *o, struct rdev *d,
-			    char *why, size_t why_len)
-{
-	int gid_index = o->gid_index;
-	const char *name = ibv_get_device_name(ibd);
-	struct ibv_context *ctx = ibv_open_device(ibd);
-	if (!ctx) {
-		int e = errno;
-		why_add(why, why_len, "%s: cannot open (%s%s); ", name, strerror(e),
-			e == EACCES || e == EPERM ? ": no permission on /dev/infiniband/uverbs*" : "");
-		return e == EACCES || e == EPERM ? ST_PERM : ST_OPEN_FAIL;
-	}
-	if (ibv_query_device(ctx, &d->attr)) {
-		why_add(why, why_len, "%s: ibv_query_device failed; ", name);
-		ibv_close_device(ctx);
-		return ST_OPEN_FAIL;
-	}
-	enum stage reached = ST_NO_PORT;
-	for (uint8_t port = 1; port <= d->attr.phys_port_cnt; port++) {
-		struct ibv_port_attr pa;
-		struct ibv_gid_entry g;
-		if (ibv_query_port(ctx, port, &pa))
-			continue;
-		if (pa.state != IBV_PORT_ACTIVE) {
-			why_add(why, why_len, "%s: port %u is %s, not ACTIVE; ", name, port,
-				ibv_port_state_str(pa.state));
-			continue;
-		}
-		reached = ST_NO_GID;
-		int gi = pick_gid(ctx, port, &pa, gid_index, &g);
-		if (gi < 0) {
-			if (gid_index >= 0)
-				why_add(why, why_len, "%s: port %u: GID index %d is not valid "
-					"(table of %d); ", name, port, gid_index, pa.gid_tbl_len);
-			else
-				why_add(why, why_len, "%s: port %u has no usable GID "
-					"(no IP address on the interface?); ", name, port);
-			continue;
-		}
-		d->ctx = ctx;
-		d->mtu = pa.active_mtu;
-		while (o->mtu_bytes && mtu_bytes(d->mtu) > o->mtu_bytes && d->mtu > IBV_MTU_256)
-			d->mtu = (enum ibv_mtu)(d->mtu - 1);
-		snprintf(d->info.name, sizeof(d->info.name), "%s", name);
-		d->info.port = port;
-		d->info.gid_index = (uint8_t)gi;
-		d->info.gid_type = (uint8_t)g.gid_type;
-		memcpy(d->info.gid, g.gid.raw, 16);
-		d->info.lid = pa.lid;
-		d->info.mtu_bytes = mtu_bytes(d->mtu);
-		return ST_USABLE;
-	}
-	ibv_close_device(ctx);
-	return reached;
-}
-
-int te_rdma_query_port(const char *device, unsigned port, struct te_rdma_port_attr *out)
-{
-	int num = 0, rc = -ENODEV;
-	if (te_rdma__static_providers)
-		te_rdma__static_providers();
-	struct ibv_device **list = ibv_get_device_list(&num);
-	if (!list)
-		return errno == EACCES || errno == EPERM ? -EACCES : -ENODEV;
-	for (int i = 0; i < num; i++) {
-		if (strcmp(ibv_get_device_name(list[i]), device) != 0)
-			continue;
-		struct ibv_context *ctx = ibv_open_device(list[i]);
-		if (!ctx) {
-			rc = errno == EACCES || errno == EPERM ? -EACCES : -(errno ? errno : EIO);
-			break;
-		}
-		struct ibv_device_attr da;
-		struct ibv_port_attr pa;
-		if (ibv_query_device(ctx, &da)) {
-			rc = -EIO;
-		} else if (port < 1 || port > da.phys_port_cnt) {
-			rc = -ENOENT;
-		} else if ((rc = ibv_query_port(ctx, (uint8_t)port, &pa)) != 0) {
-			rc = rc > 0 ? -rc : -EIO;
-		} else {
-			memset(out, 0, sizeof(*out));
-			out->state = (unsigned)pa.state;
-			out->active_mtu_bytes = mtu_bytes(pa.active_mtu);
-			out->max_mtu_bytes = mtu_bytes(pa.max_mtu);
-			out->gid_tbl_len = pa.gid_tbl_len > 0 ? (unsigned)pa.gid_tbl_len : 0;
-			out->ethernet = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
-			rc = 0;
-		}
-		ibv_close_device(ctx);
-		break;
-	}
-	ibv_free_device_list(list);
-	return rc;
-}
-
-static int select_devices(struct te_rdma *r, char *why, size_t why_len)
-{
-	int num = 0;
-	char reasons[512] = "";
-	enum stage furthest = 0;
-	if (te_rdma__static_providers)
-		te_rdma__static_providers();
-	struct ibv_device **list = ibv_get_device_list(&num);
-	if (!list || num <= 0) {
-		int e = list ? 0 : errno;
-		if (list)
-			ibv_free_device_list(list);
-		if (e == EACCES || e == EPERM) {
-			why_set(why, why_len, "no permission to list RDMA devices (%s)", strerror(e));
-			return -EACCES;
-		}
-		why_set(why, why_len, "no RDMA devices found (no RDMA NIC or no kernel support)");
-		return -ENODEV;
-	}
-	const char *filter = r->o.devices;
-	bool all = !filter || !*filter || strcmp(filter, "auto") == 0;
-	if (!all) {
-		/* every name asked for must exist */
-		for (const char *p = filter; *p;) {
-			size_t len = strcspn(p, ",");
-			bool found = false;
-			for (int i = 0; i < num && !found; i++)
-				found = strlen(ibv_get_device_name(list[i])) == len &&
-					strncmp(ibv_get_device_name(list[i]), p, len) == 0;
-			if (!found) {
-				char avail[256] = "";
-				for (int i = 0; i < num; i++)
-					why_add(avail, sizeof(avail), "%s%s", i ? "," : "",
-						ibv_get_device_name(list[i]));
-				why_set(why, why_len, "RDMA device '%.*s' not found (devices: %s)",
-					(int)len, p, avail);
-				ibv_free_device_list(list);
-				return -ENODEV;
-			}
-			p += len;
-			if (*p == ',')
-				p++;
-		}
-	}
-	for (int i = 0; i < num && r->n < TE_RDMA_MAX_NICS; i++) {
-		if (!all && !in_list(filter, ibv_get_device_name(list[i])))
-			continue;
-		enum stage s = probe_dev(list[i], &r->o, &r->dev[r->n], reasons,
-					 sizeof(reasons));
-		if (s == ST_USABLE)
-			r->n++;
-		else if (s > furthest)
-			furthest = s;
-	}
-	ibv_free_device_list(list);
-	if (r->n > 0)
-		return 0;
-	size_t rl = strlen(reasons);
-	if (rl >= 2 && reasons[rl - 2] == ';')
-		reasons[rl - 2] = 0;
-	switch (furthest) {
-	case ST_PERM:
-		why_set(why, why_len, "no permission to open the RDMA devices: %s", reasons);
-		return -EACCES;
-	case ST_NO_GID:
-		why_set(why, why_len, "no usable GID: %s", reasons);
-		return -EADDRNOTAVAIL;
-	case ST_NO_PORT:
-		why_set(why, why_len, "no ACTIVE RDMA port: %s", reasons);
-		return -ENETDOWN;
+	case IBV_WC_REM_INV_RD_REQ_ERR:
+		return -EINVAL;
 	default:
-		why_set(why, why_len, "no usable RDMA device: %s", reasons);
-		return -ENODEV;
+		return -EIO;
 	}
 }
 
@@ -387,42 +134,48 @@ static int dev_setup(struct te_rdma *r, struct rdev *d, char *why, size_t why_le
 {
 	int rc;
 	if ((uint64_t)r->o.sq_depth + 1 > (uint64_t)d->attr.max_qp_wr) {
-		why_set(why, why_len, "%s: send queue depth %u exceeds the device's max_qp_wr %d",
-			d->info.name, r->o.sq_depth, d->attr.max_qp_wr);
+		te_rdma__why(why, why_len,
+			     "%s: send queue depth %u exceeds the device's max_qp_wr %d",
+			     d->info.name, r->o.sq_depth, d->attr.max_qp_wr);
 		return -EINVAL;
 	}
 	unsigned cqe = r->o.cq_depth;
 	if (d->attr.max_cqe > 0 && cqe > (unsigned)d->attr.max_cqe)
 		cqe = (unsigned)d->attr.max_cqe;
-	d->info.mtu_bytes = mtu_bytes(d->mtu);
+	d->info.mtu_bytes = te_rdma__mtu_bytes(d->mtu);
 	d->pd = ibv_alloc_pd(d->ctx);
 	if (!d->pd) {
 		rc = -errno;
-		why_set(why, why_len, "%s: ibv_alloc_pd: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_alloc_pd: %s", d->info.name,
+			     strerror(errno));
 		goto fail;
 	}
 	d->ch = ibv_create_comp_channel(d->ctx);
 	if (!d->ch) {
 		rc = -errno;
-		why_set(why, why_len, "%s: ibv_create_comp_channel: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_create_comp_channel: %s", d->info.name,
+			     strerror(errno));
 		goto fail_pd;
 	}
 	int fl = fcntl(d->ch->fd, F_GETFL);
 	if (fl < 0 || fcntl(d->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
 		rc = -errno;
-		why_set(why, why_len, "%s: completion channel: %s", d->info.name, strerror(errno));
+		te_rdma__why(why, why_len, "%s: completion channel: %s", d->info.name,
+			     strerror(errno));
 		goto fail_ch;
 	}
 	d->cq = ibv_create_cq(d->ctx, (int)cqe, d, d->ch, 0);
 	if (!d->cq) {
 		rc = -errno;
-		why_set(why, why_len, "%s: ibv_create_cq(%u): %s", d->info.name, cqe, strerror(errno));
+		te_rdma__why(why, why_len, "%s: ibv_create_cq(%u): %s", d->info.name, cqe,
+			     strerror(errno));
 		goto fail_ch;
 	}
 	rc = ibv_req_notify_cq(d->cq, 0);
 	if (rc) {
 		rc = -rc;
-		why_set(why, why_len, "%s: ibv_req_notify_cq: %s", d->info.name, strerror(-rc));
+		te_rdma__why(why, why_len, "%s: ibv_req_notify_cq: %s", d->info.name,
+			     strerror(-rc));
 		goto fail_cq;
 	}
 	return 0;
@@ -462,7 +215,8 @@ static void deliver(struct te_rdma *r, struct rqp *q, uint64_t seq32, int ibst,
 	bool first_err = false;
 	int code = te_rdma_wc_status_code(ibst);
 	pthread_mutex_lock(&q->lock);
-	uint64_t seq = q->done_seq + (uint64_t)(uint32_t)((uint32_t)seq32 - (uint32_t)q->done_seq);
+	uint64_t seq = q->done_seq +
+		       (uint64_t)(uint32_t)((uint32_t)seq32 - (uint32_t)q->done_seq);
 	if (seq >= q->post_seq) {
 		pthread_mutex_unlock(&q->lock);
 		log_error("%s: completion for QP %u sequence %llu not posted (posted %llu)",
@@ -476,17 +230,18 @@ static void deliver(struct te_rdma *r, struct rqp *q, uint64_t seq32, int ibst,
 			continue;
 		r->done[nd].cookie = q->cookies[slot];
 		r->done[nd].status = q->kind[slot] == WR_UNPOSTED ? q->unposted_err[slot]
-				     : s == seq		       ? code
-							       : 0;
+				     : s == seq                   ? code
+								  : 0;
 		nd++;
 	}
 	q->done_seq = seq + 1;
 	if (code && !q->err) {
 		q->err = code;
 		q->connected = false;
-		log_warn("%s: QP %u (peer QP %u) failed: %s (vendor error 0x%x); it stays in ERR",
-			 q->dev->info.name, q->qp->qp_num, q->peer_qpn,
-			 ibv_wc_status_str(wc->status), wc->vendor_err);
+		log_warn(
+			"%s: QP %u (peer QP %u) failed: %s (vendor error 0x%x); it stays in ERR",
+			q->dev->info.name, q->qp->qp_num, q->peer_qpn,
+			ibv_wc_status_str(wc->status), wc->vendor_err);
 	}
 	int qp_err = q->err;
 	if (q->err && !q->err_reported && !q->closing) {
@@ -521,7 +276,8 @@ static void drain_cq(struct te_rdma *r, struct rdev *d)
 			struct rqp *q = id < r->qps_cap ? r->qps[id] : NULL;
 			pthread_mutex_unlock(&r->lock);
 			if (!q) {
-				log_error("%s: completion for unknown QP %u", d->info.name, wc->qp_num);
+				log_error("%s: completion for unknown QP %u", d->info.name,
+					  wc->qp_num);
 				continue;
 			}
 			deliver(r, q, wc->wr_id & 0xffffffffu, wc->status, wc);
@@ -565,7 +321,8 @@ static void *cq_thread(void *arg)
 			 * found by the poll, one after it raises an event */
 			int rc = ibv_req_notify_cq(d->cq, 0);
 			if (rc)
-				log_error("%s: ibv_req_notify_cq: %s", d->info.name, strerror(rc));
+				log_error("%s: ibv_req_notify_cq: %s", d->info.name,
+					  strerror(rc));
 			drain_cq(r, d);
 		}
 	}
@@ -574,13 +331,14 @@ static void *cq_thread(void *arg)
 
 /* ------------------------------------------------------------ context */
 
-int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why, size_t why_len)
+int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why,
+		size_t why_len)
 {
 	int rc;
 	if (why && why_len)
 		why[0] = 0;
 	if (!opts || !out || !opts->on_complete) {
-		why_set(why, why_len, "on_complete callback missing");
+		te_rdma__why(why, why_len, "on_complete callback missing");
 		return -EINVAL;
 	}
 	struct te_rdma *r = calloc(1, sizeof(*r));
@@ -593,11 +351,14 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 		r->o.signal_every = TE_RDMA_DEFAULT_SIGNAL_EVERY;
 	if (!r->o.cq_depth)
 		r->o.cq_depth = TE_RDMA_DEFAULT_CQ_DEPTH;
-	if (r->o.sq_depth < 2 || r->o.sq_depth > 65536 || r->o.signal_every > r->o.sq_depth / 2 ||
-	    r->o.gid_index < -1 || r->o.gid_index > 255 ||
+	if (r->o.sq_depth < 2 || r->o.sq_depth > 65536 ||
+	    r->o.signal_every > r->o.sq_depth / 2 || r->o.gid_index < -1 ||
+	    r->o.gid_index > 255 ||
 	    (r->o.mtu_bytes && (r->o.mtu_bytes < 256 || r->o.mtu_bytes > 4096 ||
 				(r->o.mtu_bytes & (r->o.mtu_bytes - 1))))) {
-		why_set(why, why_len, "bad options: sq_depth %u (2..65536), signal_every %u "
+		te_rdma__why(
+			why, why_len,
+			"bad options: sq_depth %u (2..65536), signal_every %u "
 			"(at most sq_depth/2), gid_index %d (-1..255), mtu %u (256..4096)",
 			r->o.sq_depth, r->o.signal_every, r->o.gid_index, r->o.mtu_bytes);
 		rc = -EINVAL;
@@ -609,7 +370,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 		goto fail_free;
 	}
 	pthread_mutex_init(&r->lock, NULL);
-	rc = select_devices(r, why, why_len);
+	rc = te_rdma__select_devices(&r->o, r->dev, &r->n, why, why_len);
 	if (rc)
 		goto fail_devs;
 	for (unsigned i = 0; i < r->n; i++) {
@@ -624,7 +385,8 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 	}
 	rc = -pthread_create(&r->thread, NULL, cq_thread, r);
 	if (rc) {
-		why_set(why, why_len, "cannot start the completion thread: %s", strerror(-rc));
+		te_rdma__why(why, why_len, "cannot start the completion thread: %s",
+			     strerror(-rc));
 		goto fail_efd;
 	}
 	for (unsigned i = 0; i < r->n; i++)
@@ -632,7 +394,7 @@ int te_rdma_new(const struct te_rdma_opts *opts, struct te_rdma **out, char *why
 			 r->dev[i].info.port, r->dev[i].info.gid_index,
 			 r->dev[i].info.gid_type == IBV_GID_TYPE_ROCE_V2   ? "RoCE v2"
 			 : r->dev[i].info.gid_type == IBV_GID_TYPE_ROCE_V1 ? "RoCE v1"
-									     : "IB",
+									   : "IB",
 			 r->dev[i].info.mtu_bytes);
 	*out = r;
 	return 0;
@@ -659,8 +421,8 @@ void te_rdma_free(struct te_rdma *r)
 	close(r->stop_fd);
 	for (unsigned i = r->n; i-- > 0;) {
 		if (r->dev[i].n_qp || r->dev[i].n_mr)
-			log_error("%s: freed with %u QPs and %u MRs still open", r->dev[i].info.name,
-				  r->dev[i].n_qp, r->dev[i].n_mr);
+			log_error("%s: freed with %u QPs and %u MRs still open",
+				  r->dev[i].info.name, r->dev[i].n_qp, r->dev[i].n_mr);
 		dev_teardown(&r->dev[i]);
 	}
 	free(r->qps);
@@ -669,7 +431,10 @@ void te_rdma_free(struct te_rdma *r)
 	free(r);
 }
 
-unsigned te_rdma_nic_count(const struct te_rdma *r) { return r->n; }
+unsigned te_rdma_nic_count(const struct te_rdma *r)
+{
+	return r->n;
+}
 
 const struct te_rdma_nic *te_rdma_nic(const struct te_rdma *r, unsigned nic)
 {
@@ -678,7 +443,8 @@ const struct te_rdma_nic *te_rdma_nic(const struct te_rdma *r, unsigned nic)
 
 /* ------------------------------------------------------------ memory */
 
-static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char *why, size_t why_len)
+static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char *why,
+		     size_t why_len)
 {
 	struct rlimit rl;
 	unsigned n_mr;
@@ -686,38 +452,45 @@ static int reg_error(struct te_rdma *r, struct rdev *d, size_t len, int e, char 
 	n_mr = d->n_mr;
 	pthread_mutex_unlock(&r->lock);
 	if (e == ENOMEM && d->attr.max_mr > 0 && n_mr >= (unsigned)d->attr.max_mr) {
-		why_set(why, why_len, "%s: the device allows %d memory regions (max_mr) and %u are "
-			"registered: register fewer, larger regions", d->info.name, d->attr.max_mr, n_mr);
-	} else if (e == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-		why_set(why, why_len, "%s: cannot pin %zu bytes: the locked-memory limit "
+		te_rdma__why(why, why_len,
+			     "%s: the device allows %d memory regions (max_mr) and %u are "
+			     "registered: register fewer, larger regions",
+			     d->info.name, d->attr.max_mr, n_mr);
+	} else if (e == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+		   rl.rlim_cur != RLIM_INFINITY) {
+		te_rdma__why(
+			why, why_len,
+			"%s: cannot pin %zu bytes: the locked-memory limit "
 			"(RLIMIT_MEMLOCK, ulimit -l) is %llu KiB; raise it (ulimit -l unlimited, "
 			"LimitMEMLOCK=infinity in the systemd unit, or memlock in "
-			"/etc/security/limits.conf)", d->info.name, len,
-			(unsigned long long)(rl.rlim_cur / 1024));
+			"/etc/security/limits.conf)",
+			d->info.name, len, (unsigned long long)(rl.rlim_cur / 1024));
 	} else if (e == ENOMEM) {
-		why_set(why, why_len, "%s: out of memory registering %zu bytes", d->info.name, len);
+		te_rdma__why(why, why_len, "%s: out of memory registering %zu bytes",
+			     d->info.name, len);
 	} else if (e == EACCES || e == EPERM) {
-		why_set(why, why_len, "%s: no permission to register memory (%s)", d->info.name,
-			strerror(e));
+		te_rdma__why(why, why_len, "%s: no permission to register memory (%s)",
+			     d->info.name, strerror(e));
 	} else if (e == EFAULT) {
-		why_set(why, why_len, "%s: the region is not mapped", d->info.name);
+		te_rdma__why(why, why_len, "%s: the region is not mapped", d->info.name);
 	} else {
-		why_set(why, why_len, "%s: ibv_reg_mr of %zu bytes: %s", d->info.name, len, strerror(e));
+		te_rdma__why(why, why_len, "%s: ibv_reg_mr of %zu bytes: %s", d->info.name,
+			     len, strerror(e));
 	}
 	return e ? -e : -EIO;
 }
 
-int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
-		struct te_rdma_mr **out, char *why, size_t why_len)
+/* One MR per NIC of [addr, addr + len), or of a dma-buf (fd >= 0, from
+ * offset) known to the NICs at addr. */
+static int reg_mrs(struct te_rdma *r, void *addr, size_t len, int fd, uint64_t offset,
+		   int access, struct te_rdma_mr **out, char *why, size_t why_len)
 {
 	int rc;
 	unsigned i;
-	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-		     (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
 	if (why && why_len)
 		why[0] = 0;
 	if (!addr || !len) {
-		why_set(why, why_len, "empty region");
+		te_rdma__why(why, why_len, "empty region");
 		return -EINVAL;
 	}
 	struct te_rdma_mr *m = calloc(1, sizeof(*m));
@@ -728,9 +501,19 @@ int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
 	m->len = len;
 	for (i = 0; i < r->n; i++) {
 		struct rdev *d = &r->dev[i];
-		m->mr[i] = ibv_reg_mr(d->pd, addr, len, access);
+		m->mr[i] = fd < 0 ? ibv_reg_mr(d->pd, addr, len, access)
+				  : ibv_reg_dmabuf_mr(d->pd, offset, len,
+						      (uint64_t)(uintptr_t)addr, fd, access);
 		if (!m->mr[i]) {
-			rc = reg_error(r, d, len, errno, why, why_len);
+			if (fd >= 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
+				te_rdma__why(why, why_len,
+					     "%s: no dma-buf registration (driver "
+					     "or kernel)",
+					     d->info.name);
+				rc = -EOPNOTSUPP;
+			} else {
+				rc = reg_error(r, d, len, errno, why, why_len);
+			}
 			goto fail_dereg;
 		}
 		pthread_mutex_lock(&r->lock);
@@ -748,6 +531,25 @@ fail_dereg:
 	}
 	free(m);
 	return rc;
+}
+
+int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
+		struct te_rdma_mr **out, char *why, size_t why_len)
+{
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+		     (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
+	return reg_mrs(r, addr, len, -1, 0, access, out, why, why_len);
+}
+
+int te_rdma_reg_dmabuf(struct te_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova,
+		       struct te_rdma_mr **out, char *why, size_t why_len)
+{
+	if (fd < 0) {
+		te_rdma__why(why, why_len, "no dma-buf");
+		return -EINVAL;
+	}
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	return reg_mrs(r, (void *)(uintptr_t)iova, len, fd, offset, access, out, why, why_len);
 }
 
 uint32_t te_rdma_mr_lkey(const struct te_rdma_mr *mr, unsigned nic)
@@ -792,9 +594,10 @@ static int qp_reserve(struct te_rdma *r, struct rqp *q, char *why, size_t why_le
 	int rc = 0;
 	pthread_mutex_lock(&r->lock);
 	if (d->cq_used + need > (unsigned)d->cq->cqe) {
-		why_set(why, why_len, "%s: the completion queue (%d entries) is full with %u QPs of "
-			"%u: raise the CQ depth or lower the send queue depth", d->info.name,
-			d->cq->cqe, d->n_qp, need);
+		te_rdma__why(why, why_len,
+			     "%s: the completion queue (%d entries) is full with %u QPs of "
+			     "%u: raise the CQ depth or lower the send queue depth",
+			     d->info.name, d->cq->cqe, d->n_qp, need);
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -848,8 +651,10 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		.qp_context = q,
 		.send_cq = d->cq,
 		.recv_cq = d->cq,
-		.cap = {.max_send_wr = r->o.sq_depth + 1, .max_recv_wr = 1,
-			.max_send_sge = 1, .max_recv_sge = 1},
+		.cap = {.max_send_wr = r->o.sq_depth + 1,
+			.max_recv_wr = 1,
+			.max_send_sge = 1,
+			.max_recv_sge = 1},
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
 	};
@@ -861,10 +666,14 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		n_qp = d->n_qp - 1;
 		pthread_mutex_unlock(&r->lock);
 		if (e == ENOMEM && d->attr.max_qp > 0 && n_qp >= (unsigned)d->attr.max_qp)
-			why_set(why, why_len, "%s: the device allows %d queue pairs (max_qp) and %u are "
-				"open: fewer peers or NICs per engine", d->info.name, d->attr.max_qp, n_qp);
+			te_rdma__why(
+				why, why_len,
+				"%s: the device allows %d queue pairs (max_qp) and %u are "
+				"open: fewer peers or NICs per engine",
+				d->info.name, d->attr.max_qp, n_qp);
 		else
-			why_set(why, why_len, "%s: ibv_create_qp: %s", d->info.name, strerror(e));
+			te_rdma__why(why, why_len, "%s: ibv_create_qp: %s", d->info.name,
+				     strerror(e));
 		rc = e ? -e : -EIO;
 		goto fail_reserve;
 	}
@@ -875,10 +684,11 @@ static int qp_create(struct te_rdma *r, struct rqp *q, char *why, size_t why_len
 		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
 				   IBV_ACCESS_REMOTE_WRITE,
 	};
-	rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					     IBV_QP_ACCESS_FLAGS);
+	rc = ibv_modify_qp(q->qp, &a,
+			   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS);
 	if (rc) {
-		why_set(why, why_len, "%s: QP to INIT: %s", d->info.name, strerror(rc));
+		te_rdma__why(why, why_len, "%s: QP to INIT: %s", d->info.name, strerror(rc));
 		rc = -rc;
 		goto fail_qp;
 	}
@@ -916,7 +726,8 @@ static void qp_fence_locked(struct te_rdma *r, struct rqp *q)
 	};
 	struct ibv_send_wr *bad = NULL;
 	if (q->post_seq - q->done_seq >= ring) {
-		log_error("%s: QP %u: no slot for the fence", q->dev->info.name, q->qp->qp_num);
+		log_error("%s: QP %u: no slot for the fence", q->dev->info.name,
+			  q->qp->qp_num);
 		return;
 	}
 	int rc = ibv_post_send(q->qp, &wr, &bad);
@@ -936,7 +747,8 @@ static void qp_to_err_locked(struct te_rdma *r, struct rqp *q)
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	int rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
 	if (rc) {
-		log_error("%s: QP %u to ERR: %s", q->dev->info.name, q->qp->qp_num, strerror(rc));
+		log_error("%s: QP %u to ERR: %s", q->dev->info.name, q->qp->qp_num,
+			  strerror(rc));
 		return;
 	}
 	if (q->post_seq != q->done_seq)
@@ -958,9 +770,10 @@ static void qp_destroy(struct te_rdma *r, struct rqp *q)
 		ts.tv_sec += 1;
 		pthread_cond_timedwait(&q->idle, &q->lock, &ts);
 		if (mc_now_ms() > deadline) {
-			log_error("%s: QP %u: %llu work requests never completed; destroying anyway",
-				  q->dev->info.name, q->qp->qp_num,
-				  (unsigned long long)(q->post_seq - q->done_seq));
+			log_error(
+				"%s: QP %u: %llu work requests never completed; destroying anyway",
+				q->dev->info.name, q->qp->qp_num,
+				(unsigned long long)(q->post_seq - q->done_seq));
 			break;
 		}
 	}
@@ -976,15 +789,16 @@ static void qp_destroy(struct te_rdma *r, struct rqp *q)
 	free(q->cookies);
 }
 
-int te_rdma_conn_new(struct te_rdma *r, unsigned peer_nics, void *arg, struct te_rdma_conn **out,
-		     char *why, size_t why_len)
+int te_rdma_conn_new(struct te_rdma *r, unsigned peer_nics, void *arg,
+		     struct te_rdma_conn **out, char *why, size_t why_len)
 {
 	int rc = 0;
 	unsigned k;
 	if (why && why_len)
 		why[0] = 0;
 	if (peer_nics == 0 || peer_nics > TE_RDMA_MAX_NICS) {
-		why_set(why, why_len, "peer NIC count %u not in 1..%d", peer_nics, TE_RDMA_MAX_NICS);
+		te_rdma__why(why, why_len, "peer NIC count %u not in 1..%d", peer_nics,
+			     TE_RDMA_MAX_NICS);
 		return -EINVAL;
 	}
 	struct te_rdma_conn *c = calloc(1, sizeof(*c));
@@ -1012,7 +826,10 @@ fail_qps:
 	return rc;
 }
 
-unsigned te_rdma_conn_qps(const struct te_rdma_conn *c) { return c->n; }
+unsigned te_rdma_conn_qps(const struct te_rdma_conn *c)
+{
+	return c->n;
+}
 
 unsigned te_rdma_conn_nic(const struct te_rdma_conn *c, unsigned k)
 {
@@ -1047,23 +864,27 @@ static int qp_connect(struct rqp *q, const struct te_rdma_ep *p)
 		.path_mtu = mtu,
 		.dest_qp_num = p->qpn,
 		.rq_psn = p->psn,
-		.max_dest_rd_atomic = (uint8_t)MC_MIN(TE_RDMA_QP_RD_ATOMIC, d->attr.max_qp_rd_atom),
+		.max_dest_rd_atomic = (uint8_t)MC_MIN(TE_RDMA_QP_RD_ATOMIC,
+						      d->attr.max_qp_rd_atom),
 		.min_rnr_timer = TE_RDMA_MIN_RNR_TIMER,
-		.ah_attr = {
-			.is_global = 1,
-			.grh = {.sgid_index = d->info.gid_index, .hop_limit = TE_RDMA_HOP_LIMIT},
-			.dlid = p->lid,
-			.sl = 0,
-			.port_num = d->info.port,
-		},
+		.ah_attr =
+			{
+				.is_global = 1,
+				.grh = {.sgid_index = d->info.gid_index,
+					.hop_limit = TE_RDMA_HOP_LIMIT},
+				.dlid = p->lid,
+				.sl = 0,
+				.port_num = d->info.port,
+			},
 	};
 	memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
-	int rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-					     IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	int rc = ibv_modify_qp(q->qp, &a,
+			       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				       IBV_QP_MIN_RNR_TIMER);
 	if (rc) {
-		log_error("%s: QP %u to RTR (peer QP %u, MTU %u): %s", d->info.name, q->qp->qp_num,
-			  p->qpn, mtu_bytes(mtu), strerror(rc));
+		log_error("%s: QP %u to RTR (peer QP %u, MTU %u): %s", d->info.name,
+			  q->qp->qp_num, p->qpn, te_rdma__mtu_bytes(mtu), strerror(rc));
 		return -rc;
 	}
 	memset(&a, 0, sizeof(a));
@@ -1073,9 +894,9 @@ static int qp_connect(struct rqp *q, const struct te_rdma_ep *p)
 	a.rnr_retry = TE_RDMA_QP_RNR_RETRY;
 	a.sq_psn = q->psn;
 	a.max_rd_atomic = (uint8_t)MC_MIN(TE_RDMA_QP_RD_ATOMIC, d->attr.max_qp_init_rd_atom);
-	rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					     IBV_QP_MAX_QP_RD_ATOMIC);
+	rc = ibv_modify_qp(q->qp, &a,
+			   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (rc) {
 		log_error("%s: QP %u to RTS: %s", d->info.name, q->qp->qp_num, strerror(rc));
 		return -rc;
@@ -1089,7 +910,7 @@ int te_rdma_conn_connect(struct te_rdma_conn *c, const struct te_rdma_ep *peer, 
 		return -EINVAL;
 	for (unsigned k = 0; k < n; k++)
 		if (peer[k].qpn > 0xffffff || peer[k].psn > 0xffffff ||
-		    mtu_bytes((enum ibv_mtu)peer[k].mtu) == 0)
+		    te_rdma__mtu_bytes((enum ibv_mtu)peer[k].mtu) == 0)
 			return -EINVAL;
 	for (unsigned k = 0; k < n; k++) {
 		struct rqp *q = &c->q[k];
@@ -1165,13 +986,15 @@ int te_rdma_post(struct te_rdma_conn *c, unsigned k, const struct te_rdma_wr *wr
 			if (sig)
 				q->since_signal = 0;
 			sge[j] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)w->local,
-						  .length = w->len, .lkey = w->lkey};
+						  .length = w->len,
+						  .lkey = w->lkey};
 			wr[j] = (struct ibv_send_wr){
 				.wr_id = (uint64_t)q->id << 32 | (seq & 0xffffffffu),
 				.next = j + 1 < m ? &wr[j + 1] : NULL,
 				.sg_list = &sge[j],
 				.num_sge = 1,
-				.opcode = w->op == TE_RDMA_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
+				.opcode = w->op == TE_RDMA_WRITE ? IBV_WR_RDMA_WRITE
+								 : IBV_WR_RDMA_READ,
 				.send_flags = sig ? IBV_SEND_SIGNALED : 0,
 			};
 			wr[j].wr.rdma.remote_addr = w->remote;
@@ -1258,7 +1081,8 @@ int te_rdma_ep_decode(const uint8_t *in, size_t len, struct te_rdma_ep *ep)
 	ep->mtu = in[24];
 	ep->port = in[25];
 	ep->nic = in[26];
-	if (mtu_bytes((enum ibv_mtu)ep->mtu) == 0 || ep->port == 0 || ep->nic >= TE_RDMA_MAX_NICS)
+	if (te_rdma__mtu_bytes((enum ibv_mtu)ep->mtu) == 0 || ep->port == 0 ||
+	    ep->nic >= TE_RDMA_MAX_NICS)
 		return -EINVAL;
 	return 0;
 }

@@ -106,10 +106,10 @@ struct te_rdma_opts {
 
 /* One NIC (device + port) in use. */
 struct te_rdma_nic {
-	char name[64];      /* device name, "mlx5_0" */
+	char name[64]; /* device name, "mlx5_0" */
 	uint8_t port;
 	uint8_t gid_index;
-	uint8_t gid_type;   /* 0 IB, 1 RoCE v1, 2 RoCE v2 (enum ibv_gid_type) */
+	uint8_t gid_type; /* 0 IB, 1 RoCE v1, 2 RoCE v2 (enum ibv_gid_type) */
 	uint8_t gid[16];
 	uint16_t lid;
 	unsigned mtu_bytes; /* the port's active MTU */
@@ -119,23 +119,23 @@ struct te_rdma_nic {
 struct te_rdma_ep {
 	uint8_t gid[16];
 	uint16_t lid;
-	uint32_t qpn;  /* 24 bits */
-	uint32_t psn;  /* 24 bits */
-	uint8_t mtu;   /* enum ibv_mtu of the local port */
+	uint32_t qpn; /* 24 bits */
+	uint32_t psn; /* 24 bits */
+	uint8_t mtu;  /* enum ibv_mtu of the local port */
 	uint8_t port;
-	uint8_t nic;   /* index of the local NIC */
+	uint8_t nic; /* index of the local NIC */
 };
 
 enum te_rdma_op { TE_RDMA_WRITE = 1, TE_RDMA_READ = 2 };
 
 struct te_rdma_wr {
 	enum te_rdma_op op;
-	void *local;      /* local address inside a region registered here */
-	uint32_t lkey;    /* te_rdma_mr_lkey(mr, nic of the QP) */
-	uint64_t remote;  /* remote address inside the peer's region */
-	uint32_t rkey;    /* the peer's rkey for the QP's peer NIC */
-	uint32_t len;     /* 0 .. 2^31 */
-	uint64_t cookie;  /* returned by on_complete */
+	void *local;     /* local address inside a region registered here */
+	uint32_t lkey;   /* te_rdma_mr_lkey(mr, nic of the QP) */
+	uint64_t remote; /* remote address inside the peer's region */
+	uint32_t rkey;   /* the peer's rkey for the QP's peer NIC */
+	uint32_t len;    /* 0 .. 2^31 */
+	uint64_t cookie; /* returned by on_complete */
 };
 
 /* Select devices and start the completion thread. why (may be NULL)
@@ -158,6 +158,14 @@ const struct te_rdma_nic *te_rdma_nic(const struct te_rdma *r, unsigned nic);
  * -EPERM; -EFAULT (not mapped); negative errno of ibv_reg_mr. */
 int te_rdma_reg(struct te_rdma *r, void *addr, size_t len, bool remote_write,
 		struct te_rdma_mr **out, char *why, size_t why_len) MC_MUST_CHECK;
+/* Register len bytes of a dma-buf (fd, from offset: device memory its
+ * driver exported, such as a GPU's) on every NIC, which know it at iova
+ * (the address peers use); local write, remote read and write access.
+ * The MRs hold the memory: the caller may close fd after. Errors:
+ * -EINVAL; -EOPNOTSUPP (this libibverbs or device registers no dma-bufs);
+ * those of te_rdma_reg. */
+int te_rdma_reg_dmabuf(struct te_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova,
+		       struct te_rdma_mr **out, char *why, size_t why_len) MC_MUST_CHECK;
 uint32_t te_rdma_mr_lkey(const struct te_rdma_mr *mr, unsigned nic);
 uint32_t te_rdma_mr_rkey(const struct te_rdma_mr *mr, unsigned nic);
 /* Deregister on every NIC; no WR may still use the region. */

@@ -58,8 +58,8 @@
 /* This transport's ops (at the end of the file), registered in engine.c. */
 extern const struct te_xport_ops te__rdma_ops;
 
-#define POST_MAX 64                   /* WRs per te_rdma_post */
-#define MAX_TRIES (TE_MAX_PATHS + 8)  /* resubmissions of one slice */
+#define POST_MAX 64                  /* WRs per te_rdma_post */
+#define MAX_TRIES (TE_MAX_PATHS + 8) /* resubmissions of one slice */
 #define CTRL_TIMEOUT_MS TE_CONNECT_TIMEOUT_MS
 /* Completion queue entries per device. Every QP reserves its send queue
  * depth + 1 of them (rdma.h), so this bounds the QPs per device, to peers
@@ -80,7 +80,8 @@ size_t te__rdma_msg_encode(const struct te_rdma_msg *m, uint8_t out[TE_RDMA_MSG_
 	out[7] = (uint8_t)n;
 	mc_put_le64(out + 8, m->incarnation);
 	for (unsigned k = 0; k < n; k++)
-		te_rdma_ep_encode(&m->eps[k], out + TE_RDMA_MSG_HDR + k * TE_RDMA_EP_WIRE_BYTES);
+		te_rdma_ep_encode(&m->eps[k],
+				  out + TE_RDMA_MSG_HDR + k * TE_RDMA_EP_WIRE_BYTES);
 	return TE_RDMA_MSG_HDR + (size_t)n * TE_RDMA_EP_WIRE_BYTES;
 }
 
@@ -118,10 +119,12 @@ struct lmr {
 	struct te_region *r;
 	uint8_t *base;
 	size_t len;
-	struct te_rdma_mr *mr;      /* NULL until registered (written under mr_lk) */
-	atomic_uint inflight;       /* slices using its lkeys */
-	bool pending;               /* registration queued (under x->mu) */
-	bool dying;                 /* being unregistered (under x->mu) */
+	struct te_rdma_mr *mr; /* NULL until registered (written under mr_lk) */
+	bool device;           /* a dma-buf: base is its address in the
+				     * process that owns it, never ours */
+	atomic_uint inflight;  /* slices using its lkeys */
+	bool pending;          /* registration queued (under x->mu) */
+	bool dying;            /* being unregistered (under x->mu) */
 	struct te_job job;
 };
 
@@ -137,13 +140,13 @@ struct rdma_xport {
 	struct te_engine *e;
 	struct te_rdma *r;
 	unsigned nnics;
-	pthread_rwlock_t mr_lk;     /* the MR table */
-	struct lmr **mrs;           /* sorted by base (local ranges may overlap) */
+	pthread_rwlock_t mr_lk; /* the MR table */
+	struct lmr **mrs;       /* sorted by base (local ranges may overlap) */
 	size_t nmrs, capmrs, maxlen;
-	pthread_mutex_t mu;         /* pending, dying, the served list */
+	pthread_mutex_t mu; /* pending, dying, the served list */
 	pthread_cond_t cv;
 	struct rsrv *srv;
-	atomic_uint rr;             /* QPs' data workers, round robin */
+	atomic_uint rr; /* QPs' data workers, round robin */
 	struct metric *m_nic[TE_RDMA_MAX_NICS][2];
 	struct metric *m_qp_errors, *m_reconnects, *m_fallback;
 };
@@ -152,8 +155,8 @@ struct rdma_xport {
  * bound while it was current hold a reference. */
 struct rsnap;
 struct rsreg {
-	uint64_t addr, len;         /* the address peers use */
-	uint64_t base;              /* rdma_addr: what WRs target */
+	uint64_t addr, len; /* the address peers use */
+	uint64_t base;      /* rdma_addr: what WRs target */
 	uint32_t rkeys[TE_RDMA_MAX_NICS];
 	struct rsnap *snap;
 };
@@ -171,11 +174,11 @@ struct rconn;
 struct rq {
 	struct rconn *c;
 	unsigned k;
-	struct te_worker *w;        /* posts what is queued */
+	struct te_worker *w; /* posts what is queued */
 	pthread_mutex_t mu;
 	struct te_slice *head, **tail;
-	bool dead;                  /* failed or retired: takes nothing */
-	atomic_bool kicked;         /* a post task is queued */
+	bool dead;          /* failed or retired: takes nothing */
+	atomic_bool kicked; /* a post task is queued */
 	struct te_task kick;
 };
 
@@ -183,23 +186,23 @@ struct rq {
 struct rconn {
 	struct rpeer *p;
 	struct te_rdma_conn *c;
-	atomic_int refs;            /* the peer's + one per queued post task */
+	atomic_int refs; /* the peer's + one per queued post task */
 	unsigned n;
-	atomic_uint healthy;        /* bit per QP */
+	atomic_uint healthy; /* bit per QP */
 	struct rq q[TE_RDMA_MAX_NICS];
 };
 
 struct rpeer {
 	struct te_peer base;
 	struct rdma_xport *x;
-	struct te_peer *tcp;        /* fallback to the same segment, or NULL */
+	struct te_peer *tcp; /* fallback to the same segment, or NULL */
 	unsigned peer_nics;
-	pthread_mutex_t setup_mu;   /* ctrl_fd; connecting and retiring */
+	pthread_mutex_t setup_mu; /* ctrl_fd; connecting and retiring */
 	int ctrl_fd;
-	struct te_desc *d;          /* the descriptor it was connected with */
+	struct te_desc *d; /* the descriptor it was connected with */
 	pthread_rwlock_t lk;
-	struct rconn *cur;          /* under lk; NULL while reconnecting */
-	struct rsnap *snap;         /* under the segment's mu (bind) */
+	struct rconn *cur;  /* under lk; NULL while reconnecting */
+	struct rsnap *snap; /* under the segment's mu (bind) */
 	struct te_job reconnect_job;
 	atomic_bool reconnect_queued;
 };
@@ -251,7 +254,8 @@ static void mr_remove(struct rdma_xport *x, struct lmr *m)
 	pthread_rwlock_wrlock(&x->mr_lk);
 	for (size_t i = 0; i < x->nmrs; i++) {
 		if (x->mrs[i] == m) {
-			memmove(&x->mrs[i], &x->mrs[i + 1], (x->nmrs - i - 1) * sizeof(*x->mrs));
+			memmove(&x->mrs[i], &x->mrs[i + 1],
+				(x->nmrs - i - 1) * sizeof(*x->mrs));
 			x->nmrs--;
 			break;
 		}
@@ -259,8 +263,10 @@ static void mr_remove(struct rdma_xport *x, struct lmr *m)
 	pthread_rwlock_unlock(&x->mr_lk);
 }
 
-/* The registered MR holding [p, p + len), counted in use; NULL if none. */
-static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len)
+/* The registered MR holding [p, p + len) — of a dma-buf when device
+ * (p an address in its owner's process), else of this process's memory
+ * — counted in use; NULL if none. */
+static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len, bool device)
 {
 	struct lmr *found = NULL;
 	uintptr_t a = (uintptr_t)p;
@@ -270,7 +276,7 @@ static struct lmr *lmr_get(struct rdma_xport *x, const uint8_t *p, size_t len)
 		uintptr_t off = a - (uintptr_t)m->base;
 		if (off >= x->maxlen)
 			break; /* every earlier one starts further below */
-		if (m->mr && off < m->len && len <= m->len - off) {
+		if (m->mr && m->device == device && off < m->len && len <= m->len - off) {
 			atomic_fetch_add(&m->inflight, 1);
 			found = m;
 			break;
@@ -296,10 +302,13 @@ static int lmr_register(struct rdma_xport *x, struct lmr *m)
 {
 	char why[512];
 	struct te_rdma_mr *mr;
-	int rc = te_rdma_reg(x->r, m->base, m->len, true, &mr, why, sizeof(why));
+	int rc = m->device ? te_rdma_reg_dmabuf(x->r, m->r->dmabuf, m->r->dmabuf_off, m->len,
+						m->r->addr, &mr, why, sizeof(why))
+			   : te_rdma_reg(x->r, m->base, m->len, true, &mr, why, sizeof(why));
 	if (rc) {
 		log_error("cannot register region 0x%llx+%zu for RDMA: %s",
-			  (unsigned long long)m->r->addr, m->len, why[0] ? why : mc_strerror(rc));
+			  (unsigned long long)m->r->addr, m->len,
+			  why[0] ? why : mc_strerror(rc));
 		return rc;
 	}
 	struct te_rtable *t = &x->e->regions;
@@ -334,13 +343,17 @@ static void on_reg_job(struct te_job *j)
 static int rdma_region_add(struct te_xport *xp, struct te_region *r)
 {
 	struct rdma_xport *x = (struct rdma_xport *)xp;
+	bool device = r->dmabuf >= 0;
+	if (!r->local && !device)
+		return 0; /* another process's memory: no MR, peers use tcp */
 	struct lmr *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
 	m->x = x;
 	m->r = r;
-	m->base = r->local;
+	m->base = device ? (uint8_t *)(uintptr_t)r->addr : r->local;
 	m->len = r->len;
+	m->device = device;
 	m->job.fn = on_reg_job;
 	int rc = mr_insert(x, m);
 	if (rc) {
@@ -348,7 +361,9 @@ static int rdma_region_add(struct te_xport *xp, struct te_region *r)
 		return rc;
 	}
 	r->xp[TE_PROTO_RDMA] = m;
-	if (pthread_equal(pthread_self(), x->e->loop_tid)) {
+	/* A dma-buf is registered at once: without its MR nothing can
+	 * reach it, so a failure must fail the registration. */
+	if (!device && pthread_equal(pthread_self(), x->e->loop_tid)) {
 		/* The loop must not wait for the kernel to pin it. */
 		m->pending = true;
 		if (te__setup_post(x->e, &m->job))
@@ -388,8 +403,8 @@ static void rdma_region_del(struct te_xport *xp, struct te_region *r)
 
 /* ------------------------------------------------------------ serving side */
 
-static int rdma_on_ctrl(struct te_xport *xp, const char *peer, void **conn,
-			const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen)
+static int rdma_on_ctrl(struct te_xport *xp, const char *peer, void **conn, const uint8_t *in,
+			size_t inlen, uint8_t *out, size_t *outlen)
 {
 	struct rdma_xport *x = (struct rdma_xport *)xp;
 	struct te_rdma_msg req, rep;
@@ -411,7 +426,8 @@ static int rdma_on_ctrl(struct te_xport *xp, const char *peer, void **conn,
 	unsigned n = te_rdma_conn_qps(c);
 	if (n != req.n) {
 		log_warn("segment %s: asks for %u queue pairs, %u NICs here and %u there "
-			 "make %u", peer, req.n, x->nnics, req.nics, n);
+			 "make %u",
+			 peer, req.n, x->nnics, req.nics, n);
 		rc = MC_EPROTOCOL;
 		goto fail_conn;
 	}
@@ -476,8 +492,7 @@ static void rdma_ctrl_closed(struct te_xport *xp, void *conn)
 	if (sv->next)
 		sv->next->pprev = sv->pprev;
 	pthread_mutex_unlock(&x->mu);
-	log_debug("segment %s: control connection closed; its queue pairs are gone",
-		  sv->peer);
+	log_debug("segment %s: control connection closed; its queue pairs are gone", sv->peer);
 	srv_free(sv);
 }
 
@@ -570,10 +585,15 @@ static void rconn_unref(struct rconn *rc)
 	free(rc);
 }
 
-/* The slice goes over tcp, or fails when there is no tcp path either. */
+/* The slice goes over tcp, or fails when there is no tcp path either (or
+ * its local memory is device memory, which no CPU copies). */
 static void to_tcp(struct rpeer *p, struct te_slice *s)
 {
 	struct te_peer *t = p->tcp;
+	if (s->device) {
+		te__slice_done(s, p->x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
+		return;
+	}
 	if (!t || atomic_load(&t->closed)) {
 		te__slice_done(s, p->x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
 		return;
@@ -701,7 +721,12 @@ static void rdma_submit(struct te_peer *bp, struct te_slice *s)
 		te__slice_done(s, x->e->stopped ? MC_ESHUTDOWN : MC_EUNAVAILABLE, false);
 		return;
 	}
-	struct lmr *m = s->route ? lmr_get(x, s->local, s->len) : NULL;
+	struct lmr *m = s->route ? lmr_get(x, s->local, s->len, s->device) : NULL;
+	if (!m && s->device) {
+		/* Not inside a dma-buf this engine registered. */
+		te__slice_done(s, -EOPNOTSUPP, false);
+		return;
+	}
 	if (m) {
 		bool queued = false;
 		s->xp = m;
@@ -832,8 +857,8 @@ static int rconn_new(struct rpeer *p, struct rconn **out, char *why, size_t why_
 		goto fail_conn;
 	}
 	err = te__rdma_msg_decode(ans, alen, &rep);
-	if (err == 0 && (rep.kind != TE_RDMA_ACCEPT || rep.n != rc->n ||
-			 rep.nics != p->peer_nics))
+	if (err == 0 &&
+	    (rep.kind != TE_RDMA_ACCEPT || rep.n != rc->n || rep.nics != p->peer_nics))
 		err = MC_EPROTOCOL;
 	if (err) {
 		snprintf(why, why_len, "the peer's endpoints do not match (%u queue pairs)",
@@ -1021,7 +1046,8 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 	if (err)
 		goto fail_peer;
 	if ((d->transports & TE_XP_TCP) && e->xp[TE_PROTO_TCP]) {
-		int terr = e->xops[TE_PROTO_TCP]->connect(e->xp[TE_PROTO_TCP], seg, d, &p->tcp);
+		int terr = e->xops[TE_PROTO_TCP]->connect(e->xp[TE_PROTO_TCP], seg, d,
+							  &p->tcp);
 		if (terr) {
 			log_warn("segment %s: no tcp fallback for rdma (%s)", seg->name,
 				 mc_strerror(terr));
@@ -1037,8 +1063,8 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 fail_peer:
 	peer_destroy(p);
 fallback:
-	if (err == -EACCES || err == MC_ESEGMENT_NOT_FOUND ||
-	    e->proto == TE_PROTO_RDMA || !e->xp[TE_PROTO_TCP] || !(d->transports & TE_XP_TCP)) {
+	if (err == -EACCES || err == MC_ESEGMENT_NOT_FOUND || e->proto == TE_PROTO_RDMA ||
+	    !e->xp[TE_PROTO_TCP] || !(d->transports & TE_XP_TCP)) {
 		log_warn("segment %s: rdma: %s", seg->name, why[0] ? why : mc_strerror(err));
 		return err;
 	}
@@ -1081,7 +1107,8 @@ static void register_metrics(struct rdma_xport *x)
 			x->m_nic[i][o] = metrics_counter(
 				r, "mooncake_te_rdma_nic_bytes_total",
 				"Bytes this engine's RDMA requests moved, per local NIC.",
-				"nic,op", (const char *[]){te_rdma_nic(x->r, i)->name, ops[o]});
+				"nic,op",
+				(const char *[]){te_rdma_nic(x->r, i)->name, ops[o]});
 	x->m_qp_errors = metrics_counter(r, "mooncake_te_rdma_qp_errors_total",
 					 "RDMA queue pairs that went to the error state.",
 					 NULL, NULL);
@@ -1133,7 +1160,9 @@ static int rdma_init(struct te_engine *e, struct te_xport **out)
 			snprintf(gid, sizeof(gid), "?");
 		log_info("rdma transport: %s port %u, GID %s (index %u, %s), LID %u, MTU %u",
 			 n->name, n->port, gid, n->gid_index,
-			 n->gid_type == 2 ? "RoCE v2" : n->gid_type == 1 ? "RoCE v1" : "IB",
+			 n->gid_type == 2   ? "RoCE v2"
+			 : n->gid_type == 1 ? "RoCE v1"
+					    : "IB",
 			 n->lid, n->mtu_bytes);
 	}
 	*out = (struct te_xport *)x;

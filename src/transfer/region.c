@@ -3,11 +3,15 @@
  * serving side consults for every request: a sorted array under a
  * read-write lock (lookups share it, registration takes it briefly), and
  * per region a count of requests being served on it so that removing a
- * region can wait until nothing touches its memory any more.
+ * region can wait until nothing touches its memory any more. A region
+ * of another process's memory (te_register_process) is read and written
+ * by cross-memory attach (te__region_io).
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include "transfer/te_int.h"
 
@@ -112,8 +116,8 @@ int te__rtable_acquire(struct te_rtable *t, uint64_t addr, uint64_t len,
 		if (i > 0) {
 			struct te_region *r = t->v[i - 1];
 			uint64_t b[2] = {r->addr, r->len};
-			if (te__range_find(b, 1, sizeof(b), 0, sizeof(uint64_t), addr,
-					   len) == 0) {
+			if (te__range_find(b, 1, sizeof(b), 0, sizeof(uint64_t), addr, len) ==
+			    0) {
 				atomic_fetch_add(&r->inflight, 1);
 				*out = r;
 				rc = 0;
@@ -155,7 +159,9 @@ int te__rtable_describe(struct te_rtable *t, struct te_desc *d)
 		o->shm = r->memfd >= 0;
 		o->nrkeys = r->nrkeys;
 		memcpy(o->rkeys, r->rkeys, sizeof(o->rkeys));
-		o->rdma_addr = r->nrkeys ? (uint64_t)(uintptr_t)r->local : 0;
+		o->rdma_addr = !r->nrkeys ? 0
+			       : r->local ? (uint64_t)(uintptr_t)r->local
+					  : r->addr;
 	}
 	d->nregions = t->n;
 out:
@@ -170,4 +176,52 @@ void te__rtable_foreach(struct te_rtable *t, void (*fn)(void *ud, struct te_regi
 	for (size_t i = 0; i < t->n; i++)
 		fn(ud, t->v[i]);
 	pthread_rwlock_unlock(&t->lock);
+}
+
+/* Whether the process behind a pidfd has exited (its pidfd reads as
+ * ready then). Checked before each access: the pid of a process that
+ * exited may name another process later. */
+static bool exited(int pidfd)
+{
+	struct pollfd p = {.fd = pidfd, .events = POLLIN};
+	return pidfd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+int te__region_io(const struct te_region *r, uint64_t addr, void *buf, size_t len, bool write)
+{
+	if (r->dmabuf >= 0)
+		return MC_EREMOTE_ACCESS; /* device memory: RDMA only */
+	if (!r->pid) {
+		uint8_t *at = r->local + (addr - r->addr);
+		if (write)
+			memcpy(at, buf, len);
+		else
+			memcpy(buf, at, len);
+		return 0;
+	}
+	size_t done = 0;
+	while (done < len) {
+		if (exited(r->pidfd))
+			return -ESRCH;
+		struct iovec l = {.iov_base = (uint8_t *)buf + done, .iov_len = len - done};
+		struct iovec m = {.iov_base = (void *)(uintptr_t)(addr + done),
+				  .iov_len = len - done};
+		ssize_t n = write ? process_vm_writev(r->pid, &l, 1, &m, 1, 0)
+				  : process_vm_readv(r->pid, &l, 1, &m, 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == ESRCH)
+			return -ESRCH;
+		if (n <= 0)
+			return MC_EREMOTE_ACCESS; /* EFAULT, EPERM: not reachable */
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+int te_region_io(struct te_region *r, uint64_t addr, void *buf, size_t len, bool write)
+{
+	if (addr < r->addr || addr - r->addr > r->len || len > r->len - (addr - r->addr))
+		return MC_EREMOTE_ACCESS;
+	return te__region_io(r, addr, buf, len, write);
 }

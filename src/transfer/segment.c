@@ -49,8 +49,7 @@ void te__peer_path_down(struct te_peer *p, unsigned path)
 {
 	uint32_t left = atomic_fetch_and(&p->alive, ~(1u << path)) & ~(1u << path);
 	if (left == 0 && !atomic_exchange(&p->closed, true))
-		log_warn("segment %s: every %s path is down", p->seg->name,
-			 p->ops->name);
+		log_warn("segment %s: every %s path is down", p->seg->name, p->ops->name);
 }
 
 static bool usable(const struct te_peer *p)
@@ -170,8 +169,8 @@ static void uncache(struct te_segment *s)
  * schedule async ones, then dispatch or fail the parked requests. Takes
  * ownership of d, shm and remote.
  */
-static void seg_finish(struct te_segment *s, int err, struct te_desc *d,
-		       struct te_peer *shm, struct te_peer *remote, bool replace)
+static void seg_finish(struct te_segment *s, int err, struct te_desc *d, struct te_peer *shm,
+		       struct te_peer *remote, bool replace)
 {
 	struct te_peer *old_shm = NULL, *old_remote = NULL;
 	bool failed_first = false;
@@ -234,8 +233,7 @@ static void got_desc(struct te_segment *s, int err, struct te_desc *d)
 		return;
 	}
 	if (strcmp(d->name, s->name) != 0 && s->e->meta) {
-		log_warn("segment %s: meta holds a descriptor named %s", s->name,
-			 d->name);
+		log_warn("segment %s: meta holds a descriptor named %s", s->name, d->name);
 		te__desc_free(d);
 		seg_finish(s, MC_EPROTOCOL, NULL, NULL, NULL, false);
 		return;
@@ -254,8 +252,7 @@ static void on_range(void *ud, int err, const Etcdserverpb__RangeResponse *resp)
 	if (err == 0 && resp->n_kvs == 0)
 		err = MC_ESEGMENT_NOT_FOUND;
 	if (err == 0)
-		err = te__desc_decode(resp->kvs[0]->value.data,
-				      resp->kvs[0]->value.len, &d);
+		err = te__desc_decode(resp->kvs[0]->value.data, resp->kvs[0]->value.len, &d);
 	got_desc(s, err, d);
 	seg_unref(s);
 }
@@ -263,36 +260,91 @@ static void on_range(void *ud, int err, const Etcdserverpb__RangeResponse *resp)
 static int status_err(int status)
 {
 	switch (status) {
-	case RPC_OK: return 0;
+	case RPC_OK:
+		return 0;
 	case RPC_NOT_FOUND:
-	case RPC_UNIMPLEMENTED: return MC_ESEGMENT_NOT_FOUND;
-	case RPC_DEADLINE_EXCEEDED: return MC_ETIMEDOUT;
-	case RPC_UNAVAILABLE: return MC_EUNAVAILABLE;
-	default: return MC_EPROTOCOL;
+	case RPC_UNIMPLEMENTED:
+		return MC_ESEGMENT_NOT_FOUND;
+	case RPC_DEADLINE_EXCEEDED:
+		return MC_ETIMEDOUT;
+	case RPC_UNAVAILABLE:
+	case RPC_RESOURCE_EXHAUSTED:
+		return MC_EUNAVAILABLE;
+	case RPC_UNAUTHENTICATED:
+	case RPC_PERMISSION_DENIED:
+		return -EACCES;
+	default:
+		return MC_EPROTOCOL;
 	}
 }
 
+/* The P2P fetch: with a cluster secret, Challenge and then GetDescriptor
+ * with the proof (svc.c); without, GetDescriptor alone. */
 struct p2p_call {
 	struct te_segment *s;
 	struct rpc_client *c;
 };
 
-static void on_p2p(void *ud, int status, const char *message,
-		   const ProtobufCMessage *resp)
+static void p2p_done(struct p2p_call *pc, int err, struct te_desc *d)
 {
-	struct p2p_call *pc = ud;
-	struct te_desc *d = NULL;
-	int err = status_err(status);
-	if (err)
-		log_debug("GetDescriptor from %s: %s %s", pc->s->name,
-			  rpc_status_name(status), message ? message : "");
-	else
-		err = te__desc_from_pb(
-			(const Mooncake__Transfer__SegmentDesc *)resp, &d);
 	got_desc(pc->s, err, d);
 	rpc_client_free(pc->c);
 	seg_unref(pc->s);
 	free(pc);
+}
+
+static void on_p2p(void *ud, int status, const char *message, const ProtobufCMessage *resp)
+{
+	struct p2p_call *pc = ud;
+	struct te_desc *d = NULL;
+	int err = status_err(status);
+	if (err == -EACCES)
+		log_warn("segment %s refused our descriptor fetch: %s", pc->s->name,
+			 message ? message : rpc_status_name(status));
+	else if (err)
+		log_debug("GetDescriptor from %s: %s %s", pc->s->name, rpc_status_name(status),
+			  message ? message : "");
+	else
+		err = te__desc_from_pb((const Mooncake__Transfer__SegmentDesc *)resp, &d);
+	p2p_done(pc, err, d);
+}
+
+/* GetDescriptor, with the proof over nonce when there is one. */
+static int p2p_get(struct p2p_call *pc, const uint8_t *nonce, size_t nlen)
+{
+	struct te_engine *e = pc->s->e;
+	uint8_t mac[MC_SHA256_BYTES];
+	Mooncake__Transfer__GetDescriptorRequest req =
+		MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
+	if (nonce) {
+		/* The proof names what the fetch asks for: "" (any). */
+		te__desc_mac(e->secret, e->secret_len, nonce, nlen, "", mac);
+		req.challenge.data = (uint8_t *)nonce;
+		req.challenge.len = nlen;
+		req.mac.data = mac;
+		req.mac.len = sizeof(mac);
+	}
+	return rpc_client_unary(pc->c, "/mooncake.transfer.Transfer/GetDescriptor", &req.base,
+				&mooncake__transfer__segment_desc__descriptor, P2P_TIMEOUT_MS,
+				on_p2p, pc, NULL);
+}
+
+static void on_challenge(void *ud, int status, const char *message,
+			 const ProtobufCMessage *resp)
+{
+	struct p2p_call *pc = ud;
+	int err = status_err(status);
+	if (err) {
+		log_debug("Challenge from %s: %s %s", pc->s->name, rpc_status_name(status),
+			  message ? message : "");
+		p2p_done(pc, err, NULL);
+		return;
+	}
+	const Mooncake__Transfer__ChallengeReply *ch =
+		(const Mooncake__Transfer__ChallengeReply *)resp;
+	err = p2p_get(pc, ch->nonce.data, ch->nonce.len);
+	if (err)
+		p2p_done(pc, err, NULL);
 }
 
 static int resolve_p2p(struct te_segment *s)
@@ -308,11 +360,16 @@ static int resolve_p2p(struct te_segment *s)
 		free(pc);
 		return rc;
 	}
-	Mooncake__Transfer__GetDescriptorRequest req =
-		MOONCAKE__TRANSFER__GET_DESCRIPTOR_REQUEST__INIT;
-	rc = rpc_client_unary(pc->c, "/mooncake.transfer.Transfer/GetDescriptor",
-			      &req.base, &mooncake__transfer__segment_desc__descriptor,
-			      P2P_TIMEOUT_MS, on_p2p, pc, NULL);
+	if (s->e->secret_len) {
+		Mooncake__Transfer__ChallengeRequest req =
+			MOONCAKE__TRANSFER__CHALLENGE_REQUEST__INIT;
+		rc = rpc_client_unary(pc->c, "/mooncake.transfer.Transfer/Challenge",
+				      &req.base,
+				      &mooncake__transfer__challenge_reply__descriptor,
+				      P2P_TIMEOUT_MS, on_challenge, pc, NULL);
+	} else {
+		rc = p2p_get(pc, NULL, 0);
+	}
 	if (rc) {
 		rpc_client_free(pc->c);
 		free(pc);
@@ -375,34 +432,31 @@ static void on_connect(struct te_job *j)
 		return;
 	}
 	bool reconnect = !d || !s->desc || !same_endpoints(d, s->desc) ||
-			 s->state != TE_SEG_OPEN ||
-			 (!usable(s->shm) && !usable(s->remote));
+			 s->state != TE_SEG_OPEN || (!usable(s->shm) && !usable(s->remote));
 	pthread_mutex_unlock(&s->mu);
 	if (!d) { /* a later job took it */
 		seg_unref(s);
 		return;
 	}
 	if (!reconnect) {
-		log_debug("segment %s: descriptor generation %llu (%zu regions)",
-			  s->name, (unsigned long long)d->generation, d->nregions);
+		log_debug("segment %s: descriptor generation %llu (%zu regions)", s->name,
+			  (unsigned long long)d->generation, d->nregions);
 		seg_finish(s, 0, d, NULL, NULL, false);
 		seg_unref(s);
 		return;
 	}
 
-	bool same_host = (d->transports & TE_XP_SHM) &&
-			 strcmp(d->host_id, e->host_id) == 0 && e->xp[TE_PROTO_SHM];
+	bool same_host = (d->transports & TE_XP_SHM) && strcmp(d->host_id, e->host_id) == 0 &&
+			 e->xp[TE_PROTO_SHM];
 	if (e->proto == TE_PROTO_SHM && !same_host) {
 		log_warn("segment %s: --protocol=shm but it is not on this host "
 			 "(or offers no shm)",
 			 s->name);
 		err = MC_EUNAVAILABLE;
 	}
-	if (!err && same_host &&
-	    (e->proto == TE_PROTO_AUTO || e->proto == TE_PROTO_SHM)) {
+	if (!err && same_host && (e->proto == TE_PROTO_AUTO || e->proto == TE_PROTO_SHM)) {
 		int rc = e->xops[TE_PROTO_SHM]->connect(e->xp[TE_PROTO_SHM], s, d, &shm);
-		if (rc == -EACCES || rc == MC_ESEGMENT_NOT_FOUND ||
-		    e->proto == TE_PROTO_SHM) {
+		if (rc == -EACCES || rc == MC_ESEGMENT_NOT_FOUND || e->proto == TE_PROTO_SHM) {
 			err = rc;
 		} else if (rc) {
 			log_warn("segment %s: shm unavailable (%s); using %s", s->name,
@@ -556,8 +610,7 @@ int te_open_segment_cached(struct te_engine *e, const char *name, struct te_segm
 }
 
 int te_open_segment_async(struct te_engine *e, const char *name,
-			  void (*cb)(void *ud, int err, struct te_segment *s),
-			  void *ud)
+			  void (*cb)(void *ud, int err, struct te_segment *s), void *ud)
 {
 	struct te_open_waiter *w = calloc(1, sizeof(*w));
 	struct te_segment *s;
@@ -595,10 +648,15 @@ size_t te_segment_info(struct te_segment *s, struct te_segment_info *info,
 	if (info) {
 		info->name = s->name;
 		info->transport = usable(s->shm) ? TE_PROTO_SHM
-				  : s->remote   ? s->remote->ops->proto
-						: TE_PROTO_AUTO;
+				  : s->remote    ? s->remote->ops->proto
+						 : TE_PROTO_AUTO;
 		info->nregions = n;
 		info->generation = d ? d->generation : 0;
+		info->rpc_addr[0] = '\0';
+		if (d && d->rpc_port && d->host[0])
+			snprintf(info->rpc_addr, sizeof(info->rpc_addr),
+				 strchr(d->host, ':') ? "[%s]:%u" : "%s:%u", d->host,
+				 (unsigned)d->rpc_port);
 	}
 	for (size_t i = 0; regions && i < n && i < max; i++) {
 		regions[i].addr = d->regions[i].addr;
@@ -623,8 +681,8 @@ bool te__seg_broken_locked(struct te_segment *s)
 
 /* ------------------------------------------------------------ watch (loop) */
 
-void te__segments_watch_event(struct te_engine *e, const char *name,
-			      const uint8_t *val, size_t len, bool deleted)
+void te__segments_watch_event(struct te_engine *e, const char *name, const uint8_t *val,
+			      size_t len, bool deleted)
 {
 	pthread_mutex_lock(&e->mu);
 	struct te_segment *s = find_locked(e, name);

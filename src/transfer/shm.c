@@ -51,8 +51,7 @@ extern const struct te_xport_ops te__shm_ops;
 
 /* Send one message (and an fd) on a non-blocking seqpacket socket,
  * waiting up to timeout_ms for room. Errors: negative errno, MC_ETIMEDOUT. */
-static int send_msg(int fd, const void *buf, size_t len, int pass_fd,
-		    uint64_t timeout_ms)
+static int send_msg(int fd, const void *buf, size_t len, int pass_fd, uint64_t timeout_ms)
 {
 	struct iovec iov = {(void *)buf, len};
 	union {
@@ -98,8 +97,10 @@ static ssize_t recv_msg(int fd, uint8_t *buf, size_t cap, int *fd_out)
 		struct cmsghdr h;
 		char b[CMSG_SPACE(sizeof(int) * 4)];
 	} cm;
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1,
-			    .msg_control = cm.b, .msg_controllen = sizeof(cm.b)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.b,
+			    .msg_controllen = sizeof(cm.b)};
 	*fd_out = -1;
 	ssize_t n;
 	do
@@ -149,7 +150,7 @@ struct shm_xport {
 	int lfd;
 	char name[100];
 	struct te_ioh lioh;
-	pthread_mutex_t mu;   /* conns, their sending and pending ACKs */
+	pthread_mutex_t mu; /* conns, their sending and pending ACKs */
 	pthread_cond_t cv;
 	pthread_mutex_t del_mu; /* one region removal at a time */
 	struct shm_srv *conns;
@@ -164,7 +165,7 @@ struct shm_srv {
 	struct shm_srv *next, **pprev;
 	int fd;
 	bool authed, closed;
-	uint32_t pending;     /* region id whose ACK we wait for, 0: none */
+	uint32_t pending; /* region id whose ACK we wait for, 0: none */
 	struct te_hs_server hs;
 	uid_t uid;
 	pid_t pid;
@@ -215,8 +216,11 @@ static void dump_region(void *ud, struct te_region *r)
 	struct dump_ctx *d = ud;
 	if (d->rc || r->memfd < 0)
 		return;
-	struct te_shm_msg m = {.type = TE_SHM_ADD, .id = r->id, .addr = r->addr,
-			       .len = r->len, .off = r->memfd_off};
+	struct te_shm_msg m = {.type = TE_SHM_ADD,
+			       .id = r->id,
+			       .addr = r->addr,
+			       .len = r->len,
+			       .off = r->memfd_off};
 	d->rc = send_shm(d->c->fd, &m, r->memfd, d->c->x->e->io_timeout_ms);
 }
 
@@ -268,6 +272,9 @@ static void srv_on_io(struct te_ioh *h, uint32_t events)
 					 (int)c->pid, (int)c->uid);
 			}
 			if (rc == MC_EPROTOCOL || rc == -EPROTONOSUPPORT) {
+				metric_inc(e->m_auth_refused[TE_AUTH_SHM]);
+				log_warn("shm client pid %d: bad handshake (%s)", (int)c->pid,
+					 mc_strerror(rc));
 				srv_close(c, "bad handshake");
 				return;
 			}
@@ -276,6 +283,8 @@ static void srv_on_io(struct te_ioh *h, uint32_t events)
 			if (send_msg(c->fd, ob, sizeof(ob), -1, e->io_timeout_ms) != 0 ||
 			    rc < 0) {
 				if (rc == -EACCES)
+					metric_inc(e->m_auth_refused[TE_AUTH_SHM]);
+				if (rc == -EACCES && e->secret_len)
 					log_warn("refused shm client pid %d (segment %s): "
 						 "cluster secret mismatch",
 						 (int)c->pid, c->hs.peer);
@@ -357,8 +366,11 @@ static int shm_region_add(struct te_xport *xp, struct te_region *r)
 	struct shm_xport *x = (struct shm_xport *)xp;
 	if (r->memfd < 0)
 		return 0;
-	struct te_shm_msg m = {.type = TE_SHM_ADD, .id = r->id, .addr = r->addr,
-			       .len = r->len, .off = r->memfd_off};
+	struct te_shm_msg m = {.type = TE_SHM_ADD,
+			       .id = r->id,
+			       .addr = r->addr,
+			       .len = r->len,
+			       .off = r->memfd_off};
 	pthread_mutex_lock(&x->mu);
 	for (struct shm_srv *c = x->conns; c; c = c->next) {
 		if (!c->authed || c->closed)
@@ -404,8 +416,7 @@ static void shm_region_del(struct te_xport *xp, struct te_region *r)
 		if (now >= deadline) {
 			log_warn("shm client pid %d (segment %s) did not release "
 				 "region 0x%llx within %llu ms; disconnecting it",
-				 (int)late->pid, late->hs.peer,
-				 (unsigned long long)r->addr,
+				 (int)late->pid, late->hs.peer, (unsigned long long)r->addr,
 				 (unsigned long long)e->io_timeout_ms);
 			late->pending = 0;
 			shutdown(late->fd, SHUT_RDWR);
@@ -433,19 +444,19 @@ struct shm_peer;
 struct shm_map {
 	uint32_t id;
 	uint64_t addr, len;
-	uint8_t *ptr;         /* byte 0 of the region */
-	void *base;           /* the mapping */
+	uint8_t *ptr; /* byte 0 of the region */
+	void *base;   /* the mapping */
 	size_t map_len;
-	atomic_int refs;      /* the table's + one per bound request (+ populate's) */
-	atomic_bool ack;      /* the server asked for it back */
-	atomic_bool gone;     /* out of the table */
-	size_t populated;     /* bytes of the mapping faulted in (map_populate) */
+	atomic_int refs;  /* the table's + one per bound request (+ populate's) */
+	atomic_bool ack;  /* the server asked for it back */
+	atomic_bool gone; /* out of the table */
+	size_t populated; /* bytes of the mapping faulted in (map_populate) */
 	struct te_task populate;
 	struct shm_peer *p;
 };
 
 struct map_ref {
-	uint64_t addr, len;   /* te__range_find reads these */
+	uint64_t addr, len; /* te__range_find reads these */
 	struct shm_map *m;
 };
 
@@ -454,7 +465,7 @@ struct shm_peer {
 	struct shm_xport *x;
 	struct te_engine *e;
 	int fd;
-	struct te_worker *w;  /* reads the channel */
+	struct te_worker *w; /* reads the channel */
 	struct te_ioh ioh;
 	bool fd_closed;
 	pthread_rwlock_t lock;
@@ -508,7 +519,8 @@ static void map_populate(struct te_task *t)
 			/* Before Linux 5.14 (EINVAL), or memory short: pages
 			 * fault in on first use instead. */
 			log_debug("segment %s: region 0x%llx not faulted in ahead: %s",
-				  p->base.seg->name, (unsigned long long)m->addr, strerror(errno));
+				  p->base.seg->name, (unsigned long long)m->addr,
+				  strerror(errno));
 		}
 	}
 	map_unref(m);
@@ -739,8 +751,8 @@ static int shm_bind(struct te_peer *bp, uint64_t addr, uint64_t len, void **rout
 	int rc = -EAGAIN;
 	pthread_rwlock_rdlock(&p->lock);
 	long i = te__range_find(p->maps, p->n, sizeof(*p->maps),
-				offsetof(struct map_ref, addr),
-				offsetof(struct map_ref, len), addr, len);
+				offsetof(struct map_ref, addr), offsetof(struct map_ref, len),
+				addr, len);
 	if (i >= 0) {
 		struct shm_map *m = p->maps[i].m;
 		atomic_fetch_add(&m->refs, 1);
@@ -798,8 +810,8 @@ static void shm_submit(struct te_peer *bp, struct te_slice *s)
 	te__worker_post(&p->e->workers[s->path % p->e->nworkers], &s->task);
 }
 
-static int shm_connect(struct te_xport *xp, struct te_segment *seg,
-		       const struct te_desc *d, struct te_peer **out)
+static int shm_connect(struct te_xport *xp, struct te_segment *seg, const struct te_desc *d,
+		       struct te_peer **out)
 {
 	struct shm_xport *x = (struct shm_xport *)xp;
 	struct te_engine *e = x->e;
@@ -833,13 +845,13 @@ static int shm_connect(struct te_xport *xp, struct te_segment *seg,
 	p->base.x = xp;
 	p->base.seg = seg;
 	p->base.npaths = MC_MIN(e->nworkers, (unsigned)TE_MAX_PATHS);
-	atomic_init(&p->base.alive, p->base.npaths >= 32 ? 0xffffffffu
-							 : (1u << p->base.npaths) - 1);
+	atomic_init(&p->base.alive,
+		    p->base.npaths >= 32 ? 0xffffffffu : (1u << p->base.npaths) - 1);
 	atomic_init(&p->base.refs, 1);
 
 	uint64_t deadline = mc_now_ms() + TE_CONNECT_TIMEOUT_MS;
-	rc = te__hs_client(fd, e->secret_len ? e->secret : NULL, e->secret_len,
-			   e->name, d->name, TE_CONNECT_TIMEOUT_MS);
+	rc = te__hs_client(fd, e->secret_len ? e->secret : NULL, e->secret_len, e->name,
+			   d->name, TE_CONNECT_TIMEOUT_MS);
 	if (rc == -ECONNRESET)
 		rc = -EACCES; /* refused by the peer-credential check */
 	/* The regions, until SYNC. */
@@ -945,8 +957,7 @@ static void shm_fini(struct te_xport *xp)
 
 static void shm_describe(struct te_xport *xp, struct te_desc *d)
 {
-	snprintf(d->shm_socket, sizeof(d->shm_socket), "%s",
-		 ((struct shm_xport *)xp)->name);
+	snprintf(d->shm_socket, sizeof(d->shm_socket), "%s", ((struct shm_xport *)xp)->name);
 }
 
 const struct te_xport_ops te__shm_ops = {

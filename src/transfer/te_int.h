@@ -59,6 +59,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 #include <uv.h>
 
@@ -75,20 +76,20 @@ struct rpc_client;
 /* ------------------------------------------------------------ limits */
 
 /* TE_NAME_MAX (segment name bytes): wire.h. */
-#define TE_HOST_MAX 63             /* numeric host */
-#define TE_MAX_REGIONS 65536       /* per descriptor */
+#define TE_HOST_MAX 63       /* numeric host */
+#define TE_MAX_REGIONS 65536 /* per descriptor */
 #define TE_MAX_NICS 16
-#define TE_RDMA_DEVICES_BYTES 256  /* --rdma-devices list */
-#define TE_MAX_PATHS 32            /* connections/NICs per peer */
+#define TE_RDMA_DEVICES_BYTES 256 /* --rdma-devices list */
+#define TE_MAX_PATHS 32           /* connections/NICs per peer */
 #define TE_SLICE_MIN ((size_t)64 << 10)
 #define TE_SLICE_MAX ((size_t)64 << 20)
 #define TE_SLICE_DEFAULT ((size_t)1 << 20)
 #define TE_MAX_BATCH_SLICES ((size_t)1 << 22)
 #define TE_DESC_MAX_BYTES ((size_t)16 << 20)
 #define TE_CONNECT_TIMEOUT_MS 5000
-#define TE_SHM_INLINE_BYTES ((size_t)64 << 10) /* copied by the submitter, */
+#define TE_SHM_INLINE_BYTES ((size_t)64 << 10)      /* copied by the submitter, */
 #define TE_SHM_INLINE_BATCH_BYTES ((size_t)1 << 20) /* up to this per batch */
-#define TE_SHM_POPULATE_BYTES ((size_t)32 << 20) /* per task of a map's populate */
+#define TE_SHM_POPULATE_BYTES ((size_t)32 << 20)    /* per task of a map's populate */
 
 /* Transport bits in a descriptor. */
 #define TE_XP_TCP (1u << TE_PROTO_TCP)
@@ -107,18 +108,17 @@ int te__hs_client(int fd, const uint8_t *secret, size_t slen, const char *own,
 
 /* Blocking exact read/write with a deadline on a non-blocking or blocking
  * fd (poll). Errors: MC_ETIMEDOUT, -ECONNRESET (EOF), negative errno. */
-int te__io_full(int fd, void *buf, size_t len, bool write,
-		uint64_t deadline_ms) MC_MUST_CHECK;
+int te__io_full(int fd, void *buf, size_t len, bool write, uint64_t deadline_ms) MC_MUST_CHECK;
 
 /* ------------------------------------------------------------ descriptors (desc.c, pure) */
 
 struct te_desc_region {
 	uint64_t addr;
 	uint64_t len;
-	bool shm;                  /* memfd-backed: same-host peers may map it */
-	uint32_t nrkeys;           /* rdma: one rkey per NIC */
+	bool shm;        /* memfd-backed: same-host peers may map it */
+	uint32_t nrkeys; /* rdma: one rkey per NIC */
 	uint32_t rkeys[TE_MAX_NICS];
-	uint64_t rdma_addr;        /* rdma: where its MRs start in the serving
+	uint64_t rdma_addr; /* rdma: where its MRs start in the serving
 				    * process (what one-sided ops target) */
 };
 
@@ -133,12 +133,12 @@ struct te_desc {
 	char host[TE_HOST_MAX + 1];
 	uint16_t data_port;
 	uint16_t rpc_port;
-	uint32_t transports;        /* TE_XP_* */
-	char host_id[64];           /* boot id: equal => same host */
-	char shm_socket[100];       /* abstract Unix socket name (no NUL) */
-	uint64_t incarnation;       /* random per engine start */
-	uint64_t generation;        /* bumped by every change */
-	bool auth;                  /* the engine requires the cluster secret */
+	uint32_t transports;  /* TE_XP_* */
+	char host_id[64];     /* boot id: equal => same host */
+	char shm_socket[100]; /* abstract Unix socket name (no NUL) */
+	uint64_t incarnation; /* random per engine start */
+	uint64_t generation;  /* bumped by every change */
+	bool auth;            /* the engine requires the cluster secret */
 	size_t nnics;
 	struct te_desc_nic *nics;
 	size_t nregions;
@@ -165,16 +165,15 @@ void te__desc_free(struct te_desc *d);
  * [addr, addr + len). len 0 is checked as len 1. Returns the index or
  * MC_EREMOTE_ACCESS (no such region, partly outside one, or overflow).
  */
-long te__range_find(const void *base, size_t n, size_t stride, size_t addr_off,
-		    size_t len_off, uint64_t addr, uint64_t len);
+long te__range_find(const void *base, size_t n, size_t stride, size_t addr_off, size_t len_off,
+		    uint64_t addr, uint64_t len);
 
 /* ------------------------------------------------------------ slicing (batch.c, pure) */
 
 /* Number of slices of a request of len bytes (0 for len 0). */
 size_t te__slice_count(uint64_t len, size_t slice_bytes);
 /* Slice i: offset and length. */
-void te__slice_at(uint64_t len, size_t slice_bytes, size_t i, uint64_t *off,
-		  size_t *slen);
+void te__slice_at(uint64_t len, size_t slice_bytes, size_t i, uint64_t *off, size_t *slen);
 /* The path for the k-th slice of a stripe starting at path start: path
  * (start + k) % npaths, or the next one after it that is alive (bit set in
  * alive) and not already tried (bit set in excluded). Returns the path or
@@ -202,7 +201,7 @@ struct te_worker {
 	pthread_mutex_t mu;
 	struct te_task *head, **tail;
 	bool stop;
-	bool exited;               /* later posts run on the poster's thread */
+	bool exited; /* later posts run on the poster's thread */
 	struct te_ioh wake;
 };
 
@@ -223,20 +222,27 @@ struct te_region {
 	struct te_engine *e;
 	uint64_t addr;
 	uint64_t len;
-	uint8_t *local;
-	int memfd;                 /* dup'd, owned; -1 when not shareable */
+	uint8_t *local; /* NULL for another process's memory */
+	int memfd;      /* dup'd, owned; -1 when not shareable */
 	uint64_t memfd_off;
-	uint32_t id;               /* shm protocol id */
-	atomic_uint inflight;      /* served requests touching it */
+	pid_t pid;  /* te_register_process: whose memory it
+				    * is (0: this process's, at local) */
+	int pidfd;  /* ... its pidfd (dup'd, owned) or -1 */
+	int dmabuf; /* te_register_dmabuf: the dma-buf (dup'd,
+				    * owned) or -1; no local memory: RDMA
+				    * only, known to the NICs at addr */
+	uint64_t dmabuf_off;
+	uint32_t id;          /* shm protocol id */
+	atomic_uint inflight; /* served requests touching it */
 	bool dead;
 	uint32_t nrkeys;
 	uint32_t rkeys[TE_MAX_NICS];
-	void *xp[4];               /* per transport (indexed by te_protocol) */
+	void *xp[4]; /* per transport (indexed by te_protocol) */
 };
 
 struct te_rtable {
 	pthread_rwlock_t lock;
-	struct te_region **v;      /* sorted by addr */
+	struct te_region **v; /* sorted by addr */
 	size_t n, cap;
 	pthread_mutex_t wait_mu;
 	pthread_cond_t wait_cv;
@@ -256,6 +262,17 @@ int te__rtable_acquire(struct te_rtable *t, uint64_t addr, uint64_t len,
 void te__rtable_release(struct te_rtable *t, struct te_region *r);
 /* Copy the regions into a descriptor (sorted). Errors: -ENOMEM. */
 int te__rtable_describe(struct te_rtable *t, struct te_desc *d) MC_MUST_CHECK;
+/*
+ * Move len bytes between buf and [addr, addr + len) of region r, which
+ * holds that range: memcpy for this process's memory, cross-memory
+ * attach (process_vm_readv/writev) for another process's. write: buf ->
+ * region. Errors: MC_EREMOTE_ACCESS (a dma-buf, which only RDMA reaches;
+ * another process's range no longer mapped writable, or the process
+ * refuses access), -ESRCH (that process exited).
+ */
+int te__region_io(const struct te_region *r, uint64_t addr, void *buf, size_t len,
+		  bool write) MC_MUST_CHECK;
+
 /* Call fn for each region under the read lock. */
 void te__rtable_foreach(struct te_rtable *t, void (*fn)(void *ud, struct te_region *r),
 			void *ud);
@@ -282,8 +299,8 @@ struct te_xport_ops {
 	/* Connect to a peer described by d (setup thread; may block up to
 	 * TE_CONNECT_TIMEOUT_MS). Errors: -EACCES, MC_ESEGMENT_NOT_FOUND,
 	 * MC_EUNAVAILABLE, MC_ETIMEDOUT, -ENOMEM. */
-	int (*connect)(struct te_xport *x, struct te_segment *seg,
-		       const struct te_desc *d, struct te_peer **out);
+	int (*connect)(struct te_xport *x, struct te_segment *seg, const struct te_desc *d,
+		       struct te_peer **out);
 	/* Bind a request's remote range; *route comes back in each slice.
 	 * 0, MC_EREMOTE_ACCESS (refused) or -EAGAIN (not this transport's:
 	 * try the next). NULL: always 0 (the remote side checks). */
@@ -307,8 +324,8 @@ struct te_xport_ops {
 	 * that connection closes, so what a peer set up lives as long as its
 	 * control connection. Both run on a data worker (ctrl_closed also at
 	 * teardown) and must not block long. Optional. */
-	int (*on_ctrl)(struct te_xport *x, const char *peer, void **conn,
-		       const uint8_t *in, size_t inlen, uint8_t *out, size_t *outlen);
+	int (*on_ctrl)(struct te_xport *x, const char *peer, void **conn, const uint8_t *in,
+		       size_t inlen, uint8_t *out, size_t *outlen);
 	void (*ctrl_closed)(struct te_xport *x, void *conn);
 };
 
@@ -334,8 +351,8 @@ int te__ctrl_call(struct te_engine *e, const struct te_desc *d, unsigned xid,
  * te__ctrl_call, and after an I/O error the fd is unusable). */
 int te__ctrl_open(struct te_engine *e, const struct te_desc *d,
 		  uint64_t timeout_ms) MC_MUST_CHECK;
-int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen,
-		  uint8_t *out, size_t *outlen, uint64_t timeout_ms) MC_MUST_CHECK;
+int te__ctrl_xchg(int fd, unsigned xid, const uint8_t *in, size_t inlen, uint8_t *out,
+		  size_t *outlen, uint64_t timeout_ms) MC_MUST_CHECK;
 
 /*
  * The transports, one per protocol, registered in one table (engine.c):
@@ -365,9 +382,9 @@ enum te_rdma_msg_kind { TE_RDMA_CONNECT = 1, TE_RDMA_ACCEPT = 2 };
 
 struct te_rdma_msg {
 	uint8_t kind;
-	uint8_t nics;          /* the sender's NIC count */
-	uint8_t n;             /* endpoints: max(both sides' NIC counts) */
-	uint64_t incarnation;  /* the sender engine's */
+	uint8_t nics;         /* the sender's NIC count */
+	uint8_t n;            /* endpoints: max(both sides' NIC counts) */
+	uint64_t incarnation; /* the sender engine's */
 	struct te_rdma_ep eps[TE_RDMA_MAX_NICS];
 };
 
@@ -382,10 +399,10 @@ struct te_peer {
 	const struct te_xport_ops *ops;
 	struct te_xport *x;
 	struct te_segment *seg;
-	atomic_int refs;           /* the segment's + one per bound request */
+	atomic_int refs; /* the segment's + one per bound request */
 	unsigned npaths;
-	atomic_uint alive;         /* bit per live path */
-	atomic_uint stripe;        /* next stripe start */
+	atomic_uint alive;  /* bit per live path */
+	atomic_uint stripe; /* next stripe start */
 	atomic_bool closed;
 };
 
@@ -397,32 +414,33 @@ void te__peer_path_down(struct te_peer *p, unsigned path);
 /* ------------------------------------------------------------ batches (batch.c) */
 
 struct te_slice {
-	struct te_slice *next;     /* queue link (owner: whoever queued it) */
+	struct te_slice *next; /* queue link (owner: whoever queued it) */
 	struct te_batch *batch;
-	uint32_t req;              /* request index */
-	uint8_t op;                /* TE_READ / TE_WRITE */
+	uint32_t req; /* request index */
+	uint8_t op;   /* TE_READ / TE_WRITE */
 	uint8_t tries;
+	bool device; /* local is device memory: RDMA only */
 	uint16_t path;
-	uint32_t excluded;         /* paths that failed it */
+	uint32_t excluded; /* paths that failed it */
 	uint32_t len;
 	uint64_t remote;
 	uint8_t *local;
 	void *route;
 	uint64_t wire_id;
-	size_t done_bytes;         /* transport progress (tx/rx) */
-	void *xp;                  /* transport's (rdma: the local MR) */
-	struct te_task task;       /* shm: the copy on a worker */
+	size_t done_bytes;   /* transport progress (tx/rx) */
+	void *xp;            /* transport's (rdma: the local MR) */
+	struct te_task task; /* shm: the copy on a worker */
 	uint8_t hdr[TE_WIRE_HDR_BYTES];
 };
 
 struct te_req_state {
 	struct te_request r;
 	struct te_batch *batch;
-	_Atomic int status;        /* enum te_status */
+	_Atomic int status; /* enum te_status */
 	_Atomic int err;
-	atomic_size_t left;        /* slices not completed */
-	size_t first, nslices;     /* into batch->slices */
-	struct te_peer *peer;      /* bound peer (ref) */
+	atomic_size_t left;    /* slices not completed */
+	size_t first, nslices; /* into batch->slices */
+	struct te_peer *peer;  /* bound peer (ref) */
 	void *route;
 	struct te_req_state *park_next;
 	uint64_t t0_ns;
@@ -465,10 +483,10 @@ struct te_job {
 };
 
 enum te_seg_state {
-	TE_SEG_RESOLVING,   /* first descriptor lookup / connect */
+	TE_SEG_RESOLVING, /* first descriptor lookup / connect */
 	TE_SEG_OPEN,
-	TE_SEG_REFRESHING,  /* new descriptor or broken paths: reconnecting */
-	TE_SEG_FAILED,      /* first open failed; removed from the cache */
+	TE_SEG_REFRESHING, /* new descriptor or broken paths: reconnecting */
+	TE_SEG_FAILED,     /* first open failed; removed from the cache */
 };
 
 struct te_open_waiter {
@@ -479,9 +497,9 @@ struct te_open_waiter {
 
 struct te_segment {
 	struct te_engine *e;
-	struct te_segment *next;   /* engine cache list */
+	struct te_segment *next; /* engine cache list */
 	char name[TE_NAME_MAX + 1];
-	atomic_int refs;           /* cache's + users' */
+	atomic_int refs; /* cache's + users' */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	enum te_seg_state state;
@@ -493,23 +511,60 @@ struct te_segment {
 	struct te_peer *remote;    /* tcp (rdma) or NULL */
 	struct te_req_state *parked, **parked_tail;
 	bool in_cache;
-	uint64_t refresh_after_ms; /* backoff of broken-path refreshes */
+	uint64_t refresh_after_ms;      /* backoff of broken-path refreshes */
 	struct te_open_waiter *waiters; /* async opens (loop thread) */
-	struct te_job resolve_job; /* loop */
-	struct te_job connect_job; /* setup thread */
-	struct te_job notify_job;  /* loop: run async waiters */
+	struct te_job resolve_job;      /* loop */
+	struct te_job connect_job;      /* setup thread */
+	struct te_job notify_job;       /* loop: run async waiters */
 };
 
+/* ------------------------------------------------------------ gRPC service (svc.c) */
+
+/* A Challenge nonce: u64 issued_ms, TE_CHAL_RAND random bytes, a tag. */
+#define TE_CHAL_RAND 16
+#define TE_CHAL_TAG 16
+#define TE_CHAL_BYTES (8 + TE_CHAL_RAND + TE_CHAL_TAG)
+#define TE_CHALLENGE_TTL_MS 30000
+#define TE_CHALLENGE_USED_MAX 1024 /* accepted proofs remembered */
+
+struct te_chal_used {
+	uint64_t issued_ms; /* 0: free */
+	uint8_t rnd[TE_CHAL_RAND];
+};
+
+/* The service's state, owned by svc.c, touched on the loop thread only. */
+struct te_svc {
+	uint8_t key[32]; /* tags this engine's challenges */
+	struct te_chal_used used[TE_CHALLENGE_USED_MAX];
+	size_t next; /* the slot the next accepted proof takes */
+};
+
+/* Serve mooncake.transfer.Transfer on e->rpc (logs its errors). Errors:
+ * those of mc_random and rpc_server_add_service. */
+int te__svc_start(struct te_engine *e) MC_MUST_CHECK;
+/* The nonce Challenge answers, issued at now_ms (> 0). Pure. */
+void te__svc_challenge(const struct te_svc *v, uint64_t now_ms,
+		       const uint8_t rnd[TE_CHAL_RAND], uint8_t out[TE_CHAL_BYTES]);
+/* Check a GetDescriptor proof at now_ms and remember its challenge as
+ * used. Pure. Errors: -EACCES (refused; *why says why), -EBUSY (too many
+ * proofs accepted within TE_CHALLENGE_TTL_MS: try again). */
+int te__svc_check(struct te_svc *v, const uint8_t *secret, size_t slen, const uint8_t *chal,
+		  size_t clen, const char *name, const uint8_t *mac, size_t maclen,
+		  uint64_t now_ms, const char **why) MC_MUST_CHECK;
+
 /* ------------------------------------------------------------ engine */
+
+/* What refused an unauthenticated peer (mooncake_te_auth_refused_total). */
+enum te_auth_where { TE_AUTH_TCP, TE_AUTH_SHM, TE_AUTH_GRPC, TE_AUTH_N };
 
 struct te_pub {
 	struct etcd_lease *lease;
 	int64_t lease_id;
-	bool granted;       /* lease_id is valid */
-	bool owns_key;      /* the key was written under our lease */
+	bool granted;  /* lease_id is valid */
+	bool owns_key; /* the key was written under our lease */
 	bool put_inflight, dirty, published, stopping;
 	int last_err;
-	uv_timer_t *retry;  /* own allocation: freed by its close callback */
+	uv_timer_t *retry; /* own allocation: freed by its close callback */
 	bool name_held_logged;
 	void (*stop_done)(struct te_engine *e, void *ud); /* te__pub_stop's */
 	void *stop_done_ud;
@@ -538,13 +593,13 @@ struct te_engine {
 	uint64_t incarnation;
 	char data_listen[80];
 	char rdma_devices[TE_RDMA_DEVICES_BYTES]; /* "" = every usable one */
-	int rdma_gid_index;            /* -1: automatic */
-	unsigned rdma_mtu_bytes;       /* 0: the port's active MTU */
-	pthread_t loop_tid;            /* te_new's (the loop's) thread */
+	int rdma_gid_index;                       /* -1: automatic */
+	unsigned rdma_mtu_bytes;                  /* 0: the port's active MTU */
+	pthread_t loop_tid;                       /* te_new's (the loop's) thread */
 	struct metrics_registry *metrics;
 
 	/* data plane */
-	atomic_bool ready;             /* te_new finished: workers may tick */
+	atomic_bool ready; /* te_new finished: workers may tick */
 	struct te_worker *workers;
 	unsigned nworkers;
 	atomic_uint rr;
@@ -566,30 +621,33 @@ struct te_engine {
 	bool setup_stop;
 
 	/* loop jobs */
-	uv_async_t *async;             /* own allocation: freed by its close callback */
+	uv_async_t *async; /* own allocation: freed by its close callback */
 	bool async_open;
 	pthread_mutex_t loop_mu;
 	struct te_job *loop_head, **loop_tail;
-	bool stopped;                  /* te_stop ran: no more loop jobs */
+	bool stopped; /* te_stop ran: no more loop jobs */
+
+	struct te_svc svc;
 
 	/* meta */
 	struct te_pub pub;
 	pthread_mutex_t pub_mu;
 	pthread_cond_t pub_cv;
-	bool pub_ok;                   /* descriptor in meta (or P2P) */
+	bool pub_ok; /* descriptor in meta (or P2P) */
 	int pub_err;
 	struct etcd_watch *watch;
-	struct te_job desc_job;        /* loop: republish */
+	struct te_job desc_job; /* loop: republish */
 
 	/* metrics */
-	struct metric *m_bytes[4][2];      /* [proto][op] initiated */
-	struct metric *m_served[4][2];     /* [proto][op] served */
+	struct metric *m_bytes[4][2];  /* [proto][op] initiated */
+	struct metric *m_served[4][2]; /* [proto][op] served */
 	struct metric *m_failed[4];
 	struct metric *m_retries;
 	struct metric *m_refused;
-	struct metric *m_shm_inline;       /* shm bytes the submitter copied */
+	struct metric *m_auth_refused[TE_AUTH_N];
+	struct metric *m_shm_inline; /* shm bytes the submitter copied */
 	struct metric *m_regions, *m_reg_bytes, *m_segments;
-	struct metric *m_peers[4];         /* [proto] peer objects not freed */
+	struct metric *m_peers[4]; /* [proto] peer objects not freed */
 };
 
 /* Run j->fn on the loop thread (thread-safe; after te_stop, te_free runs
@@ -603,13 +661,11 @@ void te__desc_changed(struct te_engine *e);
 /* Build this engine's descriptor. Errors: -ENOMEM. */
 int te__desc_build(struct te_engine *e, struct te_desc **out) MC_MUST_CHECK;
 /* Meta key of a segment: /mooncake/<cluster>/segments/<name>. */
-int te__seg_key(const struct te_engine *e, const char *name, char *buf,
-		size_t len);
+int te__seg_key(const struct te_engine *e, const char *name, char *buf, size_t len);
 
 /* publish.c (loop thread) */
 int te__pub_start(struct te_engine *e) MC_MUST_CHECK;
-void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud),
-		  void *ud);
+void te__pub_stop(struct te_engine *e, void (*done)(struct te_engine *e, void *ud), void *ud);
 void te__pub_kick(struct te_engine *e);
 /* Drop what the publisher holds without talking to meta: its watch, its
  * lease (no callback of either runs afterwards) and its retry timer. For
@@ -618,8 +674,8 @@ void te__pub_kick(struct te_engine *e);
 void te__pub_drop(struct te_engine *e);
 
 /* segment.c */
-void te__segments_watch_event(struct te_engine *e, const char *name,
-			      const uint8_t *val, size_t len, bool deleted);
+void te__segments_watch_event(struct te_engine *e, const char *name, const uint8_t *val,
+			      size_t len, bool deleted);
 void te__segments_free_all(struct te_engine *e);
 void te__segments_stop_loop(struct te_engine *e);
 /* Every path of an open segment is down: start resolving it again unless

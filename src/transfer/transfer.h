@@ -40,6 +40,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "common/err.h"
@@ -57,42 +58,55 @@ enum te_protocol {
 	TE_PROTO_AUTO = 0, /* rdma when a usable device exists, else tcp */
 	TE_PROTO_TCP,
 	TE_PROTO_RDMA,
-	TE_PROTO_SHM,      /* forced shm (peer must be on this host) */
+	TE_PROTO_SHM, /* forced shm (peer must be on this host) */
 };
 
 struct te_opts {
-	uv_loop_t *loop;                 /* control loop (runs in caller's thread) */
-	const char *segment_name;        /* this engine's segment name; P2P
+	uv_loop_t *loop;          /* control loop (runs in caller's thread) */
+	const char *segment_name; /* this engine's segment name; P2P
 					  * mode: NULL = "host:rpc_port" */
-	const char *cluster_id;          /* meta key prefix /mooncake/<id>/ */
-	struct etcd_client *meta;        /* NULL: P2P handshake mode */
-	struct rpc_server *rpc;          /* serves mooncake.transfer.Transfer
+	const char *cluster_id;   /* meta key prefix /mooncake/<id>/ */
+	struct etcd_client *meta; /* NULL: P2P handshake mode */
+	struct rpc_server *rpc;   /* serves mooncake.transfer.Transfer
 					  * (descriptor fetch); NULL: none
 					  * (then P2P peers cannot open us) */
-	uint16_t rpc_port;               /* the port rpc listens on, advertised */
-	const char *data_listen;         /* numeric host:port of the TCP data
+	uint16_t rpc_port;        /* the port rpc listens on, advertised */
+	const char *data_listen;  /* numeric host:port of the TCP data
 					  * listener (port 0: ephemeral); its
 					  * host is advertised, so not 0.0.0.0 */
 	enum te_protocol protocol;
-	unsigned threads;                /* 0: number of cores */
-	unsigned tcp_conns;              /* per peer; 0: 4 */
-	size_t slice_bytes;              /* 0: 1 MiB; 64 KiB .. 64 MiB */
-	uint64_t io_timeout_ms;          /* a path that makes no progress for
+	unsigned threads;                 /* 0: number of cores */
+	unsigned tcp_conns;               /* per peer; 0: 4 */
+	size_t slice_bytes;               /* 0: 1 MiB; 64 KiB .. 64 MiB */
+	uint64_t io_timeout_ms;           /* a path that makes no progress for
 					  * this long is declared dead; 0: 10s */
-	uint64_t lease_ttl_s;            /* descriptor lease in meta; 0: 10 */
-	const char *rdma_devices;        /* "mlx5_0,mlx5_1" or NULL/"" = auto */
-	int rdma_gid_index;              /* -1: auto; 0..255 */
-	unsigned rdma_mtu_bytes;         /* path MTU cap: 0 = the port's active
+	uint64_t lease_ttl_s;             /* descriptor lease in meta; 0: 10 */
+	const char *rdma_devices;         /* "mlx5_0,mlx5_1" or NULL/"" = auto */
+	int rdma_gid_index;               /* -1: auto; 0..255 */
+	unsigned rdma_mtu_bytes;          /* path MTU cap: 0 = the port's active
 					  * MTU; else 256..4096, a power of 2 */
-	const uint8_t *cluster_secret;   /* NULL: no peer authentication */
-	size_t cluster_secret_len;       /* 1 .. MC_SECRET_MAX_BYTES */
+	const uint8_t *cluster_secret;    /* peers prove it (mc_secret_find) */
+	size_t cluster_secret_len;        /* 1 .. MC_SECRET_MAX_BYTES */
+	bool insecure;                    /* no cluster_secret: serve and open
+					  * segments without authentication;
+					  * must be said, never a default */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
 };
 
 /*
+ * Authentication. With a cluster secret every connection to this engine
+ * (tcp data and rdma control connections, the shm channel) first passes
+ * the HMAC challenge of wire.h, both ways, and GetDescriptor wants a
+ * proof made over a fresh Challenge nonce (proto/transfer.proto); what
+ * fails is refused, logged and counted in
+ * mooncake_te_auth_refused_total{transport}. Without one (opts.insecure)
+ * tcp peers are not authenticated and shm peers must run as our uid.
+ */
+
+/*
  * Create the engine: start the data threads and listeners, pick transports
  * (logging why), start publishing the (empty) segment descriptor. Errors:
- * -EINVAL (options), negative errno of bind/listen, -ENOMEM; with protocol
+ * -EINVAL (options; no cluster secret and not insecure), negative errno of bind/listen, -ENOMEM; with protocol
  * rdma and no usable RDMA device (the log says why): -ENODEV (none, or
  * none of rdma_devices), -EACCES (no permission), -ENETDOWN (no ACTIVE
  * port), -EADDRNOTAVAIL (no usable GID, or rdma_gid_index is not one).
@@ -109,8 +123,7 @@ int te_new(const struct te_opts *opts, struct te_engine **out) MC_MUST_CHECK;
  * working and the data plane keeps serving until te_free. Called once.
  * The meta client must stay alive until on_stopped.
  */
-void te_stop(struct te_engine *e,
-	     void (*on_stopped)(struct te_engine *e, void *ud), void *ud);
+void te_stop(struct te_engine *e, void (*on_stopped)(struct te_engine *e, void *ud), void *ud);
 
 /* Stop the data threads, close every connection (in-flight requests fail
  * with MC_ESHUTDOWN), free. Only after te_stop's on_stopped ran (or if
@@ -124,8 +137,17 @@ void te_free(struct te_engine *e);
  * while another live engine holds the segment name). */
 int te_wait_published(struct te_engine *e, uint64_t timeout_ms) MC_MUST_CHECK;
 
+/* The proof a GetDescriptor request carries, for a tool that fetches a
+ * descriptor itself: out = HMAC-SHA256(secret, "mooncake-te-descriptor" 0
+ * challenge name), challenge being a Challenge answer's nonce. */
+void te_descriptor_mac(const uint8_t *secret, size_t slen, const uint8_t *challenge,
+		       size_t clen, const char *name, uint8_t out[32]);
+
 /* This engine's segment name. */
 const char *te_name(const struct te_engine *e);
+
+/* Its io timeout (te_opts.io_timeout_ms, or the default). */
+uint64_t te_io_timeout_ms(const struct te_engine *e);
 
 /* The protocol chosen for remote (non-shm) peers. */
 enum te_protocol te_protocol_in_use(const struct te_engine *e);
@@ -148,9 +170,48 @@ int te_protocol_parse(const char *s, enum te_protocol *out) MC_MUST_CHECK;
  * memfd), RDMA MR errors (-ENOMEM with a log line naming ulimit -l /
  * max_mr, -EACCES, -EFAULT), -ENOMEM.
  */
-int te_register(struct te_engine *e, uint64_t remote_addr, void *local,
-		size_t len, int memfd, uint64_t memfd_off,
-		struct te_region **out) MC_MUST_CHECK;
+int te_register(struct te_engine *e, uint64_t remote_addr, void *local, size_t len, int memfd,
+		uint64_t memfd_off, struct te_region **out) MC_MUST_CHECK;
+/*
+ * Register [addr, addr + len) of another process's memory (process pid,
+ * pidfd a pidfd of it: borrowed, the engine keeps a dup), at the address
+ * it has there: peers' requests for it are served by cross-memory attach
+ * (process_vm_readv/writev) through a bounce buffer of the serving
+ * connection, so the process must let this one attach (Yama:
+ * prctl(PR_SET_PTRACER) naming it; else the same uid with ptrace_scope
+ * 0, or CAP_SYS_PTRACE) — the caller checks that before. The region has
+ * no memfd and no RDMA keys: peers reach it over tcp, same-host ones too
+ * (one-sided RDMA and shm mappings need memory this process maps).
+ * Errors: -EINVAL (pid, pidfd, len 0, overflow), -EEXIST (overlaps a
+ * registered region), -EMFILE, -ENOMEM.
+ */
+int te_register_process(struct te_engine *e, uint64_t addr, size_t len, pid_t pid, int pidfd,
+			struct te_region **out) MC_MUST_CHECK;
+/*
+ * Register device memory (a GPU's) by a dma-buf of it: fd (borrowed; the
+ * engine keeps a dup), [offset, offset + len) of it, known at addr (its
+ * address in the process that owns it, which peers use). Each RDMA NIC
+ * registers it (ibv_reg_dmabuf_mr, before this returns: not on the loop
+ * thread) and peers read and write it by one-sided RDMA with its rkeys;
+ * nothing else reaches it (no CPU of this engine maps it: tcp peers'
+ * requests for it are refused, and it is never the local side of this
+ * engine's own requests). Errors: -EOPNOTSUPP (no rdma transport running;
+ * the device or libibverbs registers no dma-bufs), -EINVAL, -EEXIST, the
+ * MR errors of te_register, -ENOMEM.
+ */
+int te_register_dmabuf(struct te_engine *e, uint64_t addr, size_t len, int fd, uint64_t offset,
+		       struct te_region **out) MC_MUST_CHECK;
+/*
+ * Move len bytes between buf and [addr, addr + len) of region r of this
+ * engine, as a peer's request for it would (cross-memory attach for
+ * another process's memory): for a caller that serves such requests
+ * itself, on a thread that may block. write: buf -> region. The caller
+ * keeps r registered meanwhile. Errors: MC_EREMOTE_ACCESS (not inside r;
+ * the range is no longer reachable in its process), -ESRCH (that process
+ * exited).
+ */
+int te_region_io(struct te_region *r, uint64_t addr, void *buf, size_t len,
+		 bool write) MC_MUST_CHECK;
 /* Remove a region from the descriptor and wait until no request being
  * served touches it, every shm peer unmapped it (a peer that does not
  * answer within the io timeout is disconnected) and no RDMA request of
@@ -186,10 +247,13 @@ void te_close_segment(struct te_segment *s);
 
 /* What a segment offers, from its current descriptor. */
 struct te_segment_info {
-	const char *name;            /* valid while the handle is held */
-	enum te_protocol transport;  /* shm when same-host, else the remote one */
+	const char *name;           /* valid while the handle is held */
+	enum te_protocol transport; /* shm when same-host, else the remote one */
 	size_t nregions;
 	uint64_t generation;
+	/* "host:port" of the engine's gRPC control port (its process's RPC
+	 * server), "" when the descriptor names none. */
+	char rpc_addr[96];
 };
 struct te_region_info {
 	uint64_t addr;
@@ -205,10 +269,17 @@ enum te_op { TE_READ, TE_WRITE };
 
 struct te_request {
 	enum te_op op;
-	void *local;            /* local buffer (need not be registered) */
+	void *local; /* local buffer (need not be registered) */
 	struct te_segment *segment;
-	uint64_t remote_addr;   /* an address inside a region of segment */
-	size_t len;             /* 0 completes at once with success */
+	uint64_t remote_addr; /* an address inside a region of segment */
+	size_t len;           /* 0 completes at once with success */
+	/* local is device memory registered with te_register_dmabuf (by
+	 * its address in its owner's process): only RDMA moves it, the NIC
+	 * reaching it through the dma-buf's MR; the request fails with
+	 * -EOPNOTSUPP when the segment cannot be reached so (a same-host
+	 * peer over shm, a tcp peer, a remote region without rkeys) or
+	 * local is not inside such a region. */
+	bool local_device;
 };
 
 enum te_status {
@@ -219,7 +290,7 @@ enum te_status {
 
 struct te_result {
 	enum te_status status;
-	int err;                /* when FAILED: MC_EREMOTE_ACCESS (the range
+	int err; /* when FAILED: MC_EREMOTE_ACCESS (the range
 				 * is not inside one registered region of
 				 * the segment), MC_EUNAVAILABLE (peer gone
 				 * after retries on every path),
@@ -241,9 +312,9 @@ int te_submit(struct te_engine *e, const struct te_request *reqs, size_t n,
  * on whichever thread completed the last one (a data thread, or the
  * caller's inside te_submit_notify): it must not block — hand off with
  * uv_async_send or a condition variable. */
-int te_submit_notify(struct te_engine *e, const struct te_request *reqs,
-		     size_t n, void (*on_done)(struct te_batch *b, void *ud),
-		     void *ud, struct te_batch **out) MC_MUST_CHECK;
+int te_submit_notify(struct te_engine *e, const struct te_request *reqs, size_t n,
+		     void (*on_done)(struct te_batch *b, void *ud), void *ud,
+		     struct te_batch **out) MC_MUST_CHECK;
 /* te_submit_notify, where the submitting thread itself copies up to
  * inline_bytes of the requests to same-host (shm) peers, in slices of any
  * size, rather than handing them to the data threads (which copy the
@@ -294,11 +365,11 @@ bool te_gid_v4mapped(const uint8_t raw[16]);
 
 /* A port as libibverbs reports it (ibv_query_port). */
 struct te_rdma_port_attr {
-	unsigned state;          /* enum ibv_port_state: 4 = ACTIVE */
+	unsigned state; /* enum ibv_port_state: 4 = ACTIVE */
 	unsigned active_mtu_bytes;
 	unsigned max_mtu_bytes;
 	unsigned gid_tbl_len;
-	bool ethernet;           /* link layer Ethernet (RoCE), else IB */
+	bool ethernet; /* link layer Ethernet (RoCE), else IB */
 };
 
 /*

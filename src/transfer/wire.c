@@ -108,8 +108,8 @@ int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m)
 	m->kind = in[6];
 	m->flags = in[7];
 	m->status = (int32_t)mc_get_le32(in + 8);
-	if (m->kind < TE_HS_HELLO || m->kind > TE_HS_RESULT ||
-	    (m->flags & ~TE_HS_F_SECRET) || mc_get_le32(in + 12) != 0)
+	if (m->kind < TE_HS_HELLO || m->kind > TE_HS_RESULT || (m->flags & ~TE_HS_F_SECRET) ||
+	    mc_get_le32(in + 12) != 0)
 		return MC_EPROTOCOL;
 	if (m->status > 0 || m->status < -4095)
 		return MC_EPROTOCOL;
@@ -118,20 +118,27 @@ int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m)
 			return MC_EPROTOCOL;
 	memcpy(m->nonce, in + 16, TE_HS_NONCE);
 	memcpy(m->mac, in + 48, MC_SHA256_BYTES);
-	if (get_name(in + HS_NAME_OFF, m->name) ||
-	    get_name(in + HS_TARGET_OFF, m->target))
+	if (get_name(in + HS_NAME_OFF, m->name) || get_name(in + HS_TARGET_OFF, m->target))
 		return MC_EPROTOCOL;
 	return 0;
 }
 
-void te__hs_mac(const uint8_t *secret, size_t slen, bool server,
-		const uint8_t a[TE_HS_NONCE], const uint8_t b[TE_HS_NONCE],
-		const char *name, uint8_t out[MC_SHA256_BYTES])
+void te__hs_mac(const uint8_t *secret, size_t slen, bool server, const uint8_t a[TE_HS_NONCE],
+		const uint8_t b[TE_HS_NONCE], const char *name, uint8_t out[MC_SHA256_BYTES])
 {
 	static const char ls[] = "mooncake-te-server", lc[] = "mooncake-te-client";
 	const void *parts[4] = {server ? ls : lc, a, b, name};
 	size_t lens[4] = {sizeof(ls), TE_HS_NONCE, TE_HS_NONCE, strlen(name)};
 	mc_hmac_sha256(secret, slen, parts, lens, 4, out);
+}
+
+void te__desc_mac(const uint8_t *secret, size_t slen, const uint8_t *challenge, size_t clen,
+		  const char *name, uint8_t out[MC_SHA256_BYTES])
+{
+	static const char label[] = "mooncake-te-descriptor";
+	const void *parts[3] = {label, challenge, name};
+	size_t lens[3] = {sizeof(label), clen, strlen(name)};
+	mc_hmac_sha256(secret, slen, parts, lens, 3, out);
 }
 
 static void result(struct te_hs_msg *r, int status)
@@ -167,15 +174,15 @@ int te__hs_server_step(struct te_hs_server *s, const struct te_hs_msg *in,
 		reply->kind = TE_HS_CHALLENGE;
 		reply->flags = TE_HS_F_SECRET;
 		memcpy(reply->nonce, s->nonce_s, TE_HS_NONCE);
-		te__hs_mac(s->secret, s->secret_len, true, s->nonce_c, s->nonce_s,
-			   s->own_name, reply->mac);
+		te__hs_mac(s->secret, s->secret_len, true, s->nonce_c, s->nonce_s, s->own_name,
+			   reply->mac);
 		s->state = 1;
 		return 1;
 	}
 	if (s->state == 1 && in->kind == TE_HS_AUTH) {
 		uint8_t want[MC_SHA256_BYTES];
-		te__hs_mac(s->secret, s->secret_len, false, s->nonce_s, s->nonce_c,
-			   s->peer, want);
+		te__hs_mac(s->secret, s->secret_len, false, s->nonce_s, s->nonce_c, s->peer,
+			   want);
 		if (!mc_ct_equal(want, in->mac, sizeof(want))) {
 			s->state = -1;
 			result(reply, -EACCES);

@@ -96,9 +96,15 @@ void te__hs_encode(const struct te_hs_msg *m, uint8_t out[TE_HS_BYTES]);
 /* Errors: MC_EPROTOCOL (magic, version, kind, unterminated names),
  * -EPROTONOSUPPORT (another handshake version). */
 int te__hs_decode(const uint8_t in[TE_HS_BYTES], struct te_hs_msg *m) MC_MUST_CHECK;
-void te__hs_mac(const uint8_t *secret, size_t slen, bool server,
-		const uint8_t a[TE_HS_NONCE], const uint8_t b[TE_HS_NONCE],
-		const char *name, uint8_t out[MC_SHA256_BYTES]);
+void te__hs_mac(const uint8_t *secret, size_t slen, bool server, const uint8_t a[TE_HS_NONCE],
+		const uint8_t b[TE_HS_NONCE], const char *name, uint8_t out[MC_SHA256_BYTES]);
+
+/*
+ * The proof of a GetDescriptor request (proto/transfer.proto):
+ * HMAC(secret, "mooncake-te-descriptor" 0 challenge name).
+ */
+void te__desc_mac(const uint8_t *secret, size_t slen, const uint8_t *challenge, size_t clen,
+		  const char *name, uint8_t out[MC_SHA256_BYTES]);
 
 /* Server side of the handshake as a pure step function: feed the
  * client's message, get the reply to send. */

@@ -172,8 +172,7 @@ int te__workers_start(struct te_engine *e, unsigned n)
 			goto fail;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		rc = -pthread_create(&e->workers[i].tid, NULL, worker_main,
-				     &e->workers[i]);
+		rc = -pthread_create(&e->workers[i].tid, NULL, worker_main, &e->workers[i]);
 		if (rc) {
 			e->nworkers = i;
 			stop_join(e);

@@ -2,6 +2,9 @@
  * Replay driver: runs a libFuzzer target's entry point over files given on
  * the command line (a corpus), so every build exercises the fuzz targets
  * on their seeds without clang. `make fuzz` builds the real fuzzers.
+ * A target run without a single input fails: a corpus that is missing
+ * (or a glob that matched nothing) would otherwise pass while testing
+ * nothing.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +15,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int main(int argc, char **argv)
 {
 	int n = 0;
+	if (argc < 2) {
+		fprintf(stderr, "%s: no corpus: give the target seed inputs in "
+				"test/fuzz/corpus/<target>/\n",
+			argv[0]);
+		return 1;
+	}
 	for (int i = 1; i < argc; i++) {
 		FILE *f = fopen(argv[i], "rb");
 		if (!f) {

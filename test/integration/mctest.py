@@ -5,7 +5,15 @@ A test file defines functions decorated with @case and ends with
 with the reason, and the file ends with "N passed, N failed" (the line
 test/run.sh counts). Daemons are started from $BUILD on ephemeral ports on
 127.0.0.1 with temporary data directories and are killed by PID.
+
+Every process a test starts shares one cluster secret, named by
+MOONCAKE_CLUSTER_SECRET_FILE in this process's environment, as the hosts of
+a deployment share one file: several agents, each with its own data
+directory, would otherwise each make their own and refuse each other.
+A test of the default (the secret an agent creates in its data directory)
+passes env={"MOONCAKE_CLUSTER_SECRET_FILE": None} to remove it.
 """
+import faulthandler
 import os
 import random
 import signal
@@ -23,6 +31,27 @@ MOONCAKECTL = os.path.join(BUILD, "mooncakectl")
 sys.path.insert(0, os.path.join(BUILD, "py"))
 
 _cases = []
+
+# test/run.sh's timeout ends a hung file with SIGTERM: print where every
+# thread was first, so a hang on a machine nobody can log into says where.
+faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+_secret_dir = tempfile.TemporaryDirectory(prefix="mooncaked-test-secret-")
+CLUSTER_SECRET = os.path.join(_secret_dir.name, "cluster.secret")
+with open(os.open(CLUSTER_SECRET, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as _f:
+    _f.write(os.urandom(32).hex() + "\n")
+os.environ.setdefault("MOONCAKE_CLUSTER_SECRET_FILE", CLUSTER_SECRET)
+
+
+def child_env(env=None):
+    """os.environ updated with env; a value of None removes that name."""
+    full = dict(os.environ)
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    return full
 
 
 def case(fn):
@@ -156,8 +185,7 @@ class Daemon:
             cmd += ["--socket=" + self.socket, "--global-segment-size=64M"]
         cmd += list(args)
         self.cmd = cmd
-        full_env = dict(os.environ)
-        full_env.update(env or {})
+        full_env = child_env(env)
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=full_env)

@@ -25,8 +25,7 @@ class Shell:
         self.tmp = tempfile.TemporaryDirectory(prefix="te-shell-")
         self.err_path = os.path.join(self.tmp.name, "stderr")
         self.err = open(self.err_path, "wb")
-        full_env = dict(os.environ)
-        full_env.update(env or {})
+        full_env = mctest.child_env(env)
         self.proc = subprocess.Popen([exe or mctest.MOONCAKECTL, "transfer"] + list(args),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, text=True, bufsize=1, env=full_env,

@@ -462,7 +462,8 @@ def systemd_units_verify():
         raise AssertionError("systemd-analyze missing (Debian package systemd)")
     with tempfile.TemporaryDirectory() as tmp:
         for unit, name in (("mooncaked.service.in", "mooncaked.service"),
-                           ("mooncaked@.service.in", "mooncaked@meta.service")):
+                           ("mooncaked@.service.in", "mooncaked@meta.service"),
+                           ("mooncaked@agent.service.in", "mooncaked@agent.service")):
             text = open(os.path.join(mctest.ROOT, "deploy", unit)).read()
             path = os.path.join(tmp, name)
             with open(path, "w") as f:

@@ -8,7 +8,10 @@
   /metrics), and the dashboard is well formed;
 - logrotate/mooncaked, run by logrotate against a running daemon, rotates
   its --log-file and the daemon goes on in the new file (SIGHUP);
-- the systemd units pass `systemd-analyze verify`.
+- the systemd units pass `systemd-analyze verify`, run as the user the
+  sysusers.d file makes, and `systemd-analyze security` rates meta and
+  master at most 5 (the target) and the agent's units at most 5 too
+  (their sandbox differs only where RDMA needs it).
 """
 import json
 import os
@@ -150,6 +153,23 @@ def logrotate_rotates_a_running_daemons_log_file():
         eq(d.stop(), 0, "exit status")
 
 
+UNITS = (("mooncaked.service.in", "mooncaked.service"),
+         ("mooncaked@.service.in", "mooncaked@meta.service"),
+         ("mooncaked@.service.in", "mooncaked@master.service"),
+         ("mooncaked@agent.service.in", "mooncaked@agent.service"))
+
+
+def write_units(tmp):
+    """The units as installed (binaries from this build), by name."""
+    paths = {}
+    for unit, name in UNITS:
+        text = open(os.path.join(DEPLOY, unit)).read().replace("@PREFIX@/bin", mctest.BUILD)
+        paths[name] = os.path.join(tmp, name)
+        with open(paths[name], "w") as f:
+            f.write(text)
+    return paths
+
+
 @case
 def the_systemd_units_verify():
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,16 +177,40 @@ def the_systemd_units_verify():
         os.makedirs(man8)
         shutil.copy(os.path.join(mctest.ROOT, "man", "mooncaked.8"), man8)
         env = dict(os.environ, MANPATH=os.path.join(tmp, "man"))
-        for unit, name in (("mooncaked.service.in", "mooncaked.service"),
-                           ("mooncaked@.service.in", "mooncaked@agent.service")):
-            text = open(os.path.join(DEPLOY, unit)).read().replace("@PREFIX@/bin", mctest.BUILD)
-            path = os.path.join(tmp, name)
-            with open(path, "w") as f:
-                f.write(text)
+        for name, path in write_units(tmp).items():
             r = subprocess.run(["systemd-analyze", "verify", path], capture_output=True,
                                text=True, env=env)
             eq((r.returncode, r.stderr.strip()), (0, ""), "systemd-analyze verify " + name)
-            assert "LimitMEMLOCK=infinity" in text, name
+            text = open(path).read()
+            assert "User=mooncake\n" in text, name
+            if "agent" in name or name == "mooncaked.service":
+                assert "LimitMEMLOCK=infinity" in text, name
+                assert "DeviceAllow=char-infiniband_verbs rw" in text, name
+        # The user they run as: sysusers.d makes it.
+        root = os.path.join(tmp, "root")
+        os.makedirs(os.path.join(root, "etc"))
+        run(["systemd-sysusers", "--root=" + root, os.path.join(DEPLOY, "mooncaked.sysusers")])
+        passwd = open(os.path.join(root, "etc", "passwd")).read()
+        assert passwd.startswith("mooncake:x:"), passwd
+
+
+@case
+def the_systemd_units_are_sandboxed():
+    if not shutil.which("systemd-analyze"):
+        print("     skipped: no systemd-analyze on this machine (CI has it)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        scores = {}
+        for name, path in write_units(tmp).items():
+            r = run(["systemd-analyze", "security", "--offline=yes", "--no-pager", path],
+                    check=False)
+            m = re.search(r"Overall exposure level for %s: (\d+\.\d)" % re.escape(name),
+                          r.stdout + r.stderr)
+            assert m, r.stdout + r.stderr
+            scores[name] = float(m.group(1))
+        print("     systemd-analyze security: %s (the units were 9.6)" % scores)
+        for name, score in scores.items():
+            assert score <= 5.0, "%s: %.1f, target at most 5" % (name, score)
 
 
 mctest.main()

@@ -177,6 +177,13 @@ def a_64k_memlock_fails_when_rdma_pins_the_segment():
     eq(row["verdict"], "ok", "the unit's limit")
     assert row["found"].startswith("unlimited from %s/etc/systemd/system/mooncaked@.service"
                                    % n.root), row
+    # The agent's own unit comes before the template (meta's and master's).
+    write(n.root + "/usr/lib/systemd/system/mooncaked@agent.service",
+          "[Service]\nLimitMEMLOCK=1G\nUser=mooncake\n")
+    rc, rows, _ = doctor(n, "--global-segment-size=4G")
+    row = rows["memory-lock limit (RLIMIT_MEMLOCK)"]
+    assert "usr/lib/systemd/system/mooncaked@agent.service" in row["found"], row
+    os.unlink(n.root + "/usr/lib/systemd/system/mooncaked@agent.service")
     write(n.root + "/usr/lib/systemd/system/mooncaked.service",
           "[Service]\nLimitMEMLOCK=64K\nUser=mooncake\n")
     os.unlink(n.root + "/etc/systemd/system/mooncaked@.service")

@@ -28,7 +28,8 @@ files_present() {
 		share/man/man1/mooncakectl.1 share/man/man3/libmooncake.3 \
 		lib/python3/dist-packages/mooncake/store.py lib/python3/dist-packages/mooncake/engine.py \
 		lib/systemd/system/mooncaked.service \
-		lib/systemd/system/mooncaked@.service share/doc/mooncaked/mooncaked.conf; do
+		lib/systemd/system/mooncaked@.service lib/systemd/system/mooncaked@agent.service \
+		lib/sysusers.d/mooncaked.conf share/doc/mooncaked/mooncaked.conf; do
 		[ -e "$dest/usr/$f" ] || { echo "missing /usr/$f"; rc=1; }
 	done
 	grep -q "ExecStart=/usr/bin/mooncaked" "$dest/usr/lib/systemd/system/mooncaked.service" ||

@@ -142,8 +142,10 @@ def put_get_remove_and_error_codes():
     eq(m.get(b"\x00")[1].size, 0, "0-byte value")
     code, err = m.code("PutStart", M.PutStartRequest(key=big + b"x", size=1), M.PutStartResponse)
     eq((code, err.code()), (EINVAL, grpc.StatusCode.INVALID_ARGUMENT), "4097-byte key")
-    eq(m.code("PutStart", M.PutStartRequest(key=b"three", size=1, replica_num=3),
-              M.PutStartResponse)[0], NO_SPACE, "three replicas on two segments")
+    code, err = m.code("PutStart", M.PutStartRequest(key=b"three", size=1, replica_num=3),
+                       M.PutStartResponse)
+    eq(code, -708, "three replicas on two segments: too few segments, not no space")
+    assert "3 replicas need 3 segments and only 2 are mounted" in err.details(), err.details()
     eq(m.code("PutStart", M.PutStartRequest(key=b"huge", size=65 * MiB), M.PutStartResponse)[0],
        NO_SPACE, "larger than any segment")
     # PENDING: not visible, revocable once.
@@ -398,8 +400,13 @@ def failover_between_two_masters_with_etcd():
     hb = sm.heartbeat("agent1", view=view)
     eq((hb.resync, hb.view), (True, view + 1), "heartbeat asks for a re-sync")
     eq(sm.mount("seg", "agent1", 64 * MiB, resync=True).view, view + 1, "remount")
-    eq(sm.code("PutStart", M.PutStartRequest(key=b"new", size=10), M.PutStartResponse)[0],
-       NO_SPACE, "no placement on a segment still re-syncing")
+    # No placement on a segment still re-syncing, and while it reports
+    # the answer says "retry", never NO_SPACE (which a client takes as
+    # final).
+    code, err = sm.code("PutStart", M.PutStartRequest(key=b"new", size=10), M.PutStartResponse)
+    eq((code, err.code()), (-802, grpc.StatusCode.UNAVAILABLE), "put while re-syncing")
+    assert "taking the agents' segments back (0 mounted, 1 reporting)" in err.details(), \
+        err.details()
     inv = [M.InventoryItem(key=b"survivor", segment="seg", offset=placed.offset, size=5000,
                            soft_pin=True),
            M.InventoryItem(key=b"second", segment="seg", offset=second.offset, size=100),
@@ -485,6 +492,50 @@ def ctl_follows_standby_redirect():
     eq(b[0].stop(), 0, "standby exit")
     eq(ld.stop(), 0, "leader exit")
     etcd.kill()
+
+
+@case
+def bench_master_prints_memory_and_scale():
+    # Small and fast: the rows and their shape, not the figures.
+    r = run([mctest.MOONCAKECTL, "bench", "master", "--duration=100ms", "--batch=10",
+             "--objects=30K"])
+    out = r.stdout
+    mem = [l for l in out.splitlines() if "B/object + key" in l]
+    eq(len(mem), 1, "index memory line")
+    per_obj = float(mem[0].split()[3])
+    assert 40 < per_obj <= 100, mem[0]
+    lines = out.splitlines()
+    head = [i for i, l in enumerate(lines) if l.startswith("ops/s and master CPU per key")]
+    eq(len(head), 1, "scale table heading")
+    assert " at 10000 and " in lines[head[0]], lines[head[0]]
+    rows = lines[head[0] + 3:head[0] + 6]
+    for name, l in zip(["GetReplicas", "BatchGetReplicas", "BatchPutStart"], rows):
+        assert l.startswith(name), (name, l)
+        f = l.split()
+        small, large, cpu0, cpu1 = (float(f[-6]), float(f[-5]), float(f[-3]), float(f[-2]))
+        assert small > 0 and large > 0 and cpu0 > 0 and cpu1 > 0, l
+
+
+@case
+def bench_resync_brings_back_64_agents_objects_after_a_failover():
+    # The bench checks what came back itself (exit 1 on any miss); here
+    # the figures' lines and the counts.
+    r = run([mctest.MOONCAKECTL, "bench", "resync", "--agents=64", "--objects=20K",
+             "--heartbeat=200ms"])
+    out = r.stdout
+    assert "64 agents, 20000 objects" in out, out
+    acc = [l for l in out.splitlines() if l.startswith("inventory items accepted")]
+    eq(len(acc), 1, "accepted line")
+    eq(acc[0].split()[3], "20000", "items accepted")
+    assert "of 20000, 0 skipped" in acc[0], acc[0]
+    rs = [l for l in out.splitlines() if l.startswith("re-sync after a failover")]
+    eq(len(rs), 1, "re-sync line")
+    assert "s per million objects" in rs[0], rs[0]
+    assert "checked: the index holds every object" in out, out
+    eq(run([mctest.MOONCAKECTL, "bench", "resync", "--agents=0"], check=False).returncode, 2,
+       "no agents")
+    eq(run([mctest.MOONCAKECTL, "bench", "resync", "--objects=lots"], check=False).returncode,
+       2, "bad count")
 
 
 mctest.main()

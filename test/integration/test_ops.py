@@ -59,6 +59,9 @@ def a_segment_larger_than_the_memory_is_refused():
         line = lines[0]
         assert "--global-segment-size, %s GiB" % seg[:-1] in line, line
         assert "memory available" in line and "--force-segment-size" in line, line
+        # ... and what the node has: RAM, huge pages, the memory-lock limit.
+        assert re.search(r"this node: .* RAM available, \d+ of \d+ huge pages free .*, "
+                         r"memory-lock limit ", line), line
         assert time.monotonic() - t0 < 30, "refused before touching the memory"
 
 

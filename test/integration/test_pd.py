@@ -8,8 +8,10 @@ memory (MooncakeHostMemAllocator, the get_alloc_func_addr hook) and in
 managed buffers; every byte checked. On one agent, between two agents on
 one host (shm), over tcp, and over rdma on the verbs emulator; two decode
 processes on one node; a decode killed mid-transfer gives the prefill a
-negative return, not a hang.
+negative return, not a hang. Each TransferEngine has a session id of its
+own, found by P2P probes and in meta.
 """
+import ctypes
 import json
 import os
 import signal
@@ -92,9 +94,12 @@ def two_agents(protocol):
 @case
 def one_agent_vllm_and_sglang():
     a = one_agent()
-    for memory in ("allocator", "hook", "managed"):
+    sessions = set()
+    for memory in ("allocator", "hook", "managed", "ordinary"):
         info = run_pd(a, a, memory, "vllm", 11)
-        eq(info["session"].split(":")[1], a.name.split(":")[1], "the agent's session")
+        eq(info["session"] != a.name, True, "a session id of the instance's own")
+        sessions.add(info["session"])
+    eq(len(sessions), 4, "every instance its own session id")
     run_pd(a, a, "allocator", "sglang", 12)
 
 
@@ -104,6 +109,8 @@ def two_agents_shm():
     run_pd(b, a, "allocator", "vllm", 21)
     run_pd(b, a, "hook", "sglang", 22)
     run_pd(a, b, "managed", "vllm", 23)
+    run_pd(b, a, "ordinary", "vllm", 24)
+    run_pd(b, a, "ordinary", "sglang", 25)
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_bytes_total", 'transport="shm",op="write"') > 0, True,
        "the bytes went through shared memory")
@@ -114,6 +121,8 @@ def two_agents_tcp():
     a, b = two_agents("tcp")
     run_pd(b, a, "allocator", "vllm", 31)
     run_pd(b, a, "hook", "sglang", 32)
+    run_pd(b, a, "ordinary", "vllm", 33)
+    run_pd(b, a, "ordinary", "sglang", 34)
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_bytes_total", 'transport="tcp",op="write"') > 0, True,
        "the bytes went over tcp")
@@ -135,17 +144,86 @@ def two_agents_rdma_on_the_verbs_emulator():
     # not an RDMA region).
     run_pd(b, a, "allocator", "vllm", 41, protocol="rdma", src="allocator")
     run_pd(b, a, "managed", "sglang", 42, protocol="rdma", src="allocator")
+    # Both sides in ordinary memory: no MR on either side, so the bytes
+    # take the rdma peer's tcp connection (counted as rdma fallbacks).
+    run_pd(b, a, "ordinary", "vllm", 43, protocol="rdma")
+    # The decode's KV cache in device memory, by a dma-buf (a memfd in
+    # its stead) the agent registers with ibv_reg_dmabuf_mr: written by
+    # one-sided RDMA only.
+    run_pd(b, a, "dmabuf", "vllm", 44, protocol="rdma", src="allocator")
+    # GPU to GPU: the prefill's KV cache a dma-buf too, read by its
+    # agent's NIC.
+    run_pd(b, a, "dmabuf", "sglang", 45, protocol="rdma", src="dmabuf")
     m = a.metrics()
     eq(st.metric_labels(m, "mooncake_te_rdma_nic_bytes_total", 'nic="emu_0",op="write"') > 0,
        True, "the bytes went over RDMA")
 
 
+def probe(agent, session):
+    """send_probe and get_first_buffer_address of a session, from a
+    TransferEngine of this test process on agent."""
+    from mooncake.engine import TransferEngine
+    te = TransferEngine()
+    eq(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "", socket_path=agent.socket), 0,
+       "engine")
+    try:
+        return te.send_probe(session), te.get_first_buffer_address(session)
+    finally:
+        te.close()
+
+
+@case
+def batches_larger_than_the_staging_buffer():
+    """32 MiB batches from and into ordinary memory, twice the agents'
+    16 MiB staging buffers: the prefill's side goes through staging in
+    rounds, the decode's by cross-memory attach; written, then read back,
+    every byte checked."""
+    a, b = two_agents("tcp")
+    blocks, block_bytes, layers = 64, 256 * 1024, 2
+    d = Proc(b, "decode", "ordinary", blocks, block_bytes, layers)
+    info = d.read()
+    p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), blocks, block_bytes,
+             layers, 81, "readback")
+    eq(p.read(), {"rc": 0, "read_back": True}, "written and read back")
+    p.p.wait(timeout=30)
+    d.send("check 81")
+    eq(d.read(), {"bad_layers": []}, "every byte in the decode")
+    d.end()
+
+
+@case
+def device_memory_needs_rdma():
+    """A dma-buf registration with agents that have no RDMA device fails
+    (-95), rather than publish memory nobody could reach."""
+    a, b = two_agents("tcp")
+    d = Proc(b, "decode", "dmabuf", BLOCKS, BLOCK_BYTES, LAYERS)
+    eq(d.read(), {"register_rc": -95}, "refused")
+    d.p.wait(timeout=30)
+    # CUDA memory: libcuda.so.1 is loaded at run time; this machine has
+    # no CUDA driver, so the registration is refused the same way.
+    from mooncake.engine import TransferEngine
+    te = TransferEngine()
+    eq(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "", socket_path=b.socket), 0, "engine")
+    buf = ctypes.create_string_buffer(4096)
+    eq(te.register_memory(ctypes.addressof(buf), 4096, "cuda:0"), -95, "no CUDA driver")
+    eq(te.register_memory(ctypes.addressof(buf), 4096, "npu:0"), -95, "another device")
+    te.close()
+
+
 @case
 def two_decode_processes_on_one_node():
+    """Each TransferEngine its own session id (upstream's "host:port" per
+    instance): two decodes on one node with their KV caches at the same
+    virtual addresses (ordinary memory of forked-alike processes may
+    coincide) are told apart, and each is found by a P2P probe."""
     a, b = two_agents("tcp")
-    d1 = Proc(b, "decode", "allocator", BLOCKS, BLOCK_BYTES, LAYERS)
+    d1 = Proc(b, "decode", "ordinary", BLOCKS, BLOCK_BYTES, LAYERS)
     d2 = Proc(b, "decode", "hook", BLOCKS, BLOCK_BYTES, LAYERS)
     i1, i2 = d1.read(), d2.read()
+    eq(i1["session"] != i2["session"], True, "two session ids")
+    for info in (i1, i2):
+        rc, first = probe(a, info["session"])
+        eq((rc, first in info["ptrs"]), (0, True), "found by its session id (P2P)")
     for info, seed in ((i1, 51), (i2, 52)):
         p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
                  LAYERS, seed, "vllm")
@@ -160,10 +238,45 @@ def two_decode_processes_on_one_node():
 
 
 @case
+def sessions_in_meta():
+    """With meta, each instance's segment is published under its session
+    id while it lives (the prefill finds it there) and is gone after."""
+    c = st.Cluster(agents=2, meta=True, agent_args=["--protocol=tcp"], segment=64 << 20)
+    a, b = c.agents
+    d = Proc(b, "decode", "ordinary", BLOCKS, BLOCK_BYTES, LAYERS)
+    info = d.read()
+    key = "/mooncake/mooncake/segments/" + info["session"]
+    mctest.wait_for(lambda: key in c.etcd.ctl("get", "--prefix", "--keys-only",
+                                              "/mooncake/mooncake/segments/").stdout,
+                    what="the session's segment in meta")
+    p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
+             LAYERS, 71, "vllm")
+    eq(p.read(), {"rc": 0}, "prefill through meta")
+    p.p.wait(timeout=30)
+    d.send("check 71")
+    eq(d.read(), {"bad_layers": []}, "every byte")
+    d.end()
+    mctest.wait_for(lambda: key not in c.etcd.ctl("get", "--prefix", "--keys-only",
+                                                  "/mooncake/mooncake/segments/").stdout,
+                    what="the session's segment gone from meta")
+    eq(probe(a, info["session"])[0] < 0, True, "no longer found")
+    # An agent stopped under a live instance stops it too, and exits.
+    d = Proc(b, "decode", "ordinary", BLOCKS, BLOCK_BYTES, LAYERS)
+    d.read()
+    eq(b.d.stop(), 0, "the agent exits under a live instance")
+    out = b.d.output()
+    eq("cannot delete" not in out and "leaking" not in out, True, "a clean stop: " + out[-2000:])
+    d.p.kill()
+    d.p.wait()
+    c.stop()
+
+
+@case
 def decode_dies_mid_transfer():
-    for protocol in ("tcp", "auto"):
+    for protocol, memory in (("tcp", "allocator"), ("auto", "allocator"),
+                             ("tcp", "ordinary")):
         a, b = two_agents(protocol)
-        d = Proc(b, "decode", "allocator", BLOCKS, BLOCK_BYTES, LAYERS)
+        d = Proc(b, "decode", memory, BLOCKS, BLOCK_BYTES, LAYERS)
         info = d.read()
         p = Proc(a, "prefill", info["session"], json.dumps(info["ptrs"]), BLOCKS, BLOCK_BYTES,
                  LAYERS, 61, "loop")
@@ -172,7 +285,7 @@ def decode_dies_mid_transfer():
         os.kill(d.p.pid, signal.SIGKILL)
         d.p.wait(timeout=30)
         r = p.read(timeout=60)
-        eq(r["rc"] < 0, True, "the prefill's write fails (%s): %s" % (protocol, r))
+        eq(r["rc"] < 0, True, "the prefill's write fails (%s, %s): %s" % (protocol, memory, r))
         p.p.wait(timeout=30)
 
 

@@ -549,8 +549,46 @@ def upserts_ranges_and_clear():
     eq(s.batch_replica_clear(keys), [keys[0]], "cleared after its lease")
     eq(s.batch_is_exist(keys), [0, 0, 0], "gone")
     eq(s.batch_replica_clear([]), [], "empty")
+    # remove_by_regex: upstream's prefix and alternation patterns.
+    for k in ("rx/a/1", "rx/a/2", "rx/b/1", "other"):
+        eq(s.put(k, b"x"), 0, "put " + k)
+    eq(s.get("rx/b/1"), b"x", "read: leased")
+    eq(s.remove_by_regex("^rx/a/"), 2, "a prefix")
+    eq(s.batch_is_exist(["rx/a/1", "rx/a/2", "rx/b/1", "other"]), [0, 0, 1, 1], "matches gone")
+    eq(s.remove_by_regex("^rx/(b|c)/[0-9]+$"), 0, "a leased match stays")
+    eq(s.remove_by_regex("^rx/(b|c)/[0-9]+$", force=True), 1, "forced")
+    eq(s.remove_by_regex("("), -22, "not a pattern")
+    eq(s.is_exist("other"), 1, "untouched")
     s.remove_all(force=True)
     s.close()
+
+
+@case
+def replica_clear_on_a_segment():
+    """batch_replica_clear naming a segment drops only the replicas
+    there: the object lives on in its other replica, and goes with its
+    last."""
+    from mooncake.store import ReplicateConfig
+    c = st.Cluster(agents=2, master_args=["--default-kv-lease-ttl=%dms" % (LEASE_S * 1000)])
+    a, b = c.agents
+    s = a.store()
+    cfg = ReplicateConfig()
+    cfg.replica_num = 2
+    keys = ["rep-%d" % i for i in range(3)]
+    for k in keys:
+        eq(s.put(k, b"two copies of me", cfg), 0, "put with two replicas")
+    eq(s.batch_replica_clear(keys[:2], b.name), keys[:2], "b's replicas")
+    eq(s.batch_replica_clear(keys[:2], b.name), [], "none left there")
+    eq(s.batch_is_exist(keys), [1, 1, 1], "the objects live on")
+    eq([s.get(k) for k in keys], [b"two copies of me"] * 3, "their bytes")
+    wait_leases()
+    eq(s.batch_replica_clear(keys[:1], a.name), keys[:1], "the last replica")
+    eq(s.batch_is_exist(keys), [0, 1, 1], "the object goes with it")
+    eq(s.get(keys[2]), b"two copies of me", "read: leased")
+    eq(s.batch_replica_clear(keys[2:], b.name), [], "a leased object is skipped")
+    eq(s.batch_replica_clear(["x"], "no-such-segment:1"), [], "an unknown segment")
+    s.close()
+    c.stop()
 
 
 mctest.main()

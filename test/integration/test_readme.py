@@ -24,6 +24,8 @@ import mctest
 from mctest import case, eq
 
 README = os.path.join(mctest.ROOT, "README.md")
+# Blocks run without the tests' shared cluster secret: a reader has none.
+NO_SHARED_SECRET = {"MOONCAKE_CLUSTER_SECRET_FILE": None}
 SAN = os.environ.get("SAN") == "1"
 
 
@@ -80,8 +82,8 @@ def sh_quote(s):
 
 def run_block(script, timeout=240):
     r = subprocess.run(namespace_cmd(script), capture_output=True, text=True, errors="replace",
-                       timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+                       timeout=timeout, stdin=subprocess.DEVNULL,
+                       env=mctest.child_env(NO_SHARED_SECRET))
     return r.returncode, r.stdout + r.stderr
 
 
@@ -121,7 +123,8 @@ def make_case(line, lang, body, skip):
                 f.write(body)
                 f.flush()
                 r = subprocess.run([mctest.MOONCAKED, "--config=" + f.name, "--role=" + roles,
-                                    "--print-config"], capture_output=True, text=True)
+                                    "--print-config"], capture_output=True, text=True,
+                                   env=mctest.child_env(NO_SHARED_SECRET))
                 eq((r.returncode, r.stderr.strip()), (0, ""), "mooncaked reads it")
                 n = len(re.findall(r"^\s*[a-z-]+ = ", body, re.M))
                 eq(r.stdout.count("# file (file %s" % f.name), n, "every key from the file")

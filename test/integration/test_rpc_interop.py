@@ -194,6 +194,24 @@ def many_checks_reuse_nothing_stale():
     eq(srv.checks - before, 20, "checks seen by the server")
 
 
+@case
+def bench_rpc_prints_each_pattern_with_its_cpu_per_call():
+    r = run([mctest.MOONCAKECTL, "bench", "rpc", "--duration=200ms", "--size=1M",
+             "--patterns=large,unary"])
+    rows = [l for l in r.stdout.splitlines() if l.strip()]
+    assert any(l.startswith("unary, 1 stream") and "calls/s" in l for l in rows), r.stdout
+    assert any(l.startswith("1 MiB echo") and "GB/s" in l for l in rows), r.stdout
+    assert not any(l.startswith("unary, 64 streams") for l in rows), r.stdout
+    cpu = [l.split() for l in rows if l.split()[:2] == ["CPU", "us/call"]]
+    eq(len(cpu), 2, "CPU rows (one per pattern)")
+    for c in cpu:
+        assert float(c[2]) > 0 and float(c[3]) > 0, c
+    eq(run([mctest.MOONCAKECTL, "bench", "rpc", "--patterns=unary,bogus"],
+           check=False).returncode, 2, "unknown pattern")
+    eq(run([mctest.MOONCAKECTL, "bench", "rpc", "--patterns="], check=False).returncode, 2,
+       "empty pattern list")
+
+
 try:
     mctest.main()
 finally:

@@ -53,7 +53,8 @@ def put_on_one_agent_get_on_the_others():
     eq(segs[0], cl.agents[1].name, "the writer's own segment first")
     eq(c.get("two"), b"two copies", "read on C")
     eq(a.put("three", b"x", ReplicateConfig(replica_num=3)), OK, "three on three")
-    eq(a.put("four", b"x", ReplicateConfig(replica_num=4)), -702, "four on three: NO_SPACE")
+    eq(a.put("four", b"x", ReplicateConfig(replica_num=4)), -708,
+       "four on three: too few segments (not NO_SPACE)")
     cfg = ReplicateConfig(preferred_segment=cl.agents[2].name)
     eq(a.put("onc", b"placed on C", cfg), OK, "preferred segment")
     eq([r.segment for r in replicas(cl.master_addr, b"onc")], [cl.agents[2].name],

@@ -103,11 +103,14 @@ def etcd(kind="meta"):
 
 
 def shell(name, *args, meta=True, wait=True):
-    """meta: True (mooncaked's meta), "etcd" (a real etcd) or False (P2P)."""
+    """meta: True (mooncaked's meta), "etcd" (a real etcd) or False (P2P).
+    A shell given --insecure-transfer runs without the tests' shared
+    secret (the two would contradict each other)."""
     a = ["--segment=" + name] if name else []
     a.append("--meta-endpoints=" + (etcd("etcd" if meta == "etcd" else "meta").endpoint
                                     if meta else ""))
-    return Shell(a + list(args), wait=wait)
+    env = {"MOONCAKE_CLUSTER_SECRET_FILE": None} if "--insecure-transfer" in args else None
+    return Shell(a + list(args), wait=wait, env=env)
 
 
 # ------------------------------------------------------------ data path
@@ -205,7 +208,8 @@ def cluster_secret_is_checked():
                           "--cluster-secret-file=" + s2)
             wrong.error("open secret-b", "EACCES")
             wrong.close()
-            none = shell("secret-none-" + proto, "--buffer=0", "--protocol=" + proto)
+            none = shell("secret-none-" + proto, "--buffer=0", "--protocol=" + proto,
+                         "--insecure-transfer")
             none.error("open secret-b", "EACCES")
             none.close()
             good = shell("secret-good-" + proto, "--buffer=0", "--protocol=" + proto,
@@ -214,7 +218,7 @@ def cluster_secret_is_checked():
             assert "verified" in r, r
             good.close()
         # a peer with a secret refuses one without
-        c = shell("secret-c", "--buffer=1M", "--fill=7")
+        c = shell("secret-c", "--buffer=1M", "--fill=7", "--insecure-transfer")
         d = shell("secret-d", "--buffer=0", "--protocol=tcp", "--cluster-secret-file=" + s1)
         d.error("open secret-c", "EACCES")
         assert "cluster secret mismatch" in b.stderr() + c.stderr()

@@ -5,10 +5,12 @@
  * the newer of two entries over the same space (as copies).
  */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/inv.h"
 
 static struct agent_inv v;
 
@@ -41,7 +43,8 @@ static const struct agent_inv_entry *find(const char *key)
 	/* Look through a snapshot of entries that do not overlap. */
 	cr_assert_eq(agent__inv_snapshot(&v, &snap, &n), 0);
 	for (size_t i = 0; i < n; i++) {
-		if (snap[i]->klen == strlen(key) && memcmp(snap[i]->key, key, snap[i]->klen) == 0) {
+		if (snap[i]->klen == strlen(key) &&
+		    memcmp(snap[i]->key, key, snap[i]->klen) == 0) {
 			copy = *snap[i];
 			hit = &copy;
 		}
@@ -205,15 +208,15 @@ Test(agent_inv_table, snapshot_drops_overwritten_space)
 {
 	struct agent_inv t;
 	cr_assert_eq(agent__inv_init(&t), 0);
-	add2(&t, "old-long", 0, 1000);   /* its space was reused by: */
+	add2(&t, "old-long", 0, 1000); /* its space was reused by: */
 	add2(&t, "new-1", 100, 64);
 	add2(&t, "new-2", 500, 64);
 	add2(&t, "keep", 2000, 64);
-	add2(&t, "empty", 100, 0);       /* takes no space */
+	add2(&t, "empty", 100, 0); /* takes no space */
 	add2(&t, "older", 3000, 64);
 	add2(&t, "newer-same", 3000, 64);
 	add2(&t, "x-old", 4000, 128);
-	add2(&t, "x-new", 4064, 128);    /* overlaps x-old's tail */
+	add2(&t, "x-new", 4064, 128); /* overlaps x-old's tail */
 	struct agent_inv_entry **e;
 	size_t n;
 	cr_assert_eq(agent__inv_snapshot(&t, &e, &n), 0);
@@ -237,4 +240,3 @@ Test(agent_inv_table, snapshot_drops_overwritten_space)
 	free_snap(e, n);
 	agent__inv_free(&t);
 }
-

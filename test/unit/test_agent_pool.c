@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/agent_int.h"
+#include "agent/pool.h"
 #include "common/util.h"
 
 static uv_loop_t loop;
@@ -37,7 +37,7 @@ static void teardown(void)
 	while (pool.pending)
 		uv_run(&loop, UV_RUN_ONCE);
 	closed = false;
-	agent__pool_stop(&pool, on_closed);
+	agent__pool_stop(&pool, on_closed, NULL);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	cr_assert(closed);
 	cr_assert_eq(uv_loop_close(&loop), 0);
@@ -106,7 +106,8 @@ Test(agent_pool, work_done_elsewhere_ends_on_the_loop)
 
 Test(agent_pool, shared_copies_deliver_every_byte)
 {
-	static const size_t sizes[] = {1, 4096, 256 << 10, (1 << 20) + 3, 2 << 20, (3 << 20) - 7};
+	static const size_t sizes[] = {1,       4096,         256 << 10, (1 << 20) + 3,
+				       2 << 20, (3 << 20) - 7};
 	size_t max = 3 << 20;
 	uint8_t *src = malloc(max), *dst = malloc(max);
 	cr_assert(src && dst);
@@ -155,7 +156,7 @@ Test(agent_pool, the_owner_hears_when_the_last_job_ends)
 	static uint8_t src[1 << 20], dst[1 << 20];
 	memset(src, 7, sizeof(src));
 	idles = 0;
-	pool.on_idle = count_idle;
+	agent__pool_on_idle(&pool, count_idle, NULL);
 	/* A shared copy leaves nothing pending and wakes no one: a get's
 	 * next request finds the copy threads idle (the loop may keep
 	 * polling) and a late helper has no news for the owner. */

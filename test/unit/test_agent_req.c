@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/agent_int.h"
+#include "agent/lcache.h"
+#include "agent/req.h"
+#include "common/uframe.h"
 
 static const char *why;
 
@@ -45,8 +47,8 @@ Test(agent_req, unknown_op)
 	cr_assert_eq(agent__req_check(&s, true, &why), -EOPNOTSUPP);
 	/* An op number from a newer protocol decodes as "not set". */
 	uint8_t frame[] = {0x08, 0x07, 0xfa, 0x06, 0x00}; /* id=7, field 111 */
-	Mooncake__Client__Request *m =
-		mooncake__client__request__unpack(NULL, sizeof(frame), frame);
+	Mooncake__Client__Request *m = mooncake__client__request__unpack(NULL, sizeof(frame),
+									 frame);
 	cr_assert_not_null(m);
 	cr_assert_eq(m->id, 7);
 	cr_assert_eq(agent__req_check(m, true, &why), -EOPNOTSUPP);
@@ -168,7 +170,8 @@ Test(agent_req, transfer_and_get)
 
 Test(agent_req, register_needs_one_descriptor)
 {
-	Mooncake__Client__RegisterBufferRequest rb = MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__RegisterBufferRequest rb =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
 	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
 	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
 	r.register_buffer = &rb;
@@ -180,6 +183,52 @@ Test(agent_req, register_needs_one_descriptor)
 	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL);
 }
 
+Test(agent_req, process_memory_needs_no_descriptor_and_an_address)
+{
+	Mooncake__Client__RegisterBufferRequest rb =
+		MOONCAKE__CLIENT__REGISTER_BUFFER_REQUEST__INIT;
+	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
+	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_REGISTER_BUFFER;
+	r.register_buffer = &rb;
+	rb.process_memory = true;
+	rb.length = 4096;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "no address");
+	rb.address = 0x7f0000000000;
+	cr_assert_eq(agent__req_check(&r, true, &why), 0);
+	r.nfds = 1;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "a descriptor");
+	r.nfds = 0;
+	rb.offset = 8;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "an offset");
+	rb.offset = 0;
+	rb.address = UINT64_MAX - 100;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "overflow");
+}
+
+Test(agent_req, engine_and_segment)
+{
+	Mooncake__Client__EngineRequest eq = MOONCAKE__CLIENT__ENGINE_REQUEST__INIT;
+	Mooncake__Client__Request r = MOONCAKE__CLIENT__REQUEST__INIT;
+	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_ENGINE;
+	r.engine = &eq;
+	cr_assert_eq(agent__req_check(&r, true, &why), 0);
+	r.nfds = 1;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "no descriptors");
+	Mooncake__Client__SegmentRequest sq = MOONCAKE__CLIENT__SEGMENT_REQUEST__INIT;
+	r = (Mooncake__Client__Request)MOONCAKE__CLIENT__REQUEST__INIT;
+	r.op_case = MOONCAKE__CLIENT__REQUEST__OP_SEGMENT;
+	r.segment = &sq;
+	sq.name = "";
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "an empty name");
+	sq.name = "10.0.0.1:12345";
+	cr_assert_eq(agent__req_check(&r, true, &why), 0);
+	char long_name[300];
+	memset(long_name, 'a', sizeof(long_name) - 1);
+	long_name[sizeof(long_name) - 1] = '\0';
+	sq.name = long_name;
+	cr_assert_eq(agent__req_check(&r, true, &why), -EINVAL, "too long");
+}
+
 /* ------------------------------------------------------------ lease cache */
 
 Test(agent_lcache, window_and_invalidation)
@@ -189,22 +238,26 @@ Test(agent_lcache, window_and_invalidation)
 	cr_assert_eq(agent__lcache_init(&lc, 4), 0);
 	struct agent_rep rep = {.local = true, .offset = 640, .address = 0x1000 + 640};
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 2000, 1000);
-	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999, &renew);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1999,
+							 &renew);
 	cr_assert_not_null(e);
 	cr_assert_eq(e->size, 100);
 	cr_assert_eq(e->rep.offset, 640);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000, &renew), "window ended");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 2000, &renew),
+		       "window ended");
 	cr_assert_eq(lc.n, 0, "expired entry dropped");
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 900, 1000);
 	cr_assert_eq(lc.n, 0, "a window already over is not cached");
 	agent__lcache_put(&lc, (const uint8_t *)"k", 1, 100, NULL, &rep, 5000, 1000);
 	agent__lcache_del(&lc, (const uint8_t *)"k", 1);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001, &renew), "deleted");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 1001, &renew),
+		       "deleted");
 	/* Full: expired entries are swept first, then everything goes. */
 	char k[16];
 	for (int i = 0; i < 4; i++) {
 		snprintf(k, sizeof(k), "a%d", i);
-		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, NULL, &rep, i < 2 ? 1500 : 9000, 1000);
+		agent__lcache_put(&lc, (const uint8_t *)k, 2, 1, NULL, &rep,
+				  i < 2 ? 1500 : 9000, 1000);
 	}
 	cr_assert_eq(lc.n, 4);
 	agent__lcache_put(&lc, (const uint8_t *)"new", 3, 1, NULL, &rep, 9000, 1600);
@@ -237,13 +290,15 @@ Test(agent_lcache, hits_in_the_second_half_renew_once)
 	cr_assert(!renew, "one renewal at a time");
 	/* the answer (sent at 2000, lease 2000 ms: half is 3000 + ... ) extends */
 	agent__lcache_extend(&lc, (const uint8_t *)"k", 1, 640, 100, 4000, 2100);
-	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3500, &renew);
+	const struct agent_lentry *e = agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3500,
+							 &renew);
 	cr_assert_not_null(e, "still cached past the first window");
 	cr_assert_eq(e->until_ms, 4000);
 	cr_assert(renew, "3500 is in the second half of [2100, 4000): renew again");
 	/* an answer naming another replica drops the entry */
 	agent__lcache_extend(&lc, (const uint8_t *)"k", 1, 1280, 100, 6000, 3600);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3601, &renew), "dropped");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"k", 1, 3601, &renew),
+		       "dropped");
 	cr_assert(!renew);
 	/* an answer for a key no longer cached adds nothing */
 	agent__lcache_extend(&lc, (const uint8_t *)"gone", 4, 640, 100, 6000, 3600);
@@ -252,6 +307,7 @@ Test(agent_lcache, hits_in_the_second_half_renew_once)
 	agent__lcache_put(&lc, (const uint8_t *)"f", 1, 1, NULL, &rep, 5000, 4000);
 	cr_assert_not_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 4600, &renew));
 	cr_assert(renew);
-	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 5000, &renew), "expired");
+	cr_assert_null(agent__lcache_get(&lc, (const uint8_t *)"f", 1, 5000, &renew),
+		       "expired");
 	agent__lcache_free(&lc);
 }

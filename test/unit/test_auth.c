@@ -1,7 +1,8 @@
 /*
  * test_auth: SHA-256 (FIPS 180-4 examples), HMAC-SHA256 (RFC 4231 test
- * cases), the constant-time compare, random bytes, and cluster secret
- * files (trailing newline, empty, too large, loose permissions).
+ * cases), the constant-time compare, random bytes, cluster secret files
+ * (trailing newline, empty, too large, loose permissions; created once and
+ * never replaced) and where the transfer engine's secret is found.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/auth.h"
+#include "common/cfg.h"
 
 static void hex(const uint8_t *d, size_t n, char *out)
 {
@@ -31,12 +33,15 @@ static void check_sha(const void *data, size_t len, const char *want)
 Test(sha256, fips_vectors)
 {
 	check_sha("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-	check_sha("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	check_sha("abc", 3,
+		  "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 	const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-	check_sha(m, strlen(m), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+	check_sha(m, strlen(m),
+		  "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 	char *a = malloc(1000000);
 	memset(a, 'a', 1000000);
-	check_sha(a, 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	check_sha(a, 1000000,
+		  "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 	free(a);
 }
 
@@ -50,7 +55,8 @@ Test(sha256, incremental_equals_whole)
 		struct mc_sha256 s;
 		mc_sha256_init(&s);
 		for (size_t o = 0; o < sizeof(buf); o += step)
-			mc_sha256_update(&s, buf + o, o + step > sizeof(buf) ? sizeof(buf) - o : step);
+			mc_sha256_update(&s, buf + o,
+					 o + step > sizeof(buf) ? sizeof(buf) - o : step);
 		mc_sha256_final(&s, inc);
 		cr_assert(memcmp(whole, inc, 32) == 0, "step %zu", step);
 	}
@@ -157,4 +163,93 @@ Test(secret, load)
 	free(big);
 
 	cr_assert_eq(mc_secret_load("/nonexistent/secret", buf, &len, &loose), -ENOENT);
+}
+
+Test(secret, create_never_replaces)
+{
+	char dir[] = "/tmp/test-auth-XXXXXX", path[300], again[300];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/cluster.secret", dir);
+	cr_assert_eq(mc_secret_create(path), 0);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600);
+	cr_assert_eq(st.st_size, 65, "64 hex digits and a newline");
+	uint8_t a[MC_SECRET_MAX_BYTES], b[MC_SECRET_MAX_BYTES];
+	size_t alen, blen;
+	bool loose;
+	cr_assert_eq(mc_secret_load(path, a, &alen, &loose), 0);
+	cr_assert_eq(alen, 64);
+	for (size_t i = 0; i < alen; i++)
+		cr_assert(strchr("0123456789abcdef", a[i]));
+	cr_assert_eq(mc_secret_create(path), -EEXIST);
+	cr_assert_eq(mc_secret_load(path, b, &blen, &loose), 0);
+	cr_assert(blen == alen && memcmp(a, b, alen) == 0, "left as it was");
+	snprintf(again, sizeof(again), "%s/other", dir);
+	cr_assert_eq(mc_secret_create(again), 0);
+	cr_assert_eq(mc_secret_load(again, b, &blen, &loose), 0);
+	cr_assert(memcmp(a, b, alen) != 0, "random each time");
+	/* Nothing but the two files is left behind. */
+	char cmd[400];
+	snprintf(cmd, sizeof(cmd), "test $(ls -A %s | wc -l) -eq 2", dir);
+	cr_assert_eq(system(cmd), 0);
+	unlink(path);
+	unlink(again);
+	cr_assert_eq(mc_secret_create("/nonexistent/dir/s"), -ENOENT);
+	rmdir(dir);
+}
+
+static int find(const char *argv1, const char *argv2, const char *argv3, bool create,
+		bool public_listen, struct mc_secret *s, char *err)
+{
+	char *argv[5] = {"mooncaked", "--config=", (char *)argv1, (char *)argv2,
+			 (char *)argv3};
+	int argc = 2 + (argv1 != NULL) + (argv2 != NULL) + (argv3 != NULL);
+	char *envp[] = {NULL};
+	struct cfg c;
+	struct cfg_cmdline cl;
+	cr_assert_eq(cfg_load(&c, argc, argv, envp, &cl, err, 1024), 0, "%s", err);
+	int rc = mc_secret_find(&c, create, public_listen, s, err, 1024);
+	cfg_free(&c);
+	return rc;
+}
+
+Test(secret, find)
+{
+	char dir[] = "/tmp/test-auth-XXXXXX", dd[300], file[300], err[1024];
+	static struct mc_secret s;
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(dd, sizeof(dd), "--data-dir=%s", dir);
+	/* A tool finds nothing and says what it needs. */
+	cr_assert_eq(find(dd, NULL, NULL, false, false, &s, err), -ENOENT);
+	cr_assert(strstr(err, "--cluster-secret-file"), "%s", err);
+	/* The agent makes it once; then everyone finds the same. */
+	cr_assert_eq(find(dd, NULL, NULL, true, false, &s, err), 0, "%s", err);
+	cr_assert(s.created && s.len == 64);
+	uint8_t first[64];
+	memcpy(first, s.key, 64);
+	cr_assert_eq(find(dd, NULL, NULL, true, false, &s, err), 0);
+	cr_assert(!s.created && memcmp(first, s.key, 64) == 0);
+	cr_assert_eq(find(dd, NULL, NULL, false, false, &s, err), 0);
+	cr_assert(memcmp(first, s.key, 64) == 0);
+	/* Listening beyond loopback wants a configured one. */
+	cr_assert_eq(find(dd, NULL, NULL, true, true, &s, err), MC_ECONFIG);
+	cr_assert(strstr(err, "--insecure-transfer"), "%s", err);
+	snprintf(file, sizeof(file), "--cluster-secret-file=%s/cluster.secret", dir);
+	cr_assert_eq(find(dd, file, NULL, false, true, &s, err), 0, "%s", err);
+	cr_assert(!s.created && memcmp(first, s.key, 64) == 0);
+	/* --insecure-transfer: none, and not with a file. */
+	cr_assert_eq(find(dd, "--insecure-transfer", NULL, true, true, &s, err), 0);
+	cr_assert_eq(s.len, 0);
+	cr_assert_eq(find(dd, "--insecure-transfer", file, false, false, &s, err), MC_ECONFIG);
+	cr_assert(strstr(err, "contradict"), "%s", err);
+	/* A configured file that is missing is never made. */
+	snprintf(file, sizeof(file), "--cluster-secret-file=%s/missing", dir);
+	cr_assert_eq(find(dd, file, NULL, true, false, &s, err), -ENOENT);
+	cr_assert(strstr(err, "mooncakectl secret create"), "%s", err);
+	mc_secret_clear(&s);
+	char p[400];
+	snprintf(p, sizeof(p), "%s/cluster.secret", dir);
+	unlink(p);
+	rmdir(dir);
 }

@@ -48,7 +48,8 @@ static void mark(struct reader *r, uint64_t id, uint32_t overflow)
 	for (uint64_t i = id; i <= id + overflow; i++) {
 		cr_assert_lt(i, r->hwm, "page %llu beyond the high-water mark",
 			     (unsigned long long)i);
-		cr_assert_not(r->seen[i], "page %llu: multiple references", (unsigned long long)i);
+		cr_assert_not(r->seen[i], "page %llu: multiple references",
+			      (unsigned long long)i);
 		r->seen[i] = 1;
 	}
 }
@@ -64,8 +65,8 @@ static void add_entry(struct reader *r, const char *bucket, const uint8_t *k, si
 		      const uint8_t *v, size_t vl)
 {
 	if (r->have_last)
-		cr_assert_lt(bytes_cmp(r->last, r->last_len, k, kl), 0, "keys out of order in %s",
-			     bucket);
+		cr_assert_lt(bytes_cmp(r->last, r->last_len, k, kl), 0,
+			     "keys out of order in %s", bucket);
 	cr_assert_leq(kl, sizeof(r->last));
 	memcpy(r->last, k, kl);
 	r->last_len = kl;
@@ -117,8 +118,8 @@ static void walk_page(struct reader *r, const char *bucket, uint64_t id, const u
 	cr_assert_eq(flags, 0x02, "page %llu has type %#x", (unsigned long long)id, flags);
 	for (uint16_t i = 0; i < count; i++) {
 		const uint8_t *el = p + 16 + 16 * (size_t)i;
-		uint32_t eflags = mc_get_le32(el), pos = mc_get_le32(el + 4), ksize = mc_get_le32(el + 8),
-			 vsize = mc_get_le32(el + 12);
+		uint32_t eflags = mc_get_le32(el), pos = mc_get_le32(el + 4),
+			 ksize = mc_get_le32(el + 8), vsize = mc_get_le32(el + 12);
 		size_t at = 16 + 16 * (size_t)i + pos;
 		cr_assert_leq(at + ksize + vsize, span);
 		cr_assert_eq(eflags, 0, "no nested buckets");
@@ -215,10 +216,12 @@ static size_t in_bucket(const struct reader *r, const char *b)
 	return n;
 }
 
-static const struct entry *find(const struct reader *r, const char *b, const void *k, size_t kl)
+static const struct entry *find(const struct reader *r, const char *b, const void *k,
+				size_t kl)
 {
 	for (size_t i = 0; i < r->n; i++)
-		if (strcmp(r->e[i].bucket, b) == 0 && bytes_cmp(r->e[i].k, r->e[i].klen, k, kl) == 0)
+		if (strcmp(r->e[i].bucket, b) == 0 &&
+		    bytes_cmp(r->e[i].k, r->e[i].klen, k, kl) == 0)
 			return &r->e[i];
 	return NULL;
 }
@@ -228,7 +231,7 @@ static uint32_t hash_of(const struct reader *r, bool skip_ci)
 {
 	uint32_t crc = 0;
 	const char *cur = "";
-	static const char *names[] = {"alarm", "cluster", "key", "lease",
+	static const char *names[] = {"alarm",   "cluster",         "key", "lease",
 				      "members", "members_removed", "meta"};
 	for (size_t b = 0; b < 7; b++) {
 		crc = crc32c(crc, names[b], strlen(names[b]));
@@ -248,9 +251,15 @@ static uint32_t hash_of(const struct reader *r, bool skip_ci)
 }
 
 static struct bolt_member members[] = {
-	{.id = 0x1a2b, .name = "m0", .peer_url = "http://127.0.0.1:2380",
+	{.id = 0x1a2b,
+	 .name = "m0",
+	 .peer_url = "http://127.0.0.1:2380",
 	 .client_url = "http://127.0.0.1:2379"},
-	{.id = 0x2, .name = "", .peer_url = "http://127.0.0.1:3380", .client_url = "", .learner = true},
+	{.id = 0x2,
+	 .name = "",
+	 .peer_url = "http://127.0.0.1:3380",
+	 .client_url = "",
+	 .learner = true},
 };
 static const uint64_t removed[] = {0x77};
 static const struct bolt_alarm alarms[] = {{0x1a2b, 1}};
@@ -283,12 +292,12 @@ Test(bolt, small_state_every_bucket)
 	struct mvcc_store *s = h_store();
 	int64_t lease = 0;
 	cr_assert_eq(lease_grant(mvcc_leases(s), -5, 60, 0, &lease, NULL), 0);
-	h_put(s, "a", "1");             /* 2 */
+	h_put(s, "a", "1"); /* 2 */
 	struct mvcc_op o = op_put_lease("k", "v", -5);
 	struct mvcc_result res;
-	h_apply(s, &o, &res);           /* 3 */
+	h_apply(s, &o, &res); /* 3 */
 	mvcc_result_free(&res);
-	h_del(s, "a", NULL);            /* 4 */
+	h_del(s, "a", NULL); /* 4 */
 	struct bolt_state st = state_of(s);
 	uint8_t *img;
 	size_t len;
@@ -329,8 +338,9 @@ Test(bolt, small_state_every_bucket)
 
 	e = find(&r, "members", "1a2b", 4);
 	cr_assert_not_null(e);
-	const char *json = "{\"id\":6699,\"peerURLs\":[\"http://127.0.0.1:2380\"],\"name\":\"m0\","
-			   "\"clientURLs\":[\"http://127.0.0.1:2379\"]}";
+	const char *json =
+		"{\"id\":6699,\"peerURLs\":[\"http://127.0.0.1:2380\"],\"name\":\"m0\","
+		"\"clientURLs\":[\"http://127.0.0.1:2379\"]}";
 	cr_assert_eq(e->vlen, strlen(json));
 	cr_assert(memcmp(e->v, json, e->vlen) == 0, "%.*s", (int)e->vlen, e->v);
 	e = find(&r, "members", "2", 1);
@@ -406,11 +416,11 @@ Test(bolt, big_state_branches_and_overflow)
 Test(bolt, hash_kv_revisions)
 {
 	struct mvcc_store *s = h_store();
-	h_put(s, "a", "1"); /* 2 */
-	h_put(s, "b", "1"); /* 3 */
-	h_put(s, "a", "2"); /* 4 */
+	h_put(s, "a", "1");  /* 2 */
+	h_put(s, "b", "1");  /* 3 */
+	h_put(s, "a", "2");  /* 4 */
 	h_del(s, "b", NULL); /* 5 */
-	h_put(s, "c", "1"); /* 6 */
+	h_put(s, "c", "1");  /* 6 */
 	uint32_t h3, h6, h, again;
 	(void)again;
 	int64_t cur, cmp;

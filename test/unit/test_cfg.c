@@ -15,11 +15,22 @@ static char err[1024];
 
 Test(cfg_size, accepts_suffixes)
 {
-	struct { const char *s; uint64_t v; } ok[] = {
-		{"0", 0}, {"4096", 4096}, {"1K", 1024}, {"512M", 512ull << 20},
-		{"4G", 4ull << 30}, {"4GiB", 4ull << 30}, {"4GB", 4ull << 30},
-		{"4g", 4ull << 30}, {"1.5T", 3ull << 39}, {"2P", 2ull << 50},
-		{"0.5K", 512}, {"16383P", 16383ull << 50},
+	struct {
+		const char *s;
+		uint64_t v;
+	} ok[] = {
+		{"0", 0},
+		{"4096", 4096},
+		{"1K", 1024},
+		{"512M", 512ull << 20},
+		{"4G", 4ull << 30},
+		{"4GiB", 4ull << 30},
+		{"4GB", 4ull << 30},
+		{"4g", 4ull << 30},
+		{"1.5T", 3ull << 39},
+		{"2P", 2ull << 50},
+		{"0.5K", 512},
+		{"16383P", 16383ull << 50},
 	};
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
 		uint64_t v = 1;
@@ -30,8 +41,8 @@ Test(cfg_size, accepts_suffixes)
 
 Test(cfg_size, rejects_bad_and_overflow)
 {
-	const char *bad[] = {"", "12Q", "K", "-1", "1.5", "1..5G", "1.G", "4 G",
-			     "4GG", "0x10", " 4G", "4Gi B"};
+	const char *bad[] = {"",    "12Q", "K",   "-1",   "1.5", "1..5G",
+			     "1.G", "4 G", "4GG", "0x10", " 4G", "4Gi B"};
 	uint64_t v;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		cr_assert_eq(cfg_parse_size(bad[i], &v), -EINVAL, "%s", bad[i]);
@@ -43,10 +54,13 @@ Test(cfg_size, rejects_bad_and_overflow)
 
 Test(cfg_duration, accepts_units)
 {
-	struct { const char *s; uint64_t ms; } ok[] = {
-		{"0ms", 0}, {"500ms", 500}, {"10s", 10000}, {"1.5s", 1500},
-		{"5m", 300000}, {"5min", 300000}, {"2h", 7200000},
-		{"1d", 86400000}, {"0.5ms", 0},
+	struct {
+		const char *s;
+		uint64_t ms;
+	} ok[] = {
+		{"0ms", 0},      {"500ms", 500},   {"10s", 10000},
+		{"1.5s", 1500},  {"5m", 300000},   {"5min", 300000},
+		{"2h", 7200000}, {"1d", 86400000}, {"0.5ms", 0},
 	};
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
 		uint64_t v = 1;
@@ -82,13 +96,16 @@ Test(cfg_bool_roles, parse)
 	cr_assert_eq(cfg_parse_roles("metaa", &m), -EINVAL);
 }
 
-static int load(struct cfg *c, struct cfg_cmdline *cl, char **envp, int argc,
-		char **argv)
+static int load(struct cfg *c, struct cfg_cmdline *cl, char **envp, int argc, char **argv)
 {
 	return cfg_load(c, argc, argv, envp, cl, err, sizeof(err));
 }
 
-#define ARGV(...) (char *[]){"mooncaked", __VA_ARGS__, NULL}
+#define ARGV(...) \
+	(char *[]) \
+	{ \
+		"mooncaked", __VA_ARGS__, NULL \
+	}
 #define ARGC(...) ((int)(sizeof((char *[]){"mooncaked", __VA_ARGS__}) / sizeof(char *)))
 
 Test(cfg_load, defaults)
@@ -124,8 +141,8 @@ Test(cfg_load, precedence_flag_env_file_default)
 			       "[meta]\nlisten-client = 127.0.0.1:1111\n");
 	char cfgarg[128];
 	snprintf(cfgarg, sizeof(cfgarg), "--config=%s", path);
-	char *envp[] = {"MOONCAKE_DATA_DIR=/from/env", "MOONCAKE_LOG_LEVEL=debug",
-			"PATH=/bin", NULL};
+	char *envp[] = {"MOONCAKE_DATA_DIR=/from/env", "MOONCAKE_LOG_LEVEL=debug", "PATH=/bin",
+			NULL};
 	char *argv[] = {"mooncaked", cfgarg, "--data-dir", "/from/flag", NULL};
 	struct cfg c;
 	struct cfg_cmdline cl;
@@ -196,19 +213,22 @@ Test(cfg_load, flag_errors_name_the_flag)
 		const char *expect;
 	} cases[] = {
 		{{"--nope=1"}, "unknown flag '--nope'"},
-		{{"--rpc-max-message-size=12Q"}, "--rpc-max-message-size: '12Q' is not a size"},
+		{{"--rpc-max-message-size=12Q"},
+		 "--rpc-max-message-size: '12Q' is not a size"},
 		{{"--rpc-max-message-size=2G"}, "out of range (1K to 1G)"},
 		{{"--shutdown-timeout=10"}, "--shutdown-timeout: '10' is not a duration"},
 		{{"--shutdown-timeout=2h"}, "out of range"},
 		{{"--data-dir"}, "--data-dir: missing value (expected a path)"},
-		{{"--listen-client=localhost:99999"}, "--listen-client: 'localhost:99999' is not a numeric host:port"},
+		{{"--listen-client=localhost:99999"},
+		 "--listen-client: 'localhost:99999' is not a numeric host:port"},
 		{{"--listen-client=example.com:80"}, "is not a numeric host:port"},
 		{{"--role=brain"}, "--role: 'brain' is not meta, master, agent or standalone"},
 		{{"--diag-service=perhaps"}, "--diag-service: 'perhaps' is not true or false"},
 		{{"--log-level=loud"}, "unknown level 'loud'"},
 		{{"--log-level=info,foo=debug"}, "unknown subsystem 'foo'"},
 		{{"stray"}, "unexpected argument 'stray'"},
-		{{"--config=/nonexistent/mooncake.conf"}, "cannot open '/nonexistent/mooncake.conf'"},
+		{{"--config=/nonexistent/mooncake.conf"},
+		 "cannot open '/nonexistent/mooncake.conf'"},
 		{{"--config"}, "--config: missing value (expected a file path)"},
 	};
 	char *envp[] = {NULL};
@@ -221,8 +241,8 @@ Test(cfg_load, flag_errors_name_the_flag)
 		struct cfg_cmdline cl;
 		err[0] = '\0';
 		cr_assert_neq(load(&c, &cl, envp, argc, argv), 0, "case %zu", i);
-		cr_assert(strstr(err, cases[i].expect) != NULL,
-			  "case %zu: '%s' not in '%s'", i, cases[i].expect, err);
+		cr_assert(strstr(err, cases[i].expect) != NULL, "case %zu: '%s' not in '%s'",
+			  i, cases[i].expect, err);
 		cr_assert(strchr(err, '\n') == NULL, "one line");
 	}
 }
@@ -234,15 +254,15 @@ Test(cfg_load, env_errors_name_the_variable)
 	struct cfg c;
 	struct cfg_cmdline cl;
 	cr_assert_eq(load(&c, &cl, envp, 2, argv), -EINVAL);
-	cr_assert(strstr(err, "MOONCAKE_SHUTDOWN_TIMEOUT: 'soon' is not a duration"),
-		  "%s", err);
+	cr_assert(strstr(err, "MOONCAKE_SHUTDOWN_TIMEOUT: 'soon' is not a duration"), "%s",
+		  err);
 }
 
 Test(cfg_load, commands_and_bool_flags)
 {
 	char *envp[] = {NULL};
-	char *argv[] = {"mooncaked", "--config=", "--print-config", "--diag-service",
-			"--help", "--version", NULL};
+	char *argv[] = {"mooncaked", "--config=", "--print-config", "--diag-service", "--help",
+			"--version", NULL};
 	struct cfg c;
 	struct cfg_cmdline cl;
 	cr_assert_eq(load(&c, &cl, envp, 6, argv), 0, "%s", err);
@@ -266,22 +286,29 @@ static int ini(const char *text)
 
 Test(cfg_ini, error_paths)
 {
-	struct { const char *text, *expect; } cases[] = {
-		{"data-dir = /x\n", "test.conf:1: key 'data-dir' outside a section (it belongs in [common])"},
+	struct {
+		const char *text, *expect;
+	} cases[] = {
+		{"data-dir = /x\n",
+		 "test.conf:1: key 'data-dir' outside a section (it belongs in [common])"},
 		{"[common]\nnope = 1\n", "test.conf:2: unknown key 'nope'"},
 		{"[bogus]\n", "test.conf:1: unknown section [bogus]"},
 		{"[common\n", "test.conf:1: malformed section header"},
 		{"[common] x\n", "test.conf:1: malformed section header"},
 		{"[common]\njust words\n", "test.conf:2: expected 'key = value'"},
-		{"[meta]\ndata-dir = /x\n", "test.conf:2: key 'data-dir' belongs in [common], not [meta]"},
-		{"[common]\nshutdown-timeout = 1s\nshutdown-timeout = 2s\n", "test.conf:3: key 'shutdown-timeout' set twice"},
-		{"[common]\n\n\nrpc-max-message-size = 12Q\n", "test.conf:4: rpc-max-message-size: '12Q' is not a size"},
-		{"[master]\nmaster-listen = nowhere\n", "test.conf:2: master-listen: 'nowhere' is not a numeric host:port"},
+		{"[meta]\ndata-dir = /x\n",
+		 "test.conf:2: key 'data-dir' belongs in [common], not [meta]"},
+		{"[common]\nshutdown-timeout = 1s\nshutdown-timeout = 2s\n",
+		 "test.conf:3: key 'shutdown-timeout' set twice"},
+		{"[common]\n\n\nrpc-max-message-size = 12Q\n",
+		 "test.conf:4: rpc-max-message-size: '12Q' is not a size"},
+		{"[master]\nmaster-listen = nowhere\n",
+		 "test.conf:2: master-listen: 'nowhere' is not a numeric host:port"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		cr_assert_eq(ini(cases[i].text), -EINVAL, "case %zu", i);
-		cr_assert(strstr(err, cases[i].expect) != NULL,
-			  "case %zu: '%s' not in '%s'", i, cases[i].expect, err);
+		cr_assert(strstr(err, cases[i].expect) != NULL, "case %zu: '%s' not in '%s'",
+			  i, cases[i].expect, err);
 	}
 	char nul[] = "[common]\ndata-dir = a\0b\n";
 	struct cfg c;
@@ -289,8 +316,7 @@ Test(cfg_ini, error_paths)
 	char *envp[] = {NULL};
 	char *argv[] = {"mooncaked", "--config=", NULL};
 	cr_assert_eq(load(&c, &cl, envp, 2, argv), 0);
-	cr_assert_eq(cfg_parse_ini(&c, "n", nul, sizeof(nul) - 1, err, sizeof(err)),
-		     -EINVAL);
+	cr_assert_eq(cfg_parse_ini(&c, "n", nul, sizeof(nul) - 1, err, sizeof(err)), -EINVAL);
 	cr_assert(strstr(err, "NUL byte") != NULL);
 	cfg_free(&c);
 }
@@ -333,8 +359,11 @@ Test(cfg_output, help_and_man_cover_every_key)
 
 Test(cfg_ratio, parse_and_bounds)
 {
-	struct { const char *s; uint64_t ppm; } ok[] = {
-		{"0", 0}, {"1", 1000000}, {"0.9", 900000}, {"0.1", 100000},
+	struct {
+		const char *s;
+		uint64_t ppm;
+	} ok[] = {
+		{"0", 0},         {"1", 1000000},  {"0.9", 900000},  {"0.1", 100000},
 		{"1.0", 1000000}, {"0.000001", 1}, {"0.25", 250000},
 	};
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
@@ -360,8 +389,10 @@ Test(cfg_ratio, parse_and_bounds)
 	cfg_free(&c);
 	char *bad_argv[] = {"mooncaked", "--eviction-high-watermark-ratio=1.5", NULL};
 	cr_assert_eq(cfg_load(&c, 2, bad_argv, envp, &cl, err, sizeof(err)), -EINVAL);
-	cr_assert(strstr(err, "--eviction-high-watermark-ratio: '1.5' is not a ratio between 0 and 1"),
-		  "%s", err);
+	cr_assert(
+		strstr(err,
+		       "--eviction-high-watermark-ratio: '1.5' is not a ratio between 0 and 1"),
+		"%s", err);
 	char *zero_argv[] = {"mooncaked", "--eviction-ratio=0", NULL};
 	cr_assert_eq(cfg_load(&c, 2, zero_argv, envp, &cl, err, sizeof(err)), -EINVAL);
 	cr_assert(strstr(err, "out of range (1e-06 to 1)"), "%s", err);
@@ -386,7 +417,8 @@ Test(cfg_mooncake, master_flags_map_onto_keys)
 	char *argv[] = {"mooncaked",
 			"--master-listen=0.0.0.0:1",
 			"--rpc_port=6000",
-			"-metrics_port", "9999",
+			"-metrics_port",
+			"9999",
 			"--eviction_high_watermark_ratio=0.85",
 			"--eviction_ratio=0.15",
 			"--default_kv_lease_ttl=200",
@@ -458,23 +490,32 @@ Test(cfg_mooncake, refused_flags_say_why)
 	char *a1[] = {"mooncaked", "--rpc_thread_num=8", NULL};
 	cr_assert_eq(loadv(&c, &cl, envp, a1), -EINVAL);
 	cr_assert(strstr(err, "--rpc_thread_num is Mooncake's and has no meaning") &&
-		  strstr(err, "event loop"), "%s", err);
+			  strstr(err, "event loop"),
+		  "%s", err);
 	char *a2[] = {"mooncaked", "-enable_http_metadata_server=true", NULL};
 	cr_assert_eq(loadv(&c, &cl, envp, a2), -EINVAL);
 	cr_assert(strstr(err, "-enable_http_metadata_server is Mooncake's"), "%s", err);
 	char *a3[] = {"mooncaked", "--rpc_port=http", NULL};
 	cr_assert_eq(loadv(&c, &cl, envp, a3), -EINVAL);
 	cr_assert(strstr(err, "--rpc_port: 'http' is not a port") &&
-		  strstr(err, "--master-listen"), "%s", err);
+			  strstr(err, "--master-listen"),
+		  "%s", err);
 	char *a4[] = {"mooncaked", "-data-dir=/x", NULL};
-	cr_assert_eq(loadv(&c, &cl, envp, a4), -EINVAL, "one dash is for Mooncake's names only");
+	cr_assert_eq(loadv(&c, &cl, envp, a4), -EINVAL,
+		     "one dash is for Mooncake's names only");
 }
 
 Test(cfg_mooncake, mc_variables)
 {
-	char *envp[] = {"MC_FORCE_TCP=1", "MC_MTU=2048", "MC_LOG_LEVEL=WARNING",
-			"MC_SLICE_SIZE=262144", "MC_STORE_CLUSTER_ID=c2", "MC_MS_FILTERS=mlx5_0,mlx5_1",
-			"MC_GID_INDEX=3", "MOONCAKE_RDMA_GID_INDEX=5", NULL};
+	char *envp[] = {"MC_FORCE_TCP=1",
+			"MC_MTU=2048",
+			"MC_LOG_LEVEL=WARNING",
+			"MC_SLICE_SIZE=262144",
+			"MC_STORE_CLUSTER_ID=c2",
+			"MC_MS_FILTERS=mlx5_0,mlx5_1",
+			"MC_GID_INDEX=3",
+			"MOONCAKE_RDMA_GID_INDEX=5",
+			NULL};
 	char *argv[] = {"mooncaked", NULL};
 	struct cfg c;
 	struct cfg_cmdline cl;
@@ -492,13 +533,19 @@ Test(cfg_mooncake, mc_variables)
 
 	char *e2[] = {"MC_MTU=1000", NULL};
 	cr_assert_eq(loadv(&c, &cl, e2, argv), -EINVAL);
-	cr_assert(strstr(err, "MC_MTU: '1000' is not one of auto|256|512|1024|2048|4096"), "%s", err);
+	cr_assert(strstr(err, "MC_MTU: '1000' is not one of auto|256|512|1024|2048|4096"),
+		  "%s", err);
 }
 
 Test(cfg_mooncake, unknown_and_meaningless_variables_warn_once_each)
 {
-	char *envp[] = {"MOONCAKE_SEGMENT_SIZE=1G", "MOONCAKE_SOCKET=/x", "MOONCAKE_MASTER=a:1",
-			"MC_NUM_QP_PER_EP=2", "MC_WHATEVER=1", "MC_FORCE_TCP=0", NULL};
+	char *envp[] = {"MOONCAKE_SEGMENT_SIZE=1G",
+			"MOONCAKE_SOCKET=/x",
+			"MOONCAKE_MASTER=a:1",
+			"MC_NUM_QP_PER_EP=2",
+			"MC_WHATEVER=1",
+			"MC_FORCE_TCP=0",
+			NULL};
 	char *argv[] = {"mooncaked", NULL};
 	struct cfg c;
 	struct cfg_cmdline cl;
@@ -507,8 +554,10 @@ Test(cfg_mooncake, unknown_and_meaningless_variables_warn_once_each)
 	cr_assert(strstr(w, "MOONCAKE_SEGMENT_SIZE names no key"), "%s", w);
 	cr_assert(!strstr(w, "MOONCAKE_SOCKET") && !strstr(w, "MOONCAKE_MASTER"),
 		  "client variables are not warned about: %s", w);
-	cr_assert(strstr(w, "MC_NUM_QP_PER_EP is Mooncake's and has no meaning in mooncaked (one "
-			    "queue pair"), "%s", w);
+	cr_assert(strstr(w,
+			 "MC_NUM_QP_PER_EP is Mooncake's and has no meaning in mooncaked (one "
+			 "queue pair"),
+		  "%s", w);
 	cr_assert(strstr(w, "MC_WHATEVER is not one of Mooncake's variables"), "%s", w);
 	cr_assert(strstr(w, "MC_FORCE_TCP=0"), "%s", w);
 	cr_assert_str_eq(cfg_str(&c, CFG_PROTOCOL), "auto", "MC_FORCE_TCP=0 is not applied");
@@ -527,11 +576,12 @@ Test(cfg_mooncake, help_and_man_list_them)
 	cfg_print_help(f, "mooncaked");
 	cfg_print_man_options(f);
 	fclose(f);
-	const char *names[] = {"rpc_port", "metrics_port", "eviction_high_watermark_ratio",
-			       "eviction_ratio", "default_kv_lease_ttl", "enable_ha",
-			       "etcd_endpoints", "cluster_id", "MC_FORCE_TCP", "MC_MTU",
-			       "MC_LOG_LEVEL", "MC_SLICE_SIZE", "MC_GID_INDEX", "rpc_thread_num",
-			       "MC_IB_SL"};
+	const char *names[] = {
+		"rpc_port",       "metrics_port",         "eviction_high_watermark_ratio",
+		"eviction_ratio", "default_kv_lease_ttl", "enable_ha",
+		"etcd_endpoints", "cluster_id",           "MC_FORCE_TCP",
+		"MC_MTU",         "MC_LOG_LEVEL",         "MC_SLICE_SIZE",
+		"MC_GID_INDEX",   "rpc_thread_num",       "MC_IB_SL"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		cr_assert(strstr(out, names[i]), "%s missing", names[i]);
 	cr_assert(strstr(out, ".SH MOONCAKE SPELLINGS"));

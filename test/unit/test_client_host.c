@@ -49,14 +49,14 @@ Test(client_host, alloc_size_free)
 	uint8_t *q = mc_host_alloc(4096);
 	cr_assert_not_null(q);
 	cr_assert(q + 4096 <= p || p + len <= q, "distinct");
-	mc_host_free(p + 1);   /* not an allocation's start: ignored */
+	mc_host_free(p + 1); /* not an allocation's start: ignored */
 	mc_host_free(NULL);
 	cr_assert_eq(mc_host_size(p), len, "still there");
 	mc_host_free(p);
 	cr_assert_eq(mc_host_size(p), 0);
 	maps_line(p, line, sizeof(line));
 	cr_assert(!strstr(line, "mooncake-host"), "unmapped: %s", line);
-	mc_host_free(p);       /* twice: ignored */
+	mc_host_free(p); /* twice: ignored */
 	mc_host_free(q);
 }
 

@@ -30,9 +30,18 @@ static void check_vectors(crc_fn f)
 	cr_assert_eq(f(0, buf, 32), 0x113FDB5Cu); /* decrementing */
 }
 
-Test(crc32c, vectors_dispatch) { check_vectors(crc32c); }
-Test(crc32c, vectors_table) { check_vectors(crc32c_sw); }
-Test(crc32c, vectors_hw) { check_vectors(crc32c_hw); }
+Test(crc32c, vectors_dispatch)
+{
+	check_vectors(crc32c);
+}
+Test(crc32c, vectors_table)
+{
+	check_vectors(crc32c_sw);
+}
+Test(crc32c, vectors_hw)
+{
+	check_vectors(crc32c_hw);
+}
 
 Test(crc32c, chaining)
 {
@@ -61,8 +70,8 @@ Test(crc32c, hw_and_table_agree_on_random_data)
 			uint32_t seed = (uint32_t)rand();
 			uint32_t a = crc32c_sw(seed, buf + off, len);
 			uint32_t b = crc32c_hw(seed, buf + off, len);
-			cr_assert_eq(a, b, "off %zu len %zu: table %08x hw %08x",
-				     off, len, a, b);
+			cr_assert_eq(a, b, "off %zu len %zu: table %08x hw %08x", off, len, a,
+				     b);
 			cr_assert_eq(crc32c(seed, buf + off, len), a);
 		}
 	}
@@ -96,7 +105,8 @@ Test(crc32c, copy_checksums_what_it_copies)
 			memset(dst, 0xee, max + 16);
 			uint32_t c = crc32c_copy(5, dst + off, src + off, len);
 			cr_assert_eq(c, crc32c(5, src + off, len), "len %zu", len);
-			cr_assert_eq(memcmp(dst + off, src + off, len), 0, "len %zu copied", len);
+			cr_assert_eq(memcmp(dst + off, src + off, len), 0, "len %zu copied",
+				     len);
 			cr_assert_eq(dst[off + len], 0xee, "nothing past the end");
 		}
 	free(src);

@@ -26,7 +26,8 @@ Test(doctor, report_rows_and_worst_verdict)
 		cr_assert_eq(doctor_add(&r, DOCTOR_FAIL, big, big, big, big), 0);
 	cr_assert_eq(doctor_worst(&r), DOCTOR_FAIL);
 	cr_assert_eq(r.n, 103);
-	cr_assert_eq(strlen(r.rows[50].value), sizeof(r.rows[50].value) - 1, "cut to the field");
+	cr_assert_eq(strlen(r.rows[50].value), sizeof(r.rows[50].value) - 1,
+		     "cut to the field");
 	cr_assert_str_eq(doctor_verdict_name(DOCTOR_FAIL), "FAIL");
 	doctor_report_free(&r);
 	cr_assert_eq(r.n, 0);
@@ -40,8 +41,10 @@ Test(doctor, empty_roots_are_findings_not_crashes)
 	char *argv[] = {"mooncaked", "--config=", "--protocol=rdma", NULL};
 	char *envp[] = {NULL};
 	cr_assert_eq(cfg_load(&c, 3, argv, envp, &cl, err, sizeof(err)), 0, "%s", err);
-	struct doctor_env env = {.sysfs_root = "/nonexistent/sys", .procfs_root = "/nonexistent/proc",
-				 .dev_root = "/nonexistent/dev", .etc_root = "/nonexistent/etc",
+	struct doctor_env env = {.sysfs_root = "/nonexistent/sys",
+				 .procfs_root = "/nonexistent/proc",
+				 .dev_root = "/nonexistent/dev",
+				 .etc_root = "/nonexistent/etc",
 				 .cfg = &c};
 	struct doctor_report r = {0};
 	cr_assert_eq(doctor_node_checks(&env, &r), 0);

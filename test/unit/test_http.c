@@ -31,15 +31,13 @@ Test(http_parse, connection_and_versions)
 	cr_assert_eq(parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", &r),
 		     HTTP_PARSE_OK);
 	cr_assert(r.keep_alive);
-	cr_assert_eq(parse("GET / HTTP/1.1\r\nconnection:close\r\n\r\n", &r),
-		     HTTP_PARSE_OK);
+	cr_assert_eq(parse("GET / HTTP/1.1\r\nconnection:close\r\n\r\n", &r), HTTP_PARSE_OK);
 	cr_assert(!r.keep_alive);
 	cr_assert_eq(parse("GET / HTTP/1.1\nHost: x\n\n", &r), HTTP_PARSE_OK,
 		     "bare LF tolerated");
 	cr_assert_eq(parse("\r\nGET / HTTP/1.1\r\n\r\n", &r), HTTP_PARSE_OK,
 		     "leading blank line tolerated");
-	cr_assert_eq(parse("GET / HTTP/1.1\r\nContent-Length: 12\r\n\r\n", &r),
-		     HTTP_PARSE_OK);
+	cr_assert_eq(parse("GET / HTTP/1.1\r\nContent-Length: 12\r\n\r\n", &r), HTTP_PARSE_OK);
 	cr_assert_eq(r.content_length, 12);
 }
 

@@ -86,9 +86,9 @@ Test(lease, grant_rules)
 Test(lease, revoke_deletes_keys_in_one_revision)
 {
 	int64_t id = grant(0, 30, 0);
-	put_lease("k1", id); /* 2 */
-	put_lease("k3", id); /* 3 */
-	put_lease("k2", id); /* 4 */
+	put_lease("k1", id);    /* 2 */
+	put_lease("k3", id);    /* 3 */
+	put_lease("k2", id);    /* 4 */
 	h_put(s, "other", "x"); /* 5 */
 	cr_assert_eq(nkeys(id), 3);
 	int64_t rev;
@@ -215,7 +215,7 @@ Test(lease, expiry_on_the_leader)
 	cr_assert_eq(ttl, 20);
 	struct lease_ttl info;
 	cr_assert_eq(lease_time_to_live(t, d, 25500, false, &info), 0);
-	cr_assert_eq(info.ttl_s, 14); /* 14.5 s left, truncated */
+	cr_assert_eq(info.ttl_s, 14);                           /* 14.5 s left, truncated */
 	cr_assert_eq(lease_expired(t, 39999, 3000, ids, 8), 3); /* b, c, a retried */
 	cr_assert_eq(lease_renew(t, 12345, 0, NULL, NULL), MVCC_ELEASE_NOT_FOUND);
 
@@ -227,7 +227,7 @@ Test(lease, expiry_on_the_leader)
 Test(lease, promote_extends)
 {
 	int64_t a = grant(0, 10, 0), b = grant(0, 100, 0);
-	lease_checkpoint(t, b, 40); /* logged remaining TTL */
+	lease_checkpoint(t, b, 40);  /* logged remaining TTL */
 	lease_checkpoint(t, 999, 5); /* unknown: ignored */
 	lease_promote(t, 50000, 2000);
 	struct lease_ttl info;

@@ -34,12 +34,12 @@ Test(log_levels, errors)
 {
 	unsigned char lv[LOGS_COUNT];
 	char err[256];
-	const char *bad[] = {"", ",", "info,", ",info", "info,,raft=debug",
+	const char *bad[] = {"",     ",",     "info,",  ",info",        "info,,raft=debug",
 			     "loud", "raft=", "=debug", "nosuch=debug", "raft=loud"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		err[0] = '\0';
-		cr_assert_eq(log_parse_levels(bad[i], lv, err, sizeof(err)), -EINVAL,
-			     "%s", bad[i]);
+		cr_assert_eq(log_parse_levels(bad[i], lv, err, sizeof(err)), -EINVAL, "%s",
+			     bad[i]);
 		cr_assert(err[0] != '\0', "message for %s", bad[i]);
 	}
 	cr_assert_eq(log_parse_levels("nosuch=debug", lv, err, sizeof(err)), -EINVAL);
@@ -79,8 +79,8 @@ Test(log_ratelimit, burst_then_suppress_then_report)
 	cr_assert_eq(rep.calls, 0, "nothing reported inside the window");
 	/* The window ends: the next identical line is written and the count
 	 * of the 95 suppressed ones is reported first. */
-	cr_assert(log_rl_admit(&rl, 42, "WARN rpc: boom", 1000 + LOG_RL_WINDOW_MS,
-			       on_report, &rep));
+	cr_assert(log_rl_admit(&rl, 42, "WARN rpc: boom", 1000 + LOG_RL_WINDOW_MS, on_report,
+			       &rep));
 	cr_assert_eq(rep.calls, 1);
 	cr_assert_eq(rep.last, 100 - LOG_RL_BURST);
 	cr_assert_str_eq(rep.text, "WARN rpc: boom");

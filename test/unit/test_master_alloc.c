@@ -183,7 +183,8 @@ Test(master_alloc, random_against_model)
 				cr_assert_eq(off % G, 0);
 				cr_assert_leq(off + lg * G, ngran * G);
 				for (uint64_t g = 0; g < lg; g++) {
-					cr_assert_eq(model[off / G + g], 0, "step %d: handed out twice", step);
+					cr_assert_eq(model[off / G + g], 0,
+						     "step %d: handed out twice", step);
 					model[off / G + g] = 1;
 				}
 				live[nlive].off = off;
@@ -198,8 +199,9 @@ Test(master_alloc, random_against_model)
 					run = model[g] ? 0 : run + 1;
 					best = run > best ? run : best;
 				}
-				cr_assert_lt(best, lg, "step %d: NO_SPACE with a free run of %llu",
-					     step, (unsigned long long)best);
+				cr_assert_lt(best, lg,
+					     "step %d: NO_SPACE with a free run of %llu", step,
+					     (unsigned long long)best);
 			}
 		}
 		if (step % 97 == 0) {

@@ -3,7 +3,8 @@
  * placement on distinct segments (preferred first), the put protocol,
  * leases, removal rules, PENDING timeouts, agent expiry, TTL, eviction
  * order with leases and soft pins, NO_SPACE only when eviction cannot
- * help, inventory re-sync, and memory per object.
+ * help, inventory re-sync, memory per object, removal by a key predicate
+ * (RemoveRegex) and the clear of one segment's replica.
  */
 #include "test_master_util.h"
 
@@ -13,8 +14,10 @@ static const struct master_obj *put(const char *key, uint64_t size, unsigned nre
 				    uint64_t now, int want)
 {
 	const struct master_obj *o = NULL;
-	struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-			       .size = size, .replica_num = nrep};
+	struct master_put p = {.key = (const uint8_t *)key,
+			       .klen = strlen(key),
+			       .size = size,
+			       .replica_num = nrep};
 	int rc = master__put_start(c, &p, now, &o);
 	cr_assert_eq(rc, want, "put_start %s: %d (%s)", key, rc, mc_strerror(rc));
 	if (rc == 0) {
@@ -28,14 +31,18 @@ static const struct master_obj *put(const char *key, uint64_t size, unsigned nre
 static int inv(const char *agent, const char *key, const char *seg, uint64_t off,
 	       uint64_t size, uint64_t now)
 {
-	struct master_inv_item it = {.key = (const uint8_t *)key, .klen = strlen(key),
-				     .segment = seg, .offset = off, .size = size};
+	struct master_inv_item it = {.key = (const uint8_t *)key,
+				     .klen = strlen(key),
+				     .segment = seg,
+				     .offset = off,
+				     .size = size};
 	return master__inventory_add(c, agent, &it, now);
 }
 
 static void mount(const char *name, const char *agent, uint64_t size, uint64_t now)
 {
-	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, false, now, NULL));
+	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, false, now,
+			   NULL));
 }
 
 Test(master_core, put_get_remove_leases)
@@ -43,17 +50,20 @@ Test(master_core, put_get_remove_leases)
 	mount("segA", "a", 64 * MiB, 0);
 	mount("segB", "b", 64 * MiB, 0);
 	const struct master_obj *o = NULL;
-	struct master_put p = {.key = (const uint8_t *)"k1", .klen = 2, .size = 1000, .replica_num = 2};
+	struct master_put p = {
+		.key = (const uint8_t *)"k1", .klen = 2, .size = 1000, .replica_num = 2};
 	must(master__put_start(c, &p, 0, &o));
 	cr_assert_eq(o->nrep, 2);
 	cr_assert_neq(o->rep[0].seg, o->rep[1].seg, "distinct segments");
 	cr_assert_eq(o->rep[0].state, MASTER_REP_PENDING);
 	cr_assert_eq(master__exist(c, K("k1"), 0), 0, "PENDING does not exist yet");
 	cr_assert_eq(master__get(c, K("k1"), 0, &o), MC_EOBJECT_NOT_FOUND);
-	cr_assert_eq(master__put_start(c, &p, 0, &o), MC_EOBJECT_ALREADY_EXISTS, "dup while pending");
+	cr_assert_eq(master__put_start(c, &p, 0, &o), MC_EOBJECT_ALREADY_EXISTS,
+		     "dup while pending");
 	must(master__put_end(c, K("k1"), NULL, 1));
 	cr_assert_eq(master__put_end(c, K("k1"), NULL, 1), MC_EINVALID_REPLICA);
-	cr_assert_eq(master__put_start(c, &p, 1, &o), MC_EOBJECT_ALREADY_EXISTS, "dup when complete");
+	cr_assert_eq(master__put_start(c, &p, 1, &o), MC_EOBJECT_ALREADY_EXISTS,
+		     "dup when complete");
 	cr_assert_eq(master__exist(c, K("k1"), 1), 1);
 	must(master__get(c, K("k1"), 100, &o));
 	cr_assert_eq(o->size, 1000);
@@ -95,8 +105,11 @@ Test(master_core, preferred_segment_first)
 	for (int i = 0; i < 20; i++) {
 		const struct master_obj *o;
 		snprintf(key, sizeof(key), "p%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-				       .size = MiB, .replica_num = 2, .preferred = "a0"};
+		struct master_put p = {.key = (const uint8_t *)key,
+				       .klen = strlen(key),
+				       .size = MiB,
+				       .replica_num = 2,
+				       .preferred = "a0"};
 		must(master__put_start(c, &p, 0, &o));
 		cr_assert_eq(o->rep[0].seg, a0, "preferred first");
 		cr_assert_eq(o->rep[1].seg, b0, "then the emptiest");
@@ -169,19 +182,24 @@ Test(master_core, unmount_and_remount)
 {
 	mount("s", "a", 64 * MiB, 0);
 	put("x", 100, 1, 0, 0);
-	cr_assert_eq(master__mount(c, "s", "other", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0, NULL),
+	cr_assert_eq(master__mount(c, "s", "other", MASTER_TIER_DRAM, 0x10000000, 64 * MiB,
+				   false, 0, NULL),
 		     -EEXIST);
-	cr_assert_eq(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 32 * MiB, false, 0, NULL),
+	cr_assert_eq(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 32 * MiB, false,
+				   0, NULL),
 		     -EEXIST);
 	/* Same geometry, resync: kept. Not resync: a restarted agent. */
-	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, true, 0, NULL));
+	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, true, 0,
+			   NULL));
 	cr_assert_eq(master__exist(c, K("x"), 0), 1);
-	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0, NULL));
+	must(master__mount(c, "s", "a", MASTER_TIER_DRAM, 0x10000000, 64 * MiB, false, 0,
+			   NULL));
 	cr_assert_eq(master__exist(c, K("x"), 0), 0);
 	put("y", 100, 1, 0, 0);
 	uint64_t dropped, removed;
 	cr_assert_eq(master__unmount(c, "s", "b", &dropped, &removed), -EACCES);
-	cr_assert_eq(master__unmount(c, "nope", "a", &dropped, &removed), MC_ESEGMENT_NOT_FOUND);
+	cr_assert_eq(master__unmount(c, "nope", "a", &dropped, &removed),
+		     MC_ESEGMENT_NOT_FOUND);
 	must(master__unmount(c, "s", "a", &dropped, &removed));
 	cr_assert_eq(dropped, 1);
 	cr_assert_eq(removed, 1);
@@ -192,7 +210,8 @@ Test(master_core, ttl_expiry)
 {
 	mount("s", "a", 64 * MiB, 0);
 	const struct master_obj *o;
-	struct master_put p = {.key = (const uint8_t *)"t", .klen = 1, .size = 10, .ttl_ms = 2000};
+	struct master_put p = {
+		.key = (const uint8_t *)"t", .klen = 1, .size = 10, .ttl_ms = 2000};
 	must(master__put_start(c, &p, 0, &o));
 	must(master__put_end(c, K("t"), NULL, 1000));
 	cr_assert_eq(master__exist(c, K("t"), 2999), 1);
@@ -209,6 +228,43 @@ Test(master_core, ttl_expiry)
 	cr_assert_eq(master__core_counters(c)->ttl_expired, 2);
 }
 
+/* A read earns one second chance: the eviction that reaches a read object
+ * sends it to the back of the list unmarked, and the next one that
+ * reaches it, with no read between, evicts it. */
+Test(master_core, eviction_second_chance)
+{
+	mount("s", "a", 20 * MiB, 0);
+	const struct master_obj *o;
+	char key[32];
+	/* 18 MiB = the watermark; each round frees 2 MiB. */
+	for (int i = 0; i < 18; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		put(key, MiB, 1, 0, 0);
+	}
+	must(master__get(c, K("k0"), 0, &o));
+	must(master__get(c, K("k2"), 0, &o));
+	/* Leases over at 5000: the round takes k1 and k3, the read ones stay
+	 * and go to the back, after k17. */
+	put("a", MiB, 1, 10000, 0);
+	cr_assert_eq(master__exist(c, K("k0"), 10000), 1);
+	cr_assert_eq(master__exist(c, K("k1"), 10000), 0);
+	cr_assert_eq(master__exist(c, K("k2"), 10000), 1);
+	cr_assert_eq(master__exist(c, K("k3"), 10000), 0);
+	/* Every second put passes the watermark: seven more rounds take
+	 * k4..k17, oldest first; k0 and k2, not read again, go in the eighth,
+	 * before "a" and every later put. */
+	for (int r = 0; r < 16; r++) {
+		snprintf(key, sizeof(key), "n%d", r);
+		put(key, MiB, 1, 10000, 0);
+	}
+	for (int i = 0; i < 18; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		cr_assert_eq(master__exist(c, K(key), 10000), 0, "%s evicted", key);
+	}
+	cr_assert_eq(master__exist(c, K("a"), 10000), 1);
+	cr_assert_eq(master__core_counters(c)->evictions, 18);
+}
+
 /* Ten 10 MiB segments' worth of 1 MiB objects: eviction keeps usage at or
  * under the watermark, evicts least recently read first, never a leased
  * object, and soft-pinned ones only when nothing else is left. */
@@ -220,8 +276,10 @@ Test(master_core, eviction_order_leases_pins)
 	/* 10 pinned, then 80 plain: 90 MiB = the watermark, not above. */
 	for (int i = 0; i < 10; i++) {
 		snprintf(key, sizeof(key), "pin%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-				       .size = MiB, .soft_pin = true};
+		struct master_put p = {.key = (const uint8_t *)key,
+				       .klen = strlen(key),
+				       .size = MiB,
+				       .soft_pin = true};
 		must(master__put_start(c, &p, 0, &o));
 		must(master__put_end(c, K(key), NULL, 0));
 	}
@@ -294,7 +352,8 @@ Test(master_core, eviction_order_leases_pins)
 	int rc = 0;
 	for (int i = 0; i < 200 && rc == 0; i++) {
 		snprintf(key, sizeof(key), "last%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
 		rc = master__put_start(c, &p, 400, &o);
 		if (rc == 0)
 			must(master__get(c, K(key), 400, &o) == MC_EOBJECT_NOT_FOUND ? 0 : -1);
@@ -322,15 +381,14 @@ Test(master_core, inventory_resync)
 	put("x", 10, 1, 0, MC_ENO_SPACE);
 	must(inv("a", "obj", "s1", 4096, 1000, 0));
 	must(inv("b", "obj", "s2", 0, 1000, 0));
-	cr_assert_eq(inv("b", "obj", "s2", 8192, 1000, 0),
-		     MC_EOBJECT_ALREADY_EXISTS, "second replica on the same segment");
-	cr_assert_eq(inv("a", "other", "s1", 4096 + 512, 10, 0),
-		     -EBUSY, "overlaps obj's space");
+	cr_assert_eq(inv("b", "obj", "s2", 8192, 1000, 0), MC_EOBJECT_ALREADY_EXISTS,
+		     "second replica on the same segment");
+	cr_assert_eq(inv("a", "other", "s1", 4096 + 512, 10, 0), -EBUSY,
+		     "overlaps obj's space");
 	cr_assert_eq(inv("a", "diff", "s1", 0, 10, 0), 0);
-	cr_assert_eq(inv("b", "diff", "s2", 8192, 11, 0),
-		     MC_EOBJECT_ALREADY_EXISTS, "another size");
-	cr_assert_eq(inv("a", "z", "s2", 0, 10, 0),
-		     MC_ESEGMENT_NOT_FOUND, "not a's segment");
+	cr_assert_eq(inv("b", "diff", "s2", 8192, 11, 0), MC_EOBJECT_ALREADY_EXISTS,
+		     "another size");
+	cr_assert_eq(inv("a", "z", "s2", 0, 10, 0), MC_ESEGMENT_NOT_FOUND, "not a's segment");
 	master__inventory_done(c, "a");
 	master__inventory_done(c, "b");
 	const struct master_obj *o;
@@ -344,10 +402,10 @@ Test(master_core, inventory_resync)
 		snprintf(key, sizeof(key), "n%d", i);
 		const struct master_obj *n = put(key, 1000, 1, 0, 0);
 		for (unsigned r = 0; r < n->nrep; r++) {
-			if (n->rep[r].seg == master__seg_find(c, "s1"))
-			{
+			if (n->rep[r].seg == master__seg_find(c, "s1")) {
 				uint64_t off = n->rep[r].offset;
-				cr_assert_not(off < 4096 + 1024 && off + 1024 > 4096, "over obj");
+				cr_assert_not(off < 4096 + 1024 && off + 1024 > 4096,
+					      "over obj");
 				cr_assert_geq(off, 64, "over diff");
 			}
 		}
@@ -360,9 +418,11 @@ Test(master_core, memory_per_object)
 	char key[64];
 	const int n = 200000;
 	for (int i = 0; i < n; i++) {
-		int klen = snprintf(key, sizeof(key), "model/layer-%04d/block-%08d", i % 80, i);
+		int klen = snprintf(key, sizeof(key), "model/layer-%04d/block-%08d", i % 80,
+				    i);
 		const struct master_obj *o;
-		struct master_put p = {.key = (const uint8_t *)key, .klen = (size_t)klen, .size = 4096};
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = (size_t)klen, .size = 4096};
 		must(master__put_start(c, &p, 0, &o));
 		must(master__put_end(c, (const uint8_t *)key, (size_t)klen, NULL, 0));
 	}
@@ -405,4 +465,60 @@ Test(master_core, forced_removal_of_a_leased_object_holds_its_space)
 	put("third", 1 * MiB, 1, 5500, 0);
 	master__tick(c, 20000); /* (the old range is not freed into the new segment) */
 	put("fourth", 1, 1, 20000, MC_ENO_SPACE);
+}
+
+static bool prefix_a(void *ud, const uint8_t *key, size_t klen)
+{
+	(void)ud;
+	return klen >= 2 && memcmp(key, "a/", 2) == 0;
+}
+
+Test(master_core, remove_by_match)
+{
+	mount("segA", "a", 64 * MiB, 0);
+	put("a/1", 10, 1, 0, 0);
+	put("a/2", 10, 1, 0, 0);
+	put("b/1", 10, 1, 0, 0);
+	const struct master_obj *o = NULL;
+	struct master_put p = {.key = (const uint8_t *)"a/pending", .klen = 9, .size = 10};
+	must(master__put_start(c, &p, 0, &o));
+	must(master__get(c, K("a/2"), 0, &o)); /* leased until 5000 */
+	uint64_t removed, skipped;
+	master__remove_match(c, prefix_a, NULL, false, 10, &removed, &skipped);
+	cr_assert_eq(removed, 1);
+	cr_assert_eq(skipped, 1, "the leased match");
+	cr_assert_eq(master__exist(c, K("a/1"), 10), 0);
+	cr_assert_eq(master__exist(c, K("a/2"), 10), 1);
+	cr_assert_eq(master__exist(c, K("b/1"), 10), 1, "no match");
+	must(master__put_end(c, K("a/pending"), NULL, 10)); /* never asked about */
+	master__remove_match(c, prefix_a, NULL, true, 20, &removed, &skipped);
+	cr_assert_eq(removed, 2, "forced, and the put sealed since");
+	cr_assert_eq(skipped, 0);
+}
+
+Test(master_core, replica_clear_one_segment)
+{
+	mount("segA", "a", 64 * MiB, 0);
+	mount("segB", "b", 64 * MiB, 0);
+	put("k", 1 * MiB, 2, 0, 0);
+	uint32_t a = master__seg_find(c, "segA"), b = master__seg_find(c, "segB");
+	uint64_t free_b = master__alloc_free_bytes(master__seg(c, b)->alloc);
+	cr_assert_eq(master__replica_clear(c, K("k"), b, 0), 0);
+	cr_assert_eq(master__alloc_free_bytes(master__seg(c, b)->alloc), free_b + 1 * MiB,
+		     "its space freed");
+	cr_assert_eq(master__seg(c, b)->replicas, 0);
+	const struct master_obj *o = NULL;
+	must(master__get(c, K("k"), 0, &o));
+	cr_assert_eq(o->nrep, 1, "one replica left");
+	cr_assert_eq(o->rep[0].seg, a);
+	cr_assert_eq(memcmp(master__obj_key(o), "k", 1), 0, "the key moved with it");
+	cr_assert_eq(master__replica_clear(c, K("k"), b, 10), MC_EOBJECT_NOT_FOUND,
+		     "none there");
+	cr_assert_eq(master__replica_clear(c, K("k"), a, 10), MC_EOBJECT_HAS_LEASE);
+	cr_assert_eq(master__replica_clear(c, K("k"), a, 5000), 0, "the last one");
+	cr_assert_eq(master__exist(c, K("k"), 5000), 0, "the object went with it");
+	cr_assert_eq(master__replica_clear(c, K("k"), a, 5000), MC_EOBJECT_NOT_FOUND);
+	cr_assert_eq(master__replica_clear(c, K("k"), MASTER_NO_SEGMENT, 5000),
+		     MC_EOBJECT_NOT_FOUND);
+	cr_assert_eq(master__replica_clear(c, (const uint8_t *)"", 0, a, 5000), -EINVAL);
 }

@@ -15,7 +15,8 @@ TestSuite(master_lease, .init = setup, .fini = teardown);
 
 static void mount(const char *name, const char *agent, uint64_t size, bool resync)
 {
-	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, resync, 0, NULL));
+	must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000, size, resync, 0,
+			   NULL));
 }
 
 static const struct master_seg *seg(const char *name)
@@ -47,8 +48,11 @@ static void grant(const char *name, const char *agent, uint64_t want, uint64_t *
 static int commit(const char *name, const char *agent, uint64_t ep, const char *key,
 		  uint64_t off, uint64_t size, uint64_t now)
 {
-	struct master_commit it = {.key = (const uint8_t *)key, .klen = strlen(key),
-				   .offset = off, .size = size, .has_crc = true,
+	struct master_commit it = {.key = (const uint8_t *)key,
+				   .klen = strlen(key),
+				   .offset = off,
+				   .size = size,
+				   .has_crc = true,
 				   .crc = 0x1234};
 	return master__commit(c, agent, name, ep, &it, now);
 }
@@ -79,13 +83,13 @@ Test(master_lease, grant_counts_as_used_and_is_never_placed)
 	for (; rc == 0; n++) {
 		char key[16];
 		snprintf(key, sizeof(key), "p%u", n);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key),
-				       .size = MiB};
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
 		rc = master__put_start(c, &p, 0, &o);
 		if (rc == 0) {
 			uint64_t at = o->rep[0].offset;
-			cr_assert(at + MiB <= off || at >= off + len, "%s placed in leased space",
-				  key);
+			cr_assert(at + MiB <= off || at >= off + len,
+				  "%s placed in leased space", key);
 			must(master__get(c, K(key), 0, &o) == MC_EOBJECT_NOT_FOUND ? 0 : -1);
 		}
 	}
@@ -145,7 +149,8 @@ Test(master_lease, commit_seals_only_leased_space)
 	/* A pending PutStart key is an existing key. */
 	struct master_put p = {.key = (const uint8_t *)"pend", .klen = 4, .size = 10};
 	must(master__put_start(c, &p, 0, &o));
-	cr_assert_eq(commit("s", "a", ep, "pend", off + 320, 64, 0), MC_EOBJECT_ALREADY_EXISTS);
+	cr_assert_eq(commit("s", "a", ep, "pend", off + 320, 64, 0),
+		     MC_EOBJECT_ALREADY_EXISTS);
 	cr_assert_eq(master__core_counters(c)->commits, 2);
 	cr_assert_geq(master__core_counters(c)->commit_refusals, 9);
 
@@ -268,15 +273,16 @@ Test(master_lease, leases_stop_at_the_watermark_and_commits_are_evicted)
 		grant("s", "a", 4 * MiB, &off, &len);
 		if (len == 0)
 			break;
-		cr_assert_leq(used(), (uint64_t)(0.9 * 64 * MiB), "a grant stays under the watermark");
+		cr_assert_leq(used(), (uint64_t)(0.9 * 64 * MiB),
+			      "a grant stays under the watermark");
 		for (uint64_t at = off; at + MiB <= off + len; at += MiB) {
 			snprintf(key, sizeof(key), "c%u", n++);
 			must(commit("s", "a", epoch("s"), key, at, MiB, n));
 		}
 		uint64_t left = seg("s")->leased; /* the tail of a short grant */
 		if (left)
-			cr_assert_eq(master__lease_release(c, "a", "s", epoch("s"), off + len - left,
-							   left),
+			cr_assert_eq(master__lease_release(c, "a", "s", epoch("s"),
+							   off + len - left, left),
 				     left);
 		if (len < MiB)
 			break;
@@ -286,7 +292,8 @@ Test(master_lease, leases_stop_at_the_watermark_and_commits_are_evicted)
 	/* A PutStart past the watermark evicts committed objects, oldest first. */
 	for (int i = 0; i < 10; i++) {
 		snprintf(key, sizeof(key), "p%d", i);
-		struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = strlen(key), .size = MiB};
 		const struct master_obj *o;
 		must(master__put_start(c, &p, 1000 + i, &o));
 		must(master__put_end(c, K(key), NULL, 1000 + i));
@@ -306,8 +313,10 @@ Test(master_lease, remote_leases_are_the_holders_for_a_time)
 	mount("s", "a", 64 * MiB, false);
 	mount("t", "b", 64 * MiB, false);
 	struct master_rlease_grant g;
-	cr_assert_eq(master__rlease_grant(c, "a", "s", 0, MiB, 0, &g), -EINVAL, "the owner's own");
-	cr_assert_eq(master__rlease_grant(c, "b", "nope", 0, MiB, 0, &g), MC_ESEGMENT_NOT_FOUND);
+	cr_assert_eq(master__rlease_grant(c, "a", "s", 0, MiB, 0, &g), -EINVAL,
+		     "the owner's own");
+	cr_assert_eq(master__rlease_grant(c, "b", "nope", 0, MiB, 0, &g),
+		     MC_ESEGMENT_NOT_FOUND);
 	cr_assert_eq(master__rlease_grant(c, "b", "s", epoch("s") + 1, MiB, 0, &g),
 		     MC_EINVALID_REPLICA, "an earlier epoch");
 	must(master__rlease_grant(c, "b", "s", 0, MiB, 0, &g));
@@ -346,8 +355,9 @@ Test(master_lease, remote_leases_are_the_holders_for_a_time)
 	master__heartbeat(c, "a", 29000);
 	master__heartbeat(c, "b", 29000);
 	master__tick(c, 30000);
-	cr_assert_eq(used(), before - (MiB - 128), "the first grant's rest went back: %lu -> %lu",
-		     (unsigned long)before, (unsigned long)used());
+	cr_assert_eq(used(), before - (MiB - 128),
+		     "the first grant's rest went back: %lu -> %lu", (unsigned long)before,
+		     (unsigned long)used());
 	master__tick(c, 30020);
 	cr_assert_eq(used(), before - (MiB - 128) - (MiB + 128), "the second's too");
 	cr_assert_eq(seg("s")->leased, 8 * MiB, "the owner's lease is left");
@@ -358,7 +368,8 @@ Test(master_lease, remote_leases_are_the_holders_for_a_time)
 	must(master__rlease_grant(c, "b", "s", 0, MiB, 40000, &g));
 	mount("s", "a", 64 * MiB, false);
 	master__heartbeat(c, "a", 40000);
-	cr_assert_eq(commit("s", "b", g.epoch, "y", g.offset, 100, 40001), MC_EINVALID_REPLICA);
+	cr_assert_eq(commit("s", "b", g.epoch, "y", g.offset, 100, 40001),
+		     MC_EINVALID_REPLICA);
 	master__tick(c, 40001);
 	cr_assert_eq(seg("s")->leased, 0);
 }

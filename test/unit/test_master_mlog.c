@@ -33,8 +33,12 @@ static void record(void *ud, const struct master_ev *e)
 
 static void append(struct master_mlog *l, uint64_t seq, const char *key, uint8_t op)
 {
-	struct master_ev e = {.seq = seq, .offset = seq * 64, .size = 10, .klen = (uint16_t)strlen(key),
-			      .op = op, .key = (const uint8_t *)key};
+	struct master_ev e = {.seq = seq,
+			      .offset = seq * 64,
+			      .size = 10,
+			      .klen = (uint16_t)strlen(key),
+			      .op = op,
+			      .key = (const uint8_t *)key};
 	must(master__mlog_append(l, &e));
 }
 
@@ -86,7 +90,8 @@ Test(master_mlog, over_budget_the_oldest_go_and_owners_before_them_are_behind)
 	char key[200];
 	memset(key, 'k', sizeof(key));
 	for (uint64_t s = 1; s <= 100; s++) {
-		struct master_ev e = {.seq = s, .klen = sizeof(key), .key = (const uint8_t *)key};
+		struct master_ev e = {
+			.seq = s, .klen = sizeof(key), .key = (const uint8_t *)key};
 		must(master__mlog_append(l, &e));
 	}
 	struct master_mlog_stats st;
@@ -124,7 +129,8 @@ Test(master_mlog, a_byte_budget_per_answer)
 	char key[1000];
 	memset(key, 'q', sizeof(key));
 	for (uint64_t s = 1; s <= 20; s++) {
-		struct master_ev e = {.seq = s, .klen = sizeof(key), .key = (const uint8_t *)key};
+		struct master_ev e = {
+			.seq = s, .klen = sizeof(key), .key = (const uint8_t *)key};
 		must(master__mlog_append(l, &e));
 	}
 	size_t n;
@@ -241,12 +247,15 @@ static uint64_t mount(const char *name, const char *agent, uint64_t size, bool r
 	return seq;
 }
 
-static int put(const char *key, uint64_t size, unsigned nrep, const char *pref,
-	       uint32_t crc, uint64_t now)
+static int put(const char *key, uint64_t size, unsigned nrep, const char *pref, uint32_t crc,
+	       uint64_t now)
 {
 	const struct master_obj *o;
-	struct master_put p = {.key = (const uint8_t *)key, .klen = strlen(key), .size = size,
-			       .replica_num = nrep, .preferred = pref};
+	struct master_put p = {.key = (const uint8_t *)key,
+			       .klen = strlen(key),
+			       .size = size,
+			       .replica_num = nrep,
+			       .preferred = pref};
 	int rc = master__put_start(c, &p, now, &o);
 	if (rc)
 		return rc;
@@ -269,7 +278,8 @@ Test(mirror, every_change_of_a_complete_replica_reaches_its_segment_log)
 	const struct master_obj *o;
 	struct master_put p = {.key = K("pending"), .size = 10, .replica_num = 3};
 	must(master__put_start(c, &p, 0, &o));
-	must(master__put_start(c, &(struct master_put){.key = K("revoked"), .size = 10}, 0, &o));
+	must(master__put_start(c, &(struct master_put){.key = K("revoked"), .size = 10}, 0,
+			       &o));
 	must(master__put_revoke(c, K("revoked")));
 	model_sync(&a);
 	model_sync(&b);
@@ -280,8 +290,8 @@ Test(mirror, every_change_of_a_complete_replica_reaches_its_segment_log)
 	must(master__get(c, K("k2"), 1, &o));
 	cr_assert_eq(master__remove(c, K("k2"), false, 1), MC_EOBJECT_HAS_LEASE);
 	must(master__remove(c, K("k2"), true, 1));
-	must(master__put_start(c, &(struct master_put){.key = K("ttl"), .size = 100, .ttl_ms = 10},
-			       1, &o));
+	must(master__put_start(
+		c, &(struct master_put){.key = K("ttl"), .size = 100, .ttl_ms = 10}, 1, &o));
 	must(master__put_end(c, K("ttl"), NULL, 1));
 	model_sync(&a);
 	model_sync(&b);
@@ -357,8 +367,12 @@ Test(mirror, mounts_tell_the_owner_where_to_follow_from)
 Test(mirror, inventory_reports_carry_checksums_and_are_idempotent)
 {
 	mount("s", "A", 64 * MiB, true, 0);
-	struct master_inv_item it = {.key = K("obj"), .segment = "s", .offset = 4096,
-				     .size = 1000, .has_crc = true, .crc = 0x1234};
+	struct master_inv_item it = {.key = K("obj"),
+				     .segment = "s",
+				     .offset = 4096,
+				     .size = 1000,
+				     .has_crc = true,
+				     .crc = 0x1234};
 	must(master__inventory_add(c, "A", &it, 0));
 	must(master__inventory_add(c, "A", &it, 0));
 	it.offset = 8192;

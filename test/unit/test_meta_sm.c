@@ -70,8 +70,11 @@ static int apply(struct meta__sm *n, enum meta__method m, const ProtobufCMessage
 	size_t elen;
 	protobuf_c_message_pack(req, buf);
 	cr_assert_eq(meta__wrap_request(m, buf, len, &ent, &elen), 0);
-	struct raft_entry e = {.term = 3, .index = next_index++,
-			       .type = RAFT_ENTRY_NORMAL, .data = ent, .len = elen};
+	struct raft_entry e = {.term = 3,
+			       .index = next_index++,
+			       .type = RAFT_ENTRY_NORMAL,
+			       .data = ent,
+			       .len = elen};
 	int rc = meta__sm_apply(n, &e, &in, r, &last_fx);
 	free(ent);
 	free(buf);
@@ -109,7 +112,8 @@ static char *range(struct meta__sm *n, const char *k, const char *end, int64_t r
 		size_t o = 0;
 		for (size_t i = 0; i < p->n_kvs; i++)
 			o += (size_t)snprintf(out + o, sizeof(out) - o, "%s%.*s", i ? "," : "",
-					      (int)p->kvs[i]->value.len, p->kvs[i]->value.data);
+					      (int)p->kvs[i]->value.len,
+					      p->kvs[i]->value.data);
 	}
 	meta__reply_free(&r);
 	return out;
@@ -169,7 +173,8 @@ Test(meta_sm, kv_writes_answer_like_etcd)
 	cr_assert(tr->succeeded);
 	cr_assert_eq(tr->n_responses, 2);
 	cr_assert_eq(tr->responses[1]->response_range->kvs[0]->value.data[0], '3');
-	cr_assert_not_null(tr->responses[0]->response_put->header, "nested headers, like etcd");
+	cr_assert_not_null(tr->responses[0]->response_put->header,
+			   "nested headers, like etcd");
 	meta__reply_free(&r);
 	cr_assert_eq(apply(n, META_M_TXN, &t.base, &r), 0);
 	cr_assert(!((const Etcdserverpb__TxnResponse *)r.resp)->succeeded, "value is 3 now");
@@ -241,8 +246,11 @@ Test(meta_sm, undecodable_entry_is_fatal)
 {
 	struct meta__sm *n = node_new(5);
 	uint8_t junk[] = {0xff, 0xff, 0xff, 0x01};
-	struct raft_entry e = {.term = 1, .index = 1, .type = RAFT_ENTRY_NORMAL,
-			       .data = junk, .len = sizeof(junk)};
+	struct raft_entry e = {.term = 1,
+			       .index = 1,
+			       .type = RAFT_ENTRY_NORMAL,
+			       .data = junk,
+			       .len = sizeof(junk)};
 	struct meta__sm_in in = in_now();
 	cr_assert_eq(meta__sm_apply(n, &e, &in, NULL, &last_fx), -EBADMSG);
 	e.type = RAFT_ENTRY_CONF_CHANGE;
@@ -271,8 +279,11 @@ static int conf(struct meta__sm *n, enum raft_conf_change_type type, uint64_t id
 		cc.context_len = mooncake__meta__conf_context__pack(&ctx, cbuf);
 		cc.context = cbuf;
 	}
-	struct raft_entry e = {.term = 2, .index = next_index++, .type = RAFT_ENTRY_CONF_CHANGE,
-			       .data = ebuf, .len = raft_conf_change_encode(&cc, ebuf)};
+	struct raft_entry e = {.term = 2,
+			       .index = next_index++,
+			       .type = RAFT_ENTRY_CONF_CHANGE,
+			       .data = ebuf,
+			       .len = raft_conf_change_encode(&cc, ebuf)};
 	struct meta__sm_in in = in_now();
 	return meta__sm_apply(n, &e, &in, r, &last_fx);
 }
@@ -432,7 +443,8 @@ Test(meta_sm, leases_grant_keepalive_ttl_revoke)
 	lease_op(n, META_M_LEASE_KEEPALIVE, &ka.base, &r, 0);
 	cr_assert_eq(((const Etcdserverpb__LeaseKeepAliveResponse *)r.resp)->ttl, 30);
 	meta__reply_free(&r);
-	Etcdserverpb__LeaseTimeToLiveRequest tq = ETCDSERVERPB__LEASE_TIME_TO_LIVE_REQUEST__INIT;
+	Etcdserverpb__LeaseTimeToLiveRequest tq =
+		ETCDSERVERPB__LEASE_TIME_TO_LIVE_REQUEST__INIT;
 	tq.id = 7;
 	tq.keys = true;
 	lease_op(n, META_M_LEASE_TTL, &tq.base, &r, 0);
@@ -514,11 +526,11 @@ static size_t reply_bytes(struct meta__reply *r, uint8_t *out, size_t cap)
 {
 	if (r->code || !r->resp)
 		return (size_t)snprintf((char *)out, cap, "error %d", r->code);
-	const ProtobufCFieldDescriptor *f =
-		protobuf_c_message_descriptor_get_field_by_name(r->resp->descriptor, "header");
+	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(
+		r->resp->descriptor, "header");
 	if (f) {
-		Etcdserverpb__ResponseHeader *h =
-			*(Etcdserverpb__ResponseHeader **)((char *)r->resp + f->offset);
+		Etcdserverpb__ResponseHeader *h = *(
+			Etcdserverpb__ResponseHeader **)((char *)r->resp + f->offset);
 		if (h)
 			h->member_id = 0;
 	}
@@ -584,19 +596,20 @@ Test(meta_sm, same_entries_at_different_times_give_the_same_state)
 			req = &c.base, m = META_M_COMPACT;
 			break;
 		case 8:
-			al.action = x % 2 ? ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE
-					  : ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__DEACTIVATE;
+			al.action =
+				x % 2 ? ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE
+				      : ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__DEACTIVATE;
 			al.memberid = 1;
 			al.alarm = ETCDSERVERPB__ALARM_TYPE__NOSPACE;
 			req = &al.base, m = META_M_ALARM;
 			break;
 		default:
-			cr_assert_eq(conf(a, x % 2 ? RAFT_CC_ADD_LEARNER : RAFT_CC_REMOVE, 50 + x % 3,
-					  "http://10.0.0.5:2380", NULL),
+			cr_assert_eq(conf(a, x % 2 ? RAFT_CC_ADD_LEARNER : RAFT_CC_REMOVE,
+					  50 + x % 3, "http://10.0.0.5:2380", NULL),
 				     0);
 			next_index--;
-			cr_assert_eq(conf(b, x % 2 ? RAFT_CC_ADD_LEARNER : RAFT_CC_REMOVE, 50 + x % 3,
-					  "http://10.0.0.5:2380", NULL),
+			cr_assert_eq(conf(b, x % 2 ? RAFT_CC_ADD_LEARNER : RAFT_CC_REMOVE,
+					  50 + x % 3, "http://10.0.0.5:2380", NULL),
 				     0);
 			continue;
 		}
@@ -606,8 +619,10 @@ Test(meta_sm, same_entries_at_different_times_give_the_same_state)
 		next_index--;
 		now_ms = t0[1] + (uint64_t)step * 37 + 5 * x;
 		cr_assert_eq(apply(b, m, req, &r2), 0);
-		size_t l1 = reply_bytes(&r1, ra, sizeof(ra)), l2 = reply_bytes(&r2, rb, sizeof(rb));
-		cr_assert(l1 == l2 && memcmp(ra, rb, l1) == 0, "step %d: the answers differ", step);
+		size_t l1 = reply_bytes(&r1, ra, sizeof(ra)),
+		       l2 = reply_bytes(&r2, rb, sizeof(rb));
+		cr_assert(l1 == l2 && memcmp(ra, rb, l1) == 0, "step %d: the answers differ",
+			  step);
 		meta__reply_free(&r1);
 		meta__reply_free(&r2);
 	}
@@ -630,8 +645,12 @@ Test(meta_sm, same_entries_at_different_times_give_the_same_state)
 	cr_assert_gt(nids, 0);
 	for (size_t i = 0; i < nids; i++) {
 		struct lease_ttl ta, tb;
-		cr_assert_eq(lease_time_to_live(mvcc_leases(a->store), ids[i], t0[0], false, &ta), 0);
-		cr_assert_eq(lease_time_to_live(mvcc_leases(b->store), ids[i], t0[1], false, &tb), 0);
+		cr_assert_eq(
+			lease_time_to_live(mvcc_leases(a->store), ids[i], t0[0], false, &ta),
+			0);
+		cr_assert_eq(
+			lease_time_to_live(mvcc_leases(b->store), ids[i], t0[1], false, &tb),
+			0);
 		cr_assert_eq(ta.granted_ttl_s, tb.granted_ttl_s);
 		cr_assert_geq(ta.ttl_s, ta.granted_ttl_s, "expiry is after the grant");
 		cr_assert_geq(tb.ttl_s, tb.granted_ttl_s, "expiry is after the grant");
@@ -731,9 +750,11 @@ Test(meta_sm, errors_map_to_etcd_status)
 		 "etcdserver: mvcc: required revision has been compacted"},
 		{MVCC_EFUTURE_REV, RPC_OUT_OF_RANGE,
 		 "etcdserver: mvcc: required revision is a future revision"},
-		{MVCC_ELEASE_NOT_FOUND, RPC_NOT_FOUND, "etcdserver: requested lease not found"},
+		{MVCC_ELEASE_NOT_FOUND, RPC_NOT_FOUND,
+		 "etcdserver: requested lease not found"},
 		{MVCC_EEMPTY_KEY, RPC_INVALID_ARGUMENT, "etcdserver: key is not provided"},
-		{MVCC_ELEASE_EXISTS, RPC_FAILED_PRECONDITION, "etcdserver: lease already exists"},
+		{MVCC_ELEASE_EXISTS, RPC_FAILED_PRECONDITION,
+		 "etcdserver: lease already exists"},
 		{META_ENO_LEADER, RPC_UNAVAILABLE, "etcdserver: no leader"},
 		{META_ENOT_LEADER, RPC_FAILED_PRECONDITION, "etcdserver: not leader"},
 		{META_ETOO_LARGE, RPC_INVALID_ARGUMENT, "etcdserver: request is too large"},
@@ -757,15 +778,29 @@ Test(meta_sm, raft_messages_survive_protobuf)
 	uint64_t voters[] = {1, 2, 3}, learners[] = {9};
 	struct raft_entry ents[] = {
 		{.term = 4, .index = 10, .type = RAFT_ENTRY_NORMAL, .data = "abc", .len = 3},
-		{.term = 4, .index = 11, .type = RAFT_ENTRY_CONF_CHANGE, .data = "xy", .len = 2},
+		{.term = 4,
+		 .index = 11,
+		 .type = RAFT_ENTRY_CONF_CHANGE,
+		 .data = "xy",
+		 .len = 2},
 		{.term = 5, .index = 12, .type = RAFT_ENTRY_NORMAL, .data = NULL, .len = 0},
 	};
-	struct raft_msg m = {.type = RAFT_MSG_SNAP, .from = 1, .to = 2, .term = 5,
-			     .log_term = 4, .index = 9, .commit = 11, .reject = true,
-			     .reject_hint = 7, .transfer = true, .entries = ents, .n_entries = 3,
-			     .snapshot = {.index = 8, .term = 3,
-					  .conf = {voters, 3, learners, 1}},
-			     .ctx = "ctx!", .ctx_len = 4};
+	struct raft_msg m = {
+		.type = RAFT_MSG_SNAP,
+		.from = 1,
+		.to = 2,
+		.term = 5,
+		.log_term = 4,
+		.index = 9,
+		.commit = 11,
+		.reject = true,
+		.reject_hint = 7,
+		.transfer = true,
+		.entries = ents,
+		.n_entries = 3,
+		.snapshot = {.index = 8, .term = 3, .conf = {voters, 3, learners, 1}},
+		.ctx = "ctx!",
+		.ctx_len = 4};
 	struct meta__arena a = {0};
 	Mooncake__Raft__Message *pm = meta__msg_to_pb(&m, &a);
 	cr_assert_not_null(pm);

@@ -32,20 +32,19 @@ Test(metrics, counter_gauge_histogram_format)
 	metric_observe(h, 7);
 	struct mc_buf out = MC_BUF_INIT;
 	cr_assert_eq(metrics_format(r, &out), 0);
-	const char *want =
-		"# HELP t_calls_total Calls.\n"
-		"# TYPE t_calls_total counter\n"
-		"t_calls_total{method=\"/a.B/C\",code=\"OK\"} 42\n"
-		"# HELP t_conns Open \"conns\"\\\\now.\n"
-		"# TYPE t_conns gauge\n"
-		"t_conns -2\n"
-		"# HELP t_lat_seconds Latency.\n"
-		"# TYPE t_lat_seconds histogram\n"
-		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"0.1\"} 2\n"
-		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"1\"} 3\n"
-		"t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"+Inf\"} 4\n"
-		"t_lat_seconds_sum{m=\"x\\\"y\\n\"} 7.65\n"
-		"t_lat_seconds_count{m=\"x\\\"y\\n\"} 4\n";
+	const char *want = "# HELP t_calls_total Calls.\n"
+			   "# TYPE t_calls_total counter\n"
+			   "t_calls_total{method=\"/a.B/C\",code=\"OK\"} 42\n"
+			   "# HELP t_conns Open \"conns\"\\\\now.\n"
+			   "# TYPE t_conns gauge\n"
+			   "t_conns -2\n"
+			   "# HELP t_lat_seconds Latency.\n"
+			   "# TYPE t_lat_seconds histogram\n"
+			   "t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"0.1\"} 2\n"
+			   "t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"1\"} 3\n"
+			   "t_lat_seconds_bucket{m=\"x\\\"y\\n\",le=\"+Inf\"} 4\n"
+			   "t_lat_seconds_sum{m=\"x\\\"y\\n\"} 7.65\n"
+			   "t_lat_seconds_count{m=\"x\\\"y\\n\"} 4\n";
 	cr_assert_str_eq(out.data, want);
 	cr_assert_eq(metric_value(h), 4);
 	mc_buf_free(&out);
@@ -111,11 +110,13 @@ Test(metrics, process_metrics_of_every_role)
 	cr_assert_eq(metrics_register_process(r, &start), 0);
 	struct mc_buf out = MC_BUF_INIT;
 	cr_assert_eq(metrics_format(r, &out), 0);
-	const char *want[] = {"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ",
-			      "# TYPE process_resident_memory_bytes gauge\n",
-			      "# TYPE process_virtual_memory_bytes gauge\n",
-			      "# TYPE process_open_fds gauge\n", "# TYPE process_max_fds gauge\n",
-			      "process_start_time_seconds 1796420100.5\n"};
+	const char *want[] = {
+		"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ",
+		"# TYPE process_resident_memory_bytes gauge\n",
+		"# TYPE process_virtual_memory_bytes gauge\n",
+		"# TYPE process_open_fds gauge\n",
+		"# TYPE process_max_fds gauge\n",
+		"process_start_time_seconds 1796420100.5\n"};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
 		cr_assert(strstr(out.data, want[i]), "%s missing in:\n%s", want[i], out.data);
 	const char *fds = strstr(out.data, "\nprocess_open_fds ");

@@ -313,12 +313,12 @@ Test(mvcc, range_options)
 
 Test(mvcc, compaction)
 {
-	h_put(s, "a", "1"); /* 2 */
-	h_put(s, "a", "2"); /* 3 */
-	h_put(s, "b", "1"); /* 4 */
+	h_put(s, "a", "1");  /* 2 */
+	h_put(s, "a", "2");  /* 3 */
+	h_put(s, "b", "1");  /* 4 */
 	h_del(s, "a", NULL); /* 5 */
-	h_put(s, "c", "1"); /* 6 */
-	h_put(s, "a", "3"); /* 7 */
+	h_put(s, "c", "1");  /* 6 */
+	h_put(s, "a", "3");  /* 7 */
 	uint64_t size0 = mvcc_db_size_bytes(s);
 	cr_assert_eq(mvcc_compact(s, 8), MVCC_EFUTURE_REV);
 	cr_assert_eq(mvcc_compact(s, 4), 0);
@@ -421,15 +421,16 @@ static int check_version(void *ctx, const struct mvcc_version *v)
 /* Every stored version in revision order, with the key's next one. */
 Test(mvcc, versions_in_revision_order)
 {
-	h_put(s, "b", "1"); /* 2 */
-	h_put(s, "a", "1"); /* 3 */
+	h_put(s, "b", "1");  /* 2 */
+	h_put(s, "a", "1");  /* 3 */
 	h_del(s, "b", NULL); /* 4 */
 	struct mvcc_op ops[] = {op_put("c", "1"), op_put("a", "2")};
 	struct mvcc_op t = op_txn(NULL, 0, ops, 2, NULL, 0);
 	txn_ok(&t, NULL); /* 5 */
 	static const struct want_version want[] = {
-		{"b", 2, 4, 0, false}, {"a", 3, 5, 0, false}, {"b", 4, INT64_MAX, 0, true},
-		{"c", 5, INT64_MAX, 0, false}, {"a", 5, INT64_MAX, 1, false},
+		{"b", 2, 4, 0, false},         {"a", 3, 5, 0, false},
+		{"b", 4, INT64_MAX, 0, true},  {"c", 5, INT64_MAX, 0, false},
+		{"a", 5, INT64_MAX, 1, false},
 	};
 	struct version_check c = {want, 0, 5};
 	cr_assert_eq(mvcc_versions(s, check_version, &c), 0);
@@ -568,12 +569,8 @@ Test(mvcc, txn_response_revisions)
 	h_put(s, "k", "v"); /* 2 */
 	struct mvcc_op inner[] = {op_get("k")};
 	struct mvcc_op ops[] = {
-		op_get("k"),
-		op_del("nothing", NULL),
-		op_put("k2", "x"),
-		op_get("k"),
-		op_del("nothing", NULL),
-		op_txn(NULL, 0, inner, 1, NULL, 0),
+		op_get("k"), op_del("nothing", NULL), op_put("k2", "x"),
+		op_get("k"), op_del("nothing", NULL), op_txn(NULL, 0, inner, 1, NULL, 0),
 	};
 	struct mvcc_op t = op_txn(NULL, 0, ops, 6, NULL, 0);
 	struct mvcc_result res;

@@ -153,7 +153,7 @@ Test(failmalloc, txn_rolls_back_exactly)
 	struct mvcc_op pv = op_put_lease("k03", "moved", lease_b);
 	pv.u.put.prev_kv = true;
 	struct mvcc_op ops[] = {
-		op_put_lease("new", "v", lease_b), pv, del, all,
+		op_put_lease("new", "v", lease_b),       pv, del, all,
 		op_txn(NULL, 0, nested_ops, 1, NULL, 0),
 	};
 	struct mvcc_op t = op_txn(&c, 1, ops, 5, NULL, 0);
@@ -269,8 +269,8 @@ Test(failmalloc, watch_loses_nothing)
 		struct mvcc_store *s = h_store();
 		struct watch_registry *r;
 		cr_assert_eq(watch_registry_new(s, 4, &r), 0);
-		struct watch_options o = {.key = "k", .key_len = 1, .range_end = "l",
-					  .range_end_len = 1};
+		struct watch_options o = {
+			.key = "k", .key_len = 1, .range_end = "l", .range_end_len = 1};
 		int64_t w1, w2;
 		cr_assert_eq(watch_create(r, s, &o, &w1), 0);
 		o.key = "k5";

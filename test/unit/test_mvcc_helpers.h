@@ -24,8 +24,7 @@ static inline struct mvcc_store *h_store(void)
 	return s;
 }
 
-static inline struct mvcc_op op_range(const char *k, size_t kl, const char *e,
-				      size_t el)
+static inline struct mvcc_op op_range(const char *k, size_t kl, const char *e, size_t el)
 {
 	struct mvcc_op o = {.type = MVCC_OP_RANGE};
 	o.u.range.key = k;
@@ -81,8 +80,7 @@ static inline struct mvcc_op op_txn(const struct mvcc_compare *c, size_t nc,
 	return o;
 }
 
-static inline struct mvcc_compare cmp_num(const char *k, int target, int result,
-					  int64_t n)
+static inline struct mvcc_compare cmp_num(const char *k, int target, int result, int64_t n)
 {
 	struct mvcc_compare c = {.target = target, .result = result, .number = n};
 	c.key = k;

@@ -93,8 +93,9 @@ static size_t m_sorted(size_t *idx)
 	for (size_t i = 0; i < n; i++)
 		idx[i] = i;
 	for (size_t i = 1; i < n; i++)
-		for (size_t j = i; j > 0 && bcmp_(M.keys[idx[j - 1]].key, M.keys[idx[j - 1]].klen,
-						  M.keys[idx[j]].key, M.keys[idx[j]].klen) > 0;
+		for (size_t j = i;
+		     j > 0 && bcmp_(M.keys[idx[j - 1]].key, M.keys[idx[j - 1]].klen,
+				    M.keys[idx[j]].key, M.keys[idx[j]].klen) > 0;
 		     j--) {
 			size_t t = idx[j];
 			idx[j] = idx[j - 1];
@@ -176,7 +177,8 @@ static int m_range(const struct mvcc_range_req *r, int64_t cur_rev, struct mkv *
 	if (order != MVCC_SORT_NONE) {
 		int dir = order == MVCC_SORT_DESCEND ? -1 : 1;
 		for (size_t i = 1; i < k; i++) /* stable insertion sort */
-			for (size_t j = i; j > 0 && mkv_cmp(&out[j - 1], &out[j], r->sort_target) * dir > 0;
+			for (size_t j = i;
+			     j > 0 && mkv_cmp(&out[j - 1], &out[j], r->sort_target) * dir > 0;
 			     j--) {
 				struct mkv t = out[j];
 				out[j] = out[j - 1];
@@ -211,9 +213,9 @@ static bool m_compare(const struct mvcc_compare *c)
 								      : v->lease;
 			r = x < c->number ? -1 : x > c->number;
 		}
-		bool ok = c->result == MVCC_CMP_EQUAL	  ? r == 0
+		bool ok = c->result == MVCC_CMP_EQUAL     ? r == 0
 			  : c->result == MVCC_CMP_GREATER ? r > 0
-			  : c->result == MVCC_CMP_LESS	  ? r < 0
+			  : c->result == MVCC_CMP_LESS    ? r < 0
 							  : r != 0;
 		if (!ok)
 			return false;
@@ -344,8 +346,7 @@ static void check_range(struct mvcc_store *s, const struct mvcc_range_req *r,
 }
 
 /* The model applies a put; returns an error or 0. */
-static int m_put(const struct mvcc_put_req *p, int64_t main, int64_t *sub,
-		 struct mkv *prev)
+static int m_put(const struct mvcc_put_req *p, int64_t main, int64_t *sub, struct mkv *prev)
 {
 	struct mkey *mk = m_key(p->key, p->key_len, false);
 	const struct mver *cur = mk ? m_at(mk, INT64_MAX) : NULL;
@@ -410,7 +411,8 @@ Test(model, random_requests_agree, .timeout = 120)
 					continue;
 				M.rev++;
 				cr_assert_eq(res.revision, M.rev);
-				cr_assert_eq(res.resp.u.put.has_prev_kv, o.u.put.prev_kv && prev.v);
+				cr_assert_eq(res.resp.u.put.has_prev_kv,
+					     o.u.put.prev_kv && prev.v);
 				if (res.resp.u.put.has_prev_kv)
 					same_kv(&res.resp.u.put.prev_kv, &prev, false);
 				mvcc_result_free(&res);
@@ -438,7 +440,8 @@ Test(model, random_requests_agree, .timeout = 120)
 				if (nd)
 					M.rev++;
 				for (size_t i = 0; i < nd; i++)
-					m_push((struct mkey *)del[i].k, M.rev, (int64_t)i, true, NULL, 0, 0);
+					m_push((struct mkey *)del[i].k, M.rev, (int64_t)i,
+					       true, NULL, 0, 0);
 				cr_assert_eq(res.revision, M.rev);
 				mvcc_result_free(&res);
 			} else if (what < 72) { /* range */
@@ -448,7 +451,8 @@ Test(model, random_requests_agree, .timeout = 120)
 				size_t n;
 				int64_t count;
 				bool more;
-				int werr = m_range(&o.u.range, INT64_MAX, want, &n, &count, &more);
+				int werr = m_range(&o.u.range, INT64_MAX, want, &n, &count,
+						   &more);
 				int rc = mvcc_apply(s, &o, &res);
 				cr_assert_eq(rc, werr, "range: %s vs %s", mvcc_errname(rc),
 					     mvcc_errname(werr));
@@ -483,11 +487,12 @@ Test(model, random_requests_agree, .timeout = 120)
 					ops[i].u.put.key = pk[i];
 					ops[i].u.put.value = v;
 					ops[i].u.put.value_len = vl;
-					if (i == 1 && !bcmp_(pk[0], ops[0].u.put.key_len, pk[1],
-							     ops[1].u.put.key_len))
+					if (i == 1 && !bcmp_(pk[0], ops[0].u.put.key_len,
+							     pk[1], ops[1].u.put.key_len))
 						dup = true;
 				}
-				struct mvcc_op t = op_txn(&c, 1, ops, nops, ops, nops > 1 ? 1 : 0);
+				struct mvcc_op t = op_txn(&c, 1, ops, nops, ops,
+							  nops > 1 ? 1 : 0);
 				bool ok = m_compare(&c);
 				int rc = mvcc_apply(s, &t, &res);
 				if (dup) {
@@ -502,11 +507,14 @@ Test(model, random_requests_agree, .timeout = 120)
 				for (size_t i = 0; i < n; i++) {
 					if (ops[i].type == MVCC_OP_PUT) {
 						struct mkv prev;
-						cr_assert_eq(m_put(&ops[i].u.put, M.rev + 1, &sub, &prev), 0);
+						cr_assert_eq(m_put(&ops[i].u.put, M.rev + 1,
+								   &sub, &prev),
+							     0);
 					} else {
-						check_range(s, &ops[i].u.range,
-							    &res.resp.u.txn.responses[i].u.range,
-							    INT64_MAX);
+						check_range(
+							s, &ops[i].u.range,
+							&res.resp.u.txn.responses[i].u.range,
+							INT64_MAX);
 					}
 				}
 				if (sub)
@@ -539,7 +547,7 @@ Test(model, random_requests_agree, .timeout = 120)
 			} else { /* compaction */
 				int64_t at = (int64_t)(rnd() % (uint32_t)(M.rev + 2));
 				int want = at <= M.compact ? MVCC_ECOMPACTED
-					   : at > M.rev	   ? MVCC_EFUTURE_REV
+					   : at > M.rev    ? MVCC_EFUTURE_REV
 							   : 0;
 				cr_assert_eq(mvcc_compact(s, at), want);
 				if (!want)
@@ -563,7 +571,8 @@ Test(model, random_requests_agree, .timeout = 120)
 							hit = &M.keys[i];
 							hv = &hit->h[j];
 							hp = j && !hit->h[j - 1].tomb &&
-									     hit->h[j - 1].main >= M.compact
+									     hit->h[j - 1].main >=
+										     M.compact
 								     ? &hit->h[j - 1]
 								     : NULL;
 						}
@@ -573,15 +582,18 @@ Test(model, random_requests_agree, .timeout = 120)
 				cr_assert_eq(mvcc_hist_event(s, pos++, &ev), 0);
 				nev++;
 				cr_assert_eq(ev.kv.mod_revision, rev);
-				cr_assert_eq(ev.type, hv->tomb ? MVCC_EVENT_DELETE : MVCC_EVENT_PUT);
-				cr_assert(!bcmp_(ev.kv.key, ev.kv.key_len, hit->key, hit->klen));
+				cr_assert_eq(ev.type,
+					     hv->tomb ? MVCC_EVENT_DELETE : MVCC_EVENT_PUT);
+				cr_assert(
+					!bcmp_(ev.kv.key, ev.kv.key_len, hit->key, hit->klen));
 				/* prev_kv: the previous version, if the store still has it
 				 * (the model keeps everything). */
 				if (ev.has_prev_kv) {
 					cr_assert(hv > hit->h && !hv[-1].tomb);
 					cr_assert_eq(ev.prev_kv.mod_revision, hv[-1].main);
 				} else if (hp) {
-					cr_assert_fail("prev_kv missing at %lld", (long long)rev);
+					cr_assert_fail("prev_kv missing at %lld",
+						       (long long)rev);
 				}
 			}
 		}

@@ -65,7 +65,8 @@ Test(scale, million_keys, .timeout = 300)
 	cr_assert_eq(res.resp.u.range.nkvs, n);
 	cr_assert_eq(res.resp.u.range.count, (int64_t)n);
 	for (size_t i = 1; i < n; i++)
-		cr_assert_lt(memcmp(res.resp.u.range.kvs[i - 1].key, res.resp.u.range.kvs[i].key,
+		cr_assert_lt(memcmp(res.resp.u.range.kvs[i - 1].key,
+				    res.resp.u.range.kvs[i].key,
 				    res.resp.u.range.kvs[i].key_len),
 			     0);
 	mvcc_result_free(&res);
@@ -119,5 +120,6 @@ Test(scale, million_keys, .timeout = 300)
 		n, t_put, (double)n / t_put, t_scan * 1e3, t_get * 1e3, n / 10, t_upd * 1e3,
 		t_compact * 1e3, t_del * 1e3, heap1 > heap0 ? per_key : 0.0,
 		(double)st.memory_bytes / (double)n, (double)st.db_size_bytes / (double)n,
-		strlen("/mooncake/segments/0000000000"), strlen("agent-00000:0000000000000000"));
+		strlen("/mooncake/segments/0000000000"),
+		strlen("agent-00000:0000000000000000"));
 }

@@ -70,9 +70,11 @@ static void random_ops(struct mvcc_store *s, uint64_t seed, int nops, bool compa
 			ops[1].u.put.key = k2;
 			ops[1].u.put.key_len = k2l;
 			struct mvcc_compare c = {.target = MVCC_TARGET_VERSION,
-						 .result = MVCC_CMP_GREATER, .key = k2,
+						 .result = MVCC_CMP_GREATER,
+						 .key = k2,
 						 .key_len = k2l};
-			o = op_txn(&c, 1, ops, kl == k2l && !memcmp(k, k2, kl) ? 1 : 2, ops + 1, 1);
+			o = op_txn(&c, 1, ops, kl == k2l && !memcmp(k, k2, kl) ? 1 : 2,
+				   ops + 1, 1);
 			cr_assert_eq(mvcc_apply(s, &o, &res), 0);
 			mvcc_result_free(&res);
 			continue;
@@ -92,8 +94,11 @@ static void random_ops(struct mvcc_store *s, uint64_t seed, int nops, bool compa
 		} else if (what < 19 && compact) {
 			int64_t lo = mvcc_compact_rev(s) + 1, hi = mvcc_rev(s);
 			if (lo <= hi)
-				cr_assert_eq(mvcc_compact(s, lo + (int64_t)(rnd() % (uint32_t)(hi - lo + 1))),
-					     0);
+				cr_assert_eq(
+					mvcc_compact(s,
+						     lo + (int64_t)(rnd() %
+								    (uint32_t)(hi - lo + 1))),
+					0);
 			continue;
 		} else {
 			continue;
@@ -122,8 +127,9 @@ static struct h_sink dump(struct mvcc_store *s)
 		cr_assert_eq(mvcc_apply(s, &o, &res), 0);
 		for (size_t i = 0; i < res.resp.u.range.nkvs; i++) {
 			const struct mvcc_kv *kv = &res.resp.u.range.kvs[i];
-			int n = snprintf(line, sizeof(line), "@%lld %lld %lld %lld %lld %zu %zu|",
-					 (long long)rev, (long long)kv->create_revision,
+			int n = snprintf(line, sizeof(line),
+					 "@%lld %lld %lld %lld %lld %zu %zu|", (long long)rev,
+					 (long long)kv->create_revision,
 					 (long long)kv->mod_revision, (long long)kv->version,
 					 (long long)kv->lease, kv->key_len, kv->value_len);
 			h_sink_write(&k, line, (size_t)n);
@@ -396,11 +402,14 @@ Test(snapshot, big_store_streams_in_chunks, .timeout = 120)
 	h_apply(r, &o, &res);
 	cr_assert_eq(res.resp.u.range.nkvs, 1);
 	mvcc_result_free(&res);
-	fprintf(stderr, "snapshot of %d keys: %zu bytes in %zu chunks, encode %.0f ms, "
-			"restore %.0f ms\n",
+	fprintf(stderr,
+		"snapshot of %d keys: %zu bytes in %zu chunks, encode %.0f ms, "
+		"restore %.0f ms\n",
 		N, snap.len, snap.chunks,
-		(double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
-		(double)(t2.tv_sec - t1.tv_sec) * 1e3 + (double)(t2.tv_nsec - t1.tv_nsec) / 1e6);
+		(double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+			(double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
+		(double)(t2.tv_sec - t1.tv_sec) * 1e3 +
+			(double)(t2.tv_nsec - t1.tv_nsec) / 1e6);
 	free(again.data);
 	free(snap.data);
 	mvcc_free(r);

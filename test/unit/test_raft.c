@@ -48,7 +48,7 @@ struct tnet {
 	char lines[512][160];
 	size_t n_lines;
 	size_t sent[16]; /* messages enqueued, by type */
-	size_t rejects; /* rejected APP_RESP delivered */
+	size_t rejects;  /* rejected APP_RESP delivered */
 	/* snapshot failures to report once the sender's ready is advanced */
 	uint64_t snap_fail_from[64], snap_fail_to[64];
 	size_t n_snap_fail;
@@ -225,14 +225,17 @@ static void net_drain(struct tnet *net, uint64_t id)
 				n->rs = realloc(n->rs, n->cap_rs * sizeof(*n->rs));
 			}
 			n->rs[n->n_rs] = rd.read_states[k];
-			n->rs[n->n_rs].ctx = tu_dup(rd.read_states[k].ctx, rd.read_states[k].ctx_len);
+			n->rs[n->n_rs].ctx = tu_dup(rd.read_states[k].ctx,
+						    rd.read_states[k].ctx_len);
 			n->n_rs++;
 		}
 		cr_assert_eq(raft_advance(n->r, &rd), 0);
 		/* The transport reports failed snapshots after the ready. */
 		for (size_t k = 0; k < net->n_snap_fail; k++)
 			if (net->snap_fail_from[k] == id)
-				cr_assert_eq(raft_report_snapshot(n->r, net->snap_fail_to[k], false), 0);
+				cr_assert_eq(raft_report_snapshot(n->r, net->snap_fail_to[k],
+								  false),
+					     0);
 		net->n_snap_fail = 0;
 	}
 }
@@ -355,7 +358,8 @@ static bool applied_has(struct tnet *net, uint64_t id, const char *s)
 	struct tnode *n = &net->nodes[id];
 
 	for (size_t k = 0; k < n->n_app; k++)
-		if (n->app[k].len == strlen(s) && memcmp(n->app[k].data, s, n->app[k].len) == 0)
+		if (n->app[k].len == strlen(s) &&
+		    memcmp(n->app[k].data, s, n->app[k].len) == 0)
 			return true;
 	return false;
 }
@@ -369,9 +373,11 @@ static void assert_logs_equal(struct tnet *net, uint64_t a, uint64_t b)
 	for (uint64_t i = 1; i <= sa.last_index; i++) {
 		uint64_t ta, tb;
 
-		if (raft_term_at(net->nodes[a].r, i, &ta) || raft_term_at(net->nodes[b].r, i, &tb))
+		if (raft_term_at(net->nodes[a].r, i, &ta) ||
+		    raft_term_at(net->nodes[b].r, i, &tb))
 			continue;
-		cr_assert_eq(ta, tb, "term at %" PRIu64 ": %" PRIu64 " vs %" PRIu64, i, ta, tb);
+		cr_assert_eq(ta, tb, "term at %" PRIu64 ": %" PRIu64 " vs %" PRIu64, i, ta,
+			     tb);
 	}
 }
 
@@ -387,7 +393,6 @@ static void no_pre_vote_no_cq(struct raft_config *c)
 }
 
 /* ============================================================ election */
-
 
 RTEST(raft_election, three_nodes_elect_one_leader)
 {
@@ -893,7 +898,8 @@ static bool has_read(struct tnet *net, uint64_t id, const char *ctx, uint64_t *i
 	struct tnode *n = &net->nodes[id];
 
 	for (size_t k = 0; k < n->n_rs; k++)
-		if (n->rs[k].ctx_len == strlen(ctx) && memcmp(n->rs[k].ctx, ctx, n->rs[k].ctx_len) == 0) {
+		if (n->rs[k].ctx_len == strlen(ctx) &&
+		    memcmp(n->rs[k].ctx, ctx, n->rs[k].ctx_len) == 0) {
 			if (index)
 				*index = n->rs[k].index;
 			return true;
@@ -1431,14 +1437,18 @@ RTEST(raft_snapshot, stale_snapshot_is_ignored)
 	struct raft *r;
 	uint64_t v[] = {1, 2};
 	uint64_t terms[] = {1, 1, 1};
-	struct raft_entry e[3] = {{.index = 1, .term = 1}, {.index = 2, .term = 1},
-				  {.index = 3, .term = 1}};
+	struct raft_entry e[3] = {
+		{.index = 1, .term = 1}, {.index = 2, .term = 1}, {.index = 3, .term = 1}};
 	struct raft_restore rs = {.hard_state = {.term = 1, .commit = 3},
 				  .snapshot.conf = {.voters = v, .n_voters = 2},
-				  .entries = e, .n_entries = 3};
-	struct raft_msg m = {.type = RAFT_MSG_SNAP, .from = 2, .to = 1, .term = 1,
-			     .snapshot = {.index = 2, .term = 1,
-					  .conf = {.voters = v, .n_voters = 2}}};
+				  .entries = e,
+				  .n_entries = 3};
+	struct raft_msg m = {
+		.type = RAFT_MSG_SNAP,
+		.from = 2,
+		.to = 1,
+		.term = 1,
+		.snapshot = {.index = 2, .term = 1, .conf = {.voters = v, .n_voters = 2}}};
 	struct raft_ready rd;
 
 	(void)terms;
@@ -1523,7 +1533,8 @@ RTEST(raft_api, bad_inputs)
 	struct raft_entry e[2] = {{.index = 1, .term = 1}, {.index = 3, .term = 1}};
 	struct raft_restore rs = {.hard_state = {.term = 1},
 				  .snapshot.conf = {.voters = v, .n_voters = 2},
-				  .entries = e, .n_entries = 2};
+				  .entries = e,
+				  .n_entries = 2};
 
 	raft_config_init(&c, 0);
 	cr_assert_eq(raft_new(&c, NULL, &r), -EINVAL);
@@ -1602,22 +1613,14 @@ static void assert_lines(struct tnet *net, const char *const *want, size_t n)
 RTEST(raft_golden, prevote_election_of_three)
 {
 	static const char *const want[] = {
-		"1->2 PREVOTE t=1 i=0 lt=0",
-		"1->3 PREVOTE t=1 i=0 lt=0",
-		"2->1 PREVOTE_RESP t=1 grant",
-		"3->1 PREVOTE_RESP t=1 grant",
-		"1->2 VOTE t=1 i=0 lt=0",
-		"1->3 VOTE t=1 i=0 lt=0",
-		"2->1 VOTE_RESP t=1 grant",
-		"3->1 VOTE_RESP t=1 grant",
-		"1->2 APP t=1 i=0 lt=0 c=0 [1@1]",
-		"1->3 APP t=1 i=0 lt=0 c=0 [1@1]",
-		"2->1 APP_RESP t=1 i=1",
-		"3->1 APP_RESP t=1 i=1",
-		"1->2 APP t=1 i=1 lt=1 c=1 []",
-		"1->3 APP t=1 i=1 lt=1 c=1 []",
-		"2->1 APP_RESP t=1 i=1",
-		"3->1 APP_RESP t=1 i=1",
+		"1->2 PREVOTE t=1 i=0 lt=0",       "1->3 PREVOTE t=1 i=0 lt=0",
+		"2->1 PREVOTE_RESP t=1 grant",     "3->1 PREVOTE_RESP t=1 grant",
+		"1->2 VOTE t=1 i=0 lt=0",          "1->3 VOTE t=1 i=0 lt=0",
+		"2->1 VOTE_RESP t=1 grant",        "3->1 VOTE_RESP t=1 grant",
+		"1->2 APP t=1 i=0 lt=0 c=0 [1@1]", "1->3 APP t=1 i=0 lt=0 c=0 [1@1]",
+		"2->1 APP_RESP t=1 i=1",           "3->1 APP_RESP t=1 i=1",
+		"1->2 APP t=1 i=1 lt=1 c=1 []",    "1->3 APP t=1 i=1 lt=1 c=1 []",
+		"2->1 APP_RESP t=1 i=1",           "3->1 APP_RESP t=1 i=1",
 	};
 	struct tnet *net = net_new(3, NULL);
 
@@ -1648,24 +1651,35 @@ RTEST(raft_golden, follower_reject_hint_and_leader_jump)
 	struct raft_config c;
 	struct raft *f, *l;
 	char out[8][160];
-	struct raft_entry fe[4] = {{.index = 1, .term = 1}, {.index = 2, .term = 1},
-				   {.index = 3, .term = 2}, {.index = 4, .term = 2}};
-	struct raft_entry le[4] = {{.index = 1, .term = 1}, {.index = 2, .term = 1},
-				   {.index = 3, .term = 3}, {.index = 4, .term = 3}};
+	struct raft_entry fe[4] = {{.index = 1, .term = 1},
+				   {.index = 2, .term = 1},
+				   {.index = 3, .term = 2},
+				   {.index = 4, .term = 2}};
+	struct raft_entry le[4] = {{.index = 1, .term = 1},
+				   {.index = 2, .term = 1},
+				   {.index = 3, .term = 3},
+				   {.index = 4, .term = 3}};
 	struct raft_restore frs = {.hard_state = {.term = 2, .commit = 2},
 				   .snapshot.conf = {.voters = v, .n_voters = 2},
-				   .entries = fe, .n_entries = 4};
+				   .entries = fe,
+				   .n_entries = 4};
 	struct raft_restore lrs = {.hard_state = {.term = 3, .commit = 2},
 				   .snapshot.conf = {.voters = v, .n_voters = 2},
-				   .entries = le, .n_entries = 4};
+				   .entries = le,
+				   .n_entries = 4};
 	struct raft_msg m;
 	size_t n;
 
 	/* The follower (node 2) rejects an APP after 4@3: it has 4@2. */
 	raft_config_init(&c, 2);
 	cr_assert_eq(raft_new(&c, &frs, &f), 0);
-	m = (struct raft_msg){.type = RAFT_MSG_APP, .from = 1, .to = 2, .term = 4,
-			      .index = 4, .log_term = 3, .commit = 2};
+	m = (struct raft_msg){.type = RAFT_MSG_APP,
+			      .from = 1,
+			      .to = 2,
+			      .term = 4,
+			      .index = 4,
+			      .log_term = 3,
+			      .commit = 2};
 	cr_assert_eq(raft_step(f, &m), 0);
 	n = outbox(f, out, 8);
 	cr_assert_eq(n, 1);
@@ -1688,21 +1702,34 @@ RTEST(raft_golden, follower_reject_hint_and_leader_jump)
 	n = outbox(l, out, 8);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(out[0], "1->2 APP t=4 i=4 lt=3 c=2 [5@4]");
-	m = (struct raft_msg){.type = RAFT_MSG_APP_RESP, .from = 2, .to = 1, .term = 4,
-			      .index = 4, .reject = true, .reject_hint = 4, .log_term = 2};
+	m = (struct raft_msg){.type = RAFT_MSG_APP_RESP,
+			      .from = 2,
+			      .to = 1,
+			      .term = 4,
+			      .index = 4,
+			      .reject = true,
+			      .reject_hint = 4,
+			      .log_term = 2};
 	cr_assert_eq(raft_step(l, &m), 0);
 	n = outbox(l, out, 8);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(out[0], "1->2 APP t=4 i=2 lt=1 c=2 [3@3,4@3,5@4]");
 	/* Feed that APP to the follower: it truncates 3@2,4@2 and accepts. */
 	{
-		struct raft_entry ne[3] = {{.index = 3, .term = 3}, {.index = 4, .term = 3},
+		struct raft_entry ne[3] = {{.index = 3, .term = 3},
+					   {.index = 4, .term = 3},
 					   {.index = 5, .term = 4}};
 		struct raft_ready rd;
 
-		m = (struct raft_msg){.type = RAFT_MSG_APP, .from = 1, .to = 2, .term = 4,
-				      .index = 2, .log_term = 1, .commit = 2,
-				      .entries = ne, .n_entries = 3};
+		m = (struct raft_msg){.type = RAFT_MSG_APP,
+				      .from = 1,
+				      .to = 2,
+				      .term = 4,
+				      .index = 2,
+				      .log_term = 1,
+				      .commit = 2,
+				      .entries = ne,
+				      .n_entries = 3};
 		cr_assert_eq(raft_step(f, &m), 0);
 		cr_assert_eq(raft_ready(f, &rd), 0);
 		cr_assert_eq(rd.n_entries, 3);
@@ -1720,8 +1747,12 @@ RTEST(raft_golden, follower_reject_hint_and_leader_jump)
 RTEST(raft_golden, read_index_heartbeat_round)
 {
 	struct tnet *net = net_new(3, NULL);
-	struct raft_msg m = {.type = RAFT_MSG_HEARTBEAT_RESP, .from = 2, .to = 1, .term = 1,
-			     .ctx = "r1", .ctx_len = 2};
+	struct raft_msg m = {.type = RAFT_MSG_HEARTBEAT_RESP,
+			     .from = 2,
+			     .to = 1,
+			     .term = 1,
+			     .ctx = "r1",
+			     .ctx_len = 2};
 	char out[8][160];
 	size_t n;
 

@@ -166,7 +166,8 @@ static int note(uint64_t id, int rv)
 		again = raft_tick(nodes[id].r);
 		in_core = false;
 		if (again != 0) {
-			cr_assert(again == -ENOMEM || again == MC_EINTERNAL, "odd error %d", again);
+			cr_assert(again == -ENOMEM || again == MC_EINTERNAL, "odd error %d",
+				  again);
 			cr_assert(!raft_has_ready(nodes[id].r));
 			nodes[id].fatal = again;
 		}
@@ -215,7 +216,8 @@ static void settle(void)
 			if (alive(m->to)) {
 				CALL(m->to, raft_step(nodes[m->to].r, m));
 				if (m->type == RAFT_MSG_SNAP && alive(m->from))
-					CALL(m->from, raft_report_snapshot(nodes[m->from].r, m->to, true));
+					CALL(m->from, raft_report_snapshot(nodes[m->from].r,
+									   m->to, true));
 			}
 			tu_msg_free(m);
 		}
@@ -297,8 +299,10 @@ static void scenario(void)
 	}
 	tick_all(2);
 	if ((l = leader())) {
-		struct raft_conf_change cc = {.type = RAFT_CC_ADD_LEARNER, .node_id = 4,
-					      .context = "ctx", .context_len = 3};
+		struct raft_conf_change cc = {.type = RAFT_CC_ADD_LEARNER,
+					      .node_id = 4,
+					      .context = "ctx",
+					      .context_len = 3};
 
 		CALL(l, raft_propose_conf_change(nodes[l].r, &cc, NULL));
 	}
@@ -370,7 +374,8 @@ RTEST(raft_failmalloc, every_allocation_fails_in_turn, .timeout = 300)
 		fail_at = i;
 		scenario();
 		if (n_live != 0 && leaky++ < 5)
-			cr_log_error("failing allocation %ld of %ld leaks %zu blocks", i, total, n_live);
+			cr_log_error("failing allocation %ld of %ld leaks %zu blocks", i,
+				     total, n_live);
 		memset(live, 0, sizeof(live));
 		n_live = 0;
 	}

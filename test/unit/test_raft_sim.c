@@ -182,17 +182,18 @@ static bool chance(struct sim *s, double p)
 	return (double)(rnd(s) >> 11) * (1.0 / 9007199254740992.0) < p;
 }
 
-#define SIM_FAIL(s, ...)                                                                     \
-	cr_assert_fail("raft sim violation: seed %" PRIu64 " n %d step %ld tick %" PRIu64          \
-		 " (reproduce: RAFT_SIM_SEED=%" PRIu64 " RAFT_SIM_N=%d RAFT_SIM_STEPS=%ld"   \
-		 " RAFT_SIM_TRACE=1): %s",                                                   \
-		 (s)->seed, (s)->n, (s)->step, (s)->now, (s)->seed, (s)->n, (s)->steps,      \
-		 sim_fmt(__VA_ARGS__))
+#define SIM_FAIL(s, ...) \
+	cr_assert_fail("raft sim violation: seed %" PRIu64 " n %d step %ld tick %" PRIu64 \
+		       " (reproduce: RAFT_SIM_SEED=%" PRIu64 \
+		       " RAFT_SIM_N=%d RAFT_SIM_STEPS=%ld" \
+		       " RAFT_SIM_TRACE=1): %s", \
+		       (s)->seed, (s)->n, (s)->step, (s)->now, (s)->seed, (s)->n, (s)->steps, \
+		       sim_fmt(__VA_ARGS__))
 
-#define SIM_CHECK(s, cond, ...)                                                              \
-	do {                                                                                 \
-		if (!(cond))                                                                 \
-			SIM_FAIL(s, __VA_ARGS__);                                            \
+#define SIM_CHECK(s, cond, ...) \
+	do { \
+		if (!(cond)) \
+			SIM_FAIL(s, __VA_ARGS__); \
 	} while (0)
 
 static char sim_fmt_buf[1024];
@@ -228,7 +229,8 @@ static void core_trace(void *arg, uint64_t id, const char *text)
 {
 	struct sim *s = arg;
 
-	printf("[step %ld tick %" PRIu64 "]   node %" PRIu64 " %s\n", s->step, s->now, id, text);
+	printf("[step %ld tick %" PRIu64 "]   node %" PRIu64 " %s\n", s->step, s->now, id,
+	       text);
 }
 
 static uint64_t entry_hash(const struct raft_entry *e)
@@ -307,8 +309,9 @@ static void reg_check(struct sim *s, uint64_t node, uint64_t index, uint64_t ter
 		s->reg_n++;
 		return;
 	}
-	SIM_CHECK(s, sl->hash == h, "log matching: node %" PRIu64 " has another entry at %" PRIu64
-		  "@%" PRIu64, node, index, term);
+	SIM_CHECK(s, sl->hash == h,
+		  "log matching: node %" PRIu64 " has another entry at %" PRIu64 "@%" PRIu64,
+		  node, index, term);
 	if (prev != PREV_UNKNOWN && sl->prev != PREV_UNKNOWN)
 		SIM_CHECK(s, sl->prev == prev,
 			  "log matching: node %" PRIu64 " has %" PRIu64 "@%" PRIu64
@@ -320,7 +323,8 @@ static void reg_check(struct sim *s, uint64_t node, uint64_t index, uint64_t ter
 
 /* ------------------------------------------------------------ messages */
 
-static void net_add(struct sim *s, const struct raft_msg *m, uint64_t from_inc, uint64_t snap_hash)
+static void net_add(struct sim *s, const struct raft_msg *m, uint64_t from_inc,
+		    uint64_t snap_hash)
 {
 	struct sim_msg *sm;
 	uint64_t delay = below(s, (uint64_t)s->max_delay + 1);
@@ -385,11 +389,12 @@ static void op_persist(struct sim *s, uint64_t id, struct sim_op *op, size_t kee
 	case OP_HS:
 		/* Vote safety: one vote per term, terms never go back. */
 		SIM_CHECK(s, op->hs.term >= n->synced_term,
-			  "node %" PRIu64 " term went back on disk %" PRIu64 " -> %" PRIu64, id,
-			  n->synced_term, op->hs.term);
+			  "node %" PRIu64 " term went back on disk %" PRIu64 " -> %" PRIu64,
+			  id, n->synced_term, op->hs.term);
 		if (op->hs.term == n->synced_term && n->synced_vote != RAFT_NONE)
 			SIM_CHECK(s, op->hs.vote == n->synced_vote,
-				  "node %" PRIu64 " voted twice in term %" PRIu64, id, op->hs.term);
+				  "node %" PRIu64 " voted twice in term %" PRIu64, id,
+				  op->hs.term);
 		n->synced_term = op->hs.term;
 		n->synced_vote = op->hs.vote;
 		n->disk.hs = op->hs;
@@ -445,10 +450,12 @@ static void node_start(struct sim *s, uint64_t id)
 		size_t off = 0;
 
 		for (size_t k = 0; k < n->disk.n && off < sizeof(buf) - 32; k++)
-			off += (size_t)snprintf(buf + off, sizeof(buf) - off, " %" PRIu64 "@%" PRIu64,
-						n->disk.ents[k].index, n->disk.ents[k].term);
+			off += (size_t)snprintf(buf + off, sizeof(buf) - off,
+						" %" PRIu64 "@%" PRIu64, n->disk.ents[k].index,
+						n->disk.ents[k].term);
 		buf[MC_MIN(off, sizeof(buf) - 1)] = 0;
-		SIM_FAIL(s, "restart of node %" PRIu64 " failed (%d) from disk: hs term %" PRIu64
+		SIM_FAIL(s,
+			 "restart of node %" PRIu64 " failed (%d) from disk: hs term %" PRIu64
 			 " vote %" PRIu64 " commit %" PRIu64 ", snapshot %" PRIu64 "@%" PRIu64
 			 ", entries%s",
 			 id, rv, n->disk.hs.term, n->disk.hs.vote, n->disk.hs.commit,
@@ -467,8 +474,9 @@ static void node_start(struct sim *s, uint64_t id)
 		raft_status(n->r, &st, NULL, 0);
 		record_commit(s, id, st.commit); /* durable commit index */
 	}
-	say(s, "node %" PRIu64 " started (incarnation %" PRIu64 ", disk: snap %" PRIu64
-	       ", %zu entries, term %" PRIu64 ")",
+	say(s,
+	    "node %" PRIu64 " started (incarnation %" PRIu64 ", disk: snap %" PRIu64
+	    ", %zu entries, term %" PRIu64 ")",
 	    id, n->incarnation, n->disk.snap.index, n->disk.n, n->disk.hs.term);
 }
 
@@ -520,8 +528,8 @@ static void record_commit(struct sim *s, uint64_t id, uint64_t c)
 			continue; /* came with a snapshot */
 		if (s->committed[i].set) {
 			SIM_CHECK(s, s->committed[i].term == t,
-				  "committed entry %" PRIu64 " has term %" PRIu64 " on node %" PRIu64
-				  " but %" PRIu64 " elsewhere",
+				  "committed entry %" PRIu64 " has term %" PRIu64
+				  " on node %" PRIu64 " but %" PRIu64 " elsewhere",
 				  i, t, id, s->committed[i].term);
 			s->committed[i].obs_term = MC_MIN(s->committed[i].obs_term, st.term);
 		} else {
@@ -574,7 +582,8 @@ static void observe(struct sim *s, uint64_t id)
 			cap *= 2;
 		s->leader_of_term = realloc(s->leader_of_term, cap * sizeof(uint64_t));
 		cr_assert(s->leader_of_term);
-		memset(s->leader_of_term + s->cap_lot, 0, (cap - s->cap_lot) * sizeof(uint64_t));
+		memset(s->leader_of_term + s->cap_lot, 0,
+		       (cap - s->cap_lot) * sizeof(uint64_t));
 		s->cap_lot = cap;
 	}
 	if (s->leader_of_term[st.term] == id)
@@ -617,14 +626,17 @@ static void apply_entry(struct sim *s, uint64_t id, const struct raft_entry *e)
 		  e->index, n->last_commit);
 	grow_idx(s, e->index);
 	SIM_CHECK(s, !s->committed[e->index].set || s->committed[e->index].term == e->term,
-		  "node %" PRIu64 " applies %" PRIu64 "@%" PRIu64 ", committed was @%" PRIu64, id,
-		  e->index, e->term, s->committed[e->index].term);
+		  "node %" PRIu64 " applies %" PRIu64 "@%" PRIu64 ", committed was @%" PRIu64,
+		  id, e->index, e->term, s->committed[e->index].term);
 	n->sm_hash = chain(n->sm_hash, e);
 	n->sm_applied = e->index;
 	g = &s->applied[e->index];
 	if (g->set) {
-		SIM_CHECK(s, g->term == e->term && g->hash == entry_hash(e) && g->chain == n->sm_hash,
-			  "state machine safety: node %" PRIu64 " applied a different entry or "
+		SIM_CHECK(s,
+			  g->term == e->term && g->hash == entry_hash(e) &&
+				  g->chain == n->sm_hash,
+			  "state machine safety: node %" PRIu64
+			  " applied a different entry or "
 			  "state at %" PRIu64,
 			  id, e->index);
 	} else {
@@ -641,7 +653,8 @@ static void apply_entry(struct sim *s, uint64_t id, const struct raft_entry *e)
 		if (cc.type == RAFT_CC_REMOVE && cc.node_id <= MAXID &&
 		    !s->nodes[cc.node_id].removed) {
 			s->nodes[cc.node_id].removed = true;
-			say(s, "removal of %" PRIu64 " applied at %" PRIu64, cc.node_id, e->index);
+			say(s, "removal of %" PRIu64 " applied at %" PRIu64, cc.node_id,
+			    e->index);
 		}
 		return;
 	}
@@ -697,8 +710,9 @@ static void check_logs_pairwise(struct sim *s)
 				const struct raft_entry *ea = raft_entry_at(s->nodes[a].r, i);
 				const struct raft_entry *eb = raft_entry_at(s->nodes[b].r, i);
 
-				SIM_CHECK(s, ea && eb && ea->term == eb->term &&
-					     entry_hash(ea) == entry_hash(eb),
+				SIM_CHECK(s,
+					  ea && eb && ea->term == eb->term &&
+						  entry_hash(ea) == entry_hash(eb),
 					  "log matching: nodes %" PRIu64 " and %" PRIu64
 					  " agree at %" PRIu64 " but differ at %" PRIu64,
 					  a, b, top, i);
@@ -715,9 +729,11 @@ static void send_msg(struct sim *s, uint64_t id, const struct raft_msg *m)
 	uint64_t h = 0;
 
 	if (m->type == RAFT_MSG_SNAP) {
-		SIM_CHECK(s, m->snapshot.index == n->disk.snap.index &&
-			     m->snapshot.term == n->disk.snap.term,
-			  "node %" PRIu64 " sends snapshot %" PRIu64 " but has %" PRIu64 " on disk",
+		SIM_CHECK(s,
+			  m->snapshot.index == n->disk.snap.index &&
+				  m->snapshot.term == n->disk.snap.term,
+			  "node %" PRIu64 " sends snapshot %" PRIu64 " but has %" PRIu64
+			  " on disk",
 			  id, m->snapshot.index, n->disk.snap.index);
 		h = n->disk_snap_hash;
 	}
@@ -742,20 +758,26 @@ static void drain(struct sim *s, uint64_t id)
 			struct rcv_snap *d = find_rcv(n, sn->index, sn->term);
 			struct sim_op *op;
 
-			SIM_CHECK(s, d, "node %" PRIu64 " installs snapshot %" PRIu64
-				  " it never received", id, sn->index);
+			SIM_CHECK(s, d,
+				  "node %" PRIu64 " installs snapshot %" PRIu64
+				  " it never received",
+				  id, sn->index);
 			SIM_CHECK(s, sn->index > n->sm_applied,
-				  "node %" PRIu64 " installs snapshot %" PRIu64 " behind applied %" PRIu64,
+				  "node %" PRIu64 " installs snapshot %" PRIu64
+				  " behind applied %" PRIu64,
 				  id, sn->index, n->sm_applied);
 			grow_idx(s, sn->index);
-			SIM_CHECK(s, !s->applied[sn->index].set ||
-				     s->applied[sn->index].chain == d->hash,
-				  "snapshot %" PRIu64 " on node %" PRIu64 " has another state", sn->index,
-				  id);
-			SIM_CHECK(s, !s->committed[sn->index].set ||
-				     s->committed[sn->index].term == sn->term,
-				  "snapshot %" PRIu64 "@%" PRIu64 " contradicts committed term", sn->index,
-				  sn->term);
+			SIM_CHECK(s,
+				  !s->applied[sn->index].set ||
+					  s->applied[sn->index].chain == d->hash,
+				  "snapshot %" PRIu64 " on node %" PRIu64 " has another state",
+				  sn->index, id);
+			SIM_CHECK(s,
+				  !s->committed[sn->index].set ||
+					  s->committed[sn->index].term == sn->term,
+				  "snapshot %" PRIu64 "@%" PRIu64
+				  " contradicts committed term",
+				  sn->index, sn->term);
 			op = op_new(n, OP_SNAP);
 			op->snap = *sn;
 			tu_conf_dup(&op->snap.conf, &sn->conf);
@@ -862,7 +884,8 @@ static void deliver(struct sim *s, size_t k)
 
 		if (!d) {
 			if (to->n_rcv == MAX_RCV_SNAPS) {
-				memmove(to->rcv, to->rcv + 1, (MAX_RCV_SNAPS - 1) * sizeof(*to->rcv));
+				memmove(to->rcv, to->rcv + 1,
+					(MAX_RCV_SNAPS - 1) * sizeof(*to->rcv));
 				to->n_rcv--;
 			}
 			d = &to->rcv[to->n_rcv++];
@@ -1032,16 +1055,18 @@ static void act_conf(struct sim *s)
 		return;
 	}
 	rv = raft_propose_conf_change(s->nodes[l].r, &cc, NULL);
-	SIM_CHECK(s, rv == 0 || rv == -EAGAIN || rv == -EBUSY || rv == -EEXIST || rv == -ENOENT ||
-		     rv == MC_ENOT_LEADER,
+	SIM_CHECK(s,
+		  rv == 0 || rv == -EAGAIN || rv == -EBUSY || rv == -EEXIST || rv == -ENOENT ||
+			  rv == MC_ENOT_LEADER,
 		  "conf change: %d", rv);
 	if (rv == 0) {
 		s->n_confs++;
-		say(s, "leader %" PRIu64 " proposes conf change type %d node %" PRIu64, l, cc.type,
-		    cc.node_id);
+		say(s, "leader %" PRIu64 " proposes conf change type %d node %" PRIu64, l,
+		    cc.type, cc.node_id);
 		if (cc.type == RAFT_CC_ADD_LEARNER || cc.type == RAFT_CC_ADD_VOTER) {
 			s->next_id++;
-			node_start(s, cc.node_id); /* empty: learns everything from the leader */
+			node_start(s,
+				   cc.node_id); /* empty: learns everything from the leader */
 		}
 	}
 	maybe_drain(s, l);
@@ -1091,7 +1116,9 @@ static void act_compact(struct sim *s)
 	SIM_CHECK(s, rv == 0, "compact: %d", rv);
 	meta = raft_last_snapshot(n->r);
 	SIM_CHECK(s, meta->index == st.applied, "snapshot index");
-	SIM_CHECK(s, !s->committed[meta->index].set || s->committed[meta->index].term == meta->term,
+	SIM_CHECK(s,
+		  !s->committed[meta->index].set ||
+			  s->committed[meta->index].term == meta->term,
 		  "snapshot term");
 	tu_disk_compact(&n->disk, meta);
 	n->disk_snap_hash = n->sm_hash;
@@ -1124,7 +1151,8 @@ static void act_partition(struct sim *s)
 		say(s, "partition: split in two");
 	} else { /* asymmetric: some directed links fail */
 		for (int k = 0; k < 1 + (int)below(s, 4); k++) {
-			uint64_t a = 1 + below(s, s->next_id - 1), b = 1 + below(s, s->next_id - 1);
+			uint64_t a = 1 + below(s, s->next_id - 1),
+				 b = 1 + below(s, s->next_id - 1);
 
 			if (a != b)
 				s->cut[a][b] = true;
@@ -1259,9 +1287,10 @@ static void check_liveness(struct sim *s)
 		size_t k, guard = 0;
 		uint64_t l;
 
-		SIM_CHECK(s, s->now - start < LIVENESS_TICKS,
-			  "liveness: no leader committed a new write within %d ticks after healing",
-			  LIVENESS_TICKS);
+		SIM_CHECK(
+			s, s->now - start < LIVENESS_TICKS,
+			"liveness: no leader committed a new write within %d ticks after healing",
+			LIVENESS_TICKS);
 		while ((k = pick_msg(s)) != SIZE_MAX) {
 			deliver(s, k);
 			SIM_CHECK(s, ++guard < 1000000, "liveness: message storm");
@@ -1330,13 +1359,15 @@ static void run_seed(uint64_t seed, int n, long steps, bool trace, struct sim *t
 	grow_idx(s, 64);
 	for (int k = 0; k < n; k++)
 		voters[k] = (uint64_t)k + 1;
-	say(s, "seed %" PRIu64 ": n=%d loss=%.2f dup=%.2f delay=%u crash=%.1f part=%.1f "
-	       "conf=%.1f torn=%.3f trailing=%" PRIu64,
+	say(s,
+	    "seed %" PRIu64 ": n=%d loss=%.2f dup=%.2f delay=%u crash=%.1f part=%.1f "
+	    "conf=%.1f torn=%.3f trailing=%" PRIu64,
 	    seed, n, s->p_loss, s->p_dup, s->max_delay, s->w_crash, s->w_part, s->w_conf,
 	    s->p_crash_mid, s->trailing);
 	for (uint64_t id = 1; id <= (uint64_t)n; id++) {
 		node_start(s, id);
-		SIM_CHECK(s, raft_bootstrap(s->nodes[id].r, voters, (size_t)n) == 0, "bootstrap");
+		SIM_CHECK(s, raft_bootstrap(s->nodes[id].r, voters, (size_t)n) == 0,
+			  "bootstrap");
 		drain(s, id);
 	}
 	for (s->step = 0; s->step < steps; s->step++) {
@@ -1391,17 +1422,17 @@ static void run_range(int n, uint64_t first, uint64_t count)
 	first = 1 + (first - 1) / count * (uint64_t)seeds;
 	for (uint64_t seed = first; seed < first + (uint64_t)seeds; seed++)
 		run_seed(seed, n, steps, false, &totals);
-	cr_log_info("n=%d seeds %" PRIu64 "..%" PRIu64 " x %ld steps: %" PRIu64 " ticks, %zu "
-		    "messages, %zu leaders, %zu crashes, %zu conf changes, %zu transfers, %zu "
-		    "snapshots installed, %zu compactions, %zu writes acked, %zu reads checked, "
-		    "liveness <= %" PRIu64 " ticks, backlog <= %zu",
-		    n, first, first + (uint64_t)seeds - 1, steps, totals.now, totals.n_delivered,
-		    totals.n_leaders, totals.n_crashes, totals.n_confs, totals.n_transfers,
-		    totals.n_snaps_installed, totals.n_compactions, totals.n_writes_acked,
-		    totals.n_reads_ok, totals.liveness_ticks_max, totals.max_backlog);
+	cr_log_info(
+		"n=%d seeds %" PRIu64 "..%" PRIu64 " x %ld steps: %" PRIu64 " ticks, %zu "
+		"messages, %zu leaders, %zu crashes, %zu conf changes, %zu transfers, %zu "
+		"snapshots installed, %zu compactions, %zu writes acked, %zu reads checked, "
+		"liveness <= %" PRIu64 " ticks, backlog <= %zu",
+		n, first, first + (uint64_t)seeds - 1, steps, totals.now, totals.n_delivered,
+		totals.n_leaders, totals.n_crashes, totals.n_confs, totals.n_transfers,
+		totals.n_snaps_installed, totals.n_compactions, totals.n_writes_acked,
+		totals.n_reads_ok, totals.liveness_ticks_max, totals.max_backlog);
 	cr_assert(totals.n_leaders > 0);
 }
-
 
 RTEST(raft_sim, three_nodes_a, .timeout = 600)
 {

@@ -35,13 +35,13 @@ static inline void tu_leak_check(void)
 }
 #endif
 
-#define RTEST(suite, name, ...)                                                              \
-	static void suite##__##name(void);                                                   \
-	Test(suite, name, ##__VA_ARGS__)                                                     \
-	{                                                                                    \
-		suite##__##name();                                                           \
-		tu_leak_check();                                                             \
-	}                                                                                    \
+#define RTEST(suite, name, ...) \
+	static void suite##__##name(void); \
+	Test(suite, name, ##__VA_ARGS__) \
+	{ \
+		suite##__##name(); \
+		tu_leak_check(); \
+	} \
 	static void suite##__##name(void)
 
 static inline void *tu_xmalloc(size_t n)
@@ -125,7 +125,7 @@ static inline void tu_msg_free(struct raft_msg *m)
 struct tu_disk {
 	struct raft_hard_state hs;
 	struct raft_snapshot_meta snap; /* conf arrays owned */
-	struct raft_entry *ents; /* owned copies, consecutive after snap */
+	struct raft_entry *ents;        /* owned copies, consecutive after snap */
 	size_t n, cap;
 };
 
@@ -216,11 +216,11 @@ static inline const char *tu_fmt_msg(char *buf, size_t len, const struct raft_ms
 {
 	size_t n = 0;
 
-#define TU_P(...)                                                                            \
-	do {                                                                                 \
-		int w_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__);              \
-		if (w_ > 0)                                                                  \
-			n += (size_t)w_;                                                     \
+#define TU_P(...) \
+	do { \
+		int w_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__); \
+		if (w_ > 0) \
+			n += (size_t)w_; \
 	} while (0)
 	TU_P("%" PRIu64 "->%" PRIu64 " %s t=%" PRIu64, m->from, m->to,
 	     raft_msg_type_name(m->type), m->term);
@@ -237,7 +237,8 @@ static inline const char *tu_fmt_msg(char *buf, size_t len, const struct raft_ms
 	case RAFT_MSG_APP_RESP:
 		TU_P(" i=%" PRIu64, m->index);
 		if (m->reject)
-			TU_P(" reject hint=%" PRIu64 " lt=%" PRIu64, m->reject_hint, m->log_term);
+			TU_P(" reject hint=%" PRIu64 " lt=%" PRIu64, m->reject_hint,
+			     m->log_term);
 		break;
 	case RAFT_MSG_VOTE:
 	case RAFT_MSG_PREVOTE:
@@ -257,7 +258,8 @@ static inline const char *tu_fmt_msg(char *buf, size_t len, const struct raft_ms
 			TU_P(" ctx=%.*s", (int)m->ctx_len, (const char *)m->ctx);
 		break;
 	case RAFT_MSG_READ_INDEX_RESP:
-		TU_P(" i=%" PRIu64 " ctx=%.*s", m->index, (int)m->ctx_len, (const char *)m->ctx);
+		TU_P(" i=%" PRIu64 " ctx=%.*s", m->index, (int)m->ctx_len,
+		     (const char *)m->ctx);
 		break;
 	case RAFT_MSG_SNAP:
 		TU_P(" snap=%" PRIu64 "@%" PRIu64 " voters=%zu", m->snapshot.index,

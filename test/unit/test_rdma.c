@@ -107,8 +107,8 @@ static int status_of(unsigned cookie)
 
 static struct te_rdma_opts opts_default(void)
 {
-	return (struct te_rdma_opts){.gid_index = -1, .on_complete = on_complete,
-				     .on_qp_error = on_qp_error};
+	return (struct te_rdma_opts){
+		.gid_index = -1, .on_complete = on_complete, .on_qp_error = on_qp_error};
 }
 
 static struct te_rdma *rdma_open(const struct te_rdma_opts *o)
@@ -210,7 +210,8 @@ Test(rdma_select, device_filter)
 	char why[512];
 	o.devices = "emu_0,mlx5_9";
 	cr_assert_eq(te_rdma_new(&o, &r, why, sizeof(why)), -ENODEV);
-	cr_assert(strstr(why, "'mlx5_9' not found") && strstr(why, "emu_0,emu_1,emu_2"), "%s", why);
+	cr_assert(strstr(why, "'mlx5_9' not found") && strstr(why, "emu_0,emu_1,emu_2"), "%s",
+		  why);
 }
 
 Test(rdma_select, port_down_is_skipped)
@@ -235,22 +236,26 @@ static void expect_unusable(int want, const char *text)
 	cr_assert(strstr(why, text), "reason '%s' lacks '%s'", why, text);
 }
 
-Test(rdma_select, no_devices) {
+Test(rdma_select, no_devices)
+{
 	setenv("VERBS_EMU_DEVICES", "0", 1);
 	expect_unusable(-ENODEV, "no RDMA devices found");
 }
 
-Test(rdma_select, no_active_port) {
+Test(rdma_select, no_active_port)
+{
 	setenv("VERBS_EMU_PORT_STATE", "down", 1);
 	expect_unusable(-ENETDOWN, "emu_0: port 1 is DOWN, not ACTIVE");
 }
 
-Test(rdma_select, no_usable_gid) {
+Test(rdma_select, no_usable_gid)
+{
 	setenv("VERBS_EMU_GIDS", "none", 1);
 	expect_unusable(-EADDRNOTAVAIL, "emu_0: port 1 has no usable GID");
 }
 
-Test(rdma_select, no_permission) {
+Test(rdma_select, no_permission)
+{
 	setenv("VERBS_EMU_OPEN_ERRNO", "EACCES", 1);
 	expect_unusable(-EACCES, "no permission");
 }
@@ -284,7 +289,8 @@ Test(rdma_reg, keys_per_nic)
 	static uint8_t buf[8192];
 	struct te_rdma_mr *mr;
 	char why[256];
-	cr_assert_eq(te_rdma_reg(r, buf, sizeof(buf), true, &mr, why, sizeof(why)), 0, "%s", why);
+	cr_assert_eq(te_rdma_reg(r, buf, sizeof(buf), true, &mr, why, sizeof(why)), 0, "%s",
+		     why);
 	cr_assert_neq(te_rdma_mr_rkey(mr, 0), 0);
 	cr_assert_neq(te_rdma_mr_lkey(mr, 1), 0);
 	cr_assert_eq(te_rdma_reg(r, NULL, 10, true, &mr, why, sizeof(why)), -EINVAL);
@@ -304,9 +310,11 @@ Test(rdma_reg, max_mr_named)
 	cr_assert_eq(te_rdma_reg(r, buf[0], 4096, true, &mr[0], why, sizeof(why)), 0);
 	cr_assert_eq(te_rdma_reg(r, buf[1], 4096, true, &mr[1], why, sizeof(why)), 0);
 	cr_assert_eq(te_rdma_reg(r, buf[2], 4096, true, &mr[2], why, sizeof(why)), -ENOMEM);
-	cr_assert(strstr(why, "emu_0: the device allows 2 memory regions (max_mr)"), "%s", why);
+	cr_assert(strstr(why, "emu_0: the device allows 2 memory regions (max_mr)"), "%s",
+		  why);
 	te_rdma_dereg(mr[1]); /* the count goes down again */
-	cr_assert_eq(te_rdma_reg(r, buf[2], 4096, true, &mr[2], why, sizeof(why)), 0, "%s", why);
+	cr_assert_eq(te_rdma_reg(r, buf[2], 4096, true, &mr[2], why, sizeof(why)), 0, "%s",
+		     why);
 	te_rdma_dereg(mr[2]);
 	te_rdma_dereg(mr[0]);
 	te_rdma_free(r);
@@ -367,8 +375,12 @@ Test(rdma_reg, max_qp_and_cq_budget_named)
 
 Test(rdma_ep, roundtrip_and_refusals)
 {
-	struct te_rdma_ep e = {.lid = 0x1234, .qpn = 0xabcdef, .psn = 0x123456, .mtu = IBV_MTU_4096,
-			       .port = 1, .nic = 3};
+	struct te_rdma_ep e = {.lid = 0x1234,
+			       .qpn = 0xabcdef,
+			       .psn = 0x123456,
+			       .mtu = IBV_MTU_4096,
+			       .port = 1,
+			       .nic = 3};
 	for (int i = 0; i < 16; i++)
 		e.gid[i] = (uint8_t)(i * 17);
 	uint8_t w[TE_RDMA_EP_WIRE_BYTES];
@@ -445,8 +457,8 @@ static uint8_t *big_alloc(size_t len)
 
 /* Set up one side: context, region, connection; exchange and connect. */
 static void side_setup(const struct te_rdma_opts *o, int rfd, int wfd, struct te_rdma **r,
-		       struct te_rdma_mr **mr, struct te_rdma_mr **ro, uint8_t **buf, uint8_t **robuf,
-		       struct te_rdma_conn **c, struct side_info *peer)
+		       struct te_rdma_mr **mr, struct te_rdma_mr **ro, uint8_t **buf,
+		       uint8_t **robuf, struct te_rdma_conn **c, struct side_info *peer)
 {
 	char why[512];
 	struct side_info me;
@@ -546,7 +558,8 @@ static struct pair *pair_start(const char *my_devices, const char *child_devices
 	p.to_child = a[1];
 	p.from_child = b[0];
 	setenv("VERBS_EMU_DEVICES", my_devices, 1);
-	side_setup(o, p.from_child, p.to_child, &p.r, &p.mr, &ro, &p.buf, &robuf, &p.c, &p.peer);
+	side_setup(o, p.from_child, p.to_child, &p.r, &p.mr, &ro, &p.buf, &robuf, &p.c,
+		   &p.peer);
 	/* the parent's read-only region is not used */
 	te_rdma_dereg(ro);
 	munmap(robuf, RO_LEN);
@@ -596,10 +609,13 @@ static struct te_rdma_wr wr_of(struct pair *p, unsigned k, enum te_rdma_op op, u
 {
 	unsigned nic = te_rdma_conn_nic(p->c, k);
 	unsigned pnic = k % p->peer.nics;
-	return (struct te_rdma_wr){.op = op, .local = p->buf + loff,
+	return (struct te_rdma_wr){.op = op,
+				   .local = p->buf + loff,
 				   .lkey = te_rdma_mr_lkey(p->mr, nic),
-				   .remote = p->peer.addr + roff, .rkey = p->peer.rkey[pnic],
-				   .len = len, .cookie = cookie};
+				   .remote = p->peer.addr + roff,
+				   .rkey = p->peer.rkey[pnic],
+				   .len = len,
+				   .cookie = cookie};
 }
 
 /* Post, waiting for room when the send queue is full. */
@@ -652,7 +668,8 @@ Test(rdma_data, write_read_sizes)
 		check_all_ok(cookie);
 		uint8_t *expect = big_alloc(REGION_ALLOC);
 		fill(expect, len, 200 + i);
-		cr_assert_eq(crc32c(0, p->buf + 1, len), crc32c(0, expect, len), "READ of %u bytes", len);
+		cr_assert_eq(crc32c(0, p->buf + 1, len), crc32c(0, expect, len),
+			     "READ of %u bytes", len);
 		munmap(expect, REGION_ALLOC);
 	}
 	pair_stop(p, true);
@@ -677,7 +694,8 @@ Test(rdma_data, striped_over_two_nics_to_one)
 	cr_assert_eq(child_cmd(p, 'C', 0, slices * slice, 0), want);
 	/* and back, striped reads into another area */
 	for (unsigned s = 0; s < slices; s++) {
-		struct te_rdma_wr w = wr_of(p, s % 2, TE_RDMA_READ, (uint64_t)(slices + s) * slice,
+		struct te_rdma_wr w = wr_of(p, s % 2, TE_RDMA_READ,
+					    (uint64_t)(slices + s) * slice,
 					    (uint64_t)s * slice, slice, slices + s);
 		post_wait(p, s % 2, &w, 1, NULL);
 	}
@@ -716,8 +734,8 @@ Test(rdma_data, pipeline_hits_flow_control)
 			n = 1000 - next;
 		struct te_rdma_wr b[13];
 		for (unsigned j = 0; j < n; j++)
-			b[j] = wr_of(p, 0, TE_RDMA_WRITE, (next + j) * 4096ull, (next + j) * 4096ull,
-				     4096, next + j);
+			b[j] = wr_of(p, 0, TE_RDMA_WRITE, (next + j) * 4096ull,
+				     (next + j) * 4096ull, 4096, next + j);
 		post_wait(p, 0, b, n, &eagain);
 		next += n;
 	}
@@ -760,11 +778,20 @@ static void one_bad_wr(enum te_rdma_op op, uint64_t roff, uint32_t len, uint32_t
 	pair_stop(p, true);
 }
 
-Test(rdma_err, bad_rkey) { one_bad_wr(TE_RDMA_WRITE, 0, 64, 0x100, 0, -EACCES); }
+Test(rdma_err, bad_rkey)
+{
+	one_bad_wr(TE_RDMA_WRITE, 0, 64, 0x100, 0, -EACCES);
+}
 
-Test(rdma_err, out_of_bounds) { one_bad_wr(TE_RDMA_READ, REGION_ALLOC - 10, 100, 0, 0, -EACCES); }
+Test(rdma_err, out_of_bounds)
+{
+	one_bad_wr(TE_RDMA_READ, REGION_ALLOC - 10, 100, 0, 0, -EACCES);
+}
 
-Test(rdma_err, bad_lkey) { one_bad_wr(TE_RDMA_WRITE, 0, 64, 0, 0x100, -EFAULT); }
+Test(rdma_err, bad_lkey)
+{
+	one_bad_wr(TE_RDMA_WRITE, 0, 64, 0, 0x100, -EFAULT);
+}
 
 Test(rdma_err, read_only_region_written)
 {
@@ -774,8 +801,12 @@ Test(rdma_err, read_only_region_written)
 	 * round trip makes sure that happened */
 	(void)child_cmd(p, 'C', 0, 1, 0);
 	/* reading it is fine */
-	struct te_rdma_wr w = {.op = TE_RDMA_READ, .local = p->buf, .lkey = te_rdma_mr_lkey(p->mr, 0),
-			       .remote = p->peer.ro_addr, .rkey = p->peer.ro_rkey[0], .len = RO_LEN,
+	struct te_rdma_wr w = {.op = TE_RDMA_READ,
+			       .local = p->buf,
+			       .lkey = te_rdma_mr_lkey(p->mr, 0),
+			       .remote = p->peer.ro_addr,
+			       .rkey = p->peer.ro_rkey[0],
+			       .len = RO_LEN,
 			       .cookie = 0};
 	cr_assert_eq(te_rdma_post(p->c, 0, &w, 1), 0);
 	check_all_ok(1);
@@ -804,7 +835,8 @@ Test(rdma_err, error_flushes_the_rest)
 	cr_assert_eq(status_of(1), 0);
 	cr_assert_eq(status_of(2), -EACCES);
 	for (unsigned i = 3; i < 8; i++)
-		cr_assert_eq(status_of(i), MC_ECANCELLED, "cookie %u: %s", i, mc_errname(status_of(i)));
+		cr_assert_eq(status_of(i), MC_ECANCELLED, "cookie %u: %s", i,
+			     mc_errname(status_of(i)));
 	cr_assert_eq(rec.qp_errs, 1);
 	pair_stop(p, true);
 }
@@ -876,8 +908,12 @@ Test(rdma_err, post_before_connect)
 	cr_assert_eq(te_rdma_reg(r, buf, sizeof(buf), true, &mr, why, sizeof(why)), 0);
 	cr_assert_eq(te_rdma_conn_new(r, 1, NULL, &c, why, sizeof(why)), 0, "%s", why);
 	cr_assert_eq(te_rdma_conn_status(c, 0), -ENOTCONN);
-	struct te_rdma_wr w = {.op = TE_RDMA_WRITE, .local = buf, .lkey = te_rdma_mr_lkey(mr, 0),
-			       .remote = 4096, .rkey = 1, .len = 1};
+	struct te_rdma_wr w = {.op = TE_RDMA_WRITE,
+			       .local = buf,
+			       .lkey = te_rdma_mr_lkey(mr, 0),
+			       .remote = 4096,
+			       .rkey = 1,
+			       .len = 1};
 	cr_assert_eq(te_rdma_post(c, 0, &w, 1), -ENOTCONN);
 	cr_assert_eq(te_rdma_post(c, 1, &w, 1), -EINVAL);
 	w.op = 0;
@@ -904,7 +940,8 @@ Test(rdma_err, teardown_with_requests_in_flight)
 	p->c = NULL;
 	cr_assert_eq(rec.done, 8);
 	for (unsigned i = 0; i < 8; i++)
-		cr_assert_eq(status_of(i), MC_ECANCELLED, "cookie %u: %s", i, mc_errname(status_of(i)));
+		cr_assert_eq(status_of(i), MC_ECANCELLED, "cookie %u: %s", i,
+			     mc_errname(status_of(i)));
 	cr_assert_eq(rec.qp_errs, 0, "a teardown is not a QP error");
 	cr_assert_eq(kill(p->child, SIGCONT), 0);
 	pair_stop(p, true);
@@ -921,26 +958,35 @@ Test(verbs_emu, qp_state_machine_checks)
 	cr_assert_not_null(ctx);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+	struct ibv_qp_init_attr ia = {.send_cq = cq,
+				      .recv_cq = cq,
+				      .qp_type = IBV_QPT_RC,
 				      .cap = {.max_send_wr = 4, .max_send_sge = 1}};
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	cr_assert_not_null(qp);
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR};
 	cr_assert_eq(ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL, "RESET -> RTR");
 	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT, .port_num = 1};
-	cr_assert_eq(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT), EINVAL, "INIT without access");
-	cr_assert_eq(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX |
-						  IBV_QP_ACCESS_FLAGS), 0);
+	cr_assert_eq(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT), EINVAL,
+		     "INIT without access");
+	cr_assert_eq(ibv_modify_qp(qp, &a,
+				   IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX |
+					   IBV_QP_ACCESS_FLAGS),
+		     0);
 	cr_assert_eq(qp->state, IBV_QPS_INIT);
 	struct ibv_sge sge = {0};
-	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE}, *bad;
+	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE},
+			   *bad;
 	cr_assert_eq(ibv_post_send(qp, &wr, &bad), EINVAL, "post in INIT");
-	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096,
-				 .ah_attr = {.is_global = 1, .port_num = 1,
+	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR,
+				 .path_mtu = IBV_MTU_4096,
+				 .ah_attr = {.is_global = 1,
+					     .port_num = 1,
 					     .grh = {.hop_limit = 1, .sgid_index = 3}}};
-	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-		  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-	cr_assert_eq(ibv_modify_qp(qp, &a, rtr), EINVAL, "path MTU over the port's active MTU");
+	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+		  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	cr_assert_eq(ibv_modify_qp(qp, &a, rtr), EINVAL,
+		     "path MTU over the port's active MTU");
 	a.path_mtu = IBV_MTU_1024;
 	a.ah_attr.grh.sgid_index = 6;
 	cr_assert_eq(ibv_modify_qp(qp, &a, rtr), EINVAL, "empty source GID entry");

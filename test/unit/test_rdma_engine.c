@@ -6,12 +6,16 @@
  * the loop thread), transfers over one and two NICs with the slices
  * striped, unregistering a region our requests use as local memory (they
  * complete, over RDMA while they hold its lkeys, then tcp), a QP error (a stale rkey) is a remote access error and
- * the queue pairs are set up again, protocol choice without a device, and
- * the CONNECT/ACCEPT control message.
+ * the queue pairs are set up again, protocol choice without a device,
+ * the CONNECT/ACCEPT control message, a region of another process's
+ * memory (no MR: peers reach it over tcp), and a dma-buf region (an MR by
+ * ibv_reg_dmabuf_mr at the owner's address: RDMA only, as a peer's target
+ * and as the local memory of this engine's requests).
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -20,10 +24,18 @@
 static void host_start(const char *nics0, const char *nics1)
 {
 	struct te_opts t[2] = {
-		{.protocol = TE_PROTO_RDMA, .threads = 2, .tcp_conns = 2,
-		 .slice_bytes = 64 << 10, .rdma_devices = nics0, .rdma_gid_index = -1},
-		{.protocol = TE_PROTO_RDMA, .threads = 2, .tcp_conns = 2,
-		 .slice_bytes = 64 << 10, .rdma_devices = nics1, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_RDMA,
+		 .threads = 2,
+		 .tcp_conns = 2,
+		 .slice_bytes = 64 << 10,
+		 .rdma_devices = nics0,
+		 .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_RDMA,
+		 .threads = 2,
+		 .tcp_conns = 2,
+		 .slice_bytes = 64 << 10,
+		 .rdma_devices = nics1,
+		 .rdma_gid_index = -1},
 	};
 	host_start_with(t);
 	cr_assert_eq(te_protocol_in_use(H.e[0]), TE_PROTO_RDMA);
@@ -42,7 +54,8 @@ static void transfer(enum te_op op, struct te_segment *s, uint8_t *local, uint64
 	struct te_request q[64];
 	cr_assert(n <= 64);
 	for (size_t i = 0; i < n; i++)
-		q[i] = (struct te_request){op, local + i * len, s, remote + i * len, len};
+		q[i] = (struct te_request){op,   local + i * len, s, remote + i * len, len,
+					   false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, n, &bt), 0);
 	cr_assert_eq(te_wait(bt, 60000), 0);
@@ -188,8 +201,9 @@ Test(rdma_engine, unregister_under_requests_using_the_region)
 	struct te_segment *s = open_b();
 	struct te_request q[64];
 	for (size_t i = 0; i < 64; i++)
-		q[i] = (struct te_request){TE_WRITE, src.p + (i << 20), s,
-					   (uint64_t)(uintptr_t)b.p + (i << 20), 1 << 20};
+		q[i] = (struct te_request){TE_WRITE, src.p + (i << 20),
+					   s,        (uint64_t)(uintptr_t)b.p + (i << 20),
+					   1 << 20,  false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, 64, &bt), 0);
 	pthread_t t;
@@ -245,7 +259,8 @@ Test(rdma_engine, stale_rkey_is_a_remote_access_error_and_qps_come_back)
 		memset(dst.p, 0, dst.len);
 		transfer(TE_READ, s, dst.p, (uint64_t)(uintptr_t)b.p, 1 << 20, 4, 0);
 		cr_assert(memcmp(dst.p, b.p, b.len) == 0);
-		if (metric(0, "mooncake_te_rdma_nic_bytes_total{nic=\"emu_0\",op=\"read\"} ") >=
+		if (metric(0,
+			   "mooncake_te_rdma_nic_bytes_total{nic=\"emu_0\",op=\"read\"} ") >=
 		    before + (4 << 20))
 			break;
 		cr_assert(mc_now_ms() < deadline, "reads never went over RDMA again");
@@ -262,8 +277,12 @@ Test(rdma_engine, no_device)
 	setenv("VERBS_EMU_DEVICES", "0", 1);
 	uv_loop_t loop;
 	cr_assert_eq(uv_loop_init(&loop), 0);
-	struct te_opts o = {.loop = &loop, .data_listen = "127.0.0.1:0",
-			    .protocol = TE_PROTO_RDMA, .threads = 1, .rdma_gid_index = -1};
+	struct te_opts o = {.loop = &loop,
+			    .data_listen = "127.0.0.1:0",
+			    .protocol = TE_PROTO_RDMA,
+			    .threads = 1,
+			    .rdma_gid_index = -1,
+			    .insecure = true};
 	struct te_engine *e;
 	cr_assert_eq(te_new(&o, &e), -ENODEV, "rdma without a device refuses to start");
 	o.protocol = TE_PROTO_AUTO;
@@ -278,11 +297,17 @@ Test(rdma_engine, no_device)
 
 Test(rdma_engine, control_message)
 {
-	struct te_rdma_msg m = {.kind = TE_RDMA_CONNECT, .nics = 2, .n = 3,
-				.incarnation = 0x0102030405060708ull}, g;
+	struct te_rdma_msg m = {.kind = TE_RDMA_CONNECT,
+				.nics = 2,
+				.n = 3,
+				.incarnation = 0x0102030405060708ull},
+			   g;
 	for (unsigned k = 0; k < 3; k++)
-		m.eps[k] = (struct te_rdma_ep){.lid = (uint16_t)k, .qpn = 0x100 + k,
-					       .psn = 0xabcde, .mtu = 3, .port = 1,
+		m.eps[k] = (struct te_rdma_ep){.lid = (uint16_t)k,
+					       .qpn = 0x100 + k,
+					       .psn = 0xabcde,
+					       .mtu = 3,
+					       .port = 1,
 					       .nic = (uint8_t)(k % 2)};
 	uint8_t buf[TE_RDMA_MSG_MAX];
 	size_t len = te__rdma_msg_encode(&m, buf);
@@ -321,10 +346,185 @@ Test(rdma_engine, control_message)
 	m.n = 9; /* clamped to TE_RDMA_MAX_NICS on encode */
 	m.nics = 8;
 	for (unsigned k = 0; k < 8; k++)
-		m.eps[k] = (struct te_rdma_ep){.qpn = k + 1, .mtu = 3, .port = 1,
-					       .nic = (uint8_t)k};
+		m.eps[k] = (struct te_rdma_ep){
+			.qpn = k + 1, .mtu = 3, .port = 1, .nic = (uint8_t)k};
 	len = te__rdma_msg_encode(&m, buf);
 	cr_assert_eq(len, TE_RDMA_MSG_MAX);
 	cr_assert_eq(te__rdma_msg_decode(buf, len, &g), 0);
 	cr_assert_eq(g.n, 8);
+}
+
+/* Memory registered as another process's (this one's, by cross-memory
+ * attach) has no rkeys: an rdma peer writes and reads it over its tcp
+ * connection, every byte arriving. */
+Test(rdma_engine, process_memory_goes_over_tcp)
+{
+	host_start("", "");
+	size_t len = 4 << 20;
+	uint8_t *target = calloc(1, len);
+	int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+	cr_assert(pidfd >= 0);
+	struct te_region *r;
+	cr_assert_eq(te_register_process(H.e[1], (uint64_t)(uintptr_t)target, len, getpid(),
+					 pidfd, &r),
+		     0);
+	close(pidfd);
+	struct te_desc *d;
+	cr_assert_eq(te__desc_build(H.e[1], &d), 0);
+	cr_assert_eq(d->nregions, 1);
+	cr_assert_eq(d->regions[0].nrkeys, 0, "no MR for it");
+	cr_assert_eq(d->regions[0].shm, false);
+	te__desc_free(d);
+	struct mem src, back;
+	mem_new(H.e[0], len, &src);
+	mem_new(H.e[0], len, &back);
+	fill(&src, 5);
+	struct te_segment *s = open_b();
+	transfer(TE_WRITE, s, src.p, (uint64_t)(uintptr_t)target, len / 4, 4, 0);
+	cr_assert(memcmp(target, src.p, len) == 0, "every byte");
+	transfer(TE_READ, s, back.p, (uint64_t)(uintptr_t)target, len / 4, 4, 0);
+	cr_assert(memcmp(back.p, src.p, len) == 0, "read back");
+	cr_assert(
+		metric(1, "mooncake_te_served_bytes_total{transport=\"tcp\",op=\"write\"} ") >=
+			(double)len,
+		"over tcp");
+	te_close_segment(s);
+	te_unregister(r);
+	mem_free(&src);
+	mem_free(&back);
+	free(target);
+	host_stop();
+}
+
+/* A dma-buf (a memfd stands in for a GPU's, as in test_rdma_dmabuf)
+ * registered at an address nothing maps here, as GPU memory is known by
+ * its virtual address in its own process: the NIC writes and reads it by
+ * one-sided RDMA, the descriptor names that address, and no CPU path
+ * reaches it. */
+Test(rdma_engine, dmabuf_region_is_reached_by_rdma_only)
+{
+	host_start("", "");
+	size_t len = 1 << 20;
+	struct mem gpu;
+	mem_map(2 * len, &gpu); /* its second MiB is registered */
+	uint64_t iova = 0x7e0000000000ull;
+	struct te_region *r;
+	cr_assert_eq(te_register_dmabuf(H.e[1], iova, len, -1, len, &r), -EINVAL);
+	cr_assert_eq(te_register_dmabuf(H.e[1], iova, len, gpu.fd, len, &r), 0);
+	struct te_desc *d;
+	cr_assert_eq(te__desc_build(H.e[1], &d), 0);
+	cr_assert_eq(d->nregions, 1);
+	cr_assert_eq(d->regions[0].addr, iova);
+	cr_assert_eq(d->regions[0].rdma_addr, iova, "the NICs know it at its address");
+	cr_assert_eq(d->regions[0].nrkeys, 1);
+	cr_assert_eq(d->regions[0].shm, false);
+	te__desc_free(d);
+	uint8_t buf[64];
+	cr_assert_eq(te_region_io(r, iova, buf, sizeof(buf), true), MC_EREMOTE_ACCESS,
+		     "no CPU copy into device memory");
+	struct mem src, back;
+	mem_new(H.e[0], len, &src);
+	mem_new(H.e[0], len, &back);
+	fill(&src, 9);
+	struct te_segment *s = open_b();
+	double before = metric(
+		1, "mooncake_te_served_bytes_total{transport=\"tcp\",op=\"write\"} ");
+	transfer(TE_WRITE, s, src.p, iova, len / 4, 4, 0);
+	cr_assert(memcmp(gpu.p + len, src.p, len) == 0, "every byte, in the dma-buf");
+	for (size_t i = 0; i < len; i++)
+		cr_assert_eq(gpu.p[i], 0, "nothing before its offset");
+	transfer(TE_READ, s, back.p, iova, len / 4, 4, 0);
+	cr_assert(memcmp(back.p, src.p, len) == 0, "read back");
+	cr_assert_eq(
+		metric(1, "mooncake_te_served_bytes_total{transport=\"tcp\",op=\"write\"} "),
+		before, "none of it over tcp");
+	te_close_segment(s);
+	te_unregister(r);
+	mem_free(&src);
+	mem_free(&back);
+	munmap(gpu.p, gpu.len);
+	close(gpu.fd);
+	host_stop();
+}
+
+Test(rdma_engine, dmabuf_needs_rdma)
+{
+	struct te_opts t[2] = {
+		{.protocol = TE_PROTO_TCP, .threads = 1, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_TCP, .threads = 1, .rdma_gid_index = -1},
+	};
+	host_start_with(t);
+	struct mem gpu;
+	mem_map(1 << 20, &gpu);
+	struct te_region *r;
+	cr_assert_eq(te_register_dmabuf(H.e[0], 0x7e0000000000ull, 1 << 20, gpu.fd, 0, &r),
+		     -EOPNOTSUPP);
+	/* Device memory as local memory to a peer tcp reaches: refused. */
+	struct mem b;
+	mem_new(H.e[1], 1 << 20, &b);
+	struct te_segment *s = open_b();
+	struct te_request q = {TE_WRITE, gpu.p, s, (uint64_t)(uintptr_t)b.p, 4096, true};
+	struct te_batch *bt;
+	struct te_result res;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.err, -EOPNOTSUPP, "no CPU copy of device memory");
+	te_close_segment(s);
+	mem_free(&b);
+	munmap(gpu.p, gpu.len);
+	close(gpu.fd);
+	host_stop();
+}
+
+/* Device memory as the local side: the NIC reads and writes the dma-buf
+ * by its MR, at the owner's address; a request whose local memory is no
+ * registered dma-buf, or whose peer only tcp reaches, fails rather than
+ * have a CPU copy it. */
+Test(rdma_engine, dmabuf_as_local_memory)
+{
+	host_start("", "");
+	size_t len = 1 << 20;
+	struct mem gpu;
+	mem_map(len, &gpu);
+	uint64_t iova = 0x7e0000000000ull;
+	struct te_region *r;
+	cr_assert_eq(te_register_dmabuf(H.e[0], iova, len, gpu.fd, 0, &r), 0);
+	fill(&gpu, 3);
+	struct mem b;
+	mem_new(H.e[1], len, &b);
+	struct te_segment *s = open_b();
+	struct te_request q = {
+		TE_WRITE, (void *)(uintptr_t)iova, s, (uint64_t)(uintptr_t)b.p, len, true};
+	struct te_batch *bt;
+	struct te_result res;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.status, TE_DONE, "%d", res.err);
+	cr_assert(memcmp(b.p, gpu.p, len) == 0, "the dma-buf's bytes, read by the NIC");
+	memset(gpu.p, 0, len);
+	q.op = TE_READ;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.status, TE_DONE, "%d", res.err);
+	cr_assert(memcmp(b.p, gpu.p, len) == 0, "written into the dma-buf by the NIC");
+	/* Local memory that is no registered dma-buf. */
+	q.local = (void *)(uintptr_t)(iova + len);
+	q.len = 4096;
+	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
+	cr_assert_eq(te_wait(bt, 60000), 0);
+	te_poll(bt, &res);
+	te_batch_free(bt);
+	cr_assert_eq(res.err, -EOPNOTSUPP);
+	te_close_segment(s);
+	te_unregister(r);
+	mem_free(&b);
+	munmap(gpu.p, gpu.len);
+	close(gpu.fd);
+	host_stop();
 }

@@ -38,7 +38,7 @@
 struct hold {
 	struct rpc_call *calls[1024];
 	unsigned n, live, max_live, cancels, started;
-	char trace[64];  /* x-trace-id of the last call */
+	char trace[64]; /* x-trace-id of the last call */
 	char peer[64];
 	uint64_t deadline_ms;
 };
@@ -117,19 +117,19 @@ static void on_tick(uv_timer_t *t)
 }
 
 /* Run the loop until expr holds (fail after WAIT_MS). */
-#define RUN_UNTIL(f, expr)                                                     \
-	do {                                                                   \
-		uint64_t end_ = mc_now_ms() + WAIT_MS;                         \
-		uv_timer_start(&(f)->tick, on_tick, 20, 20);                   \
-		while (!(expr)) {                                              \
+#define RUN_UNTIL(f, expr) \
+	do { \
+		uint64_t end_ = mc_now_ms() + WAIT_MS; \
+		uv_timer_start(&(f)->tick, on_tick, 20, 20); \
+		while (!(expr)) { \
 			cr_assert(mc_now_ms() < end_, "timed out waiting for: %s", #expr); \
-			uv_run(&(f)->loop, UV_RUN_ONCE);                       \
-		}                                                              \
-		uv_timer_stop(&(f)->tick);                                     \
+			uv_run(&(f)->loop, UV_RUN_ONCE); \
+		} \
+		uv_timer_stop(&(f)->tick); \
 	} while (0)
 
-static struct rpc_server *mk_server(struct fx *f, const struct rpc_server_opts *o,
-				    int port, bool with_diag, struct rpc_health **health)
+static struct rpc_server *mk_server(struct fx *f, const struct rpc_server_opts *o, int port,
+				    bool with_diag, struct rpc_health **health)
 {
 	struct rpc_server_opts def = {.name = "test", .max_message_bytes = 64 * MiB};
 	struct rpc_server *s;
@@ -223,8 +223,7 @@ struct ures {
 	int ncb;
 };
 
-static void on_unary(void *ud, int status, const char *message,
-		     const ProtobufCMessage *resp)
+static void on_unary(void *ud, int status, const char *message, const ProtobufCMessage *resp)
 {
 	struct ures *r = ud;
 	r->ncb++;
@@ -254,8 +253,9 @@ static void echo_start(struct fx *f, struct rpc_client *c, const char *path,
 {
 	memset(r, 0, sizeof(*r));
 	cr_assert_eq(rpc_client_unary(c, path, &req->base,
-				      &mooncake__diag__echo_response__descriptor,
-				      timeout_ms, on_unary, r, NULL), 0);
+				      &mooncake__diag__echo_response__descriptor, timeout_ms,
+				      on_unary, r, NULL),
+		     0);
 	cr_assert_not(r->done, "callback ran inside rpc_client_unary");
 }
 
@@ -287,12 +287,14 @@ static void on_health(void *ud, int status, const char *m, const ProtobufCMessag
 /* Check(service): the serving status, or minus the gRPC status. */
 static int health_check(struct fx *f, struct rpc_client *c, const char *service)
 {
-	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckRequest req =
+		GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 	struct hres x = {0};
 	req.service = (char *)service;
 	cr_assert_eq(rpc_client_unary(c, "/grpc.health.v1.Health/Check", &req.base,
 				      &grpc__health__v1__health_check_response__descriptor,
-				      5000, on_health, &x, NULL), 0);
+				      5000, on_health, &x, NULL),
+		     0);
 	RUN_UNTIL(f, x.done);
 	return x.status == RPC_OK ? x.serving : -x.status;
 }
@@ -324,11 +326,14 @@ Test(rpc, unary_echo_and_metrics)
 	cr_assert_eq(r.ncb, 1);
 	cr_assert_eq(rpc__client_connects(f.cli), 1);
 	cr_assert_eq(metric_of(&f, "mooncake_rpc_server_calls_total{server=\"test\","
-				   "method=\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "), 2);
+				   "method=\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "),
+		     2);
 	cr_assert_eq(metric_of(&f, "mooncake_rpc_client_calls_total{method="
-				   "\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "), 2);
+				   "\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "),
+		     2);
 	cr_assert_eq(metric_of(&f, "mooncake_rpc_server_call_duration_seconds_count{server="
-				   "\"test\",method=\"/mooncake.diag.Diag/Echo\"} "), 2);
+				   "\"test\",method=\"/mooncake.diag.Diag/Echo\"} "),
+		     2);
 	cr_assert_eq(metric_of(&f, "mooncake_rpc_server_connections{server=\"test\"} "), 1);
 	fx_fini(&f);
 }
@@ -393,7 +398,8 @@ static void download(struct fx *f, uint64_t total, uint32_t chunk, struct sres *
 	req.chunk_bytes = chunk;
 	cr_assert_eq(rpc_client_stream(f->cli, "/mooncake.diag.Diag/Download",
 				       &mooncake__diag__chunk__descriptor, 0, &dl_cbs, r,
-				       &r->st), 0);
+				       &r->st),
+		     0);
 	cr_assert_eq(rpc_stream_send(r->st, &req.base), 0);
 	cr_assert_eq(rpc_stream_close_send(r->st), 0);
 	cr_assert_eq(rpc_stream_send(r->st, &req.base), -EPIPE);
@@ -449,8 +455,9 @@ Test(rpc, client_streaming_upload)
 	struct sres r = {0};
 	fx_init(&f, NULL, NULL);
 	cr_assert_eq(rpc_client_stream(f.cli, "/mooncake.diag.Diag/Upload",
-				       &mooncake__diag__upload_summary__descriptor, 0,
-				       &up_cbs, &r, &r.st), 0);
+				       &mooncake__diag__upload_summary__descriptor, 0, &up_cbs,
+				       &r, &r.st),
+		     0);
 	uint8_t buf[3000];
 	uint64_t h = 0xcbf29ce484222325ull, total = 0;
 	for (int i = 0; i < 50; i++) {
@@ -513,7 +520,8 @@ Test(rpc, bidi_echo_stream)
 	fx_init(&f, NULL, NULL);
 	cr_assert_eq(rpc_client_stream(f.cli, "/mooncake.diag.Diag/EchoStream",
 				       &mooncake__diag__echo_response__descriptor, 0,
-				       &bidi_cbs, &b, &b.r.st), 0);
+				       &bidi_cbs, &b, &b.r.st),
+		     0);
 	/* Ping-pong: each reply arrives before the next request is sent. */
 	for (unsigned i = 0; i < 20; i++) {
 		Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
@@ -564,8 +572,9 @@ Test(rpc, sixteen_mib_both_directions)
 	 * tiny request. */
 	struct sres u = {0};
 	cr_assert_eq(rpc_client_stream(f.cli, "/mooncake.diag.Diag/Upload",
-				       &mooncake__diag__upload_summary__descriptor, 0,
-				       &up_cbs, &u, &u.st), 0);
+				       &mooncake__diag__upload_summary__descriptor, 0, &up_cbs,
+				       &u, &u.st),
+		     0);
 	Mooncake__Diag__Chunk c = MOONCAKE__DIAG__CHUNK__INIT;
 	c.data.data = big;
 	c.data.len = n;
@@ -610,8 +619,9 @@ Test(rpc, resource_exhausted_both_directions)
 	req.payload.data = buf;
 	req.payload.len = 2 * MiB + 1;
 	cr_assert_eq(rpc_client_unary(f.cli, "/mooncake.diag.Diag/Echo", &req.base,
-				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_unary, &r, NULL), MC_ETOO_LARGE);
+				      &mooncake__diag__echo_response__descriptor, 0, on_unary,
+				      &r, NULL),
+		     MC_ETOO_LARGE);
 	/* Server -> client: the server refuses to send above its limit. */
 	Mooncake__Diag__EchoRequest big = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
 	big.response_bytes = 1 * MiB + 1;
@@ -690,8 +700,9 @@ Test(rpc, unimplemented_service_and_method)
 	RUN_UNTIL(&f, r.done);
 	cr_assert_eq(r.status, RPC_UNIMPLEMENTED);
 	cr_assert_eq(rpc_client_unary(f.cli, "no-slash", &req.base,
-				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_unary, &r, NULL), -EINVAL);
+				      &mooncake__diag__echo_response__descriptor, 0, on_unary,
+				      &r, NULL),
+		     -EINVAL);
 	cr_assert_eq(metric_of(&f, "method=\"unknown\",code=\"UNIMPLEMENTED\"} "), 3);
 	fx_fini(&f);
 }
@@ -817,7 +828,8 @@ static void raw_connect(struct fx *f, struct raw *r)
 	r->grpc_status = -1;
 	uv_ip4_addr("127.0.0.1", f->port, &a);
 	uv_tcp_init(&f->loop, &r->tcp);
-	cr_assert_eq(uv_tcp_connect(&r->creq, &r->tcp, (struct sockaddr *)&a, raw_on_connect), 0);
+	cr_assert_eq(uv_tcp_connect(&r->creq, &r->tcp, (struct sockaddr *)&a, raw_on_connect),
+		     0);
 	RUN_UNTIL(f, r->connected);
 }
 
@@ -931,9 +943,11 @@ static void raw_request(struct fx *f, struct raw *r, const nghttp2_nv *nva, size
 	raw_flush(r);
 }
 
-#define RNV(a, b)                                                              \
-	{(uint8_t *)(a), (uint8_t *)(b), sizeof(a) - 1, sizeof(b) - 1,          \
-	 NGHTTP2_NV_FLAG_NONE}
+#define RNV(a, b) \
+	{ \
+		(uint8_t *)(a), (uint8_t *)(b), sizeof(a) - 1, sizeof(b) - 1, \
+			NGHTTP2_NV_FLAG_NONE \
+	}
 
 static void assert_still_serving(struct fx *f)
 {
@@ -950,10 +964,14 @@ Test(rpc, server_deadline)
 	rpc_frame_prefix(msg, 0);
 	struct body b = {msg, 5};
 	nghttp2_nv nva[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"),
-		RNV(":path", "/test.Hold/Hold"), RNV(":authority", "x"),
-		RNV("content-type", "application/grpc"), RNV("te", "trailers"),
-		RNV("grpc-timeout", "150m"), RNV("x-trace-id", "abc-123"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/test.Hold/Hold"),
+		RNV(":authority", "x"),
+		RNV("content-type", "application/grpc"),
+		RNV("te", "trailers"),
+		RNV("grpc-timeout", "150m"),
+		RNV("x-trace-id", "abc-123"),
 	};
 	uint64_t t0 = mc_now_ms();
 	raw_request(&f, &r, nva, MC_ARRAY_LEN(nva), &b);
@@ -965,7 +983,8 @@ Test(rpc, server_deadline)
 	cr_assert_gt(f.hold.deadline_ms, 0);
 	cr_assert_eq(f.hold.cancels, 1); /* the handler got on_cancel */
 	cr_assert_eq(f.hold.live, 0);
-	cr_assert_eq(metric_of(&f, "method=\"/test.Hold/Hold\",code=\"DEADLINE_EXCEEDED\"} "), 1);
+	cr_assert_eq(metric_of(&f, "method=\"/test.Hold/Hold\",code=\"DEADLINE_EXCEEDED\"} "),
+		     1);
 	raw_close(&r);
 	fx_fini(&f);
 }
@@ -980,8 +999,10 @@ Test(rpc, bad_requests_get_errors)
 
 	/* Wrong content-type: HTTP 415. */
 	nghttp2_nv ct[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"),
-		RNV(":path", "/mooncake.diag.Diag/Echo"), RNV(":authority", "x"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/mooncake.diag.Diag/Echo"),
+		RNV(":authority", "x"),
 		RNV("content-type", "application/json"),
 	};
 	struct body b = {msg, 5};
@@ -993,9 +1014,12 @@ Test(rpc, bad_requests_get_errors)
 
 	/* Bad grpc-timeout. */
 	nghttp2_nv to[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"),
-		RNV(":path", "/mooncake.diag.Diag/Echo"), RNV(":authority", "x"),
-		RNV("content-type", "application/grpc"), RNV("grpc-timeout", "5 seconds"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/mooncake.diag.Diag/Echo"),
+		RNV(":authority", "x"),
+		RNV("content-type", "application/grpc"),
+		RNV("grpc-timeout", "5 seconds"),
 	};
 	b = (struct body){msg, 5};
 	raw_request(&f, &r, to, MC_ARRAY_LEN(to), &b);
@@ -1008,8 +1032,10 @@ Test(rpc, bad_requests_get_errors)
 	/* Compressed flag without grpc-encoding. */
 	uint8_t comp[6] = {1, 0, 0, 0, 1, 'x'};
 	nghttp2_nv ok[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"),
-		RNV(":path", "/mooncake.diag.Diag/Echo"), RNV(":authority", "x"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/mooncake.diag.Diag/Echo"),
+		RNV(":authority", "x"),
 		RNV("content-type", "application/grpc+proto"),
 	};
 	b = (struct body){comp, 6};
@@ -1020,9 +1046,12 @@ Test(rpc, bad_requests_get_errors)
 
 	/* Unsupported grpc-encoding. */
 	nghttp2_nv enc[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"),
-		RNV(":path", "/mooncake.diag.Diag/Echo"), RNV(":authority", "x"),
-		RNV("content-type", "application/grpc"), RNV("grpc-encoding", "gzip"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/mooncake.diag.Diag/Echo"),
+		RNV(":authority", "x"),
+		RNV("content-type", "application/grpc"),
+		RNV("grpc-encoding", "gzip"),
 	};
 	b = (struct body){msg, 5};
 	raw_request(&f, &r, enc, MC_ARRAY_LEN(enc), &b);
@@ -1096,11 +1125,13 @@ Test(rpc, abuse_garbage_bytes)
 {
 	struct fx f;
 	fx_init(&f, NULL, NULL);
-	double before = metric_of(&f, "mooncake_rpc_server_protocol_errors_total{server=\"test\"} ");
+	double before = metric_of(
+		&f, "mooncake_rpc_server_protocol_errors_total{server=\"test\"} ");
 	static const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n\x01\x02\x03 garbage";
 	raw_bytes_until_closed(&f, junk, sizeof(junk), false);
-	cr_assert_gt(metric_of(&f, "mooncake_rpc_server_protocol_errors_total{server=\"test\"} "),
-		     before);
+	cr_assert_gt(
+		metric_of(&f, "mooncake_rpc_server_protocol_errors_total{server=\"test\"} "),
+		before);
 	assert_still_serving(&f);
 	uint8_t rnd[4096];
 	for (size_t i = 0; i < sizeof(rnd); i++)
@@ -1168,8 +1199,11 @@ Test(rpc, abuse_bad_pseudo_headers)
 	fx_init(&f, NULL, NULL);
 	/* An unknown pseudo-header and no :path. */
 	nghttp2_nv bad[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"), RNV(":authority", "x"),
-		RNV(":bogus", "1"), RNV("content-type", "application/grpc"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":authority", "x"),
+		RNV(":bogus", "1"),
+		RNV("content-type", "application/grpc"),
 	};
 	raw_request(&f, &r, bad, MC_ARRAY_LEN(bad), NULL);
 	RUN_UNTIL(&f, r.stream_closed);
@@ -1178,9 +1212,11 @@ Test(rpc, abuse_bad_pseudo_headers)
 	raw_close(&r);
 	/* Uppercase header name, pseudo-header after a regular one. */
 	nghttp2_nv bad2[] = {
-		RNV(":method", "POST"), RNV(":scheme", "http"),
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
 		RNV("content-type", "application/grpc"),
-		RNV(":path", "/mooncake.diag.Diag/Echo"), RNV("X-Upper", "1"),
+		RNV(":path", "/mooncake.diag.Diag/Echo"),
+		RNV("X-Upper", "1"),
 	};
 	raw_request(&f, &r, bad2, MC_ARRAY_LEN(bad2), NULL);
 	RUN_UNTIL(&f, r.stream_closed);
@@ -1239,16 +1275,18 @@ Test(rpc, client_cancel_reaches_the_server)
 	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
 	memset(&r, 0, sizeof(r));
 	cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
-				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_unary, &r, &st), 0);
+				      &mooncake__diag__echo_response__descriptor, 0, on_unary,
+				      &r, &st),
+		     0);
 	RUN_UNTIL(&f, f.hold.live == 1);
 	rpc_stream_cancel(st);
 	RUN_UNTIL(&f, f.hold.cancels == 1);
 	cr_assert_not(r.done, "a cancelled call's callback ran");
 	/* Cancel before the request even left. */
 	cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
-				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_unary, &r, &st), 0);
+				      &mooncake__diag__echo_response__descriptor, 0, on_unary,
+				      &r, &st),
+		     0);
 	rpc_stream_cancel(st);
 	cr_assert_eq(echo(&f, "a", 1, &r), RPC_OK);
 	ures_free(&r);
@@ -1262,8 +1300,8 @@ Test(rpc, client_reconnects_after_server_restart)
 {
 	struct fx f;
 	struct ures r;
-	struct rpc_client_opts co = {.max_message_bytes = MiB, .backoff_initial_ms = 20,
-				     .backoff_max_ms = 100};
+	struct rpc_client_opts co = {
+		.max_message_bytes = MiB, .backoff_initial_ms = 20, .backoff_max_ms = 100};
 	fx_init(&f, NULL, &co);
 	cr_assert_eq(echo(&f, "1", 1, &r), RPC_OK);
 	ures_free(&r);
@@ -1307,7 +1345,8 @@ Test(rpc, graceful_shutdown_drains_and_goaway_moves_new_calls)
 	cr_assert_eq(health_check(&f, f.cli, ""), RPC_HEALTH_SERVING);
 	cr_assert_eq(rpc__client_connects(f.cli), 2);
 	cr_assert_eq(metric_of(&f, "server_calls_total{server=\"B\",method="
-				   "\"/grpc.health.v1.Health/Check\",code=\"OK\"} "), 2);
+				   "\"/grpc.health.v1.Health/Check\",code=\"OK\"} "),
+		     2);
 	cr_assert_not(held.done);
 	cr_assert_not(done);
 
@@ -1356,16 +1395,19 @@ static void w_on_close(struct rpc_stream *st, void *ud, int status, const char *
 	s_on_close(st, &((struct watch *)ud)->r, status, m);
 }
 
-static const struct rpc_stream_cbs w_cbs = {.on_message = w_on_message, .on_close = w_on_close};
+static const struct rpc_stream_cbs w_cbs = {.on_message = w_on_message,
+					    .on_close = w_on_close};
 
 static void watch_start(struct fx *f, struct watch *w, const char *service)
 {
-	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckRequest req =
+		GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 	req.service = (char *)service;
 	memset(w, 0, sizeof(*w));
 	cr_assert_eq(rpc_client_stream(f->cli, "/grpc.health.v1.Health/Watch",
-				       &grpc__health__v1__health_check_response__descriptor,
-				       0, &w_cbs, w, &w->r.st), 0);
+				       &grpc__health__v1__health_check_response__descriptor, 0,
+				       &w_cbs, w, &w->r.st),
+		     0);
 	cr_assert_eq(rpc_stream_send(w->r.st, &req.base), 0);
 	cr_assert_eq(rpc_stream_close_send(w->r.st), 0);
 }
@@ -1378,8 +1420,10 @@ Test(rpc, health_check_and_watch)
 	fx_init(&f, NULL, NULL);
 	cr_assert_eq(health_check(&f, f.cli, ""), RPC_HEALTH_SERVING);
 	cr_assert_eq(health_check(&f, f.cli, "mooncake.master.Master"), -RPC_NOT_FOUND);
-	cr_assert_eq(rpc_health_set(f.health, "mooncake.master.Master", RPC_HEALTH_NOT_SERVING), 0);
-	cr_assert_eq(health_check(&f, f.cli, "mooncake.master.Master"), RPC_HEALTH_NOT_SERVING);
+	cr_assert_eq(
+		rpc_health_set(f.health, "mooncake.master.Master", RPC_HEALTH_NOT_SERVING), 0);
+	cr_assert_eq(health_check(&f, f.cli, "mooncake.master.Master"),
+		     RPC_HEALTH_NOT_SERVING);
 	cr_assert_eq(rpc_health_set(f.health, "x", 99), -EINVAL);
 
 	watch_start(&f, &a, "mooncake.master.Master");
@@ -1389,11 +1433,13 @@ Test(rpc, health_check_and_watch)
 	cr_assert_eq(a.statuses[0], RPC_HEALTH_NOT_SERVING);
 	cr_assert_eq(u.statuses[0], RPC_HEALTH_SERVICE_UNKNOWN);
 	cr_assert_eq(o.statuses[0], RPC_HEALTH_SERVING);
-	cr_assert_eq(rpc_health_set(f.health, "mooncake.master.Master", RPC_HEALTH_SERVING), 0);
+	cr_assert_eq(rpc_health_set(f.health, "mooncake.master.Master", RPC_HEALTH_SERVING),
+		     0);
 	RUN_UNTIL(&f, a.n == 2);
 	cr_assert_eq(a.statuses[1], RPC_HEALTH_SERVING);
 	/* Setting the same status again sends nothing. */
-	cr_assert_eq(rpc_health_set(f.health, "mooncake.master.Master", RPC_HEALTH_SERVING), 0);
+	cr_assert_eq(rpc_health_set(f.health, "mooncake.master.Master", RPC_HEALTH_SERVING),
+		     0);
 	cr_assert_eq(rpc_health_set(f.health, "later", RPC_HEALTH_SERVING), 0);
 	RUN_UNTIL(&f, u.n == 2);
 	cr_assert_eq(u.statuses[1], RPC_HEALTH_SERVING);
@@ -1429,9 +1475,12 @@ Test(rpc, api_errors)
 	cr_assert_eq(rpc_client_new(&loop, "http://127.0.0.1:5/", NULL, &c), 0);
 	rpc_client_free(c);
 	cr_assert_eq(rpc_server_new(&loop, NULL, &s), 0);
-	static const struct rpc_method bad[] = {{.name = "X", .kind = RPC_BIDI_STREAMING,
-		.request = &mooncake__diag__chunk__descriptor,
-		.response = &mooncake__diag__chunk__descriptor, .on_message = (void *)1}};
+	static const struct rpc_method bad[] = {
+		{.name = "X",
+		 .kind = RPC_BIDI_STREAMING,
+		 .request = &mooncake__diag__chunk__descriptor,
+		 .response = &mooncake__diag__chunk__descriptor,
+		 .on_message = (void *)1}};
 	cr_assert_eq(rpc_server_add_service(s, "a.B", bad, 1, NULL), -EINVAL);
 	cr_assert_eq(rpc_diag_add(s), 0);
 	cr_assert_eq(rpc_diag_add(s), -EEXIST);
@@ -1446,7 +1495,8 @@ Test(rpc, unary_sync)
 {
 	struct fx f;
 	fx_init(&f, NULL, NULL);
-	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+	Grpc__Health__V1__HealthCheckRequest req =
+		GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
 	ProtobufCMessage *resp;
 	char err[128];
 	int st = rpc_client_unary_sync(f.cli, "/grpc.health.v1.Health/Check", &req.base,
@@ -1458,8 +1508,8 @@ Test(rpc, unary_sync)
 	protobuf_c_message_free_unpacked(resp, NULL);
 	req.service = "nope";
 	st = rpc_client_unary_sync(f.cli, "/grpc.health.v1.Health/Check", &req.base,
-				   &grpc__health__v1__health_check_response__descriptor,
-				   2000, &resp, err, sizeof(err));
+				   &grpc__health__v1__health_check_response__descriptor, 2000,
+				   &resp, err, sizeof(err));
 	cr_assert_eq(st, RPC_NOT_FOUND);
 	cr_assert_null(resp);
 	cr_assert_str_eq(err, "unknown service");
@@ -1504,15 +1554,18 @@ Test(rpc, interop_grpcio_client)
 	cr_assert_eq(access(probe, R_OK), 0, "%s missing: run through make test", probe);
 	fx_init(&f, NULL, NULL);
 	snprintf(port, sizeof(port), "%d", f.port);
-	char *args[] = {"/usr/bin/python3", "test/integration/rpc_grpcio_client.py", port, pydir,
-			NULL};
+	char *args[] = {"/usr/bin/python3", "test/integration/rpc_grpcio_client.py", port,
+			pydir, NULL};
 	uv_stdio_container_t stdio[3] = {
 		{.flags = UV_IGNORE},
 		{.flags = UV_INHERIT_FD, .data.fd = 1},
 		{.flags = UV_INHERIT_FD, .data.fd = 2},
 	};
-	uv_process_options_t po = {.exit_cb = on_child_exit, .file = args[0], .args = args,
-				   .stdio_count = 3, .stdio = stdio};
+	uv_process_options_t po = {.exit_cb = on_child_exit,
+				   .file = args[0],
+				   .args = args,
+				   .stdio_count = 3,
+				   .stdio = stdio};
 	cr_assert_eq(uv_spawn(&f.loop, &ch.proc, &po), 0);
 	uint64_t end = mc_now_ms() + 120000;
 	uv_timer_start(&f.tick, on_tick, 20, 20);
@@ -1635,7 +1688,8 @@ Test(rpc, client_upload_paced_by_on_drain)
 	p.left = 64ull * MiB;
 	cr_assert_eq(rpc_client_stream(f.cli, "/mooncake.diag.Diag/Upload",
 				       &mooncake__diag__upload_summary__descriptor, 0,
-				       &pacer_cbs, &p, &p.r.st), 0);
+				       &pacer_cbs, &p, &p.r.st),
+		     0);
 	pace(&p);
 	RUN_UNTIL(&f, p.r.closed);
 	cr_assert_eq(p.r.status, RPC_OK, "%s", p.r.msg);
@@ -1673,11 +1727,13 @@ Test(rpc, client_free_from_a_callback)
 	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
 	cr_assert_eq(rpc_client_unary(f.cli, "/mooncake.diag.Diag/Echo", &req.base,
 				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_free_cb, &x, NULL), 0);
+				      on_free_cb, &x, NULL),
+		     0);
 	for (int i = 0; i < 5; i++)
 		cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
 					      &mooncake__diag__echo_response__descriptor, 0,
-					      on_free_cb, &x, NULL), 0);
+					      on_free_cb, &x, NULL),
+			     0);
 	RUN_UNTIL(&f, x.calls == 6);
 	cr_assert_eq(x.cancelled, 5);
 	RUN_UNTIL(&f, f.hold.live == 0); /* the server saw them go */
@@ -1755,9 +1811,11 @@ Test(rpc, inproc_unary_skips_the_network)
 	cr_assert_eq(rpc__client_connects(f.cli), 0, "a connection was opened");
 	cr_assert_eq(rpc__client_inproc_calls(f.cli), 3);
 	cr_assert_eq(metric_of(&f, "mooncake_rpc_server_calls_total{server=\"test\","
-				   "method=\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "), 3);
+				   "method=\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "),
+		     3);
 	cr_assert_eq(metric_of(&f, "mooncake_rpc_client_calls_total{method="
-				   "\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "), 3);
+				   "\"/mooncake.diag.Diag/Echo\",code=\"OK\"} "),
+		     3);
 	/* Status and message, as a network call would have them. */
 	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
 	req.status = RPC_FAILED_PRECONDITION;
@@ -1799,7 +1857,8 @@ Test(rpc, inproc_unary_skips_the_network)
 	dl.total_bytes = 10;
 	struct ures dr = {0};
 	cr_assert_eq(rpc_client_unary(f.cli, "/mooncake.diag.Diag/Download", &dl.base,
-				      &mooncake__diag__chunk__descriptor, 5000, on_chunk, &dr, NULL),
+				      &mooncake__diag__chunk__descriptor, 5000, on_chunk, &dr,
+				      NULL),
 		     0);
 	RUN_UNTIL(&f, dr.done);
 	cr_assert_eq(dr.status, RPC_OK, "%s", dr.msg);
@@ -1838,15 +1897,17 @@ Test(rpc, inproc_deadlines_cancels_and_limits)
 	/* Cancelled by the caller while the handler holds it. */
 	memset(&r, 0, sizeof(r));
 	cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
-				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_unary, &r, &st), 0);
+				      &mooncake__diag__echo_response__descriptor, 0, on_unary,
+				      &r, &st),
+		     0);
 	RUN_UNTIL(&f, f.hold.live == 1);
 	rpc_stream_cancel(st);
 	cr_assert_eq(f.hold.cancels, 2);
 	/* Cancelled before its turn: the handler never sees it. */
 	cr_assert_eq(rpc_client_unary(f.cli, "/test.Hold/Hold", &req.base,
-				      &mooncake__diag__echo_response__descriptor, 0,
-				      on_unary, &r, &st), 0);
+				      &mooncake__diag__echo_response__descriptor, 0, on_unary,
+				      &r, &st),
+		     0);
 	rpc_stream_cancel(st);
 	cr_assert_eq(echo(&f, "a", 1, &r), RPC_OK);
 	ures_free(&r);

@@ -263,9 +263,9 @@ Test(rpc_frame, timeout_parse_every_unit)
 Test(rpc_frame, timeout_parse_bad_values)
 {
 	static const char *bad[] = {
-		"", "m", "10", "10x", "10 m", " 10m", "10m ", "-1m", "+1m",
-		"123456789m", /* 9 digits */
-		"1.5S", "1mm", "1h", "1s", "0x10m", "10M0", "1Hm",
+		"",     "m",   "10",         "10x", "10 m",  " 10m", "10m ",
+		"-1m",  "+1m", "123456789m", /* 9 digits */
+		"1.5S", "1mm", "1h",         "1s",  "0x10m", "10M0", "1Hm",
 	};
 	uint64_t ms = 42;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
@@ -388,7 +388,8 @@ Test(rpc_frame, body_buffers_from_the_callers_hooks)
 	d.release = pool_release;
 	d.alloc_ctx = &p;
 	for (size_t i = 0; i < n; i += 7)
-		cr_assert_eq(rpc_deframer_feed(&d, buf + i, n - i < 7 ? n - i : 7, on_msg, &g), 0);
+		cr_assert_eq(rpc_deframer_feed(&d, buf + i, n - i < 7 ? n - i : 7, on_msg, &g),
+			     0);
 	check_got(&g, lens, 3);
 	cr_assert_eq(p.allocs, 2); /* the 2-byte body came whole: no buffer */
 	cr_assert_eq(p.releases, 2);

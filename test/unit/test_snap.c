@@ -8,11 +8,10 @@
 #include "meta/snap.h"
 #include "unit/test_wal_util.h"
 
-static void write_snap(const char *dir, uint64_t index, uint64_t term,
-		       const char *conf, size_t data_len, unsigned keep)
+static void write_snap(const char *dir, uint64_t index, uint64_t term, const char *conf,
+		       size_t data_len, unsigned keep)
 {
-	struct snap_meta m = {index, term, (const uint8_t *)conf,
-			      conf ? strlen(conf) : 0};
+	struct snap_meta m = {index, term, (const uint8_t *)conf, conf ? strlen(conf) : 0};
 	struct snap_writer *wr;
 	cr_assert_eq(snap_writer_open(dir, &m, &wr), 0);
 	uint8_t buf[4096];
@@ -27,11 +26,9 @@ static void write_snap(const char *dir, uint64_t index, uint64_t term,
 	cr_assert_eq(snap_writer_commit(wr, keep), 0);
 }
 
-static void snap_path(char *buf, size_t len, const char *dir, uint64_t index,
-		      uint64_t term)
+static void snap_path(char *buf, size_t len, const char *dir, uint64_t index, uint64_t term)
 {
-	snprintf(buf, len, "%s/%016" PRIx64 "-%016" PRIx64 ".snap", dir, index,
-		 term);
+	snprintf(buf, len, "%s/%016" PRIx64 "-%016" PRIx64 ".snap", dir, index, term);
 }
 
 static void flip(const char *path, long off)
@@ -63,8 +60,6 @@ static int accept_from(void *ctx, uint64_t index, uint64_t term)
 	(void)term;
 	return index >= *(uint64_t *)ctx ? 0 : -ENOENT;
 }
-
-
 
 Test(snap, write_commit_load)
 {
@@ -192,7 +187,8 @@ Test(snap, reader_detects_corruption)
 	cr_assert_eq(rc, -EBADMSG);
 	snap_reader_close(r);
 	cr_assert_eq(tu_log_count(dir, "copy: corrupt snapshot: data CRC "
-				       "mismatch"), 1);
+				       "mismatch"),
+		     1);
 	/* header, conf, size */
 	long offs[] = {20, 64 + 1};
 	const char *whys[] = {"header CRC mismatch", "conf state CRC mismatch"};
@@ -207,8 +203,9 @@ Test(snap, reader_detects_corruption)
 	cr_assert_eq(tu_log_count(dir, "file size does not match"), 1);
 	tu_write_file(copy, orig, 30);
 	cr_assert_eq(snap_verify(copy, NULL), -EBADMSG);
-	tu_write_file(copy, "not a snapshot at all, but long enough to hold a "
-			    "header of sixty-four bytes.....",
+	tu_write_file(copy,
+		      "not a snapshot at all, but long enough to hold a "
+		      "header of sixty-four bytes.....",
 		      80);
 	cr_assert_eq(snap_verify(copy, NULL), -EBADMSG);
 	cr_assert_eq(tu_log_count(dir, "bad magic"), 1);
@@ -224,8 +221,7 @@ Test(snap, keep_last_k)
 	for (uint64_t i = 1; i <= 6; i++) {
 		char path[PATH_MAX];
 		snap_path(path, sizeof(path), dir, i * 100, 1);
-		cr_assert_eq(access(path, F_OK) == 0, i >= 4, "snapshot %" PRIu64,
-			     i * 100);
+		cr_assert_eq(access(path, F_OK) == 0, i >= 4, "snapshot %" PRIu64, i * 100);
 	}
 	uint64_t oldest;
 	cr_assert_eq(snap_oldest_index(dir, &oldest), 0);
@@ -246,8 +242,7 @@ Test(snap, temp_files_ignored_and_cleaned)
 	cr_assert_eq(snap_writer_open(dir, &m, &wr), 0);
 	cr_assert_eq(snap_writer_write(wr, "partial", 7), 0);
 	char tmp[PATH_MAX];
-	snprintf(tmp, sizeof(tmp),
-		 "%s/00000000000000c8-0000000000000001.snap.999.0.tmp", dir);
+	snprintf(tmp, sizeof(tmp), "%s/00000000000000c8-0000000000000001.snap.999.0.tmp", dir);
 	tu_write_file(tmp, "junk", 4);
 	struct snap_info info;
 	cr_assert_eq(snap_load_newest(dir, accept_all, NULL, &info), 0);
@@ -316,7 +311,8 @@ Test(snap, corrupt_newest_is_error_when_not_covered)
 	cr_assert_eq(snap_load_newest(dir, accept_from, &from, &info), -EBADMSG);
 	cr_assert_eq(info.index, 0);
 	cr_assert_eq(tu_log_count(dir, "is corrupt and the WAL cannot "
-				       "continue"), 1);
+				       "continue"),
+		     1);
 	cr_assert_eq(access(newest, F_OK), 0); /* left for the operator */
 	tu_cleanup(dir);
 }
@@ -380,9 +376,7 @@ static void startup_case(bool release_far)
 			cr_assert_eq(wal_save_snapshot(w, s, true), 0);
 			uint64_t oldest;
 			cr_assert_eq(snap_oldest_index(sdir, &oldest), 0);
-			cr_assert_eq(wal_release_to(w, release_far ? i + 99
-								   : oldest),
-				     0);
+			cr_assert_eq(wal_release_to(w, release_far ? i + 99 : oldest), 0);
 		}
 	}
 	wal_close(w);

@@ -9,13 +9,12 @@
 
 #include "common/sysmem.h"
 
-static const char *meminfo_24g =
-	"MemTotal:       24683784 kB\n"
-	"MemFree:         1234567 kB\n"
-	"MemAvailable:   23000000 kB\n"
-	"HugePages_Total:       0\n"
-	"HugePages_Free:        0\n"
-	"Hugepagesize:       2048 kB\n";
+static const char *meminfo_24g = "MemTotal:       24683784 kB\n"
+				 "MemFree:         1234567 kB\n"
+				 "MemAvailable:   23000000 kB\n"
+				 "HugePages_Total:       0\n"
+				 "HugePages_Free:        0\n"
+				 "Hugepagesize:       2048 kB\n";
 
 Test(sysmem, meminfo)
 {
@@ -39,12 +38,15 @@ Test(sysmem, limits_and_caps)
 	cr_assert_eq(mc_limits_memlock_parse(limits, &soft, &hard), 0);
 	cr_assert_eq(soft, 65536);
 	cr_assert_eq(hard, 65536);
-	cr_assert_eq(mc_limits_memlock_parse("Max locked memory  unlimited  unlimited  bytes\n",
-					     &soft, &hard), 0);
+	cr_assert_eq(mc_limits_memlock_parse(
+			     "Max locked memory  unlimited  unlimited  bytes\n", &soft, &hard),
+		     0);
 	cr_assert_eq(soft, MC_UNLIMITED);
-	cr_assert_eq(mc_limits_memlock_parse("Max open files 1 1 files\n", &soft, &hard), -EINVAL);
+	cr_assert_eq(mc_limits_memlock_parse("Max open files 1 1 files\n", &soft, &hard),
+		     -EINVAL);
 	bool has;
-	cr_assert_eq(mc_status_ipc_lock_parse("Name:\tx\nCapEff:\t000001ffffffffff\n", &has), 0);
+	cr_assert_eq(mc_status_ipc_lock_parse("Name:\tx\nCapEff:\t000001ffffffffff\n", &has),
+		     0);
 	cr_assert(has);
 	cr_assert_eq(mc_status_ipc_lock_parse("CapEff:\t0000000000000000\n", &has), 0);
 	cr_assert(!has);
@@ -60,7 +62,12 @@ Test(sysmem, a_64g_segment_on_a_24g_host_does_not_fit)
 	cr_assert_eq(mc_meminfo_parse(meminfo_24g, &in.mem), 0);
 	cr_assert_eq(mc_segment_fit(&in, why, sizeof(why)), MC_FIT_RAM);
 	cr_assert(strstr(why, "64 GiB") && strstr(why, "21.9 GiB of 23.5 GiB") &&
-		  strstr(why, "--global-segment-size") && strstr(why, "--force-segment-size"),
+			  strstr(why, "--global-segment-size") &&
+			  strstr(why, "--force-segment-size"),
+		  "%s", why);
+	/* The line names all the node has: RAM, huge pages, memory-lock limit. */
+	cr_assert(strstr(why, "this node: 21.9 GiB of 23.5 GiB RAM available, 0 of 0 huge "
+			      "pages free (0 B), memory-lock limit unlimited"),
 		  "%s", why);
 	in.segment_bytes = 16ull << 30;
 	cr_assert_eq(mc_segment_fit(&in, why, sizeof(why)), MC_FIT_OK, "%s", why);
@@ -76,7 +83,8 @@ Test(sysmem, memlock_counts_only_when_pinned_and_without_cap_ipc_lock)
 	cr_assert_eq(mc_segment_fit(&in, why, sizeof(why)), MC_FIT_OK, "tcp pins nothing");
 	in.pins = true;
 	cr_assert_eq(mc_segment_fit(&in, why, sizeof(why)), MC_FIT_MEMLOCK);
-	cr_assert(strstr(why, "64 KiB") && strstr(why, "64 MiB") && strstr(why, "LimitMEMLOCK"),
+	cr_assert(strstr(why, "64 KiB") && strstr(why, "64 MiB") &&
+			  strstr(why, "LimitMEMLOCK"),
 		  "%s", why);
 	in.cap_ipc_lock = true;
 	cr_assert_eq(mc_segment_fit(&in, why, sizeof(why)), MC_FIT_OK);
@@ -87,7 +95,8 @@ Test(sysmem, memlock_counts_only_when_pinned_and_without_cap_ipc_lock)
 
 Test(sysmem, hugepages)
 {
-	struct mc_fit_in in = {.segment_bytes = 1u << 30, .memlock_bytes = MC_UNLIMITED,
+	struct mc_fit_in in = {.segment_bytes = 1u << 30,
+			       .memlock_bytes = MC_UNLIMITED,
 			       .hugepages = MC_FIT_HUGE_ON};
 	char why[512];
 	cr_assert_eq(mc_meminfo_parse(meminfo_24g, &in.mem), 0);

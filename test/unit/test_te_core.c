@@ -24,8 +24,8 @@ Test(te_slice, counts_and_bounds)
 	cr_assert_eq(te__slice_count(M1 + 1, M1), 2);
 	cr_assert_eq(te__slice_count(64 * M1, M1), 64);
 	cr_assert_eq(te__slice_count(64 * M1, K64), 1024);
-	static const uint64_t lens[] = {1, 4096, K64 - 1, K64, K64 + 1, M1 + 1,
-					3 * M1 - 7, (uint64_t)64 << 20};
+	static const uint64_t lens[] = {1,       4096,   K64 - 1,    K64,
+					K64 + 1, M1 + 1, 3 * M1 - 7, (uint64_t)64 << 20};
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
 		for (size_t sb = K64; sb <= M1; sb *= 4) {
 			uint64_t len = lens[li], covered = 0;
@@ -169,10 +169,10 @@ Test(te_xport, one_table_by_protocol)
 		cr_assert_eq(ops->proto, protos[i]);
 		cr_assert_str_eq(ops->name, te_protocol_name(protos[i]));
 		cr_assert(ops->init && ops->fini && ops->connect && ops->submit &&
-			  ops->disconnect && ops->peer_free,
+				  ops->disconnect && ops->peer_free,
 			  "%s lacks a required operation", ops->name);
 	}
 	cr_assert_null(te__xport_ops(TE_PROTO_AUTO), "auto is a choice, not a transport");
 	cr_assert_null(te__xport_ops((enum te_protocol)4));
-	cr_assert_null(te__xport_ops((enum te_protocol)-1));
+	cr_assert_null(te__xport_ops((enum te_protocol) - 1));
 }

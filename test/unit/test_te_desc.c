@@ -208,17 +208,17 @@ static long find(const struct reg *r, size_t n, uint64_t addr, uint64_t len)
 Test(te_desc, range_find)
 {
 	const struct reg r[] = {{0x1000, 0x1000}, {0x4000, 0x100}, {UINT64_MAX - 0xff, 0x100}};
-	cr_assert_eq(find(r, 3, 0x1000, 0x1000), 0);      /* whole region */
-	cr_assert_eq(find(r, 3, 0x1fff, 1), 0);           /* last byte */
+	cr_assert_eq(find(r, 3, 0x1000, 0x1000), 0);            /* whole region */
+	cr_assert_eq(find(r, 3, 0x1fff, 1), 0);                 /* last byte */
 	cr_assert_eq(find(r, 3, 0x1fff, 2), MC_EREMOTE_ACCESS); /* one past */
 	cr_assert_eq(find(r, 3, 0x1000, 0x1001), MC_EREMOTE_ACCESS);
-	cr_assert_eq(find(r, 3, 0xfff, 1), MC_EREMOTE_ACCESS); /* before the first */
-	cr_assert_eq(find(r, 3, 0x2000, 1), MC_EREMOTE_ACCESS); /* in a gap */
-	cr_assert_eq(find(r, 3, 0x3fff, 2), MC_EREMOTE_ACCESS); /* gap into region */
+	cr_assert_eq(find(r, 3, 0xfff, 1), MC_EREMOTE_ACCESS);       /* before the first */
+	cr_assert_eq(find(r, 3, 0x2000, 1), MC_EREMOTE_ACCESS);      /* in a gap */
+	cr_assert_eq(find(r, 3, 0x3fff, 2), MC_EREMOTE_ACCESS);      /* gap into region */
 	cr_assert_eq(find(r, 3, 0x1800, 0x2000), MC_EREMOTE_ACCESS); /* spans two */
 	cr_assert_eq(find(r, 3, 0x4050, 0x10), 1);
 	cr_assert_eq(find(r, 3, 0x4050, UINT64_MAX), MC_EREMOTE_ACCESS); /* overflow */
-	cr_assert_eq(find(r, 3, 0x1000, 0), 0);           /* length 0 = 1 byte */
+	cr_assert_eq(find(r, 3, 0x1000, 0), 0); /* length 0 = 1 byte */
 	cr_assert_eq(find(r, 3, 0x2000, 0), MC_EREMOTE_ACCESS);
 	cr_assert_eq(find(r, 3, UINT64_MAX - 0xff, 0x100), 2); /* top of the space */
 	cr_assert_eq(find(r, 3, UINT64_MAX, 1), 2);

@@ -24,10 +24,16 @@
 static void host_start(enum te_protocol pa)
 {
 	struct te_opts t[2] = {
-		{.protocol = pa, .threads = 2, .tcp_conns = 4, .slice_bytes = 64 << 10,
+		{.protocol = pa,
+		 .threads = 2,
+		 .tcp_conns = 4,
+		 .slice_bytes = 64 << 10,
 		 .rdma_gid_index = -1},
-		{.protocol = TE_PROTO_AUTO, .threads = 2, .tcp_conns = 4,
-		 .slice_bytes = 64 << 10, .rdma_gid_index = -1},
+		{.protocol = TE_PROTO_AUTO,
+		 .threads = 2,
+		 .tcp_conns = 4,
+		 .slice_bytes = 64 << 10,
+		 .rdma_gid_index = -1},
 	};
 	host_start_with(t);
 }
@@ -119,9 +125,10 @@ Test(te_engine, connection_shut_down_under_a_stream)
 
 	struct te_request q[64];
 	for (int i = 0; i < 64; i++)
-		q[i] = (struct te_request){TE_WRITE, src.p + (size_t)i * (1 << 20), s,
-					   (uint64_t)(uintptr_t)b.p + (size_t)i * (1 << 20),
-					   1 << 20};
+		q[i] = (struct te_request){
+			TE_WRITE, src.p + (size_t)i * (1 << 20),
+			s,        (uint64_t)(uintptr_t)b.p + (size_t)i * (1 << 20),
+			1 << 20,  false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, 64, &bt), 0);
 	shutdown(fds[1], SHUT_RDWR); /* one path dies under the stream */
@@ -171,8 +178,7 @@ static void fake_fini(struct te_xport *x)
 }
 
 static const struct te_xport_ops fake_ops = {
-	.name = "fake-rdma", .proto = TE_PROTO_RDMA, .fini = fake_fini,
-	.on_ctrl = fake_ctrl};
+	.name = "fake-rdma", .proto = TE_PROTO_RDMA, .fini = fake_fini, .on_ctrl = fake_ctrl};
 
 Test(te_engine, control_channel)
 {
@@ -236,8 +242,11 @@ Test(te_engine, inline_submit_copies_on_the_caller)
 	for (size_t i = 0; i < len; i++)
 		b.p[i] = (uint8_t)(i * 7 + 1);
 	struct te_segment *s = open_b();
-	struct te_request r = {.op = TE_READ, .local = dst.p, .segment = s,
-			       .remote_addr = (uint64_t)(uintptr_t)b.p, .len = len};
+	struct te_request r = {.op = TE_READ,
+			       .local = dst.p,
+			       .segment = s,
+			       .remote_addr = (uint64_t)(uintptr_t)b.p,
+			       .len = len};
 	const char *sample = "mooncake_te_shm_inline_bytes_total ";
 	struct te_batch *batch;
 	cr_assert_eq(te_submit_inline(H.e[0], &r, 1, len, on_inline_done, NULL, &batch), 0);
@@ -265,7 +274,7 @@ Test(te_engine, inline_submit_copies_on_the_caller)
 
 /* Rss in kB of this process's mapping of a memfd of len bytes other than
  * the one at `not` (-1: none such). */
-static long peer_map_rss_kb(size_t len, const void *not)
+static long peer_map_rss_kb(size_t len, const void * not )
 {
 	FILE *f = fopen("/proc/self/smaps", "r");
 	cr_assert(f);
@@ -277,7 +286,7 @@ static long peer_map_rss_kb(size_t len, const void *not)
 		char path[256] = "";
 		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &lo, &hi, path) >= 2 &&
 		    strchr(line, '-') < strchr(line, ' ')) {
-			in = hi - lo == len && (void *)lo != not && strstr(path, "memfd:t");
+			in = hi - lo == len && (void *)lo != not &&strstr(path, "memfd:t");
 			continue;
 		}
 		long kb;
@@ -308,8 +317,11 @@ Test(te_engine, shm_peer_regions_are_faulted_in_ahead)
 			  peer_map_rss_kb(len, b.p));
 		usleep(2000);
 	}
-	struct te_request r = {.op = TE_READ, .local = dst.p, .segment = s,
-			       .remote_addr = (uint64_t)(uintptr_t)b.p, .len = 4096};
+	struct te_request r = {.op = TE_READ,
+			       .local = dst.p,
+			       .segment = s,
+			       .remote_addr = (uint64_t)(uintptr_t)b.p,
+			       .len = 4096};
 	struct te_batch *batch;
 	cr_assert_eq(te_submit(H.e[0], &r, 1, &batch), 0);
 	cr_assert_eq(te_wait(batch, 0), 0);
@@ -319,4 +331,31 @@ Test(te_engine, shm_peer_regions_are_faulted_in_ahead)
 	mem_free(&dst);
 	mem_free(&b);
 	host_stop();
+}
+
+Test(te_engine, authentication_is_required_unless_insecure)
+{
+	uv_loop_t loop;
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	struct te_opts o = {.loop = &loop,
+			    .data_listen = "127.0.0.1:0",
+			    .protocol = TE_PROTO_TCP,
+			    .threads = 1,
+			    .rdma_gid_index = -1};
+	struct te_engine *e;
+	cr_assert_eq(te_new(&o, &e), -EINVAL, "no secret and not insecure");
+	o.cluster_secret = (const uint8_t *)"s";
+	o.cluster_secret_len = 1;
+	o.insecure = true;
+	cr_assert_eq(te_new(&o, &e), -EINVAL, "a secret and insecure");
+	o.insecure = false;
+	cr_assert_eq(te_new(&o, &e), 0);
+	te_free(e);
+	o.cluster_secret = NULL;
+	o.cluster_secret_len = 0;
+	o.insecure = true;
+	cr_assert_eq(te_new(&o, &e), 0);
+	te_free(e);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	cr_assert_eq(uv_loop_close(&loop), 0);
 }

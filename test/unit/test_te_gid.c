@@ -22,8 +22,10 @@ static struct te_gid_entry gid(enum te_gid_type t, const char *kind)
 Test(te_gid, prefers_roce_v2_ipv4_then_v2_then_v1)
 {
 	struct te_gid_entry t[] = {
-		gid(TE_GID_ROCE_V1, "ll"), gid(TE_GID_ROCE_V2, "ll"),
-		gid(TE_GID_ROCE_V1, "v4"), gid(TE_GID_ROCE_V2, "v4"),
+		gid(TE_GID_ROCE_V1, "ll"),
+		gid(TE_GID_ROCE_V2, "ll"),
+		gid(TE_GID_ROCE_V1, "v4"),
+		gid(TE_GID_ROCE_V2, "v4"),
 	};
 	cr_assert_eq(te_gid_pick(t, 4, -1), 3);
 	cr_assert_eq(te_gid_pick(t, 3, -1), 1, "no IPv4 v2: the link-local v2");

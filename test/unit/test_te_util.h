@@ -124,6 +124,11 @@ static inline void host_start_with(const struct te_opts t[2])
 		h->opts[i].rpc_port = (uint16_t)rpc_server_port(h->rpc[i], 0);
 		h->opts[i].data_listen = "127.0.0.1:0";
 		h->opts[i].metrics = h->m[i];
+		if (!t[i].cluster_secret && !t[i].insecure) {
+			/* Both engines prove one secret unless the test says. */
+			h->opts[i].cluster_secret = (const uint8_t *)"unit-test-secret";
+			h->opts[i].cluster_secret_len = 16;
+		}
 	}
 	uv_async_init(&h->loop, &h->call, on_call);
 	h->call.data = h;
@@ -162,10 +167,12 @@ static inline void host_stop(void)
 	for (int i = 0; i < 2; i++) {
 		for (size_t k = 0; k < 3; k++) {
 			char sample[64];
-			snprintf(sample, sizeof(sample), "mooncake_te_peers{transport=\"%s\"} ",
-				 protos[k]);
-			cr_assert_eq(metric(i, sample), 0, "engine %d: %s peer objects left "
-				     "after te_free: %g", i, protos[k], metric(i, sample));
+			snprintf(sample, sizeof(sample),
+				 "mooncake_te_peers{transport=\"%s\"} ", protos[k]);
+			cr_assert_eq(metric(i, sample), 0,
+				     "engine %d: %s peer objects left "
+				     "after te_free: %g",
+				     i, protos[k], metric(i, sample));
 		}
 	}
 	rpc_server_free(h->rpc[0]);
@@ -198,8 +205,7 @@ static inline void mem_map(size_t len, struct mem *m)
 static inline void mem_new(struct te_engine *e, size_t len, struct mem *m)
 {
 	mem_map(len, m);
-	cr_assert_eq(te_register(e, (uint64_t)(uintptr_t)m->p, m->p, len, m->fd, 0, &m->r),
-		     0);
+	cr_assert_eq(te_register(e, (uint64_t)(uintptr_t)m->p, m->p, len, m->fd, 0, &m->r), 0);
 }
 
 static inline void mem_free(struct mem *m)

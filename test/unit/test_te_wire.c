@@ -13,9 +13,11 @@
 
 Test(te_wire, header_round_trip)
 {
-	struct te_wire_hdr h = {.type = TE_WIRE_WRITE, .len = 1u << 20,
+	struct te_wire_hdr h = {.type = TE_WIRE_WRITE,
+				.len = 1u << 20,
 				.id = 0x0102030405060708ull,
-				.addr = 0xfffffffffffff000ull}, g;
+				.addr = 0xfffffffffffff000ull},
+			   g;
 	uint8_t b[TE_WIRE_HDR_BYTES];
 	te__wire_encode(&h, b);
 	cr_assert_eq(b[0], 'M');
@@ -127,8 +129,8 @@ static int handshake(const char *cs, const char *ss, const char *target)
 				   .secret_len = ss ? strlen(ss) : 0,
 				   .own_name = "server"};
 	memset(srv.nonce_s, 0x5a, TE_HS_NONCE);
-	struct te_hs_msg hello = {.kind = TE_HS_HELLO, .flags = cs ? TE_HS_F_SECRET : 0},
-			 r, auth = {.kind = TE_HS_AUTH}, r2;
+	struct te_hs_msg hello = {.kind = TE_HS_HELLO, .flags = cs ? TE_HS_F_SECRET : 0}, r,
+			 auth = {.kind = TE_HS_AUTH}, r2;
 	memset(hello.nonce, 0xa5, TE_HS_NONCE);
 	strcpy(hello.name, "client");
 	strcpy(hello.target, target);
@@ -138,16 +140,16 @@ static int handshake(const char *cs, const char *ss, const char *target)
 		return rc;
 	cr_assert_eq(r.kind, TE_HS_CHALLENGE);
 	uint8_t want[32];
-	te__hs_mac((const uint8_t *)cs, strlen(cs), true, hello.nonce, r.nonce, target,
-		   want);
+	te__hs_mac((const uint8_t *)cs, strlen(cs), true, hello.nonce, r.nonce, target, want);
 	bool server_ok = memcmp(want, r.mac, 32) == 0;
-	te__hs_mac((const uint8_t *)cs, strlen(cs), false, r.nonce, hello.nonce,
-		   "client", auth.mac);
+	te__hs_mac((const uint8_t *)cs, strlen(cs), false, r.nonce, hello.nonce, "client",
+		   auth.mac);
 	rc = te__hs_server_step(&srv, &auth, &r2);
 	cr_assert_eq(r2.kind, TE_HS_RESULT);
 	cr_assert_eq(r2.status, rc);
-	cr_assert_eq(server_ok, rc == 0, "the client sees the server's mac iff "
-					 "the secrets agree");
+	cr_assert_eq(server_ok, rc == 0,
+		     "the client sees the server's mac iff "
+		     "the secrets agree");
 	if (rc == 0)
 		cr_assert_str_eq(srv.peer, "client");
 	return rc;
@@ -180,8 +182,12 @@ Test(te_wire, handshake_server_step)
 
 Test(te_wire, shm_messages)
 {
-	struct te_shm_msg m = {.type = TE_SHM_ADD, .id = 7, .addr = 0x1000,
-			       .len = 4096, .off = 8192}, g;
+	struct te_shm_msg m = {.type = TE_SHM_ADD,
+			       .id = 7,
+			       .addr = 0x1000,
+			       .len = 4096,
+			       .off = 8192},
+			  g;
 	uint8_t b[TE_SHM_MSG_BYTES], c[TE_SHM_MSG_BYTES];
 	te__shm_encode(&m, b);
 	cr_assert_eq(te__shm_decode(b, &g), 0);
@@ -210,4 +216,68 @@ Test(te_wire, shm_messages)
 	te__shm_encode(&m, c);
 	cr_assert_eq(te__shm_decode(c, &g), 0);
 	cr_assert_eq(g.type, TE_SHM_DEL);
+}
+
+/* GetDescriptor's proof (svc.c): a challenge of this engine, fresh, with
+ * the right mac over the right name, used once. */
+Test(te_svc, descriptor_proof)
+{
+	static struct te_svc v;
+	const uint8_t secret[] = "s3cret", other[] = "other!";
+	uint8_t rnd[TE_CHAL_RAND] = {1, 2, 3}, ch[TE_CHAL_BYTES], mac[32], c2[TE_CHAL_BYTES];
+	const char *why;
+	memset(&v, 0, sizeof(v));
+	memset(v.key, 7, sizeof(v.key));
+	uint64_t t = 1000;
+	te__svc_challenge(&v, t, rnd, ch);
+	te__desc_mac(secret, 6, ch, sizeof(ch), "seg", mac);
+
+	cr_assert_eq(te__svc_check(&v, secret, 6, NULL, 0, "seg", NULL, 0, t, &why), -EACCES);
+	cr_assert(strstr(why, "no proof"), "%s", why);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, 10, "seg", mac, 32, t, &why), -EACCES);
+	cr_assert(strstr(why, "malformed"), "%s", why);
+	memcpy(c2, ch, sizeof(c2));
+	c2[9] ^= 1; /* not a challenge this key tagged */
+	cr_assert_eq(te__svc_check(&v, secret, 6, c2, sizeof(c2), "seg", mac, 32, t, &why),
+		     -EACCES);
+	cr_assert(strstr(why, "did not issue"), "%s", why);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32,
+				   t + TE_CHALLENGE_TTL_MS + 1, &why),
+		     -EACCES);
+	cr_assert(strstr(why, "expired"), "%s", why);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32, t - 1, &why),
+		     -EACCES, "issued in the future");
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "other", mac, 32, t, &why),
+		     -EACCES, "made for another name");
+	cr_assert_eq(te__svc_check(&v, other, 6, ch, sizeof(ch), "seg", mac, 32, t, &why),
+		     -EACCES);
+	cr_assert(strstr(why, "mismatch"), "%s", why);
+	/* None of the refusals used the challenge up. */
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32, t + 5, &why),
+		     0);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "seg", mac, 32, t + 6, &why),
+		     -EACCES);
+	cr_assert(strstr(why, "replayed"), "%s", why);
+
+	/* The list of used challenges: full of live ones it refuses (try
+	 * again), and once they expired it takes new ones. */
+	memset(&v.used, 0, sizeof(v.used));
+	v.next = 0;
+	for (unsigned i = 0; i < TE_CHALLENGE_USED_MAX; i++) {
+		memcpy(rnd, &i, sizeof(i));
+		te__svc_challenge(&v, t, rnd, ch);
+		te__desc_mac(secret, 6, ch, sizeof(ch), "", mac);
+		cr_assert_eq(
+			te__svc_check(&v, secret, 6, ch, sizeof(ch), "", mac, 32, t, &why), 0);
+	}
+	rnd[15] = 1;
+	te__svc_challenge(&v, t + 1, rnd, ch);
+	te__desc_mac(secret, 6, ch, sizeof(ch), "", mac);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "", mac, 32, t + 1, &why),
+		     -EBUSY);
+	uint64_t later = t + TE_CHALLENGE_TTL_MS + 1;
+	te__svc_challenge(&v, later, rnd, ch);
+	te__desc_mac(secret, 6, ch, sizeof(ch), "", mac);
+	cr_assert_eq(te__svc_check(&v, secret, 6, ch, sizeof(ch), "", mac, 32, later, &why),
+		     0);
 }

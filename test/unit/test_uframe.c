@@ -57,8 +57,11 @@ Test(uframe, frames_split_anywhere)
 			size_t len;
 			int rc;
 			while ((rc = mc_uframe_rx_next(&r, &b, &len)) == 1) {
-				const char *want = got == 0 ? "a" : got == 1 ? "hello" : "0123456789abcdef";
-				cr_assert_eq(len, strlen(want), "step %zu frame %zu", step, got);
+				const char *want = got == 0   ? "a"
+						   : got == 1 ? "hello"
+							      : "0123456789abcdef";
+				cr_assert_eq(len, strlen(want), "step %zu frame %zu", step,
+					     got);
 				cr_assert(memcmp(b, want, len) == 0);
 				got++;
 			}
@@ -209,4 +212,235 @@ Test(uframe, too_many_descriptors_is_refused_by_the_sender)
 	cr_assert_eq(mc_uframe_send_all(sv[0], "x", 1, fds, MC_UFRAME_MAX_FDS + 1), -EINVAL);
 	close(sv[0]);
 	close(sv[1]);
+}
+
+/* frame_fds: a chunk of bytes that brings descriptors may start several
+ * frames; the descriptors go to the frame that announces them, and those
+ * nobody announced are closed with the last frame that starts there. */
+Test(uframe, frame_fds_follow_the_bytes_that_brought_them)
+{
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 1024), 0);
+	uint8_t s[64];
+	size_t n = put_frame(s, "a", 1); /* A: no descriptors */
+	n += put_frame(s + n, "bb", 2);  /* B: announces one */
+	/* One chunk (one recvmsg) brings A, B's first bytes and a descriptor. */
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n - 1), 0);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	cr_assert_eq(mc_uframe_rx_push_fd(&r, p[1]), 0);
+	cr_assert_eq(mc_uframe_rx_feed(&r, s + n - 1, 1), 0);
+	const uint8_t *b;
+	size_t len;
+	int out[MC_UFRAME_MAX_FDS];
+	unsigned closed;
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 0, out, &closed), 0, "A announces none");
+	cr_assert_eq(closed, 0, "kept for B, which starts in the same bytes");
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 1, out, &closed), 0);
+	cr_assert_eq(out[0], p[1]);
+	close(out[0]);
+
+	/* C announces none and brings two: refused, both closed at once. */
+	n = put_frame(s, "c", 1);
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n), 0);
+	int q[2][2];
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(pipe(q[i]), 0);
+		cr_assert_eq(mc_uframe_rx_push_fd(&r, q[i][1]), 0);
+	}
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 0, out, &closed), -EBADF);
+	cr_assert_eq(closed, 2);
+	cr_assert_eq(mc_uframe_rx_queued_fds(&r), 0);
+	char c;
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(read(q[i][0], &c, 1), 0, "the agent's copy is closed: EOF");
+		close(q[i][0]);
+	}
+	/* D announces two and brings one: refused, the one closed. */
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n), 0);
+	int d = dup(p[0]);
+	cr_assert_eq(mc_uframe_rx_push_fd(&r, d), 0);
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 2, out, &closed), MC_EPROTOCOL);
+	cr_assert_eq(closed, 1);
+	cr_assert(fcntl(d, F_GETFD) < 0, "closed");
+	/* E announces one that never came (a later chunk's is not its). */
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n), 0);
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n), 0);
+	d = dup(p[0]);
+	cr_assert_eq(mc_uframe_rx_push_fd(&r, d), 0);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 1, out, &closed), MC_EPROTOCOL);
+	cr_assert_eq(closed, 0, "the next frame's descriptor stays for it");
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 1, out, &closed), 0);
+	cr_assert_eq(out[0], d);
+	close(d);
+	close(p[0]);
+	mc_uframe_rx_free(&r);
+}
+
+/* The same rules over a real socket, where the kernel decides which
+ * recvmsg() brings the descriptors; nothing is left open. */
+Test(uframe, frame_fds_over_a_socketpair)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	enum { N = 6 };
+	/* announced, carried */
+	const unsigned ann[N] = {0, 2, 0, 1, 0, 3};
+	const unsigned car[N] = {0, 2, 3, 1, 1, 3};
+	int rd[N][4], total = 0;
+	for (int i = 0; i < N; i++) {
+		int w[4];
+		for (unsigned k = 0; k < car[i]; k++) {
+			int p[2];
+			cr_assert_eq(pipe(p), 0);
+			rd[i][k] = p[0];
+			w[k] = p[1];
+			total++;
+		}
+		/* The announced count travels in the body, as nfds does. */
+		uint8_t body[1] = {(uint8_t)ann[i]};
+		cr_assert_eq(mc_uframe_send_all(sv[0], body, 1, w, car[i]), 0);
+		for (unsigned k = 0; k < car[i]; k++)
+			close(w[k]);
+	}
+	close(sv[0]);
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 1024), 0);
+	int got = 0, taken = 0, closed_all = 0;
+	for (;;) {
+		const uint8_t *b;
+		size_t len;
+		int rc = mc_uframe_rx_next(&r, &b, &len);
+		if (rc == 0) {
+			ssize_t k = mc_uframe_rx_read(&r, sv[1], 0);
+			cr_assert_geq(k, 0);
+			if (k == 0)
+				break;
+			continue;
+		}
+		int out[MC_UFRAME_MAX_FDS];
+		unsigned closed;
+		rc = mc_uframe_rx_frame_fds(&r, b[0], out, &closed);
+		cr_assert_eq(rc == 0, ann[got] == car[got], "frame %d: %d", got, rc);
+		if (rc == 0) {
+			for (unsigned k = 0; k < ann[got]; k++) {
+				cr_assert_eq(write(out[k], "x", 1), 1);
+				close(out[k]);
+			}
+			taken += (int)ann[got];
+		}
+		closed_all += (int)closed;
+		got++;
+	}
+	cr_assert_eq(got, N);
+	cr_assert_eq(taken + closed_all, total, "every descriptor taken or closed");
+	cr_assert_eq(mc_uframe_rx_queued_fds(&r), 0);
+	for (int i = 0; i < N; i++)
+		for (unsigned k = 0; k < car[i]; k++) {
+			char c[2];
+			ssize_t m = read(rd[i][k], c, 2);
+			cr_assert_eq(m, ann[i] == car[i] ? 1 : 0, "frame %d fd %u", i, k);
+			close(rd[i][k]);
+		}
+	mc_uframe_rx_free(&r);
+	close(sv[1]);
+}
+
+/* Descriptors brought by the middle of a frame can belong to no frame:
+ * closed as they arrive, so a frame sent slowly with descriptors on every
+ * piece holds none of them. */
+Test(uframe, descriptors_inside_a_frame_are_closed_on_arrival)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	uint8_t frame[4 + 64];
+	mc_uframe_put_len(frame, 64);
+	memset(frame + 4, 7, 64);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 1024), 0);
+	/* The header alone, then 16 pieces of the body with 4 each. */
+	struct iovec v = {frame, 4};
+	cr_assert_eq(mc_uframe_sendmsg(sv[0], &v, 1, NULL, 0, 0), 4);
+	cr_assert_eq(mc_uframe_rx_read(&r, sv[1], 0), 4);
+	int four[4] = {p[1], p[1], p[1], p[1]};
+	for (int i = 0; i < 16; i++) {
+		v = (struct iovec){frame + 4 + 4 * i, 4};
+		cr_assert_eq(mc_uframe_sendmsg(sv[0], &v, 1, four, 4, 0), 4);
+		cr_assert_eq(mc_uframe_rx_read(&r, sv[1], 0), 4);
+		cr_assert_eq(mc_uframe_rx_queued_fds(&r), 0, "none held mid-frame");
+	}
+	cr_assert_eq(r.dropped, 64);
+	const uint8_t *b;
+	size_t len;
+	int out[MC_UFRAME_MAX_FDS];
+	unsigned closed;
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 0, out, &closed), 0);
+	close(p[1]);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 0, "every copy closed: EOF");
+	close(p[0]);
+	mc_uframe_rx_free(&r);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/* rx_ready: whether rx_next has something to say without another read
+ * (the agent serves buffered frames of a session it may read again). */
+Test(uframe, ready_says_when_a_frame_is_buffered)
+{
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 64), 0);
+	uint8_t s[16];
+	size_t n = put_frame(s, "abc", 3);
+	cr_assert_not(mc_uframe_rx_ready(&r), "empty");
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, 3), 0);
+	cr_assert_not(mc_uframe_rx_ready(&r), "part of the header");
+	cr_assert_eq(mc_uframe_rx_feed(&r, s + 3, n - 4), 0);
+	cr_assert_not(mc_uframe_rx_ready(&r), "part of the body");
+	cr_assert_eq(mc_uframe_rx_feed(&r, s + n - 1, 1), 0);
+	cr_assert(mc_uframe_rx_ready(&r), "whole");
+	const uint8_t *b;
+	size_t len;
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_not(mc_uframe_rx_ready(&r), "taken");
+	uint8_t bad[4];
+	mc_uframe_put_len(bad, 65);
+	cr_assert_eq(mc_uframe_rx_feed(&r, bad, 4), 0);
+	cr_assert(mc_uframe_rx_ready(&r), "a length rx_next refuses");
+	mc_uframe_rx_free(&r);
+}
+
+/* A frame that announced more than came and also brought some nobody
+ * announced: missing wins (MC_EPROTOCOL: the stream cannot be trusted),
+ * and every descriptor it brought is closed. */
+Test(uframe, missing_descriptors_outrank_stray_ones)
+{
+	struct mc_uframe_rx r;
+	cr_assert_eq(mc_uframe_rx_init(&r, 1024), 0);
+	uint8_t s[16];
+	size_t n = put_frame(s, "x", 1);
+	cr_assert_eq(mc_uframe_rx_feed(&r, s, n), 0);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	cr_assert_eq(mc_uframe_rx_push_fd(&r, p[1]), 0);
+	const uint8_t *b;
+	size_t len;
+	int out[MC_UFRAME_MAX_FDS];
+	unsigned closed;
+	cr_assert_eq(mc_uframe_rx_next(&r, &b, &len), 1);
+	cr_assert_eq(mc_uframe_rx_frame_fds(&r, 2, out, &closed), MC_EPROTOCOL);
+	cr_assert_eq(closed, 1);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 0, "closed: EOF");
+	close(p[0]);
+	mc_uframe_rx_free(&r);
 }

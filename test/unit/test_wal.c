@@ -15,8 +15,7 @@
 
 static struct wal_options opts_small(void)
 {
-	return (struct wal_options){.segment_bytes = 64 << 10,
-				    .create = true};
+	return (struct wal_options){.segment_bytes = 64 << 10, .create = true};
 }
 
 static struct wal *open_ok(const char *dir, const struct wal_options *o,
@@ -161,8 +160,7 @@ Test(wal, round_trip_many_batches_restarts, .timeout = 120)
 	}
 	struct wal_stats st;
 	wal_get_stats(w, &st);
-	cr_assert_gt(st.segments, 3, "expected rollovers, have %" PRIu64,
-		     st.segments);
+	cr_assert_gt(st.segments, 3, "expected rollovers, have %" PRIu64, st.segments);
 	wal_close(w);
 	free(m.terms);
 	tu_cleanup(dir);
@@ -194,8 +192,8 @@ Test(wal, segment_rollover)
 	uint64_t prev_first = 0;
 	for (size_t i = 0; i < n; i++) {
 		uint64_t seq, first;
-		cr_assert_eq(sscanf(names[i], "%16" SCNx64 "-%16" SCNx64 ".wal",
-				    &seq, &first), 2);
+		cr_assert_eq(sscanf(names[i], "%16" SCNx64 "-%16" SCNx64 ".wal", &seq, &first),
+			     2);
 		cr_assert_eq(seq, i + 1);
 		cr_assert_gt(first, prev_first);
 		prev_first = first;
@@ -275,8 +273,7 @@ Test(wal, release_after_snapshot)
 	char **names = tu_segments(dir, &n);
 	cr_assert_eq(n, st.segments);
 	uint64_t seq, first;
-	cr_assert_eq(sscanf(names[0], "%16" SCNx64 "-%16" SCNx64, &seq, &first),
-		     2);
+	cr_assert_eq(sscanf(names[0], "%16" SCNx64 "-%16" SCNx64, &seq, &first), 2);
 	cr_assert_leq(first, 3001);
 	cr_assert_gt(seq, 1);
 	tu_free_names(names, n);
@@ -308,8 +305,7 @@ Test(wal, release_after_snapshot)
 	wal_recovery_close(&rec);
 
 	/* Release everything but the open segment, reopen: still whole. */
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){4500, 3}, true),
-		     0);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){4500, 3}, true), 0);
 	cr_assert_eq(wal_release_to(w, 4500), 0);
 	wal_get_stats(w, &st);
 	cr_assert_eq(st.segments, 1);
@@ -338,10 +334,8 @@ Test(wal, release_keeps_older_snapshot_usable)
 	struct wal *w = open_ok(dir, &o, &rec);
 	for (uint64_t i = 1; i <= 4000; i += 100)
 		cr_assert_eq(tu_save(w, i, 100, 1, NULL, true), 0);
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){2000, 1}, true),
-		     0);
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){3500, 1}, true),
-		     0);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){2000, 1}, true), 0);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){3500, 1}, true), 0);
 	cr_assert_eq(wal_release_to(w, 2000), 0); /* oldest kept snapshot */
 	wal_close(w);
 	w = open_ok(dir, &o, &rec);
@@ -366,20 +360,16 @@ Test(wal, snapshot_marker_rules)
 	struct wal *w = open_ok(dir, &o, &rec);
 	cr_assert_eq(tu_save(w, 1, 20, 1, NULL, true), 0);
 	/* Marker matching the log: entries stay. */
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){10, 1}, true),
-		     0);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){10, 1}, true), 0);
 	cr_assert_eq(wal_last_index(w), 20);
 	/* Older marker, or same index with another term: refused. */
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){9, 1}, true),
-		     -EINVAL);
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){10, 2}, true),
-		     -EINVAL);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){9, 1}, true), -EINVAL);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){10, 2}, true), -EINVAL);
 	/* Entries at or below the marker: refused. */
 	cr_assert_eq(tu_save(w, 10, 1, 1, NULL, true), -EINVAL);
 	cr_assert_eq(tu_save(w, 11, 2, 1, NULL, true), 0);
 	/* A marker with another term at a held index replaces the log. */
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){15, 4}, true),
-		     0);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){15, 4}, true), 0);
 	cr_assert_eq(wal_last_index(w), 15);
 	cr_assert_eq(tu_save(w, 17, 1, 4, NULL, true), -EINVAL); /* gap */
 	cr_assert_eq(tu_save(w, 16, 3, 4, NULL, true), 0);
@@ -396,8 +386,7 @@ Test(wal, snapshot_marker_rules)
 	cr_assert_eq(rec.n_ents, 3);
 
 	/* A marker beyond the log replaces it too. */
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){100, 5}, true),
-		     0);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){100, 5}, true), 0);
 	cr_assert_eq(wal_last_index(w), 100);
 	wal_close(w);
 	wal_recovery_close(&rec);
@@ -500,13 +489,13 @@ Test(wal, group_commit_one_fsync)
 	o.metrics = reg;
 	struct wal_recovery rec;
 	struct wal *w = open_ok(dir, &o, &rec);
-	struct metric *fsyncs = metrics_counter(
-		reg, "mooncake_wal_fsyncs_total", "x", NULL, NULL);
-	struct metric *bytes = metrics_counter(
-		reg, "mooncake_wal_bytes_written_total", "x", NULL, NULL);
-	struct metric *hist = metrics_histogram(
-		reg, "mooncake_wal_fsync_duration_seconds", "x", NULL, NULL,
-		metrics_latency_buckets, metrics_latency_nbuckets);
+	struct metric *fsyncs = metrics_counter(reg, "mooncake_wal_fsyncs_total", "x", NULL,
+						NULL);
+	struct metric *bytes = metrics_counter(reg, "mooncake_wal_bytes_written_total", "x",
+					       NULL, NULL);
+	struct metric *hist = metrics_histogram(reg, "mooncake_wal_fsync_duration_seconds",
+						"x", NULL, NULL, metrics_latency_buckets,
+						metrics_latency_nbuckets);
 	cr_assert_not_null(fsyncs);
 	cr_assert_not_null(hist);
 	struct wal_stats s0, s1;
@@ -524,13 +513,11 @@ Test(wal, group_commit_one_fsync)
 	cr_assert_eq(s1.writes, s0.writes, "all buffered (under 1 MiB)");
 	cr_assert_eq(wal_sync(w), 0);
 	wal_get_stats(w, &s1);
-	cr_assert_eq(s1.fsyncs - s0.fsyncs, 1, "%" PRIu64 " fsyncs",
-		     s1.fsyncs - s0.fsyncs);
+	cr_assert_eq(s1.fsyncs - s0.fsyncs, 1, "%" PRIu64 " fsyncs", s1.fsyncs - s0.fsyncs);
 	cr_assert_eq(s1.writes - s0.writes, 1);
 	cr_assert_eq(metric_value(fsyncs) - f0, 1.0);
 	cr_assert_eq(metric_value(hist) - h0, 1.0);
-	cr_assert_eq(metric_value(bytes) - b0,
-		     (double)(s1.bytes_written - s0.bytes_written));
+	cr_assert_eq(metric_value(bytes) - b0, (double)(s1.bytes_written - s0.bytes_written));
 	cr_assert_gt(s1.bytes_written, s0.bytes_written);
 	/* Nothing pending: sync is free. */
 	cr_assert_eq(wal_sync(w), 0);
@@ -627,8 +614,7 @@ Test(wal, write_failure_is_fatal_and_sticky)
 	cr_assert_eq(rc, -EFBIG, "got %s", mc_strerror(rc));
 	cr_assert_eq(tu_save(w, 11, 1, 1, NULL, true), -EFBIG);
 	cr_assert_eq(wal_sync(w), -EFBIG);
-	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){5, 1}, true),
-		     -EFBIG);
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){5, 1}, true), -EFBIG);
 	cr_assert_eq(wal_release_to(w, 1), -EFBIG);
 	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
 	wal_close(w);
@@ -651,8 +637,7 @@ Test(wal, leftover_roll_temp_file_removed)
 	cr_assert_eq(tu_save(w, 1, 3, 1, NULL, true), 0);
 	wal_close(w);
 	char tmp[PATH_MAX];
-	snprintf(tmp, sizeof(tmp),
-		 "%s/0000000000000002-0000000000000004.wal.tmp", dir);
+	snprintf(tmp, sizeof(tmp), "%s/0000000000000002-0000000000000004.wal.tmp", dir);
 	tu_write_file(tmp, "partial", 7);
 	w = open_ok(dir, &o, &rec);
 	cr_assert_eq(rec.n_ents, 3);

@@ -26,13 +26,11 @@ struct layout {
 
 static struct wal_options opts(bool prealloc)
 {
-	return (struct wal_options){.segment_bytes = 1 << 20,
-				    .no_prealloc = !prealloc,
-				    .create = true};
+	return (struct wal_options){
+		.segment_bytes = 1 << 20, .no_prealloc = !prealloc, .create = true};
 }
 
-static struct wal *open_ok(const char *dir, bool prealloc,
-			   struct wal_recovery *rec)
+static struct wal *open_ok(const char *dir, bool prealloc, struct wal_recovery *rec)
 {
 	struct wal_options o = opts(prealloc);
 	struct wal *w = NULL;
@@ -56,8 +54,7 @@ static int open_rc(const char *dir, bool prealloc)
 
 /* n entries (1..n, term 1), each its own synced write group, or (with
  * one_group) all in a single group. */
-static void build(const char *dir, size_t n, bool prealloc, bool one_group,
-		  struct layout *L)
+static void build(const char *dir, size_t n, bool prealloc, bool one_group, struct layout *L)
 {
 	struct wal_recovery rec;
 	struct wal *w = open_ok(dir, prealloc, &rec);
@@ -67,8 +64,7 @@ static void build(const char *dir, size_t n, bool prealloc, bool one_group,
 	for (size_t k = 0; k < n; k++) {
 		cr_assert_eq(tu_save(w, k + 1, 1, 1, NULL, !one_group), 0);
 		L->off[k + 1] = L->off[k] +
-				wal__frame_bytes(WAL__ENTRY_HDR_BYTES +
-						 tu_data_len(k + 1, 1));
+				wal__frame_bytes(WAL__ENTRY_HDR_BYTES + tu_data_len(k + 1, 1));
 	}
 	wal_close(w);
 	snprintf(L->seg, sizeof(L->seg), "%s/" SEG1, dir);
@@ -77,8 +73,7 @@ static void build(const char *dir, size_t n, bool prealloc, bool one_group,
 static unsigned subdir_n;
 
 /* A fresh copy of src under parent (same log file). */
-static void copy_of(const char *parent, const char *src, char *out,
-		    size_t len)
+static void copy_of(const char *parent, const char *src, char *out, size_t len)
 {
 	snprintf(out, len, "%s/c%u", parent, subdir_n++);
 	cr_assert_eq(mkdir(out, 0700), 0);
@@ -147,8 +142,8 @@ static void torn_every_offset(bool prealloc, bool zero_fill)
 			kept_zero = orig[i] == 0;
 		bool torn = !intact && !kept_zero;
 		cr_assert_eq(rec.tail_truncated, torn, "cut %" PRIu64, cut);
-		snprintf(needle, sizeof(needle),
-			 "%s: torn tail at offset %" PRIu64 " ", seg, start);
+		snprintf(needle, sizeof(needle), "%s: torn tail at offset %" PRIu64 " ", seg,
+			 start);
 		cr_assert_eq(tu_log_count(dir, needle), torn ? 1 : 0,
 			     "cut %" PRIu64 ": log line for %s", cut, needle);
 		cr_assert_eq(tu_log_count(dir, "torn tail"), torn ? 1 : 0);
@@ -241,12 +236,11 @@ Test(wal_crash, flipped_byte_in_middle_record, .timeout = 120)
 		free(data);
 		patch(seg, pos, &b, 1);
 		tu_log_reset(dir);
-		cr_assert_eq(open_rc(d, false), -EBADMSG, "flip at %" PRIu64,
-			     pos);
-		snprintf(needle, sizeof(needle), "%s: corrupt at offset %" PRIu64
-			 ": ", seg, start);
-		cr_assert_eq(tu_log_count(dir, needle), 1,
-			     "flip at %" PRIu64 ": no line '%s'", pos, needle);
+		cr_assert_eq(open_rc(d, false), -EBADMSG, "flip at %" PRIu64, pos);
+		snprintf(needle, sizeof(needle), "%s: corrupt at offset %" PRIu64 ": ", seg,
+			 start);
+		cr_assert_eq(tu_log_count(dir, needle), 1, "flip at %" PRIu64 ": no line '%s'",
+			     pos, needle);
 		cr_assert_eq(tu_log_count(dir, "torn tail"), 0);
 		/* Nothing was modified: the error repeats. */
 		cr_assert_eq(open_rc(d, false), -EBADMSG);
@@ -264,7 +258,8 @@ Test(wal_crash, flipped_byte_in_segment_header)
 	patch(L.seg, 30, &b, 1);
 	cr_assert_eq(open_rc(dir, false), -EBADMSG);
 	cr_assert_eq(tu_log_count(dir, SEG1 ": corrupt at offset 0: segment "
-					   "header CRC mismatch"), 1);
+					    "header CRC mismatch"),
+		     1);
 	tu_cleanup(dir);
 }
 
@@ -282,8 +277,7 @@ Test(wal_crash, hole_in_final_group_is_torn)
 	cr_assert(rec.tail_truncated);
 	check_first_n(&rec, 4);
 	char needle[64];
-	snprintf(needle, sizeof(needle), "torn tail at offset %" PRIu64,
-		 L.off[4]);
+	snprintf(needle, sizeof(needle), "torn tail at offset %" PRIu64, L.off[4]);
 	cr_assert_eq(tu_log_count(dir, needle), 1);
 	wal_close(w);
 	wal_recovery_close(&rec);
@@ -298,15 +292,14 @@ Test(wal_crash, hole_before_later_group_is_corruption)
 	zero_range(L.seg, L.off[4], (size_t)(L.off[5] - L.off[4]));
 	cr_assert_eq(open_rc(dir, true), -EBADMSG);
 	char needle[64];
-	snprintf(needle, sizeof(needle), "corrupt at offset %" PRIu64,
-		 L.off[4]);
+	snprintf(needle, sizeof(needle), "corrupt at offset %" PRIu64, L.off[4]);
 	cr_assert_eq(tu_log_count(dir, needle), 1);
 	tu_cleanup(dir);
 }
 
 /* Append a crafted, CRC-valid record as a new write group. */
-static void append_raw(const struct layout *L, uint64_t at, unsigned type,
-		       const void *p1, size_t n1, const void *p2, size_t n2)
+static void append_raw(const struct layout *L, uint64_t at, unsigned type, const void *p1,
+		       size_t n1, const void *p2, size_t n2)
 {
 	size_t n;
 	char *data = tu_read_file(L->seg, &n);
@@ -316,8 +309,7 @@ static void append_raw(const struct layout *L, uint64_t at, unsigned type,
 	free(data);
 	size_t frame = wal__frame_bytes(n1 + n2);
 	uint8_t *buf = malloc(frame);
-	wal__encode_frame(buf, wal__seed(h.wal_id, h.seq), type, p1, n1, p2,
-			  n2, at);
+	wal__encode_frame(buf, wal__seed(h.wal_id, h.seq), type, p1, n1, p2, n2, at);
 	patch(L->seg, at, buf, frame);
 	free(buf);
 }
@@ -341,8 +333,8 @@ Test(wal_crash, index_gap_on_disk)
 	append_raw(&L, L.off[5], WAL__REC_ENTRY, h, sizeof(h), "x", 1);
 	cr_assert_eq(open_rc(dir, false), -EBADMSG);
 	char needle[128];
-	snprintf(needle, sizeof(needle), "corrupt at offset %" PRIu64
-		 ": gap in entry indexes", L.off[5]);
+	snprintf(needle, sizeof(needle), "corrupt at offset %" PRIu64 ": gap in entry indexes",
+		 L.off[5]);
 	cr_assert_eq(tu_log_count(dir, needle), 1);
 	tu_cleanup(dir);
 }
@@ -355,8 +347,7 @@ Test(wal_crash, valid_crc_bad_format_is_corruption)
 	uint8_t p[23] = {1};
 	append_raw(&L, L.off[3], WAL__REC_HARD_STATE, p, sizeof(p), NULL, 0);
 	cr_assert_eq(open_rc(dir, false), -EBADMSG);
-	cr_assert_eq(tu_log_count(dir, "hard state record of the wrong size"),
-		     1);
+	cr_assert_eq(tu_log_count(dir, "hard state record of the wrong size"), 1);
 	tu_cleanup(dir);
 }
 
@@ -400,12 +391,10 @@ Test(wal_crash, crazy_record_lengths)
 		set_len(&L, L.off[2], lens[i]);
 		cr_assert_eq(open_rc(dir, false), -EBADMSG, "len %u", lens[i]);
 		char needle[64];
-		snprintf(needle, sizeof(needle), "corrupt at offset %" PRIu64,
-			 L.off[2]);
+		snprintf(needle, sizeof(needle), "corrupt at offset %" PRIu64, L.off[2]);
 		cr_assert_eq(tu_log_count(dir, needle), 1);
 		/* The same in the last record is a torn tail. */
-		set_len(&L, L.off[2], (uint32_t)(L.off[3] - L.off[2] -
-						 WAL__REC_HDR_BYTES));
+		set_len(&L, L.off[2], (uint32_t)(L.off[3] - L.off[2] - WAL__REC_HDR_BYTES));
 		tu_cleanup(dir);
 		dir = tu_tmpdir();
 		build(dir, 5, false, false, &L);
@@ -430,8 +419,8 @@ Test(wal_crash, record_from_another_wal_rejected)
 	entry_hdr(h, 4, 1);
 	size_t frame = wal__frame_bytes(sizeof(h));
 	uint8_t *buf = malloc(frame);
-	wal__encode_frame(buf, wal__seed(12345, 1), WAL__REC_ENTRY, h,
-			  sizeof(h), NULL, 0, L.off[3]);
+	wal__encode_frame(buf, wal__seed(12345, 1), WAL__REC_ENTRY, h, sizeof(h), NULL, 0,
+			  L.off[3]);
 	patch(L.seg, L.off[3], buf, frame);
 	free(buf);
 	struct wal_recovery rec;
@@ -532,8 +521,7 @@ Test(wal_crash, missing_middle_segment)
 	snprintf(path, sizeof(path), "%s/%s", dir, names[2]);
 	cr_assert_eq(unlink(path), 0);
 	cr_assert_eq(open_seg_rc(dir), -EBADMSG);
-	cr_assert_eq(tu_log_count(dir, "segment 0000000000000003 is missing"),
-		     1);
+	cr_assert_eq(tu_log_count(dir, "segment 0000000000000003 is missing"), 1);
 	tu_free_names(names, n);
 	tu_cleanup(dir);
 }

@@ -56,7 +56,8 @@ static bool same(const struct wal_recovery *rv, const struct model *m)
 	for (size_t k = 0; k < rv->n_ents; k++) {
 		const struct wal_entry *e = &rv->ents[k];
 		uint64_t idx = k + 1;
-		if (e->index != idx || e->term != m->terms[idx] || e->type != (uint32_t)(idx % 3))
+		if (e->index != idx || e->term != m->terms[idx] ||
+		    e->type != (uint32_t)(idx % 3))
 			return false;
 		size_t len = tu_data_len(idx, e->term);
 		tu_fill(buf, idx, e->term, len);
@@ -80,7 +81,8 @@ static size_t sizes_now(const char *dir, struct seg_size *out, size_t cap)
 	for (size_t i = 0; i < n; i++) {
 		char path[PATH_MAX];
 		snprintf(out[i].name, sizeof(out[i].name), "%s", v[i]);
-		cr_assert(snprintf(path, sizeof(path), "%s/%s", dir, v[i]) < (int)sizeof(path));
+		cr_assert(snprintf(path, sizeof(path), "%s/%s", dir, v[i]) <
+			  (int)sizeof(path));
 		out[i].size = tu_file_size(path);
 	}
 	tu_free_names(v, n);
@@ -108,7 +110,8 @@ static unsigned lose(const char *crash, const struct seg_size *synced, size_t ns
 	char **v = tu_segments(crash, &n);
 	for (size_t i = 0; i < n; i++) {
 		char path[PATH_MAX];
-		cr_assert(snprintf(path, sizeof(path), "%s/%s", crash, v[i]) < (int)sizeof(path));
+		cr_assert(snprintf(path, sizeof(path), "%s/%s", crash, v[i]) <
+			  (int)sizeof(path));
 		uint64_t size = tu_file_size(path), base = 0;
 		bool known = false;
 		for (size_t j = 0; j < nsynced; j++)
@@ -151,8 +154,9 @@ static void run_seed(uint64_t seed)
 {
 	char *dir = tu_tmpdir();
 	uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
-#define RND(n) ((rng = rng * 6364136223846793005ull + 1442695040888963407ull), \
-		(uint64_t)((rng >> 33) % (uint64_t)(n)))
+#define RND(n) \
+	((rng = rng * 6364136223846793005ull + 1442695040888963407ull), \
+	 (uint64_t)((rng >> 33) % (uint64_t)(n)))
 	struct wal_options o = {.segment_bytes = 16 << 20,
 				.buffer_bytes = 256 + RND(4096),
 				.no_prealloc = true,
@@ -238,8 +242,10 @@ static void run_seed(uint64_t seed)
 		  seed, mode, rv.n_ents, rv.hs.term, rv.hs.commit, synced.last,
 		  synced.hs.commit, nrecs);
 	if (mode == 0)
-		cr_assert(same(&rv, &synced), "seed %" PRIu64 ": all unsynced data dropped, "
-			  "yet recovery differs from the synced state", seed);
+		cr_assert(same(&rv, &synced),
+			  "seed %" PRIu64 ": all unsynced data dropped, "
+			  "yet recovery differs from the synced state",
+			  seed);
 	wal_close(w);
 	wal_recovery_close(&rv);
 	tu_rm_rf(walsub);

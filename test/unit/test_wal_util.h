@@ -23,8 +23,7 @@
 #include "common/log.h"
 #include "meta/wal.h"
 
-static int tu_rm_cb(const char *p, const struct stat *st, int flag,
-		    struct FTW *f)
+static int tu_rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
 {
 	(void)st;
 	(void)flag;
@@ -78,8 +77,7 @@ static inline char *tu_read_file(const char *path, size_t *len)
 	return buf;
 }
 
-static inline void tu_write_file(const char *path, const void *data,
-				 size_t len)
+static inline void tu_write_file(const char *path, const void *data, size_t len)
 {
 	FILE *f = fopen(path, "wb");
 	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
@@ -180,8 +178,7 @@ static inline size_t tu_data_len(uint64_t index, uint64_t term)
 	return (size_t)((index * 7 + term * 13) % 200);
 }
 
-static inline void tu_fill(uint8_t *buf, uint64_t index, uint64_t term,
-			   size_t len)
+static inline void tu_fill(uint8_t *buf, uint64_t index, uint64_t term, size_t len)
 {
 	for (size_t i = 0; i < len; i++)
 		buf[i] = (uint8_t)(1 + (index * 31 + term * 17 + i * 7) % 251);
@@ -194,8 +191,7 @@ struct tu_batch {
 	size_t n;
 };
 
-static inline void tu_batch_make(struct tu_batch *b, uint64_t first,
-				 size_t n, uint64_t term)
+static inline void tu_batch_make(struct tu_batch *b, uint64_t first, size_t n, uint64_t term)
 {
 	cr_assert(n <= 256);
 	b->n = n;
@@ -204,8 +200,8 @@ static inline void tu_batch_make(struct tu_batch *b, uint64_t first,
 		size_t len = tu_data_len(idx, term);
 		b->bufs[k] = malloc(len ? len : 1);
 		tu_fill(b->bufs[k], idx, term, len);
-		b->ents[k] = (struct wal_entry){idx, term, (uint32_t)(idx % 3),
-						b->bufs[k], len};
+		b->ents[k] = (struct wal_entry){idx, term, (uint32_t)(idx % 3), b->bufs[k],
+						len};
 	}
 }
 
@@ -217,9 +213,8 @@ static inline void tu_batch_free(struct tu_batch *b)
 }
 
 /* Save entries [first, first+n) with term, then the hard state. */
-static inline int tu_save(struct wal *w, uint64_t first, size_t n,
-			  uint64_t term, const struct wal_hard_state *hs,
-			  bool sync)
+static inline int tu_save(struct wal *w, uint64_t first, size_t n, uint64_t term,
+			  const struct wal_hard_state *hs, bool sync)
 {
 	struct tu_batch b;
 	tu_batch_make(&b, first, n, term);
@@ -246,8 +241,7 @@ static inline void tu_model_init(struct tu_model *m)
 	m->terms = calloc(TU_MODEL_MAX, sizeof(uint64_t));
 }
 
-static inline void tu_model_append(struct tu_model *m, uint64_t first,
-				   size_t n, uint64_t term)
+static inline void tu_model_append(struct tu_model *m, uint64_t first, size_t n, uint64_t term)
 {
 	cr_assert(first >= m->first && first <= m->last + 1);
 	for (size_t k = 0; k < n; k++)
@@ -256,8 +250,7 @@ static inline void tu_model_append(struct tu_model *m, uint64_t first,
 }
 
 /* Check that rec holds exactly the model's entries (with their data). */
-static inline void tu_check(const struct wal_recovery *rec,
-			    const struct tu_model *m)
+static inline void tu_check(const struct wal_recovery *rec, const struct tu_model *m)
 {
 	cr_assert_eq(rec->n_ents, m->last + 1 - m->first,
 		     "recovered %zu entries, expected %" PRIu64, rec->n_ents,
@@ -267,10 +260,9 @@ static inline void tu_check(const struct wal_recovery *rec,
 		const struct wal_entry *e = &rec->ents[k];
 		uint64_t idx = m->first + k;
 		uint64_t term = m->terms[k];
-		cr_assert_eq(e->index, idx, "entry %zu has index %" PRIu64, k,
-			     e->index);
-		cr_assert_eq(e->term, term, "entry %" PRIu64 " term %" PRIu64
-			     " want %" PRIu64, idx, e->term, term);
+		cr_assert_eq(e->index, idx, "entry %zu has index %" PRIu64, k, e->index);
+		cr_assert_eq(e->term, term, "entry %" PRIu64 " term %" PRIu64 " want %" PRIu64,
+			     idx, e->term, term);
 		cr_assert_eq(e->type, (uint32_t)(idx % 3));
 		size_t len = tu_data_len(idx, term);
 		cr_assert_eq(e->len, len, "entry %" PRIu64 " len", idx);

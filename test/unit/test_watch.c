@@ -26,8 +26,8 @@ TestSuite(watch, .init = setup, .fini = teardown);
 
 static int64_t watch(const char *k, const char *end, int64_t start)
 {
-	struct watch_options o = {.key = k, .key_len = strlen(k), .start_revision = start,
-				  .prev_kv = true};
+	struct watch_options o = {
+		.key = k, .key_len = strlen(k), .start_revision = start, .prev_kv = true};
 	if (end) {
 		o.range_end = end[0] ? end : "\0";
 		o.range_end_len = end[0] ? strlen(end) : 1;
@@ -135,8 +135,8 @@ Test(watch, ranges_and_prefixes)
 	take(ab, false);
 	cr_assert_str_eq(got, "P a=1@2;P ab=1@7;");
 
-	struct watch_options o = {.key = "b", .key_len = 1, .range_end = "a",
-				  .range_end_len = 1};
+	struct watch_options o = {
+		.key = "b", .key_len = 1, .range_end = "a", .range_end_len = 1};
 	int64_t id;
 	cr_assert_eq(watch_create(r, s, &o, &id), MVCC_EEMPTY_WATCH_RANGE);
 	o.range_end_len = 0;
@@ -455,8 +455,8 @@ Test(watch, randomized_against_brute_force)
 		size_t len;
 	} ws[NW];
 	uint64_t seed = 42;
-#define RND() (seed = seed * 6364136223846793005ULL + 1442695040888963407ULL, \
-	       (unsigned)(seed >> 33))
+#define RND() \
+	(seed = seed * 6364136223846793005ULL + 1442695040888963407ULL, (unsigned)(seed >> 33))
 	char evlog[NOPS][40];
 	int evrev[NOPS];
 	char evkey[NOPS][8];
@@ -477,7 +477,8 @@ Test(watch, randomized_against_brute_force)
 				ws[i].start = mvcc_rev(s) + 1;
 			ws[i].noput = RND() % 5 == 0;
 			ws[i].nodel = !ws[i].noput && RND() % 5 == 0;
-			struct watch_options o = {.key = ws[i].key, .key_len = 3,
+			struct watch_options o = {.key = ws[i].key,
+						  .key_len = 3,
 						  .start_revision = ws[i].start,
 						  .filter_noput = ws[i].noput,
 						  .filter_nodelete = ws[i].nodel};
@@ -536,15 +537,17 @@ Test(watch, randomized_against_brute_force)
 			if (evrev[e] < ws[i].start)
 				continue;
 			int c = strcmp(evkey[e], ws[i].key);
-			bool in = ws[i].kind == 0   ? c == 0
-				  : ws[i].kind == 2 ? c >= 0
-						    : c >= 0 && strcmp(evkey[e], ws[i].end) < 0;
+			bool in = ws[i].kind == 0 ? c == 0
+				  : ws[i].kind == 2
+					  ? c >= 0
+					  : c >= 0 && strcmp(evkey[e], ws[i].end) < 0;
 			if (!in || (evput[e] && ws[i].noput) || (!evput[e] && ws[i].nodel))
 				continue;
 			o += (size_t)snprintf(want + o, sizeof(want) - o, "%s", evlog[e]);
 		}
-		cr_assert_str_eq(ws[i].log, want, "watcher %d (kind %d key %s end %s start %lld)",
-				 i, ws[i].kind, ws[i].key, ws[i].end, (long long)ws[i].start);
+		cr_assert_str_eq(ws[i].log, want,
+				 "watcher %d (kind %d key %s end %s start %lld)", i,
+				 ws[i].kind, ws[i].key, ws[i].end, (long long)ws[i].start);
 		free(ws[i].log);
 	}
 }

@@ -11,8 +11,8 @@
 #include "common/util.h"
 #include "meta/raft/raft_int.h"
 
-int raft__progress_init(struct raft__progress *p, uint64_t id, bool learner,
-			uint64_t next, size_t max_inflight)
+int raft__progress_init(struct raft__progress *p, uint64_t id, bool learner, uint64_t next,
+			size_t max_inflight)
 {
 	memset(p, 0, sizeof(*p));
 	p->inflights.buf = calloc(max_inflight, sizeof(uint64_t));

@@ -414,7 +414,8 @@ static int apply_conf_entry(struct raft *r, const struct raft_entry *e, bool qui
 		return rv;
 	r->conf_index = e->index;
 	if (!quiet)
-		trace(r, "conf change at %" PRIu64 ": %s %" PRIu64 " (%zu voters, %zu learners)",
+		trace(r,
+		      "conf change at %" PRIu64 ": %s %" PRIu64 " (%zu voters, %zu learners)",
 		      e->index, cc_name(cc.type), cc.node_id, r->conf.n_voters,
 		      r->conf.n_learners);
 	if (r->role == RAFT_LEADER)
@@ -466,7 +467,9 @@ static int recompute_conf(struct raft *r, bool quiet)
 	r->conf = c;
 	r->conf_index = idx;
 	if (!quiet)
-		trace(r, "configuration rolled back to index %" PRIu64 " (%zu voters, %zu learners)",
+		trace(r,
+		      "configuration rolled back to index %" PRIu64
+		      " (%zu voters, %zu learners)",
 		      idx, r->conf.n_voters, r->conf.n_learners);
 	if (r->role == RAFT_LEADER)
 		return sync_prs(r);
@@ -523,8 +526,8 @@ static void become_candidate(struct raft *r)
 	trace(r, "became candidate");
 }
 
-static int append_local(struct raft *r, enum raft_entry_type type, const void *data, size_t len,
-			uint64_t *index_out);
+static int append_local(struct raft *r, enum raft_entry_type type, const void *data,
+			size_t len, uint64_t *index_out);
 static int commit_or_bcast(struct raft *r);
 
 static int become_leader(struct raft *r)
@@ -683,8 +686,8 @@ static int send_timeout_now(struct raft *r, uint64_t to)
 }
 
 /* Leader: append one entry of its term (takes the data reference). */
-static int append_local(struct raft *r, enum raft_entry_type type, const void *data, size_t len,
-			uint64_t *index_out)
+static int append_local(struct raft *r, enum raft_entry_type type, const void *data,
+			size_t len, uint64_t *index_out)
 {
 	struct raft_entry e;
 	struct raft__progress *self;
@@ -828,8 +831,8 @@ static int leader_read_index(struct raft *r, uint64_t from, const void *ctx, siz
 	if (r->conf.n_voters == 1 && r->conf.voters[0] == r->id)
 		return respond_read(r, from, r->commit, ctx, len);
 	if (!committed_in_term(r))
-		return read_queue_add(&r->early_reads, &r->n_early_reads, &r->cap_early_reads, 0,
-				      from, ctx, len);
+		return read_queue_add(&r->early_reads, &r->n_early_reads, &r->cap_early_reads,
+				      0, from, ctx, len);
 	for (size_t k = 0; k < r->n_reads; k++)
 		if (r->reads[k].ctx_len == len && memcmp(r->reads[k].ctx, ctx, len) == 0)
 			return 0; /* already waiting */
@@ -874,7 +877,8 @@ static int read_ack(struct raft *r, uint64_t from, const void *ctx, size_t len)
 
 /* ------------------------------------------------------- leader inputs */
 
-static int handle_append_resp(struct raft *r, const struct raft_msg *m, struct raft__progress *pr)
+static int handle_append_resp(struct raft *r, const struct raft_msg *m,
+			      struct raft__progress *pr)
 {
 	uint64_t id = pr->id;
 	bool old_paused;
@@ -1041,7 +1045,8 @@ static int handle_append(struct raft *r, const struct raft_msg *m)
 			if (e.type != RAFT_ENTRY_CONF_CHANGE)
 				e.type = RAFT_ENTRY_NORMAL;
 			raft__log_push(&r->log, &e);
-			if (e.type == RAFT_ENTRY_CONF_CHANGE && (rv = apply_conf_entry(r, &e, false)))
+			if (e.type == RAFT_ENTRY_CONF_CHANGE &&
+			    (rv = apply_conf_entry(r, &e, false)))
 				return rv;
 		}
 	}
@@ -1093,7 +1098,8 @@ static int handle_snapshot(struct raft *r, const struct raft_msg *m)
 	if ((rv = raft__conf_copy(&r->conf, &r->snap_conf)))
 		return rv;
 	r->conf_index = 0;
-	trace(r, "restored snapshot at %" PRIu64 " term %" PRIu64 " (%zu voters, %zu learners)",
+	trace(r,
+	      "restored snapshot at %" PRIu64 " term %" PRIu64 " (%zu voters, %zu learners)",
 	      s->index, s->term, r->conf.n_voters, r->conf.n_learners);
 	return send_append_resp(r, m->from, last_index(r));
 }
@@ -1210,14 +1216,17 @@ static int hup(struct raft *r, bool transfer)
 		return 0;
 	if (!is_voter(r, r->id))
 		return 0;
-	trace(r, "starting %s election", transfer ? "a transfer" : r->cfg.pre_vote ? "a pre-vote" : "an");
+	trace(r, "starting %s election",
+	      transfer          ? "a transfer"
+	      : r->cfg.pre_vote ? "a pre-vote"
+				: "an");
 	return campaign(r, r->cfg.pre_vote && !transfer, transfer);
 }
 
 static int step_candidate(struct raft *r, const struct raft_msg *m)
 {
-	enum raft_msg_type mine =
-		r->role == RAFT_PRE_CANDIDATE ? RAFT_MSG_PREVOTE_RESP : RAFT_MSG_VOTE_RESP;
+	enum raft_msg_type mine = r->role == RAFT_PRE_CANDIDATE ? RAFT_MSG_PREVOTE_RESP
+								: RAFT_MSG_VOTE_RESP;
 	int rv, res;
 
 	switch (m->type) {
@@ -1265,8 +1274,8 @@ static int handle_vote(struct raft *r, const struct raft_msg *m)
 			r->election_elapsed = 0;
 			r->vote = m->from;
 		}
-		trace(r, "granted %s to %" PRIu64 " for term %" PRIu64, pre ? "pre-vote" : "vote",
-		      m->from, m->term);
+		trace(r, "granted %s to %" PRIu64 " for term %" PRIu64,
+		      pre ? "pre-vote" : "vote", m->from, m->term);
 	} else {
 		resp.reject = true;
 		trace(r, "rejected %s from %" PRIu64 " for term %" PRIu64,
@@ -1283,9 +1292,11 @@ static int step(struct raft *r, const struct raft_msg *m)
 				     r->election_elapsed < r->cfg.election_ticks;
 
 			if (lease && !m->transfer) {
-				trace(r, "ignoring %s from %" PRIu64 " for term %" PRIu64
-					 ": leader %" PRIu64 " is live",
-				      raft_msg_type_name(m->type), m->from, m->term, r->leader);
+				trace(r,
+				      "ignoring %s from %" PRIu64 " for term %" PRIu64
+				      ": leader %" PRIu64 " is live",
+				      raft_msg_type_name(m->type), m->from, m->term,
+				      r->leader);
 				return 0;
 			}
 		}
@@ -1295,7 +1306,8 @@ static int step(struct raft *r, const struct raft_msg *m)
 		} else if (m->type == RAFT_MSG_READ_INDEX) {
 			return 0;
 		} else {
-			bool from_leader = m->type == RAFT_MSG_APP || m->type == RAFT_MSG_HEARTBEAT ||
+			bool from_leader = m->type == RAFT_MSG_APP ||
+					   m->type == RAFT_MSG_HEARTBEAT ||
 					   m->type == RAFT_MSG_SNAP;
 
 			trace(r, "%s from %" PRIu64 " has higher term %" PRIu64,
@@ -1424,7 +1436,8 @@ int raft_new(const struct raft_config *c, const struct raft_restore *rs, struct 
 		for (size_t k = skip; k < rs->n_entries; k++) {
 			struct raft_entry e = rs->entries[k];
 
-			if ((rv = raft__data_new(rs->entries[k].data, rs->entries[k].len, &e.data)))
+			if ((rv = raft__data_new(rs->entries[k].data, rs->entries[k].len,
+						 &e.data)))
 				goto err_free;
 			if (e.type != RAFT_ENTRY_CONF_CHANGE)
 				e.type = RAFT_ENTRY_NORMAL;
@@ -1446,8 +1459,8 @@ int raft_new(const struct raft_config *c, const struct raft_restore *rs, struct 
 	}
 	snap_sync_view(r);
 	reset_timeout(r);
-	trace(r, "started: last index %" PRIu64 ", commit %" PRIu64 ", %zu voters", last_index(r),
-	      r->commit, r->conf.n_voters);
+	trace(r, "started: last index %" PRIu64 ", commit %" PRIu64 ", %zu voters",
+	      last_index(r), r->commit, r->conf.n_voters);
 	*out = r;
 	return 0;
 
@@ -1512,7 +1525,8 @@ int raft_bootstrap_members(struct raft *r, const struct raft_conf_change *ccs, s
 		return fail(r, -ENOMEM);
 	r->term = 1;
 	for (size_t a = 0; a < n; a++) {
-		struct raft_entry e = {.term = 1, .index = a + 1, .type = RAFT_ENTRY_CONF_CHANGE};
+		struct raft_entry e = {
+			.term = 1, .index = a + 1, .type = RAFT_ENTRY_CONF_CHANGE};
 		size_t len = raft_conf_change_size(&ccs[a]);
 		unsigned char small[64];
 		unsigned char *buf = len <= sizeof(small) ? small : malloc(len);
@@ -1559,8 +1573,8 @@ static int tick_leader(struct raft *r)
 					active++;
 			}
 			if (active < quorum(r)) {
-				trace(r, "stepping down: only %zu of %zu voters active", active,
-				      r->conf.n_voters);
+				trace(r, "stepping down: only %zu of %zu voters active",
+				      active, r->conf.n_voters);
 				become_follower(r, r->term, RAFT_NONE);
 				return 0;
 			}
@@ -1614,7 +1628,8 @@ int raft_step(struct raft *r, const struct raft_msg *m)
 		return -EINVAL;
 	}
 	if (m->type == RAFT_MSG_SNAP &&
-	    (m->snapshot.index == 0 || (m->snapshot.conf.n_voters && !m->snapshot.conf.voters) ||
+	    (m->snapshot.index == 0 ||
+	     (m->snapshot.conf.n_voters && !m->snapshot.conf.voters) ||
 	     (m->snapshot.conf.n_learners && !m->snapshot.conf.learners)))
 		return -EINVAL;
 	return fail(r, step(r, m));
@@ -1640,7 +1655,8 @@ int raft_propose(struct raft *r, const void *data, size_t len, uint64_t *index_o
 	return fail(r, commit_or_bcast(r));
 }
 
-int raft_propose_conf_change(struct raft *r, const struct raft_conf_change *cc, uint64_t *index_out)
+int raft_propose_conf_change(struct raft *r, const struct raft_conf_change *cc,
+			     uint64_t *index_out)
 {
 	unsigned char *buf;
 	const void *d;
@@ -1811,8 +1827,9 @@ bool raft_has_ready(const struct raft *r)
 		return false;
 	return r->leader != r->prev_leader || r->role != r->prev_role ||
 	       r->term != r->prev_hs.term || r->vote != r->prev_hs.vote ||
-	       r->commit != r->prev_hs.commit || r->snap_pending || r->stable < last_index(r) ||
-	       r->n_msgs || r->n_rss || first_unapplied(r) <= r->commit;
+	       r->commit != r->prev_hs.commit || r->snap_pending ||
+	       r->stable < last_index(r) || r->n_msgs || r->n_rss ||
+	       first_unapplied(r) <= r->commit;
 }
 
 int raft_ready(struct raft *r, struct raft_ready *rd)
@@ -1882,8 +1899,8 @@ int raft_advance(struct raft *r, const struct raft_ready *rd)
 
 /* --------------------------------------------------------------- queries */
 
-size_t raft_status(const struct raft *r, struct raft_status *st, struct raft_peer_status *peers,
-		   size_t cap)
+size_t raft_status(const struct raft *r, struct raft_status *st,
+		   struct raft_peer_status *peers, size_t cap)
 {
 	memset(st, 0, sizeof(*st));
 	st->id = r->id;

@@ -135,7 +135,7 @@ struct raft_conf_state {
 /* Snapshot metadata: the state machine up to and including index. */
 struct raft_snapshot_meta {
 	uint64_t index;
-	uint64_t term; /* term of the entry at index */
+	uint64_t term;               /* term of the entry at index */
 	struct raft_conf_state conf; /* configuration in force at index */
 };
 
@@ -273,13 +273,13 @@ struct raft_config {
 	/* Election timeout in ticks; the randomized timeout is in [et, 2et). */
 	unsigned election_ticks;
 	unsigned heartbeat_ticks; /* < election_ticks */
-	uint64_t seed; /* PRNG seed (mixed with id) */
-	bool pre_vote; /* PreVote phase before real elections */
+	uint64_t seed;            /* PRNG seed (mixed with id) */
+	bool pre_vote;            /* PreVote phase before real elections */
 	/* Leader steps down without a quorum for an election timeout;
 	 * followers with a live leader ignore vote requests (leader lease). */
 	bool check_quorum;
-	size_t max_msg_entries; /* per APP, >= 1 */
-	size_t max_msg_bytes; /* data bytes per APP (one entry always fits) */
+	size_t max_msg_entries;   /* per APP, >= 1 */
+	size_t max_msg_bytes;     /* data bytes per APP (one entry always fits) */
 	size_t max_inflight_msgs; /* APPs in flight per follower, >= 1 */
 	/* raft_compact(i) keeps entries > i - trailing_entries in the log so
 	 * that slightly lagging followers need no snapshot. */
@@ -382,7 +382,7 @@ enum raft_conf_change_type {
 	RAFT_CC_ADD_VOTER = 1,
 	RAFT_CC_ADD_LEARNER = 2,
 	RAFT_CC_PROMOTE = 3, /* learner -> voter */
-	RAFT_CC_REMOVE = 4, /* voter or learner */
+	RAFT_CC_REMOVE = 4,  /* voter or learner */
 };
 
 struct raft_conf_change {

@@ -75,7 +75,8 @@ void raft__conf_init(struct raft__conf *c);
 void raft__conf_free(struct raft__conf *c);
 /* dst = copy of src (dst's old contents freed on success). Errors: -ENOMEM. */
 int raft__conf_copy(struct raft__conf *dst, const struct raft__conf *src) MC_MUST_CHECK;
-int raft__conf_from_state(struct raft__conf *dst, const struct raft_conf_state *s) MC_MUST_CHECK;
+int raft__conf_from_state(struct raft__conf *dst,
+			  const struct raft_conf_state *s) MC_MUST_CHECK;
 struct raft_conf_state raft__conf_view(const struct raft__conf *c);
 bool raft__conf_is_voter(const struct raft__conf *c, uint64_t id);
 bool raft__conf_is_learner(const struct raft__conf *c, uint64_t id);
@@ -113,8 +114,8 @@ struct raft__progress {
 };
 
 /* Errors: -ENOMEM. */
-int raft__progress_init(struct raft__progress *p, uint64_t id, bool learner,
-			uint64_t next, size_t max_inflight) MC_MUST_CHECK;
+int raft__progress_init(struct raft__progress *p, uint64_t id, bool learner, uint64_t next,
+			size_t max_inflight) MC_MUST_CHECK;
 void raft__progress_free(struct raft__progress *p);
 void raft__progress_become_probe(struct raft__progress *p);
 void raft__progress_become_replicate(struct raft__progress *p);

@@ -1,0 +1,395 @@
+/*
+ * tier: the agent's SSD tier. See tier.h, and src/ssd/ssd.h for the store
+ * underneath (its files, durability and checks).
+ *
+ * The store is opened in agent_new, before the loop serves anything: its
+ * recovery reads the index (and with --ssd-verify-on-start every object)
+ * and drops torn or corrupt records and objects that fail their checksum,
+ * each with a log line; what it recovered is what the master link
+ * reports as the SSD segment's inventory once mounted. From then on the
+ * loop watches the store's eventfd (a uv_poll) and runs the callbacks of
+ * finished operations there: the store's I/O runs on its own threads,
+ * never on the loop.
+ *
+ * Each read or write is a small block of its own (the store's request and
+ * the caller's callback), freed when its callback has run. A write that
+ * finds the store full waits, in order, for room: the master evicts past
+ * the tier's watermark, its deletions arrive, and the store reuses their
+ * space once they are synced (a full store starts that sync at once).
+ * Waiting writes are tried again after the store's completions and every
+ * AGENT_TIER_ROOM_POLL_MS, up to AGENT_TIER_ROOM_WAIT_MS.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "agent/tier.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "ssd/ssd.h"
+
+#define LOG_SUBSYS LOGS_AGENT
+
+struct tier_op {
+	struct ssd_req req;
+	struct tier_op *next; /* waiting for room */
+	struct agent *a;
+	agent_tier_cb cb;
+	void *ud;
+	uint8_t *key; /* reads: for the lost object's news */
+	size_t klen;
+	uint64_t offset;
+	/* a write waiting for room */
+	const void *buf;
+	uint64_t size, until_ms;
+	uint32_t crc;
+};
+
+static void retry_writes(struct agent *a);
+
+int agent__tier_open(struct agent *a, const struct agent_tier_opts *o)
+{
+	struct agent_tier *t = &a->tier;
+	if (!o->path || !*o->path)
+		return 0;
+	struct ssd_opts so = {
+		.dir = o->path,
+		.size_bytes = o->bytes,
+		.verify_on_open = o->verify_on_start,
+		.check_free_space = true,
+		.sync_interval_ms = o->sync_interval_ms,
+		.metrics = a->metrics,
+	};
+	struct ssd_open_report rep;
+	int rc = ssd_open(&so, &t->store, &rep);
+	if (rc) {
+		t->store = NULL;
+		return rc;
+	}
+	t->capacity = o->bytes & ~(uint64_t)(SSD_ALIGN - 1);
+	t->high_watermark = o->high_watermark;
+	t->eviction_ratio = o->eviction_ratio;
+	return 0;
+}
+
+static void on_poll(uv_poll_t *p, int status, int events)
+{
+	struct agent *a = p->data;
+	(void)status;
+	(void)events;
+	ssd_poll(a->tier.store);
+	retry_writes(a);
+}
+
+static void on_wait_timer(uv_timer_t *t)
+{
+	retry_writes(t->data);
+}
+
+void agent__tier_start(struct agent *a)
+{
+	struct agent_tier *t = &a->tier;
+	if (!t->store)
+		return;
+	snprintf(t->name, sizeof(t->name), "%s/ssd", a->name);
+	if (t->polling)
+		return;
+	uv_timer_init(a->loop, &t->wait_timer);
+	t->wait_timer.data = a;
+	t->timer_on = true;
+	int rc = uv_poll_init(a->loop, &t->poll, ssd_fd(t->store));
+	if (rc == 0)
+		rc = uv_poll_start(&t->poll, UV_READABLE, on_poll);
+	if (rc) {
+		log_error("SSD tier: cannot watch its completions: %s", uv_strerror(rc));
+		return;
+	}
+	t->poll.data = a;
+	t->polling = true;
+}
+
+unsigned agent__tier_close(struct agent *a, uv_close_cb on_closed)
+{
+	struct agent_tier *t = &a->tier;
+	unsigned n = 0;
+	if (t->timer_on) {
+		t->timer_on = false;
+		uv_close((uv_handle_t *)&t->wait_timer, on_closed);
+		n++;
+	}
+	if (!t->polling)
+		return n;
+	t->polling = false;
+	uv_poll_stop(&t->poll);
+	t->poll.data = a;
+	uv_close((uv_handle_t *)&t->poll, on_closed);
+	return n + 1;
+}
+
+void agent__tier_free(struct agent *a)
+{
+	ssd_close(a->tier.store); /* (runs what is left of its callbacks: none) */
+	a->tier.store = NULL;
+}
+
+bool agent__tier_on(const struct agent *a)
+{
+	return a->tier.store != NULL;
+}
+
+const char *agent__tier_name(const struct agent *a)
+{
+	return a->tier.name;
+}
+
+uint64_t agent__tier_capacity(const struct agent *a)
+{
+	return a->tier.capacity;
+}
+
+uint64_t agent__tier_block(const struct agent *a)
+{
+	(void)a;
+	return SSD_ALIGN;
+}
+
+void agent__tier_watermarks(const struct agent *a, double *high, double *ratio)
+{
+	*high = a->tier.high_watermark;
+	*ratio = a->tier.eviction_ratio;
+}
+
+unsigned agent__tier_inflight(const struct agent *a)
+{
+	return a->tier.inflight;
+}
+
+void agent__tier_on_lost(struct agent *a, void (*fn)(struct agent *a, const uint8_t *key,
+						     size_t klen, uint64_t offset))
+{
+	a->tier.on_lost = fn;
+}
+
+void *agent__tier_buf(uint64_t len)
+{
+	void *p = NULL;
+	uint64_t n = ssd_io_len(len ? len : 1);
+	if (n > SIZE_MAX || posix_memalign(&p, SSD_ALIGN, (size_t)n) != 0)
+		return NULL;
+	return p;
+}
+
+uint64_t agent__tier_io_len(uint64_t len)
+{
+	return ssd_io_len(len);
+}
+
+int agent__tier_lookup(const struct agent *a, const uint8_t *key, size_t klen,
+		       struct agent_tier_obj *out)
+{
+	if (!a->tier.store)
+		return -EINVAL;
+	struct ssd_obj o;
+	int rc = ssd_lookup(a->tier.store, key, klen, &o);
+	if (rc)
+		return rc;
+	*out = (struct agent_tier_obj){
+		.offset = o.offset, .size = o.size, .seq = o.seq, .crc = o.crc};
+	return 0;
+}
+
+static struct tier_op *op_new(struct agent *a, const uint8_t *key, size_t klen,
+			      agent_tier_cb cb, void *ud)
+{
+	struct tier_op *op = calloc(1, sizeof(*op));
+	if (!op || !(op->key = malloc(klen ? klen : 1))) {
+		free(op);
+		return NULL;
+	}
+	memcpy(op->key, key, klen);
+	op->klen = klen;
+	op->a = a;
+	op->cb = cb;
+	op->ud = ud;
+	op->req.data = op;
+	return op;
+}
+
+static void op_free(struct tier_op *op)
+{
+	free(op->key);
+	free(op);
+}
+
+static void on_read(struct ssd_req *r)
+{
+	struct tier_op *op = r->data;
+	struct agent *a = op->a;
+	a->tier.inflight--;
+	if (r->status == MC_ECHECKSUM && a->tier.on_lost)
+		a->tier.on_lost(a, op->key, op->klen, op->offset);
+	struct agent_tier_obj o = {
+		.offset = op->offset, .size = r->size, .seq = r->seq, .crc = r->crc};
+	op->cb(op->ud, r->status, r->status ? NULL : &o);
+	op_free(op);
+}
+
+int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf,
+		     uint64_t buf_len, agent_tier_cb cb, void *ud)
+{
+	struct agent_tier *t = &a->tier;
+	if (!t->store)
+		return -EINVAL;
+	struct ssd_obj so;
+	int rc = ssd_lookup(t->store, key, klen, &so);
+	if (rc)
+		return rc;
+	struct tier_op *op = op_new(a, key, klen, cb, ud);
+	if (!op)
+		return -ENOMEM;
+	op->offset = so.offset;
+	rc = ssd_get(t->store, &op->req, key, klen, buf, buf_len, on_read);
+	if (rc) {
+		op_free(op);
+		return rc;
+	}
+	t->inflight++;
+	return 0;
+}
+
+static void on_written(struct ssd_req *r)
+{
+	struct tier_op *op = r->data;
+	struct agent *a = op->a;
+	a->tier.inflight--;
+	struct agent_tier_obj o = {.size = r->size, .seq = r->seq, .crc = r->crc};
+	struct ssd_obj so;
+	int err = r->status;
+	if (!err && ssd_lookup(a->tier.store, op->key, op->klen, &so) == 0)
+		o.offset = so.offset;
+	else if (!err)
+		err = MC_ECANCELLED; /* (removed as it completed) */
+	op->cb(op->ud, err, err ? NULL : &o);
+	op_free(op);
+}
+
+/* Submit a write; false (op waiting, a try again due) when the store is
+ * full. The call's other errors end op through its callback when from
+ * a retry, else go back to the caller (op freed). */
+static int try_write(struct agent *a, struct tier_op *op)
+{
+	int rc = ssd_put(a->tier.store, &op->req, op->key, op->klen, op->buf, op->size,
+			 op->crc, on_written);
+	if (rc == 0)
+		a->tier.inflight++;
+	return rc;
+}
+
+static void wait_for_room(struct agent *a, struct tier_op *op)
+{
+	struct agent_tier *t = &a->tier;
+	op->next = NULL;
+	if (t->wait_tail)
+		t->wait_tail->next = op;
+	else
+		t->wait_head = op;
+	t->wait_tail = op;
+	t->inflight++; /* (a stop waits for it too) */
+	if (t->timer_on && !uv_is_active((uv_handle_t *)&t->wait_timer))
+		uv_timer_start(&t->wait_timer, on_wait_timer, AGENT_TIER_ROOM_POLL_MS,
+			       AGENT_TIER_ROOM_POLL_MS);
+}
+
+/* Try the waiting writes again, in order, until one finds no room. */
+static void retry_writes(struct agent *a)
+{
+	struct agent_tier *t = &a->tier;
+	uint64_t now = mc_now_ms();
+	while (t->wait_head) {
+		struct tier_op *op = t->wait_head;
+		int rc = a->stopping ? MC_ESHUTDOWN : try_write(a, op);
+		if (rc == MC_ENO_SPACE && now < op->until_ms)
+			break;
+		t->wait_head = op->next;
+		if (!t->wait_head)
+			t->wait_tail = NULL;
+		t->inflight--;
+		if (rc) {
+			op->cb(op->ud, rc, NULL);
+			op_free(op);
+		}
+	}
+	if (!t->wait_head && t->timer_on)
+		uv_timer_stop(&t->wait_timer);
+}
+
+int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
+		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud)
+{
+	struct agent_tier *t = &a->tier;
+	if (!t->store)
+		return -EINVAL;
+	struct tier_op *op = op_new(a, key, klen, cb, ud);
+	if (!op)
+		return -ENOMEM;
+	op->buf = buf;
+	op->size = size;
+	op->crc = crc;
+	int rc = t->wait_head ? MC_ENO_SPACE : try_write(a, op); /* (in order) */
+	if (rc == MC_ENO_SPACE && t->timer_on && !a->stopping) {
+		op->until_ms = mc_now_ms() + AGENT_TIER_ROOM_WAIT_MS;
+		wait_for_room(a, op);
+		return 0;
+	}
+	if (rc) {
+		op_free(op);
+		return rc;
+	}
+	return 0;
+}
+
+bool agent__tier_remove(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset)
+{
+	struct agent_tier *t = &a->tier;
+	struct ssd_obj so;
+	if (!t->store || ssd_lookup(t->store, key, klen, &so) != 0 ||
+	    (offset != UINT64_MAX && so.offset != offset))
+		return false;
+	return ssd_remove(t->store, key, klen) == 0;
+}
+
+struct each {
+	void (*fn)(void *ud, const uint8_t *key, size_t klen, const struct agent_tier_obj *o);
+	void *ud;
+};
+
+static void each_obj(void *ud, const uint8_t *key, size_t klen, const struct ssd_obj *so)
+{
+	struct each *e = ud;
+	struct agent_tier_obj o = {
+		.offset = so->offset, .size = so->size, .seq = so->seq, .crc = so->crc};
+	e->fn(e->ud, key, klen, &o);
+}
+
+void agent__tier_foreach(const struct agent *a,
+			 void (*fn)(void *ud, const uint8_t *key, size_t klen,
+				    const struct agent_tier_obj *o),
+			 void *ud)
+{
+	if (!a->tier.store)
+		return;
+	struct each e = {fn, ud};
+	ssd_foreach(a->tier.store, each_obj, &e);
+}
+
+void agent__tier_usage(const struct agent *a, uint64_t *used, uint64_t *objects)
+{
+	struct ssd_stats st = {0};
+	if (a->tier.store)
+		ssd_stats(a->tier.store, &st);
+	*used = st.used_bytes;
+	*objects = st.objects;
+}

@@ -1,0 +1,139 @@
+/*
+ * tier.h: the agent's SSD tier (tier.c) — its store (src/ssd) under
+ * --ssd-path, opened when the agent starts and closed when it is freed,
+ * polled from the loop; the SSD segment it is mounted as; reads, writes
+ * and removals of its objects for the other parts. A service below the
+ * operations, the master link, the moves between tiers and the other
+ * agents' reads; it calls only the statistics. Bytes read or written with
+ * it are in buffers aligned to SSD_ALIGN (agent__tier_buf).
+ */
+#ifndef MC_AGENT_TIER_H
+#define MC_AGENT_TIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/err.h"
+
+struct agent;
+struct ssd_store;
+struct tier_op;
+
+/* A write that finds the tier full waits this long for room at most. */
+#define AGENT_TIER_ROOM_WAIT_MS 2000u
+#define AGENT_TIER_ROOM_POLL_MS 10u
+
+struct agent_tier_opts {
+	const char *path; /* NULL or "": no SSD tier */
+	uint64_t bytes;
+	double high_watermark, eviction_ratio; /* told to the master at mount */
+	unsigned sync_interval_ms;
+	bool verify_on_start;
+};
+
+/* The tier, embedded in struct agent (touched only by tier.c). */
+struct agent_tier {
+	struct ssd_store *store; /* NULL: no SSD tier */
+	char name[160];          /* its segment's name: "<agent>/ssd" */
+	uint64_t capacity;
+	double high_watermark, eviction_ratio;
+	uv_poll_t poll;
+	bool polling;
+	unsigned inflight; /* reads and writes not called back yet */
+	/* Writes waiting for room (the master evicts past the tier's
+	 * watermark; deleted space is reused once synced), in order. */
+	struct tier_op *wait_head, *wait_tail;
+	uv_timer_t wait_timer;
+	bool timer_on;
+	/* A read found an object's bytes bad: the store dropped it (the
+	 * moves' part tells the master). */
+	void (*on_lost)(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset);
+};
+
+/*
+ * Open the store (blocks: recovery reads its index, and with
+ * verify_on_start every object) before the agent's loop serves anything.
+ * Without a path the agent has no SSD tier and this does nothing.
+ * Errors (logged with the figures by the store): MC_ELOCKED (another
+ * process has the directory), MC_ECONFIG (size, not enough free space,
+ * files of another kind), negative errno (-EACCES: the directory cannot
+ * be written), -ENOMEM.
+ */
+int agent__tier_open(struct agent *a, const struct agent_tier_opts *o) MC_MUST_CHECK;
+/* Watch the store's completions from the loop; name the segment (after
+ * the agent's own name is known). */
+void agent__tier_start(struct agent *a);
+/* Stop watching (no operation may be in flight); returns how many handles
+ * it closes (on_closed gets each with data pointing at the agent). */
+unsigned agent__tier_close(struct agent *a, uv_close_cb on_closed);
+/* Close the store (blocks until its last sync). */
+void agent__tier_free(struct agent *a);
+
+bool agent__tier_on(const struct agent *a);
+const char *agent__tier_name(const struct agent *a);
+uint64_t agent__tier_capacity(const struct agent *a);
+uint64_t agent__tier_block(const struct agent *a);
+void agent__tier_watermarks(const struct agent *a, double *high, double *ratio);
+/* Reads and writes whose callback has not run. */
+unsigned agent__tier_inflight(const struct agent *a);
+void agent__tier_on_lost(struct agent *a, void (*fn)(struct agent *a, const uint8_t *key,
+						     size_t klen, uint64_t offset));
+
+/* A buffer aligned for the store of len bytes rounded up to its block
+ * (freed with free()), or NULL. */
+void *agent__tier_buf(uint64_t len);
+/* len rounded up to the store's block: the room a read of len bytes
+ * needs. */
+uint64_t agent__tier_io_len(uint64_t len);
+
+/* An object of the tier. */
+struct agent_tier_obj {
+	uint64_t offset, size, seq;
+	uint32_t crc;
+};
+/* Errors: MC_EOBJECT_NOT_FOUND (also while it is being written), -EINVAL
+ * (no tier, key). */
+int agent__tier_lookup(const struct agent *a, const uint8_t *key, size_t klen,
+		       struct agent_tier_obj *out) MC_MUST_CHECK;
+
+typedef void (*agent_tier_cb)(void *ud, int err, const struct agent_tier_obj *o);
+
+/*
+ * Read the object key into buf (aligned, buf_len at least
+ * agent__tier_io_len of its size): cb(ud, 0, object) once its bytes are
+ * there and checked against its checksum, or cb(ud, err, NULL) —
+ * MC_ECHECKSUM (the bytes on disk are not the object's: it is dropped,
+ * logged, and on_lost told), the read's negative errno. Errors of the
+ * call (no callback): MC_EOBJECT_NOT_FOUND, -ERANGE (buf_len too
+ * small), -EINVAL (no tier, key, alignment), -ENOMEM.
+ */
+int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf,
+		     uint64_t buf_len, agent_tier_cb cb, void *ud) MC_MUST_CHECK;
+/*
+ * Store size bytes of buf (aligned, agent__tier_io_len(size) long) under
+ * key, crc their CRC-32C: cb(ud, 0, object — its offset) once written and
+ * in the index (a crash loses nothing from then on), or cb(ud, err, NULL)
+ * (MC_ECANCELLED: removed meanwhile; MC_ENO_SPACE: no room within
+ * AGENT_TIER_ROOM_WAIT_MS — a full tier makes writes wait for the room
+ * evictions free; MC_EOBJECT_ALREADY_EXISTS found when it was retried;
+ * the write's errno). Errors of the call: MC_EOBJECT_ALREADY_EXISTS
+ * (stored or being stored), -EINVAL, -EIO (the store failed before: it
+ * serves reads only), -ENOMEM.
+ */
+int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
+		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud) MC_MUST_CHECK;
+/* Delete the object key — only the one at offset unless offset is
+ * UINT64_MAX. Returns true when one went. */
+bool agent__tier_remove(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset);
+/* Call fn for every stored object, oldest first (fn must not change the
+ * tier). */
+void agent__tier_foreach(const struct agent *a,
+			 void (*fn)(void *ud, const uint8_t *key, size_t klen,
+				    const struct agent_tier_obj *o),
+			 void *ud);
+/* Bytes and objects stored, capacity. */
+void agent__tier_usage(const struct agent *a, uint64_t *used, uint64_t *objects);
+
+#endif

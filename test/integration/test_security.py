@@ -1,0 +1,330 @@
+"""Authentication of the transfer engine, tried as an intruder would, on a
+default standalone daemon (nothing configured: the agent makes its secret
+in its data directory):
+
+- the secret file: created once, 0600, never overwritten; an agent that
+  listens on a non-loopback address refuses to start without a configured
+  secret, and --insecure-transfer says so at every start;
+- the data port (tcp) and the shm channel refuse a peer without the
+  secret, with a wrong one, and a replayed handshake (the real handshake
+  written here from wire.h, checked first with the right secret), and
+  serve nothing before it; each refusal is counted in
+  mooncake_te_auth_refused_total;
+- GetDescriptor refuses a call without a proof, with a wrong or a replayed
+  one;
+- a second local user (made here with useradd; skipped when not root)
+  reads neither the secret nor the segment: every way in is refused and
+  a stored object keeps its bytes.
+"""
+import json
+import os
+import pwd
+import struct
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+import mctest
+from mctest import case, Daemon, eq, run, wait_for
+
+import grpc  # noqa: E402  (after mctest put build/py on sys.path)
+from teauth import (CHALLENGE, EACCES, HS_BYTES, RESULT, WIRE_MAGIC,  # noqa: E402
+                    WIRE_RESP, challenge, desc_mac, get_descriptor, hs_parse, read_header,
+                    refused, shm_peer, tcp_peer)
+
+NO_SHARED = {"MOONCAKE_CLUSTER_SECRET_FILE": None}
+
+# ------------------------------------------------------------ the daemon
+
+
+def standalone(args=()):
+    d = Daemon("standalone", args=list(args), env=NO_SHARED)
+    wait_for(lambda: "mounted with master" in d.output(), what="segment mounted")
+    return d
+
+
+def secret_of(d):
+    with open(os.path.join(d.data_dir, "cluster.secret"), "rb") as f:
+        return f.read().rstrip(b"\n")
+
+
+def auth_refused(d, transport):
+    with urllib.request.urlopen("http://%s/metrics" % d.addr("agent-http"), timeout=5) as r:
+        text = r.read().decode()
+    want = 'mooncake_te_auth_refused_total{transport="%s"} ' % transport
+    for line in text.splitlines():
+        if line.startswith(want):
+            return int(float(line.split()[-1]))
+    raise AssertionError("no %s in /metrics" % want)
+
+
+def descriptor(d):
+    """The agent's descriptor, fetched with the right proof."""
+    secret, addr = secret_of(d), d.addr("agent-listen")
+    nonce = challenge(addr)
+    return get_descriptor(addr, addr, nonce, desc_mac(secret, nonce, addr))
+
+
+@case
+def the_secret_is_made_once_and_kept():
+    d = standalone()
+    path = os.path.join(d.data_dir, "cluster.secret")
+    st = os.stat(path)
+    eq(oct(st.st_mode & 0o777), "0o600", "mode")
+    first = secret_of(d)
+    eq(len(first), 64, "64 hex digits")
+    int(first, 16)
+    assert "cluster secret %s (created now)" % path in d.output(), d.output()
+    eq(d.stop(), 0, "exit")
+    again = Daemon("standalone", data_dir=d.data_dir, env=NO_SHARED)
+    wait_for(lambda: "mounted with master" in again.output(), what="segment mounted")
+    eq(secret_of(again), first, "the same secret after a restart")
+    out = again.output()
+    assert "cluster secret %s\n" % path in out or "cluster secret %s " % path in out, out
+    assert "(created now)" not in out, out
+    eq(again.stop(), 0, "exit")
+    # The operator's command never replaces a file either.
+    r = run([mctest.MOONCAKECTL, "secret", "create", path], check=False)
+    eq(r.returncode, 1, "exit status over an existing file")
+    assert "exists" in r.stderr, r.stderr
+    with open(path, "rb") as f:
+        eq(f.read().rstrip(b"\n"), first, "untouched")
+    with tempfile.TemporaryDirectory() as tmp:
+        made = os.path.join(tmp, "s")
+        run([mctest.MOONCAKECTL, "secret", "create", made])
+        eq(oct(os.stat(made).st_mode & 0o777), "0o600", "mode of a created one")
+        eq(sorted(os.listdir(tmp)), ["s"], "no temporary file left")
+
+
+@case
+def a_public_listener_needs_a_configured_secret():
+    d = Daemon("agent", args=["--agent-listen=0.0.0.0:%d" % mctest.free_port(),
+                              "--meta-endpoints=", "--master-address=127.0.0.1:1"],
+               env=NO_SHARED, wait=False)
+    eq(d.proc.wait(30), 1, "exit status")
+    out = d.output()
+    assert "other than loopback" in out and "--insecure-transfer" in out, out
+    assert not os.path.exists(os.path.join(d.data_dir, "cluster.secret")), "none made"
+    # Both ways out: --insecure-transfer (a warning at every start) ...
+    port = mctest.free_port()
+    d = Daemon("agent", args=["--agent-listen=0.0.0.0:%d" % port, "--meta-endpoints=",
+                              "--te-data-listen=127.0.0.1:0", "--master-address=127.0.0.1:1",
+                              "--insecure-transfer"],
+               env=NO_SHARED, wait=False)
+    wait_for(lambda: "INSECURE: peers are not authenticated" in d.output(),
+             what="the engine started")
+    assert "does NOT authenticate" in d.output(), d.output()
+    eq(d.stop(), 0, "exit:\n" + d.output()[-3000:])
+    # ... and never together with a secret file.
+    with tempfile.TemporaryDirectory() as tmp:
+        f = os.path.join(tmp, "s")
+        run([mctest.MOONCAKECTL, "secret", "create", f])
+        d = Daemon("agent", args=["--insecure-transfer", "--cluster-secret-file=" + f,
+                                  "--meta-endpoints=", "--master-address=127.0.0.1:1"],
+                   env=NO_SHARED, wait=False)
+        eq(d.proc.wait(30), 1, "exit status")
+        assert "contradict" in d.output(), d.output()
+        # A configured file that is missing is named.
+        d = Daemon("agent", args=["--cluster-secret-file=" + f + ".missing",
+                                  "--meta-endpoints=", "--master-address=127.0.0.1:1"],
+                   env=NO_SHARED, wait=False)
+        eq(d.proc.wait(30), 1, "exit status")
+        assert "mooncakectl secret create" in d.output(), d.output()
+
+
+def check_refusals(d, make_peer, transport, target):
+    """No secret, a wrong one, a replay: refused, closed, counted; the
+    right one (the control) is accepted."""
+    secret = secret_of(d)
+    base = auth_refused(d, transport)
+
+    good = make_peer()
+    eq(good.handshake(target, secret), 0, "the right secret is accepted")
+    recorded = list(good.sent)
+    good.close()
+
+    p = make_peer()
+    eq(p.handshake(target, None), EACCES, "no secret")
+    assert p.closed(), "closed after refusing"
+    p.close()
+    p = make_peer()
+    eq(p.handshake(target, b"0" * 64), EACCES, "a wrong secret")
+    assert p.closed(), "closed after refusing"
+    p.close()
+    # A peer that claims a secret and answers the challenge with garbage.
+    p = make_peer()
+    eq(p.handshake(target, None, claim=True), EACCES, "a guessed answer")
+    p.close()
+
+    # Replay: the recorded HELLO gets a new challenge, the recorded AUTH
+    # answers the old one.
+    p = make_peer()
+    p.send(recorded[0])
+    kind, _, _, _ = hs_parse(p.recv())
+    eq(kind, CHALLENGE, "a fresh challenge")
+    p.send(recorded[1])
+    kind, status, _, _ = hs_parse(p.recv())
+    eq((kind, status), (RESULT, EACCES), "the replayed answer")
+    assert p.closed(), "closed after refusing"
+    p.close()
+    wait_for(lambda: auth_refused(d, transport) >= base + 4,
+             what="%s refusals counted (%d before)" % (transport, base))
+
+
+@case
+def tcp_and_shm_refuse_peers_without_the_secret():
+    d = standalone()
+    desc = descriptor(d)
+    target = desc.name.encode()
+    region = desc.regions[0]
+
+    check_refusals(d, lambda: tcp_peer(desc.data_port), "tcp", target)
+    # Nothing is served before the handshake: a READ header instead of a
+    # HELLO closes the connection without a byte of memory.
+    p = tcp_peer(desc.data_port)
+    p.s.sendall(read_header(region.addr, 4096).ljust(HS_BYTES, b"\0"))
+    eq(p.drain(), b"", "nothing answered")
+    p.close()
+    # The control: after the right handshake the same READ is served.
+    p = tcp_peer(desc.data_port)
+    eq(p.handshake(target, secret_of(d)), 0, "accepted")
+    p.s.sendall(read_header(region.addr, 4096))
+    hdr = b""
+    while len(hdr) < 32:
+        hdr += p.s.recv(32 - len(hdr))
+    magic, typ, _, _, status, length, _, _ = struct.unpack("<IBBHiIQQ", hdr)
+    eq((magic, typ, status, length), (WIRE_MAGIC, WIRE_RESP, 0, 4096), "served")
+    p.close()
+
+    assert "shm" in desc.transports, desc.transports
+    check_refusals(d, lambda: shm_peer(desc.shm_socket), "shm", target)
+    assert "cluster secret mismatch" in d.output(), d.output()
+    eq(d.stop(), 0, "exit")
+
+
+@case
+def get_descriptor_wants_a_fresh_proof():
+    d = standalone()
+    addr, secret = d.addr("agent-listen"), secret_of(d)
+    base = auth_refused(d, "grpc")
+    code, why = refused(lambda: get_descriptor(addr))
+    eq(code, grpc.StatusCode.UNAUTHENTICATED, "without a proof: " + why)
+    nonce = challenge(addr)
+    code, _ = refused(lambda: get_descriptor(addr, "", nonce, desc_mac(b"0" * 64, nonce, "")))
+    eq(code, grpc.StatusCode.UNAUTHENTICATED, "a wrong secret")
+    code, _ = refused(lambda: get_descriptor(addr, "", os.urandom(40), desc_mac(secret, nonce, "")))
+    eq(code, grpc.StatusCode.UNAUTHENTICATED, "a nonce not issued here")
+    nonce = challenge(addr)
+    mac = desc_mac(secret, nonce, addr)
+    code, _ = refused(lambda: get_descriptor(addr, "", nonce, mac))
+    eq(code, grpc.StatusCode.UNAUTHENTICATED, "a proof made for another name")
+    desc = get_descriptor(addr, addr, nonce, mac)
+    eq(desc.name, addr, "the right proof")
+    code, why = refused(lambda: get_descriptor(addr, addr, nonce, mac))
+    eq(code, grpc.StatusCode.UNAUTHENTICATED, "the same proof again")
+    assert "replayed" in why, why
+    eq(auth_refused(d, "grpc"), base + 5, "refusals counted")
+    assert "refused GetDescriptor from" in d.output(), d.output()
+    eq(d.stop(), 0, "exit")
+
+
+INTRUDER = r'''
+import json, sys
+sys.path[:0] = sys.argv[2:]
+import grpc
+from teauth import *
+cfg = json.load(open(sys.argv[1]))
+out = {}
+try:
+    open(cfg["secret"], "rb").read()
+    out["secret"] = "read"
+except PermissionError:
+    out["secret"] = "denied"
+target = cfg["name"].encode()
+for secret in (None, b"0" * 64):
+    out["tcp %s" % bool(secret)] = tcp_peer(cfg["data_port"]).handshake(target, secret)
+    out["shm %s" % bool(secret)] = shm_peer(cfg["shm"]).handshake(target, secret)
+p = tcp_peer(cfg["data_port"])
+p.s.sendall(read_header(cfg["addr"], 4096).ljust(HS_BYTES, b"\0"))
+out["raw read bytes"] = len(p.drain())
+code = refused(lambda: get_descriptor(cfg["rpc"]))
+out["descriptor"] = code[0].name if code else "given"
+print(json.dumps(out))
+'''
+
+
+@case
+def a_second_local_user_cannot_reach_the_segment():
+    if os.geteuid() != 0:
+        print("     skipped: making a second user needs root (useradd)")
+        return
+    user = "mcsec%d" % os.getpid()
+    r = run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user],
+            check=False)
+    if r.returncode != 0:
+        print("     skipped: useradd %s failed: %s" % (user, r.stderr.strip()))
+        return
+    pw = pwd.getpwnam(user)
+
+    # Popen's own user/group/extra_groups, not a preexec_fn: the grpc
+    # threads of the cases before make a Python preexec_fn unsafe (the
+    # forked child can block on a lock one of them held; the parent then
+    # waits for its exec with no timeout).
+    as_user = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+
+    try:
+        d = standalone()
+        # Only the file's own mode keeps it: the directories above it are
+        # opened up for the test.
+        os.chmod(d.tmp.name, 0o755)
+        os.chmod(d.data_dir, 0o755)
+        sock, tmp = d.socket, tempfile.TemporaryDirectory()
+        os.chmod(tmp.name, 0o755)
+        value, before, after = (os.path.join(tmp.name, n) for n in ("value", "before", "after"))
+        with open(value, "wb") as f:
+            f.write(os.urandom(1 << 20))
+        run([mctest.MOONCAKECTL, "put", "victim", value, "--socket=" + sock])
+        run([mctest.MOONCAKECTL, "get", "victim", before, "--socket=" + sock, "--verify"])
+        desc = descriptor(d)
+        cfg = {"secret": os.path.join(d.data_dir, "cluster.secret"), "name": desc.name,
+               "data_port": desc.data_port, "shm": desc.shm_socket,
+               "addr": desc.regions[0].addr, "rpc": d.addr("agent-listen")}
+        with open(os.path.join(tmp.name, "cfg.json"), "w") as f:
+            json.dump(cfg, f)
+        with open(os.path.join(tmp.name, "intruder.py"), "w") as f:
+            f.write(INTRUDER)
+        for n in ("cfg.json", "intruder.py"):
+            os.chmod(os.path.join(tmp.name, n), 0o644)
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run([sys.executable, os.path.join(tmp.name, "intruder.py"),
+                            os.path.join(tmp.name, "cfg.json"), here,
+                            os.path.join(mctest.BUILD, "py")],
+                           capture_output=True, text=True, timeout=120, **as_user,
+                           cwd=tmp.name, env=mctest.child_env({"HOME": tmp.name}))
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        eq(got, {"secret": "denied", "tcp False": EACCES, "tcp True": EACCES,
+                 "shm False": EACCES, "shm True": EACCES, "raw read bytes": 0,
+                 "descriptor": "UNAUTHENTICATED"}, "every way in, as uid %d" % pw.pw_uid)
+        # The tools say what they need rather than run unauthenticated.
+        r = subprocess.run([mctest.MOONCAKECTL, "transfer", "--meta-endpoints=",
+                            "--data-dir=" + d.data_dir, "-c", "open " + d.addr("agent-listen")],
+                           capture_output=True, text=True, timeout=60, **as_user,
+                           env=mctest.child_env(NO_SHARED), cwd=tmp.name)
+        assert r.returncode != 0 and "cannot be read by uid %d" % pw.pw_uid in r.stderr, \
+            r.stdout + r.stderr
+        # Nor is the client socket (0660, root's group).
+        r = subprocess.run([mctest.MOONCAKECTL, "get", "victim", "--socket=" + sock],
+                           capture_output=True, timeout=60, **as_user, cwd=tmp.name)
+        assert r.returncode != 0, r
+        run([mctest.MOONCAKECTL, "get", "victim", after, "--socket=" + sock, "--verify"])
+        with open(before, "rb") as b, open(after, "rb") as a, open(value, "rb") as v:
+            eq(a.read() == b.read() == v.read(), True, "the stored object kept its bytes")
+        eq(d.stop(), 0, "exit")
+        tmp.cleanup()
+    finally:
+        run(["userdel", user], check=False)
+
+
+mctest.main()

@@ -1,0 +1,505 @@
+"""The agent's SSD tier end to end: a master and agents as separate
+mooncaked processes (and a standalone daemon), each agent with
+--ssd-path/--ssd-size, clients through the Python package (every get
+checking the bytes against the object's checksum), libmooncake's
+mooncakectl and the master's Stats.
+
+DRAM filled several times over demotes to SSD instead of dropping: every
+key ever put is readable with its own bytes from the owner and from
+another agent, or counted as evicted. After kill -9 (of an agent, of the
+standalone daemon, during demotions, during recovery) a restart on the
+same --ssd-path brings back every object that was on SSD, 0 wrong bytes.
+Torn or corrupt records and bytes on disk are dropped with a log line,
+never served. Bad configurations exit with status 1 and a clear line,
+nothing overwritten. Puts may name the SSD tier; gets through get,
+get_into, batch_get_into and zero-copy views; promotion on a hit;
+--ssd-flush-on-stop; metrics and stats of both tiers.
+"""
+import ctypes
+import hashlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import storetest as st
+from storetest import MiB, metric, metric_labels
+import mctest
+from mctest import Daemon, case, eq, run, wait_for
+
+OK = 0
+INVALID = -22
+NOT_FOUND = -704
+SEGMENT_NOT_FOUND = -701
+
+
+def value(key, size=MiB):
+    """Bytes only this key has (size a multiple of 32)."""
+    return hashlib.sha256(key.encode()).digest() * (size // 32)
+
+
+def ssd_args(path, size="256M", extra=()):
+    return ["--ssd-path=" + path, "--ssd-size=" + size, "--ssd-promote-on-hit=false",
+            "--te-lease-ttl=1s"] + list(extra)
+
+
+class Node:
+    """A mooncaked --role=agent with an SSD tier, restartable on the same
+    ports, socket and --ssd-path (the same segment names)."""
+
+    def __init__(self, master_addr, ssd=None, size="256M", segment="64M", extra=(),
+                 wait=True):
+        self.tmp = tempfile.TemporaryDirectory(prefix="mooncake-ssd-node-")
+        self.ssd = ssd or os.path.join(self.tmp.name, "ssd")
+        self.socket = os.path.join(self.tmp.name, "agent.sock")
+        self.args = ["--meta-endpoints=", "--master-address=" + master_addr,
+                     "--global-segment-size=" + segment, "--local-buffer-size=16M",
+                     "--socket=" + self.socket] + ssd_args(self.ssd, size, extra)
+        self.ports = None
+        self.d = None
+        self.start(wait)
+
+    def start(self, wait=True):
+        self.d = Daemon("agent", args=self.args, ports=self.ports, env=st.daemon_env(),
+                        wait=wait)
+        self.ports = dict(self.d.ports)
+        self.name = self.d.addr("agent-listen")
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
+        wait_for(lambda: "re-sync with master" in self.d.output(), timeout=30,
+                 what="SSD tier mounted and reported")
+
+    def store(self, **kw):
+        from mooncake.store import MooncakeDistributedStore
+        s = MooncakeDistributedStore()
+        kw.setdefault("verify_gets", True)
+        eq(s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+                   socket_path=self.socket, **kw), 0, "setup")
+        return s
+
+    def metrics(self):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.ports["agent-http"],
+                                    timeout=5) as r:
+            return r.read().decode()
+
+    def ctl(self, *args, check=True):
+        return run([mctest.MOONCAKECTL] + list(args) + ["--socket=" + self.socket],
+                   check=check)
+
+
+def master(args=()):
+    """A master that lets a killed agent's segments go soon (a restarted
+    agent mounts its DRAM segment again at another address only then), and
+    whose read leases (which hold objects where they are) end soon."""
+    return Daemon("master", args=["--meta-endpoints=", "--agent-ttl=2s",
+                                  "--default-kv-lease-ttl=1s"] + list(args),
+                  env=st.daemon_env())
+
+
+def mstats(m):
+    out = run([mctest.MOONCAKECTL, "stats", "--master=" + m.addr("master-listen")]).stdout
+    d = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                d[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    d["_text"] = out
+    return d
+
+
+def settle(m):
+    """Wait until no demotion is on its way."""
+    wait_for(lambda: mstats(m)["demoting"] == 0, timeout=60, what="demotions done")
+
+
+def read_all(s, keys, size=MiB):
+    ok = miss = bad = 0
+    for k in keys:
+        v = s.get(k)
+        if v == value(k, size):
+            ok += 1
+        elif len(v) == 0:
+            miss += 1
+        else:
+            bad += 1
+    return ok, miss, bad
+
+
+@case
+def demotion_keeps_every_key_readable_from_the_owner_and_another_agent():
+    m = master()
+    a = Node(m.addr("master-listen"), size="128M")
+    b = Node(m.addr("master-listen"), size="128M")
+    sa, sb = a.store(), b.store()
+    keys = ["d/%d" % i for i in range(200)]  # 200 MiB through a 64 MiB segment
+    for k in keys:
+        eq(sa.put(k, value(k)), OK, "put " + k)
+    settle(m)
+    ms = mstats(m)
+    assert ms["demotions"] > 50, ms["_text"]
+    ra, rb = read_all(sa, keys), read_all(sb, keys)
+    eq((ra[2], rb[2]), (0, 0), "no wrong bytes (owner, other agent)")
+    eq(ra[1], rb[1], "the same keys missing from both")
+    ms = mstats(m)
+    eq(ra[1], int(ms["evictions"] + ms["ssd_evictions"]),
+       "every missing key was evicted (from DRAM when the SSD could not keep up, "
+       "or from SSD past its watermark): %s" % (ms,))
+    ma, mb = a.metrics(), b.metrics()
+    eq(metric(ma, "mooncake_agent_ssd_demotions_total") +
+       metric(mb, "mooncake_agent_ssd_demotions_total"), ms["demotions"],
+       "the agents' demotions are the master's")
+    assert metric_labels(mb, "mooncake_agent_get_hits_total", 'source="remote_ssd"') > 0, \
+        "B read A's SSD tier"
+    assert metric(ma, "mooncake_agent_ssd_peer_reads_total") > 0
+    assert metric_labels(ma, "mooncake_agent_get_hits_total", 'source="ssd"') > 0
+    # Another round of pressure (once the gets' read leases are over)
+    # evicts from SSD past its watermark too.
+    time.sleep(1.2)
+    more = ["e/%d" % i for i in range(300)]
+    for k in more:
+        eq(sa.put(k, value(k)), OK, "put " + k)
+    settle(m)
+    ra = read_all(sa, keys + more)
+    ms = mstats(m)
+    eq(ra[2], 0, "no wrong bytes")
+    assert ms["ssd_evictions"] > 0, ms["_text"]
+    eq(ra[1], int(ms["evictions"] + ms["ssd_evictions"]), "missing = evicted: %s" % (ms,))
+    assert "127.0.0.1:%d/ssd" % a.ports["agent-listen"] in ms["_text"], "stats show it"
+
+
+@case
+def a_restarted_agent_brings_its_ssd_objects_back():
+    m = master()
+    a = Node(m.addr("master-listen"))
+    s = a.store()
+    keys = ["r/%d" % i for i in range(150)]
+    for k in keys:
+        eq(s.put(k, value(k)), OK, "put " + k)
+    settle(m)
+    on_ssd = int(mstats(m)["ssd_objects"])
+    assert on_ssd > 50, on_ssd
+    a.d.kill()
+    a.start()
+    assert "%d objects (" % on_ssd in a.d.output(), "recovery logs what it found"
+    eq(metric(a.metrics(), "mooncake_agent_ssd_recovered_objects"), on_ssd, "and counts it")
+    ok, miss, bad = read_all(a.store(), keys)
+    eq((ok, bad), (on_ssd, 0), "every SSD object back, no wrong bytes (%d DRAM ones lost)"
+       % miss)
+
+
+@case
+def the_standalone_daemon_after_kill9():
+    tmp = tempfile.TemporaryDirectory(prefix="mooncake-ssd-sa-")
+    data = os.path.join(tmp.name, "data")
+    args = ssd_args(os.path.join(tmp.name, "ssd"))
+    d = Daemon(args=args, data_dir=data, env=st.daemon_env())
+    ports = dict(d.ports)
+    wait_for(lambda: "re-sync with master" in d.output(), timeout=30, what="ready")
+    node = Node.__new__(Node)
+    node.socket, node.ports = d.socket, ports
+    from mooncake.store import ReplicateConfig
+    s = node.store()
+    keys = ["s/%d" % i for i in range(120)]
+    for i, k in enumerate(keys):
+        cfg = ReplicateConfig(tier="ssd") if i % 4 == 0 else None
+        eq(s.put(k, value(k), cfg), OK, "put " + k)
+    ms = {}
+
+    def settled():
+        ms.update(mstats(d))
+        return ms["demoting"] == 0
+
+    wait_for(settled, timeout=60, what="demotions done")
+    on_ssd = int(ms["ssd_objects"])
+    assert on_ssd >= 30, ms
+    d.kill()
+    d = Daemon(args=args, data_dir=data, ports=ports, env=st.daemon_env())
+    wait_for(lambda: "re-sync with master" in d.output(), timeout=30, what="ready again")
+    node.socket = d.socket
+    ok, miss, bad = read_all(node.store(), keys)
+    eq((ok, bad), (on_ssd, 0), "every SSD object back, no wrong bytes")
+
+
+@case
+def kill9_during_demotions_and_during_recovery():
+    m = master()
+    a = Node(m.addr("master-listen"), extra=["--ssd-sync-interval=0ms"])
+    s = a.store()
+    keys = ["k/%d" % i for i in range(150)]
+    for k in keys:
+        eq(s.put(k, value(k)), OK, "put " + k)
+    a.d.kill()  # demotions on their way
+    a.start()
+    ok, miss, bad = read_all(a.store(), keys)
+    eq(bad, 0, "no wrong bytes after a kill during demotions")
+    assert ok > 0
+    assert "ERROR" not in a.d.output(), a.d.output()[-3000:]
+    # Recovery that reads every object back (--ssd-verify-on-start), killed
+    # while it reads.
+    a.d.kill()
+    a.args.append("--ssd-verify-on-start=true")
+    a.start(wait=False)
+
+    def recovering():
+        fds = "/proc/%d/fd" % a.d.pid
+        try:
+            return any(os.readlink(os.path.join(fds, f)) == os.path.join(a.ssd, "LOCK")
+                       for f in os.listdir(fds))
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while not recovering() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    a.d.kill()
+    print("killed %s recovery" % ("after" if "recovered" in a.d.output() else "during"))
+    a.args.pop()
+    a.start()
+    ok2, miss2, bad2 = read_all(a.store(), keys)
+    eq((ok2, bad2), (ok, 0), "a kill during recovery loses nothing")
+
+
+def data_file_find(path, needle):
+    with open(path, "rb") as f:
+        data = f.read()
+    return data.find(needle)
+
+
+@case
+def torn_and_corrupt_records_are_dropped_never_served():
+    m = master()
+    a = Node(m.addr("master-listen"), extra=["--ssd-sync-interval=0ms"])
+    s = a.store()
+    from mooncake.store import ReplicateConfig
+    keys = ["t/%d" % i for i in range(20)]
+    for k in keys:
+        eq(s.put(k, value(k, 64 * 1024), ReplicateConfig(tier="ssd")), OK, "put " + k)
+    a.d.kill()
+    index = os.path.join(a.ssd, "ssd.index")
+    data = os.path.join(a.ssd, "ssd.data")
+    with open(index, "r+b") as f:
+        f.truncate(os.path.getsize(index) - 10)  # the last record torn
+    victim = "t/3"
+    at = data_file_find(data, value(victim, 64))
+    assert at > 0
+    with open(data, "r+b") as f:
+        f.seek(at + 100)
+        b = f.read(1)
+        f.seek(at + 100)
+        f.write(bytes([b[0] ^ 0xff]))
+    a.start()
+    out = a.d.output()
+    assert "torn record" in out, out[-3000:]
+    s = a.store()
+    eq(s.get(keys[-1]), b"", "the torn record's object is gone")
+    got = s.get(victim)
+    eq(got, b"", "the corrupt object is never served")
+    wait_for(lambda: "do not match" in a.d.output() or "checksum" in a.d.output(),
+             what="a log line about the bad bytes")
+    eq(s.get(victim), b"", "and it stays dropped")
+    ok = sum(s.get(k) == value(k, 64 * 1024) for k in keys)
+    eq(ok, len(keys) - 2, "every other object")
+    assert metric(a.metrics(), "mooncake_agent_ssd_lost_total") >= 1
+    # Checked at start instead: dropped before anything is served.
+    at = data_file_find(data, value("t/5", 64))
+    a.d.kill()
+    with open(data, "r+b") as f:
+        f.seek(at + 7)
+        f.write(b"\0\1\2")
+    a.args.append("--ssd-verify-on-start=true")
+    a.start()
+    a.args.pop()
+    assert "1 objects dropped" in a.d.output() or "dropped" in a.d.output()
+    eq(a.store().get("t/5"), b"", "dropped at start")
+
+
+def exit_status(args, timeout=30):
+    tmp = tempfile.TemporaryDirectory(prefix="mooncake-ssd-bad-")
+    p = subprocess.run([mctest.MOONCAKED, "--role=agent", "--data-dir=" + tmp.name + "/d",
+                        "--meta-endpoints=", "--master-address=127.0.0.1:1",
+                        "--socket=" + tmp.name + "/a.sock", "--agent-listen=127.0.0.1:0",
+                        "--agent-http=127.0.0.1:0", "--global-segment-size=16M"] + args,
+                       capture_output=True, text=True, timeout=timeout,
+                       env=mctest.child_env(st.daemon_env()))
+    return p.returncode, p.stdout + p.stderr
+
+
+def mounted_tmpfs(size, ro=False):
+    d = tempfile.mkdtemp(prefix="mooncake-ssd-fs-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s%s" % (size, ",ro" if ro else ""),
+                        "tmpfs", d], capture_output=True)
+    return d if r.returncode == 0 else None
+
+
+@case
+def bad_configuration_is_refused_clearly():
+    tmp = tempfile.TemporaryDirectory(prefix="mooncake-ssd-cfg-")
+    rc, out = exit_status(["--ssd-path=" + tmp.name + "/s"])
+    eq(rc, 1, "no --ssd-size")
+    assert "needs --ssd-size" in out, out
+    rc, out = exit_status(["--ssd-path=" + tmp.name + "/s", "--ssd-size=1P"])
+    eq(rc, 1, "larger than the free space")
+    assert "free" in out and "ssd-size" in out, out
+    # Two agents on one path: the second is refused, the first untouched.
+    m = master()
+    a = Node(m.addr("master-listen"))
+    s = a.store()
+    from mooncake.store import ReplicateConfig
+    eq(s.put("mine", value("mine"), ReplicateConfig(tier="ssd")), OK)
+    before = open(os.path.join(a.ssd, "ssd.index"), "rb").read()
+    rc, out = exit_status(["--ssd-path=" + a.ssd, "--ssd-size=256M"])
+    eq(rc, 1, "a second agent on the same path")
+    assert "in use by another process" in out, out
+    eq(open(os.path.join(a.ssd, "ssd.index"), "rb").read(), before, "nothing overwritten")
+    eq(s.get("mine"), value("mine"), "the first one serves on")
+    # The data dir itself.
+    d = os.path.join(tmp.name, "dd")
+    os.makedirs(d)
+    p = subprocess.run([mctest.MOONCAKED, "--role=agent", "--data-dir=" + d, "--ssd-path=" + d,
+                        "--ssd-size=64M", "--meta-endpoints=", "--master-address=127.0.0.1:1",
+                        "--socket=" + d + "/a.sock", "--agent-listen=127.0.0.1:0",
+                        "--agent-http=127.0.0.1:0"], capture_output=True, text=True,
+                       timeout=30, env=mctest.child_env(st.daemon_env()))
+    eq(p.returncode, 1, "the data dir as --ssd-path")
+    assert "is the data dir" in p.stdout + p.stderr
+    # A path that cannot be written, and a full file system.
+    if os.geteuid() == 0:
+        ro = mounted_tmpfs("4m", ro=True)
+        full = mounted_tmpfs("4m")
+        try:
+            if ro:
+                rc, out = exit_status(["--ssd-path=" + ro + "/s", "--ssd-size=2M"])
+                eq(rc, 1, "unwritable")
+                assert "ssd-path " + ro in out, out
+            if full:
+                with open(full + "/filler", "wb") as f:
+                    try:
+                        f.write(b"\0" * (4 * MiB))
+                    except OSError:
+                        pass
+                rc, out = exit_status(["--ssd-path=" + full + "/s", "--ssd-size=2M"])
+                eq(rc, 1, "a full file system")
+                assert "ssd-path " + full in out, out
+        finally:
+            for p in (ro, full):
+                if p:
+                    subprocess.run(["umount", p])
+                    os.rmdir(p)
+    else:
+        ro = os.path.join(tmp.name, "ro")
+        os.makedirs(ro, mode=0o500)
+        rc, out = exit_status(["--ssd-path=" + ro + "/s", "--ssd-size=2M"])
+        eq(rc, 1, "unwritable")
+
+
+@case
+def puts_naming_the_ssd_tier_and_every_get_path():
+    m = master()
+    a = Node(m.addr("master-listen"))
+    b = Node(m.addr("master-listen"))
+    from mooncake.store import ReplicateConfig
+    sa, sb = a.store(), b.store()
+    v = value("p", 3 * MiB)
+    eq(sa.put("p", v, ReplicateConfig(tier="ssd")), OK, "put to SSD")
+    eq(sa.put("p2", v, ReplicateConfig(tier="ssd", replica_num=2)), INVALID, "one replica")
+    for s, who in ((sa, "owner"), (sb, "another agent")):
+        eq(s.get("p"), v, "get from " + who)
+        buf = (ctypes.c_char * len(v))()
+        addr = ctypes.addressof(buf)
+        eq(s.register_buffer(addr, len(v)), 0)
+        eq(s.get_into("p", addr, len(v)), len(v), "get_into from " + who)
+        eq(bytes(buf), v)
+        eq(s.batch_get_into(["p"], [addr], [len(v)]), [len(v)], "batch_get_into " + who)
+        eq(bytes(buf), v)
+        h = s.get_buffer("p")
+        eq(bytes(memoryview(h)), v, "a zero-copy view of an SSD object: a copy, " + who)
+        h.release() if hasattr(h, "release") else None
+    with open(os.path.join(a.tmp.name, "v.bin"), "wb") as f:
+        f.write(v)
+    a.ctl("put", "q", os.path.join(a.tmp.name, "v.bin"), "--tier=ssd")
+    out = os.path.join(b.tmp.name, "q.bin")
+    b.ctl("get", "q", out, "--verify")
+    eq(open(out, "rb").read(), v, "mooncakectl get from another agent")
+    # Mooncake's setup(enable_ssd_offload=True) wants an agent with a tier.
+    from mooncake.store import MooncakeDistributedStore
+    s3 = MooncakeDistributedStore()
+    eq(s3.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+                enable_ssd_offload=True, socket_path=a.socket), 0, "SSD offload: the tier")
+    s3.close()
+    # An agent without an SSD tier refuses such puts.
+    plain = st.Agent(master_addr=m.addr("master-listen"))
+    eq(s3.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+                enable_ssd_offload=True, socket_path=plain.socket), INVALID, "no tier")
+    r = plain.ctl("put", "z", os.path.join(a.tmp.name, "v.bin"), "--tier=ssd", check=False)
+    eq(r.returncode, 1)
+    assert "segment not found" in r.stderr or "no SSD tier" in r.stderr, r.stderr
+
+
+@case
+def a_hit_promotes_back_to_dram():
+    m = master()
+    a = Node(m.addr("master-listen"), extra=["--ssd-promote-on-hit=true"])
+    s = a.store()
+    from mooncake.store import ReplicateConfig
+    eq(s.put("hot", value("hot"), ReplicateConfig(tier="ssd")), OK)
+    eq(mstats(m)["ssd_objects"], 1)
+    eq(s.get("hot"), value("hot"))
+    wait_for(lambda: mstats(m)["promotions"] == 1, what="promoted")
+    eq(mstats(m)["ssd_objects"], 0, "in DRAM now")
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_ssd_objects") == 0,
+             what="the SSD copy deleted")
+    eq(s.get("hot"), value("hot"), "still the same bytes")
+    eq(metric(a.metrics(), "mooncake_agent_ssd_promotions_total"), 1)
+
+
+@case
+def sigterm_with_flush_writes_dram_down():
+    m = master()
+    a = Node(m.addr("master-listen"), extra=["--ssd-flush-on-stop=true"])
+    s = a.store()
+    keys = ["f/%d" % i for i in range(30)]  # fits in DRAM: nothing demoted
+    for k in keys:
+        eq(s.put(k, value(k)), OK)
+    eq(mstats(m)["ssd_objects"], 0)
+    eq(a.d.stop(), 0, "exit status of the stop")
+    assert "30 of the 30 objects" in a.d.output(), a.d.output()[-2000:]
+    a.start()
+    eq(read_all(a.store(), keys), (30, 0, 0), "every object after the restart")
+
+
+@case
+def metrics_and_stats_show_both_tiers():
+    m = master()
+    a = Node(m.addr("master-listen"), size="128M")
+    text = a.metrics()
+    eq(metric(text, "mooncake_agent_ssd_bytes"), 128 * MiB)
+    for name in ("mooncake_agent_ssd_used_bytes", "mooncake_agent_ssd_demotions_total",
+                 "mooncake_agent_ssd_promotions_total", "mooncake_agent_ssd_recovered_objects",
+                 "mooncake_agent_ssd_recovery_milliseconds",
+                 "mooncake_agent_ssd_dropped_objects"):
+        metric(text, name)
+    assert "mooncake_agent_ssd_io_seconds_bucket" in text
+    assert 'mooncake_agent_ssd_ios_total{op="read"}' in text
+    import urllib.request
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % m.ports["master-http"],
+                                timeout=5) as r:
+        mt = r.read().decode()
+    wait_for(lambda: metric_labels(urllib.request.urlopen(
+        "http://127.0.0.1:%d/metrics" % m.ports["master-http"], timeout=5).read().decode(),
+        "mooncake_master_capacity_bytes", 'tier="ssd"') == 128 * MiB, what="master's SSD figure")
+    assert "mooncake_master_demotions_total" in mt
+    ms = mstats(m)
+    eq(ms["ssd_capacity_bytes"], 128 * MiB)
+    out = a.ctl("stats", "--agent").stdout
+    assert "ssd_bytes %d" % (128 * MiB) in out, out
+    assert "ssd_segment 127.0.0.1:%d/ssd" % a.ports["agent-listen"] in out, out
+
+
+mctest.main()
