@@ -43,11 +43,10 @@
 /*
  * Encoded per turn of the loop: steps of STEP_BYTES until SLICE_NS have
  * passed. The loop polls for requests and Raft messages only between
- * slices, so a slice is what a snapshot adds to each step of a request
- * (a member's request passes through several turns of the loop on the
- * leader and on the followers): with slices of a megabyte, 5-20 ms on a
- * busy machine, the median put took 10-50 ms during snapshots instead of
- * 1-2 ms.
+ * slices, and a write passes through several turns of the loop on the
+ * leader and on a follower, so a slice is added to a request several
+ * times over: slices are bounded by time, not bytes, because a busy
+ * machine makes the same bytes take many times longer.
  */
 #define STEP_BYTES ((size_t)64 << 10)
 #define SLICE_NS 1000000ull
