@@ -508,9 +508,9 @@ static int setup_logging(const struct cfg *cfg)
  * mooncaked ADDR` turns into a function and line of the static binary, or
  * the pid that sent it) and then take their default action, so a core is
  * dumped where enabled and the exit status still names the signal. The
- * handler runs on an alternate stack: a stack overflow on the loop thread
- * (the crash of issue 22 was one) is reported too. Sanitizer builds keep
- * the sanitizers' own handlers, which report more.
+ * handler runs on an alternate stack, so a stack overflow on the loop
+ * thread is reported too. Sanitizer builds keep the sanitizers' own
+ * handlers, which report more.
  */
 #if defined(__SANITIZE_ADDRESS__)
 #define FATAL_HANDLERS 0

@@ -665,7 +665,17 @@ void meta__on_tick(uv_timer_t *t)
 
 	if (!n->running || n->fatal)
 		return;
-	n->pending_ticks++;
+	/*
+	 * While a ready is out (its WAL write and fdatasync), the core's clock
+	 * stops after one tick, as etcd's does (its raft loop reads a ticker
+	 * that holds one tick only between saves). Ticks saved up through a
+	 * stall of the disk would all be fed at once after it, with no message
+	 * between them: a leader would count its followers silent and a
+	 * follower its leader gone for time in which this member could hear
+	 * neither, and on a disk the members share, all of them stall at once.
+	 */
+	if (!n->in_ready || n->pending_ticks == 0)
+		n->pending_ticks++;
 	meta__req_sweep(n);
 	meta__read_tick(n);
 	if (meta__is_leader(n) && !n->stopping)

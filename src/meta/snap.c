@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/crc32c.h"
@@ -41,8 +42,9 @@
  * written, not all at the final fsync: on a file system shared with WAL
  * segments, an fsync that has to flush hundreds of megabytes holds every
  * fdatasync of the WAL (the journal commit waits for the data) — the
- * member stops committing while its snapshot lands. */
-#define SNAP_SYNC_STEP_BYTES (8u << 20)
+ * member stops committing while its snapshot lands. Small steps keep
+ * what a WAL fdatasync may find queued before it on the device small. */
+#define SNAP_SYNC_STEP_BYTES (1u << 20)
 #define SNAP_VERIFY_CHUNK (1u << 20)
 
 static _Atomic unsigned snap_tmp_counter;
@@ -247,6 +249,8 @@ struct snap_writer {
 	uint8_t *wbuf;
 	uint64_t file_off;   /* bytes written to the file so far */
 	uint64_t synced_off; /* of which on disk (sync_file_range) */
+	bool pace;           /* snap_writer_pace */
+	uint64_t busy_ns;    /* in write and sync_file_range since the last pause */
 };
 
 static void writer_free(struct snap_writer *wr)
@@ -324,12 +328,27 @@ out_free:
 	return rc;
 }
 
+void snap_writer_pace(struct snap_writer *wr)
+{
+	wr->pace = true;
+}
+
+/* Write to the file, counting the time for pacing. */
+static int writer_put(struct snap_writer *wr, const void *data, size_t len)
+{
+	uint64_t t0 = mc_now_ns();
+	int rc = mc_write_all(wr->fd, data, len);
+	wr->busy_ns += mc_now_ns() - t0;
+	return rc;
+}
+
 /* Written len more bytes: push the data to disk when a step is full. */
 static int writer_wrote(struct snap_writer *wr, size_t len)
 {
 	wr->file_off += len;
 	if (wr->file_off - wr->synced_off < SNAP_SYNC_STEP_BYTES)
 		return 0;
+	uint64_t t0 = mc_now_ns();
 	if (sync_file_range(wr->fd, (off64_t)wr->synced_off,
 			    (off64_t)(wr->file_off - wr->synced_off),
 			    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
@@ -339,7 +358,19 @@ static int writer_wrote(struct snap_writer *wr, size_t len)
 		wr->err = rc;
 		return rc;
 	}
+	/* On disk: the pages need not stay in memory (the file is read
+	 * again only to send it or at a restart). Advice: nothing to check. */
+	(void)posix_fadvise(wr->fd, (off_t)wr->synced_off,
+			    (off_t)(wr->file_off - wr->synced_off), POSIX_FADV_DONTNEED);
 	wr->synced_off = wr->file_off;
+	wr->busy_ns += mc_now_ns() - t0;
+	if (wr->pace) {
+		struct timespec ts = {(time_t)(wr->busy_ns / 1000000000u),
+				      (long)(wr->busy_ns % 1000000000u)};
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+	}
+	wr->busy_ns = 0;
 	return 0;
 }
 
@@ -347,7 +378,7 @@ static int writer_flush(struct snap_writer *wr)
 {
 	if (wr->wlen == 0)
 		return 0;
-	int rc = mc_write_all(wr->fd, wr->wbuf, wr->wlen);
+	int rc = writer_put(wr, wr->wbuf, wr->wlen);
 	if (rc) {
 		log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
 		wr->err = rc;
@@ -374,12 +405,20 @@ int snap_writer_write(struct snap_writer *wr, const void *data, size_t len)
 	if (rc)
 		return rc;
 	if (len >= SNAP_WBUF_BYTES) {
-		if ((rc = mc_write_all(wr->fd, p, len))) {
-			log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
-			wr->err = rc;
-			return rc;
+		/* Straight from the caller's buffer, a step at a time. */
+		while (len) {
+			size_t n = len < SNAP_SYNC_STEP_BYTES ? len : SNAP_SYNC_STEP_BYTES;
+			if ((rc = writer_put(wr, p, n))) {
+				log_error("%s: write failed: %s", wr->tmp, mc_strerror(rc));
+				wr->err = rc;
+				return rc;
+			}
+			if ((rc = writer_wrote(wr, n)))
+				return rc;
+			p += n;
+			len -= n;
 		}
-		return writer_wrote(wr, len);
+		return 0;
 	}
 	memcpy(wr->wbuf, p, len);
 	wr->wlen = len;

@@ -84,6 +84,15 @@ int snap_writer_write(struct snap_writer *wr, const void *data, size_t len) MC_M
 /* Data bytes written so far (the offset the next chunk must have). */
 uint64_t snap_writer_bytes(const struct snap_writer *wr);
 /*
+ * Pace the writer: after each step it pushes to disk it sleeps as long as
+ * the step took, so the file keeps the disk at most about half busy and
+ * the WAL's fdatasyncs (of this member, and of others sharing the disk)
+ * do not queue behind it. For the member's own snapshots, which nothing
+ * waits for; a snapshot installed from the leader is written at full
+ * speed.
+ */
+void snap_writer_pace(struct snap_writer *wr);
+/*
  * Make the snapshot durable and visible, then delete all but the newest
  * keep (at least 1) snapshots. Frees wr whatever the outcome; on error the
  * temp file is removed. Errors: negative errno of write/fsync/rename, or a

@@ -10,7 +10,7 @@
  * once the member and its copy share pages, each page the member writes
  * is copied first, and on this project's virtual machines that made
  * every write thousands of times slower while the copy lived.) Instead
- * the snapshot is encoded on the loop a slice at a time (SLICE_BYTES per
+ * the snapshot is encoded on the loop a slice at a time (SLICE_NS per
  * turn, from an idle handle, so requests and heartbeats are served in
  * between) by the MVCC store's snapshot cursor, which encodes the store
  * as it was at the applied index while later entries go on being applied
@@ -40,8 +40,16 @@
 
 #define LOG_SUBSYS LOGS_META
 
-/* Encoded per turn of the loop: a few milliseconds of work. */
-#define SLICE_BYTES ((size_t)1 << 20)
+/*
+ * Encoded per turn of the loop: steps of STEP_BYTES until SLICE_NS have
+ * passed. The loop polls for requests and Raft messages only between
+ * slices, and a write passes through several turns of the loop on the
+ * leader and on a follower, so a slice is added to a request several
+ * times over: slices are bounded by time, not bytes, because a busy
+ * machine makes the same bytes take many times longer.
+ */
+#define STEP_BYTES ((size_t)64 << 10)
+#define SLICE_NS 1000000ull
 /* Handed to the writer at a time; the loop fills one while it writes one. */
 #define BUF_BYTES ((size_t)8 << 20)
 
@@ -221,9 +229,13 @@ void meta__on_snap_idle(uv_idle_t *h)
 		uv_idle_stop(h); /* the writer's completion restarts it */
 		return;
 	}
-	uint64_t t0 = mc_now_ns();
-	int rc = mvcc_snap_step(s->cur, SLICE_BYTES);
-	s->loop_ns += mc_now_ns() - t0;
+	uint64_t t0 = mc_now_ns(), t;
+	int rc;
+	do {
+		rc = mvcc_snap_step(s->cur, STEP_BYTES);
+		t = mc_now_ns();
+	} while (rc == 0 && t - t0 < SLICE_NS && s->fill.len < BUF_BYTES);
+	s->loop_ns += t - t0;
 	if (rc < 0) {
 		uv_idle_stop(h);
 		if (s->writing)
@@ -289,6 +301,7 @@ void meta__maybe_snapshot(struct meta_node *n)
 	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
 	if ((rc = snap_writer_open(n->snap_dir, &m, &s->wr)))
 		goto fail;
+	snap_writer_pace(s->wr);
 	uint64_t t0 = mc_now_ns();
 	rc = meta__sm_snap_begin(&n->sm, sink, s, &s->cur);
 	s->loop_ns += mc_now_ns() - t0;

@@ -6,7 +6,9 @@
 # 256-byte keys, 1 KiB values), etcd first, then meta, with the default
 # settings of each. Both clusters stay up for the whole run, so later
 # loads meet the history earlier ones left. Prints both outputs side by
-# side with etcd's verdicts, whether every member still runs, check perf's
+# side with etcd's verdicts, whether every member still runs, the CPU time
+# its members used (the machine may be shared: the load average differs
+# between the two halves of a load, CPU time much less), check perf's
 # keys counted on every member at the revision before its final delete
 # (beside the writes its throughput says were acknowledged), and any error
 # that is not one etcd's clients retry. Then for each cluster the leader
@@ -85,6 +87,7 @@ wait_port() {
 	echo "nothing listening on port $1" >&2
 	return 1
 }
+TICKS=$(getconf CLK_TCK)
 load_avg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 declare -A EP=() PIDS=() HTTP=()
@@ -147,6 +150,15 @@ metric_sum() { # metric name: summed over the meta members
 	done
 	echo $s
 }
+cpu_ticks() { # system: CPU time its members used so far, in clock ticks
+	local s=0 st
+	for p in ${PIDS[$1]}; do
+		st=$(cat /proc/"$p"/stat 2>/dev/null) || continue
+		set -- ${st##*) }
+		s=$((s + ${12} + ${13}))
+	done
+	echo $s
+}
 ctl() { # endpoints etcdctl-args...
 	local e=$1
 	shift
@@ -201,13 +213,16 @@ kept() { # system rev0 output
 	echo "   errors clients do not retry: ${errs:-none}" | fold -s -w 56 | sed '2,$s/^/      /'
 }
 check() { # system load
-	local out="$tmp/$1.$2.out" rev0
+	local out="$tmp/$1.$2.out" rev0 cpu0 cpu
 	rev0=$(rev_of "${EP[$1]%%,*}")
+	cpu0=$(cpu_ticks "$1")
 	echo "   [$1 --load=$2 from load average $(load_avg)]" >"$out"
 	ETCDCTL_API=3 timeout 300 "$ETCDCTL" --endpoints="${EP[$1]}" check perf --load="$2" 2>&1 |
 		tr '\r' '\n' | sed -E 's#^ *[0-9]+ / [0-9]+ +[0-9.]+%( *[0-9hms]+)?##' |
 		grep -Ev '^\{"level":"warn"|^ *$' >>"$out"
 	echo "   (exit ${PIPESTATUS[0]}; $(alive "$1"))" >>"$out"
+	cpu=$(($(cpu_ticks "$1") - cpu0))
+	echo "   members' CPU: $((cpu / TICKS)).$((cpu % TICKS * 10 / TICKS)) s" >>"$out"
 	kept "$1" "$rev0" "$out" >>"$out"
 }
 
@@ -301,7 +316,7 @@ span = sum(b - a for a, b in wins) / 1000.0
 print("   snapshots written: %d (%.1f s of snapshot time, summed over members)" % (len(wins), span))
 if sizes:
     b, ms, loop = max(sizes)
-    print("   largest: %.0f MB in %d ms, %d ms of them encoding on the loop (in 1 MiB slices)"
+    print("   largest: %.0f MB in %d ms, %d ms of them encoding on the loop (in slices of 1 ms)"
           % (b / 1e6, ms, loop))
 print("   puts during a snapshot: %6d  p99 %8.1f ms" % (len(dur), p99(dur)))
 print("   puts in between:        %6d  p99 %8.1f ms" % (len(steady), p99(steady)))

@@ -236,8 +236,8 @@ def sighup_reopens_log_file():
 
 @case
 def a_fatal_signal_is_logged_before_the_daemon_dies():
-    """A member that dies of a fault says why in its log (issue 22: one
-    died without a word), then takes the signal's default action."""
+    """A daemon that dies of a fault says why in its log, then takes the
+    signal's default action (the exit status names the signal)."""
     if os.environ.get("SAN") == "1":
         print("skip: sanitizer builds keep the sanitizers' handlers")
         return

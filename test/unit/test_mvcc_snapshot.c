@@ -261,7 +261,7 @@ Test(snapshot, stepped_snapshot_goes_stale_on_compaction)
 {
 	struct mvcc_store *s = h_store();
 	for (int i = 0; i < 50; i++) {
-		char k[8];
+		char k[16];
 		snprintf(k, sizeof(k), "k%02d", i);
 		h_put(s, k, "v");
 		h_put(s, k, "w");
