@@ -340,6 +340,7 @@ soak: all $(UNIT_BINS)
 bench: all $(BENCH_BINS) $(EMU_BINS)
 	$(Q)$(B)/mooncakectl bench rpc
 	$(Q)$(B)/mooncakectl bench master
+	$(Q)$(B)/mooncakectl bench resync --agents=64 --objects=1M
 	$(Q)$(B)/bench/bench_master_index 1000000 100 5
 	$(Q)for p in shm tcp; do for op in write read; do \
 	  $(B)/mooncakectl bench transfer --protocol=$$p --op=$$op --duration=2s || exit 1; done; done

@@ -105,6 +105,19 @@ static void agent_mem(pid_t pid, struct agent_mem *m)
 	}
 }
 
+/* Read the agent's memory once its descriptors reach fds (it has taken
+ * in every handshake, or seen every hang-up), or after 10 s. */
+static void agent_mem_settled(pid_t pid, uint64_t fds, struct agent_mem *m)
+{
+	uint64_t deadline = mc_now_ms() + 10000;
+	for (;;) {
+		agent_mem(pid, m);
+		if (pid <= 0 || m->fds == fds || mc_now_ms() > deadline)
+			return;
+		usleep(20000);
+	}
+}
+
 static void mem_line(const char *what, const struct agent_mem *m, const struct agent_mem *base,
 		     unsigned n)
 {
@@ -241,8 +254,8 @@ int ctl_bench_sessions_main(int argc, char **argv)
 	if (rc)
 		goto out;
 	double open_s = (double)(mc_now_ns() - t0) / 1e9;
-	usleep(200000); /* (the agent's last handshakes settle) */
-	agent_mem(apid, &m1);
+	/* Each session: its socket and its staging memfd. */
+	agent_mem_settled(apid, m0.fds + 2 * (uint64_t)n, &m1);
 
 	uint64_t start = mc_now_ns(), stop = start + duration_ms * 1000000ull;
 	for (unsigned t = 0; t < nt; t++) {
@@ -289,8 +302,7 @@ int ctl_bench_sessions_main(int argc, char **argv)
 		mc_close(ss[i].c);
 		ss[i].c = NULL;
 	}
-	usleep(200000);
-	agent_mem(apid, &m3);
+	agent_mem_settled(apid, m0.fds, &m3);
 
 	printf("bench sessions: %u sessions with one agent%s, %u threads, %s values\n", n,
 	       apid > 0 ? " (the master in its process)" : "", nt, size_s);

@@ -66,6 +66,7 @@ struct meta__snap_job {
 	bool writing;       /* the worker has out (or the commit) */
 	bool encoded;       /* the cursor is done */
 	bool committing;
+	bool marking; /* wal_job is with the disk worker */
 	bool abandon; /* give up once the worker returns */
 	int rc;       /* the worker's */
 	uint64_t bytes;
@@ -132,6 +133,7 @@ static void snap_marker_done(struct meta__job *j)
 	struct meta_node *n = s->n;
 
 	n->disk_jobs--;
+	s->marking = false;
 	if (j->rc) {
 		meta__fatal(n, j->rc, "cannot record a snapshot in the WAL");
 	} else {
@@ -185,6 +187,7 @@ static void write_done(uv_work_t *w, int status)
 		/* On disk: record it in the WAL. */
 		s->wal_job.work = snap_marker_work;
 		s->wal_job.done = snap_marker_done;
+		s->marking = true;
 		n->disk_jobs++;
 		meta__worker_submit(n->disk, &s->wal_job);
 		return;
@@ -329,7 +332,9 @@ void meta__snapshot_abandon(struct meta_node *n)
 	uv_idle_stop(&n->snap_idle);
 	metric_set(n->m_snap_writing, 0);
 	n->snap_job = NULL; /* a new one may start while the worker finishes */
-	if (s->writing)
+	/* A job with a worker ends when the worker returns: freeing it now
+	 * would leave the worker's completion pointing at freed memory. */
+	if (s->writing || s->marking)
 		s->abandon = true;
 	else
 		give_up(n, s, 0);

@@ -297,6 +297,7 @@ static void on_cconn_closed(struct rpc__conn *base)
 static const struct rpc__conn_ops cconn_ops = {
 	.on_closed = on_cconn_closed,
 	.on_proto_error = NULL,
+	.deframer = rpc__h2_deframer,
 };
 
 static void client_connect(struct rpc_client *c)

@@ -237,6 +237,13 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	return 0;
 }
 
+struct rpc_deframer *rpc__h2_deframer(struct rpc__conn *c, int32_t stream_id)
+{
+	/* on_data_chunk's condition for feeding the stream. */
+	struct rpc_stream *st = nghttp2_session_get_stream_user_data(c->ng, stream_id);
+	return st && rpc__stream_live(st) ? &st->df : NULL;
+}
+
 void rpc__h2_callbacks(nghttp2_session_callbacks *cbs)
 {
 	rpc__callbacks_init(cbs);

@@ -170,6 +170,8 @@ void rpc__stream_rewind(struct rpc_stream *st);
 
 /* Install the client's nghttp2 callbacks. */
 void rpc__h2_callbacks(nghttp2_session_callbacks *cbs);
+/* rpc__conn_ops.deframer of a client connection. */
+struct rpc_deframer *rpc__h2_deframer(struct rpc__conn *c, int32_t stream_id);
 /* Submit st's request on cc. */
 void rpc__h2_submit(struct rpc_stream *st, struct cconn *cc);
 /* nghttp2 let go of the stream, which is off its connection's list

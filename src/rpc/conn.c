@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/endian.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "rpc/rpc_int.h"
@@ -445,10 +446,61 @@ void rpc__conn_forget_outq(struct rpc__conn *c, struct rpc__outq *q)
 
 /* ---------------------------------------------------------------- reads */
 
+/* Follow the frames in n bytes about to be handed to nghttp2. */
+static void rtrack_feed(struct rpc__rtrack *t, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		size_t k;
+		if (t->skip) {
+			k = MC_MIN((size_t)t->skip, n);
+			t->skip -= (uint32_t)k;
+		} else if (t->left) {
+			k = MC_MIN((size_t)t->left, n);
+			t->left -= (uint32_t)k;
+		} else {
+			k = MC_MIN(sizeof(t->hd) - t->hd_len, n);
+			memcpy(t->hd + t->hd_len, p, k);
+			t->hd_len += (unsigned)k;
+			if (t->hd_len == sizeof(t->hd)) {
+				t->hd_len = 0;
+				t->left = (uint32_t)t->hd[0] << 16 | (uint32_t)t->hd[1] << 8 |
+					  t->hd[2];
+				t->data = t->hd[3] == NGHTTP2_DATA &&
+					  !(t->hd[4] & NGHTTP2_FLAG_PADDED);
+				t->sid = (int32_t)(mc_get_be32(t->hd + 5) & 0x7fffffffu);
+			}
+		}
+		p += k;
+		n -= k;
+	}
+}
+
+/*
+ * In the middle of an unpadded DATA frame for a stream whose deframer has
+ * a body open, the read goes straight into that body, at most to the end
+ * of the frame and of the body: nghttp2 then hands the deframer the very
+ * bytes it already holds, and a large message is not copied out of the
+ * read buffer. Right after such a read ends a frame, only the next frame
+ * header is read, so that the payload after it can go straight in too.
+ * Anything else is read into the shared buffer.
+ */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct rpc__conn *c = MC_CONTAINER_OF((uv_tcp_t *)h, struct rpc__conn, tcp);
-	*buf = uv_buf_init((char *)c->rbuf, RPC__READ_BUF_BYTES);
+	struct rpc__rtrack *t = &c->rt;
+	size_t room;
+	if (t->data && t->left && !t->skip && c->ops->deframer && c->ng) {
+		struct rpc_deframer *d = c->ops->deframer(c, t->sid);
+		uint8_t *p = d ? rpc_deframer_room(d, &room) : NULL;
+		if (p) {
+			*buf = uv_buf_init((char *)p, (unsigned)MC_MIN(room, (size_t)t->left));
+			return;
+		}
+	}
+	size_t n = RPC__READ_BUF_BYTES;
+	if (t->was_direct && !t->left && !t->skip)
+		n = sizeof(t->hd) - t->hd_len;
+	*buf = uv_buf_init((char *)c->rbuf, (unsigned)n);
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -464,6 +516,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		rpc__conn_close(c);
 		return;
 	}
+	c->rt.was_direct = (uint8_t *)buf->base != c->rbuf;
+	rtrack_feed(&c->rt, (const uint8_t *)buf->base, (size_t)nread);
 	c->in_ng++;
 	ssize_t rv = nghttp2_session_mem_recv(c->ng, (const uint8_t *)buf->base,
 					      (size_t)nread);
@@ -519,6 +573,8 @@ int rpc__conn_start(struct rpc__conn *c, bool server, const nghttp2_session_call
 							   RPC__CONN_WINDOW_BYTES);
 	if (rv != 0)
 		return -ENOMEM;
+	if (server)
+		c->rt.skip = NGHTTP2_CLIENT_MAGIC_LEN;
 	uv_tcp_nodelay(&c->tcp, 1);
 	struct sockaddr_storage ss;
 	int len = sizeof(ss);

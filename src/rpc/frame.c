@@ -85,6 +85,14 @@ bool rpc_deframer_idle(const struct rpc_deframer *d)
 	return d->hdr_len == 0;
 }
 
+uint8_t *rpc_deframer_room(const struct rpc_deframer *d, size_t *len)
+{
+	if (!d->msg || d->msg_got >= d->msg_len)
+		return NULL;
+	*len = d->msg_len - d->msg_got;
+	return d->msg + d->msg_got;
+}
+
 int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		      int (*on_msg)(void *ud, const uint8_t *body, size_t len), void *ud)
 {
@@ -132,12 +140,13 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		}
 		size_t need = d->msg_len - d->msg_got;
 		size_t take = need < len ? need : len;
-		if (take) {
+		/* Bytes read straight into the body (rpc_deframer_room) are
+		 * already where they belong. */
+		if (take && data != d->msg + d->msg_got)
 			memcpy(d->msg + d->msg_got, data, take);
-			d->msg_got += take;
-			data += take;
-			len -= take;
-		}
+		d->msg_got += take;
+		data += take;
+		len -= take;
 		if (d->msg_got < d->msg_len)
 			return 0;
 		/* Complete: hand it out, then forget it. */

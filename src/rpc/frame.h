@@ -68,6 +68,11 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		      void *ud) MC_MUST_CHECK;
 /* True when no partial message is buffered. */
 bool rpc_deframer_idle(const struct rpc_deframer *d);
+/* Where the next bytes of a partly received body go and how many it still
+ * needs (*len), or NULL when no body is open. A reader may receive
+ * straight into it: rpc_deframer_feed then finds the bytes in place and
+ * does not copy them. */
+uint8_t *rpc_deframer_room(const struct rpc_deframer *d, size_t *len);
 
 /* Write the 5-byte prefix for an uncompressed message of len bytes. */
 void rpc_frame_prefix(uint8_t out[5], uint32_t len);

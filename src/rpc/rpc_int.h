@@ -210,6 +210,22 @@ struct rpc__conn_ops {
 	void (*on_closed)(struct rpc__conn *c);
 	/* nghttp2 reported a protocol error (already logged). */
 	void (*on_proto_error)(struct rpc__conn *c);
+	/* The deframer that DATA on stream_id would be fed to right now, or
+	 * NULL (no such stream, or its data is dropped). Lets the read path
+	 * receive a large message's DATA payload straight into its body. */
+	struct rpc_deframer *(*deframer)(struct rpc__conn *c, int32_t stream_id);
+};
+
+/* Where the incoming byte stream stands, frame by frame, so that a read
+ * can be aimed at the body a DATA frame's payload is bound for. */
+struct rpc__rtrack {
+	uint32_t skip; /* connection preface bytes still to come */
+	uint8_t hd[9]; /* frame header being collected */
+	unsigned hd_len;
+	uint32_t left;   /* payload bytes of the current frame still to come */
+	int32_t sid;     /* its stream */
+	bool data;       /* it is an unpadded DATA frame */
+	bool was_direct; /* the last read went straight into a body */
 };
 
 struct rpc__conn {
@@ -234,6 +250,7 @@ struct rpc__conn {
 	unsigned nwfree;
 	unsigned nwrites; /* uv_writes in flight */
 	struct rpc__outq *drain_head;
+	struct rpc__rtrack rt;
 };
 
 /* Initialise the handles (tcp, timer, prepare) on loop. Errors: negative

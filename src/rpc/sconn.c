@@ -429,9 +429,17 @@ static void on_conn_proto_error(struct rpc__conn *c)
 	metric_inc(sc->cs->m_proto);
 }
 
+/* rpc__call_data's condition for feeding the call's deframer. */
+static struct rpc_deframer *sconn_deframer(struct rpc__conn *c, int32_t stream_id)
+{
+	struct rpc_call *call = nghttp2_session_get_stream_user_data(c->ng, stream_id);
+	return call && call->dispatched && !call->done ? &call->df : NULL;
+}
+
 static const struct rpc__conn_ops sconn_ops = {
 	.on_closed = on_conn_closed,
 	.on_proto_error = on_conn_proto_error,
+	.deframer = sconn_deframer,
 };
 
 static void on_conn_timer(uv_timer_t *t)
