@@ -319,12 +319,8 @@ static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 		for (struct master_obj *o = master__index_oldest(&c->ix, lists[k]); o;
 		     o = next) {
 			next = o->next;
-			if (master__index_second_chance(&c->ix, o)) {
-				/* At the tail now: the walk meets it again last. */
-				if (!next)
-					next = o;
+			if (master__index_second_chance(&c->ix, o, &next))
 				continue;
-			}
 			if (master__leased(o, now_ms)) {
 				c->n.lease_waits++;
 				continue;
@@ -354,12 +350,8 @@ static uint64_t round_list(struct master_core *c, enum master_list l, uint64_t t
 	for (struct master_obj *o = master__index_oldest(&c->ix, l); o && freed < target;
 	     o = next) {
 		next = o->next;
-		if (master__index_second_chance(&c->ix, o)) {
-			/* At the tail now: the walk meets it again last. */
-			if (!next)
-				next = o;
+		if (master__index_second_chance(&c->ix, o, &next))
 			continue;
-		}
 		if (master__leased(o, now_ms)) {
 			c->n.lease_waits++;
 			continue;

@@ -86,9 +86,12 @@ void master__index_prefetch(const struct master_index *ix, const uint8_t *key, s
 			    enum master_prefetch stage);
 /* o was read: marked, so that eviction gives it a second chance. */
 void master__index_touch(struct master_obj *o);
-/* Eviction reached o: if it was read since eviction last passed it, it
- * goes to the tail of its LRU list unmarked and this returns true. */
-bool master__index_second_chance(struct master_index *ix, struct master_obj *o);
+/* A walk of an LRU list reached o, *next being the object after it: if o
+ * was read since a walk last passed it, it goes to the tail of its list
+ * unmarked and this returns true (skip it); when it was the last, *next
+ * becomes o, so the walk meets it again last. */
+bool master__index_second_chance(struct master_index *ix, struct master_obj *o,
+				 struct master_obj **next);
 /* A PENDING o becomes COMPLETE: flags updated, onto its LRU list's tail. */
 void master__index_seal(struct master_index *ix, struct master_obj *o);
 /* o's flags become flags; when that changes its list, onto the new

@@ -226,7 +226,8 @@ void master__index_touch(struct master_obj *o)
 	o->flags |= MASTER_OBJ_READ;
 }
 
-bool master__index_second_chance(struct master_index *ix, struct master_obj *o)
+bool master__index_second_chance(struct master_index *ix, struct master_obj *o,
+				 struct master_obj **next)
 {
 	if (!(o->flags & MASTER_OBJ_READ))
 		return false;
@@ -234,6 +235,8 @@ bool master__index_second_chance(struct master_index *ix, struct master_obj *o)
 	struct master_lru *l = obj_list(ix, o);
 	lru_del(l, o);
 	lru_push(l, o);
+	if (!*next)
+		*next = o;
 	return true;
 }
 

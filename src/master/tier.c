@@ -303,12 +303,8 @@ static void ssd_evict(struct master_core *c, uint32_t id, uint64_t target, uint6
 	for (struct master_obj *o = master__index_oldest(&c->ix, MASTER_LIST_SSD);
 	     o && freed < target; o = next) {
 		next = o->next;
-		if (master__index_second_chance(&c->ix, o)) {
-			/* At the tail now: the walk meets it again last. */
-			if (!next)
-				next = o;
+		if (master__index_second_chance(&c->ix, o, &next))
 			continue;
-		}
 		for (unsigned i = 0; i < o->nrep; i++) {
 			if (o->rep[i].seg != id)
 				continue;
