@@ -405,29 +405,45 @@ static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len, const i
 
 /* ------------------------------------------------------------ busy poll */
 
+/* Whether the loop's next event is likely a request of the session it
+ * serves, within microseconds: one session alone has sent requests for
+ * AGENT_SOLO_NS and none is in flight. A request in flight waits for
+ * something slower (a master call, a copy thread, another agent) whose
+ * answer wakes the loop anyway; and while several sessions send, the
+ * next request is mostly there already when the loop looks, so polling
+ * would only take a core from the clients that make it. */
+static bool spin_worth(const struct agent *a, uint64_t now)
+{
+	return a->server.reqs == 0 && agent__pool_threaded(&a->pool) == 0 &&
+	       now - a->server.solo_since_ns >= AGENT_SOLO_NS;
+}
+
 static void on_spin(uv_idle_t *h)
 {
 	struct agent *a = h->data;
 	uint64_t now = mc_now_ns();
-	if (agent__pool_threaded(&a->pool) == 0 && now < a->server.spin_until_ns)
+	if (now < a->server.spin_until_ns && spin_worth(a, now))
 		return;
 	uv_idle_stop(h);
 	agent__stats_spin(&a->stats, now - a->server.spin_start_ns);
 }
 
 /*
- * A request came, a reply left or the copy threads ran out of work: the
- * session's next request is likely within microseconds. An active idle
- * handle makes libuv poll with a zero timeout, so the loop keeps polling
- * (no sleep, no wakeup to pay when it comes) for spin_ns — but never while
- * copy threads have work: on a machine with few cores they need the CPU
- * more than the loop needs to be awake.
+ * A request came, a reply left or the copy threads ran out of work: when
+ * one session alone is being served (spin_worth), its next request is
+ * likely within microseconds. An active idle handle makes libuv poll with
+ * a zero timeout, so the loop keeps polling (no sleep, no wakeup to pay
+ * when it comes) for spin_ns — but never while copy threads have work or
+ * a request waits: on a machine with few cores they need the CPU more
+ * than the loop needs to be awake.
  */
 void agent__spin_touch(struct agent *a)
 {
 	if (!a->server.spin_ns || a->stopping || agent__pool_threaded(&a->pool) > 0)
 		return;
 	uint64_t now = mc_now_ns();
+	if (now - a->server.solo_since_ns < AGENT_SOLO_NS)
+		return;
 	a->server.spin_until_ns = now + a->server.spin_ns;
 	if (!uv_is_active((uv_handle_t *)&a->server.spin_idle)) {
 		a->server.spin_start_ns = now;
@@ -561,11 +577,11 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 	r->msg = m;
 	r->op = m->op_case;
 	r->start_ns = mc_now_ns();
-	agent__spin_touch(c->a);
 	if (c->a->server.last_conn != c) {
 		c->a->server.last_conn = c;
 		c->a->server.solo_since_ns = r->start_ns;
 	}
+	agent__spin_touch(c->a);
 	c->refs++;
 	c->inflight++;
 	c->a->server.reqs++;

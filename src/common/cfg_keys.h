@@ -204,9 +204,10 @@
 	  "lease holder reads it); 0: ask every time") \
 	X(BUSY_POLL_US, "busy-poll-us", AGENT, UINT, "50", 0, 1000000, NULL, \
 	  "agent: microseconds the loop polls without sleeping after each " \
-	  "client request, reply and end of copies, so that the next request " \
-	  "is taken without a thread wakeup (never while copy threads " \
-	  "work); 0: always sleep") \
+	  "client request, reply and end of copies while one session alone " \
+	  "sends requests, so that its next request is taken without a " \
+	  "thread wakeup (never while copy threads work or a request waits " \
+	  "for the master or another agent); 0: always sleep") \
 	X(CLIENT_MAX_SESSIONS, "client-max-sessions", AGENT, UINT, "4096", 1, 1000000, NULL, \
 	  "agent: client sessions open at once, every user together; one " \
 	  "more is refused (-EUSERS; logged and counted)") \
