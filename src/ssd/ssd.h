@@ -106,9 +106,10 @@ struct ssd_opts {
 	 * live records (0: 4 MiB). */
 	uint64_t compact_min_bytes;
 	/* Least time between the starts of two syncs (0: back to back). What
-	 * a power loss can lose; a kill -9 loses nothing either way. A put
-	 * that finds no room while removed space waits for its sync starts
-	 * that sync at once. */
+	 * a power loss can lose; a kill -9 loses nothing either way. Removed
+	 * space is reused only once its removal is synced: a sync starts at
+	 * once when that space reaches half the free space, or a put finds
+	 * no room while it waits. */
 	unsigned sync_interval_ms;
 	/* Where to register the tier's metrics (mooncake_agent_ssd_*: size,
 	 * use, objects, index bytes, data I/Os with their bytes and latency

@@ -9,10 +9,10 @@
  *              of the key is refused, lookups do not see it), data write
  *              submitted;
  *   written    the PUT record goes into the index buffer, entry COMMITTING;
- *   commit     (group commit, one at a time, on the helper thread):
- *              fdatasync(data), the buffer appended to the index,
- *              fdatasync(index); then every entry of the batch is LIVE and
- *              its put's callback runs with 0;
+ *   commit     (group commit, one at a time, on the helper thread): the
+ *              buffer appended to the index; then every entry of the batch
+ *              is LIVE and its put's callback runs with 0 (syncs run
+ *              apart, on the sync lane);
  *   removal    the entry leaves the table at once (DEAD); a DEL record
  *              goes into the index buffer unless the PUT was never
  *              written; the extent goes back to the allocator once the
@@ -317,6 +317,7 @@ static void reclaim(struct ssd_store *s)
 			*pp = e->dnext;
 			if (s->dead_tail == e)
 				s->dead_tail = prev;
+			s->dead_bytes -= e->len;
 			ssd__extent_free(s, e);
 			free(e);
 		} else {
@@ -333,12 +334,14 @@ static void dead_add(struct ssd_store *s, struct ssd__ent *e)
 	if (e->del_commit == UINT64_MAX) {
 		e->dnext = s->lost;
 		s->lost = e;
-	} else if (s->dead_tail) {
-		s->dead_tail->dnext = e;
-		s->dead_tail = e;
-	} else {
-		s->dead = s->dead_tail = e;
+		return;
 	}
+	if (s->dead_tail)
+		s->dead_tail->dnext = e;
+	else
+		s->dead = e;
+	s->dead_tail = e;
+	s->dead_bytes += e->len;
 }
 
 /* ------------------------------------------------------------ records */
@@ -429,6 +432,7 @@ static void commit_job(struct ssd__op *op)
 static void maybe_compact(struct ssd_store *s);
 static void compact_next(struct ssd_store *s);
 static void maybe_sync(struct ssd_store *s);
+static void sync_for_room(struct ssd_store *s);
 
 void ssd__complete_req(struct ssd_req *r, int status)
 {
@@ -508,6 +512,7 @@ static void commit_done(struct ssd__op *op)
 	free(c);
 	reclaim(s);
 	maybe_sync(s);
+	sync_for_room(s);
 	maybe_compact(s);
 }
 
@@ -666,6 +671,23 @@ static void maybe_sync(struct ssd_store *s)
 	ssd__io_submit(s->io, &y->op);
 	if (waiter || s->closing)
 		ssd__kick_sync(s);
+}
+
+/* Removed space is reused once its removal is synced. Start that sync
+ * now rather than at the interval's end once the space waiting for it is
+ * half the free space or more: a put that needs the room then finds it
+ * synced instead of waiting for a whole sync. Once per commit holding
+ * removals, when that commit has been appended. */
+static void sync_for_room(struct ssd_store *s)
+{
+	const struct ssd__ent *last = s->dead_tail;
+	if (!last || last->del_commit > s->commits_done ||
+	    last->del_commit <= MC_MAX(s->synced, s->room_kicked) ||
+	    2 * s->dead_bytes < mc_extalloc_free_bytes(&s->alloc))
+		return;
+	s->room_kicked = s->commits_done;
+	maybe_sync(s);
+	ssd__kick_sync(s);
 }
 
 int ssd_sync(struct ssd_store *s, struct ssd_req *r, ssd_cb cb)
@@ -882,6 +904,7 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
 	}
 	if (rc < 0)
 		return rc;
+	sync_for_room(s);
 	struct ssd__ent *e = ssd__ent_new(key, klen);
 	struct xop *x = calloc(1, sizeof(*x));
 	if (!e || !x || ssd__ent_insert(s, e) < 0) {

@@ -665,6 +665,52 @@ Test(ssd, sync_interval_space_back_on_demand_and_ssd_sync)
 	ssd_close(s);
 }
 
+/* Removed space that reaches half the free space has its sync started at
+ * once, before any put finds no room; a removal of less waits for the
+ * interval. */
+Test(ssd, sync_early_for_removed_space)
+{
+	struct ssd_opts o = opts(8 << 20, SSD_IO_AUTO);
+	o.sync_interval_ms = 60000;
+	struct ssd_store *s = open_ok(&o, NULL);
+	uint8_t *b = ssd_buf_alloc(1 << 20);
+	uint32_t crc = crc32c(0, b, 1 << 20);
+	for (int i = 0; i < 5; i++) {
+		char k[8] = {'k', (char)('0' + i)};
+		int flag = 0;
+		struct ssd_req r = {.data = &flag};
+		cr_assert_eq(ssd_put(s, &r, k, 2, b, 1 << 20, crc, on_done), 0);
+		cr_assert_eq(wait_req(s, &flag), 0);
+	}
+	int sflag = 0;
+	struct ssd_req sr = {.data = &sflag};
+	cr_assert_eq(ssd_sync(s, &sr, on_done), 0);
+	cr_assert_eq(wait_req(s, &sflag), 0);
+	struct ssd_stats st0, st;
+	ssd_stats(s, &st0);
+	/* 1 MiB removed of 3 MiB free: below half, it waits. */
+	cr_assert_eq(ssd_remove(s, "k0", 2), 0);
+	for (int t = 0; t < 10; t++) {
+		ssd_wait(s, 10);
+		ssd_poll(s);
+	}
+	ssd_stats(s, &st);
+	cr_assert_eq(st.syncs, st0.syncs);
+	cr_assert_eq(st.used_bytes, 5 << 20);
+	/* 2 MiB removed of 3 MiB free: synced without a put asking, and the
+	 * space is back. */
+	cr_assert_eq(ssd_remove(s, "k1", 2), 0);
+	for (int t = 0; t < 500 && st.used_bytes > 3 << 20; t++) {
+		ssd_wait(s, 10);
+		ssd_poll(s);
+		ssd_stats(s, &st);
+	}
+	cr_assert_eq(st.used_bytes, 3 << 20);
+	cr_assert_gt(st.syncs, st0.syncs);
+	ssd_buf_free(b, 1 << 20);
+	ssd_close(s);
+}
+
 /* Kill a child that opens the store over and over (recovery, with the
  * index rewritten after a torn tail, and every object read and checked)
  * at a varying moment: the next open still finds every object. */
