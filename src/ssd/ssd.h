@@ -210,6 +210,15 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
 	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb) MC_MUST_CHECK;
 
 /*
+ * As ssd_put, but the store computes the CRC-32C of buf's first size
+ * bytes itself, on its I/O thread while the write is in flight (no pass
+ * over the value before the write starts): r->crc holds it when cb runs
+ * with 0. Errors as ssd_put.
+ */
+int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		const void *buf, uint64_t size, ssd_cb cb) MC_MUST_CHECK;
+
+/*
  * Read the object key into buf (aligned, buf_len >= ssd_io_len of its
  * size: ssd_lookup tells the size). r->size, r->crc and r->seq are set
  * at once. Errors: MC_EOBJECT_NOT_FOUND, -ERANGE (buf_len too small),

@@ -103,6 +103,10 @@ struct ssd__op {
 	bool verify;
 	uint32_t want_crc;
 	uint64_t crc_len;
+	/* WRITE: compute the CRC-32C of the first crc_len bytes into
+	 * sum_crc while the write is in flight (sum is cleared once done). */
+	bool sum;
+	uint32_t sum_crc;
 	/* JOB: run on the lane's helper thread; sets result. */
 	void (*job)(struct ssd__op *op);
 	unsigned lane;

@@ -68,6 +68,7 @@ struct xop {
 	struct ssd__op op;
 	struct ssd_req *r;
 	struct ssd_store *s;
+	bool sum; /* a put whose checksum the write computes */
 };
 
 /* A group commit (also the last step of a compaction). */
@@ -843,6 +844,8 @@ static void put_written(struct ssd__op *op)
 	struct ssd_req *r = x->r;
 	struct ssd__ent *e = r->ent;
 	int rc = op->result;
+	if (x->sum && rc == 0)
+		e->crc = r->crc = op->sum_crc;
 	free(x);
 	if (rc == 0) {
 		s->st.writes++;
@@ -881,8 +884,8 @@ static bool aligned_ptr(const void *p)
 	return ((uintptr_t)p & (SSD_ALIGN - 1)) == 0;
 }
 
-int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
-	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
+static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+	       const void *buf, uint64_t size, uint32_t crc, bool sum, ssd_cb cb)
 {
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || size == 0 || size > SSD_MAX_VALUE_BYTES ||
 	    !aligned_ptr(buf) || !cb)
@@ -939,9 +942,23 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
 	x->op.len = len;
 	x->op.off = SSD__DATA_START + off;
 	x->op.done = put_written;
+	x->op.sum = x->sum = sum;
+	x->op.crc_len = size;
 	ssd__io_submit(s->io, &x->op);
 	ssd__update_gauges(s);
 	return 0;
+}
+
+int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
+{
+	return put(s, r, key, klen, buf, size, crc, false, cb);
+}
+
+int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		const void *buf, uint64_t size, ssd_cb cb)
+{
+	return put(s, r, key, klen, buf, size, 0, true, cb);
 }
 
 static void get_read(struct ssd__op *op)
