@@ -17,10 +17,11 @@
  * A put naming the SSD tier (one replica, this agent's tier): each value
  * is copied into an aligned buffer on a copy thread (its checksum
  * computed in the same pass) — or, when the client's memory is aligned
- * and the value whole blocks, written from there, its checksum computed
- * first — into the tier, and told to the master (TierCommit PUT, through
- * demote.c): visible once the master has it, lasting a crash from the
- * tier's write on.
+ * and the value whole blocks, written from there at once, its checksum
+ * computed by the tier's I/O thread while the write is in flight — into
+ * the tier, and told to the master (TierCommit PUT, through demote.c):
+ * visible once the master has it, lasting a crash from the tier's write
+ * on.
  *
  * Master requests are built in one malloc'd block (r->mstate, r->mstate2
  * for the commit) that lives until the request ends, since a redirected
@@ -517,21 +518,49 @@ static void on_ssd_stored(void *ud, int err, const struct agent_tier_obj *o)
 		put_call_done(r);
 		return;
 	}
+	it->crc = o->crc; /* (computed by the tier when it wrote from the client) */
+	it->has_crc = true;
 	const Mooncake__Client__PutRequest *p = r->msg->put;
 	agent__demote_put(r->a, it->key, it->klen, o->offset, it->len, it->crc, p->soft_pin,
 			  p->ttl_ms, on_ssd_committed, x);
 }
 
-/* On a copy thread: the values into aligned buffers, with checksums. */
+/* Start the tier's write of item i: from its scratch copy, checksummed,
+ * or from the client's memory, checksummed by the tier as it writes. */
+static void ssd_write(struct agent_req *r, size_t i)
+{
+	struct agent_item *it = &r->items[i];
+	struct ssd_put *x = malloc(sizeof(*x));
+	if (!x) {
+		it->err = -ENOMEM;
+		return;
+	}
+	x->r = r;
+	x->i = i;
+	int rc = it->scratch ? agent__tier_write(r->a, it->key, it->klen, it->scratch, it->len,
+						 it->crc, on_ssd_stored, x)
+			     : agent__tier_write_sum(r->a, it->key, it->klen, it->ptr, it->len,
+						     on_ssd_stored, x);
+	if (rc) {
+		free(x);
+		it->err = rc;
+		return;
+	}
+	r->mcalls++;
+}
+
+/* On a copy thread: the values that need it into aligned buffers, with
+ * checksums. */
 static void ssd_copy_run(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
-		if (it->err)
+		/* (Only the items with a scratch buffer are this thread's: the
+		 * loop may be ending the others.) */
+		if (!it->scratch || it->err)
 			continue;
-		it->crc = it->scratch ? crc32c_copy(0, it->scratch, it->ptr, it->len)
-				      : crc32c(0, it->ptr, it->len);
+		it->crc = crc32c_copy(0, it->scratch, it->ptr, it->len);
 		it->has_crc = true;
 	}
 }
@@ -539,45 +568,34 @@ static void ssd_copy_run(struct agent_job *j)
 static void ssd_copy_done(struct agent_job *j)
 {
 	struct agent_req *r = MC_CONTAINER_OF(j, struct agent_req, job);
-	struct agent *a = r->a;
+	for (size_t i = 0; i < r->n; i++)
+		if (!r->items[i].err && r->items[i].scratch)
+			ssd_write(r, i);
+	put_call_done(r); /* (the copies' hold) */
+}
+
+static void put_ssd(struct agent_req *r)
+{
+	bool copies = false;
 	r->mcalls = 1; /* (held until every write is started) */
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if (it->err)
 			continue;
-		struct ssd_put *x = malloc(sizeof(*x));
-		if (!x) {
-			it->err = -ENOMEM;
-			continue;
-		}
-		x->r = r;
-		x->i = i;
-		int rc = agent__tier_write(a, it->key, it->klen,
-					   it->scratch ? it->scratch : it->ptr, it->len,
-					   it->crc, on_ssd_stored, x);
-		if (rc) {
-			free(x);
-			it->err = rc;
-			continue;
-		}
-		r->mcalls++;
-	}
-	put_call_done(r);
-}
-
-static void put_ssd(struct agent_req *r)
-{
-	for (size_t i = 0; i < r->n; i++) {
-		struct agent_item *it = &r->items[i];
-		if (it->err)
-			continue;
 		uint64_t block = agent__tier_block(r->a);
-		if (it->len == 0)
+		if (it->len == 0) {
 			it->err = -EINVAL; /* (the SSD tier holds no empty values) */
-		else if ((uintptr_t)it->ptr % block == 0 && it->len % block == 0)
-			continue; /* written from the client's memory, whole blocks */
-		else if (!(it->scratch = agent__tier_buf(it->len)))
+		} else if ((uintptr_t)it->ptr % block == 0 && it->len % block == 0) {
+			ssd_write(r, i); /* from the client's memory, whole blocks */
+		} else if (!(it->scratch = agent__tier_buf(it->len))) {
 			it->err = -ENOMEM;
+		} else {
+			copies = true;
+		}
+	}
+	if (!copies) {
+		put_call_done(r);
+		return;
 	}
 	r->job.run = ssd_copy_run;
 	r->job.done = ssd_copy_done;

@@ -46,6 +46,7 @@ struct tier_op {
 	const void *buf;
 	uint64_t size, until_ms;
 	uint32_t crc;
+	bool sum; /* the store computes crc while writing */
 };
 
 static void retry_writes(struct agent *a);
@@ -293,8 +294,10 @@ static void on_written(struct ssd_req *r)
  * a retry, else go back to the caller (op freed). */
 static int try_write(struct agent *a, struct tier_op *op)
 {
-	int rc = ssd_put(a->tier.store, &op->req, op->key, op->klen, op->buf, op->size,
-			 op->crc, on_written);
+	int rc = op->sum ? ssd_put_sum(a->tier.store, &op->req, op->key, op->klen, op->buf,
+				       op->size, on_written)
+			 : ssd_put(a->tier.store, &op->req, op->key, op->klen, op->buf,
+				   op->size, op->crc, on_written);
 	if (rc == 0)
 		a->tier.inflight++;
 	return rc;
@@ -338,8 +341,8 @@ static void retry_writes(struct agent *a)
 		uv_timer_stop(&t->wait_timer);
 }
 
-int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
-		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud)
+static int write_op(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
+		    uint64_t size, uint32_t crc, bool sum, agent_tier_cb cb, void *ud)
 {
 	struct agent_tier *t = &a->tier;
 	if (!t->store)
@@ -350,6 +353,7 @@ int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const vo
 	op->buf = buf;
 	op->size = size;
 	op->crc = crc;
+	op->sum = sum;
 	int rc = t->wait_head ? MC_ENO_SPACE : try_write(a, op); /* (in order) */
 	if (rc == MC_ENO_SPACE && t->timer_on && !a->stopping) {
 		op->until_ms = mc_now_ms() + AGENT_TIER_ROOM_WAIT_MS;
@@ -361,6 +365,18 @@ int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const vo
 		return rc;
 	}
 	return 0;
+}
+
+int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
+		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud)
+{
+	return write_op(a, key, klen, buf, size, crc, false, cb, ud);
+}
+
+int agent__tier_write_sum(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
+			  uint64_t size, agent_tier_cb cb, void *ud)
+{
+	return write_op(a, key, klen, buf, size, 0, true, cb, ud);
 }
 
 bool agent__tier_remove(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset)

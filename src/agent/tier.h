@@ -125,6 +125,11 @@ int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf
  */
 int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
 		      uint64_t size, uint32_t crc, agent_tier_cb cb, void *ud) MC_MUST_CHECK;
+/* As agent__tier_write, but the store computes the CRC-32C of the value
+ * while it writes it (o->crc at the callback): the write starts without a
+ * pass over the value first. */
+int agent__tier_write_sum(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
+			  uint64_t size, agent_tier_cb cb, void *ud) MC_MUST_CHECK;
 /* Delete the object key — only the one at offset unless offset is
  * UINT64_MAX. Returns true when one went. */
 bool agent__tier_remove(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset);

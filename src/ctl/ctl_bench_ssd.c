@@ -412,8 +412,10 @@ int ctl_bench_ssd_main(int argc, char **argv)
 	/* Both write their whole file once first: writes to blocks written
 	 * before cost less than to preallocated ones (no extent conversion),
 	 * and a cache tier past its first fill only overwrites. */
-	if (warm_up(&b, half) < 0 || (use_fio && !ctl_fio_fill(fiofile, half)))
+	double fill_bw = 0;
+	if (warm_up(&b, half) < 0 || (use_fio && !ctl_fio_fill(fiofile, half, &fill_bw)))
 		goto out;
+
 	printf("%-4s %6s  %10s %9s %9s  %10s %9s %9s  %6s\n", "op", "value", "store GB/s",
 	       "p50 us", "p99 us", "fio GB/s", "p50 us", "p99 us", "ratio");
 	for (unsigned z = 0; z < nsizes; z++) {
@@ -445,7 +447,9 @@ int ctl_bench_ssd_main(int argc, char **argv)
 				ctl_lat_free(&fill.lat);
 			}
 			struct fig f = {0};
-			struct ctl_fio ff = {0};
+			/* fio syncs as often as the store does (ctl_fio.c). */
+			struct ctl_fio ff = {
+				.sync = true, .sync_ms = sync_ms, .fill_bw = fill_bw};
 			bool fio_ok = use_fio;
 			for (unsigned r = 0; r < rounds; r++) {
 				rc = run_store(&b, put, ms / rounds, &f);

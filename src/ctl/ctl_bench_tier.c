@@ -18,8 +18,9 @@
  *          through the transfer engine).
  * GB/s and p50/p99 of one operation; beside each, fio with the same
  * block size, as many I/Os in flight as clients, direct I/O and io_uring
- * on a file in the same directory (sequential writes for put, random
- * reads for get), taking turns with the agents in --rounds rounds.
+ * on a file in the same directory (sequential writes for put, synced as
+ * often as the tiers sync: see ctl_fio.c; random reads for get), taking
+ * turns with the agents in --rounds rounds.
  * Like bench ssd, both write their whole file once before: fio's file
  * is filled, and each agent's tier takes --ssd-size of 16 MiB values
  * through its agent, removed after (a cache tier past its first fill
@@ -40,6 +41,7 @@
 #include "common/util.h"
 #include "ctl/ctl_bench_store.h"
 #include "ctl/ctl_int.h"
+#include "ssd/ssd.h"
 
 #define MAX_SIZES 8
 #define MAX_CLIENTS 64
@@ -313,7 +315,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 	       "%" PRIu64
 	       " MiB (evicted past half of it, to a quarter) and fio's file in %s\n",
 	       clients, dur_s, rounds, ssd_bytes >> 20, sdir);
-	bool fio_ok = ctl_fio_fill(fiofile, ssd_bytes);
+	double fill_bw = 0;
+	bool fio_ok = ctl_fio_fill(fiofile, ssd_bytes, &fill_bw);
 	unsigned tag = (unsigned)getpid();
 	void *warm = NULL;
 	rc = mc_buffer_alloc(ws[0].c, WARM_BYTES, &warm);
@@ -341,7 +344,10 @@ int ctl_bench_tier_main(int argc, char **argv)
 				continue;
 			unsigned nwhere = put ? 1 : 2;
 			struct ttally tal[2] = {{0}};
-			struct ctl_fio fio = {0};
+			/* fio syncs as often as the agents' tiers do (ctl_fio.c). */
+			struct ctl_fio fio = {.sync = true,
+					      .sync_ms = SSD_SYNC_INTERVAL_DEFAULT_MS,
+					      .fill_bw = fill_bw};
 			if (!put)
 				for (unsigned w = 0; w < nwhere && rc == 0; w++)
 					rc = tier_populate(ws, clients, holder[w],

@@ -3,6 +3,16 @@
  * system: the same block size, direct I/O, io_uring and depth on a file
  * of the file system measured, its bandwidth and latency read from its
  * JSON output (mooncakectl bench ssd, bench store --tier=ssd).
+ *
+ * Like with like: a put into the SSD tier is answered once its direct
+ * write has completed (a kill -9 loses nothing, as with fio's direct
+ * writes), and the tier syncs every --ssd-sync-interval, which bounds
+ * what a power loss loses. fio's writes are synced as often: a run of ms
+ * owes ms / interval syncs (carried over from run to run, since runs are
+ * often shorter than the interval), spread as an fdatasync after every
+ * so many blocks at the rate fio's fill measured. The tier's other syncs
+ * — before it reuses the space of evicted objects — are its own cost:
+ * fio overwrites its file in place and has no such thing to wait for.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,17 +55,11 @@ static bool json_pct(const char *js, const char *section, const char *p, double 
 	return true;
 }
 
-bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
-		 bool write, uint64_t ms, struct ctl_fio *f)
+/* Run the fio command cmd, which writes its JSON report to out, and read
+ * the report into js (NUL-terminated). false when fio failed (a line
+ * printed). */
+static bool fio_json(const char *cmd, const char *out, char *js, size_t cap)
 {
-	char cmd[2048], out[700];
-	snprintf(out, sizeof(out), "%s.json", file);
-	snprintf(cmd, sizeof(cmd),
-		 "fio --name=ssd --filename=%s --size=%" PRIu64 " --bs=%" PRIu64
-		 " --direct=1 --ioengine=io_uring --iodepth=%u --rw=%s --time_based"
-		 " --runtime=%" PRIu64 "ms --ramp_time=0 --percentile_list=50:99"
-		 " --output-format=json --output=%s >/dev/null 2>&1",
-		 file, file_bytes, bs, depth, write ? "write" : "randread", ms, out);
 	int st = system(cmd);
 	if (st != 0) {
 		fprintf(stderr, "mooncakectl bench: fio failed (%s; Debian package fio)\n",
@@ -66,11 +70,47 @@ bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned de
 	FILE *fp = fopen(out, "r");
 	if (!fp)
 		return false;
-	static char js[1 << 20];
-	size_t n = fread(js, 1, sizeof(js) - 1, fp);
+	size_t n = fread(js, 1, cap - 1, fp);
 	fclose(fp);
 	unlink(out);
 	js[n] = 0;
+	return true;
+}
+
+static char js[1 << 20];
+
+/* The blocks between two fdatasyncs of a write run of ms (0: none). */
+static uint64_t sync_blocks(struct ctl_fio *f, uint64_t bs, uint64_t ms)
+{
+	if (!f->sync)
+		return 0;
+	if (f->sync_ms == 0)
+		return 1;
+	f->syncs_owed += (double)ms / f->sync_ms;
+	uint64_t k = (uint64_t)f->syncs_owed;
+	if (k == 0)
+		return 0;
+	f->syncs_owed -= (double)k;
+	uint64_t blocks = (uint64_t)(f->fill_bw * (double)ms / 1000 / (double)bs);
+	return blocks > k ? blocks / k : 1;
+}
+
+bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
+		 bool write, uint64_t ms, struct ctl_fio *f)
+{
+	char cmd[2048], out[700], sync[64] = "";
+	snprintf(out, sizeof(out), "%s.json", file);
+	uint64_t every = write ? sync_blocks(f, bs, ms) : 0;
+	if (every)
+		snprintf(sync, sizeof(sync), " --fdatasync=%" PRIu64, every);
+	snprintf(cmd, sizeof(cmd),
+		 "fio --name=ssd --filename=%s --size=%" PRIu64 " --bs=%" PRIu64
+		 " --direct=1 --ioengine=io_uring --iodepth=%u --rw=%s%s --time_based"
+		 " --runtime=%" PRIu64 "ms --ramp_time=0 --percentile_list=50:99"
+		 " --output-format=json --output=%s >/dev/null 2>&1",
+		 file, file_bytes, bs, depth, write ? "write" : "randread", sync, ms, out);
+	if (!fio_json(cmd, out, js, sizeof(js)))
+		return false;
 	const char *sec = write ? "write" : "read";
 	double bw, p50, p99;
 	if (!json_num(js, sec, "bw_bytes", &bw) || !json_pct(js, sec, "50.000000", &p50) ||
@@ -85,16 +125,19 @@ bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned de
 	return true;
 }
 
-bool ctl_fio_fill(const char *file, uint64_t file_bytes)
+bool ctl_fio_fill(const char *file, uint64_t file_bytes, double *bw)
 {
-	char cmd[1024];
+	char cmd[2048], out[700];
+	snprintf(out, sizeof(out), "%s.json", file);
 	snprintf(cmd, sizeof(cmd),
 		 "fio --name=fill --filename=%s --size=%" PRIu64 " --bs=4M --direct=1"
-		 " --ioengine=io_uring --iodepth=8 --rw=write >/dev/null 2>&1",
-		 file, file_bytes);
-	if (system(cmd) != 0) {
-		fprintf(stderr, "mooncakectl bench: fio failed (Debian package fio; "
-				"--fio=off runs without it)\n");
+		 " --ioengine=io_uring --iodepth=8 --rw=write --output-format=json"
+		 " --output=%s >/dev/null 2>&1",
+		 file, file_bytes, out);
+	if (!fio_json(cmd, out, js, sizeof(js)))
+		return false;
+	if (!json_num(js, "write", "bw_bytes", bw) || *bw <= 0) {
+		fprintf(stderr, "mooncakectl bench: cannot read fio's output\n");
 		return false;
 	}
 	return true;

@@ -59,15 +59,23 @@ struct ctl_fio {
 	double bw; /* bytes/s */
 	double p50_us, p99_us;
 	unsigned runs;
+	/* Set by the caller: writes are synced as often as a store syncing
+	 * every sync_ms would (0: after every write), at the rate fill_bw
+	 * (bytes/s, from ctl_fio_fill); no syncs while sync is false. */
+	bool sync;
+	unsigned sync_ms;
+	double fill_bw;
+	double syncs_owed; /* (carried from run to run) */
 };
 /* Run fio for ms on file (file_bytes, written whole before: ctl_fio_fill)
  * with blocks of bs, depth in flight, direct I/O: sequential writes
- * (write) or random reads; its figures added to f. false when fio is
- * missing or failed (a line printed). */
+ * (write; synced as f asks) or random reads; its figures added to f.
+ * false when fio is missing or failed (a line printed). */
 bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
 		 bool write, uint64_t ms, struct ctl_fio *f);
-/* Write fio's file once, whole. false as ctl_fio_run. */
-bool ctl_fio_fill(const char *file, uint64_t file_bytes);
+/* Write fio's file once, whole; *bw: the bytes/s it wrote at. false as
+ * ctl_fio_run. */
+bool ctl_fio_fill(const char *file, uint64_t file_bytes, double *bw);
 
 /* Latency samples in ns (ctl_lat.c); a zeroed struct is empty. */
 struct ctl_lat {

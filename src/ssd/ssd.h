@@ -106,9 +106,10 @@ struct ssd_opts {
 	 * live records (0: 4 MiB). */
 	uint64_t compact_min_bytes;
 	/* Least time between the starts of two syncs (0: back to back). What
-	 * a power loss can lose; a kill -9 loses nothing either way. A put
-	 * that finds no room while removed space waits for its sync starts
-	 * that sync at once. */
+	 * a power loss can lose; a kill -9 loses nothing either way. Removed
+	 * space is reused only once its removal is synced: a sync starts at
+	 * once when that space reaches half the free space, or a put finds
+	 * no room while it waits. */
 	unsigned sync_interval_ms;
 	/* Where to register the tier's metrics (mooncake_agent_ssd_*: size,
 	 * use, objects, index bytes, data I/Os with their bytes and latency
@@ -207,6 +208,15 @@ struct ssd_req {
  */
 int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
 	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb) MC_MUST_CHECK;
+
+/*
+ * As ssd_put, but the store computes the CRC-32C of buf's first size
+ * bytes itself, on its I/O thread while the write is in flight (no pass
+ * over the value before the write starts): r->crc holds it when cb runs
+ * with 0. Errors as ssd_put.
+ */
+int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		const void *buf, uint64_t size, ssd_cb cb) MC_MUST_CHECK;
 
 /*
  * Read the object key into buf (aligned, buf_len >= ssd_io_len of its

@@ -15,6 +15,7 @@
 #ifndef MC_SSD_SSD_INT_H
 #define MC_SSD_SSD_INT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -103,6 +104,13 @@ struct ssd__op {
 	bool verify;
 	uint32_t want_crc;
 	uint64_t crc_len;
+	/* WRITE: compute the CRC-32C of the first crc_len bytes into
+	 * sum_crc while the write is in flight (sum is cleared once done). */
+	bool sum;
+	uint32_t sum_crc;
+	/* Parts still running (the transfer, and a sum on another thread):
+	 * the last one hands the operation back. */
+	atomic_uint parts;
 	/* JOB: run on the lane's helper thread; sets result. */
 	void (*job)(struct ssd__op *op);
 	unsigned lane;

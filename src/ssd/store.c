@@ -9,10 +9,10 @@
  *              of the key is refused, lookups do not see it), data write
  *              submitted;
  *   written    the PUT record goes into the index buffer, entry COMMITTING;
- *   commit     (group commit, one at a time, on the helper thread):
- *              fdatasync(data), the buffer appended to the index,
- *              fdatasync(index); then every entry of the batch is LIVE and
- *              its put's callback runs with 0;
+ *   commit     (group commit, one at a time, on the helper thread): the
+ *              buffer appended to the index; then every entry of the batch
+ *              is LIVE and its put's callback runs with 0 (syncs run
+ *              apart, on the sync lane);
  *   removal    the entry leaves the table at once (DEAD); a DEL record
  *              goes into the index buffer unless the PUT was never
  *              written; the extent goes back to the allocator once the
@@ -68,6 +68,7 @@ struct xop {
 	struct ssd__op op;
 	struct ssd_req *r;
 	struct ssd_store *s;
+	bool sum; /* a put whose checksum the write computes */
 };
 
 /* A group commit (also the last step of a compaction). */
@@ -317,6 +318,7 @@ static void reclaim(struct ssd_store *s)
 			*pp = e->dnext;
 			if (s->dead_tail == e)
 				s->dead_tail = prev;
+			s->dead_bytes -= e->len;
 			ssd__extent_free(s, e);
 			free(e);
 		} else {
@@ -333,12 +335,14 @@ static void dead_add(struct ssd_store *s, struct ssd__ent *e)
 	if (e->del_commit == UINT64_MAX) {
 		e->dnext = s->lost;
 		s->lost = e;
-	} else if (s->dead_tail) {
-		s->dead_tail->dnext = e;
-		s->dead_tail = e;
-	} else {
-		s->dead = s->dead_tail = e;
+		return;
 	}
+	if (s->dead_tail)
+		s->dead_tail->dnext = e;
+	else
+		s->dead = e;
+	s->dead_tail = e;
+	s->dead_bytes += e->len;
 }
 
 /* ------------------------------------------------------------ records */
@@ -429,6 +433,7 @@ static void commit_job(struct ssd__op *op)
 static void maybe_compact(struct ssd_store *s);
 static void compact_next(struct ssd_store *s);
 static void maybe_sync(struct ssd_store *s);
+static void sync_for_room(struct ssd_store *s);
 
 void ssd__complete_req(struct ssd_req *r, int status)
 {
@@ -508,6 +513,7 @@ static void commit_done(struct ssd__op *op)
 	free(c);
 	reclaim(s);
 	maybe_sync(s);
+	sync_for_room(s);
 	maybe_compact(s);
 }
 
@@ -668,6 +674,23 @@ static void maybe_sync(struct ssd_store *s)
 		ssd__kick_sync(s);
 }
 
+/* Removed space is reused once its removal is synced. Start that sync
+ * now rather than at the interval's end once the space waiting for it is
+ * half the free space or more: a put that needs the room then finds it
+ * synced instead of waiting for a whole sync. Once per commit holding
+ * removals, when that commit has been appended. */
+static void sync_for_room(struct ssd_store *s)
+{
+	const struct ssd__ent *last = s->dead_tail;
+	if (!last || last->del_commit > s->commits_done ||
+	    last->del_commit <= MC_MAX(s->synced, s->room_kicked) ||
+	    2 * s->dead_bytes < mc_extalloc_free_bytes(&s->alloc))
+		return;
+	s->room_kicked = s->commits_done;
+	maybe_sync(s);
+	ssd__kick_sync(s);
+}
+
 int ssd_sync(struct ssd_store *s, struct ssd_req *r, ssd_cb cb)
 {
 	if (!cb)
@@ -821,6 +844,8 @@ static void put_written(struct ssd__op *op)
 	struct ssd_req *r = x->r;
 	struct ssd__ent *e = r->ent;
 	int rc = op->result;
+	if (x->sum && rc == 0)
+		e->crc = r->crc = op->sum_crc;
 	free(x);
 	if (rc == 0) {
 		s->st.writes++;
@@ -859,8 +884,8 @@ static bool aligned_ptr(const void *p)
 	return ((uintptr_t)p & (SSD_ALIGN - 1)) == 0;
 }
 
-int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
-	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
+static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+	       const void *buf, uint64_t size, uint32_t crc, bool sum, ssd_cb cb)
 {
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || size == 0 || size > SSD_MAX_VALUE_BYTES ||
 	    !aligned_ptr(buf) || !cb)
@@ -882,6 +907,7 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
 	}
 	if (rc < 0)
 		return rc;
+	sync_for_room(s);
 	struct ssd__ent *e = ssd__ent_new(key, klen);
 	struct xop *x = calloc(1, sizeof(*x));
 	if (!e || !x || ssd__ent_insert(s, e) < 0) {
@@ -916,9 +942,23 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
 	x->op.len = len;
 	x->op.off = SSD__DATA_START + off;
 	x->op.done = put_written;
+	x->op.sum = x->sum = sum;
+	x->op.crc_len = size;
 	ssd__io_submit(s->io, &x->op);
 	ssd__update_gauges(s);
 	return 0;
+}
+
+int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
+{
+	return put(s, r, key, klen, buf, size, crc, false, cb);
+}
+
+int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		const void *buf, uint64_t size, ssd_cb cb)
+{
+	return put(s, r, key, klen, buf, size, 0, true, cb);
 }
 
 static void get_read(struct ssd__op *op)

@@ -78,6 +78,30 @@ Test(crc32c, hw_and_table_agree_on_random_data)
 	free(buf);
 }
 
+/* Lengths that cross the hardware path's long blocks (3 x 8 KiB) and
+ * short ones (3 x 256 bytes) at every boundary, chained from a seed. */
+Test(crc32c, hw_and_table_agree_on_long_data)
+{
+	enum { MAX = 3 * 3 * 8192 + 3 * 256 + 64 };
+	unsigned char *buf = malloc(MAX);
+	cr_assert_not_null(buf);
+	srand(777);
+	for (size_t i = 0; i < MAX; i++)
+		buf[i] = (unsigned char)rand();
+	size_t lens[] = {767,   768,   769,   24575,    24576,   24577, 24576 + 768,
+			 49151, 49152, 49160, MAX - 64, MAX - 3, MAX};
+	for (size_t off = 0; off < 9; off += 4)
+		for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+			size_t len = lens[i] - off;
+			uint32_t seed = (uint32_t)rand();
+			uint32_t a = crc32c_sw(seed, buf + off, len);
+			cr_assert_eq(crc32c_hw(seed, buf + off, len), a, "off %zu len %zu",
+				     off, len);
+			cr_assert_eq(crc32c(seed, buf + off, len), a);
+		}
+	free(buf);
+}
+
 Test(crc32c, detects_single_bit_flip)
 {
 	unsigned char buf[256];

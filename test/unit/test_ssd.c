@@ -269,6 +269,74 @@ Test(ssd, put_get_remove_reopen_threads)
 	put_get_reopen(SSD_IO_THREADS);
 }
 
+/* A put whose checksum the store computes while writing: the callback
+ * has it, the index keeps it (a reopened store checks it), with either
+ * engine and many in flight. */
+static void put_sum_engine(enum ssd_io_kind io)
+{
+	enum { N = 24 };
+	struct ssd_opts o = opts(64 << 20, io);
+	struct ssd_store *s = open_ok(&o, NULL);
+	static struct ssd_req reqs[N];
+	static int flags[N];
+	uint8_t *bufs[N];
+	for (int i = 0; i < N; i++) {
+		char k[32];
+		key_of(k, i);
+		uint64_t n = val_size(i);
+		bufs[i] = ssd_buf_alloc(ssd_io_len(n));
+		fill(bufs[i], n, i);
+		flags[i] = 0;
+		reqs[i] = (struct ssd_req){.data = &flags[i]};
+		cr_assert_eq(ssd_put_sum(s, &reqs[i], k, strlen(k), bufs[i], n, on_done), 0);
+	}
+	/* Longer ones are summed on another thread while the ring writes. */
+	enum { BIG = 3, BIG_BYTES = (3 << 20) + 100 };
+	static struct ssd_req breqs[BIG];
+	static int bflags[BIG];
+	uint8_t *bbufs[BIG];
+	for (int i = 0; i < BIG; i++) {
+		char k[32];
+		snprintf(k, sizeof(k), "big%d", i);
+		bbufs[i] = ssd_buf_alloc(ssd_io_len(BIG_BYTES));
+		fill(bbufs[i], BIG_BYTES, 1000 + i);
+		bflags[i] = 0;
+		breqs[i] = (struct ssd_req){.data = &bflags[i]};
+		cr_assert_eq(
+			ssd_put_sum(s, &breqs[i], k, strlen(k), bbufs[i], BIG_BYTES, on_done),
+			0);
+	}
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(wait_req(s, &flags[i]), 0);
+		cr_assert_eq(reqs[i].crc, crc32c(0, bufs[i], val_size(i)), "put %d", i);
+		ssd_buf_free(bufs[i], ssd_io_len(val_size(i)));
+	}
+	for (int i = 0; i < BIG; i++) {
+		cr_assert_eq(wait_req(s, &bflags[i]), 0);
+		cr_assert_eq(breqs[i].crc, crc32c(0, bbufs[i], BIG_BYTES), "big put %d", i);
+		ssd_buf_free(bbufs[i], ssd_io_len(BIG_BYTES));
+	}
+	ssd_close(s);
+	o.verify_on_open = true;
+	struct ssd_open_report rep;
+	s = open_ok(&o, &rep);
+	cr_assert_eq(rep.objects, N + BIG);
+	cr_assert_eq(rep.dropped_objects, 0);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(get_i(s, i), 0);
+	ssd_close(s);
+}
+
+Test(ssd, put_sum_io_uring)
+{
+	put_sum_engine(SSD_IO_AUTO);
+}
+
+Test(ssd, put_sum_threads)
+{
+	put_sum_engine(SSD_IO_THREADS);
+}
+
 Test(ssd, many_in_flight_then_full_then_space_back)
 {
 	struct ssd_opts o = opts(4 << 20, SSD_IO_AUTO);
@@ -661,6 +729,52 @@ Test(ssd, sync_interval_space_back_on_demand_and_ssd_sync)
 		ssd_stats(s, &st);
 	}
 	cr_assert_eq(st.used_bytes, 3 << 20);
+	ssd_buf_free(b, 1 << 20);
+	ssd_close(s);
+}
+
+/* Removed space that reaches half the free space has its sync started at
+ * once, before any put finds no room; a removal of less waits for the
+ * interval. */
+Test(ssd, sync_early_for_removed_space)
+{
+	struct ssd_opts o = opts(8 << 20, SSD_IO_AUTO);
+	o.sync_interval_ms = 60000;
+	struct ssd_store *s = open_ok(&o, NULL);
+	uint8_t *b = ssd_buf_alloc(1 << 20);
+	uint32_t crc = crc32c(0, b, 1 << 20);
+	for (int i = 0; i < 5; i++) {
+		char k[8] = {'k', (char)('0' + i)};
+		int flag = 0;
+		struct ssd_req r = {.data = &flag};
+		cr_assert_eq(ssd_put(s, &r, k, 2, b, 1 << 20, crc, on_done), 0);
+		cr_assert_eq(wait_req(s, &flag), 0);
+	}
+	int sflag = 0;
+	struct ssd_req sr = {.data = &sflag};
+	cr_assert_eq(ssd_sync(s, &sr, on_done), 0);
+	cr_assert_eq(wait_req(s, &sflag), 0);
+	struct ssd_stats st0, st;
+	ssd_stats(s, &st0);
+	/* 1 MiB removed of 3 MiB free: below half, it waits. */
+	cr_assert_eq(ssd_remove(s, "k0", 2), 0);
+	for (int t = 0; t < 10; t++) {
+		ssd_wait(s, 10);
+		ssd_poll(s);
+	}
+	ssd_stats(s, &st);
+	cr_assert_eq(st.syncs, st0.syncs);
+	cr_assert_eq(st.used_bytes, 5 << 20);
+	/* 2 MiB removed of 3 MiB free: synced without a put asking, and the
+	 * space is back. */
+	cr_assert_eq(ssd_remove(s, "k1", 2), 0);
+	for (int t = 0; t < 500 && st.used_bytes > 3 << 20; t++) {
+		ssd_wait(s, 10);
+		ssd_poll(s);
+		ssd_stats(s, &st);
+	}
+	cr_assert_eq(st.used_bytes, 3 << 20);
+	cr_assert_gt(st.syncs, st0.syncs);
 	ssd_buf_free(b, 1 << 20);
 	ssd_close(s);
 }
