@@ -226,14 +226,11 @@ int snap_purge(const char *dir, unsigned keep)
 	return rc;
 }
 
-int snap_remove_purged(const char *dir)
+int snap_remove_purged(const char *dir, unsigned *removed)
 {
-	unsigned n;
-	int rc = mc_unlink_suffixed(dir, SNAP_PURGED_SUFFIX, SNAP_REMOVE_STEP_BYTES, &n);
+	int rc = mc_unlink_suffixed(dir, SNAP_PURGED_SUFFIX, SNAP_REMOVE_STEP_BYTES, removed);
 	if (rc && rc != -ENOENT)
 		log_warn("%s: cannot remove old snapshots: %s", dir, mc_strerror(rc));
-	else if (n)
-		log_debug("%s: removed %u old snapshots", dir, n);
 	return rc == -ENOENT ? 0 : rc;
 }
 

@@ -147,8 +147,9 @@ int snap_purge(const char *dir, unsigned keep) MC_MUST_CHECK;
 /* Delete the snapshot files snap_purge set aside, a few megabytes at a
  * time with pauses between (mc_unlink_in_steps: deleting hundreds of
  * megabytes at once stalls every fsync on the disk meanwhile), then fsync
- * dir. Blocks for seconds: a worker's job; safe beside any other call on
- * dir. Errors (logged): those of mc_unlink_suffixed but -ENOENT. */
-int snap_remove_purged(const char *dir) MC_MUST_CHECK;
+ * dir; *removed (if not NULL) counts them. Blocks for seconds: a worker's
+ * job; safe beside any other call on dir. Errors (logged): those of
+ * mc_unlink_suffixed but -ENOENT. */
+int snap_remove_purged(const char *dir, unsigned *removed) MC_MUST_CHECK;
 
 #endif

@@ -138,14 +138,18 @@ static void snap_marker_work(struct meta__job *j)
 struct tidy_job {
 	uv_work_t work;
 	struct meta_node *n;
+	unsigned segs, snaps; /* deleted */
+	uint64_t ms;
 };
 
 static void tidy_work(uv_work_t *w)
 {
 	struct tidy_job *t = MC_CONTAINER_OF(w, struct tidy_job, work);
+	uint64_t t0 = mc_now_ms();
 	/* Failures are logged there; the next tidy tries again. */
-	(void)!wal_remove_released(t->n->wal_dir);
-	(void)!snap_remove_purged(t->n->snap_dir);
+	(void)!wal_remove_released(t->n->wal_dir, &t->segs);
+	(void)!snap_remove_purged(t->n->snap_dir, &t->snaps);
+	t->ms = mc_now_ms() - t0;
 }
 
 static void tidy_done(uv_work_t *w, int status)
@@ -153,6 +157,10 @@ static void tidy_done(uv_work_t *w, int status)
 	struct tidy_job *t = MC_CONTAINER_OF(w, struct tidy_job, work);
 	struct meta_node *n = t->n;
 	(void)status; /* cancelled: the files wait for the next tidy */
+	if (t->segs || t->snaps)
+		log_info("deleted %u released WAL segments and %u old snapshots in %" PRIu64
+			 " ms",
+			 t->segs, t->snaps, t->ms);
 	free(t);
 	n->uv_works--;
 	n->tidying = false;

@@ -1024,14 +1024,11 @@ int wal_release_to(struct wal *w, uint64_t index)
 	return rc;
 }
 
-int wal_remove_released(const char *dir)
+int wal_remove_released(const char *dir, unsigned *removed)
 {
-	unsigned n;
-	int rc = mc_unlink_suffixed(dir, WAL_RELEASED_SUFFIX, WAL_REMOVE_STEP_BYTES, &n);
+	int rc = mc_unlink_suffixed(dir, WAL_RELEASED_SUFFIX, WAL_REMOVE_STEP_BYTES, removed);
 	if (rc)
 		log_warn("%s: cannot remove released segments: %s", dir, mc_strerror(rc));
-	else if (n)
-		log_debug("%s: removed %u released segments", dir, n);
 	return rc;
 }
 

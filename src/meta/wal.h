@@ -218,11 +218,12 @@ int wal_release_to(struct wal *w, uint64_t index) MC_MUST_CHECK;
 /*
  * Delete the segments of the WAL in dir that releases set aside, a few
  * megabytes at a time with pauses between (mc_unlink_in_steps), then fsync
- * dir. Touches nothing else, so it may run on any thread while the WAL is
- * in use (it takes seconds for a large release). Errors (logged): those of
- * mc_unlink_suffixed; the files left are tried again by the next call.
+ * dir; *removed (if not NULL) counts them. Touches nothing else, so it
+ * may run on any thread while the WAL is in use (it takes seconds for a
+ * large release). Errors (logged): those of mc_unlink_suffixed; the files
+ * left are tried again by the next call.
  */
-int wal_remove_released(const char *dir) MC_MUST_CHECK;
+int wal_remove_released(const char *dir, unsigned *removed) MC_MUST_CHECK;
 
 /* Latest saved state (pending or synced). */
 uint64_t wal_last_index(const struct wal *w);

@@ -234,14 +234,17 @@ Test(snap, keep_last_k)
 	snap_path(del, sizeof(del) - 8, dir, 100, 1);
 	strcat(del, ".del");
 	cr_assert_eq(access(del, F_OK), 0);
-	cr_assert_eq(snap_remove_purged(dir), 0);
+	unsigned removed;
+	cr_assert_eq(snap_remove_purged(dir, &removed), 0);
+	cr_assert_eq(removed, 5);
 	cr_assert_neq(access(del, F_OK), 0);
 	for (uint64_t i = 1; i <= 6; i++) {
 		char path[PATH_MAX];
 		snap_path(path, sizeof(path), dir, i * 100, 1);
 		cr_assert_eq(access(path, F_OK) == 0, i == 6, "snapshot %" PRIu64, i * 100);
 	}
-	cr_assert_eq(snap_remove_purged(dir), 0);
+	cr_assert_eq(snap_remove_purged(dir, &removed), 0);
+	cr_assert_eq(removed, 0);
 	tu_cleanup(dir);
 }
 
