@@ -228,7 +228,7 @@ int mc_fsync_dir(const char *dir)
 	return rc;
 }
 
-int mc_unlink_in_steps(const char *path, uint64_t step_bytes)
+int mc_unlink_in_steps(const char *path, uint64_t step_bytes, unsigned pause_ms)
 {
 	int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0)
@@ -239,17 +239,15 @@ int mc_unlink_in_steps(const char *path, uint64_t step_bytes)
 	if (step_bytes == 0)
 		step_bytes = size;
 	while (rc == 0 && size > 0) {
-		uint64_t t0 = mc_now_ns();
 		size = size > step_bytes ? size - step_bytes : 0;
-		if (ftruncate(fd, (off_t)size) != 0 || fsync(fd) != 0) {
+		if (ftruncate(fd, (off_t)size) != 0) {
 			rc = -errno;
 			break;
 		}
 		if (size == 0)
 			break;
-		uint64_t busy = mc_now_ns() - t0;
-		struct timespec ts = {(time_t)(busy / 1000000000u),
-				      (long)(busy % 1000000000u)};
+		struct timespec ts = {(time_t)(pause_ms / 1000),
+				      (long)(pause_ms % 1000) * 1000000};
 		while (nanosleep(&ts, &ts) && errno == EINTR)
 			;
 	}
@@ -266,7 +264,7 @@ static bool has_suffix(const char *s, const char *suffix)
 }
 
 int mc_unlink_suffixed(const char *dir, const char *suffix, uint64_t step_bytes,
-		       unsigned *removed)
+		       unsigned pause_ms, unsigned *removed)
 {
 	unsigned n = 0;
 	int rc = 0;
@@ -284,7 +282,7 @@ int mc_unlink_suffixed(const char *dir, const char *suffix, uint64_t step_bytes,
 		if (r < 0 || (size_t)r >= sizeof(path))
 			r = -ENAMETOOLONG;
 		else
-			r = mc_unlink_in_steps(path, step_bytes);
+			r = mc_unlink_in_steps(path, step_bytes, pause_ms);
 		if (r == 0)
 			n++;
 		else if (!rc && r != -ENOENT)

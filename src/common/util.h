@@ -64,18 +64,20 @@ int mc_write_pidfile(const char *path) MC_MUST_CHECK;
 int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
 
 /*
- * Delete the file at path a little at a time: cut step_bytes off its end,
- * fsync, pause as long as that took, and so on; unlink it when empty.
+ * Delete the file at path a little at a time: cut step_bytes off its end
+ * (0: all of it), pause pause_ms, and so on; unlink it when empty.
  * Deleting a large file at once frees all its blocks in one journal
  * commit, and on a file system mounted with discard every fsync that
  * waits for that commit (a WAL's) waits for the whole discard too: seconds
- * for a few hundred megabytes on a shared virtual disk. Blocks the
- * calling thread for about twice the time the disk needs: call it off
- * any latency-sensitive thread. A crash leaves the file shorter or gone.
- * Errors: negative errno of the failing open, ftruncate, fsync or unlink
+ * for a few hundred megabytes on a shared virtual disk. In steps, each
+ * commit that other writers' fsyncs make carries about one step; no fsync
+ * of its own adds commits (each a cache flush of the disk). Blocks the
+ * calling thread for size / step_bytes pauses: call it off any
+ * latency-sensitive thread. A crash leaves the file shorter or gone.
+ * Errors: negative errno of the failing open, ftruncate or unlink
  * (-ENOENT when there is no such file).
  */
-int mc_unlink_in_steps(const char *path, uint64_t step_bytes) MC_MUST_CHECK;
+int mc_unlink_in_steps(const char *path, uint64_t step_bytes, unsigned pause_ms) MC_MUST_CHECK;
 
 /*
  * Delete every file of dir whose name ends with suffix by
@@ -84,7 +86,7 @@ int mc_unlink_in_steps(const char *path, uint64_t step_bytes) MC_MUST_CHECK;
  * deletion that failed (the others are still tried) or of the fsync.
  */
 int mc_unlink_suffixed(const char *dir, const char *suffix, uint64_t step_bytes,
-		       unsigned *removed) MC_MUST_CHECK;
+		       unsigned pause_ms, unsigned *removed) MC_MUST_CHECK;
 
 /* A 64-bit hash for in-memory tables: eight bytes a step, each mixed in
  * by a 64x64->128-bit multiply (as wyhash does). Not stable across

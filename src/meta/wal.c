@@ -50,9 +50,11 @@
 #define WAL_SEGMENT_READ_MAX (WAL_SEGMENT_MAX_BYTES + 2ull * WAL_RECORD_MAX_BYTES)
 #define WAL_NAME_LEN 37 /* 16 + 1 + 16 + 4 */
 /* A released segment is renamed <name>.del and deleted later, a step of
- * this many bytes at a time (mc_unlink_in_steps). */
+ * this many bytes at a time, this long apart (mc_unlink_in_steps): at
+ * most 80 MB/s of blocks freed. */
 #define WAL_RELEASED_SUFFIX ".del"
 #define WAL_REMOVE_STEP_BYTES (4ull << 20)
+#define WAL_REMOVE_PAUSE_MS 50u
 
 /* ------------------------------------------------------------ the WAL */
 
@@ -1026,7 +1028,8 @@ int wal_release_to(struct wal *w, uint64_t index)
 
 int wal_remove_released(const char *dir, unsigned *removed)
 {
-	int rc = mc_unlink_suffixed(dir, WAL_RELEASED_SUFFIX, WAL_REMOVE_STEP_BYTES, removed);
+	int rc = mc_unlink_suffixed(dir, WAL_RELEASED_SUFFIX, WAL_REMOVE_STEP_BYTES,
+				    WAL_REMOVE_PAUSE_MS, removed);
 	if (rc)
 		log_warn("%s: cannot remove released segments: %s", dir, mc_strerror(rc));
 	return rc;

@@ -59,14 +59,14 @@ Test(util, unlink_in_steps_any_size_and_step)
 			make_file(dir, "f", sizes[i]);
 			char path[PATH_MAX];
 			snprintf(path, sizeof(path), "%s/f", dir);
-			cr_assert_eq(mc_unlink_in_steps(path, steps[j]), 0,
+			cr_assert_eq(mc_unlink_in_steps(path, steps[j], 1), 0,
 				     "size %zu step %zu", sizes[i], (size_t)steps[j]);
 			cr_assert_not(exists(dir, "f"));
 		}
 	}
 	char path[PATH_MAX];
 	snprintf(path, sizeof(path), "%s/none", dir);
-	cr_assert_eq(mc_unlink_in_steps(path, 4096), -ENOENT);
+	cr_assert_eq(mc_unlink_in_steps(path, 4096, 1), -ENOENT);
 	cr_assert_eq(rmdir(dir), 0);
 	free(dir);
 }
@@ -80,18 +80,18 @@ Test(util, unlink_suffixed_only_those)
 	make_file(dir, ".del", 10); /* the suffix alone is not a name with it */
 	make_file(dir, "d.delx", 10);
 	unsigned n = 99;
-	cr_assert_eq(mc_unlink_suffixed(dir, ".del", 65536, &n), 0);
+	cr_assert_eq(mc_unlink_suffixed(dir, ".del", 65536, 1, &n), 0);
 	cr_assert_eq(n, 2);
 	cr_assert_not(exists(dir, "a.wal.del"));
 	cr_assert_not(exists(dir, "b.snap.del"));
 	cr_assert(exists(dir, "c.wal"));
 	cr_assert(exists(dir, ".del"));
 	cr_assert(exists(dir, "d.delx"));
-	cr_assert_eq(mc_unlink_suffixed(dir, ".del", 65536, &n), 0);
+	cr_assert_eq(mc_unlink_suffixed(dir, ".del", 65536, 1, &n), 0);
 	cr_assert_eq(n, 0);
 	char sub[PATH_MAX];
 	snprintf(sub, sizeof(sub), "%s/missing", dir);
-	cr_assert_eq(mc_unlink_suffixed(sub, ".del", 65536, NULL), -ENOENT);
+	cr_assert_eq(mc_unlink_suffixed(sub, ".del", 65536, 1, NULL), -ENOENT);
 	char cmd[PATH_MAX + 16];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	cr_assert_eq(system(cmd), 0);
