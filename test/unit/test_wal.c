@@ -369,7 +369,8 @@ static char **names_ending(const char *dir, const char *suffix, size_t *n)
 		v[k++] = strdup(de->d_name);
 	}
 	closedir(d);
-	qsort(v, k, sizeof(*v), tu_name_cmp);
+	if (k > 1)
+		qsort(v, k, sizeof(*v), tu_name_cmp);
 	*n = k;
 	return v;
 }
