@@ -4,6 +4,7 @@
 #include "common/util.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -224,6 +225,77 @@ int mc_fsync_dir(const char *dir)
 		return -errno;
 	int rc = fsync(fd) == 0 ? 0 : -errno;
 	close(fd);
+	return rc;
+}
+
+int mc_unlink_in_steps(const char *path, uint64_t step_bytes, unsigned pause_ms)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	int rc = fstat(fd, &st) == 0 ? 0 : -errno;
+	uint64_t size = rc == 0 && S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
+	if (step_bytes == 0)
+		step_bytes = size;
+	while (rc == 0 && size > 0) {
+		size = size > step_bytes ? size - step_bytes : 0;
+		if (ftruncate(fd, (off_t)size) != 0) {
+			rc = -errno;
+			break;
+		}
+		if (size == 0)
+			break;
+		struct timespec ts = {(time_t)(pause_ms / 1000),
+				      (long)(pause_ms % 1000) * 1000000};
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+	}
+	close(fd);
+	if (rc == 0 && unlink(path) != 0)
+		rc = -errno;
+	return rc;
+}
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n > k && memcmp(s + n - k, suffix, k) == 0;
+}
+
+int mc_unlink_suffixed(const char *dir, const char *suffix, uint64_t step_bytes,
+		       unsigned pause_ms, unsigned *removed)
+{
+	unsigned n = 0;
+	int rc = 0;
+	if (removed)
+		*removed = 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return -errno;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char path[PATH_MAX];
+		if (!has_suffix(de->d_name, suffix))
+			continue;
+		int r = snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+		if (r < 0 || (size_t)r >= sizeof(path))
+			r = -ENAMETOOLONG;
+		else
+			r = mc_unlink_in_steps(path, step_bytes, pause_ms);
+		if (r == 0)
+			n++;
+		else if (!rc && r != -ENOENT)
+			rc = r;
+	}
+	closedir(d);
+	if (n > 0) {
+		int frc = mc_fsync_dir(dir);
+		if (!rc)
+			rc = frc;
+	}
+	if (removed)
+		*removed = n;
 	return rc;
 }
 

@@ -63,6 +63,31 @@ int mc_write_pidfile(const char *path) MC_MUST_CHECK;
 /* fsync a directory (after renames inside it). */
 int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
 
+/*
+ * Delete the file at path a little at a time: cut step_bytes off its end
+ * (0: all of it), pause pause_ms, and so on; unlink it when empty.
+ * Deleting a large file at once frees all its blocks in one journal
+ * commit, and on a file system mounted with discard every fsync that
+ * waits for that commit (a WAL's) waits for the whole discard too: seconds
+ * for a few hundred megabytes on a shared virtual disk. In steps, each
+ * commit that other writers' fsyncs make carries about one step; no fsync
+ * of its own adds commits (each a cache flush of the disk). Blocks the
+ * calling thread for size / step_bytes pauses: call it off any
+ * latency-sensitive thread. A crash leaves the file shorter or gone.
+ * Errors: negative errno of the failing open, ftruncate or unlink
+ * (-ENOENT when there is no such file).
+ */
+int mc_unlink_in_steps(const char *path, uint64_t step_bytes, unsigned pause_ms) MC_MUST_CHECK;
+
+/*
+ * Delete every file of dir whose name ends with suffix by
+ * mc_unlink_in_steps, then fsync dir if any went; *removed (if not NULL)
+ * counts them. Errors: negative errno of opening dir, of the first
+ * deletion that failed (the others are still tried) or of the fsync.
+ */
+int mc_unlink_suffixed(const char *dir, const char *suffix, uint64_t step_bytes,
+		       unsigned pause_ms, unsigned *removed) MC_MUST_CHECK;
+
 /* A 64-bit hash for in-memory tables: eight bytes a step, each mixed in
  * by a 64x64->128-bit multiply (as wyhash does). Not stable across
  * versions or byte orders: never store it. */

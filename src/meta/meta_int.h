@@ -298,6 +298,8 @@ struct meta_node {
 	struct meta__snap_job *snap_job; /* this member's snapshot being taken */
 	unsigned disk_jobs;              /* jobs submitted and not yet completed */
 	unsigned uv_works;
+	bool tidying;    /* meta__tidy's worker is deleting files */
+	bool tidy_again; /* and more were set aside meanwhile */
 
 	/* services */
 	struct meta__wstream *wstreams;
@@ -428,6 +430,9 @@ void meta__maybe_snapshot(struct meta_node *n);
 void meta__snapshot_abandon(struct meta_node *n);
 /* Encodes the snapshot being taken a slice at a time. */
 void meta__on_snap_idle(uv_idle_t *h);
+/* Delete, on a libuv worker and a few megabytes at a time, the WAL
+ * segments and snapshot files set aside (released, purged). */
+void meta__tidy(struct meta_node *n);
 
 /* ---- conv.c */
 

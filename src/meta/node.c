@@ -317,6 +317,7 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 	n->handles_open = true;
 	uv_timer_start(&n->tick_timer, meta__on_tick, n->o.heartbeat_ms, n->o.heartbeat_ms);
 	meta__watch_start_timers(n);
+	meta__tidy(n); /* what a crash left set aside */
 	if (join) {
 		meta__peer_join(n);
 	} else {

@@ -609,6 +609,7 @@ static void persist_done(struct meta_node *n)
 		metric_inc(n->m_snap_recv);
 		rc = meta__watch_rebind(n);
 		free_sm_later(n, old); /* nothing points into it any more */
+		meta__tidy(n);         /* the snapshots it replaced */
 		if (rc) {
 			meta__fatal(n, rc, "cannot move the watchers to the new store");
 			return;

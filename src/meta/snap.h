@@ -139,8 +139,17 @@ int snap_load_newest(const char *dir, snap_accept_fn accept, void *ctx,
  * WAL may be released to while keeping every snapshot usable. */
 int snap_oldest_index(const char *dir, uint64_t *index) MC_MUST_CHECK;
 
-/* Delete all but the newest keep (at least 1) snapshot files. Errors:
- * negative errno of opendir/unlink. */
+/* Set aside all but the newest keep (at least 1) snapshot files: renamed
+ * <name>.del, for snap_remove_purged to delete. Errors: negative errno of
+ * opendir/rename. */
 int snap_purge(const char *dir, unsigned keep) MC_MUST_CHECK;
+
+/* Delete the snapshot files snap_purge set aside, a few megabytes at a
+ * time with pauses between (mc_unlink_in_steps: deleting hundreds of
+ * megabytes at once stalls every fsync on the disk meanwhile), then fsync
+ * dir; *removed (if not NULL) counts them. Blocks for seconds: a worker's
+ * job; safe beside any other call on dir. Errors (logged): those of
+ * mc_unlink_suffixed but -ENOENT. */
+int snap_remove_purged(const char *dir, unsigned *removed) MC_MUST_CHECK;
 
 #endif

@@ -16,9 +16,13 @@
  * as it was at the applied index while later entries go on being applied
  * (they only add versions above that revision). A libuv worker writes
  * each filled buffer to the snapshot file (snap.h, on disk in steps) while
- * the loop fills the next, then commits it (fsync, rename); then the disk
- * thread records the snapshot in the WAL and releases the segments before
- * the oldest snapshot kept, and the core compacts its log behind it. A
+ * the loop fills the next, then commits it (fsync, rename; older
+ * snapshots are set aside); then the disk thread records the snapshot in
+ * the WAL and sets aside the segments before the oldest snapshot kept, and
+ * the core compacts its log behind it. A libuv worker deletes what was
+ * set aside a few megabytes at a time (meta__tidy): deleted at once, a
+ * few hundred megabytes stall every fdatasync of the disk — the WAL's on
+ * the disk thread, which puts wait for — for seconds. A
  * compaction of the store meanwhile (it drops versions), a snapshot
  * received from the leader (it replaces the state) or a stop abandons
  * the snapshot; the next turn starts another.
@@ -114,7 +118,11 @@ static void snap_marker_work(struct meta__job *j)
 	j->rc = 0;
 	if (wal_snapshot(n->wal).index >= s->index)
 		return; /* a newer snapshot (from the leader) is already there */
-	rc = wal_save_snapshot(n->wal, (struct wal_snap_ref){s->index, s->term}, true);
+	/* Not synced here: the release below syncs it first when it has
+	 * segments to drop, else the next save's fdatasync takes it along (a
+	 * crash before leaves the committed snapshot file newer than the
+	 * newest marker, which recovery handles). */
+	rc = wal_save_snapshot(n->wal, (struct wal_snap_ref){s->index, s->term}, false);
 	if (rc) {
 		j->rc = rc;
 		return;
@@ -125,6 +133,68 @@ static void snap_marker_work(struct meta__job *j)
 	    (rc = wal_release_to(n->wal, oldest)))
 		log_warn("cannot release WAL segments up to %" PRIu64 ": %s", oldest,
 			 mc_strerror(rc));
+}
+
+struct tidy_job {
+	uv_work_t work;
+	struct meta_node *n;
+	unsigned segs, snaps; /* deleted */
+	uint64_t ms;
+};
+
+static void tidy_work(uv_work_t *w)
+{
+	struct tidy_job *t = MC_CONTAINER_OF(w, struct tidy_job, work);
+	uint64_t t0 = mc_now_ms();
+	/* Failures are logged there; the next tidy tries again. */
+	(void)!wal_remove_released(t->n->wal_dir, &t->segs);
+	(void)!snap_remove_purged(t->n->snap_dir, &t->snaps);
+	t->ms = mc_now_ms() - t0;
+}
+
+static void tidy_done(uv_work_t *w, int status)
+{
+	struct tidy_job *t = MC_CONTAINER_OF(w, struct tidy_job, work);
+	struct meta_node *n = t->n;
+	(void)status; /* cancelled: the files wait for the next tidy */
+	if (t->segs || t->snaps)
+		log_info("deleted %u released WAL segments and %u old snapshots in %" PRIu64
+			 " ms",
+			 t->segs, t->snaps, t->ms);
+	free(t);
+	n->uv_works--;
+	n->tidying = false;
+	if (n->tidy_again && !n->stopping) {
+		n->tidy_again = false;
+		meta__tidy(n);
+	}
+	meta__check_stopped(n);
+}
+
+void meta__tidy(struct meta_node *n)
+{
+	if (n->stopping || !n->handles_open)
+		return; /* what is left waits for the next start's first tidy */
+	if (n->tidying) {
+		n->tidy_again = true;
+		return;
+	}
+	struct tidy_job *t = calloc(1, sizeof(*t));
+	if (!t) {
+		log_warn("cannot delete released WAL segments and old snapshots now: %s",
+			 mc_strerror(-ENOMEM));
+		return;
+	}
+	t->n = n;
+	int rc = uv_queue_work(n->loop, &t->work, tidy_work, tidy_done);
+	if (rc) {
+		log_warn("cannot delete released WAL segments and old snapshots now: %s",
+			 uv_strerror(rc));
+		free(t);
+		return;
+	}
+	n->uv_works++;
+	n->tidying = true;
 }
 
 static void snap_marker_done(struct meta__job *j)
@@ -145,6 +215,7 @@ static void snap_marker_done(struct meta__job *j)
 			 " ms, %" PRIu64 " ms of them encoding on the loop; log compacted",
 			 s->index, s->bytes, meta__now(n) - s->start_ms, s->loop_ns / 1000000);
 		meta__kick(n);
+		meta__tidy(n);
 	}
 	snap_job_end(n, s);
 }

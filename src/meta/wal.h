@@ -199,16 +199,31 @@ int wal_save_snapshot(struct wal *w, struct wal_snap_ref snap, bool sync) MC_MUS
 int wal_sync(struct wal *w) MC_MUST_CHECK;
 
 /*
- * Delete the segments no longer needed once a snapshot at index exists:
+ * Release the segments no longer needed once a snapshot at index exists:
  * those whose every live entry is <= index (never the open segment).
- * Syncs pending records first; deletes oldest first, so what is left is
- * always a contiguous run of segments. Release to the oldest snapshot you
- * keep, not the newest, if recovery should be able to fall back to it.
+ * Syncs pending records first when there is any to release, then renames
+ * them <name>.del, oldest first, so what is left is always a contiguous
+ * run of segments; the files themselves go with wal_remove_released, off
+ * this thread (deleting hundreds of megabytes at once stalls every
+ * fdatasync on the disk for as long). Without a directory fsync a crash
+ * may bring some back: recovery sets aside segments below a gap when the
+ * newest marker shows they were released. Release to the oldest snapshot
+ * you keep, not the newest, if recovery should be able to fall back to it.
  * Errors: -EINVAL index is newer than the newest saved marker; fatal ones
- * as wal_save; negative errno of unlink or of the directory fsync (not
- * fatal: the WAL stays usable and a later release retries).
+ * as wal_save; negative errno of a rename (not fatal: the WAL stays usable
+ * and a later release retries).
  */
 int wal_release_to(struct wal *w, uint64_t index) MC_MUST_CHECK;
+
+/*
+ * Delete the segments of the WAL in dir that releases set aside, a few
+ * megabytes at a time with pauses between (mc_unlink_in_steps), then fsync
+ * dir; *removed (if not NULL) counts them. Touches nothing else, so it
+ * may run on any thread while the WAL is in use (it takes seconds for a
+ * large release). Errors (logged): those of mc_unlink_suffixed; the files
+ * left are tried again by the next call.
+ */
+int wal_remove_released(const char *dir, unsigned *removed) MC_MUST_CHECK;
 
 /* Latest saved state (pending or synced). */
 uint64_t wal_last_index(const struct wal *w);

@@ -21,7 +21,8 @@
 # filled with --snap-fill keys of 1 KiB, then takes puts at --snap-rate a
 # second for --snap-seconds (60; an open load: a stall shows as latency);
 # each put counts as "during a snapshot" if it overlaps the time any
-# member was taking a snapshot (from the members' logs). With
+# member was taking a snapshot (from the members' logs: from its start to
+# the end of the deletion of the files it replaced). With
 # --snap-fill=1000000 the store holds 1M keys and about 1.3 GB, issue 20's
 # scale. Nothing is asserted; a member that died is reported.
 #
@@ -285,24 +286,34 @@ wait_leader snap || exit 1
 "${PYTHON:-/usr/bin/python3}" - "$tmp/snap.lat" "$tmp"/s?.log <<'EOF'
 import datetime, re, sys
 lat = [l.split() for l in open(sys.argv[1])]
-starts, wins, sizes = {}, [], []
+starts, wins, sizes, last = {}, [], [], {}
+def stamp(s):
+    return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp() * 1000
 for path in sys.argv[2:]:
     for line in open(path):
         m = re.search(r"meta: snapshot at index \d+ \((\d+) bytes\) saved in (\d+) ms, "
                       r"(\d+) ms of them encoding on the loop", line)
         if m:
             sizes.append(tuple(int(x) for x in m.groups()))
+        # The old files' deletion after a snapshot belongs to its window.
+        m = re.match(r"(\S+Z) INFO  meta: deleted \d+ released WAL segments", line)
+        if m and path in last:
+            k = last.pop(path)
+            wins[k] = (wins[k][0], stamp(m.group(1)))
+            continue
         m = re.match(r"(\S+Z) INFO  meta: (writing the snapshot at index|snapshot at index) (\d+)",
                      line)
         if not m:
             continue
-        t = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-            tzinfo=datetime.timezone.utc).timestamp() * 1000
+        t = stamp(m.group(1))
         key = (path, m.group(3))
         if m.group(2).startswith("writing"):
             starts[key] = t
+            last.pop(path, None)
         elif key in starts:
             wins.append((starts.pop(key), t))
+            last[path] = len(wins) - 1
 def during(end, lat_ms):
     return any(a <= end and end - lat_ms <= b for a, b in wins)
 dur, steady = [], []

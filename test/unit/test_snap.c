@@ -229,6 +229,22 @@ Test(snap, keep_last_k)
 	cr_assert_eq(snap_purge(dir, 1), 0);
 	cr_assert_eq(snap_oldest_index(dir, &oldest), 0);
 	cr_assert_eq(oldest, 600);
+	/* Purged ones are set aside until removed. */
+	char del[PATH_MAX + 8];
+	snap_path(del, sizeof(del) - 8, dir, 100, 1);
+	strcat(del, ".del");
+	cr_assert_eq(access(del, F_OK), 0);
+	unsigned removed;
+	cr_assert_eq(snap_remove_purged(dir, &removed), 0);
+	cr_assert_eq(removed, 5);
+	cr_assert_neq(access(del, F_OK), 0);
+	for (uint64_t i = 1; i <= 6; i++) {
+		char path[PATH_MAX];
+		snap_path(path, sizeof(path), dir, i * 100, 1);
+		cr_assert_eq(access(path, F_OK) == 0, i == 6, "snapshot %" PRIu64, i * 100);
+	}
+	cr_assert_eq(snap_remove_purged(dir, &removed), 0);
+	cr_assert_eq(removed, 0);
 	tu_cleanup(dir);
 }
 

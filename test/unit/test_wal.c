@@ -1,7 +1,8 @@
 /*
  * test_wal: the WAL's save and recovery paths — round trips over many
  * batches and restarts against a reference model, log overwrite, segment
- * rollover, release after a snapshot, snapshot markers and start points,
+ * rollover, release after a snapshot (segments set aside, removed later,
+ * and what a crash in between leaves), snapshot markers and start points,
  * group commit (one fsync for many saves), the save-time log rules, the
  * directory lock, and the fatal state after a failed write.
  * Crash and corruption cases are in test_wal_crash.c.
@@ -350,6 +351,160 @@ Test(wal, release_keeps_older_snapshot_usable)
 	wal_close(w);
 	wal_recovery_close(&rec);
 	tu_cleanup(dir);
+}
+
+/* The names in dir ending in suffix, sorted. */
+static char **names_ending(const char *dir, const char *suffix, size_t *n)
+{
+	DIR *d = opendir(dir);
+	cr_assert_not_null(d);
+	char **v = NULL;
+	size_t k = 0, sl = strlen(suffix);
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		size_t l = strlen(de->d_name);
+		if (l <= sl || strcmp(de->d_name + l - sl, suffix) != 0)
+			continue;
+		v = realloc(v, (k + 1) * sizeof(*v));
+		v[k++] = strdup(de->d_name);
+	}
+	closedir(d);
+	if (k > 1)
+		qsort(v, k, sizeof(*v), tu_name_cmp);
+	*n = k;
+	return v;
+}
+
+/* 4000 entries over many segments, a marker at 3000, released to it:
+ * returns the WAL still open. */
+static struct wal *released_wal(const char *dir, size_t *kept, size_t *aside)
+{
+	struct wal_options o = opts_small();
+	struct wal_recovery rec;
+	struct wal *w = open_ok(dir, &o, &rec);
+	struct wal_hard_state hs = {.term = 2, .vote = 1};
+	for (uint64_t i = 1; i <= 4000; i += 100) {
+		hs.commit = i + 99;
+		cr_assert_eq(tu_save(w, i, 100, 2, &hs, true), 0);
+	}
+	cr_assert_eq(wal_save_snapshot(w, (struct wal_snap_ref){3000, 2}, false), 0);
+	cr_assert_eq(wal_release_to(w, 3000), 0);
+	struct wal_stats st;
+	wal_get_stats(w, &st);
+	char **v = tu_segments(dir, kept);
+	tu_free_names(v, *kept);
+	cr_assert_eq(*kept, st.segments);
+	v = names_ending(dir, ".del", aside);
+	tu_free_names(v, *aside);
+	cr_assert_gt(*aside, 2, "the released segments are set aside, not deleted");
+	return w;
+}
+
+/* Opens and checks what recovery starting from the snapshot at 3000
+ * gives (entries up to last), then saves ten more. */
+static void check_starts_at_3000(const char *dir, uint64_t last)
+{
+	struct wal_options o = opts_small();
+	struct wal_recovery rec;
+	struct wal *w = open_ok(dir, &o, &rec);
+	cr_assert_eq(rec.snap.index, 3000);
+	cr_assert_eq(rec.hs.commit, 4000);
+	cr_assert_eq(wal_start_at(w, &rec, 3000, 2), 0);
+	struct tu_model m;
+	tu_model_init(&m);
+	m.first = 3001;
+	m.last = 3000;
+	tu_model_append(&m, 3001, last - 3000, 2);
+	tu_check(&rec, &m);
+	free(m.terms);
+	wal_recovery_close(&rec);
+	cr_assert_eq(tu_save(w, last + 1, 10, 2, NULL, true), 0);
+	wal_close(w);
+}
+
+Test(wal, released_segments_removed_off_the_save_path)
+{
+	char *dir = tu_tmpdir();
+	size_t kept, aside, n;
+	struct wal *w = released_wal(dir, &kept, &aside);
+	/* Removal may run beside saves: it touches only what was set aside. */
+	cr_assert_eq(tu_save(w, 4001, 100, 2, NULL, false), 0);
+	unsigned removed;
+	cr_assert_eq(wal_remove_released(dir, &removed), 0);
+	cr_assert_eq(removed, aside);
+	cr_assert_eq(tu_save(w, 4101, 100, 2, NULL, true), 0);
+	char **v = names_ending(dir, ".del", &n);
+	tu_free_names(v, n);
+	cr_assert_eq(n, 0);
+	v = tu_segments(dir, &n);
+	tu_free_names(v, n);
+	cr_assert_geq(n, kept);
+	cr_assert_eq(wal_remove_released(dir, &removed), 0, "nothing to remove is no error");
+	cr_assert_eq(removed, 0);
+	wal_close(w);
+	struct wal_options o = opts_small();
+	struct wal_recovery rec;
+	w = open_ok(dir, &o, &rec);
+	cr_assert_eq(rec.snap.index, 3000);
+	cr_assert_eq(wal_last_index(w), 4200);
+	wal_close(w);
+	wal_recovery_close(&rec);
+	tu_cleanup(dir);
+}
+
+/* A crash before the set-aside segments are deleted, or before the
+ * renames reached the disk (no directory fsync), leaves any mix of
+ * them: recovery gives the same log in every case. */
+static void crash_case(int mix)
+{
+	char *dir = tu_tmpdir();
+	size_t kept, aside;
+	struct wal *w = released_wal(dir, &kept, &aside);
+	wal_close(w);
+	char **del = names_ending(dir, ".del", &aside);
+	for (size_t i = 0; i < aside; i++) {
+		char a[PATH_MAX], b[PATH_MAX];
+		snprintf(a, sizeof(a), "%s/%s", dir, del[i]);
+		snprintf(b, sizeof(b), "%s/%.*s", dir, (int)(strlen(del[i]) - 4), del[i]);
+		if (mix == 0 || (mix == 1 && i % 2 == 0)) {
+			cr_assert_eq(rename(a, b), 0); /* the rename did not persist */
+		} else if (mix == 2 && i == 0) {
+			cr_assert_eq(truncate(a, 5000), 0); /* a removal half done */
+		} else if (mix == 2 && i == 1) {
+			cr_assert_eq(unlink(a), 0);
+		}
+	}
+	tu_free_names(del, aside);
+	check_starts_at_3000(dir, 4000);
+	size_t n;
+	char **v = tu_segments(dir, &n);
+	tu_free_names(v, n);
+	if (mix == 0) {
+		cr_assert_eq(n, kept + aside, "all back, no gap: read as they are");
+	} else if (mix == 1) {
+		cr_assert_eq(n, kept, "below the gap: set aside again");
+		cr_assert_eq(tu_log_count(dir, "came back after a crash: set aside"), 1);
+	} else {
+		cr_assert_eq(n, kept);
+	}
+	cr_assert_eq(wal_remove_released(dir, NULL), 0);
+	check_starts_at_3000(dir, 4010);
+	tu_cleanup(dir);
+}
+
+Test(wal, crash_before_released_segments_went)
+{
+	crash_case(0);
+}
+
+Test(wal, crash_with_every_other_release_rename_lost)
+{
+	crash_case(1);
+}
+
+Test(wal, crash_in_the_middle_of_removing_released)
+{
+	crash_case(2);
 }
 
 Test(wal, snapshot_marker_rules)
