@@ -428,14 +428,17 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 struct cpy {
 	uint8_t *src, *dst;
 	size_t block, n;
-	uint64_t end_ms, bytes, t_end_ns;
+	uint64_t ms, bytes, t_end_ns;
+	struct gate *start;
 	pthread_t tid;
 };
 
 static void *cpy_main(void *arg)
 {
 	struct cpy *c = arg;
-	while (mc_now_ms() < c->end_ms) {
+	gate_arrive(c->start);
+	uint64_t end_ms = mc_now_ms() + c->ms;
+	while (mc_now_ms() < end_ms) {
 		for (size_t i = 0; i < c->n; i++)
 			memcpy(c->dst + i * c->block, c->src + i * c->block, c->block);
 		c->bytes += c->block * c->n;
@@ -450,9 +453,10 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 	struct cpy *c = calloc(threads, sizeof(*c));
 	double gbps = 0;
 	unsigned started = 0;
+	struct gate start;
 	if (!c)
 		return 0;
-	uint64_t t0 = mc_now_ns();
+	gate_init(&start);
 	for (unsigned t = 0; t < threads; t++) {
 		c[t].src = malloc(block * batch);
 		c[t].dst = malloc(block * batch);
@@ -462,12 +466,13 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 		memset(c[t].dst, 2, block * batch);
 		c[t].block = block;
 		c[t].n = batch;
-		c[t].end_ms = mc_now_ms() + ms;
+		c[t].ms = ms;
+		c[t].start = &start;
 		if (pthread_create(&c[t].tid, NULL, cpy_main, &c[t]))
 			break;
 		started++;
 	}
-	uint64_t bytes = 0, t_end = t0;
+	uint64_t t0 = gate_open(&start, started), bytes = 0, t_end = t0;
 	for (unsigned t = 0; t < started; t++) {
 		pthread_join(c[t].tid, NULL);
 		bytes += c[t].bytes;
@@ -479,6 +484,7 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 	}
 	if (started == threads && t_end > t0)
 		gbps = (double)bytes / ((double)(t_end - t0) / 1e9) / 1e9;
+	gate_destroy(&start);
 	free(c);
 	return gbps;
 }
