@@ -17,7 +17,8 @@
  * on the verbs-emu test device (a test build) the bytes move through Unix
  * sockets, and the output says that the figures are an emulator's, not a
  * NIC's; on a real NIC the line rate is the limit, which is not measured
- * here. The
+ * here. Each round's clock starts once every thread of it has its memory
+ * allocated and touched (and, for the stream, its connection open). The
  * bandwidth and its limit are measured in 3 alternating rounds and the
  * best of each is printed, so other load on the machine weighs on both
  * alike; the engine gets as many data threads (--te-threads, unless
@@ -126,6 +127,9 @@ static void *stream_conn(void *arg)
 	if (ws < STREAM_CHUNK || ws > (16ull << 30) || !(buf = malloc(ws)))
 		goto out;
 	memset(buf, 0x5a, ws);
+	/* Ready: the client starts its clock after this byte. */
+	if (send(fd, "k", 1, MSG_NOSIGNAL) != 1)
+		goto out;
 	size_t off = 0;
 	if (hello[0] == 'w') { /* the client writes: count, then confirm */
 		uint64_t total = 0;
@@ -230,6 +234,56 @@ static int child_main(const struct bench *b, int ctl, int ready)
 	return 0;
 }
 
+/* ------------------------------------------------------------ start gate */
+
+/*
+ * The threads of a measurement allocate and touch their memory (and the
+ * stream's connect) before the clock starts: each arrives at the gate,
+ * and the main thread opens it once every started thread has arrived.
+ */
+struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	unsigned arrived;
+	bool open;
+};
+
+static void gate_init(struct gate *g)
+{
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->cv, NULL);
+	g->arrived = 0;
+	g->open = false;
+}
+
+static void gate_arrive(struct gate *g)
+{
+	pthread_mutex_lock(&g->mu);
+	g->arrived++;
+	pthread_cond_broadcast(&g->cv);
+	while (!g->open)
+		pthread_cond_wait(&g->cv, &g->mu);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Once n threads arrived: open, and return the start time in ns. */
+static uint64_t gate_open(struct gate *g, unsigned n)
+{
+	pthread_mutex_lock(&g->mu);
+	while (g->arrived < n)
+		pthread_cond_wait(&g->cv, &g->mu);
+	g->open = true;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+	return mc_now_ns();
+}
+
+static void gate_destroy(struct gate *g)
+{
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+}
+
 /* ------------------------------------------------------------ engine load */
 
 struct load {
@@ -238,7 +292,8 @@ struct load {
 	struct te_segment *seg;
 	uint64_t remote; /* this thread's part of the region */
 	size_t block, batch;
-	uint64_t end_ms;
+	uint64_t ms;
+	struct gate *start;
 	uint64_t bytes, reqs;
 	uint64_t t_end_ns;
 	int err;
@@ -261,17 +316,20 @@ static void *load_main(void *arg)
 	if (rdma && !l->err)
 		buf = reg.p;
 	struct te_request *reqs = calloc(l->batch, sizeof(*reqs));
-	if (l->err || !reqs) {
-		l->err = l->err ? l->err : -ENOMEM;
+	struct te_result *res = calloc(l->batch, sizeof(*res));
+	if (!l->err && (!reqs || !res))
+		l->err = -ENOMEM;
+	if (!l->err)
+		memset(buf, 0xa5, l->block * l->batch);
+	gate_arrive(l->start);
+	if (l->err)
 		goto out;
-	}
-	memset(buf, 0xa5, l->block * l->batch);
+	uint64_t end_ms = mc_now_ms() + l->ms;
 	for (size_t i = 0; i < l->batch; i++)
 		reqs[i] = (struct te_request){
 			l->b->write ? TE_WRITE : TE_READ, buf + i * l->block, l->seg,
 			l->remote + i * l->block,         l->block,           false};
-	struct te_result *res = calloc(l->batch, sizeof(*res));
-	while (res && mc_now_ms() < l->end_ms) {
+	while (mc_now_ms() < end_ms) {
 		struct te_batch *bt;
 		uint64_t t0 = mc_now_ns();
 		int rc = te_submit(l->e, reqs, l->batch, &bt);
@@ -295,8 +353,8 @@ static void *load_main(void *arg)
 		l->reqs += l->batch;
 		l->t_end_ns = t1;
 	}
-	free(res);
 out:
+	free(res);
 	free(reqs);
 	if (rdma)
 		ctl_buf_free(&reg);
@@ -316,24 +374,32 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 {
 	struct load *l = calloc(threads, sizeof(*l));
 	struct figures f = {0};
+	struct gate start;
+	unsigned started = 0;
 	if (!l) {
 		f.err = -ENOMEM;
 		return f;
 	}
-	uint64_t t0 = mc_now_ns();
+	gate_init(&start);
 	for (unsigned t = 0; t < threads; t++) {
 		l[t] = (struct load){.b = b,
 				     .e = e,
 				     .seg = seg,
 				     .block = block,
 				     .batch = batch,
-				     .end_ms = mc_now_ms() + ms,
+				     .ms = ms,
+				     .start = &start,
 				     .remote = base + (uint64_t)t * block * batch};
-		pthread_create(&l[t].tid, NULL, load_main, &l[t]);
+		if (pthread_create(&l[t].tid, NULL, load_main, &l[t]))
+			break;
+		started++;
 	}
+	if (started < threads)
+		f.err = -EAGAIN;
+	uint64_t t0 = gate_open(&start, started);
 	uint64_t bytes = 0, reqs = 0, t_end = t0;
 	struct ctl_lat all = {0};
-	for (unsigned t = 0; t < threads; t++) {
+	for (unsigned t = 0; t < started; t++) {
 		pthread_join(l[t].tid, NULL);
 		bytes += l[t].bytes;
 		reqs += l[t].reqs;
@@ -352,6 +418,7 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 	f.p50_us = ctl_lat_pct_us(&all, 0.50);
 	f.p99_us = ctl_lat_pct_us(&all, 0.99);
 	ctl_lat_free(&all);
+	gate_destroy(&start);
 	free(l);
 	return f;
 }
@@ -361,14 +428,17 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 struct cpy {
 	uint8_t *src, *dst;
 	size_t block, n;
-	uint64_t end_ms, bytes, t_end_ns;
+	uint64_t ms, bytes, t_end_ns;
+	struct gate *start;
 	pthread_t tid;
 };
 
 static void *cpy_main(void *arg)
 {
 	struct cpy *c = arg;
-	while (mc_now_ms() < c->end_ms) {
+	gate_arrive(c->start);
+	uint64_t end_ms = mc_now_ms() + c->ms;
+	while (mc_now_ms() < end_ms) {
 		for (size_t i = 0; i < c->n; i++)
 			memcpy(c->dst + i * c->block, c->src + i * c->block, c->block);
 		c->bytes += c->block * c->n;
@@ -383,9 +453,10 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 	struct cpy *c = calloc(threads, sizeof(*c));
 	double gbps = 0;
 	unsigned started = 0;
+	struct gate start;
 	if (!c)
 		return 0;
-	uint64_t t0 = mc_now_ns();
+	gate_init(&start);
 	for (unsigned t = 0; t < threads; t++) {
 		c[t].src = malloc(block * batch);
 		c[t].dst = malloc(block * batch);
@@ -395,12 +466,13 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 		memset(c[t].dst, 2, block * batch);
 		c[t].block = block;
 		c[t].n = batch;
-		c[t].end_ms = mc_now_ms() + ms;
+		c[t].ms = ms;
+		c[t].start = &start;
 		if (pthread_create(&c[t].tid, NULL, cpy_main, &c[t]))
 			break;
 		started++;
 	}
-	uint64_t bytes = 0, t_end = t0;
+	uint64_t t0 = gate_open(&start, started), bytes = 0, t_end = t0;
 	for (unsigned t = 0; t < started; t++) {
 		pthread_join(c[t].tid, NULL);
 		bytes += c[t].bytes;
@@ -412,6 +484,7 @@ static double memcpy_gbps(size_t block, size_t batch, unsigned threads, uint64_t
 	}
 	if (started == threads && t_end > t0)
 		gbps = (double)bytes / ((double)(t_end - t0) / 1e9) / 1e9;
+	gate_destroy(&start);
 	free(c);
 	return gbps;
 }
@@ -420,7 +493,8 @@ struct stream {
 	uint16_t port;
 	bool write;
 	uint64_t ws; /* working set per connection and side */
-	uint64_t end_ms, bytes, t_end_ns;
+	uint64_t ms, bytes, t_end_ns;
+	struct gate *start;
 	int err;
 	pthread_t tid;
 };
@@ -434,17 +508,23 @@ static void *stream_main(void *arg)
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	uint8_t *buf = malloc(s->ws);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-	uint8_t hello[9] = {s->write ? 'w' : 'r'};
+	uint8_t hello[9] = {s->write ? 'w' : 'r'}, ready;
 	memcpy(hello + 1, &s->ws, sizeof(s->ws));
 	if (!buf || fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    send(fd, hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
-		s->err = -errno;
-		goto out;
+	    send(fd, hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello))
+		s->err = errno ? -errno : -ENOMEM;
+	if (!s->err) {
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		memset(buf, 0x3c, s->ws);
+		if (recv(fd, &ready, 1, MSG_WAITALL) != 1)
+			s->err = -EIO;
 	}
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	memset(buf, 0x3c, s->ws);
+	gate_arrive(s->start);
+	if (s->err)
+		goto out;
+	uint64_t end_ms = mc_now_ms() + s->ms;
 	size_t off = 0, wrap = s->ws - s->ws % STREAM_CHUNK;
-	while (mc_now_ms() < s->end_ms) {
+	while (mc_now_ms() < end_ms) {
 		ssize_t n = s->write ? send(fd, buf + off, STREAM_CHUNK, MSG_NOSIGNAL)
 				     : recv(fd, buf + off, STREAM_CHUNK, 0);
 		if (n <= 0) {
@@ -474,18 +554,24 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws
 {
 	struct stream *s = calloc(conns, sizeof(*s));
 	double gbps = 0;
+	struct gate start;
+	unsigned started = 0;
 	if (!s)
 		return 0;
-	uint64_t t0 = mc_now_ns(), bytes = 0, t_end = t0;
+	gate_init(&start);
 	for (unsigned i = 0; i < conns; i++) {
 		s[i] = (struct stream){.port = port,
 				       .write = write,
 				       .ws = MC_MAX(ws, (uint64_t)STREAM_CHUNK),
-				       .end_ms = mc_now_ms() + ms};
-		pthread_create(&s[i].tid, NULL, stream_main, &s[i]);
+				       .ms = ms,
+				       .start = &start};
+		if (pthread_create(&s[i].tid, NULL, stream_main, &s[i]))
+			break;
+		started++;
 	}
-	int err = 0;
-	for (unsigned i = 0; i < conns; i++) {
+	int err = started < conns ? -EAGAIN : 0;
+	uint64_t t0 = gate_open(&start, started), bytes = 0, t_end = t0;
+	for (unsigned i = 0; i < started; i++) {
 		pthread_join(s[i].tid, NULL);
 		bytes += s[i].bytes;
 		t_end = MC_MAX(t_end, s[i].t_end_ns);
@@ -493,6 +579,7 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws
 	}
 	if (!err && t_end > t0)
 		gbps = (double)bytes / ((double)(t_end - t0) / 1e9) / 1e9;
+	gate_destroy(&start);
 	free(s);
 	return gbps;
 }
