@@ -14,7 +14,8 @@
  * turn, from an idle handle, so requests and heartbeats are served in
  * between) by the MVCC store's snapshot cursor, which encodes the store
  * as it was at the applied index while later entries go on being applied
- * (they only add versions above that revision). A libuv worker writes
+ * (they only add versions above that revision). A libuv worker creates
+ * the snapshot file (creating a file waits for the journal) and writes
  * each filled buffer to the snapshot file (snap.h, on disk in steps) while
  * the loop fills the next, then commits it (fsync, rename; older
  * snapshots are set aside); then the disk thread records the snapshot in
@@ -234,6 +235,15 @@ static void hand_off(struct meta_node *n, struct meta__snap_job *s);
 static void write_work(uv_work_t *w)
 {
 	struct meta__snap_job *s = MC_CONTAINER_OF(w, struct meta__snap_job, work);
+	if (!s->wr) {
+		/* Created here, not on the loop: creating a file waits for the
+		 * file system's journal, which a busy disk can hold for tens
+		 * of milliseconds. Errors are logged there. */
+		struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
+		if ((s->rc = snap_writer_open(s->n->snap_dir, &m, &s->wr)))
+			return;
+		snap_writer_pace(s->wr);
+	}
 	if (s->committing) {
 		s->rc = snap_writer_commit(s->wr, META_SNAPSHOTS_KEPT);
 		s->wr = NULL; /* commit frees it, whatever happened */
@@ -372,10 +382,6 @@ void meta__maybe_snapshot(struct meta_node *n)
 	s->out = (struct mc_buf)MC_BUF_INIT;
 	if ((rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len)))
 		goto fail;
-	struct snap_meta m = {s->index, s->term, s->conf, s->conf_len};
-	if ((rc = snap_writer_open(n->snap_dir, &m, &s->wr)))
-		goto fail;
-	snap_writer_pace(s->wr);
 	uint64_t t0 = mc_now_ns();
 	rc = meta__sm_snap_begin(&n->sm, sink, s, &s->cur);
 	s->loop_ns += mc_now_ns() - t0;

@@ -276,6 +276,13 @@ echo "   load average $(load_avg) at the end"
 echo
 echo "== meta p99 while snapshots are written: --snapshot-count=$SNAP_COUNT, $SNAP_FILL keys" \
 	"of 1 KiB, then $SNAP_RATE puts/s for $SNAP_SECONDS s"
+# The clusters of the loads are done with: stopped, and their writes on
+# disk before this part starts, so their write-back does not land in it.
+for s in "${systems[@]}"; do
+	for p in ${PIDS[$s]}; do kill "$p" 2>/dev/null; done
+	for p in ${PIDS[$s]}; do wait "$p" 2>/dev/null; done
+done
+sync
 start_meta snap s --snapshot-count="$SNAP_COUNT" || exit 1
 wait_leader snap || exit 1
 "$CTL" bench meta --endpoints="${EP[snap]}" --clients=200 --conns=20 --key-size=256 \
