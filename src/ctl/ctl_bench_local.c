@@ -182,9 +182,11 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			*more++ = ARG("--ssd-path=%s/agent%d", cl->ssd_dir, i);
 			*more++ = ARG("--ssd-size=%llu", (unsigned long long)cl->ssd_bytes);
 			*more++ = "--ssd-promote-on-hit=false";
-			/* Evicted past half, down to a quarter: puts never wait
-			 * for the space of deleted objects to be synced (bench
-			 * ssd keeps its store within a quarter the same way). */
+			/* Evicted past half, down to a quarter, so that free
+			 * space is there ahead of the puts (bench ssd keeps its
+			 * store within a quarter the same way). Evicted space is
+			 * reused only once its removal is synced: at a write
+			 * rate near the disk's, puts still wait for that sync. */
 			*more++ = "--ssd-high-watermark-ratio=0.5";
 			*more++ = "--ssd-eviction-ratio=0.25";
 		}

@@ -151,7 +151,8 @@ static inline char **tu_segments(const char *dir, size_t *n)
 		v[k++] = strdup(de->d_name);
 	}
 	closedir(d);
-	qsort(v, k, sizeof(*v), tu_name_cmp);
+	if (k)
+		qsort(v, k, sizeof(*v), tu_name_cmp);
 	*n = k;
 	return v;
 }
