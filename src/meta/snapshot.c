@@ -55,8 +55,13 @@
  */
 #define STEP_BYTES ((size_t)64 << 10)
 #define SLICE_NS 1000000ull
-/* Handed to the writer at a time; the loop fills one while it writes one. */
+/* Handed to the writer at a time; the loop fills one while it writes one.
+ * Both buffers get their full size at the start (a step may overrun by
+ * about a step): grown by doubling, the step that crossed 8 MiB copied
+ * the buffer and touched 8 MiB of new pages at once, 24-38 ms on the
+ * loop; reserved, the pages are touched a step at a time. */
 #define BUF_BYTES ((size_t)8 << 20)
+#define BUF_ROOM (BUF_BYTES + 2 * STEP_BYTES)
 
 struct meta__snap_job {
 	struct meta_node *n;
@@ -380,7 +385,9 @@ void meta__maybe_snapshot(struct meta_node *n)
 	s->start_ms = meta__now(n);
 	s->fill = (struct mc_buf)MC_BUF_INIT;
 	s->out = (struct mc_buf)MC_BUF_INIT;
-	if ((rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len)))
+	if ((rc = mc_buf_reserve(&s->fill, BUF_ROOM)) ||
+	    (rc = mc_buf_reserve(&s->out, BUF_ROOM)) ||
+	    (rc = meta__conf_bytes(&n->sm, &s->conf, &s->conf_len)))
 		goto fail;
 	uint64_t t0 = mc_now_ns();
 	rc = meta__sm_snap_begin(&n->sm, sink, s, &s->cur);
