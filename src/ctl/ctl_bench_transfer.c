@@ -1,10 +1,15 @@
 /*
  * ctl_bench_transfer: `mooncakectl bench transfer`, in the spirit of
  * Mooncake's transfer_engine_bench: --threads initiator threads each keep
- * one batch of --batch-size requests of --block-size bytes in flight
- * against a target segment, for --duration. It prints
+ * --inflight batches of --batch-size requests of --block-size bytes
+ * submitted against a target segment, for --duration (a thread submits
+ * its next batch as soon as its oldest completes, as a user that wants
+ * bandwidth does with several batch ids, or several threads). It prints
  *
  *   - GB/s and the batch latency (p50/p99) of that load,
+ *   - the same with one batch in flight per thread (a closed loop: each
+ *     batch starts only once the last completed, so every batch pays the
+ *     round trip and the wake-ups of its completion),
  *   - request latency p50/p99 with one request in flight,
  *   - the request rate of 4 KiB requests,
  *
@@ -19,8 +24,8 @@
  * NIC's; on a real NIC the line rate is the limit, which is not measured
  * here. Each round's clock starts once every thread of it has its memory
  * allocated and touched (and, for the stream, its connection open). The
- * bandwidth and its limit are measured in 3 alternating rounds and the
- * best of each is printed, so other load on the machine weighs on both
+ * bandwidth (both loads) and its limit are measured in 3 alternating rounds
+ * and the best of each is printed, so other load on the machine weighs on all
  * alike; the engine gets as many data threads (--te-threads, unless
  * given) as the limit uses: --threads for shm, one per connection for tcp.
  *
@@ -63,7 +68,7 @@ struct bench {
 	struct ctl_te *h; /* the initiator's engine */
 	enum te_protocol proto;
 	bool write;
-	uint64_t block, batch, threads, duration_ms;
+	uint64_t block, batch, threads, inflight, duration_ms;
 	const char *target;
 	unsigned conns;
 	size_t region_bytes;
@@ -75,19 +80,22 @@ static void usage(FILE *f)
 		"usage: mooncakectl bench transfer [--protocol=tcp|shm|rdma] "
 		"[--op=write|read]\n"
 		"         [--block-size=1M] [--batch-size=32] [--threads=2] "
-		"[--duration=3s]\n"
-		"         [--target=SEGMENT] [engine flags]\n\n"
+		"[--inflight=2]\n"
+		"         [--duration=3s] [--target=SEGMENT] [engine flags]\n\n"
 		"  --protocol=P        tcp (also on this host), shm, or rdma (also on "
 		"this\n"
 		"                      host; local buffers registered) (default tcp)\n"
 		"  --op=OP             write or read (default write)\n"
 		"  --block-size=SIZE   bytes per request (default 1M)\n"
-		"  --batch-size=N      requests per batch, one batch in flight per "
-		"thread\n"
-		"                      (default 32)\n"
+		"  --batch-size=N      requests per batch (default 32)\n"
 		"  --threads=N         initiator threads (default 2; also the "
 		"default\n"
 		"                      --te-threads)\n"
+		"  --inflight=N        batches each thread keeps submitted: the next "
+		"one is\n"
+		"                      submitted when the oldest completes (default 2); "
+		"the\n"
+		"                      closed loop (1) is printed too\n"
 		"  --duration=DURATION how long the bandwidth is measured (default "
 		"3s)\n"
 		"  --target=SEGMENT    an existing segment (a `mooncakectl transfer "
@@ -291,7 +299,7 @@ struct load {
 	struct te_engine *e;
 	struct te_segment *seg;
 	uint64_t remote; /* this thread's part of the region */
-	size_t block, batch;
+	size_t block, batch, inflight;
 	uint64_t ms;
 	struct gate *start;
 	uint64_t bytes, reqs;
@@ -301,6 +309,30 @@ struct load {
 	pthread_t tid;
 };
 
+/* Wait for batch bt and free it; 0 or the first request's error. */
+static int load_reap(struct te_batch *bt, struct te_result *res, size_t n)
+{
+	int rc = te_wait(bt, 60000);
+	if (rc == 0) {
+		(void)te_poll(bt, res);
+		for (size_t i = 0; i < n && rc == 0; i++)
+			if (res[i].status != TE_DONE)
+				rc = res[i].err;
+	}
+	if (rc != MC_ETIMEDOUT) /* a batch still in flight is left alone */
+		te_batch_free(bt);
+	return rc;
+}
+
+/*
+ * One thread of the load: inflight slots, each a batch of the same
+ * requests (the thread's buffer and part of the remote region: the
+ * bytes are not checked, and so every depth touches the memory the
+ * closed loop and the stream touch — a larger working set slowed the
+ * stream several-fold on the machine this was written on), submitted in
+ * turn; the oldest is waited for, counted and submitted again while the
+ * time lasts.
+ */
 static void *load_main(void *arg)
 {
 	struct load *l = arg;
@@ -309,51 +341,65 @@ static void *load_main(void *arg)
 	struct ctl_buf reg = {.fd = -1};
 	bool rdma = l->b->proto == TE_PROTO_RDMA;
 	uint8_t *buf = NULL;
+	size_t nreq = l->batch;
 	if (rdma)
-		l->err = ctl_buf_new(l->b->h, l->block * l->batch, &reg);
-	else if (!(buf = malloc(l->block * l->batch)))
+		l->err = ctl_buf_new(l->b->h, l->block * nreq, &reg);
+	else if (!(buf = malloc(l->block * nreq)))
 		l->err = -ENOMEM;
 	if (rdma && !l->err)
 		buf = reg.p;
-	struct te_request *reqs = calloc(l->batch, sizeof(*reqs));
+	struct te_request *reqs = calloc(nreq, sizeof(*reqs));
 	struct te_result *res = calloc(l->batch, sizeof(*res));
-	if (!l->err && (!reqs || !res))
+	struct te_batch **bt = calloc(l->inflight, sizeof(*bt));
+	uint64_t *t0 = calloc(l->inflight, sizeof(*t0));
+	if (!l->err && (!reqs || !res || !bt || !t0))
 		l->err = -ENOMEM;
 	if (!l->err)
-		memset(buf, 0xa5, l->block * l->batch);
+		memset(buf, 0xa5, l->block * nreq);
 	gate_arrive(l->start);
 	if (l->err)
 		goto out;
 	uint64_t end_ms = mc_now_ms() + l->ms;
-	for (size_t i = 0; i < l->batch; i++)
+	for (size_t i = 0; i < nreq; i++)
 		reqs[i] = (struct te_request){
 			l->b->write ? TE_WRITE : TE_READ, buf + i * l->block, l->seg,
 			l->remote + i * l->block,         l->block,           false};
-	while (mc_now_ms() < end_ms) {
-		struct te_batch *bt;
-		uint64_t t0 = mc_now_ns();
-		int rc = te_submit(l->e, reqs, l->batch, &bt);
-		if (rc == 0)
-			rc = te_wait(bt, 60000);
-		if (rc == 0) {
-			(void)te_poll(bt, res);
-			for (size_t i = 0; i < l->batch && rc == 0; i++)
-				if (res[i].status != TE_DONE)
-					rc = res[i].err;
+	size_t busy = 0; /* slots with a batch submitted; slot k is the oldest */
+	for (size_t k = 0;; k = (k + 1) % l->inflight) {
+		if (bt[k]) {
+			int rc = load_reap(bt[k], res, l->batch);
+			bt[k] = NULL;
+			busy--;
+			if (rc) {
+				l->err = rc;
+				break;
+			}
+			uint64_t t1 = mc_now_ns();
+			ctl_lat_add(&l->lat, t1 - t0[k]);
+			l->bytes += l->block * l->batch;
+			l->reqs += l->batch;
+			l->t_end_ns = t1;
 		}
-		if (rc == 0 || rc != MC_ETIMEDOUT)
-			te_batch_free(bt);
-		if (rc) {
-			l->err = rc;
+		if (mc_now_ms() < end_ms) {
+			t0[k] = mc_now_ns();
+			int rc = te_submit(l->e, reqs, l->batch, &bt[k]);
+			if (rc) {
+				bt[k] = NULL;
+				l->err = rc;
+				break;
+			}
+			busy++;
+		} else if (busy == 0) {
 			break;
 		}
-		uint64_t t1 = mc_now_ns();
-		ctl_lat_add(&l->lat, t1 - t0);
-		l->bytes += l->block * l->batch;
-		l->reqs += l->batch;
-		l->t_end_ns = t1;
 	}
+	/* After an error: wait for what is still in flight. */
+	for (size_t k = 0; k < l->inflight; k++)
+		if (bt[k])
+			(void)load_reap(bt[k], res, l->batch);
 out:
+	free(t0);
+	free(bt);
 	free(res);
 	free(reqs);
 	if (rdma)
@@ -369,8 +415,8 @@ struct figures {
 };
 
 static struct figures run_load(struct bench *b, struct te_engine *e, struct te_segment *seg,
-			       uint64_t base, size_t block, size_t batch, unsigned threads,
-			       uint64_t ms)
+			       uint64_t base, size_t block, size_t batch, size_t inflight,
+			       unsigned threads, uint64_t ms)
 {
 	struct load *l = calloc(threads, sizeof(*l));
 	struct figures f = {0};
@@ -387,6 +433,7 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 				     .seg = seg,
 				     .block = block,
 				     .batch = batch,
+				     .inflight = inflight,
 				     .ms = ms,
 				     .start = &start,
 				     .remote = base + (uint64_t)t * block * batch};
@@ -586,9 +633,14 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws
 
 /* ------------------------------------------------------------ main */
 
-static void print_ratio(const char *what, double limit, double got)
+/* A limit and the engine's ratio to it; with closed > 0 (more than one
+ * batch in flight) the closed loop's ratio too. */
+static void print_ratio(const char *what, double limit, double got, double closed)
 {
-	if (limit > 0)
+	if (limit > 0 && closed > 0)
+		printf("  %-34s %8.2f GB/s   engine/limit %.2f (closed loop %.2f)\n", what,
+		       limit, got / limit, closed / limit);
+	else if (limit > 0)
 		printf("  %-34s %8.2f GB/s   engine/limit %.2f\n", what, limit, got / limit);
 	else
 		printf("  %-34s      n/a\n", what);
@@ -597,7 +649,7 @@ static void print_ratio(const char *what, double limit, double got)
 static int parse_flags(struct bench *b, int argc, char **argv)
 {
 	const char *v, *proto, *op = "write", *block = "1M", *batch = "32", *threads = "2",
-			       *dur = "3s";
+			       *inflight = "2", *dur = "3s";
 	bool te_threads_set = false;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -615,6 +667,8 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 			batch = v;
 		} else if (ctl_flag_value(argc, argv, &i, "threads", &v)) {
 			threads = v;
+		} else if (ctl_flag_value(argc, argv, &i, "inflight", &v)) {
+			inflight = v;
 		} else if (ctl_flag_value(argc, argv, &i, "duration", &v)) {
 			dur = v;
 		} else if (ctl_flag_value(argc, argv, &i, "target", &v)) {
@@ -637,7 +691,9 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 	    !batch || !*batch || (b->batch = strtoull(batch, &end, 10), *end) ||
 	    b->batch == 0 || b->batch > 4096 || !threads || !*threads ||
 	    (b->threads = strtoull(threads, &end, 10), *end) || b->threads == 0 ||
-	    b->threads > 64 || !dur || cfg_parse_duration_ms(dur, &b->duration_ms) ||
+	    b->threads > 64 || !inflight || !*inflight ||
+	    (b->inflight = strtoull(inflight, &end, 10), *end) || b->inflight == 0 ||
+	    b->inflight > 64 || !dur || cfg_parse_duration_ms(dur, &b->duration_ms) ||
 	    b->duration_ms == 0 || (b->target && !*b->target)) {
 		fprintf(stderr, "mooncakectl bench transfer: bad flag value (see "
 				"--help)\n");
@@ -757,24 +813,33 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	te_segment_info(seg, &info, NULL, 0);
 
 	printf("bench transfer: %s %s, %" PRIu64 " KiB blocks, batch %" PRIu64 ", %" PRIu64
+	       " in flight, %" PRIu64
 	       " threads, te-threads %s, %u tcp connections, target %s%s\n",
 	       te_protocol_name(info.transport), b.write ? "write" : "read", b.block >> 10,
-	       b.batch, b.threads, b.te.threads, b.conns, target,
+	       b.batch, b.inflight, b.threads, b.te.threads, b.conns, target,
 	       child > 0 ? " (forked)" : "");
 	/* Bandwidth and its limit in alternating rounds, so that a burst of
 	 * other load on the machine hits both alike; the best round of each
 	 * is reported (the batch latency is of the engine's best round). */
 	bool shm = info.transport == TE_PROTO_SHM;
 	uint64_t round_ms = MC_MAX(b.duration_ms / ROUNDS, (uint64_t)200);
-	struct figures bw = {0};
+	struct figures bw = {0}, closed = {0};
 	double m1 = 0, mn = 0, st = 0;
 	int ferr = 0;
 	for (int r = 0; r < ROUNDS && !ferr; r++) {
 		struct figures f = run_load(&b, h.te, seg, reg.addr, (size_t)b.block,
-					    (size_t)b.batch, (unsigned)b.threads, round_ms);
+					    (size_t)b.batch, (size_t)b.inflight,
+					    (unsigned)b.threads, round_ms);
 		ferr = f.err;
 		if (f.gbps > bw.gbps)
 			bw = f;
+		if (b.inflight > 1 && !ferr) {
+			f = run_load(&b, h.te, seg, reg.addr, (size_t)b.block, (size_t)b.batch,
+				     1, (unsigned)b.threads, round_ms);
+			ferr = f.err;
+			if (f.gbps > closed.gbps)
+				closed = f;
+		}
 		if (shm) {
 			m1 = MC_MAX(m1, memcpy_gbps((size_t)b.block, (size_t)b.batch, 1,
 						    round_ms));
@@ -788,9 +853,9 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	uint64_t short_ms = MC_MAX(b.duration_ms / 3, (uint64_t)300);
 	struct figures lat = {0}, small = {0};
 	if (!ferr) {
-		lat = run_load(&b, h.te, seg, reg.addr, (size_t)b.block, 1, 1, short_ms);
+		lat = run_load(&b, h.te, seg, reg.addr, (size_t)b.block, 1, 1, 1, short_ms);
 		small = run_load(&b, h.te, seg, reg.addr, SMALL_BLOCK, (size_t)b.batch,
-				 (unsigned)b.threads, short_ms);
+				 (size_t)b.inflight, (unsigned)b.threads, short_ms);
 		ferr = lat.err ? lat.err : small.err;
 	}
 	if (ferr) {
@@ -799,16 +864,22 @@ int ctl_bench_transfer_main(int argc, char **argv)
 		te_close_segment(seg);
 		goto out_engine;
 	}
-	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", "engine", bw.gbps,
-	       bw.p50_us, bw.p99_us);
 	char what[64];
+	snprintf(what, sizeof(what), "engine, %" PRIu64 " batch%s in flight", b.inflight,
+		 b.inflight > 1 ? "es" : "");
+	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", what, bw.gbps,
+	       bw.p50_us, bw.p99_us);
+	if (b.inflight > 1)
+		printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n",
+		       "engine, closed loop (1 in flight)", closed.gbps, closed.p50_us,
+		       closed.p99_us);
 	if (shm) {
-		print_ratio("limit: memcpy, 1 thread", m1, bw.gbps);
+		print_ratio("limit: memcpy, 1 thread", m1, bw.gbps, closed.gbps);
 		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads", b.threads);
-		print_ratio(what, mn, bw.gbps);
+		print_ratio(what, mn, bw.gbps, closed.gbps);
 	} else {
 		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns", b.conns);
-		print_ratio(what, st, bw.gbps);
+		print_ratio(what, st, bw.gbps, closed.gbps);
 	}
 	if (info.transport == TE_PROTO_RDMA) {
 		if (verbs_emu_test_device)

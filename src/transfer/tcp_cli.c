@@ -61,6 +61,15 @@ struct cli_conn {
  * while it has less than WINDOW_BYTES (and WINDOW_SLICES) unanswered: the
  * stripe follows each connection's actual speed, and a connection never
  * idles while another has a backlog.
+ *
+ * Only idle connections are woken for new work. A connection with a slice
+ * unanswered is sure to run again (its answer, or room in its socket, is
+ * an event on its worker), and each run ends by taking from the queue; so
+ * a submit kicks no busy connection, and a steady stream of batches moves
+ * without any thread hand-off. A connection says it is idle in the idle
+ * mask, under qmu, when a take leaves it with nothing unanswered; a submit
+ * reads the mask under the same lock after queueing, so a slice is either
+ * taken by that take or sees the bit and kicks.
  */
 struct tcp_peer {
 	struct te_peer base;
@@ -69,7 +78,8 @@ struct tcp_peer {
 	atomic_uint to_free; /* connections not yet freed */
 	pthread_mutex_t qmu;
 	struct te_slice *q, **q_tail;
-	size_t qn; /* slices queued */
+	size_t qn;     /* slices queued */
+	uint32_t idle; /* under qmu: paths with nothing unanswered, not kicked */
 	struct cli_conn *conns[TE_MAX_PATHS];
 };
 
@@ -99,12 +109,34 @@ static void fail_list(struct te_slice *s, int err)
 	}
 }
 
-/* Kick every live connection of the peer that is not kicked yet. */
-static void kick_all(struct tcp_peer *p)
+/*
+ * Under qmu: which idle connections to wake for what is queued — at most
+ * one per queued slice, starting at path `from` (the batch layer's
+ * stripe) — and they are idle no more until their kick task takes.
+ */
+static uint32_t pick_idle_locked(struct tcp_peer *p, unsigned from)
 {
-	for (unsigned i = 0; i < p->n; i++) {
+	uint32_t idle = p->idle & atomic_load(&p->base.alive), wake = 0;
+	size_t want = p->qn;
+	for (unsigned j = 0; j < p->n && idle && want; j++) {
+		unsigned i = (from + j) % p->n;
+		if (idle >> i & 1) {
+			wake |= 1u << i;
+			idle &= ~(1u << i);
+			want--;
+		}
+	}
+	p->idle &= ~wake;
+	return wake;
+}
+
+/* Kick the connections in mask that are live and not kicked yet. */
+static void kick_mask(struct tcp_peer *p, uint32_t mask)
+{
+	for (unsigned i = 0; mask && i < p->n; i++) {
 		struct cli_conn *c = p->conns[i];
-		if (atomic_load(&c->dead) || atomic_exchange(&c->kicked, true))
+		if (!(mask >> i & 1) || atomic_load(&c->dead) ||
+		    atomic_exchange(&c->kicked, true))
 			continue;
 		te__peer_ref(&p->base); /* the kick task's */
 		te__worker_post(c->w, &c->kick_task);
@@ -137,6 +169,7 @@ static void cli_fail(struct cli_conn *c, int err)
 	c->fifo_tail = &c->fifo;
 	c->out_bytes = c->out_n = 0;
 	pthread_mutex_lock(&p->qmu);
+	p->idle &= ~(1u << c->path);
 	te__peer_path_down(bp, c->path);
 	if (atomic_load(&bp->alive) == 0) {
 		q = p->q;
@@ -159,11 +192,15 @@ static void cli_set_events(struct cli_conn *c)
 	}
 }
 
-/* Take queued slices while the window has room; into the send order. */
+/* Take queued slices while the window has room; into the send order.
+ * With nothing left unanswered the connection is marked idle. */
 static void cli_take(struct cli_conn *c)
 {
 	struct tcp_peer *p = c->p;
-	struct te_slice *got = NULL, **tail = &got;
+	struct te_slice *got;
+again:
+	got = NULL;
+	struct te_slice **tail = &got;
 	if (c->closed)
 		return;
 	pthread_mutex_lock(&p->qmu);
@@ -185,7 +222,12 @@ static void cli_take(struct cli_conn *c)
 		c->out_bytes += s->len;
 		c->out_n++;
 	}
+	if (c->out_n == 0)
+		p->idle |= 1u << c->path;
+	else
+		p->idle &= ~(1u << c->path);
 	pthread_mutex_unlock(&p->qmu);
+	bool took = got != NULL;
 	if (got && !c->fifo)
 		c->last_ms = mc_now_ms(); /* the io timeout counts from now */
 	for (struct te_slice *next, *s = got; s; s = next) {
@@ -213,6 +255,9 @@ static void cli_take(struct cli_conn *c)
 			c->tx_off = 0;
 		}
 	}
+	/* Took only doomed slices: not idle in the mask yet, take again. */
+	if (took && c->out_n == 0)
+		goto again;
 }
 
 static bool cli_write(struct cli_conn *c)
@@ -458,7 +503,8 @@ static void cli_add_task(struct te_task *t)
 /* ------------------------------------------------------------ peer ops */
 
 /* The path the batch layer chose is a hint: the slice joins the peer's
- * queue and the first connection with room takes it. */
+ * queue and the first connection with room takes it; an idle connection
+ * is woken for it, from that path on. */
 void te__tcp_submit(struct te_peer *bp, struct te_slice *s)
 {
 	struct tcp_peer *p = (struct tcp_peer *)bp;
@@ -472,8 +518,9 @@ void te__tcp_submit(struct te_peer *bp, struct te_slice *s)
 	*p->q_tail = s;
 	p->q_tail = &s->next;
 	p->qn++;
+	uint32_t wake = pick_idle_locked(p, s->path);
 	pthread_mutex_unlock(&p->qmu);
-	kick_all(p);
+	kick_mask(p, wake);
 }
 
 void te__tcp_disconnect(struct te_peer *bp)

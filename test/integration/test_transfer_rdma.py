@@ -457,8 +457,10 @@ def bench_transfer_rdma_on_the_emulator():
             timeout=180, env=dict(os.environ, VERBS_EMU_DEVICES="1"))
     out = r.stdout
     assert "bench transfer: rdma read" in out, out
-    assert re.search(r"engine\s+[0-9.]+ GB/s", out), out
-    assert "engine/limit" in out, out
+    assert re.search(r"engine, 2 batches in flight\s+[0-9.]+ GB/s", out), out
+    assert re.search(r"engine, closed loop \(1 in flight\)\s+[0-9.]+ GB/s",
+                     out), out
+    assert re.search(r"engine/limit [0-9.]+ \(closed loop [0-9.]+\)", out), out
     assert "software verbs device" in out and "not a NIC's" in out, out
 
 
