@@ -441,7 +441,7 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	struct rpc__arena ar;
 	struct rpc__arena *a = single ? &call->req_arena : &ar;
 	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->calls.bufs,
-					    a);
+					    &call->df, a);
 	if (!msg) {
 		call_abort_unparsed(call, a->too_deep);
 		return -EBADMSG;
@@ -550,7 +550,7 @@ void rpc__call_unary(struct rpc_call *call, uint64_t timeout_ms, const uint8_t *
 		rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 		return;
 	}
-	ProtobufCMessage *m = rpc__unpack(call->m->request, body, len, &cs->bufs,
+	ProtobufCMessage *m = rpc__unpack(call->m->request, body, len, &cs->bufs, NULL,
 					  &call->req_arena);
 	if (!m) {
 		call_abort_unparsed(call, call->req_arena.too_deep);

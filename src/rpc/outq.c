@@ -116,6 +116,8 @@ static void arena_free(void *data, void *p)
 	struct rpc__arena *a = data;
 	if (a->base && (uint8_t *)p >= a->base && (uint8_t *)p < a->base + a->cap)
 		return;
+	if (a->body && (uint8_t *)p >= a->body && (uint8_t *)p < a->body + a->body_len)
+		return;
 	free(p);
 }
 
@@ -227,28 +229,200 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 	}
 }
 
+/* ---------------------------------------------------------------- unpack */
+
+/* One top-level field record of an encoded message: its number and wire
+ * type, where its tag starts and, for a length-delimited one, where its
+ * bytes start; end is where the record ends. */
+struct rec {
+	uint64_t num;
+	unsigned wt;
+	size_t start, data, end;
+};
+
+/* The record at *pos of data[0, len), advancing *pos past it; false at a
+ * record that is malformed or runs past len (protobuf-c then says why). */
+static bool next_rec(const uint8_t *data, size_t len, size_t *pos, struct rec *r)
+{
+	uint64_t tag, v;
+	r->start = *pos;
+	if (!read_varint(data, len, pos, &tag))
+		return false;
+	r->num = tag >> 3;
+	r->wt = (unsigned)(tag & 7);
+	switch (r->wt) {
+	case 0:
+		if (!read_varint(data, len, pos, &v))
+			return false;
+		break;
+	case 1:
+	case 5: {
+		size_t n = r->wt == 1 ? 8 : 4;
+		if (len - *pos < n)
+			return false;
+		*pos += n;
+		break;
+	}
+	case 2:
+		if (!read_varint(data, len, pos, &v) || v > len - *pos)
+			return false;
+		r->data = *pos;
+		*pos += (size_t)v;
+		break;
+	default:
+		return false; /* groups: protobuf-c refuses them */
+	}
+	r->end = *pos;
+	return true;
+}
+
+/* The top-level records of data that may be left in place: a proto3
+ * singular bytes field (no presence flag, not in a oneof) of at least
+ * RPC__ALIAS_MIN_BYTES that occurs once. Returns how many were found, at
+ * most RPC__ALIAS_MAX; 0 also when data is malformed. */
+static unsigned find_aliases(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+			     size_t len, const ProtobufCFieldDescriptor **fields,
+			     struct rec *recs)
+{
+	unsigned n = 0;
+	size_t pos = 0;
+	struct rec r;
+
+	while (pos < len) {
+		if (!next_rec(data, len, &pos, &r))
+			return 0;
+		if (r.wt != 2 || r.end - r.data < RPC__ALIAS_MIN_BYTES || r.num > UINT32_MAX ||
+		    n == RPC__ALIAS_MAX)
+			continue;
+		const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
+			desc, (unsigned)r.num);
+		if (!f || f->type != PROTOBUF_C_TYPE_BYTES ||
+		    f->label != PROTOBUF_C_LABEL_NONE ||
+		    (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			continue;
+		fields[n] = f;
+		recs[n++] = r;
+	}
+	/* A field that occurs more than once is left to protobuf-c, which
+	 * keeps the last occurrence. */
+	pos = 0;
+	while (n && pos < len) {
+		if (!next_rec(data, len, &pos, &r))
+			return 0;
+		for (unsigned i = 0; i < n; i++) {
+			if (r.num != recs[i].num || r.start == recs[i].start)
+				continue;
+			fields[i] = fields[n - 1];
+			recs[i] = recs[n - 1];
+			n--;
+			break;
+		}
+	}
+	return n;
+}
+
+/* Unpack with the records in recs left out, then point their fields at
+ * their bytes in body, which the arena takes from df. NULL with *taken
+ * false when df did not hand out data as a body it owns. */
+static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
+					const uint8_t *data, size_t len,
+					struct rpc__bufcache *bc, struct rpc_deframer *df,
+					struct rpc__arena *ar, unsigned n,
+					const ProtobufCFieldDescriptor **fields,
+					const struct rec *recs, bool *taken)
+{
+	uint8_t *body = rpc_deframer_take(df, data);
+	*taken = body != NULL;
+	if (!body)
+		return NULL;
+	ar->body = body;
+	ar->body_len = len;
+	ar->body_release = df->release;
+	ar->body_ctx = df->alloc_ctx;
+
+	/* The rest of the message, in record order, at the arena's start. */
+	size_t rest_len = len;
+	for (unsigned i = 0; i < n; i++)
+		rest_len -= recs[i].end - recs[i].start;
+	ar->base = rpc__buf_get(bc, rest_len + (64u << 10), &ar->cap);
+	if (!ar->base)
+		return NULL;
+	ar->used = (rest_len + 15) & ~(size_t)15;
+	size_t at = 0, out = 0;
+	while (at < len) {
+		size_t next = len, skip_to = len;
+		for (unsigned i = 0; i < n; i++)
+			if (recs[i].start >= at && recs[i].start < next) {
+				next = recs[i].start;
+				skip_to = recs[i].end;
+			}
+		memcpy(ar->base + out, data + at, next - at);
+		out += next - at;
+		at = skip_to;
+	}
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, rest_len, ar->base);
+	if (!m)
+		return NULL;
+	for (unsigned i = 0; i < n; i++) {
+		ProtobufCBinaryData *bd = (ProtobufCBinaryData *)((uint8_t *)m +
+								  fields[i]->offset);
+		bd->data = body + recs[i].data;
+		bd->len = recs[i].end - recs[i].data;
+	}
+	return m;
+}
+
+static void arena_release(struct rpc__arena *ar)
+{
+	rpc__buf_put(ar->bc, ar->base, ar->cap);
+	ar->base = NULL;
+	if (ar->body) {
+		if (ar->body_release)
+			ar->body_release(ar->body_ctx, ar->body, ar->body_len);
+		else
+			free(ar->body);
+		ar->body = NULL;
+	}
+}
+
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
-			      size_t len, struct rpc__bufcache *bc, struct rpc__arena *ar)
+			      size_t len, struct rpc__bufcache *bc, struct rpc_deframer *df,
+			      struct rpc__arena *ar)
 {
 	memset(ar, 0, sizeof(*ar));
 	if (!rpc__nesting_ok(desc, data, len, RPC__MAX_NESTING)) {
 		ar->too_deep = true;
 		return NULL;
 	}
-	if (!bc || len < RPC__BUF_CACHE_MIN_BYTES)
+	if (!bc || len < RPC__ALIAS_MIN_BYTES)
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;
-	/* Room for the bytes and strings (at most len) and the structs;
-	 * anything beyond falls back to malloc. */
-	ar->base = rpc__buf_get(bc, len + (64u << 10), &ar->cap);
 	ar->pa.alloc = arena_alloc;
 	ar->pa.free = arena_free;
 	ar->pa.allocator_data = ar;
-	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, len, data);
-	if (!m) {
-		rpc__buf_put(bc, ar->base, ar->cap);
-		ar->base = NULL;
+	const ProtobufCFieldDescriptor *fields[RPC__ALIAS_MAX];
+	struct rec recs[RPC__ALIAS_MAX];
+	unsigned n = df ? find_aliases(desc, data, len, fields, recs) : 0;
+	if (n) {
+		bool taken;
+		ProtobufCMessage *m = unpack_aliased(desc, data, len, bc, df, ar, n, fields,
+						     recs, &taken);
+		if (m || taken) {
+			if (!m)
+				arena_release(ar);
+			return m;
+		}
 	}
+	if (len < RPC__BUF_CACHE_MIN_BYTES) {
+		memset(ar, 0, sizeof(*ar));
+		return protobuf_c_message_unpack(desc, NULL, len, data);
+	}
+	/* Room for the bytes and strings (at most len) and the structs;
+	 * anything beyond falls back to malloc. */
+	ar->base = rpc__buf_get(bc, len + (64u << 10), &ar->cap);
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, len, data);
+	if (!m)
+		arena_release(ar);
 	return m;
 }
 
@@ -262,8 +436,7 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
 	}
 	ar->pa.allocator_data = ar; /* the arena may have been copied */
 	protobuf_c_message_free_unpacked(m, &ar->pa);
-	rpc__buf_put(ar->bc, ar->base, ar->cap);
-	ar->base = NULL;
+	arena_release(ar);
 	ar->bc = NULL;
 }
 

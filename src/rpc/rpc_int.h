@@ -113,14 +113,26 @@ void rpc__bufcache_free(struct rpc__bufcache *bc);
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
 
 /* protobuf-c unpacking of a large message into one recycled arena
- * buffer (bytes fields included); small messages use malloc. */
+ * buffer; small messages use malloc. A large top-level bytes field is not
+ * copied at all when the received body can be taken from the deframer:
+ * the field then points into that body, which the arena owns. */
 struct rpc__arena {
 	ProtobufCAllocator pa;
 	struct rpc__bufcache *bc;
 	uint8_t *base;
 	size_t cap, used;
+	uint8_t *body; /* taken from the deframer (owned), or NULL */
+	size_t body_len;
+	void (*body_release)(void *ctx, void *p, size_t len); /* NULL: free */
+	void *body_ctx;
 	bool too_deep; /* rpc__unpack refused it for its nesting */
 };
+
+/* Top-level bytes fields at least this large are left in the received
+ * body instead of being copied out of it, at most RPC__ALIAS_MAX of them
+ * per message. */
+#define RPC__ALIAS_MIN_BYTES (64u << 10)
+#define RPC__ALIAS_MAX 4
 
 /* Messages nested deeper than this are refused before protobuf-c, whose
  * unpacking recurses once per level: a request of a few hundred KiB of
@@ -137,9 +149,12 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 
 /* Unpack data (NULL on a parse error or past RPC__MAX_NESTING). bc NULL:
  * plain malloc, and the result may be freed with
- * protobuf_c_message_free_unpacked(m, NULL). */
+ * protobuf_c_message_free_unpacked(m, NULL). df: the deframer whose
+ * on_msg handed data, or NULL; with bc, large bytes fields then point
+ * into data, which the arena takes from df (rpc_deframer_take). */
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
-			      size_t len, struct rpc__bufcache *bc, struct rpc__arena *ar);
+			      size_t len, struct rpc__bufcache *bc, struct rpc_deframer *df,
+			      struct rpc__arena *ar);
 void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
 
 /* ---------------------------------------------------------------- messages */

@@ -317,7 +317,7 @@ static int stream_on_msg(void *ud, const uint8_t *body, size_t len)
 	/* A response handed to the caller of unary_sync must be plain
 	 * malloc memory: it frees it with protobuf_c_message_free_unpacked. */
 	ProtobufCMessage *msg = rpc__unpack(st->resp_desc, body, len,
-					    st->sync_out ? NULL : &st->c->ss.bufs, a);
+					    st->sync_out ? NULL : &st->c->ss.bufs, &st->df, a);
 	if (!msg) {
 		rpc__stream_finish(st, RPC_INTERNAL, "failed to parse response message",
 				   false);
@@ -366,7 +366,7 @@ void rpc__stream_inproc_answer(struct rpc_stream *st, int status, const char *me
 		message = "received message larger than max";
 	} else if (status == RPC_OK) {
 		st->uresp = rpc__unpack(st->resp_desc, body, len,
-					st->sync_out ? NULL : &st->c->ss.bufs,
+					st->sync_out ? NULL : &st->c->ss.bufs, NULL,
 					&st->resp_arena);
 		st->nresp = 1;
 		if (!st->uresp) {
