@@ -7,6 +7,8 @@
  *    deframer reassembles bodies from DATA chunks split anywhere; a body
  *    that arrives whole inside one chunk is handed out in place, without
  *    a copy or an allocation, which is the common case for small calls.
+ *    A reassembled body may be taken by on_msg (rpc_deframer_take), so
+ *    that the message unpacked from it can keep pointing into it.
  *  - grpc-timeout: "TimeoutValue TimeoutUnit", at most 8 ASCII digits and
  *    one of H M S m u n. We keep deadlines in milliseconds and round
  *    sub-millisecond values up, so a tiny timeout never becomes "none".
