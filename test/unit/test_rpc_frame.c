@@ -525,8 +525,8 @@ Test(rpc_frame, a_reassembled_body_can_be_taken)
 #define BIG_BYTES (100u << 10)
 
 struct unpacker {
-	struct rpc_deframer *d;
-	struct rpc__bufcache *bc;
+	struct rpc_deframer df, *d;
+	struct rpc__bufcache bc;
 	const ProtobufCMessageDescriptor *desc;
 	const uint8_t *body;
 	ProtobufCMessage *m;
@@ -539,8 +539,23 @@ static int on_msg_unpack(void *ud, const uint8_t *body, size_t len)
 	struct unpacker *u = ud;
 	u->calls++;
 	u->body = body;
-	u->m = rpc__unpack(u->desc, body, len, u->bc, u->d, &u->ar);
+	u->m = rpc__unpack(u->desc, body, len, &u->bc, u->d, &u->ar);
 	return u->m ? 0 : -EBADMSG;
+}
+
+/* EchoRequests through a deframer of 1 MiB messages with a cache. */
+static void unpacker_init(struct unpacker *u)
+{
+	memset(u, 0, sizeof(*u));
+	u->d = &u->df;
+	u->desc = &mooncake__diag__echo_request__descriptor;
+	rpc__deframer_setup(u->d, 1u << 20, &u->bc);
+}
+
+static void unpacker_close(struct unpacker *u)
+{
+	rpc_deframer_free(u->d);
+	rpc__bufcache_free(&u->bc);
 }
 
 /* A gRPC-framed EchoRequest with a BIG_BYTES payload, delay 7 and a
@@ -575,11 +590,8 @@ Test(rpc_frame, large_bytes_field_left_in_the_received_body)
 {
 	static uint8_t buf[BIG_BYTES + 256];
 	size_t n = framed_echo(buf, sizeof(buf));
-	struct rpc__bufcache bc = {0};
-	struct rpc_deframer d;
-	struct unpacker u = {
-		.d = &d, .bc = &bc, .desc = &mooncake__diag__echo_request__descriptor};
-	rpc__deframer_setup(&d, 1u << 20, &bc);
+	struct unpacker u;
+	unpacker_init(&u);
 
 	/* Split at every byte of the prefix and of the payload's tag and
 	 * length, and at a few places beyond. Cut inside the prefix, the
@@ -587,9 +599,9 @@ Test(rpc_frame, large_bytes_field_left_in_the_received_body)
 	size_t cuts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 4096, BIG_BYTES, n - 20, n - 1};
 	for (size_t c = 0; c < MC_ARRAY_LEN(cuts); c++) {
 		u.calls = 0;
-		cr_assert_eq(rpc_deframer_feed(&d, buf, cuts[c], on_msg_unpack, &u), 0);
+		cr_assert_eq(rpc_deframer_feed(u.d, buf, cuts[c], on_msg_unpack, &u), 0);
 		cr_assert_eq(
-			rpc_deframer_feed(&d, buf + cuts[c], n - cuts[c], on_msg_unpack, &u),
+			rpc_deframer_feed(u.d, buf + cuts[c], n - cuts[c], on_msg_unpack, &u),
 			0);
 		cr_assert_eq(u.calls, 1, "cut at %zu", cuts[c]);
 		const Mooncake__Diag__EchoRequest *r = (const void *)u.m;
@@ -606,22 +618,18 @@ Test(rpc_frame, large_bytes_field_left_in_the_received_body)
 		rpc__unpacked_free(u.m, &u.ar);
 		cr_assert_null(u.ar.body);
 	}
-	rpc_deframer_free(&d);
-	rpc__bufcache_free(&bc);
+	unpacker_close(&u);
 }
 
 Test(rpc_frame, large_bytes_field_copied_when_not_ours_or_repeated)
 {
 	static uint8_t buf[2 * BIG_BYTES + 512];
 	size_t n = framed_echo(buf, sizeof(buf));
-	struct rpc__bufcache bc = {0};
-	struct rpc_deframer d;
-	struct unpacker u = {
-		.d = &d, .bc = &bc, .desc = &mooncake__diag__echo_request__descriptor};
-	rpc__deframer_setup(&d, 1u << 20, &bc);
+	struct unpacker u;
+	unpacker_init(&u);
 
 	/* Whole in one chunk: the body is the caller's, so it is copied. */
-	cr_assert_eq(rpc_deframer_feed(&d, buf, n, on_msg_unpack, &u), 0);
+	cr_assert_eq(rpc_deframer_feed(u.d, buf, n, on_msg_unpack, &u), 0);
 	const Mooncake__Diag__EchoRequest *r = (const void *)u.m;
 	check_echo(r);
 	cr_assert(r->payload.data < buf || r->payload.data >= buf + n);
@@ -629,7 +637,7 @@ Test(rpc_frame, large_bytes_field_copied_when_not_ours_or_repeated)
 	rpc__unpacked_free(u.m, &u.ar);
 
 	/* Without a deframer: copied. */
-	u.m = rpc__unpack(u.desc, buf + 5, n - 5, &bc, NULL, &u.ar);
+	u.m = rpc__unpack(u.desc, buf + 5, n - 5, &u.bc, NULL, &u.ar);
 	check_echo((const void *)u.m);
 	cr_assert_null(u.ar.body);
 	rpc__unpacked_free(u.m, &u.ar);
@@ -640,27 +648,23 @@ Test(rpc_frame, large_bytes_field_copied_when_not_ours_or_repeated)
 	memcpy(buf + n, tail, sizeof(tail));
 	size_t body = n - 5 + sizeof(tail);
 	rpc_frame_prefix(buf, (uint32_t)body);
-	cr_assert_eq(rpc_deframer_feed(&d, buf, 100, on_msg_unpack, &u), 0);
-	cr_assert_eq(rpc_deframer_feed(&d, buf + 100, body + 5 - 100, on_msg_unpack, &u), 0);
+	cr_assert_eq(rpc_deframer_feed(u.d, buf, 100, on_msg_unpack, &u), 0);
+	cr_assert_eq(rpc_deframer_feed(u.d, buf + 100, body + 5 - 100, on_msg_unpack, &u), 0);
 	r = (const void *)u.m;
 	cr_assert_eq(r->payload.len, 2);
 	cr_assert_eq(memcmp(r->payload.data, "hi", 2), 0);
 	cr_assert_eq(r->delay_ms, 7);
 	cr_assert_null(u.ar.body);
 	rpc__unpacked_free(u.m, &u.ar);
-	rpc_deframer_free(&d);
-	rpc__bufcache_free(&bc);
+	unpacker_close(&u);
 }
 
 Test(rpc_frame, hostile_records_around_a_large_bytes_field)
 {
 	static uint8_t buf[BIG_BYTES + 256];
 	size_t n = framed_echo(buf, sizeof(buf));
-	struct rpc__bufcache bc = {0};
-	struct rpc_deframer d;
-	struct unpacker u = {
-		.d = &d, .bc = &bc, .desc = &mooncake__diag__echo_request__descriptor};
-	rpc__deframer_setup(&d, 1u << 20, &bc);
+	struct unpacker u;
+	unpacker_init(&u);
 
 	/* Each of these bodies fails to unpack, with or without the
 	 * in-place path, and leaks nothing (the SAN build checks). */
@@ -676,20 +680,20 @@ Test(rpc_frame, hostile_records_around_a_large_bytes_field)
 		memcpy(buf + n, bad_tails[t], 4);
 		rpc_frame_prefix(buf, (uint32_t)(n - 5 + 4));
 		u.calls = 0;
-		cr_assert_eq(rpc_deframer_feed(&d, buf, 64, on_msg_unpack, &u), 0);
-		cr_assert_eq(rpc_deframer_feed(&d, buf + 64, n + 4 - 64, on_msg_unpack, &u),
+		cr_assert_eq(rpc_deframer_feed(u.d, buf, 64, on_msg_unpack, &u), 0);
+		cr_assert_eq(rpc_deframer_feed(u.d, buf + 64, n + 4 - 64, on_msg_unpack, &u),
 			     -EBADMSG, "tail %zu", t);
 		cr_assert_eq(u.calls, 1);
 		cr_assert_null(u.ar.body);
-		cr_assert(rpc_deframer_idle(&d));
+		cr_assert(rpc_deframer_idle(u.d));
 	}
 	/* A body one byte short: its last record runs past the end. */
 	rpc_frame_prefix(buf, (uint32_t)(n - 5 - 1));
-	cr_assert_eq(rpc_deframer_feed(&d, buf, 64, on_msg_unpack, &u), 0);
-	cr_assert_eq(rpc_deframer_feed(&d, buf + 64, n - 1 - 64, on_msg_unpack, &u), -EBADMSG);
+	cr_assert_eq(rpc_deframer_feed(u.d, buf, 64, on_msg_unpack, &u), 0);
+	cr_assert_eq(rpc_deframer_feed(u.d, buf + 64, n - 1 - 64, on_msg_unpack, &u),
+		     -EBADMSG);
 	/* And a prefix beyond the maximum is refused before any buffer. */
 	rpc_frame_prefix(buf, (1u << 20) + 1);
-	cr_assert_eq(rpc_deframer_feed(&d, buf, 64, on_msg_unpack, &u), MC_ETOO_LARGE);
-	rpc_deframer_free(&d);
-	rpc__bufcache_free(&bc);
+	cr_assert_eq(rpc_deframer_feed(u.d, buf, 64, on_msg_unpack, &u), MC_ETOO_LARGE);
+	unpacker_close(&u);
 }
