@@ -597,8 +597,11 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 		return -EINVAL;
 	if (!call->tp->can_send(call))
 		return -ECANCELED;
+	/* Bytes that lie in the request's received body are sent from there:
+	 * an echo of a large field is not copied. */
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, call->s->calls.max_msg, &call->s->calls.bufs, &m);
+	int rc = rpc__omsg_pack(msg, call->s->calls.max_msg, &call->s->calls.bufs,
+				call->req_arena.body, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&call->outq, m);

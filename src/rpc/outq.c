@@ -116,7 +116,7 @@ static void arena_free(void *data, void *p)
 	struct rpc__arena *a = data;
 	if (a->base && (uint8_t *)p >= a->base && (uint8_t *)p < a->base + a->cap)
 		return;
-	if (a->body && (uint8_t *)p >= a->body && (uint8_t *)p < a->body + a->body_len)
+	if (a->body && (uint8_t *)p >= a->body->p && (uint8_t *)p < a->body->p + a->body->len)
 		return;
 	free(p);
 }
@@ -331,14 +331,19 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 					const ProtobufCFieldDescriptor **fields,
 					const struct rec *recs, bool *taken)
 {
-	uint8_t *body = rpc_deframer_take(df, data);
+	struct rpc__rbody *rb = malloc(sizeof(*rb));
+	uint8_t *body = rb ? rpc_deframer_take(df, data) : NULL;
 	*taken = body != NULL;
-	if (!body)
+	if (!body) {
+		free(rb);
 		return NULL;
-	ar->body = body;
-	ar->body_len = len;
-	ar->body_release = df->release;
-	ar->body_ctx = df->alloc_ctx;
+	}
+	*rb = (struct rpc__rbody){.refs = 1,
+				  .p = body,
+				  .len = len,
+				  .release = df->release,
+				  .ctx = df->alloc_ctx};
+	ar->body = rb;
 
 	/* The rest of the message, in record order, at the arena's start. */
 	size_t rest_len = len;
@@ -372,17 +377,23 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 	return m;
 }
 
+void rpc__rbody_unref(struct rpc__rbody *b)
+{
+	if (!b || --b->refs)
+		return;
+	if (b->release)
+		b->release(b->ctx, b->p, b->len);
+	else
+		free(b->p);
+	free(b);
+}
+
 static void arena_release(struct rpc__arena *ar)
 {
 	rpc__buf_put(ar->bc, ar->base, ar->cap);
 	ar->base = NULL;
-	if (ar->body) {
-		if (ar->body_release)
-			ar->body_release(ar->body_ctx, ar->body, ar->body_len);
-		else
-			free(ar->body);
-		ar->body = NULL;
-	}
+	rpc__rbody_unref(ar->body);
+	ar->body = NULL;
 }
 
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
@@ -442,21 +453,123 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
 
 /* ---------------------------------------------------------------- messages */
 
-int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
-		   struct rpc__omsg **out)
+static size_t put_varint(uint8_t *out, uint64_t v)
 {
-	size_t body = protobuf_c_message_get_packed_size(msg);
+	size_t n = 0;
+	do {
+		out[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+		v >>= 7;
+	} while (v);
+	return n;
+}
+
+/* The field of msg that rpc__omsg_pack may send from where it lies in
+ * from, or NULL. */
+static const ProtobufCFieldDescriptor *ref_field(const ProtobufCMessage *msg,
+						 const struct rpc__rbody *from)
+{
+	const ProtobufCMessageDescriptor *d = msg->descriptor;
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		if (f->type != PROTOBUF_C_TYPE_BYTES || f->label != PROTOBUF_C_LABEL_NONE ||
+		    (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			continue;
+		const ProtobufCBinaryData *bd =
+			(const ProtobufCBinaryData *)((const uint8_t *)msg + f->offset);
+		if (bd->len >= RPC__ALIAS_MIN_BYTES && bd->data >= from->p &&
+		    bd->len <= from->len &&
+		    (size_t)(bd->data - from->p) <= from->len - bd->len)
+			return f;
+	}
+	return NULL;
+}
+
+static struct rpc__omsg *omsg_new(struct rpc__bufcache *bc, size_t inline_len)
+{
 	size_t cap;
-	if (body > max_bytes || body > UINT32_MAX)
-		return MC_ETOO_LARGE;
-	struct rpc__omsg *m = rpc__buf_get(bc, sizeof(*m) + 5 + body, &cap);
+	struct rpc__omsg *m = rpc__buf_get(bc, sizeof(*m) + inline_len, &cap);
 	if (!m)
-		return -ENOMEM;
-	m->next = NULL;
+		return NULL;
+	memset(m, 0, sizeof(*m));
 	m->refs = 1;
-	m->len = 5 + body;
+	m->len = inline_len;
 	m->bc = bc;
 	m->cap = cap;
+	return m;
+}
+
+/* rpc__omsg_pack with field f sent from from: the rest of msg is packed
+ * with f left empty, and f's tag and length go where protobuf-c would
+ * have put the field (before the first field numbered above it), so the
+ * bytes on the wire are those of a plain pack. */
+static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f,
+			 size_t max_bytes, struct rpc__bufcache *bc, struct rpc__rbody *from,
+			 struct rpc__omsg **out)
+{
+	const ProtobufCMessageDescriptor *d = msg->descriptor;
+	uint8_t *copy = malloc(d->sizeof_message);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, msg, d->sizeof_message);
+	ProtobufCBinaryData *bd = (ProtobufCBinaryData *)(copy + f->offset);
+	const uint8_t *field = bd->data;
+	size_t flen = bd->len;
+	bd->data = NULL;
+	bd->len = 0;
+	const ProtobufCMessage *rest_msg = (const ProtobufCMessage *)copy;
+
+	uint8_t hdr[20];
+	size_t hl = put_varint(hdr, (uint64_t)f->id << 3 | 2);
+	hl += put_varint(hdr + hl, flen);
+	size_t rest = protobuf_c_message_get_packed_size(rest_msg);
+	size_t body = rest + hl + flen;
+	if (body > max_bytes || body > UINT32_MAX) {
+		free(copy);
+		return MC_ETOO_LARGE;
+	}
+	struct rpc__omsg *m = omsg_new(bc, 5 + hl + rest);
+	if (!m) {
+		free(copy);
+		return -ENOMEM;
+	}
+	/* Pack the rest hl bytes in, then move the fields before f down. */
+	uint8_t *r = m->data + 5 + hl;
+	if (rest)
+		protobuf_c_message_pack(rest_msg, r);
+	free(copy);
+	size_t split = 0;
+	struct rec rc;
+	while (split < rest) {
+		size_t pos = split;
+		if (!next_rec(r, rest, &pos, &rc) || rc.num > f->id)
+			break;
+		split = pos;
+	}
+	memmove(m->data + 5, r, split);
+	memcpy(m->data + 5 + split, hdr, hl);
+	rpc_frame_prefix(m->data, (uint32_t)body);
+	m->len = 5 + body;
+	m->ext_body = from;
+	from->refs++;
+	m->ext = field;
+	m->ext_at = 5 + split + hl;
+	m->ext_len = flen;
+	*out = m;
+	return 0;
+}
+
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
+		   struct rpc__rbody *from, struct rpc__omsg **out)
+{
+	const ProtobufCFieldDescriptor *f = from ? ref_field(msg, from) : NULL;
+	if (f)
+		return omsg_pack_ref(msg, f, max_bytes, bc, from, out);
+	size_t body = protobuf_c_message_get_packed_size(msg);
+	if (body > max_bytes || body > UINT32_MAX)
+		return MC_ETOO_LARGE;
+	struct rpc__omsg *m = omsg_new(bc, 5 + body);
+	if (!m)
+		return -ENOMEM;
 	rpc_frame_prefix(m->data, (uint32_t)body);
 	if (body)
 		protobuf_c_message_pack(msg, m->data + 5);
@@ -464,10 +577,28 @@ int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bu
 	return 0;
 }
 
+const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len)
+{
+	if (!m->ext || off < m->ext_at) {
+		size_t end = m->ext && m->ext_at < m->len ? m->ext_at : m->len;
+		*len = end - off;
+		return m->data + off;
+	}
+	size_t ext_end = m->ext_at + m->ext_len;
+	if (off < ext_end) {
+		*len = (ext_end < m->len ? ext_end : m->len) - off;
+		return m->ext + (off - m->ext_at);
+	}
+	*len = m->len - off;
+	return m->data + off - m->ext_len;
+}
+
 void rpc__omsg_unref(struct rpc__omsg *m)
 {
-	if (m && --m->refs == 0)
+	if (m && --m->refs == 0) {
+		rpc__rbody_unref(m->ext_body);
 		rpc__buf_put(m->bc, m, m->cap);
+	}
 }
 
 /* ---------------------------------------------------------------- queue */

@@ -121,12 +121,22 @@ struct rpc__arena {
 	struct rpc__bufcache *bc;
 	uint8_t *base;
 	size_t cap, used;
-	uint8_t *body; /* taken from the deframer (owned), or NULL */
-	size_t body_len;
-	void (*body_release)(void *ctx, void *p, size_t len); /* NULL: free */
-	void *body_ctx;
-	bool too_deep; /* rpc__unpack refused it for its nesting */
+	struct rpc__rbody *body; /* one reference, or NULL */
+	bool too_deep;           /* rpc__unpack refused it for its nesting */
 };
+
+/* A received body taken from its deframer, shared by the message
+ * unpacked from it and by messages sent with bytes that lie in it
+ * (rpc__omsg_pack). Freed with its last reference. */
+struct rpc__rbody {
+	unsigned refs;
+	uint8_t *p;
+	size_t len;
+	void (*release)(void *ctx, void *p, size_t len); /* NULL: free */
+	void *ctx;
+};
+
+void rpc__rbody_unref(struct rpc__rbody *b);
 
 /* Top-level bytes fields at least this large are left in the received
  * body instead of being copied out of it, at most RPC__ALIAS_MAX of them
@@ -162,17 +172,28 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
 struct rpc__omsg {
 	struct rpc__omsg *next;
 	unsigned refs;
-	size_t len;               /* bytes in data: 5-byte prefix + body */
+	size_t len;               /* bytes of the message: 5-byte prefix + body */
 	struct rpc__bufcache *bc; /* where the buffer goes back */
 	size_t cap;               /* bytes allocated, header included */
+	/* A large bytes field sent from the received body it lies in
+	 * (ext_body, one reference): the message is data[0, ext_at), then
+	 * ext[0, ext_len), then the rest of data. NULL: all in data. */
+	struct rpc__rbody *ext_body;
+	const uint8_t *ext;
+	size_t ext_at, ext_len;
 	uint8_t data[];
 };
 
 /* Serialize msg with its prefix into a new buffer (refs = 1), from bc
- * (may be NULL). The cache must outlive the message. Errors:
- * MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
+ * (may be NULL). The cache must outlive the message. A proto3 bytes
+ * field of msg of at least RPC__ALIAS_MIN_BYTES that lies in from (may be
+ * NULL) is not copied: the message takes a reference on from and is sent
+ * from there. Errors: MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
 int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
-		   struct rpc__omsg **out) MC_MUST_CHECK;
+		   struct rpc__rbody *from, struct rpc__omsg **out) MC_MUST_CHECK;
+/* The message's bytes from offset off on, as far as they are contiguous
+ * (*len, at least 1 while off < m->len). */
+const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len);
 void rpc__omsg_unref(struct rpc__omsg *m);
 
 struct rpc__outq;

@@ -495,7 +495,7 @@ static int unary_start(struct rpc_client *c, const char *path, const ProtobufCMe
 	rc = stream_new(c, path, resp_desc, timeout_ms, &st);
 	if (rc)
 		return rc;
-	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, &m);
+	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, NULL, &m);
 	if (rc) {
 		rpc__stream_unref(st);
 		return rc;
@@ -547,7 +547,7 @@ int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg)
 	if (st->send_closed)
 		return -EPIPE;
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, st->c->ss.max_msg, &st->c->ss.bufs, &m);
+	int rc = rpc__omsg_pack(msg, st->c->ss.max_msg, &st->c->ss.bufs, NULL, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&st->outq, m);
