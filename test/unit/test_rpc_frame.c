@@ -737,10 +737,11 @@ Test(rpc_frame, a_large_field_in_a_received_body_is_packed_by_reference)
 {
 	struct rpc__rbody *from = malloc(sizeof(*from));
 	cr_assert_not_null(from);
+	/* The body is the first BIG_BYTES + 100 bytes of its buffer. */
 	*from = (struct rpc__rbody){.refs = 1, .len = BIG_BYTES + 100};
-	from->p = malloc(from->len);
+	from->p = malloc(BIG_BYTES + 200);
 	cr_assert_not_null(from->p);
-	for (size_t i = 0; i < from->len; i++)
+	for (size_t i = 0; i < BIG_BYTES + 200; i++)
 		from->p[i] = (uint8_t)(i * 13);
 
 	/* The field numbered first, with fields after it. */
