@@ -8,7 +8,9 @@
  *    nghttp2_session_send(): small frames are copied into a per-write
  *    arena, DATA payloads are referenced straight from the serialized
  *    message buffers (NGHTTP2_DATA_FLAG_NO_COPY), so a 16 MiB message is
- *    copied once, when protobuf-c packs it. Writes are batched and
+ *    copied at most once, when protobuf-c packs it (not at all when its
+ *    large field is sent from a received body, rpc__omsg_pack). Writes
+ *    are batched and
  *    bounded: no more is taken from nghttp2 while the socket's libuv
  *    write queue holds RPC__WRITE_HIGH_BYTES or more.
  *  - rpc__omsg / rpc__outq: a serialized, length-prefixed message and
