@@ -10,9 +10,8 @@
  *    message buffers (NGHTTP2_DATA_FLAG_NO_COPY), so a 16 MiB message is
  *    copied at most once, when protobuf-c packs it (not at all when its
  *    large field is sent from a received body, rpc__omsg_pack). Writes
- *    are batched and
- *    bounded: no more is taken from nghttp2 while the socket's libuv
- *    write queue holds RPC__WRITE_HIGH_BYTES or more.
+ *    are batched and bounded: no more is taken from nghttp2 while the
+ *    socket's libuv write queue holds RPC__WRITE_HIGH_BYTES or more.
  *  - rpc__omsg / rpc__outq: a serialized, length-prefixed message and
  *    the per-stream queue of them that feeds nghttp2's data provider.
  *    Messages are reference-counted because a uv_write may still point
