@@ -476,9 +476,10 @@ static const ProtobufCFieldDescriptor *ref_field(const ProtobufCMessage *msg,
 			continue;
 		const ProtobufCBinaryData *bd =
 			(const ProtobufCBinaryData *)((const uint8_t *)msg + f->offset);
-		if (bd->len >= RPC__ALIAS_MIN_BYTES && bd->data >= from->p &&
-		    bd->len <= from->len &&
-		    (size_t)(bd->data - from->p) <= from->len - bd->len)
+		/* Compared as integers: the bytes may lie in any object. */
+		uintptr_t at = (uintptr_t)bd->data, base = (uintptr_t)from->p;
+		if (bd->len >= RPC__ALIAS_MIN_BYTES && at >= base && bd->len <= from->len &&
+		    at - base <= from->len - bd->len)
 			return f;
 	}
 	return NULL;
