@@ -441,7 +441,7 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	struct rpc__arena ar;
 	struct rpc__arena *a = single ? &call->req_arena : &ar;
 	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->calls.bufs,
-					    a);
+					    &call->df, a);
 	if (!msg) {
 		call_abort_unparsed(call, a->too_deep);
 		return -EBADMSG;
@@ -550,7 +550,7 @@ void rpc__call_unary(struct rpc_call *call, uint64_t timeout_ms, const uint8_t *
 		rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 		return;
 	}
-	ProtobufCMessage *m = rpc__unpack(call->m->request, body, len, &cs->bufs,
+	ProtobufCMessage *m = rpc__unpack(call->m->request, body, len, &cs->bufs, NULL,
 					  &call->req_arena);
 	if (!m) {
 		call_abort_unparsed(call, call->req_arena.too_deep);
@@ -597,8 +597,11 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 		return -EINVAL;
 	if (!call->tp->can_send(call))
 		return -ECANCELED;
+	/* Bytes that lie in the request's received body are sent from there:
+	 * an echo of a large field is not copied. */
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, call->s->calls.max_msg, &call->s->calls.bufs, &m);
+	int rc = rpc__omsg_pack(msg, call->s->calls.max_msg, &call->s->calls.bufs,
+				call->req_arena.body, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&call->outq, m);

@@ -209,9 +209,10 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 	size_t left = length;
 	while (left > 0) {
 		struct rpc__omsg *m = q->head;
-		size_t avail = m->len - q->head_off;
+		size_t avail;
+		const uint8_t *p = rpc__omsg_at(m, q->head_off, &avail);
 		size_t k = avail < left ? avail : left;
-		if (wreq_ref(w, m, m->data + q->head_off, k))
+		if (wreq_ref(w, m, p, k))
 			return NGHTTP2_ERR_CALLBACK_FAILURE;
 		q->head_off += k;
 		left -= k;

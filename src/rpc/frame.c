@@ -7,6 +7,8 @@
  *    deframer reassembles bodies from DATA chunks split anywhere; a body
  *    that arrives whole inside one chunk is handed out in place, without
  *    a copy or an allocation, which is the common case for small calls.
+ *    A reassembled body may be taken by on_msg (rpc_deframer_take), so
+ *    that the message unpacked from it can keep pointing into it.
  *  - grpc-timeout: "TimeoutValue TimeoutUnit", at most 8 ASCII digits and
  *    one of H M S m u n. We keep deadlines in milliseconds and round
  *    sub-millisecond values up, so a tiny timeout never becomes "none".
@@ -73,11 +75,22 @@ static void body_release(struct rpc_deframer *d, uint8_t *p, size_t len)
 void rpc_deframer_free(struct rpc_deframer *d)
 {
 	body_release(d, d->msg, d->msg_len);
+	body_release(d, d->out, d->out_len);
 	d->msg = NULL;
+	d->out = NULL;
 	d->hdr_len = 0;
 	d->msg_len = 0;
 	d->msg_got = 0;
 	d->compressed = false;
+}
+
+uint8_t *rpc_deframer_take(struct rpc_deframer *d, const uint8_t *body)
+{
+	uint8_t *p = d->out;
+	if (!p || p != body)
+		return NULL;
+	d->out = NULL;
+	return p;
 }
 
 bool rpc_deframer_idle(const struct rpc_deframer *d)
@@ -149,15 +162,19 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		len -= take;
 		if (d->msg_got < d->msg_len)
 			return 0;
-		/* Complete: hand it out, then forget it. */
+		/* Complete: hand it out, then release it unless on_msg took
+		 * it (or freed the deframer, which releases it). */
 		uint8_t *body = d->msg;
 		size_t blen = d->msg_len;
 		d->msg = NULL;
 		d->hdr_len = 0;
 		d->msg_len = 0;
 		d->msg_got = 0;
+		d->out = body;
+		d->out_len = blen;
 		rc = on_msg(ud, body ? body : (const uint8_t *)"", blen);
-		body_release(d, body, blen);
+		body_release(d, d->out, d->out_len);
+		d->out = NULL;
 		if (rc)
 			return rc;
 	}

@@ -47,6 +47,10 @@ struct rpc_deframer {
 	size_t msg_len; /* expected body length */
 	size_t msg_got;
 	bool compressed;
+	/* The reassembled body on_msg is being handed, while it may still be
+	 * taken (rpc_deframer_take); NULL otherwise. */
+	uint8_t *out;
+	size_t out_len;
 	/* Optional source of body buffers (NULL: malloc/free), so a caller
 	 * can recycle large buffers instead of faulting in fresh pages for
 	 * every message. rpc_deframer_init sets them NULL. */
@@ -66,6 +70,14 @@ void rpc_deframer_free(struct rpc_deframer *d);
 int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		      int (*on_msg)(void *ud, const uint8_t *body, size_t len),
 		      void *ud) MC_MUST_CHECK;
+/*
+ * From on_msg only: take ownership of the body it was handed, so that it
+ * may outlive the call. NULL when body is not the reassembled buffer the
+ * deframer owns (a body that arrived whole in one chunk lies in the
+ * caller's chunk and cannot be taken). The caller frees what it took with
+ * d->release(d->alloc_ctx, p, len), or free() when d->release is NULL.
+ */
+uint8_t *rpc_deframer_take(struct rpc_deframer *d, const uint8_t *body);
 /* True when no partial message is buffered. */
 bool rpc_deframer_idle(const struct rpc_deframer *d);
 /* Where the next bytes of a partly received body go and how many it still

@@ -116,6 +116,8 @@ static void arena_free(void *data, void *p)
 	struct rpc__arena *a = data;
 	if (a->base && (uint8_t *)p >= a->base && (uint8_t *)p < a->base + a->cap)
 		return;
+	if (a->body && (uint8_t *)p >= a->body->p && (uint8_t *)p < a->body->p + a->body->len)
+		return;
 	free(p);
 }
 
@@ -227,28 +229,211 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 	}
 }
 
+/* ---------------------------------------------------------------- unpack */
+
+/* One top-level field record of an encoded message: its number and wire
+ * type, where its tag starts and, for a length-delimited one, where its
+ * bytes start; end is where the record ends. */
+struct rec {
+	uint64_t num;
+	unsigned wt;
+	size_t start, data, end;
+};
+
+/* The record at *pos of data[0, len), advancing *pos past it; false at a
+ * record that is malformed or runs past len (protobuf-c then says why). */
+static bool next_rec(const uint8_t *data, size_t len, size_t *pos, struct rec *r)
+{
+	uint64_t tag, v;
+	r->start = *pos;
+	if (!read_varint(data, len, pos, &tag))
+		return false;
+	r->num = tag >> 3;
+	r->wt = (unsigned)(tag & 7);
+	switch (r->wt) {
+	case 0:
+		if (!read_varint(data, len, pos, &v))
+			return false;
+		break;
+	case 1:
+	case 5: {
+		size_t n = r->wt == 1 ? 8 : 4;
+		if (len - *pos < n)
+			return false;
+		*pos += n;
+		break;
+	}
+	case 2:
+		if (!read_varint(data, len, pos, &v) || v > len - *pos)
+			return false;
+		r->data = *pos;
+		*pos += (size_t)v;
+		break;
+	default:
+		return false; /* groups: protobuf-c refuses them */
+	}
+	r->end = *pos;
+	return true;
+}
+
+/* The top-level records of data that may be left in place: a proto3
+ * singular bytes field (no presence flag, not in a oneof) of at least
+ * RPC__ALIAS_MIN_BYTES that occurs once. Returns how many were found, at
+ * most RPC__ALIAS_MAX; 0 also when data is malformed. */
+static unsigned find_aliases(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+			     size_t len, const ProtobufCFieldDescriptor **fields,
+			     struct rec *recs)
+{
+	unsigned n = 0;
+	size_t pos = 0;
+	struct rec r;
+
+	while (pos < len) {
+		if (!next_rec(data, len, &pos, &r))
+			return 0;
+		if (r.wt != 2 || r.end - r.data < RPC__ALIAS_MIN_BYTES || r.num > UINT32_MAX ||
+		    n == RPC__ALIAS_MAX)
+			continue;
+		const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
+			desc, (unsigned)r.num);
+		if (!f || f->type != PROTOBUF_C_TYPE_BYTES ||
+		    f->label != PROTOBUF_C_LABEL_NONE ||
+		    (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			continue;
+		fields[n] = f;
+		recs[n++] = r;
+	}
+	/* A field that occurs more than once is left to protobuf-c, which
+	 * keeps the last occurrence. */
+	pos = 0;
+	while (n && pos < len) {
+		if (!next_rec(data, len, &pos, &r))
+			return 0;
+		for (unsigned i = 0; i < n; i++) {
+			if (r.num != recs[i].num || r.start == recs[i].start)
+				continue;
+			fields[i] = fields[n - 1];
+			recs[i] = recs[n - 1];
+			n--;
+			break;
+		}
+	}
+	return n;
+}
+
+/* Unpack with the records in recs left out, then point their fields at
+ * their bytes in body, which the arena takes from df. NULL with *taken
+ * false when df did not hand out data as a body it owns. */
+static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
+					const uint8_t *data, size_t len,
+					struct rpc__bufcache *bc, struct rpc_deframer *df,
+					struct rpc__arena *ar, unsigned n,
+					const ProtobufCFieldDescriptor **fields,
+					const struct rec *recs, bool *taken)
+{
+	struct rpc__rbody *rb = malloc(sizeof(*rb));
+	uint8_t *body = rb ? rpc_deframer_take(df, data) : NULL;
+	*taken = body != NULL;
+	if (!body) {
+		free(rb);
+		return NULL;
+	}
+	*rb = (struct rpc__rbody){.refs = 1,
+				  .p = body,
+				  .len = len,
+				  .release = df->release,
+				  .ctx = df->alloc_ctx};
+	ar->body = rb;
+
+	/* The rest of the message, in record order, at the arena's start. */
+	size_t rest_len = len;
+	for (unsigned i = 0; i < n; i++)
+		rest_len -= recs[i].end - recs[i].start;
+	ar->base = rpc__buf_get(bc, rest_len + (64u << 10), &ar->cap);
+	if (!ar->base)
+		return NULL;
+	ar->used = (rest_len + 15) & ~(size_t)15;
+	size_t at = 0, out = 0;
+	while (at < len) {
+		size_t next = len, skip_to = len;
+		for (unsigned i = 0; i < n; i++)
+			if (recs[i].start >= at && recs[i].start < next) {
+				next = recs[i].start;
+				skip_to = recs[i].end;
+			}
+		memcpy(ar->base + out, data + at, next - at);
+		out += next - at;
+		at = skip_to;
+	}
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, rest_len, ar->base);
+	if (!m)
+		return NULL;
+	for (unsigned i = 0; i < n; i++) {
+		ProtobufCBinaryData *bd = (ProtobufCBinaryData *)((uint8_t *)m +
+								  fields[i]->offset);
+		bd->data = body + recs[i].data;
+		bd->len = recs[i].end - recs[i].data;
+	}
+	return m;
+}
+
+void rpc__rbody_unref(struct rpc__rbody *b)
+{
+	if (!b || --b->refs)
+		return;
+	if (b->release)
+		b->release(b->ctx, b->p, b->len);
+	else
+		free(b->p);
+	free(b);
+}
+
+static void arena_release(struct rpc__arena *ar)
+{
+	rpc__buf_put(ar->bc, ar->base, ar->cap);
+	ar->base = NULL;
+	rpc__rbody_unref(ar->body);
+	ar->body = NULL;
+}
+
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
-			      size_t len, struct rpc__bufcache *bc, struct rpc__arena *ar)
+			      size_t len, struct rpc__bufcache *bc, struct rpc_deframer *df,
+			      struct rpc__arena *ar)
 {
 	memset(ar, 0, sizeof(*ar));
 	if (!rpc__nesting_ok(desc, data, len, RPC__MAX_NESTING)) {
 		ar->too_deep = true;
 		return NULL;
 	}
-	if (!bc || len < RPC__BUF_CACHE_MIN_BYTES)
+	if (!bc || len < RPC__ALIAS_MIN_BYTES)
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;
-	/* Room for the bytes and strings (at most len) and the structs;
-	 * anything beyond falls back to malloc. */
-	ar->base = rpc__buf_get(bc, len + (64u << 10), &ar->cap);
 	ar->pa.alloc = arena_alloc;
 	ar->pa.free = arena_free;
 	ar->pa.allocator_data = ar;
-	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, len, data);
-	if (!m) {
-		rpc__buf_put(bc, ar->base, ar->cap);
-		ar->base = NULL;
+	const ProtobufCFieldDescriptor *fields[RPC__ALIAS_MAX];
+	struct rec recs[RPC__ALIAS_MAX];
+	unsigned n = df ? find_aliases(desc, data, len, fields, recs) : 0;
+	if (n) {
+		bool taken;
+		ProtobufCMessage *m = unpack_aliased(desc, data, len, bc, df, ar, n, fields,
+						     recs, &taken);
+		if (m || taken) {
+			if (!m)
+				arena_release(ar);
+			return m;
+		}
 	}
+	if (len < RPC__BUF_CACHE_MIN_BYTES) {
+		memset(ar, 0, sizeof(*ar));
+		return protobuf_c_message_unpack(desc, NULL, len, data);
+	}
+	/* Room for the bytes and strings (at most len) and the structs;
+	 * anything beyond falls back to malloc. */
+	ar->base = rpc__buf_get(bc, len + (64u << 10), &ar->cap);
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, len, data);
+	if (!m)
+		arena_release(ar);
 	return m;
 }
 
@@ -262,28 +447,130 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
 	}
 	ar->pa.allocator_data = ar; /* the arena may have been copied */
 	protobuf_c_message_free_unpacked(m, &ar->pa);
-	rpc__buf_put(ar->bc, ar->base, ar->cap);
-	ar->base = NULL;
+	arena_release(ar);
 	ar->bc = NULL;
 }
 
 /* ---------------------------------------------------------------- messages */
 
-int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
-		   struct rpc__omsg **out)
+static size_t put_varint(uint8_t *out, uint64_t v)
 {
-	size_t body = protobuf_c_message_get_packed_size(msg);
+	size_t n = 0;
+	do {
+		out[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+		v >>= 7;
+	} while (v);
+	return n;
+}
+
+/* The field of msg that rpc__omsg_pack may send from where it lies in
+ * from, or NULL. */
+static const ProtobufCFieldDescriptor *ref_field(const ProtobufCMessage *msg,
+						 const struct rpc__rbody *from)
+{
+	const ProtobufCMessageDescriptor *d = msg->descriptor;
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		if (f->type != PROTOBUF_C_TYPE_BYTES || f->label != PROTOBUF_C_LABEL_NONE ||
+		    (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			continue;
+		const ProtobufCBinaryData *bd =
+			(const ProtobufCBinaryData *)((const uint8_t *)msg + f->offset);
+		/* Compared as integers: the bytes may lie in any object. */
+		uintptr_t at = (uintptr_t)bd->data, base = (uintptr_t)from->p;
+		if (bd->len >= RPC__ALIAS_MIN_BYTES && at >= base && bd->len <= from->len &&
+		    at - base <= from->len - bd->len)
+			return f;
+	}
+	return NULL;
+}
+
+static struct rpc__omsg *omsg_new(struct rpc__bufcache *bc, size_t inline_len)
+{
 	size_t cap;
-	if (body > max_bytes || body > UINT32_MAX)
-		return MC_ETOO_LARGE;
-	struct rpc__omsg *m = rpc__buf_get(bc, sizeof(*m) + 5 + body, &cap);
+	struct rpc__omsg *m = rpc__buf_get(bc, sizeof(*m) + inline_len, &cap);
 	if (!m)
-		return -ENOMEM;
-	m->next = NULL;
+		return NULL;
+	memset(m, 0, sizeof(*m));
 	m->refs = 1;
-	m->len = 5 + body;
+	m->len = inline_len;
 	m->bc = bc;
 	m->cap = cap;
+	return m;
+}
+
+/* rpc__omsg_pack with field f sent from from: the rest of msg is packed
+ * with f left empty, and f's tag and length go where protobuf-c would
+ * have put the field (before the first field numbered above it), so the
+ * bytes on the wire are those of a plain pack. */
+static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f,
+			 size_t max_bytes, struct rpc__bufcache *bc, struct rpc__rbody *from,
+			 struct rpc__omsg **out)
+{
+	const ProtobufCMessageDescriptor *d = msg->descriptor;
+	uint8_t *copy = malloc(d->sizeof_message);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, msg, d->sizeof_message);
+	ProtobufCBinaryData *bd = (ProtobufCBinaryData *)(copy + f->offset);
+	const uint8_t *field = bd->data;
+	size_t flen = bd->len;
+	bd->data = NULL;
+	bd->len = 0;
+	const ProtobufCMessage *rest_msg = (const ProtobufCMessage *)copy;
+
+	uint8_t hdr[20];
+	size_t hl = put_varint(hdr, (uint64_t)f->id << 3 | 2);
+	hl += put_varint(hdr + hl, flen);
+	size_t rest = protobuf_c_message_get_packed_size(rest_msg);
+	size_t body = rest + hl + flen;
+	if (body > max_bytes || body > UINT32_MAX) {
+		free(copy);
+		return MC_ETOO_LARGE;
+	}
+	struct rpc__omsg *m = omsg_new(bc, 5 + hl + rest);
+	if (!m) {
+		free(copy);
+		return -ENOMEM;
+	}
+	/* Pack the rest hl bytes in, then move the fields before f down. */
+	uint8_t *r = m->data + 5 + hl;
+	if (rest)
+		protobuf_c_message_pack(rest_msg, r);
+	free(copy);
+	size_t split = 0;
+	struct rec rc;
+	while (split < rest) {
+		size_t pos = split;
+		if (!next_rec(r, rest, &pos, &rc) || rc.num > f->id)
+			break;
+		split = pos;
+	}
+	memmove(m->data + 5, r, split);
+	memcpy(m->data + 5 + split, hdr, hl);
+	rpc_frame_prefix(m->data, (uint32_t)body);
+	m->len = 5 + body;
+	m->ext_body = from;
+	from->refs++;
+	m->ext = field;
+	m->ext_at = 5 + split + hl;
+	m->ext_len = flen;
+	*out = m;
+	return 0;
+}
+
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
+		   struct rpc__rbody *from, struct rpc__omsg **out)
+{
+	const ProtobufCFieldDescriptor *f = from ? ref_field(msg, from) : NULL;
+	if (f)
+		return omsg_pack_ref(msg, f, max_bytes, bc, from, out);
+	size_t body = protobuf_c_message_get_packed_size(msg);
+	if (body > max_bytes || body > UINT32_MAX)
+		return MC_ETOO_LARGE;
+	struct rpc__omsg *m = omsg_new(bc, 5 + body);
+	if (!m)
+		return -ENOMEM;
 	rpc_frame_prefix(m->data, (uint32_t)body);
 	if (body)
 		protobuf_c_message_pack(msg, m->data + 5);
@@ -291,10 +578,28 @@ int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bu
 	return 0;
 }
 
+const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len)
+{
+	if (!m->ext || off < m->ext_at) {
+		size_t end = m->ext && m->ext_at < m->len ? m->ext_at : m->len;
+		*len = end - off;
+		return m->data + off;
+	}
+	size_t ext_end = m->ext_at + m->ext_len;
+	if (off < ext_end) {
+		*len = (ext_end < m->len ? ext_end : m->len) - off;
+		return m->ext + (off - m->ext_at);
+	}
+	*len = m->len - off;
+	return m->data + off - m->ext_len;
+}
+
 void rpc__omsg_unref(struct rpc__omsg *m)
 {
-	if (m && --m->refs == 0)
+	if (m && --m->refs == 0) {
+		rpc__rbody_unref(m->ext_body);
 		rpc__buf_put(m->bc, m, m->cap);
+	}
 }
 
 /* ---------------------------------------------------------------- queue */

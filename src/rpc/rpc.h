@@ -136,7 +136,10 @@ void rpc_server_free(struct rpc_server *s);
 
 /* ---- inside a handler */
 
-/* Queue a response message. Errors: -ECANCELED (call dead or finished),
+/* Queue a response message; msg is the caller's again on return. A large
+ * bytes field that lies in the request of a unary or server-streaming
+ * call (while that request is alive) is written from the received request
+ * instead of copied. Errors: -ECANCELED (call dead or finished),
  * MC_ETOO_LARGE (above max_message_bytes; nothing queued), -EINVAL (a
  * second message on a unary or client-streaming call), -ENOMEM. */
 int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg) MC_MUST_CHECK;

@@ -8,9 +8,10 @@
  *    nghttp2_session_send(): small frames are copied into a per-write
  *    arena, DATA payloads are referenced straight from the serialized
  *    message buffers (NGHTTP2_DATA_FLAG_NO_COPY), so a 16 MiB message is
- *    copied once, when protobuf-c packs it. Writes are batched and
- *    bounded: no more is taken from nghttp2 while the socket's libuv
- *    write queue holds RPC__WRITE_HIGH_BYTES or more.
+ *    copied at most once, when protobuf-c packs it (not at all when its
+ *    large field is sent from a received body, rpc__omsg_pack). Writes
+ *    are batched and bounded: no more is taken from nghttp2 while the
+ *    socket's libuv write queue holds RPC__WRITE_HIGH_BYTES or more.
  *  - rpc__omsg / rpc__outq: a serialized, length-prefixed message and
  *    the per-stream queue of them that feeds nghttp2's data provider.
  *    Messages are reference-counted because a uv_write may still point
@@ -113,14 +114,36 @@ void rpc__bufcache_free(struct rpc__bufcache *bc);
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
 
 /* protobuf-c unpacking of a large message into one recycled arena
- * buffer (bytes fields included); small messages use malloc. */
+ * buffer; small messages use malloc. A large top-level bytes field is not
+ * copied at all when the received body can be taken from the deframer:
+ * the field then points into that body, which the arena owns. */
 struct rpc__arena {
 	ProtobufCAllocator pa;
 	struct rpc__bufcache *bc;
 	uint8_t *base;
 	size_t cap, used;
-	bool too_deep; /* rpc__unpack refused it for its nesting */
+	struct rpc__rbody *body; /* one reference, or NULL */
+	bool too_deep;           /* rpc__unpack refused it for its nesting */
 };
+
+/* A received body taken from its deframer, shared by the message
+ * unpacked from it and by messages sent with bytes that lie in it
+ * (rpc__omsg_pack). Freed with its last reference. */
+struct rpc__rbody {
+	unsigned refs;
+	uint8_t *p;
+	size_t len;
+	void (*release)(void *ctx, void *p, size_t len); /* NULL: free */
+	void *ctx;
+};
+
+void rpc__rbody_unref(struct rpc__rbody *b);
+
+/* Top-level bytes fields at least this large are left in the received
+ * body instead of being copied out of it, at most RPC__ALIAS_MAX of them
+ * per message. */
+#define RPC__ALIAS_MIN_BYTES (64u << 10)
+#define RPC__ALIAS_MAX 4
 
 /* Messages nested deeper than this are refused before protobuf-c, whose
  * unpacking recurses once per level: a request of a few hundred KiB of
@@ -137,9 +160,12 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 
 /* Unpack data (NULL on a parse error or past RPC__MAX_NESTING). bc NULL:
  * plain malloc, and the result may be freed with
- * protobuf_c_message_free_unpacked(m, NULL). */
+ * protobuf_c_message_free_unpacked(m, NULL). df: the deframer whose
+ * on_msg handed data, or NULL; with bc, large bytes fields then point
+ * into data, which the arena takes from df (rpc_deframer_take). */
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
-			      size_t len, struct rpc__bufcache *bc, struct rpc__arena *ar);
+			      size_t len, struct rpc__bufcache *bc, struct rpc_deframer *df,
+			      struct rpc__arena *ar);
 void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
 
 /* ---------------------------------------------------------------- messages */
@@ -147,17 +173,28 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar);
 struct rpc__omsg {
 	struct rpc__omsg *next;
 	unsigned refs;
-	size_t len;               /* bytes in data: 5-byte prefix + body */
+	size_t len;               /* bytes of the message: 5-byte prefix + body */
 	struct rpc__bufcache *bc; /* where the buffer goes back */
 	size_t cap;               /* bytes allocated, header included */
+	/* A large bytes field sent from the received body it lies in
+	 * (ext_body, one reference): the message is data[0, ext_at), then
+	 * ext[0, ext_len), then the rest of data. NULL: all in data. */
+	struct rpc__rbody *ext_body;
+	const uint8_t *ext;
+	size_t ext_at, ext_len;
 	uint8_t data[];
 };
 
 /* Serialize msg with its prefix into a new buffer (refs = 1), from bc
- * (may be NULL). The cache must outlive the message. Errors:
- * MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
+ * (may be NULL). The cache must outlive the message. A proto3 bytes
+ * field of msg of at least RPC__ALIAS_MIN_BYTES that lies in from (may be
+ * NULL) is not copied: the message takes a reference on from and is sent
+ * from there. Errors: MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
 int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
-		   struct rpc__omsg **out) MC_MUST_CHECK;
+		   struct rpc__rbody *from, struct rpc__omsg **out) MC_MUST_CHECK;
+/* The message's bytes from offset off on, as far as they are contiguous
+ * (*len, at least 1 while off < m->len). */
+const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len);
 void rpc__omsg_unref(struct rpc__omsg *m);
 
 struct rpc__outq;

@@ -317,7 +317,7 @@ static int stream_on_msg(void *ud, const uint8_t *body, size_t len)
 	/* A response handed to the caller of unary_sync must be plain
 	 * malloc memory: it frees it with protobuf_c_message_free_unpacked. */
 	ProtobufCMessage *msg = rpc__unpack(st->resp_desc, body, len,
-					    st->sync_out ? NULL : &st->c->ss.bufs, a);
+					    st->sync_out ? NULL : &st->c->ss.bufs, &st->df, a);
 	if (!msg) {
 		rpc__stream_finish(st, RPC_INTERNAL, "failed to parse response message",
 				   false);
@@ -366,7 +366,7 @@ void rpc__stream_inproc_answer(struct rpc_stream *st, int status, const char *me
 		message = "received message larger than max";
 	} else if (status == RPC_OK) {
 		st->uresp = rpc__unpack(st->resp_desc, body, len,
-					st->sync_out ? NULL : &st->c->ss.bufs,
+					st->sync_out ? NULL : &st->c->ss.bufs, NULL,
 					&st->resp_arena);
 		st->nresp = 1;
 		if (!st->uresp) {
@@ -495,7 +495,7 @@ static int unary_start(struct rpc_client *c, const char *path, const ProtobufCMe
 	rc = stream_new(c, path, resp_desc, timeout_ms, &st);
 	if (rc)
 		return rc;
-	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, &m);
+	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, NULL, &m);
 	if (rc) {
 		rpc__stream_unref(st);
 		return rc;
@@ -547,7 +547,7 @@ int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg)
 	if (st->send_closed)
 		return -EPIPE;
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, st->c->ss.max_msg, &st->c->ss.bufs, &m);
+	int rc = rpc__omsg_pack(msg, st->c->ss.max_msg, &st->c->ss.bufs, NULL, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&st->outq, m);
