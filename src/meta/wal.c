@@ -161,16 +161,24 @@ static int segs_push(struct wal *w, uint64_t seq, uint64_t first)
 	return 0;
 }
 
+/* Open the WAL directory for a walk (logged on failure). */
+static int wal_opendir(const struct wal *w, DIR **out)
+{
+	*out = opendir(w->dir);
+	if (*out)
+		return 0;
+	int rc = -errno;
+	log_error("%s: cannot open WAL directory: %s", w->dir, mc_strerror(rc));
+	return rc;
+}
+
 /* List the segments (sorted) and remove temp files of interrupted rolls. */
 static int list_segments(struct wal *w)
 {
-	DIR *d = opendir(w->dir);
-	if (!d) {
-		int err = -errno;
-		log_error("%s: cannot open WAL directory: %s", w->dir, mc_strerror(err));
-		return err;
-	}
-	int rc = 0;
+	DIR *d;
+	int rc = wal_opendir(w, &d);
+	if (rc)
+		return rc;
 	struct dirent *de;
 	while ((de = readdir(d))) {
 		uint64_t seq, first;
@@ -555,13 +563,10 @@ static int set_aside_below_gap(struct wal *w, struct wal_seg below)
 		return -EBADMSG;
 	}
 	/* The names below the gap, found again (only the newest was kept). */
-	DIR *d = opendir(w->dir);
-	if (!d) {
-		int rc = -errno;
-		log_error("%s: cannot open WAL directory: %s", w->dir, mc_strerror(rc));
+	DIR *d;
+	int rc = wal_opendir(w, &d);
+	if (rc)
 		return rc;
-	}
-	int rc = 0;
 	size_t done = 0;
 	struct dirent *de;
 	while ((de = readdir(d))) {
