@@ -161,6 +161,22 @@ static int segs_push(struct wal *w, uint64_t seq, uint64_t first)
 	return 0;
 }
 
+/* Rename a released segment to <name>.del for wal_remove_released
+ * to delete (logged on failure). */
+static int set_aside_seg(const struct wal *w, uint64_t seq, uint64_t first)
+{
+	char path[PATH_MAX], del[PATH_MAX];
+	int rc;
+	if ((rc = seg_path(w, path, sizeof(path), seq, first, "")) ||
+	    (rc = seg_path(w, del, sizeof(del), seq, first, WAL_RELEASED_SUFFIX)))
+		return rc;
+	if (rename(path, del) != 0) {
+		rc = -errno;
+		log_error("%s: cannot set aside released segment: %s", path, mc_strerror(rc));
+	}
+	return rc;
+}
+
 /* Open the WAL directory for a walk (logged on failure). */
 static int wal_opendir(const struct wal *w, DIR **out)
 {
@@ -571,18 +587,10 @@ static int set_aside_below_gap(struct wal *w, struct wal_seg below)
 	struct dirent *de;
 	while ((de = readdir(d))) {
 		uint64_t seq, first;
-		char path[PATH_MAX], del[PATH_MAX];
 		if (!parse_seg_name(de->d_name, &seq, &first) || seq > below.seq)
 			continue;
-		if ((rc = seg_path(w, path, sizeof(path), seq, first, "")) ||
-		    (rc = seg_path(w, del, sizeof(del), seq, first, WAL_RELEASED_SUFFIX)))
+		if ((rc = set_aside_seg(w, seq, first)))
 			break;
-		if (rename(path, del) != 0) {
-			rc = -errno;
-			log_error("%s: cannot set aside released segment: %s", path,
-				  mc_strerror(rc));
-			break;
-		}
 		done++;
 	}
 	closedir(d);
@@ -1007,20 +1015,9 @@ int wal_release_to(struct wal *w, uint64_t index)
 	if (rc)
 		return rc;
 	size_t done = 0;
-	for (; done < ndel; done++) {
-		char path[PATH_MAX], del[PATH_MAX];
-		const struct wal_seg *sg = &w->segs[done];
-		if ((rc = seg_path(w, path, sizeof(path), sg->seq, sg->first_index, "")) ||
-		    (rc = seg_path(w, del, sizeof(del), sg->seq, sg->first_index,
-				   WAL_RELEASED_SUFFIX)))
+	for (; done < ndel; done++)
+		if ((rc = set_aside_seg(w, w->segs[done].seq, w->segs[done].first_index)))
 			break;
-		if (rename(path, del) != 0) {
-			rc = -errno;
-			log_error("%s: cannot set aside released segment: %s", path,
-				  mc_strerror(rc));
-			break;
-		}
-	}
 	if (done > 0) {
 		memmove(w->segs, w->segs + done, (w->nsegs - done) * sizeof(*w->segs));
 		w->nsegs -= done;
