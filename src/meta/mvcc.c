@@ -347,7 +347,10 @@ int mvcc__hist_reserve(struct mvcc_store *s, struct mvcc__key *k, size_t extra)
 	size_t need = (size_t)k->nhist + extra;
 	if (need <= k->caphist)
 		return 0;
-	size_t nc = k->caphist ? (size_t)k->caphist * 2 : 1;
+	/* Two slots at first: the next write of a key (an update or its
+	 * delete) then needs no reallocation. A DeleteRange of many keys
+	 * would otherwise reallocate every one of them in a single apply. */
+	size_t nc = k->caphist ? (size_t)k->caphist * 2 : 2;
 	if (nc < need)
 		nc = need;
 	if (nc > UINT32_MAX)

@@ -36,6 +36,8 @@
 
 /* Lease revokes the leader proposes per tick at most. */
 #define LEASE_REVOKES_PER_TICK 256
+/* As etcd's "apply request took too long" (its expected duration). */
+#define APPLY_WARN_MS 100u
 
 static void run(struct meta_node *n);
 static void process_ready(struct meta_node *n);
@@ -556,7 +558,14 @@ static void apply_committed(struct meta_node *n, const struct raft_entry *e, siz
 		struct meta__reply r = {0};
 		struct meta__sm_effects fx;
 		struct meta__sm_in in = meta__sm_in(n);
+		uint64_t t0 = mc_now_ns();
 		int rc = meta__sm_apply(&n->sm, &e[i], &in, op ? &r : NULL, &fx);
+		uint64_t took_ms = (mc_now_ns() - t0) / 1000000u;
+		if (took_ms >= APPLY_WARN_MS)
+			log_warn("applying entry %" PRIu64 " (%zu bytes) took %" PRIu64
+				 " ms (expected under %u ms): the member answered "
+				 "nothing meanwhile, heartbeats included",
+				 e[i].index, e[i].len, took_ms, APPLY_WARN_MS);
 		if (rc) {
 			meta__reply_free(&r);
 			if (op)

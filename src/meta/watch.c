@@ -578,6 +578,12 @@ void watch_notify(struct watch_registry *r, const struct mvcc_store *s)
 	int64_t srev = mvcc_rev(s);
 	if (srev <= r->rev)
 		return;
+	if (!r->synced) {
+		/* Nobody to route to (watchers catching up read the history
+		 * themselves): a DeleteRange of many keys is not walked again. */
+		r->rev = srev;
+		return;
+	}
 	uint64_t pos, end = mvcc_hist_end(s);
 	if (mvcc_hist_seek(s, r->rev + 1, &pos)) {
 		/* History we never routed is gone: catch-up will report it. */

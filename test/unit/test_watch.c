@@ -186,6 +186,32 @@ Test(watch, catch_up_from_history)
 	cr_assert(strstr(got, "P k1=y@12;"));
 }
 
+/* With no synced watcher, notify skips the walk of the revisions it
+ * routes; a watcher that starts before them still gets every event. */
+Test(watch, unrouted_revisions_are_caught_up)
+{
+	char k[16];
+	for (int i = 0; i < 100; i++) { /* revisions 2..101 */
+		snprintf(k, sizeof(k), "k%02d", i);
+		h_put(s, k, "v");
+	}
+	watch_notify(r, s);
+	cr_assert_eq(h_del(s, "k", "l"), 100); /* revision 102 */
+	watch_notify(r, s);
+	int64_t w = watch("k", "l", 101);
+	cr_assert_eq(watch_sync(r, s, 1000), 0);
+	cr_assert_eq(take(w, false), 102);
+	const char *head = "P k99=v@101;D k00@102;D k01@102;";
+	cr_assert_eq(strncmp(got, head, strlen(head)), 0, "%s", got);
+	size_t dels = 0;
+	for (const char *p = got; (p = strstr(p, "@102;")); p++)
+		dels++;
+	cr_assert_eq(dels, 100);
+	put_notify("k00", "again"); /* 103: now synced, routed live */
+	take(w, false);
+	cr_assert_str_eq(got, "P k00=again@103;");
+}
+
 Test(watch, compacted_start)
 {
 	for (int i = 0; i < 6; i++)
