@@ -343,12 +343,16 @@ def a_lone_client_reads_same_host_agents_on_the_loop():
     def inline_bytes():
         return metric(a.metrics(), "mooncake_te_shm_inline_bytes_total")
 
+    # The first get after another session's request starts the lone
+    # period; a request another session sends meanwhile (on a loaded
+    # machine the ten gets take longer) starts it again.
+    eq(sa.get("big") == big, True, "the get that starts the lone period")
     i0 = inline_bytes()
     for _ in range(10):
         time.sleep(0.005)  # alone for more than AGENT_SOLO_NS
         eq(sa.get("big") == big, True, "a lone get on A")
     i1 = inline_bytes()
-    assert i1 - i0 >= 9 * (MiB + 3), "copied on the loop: %d bytes" % (i1 - i0)
+    assert i1 - i0 >= 8 * (MiB + 3), "copied on the loop: %d bytes" % (i1 - i0)
     for _ in range(10):
         eq(sa2.is_exist("big"), 1, "another session")
         eq(sa.get("big") == big, True, "a get on A among others")
