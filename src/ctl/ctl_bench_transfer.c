@@ -6,7 +6,10 @@
  * its next batch as soon as its oldest completes, as a user that wants
  * bandwidth does with several batch ids, or several threads). It prints
  *
- *   - GB/s and the batch latency (p50/p99) of that load,
+ *   - GB/s and the batch latency (p50/p99) of that load, and the CPU
+ *     seconds per GB it cost (both processes: this one and the forked
+ *     target, from /proc in clock ticks; this process only with
+ *     --target),
  *   - the same with one batch in flight per thread (a closed loop: each
  *     batch starts only once the last completed, so every batch pays the
  *     round trip and the wake-ups of its completion),
@@ -22,7 +25,9 @@
  * on the verbs-emu test device (a test build) the bytes move through Unix
  * sockets, and the output says that the figures are an emulator's, not a
  * NIC's; on a real NIC the line rate is the limit, which is not measured
- * here. Each round's clock starts once every thread of it has its memory
+ * here. The stream's CPU seconds per GB are printed beside the engine's:
+ * on a shared host the GB/s of both swing with other load, the CPU per
+ * byte much less. Each round's clock starts once every thread of it has its memory
  * allocated and touched (and, for the stream, its connection open). The
  * bandwidth (both loads) and its limit are measured in 3 alternating rounds
  * and the best of each is printed, so other load on the machine weighs on all
@@ -242,6 +247,39 @@ static int child_main(const struct bench *b, int ctl, int ready)
 	return 0;
 }
 
+/* ------------------------------------------------------------ CPU time */
+
+/* The forked target, whose CPU time counts beside this process's. */
+static pid_t cpu_child = -1;
+
+/* User + system CPU seconds of process pid so far (all its threads), or 0
+ * when /proc cannot say. */
+static double proc_cpu_s(pid_t pid)
+{
+	char path[64], line[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	size_t n = fread(line, 1, sizeof(line) - 1, f);
+	fclose(f);
+	line[n] = 0;
+	/* After the command's closing parenthesis: state is field 3, utime
+	 * and stime are fields 14 and 15. */
+	const char *p = strrchr(line, ')');
+	unsigned long long ut = 0, st = 0;
+	if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+			 &st) != 2)
+		return 0;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* CPU seconds of both processes of the run (this one and the target). */
+static double run_cpu_s(void)
+{
+	return proc_cpu_s(getpid()) + (cpu_child > 0 ? proc_cpu_s(cpu_child) : 0);
+}
+
 /* ------------------------------------------------------------ start gate */
 
 /*
@@ -411,6 +449,7 @@ out:
 
 struct figures {
 	double gbps, reqs_per_s, p50_us, p99_us;
+	double cpu_s_gb; /* CPU seconds of both processes per GB moved */
 	int err;
 };
 
@@ -444,6 +483,7 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 	if (started < threads)
 		f.err = -EAGAIN;
 	uint64_t t0 = gate_open(&start, started);
+	double cpu0 = run_cpu_s();
 	uint64_t bytes = 0, reqs = 0, t_end = t0;
 	struct ctl_lat all = {0};
 	for (unsigned t = 0; t < started; t++) {
@@ -458,6 +498,8 @@ static struct figures run_load(struct bench *b, struct te_engine *e, struct te_s
 		ctl_lat_free(&l[t].lat);
 	}
 	double s = (double)(t_end - t0) / 1e9;
+	if (bytes)
+		f.cpu_s_gb = (run_cpu_s() - cpu0) / ((double)bytes / 1e9);
 	if (s > 0) {
 		f.gbps = (double)bytes / s / 1e9;
 		f.reqs_per_s = (double)reqs / s;
@@ -597,12 +639,15 @@ out:
 	return NULL;
 }
 
-static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws, uint64_t ms)
+/* GB/s of the plain stream; *cpu_s_gb is set to its CPU seconds per GB. */
+static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws, uint64_t ms,
+			  double *cpu_s_gb)
 {
 	struct stream *s = calloc(conns, sizeof(*s));
 	double gbps = 0;
 	struct gate start;
 	unsigned started = 0;
+	*cpu_s_gb = 0;
 	if (!s)
 		return 0;
 	gate_init(&start);
@@ -618,6 +663,7 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws
 	}
 	int err = started < conns ? -EAGAIN : 0;
 	uint64_t t0 = gate_open(&start, started), bytes = 0, t_end = t0;
+	double cpu0 = run_cpu_s();
 	for (unsigned i = 0; i < started; i++) {
 		pthread_join(s[i].tid, NULL);
 		bytes += s[i].bytes;
@@ -626,6 +672,7 @@ static double stream_gbps(uint16_t port, bool write, unsigned conns, uint64_t ws
 	}
 	if (!err && t_end > t0)
 		gbps = (double)bytes / ((double)(t_end - t0) / 1e9) / 1e9;
+	*cpu_s_gb = bytes ? (run_cpu_s() - cpu0) / ((double)bytes / 1e9) : 0;
 	gate_destroy(&start);
 	free(s);
 	return gbps;
@@ -780,6 +827,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 			return CTL_EXIT_FAIL;
 		}
 		fclose(f);
+		cpu_child = child;
 	} else {
 		snprintf(target, sizeof(target), "%s", b.target);
 	}
@@ -824,7 +872,7 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	bool shm = info.transport == TE_PROTO_SHM;
 	uint64_t round_ms = MC_MAX(b.duration_ms / ROUNDS, (uint64_t)200);
 	struct figures bw = {0}, closed = {0};
-	double m1 = 0, mn = 0, st = 0;
+	double m1 = 0, mn = 0, st = 0, st_cpu = 0;
 	int ferr = 0;
 	for (int r = 0; r < ROUNDS && !ferr; r++) {
 		struct figures f = run_load(&b, h.te, seg, reg.addr, (size_t)b.block,
@@ -846,8 +894,12 @@ int ctl_bench_transfer_main(int argc, char **argv)
 			mn = MC_MAX(mn, memcpy_gbps((size_t)b.block, (size_t)b.batch,
 						    (unsigned)b.threads, round_ms));
 		} else if (child > 0) {
-			st = MC_MAX(st, stream_gbps((uint16_t)stream_port, b.write, b.conns,
-						    b.region_bytes / b.conns, round_ms));
+			double cpu, g = stream_gbps((uint16_t)stream_port, b.write, b.conns,
+						    b.region_bytes / b.conns, round_ms, &cpu);
+			if (g > st) {
+				st = g;
+				st_cpu = cpu;
+			}
 		}
 	}
 	uint64_t short_ms = MC_MAX(b.duration_ms / 3, (uint64_t)300);
@@ -867,12 +919,12 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	char what[64];
 	snprintf(what, sizeof(what), "engine, %" PRIu64 " batch%s in flight", b.inflight,
 		 b.inflight > 1 ? "es" : "");
-	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n", what, bw.gbps,
-	       bw.p50_us, bw.p99_us);
+	printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us, CPU %.3f s/GB\n", what,
+	       bw.gbps, bw.p50_us, bw.p99_us, bw.cpu_s_gb);
 	if (b.inflight > 1)
-		printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us\n",
+		printf("  %-34s %8.2f GB/s   batch p50 %.0f us, p99 %.0f us, CPU %.3f s/GB\n",
 		       "engine, closed loop (1 in flight)", closed.gbps, closed.p50_us,
-		       closed.p99_us);
+		       closed.p99_us, closed.cpu_s_gb);
 	if (shm) {
 		print_ratio("limit: memcpy, 1 thread", m1, bw.gbps, closed.gbps);
 		snprintf(what, sizeof(what), "limit: memcpy, %" PRIu64 " threads", b.threads);
@@ -880,6 +932,9 @@ int ctl_bench_transfer_main(int argc, char **argv)
 	} else {
 		snprintf(what, sizeof(what), "limit: plain TCP stream, %u conns", b.conns);
 		print_ratio(what, st, bw.gbps, closed.gbps);
+		if (st > 0 && st_cpu > 0)
+			printf("  %-34s %8.3f s/GB   engine/stream %.2f\n",
+			       "stream CPU (both processes)", st_cpu, bw.cpu_s_gb / st_cpu);
 	}
 	if (info.transport == TE_PROTO_RDMA) {
 		if (verbs_emu_test_device)

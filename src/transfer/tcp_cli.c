@@ -54,6 +54,7 @@ struct cli_conn {
 	size_t rx_left;
 	uint64_t last_ms;
 	bool closed;
+	bool wfull; /* a write found the socket's buffer full; EPOLLOUT clears */
 };
 
 /*
@@ -262,7 +263,7 @@ again:
 
 static bool cli_write(struct cli_conn *c)
 {
-	while (c->tx) {
+	while (c->tx && !c->wfull) {
 		struct iovec iov[TE_TCP_MAX_IOV];
 		int n = 0;
 		size_t off = c->tx_off;
@@ -291,6 +292,9 @@ static bool cli_write(struct cli_conn *c)
 			return false;
 		}
 		c->last_ms = mc_now_ms();
+		size_t asked = 0;
+		for (int i = 0; i < n; i++)
+			asked += iov[i].iov_len;
 		size_t done = (size_t)w + c->tx_off;
 		while (c->tx) {
 			size_t total = TE_WIRE_HDR_BYTES +
@@ -301,6 +305,12 @@ static bool cli_write(struct cli_conn *c)
 			c->tx = c->tx->next;
 		}
 		c->tx_off = done;
+		if ((size_t)w < asked) {
+			/* The socket's buffer is full: a write before EPOLLOUT
+			 * would only fail with EAGAIN. */
+			c->wfull = true;
+			return true;
+		}
 	}
 	return true;
 }
@@ -317,7 +327,10 @@ static void cli_complete_head(struct cli_conn *c, int err)
 	te__slice_done(s, err, false);
 }
 
-static bool cli_fill(struct cli_conn *c, ssize_t *got)
+/* Top up the stage: *got is what was read (0: would block), *drained set
+ * when the socket had less than was asked for. False when the connection
+ * failed. */
+static bool cli_fill(struct cli_conn *c, ssize_t *got, bool *drained)
 {
 	if (c->soff == c->slen) {
 		c->soff = c->slen = 0;
@@ -338,6 +351,7 @@ static bool cli_fill(struct cli_conn *c, ssize_t *got)
 			c->slen += (size_t)n;
 			c->last_ms = mc_now_ms();
 			*got = n;
+			*drained = (size_t)n < want;
 			return true;
 		}
 		if (n < 0 && errno == EINTR)
@@ -380,14 +394,17 @@ static bool cli_header(struct cli_conn *c)
 
 static bool cli_read(struct cli_conn *c)
 {
-	size_t budget = TE_TCP_READ_BUDGET; /* socket bytes per wake-up, as srv_read */
+	/* Socket bytes per wake-up, and the end of it when a read found the
+	 * socket empty, as srv_read. */
+	size_t budget = TE_TCP_READ_BUDGET;
+	bool drained = false;
 	while (!c->closed) {
 		if (!c->rx) {
 			if (c->slen - c->soff < TE_WIRE_HDR_BYTES) {
-				if (budget == 0)
+				if (budget == 0 || drained)
 					return true;
 				ssize_t got;
-				if (!cli_fill(c, &got))
+				if (!cli_fill(c, &got, &drained))
 					return false;
 				if (got == 0)
 					return true;
@@ -406,7 +423,7 @@ static bool cli_read(struct cli_conn *c)
 			c->soff += staged;
 			c->rx_left -= staged;
 		} else {
-			if (budget == 0)
+			if (budget == 0 || drained)
 				return true;
 			if (c->soff == c->slen)
 				c->soff = c->slen = 0;
@@ -426,6 +443,7 @@ static bool cli_read(struct cli_conn *c)
 			}
 			c->last_ms = mc_now_ms();
 			budget -= MC_MIN(budget, (size_t)got);
+			drained = (size_t)got < iov[0].iov_len + iov[1].iov_len;
 			size_t into = MC_MIN((size_t)got, c->rx_left);
 			c->rx_left -= into;
 			c->slen += (size_t)got - into;
@@ -447,6 +465,8 @@ static void cli_on_io(struct te_ioh *h, uint32_t events)
 		cli_fail(c, MC_EUNAVAILABLE);
 		return;
 	}
+	if (events & EPOLLOUT)
+		c->wfull = false;
 	if ((events & EPOLLOUT) && !cli_write(c))
 		return;
 	if ((events & EPOLLIN) && !cli_read(c))

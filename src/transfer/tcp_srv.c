@@ -79,6 +79,7 @@ struct srv_conn {
 	struct resp ring[RING];
 	unsigned head, count;
 	size_t tx_off;
+	bool wfull;       /* a write found the socket's buffer full; EPOLLOUT clears */
 	uint64_t last_ms; /* last progress */
 };
 
@@ -166,7 +167,7 @@ static struct resp *push_resp(struct srv_conn *c, int status, uint32_t len, uint
 static bool srv_write(struct srv_conn *c)
 {
 	struct te_engine *e = c->x->e;
-	while (c->count > 0) {
+	while (c->count > 0 && !c->wfull) {
 		struct iovec iov[TE_TCP_MAX_IOV];
 		int n = 0;
 		size_t off = c->tx_off;
@@ -195,6 +196,9 @@ static bool srv_write(struct srv_conn *c)
 			return false;
 		}
 		c->last_ms = mc_now_ms();
+		size_t asked = 0;
+		for (int i = 0; i < n; i++)
+			asked += iov[i].iov_len;
 		size_t done = (size_t)w + c->tx_off;
 		while (c->count > 0) {
 			struct resp *r = &c->ring[c->head];
@@ -215,6 +219,12 @@ static bool srv_write(struct srv_conn *c)
 			c->count--;
 		}
 		c->tx_off = done;
+		if ((size_t)w < asked) {
+			/* The socket's buffer is full: a write before EPOLLOUT
+			 * would only fail with EAGAIN. */
+			c->wfull = true;
+			return true;
+		}
 	}
 	return true;
 }
@@ -269,8 +279,8 @@ static bool srv_handshake(struct srv_conn *c)
 }
 
 /* Top up the staging buffer. Returns >0 bytes read, 0 would block, <0
- * closed. */
-static ssize_t stage_fill(struct srv_conn *c)
+ * closed; *drained is set when the socket had less than was asked for. */
+static ssize_t stage_fill(struct srv_conn *c, bool *drained)
 {
 	if (c->soff == c->slen) {
 		c->soff = c->slen = 0;
@@ -288,6 +298,7 @@ static ssize_t stage_fill(struct srv_conn *c)
 		if (n > 0) {
 			c->slen += (size_t)n;
 			c->last_ms = mc_now_ms();
+			*drained = (size_t)n < want;
 			return n;
 		}
 		if (n < 0 && errno == EINTR)
@@ -462,16 +473,20 @@ static bool srv_read(struct srv_conn *c)
 {
 	/* The budget bounds what one wake-up reads from the socket (the
 	 * level-triggered epoll calls again); staged bytes are always
-	 * processed, so nothing already read waits for another event. */
+	 * processed, so nothing already read waits for another event. A read
+	 * that got less than it asked for emptied the socket: the next one
+	 * would only fail with EAGAIN, so the wake-up ends there too (and
+	 * epoll reports what arrives after). */
 	size_t budget = TE_TCP_READ_BUDGET;
+	bool drained = false;
 	if (c->rx == RX_HS)
 		return srv_handshake(c);
 	while (!c->closed) {
 		if (c->rx == RX_HDR) {
 			if (c->slen - c->soff < TE_WIRE_HDR_BYTES) {
-				if (budget == 0)
+				if (budget == 0 || drained)
 					return true;
-				ssize_t n = stage_fill(c);
+				ssize_t n = stage_fill(c, &drained);
 				if (n <= 0)
 					return n == 0;
 				budget -= MC_MIN(budget, (size_t)n);
@@ -493,7 +508,7 @@ static bool srv_read(struct srv_conn *c)
 			c->soff += staged;
 			c->left -= staged;
 		} else {
-			if (budget == 0)
+			if (budget == 0 || drained)
 				return true;
 			if (c->soff == c->slen)
 				c->soff = c->slen = 0;
@@ -517,6 +532,7 @@ static bool srv_read(struct srv_conn *c)
 			}
 			c->last_ms = mc_now_ms();
 			budget -= MC_MIN(budget, (size_t)got);
+			drained = (size_t)got < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
 			size_t into = c->rx == RX_DISCARD ? 0 : MC_MIN((size_t)got, c->left);
 			c->dst += into;
 			c->left -= into;
@@ -537,6 +553,8 @@ static void srv_on_io(struct te_ioh *h, uint32_t events)
 		srv_close(c, "socket error");
 		return;
 	}
+	if (events & EPOLLOUT)
+		c->wfull = false;
 	if ((events & EPOLLOUT) && !srv_write(c))
 		return;
 	if ((events & EPOLLIN) && !srv_read(c))
