@@ -594,6 +594,25 @@ const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len)
 	return m->data + off - m->ext_len;
 }
 
+int rpc__omsg_flat(struct rpc__omsg *m, struct rpc__omsg **out)
+{
+	if (!m->ext) {
+		m->refs++;
+		*out = m;
+		return 0;
+	}
+	struct rpc__omsg *f = omsg_new(NULL, m->len);
+	if (!f)
+		return -ENOMEM;
+	size_t n;
+	for (size_t off = 0; off < m->len; off += n) {
+		const uint8_t *p = rpc__omsg_at(m, off, &n);
+		memcpy(f->data + off, p, n);
+	}
+	*out = f;
+	return 0;
+}
+
 void rpc__omsg_unref(struct rpc__omsg *m)
 {
 	if (m && --m->refs == 0) {
