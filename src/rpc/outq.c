@@ -809,15 +809,18 @@ void rpc__dlheap_free(struct rpc__dlheap *h)
 	h->n = h->cap = 0;
 }
 
-void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb)
+void rpc__dlheap_arm(struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb)
 {
 	struct rpc__dl *top = rpc__dlheap_top(h);
 	if (!top) {
 		uv_timer_stop(timer);
 		return;
 	}
+	if (uv_is_active((const uv_handle_t *)timer) && h->armed_ms <= top->at_ms)
+		return;
 	uint64_t now = uv_now(timer->loop);
-	uv_timer_start(timer, cb, top->at_ms > now ? top->at_ms - now : 0, 0);
+	h->armed_ms = top->at_ms > now ? top->at_ms : now;
+	uv_timer_start(timer, cb, h->armed_ms - now, 0);
 }
 
 /* ---------------------------------------------------------------- status maps */

@@ -75,6 +75,7 @@ struct rpc__dl {
 struct rpc__dlheap {
 	struct rpc__dl **v;
 	size_t n, cap;
+	uint64_t armed_ms; /* when the timer rpc__dlheap_arm started fires */
 };
 
 void rpc__dl_init(struct rpc__dl *d);
@@ -83,8 +84,12 @@ int rpc__dlheap_add(struct rpc__dlheap *h, struct rpc__dl *d) MC_MUST_CHECK;
 void rpc__dlheap_del(struct rpc__dlheap *h, struct rpc__dl *d);
 struct rpc__dl *rpc__dlheap_top(const struct rpc__dlheap *h);
 void rpc__dlheap_free(struct rpc__dlheap *h);
-/* (Re)arm timer for the earliest deadline, or stop it. */
-void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb);
+/* Arm timer for the earliest deadline, or stop it when there is none. A
+ * timer already running that fires no later than that deadline is left
+ * alone: it may fire early, and cb then arms it again (it must call
+ * rpc__dlheap_arm). That saves a timer restart per call while each new
+ * deadline lies after the earliest one. */
+void rpc__dlheap_arm(struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb);
 
 /* ---------------------------------------------------------------- buffers */
 

@@ -63,16 +63,37 @@ static bool h2_can_send(const struct rpc_call *call)
 	return sc && !sc->base.closing && sc->base.ng;
 }
 
+/* The grpc-status value for call's status, and its message. The standard
+ * codes come from a table, as this runs once per call; any other value a
+ * handler set is formatted into buf. */
+static const char *status_value(const struct rpc_call *call, const char **message,
+				char buf[12], size_t *len)
+{
+	static const char *const codes[RPC__NCODES] = {
+		"0", "1",  "2",  "3",  "4",  "5",  "6",  "7",  "8",
+		"9", "10", "11", "12", "13", "14", "15", "16",
+	};
+	int status = rpc__call_status(call, message);
+	if (status >= 0 && status < RPC__NCODES) {
+		*len = status < 10 ? 1 : 2;
+		return codes[status];
+	}
+	int n = snprintf(buf, 12, "%d", status);
+	*len = (size_t)n;
+	return buf;
+}
+
 static void submit_trailers_only(struct rpc_call *call, const char *http_status)
 {
 	struct rpc__conn *c = &call->h2.sc->base;
 	const char *message;
-	char code[12];
-	int n = snprintf(code, sizeof(code), "%d", rpc__call_status(call, &message));
+	char buf[12];
+	size_t n;
+	const char *code = status_value(call, &message, buf, &n);
 	nghttp2_nv nva[] = {
 		RPC__NVS(":status", http_status, strlen(http_status)),
 		RPC__NV("content-type", "application/grpc"),
-		RPC__NVS("grpc-status", code, (size_t)n),
+		RPC__NVS("grpc-status", code, n),
 		RPC__NVS("grpc-message", message, message ? strlen(message) : 0),
 	};
 	size_t nnv = message ? 4 : 3;
@@ -145,10 +166,11 @@ static void on_outq_eof(struct rpc__outq *q, nghttp2_session *ng, int32_t stream
 {
 	struct rpc_call *call = MC_CONTAINER_OF(q, struct rpc_call, outq);
 	const char *message;
-	char code[12];
-	int n = snprintf(code, sizeof(code), "%d", rpc__call_status(call, &message));
+	char buf[12];
+	size_t n;
+	const char *code = status_value(call, &message, buf, &n);
 	nghttp2_nv nva[] = {
-		RPC__NVS("grpc-status", code, (size_t)n),
+		RPC__NVS("grpc-status", code, n),
 		RPC__NVS("grpc-message", message, message ? strlen(message) : 0),
 	};
 	*data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
