@@ -200,6 +200,11 @@ struct cconn {
 	bool connected;
 	bool got_settings; /* the server spoke HTTP/2 */
 	bool goaway;
+	/* The last stream looked up and its call (NULL: none): nghttp2's
+	 * callbacks ask for a stream's call once per header and frame
+	 * (client_h2.c), each a lookup in nghttp2's stream map. */
+	int32_t memo_id;
+	struct rpc_stream *memo_st;
 };
 
 struct rpc_client {
