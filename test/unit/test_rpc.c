@@ -744,6 +744,37 @@ Test(rpc, client_deadline)
 	fx_fini(&f);
 }
 
+/* One timer serves every deadline of a client (rpc__dlheap_arm): a call
+ * whose deadline comes before the armed one must re-arm it, and calls
+ * with later deadlines must still expire after the timer fired early. */
+Test(rpc, client_deadlines_in_any_order)
+{
+	struct fx f;
+	struct ures a, b, c;
+	fx_init(&f, NULL, NULL);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.delay_ms = 10000;
+	uint64_t t0 = mc_now_ms();
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 3000, &a);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 100, &b);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 600, &c);
+	RUN_UNTIL(&f, b.done);
+	uint64_t tb = mc_now_ms() - t0;
+	RUN_UNTIL(&f, c.done);
+	uint64_t tc = mc_now_ms() - t0;
+	RUN_UNTIL(&f, a.done);
+	uint64_t ta = mc_now_ms() - t0;
+	cr_assert_eq(b.status, RPC_DEADLINE_EXCEEDED, "%s", b.msg);
+	cr_assert_eq(c.status, RPC_DEADLINE_EXCEEDED, "%s", c.msg);
+	cr_assert_eq(a.status, RPC_DEADLINE_EXCEEDED, "%s", a.msg);
+	/* Not held up until the first call's deadline. */
+	cr_assert(tb >= 90 && tb < 2500, "%llu ms", (unsigned long long)tb);
+	cr_assert(tc >= 590 && tc < 2500, "%llu ms", (unsigned long long)tc);
+	cr_assert(ta >= 2990 && ta < 8000, "%llu ms", (unsigned long long)ta);
+	RUN_UNTIL(&f, f.hold.live == 0);
+	fx_fini(&f);
+}
+
 /* ---------------------------------------------------------------- raw HTTP/2 peer */
 
 /* A hand-driven HTTP/2 client (nghttp2 without HTTP messaging checks) or
