@@ -363,11 +363,19 @@ struct gbench {
 	unsigned inflight;
 	uint64_t calls, bytes, last_ns;
 	bool stop;
+	bool lend;     /* lend the payload to the calls instead of copying it */
+	unsigned lent; /* calls that have not released the payload yet */
 	int err_status;
 	char err[256];
 };
 
 static void g_issue(struct gslot *s);
+
+static void g_on_released(void *ctx, void *buf, size_t len)
+{
+	struct gbench *b = ctx;
+	b->lent--;
+}
 
 static void g_on_done(void *ud, int status, const char *message, const ProtobufCMessage *resp)
 {
@@ -399,10 +407,24 @@ static void g_on_done(void *ud, int status, const char *message, const ProtobufC
 static void g_issue(struct gslot *s)
 {
 	struct gbench *b = s->b;
+	int rc;
 	s->t0 = uv_hrtime();
-	int rc = rpc_client_unary(b->c, "/mooncake.diag.Diag/Echo", &b->req.base,
-				  &mooncake__diag__echo_response__descriptor, CALL_TIMEOUT_MS,
-				  g_on_done, s, NULL);
+	if (b->lend) {
+		struct rpc_lend l = {
+			.buf = b->req.payload.data,
+			.len = b->req.payload.len,
+			.release = g_on_released,
+			.ctx = b,
+		};
+		rc = rpc_client_unary_lend(b->c, "/mooncake.diag.Diag/Echo", &b->req.base, &l,
+					   &mooncake__diag__echo_response__descriptor,
+					   CALL_TIMEOUT_MS, g_on_done, s, NULL);
+		b->lent += rc == 0;
+	} else {
+		rc = rpc_client_unary(b->c, "/mooncake.diag.Diag/Echo", &b->req.base,
+				      &mooncake__diag__echo_response__descriptor,
+				      CALL_TIMEOUT_MS, g_on_done, s, NULL);
+	}
 	if (rc) {
 		if (!b->err_status) {
 			b->err_status = RPC_INTERNAL;
@@ -413,11 +435,13 @@ static void g_issue(struct gslot *s)
 	}
 }
 
+/* lend: the calls borrow payload (rpc_client_unary_lend) instead of
+ * serializing a copy of it, as a sender of large values does. */
 static void run_grpc(uv_loop_t *loop, struct rpc_client *c, const struct srv_thread *srv,
-		     unsigned conc, const uint8_t *payload, size_t len, uint64_t duration_ms,
-		     struct result *out)
+		     unsigned conc, uint8_t *payload, size_t len, bool lend,
+		     uint64_t duration_ms, struct result *out)
 {
-	struct gbench b = {.c = c};
+	struct gbench b = {.c = c, .lend = lend};
 	struct gslot *slots = calloc(conc, sizeof(*slots));
 	memset(out, 0, sizeof(*out));
 	if (!slots) {
@@ -425,7 +449,7 @@ static void run_grpc(uv_loop_t *loop, struct rpc_client *c, const struct srv_thr
 		return;
 	}
 	mooncake__diag__echo_request__init(&b.req);
-	b.req.payload.data = (uint8_t *)payload;
+	b.req.payload.data = payload;
 	b.req.payload.len = len;
 	for (unsigned i = 0; i < conc; i++)
 		slots[i].b = &b;
@@ -461,6 +485,14 @@ static void run_grpc(uv_loop_t *loop, struct rpc_client *c, const struct srv_thr
 	out->p99_us = ctl_lat_pct_us(&b.lat, 0.99);
 	ctl_lat_free(&b.lat);
 	free(slots);
+	/* The payload is the caller's again once every call released it. */
+	while (b.lent && uv_run(loop, UV_RUN_ONCE))
+		;
+	if (b.lent) {
+		out->ok = false;
+		snprintf(out->err, sizeof(out->err), "%u calls never released the payload",
+			 b.lent);
+	}
 }
 
 /* ---------------------------------------------------------------- TCP client pattern */
@@ -910,7 +942,8 @@ int ctl_bench_main(int argc, char **argv)
 
 	const struct srv_thread *gs = rpc_started ? &rpc_srv : NULL;
 	/* Warm-up: connections made, allocator and caches primed. */
-	run_grpc(&loop, cli, gs, 1, small, sizeof(small), MC_MIN(duration_ms, 200), &g[0]);
+	run_grpc(&loop, cli, gs, 1, small, sizeof(small), false, MC_MIN(duration_ms, 200),
+		 &g[0]);
 	if (!g[0].ok) {
 		fprintf(stderr, "mooncakectl bench rpc: %s: %s\n", target, g[0].err);
 		goto out_client;
@@ -923,9 +956,9 @@ int ctl_bench_main(int argc, char **argv)
 	for (int i = 0; i < 3; i++) {
 		if (!(patterns & (1u << i)))
 			continue;
-		const uint8_t *p = i < 2 ? small : big;
+		uint8_t *p = i < 2 ? small : big;
 		size_t len = i < 2 ? sizeof(small) : size;
-		run_grpc(&loop, cli, gs, conc[i], p, len, duration_ms, &g[i]);
+		run_grpc(&loop, cli, gs, conc[i], p, len, i == 2, duration_ms, &g[i]);
 		run_tcp(&loop, &tcp_srv, conc[i], p, len, duration_ms, &t[i]);
 		ok = ok && g[i].ok && t[i].ok;
 		if (i < 2) {

@@ -327,10 +327,16 @@ int rpc__call_header(struct rpc_call *call, const uint8_t *name, size_t nlen,
 		     const uint8_t *value, size_t vlen)
 {
 	if (name[0] == ':') {
-		if (NAME_IS(":method"))
+		if (NAME_IS(":method")) {
 			call->post = vlen == 4 && memcmp(value, "POST", 4) == 0;
-		else if (NAME_IS(":path"))
-			return hdr_add(call, name, nlen, value, vlen);
+		} else if (NAME_IS(":path")) {
+			/* Kept by offset too: dispatch needs it for every call. */
+			size_t off = call->hdrs.len + nlen + 1;
+			int rc = hdr_add(call, name, nlen, value, vlen);
+			if (rc == 0)
+				call->path_off = off;
+			return rc;
+		}
 		return 0;
 	}
 	if (NAME_IS("content-type")) {
@@ -378,7 +384,7 @@ static void call_arm_deadline(struct rpc_call *call)
 void rpc__call_dispatch(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
-	const char *path = rpc_call_header(call, ":path");
+	const char *path = call->path_off ? call->hdrs.data + call->path_off : NULL;
 
 	if (!call->post) {
 		call_reject(call, "405", RPC_UNIMPLEMENTED, "method must be POST");

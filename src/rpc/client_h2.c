@@ -25,6 +25,24 @@
 
 /* ---------------------------------------------------------------- requests */
 
+/* The call of stream_id (nghttp2's stream user data), or NULL. */
+static struct rpc_stream *stream_of(struct cconn *cc, int32_t stream_id)
+{
+	if (stream_id != cc->memo_id) {
+		cc->memo_id = stream_id;
+		cc->memo_st = nghttp2_session_get_stream_user_data(cc->base.ng, stream_id);
+	}
+	return cc->memo_st;
+}
+
+/* nghttp2 forgets st (stream_id's user data becomes NULL). */
+static void forget_stream(struct cconn *cc, int32_t stream_id)
+{
+	nghttp2_session_set_stream_user_data(cc->base.ng, stream_id, NULL);
+	cc->memo_id = stream_id;
+	cc->memo_st = NULL;
+}
+
 static bool can_submit(const struct rpc_stream *st)
 {
 	const struct rpc__sh2 *h = &st->h2;
@@ -63,6 +81,8 @@ void rpc__h2_submit(struct rpc_stream *st, struct cconn *cc)
 	}
 	st->h2.stream_id = id;
 	st->h2.cc = cc;
+	cc->memo_id = id;
+	cc->memo_st = st;
 	st->h2.ng = true;
 	rpc__stream_ref(st);
 	rpc__client_attach(st, cc);
@@ -73,6 +93,10 @@ void rpc__h2_release(struct rpc_stream *st)
 {
 	if (!st->h2.ng)
 		return;
+	if (st->h2.cc && st->h2.cc->memo_st == st) {
+		st->h2.cc->memo_id = 0;
+		st->h2.cc->memo_st = NULL;
+	}
 	st->h2.ng = false;
 	st->h2.cc = NULL;
 	rpc__stream_unref(st);
@@ -121,7 +145,7 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
 	struct cconn *cc = to_cconn(user_data);
 	if (cc->base.closing || frame->hd.type != NGHTTP2_HEADERS)
 		return 0;
-	struct rpc_stream *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+	struct rpc_stream *st = stream_of(cc, frame->hd.stream_id);
 	if (st && rpc__stream_live(st))
 		rpc__stream_header(st, name, nlen, value, vlen);
 	return 0;
@@ -136,7 +160,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
 		return 0;
 	switch (frame->hd.type) {
 	case NGHTTP2_HEADERS:
-		st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+		st = stream_of(cc, frame->hd.stream_id);
 		if (!st || !rpc__stream_live(st))
 			return 0;
 		if (frame->headers.cat == NGHTTP2_HCAT_RESPONSE)
@@ -148,7 +172,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	case NGHTTP2_DATA:
 		if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
 			break;
-		st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+		st = stream_of(cc, frame->hd.stream_id);
 		if (st && rpc__stream_live(st))
 			rpc__stream_finish(st, RPC_INTERNAL,
 					   "server ended the stream without trailers", true);
@@ -172,7 +196,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t stream_id,
 	struct cconn *cc = to_cconn(user_data);
 	if (cc->base.closing)
 		return 0;
-	struct rpc_stream *st = nghttp2_session_get_stream_user_data(ng, stream_id);
+	struct rpc_stream *st = stream_of(cc, stream_id);
 	if (st && rpc__stream_live(st))
 		rpc__stream_data(st, data, len);
 	return 0;
@@ -184,10 +208,10 @@ static int on_stream_close(nghttp2_session *ng, int32_t stream_id, uint32_t erro
 	struct cconn *cc = to_cconn(user_data);
 	if (cc->base.closing)
 		return 0;
-	struct rpc_stream *st = nghttp2_session_get_stream_user_data(ng, stream_id);
+	struct rpc_stream *st = stream_of(cc, stream_id);
 	if (!st)
 		return 0;
-	nghttp2_session_set_stream_user_data(ng, stream_id, NULL);
+	forget_stream(cc, stream_id);
 	/* nghttp2's reference becomes ours for the rest of this function. */
 	st->h2.ng = false;
 	rpc__client_unlink(st);
@@ -216,7 +240,7 @@ static int on_frame_not_send(nghttp2_session *ng, const nghttp2_frame *frame,
 		st = rpc__client_conn_next(st);
 	if (!st)
 		return 0;
-	nghttp2_session_set_stream_user_data(ng, frame->hd.stream_id, NULL);
+	forget_stream(cc, frame->hd.stream_id);
 	st->h2.ng = false; /* its reference is ours now */
 	rpc__client_unlink(st);
 	if (rpc__stream_live(st))
@@ -229,8 +253,7 @@ static int on_frame_not_send(nghttp2_session *ng, const nghttp2_frame *frame,
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
 	if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
-		struct rpc_stream *st = nghttp2_session_get_stream_user_data(
-			ng, frame->hd.stream_id);
+		struct rpc_stream *st = stream_of(to_cconn(user_data), frame->hd.stream_id);
 		if (st)
 			st->h2.opened = true;
 	}
@@ -240,7 +263,7 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *
 struct rpc_deframer *rpc__h2_deframer(struct rpc__conn *c, int32_t stream_id)
 {
 	/* on_data_chunk's condition for feeding the stream. */
-	struct rpc_stream *st = nghttp2_session_get_stream_user_data(c->ng, stream_id);
+	struct rpc_stream *st = stream_of(MC_CONTAINER_OF(c, struct cconn, base), stream_id);
 	return st && rpc__stream_live(st) ? &st->df : NULL;
 }
 

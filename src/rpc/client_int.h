@@ -75,8 +75,8 @@ struct rpc__sh2 {
 };
 
 /*
- * A call. What is set when it is made (c, unary, req_msg, timeout_ms,
- * stats) any file may read; outq is the request's queue, which its
+ * A call. What is set when it is made (c, unary, req_msg, lent,
+ * timeout_ms, stats) any file may read; outq is the request's queue, which its
  * transport sends. The rest is stream.c's.
  */
 struct rpc_stream {
@@ -99,6 +99,7 @@ struct rpc_stream {
 	ProtobufCMessage *uresp;
 	struct rpc__arena resp_arena;
 	struct rpc__omsg *req_msg; /* unary: kept for a transparent retry */
+	struct rpc__rbody *lent;   /* rpc_client_unary_lend's buffer, or NULL */
 	unsigned nresp;
 	struct rpc_deframer df;
 	struct rpc__outq outq;
@@ -199,6 +200,11 @@ struct cconn {
 	bool connected;
 	bool got_settings; /* the server spoke HTTP/2 */
 	bool goaway;
+	/* The last stream looked up and its call (NULL: none): nghttp2's
+	 * callbacks ask for a stream's call once per header and frame
+	 * (client_h2.c), each a lookup in nghttp2's stream map. */
+	int32_t memo_id;
+	struct rpc_stream *memo_st;
 };
 
 struct rpc_client {

@@ -232,19 +232,34 @@ int rpc_timeout_parse(const char *value, uint64_t *ms)
 void rpc_timeout_format(uint64_t ms, char *buf, size_t len)
 {
 	/* The finest unit whose value fits in 8 digits; round up so the
-	 * peer never sees a shorter deadline than ours. */
+	 * peer never sees a shorter deadline than ours. Written by hand, not
+	 * with snprintf: a client formats one per call. */
 	static const struct {
 		uint64_t div;
 		char unit;
 	} units[] = {{1, 'm'}, {1000, 'S'}, {60000, 'M'}, {3600000, 'H'}};
+	uint64_t v = 99999999u;
+	char unit = 'H';
 	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		uint64_t v = (ms + units[i].div - 1) / units[i].div;
-		if (v <= 99999999u) {
-			snprintf(buf, len, "%llu%c", (unsigned long long)v, units[i].unit);
-			return;
+		uint64_t u = (ms + units[i].div - 1) / units[i].div;
+		if (u <= 99999999u) {
+			v = u;
+			unit = units[i].unit;
+			break;
 		}
 	}
-	snprintf(buf, len, "99999999H");
+	char tmp[10];
+	size_t n = sizeof(tmp);
+	tmp[--n] = unit;
+	do {
+		tmp[--n] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	if (!len)
+		return;
+	size_t k = sizeof(tmp) - n < len - 1 ? sizeof(tmp) - n : len - 1;
+	memcpy(buf, tmp + n, k);
+	buf[k] = '\0';
 }
 
 /* ------------------------------------------------------------ percent */

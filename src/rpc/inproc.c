@@ -155,10 +155,13 @@ int rpc__server_inproc_start(struct rpc_server *s, const char *path, struct rpc_
 		rpc__call_unref(call);
 		return rc;
 	}
+	rc = rpc__omsg_flat(req, &call->ic.req);
+	if (rc) {
+		rpc__call_unref(call);
+		return rc;
+	}
 	call->ic.st = st;
 	call->ic.timeout_ms = timeout_ms;
-	req->refs++;
-	call->ic.req = req;
 	call->ic.next = ip->calls;
 	if (ip->calls)
 		ip->calls->ic.prev = call;

@@ -594,6 +594,25 @@ const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len)
 	return m->data + off - m->ext_len;
 }
 
+int rpc__omsg_flat(struct rpc__omsg *m, struct rpc__omsg **out)
+{
+	if (!m->ext) {
+		m->refs++;
+		*out = m;
+		return 0;
+	}
+	struct rpc__omsg *f = omsg_new(NULL, m->len);
+	if (!f)
+		return -ENOMEM;
+	size_t n;
+	for (size_t off = 0; off < m->len; off += n) {
+		const uint8_t *p = rpc__omsg_at(m, off, &n);
+		memcpy(f->data + off, p, n);
+	}
+	*out = f;
+	return 0;
+}
+
 void rpc__omsg_unref(struct rpc__omsg *m)
 {
 	if (m && --m->refs == 0) {
@@ -790,15 +809,18 @@ void rpc__dlheap_free(struct rpc__dlheap *h)
 	h->n = h->cap = 0;
 }
 
-void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb)
+void rpc__dlheap_arm(struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb)
 {
 	struct rpc__dl *top = rpc__dlheap_top(h);
 	if (!top) {
 		uv_timer_stop(timer);
 		return;
 	}
+	if (uv_is_active((const uv_handle_t *)timer) && h->armed_ms <= top->at_ms)
+		return;
 	uint64_t now = uv_now(timer->loop);
-	uv_timer_start(timer, cb, top->at_ms > now ? top->at_ms - now : 0, 0);
+	h->armed_ms = top->at_ms > now ? top->at_ms : now;
+	uv_timer_start(timer, cb, h->armed_ms - now, 0);
 }
 
 /* ---------------------------------------------------------------- status maps */

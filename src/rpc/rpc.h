@@ -23,7 +23,8 @@
  *
  * Messages passed to callbacks are borrowed: valid until the callback
  * returns. Messages passed to send functions are serialized before the
- * call returns; the caller keeps ownership.
+ * call returns; the caller keeps ownership (rpc_client_unary_lend lends
+ * a large payload instead, until its release callback).
  */
 #ifndef MC_RPC_RPC_H
 #define MC_RPC_RPC_H
@@ -247,6 +248,35 @@ typedef void (*rpc_unary_cb)(void *ud, int status, const char *message,
 int rpc_client_unary(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
 		     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
 		     rpc_unary_cb cb, void *ud, struct rpc_stream **out) MC_MUST_CHECK;
+
+/* A buffer lent to a call instead of copied (rpc_client_unary_lend). */
+struct rpc_lend {
+	void *buf;
+	size_t len;
+	/* The call no longer needs buf: runs once, from the loop, after the
+	 * call's callback (or rpc_stream_cancel) and after every write that
+	 * points into buf completed; never from inside
+	 * rpc_client_unary_lend. */
+	void (*release)(void *ctx, void *buf, size_t len);
+	void *ctx;
+};
+
+/*
+ * rpc_client_unary without copying a large payload: a top-level bytes
+ * field of req (not repeated, not in a oneof) of at least 64 KiB that lies
+ * in lend->buf is written to the socket from there, with the same bytes
+ * on the wire as a copy would give. Everything else of req is serialized
+ * before this returns, as with rpc_client_unary. On success the call
+ * borrows lend->buf: the caller keeps it alive and unchanged until
+ * lend->release runs (which it does even when the field was copied). On
+ * error release never runs and the buffer stays the caller's. A call to
+ * a server of this process (local_calls) copies the field once. Errors:
+ * those of rpc_client_unary; -EINVAL (lend, its buf or its release NULL).
+ */
+int rpc_client_unary_lend(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+			  const struct rpc_lend *lend,
+			  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+			  rpc_unary_cb cb, void *ud, struct rpc_stream **out) MC_MUST_CHECK;
 
 struct rpc_stream_cbs {
 	/* A response message (borrowed). */

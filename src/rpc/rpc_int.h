@@ -9,9 +9,10 @@
  *    arena, DATA payloads are referenced straight from the serialized
  *    message buffers (NGHTTP2_DATA_FLAG_NO_COPY), so a 16 MiB message is
  *    copied at most once, when protobuf-c packs it (not at all when its
- *    large field is sent from a received body, rpc__omsg_pack). Writes
- *    are batched and bounded: no more is taken from nghttp2 while the
- *    socket's libuv write queue holds RPC__WRITE_HIGH_BYTES or more.
+ *    large field is sent from a received body or a lent buffer,
+ *    rpc__omsg_pack). Writes are batched and bounded: no more is taken
+ *    from nghttp2 while the socket's libuv write queue holds
+ *    RPC__WRITE_HIGH_BYTES or more.
  *  - rpc__omsg / rpc__outq: a serialized, length-prefixed message and
  *    the per-stream queue of them that feeds nghttp2's data provider.
  *    Messages are reference-counted because a uv_write may still point
@@ -74,6 +75,7 @@ struct rpc__dl {
 struct rpc__dlheap {
 	struct rpc__dl **v;
 	size_t n, cap;
+	uint64_t armed_ms; /* when the timer rpc__dlheap_arm started fires */
 };
 
 void rpc__dl_init(struct rpc__dl *d);
@@ -82,8 +84,12 @@ int rpc__dlheap_add(struct rpc__dlheap *h, struct rpc__dl *d) MC_MUST_CHECK;
 void rpc__dlheap_del(struct rpc__dlheap *h, struct rpc__dl *d);
 struct rpc__dl *rpc__dlheap_top(const struct rpc__dlheap *h);
 void rpc__dlheap_free(struct rpc__dlheap *h);
-/* (Re)arm timer for the earliest deadline, or stop it. */
-void rpc__dlheap_arm(const struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb);
+/* Arm timer for the earliest deadline, or stop it when there is none. A
+ * timer already running that fires no later than that deadline is left
+ * alone: it may fire early, and cb then arms it again (it must call
+ * rpc__dlheap_arm). That saves a timer restart per call while each new
+ * deadline lies after the earliest one. */
+void rpc__dlheap_arm(struct rpc__dlheap *h, uv_timer_t *timer, uv_timer_cb cb);
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -128,7 +134,8 @@ struct rpc__arena {
 
 /* A received body taken from its deframer, shared by the message
  * unpacked from it and by messages sent with bytes that lie in it
- * (rpc__omsg_pack). Freed with its last reference. */
+ * (rpc__omsg_pack); or a client's lent buffer (rpc_client_unary_lend),
+ * whose release is the caller's. Released with its last reference. */
 struct rpc__rbody {
 	unsigned refs;
 	uint8_t *p;
@@ -195,6 +202,10 @@ int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bu
 /* The message's bytes from offset off on, as far as they are contiguous
  * (*len, at least 1 while off < m->len). */
 const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len);
+/* m in one piece, as a reader of data[5, len) needs it: m itself with
+ * one more reference when it is, else a plain malloc'd copy (refs = 1).
+ * Errors: -ENOMEM. */
+int rpc__omsg_flat(struct rpc__omsg *m, struct rpc__omsg **out) MC_MUST_CHECK;
 void rpc__omsg_unref(struct rpc__omsg *m);
 
 struct rpc__outq;
@@ -339,7 +350,8 @@ void rpc__health_free(struct rpc_health *h);
 /* The server on loop listening at to (not shutting down), or NULL. */
 struct rpc_server *rpc__server_local(uv_loop_t *loop, const struct sockaddr *to);
 /* Hand over a unary call to path with the serialized request req (a
- * reference is kept until dispatch or cancel). The server answers, once,
+ * reference, or a copy in one piece when a field of req is sent from
+ * elsewhere, is kept until dispatch or cancel). The server answers, once,
  * through rpc__client_inproc_done(st, ...), never from inside this call.
  * *out is the handle for rpc__server_inproc_cancel. Errors: -ENOMEM,
  * -ECANCELED (the server is shutting down), -EOPNOTSUPP (a streaming

@@ -44,6 +44,11 @@ struct sconn {
 	unsigned ncalls;
 	bool handshake_done;
 	int drain_stage; /* 0: serving, 1: notice + PING sent, 2: GOAWAY sent */
+	/* The last stream looked up and its call (NULL: none): nghttp2's
+	 * callbacks ask for a stream's call once per header and frame, a
+	 * dozen times a call, each a lookup in nghttp2's stream map. */
+	int32_t memo_id;
+	struct rpc_call *memo_call;
 };
 
 static const struct rpc__conn_ops sconn_ops;
@@ -63,16 +68,37 @@ static bool h2_can_send(const struct rpc_call *call)
 	return sc && !sc->base.closing && sc->base.ng;
 }
 
+/* The grpc-status value for call's status, and its message. The standard
+ * codes come from a table, as this runs once per call; any other value a
+ * handler set is formatted into buf. */
+static const char *status_value(const struct rpc_call *call, const char **message,
+				char buf[12], size_t *len)
+{
+	static const char *const codes[RPC__NCODES] = {
+		"0", "1",  "2",  "3",  "4",  "5",  "6",  "7",  "8",
+		"9", "10", "11", "12", "13", "14", "15", "16",
+	};
+	int status = rpc__call_status(call, message);
+	if (status >= 0 && status < RPC__NCODES) {
+		*len = status < 10 ? 1 : 2;
+		return codes[status];
+	}
+	int n = snprintf(buf, 12, "%d", status);
+	*len = (size_t)n;
+	return buf;
+}
+
 static void submit_trailers_only(struct rpc_call *call, const char *http_status)
 {
 	struct rpc__conn *c = &call->h2.sc->base;
 	const char *message;
-	char code[12];
-	int n = snprintf(code, sizeof(code), "%d", rpc__call_status(call, &message));
+	char buf[12];
+	size_t n;
+	const char *code = status_value(call, &message, buf, &n);
 	nghttp2_nv nva[] = {
 		RPC__NVS(":status", http_status, strlen(http_status)),
 		RPC__NV("content-type", "application/grpc"),
-		RPC__NVS("grpc-status", code, (size_t)n),
+		RPC__NVS("grpc-status", code, n),
 		RPC__NVS("grpc-message", message, message ? strlen(message) : 0),
 	};
 	size_t nnv = message ? 4 : 3;
@@ -145,10 +171,11 @@ static void on_outq_eof(struct rpc__outq *q, nghttp2_session *ng, int32_t stream
 {
 	struct rpc_call *call = MC_CONTAINER_OF(q, struct rpc_call, outq);
 	const char *message;
-	char code[12];
-	int n = snprintf(code, sizeof(code), "%d", rpc__call_status(call, &message));
+	char buf[12];
+	size_t n;
+	const char *code = status_value(call, &message, buf, &n);
 	nghttp2_nv nva[] = {
-		RPC__NVS("grpc-status", code, (size_t)n),
+		RPC__NVS("grpc-status", code, n),
 		RPC__NVS("grpc-message", message, message ? strlen(message) : 0),
 	};
 	*data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
@@ -176,6 +203,24 @@ static const struct rpc__call_tp h2_tp = {
 
 /* ---------------------------------------------------------------- streams */
 
+/* The call of stream_id (nghttp2's stream user data), or NULL. */
+static struct rpc_call *call_of(struct sconn *sc, int32_t stream_id)
+{
+	if (stream_id != sc->memo_id) {
+		sc->memo_id = stream_id;
+		sc->memo_call = nghttp2_session_get_stream_user_data(sc->base.ng, stream_id);
+	}
+	return sc->memo_call;
+}
+
+/* Attach call to stream_id in nghttp2 (NULL: detach). */
+static void set_call(struct sconn *sc, int32_t stream_id, struct rpc_call *call)
+{
+	nghttp2_session_set_stream_user_data(sc->base.ng, stream_id, call);
+	sc->memo_id = stream_id;
+	sc->memo_call = call;
+}
+
 static struct rpc_call *stream_new(struct sconn *sc, int32_t stream_id)
 {
 	struct rpc_call *call = rpc__call_new(sc->cs->s, &h2_tp, sc->base.peer);
@@ -200,6 +245,10 @@ static void stream_detach(struct rpc_call *call)
 	if (!sc)
 		return;
 	rpc__conn_forget_outq(&sc->base, &call->outq);
+	if (sc->memo_call == call) {
+		sc->memo_id = 0;
+		sc->memo_call = NULL;
+	}
 	if (h->prev)
 		h->prev->h2.next = h->next;
 	else
@@ -274,7 +323,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
 		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
 	if (sc->ncalls == 1 && sc->cs->idle_ms)
 		uv_timer_stop(&sc->base.timer);
-	nghttp2_session_set_stream_user_data(ng, frame->hd.stream_id, call);
+	set_call(sc, frame->hd.stream_id, call);
 	return 0;
 }
 
@@ -282,11 +331,11 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
 		     size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags,
 		     void *user_data)
 {
-	struct rpc__conn *c = user_data;
-	if (c->closing || frame->hd.type != NGHTTP2_HEADERS ||
+	struct sconn *sc = to_sconn(user_data);
+	if (sc->base.closing || frame->hd.type != NGHTTP2_HEADERS ||
 	    frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
-	struct rpc_call *call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+	struct rpc_call *call = call_of(sc, frame->hd.stream_id);
 	if (!call || call->h2.bad_headers)
 		return 0;
 	int rv = check_header(ng, call, name, nlen, value, vlen);
@@ -315,7 +364,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
 		return 0;
 	switch (frame->hd.type) {
 	case NGHTTP2_HEADERS:
-		call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+		call = call_of(sc, frame->hd.stream_id);
 		if (!call)
 			return 0;
 		if (call->h2.bad_headers)
@@ -337,7 +386,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	case NGHTTP2_DATA:
 		if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
 			break;
-		call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+		call = call_of(sc, frame->hd.stream_id);
 		if (call) {
 			rpc__call_ref(call);
 			rpc__call_half_close(call);
@@ -369,7 +418,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t stream_id,
 	struct sconn *sc = to_sconn(user_data);
 	if (sc->base.closing)
 		return 0;
-	struct rpc_call *call = nghttp2_session_get_stream_user_data(ng, stream_id);
+	struct rpc_call *call = call_of(sc, stream_id);
 	if (call)
 		rpc__call_data(call, data, len);
 	return 0;
@@ -393,9 +442,9 @@ static int on_stream_close(nghttp2_session *ng, int32_t stream_id, uint32_t erro
 	struct sconn *sc = to_sconn(user_data);
 	if (sc->base.closing)
 		return 0;
-	struct rpc_call *call = nghttp2_session_get_stream_user_data(ng, stream_id);
+	struct rpc_call *call = call_of(sc, stream_id);
 	if (call) {
-		nghttp2_session_set_stream_user_data(ng, stream_id, NULL);
+		set_call(sc, stream_id, NULL);
 		stream_detach(call);
 	}
 	return 0;
@@ -432,7 +481,7 @@ static void on_conn_proto_error(struct rpc__conn *c)
 /* rpc__call_data's condition for feeding the call's deframer. */
 static struct rpc_deframer *sconn_deframer(struct rpc__conn *c, int32_t stream_id)
 {
-	struct rpc_call *call = nghttp2_session_get_stream_user_data(c->ng, stream_id);
+	struct rpc_call *call = call_of(MC_CONTAINER_OF(c, struct sconn, base), stream_id);
 	return call && call->dispatched && !call->done ? &call->df : NULL;
 }
 

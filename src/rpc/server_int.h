@@ -103,6 +103,7 @@ struct rpc_call {
 	void *svc_data;
 	struct rpc__mstats *stats;
 	struct mc_buf hdrs; /* request headers: "name\0value\0"... */
+	size_t path_off;    /* where :path's value lies in hdrs; 0: none yet */
 	uint64_t timeout_ms;
 	uint64_t start_ns;
 	bool has_timeout, bad_timeout, bad_encoding, post, ct_ok;

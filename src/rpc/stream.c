@@ -140,6 +140,7 @@ void rpc__stream_unref(struct rpc_stream *st)
 	rpc__outq_clear(&st->outq);
 	rpc__unpacked_free(st->uresp, &st->resp_arena);
 	rpc__omsg_unref(st->req_msg);
+	rpc__rbody_unref(st->lent);
 	free(st->grpc_message);
 	free(st->fin_message);
 	free(st);
@@ -481,25 +482,42 @@ static void stream_start(struct rpc_stream *st)
 	rpc__client_route(c, st);
 }
 
+/* lend: NULL, or a buffer a large bytes field of req may be sent from
+ * (rpc_client_unary_lend). The stream keeps a reference on it until it is
+ * freed, so that its release never runs from inside the caller's call,
+ * and every message sent from it holds one more. */
 static int unary_start(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+		       const struct rpc_lend *lend,
 		       const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
 		       rpc_unary_cb cb, void *ud, ProtobufCMessage **sync_out,
 		       struct rpc_stream **out)
 {
+	struct rpc__rbody *lent = NULL;
 	struct rpc__omsg *m;
 	struct rpc_stream *st;
 	int rc;
 
 	if (!req)
 		return -EINVAL;
+	if (lend) {
+		if (!lend->buf || !lend->release)
+			return -EINVAL;
+		lent = calloc(1, sizeof(*lent));
+		if (!lent)
+			return -ENOMEM;
+		lent->refs = 1;
+		lent->p = lend->buf;
+		lent->len = lend->len;
+		lent->release = lend->release;
+		lent->ctx = lend->ctx;
+	}
 	rc = stream_new(c, path, resp_desc, timeout_ms, &st);
 	if (rc)
-		return rc;
-	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, NULL, &m);
-	if (rc) {
-		rpc__stream_unref(st);
-		return rc;
-	}
+		goto err_lent;
+	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, lent, &m);
+	if (rc)
+		goto err_stream;
+	st->lent = lent;
 	st->unary = true;
 	st->ucb = cb;
 	st->ud = ud;
@@ -513,13 +531,29 @@ static int unary_start(struct rpc_client *c, const char *path, const ProtobufCMe
 		*out = st;
 	stream_start(st);
 	return 0;
+
+err_stream:
+	rpc__stream_unref(st);
+err_lent:
+	free(lent); /* not referenced: a failed pack takes no reference */
+	return rc;
 }
 
 int rpc_client_unary(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
 		     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
 		     rpc_unary_cb cb, void *ud, struct rpc_stream **out)
 {
-	return unary_start(c, path, req, resp_desc, timeout_ms, cb, ud, NULL, out);
+	return unary_start(c, path, req, NULL, resp_desc, timeout_ms, cb, ud, NULL, out);
+}
+
+int rpc_client_unary_lend(struct rpc_client *c, const char *path, const ProtobufCMessage *req,
+			  const struct rpc_lend *lend,
+			  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+			  rpc_unary_cb cb, void *ud, struct rpc_stream **out)
+{
+	if (!lend)
+		return -EINVAL;
+	return unary_start(c, path, req, lend, resp_desc, timeout_ms, cb, ud, NULL, out);
 }
 
 int rpc_client_stream(struct rpc_client *c, const char *path,
@@ -614,7 +648,7 @@ int rpc_client_unary_sync(struct rpc_client *c, const char *path, const Protobuf
 		errmsg[0] = '\0';
 	if (resp)
 		*resp = NULL;
-	int rc = unary_start(c, path, req, resp_desc, timeout_ms, on_sync_done, &x, &got,
+	int rc = unary_start(c, path, req, NULL, resp_desc, timeout_ms, on_sync_done, &x, &got,
 			     NULL);
 	if (rc) {
 		if (errmsg && errlen)

@@ -744,6 +744,37 @@ Test(rpc, client_deadline)
 	fx_fini(&f);
 }
 
+/* One timer serves every deadline of a client (rpc__dlheap_arm): a call
+ * whose deadline comes before the armed one must re-arm it, and calls
+ * with later deadlines must still expire after the timer fired early. */
+Test(rpc, client_deadlines_in_any_order)
+{
+	struct fx f;
+	struct ures a, b, c;
+	fx_init(&f, NULL, NULL);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.delay_ms = 10000;
+	uint64_t t0 = mc_now_ms();
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 3000, &a);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 100, &b);
+	echo_start(&f, f.cli, "/test.Hold/Hold", &req, 600, &c);
+	RUN_UNTIL(&f, b.done);
+	uint64_t tb = mc_now_ms() - t0;
+	RUN_UNTIL(&f, c.done);
+	uint64_t tc = mc_now_ms() - t0;
+	RUN_UNTIL(&f, a.done);
+	uint64_t ta = mc_now_ms() - t0;
+	cr_assert_eq(b.status, RPC_DEADLINE_EXCEEDED, "%s", b.msg);
+	cr_assert_eq(c.status, RPC_DEADLINE_EXCEEDED, "%s", c.msg);
+	cr_assert_eq(a.status, RPC_DEADLINE_EXCEEDED, "%s", a.msg);
+	/* Not held up until the first call's deadline. */
+	cr_assert(tb >= 90 && tb < 2500, "%llu ms", (unsigned long long)tb);
+	cr_assert(tc >= 590 && tc < 2500, "%llu ms", (unsigned long long)tc);
+	cr_assert(ta >= 2990 && ta < 8000, "%llu ms", (unsigned long long)ta);
+	RUN_UNTIL(&f, f.hold.live == 0);
+	fx_fini(&f);
+}
+
 /* ---------------------------------------------------------------- raw HTTP/2 peer */
 
 /* A hand-driven HTTP/2 client (nghttp2 without HTTP messaging checks) or
@@ -1959,5 +1990,225 @@ Test(rpc, inproc_calls_drain_at_shutdown)
 	rpc_server_free(f.srv);
 	f.srv = NULL;
 	ures_free(&a);
+	fx_fini(&f);
+}
+
+/* ---------------------------------------------------------------- lent payloads */
+
+/* What rpc_client_unary_lend's release saw: how often it ran, whether
+ * the call's callback had run by then, and the buffer it was given. */
+struct lendrec {
+	struct ures *r;
+	unsigned released;
+	bool cb_before;
+	void *buf;
+	size_t len;
+};
+
+static void on_lend_released(void *ctx, void *buf, size_t len)
+{
+	struct lendrec *l = ctx;
+	l->released++;
+	l->cb_before = l->r->done;
+	l->buf = buf;
+	l->len = len;
+}
+
+static int lend_start(struct fx *f, const char *path, Mooncake__Diag__EchoRequest *req,
+		      uint64_t timeout_ms, struct ures *r, struct lendrec *l,
+		      struct rpc_stream **st)
+{
+	memset(r, 0, sizeof(*r));
+	memset(l, 0, sizeof(*l));
+	l->r = r;
+	struct rpc_lend lend = {
+		.buf = req->payload.data,
+		.len = req->payload.len,
+		.release = on_lend_released,
+		.ctx = l,
+	};
+	int rc = rpc_client_unary_lend(f->cli, path, &req->base, &lend,
+				       &mooncake__diag__echo_response__descriptor, timeout_ms,
+				       on_unary, r, st);
+	cr_assert_not(r->done, "callback ran inside rpc_client_unary_lend");
+	cr_assert_eq(l->released, 0, "release ran inside rpc_client_unary_lend");
+	return rc;
+}
+
+static uint8_t *pattern_buf(size_t n, uint8_t mul)
+{
+	uint8_t *p = malloc(n);
+	cr_assert(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * mul + 1);
+	return p;
+}
+
+/* The lent bytes go out from the caller's buffer: changed after the call
+ * returned (which a real caller must not do), the change is what the
+ * server echoes. A small field is copied as before. Either way release
+ * runs once, after the callback, with the lent buffer. */
+Test(rpc, unary_lend_sends_from_the_buffer_and_releases_after_the_callback)
+{
+	struct fx f;
+	struct ures r;
+	struct lendrec l;
+	fx_init(&f, NULL, NULL);
+	size_t n = 4 * MiB;
+	uint8_t *big = pattern_buf(n, 7);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = big;
+	req.payload.len = n;
+	req.message = "fields after the lent one keep their place";
+	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL), 0);
+	big[0] ^= 0xff;
+	big[n - 1] ^= 0xff;
+	RUN_UNTIL(&f, l.released);
+	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.len, n);
+	cr_assert(memcmp(r.payload, big, n) == 0, "the echo is not the lent buffer's bytes");
+	cr_assert(l.cb_before, "released before the callback");
+	cr_assert_eq(l.buf, big);
+	cr_assert_eq(l.len, n);
+	ures_free(&r);
+
+	/* A field below the size sent by reference is copied; the buffer is
+	 * still held until the call is over. */
+	uint8_t small[16];
+	memcpy(small, "0123456789abcdef", sizeof(small));
+	req.payload.data = small;
+	req.payload.len = sizeof(small);
+	req.message = NULL;
+	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL), 0);
+	small[0] = 'X';
+	RUN_UNTIL(&f, l.released);
+	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.len, sizeof(small));
+	cr_assert(memcmp(r.payload, "0123456789abcdef", sizeof(small)) == 0);
+	cr_assert(l.cb_before);
+	ures_free(&r);
+
+	/* A buffer that does not hold the field: the field is copied. */
+	uint8_t other[8];
+	Mooncake__Diag__EchoRequest req2 = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req2.payload.data = big;
+	req2.payload.len = n;
+	struct rpc_lend lend = {other, sizeof(other), on_lend_released, &l};
+	memset(&r, 0, sizeof(r));
+	memset(&l, 0, sizeof(l));
+	l.r = &r;
+	cr_assert_eq(rpc_client_unary_lend(f.cli, "/mooncake.diag.Diag/Echo", &req2.base,
+					   &lend, &mooncake__diag__echo_response__descriptor,
+					   0, on_unary, &r, NULL),
+		     0);
+	big[1] ^= 0xff;
+	RUN_UNTIL(&f, l.released);
+	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.payload[1], (uint8_t)(big[1] ^ 0xff),
+		     "a field outside the buffer was not copied");
+	cr_assert_eq(l.buf, other);
+	ures_free(&r);
+	free(big);
+	fx_fini(&f);
+}
+
+/* Refused calls leave the buffer the caller's: release never runs. */
+Test(rpc, unary_lend_errors_keep_the_buffer)
+{
+	struct fx f;
+	struct ures r;
+	struct lendrec l = {.r = &r};
+	struct rpc_client_opts co = {.max_message_bytes = MiB};
+	fx_init(&f, NULL, &co);
+	uint8_t *big = pattern_buf(2 * MiB, 3);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = big;
+	req.payload.len = 2 * MiB;
+	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL),
+		     MC_ETOO_LARGE);
+	cr_assert_eq(lend_start(&f, "no-slash", &req, 0, &r, &l, NULL), -EINVAL);
+	struct rpc_lend bad = {big, 2 * MiB, NULL, &l};
+	cr_assert_eq(rpc_client_unary_lend(f.cli, "/mooncake.diag.Diag/Echo", &req.base, &bad,
+					   &mooncake__diag__echo_response__descriptor, 0,
+					   on_unary, &r, NULL),
+		     -EINVAL);
+	cr_assert_eq(rpc_client_unary_lend(f.cli, "/mooncake.diag.Diag/Echo", &req.base, NULL,
+					   &mooncake__diag__echo_response__descriptor, 0,
+					   on_unary, &r, NULL),
+		     -EINVAL);
+	/* Give the loop a turn: nothing may run late either. */
+	cr_assert_eq(echo(&f, "a", 1, &r), RPC_OK);
+	ures_free(&r);
+	cr_assert_eq(l.released, 0);
+	free(big);
+	fx_fini(&f);
+}
+
+/* A call that dies first (deadline, cancel, lost server) still releases
+ * the buffer exactly once, and only when no write points into it. */
+Test(rpc, unary_lend_released_once_when_the_call_dies)
+{
+	struct fx f;
+	struct ures r;
+	struct lendrec l;
+	struct rpc_stream *st;
+	fx_init(&f, NULL, NULL);
+	uint8_t *big = pattern_buf(8 * MiB, 5);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = big;
+	req.payload.len = 8 * MiB;
+
+	cr_assert_eq(lend_start(&f, "/test.Hold/Hold", &req, 200, &r, &l, NULL), 0);
+	RUN_UNTIL(&f, l.released);
+	cr_assert_eq(r.status, RPC_DEADLINE_EXCEEDED, "%s", r.msg);
+	cr_assert(l.cb_before);
+
+	/* Cancelled before its request left, and while it is held. */
+	cr_assert_eq(lend_start(&f, "/test.Hold/Hold", &req, 0, &r, &l, &st), 0);
+	rpc_stream_cancel(st);
+	RUN_UNTIL(&f, l.released);
+	cr_assert_not(r.done);
+	cr_assert_eq(lend_start(&f, "/test.Hold/Hold", &req, 0, &r, &l, &st), 0);
+	RUN_UNTIL(&f, f.hold.live == 1);
+	rpc_stream_cancel(st);
+	RUN_UNTIL(&f, l.released);
+
+	/* The client freed with the call in flight. */
+	cr_assert_eq(lend_start(&f, "/test.Hold/Hold", &req, 0, &r, &l, NULL), 0);
+	rpc_client_free(f.cli);
+	f.cli = NULL;
+	cr_assert_eq(r.status, RPC_CANCELLED);
+	RUN_UNTIL(&f, l.released);
+	cr_assert(l.cb_before);
+	RUN_UNTIL(&f, f.hold.live == 0);
+	cr_assert_eq(l.released, 1);
+	free(big);
+	fx_fini(&f);
+}
+
+/* In process the lent field is copied once into the request the server
+ * reads, and the buffer is released like over a connection. */
+Test(rpc, unary_lend_in_process)
+{
+	struct fx f;
+	struct ures r;
+	struct lendrec l;
+	fx_init_local(&f, NULL);
+	size_t n = 2 * MiB;
+	uint8_t *big = pattern_buf(n, 11);
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = big;
+	req.payload.len = n;
+	req.message = "after";
+	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL), 0);
+	RUN_UNTIL(&f, l.released);
+	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
+	cr_assert_eq(r.len, n);
+	cr_assert(memcmp(r.payload, big, n) == 0);
+	cr_assert(l.cb_before);
+	cr_assert_eq(rpc__client_connects(f.cli), 0, "a connection was opened");
+	cr_assert_eq(rpc__client_inproc_calls(f.cli), 1);
+	ures_free(&r);
+	free(big);
 	fx_fini(&f);
 }

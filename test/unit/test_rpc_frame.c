@@ -292,6 +292,11 @@ Test(rpc_frame, timeout_format_and_round_trip)
 	cr_assert_str_eq(b, "1666667M");
 	rpc_timeout_format(UINT64_MAX / 2, b, sizeof(b));
 	cr_assert_str_eq(b, "99999999H");
+	rpc_timeout_format(1500, b, 4); /* cut to fit, as snprintf would */
+	cr_assert_str_eq(b, "150");
+	b[0] = 'x';
+	rpc_timeout_format(1500, b, 0);
+	cr_assert_eq(b[0], 'x');
 	static const uint64_t vals[] = {1, 7, 999, 1000, 60000, 3600000, 12345678, 400000000};
 	for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
 		uint64_t ms;
