@@ -150,6 +150,9 @@ struct meta__recv_snap {
 
 /* etcd's automatic compaction (compact.c): what to keep, and when the
  * leader last compacted. */
+/* Between two steps of one compaction: the loop serves meanwhile. */
+#define META_COMPACT_STEP_GAP_MS 100u
+
 struct meta__compactor {
 	bool periodic;        /* else revision mode */
 	uint64_t period_ms;   /* periodic: the history kept (0: off) */
@@ -164,6 +167,10 @@ struct meta__compactor {
 	uint64_t wait_ms;  /* from last_ms to the next compaction */
 	uint64_t retry_ms; /* after a failure, not before this */
 	int64_t prev_rev;  /* the last compaction's revision */
+	/* A compaction taken in steps (meta__compactor_tick): the revision
+	 * it goes to, and when the next step may go. */
+	int64_t goal;
+	uint64_t step_ms;
 };
 
 /* From --auto-compaction-mode and --auto-compaction-retention (etcd's
@@ -174,8 +181,10 @@ void meta__compactor_free(struct meta__compactor *c);
 bool meta__compactor_on(const struct meta__compactor *c);
 /* At now_ms, with the store at rev and compacted at compacted_rev: note
  * the revision when due and, on the leader, say whether to compact and to
- * which revision (*to); then meta__compactor_done tells how it went.
- * Pure: the clock and revisions are inputs. */
+ * which revision (*to); then meta__compactor_done tells how it went. The
+ * caller may compact to less than *to (a step): until compacted_rev
+ * reaches *to, the next call asks for it again, META_COMPACT_STEP_GAP_MS
+ * after the step was done. Pure: the clock and revisions are inputs. */
 bool meta__compactor_step(struct meta__compactor *c, uint64_t now_ms, int64_t rev,
 			  int64_t compacted_rev, bool leader, int64_t *to);
 void meta__compactor_done(struct meta__compactor *c, uint64_t now_ms, int64_t rev, bool ok);

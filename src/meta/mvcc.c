@@ -458,6 +458,20 @@ int mvcc_compact(struct mvcc_store *s, int64_t rev)
 	return 0;
 }
 
+int64_t mvcc_compact_step(const struct mvcc_store *s, int64_t to, size_t max_entries)
+{
+	size_t head = s->rl_head;
+	if (to <= s->compact_rev || s->rl_len - head <= max_entries)
+		return to;
+	/* Every entry below rl[head + max_entries]'s revision lies before it. */
+	int64_t r = s->rl[head + max_entries].main;
+	if (r <= s->rl[head].main)
+		r = s->rl[head].main + 1; /* the first revision alone is bigger */
+	if (r <= s->compact_rev)
+		r = s->compact_rev + 1;
+	return r < to ? r : to;
+}
+
 /* ------------------------------------------------------------- history */
 
 int mvcc_hist_seek(const struct mvcc_store *s, int64_t rev, uint64_t *pos)

@@ -375,6 +375,16 @@ void mvcc_result_free(struct mvcc_result *r);
 int mvcc_compact(struct mvcc_store *s, int64_t rev) MC_MUST_CHECK;
 
 /*
+ * A step toward compacting at to whose walk is bounded: the highest
+ * revision in (the last compaction, to] below which the revision log
+ * holds at most max_entries entries — at least the next revision that
+ * has any, whose entries a compaction cannot split (a DeleteRange of many
+ * keys is one revision). to itself when it is within the bound or not
+ * past the last compaction.
+ */
+int64_t mvcc_compact_step(const struct mvcc_store *s, int64_t to, size_t max_entries);
+
+/*
  * LeaseRevoke, as applied from the log: delete every key attached to the
  * lease (in key order, one new revision; none if no key is attached) and
  * drop the lease. *revision_out (may be NULL) gets the header revision.

@@ -103,6 +103,49 @@ Test(meta_compact, failures_are_tried_again_after_a_note)
 	meta__compactor_free(&c);
 }
 
+/* The node may compact to less than asked: the rest follows in steps,
+ * one META_COMPACT_STEP_GAP_MS after the other, before the next period. */
+Test(meta_compact, a_compaction_goes_on_in_steps)
+{
+	struct meta__compactor c;
+	int64_t to, compacted = 0;
+	cr_assert_eq(meta__compactor_init(&c, "periodic", "5m"), 0);
+	for (uint64_t t = 0; t < 5 * MIN_MS; t += 100) /* -1: a store never compacted */
+		cr_assert(!meta__compactor_step(&c, t, 100000 + (int64_t)t, -1, true, &to));
+	uint64_t t = 5 * MIN_MS;
+	cr_assert(meta__compactor_step(&c, t, 500000, compacted, true, &to));
+	cr_assert_eq(to, 100000, "the revision noted a period ago");
+	int steps = 1;
+	for (;;) {
+		compacted += 30000; /* a step the node chose */
+		if (compacted > to)
+			compacted = to;
+		meta__compactor_done(&c, t, compacted, true);
+		if (compacted == 100000)
+			break;
+		cr_assert(!meta__compactor_step(&c, t + META_COMPACT_STEP_GAP_MS - 1, 500000,
+						compacted, true, &to),
+			  "the loop serves between steps");
+		t += META_COMPACT_STEP_GAP_MS;
+		cr_assert(meta__compactor_step(&c, t, 500000, compacted, true, &to));
+		cr_assert_eq(to, 100000, "the same goal");
+		steps++;
+	}
+	cr_assert_eq(steps, 4);
+	cr_assert(!meta__compactor_step(&c, t + 1000, 500000, compacted, true, &to),
+		  "then nothing until the next period");
+	/* A step that fails ends the goal: tried again at the next note. */
+	t = 11 * MIN_MS;
+	cr_assert(meta__compactor_step(&c, t, 600000, compacted, true, &to));
+	meta__compactor_done(&c, t, compacted + 1000, true);
+	t += META_COMPACT_STEP_GAP_MS;
+	cr_assert(meta__compactor_step(&c, t, 600000, compacted + 1000, true, &to));
+	meta__compactor_done(&c, t, to, false);
+	cr_assert(!meta__compactor_step(&c, t + META_COMPACT_STEP_GAP_MS, 600000,
+					compacted + 1000, true, &to));
+	meta__compactor_free(&c);
+}
+
 Test(meta_compact, revision_mode_keeps_the_newest_revisions)
 {
 	struct meta__compactor c;

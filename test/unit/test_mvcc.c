@@ -311,6 +311,33 @@ Test(mvcc, range_options)
 	mvcc_result_free(&res);
 }
 
+/* Steps toward a compaction walk a bounded share of the revision log,
+ * never split a revision, and always move. */
+Test(mvcc, compaction_steps)
+{
+	char k[16];
+	for (int i = 0; i < 10; i++) { /* revisions 2..11 */
+		snprintf(k, sizeof(k), "k%d", i);
+		h_put(s, k, "v");
+	}
+	cr_assert_eq(h_del(s, "k", "k5"), 5); /* 12: five entries */
+	h_put(s, "z", "1");                   /* 13 */
+	h_put(s, "z", "2");                   /* 14 */
+	cr_assert_eq(mvcc_compact_step(s, 14, 100), 14, "within the bound");
+	cr_assert_eq(mvcc_compact_step(s, 14, 3), 5, "revisions 2-4 below it");
+	cr_assert_eq(mvcc_compact(s, 5), 0);
+	cr_assert_eq(mvcc_compact_step(s, 14, 7), 12, "7 entries below 12");
+	cr_assert_eq(mvcc_compact(s, 12), 0);
+	cr_assert_eq(mvcc_compact_step(s, 14, 2), 13, "the delete's five entries at once");
+	cr_assert_eq(mvcc_compact(s, 13), 0);
+	cr_assert_eq(mvcc_compact_step(s, 13, 2), 13, "not past the last compaction");
+	cr_assert_eq(mvcc_compact_step(s, 14, 0), 14, "the next revision with entries");
+	cr_assert_eq(mvcc_compact(s, 14), 0);
+	cr_assert_str_eq(h_get(s, "z"), "2");
+	cr_assert_str_eq(h_get(s, "k7"), "v");
+	cr_assert_null(h_get(s, "k1"));
+}
+
 Test(mvcc, compaction)
 {
 	h_put(s, "a", "1");  /* 2 */
