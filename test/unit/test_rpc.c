@@ -2035,6 +2035,17 @@ static int lend_start(struct fx *f, const char *path, Mooncake__Diag__EchoReques
 	return rc;
 }
 
+/* An Echo request of len bytes of data (borrowed) and msg (may be NULL). */
+static Mooncake__Diag__EchoRequest echo_req(uint8_t *data, size_t len, const char *msg)
+{
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.payload.data = data;
+	req.payload.len = len;
+	if (msg)
+		req.message = (char *)msg;
+	return req;
+}
+
 static uint8_t *pattern_buf(size_t n, uint8_t mul)
 {
 	uint8_t *p = malloc(n);
@@ -2056,10 +2067,8 @@ Test(rpc, unary_lend_sends_from_the_buffer_and_releases_after_the_callback)
 	fx_init(&f, NULL, NULL);
 	size_t n = 4 * MiB;
 	uint8_t *big = pattern_buf(n, 7);
-	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
-	req.payload.data = big;
-	req.payload.len = n;
-	req.message = "fields after the lent one keep their place";
+	Mooncake__Diag__EchoRequest req = echo_req(
+		big, n, "fields after the lent one keep their place");
 	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL), 0);
 	big[0] ^= 0xff;
 	big[n - 1] ^= 0xff;
@@ -2090,9 +2099,7 @@ Test(rpc, unary_lend_sends_from_the_buffer_and_releases_after_the_callback)
 
 	/* A buffer that does not hold the field: the field is copied. */
 	uint8_t other[8];
-	Mooncake__Diag__EchoRequest req2 = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
-	req2.payload.data = big;
-	req2.payload.len = n;
+	Mooncake__Diag__EchoRequest req2 = echo_req(big, n, NULL);
 	struct rpc_lend lend = {other, sizeof(other), on_lend_released, &l};
 	memset(&r, 0, sizeof(r));
 	memset(&l, 0, sizeof(l));
@@ -2121,9 +2128,7 @@ Test(rpc, unary_lend_errors_keep_the_buffer)
 	struct rpc_client_opts co = {.max_message_bytes = MiB};
 	fx_init(&f, NULL, &co);
 	uint8_t *big = pattern_buf(2 * MiB, 3);
-	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
-	req.payload.data = big;
-	req.payload.len = 2 * MiB;
+	Mooncake__Diag__EchoRequest req = echo_req(big, 2 * MiB, NULL);
 	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL),
 		     MC_ETOO_LARGE);
 	cr_assert_eq(lend_start(&f, "no-slash", &req, 0, &r, &l, NULL), -EINVAL);
@@ -2154,9 +2159,7 @@ Test(rpc, unary_lend_released_once_when_the_call_dies)
 	struct rpc_stream *st;
 	fx_init(&f, NULL, NULL);
 	uint8_t *big = pattern_buf(8 * MiB, 5);
-	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
-	req.payload.data = big;
-	req.payload.len = 8 * MiB;
+	Mooncake__Diag__EchoRequest req = echo_req(big, 8 * MiB, NULL);
 
 	cr_assert_eq(lend_start(&f, "/test.Hold/Hold", &req, 200, &r, &l, NULL), 0);
 	RUN_UNTIL(&f, l.released);
@@ -2196,10 +2199,7 @@ Test(rpc, unary_lend_in_process)
 	fx_init_local(&f, NULL);
 	size_t n = 2 * MiB;
 	uint8_t *big = pattern_buf(n, 11);
-	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
-	req.payload.data = big;
-	req.payload.len = n;
-	req.message = "after";
+	Mooncake__Diag__EchoRequest req = echo_req(big, n, "after");
 	cr_assert_eq(lend_start(&f, "/mooncake.diag.Diag/Echo", &req, 0, &r, &l, NULL), 0);
 	RUN_UNTIL(&f, l.released);
 	cr_assert_eq(r.status, RPC_OK, "%s", r.msg);
