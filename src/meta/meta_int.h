@@ -148,11 +148,11 @@ struct meta__recv_snap {
 
 /* ------------------------------------------------------------- compaction */
 
-/* etcd's automatic compaction (compact.c): what to keep, and when the
- * leader last compacted. */
 /* Between two steps of one compaction: the loop serves meanwhile. */
 #define META_COMPACT_STEP_GAP_MS 100u
 
+/* etcd's automatic compaction (compact.c): what to keep, and when the
+ * leader last compacted. */
 struct meta__compactor {
 	bool periodic;        /* else revision mode */
 	uint64_t period_ms;   /* periodic: the history kept (0: off) */

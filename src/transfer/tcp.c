@@ -91,10 +91,15 @@ size_t te__tcp_stage_tail(size_t left, size_t room)
 
 /* writev without SIGPIPE: the engine is a library, the process may not
  * ignore the signal. */
-ssize_t te__tcp_send_iov(int fd, struct iovec *iov, int n)
+ssize_t te__tcp_send_iov(int fd, struct iovec *iov, int n, bool *full)
 {
 	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-	return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	size_t asked = 0;
+	for (int i = 0; i < n; i++)
+		asked += iov[i].iov_len;
+	*full = w >= 0 && (size_t)w < asked;
+	return w;
 }
 
 /* Connect with a deadline. Returns the fd or a negative code. */

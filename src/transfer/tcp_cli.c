@@ -281,7 +281,7 @@ static bool cli_write(struct cli_conn *c)
 			}
 			off = 0;
 		}
-		ssize_t w = te__tcp_send_iov(c->fd, iov, n);
+		ssize_t w = te__tcp_send_iov(c->fd, iov, n, &c->wfull);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -292,9 +292,6 @@ static bool cli_write(struct cli_conn *c)
 			return false;
 		}
 		c->last_ms = mc_now_ms();
-		size_t asked = 0;
-		for (int i = 0; i < n; i++)
-			asked += iov[i].iov_len;
 		size_t done = (size_t)w + c->tx_off;
 		while (c->tx) {
 			size_t total = TE_WIRE_HDR_BYTES +
@@ -305,12 +302,6 @@ static bool cli_write(struct cli_conn *c)
 			c->tx = c->tx->next;
 		}
 		c->tx_off = done;
-		if ((size_t)w < asked) {
-			/* The socket's buffer is full: a write before EPOLLOUT
-			 * would only fail with EAGAIN. */
-			c->wfull = true;
-			return true;
-		}
 	}
 	return true;
 }

@@ -45,8 +45,11 @@ void te__tcp_tune_socket(struct tcp_xport *x, int fd);
  * straight into memory: after a large body only the next header, after a
  * small one as much as fits. */
 size_t te__tcp_stage_tail(size_t left, size_t room);
-/* sendmsg without SIGPIPE (the process may not ignore the signal). */
-ssize_t te__tcp_send_iov(int fd, struct iovec *iov, int n);
+/* sendmsg without SIGPIPE (the process may not ignore the signal).
+ * *full is set when it sent less than the n buffers hold: the socket's
+ * buffer is full, and another send before EPOLLOUT would only fail with
+ * EAGAIN. */
+ssize_t te__tcp_send_iov(int fd, struct iovec *iov, int n, bool *full);
 /* Connect with a deadline. Returns the fd or a negative code. */
 int te__tcp_dial(const struct sockaddr_storage *ss, uint64_t deadline);
 

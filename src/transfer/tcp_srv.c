@@ -186,7 +186,7 @@ static bool srv_write(struct srv_conn *c)
 			}
 			off = 0;
 		}
-		ssize_t w = te__tcp_send_iov(c->fd, iov, n);
+		ssize_t w = te__tcp_send_iov(c->fd, iov, n, &c->wfull);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -196,9 +196,6 @@ static bool srv_write(struct srv_conn *c)
 			return false;
 		}
 		c->last_ms = mc_now_ms();
-		size_t asked = 0;
-		for (int i = 0; i < n; i++)
-			asked += iov[i].iov_len;
 		size_t done = (size_t)w + c->tx_off;
 		while (c->count > 0) {
 			struct resp *r = &c->ring[c->head];
@@ -219,12 +216,6 @@ static bool srv_write(struct srv_conn *c)
 			c->count--;
 		}
 		c->tx_off = done;
-		if ((size_t)w < asked) {
-			/* The socket's buffer is full: a write before EPOLLOUT
-			 * would only fail with EAGAIN. */
-			c->wfull = true;
-			return true;
-		}
 	}
 	return true;
 }
