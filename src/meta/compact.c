@@ -26,6 +26,7 @@
 
 #include "common/cfg.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "meta/meta_int.h"
 
 #define LOG_SUBSYS LOGS_META
@@ -202,15 +203,17 @@ static void on_compacted(struct meta__op *op, int status, const char *message,
 void meta__compactor_tick(struct meta_node *n)
 {
 	int64_t goal = 0;
-	if (!meta__compactor_step(&n->compactor, meta__now(n), mvcc_rev(n->sm.store),
-				  mvcc_compact_rev(n->sm.store),
-				  meta__is_leader(n) && !n->stopping, &goal))
+	struct mvcc_store *st = n->sm.store;
+	if (!meta__compactor_step(
+		    &n->compactor, meta__now(n), mvcc_rev(st), mvcc_compact_rev(st),
+		    meta__is_leader(n) && !n->stopping && !mvcc_compact_pending(st), &goal))
 		return;
-	/* Every member applies a compaction in one piece, the loop serving
-	 * nothing meanwhile: one that would walk more of the history than
-	 * COMPACT_STEP_ENTRIES goes in steps (each its own entry in the log,
-	 * so all members take the same ones). */
-	int64_t to = mvcc_compact_step(n->sm.store, goal, COMPACT_STEP_ENTRIES);
+	/* A compaction is applied at once and its versions are freed in
+	 * slices (meta__compact_resume), but the members free them at the
+	 * same time, on shared cores: one that would walk more of the
+	 * history than COMPACT_STEP_ENTRIES goes in steps (each its own
+	 * entry in the log), the next once this member freed the last. */
+	int64_t to = mvcc_compact_step(st, goal, COMPACT_STEP_ENTRIES);
 	struct compact_call *cc = malloc(sizeof(*cc));
 	Etcdserverpb__CompactionRequest q = ETCDSERVERPB__COMPACTION_REQUEST__INIT;
 	q.revision = to;
@@ -236,4 +239,49 @@ void meta__compactor_tick(struct meta_node *n)
 			 " revisions)",
 			 to, n->compactor.keep_revs);
 	meta__submit(n, op);
+}
+
+/* Freed per turn of the loop, in batches of FREE_BATCH log entries, until
+ * FREE_SLICE_NS passed: requests and heartbeats are served in between. */
+#define FREE_BATCH 256u
+#define FREE_SLICE_NS 1000000ull
+/* A compaction whose freeing took longer than this is logged. */
+#define FREE_LOG_MS 1000u
+
+static void on_compact_idle(uv_idle_t *h)
+{
+	struct meta_node *n = MC_CONTAINER_OF(h, struct meta_node, compact_idle);
+	struct mvcc_store *st = n->sm.store;
+
+	if (meta__snapshot_encoding(n) || !mvcc_compact_pending(st)) {
+		uv_idle_stop(h); /* the snapshot's end resumes */
+		return;
+	}
+	uint64_t t0 = mc_now_ns(), t;
+	int done;
+	do {
+		done = mvcc_compact_work(st, FREE_BATCH);
+		t = mc_now_ns();
+	} while (!done && t - t0 < FREE_SLICE_NS);
+	n->compact_free_ns += t - t0;
+	if (!done)
+		return;
+	uv_idle_stop(h);
+	uint64_t took = meta__now(n) - n->compact_free_ms;
+	if (took >= FREE_LOG_MS)
+		log_info("freed the versions compacted at revision %" PRId64 " in %" PRIu64
+			 " ms, %" PRIu64 " ms of them on the loop",
+			 mvcc_compact_rev(st), took, n->compact_free_ns / 1000000);
+	n->compact_free_ns = 0;
+	meta__maybe_snapshot(n); /* one may have waited */
+}
+
+void meta__compact_resume(struct meta_node *n)
+{
+	if (!n->handles_open || uv_is_active((uv_handle_t *)&n->compact_idle) ||
+	    !mvcc_compact_pending(n->sm.store) || meta__snapshot_encoding(n))
+		return;
+	if (!n->compact_free_ns) /* a new compaction, not one resumed */
+		n->compact_free_ms = meta__now(n);
+	uv_idle_start(&n->compact_idle, on_compact_idle);
 }

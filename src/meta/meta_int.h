@@ -188,8 +188,13 @@ bool meta__compactor_on(const struct meta__compactor *c);
 bool meta__compactor_step(struct meta__compactor *c, uint64_t now_ms, int64_t rev,
 			  int64_t compacted_rev, bool leader, int64_t *to);
 void meta__compactor_done(struct meta__compactor *c, uint64_t now_ms, int64_t rev, bool ok);
-/* On each tick: note, and on the leader propose a compaction when due. */
+/* On each tick: note, and on the leader propose a compaction when due
+ * (not while this member still frees what the last one dropped). */
 void meta__compactor_tick(struct meta_node *n);
+/* Free what compactions dropped (mvcc_compact_lazy) a slice per turn of
+ * the loop, from an idle handle, unless a snapshot is being encoded (the
+ * snapshot's end calls this again). Does nothing when nothing is pending. */
+void meta__compact_resume(struct meta_node *n);
 
 /* ------------------------------------------------------------- the node */
 
@@ -282,6 +287,8 @@ struct meta_node {
 	uv_timer_t tick_timer;
 	uv_idle_t kick;
 	uv_idle_t snap_idle;
+	uv_idle_t compact_idle;                    /* frees what a compaction dropped */
+	uint64_t compact_free_ms, compact_free_ns; /* since when, on the loop */
 	uv_timer_t progress_timer;
 	uv_timer_t sync_timer;
 	uv_timer_t join_timer;
@@ -439,6 +446,9 @@ void meta__maybe_snapshot(struct meta_node *n);
 void meta__snapshot_abandon(struct meta_node *n);
 /* Encodes the snapshot being taken a slice at a time. */
 void meta__on_snap_idle(uv_idle_t *h);
+/* Whether a snapshot of this member is being encoded (versions must not
+ * be freed meanwhile). */
+bool meta__snapshot_encoding(const struct meta_node *n);
 /* Delete, on a libuv worker and a few megabytes at a time, the WAL
  * segments and snapshot files set aside (released, purged). */
 void meta__tidy(struct meta_node *n);

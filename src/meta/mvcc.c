@@ -126,6 +126,7 @@ int mvcc_new(const struct mvcc_options *opts, struct mvcc_store **out)
 	avl_init(&s->keys, key_cmp, NULL);
 	s->rev = 1;
 	s->compact_rev = -1;
+	s->done_rev = -1;
 	s->max_txn_ops = opts && opts->max_txn_ops ? opts->max_txn_ops : 128;
 	s->min_lease_ttl_s = opts ? opts->min_lease_ttl_s : 0;
 	int rc = lease_table_new(s->min_lease_ttl_s, &s->leases);
@@ -406,61 +407,118 @@ static void drop_oldest(struct mvcc_store *s, struct mvcc__key *k, uint32_t n)
 	memmove(k->hist, k->hist + n, k->nhist * sizeof(*k->hist));
 }
 
-int mvcc_compact(struct mvcc_store *s, int64_t rev)
+/* The first revision-log index at or after rev (rl_len: none). */
+static size_t rl_seek(const struct mvcc_store *s, int64_t rev)
+{
+	size_t lo = s->rl_head, hi = s->rl_len;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (s->rl[mid].main < rev)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* What compaction at rev drops of the key of e, a log entry below rev. */
+static void compact_entry(struct mvcc_store *s, const struct mvcc__rent *e, int64_t rev)
+{
+	struct mvcc__key *k = e->key;
+	uint32_t j = hist_index(k, e->main, e->sub);
+	if (j + 1 < k->nhist && k->hist[j + 1].main < rev)
+		return; /* not the key's newest version below rev */
+	/* Drop everything before j; j too when it is a tombstone or a
+	 * version at exactly rev supersedes it. */
+	uint32_t drop = j;
+	if (!mvcc__ver_live(&k->hist[j]) || (j + 1 < k->nhist && k->hist[j + 1].main == rev))
+		drop = j + 1;
+	drop_oldest(s, k, drop);
+	if (k->nhist == 0) {
+		struct mvcc__bytes b = {k->key, k->klen};
+		avl_remove(&s->keys, &b);
+		mvcc__key_free(s, k);
+	} else if (k->caphist > 2 * k->nhist) {
+		void *p = realloc(k->hist, k->nhist * sizeof(*k->hist));
+		if (p) {
+			k->hist = p;
+			s->hist_slots -= k->caphist - k->nhist;
+			k->caphist = k->nhist;
+		}
+	}
+}
+
+int mvcc_compact_lazy(struct mvcc_store *s, int64_t rev)
 {
 	if (rev <= s->compact_rev)
 		return MVCC_ECOMPACTED;
 	if (rev > s->rev)
 		return MVCC_EFUTURE_REV;
 	s->compact_rev = rev;
-	s->generation++;
-	size_t i = s->rl_head;
-	for (; i < s->rl_len && s->rl[i].main < rev; i++) {
-		struct mvcc__key *k = s->rl[i].key;
-		uint32_t j = hist_index(k, s->rl[i].main, s->rl[i].sub);
-		if (j + 1 < k->nhist && k->hist[j + 1].main < rev)
-			continue; /* not the key's newest version below rev */
-		/* Drop everything before j; j too when it is a tombstone or a
-		 * version at exactly rev supersedes it. */
-		uint32_t drop = j;
-		if (!mvcc__ver_live(&k->hist[j]) ||
-		    (j + 1 < k->nhist && k->hist[j + 1].main == rev))
-			drop = j + 1;
-		drop_oldest(s, k, drop);
-		if (k->nhist == 0) {
-			struct mvcc__bytes b = {k->key, k->klen};
-			avl_remove(&s->keys, &b);
-			mvcc__key_free(s, k);
-		} else if (k->caphist > 2 * k->nhist) {
-			void *p = realloc(k->hist, k->nhist * sizeof(*k->hist));
-			if (p) {
-				k->hist = p;
-				s->hist_slots -= k->caphist - k->nhist;
-				k->caphist = k->nhist;
-			}
-		}
-	}
-	/* A version at exactly rev supersedes every older one of its key,
-	 * also those an earlier compaction kept (their log entries are
-	 * gone, so the walk above did not see them). */
-	for (size_t e = i; e < s->rl_len && s->rl[e].main == rev; e++) {
-		struct mvcc__key *k = s->rl[e].key;
-		drop_oldest(s, k, hist_index(k, rev, 0));
-	}
+	return 0;
+}
+
+bool mvcc_compact_pending(const struct mvcc_store *s)
+{
+	return s->done_rev != s->compact_rev;
+}
+
+int mvcc_compact_work(struct mvcc_store *s, size_t max_entries)
+{
+	int64_t rev = s->compact_rev;
+	size_t n = 0, i = s->rl_head;
+
+	if (s->done_rev == rev)
+		return 1;
+	for (; n < max_entries && i < s->rl_len && s->rl[i].main < rev; i++, n++)
+		compact_entry(s, &s->rl[i], rev);
 	s->rl_base += i - s->rl_head;
 	s->rl_head = i;
+	if (n)
+		s->generation++; /* versions were freed */
+	if (i < s->rl_len && s->rl[i].main < rev)
+		return 0;
+	/* A version at exactly rev supersedes every older one of its key,
+	 * also those an earlier compaction kept (their log entries are
+	 * gone, so the walk above did not see them). The entries stay. */
+	if (s->eq_rev != rev || s->eq_pos < s->rl_head) {
+		s->eq_rev = rev;
+		s->eq_pos = s->rl_head;
+	}
+	for (; n < max_entries && s->eq_pos < s->rl_len && s->rl[s->eq_pos].main == rev;
+	     s->eq_pos++, n++) {
+		struct mvcc__key *k = s->rl[s->eq_pos].key;
+		uint32_t below = hist_index(k, rev, 0);
+		if (below) {
+			drop_oldest(s, k, below);
+			s->generation++;
+		}
+	}
+	if (s->eq_pos < s->rl_len && s->rl[s->eq_pos].main == rev)
+		return 0;
+	s->done_rev = rev;
 	size_t live = s->rl_len - s->rl_head;
 	if (s->rl_head > live) {
 		memmove(s->rl, s->rl + s->rl_head, live * sizeof(*s->rl));
 		s->rl_len = live;
 		s->rl_head = 0;
+		s->eq_pos = 0;
 	}
-	return 0;
+	return 1;
+}
+
+int mvcc_compact(struct mvcc_store *s, int64_t rev)
+{
+	int rc = mvcc_compact_lazy(s, rev);
+	if (rc == 0)
+		(void)mvcc_compact_work(s, SIZE_MAX);
+	return rc;
 }
 
 int64_t mvcc_compact_step(const struct mvcc_store *s, int64_t to, size_t max_entries)
 {
-	size_t head = s->rl_head;
+	/* The walk starts at the first entry not compacted yet. */
+	size_t head = rl_seek(s, s->compact_rev);
 	if (to <= s->compact_rev || s->rl_len - head <= max_entries)
 		return to;
 	/* Every entry below rl[head + max_entries]'s revision lies before it. */
@@ -478,15 +536,7 @@ int mvcc_hist_seek(const struct mvcc_store *s, int64_t rev, uint64_t *pos)
 {
 	if (rev < s->compact_rev)
 		return MVCC_ECOMPACTED;
-	size_t lo = s->rl_head, hi = s->rl_len;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (s->rl[mid].main < rev)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*pos = s->rl_base + (lo - s->rl_head);
+	*pos = s->rl_base + (rl_seek(s, rev) - s->rl_head);
 	return 0;
 }
 
@@ -502,6 +552,8 @@ int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos, struct mvcc_event 
 	if (pos >= mvcc_hist_end(s))
 		return -ENOENT;
 	const struct mvcc__rent *e = &s->rl[s->rl_head + (pos - s->rl_base)];
+	if (e->main < s->compact_rev)
+		return MVCC_ECOMPACTED; /* compacted, not freed yet */
 	const struct mvcc__key *k = e->key;
 	uint32_t j = hist_index(k, e->main, e->sub);
 	if (j >= k->nhist || k->hist[j].main != e->main || k->hist[j].sub != e->sub)
@@ -518,7 +570,10 @@ int mvcc_hist_event(const struct mvcc_store *s, uint64_t pos, struct mvcc_event 
 		ev->kv.value = mvcc__empty;
 		ev->kv.mod_revision = v->main;
 	}
-	if (j > 0 && mvcc__ver_live(&k->hist[j - 1])) {
+	/* The previous version, unless a compaction dropped it (not freed
+	 * yet: a version at exactly the compaction replaced it). */
+	if (j > 0 && mvcc__ver_live(&k->hist[j - 1]) &&
+	    (k->hist[j - 1].main >= s->compact_rev || v->main != s->compact_rev)) {
 		ev->has_prev_kv = true;
 		mvcc__kv_borrow(&ev->prev_kv, k, &k->hist[j - 1]);
 	}

@@ -62,6 +62,8 @@
  *                          create failure with a canceled WatchResponse)
  *   MVCC_ESNAPSHOT_CORRUPT / MVCC_ESNAPSHOT_VERSION: a snapshot that
  *                          cannot be restored (never sent to clients)
+ *   MVCC_ECOMPACT_PENDING: a snapshot asked for before mvcc_compact_work
+ *                          finished (never sent to clients)
  */
 #define MVCC_ERRORS(X) \
 	X(MVCC_ECOMPACTED, -900, "mvcc: required revision has been compacted") \
@@ -81,7 +83,8 @@
 	X(MVCC_EWATCH_NOT_FOUND, -914, "mvcc: watcher does not exist") \
 	X(MVCC_ESNAPSHOT_CORRUPT, -915, "mvcc: snapshot is corrupt") \
 	X(MVCC_ESNAPSHOT_VERSION, -916, "mvcc: unsupported snapshot version") \
-	X(MVCC_ESNAPSHOT_STALE, -917, "mvcc: the store was compacted during the snapshot")
+	X(MVCC_ESNAPSHOT_STALE, -917, "mvcc: the store was compacted during the snapshot") \
+	X(MVCC_ECOMPACT_PENDING, -918, "mvcc: a compaction's versions are still being freed")
 
 enum mvcc_err {
 #define MVCC__ERR_ENUM(name, value, text) name = value,
@@ -375,6 +378,24 @@ void mvcc_result_free(struct mvcc_result *r);
 int mvcc_compact(struct mvcc_store *s, int64_t rev) MC_MUST_CHECK;
 
 /*
+ * The same compaction, of which only the answers change at once (O(1)):
+ * reads, watches and history below rev fail from now on, and the store
+ * answers every request, HashKV included, as mvcc_compact leaves it. The
+ * versions it drops are freed later by mvcc_compact_work, in steps, as
+ * etcd frees a compaction's keys from its backend in batches. Until that
+ * is done (mvcc_compact_pending) a snapshot cannot begin, and
+ * mvcc_db_size_bytes and mvcc_stats still count the dropped versions.
+ * Errors: as mvcc_compact.
+ */
+int mvcc_compact_lazy(struct mvcc_store *s, int64_t rev) MC_MUST_CHECK;
+/* Whether versions a compaction dropped are still to be freed. */
+bool mvcc_compact_pending(const struct mvcc_store *s);
+/* Free what compactions dropped, walking at most max_entries revision-log
+ * entries (a key's versions at a time): 1 when nothing is left, else 0.
+ * A snapshot cursor open meanwhile goes stale (MVCC_ESNAPSHOT_STALE). */
+int mvcc_compact_work(struct mvcc_store *s, size_t max_entries);
+
+/*
  * A step toward compacting at to whose walk is bounded: the highest
  * revision in (the last compaction, to] below which the revision log
  * holds at most max_entries entries — at least the next revision that
@@ -459,7 +480,8 @@ int mvcc_versions(const struct mvcc_store *s,
 typedef int (*mvcc_write_fn)(void *ctx, const void *data, size_t len);
 
 /* Stream the whole state to on_chunk in pieces of at most 64 KiB.
- * Errors: -ENOMEM, or what on_chunk returned. */
+ * Errors: MVCC_ECOMPACT_PENDING (see mvcc_compact_lazy), -ENOMEM, or what
+ * on_chunk returned. */
 int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx) MC_MUST_CHECK;
 
 /*
@@ -467,12 +489,12 @@ int mvcc_snapshot(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx)
  * revision, writes the header and the leases as they are now; each step
  * encodes the following keys as they were at that revision until about
  * budget bytes went out. Writes meanwhile are fine (they only add versions
- * above the revision); a compaction is not (it drops versions): the next
- * step fails stale and the snapshot must start again. The cursor borrows
- * the store, which must outlive it.
- * begin errors: -ENOMEM, what on_chunk returned. step returns 1 once the
- * whole snapshot went out, 0 while more is left; errors:
- * MVCC_ESNAPSHOT_STALE, -ENOMEM, what on_chunk returned.
+ * above the revision), and so is mvcc_compact_lazy; freeing versions is
+ * not (mvcc_compact, mvcc_compact_work): the next step fails stale and the
+ * snapshot must start again. The cursor borrows the store, which must
+ * outlive it. begin errors: MVCC_ECOMPACT_PENDING, -ENOMEM, what on_chunk
+ * returned. step returns 1 once the whole snapshot went out, 0 while more
+ * is left; errors: MVCC_ESNAPSHOT_STALE, -ENOMEM, what on_chunk returned.
  */
 struct mvcc_snap_cursor;
 int mvcc_snap_begin(const struct mvcc_store *s, mvcc_write_fn on_chunk, void *ctx,

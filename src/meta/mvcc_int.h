@@ -59,6 +59,12 @@ struct mvcc_store {
 	uint64_t rl_base;
 	int64_t rev;
 	int64_t compact_rev;
+	/* What compaction dropped is freed in steps (mvcc_compact_work):
+	 * done_rev is the compaction revision it has all been freed for
+	 * (compact_rev: nothing pending); the versions at exactly done_rev
+	 * are being checked from rl[eq_pos] on (when eq_rev is compact_rev). */
+	int64_t done_rev, eq_rev;
+	size_t eq_pos;
 	uint64_t db_size;
 	uint64_t nversions;
 	uint64_t nlive;
@@ -68,7 +74,7 @@ struct mvcc_store {
 	size_t max_txn_ops;
 	int64_t min_lease_ttl_s;
 	struct lease_table *leases;
-	uint64_t generation; /* compactions so far: snapshot cursors go stale */
+	uint64_t generation; /* frees by compaction: snapshot cursors go stale */
 };
 
 struct mvcc__bytes {

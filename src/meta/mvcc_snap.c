@@ -119,6 +119,8 @@ struct mvcc_snap_cursor {
 int mvcc_snap_begin(const struct mvcc_store *s, mvcc_write_fn fn, void *ctx,
 		    struct mvcc_snap_cursor **out)
 {
+	if (mvcc_compact_pending(s))
+		return MVCC_ECOMPACT_PENDING; /* it would hold what was dropped */
 	struct mvcc_snap_cursor *c = calloc(1, sizeof(*c));
 	if (!c || !(c->e.buf = malloc(SNAP_CHUNK))) {
 		free(c);
@@ -439,6 +441,7 @@ int mvcc_restore(const struct mvcc_options *opts, const void *data, size_t len,
 		return rc;
 	s->rev = rev;
 	s->compact_rev = compact_rev;
+	s->done_rev = compact_rev;
 	lease__set_next_id(s->leases, next_id);
 	rc = MVCC_ESNAPSHOT_CORRUPT;
 	int64_t prev_id = 0;

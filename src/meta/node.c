@@ -310,6 +310,7 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 	uv_timer_init(loop, &n->tick_timer);
 	uv_idle_init(loop, &n->kick);
 	uv_idle_init(loop, &n->snap_idle);
+	uv_idle_init(loop, &n->compact_idle);
 	uv_timer_init(loop, &n->progress_timer);
 	uv_timer_init(loop, &n->sync_timer);
 	uv_timer_init(loop, &n->join_timer);
@@ -360,6 +361,7 @@ void meta__check_stopped(struct meta_node *n)
 	close_handle(n, (uv_handle_t *)&n->tick_timer);
 	close_handle(n, (uv_handle_t *)&n->kick);
 	close_handle(n, (uv_handle_t *)&n->snap_idle);
+	close_handle(n, (uv_handle_t *)&n->compact_idle);
 	close_handle(n, (uv_handle_t *)&n->progress_timer);
 	close_handle(n, (uv_handle_t *)&n->sync_timer);
 	close_handle(n, (uv_handle_t *)&n->join_timer);

@@ -648,6 +648,7 @@ static void persist_done(struct meta_node *n)
 		after_apply(n);
 	else
 		meta__read_serve(n);
+	meta__compact_resume(n);
 	meta__maybe_snapshot(n);
 	meta__maybe_publish(n);
 	meta__update_metrics(n);

@@ -475,7 +475,12 @@ static int apply_request(struct meta__sm *sm, const struct meta__sm_in *in,
 		meta__arena_free(&tmp);
 		return rc;
 	case MOONCAKE__META__REQUEST__REQ_COMPACTION:
-		rc = mvcc_compact(sm->store, q->compaction->revision);
+		/* As etcd: the compaction holds at once, its versions are freed
+		 * later (meta__compact_resume), unless the client asked to wait
+		 * for that (physical). */
+		rc = q->compaction->physical
+			     ? mvcc_compact(sm->store, q->compaction->revision)
+			     : mvcc_compact_lazy(sm->store, q->compaction->revision);
 		if (rc == -ENOMEM)
 			return rc;
 		if (rc) {
@@ -907,9 +912,10 @@ out:
 	return rc;
 }
 
-int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx)
+int meta__sm_snapshot_write(struct meta__sm *sm, mvcc_write_fn fn, void *ctx)
 {
 	struct mvcc_snap_cursor *cur;
+	(void)mvcc_compact_work(sm->store, SIZE_MAX);
 	int rc = meta__sm_snap_begin(sm, fn, ctx, &cur);
 	if (rc)
 		return rc;
@@ -923,7 +929,7 @@ static int buf_chunk(void *ctx, const void *data, size_t len)
 	return mc_buf_append(ctx, data, len);
 }
 
-int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len)
+int meta__sm_snapshot(struct meta__sm *sm, uint8_t **data, size_t *len)
 {
 	struct mc_buf b = MC_BUF_INIT;
 	int rc = meta__sm_snapshot_write(sm, buf_chunk, &b);

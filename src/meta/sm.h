@@ -242,15 +242,16 @@ Etcdserverpb__ResponseHeader *meta__sm_header(const struct meta__sm *sm, uint64_
 /* The whole state (members, alarms, KV store) as snapshot data:
  *   u32 header length (little-endian) | mooncake.meta.SnapshotHeader |
  *   the MVCC store's snapshot (mvcc.h)
- * Errors: -ENOMEM. */
-int meta__sm_snapshot(const struct meta__sm *sm, uint8_t **data, size_t *len) MC_MUST_CHECK;
+ * First frees whatever compactions dropped (mvcc_compact_work), which the
+ * snapshot must not hold. Errors: -ENOMEM. */
+int meta__sm_snapshot(struct meta__sm *sm, uint8_t **data, size_t *len) MC_MUST_CHECK;
 /* The same, handed to fn in pieces as it is encoded (the state is not
  * copied whole). Errors: -ENOMEM, what fn returned. */
-int meta__sm_snapshot_write(const struct meta__sm *sm, mvcc_write_fn fn,
-			    void *ctx) MC_MUST_CHECK;
+int meta__sm_snapshot_write(struct meta__sm *sm, mvcc_write_fn fn, void *ctx) MC_MUST_CHECK;
 /* The same in steps while the state takes entries (mvcc.h's cursor): the
  * members, alarms and leases go to fn now, then mvcc_snap_step() encodes
- * the keys as they were now. Errors: -ENOMEM, what fn returned. */
+ * the keys as they were now. Errors: MVCC_ECOMPACT_PENDING (free the
+ * compacted versions first), -ENOMEM, what fn returned. */
 int meta__sm_snap_begin(const struct meta__sm *sm, mvcc_write_fn fn, void *ctx,
 			struct mvcc_snap_cursor **cur) MC_MUST_CHECK;
 /* Replace the state with snapshot data (the member table changes

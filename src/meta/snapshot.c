@@ -24,9 +24,11 @@
  * set aside a few megabytes at a time (meta__tidy): deleted at once, a
  * few hundred megabytes stall every fdatasync of the disk — the WAL's on
  * the disk thread, which puts wait for — for seconds. A
- * compaction of the store meanwhile (it drops versions), a snapshot
- * received from the leader (it replaces the state) or a stop abandons
- * the snapshot; the next turn starts another.
+ * compaction's versions are freed (meta__compact_resume) only while no
+ * snapshot is being encoded, and a snapshot starts only once they are
+ * all freed; a client's physical compaction (it frees them at once), a
+ * snapshot received from the leader (it replaces the state) or a stop
+ * abandons the snapshot; the next turn starts another.
  *
  * Reading a snapshot file whole is here too (recovery, and sending one to
  * a member that lags).
@@ -104,7 +106,13 @@ static void snap_job_end(struct meta_node *n, struct meta__snap_job *s)
 		metric_set(n->m_snap_writing, 0);
 	}
 	snap_job_free(s);
+	meta__compact_resume(n);
 	meta__check_stopped(n);
+}
+
+bool meta__snapshot_encoding(const struct meta_node *n)
+{
+	return n->snap_job && !n->snap_job->encoded;
 }
 
 static int sink(void *ctx, const void *data, size_t len)
@@ -336,6 +344,7 @@ void meta__on_snap_idle(uv_idle_t *h)
 	if (rc == 1) {
 		s->encoded = true;
 		uv_idle_stop(h);
+		meta__compact_resume(n);
 	}
 	if (s->encoded || s->fill.len >= BUF_BYTES)
 		hand_off(n, s);
@@ -373,7 +382,10 @@ static bool snapshot_due(const struct meta_node *n)
 
 void meta__maybe_snapshot(struct meta_node *n)
 {
-	if (n->snap_job || n->stopping || n->fatal || !n->handles_open || !snapshot_due(n))
+	/* Not while a compaction's versions are being freed: the snapshot
+	 * would hold them (meta__compact_resume asks again when done). */
+	if (n->snap_job || n->stopping || n->fatal || !n->handles_open || !snapshot_due(n) ||
+	    mvcc_compact_pending(n->sm.store))
 		return;
 	struct meta__snap_job *s = calloc(1, sizeof(*s));
 	int rc = -ENOMEM;
@@ -416,6 +428,7 @@ void meta__snapshot_abandon(struct meta_node *n)
 	uv_idle_stop(&n->snap_idle);
 	metric_set(n->m_snap_writing, 0);
 	n->snap_job = NULL; /* a new one may start while the worker finishes */
+	meta__compact_resume(n);
 	/* A job with a worker ends when the worker returns: freeing it now
 	 * would leave the worker's completion pointing at freed memory. */
 	if (s->writing || s->marking)

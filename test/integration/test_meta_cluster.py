@@ -18,6 +18,9 @@ closes each history).
     the old leader rejoins and catches up.
   - 3 members: fill --quota-backend-bytes; the NOSPACE alarm reaches every member;
     compaction and disarm restore writes.
+  - 3 members: a compaction of 40,000 versions is freed in slices; every
+    member answers the same meanwhile, a snapshot follows, a restarted
+    member agrees; --physical frees before it answers.
   - graceful stop of the leader under load hands leadership over
     (TimeoutNow) with no election timeout wait; followers hand the writes
     refused meanwhile to the next leader.
@@ -26,6 +29,7 @@ closes each history).
     through the log once keep-alives stop; a watch on a follower sees the
     put and the expiry's delete; MoveLeader.
 """
+import json
 import threading
 import time
 
@@ -218,6 +222,74 @@ def quota_alarm_reaches_every_member():
                 if not m.status().errors:
                     break
         cl.put(b"q/after", b"ok")
+        cl.close()
+    finally:
+        c.close()
+
+
+def hashkv(c):
+    """{endpoint: (hash, compact revision)} of every member, at the newest revision."""
+    out = json.loads(etcdctl(c.endpoints, "endpoint", "hashkv", "--cluster", "-w", "json").stdout)
+    return {e["Endpoint"]: (e["HashKV"]["hash"], e["HashKV"]["compact_revision"]) for e in out}
+
+
+def fill(c, n):
+    mctest.run([mctest.MOONCAKECTL, "bench", "meta", "--endpoints=" + c.endpoints,
+                "--total=%d" % n, "--key-size=32", "--val-size=512", "--clients=32"], timeout=120)
+
+
+@case
+def a_big_compaction_is_freed_while_members_serve():
+    """A compaction holds at once and its versions are freed in slices
+    while the members serve (etcd frees a compaction's keys in batches
+    too): every member answers the same meanwhile (HashKV), the freeing
+    ends on every member (the store's size falls), the snapshot taken
+    next is taken whole and a member restarted from it agrees; a client's
+    --physical compaction is freed before it is answered."""
+    c = Cluster(3, args=["--snapshot-count=4000"])
+    try:
+        c.start()
+        fill(c, 20000)
+        r = json.loads(etcdctl(c.endpoints, "del", "", "--from-key", "-w", "json").stdout)
+        eq(int(r["deleted"]), 20000, "deleted")
+        rev = int(r["header"]["revision"])
+        # At exactly the delete: 20,000 puts dropped, 20,000 tombstones kept.
+        etcdctl(c.endpoints, "compaction", str(rev))
+        cl = Client(c.members[0].client_addr)
+        cl.put(b"after", b"1")
+        h = hashkv(c)
+        eq(len(set(h.values())), 1, "HashKV on every member: %s" % h)
+        eq(list(h.values())[0][1], rev, "compact revision")
+        for m in c.members:
+            for _ in deadline_loop(20, "%s still holds the compacted versions" % m.name):
+                if m.status().dbSize < 20000 * 600 // 2:
+                    break
+        fill(c, 5000)  # past --snapshot-count: each member takes a snapshot
+        for m in c.members:
+            for _ in deadline_loop(20, "%s took no snapshot after the compaction" % m.name):
+                if m.output().split("compacted the store at revision %d" % rev)[-1].count(
+                        "log compacted"):
+                    break
+            assert "abandoned" not in m.output(), m.output()[-3000:]
+        f = [m for m in c.members if m is not c.leader()][0]
+        f.kill()
+        f.start()
+        c.wait_leader()
+        rev2 = cl.put(b"after2", b"2").header.revision
+        for _ in deadline_loop(20, "the restarted member disagrees"):
+            try:
+                h = hashkv(c)
+            except AssertionError:
+                continue
+            if len(h) == 3 and len(set(h.values())) == 1:
+                break
+        # --physical: answered once the member asked freed the versions.
+        one = Client(f.client_addr)
+        before = one.status().dbSize
+        etcdctl(f.endpoint, "compaction", "--physical", str(rev2))
+        after = one.status().dbSize
+        assert after < before, "physical compaction freed nothing: %d -> %d" % (before, after)
+        one.close()
         cl.close()
     finally:
         c.close()

@@ -5,6 +5,8 @@
  */
 #include "test_mvcc_helpers.h"
 
+#include "meta/bolt.h"
+
 static struct mvcc_store *s;
 
 static void setup(void)
@@ -415,6 +417,176 @@ Test(mvcc, compaction)
 					       (1 + MVCC_VERSION_OVERHEAD_BYTES));
 	o.u.range.revision = 10;
 	cr_assert_str_eq(range_keys(&o, NULL, NULL), "a,d");
+}
+
+/* Every key at rev, with its value and revisions, as one string (rev
+ * below the compaction: "compacted"). */
+static const char *dump_at(struct mvcc_store *st, int64_t rev, char *buf, size_t cap)
+{
+	struct mvcc_result res;
+	struct mvcc_op o = op_range("\0", 1, "\0", 1);
+	o.u.range.revision = rev;
+	int rc = mvcc_apply(st, &o, &res);
+	if (rc) {
+		snprintf(buf, cap, "error %d", rc);
+		return buf;
+	}
+	size_t n = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < res.resp.u.range.nkvs && n < cap - 128; i++) {
+		const struct mvcc_kv *kv = &res.resp.u.range.kvs[i];
+		n += (size_t)snprintf(buf + n, cap - n, "%.*s=%.*s@%lld/%lld/%lld ",
+				      (int)kv->key_len, kv->key, (int)kv->value_len, kv->value,
+				      (long long)kv->mod_revision,
+				      (long long)kv->create_revision, (long long)kv->version);
+	}
+	mvcc_result_free(&res);
+	return buf;
+}
+
+/* The events from rev on, with their previous versions, as one string. */
+static const char *dump_events(struct mvcc_store *st, int64_t rev, char *buf, size_t cap)
+{
+	uint64_t pos;
+	struct mvcc_event ev;
+	size_t n = 0;
+	int rc = mvcc_hist_seek(st, rev, &pos);
+	snprintf(buf, cap, "seek %d ", rc);
+	n = strlen(buf);
+	for (; !rc && (rc = mvcc_hist_event(st, pos, &ev)) == 0 && n < cap - 128; pos++)
+		n += (size_t)snprintf(
+			buf + n, cap - n, "%d:%.*s@%lld<%lld ", ev.type, (int)ev.kv.key_len,
+			ev.kv.key, (long long)ev.kv.mod_revision,
+			ev.has_prev_kv ? (long long)ev.prev_kv.mod_revision : 0ll);
+	snprintf(buf + n, cap - n, "end %d", rc);
+	return buf;
+}
+
+/* lz (compacted lazily, partly freed) answers as z (compacted at once). */
+static void same_answers(struct mvcc_store *lz, struct mvcc_store *z)
+{
+	static char a[65536], b[65536];
+	int64_t c = mvcc_compact_rev(z), rev = mvcc_rev(z);
+	cr_assert_eq(mvcc_compact_rev(lz), c);
+	int64_t at[] = {0, c - 1, c, c + (rev - c) / 2, rev};
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++)
+		cr_assert_str_eq(
+			dump_at(lz, at[i], a, sizeof(a)), dump_at(z, at[i], b, sizeof(b)),
+			"range at %lld (compacted at %lld)", (long long)at[i], (long long)c);
+	cr_assert_str_eq(dump_events(lz, c, a, sizeof(a)), dump_events(z, c, b, sizeof(b)));
+	uint64_t p1, p2;
+	struct mvcc_event ev;
+	cr_assert_eq(mvcc_hist_seek(lz, c, &p1), 0);
+	cr_assert_eq(mvcc_hist_seek(z, c, &p2), 0);
+	cr_assert_eq(p1, p2, "positions are absolute");
+	if (p1 > 0) /* the entry before: compacted, whether freed or not */
+		cr_assert_eq(mvcc_hist_event(lz, p1 - 1, &ev), MVCC_ECOMPACTED);
+	uint32_t h1, h2;
+	int64_t cur, comp;
+	cr_assert_eq(bolt_hash_kv(lz, 0, &h1, &cur, &comp), 0);
+	cr_assert_eq(bolt_hash_kv(z, 0, &h2, &cur, &comp), 0);
+	cr_assert_eq(h1, h2, "HashKV");
+	if (c > 1 && c < rev) {
+		cr_assert_eq(bolt_hash_kv(lz, c + 1, &h1, &cur, &comp), 0);
+		cr_assert_eq(bolt_hash_kv(z, c + 1, &h2, &cur, &comp), 0);
+		cr_assert_eq(h1, h2, "HashKV at a revision");
+	}
+}
+
+static void same_state(struct mvcc_store *lz, struct mvcc_store *z)
+{
+	cr_assert(!mvcc_compact_pending(lz));
+	struct h_sink x = h_snapshot(lz), y = h_snapshot(z);
+	cr_assert_eq(x.len, y.len);
+	cr_assert(!memcmp(x.data, y.data, x.len), "the same snapshot");
+	free(x.data);
+	free(y.data);
+	struct mvcc_stats p, q;
+	mvcc_stats(lz, &p);
+	mvcc_stats(z, &q);
+	p.memory_bytes = q.memory_bytes = 0; /* array capacities differ */
+	cr_assert(!memcmp(&p, &q, sizeof(p)), "the same stats");
+}
+
+Test(mvcc, lazy_compaction_answers_as_compact)
+{
+	struct mvcc_store *z = h_store();
+	unsigned seed = 7;
+	char k[16], v[16];
+	int64_t c = 0;
+	for (int step = 0; step < 4000; step++) {
+		unsigned what = (unsigned)rand_r(&seed) % 100;
+		snprintf(k, sizeof(k), "k%02u", (unsigned)rand_r(&seed) % 40);
+		if (what < 50) {
+			snprintf(v, sizeof(v), "v%d", step);
+			h_put(s, k, v);
+			h_put(z, k, v);
+		} else if (what < 62) {
+			h_del(s, k, NULL);
+			h_del(z, k, NULL);
+		} else if (what < 65) { /* many keys in one revision */
+			h_del(s, "k1", "k3");
+			h_del(z, "k1", "k3");
+		} else if (what < 70 && c < mvcc_rev(s)) {
+			/* at exactly the last revision, or anywhere above c */
+			int64_t at = what < 67 ? mvcc_rev(s)
+					       : c + 1 + rand_r(&seed) % (mvcc_rev(s) - c);
+			cr_assert_eq(mvcc_compact_lazy(s, at), 0);
+			cr_assert_eq(mvcc_compact_lazy(s, at), MVCC_ECOMPACTED);
+			cr_assert_eq(mvcc_compact(z, at), 0);
+			c = at;
+		} else if (what < 90) {
+			(void)mvcc_compact_work(s, (size_t)rand_r(&seed) % 4);
+		}
+		if (step % 5 == 0)
+			same_answers(s, z);
+		if (mvcc_compact_pending(s)) {
+			struct mvcc_snap_cursor *cur;
+			struct h_sink x = {0};
+			cr_assert_eq(mvcc_snap_begin(s, h_sink_write, &x, &cur),
+				     MVCC_ECOMPACT_PENDING);
+		}
+	}
+	while (!mvcc_compact_work(s, 3))
+		same_answers(s, z);
+	same_answers(s, z);
+	same_state(s, z);
+	mvcc_free(z);
+}
+
+/* A snapshot being encoded sees a lazy compaction as nothing (it frees
+ * nothing) and goes stale once versions are freed. */
+Test(mvcc, lazy_compaction_and_snapshot_cursor)
+{
+	char k[16];
+	for (int i = 0; i < 30; i++) {
+		snprintf(k, sizeof(k), "k%02d", i);
+		h_put(s, k, "v");
+	}
+	int64_t del_rev = mvcc_rev(s) + 1;
+	cr_assert_eq(h_del(s, "k", "l"), 30);
+	struct h_sink x = {0};
+	struct mvcc_snap_cursor *cur;
+	cr_assert_eq(mvcc_snap_begin(s, h_sink_write, &x, &cur), 0);
+	cr_assert_eq(mvcc_compact_lazy(s, del_rev), 0);
+	cr_assert(mvcc_compact_pending(s));
+	cr_assert_eq(mvcc_snap_step(cur, 64), 0, "still good");
+	/* The walk below the delete is 30 entries; the delete's own 30
+	 * tombstones supersede the puts: 60 in all, 7 at a time. */
+	int calls = 1;
+	while (!mvcc_compact_work(s, 7))
+		calls++;
+	cr_assert_eq(calls, 9, "60 entries, 7 at a time: %d calls", calls);
+	cr_assert_eq(mvcc_snap_step(cur, SIZE_MAX), MVCC_ESNAPSHOT_STALE);
+	mvcc_snap_free(cur);
+	free(x.data);
+	struct mvcc_stats st;
+	mvcc_stats(s, &st);
+	cr_assert_eq(st.versions, 30, "the tombstones, kept for watchers");
+	cr_assert_eq(st.key_nodes, 30);
+	struct h_sink y = h_snapshot(s);
+	cr_assert_gt(y.len, 0);
+	free(y.data);
 }
 
 struct want_version {
