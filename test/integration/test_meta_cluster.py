@@ -227,10 +227,17 @@ def quota_alarm_reaches_every_member():
         c.close()
 
 
-def hashkv(c):
-    """{endpoint: (hash, compact revision)} of every member, at the newest revision."""
-    out = json.loads(etcdctl(c.endpoints, "endpoint", "hashkv", "--cluster", "-w", "json").stdout)
-    return {e["Endpoint"]: (e["HashKV"]["hash"], e["HashKV"]["compact_revision"]) for e in out}
+def same_hashkv(c, rev):
+    """The compact revision every member reports beside the same HashKV at
+    rev (a member still applying rev is asked again)."""
+    for _ in deadline_loop(20, "the members' HashKV at %d differ" % rev):
+        r = etcdctl(c.endpoints, "endpoint", "hashkv", "--cluster", "--rev=%d" % rev, "-w",
+                    "json", check=False)
+        if r.returncode != 0:
+            continue
+        h = {(e["HashKV"]["hash"], e["HashKV"]["compact_revision"]) for e in json.loads(r.stdout)}
+        if len(json.loads(r.stdout)) == 3 and len(h) == 1:
+            return h.pop()[1]
 
 
 def fill(c, n):
@@ -256,10 +263,7 @@ def a_big_compaction_is_freed_while_members_serve():
         # At exactly the delete: 20,000 puts dropped, 20,000 tombstones kept.
         etcdctl(c.endpoints, "compaction", str(rev))
         cl = Client(c.members[0].client_addr)
-        cl.put(b"after", b"1")
-        h = hashkv(c)
-        eq(len(set(h.values())), 1, "HashKV on every member: %s" % h)
-        eq(list(h.values())[0][1], rev, "compact revision")
+        eq(same_hashkv(c, cl.put(b"after", b"1").header.revision), rev, "compact revision")
         for m in c.members:
             for _ in deadline_loop(20, "%s still holds the compacted versions" % m.name):
                 if m.status().dbSize < 20000 * 600 // 2:
@@ -276,13 +280,7 @@ def a_big_compaction_is_freed_while_members_serve():
         f.start()
         c.wait_leader()
         rev2 = cl.put(b"after2", b"2").header.revision
-        for _ in deadline_loop(20, "the restarted member disagrees"):
-            try:
-                h = hashkv(c)
-            except AssertionError:
-                continue
-            if len(h) == 3 and len(set(h.values())) == 1:
-                break
+        same_hashkv(c, rev2)  # the restarted member agrees
         # --physical: answered once the member asked freed the versions.
         one = Client(f.client_addr)
         before = one.status().dbSize
