@@ -146,6 +146,7 @@ struct agent {
 	struct agent_demote demote; /* demote.c */
 	struct agent_peer peer;     /* peer.c */
 	struct agent_insts insts;   /* inst.c */
+	struct agent_mem mem;       /* mem.c */
 };
 
 #endif

@@ -215,9 +215,12 @@ static void free_map(struct agent_map *m)
 }
 
 /* te_unregister waits until no transfer touches the region: not on the
- * loop thread. The unmap follows it on the same copy thread. */
+ * loop thread. The unmap follows it on the same copy thread. Until its
+ * done runs, the region may still be in the engine: it is an unmap under
+ * way (struct agent_mem). */
 struct unmap_job {
 	struct agent_job job;
+	struct agent *a;
 	struct agent_map *m;
 	struct agent_inst *inst; /* the engine's: dropped after */
 };
@@ -231,11 +234,59 @@ static void unmap_run(struct agent_job *j)
 	u->m = NULL;
 }
 
+/* A registration that met a region in the way waits for the unmaps this
+ * many times at most: after one wait, every region that was on its way
+ * out then is gone, and what is in the way is live (or a session closed
+ * since). */
+#define UNMAP_WAIT_TRIES_MAX 3u
+
+static void unmap_wait_resubmit(struct agent *a, struct agent_unmap_wait *w)
+{
+	w->mark = a->mem.unmaps_done;
+	agent__pool_submit(&a->pool, w->job);
+}
+
 static void unmap_done(struct agent_job *j)
 {
 	struct unmap_job *u = MC_CONTAINER_OF(j, struct unmap_job, job);
+	struct agent *a = u->a;
 	agent__inst_unref(u->inst);
 	free(u);
+	a->mem.unmaps_done++;
+	if (--a->mem.unmaps > 0)
+		return;
+	struct agent_unmap_wait *w = a->mem.waiting;
+	a->mem.waiting = a->mem.waiting_tail = NULL;
+	while (w) {
+		struct agent_unmap_wait *next = w->next;
+		unmap_wait_resubmit(a, w);
+		w = next;
+	}
+}
+
+void agent__unmap_wait_submit(struct agent *a, struct agent_unmap_wait *w, struct agent_job *j)
+{
+	*w = (struct agent_unmap_wait){.job = j, .mark = a->mem.unmaps_done};
+	agent__pool_submit(&a->pool, j);
+}
+
+bool agent__unmap_wait(struct agent *a, struct agent_unmap_wait *w)
+{
+	if (w->tries >= UNMAP_WAIT_TRIES_MAX ||
+	    (a->mem.unmaps == 0 && a->mem.unmaps_done == w->mark))
+		return false;
+	w->tries++;
+	if (a->mem.unmaps == 0) {
+		unmap_wait_resubmit(a, w); /* the unmap ended before this done */
+		return true;
+	}
+	w->next = NULL;
+	if (a->mem.waiting_tail)
+		a->mem.waiting_tail->next = w;
+	else
+		a->mem.waiting = w;
+	a->mem.waiting_tail = w;
+	return true;
 }
 
 void agent__map_unref(struct agent_map *m)
@@ -245,10 +296,12 @@ void agent__map_unref(struct agent_map *m)
 	if (m->region && m->a && agent__pool_started(&m->a->pool)) {
 		struct unmap_job *u = calloc(1, sizeof(*u));
 		if (u) {
+			u->a = m->a;
 			u->m = m;
 			u->inst = m->inst;
 			u->job.run = unmap_run;
 			u->job.done = unmap_done;
+			m->a->mem.unmaps++;
 			agent__pool_submit(&m->a->pool, &u->job);
 			return;
 		}

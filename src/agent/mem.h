@@ -17,7 +17,26 @@
 
 struct agent;
 struct agent_inst;
+struct agent_job;
 struct te_region;
+
+/* The unmaps under way, embedded in struct agent (touched only by
+ * mem.c): a registration that met a region one of them may have been
+ * taking out of the engine waits for them. */
+struct agent_mem {
+	unsigned unmaps;      /* unmap jobs not done yet */
+	uint64_t unmaps_done; /* unmap jobs done since the start */
+	struct agent_unmap_wait *waiting, *waiting_tail;
+};
+
+/* A registration job's wait for unmaps, embedded beside its job
+ * (touched only by mem.c). */
+struct agent_unmap_wait {
+	struct agent_unmap_wait *next; /* in agent_mem.waiting */
+	struct agent_job *job;
+	uint64_t mark; /* unmaps_done when the job was last submitted */
+	unsigned tries;
+};
 
 /* A shared mapping of a memfd, reference-counted on the loop thread. */
 struct agent_map {
@@ -64,8 +83,26 @@ int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off, uint6
 			 struct agent_map **out, uint8_t **base) MC_MUST_CHECK;
 
 void agent__map_ref(struct agent_map *m);
-/* Drop a reference; the last one unregisters, unmaps and closes. */
+/* Drop a reference; the last one unregisters, unmaps and closes (the
+ * unregistration waits for transfers, so it runs on a copy thread and
+ * ends later: an unmap under way). */
 void agent__map_unref(struct agent_map *m);
+/*
+ * A registration with the engine may meet a region an unmap is taking
+ * out: a closed session's (a client's next process often maps its buffer
+ * where the last one had it). agent__unmap_wait_submit submits j, the
+ * registration, to the copy threads. When j's done gets -EEXIST, it calls
+ * agent__unmap_wait: if an unmap was under way at some moment since j was
+ * submitted, the region in the way may have been that unmap's; j is
+ * submitted again once no unmap is under way (at once if none is) and
+ * true is returned: the caller leaves j as it is. A registration waits a
+ * few times at most. False: the region in the way is live. On the loop
+ * thread. Nothing is allocated: each waiting job is a request in flight,
+ * which the sessions' limits bound.
+ */
+void agent__unmap_wait_submit(struct agent *a, struct agent_unmap_wait *w,
+			      struct agent_job *j);
+bool agent__unmap_wait(struct agent *a, struct agent_unmap_wait *w);
 
 /*
  * A map of memory the agent does not map: len bytes of a client's own

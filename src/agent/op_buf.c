@@ -90,6 +90,7 @@ struct publish {
 	uint64_t len, address, memfd_off;
 	int fd; /* to send with the reply (alloc: the agent made m), or -1 */
 	int err;
+	struct agent_unmap_wait wait;
 };
 
 static void publish_run(struct agent_job *j)
@@ -107,6 +108,8 @@ static void publish_done(struct agent_job *j)
 	struct agent_req *r = p->r;
 	uint64_t id;
 	int rc = p->err;
+	if (rc == -EEXIST && agent__unmap_wait(r->a, &p->wait))
+		return;
 	if (rc == -EEXIST)
 		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
 			 "(another session's buffer at the same address)",
@@ -154,7 +157,7 @@ static void add_or_publish(struct agent_req *r, struct agent_map *m, uint8_t *ba
 					      .fd = fd};
 			p->job.run = publish_run;
 			p->job.done = publish_done;
-			agent__pool_submit(&r->a->pool, &p->job);
+			agent__unmap_wait_submit(r->a, &p->wait, &p->job);
 			return;
 		}
 		agent__map_unref(m);
@@ -222,7 +225,9 @@ struct unmapped_reg {
 	int pidfd;  /* process memory: a dup, owned; else -1 */
 	int dmabuf; /* a dma-buf: the attached fd, owned; else -1 */
 	uint64_t address, len, offset;
+	bool closed; /* pidfd or dmabuf, by the run */
 	int err;
+	struct agent_unmap_wait wait;
 };
 
 static void unmapped_run(struct agent_job *j)
@@ -231,16 +236,20 @@ static void unmapped_run(struct agent_job *j)
 	if (p->dmabuf >= 0) {
 		p->err = te_register_dmabuf(p->te, p->address, p->len, p->dmabuf, p->offset,
 					    &p->m->region);
-		close(p->dmabuf);
 	} else {
 		p->err = agent__check_process(p->pid, p->address, p->len);
 		if (p->err == 0)
 			p->err = te_register_process(p->te, p->address, p->len, p->pid,
 						     p->pidfd, &p->m->region);
-		close(p->pidfd);
 	}
 	if (p->err)
 		p->m->region = NULL;
+	/* An overlap may be tried again (agent__unmap_wait): the descriptor
+	 * is kept until the done decides. */
+	if (p->err != -EEXIST) {
+		close(p->dmabuf >= 0 ? p->dmabuf : p->pidfd);
+		p->closed = true;
+	}
 }
 
 static void unmapped_done(struct agent_job *j)
@@ -250,6 +259,10 @@ static void unmapped_done(struct agent_job *j)
 	bool dmabuf = p->dmabuf >= 0;
 	uint64_t id;
 	int rc = p->err;
+	if (rc == -EEXIST && agent__unmap_wait(r->a, &p->wait))
+		return;
+	if (!p->closed)
+		close(dmabuf ? p->dmabuf : p->pidfd);
 	if (rc == 0) {
 		map_engine(r, p->m);
 		p->m->device = dmabuf;
@@ -315,7 +328,7 @@ static void register_unmapped(struct agent_req *r)
 	p->offset = q->offset;
 	p->job.run = unmapped_run;
 	p->job.done = unmapped_done;
-	agent__pool_submit(&r->a->pool, &p->job);
+	agent__unmap_wait_submit(r->a, &p->wait, &p->job);
 }
 
 void agent__op_register_buffer(struct agent_req *r)

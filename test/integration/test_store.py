@@ -562,6 +562,74 @@ print(resp.error)
 
 
 @case
+def a_closed_sessions_addresses_are_free_at_once():
+    """A client's next process often maps its buffer where the last one
+    had it, and registers it as soon as it connects: while the closed
+    session's buffer is still leaving the engine (on a copy thread), the
+    new one waits for it rather than failing with -EEXIST. A buffer over
+    a live one is still refused."""
+    # Several copy threads (one takes the unmap as another takes the
+    # registration), whatever the machine's cores.
+    cl = Cluster(agents=1, agent_args=["--agent-copy-threads=4"])
+    a = cl.agents[0]
+    mfd = os.memfd_create("buf", os.MFD_ALLOW_SEALING)
+    os.ftruncate(mfd, MiB)
+    import fcntl
+    fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    priv = ctypes.create_string_buffer(64 << 10)
+    mem = ctypes.addressof(priv)
+    fixed = 0x7e0000000000  # (the client's address: the agent maps its own)
+    ROUNDS = 1000
+
+    def session():
+        s = st.raw_connect(a.socket)
+        st.hello(s)
+        return s
+
+    def register(s, address, fd=None, length=MiB):
+        r = C.Request(id=40, nfds=0 if fd is None else 1)
+        r.register_buffer.length = length
+        r.register_buffer.address = address
+        r.register_buffer.process_memory = fd is None
+        st.send(s, r, [] if fd is None else [fd])
+        resp, _ = st.recv_response(s)
+        return resp.error
+
+    # The race is narrow: many rounds, every refusal counted. The next
+    # session is open before the last one closes, so its registration
+    # comes after the agent saw the close.
+    refused = {}
+    for what, address, fd, length in (("a memfd", fixed, mfd, MiB),
+                                      ("process memory", mem, None, len(priv))):
+        last = session()
+        eq(register(last, address, fd, length), OK, "%s registered" % what)
+        refused[what] = 0
+        for _ in range(ROUNDS):
+            s = session()
+            last.close()
+            if register(s, address, fd, length) != OK:
+                refused[what] += 1
+            last = s
+        last.close()
+    eq(refused, {"a memfd": 0, "process memory": 0},
+       "registrations at a closed session's addresses refused, of %d each" % ROUNDS)
+
+    # Live overlaps: another session's buffer is in the way for good.
+    s1, s2 = session(), session()
+    eq(register(s1, fixed, mfd), OK, "a live buffer")
+    eq(register(s2, fixed, mfd), -17, "the same addresses: -EEXIST")
+    eq(register(s2, fixed + MiB // 2, mfd), -17, "half over it: -EEXIST")
+    eq(register(s2, fixed + MiB, mfd), OK, "just past it")
+    assert "overlaps memory already published" in a.d.output(), a.d.output()
+    s1.close()
+    s2.close()
+    os.close(mfd)
+    wait_for(lambda: metric(a.metrics(), "mooncake_agent_buffers") == 0.0,
+             what="buffers of closed sessions freed")
+    cl.stop()
+
+
+@case
 def client_killed_mid_put_leaves_nothing():
     cl = Cluster(agents=1, segment=256 * MiB, master_args=["--put-timeout=2s"])
     a = cl.agents[0]
