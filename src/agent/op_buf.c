@@ -66,6 +66,12 @@ static const char *register_why(int rc)
 	}
 }
 
+/* The engine holds the buffers of every session without an engine of its
+ * own and the agent's own memory (its segment) at their addresses, each
+ * in its own process: a client's buffer may meet either. */
+static const char overlap_why[] = "the address range overlaps memory this agent publishes "
+				  "already: another session's buffer, or the agent's own";
+
 /* A map just registered with the request's engine: when that is the
  * session's own, the map keeps it alive until its region is gone. */
 static void map_engine(struct agent_req *r, struct agent_map *m)
@@ -112,7 +118,8 @@ static void publish_done(struct agent_job *j)
 		return;
 	if (rc == -EEXIST)
 		log_warn("client %s: buffer at 0x%llx overlaps memory already published "
-			 "(another session's buffer at the same address)",
+			 "(another session's buffer, or the agent's own memory, at the same "
+			 "addresses)",
 			 agent__session_name(r->c), (unsigned long long)p->address);
 	if (rc == 0)
 		map_engine(r, p->m);
@@ -127,10 +134,7 @@ static void publish_done(struct agent_job *j)
 			close(p->fd);
 			agent__server_alloc_give(r->a, p->len);
 		}
-		agent__op_fail(r, rc,
-			       rc == -EEXIST ? "the address range is already published by "
-					       "another session of this agent"
-					     : NULL);
+		agent__op_fail(r, rc, rc == -EEXIST ? overlap_why : NULL);
 	} else {
 		buffer_reply(r, id, p->len, p->fd);
 	}
@@ -199,8 +203,7 @@ static const char *unmapped_why(int rc, bool dmabuf)
 	case -ENOSPC:
 		return "too many buffers in this session";
 	case -EEXIST:
-		return "the address range is already published by another session "
-		       "of this agent";
+		return overlap_why;
 	case -EOPNOTSUPP:
 		return dmabuf ? "device memory is reached by RDMA only, and this agent's "
 				"engine has no RDMA device that registers dma-bufs"

@@ -567,7 +567,7 @@ def a_closed_sessions_addresses_are_free_at_once():
     had it, and registers it as soon as it connects: while the closed
     session's buffer is still leaving the engine (on a copy thread), the
     new one waits for it rather than failing with -EEXIST. A buffer over
-    a live one is still refused."""
+    a live one, or over the agent's own segment, is still refused."""
     # Several copy threads (one takes the unmap as another takes the
     # registration), whatever the machine's cores.
     cl = Cluster(agents=1, agent_args=["--agent-copy-threads=4"])
@@ -621,6 +621,12 @@ def a_closed_sessions_addresses_are_free_at_once():
     eq(register(s2, fixed + MiB // 2, mfd), -17, "half over it: -EEXIST")
     eq(register(s2, fixed + MiB, mfd), OK, "just past it")
     assert "overlaps memory already published" in a.d.output(), a.d.output()
+    # The agent's own segment is in the same engine, at its address in
+    # the agent: a client's buffer at those addresses meets it.
+    with open("/proc/%d/maps" % a.d.proc.pid) as f:
+        seg = [int(l.split("-")[0], 16) for l in f if "mooncake-segment" in l][0]
+    eq(register(s2, seg, mfd), -17, "over the agent's own segment: -EEXIST")
+    assert "or the agent's own memory" in a.d.output(), a.d.output()
     s1.close()
     s2.close()
     os.close(mfd)
