@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/endian.h"
 #include "common/io.h"
 
 uint64_t mc_now_ns(void)
@@ -306,17 +307,30 @@ static uint64_t mix64(uint64_t a, uint64_t b)
 	return (uint64_t)r ^ (uint64_t)(r >> 64);
 }
 
+/* The last len (< 8) bytes at p as a little-endian word, read in whole
+ * loads (two overlapping ones from 4 bytes on). Not memcpy into a zeroed
+ * word: gcc makes that byte stores and a word load, which cannot be
+ * forwarded and waits for every older instruction to retire, cache
+ * misses included, so that a batch's lookups, each hashing its key, no
+ * longer overlap their misses (at 10M objects a lookup cost 4x more). */
+static uint64_t tail_word(const unsigned char *p, size_t len)
+{
+	if (len >= 4)
+		return (uint64_t)mc_get_le32(p) | (uint64_t)mc_get_le32(p + len - 4)
+							  << (8 * (len - 4));
+	if (len == 0)
+		return 0;
+	return (uint64_t)p[0] | (uint64_t)p[len / 2] << (8 * (len / 2)) |
+	       (uint64_t)p[len - 1] << (8 * (len - 1));
+}
+
 uint64_t mc_hash64(const void *data, size_t len)
 {
 	const unsigned char *p = data;
-	uint64_t h = 0x9e3779b97f4a7c15ull ^ len, w;
-	for (; len >= 8; p += 8, len -= 8) {
-		memcpy(&w, p, 8);
-		h = mix64(w ^ 0xa0761d6478bd642full, h ^ 0xe7037ed1a0b428dbull);
-	}
-	w = 0;
-	memcpy(&w, p, len);
-	return mix64(w ^ 0x8ebc6af09c88c6e3ull, h ^ 0x589965cc75374cc3ull);
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ len;
+	for (; len >= 8; p += 8, len -= 8)
+		h = mix64(mc_get_le64(p) ^ 0xa0761d6478bd642full, h ^ 0xe7037ed1a0b428dbull);
+	return mix64(tail_word(p, len) ^ 0x8ebc6af09c88c6e3ull, h ^ 0x589965cc75374cc3ull);
 }
 
 uint64_t mc_rss_bytes(void)

@@ -2,7 +2,8 @@
  * test_util: deleting files a step at a time (mc_unlink_in_steps and
  * mc_unlink_suffixed): the file goes whatever its size and the step, only
  * the names with the suffix go, and a missing file or directory gives the
- * documented errors.
+ * documented errors; mc_hash64 the same as before it read its last bytes
+ * in whole loads.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -96,4 +97,44 @@ Test(util, unlink_suffixed_only_those)
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	cr_assert_eq(system(cmd), 0);
 	free(dir);
+}
+
+/* mc_hash64 reads its last bytes in whole loads: on a little-endian host
+ * it gives what a copy of them into a zeroed word gave, every length. */
+static uint64_t hash_mix(uint64_t a, uint64_t b)
+{
+	unsigned __int128 r = (unsigned __int128)a * b;
+	return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+Test(util, hash64_as_before_and_every_byte_counts)
+{
+	unsigned char buf[64];
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (unsigned char)(i * 37 + 11);
+	for (size_t off = 0; off < 8; off++)
+		for (size_t len = 0; len + off <= 48; len++) {
+			const unsigned char *p = buf + off;
+			size_t n = len;
+			uint64_t h = 0x9e3779b97f4a7c15ull ^ len, w;
+			for (; n >= 8; p += 8, n -= 8) {
+				memcpy(&w, p, 8);
+				h = hash_mix(w ^ 0xa0761d6478bd642full,
+					     h ^ 0xe7037ed1a0b428dbull);
+			}
+			w = 0;
+			memcpy(&w, p, n);
+			h = hash_mix(w ^ 0x8ebc6af09c88c6e3ull, h ^ 0x589965cc75374cc3ull);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+			cr_assert_eq(mc_hash64(buf + off, len), h, "len %zu", len);
+#endif
+			/* A byte changed anywhere changes the hash. */
+			for (size_t i = 0; i < len; i++) {
+				uint64_t before = mc_hash64(buf + off, len);
+				buf[off + i] ^= 0x40;
+				cr_assert_neq(mc_hash64(buf + off, len), before,
+					      "len %zu byte %zu", len, i);
+				buf[off + i] ^= 0x40;
+			}
+		}
 }
