@@ -498,15 +498,7 @@ int master__put_start(struct master_core *c, const struct master_put *p, uint64_
 	if (rc)
 		return rc;
 	struct master_obj *o = master__obj_new(p->key, p->klen, n);
-	if (o) {
-		memcpy(o->rep, reps, n * sizeof(*reps));
-		o->size = p->size;
-		o->flags = MASTER_OBJ_PENDING | (p->soft_pin ? MASTER_OBJ_SOFT_PIN : 0);
-		o->lease_or_start_ms = now_ms;
-		o->ttl_ms = p->ttl_ms;
-	}
-	if (!o || master__index_link(&c->ix, o)) {
-		master__obj_free(o);
+	if (!o) {
 		for (unsigned i = 0; i < n && len; i++)
 			if (master__alloc_put(master__segs_at(&c->segs, reps[i].seg)->alloc,
 					      reps[i].offset, len)) {
@@ -514,8 +506,14 @@ int master__put_start(struct master_core *c, const struct master_put *p, uint64_
 			}
 		return -ENOMEM;
 	}
+	memcpy(o->rep, reps, n * sizeof(*reps));
 	for (unsigned i = 0; i < n; i++)
 		master__segs_at(&c->segs, reps[i].seg)->replicas++;
+	o->size = p->size;
+	o->flags = MASTER_OBJ_PENDING | (p->soft_pin ? MASTER_OBJ_SOFT_PIN : 0);
+	o->lease_or_start_ms = now_ms;
+	o->ttl_ms = p->ttl_ms;
+	master__index_link(&c->ix, o);
 	c->n.put_starts++;
 	master__evict_if_needed(c, now_ms);
 	*out = o;
@@ -598,9 +596,8 @@ int master__get(struct master_core *c, const uint8_t *key, size_t klen, uint64_t
 }
 
 /* How many items ahead of a batch's lookups each prefetch stage runs:
- * the group's line must arrive before the object stage reads it, the
- * object before the lookup. */
-#define PREFETCH_GROUP_AHEAD 16
+ * the bucket's line must arrive before the object stage reads it. */
+#define PREFETCH_BUCKET_AHEAD 12
 #define PREFETCH_OBJECT_AHEAD 8
 
 void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
@@ -609,7 +606,7 @@ void master__prefetch_ahead(const struct master_core *c, const void *batch, size
 	static const struct {
 		size_t ahead;
 		enum master_prefetch stage;
-	} st[] = {{PREFETCH_GROUP_AHEAD, MASTER_PREFETCH_GROUP},
+	} st[] = {{PREFETCH_BUCKET_AHEAD, MASTER_PREFETCH_BUCKET},
 		  {PREFETCH_OBJECT_AHEAD, MASTER_PREFETCH_OBJECT}};
 	for (size_t s = 0; s < MC_ARRAY_LEN(st); s++) {
 		/* The first lookup also starts the stages of every item before
@@ -661,9 +658,9 @@ static void remove_walk(struct master_core *c,
 {
 	uint64_t r = 0, s = 0;
 	for (size_t b = 0; b < master__index_slots(&c->ix); b++) {
-		struct master_index_pos pos = {0};
-		struct master_obj *o;
-		while ((o = master__index_slot_next(&c->ix, b, &pos))) {
+		struct master_obj *o = master__index_slot(&c->ix, b);
+		while (o) {
+			struct master_obj *next = o->hnext;
 			if (o->flags & MASTER_OBJ_PENDING) {
 				s += pending;
 			} else if (match && !match(ud, master__obj_key(o), o->klen)) {
@@ -674,6 +671,7 @@ static void remove_walk(struct master_core *c,
 				obj_remove(c, o, now_ms);
 				r++;
 			}
+			o = next;
 		}
 	}
 	c->n.removes += r;

@@ -159,12 +159,12 @@ struct __attribute__((packed, aligned(4))) master_rep {
 #define MASTER_OBJ_DEMOTING 0x40u /* a copy to an SSD segment is on its way */
 
 /*
- * One object: 48 bytes plus 12 per replica plus the key, in one
+ * One object: 56 bytes plus 12 per replica plus the key, in one
  * allocation. Replicas follow the header, then the key bytes. The key's
- * hash is not kept: the index keeps 16 bits of it beside the pointer and
- * computes the rest again where it needs it.
+ * hash is not kept: the index computes it again where it needs it.
  */
 struct master_obj {
+	struct master_obj *hnext;       /* hash chain */
 	struct master_obj *prev, *next; /* LRU list, or the PENDING list */
 	uint64_t size;
 	/* COMPLETE: read lease end. PENDING: when PutStart ran. */
@@ -363,9 +363,9 @@ int master__get(struct master_core *c, const uint8_t *key, size_t klen, uint64_t
 typedef const uint8_t *(*master_key_at_fn)(const void *batch, size_t j, size_t *klen);
 /* A hint, called before the lookup of item i of a batch of n: it loads
  * into the cache, a few items ahead, what their lookups will read (the
- * cache line of the key's hash slot, then the object there whose tag
- * matches the key's), so that the cache misses of several keys overlap
- * instead of coming one after another. It changes nothing. */
+ * key's hash bucket, then the first object of its chain), so that the
+ * cache misses of several keys overlap instead of coming one after
+ * another. It changes nothing. */
 void master__prefetch_ahead(const struct master_core *c, const void *batch, size_t n, size_t i,
 			    master_key_at_fn key_at);
 /* 1 COMPLETE, 0 not (or PENDING), -EINVAL. */

@@ -56,31 +56,13 @@ enum master_list {
 	MASTER_LISTS
 };
 
-/* One cache line of the hash table: up to MASTER_GROUP_SLOTS objects of
- * one hash slot, each pointer with 16 bits of its key's hash above it
- * (MASTER_TAG_SHIFT), so that a lookup reads only the object whose tag
- * matches; the slot's further objects are in the `more` groups. */
-#define MASTER_GROUP_SLOTS 7
-#define MASTER_TAG_SHIFT 48
-struct master_group {
-	uint64_t e[MASTER_GROUP_SLOTS]; /* tag << MASTER_TAG_SHIFT | pointer; 0: empty */
-	struct master_group *more;
-};
-
 struct master_index {
-	struct master_group *groups; /* the slots, ngroups of them */
-	size_t ngroups;
-	uint64_t nmore, more_bytes; /* overflow groups and their memory */
+	struct master_obj **buckets;
+	size_t nbuckets;
 	uint64_t nobjs, npending, key_bytes, obj_bytes;
 	uint64_t nttl; /* objects with a TTL (PENDING ones too): the sweep's work */
 	struct master_lru lists[MASTER_LISTS];
 	size_t sweep_pos;
-};
-
-/* Where a walk over a slot's objects is (zeroed: at its start). */
-struct master_index_pos {
-	const struct master_group *g;
-	unsigned i;
 };
 
 /* Errors: -ENOMEM. */
@@ -89,22 +71,17 @@ int master__index_init(struct master_index *ix) MC_MUST_CHECK;
 void master__index_clear(struct master_index *ix);
 void master__index_free(struct master_index *ix);
 /* A new object with nrep zeroed replicas, not in the index (NULL: out of
- * memory, or memory at an address above the 48 bits an index entry
- * holds). */
+ * memory). */
 struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep);
-/* Free an object that master__index_link refused. */
-void master__obj_free(struct master_obj *o);
-/* Take o in: its flags and ttl_ms say which list and what it counts.
- * Errors: -ENOMEM (its slot is full and no group could be added; o is
- * not in the index). */
-int master__index_link(struct master_index *ix, struct master_obj *o) MC_MUST_CHECK;
+/* Take o in: its flags and ttl_ms say which list and what it counts. */
+void master__index_link(struct master_index *ix, struct master_obj *o);
 /* Take o out and free it. */
 void master__index_del(struct master_index *ix, struct master_obj *o);
 struct master_obj *master__index_find(const struct master_index *ix, const uint8_t *key,
 				      size_t klen);
-/* master__prefetch_ahead's stages: the key's group (its hash slot's
- * cache line), then, from the group, the object whose tag matches. */
-enum master_prefetch { MASTER_PREFETCH_GROUP, MASTER_PREFETCH_OBJECT };
+/* master__prefetch_ahead's stages: the bucket of the key, then the
+ * first object of the bucket's chain. */
+enum master_prefetch { MASTER_PREFETCH_BUCKET, MASTER_PREFETCH_OBJECT };
 void master__index_prefetch(const struct master_index *ix, const uint8_t *key, size_t klen,
 			    enum master_prefetch stage);
 /* o was read: marked, so that eviction gives it a second chance. */
@@ -128,14 +105,12 @@ struct master_obj *master__index_add_replica(struct master_index *ix, struct mas
 					     uint32_t seg, uint64_t offset);
 /* The head of a list; the rest follow through o->next. */
 struct master_obj *master__index_oldest(const struct master_index *ix, enum master_list l);
-/* Hash slots, for walks over every object: master__index_slot_next
- * gives the objects of slot b one a call, pos zeroed to start, NULL after
- * the last. The object it returned (no other) may be deleted before the
- * next call: a delete empties its entry and moves nothing. A slot's
- * objects stay at or after its position while the index grows. */
+/* Hash slots, for walks over every object: the chain of slot b starts at
+ * master__index_slot and goes on through o->hnext (read it before
+ * deleting o). A slot's objects stay at or after its position while the
+ * index grows. */
 size_t master__index_slots(const struct master_index *ix);
-struct master_obj *master__index_slot_next(const struct master_index *ix, size_t b,
-					   struct master_index_pos *pos);
+struct master_obj *master__index_slot(const struct master_index *ix, size_t b);
 /* The next `slots` slots of a round over the index (none while no object
  * has a TTL): fn(ud, o) for each object; fn may delete o. */
 void master__index_sweep(struct master_index *ix, size_t slots,

@@ -404,14 +404,7 @@ int master__commit(struct master_core *c, const char *agent, const char *segment
 		o->flags |= MASTER_OBJ_CRC;
 	}
 	o->ttl_ms = it->ttl_ms ? now_ms + it->ttl_ms : 0;
-	if (master__index_link(&c->ix, o)) {
-		master__obj_free(o);
-		if (len && master__alloc_put(s->alloc, off, len)) {
-			/* leased until now: cannot fail */
-		}
-		c->n.commit_refusals++;
-		return -ENOMEM;
-	}
+	master__index_link(&c->ix, o);
 	s->replicas++;
 	master__mirror(c, o, 0, MASTER_EV_ADD);
 	c->n.commits++;

@@ -113,9 +113,9 @@ static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *
 	struct master_seg *s = c->segs.v[id];
 	uint64_t len;
 	for (size_t b = 0; b < master__index_slots(&c->ix) && s->replicas; b++) {
-		struct master_index_pos pos = {0};
-		struct master_obj *o;
-		while ((o = master__index_slot_next(&c->ix, b, &pos))) {
+		struct master_obj *o = master__index_slot(&c->ix, b);
+		while (o) {
+			struct master_obj *next = o->hnext;
 			for (unsigned i = 0; i < o->nrep; i++) {
 				if (o->rep[i].seg != id)
 					continue;
@@ -142,6 +142,7 @@ static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *
 				master__obj_retier(c, o);
 				break;
 			}
+			o = next;
 		}
 	}
 	if (dropped)
@@ -414,10 +415,7 @@ int master__inventory_add(struct master_core *c, const char *agent,
 	}
 	if (s->tier == MASTER_TIER_SSD)
 		o->flags |= MASTER_OBJ_SSD;
-	if (master__index_link(&c->ix, o)) {
-		master__obj_free(o);
-		goto err_nomem;
-	}
+	master__index_link(&c->ix, o);
 	s->replicas++;
 	return 0;
 

@@ -708,14 +708,6 @@ static void on_tier_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 
 /* ------------------------------------------------------------ batches */
 
-/* master_key_at_fn over an array of PutStartRequest items. */
-static const uint8_t *item_key_at(const void *batch, size_t j, size_t *klen)
-{
-	const Mooncake__Master__PutStartRequest *const *items = batch;
-	*klen = items[j]->key.len;
-	return items[j]->key.data;
-}
-
 static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
@@ -733,7 +725,6 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 	if (!res || !rptr || !objs)
 		goto err_nomem;
 	for (size_t i = 0; i < n; i++) {
-		master__prefetch_ahead(m->core, req->items, n, i, item_key_at);
 		mooncake__master__put_start_result__init(&res[i]);
 		rptr[i] = &res[i];
 		res[i].error = put_start_one(m, req->items[i], &objs[i]);

@@ -397,11 +397,7 @@ static int tier_put(struct master_core *c, struct master_seg *s, uint32_t id,
 		o->flags |= MASTER_OBJ_CRC;
 	}
 	o->ttl_ms = it->ttl_ms ? now_ms + it->ttl_ms : 0;
-	if (master__index_link(&c->ix, o)) {
-		master__obj_free(o);
-		unreserve(s, it);
-		return -ENOMEM;
-	}
+	master__index_link(&c->ix, o);
 	s->replicas++;
 	master__mirror(c, o, 0, MASTER_EV_ADD);
 	c->n.ssd_puts++;
