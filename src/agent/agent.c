@@ -55,9 +55,10 @@ static void prefault_run(struct agent_job *j)
 	if (madvise(m->addr, m->len, MADV_POPULATE_WRITE) == 0)
 		return;
 	p->err = errno;
-	/* Older kernels: touch every page (the segment holds nothing yet). */
+	/* Older kernels: touch every page. Puts may already be writing
+	 * there (the server is up): or in nothing, which changes no byte. */
 	for (size_t off = 0; off < m->len; off += 4096)
-		((volatile uint8_t *)m->addr)[off] = 0;
+		__atomic_fetch_or((uint8_t *)m->addr + off, 0, __ATOMIC_RELAXED);
 }
 
 static void prefault_done(struct agent_job *j)
