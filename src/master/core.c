@@ -376,8 +376,15 @@ static uint64_t round_list(struct master_core *c, enum master_list l, uint64_t t
 	return freed;
 }
 
+void master__core_hold_eviction(struct master_core *c, bool hold)
+{
+	c->evict_hold = hold;
+}
+
 uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms)
 {
+	if (c->evict_hold)
+		return 0;
 	uint64_t used, cap = master__dram_capacity(c, &used);
 	/* What demotions on their way will free is as good as free. */
 	uint64_t demoting = master__demoting_bytes(c);

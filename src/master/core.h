@@ -408,6 +408,14 @@ void master__tick(struct master_core *c, uint64_t now_ms);
  * can take are evicted. Returns the DRAM bytes freed or being freed.
  */
 uint64_t master__evict_if_needed(struct master_core *c, uint64_t now_ms);
+/*
+ * Hold (or let go) the watermark rounds of master__evict_if_needed: while
+ * a new leader's agents are still re-syncing, the DRAM capacity it knows
+ * is only that of the segments mounted so far, and a round would evict
+ * the objects of the first full segment to come back (a put that needs
+ * room still evicts). The master holds them while it settles.
+ */
+void master__core_hold_eviction(struct master_core *c, bool hold);
 
 struct master_core_stats {
 	uint64_t objects, pending, key_bytes, index_bytes;

@@ -287,6 +287,8 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 		master__ev_seq_floor(m->core, mc_wall_ms() << 20);
 	m->leader = leader;
 	m->leader_since_ms = uv_now(m->loop);
+	unsigned mounted, syncing; /* (each tick says it again) */
+	master__core_hold_eviction(m->core, leader && master__settling(m, &mounted, &syncing));
 	if (m->health &&
 	    rpc_health_set(m->health, MASTER_SERVICE,
 			   leader ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING) != 0)
@@ -299,8 +301,11 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 static void on_tick(uv_timer_t *t)
 {
 	struct master *m = t->data;
-	if (m->leader)
+	if (m->leader) {
+		unsigned mounted, syncing;
+		master__core_hold_eviction(m->core, master__settling(m, &mounted, &syncing));
 		master__tick(m->core, uv_now(m->loop));
+	}
 	master__sync_tick(m, uv_now(m->loop));
 	if (++m->ticks % METRICS_EVERY_TICKS == 0)
 		master__update_metrics(m);

@@ -115,4 +115,10 @@ int master__ha_start(struct master *m) MC_MUST_CHECK;
 void master__ha_stop(struct master *m, void (*done)(struct master *m));
 void master__ha_free(struct master *m);
 
+/* Whether the leader is still taking its agents' segments back after a
+ * failover, or a segment is still reporting (service.c: why puts are
+ * answered "try again" then, and watermark eviction waits). *mounted and
+ * *syncing count the DRAM segments. */
+bool master__settling(const struct master *m, unsigned *mounted, unsigned *syncing);
+
 #endif

@@ -288,7 +288,7 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
  * got MC_ETOO_FEW_SEGMENTS before its own agent's mount landed). With
  * one segment or more the figures are taken as they are.
  */
-static bool settling(const struct master *m, unsigned *mounted, unsigned *syncing)
+bool master__settling(const struct master *m, unsigned *mounted, unsigned *syncing)
 {
 	*mounted = *syncing = 0;
 	for (uint32_t i = 0; i < master__seg_slots(m->core); i++) {
@@ -314,7 +314,7 @@ static int put_start_err(const struct master *m, int rc, unsigned replicas, char
 	if (rc != MC_ENO_SPACE)
 		return rc;
 	replicas = replicas ? replicas : 1;
-	if (settling(m, &mounted, &syncing)) {
+	if (master__settling(m, &mounted, &syncing)) {
 		if (why)
 			snprintf(
 				why, len,
@@ -361,8 +361,9 @@ static int commit_err(const struct master *m, int rc, const char *segment, uint6
 static int put_end_err(const struct master *m, int rc)
 {
 	unsigned mounted, syncing;
-	return rc == MC_EOBJECT_NOT_FOUND && settling(m, &mounted, &syncing) ? MC_EUNAVAILABLE
-									     : rc;
+	return rc == MC_EOBJECT_NOT_FOUND && master__settling(m, &mounted, &syncing)
+		       ? MC_EUNAVAILABLE
+		       : rc;
 }
 
 static int put_start_one(struct master *m, const Mooncake__Master__PutStartRequest *req,

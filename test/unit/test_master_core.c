@@ -522,3 +522,24 @@ Test(master_core, replica_clear_one_segment)
 		     MC_EOBJECT_NOT_FOUND);
 	cr_assert_eq(master__replica_clear(c, (const uint8_t *)"", 0, a, 5000), -EINVAL);
 }
+
+/* A new leader's first agent back with a full segment: while the master
+ * holds eviction (it is settling), the capacity it knows is that one
+ * segment's and no round may run; once it lets go, rounds work again. */
+Test(master_core, eviction_waits_while_the_segments_come_back)
+{
+	master__core_hold_eviction(c, true);
+	must(master__mount(c, "s1", "a", MASTER_TIER_DRAM, 0, 16 * MiB, true, 0, NULL));
+	cr_assert(master__heartbeat(c, "a", 0));
+	must(inv("a", "filler", "s1", 0, 16 * MiB, 0));
+	master__inventory_done(c, "a");
+	cr_assert(master__heartbeat(c, "a", 60000));
+	master__tick(c, 60000);
+	cr_assert_eq(master__exist(c, K("filler"), 60000), 1, "held: not evicted");
+	cr_assert_eq(master__core_counters(c)->evictions, 0);
+	master__core_hold_eviction(c, false);
+	cr_assert(master__heartbeat(c, "a", 60000));
+	master__tick(c, 60000);
+	cr_assert_eq(master__exist(c, K("filler"), 60000), 0, "let go: the round runs");
+	cr_assert_eq(master__core_counters(c)->evictions, 1);
+}
