@@ -52,13 +52,8 @@ static void prefault_run(struct agent_job *j)
 {
 	struct prefault_job *p = MC_CONTAINER_OF(j, struct prefault_job, job);
 	struct agent_map *m = p->a->seg;
-	if (madvise(m->addr, m->len, MADV_POPULATE_WRITE) == 0)
-		return;
-	p->err = errno;
-	/* Older kernels: touch every page. Puts may already be writing
-	 * there (the server is up): or in nothing, which changes no byte. */
-	for (size_t off = 0; off < m->len; off += 4096)
-		__atomic_fetch_or((uint8_t *)m->addr + off, 0, __ATOMIC_RELAXED);
+	/* (Puts may already be writing there: it changes no byte.) */
+	p->err = -mc_prefault_write(m->addr, m->len);
 }
 
 static void prefault_done(struct agent_job *j)
@@ -67,7 +62,7 @@ static void prefault_done(struct agent_job *j)
 	struct agent *a = p->a;
 	log_info("segment %s: %zu bytes of memory committed in %.0f ms%s", a->name,
 		 a->seg->len, (double)(mc_now_ns() - p->start_ns) / 1e6,
-		 p->err ? " (by touching pages)" : "");
+		 p->err ? " (by touching pages only)" : "");
 	free(p);
 	maybe_stopped(a);
 }
@@ -356,7 +351,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		pf->start_ns = mc_now_ns();
 		pf->job.run = prefault_run;
 		pf->job.done = prefault_done;
-		agent__pool_submit(&a->pool, &pf->job);
+		agent__pool_submit_background(&a->pool, &pf->job);
 	}
 	uv_timer_init(a->loop, &a->start_timer);
 	uv_timer_init(a->loop, &a->drain_timer);

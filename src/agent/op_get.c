@@ -384,7 +384,7 @@ static bool solo_get(const struct agent_req *r, uint64_t bytes)
 {
 	const struct agent *a = r->a;
 	return bytes <= AGENT_INLINE_SOLO_COPY_BYTES && agent__server_reqs(a) == 1 &&
-	       agent__pool_pending(&a->pool) == 0 &&
+	       agent__pool_busy(&a->pool) == 0 &&
 	       r->start_ns - agent__server_solo_since_ns(a) >= AGENT_SOLO_NS;
 }
 

@@ -88,6 +88,8 @@ static void on_async(uv_async_t *h)
 		p->pending--;
 		if (j->threaded)
 			p->threaded--;
+		if (j->background)
+			p->background--;
 		j->done(j);
 		j = next;
 	}
@@ -142,14 +144,25 @@ static void enqueue(struct agent_pool *p, struct agent_job *j)
 
 void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
 {
+	j->background = false;
 	j->threaded = true;
 	p->pending++;
 	p->threaded++;
 	enqueue(p, j);
 }
 
+void agent__pool_submit_background(struct agent_pool *p, struct agent_job *j)
+{
+	j->background = true;
+	j->threaded = false;
+	p->pending++;
+	p->background++;
+	enqueue(p, j);
+}
+
 void agent__pool_begin(struct agent_pool *p, struct agent_job *j)
 {
+	j->background = false;
 	j->threaded = false;
 	p->pending++;
 }
@@ -249,6 +262,11 @@ void agent__pool_on_idle(struct agent_pool *p, void (*on_idle)(void *ud), void *
 unsigned agent__pool_pending(const struct agent_pool *p)
 {
 	return p->pending;
+}
+
+unsigned agent__pool_busy(const struct agent_pool *p)
+{
+	return p->pending - p->background;
 }
 
 unsigned agent__pool_threaded(const struct agent_pool *p)

@@ -18,6 +18,7 @@ struct agent_job {
 	void (*run)(struct agent_job *j);  /* on a copy thread */
 	void (*done)(struct agent_job *j); /* on the loop thread */
 	bool threaded;                     /* given to the copy threads */
+	bool background;                   /* agent__pool_submit_background's */
 };
 
 /* The copy threads, embedded in their owner (touched only by pool.c). */
@@ -30,8 +31,9 @@ struct agent_pool {
 	struct agent_job *done_head, *done_tail;
 	bool quit;
 	uv_async_t async;
-	unsigned pending;  /* queued or running (loop) */
-	unsigned threaded; /* of them, the copy threads' */
+	unsigned pending;    /* queued or running (loop) */
+	unsigned threaded;   /* of them, the copy threads' */
+	unsigned background; /* of them, agent__pool_submit_background's */
 	/* agent__pool_on_idle's */
 	void (*on_idle)(void *ud);
 	void *idle_ud;
@@ -41,6 +43,11 @@ struct agent_pool {
 int agent__pool_start(struct agent_pool *p, uv_loop_t *loop, unsigned nthreads) MC_MUST_CHECK;
 /* Queue a job; done runs later on the loop thread. */
 void agent__pool_submit(struct agent_pool *p, struct agent_job *j);
+/* Queue a long job of the agent's own that nobody waits for (the
+ * segment's prefault): pending (a stop waits for it) but neither threaded
+ * nor busy, so that the loop's choices made for requests (copy on the
+ * loop when a session is alone, busy polling) ignore it. */
+void agent__pool_submit_background(struct agent_pool *p, struct agent_job *j);
 /* A job whose work runs elsewhere (its run unused): counted as pending
  * from agent__pool_begin (loop thread) until agent__pool_complete (any
  * thread, once) has its done run on the loop thread. */
@@ -63,6 +70,8 @@ void agent__pool_on_idle(struct agent_pool *p, void (*on_idle)(void *ud), void *
 /* Jobs queued or running (begun, for agent__pool_begin's), and of them
  * those the copy threads run. */
 unsigned agent__pool_pending(const struct agent_pool *p);
+/* Pending jobs but the background ones. */
+unsigned agent__pool_busy(const struct agent_pool *p);
 unsigned agent__pool_threaded(const struct agent_pool *p);
 bool agent__pool_started(const struct agent_pool *p);
 /* Join the threads (every job must have completed) and close the async

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define CAP_IPC_LOCK_BIT 14
@@ -211,4 +212,15 @@ uint64_t mc_default_segment_bytes(uint64_t ram_bytes)
 		n = ram_bytes / 4;
 	n &= ~(huge - 1);
 	return n ? n : huge;
+}
+
+int mc_prefault_write(void *addr, size_t len)
+{
+	int rc = madvise(addr, len, MADV_POPULATE_WRITE) == 0 ? 0 : -errno;
+	long page = sysconf(_SC_PAGESIZE);
+	size_t step = page > 0 ? (size_t)page : 4096;
+	uint8_t *p = addr;
+	for (size_t off = 0; off < len; off += step)
+		__atomic_fetch_or(p + off, 0, __ATOMIC_RELAXED);
+	return rc;
 }

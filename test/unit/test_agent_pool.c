@@ -80,6 +80,29 @@ Test(agent_pool, jobs_run_on_a_thread_and_end_on_the_loop)
 	}
 }
 
+Test(agent_pool, a_background_job_is_pending_but_not_busy)
+{
+	struct counted bg, fg;
+	memset(&bg, 0, sizeof(bg));
+	memset(&fg, 0, sizeof(fg));
+	bg.job.run = fg.job.run = counted_run;
+	bg.job.done = fg.job.done = counted_done;
+	agent__pool_submit_background(&pool, &bg.job);
+	cr_assert_eq(agent__pool_pending(&pool), 1, "a stop waits for it");
+	cr_assert_eq(agent__pool_busy(&pool), 0);
+	cr_assert_eq(agent__pool_threaded(&pool), 0);
+	agent__pool_submit(&pool, &fg.job);
+	cr_assert_eq(agent__pool_pending(&pool), 2);
+	cr_assert_eq(agent__pool_busy(&pool), 1);
+	cr_assert_eq(agent__pool_threaded(&pool), 1);
+	while (pool.pending)
+		uv_run(&loop, UV_RUN_ONCE);
+	cr_assert_eq(bg.done + fg.done, 2);
+	cr_assert_eq(agent__pool_busy(&pool), 0);
+	cr_assert_eq(pool.background, 0);
+	cr_assert_not(pthread_equal(bg.ran_on, pthread_self()));
+}
+
 static void *complete_later(void *arg)
 {
 	struct counted *c = arg;

@@ -5,7 +5,11 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/sysmem.h"
 
@@ -125,4 +129,59 @@ Test(sysmem, format_bytes)
 	cr_assert_str_eq(b, "1.5 MiB");
 	mc_format_bytes(MC_UNLIMITED, b, sizeof(b));
 	cr_assert_str_eq(b, "unlimited");
+}
+
+struct writer {
+	uint8_t *mem;
+	size_t len;
+	int stop;
+};
+
+/* Writes each page's first byte over and over, as puts into a segment
+ * being prefaulted do. */
+static void *write_pages(void *arg)
+{
+	struct writer *w = arg;
+	unsigned round = 1;
+	do {
+		for (size_t off = 0; off < w->len; off += 4096)
+			__atomic_store_n(w->mem + off, (uint8_t)(round | 1), __ATOMIC_RELAXED);
+		round++;
+	} while (!__atomic_load_n(&w->stop, __ATOMIC_RELAXED));
+	return NULL;
+}
+
+Test(sysmem, prefault_write_faults_in_and_changes_no_byte)
+{
+	const size_t len = 8u << 20;
+	uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+			    0);
+	cr_assert_neq(mem, MAP_FAILED);
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned char *vec = malloc(len / (size_t)page);
+	cr_assert_not_null(vec);
+	cr_assert_eq(mincore(mem, len, vec), 0);
+	cr_assert_eq(vec[len / (size_t)page - 1] & 1, 0, "a fresh mapping is not resident");
+
+	/* The second half holds bytes already; the first is written all the
+	 * while by another thread, never with 0. */
+	for (size_t i = len / 2; i < len; i++)
+		mem[i] = (uint8_t)(i * 7 + 1);
+	struct writer w = {.mem = mem, .len = len / 2};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, write_pages, &w), 0);
+	int rc = mc_prefault_write(mem, len);
+	cr_assert(rc == 0 || rc == -EINVAL, "madvise: %d", rc);
+	__atomic_store_n(&w.stop, 1, __ATOMIC_RELAXED);
+	pthread_join(t, NULL);
+
+	cr_assert_eq(mincore(mem, len, vec), 0);
+	for (size_t i = 0; i < len / (size_t)page; i++)
+		cr_assert_eq(vec[i] & 1, 1, "page %zu resident", i);
+	for (size_t off = 0; off < len / 2; off += 4096)
+		cr_assert_neq(mem[off], 0, "a byte written meanwhile was kept");
+	for (size_t i = len / 2; i < len; i++)
+		cr_assert_eq(mem[i], (uint8_t)(i * 7 + 1), "byte %zu unchanged", i);
+	free(vec);
+	munmap(mem, len);
 }
