@@ -37,7 +37,6 @@
 
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/sysmem.h"
 #include "common/util.h"
 #include "transfer/te_int.h"
 
@@ -499,7 +498,7 @@ static void map_unref(struct shm_map *m)
  * of an agent writing small values to a same-host agent took a page
  * fault per 4 KiB put. Only the page tables are filled (the peer's
  * pages exist already or are allocated as by a write); the bytes stay
- * as they are (mc_prefault_write). Holds a reference to the map until it stops. */
+ * as they are. Holds a reference to the map until it stops. */
 static void map_populate(struct te_task *t)
 {
 	struct shm_map *m = MC_CONTAINER_OF(t, struct shm_map, populate);
@@ -507,8 +506,7 @@ static void map_populate(struct te_task *t)
 	/* (Not on the worker: it is stopping and runs posts on the poster.) */
 	if (te__on_worker(p->w) && !atomic_load(&m->gone) && !atomic_load(&p->base.closed)) {
 		size_t n = MC_MIN(TE_SHM_POPULATE_BYTES, m->map_len - m->populated);
-		int rc = mc_prefault_write((uint8_t *)m->base + m->populated, n);
-		if (rc == 0) {
+		if (madvise((uint8_t *)m->base + m->populated, n, MADV_POPULATE_WRITE) == 0) {
 			m->populated += n;
 			if (m->populated < m->map_len) {
 				te__worker_post(p->w, t);
@@ -518,11 +516,11 @@ static void map_populate(struct te_task *t)
 				  p->base.seg->name, (unsigned long long)m->addr,
 				  (unsigned long long)m->len);
 		} else {
-			/* Before Linux 5.14 (EINVAL), or memory short: the
-			 * rest faults in on first use instead. */
+			/* Before Linux 5.14 (EINVAL), or memory short: pages
+			 * fault in on first use instead. */
 			log_debug("segment %s: region 0x%llx not faulted in ahead: %s",
 				  p->base.seg->name, (unsigned long long)m->addr,
-				  strerror(-rc));
+				  strerror(errno));
 		}
 	}
 	map_unref(m);

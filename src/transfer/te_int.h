@@ -89,7 +89,7 @@ struct rpc_client;
 #define TE_CONNECT_TIMEOUT_MS 5000
 #define TE_SHM_INLINE_BYTES ((size_t)64 << 10)      /* copied by the submitter, */
 #define TE_SHM_INLINE_BATCH_BYTES ((size_t)1 << 20) /* up to this per batch */
-#define TE_SHM_POPULATE_BYTES ((size_t)4 << 20)     /* per task of a map's populate */
+#define TE_SHM_POPULATE_BYTES ((size_t)32 << 20)    /* per task of a map's populate */
 
 /* Transport bits in a descriptor. */
 #define TE_XP_TCP (1u << TE_PROTO_TCP)
