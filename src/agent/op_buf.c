@@ -228,7 +228,6 @@ struct unmapped_reg {
 	int pidfd;  /* process memory: a dup, owned; else -1 */
 	int dmabuf; /* a dma-buf: the attached fd, owned; else -1 */
 	uint64_t address, len, offset;
-	bool closed; /* pidfd or dmabuf, by the run */
 	int err;
 	struct agent_unmap_wait wait;
 };
@@ -249,10 +248,8 @@ static void unmapped_run(struct agent_job *j)
 		p->m->region = NULL;
 	/* An overlap may be tried again (agent__unmap_wait): the descriptor
 	 * is kept until the done decides. */
-	if (p->err != -EEXIST) {
+	if (p->err != -EEXIST)
 		close(p->dmabuf >= 0 ? p->dmabuf : p->pidfd);
-		p->closed = true;
-	}
 }
 
 static void unmapped_done(struct agent_job *j)
@@ -264,7 +261,7 @@ static void unmapped_done(struct agent_job *j)
 	int rc = p->err;
 	if (rc == -EEXIST && agent__unmap_wait(r->a, &p->wait))
 		return;
-	if (!p->closed)
+	if (rc == -EEXIST) /* (kept open by the run) */
 		close(dmabuf ? p->dmabuf : p->pidfd);
 	if (rc == 0) {
 		map_engine(r, p->m);

@@ -142,22 +142,24 @@ static void enqueue(struct agent_pool *p, struct agent_job *j)
 	pthread_mutex_unlock(&p->mu);
 }
 
+static void submit(struct agent_pool *p, struct agent_job *j, bool background)
+{
+	j->background = background;
+	j->threaded = !background;
+	p->pending++;
+	p->threaded += !background;
+	p->background += background;
+	enqueue(p, j);
+}
+
 void agent__pool_submit(struct agent_pool *p, struct agent_job *j)
 {
-	j->background = false;
-	j->threaded = true;
-	p->pending++;
-	p->threaded++;
-	enqueue(p, j);
+	submit(p, j, false);
 }
 
 void agent__pool_submit_background(struct agent_pool *p, struct agent_job *j)
 {
-	j->background = true;
-	j->threaded = false;
-	p->pending++;
-	p->background++;
-	enqueue(p, j);
+	submit(p, j, true);
 }
 
 void agent__pool_begin(struct agent_pool *p, struct agent_job *j)

@@ -263,6 +263,15 @@ void master__update_metrics(struct master *m)
 
 /* ------------------------------------------------------------ leadership */
 
+/* A leader holds watermark eviction while it settles (see
+ * master__core_hold_eviction). */
+static void hold_eviction_while_settling(struct master *m)
+{
+	unsigned mounted, syncing;
+	master__core_hold_eviction(m->core,
+				   m->leader && master__settling(m, &mounted, &syncing));
+}
+
 void master__set_leader(struct master *m, bool leader, uint64_t view, const char *leader_addr)
 {
 	bool was = m->leader;
@@ -287,8 +296,7 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 		master__ev_seq_floor(m->core, mc_wall_ms() << 20);
 	m->leader = leader;
 	m->leader_since_ms = uv_now(m->loop);
-	unsigned mounted, syncing; /* (each tick says it again) */
-	master__core_hold_eviction(m->core, leader && master__settling(m, &mounted, &syncing));
+	hold_eviction_while_settling(m); /* (each tick says it again) */
 	if (m->health &&
 	    rpc_health_set(m->health, MASTER_SERVICE,
 			   leader ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING) != 0)
@@ -302,8 +310,7 @@ static void on_tick(uv_timer_t *t)
 {
 	struct master *m = t->data;
 	if (m->leader) {
-		unsigned mounted, syncing;
-		master__core_hold_eviction(m->core, master__settling(m, &mounted, &syncing));
+		hold_eviction_while_settling(m);
 		master__tick(m->core, uv_now(m->loop));
 	}
 	master__sync_tick(m, uv_now(m->loop));
