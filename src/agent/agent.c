@@ -101,6 +101,7 @@ static int make_segment(struct agent *a, const struct agent_opts *o)
 		.len = bytes,
 		.hugepages = o->hugepages,
 		.numa_node = o->numa_node,
+		.published = true,
 	};
 	int rc = agent__memfd_new(a, &mo, &a->seg);
 	if (rc)

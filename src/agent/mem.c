@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "common/auth.h"
 #include "common/log.h"
 #include "common/sysmem.h"
 #include "common/util.h"
@@ -71,9 +72,51 @@ static int bind_numa(void *addr, size_t len, int node)
 	return 0;
 }
 
+/*
+ * Memory the agent publishes at its own addresses (its segment, the SSD
+ * tier's bounce region) shares one engine with the buffers sessions
+ * publish at their processes' addresses. Left to mmap, both land in the
+ * top terabyte of their address spaces (each at a random place), where a
+ * client's large buffer meets the agent's segment now and then and is
+ * refused. So the agent maps those at a random 1 GiB boundary in
+ * [16 TiB, 64 TiB), which Linux's default layout leaves to neither (the
+ * heap and mmap areas lie above 85 TiB, small programs below 1 TiB), and
+ * takes what mmap gives where that fails (an address space too small,
+ * a kernel before MAP_FIXED_NOREPLACE).
+ */
+#define PUBLISH_LO (16ull << 40)
+#define PUBLISH_HI (64ull << 40)
+#define PUBLISH_STEP (1ull << 30)
+#define PUBLISH_TRIES 8
+
+static void *map_published(size_t len, int fd)
+{
+	uint64_t slots = len < PUBLISH_HI - PUBLISH_LO
+				 ? (PUBLISH_HI - PUBLISH_LO - len) / PUBLISH_STEP
+				 : 0;
+	for (int i = 0; i < PUBLISH_TRIES && slots; i++) {
+		uint64_t r;
+		if (mc_random(&r, sizeof(r)) != 0)
+			break;
+		void *want = (void *)(uintptr_t)(PUBLISH_LO + (r % slots) * PUBLISH_STEP);
+		void *p = mmap(want, len, PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+		if (p == want)
+			return p;
+		if (p != MAP_FAILED) {
+			/* An old kernel took the flag for a hint. */
+			munmap(p, len);
+			break;
+		}
+		if (errno != EEXIST)
+			break;
+	}
+	return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+}
+
 /* One attempt: huge pages or not. Returns 0 or a negative errno. */
-static int memfd_try(const char *name, size_t len, bool huge, int *fd_out, void **addr_out,
-		     size_t *len_out)
+static int memfd_try(const char *name, size_t len, bool huge, bool published, int *fd_out,
+		     void **addr_out, size_t *len_out)
 {
 	unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
 	if (huge) {
@@ -88,7 +131,8 @@ static int memfd_try(const char *name, size_t len, bool huge, int *fd_out, void 
 		rc = -errno;
 		goto out_close;
 	}
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	void *p = published ? map_published(len, fd)
+			    : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		rc = -errno;
 		goto out_close;
@@ -121,7 +165,7 @@ int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o, struct a
 	if (o->len == 0)
 		goto out_free;
 	if (o->hugepages != AGENT_HUGEPAGES_OFF) {
-		rc = memfd_try(o->name, o->len, true, &fd, &addr, &len);
+		rc = memfd_try(o->name, o->len, true, o->published, &fd, &addr, &len);
 		huge = rc == 0;
 		if (rc && o->hugepages == AGENT_HUGEPAGES_ON) {
 			log_error("%s: huge pages required (--hugepages=on) but not "
@@ -132,7 +176,7 @@ int agent__memfd_new(struct agent *a, const struct agent_memfd_opts *o, struct a
 		}
 	}
 	if (!huge) {
-		rc = memfd_try(o->name, o->len, false, &fd, &addr, &len);
+		rc = memfd_try(o->name, o->len, false, o->published, &fd, &addr, &len);
 		if (rc) {
 			log_error("%s: cannot create %zu bytes of shared memory: %s", o->name,
 				  o->len, strerror(-rc));

@@ -57,7 +57,9 @@ struct agent_memfd_opts {
 	size_t len;
 	enum agent_hugepages hugepages;
 	int numa_node; /* -1: none */
-	bool populate;
+	/* Published to the engine at the agent's own addresses: mapped
+	 * where clients' buffers do not fall (mem.c, map_published). */
+	bool published;
 };
 
 /*

@@ -389,6 +389,7 @@ int agent__peer_start(struct agent *a, uint64_t bytes)
 		.len = bytes,
 		.hugepages = AGENT_HUGEPAGES_OFF,
 		.numa_node = a->numa_node,
+		.published = true,
 	};
 	int rc = agent__memfd_new(a, &mo, &p->bounce);
 	if (rc) {
