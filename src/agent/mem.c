@@ -79,12 +79,13 @@ static int bind_numa(void *addr, size_t len, int node)
  * top terabyte of their address spaces (each at a random place), where a
  * client's large buffer meets the agent's segment now and then and is
  * refused. So the agent maps those at a random 1 GiB boundary in
- * [16 TiB, 64 TiB), which Linux's default layout leaves to neither (the
- * heap and mmap areas lie above 85 TiB, small programs below 1 TiB), and
- * takes what mmap gives where that fails (an address space too small,
- * a kernel before MAP_FIXED_NOREPLACE).
+ * [32 TiB, 64 TiB), which Linux's default layout leaves to neither (the
+ * heap and mmap areas lie above 85 TiB, small programs below 1 TiB) and
+ * which AddressSanitizer's shadow (up to 16 TiB and 2 GiB) leaves free
+ * too, and takes what mmap gives where that fails (an address space too
+ * small, a kernel before MAP_FIXED_NOREPLACE).
  */
-#define PUBLISH_LO (16ull << 40)
+#define PUBLISH_LO (32ull << 40)
 #define PUBLISH_HI (64ull << 40)
 #define PUBLISH_STEP (1ull << 30)
 #define PUBLISH_TRIES 8
