@@ -768,7 +768,7 @@ static void on_complete(void *arg, uint64_t cookie, int status)
 		/* The peer's NIC refused the range or the rkey (a region
 		 * unregistered since this descriptor): final, nothing moved. */
 		log_debug("segment %s: %s of %u bytes at 0x%llx refused by the peer's NIC",
-			  p->base.seg->name, s->op == TE_WRITE ? "write" : "read", s->len,
+			  p->base.name, s->op == TE_WRITE ? "write" : "read", s->len,
 			  (unsigned long long)s->remote);
 		te__slice_done(s, status == -EACCES ? MC_EREMOTE_ACCESS : -EINVAL, false);
 	} else {
@@ -778,7 +778,7 @@ static void on_complete(void *arg, uint64_t cookie, int status)
 		metric_inc(x->e->m_retries);
 		log_debug("segment %s: slice of %u bytes at 0x%llx failed on QP %u (%s); "
 			  "resubmitting it",
-			  p->base.seg->name, s->len, (unsigned long long)s->remote, k,
+			  p->base.name, s->len, (unsigned long long)s->remote, k,
 			  mc_strerror(status));
 		rdma_submit(&p->base, s);
 	}
@@ -811,7 +811,7 @@ static void on_qp_error(void *arg, unsigned k, int status)
 	pthread_rwlock_unlock(&p->lk);
 	if (current && !atomic_load(&p->base.closed)) {
 		log_warn("segment %s: RDMA queue pair %u failed (%s); reconnecting",
-			 p->base.seg->name, k, mc_strerror(status));
+			 p->base.name, k, mc_strerror(status));
 		schedule_reconnect(p);
 	}
 }
@@ -905,7 +905,7 @@ static void mark_closed(struct rpeer *p, const char *why)
 {
 	atomic_store(&p->base.alive, 0);
 	if (!atomic_exchange(&p->base.closed, true))
-		log_warn("segment %s: rdma path closed: %s", p->base.seg->name, why);
+		log_warn("segment %s: rdma path closed: %s", p->base.name, why);
 }
 
 /* Setup thread: new QPs for a peer whose QP failed. */
@@ -946,7 +946,7 @@ static void on_reconnect(struct te_job *j)
 	pthread_rwlock_wrlock(&p->lk);
 	p->cur = rc;
 	pthread_rwlock_unlock(&p->lk);
-	log_info("segment %s: %u RDMA queue pairs reconnected", p->base.seg->name, rc->n);
+	log_info("segment %s: %u RDMA queue pairs reconnected", p->base.name, rc->n);
 out:
 	pthread_mutex_unlock(&p->setup_mu);
 	te__peer_unref(&p->base); /* the job's */
@@ -980,7 +980,7 @@ static void rdma_peer_free(struct te_peer *bp)
 {
 	struct rpeer *p = (struct rpeer *)bp;
 	if (p->cur)
-		log_error("segment %s: rdma peer freed while connected", bp->seg->name);
+		log_error("segment %s: rdma peer freed while connected", bp->name);
 	metric_sub(p->x->e->m_peers[TE_PROTO_RDMA], 1);
 	peer_destroy(p);
 }
@@ -1024,6 +1024,7 @@ static int rdma_connect(struct te_xport *xp, struct te_segment *seg, const struc
 	p->base.ops = &te__rdma_ops;
 	p->base.x = xp;
 	p->base.seg = seg;
+	snprintf(p->base.name, sizeof(p->base.name), "%s", seg->name);
 	p->base.npaths = n;
 	atomic_init(&p->base.refs, 1);
 	atomic_init(&p->base.alive, (1u << n) - 1);

@@ -49,7 +49,7 @@ void te__peer_path_down(struct te_peer *p, unsigned path)
 {
 	uint32_t left = atomic_fetch_and(&p->alive, ~(1u << path)) & ~(1u << path);
 	if (left == 0 && !atomic_exchange(&p->closed, true))
-		log_warn("segment %s: every %s path is down", p->seg->name, p->ops->name);
+		log_warn("segment %s: every %s path is down", p->name, p->ops->name);
 }
 
 static bool usable(const struct te_peer *p)

@@ -512,15 +512,13 @@ static void map_populate(struct te_task *t)
 				te__worker_post(p->w, t);
 				return;
 			}
-			log_debug("segment %s: region 0x%llx+%llu faulted in",
-				  p->base.seg->name, (unsigned long long)m->addr,
-				  (unsigned long long)m->len);
+			log_debug("segment %s: region 0x%llx+%llu faulted in", p->base.name,
+				  (unsigned long long)m->addr, (unsigned long long)m->len);
 		} else {
 			/* Before Linux 5.14 (EINVAL), or memory short: pages
 			 * fault in on first use instead. */
 			log_debug("segment %s: region 0x%llx not faulted in ahead: %s",
-				  p->base.seg->name, (unsigned long long)m->addr,
-				  strerror(errno));
+				  p->base.name, (unsigned long long)m->addr, strerror(errno));
 		}
 	}
 	map_unref(m);
@@ -644,7 +642,7 @@ static int peer_msg(struct shm_peer *p, const uint8_t *buf, ssize_t n, int fd)
 			rc = map_add(p, &m, fd);
 			if (rc)
 				log_warn("segment %s: cannot map region 0x%llx+%llu: %s",
-					 p->base.seg->name, (unsigned long long)m.addr,
+					 p->base.name, (unsigned long long)m.addr,
 					 (unsigned long long)m.len, mc_strerror(rc));
 			rc = 0; /* requests for it go to the remote transport */
 			break;
@@ -667,7 +665,7 @@ static void peer_down(struct shm_peer *p, const char *why)
 	if (p->fd_closed)
 		return;
 	if (!atomic_load(&p->base.closed))
-		log_warn("segment %s: shm channel closed (%s)", p->base.seg->name, why);
+		log_warn("segment %s: shm channel closed (%s)", p->base.name, why);
 	atomic_store(&p->base.closed, true);
 	atomic_store(&p->base.alive, 0);
 	te__worker_del(p->w, p->fd);
@@ -844,6 +842,7 @@ static int shm_connect(struct te_xport *xp, struct te_segment *seg, const struct
 	p->base.ops = &te__shm_ops;
 	p->base.x = xp;
 	p->base.seg = seg;
+	snprintf(p->base.name, sizeof(p->base.name), "%s", seg->name);
 	p->base.npaths = MC_MIN(e->nworkers, (unsigned)TE_MAX_PATHS);
 	atomic_init(&p->base.alive,
 		    p->base.npaths >= 32 ? 0xffffffffu : (1u << p->base.npaths) - 1);

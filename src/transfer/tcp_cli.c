@@ -155,7 +155,7 @@ static void cli_fail(struct cli_conn *c, int err)
 	struct te_peer *bp = &p->base;
 	struct tcp_xport *x = p->x;
 	if (!atomic_load(&bp->closed))
-		log_warn("segment %s: connection %u failed: %s", bp->seg->name, c->path,
+		log_warn("segment %s: connection %u failed: %s", bp->name, c->path,
 			 mc_strerror(err));
 	atomic_store(&c->dead, true);
 	te__worker_del(c->w, c->fd);
@@ -365,7 +365,7 @@ static bool cli_header(struct cli_conn *c)
 	    s == c->tx /* answered before it was sent */ ||
 	    (h.status == 0 && h.len != (s->op == TE_READ ? s->len : 0))) {
 		log_warn("segment %s: connection %u: unexpected answer from the peer",
-			 c->p->base.seg->name, c->path);
+			 c->p->base.name, c->path);
 		cli_fail(c, MC_EPROTOCOL);
 		return false;
 	}
@@ -625,6 +625,7 @@ int te__tcp_connect(struct te_xport *xp, struct te_segment *seg, const struct te
 	p->base.ops = &te__tcp_ops;
 	p->base.x = xp;
 	p->base.seg = seg;
+	snprintf(p->base.name, sizeof(p->base.name), "%s", seg->name);
 	p->base.npaths = n;
 	atomic_init(&p->base.refs, 1 + (int)n); /* the segment's + add tasks */
 	atomic_init(&p->base.alive, n >= 32 ? 0xffffffffu : (1u << n) - 1);

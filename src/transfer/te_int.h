@@ -399,6 +399,9 @@ struct te_peer {
 	const struct te_xport_ops *ops;
 	struct te_xport *x;
 	struct te_segment *seg;
+	/* The segment's name, for the peer's log lines: its tasks may run
+	 * after the segment is freed (seg is for the segment's own calls). */
+	char name[TE_NAME_MAX + 1];
 	atomic_int refs; /* the segment's + one per bound request */
 	unsigned npaths;
 	atomic_uint alive;  /* bit per live path */
