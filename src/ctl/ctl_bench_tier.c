@@ -182,10 +182,16 @@ static int tier_warm_up(mc_client *through, const void *buf, uint64_t ssd_bytes,
 	return rc;
 }
 
+/* Operations a second of a tally. */
+static double tally_rate(const struct ttally *t)
+{
+	return t->secs > 0 ? (double)t->ops / t->secs : 0;
+}
+
 static void tier_line(const char *vs, const char *op, const char *where, size_t size,
 		      struct ttally *t, const struct ctl_fio *f)
 {
-	double ops = t->secs > 0 ? (double)t->ops / t->secs : 0;
+	double ops = tally_rate(t);
 	double gbps = ops * (double)size / 1e9;
 	double fio = f->runs ? f->bw / f->runs / 1e9 : 0;
 	char xs[32] = "-";
@@ -425,10 +431,7 @@ int ctl_bench_tier_main(int argc, char **argv)
 				printf("\n");
 			}
 			if (fio_same.runs) {
-				double tier = tal[0].secs > 0
-						      ? (double)tal[0].ops * (double)size /
-								tal[0].secs
-						      : 0;
+				double tier = tally_rate(&tal[0]) * (double)size;
 				fio_line("put", "fio=tier", size, &fio_same);
 				printf("   x %.2f  (an fdatasync per %.0f MiB, as the tiers made: "
 				       "%.0f in %.1f GB)\n",
