@@ -715,4 +715,27 @@ def bench_store_tier_ssd_runs_beside_fio():
     tmp.cleanup()
 
 
+@case
+def bench_ssd_runs_the_store_beside_fio():
+    """mooncakectl bench ssd: the tier's store alone, puts and checked
+    gets beside fio, and puts beside fio synced as often as the store."""
+    tmp = tempfile.TemporaryDirectory()
+    r = run([mctest.MOONCAKECTL, "bench", "ssd", "--size=512M", "--value-size=1M",
+             "--depth=4", "--duration=2s", "--rounds=1", "--dir=" + tmp.name], timeout=120)
+    lines = r.stdout.splitlines()
+    for op in ("put", "get"):
+        row = [l.split() for l in lines if l.split()[:2] == [op, "1M"]]
+        assert row, (op, r.stdout)
+        f = row[0]
+        assert float(f[2]) > 0 and float(f[5]) > 0 and float(f[8]) > 0, (op, r.stdout)
+    # The store kept within a quarter of 512 MiB reused removed space,
+    # which takes syncs: fio ran again, synced as often.
+    put = [l.split() for l in lines if l.split()[:2] == ["put", "1M"]][0]
+    if float(put[2]) * 2 > 0.3:
+        synced = [l for l in lines if "fio synced as often" in l]
+        assert synced and float(synced[0].split()[3]) > 0, r.stdout
+    eq(os.listdir(tmp.name), [], "its directory removed")
+    tmp.cleanup()
+
+
 mctest.main()
