@@ -433,6 +433,7 @@ static void commit_job(struct ssd__op *op)
 static void maybe_compact(struct ssd_store *s);
 static void compact_next(struct ssd_store *s);
 static void maybe_sync(struct ssd_store *s);
+static bool room_owed(const struct ssd_store *s);
 static void sync_for_room(struct ssd_store *s);
 
 void ssd__complete_req(struct ssd_req *r, int status)
@@ -634,6 +635,13 @@ static void sync_done(struct ssd__op *op)
 		metric_inc(s->m_syncs);
 	}
 	free(y);
+	/* Kicks that came while this sync ran asked for what it may have
+	 * covered: the next one starts at once only for what still asks (a
+	 * waiter, a close: maybe_sync; removed space: below), else at the
+	 * interval's end. */
+	pthread_mutex_lock(&s->kick_mu);
+	s->kick = false;
+	pthread_mutex_unlock(&s->kick_mu);
 	struct ssd_req **pp = &s->sync_waiters;
 	while (*pp) {
 		struct ssd_req *r = *pp;
@@ -646,6 +654,8 @@ static void sync_done(struct ssd__op *op)
 	}
 	reclaim(s);
 	maybe_sync(s);
+	if (room_owed(s))
+		ssd__kick_sync(s);
 }
 
 /* Sync when appended records are not yet synced or someone waits. */
@@ -677,14 +687,19 @@ static void maybe_sync(struct ssd_store *s)
 /* Removed space is reused once its removal is synced. Start that sync
  * now rather than at the interval's end once the space waiting for it is
  * half the free space or more: a put that needs the room then finds it
- * synced instead of waiting for a whole sync. Once per commit holding
- * removals, when that commit has been appended. */
-static void sync_for_room(struct ssd_store *s)
+ * synced instead of waiting for a whole sync. */
+static bool room_owed(const struct ssd_store *s)
 {
 	const struct ssd__ent *last = s->dead_tail;
-	if (!last || last->del_commit > s->commits_done ||
-	    last->del_commit <= MC_MAX(s->synced, s->room_kicked) ||
-	    2 * s->dead_bytes < mc_extalloc_free_bytes(&s->alloc))
+	return last && last->del_commit <= s->commits_done && last->del_commit > s->synced &&
+	       2 * s->dead_bytes >= mc_extalloc_free_bytes(&s->alloc);
+}
+
+/* Once per commit holding removals, when that commit has been appended
+ * (and again after a sync that did not cover it: sync_done). */
+static void sync_for_room(struct ssd_store *s)
+{
+	if (!room_owed(s) || s->dead_tail->del_commit <= s->room_kicked)
 		return;
 	s->room_kicked = s->commits_done;
 	maybe_sync(s);
