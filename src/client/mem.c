@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -258,6 +259,43 @@ int mc__unregister_id(mc_client *c, uint64_t id)
 	return rc;
 }
 
+/*
+ * A buffer's address is where peers reach it, and a session without an
+ * engine of its own publishes it in the agent's engine beside the
+ * buffers of the agent's other such sessions, each at its process's
+ * address: two processes' buffers may meet there (mmap places large
+ * ones at random in the top terabyte of each address space), and the
+ * agent refuses the second with -EEXIST. The address is this library's
+ * choice, so it tries again at a random 2 MiB boundary of
+ * [64 TiB, 84 TiB), which Linux's default layout leaves free (above the
+ * window the agents map their own memory in, agent/mem.c; below PIE
+ * heaps), ALLOC_TRIES times in all.
+ */
+#define RETRY_LO (64ull << 40)
+#define RETRY_HI (84ull << 40)
+#define ALLOC_TRIES 8
+
+/* Address space for a buffer of rlen: mmap's choice, or (elsewhere) a
+ * random place of the retry window when that can be had. */
+static void *reserve(size_t rlen, bool elsewhere)
+{
+	uint64_t r;
+	if (elsewhere && rlen < RETRY_HI - RETRY_LO &&
+	    getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r)) {
+		uint64_t slots = (RETRY_HI - RETRY_LO - rlen) / HUGE_ALIGN;
+		void *want = (void *)(uintptr_t)(RETRY_LO + (r % slots) * HUGE_ALIGN);
+		void *p = mmap(want, rlen, PROT_NONE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE |
+				       MAP_FIXED_NOREPLACE,
+			       -1, 0);
+		if (p == want)
+			return p;
+		if (p != MAP_FAILED)
+			munmap(p, rlen); /* a kernel that took the flag for a hint */
+	}
+	return mmap(NULL, rlen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+}
+
 MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 {
 	if (len == 0)
@@ -265,24 +303,33 @@ MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
 	/* Reserve address space, 2 MiB aligned (the agent may use huge
 	 * pages), and tell the agent the address peers will use. */
 	size_t rlen = ((len + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1)) + HUGE_ALIGN;
-	void *base = mmap(NULL, rlen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-			  -1, 0);
-	if (base == MAP_FAILED)
-		return -errno;
-	uint8_t *addr = (uint8_t *)(((uintptr_t)base + HUGE_ALIGN - 1) &
-				    ~(uintptr_t)(HUGE_ALIGN - 1));
 	Mooncake__Client__AllocBufferRequest q = MOONCAKE__CLIENT__ALLOC_BUFFER_REQUEST__INIT;
 	q.length = len;
-	q.address = (uint64_t)(uintptr_t)addr;
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_ALLOC_BUFFER;
 	req.alloc_buffer = &q;
 	struct waiter w;
-	int rc = mc__call(c, &req, NULL, 0, &w);
-	if (rc) {
+	void *base;
+	uint8_t *addr;
+	for (int attempt = 1;; attempt++) {
+		base = reserve(rlen, attempt > 1);
+		if (base == MAP_FAILED)
+			return -errno;
+		addr = (uint8_t *)(((uintptr_t)base + HUGE_ALIGN - 1) &
+				   ~(uintptr_t)(HUGE_ALIGN - 1));
+		q.address = (uint64_t)(uintptr_t)addr;
+		int rc = mc__call(c, &req, NULL, 0, &w);
+		if (rc) {
+			munmap(base, rlen);
+			return rc;
+		}
+		if (w.resp->error != -EEXIST || attempt == ALLOC_TRIES)
+			break;
+		/* Another session's buffer is there in the agent's engine. */
+		mc__waiter_clear(&w);
 		munmap(base, rlen);
-		return rc;
 	}
+	int rc = 0;
 	uint64_t id = 0;
 	if (w.resp->error) {
 		rc = w.resp->error;

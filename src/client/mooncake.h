@@ -264,9 +264,12 @@ int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
  * memory (from the agent: huge pages and NUMA placement like its segment
  * when available), registered for zero-copy puts, gets and transfers, and
  * published to the transfer engine at its address so that peers can read
- * and write it (mc_transfer from another node). Errors: -EINVAL (len 0),
- * -ENOMEM, -ENOSPC (too many buffers in the session, or the agent's
- * --client-alloc-size is used up), MC_EUNAVAILABLE.
+ * and write it (mc_transfer from another node). The address is this
+ * library's choice: where another process's buffer is published there
+ * already (sessions without an engine of their own share the agent's), it
+ * takes another place. Errors: -EINVAL (len 0), -ENOMEM, -ENOSPC (too
+ * many buffers in the session, or the agent's --client-alloc-size is used
+ * up), -EEXIST (8 places taken), MC_EUNAVAILABLE.
  */
 int mc_buffer_alloc(mc_client *c, size_t len, void **buf);
 /* Errors: -ENOENT (not from mc_buffer_alloc). */

@@ -643,6 +643,48 @@ def a_closed_sessions_addresses_are_free_at_once():
 
 
 @case
+def a_buffer_alloc_moves_past_another_sessions_buffer():
+    """mc_buffer_alloc of a session without an engine of its own publishes
+    the buffer in the agent's engine at this process's address. When
+    another process's buffer is there already, it takes another place
+    (libmooncake's retry window, [64 TiB, 84 TiB)) instead of failing."""
+    from mooncake import _native as n
+    cl = Cluster(agents=1)
+    a = cl.agents[0]
+    # Another session publishes a sparse memfd over the top 16 TiB of the
+    # address space, where mmap places this process's reservations.
+    top = [int(l.split()[0].split("-")[0], 16) for l in open("/proc/self/maps")
+           if "[stack]" in l][0]
+    lo = (top - (16 << 40)) & ~((1 << 30) - 1)
+    length = top - lo
+    mfd = os.memfd_create("wide", os.MFD_ALLOW_SEALING)
+    os.ftruncate(mfd, length)
+    import fcntl
+    fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    s = st.raw_connect(a.socket)
+    st.hello(s)
+    r = C.Request(id=1, nfds=1)
+    r.register_buffer.length = length
+    r.register_buffer.address = lo
+    st.send(s, r, [mfd])
+    resp, _ = st.recv_response(s)
+    eq(resp.error, OK, "the wide buffer registered")
+    h = ctypes.c_void_p()
+    o = n.OpenOpts(socket_path=a.socket.encode(), client_name=b"alloc")
+    eq(n.mc_open_ex(ctypes.byref(o), ctypes.byref(h)), OK, "session opened")
+    p = ctypes.c_void_p()
+    eq(n.mc_buffer_alloc(h, MiB, ctypes.byref(p)), OK, "a buffer past the wide one")
+    assert 64 << 40 <= p.value < 84 << 40, "buffer at %#x" % p.value
+    ctypes.memset(p.value, 0x5a, MiB)
+    eq(n.mc_buffer_free(h, p), OK, "freed")
+    assert "overlaps memory already published" in a.d.output(), a.d.output()
+    n.mc_close(h)
+    s.close()
+    os.close(mfd)
+    cl.stop()
+
+
+@case
 def client_killed_mid_put_leaves_nothing():
     cl = Cluster(agents=1, segment=256 * MiB, master_args=["--put-timeout=2s"])
     a = cl.agents[0]
