@@ -113,10 +113,11 @@ CTL_SRCS   := $(wildcard src/ctl/*.c)
 CTL_OBJS   := $(patsubst src/%.c,$(B)/obj/%.o,$(CTL_SRCS))
 
 # libmooncake: the client library, its own -fPIC tree. It uses a few
-# common modules (errors, whole-buffer I/O, framing) and the client
+# common modules (errors, whole-buffer I/O, framing, address windows) and the client
 # protocol's generated code compiled again position-independent; it needs
 # only libc, pthreads and libprotobuf-c (no libuv, no nghttp2).
-CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c src/common/io.c src/common/uframe.c
+CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c src/common/io.c src/common/uframe.c \
+               src/common/vmwin.c
 CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS)) $(B)/pic/gen/client.pb-c.o
 CLIENT_LIBS := -lprotobuf-c -lpthread
 

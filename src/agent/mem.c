@@ -23,10 +23,10 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
-#include "common/auth.h"
 #include "common/log.h"
 #include "common/sysmem.h"
 #include "common/util.h"
+#include "common/vmwin.h"
 #include "transfer/transfer.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -72,47 +72,15 @@ static int bind_numa(void *addr, size_t len, int node)
 	return 0;
 }
 
-/*
- * Memory the agent publishes at its own addresses (its segment, the SSD
- * tier's bounce region) shares one engine with the buffers sessions
- * publish at their processes' addresses. Left to mmap, both land in the
- * top terabyte of their address spaces (each at a random place), where a
- * client's large buffer meets the agent's segment now and then and is
- * refused. So the agent maps those at a random 1 GiB boundary in
- * [32 TiB, 64 TiB), which Linux's default layout leaves to neither (the
- * heap and mmap areas lie above 85 TiB, small programs below 1 TiB) and
- * which AddressSanitizer's shadow (up to 16 TiB and 2 GiB) leaves free
- * too, and takes what mmap gives where that fails (an address space too
- * small, a kernel before MAP_FIXED_NOREPLACE).
- */
-#define PUBLISH_LO (32ull << 40)
-#define PUBLISH_HI (64ull << 40)
-#define PUBLISH_STEP (1ull << 30)
-#define PUBLISH_TRIES 8
-
+/* Memory published at the agent's own addresses goes in its window
+ * (common/vmwin.h), 1 GiB aligned, 8 places tried; else where mmap
+ * puts it. */
 static void *map_published(size_t len, int fd)
 {
-	uint64_t slots = len < PUBLISH_HI - PUBLISH_LO
-				 ? (PUBLISH_HI - PUBLISH_LO - len) / PUBLISH_STEP
-				 : 0;
-	for (int i = 0; i < PUBLISH_TRIES && slots; i++) {
-		uint64_t r;
-		if (mc_random(&r, sizeof(r)) != 0)
-			break;
-		void *want = (void *)(uintptr_t)(PUBLISH_LO + (r % slots) * PUBLISH_STEP);
-		void *p = mmap(want, len, PROT_READ | PROT_WRITE,
-			       MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
-		if (p == want)
-			return p;
-		if (p != MAP_FAILED) {
-			/* An old kernel took the flag for a hint. */
-			munmap(p, len);
-			break;
-		}
-		if (errno != EEXIST)
-			break;
-	}
-	return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	void *p = mc_vmwin_map(MC_VMWIN_AGENT_LO, MC_VMWIN_AGENT_HI, 1ull << 30, len,
+			       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 8);
+	return p != MAP_FAILED ? p
+			       : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 }
 
 /* One attempt: huge pages or not. Returns 0 or a negative errno. */

@@ -7,6 +7,7 @@
  * memory is remembered as a shadow range and copied through staging.
  */
 #include "client/client_int.h"
+#include "common/vmwin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +15,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -263,37 +263,22 @@ int mc__unregister_id(mc_client *c, uint64_t id)
  * A buffer's address is where peers reach it, and a session without an
  * engine of its own publishes it in the agent's engine beside the
  * buffers of the agent's other such sessions, each at its process's
- * address: two processes' buffers may meet there (mmap places large
- * ones at random in the top terabyte of each address space), and the
- * agent refuses the second with -EEXIST. The address is this library's
- * choice, so it tries again at a random 2 MiB boundary of
- * [64 TiB, 84 TiB), which Linux's default layout leaves free (above the
- * window the agents map their own memory in, agent/mem.c; below PIE
- * heaps), ALLOC_TRIES times in all.
+ * address: two processes' buffers may meet there, and the agent refuses
+ * the second with -EEXIST. The address is this library's choice, so it
+ * tries again at a random 2 MiB boundary of the client window
+ * (common/vmwin.h), ALLOC_TRIES times in all.
  */
-#define RETRY_LO (64ull << 40)
-#define RETRY_HI (84ull << 40)
 #define ALLOC_TRIES 8
 
 /* Address space for a buffer of rlen: mmap's choice, or (elsewhere) a
- * random place of the retry window when that can be had. */
+ * random place of the client window when that can be had. */
 static void *reserve(size_t rlen, bool elsewhere)
 {
-	uint64_t r;
-	if (elsewhere && rlen < RETRY_HI - RETRY_LO &&
-	    getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r)) {
-		uint64_t slots = (RETRY_HI - RETRY_LO - rlen) / HUGE_ALIGN;
-		void *want = (void *)(uintptr_t)(RETRY_LO + (r % slots) * HUGE_ALIGN);
-		void *p = mmap(want, rlen, PROT_NONE,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE |
-				       MAP_FIXED_NOREPLACE,
-			       -1, 0);
-		if (p == want)
-			return p;
-		if (p != MAP_FAILED)
-			munmap(p, rlen); /* a kernel that took the flag for a hint */
-	}
-	return mmap(NULL, rlen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+	void *p = elsewhere ? mc_vmwin_map(MC_VMWIN_CLIENT_LO, MC_VMWIN_CLIENT_HI, HUGE_ALIGN,
+					   rlen, PROT_NONE, flags, -1, 1)
+			    : MAP_FAILED;
+	return p != MAP_FAILED ? p : mmap(NULL, rlen, PROT_NONE, flags, -1, 0);
 }
 
 MC__PUBLIC int mc_buffer_alloc(mc_client *c, size_t len, void **buf)
