@@ -410,8 +410,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 						bytes += (double)(tal[w].ops - ops) *
 							 (double)size;
 						fio_same.sync_bytes =
-							s1 > s0 ? (uint64_t)(bytes / syncs)
-								: 0;
+							syncs > 0 ? (uint64_t)(bytes / syncs)
+								  : 0;
 					}
 				}
 				if (fio_ok)
