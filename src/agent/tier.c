@@ -15,7 +15,7 @@
  * the caller's callback), freed when its callback has run. A write that
  * finds the store full waits, in order, for room: the master evicts past
  * the tier's watermark, its deletions arrive, and the store reuses their
- * space once they are synced (a full store starts that sync at once).
+ * space once their removals are appended to its index.
  * Waiting writes are tried again after the store's completions and every
  * AGENT_TIER_ROOM_POLL_MS, up to AGENT_TIER_ROOM_WAIT_MS.
  */

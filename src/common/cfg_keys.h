@@ -302,8 +302,8 @@
 	X(SSD_SYNC_INTERVAL, "ssd-sync-interval", AGENT, DURATION, "5s", 0, 3600000, NULL, \
 	  "agent: least time between two syncs of the SSD tier to stable " \
 	  "storage: what a power loss can lose (a kill -9 loses nothing that " \
-	  "reached the SSD tier); removed space the tier needs back is synced " \
-	  "sooner; 0: sync back to back") \
+	  "reached the SSD tier); puts and the reuse of removed space never " \
+	  "wait for it; 0: sync back to back") \
 	X(SSD_IO, "ssd-io", AGENT, ENUM, "auto", 0, 0, "auto|io_uring|threads", \
 	  "agent: how the SSD tier's data I/O runs: io_uring (fail at start " \
 	  "when the kernel or a seccomp profile refuses it), threads (a pool " \

@@ -33,11 +33,16 @@
  * power loss can lose the puts of the last sync interval; an index record that
  * reached the disk before its object's bytes did is caught by the
  * checksum (below). A removal is appended like a put; its extent is reused
- * only after it is synced and every read of it has ended, so a crash never
- * leaves an index record pointing at another object's bytes. After a
- * crash, recovery finds every completed put (a power loss: every synced
- * one) and removals appended before it (a removal in the last few
- * milliseconds may be undone: the object comes back with its own bytes).
+ * once it is appended and every read of it has ended, not after its sync
+ * (waiting for syncs held puts to the device's synced rate). A kill -9
+ * keeps the appended removal; a power loss that loses it leaves its
+ * object's record beside the newer object that reused the extent: recovery
+ * drops the older of two overlapping objects, and where the newer one's
+ * record was lost too, the read's checksum catches the other object's
+ * bytes. After a crash, recovery finds every completed put (a power loss:
+ * every synced one) and removals appended before it (a power loss may undo
+ * the removals of the last sync interval: the object comes back with its
+ * own bytes, or fails its checksum and is dropped).
  *
  * Checks. Every read checks the value's CRC-32C before its callback sees
  * success; a mismatch fails it with MC_ECHECKSUM, drops the object (a log
@@ -106,10 +111,8 @@ struct ssd_opts {
 	 * live records (0: 4 MiB). */
 	uint64_t compact_min_bytes;
 	/* Least time between the starts of two syncs (0: back to back). What
-	 * a power loss can lose; a kill -9 loses nothing either way. Removed
-	 * space is reused only once its removal is synced: a sync starts at
-	 * once when that space reaches half the free space, or a put finds
-	 * no room while it waits. */
+	 * a power loss can lose; a kill -9 loses nothing either way. Puts
+	 * and removed space's reuse never wait for a sync. */
 	unsigned sync_interval_ms;
 	/* Where to register the tier's metrics (mooncake_agent_ssd_*: size,
 	 * use, objects, index bytes, data I/Os with their bytes and latency

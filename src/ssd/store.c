@@ -306,19 +306,23 @@ void ssd__extent_free(struct ssd_store *s, struct ssd__ent *e)
 			  e->off, e->len, mc_strerror(rc));
 }
 
-/* Free DEAD entries whose DEL is synced, with no read and no put in
+/* Free DEAD entries whose DEL is appended, with no read and no put in
  * flight; their extents go back. The list is in del_commit order, so the
- * scan ends at the first one not synced yet. */
+ * scan ends at the first one not appended yet. Not waiting for the DEL's
+ * sync is safe: a kill -9 keeps the appended DEL (page cache); a power
+ * loss that loses it leaves its PUT beside the newer object that reused
+ * the extent, and recovery drops the older of two overlapping objects
+ * (open.c) or, the newer one's record lost too, the read's checksum
+ * catches the other object's bytes. */
 static void reclaim(struct ssd_store *s)
 {
 	struct ssd__ent **pp = &s->dead, *prev = NULL;
-	while (*pp && (*pp)->del_commit <= s->synced) {
+	while (*pp && (*pp)->del_commit <= s->commits_done) {
 		struct ssd__ent *e = *pp;
 		if (e->reads == 0 && !e->put_pending) {
 			*pp = e->dnext;
 			if (s->dead_tail == e)
 				s->dead_tail = prev;
-			s->dead_bytes -= e->len;
 			ssd__extent_free(s, e);
 			free(e);
 		} else {
@@ -342,7 +346,6 @@ static void dead_add(struct ssd_store *s, struct ssd__ent *e)
 	else
 		s->dead = e;
 	s->dead_tail = e;
-	s->dead_bytes += e->len;
 }
 
 /* ------------------------------------------------------------ records */
@@ -433,8 +436,6 @@ static void commit_job(struct ssd__op *op)
 static void maybe_compact(struct ssd_store *s);
 static void compact_next(struct ssd_store *s);
 static void maybe_sync(struct ssd_store *s);
-static bool room_owed(const struct ssd_store *s);
-static void sync_for_room(struct ssd_store *s);
 
 void ssd__complete_req(struct ssd_req *r, int status)
 {
@@ -514,7 +515,6 @@ static void commit_done(struct ssd__op *op)
 	free(c);
 	reclaim(s);
 	maybe_sync(s);
-	sync_for_room(s);
 	maybe_compact(s);
 }
 
@@ -637,8 +637,7 @@ static void sync_done(struct ssd__op *op)
 	free(y);
 	/* Kicks that came while this sync ran asked for what it may have
 	 * covered: the next one starts at once only for what still asks (a
-	 * waiter, a close: maybe_sync; removed space: below), else at the
-	 * interval's end. */
+	 * waiter, a close: maybe_sync), else at the interval's end. */
 	pthread_mutex_lock(&s->kick_mu);
 	s->kick = false;
 	pthread_mutex_unlock(&s->kick_mu);
@@ -652,10 +651,7 @@ static void sync_done(struct ssd__op *op)
 			pp = &r->next;
 		}
 	}
-	reclaim(s);
 	maybe_sync(s);
-	if (room_owed(s))
-		ssd__kick_sync(s);
 }
 
 /* Sync when appended records are not yet synced or someone waits. */
@@ -682,28 +678,6 @@ static void maybe_sync(struct ssd_store *s)
 	ssd__io_submit(s->io, &y->op);
 	if (waiter || s->closing)
 		ssd__kick_sync(s);
-}
-
-/* Removed space is reused once its removal is synced. Start that sync
- * now rather than at the interval's end once the space waiting for it is
- * half the free space or more: a put that needs the room then finds it
- * synced instead of waiting for a whole sync. */
-static bool room_owed(const struct ssd_store *s)
-{
-	const struct ssd__ent *last = s->dead_tail;
-	return last && last->del_commit <= s->commits_done && last->del_commit > s->synced &&
-	       2 * s->dead_bytes >= mc_extalloc_free_bytes(&s->alloc);
-}
-
-/* Once per commit holding removals, when that commit has been appended
- * (and again after a sync that did not cover it: sync_done). */
-static void sync_for_room(struct ssd_store *s)
-{
-	if (!room_owed(s) || s->dead_tail->del_commit <= s->room_kicked)
-		return;
-	s->room_kicked = s->commits_done;
-	maybe_sync(s);
-	ssd__kick_sync(s);
 }
 
 int ssd_sync(struct ssd_store *s, struct ssd_req *r, ssd_cb cb)
@@ -913,16 +887,8 @@ static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t k
 		return MC_EOBJECT_ALREADY_EXISTS;
 	uint64_t len = ssd_io_len(size), off;
 	int rc = mc_extalloc_get(&s->alloc, len, &off);
-	if (rc == MC_ENO_SPACE && s->dead) {
-		/* Removed space waits for a sync: have it now, not at the
-		 * interval's end. */
-		maybe_sync(s);
-		if (s->sync_running)
-			ssd__kick_sync(s);
-	}
 	if (rc < 0)
 		return rc;
-	sync_for_room(s);
 	struct ssd__ent *e = ssd__ent_new(key, klen);
 	struct xop *x = calloc(1, sizeof(*x));
 	if (!e || !x || ssd__ent_insert(s, e) < 0) {

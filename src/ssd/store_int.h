@@ -59,7 +59,6 @@ struct ssd_store {
 	/* DEAD entries awaiting their extent's reuse, in del_commit order
 	 * (it never decreases), and those whose extent is never reused. */
 	struct ssd__ent *dead, *dead_tail, *lost;
-	uint64_t dead_bytes; /* extents of the dead list */
 	uint64_t next_seq;
 	uint64_t live_objects, live_rec_bytes;
 
@@ -80,10 +79,7 @@ struct ssd_store {
 	pthread_cond_t kick_cv;
 	bool kick;             /* under kick_mu */
 	uint64_t last_sync_ns; /* under kick_mu */
-	/* The last commit a sync was started early for, so that removed
-	 * space is reused in time (sync_for_room in store.c). */
-	uint64_t room_kicked;
-	int failed; /* an index write or sync failed */
+	int failed;            /* an index write or sync failed */
 
 	/* compaction */
 	bool compacting, cstep_running;
