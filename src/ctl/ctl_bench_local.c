@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,7 +153,6 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 		char dir[sizeof(cl->dir)]; /* (not cl's own: snprintf's restrict) */
 		memcpy(dir, cl->dir, sizeof(dir));
 		snprintf(cl->sock[i], sizeof(cl->sock[i]), "%s/agent%d.sock", dir, i);
-		cl->http_port[i] = free_port();
 		char *av[] = {daemon,
 			      with_master ? "--role=master,agent" : "--role=agent",
 			      ARG("--data-dir=%s/agent%d", cl->dir, i),
@@ -162,7 +160,7 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			      "--meta-endpoints=",
 			      ARG("--master-address=%s", cl->master),
 			      ARG("--agent-listen=127.0.0.1:%d", free_port()),
-			      ARG("--agent-http=127.0.0.1:%d", cl->http_port[i]),
+			      ARG("--agent-http=127.0.0.1:%d", free_port()),
 			      ARG("--socket=%s", cl->sock[i]),
 			      ARG("--global-segment-size=%llu", (unsigned long long)segment),
 			      ARG("--cluster-secret-file=%s", secret),
@@ -195,60 +193,6 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 		rc = spawn(cl, i ? "agent1" : "agent0", av);
 	}
 #undef ARG
-	return rc;
-}
-
-int ctl_local_agent_metric(const struct ctl_local *cl, int i, const char *name, double *v)
-{
-	if (i < 0 || i > 1 || cl->http_port[i] <= 0)
-		return -EINVAL;
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	struct timeval tv = {.tv_sec = 5};
-	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_port = htons((uint16_t)cl->http_port[i]),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	static const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-	int rc = 0;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-	    write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	/* The whole answer (the agent's metrics are some tens of KiB). */
-	size_t cap = 1u << 20, len = 0;
-	char *buf = malloc(cap + 1);
-	if (!buf) {
-		close(fd);
-		return -ENOMEM;
-	}
-	for (;;) {
-		ssize_t n = read(fd, buf + len, cap - len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
-			break;
-		}
-		if (n == 0 || (len += (size_t)n) == cap)
-			break;
-	}
-	close(fd);
-	buf[len] = 0;
-	size_t nl = strlen(name);
-	rc = rc ? rc : -ENOENT;
-	for (char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-		if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
-			*v = strtod(p + nl + 1, NULL);
-			rc = 0;
-			break;
-		}
-	}
-	free(buf);
 	return rc;
 }
 

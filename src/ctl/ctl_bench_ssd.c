@@ -14,10 +14,7 @@
  * Beside each: fio (Debian package fio) with the same block size, direct
  * I/O, io_uring and iodepth, on a file in the same directory — sequential
  * writes, with an fdatasync as often as the store's --sync-interval
- * (ctl_fio.c), and random reads — and the ratio store/fio; for puts fio
- * runs a second time per round with an fdatasync as often per byte as
- * the store synced (its syncs before reusing removed space included),
- * the ratio to that on a line of its own. Both
+ * (ctl_fio.c), and random reads — and the ratio store/fio. Both
  * write their whole file once before (a cache tier past its first fill
  * overwrites blocks written before, which costs less than writing
  * preallocated ones). The store syncs every --sync-interval as the agent
@@ -301,8 +298,7 @@ static void usage(FILE *f)
 		"synced) and get (checksum checked) GB/s and p50/p99 per operation, beside\n"
 		"fio with the same block size, direct I/O, io_uring and depth on the same\n"
 		"file system (sequential writes synced as often as --sync-interval, random\n"
-		"reads), and the ratio; for puts also fio synced as often per byte as the\n"
-		"store was (its syncs before reusing removed space included).\n");
+		"reads), and the ratio.\n");
 }
 
 int ctl_bench_ssd_main(int argc, char **argv)
@@ -456,22 +452,9 @@ int ctl_bench_ssd_main(int argc, char **argv)
 			/* fio syncs as often as the store does (ctl_fio.c). */
 			struct ctl_fio ff = {
 				.sync = true, .sync_ms = sync_ms, .fill_bw = fill_bw};
-			/* And, for puts, fio synced as often per byte as the
-			 * store was (its syncs before reusing removed space
-			 * included), as bench store --tier=ssd does. */
-			struct ctl_fio fs = {.sync = true};
-			uint64_t syncs = 0;
-			double bytes = 0;
 			bool fio_ok = use_fio;
 			for (unsigned r = 0; r < rounds; r++) {
-				struct ssd_stats st0, st1;
-				double b0 = f.bytes;
-				ssd_stats(b.s, &st0);
 				rc = run_store(&b, put, ms / rounds, &f);
-				ssd_stats(b.s, &st1);
-				syncs += st1.syncs - st0.syncs;
-				bytes += f.bytes - b0;
-				fs.sync_bytes = syncs ? (uint64_t)(bytes / (double)syncs) : 0;
 				if (rc < 0) {
 					fprintf(stderr, "mooncakectl bench ssd: %s: %s\n",
 						put ? "put" : "get", mc_strerror(rc));
@@ -480,9 +463,6 @@ int ctl_bench_ssd_main(int argc, char **argv)
 				if (fio_ok)
 					fio_ok = ctl_fio_run(fiofile, half, vsz, depth, put,
 							     ms / rounds, &ff);
-				if (fio_ok && put && fs.sync_bytes)
-					fio_ok = ctl_fio_run(fiofile, half, vsz, depth, put,
-							     ms / rounds, &fs);
 			}
 			char vname[32];
 			if (vsz >= (1u << 20) && vsz % (1u << 20) == 0)
@@ -503,15 +483,6 @@ int ctl_bench_ssd_main(int argc, char **argv)
 				       put ? "put" : "get", vname, gbs, p50, p99, "-", "-",
 				       "-", "-");
 			}
-			if (fio_ok && fs.runs) {
-				double fg = fs.bw / fs.runs / 1e9;
-				printf("%-4s %6s  %30s  %10.2f %9.0f %9.0f  %6.2f  (fio synced as "
-				       "often: an fdatasync per %.0f MiB, %" PRIu64
-				       " in %.1f GB)\n",
-				       "", "", "", fg, fs.p50_us / fs.runs,
-				       fs.p99_us / fs.runs, fg > 0 ? gbs / fg : 0,
-				       bytes / (double)syncs / (1 << 20), syncs, bytes / 1e9);
-			}
 			fflush(stdout);
 			ctl_lat_free(&f.lat);
 		}
@@ -529,8 +500,7 @@ int ctl_bench_ssd_main(int argc, char **argv)
 		}
 	}
 	printf("put: written and in the index (survives kill -9), data and index synced every "
-	       "%u ms (a device cache flush);\n     fio: direct writes synced as often; the line "
-	       "below a put: fio synced as often per byte as the store was.\n     get: checksum "
+	       "%u ms (a device cache flush);\n     fio: direct writes synced as often.\n     get: checksum "
 	       "checked; fio: random direct reads.\n",
 	       sync_ms);
 	ret = CTL_EXIT_OK;

@@ -563,9 +563,7 @@ static void usage(FILE *f)
 		"the SSD tier and gets read values only there (the local agent's tier,\n"
 		"and the other agent's through its bounce region), beside fio with the\n"
 		"same block size, direct I/O, io_uring and clients in flight on a file\n"
-		"in the same directory, in the same rounds; for puts also fio with an\n"
-		"fdatasync as often per byte as the tiers synced in those rounds\n"
-		"(fio=tier: what the disk gives writes that must be synced that often).\n");
+		"in the same directory, in the same rounds.\n");
 }
 
 static int parse_list(const char *s, const char *const *names, unsigned n, unsigned *mask)

@@ -49,7 +49,6 @@ struct ctl_local {
 	 * ssd_bytes in ssd_dir/agentN (promotion off). */
 	const char *ssd_dir;
 	uint64_t ssd_bytes;
-	int http_port[2]; /* the agents' --agent-http, on 127.0.0.1 */
 };
 
 /* A master and two agents with a segment of segment bytes each (and an
@@ -64,10 +63,6 @@ int ctl_local_start_redis(struct ctl_local *l);
 void ctl_local_report_dead(struct ctl_local *l);
 /* Stop every process (SIGTERM, then wait) and remove the directory. */
 void ctl_local_stop(struct ctl_local *l);
-/* The value of the metric line that starts with name (a name, or a name
- * and its labels) in the /metrics of agent i (0 or 1). Errors: -errno of
- * the connection, -ETIMEDOUT, -ENOENT (no such line). */
-int ctl_local_agent_metric(const struct ctl_local *l, int i, const char *name, double *v);
 /* The process ctl_local started under name ("master", "agent0",
  * "agent1", "redis"): its pid, or -1. */
 pid_t ctl_local_pid(const struct ctl_local *l, const char *name);

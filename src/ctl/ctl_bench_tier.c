@@ -20,14 +20,7 @@
  * block size, as many I/Os in flight as clients, direct I/O and io_uring
  * on a file in the same directory (sequential writes for put, synced as
  * often as the tiers sync: see ctl_fio.c; random reads for get), taking
- * turns with the agents in --rounds rounds. For puts fio runs a second
- * time per round ("fio=tier") with an fdatasync as often per byte as the
- * agents' tiers synced in the rounds so far (their
- * mooncake_agent_ssd_syncs_total, read over HTTP before and after each
- * round; each of those syncs is an fdatasync of the data file and then of
- * the index): the syncs before evicted space is reused are the tier's
- * price for never pointing an index record at another object's bytes,
- * and this says what the disk gives writes synced that often.
+ * turns with the agents in --rounds rounds.
  * Like bench ssd, both write their whole file once before: fio's file
  * is filled, and each agent's tier takes --ssd-size of 16 MiB values
  * through its agent, removed after (a cache tier past its first fill
@@ -203,24 +196,11 @@ static void tier_line(const char *vs, const char *op, const char *where, size_t 
 	       t->first_err ? mc_strerror(t->first_err) : "");
 }
 
-static void fio_line(const char *op, const char *label, size_t size, const struct ctl_fio *f)
+static void fio_line(const char *op, size_t size, const struct ctl_fio *f)
 {
 	double bw = f->runs ? f->bw / f->runs : 0;
-	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f", "", op, label, bw / (double)size,
+	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f\n", "", op, "fio", bw / (double)size,
 	       bw / 1e9, f->runs ? f->p50_us / f->runs : 0, f->runs ? f->p99_us / f->runs : 0);
-}
-
-/* The fdatasyncs both agents' tiers have made so far, or -1. */
-static double tier_syncs(const struct ctl_local *cl)
-{
-	double sum = 0;
-	for (int i = 0; i < 2; i++) {
-		double v;
-		if (ctl_local_agent_metric(cl, i, "mooncake_agent_ssd_syncs_total", &v) != 0)
-			return -1;
-		sum += v;
-	}
-	return sum;
 }
 
 int ctl_bench_tier_main(int argc, char **argv)
@@ -377,12 +357,6 @@ int ctl_bench_tier_main(int argc, char **argv)
 			struct ctl_fio fio = {.sync = true,
 					      .sync_ms = SSD_SYNC_INTERVAL_DEFAULT_MS,
 					      .fill_bw = fill_bw};
-			/* And fio synced as often per byte as the tiers were
-			 * in the round just run (their syncs before reusing
-			 * evicted space included): what the disk gives writes
-			 * that must reach stable storage that often. */
-			struct ctl_fio fio_same = {.sync = true};
-			double syncs = 0, bytes = 0;
 			if (!put)
 				for (unsigned w = 0; w < nwhere && rc == 0; w++)
 					rc = tier_populate(ws, clients, holder[w],
@@ -401,51 +375,25 @@ int ctl_bench_tier_main(int argc, char **argv)
 						ws[i].tag = put ? tag + 1 + r : tag;
 						ws[i].nkeys = nkeys;
 					}
-					uint64_t ops = tal[w].ops;
-					double s0 = put ? tier_syncs(&cl) : -1;
 					tier_round(ws, clients, ms / rounds, &tal[w]);
-					double s1 = s0 >= 0 ? tier_syncs(&cl) : -1;
-					if (s1 >= s0 && s0 >= 0) {
-						syncs += s1 - s0;
-						bytes += (double)(tal[w].ops - ops) *
-							 (double)size;
-						fio_same.sync_bytes =
-							syncs > 0 ? (uint64_t)(bytes / syncs)
-								  : 0;
-					}
 				}
 				if (fio_ok)
 					fio_ok = ctl_fio_run(fiofile, ssd_bytes, size, clients,
 							     put, ms / rounds, &fio);
-				if (fio_ok && put && fio_same.sync_bytes)
-					fio_ok = ctl_fio_run(fiofile, ssd_bytes, size, clients,
-							     put, ms / rounds, &fio_same);
 			}
 			for (unsigned w = 0; w < nwhere; w++) {
 				tier_line(vs, put ? "put" : "get", w ? "remote" : "local",
 					  size, &tal[w], &fio);
 				ctl_lat_free(&tal[w].lat);
 			}
-			if (fio.runs) {
-				fio_line(put ? "put" : "get", "fio", size, &fio);
-				printf("\n");
-			}
-			if (fio_same.runs) {
-				double tier = tally_rate(&tal[0]) * (double)size;
-				fio_line("put", "fio=tier", size, &fio_same);
-				printf("   x %.2f  (an fdatasync per %.0f MiB, as the tiers made: "
-				       "%.0f in %.1f GB)\n",
-				       tier / (fio_same.bw / fio_same.runs),
-				       bytes / syncs / (1 << 20), syncs, bytes / 1e9);
-			}
+			if (fio.runs)
+				fio_line(put ? "put" : "get", size, &fio);
 			tag += 1 + rounds;
 		}
 	}
 	printf("x fio = GB/s over fio's GB/s for the same block size and I/Os in flight (fio: "
-	       "sequential writes for put, synced once per %u s, random reads for get). "
-	       "fio=tier: fio's writes synced as often per byte as the agents' tiers synced "
-	       "in the same rounds (their syncs before reusing evicted space included), and "
-	       "x = the tier's put GB/s over its GB/s. local = the client's agent's "
+	       "sequential writes for put, synced once per %u s as the tiers are, random reads "
+	       "for get). local = the client's agent's "
 	       "SSD tier; remote = the other agent's, read into its bounce region and then "
 	       "through the transfer engine.\n",
 	       SSD_SYNC_INTERVAL_DEFAULT_MS / 1000);

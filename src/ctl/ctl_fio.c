@@ -84,8 +84,6 @@ static uint64_t sync_blocks(struct ctl_fio *f, uint64_t bs, uint64_t ms)
 {
 	if (!f->sync)
 		return 0;
-	if (f->sync_bytes)
-		return f->sync_bytes > bs ? f->sync_bytes / bs : 1;
 	if (f->sync_ms == 0)
 		return 1;
 	f->syncs_owed += (double)ms / f->sync_ms;

@@ -66,9 +66,6 @@ struct ctl_fio {
 	unsigned sync_ms;
 	double fill_bw;
 	double syncs_owed; /* (carried from run to run) */
-	/* Set by the caller instead of sync_ms: an fdatasync after every
-	 * sync_bytes written (0: sync_ms's rule). */
-	uint64_t sync_bytes;
 };
 /* Run fio for ms on file (file_bytes, written whole before: ctl_fio_fill)
  * with blocks of bs, depth in flight, direct I/O: sequential writes
