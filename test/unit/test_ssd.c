@@ -87,11 +87,12 @@ static int wait_req(struct ssd_store *s, int *flag)
 	return *flag == 1 ? 0 : *flag;
 }
 
-static int put_i(struct ssd_store *s, int i)
+/* Put key i's value, of n bytes (val_size(i) unless a test wants
+ * another), and wait for it. */
+static int put_n(struct ssd_store *s, int i, uint64_t n)
 {
 	char k[32];
 	key_of(k, i);
-	uint64_t n = val_size(i);
 	uint8_t *b = ssd_buf_alloc(ssd_io_len(n));
 	fill(b, n, i);
 	int flag = 0;
@@ -101,6 +102,11 @@ static int put_i(struct ssd_store *s, int i)
 		rc = wait_req(s, &flag);
 	ssd_buf_free(b, ssd_io_len(n));
 	return rc;
+}
+
+static int put_i(struct ssd_store *s, int i)
+{
+	return put_n(s, i, val_size(i));
 }
 
 /* Get key i and check its bytes; returns the get's status. */
@@ -686,22 +692,6 @@ Test(ssd, kill_with_writes_in_flight_loses_no_completed_put)
 		cr_assert(rc == 0 || rc == MC_EOBJECT_NOT_FOUND);
 	}
 	ssd_close(s);
-}
-
-/* Put key i's value, of exactly n bytes, and wait for it. */
-static int put_n(struct ssd_store *s, int i, uint64_t n)
-{
-	char k[32];
-	key_of(k, i);
-	uint8_t *b = ssd_buf_alloc(n);
-	fill(b, n, i);
-	int flag = 0;
-	struct ssd_req r = {.data = &flag};
-	int rc = ssd_put(s, &r, k, strlen(k), b, n, crc32c(0, b, n), on_done);
-	if (rc == 0)
-		rc = wait_req(s, &flag);
-	ssd_buf_free(b, n);
-	return rc;
 }
 
 /* Get key i (n bytes) and check them; returns the get's status. */
