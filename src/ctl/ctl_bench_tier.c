@@ -175,16 +175,10 @@ static int tier_warm_up(mc_client *through, const void *buf, uint64_t ssd_bytes,
 	return rc;
 }
 
-/* Operations a second of a tally. */
-static double tally_rate(const struct ttally *t)
-{
-	return t->secs > 0 ? (double)t->ops / t->secs : 0;
-}
-
 static void tier_line(const char *vs, const char *op, const char *where, size_t size,
 		      struct ttally *t, const struct ctl_fio *f)
 {
-	double ops = tally_rate(t);
+	double ops = t->secs > 0 ? (double)t->ops / t->secs : 0;
 	double gbps = ops * (double)size / 1e9;
 	double fio = f->runs ? f->bw / f->runs / 1e9 : 0;
 	char xs[32] = "-";
