@@ -98,12 +98,13 @@ def two_agents(protocol):
 @case
 def one_agent_vllm_and_sglang():
     a = one_agent()
-    sessions = set()
     for memory in ("allocator", "hook", "managed", "ordinary"):
         info = run_pd(a, a, memory, "vllm", 11)
+        # Its own, not the agent's. These instances run one after the
+        # other, so the kernel may give one the port another has just
+        # freed (a CI run met it): two at once have two ids in
+        # two_decode_processes_on_one_node.
         eq(info["session"] != a.name, True, "a session id of the instance's own")
-        sessions.add(info["session"])
-    eq(len(sessions), 4, "every instance its own session id")
     run_pd(a, a, "allocator", "sglang", 12)
     run_pd(a, a, "ordinary", "sglang", 13)
 
