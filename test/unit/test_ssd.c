@@ -109,7 +109,26 @@ static int put_i(struct ssd_store *s, int i)
 	return put_n(s, i, val_size(i));
 }
 
-/* Get key i and check its bytes; returns the get's status. */
+/* Get key i, of n bytes, and check them; returns the get's status. */
+static int get_n(struct ssd_store *s, int i, uint64_t n)
+{
+	char k[32];
+	key_of(k, i);
+	uint8_t *b = ssd_buf_alloc(ssd_io_len(n)), *want = malloc(n);
+	fill(want, n, i);
+	int flag = 0;
+	struct ssd_req r = {.data = &flag};
+	int rc = ssd_get(s, &r, k, strlen(k), b, ssd_io_len(n), on_done);
+	if (rc == 0)
+		rc = wait_req(s, &flag);
+	if (rc == 0)
+		cr_assert(memcmp(b, want, n) == 0, "bytes of key %d", i);
+	free(want);
+	ssd_buf_free(b, ssd_io_len(n));
+	return rc;
+}
+
+/* Get key i, whose size must be val_size(i), and check its bytes. */
 static int get_i(struct ssd_store *s, int i)
 {
 	char k[32];
@@ -119,19 +138,7 @@ static int get_i(struct ssd_store *s, int i)
 	if (rc < 0)
 		return rc;
 	cr_assert_eq(o.size, val_size(i));
-	uint8_t *b = ssd_buf_alloc(ssd_io_len(o.size));
-	uint8_t *want = malloc(o.size);
-	fill(want, o.size, i);
-	int flag = 0;
-	struct ssd_req r = {.data = &flag};
-	rc = ssd_get(s, &r, k, strlen(k), b, ssd_io_len(o.size), on_done);
-	if (rc == 0)
-		rc = wait_req(s, &flag);
-	if (rc == 0)
-		cr_assert(memcmp(b, want, o.size) == 0, "bytes of key %d", i);
-	free(want);
-	ssd_buf_free(b, ssd_io_len(o.size));
-	return rc;
+	return get_n(s, i, o.size);
 }
 
 static void path_in(char *out, const char *name)
@@ -692,25 +699,6 @@ Test(ssd, kill_with_writes_in_flight_loses_no_completed_put)
 		cr_assert(rc == 0 || rc == MC_EOBJECT_NOT_FOUND);
 	}
 	ssd_close(s);
-}
-
-/* Get key i (n bytes) and check them; returns the get's status. */
-static int get_n(struct ssd_store *s, int i, uint64_t n)
-{
-	char k[32];
-	key_of(k, i);
-	uint8_t *b = ssd_buf_alloc(n), *want = malloc(n);
-	fill(want, n, i);
-	int flag = 0;
-	struct ssd_req r = {.data = &flag};
-	int rc = ssd_get(s, &r, k, strlen(k), b, n, on_done);
-	if (rc == 0)
-		rc = wait_req(s, &flag);
-	if (rc == 0)
-		cr_assert(memcmp(b, want, n) == 0, "bytes of key %d", i);
-	free(want);
-	ssd_buf_free(b, n);
-	return rc;
 }
 
 static int sync_now(struct ssd_store *s)
