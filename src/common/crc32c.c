@@ -199,6 +199,12 @@ crc_hw_3way(uint64_t c, const unsigned char *p, size_t n, const uint32_t t[4][25
 
 #define FOLD_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
 
+/* A distance's two constants (fold_k) as one 128-bit lane. */
+FOLD_TARGET static inline __m128i fold_lane(const uint64_t k[2])
+{
+	return _mm_set_epi64x((long long)k[1], (long long)k[0]);
+}
+
 /* Each 128-bit lane of a moved on by the distance whose constants are k
  * (high half of each k lane for a's high halves), and b added. */
 FOLD_TARGET static inline __m512i fold512(__m512i a, __m512i k, __m512i b)
@@ -209,7 +215,7 @@ FOLD_TARGET static inline __m512i fold512(__m512i a, __m512i k, __m512i b)
 
 FOLD_TARGET static inline __m128i fold128(__m128i a, const uint64_t k[2], __m128i b)
 {
-	__m128i kk = _mm_set_epi64x((long long)k[1], (long long)k[0]);
+	__m128i kk = fold_lane(k);
 	return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, kk, 0x00),
 					   _mm_clmulepi64_si128(a, kk, 0x11)),
 			     b);
@@ -226,16 +232,14 @@ FOLD_TARGET static uint64_t crc_fold(uint64_t c, const unsigned char *p, size_t 
 	__m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + 64),
 		a2 = _mm512_loadu_si512(p + 128), a3 = _mm512_loadu_si512(p + 192);
 	a0 = _mm512_xor_si512(a0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c)));
-	__m512i k256 = _mm512_broadcast_i32x4(
-		_mm_set_epi64x((long long)fold_k[4][1], (long long)fold_k[4][0]));
+	__m512i k256 = _mm512_broadcast_i32x4(fold_lane(fold_k[4]));
 	for (size_t i = 256; i < n; i += 256) {
 		a0 = fold512(a0, k256, _mm512_loadu_si512(p + i));
 		a1 = fold512(a1, k256, _mm512_loadu_si512(p + i + 64));
 		a2 = fold512(a2, k256, _mm512_loadu_si512(p + i + 128));
 		a3 = fold512(a3, k256, _mm512_loadu_si512(p + i + 192));
 	}
-	__m512i k64 = _mm512_broadcast_i32x4(
-		_mm_set_epi64x((long long)fold_k[3][1], (long long)fold_k[3][0]));
+	__m512i k64 = _mm512_broadcast_i32x4(fold_lane(fold_k[3]));
 	a1 = fold512(a0, k64, a1);
 	a2 = fold512(a1, k64, a2);
 	a3 = fold512(a2, k64, a3);

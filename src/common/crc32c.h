@@ -7,8 +7,9 @@
  * once, with cpuid), and for data of 1 KiB and more carry-less
  * multiplication in 512-bit registers when it also has AVX-512 and
  * VPCLMULQDQ (about twice as fast: crc32c.c); a slicing-by-8 table
- * otherwise. All give the same result. Checksums chain: crc32c(crc32c(0, a, n), b, m) is the checksum of
- * a followed by b, so large data can be checksummed piece by piece.
+ * otherwise. All give the same result. Checksums chain:
+ * crc32c(crc32c(0, a, n), b, m) is the checksum of a followed by b, so
+ * large data can be checksummed piece by piece.
  *
  * Pure and thread-safe.
  */
