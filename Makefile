@@ -117,7 +117,7 @@ CTL_OBJS   := $(patsubst src/%.c,$(B)/obj/%.o,$(CTL_SRCS))
 # protocol's generated code compiled again position-independent; it needs
 # only libc, pthreads and libprotobuf-c (no libuv, no nghttp2).
 CLIENT_SRCS := $(wildcard src/client/*.c) src/common/err.c src/common/io.c src/common/uframe.c \
-               src/common/vmwin.c
+               src/common/vmwin.c src/common/ltab.c src/common/crc32c.c src/common/util.c
 CLIENT_PIC  := $(patsubst src/%.c,$(B)/pic/%.o,$(CLIENT_SRCS)) $(B)/pic/gen/client.pb-c.o
 CLIENT_LIBS := -lprotobuf-c -lpthread
 

@@ -85,7 +85,8 @@ class AgentStats(ctypes.Structure):
                 ("inventory", c_uint64), ("get_bad", c_uint64), ("resync_bad", c_uint64),
                 ("ssd_segment", ctypes.c_char * 160), ("ssd_size", c_uint64),
                 ("ssd_used", c_uint64), ("ssd_objects", c_uint64), ("ssd_hits", c_uint64),
-                ("ssd_demotions", c_uint64), ("ssd_promotions", c_uint64)]
+                ("ssd_demotions", c_uint64), ("ssd_promotions", c_uint64),
+                ("table_gets", c_uint64)]
 
 
 class TransferReq(ctypes.Structure):

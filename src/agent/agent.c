@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "agent/agent_int.h"
@@ -119,6 +120,27 @@ static int make_segment(struct agent *a, const struct agent_opts *o)
 		log_error("cannot open a read-only descriptor of the segment: %s",
 			  strerror(-rc));
 		return rc;
+	}
+	/* A memfd is made with mode 0777: a client could open the read-only
+	 * descriptor again through /proc/self/fd with write access and map
+	 * it writable. Read-only for its owner and nobody else, the segment
+	 * can be reopened for writing by no other user (peers that write
+	 * it over shared memory get this read-write descriptor itself). */
+	if (fchmod(a->seg->fd, 0400) != 0) {
+		rc = -errno;
+		log_error("cannot make the segment's memfd read-only for other users: %s",
+			  strerror(-rc));
+		return rc;
+	}
+	if (o->lease_table_slots) {
+		rc = mc_ltab_create(&a->ltab, o->lease_table_slots, a->seg->len);
+		if (rc) {
+			log_error("cannot create the shared lease table "
+				  "(--client-lease-table=%u): %s",
+				  o->lease_table_slots, strerror(-rc));
+			return rc;
+		}
+		agent__lcache_share(&a->lc, &a->ltab);
 	}
 	return 0;
 }
@@ -268,6 +290,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->te = o->te;
 	a->rpc = o->rpc;
 	a->seg_ro_fd = -1;
+	a->ltab.fd = -1;
 	a->staging_bytes = o->staging_bytes;
 	a->numa_node = o->numa_node;
 	a->hugepages = o->hugepages;
@@ -370,6 +393,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 
 out_seg:
 	agent__peer_free(a);
+	mc_ltab_destroy(&a->ltab); /* (the lease cache, still to go, sees it empty) */
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
@@ -505,6 +529,7 @@ void agent_free(struct agent *a)
 	agent__space_free(a);
 	agent__inv_free(&a->inv);
 	agent__lcache_free(&a->lc);
+	mc_ltab_destroy(&a->ltab);
 	if (a->seg_ro_fd >= 0)
 		close(a->seg_ro_fd);
 	agent__map_unref(a->seg);
@@ -517,4 +542,9 @@ void agent_free(struct agent *a)
 const char *agent_socket_path(const struct agent *a)
 {
 	return agent__server_path(a);
+}
+
+void agent_fold_client_counts(struct agent *a)
+{
+	agent__server_fold(a);
 }

@@ -75,6 +75,9 @@ struct agent_opts {
 	/* Values up to this size with a replica on another agent's segment
 	 * are answered from the lease cache, checked (0: never). */
 	uint64_t remote_cache_bytes;
+	/* Slots of the shared lease table that lets the node's clients
+	 * answer gets of leased local objects themselves (0: none). */
+	unsigned lease_table_slots;
 	/* Master discovery: a fixed address, else the leader key in meta. */
 	const char *master_address; /* "" or NULL: use meta */
 	const char *meta_endpoints; /* "" or NULL: no meta */
@@ -160,5 +163,10 @@ void agent_free(struct agent *a);
 
 /* The socket path in use (after fallbacks). */
 const char *agent_socket_path(const struct agent *a);
+
+/* Add the gets the clients answered from the shared lease table since
+ * the last call to the statistics (also done every second, at a Stats
+ * request and when a session ends). From the agent's loop. */
+void agent_fold_client_counts(struct agent *a);
 
 #endif

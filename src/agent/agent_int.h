@@ -103,6 +103,7 @@
 #include "agent/space.h"
 #include "agent/stats.h"
 #include "agent/tier.h"
+#include "common/ltab.h"
 
 struct agent {
 	/* The frame (agent.c's; every file may read it). */
@@ -134,6 +135,7 @@ struct agent {
 	struct agent_pool pool;     /* pool.c */
 	struct agent_inv inv;       /* inv.c */
 	struct agent_lcache lc;     /* lcache.c */
+	struct mc_ltab ltab;        /* its shared table (hdr NULL: none) */
 	struct agent_stats stats;   /* stats.c */
 	struct agent_mcalls mcalls; /* mcall.c */
 	struct agent_batch batch;   /* batch.c */

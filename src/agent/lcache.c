@@ -28,6 +28,12 @@
  * (the master holds its space until the lease ends: proto/master.proto,
  * RemoveRequest.force).
  *
+ * Entries of replicas in this agent's own DRAM segment are also published
+ * in the shared lease table (common/ltab.h, when the agent has one) for
+ * the first half of their window, until a hit would renew them: the
+ * node's clients answer those gets themselves. Whatever takes an entry
+ * out takes it out of the shared table first.
+ *
  * A chained hash table with a fixed capacity; when full, expired entries
  * are swept, then the table is emptied.
  */
@@ -36,6 +42,7 @@
 #include <string.h>
 
 #include "agent/lcache.h"
+#include "common/ltab.h"
 #include "common/util.h"
 
 #define BUCKETS 16384u
@@ -51,33 +58,45 @@ int agent__lcache_init(struct agent_lcache *lc, size_t capacity)
 	return 0;
 }
 
-static void entry_free(struct agent_lentry *e)
+static void entry_free(struct agent_lcache *lc, struct agent_lentry *e)
 {
+	if (lc->shared && e->rep.local)
+		mc_ltab_unpublish(lc->shared, e->key, e->klen);
 	free(e->rep.segment);
 	free(e);
 }
 
 void agent__lcache_clear(struct agent_lcache *lc)
 {
+	struct mc_ltab *shared = lc->shared;
+	lc->shared = NULL; /* emptied at once below */
 	for (size_t i = 0; i < lc->nbuckets; i++) {
 		struct agent_lentry *e = lc->tab[i];
 		while (e) {
 			struct agent_lentry *next = e->next;
-			entry_free(e);
+			entry_free(lc, e);
 			e = next;
 		}
 		lc->tab[i] = NULL;
 	}
 	lc->n = 0;
+	lc->shared = shared;
+	if (shared)
+		mc_ltab_clear(shared);
 }
 
 void agent__lcache_free(struct agent_lcache *lc)
 {
-	if (!lc->tab)
-		return;
-	agent__lcache_clear(lc);
+	if (lc->tab)
+		agent__lcache_clear(lc);
 	free(lc->tab);
 	lc->tab = NULL;
+	lc->shared = NULL;
+}
+
+void agent__lcache_share(struct agent_lcache *lc, struct mc_ltab *t)
+{
+	lc->shared = t;
 }
 
 static struct agent_lentry **slot(struct agent_lcache *lc, const uint8_t *key, size_t klen)
@@ -100,7 +119,7 @@ const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint
 		return NULL;
 	if (now_ms >= e->until_ms) {
 		*pp = e->next;
-		entry_free(e);
+		entry_free(lc, e);
 		lc->n--;
 		return NULL;
 	}
@@ -114,11 +133,15 @@ const struct agent_lentry *agent__lcache_get(struct agent_lcache *lc, const uint
 
 /* The entry answers until until_ms; hits from the window's second half on
  * renew it. */
-static void set_window(struct agent_lentry *e, uint64_t until_ms, uint64_t now_ms)
+static void set_window(struct agent_lcache *lc, struct agent_lentry *e, uint64_t until_ms,
+		       uint64_t now_ms)
 {
 	e->until_ms = until_ms;
 	e->refresh_ms = now_ms + (until_ms - now_ms) / 2;
 	e->refreshing = false;
+	if (lc->shared && e->rep.local)
+		mc_ltab_publish(lc->shared, e->key, e->klen, e->rep.offset, e->size,
+				e->has_crc ? &e->crc : NULL, e->refresh_ms, now_ms);
 }
 
 const struct agent_lentry *agent__lcache_peek(struct agent_lcache *lc, const uint8_t *key,
@@ -140,7 +163,7 @@ void agent__lcache_extend(struct agent_lcache *lc, const uint8_t *key, size_t kl
 		return;
 	}
 	if (until_ms > e->until_ms)
-		set_window(e, until_ms, now_ms);
+		set_window(lc, e, until_ms, now_ms);
 	else
 		e->refreshing = false;
 }
@@ -154,7 +177,7 @@ void agent__lcache_del(struct agent_lcache *lc, const uint8_t *key, size_t klen)
 	if (!e)
 		return;
 	*pp = e->next;
-	entry_free(e);
+	entry_free(lc, e);
 	lc->n--;
 }
 
@@ -166,7 +189,7 @@ static void sweep(struct agent_lcache *lc, uint64_t now_ms)
 			struct agent_lentry *e = *pp;
 			if (now_ms >= e->until_ms) {
 				*pp = e->next;
-				entry_free(e);
+				entry_free(lc, e);
 				lc->n--;
 			} else {
 				pp = &e->next;
@@ -203,11 +226,13 @@ void agent__lcache_put(struct agent_lcache *lc, const uint8_t *key, size_t klen,
 		agent__lcache_del(lc, key, klen);
 		return;
 	}
+	if (lc->shared && e->rep.local && !rep->local)
+		mc_ltab_unpublish(lc->shared, key, klen);
 	free(e->rep.segment);
 	e->rep = *rep;
 	e->rep.segment = seg;
 	e->size = size;
 	e->has_crc = crc != NULL;
 	e->crc = crc ? *crc : 0;
-	set_window(e, until_ms, now_ms);
+	set_window(lc, e, until_ms, now_ms);
 }

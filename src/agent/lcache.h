@@ -37,10 +37,16 @@ struct agent_lentry {
 	uint8_t key[];
 };
 
+struct mc_ltab;
+
 struct agent_lcache {
 	struct agent_lentry **tab;
 	size_t nbuckets, n, capacity;
 	uint64_t hits;
+	/* The shared lease table (common/ltab.h) the entries of local
+	 * replicas are published in for the first half of their window, or
+	 * NULL; not owned. */
+	struct mc_ltab *shared;
 };
 
 #define AGENT_LCACHE_ENTRIES 65536u
@@ -50,6 +56,9 @@ struct agent_lcache {
 
 int agent__lcache_init(struct agent_lcache *lc, size_t capacity) MC_MUST_CHECK;
 void agent__lcache_free(struct agent_lcache *lc);
+/* Publish the entries of local replicas in t from now on (not owned; the
+ * cache lets go of it when freed). */
+void agent__lcache_share(struct agent_lcache *lc, struct mc_ltab *t);
 void agent__lcache_clear(struct agent_lcache *lc);
 /* The entry for key while now is inside its window (borrowed until the
  * next change), else NULL. *renew: set when this hit falls in the second

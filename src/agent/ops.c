@@ -49,9 +49,14 @@ static void op_hello(struct agent_req *r)
 		want = a->staging_bytes;
 	if (want < 4096)
 		want = 4096;
+	/* With the shared lease table, the client counts the gets it
+	 * answers from it in 16 bytes after its staging room. */
+	bool table = h->lease_table && a->ltab.hdr;
+	if (table)
+		want = (want + 63) & ~(uint64_t)63;
 	struct agent_memfd_opts mo = {
 		.name = "mooncake-staging",
-		.len = want,
+		.len = want + (table ? AGENT_TABLE_COUNTS_BYTES : 0),
 		.hugepages = AGENT_HUGEPAGES_OFF,
 		.numa_node = a->numa_node,
 	};
@@ -61,16 +66,33 @@ static void op_hello(struct agent_req *r)
 		agent__op_fail(r, rc, "cannot create the staging buffer");
 		return;
 	}
-	int fd = dup(m->fd);
-	if (fd < 0) {
-		agent__map_unref(m);
-		agent__op_fail(r, -errno, "cannot pass the staging buffer");
-		return;
-	}
-	agent__session_hello(c, h->client_name, m);
+	/* The staging memfd; with the table, the table's and the segment's
+	 * read-only descriptors. */
+	int fds[3] = {dup(m->fd), table ? dup(a->ltab.fd) : -1,
+		      table ? dup(a->seg_ro_fd) : -1};
+	bool own[3] = {true, true, true};
+	unsigned nfds = table ? 3 : 1;
+	for (unsigned i = 0; i < nfds; i++)
+		if (fds[i] < 0) {
+			int err = -errno;
+			for (unsigned k = 0; k < nfds; k++)
+				if (fds[k] >= 0)
+					close(fds[k]);
+			agent__map_unref(m);
+			agent__op_fail(r, err, "cannot pass the staging buffer");
+			return;
+		}
+	uint64_t usable = table ? want : m->len;
+	agent__session_hello(c, h->client_name, m, usable, table);
+	if (table)
+		agent__session_segment_fd_sent(c);
 	Mooncake__Client__HelloReply hr = MOONCAKE__CLIENT__HELLO_REPLY__INIT;
 	hr.version = AGENT_PROTOCOL_VERSION;
-	hr.staging_size = m->len;
+	hr.staging_size = usable;
+	if (table) {
+		hr.lease_table_size = a->ltab.bytes;
+		hr.counters_offset = want;
+	}
 	hr.agent_id = a->name;
 	hr.segment = a->name;
 	hr.segment_size = a->seg->len;
@@ -80,10 +102,9 @@ static void op_hello(struct agent_req *r)
 	Mooncake__Client__Response resp = MOONCAKE__CLIENT__RESPONSE__INIT;
 	resp.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_HELLO;
 	resp.hello = &hr;
-	bool own = true;
-	log_debug("client %s: session started, staging %llu bytes", agent__session_name(c),
-		  (unsigned long long)m->len);
-	agent__reply(r, &resp, &fd, &own, 1);
+	log_debug("client %s: session started, staging %llu bytes%s", agent__session_name(c),
+		  (unsigned long long)usable, table ? ", shared lease table" : "");
+	agent__reply(r, &resp, fds, own, nfds);
 	agent__op_finish(r, 0);
 }
 
@@ -305,6 +326,8 @@ static void op_stats(struct agent_req *r)
 	s.numa_node = a->numa_node;
 	s.staging_size = a->staging_bytes;
 	agent__server_counts(a, &s.clients, &s.buffers, &s.views);
+	agent__server_fold(a);
+	s.table_gets = agent__counter(&a->stats, AGENT_C_TABLE_GETS);
 	s.puts = agent__counter(&a->stats, AGENT_C_PUTS);
 	s.gets = agent__counter(&a->stats, AGENT_C_GETS);
 	s.local_hits = agent__counter(&a->stats, AGENT_C_LOCAL_HITS);

@@ -63,11 +63,11 @@ struct agent_out {
 	struct agent_out *next;
 	uint8_t *data; /* header + body (owned) */
 	size_t len, sent;
-	int fds[2];
+	int fds[AGENT_REPLY_MAX_FDS];
 	unsigned nfds;
-	bool own_fd[2]; /* close after sending */
-	unsigned owned; /* how many of fds are owned (counted in conn fds) */
-	uint64_t held;  /* reply budget it holds: len + what it carries */
+	bool own_fd[AGENT_REPLY_MAX_FDS]; /* close after sending */
+	unsigned owned;                   /* how many of fds are owned (counted in conn fds) */
+	uint64_t held;                    /* reply budget it holds: len + what it carries */
 };
 
 struct agent_conn {
@@ -91,6 +91,11 @@ struct agent_conn {
 	struct agent_map *staging;
 	uint8_t *staging_base;
 	uint64_t staging_len;
+	/* The client's count of gets it answered from the shared lease
+	 * table (gets, bytes; in its staging memfd past staging_len, or
+	 * NULL), and how much of it is in the statistics already. */
+	const uint64_t *table_counts;
+	uint64_t table_counted[2];
 	struct agent_buf *bufs;
 	size_t nbufs, bufs_cap;
 	uint64_t next_buf_id;
@@ -250,9 +255,45 @@ static void conn_unref(struct agent_conn *c)
 		conn_free(c);
 }
 
+/* Add what the client counted since the last look to the statistics.
+ * The client writes its counters as it likes: only growth is taken. */
+static void fold_table_counts(struct agent_conn *c)
+{
+	if (!c->table_counts)
+		return;
+	uint64_t gets = __atomic_load_n(&c->table_counts[0], __ATOMIC_RELAXED);
+	uint64_t bytes = __atomic_load_n(&c->table_counts[1], __ATOMIC_RELAXED);
+	struct agent_stats *st = &c->a->stats;
+	if (gets > c->table_counted[0]) {
+		uint64_t n = gets - c->table_counted[0];
+		agent__count(st, AGENT_C_GETS, n);
+		agent__count(st, AGENT_C_LOCAL_HITS, n);
+		agent__count(st, AGENT_C_LEASE_CACHE_HITS, n);
+		agent__count(st, AGENT_C_TABLE_GETS, n);
+		c->table_counted[0] = gets;
+	}
+	if (bytes > c->table_counted[1]) {
+		agent__count(st, AGENT_C_BYTES_READ, bytes - c->table_counted[1]);
+		c->table_counted[1] = bytes;
+	}
+}
+
+void agent__server_fold(struct agent *a)
+{
+	for (struct agent_conn *c = a->server.conns; c; c = c->next)
+		fold_table_counts(c);
+}
+
+static void on_fold_timer(uv_timer_t *t)
+{
+	agent__server_fold(t->data);
+}
+
 static void release_session(struct agent_conn *c)
 {
 	struct agent *a = c->a;
+	fold_table_counts(c);
+	c->table_counts = NULL;
 	for (size_t i = 0; i < c->nbufs; i++) {
 		if (c->bufs[i].alloc)
 			a->server.alloc_bytes -= c->bufs[i].len;
@@ -336,9 +377,10 @@ static void conn_flush(struct agent_conn *c)
 		if (n == -EAGAIN)
 			break;
 		if (n < 0) {
-			conn_close(c, n == -EPIPE || n == -ECONNRESET
-					      ? NULL
-					      : "cannot write a reply");
+			char why[96];
+			snprintf(why, sizeof(why), "cannot write a reply: %s",
+				 strerror((int)-n));
+			conn_close(c, n == -EPIPE || n == -ECONNRESET ? NULL : why);
 			return;
 		}
 		if (o->sent == 0) {
@@ -375,13 +417,14 @@ static void conn_flush(struct agent_conn *c)
 static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len, const int *fds,
 			const bool *own, unsigned nfds, uint64_t held)
 {
-	struct agent_out *o = calloc(1, sizeof(*o));
+	struct agent_out *o = nfds <= AGENT_REPLY_MAX_FDS ? calloc(1, sizeof(*o)) : NULL;
 	if (!o) {
 		free(data);
 		for (unsigned i = 0; i < nfds; i++)
 			if (own && own[i])
 				close(fds[i]);
-		conn_close(c, "out of memory for a reply");
+		conn_close(c, nfds > AGENT_REPLY_MAX_FDS ? "a reply with too many descriptors"
+							 : "out of memory for a reply");
 		return;
 	}
 	o->data = data;
@@ -982,6 +1025,8 @@ int agent__server_start(struct agent *a, const char *path, uint64_t spin_ns,
 	s->kick_idle.data = a;
 	uv_timer_init(a->loop, &s->accept_timer);
 	s->accept_timer.data = a;
+	uv_timer_init(a->loop, &s->fold_timer);
+	s->fold_timer.data = a;
 	log_info("serving clients on %s (mode 0660)", path);
 	return 0;
 
@@ -1004,6 +1049,7 @@ static void stop_listening(struct agent_server *s)
 		return;
 	uv_poll_stop(&s->listen_poll);
 	uv_timer_stop(&s->accept_timer);
+	uv_timer_stop(&s->fold_timer);
 	unlink(s->socket_path);
 	close(s->listen_fd);
 	s->listen_fd = -1;
@@ -1043,7 +1089,8 @@ unsigned agent__server_close(struct agent *a, uv_close_cb on_closed)
 	uv_close((uv_handle_t *)&a->server.spin_idle, on_closed);
 	uv_close((uv_handle_t *)&a->server.kick_idle, on_closed);
 	uv_close((uv_handle_t *)&a->server.accept_timer, on_closed);
-	return 3;
+	uv_close((uv_handle_t *)&a->server.fold_timer, on_closed);
+	return 4;
 }
 
 bool agent__server_idle(const struct agent *a)
@@ -1126,16 +1173,22 @@ bool agent__session_closed(const struct agent_conn *c)
 }
 
 void agent__session_hello(struct agent_conn *c, const char *client_name,
-			  struct agent_map *staging)
+			  struct agent_map *staging, uint64_t staging_len, bool table_counts)
 {
 	if (client_name && client_name[0])
 		snprintf(c->name, sizeof(c->name), "pid %d uid %u (%.48s)", (int)c->pid,
 			 (unsigned)c->uid, client_name);
 	c->staging = staging;
 	c->staging_base = staging->addr;
-	c->staging_len = staging->len;
+	c->staging_len = staging_len;
+	if (table_counts) {
+		c->table_counts = (const uint64_t *)(staging->addr + staging_len);
+		if (!uv_is_active((uv_handle_t *)&c->a->server.fold_timer))
+			uv_timer_start(&c->a->server.fold_timer, on_fold_timer, AGENT_FOLD_MS,
+				       AGENT_FOLD_MS);
+	}
 	c->hello = true;
-	c->a->server.staging_in_use += staging->len;
+	c->a->server.staging_in_use += staging_len;
 	gauges(c->a);
 }
 

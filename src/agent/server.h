@@ -111,6 +111,10 @@ struct agent_server {
 	struct agent_conn *kicks;
 	/* Listening again after accept() ran out of descriptors. */
 	uv_timer_t accept_timer;
+	/* The clients' counts of gets they answered from the shared lease
+	 * table are added to the statistics this often (AGENT_FOLD_MS),
+	 * and at a Stats request and a session's end. */
+	uv_timer_t fold_timer;
 	void (*on_request)(struct agent_req *r);
 	void (*on_gone)(struct agent *a);
 };
@@ -187,9 +191,19 @@ pid_t agent__session_pid(const struct agent_conn *c, int *pidfd);
 /* The client hung up (or broke the framing): replies go nowhere. */
 bool agent__session_closed(const struct agent_conn *c);
 /* Hello: the session is named after client_name (NULL or "": kept) and
- * takes staging (its reference) as its staging buffer. */
+ * takes staging (its reference) as its staging buffer, of which the
+ * client may use staging_len bytes; with table_counts, the 16 bytes after
+ * them are its counts of gets answered from the shared lease table. */
 void agent__session_hello(struct agent_conn *c, const char *client_name,
-			  struct agent_map *staging);
+			  struct agent_map *staging, uint64_t staging_len, bool table_counts);
+/* Add the sessions' counts of gets answered from the shared lease table
+ * to the statistics (also every AGENT_FOLD_MS). */
+void agent__server_fold(struct agent *a);
+#define AGENT_FOLD_MS 1000
+#define AGENT_TABLE_COUNTS_BYTES 64u
+/* Descriptors a reply carries at most (a hello with the shared lease
+ * table: staging, table, segment). */
+#define AGENT_REPLY_MAX_FDS 3u
 /* The staging buffer, or NULL before hello. */
 struct agent_map *agent__session_staging(const struct agent_conn *c, uint8_t **base,
 					 uint64_t *len);

@@ -166,6 +166,12 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 		"Gets of local replicas answered within a read lease the agent "
 		"already held, without asking the master.",
 		NULL, NULL);
+	c[AGENT_C_TABLE_GETS] = metrics_counter(
+		r, "mooncake_agent_client_table_gets_total",
+		"Gets of local replicas the clients answered themselves from the "
+		"shared lease table (--client-lease-table), as they count them; "
+		"also in the gets, hits, lease cache hits and bytes read.",
+		NULL, NULL);
 	c[AGENT_C_LEASE_RENEWALS] = metrics_counter(
 		r, "mooncake_agent_lease_renewals_total",
 		"Cached read leases renewed in the background by a get in the "

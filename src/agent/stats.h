@@ -41,6 +41,7 @@ enum agent_counter {
 	AGENT_C_SSD_DELETES,       /* copies deleted on the master's order */
 	AGENT_C_SSD_LOST,          /* objects whose bytes failed their checksum */
 	AGENT_C_SSD_PUTS,          /* puts stored straight into the SSD tier */
+	AGENT_C_TABLE_GETS,        /* gets clients answered from the shared lease table */
 	/* server.c: what clients were refused, by limit */
 	AGENT_C_REFUSED_SESSIONS,     /* --client-max-sessions */
 	AGENT_C_REFUSED_SESSIONS_UID, /* --client-max-sessions-per-uid */

@@ -82,13 +82,20 @@ struct mc_client {
 	struct waiter *waiters;
 	struct mc_uframe_rx rx; /* the reader's only */
 	uint8_t *stg;
-	size_t stg_len;
+	size_t stg_len;       /* the room staging blocks come from */
+	size_t stg_map_len;   /* mapped: stg_len and the table counts */
 	struct block *blocks; /* allocated staging blocks, by offset */
 	size_t nblocks, blocks_cap;
 	struct range *ranges;
 	size_t nranges, ranges_cap;
 	const uint8_t *seg; /* read-only mapping of the agent segment */
 	size_t seg_len;
+	/* The agent's shared lease table (common/ltab.h), mapped read-only,
+	 * or NULL; and this session's counts of the gets it answered (gets,
+	 * bytes: in the staging memfd, where the agent reads them). */
+	const uint8_t *ltab;
+	size_t ltab_len;
+	uint64_t *table_counts;
 	char agent_addr[128];
 	uint64_t segment_size;
 	bool verify_gets; /* every get checks the bytes' checksum */

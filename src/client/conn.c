@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include "common/ltab.h"
 
 MC__PUBLIC const char *mc_version(void)
 {
@@ -250,12 +253,50 @@ static int find_socket(char *out, size_t len)
 	return -ENOENT;
 }
 
+/* Map the shared lease table the agent sent (fds: the table's and the
+ * segment's) and the counts at counts_offset of the staging memfd
+ * (mapped at c->stg). Any failure leaves the session without the table:
+ * its gets ask the agent, as they would anyway. */
+static void map_table(mc_client *c, const int *fds, uint64_t table_len)
+{
+	struct stat st;
+	if (fstat(fds[0], &st) != 0 || (uint64_t)st.st_size < table_len)
+		return;
+	void *t = mmap(NULL, table_len, PROT_READ, MAP_SHARED, fds[0], 0);
+	if (t == MAP_FAILED)
+		return;
+	if (fstat(fds[1], &st) != 0 || st.st_size <= 0) {
+		munmap(t, table_len);
+		return;
+	}
+	size_t seg_len = (size_t)st.st_size;
+	void *s = mmap(NULL, seg_len, PROT_READ, MAP_SHARED, fds[1], 0);
+	if (s == MAP_FAILED || mc_ltab_check(t, table_len, seg_len) != 0) {
+		if (s != MAP_FAILED)
+			munmap(s, seg_len);
+		munmap(t, table_len);
+		return;
+	}
+	c->ltab = t;
+	c->ltab_len = table_len;
+	c->seg = s;
+	c->seg_len = seg_len;
+}
+
+/* MOONCAKE_LEASE_TABLE=0 in the environment: gets always ask the agent. */
+static bool table_wanted(void)
+{
+	const char *v = getenv("MOONCAKE_LEASE_TABLE");
+	return !v || strcmp(v, "0") != 0;
+}
+
 static int hello(mc_client *c, const struct mc_open_opts *o)
 {
 	Mooncake__Client__Hello h = MOONCAKE__CLIENT__HELLO__INIT;
 	h.version = PROTOCOL_VERSION;
 	h.staging_size = o->staging_bytes;
 	h.client_name = (char *)(o->client_name ? o->client_name : "");
+	h.lease_table = table_wanted();
 	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
 	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_HELLO;
 	req.hello = &h;
@@ -266,22 +307,33 @@ static int hello(mc_client *c, const struct mc_open_opts *o)
 	const Response *r = w.resp;
 	if (r->error) {
 		rc = r->error;
-	} else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_HELLO || w.nfds != 1 ||
-		   r->hello->staging_size == 0) {
+	} else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_HELLO ||
+		   (w.nfds != 1 && w.nfds != 3) || r->hello->staging_size == 0) {
 		rc = MC_EPROTOCOL;
 	} else {
 		struct stat st;
 		size_t len = r->hello->staging_size;
-		if (fstat(w.fds[0], &st) != 0 || (uint64_t)st.st_size < len) {
+		/* With the table: its descriptors, and the counts past the
+		 * staging room (8-aligned, in the memfd). */
+		uint64_t counts = r->hello->counters_offset;
+		bool table = w.nfds == 3 && r->hello->lease_table_size && counts >= len &&
+			     counts % 8 == 0 && counts <= SIZE_MAX - 16;
+		size_t map_len = table ? (size_t)counts + 16 : len;
+		if (fstat(w.fds[0], &st) != 0 || (uint64_t)st.st_size < map_len) {
 			rc = MC_EPROTOCOL;
 		} else {
-			void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, w.fds[0],
-				       0);
+			void *p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
+				       w.fds[0], 0);
 			if (p == MAP_FAILED) {
 				rc = -errno;
 			} else {
 				c->stg = p;
 				c->stg_len = len;
+				c->stg_map_len = map_len;
+				if (table) {
+					c->table_counts = (uint64_t *)(c->stg + counts);
+					map_table(c, &w.fds[1], r->hello->lease_table_size);
+				}
 				snprintf(c->agent_addr, sizeof(c->agent_addr), "%s",
 					 r->hello->rpc_address ? r->hello->rpc_address : "");
 				c->segment_size = r->hello->segment_size;
@@ -359,9 +411,11 @@ MC__PUBLIC void mc_close(mc_client *c)
 	free(c->ranges);
 	free(c->blocks);
 	if (c->stg)
-		munmap(c->stg, c->stg_len);
+		munmap(c->stg, c->stg_map_len);
 	if (c->seg)
 		munmap((void *)c->seg, c->seg_len);
+	if (c->ltab)
+		munmap((void *)c->ltab, c->ltab_len);
 	mc_uframe_rx_free(&c->rx);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->send_mu);

@@ -3,7 +3,9 @@
  * the agent maps it, else through a staging block), or, without one, in a
  * spill buffer, a part of the staging memfd, or a memfd the agent makes
  * for the reply; a view of a local object maps the agent's segment
- * read-only.
+ * read-only. A get of a local object the agent holds a read lease on is
+ * answered here, from the shared lease table, without a request
+ * (table_get).
  */
 #include "client/client_int.h"
 
@@ -13,6 +15,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/ltab.h"
+#include "common/util.h"
 
 /* ------------------------------------------------------------ get */
 
@@ -157,6 +163,53 @@ static void deliver(struct get_item *it, const void *src)
 		memcpy(it->alloc, src, it->size);
 }
 
+/* The CRC-32C of the size bytes an item was given (after deliver). */
+static uint32_t delivered_crc(const struct get_item *it)
+{
+	if (!it->parts)
+		return crc32c(0, it->buf ? it->buf : it->alloc, it->size);
+	uint32_t crc = 0;
+	size_t left = it->size;
+	for (size_t k = 0; k < it->nparts && left; k++) {
+		size_t n = it->parts[k].len < left ? it->parts[k].len : left;
+		crc = crc32c(crc, it->parts[k].buf, n);
+		left -= n;
+	}
+	return crc;
+}
+
+/*
+ * A get the agent's shared lease table answers (common/ltab.h): the key's
+ * value copied straight out of the segment, with no request. True when
+ * the item got its value so; false leaves it to the agent — not in the
+ * table, a view, a value larger than the item's buffer, a checksum asked
+ * for that the table does not have or that does not match (the agent
+ * then checks and counts it), or a slot that changed during the copy.
+ */
+static bool table_get(mc_client *c, struct get_item *it, bool verify)
+{
+	struct mc_ltab_hit h;
+	if (!c->ltab || it->zero_copy ||
+	    !mc_ltab_find(c->ltab, it->key, it->klen, mc_now_ms(), &h))
+		return false;
+	if ((verify && !h.has_crc) || ((it->buf || it->parts) && h.size > it->cap))
+		return false;
+	it->size = h.size;
+	it->err = 0;
+	deliver(it, c->seg + h.offset);
+	bool ok = it->err == 0 && mc_ltab_still(&h, mc_now_ms()) &&
+		  (!verify || delivered_crc(it) == h.crc);
+	if (!ok) {
+		free(it->alloc);
+		it->alloc = NULL;
+		it->err = 0;
+		return false;
+	}
+	__atomic_fetch_add(&c->table_counts[0], 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&c->table_counts[1], h.size, __ATOMIC_RELAXED);
+	return true;
+}
+
 /* verify: check the bytes against the objects' checksums (so does every
  * get of a session opened with verify_gets). */
 static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
@@ -190,6 +243,8 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 			it->err = -EINVAL;
 			continue;
 		}
+		if (table_get(c, it, verify || c->verify_gets))
+			continue;
 		mooncake__client__get_item__init(&items[i]);
 		items[i].key.data = (uint8_t *)it->key;
 		items[i].key.len = it->klen;

@@ -169,6 +169,7 @@ MC__PUBLIC int mc_agent_stats(mc_client *c, struct mc_agent_stats *out)
 		out->ssd_hits = s->ssd_hits;
 		out->ssd_demotions = s->ssd_demotions;
 		out->ssd_promotions = s->ssd_promotions;
+		out->table_gets = s->table_gets;
 	}
 	mc__waiter_clear(&w);
 	return rc;

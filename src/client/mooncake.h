@@ -446,6 +446,9 @@ struct mc_agent_stats {
 	uint64_t ssd_hits;       /* gets served from it */
 	uint64_t ssd_demotions;  /* objects moved into it from DRAM */
 	uint64_t ssd_promotions; /* objects copied back to DRAM on a hit */
+	/* Gets clients answered themselves from the agent's shared lease
+	 * table (also counted in gets, local_hits and bytes_read). */
+	uint64_t table_gets;
 };
 int mc_agent_stats(mc_client *c, struct mc_agent_stats *out);
 

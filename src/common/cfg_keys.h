@@ -202,6 +202,14 @@
 	  "lasts, their bytes checked against their checksum (a value " \
 	  "removed by force may be served until the lease ends, like any " \
 	  "lease holder reads it); 0: ask every time") \
+	X(CLIENT_LEASE_TABLE, "client-lease-table", AGENT, UINT, "65536", 0, 4194304, NULL, \
+	  "agent: slots (rounded up to a power of two, 256 bytes each) of " \
+	  "the table, shared read-only with its clients, where it publishes " \
+	  "the read leases it holds on objects in its DRAM segment, so that " \
+	  "libmooncake answers gets of them in the client's process without " \
+	  "a round trip (keys of up to 216 bytes; any local session can see " \
+	  "which keys are there, as it can read the segment); 0: none, " \
+	  "every get asks the agent") \
 	X(BUSY_POLL_US, "busy-poll-us", AGENT, UINT, "50", 0, 1000000, NULL, \
 	  "agent: microseconds the loop polls without sleeping after each " \
 	  "client request, reply and end of copies while one session alone " \

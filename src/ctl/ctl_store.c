@@ -317,11 +317,12 @@ int ctl_agent_stats(const char *socket)
 	       "\nbuffers %" PRIu64 "\nviews %" PRIu64 "\nputs %" PRIu64 "\ngets %" PRIu64
 	       "\nlocal_hits %" PRIu64 "\nremote_hits %" PRIu64 "\nmisses %" PRIu64
 	       "\nbytes_written %" PRIu64 "\nbytes_read %" PRIu64 "\ninventory %" PRIu64
-	       "\nget_checksum_failures %" PRIu64 "\nresync_skipped %" PRIu64 "\n",
+	       "\nget_checksum_failures %" PRIu64 "\nresync_skipped %" PRIu64
+	       "\nclient_table_gets %" PRIu64 "\n",
 	       s.agent_id, s.master[0] ? s.master : "-", s.master_view, s.segment_size,
 	       s.hugepages, s.numa_node, s.staging_size, s.clients, s.buffers, s.views, s.puts,
 	       s.gets, s.local_hits, s.remote_hits, s.misses, s.bytes_written, s.bytes_read,
-	       s.inventory, s.get_bad, s.resync_bad);
+	       s.inventory, s.get_bad, s.resync_bad, s.table_gets);
 	if (s.ssd_segment[0])
 		printf("ssd_segment %s\nssd_bytes %" PRIu64 "\nssd_used_bytes %" PRIu64
 		       "\nssd_objects %" PRIu64 "\nssd_hits %" PRIu64

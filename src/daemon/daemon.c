@@ -145,6 +145,13 @@ static void register_process_metrics(struct daemon *d, struct metrics_registry *
 
 /* ------------------------------------------------------------ health */
 
+static void role_before_metrics(void *ctx)
+{
+	struct role_rt *rt = ctx;
+	if (rt->started && !rt->stopping && rt->def->ops && rt->def->ops->before_metrics)
+		rt->def->ops->before_metrics(rt);
+}
+
 static const char *health_name(enum rpc_health_status s)
 {
 	switch (s) {
@@ -459,6 +466,8 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		.metrics = rt->metrics,
 		.health = role_healthz,
 		.health_ctx = rt,
+		.before_metrics = role_before_metrics,
+		.before_metrics_ctx = rt,
 	};
 	rc = http_server_new(&d->loop, &ho, &rt->http);
 	if (rc == 0) {

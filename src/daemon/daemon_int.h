@@ -53,6 +53,8 @@ struct role_ops {
 	void (*drain)(struct role_rt *rt);
 	void (*stop)(struct role_rt *rt);
 	void (*free)(struct role_rt *rt);
+	/* Before /metrics is served (NULL: nothing to do). */
+	void (*before_metrics)(struct role_rt *rt);
 };
 
 /* A running role: its frame (RPC servers with health, HTTP endpoint,

@@ -364,6 +364,7 @@ static int role_agent_start(struct role_rt *rt)
 		.copy_threads = (unsigned)cfg_u64(cfg, CFG_AGENT_COPY_THREADS),
 		.busy_poll_us = cfg_u64(cfg, CFG_BUSY_POLL_US),
 		.remote_cache_bytes = cfg_u64(cfg, CFG_REMOTE_LEASE_CACHE_SIZE),
+		.lease_table_slots = (unsigned)cfg_u64(cfg, CFG_CLIENT_LEASE_TABLE),
 		.put_lease_bytes = cfg_u64(cfg, CFG_PUT_LEASE_SIZE),
 		.max_sessions = (unsigned)cfg_u64(cfg, CFG_CLIENT_MAX_SESSIONS),
 		.max_sessions_per_uid = (unsigned)cfg_u64(cfg,
@@ -456,9 +457,18 @@ static void role_agent_free(struct role_rt *rt)
 	rt->agent = NULL;
 }
 
+/* The clients' counts of gets they answered from the shared lease table
+ * go into the agent's metrics before they are read. */
+static void role_agent_before_metrics(struct role_rt *rt)
+{
+	if (rt->agent && rt->agent->store)
+		agent_fold_client_counts(rt->agent->store);
+}
+
 const struct role_ops role_agent_ops = {
 	.start = role_agent_start,
 	.drain = role_agent_drain,
 	.stop = role_agent_stop,
 	.free = role_agent_free,
+	.before_metrics = role_agent_before_metrics,
 };

@@ -47,6 +47,8 @@ struct http_server {
 	struct metrics_registry *metrics;
 	http_health_fn health;
 	void *health_ctx;
+	void (*before_metrics)(void *ctx);
+	void *before_metrics_ctx;
 	uint64_t idle_timeout_ms;
 	struct http_conn *conns; /* open, not closing */
 	size_t nconns;           /* allocated, including closing ones */
@@ -309,6 +311,8 @@ static void handle_request(struct http_conn *c, const struct http_request *req)
 		(void)!mc_buf_printf(&body, "only GET and HEAD\n");
 	} else if (strcmp(path, "/metrics") == 0) {
 		metric_inc(s->m_metrics);
+		if (s->before_metrics)
+			s->before_metrics(s->before_metrics_ctx);
 		if (metrics_format(s->metrics, &body) != 0) {
 			code = 500;
 			mc_buf_reset(&body);
@@ -444,6 +448,8 @@ int http_server_new(uv_loop_t *loop, const struct http_server_opts *opts,
 	s->metrics = opts && opts->metrics ? opts->metrics : metrics_global();
 	s->health = opts ? opts->health : NULL;
 	s->health_ctx = opts ? opts->health_ctx : NULL;
+	s->before_metrics = opts ? opts->before_metrics : NULL;
+	s->before_metrics_ctx = opts ? opts->before_metrics_ctx : NULL;
 	s->idle_timeout_ms = opts && opts->idle_timeout_ms ? opts->idle_timeout_ms : 60000;
 	static const char *const help = "HTTP requests served, by path.";
 	s->m_metrics = metrics_counter(s->metrics, "mooncake_http_requests_total", help,

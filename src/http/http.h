@@ -33,6 +33,10 @@ struct http_server_opts {
 	struct metrics_registry *metrics; /* served at /metrics; NULL: global */
 	http_health_fn health;            /* NULL: always 200 "ok" */
 	void *health_ctx;
+	/* Called (from the loop) before each /metrics is formatted, to bring
+	 * figures kept elsewhere up to date; NULL: none. */
+	void (*before_metrics)(void *ctx);
+	void *before_metrics_ctx;
 	uint64_t idle_timeout_ms; /* 0: 60s */
 };
 
