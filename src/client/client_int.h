@@ -125,6 +125,9 @@ struct mc_view {
  * may be non-zero), or MC_EUNAVAILABLE / -ENOMEM / -EMSGSIZE.
  */
 int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds, struct waiter *w);
+/* Whether the agent's shared lease table (get.c) has key now: the object
+ * exists at least until its read lease ends. */
+bool mc__table_has(mc_client *c, const void *key, size_t klen);
 /* Send req without waiting for a response (the reader drops one if it
  * comes). For requests whose outcome nobody can act on. */
 void mc__send_only(mc_client *c, Request *req);

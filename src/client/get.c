@@ -210,6 +210,13 @@ static bool table_get(mc_client *c, struct get_item *it, bool verify)
 	return true;
 }
 
+bool mc__table_has(mc_client *c, const void *key, size_t klen)
+{
+	struct mc_ltab_hit h;
+	return c->ltab && mc_ltab_find(c->ltab, key, klen, mc_now_ms(), &h) &&
+	       mc_ltab_still(&h, mc_now_ms());
+}
+
 /* verify: check the bytes against the objects' checksums (so does every
  * get of a session opened with verify_gets). */
 static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)

@@ -31,6 +31,13 @@ static int keys_call(mc_client *c, int op, size_t n, const void *const *keys,
 			results[i] = -EINVAL;
 			continue;
 		}
+		/* A key the agent holds a read lease on exists until the lease
+		 * ends (a removal through the agent takes it out first). */
+		if (op == MOONCAKE__CLIENT__REQUEST__OP_EXIST &&
+		    mc__table_has(c, keys[i], klens[i])) {
+			results[i] = 1;
+			continue;
+		}
 		k[nreq].data = (uint8_t *)keys[i];
 		k[nreq].len = klens[i];
 		map[nreq++] = i;

@@ -1,7 +1,8 @@
 """The shared lease table (--client-lease-table): an agent publishes the
 read leases it holds on objects in its own DRAM segment in a memfd its
 clients map read-only, and libmooncake answers gets of those keys in the
-client's process. Through the Python package (libmooncake) and raw
+client's process, and so are existence checks of them. Through the
+Python package (libmooncake) and raw
 frames on the agent's socket, with the master and two agents as separate
 processes: gets, get_into and batch_get_into of leased local keys are
 answered by the client with the right bytes and counted in the agent's
@@ -68,6 +69,17 @@ def local_gets_are_answered_by_the_client():
     assert t1 - t0 >= n // 2, "gets answered from the table: %d of %d" % (t1 - t0, n)
     st_a = agent_stats(a)
     eq(int(st_a["client_table_gets"]), int(t1), "stats --agent says the same")
+    # Existence of a leased key is answered by the client too: no exist
+    # request reaches the agent.
+    exist_ok = 'mooncake_agent_requests_total{op="exist",result="ok"}'
+    e0 = st.metric_labels(a.metrics(), "mooncake_agent_requests_total",
+                          'op="exist",result="ok"')
+    eq(s.is_exist("hot"), 1, "is_exist")
+    eq(s.batch_is_exist(["hot", "hot"]), [1, 1], "batch_is_exist")
+    eq(s.is_exist("cold"), 0, "a key nobody put (asks the agent)")
+    e1 = st.metric_labels(a.metrics(), "mooncake_agent_requests_total",
+                          'op="exist",result="ok"')
+    eq(e1 - e0, 1, "exist requests the agent saw (%s)" % exist_ok)
     # A value larger than the buffer: the agent's answer (-ENOBUFS), not a cut copy.
     eq(s.get_into("hot", ptr, 100), -105, "too small a buffer")
     # The same key read through the other agent: a remote replica, not in its table.
@@ -92,7 +104,9 @@ def removals_and_new_values_are_seen_at_once():
         eq(s.get(key), b"one" * (i + 1), "get")
         eq(other.get(key), b"one" * (i + 1), "get, other session")
         eq(other.get(key), b"one" * (i + 1), "get from the table")
+        eq(other.is_exist(key), 1, "exists")
         eq(s.remove(key, force=True), OK, "remove")
+        eq(other.is_exist(key), 0, "no longer exists for the other session")
         eq(other.get(key), b"", "gone for the other session at once")
         eq(s.get(key), b"", "gone at once")
         eq(s.put(key, b"two"), OK, "put again")
