@@ -96,6 +96,7 @@ struct mc_client {
 	const uint8_t *ltab;
 	size_t ltab_len;
 	uint64_t *table_counts;
+	unsigned ndevice; /* R_DEVICE ranges (under mu; read without it too) */
 	char agent_addr[128];
 	uint64_t segment_size;
 	bool verify_gets; /* every get checks the bytes' checksum */
@@ -195,6 +196,10 @@ void mc__host_untrack(mc_client *c);
  * naming it (the agent moves it by RDMA only), 0 when the range touches
  * none, -EOPNOTSUPP when it is partly device memory. */
 int mc__device_region(mc_client *c, const void *p, size_t len, Region *g);
+/* Whether [p, p + len) touches device memory registered in this session
+ * (cheap while there is none). */
+bool mc__device_touch(mc_client *c, const void *p, size_t len);
+bool mc__parts_on_device(mc_client *c, const struct mc_part *parts, size_t n);
 
 static inline bool mc__key_ok(size_t klen)
 {

@@ -57,6 +57,21 @@ int mc__device_region(mc_client *c, const void *p, size_t len, Region *g)
 	return rc;
 }
 
+bool mc__device_touch(mc_client *c, const void *p, size_t len)
+{
+	Region g;
+	return p && __atomic_load_n(&c->ndevice, __ATOMIC_RELAXED) &&
+	       mc__device_region(c, p, len, &g) != 0;
+}
+
+bool mc__parts_on_device(mc_client *c, const struct mc_part *parts, size_t n)
+{
+	for (size_t k = 0; k < n; k++)
+		if (mc__device_touch(c, parts[k].buf, parts[k].len))
+			return true;
+	return false;
+}
+
 /* ------------------------------------------------------------ CUDA */
 
 /* The driver API's values this file uses (cuda.h). */

@@ -250,6 +250,13 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 			it->err = -EINVAL;
 			continue;
 		}
+		/* The bytes land through this process's memory: registered
+		 * device memory (mc_register_dmabuf) is for peers' RDMA only. */
+		if (it->parts ? mc__parts_on_device(c, it->parts, it->nparts)
+			      : mc__device_touch(c, it->buf, it->cap)) {
+			it->err = -EOPNOTSUPP;
+			continue;
+		}
 		if (table_get(c, it, verify || c->verify_gets))
 			continue;
 		mooncake__client__get_item__init(&items[i]);

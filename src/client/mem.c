@@ -216,6 +216,8 @@ int mc__range_add_locked(mc_client *c, const struct range *r)
 		c->ranges_cap = cap;
 	}
 	c->ranges[c->nranges++] = *r;
+	if (r->kind == R_DEVICE)
+		__atomic_store_n(&c->ndevice, c->ndevice + 1, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -226,6 +228,9 @@ int mc__range_del_locked(mc_client *c, const void *addr, struct range *out)
 		if (c->ranges[i].addr == addr) {
 			*out = c->ranges[i];
 			c->ranges[i] = c->ranges[--c->nranges];
+			if (out->kind == R_DEVICE)
+				__atomic_store_n(&c->ndevice, c->ndevice - 1,
+						 __ATOMIC_RELAXED);
 			return 0;
 		}
 	return -ENOENT;

@@ -66,6 +66,10 @@ static int put_items(mc_client *c, size_t n, const void *const *keys, const size
 			results[i] = -EINVAL;
 			continue;
 		}
+		if (mc__parts_on_device(c, parts[i], np[i])) {
+			results[i] = -EOPNOTSUPP;
+			continue;
+		}
 		Region *g = &regs[i];
 		mooncake__client__region__init(g);
 		if (len == 0 || (np[i] == 1 && mc__agent_region(c, parts[i][0].buf, len, g))) {

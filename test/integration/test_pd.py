@@ -217,6 +217,38 @@ def device_memory_needs_rdma():
 
 
 @case
+def store_calls_refuse_device_memory():
+    """Registered device memory (a dma-buf; a memfd stands in for it on the
+    verbs emulator) is for peers' RDMA: a store get or put through it
+    would copy with the CPU, which device memory does not allow, so the
+    item fails with -95 and other items go on."""
+    import mmap
+    if not os.path.exists(MOONCAKED_EMU):
+        raise AssertionError("%s is not built (make test builds it)" % MOONCAKED_EMU)
+    master = mctest.Daemon("master", args=["--meta-endpoints="], env=st.daemon_env())
+    a = st.Agent(master_addr=master.addr("master-listen"), segment=64 << 20,
+                 args=["--protocol=rdma"], exe=MOONCAKED_EMU, env={"VERBS_EMU_DEVICES": "1"})
+    s = a.store()
+    from mooncake import _native as n
+    size = 1 << 20
+    fd = os.memfd_create("device")
+    os.ftruncate(fd, size)
+    m = mmap.mmap(fd, size)
+    dev = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    eq(n.mc_register_dmabuf(s._h, fd, 0, ctypes.c_void_p(dev), size), 0, "register")
+    eq(s.put("k", b"v" * 100), 0, "put")
+    eq(s.get("k"), b"v" * 100, "get")
+    eq(s.get_into("k", dev, 4096), -95, "get_into device memory")
+    host = ctypes.create_string_buffer(4096)
+    eq(s.batch_get_into(["k", "k"], [dev + 4096, ctypes.addressof(host)], [4096, 4096]),
+       [-95, 100], "batch_get_into: the device item fails, the host one is served")
+    eq(s.put_from("k2", dev, 100), -95, "put_from device memory")
+    eq(s.get("k2"), b"", "nothing stored")
+    s.close()
+    master.kill()
+
+
+@case
 def two_decode_processes_on_one_node():
     """Each TransferEngine its own session id (upstream's "host:port" per
     instance): two decodes on one node with their KV caches at the same
