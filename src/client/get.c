@@ -178,6 +178,13 @@ static uint32_t delivered_crc(const struct get_item *it)
 	return crc;
 }
 
+/* The table is read while the connection stands: once the agent is gone
+ * (or the session broke) nobody keeps its entries up to date. */
+static bool table_usable(mc_client *c)
+{
+	return c->ltab && !__atomic_load_n(&c->broken, __ATOMIC_RELAXED);
+}
+
 /*
  * A get the agent's shared lease table answers (common/ltab.h): the key's
  * value copied straight out of the segment, with no request. True when
@@ -189,7 +196,7 @@ static uint32_t delivered_crc(const struct get_item *it)
 static bool table_get(mc_client *c, struct get_item *it, bool verify)
 {
 	struct mc_ltab_hit h;
-	if (!c->ltab || it->zero_copy ||
+	if (!table_usable(c) || it->zero_copy ||
 	    !mc_ltab_find(c->ltab, it->key, it->klen, mc_now_ms(), &h))
 		return false;
 	if ((verify && !h.has_crc) || ((it->buf || it->parts) && h.size > it->cap))
@@ -213,7 +220,7 @@ static bool table_get(mc_client *c, struct get_item *it, bool verify)
 bool mc__table_has(mc_client *c, const void *key, size_t klen)
 {
 	struct mc_ltab_hit h;
-	return c->ltab && mc_ltab_find(c->ltab, key, klen, mc_now_ms(), &h) &&
+	return table_usable(c) && mc_ltab_find(c->ltab, key, klen, mc_now_ms(), &h) &&
 	       mc_ltab_still(&h, mc_now_ms());
 }
 

@@ -137,6 +137,24 @@ def reopened_for_writing(fd, uid):
 
 
 @case
+def the_table_of_a_dead_agent_is_not_read():
+    """Once its session broke (the agent killed), a client asks no table
+    nobody keeps up to date any more: its gets fail like any request."""
+    cl = Cluster(agents=1, master_args=["--default-kv-lease-ttl=60s"])
+    a = cl.agents[0]
+    s = a.store()
+    eq(s.put("hot", b"v" * 64), OK, "put")
+    eq(s.get("hot"), b"v" * 64, "get (takes the lease)")
+    t0 = table_gets(a)
+    eq(s.get("hot"), b"v" * 64, "get from the table")
+    eq(table_gets(a) - t0, 1, "answered from the table")
+    a.d.kill()
+    assert s.put("other", b"x") < 0, "a request to a dead agent fails"
+    eq(s.get("hot"), b"", "no value from the dead agent's table")
+    assert s.is_exist("hot") < 0, "nor its existence"
+
+
+@case
 def clients_cannot_write_the_table_or_the_segment():
     cl = Cluster(agents=1)
     a = cl.agents[0]
