@@ -97,8 +97,9 @@ static void write_end(struct mc_ltab_slot *s)
 	__atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
 }
 
-static void empty(struct mc_ltab_slot *s)
+static void empty(struct mc_ltab *t, struct mc_ltab_slot *s)
 {
+	t->used--;
 	write_begin(s);
 	s->klen = 0;
 	s->serve_until_ms = 0;
@@ -129,6 +130,7 @@ bool mc_ltab_publish(struct mc_ltab *t, const void *key, size_t klen, uint64_t o
 		s = b;
 	else
 		s = a->serve_until_ms <= b->serve_until_ms ? a : b;
+	t->used += s->klen == 0;
 	write_begin(s);
 	s->hash = hash;
 	s->klen = (uint16_t)klen;
@@ -150,15 +152,15 @@ void mc_ltab_unpublish(struct mc_ltab *t, const void *key, size_t klen)
 	for (uint32_t k = 0; k < 2; k++) {
 		struct mc_ltab_slot *s = &t->slots[(hash & t->mask) ^ k];
 		if (holds(s, hash, key, klen))
-			empty(s);
+			empty(t, s);
 	}
 }
 
 void mc_ltab_clear(struct mc_ltab *t)
 {
-	for (uint32_t i = 0; t->hdr && i <= t->mask; i++)
+	for (uint32_t i = 0; t->hdr && t->used && i <= t->mask; i++)
 		if (t->slots[i].klen)
-			empty(&t->slots[i]);
+			empty(t, &t->slots[i]);
 }
 
 /* ------------------------------------------------------------ readers */

@@ -62,6 +62,7 @@ struct mc_ltab {
 	struct mc_ltab_header *hdr;
 	struct mc_ltab_slot *slots;
 	uint32_t mask;
+	uint32_t used; /* slots holding a key: a clear of none touches no page */
 	size_t bytes;
 	int fd; /* the sealed memfd, or -1 */
 };

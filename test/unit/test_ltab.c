@@ -110,10 +110,13 @@ Test(ltab, published_keys_are_found_until_their_time)
 	cr_assert(find("alpha", 2000, &h));
 	cr_assert_eq(h.offset, 0u);
 	cr_assert_eq(h.size, 50u);
+	cr_assert_eq(t.used, 2);
 	mc_ltab_unpublish(&t, "alpha", 5);
+	cr_assert_eq(t.used, 1);
 	cr_assert_not(find("alpha", 2000, &h));
 	cr_assert(find("beta", 1500, &h));
 	mc_ltab_clear(&t);
+	cr_assert_eq(t.used, 0);
 	cr_assert_not(find("beta", 1500, &h));
 }
 
