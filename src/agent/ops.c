@@ -68,16 +68,15 @@ static void op_hello(struct agent_req *r)
 	}
 	/* The staging memfd; with the table, the table's and the segment's
 	 * read-only descriptors. */
-	int fds[3] = {dup(m->fd), table ? dup(a->ltab.fd) : -1,
-		      table ? dup(a->seg_ro_fd) : -1};
+	const int src[3] = {m->fd, a->ltab.fd, a->seg_ro_fd};
+	int fds[3];
 	bool own[3] = {true, true, true};
 	unsigned nfds = table ? 3 : 1;
 	for (unsigned i = 0; i < nfds; i++)
-		if (fds[i] < 0) {
+		if ((fds[i] = dup(src[i])) < 0) {
 			int err = -errno;
-			for (unsigned k = 0; k < nfds; k++)
-				if (fds[k] >= 0)
-					close(fds[k]);
+			while (i-- > 0)
+				close(fds[i]);
 			agent__map_unref(m);
 			agent__op_fail(r, err, "cannot pass the staging buffer");
 			return;

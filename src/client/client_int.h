@@ -126,6 +126,10 @@ struct mc_view {
  * may be non-zero), or MC_EUNAVAILABLE / -ENOMEM / -EMSGSIZE.
  */
 int mc__call(mc_client *c, Request *req, const int *fds, unsigned nfds, struct waiter *w);
+/* Map the agent's segment read-only once (its descriptor came with a
+ * reply: a view's, or the hello's with the shared lease table). 0 or a
+ * negative errno. */
+int mc__map_segment(mc_client *c, int fd);
 /* Whether the agent's shared lease table (get.c) has key now: the object
  * exists at least until its read lease ends. */
 bool mc__table_has(mc_client *c, const void *key, size_t klen);

@@ -254,33 +254,23 @@ static int find_socket(char *out, size_t len)
 }
 
 /* Map the shared lease table the agent sent (fds: the table's and the
- * segment's) and the counts at counts_offset of the staging memfd
- * (mapped at c->stg). Any failure leaves the session without the table:
- * its gets ask the agent, as they would anyway. */
+ * segment's). Any failure leaves the session without the table: its
+ * gets ask the agent, as they would anyway. */
 static void map_table(mc_client *c, const int *fds, uint64_t table_len)
 {
 	struct stat st;
-	if (fstat(fds[0], &st) != 0 || (uint64_t)st.st_size < table_len)
+	if (fstat(fds[0], &st) != 0 || (uint64_t)st.st_size < table_len ||
+	    mc__map_segment(c, fds[1]) != 0)
 		return;
 	void *t = mmap(NULL, table_len, PROT_READ, MAP_SHARED, fds[0], 0);
 	if (t == MAP_FAILED)
 		return;
-	if (fstat(fds[1], &st) != 0 || st.st_size <= 0) {
-		munmap(t, table_len);
-		return;
-	}
-	size_t seg_len = (size_t)st.st_size;
-	void *s = mmap(NULL, seg_len, PROT_READ, MAP_SHARED, fds[1], 0);
-	if (s == MAP_FAILED || mc_ltab_check(t, table_len, seg_len) != 0) {
-		if (s != MAP_FAILED)
-			munmap(s, seg_len);
+	if (mc_ltab_check(t, table_len, c->seg_len) != 0) {
 		munmap(t, table_len);
 		return;
 	}
 	c->ltab = t;
 	c->ltab_len = table_len;
-	c->seg = s;
-	c->seg_len = seg_len;
 }
 
 /* MOONCAKE_LEASE_TABLE=0 in the environment: gets always ask the agent. */

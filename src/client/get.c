@@ -107,8 +107,7 @@ static void spill_grow(mc_client *c, size_t len)
 	pthread_mutex_unlock(&c->mu);
 }
 
-/* Map the segment read-only once (its descriptor came with a reply). */
-static int map_segment(mc_client *c, int fd)
+int mc__map_segment(mc_client *c, int fd)
 {
 	struct stat st;
 	if (fstat(fd, &st) != 0)
@@ -361,7 +360,7 @@ static int do_get(mc_client *c, struct get_item *its, size_t n, bool verify)
 			rc = MC_EPROTOCOL;
 			goto out;
 		}
-		rc = map_segment(c, w.fds[fdi++]);
+		rc = mc__map_segment(c, w.fds[fdi++]);
 		if (rc)
 			goto out;
 	}
