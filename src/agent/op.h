@@ -30,6 +30,7 @@
 #include "agent/pool.h"
 #include "agent/server.h"
 #include "client.pb-c.h"
+#include "common/pb.h"
 #include "common/uframe.h"
 #include "master.pb-c.h"
 
@@ -101,8 +102,9 @@ struct agent_req {
 	struct agent_conn *c;
 	struct agent *a;
 	uint64_t id;
-	Mooncake__Client__Request *msg; /* owned */
-	int fds[MC_UFRAME_MAX_FDS];     /* attached, owned until used */
+	Mooncake__Client__Request *msg; /* owned, in arena */
+	struct mc_pbarena arena;
+	int fds[MC_UFRAME_MAX_FDS]; /* attached, owned until used */
 	unsigned nfds;
 	int op; /* Request op case */
 	uint64_t start_ns;

@@ -45,6 +45,7 @@
 #include "agent/op.h"
 #include "agent/server.h"
 #include "common/log.h"
+#include "common/pb.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -551,7 +552,7 @@ void agent__req_end(struct agent_req *r)
 	fds_add(c, -(int)r->nfds);
 	uint64_t held = r->held;
 	if (r->msg)
-		mooncake__client__request__free_unpacked(r->msg, NULL);
+		mc_pb_free(&r->msg->base, &r->arena);
 	free(r);
 	c->inflight--;
 	c->a->server.reqs--;
@@ -603,15 +604,17 @@ static void conn_update_poll(struct agent_conn *c)
  * false when the session was closed. */
 static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 {
-	Mooncake__Client__Request *m = mooncake__client__request__unpack(NULL, len, body);
-	if (!m) {
-		conn_close(c, "sent a frame that does not decode as a Request");
-		return false;
-	}
 	struct agent_req *r = calloc(1, sizeof(*r));
 	if (!r) {
-		mooncake__client__request__free_unpacked(m, NULL);
 		conn_close(c, "out of memory for a request");
+		return false;
+	}
+	/* Into the request's arena: freed with it, in one go. */
+	Mooncake__Client__Request *m = (Mooncake__Client__Request *)mc_pb_unpack(
+		&mooncake__client__request__descriptor, len, body, &r->arena);
+	if (!m) {
+		free(r);
+		conn_close(c, "sent a frame that does not decode as a Request");
 		return false;
 	}
 	r->c = c;

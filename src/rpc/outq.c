@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/metrics.h"
+#include "common/pb.h"
 #include "rpc/rpc_int.h"
 
 /* ---------------------------------------------------------------- buffers */
@@ -99,26 +100,22 @@ void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__b
 	}
 }
 
-static void *arena_alloc(void *data, size_t size)
-{
-	struct rpc__arena *a = data;
-	size_t al = (size + 15) & ~(size_t)15;
-	if (a->base && al <= a->cap - a->used) {
-		void *p = a->base + a->used;
-		a->used += al;
-		return p;
-	}
-	return malloc(size ? size : 1);
-}
-
+/* Bytes fields aliased into the received body are not freed either. */
 static void arena_free(void *data, void *p)
 {
-	struct rpc__arena *a = data;
-	if (a->base && (uint8_t *)p >= a->base && (uint8_t *)p < a->base + a->cap)
-		return;
+	struct rpc__arena *a = data; /* (pb is its first member) */
 	if (a->body && (uint8_t *)p >= a->body->p && (uint8_t *)p < a->body->p + a->body->len)
 		return;
-	free(p);
+	if (!mc_pbarena_owns(&a->pb, p))
+		free(p);
+}
+
+/* Start ar's arena in base[0, cap) (from bc), going on in chunks of
+ * chunk_cap and more. */
+static void arena_start(struct rpc__arena *ar, uint8_t *base, size_t cap, size_t chunk_cap)
+{
+	mc_pbarena_init(&ar->pb, base, cap, chunk_cap);
+	ar->pb.pa.free = arena_free;
 }
 
 /* ---------------------------------------------------------------- nesting */
@@ -152,20 +149,6 @@ static bool nest_cycle(struct nest_seen *s, const ProtobufCMessageDescriptor *d)
 	return false;
 }
 
-static bool read_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v)
-{
-	uint64_t x = 0;
-	for (unsigned shift = 0; shift < 64 && *pos < len; shift += 7) {
-		uint8_t b = p[(*pos)++];
-		x |= (uint64_t)(b & 0x7f) << shift;
-		if (!(b & 0x80)) {
-			*v = x;
-			return true;
-		}
-	}
-	return false;
-}
-
 bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
 		     unsigned max)
 {
@@ -189,11 +172,11 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 		if (pos >= stk[depth].end)
 			return true;
 		uint64_t tag, v;
-		if (!read_varint(data, len, &pos, &tag))
+		if (!mc_pb_varint(data, len, &pos, &tag))
 			return true; /* malformed: protobuf-c says so */
 		switch (tag & 7) {
 		case 0:
-			if (!read_varint(data, len, &pos, &v))
+			if (!mc_pb_varint(data, len, &pos, &v))
 				return true;
 			break;
 		case 1:
@@ -203,7 +186,7 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 			pos += 4;
 			break;
 		case 2: {
-			if (!read_varint(data, len, &pos, &v) || v > stk[depth].end - pos)
+			if (!mc_pb_varint(data, len, &pos, &v) || v > stk[depth].end - pos)
 				return true;
 			const ProtobufCFieldDescriptor *f =
 				tag >> 3 <= UINT32_MAX
@@ -231,65 +214,20 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 
 /* ---------------------------------------------------------------- unpack */
 
-/* One top-level field record of an encoded message: its number and wire
- * type, where its tag starts and, for a length-delimited one, where its
- * bytes start; end is where the record ends. */
-struct rec {
-	uint64_t num;
-	unsigned wt;
-	size_t start, data, end;
-};
-
-/* The record at *pos of data[0, len), advancing *pos past it; false at a
- * record that is malformed or runs past len (protobuf-c then says why). */
-static bool next_rec(const uint8_t *data, size_t len, size_t *pos, struct rec *r)
-{
-	uint64_t tag, v;
-	r->start = *pos;
-	if (!read_varint(data, len, pos, &tag))
-		return false;
-	r->num = tag >> 3;
-	r->wt = (unsigned)(tag & 7);
-	switch (r->wt) {
-	case 0:
-		if (!read_varint(data, len, pos, &v))
-			return false;
-		break;
-	case 1:
-	case 5: {
-		size_t n = r->wt == 1 ? 8 : 4;
-		if (len - *pos < n)
-			return false;
-		*pos += n;
-		break;
-	}
-	case 2:
-		if (!read_varint(data, len, pos, &v) || v > len - *pos)
-			return false;
-		r->data = *pos;
-		*pos += (size_t)v;
-		break;
-	default:
-		return false; /* groups: protobuf-c refuses them */
-	}
-	r->end = *pos;
-	return true;
-}
-
 /* The top-level records of data that may be left in place: a proto3
  * singular bytes field (no presence flag, not in a oneof) of at least
  * RPC__ALIAS_MIN_BYTES that occurs once. Returns how many were found, at
  * most RPC__ALIAS_MAX; 0 also when data is malformed. */
 static unsigned find_aliases(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
 			     size_t len, const ProtobufCFieldDescriptor **fields,
-			     struct rec *recs)
+			     struct mc_pbrec *recs)
 {
 	unsigned n = 0;
 	size_t pos = 0;
-	struct rec r;
+	struct mc_pbrec r;
 
 	while (pos < len) {
-		if (!next_rec(data, len, &pos, &r))
+		if (!mc_pb_next(data, len, &pos, &r))
 			return 0;
 		if (r.wt != 2 || r.end - r.data < RPC__ALIAS_MIN_BYTES || r.num > UINT32_MAX ||
 		    n == RPC__ALIAS_MAX)
@@ -307,7 +245,7 @@ static unsigned find_aliases(const ProtobufCMessageDescriptor *desc, const uint8
 	 * keeps the last occurrence. */
 	pos = 0;
 	while (n && pos < len) {
-		if (!next_rec(data, len, &pos, &r))
+		if (!mc_pb_next(data, len, &pos, &r))
 			return 0;
 		for (unsigned i = 0; i < n; i++) {
 			if (r.num != recs[i].num || r.start == recs[i].start)
@@ -329,7 +267,7 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 					struct rpc__bufcache *bc, struct rpc_deframer *df,
 					struct rpc__arena *ar, unsigned n,
 					const ProtobufCFieldDescriptor **fields,
-					const struct rec *recs, bool *taken)
+					const struct mc_pbrec *recs, bool *taken)
 {
 	struct rpc__rbody *rb = malloc(sizeof(*rb));
 	uint8_t *body = rb ? rpc_deframer_take(df, data) : NULL;
@@ -349,10 +287,14 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 	size_t rest_len = len;
 	for (unsigned i = 0; i < n; i++)
 		rest_len -= recs[i].end - recs[i].start;
-	ar->base = rpc__buf_get(bc, rest_len + (64u << 10), &ar->cap);
-	if (!ar->base)
+	size_t cap;
+	uint8_t *base = rpc__buf_get(bc, rest_len + (64u << 10), &cap);
+	if (!base)
 		return NULL;
-	ar->used = (rest_len + 15) & ~(size_t)15;
+	arena_start(ar, base, cap, 64u << 10);
+	/* (the rest first, then the structs) */
+	if (!mc_pbarena_alloc(&ar->pb, rest_len))
+		return NULL;
 	size_t at = 0, out = 0;
 	while (at < len) {
 		size_t next = len, skip_to = len;
@@ -361,11 +303,11 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 				next = recs[i].start;
 				skip_to = recs[i].end;
 			}
-		memcpy(ar->base + out, data + at, next - at);
+		memcpy(base + out, data + at, next - at);
 		out += next - at;
 		at = skip_to;
 	}
-	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, rest_len, ar->base);
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pb.pa, rest_len, base);
 	if (!m)
 		return NULL;
 	for (unsigned i = 0; i < n; i++) {
@@ -390,8 +332,9 @@ void rpc__rbody_unref(struct rpc__rbody *b)
 
 static void arena_release(struct rpc__arena *ar)
 {
-	rpc__buf_put(ar->bc, ar->base, ar->cap);
-	ar->base = NULL;
+	mc_pbarena_release(&ar->pb);
+	rpc__buf_put(ar->bc, ar->pb.buf, ar->pb.cap);
+	ar->pb.buf = NULL;
 	rpc__rbody_unref(ar->body);
 	ar->body = NULL;
 }
@@ -405,15 +348,14 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 		ar->too_deep = true;
 		return NULL;
 	}
-	if (!bc || len < RPC__ALIAS_MIN_BYTES)
+	if (!bc)
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;
-	ar->pa.alloc = arena_alloc;
-	ar->pa.free = arena_free;
-	ar->pa.allocator_data = ar;
 	const ProtobufCFieldDescriptor *fields[RPC__ALIAS_MAX];
-	struct rec recs[RPC__ALIAS_MAX];
-	unsigned n = df ? find_aliases(desc, data, len, fields, recs) : 0;
+	struct mc_pbrec recs[RPC__ALIAS_MAX];
+	unsigned n = df && len >= RPC__ALIAS_MIN_BYTES
+			     ? find_aliases(desc, data, len, fields, recs)
+			     : 0;
 	if (n) {
 		bool taken;
 		ProtobufCMessage *m = unpack_aliased(desc, data, len, bc, df, ar, n, fields,
@@ -425,13 +367,19 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 		}
 	}
 	if (len < RPC__BUF_CACHE_MIN_BYTES) {
-		memset(ar, 0, sizeof(*ar));
-		return protobuf_c_message_unpack(desc, NULL, len, data);
+		/* Chunks of the arena's own (sized as mc_pb_unpack does). */
+		ProtobufCMessage *m = mc_pb_unpack(desc, len, data, &ar->pb);
+		ar->pb.pa.free = arena_free;
+		if (!m)
+			ar->bc = NULL;
+		return m;
 	}
-	/* Room for the bytes and strings (at most len) and the structs;
-	 * anything beyond falls back to malloc. */
-	ar->base = rpc__buf_get(bc, len + (64u << 10), &ar->cap);
-	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pa, len, data);
+	/* Room for the bytes and strings (at most len) and the structs,
+	 * then chunks. */
+	size_t cap;
+	uint8_t *base = rpc__buf_get(bc, len + (64u << 10), &cap);
+	arena_start(ar, base, base ? cap : 0, 64u << 10);
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pb.pa, len, data);
 	if (!m)
 		arena_release(ar);
 	return m;
@@ -445,8 +393,11 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
 		protobuf_c_message_free_unpacked(m, NULL);
 		return;
 	}
-	ar->pa.allocator_data = ar; /* the arena may have been copied */
-	protobuf_c_message_free_unpacked(m, &ar->pa);
+	if (ar->pb.spilled) {
+		mc_pbarena_fix(&ar->pb); /* (the arena may have been copied) */
+		ar->pb.pa.free = arena_free;
+		protobuf_c_message_free_unpacked(m, &ar->pb.pa);
+	}
 	arena_release(ar);
 	ar->bc = NULL;
 }
@@ -539,10 +490,10 @@ static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescri
 		protobuf_c_message_pack(rest_msg, r);
 	free(copy);
 	size_t split = 0;
-	struct rec rc;
+	struct mc_pbrec rc;
 	while (split < rest) {
 		size_t pos = split;
-		if (!next_rec(r, rest, &pos, &rc) || rc.num > f->id)
+		if (!mc_pb_next(r, rest, &pos, &rc) || rc.num > f->id)
 			break;
 		split = pos;
 	}

@@ -28,6 +28,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "common/buf.h"
+#include "common/pb.h"
 #include "rpc/rpc.h"
 
 struct metric;
@@ -119,17 +120,16 @@ void rpc__bufcache_free(struct rpc__bufcache *bc);
 /* Make d take its body buffers from bc. */
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
 
-/* protobuf-c unpacking of a large message into one recycled arena
- * buffer; small messages use malloc. A large top-level bytes field is not
- * copied at all when the received body can be taken from the deframer:
- * the field then points into that body, which the arena owns. */
+/* protobuf-c unpacking into an arena (common/pb.h): a large
+ * message's starts in one recycled buffer, a small one's in a chunk of
+ * its own. A large top-level bytes field is not copied at all when the
+ * received body can be taken from the deframer: the field then points
+ * into that body, which the arena owns. */
 struct rpc__arena {
-	ProtobufCAllocator pa;
-	struct rpc__bufcache *bc;
-	uint8_t *base;
-	size_t cap, used;
-	struct rpc__rbody *body; /* one reference, or NULL */
-	bool too_deep;           /* rpc__unpack refused it for its nesting */
+	struct mc_pbarena pb;     /* first: its allocator's data is the arena */
+	struct rpc__bufcache *bc; /* non-NULL: a message is in the arena */
+	struct rpc__rbody *body;  /* one reference, or NULL */
+	bool too_deep;            /* rpc__unpack refused it for its nesting */
 };
 
 /* A received body taken from its deframer, shared by the message

@@ -1,0 +1,91 @@
+/*
+ * pb: protobuf helpers below protobuf-c — reading an encoding's field
+ * records, and an arena to unpack messages into.
+ *
+ * Records: mc_pb_next walks the top-level fields of an encoding (wire
+ * types 0, 1, 2 and 5; groups are refused, as protobuf-c refuses them),
+ * every length checked against the bytes there are. For the few hot
+ * messages whose generic decoding costs more than their handling.
+ *
+ * Arena: a bump allocator for protobuf-c's unpacking. protobuf-c makes
+ * one allocation per message struct, repeated-field array and string or
+ * bytes copy, and protobuf_c_message_free_unpacked walks the message to
+ * free each; a decoded 32-item request is some hundred mallocs and as
+ * many frees. Unpacked with &arena->pa instead, the message lives in a
+ * few blocks freed at once by mc_pbarena_release, with no walk.
+ *
+ * The arena starts in an optional buffer of the caller's (not freed here)
+ * and goes on in chunks of its own, each twice the last. Only when a
+ * chunk cannot be had does it hand out plain malloc memory (spilled):
+ * such a message must still go through protobuf_c_message_free_unpacked
+ * with &arena->pa, which frees just those pieces (mc_pb_free does both).
+ * The struct holds a pointer to itself (pa.allocator_data): after copying
+ * it, call mc_pbarena_fix on the copy.
+ */
+#ifndef MC_COMMON_PB_H
+#define MC_COMMON_PB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+/* One field record of an encoding. */
+struct mc_pbrec {
+	uint64_t num; /* field number */
+	unsigned wt;  /* wire type: 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32 */
+	uint64_t v;   /* 0: the value; 1, 5: the value (little-endian); 2: the length */
+	size_t start; /* where its tag starts */
+	size_t data;  /* where its value starts (for 2: after the length) */
+	size_t end;   /* where the record ends */
+};
+
+bool mc_pb__varint_long(const uint8_t *p, size_t len, size_t *pos, uint64_t *v);
+
+/* The varint at *pos of p[0, len), advancing *pos past it; false when it
+ * runs past len or past 10 bytes. (Inline for its one-byte case: most
+ * tags and many values.) */
+static inline bool mc_pb_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v)
+{
+	if (*pos < len && p[*pos] < 0x80) {
+		*v = p[(*pos)++];
+		return true;
+	}
+	return mc_pb__varint_long(p, len, pos, v);
+}
+/* The record at *pos of p[0, len), advancing *pos past it; false at a
+ * record that is malformed or runs past len. */
+bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r);
+
+struct mc_pbchunk;
+
+struct mc_pbarena {
+	ProtobufCAllocator pa;
+	uint8_t *buf; /* the caller's first buffer, or NULL */
+	size_t cap, used;
+	struct mc_pbchunk *chunks; /* newest first */
+	size_t next_cap;           /* the size of the next chunk */
+	bool spilled;              /* something lies outside buf and chunks */
+};
+
+/* Start an arena in buf[0, cap) (may be NULL, 0); its first own chunk
+ * takes chunk_cap bytes (at least 256). */
+void mc_pbarena_init(struct mc_pbarena *a, void *buf, size_t cap, size_t chunk_cap);
+/* Point pa back at a, after the struct was copied. */
+void mc_pbarena_fix(struct mc_pbarena *a);
+/* Does p lie in the caller's buffer or in one of the arena's chunks? */
+bool mc_pbarena_owns(const struct mc_pbarena *a, const void *p);
+/* Allocate from a (what pa.alloc does). */
+void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size);
+/* Free the arena's chunks (not the caller's buffer). */
+void mc_pbarena_release(struct mc_pbarena *a);
+
+/* Unpack data[0, len) into a fresh arena a, sized for a message of len
+ * bytes. NULL when it does not decode (a holds nothing then). */
+ProtobufCMessage *mc_pb_unpack(const ProtobufCMessageDescriptor *desc, size_t len,
+			       const uint8_t *data, struct mc_pbarena *a);
+/* Free a message unpacked into a, and a's chunks. m may be NULL. */
+void mc_pb_free(ProtobufCMessage *m, struct mc_pbarena *a);
+
+#endif
