@@ -42,6 +42,7 @@
 #include "agent/mirror.h"
 #include "common/crc32c.h"
 #include "common/log.h"
+#include "common/pb.h"
 #include "common/util.h"
 
 #define LOG_SUBSYS LOGS_AGENT
@@ -162,6 +163,100 @@ static void list_send(struct agent_follow *f)
 
 /* ------------------------------------------------------------ following */
 
+int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__MirrorEvent *e,
+			       char *name, size_t name_cap)
+{
+	mooncake__master__mirror_event__init(e);
+	size_t pos = 0;
+	struct mc_pbrec r;
+	while (pos < len) {
+		if (!mc_pb_next(p, len, &pos, &r))
+			return -EBADMSG;
+		/* The wire type each field of ours has: 0 varint, 2 bytes,
+		 * 5 fixed32; 8 for a field this decoder does not know. */
+		static const uint8_t wt_of[] = {8, 0, 0, 2, 0, 0, 5, 0, 0, 2, 0, 0};
+		if (r.num == 0 || r.num > 0x1fffffff)
+			return 1; /* (no valid field has it) */
+		unsigned want = r.num < sizeof(wt_of) ? wt_of[r.num] : 8;
+		if (want == 8)
+			continue; /* unknown: skipped, as protobuf-c does */
+		if (r.wt != want)
+			return 1;
+		switch (r.num) {
+		case 1:
+			e->op = (Mooncake__Master__MirrorEvent__Op)(int32_t)(uint32_t)r.v;
+			break;
+		case 2:
+			e->seq = r.v;
+			break;
+		case 3:
+			e->key.data = r.v ? (uint8_t *)p + r.data : NULL;
+			e->key.len = (size_t)r.v;
+			break;
+		case 4:
+			e->offset = r.v;
+			break;
+		case 5:
+			e->size = r.v;
+			break;
+		case 6:
+			e->crc32c = (uint32_t)r.v;
+			break;
+		case 7:
+			e->checksummed = r.v != 0;
+			break;
+		case 8:
+			e->soft_pin = r.v != 0;
+			break;
+		case 9:
+			if (r.v >= name_cap)
+				return 1;
+			memcpy(name, p + r.data, (size_t)r.v);
+			name[r.v] = '\0';
+			e->source_segment = name;
+			break;
+		case 10:
+			e->source_offset = r.v;
+			break;
+		case 11:
+			e->source_address = r.v;
+			break;
+		}
+	}
+	return 0;
+}
+
+/* Apply the events of a SyncSegment answer after f->seq. Returns how
+ * many, or -EBADMSG at one that does not decode (those before it are
+ * applied). */
+static int64_t apply_events(struct agent_follow *f,
+			    const Mooncake__Master__SyncSegmentResponseRaw *r)
+{
+	unsigned gen = f->gen;
+	int64_t n = 0;
+	char name[256];
+	for (size_t i = 0; i < r->n_events; i++) {
+		Mooncake__Master__MirrorEvent ev, *e = &ev, *slow = NULL;
+		int rc = agent__mirror_event_decode(r->events[i].data, r->events[i].len, &ev,
+						    name, sizeof(name));
+		if (rc == 1)
+			e = slow = mooncake__master__mirror_event__unpack(
+				NULL, r->events[i].len, r->events[i].data);
+		if (rc < 0 || !e)
+			return -EBADMSG;
+		if (e->seq > f->seq) {
+			f->h->apply(f->a, e, false);
+			f->seq = e->seq;
+			n++;
+		}
+		if (slow)
+			mooncake__master__mirror_event__free_unpacked(slow, NULL);
+		if (gen != f->gen)
+			break; /* (the hook stopped or restarted the follower) */
+	}
+	return n;
+}
+
 static void on_synced(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct mblock *b = ud;
@@ -178,19 +273,19 @@ static void on_synced(void *ud, int err, const char *message, const ProtobufCMes
 		retry_later(f);
 		return;
 	}
-	f->retry_ms = 0;
-	const Mooncake__Master__SyncSegmentResponse *r = (const void *)m;
-	uint64_t n = 0;
-	for (size_t i = 0; i < r->n_events; i++) {
-		const Mooncake__Master__MirrorEvent *e = r->events[i];
-		if (e->seq <= f->seq)
-			continue;
-		f->h->apply(f->a, e, false);
-		f->seq = e->seq;
-		n++;
-		if (gen != f->gen)
-			return; /* (the hook stopped or restarted the follower) */
+	const Mooncake__Master__SyncSegmentResponseRaw *r = (const void *)m;
+	int64_t got = apply_events(f, r);
+	if (gen != f->gen)
+		return; /* (the hook stopped or restarted the follower) */
+	if (got < 0) {
+		log_warn("segment mirror: following segment %s: the master sent an event that "
+			 "does not decode; retrying after the last one applied",
+			 f->segment);
+		retry_later(f);
+		return;
 	}
+	f->retry_ms = 0;
+	uint64_t n = (uint64_t)got;
 	agent__count(&f->a->stats, AGENT_C_MIRROR_EVENTS, n);
 	if (r->behind) {
 		f->seq = r->last_seq;
@@ -221,7 +316,7 @@ static void sync_send(struct agent_follow *f)
 	b->req.sync.wait_ms = agent__mcall_timeout_ms(f->a) / 2;
 	f->busy = true;
 	agent__mcall(f->a, "SyncSegment", &b->req.sync.base,
-		     &mooncake__master__sync_segment_response__descriptor, on_synced, b);
+		     &mooncake__master__sync_segment_response_raw__descriptor, on_synced, b);
 }
 
 void agent__follow_init(struct agent *a, struct agent_follow *f, const char *segment,

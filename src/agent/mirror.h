@@ -52,6 +52,15 @@ struct agent_follow {
 	uint64_t retry_ms;
 };
 
+/* The MirrorEvent encoded in p[0, len) into *e, as protobuf-c would
+ * unpack it; e->key points into p, e->source_segment into name (of
+ * name_cap bytes, NUL-terminated). 1: not decoded here (a field with
+ * another wire type than its own, or a longer source segment): unpack it
+ * with protobuf-c, which also says whether it is valid. -EBADMSG: not a
+ * valid encoding. */
+int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__MirrorEvent *e,
+			       char *name, size_t name_cap);
+
 void agent__follow_init(struct agent *a, struct agent_follow *f, const char *segment,
 			const struct agent_follow_hooks *h);
 /* Follow the log after seq (a mount's mirror_seq); an earlier loop is

@@ -1,0 +1,207 @@
+/*
+ * test_agent_mirror: the segment mirror's own decoding of MirrorEvents
+ * (agent__mirror_event_decode) against protobuf-c's — random events,
+ * unknown fields of every wire type, repeated fields (the last wins),
+ * fields with another wire type than their own, and every truncation:
+ * the same event or the same refusal, and never a read past the bytes.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/mirror.h"
+#include "master.pb-c.h"
+
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+/* A random value of a random width (small ones common). */
+static uint64_t rvalue(void)
+{
+	switch (rnd() % 4) {
+	case 0:
+		return 0;
+	case 1:
+		return rnd() % 128;
+	case 2:
+		return rnd() % 100000;
+	default:
+		return rnd();
+	}
+}
+
+static size_t put_varint(uint8_t *out, uint64_t v)
+{
+	size_t n = 0;
+	do {
+		out[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+		v >>= 7;
+	} while (v);
+	return n;
+}
+
+/* Append a record of field num with wire type wt to out at *n. */
+static void put_rec(uint8_t *out, size_t *n, uint64_t num, unsigned wt)
+{
+	*n += put_varint(out + *n, num << 3 | wt);
+	switch (wt) {
+	case 0:
+		*n += put_varint(out + *n, rvalue());
+		break;
+	case 1:
+		for (int i = 0; i < 8; i++)
+			out[(*n)++] = (uint8_t)rnd();
+		break;
+	case 5:
+		for (int i = 0; i < 4; i++)
+			out[(*n)++] = (uint8_t)rnd();
+		break;
+	default: {
+		size_t l = rnd() % 40;
+		*n += put_varint(out + *n, l);
+		for (size_t i = 0; i < l; i++)
+			out[(*n)++] = (uint8_t)('a' + rnd() % 26);
+	}
+	}
+}
+
+/* A random event, packed into out; returns its length. */
+static size_t random_event(uint8_t *out, char *key, char *seg)
+{
+	Mooncake__Master__MirrorEvent e = MOONCAKE__MASTER__MIRROR_EVENT__INIT;
+	e.op = (Mooncake__Master__MirrorEvent__Op)(rnd() % 3);
+	e.seq = rvalue();
+	size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
+	for (size_t i = 0; i < kl; i++)
+		key[i] = (char)rnd();
+	e.key.data = (uint8_t *)key;
+	e.key.len = kl;
+	e.offset = rvalue();
+	e.size = rvalue();
+	e.crc32c = (uint32_t)rnd();
+	e.checksummed = rnd() % 2;
+	e.soft_pin = rnd() % 2;
+	size_t sl = rnd() % 3 == 0 ? rnd() % 300 : rnd() % 20;
+	for (size_t i = 0; i < sl; i++)
+		seg[i] = (char)('a' + rnd() % 26);
+	seg[sl] = '\0';
+	e.source_segment = seg;
+	e.source_offset = rvalue();
+	e.source_address = rvalue();
+	return mooncake__master__mirror_event__pack(&e, out);
+}
+
+static void same(const Mooncake__Master__MirrorEvent *a,
+		 const Mooncake__Master__MirrorEvent *b)
+{
+	cr_assert_eq(a->op, b->op);
+	cr_assert_eq(a->seq, b->seq);
+	cr_assert_eq(a->key.len, b->key.len);
+	if (a->key.len)
+		cr_assert_eq(memcmp(a->key.data, b->key.data, a->key.len), 0);
+	cr_assert_eq(a->offset, b->offset);
+	cr_assert_eq(a->size, b->size);
+	cr_assert_eq(a->crc32c, b->crc32c);
+	cr_assert_eq(a->checksummed, b->checksummed);
+	cr_assert_eq(a->soft_pin, b->soft_pin);
+	cr_assert_str_eq(a->source_segment, b->source_segment);
+	cr_assert_eq(a->source_offset, b->source_offset);
+	cr_assert_eq(a->source_address, b->source_address);
+}
+
+/* Decode p[0, len) both ways and compare; the bytes lie in a block of
+ * exactly len bytes, so that a read past them is an error under ASan and
+ * valgrind. */
+static void check(const uint8_t *wire, size_t len)
+{
+	uint8_t *p = malloc(len ? len : 1);
+	cr_assert(p);
+	memcpy(p, wire, len);
+	Mooncake__Master__MirrorEvent e;
+	char name[256];
+	int rc = agent__mirror_event_decode(p, len, &e, name, sizeof(name));
+	Mooncake__Master__MirrorEvent *ref = mooncake__master__mirror_event__unpack(NULL, len,
+										    p);
+	if (rc == 0) {
+		cr_assert_not_null(ref, "decoded an event protobuf-c refuses (%zu bytes)",
+				   len);
+		same(&e, ref);
+	} else if (rc < 0) {
+		cr_assert_eq(rc, -EBADMSG);
+		cr_assert_null(ref, "refused an event protobuf-c decodes (%zu bytes)", len);
+	} else {
+		cr_assert_eq(rc, 1); /* protobuf-c decides: the caller uses it */
+	}
+	if (ref)
+		mooncake__master__mirror_event__free_unpacked(ref, NULL);
+	free(p);
+}
+
+Test(agent_mirror, decodes_events_as_protobuf_c_does)
+{
+	uint8_t wire[2048];
+	char key[300], seg[301];
+	int fast = 0;
+	for (int i = 0; i < 3000; i++) {
+		size_t n = random_event(wire, key, seg);
+		/* Unknown fields, and known ones again (the last wins). */
+		int extra = (int)(rnd() % 4);
+		for (int k = 0; k < extra; k++) {
+			static const unsigned wts[] = {0, 1, 2, 5};
+			uint64_t num = rnd() % 3 ? 12 + rnd() % 1000 : 1 + rnd() % 11;
+			unsigned wt = wts[rnd() % 4];
+			if (num <= 11 && rnd() % 4)
+				wt = (num == 3 || num == 9) ? 2 : num == 6 ? 5 : 0;
+			put_rec(wire, &n, num, wt);
+		}
+		Mooncake__Master__MirrorEvent e;
+		char name[256];
+		fast += agent__mirror_event_decode(wire, n, &e, name, sizeof(name)) == 0;
+		check(wire, n);
+	}
+	cr_assert_gt(fast, 2000, "most events are decoded here (%d of 3000)", fast);
+}
+
+Test(agent_mirror, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
+{
+	uint8_t wire[2048];
+	char key[300], seg[301];
+	for (int i = 0; i < 200; i++) {
+		size_t n = random_event(wire, key, seg);
+		for (size_t cut = 0; cut <= n; cut++)
+			check(wire, cut);
+	}
+	/* Field 0, a group, a varint of 11 bytes, a length past the end. */
+	const uint8_t bad[][12] = {
+		{0x08, 0x80},
+		{0x0b, 0x0c},
+		{0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
+		{0x1a, 0x05, 'a', 'b'},
+	};
+	const size_t lens[] = {2, 2, 12, 4};
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
+		check(bad[i], lens[i]);
+}
+
+Test(agent_mirror, wrong_wire_type_and_long_names_left_to_protobuf_c)
+{
+	/* seq (field 2) as fixed32. */
+	const uint8_t w1[] = {0x15, 1, 2, 3, 4};
+	Mooncake__Master__MirrorEvent e;
+	char name[8];
+	cr_assert_eq(agent__mirror_event_decode(w1, sizeof(w1), &e, name, sizeof(name)), 1);
+	/* A source segment longer than the room for it. */
+	const uint8_t w2[] = {0x4a, 8, 'a', 'g', 'e', 'n', 't', '-', '1', '2'};
+	cr_assert_eq(agent__mirror_event_decode(w2, sizeof(w2), &e, name, sizeof(name)), 1);
+	const uint8_t w3[] = {0x4a, 7, 'a', 'g', 'e', 'n', 't', '-', '1'};
+	cr_assert_eq(agent__mirror_event_decode(w3, sizeof(w3), &e, name, sizeof(name)), 0);
+	cr_assert_str_eq(e.source_segment, "agent-1");
+}
