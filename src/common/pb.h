@@ -4,8 +4,9 @@
  *
  * Records: mc_pb_next walks the top-level fields of an encoding (wire
  * types 0, 1, 2 and 5; groups are refused, as protobuf-c refuses them),
- * every length checked against the bytes there are. For the few hot
- * messages whose generic decoding costs more than their handling.
+ * every length checked against the bytes there are; mc_pb_put_varint
+ * writes. For the few hot messages whose generic coding costs more than
+ * their handling.
  *
  * Arena: a bump allocator for protobuf-c's unpacking. protobuf-c makes
  * one allocation per message struct, repeated-field array and string or
@@ -54,6 +55,17 @@ static inline bool mc_pb_varint(const uint8_t *p, size_t len, size_t *pos, uint6
 	}
 	return mc_pb__varint_long(p, len, pos, v);
 }
+/* Write v as a varint at out (room for 10 bytes); returns its length. */
+static inline size_t mc_pb_put_varint(uint8_t *out, uint64_t v)
+{
+	size_t n = 0;
+	do {
+		out[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+		v >>= 7;
+	} while (v);
+	return n;
+}
+
 /* The record at *pos of p[0, len), advancing *pos past it; false at a
  * record that is malformed or runs past len. */
 bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r);

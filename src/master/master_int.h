@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "common/err.h"
+#include "master.pb-c.h"
 #include "master/core.h"
 
 /* ------------------------------------------------------------ service */
@@ -96,6 +97,11 @@ int master__rpc_status(int err);
 struct master *master__leader_of(struct rpc_call *call);
 /* Send msg and end the call OK (or with the send's error). */
 void master__reply(struct rpc_call *call, const ProtobufCMessage *msg);
+/* The encoding of e as protobuf-c packs it, at out (room for
+ * MASTER_EVENT_MAX_BYTES plus its key and source segment); returns its
+ * length. */
+#define MASTER_EVENT_MAX_BYTES 128u
+size_t master__encode_event(uint8_t *out, const Mooncake__Master__MirrorEvent *e);
 /* sync.c: SyncSegment (a long poll) and ListSegment. */
 void master__on_sync(struct rpc_call *call, const ProtobufCMessage *msg);
 void master__on_sync_cancel(struct rpc_call *call);

@@ -404,16 +404,6 @@ void rpc__unpacked_free(ProtobufCMessage *m, struct rpc__arena *ar)
 
 /* ---------------------------------------------------------------- messages */
 
-static size_t put_varint(uint8_t *out, uint64_t v)
-{
-	size_t n = 0;
-	do {
-		out[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-		v >>= 7;
-	} while (v);
-	return n;
-}
-
 /* The field of msg that rpc__omsg_pack may send from where it lies in
  * from, or NULL. */
 static const ProtobufCFieldDescriptor *ref_field(const ProtobufCMessage *msg,
@@ -471,8 +461,8 @@ static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescri
 	const ProtobufCMessage *rest_msg = (const ProtobufCMessage *)copy;
 
 	uint8_t hdr[20];
-	size_t hl = put_varint(hdr, (uint64_t)f->id << 3 | 2);
-	hl += put_varint(hdr + hl, flen);
+	size_t hl = mc_pb_put_varint(hdr, (uint64_t)f->id << 3 | 2);
+	hl += mc_pb_put_varint(hdr + hl, flen);
 	size_t rest = protobuf_c_message_get_packed_size(rest_msg);
 	size_t body = rest + hl + flen;
 	if (body > max_bytes || body > UINT32_MAX) {

@@ -1,6 +1,8 @@
 /*
- * test_agent_mirror: the segment mirror's own decoding of MirrorEvents
- * (agent__mirror_event_decode) against protobuf-c's — random events,
+ * test_mirror_events: the segment log's events as the master encodes them
+ * (master__encode_event) and the agent decodes them
+ * (agent__mirror_event_decode), each against protobuf-c — the same bytes
+ * as protobuf-c packs for random events; and on decoding, random events,
  * unknown fields of every wire type, repeated fields (the last wins),
  * fields with another wire type than their own, and every truncation:
  * the same event or the same refusal, and never a read past the bytes.
@@ -12,6 +14,7 @@
 
 #include "agent/mirror.h"
 #include "master.pb-c.h"
+#include "master/master_int.h"
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -73,8 +76,8 @@ static void put_rec(uint8_t *out, size_t *n, uint64_t num, unsigned wt)
 	}
 }
 
-/* A random event, packed into out; returns its length. */
-static size_t random_event(uint8_t *out, char *key, char *seg)
+/* A random event in *e (its key and source segment in key and seg). */
+static void random_fill(Mooncake__Master__MirrorEvent *e_out, char *key, char *seg)
 {
 	Mooncake__Master__MirrorEvent e = MOONCAKE__MASTER__MIRROR_EVENT__INIT;
 	e.op = (Mooncake__Master__MirrorEvent__Op)(rnd() % 3);
@@ -96,6 +99,14 @@ static size_t random_event(uint8_t *out, char *key, char *seg)
 	e.source_segment = seg;
 	e.source_offset = rvalue();
 	e.source_address = rvalue();
+	*e_out = e;
+}
+
+/* A random event, packed into out; returns its length. */
+static size_t random_event(uint8_t *out, char *key, char *seg)
+{
+	Mooncake__Master__MirrorEvent e;
+	random_fill(&e, key, seg);
 	return mooncake__master__mirror_event__pack(&e, out);
 }
 
@@ -145,7 +156,7 @@ static void check(const uint8_t *wire, size_t len)
 	free(p);
 }
 
-Test(agent_mirror, decodes_events_as_protobuf_c_does)
+Test(mirror_events, decodes_events_as_protobuf_c_does)
 {
 	uint8_t wire[2048];
 	char key[300], seg[301];
@@ -170,7 +181,7 @@ Test(agent_mirror, decodes_events_as_protobuf_c_does)
 	cr_assert_gt(fast, 2000, "most events are decoded here (%d of 3000)", fast);
 }
 
-Test(agent_mirror, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
+Test(mirror_events, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
 {
 	uint8_t wire[2048];
 	char key[300], seg[301];
@@ -191,7 +202,7 @@ Test(agent_mirror, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
 		check(bad[i], lens[i]);
 }
 
-Test(agent_mirror, wrong_wire_type_and_long_names_left_to_protobuf_c)
+Test(mirror_events, wrong_wire_type_and_long_names_left_to_protobuf_c)
 {
 	/* seq (field 2) as fixed32. */
 	const uint8_t w1[] = {0x15, 1, 2, 3, 4};
@@ -204,4 +215,32 @@ Test(agent_mirror, wrong_wire_type_and_long_names_left_to_protobuf_c)
 	const uint8_t w3[] = {0x4a, 7, 'a', 'g', 'e', 'n', 't', '-', '1'};
 	cr_assert_eq(agent__mirror_event_decode(w3, sizeof(w3), &e, name, sizeof(name)), 0);
 	cr_assert_str_eq(e.source_segment, "agent-1");
+}
+
+Test(mirror_events, master_encodes_as_protobuf_c_packs)
+{
+	uint8_t a[2048], b[2048];
+	char key[300], seg[301];
+	for (int i = 0; i < 5000; i++) {
+		Mooncake__Master__MirrorEvent e;
+		random_fill(&e, key, seg);
+		if (rnd() % 4 == 0)
+			e.op = (Mooncake__Master__MirrorEvent__Op)-1; /* (10-byte varint) */
+		size_t n = master__encode_event(a, &e);
+		cr_assert_leq(n,
+			      MASTER_EVENT_MAX_BYTES + e.key.len + strlen(e.source_segment));
+		size_t m = mooncake__master__mirror_event__pack(&e, b);
+		cr_assert_eq(n, m, "event %d: %zu bytes, protobuf-c %zu", i, n, m);
+		cr_assert_eq(memcmp(a, b, n), 0, "event %d differs", i);
+		/* And back, through the agent's decoder. */
+		Mooncake__Master__MirrorEvent d;
+		char name[256];
+		int rc = agent__mirror_event_decode(a, n, &d, name, sizeof(name));
+		if (strlen(e.source_segment) < sizeof(name)) {
+			cr_assert_eq(rc, 0);
+			same(&e, &d);
+		} else {
+			cr_assert_eq(rc, 1);
+		}
+	}
 }
