@@ -102,6 +102,12 @@ void master__reply(struct rpc_call *call, const ProtobufCMessage *msg);
  * length. */
 #define MASTER_EVENT_MAX_BYTES 128u
 size_t master__encode_event(uint8_t *out, const Mooncake__Master__MirrorEvent *e);
+/* service.c: the CommitItem encoded in p[0, len) into *c, as protobuf-c
+ * would unpack it (c->key points into p). 1: not decoded here (a field
+ * with another wire type than its own, or a field number no field can
+ * have): unpack it with protobuf-c, which also says whether it is valid.
+ * -EBADMSG: not a valid encoding. */
+int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commit *c);
 /* sync.c: SyncSegment (a long poll) and ListSegment. */
 void master__on_sync(struct rpc_call *call, const ProtobufCMessage *msg);
 void master__on_sync_cancel(struct rpc_call *call);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/pb.h"
 #include "common/util.h"
 #include "master.pb-c.h"
 #include "master/master.h"
@@ -614,42 +615,120 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 	master__reply(call, &resp.base);
 }
 
+int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commit *c)
+{
+	*c = (struct master_commit){0};
+	size_t pos = 0;
+	struct mc_pbrec r;
+	while (pos < len) {
+		if (!mc_pb_next(p, len, &pos, &r))
+			return -EBADMSG;
+		/* The wire type each field has: 0 varint, 2 bytes, 5 fixed32;
+		 * 8 for a field this decoder does not know. */
+		static const uint8_t wt_of[] = {8, 2, 0, 0, 5, 0, 0, 0, 0};
+		if (r.num == 0 || r.num > 0x1fffffff)
+			return 1; /* (no valid field has it) */
+		unsigned want = r.num < sizeof(wt_of) ? wt_of[r.num] : 8;
+		if (want == 8)
+			continue; /* unknown: skipped, as protobuf-c does */
+		if (r.wt != want)
+			return 1;
+		switch (r.num) {
+		case 1:
+			c->key = r.v ? p + r.data : NULL;
+			c->klen = (size_t)r.v;
+			break;
+		case 2:
+			c->offset = r.v;
+			break;
+		case 3:
+			c->size = r.v;
+			break;
+		case 4:
+			c->crc = (uint32_t)r.v;
+			break;
+		case 5:
+			c->has_crc = r.v != 0;
+			break;
+		case 6:
+			c->soft_pin = r.v != 0;
+			break;
+		case 7:
+			c->ttl_ms = r.v;
+			break;
+		case 8:
+			c->promote = r.v != 0;
+			break;
+		}
+	}
+	return 0;
+}
+
+/* The request arrives as BatchCommitRequestRaw (the same encoding): its
+ * items are decoded here, all of them before any is committed, so that
+ * one that does not decode fails the call as a bad request did. */
 static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
-	const Mooncake__Master__BatchCommitRequest *req = (const void *)msg;
+	const Mooncake__Master__BatchCommitRequestRaw *req = (const void *)msg;
 	if (!m)
 		return;
 	size_t n = req->n_items;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
-	if (!errs) {
+	struct master_commit *cs = malloc((n ? n : 1) * sizeof(*cs));
+	/* Items protobuf-c had to decode (their keys point into them). */
+	Mooncake__Master__CommitItem **slow = NULL;
+	if (!errs || !cs) {
 		finish_err(call, -ENOMEM, NULL);
-		return;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int rc = master__decode_commit_item(req->items[i].data, req->items[i].len,
+						    &cs[i]);
+		if (rc == 1) {
+			if (!slow && !(slow = calloc(n, sizeof(*slow)))) {
+				finish_err(call, -ENOMEM, NULL);
+				goto out;
+			}
+			const Mooncake__Master__CommitItem *it = slow[i] =
+				mooncake__master__commit_item__unpack(NULL, req->items[i].len,
+								      req->items[i].data);
+			rc = it ? 0 : -EBADMSG;
+			if (it)
+				cs[i] = (struct master_commit){
+					.key = it->key.data,
+					.klen = it->key.len,
+					.offset = it->offset,
+					.size = it->size,
+					.has_crc = it->checksummed,
+					.crc = it->crc32c,
+					.soft_pin = it->soft_pin,
+					.ttl_ms = it->ttl_ms,
+					.promote = it->promote,
+				};
+		}
+		if (rc) {
+			rpc_call_finish(call, RPC_INTERNAL, "failed to parse request message");
+			goto out;
+		}
 	}
 	uint64_t now = now_ms(m);
-	for (size_t i = 0; i < n; i++) {
-		const Mooncake__Master__CommitItem *it = req->items[i];
-		struct master_commit c = {
-			.key = it->key.data,
-			.klen = it->key.len,
-			.offset = it->offset,
-			.size = it->size,
-			.has_crc = it->checksummed,
-			.crc = it->crc32c,
-			.soft_pin = it->soft_pin,
-			.ttl_ms = it->ttl_ms,
-			.promote = it->promote,
-		};
+	for (size_t i = 0; i < n; i++)
 		errs[i] = commit_err(m,
 				     master__commit(m->core, req->agent_id, req->segment,
-						    req->lease_epoch, &c, now),
+						    req->lease_epoch, &cs[i], now),
 				     req->segment, req->lease_epoch);
-	}
 	Mooncake__Master__BatchErrorsResponse resp =
 		MOONCAKE__MASTER__BATCH_ERRORS_RESPONSE__INIT;
 	resp.n_errors = n;
 	resp.errors = errs;
 	master__reply(call, &resp.base);
+out:
+	for (size_t i = 0; slow && i < n; i++)
+		if (slow[i])
+			mooncake__master__commit_item__free_unpacked(slow[i], NULL);
+	free(slow);
+	free(cs);
 	free(errs);
 }
 
@@ -1177,7 +1256,7 @@ static const struct rpc_method methods[] = {
 	UNARY("ListSegment", master__on_list_segment, list_segment_request,
 	      list_segment_response),
 	UNARY("LeaseSpace", on_lease_space, lease_space_request, lease_space_response),
-	UNARY("BatchCommit", on_batch_commit, batch_commit_request, batch_errors_response),
+	UNARY("BatchCommit", on_batch_commit, batch_commit_request_raw, batch_errors_response),
 	UNARY("TierCommit", on_tier_commit, tier_commit_request, batch_errors_response),
 };
 

@@ -1,8 +1,10 @@
 /*
- * test_mirror_events: the segment log's events as the master encodes them
- * (master__encode_event) and the agent decodes them
- * (agent__mirror_event_decode), each against protobuf-c — the same bytes
- * as protobuf-c packs for random events; and on decoding, random events,
+ * test_pb_codecs: the hand-written protobuf coding of hot messages, each
+ * against protobuf-c. The segment log's events as the master encodes them
+ * (master__encode_event: the same bytes as protobuf-c packs) and the
+ * agent decodes them (agent__mirror_event_decode), and the commit items
+ * the master decodes (master__decode_commit_item). Decoding: random
+ * messages,
  * unknown fields of every wire type, repeated fields (the last wins),
  * fields with another wire type than their own, and every truncation:
  * the same event or the same refusal, and never a read past the bytes.
@@ -156,7 +158,7 @@ static void check(const uint8_t *wire, size_t len)
 	free(p);
 }
 
-Test(mirror_events, decodes_events_as_protobuf_c_does)
+Test(pb_codecs, decodes_events_as_protobuf_c_does)
 {
 	uint8_t wire[2048];
 	char key[300], seg[301];
@@ -181,7 +183,7 @@ Test(mirror_events, decodes_events_as_protobuf_c_does)
 	cr_assert_gt(fast, 2000, "most events are decoded here (%d of 3000)", fast);
 }
 
-Test(mirror_events, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
+Test(pb_codecs, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
 {
 	uint8_t wire[2048];
 	char key[300], seg[301];
@@ -202,7 +204,7 @@ Test(mirror_events, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
 		check(bad[i], lens[i]);
 }
 
-Test(mirror_events, wrong_wire_type_and_long_names_left_to_protobuf_c)
+Test(pb_codecs, wrong_wire_type_and_long_names_left_to_protobuf_c)
 {
 	/* seq (field 2) as fixed32. */
 	const uint8_t w1[] = {0x15, 1, 2, 3, 4};
@@ -217,7 +219,7 @@ Test(mirror_events, wrong_wire_type_and_long_names_left_to_protobuf_c)
 	cr_assert_str_eq(e.source_segment, "agent-1");
 }
 
-Test(mirror_events, master_encodes_as_protobuf_c_packs)
+Test(pb_codecs, master_encodes_as_protobuf_c_packs)
 {
 	uint8_t a[2048], b[2048];
 	char key[300], seg[301];
@@ -243,4 +245,77 @@ Test(mirror_events, master_encodes_as_protobuf_c_packs)
 			cr_assert_eq(rc, 1);
 		}
 	}
+}
+
+/* Decode a CommitItem both ways and compare (bytes in a block of their
+ * exact size). */
+static void check_commit(const uint8_t *wire, size_t len)
+{
+	uint8_t *p = malloc(len ? len : 1);
+	cr_assert(p);
+	memcpy(p, wire, len);
+	struct master_commit c;
+	int rc = master__decode_commit_item(p, len, &c);
+	Mooncake__Master__CommitItem *ref = mooncake__master__commit_item__unpack(NULL, len,
+										  p);
+	if (rc == 0) {
+		cr_assert_not_null(ref, "decoded an item protobuf-c refuses (%zu bytes)", len);
+		cr_assert_eq(c.klen, ref->key.len);
+		if (c.klen)
+			cr_assert_eq(memcmp(c.key, ref->key.data, c.klen), 0);
+		cr_assert_eq(c.offset, ref->offset);
+		cr_assert_eq(c.size, ref->size);
+		cr_assert_eq(c.crc, ref->crc32c);
+		cr_assert_eq(c.has_crc, ref->checksummed);
+		cr_assert_eq(c.soft_pin, ref->soft_pin);
+		cr_assert_eq(c.ttl_ms, ref->ttl_ms);
+		cr_assert_eq(c.promote, ref->promote);
+	} else if (rc < 0) {
+		cr_assert_eq(rc, -EBADMSG);
+		cr_assert_null(ref, "refused an item protobuf-c decodes (%zu bytes)", len);
+	} else {
+		cr_assert_eq(rc, 1);
+	}
+	if (ref)
+		mooncake__master__commit_item__free_unpacked(ref, NULL);
+	free(p);
+}
+
+Test(pb_codecs, master_decodes_commit_items_as_protobuf_c_does)
+{
+	uint8_t wire[2048];
+	char key[300];
+	int fast = 0;
+	for (int i = 0; i < 3000; i++) {
+		Mooncake__Master__CommitItem it = MOONCAKE__MASTER__COMMIT_ITEM__INIT;
+		size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
+		for (size_t k = 0; k < kl; k++)
+			key[k] = (char)rnd();
+		it.key.data = (uint8_t *)key;
+		it.key.len = kl;
+		it.offset = rvalue();
+		it.size = rvalue();
+		it.crc32c = (uint32_t)rnd();
+		it.checksummed = rnd() % 2;
+		it.soft_pin = rnd() % 2;
+		it.ttl_ms = rvalue();
+		it.promote = rnd() % 2;
+		size_t n = mooncake__master__commit_item__pack(&it, wire);
+		int extra = (int)(rnd() % 4);
+		for (int k = 0; k < extra; k++) {
+			static const unsigned wts[] = {0, 1, 2, 5};
+			uint64_t num = rnd() % 3 ? 9 + rnd() % 1000 : 1 + rnd() % 8;
+			unsigned wt = wts[rnd() % 4];
+			if (num <= 8 && rnd() % 4)
+				wt = num == 1 ? 2 : num == 4 ? 5 : 0;
+			put_rec(wire, &n, num, wt);
+		}
+		struct master_commit c;
+		fast += master__decode_commit_item(wire, n, &c) == 0;
+		check_commit(wire, n);
+		if (i < 200)
+			for (size_t cut = 0; cut < n; cut++)
+				check_commit(wire, cut);
+	}
+	cr_assert_gt(fast, 2000, "most items are decoded here (%d of 3000)", fast);
 }
