@@ -203,10 +203,10 @@ int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__M
 			e->crc32c = (uint32_t)r.v;
 			break;
 		case 7:
-			e->checksummed = r.v != 0;
+			e->checksummed = mc_pb_bool(p, &r);
 			break;
 		case 8:
-			e->soft_pin = r.v != 0;
+			e->soft_pin = mc_pb_bool(p, &r);
 			break;
 		case 9:
 			if (r.v >= name_cap)

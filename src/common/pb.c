@@ -31,28 +31,30 @@ bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r)
 {
 	uint64_t tag;
 	r->start = *pos;
-	if (!mc_pb_varint(p, len, pos, &tag))
+	/* A tag is a uint32: protobuf-c refuses one of more than 5 bytes. */
+	if (!mc_pb_varint(p, len, pos, &tag) || *pos - r->start > 5)
 		return false;
 	r->num = tag >> 3;
 	r->wt = (unsigned)(tag & 7);
+	r->data = *pos;
 	switch (r->wt) {
 	case 0:
 		if (!mc_pb_varint(p, len, pos, &r->v))
 			return false;
-		r->data = r->start; /* (unused) */
 		break;
 	case 1:
 	case 5: {
 		size_t n = r->wt == 1 ? 8 : 4;
 		if (len - *pos < n)
 			return false;
-		r->data = *pos;
 		r->v = n == 8 ? mc_get_le64(p + *pos) : mc_get_le32(p + *pos);
 		*pos += n;
 		break;
 	}
 	case 2:
-		if (!mc_pb_varint(p, len, pos, &r->v) || r->v > len - *pos)
+		/* (a length of more than 5 bytes: protobuf-c refuses it too) */
+		if (!mc_pb_varint(p, len, pos, &r->v) || *pos - r->data > 5 ||
+		    r->v > len - *pos)
 			return false;
 		r->data = *pos;
 		*pos += (size_t)r->v;

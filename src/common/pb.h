@@ -66,8 +66,19 @@ static inline size_t mc_pb_put_varint(uint8_t *out, uint64_t v)
 	return n;
 }
 
+/* A varint record's value as a bool the way protobuf-c reads one: true
+ * when any of its bytes has a payload bit (even past the 64 bits of v). */
+static inline bool mc_pb_bool(const uint8_t *p, const struct mc_pbrec *r)
+{
+	for (size_t i = r->data; i < r->end; i++)
+		if (p[i] & 0x7f)
+			return true;
+	return false;
+}
+
 /* The record at *pos of p[0, len), advancing *pos past it; false at a
- * record that is malformed or runs past len. */
+ * record that is malformed (a tag or a length of more than 5 bytes, a
+ * group, a varint of more than 10) or runs past len. */
 bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r);
 
 struct mc_pbchunk;

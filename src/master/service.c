@@ -648,16 +648,16 @@ int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commi
 			c->crc = (uint32_t)r.v;
 			break;
 		case 5:
-			c->has_crc = r.v != 0;
+			c->has_crc = mc_pb_bool(p, &r);
 			break;
 		case 6:
-			c->soft_pin = r.v != 0;
+			c->soft_pin = mc_pb_bool(p, &r);
 			break;
 		case 7:
 			c->ttl_ms = r.v;
 			break;
 		case 8:
-			c->promote = r.v != 0;
+			c->promote = mc_pb_bool(p, &r);
 			break;
 		}
 	}
