@@ -225,3 +225,204 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done, const 
 		return -EOPNOTSUPP;
 	}
 }
+
+/* ------------------------------------------------------------ puts */
+
+/* A field's wire type must be its own, and a field number must be one a
+ * field can have; else protobuf-c decides (1). */
+#define NOT_MINE(r, want) ((r).wt != (want) || (r).num > 0x1fffffff)
+
+static int decode_region(const uint8_t *p, size_t len, Mooncake__Client__Region *g)
+{
+	mooncake__client__region__init(g);
+	size_t pos = 0;
+	struct mc_pbrec r;
+	while (pos < len) {
+		if (!mc_pb_next(p, len, &pos, &r))
+			return -EBADMSG;
+		if (r.num == 0 || r.num > 5) {
+			if (r.num == 0 || r.num > 0x1fffffff)
+				return 1;
+			continue; /* unknown: skipped, as protobuf-c does */
+		}
+		if (NOT_MINE(r, 0))
+			return 1;
+		switch (r.num) {
+		case 1:
+			g->where = (Mooncake__Client__Region__Where)(int32_t)(uint32_t)r.v;
+			break;
+		case 2:
+			g->buffer = r.v;
+			break;
+		case 3:
+			g->fd_index = (uint32_t)r.v;
+			break;
+		case 4:
+			g->offset = r.v;
+			break;
+		default:
+			g->length = r.v;
+			break;
+		}
+	}
+	return 0;
+}
+
+static int decode_item(const uint8_t *p, size_t len, struct mc_pbarena *a,
+		       Mooncake__Client__PutItem *it)
+{
+	mooncake__client__put_item__init(it);
+	size_t pos = 0;
+	struct mc_pbrec r;
+	while (pos < len) {
+		if (!mc_pb_next(p, len, &pos, &r))
+			return -EBADMSG;
+		if (r.num == 0 || r.num > 2) {
+			if (r.num == 0 || r.num > 0x1fffffff)
+				return 1;
+			continue;
+		}
+		if (NOT_MINE(r, 2))
+			return 1;
+		if (r.num == 1) {
+			/* (copied: the frame's buffer is reused) */
+			uint8_t *k = NULL;
+			if (r.v && !(k = mc_pbarena_alloc(a, (size_t)r.v)))
+				return -ENOMEM;
+			if (r.v)
+				memcpy(k, p + r.data, (size_t)r.v);
+			it->key.data = k;
+			it->key.len = (size_t)r.v;
+			continue;
+		}
+		if (it->source)
+			return 1; /* (given twice: protobuf-c merges the two) */
+		Mooncake__Client__Region *g = mc_pbarena_alloc(a, sizeof(*g));
+		if (!g)
+			return -ENOMEM;
+		int rc = decode_region(p + r.data, (size_t)r.v, g);
+		if (rc)
+			return rc;
+		it->source = g;
+	}
+	return 0;
+}
+
+static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
+		      Mooncake__Client__PutRequest *q)
+{
+	mooncake__client__put_request__init(q);
+	/* First the items' count, and every record checked. */
+	size_t pos = 0, n = 0;
+	struct mc_pbrec r;
+	while (pos < len) {
+		if (!mc_pb_next(p, len, &pos, &r))
+			return -EBADMSG;
+		if (r.num == 0 || r.num > 0x1fffffff)
+			return 1;
+		if (r.num > 7)
+			continue;
+		if (NOT_MINE(r, r.num == 1 || r.num == 5 ? 2u : 0u))
+			return 1;
+		n += r.num == 1;
+	}
+	if (n) {
+		q->items = mc_pbarena_alloc(a, n * sizeof(*q->items));
+		Mooncake__Client__PutItem *items = mc_pbarena_alloc(a, n * sizeof(*items));
+		if (!q->items || !items)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++)
+			q->items[i] = &items[i];
+	}
+	pos = 0;
+	while (pos < len) {
+		(void)mc_pb_next(p, len, &pos, &r); /* (checked above) */
+		switch (r.num) {
+		case 1: {
+			int rc = decode_item(p + r.data, (size_t)r.v, a, q->items[q->n_items]);
+			if (rc)
+				return rc;
+			q->n_items++;
+			break;
+		}
+		case 2:
+			q->replica_num = (uint32_t)r.v;
+			break;
+		case 3:
+			q->soft_pin = mc_pb_bool(p, &r);
+			break;
+		case 4:
+			q->ttl_ms = r.v;
+			break;
+		case 5: {
+			char *s = mc_pbarena_alloc(a, (size_t)r.v + 1);
+			if (!s)
+				return -ENOMEM;
+			memcpy(s, p + r.data, (size_t)r.v);
+			s[r.v] = '\0';
+			q->preferred_segment = s;
+			break;
+		}
+		case 6:
+			q->upsert = mc_pb_bool(p, &r);
+			break;
+		case 7:
+			q->tier = (uint32_t)r.v;
+			break;
+		}
+	}
+	return 0;
+}
+
+int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a,
+			      Mooncake__Client__Request **out)
+{
+	/* The structs take a few times the encoding (see mc_pb_unpack). */
+	mc_pbarena_init(a, NULL, 0, len < (1u << 20) ? 3 * len + 1024 : 1u << 20);
+	Mooncake__Client__Request *m = mc_pbarena_alloc(a, sizeof(*m));
+	if (!m) {
+		mc_pbarena_release(a);
+		return -ENOMEM;
+	}
+	mooncake__client__request__init(m);
+	size_t pos = 0, put_at = 0;
+	struct mc_pbrec r, put = {0};
+	while (pos < len) {
+		if (!mc_pb_next(p, len, &pos, &r)) {
+			mc_pbarena_release(a);
+			return -EBADMSG;
+		}
+		bool mine = r.num == 1 || r.num == 2 ? r.wt == 0
+			    : r.num == 11            ? r.wt == 2
+						     : true;
+		/* Another op, a put given twice (merged), a wire type not its
+		 * own: protobuf-c's. */
+		if (r.num == 0 || r.num > 0x1fffffff ||
+		    (r.num >= 10 && r.num <= 25 && r.num != 11) || (r.num == 11 && put_at) ||
+		    !mine) {
+			mc_pbarena_release(a);
+			return 1;
+		}
+		if (r.num == 1)
+			m->id = r.v;
+		else if (r.num == 2)
+			m->nfds = (uint32_t)r.v;
+		else if (r.num == 11) {
+			put = r;
+			put_at = pos;
+		}
+	}
+	int rc = 1;
+	if (put_at) {
+		Mooncake__Client__PutRequest *q = mc_pbarena_alloc(a, sizeof(*q));
+		rc = q ? decode_put(p + put.data, (size_t)put.v, a, q) : -ENOMEM;
+		m->op_case = MOONCAKE__CLIENT__REQUEST__OP_PUT;
+		m->put = q;
+	}
+	if (rc) {
+		mc_pbarena_release(a);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}

@@ -609,12 +609,18 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 		conn_close(c, "out of memory for a request");
 		return false;
 	}
-	/* Into the request's arena: freed with it, in one go. */
-	Mooncake__Client__Request *m = (Mooncake__Client__Request *)mc_pb_unpack(
-		&mooncake__client__request__descriptor, len, body, &r->arena);
+	/* Into the request's arena: freed with it, in one go. Puts are
+	 * decoded here, the rest by protobuf-c. */
+	Mooncake__Client__Request *m = NULL;
+	int drc = agent__decode_put_request(body, len, &r->arena, &m);
+	if (drc == 1)
+		m = (Mooncake__Client__Request *)mc_pb_unpack(
+			&mooncake__client__request__descriptor, len, body, &r->arena);
 	if (!m) {
 		free(r);
-		conn_close(c, "sent a frame that does not decode as a Request");
+		conn_close(c, drc == -ENOMEM
+				      ? "out of memory for a request"
+				      : "sent a frame that does not decode as a Request");
 		return false;
 	}
 	r->c = c;

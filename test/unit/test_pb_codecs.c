@@ -3,7 +3,9 @@
  * against protobuf-c. The segment log's events as the master encodes them
  * (master__encode_event: the same bytes as protobuf-c packs) and the
  * agent decodes them (agent__mirror_event_decode), and the commit items
- * the master decodes (master__decode_commit_item). Decoding: random
+ * the master decodes (master__decode_commit_item), and client requests
+ * as the agent decodes puts (agent__decode_put_request). Decoding
+ * (test/fuzz/pb_check.h, which the fuzz target shares): random
  * messages,
  * unknown fields of every wire type, repeated fields (the last wins),
  * fields with another wire type than their own, and every truncation:
@@ -14,9 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/mirror.h"
-#include "master.pb-c.h"
-#include "master/master_int.h"
+#include "../fuzz/pb_check.h"
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -130,34 +130,6 @@ static void same(const Mooncake__Master__MirrorEvent *a,
 	cr_assert_eq(a->source_address, b->source_address);
 }
 
-/* Decode p[0, len) both ways and compare; the bytes lie in a block of
- * exactly len bytes, so that a read past them is an error under ASan and
- * valgrind. */
-static void check(const uint8_t *wire, size_t len)
-{
-	uint8_t *p = malloc(len ? len : 1);
-	cr_assert(p);
-	memcpy(p, wire, len);
-	Mooncake__Master__MirrorEvent e;
-	char name[256];
-	int rc = agent__mirror_event_decode(p, len, &e, name, sizeof(name));
-	Mooncake__Master__MirrorEvent *ref = mooncake__master__mirror_event__unpack(NULL, len,
-										    p);
-	if (rc == 0) {
-		cr_assert_not_null(ref, "decoded an event protobuf-c refuses (%zu bytes)",
-				   len);
-		same(&e, ref);
-	} else if (rc < 0) {
-		cr_assert_eq(rc, -EBADMSG);
-		cr_assert_null(ref, "refused an event protobuf-c decodes (%zu bytes)", len);
-	} else {
-		cr_assert_eq(rc, 1); /* protobuf-c decides: the caller uses it */
-	}
-	if (ref)
-		mooncake__master__mirror_event__free_unpacked(ref, NULL);
-	free(p);
-}
-
 Test(pb_codecs, decodes_events_as_protobuf_c_does)
 {
 	uint8_t wire[2048];
@@ -178,7 +150,7 @@ Test(pb_codecs, decodes_events_as_protobuf_c_does)
 		Mooncake__Master__MirrorEvent e;
 		char name[256];
 		fast += agent__mirror_event_decode(wire, n, &e, name, sizeof(name)) == 0;
-		check(wire, n);
+		pb_check_event(wire, n);
 	}
 	cr_assert_gt(fast, 2000, "most events are decoded here (%d of 3000)", fast);
 }
@@ -190,7 +162,7 @@ Test(pb_codecs, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
 	for (int i = 0; i < 200; i++) {
 		size_t n = random_event(wire, key, seg);
 		for (size_t cut = 0; cut <= n; cut++)
-			check(wire, cut);
+			pb_check_event(wire, cut);
 	}
 	/* Field 0, a group, a varint of 11 bytes, a length past the end. */
 	const uint8_t bad[][12] = {
@@ -201,7 +173,7 @@ Test(pb_codecs, every_truncation_and_bad_tags_refused_or_left_to_protobuf_c)
 	};
 	const size_t lens[] = {2, 2, 12, 4};
 	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
-		check(bad[i], lens[i]);
+		pb_check_event(bad[i], lens[i]);
 }
 
 Test(pb_codecs, wrong_wire_type_and_long_names_left_to_protobuf_c)
@@ -247,40 +219,6 @@ Test(pb_codecs, master_encodes_as_protobuf_c_packs)
 	}
 }
 
-/* Decode a CommitItem both ways and compare (bytes in a block of their
- * exact size). */
-static void check_commit(const uint8_t *wire, size_t len)
-{
-	uint8_t *p = malloc(len ? len : 1);
-	cr_assert(p);
-	memcpy(p, wire, len);
-	struct master_commit c;
-	int rc = master__decode_commit_item(p, len, &c);
-	Mooncake__Master__CommitItem *ref = mooncake__master__commit_item__unpack(NULL, len,
-										  p);
-	if (rc == 0) {
-		cr_assert_not_null(ref, "decoded an item protobuf-c refuses (%zu bytes)", len);
-		cr_assert_eq(c.klen, ref->key.len);
-		if (c.klen)
-			cr_assert_eq(memcmp(c.key, ref->key.data, c.klen), 0);
-		cr_assert_eq(c.offset, ref->offset);
-		cr_assert_eq(c.size, ref->size);
-		cr_assert_eq(c.crc, ref->crc32c);
-		cr_assert_eq(c.has_crc, ref->checksummed);
-		cr_assert_eq(c.soft_pin, ref->soft_pin);
-		cr_assert_eq(c.ttl_ms, ref->ttl_ms);
-		cr_assert_eq(c.promote, ref->promote);
-	} else if (rc < 0) {
-		cr_assert_eq(rc, -EBADMSG);
-		cr_assert_null(ref, "refused an item protobuf-c decodes (%zu bytes)", len);
-	} else {
-		cr_assert_eq(rc, 1);
-	}
-	if (ref)
-		mooncake__master__commit_item__free_unpacked(ref, NULL);
-	free(p);
-}
-
 Test(pb_codecs, master_decodes_commit_items_as_protobuf_c_does)
 {
 	uint8_t wire[2048];
@@ -312,10 +250,79 @@ Test(pb_codecs, master_decodes_commit_items_as_protobuf_c_does)
 		}
 		struct master_commit c;
 		fast += master__decode_commit_item(wire, n, &c) == 0;
-		check_commit(wire, n);
+		pb_check_commit_item(wire, n);
 		if (i < 200)
 			for (size_t cut = 0; cut < n; cut++)
-				check_commit(wire, cut);
+				pb_check_commit_item(wire, cut);
 	}
 	cr_assert_gt(fast, 2000, "most items are decoded here (%d of 3000)", fast);
+}
+
+Test(pb_codecs, agent_decodes_put_requests_as_protobuf_c_does)
+{
+	static uint8_t wire[1 << 16];
+	char keys[8][300], seg[64];
+	int fast = 0;
+	for (int i = 0; i < 2000; i++) {
+		Mooncake__Client__Region g[8];
+		Mooncake__Client__PutItem it[8], *items[8];
+		size_t n = rnd() % 9;
+		for (size_t k = 0; k < n; k++) {
+			mooncake__client__region__init(&g[k]);
+			g[k].where = (Mooncake__Client__Region__Where)(rnd() % 3);
+			g[k].buffer = rvalue();
+			g[k].fd_index = (uint32_t)rvalue();
+			g[k].offset = rvalue();
+			g[k].length = rvalue();
+			mooncake__client__put_item__init(&it[k]);
+			size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
+			for (size_t j = 0; j < kl; j++)
+				keys[k][j] = (char)rnd();
+			it[k].key.data = (uint8_t *)keys[k];
+			it[k].key.len = kl;
+			it[k].source = rnd() % 8 ? &g[k] : NULL;
+			items[k] = &it[k];
+		}
+		Mooncake__Client__PutRequest q = MOONCAKE__CLIENT__PUT_REQUEST__INIT;
+		q.items = items;
+		q.n_items = n;
+		q.replica_num = (uint32_t)rvalue();
+		q.soft_pin = rnd() % 2;
+		q.ttl_ms = rvalue();
+		size_t sl = rnd() % 3 ? 0 : rnd() % 40;
+		for (size_t j = 0; j < sl; j++)
+			seg[j] = (char)('a' + rnd() % 26);
+		seg[sl] = '\0';
+		q.preferred_segment = seg;
+		q.upsert = rnd() % 2;
+		q.tier = (uint32_t)(rnd() % 3);
+		Mooncake__Client__Request m = MOONCAKE__CLIENT__REQUEST__INIT;
+		m.id = rvalue();
+		m.nfds = (uint32_t)(rnd() % 3);
+		m.op_case = MOONCAKE__CLIENT__REQUEST__OP_PUT;
+		m.put = &q;
+		if (rnd() % 10 == 0) { /* another op: protobuf-c's */
+			m.op_case = MOONCAKE__CLIENT__REQUEST__OP_STATS;
+			static Mooncake__Client__Empty e = MOONCAKE__CLIENT__EMPTY__INIT;
+			m.stats = &e;
+		}
+		size_t len = mooncake__client__request__pack(&m, wire);
+		int extra = (int)(rnd() % 3);
+		for (int k = 0; k < extra; k++) {
+			static const unsigned wts[] = {0, 1, 2, 5};
+			put_rec(wire, &len, rnd() % 2 ? 3 + rnd() % 7 : 26 + rnd() % 1000,
+				wts[rnd() % 4]);
+		}
+		struct mc_pbarena a;
+		Mooncake__Client__Request *d = NULL;
+		if (agent__decode_put_request(wire, len, &a, &d) == 0) {
+			fast++;
+			mc_pb_free(&d->base, &a);
+		}
+		pb_check_put_request(wire, len);
+		if (i < 100)
+			for (size_t cut = 0; cut < len; cut++)
+				pb_check_put_request(wire, cut);
+	}
+	cr_assert_gt(fast, 1400, "most puts are decoded here (%d of 2000)", fast);
 }
