@@ -166,22 +166,13 @@ static void list_send(struct agent_follow *f)
 int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__MirrorEvent *e,
 			       char *name, size_t name_cap)
 {
+	/* The wire type of each field (field numbers from 1). */
+	static const uint8_t wt_of[] = {8, 0, 0, 2, 0, 0, 5, 0, 0, 2, 0, 0};
 	mooncake__master__mirror_event__init(e);
 	size_t pos = 0;
 	struct mc_pbrec r;
-	while (pos < len) {
-		if (!mc_pb_next(p, len, &pos, &r))
-			return -EBADMSG;
-		/* The wire type each field of ours has: 0 varint, 2 bytes,
-		 * 5 fixed32; 8 for a field this decoder does not know. */
-		static const uint8_t wt_of[] = {8, 0, 0, 2, 0, 0, 5, 0, 0, 2, 0, 0};
-		if (r.num == 0 || r.num > 0x1fffffff)
-			return 1; /* (no valid field has it) */
-		unsigned want = r.num < sizeof(wt_of) ? wt_of[r.num] : 8;
-		if (want == 8)
-			continue; /* unknown: skipped, as protobuf-c does */
-		if (r.wt != want)
-			return 1;
+	int rc;
+	while ((rc = mc_pb_field(p, len, &pos, wt_of, 11, &r)) == 1) {
 		switch (r.num) {
 		case 1:
 			e->op = (Mooncake__Master__MirrorEvent__Op)(int32_t)(uint32_t)r.v;
@@ -223,7 +214,7 @@ int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__M
 			break;
 		}
 	}
-	return 0;
+	return rc == MC_PB_OTHER ? 1 : rc;
 }
 
 /* Apply the events of a SyncSegment answer after f->seq. Returns how

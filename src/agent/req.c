@@ -228,25 +228,22 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done, const 
 
 /* ------------------------------------------------------------ puts */
 
-/* A field's wire type must be its own, and a field number must be one a
- * field can have; else protobuf-c decides (1). */
-#define NOT_MINE(r, want) ((r).wt != (want) || (r).num > 0x1fffffff)
+/* The decoders below return 0, 1 (for protobuf-c: MC_PB_OTHER becomes 1),
+ * -EBADMSG or -ENOMEM, as agent__decode_put_request does. */
+static int end_of(int rc)
+{
+	return rc == MC_PB_OTHER ? 1 : rc;
+}
 
 static int decode_region(const uint8_t *p, size_t len, Mooncake__Client__Region *g)
 {
+	/* The wire type of each field (field numbers from 1). */
+	static const uint8_t wt_of[] = {8, 0, 0, 0, 0, 0};
 	mooncake__client__region__init(g);
 	size_t pos = 0;
 	struct mc_pbrec r;
-	while (pos < len) {
-		if (!mc_pb_next(p, len, &pos, &r))
-			return -EBADMSG;
-		if (r.num == 0 || r.num > 5) {
-			if (r.num == 0 || r.num > 0x1fffffff)
-				return 1;
-			continue; /* unknown: skipped, as protobuf-c does */
-		}
-		if (NOT_MINE(r, 0))
-			return 1;
+	int rc;
+	while ((rc = mc_pb_field(p, len, &pos, wt_of, 5, &r)) == 1) {
 		switch (r.num) {
 		case 1:
 			g->where = (Mooncake__Client__Region__Where)(int32_t)(uint32_t)r.v;
@@ -265,25 +262,18 @@ static int decode_region(const uint8_t *p, size_t len, Mooncake__Client__Region 
 			break;
 		}
 	}
-	return 0;
+	return end_of(rc);
 }
 
 static int decode_item(const uint8_t *p, size_t len, struct mc_pbarena *a,
 		       Mooncake__Client__PutItem *it)
 {
+	static const uint8_t wt_of[] = {8, 2, 2};
 	mooncake__client__put_item__init(it);
 	size_t pos = 0;
 	struct mc_pbrec r;
-	while (pos < len) {
-		if (!mc_pb_next(p, len, &pos, &r))
-			return -EBADMSG;
-		if (r.num == 0 || r.num > 2) {
-			if (r.num == 0 || r.num > 0x1fffffff)
-				return 1;
-			continue;
-		}
-		if (NOT_MINE(r, 2))
-			return 1;
+	int rc;
+	while ((rc = mc_pb_field(p, len, &pos, wt_of, 2, &r)) == 1) {
 		if (r.num == 1) {
 			/* (copied: the frame's buffer is reused) */
 			uint8_t *k = NULL;
@@ -300,32 +290,27 @@ static int decode_item(const uint8_t *p, size_t len, struct mc_pbarena *a,
 		Mooncake__Client__Region *g = mc_pbarena_alloc(a, sizeof(*g));
 		if (!g)
 			return -ENOMEM;
-		int rc = decode_region(p + r.data, (size_t)r.v, g);
-		if (rc)
-			return rc;
+		int grc = decode_region(p + r.data, (size_t)r.v, g);
+		if (grc)
+			return grc;
 		it->source = g;
 	}
-	return 0;
+	return end_of(rc);
 }
 
 static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
 		      Mooncake__Client__PutRequest *q)
 {
+	static const uint8_t wt_of[] = {8, 2, 0, 0, 0, 2, 0, 0};
 	mooncake__client__put_request__init(q);
 	/* First the items' count, and every record checked. */
 	size_t pos = 0, n = 0;
 	struct mc_pbrec r;
-	while (pos < len) {
-		if (!mc_pb_next(p, len, &pos, &r))
-			return -EBADMSG;
-		if (r.num == 0 || r.num > 0x1fffffff)
-			return 1;
-		if (r.num > 7)
-			continue;
-		if (NOT_MINE(r, r.num == 1 || r.num == 5 ? 2u : 0u))
-			return 1;
+	int rc;
+	while ((rc = mc_pb_field(p, len, &pos, wt_of, 7, &r)) == 1)
 		n += r.num == 1;
-	}
+	if (rc)
+		return end_of(rc);
 	if (n) {
 		q->items = mc_pbarena_alloc(a, n * sizeof(*q->items));
 		Mooncake__Client__PutItem *items = mc_pbarena_alloc(a, n * sizeof(*items));
@@ -335,13 +320,13 @@ static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
 			q->items[i] = &items[i];
 	}
 	pos = 0;
-	while (pos < len) {
-		(void)mc_pb_next(p, len, &pos, &r); /* (checked above) */
+	while (mc_pb_field(p, len, &pos, wt_of, 7, &r) == 1) { /* (checked above) */
 		switch (r.num) {
 		case 1: {
-			int rc = decode_item(p + r.data, (size_t)r.v, a, q->items[q->n_items]);
-			if (rc)
-				return rc;
+			int irc = decode_item(p + r.data, (size_t)r.v, a,
+					      q->items[q->n_items]);
+			if (irc)
+				return irc;
 			q->n_items++;
 			break;
 		}

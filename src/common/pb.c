@@ -1,6 +1,7 @@
 /*
  * pb: protobuf field records and the unpacking arena (see pb.h).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +65,21 @@ bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r)
 	}
 	r->end = *pos;
 	return true;
+}
+
+int mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of, unsigned n,
+		struct mc_pbrec *r)
+{
+	while (*pos < len) {
+		if (!mc_pb_next(p, len, pos, r))
+			return -EBADMSG;
+		if (r->num == 0 || r->num > 0x1fffffff)
+			return MC_PB_OTHER;
+		if (r->num > n || wt_of[r->num] == 8)
+			continue;
+		return r->wt == wt_of[r->num] ? 1 : MC_PB_OTHER;
+	}
+	return 0;
 }
 
 /* ------------------------------------------------------------ arena */

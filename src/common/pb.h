@@ -66,6 +66,17 @@ static inline size_t mc_pb_put_varint(uint8_t *out, uint64_t v)
 	return n;
 }
 
+/* The next field of a message whose fields 1..n have the wire types
+ * wt_of[1..n] (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32; an
+ * entry of 8: no such field), for a decoder that reads what protobuf-c
+ * reads and leaves the rest to it. Returns 1 with *r such a field; 0 at
+ * the end; MC_PB_OTHER for what protobuf-c must decide (a field with
+ * another wire type than its own, a field number none can have); or
+ * -EBADMSG (malformed). Unknown fields are skipped, as protobuf-c does. */
+#define MC_PB_OTHER 2
+int mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of, unsigned n,
+		struct mc_pbrec *r);
+
 /* A varint record's value as a bool the way protobuf-c reads one: true
  * when any of its bytes has a payload bit (even past the 64 bits of v). */
 static inline bool mc_pb_bool(const uint8_t *p, const struct mc_pbrec *r)

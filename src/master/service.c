@@ -617,22 +617,13 @@ static void on_lease_space(struct rpc_call *call, const ProtobufCMessage *msg)
 
 int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commit *c)
 {
+	/* The wire type of each field (field numbers from 1). */
+	static const uint8_t wt_of[] = {8, 2, 0, 0, 5, 0, 0, 0, 0};
 	*c = (struct master_commit){0};
 	size_t pos = 0;
 	struct mc_pbrec r;
-	while (pos < len) {
-		if (!mc_pb_next(p, len, &pos, &r))
-			return -EBADMSG;
-		/* The wire type each field has: 0 varint, 2 bytes, 5 fixed32;
-		 * 8 for a field this decoder does not know. */
-		static const uint8_t wt_of[] = {8, 2, 0, 0, 5, 0, 0, 0, 0};
-		if (r.num == 0 || r.num > 0x1fffffff)
-			return 1; /* (no valid field has it) */
-		unsigned want = r.num < sizeof(wt_of) ? wt_of[r.num] : 8;
-		if (want == 8)
-			continue; /* unknown: skipped, as protobuf-c does */
-		if (r.wt != want)
-			return 1;
+	int rc;
+	while ((rc = mc_pb_field(p, len, &pos, wt_of, 8, &r)) == 1) {
 		switch (r.num) {
 		case 1:
 			c->key = r.v ? p + r.data : NULL;
@@ -661,7 +652,7 @@ int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commi
 			break;
 		}
 	}
-	return 0;
+	return rc == MC_PB_OTHER ? 1 : rc;
 }
 
 /* The request arrives as BatchCommitRequestRaw (the same encoding): its

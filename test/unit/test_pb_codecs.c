@@ -43,23 +43,13 @@ static uint64_t rvalue(void)
 	}
 }
 
-static size_t put_varint(uint8_t *out, uint64_t v)
-{
-	size_t n = 0;
-	do {
-		out[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-		v >>= 7;
-	} while (v);
-	return n;
-}
-
 /* Append a record of field num with wire type wt to out at *n. */
 static void put_rec(uint8_t *out, size_t *n, uint64_t num, unsigned wt)
 {
-	*n += put_varint(out + *n, num << 3 | wt);
+	*n += mc_pb_put_varint(out + *n, num << 3 | wt);
 	switch (wt) {
 	case 0:
-		*n += put_varint(out + *n, rvalue());
+		*n += mc_pb_put_varint(out + *n, rvalue());
 		break;
 	case 1:
 		for (int i = 0; i < 8; i++)
@@ -71,7 +61,7 @@ static void put_rec(uint8_t *out, size_t *n, uint64_t num, unsigned wt)
 		break;
 	default: {
 		size_t l = rnd() % 40;
-		*n += put_varint(out + *n, l);
+		*n += mc_pb_put_varint(out + *n, l);
 		for (size_t i = 0; i < l; i++)
 			out[(*n)++] = (uint8_t)('a' + rnd() % 26);
 	}
