@@ -364,6 +364,7 @@ int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a
 {
 	/* The structs take a few times the encoding (see mc_pb_unpack). */
 	mc_pbarena_init(a, NULL, 0, len < (1u << 20) ? 3 * len + 1024 : 1u << 20);
+	a->limit = AGENT_MAX_DECODED_BYTES;
 	Mooncake__Client__Request *m = mc_pbarena_alloc(a, sizeof(*m));
 	if (!m) {
 		mc_pbarena_release(a);

@@ -16,6 +16,10 @@
 #define AGENT_MAX_ITEMS 65536u      /* per request */
 #define AGENT_MAX_REPLICAS 16u      /* per put, and taken from a placement */
 #define AGENT_MAX_SEGMENT_NAME 255u /* bytes (the engine's TE_NAME_MAX) */
+/* The most a request may take decoded: a frame (MC_UFRAME_MAX_BYTES) of
+ * empty items would take some 0.5 GB; 65,536 real items with their keys
+ * take well under this. */
+#define AGENT_MAX_DECODED_BYTES (64u << 20)
 
 /*
  * Check a decoded request against the protocol's limits before anything
@@ -36,8 +40,9 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done,
  * decoder (another op, a field with another wire type than its own, a
  * submessage given twice, which protobuf-c merges): unpack it with
  * protobuf-c, which also says whether it is valid, into a released a;
- * -EBADMSG when it is not a valid encoding; -ENOMEM. a is released on any
- * return but 0.
+ * -EBADMSG when it is not a valid encoding; -ENOMEM, also when it would
+ * take more than AGENT_MAX_DECODED_BYTES. a is released on any return
+ * but 0.
  */
 int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a,
 			      Mooncake__Client__Request **out) MC_MUST_CHECK;

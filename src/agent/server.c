@@ -615,12 +615,16 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 	int drc = agent__decode_put_request(body, len, &r->arena, &m);
 	if (drc == 1)
 		m = (Mooncake__Client__Request *)mc_pb_unpack(
-			&mooncake__client__request__descriptor, len, body, &r->arena);
+			&mooncake__client__request__descriptor, len, body,
+			AGENT_MAX_DECODED_BYTES, &r->arena);
 	if (!m) {
 		free(r);
+		/* (protobuf-c does not say why: past the bound is as likely) */
 		conn_close(c, drc == -ENOMEM
-				      ? "out of memory for a request"
-				      : "sent a frame that does not decode as a Request");
+				      ? "sent a request that would take more than 64 MiB "
+					"decoded (or the agent is out of memory)"
+				      : "sent a frame that does not decode as a Request "
+					"(or one that would take more than 64 MiB decoded)");
 		return false;
 	}
 	r->c = c;

@@ -150,11 +150,20 @@ void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size)
 		return p;
 	}
 	size_t cap = a->next_cap > al ? a->next_cap : al;
+	if (a->limit && (cap > a->limit || a->taken > a->limit - cap)) {
+		/* Past the limit: a smaller last chunk, or nothing. */
+		cap = a->limit > a->taken ? a->limit - a->taken : 0;
+		if (cap < al)
+			return NULL;
+	}
 	c = cap <= SIZE_MAX - sizeof(*c) ? malloc(sizeof(*c) + cap) : NULL;
 	if (!c) {
+		if (a->limit)
+			return NULL;
 		a->spilled = true;
 		return malloc(size ? size : 1);
 	}
+	a->taken += cap;
 	c->cap = cap;
 	c->used = al;
 	c->next = a->chunks;
@@ -166,6 +175,7 @@ void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size)
 
 void mc_pbarena_release(struct mc_pbarena *a)
 {
+	a->taken = 0;
 	struct mc_pbchunk *c = a->chunks;
 	while (c) {
 		struct mc_pbchunk *next = c->next;
@@ -176,12 +186,13 @@ void mc_pbarena_release(struct mc_pbarena *a)
 }
 
 ProtobufCMessage *mc_pb_unpack(const ProtobufCMessageDescriptor *desc, size_t len,
-			       const uint8_t *data, struct mc_pbarena *a)
+			       const uint8_t *data, size_t limit, struct mc_pbarena *a)
 {
 	/* The structs of a small message take a few times its length (a
 	 * 6-byte item of a repeated field is a struct of 40-100 bytes). */
 	size_t hint = len < MAX_CHUNK ? 3 * len + 1024 : MAX_CHUNK;
 	mc_pbarena_init(a, NULL, 0, hint);
+	a->limit = limit;
 	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &a->pa, len, data);
 	if (!m)
 		mc_pbarena_release(a);

@@ -100,11 +100,15 @@ struct mc_pbarena {
 	size_t cap, used;
 	struct mc_pbchunk *chunks; /* newest first */
 	size_t next_cap;           /* the size of the next chunk */
+	size_t limit;              /* 0, or the most the chunks may take */
+	size_t taken;              /* bytes of the chunks */
 	bool spilled;              /* something lies outside buf and chunks */
 };
 
 /* Start an arena in buf[0, cap) (may be NULL, 0); its first own chunk
- * takes chunk_cap bytes (at least 256). */
+ * takes chunk_cap bytes (at least 256). Set a->limit after it to bound
+ * what the chunks take: past it allocations fail (NULL, and protobuf-c's
+ * unpacking with them), rather than spill. */
 void mc_pbarena_init(struct mc_pbarena *a, void *buf, size_t cap, size_t chunk_cap);
 /* Point pa back at a, after the struct was copied. */
 void mc_pbarena_fix(struct mc_pbarena *a);
@@ -116,9 +120,10 @@ void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size);
 void mc_pbarena_release(struct mc_pbarena *a);
 
 /* Unpack data[0, len) into a fresh arena a, sized for a message of len
- * bytes. NULL when it does not decode (a holds nothing then). */
+ * bytes, whose chunks may take up to limit bytes (0: no bound). NULL when
+ * it does not decode or needs more (a holds nothing then). */
 ProtobufCMessage *mc_pb_unpack(const ProtobufCMessageDescriptor *desc, size_t len,
-			       const uint8_t *data, struct mc_pbarena *a);
+			       const uint8_t *data, size_t limit, struct mc_pbarena *a);
 /* Free a message unpacked into a, and a's chunks. m may be NULL. */
 void mc_pb_free(ProtobufCMessage *m, struct mc_pbarena *a);
 

@@ -368,7 +368,7 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 	}
 	if (len < RPC__BUF_CACHE_MIN_BYTES) {
 		/* Chunks of the arena's own (sized as mc_pb_unpack does). */
-		ProtobufCMessage *m = mc_pb_unpack(desc, len, data, &ar->pb);
+		ProtobufCMessage *m = mc_pb_unpack(desc, len, data, 0, &ar->pb);
 		ar->pb.pa.free = arena_free;
 		if (!m)
 			ar->bc = NULL;

@@ -13,6 +13,8 @@ client would (issue 17), through the real binaries and raw frames:
 - sessions past --client-max-sessions-per-uid and --client-max-sessions
   (a second uid made with setuid when root) are refused with -EUSERS;
   buffers, views and allocated memory past their keys are refused;
+- a request that would take more than 64 MiB decoded (a frame of empty
+  items) closes its session, the agent's memory untouched;
 - every refusal and pause is counted in /metrics;
 - SIGTERM drains the client socket: a 100 MB get in flight completes,
   new requests are refused with MC_ESHUTDOWN, new sessions cannot
@@ -118,6 +120,45 @@ def closed(sock):
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+
+
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7F, v >> 7
+        if not v:
+            return out + bytes([b])
+        out += bytes([b | 0x80])
+
+
+@case
+def requests_that_would_take_too_much_memory_decoded_close_the_session():
+    """A 16 MiB frame of empty items ("0a 00") would decode into 8M
+    structs, some 0.5 GB: the agent bounds a request at 64 MiB decoded and
+    closes the session, for a put (its own decoder) and a get (protobuf-c);
+    a request of 65,536 real items still decodes (and is served)."""
+    cl = Cluster(agents=1)
+    a = cl.agents[0]
+    other = a.store()
+    eq(other.put("k", b"12345678"), OK, "put")
+    rss0 = rss_mib(a.d.pid)
+    for name, field in (("put", 11), ("get", 12)):
+        s = st.raw_connect(a.socket)
+        st.hello(s)
+        body = b"\x0a\x00" * ((16 * MiB - 64) // 2)
+        req = bytes([1 << 3]) + varint(7) + bytes([field << 3 | 2]) + varint(len(body)) + body
+        s.sendall(struct.pack("<I", len(req)) + req)
+        assert closed(s), "the %s session is closed" % name
+        s.close()
+    wait_for(lambda: "would take more than 64 MiB decoded" in a.d.output(),
+             what="the log line")
+    if not sanitized():
+        grew = rss_mib(a.d.pid) - rss0
+        assert grew < 200, "the agent grew %.0f MiB" % grew
+    # The most items a request may have, with keys: decoded, answered.
+    keys = ["k"] * 65536
+    eq(other.batch_is_exist(keys), [1] * 65536, "65,536 keys in one request")
+    eq(other.get("k"), b"12345678", "the agent serves on")
 
 
 @case

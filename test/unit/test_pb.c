@@ -73,7 +73,8 @@ Test(pb, same_message_all_in_the_arena)
 		uint8_t *wire = sync_response(n, &len);
 		struct mc_pbarena a;
 		ProtobufCMessage *m = mc_pb_unpack(
-			&mooncake__master__sync_segment_response__descriptor, len, wire, &a);
+			&mooncake__master__sync_segment_response__descriptor, len, wire, 0,
+			&a);
 		cr_assert_not_null(m);
 		free(wire); /* nothing may point into the wire bytes */
 		const Mooncake__Master__SyncSegmentResponse *r = (const void *)m;
@@ -127,7 +128,7 @@ Test(pb, bad_input_holds_nothing)
 	struct mc_pbarena a;
 	/* Cut inside an event: protobuf-c refuses it. */
 	ProtobufCMessage *m = mc_pb_unpack(
-		&mooncake__master__sync_segment_response__descriptor, len - 3, wire, &a);
+		&mooncake__master__sync_segment_response__descriptor, len - 3, wire, 0, &a);
 	cr_assert_null(m);
 	cr_assert_null(a.chunks);
 	free(wire);
@@ -139,7 +140,7 @@ Test(pb, spilled_message_freed_piece_by_piece)
 	uint8_t *wire = sync_response(50, &len);
 	struct mc_pbarena a;
 	ProtobufCMessage *m = mc_pb_unpack(
-		&mooncake__master__sync_segment_response__descriptor, len, wire, &a);
+		&mooncake__master__sync_segment_response__descriptor, len, wire, 0, &a);
 	cr_assert_not_null(m);
 	/* As when a chunk could not be had: a piece of plain malloc memory
 	 * in the message, which mc_pb_free must free and only it. */
@@ -194,4 +195,25 @@ Test(pb, records_of_every_wire_type_and_truncations)
 			     0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
 	pos = 0;
 	cr_assert_not(mc_pb_next(v, sizeof(v), &pos, &r));
+}
+
+Test(pb, a_limit_fails_the_unpacking_instead_of_growing)
+{
+	size_t len;
+	uint8_t *wire = sync_response(4096, &len);
+	struct mc_pbarena a;
+	/* 4,096 events take some 700 KB decoded. */
+	ProtobufCMessage *m = mc_pb_unpack(
+		&mooncake__master__sync_segment_response__descriptor, len, wire, 256u << 10,
+		&a);
+	cr_assert_null(m, "refused past the limit");
+	cr_assert_null(a.chunks);
+	cr_assert_eq(a.taken, 0);
+	m = mc_pb_unpack(&mooncake__master__sync_segment_response__descriptor, len, wire,
+			 8u << 20, &a);
+	cr_assert_not_null(m, "within the limit");
+	cr_assert_leq(a.taken, 8u << 20);
+	cr_assert_not(a.spilled);
+	mc_pb_free(m, &a);
+	free(wire);
 }

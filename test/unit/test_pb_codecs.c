@@ -316,3 +316,28 @@ Test(pb_codecs, agent_decodes_put_requests_as_protobuf_c_does)
 	}
 	cr_assert_gt(fast, 1400, "most puts are decoded here (%d of 2000)", fast);
 }
+
+Test(pb_codecs, a_put_of_empty_items_is_bounded_decoded)
+{
+	/* A 16 MiB frame of empty items ("0a 00") would be 8M structs. */
+	size_t plen = (16u << 20) - 16 - 1;
+	plen -= plen % 2;
+	uint8_t *w = malloc(plen + 16);
+	cr_assert(w);
+	size_t at = 0;
+	w[at++] = 11 << 3 | 2; /* put */
+	at += mc_pb_put_varint(w + at, plen);
+	for (size_t i = 0; i < plen; i += 2) {
+		w[at++] = 0x0a;
+		w[at++] = 0x00;
+	}
+	struct mc_pbarena a;
+	Mooncake__Client__Request *m = NULL;
+	cr_assert_eq(agent__decode_put_request(w, at, &a, &m), -ENOMEM);
+	cr_assert_null(a.chunks, "nothing held");
+	/* protobuf-c under the same bound (the agent's other path). */
+	cr_assert_null(mc_pb_unpack(&mooncake__client__request__descriptor, at, w,
+				    AGENT_MAX_DECODED_BYTES, &a));
+	cr_assert_null(a.chunks);
+	free(w);
+}
