@@ -16,70 +16,20 @@
 
 bool mc_pb__varint_long(const uint8_t *p, size_t len, size_t *pos, uint64_t *v)
 {
+	/* (a local index: no store through pos a byte) */
+	size_t i = *pos, end = len - i > 10 ? i + 10 : len;
 	uint64_t x = 0;
-	for (unsigned shift = 0; shift < 64 && *pos < len; shift += 7) {
-		uint8_t b = p[(*pos)++];
+	for (unsigned shift = 0; i < end; shift += 7) {
+		uint8_t b = p[i++];
 		x |= (uint64_t)(b & 0x7f) << shift;
 		if (!(b & 0x80)) {
+			*pos = i;
 			*v = x;
 			return true;
 		}
 	}
+	*pos = i;
 	return false;
-}
-
-bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r)
-{
-	uint64_t tag;
-	r->start = *pos;
-	/* A tag is a uint32: protobuf-c refuses one of more than 5 bytes. */
-	if (!mc_pb_varint(p, len, pos, &tag) || *pos - r->start > 5)
-		return false;
-	r->num = tag >> 3;
-	r->wt = (unsigned)(tag & 7);
-	r->data = *pos;
-	switch (r->wt) {
-	case 0:
-		if (!mc_pb_varint(p, len, pos, &r->v))
-			return false;
-		break;
-	case 1:
-	case 5: {
-		size_t n = r->wt == 1 ? 8 : 4;
-		if (len - *pos < n)
-			return false;
-		r->v = n == 8 ? mc_get_le64(p + *pos) : mc_get_le32(p + *pos);
-		*pos += n;
-		break;
-	}
-	case 2:
-		/* (a length of more than 5 bytes: protobuf-c refuses it too) */
-		if (!mc_pb_varint(p, len, pos, &r->v) || *pos - r->data > 5 ||
-		    r->v > len - *pos)
-			return false;
-		r->data = *pos;
-		*pos += (size_t)r->v;
-		break;
-	default:
-		return false; /* groups: protobuf-c refuses them */
-	}
-	r->end = *pos;
-	return true;
-}
-
-int mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of, unsigned n,
-		struct mc_pbrec *r)
-{
-	while (*pos < len) {
-		if (!mc_pb_next(p, len, pos, r))
-			return -EBADMSG;
-		if (r->num == 0 || r->num > 0x1fffffff)
-			return MC_PB_OTHER;
-		if (r->num > n || wt_of[r->num] == 8)
-			continue;
-		return r->wt == wt_of[r->num] ? 1 : MC_PB_OTHER;
-	}
-	return 0;
 }
 
 /* ------------------------------------------------------------ arena */

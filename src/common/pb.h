@@ -26,11 +26,14 @@
 #ifndef MC_COMMON_PB_H
 #define MC_COMMON_PB_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <protobuf-c/protobuf-c.h>
+
+#include "common/endian.h"
 
 /* One field record of an encoding. */
 struct mc_pbrec {
@@ -66,17 +69,6 @@ static inline size_t mc_pb_put_varint(uint8_t *out, uint64_t v)
 	return n;
 }
 
-/* The next field of a message whose fields 1..n have the wire types
- * wt_of[1..n] (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32; an
- * entry of 8: no such field), for a decoder that reads what protobuf-c
- * reads and leaves the rest to it. Returns 1 with *r such a field; 0 at
- * the end; MC_PB_OTHER for what protobuf-c must decide (a field with
- * another wire type than its own, a field number none can have); or
- * -EBADMSG (malformed). Unknown fields are skipped, as protobuf-c does. */
-#define MC_PB_OTHER 2
-int mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of, unsigned n,
-		struct mc_pbrec *r);
-
 /* A varint record's value as a bool the way protobuf-c reads one: true
  * when any of its bytes has a payload bit (even past the 64 bits of v). */
 static inline bool mc_pb_bool(const uint8_t *p, const struct mc_pbrec *r)
@@ -90,7 +82,67 @@ static inline bool mc_pb_bool(const uint8_t *p, const struct mc_pbrec *r)
 /* The record at *pos of p[0, len), advancing *pos past it; false at a
  * record that is malformed (a tag or a length of more than 5 bytes, a
  * group, a varint of more than 10) or runs past len. */
-bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r);
+static inline bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct mc_pbrec *r)
+{
+	uint64_t tag;
+	r->start = *pos;
+	/* A tag is a uint32: protobuf-c refuses one of more than 5 bytes. */
+	if (!mc_pb_varint(p, len, pos, &tag) || *pos - r->start > 5)
+		return false;
+	r->num = tag >> 3;
+	r->wt = (unsigned)(tag & 7);
+	r->data = *pos;
+	switch (r->wt) {
+	case 0:
+		if (!mc_pb_varint(p, len, pos, &r->v))
+			return false;
+		break;
+	case 1:
+	case 5: {
+		size_t n = r->wt == 1 ? 8 : 4;
+		if (len - *pos < n)
+			return false;
+		r->v = n == 8 ? mc_get_le64(p + *pos) : mc_get_le32(p + *pos);
+		*pos += n;
+		break;
+	}
+	case 2:
+		/* (a length of more than 5 bytes: protobuf-c refuses it too) */
+		if (!mc_pb_varint(p, len, pos, &r->v) || *pos - r->data > 5 ||
+		    r->v > len - *pos)
+			return false;
+		r->data = *pos;
+		*pos += (size_t)r->v;
+		break;
+	default:
+		return false; /* groups: protobuf-c refuses them */
+	}
+	r->end = *pos;
+	return true;
+}
+
+/* The next field of a message whose fields 1..n have the wire types
+ * wt_of[1..n] (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32; an
+ * entry of 8: no such field), for a decoder that reads what protobuf-c
+ * reads and leaves the rest to it. Returns 1 with *r such a field; 0 at
+ * the end; MC_PB_OTHER for what protobuf-c must decide (a field with
+ * another wire type than its own, a field number none can have); or
+ * -EBADMSG (malformed). Unknown fields are skipped, as protobuf-c does. */
+#define MC_PB_OTHER 2
+static inline int mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of,
+			      unsigned n, struct mc_pbrec *r)
+{
+	while (*pos < len) {
+		if (!mc_pb_next(p, len, pos, r))
+			return -EBADMSG;
+		if (r->num == 0 || r->num > 0x1fffffff)
+			return MC_PB_OTHER;
+		if (r->num > n || wt_of[r->num] == 8)
+			continue;
+		return r->wt == wt_of[r->num] ? 1 : MC_PB_OTHER;
+	}
+	return 0;
+}
 
 struct mc_pbchunk;
 
