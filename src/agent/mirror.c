@@ -172,7 +172,7 @@ int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__M
 	size_t pos = 0;
 	struct mc_pbrec r;
 	int rc;
-	while ((rc = mc_pb_field(p, len, &pos, wt_of, 11, &r)) == 1) {
+	while (mc_pb_field(p, len, &pos, wt_of, 11, &r, &rc)) {
 		switch (r.num) {
 		case 1:
 			e->op = (Mooncake__Master__MirrorEvent__Op)(int32_t)(uint32_t)r.v;
@@ -214,7 +214,7 @@ int agent__mirror_event_decode(const uint8_t *p, size_t len, Mooncake__Master__M
 			break;
 		}
 	}
-	return rc == MC_PB_OTHER ? 1 : rc;
+	return rc;
 }
 
 /* Apply the events of a SyncSegment answer after f->seq. Returns how

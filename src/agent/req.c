@@ -228,12 +228,8 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done, const 
 
 /* ------------------------------------------------------------ puts */
 
-/* The decoders below return 0, 1 (for protobuf-c: MC_PB_OTHER becomes 1),
- * -EBADMSG or -ENOMEM, as agent__decode_put_request does. */
-static int end_of(int rc)
-{
-	return rc == MC_PB_OTHER ? 1 : rc;
-}
+/* The decoders below return 0, 1 (for protobuf-c), -EBADMSG or -ENOMEM,
+ * as agent__decode_put_request does. */
 
 static int decode_region(const uint8_t *p, size_t len, Mooncake__Client__Region *g)
 {
@@ -243,7 +239,7 @@ static int decode_region(const uint8_t *p, size_t len, Mooncake__Client__Region 
 	size_t pos = 0;
 	struct mc_pbrec r;
 	int rc;
-	while ((rc = mc_pb_field(p, len, &pos, wt_of, 5, &r)) == 1) {
+	while (mc_pb_field(p, len, &pos, wt_of, 5, &r, &rc)) {
 		switch (r.num) {
 		case 1:
 			g->where = (Mooncake__Client__Region__Where)(int32_t)(uint32_t)r.v;
@@ -262,7 +258,7 @@ static int decode_region(const uint8_t *p, size_t len, Mooncake__Client__Region 
 			break;
 		}
 	}
-	return end_of(rc);
+	return rc;
 }
 
 static int decode_item(const uint8_t *p, size_t len, struct mc_pbarena *a,
@@ -273,7 +269,7 @@ static int decode_item(const uint8_t *p, size_t len, struct mc_pbarena *a,
 	size_t pos = 0;
 	struct mc_pbrec r;
 	int rc;
-	while ((rc = mc_pb_field(p, len, &pos, wt_of, 2, &r)) == 1) {
+	while (mc_pb_field(p, len, &pos, wt_of, 2, &r, &rc)) {
 		if (r.num == 1) {
 			/* (copied: the frame's buffer is reused) */
 			uint8_t *k = NULL;
@@ -295,7 +291,7 @@ static int decode_item(const uint8_t *p, size_t len, struct mc_pbarena *a,
 			return grc;
 		it->source = g;
 	}
-	return end_of(rc);
+	return rc;
 }
 
 static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
@@ -307,10 +303,10 @@ static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
 	size_t pos = 0, n = 0;
 	struct mc_pbrec r;
 	int rc;
-	while ((rc = mc_pb_field(p, len, &pos, wt_of, 7, &r)) == 1)
+	while (mc_pb_field(p, len, &pos, wt_of, 7, &r, &rc))
 		n += r.num == 1;
 	if (rc)
-		return end_of(rc);
+		return rc;
 	if (n) {
 		q->items = mc_pbarena_alloc(a, n * sizeof(*q->items));
 		Mooncake__Client__PutItem *items = mc_pbarena_alloc(a, n * sizeof(*items));
@@ -320,7 +316,7 @@ static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
 			q->items[i] = &items[i];
 	}
 	pos = 0;
-	while (mc_pb_field(p, len, &pos, wt_of, 7, &r) == 1) { /* (checked above) */
+	while (mc_pb_field(p, len, &pos, wt_of, 7, &r, &rc)) { /* (checked above) */
 		switch (r.num) {
 		case 1: {
 			int irc = decode_item(p + r.data, (size_t)r.v, a,
@@ -362,9 +358,11 @@ static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
 int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a,
 			      Mooncake__Client__Request **out)
 {
-	/* The structs take a few times the encoding (see mc_pb_unpack). */
-	mc_pbarena_init(a, NULL, 0, len < (1u << 20) ? 3 * len + 1024 : 1u << 20);
-	a->limit = AGENT_MAX_DECODED_BYTES;
+	/* The op fields (10-25) are submessages; only a put (11) is decoded
+	 * here. */
+	static const uint8_t wt_of[] = {8, 0, 0, 8, 8, 8, 8, 8, 8, 8, 2, 2, 2,
+					2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+	mc_pbarena_start(a, len, AGENT_MAX_DECODED_BYTES);
 	Mooncake__Client__Request *m = mc_pbarena_alloc(a, sizeof(*m));
 	if (!m) {
 		mc_pbarena_release(a);
@@ -373,32 +371,27 @@ int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a
 	mooncake__client__request__init(m);
 	size_t pos = 0, put_at = 0;
 	struct mc_pbrec r, put = {0};
-	while (pos < len) {
-		if (!mc_pb_next(p, len, &pos, &r)) {
-			mc_pbarena_release(a);
-			return -EBADMSG;
-		}
-		bool mine = r.num == 1 || r.num == 2 ? r.wt == 0
-			    : r.num == 11            ? r.wt == 2
-						     : true;
-		/* Another op, a put given twice (merged), a wire type not its
-		 * own: protobuf-c's. */
-		if (r.num == 0 || r.num > 0x1fffffff ||
-		    (r.num >= 10 && r.num <= 25 && r.num != 11) || (r.num == 11 && put_at) ||
-		    !mine) {
-			mc_pbarena_release(a);
-			return 1;
+	int rc;
+	while (mc_pb_field(p, len, &pos, wt_of, 25, &r, &rc)) {
+		/* Another op, or a put given twice (merged): protobuf-c's. */
+		if ((r.num >= 10 && r.num != 11) || (r.num == 11 && put_at)) {
+			rc = 1;
+			break;
 		}
 		if (r.num == 1)
 			m->id = r.v;
 		else if (r.num == 2)
 			m->nfds = (uint32_t)r.v;
-		else if (r.num == 11) {
+		else {
 			put = r;
 			put_at = pos;
 		}
 	}
-	int rc = 1;
+	if (rc) {
+		mc_pbarena_release(a);
+		return rc;
+	}
+	rc = 1;
 	if (put_at) {
 		Mooncake__Client__PutRequest *q = mc_pbarena_alloc(a, sizeof(*q));
 		rc = q ? decode_put(p + put.data, (size_t)put.v, a, q) : -ENOMEM;

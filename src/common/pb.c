@@ -135,14 +135,18 @@ void mc_pbarena_release(struct mc_pbarena *a)
 	a->chunks = NULL;
 }
 
-ProtobufCMessage *mc_pb_unpack(const ProtobufCMessageDescriptor *desc, size_t len,
-			       const uint8_t *data, size_t limit, struct mc_pbarena *a)
+void mc_pbarena_start(struct mc_pbarena *a, size_t len, size_t limit)
 {
 	/* The structs of a small message take a few times its length (a
 	 * 6-byte item of a repeated field is a struct of 40-100 bytes). */
-	size_t hint = len < MAX_CHUNK ? 3 * len + 1024 : MAX_CHUNK;
-	mc_pbarena_init(a, NULL, 0, hint);
+	mc_pbarena_init(a, NULL, 0, len < MAX_CHUNK ? 3 * len + 1024 : MAX_CHUNK);
 	a->limit = limit;
+}
+
+ProtobufCMessage *mc_pb_unpack(const ProtobufCMessageDescriptor *desc, size_t len,
+			       const uint8_t *data, size_t limit, struct mc_pbarena *a)
+{
+	mc_pbarena_start(a, len, limit);
 	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &a->pa, len, data);
 	if (!m)
 		mc_pbarena_release(a);

@@ -124,24 +124,31 @@ static inline bool mc_pb_next(const uint8_t *p, size_t len, size_t *pos, struct 
 /* The next field of a message whose fields 1..n have the wire types
  * wt_of[1..n] (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32; an
  * entry of 8: no such field), for a decoder that reads what protobuf-c
- * reads and leaves the rest to it. Returns 1 with *r such a field; 0 at
- * the end; MC_PB_OTHER for what protobuf-c must decide (a field with
- * another wire type than its own, a field number none can have); or
+ * reads and leaves the rest to it. True with *r such a field; else false
+ * with *rc 0 at the end, 1 for what protobuf-c must decide (a field with
+ * another wire type than its own, a field number none can have), or
  * -EBADMSG (malformed). Unknown fields are skipped, as protobuf-c does. */
-#define MC_PB_OTHER 2
-static inline int mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of,
-			      unsigned n, struct mc_pbrec *r)
+static inline bool mc_pb_field(const uint8_t *p, size_t len, size_t *pos, const uint8_t *wt_of,
+			       unsigned n, struct mc_pbrec *r, int *rc)
 {
+	*rc = 0;
 	while (*pos < len) {
-		if (!mc_pb_next(p, len, pos, r))
-			return -EBADMSG;
-		if (r->num == 0 || r->num > 0x1fffffff)
-			return MC_PB_OTHER;
+		if (!mc_pb_next(p, len, pos, r)) {
+			*rc = -EBADMSG;
+			return false;
+		}
+		if (r->num == 0 || r->num > 0x1fffffff) {
+			*rc = 1;
+			return false;
+		}
 		if (r->num > n || wt_of[r->num] == 8)
 			continue;
-		return r->wt == wt_of[r->num] ? 1 : MC_PB_OTHER;
+		if (r->wt == wt_of[r->num])
+			return true;
+		*rc = 1;
+		return false;
 	}
-	return 0;
+	return false;
 }
 
 struct mc_pbchunk;
@@ -171,6 +178,9 @@ void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size);
 /* Free the arena's chunks (not the caller's buffer). */
 void mc_pbarena_release(struct mc_pbarena *a);
 
+/* Start an empty arena a sized for a message of len bytes, whose chunks
+ * may take up to limit bytes (0: no bound). */
+void mc_pbarena_start(struct mc_pbarena *a, size_t len, size_t limit);
 /* Unpack data[0, len) into a fresh arena a, sized for a message of len
  * bytes, whose chunks may take up to limit bytes (0: no bound). NULL when
  * it does not decode or needs more (a holds nothing then). */

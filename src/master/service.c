@@ -623,7 +623,7 @@ int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commi
 	size_t pos = 0;
 	struct mc_pbrec r;
 	int rc;
-	while ((rc = mc_pb_field(p, len, &pos, wt_of, 8, &r)) == 1) {
+	while (mc_pb_field(p, len, &pos, wt_of, 8, &r, &rc)) {
 		switch (r.num) {
 		case 1:
 			c->key = r.v ? p + r.data : NULL;
@@ -652,7 +652,7 @@ int master__decode_commit_item(const uint8_t *p, size_t len, struct master_commi
 			break;
 		}
 	}
-	return rc == MC_PB_OTHER ? 1 : rc;
+	return rc;
 }
 
 /* The request arrives as BatchCommitRequestRaw (the same encoding): its
