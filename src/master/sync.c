@@ -118,65 +118,49 @@ static size_t put_bytes(uint8_t *out, unsigned num, const void *p, size_t len)
 	return n + len;
 }
 
+/* A varint field, left out at 0. */
+static size_t put_uint(uint8_t *out, unsigned num, uint64_t v)
+{
+	if (!v)
+		return 0;
+	size_t n = put_tag(out, num, 0);
+	return n + mc_pb_put_varint(out + n, v);
+}
+
 size_t master__encode_event(uint8_t *out, const Mooncake__Master__MirrorEvent *e)
 {
 	/* proto3: fields at their default are left out, the rest in field
-	 * order; an enum is its int32 (negative: 10 bytes). */
-	size_t n = 0;
-	if (e->op) {
-		n += put_tag(out + n, 1, 0);
-		n += mc_pb_put_varint(out + n, (uint64_t)(int64_t)(int32_t)e->op);
-	}
-	const uint64_t v[] = {e->seq, 0, e->offset, e->size};
-	for (unsigned f = 2; f <= 5; f++) {
-		if (f == 3) {
-			if (e->key.len)
-				n += put_bytes(out + n, 3, e->key.data, e->key.len);
-		} else if (v[f - 2]) {
-			n += put_tag(out + n, f, 0);
-			n += mc_pb_put_varint(out + n, v[f - 2]);
-		}
-	}
+	 * order; an enum is its int32 (negative: 10 bytes), a bool 1. */
+	size_t n = put_uint(out, 1, (uint64_t)(int64_t)(int32_t)e->op);
+	n += put_uint(out + n, 2, e->seq);
+	if (e->key.len)
+		n += put_bytes(out + n, 3, e->key.data, e->key.len);
+	n += put_uint(out + n, 4, e->offset);
+	n += put_uint(out + n, 5, e->size);
 	if (e->crc32c) {
 		n += put_tag(out + n, 6, 5);
 		mc_put_le32(out + n, e->crc32c);
 		n += 4;
 	}
-	if (e->checksummed) {
-		out[n++] = 7 << 3;
-		out[n++] = 1;
-	}
-	if (e->soft_pin) {
-		out[n++] = 8 << 3;
-		out[n++] = 1;
-	}
+	n += put_uint(out + n, 7, e->checksummed != 0);
+	n += put_uint(out + n, 8, e->soft_pin != 0);
 	if (e->source_segment && e->source_segment[0])
 		n += put_bytes(out + n, 9, e->source_segment, strlen(e->source_segment));
-	if (e->source_offset) {
-		n += put_tag(out + n, 10, 0);
-		n += mc_pb_put_varint(out + n, e->source_offset);
-	}
-	if (e->source_address) {
-		n += put_tag(out + n, 11, 0);
-		n += mc_pb_put_varint(out + n, e->source_address);
-	}
+	n += put_uint(out + n, 10, e->source_offset);
+	n += put_uint(out + n, 11, e->source_address);
 	return n;
 }
 
 struct collect {
 	const struct master *m;
 	Mooncake__Master__MirrorEvent *ev;
-	Mooncake__Master__MirrorEvent **ptrs;
-	size_t n, cap;
-	size_t key_bytes;
+	size_t n;
 };
 
 static void collect_ev(void *ud, const struct master_ev *ev)
 {
 	struct collect *x = ud;
-	fill_event(x->m, &x->ev[x->n], ev);
-	x->ptrs[x->n] = &x->ev[x->n];
-	x->n++;
+	fill_event(x->m, &x->ev[x->n++], ev);
 }
 
 /* Answer a sync call from the log of segment id. */
@@ -191,12 +175,10 @@ static void answer(struct master *m, struct rpc_call *call, uint32_t id, uint64_
 	struct collect x = {
 		.m = m,
 		.ev = malloc((cap ? cap : 1) * sizeof(*x.ev)),
-		.ptrs = malloc((cap ? cap : 1) * sizeof(*x.ptrs)),
-		.cap = cap,
 	};
 	ProtobufCBinaryData *bin = NULL;
 	uint8_t *enc = NULL;
-	if (!x.ev || !x.ptrs) {
+	if (!x.ev) {
 		finish_code(call, -ENOMEM, NULL);
 		goto out;
 	}
@@ -238,7 +220,6 @@ out:
 	free(bin);
 	free(enc);
 	free(x.ev);
-	free(x.ptrs);
 }
 
 /* ------------------------------------------------------------ waiters */
