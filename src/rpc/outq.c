@@ -100,7 +100,8 @@ void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__b
 	}
 }
 
-/* Bytes fields aliased into the received body are not freed either. */
+/* How a spilled message is freed (rpc__unpacked_free): bytes fields
+ * aliased into the received body are not freed either. */
 static void arena_free(void *data, void *p)
 {
 	struct rpc__arena *a = data; /* (pb is its first member) */
@@ -108,14 +109,6 @@ static void arena_free(void *data, void *p)
 		return;
 	if (!mc_pbarena_owns(&a->pb, p))
 		free(p);
-}
-
-/* Start ar's arena in base[0, cap) (from bc), going on in chunks of
- * chunk_cap and more. */
-static void arena_start(struct rpc__arena *ar, uint8_t *base, size_t cap, size_t chunk_cap)
-{
-	mc_pbarena_init(&ar->pb, base, cap, chunk_cap);
-	ar->pb.pa.free = arena_free;
 }
 
 /* ---------------------------------------------------------------- nesting */
@@ -171,44 +164,22 @@ bool rpc__nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data
 			depth--;
 		if (pos >= stk[depth].end)
 			return true;
-		uint64_t tag, v;
-		if (!mc_pb_varint(data, len, &pos, &tag))
+		struct mc_pbrec r;
+		if (!mc_pb_next(data, stk[depth].end, &pos, &r))
 			return true; /* malformed: protobuf-c says so */
-		switch (tag & 7) {
-		case 0:
-			if (!mc_pb_varint(data, len, &pos, &v))
-				return true;
-			break;
-		case 1:
-			pos += 8;
-			break;
-		case 5:
-			pos += 4;
-			break;
-		case 2: {
-			if (!mc_pb_varint(data, len, &pos, &v) || v > stk[depth].end - pos)
-				return true;
-			const ProtobufCFieldDescriptor *f =
-				tag >> 3 <= UINT32_MAX
-					? protobuf_c_message_descriptor_get_field(
-						  stk[depth].d, (unsigned)(tag >> 3))
-					: NULL;
-			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
-				if (depth == max)
-					return false;
-				depth++;
-				stk[depth].d = f->descriptor;
-				stk[depth].end = pos + v;
-			} else {
-				pos += v;
-			}
-			break;
+		const ProtobufCFieldDescriptor *f =
+			r.wt == 2 && r.num <= UINT32_MAX
+				? protobuf_c_message_descriptor_get_field(stk[depth].d,
+									  (unsigned)r.num)
+				: NULL;
+		if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+			if (depth == max)
+				return false;
+			depth++;
+			stk[depth].d = f->descriptor;
+			stk[depth].end = r.end;
+			pos = r.data;
 		}
-		default:
-			return true; /* groups: protobuf-c refuses them */
-		}
-		if (pos > stk[depth].end)
-			return true;
 	}
 }
 
@@ -291,7 +262,7 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 	uint8_t *base = rpc__buf_get(bc, rest_len + (64u << 10), &cap);
 	if (!base)
 		return NULL;
-	arena_start(ar, base, cap, 64u << 10);
+	mc_pbarena_init(&ar->pb, base, cap, 64u << 10);
 	/* (the rest first, then the structs) */
 	if (!mc_pbarena_alloc(&ar->pb, rest_len))
 		return NULL;
@@ -369,7 +340,6 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 	if (len < RPC__BUF_CACHE_MIN_BYTES) {
 		/* Chunks of the arena's own (sized as mc_pb_unpack does). */
 		ProtobufCMessage *m = mc_pb_unpack(desc, len, data, 0, &ar->pb);
-		ar->pb.pa.free = arena_free;
 		if (!m)
 			ar->bc = NULL;
 		return m;
@@ -378,7 +348,7 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 	 * then chunks. */
 	size_t cap;
 	uint8_t *base = rpc__buf_get(bc, len + (64u << 10), &cap);
-	arena_start(ar, base, base ? cap : 0, 64u << 10);
+	mc_pbarena_init(&ar->pb, base, base ? cap : 0, 64u << 10);
 	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pb.pa, len, data);
 	if (!m)
 		arena_release(ar);
