@@ -25,6 +25,16 @@
 			abort(); \
 	} while (0)
 
+/* A hand decoder's verdict rc against protobuf-c's (decoded or not):
+ * decoded (0) only what protobuf-c decodes, refused (-EBADMSG) only what
+ * it refuses; 1 leaves it to protobuf-c. */
+static void pb_check_verdict(int rc, bool decoded)
+{
+	CHECK(rc == 0 || rc == 1 || rc == -EBADMSG);
+	CHECK(rc != 0 || decoded);
+	CHECK(rc != -EBADMSG || !decoded);
+}
+
 static void pb_check_event(const uint8_t *p, size_t len)
 {
 	Mooncake__Master__MirrorEvent e;
@@ -32,9 +42,7 @@ static void pb_check_event(const uint8_t *p, size_t len)
 	int rc = agent__mirror_event_decode(p, len, &e, name, sizeof(name));
 	Mooncake__Master__MirrorEvent *ref = mooncake__master__mirror_event__unpack(NULL, len,
 										    p);
-	CHECK(rc == 0 || rc == 1 || rc == -EBADMSG);
-	CHECK(rc != 0 || ref);
-	CHECK(rc != -EBADMSG || !ref);
+	pb_check_verdict(rc, ref != NULL);
 	if (rc == 0) {
 		CHECK(e.op == ref->op && e.seq == ref->seq && e.offset == ref->offset);
 		CHECK(e.size == ref->size && e.crc32c == ref->crc32c);
@@ -70,9 +78,7 @@ static void pb_check_commit_item(const uint8_t *p, size_t len)
 	int rc = master__decode_commit_item(p, len, &c);
 	Mooncake__Master__CommitItem *ref = mooncake__master__commit_item__unpack(NULL, len,
 										  p);
-	CHECK(rc == 0 || rc == 1 || rc == -EBADMSG);
-	CHECK(rc != 0 || ref);
-	CHECK(rc != -EBADMSG || !ref);
+	pb_check_verdict(rc, ref != NULL);
 	if (rc == 0) {
 		CHECK(c.offset == ref->offset && c.size == ref->size && c.crc == ref->crc32c);
 		CHECK(c.has_crc == ref->checksummed && c.soft_pin == ref->soft_pin);
@@ -101,9 +107,7 @@ static void pb_check_put_request(const uint8_t *p, size_t len)
 	Mooncake__Client__Request *m = NULL;
 	int rc = agent__decode_put_request(p, len, &a, &m);
 	Mooncake__Client__Request *ref = mooncake__client__request__unpack(NULL, len, p);
-	CHECK(rc == 0 || rc == 1 || rc == -EBADMSG);
-	CHECK(rc != 0 || ref);
-	CHECK(rc != -EBADMSG || !ref);
+	pb_check_verdict(rc, ref != NULL);
 	CHECK(rc != 0 || a.chunks || a.spilled);
 	if (rc == 0) {
 		CHECK(m->id == ref->id && m->nfds == ref->nfds && m->op_case == ref->op_case);

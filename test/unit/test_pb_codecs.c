@@ -68,17 +68,39 @@ static void put_rec(uint8_t *out, size_t *n, uint64_t num, unsigned wt)
 	}
 }
 
+/* A random key in key (room for 300 bytes); returns its length. */
+static size_t random_key(char *key)
+{
+	size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
+	for (size_t i = 0; i < kl; i++)
+		key[i] = (char)rnd();
+	return kl;
+}
+
+/* Up to 3 more records after a message of fields 1..nf whose wire types
+ * are wt_of[1..nf]: unknown fields of every wire type, and known ones
+ * again (the last wins), mostly with their own wire type. */
+static void put_extras(uint8_t *wire, size_t *n, const uint8_t *wt_of, unsigned nf)
+{
+	int extra = (int)(rnd() % 4);
+	for (int k = 0; k < extra; k++) {
+		static const unsigned wts[] = {0, 1, 2, 5};
+		uint64_t num = rnd() % 3 ? nf + 1 + rnd() % 1000 : 1 + rnd() % nf;
+		unsigned wt = wts[rnd() % 4];
+		if (num <= nf && rnd() % 4)
+			wt = wt_of[num];
+		put_rec(wire, n, num, wt);
+	}
+}
+
 /* A random event in *e (its key and source segment in key and seg). */
 static void random_fill(Mooncake__Master__MirrorEvent *e_out, char *key, char *seg)
 {
 	Mooncake__Master__MirrorEvent e = MOONCAKE__MASTER__MIRROR_EVENT__INIT;
 	e.op = (Mooncake__Master__MirrorEvent__Op)(rnd() % 3);
 	e.seq = rvalue();
-	size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
-	for (size_t i = 0; i < kl; i++)
-		key[i] = (char)rnd();
 	e.key.data = (uint8_t *)key;
-	e.key.len = kl;
+	e.key.len = random_key(key);
 	e.offset = rvalue();
 	e.size = rvalue();
 	e.crc32c = (uint32_t)rnd();
@@ -126,17 +148,9 @@ Test(pb_codecs, decodes_events_as_protobuf_c_does)
 	char key[300], seg[301];
 	int fast = 0;
 	for (int i = 0; i < 3000; i++) {
+		static const uint8_t wt_of[] = {8, 0, 0, 2, 0, 0, 5, 0, 0, 2, 0, 0};
 		size_t n = random_event(wire, key, seg);
-		/* Unknown fields, and known ones again (the last wins). */
-		int extra = (int)(rnd() % 4);
-		for (int k = 0; k < extra; k++) {
-			static const unsigned wts[] = {0, 1, 2, 5};
-			uint64_t num = rnd() % 3 ? 12 + rnd() % 1000 : 1 + rnd() % 11;
-			unsigned wt = wts[rnd() % 4];
-			if (num <= 11 && rnd() % 4)
-				wt = (num == 3 || num == 9) ? 2 : num == 6 ? 5 : 0;
-			put_rec(wire, &n, num, wt);
-		}
+		put_extras(wire, &n, wt_of, 11);
 		Mooncake__Master__MirrorEvent e;
 		char name[256];
 		fast += agent__mirror_event_decode(wire, n, &e, name, sizeof(name)) == 0;
@@ -216,11 +230,8 @@ Test(pb_codecs, master_decodes_commit_items_as_protobuf_c_does)
 	int fast = 0;
 	for (int i = 0; i < 3000; i++) {
 		Mooncake__Master__CommitItem it = MOONCAKE__MASTER__COMMIT_ITEM__INIT;
-		size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
-		for (size_t k = 0; k < kl; k++)
-			key[k] = (char)rnd();
 		it.key.data = (uint8_t *)key;
-		it.key.len = kl;
+		it.key.len = random_key(key);
 		it.offset = rvalue();
 		it.size = rvalue();
 		it.crc32c = (uint32_t)rnd();
@@ -228,16 +239,9 @@ Test(pb_codecs, master_decodes_commit_items_as_protobuf_c_does)
 		it.soft_pin = rnd() % 2;
 		it.ttl_ms = rvalue();
 		it.promote = rnd() % 2;
+		static const uint8_t wt_of[] = {8, 2, 0, 0, 5, 0, 0, 0, 0};
 		size_t n = mooncake__master__commit_item__pack(&it, wire);
-		int extra = (int)(rnd() % 4);
-		for (int k = 0; k < extra; k++) {
-			static const unsigned wts[] = {0, 1, 2, 5};
-			uint64_t num = rnd() % 3 ? 9 + rnd() % 1000 : 1 + rnd() % 8;
-			unsigned wt = wts[rnd() % 4];
-			if (num <= 8 && rnd() % 4)
-				wt = num == 1 ? 2 : num == 4 ? 5 : 0;
-			put_rec(wire, &n, num, wt);
-		}
+		put_extras(wire, &n, wt_of, 8);
 		struct master_commit c;
 		fast += master__decode_commit_item(wire, n, &c) == 0;
 		pb_check_commit_item(wire, n);
@@ -265,11 +269,8 @@ Test(pb_codecs, agent_decodes_put_requests_as_protobuf_c_does)
 			g[k].offset = rvalue();
 			g[k].length = rvalue();
 			mooncake__client__put_item__init(&it[k]);
-			size_t kl = rnd() % 5 == 0 ? rnd() % 300 : rnd() % 40;
-			for (size_t j = 0; j < kl; j++)
-				keys[k][j] = (char)rnd();
 			it[k].key.data = (uint8_t *)keys[k];
-			it[k].key.len = kl;
+			it[k].key.len = random_key(keys[k]);
 			it[k].source = rnd() % 8 ? &g[k] : NULL;
 			items[k] = &it[k];
 		}
