@@ -618,13 +618,13 @@ static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 			&mooncake__client__request__descriptor, len, body,
 			AGENT_MAX_DECODED_BYTES, &r->arena);
 	if (!m) {
+		bool full = r->arena.full;
 		free(r);
-		/* (protobuf-c does not say why: past the bound is as likely) */
-		conn_close(c, drc == -ENOMEM
-				      ? "sent a request that would take more than 64 MiB "
-					"decoded (or the agent is out of memory)"
-				      : "sent a frame that does not decode as a Request "
-					"(or one that would take more than 64 MiB decoded)");
+		conn_close(c, full ? "sent a request that would take more than 64 MiB "
+				     "decoded"
+			      : drc == -ENOMEM
+				      ? "out of memory decoding a request"
+				      : "sent a frame that does not decode as a Request");
 		return false;
 	}
 	r->c = c;

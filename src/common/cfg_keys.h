@@ -41,6 +41,13 @@
 	  1073741824ull, NULL, \
 	  "largest gRPC message accepted or sent; larger ones fail with " \
 	  "RESOURCE_EXHAUSTED") \
+	X(RPC_MAX_REQUEST_MEMORY, "rpc-max-request-memory", COMMON, SIZE, "1G", 1048576, \
+	  1ull << 40, NULL, \
+	  "the most memory the requests a gRPC server is receiving or handling " \
+	  "may hold at once, the bytes received and what they decode to; a " \
+	  "request that would pass it fails with RESOURCE_EXHAUSTED (at least " \
+	  "--rpc-max-message-size; never below the largest request a server " \
+	  "accepts)") \
 	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0, 3600000, NULL, \
 	  "on SIGTERM/SIGINT, how long to wait for in-flight calls before " \
 	  "cancelling them: the agent's client requests first (new ones are " \

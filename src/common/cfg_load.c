@@ -12,6 +12,7 @@
 #include <assert.h>
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,6 +369,16 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 	rc = cfg__check_ha(c, ha, err, errlen);
 	if (rc)
 		goto fail;
+	if (cfg_u64(c, CFG_RPC_MAX_REQUEST_MEMORY) < cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE)) {
+		snprintf(err, errlen,
+			 "--rpc-max-request-memory (%" PRIu64 " bytes) is below "
+			 "--rpc-max-message-size (%" PRIu64 "): no message that large "
+			 "could be received",
+			 cfg_u64(c, CFG_RPC_MAX_REQUEST_MEMORY),
+			 cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE));
+		rc = -EINVAL;
+		goto fail;
+	}
 	free(sets);
 	return 0;
 fail:

@@ -103,8 +103,10 @@ void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size)
 	if (a->limit && (cap > a->limit || a->taken > a->limit - cap)) {
 		/* Past the limit: a smaller last chunk, or nothing. */
 		cap = a->limit > a->taken ? a->limit - a->taken : 0;
-		if (cap < al)
+		if (cap < al) {
+			a->full = true;
 			return NULL;
+		}
 	}
 	c = cap <= SIZE_MAX - sizeof(*c) ? malloc(sizeof(*c) + cap) : NULL;
 	if (!c) {

@@ -162,12 +162,14 @@ struct mc_pbarena {
 	size_t limit;              /* 0, or the most the chunks may take */
 	size_t taken;              /* bytes of the chunks */
 	bool spilled;              /* something lies outside buf and chunks */
+	bool full;                 /* an allocation was refused for the limit */
 };
 
 /* Start an arena in buf[0, cap) (may be NULL, 0); its first own chunk
  * takes chunk_cap bytes (at least 256). Set a->limit after it to bound
  * what the chunks take: past it allocations fail (NULL, and protobuf-c's
- * unpacking with them), rather than spill. */
+ * unpacking with them), rather than spill, and a->full says so until the
+ * arena is started again. */
 void mc_pbarena_init(struct mc_pbarena *a, void *buf, size_t cap, size_t chunk_cap);
 /* Point pa back at a, after the struct was copied. */
 void mc_pbarena_fix(struct mc_pbarena *a);

@@ -105,11 +105,26 @@ static void call_record(struct rpc_call *call, int code)
 
 /* ---------------------------------------------------------------- the calls of a server */
 
+/* The bound on requests' memory: as asked, and room for one request of
+ * the largest size at least. */
+static void calls_bound(struct rpc__calls *cs)
+{
+	size_t least = cs->max_recv + 16;
+	cs->bufs.req_max = cs->req_mem > least ? cs->req_mem : least;
+}
+
 int rpc__calls_init(struct rpc__calls *cs, struct metrics_registry *reg, const char *server,
-		    size_t max_msg)
+		    size_t max_msg, size_t req_mem)
 {
 	cs->reg = reg;
 	cs->max_msg = cs->max_recv = max_msg;
+	cs->req_mem = req_mem ? req_mem : RPC__DEFAULT_REQUEST_MEMORY;
+	calls_bound(cs);
+	cs->bufs.req_gauge = metrics_gauge(
+		reg, "mooncake_rpc_server_request_bytes",
+		"Bytes held by the requests being received or decoded (at most "
+		"--rpc-max-request-memory).",
+		"server", (const char *const[]){server});
 	return rpc__mstats_init(&cs->unknown, reg, server, "unknown", "", false, false);
 }
 
@@ -146,6 +161,7 @@ unsigned rpc__calls_live(const struct rpc__calls *cs)
 void rpc__calls_set_max_recv(struct rpc__calls *cs, size_t bytes)
 {
 	cs->max_recv = bytes ? bytes : cs->max_msg;
+	calls_bound(cs);
 }
 
 /* ---------------------------------------------------------------- call objects */
@@ -427,10 +443,25 @@ void rpc__call_dispatch(struct rpc_call *call)
 
 /* A request that did not unpack: the method's answer for one nested too
  * deeply, if it has one, else grpc-go's for a message it cannot parse. */
-static void call_abort_unparsed(struct rpc_call *call, bool too_deep)
+/* The answer to a request that was refused memory: the server's bound
+ * on what requests hold (--rpc-max-request-memory) is reached. */
+static void call_abort_full(struct rpc_call *call)
 {
-	if (too_deep && call->m->too_deep_message)
+	const struct rpc__bufcache *bc = &call->s->calls.bufs;
+	char msg[160];
+	snprintf(msg, sizeof(msg),
+		 "grpc: the server's requests hold %zu of their %zu bytes; "
+		 "this one does not fit (retry later or send smaller ones)",
+		 bc->req_held, bc->req_max);
+	rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
+}
+
+static void call_abort_unparsed(struct rpc_call *call, const struct rpc__arena *a)
+{
+	if (a->too_deep && call->m->too_deep_message)
 		rpc__call_abort(call, call->m->too_deep_status, call->m->too_deep_message);
+	else if (a->too_big)
+		call_abort_full(call);
 	else
 		rpc__call_abort(call, RPC_INTERNAL, "failed to parse request message");
 }
@@ -449,7 +480,7 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	ProtobufCMessage *msg = rpc__unpack(call->m->request, body, len, &call->s->calls.bufs,
 					    &call->df, a);
 	if (!msg) {
-		call_abort_unparsed(call, a->too_deep);
+		call_abort_unparsed(call, a);
 		return -EBADMSG;
 	}
 	call->nreq++;
@@ -477,6 +508,9 @@ void rpc__call_data(struct rpc_call *call, const uint8_t *data, size_t len)
 	} else if (rc == -EPROTO && !call->done) {
 		rpc__call_abort(call, RPC_INTERNAL,
 				"compressed message but no grpc-encoding was negotiated");
+	} else if (rc == -ENOMEM &&
+		   !rpc__req_room(&call->s->calls.bufs, call->df.msg_len + 16)) {
+		call_abort_full(call);
 	} else if (rc == -ENOMEM) {
 		rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
 	}
@@ -559,7 +593,7 @@ void rpc__call_unary(struct rpc_call *call, uint64_t timeout_ms, const uint8_t *
 	ProtobufCMessage *m = rpc__unpack(call->m->request, body, len, &cs->bufs, NULL,
 					  &call->req_arena);
 	if (!m) {
-		call_abort_unparsed(call, call->req_arena.too_deep);
+		call_abort_unparsed(call, &call->req_arena);
 		return;
 	}
 	call->dispatched = true;

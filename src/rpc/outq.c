@@ -70,24 +70,44 @@ void rpc__bufcache_free(struct rpc__bufcache *bc)
 	bc->bytes = 0;
 }
 
+bool rpc__req_room(const struct rpc__bufcache *bc, size_t n)
+{
+	return !bc || !bc->req_max ||
+	       (bc->req_held <= bc->req_max && n <= bc->req_max - bc->req_held);
+}
+
+/* Count n bytes more (add) or fewer held by bc's requests. */
+static void req_count(struct rpc__bufcache *bc, size_t n, bool add)
+{
+	bc->req_held = add ? bc->req_held + n : bc->req_held - n;
+	metric_set(bc->req_gauge, (int64_t)bc->req_held);
+}
+
 /* Deframer bodies carry their buffer's size in a 16-byte header, since
- * the deframer only knows the body length. */
+ * the deframer only knows the body length. A server's count against its
+ * bound on requests (len + 16 each, from alloc to release). */
 static void *df_alloc(void *ctx, size_t len)
 {
+	struct rpc__bufcache *bc = ctx;
+	if (len > SIZE_MAX - 16 || !rpc__req_room(bc, len + 16))
+		return NULL;
 	size_t cap;
-	uint8_t *p = rpc__buf_get(ctx, len + 16, &cap);
+	uint8_t *p = rpc__buf_get(bc, len + 16, &cap);
 	if (!p)
 		return NULL;
+	req_count(bc, len + 16, true);
 	memcpy(p, &cap, sizeof(cap));
 	return p + 16;
 }
 
 static void df_release(void *ctx, void *p, size_t len)
 {
+	struct rpc__bufcache *bc = ctx;
 	size_t cap;
 	uint8_t *base = (uint8_t *)p - 16;
 	memcpy(&cap, base, sizeof(cap));
-	rpc__buf_put(ctx, base, cap);
+	req_count(bc, len + 16, false);
+	rpc__buf_put(bc, base, cap);
 }
 
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc)
@@ -230,13 +250,33 @@ static unsigned find_aliases(const ProtobufCMessageDescriptor *desc, const uint8
 	return n;
 }
 
+/* Start ar in a recycled buffer of at least want bytes, the buffer and
+ * its chunks within room bytes (SIZE_MAX: no bound). False when want does
+ * not fit (ar->too_big) or memory is out. */
+static bool arena_begin(struct rpc__arena *ar, size_t want, size_t room)
+{
+	if (want > room) {
+		ar->too_big = true;
+		return false;
+	}
+	size_t cap;
+	uint8_t *base = rpc__buf_get(ar->bc, want, &cap);
+	if (!base)
+		return false;
+	mc_pbarena_init(&ar->pb, base, cap, 64u << 10);
+	if (room != SIZE_MAX)
+		ar->pb.limit = room > cap ? room - cap : 1; /* (0 would be none) */
+	return true;
+}
+
 /* Unpack with the records in recs left out, then point their fields at
- * their bytes in body, which the arena takes from df. NULL with *taken
- * false when df did not hand out data as a body it owns. */
+ * their bytes in body, which the arena takes from df; the structs may
+ * take room bytes. NULL with *taken false when df did not hand out data
+ * as a body it owns. */
 static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 					const uint8_t *data, size_t len,
-					struct rpc__bufcache *bc, struct rpc_deframer *df,
-					struct rpc__arena *ar, unsigned n,
+					struct rpc_deframer *df, struct rpc__arena *ar,
+					size_t room, unsigned n,
 					const ProtobufCFieldDescriptor **fields,
 					const struct mc_pbrec *recs, bool *taken)
 {
@@ -258,11 +298,9 @@ static ProtobufCMessage *unpack_aliased(const ProtobufCMessageDescriptor *desc,
 	size_t rest_len = len;
 	for (unsigned i = 0; i < n; i++)
 		rest_len -= recs[i].end - recs[i].start;
-	size_t cap;
-	uint8_t *base = rpc__buf_get(bc, rest_len + (64u << 10), &cap);
-	if (!base)
+	if (!arena_begin(ar, rest_len + (64u << 10), room))
 		return NULL;
-	mc_pbarena_init(&ar->pb, base, cap, 64u << 10);
+	uint8_t *base = ar->pb.buf;
 	/* (the rest first, then the structs) */
 	if (!mc_pbarena_alloc(&ar->pb, rest_len))
 		return NULL;
@@ -303,11 +341,48 @@ void rpc__rbody_unref(struct rpc__rbody *b)
 
 static void arena_release(struct rpc__arena *ar)
 {
+	req_count(ar->bc, ar->held, false);
+	ar->held = 0;
 	mc_pbarena_release(&ar->pb);
 	rpc__buf_put(ar->bc, ar->pb.buf, ar->pb.cap);
 	ar->pb.buf = NULL;
 	rpc__rbody_unref(ar->body);
 	ar->body = NULL;
+}
+
+/* rpc__unpack into an arena of bc's, which may take room bytes. */
+static ProtobufCMessage *unpack_arena(const ProtobufCMessageDescriptor *desc,
+				      const uint8_t *data, size_t len, struct rpc_deframer *df,
+				      struct rpc__arena *ar, size_t room)
+{
+	const ProtobufCFieldDescriptor *fields[RPC__ALIAS_MAX];
+	struct mc_pbrec recs[RPC__ALIAS_MAX];
+	unsigned n = df && len >= RPC__ALIAS_MIN_BYTES
+			     ? find_aliases(desc, data, len, fields, recs)
+			     : 0;
+	if (n) {
+		bool taken;
+		ProtobufCMessage *m = unpack_aliased(desc, data, len, df, ar, room, n, fields,
+						     recs, &taken);
+		if (m || taken) {
+			if (!m)
+				arena_release(ar);
+			return m;
+		}
+	}
+	if (len < RPC__BUF_CACHE_MIN_BYTES) {
+		/* Chunks of the arena's own (sized as mc_pb_unpack does). */
+		size_t limit = room == SIZE_MAX ? 0 : room ? room : 1;
+		return mc_pb_unpack(desc, len, data, limit, &ar->pb);
+	}
+	/* Room for the bytes and strings (at most len) and the structs,
+	 * then chunks. */
+	if (!arena_begin(ar, len + (64u << 10), room))
+		return NULL;
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pb.pa, len, data);
+	if (!m)
+		arena_release(ar);
+	return m;
 }
 
 ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
@@ -322,36 +397,18 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 	if (!bc)
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;
-	const ProtobufCFieldDescriptor *fields[RPC__ALIAS_MAX];
-	struct mc_pbrec recs[RPC__ALIAS_MAX];
-	unsigned n = df && len >= RPC__ALIAS_MIN_BYTES
-			     ? find_aliases(desc, data, len, fields, recs)
-			     : 0;
-	if (n) {
-		bool taken;
-		ProtobufCMessage *m = unpack_aliased(desc, data, len, bc, df, ar, n, fields,
-						     recs, &taken);
-		if (m || taken) {
-			if (!m)
-				arena_release(ar);
-			return m;
-		}
+	/* What it may take decoded: the rest of bc's bound on requests. */
+	size_t room = !bc->req_max                 ? SIZE_MAX
+		      : bc->req_held < bc->req_max ? bc->req_max - bc->req_held
+						   : 0;
+	ProtobufCMessage *m = unpack_arena(desc, data, len, df, ar, room);
+	if (!m) {
+		ar->too_big = ar->too_big || ar->pb.full;
+		ar->bc = NULL;
+		return NULL;
 	}
-	if (len < RPC__BUF_CACHE_MIN_BYTES) {
-		/* Chunks of the arena's own (sized as mc_pb_unpack does). */
-		ProtobufCMessage *m = mc_pb_unpack(desc, len, data, 0, &ar->pb);
-		if (!m)
-			ar->bc = NULL;
-		return m;
-	}
-	/* Room for the bytes and strings (at most len) and the structs,
-	 * then chunks. */
-	size_t cap;
-	uint8_t *base = rpc__buf_get(bc, len + (64u << 10), &cap);
-	mc_pbarena_init(&ar->pb, base, base ? cap : 0, 64u << 10);
-	ProtobufCMessage *m = protobuf_c_message_unpack(desc, &ar->pb.pa, len, data);
-	if (!m)
-		arena_release(ar);
+	ar->held = ar->pb.cap + ar->pb.taken;
+	req_count(bc, ar->held, true);
 	return m;
 }
 

@@ -87,8 +87,13 @@ struct rpc_method {
 #define RPC_DRAIN_BYTES ((size_t)1 << 20)
 
 struct rpc_server_opts {
-	const char *name;                 /* label in logs and metrics ("meta-client") */
-	size_t max_message_bytes;         /* 0: 4 MiB */
+	const char *name;         /* label in logs and metrics ("meta-client") */
+	size_t max_message_bytes; /* 0: 4 MiB */
+	/* The most the requests being received or handled may hold at once,
+	 * their bytes and what they decode to; past it a request fails with
+	 * RESOURCE_EXHAUSTED. 0: 1 GiB (and never below max_message_bytes
+	 * or rpc_server_set_max_recv_bytes' figure, plus 16). */
+	size_t max_request_memory;
 	uint32_t max_concurrent_streams;  /* 0: 1024 */
 	uint64_t handshake_timeout_ms;    /* preface must arrive in this; 0: 10s */
 	uint64_t idle_timeout_ms;         /* close idle connections; 0: never */

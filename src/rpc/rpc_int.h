@@ -49,6 +49,7 @@ struct metric;
  * write queue. */
 #define RPC__WRITE_HIGH_BYTES (1u << 20)
 #define RPC__DEFAULT_MAX_MESSAGE_BYTES (4u << 20)
+#define RPC__DEFAULT_REQUEST_MEMORY ((size_t)1 << 30)
 #define RPC__USER_AGENT "mooncake-rpc/" MC_VERSION
 /* gRPC status codes: RPC_OK to RPC_UNAUTHENTICATED. */
 #define RPC__NCODES 17
@@ -109,6 +110,11 @@ struct rpc__bufcache {
 	} slot[RPC__BUF_CACHE_SLOTS];
 	unsigned n;
 	size_t bytes;
+	/* A server's requests (received bodies and the messages unpacked
+	 * from them): the bytes they hold now, and the most they may hold
+	 * (0: no bound; a client's). */
+	size_t req_held, req_max;
+	struct metric *req_gauge; /* req_held, or NULL */
 };
 
 /* A buffer of at least len bytes; *cap gets its real size. NULL cache:
@@ -119,6 +125,8 @@ void rpc__buf_put(struct rpc__bufcache *bc, void *p, size_t cap);
 void rpc__bufcache_free(struct rpc__bufcache *bc);
 /* Make d take its body buffers from bc. */
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
+/* Do n more bytes of requests fit in bc's bound? */
+bool rpc__req_room(const struct rpc__bufcache *bc, size_t n);
 
 /* protobuf-c unpacking into an arena (common/pb.h): a large
  * message's starts in one recycled buffer, a small one's in a chunk of
@@ -129,7 +137,9 @@ struct rpc__arena {
 	struct mc_pbarena pb;     /* first: its allocator's data is the arena */
 	struct rpc__bufcache *bc; /* non-NULL: a message is in the arena */
 	struct rpc__rbody *body;  /* one reference, or NULL */
+	size_t held;              /* what it counts in bc->req_held */
 	bool too_deep;            /* rpc__unpack refused it for its nesting */
+	bool too_big;             /* ... or for bc->req_max */
 };
 
 /* A received body taken from its deframer, shared by the message

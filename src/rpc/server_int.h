@@ -47,6 +47,7 @@ struct rpc__calls {
 	struct metrics_registry *reg;
 	size_t max_msg;  /* responses */
 	size_t max_recv; /* requests */
+	size_t req_mem;  /* what requests may hold (bufs.req_max: at least one) */
 	unsigned live;
 	struct rpc_call *free; /* recycled */
 	unsigned nfree;
@@ -130,7 +131,7 @@ struct rpc_call {
 
 /* Errors: -ENOMEM. */
 int rpc__calls_init(struct rpc__calls *cs, struct metrics_registry *reg, const char *server,
-		    size_t max_msg) MC_MUST_CHECK;
+		    size_t max_msg, size_t req_mem) MC_MUST_CHECK;
 void rpc__calls_init_timer(struct rpc__calls *cs, uv_loop_t *loop);
 /* Close the deadline timer (cb gets it with data set). */
 void rpc__calls_close(struct rpc__calls *cs, void *data, uv_close_cb cb);

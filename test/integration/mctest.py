@@ -303,6 +303,22 @@ class Etcd:
             self.proc.wait()
 
 
+def proc_mib(pid, field="VmRSS"):
+    """A memory figure of /proc/PID/status (VmRSS, VmHWM, ...) in MiB."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+def sanitized():
+    """The daemons are a sanitizer build: ASan keeps freed memory in its
+    quarantine, so their RSS says nothing of what they hold."""
+    with open(MOONCAKED, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
 def wait_for(fn, timeout=20.0, what="condition"):
     """Poll fn() until it returns a true value (returned) or time runs out."""
     deadline = time.monotonic() + timeout

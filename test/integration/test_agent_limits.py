@@ -44,21 +44,6 @@ EUSERS = -87
 ESHUTDOWN = -808
 
 
-def rss_mib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    raise AssertionError("no VmRSS")
-
-
-def sanitized():
-    """The daemons are a sanitizer build: ASan keeps freed memory in its
-    quarantine, so their RSS says nothing of what they hold."""
-    with open(mctest.MOONCAKED, "rb") as f:
-        return b"__asan_init" in f.read()
-
-
 def nfds(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
@@ -141,7 +126,7 @@ def requests_that_would_take_too_much_memory_decoded_close_the_session():
     a = cl.agents[0]
     other = a.store()
     eq(other.put("k", b"12345678"), OK, "put")
-    rss0 = rss_mib(a.d.pid)
+    rss0 = mctest.proc_mib(a.d.pid)
     for name, field in (("put", 11), ("get", 12)):
         s = st.raw_connect(a.socket)
         st.hello(s)
@@ -152,8 +137,8 @@ def requests_that_would_take_too_much_memory_decoded_close_the_session():
         s.close()
     wait_for(lambda: "would take more than 64 MiB decoded" in a.d.output(),
              what="the log line")
-    if not sanitized():
-        grew = rss_mib(a.d.pid) - rss0
+    if not mctest.sanitized():
+        grew = mctest.proc_mib(a.d.pid) - rss0
         assert grew < 200, "the agent grew %.0f MiB" % grew
     # The most items a request may have, with keys: decoded, answered.
     keys = ["k"] * 65536
@@ -172,7 +157,7 @@ def a_client_that_never_reads_is_paused_not_closed():
     st.hello(s)
     n, items = 20000, 64
     frames = [st.frame(get_request(i + 2, [b"k"] * items)) for i in range(n)]
-    rss0 = rss_mib(a.d.pid)
+    rss0 = mctest.proc_mib(a.d.pid)
     s.settimeout(0.2)
     snd = Sender(s, b"".join(frames))
     snd.start()
@@ -186,8 +171,8 @@ def a_client_that_never_reads_is_paused_not_closed():
     assert sent < total // 2, "the agent read %d of %d request bytes unanswered" % (sent, total)
     held = metric(a.metrics(), "mooncake_agent_client_reply_bytes")
     assert cap / 2 <= held <= 2 * cap, "reply bytes held: %d (budget %d)" % (held, cap)
-    grew = rss_mib(a.d.pid) - rss0
-    if sanitized():
+    grew = mctest.proc_mib(a.d.pid) - rss0
+    if mctest.sanitized():
         print("     RSS not checked: a sanitizer build (grew %.1f MiB)" % grew)
     else:
         assert grew < 16, "agent RSS grew %.1f MiB" % grew

@@ -402,4 +402,53 @@ def hostile_requests_stop_no_member():
         c.close()
 
 
+@case
+def requests_that_decode_past_the_request_memory_are_refused():
+    """A 4 MB Txn of empty compares ("0a 00") would decode into 2M
+    structs, some 200 MB: --rpc-max-request-memory bounds what the gRPC
+    server's requests hold, so it is refused with RESOURCE_EXHAUSTED, from
+    8 threads at once too, and the member's peak memory stays far below;
+    a real Txn still passes."""
+    c = Cluster(1, args=["--max-request-bytes=4M", "--rpc-max-message-size=8M",
+                         "--rpc-max-request-memory=16M"])
+    try:
+        c.start()
+        m = c.members[0]
+        cl = Client(m.client_addr, timeout=10)
+        mctest.wait_for(lambda: cl.put(b"lim/k", b"v"), timeout=20, what="a first put")
+        raw_txn = cl.ch.unary_unary("/etcdserverpb.KV/Txn")  # bytes in, bytes out
+        hwm0 = mctest.proc_mib(m.daemon.pid, "VmHWM")
+        body = b"\x0a\x00" * (2 * 1000 * 1000)
+        codes = []
+
+        def send():
+            try:
+                raw_txn(body, timeout=30)
+                codes.append("OK")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    assert "requests hold" in e.details(), e.details()
+        ts = [threading.Thread(target=send) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        eq(codes, ["RESOURCE_EXHAUSTED"] * 8, "8 Txns of 2M empty compares")
+        if not mctest.sanitized():
+            grew = mctest.proc_mib(m.daemon.pid, "VmHWM") - hwm0
+            assert grew < 64, "the member's peak memory grew %.0f MiB" % grew
+        txn = pb.TxnRequest(compare=[pb.Compare(key=b"lim/k", value=b"v",
+                                                target=pb.Compare.VALUE)] * 100,
+                            success=[pb.RequestOp(request_put=pb.PutRequest(
+                                key=b"lim/k", value=b"w"))])
+        r = pb.TxnResponse.FromString(raw_txn(txn.SerializeToString(), timeout=10))
+        eq(r.succeeded, True, "a Txn of 100 compares")
+        eq(cl.get(b"lim/k"), b"w", "its put")
+        cl.close()
+        eq(m.stop(), 0, "exit status")
+    finally:
+        c.close()
+
+
 mctest.main()

@@ -935,17 +935,20 @@ static int raw_on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uin
 struct body {
 	const uint8_t *p;
 	size_t len;
+	bool hold_open; /* at its end, keep the stream open (no END_STREAM) */
 };
 
 static ssize_t raw_body_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t len,
 			     uint32_t *flags, nghttp2_data_source *src, void *ud)
 {
 	struct body *b = src->ptr;
+	if (b->len == 0 && b->hold_open)
+		return NGHTTP2_ERR_DEFERRED;
 	size_t n = b->len < len ? b->len : len;
 	memcpy(buf, b->p, n);
 	b->p += n;
 	b->len -= n;
-	if (b->len == 0)
+	if (b->len == 0 && !b->hold_open)
 		*flags |= NGHTTP2_DATA_FLAG_EOF;
 	return (ssize_t)n;
 }
@@ -993,7 +996,7 @@ Test(rpc, server_deadline)
 	/* A peer that sends grpc-timeout but never enforces it itself. */
 	uint8_t msg[5];
 	rpc_frame_prefix(msg, 0);
-	struct body b = {msg, 5};
+	struct body b = {.p = msg, .len = 5};
 	nghttp2_nv nva[] = {
 		RNV(":method", "POST"),
 		RNV(":scheme", "http"),
@@ -1036,7 +1039,7 @@ Test(rpc, bad_requests_get_errors)
 		RNV(":authority", "x"),
 		RNV("content-type", "application/json"),
 	};
-	struct body b = {msg, 5};
+	struct body b = {.p = msg, .len = 5};
 	raw_request(&f, &r, ct, MC_ARRAY_LEN(ct), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.http_status, 415);
@@ -1052,7 +1055,7 @@ Test(rpc, bad_requests_get_errors)
 		RNV("content-type", "application/grpc"),
 		RNV("grpc-timeout", "5 seconds"),
 	};
-	b = (struct body){msg, 5};
+	b = (struct body){.p = msg, .len = 5};
 	raw_request(&f, &r, to, MC_ARRAY_LEN(to), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.http_status, 200);
@@ -1069,7 +1072,7 @@ Test(rpc, bad_requests_get_errors)
 		RNV(":authority", "x"),
 		RNV("content-type", "application/grpc+proto"),
 	};
-	b = (struct body){comp, 6};
+	b = (struct body){.p = comp, .len = 6};
 	raw_request(&f, &r, ok, MC_ARRAY_LEN(ok), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_INTERNAL);
@@ -1084,7 +1087,7 @@ Test(rpc, bad_requests_get_errors)
 		RNV("content-type", "application/grpc"),
 		RNV("grpc-encoding", "gzip"),
 	};
-	b = (struct body){msg, 5};
+	b = (struct body){.p = msg, .len = 5};
 	raw_request(&f, &r, enc, MC_ARRAY_LEN(enc), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_UNIMPLEMENTED);
@@ -1092,7 +1095,7 @@ Test(rpc, bad_requests_get_errors)
 
 	/* A body that is not the method's message. */
 	uint8_t junk[8] = {0, 0, 0, 0, 3, 0xff, 0xff, 0xff};
-	b = (struct body){junk, 8};
+	b = (struct body){.p = junk, .len = 8};
 	raw_request(&f, &r, ok, MC_ARRAY_LEN(ok), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_INTERNAL);
@@ -1100,13 +1103,13 @@ Test(rpc, bad_requests_get_errors)
 
 	/* A unary request with two messages, and one cut inside a message. */
 	uint8_t two[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-	b = (struct body){two, 10};
+	b = (struct body){.p = two, .len = 10};
 	raw_request(&f, &r, ok, MC_ARRAY_LEN(ok), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_INTERNAL);
 	raw_close(&r);
 	uint8_t cut[7] = {0, 0, 0, 0, 9, 1, 2};
-	b = (struct body){cut, 7};
+	b = (struct body){.p = cut, .len = 7};
 	raw_request(&f, &r, ok, MC_ARRAY_LEN(ok), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_INTERNAL);
@@ -1120,12 +1123,63 @@ Test(rpc, bad_requests_get_errors)
 
 	/* A correct one through the same path, to be sure the checks above
 	 * are not rejecting everything. */
-	b = (struct body){msg, 5};
+	b = (struct body){.p = msg, .len = 5};
 	raw_request(&f, &r, ok, MC_ARRAY_LEN(ok), &b);
 	RUN_UNTIL(&f, r.stream_closed);
 	cr_assert_eq(r.grpc_status, RPC_OK);
 	cr_assert_eq(r.data_bytes, 5);
 	raw_close(&r);
+	assert_still_serving(&f);
+	fx_fini(&f);
+}
+
+/* What the requests a server is receiving or decoding hold at once is
+ * bounded (max_request_memory), over all connections: three 1 MiB
+ * messages, each half sent on a connection of its own, fill 4 MiB; the
+ * fourth is refused with RESOURCE_EXHAUSTED while small calls still
+ * pass, and once the three go the room is back. */
+Test(rpc, request_memory_is_bounded)
+{
+	struct fx f;
+	struct rpc_server_opts so = {
+		.name = "test", .max_message_bytes = 2 * MiB, .max_request_memory = 4 * MiB};
+	fx_init(&f, &so, NULL);
+	static const char gauge[] = "mooncake_rpc_server_request_bytes{server=\"test\"} ";
+	static uint8_t half[5 + 512 * 1024];
+	rpc_frame_prefix(half, MiB);
+	nghttp2_nv nva[] = {
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/test.Hold/Hold"),
+		RNV(":authority", "x"),
+		RNV("content-type", "application/grpc"),
+		RNV("te", "trailers"),
+	};
+	struct raw r[4];
+	struct body b[4];
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < 4; i++) {
+			b[i] = (struct body){
+				.p = half, .len = sizeof(half), .hold_open = true};
+			raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
+			if (i < 3)
+				RUN_UNTIL(&f, metric_of(&f, gauge) >= (i + 1) * (double)MiB);
+		}
+		RUN_UNTIL(&f, r[3].stream_closed);
+		cr_assert_eq(r[3].grpc_status, RPC_RESOURCE_EXHAUSTED, "%s",
+			     r[3].grpc_message);
+		cr_assert(strstr(r[3].grpc_message, "requests%20hold") ||
+				  strstr(r[3].grpc_message, "requests hold"),
+			  "%s", r[3].grpc_message);
+		cr_assert_not(r[0].stream_closed || r[1].stream_closed || r[2].stream_closed);
+		struct ures small;
+		cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
+		ures_free(&small);
+		for (int i = 0; i < 4; i++)
+			raw_close(&r[i]);
+		RUN_UNTIL(&f, metric_of(&f, gauge) == 0);
+	}
+	cr_assert_eq(f.hold.started, 0);
 	assert_still_serving(&f);
 	fx_fini(&f);
 }
