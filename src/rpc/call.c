@@ -203,6 +203,8 @@ static void call_free(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
 	struct rpc__calls *cs = &s->calls;
+	rpc__req_count(&s->calls.bufs, call->df_held, false);
+	call->df_held = 0;
 	rpc_deframer_free(&call->df);
 	rpc__unpacked_free(call->req, &call->req_arena);
 	call->req = NULL;
@@ -493,12 +495,34 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	return call->done ? -ECANCELED : 0;
 }
 
+/* Count what the call's message being received holds now (its bytes
+ * so far) in the server's bound on requests. */
+static void call_count_partial(struct rpc_call *call)
+{
+	struct rpc__bufcache *bc = &call->s->calls.bufs;
+	size_t now = call->df.msg ? call->df.msg_got : 0;
+	if (now >= call->df_held)
+		rpc__req_count(bc, now - call->df_held, true);
+	else
+		rpc__req_count(bc, call->df_held - now, false);
+	call->df_held = now;
+}
+
 void rpc__call_data(struct rpc_call *call, const uint8_t *data, size_t len)
 {
 	if (!call->dispatched || call->done)
 		return;
+	struct rpc__bufcache *bc = &call->s->calls.bufs;
 	call->refs++;
+	if (!rpc__req_room(bc, len)) {
+		call_abort_full(call);
+		rpc__call_unref(call);
+		return;
+	}
+	rpc__req_count(bc, len, true); /* (the chunk, while it is fed) */
 	int rc = rpc_deframer_feed(&call->df, data, len, call_on_msg, call);
+	rpc__req_count(bc, len, false);
+	call_count_partial(call);
 	if (rc == MC_ETOO_LARGE) {
 		char msg[128];
 		snprintf(msg, sizeof(msg),
@@ -508,9 +532,6 @@ void rpc__call_data(struct rpc_call *call, const uint8_t *data, size_t len)
 	} else if (rc == -EPROTO && !call->done) {
 		rpc__call_abort(call, RPC_INTERNAL,
 				"compressed message but no grpc-encoding was negotiated");
-	} else if (rc == -ENOMEM &&
-		   !rpc__req_room(&call->s->calls.bufs, call->df.msg_len + 16)) {
-		call_abort_full(call);
 	} else if (rc == -ENOMEM) {
 		rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
 	}

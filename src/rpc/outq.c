@@ -76,38 +76,30 @@ bool rpc__req_room(const struct rpc__bufcache *bc, size_t n)
 	       (bc->req_held <= bc->req_max && n <= bc->req_max - bc->req_held);
 }
 
-/* Count n bytes more (add) or fewer held by bc's requests. */
-static void req_count(struct rpc__bufcache *bc, size_t n, bool add)
+void rpc__req_count(struct rpc__bufcache *bc, size_t n, bool add)
 {
 	bc->req_held = add ? bc->req_held + n : bc->req_held - n;
 	metric_set(bc->req_gauge, (int64_t)bc->req_held);
 }
 
 /* Deframer bodies carry their buffer's size in a 16-byte header, since
- * the deframer only knows the body length. A server's count against its
- * bound on requests (len + 16 each, from alloc to release). */
+ * the deframer only knows the body length. */
 static void *df_alloc(void *ctx, size_t len)
 {
-	struct rpc__bufcache *bc = ctx;
-	if (len > SIZE_MAX - 16 || !rpc__req_room(bc, len + 16))
-		return NULL;
 	size_t cap;
-	uint8_t *p = rpc__buf_get(bc, len + 16, &cap);
+	uint8_t *p = rpc__buf_get(ctx, len + 16, &cap);
 	if (!p)
 		return NULL;
-	req_count(bc, len + 16, true);
 	memcpy(p, &cap, sizeof(cap));
 	return p + 16;
 }
 
 static void df_release(void *ctx, void *p, size_t len)
 {
-	struct rpc__bufcache *bc = ctx;
 	size_t cap;
 	uint8_t *base = (uint8_t *)p - 16;
 	memcpy(&cap, base, sizeof(cap));
-	req_count(bc, len + 16, false);
-	rpc__buf_put(bc, base, cap);
+	rpc__buf_put(ctx, base, cap);
 }
 
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc)
@@ -341,7 +333,7 @@ void rpc__rbody_unref(struct rpc__rbody *b)
 
 static void arena_release(struct rpc__arena *ar)
 {
-	req_count(ar->bc, ar->held, false);
+	rpc__req_count(ar->bc, ar->held, false);
 	ar->held = 0;
 	mc_pbarena_release(&ar->pb);
 	rpc__buf_put(ar->bc, ar->pb.buf, ar->pb.cap);
@@ -407,8 +399,9 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 		ar->bc = NULL;
 		return NULL;
 	}
-	ar->held = ar->pb.cap + ar->pb.taken;
-	req_count(bc, ar->held, true);
+	/* (a body the arena took counts here from now on) */
+	ar->held = ar->pb.cap + ar->pb.taken + (ar->body ? ar->body->len : 0);
+	rpc__req_count(bc, ar->held, true);
 	return m;
 }
 

@@ -110,9 +110,11 @@ struct rpc__bufcache {
 	} slot[RPC__BUF_CACHE_SLOTS];
 	unsigned n;
 	size_t bytes;
-	/* A server's requests (received bodies and the messages unpacked
-	 * from them): the bytes they hold now, and the most they may hold
-	 * (0: no bound; a client's). */
+	/* A server's requests (the bytes received of messages not yet
+	 * whole, and the messages unpacked, with bodies they keep): the
+	 * bytes they hold now, and the most they may hold (0: no bound; a
+	 * client's). A body's buffer is allocated whole when its length
+	 * arrives, but only the pages written take memory. */
 	size_t req_held, req_max;
 	struct metric *req_gauge; /* req_held, or NULL */
 };
@@ -127,6 +129,8 @@ void rpc__bufcache_free(struct rpc__bufcache *bc);
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
 /* Do n more bytes of requests fit in bc's bound? */
 bool rpc__req_room(const struct rpc__bufcache *bc, size_t n);
+/* Count n bytes more (add) or fewer held by bc's requests. */
+void rpc__req_count(struct rpc__bufcache *bc, size_t n, bool add);
 
 /* protobuf-c unpacking into an arena (common/pb.h): a large
  * message's starts in one recycled buffer, a small one's in a chunk of

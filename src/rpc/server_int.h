@@ -120,6 +120,7 @@ struct rpc_call {
 	ProtobufCMessage *req;
 	struct rpc__arena req_arena;
 	struct rpc_deframer df;
+	size_t df_held; /* counted in calls.bufs.req_held (call_count_partial) */
 	struct rpc__outq outq;
 	struct rpc__dl dl;
 	void *data;

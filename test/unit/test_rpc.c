@@ -1134,10 +1134,11 @@ Test(rpc, bad_requests_get_errors)
 }
 
 /* What the requests a server is receiving or decoding hold at once is
- * bounded (max_request_memory), over all connections: three 1 MiB
- * messages, each half sent on a connection of its own, fill 4 MiB; the
- * fourth is refused with RESOURCE_EXHAUSTED while small calls still
- * pass, and once the three go the room is back. */
+ * bounded (max_request_memory), over all connections, by the bytes that
+ * came: streams that only declare large messages take nothing; three
+ * 2 MiB messages, each 1.25 MiB sent on a connection of its own, fill
+ * 4 MiB, and the fourth is refused with RESOURCE_EXHAUSTED while small
+ * calls still pass; once the three go the room is back. */
 Test(rpc, request_memory_is_bounded)
 {
 	struct fx f;
@@ -1145,8 +1146,8 @@ Test(rpc, request_memory_is_bounded)
 		.name = "test", .max_message_bytes = 2 * MiB, .max_request_memory = 4 * MiB};
 	fx_init(&f, &so, NULL);
 	static const char gauge[] = "mooncake_rpc_server_request_bytes{server=\"test\"} ";
-	static uint8_t half[5 + 512 * 1024];
-	rpc_frame_prefix(half, MiB);
+	static uint8_t part[5 + 5 * MiB / 4];
+	rpc_frame_prefix(part, 2 * MiB);
 	nghttp2_nv nva[] = {
 		RNV(":method", "POST"),
 		RNV(":scheme", "http"),
@@ -1155,15 +1156,28 @@ Test(rpc, request_memory_is_bounded)
 		RNV("content-type", "application/grpc"),
 		RNV("te", "trailers"),
 	};
-	struct raw r[4];
-	struct body b[4];
+	struct raw r[8];
+	struct body b[8];
+	struct ures small;
+
+	/* Declared, not sent: nothing held. */
+	for (int i = 0; i < 8; i++) {
+		b[i] = (struct body){.p = part, .len = 5, .hold_open = true};
+		raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
+	}
+	cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
+	ures_free(&small);
+	cr_assert_lt(metric_of(&f, gauge), 64 * 1024);
+	for (int i = 0; i < 8; i++)
+		raw_close(&r[i]);
+
 	for (int round = 0; round < 2; round++) {
 		for (int i = 0; i < 4; i++) {
 			b[i] = (struct body){
-				.p = half, .len = sizeof(half), .hold_open = true};
+				.p = part, .len = sizeof(part), .hold_open = true};
 			raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
 			if (i < 3)
-				RUN_UNTIL(&f, metric_of(&f, gauge) >= (i + 1) * (double)MiB);
+				RUN_UNTIL(&f, metric_of(&f, gauge) >= (i + 1) * 1.25 * MiB);
 		}
 		RUN_UNTIL(&f, r[3].stream_closed);
 		cr_assert_eq(r[3].grpc_status, RPC_RESOURCE_EXHAUSTED, "%s",
@@ -1172,7 +1186,6 @@ Test(rpc, request_memory_is_bounded)
 				  strstr(r[3].grpc_message, "requests hold"),
 			  "%s", r[3].grpc_message);
 		cr_assert_not(r[0].stream_closed || r[1].stream_closed || r[2].stream_closed);
-		struct ures small;
 		cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
 		ures_free(&small);
 		for (int i = 0; i < 4; i++)
