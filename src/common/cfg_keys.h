@@ -46,8 +46,8 @@
 	  "the most memory the requests a gRPC server is receiving or handling " \
 	  "may hold at once, the bytes received and what they decode to; a " \
 	  "request that would pass it fails with RESOURCE_EXHAUSTED (at least " \
-	  "--rpc-max-message-size; never below the largest request a server " \
-	  "accepts)") \
+	  "twice --rpc-max-message-size; never below twice the largest request " \
+	  "a server accepts, plus 1M)") \
 	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0, 3600000, NULL, \
 	  "on SIGTERM/SIGINT, how long to wait for in-flight calls before " \
 	  "cancelling them: the agent's client requests first (new ones are " \

@@ -106,10 +106,11 @@ static void call_record(struct rpc_call *call, int code)
 /* ---------------------------------------------------------------- the calls of a server */
 
 /* The bound on requests' memory: as asked, and room for one request of
- * the largest size at least. */
+ * the largest size and what it decodes to at least (its bytes, a copy
+ * and some structs). */
 static void calls_bound(struct rpc__calls *cs)
 {
-	size_t least = cs->max_recv + 16;
+	size_t least = 2 * cs->max_recv + (1u << 20);
 	cs->bufs.req_max = cs->req_mem > least ? cs->req_mem : least;
 }
 
@@ -443,8 +444,6 @@ void rpc__call_dispatch(struct rpc_call *call)
 	}
 }
 
-/* A request that did not unpack: the method's answer for one nested too
- * deeply, if it has one, else grpc-go's for a message it cannot parse. */
 /* The answer to a request that was refused memory: the server's bound
  * on what requests hold (--rpc-max-request-memory) is reached. */
 static void call_abort_full(struct rpc_call *call)
@@ -458,6 +457,9 @@ static void call_abort_full(struct rpc_call *call)
 	rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 }
 
+/* A request that did not unpack: the method's answer for one nested too
+ * deeply, if it has one, else the bound's, else grpc-go's for a message
+ * it cannot parse. */
 static void call_abort_unparsed(struct rpc_call *call, const struct rpc__arena *a)
 {
 	if (a->too_deep && call->m->too_deep_message)

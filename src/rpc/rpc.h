@@ -91,8 +91,8 @@ struct rpc_server_opts {
 	size_t max_message_bytes; /* 0: 4 MiB */
 	/* The most the requests being received or handled may hold at once,
 	 * their bytes and what they decode to; past it a request fails with
-	 * RESOURCE_EXHAUSTED. 0: 1 GiB (and never below max_message_bytes
-	 * or rpc_server_set_max_recv_bytes' figure, plus 16). */
+	 * RESOURCE_EXHAUSTED. 0: 1 GiB (and never below twice the largest
+	 * request accepted, plus 1 MiB: see rpc_server_set_max_recv_bytes). */
 	size_t max_request_memory;
 	uint32_t max_concurrent_streams;  /* 0: 1024 */
 	uint64_t handshake_timeout_ms;    /* preface must arrive in this; 0: 10s */

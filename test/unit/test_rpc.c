@@ -1135,19 +1135,19 @@ Test(rpc, bad_requests_get_errors)
 
 /* What the requests a server is receiving or decoding hold at once is
  * bounded (max_request_memory), over all connections, by the bytes that
- * came: streams that only declare large messages take nothing; three
- * 2 MiB messages, each 1.25 MiB sent on a connection of its own, fill
- * 4 MiB, and the fourth is refused with RESOURCE_EXHAUSTED while small
- * calls still pass; once the three go the room is back. */
+ * came: streams that only declare large messages take nothing; four
+ * 1 MiB messages, each 0.9 MiB sent on a connection of its own, fill
+ * 4 MiB, and the fifth is refused with RESOURCE_EXHAUSTED while small
+ * calls still pass; once the four go the room is back. */
 Test(rpc, request_memory_is_bounded)
 {
 	struct fx f;
 	struct rpc_server_opts so = {
-		.name = "test", .max_message_bytes = 2 * MiB, .max_request_memory = 4 * MiB};
+		.name = "test", .max_message_bytes = MiB, .max_request_memory = 4 * MiB};
 	fx_init(&f, &so, NULL);
 	static const char gauge[] = "mooncake_rpc_server_request_bytes{server=\"test\"} ";
-	static uint8_t part[5 + 5 * MiB / 4];
-	rpc_frame_prefix(part, 2 * MiB);
+	static uint8_t part[5 + 9 * MiB / 10];
+	rpc_frame_prefix(part, MiB);
 	nghttp2_nv nva[] = {
 		RNV(":method", "POST"),
 		RNV(":scheme", "http"),
@@ -1172,23 +1172,24 @@ Test(rpc, request_memory_is_bounded)
 		raw_close(&r[i]);
 
 	for (int round = 0; round < 2; round++) {
-		for (int i = 0; i < 4; i++) {
+		for (int i = 0; i < 5; i++) {
 			b[i] = (struct body){
 				.p = part, .len = sizeof(part), .hold_open = true};
 			raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
-			if (i < 3)
-				RUN_UNTIL(&f, metric_of(&f, gauge) >= (i + 1) * 1.25 * MiB);
+			if (i < 4)
+				RUN_UNTIL(&f, metric_of(&f, gauge) >= (i + 1) * 0.85 * MiB);
 		}
-		RUN_UNTIL(&f, r[3].stream_closed);
-		cr_assert_eq(r[3].grpc_status, RPC_RESOURCE_EXHAUSTED, "%s",
-			     r[3].grpc_message);
-		cr_assert(strstr(r[3].grpc_message, "requests%20hold") ||
-				  strstr(r[3].grpc_message, "requests hold"),
-			  "%s", r[3].grpc_message);
-		cr_assert_not(r[0].stream_closed || r[1].stream_closed || r[2].stream_closed);
+		RUN_UNTIL(&f, r[4].stream_closed);
+		cr_assert_eq(r[4].grpc_status, RPC_RESOURCE_EXHAUSTED, "%s",
+			     r[4].grpc_message);
+		cr_assert(strstr(r[4].grpc_message, "requests%20hold") ||
+				  strstr(r[4].grpc_message, "requests hold"),
+			  "%s", r[4].grpc_message);
+		for (int i = 0; i < 4; i++)
+			cr_assert_not(r[i].stream_closed, "stream %d", i);
 		cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
 		ures_free(&small);
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; i < 5; i++)
 			raw_close(&r[i]);
 		RUN_UNTIL(&f, metric_of(&f, gauge) == 0);
 	}
