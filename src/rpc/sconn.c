@@ -43,7 +43,8 @@ struct sconn {
 	struct rpc_call *calls; /* linked by h2.prev/next */
 	unsigned ncalls;
 	bool handshake_done;
-	int drain_stage; /* 0: serving, 1: notice + PING sent, 2: GOAWAY sent */
+	bool told_big_headers; /* logged once a connection */
+	int drain_stage;       /* 0: serving, 1: notice + PING sent, 2: GOAWAY sent */
 	/* The last stream looked up and its call (NULL: none): nghttp2's
 	 * callbacks ask for a stream's call once per header and frame, a
 	 * dozen times a call, each a lookup in nghttp2's stream map. */
@@ -338,6 +339,24 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
 	struct rpc_call *call = call_of(sc, frame->hd.stream_id);
 	if (!call || call->h2.bad_headers)
 		return 0;
+	/* nghttp2 does not hold a peer to the SETTINGS_MAX_HEADER_LIST_SIZE
+	 * we advertised, and HPACK lets one byte repeat a 4 KiB field of
+	 * its dynamic table: a 16 KiB HEADERS frame would decode to 64 MB.
+	 * Past the size, the stream is reset and nothing more is kept. */
+	call->h2.hdr_bytes += (uint32_t)(nlen + vlen + 32); /* (each < 64 KiB) */
+	if (call->h2.hdr_bytes > RPC__MAX_HEADER_LIST_BYTES) {
+		metric_inc(sc->cs->m_proto);
+		if (!sc->told_big_headers)
+			log_info("%s: %s sent headers of more than %u bytes (stream %d, "
+				 "reset; the connection's next ones too, unlogged)",
+				 sc_name(sc), sc->base.peer, RPC__MAX_HEADER_LIST_BYTES,
+				 (int)frame->hd.stream_id);
+		sc->told_big_headers = true;
+		call->h2.bad_headers = true;
+		nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, call->h2.stream_id,
+					  NGHTTP2_ENHANCE_YOUR_CALM);
+		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+	}
 	int rv = check_header(ng, call, name, nlen, value, vlen);
 	if (rv)
 		return rv;

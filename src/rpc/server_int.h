@@ -84,6 +84,7 @@ struct rpc__h2call {
 	uint8_t pseudo;      /* pseudo-headers seen */
 	bool regular_seen;   /* a regular header came: no pseudo after it */
 	bool bad_headers;    /* the stream was reset for its headers */
+	uint32_t hdr_bytes;  /* header list size so far (RFC 9113 6.5.2) */
 	bool resp_submitted; /* response HEADERS submitted */
 };
 

@@ -20,6 +20,8 @@ disarmed) so that the rest of the run still reaches every path.
 import itertools
 import random
 import signal
+import socket
+import struct
 import threading
 import time
 
@@ -445,6 +447,69 @@ def requests_that_decode_past_the_request_memory_are_refused():
         r = pb.TxnResponse.FromString(raw_txn(txn.SerializeToString(), timeout=10))
         eq(r.succeeded, True, "a Txn of 100 compares")
         eq(cl.get(b"lim/k"), b"w", "its put")
+        cl.close()
+        eq(m.stop(), 0, "exit status")
+    finally:
+        c.close()
+
+
+def _h2_frame(ftype, flags, sid, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + \
+        struct.pack(">I", sid) + payload
+
+
+def _hpack_literal(name, value):
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+@case
+def an_hpack_bomb_takes_no_memory():
+    """HPACK lets one byte repeat a 4 KiB header of the dynamic table: a
+    16 KiB HEADERS frame of such references decodes to some 50 MB, and
+    nghttp2 does not hold the peer to the header list size the server
+    advertised. 64 such streams on one connection: each is reset once
+    its headers pass 64 KiB, and the member's memory does not grow
+    (before, 8 of them took 480 MB)."""
+    c = Cluster(1)
+    try:
+        c.start()
+        m = c.members[0]
+        cl = Client(m.client_addr, timeout=10)
+        mctest.wait_for(lambda: cl.put(b"hb/k", b"v"), timeout=20, what="a first put")
+        rss0 = mctest.proc_mib(m.daemon.pid)
+        s = socket.create_connection(("127.0.0.1", m.client_port))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b""))
+        for i in range(64):
+            p = b"\x83\x86" + _hpack_literal(b":path", b"/etcdserverpb.KV/Range") + \
+                _hpack_literal(b":authority", b"x") + \
+                _hpack_literal(b"content-type", b"application/grpc") + \
+                _hpack_literal(b"te", b"trailers")
+            if i == 0:
+                p += b"\x40\x05x-big\x7f\xa1\x1e" + b"a" * 4000  # into the table
+            p += b"\xbe" * (16384 - len(p))  # index 62: x-big, again and again
+            s.sendall(_h2_frame(1, 4, 1 + 2 * i, p))
+        # Every stream is reset (RST_STREAM, ENHANCE_YOUR_CALM).
+        got, resets, deadline = b"", set(), time.monotonic() + 20
+        s.settimeout(1)
+        while len(resets) < 64 and time.monotonic() < deadline:
+            try:
+                got += s.recv(65536)
+            except socket.timeout:
+                continue
+            while len(got) >= 9 and len(got) >= 9 + int.from_bytes(got[:3], "big"):
+                n, ftype = int.from_bytes(got[:3], "big"), got[3]
+                sid = int.from_bytes(got[5:9], "big") & 0x7fffffff
+                if ftype == 3:
+                    eq(int.from_bytes(got[9:13], "big"), 0xb, "the reset's code")
+                    resets.add(sid)
+                got = got[9 + n:]
+        eq(len(resets), 64, "streams reset")
+        assert "sent headers of more than 65536 bytes" in m.output(), "the log line"
+        if not mctest.sanitized():
+            grew = mctest.proc_mib(m.daemon.pid) - rss0
+            assert grew < 32, "the member grew %.0f MiB" % grew
+        s.close()
+        eq(cl.get(b"hb/k"), b"v", "the member serves on")
         cl.close()
         eq(m.stop(), 0, "exit status")
     finally:

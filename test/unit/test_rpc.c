@@ -1291,6 +1291,67 @@ Test(rpc, abuse_oversized_frame)
 	fx_fini(&f);
 }
 
+/* An HPACK bomb: one 4,000-byte field into the dynamic table, then
+ * 1-byte references to it filling 16 KiB HEADERS frames, each of which
+ * would decode to some 50 MB. The server resets each such stream with
+ * ENHANCE_YOUR_CALM once its header list passes 64 KiB (what it
+ * advertises), keeps nothing more of it, and serves on. */
+Test(rpc, abuse_hpack_bomb)
+{
+	struct fx f;
+	fx_init(&f, NULL, NULL);
+	double before = metric_of(
+		&f, "mooncake_rpc_server_protocol_errors_total{server=\"test\"} ");
+	static uint8_t buf[24 + 9 + 8 * (9 + 16384)];
+	size_t n = 0;
+	memcpy(buf, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
+	n = 24;
+	uint8_t settings[9] = {0, 0, 0, NGHTTP2_SETTINGS, 0, 0, 0, 0, 0};
+	memcpy(buf + n, settings, 9);
+	n += 9;
+	static const uint8_t head[] = "\x83\x86" /* :method POST, :scheme http */
+				      "\x04\x0f/test.Hold/Hold" /* :path */
+				      "\x01\x01x"               /* :authority */
+				      "\x0f\x10\x10"
+				      "application/grpc" /* content-type */
+				      "\x00\x02te\x08trailers";
+	for (int i = 0; i < 8; i++) {
+		uint8_t *fr = buf + n;
+		size_t p = 9;
+		memcpy(fr + p, head, sizeof(head) - 1);
+		p += sizeof(head) - 1;
+		if (i == 0) { /* x-big: 4,000 bytes, incremental indexing */
+			memcpy(fr + p, "\x40\x05x-big\x7f\xa1\x1e", 10);
+			p += 10;
+			memset(fr + p, 'a', 4000);
+			p += 4000;
+		}
+		memset(fr + p, 0xbe, 9 + 16384 - p); /* index 62: x-big */
+		uint32_t sid = 1 + 2 * (uint32_t)i;
+		uint8_t hd[9] = {0x00,
+				 0x40,
+				 0x00,
+				 NGHTTP2_HEADERS,
+				 NGHTTP2_FLAG_END_HEADERS,
+				 (uint8_t)(sid >> 24),
+				 (uint8_t)(sid >> 16),
+				 (uint8_t)(sid >> 8),
+				 (uint8_t)sid};
+		memcpy(fr, hd, 9);
+		n += 9 + 16384;
+	}
+	struct raw r;
+	raw_connect(&f, &r);
+	raw_write(&r, buf, n);
+	RUN_UNTIL(&f, metric_of(&f, "mooncake_rpc_server_protocol_errors_total{"
+				    "server=\"test\"} ") >= before + 8);
+	RUN_UNTIL(&f, raw_saw_frame(&r, NGHTTP2_RST_STREAM));
+	cr_assert_eq(f.hold.started, 0);
+	raw_close(&r);
+	assert_still_serving(&f);
+	fx_fini(&f);
+}
+
 Test(rpc, abuse_bad_pseudo_headers)
 {
 	struct fx f;
