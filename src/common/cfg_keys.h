@@ -41,11 +41,13 @@
 	  1073741824ull, NULL, \
 	  "largest gRPC message accepted or sent; larger ones fail with " \
 	  "RESOURCE_EXHAUSTED") \
-	X(RPC_MAX_REQUEST_MEMORY, "rpc-max-request-memory", COMMON, SIZE, "1G", 1048576, \
+	X(RPC_MAX_CALL_MEMORY, "rpc-max-call-memory", COMMON, SIZE, "1G", 1048576, \
 	  1ull << 40, NULL, \
-	  "the most memory the requests a gRPC server is receiving or handling " \
-	  "may hold at once, the bytes received and what they decode to; a " \
-	  "request that would pass it fails with RESOURCE_EXHAUSTED (at least " \
+	  "the most memory the calls of a gRPC server may hold at once: the " \
+	  "bytes of requests being received, what they decode to, and answers " \
+	  "the clients have not taken yet, one connection's at most a quarter " \
+	  "of it; a call that would pass it fails with RESOURCE_EXHAUSTED (at " \
+	  "least " \
 	  "twice --rpc-max-message-size; never below twice the largest request " \
 	  "a server accepts, plus 1M)") \
 	X(SHUTDOWN_TIMEOUT, "shutdown-timeout", COMMON, DURATION, "10s", 0, 3600000, NULL, \

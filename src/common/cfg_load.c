@@ -369,13 +369,12 @@ int cfg_load(struct cfg *c, int argc, char *const argv[], char *const envp[],
 	rc = cfg__check_ha(c, ha, err, errlen);
 	if (rc)
 		goto fail;
-	if (cfg_u64(c, CFG_RPC_MAX_REQUEST_MEMORY) / 2 <
-	    cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE)) {
+	if (cfg_u64(c, CFG_RPC_MAX_CALL_MEMORY) / 2 < cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE)) {
 		snprintf(err, errlen,
-			 "--rpc-max-request-memory (%" PRIu64 " bytes) is below twice "
+			 "--rpc-max-call-memory (%" PRIu64 " bytes) is below twice "
 			 "--rpc-max-message-size (%" PRIu64 "): a message that large "
 			 "could not be received and decoded",
-			 cfg_u64(c, CFG_RPC_MAX_REQUEST_MEMORY),
+			 cfg_u64(c, CFG_RPC_MAX_CALL_MEMORY),
 			 cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE));
 		rc = -EINVAL;
 		goto fail;

@@ -417,7 +417,7 @@ static int start_role(struct daemon *d, struct role_rt *rt)
 		struct rpc_server_opts o = {
 			.name = rd->label,
 			.max_message_bytes = cfg_u64(cfg, CFG_RPC_MAX_MESSAGE_SIZE),
-			.max_request_memory = cfg_u64(cfg, CFG_RPC_MAX_REQUEST_MEMORY),
+			.max_call_memory = cfg_u64(cfg, CFG_RPC_MAX_CALL_MEMORY),
 			.metrics = rt->metrics,
 		};
 		rc = rpc_server_new(&d->loop, &o, &rt->rpc[i]);

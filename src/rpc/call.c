@@ -111,20 +111,25 @@ static void call_record(struct rpc_call *call, int code)
 static void calls_bound(struct rpc__calls *cs)
 {
 	size_t least = 2 * cs->max_recv + (1u << 20);
-	cs->bufs.req_max = cs->req_mem > least ? cs->req_mem : least;
+	cs->bufs.mem_max = cs->call_mem > least ? cs->call_mem : least;
+	/* One connection: a quarter, and one message either way. */
+	size_t one = (cs->max_recv > cs->max_msg ? cs->max_recv : cs->max_msg) + (1u << 20);
+	cs->conn_max = cs->bufs.mem_max / 4 > one ? cs->bufs.mem_max / 4 : one;
+	if (cs->conn_max > cs->bufs.mem_max)
+		cs->conn_max = cs->bufs.mem_max;
 }
 
 int rpc__calls_init(struct rpc__calls *cs, struct metrics_registry *reg, const char *server,
-		    size_t max_msg, size_t req_mem)
+		    size_t max_msg, size_t call_mem)
 {
 	cs->reg = reg;
 	cs->max_msg = cs->max_recv = max_msg;
-	cs->req_mem = req_mem ? req_mem : RPC__DEFAULT_REQUEST_MEMORY;
+	cs->call_mem = call_mem ? call_mem : RPC__DEFAULT_CALL_MEMORY;
 	calls_bound(cs);
-	cs->bufs.req_gauge = metrics_gauge(
-		reg, "mooncake_rpc_server_request_bytes",
-		"Bytes held by the requests being received or decoded (at most "
-		"--rpc-max-request-memory).",
+	cs->bufs.mem_gauge = metrics_gauge(
+		reg, "mooncake_rpc_server_call_memory_bytes",
+		"Bytes held by calls: requests being received or decoded, answers "
+		"the clients have not taken (at most --rpc-max-call-memory).",
 		"server", (const char *const[]){server});
 	return rpc__mstats_init(&cs->unknown, reg, server, "unknown", "", false, false);
 }
@@ -192,6 +197,7 @@ struct rpc_call *rpc__call_new(struct rpc_server *s, const struct rpc__call_tp *
 	call->start_ns = uv_hrtime();
 	rpc__deframer_setup(&call->df, cs->max_recv, &cs->bufs);
 	rpc__outq_init(&call->outq, tp->outq_ops);
+	call->outq.acct = &cs->bufs;
 	rpc__dl_init(&call->dl);
 	size_t n = strnlen(peer, sizeof(call->peer) - 1);
 	memcpy(call->peer, peer, n);
@@ -204,7 +210,9 @@ static void call_free(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
 	struct rpc__calls *cs = &s->calls;
-	rpc__req_count(&s->calls.bufs, call->df_held, false);
+	rpc__mem_count(&s->calls.bufs, call->df_held, false);
+	if (call->conn_held)
+		*call->conn_held -= call->df_held;
 	call->df_held = 0;
 	rpc_deframer_free(&call->df);
 	rpc__unpacked_free(call->req, &call->req_arena);
@@ -444,16 +452,39 @@ void rpc__call_dispatch(struct rpc_call *call)
 	}
 }
 
-/* The answer to a request that was refused memory: the server's bound
- * on what requests hold (--rpc-max-request-memory) is reached. */
-static void call_abort_full(struct rpc_call *call)
+enum call_room { ROOM_OK, ROOM_SERVER_FULL, ROOM_CONN_FULL };
+
+/* Do n more bytes fit the bound on what calls hold
+ * (--rpc-max-call-memory), and the share of it one connection may take? */
+static enum call_room call_room(const struct rpc_call *call, size_t n)
 {
-	const struct rpc__bufcache *bc = &call->s->calls.bufs;
-	char msg[160];
-	snprintf(msg, sizeof(msg),
-		 "grpc: the server's requests hold %zu of their %zu bytes; "
-		 "this one does not fit (retry later or send smaller ones)",
-		 bc->req_held, bc->req_max);
+	const struct rpc__calls *cs = &call->s->calls;
+	if (!rpc__mem_room(&cs->bufs, n))
+		return ROOM_SERVER_FULL;
+	const size_t *c = call->conn_held;
+	return !c || (*c <= cs->conn_max && n <= cs->conn_max - *c) ? ROOM_OK : ROOM_CONN_FULL;
+}
+
+static void full_message(const struct rpc_call *call, enum call_room why, char *msg, size_t n)
+{
+	const struct rpc__calls *cs = &call->s->calls;
+	if (why == ROOM_CONN_FULL)
+		snprintf(msg, n,
+			 "grpc: the calls of this connection hold %zu of the %zu bytes "
+			 "one connection may; this one does not fit (take the answers, "
+			 "or ask for less)",
+			 *call->conn_held, cs->conn_max);
+	else
+		snprintf(msg, n,
+			 "grpc: the server's calls hold %zu of their %zu bytes; "
+			 "this one does not fit (retry later or ask for less)",
+			 cs->bufs.mem_held, cs->bufs.mem_max);
+}
+
+static void call_abort_full(struct rpc_call *call, enum call_room why)
+{
+	char msg[192];
+	full_message(call, why, msg, sizeof(msg));
 	rpc__call_abort(call, RPC_RESOURCE_EXHAUSTED, msg);
 }
 
@@ -465,7 +496,7 @@ static void call_abort_unparsed(struct rpc_call *call, const struct rpc__arena *
 	if (a->too_deep && call->m->too_deep_message)
 		rpc__call_abort(call, call->m->too_deep_status, call->m->too_deep_message);
 	else if (a->too_big)
-		call_abort_full(call);
+		call_abort_full(call, ROOM_SERVER_FULL);
 	else
 		rpc__call_abort(call, RPC_INTERNAL, "failed to parse request message");
 }
@@ -504,9 +535,11 @@ static void call_count_partial(struct rpc_call *call)
 	struct rpc__bufcache *bc = &call->s->calls.bufs;
 	size_t now = call->df.msg ? call->df.msg_got : 0;
 	if (now >= call->df_held)
-		rpc__req_count(bc, now - call->df_held, true);
+		rpc__mem_count(bc, now - call->df_held, true);
 	else
-		rpc__req_count(bc, call->df_held - now, false);
+		rpc__mem_count(bc, call->df_held - now, false);
+	if (call->conn_held)
+		*call->conn_held = *call->conn_held - call->df_held + now;
 	call->df_held = now;
 }
 
@@ -516,14 +549,15 @@ void rpc__call_data(struct rpc_call *call, const uint8_t *data, size_t len)
 		return;
 	struct rpc__bufcache *bc = &call->s->calls.bufs;
 	call->refs++;
-	if (!rpc__req_room(bc, len)) {
-		call_abort_full(call);
+	enum call_room why = call_room(call, len);
+	if (why != ROOM_OK) {
+		call_abort_full(call, why);
 		rpc__call_unref(call);
 		return;
 	}
-	rpc__req_count(bc, len, true); /* (the chunk, while it is fed) */
+	rpc__mem_count(bc, len, true); /* (the chunk, while it is fed) */
 	int rc = rpc_deframer_feed(&call->df, data, len, call_on_msg, call);
-	rpc__req_count(bc, len, false);
+	rpc__mem_count(bc, len, false);
 	call_count_partial(call);
 	if (rc == MC_ETOO_LARGE) {
 		char msg[128];
@@ -667,6 +701,15 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 				call->req_arena.body, &m);
 	if (rc)
 		return rc;
+	/* An answer waits in memory until the client takes it (a client
+	 * that opens no window never does): it too must fit the bound. The
+	 * call then ends RESOURCE_EXHAUSTED, whatever its handler says. */
+	enum call_room why = call_room(call, m->len);
+	if (why != ROOM_OK) {
+		rpc__omsg_unref(m);
+		call->mem_refused = (uint8_t)why;
+		return -ENOBUFS;
+	}
 	rpc__outq_push(&call->outq, m);
 	call->nsent++;
 	rc = call->tp->on_send(call);
@@ -685,6 +728,12 @@ void rpc_call_finish(struct rpc_call *call, int status, const char *message)
 		return;
 	}
 	call->handler_ref = false;
+	char full[192];
+	if (call->mem_refused) {
+		full_message(call, call->mem_refused, full, sizeof(full));
+		status = RPC_RESOURCE_EXHAUSTED;
+		message = full;
+	}
 	if (!call->done) {
 		call_set_done(call, status, message, false);
 		call->tp->on_done(call, false);

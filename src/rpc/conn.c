@@ -224,7 +224,7 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 			rpc__omsg_unref(m);
 		}
 	}
-	q->bytes -= length;
+	rpc__outq_set_bytes(q, q->bytes - length);
 	q->reserved = 0;
 	q->taken += length;
 	drain_check(c, q);

@@ -70,16 +70,16 @@ void rpc__bufcache_free(struct rpc__bufcache *bc)
 	bc->bytes = 0;
 }
 
-bool rpc__req_room(const struct rpc__bufcache *bc, size_t n)
+bool rpc__mem_room(const struct rpc__bufcache *bc, size_t n)
 {
-	return !bc || !bc->req_max ||
-	       (bc->req_held <= bc->req_max && n <= bc->req_max - bc->req_held);
+	return !bc || !bc->mem_max ||
+	       (bc->mem_held <= bc->mem_max && n <= bc->mem_max - bc->mem_held);
 }
 
-void rpc__req_count(struct rpc__bufcache *bc, size_t n, bool add)
+void rpc__mem_count(struct rpc__bufcache *bc, size_t n, bool add)
 {
-	bc->req_held = add ? bc->req_held + n : bc->req_held - n;
-	metric_set(bc->req_gauge, (int64_t)bc->req_held);
+	bc->mem_held = add ? bc->mem_held + n : bc->mem_held - n;
+	metric_set(bc->mem_gauge, (int64_t)bc->mem_held);
 }
 
 /* Deframer bodies carry their buffer's size in a 16-byte header, since
@@ -333,7 +333,7 @@ void rpc__rbody_unref(struct rpc__rbody *b)
 
 static void arena_release(struct rpc__arena *ar)
 {
-	rpc__req_count(ar->bc, ar->held, false);
+	rpc__mem_count(ar->bc, ar->held, false);
 	ar->held = 0;
 	mc_pbarena_release(&ar->pb);
 	rpc__buf_put(ar->bc, ar->pb.buf, ar->pb.cap);
@@ -390,8 +390,8 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;
 	/* What it may take decoded: the rest of bc's bound on requests. */
-	size_t room = !bc->req_max                 ? SIZE_MAX
-		      : bc->req_held < bc->req_max ? bc->req_max - bc->req_held
+	size_t room = !bc->mem_max                 ? SIZE_MAX
+		      : bc->mem_held < bc->mem_max ? bc->mem_max - bc->mem_held
 						   : 0;
 	ProtobufCMessage *m = unpack_arena(desc, data, len, df, ar, room);
 	if (!m) {
@@ -401,7 +401,7 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 	}
 	/* (a body the arena took counts here from now on) */
 	ar->held = ar->pb.cap + ar->pb.taken + (ar->body ? ar->body->len : 0);
-	rpc__req_count(bc, ar->held, true);
+	rpc__mem_count(bc, ar->held, true);
 	return m;
 }
 
@@ -590,6 +590,16 @@ void rpc__outq_init(struct rpc__outq *q, const struct rpc__outq_ops *ops)
 	q->ops = ops;
 }
 
+void rpc__outq_set_bytes(struct rpc__outq *q, size_t n)
+{
+	if (q->acct && n != q->bytes)
+		rpc__mem_count(q->acct, n > q->bytes ? n - q->bytes : q->bytes - n,
+			       n > q->bytes);
+	if (q->conn_acct)
+		*q->conn_acct = *q->conn_acct - q->bytes + n;
+	q->bytes = n;
+}
+
 void rpc__outq_clear(struct rpc__outq *q)
 {
 	struct rpc__omsg *m = q->head;
@@ -600,7 +610,7 @@ void rpc__outq_clear(struct rpc__outq *q)
 	}
 	q->head = q->tail = NULL;
 	q->head_off = 0;
-	q->bytes = 0;
+	rpc__outq_set_bytes(q, 0);
 	q->reserved = 0;
 }
 
@@ -612,7 +622,7 @@ void rpc__outq_push(struct rpc__outq *q, struct rpc__omsg *m)
 	else
 		q->head = m;
 	q->tail = m;
-	q->bytes += m->len;
+	rpc__outq_set_bytes(q, q->bytes + m->len);
 	if (q->bytes >= RPC_DRAIN_BYTES)
 		q->want_drain = true;
 }
@@ -650,7 +660,7 @@ void rpc__outq_drop_unsent(struct rpc__outq *q)
 		rpc__omsg_unref(rest);
 		rest = next;
 	}
-	q->bytes = q->reserved;
+	rpc__outq_set_bytes(q, q->reserved);
 }
 
 ssize_t rpc__outq_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf, size_t length,

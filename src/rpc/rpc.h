@@ -89,11 +89,12 @@ struct rpc_method {
 struct rpc_server_opts {
 	const char *name;         /* label in logs and metrics ("meta-client") */
 	size_t max_message_bytes; /* 0: 4 MiB */
-	/* The most the requests being received or handled may hold at once,
-	 * their bytes and what they decode to; past it a request fails with
-	 * RESOURCE_EXHAUSTED. 0: 1 GiB (and never below twice the largest
-	 * request accepted, plus 1 MiB: see rpc_server_set_max_recv_bytes). */
-	size_t max_request_memory;
+	/* The most the calls may hold at once: the bytes of requests being
+	 * received, what they decode to, and answers the clients have not
+	 * taken yet; past it a call fails with RESOURCE_EXHAUSTED. 0: 1 GiB
+	 * (and never below twice the largest request accepted, plus 1 MiB:
+	 * see rpc_server_set_max_recv_bytes). */
+	size_t max_call_memory;
 	uint32_t max_concurrent_streams;  /* 0: 1024 */
 	uint64_t handshake_timeout_ms;    /* preface must arrive in this; 0: 10s */
 	uint64_t idle_timeout_ms;         /* close idle connections; 0: never */
@@ -146,8 +147,10 @@ void rpc_server_free(struct rpc_server *s);
  * bytes field that lies in the request of a unary or server-streaming
  * call (while that request is alive) is written from the received request
  * instead of copied. Errors: -ECANCELED (call dead or finished),
- * MC_ETOO_LARGE (above max_message_bytes; nothing queued), -EINVAL (a
- * second message on a unary or client-streaming call), -ENOMEM. */
+ * MC_ETOO_LARGE (above max_message_bytes; nothing queued), -ENOBUFS (the
+ * server's calls hold max_call_memory: nothing queued, and the call ends
+ * RESOURCE_EXHAUSTED whatever status rpc_call_finish is given), -EINVAL
+ * (a second message on a unary or client-streaming call), -ENOMEM. */
 int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg) MC_MUST_CHECK;
 
 /* End the call: trailers with status and message (may be NULL) go out

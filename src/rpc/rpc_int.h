@@ -49,7 +49,7 @@ struct metric;
  * write queue. */
 #define RPC__WRITE_HIGH_BYTES (1u << 20)
 #define RPC__DEFAULT_MAX_MESSAGE_BYTES (4u << 20)
-#define RPC__DEFAULT_REQUEST_MEMORY ((size_t)1 << 30)
+#define RPC__DEFAULT_CALL_MEMORY ((size_t)1 << 30)
 #define RPC__USER_AGENT "mooncake-rpc/" MC_VERSION
 /* gRPC status codes: RPC_OK to RPC_UNAUTHENTICATED. */
 #define RPC__NCODES 17
@@ -115,8 +115,8 @@ struct rpc__bufcache {
 	 * bytes they hold now, and the most they may hold (0: no bound; a
 	 * client's). A body's buffer is allocated whole when its length
 	 * arrives, but only the pages written take memory. */
-	size_t req_held, req_max;
-	struct metric *req_gauge; /* req_held, or NULL */
+	size_t mem_held, mem_max;
+	struct metric *mem_gauge; /* mem_held, or NULL */
 };
 
 /* A buffer of at least len bytes; *cap gets its real size. NULL cache:
@@ -128,9 +128,9 @@ void rpc__bufcache_free(struct rpc__bufcache *bc);
 /* Make d take its body buffers from bc. */
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
 /* Do n more bytes of requests fit in bc's bound? */
-bool rpc__req_room(const struct rpc__bufcache *bc, size_t n);
+bool rpc__mem_room(const struct rpc__bufcache *bc, size_t n);
 /* Count n bytes more (add) or fewer held by bc's requests. */
-void rpc__req_count(struct rpc__bufcache *bc, size_t n, bool add);
+void rpc__mem_count(struct rpc__bufcache *bc, size_t n, bool add);
 
 /* protobuf-c unpacking into an arena (common/pb.h): a large
  * message's starts in one recycled buffer, a small one's in a chunk of
@@ -141,9 +141,9 @@ struct rpc__arena {
 	struct mc_pbarena pb;     /* first: its allocator's data is the arena */
 	struct rpc__bufcache *bc; /* non-NULL: a message is in the arena */
 	struct rpc__rbody *body;  /* one reference, or NULL */
-	size_t held;              /* what it counts in bc->req_held */
+	size_t held;              /* what it counts in bc->mem_held */
 	bool too_deep;            /* rpc__unpack refused it for its nesting */
-	bool too_big;             /* ... or for bc->req_max */
+	bool too_big;             /* ... or for bc->mem_max */
 };
 
 /* A received body taken from its deframer, shared by the message
@@ -239,10 +239,14 @@ struct rpc__outq {
 	struct rpc__omsg *head, *tail;
 	size_t head_off; /* bytes of head already handed to a write */
 	size_t bytes;    /* bytes queued and not yet handed to a write */
-	size_t reserved; /* promised to nghttp2 by the read callback */
-	uint64_t taken;  /* bytes ever handed to a write */
-	bool eof;        /* no more messages will be queued */
-	bool deferred;   /* the read callback returned NGHTTP2_ERR_DEFERRED */
+	/* A server call's: bytes is counted in its calls' memory (set after
+	 * rpc__outq_init; NULL: not counted). */
+	struct rpc__bufcache *acct;
+	size_t *conn_acct; /* and in its connection's share, or NULL */
+	size_t reserved;   /* promised to nghttp2 by the read callback */
+	uint64_t taken;    /* bytes ever handed to a write */
+	bool eof;          /* no more messages will be queued */
+	bool deferred;     /* the read callback returned NGHTTP2_ERR_DEFERRED */
 	bool want_drain;
 	bool in_drain;
 	struct rpc__outq *drain_next;
@@ -253,6 +257,8 @@ void rpc__outq_init(struct rpc__outq *q, const struct rpc__outq_ops *ops);
 void rpc__outq_clear(struct rpc__outq *q);
 /* Append m (takes ownership). */
 void rpc__outq_push(struct rpc__outq *q, struct rpc__omsg *m);
+/* q->bytes becomes n (the count in q->acct follows). */
+void rpc__outq_set_bytes(struct rpc__outq *q, size_t n);
 /* Drop what nghttp2 has not been promised yet (keeps a frame in flight
  * whole). */
 void rpc__outq_drop_unsent(struct rpc__outq *q);

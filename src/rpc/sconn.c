@@ -44,6 +44,7 @@ struct sconn {
 	unsigned ncalls;
 	bool handshake_done;
 	bool told_big_headers; /* logged once a connection */
+	size_t held;           /* what its calls hold of the server's bound (call.c) */
 	int drain_stage;       /* 0: serving, 1: notice + PING sent, 2: GOAWAY sent */
 	/* The last stream looked up and its call (NULL: none): nghttp2's
 	 * callbacks ask for a stream's call once per header and frame, a
@@ -230,6 +231,7 @@ static struct rpc_call *stream_new(struct sconn *sc, int32_t stream_id)
 	struct rpc__h2call *h = &call->h2;
 	h->sc = sc;
 	h->stream_id = stream_id;
+	call->conn_held = call->outq.conn_acct = &sc->held;
 	h->next = sc->calls;
 	if (sc->calls)
 		sc->calls->h2.prev = call;
@@ -245,6 +247,8 @@ static void stream_detach(struct rpc_call *call)
 	struct sconn *sc = h->sc;
 	if (!sc)
 		return;
+	sc->held -= call->df_held + call->outq.bytes;
+	call->conn_held = call->outq.conn_acct = NULL;
 	rpc__conn_forget_outq(&sc->base, &call->outq);
 	if (sc->memo_call == call) {
 		sc->memo_id = 0;

@@ -157,7 +157,7 @@ int rpc_server_new(uv_loop_t *loop, const struct rpc_server_opts *opts,
 	if (rpc__calls_init(&s->calls, s->reg, s->name,
 			    opts && opts->max_message_bytes ? opts->max_message_bytes
 							    : RPC__DEFAULT_MAX_MESSAGE_BYTES,
-			    opts ? opts->max_request_memory : 0))
+			    opts ? opts->max_call_memory : 0))
 		goto err_free;
 	if (rpc__sconns_init(&s->conns, s, opts, s->reg, s->name))
 		goto err_free;

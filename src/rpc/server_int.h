@@ -47,7 +47,8 @@ struct rpc__calls {
 	struct metrics_registry *reg;
 	size_t max_msg;  /* responses */
 	size_t max_recv; /* requests */
-	size_t req_mem;  /* what requests may hold (bufs.req_max: at least one) */
+	size_t call_mem; /* what calls may hold (bufs.mem_max: at least one) */
+	size_t conn_max; /* what the calls of one connection may hold */
 	unsigned live;
 	struct rpc_call *free; /* recycled */
 	unsigned nfree;
@@ -121,7 +122,10 @@ struct rpc_call {
 	ProtobufCMessage *req;
 	struct rpc__arena req_arena;
 	struct rpc_deframer df;
-	size_t df_held; /* counted in calls.bufs.req_held (call_count_partial) */
+	size_t df_held;      /* counted in calls.bufs.mem_held (call_count_partial) */
+	size_t *conn_held;   /* its connection's share of the bound, or NULL */
+	uint8_t mem_refused; /* an answer did not fit (enum call_room): it ends
+				RESOURCE_EXHAUSTED */
 	struct rpc__outq outq;
 	struct rpc__dl dl;
 	void *data;
@@ -133,7 +137,7 @@ struct rpc_call {
 
 /* Errors: -ENOMEM. */
 int rpc__calls_init(struct rpc__calls *cs, struct metrics_registry *reg, const char *server,
-		    size_t max_msg, size_t req_mem) MC_MUST_CHECK;
+		    size_t max_msg, size_t call_mem) MC_MUST_CHECK;
 void rpc__calls_init_timer(struct rpc__calls *cs, uv_loop_t *loop);
 /* Close the deadline timer (cb gets it with data set). */
 void rpc__calls_close(struct rpc__calls *cs, void *data, uv_close_cb cb);

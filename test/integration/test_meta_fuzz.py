@@ -19,11 +19,13 @@ disarmed) so that the rest of the run still reaches every path.
 """
 import itertools
 import random
+import re
 import signal
 import socket
 import struct
 import threading
 import time
+import urllib.request
 
 import mctest
 from mctest import case, eq
@@ -405,14 +407,14 @@ def hostile_requests_stop_no_member():
 
 
 @case
-def requests_that_decode_past_the_request_memory_are_refused():
+def requests_that_decode_past_the_call_memory_are_refused():
     """A 4 MB Txn of empty compares ("0a 00") would decode into 2M
-    structs, some 200 MB: --rpc-max-request-memory bounds what the gRPC
-    server's requests hold, so it is refused with RESOURCE_EXHAUSTED, from
+    structs, some 200 MB: --rpc-max-call-memory bounds what the gRPC
+    server's calls hold, so it is refused with RESOURCE_EXHAUSTED, from
     8 threads at once too, and the member's peak memory stays far below;
     a real Txn still passes."""
     c = Cluster(1, args=["--max-request-bytes=4M", "--rpc-max-message-size=8M",
-                         "--rpc-max-request-memory=16M"])
+                         "--rpc-max-call-memory=16M"])
     try:
         c.start()
         m = c.members[0]
@@ -430,7 +432,7 @@ def requests_that_decode_past_the_request_memory_are_refused():
             except grpc.RpcError as e:
                 codes.append(e.code().name)
                 if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    assert "requests hold" in e.details(), e.details()
+                    assert "calls hold" in e.details(), e.details()
         ts = [threading.Thread(target=send) for _ in range(8)]
         for t in ts:
             t.start()
@@ -510,6 +512,53 @@ def an_hpack_bomb_takes_no_memory():
             assert grew < 32, "the member grew %.0f MiB" % grew
         s.close()
         eq(cl.get(b"hb/k"), b"v", "the member serves on")
+        cl.close()
+        eq(m.stop(), 0, "exit status")
+    finally:
+        c.close()
+
+
+@case
+def answers_a_client_never_takes_are_bounded():
+    """A client that opens no flow-control window (SETTINGS_INITIAL_WINDOW
+    _SIZE 0) leaves every answer in the server's memory: 1,000 Ranges of a
+    1 MB value took a member to 744 MB. With --rpc-max-call-memory=64M
+    the answers past it end RESOURCE_EXHAUSTED, the member stays small
+    and serves other clients."""
+    c = Cluster(1, args=["--rpc-max-message-size=8M", "--rpc-max-call-memory=64M"])
+    try:
+        c.start()
+        m = c.members[0]
+        cl = Client(m.client_addr, timeout=10)
+        big = bytes(random.Random(3).getrandbits(8) for _ in range(1000000))
+        mctest.wait_for(lambda: cl.put(b"big", big), timeout=20, what="a first put")
+        rss0 = mctest.proc_mib(m.daemon.pid)
+        s = socket.create_connection(("127.0.0.1", m.client_port))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
+                  _h2_frame(4, 0, 0, struct.pack(">HI", 4, 0)))
+        body = pb.RangeRequest(key=b"big").SerializeToString()
+        msg = b"\x00" + struct.pack(">I", len(body)) + body
+        head = b"\x83\x86" + _hpack_literal(b":path", b"/etcdserverpb.KV/Range") + \
+            _hpack_literal(b":authority", b"x") + \
+            _hpack_literal(b"content-type", b"application/grpc") + \
+            _hpack_literal(b"te", b"trailers")
+        for i in range(1000):
+            sid = 1 + 2 * i
+            s.sendall(_h2_frame(1, 4, sid, head) + _h2_frame(0, 1, sid, msg))
+
+        def refused():
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % m.http_port,
+                                          timeout=5).read().decode()
+            got = re.search(r'mooncake_rpc_server_calls_total\{server="meta-client",'
+                            r'method="/etcdserverpb.KV/Range",code="RESOURCE_EXHAUSTED"\}'
+                            r' (\d+)', text)
+            return got and int(got.group(1)) >= 900
+        mctest.wait_for(refused, timeout=30, what="900 Ranges refused")
+        if not mctest.sanitized():
+            grew = mctest.proc_mib(m.daemon.pid) - rss0
+            assert grew < 200, "the member grew %.0f MiB" % grew
+        eq(cl.get(b"big"), big, "another client's Range")
+        s.close()
         cl.close()
         eq(m.stop(), 0, "exit status")
     finally:

@@ -216,10 +216,10 @@ Test(cfg_load, flag_errors_name_the_flag)
 		{{"--rpc-max-message-size=12Q"},
 		 "--rpc-max-message-size: '12Q' is not a size"},
 		{{"--rpc-max-message-size=2G"}, "out of range (1K to 1G)"},
-		{{"--rpc-max-request-memory=127M"},
-		 "--rpc-max-request-memory (133169152 bytes) is below twice "
+		{{"--rpc-max-call-memory=127M"},
+		 "--rpc-max-call-memory (133169152 bytes) is below twice "
 		 "--rpc-max-message-size"},
-		{{"--rpc-max-message-size=8M", "--rpc-max-request-memory=15M"},
+		{{"--rpc-max-message-size=8M", "--rpc-max-call-memory=15M"},
 		 "could not be received and decoded"},
 		{{"--shutdown-timeout=10"}, "--shutdown-timeout: '10' is not a duration"},
 		{{"--shutdown-timeout=2h"}, "out of range"},

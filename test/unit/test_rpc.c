@@ -1134,18 +1134,18 @@ Test(rpc, bad_requests_get_errors)
 }
 
 /* What the requests a server is receiving or decoding hold at once is
- * bounded (max_request_memory), over all connections, by the bytes that
+ * bounded (max_call_memory), over all connections, by the bytes that
  * came: streams that only declare large messages take nothing; four
  * 1 MiB messages, each 0.9 MiB sent on a connection of its own, fill
  * 4 MiB, and the fifth is refused with RESOURCE_EXHAUSTED while small
  * calls still pass; once the four go the room is back. */
-Test(rpc, request_memory_is_bounded)
+Test(rpc, call_memory_bounds_requests)
 {
 	struct fx f;
 	struct rpc_server_opts so = {
-		.name = "test", .max_message_bytes = MiB, .max_request_memory = 4 * MiB};
+		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
 	fx_init(&f, &so, NULL);
-	static const char gauge[] = "mooncake_rpc_server_request_bytes{server=\"test\"} ";
+	static const char gauge[] = "mooncake_rpc_server_call_memory_bytes{server=\"test\"} ";
 	static uint8_t part[5 + 9 * MiB / 10];
 	rpc_frame_prefix(part, MiB);
 	nghttp2_nv nva[] = {
@@ -1182,8 +1182,8 @@ Test(rpc, request_memory_is_bounded)
 		RUN_UNTIL(&f, r[4].stream_closed);
 		cr_assert_eq(r[4].grpc_status, RPC_RESOURCE_EXHAUSTED, "%s",
 			     r[4].grpc_message);
-		cr_assert(strstr(r[4].grpc_message, "requests%20hold") ||
-				  strstr(r[4].grpc_message, "requests hold"),
+		cr_assert(strstr(r[4].grpc_message, "calls%20hold") ||
+				  strstr(r[4].grpc_message, "calls hold"),
 			  "%s", r[4].grpc_message);
 		for (int i = 0; i < 4; i++)
 			cr_assert_not(r[i].stream_closed, "stream %d", i);
@@ -1194,6 +1194,79 @@ Test(rpc, request_memory_is_bounded)
 		RUN_UNTIL(&f, metric_of(&f, gauge) == 0);
 	}
 	cr_assert_eq(f.hold.started, 0);
+	assert_still_serving(&f);
+	fx_fini(&f);
+}
+
+/* Answers a client does not take (it opens no flow-control window) stay
+ * in the server's memory: they count in the same bound, and one
+ * connection may take only its share of it (here 2 MiB of 4). Three such
+ * clients ask for four 0.9 MiB echoes each: the first two keep two
+ * answers each (their share), the third none (the bound); the other
+ * eight end RESOURCE_EXHAUSTED, and a client that reads still gets
+ * small answers. */
+Test(rpc, call_memory_bounds_answers)
+{
+	struct fx f;
+	struct rpc_server_opts so = {
+		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
+	fx_init(&f, &so, NULL);
+	static const char gauge[] = "mooncake_rpc_server_call_memory_bytes{server=\"test\"} ";
+	static const char refused[] =
+		"method=\"/mooncake.diag.Diag/Echo\",code=\"RESOURCE_EXHAUSTED\"} ";
+	static uint8_t buf[4096];
+	size_t n = 0;
+	memcpy(buf, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
+	n = 24;
+	/* SETTINGS_INITIAL_WINDOW_SIZE 0: no answer's DATA may come. */
+	uint8_t settings[15] = {0, 0, 6, NGHTTP2_SETTINGS, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0};
+	memcpy(buf + n, settings, 15);
+	n += 15;
+	static const uint8_t head[] = "\x83\x86" /* :method POST, :scheme http */
+				      "\x04\x18/mooncake.diag.Diag/Echo" /* :path */
+				      "\x01\x01x"                        /* :authority */
+				      "\x0f\x10\x10"
+				      "application/grpc" /* content-type */
+				      "\x00\x02te\x08trailers";
+	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
+	req.response_bytes = 9 * MiB / 10;
+	uint8_t msg[32];
+	size_t mlen = mooncake__diag__echo_request__pack(&req, msg + 5);
+	rpc_frame_prefix(msg, (uint32_t)mlen);
+	for (int i = 0; i < 4; i++) {
+		uint32_t sid = 1 + 2 * (uint32_t)i;
+		uint8_t sb[4] = {(uint8_t)(sid >> 24), (uint8_t)(sid >> 16),
+				 (uint8_t)(sid >> 8), (uint8_t)sid};
+		uint8_t hd[9] = {0, 0, sizeof(head) - 1, NGHTTP2_HEADERS,
+				 NGHTTP2_FLAG_END_HEADERS};
+		memcpy(hd + 5, sb, 4);
+		memcpy(buf + n, hd, 9);
+		memcpy(buf + n + 9, head, sizeof(head) - 1);
+		n += 9 + sizeof(head) - 1;
+		uint8_t dd[9] = {0, 0, (uint8_t)(5 + mlen), NGHTTP2_DATA,
+				 NGHTTP2_FLAG_END_STREAM};
+		memcpy(dd + 5, sb, 4);
+		memcpy(buf + n, dd, 9);
+		memcpy(buf + n + 9, msg, 5 + mlen);
+		n += 9 + 5 + mlen;
+	}
+	struct raw r[3];
+	for (int c = 0; c < 3; c++) {
+		raw_connect(&f, &r[c]);
+		raw_write(&r[c], buf, n);
+		RUN_UNTIL(&f, metric_of(&f, refused) >= 2 + 2 * c);
+	}
+	RUN_UNTIL(&f, metric_of(&f, refused) >= 8);
+	double held = metric_of(&f, gauge);
+	cr_assert_geq(held, 4 * 0.9 * MiB);
+	cr_assert_leq(held, 4 * MiB);
+	struct ures small;
+	cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
+	ures_free(&small);
+	for (int c = 0; c < 3; c++)
+		raw_close(&r[c]);
+	RUN_UNTIL(&f, metric_of(&f, gauge) == 0);
+	cr_assert_eq(metric_of(&f, refused), 8);
 	assert_still_serving(&f);
 	fx_fini(&f);
 }
