@@ -170,6 +170,35 @@ void rpc__calls_set_max_recv(struct rpc__calls *cs, size_t bytes)
 	calls_bound(cs);
 }
 
+enum call_room { ROOM_OK, ROOM_SERVER_FULL, ROOM_CONN_FULL };
+
+/* Do n more bytes fit the bound on what calls hold
+ * (--rpc-max-call-memory), and the share of it one connection may take? */
+static enum call_room call_room(const struct rpc_call *call, size_t n)
+{
+	const struct rpc__calls *cs = &call->s->calls;
+	if (!rpc__mem_room(&cs->bufs, n))
+		return ROOM_SERVER_FULL;
+	const size_t *c = call->conn_held;
+	return !c || (*c <= cs->conn_max && n <= cs->conn_max - *c) ? ROOM_OK : ROOM_CONN_FULL;
+}
+
+static void full_message(const struct rpc_call *call, enum call_room why, char *msg, size_t n)
+{
+	const struct rpc__calls *cs = &call->s->calls;
+	if (why == ROOM_CONN_FULL)
+		snprintf(msg, n,
+			 "grpc: the calls of this connection hold %zu of the %zu bytes "
+			 "one connection may; this one does not fit (take the answers, "
+			 "or ask for less)",
+			 *call->conn_held, cs->conn_max);
+	else
+		snprintf(msg, n,
+			 "grpc: the server's calls hold %zu of their %zu bytes; "
+			 "this one does not fit (retry later or ask for less)",
+			 cs->bufs.mem_held, cs->bufs.mem_max);
+}
+
 /* ---------------------------------------------------------------- call objects */
 
 struct rpc_call *rpc__call_new(struct rpc_server *s, const struct rpc__call_tp *tp,
@@ -210,10 +239,11 @@ static void call_free(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
 	struct rpc__calls *cs = &s->calls;
-	rpc__mem_count(&s->calls.bufs, call->df_held, false);
+	rpc__mem_count(&s->calls.bufs, call->df_held + call->hdrs.len, false);
 	if (call->conn_held)
-		*call->conn_held -= call->df_held;
+		*call->conn_held -= call->df_held + call->hdrs.len;
 	call->df_held = 0;
+	call->hdrs.len = 0;
 	rpc_deframer_free(&call->df);
 	rpc__unpacked_free(call->req, &call->req_arena);
 	call->req = NULL;
@@ -322,11 +352,18 @@ void rpc__call_gone(struct rpc_call *call)
 
 /* ---------------------------------------------------------------- request headers */
 
+/* Keep a header. Its bytes count in the bound on what calls hold (1,024
+ * streams of a connection could each keep 64 KiB): -ENOBUFS past it. */
 static int hdr_add(struct rpc_call *call, const uint8_t *name, size_t nlen,
 		   const uint8_t *value, size_t vlen)
 {
+	if (call_room(call, nlen + vlen + 2) != ROOM_OK)
+		return -ENOBUFS;
 	if (mc_buf_reserve(&call->hdrs, nlen + vlen + 2))
 		return -ENOMEM;
+	rpc__mem_count(&call->s->calls.bufs, nlen + vlen + 2, true);
+	if (call->conn_held)
+		*call->conn_held += nlen + vlen + 2;
 	memcpy(call->hdrs.data + call->hdrs.len, name, nlen);
 	call->hdrs.len += nlen;
 	call->hdrs.data[call->hdrs.len++] = '\0';
@@ -450,35 +487,6 @@ void rpc__call_dispatch(struct rpc_call *call)
 		call->refs++;
 		call->m->on_start(call);
 	}
-}
-
-enum call_room { ROOM_OK, ROOM_SERVER_FULL, ROOM_CONN_FULL };
-
-/* Do n more bytes fit the bound on what calls hold
- * (--rpc-max-call-memory), and the share of it one connection may take? */
-static enum call_room call_room(const struct rpc_call *call, size_t n)
-{
-	const struct rpc__calls *cs = &call->s->calls;
-	if (!rpc__mem_room(&cs->bufs, n))
-		return ROOM_SERVER_FULL;
-	const size_t *c = call->conn_held;
-	return !c || (*c <= cs->conn_max && n <= cs->conn_max - *c) ? ROOM_OK : ROOM_CONN_FULL;
-}
-
-static void full_message(const struct rpc_call *call, enum call_room why, char *msg, size_t n)
-{
-	const struct rpc__calls *cs = &call->s->calls;
-	if (why == ROOM_CONN_FULL)
-		snprintf(msg, n,
-			 "grpc: the calls of this connection hold %zu of the %zu bytes "
-			 "one connection may; this one does not fit (take the answers, "
-			 "or ask for less)",
-			 *call->conn_held, cs->conn_max);
-	else
-		snprintf(msg, n,
-			 "grpc: the server's calls hold %zu of their %zu bytes; "
-			 "this one does not fit (retry later or ask for less)",
-			 cs->bufs.mem_held, cs->bufs.mem_max);
 }
 
 static void call_abort_full(struct rpc_call *call, enum call_room why)

@@ -247,7 +247,7 @@ static void stream_detach(struct rpc_call *call)
 	struct sconn *sc = h->sc;
 	if (!sc)
 		return;
-	sc->held -= call->df_held + call->outq.bytes;
+	sc->held -= call->df_held + call->outq.bytes + call->hdrs.len;
 	call->conn_held = call->outq.conn_acct = NULL;
 	rpc__conn_forget_outq(&sc->base, &call->outq);
 	if (sc->memo_call == call) {
@@ -364,9 +364,13 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
 	int rv = check_header(ng, call, name, nlen, value, vlen);
 	if (rv)
 		return rv;
-	if (rpc__call_header(call, name, nlen, value, vlen))
-		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-	return 0;
+	int hrc = rpc__call_header(call, name, nlen, value, vlen);
+	if (hrc == -ENOBUFS) { /* (the bound on what calls hold) */
+		call->h2.bad_headers = true;
+		nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, call->h2.stream_id,
+					  NGHTTP2_ENHANCE_YOUR_CALM);
+	}
+	return hrc ? NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE : 0;
 }
 
 static void conn_final_goaway(struct sconn *sc)

@@ -122,8 +122,10 @@ struct rpc_call {
 	ProtobufCMessage *req;
 	struct rpc__arena req_arena;
 	struct rpc_deframer df;
-	size_t df_held;      /* counted in calls.bufs.mem_held (call_count_partial) */
-	size_t *conn_held;   /* its connection's share of the bound, or NULL */
+	size_t df_held; /* counted in calls.bufs.mem_held (call_count_partial) */
+	/* Its connection's share of the bound, or NULL. A call counts
+	 * df_held, outq.bytes and hdrs.len in both. */
+	size_t *conn_held;
 	uint8_t mem_refused; /* an answer did not fit (enum call_room): it ends
 				RESOURCE_EXHAUSTED */
 	struct rpc__outq outq;

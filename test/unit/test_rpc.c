@@ -789,6 +789,7 @@ struct raw {
 	int http_status, grpc_status;
 	char grpc_message[256];
 	bool stream_closed;
+	unsigned nclosed; /* streams closed */
 	uint32_t stream_error;
 	bool goaway;
 	size_t data_bytes;
@@ -910,6 +911,7 @@ static int raw_on_close(nghttp2_session *ng, int32_t id, uint32_t err, void *ud)
 {
 	struct raw *r = ud;
 	r->stream_closed = true;
+	r->nclosed++;
 	r->stream_error = err;
 	return 0;
 }
@@ -1267,6 +1269,52 @@ Test(rpc, call_memory_bounds_answers)
 		raw_close(&r[c]);
 	RUN_UNTIL(&f, metric_of(&f, gauge) == 0);
 	cr_assert_eq(metric_of(&f, refused), 8);
+	assert_still_serving(&f);
+	fx_fini(&f);
+}
+
+/* The headers a call keeps count in the bound too: a connection whose
+ * streams each bring 60 KB of metadata and never end keeps its share
+ * (2 MiB here) and has the rest of them reset. */
+Test(rpc, call_memory_bounds_headers)
+{
+	struct fx f;
+	struct rpc_server_opts so = {
+		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
+	fx_init(&f, &so, NULL);
+	static const char gauge[] = "mooncake_rpc_server_call_memory_bytes{server=\"test\"} ";
+	static char big[60000];
+	memset(big, 'm', sizeof(big));
+	nghttp2_nv nva[] = {
+		RNV(":method", "POST"),
+		RNV(":scheme", "http"),
+		RNV(":path", "/test.Hold/Hold"),
+		RNV(":authority", "x"),
+		RNV("content-type", "application/grpc"),
+		RNV("te", "trailers"),
+		{(uint8_t *)"x-md", (uint8_t *)big, 4, sizeof(big), NGHTTP2_NV_FLAG_NO_INDEX},
+	};
+	struct raw r;
+	struct body b[64];
+	b[0] = (struct body){.p = NULL, .len = 0, .hold_open = true};
+	raw_request(&f, &r, nva, MC_ARRAY_LEN(nva), &b[0]);
+	for (int i = 1; i < 64; i++) {
+		b[i] = (struct body){.p = NULL, .len = 0, .hold_open = true};
+		nghttp2_data_provider prd = {.source.ptr = &b[i],
+					     .read_callback = raw_body_read};
+		cr_assert_gt(
+			nghttp2_submit_request(r.ng, NULL, nva, MC_ARRAY_LEN(nva), &prd, NULL),
+			0);
+	}
+	raw_flush(&r);
+	/* 34 of about 60,100 bytes fit in 2 MiB. */
+	RUN_UNTIL(&f, r.nclosed >= 30);
+	double held = metric_of(&f, gauge);
+	cr_assert_geq(held, 30 * 60000.0);
+	cr_assert_leq(held, 2.0 * MiB);
+	cr_assert_eq(r.stream_error, NGHTTP2_ENHANCE_YOUR_CALM);
+	raw_close(&r);
+	RUN_UNTIL(&f, metric_of(&f, gauge) == 0);
 	assert_still_serving(&f);
 	fx_fini(&f);
 }
