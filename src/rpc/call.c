@@ -173,14 +173,19 @@ void rpc__calls_set_max_recv(struct rpc__calls *cs, size_t bytes)
 enum call_room { ROOM_OK, ROOM_SERVER_FULL, ROOM_CONN_FULL };
 
 /* Do n more bytes fit the bound on what calls hold
- * (--rpc-max-call-memory), and the share of it one connection may take? */
-static enum call_room call_room(const struct rpc_call *call, size_t n)
+ * (--rpc-max-call-memory), and the share of it one connection (*conn:
+ * what its calls hold; NULL: none) may take? */
+static enum call_room room_for(const struct rpc__calls *cs, const size_t *conn, size_t n)
 {
-	const struct rpc__calls *cs = &call->s->calls;
 	if (!rpc__mem_room(&cs->bufs, n))
 		return ROOM_SERVER_FULL;
-	const size_t *c = call->conn_held;
-	return !c || (*c <= cs->conn_max && n <= cs->conn_max - *c) ? ROOM_OK : ROOM_CONN_FULL;
+	return !conn || (*conn <= cs->conn_max && n <= cs->conn_max - *conn) ? ROOM_OK
+									     : ROOM_CONN_FULL;
+}
+
+static enum call_room call_room(const struct rpc_call *call, size_t n)
+{
+	return room_for(&call->s->calls, call->conn_held, n);
 }
 
 static void full_message(const struct rpc_call *call, enum call_room why, char *msg, size_t n)
@@ -200,6 +205,30 @@ static void full_message(const struct rpc_call *call, enum call_room why, char *
 }
 
 /* ---------------------------------------------------------------- call objects */
+
+/* What a call of a connection costs besides the bytes it holds: its
+ * struct and nghttp2's stream (1,024 streams a connection, connections
+ * without number). */
+#define CALL_COST (sizeof(struct rpc_call) + 512)
+
+bool rpc__call_join(struct rpc_call *call, size_t *conn)
+{
+	if (room_for(&call->s->calls, conn, CALL_COST) != ROOM_OK)
+		return false;
+	rpc__mem_count(&call->s->calls.bufs, CALL_COST, true);
+	*conn += CALL_COST;
+	call->conn_held = call->outq.conn_acct = conn;
+	call->joined = true;
+	return true;
+}
+
+void rpc__call_leave(struct rpc_call *call)
+{
+	if (!call->conn_held)
+		return;
+	*call->conn_held -= CALL_COST + call->df_held + call->outq.bytes + call->hdrs.len;
+	call->conn_held = call->outq.conn_acct = NULL;
+}
 
 struct rpc_call *rpc__call_new(struct rpc_server *s, const struct rpc__call_tp *tp,
 			       const char *peer)
@@ -239,9 +268,9 @@ static void call_free(struct rpc_call *call)
 {
 	struct rpc_server *s = call->s;
 	struct rpc__calls *cs = &s->calls;
-	rpc__mem_count(&s->calls.bufs, call->df_held + call->hdrs.len, false);
-	if (call->conn_held)
-		*call->conn_held -= call->df_held + call->hdrs.len;
+	rpc__call_leave(call);
+	rpc__mem_count(&s->calls.bufs,
+		       call->df_held + call->hdrs.len + (call->joined ? CALL_COST : 0), false);
 	call->df_held = 0;
 	call->hdrs.len = 0;
 	rpc_deframer_free(&call->df);

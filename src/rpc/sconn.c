@@ -44,6 +44,7 @@ struct sconn {
 	unsigned ncalls;
 	bool handshake_done;
 	bool told_big_headers; /* logged once a connection */
+	bool costed;           /* SCONN_COST counts in the server's bound */
 	size_t held;           /* what its calls hold of the server's bound (call.c) */
 	int drain_stage;       /* 0: serving, 1: notice + PING sent, 2: GOAWAY sent */
 	/* The last stream looked up and its call (NULL: none): nghttp2's
@@ -52,6 +53,10 @@ struct sconn {
 	int32_t memo_id;
 	struct rpc_call *memo_call;
 };
+
+/* What a connection costs in the bound on what calls hold, besides its
+ * calls: its struct and nghttp2's session (HPACK tables, buffers). */
+#define SCONN_COST (sizeof(struct sconn) + (64u << 10))
 
 static const struct rpc__conn_ops sconn_ops;
 static const struct rpc__call_tp h2_tp;
@@ -223,15 +228,20 @@ static void set_call(struct sconn *sc, int32_t stream_id, struct rpc_call *call)
 	sc->memo_call = call;
 }
 
-static struct rpc_call *stream_new(struct sconn *sc, int32_t stream_id)
+/* NULL when out of memory, or (*full) past the bound on what calls hold. */
+static struct rpc_call *stream_new(struct sconn *sc, int32_t stream_id, bool *full)
 {
 	struct rpc_call *call = rpc__call_new(sc->cs->s, &h2_tp, sc->base.peer);
 	if (!call)
 		return NULL;
+	if (!rpc__call_join(call, &sc->held)) {
+		rpc__call_unref(call);
+		*full = true;
+		return NULL;
+	}
 	struct rpc__h2call *h = &call->h2;
 	h->sc = sc;
 	h->stream_id = stream_id;
-	call->conn_held = call->outq.conn_acct = &sc->held;
 	h->next = sc->calls;
 	if (sc->calls)
 		sc->calls->h2.prev = call;
@@ -247,8 +257,7 @@ static void stream_detach(struct rpc_call *call)
 	struct sconn *sc = h->sc;
 	if (!sc)
 		return;
-	sc->held -= call->df_held + call->outq.bytes + call->hdrs.len;
-	call->conn_held = call->outq.conn_acct = NULL;
+	rpc__call_leave(call);
 	rpc__conn_forget_outq(&sc->base, &call->outq);
 	if (sc->memo_call == call) {
 		sc->memo_id = 0;
@@ -323,9 +332,14 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	if (sc->base.closing || frame->hd.type != NGHTTP2_HEADERS ||
 	    frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
-	struct rpc_call *call = stream_new(sc, frame->hd.stream_id);
-	if (!call)
+	bool full = false;
+	struct rpc_call *call = stream_new(sc, frame->hd.stream_id, &full);
+	if (!call) {
+		if (full)
+			nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+						  NGHTTP2_ENHANCE_YOUR_CALM);
 		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+	}
 	if (sc->ncalls == 1 && sc->cs->idle_ms)
 		uv_timer_stop(&sc->base.timer);
 	set_call(sc, frame->hd.stream_id, call);
@@ -495,6 +509,8 @@ static void on_conn_closed(struct rpc__conn *c)
 		sc->next->prev = sc->prev;
 	cs->n--;
 	metric_sub(cs->m_conns, 1);
+	if (sc->costed)
+		rpc__mem_count(&cs->s->calls.bufs, SCONN_COST, false);
 	free(sc);
 	rpc__server_check_done(cs->s);
 }
@@ -587,6 +603,20 @@ void rpc__sconns_accept(struct rpc__sconns *cs, uv_stream_t *ls)
 		rpc__conn_close(&sc->base);
 		return;
 	}
+	struct rpc__bufcache *bc = &cs->s->calls.bufs;
+	if (!rpc__mem_room(bc, SCONN_COST)) {
+		uint64_t now = mc_now_ms();
+		if (now - cs->told_full_ms >= 10000) {
+			log_warn("%s: the calls hold %zu of their %zu bytes "
+				 "(--rpc-max-call-memory): closing new connections",
+				 name, bc->mem_held, bc->mem_max);
+			cs->told_full_ms = now;
+		}
+		rpc__conn_close(&sc->base);
+		return;
+	}
+	rpc__mem_count(bc, SCONN_COST, true);
+	sc->costed = true;
 	nghttp2_settings_entry iv[] = {
 		{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, cs->max_streams},
 		{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, RPC__STREAM_WINDOW_BYTES},

@@ -124,8 +124,10 @@ struct rpc_call {
 	struct rpc_deframer df;
 	size_t df_held; /* counted in calls.bufs.mem_held (call_count_partial) */
 	/* Its connection's share of the bound, or NULL. A call counts
-	 * df_held, outq.bytes and hdrs.len in both. */
+	 * df_held, outq.bytes and hdrs.len in both, and once joined its
+	 * CALL_COST (call.c). */
 	size_t *conn_held;
+	bool joined;
 	uint8_t mem_refused; /* an answer did not fit (enum call_room): it ends
 				RESOURCE_EXHAUSTED */
 	struct rpc__outq outq;
@@ -158,6 +160,12 @@ int rpc__mstats_init(struct rpc__mstats *st, struct metrics_registry *reg, const
 /* A new call from peer with one reference (the transport's), or NULL. */
 struct rpc_call *rpc__call_new(struct rpc_server *s, const struct rpc__call_tp *tp,
 			       const char *peer);
+/* A call of a connection whose calls hold *conn (sconn.c): its cost and
+ * what it holds count there too. False (nothing counted) when it does not
+ * fit the server's bound or the connection's share of it. */
+bool rpc__call_join(struct rpc_call *call, size_t *conn);
+/* Its stream is gone: the call no longer counts in its connection's. */
+void rpc__call_leave(struct rpc_call *call);
 void rpc__call_ref(struct rpc_call *call);
 void rpc__call_unref(struct rpc_call *call);
 /* A request header, for rpc_call_header and dispatch. Errors: -ENOMEM. */
@@ -201,6 +209,7 @@ struct rpc__sconns {
 	nghttp2_option *ngopt;
 	uint8_t *rbuf;
 	struct metric *m_conns, *m_proto;
+	uint64_t told_full_ms; /* when a full bound closed a connection, logged */
 };
 
 /* Errors: -ENOMEM. */

@@ -565,4 +565,47 @@ def answers_a_client_never_takes_are_bounded():
         c.close()
 
 
+@case
+def connections_past_the_bound_are_closed():
+    """Each connection counts some 66 KiB in --rpc-max-call-memory (its
+    nghttp2 session), each stream a little more: a client that opens
+    connections without number meets the bound, and the new ones are
+    closed at once with one log line; once they go, the member serves."""
+    c = Cluster(1, args=["--rpc-max-message-size=4M", "--rpc-max-call-memory=16M"])
+    try:
+        c.start()
+        m = c.members[0]
+        cl = Client(m.client_addr, timeout=10)
+        mctest.wait_for(lambda: cl.put(b"cn/k", b"v"), timeout=20, what="a first put")
+        socks = []
+        for _ in range(400):
+            s = socket.create_connection(("127.0.0.1", m.client_port))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b""))
+            socks.append(s)
+        mctest.wait_for(lambda: "closing new connections" in m.output(), what="the log line")
+        closed = 0
+        for s in socks:
+            s.settimeout(0.5)
+            try:
+                while True:
+                    d = s.recv(65536)
+                    if not d:
+                        closed += 1
+                        break
+                    s.settimeout(0.01)  # (its SETTINGS: it stays open)
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                closed += 1
+            s.close()
+        assert 100 <= closed < 400, "%d of 400 connections closed" % closed
+        mctest.wait_for(lambda: cl.put(b"cn/k", b"w") is not None, timeout=20,
+                        what="a put once they are gone")
+        eq(cl.get(b"cn/k"), b"w", "its value")
+        cl.close()
+        eq(m.stop(), 0, "exit status")
+    finally:
+        c.close()
+
+
 mctest.main()
