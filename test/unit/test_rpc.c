@@ -1135,15 +1135,72 @@ Test(rpc, bad_requests_get_errors)
 	fx_fini(&f);
 }
 
+/* Append an HTTP/2 frame to buf at *n. */
+static void raw_frame(uint8_t *buf, size_t *n, uint8_t type, uint8_t flags, uint32_t sid,
+		      const void *payload, size_t len)
+{
+	uint8_t hd[9] = {(uint8_t)(len >> 16),
+			 (uint8_t)(len >> 8),
+			 (uint8_t)len,
+			 type,
+			 flags,
+			 (uint8_t)(sid >> 24),
+			 (uint8_t)(sid >> 16),
+			 (uint8_t)(sid >> 8),
+			 (uint8_t)sid};
+	memcpy(buf + *n, hd, 9);
+	if (len)
+		memcpy(buf + *n + 9, payload, len);
+	*n += 9 + len;
+}
+
+/* The client preface and SETTINGS (settings: len bytes of 6-byte
+ * entries) at buf's start; returns the length. */
+static size_t raw_preface(uint8_t *buf, const uint8_t *settings, size_t len)
+{
+	size_t n = 24;
+	memcpy(buf, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
+	raw_frame(buf, &n, NGHTTP2_SETTINGS, 0, 0, settings, len);
+	return n;
+}
+
+/* An HPACK header block of a gRPC request to path (shorter than 127
+ * bytes), without indexing; returns its length. */
+static size_t raw_head(uint8_t *out, const char *path)
+{
+	static const uint8_t rest[] = "\x01\x01x" /* :authority */
+				      "\x0f\x10\x10"
+				      "application/grpc" /* content-type */
+				      "\x00\x02te\x08trailers";
+	size_t plen = strlen(path), n = 0;
+	out[n++] = 0x83; /* :method POST */
+	out[n++] = 0x86; /* :scheme http */
+	out[n++] = 0x04; /* :path, a literal */
+	out[n++] = (uint8_t)plen;
+	memcpy(out + n, path, plen);
+	n += plen;
+	memcpy(out + n, rest, sizeof(rest) - 1);
+	return n + sizeof(rest) - 1;
+}
+
 static const char call_gauge[] = "mooncake_rpc_server_call_memory_bytes{server=\"test\"} ";
 
-/* What the server's calls hold with only f's client connected (each
- * connection and call counts a fixed cost). */
-static double held_base(struct fx *f)
+static void small_echo_passes(struct fx *f)
 {
 	struct ures r;
-	cr_assert_eq(echo(f, "base", 4, &r), RPC_OK, "%s", r.msg);
+	cr_assert_eq(echo(f, "small", 5, &r), RPC_OK, "%s", r.msg);
 	ures_free(&r);
+}
+
+/* A server of 1 MiB messages whose calls may hold 4 MiB (2 MiB a
+ * connection). Returns what its calls hold with only f's client
+ * connected (each connection and call counts a fixed cost). */
+static double fx_init_bounded(struct fx *f)
+{
+	struct rpc_server_opts so = {
+		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
+	fx_init(f, &so, NULL);
+	small_echo_passes(f);
 	return metric_of(f, call_gauge);
 }
 
@@ -1157,11 +1214,8 @@ static double held_base(struct fx *f)
 Test(rpc, call_memory_bounds_requests)
 {
 	struct fx f;
-	struct rpc_server_opts so = {
-		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
-	fx_init(&f, &so, NULL);
 	const char *gauge = call_gauge;
-	double base = held_base(&f);
+	double base = fx_init_bounded(&f);
 	static uint8_t part[5 + 8 * MiB / 10];
 	rpc_frame_prefix(part, MiB);
 	nghttp2_nv nva[] = {
@@ -1174,15 +1228,13 @@ Test(rpc, call_memory_bounds_requests)
 	};
 	struct raw r[8];
 	struct body b[8];
-	struct ures small;
 
 	/* Declared, not sent: nothing held. */
 	for (int i = 0; i < 8; i++) {
 		b[i] = (struct body){.p = part, .len = 5, .hold_open = true};
 		raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
 	}
-	cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
-	ures_free(&small);
+	small_echo_passes(&f);
 	cr_assert_lt(metric_of(&f, gauge) - base, 8 * 80 * 1024.0);
 	for (int i = 0; i < 8; i++)
 		raw_close(&r[i]);
@@ -1204,8 +1256,7 @@ Test(rpc, call_memory_bounds_requests)
 			  "%s", r[4].grpc_message);
 		for (int i = 0; i < 4; i++)
 			cr_assert_not(r[i].stream_closed, "stream %d", i);
-		cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
-		ures_free(&small);
+		small_echo_passes(&f);
 		for (int i = 0; i < 5; i++)
 			raw_close(&r[i]);
 		RUN_UNTIL(&f, metric_of(&f, gauge) <= base);
@@ -1225,48 +1276,24 @@ Test(rpc, call_memory_bounds_requests)
 Test(rpc, call_memory_bounds_answers)
 {
 	struct fx f;
-	struct rpc_server_opts so = {
-		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
-	fx_init(&f, &so, NULL);
 	const char *gauge = call_gauge;
-	double base = held_base(&f);
+	double base = fx_init_bounded(&f);
 	static const char refused[] =
 		"method=\"/mooncake.diag.Diag/Echo\",code=\"RESOURCE_EXHAUSTED\"} ";
 	static uint8_t buf[4096];
-	size_t n = 0;
-	memcpy(buf, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
-	n = 24;
 	/* SETTINGS_INITIAL_WINDOW_SIZE 0: no answer's DATA may come. */
-	uint8_t settings[15] = {0, 0, 6, NGHTTP2_SETTINGS, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0};
-	memcpy(buf + n, settings, 15);
-	n += 15;
-	static const uint8_t head[] = "\x83\x86" /* :method POST, :scheme http */
-				      "\x04\x18/mooncake.diag.Diag/Echo" /* :path */
-				      "\x01\x01x"                        /* :authority */
-				      "\x0f\x10\x10"
-				      "application/grpc" /* content-type */
-				      "\x00\x02te\x08trailers";
+	static const uint8_t window0[6] = {0, 4, 0, 0, 0, 0};
+	size_t n = raw_preface(buf, window0, 6);
+	uint8_t head[128];
+	size_t hlen = raw_head(head, "/mooncake.diag.Diag/Echo");
 	Mooncake__Diag__EchoRequest req = MOONCAKE__DIAG__ECHO_REQUEST__INIT;
 	req.response_bytes = 9 * MiB / 10;
 	uint8_t msg[32];
 	size_t mlen = mooncake__diag__echo_request__pack(&req, msg + 5);
 	rpc_frame_prefix(msg, (uint32_t)mlen);
-	for (int i = 0; i < 4; i++) {
-		uint32_t sid = 1 + 2 * (uint32_t)i;
-		uint8_t sb[4] = {(uint8_t)(sid >> 24), (uint8_t)(sid >> 16),
-				 (uint8_t)(sid >> 8), (uint8_t)sid};
-		uint8_t hd[9] = {0, 0, sizeof(head) - 1, NGHTTP2_HEADERS,
-				 NGHTTP2_FLAG_END_HEADERS};
-		memcpy(hd + 5, sb, 4);
-		memcpy(buf + n, hd, 9);
-		memcpy(buf + n + 9, head, sizeof(head) - 1);
-		n += 9 + sizeof(head) - 1;
-		uint8_t dd[9] = {0, 0, (uint8_t)(5 + mlen), NGHTTP2_DATA,
-				 NGHTTP2_FLAG_END_STREAM};
-		memcpy(dd + 5, sb, 4);
-		memcpy(buf + n, dd, 9);
-		memcpy(buf + n + 9, msg, 5 + mlen);
-		n += 9 + 5 + mlen;
+	for (uint32_t sid = 1; sid < 9; sid += 2) {
+		raw_frame(buf, &n, NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS, sid, head, hlen);
+		raw_frame(buf, &n, NGHTTP2_DATA, NGHTTP2_FLAG_END_STREAM, sid, msg, 5 + mlen);
 	}
 	struct raw r[3];
 	for (int c = 0; c < 3; c++) {
@@ -1278,9 +1305,7 @@ Test(rpc, call_memory_bounds_answers)
 	double held = metric_of(&f, gauge);
 	cr_assert_geq(held, 4 * 0.9 * MiB);
 	cr_assert_leq(held, 4 * MiB);
-	struct ures small;
-	cr_assert_eq(echo(&f, "small", 5, &small), RPC_OK, "%s", small.msg);
-	ures_free(&small);
+	small_echo_passes(&f);
 	for (int c = 0; c < 3; c++)
 		raw_close(&r[c]);
 	RUN_UNTIL(&f, metric_of(&f, gauge) <= base);
@@ -1295,11 +1320,8 @@ Test(rpc, call_memory_bounds_answers)
 Test(rpc, call_memory_bounds_headers)
 {
 	struct fx f;
-	struct rpc_server_opts so = {
-		.name = "test", .max_message_bytes = MiB, .max_call_memory = 4 * MiB};
-	fx_init(&f, &so, NULL);
 	const char *gauge = call_gauge;
-	double base = held_base(&f);
+	double base = fx_init_bounded(&f);
 	static char big[60000];
 	memset(big, 'm', sizeof(big));
 	nghttp2_nv nva[] = {
@@ -1441,42 +1463,20 @@ Test(rpc, abuse_hpack_bomb)
 	double before = metric_of(
 		&f, "mooncake_rpc_server_protocol_errors_total{server=\"test\"} ");
 	static uint8_t buf[24 + 9 + 8 * (9 + 16384)];
-	size_t n = 0;
-	memcpy(buf, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
-	n = 24;
-	uint8_t settings[9] = {0, 0, 0, NGHTTP2_SETTINGS, 0, 0, 0, 0, 0};
-	memcpy(buf + n, settings, 9);
-	n += 9;
-	static const uint8_t head[] = "\x83\x86" /* :method POST, :scheme http */
-				      "\x04\x0f/test.Hold/Hold" /* :path */
-				      "\x01\x01x"               /* :authority */
-				      "\x0f\x10\x10"
-				      "application/grpc" /* content-type */
-				      "\x00\x02te\x08trailers";
-	for (int i = 0; i < 8; i++) {
-		uint8_t *fr = buf + n;
-		size_t p = 9;
-		memcpy(fr + p, head, sizeof(head) - 1);
-		p += sizeof(head) - 1;
-		if (i == 0) { /* x-big: 4,000 bytes, incremental indexing */
-			memcpy(fr + p, "\x40\x05x-big\x7f\xa1\x1e", 10);
+	size_t n = raw_preface(buf, NULL, 0);
+	uint8_t block[16384];
+	size_t hlen = raw_head(block, "/test.Hold/Hold");
+	for (uint32_t sid = 1; sid < 17; sid += 2) {
+		size_t p = hlen;
+		if (sid == 1) { /* x-big: 4,000 bytes, incremental indexing */
+			memcpy(block + p, "\x40\x05x-big\x7f\xa1\x1e", 10);
 			p += 10;
-			memset(fr + p, 'a', 4000);
+			memset(block + p, 'a', 4000);
 			p += 4000;
 		}
-		memset(fr + p, 0xbe, 9 + 16384 - p); /* index 62: x-big */
-		uint32_t sid = 1 + 2 * (uint32_t)i;
-		uint8_t hd[9] = {0x00,
-				 0x40,
-				 0x00,
-				 NGHTTP2_HEADERS,
-				 NGHTTP2_FLAG_END_HEADERS,
-				 (uint8_t)(sid >> 24),
-				 (uint8_t)(sid >> 16),
-				 (uint8_t)(sid >> 8),
-				 (uint8_t)sid};
-		memcpy(fr, hd, 9);
-		n += 9 + 16384;
+		memset(block + p, 0xbe, sizeof(block) - p); /* index 62: x-big */
+		raw_frame(buf, &n, NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS, sid, block,
+			  sizeof(block));
 	}
 	struct raw r;
 	raw_connect(&f, &r);
