@@ -416,6 +416,14 @@ static void snap_in_message(struct rpc_call *call, const ProtobufCMessage *msg)
 			pcall_end(pc, RPC_INVALID_ARGUMENT, "bad first snapshot chunk");
 			return;
 		}
+		/* One at a time: each gathers up to limit bytes of memory, and
+		 * a leader sends a member one snapshot at a time. */
+		for (const struct meta__pcall *o = n->pcalls; o; o = o->next)
+			if (o != pc && o->buf) {
+				pcall_end(pc, RPC_UNAVAILABLE,
+					  "busy receiving another snapshot");
+				return;
+			}
 		if (!(pc->msg = meta__msg_from_pb(c->msg)) ||
 		    !(pc->buf = malloc(c->total_bytes ? c->total_bytes : 1))) {
 			pcall_end(pc, RPC_RESOURCE_EXHAUSTED, "out of memory");

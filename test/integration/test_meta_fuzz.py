@@ -608,4 +608,57 @@ def connections_past_the_bound_are_closed():
         c.close()
 
 
+@case
+def one_snapshot_is_received_at_a_time():
+    """InstallSnapshot (the peer port) gathers a snapshot in the member's
+    memory, up to 2 x --quota-backend-bytes + 64 MiB a stream. While one
+    is being received another is refused UNAVAILABLE, so streams without
+    number cannot each take that much; once it ends the next is taken."""
+    import raft_pb2
+    c = Cluster(1)
+    try:
+        c.start()
+        m = c.members[0]
+        cl = Client(m.client_addr, timeout=10)
+        mctest.wait_for(lambda: cl.put(b"sn/k", b"v"), timeout=20, what="a first put")
+        cid = cl.range(b"sn/k").header.cluster_id
+        ch = grpc.insecure_channel("127.0.0.1:%d" % m.peer_port)
+        install = ch.stream_unary("/mooncake.raft.Raft/InstallSnapshot",
+                                  request_serializer=raft_pb2.SnapshotChunk.SerializeToString,
+                                  response_deserializer=raft_pb2.SnapshotResult.FromString)
+        first = raft_pb2.SnapshotChunk(
+            cluster_id=cid, msg=raft_pb2.Message(type=9, snapshot=raft_pb2.SnapshotMeta(
+                index=1000, term=1)), data=b"x" * (1 << 20), total_bytes=64 << 20)
+        gate = threading.Event()
+
+        def held():
+            yield first
+            gate.wait(30)
+        f1 = install.future(held(), timeout=60)
+        mctest.wait_for(lambda: "receiving a snapshot at index 1000" in m.output(),
+                        what="the first reception")
+
+        def code_of(chunks):
+            try:
+                install(iter(chunks), timeout=10)
+                return "OK"
+            except grpc.RpcError as e:
+                return e.code().name, e.details()
+        eq(code_of([first]), ("UNAVAILABLE", "busy receiving another snapshot"),
+           "a second reception")
+        gate.set()
+        try:
+            f1.result()
+        except grpc.RpcError as e:
+            eq(e.code().name, "INVALID_ARGUMENT", "the first, ended early")
+        eq(code_of([first]), ("INVALID_ARGUMENT", "snapshot stream ended early"),
+           "the next one, taken (and ended early)")
+        eq(cl.get(b"sn/k"), b"v", "the member serves on")
+        ch.close()
+        cl.close()
+        eq(m.stop(), 0, "exit status")
+    finally:
+        c.close()
+
+
 mctest.main()
