@@ -177,7 +177,7 @@ enum call_room { ROOM_OK, ROOM_SERVER_FULL, ROOM_CONN_FULL };
  * what its calls hold; NULL: none) may take? */
 static enum call_room room_for(const struct rpc__calls *cs, const size_t *conn, size_t n)
 {
-	if (!rpc__mem_room(&cs->bufs, n))
+	if (n > rpc__mem_left(&cs->bufs))
 		return ROOM_SERVER_FULL;
 	return !conn || (*conn <= cs->conn_max && n <= cs->conn_max - *conn) ? ROOM_OK
 									     : ROOM_CONN_FULL;
@@ -269,10 +269,8 @@ static void call_free(struct rpc_call *call)
 	struct rpc_server *s = call->s;
 	struct rpc__calls *cs = &s->calls;
 	rpc__call_leave(call);
-	rpc__mem_count(&s->calls.bufs,
+	rpc__mem_count(&cs->bufs,
 		       call->df_held + call->hdrs.len + (call->joined ? CALL_COST : 0), false);
-	call->df_held = 0;
-	call->hdrs.len = 0;
 	rpc_deframer_free(&call->df);
 	rpc__unpacked_free(call->req, &call->req_arena);
 	call->req = NULL;

@@ -70,10 +70,11 @@ void rpc__bufcache_free(struct rpc__bufcache *bc)
 	bc->bytes = 0;
 }
 
-bool rpc__mem_room(const struct rpc__bufcache *bc, size_t n)
+size_t rpc__mem_left(const struct rpc__bufcache *bc)
 {
-	return !bc || !bc->mem_max ||
-	       (bc->mem_held <= bc->mem_max && n <= bc->mem_max - bc->mem_held);
+	return !bc->mem_max                 ? SIZE_MAX
+	       : bc->mem_held < bc->mem_max ? bc->mem_max - bc->mem_held
+					    : 0;
 }
 
 void rpc__mem_count(struct rpc__bufcache *bc, size_t n, bool add)
@@ -389,11 +390,8 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, const uint
 	if (!bc)
 		return protobuf_c_message_unpack(desc, NULL, len, data);
 	ar->bc = bc;
-	/* What it may take decoded: the rest of bc's bound on requests. */
-	size_t room = !bc->mem_max                 ? SIZE_MAX
-		      : bc->mem_held < bc->mem_max ? bc->mem_max - bc->mem_held
-						   : 0;
-	ProtobufCMessage *m = unpack_arena(desc, data, len, df, ar, room);
+	/* What it may take decoded: the rest of bc's bound. */
+	ProtobufCMessage *m = unpack_arena(desc, data, len, df, ar, rpc__mem_left(bc));
 	if (!m) {
 		ar->too_big = ar->too_big || ar->pb.full;
 		ar->bc = NULL;

@@ -127,9 +127,9 @@ void rpc__buf_put(struct rpc__bufcache *bc, void *p, size_t cap);
 void rpc__bufcache_free(struct rpc__bufcache *bc);
 /* Make d take its body buffers from bc. */
 void rpc__deframer_setup(struct rpc_deframer *d, size_t max_bytes, struct rpc__bufcache *bc);
-/* Do n more bytes of requests fit in bc's bound? */
-bool rpc__mem_room(const struct rpc__bufcache *bc, size_t n);
-/* Count n bytes more (add) or fewer held by bc's requests. */
+/* What is left of bc's bound on what calls hold (SIZE_MAX: no bound). */
+size_t rpc__mem_left(const struct rpc__bufcache *bc);
+/* Count n bytes more (add) or fewer held by bc's calls. */
 void rpc__mem_count(struct rpc__bufcache *bc, size_t n, bool add);
 
 /* protobuf-c unpacking into an arena (common/pb.h): a large

@@ -604,7 +604,7 @@ void rpc__sconns_accept(struct rpc__sconns *cs, uv_stream_t *ls)
 		return;
 	}
 	struct rpc__bufcache *bc = &cs->s->calls.bufs;
-	if (!rpc__mem_room(bc, SCONN_COST)) {
+	if (SCONN_COST > rpc__mem_left(bc)) {
 		uint64_t now = mc_now_ms();
 		if (now - cs->told_full_ms >= 10000) {
 			log_warn("%s: the calls hold %zu of their %zu bytes "
