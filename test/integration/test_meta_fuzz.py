@@ -17,6 +17,7 @@ many answers of each status and message each method got. Calls that change the
 cluster are undone at once (an added member is removed, a raised alarm
 disarmed) so that the rest of the run still reaches every path.
 """
+import contextlib
 import itertools
 import random
 import re
@@ -406,6 +407,48 @@ def hostile_requests_stop_no_member():
         c.close()
 
 
+@contextlib.contextmanager
+def _one_member(key, value=b"v", args=()):
+    """A one-member cluster started with args, a client of it, and key put
+    to value: yields (member, client); after, the member must stop with
+    status 0."""
+    c = Cluster(1, args=list(args))
+    try:
+        c.start()
+        m = c.members[0]
+        cl = Client(m.client_addr, timeout=10)
+        mctest.wait_for(lambda: cl.put(key, value), timeout=20, what="a first put")
+        yield m, cl
+        cl.close()
+        eq(m.stop(), 0, "exit status")
+    finally:
+        c.close()
+
+
+def _h2_frame(ftype, flags, sid, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + \
+        struct.pack(">I", sid) + payload
+
+
+def _hpack_literal(name, value):
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def _h2_open(port, settings=b""):
+    """A raw HTTP/2 connection: the preface and a SETTINGS frame sent."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, settings))
+    return s
+
+
+def _grpc_head(path):
+    """The header block of a gRPC request to path, without indexing."""
+    return b"\x83\x86" + _hpack_literal(b":path", path) + \
+        _hpack_literal(b":authority", b"x") + \
+        _hpack_literal(b"content-type", b"application/grpc") + \
+        _hpack_literal(b"te", b"trailers")
+
+
 @case
 def requests_that_decode_past_the_call_memory_are_refused():
     """A 4 MB Txn of empty compares ("0a 00") would decode into 2M
@@ -413,13 +456,8 @@ def requests_that_decode_past_the_call_memory_are_refused():
     server's calls hold, so it is refused with RESOURCE_EXHAUSTED, from
     8 threads at once too, and the member's peak memory stays far below;
     a real Txn still passes."""
-    c = Cluster(1, args=["--max-request-bytes=4M", "--rpc-max-message-size=8M",
-                         "--rpc-max-call-memory=16M"])
-    try:
-        c.start()
-        m = c.members[0]
-        cl = Client(m.client_addr, timeout=10)
-        mctest.wait_for(lambda: cl.put(b"lim/k", b"v"), timeout=20, what="a first put")
+    with _one_member(b"lim/k", args=["--max-request-bytes=4M", "--rpc-max-message-size=8M",
+                                      "--rpc-max-call-memory=16M"]) as (m, cl):
         raw_txn = cl.ch.unary_unary("/etcdserverpb.KV/Txn")  # bytes in, bytes out
         hwm0 = mctest.proc_mib(m.daemon.pid, "VmHWM")
         body = b"\x0a\x00" * (2 * 1000 * 1000)
@@ -449,19 +487,6 @@ def requests_that_decode_past_the_call_memory_are_refused():
         r = pb.TxnResponse.FromString(raw_txn(txn.SerializeToString(), timeout=10))
         eq(r.succeeded, True, "a Txn of 100 compares")
         eq(cl.get(b"lim/k"), b"w", "its put")
-        cl.close()
-        eq(m.stop(), 0, "exit status")
-    finally:
-        c.close()
-
-
-def _h2_frame(ftype, flags, sid, payload):
-    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + \
-        struct.pack(">I", sid) + payload
-
-
-def _hpack_literal(name, value):
-    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
 
 
 @case
@@ -472,20 +497,11 @@ def an_hpack_bomb_takes_no_memory():
     advertised. 64 such streams on one connection: each is reset once
     its headers pass 64 KiB, and the member's memory does not grow
     (before, 8 of them took 480 MB)."""
-    c = Cluster(1)
-    try:
-        c.start()
-        m = c.members[0]
-        cl = Client(m.client_addr, timeout=10)
-        mctest.wait_for(lambda: cl.put(b"hb/k", b"v"), timeout=20, what="a first put")
+    with _one_member(b"hb/k") as (m, cl):
         rss0 = mctest.proc_mib(m.daemon.pid)
-        s = socket.create_connection(("127.0.0.1", m.client_port))
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b""))
+        s = _h2_open(m.client_port)
         for i in range(64):
-            p = b"\x83\x86" + _hpack_literal(b":path", b"/etcdserverpb.KV/Range") + \
-                _hpack_literal(b":authority", b"x") + \
-                _hpack_literal(b"content-type", b"application/grpc") + \
-                _hpack_literal(b"te", b"trailers")
+            p = _grpc_head(b"/etcdserverpb.KV/Range")
             if i == 0:
                 p += b"\x40\x05x-big\x7f\xa1\x1e" + b"a" * 4000  # into the table
             p += b"\xbe" * (16384 - len(p))  # index 62: x-big, again and again
@@ -512,10 +528,6 @@ def an_hpack_bomb_takes_no_memory():
             assert grew < 32, "the member grew %.0f MiB" % grew
         s.close()
         eq(cl.get(b"hb/k"), b"v", "the member serves on")
-        cl.close()
-        eq(m.stop(), 0, "exit status")
-    finally:
-        c.close()
 
 
 @case
@@ -525,23 +537,14 @@ def answers_a_client_never_takes_are_bounded():
     1 MB value took a member to 744 MB. With --rpc-max-call-memory=64M
     the answers past it end RESOURCE_EXHAUSTED, the member stays small
     and serves other clients."""
-    c = Cluster(1, args=["--rpc-max-message-size=8M", "--rpc-max-call-memory=64M"])
-    try:
-        c.start()
-        m = c.members[0]
-        cl = Client(m.client_addr, timeout=10)
-        big = bytes(random.Random(3).getrandbits(8) for _ in range(1000000))
-        mctest.wait_for(lambda: cl.put(b"big", big), timeout=20, what="a first put")
+    big = bytes(random.Random(3).getrandbits(8) for _ in range(1000000))
+    with _one_member(b"big", big, args=["--rpc-max-message-size=8M",
+                                        "--rpc-max-call-memory=64M"]) as (m, cl):
         rss0 = mctest.proc_mib(m.daemon.pid)
-        s = socket.create_connection(("127.0.0.1", m.client_port))
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
-                  _h2_frame(4, 0, 0, struct.pack(">HI", 4, 0)))
+        s = _h2_open(m.client_port, struct.pack(">HI", 4, 0))
         body = pb.RangeRequest(key=b"big").SerializeToString()
         msg = b"\x00" + struct.pack(">I", len(body)) + body
-        head = b"\x83\x86" + _hpack_literal(b":path", b"/etcdserverpb.KV/Range") + \
-            _hpack_literal(b":authority", b"x") + \
-            _hpack_literal(b"content-type", b"application/grpc") + \
-            _hpack_literal(b"te", b"trailers")
+        head = _grpc_head(b"/etcdserverpb.KV/Range")
         for i in range(1000):
             sid = 1 + 2 * i
             s.sendall(_h2_frame(1, 4, sid, head) + _h2_frame(0, 1, sid, msg))
@@ -559,10 +562,6 @@ def answers_a_client_never_takes_are_bounded():
             assert grew < 200, "the member grew %.0f MiB" % grew
         eq(cl.get(b"big"), big, "another client's Range")
         s.close()
-        cl.close()
-        eq(m.stop(), 0, "exit status")
-    finally:
-        c.close()
 
 
 @case
@@ -571,17 +570,11 @@ def connections_past_the_bound_are_closed():
     nghttp2 session), each stream a little more: a client that opens
     connections without number meets the bound, and the new ones are
     closed at once with one log line; once they go, the member serves."""
-    c = Cluster(1, args=["--rpc-max-message-size=4M", "--rpc-max-call-memory=16M"])
-    try:
-        c.start()
-        m = c.members[0]
-        cl = Client(m.client_addr, timeout=10)
-        mctest.wait_for(lambda: cl.put(b"cn/k", b"v"), timeout=20, what="a first put")
+    with _one_member(b"cn/k", args=["--rpc-max-message-size=4M",
+                                     "--rpc-max-call-memory=16M"]) as (m, cl):
         socks = []
         for _ in range(400):
-            s = socket.create_connection(("127.0.0.1", m.client_port))
-            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b""))
-            socks.append(s)
+            socks.append(_h2_open(m.client_port))
         mctest.wait_for(lambda: "closing new connections" in m.output(), what="the log line")
         closed = 0
         for s in socks:
@@ -602,10 +595,6 @@ def connections_past_the_bound_are_closed():
         mctest.wait_for(lambda: cl.put(b"cn/k", b"w") is not None, timeout=20,
                         what="a put once they are gone")
         eq(cl.get(b"cn/k"), b"w", "its value")
-        cl.close()
-        eq(m.stop(), 0, "exit status")
-    finally:
-        c.close()
 
 
 @case
@@ -615,12 +604,7 @@ def one_snapshot_is_received_at_a_time():
     is being received another is refused UNAVAILABLE, so streams without
     number cannot each take that much; once it ends the next is taken."""
     import raft_pb2
-    c = Cluster(1)
-    try:
-        c.start()
-        m = c.members[0]
-        cl = Client(m.client_addr, timeout=10)
-        mctest.wait_for(lambda: cl.put(b"sn/k", b"v"), timeout=20, what="a first put")
+    with _one_member(b"sn/k") as (m, cl):
         cid = cl.range(b"sn/k").header.cluster_id
         ch = grpc.insecure_channel("127.0.0.1:%d" % m.peer_port)
         install = ch.stream_unary("/mooncake.raft.Raft/InstallSnapshot",
@@ -655,10 +639,6 @@ def one_snapshot_is_received_at_a_time():
            "the next one, taken (and ended early)")
         eq(cl.get(b"sn/k"), b"v", "the member serves on")
         ch.close()
-        cl.close()
-        eq(m.stop(), 0, "exit status")
-    finally:
-        c.close()
 
 
 mctest.main()

@@ -984,6 +984,11 @@ static void raw_request(struct fx *f, struct raw *r, const nghttp2_nv *nva, size
 		(uint8_t *)(a), (uint8_t *)(b), sizeof(a) - 1, sizeof(b) - 1, \
 			NGHTTP2_NV_FLAG_NONE \
 	}
+/* The headers of a well-formed test.Hold/Hold request. */
+#define RNV_HOLD_REQUEST \
+	RNV(":method", "POST"), RNV(":scheme", "http"), RNV(":path", "/test.Hold/Hold"), \
+		RNV(":authority", "x"), RNV("content-type", "application/grpc"), \
+		RNV("te", "trailers")
 
 static void assert_still_serving(struct fx *f)
 {
@@ -1000,12 +1005,7 @@ Test(rpc, server_deadline)
 	rpc_frame_prefix(msg, 0);
 	struct body b = {.p = msg, .len = 5};
 	nghttp2_nv nva[] = {
-		RNV(":method", "POST"),
-		RNV(":scheme", "http"),
-		RNV(":path", "/test.Hold/Hold"),
-		RNV(":authority", "x"),
-		RNV("content-type", "application/grpc"),
-		RNV("te", "trailers"),
+		RNV_HOLD_REQUEST,
 		RNV("grpc-timeout", "150m"),
 		RNV("x-trace-id", "abc-123"),
 	};
@@ -1204,6 +1204,15 @@ static double fx_init_bounded(struct fx *f)
 	return metric_of(f, call_gauge);
 }
 
+/* The end of a bounded test: what the calls hold goes back to base, and
+ * the server still serves. */
+static void fx_fini_bounded(struct fx *f, double base)
+{
+	RUN_UNTIL(f, metric_of(f, call_gauge) <= base);
+	assert_still_serving(f);
+	fx_fini(f);
+}
+
 /* What the requests a server is receiving or decoding hold at once is
  * bounded (max_call_memory), over all connections, by the bytes that
  * came: streams that only declare large messages take nothing but their
@@ -1214,17 +1223,11 @@ static double fx_init_bounded(struct fx *f)
 Test(rpc, call_memory_bounds_requests)
 {
 	struct fx f;
-	const char *gauge = call_gauge;
 	double base = fx_init_bounded(&f);
 	static uint8_t part[5 + 8 * MiB / 10];
 	rpc_frame_prefix(part, MiB);
 	nghttp2_nv nva[] = {
-		RNV(":method", "POST"),
-		RNV(":scheme", "http"),
-		RNV(":path", "/test.Hold/Hold"),
-		RNV(":authority", "x"),
-		RNV("content-type", "application/grpc"),
-		RNV("te", "trailers"),
+		RNV_HOLD_REQUEST,
 	};
 	struct raw r[8];
 	struct body b[8];
@@ -1235,7 +1238,7 @@ Test(rpc, call_memory_bounds_requests)
 		raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
 	}
 	small_echo_passes(&f);
-	cr_assert_lt(metric_of(&f, gauge) - base, 8 * 80 * 1024.0);
+	cr_assert_lt(metric_of(&f, call_gauge) - base, 8 * 80 * 1024.0);
 	for (int i = 0; i < 8; i++)
 		raw_close(&r[i]);
 
@@ -1245,8 +1248,8 @@ Test(rpc, call_memory_bounds_requests)
 				.p = part, .len = sizeof(part), .hold_open = true};
 			raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
 			if (i < 4)
-				RUN_UNTIL(&f,
-					  metric_of(&f, gauge) >= base + (i + 1) * 0.75 * MiB);
+				RUN_UNTIL(&f, metric_of(&f, call_gauge) >=
+						      base + (i + 1) * 0.75 * MiB);
 		}
 		RUN_UNTIL(&f, r[4].stream_closed);
 		cr_assert_eq(r[4].grpc_status, RPC_RESOURCE_EXHAUSTED, "%s",
@@ -1259,11 +1262,10 @@ Test(rpc, call_memory_bounds_requests)
 		small_echo_passes(&f);
 		for (int i = 0; i < 5; i++)
 			raw_close(&r[i]);
-		RUN_UNTIL(&f, metric_of(&f, gauge) <= base);
+		RUN_UNTIL(&f, metric_of(&f, call_gauge) <= base);
 	}
 	cr_assert_eq(f.hold.started, 0);
-	assert_still_serving(&f);
-	fx_fini(&f);
+	fx_fini_bounded(&f, base);
 }
 
 /* Answers a client does not take (it opens no flow-control window) stay
@@ -1276,7 +1278,6 @@ Test(rpc, call_memory_bounds_requests)
 Test(rpc, call_memory_bounds_answers)
 {
 	struct fx f;
-	const char *gauge = call_gauge;
 	double base = fx_init_bounded(&f);
 	static const char refused[] =
 		"method=\"/mooncake.diag.Diag/Echo\",code=\"RESOURCE_EXHAUSTED\"} ";
@@ -1302,16 +1303,14 @@ Test(rpc, call_memory_bounds_answers)
 		RUN_UNTIL(&f, metric_of(&f, refused) >= 2 + 2 * c);
 	}
 	RUN_UNTIL(&f, metric_of(&f, refused) >= 8);
-	double held = metric_of(&f, gauge);
+	double held = metric_of(&f, call_gauge);
 	cr_assert_geq(held, 4 * 0.9 * MiB);
 	cr_assert_leq(held, 4 * MiB);
 	small_echo_passes(&f);
 	for (int c = 0; c < 3; c++)
 		raw_close(&r[c]);
-	RUN_UNTIL(&f, metric_of(&f, gauge) <= base);
 	cr_assert_eq(metric_of(&f, refused), 8);
-	assert_still_serving(&f);
-	fx_fini(&f);
+	fx_fini_bounded(&f, base);
 }
 
 /* The headers a call keeps count in the bound too: a connection whose
@@ -1320,17 +1319,11 @@ Test(rpc, call_memory_bounds_answers)
 Test(rpc, call_memory_bounds_headers)
 {
 	struct fx f;
-	const char *gauge = call_gauge;
 	double base = fx_init_bounded(&f);
 	static char big[60000];
 	memset(big, 'm', sizeof(big));
 	nghttp2_nv nva[] = {
-		RNV(":method", "POST"),
-		RNV(":scheme", "http"),
-		RNV(":path", "/test.Hold/Hold"),
-		RNV(":authority", "x"),
-		RNV("content-type", "application/grpc"),
-		RNV("te", "trailers"),
+		RNV_HOLD_REQUEST,
 		{(uint8_t *)"x-md", (uint8_t *)big, 4, sizeof(big), NGHTTP2_NV_FLAG_NO_INDEX},
 	};
 	struct raw r;
@@ -1348,14 +1341,12 @@ Test(rpc, call_memory_bounds_headers)
 	raw_flush(&r);
 	/* 33 of about 61,600 bytes (with a call's cost) fit in 2 MiB. */
 	RUN_UNTIL(&f, r.nclosed >= 30);
-	double held = metric_of(&f, gauge) - base;
+	double held = metric_of(&f, call_gauge) - base;
 	cr_assert_geq(held, 30 * 60000.0);
 	cr_assert_leq(held, 2.0 * MiB + 80 * 1024);
 	cr_assert_eq(r.stream_error, NGHTTP2_ENHANCE_YOUR_CALM);
 	raw_close(&r);
-	RUN_UNTIL(&f, metric_of(&f, gauge) <= base);
-	assert_still_serving(&f);
-	fx_fini(&f);
+	fx_fini_bounded(&f, base);
 }
 
 /* ---------------------------------------------------------------- abuse */
