@@ -5,24 +5,35 @@
  * eventfd. So the owner's thread never waits on the disk.
  *
  *   data reads and writes: either one io_uring with up to depth
- *   operations in flight, driven by one thread that submits and reaps
- *   (woken for new work by a read of an eventfd that sits in the ring),
- *   or depth threads each doing blocking pread/pwrite. A read that asks
- *   for it has its CRC-32C checked before it is handed back (a long one
- *   on a thread of its own, so that the ring's thread goes back to the
- *   ring); a write that asks for it has its CRC-32C computed right after
- *   it is submitted, so the sum runs while the device writes (a long one
- *   on the checking thread: the write is handed back when both are over;
- *   on a pool thread, after the write). A short transfer is resumed where
- *   it stopped.
+ *   operations in flight, which the owner's thread drives itself: it
+ *   submits from ssd__io_submit, and the ring's completions make the
+ *   owner's eventfd readable (registered with the ring), so a read costs
+ *   no hand-off between threads on either side; or depth threads each
+ *   doing blocking pread/pwrite. A read that asks for it has its CRC-32C
+ *   checked before it is handed back (a long one on a thread of its own,
+ *   so that the owner's thread goes back to its loop); a write that asks
+ *   for it has its CRC-32C computed right after it is submitted, so the
+ *   sum runs while the device writes (a long one on the checking thread:
+ *   the write is handed back when both are over; on a pool thread, after
+ *   the write). A short transfer is resumed where it stopped.
  *   jobs (index writes and compaction steps; syncs): a helper thread per
  *   lane, in submission order, so the store's group commits stay ordered.
  *
  * io_uring is the default: measured on the development VM's virtio disk
  * (ext4, O_DIRECT, 1 MiB and 16 MiB blocks, 8-32 in flight) it matched or
- * beat 8-32 threads, at a fraction of their CPU, and one thread reaps
- * however deep the queue; the threads are the fallback where the kernel
- * or a container's seccomp profile refuses io_uring_setup.
+ * beat 8-32 threads, at a fraction of their CPU; the threads are the
+ * fallback where the kernel or a container's seccomp profile refuses
+ * io_uring_setup. Until 2026-12-06 a thread of its own drove the ring:
+ * each read then took two more wake-ups (owner -> ring thread at submit,
+ * ring thread -> owner at the end).
+ *
+ * The ring is touched only by the owner's thread. Its completions are
+ * posted by task work that the kernel runs in the thread that submitted
+ * (it interrupts an epoll_wait or poll of that thread, which then sees
+ * the eventfd readable): operations in flight belong to that thread, so
+ * the owner changes thread only with none in flight (the store opens on
+ * one thread and is driven by another only after its recovery reaped
+ * everything).
  */
 #include <errno.h>
 #include <liburing.h>
@@ -43,8 +54,9 @@
  * io_uring length field is 32 bits). */
 #define IO_CHUNK_MAX (1ull << 30)
 /* Reads and writes up to this long have their checksum checked or
- * computed on the ring's thread (some tens of microseconds); longer ones
- * on the checking thread, so the ring's thread goes back to the ring. */
+ * computed on the owner's thread (40 us for 1 MiB on the development
+ * VM, less than handing it to a thread and back); longer ones on the
+ * checking thread, so the owner's loop is not held. */
 #define IO_INLINE_SUM_BYTES (1ull << 20)
 /* Most threads of the thread-pool engine (its depth). */
 #define IO_THREADS_MAX 64u
@@ -85,16 +97,13 @@ struct ssd__io {
 	struct opq q;
 	bool quit;
 
-	/* io_uring */
+	/* io_uring (owner's thread only) */
 	struct io_uring ring;
 	bool ring_ok;
-	int wake_fd; /* eventfd: new work or quit */
-	uint64_t wake_buf;
-	pthread_t ring_thread;
-	bool ring_thread_ok;
+	unsigned inflight; /* in the ring */
 
-	/* io_uring: reads whose checksum is still to be checked, and the
-	 * thread that checks them (the ring's thread goes back to the ring) */
+	/* io_uring: long sums, and the thread that runs them (the owner's
+	 * thread goes back to its loop) */
 	pthread_mutex_t vmu;
 	pthread_cond_t vcv;
 	struct opq vq;
@@ -137,12 +146,19 @@ static void post_done(struct ssd__io *io, struct ssd__op *op)
 	}
 }
 
-/* A data operation has moved all its bytes or failed: check and hand back. */
-static void finish(struct ssd__io *io, struct ssd__op *op)
+/* A read that asks for it: its bytes against the sum it should have. */
+static void check_read(struct ssd__op *op)
 {
 	if (op->result == 0 && op->kind == SSD__OP_READ && op->verify &&
 	    crc32c(0, op->buf, op->crc_len) != op->want_crc)
 		op->result = MC_ECHECKSUM;
+}
+
+/* A data operation has moved all its bytes or failed, on another thread
+ * than the owner's: check and hand back. */
+static void finish(struct ssd__io *io, struct ssd__op *op)
+{
+	check_read(op);
 	post_done(io, op);
 }
 
@@ -191,33 +207,46 @@ static void verify_push(struct ssd__io *io, struct ssd__op *op)
 	pthread_mutex_unlock(&io->vmu);
 }
 
-/* A finished ring operation (unless its sum still runs): reads to check go
- * to the checking thread, but for small ones, which the ring's thread
- * checks itself (a hand-off to another thread costs more than their
- * sum). */
-static void ring_finish(struct ssd__io *io, struct ssd__op *op)
+/* A ring operation is over, on the owner's thread (unless a write's sum
+ * still runs on the checking thread, which hands it back then): a long
+ * read to check goes to the checking thread, the rest into done. */
+static void ring_finish(struct ssd__io *io, struct ssd__op *op, struct opq *done)
 {
 	if (!part_done(op))
 		return;
-	if (op->result != 0 || op->kind != SSD__OP_READ || !op->verify ||
-	    op->crc_len <= IO_INLINE_SUM_BYTES) {
-		finish(io, op);
+	if (op->result == 0 && op->kind == SSD__OP_READ && op->verify &&
+	    op->crc_len > IO_INLINE_SUM_BYTES) {
+		verify_push(io, op);
 		return;
 	}
-	verify_push(io, op);
+	check_read(op);
+	opq_push(done, op);
 }
 
-/* A free submission entry. The ring has depth + 1 (one per operation in
- * flight, one for the wake read), so it is not exhausted; if it ever were,
- * submitting what is queued frees entries. */
+/* Hand what is prepared to the kernel. An error leaves the entries in the
+ * ring, where the next submission takes them (one is due: a completion
+ * or a new operation comes through the owner). */
+static void ring_submit(struct ssd__io *io)
+{
+	int rc;
+	while ((rc = io_uring_submit(&io->ring)) == -EINTR)
+		;
+	if (rc < 0)
+		log_error("io_uring_submit: %s", mc_strerror(rc));
+}
+
+/* A free submission entry. The ring has one per operation in flight, so
+ * it is not exhausted; if it ever were, submitting what is prepared
+ * frees entries. */
 static struct io_uring_sqe *get_sqe(struct ssd__io *io)
 {
 	struct io_uring_sqe *sqe;
 	while (!(sqe = io_uring_get_sqe(&io->ring)))
-		io_uring_submit(&io->ring);
+		ring_submit(io);
 	return sqe;
 }
 
+/* The rest of op's transfer into a submission entry. */
 static void ring_prep(struct ssd__io *io, struct ssd__op *op)
 {
 	struct io_uring_sqe *sqe = get_sqe(io);
@@ -232,92 +261,71 @@ static void ring_prep(struct ssd__io *io, struct ssd__op *op)
 	io_uring_sqe_set_data(sqe, op);
 }
 
-static void ring_arm_wake(struct ssd__io *io)
+/* Start queued operations while the ring has room; a write's sum runs
+ * once the device has it (a long one on the checking thread). */
+static void ring_fill(struct ssd__io *io)
 {
-	struct io_uring_sqe *sqe = get_sqe(io);
-	io_uring_prep_read(sqe, io->wake_fd, &io->wake_buf, sizeof(io->wake_buf), 0);
-	io_uring_sqe_set_data(sqe, NULL);
-}
-
-static void *ring_main(void *arg)
-{
-	struct ssd__io *io = arg;
-	unsigned inflight = 0;
-	ring_arm_wake(io);
-	for (;;) {
-		pthread_mutex_lock(&io->mu);
-		struct ssd__op *op, *sums = NULL, *far = NULL;
-		while (inflight < io->depth && (op = opq_pop(&io->q))) {
-			ring_prep(io, op);
-			inflight++;
-			if (op->sum && op->crc_len <= IO_INLINE_SUM_BYTES) {
-				op->next = sums;
-				sums = op;
-			} else if (op->sum) {
-				atomic_store(&op->parts, 2);
-				op->next = far;
-				far = op;
-			}
-		}
-		bool quit = io->quit;
-		pthread_mutex_unlock(&io->mu);
-		if (quit && inflight == 0)
-			break;
-		if (sums || far) {
-			/* The device starts on them first. (They are linked
-			 * through next, free while they are in the ring.) */
-			int rc = io_uring_submit(&io->ring);
-			if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-				log_error("io_uring_submit: %s", mc_strerror(rc));
-			while (far) {
-				op = far;
-				far = far->next;
-				verify_push(io, op);
-			}
-			for (; sums; sums = sums->next)
-				sum_write(sums);
-		}
-		int rc = io_uring_submit_and_wait(&io->ring, 1);
-		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-			log_error("io_uring_submit_and_wait: %s", mc_strerror(rc));
-			continue;
-		}
-		struct io_uring_cqe *cqe;
-		while (io_uring_peek_cqe(&io->ring, &cqe) == 0) {
-			op = io_uring_cqe_get_data(cqe);
-			int res = cqe->res;
-			io_uring_cqe_seen(&io->ring, cqe);
-			if (!op) {
-				ring_arm_wake(io);
-				continue;
-			}
-			if (res == -EINTR || res == -EAGAIN) {
-				ring_prep(io, op);
-				continue;
-			}
-			if (res < 0) {
-				op->result = res;
-			} else if (res == 0) {
-				op->result = -EIO; /* end of file, or no progress */
-			} else {
-				op->moved += (uint64_t)res;
-				if (op->moved < op->len) {
-					ring_prep(io, op);
-					continue;
-				}
-			}
-			inflight--;
-			ring_finish(io, op);
+	struct ssd__op *op, *sums = NULL, *far = NULL;
+	bool any = false;
+	while (io->inflight < io->depth && (op = opq_pop(&io->q))) {
+		ring_prep(io, op);
+		io->inflight++;
+		any = true;
+		if (op->sum && op->crc_len <= IO_INLINE_SUM_BYTES) {
+			op->next = sums;
+			sums = op;
+		} else if (op->sum) {
+			atomic_store(&op->parts, 2);
+			op->next = far;
+			far = op;
 		}
 	}
-	return NULL;
+	if (!any)
+		return;
+	/* (Linked through next, free while they are in the ring.) */
+	ring_submit(io);
+	while (far) {
+		op = far;
+		far = far->next;
+		verify_push(io, op);
+	}
+	for (; sums; sums = sums->next)
+		sum_write(sums);
 }
 
-static void ring_wake(struct ssd__io *io)
+/* Take the ring's completions: finished operations into done, short ones
+ * resumed. */
+static void ring_reap(struct ssd__io *io, struct opq *done)
 {
-	uint64_t one = 1;
-	ssize_t w = write(io->wake_fd, &one, sizeof(one));
-	(void)w; /* EAGAIN only: already readable */
+	struct io_uring_cqe *cqe;
+	bool again = false;
+	while (io_uring_peek_cqe(&io->ring, &cqe) == 0) {
+		struct ssd__op *op = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+		io_uring_cqe_seen(&io->ring, cqe);
+		if (res == -EINTR || res == -EAGAIN) {
+			ring_prep(io, op);
+			again = true;
+			continue;
+		}
+		if (res < 0) {
+			op->result = res;
+		} else if (res == 0) {
+			op->result = -EIO; /* end of file, or no progress */
+		} else {
+			op->moved += (uint64_t)res;
+			if (op->moved < op->len) {
+				ring_prep(io, op);
+				again = true;
+				continue;
+			}
+		}
+		io->inflight--;
+		ring_finish(io, op, done);
+	}
+	if (again)
+		ring_submit(io);
+	ring_fill(io);
 }
 
 /* ------------------------------------------------------------ threads */
@@ -384,13 +392,23 @@ static void *job_main(void *arg)
 
 /* ------------------------------------------------------------ API */
 
-/* Stop the ring's threads (every operation done) and free the ring. */
+/* Wait for what the ring still has in flight (its buffers are written
+ * until then; nothing is handed back), stop the checking thread and free
+ * the ring. The owner stops with nothing pending; this is for a store
+ * that failed. */
 static void stop_ring(struct ssd__io *io)
 {
-	if (io->ring_thread_ok) {
-		ring_wake(io);
-		pthread_join(io->ring_thread, NULL);
-		io->ring_thread_ok = false;
+	if (io->ring_ok && io->inflight) {
+		ring_submit(io);
+		struct __kernel_timespec ts = {.tv_sec = 10};
+		struct io_uring_cqe *cqe;
+		while (io->inflight && io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts) == 0) {
+			io_uring_cqe_seen(&io->ring, cqe);
+			io->inflight--;
+		}
+		if (io->inflight)
+			log_error("SSD I/O: %u operations still in flight at stop",
+				  io->inflight);
 	}
 	if (io->vthread_ok) {
 		pthread_mutex_lock(&io->vmu);
@@ -403,31 +421,22 @@ static void stop_ring(struct ssd__io *io)
 	if (io->ring_ok)
 		io_uring_queue_exit(&io->ring);
 	io->ring_ok = false;
-	if (io->wake_fd >= 0)
-		close(io->wake_fd);
-	io->wake_fd = -1;
 }
 
 static int start_ring(struct ssd__io *io)
 {
-	int rc = io_uring_queue_init(io->depth + 1, &io->ring, 0);
+	int rc = io_uring_queue_init(io->depth, &io->ring, 0);
 	if (rc < 0)
 		return rc;
 	io->ring_ok = true;
-	/* Blocking: io_uring reads a non-blocking file with -EAGAIN instead
-	 * of waiting for it. Its writers never block (the counter does not
-	 * come near overflowing). */
-	io->wake_fd = eventfd(0, EFD_CLOEXEC);
-	if (io->wake_fd < 0)
-		return -errno;
+	/* Each completion makes the owner's eventfd readable. */
+	rc = io_uring_register_eventfd(&io->ring, io->done_fd);
+	if (rc < 0)
+		return rc;
 	rc = pthread_create(&io->vthread, NULL, verify_main, io);
 	if (rc)
 		return -rc;
 	io->vthread_ok = true;
-	rc = pthread_create(&io->ring_thread, NULL, ring_main, io);
-	if (rc)
-		return -rc;
-	io->ring_thread_ok = true;
 	return 0;
 }
 
@@ -452,7 +461,6 @@ int ssd__io_new(enum ssd_io_kind kind, unsigned depth, struct ssd__io **out)
 	if (!io)
 		return -ENOMEM;
 	io->depth = depth;
-	io->wake_fd = -1;
 	pthread_mutex_init(&io->mu, NULL);
 	pthread_cond_init(&io->cv, NULL);
 	for (unsigned i = 0; i < SSD__LANES; i++) {
@@ -529,13 +537,15 @@ void ssd__io_submit(struct ssd__io *io, struct ssd__op *op)
 		post_done(io, op);
 		return;
 	}
+	if (io->kind == SSD_IO_URING) {
+		opq_push(&io->q, op); /* (the owner's alone) */
+		ring_fill(io);
+		return;
+	}
 	pthread_mutex_lock(&io->mu);
 	opq_push(&io->q, op);
-	if (io->kind == SSD_IO_THREADS)
-		pthread_cond_signal(&io->cv);
+	pthread_cond_signal(&io->cv);
 	pthread_mutex_unlock(&io->mu);
-	if (io->kind == SSD_IO_URING)
-		ring_wake(io);
 }
 
 int ssd__io_fd(const struct ssd__io *io)
@@ -550,10 +560,20 @@ unsigned ssd__io_reap(struct ssd__io *io)
 	 * after the take makes it readable again. */
 	ssize_t r = read(io->done_fd, &v, sizeof(v));
 	(void)r;
+	struct opq done = {0};
+	if (io->kind == SSD_IO_URING)
+		ring_reap(io, &done);
 	pthread_mutex_lock(&io->dmu);
-	struct ssd__op *op = io->done.head;
+	if (io->done.head) {
+		if (done.tail)
+			done.tail->next = io->done.head;
+		else
+			done.head = io->done.head;
+		done.tail = io->done.tail;
+	}
 	io->done.head = io->done.tail = NULL;
 	pthread_mutex_unlock(&io->dmu);
+	struct ssd__op *op = done.head;
 	unsigned n = 0;
 	while (op) {
 		struct ssd__op *next = op->next;
