@@ -563,12 +563,17 @@ static int call_on_msg(void *ud, const uint8_t *body, size_t len)
 	return call->done ? -ECANCELED : 0;
 }
 
-/* Count what the call's message being received holds now (its bytes
- * so far) in the server's bound on requests. */
-static void call_count_partial(struct rpc_call *call)
+/* Count what the call's message being received holds now (its buffer,
+ * which grows with the bytes that came: frame.h) in the server's bound on
+ * requests. Growth past the room left is counted too (the buffer is
+ * there), and said: the caller ends the call, which frees it. */
+static enum call_room call_count_partial(struct rpc_call *call)
 {
 	struct rpc__bufcache *bc = &call->s->calls.bufs;
-	size_t now = call->df.msg ? call->df.msg_got : 0;
+	size_t now = call->df.msg ? call->df.msg_cap : 0;
+	enum call_room why = ROOM_OK;
+	if (now > call->df_held)
+		why = call_room(call, now - call->df_held);
 	if (now >= call->df_held)
 		rpc__mem_count(bc, now - call->df_held, true);
 	else
@@ -576,6 +581,7 @@ static void call_count_partial(struct rpc_call *call)
 	if (call->conn_held)
 		*call->conn_held = *call->conn_held - call->df_held + now;
 	call->df_held = now;
+	return why;
 }
 
 void rpc__call_data(struct rpc_call *call, const uint8_t *data, size_t len)
@@ -593,8 +599,10 @@ void rpc__call_data(struct rpc_call *call, const uint8_t *data, size_t len)
 	rpc__mem_count(bc, len, true); /* (the chunk, while it is fed) */
 	int rc = rpc_deframer_feed(&call->df, data, len, call_on_msg, call);
 	rpc__mem_count(bc, len, false);
-	call_count_partial(call);
-	if (rc == MC_ETOO_LARGE) {
+	enum call_room grown = call_count_partial(call);
+	if (rc == 0 && grown != ROOM_OK && !call->done) {
+		call_abort_full(call, grown);
+	} else if (rc == MC_ETOO_LARGE) {
 		char msg[128];
 		snprintf(msg, sizeof(msg),
 			 "grpc: received message larger than max (%zu vs. %zu)",

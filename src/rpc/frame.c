@@ -7,6 +7,8 @@
  *    deframer reassembles bodies from DATA chunks split anywhere; a body
  *    that arrives whole inside one chunk is handed out in place, without
  *    a copy or an allocation, which is the common case for small calls.
+ *    Other bodies get a buffer that grows with what came (frame.h), so a
+ *    declared length costs nothing until its bytes arrive.
  *    A reassembled body may be taken by on_msg (rpc_deframer_take), so
  *    that the message unpacked from it can keep pointing into it.
  *  - grpc-timeout: "TimeoutValue TimeoutUnit", at most 8 ASCII digits and
@@ -74,12 +76,13 @@ static void body_release(struct rpc_deframer *d, uint8_t *p, size_t len)
 
 void rpc_deframer_free(struct rpc_deframer *d)
 {
-	body_release(d, d->msg, d->msg_len);
+	body_release(d, d->msg, d->msg_cap);
 	body_release(d, d->out, d->out_len);
 	d->msg = NULL;
 	d->out = NULL;
 	d->hdr_len = 0;
 	d->msg_len = 0;
+	d->msg_cap = 0;
 	d->msg_got = 0;
 	d->compressed = false;
 }
@@ -100,10 +103,40 @@ bool rpc_deframer_idle(const struct rpc_deframer *d)
 
 uint8_t *rpc_deframer_room(const struct rpc_deframer *d, size_t *len)
 {
-	if (!d->msg || d->msg_got >= d->msg_len)
+	if (!d->msg || d->msg_got >= d->msg_cap)
 		return NULL;
-	*len = d->msg_len - d->msg_got;
+	*len = d->msg_cap - d->msg_got;
 	return d->msg + d->msg_got;
+}
+
+/* Room in the open body for at least need of its bytes: the buffer grows
+ * to RPC_DEFRAMER_GROWTH times what it held (the first one to
+ * RPC_DEFRAMER_FIRST_CAP), to need when that is more, never past the
+ * body's length. */
+static int body_reserve(struct rpc_deframer *d, size_t need)
+{
+	if (d->msg && need <= d->msg_cap)
+		return 0;
+	size_t want = d->msg ? d->msg_cap * RPC_DEFRAMER_GROWTH : RPC_DEFRAMER_FIRST_CAP;
+	want = want < need ? need : want;
+	want = want > d->msg_len ? d->msg_len : want;
+	uint8_t *p;
+	size_t cap = want;
+	if (d->alloc) {
+		p = d->alloc(d->alloc_ctx, d->msg_len, &cap);
+		if (!p)
+			return -ENOMEM;
+		if (d->msg_got)
+			memcpy(p, d->msg, d->msg_got);
+		body_release(d, d->msg, d->msg_cap);
+	} else {
+		p = realloc(d->msg, want); /* (large blocks: mremap, no copy) */
+		if (!p)
+			return -ENOMEM;
+	}
+	d->msg = p;
+	d->msg_cap = cap < d->msg_len ? cap : d->msg_len;
+	return 0;
 }
 
 int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
@@ -144,15 +177,13 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 					return rc;
 				continue;
 			}
-			if (d->msg_len > 0) {
-				d->msg = d->alloc ? d->alloc(d->alloc_ctx, d->msg_len)
-						  : malloc(d->msg_len);
-				if (!d->msg)
-					return -ENOMEM;
-			}
 		}
 		size_t need = d->msg_len - d->msg_got;
 		size_t take = need < len ? need : len;
+		/* A body gets its buffer when its first bytes come. (Bytes
+		 * read into the room fit it: no growth moves them.) */
+		if (take && body_reserve(d, d->msg_got + take) != 0)
+			return -ENOMEM;
 		/* Bytes read straight into the body (rpc_deframer_room) are
 		 * already where they belong. */
 		if (take && data != d->msg + d->msg_got)
@@ -169,6 +200,7 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 		d->msg = NULL;
 		d->hdr_len = 0;
 		d->msg_len = 0;
+		d->msg_cap = 0;
 		d->msg_got = 0;
 		d->out = body;
 		d->out_len = blen;

@@ -38,23 +38,36 @@ enum rpc_status {
 /* "OK", "CANCELLED", ... ; "UNKNOWN" for out-of-range codes. */
 const char *rpc_status_name(int status);
 
-/* Incremental decoder of 5-byte-prefixed messages from DATA chunks. */
+/* Incremental decoder of 5-byte-prefixed messages from DATA chunks.
+ *
+ * A body's buffer grows as its bytes come (RPC_DEFRAMER_FIRST_CAP, then
+ * RPC_DEFRAMER_GROWTH times as much, never past the declared length):
+ * a peer that declares large messages and sends a byte of each holds
+ * little, and what it holds is msg_cap, which a caller may count. */
+#define RPC_DEFRAMER_FIRST_CAP (64u << 10)
+#define RPC_DEFRAMER_GROWTH 4u
+
 struct rpc_deframer {
 	size_t max_message_bytes;
 	uint8_t hdr[5];
 	size_t hdr_len;
 	uint8_t *msg;   /* current message body (owned) */
 	size_t msg_len; /* expected body length */
+	size_t msg_cap; /* what msg holds now (at most msg_len) */
 	size_t msg_got;
 	bool compressed;
 	/* The reassembled body on_msg is being handed, while it may still be
 	 * taken (rpc_deframer_take); NULL otherwise. */
 	uint8_t *out;
 	size_t out_len;
-	/* Optional source of body buffers (NULL: malloc/free), so a caller
-	 * can recycle large buffers instead of faulting in fresh pages for
-	 * every message. rpc_deframer_init sets them NULL. */
-	void *(*alloc)(void *ctx, size_t len);
+	/* Optional source of body buffers (NULL: malloc/realloc/free), so a
+	 * caller can recycle large buffers instead of faulting in fresh pages
+	 * for every message. alloc gives a buffer for part of a body of len
+	 * bytes: at least *cap bytes, and sets *cap to what it holds (a
+	 * recycled buffer may hold the whole body at once); NULL when out of
+	 * memory. A growing body is copied into a new buffer and the old one
+	 * released. rpc_deframer_init sets them NULL. */
+	void *(*alloc)(void *ctx, size_t len, size_t *cap);
 	void (*release)(void *ctx, void *p, size_t len);
 	void *alloc_ctx;
 };
@@ -80,8 +93,8 @@ int rpc_deframer_feed(struct rpc_deframer *d, const uint8_t *data, size_t len,
 uint8_t *rpc_deframer_take(struct rpc_deframer *d, const uint8_t *body);
 /* True when no partial message is buffered. */
 bool rpc_deframer_idle(const struct rpc_deframer *d);
-/* Where the next bytes of a partly received body go and how many it still
- * needs (*len), or NULL when no body is open. A reader may receive
+/* Where the next bytes of a partly received body go and how many fit
+ * there now (*len), or NULL when no body is open or it is full. A reader may receive
  * straight into it: rpc_deframer_feed then finds the bytes in place and
  * does not copy them. */
 uint8_t *rpc_deframer_room(const struct rpc_deframer *d, size_t *len);

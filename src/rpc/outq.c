@@ -24,25 +24,33 @@
 
 /* ---------------------------------------------------------------- buffers */
 
+/* A cached buffer of at least len bytes (and not a huge one for a small
+ * need), or NULL. */
+static void *buf_cached(struct rpc__bufcache *bc, size_t len, size_t *cap)
+{
+	if (!bc || len < RPC__BUF_CACHE_MIN_BYTES)
+		return NULL;
+	unsigned best = RPC__BUF_CACHE_SLOTS;
+	for (unsigned i = 0; i < bc->n; i++) {
+		size_t c = bc->slot[i].cap;
+		if (c >= len && c / 2 <= len &&
+		    (best == RPC__BUF_CACHE_SLOTS || c < bc->slot[best].cap))
+			best = i;
+	}
+	if (best == RPC__BUF_CACHE_SLOTS)
+		return NULL;
+	void *p = bc->slot[best].p;
+	*cap = bc->slot[best].cap;
+	bc->bytes -= *cap;
+	bc->slot[best] = bc->slot[--bc->n];
+	return p;
+}
+
 void *rpc__buf_get(struct rpc__bufcache *bc, size_t len, size_t *cap)
 {
-	if (bc && len >= RPC__BUF_CACHE_MIN_BYTES) {
-		unsigned best = RPC__BUF_CACHE_SLOTS;
-		for (unsigned i = 0; i < bc->n; i++) {
-			size_t c = bc->slot[i].cap;
-			/* Big enough, and not a huge buffer for a small need. */
-			if (c >= len && c / 2 <= len &&
-			    (best == RPC__BUF_CACHE_SLOTS || c < bc->slot[best].cap))
-				best = i;
-		}
-		if (best != RPC__BUF_CACHE_SLOTS) {
-			void *p = bc->slot[best].p;
-			*cap = bc->slot[best].cap;
-			bc->bytes -= *cap;
-			bc->slot[best] = bc->slot[--bc->n];
-			return p;
-		}
-	}
+	void *p = buf_cached(bc, len, cap);
+	if (p)
+		return p;
 	*cap = len;
 	return malloc(len ? len : 1);
 }
@@ -84,14 +92,19 @@ void rpc__mem_count(struct rpc__bufcache *bc, size_t n, bool add)
 }
 
 /* Deframer bodies carry their buffer's size in a 16-byte header, since
- * the deframer only knows the body length. */
-static void *df_alloc(void *ctx, size_t len)
+ * the deframer only knows the body length. A cached buffer that holds the
+ * whole body is taken at once (its pages are in already: the body neither
+ * grows nor faults); else one of the part asked for. */
+static void *df_alloc(void *ctx, size_t len, size_t *want)
 {
 	size_t cap;
-	uint8_t *p = rpc__buf_get(ctx, len + 16, &cap);
+	uint8_t *p = buf_cached(ctx, len + 16, &cap);
+	if (!p)
+		p = rpc__buf_get(ctx, *want + 16, &cap);
 	if (!p)
 		return NULL;
 	memcpy(p, &cap, sizeof(cap));
+	*want = cap - 16;
 	return p + 16;
 }
 

@@ -1214,12 +1214,14 @@ static void fx_fini_bounded(struct fx *f, double base)
 }
 
 /* What the requests a server is receiving or decoding hold at once is
- * bounded (max_call_memory), over all connections, by the bytes that
- * came: streams that only declare large messages take nothing but their
- * connection's and call's fixed costs; four 1 MiB messages, each 0.8 MiB
- * sent on a connection of its own, fill 4 MiB with those costs, and the
- * fifth is refused with RESOURCE_EXHAUSTED while small calls still pass;
- * once the four go the room is back. */
+ * bounded (max_call_memory), over all connections, by the buffers of
+ * their bodies, which grow with the bytes that came (64 KiB, then 4
+ * times as much, up to the length): streams that only declare large
+ * messages take nothing but their connection's and call's fixed costs,
+ * and one byte of each takes 64 KiB, not the 1 MiB declared; four 0.9
+ * MiB messages, each 0.8 MiB sent on a connection of its own, fill 4 MiB
+ * with those costs, and the fifth is refused with RESOURCE_EXHAUSTED
+ * while small calls still pass; once the four go the room is back. */
 Test(rpc, call_memory_bounds_requests)
 {
 	struct fx f;
@@ -1232,15 +1234,23 @@ Test(rpc, call_memory_bounds_requests)
 	struct raw r[8];
 	struct body b[8];
 
-	/* Declared, not sent: nothing held. */
-	for (int i = 0; i < 8; i++) {
-		b[i] = (struct body){.p = part, .len = 5, .hold_open = true};
-		raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
+	/* Declared, not sent: nothing held; one byte sent: its first buffer. */
+	for (size_t sent = 0; sent < 2; sent++) {
+		for (int i = 0; i < 8; i++) {
+			b[i] = (struct body){.p = part, .len = 5 + sent, .hold_open = true};
+			raw_request(&f, &r[i], nva, MC_ARRAY_LEN(nva), &b[i]);
+		}
+		small_echo_passes(&f);
+		if (sent)
+			RUN_UNTIL(&f, metric_of(&f, call_gauge) - base >=
+					      8.0 * RPC_DEFRAMER_FIRST_CAP);
+		cr_assert_lt(metric_of(&f, call_gauge) - base,
+			     8 * (80 * 1024.0 + sent * RPC_DEFRAMER_FIRST_CAP));
+		for (int i = 0; i < 8; i++)
+			raw_close(&r[i]);
+		RUN_UNTIL(&f, metric_of(&f, call_gauge) <= base);
 	}
-	small_echo_passes(&f);
-	cr_assert_lt(metric_of(&f, call_gauge) - base, 8 * 80 * 1024.0);
-	for (int i = 0; i < 8; i++)
-		raw_close(&r[i]);
+	rpc_frame_prefix(part, 9 * MiB / 10);
 
 	for (int round = 0; round < 2; round++) {
 		for (int i = 0; i < 5; i++) {
