@@ -50,11 +50,13 @@ struct http_server {
 	void (*before_metrics)(void *ctx);
 	void *before_metrics_ctx;
 	uint64_t idle_timeout_ms;
-	struct http_conn *conns; /* open, not closing */
-	size_t nconns;           /* allocated, including closing ones */
+	size_t max_conns;
+	uint64_t refused_logged_ms; /* last warning of a refused connection */
+	struct http_conn *conns;    /* open, not closing */
+	size_t nconns;              /* allocated, including closing ones */
 	void (*on_closed)(struct http_server *s, void *ud);
 	void *on_closed_ud;
-	struct metric *m_metrics, *m_healthz, *m_other;
+	struct metric *m_metrics, *m_healthz, *m_other, *m_refused;
 };
 
 /* ------------------------------------------------------------ parser */
@@ -215,6 +217,17 @@ static void conn_on_idle(uv_timer_t *t)
 	conn_close(t->data);
 }
 
+/* The connection's one deadline: a request head HTTP_HEAD_TIMEOUT_MS
+ * after its first byte, else the idle timeout (between requests, or for
+ * the client to take an answer). */
+static void conn_deadline(struct http_conn *c, bool head)
+{
+	uint64_t ms = c->srv->idle_timeout_ms;
+	if (head && ms > HTTP_HEAD_TIMEOUT_MS)
+		ms = HTTP_HEAD_TIMEOUT_MS;
+	uv_timer_start(&c->timer, conn_on_idle, ms, 0);
+}
+
 static const char *reason(int code)
 {
 	switch (code) {
@@ -267,6 +280,7 @@ static int conn_respond(struct http_conn *c, int code, const char *ctype,
 		return rc;
 	}
 	c->writing = true;
+	conn_deadline(c, false);
 	return 0;
 }
 
@@ -281,6 +295,8 @@ static void conn_on_written(uv_write_t *w, int status)
 		return;
 	}
 	conn_process(c);
+	if (!c->closing && !c->writing)
+		conn_deadline(c, c->in.len > 0);
 }
 
 static void handle_request(struct http_conn *c, const struct http_request *req)
@@ -383,9 +399,10 @@ static void conn_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 	}
 	if (n == 0)
 		return;
+	if (c->in.len == 0 && !c->writing)
+		conn_deadline(c, true); /* a request begins */
 	c->in.len += (size_t)n;
 	c->in.data[c->in.len] = '\0';
-	uv_timer_again(&c->timer);
 	if (c->in.len > HTTP_MAX_HEAD + 65536) {
 		conn_close(c); /* a client ignoring our answers */
 		return;
@@ -411,6 +428,7 @@ static void srv_on_connection(uv_stream_t *l, int status)
 	c->tcp.data = c;
 	c->timer.data = c;
 	c->handles_open = 2;
+	bool full = s->nconns >= s->max_conns;
 	s->nconns++;
 	c->next = s->conns;
 	if (s->conns)
@@ -426,8 +444,20 @@ static void srv_on_connection(uv_stream_t *l, int status)
 	int sl = sizeof(ss);
 	if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0)
 		mc_format_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+	if (full) {
+		metric_inc(s->m_refused);
+		uint64_t now = mc_now_ms();
+		if (now - s->refused_logged_ms >= 10000) {
+			s->refused_logged_ms = now;
+			log_warn("%s: %zu connections open, the most it holds: closing new "
+				 "ones (%s the latest)",
+				 s->name, s->max_conns, c->peer);
+		}
+		conn_close(c);
+		return;
+	}
 	uv_tcp_nodelay(&c->tcp, 1);
-	uv_timer_start(&c->timer, conn_on_idle, s->idle_timeout_ms, s->idle_timeout_ms);
+	conn_deadline(c, false);
 	rc = uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
 	if (rc) {
 		log_warn("%s: read from %s: %s", s->name, c->peer, uv_strerror(rc));
@@ -451,6 +481,7 @@ int http_server_new(uv_loop_t *loop, const struct http_server_opts *opts,
 	s->before_metrics = opts ? opts->before_metrics : NULL;
 	s->before_metrics_ctx = opts ? opts->before_metrics_ctx : NULL;
 	s->idle_timeout_ms = opts && opts->idle_timeout_ms ? opts->idle_timeout_ms : 60000;
+	s->max_conns = opts && opts->max_conns ? opts->max_conns : HTTP_MAX_CONNS;
 	static const char *const help = "HTTP requests served, by path.";
 	s->m_metrics = metrics_counter(s->metrics, "mooncake_http_requests_total", help,
 				       "server,path", (const char *[]){s->name, "/metrics"});
@@ -458,6 +489,10 @@ int http_server_new(uv_loop_t *loop, const struct http_server_opts *opts,
 				       "server,path", (const char *[]){s->name, "/healthz"});
 	s->m_other = metrics_counter(s->metrics, "mooncake_http_requests_total", help,
 				     "server,path", (const char *[]){s->name, "other"});
+	s->m_refused = metrics_counter(s->metrics, "mooncake_http_connections_refused_total",
+				       "HTTP connections closed at once: the server held "
+				       "the most it holds.",
+				       "server", (const char *[]){s->name});
 	*out = s;
 	return 0;
 }

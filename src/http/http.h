@@ -9,7 +9,10 @@
  * HEAD is answered like GET without a body; other methods get 405, other
  * paths 404, oversized or malformed requests 400/431 and the connection is
  * closed. Keep-alive is supported (Prometheus reuses connections); idle
- * connections are closed after a timeout. One libuv loop, no threads; all
+ * connections are closed after a timeout, a request head that does not
+ * come whole within HTTP_HEAD_TIMEOUT_MS too, and a server holds at most
+ * max_conns connections, so a client that opens many or trickles bytes
+ * holds a bounded share of the daemon. One libuv loop, no threads; all
  * functions must be called on the loop's thread.
  */
 #ifndef MC_HTTP_HTTP_H
@@ -38,7 +41,16 @@ struct http_server_opts {
 	void (*before_metrics)(void *ctx);
 	void *before_metrics_ctx;
 	uint64_t idle_timeout_ms; /* 0: 60s */
+	unsigned max_conns;       /* 0: HTTP_MAX_CONNS */
 };
+
+/* Connections a server holds at once by default: past them a new one is
+ * closed as soon as it is accepted (counted in
+ * mooncake_http_connections_refused_total, logged every 10 s at most). */
+#define HTTP_MAX_CONNS 256
+/* A request's head must have come whole this long after its first byte;
+ * between requests a connection may stay silent for the idle timeout. */
+#define HTTP_HEAD_TIMEOUT_MS 10000
 
 /* Errors: -ENOMEM. */
 int http_server_new(uv_loop_t *loop, const struct http_server_opts *opts,

@@ -259,6 +259,58 @@ def a_fatal_signal_is_logged_before_the_daemon_dies():
 # ------------------------------------------------------------ metrics
 
 @case
+def the_http_ports_hold_a_bounded_number_of_connections():
+    """A metrics port holds at most 256 connections: past them a new one is
+    closed as soon as it is accepted, counted and logged, and the port
+    serves again once some go. A request head that trickles in is closed
+    10 s after its first byte, while an idle connection stays."""
+    d = Daemon("meta")
+    port = d.ports["meta-http"]
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(256)]
+    for s in held:
+        s.settimeout(0.5)
+    try:
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(5)
+        eq(extra.recv(1), b"", "a connection past the bound is closed")
+        extra.close()
+        for s in held[:8]:
+            s.close()
+        del held[:8]
+        code, body = mctest.wait_for(lambda: (lambda r: r if r[0] == 200 else None)(
+            http_get(port, "/metrics")), 10, "a scrape once some went")
+        line = 'mooncake_http_connections_refused_total{server="meta"} '
+        assert any(ln.startswith(line) and float(ln.split()[-1]) >= 1
+                   for ln in body.splitlines()), "the refusal counted"
+        assert "the most it holds: closing new ones" in d.output(), "the log line"
+        # One trickles a request head, one byte a second; one stays silent.
+        slow, idle = held[0], held[1]
+        t0 = time.monotonic()
+        closed = None
+        for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 30:
+            try:
+                slow.sendall(bytes([b]))
+                if slow.recv(1) == b"":
+                    closed = time.monotonic() - t0
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = time.monotonic() - t0
+                break
+        assert closed is not None and 9 <= closed <= 14, "trickling head closed at %s s" % closed
+        try:
+            got = idle.recv(1)
+        except socket.timeout:
+            got = None
+        assert got is None, "an idle connection was closed before its timeout"
+    finally:
+        for s in held:
+            s.close()
+    eq(d.stop(), 0, "exit")
+
+
+@case
 def metrics_pass_promtool():
     d = Daemon("meta")
     health_check(d.addr("listen-client"))
