@@ -422,6 +422,11 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 			"on the data port (tcp, which also carries rdma's control) "
 			"and the shm socket, proofs of GetDescriptor (grpc).",
 			"transport", (const char *[]){auth_where[w]});
+	e->m_hs_refused = metrics_counter(r, "mooncake_te_connections_refused_total",
+					  "Connections to the data port closed as soon as "
+					  "accepted: as many others were still in their "
+					  "handshake as it holds (256).",
+					  NULL, NULL);
 	e->m_regions = metrics_gauge(r, "mooncake_te_regions", "Registered memory regions.",
 				     NULL, NULL);
 	e->m_reg_bytes = metrics_gauge(r, "mooncake_te_registered_bytes",

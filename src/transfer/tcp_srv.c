@@ -57,6 +57,7 @@ struct srv_conn {
 	bool closed;
 	char addr[64];
 	/* handshake */
+	bool handshaking; /* counted in x->handshaking */
 	struct te_hs_server hs;
 	uint8_t hsbuf[TE_HS_BYTES];
 	size_t hsgot;
@@ -98,6 +99,9 @@ static void srv_teardown(struct srv_conn *c)
 	struct te_engine *e = c->x->e;
 	c->closed = true;
 	close(c->fd);
+	if (c->handshaking)
+		atomic_fetch_sub(&c->x->handshaking, 1);
+	c->handshaking = false;
 	if (c->cur_r)
 		te__rtable_release(&e->regions, c->cur_r);
 	c->cur_r = NULL;
@@ -263,6 +267,13 @@ static bool srv_handshake(struct srv_conn *c)
 		return false;
 	}
 	if (rc == 0) {
+		/* The stage is for peers that proved the secret. */
+		if (!(c->stage = malloc(TE_TCP_STAGE_BYTES))) {
+			srv_close(c, "out of memory");
+			return false;
+		}
+		atomic_fetch_sub(&c->x->handshaking, 1);
+		c->handshaking = false;
 		log_debug("serving %s (segment %s)", c->addr, c->hs.peer);
 		c->rx = RX_HDR;
 	}
@@ -584,18 +595,31 @@ void te__tcp_on_accept(struct te_ioh *h, uint32_t events)
 				log_warn("accept on the data port: %s", strerror(errno));
 			return;
 		}
+		if (atomic_load(&x->handshaking) >= TE_TCP_MAX_HANDSHAKES) {
+			metric_inc(e->m_hs_refused);
+			uint64_t now = mc_now_ms();
+			if (now - x->refused_logged_ms >= 10000) {
+				char who[64];
+				x->refused_logged_ms = now;
+				mc_format_addr((struct sockaddr *)&ss, who, sizeof(who));
+				log_warn("data port: %u connections in their handshake, the "
+					 "most it holds: closing new ones (%s the latest)",
+					 TE_TCP_MAX_HANDSHAKES, who);
+			}
+			close(fd);
+			continue;
+		}
 		struct srv_conn *c = calloc(1, sizeof(*c));
-		uint8_t *stage = malloc(TE_TCP_STAGE_BYTES);
-		if (!c || !stage || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
+		if (!c || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
 			free(c);
-			free(stage);
 			close(fd);
 			continue;
 		}
 		te__tcp_tune_socket(x, fd);
 		c->x = x;
 		c->fd = fd;
-		c->stage = stage;
+		c->handshaking = true;
+		atomic_fetch_add(&x->handshaking, 1);
 		c->ioh.on_io = srv_on_io;
 		c->rx = RX_HS;
 		c->last_ms = mc_now_ms();

@@ -648,6 +648,7 @@ struct te_engine {
 	struct metric *m_retries;
 	struct metric *m_refused;
 	struct metric *m_auth_refused[TE_AUTH_N];
+	struct metric *m_hs_refused; /* data-port connections past the handshake bound */
 	struct metric *m_shm_inline; /* shm bytes the submitter copied */
 	struct metric *m_regions, *m_reg_bytes, *m_segments;
 	struct metric *m_peers[4]; /* [proto] peer objects not freed */

@@ -203,6 +203,52 @@ def tcp_and_shm_refuse_peers_without_the_secret():
     eq(d.stop(), 0, "exit")
 
 
+def te_metric(d, name):
+    with urllib.request.urlopen("http://%s/metrics" % d.addr("agent-http"), timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[-1]))
+    raise AssertionError("no %s in /metrics" % name)
+
+
+@case
+def connections_without_the_secret_are_bounded():
+    """The data port holds at most 256 connections that have not finished
+    their handshake: the next is closed as soon as it is accepted (counted
+    and logged), and once one of them goes a peer with the secret gets in
+    and is served. (Each would be closed after --te-io-timeout anyway.)"""
+    d = standalone()
+    desc = descriptor(d)
+    target, region = desc.name.encode(), desc.regions[0]
+    silent = [tcp_peer(desc.data_port) for _ in range(256)]
+    try:
+        extra = tcp_peer(desc.data_port)
+        extra.s.settimeout(3)
+        eq(extra.s.recv(1), b"", "a connection past the bound closed at once")
+        extra.close()
+        assert te_metric(d, "mooncake_te_connections_refused_total") >= 1
+        assert "connections in their handshake, the most it holds" in d.output()
+        silent.pop().close()
+
+        def served():
+            p = tcp_peer(desc.data_port)
+            try:
+                if p.handshake(target, secret_of(d)) != 0:
+                    return None
+                p.s.sendall(read_header(region.addr, 4096))
+                hdr = b""
+                while len(hdr) < 32:
+                    hdr += p.s.recv(32 - len(hdr))
+                return struct.unpack("<IBBHiIQQ", hdr)[4] == 0
+            finally:
+                p.close()
+        wait_for(served, 5, "a peer with the secret served")
+    finally:
+        for p in silent:
+            p.close()
+    eq(d.stop(), 0, "exit")
+
+
 @case
 def get_descriptor_wants_a_fresh_proof():
     d = standalone()
