@@ -93,6 +93,32 @@ uint64_t te_io_timeout_ms(const struct te_engine *e)
 	return e->io_timeout_ms;
 }
 
+bool te__hs_bound_enter(struct te_engine *e, struct te_hs_bound *b, int transport,
+			const char *who)
+{
+	if (atomic_load(&b->n) < TE_MAX_HANDSHAKES) {
+		atomic_fetch_add(&b->n, 1);
+		return true;
+	}
+	metric_inc(e->m_hs_refused[transport]);
+	uint64_t now = mc_now_ms();
+	if (now - b->logged_ms >= 10000) {
+		b->logged_ms = now;
+		log_warn("%s: %u connections in their handshake, the most it holds: "
+			 "closing new ones (%s the latest)",
+			 transport == TE_AUTH_TCP ? "data port" : "shm socket",
+			 TE_MAX_HANDSHAKES, who);
+	}
+	return false;
+}
+
+void te__hs_bound_leave(struct te_hs_bound *b, bool *counted)
+{
+	if (*counted)
+		atomic_fetch_sub(&b->n, 1);
+	*counted = false;
+}
+
 int te__seg_key(const struct te_engine *e, const char *name, char *buf, size_t len)
 {
 	int n = snprintf(buf, len, "/mooncake/%s/segments/%s", e->cluster_id,
@@ -415,18 +441,22 @@ static void register_metrics(struct te_engine *e, struct metrics_registry *r)
 				       "is not inside one registered region.",
 				       NULL, NULL);
 	static const char *const auth_where[TE_AUTH_N] = {"tcp", "shm", "grpc"};
-	for (int w = 0; w < TE_AUTH_N; w++)
+	for (int w = 0; w < TE_AUTH_N; w++) {
+		const char *label[] = {auth_where[w]};
 		e->m_auth_refused[w] = metrics_counter(
 			r, "mooncake_te_auth_refused_total",
 			"Peers refused for lacking the cluster secret: handshakes "
 			"on the data port (tcp, which also carries rdma's control) "
 			"and the shm socket, proofs of GetDescriptor (grpc).",
-			"transport", (const char *[]){auth_where[w]});
-	e->m_hs_refused = metrics_counter(r, "mooncake_te_connections_refused_total",
-					  "Connections to the data port closed as soon as "
-					  "accepted: as many others were still in their "
-					  "handshake as it holds (256).",
-					  NULL, NULL);
+			"transport", label);
+		if (w < TE_AUTH_GRPC) /* (listeners with a handshake bound) */
+			e->m_hs_refused[w] = metrics_counter(
+				r, "mooncake_te_connections_refused_total",
+				"Connections to the data port (tcp) or the shm socket "
+				"closed as soon as accepted: as many others were still "
+				"in their handshake as it holds (256).",
+				"transport", label);
+	}
 	e->m_regions = metrics_gauge(r, "mooncake_te_regions", "Registered memory regions.",
 				     NULL, NULL);
 	e->m_reg_bytes = metrics_gauge(r, "mooncake_te_registered_bytes",

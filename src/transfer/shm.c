@@ -155,6 +155,7 @@ struct shm_xport {
 	pthread_mutex_t del_mu; /* one region removal at a time */
 	struct shm_srv *conns;
 	atomic_uint rr;
+	struct te_hs_bound hs; /* connections still in their handshake */
 };
 
 struct shm_srv {
@@ -165,7 +166,9 @@ struct shm_srv {
 	struct shm_srv *next, **pprev;
 	int fd;
 	bool authed, closed;
-	uint32_t pending; /* region id whose ACK we wait for, 0: none */
+	bool handshaking;     /* counted in x->hs */
+	uint64_t accepted_ms; /* the handshake ends within --te-io-timeout */
+	uint32_t pending;     /* region id whose ACK we wait for, 0: none */
 	struct te_hs_server hs;
 	uid_t uid;
 	pid_t pid;
@@ -189,6 +192,7 @@ static void srv_close(struct shm_srv *c, const char *why)
 	pthread_mutex_lock(&x->mu);
 	c->closed = true;
 	close(c->fd);
+	te__hs_bound_leave(&x->hs, &c->handshaking);
 	*c->pprev = c->next;
 	if (c->next)
 		c->next->pprev = c->pprev;
@@ -238,6 +242,8 @@ static int srv_welcome(struct shm_srv *c)
 		d.rc = send_shm(c->fd, &m, -1, x->e->io_timeout_ms);
 	}
 	c->authed = d.rc == 0;
+	if (c->authed)
+		te__hs_bound_leave(&x->hs, &c->handshaking);
 	pthread_mutex_unlock(&x->mu);
 	return d.rc;
 }
@@ -331,15 +337,25 @@ static void on_accept(struct te_ioh *h, uint32_t events)
 		int fd = accept4(x->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
-		struct ucred cr;
+		struct ucred cr = {.pid = 0};
 		socklen_t cl = sizeof(cr);
+		char who[32];
+		bool peer = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0;
+		snprintf(who, sizeof(who), "pid %d", (int)cr.pid);
+		if (!peer || !te__hs_bound_enter(e, &x->hs, TE_AUTH_SHM, who)) {
+			close(fd);
+			continue;
+		}
 		struct shm_srv *c = calloc(1, sizeof(*c));
-		if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 ||
-		    mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
+		if (!c || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
+			bool counted = true;
+			te__hs_bound_leave(&x->hs, &counted);
 			free(c);
 			close(fd);
 			continue;
 		}
+		c->handshaking = true;
+		c->accepted_ms = mc_now_ms();
 		c->x = x;
 		c->fd = fd;
 		c->uid = cr.uid;
@@ -359,6 +375,24 @@ static void on_accept(struct te_ioh *h, uint32_t events)
 		c->add_task.run = srv_add_task;
 		te__worker_post(c->w, &c->add_task);
 	}
+}
+
+/* Worker w: close its connections still in their handshake
+ * --te-io-timeout after they were accepted. */
+static void shm_tick(struct te_xport *xp, struct te_worker *w)
+{
+	struct shm_xport *x = (struct shm_xport *)xp;
+	uint64_t now = mc_now_ms(), limit = x->e->io_timeout_ms;
+	struct shm_srv *late[64];
+	size_t n = 0;
+	pthread_mutex_lock(&x->mu);
+	for (struct shm_srv *c = x->conns; c && n < 64; c = c->next)
+		if (c->w == w && c->handshaking && now - c->accepted_ms > limit)
+			late[n++] = c;
+	pthread_mutex_unlock(&x->mu);
+	/* Only this worker closes or frees its connections: still valid. */
+	for (size_t i = 0; i < n; i++)
+		srv_close(late[i], "no handshake in time");
 }
 
 static int shm_region_add(struct te_xport *xp, struct te_region *r)
@@ -973,4 +1007,5 @@ const struct te_xport_ops te__shm_ops = {
 	.submit = shm_submit,
 	.disconnect = shm_disconnect,
 	.peer_free = shm_peer_free,
+	.tick = shm_tick,
 };

@@ -37,18 +37,8 @@ struct tcp_xport {
 	pthread_mutex_t mu; /* the lists below */
 	struct srv_conn *srv;
 	struct cli_conn *cli;
-	/* Accepted connections still in their handshake (no secret proven
-	 * yet): at most TE_TCP_MAX_HANDSHAKES, each for at most
-	 * --te-io-timeout without a step. */
-	atomic_uint handshaking;
-	uint64_t refused_logged_ms; /* (the listener's thread) */
+	struct te_hs_bound hs; /* connections still in their handshake */
 };
-
-/* Connections of the data port that may be in their handshake at once:
- * past it a new one is closed as soon as it is accepted (counted in
- * mooncake_te_connections_refused_total), so peers without the secret
- * hold a bounded number of descriptors and structs. */
-#define TE_TCP_MAX_HANDSHAKES 256u
 
 /* tcp.c: socket helpers both sides use. */
 void te__tcp_tune_socket(struct tcp_xport *x, int fd);

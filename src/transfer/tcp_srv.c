@@ -57,7 +57,7 @@ struct srv_conn {
 	bool closed;
 	char addr[64];
 	/* handshake */
-	bool handshaking; /* counted in x->handshaking */
+	bool handshaking; /* counted in x->hs */
 	struct te_hs_server hs;
 	uint8_t hsbuf[TE_HS_BYTES];
 	size_t hsgot;
@@ -99,9 +99,7 @@ static void srv_teardown(struct srv_conn *c)
 	struct te_engine *e = c->x->e;
 	c->closed = true;
 	close(c->fd);
-	if (c->handshaking)
-		atomic_fetch_sub(&c->x->handshaking, 1);
-	c->handshaking = false;
+	te__hs_bound_leave(&c->x->hs, &c->handshaking);
 	if (c->cur_r)
 		te__rtable_release(&e->regions, c->cur_r);
 	c->cur_r = NULL;
@@ -272,8 +270,7 @@ static bool srv_handshake(struct srv_conn *c)
 			srv_close(c, "out of memory");
 			return false;
 		}
-		atomic_fetch_sub(&c->x->handshaking, 1);
-		c->handshaking = false;
+		te__hs_bound_leave(&c->x->hs, &c->handshaking);
 		log_debug("serving %s (segment %s)", c->addr, c->hs.peer);
 		c->rx = RX_HDR;
 	}
@@ -595,22 +592,16 @@ void te__tcp_on_accept(struct te_ioh *h, uint32_t events)
 				log_warn("accept on the data port: %s", strerror(errno));
 			return;
 		}
-		if (atomic_load(&x->handshaking) >= TE_TCP_MAX_HANDSHAKES) {
-			metric_inc(e->m_hs_refused);
-			uint64_t now = mc_now_ms();
-			if (now - x->refused_logged_ms >= 10000) {
-				char who[64];
-				x->refused_logged_ms = now;
-				mc_format_addr((struct sockaddr *)&ss, who, sizeof(who));
-				log_warn("data port: %u connections in their handshake, the "
-					 "most it holds: closing new ones (%s the latest)",
-					 TE_TCP_MAX_HANDSHAKES, who);
-			}
+		char who[64];
+		mc_format_addr((struct sockaddr *)&ss, who, sizeof(who));
+		if (!te__hs_bound_enter(e, &x->hs, TE_AUTH_TCP, who)) {
 			close(fd);
 			continue;
 		}
 		struct srv_conn *c = calloc(1, sizeof(*c));
 		if (!c || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
+			bool counted = true;
+			te__hs_bound_leave(&x->hs, &counted);
 			free(c);
 			close(fd);
 			continue;
@@ -619,14 +610,13 @@ void te__tcp_on_accept(struct te_ioh *h, uint32_t events)
 		c->x = x;
 		c->fd = fd;
 		c->handshaking = true;
-		atomic_fetch_add(&x->handshaking, 1);
 		c->ioh.on_io = srv_on_io;
 		c->rx = RX_HS;
 		c->last_ms = mc_now_ms();
 		c->hs.secret = e->secret_len ? e->secret : NULL;
 		c->hs.secret_len = e->secret_len;
 		c->hs.own_name = e->name;
-		mc_format_addr((struct sockaddr *)&ss, c->addr, sizeof(c->addr));
+		snprintf(c->addr, sizeof(c->addr), "%s", who);
 		c->w = &e->workers[atomic_fetch_add(&x->rr, 1) % e->nworkers];
 		pthread_mutex_lock(&x->mu);
 		c->next = x->srv;

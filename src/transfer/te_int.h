@@ -560,6 +560,27 @@ int te__svc_check(struct te_svc *v, const uint8_t *secret, size_t slen, const ui
 /* What refused an unauthenticated peer (mooncake_te_auth_refused_total). */
 enum te_auth_where { TE_AUTH_TCP, TE_AUTH_SHM, TE_AUTH_GRPC, TE_AUTH_N };
 
+/* Connections of a listener (the data port, the shm socket) that may be
+ * in their handshake at once, each for at most --te-io-timeout: past it
+ * a new one is closed as soon as it is accepted, so peers without the
+ * secret hold a bounded number of descriptors and structs. */
+#define TE_MAX_HANDSHAKES 256u
+
+struct te_hs_bound {
+	atomic_uint n;      /* accepted, handshake not over */
+	uint64_t logged_ms; /* last warning (the listener's thread) */
+};
+
+/*
+ * On the listener's thread, for a connection just accepted on transport
+ * (TE_AUTH_TCP or TE_AUTH_SHM) from who: false when the bound is full
+ * (counted, logged every 10 s at most; the caller closes it), else true
+ * and the connection counts until te__hs_bound_leave.
+ */
+bool te__hs_bound_enter(struct te_engine *e, struct te_hs_bound *b, int transport,
+			const char *who);
+void te__hs_bound_leave(struct te_hs_bound *b, bool *counted);
+
 struct te_pub {
 	struct etcd_lease *lease;
 	int64_t lease_id;
@@ -648,7 +669,9 @@ struct te_engine {
 	struct metric *m_retries;
 	struct metric *m_refused;
 	struct metric *m_auth_refused[TE_AUTH_N];
-	struct metric *m_hs_refused; /* data-port connections past the handshake bound */
+	/* connections closed at accept: TE_MAX_HANDSHAKES others in theirs
+	 * (tcp, shm) */
+	struct metric *m_hs_refused[TE_AUTH_GRPC];
 	struct metric *m_shm_inline; /* shm bytes the submitter copied */
 	struct metric *m_regions, *m_reg_bytes, *m_segments;
 	struct metric *m_peers[4]; /* [proto] peer objects not freed */

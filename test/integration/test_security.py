@@ -213,39 +213,45 @@ def te_metric(d, name):
 
 @case
 def connections_without_the_secret_are_bounded():
-    """The data port holds at most 256 connections that have not finished
-    their handshake: the next is closed as soon as it is accepted (counted
-    and logged), and once one of them goes a peer with the secret gets in
-    and is served. (Each would be closed after --te-io-timeout anyway.)"""
-    d = standalone()
+    """The data port and the shm socket each hold at most 256 connections
+    that have not finished their handshake: the next is closed as soon as
+    it is accepted (counted and logged), and each of them is closed
+    --te-io-timeout after it was accepted; then a peer with the secret
+    gets in and is served."""
+    d = standalone(["--te-io-timeout=3s"])
     desc = descriptor(d)
     target, region = desc.name.encode(), desc.regions[0]
-    silent = [tcp_peer(desc.data_port) for _ in range(256)]
-    try:
-        extra = tcp_peer(desc.data_port)
-        extra.s.settimeout(3)
-        eq(extra.s.recv(1), b"", "a connection past the bound closed at once")
-        extra.close()
-        assert te_metric(d, "mooncake_te_connections_refused_total") >= 1
-        assert "connections in their handshake, the most it holds" in d.output()
-        silent.pop().close()
-
-        def served():
-            p = tcp_peer(desc.data_port)
-            try:
-                if p.handshake(target, secret_of(d)) != 0:
-                    return None
-                p.s.sendall(read_header(region.addr, 4096))
-                hdr = b""
-                while len(hdr) < 32:
-                    hdr += p.s.recv(32 - len(hdr))
-                return struct.unpack("<IBBHiIQQ", hdr)[4] == 0
-            finally:
+    for transport, peer in (("tcp", lambda: tcp_peer(desc.data_port)),
+                            ("shm", lambda: shm_peer(desc.shm_socket))):
+        silent = [peer() for _ in range(256)]
+        try:
+            extra = peer()
+            extra.s.settimeout(2)
+            eq(extra.s.recv(1), b"", transport + ": a connection past the bound closed at once")
+            extra.close()
+            name = 'mooncake_te_connections_refused_total{transport="%s"}' % transport
+            assert te_metric(d, name) >= 1, name
+            for p in silent:
+                p.s.settimeout(15)
+                eq(p.s.recv(1), b"", transport + ": closed after --te-io-timeout")
+        finally:
+            for p in silent:
                 p.close()
-        wait_for(served, 5, "a peer with the secret served")
-    finally:
-        for p in silent:
+    assert "connections in their handshake, the most it holds" in d.output()
+
+    def served():
+        p = tcp_peer(desc.data_port)
+        try:
+            if p.handshake(target, secret_of(d)) != 0:
+                return None
+            p.s.sendall(read_header(region.addr, 4096))
+            hdr = b""
+            while len(hdr) < 32:
+                hdr += p.s.recv(32 - len(hdr))
+            return struct.unpack("<IBBHiIQQ", hdr)[4] == 0
+        finally:
             p.close()
+    wait_for(served, 5, "a peer with the secret served")
     eq(d.stop(), 0, "exit")
 
 
