@@ -44,8 +44,9 @@
 	X(RPC_MAX_CALL_MEMORY, "rpc-max-call-memory", COMMON, SIZE, "1G", 1048576, \
 	  1ull << 40, NULL, \
 	  "the most memory the calls of a gRPC server may hold at once: the " \
-	  "bytes of requests being received, what they decode to, and answers " \
-	  "the clients have not taken yet, one connection's at most a quarter " \
+	  "bytes of requests being received, what they decode to, answers " \
+	  "the clients have not taken yet and meta's watchers, one " \
+	  "connection's at most a quarter " \
 	  "of it; a call that would pass it fails with RESOURCE_EXHAUSTED (at " \
 	  "least " \
 	  "twice --rpc-max-message-size; never below twice the largest request " \

@@ -392,6 +392,12 @@ static void watcher_remove(struct watch_registry *r, struct watch__w *w)
 	watcher_free(r, w);
 }
 
+size_t watch_cost(const struct watch_registry *r, size_t klen, size_t elen)
+{
+	return sizeof(struct watch__w) + klen + elen + 2 +
+	       r->max_pending * sizeof(struct watch__ev *);
+}
+
 int watch_registry_new(const struct mvcc_store *s, size_t max_pending_events,
 		       struct watch_registry **out)
 {

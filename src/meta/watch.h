@@ -91,6 +91,11 @@ int watch_registry_new(const struct mvcc_store *s, size_t max_pending_events,
 		       struct watch_registry **out) MC_MUST_CHECK;
 void watch_registry_free(struct watch_registry *r);
 
+/* The most memory a watcher of r on a key of klen and a range end of elen
+ * bytes can take: its struct, its copies of the keys and a full buffer of
+ * pending events (the events themselves are shared). */
+size_t watch_cost(const struct watch_registry *r, size_t klen, size_t elen);
+
 /*
  * Register a watcher; *id_out gets its ID. Errors: MVCC_EEMPTY_WATCH_RANGE
  * (range_end <= key), MVCC_EWATCH_EXISTS, -EINVAL (negative id), -ENOMEM.

@@ -226,7 +226,8 @@ void rpc__call_leave(struct rpc_call *call)
 {
 	if (!call->conn_held)
 		return;
-	*call->conn_held -= CALL_COST + call->df_held + call->outq.bytes + call->hdrs.len;
+	*call->conn_held -= CALL_COST + call->df_held + call->held + call->outq.bytes +
+			    call->hdrs.len;
 	call->conn_held = call->outq.conn_acct = NULL;
 }
 
@@ -270,7 +271,9 @@ static void call_free(struct rpc_call *call)
 	struct rpc__calls *cs = &s->calls;
 	rpc__call_leave(call);
 	rpc__mem_count(&cs->bufs,
-		       call->df_held + call->hdrs.len + (call->joined ? CALL_COST : 0), false);
+		       call->df_held + call->held + call->hdrs.len +
+			       (call->joined ? CALL_COST : 0),
+		       false);
 	rpc_deframer_free(&call->df);
 	rpc__unpacked_free(call->req, &call->req_arena);
 	call->req = NULL;
@@ -286,6 +289,30 @@ static void call_free(struct rpc_call *call)
 		free(call);
 	}
 	rpc__server_check_done(s);
+}
+
+/* What a hold leaves free besides itself: room for the requests that
+ * follow (a cancel, or the next create to refuse) to be received. */
+#define HOLD_HEADROOM (64u << 10)
+
+int rpc_call_hold(struct rpc_call *call, size_t bytes)
+{
+	if (call_room(call, bytes + HOLD_HEADROOM) != ROOM_OK)
+		return -ENOBUFS;
+	rpc__mem_count(&call->s->calls.bufs, bytes, true);
+	if (call->conn_held)
+		*call->conn_held += bytes;
+	call->held += bytes;
+	return 0;
+}
+
+void rpc_call_unhold(struct rpc_call *call, size_t bytes)
+{
+	bytes = MC_MIN(bytes, call->held);
+	rpc__mem_count(&call->s->calls.bufs, bytes, false);
+	if (call->conn_held)
+		*call->conn_held -= bytes;
+	call->held -= bytes;
 }
 
 void rpc__call_ref(struct rpc_call *call)

@@ -157,6 +157,16 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg) MC_MUST_CH
  * after every queued message; releases the handler's reference. */
 void rpc_call_finish(struct rpc_call *call, int status, const char *message);
 
+/* Count bytes a handler keeps for the call (state its requests made, a
+ * watch stream's watchers say) in the server's bound on what calls hold
+ * (max_call_memory) and its connection's share, as the call's own
+ * buffers are. Returns 0, or -ENOBUFS when they do not fit with 64 KiB
+ * to spare, so that the call's next requests can still come in (nothing
+ * counted: the handler refuses what it was asked). What is still held
+ * when the call ends is let go then. */
+int rpc_call_hold(struct rpc_call *call, size_t bytes) MC_MUST_CHECK;
+void rpc_call_unhold(struct rpc_call *call, size_t bytes);
+
 /* Bytes queued to the client but not yet written to the socket: lets a
  * streaming handler bound what a slow reader costs. */
 size_t rpc_call_pending_bytes(const struct rpc_call *call);

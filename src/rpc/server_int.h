@@ -123,8 +123,9 @@ struct rpc_call {
 	struct rpc__arena req_arena;
 	struct rpc_deframer df;
 	size_t df_held; /* counted in calls.bufs.mem_held (call_count_partial) */
+	size_t held;    /* the handler's, counted the same (rpc_call_hold) */
 	/* Its connection's share of the bound, or NULL. A call counts
-	 * df_held, outq.bytes and hdrs.len in both, and once joined its
+	 * df_held, held, outq.bytes and hdrs.len in both, and once joined its
 	 * CALL_COST (call.c). */
 	size_t *conn_held;
 	bool joined;

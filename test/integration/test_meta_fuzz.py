@@ -568,6 +568,67 @@ def declared_bodies_take_what_came():
 
 
 @case
+def watchers_are_bounded():
+    """Every watcher a Watch stream creates counts what it may take (its
+    keys and a full buffer of pending events, some 9 KB) in
+    --rpc-max-call-memory: one stream creating watchers without end
+    (200,000 on 1 KB keys took 665 MB before) is refused once its
+    connection's share is full, as etcd refuses a create (created and
+    canceled, watch ID -1, a reason); its watchers still deliver, the
+    member's memory stays small, and what they held comes back when the
+    stream goes."""
+    with _one_member(b"wb/k", args=["--rpc-max-message-size=8M",
+                                     "--rpc-max-call-memory=64M"]) as (m, cl):
+        rss0 = mctest.proc_mib(m.daemon.pid)
+        reqs, stop = [], threading.Event()
+
+        def gen():
+            for i in range(20000):
+                if stop.is_set():
+                    break
+                reqs.append(i)
+                key = b"wb/k" if i == 0 else (b"wb/%06d/" % i).ljust(1000, b"x")
+                yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key))
+            stop.wait(30)
+        # A connection of its own: its share fills, the client's does not.
+        ch = grpc.insecure_channel(m.client_addr,
+                                   options=[("grpc.use_local_subchannel_pool", 1)])
+        stream = ch.stream_stream("/etcdserverpb.Watch/Watch",
+                                  request_serializer=pb.WatchRequest.SerializeToString,
+                                  response_deserializer=pb.WatchResponse.FromString)(
+                                      gen(), timeout=60)
+        created, refused = 0, None
+        for r in stream:
+            if r.canceled:
+                refused = r
+                break
+            created += r.created
+        assert refused is not None, "never refused (%d created)" % created
+        eq((refused.created, refused.watch_id), (True, -1), "as etcd refuses a create")
+        assert "too many watchers" in refused.cancel_reason, refused.cancel_reason
+        assert 500 < created < 5000, "%d watchers created on a 16 MiB share" % created
+        if not mctest.sanitized():
+            grew = mctest.proc_mib(m.daemon.pid) - rss0
+            assert grew < 64, "the member grew %.0f MiB" % grew
+        cl.put(b"wb/k", b"w2")
+        for r in stream:
+            if r.events:
+                eq((r.watch_id, r.events[0].kv.value), (0, b"w2"), "the first watcher delivers")
+                break
+        stop.set()
+        stream.cancel()
+        ch.close()
+
+
+        def held():
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % m.http_port,
+                                          timeout=5).read().decode()
+            return float(re.search(r'mooncake_rpc_server_call_memory_bytes'
+                                   r'\{server="meta-client"\} (\S+)', text).group(1))
+        mctest.wait_for(lambda: held() < 1 << 20, 10, "the watchers' memory back")
+
+
+@case
 def answers_a_client_never_takes_are_bounded():
     """A client that opens no flow-control window (SETTINGS_INITIAL_WINDOW
     _SIZE 0) leaves every answer in the server's memory: 1,000 Ranges of a
