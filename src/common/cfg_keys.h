@@ -115,8 +115,8 @@
 	X(QUOTA_BACKEND_BYTES, "quota-backend-bytes", META, SIZE, "2G", 4096, \
 	  1099511627776ull, NULL, \
 	  "meta: space quota of the key-value store (keys, values and " \
-	  "history), as etcd's; past it writes fail with NOSPACE and an " \
-	  "alarm is raised") \
+	  "history, 64 bytes a lease), as etcd's; past it writes and lease " \
+	  "grants fail with NOSPACE and an alarm is raised") \
 	X(AUTO_COMPACTION_MODE, "auto-compaction-mode", META, ENUM, "periodic", 0, 0, \
 	  "periodic|revision", \
 	  "meta: how --auto-compaction-retention is read, as etcd's: " \

@@ -98,7 +98,8 @@ static const struct {
 	{M_(m_snap_recv), true, "mooncake_meta_snapshots_received_total",
 	 "Snapshots installed from the leader."},
 	{M_(m_db_size), false, "mooncake_meta_db_size_bytes",
-	 "Size of the key-value store (keys, values, history), as compared with --quota-backend-bytes."},
+	 "Size of the key-value store (keys, values, history, 64 bytes a lease), as compared with "
+	 "--quota-backend-bytes."},
 	{M_(m_watchers), false, "mooncake_meta_watchers", "Active watchers."},
 	{M_(m_leases), false, "mooncake_meta_leases", "Leases held."},
 	{M_(m_keys), false, "mooncake_meta_keys", "Live keys."},
@@ -134,7 +135,7 @@ void meta__update_metrics(struct meta_node *n)
 	metric_set(n->m_applied, (int64_t)n->applied);
 	metric_set(n->m_pending, (int64_t)n->waiters.n);
 	mvcc_stats(n->sm.store, &ms);
-	metric_set(n->m_db_size, (int64_t)ms.db_size_bytes);
+	metric_set(n->m_db_size, (int64_t)meta__quota_size(&n->sm));
 	metric_set(n->m_keys, (int64_t)ms.keys);
 	metric_set(n->m_leases, (int64_t)lease_count(mvcc_leases(n->sm.store)));
 	if (n->watch) {

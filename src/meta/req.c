@@ -257,7 +257,7 @@ static void raise_nospace(struct meta_node *n)
 	a.alarm = ETCDSERVERPB__ALARM_TYPE__NOSPACE;
 	log_warn("database space exceeded (%" PRIu64 " of %" PRIu64
 		 " bytes, --quota-backend-bytes): raising the NOSPACE alarm",
-		 mvcc_db_size_bytes(n->sm.store), n->o.quota_backend_bytes);
+		 meta__quota_size(&n->sm), n->o.quota_backend_bytes);
 	meta__propose_internal(n, META_M_ALARM, &a.base);
 }
 
@@ -433,7 +433,7 @@ static int serve_status(struct meta_node *n, struct meta__reply *r)
 	if (!(p->header = meta__header(n, &r->arena)))
 		return -ENOMEM;
 	p->version = (char *)version;
-	p->dbsize = (int64_t)mvcc_db_size_bytes(n->sm.store);
+	p->dbsize = (int64_t)meta__quota_size(&n->sm);
 	p->dbsizeinuse = p->dbsize;
 	p->leader = n->leader;
 	p->raftindex = n->commit;

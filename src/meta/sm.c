@@ -297,12 +297,17 @@ bool meta__alarm_active(const struct meta__sm *sm, int alarm)
 	return false;
 }
 
+uint64_t meta__quota_size(const struct meta__sm *sm)
+{
+	return mvcc_db_size_bytes(sm->store) +
+	       (uint64_t)lease_count(mvcc_leases(sm->store)) * META_LEASE_QUOTA_BYTES;
+}
+
 bool meta__over_quota(const struct meta__sm *sm, uint64_t quota_bytes, size_t req_len)
 {
 	if (meta__alarm_active(sm, ETCDSERVERPB__ALARM_TYPE__NOSPACE))
 		return true;
-	uint64_t size = mvcc_db_size_bytes(sm->store);
-	return size + req_len + MVCC_VERSION_OVERHEAD_BYTES > quota_bytes;
+	return meta__quota_size(sm) + req_len + MVCC_VERSION_OVERHEAD_BYTES > quota_bytes;
 }
 
 static Etcdserverpb__AlarmMember **alarms_pb(const Etcdserverpb__AlarmMember *src, size_t k,

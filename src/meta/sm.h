@@ -281,6 +281,12 @@ bool meta__is_removed(const struct meta__sm *sm, uint64_t id);
 Etcdserverpb__Member **meta__members_pb(const struct meta__sm *sm, struct meta__arena *a,
 					size_t *count);
 bool meta__alarm_active(const struct meta__sm *sm, int alarm);
+/* What --quota-backend-bytes holds the store to (and Status reports as
+ * its size): the keys' versions, and META_LEASE_QUOTA_BYTES per lease
+ * (etcd's leaseOverhead: its leases sit in its database), so grants
+ * without end meet the quota too. */
+#define META_LEASE_QUOTA_BYTES 64
+uint64_t meta__quota_size(const struct meta__sm *sm);
 /* Whether a write of req_len bytes must be refused for the quota: the
  * NOSPACE alarm is on or the write would take the store past quota_bytes. */
 bool meta__over_quota(const struct meta__sm *sm, uint64_t quota_bytes, size_t req_len);

@@ -408,6 +408,48 @@ def request_size_limit():
 
 
 @case
+def leases_count_in_the_quota():
+    """A lease costs 64 bytes of --quota-backend-bytes, as etcd's
+    leaseOverhead: grants without end (30,000 took nothing of the quota
+    before) meet it, fail with "database space exceeded" and raise the
+    NOSPACE alarm; revoking them and disarming lets grants in again."""
+    d = Daemon("meta", args=FAST + ["--quota-backend-bytes=64K"])
+    e = ep(d)
+    c = Client(d.addr("listen-client"))
+    grant = c.ch.unary_unary("/etcdserverpb.Lease/LeaseGrant",
+                             request_serializer=pb.LeaseGrantRequest.SerializeToString,
+                             response_deserializer=pb.LeaseGrantResponse.FromString)
+    revoke = c.ch.unary_unary("/etcdserverpb.Lease/LeaseRevoke",
+                              request_serializer=pb.LeaseRevokeRequest.SerializeToString,
+                              response_deserializer=pb.LeaseRevokeResponse.FromString)
+    try:
+        ids = []
+        for i in range(2000):
+            try:
+                ids.append(grant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID)
+            except grpc.RpcError as err:
+                eq((err.code(), err.details()), (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                 "etcdserver: mvcc: database space exceeded"),
+                   "NOSPACE error")
+                break
+        else:
+            raise AssertionError("2,000 leases fit in a 64 KB quota")
+        assert 800 < len(ids) < 1100, "%d leases of 64 bytes in 64 KB" % len(ids)
+        st = json.loads(etcdctl(e, "endpoint", "status", "-w", "json").stdout)[0]["Status"]
+        assert st["dbSize"] >= 64 * len(ids), st
+        for _ in deadline_loop(5, "no NOSPACE alarm"):
+            if "alarm:NOSPACE" in etcdctl(e, "alarm", "list").stdout:
+                break
+        for i in ids:
+            revoke(pb.LeaseRevokeRequest(ID=i), timeout=10)
+        etcdctl(e, "alarm", "disarm")
+        assert grant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID, "a grant after the disarm"
+    finally:
+        c.close()
+    eq(d.stop(), 0, "exit")
+
+
+@case
 def quota_fills_raises_nospace_alarm_then_recovers():
     d = Daemon("meta", args=FAST + ["--quota-backend-bytes=64K"])
     e = ep(d)
