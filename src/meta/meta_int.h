@@ -321,6 +321,7 @@ struct meta_node {
 	struct meta__wstream *wstreams;
 	struct meta__kstream *kstreams;
 	struct meta__mjob *mjobs; /* Maintenance calls in progress */
+	uint64_t mjobs_logged_ms; /* last warning of one refused */
 	uint64_t wstream_seq;
 
 	/* metrics */

@@ -37,6 +37,11 @@
 
 /* etcd's snapshotSendBufferSize. */
 #define SNAPSHOT_CHUNK_BYTES (32u * 1024u)
+/* Hash, HashKV and Snapshot calls a member serves at once: each holds
+ * copies of the whole state (the snapshot, the store decoded from it, the
+ * database built), so their number bounds that memory; one more is
+ * refused UNAVAILABLE, which etcd's clients retry. */
+#define MJOBS_MAX 4
 
 enum mjob_kind { MJ_HASH, MJ_HASH_KV, MJ_SNAPSHOT };
 
@@ -220,6 +225,25 @@ static void mjob_start(struct rpc_call *call, enum mjob_kind kind, int64_t rev)
 	}
 	if (!n->running) {
 		rpc_call_finish(call, RPC_UNAVAILABLE, "etcdserver: not capable");
+		return;
+	}
+	size_t busy = 0;
+	for (j = n->mjobs; j; j = j->next)
+		busy++;
+	if (busy >= MJOBS_MAX) {
+		uint64_t now = mc_now_ms();
+		if (now - n->mjobs_logged_ms >= 10000) {
+			n->mjobs_logged_ms = now;
+			log_warn("refused a %s from %s: %u Hash, HashKV or Snapshot calls at "
+				 "once (logged every 10 s at most)",
+				 kind == MJ_SNAPSHOT ? "Snapshot"
+				 : kind == MJ_HASH   ? "Hash"
+						     : "HashKV",
+				 rpc_call_peer(call), MJOBS_MAX);
+		}
+		rpc_call_finish(call, RPC_UNAVAILABLE,
+				"etcdserver: too many Hash, HashKV or Snapshot calls at once; "
+				"retry later");
 		return;
 	}
 	if (!(j = calloc(1, sizeof(*j)))) {

@@ -629,6 +629,62 @@ def watchers_are_bounded():
 
 
 @case
+def maintenance_calls_are_bounded():
+    """Hash, HashKV and Snapshot each hold copies of the whole state
+    while they run: a member serves four at once. Four Snapshots whose
+    clients never open a flow-control window stay running; a fifth call
+    is refused UNAVAILABLE (which etcd's clients retry) and logged, and
+    once they go a Snapshot is served whole."""
+    with _one_member(b"mb/k") as (m, cl):
+        for i in range(8):
+            cl.put(b"mb/%d" % i, bytes([i]) * 1000000)
+        window0 = struct.pack(">HI", 4, 0)
+        head = _grpc_head(b"/etcdserverpb.Maintenance/Snapshot")
+        held = []
+        for _ in range(4):
+            s = _h2_open(m.client_port, window0)
+            s.sendall(_h2_frame(1, 4, 1, head) + _h2_frame(0, 1, 1, b"\x00" * 5))
+            held.append(s)
+            # Running once its answer's HEADERS come (its DATA cannot).
+            got, s_deadline = b"", time.monotonic() + 10
+            s.settimeout(1)
+            while time.monotonic() < s_deadline:
+                try:
+                    got += s.recv(65536)
+                except socket.timeout:
+                    continue
+                frames, at = [], 0
+                while at + 9 <= len(got):
+                    frames.append((got[at + 3], int.from_bytes(got[at + 5:at + 9], "big")))
+                    at += 9 + int.from_bytes(got[at:at + 3], "big")
+                if (1, 1) in frames:
+                    break
+            else:
+                raise AssertionError("no answer to a held Snapshot")
+        snap = cl.ch.unary_stream("/etcdserverpb.Maintenance/Snapshot",
+                                  request_serializer=pb.SnapshotRequest.SerializeToString,
+                                  response_deserializer=pb.SnapshotResponse.FromString)
+
+        def refused():
+            try:
+                for _ in snap(pb.SnapshotRequest(), timeout=10):
+                    pass
+            except grpc.RpcError as e:
+                return e if e.code() == grpc.StatusCode.UNAVAILABLE else None
+            return None
+        err = mctest.wait_for(refused, 10, "a fifth Snapshot refused")
+        assert "too many Hash, HashKV or Snapshot calls" in err.details(), err.details()
+        assert "Hash, HashKV or Snapshot calls at once" in m.output(), "the log line"
+        for s in held:
+            s.close()
+
+        def served():
+            got = b"".join(r.blob for r in snap(pb.SnapshotRequest(), timeout=30))
+            return len(got) > 8000000
+        mctest.wait_for(served, 20, "a Snapshot served once they went")
+
+
+@case
 def answers_a_client_never_takes_are_bounded():
     """A client that opens no flow-control window (SETTINGS_INITIAL_WINDOW
     _SIZE 0) leaves every answer in the server's memory: 1,000 Ranges of a
