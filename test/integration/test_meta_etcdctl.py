@@ -407,6 +407,21 @@ def request_size_limit():
     eq(d.stop(), 0, "exit")
 
 
+def until_nospace(write, n, what):
+    """write(i) for i up to n until the quota refuses one with etcd's
+    NOSPACE error; their results (n of them fitting is an error)."""
+    got = []
+    for i in range(n):
+        try:
+            got.append(write(i))
+        except grpc.RpcError as err:
+            eq((err.code(), err.details()), (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                             "etcdserver: mvcc: database space exceeded"),
+               "NOSPACE error")
+            return got
+    raise AssertionError("%s fit in a 64 KB quota" % what)
+
+
 @case
 def leases_count_in_the_quota():
     """A lease costs 64 bytes of --quota-backend-bytes, as etcd's
@@ -423,17 +438,8 @@ def leases_count_in_the_quota():
                               request_serializer=pb.LeaseRevokeRequest.SerializeToString,
                               response_deserializer=pb.LeaseRevokeResponse.FromString)
     try:
-        ids = []
-        for i in range(2000):
-            try:
-                ids.append(grant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID)
-            except grpc.RpcError as err:
-                eq((err.code(), err.details()), (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                 "etcdserver: mvcc: database space exceeded"),
-                   "NOSPACE error")
-                break
-        else:
-            raise AssertionError("2,000 leases fit in a 64 KB quota")
+        ids = until_nospace(lambda i: grant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID,
+                            2000, "2,000 leases")
         assert 800 < len(ids) < 1100, "%d leases of 64 bytes in 64 KB" % len(ids)
         st = json.loads(etcdctl(e, "endpoint", "status", "-w", "json").stdout)[0]["Status"]
         assert st["dbSize"] >= 64 * len(ids), st
@@ -455,17 +461,8 @@ def quota_fills_raises_nospace_alarm_then_recovers():
     e = ep(d)
     c = Client(d.addr("listen-client"))
     try:
-        last = None
-        for i in range(200):
-            try:
-                last = c.put(b"q/%d" % i, b"v" * 1000).header.revision
-            except grpc.RpcError as err:
-                eq((err.code(), err.details()), (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                 "etcdserver: mvcc: database space exceeded"),
-                   "NOSPACE error")
-                break
-        else:
-            raise AssertionError("200 KB fit in a 64 KB quota")
+        last = until_nospace(lambda i: c.put(b"q/%d" % i, b"v" * 1000).header.revision,
+                             200, "200 KB")[-1]
         for _ in deadline_loop(5, "no NOSPACE alarm"):
             out = etcdctl(e, "alarm", "list").stdout
             if "alarm:NOSPACE" in out:
