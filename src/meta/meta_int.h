@@ -527,6 +527,8 @@ void meta__on_snapshot(struct rpc_call *call, const ProtobufCMessage *msg);
 void meta__on_defragment(struct rpc_call *call, const ProtobufCMessage *msg);
 void meta__maint_cancel(struct rpc_call *call);
 void meta__maint_drain(struct rpc_call *call);
+/* From the node's tick: end Snapshots whose client stopped reading. */
+void meta__maint_tick(struct meta_node *n);
 /* End the calls in progress (stop). */
 void meta__maint_close_calls(struct meta_node *n);
 

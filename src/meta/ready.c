@@ -692,6 +692,7 @@ void meta__on_tick(uv_timer_t *t)
 	if (meta__is_leader(n) && !n->stopping)
 		expire_leases(n);
 	meta__compactor_tick(n);
+	meta__maint_tick(n);
 	/* Silence from every peer: are we still a member? */
 	if (!meta__is_leader(n) && n->n_peers &&
 	    now - n->last_heard_ms > 4 * n->o.election_ms &&

@@ -42,6 +42,9 @@
  * database built), so their number bounds that memory; one more is
  * refused UNAVAILABLE, which etcd's clients retry. */
 #define MJOBS_MAX 4
+/* A Snapshot whose client takes nothing of it this long ends, so that one
+ * that stopped reading does not keep its slot and its copy for good. */
+#define SNAPSHOT_STALL_MS 30000
 
 enum mjob_kind { MJ_HASH, MJ_HASH_KV, MJ_SNAPSHOT };
 
@@ -67,6 +70,7 @@ struct meta__mjob {
 	size_t image_len, sent;
 	uint8_t sha[MC_SHA256_BYTES];
 	bool sha_sent;
+	uint64_t progress_ms; /* streaming: when its client last took bytes */
 };
 
 static void mjob_free(struct meta__mjob *j)
@@ -144,6 +148,7 @@ static int send_or_end(struct meta__mjob *j, const ProtobufCMessage *m)
 /* Send snapshot messages while the call drains; finish after the hash. */
 static void snapshot_pump(struct meta__mjob *j)
 {
+	j->progress_ms = mc_now_ms();
 	while (j->call && rpc_call_pending_bytes(j->call) < RPC_DRAIN_BYTES) {
 		Etcdserverpb__SnapshotResponse r = ETCDSERVERPB__SNAPSHOT_RESPONSE__INIT;
 		r.header = &j->header;
@@ -330,6 +335,23 @@ void meta__maint_drain(struct rpc_call *call)
 	struct meta__mjob *j = rpc_call_data(call);
 	if (j && j->kind == MJ_SNAPSHOT && !j->working)
 		snapshot_pump(j);
+}
+
+void meta__maint_tick(struct meta_node *n)
+{
+	uint64_t now = mc_now_ms();
+	for (struct meta__mjob *j = n->mjobs, *next; j; j = next) {
+		next = j->next;
+		if (j->call && !j->working && j->kind == MJ_SNAPSHOT &&
+		    now - j->progress_ms > SNAPSHOT_STALL_MS) {
+			log_warn("snapshot to %s: nothing taken for %u s, %zu of %zu bytes "
+				 "sent: ending it",
+				 rpc_call_peer(j->call), SNAPSHOT_STALL_MS / 1000, j->sent,
+				 j->image_len);
+			mjob_finish(j, RPC_DEADLINE_EXCEEDED,
+				    "etcdserver: the snapshot was not read for 30 s");
+		}
+	}
 }
 
 void meta__maint_close_calls(struct meta_node *n)

@@ -633,8 +633,9 @@ def maintenance_calls_are_bounded():
     """Hash, HashKV and Snapshot each hold copies of the whole state
     while they run: a member serves four at once. Four Snapshots whose
     clients never open a flow-control window stay running; a fifth call
-    is refused UNAVAILABLE (which etcd's clients retry) and logged, and
-    once they go a Snapshot is served whole."""
+    is refused UNAVAILABLE (which etcd's clients retry) and logged. A
+    Snapshot its client takes nothing of for 30 s ends, so once they
+    have (their connections still open) a Snapshot is served whole."""
     with _one_member(b"mb/k") as (m, cl):
         for i in range(8):
             cl.put(b"mb/%d" % i, bytes([i]) * 1000000)
@@ -675,13 +676,14 @@ def maintenance_calls_are_bounded():
         err = mctest.wait_for(refused, 10, "a fifth Snapshot refused")
         assert "too many Hash, HashKV or Snapshot calls" in err.details(), err.details()
         assert "Hash, HashKV or Snapshot calls at once" in m.output(), "the log line"
-        for s in held:
-            s.close()
 
         def served():
             got = b"".join(r.blob for r in snap(pb.SnapshotRequest(), timeout=30))
             return len(got) > 8000000
-        mctest.wait_for(served, 20, "a Snapshot served once they went")
+        mctest.wait_for(served, 45, "a Snapshot served once the stalled ones ended")
+        assert "nothing taken for 30 s" in m.output(), "the stalled ones' log lines"
+        for s in held:
+            s.close()
 
 
 @case
