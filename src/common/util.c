@@ -32,6 +32,15 @@ uint64_t mc_now_ms(void)
 	return mc_now_ns() / 1000000ull;
 }
 
+bool mc_once_per(uint64_t *last_ms, uint64_t period_ms)
+{
+	uint64_t now = mc_now_ms();
+	if (*last_ms && now - *last_ms < period_ms)
+		return false;
+	*last_ms = now;
+	return true;
+}
+
 uint64_t mc_wall_ms(void)
 {
 	struct timespec ts;

@@ -31,6 +31,9 @@ uint64_t mc_now_ms(void);
 uint64_t mc_now_ns(void);
 /* Wall clock, milliseconds since the epoch. */
 uint64_t mc_wall_ms(void);
+/* True at most once per period_ms (then *last_ms is now): for a warning
+ * about a condition that may recur at every event (a bound that is full). */
+bool mc_once_per(uint64_t *last_ms, uint64_t period_ms);
 
 /*
  * Parse "host:port" with a numeric IPv4 host, "[v6]:port", or ":port"

@@ -446,13 +446,10 @@ static void srv_on_connection(uv_stream_t *l, int status)
 		mc_format_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
 	if (full) {
 		metric_inc(s->m_refused);
-		uint64_t now = mc_now_ms();
-		if (now - s->refused_logged_ms >= 10000) {
-			s->refused_logged_ms = now;
+		if (mc_once_per(&s->refused_logged_ms, 10000))
 			log_warn("%s: %zu connections open, the most it holds: closing new "
 				 "ones (%s the latest)",
 				 s->name, s->max_conns, c->peer);
-		}
 		conn_close(c);
 		return;
 	}

@@ -236,16 +236,13 @@ static void mjob_start(struct rpc_call *call, enum mjob_kind kind, int64_t rev)
 	for (j = n->mjobs; j; j = j->next)
 		busy++;
 	if (busy >= MJOBS_MAX) {
-		uint64_t now = mc_now_ms();
-		if (now - n->mjobs_logged_ms >= 10000) {
-			n->mjobs_logged_ms = now;
+		if (mc_once_per(&n->mjobs_logged_ms, 10000))
 			log_warn("refused a %s from %s: %u Hash, HashKV or Snapshot calls at "
 				 "once (logged every 10 s at most)",
 				 kind == MJ_SNAPSHOT ? "Snapshot"
 				 : kind == MJ_HASH   ? "Hash"
 						     : "HashKV",
 				 rpc_call_peer(call), MJOBS_MAX);
-		}
 		rpc_call_finish(call, RPC_UNAVAILABLE,
 				"etcdserver: too many Hash, HashKV or Snapshot calls at once; "
 				"retry later");

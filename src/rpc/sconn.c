@@ -605,13 +605,10 @@ void rpc__sconns_accept(struct rpc__sconns *cs, uv_stream_t *ls)
 	}
 	struct rpc__bufcache *bc = &cs->s->calls.bufs;
 	if (SCONN_COST > rpc__mem_left(bc)) {
-		uint64_t now = mc_now_ms();
-		if (now - cs->told_full_ms >= 10000) {
+		if (mc_once_per(&cs->told_full_ms, 10000))
 			log_warn("%s: the calls hold %zu of their %zu bytes "
 				 "(--rpc-max-call-memory): closing new connections",
 				 name, bc->mem_held, bc->mem_max);
-			cs->told_full_ms = now;
-		}
 		rpc__conn_close(&sc->base);
 		return;
 	}

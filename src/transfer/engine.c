@@ -101,14 +101,11 @@ bool te__hs_bound_enter(struct te_engine *e, struct te_hs_bound *b, int transpor
 		return true;
 	}
 	metric_inc(e->m_hs_refused[transport]);
-	uint64_t now = mc_now_ms();
-	if (now - b->logged_ms >= 10000) {
-		b->logged_ms = now;
+	if (mc_once_per(&b->logged_ms, 10000))
 		log_warn("%s: %u connections in their handshake, the most it holds: "
 			 "closing new ones (%s the latest)",
 			 transport == TE_AUTH_TCP ? "data port" : "shm socket",
 			 TE_MAX_HANDSHAKES, who);
-	}
 	return false;
 }
 

@@ -337,19 +337,18 @@ static void on_accept(struct te_ioh *h, uint32_t events)
 		int fd = accept4(x->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
-		struct ucred cr = {.pid = 0};
+		struct ucred cr;
 		socklen_t cl = sizeof(cr);
-		char who[32];
-		bool peer = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0;
-		snprintf(who, sizeof(who), "pid %d", (int)cr.pid);
-		if (!peer || !te__hs_bound_enter(e, &x->hs, TE_AUTH_SHM, who)) {
+		struct shm_srv *c = calloc(1, sizeof(*c));
+		if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 ||
+		    mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
+			free(c);
 			close(fd);
 			continue;
 		}
-		struct shm_srv *c = calloc(1, sizeof(*c));
-		if (!c || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
-			bool counted = true;
-			te__hs_bound_leave(&x->hs, &counted);
+		char who[32];
+		snprintf(who, sizeof(who), "pid %d", (int)cr.pid);
+		if (!te__hs_bound_enter(e, &x->hs, TE_AUTH_SHM, who)) {
 			free(c);
 			close(fd);
 			continue;

@@ -592,16 +592,14 @@ void te__tcp_on_accept(struct te_ioh *h, uint32_t events)
 				log_warn("accept on the data port: %s", strerror(errno));
 			return;
 		}
-		char who[64];
-		mc_format_addr((struct sockaddr *)&ss, who, sizeof(who));
-		if (!te__hs_bound_enter(e, &x->hs, TE_AUTH_TCP, who)) {
+		struct srv_conn *c = calloc(1, sizeof(*c));
+		if (!c || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
+			free(c);
 			close(fd);
 			continue;
 		}
-		struct srv_conn *c = calloc(1, sizeof(*c));
-		if (!c || mc_random(c->hs.nonce_s, TE_HS_NONCE) != 0) {
-			bool counted = true;
-			te__hs_bound_leave(&x->hs, &counted);
+		mc_format_addr((struct sockaddr *)&ss, c->addr, sizeof(c->addr));
+		if (!te__hs_bound_enter(e, &x->hs, TE_AUTH_TCP, c->addr)) {
 			free(c);
 			close(fd);
 			continue;
@@ -616,7 +614,6 @@ void te__tcp_on_accept(struct te_ioh *h, uint32_t events)
 		c->hs.secret = e->secret_len ? e->secret : NULL;
 		c->hs.secret_len = e->secret_len;
 		c->hs.own_name = e->name;
-		snprintf(c->addr, sizeof(c->addr), "%s", who);
 		c->w = &e->workers[atomic_fetch_add(&x->rr, 1) % e->nworkers];
 		pthread_mutex_lock(&x->mu);
 		c->next = x->srv;
