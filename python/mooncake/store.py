@@ -17,13 +17,17 @@ configured with them); global_segment_size is compared with the agent's
 segment (a warning when the agent offers less); local_buffer_size is the
 staging buffer asked of the agent (it may grant less: --local-buffer-size).
 
-Return conventions are Mooncake's: 0 or a negative code (the numbers
-Mooncake users handle: -704 not found, -706 has a lease, ...; see
-mooncake.strerror); get() returns b"" on a miss; is_exist() 1, 0 or
-negative; get_into() bytes read or negative. A put of a key that exists
-returns 0 and leaves the stored value as it is (Mooncake's client treats
-OBJECT_ALREADY_EXISTS as success: the same key holds the same KV block);
-upsert() replaces it. libmooncake's mc_put itself says -705.
+Return conventions are Mooncake's: 0 or a negative code with the numbers
+of Mooncake's ErrorCode (mooncake-store/include/types.h), which code
+written for it compares with: -200 NO_AVAILABLE_HANDLE (no space), -600
+INVALID_PARAMS, -704 OBJECT_NOT_FOUND, -706 OBJECT_HAS_LEASE, -800
+TRANSFER_FAIL, -900 RPC_FAIL, ... (the names below; errname() names them).
+libmooncake's own code (mooncake.strerror) is what the log lines say.
+get() returns b"" on a miss; is_exist() 1, 0 or negative; get_into()
+bytes read or negative. A put of a key that exists returns 0 and leaves
+the stored value as it is (Mooncake's client treats OBJECT_ALREADY_EXISTS
+as success: the same key holds the same KV block); upsert() replaces it.
+libmooncake's mc_put itself says -705.
 
 Values are any bytes-like object (bytes, bytearray, memoryview, numpy
 arrays): their memory is read in place by the library, which copies it
@@ -46,14 +50,79 @@ from mooncake import _native as n
 
 log = logging.getLogger("mooncake")
 
+# Mooncake's ErrorCode numbers: what the store's methods return.
+INTERNAL_ERROR = -1
+SEGMENT_NOT_FOUND = -101
+NO_AVAILABLE_HANDLE = -200
+INVALID_PARAMS = -600
+INVALID_REPLICA = -702
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 OBJECT_HAS_LEASE = -706
 LEASE_EXPIRED = -707
-CHECKSUM_MISMATCH = -810
-NOT_CONNECTED = -802  # MC_EUNAVAILABLE
-INVALID_PARAMS = -22  # -EINVAL
-NOT_SUPPORTED = -95   # -EOPNOTSUPP
+TRANSFER_FAIL = -800
+RPC_FAIL = -900
+UNAVAILABLE_IN_CURRENT_MODE = -1011
+# What they mean here: a call before setup() or after close() (Mooncake's
+# client without a connection answers INVALID_PARAMS); bytes that fail
+# their checksum (verify=True; libmooncake's MC_ECHECKSUM); what mooncaked
+# does not do (create_copy_task, device memory without its driver).
+NOT_CONNECTED = INVALID_PARAMS
+CHECKSUM_MISMATCH = TRANSFER_FAIL
+NOT_SUPPORTED = UNAVAILABLE_IN_CURRENT_MODE
+
+_ERRNAMES = {v: k for k, v in list(globals().items())
+             if k.isupper() and isinstance(v, int) and v < 0 and k not in
+             ("NOT_CONNECTED", "CHECKSUM_MISMATCH", "NOT_SUPPORTED")}
+
+# libmooncake's codes (src/common/err.h, negative errno) as Mooncake's.
+# A code not listed is INTERNAL_ERROR; -704..-707 are the same in both.
+_FROM_MC = {
+    -700: INTERNAL_ERROR,        # MC_EINTERNAL
+    -701: SEGMENT_NOT_FOUND,     # MC_ESEGMENT_NOT_FOUND (also: no SSD tier)
+    -702: NO_AVAILABLE_HANDLE,   # MC_ENO_SPACE
+    -703: INVALID_REPLICA,       # MC_EINVALID_REPLICA
+    -708: NO_AVAILABLE_HANDLE,   # MC_ETOO_FEW_SEGMENTS: the replicas cannot be placed
+    -801: RPC_FAIL,              # MC_EPROTOCOL
+    -802: RPC_FAIL,              # MC_EUNAVAILABLE: the agent or the master unreachable
+    -803: RPC_FAIL,              # MC_ETIMEDOUT
+    -804: RPC_FAIL,              # MC_ECANCELLED
+    -805: INVALID_PARAMS,        # MC_ETOO_LARGE
+    -807: RPC_FAIL,              # MC_ENOT_LEADER
+    -808: RPC_FAIL,              # MC_ESHUTDOWN: the agent is stopping
+    -810: TRANSFER_FAIL,         # MC_ECHECKSUM
+    -820: TRANSFER_FAIL,         # MC_EREMOTE_ACCESS
+    -95: NOT_SUPPORTED,          # -EOPNOTSUPP
+    -12: INTERNAL_ERROR,         # -ENOMEM
+    -28: NO_AVAILABLE_HANDLE,    # -ENOSPC
+    -104: RPC_FAIL,              # -ECONNRESET
+    -32: RPC_FAIL,               # -EPIPE
+    -111: RPC_FAIL,              # -ECONNREFUSED
+}
+for _e in (-2, -7, -9, -14, -17, -22, -34, -36, -90, -105):
+    # ENOENT E2BIG EBADF EFAULT EEXIST EINVAL ERANGE ENAMETOOLONG
+    # EMSGSIZE ENOBUFS (a buffer smaller than the value): the call's arguments
+    _FROM_MC[_e] = INVALID_PARAMS
+del _e
+
+
+_MC_ECHECKSUM = -810
+
+
+def _rc(code):
+    """A result of libmooncake as the method returns it: sizes, counts
+    and 0 as they are, an error as Mooncake's ErrorCode."""
+    code = int(code)
+    if code >= 0 or -707 <= code <= -704:
+        return code
+    up = _FROM_MC.get(code, INTERNAL_ERROR)
+    log.debug("libmooncake %s (%s): %s", n.errname(code), n.strerror(code), errname(up))
+    return up
+
+
+def errname(code):
+    """The ErrorCode name of a code the store returned ("NO_AVAILABLE_HANDLE")."""
+    return _ERRNAMES.get(int(code), "ErrorCode %d" % int(code))
 
 # health_check() codes, as Mooncake's.
 HC_HEALTHY = 0
@@ -142,7 +211,7 @@ class ReplicateConfig:
     ttl_ms (removed this long after the put; mooncaked's own), tier ("dram",
     the default, or "ssd": straight into this node's agent's SSD tier, one
     replica; mooncaked's own). data_type
-    is accepted and not stored. Refused with -22 (the put fails, the log
+    is accepted and not stored. Refused with -600 (the put fails, the log
     says why) because mooncaked cannot do them: with_hard_pin (the master
     evicts every object under pressure), soft_pin_ttl_ms (a soft pin lasts
     as long as its object), more than one preferred segment,
@@ -461,7 +530,7 @@ class MooncakeDistributedStore:
         this package (or its get_engine()) — both sessions reach the same
         agent. enable_ssd_offload=True asks that the agent has an SSD
         tier (its --ssd-path, not ssd_offload_path, says where): refused
-        (-22, logged) when it has none, as is a tenant_id other than
+        (-600, logged) when it has none, as is a tenant_id other than
         "default" (no tenants)."""
         cfg = {}
         if isinstance(local_hostname, dict):
@@ -531,7 +600,7 @@ class MooncakeDistributedStore:
             except OSError as e:
                 log.error("setup: client HTTP server on port %d: %s", port, e)
                 self.close()
-                return -(e.errno or 98)
+                return INVALID_PARAMS
         return 0
 
     def _connect(self, cfg, staging):
@@ -547,7 +616,7 @@ class MooncakeDistributedStore:
             if rc:
                 log.error("cannot reach the mooncaked agent%s: %s",
                           " at " + sock if sock else "", n.strerror(rc))
-                return rc
+                return INVALID_PARAMS if rc == -22 else RPC_FAIL
             self._h = h
         return 0
 
@@ -656,7 +725,7 @@ class MooncakeDistributedStore:
         pp, pc, _rows = n.parts_arrays(groups)
         res = (ctypes.c_int * cnt)()
         rc = n.mc_batch_put_parts(h, cnt, kp, kl, pp, pc, ctypes.byref(o), res)
-        out = [rc] * cnt if rc else list(res)
+        out = [_rc(rc)] * cnt if rc else [_rc(r) for r in res]
         return out if upsert else [_exists_ok(r) for r in out]
 
     def _put_values(self, keys, values, config, upsert):
@@ -760,11 +829,11 @@ class MooncakeDistributedStore:
         ln = ctypes.c_size_t()
         rc = n.mc_get_ex(h, k, len(k), ctypes.byref(p), ctypes.byref(ln),
                          ctypes.byref(n.GetOpts(1 if verify else 0)))
-        if rc == CHECKSUM_MISMATCH:
+        if rc == _MC_ECHECKSUM:
             log.error("get %r: %s", key, n.strerror(rc))
             return b""
         if rc:
-            if rc != OBJECT_NOT_FOUND:
+            if rc != OBJECT_NOT_FOUND:  # (the same number in libmooncake)
                 log.debug("get %r: %s", key, n.strerror(rc))
             return b""
         try:
@@ -830,13 +899,13 @@ class MooncakeDistributedStore:
 
     def get_into(self, key, buffer_ptr, size, verify=False):
         """Bytes read into [buffer_ptr, buffer_ptr + size), or negative
-        (-105 ENOBUFS: the value is larger than size; -810: verify found
-        bytes that do not match the object's checksum)."""
+        (INVALID_PARAMS -600: the value is larger than size; TRANSFER_FAIL
+        -800: verify found bytes that do not match the object's checksum)."""
         h = self._h
         if not h:
             return NOT_CONNECTED
         k = n.key_bytes(key)
-        return int(n.mc_get_into_ex(h, k, len(k), buffer_ptr, size,
+        return _rc(n.mc_get_into_ex(h, k, len(k), buffer_ptr, size,
                                     ctypes.byref(n.GetOpts(1 if verify else 0))))
 
     def _get_parts(self, keys, groups):
@@ -850,7 +919,7 @@ class MooncakeDistributedStore:
         pp, pc, _rows = n.parts_arrays(groups)
         res = (ctypes.c_int64 * cnt)()
         rc = n.mc_batch_get_into_parts(h, cnt, kp, kl, pp, pc, res)
-        return [rc] * cnt if rc else [int(r) for r in res]
+        return [_rc(rc)] * cnt if rc else [_rc(r) for r in res]
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
@@ -908,9 +977,10 @@ class MooncakeDistributedStore:
             h = self._h
             cnt = len(reqs)
             res = (ctypes.c_int64 * cnt)()
-            rc = n.mc_get_ranges(h, (n.RangeReq * cnt)(*reqs), cnt, res) if h else NOT_CONNECTED
+            rc = _rc(n.mc_get_ranges(h, (n.RangeReq * cnt)(*reqs), cnt, res)) if h else \
+                NOT_CONNECTED
             for q, (i, j, k) in enumerate(where):
-                out[i][j][k] = rc if rc else int(res[q])
+                out[i][j][k] = rc if rc else _rc(res[q])
         return out
 
     # ------------------------------------------------------------ keys
@@ -920,7 +990,7 @@ class MooncakeDistributedStore:
         if not h:
             return NOT_CONNECTED
         k = n.key_bytes(key)
-        return n.mc_exist(h, k, len(k))
+        return _rc(n.mc_exist(h, k, len(k)))
 
     def batch_is_exist(self, keys):
         keys = list(keys)
@@ -933,14 +1003,14 @@ class MooncakeDistributedStore:
         kp, kl, _keep = n.keys_arrays(keys)
         res = (ctypes.c_int * cnt)()
         rc = n.mc_batch_exist(h, cnt, kp, kl, res)
-        return [rc] * cnt if rc else list(res)
+        return [_rc(rc)] * cnt if rc else [_rc(r) for r in res]
 
     def remove(self, key, force=False):
         h = self._h
         if not h:
             return NOT_CONNECTED
         k = n.key_bytes(key)
-        return n.mc_remove(h, k, len(k), 1 if force else 0)
+        return _rc(n.mc_remove(h, k, len(k), 1 if force else 0))
 
     def batch_remove(self, keys, force=False):
         keys = list(keys)
@@ -953,18 +1023,18 @@ class MooncakeDistributedStore:
         kp, kl, _keep = n.keys_arrays(keys)
         res = (ctypes.c_int * cnt)()
         rc = n.mc_batch_remove(h, cnt, kp, kl, 1 if force else 0, res)
-        return [rc] * cnt if rc else list(res)
+        return [_rc(rc)] * cnt if rc else [_rc(r) for r in res]
 
     def remove_all(self, force=False):
         """Objects removed (leased ones only with force), or negative."""
         h = self._h
         if not h:
             return NOT_CONNECTED
-        return int(n.mc_remove_all(h, 1 if force else 0))
+        return _rc(n.mc_remove_all(h, 1 if force else 0))
 
     def remove_by_regex(self, regex_pattern, force=False):
         """Objects whose key matches regex_pattern removed (leased ones
-        only with force): their count, or negative (-22: the pattern is
+        only with force): their count, or negative (-600: the pattern is
         not a POSIX extended regular expression). Mooncake's patterns are
         ECMAScript: the common ones (^prefix, .*, [0-9]+, alternation)
         mean the same; \\d and lookarounds do not exist in POSIX."""
@@ -974,7 +1044,7 @@ class MooncakeDistributedStore:
         rc = int(n.mc_remove_regex(h, str(regex_pattern).encode(), 1 if force else 0))
         if rc < 0:
             log.error("remove_by_regex %r: %s", regex_pattern, n.strerror(rc))
-        return rc
+        return _rc(rc)
 
     def batch_replica_clear(self, keys, segment_name=""):
         """Mooncake's BatchReplicaClear: the keys cleared (list), skipping
@@ -996,20 +1066,20 @@ class MooncakeDistributedStore:
         return [k for k, r in zip(keys, res) if r == 1]
 
     def create_copy_task(self, key, targets):
-        """Refused: (UUID (0, 0), -95). The master has no task queue for
+        """Refused: (UUID (0, 0), -1011). The master has no task queue for
         replica copies (replicate with ReplicateConfig.replica_num)."""
         log.error("create_copy_task %r: replica copy tasks are not supported by "
                   "mooncaked's master", key)
         return (0, 0), NOT_SUPPORTED
 
     def create_move_task(self, key, source, target):
-        """Refused: (UUID (0, 0), -95), as create_copy_task."""
+        """Refused: (UUID (0, 0), -1011), as create_copy_task."""
         log.error("create_move_task %r: replica move tasks are not supported by "
                   "mooncaked's master", key)
         return (0, 0), NOT_SUPPORTED
 
     def query_task(self, task_id):
-        """(None, -95): no task can exist (see create_copy_task)."""
+        """(None, -1011): no task can exist (see create_copy_task)."""
         log.error("query_task %r: replica tasks are not supported by mooncaked's master",
                   task_id)
         return None, NOT_SUPPORTED
@@ -1017,20 +1087,20 @@ class MooncakeDistributedStore:
     # ------------------------------------------------------------ buffers
 
     def register_buffer(self, buffer_ptr, size):
-        """0, or negative (-17 EEXIST: overlaps a registered range).
+        """0, or negative (-600 INVALID_PARAMS: it overlaps a registered range).
         Memory from alloc_from_mem_pool / MooncakeHostMemAllocator /
         get_alloc_func_addr is handed to the agent (zero copy); other
         memory is copied through the staging buffer."""
         h = self._h
         if not h:
             return NOT_CONNECTED
-        return n.mc_register_buffer(h, buffer_ptr, size)
+        return _rc(n.mc_register_buffer(h, buffer_ptr, size))
 
     def unregister_buffer(self, buffer_ptr):
         h = self._h
         if not h:
             return NOT_CONNECTED
-        return n.mc_unregister_buffer(h, buffer_ptr)
+        return _rc(n.mc_unregister_buffer(h, buffer_ptr))
 
 
 from mooncake.buffer_pool import BufferLease, BufferPool, RegisteredBufferPool  # noqa: E402,F401

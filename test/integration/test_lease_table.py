@@ -81,7 +81,7 @@ def local_gets_are_answered_by_the_client():
                           'op="exist",result="ok"')
     eq(e1 - e0, 1, "exist requests the agent saw (%s)" % exist_ok)
     # A value larger than the buffer: the agent's answer (-ENOBUFS), not a cut copy.
-    eq(s.get_into("hot", ptr, 100), -105, "too small a buffer")
+    eq(s.get_into("hot", ptr, 100), -600, "too small a buffer: INVALID_PARAMS")
     # The same key read through the other agent: a remote replica, not in its table.
     sb = b.store()
     tb = table_gets(b)

@@ -25,8 +25,8 @@ import mctest
 from mctest import Daemon, Meta, case, eq, run, wait_for
 
 OK = 0
-TOO_FEW_SEGMENTS = -708
-RETRY = {-802, -803}  # MC_EUNAVAILABLE, MC_ETIMEDOUT
+TOO_FEW_SEGMENTS = -200  # Python: Mooncake's NO_AVAILABLE_HANDLE (libmooncake -708)
+RETRY = {-900}  # Python: Mooncake's RPC_FAIL (libmooncake MC_EUNAVAILABLE, MC_ETIMEDOUT)
 
 
 def elected(master):

@@ -155,7 +155,7 @@ def sglang_hicache_mla_layer_first_multi_buffers():
     bad = store.batch_get_into_multi_buffers(keys[:1], [[ptr(out[0])]], [[1, 2]])
     eq(len(bad) == 1 and bad[0] < 0, True, "mismatched pieces %s" % bad)
     small = store.batch_get_into_multi_buffers(keys[:1], [[ptr(out[0])]], [[piece]])
-    eq(small, [-105], "value larger than its buffers: -ENOBUFS")
+    eq(small, [-600], "value larger than its buffers: INVALID_PARAMS")
     store.remove_all()
     store.close()
 
@@ -390,12 +390,12 @@ def setup_signature_and_close():
     eq(s.health_check(), HC_HEALTHY, "healthy")
     eq(s.close(), 0, "close")
     eq(s.health_check(), HC_NOT_INITIALIZED, "after close")
-    eq(s.put("k", b"v"), -802, "a call after close")
+    eq(s.put("k", b"v"), -600, "a call after close: INVALID_PARAMS")
     eq(s.get("k"), b"", "a get after close")
     eq(s.setup("localhost", "P2PHANDSHAKE", 1 << 26, 1 << 24, "tcp", "", "x",
-               enable_ssd_offload=True), -22, "SSD offload refused")
+               enable_ssd_offload=True), -600, "SSD offload refused")
     eq(s.setup("localhost", "P2PHANDSHAKE", 1 << 26, 1 << 24, "tcp", "", "x",
-               tenant_id="tenant-a"), -22, "a tenant refused")
+               tenant_id="tenant-a"), -600, "a tenant refused")
     eq(s.health_check(), HC_NOT_INITIALIZED, "a failed setup leaves it unset")
     try:
         s.setup("localhost", "P2PHANDSHAKE", 1 << 26, 1 << 24, "tcp", "", "x", engine=object())
@@ -502,16 +502,16 @@ def replicate_config_fields():
                          ("host_id", "h1")):
         bad = ReplicateConfig()
         setattr(bad, field, value)
-        eq(s.put("rc-" + field, b"x", bad), -22, "refused: " + field)
+        eq(s.put("rc-" + field, b"x", bad), -600, "refused: " + field)
         eq(s.is_exist("rc-" + field), 0, "nothing stored for " + field)
     try:
         c.group_ids = ["g"]
         raise AssertionError("an unknown field must be an AttributeError")
     except AttributeError:
         pass
-    eq(s.create_copy_task("rc-ok", ["a:1"]), ((0, 0), -95), "copy task refused")
-    eq(s.create_move_task("rc-ok", "a:1", "b:2"), ((0, 0), -95), "move task refused")
-    eq(s.query_task((1, 2)), (None, -95), "query refused")
+    eq(s.create_copy_task("rc-ok", ["a:1"]), ((0, 0), -1011), "copy task refused")
+    eq(s.create_move_task("rc-ok", "a:1", "b:2"), ((0, 0), -1011), "move task refused")
+    eq(s.query_task((1, 2)), (None, -1011), "query refused")
     s.remove_all(force=True)
     s.close()
 
@@ -529,7 +529,7 @@ def upserts_ranges_and_clear():
     wait_leases()
     eq(s.upsert_batch(["u1", "u2"], [b"a", b"b"]), 0, "upsert_batch")
     eq(s.get_batch(["u1", "u2"]), [b"a", b"b"], "values")
-    eq(s.upsert_batch(["u1"], [b"a", b"b"]), -22, "mismatched upsert_batch")
+    eq(s.upsert_batch(["u1"], [b"a", b"b"]), -600, "mismatched upsert_batch")
     # get_into_ranges: upstream's example, byte for byte.
     data1 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     data2 = b"abcdefghijklmnopqrstuvwxyz0123456789"
@@ -581,7 +581,7 @@ def upserts_ranges_and_clear():
     eq(s.batch_is_exist(["rx/a/1", "rx/a/2", "rx/b/1", "other"]), [0, 0, 1, 1], "matches gone")
     eq(s.remove_by_regex("^rx/(b|c)/[0-9]+$"), 0, "a leased match stays")
     eq(s.remove_by_regex("^rx/(b|c)/[0-9]+$", force=True), 1, "forced")
-    eq(s.remove_by_regex("("), -22, "not a pattern")
+    eq(s.remove_by_regex("("), -600, "not a pattern")
     eq(s.is_exist("other"), 1, "untouched")
     s.remove_all(force=True)
     s.close()
@@ -613,6 +613,49 @@ def replica_clear_on_a_segment():
     eq(s.batch_replica_clear(["x"], "no-such-segment:1"), [], "an unknown segment")
     s.close()
     c.stop()
+
+
+
+@case
+def error_codes_are_mooncakes():
+    """The codes callers written for Mooncake compare with (its ErrorCode
+    numbers, mooncake-store/include/types.h): a put that finds no room is
+    NO_AVAILABLE_HANDLE (-200), which upstream's own dict fuzz test skips
+    over; bad arguments INVALID_PARAMS (-600), as is a call without a
+    session; a missing key OBJECT_NOT_FOUND (-704); an unreachable agent
+    RPC_FAIL (-900). errname names them."""
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig, errname
+    import mooncake.store as ms
+    daemon()
+    s = MooncakeDistributedStore()
+    eq(s.put("ec", b"v"), -600, "before setup: INVALID_PARAMS")
+    eq(s.setup("localhost", "P2PHANDSHAKE", 256 << 20, 16 << 20, "tcp", "", "127.0.0.1:50051"),
+       0, "setup")
+    big = np.zeros(300 << 20, dtype=np.uint8)  # more than the 256 MiB segment
+    eq(s.put_from("ec-big", ptr(big), big.nbytes), -200, "no room: NO_AVAILABLE_HANDLE")
+    eq(errname(-200), "NO_AVAILABLE_HANDLE", "errname")
+    eq(s.put("ec-big", b"small"), 0, "a value that fits, under the same key")
+    eq(s.put("", b"v"), -600, "empty key: INVALID_PARAMS")
+    eq(s.put("ec-2", b"v", ReplicateConfig(replica_num=2)), -200,
+       "two replicas on one segment: NO_AVAILABLE_HANDLE")
+    out = np.zeros(2, dtype=np.uint8)
+    eq(s.get_into("ec-big", ptr(out), 2), -600, "a buffer too small: INVALID_PARAMS")
+    eq(s.get_into("ec-none", ptr(out), 2), -704, "missing: OBJECT_NOT_FOUND")
+    eq(s.remove("ec-none"), -704, "remove of a missing key")
+    eq(s.is_exist("ec-none"), 0, "is_exist of a missing key")
+    eq(s.batch_put_from(["a", "b"], [ptr(out)], [1, 1]), [-600, -600], "mismatched lists")
+    eq(s.get_size("ec-big"), 5, "get_size")
+    eq(s.get_size("ec-none"), -704, "get_size of a missing key")
+    eq((ms.NO_AVAILABLE_HANDLE, ms.INVALID_PARAMS, ms.OBJECT_NOT_FOUND, ms.TRANSFER_FAIL,
+        ms.RPC_FAIL), (-200, -600, -704, -800, -900), "the names")
+    wait_leases()
+    eq(s.remove("ec-big"), 0, "remove, once the read leases are over")
+    s.close()
+    eq(s.is_exist("ec-big"), -600, "after close: INVALID_PARAMS")
+    gone = MooncakeDistributedStore()
+    eq(gone.setup("localhost", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", "unused",
+                  socket_path=os.path.join(_tmp.name, "nobody.sock")), -900,
+       "no agent at that socket: RPC_FAIL")
 
 
 mctest.main()

@@ -31,9 +31,8 @@ import mctest
 from mctest import Daemon, case, eq, run, wait_for
 
 OK = 0
-INVALID = -22
+INVALID = -600  # Mooncake's INVALID_PARAMS
 NOT_FOUND = -704
-SEGMENT_NOT_FOUND = -701
 
 
 def value(key, size=MiB):
@@ -533,7 +532,7 @@ def ssd_objects_into_and_out_of_clients_ordinary_memory():
                    "get_into %s from %s (verify=%s)" % (k, who, verify))
                 eq(dst[base:base + n].tobytes(), pattern(k, n), "%s's bytes, %s" % (k, who))
                 eq(int(dst[base + n]), 0xee, "nothing written past %s, %s" % (k, who))
-            eq(s.get_into(k, dst.ctypes.data + base, n - 1), -105,
+            eq(s.get_into(k, dst.ctypes.data + base, n - 1), INVALID,
                "a buffer too small for %s, %s" % (k, who))
         dst[:] = 0
         keys = list(sizes)

@@ -30,6 +30,7 @@ NOT_FOUND = -704
 EXISTS = -705
 HAS_LEASE = -706
 EINVAL = -22
+INVALID_PARAMS = -600  # what the Python store says for it (Mooncake's number)
 
 
 @case
@@ -52,10 +53,10 @@ def values_and_keys_of_every_size():
     eq(s.put(k1, b"one-byte key"), OK, "1-byte key")
     eq(s.put(k4, b"4 KiB key"), OK, "4 KiB key")
     eq((s.get(k1), s.get(k4)), (b"one-byte key", b"4 KiB key"), "binary keys")
-    eq(s.put(k4 + b"x", b"v"), EINVAL, "4097-byte key")
-    eq(s.put(b"", b"v"), EINVAL, "empty key")
+    eq(s.put(k4 + b"x", b"v"), INVALID_PARAMS, "4097-byte key")
+    eq(s.put(b"", b"v"), INVALID_PARAMS, "empty key")
     eq(s.get(k4 + b"x"), b"", "get of an oversized key")
-    eq(s.is_exist(k4 + b"x"), EINVAL, "exist of an oversized key")
+    eq(s.is_exist(k4 + b"x"), INVALID_PARAMS, "exist of an oversized key")
     # Bytes-like values of every kind, read in place.
     arr = array.array("d", [1.5] * 1000)
     eq(s.put("array", arr), OK, "array.array")
@@ -131,7 +132,7 @@ def zero_copy_views_buffers_and_transfers():
     eq(s.put_from("m", p, 7), OK, "put_from managed memory")
     eq(s.get_into("m", p + MiB, MiB), 7, "get_into managed memory")
     eq(te.read_bytes_from_buffer(p + MiB, 7), b"managed", "bytes in place")
-    eq(s.get_into("m", p, 3), -105, "get_into a buffer too small: -ENOBUFS")
+    eq(s.get_into("m", p, 3), INVALID_PARAMS, "get_into a buffer too small")
     # Any other memory works through the staging buffer.
     priv = ctypes.create_string_buffer(64)
     eq(s.register_buffer(ctypes.addressof(priv), 64), OK, "register private memory")

@@ -53,8 +53,8 @@ def put_on_one_agent_get_on_the_others():
     eq(segs[0], cl.agents[1].name, "the writer's own segment first")
     eq(c.get("two"), b"two copies", "read on C")
     eq(a.put("three", b"x", ReplicateConfig(replica_num=3)), OK, "three on three")
-    eq(a.put("four", b"x", ReplicateConfig(replica_num=4)), -708,
-       "four on three: too few segments (not NO_SPACE)")
+    eq(a.put("four", b"x", ReplicateConfig(replica_num=4)), -200,
+       "four on three: Mooncake's NO_AVAILABLE_HANDLE")
     cfg = ReplicateConfig(preferred_segment=cl.agents[2].name)
     eq(a.put("onc", b"placed on C", cfg), OK, "preferred segment")
     eq([r.segment for r in replicas(cl.master_addr, b"onc")], [cl.agents[2].name],
@@ -293,8 +293,9 @@ def a_stale_mirror_does_not_resurrect_reused_space():
 def verified_gets_catch_bytes_that_changed():
     """Bytes of a stored object overwritten behind the index's back (here
     by a transfer-engine write into B's segment at the replica's address)
-    are served as they are by a plain get, and refused with -810 by a
-    verifying one: Python, libmooncake and mooncakectl get --verify, for
+    are served as they are by a plain get, and refused by a
+    verifying one (Python: TRANSFER_FAIL; libmooncake and mooncakectl get
+    --verify: MC_ECHECKSUM), for
     a copy, a remote read and a zero-copy view."""
     cl = Cluster(agents=2, meta=True)
     a, b = cl.agents
@@ -314,7 +315,7 @@ def verified_gets_catch_bytes_that_changed():
     eq(sa.get("v", verify=True), b"", "a verified remote get refuses them")
     from mooncake.store import CHECKSUM_MISMATCH
     dst = te.allocate_managed_buffer(len(val))
-    eq(sb.get_into("v", dst, len(val), verify=True), CHECKSUM_MISMATCH, "get_into -810")
+    eq(sb.get_into("v", dst, len(val), verify=True), CHECKSUM_MISMATCH, "get_into: TRANSFER_FAIL")
     eq(b.store(verify_gets=True).get_buffer("v"), None, "a verified zero-copy view refuses them")
     out = os.path.join(b.tmp.name, "v.out")
     r = b.ctl("get", "v", out, "--verify", check=False)
