@@ -519,8 +519,9 @@ class MooncakeDistributedStore:
               master_server_addr="127.0.0.1:50051", engine=None, enable_ssd_offload=False,
               ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
               client_http_port=9300, **kwargs):
-        """Connect to the local agent. Also setup(config_dict) with the same
-        names as keys, or setup() alone: the JSON file named by
+        """Connect to the local agent. Also setup(config_dict) or
+        setup(config=config_dict) with the same names as keys, or setup()
+        alone: the JSON file named by
         $MOONCAKE_CONFIG_PATH. Returns 0 or a negative code; a failed
         setup leaves the store as it was before.
 
@@ -533,6 +534,8 @@ class MooncakeDistributedStore:
         (-600, logged) when it has none, as is a tenant_id other than
         "default" (no tenants)."""
         cfg = {}
+        if local_hostname is None and isinstance(kwargs.get("config"), dict):
+            local_hostname = kwargs.pop("config")  # setup(config={...}), upstream's name
         if isinstance(local_hostname, dict):
             cfg.update(local_hostname)
         elif local_hostname is None and metadata_server is None and not kwargs:

@@ -62,6 +62,9 @@ def setup_from_dict_and_config_file():
     s = MooncakeDistributedStore()
     eq(s.setup(cfg), 0, "setup(dict)")
     s.close()
+    eq(s.setup(config=cfg), 0, "setup(config=dict), upstream's keyword")
+    s.close()
+    eq(s.setup(config=dict(cfg, tenant_id="other")), -600, "setup(config=...) reads its keys")
     path = os.path.join(_tmp.name, "mooncake.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
