@@ -385,6 +385,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	agent__mirror_init(a);
 	agent__demote_init(a, o->ssd_flush_on_stop);
 	agent__peer_init(a, o->cluster_secret, o->cluster_secret_len);
+	agent__mcall_set_secret(a, o->cluster_secret, o->cluster_secret_len);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
 	agent__gets_start(a);
@@ -525,6 +526,7 @@ void agent_free(struct agent *a)
 	agent__tier_free(a);
 	agent__demote_free(a);
 	agent__peer_free(a);
+	agent__mcall_set_secret(a, NULL, 0);
 	agent__mlink_free(a);
 	agent__space_free(a);
 	agent__inv_free(&a->inv);

@@ -47,8 +47,8 @@
  * on_lost). test_agent_rooms.py checks this
  * list against the objects and the embedded structs against their use.
  *
- *   agent.c     -> batch demote inst inv lcache mem mirror mlink op_get ops
- *                  peer pool server space stats tier
+ *   agent.c     -> batch demote inst inv lcache mcall mem mirror mlink op_get
+ *                  ops peer pool server space stats tier
  *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
  *                  op_common op_get op_put req server stats tier
  *   op_put.c    -> batch demote inv lcache mcall mlink op_common pool req

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,18 +236,39 @@ static int move_noreplace(const char *tmp, const char *path)
 	return link(tmp, path) == 0 ? 0 : -errno;
 }
 
-int mc_secret_create(const char *path)
+/* raw as 2 * len lowercase hex digits at text (no terminator). */
+static void to_hex(const uint8_t *raw, size_t len, char *text)
 {
 	static const char hex[] = "0123456789abcdef";
+	for (size_t i = 0; i < len; i++) {
+		text[2 * i] = hex[raw[i] >> 4];
+		text[2 * i + 1] = hex[raw[i] & 15];
+	}
+}
+
+/* 2 * len hex digits at text into raw; false if one is not a digit. */
+static bool from_hex(const char *text, size_t len, uint8_t *raw)
+{
+	for (size_t i = 0; i < 2 * len; i++) {
+		char ch = text[i];
+		int v = ch >= '0' && ch <= '9'   ? ch - '0'
+			: ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+						 : -1;
+		if (v < 0)
+			return false;
+		raw[i / 2] = (uint8_t)(i % 2 ? raw[i / 2] | v : v << 4);
+	}
+	return true;
+}
+
+int mc_secret_create(const char *path)
+{
 	uint8_t raw[32];
 	char text[2 * sizeof(raw) + 1], tmp[4096], dir[4096];
 	int rc = mc_random(raw, sizeof(raw));
 	if (rc)
 		return rc;
-	for (size_t i = 0; i < sizeof(raw); i++) {
-		text[2 * i] = hex[raw[i] >> 4];
-		text[2 * i + 1] = hex[raw[i] & 15];
-	}
+	to_hex(raw, sizeof(raw), text);
 	text[2 * sizeof(raw)] = '\n';
 	memset(raw, 0, sizeof(raw));
 	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= sizeof(tmp))
@@ -364,4 +386,58 @@ int mc_secret_find(const struct cfg *c, bool create, bool public_listen, struct 
 		return -ENOENT;
 	}
 	return load_into(out, "the cluster secret", err, errlen);
+}
+
+/* ------------------------------------------------------------ RPC tokens */
+
+#define TOKEN_LABEL "mooncake-rpc-v1"
+
+static void token_mac(const uint8_t *key, size_t klen, const char *ts, size_t tslen,
+		      const uint8_t nonce[MC_RPC_NONCE_BYTES], uint8_t out[MC_SHA256_BYTES])
+{
+	static const uint8_t zero = 0;
+	const void *parts[] = {TOKEN_LABEL, &zero, ts, &zero, nonce};
+	size_t lens[] = {strlen(TOKEN_LABEL), 1, tslen, 1, MC_RPC_NONCE_BYTES};
+	mc_hmac_sha256(key, klen, parts, lens, MC_ARRAY_LEN(parts), out);
+}
+
+int mc_rpc_token(const uint8_t *key, size_t klen, uint64_t wall_ms, char out[MC_RPC_TOKEN_MAX])
+{
+	uint8_t nonce[MC_RPC_NONCE_BYTES], mac[MC_SHA256_BYTES];
+	int rc = mc_random(nonce, sizeof(nonce));
+	if (rc)
+		return rc;
+	char ts[24];
+	int tslen = snprintf(ts, sizeof(ts), "%" PRIu64, wall_ms);
+	token_mac(key, klen, ts, (size_t)tslen, nonce, mac);
+	int n = snprintf(out, MC_RPC_TOKEN_MAX, "v1.%s.", ts);
+	to_hex(nonce, sizeof(nonce), out + n);
+	n += 2 * (int)sizeof(nonce);
+	out[n++] = '.';
+	to_hex(mac, sizeof(mac), out + n);
+	out[n + 2 * sizeof(mac)] = '\0';
+	return 0;
+}
+
+int mc_rpc_token_check(const uint8_t *key, size_t klen, const char *tok, uint64_t wall_ms,
+		       uint8_t nonce[MC_RPC_NONCE_BYTES])
+{
+	if (!tok || strncmp(tok, "v1.", 3) != 0)
+		return -EINVAL;
+	const char *ts = tok + 3, *dot = strchr(ts, '.');
+	size_t tslen = dot ? (size_t)(dot - ts) : 0;
+	if (tslen == 0 || tslen > 20 || strspn(ts, "0123456789") != tslen ||
+	    strlen(dot + 1) != 2 * MC_RPC_NONCE_BYTES + 1 + 2 * MC_SHA256_BYTES ||
+	    dot[1 + 2 * MC_RPC_NONCE_BYTES] != '.')
+		return -EINVAL;
+	uint8_t mac[MC_SHA256_BYTES], want[MC_SHA256_BYTES];
+	if (!from_hex(dot + 1, MC_RPC_NONCE_BYTES, nonce) ||
+	    !from_hex(dot + 2 + 2 * MC_RPC_NONCE_BYTES, sizeof(mac), mac))
+		return -EINVAL;
+	token_mac(key, klen, ts, tslen, nonce, want);
+	if (!mc_ct_equal(mac, want, sizeof(mac)))
+		return -EACCES;
+	uint64_t at = strtoull(ts, NULL, 10);
+	uint64_t skew = at > wall_ms ? at - wall_ms : wall_ms - at;
+	return skew <= MC_RPC_TOKEN_WINDOW_MS ? 0 : -ETIME;
 }

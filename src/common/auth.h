@@ -105,4 +105,26 @@ int mc_secret_find(const struct cfg *c, bool create, bool public_listen, struct 
 /* Forget the key (memset). */
 void mc_secret_clear(struct mc_secret *s);
 
+/*
+ * RPC tokens: what a gRPC client of a server that checks the cluster
+ * secret (the master's API) sends in its "mooncake-auth" header, one per
+ * connection: "v1.<wall ms>.<16-byte nonce hex>.<mac hex>", the mac
+ * HMAC(secret, "mooncake-rpc-v1" 0 <wall ms> 0 <nonce>). The server takes
+ * one within MC_RPC_TOKEN_WINDOW_MS of its own clock whose nonce it has
+ * not seen in that time, so a token read off the wire opens no second
+ * connection (and hosts' clocks must agree within the window).
+ */
+#define MC_RPC_NONCE_BYTES 16
+#define MC_RPC_TOKEN_MAX 128
+#define MC_RPC_TOKEN_WINDOW_MS (5 * 60 * 1000ull)
+
+/* A fresh token at wall_ms (mc_wall_ms). Errors: of mc_random. */
+int mc_rpc_token(const uint8_t *key, size_t klen, uint64_t wall_ms,
+		 char out[MC_RPC_TOKEN_MAX]) MC_MUST_CHECK;
+/* 0 and its nonce when tok is a token of key within the window of
+ * wall_ms. Errors: -EINVAL (not a token), -EACCES (another key's),
+ * -ETIME (outside the window). */
+int mc_rpc_token_check(const uint8_t *key, size_t klen, const char *tok, uint64_t wall_ms,
+		       uint8_t nonce[MC_RPC_NONCE_BYTES]) MC_MUST_CHECK;
+
 #endif

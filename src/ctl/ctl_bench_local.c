@@ -3,7 +3,8 @@
  * itself (ctl_bench_store.h): a master and two agents (mooncaked next to
  * mooncakectl) and redis-server when installed, each a child process
  * logging into a temporary directory, all on loopback ports picked free;
- * the agents prove a cluster secret made in that directory.
+ * the agents and the master prove a cluster secret made in that
+ * directory.
  * Stopping them removes the directory; a process that died first is
  * reported with the end of its log.
  */
@@ -124,8 +125,9 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 	}
 	char daemon[600], secret[sizeof(cl->dir) + 16];
 	sibling(daemon, sizeof(daemon), "mooncaked");
-	/* The two agents move bytes to each other: they prove one secret
-	 * (each would make its own in its data directory). */
+	/* The two agents move bytes to each other and call the master: all
+	 * three prove one secret (each agent would make its own in its data
+	 * directory, and the environment's may be another). */
 	snprintf(secret, sizeof(secret), "%s/cluster.secret", cl->dir);
 	int rc = mc_secret_create(secret);
 	if (rc)
@@ -143,6 +145,7 @@ int ctl_local_start(struct ctl_local *cl, uint64_t segment, bool separate)
 			      "--meta-endpoints=",
 			      ARG("--master-listen=%s", cl->master),
 			      ARG("--master-http=127.0.0.1:%d", mhttp),
+			      ARG("--cluster-secret-file=%s", secret),
 			      "--log-level=warn",
 			      NULL};
 		rc = spawn(cl, "master", mv);

@@ -479,7 +479,8 @@ static void usage(FILE *f)
 		"usage: mooncakectl bench master [--target=HOST:PORT] [--duration=2s]\n"
 		"                                [--batch=100] [--objects=1M]\n\n"
 		"  --target=HOST:PORT  a leading master (default: one in this process, own\n"
-		"                      thread and loop); the Echo limit needs --diag-service\n"
+		"                      thread and loop); the Echo limit needs --diag-service;\n"
+		"                      one with a cluster secret: $MOONCAKE_CLUSTER_SECRET_FILE\n"
 		"  --duration=D        how long each ops/s figure is measured\n"
 		"  --batch=N           keys per batch call\n"
 		"  --objects=N         objects put for the memory and scale figures (10M takes\n"
@@ -538,8 +539,7 @@ int ctl_bench_master_main(int argc, char **argv)
 		target = addr;
 	}
 	struct rpc_client_opts co = {.max_message_bytes = 256u << 20, .metrics = reg};
-	if (rpc_client_new(&loop, target, &co, &c)) {
-		fprintf(stderr, "mooncakectl bench master: bad --target \"%s\"\n", target);
+	if (ctl_master_client(&loop, target, &co, &c)) {
 		rc = CTL_EXIT_USAGE;
 		goto out_srv;
 	}

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <uv.h>
 
 #define CTL_EXIT_OK 0
 #define CTL_EXIT_FAIL 1
@@ -27,6 +28,14 @@ int ctl_agent_stats(const char *socket);
  * re-syncing), following a standby's redirect. Errors: -EINVAL (addr),
  * MC_EUNAVAILABLE (no answer). */
 int ctl_master_dram_segments(const char *addr, unsigned *ready);
+struct rpc_client;
+struct rpc_client_opts;
+/* A client of the master at addr with the options o (NULL: defaults)
+ * that proves the cluster secret when one is given (the command's
+ * --cluster-secret-file, or $MOONCAKE_CLUSTER_SECRET_FILE). Errors:
+ * printed; -EINVAL (addr), of reading the secret file, -ENOMEM. */
+int ctl_master_client(uv_loop_t *loop, const char *addr, const struct rpc_client_opts *o,
+		      struct rpc_client **out);
 /* put/get/rm through the local agent (ctl_store.c). */
 int ctl_put_main(int argc, char **argv);
 int ctl_get_main(int argc, char **argv);

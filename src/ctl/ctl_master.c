@@ -15,6 +15,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "common/auth.h"
 #include "common/util.h"
 #include "ctl/ctl_int.h"
 #include "master.pb-c.h"
@@ -23,6 +24,9 @@
 #define DEFAULT_MASTER "127.0.0.1:50051"
 #define CALL_TIMEOUT_MS 10000
 #define MAX_REDIRECTS 3
+#define SECRET_HELP \
+	"--cluster-secret-file (default $MOONCAKE_CLUSTER_SECRET_FILE): the secret a\n" \
+	"  master started with one requires of its callers.\n"
 
 struct mconn {
 	uv_loop_t loop;
@@ -30,14 +34,44 @@ struct mconn {
 	char addr[128];
 };
 
+/* The cluster secret for a master that requires it: the command's
+ * --cluster-secret-file, else $MOONCAKE_CLUSTER_SECRET_FILE; neither: the
+ * calls carry no token (a master without a secret takes them). */
+static const char *secret_path;
+
+int ctl_master_client(uv_loop_t *loop, const char *addr, const struct rpc_client_opts *base,
+		      struct rpc_client **out)
+{
+	const char *path = secret_path ? secret_path : getenv("MOONCAKE_CLUSTER_SECRET_FILE");
+	struct rpc_client_opts o = {.max_message_bytes = 256u << 20};
+	if (base)
+		o = *base;
+	struct mc_secret sec = {.len = 0};
+	if (path && *path) {
+		bool loose;
+		int rc = mc_secret_load(path, sec.key, &sec.len, &loose);
+		if (rc) {
+			fprintf(stderr, "mooncakectl: cluster secret %s: %s\n", path,
+				mc_strerror(rc));
+			return rc;
+		}
+		o.auth_key = sec.key;
+		o.auth_key_len = sec.len;
+	}
+	int rc = rpc_client_new(loop, addr, &o, out);
+	mc_secret_clear(&sec);
+	if (rc == -EINVAL)
+		fprintf(stderr, "mooncakectl: bad master address \"%s\"\n", addr);
+	return rc;
+}
+
 static int mconn_open(struct mconn *mc, const char *addr)
 {
 	memset(mc, 0, sizeof(*mc));
 	if (uv_loop_init(&mc->loop))
 		return -ENOMEM;
 	snprintf(mc->addr, sizeof(mc->addr), "%s", addr);
-	struct rpc_client_opts o = {.max_message_bytes = 256u << 20};
-	int rc = rpc_client_new(&mc->loop, addr, &o, &mc->c);
+	int rc = ctl_master_client(&mc->loop, addr, NULL, &mc->c);
 	if (rc)
 		(void)uv_loop_close(&mc->loop);
 	return rc;
@@ -72,8 +106,7 @@ static int mcall(struct mconn *mc, const char *method, const ProtobufCMessage *r
 		if (strcmp(addr, mc->addr) == 0)
 			return st;
 		struct rpc_client *c;
-		struct rpc_client_opts o = {.max_message_bytes = 256u << 20};
-		if (rpc_client_new(&mc->loop, addr, &o, &c) != 0)
+		if (ctl_master_client(&mc->loop, addr, NULL, &c) != 0)
 			return st;
 		fprintf(stderr, "mooncakectl: %s is a standby; asking the leader %s\n",
 			mc->addr, addr);
@@ -98,11 +131,13 @@ static void print_key(FILE *f, const uint8_t *k, size_t len)
 static void ls_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: mooncakectl ls [PREFIX] [--master=HOST:PORT] [--limit=N] [--long]\n\n"
+		"usage: mooncakectl ls [PREFIX] [--master=HOST:PORT] [--limit=N] [--long]\n"
+		"           [--cluster-secret-file=FILE]\n\n"
 		"  Keys in the master's index that start with PREFIX, in byte order, one per\n"
 		"  line (bytes outside printable ASCII as \\xNN). --limit is the page size of\n"
 		"  each List call (all keys are printed). --long adds size, replicas, state,\n"
-		"  soft pin and the read lease left. Default master: " DEFAULT_MASTER "\n");
+		"  soft pin and the read lease left. Default master: " DEFAULT_MASTER "\n"
+		"  " SECRET_HELP);
 }
 
 int ctl_ls_main(int argc, char **argv)
@@ -118,6 +153,9 @@ int ctl_ls_main(int argc, char **argv)
 			if (!v || !*v)
 				goto usage;
 			addr = v;
+		} else if (ctl_flag_value(argc, argv, &i, "cluster-secret-file", &v) && v &&
+			   *v) {
+			secret_path = v;
 		} else if (ctl_flag_value(argc, argv, &i, "limit", &v)) {
 			char *end;
 			limit = v ? strtoul(v, &end, 10) : 0;
@@ -198,11 +236,12 @@ usage:
 static void stats_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: mooncakectl stats [--master=HOST:PORT]\n"
+		"usage: mooncakectl stats [--master=HOST:PORT] [--cluster-secret-file=FILE]\n"
 		"       mooncakectl stats --agent [--socket=PATH]\n\n"
 		"  The master's view, object count, DRAM capacity and usage, index memory per\n"
 		"  object, counters, and one line per mounted segment.\n"
 		"  Default master: " DEFAULT_MASTER "\n"
+		"  " SECRET_HELP
 		"  --agent (or --socket=PATH): the local agent's own figures instead: its\n"
 		"  segment, the master it uses, open sessions, buffers and views, puts, gets,\n"
 		"  hits and bytes since it started. Without --socket: $MOONCAKE_SOCKET,\n"
@@ -241,6 +280,9 @@ int ctl_stats_main(int argc, char **argv)
 			return CTL_EXIT_OK;
 		} else if (ctl_flag_value(argc, argv, &i, "master", &v) && v && *v) {
 			addr = v;
+		} else if (ctl_flag_value(argc, argv, &i, "cluster-secret-file", &v) && v &&
+			   *v) {
+			secret_path = v;
 		} else if (ctl_flag_value(argc, argv, &i, "socket", &v) && v && *v) {
 			socket = v;
 			agent = true;

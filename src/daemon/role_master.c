@@ -7,19 +7,69 @@
  * process's own meta.
  */
 #include <stdlib.h>
+#include <sys/socket.h>
 
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "daemon/daemon_int.h"
 #include "master/master.h"
+#include "rpc/rpc.h"
 
 #define LOG_SUBSYS LOGS_MASTER
 
 extern const struct role_ops role_master_ops;
 
+/* Callers of the master's API prove the cluster secret when one is
+ * configured (--cluster-secret-file: the agents' own). A master that
+ * listens on an address other than loopback without one refuses to start
+ * unless --insecure-transfer says its API may be open to all. */
+static int master_auth(struct role_rt *rt, const struct cfg *cfg)
+{
+	struct sockaddr_storage ss;
+	const char *listen = cfg_str(cfg, CFG_MASTER_LISTEN);
+	bool public_listen = mc_parse_hostport(listen, &ss) != 0 ||
+			     !mc_addr_is_loopback((const struct sockaddr *)&ss);
+	if (!*cfg_str(cfg, CFG_CLUSTER_SECRET_FILE)) {
+		if (public_listen && !cfg_bool(cfg, CFG_INSECURE_TRANSFER)) {
+			log_error(
+				"the master listens on %s without a cluster secret: anyone who "
+				"reaches it could remove every object or mount segments. Give "
+				"it the agents' --cluster-secret-file (its callers then prove "
+				"it), or --insecure-transfer to leave its API open",
+				listen);
+			return MC_ECONFIG;
+		}
+		if (public_listen)
+			log_warn(
+				"--insecure-transfer: the master's API on %s is open to anyone "
+				"who reaches it",
+				listen);
+		return 0;
+	}
+	struct mc_secret sec;
+	char err[1024];
+	int rc = mc_secret_find(cfg, false, public_listen, &sec, err, sizeof(err));
+	if (rc) {
+		log_error("%s", err);
+		return rc;
+	}
+	rc = rpc_server_require_auth(rt->rpc[0], sec.key, sec.len);
+	if (rc == 0)
+		log_info("master API: callers prove the cluster secret %s", sec.path);
+	else
+		log_error("cannot require the cluster secret: %s", mc_strerror(rc));
+	mc_secret_clear(&sec);
+	return rc;
+}
+
 static int master_start(struct role_rt *rt)
 {
 	const struct cfg *cfg = role_cfg(rt);
+	int rc = master_auth(rt, cfg);
+	if (rc)
+		return rc;
 	char meta[1024];
 	role_meta_endpoints(cfg, meta, sizeof(meta));
 	struct master_opts o = {
@@ -39,7 +89,7 @@ static int master_start(struct role_rt *rt)
 		.eviction_ratio = cfg_ratio(cfg, CFG_EVICTION_RATIO),
 		.mirror_log_bytes = cfg_u64(cfg, CFG_MIRROR_LOG_SIZE),
 	};
-	int rc = master_new(&o, &rt->master);
+	rc = master_new(&o, &rt->master);
 	if (rc)
 		log_error("cannot start the master: %s", mc_strerror(rc));
 	return rc;

@@ -519,6 +519,11 @@ void rpc__call_dispatch(struct rpc_call *call)
 		call_reject(call, "200", RPC_UNIMPLEMENTED, "%s", why);
 		return;
 	}
+	int refused = rpc__auth_admit(call, path, why, sizeof(why));
+	if (refused) {
+		call_reject(call, "200", refused, "%s", why);
+		return;
+	}
 	if (call->bad_timeout) {
 		call_reject(call, "200", RPC_INTERNAL, "malformed grpc-timeout \"%s\"",
 			    rpc_call_header(call, "grpc-timeout"));

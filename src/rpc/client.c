@@ -310,6 +310,16 @@ static void client_connect(struct rpc_client *c)
 		enter_backoff(c);
 		return;
 	}
+	/* Each connection proves the secret with a token of its own. */
+	if (c->auth_key_len &&
+	    (rc = mc_rpc_token(c->auth_key, c->auth_key_len, mc_wall_ms(), cc->token)) != 0) {
+		log_error("%s: cannot make a token of the cluster secret: %s", c->label,
+			  mc_strerror(rc));
+		free(cc);
+		c->last_error = rc;
+		enter_backoff(c);
+		return;
+	}
 	rc = rpc__conn_init(&cc->base, c->loop, &cconn_ops, c->label, c->rbuf);
 	if (rc < 0) {
 		free(cc);
@@ -438,12 +448,22 @@ int rpc_client_new(uv_loop_t *loop, const char *target, const struct rpc_client_
 		c->backoff_max_ms = c->backoff_initial_ms;
 	c->backoff_ms = c->backoff_initial_ms;
 	c->local = opts && opts->local_calls;
+	if (opts && opts->auth_key_len) {
+		c->auth_key = malloc(opts->auth_key_len);
+		if (!c->auth_key) {
+			free(c);
+			return -ENOMEM;
+		}
+		memcpy(c->auth_key, opts->auth_key, opts->auth_key_len);
+		c->auth_key_len = opts->auth_key_len;
+	}
 	c->rng = uv_hrtime() ^ (uint64_t)(uintptr_t)c;
 	if (!c->rng)
 		c->rng = 0x9e3779b97f4a7c15ull;
 	c->rbuf = malloc(RPC__READ_BUF_BYTES);
 	if (!c->rbuf || nghttp2_session_callbacks_new(&c->cbs)) {
 		free(c->rbuf);
+		free(c->auth_key);
 		free(c);
 		return -ENOMEM;
 	}
@@ -476,6 +496,9 @@ void rpc__client_check_freed(struct rpc_client *c)
 	rpc__streams_free(&c->ss);
 	nghttp2_session_callbacks_del(c->cbs);
 	free(c->rbuf);
+	if (c->auth_key)
+		memset(c->auth_key, 0, c->auth_key_len);
+	free(c->auth_key);
 	free(c);
 }
 

@@ -54,7 +54,7 @@ void rpc__h2_submit(struct rpc_stream *st, struct cconn *cc)
 	const char *path = rpc__stream_path(st);
 	const char *authority = rpc__client_authority(st->c);
 	char timeout[16];
-	nghttp2_nv nva[9] = {
+	nghttp2_nv nva[10] = {
 		RPC__NV(":method", "POST"),
 		RPC__NV(":scheme", "http"),
 		RPC__NVS(":path", path, strlen(path)),
@@ -71,6 +71,8 @@ void rpc__h2_submit(struct rpc_stream *st, struct cconn *cc)
 		rpc_timeout_format(at > now ? at - now : 0, timeout, sizeof(timeout));
 		nva[n++] = (nghttp2_nv)RPC__NVS("grpc-timeout", timeout, strlen(timeout));
 	}
+	if (cc->token[0])
+		nva[n++] = (nghttp2_nv)RPC__NVS("mooncake-auth", cc->token, strlen(cc->token));
 	nghttp2_data_provider prd = {.source.ptr = &st->outq,
 				     .read_callback = rpc__outq_read_cb};
 	st->outq.deferred = false;

@@ -23,6 +23,7 @@
 #ifndef MC_RPC_CLIENT_INT_H
 #define MC_RPC_CLIENT_INT_H
 
+#include "common/auth.h"
 #include "rpc/rpc_int.h"
 
 #define RPC__CSTATS_BUCKETS 64
@@ -205,6 +206,7 @@ struct cconn {
 	 * (client_h2.c), each a lookup in nghttp2's stream map. */
 	int32_t memo_id;
 	struct rpc_stream *memo_st;
+	char token[MC_RPC_TOKEN_MAX]; /* its proof of the secret; "": none */
 };
 
 struct rpc_client {
@@ -230,6 +232,8 @@ struct rpc_client {
 	unsigned handles_open;
 	uint64_t rng;
 	bool freeing;
+	uint8_t *auth_key; /* opts->auth_key's copy, or NULL */
+	size_t auth_key_len;
 	unsigned goaways, connects;
 	struct rpc__streams ss; /* stream.c's */
 };

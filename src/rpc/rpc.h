@@ -126,6 +126,18 @@ int rpc_server_listen(struct rpc_server *s, const char *hostport) MC_MUST_CHECK;
  * it). Calls that start afterwards see the new limit. */
 void rpc_server_set_max_recv_bytes(struct rpc_server *s, size_t bytes);
 
+/*
+ * Make remote calls prove the cluster secret: a connection's first call
+ * that is not a grpc.health.v1.Health check must carry a fresh token of
+ * key (mc_rpc_token, common/auth.h) in its "mooncake-auth" header, or it
+ * and every later one fails UNAUTHENTICATED until one does; refusals are
+ * counted in mooncake_rpc_server_unauthenticated_total{server}. Calls in
+ * process need no proof. key is copied. Errors: -EINVAL (empty or too
+ * long), -ENOMEM.
+ */
+int rpc_server_require_auth(struct rpc_server *s, const uint8_t *key,
+			    size_t len) MC_MUST_CHECK;
+
 /* Port of the i-th listener (after rpc_server_listen), 0 if none. */
 int rpc_server_port(const struct rpc_server *s, unsigned i);
 
@@ -227,6 +239,11 @@ struct rpc_client_opts {
 	uint64_t backoff_initial_ms;      /* reconnect backoff; 0: 100ms */
 	uint64_t backoff_max_ms;          /* 0: 10s */
 	struct metrics_registry *metrics; /* NULL: metrics_global() */
+	/* The cluster secret, for a server that requires it
+	 * (rpc_server_require_auth): each connection sends a fresh token
+	 * made with it. NULL: none. Copied. */
+	const uint8_t *auth_key;
+	size_t auth_key_len;
 	/* Unary calls to a server of this process listening at the target
 	 * on the same loop go to it directly, without a connection (same
 	 * status, deadlines, limits and metrics; the handler sees peer

@@ -45,6 +45,7 @@ struct sconn {
 	bool handshake_done;
 	bool told_big_headers; /* logged once a connection */
 	bool costed;           /* SCONN_COST counts in the server's bound */
+	bool proven;           /* a call proved the cluster secret (auth.c) */
 	size_t held;           /* what its calls hold of the server's bound (call.c) */
 	int drain_stage;       /* 0: serving, 1: notice + PING sent, 2: GOAWAY sent */
 	/* The last stream looked up and its call (NULL: none): nghttp2's
@@ -200,12 +201,18 @@ static const struct rpc__outq_ops call_outq_ops = {
 	.on_drain = on_outq_drain,
 };
 
+static bool *h2_proven(struct rpc_call *call)
+{
+	return call->h2.sc ? &call->h2.sc->proven : NULL;
+}
+
 static const struct rpc__call_tp h2_tp = {
 	.outq_ops = &call_outq_ops,
 	.can_send = h2_can_send,
 	.on_send = h2_on_send,
 	.on_done = h2_on_done,
 	.on_reject = submit_trailers_only,
+	.proven = h2_proven,
 };
 
 /* ---------------------------------------------------------------- streams */

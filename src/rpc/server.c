@@ -382,6 +382,7 @@ void rpc_server_free(struct rpc_server *s)
 	free(s->listeners);
 	rpc__calls_free(&s->calls);
 	rpc__sconns_free(&s->conns);
+	rpc__auth_free(s);
 	free(s->name);
 	free(s);
 }

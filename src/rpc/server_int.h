@@ -32,6 +32,7 @@
 struct sconn;
 struct listener;
 struct svc;
+struct rpc__auth;
 
 /* ---------------------------------------------------------------- call.c */
 
@@ -73,6 +74,10 @@ struct rpc__call_tp {
 	/* The call was refused at dispatch, before any handler saw it:
 	 * answer at once with this HTTP status. NULL: never dispatched so. */
 	void (*on_reject)(struct rpc_call *call, const char *http_status);
+	/* Where the call's connection records that it proved the cluster
+	 * secret (auth.c); NULL: it has none left. A transport without it
+	 * (in process) needs no proof. */
+	bool *(*proven)(struct rpc_call *call);
 };
 
 /* ... the HTTP/2 transport's part of a call (sconn.c). */
@@ -266,6 +271,7 @@ struct rpc_server {
 	struct rpc__calls calls;  /* call.c's */
 	struct rpc__sconns conns; /* sconn.c's */
 	struct rpc__inproc ip;    /* inproc.c's */
+	struct rpc__auth *auth;   /* auth.c's; NULL: calls need no proof */
 };
 
 const char *rpc__server_name(const struct rpc_server *s);
@@ -281,6 +287,13 @@ void rpc__server_check_done(struct rpc_server *s);
 int rpc__server_find_method(const struct rpc_server *s, const char *path,
 			    const struct rpc_method **m, void **svc_data,
 			    struct rpc__mstats **stats, char *why, size_t wlen) MC_MUST_CHECK;
+/* ---------------------------------------------------------------- auth.c */
+
+/* 0: call may go on (no proof needed, or its connection's is made now or
+ * was before); else the status to refuse it with, and why. */
+int rpc__auth_admit(struct rpc_call *call, const char *path, char *why, size_t wlen);
+void rpc__auth_free(struct rpc_server *s);
+
 /* Whether a listener of s accepts connections made to `to`: the exact
  * address and port, or a wildcard listener and a loopback target. */
 bool rpc__server_listens_at(const struct rpc_server *s, const struct sockaddr *to);

@@ -364,3 +364,59 @@ class Meta:
 
     def kill(self):
         self.d.kill()
+
+
+# ------------------------------------------------------------ the master's API
+
+def rpc_token(secret_file=None, ts_ms_offset=0):
+    """A token of the cluster secret (src/common/auth.h, written here from
+    its comment): what a caller of a master started with a secret sends
+    in its "mooncake-auth" header."""
+    import hashlib
+    import hmac
+    import time
+    path = secret_file or os.environ["MOONCAKE_CLUSTER_SECRET_FILE"]
+    with open(path, "rb") as f:
+        key = f.read().rstrip(b"\r\n \t")
+    ts = str(int(time.time() * 1000) + ts_ms_offset).encode()
+    nonce = os.urandom(16)
+    mac = hmac.new(key, b"mooncake-rpc-v1\0" + ts + b"\0" + nonce, hashlib.sha256).hexdigest()
+    return "v1.%s.%s.%s" % (ts.decode(), nonce.hex(), mac)
+
+
+def master_channel(addr, options=None, token=None):
+    """A grpc channel to a master whose calls carry a token of the tests'
+    cluster secret (or the one given)."""
+    import grpc
+
+    meta = (("mooncake-auth", token or rpc_token()),)
+
+    class Auth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+               grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+        def _add(self, d):
+            return d._replace(metadata=tuple(d.metadata or ()) + meta) \
+                if hasattr(d, "_replace") else _Details(d, meta)
+
+        def intercept_unary_unary(self, cont, d, req):
+            return cont(self._add(d), req)
+
+        def intercept_unary_stream(self, cont, d, req):
+            return cont(self._add(d), req)
+
+        def intercept_stream_unary(self, cont, d, it):
+            return cont(self._add(d), it)
+
+        def intercept_stream_stream(self, cont, d, it):
+            return cont(self._add(d), it)
+
+    return grpc.intercept_channel(grpc.insecure_channel(addr, options=options or []), Auth())
+
+
+class _Details:
+    """grpc.ClientCallDetails with metadata added."""
+
+    def __init__(self, d, meta):
+        self.method, self.timeout, self.credentials = d.method, d.timeout, d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
+        self.metadata = tuple(d.metadata or ()) + meta

@@ -12,6 +12,8 @@ in its data directory):
   mooncake_te_auth_refused_total;
 - GetDescriptor refuses a call without a proof, with a wrong or a replayed
   one;
+- a master with the secret refuses calls without a token of it, with
+  another secret's, a stale or a replayed one;
 - a second local user (made here with useradd; skipped when not root)
   reads neither the secret nor the segment: every way in is refused and
   a stored object keeps its bytes.
@@ -29,6 +31,7 @@ import mctest
 from mctest import case, Daemon, eq, run, wait_for
 
 import grpc  # noqa: E402  (after mctest put build/py on sys.path)
+import health_pb2  # noqa: E402
 from teauth import (CHALLENGE, EACCES, HS_BYTES, RESULT, WIRE_MAGIC,  # noqa: E402
                     WIRE_RESP, challenge, desc_mac, get_descriptor, hs_parse, read_header,
                     refused, shm_peer, tcp_peer)
@@ -304,6 +307,79 @@ code = refused(lambda: get_descriptor(cfg["rpc"]))
 out["descriptor"] = code[0].name if code else "given"
 print(json.dumps(out))
 '''
+
+
+@case
+def the_masters_api_wants_the_secret():
+    """A master started with --cluster-secret-file (here the tests' shared
+    one) serves only connections that prove it: a call without a token,
+    with another secret's, a stale or a replayed one is refused
+    UNAUTHENTICATED and counted; a health check needs none; an agent and
+    mooncakectl with the secret are served, mooncakectl without it is told
+    why. A master on a non-loopback address without a secret does not
+    start."""
+    import master_pb2 as M
+    m = Daemon("master", args=["--meta-endpoints="])
+    addr = m.addr("master-listen")
+
+    def stats(ch):
+        f = ch.unary_unary("/mooncake.master.Master/Stats",
+                           request_serializer=M.StatsRequest.SerializeToString,
+                           response_deserializer=M.StatsResponse.FromString)
+        return f(M.StatsRequest(), timeout=10)
+
+    def refused(ch, why):
+        try:
+            stats(ch)
+        except grpc.RpcError as e:
+            eq(e.code(), grpc.StatusCode.UNAUTHENTICATED, why)
+            assert "cluster secret" in e.details(), e.details()
+            return
+        raise AssertionError("served: " + why)
+
+    with grpc.insecure_channel(addr) as ch:
+        refused(ch, "no token")
+        refused(ch, "still none on the same connection")
+    with tempfile.TemporaryDirectory() as tmp:
+        other = os.path.join(tmp, "other")
+        run([mctest.MOONCAKECTL, "secret", "create", other])
+        with mctest.master_channel(addr, token=mctest.rpc_token(other)) as ch:
+            refused(ch, "another secret's token")
+    with mctest.master_channel(addr, token=mctest.rpc_token(ts_ms_offset=-600000)) as ch:
+        refused(ch, "a token ten minutes old")
+    tok = mctest.rpc_token()
+    with mctest.master_channel(addr, token=tok) as ch:
+        eq(stats(ch).view, 1, "a fresh token: served")
+        eq(stats(ch).view, 1, "and the connection's later calls")
+    with mctest.master_channel(addr, token=tok) as ch:
+        refused(ch, "the same token on another connection (replayed)")
+    with grpc.insecure_channel(addr) as ch:
+        check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                               request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                               response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        eq(check(health_pb2.HealthCheckRequest(), timeout=5).status,
+           health_pb2.HealthCheckResponse.SERVING, "a health check needs no token")
+    with urllib.request.urlopen("http://%s/metrics" % m.addr("master-http"), timeout=5) as r:
+        text = r.read().decode()
+    line = [x for x in text.splitlines()
+            if x.startswith('mooncake_rpc_server_unauthenticated_total{server="master"} ')]
+    eq(len(line) == 1 and int(float(line[0].split()[-1])) >= 5, True, "counted: %s" % line)
+    assert "no mooncake-auth token" in m.output(), m.output()[-2000:]
+    a = Daemon("agent", args=["--meta-endpoints=", "--master-address=" + addr])
+    wait_for(lambda: "mounted with master" in a.output(), what="an agent with the secret mounts")
+    r = run([mctest.MOONCAKECTL, "stats", "--master=" + addr])
+    assert "agents 1" in r.stdout, r.stdout
+    r = run([mctest.MOONCAKECTL, "stats", "--master=" + addr], check=False,
+            env=mctest.child_env(NO_SHARED))
+    eq(r.returncode != 0 and "UNAUTHENTICATED" in r.stderr and "--cluster-secret-file" in r.stderr,
+       True, "mooncakectl without the secret: " + r.stderr)
+    eq(a.stop(), 0, "agent exit")
+    eq(m.stop(), 0, "master exit")
+    d = Daemon("master", args=["--meta-endpoints=", "--master-listen=0.0.0.0:%d" % mctest.free_port()],
+               env=NO_SHARED, wait=False)
+    eq(d.proc.wait(30), 1, "a public master without a secret: exit status")
+    assert "without a cluster secret" in d.output() and "--insecure-transfer" in d.output(), \
+        d.output()
 
 
 @case

@@ -2,7 +2,8 @@
  * test_auth: SHA-256 (FIPS 180-4 examples), HMAC-SHA256 (RFC 4231 test
  * cases), the constant-time compare, random bytes, cluster secret files
  * (trailing newline, empty, too large, loose permissions; created once and
- * never replaced) and where the transfer engine's secret is found.
+ * never replaced), where the transfer engine's secret is found and the
+ * tokens callers of the master prove it with.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -252,4 +253,58 @@ Test(secret, find)
 	snprintf(p, sizeof(p), "%s/cluster.secret", dir);
 	unlink(p);
 	rmdir(dir);
+}
+
+Test(rpc_token, made_and_checked)
+{
+	const uint8_t key[] = "the cluster secret", other[] = "another secret";
+	char tok[MC_RPC_TOKEN_MAX], tok2[MC_RPC_TOKEN_MAX];
+	uint8_t nonce[MC_RPC_NONCE_BYTES], nonce2[MC_RPC_NONCE_BYTES];
+	uint64_t now = 1796600000000ull;
+	cr_assert_eq(mc_rpc_token(key, sizeof(key), now, tok), 0);
+	cr_assert_eq(strncmp(tok, "v1.1796600000000.", 17), 0, "%s", tok);
+	cr_assert_eq(strlen(tok), 17 + 32 + 1 + 64);
+	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), tok, now, nonce), 0);
+	cr_assert_eq(
+		mc_rpc_token_check(key, sizeof(key), tok, now + MC_RPC_TOKEN_WINDOW_MS, nonce),
+		0, "at the window's end");
+	cr_assert_eq(
+		mc_rpc_token_check(key, sizeof(key), tok, now - MC_RPC_TOKEN_WINDOW_MS, nonce),
+		0, "a clock behind by the window");
+	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), tok,
+					now + MC_RPC_TOKEN_WINDOW_MS + 1, nonce),
+		     -ETIME);
+	cr_assert_eq(mc_rpc_token_check(other, sizeof(other), tok, now, nonce), -EACCES);
+	/* Each token has a nonce of its own. */
+	cr_assert_eq(mc_rpc_token(key, sizeof(key), now, tok2), 0);
+	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), tok2, now, nonce2), 0);
+	cr_assert_neq(memcmp(nonce, nonce2, sizeof(nonce)), 0);
+	/* Any changed character fails: the time, the nonce, the mac. */
+	for (size_t i = 3; i < strlen(tok); i++) {
+		if (tok[i] == '.')
+			continue;
+		char bad[MC_RPC_TOKEN_MAX];
+		strcpy(bad, tok);
+		bad[i] = bad[i] == '1' ? '2' : '1';
+		int rc = mc_rpc_token_check(key, sizeof(key), bad, now, nonce);
+		cr_assert(rc == -EACCES || rc == -EINVAL, "position %zu: %d", i, rc);
+	}
+	/* Not tokens. */
+	const char *junk[] = {"",
+			      "v1.",
+			      "v2.1.aa.bb",
+			      "v1.12x.00.00",
+			      "v1..a.b",
+			      tok + 1,
+			      "v1.1.0123456789abcdef0123456789abcdef.00"};
+	for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++)
+		cr_assert_eq(mc_rpc_token_check(key, sizeof(key), junk[i], now, nonce),
+			     -EINVAL, "%s", junk[i]);
+	char upper[MC_RPC_TOKEN_MAX];
+	strcpy(upper, tok);
+	for (char *p = upper + 17; *p; p++)
+		if (*p >= 'a' && *p <= 'f')
+			*p = (char)(*p - 'a' + 'A');
+	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), upper, now, nonce), -EINVAL,
+		     "lowercase hex only");
 }
