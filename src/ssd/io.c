@@ -8,7 +8,9 @@
  *   operations in flight, which the owner's thread drives itself: it
  *   submits from ssd__io_submit, and the ring's completions make the
  *   owner's eventfd readable (registered with the ring), so a read costs
- *   no hand-off between threads on either side; or depth threads each
+ *   no hand-off between threads on either side; it hands each completion
+ *   back (its answer goes out) before it checks the next one's sum, and
+ *   starts queued operations first; or depth threads each
  *   doing blocking pread/pwrite. A read that asks for it has its CRC-32C
  *   checked before it is handed back (a long one on a thread of its own,
  *   so that the owner's thread goes back to its loop); a write that asks
@@ -209,18 +211,19 @@ static void verify_push(struct ssd__io *io, struct ssd__op *op)
 
 /* A ring operation is over, on the owner's thread (unless a write's sum
  * still runs on the checking thread, which hands it back then): a long
- * read to check goes to the checking thread, the rest into done. */
-static void ring_finish(struct ssd__io *io, struct ssd__op *op, struct opq *done)
+ * read to check goes to the checking thread; true: op is done here, its
+ * sum checked. */
+static bool ring_finish(struct ssd__io *io, struct ssd__op *op)
 {
 	if (!part_done(op))
-		return;
+		return false;
 	if (op->result == 0 && op->kind == SSD__OP_READ && op->verify &&
 	    op->crc_len > IO_INLINE_SUM_BYTES) {
 		verify_push(io, op);
-		return;
+		return false;
 	}
 	check_read(op);
-	opq_push(done, op);
+	return true;
 }
 
 /* Hand what is prepared to the kernel. An error leaves the entries in the
@@ -293,19 +296,21 @@ static void ring_fill(struct ssd__io *io)
 		sum_write(sums);
 }
 
-/* Take the ring's completions: finished operations into done, short ones
- * resumed. */
-static void ring_reap(struct ssd__io *io, struct opq *done)
+/* The next operation the ring finished, or NULL when none is left (then
+ * queued operations start). Short transfers are resumed; queued ones
+ * start as soon as one leaves the ring, before its sum is checked. One
+ * at a time, so that each is handed back (its answer sent) before the
+ * next one's sum: the disk and the clients need not wait for them all. */
+static struct ssd__op *ring_next(struct ssd__io *io)
 {
 	struct io_uring_cqe *cqe;
-	bool again = false;
 	while (io_uring_peek_cqe(&io->ring, &cqe) == 0) {
 		struct ssd__op *op = io_uring_cqe_get_data(cqe);
 		int res = cqe->res;
 		io_uring_cqe_seen(&io->ring, cqe);
 		if (res == -EINTR || res == -EAGAIN) {
 			ring_prep(io, op);
-			again = true;
+			ring_submit(io);
 			continue;
 		}
 		if (res < 0) {
@@ -316,16 +321,17 @@ static void ring_reap(struct ssd__io *io, struct opq *done)
 			op->moved += (uint64_t)res;
 			if (op->moved < op->len) {
 				ring_prep(io, op);
-				again = true;
+				ring_submit(io);
 				continue;
 			}
 		}
 		io->inflight--;
-		ring_finish(io, op, done);
+		ring_fill(io);
+		if (ring_finish(io, op))
+			return op;
 	}
-	if (again)
-		ring_submit(io);
 	ring_fill(io);
+	return NULL;
 }
 
 /* ------------------------------------------------------------ threads */
@@ -560,21 +566,16 @@ unsigned ssd__io_reap(struct ssd__io *io)
 	 * after the take makes it readable again. */
 	ssize_t r = read(io->done_fd, &v, sizeof(v));
 	(void)r;
-	struct opq done = {0};
-	if (io->kind == SSD_IO_URING)
-		ring_reap(io, &done);
-	pthread_mutex_lock(&io->dmu);
-	if (io->done.head) {
-		if (done.tail)
-			done.tail->next = io->done.head;
-		else
-			done.head = io->done.head;
-		done.tail = io->done.tail;
+	unsigned n = 0;
+	for (struct ssd__op *op; io->kind == SSD_IO_URING && (op = ring_next(io)) != NULL;) {
+		io->pending--;
+		n++;
+		op->done(op);
 	}
+	pthread_mutex_lock(&io->dmu);
+	struct ssd__op *op = io->done.head;
 	io->done.head = io->done.tail = NULL;
 	pthread_mutex_unlock(&io->dmu);
-	struct ssd__op *op = done.head;
-	unsigned n = 0;
 	while (op) {
 		struct ssd__op *next = op->next;
 		io->pending--;
