@@ -384,8 +384,11 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->drain_timer.data = a;
 	agent__mirror_init(a);
 	agent__demote_init(a, o->ssd_flush_on_stop);
-	agent__peer_init(a, o->cluster_secret, o->cluster_secret_len);
-	agent__mcall_set_secret(a, o->cluster_secret, o->cluster_secret_len);
+	if (o->cluster_secret && o->cluster_secret_len <= sizeof(a->secret)) {
+		memcpy(a->secret, o->cluster_secret, o->cluster_secret_len);
+		a->secret_len = o->cluster_secret_len;
+	}
+	agent__peer_init(a);
 	agent__mlink_init(a);
 	uv_timer_start(&a->start_timer, on_start_timer, 0, 0);
 	agent__gets_start(a);
@@ -526,7 +529,7 @@ void agent_free(struct agent *a)
 	agent__tier_free(a);
 	agent__demote_free(a);
 	agent__peer_free(a);
-	agent__mcall_set_secret(a, NULL, 0);
+	memset(a->secret, 0, sizeof(a->secret));
 	agent__mlink_free(a);
 	agent__space_free(a);
 	agent__inv_free(&a->inv);

@@ -47,8 +47,8 @@
  * on_lost). test_agent_rooms.py checks this
  * list against the objects and the embedded structs against their use.
  *
- *   agent.c     -> batch demote inst inv lcache mcall mem mirror mlink op_get
- *                  ops peer pool server space stats tier
+ *   agent.c     -> batch demote inst inv lcache mem mirror mlink op_get ops
+ *                  peer pool server space stats tier
  *   ops.c       -> batch inv lcache mcall mem mirror mlink op_buf
  *                  op_common op_get op_put req server stats tier
  *   op_put.c    -> batch demote inv lcache mcall mlink op_common pool req
@@ -103,6 +103,7 @@
 #include "agent/space.h"
 #include "agent/stats.h"
 #include "agent/tier.h"
+#include "common/auth.h"
 #include "common/ltab.h"
 
 struct agent {
@@ -117,6 +118,11 @@ struct agent {
 	uint64_t staging_bytes;
 	int numa_node;
 	enum agent_hugepages hugepages;
+	/* The cluster secret (len 0: none): what other agents' reads of the
+	 * SSD tier prove (peer.c) and what calls to the master prove
+	 * (mcall.c). */
+	uint8_t secret[MC_SECRET_MAX_BYTES];
+	size_t secret_len;
 	struct agent_map *seg;        /* the DRAM segment */
 	struct te_region *seg_region; /* it, registered with the engine */
 	int seg_ro_fd;                /* read-only descriptor of it */

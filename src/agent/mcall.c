@@ -275,8 +275,8 @@ bool agent__mcall_set_master(struct agent *a, const char *addr)
 		 * is called directly. */
 		.local_calls = true,
 		/* A master with the cluster secret requires the proof. */
-		.auth_key = a->mcalls.key,
-		.auth_key_len = a->mcalls.klen,
+		.auth_key = a->secret,
+		.auth_key_len = a->secret_len,
 	};
 	int rc = rpc_client_new(a->loop, addr, &o, &m->client);
 	if (rc) {
@@ -285,15 +285,6 @@ bool agent__mcall_set_master(struct agent *a, const char *addr)
 		m->addr[0] = '\0';
 	}
 	return true;
-}
-
-void agent__mcall_set_secret(struct agent *a, const uint8_t *key, size_t len)
-{
-	struct agent_mcalls *m = &a->mcalls;
-	memset(m->key, 0, sizeof(m->key));
-	m->klen = key && len <= sizeof(m->key) ? len : 0;
-	if (m->klen)
-		memcpy(m->key, key, m->klen);
 }
 
 const char *agent__mcall_master(const struct agent *a)

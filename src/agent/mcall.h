@@ -12,8 +12,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/auth.h"
-
 struct agent;
 struct agent_mcall;
 struct rpc_client;
@@ -30,15 +28,7 @@ struct agent_mcalls {
 	/* A standby named another leader: the owner of the choice (mlink.c)
 	 * decides whether to use it. */
 	void (*on_leader)(struct agent *a, const char *addr, uint64_t view);
-	/* The cluster secret, which a master given one requires its callers
-	 * to prove (len 0: none). */
-	uint8_t key[MC_SECRET_MAX_BYTES];
-	size_t klen;
 };
-
-/* The secret the calls prove from now on (copied; len 0: none, and the
- * key before is wiped). */
-void agent__mcall_set_secret(struct agent *a, const uint8_t *key, size_t len);
 
 void agent__mcalls_init(struct agent *a, uint64_t timeout_ms,
 			void (*on_leader)(struct agent *a, const char *addr, uint64_t view));

@@ -97,14 +97,13 @@ static void mac_of(const struct agent *a, const char *label, const char *reader,
 	static const uint8_t zero = 0;
 	const void *parts[] = {label, &zero, reader, &zero, payload};
 	size_t lens[] = {strlen(label), 1, strlen(reader), 1, plen};
-	mc_hmac_sha256(a->peer.secret, a->peer.secret_len, parts, lens, MC_ARRAY_LEN(parts),
-		       out);
+	mc_hmac_sha256(a->secret, a->secret_len, parts, lens, MC_ARRAY_LEN(parts), out);
 }
 
 static bool mac_ok(const struct agent *a, const char *label, const char *reader,
 		   const void *payload, size_t plen, ProtobufCBinaryData mac)
 {
-	if (!a->peer.secret_len)
+	if (!a->secret_len)
 		return true;
 	uint8_t want[MC_SHA256_BYTES];
 	mac_of(a, label, reader ? reader : "", payload, plen, want);
@@ -367,13 +366,9 @@ static const struct rpc_method methods[] = {
 	UNARY("Release", on_release, tier_release_request, tier_release_reply),
 };
 
-void agent__peer_init(struct agent *a, const uint8_t *secret, size_t len)
+void agent__peer_init(struct agent *a)
 {
 	struct agent_peer *p = &a->peer;
-	if (secret && len && len <= sizeof(p->secret)) {
-		memcpy(p->secret, secret, len);
-		p->secret_len = len;
-	}
 	uv_timer_init(a->loop, &p->timer);
 	p->timer.data = a;
 }
@@ -583,7 +578,7 @@ void agent__peer_read(struct agent *a, const char *owner, const uint8_t *key, si
 	c->req.read.key.data = c->key;
 	c->req.read.key.len = klen;
 	c->req.read.reader = a->name;
-	if (a->peer.secret_len) {
+	if (a->secret_len) {
 		mac_of(a, READ_LABEL, a->name, key, klen, c->mac);
 		c->req.read.mac.data = c->mac;
 		c->req.read.mac.len = sizeof(c->mac);
@@ -602,7 +597,7 @@ void agent__peer_release(struct agent *a, const char *owner, uint64_t hold)
 	c->req.rel.holds = &c->hold;
 	c->req.rel.n_holds = 1;
 	c->req.rel.reader = a->name;
-	if (a->peer.secret_len) {
+	if (a->secret_len) {
 		holds_bytes(&c->hold, 1, c->key);
 		mac_of(a, RELEASE_LABEL, a->name, c->key, 8, c->mac);
 		c->req.rel.mac.data = c->mac;
@@ -650,6 +645,4 @@ void agent__peer_free(struct agent *a)
 	/* (the engine, freed before the agent, let the region go) */
 	agent__map_unref(p->bounce);
 	p->bounce = NULL;
-	memset(p->secret, 0, sizeof(p->secret));
-	p->secret_len = 0;
 }

@@ -15,7 +15,6 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "common/auth.h"
 #include "common/err.h"
 #include "common/extalloc.h"
 
@@ -41,15 +40,13 @@ struct agent_peer {
 	uint64_t next_hold;
 	uv_timer_t timer; /* expires holds */
 	bool timer_on;
-	uint8_t secret[MC_SECRET_MAX_BYTES];
-	size_t secret_len;
 	/* The calling side: one RPC client per owner agent. */
 	struct peer_client *clients;
 	unsigned reads; /* reads of this agent's tier in flight */
 };
 
-/* Keep the secret readers prove (len 0: none asked for). */
-void agent__peer_init(struct agent *a, const uint8_t *secret, size_t len);
+/* Readers prove the agent's secret (a->secret; len 0: none asked for). */
+void agent__peer_init(struct agent *a);
 /*
  * With an SSD tier: make the bounce region (bytes), register it with the
  * transfer engine (on a copy thread: RDMA pins it) and serve the Tier
