@@ -71,15 +71,17 @@
 	  "(HMAC challenge) on every tcp, shm and rdma connection and " \
 	  "descriptor fetch; the same file on every host (mooncakectl secret " \
 	  "create F makes one); a master given it requires a token of it of " \
-	  "every caller of its API; empty: <data-dir>/cluster.secret, " \
+	  "every caller of its API, a meta member of every caller of its " \
+	  "peer port (the other members); empty: <data-dir>/cluster.secret, " \
 	  "created (random, 0600) at the agent's first start, allowed only " \
-	  "while the agent listens on loopback addresses (a master without it " \
-	  "then only on loopback, its API open to local callers)") \
+	  "while the agent listens on loopback addresses (a master or a meta " \
+	  "peer port without it then only on loopback, open to local " \
+	  "callers)") \
 	X(INSECURE_TRANSFER, "insecure-transfer", COMMON, BOOL, "false", 0, 0, NULL, \
 	  "run the transfer engine without authentication: anyone who " \
 	  "reaches its data or RPC port reads and writes its registered " \
-	  "memory, and a master listen beyond loopback with its API open to " \
-	  "anyone; logged as a warning at every start; not with " \
+	  "memory, and a master or a meta peer port listen beyond loopback " \
+	  "open to anyone; logged as a warning at every start; not with " \
 	  "--cluster-secret-file") \
 	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0, NULL, \
 	  "meta: etcd v3 gRPC API (host:port, numeric)") \

@@ -27,6 +27,8 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "common/auth.h"
+#include "common/cfg.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -811,4 +813,44 @@ const struct cfg *role_cfg(const struct role_rt *rt)
 void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len)
 {
 	cfg_meta_endpoints(cfg, out, len);
+}
+
+int role_require_secret(const struct cfg *cfg, struct rpc_server *srv, const char *what,
+			const char *listen, const char *harm, struct mc_secret *out)
+{
+	struct sockaddr_storage ss;
+	bool public_listen = mc_parse_hostport(listen, &ss) != 0 ||
+			     !mc_addr_is_loopback((const struct sockaddr *)&ss);
+	out->len = 0;
+	if (!*cfg_str(cfg, CFG_CLUSTER_SECRET_FILE)) {
+		if (public_listen && !cfg_bool(cfg, CFG_INSECURE_TRANSFER)) {
+			log_error(
+				"the %s listens on %s without a cluster secret: anyone who "
+				"reaches it could %s. Give it the agents' --cluster-secret-file "
+				"(its callers then prove it), or --insecure-transfer to leave "
+				"it open",
+				what, listen, harm);
+			return MC_ECONFIG;
+		}
+		if (public_listen)
+			log_warn("--insecure-transfer: the %s on %s is open to anyone who "
+				 "reaches it",
+				 what, listen);
+		return 0;
+	}
+	char err[1024];
+	int rc = mc_secret_find(cfg, false, public_listen, out, err, sizeof(err));
+	if (rc) {
+		log_error("%s", err);
+		return rc;
+	}
+	rc = rpc_server_require_auth(srv, out->key, out->len);
+	if (rc) {
+		log_error("%s: cannot require the cluster secret: %s", what, mc_strerror(rc));
+		mc_secret_clear(out);
+		out->len = 0;
+		return rc;
+	}
+	log_info("%s: callers prove the cluster secret %s", what, out->path);
+	return 0;
 }

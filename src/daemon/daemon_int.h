@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "common/cfg.h"
+#include "common/err.h"
 
 #define MAX_RPC 2
 
@@ -90,6 +91,21 @@ const struct cfg *role_cfg(const struct role_rt *rt);
  * --meta-endpoints left at its default uses its own meta (its
  * --listen-client, 0.0.0.0 read as 127.0.0.1). Written into out. */
 void role_meta_endpoints(const struct cfg *cfg, char *out, size_t len);
+
+/*
+ * Make the callers of srv (the `what` of a role, listening on listen)
+ * prove the cluster secret when one is configured (--cluster-secret-file,
+ * the agents' own): rpc_server_require_auth, the secret read into *out,
+ * which the caller clears (mc_secret_clear). Without one out->len is 0,
+ * and a server that listens on an address other than loopback is refused
+ * (MC_ECONFIG, logged with `harm`: what anyone who reached it could do)
+ * unless --insecure-transfer leaves it open (a warning). Other errors:
+ * mc_secret_find's and rpc_server_require_auth's, logged.
+ */
+struct mc_secret;
+int role_require_secret(const struct cfg *cfg, struct rpc_server *srv, const char *what,
+			const char *listen, const char *harm,
+			struct mc_secret *out) MC_MUST_CHECK;
 
 /* The answers to ops->drain and ops->stop (see struct role_ops). */
 void role_drained(struct role_rt *rt);

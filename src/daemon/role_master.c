@@ -7,7 +7,6 @@
  * process's own meta.
  */
 #include <stdlib.h>
-#include <sys/socket.h>
 
 #include "common/auth.h"
 #include "common/cfg.h"
@@ -22,44 +21,13 @@
 extern const struct role_ops role_master_ops;
 
 /* Callers of the master's API prove the cluster secret when one is
- * configured (--cluster-secret-file: the agents' own). A master that
- * listens on an address other than loopback without one refuses to start
- * unless --insecure-transfer says its API may be open to all. */
+ * configured (role_require_secret). */
 static int master_auth(struct role_rt *rt, const struct cfg *cfg)
 {
-	struct sockaddr_storage ss;
-	const char *listen = cfg_str(cfg, CFG_MASTER_LISTEN);
-	bool public_listen = mc_parse_hostport(listen, &ss) != 0 ||
-			     !mc_addr_is_loopback((const struct sockaddr *)&ss);
-	if (!*cfg_str(cfg, CFG_CLUSTER_SECRET_FILE)) {
-		if (public_listen && !cfg_bool(cfg, CFG_INSECURE_TRANSFER)) {
-			log_error(
-				"the master listens on %s without a cluster secret: anyone who "
-				"reaches it could remove every object or mount segments. Give "
-				"it the agents' --cluster-secret-file (its callers then prove "
-				"it), or --insecure-transfer to leave its API open",
-				listen);
-			return MC_ECONFIG;
-		}
-		if (public_listen)
-			log_warn(
-				"--insecure-transfer: the master's API on %s is open to anyone "
-				"who reaches it",
-				listen);
-		return 0;
-	}
 	struct mc_secret sec;
-	char err[1024];
-	int rc = mc_secret_find(cfg, false, public_listen, &sec, err, sizeof(err));
-	if (rc) {
-		log_error("%s", err);
-		return rc;
-	}
-	rc = rpc_server_require_auth(rt->rpc[0], sec.key, sec.len);
-	if (rc == 0)
-		log_info("master API: callers prove the cluster secret %s", sec.path);
-	else
-		log_error("cannot require the cluster secret: %s", mc_strerror(rc));
+	int rc = role_require_secret(cfg, rt->rpc[0], "master's API",
+				     cfg_str(cfg, CFG_MASTER_LISTEN),
+				     "remove every object or mount segments", &sec);
 	mc_secret_clear(&sec);
 	return rc;
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/auth.h"
 #include "common/cfg.h"
 #include "daemon/daemon_int.h"
 #include "meta/meta.h"
@@ -20,6 +21,19 @@ static void on_fatal(void *ud)
 static int meta_start(struct role_rt *rt)
 {
 	const struct cfg *c = role_cfg(rt);
+	/* The members prove the cluster secret to each other's peer ports
+	 * when one is configured: whoever else reached one could append to
+	 * the replicated log. (Not the etcd API: its clients know no token.) */
+	struct mc_secret sec;
+	int rc = role_require_secret(
+		c, rt->rpc[1], "meta member's peer port", cfg_str(c, CFG_LISTEN_PEER),
+		"rewrite the replicated store (the master's election, the "
+		"segment descriptors)",
+		&sec);
+	if (rc) {
+		mc_secret_clear(&sec);
+		return rc;
+	}
 	struct meta_options o = {
 		.data_dir = cfg_str(c, CFG_DATA_DIR),
 		.name = cfg_str(c, CFG_NAME),
@@ -39,6 +53,8 @@ static int meta_start(struct role_rt *rt)
 		.auto_compaction_retention = cfg_str(c, CFG_AUTO_COMPACTION_RETENTION),
 		.progress_notify_ms = cfg_u64(c, CFG_WATCH_PROGRESS_NOTIFY_INTERVAL),
 		.max_message_bytes = cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE),
+		.peer_key = sec.len ? sec.key : NULL,
+		.peer_key_len = sec.len,
 		.client_srv = rt->rpc[0],
 		.peer_srv = rt->rpc[1],
 		.client_health = rt->health[0],
@@ -48,7 +64,8 @@ static int meta_start(struct role_rt *rt)
 		.ud = rt,
 	};
 	struct meta_node *n;
-	int rc = meta_node_new(role_loop(rt), &o, &n);
+	rc = meta_node_new(role_loop(rt), &o, &n);
+	mc_secret_clear(&sec);
 	if (rc)
 		return rc;
 	rt->meta = n;

@@ -65,6 +65,13 @@ struct meta_options {
 	const char *auto_compaction_retention;
 	uint64_t progress_notify_ms; /* watch progress notifications */
 	uint64_t max_message_bytes;  /* the RPC servers' limit */
+	/* The cluster secret this member proves to the other members' peer
+	 * ports (a token per connection, rpc_client_opts.auth_key), whose
+	 * peer_srv the caller made require it (rpc_server_require_auth);
+	 * copied by meta_node_new. NULL/0: none (the members' peer ports
+	 * are open). */
+	const uint8_t *peer_key;
+	size_t peer_key_len;
 	/* The role's servers (borrowed): services are registered on them
 	 * and their health set SERVING once they work. */
 	struct rpc_server *client_srv, *peer_srv;

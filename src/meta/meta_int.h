@@ -212,6 +212,7 @@ struct meta_node {
 	char *name, *initial_cluster, *listen_peer, *listen_client;
 	char *dir, *wal_dir, *snap_dir, *member_path;
 	char *self_peer_url, *self_client_url; /* http://host:port */
+	uint8_t *peer_key;                     /* o.peer_key's copy (wiped when freed) */
 	uint64_t id; /* this member's; the cluster's is sm.cluster_id */
 	uint64_t request_timeout_ms;
 	bool running;   /* the Raft core exists and is driven */
@@ -303,6 +304,7 @@ struct meta_node {
 	struct meta__recv_snap *recv_snap;
 	size_t join_next;
 	struct rpc_client *join_cli;
+	bool join_refused;      /* a member said UNAUTHENTICATED (logged once) */
 	uint64_t last_heard_ms; /* last Raft traffic from a peer */
 	uint64_t last_probe_ms;
 	size_t probe_next;

@@ -205,6 +205,14 @@ static int copy_opts(struct meta_node *n, const struct meta_options *o)
 	n->o.advertise_peer = NULL;
 	n->o.advertise_client = NULL;
 	n->o.data_dir = NULL;
+	n->o.peer_key = NULL;
+	if (o->peer_key_len) {
+		n->peer_key = malloc(o->peer_key_len);
+		if (!n->peer_key)
+			return -ENOMEM;
+		memcpy(n->peer_key, o->peer_key, o->peer_key_len);
+		n->o.peer_key = n->peer_key;
+	}
 	if (!*n->name) {
 		log_error("--name must not be empty");
 		return MC_ECONFIG;
@@ -260,6 +268,9 @@ static void node_free_state(struct meta_node *n)
 	free(n->late);
 	free(n->unreachable);
 	free(n->snap_reports);
+	if (n->peer_key)
+		memset(n->peer_key, 0, n->o.peer_key_len);
+	free(n->peer_key);
 	free(n->name);
 	free(n->initial_cluster);
 	free(n->listen_peer);

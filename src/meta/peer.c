@@ -100,6 +100,8 @@ static int peer_client(struct meta_node *n, struct meta__peer *p)
 		.backoff_initial_ms = n->o.heartbeat_ms,
 		.backoff_max_ms = n->o.election_ms,
 		.metrics = n->o.metrics,
+		.auth_key = n->o.peer_key,
+		.auth_key_len = n->o.peer_key_len,
 	};
 	return rpc_client_new(n->loop, p->addr, &co, &p->cli);
 }
@@ -173,7 +175,11 @@ static void msgs_on_close(struct rpc_stream *st, void *ud, int status, const cha
 	struct meta__peer *p = ud;
 	(void)st;
 	p->msgs = NULL;
-	if (!p->msgs_failed)
+	if (!p->msgs_failed && status == RPC_UNAUTHENTICATED)
+		log_warn("member %016" PRIx64 " (%s) refuses this member's messages: %s (do "
+			 "both have the same --cluster-secret-file?)",
+			 p->id, p->addr, message ? message : "");
+	else if (!p->msgs_failed)
 		log_debug("stream to %016" PRIx64 " (%s) closed: %s %s", p->id, p->addr,
 			  rpc_status_name(status), message ? message : "");
 	p->msgs_failed = true;
@@ -886,8 +892,16 @@ static void join_answer(void *ud, int status, const char *message,
 {
 	struct meta_node *n = ud;
 	if (status != RPC_OK) {
-		log_debug("join: %s did not answer: %s %s", n->join_cli ? "member" : "?",
-			  rpc_status_name(status), message ? message : "");
+		/* (Said once: the members are asked again every second.) */
+		if (status == RPC_UNAUTHENTICATED && !n->join_refused)
+			log_warn("join: a member refuses this one: %s (do both have the same "
+				 "--cluster-secret-file?)",
+				 message ? message : "");
+		else
+			log_debug("join: %s did not answer: %s %s",
+				  n->join_cli ? "member" : "?", rpc_status_name(status),
+				  message ? message : "");
+		n->join_refused |= status == RPC_UNAUTHENTICATED;
 		if (status == RPC_CANCELLED)
 			return; /* closing */
 		join_ask(n);
@@ -946,7 +960,9 @@ static void join_ask(struct meta_node *n)
 	}
 	n->join_next++;
 	struct rpc_client_opts co = {.connect_timeout_ms = JOIN_TIMEOUT_MS,
-				     .metrics = n->o.metrics};
+				     .metrics = n->o.metrics,
+				     .auth_key = n->o.peer_key,
+				     .auth_key_len = n->o.peer_key_len};
 	Mooncake__Meta__MembersRequest q = MOONCAKE__META__MEMBERS_REQUEST__INIT;
 	q.peer_url = n->self_peer_url;
 	if (rpc_client_new(n->loop, addr, &co, &n->join_cli) ||

@@ -384,8 +384,9 @@ def rpc_token(secret_file=None, ts_ms_offset=0):
     return "v1.%s.%s.%s" % (ts.decode(), nonce.hex(), mac)
 
 
-def master_channel(addr, options=None, token=None):
-    """A grpc channel to a master whose calls carry a token of the tests'
+def token_channel(addr, options=None, token=None):
+    """A grpc channel to a server that wants the cluster secret (a master's
+    API, a meta member's peer port) whose calls carry a token of the tests'
     cluster secret (or the one given)."""
     import grpc
 

@@ -348,7 +348,7 @@ def sixteen_mib_both_directions():
     d = Daemon("master", args=["--diag-service"])
     payload = os.urandom(16 << 20)
     opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
-    with mctest.master_channel(d.addr("master-listen"), options=opts) as ch:
+    with mctest.token_channel(d.addr("master-listen"), options=opts) as ch:
         echo = diag_stub(ch, "Echo", "unary_unary", diag_pb2.EchoRequest, diag_pb2.EchoResponse)
         resp = echo(diag_pb2.EchoRequest(payload=payload), timeout=30)
         eq(hashlib.sha256(resp.payload).hexdigest(), hashlib.sha256(payload).hexdigest(), "16 MiB echo")
@@ -359,7 +359,7 @@ def sixteen_mib_both_directions():
 def max_message_size_is_enforced():
     d = Daemon("master", args=["--diag-service", "--rpc-max-message-size=1M"])
     opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
-    with mctest.master_channel(d.addr("master-listen"), options=opts) as ch:
+    with mctest.token_channel(d.addr("master-listen"), options=opts) as ch:
         echo = diag_stub(ch, "Echo", "unary_unary", diag_pb2.EchoRequest, diag_pb2.EchoResponse)
         try:
             echo(diag_pb2.EchoRequest(payload=b"x" * (2 << 20)), timeout=10)
@@ -445,7 +445,7 @@ def sigterm_drains_in_flight_call():
     result = {}
 
     def slow_call():
-        with mctest.master_channel(d.addr("master-listen")) as ch:
+        with mctest.token_channel(d.addr("master-listen")) as ch:
             echo = diag_stub(ch, "Echo", "unary_unary", diag_pb2.EchoRequest, diag_pb2.EchoResponse)
             try:
                 result["resp"] = echo(diag_pb2.EchoRequest(payload=b"drain", delay_ms=1500), timeout=20)

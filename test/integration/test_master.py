@@ -34,7 +34,7 @@ class Master:
 
     def __init__(self, addr):
         self.addr = addr
-        self.ch = mctest.master_channel(addr, options=[
+        self.ch = mctest.token_channel(addr, options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20)])
 

@@ -762,7 +762,7 @@ def one_snapshot_is_received_at_a_time():
     import raft_pb2
     with _one_member(b"sn/k") as (m, cl):
         cid = cl.range(b"sn/k").header.cluster_id
-        ch = grpc.insecure_channel("127.0.0.1:%d" % m.peer_port)
+        ch = mctest.token_channel("127.0.0.1:%d" % m.peer_port)
         install = ch.stream_unary("/mooncake.raft.Raft/InstallSnapshot",
                                   request_serializer=raft_pb2.SnapshotChunk.SerializeToString,
                                   response_deserializer=raft_pb2.SnapshotResult.FromString)

@@ -14,6 +14,9 @@ in its data directory):
   one;
 - a master with the secret refuses calls without a token of it, with
   another secret's, a stale or a replayed one;
+- a meta member with the secret refuses peer calls (Raft, Forward,
+  Members) without a token of it, and members with it form a cluster;
+  a member whose peer port is public needs a configured secret;
 - a second local user (made here with useradd; skipped when not root)
   reads neither the secret nor the segment: every way in is refused and
   a stored object keeps its bytes.
@@ -343,15 +346,15 @@ def the_masters_api_wants_the_secret():
     with tempfile.TemporaryDirectory() as tmp:
         other = os.path.join(tmp, "other")
         run([mctest.MOONCAKECTL, "secret", "create", other])
-        with mctest.master_channel(addr, token=mctest.rpc_token(other)) as ch:
+        with mctest.token_channel(addr, token=mctest.rpc_token(other)) as ch:
             refused(ch, "another secret's token")
-    with mctest.master_channel(addr, token=mctest.rpc_token(ts_ms_offset=-600000)) as ch:
+    with mctest.token_channel(addr, token=mctest.rpc_token(ts_ms_offset=-600000)) as ch:
         refused(ch, "a token ten minutes old")
     tok = mctest.rpc_token()
-    with mctest.master_channel(addr, token=tok) as ch:
+    with mctest.token_channel(addr, token=tok) as ch:
         eq(stats(ch).view, 1, "a fresh token: served")
         eq(stats(ch).view, 1, "and the connection's later calls")
-    with mctest.master_channel(addr, token=tok) as ch:
+    with mctest.token_channel(addr, token=tok) as ch:
         refused(ch, "the same token on another connection (replayed)")
     with grpc.insecure_channel(addr) as ch:
         check = ch.unary_unary("/grpc.health.v1.Health/Check",
@@ -378,6 +381,98 @@ def the_masters_api_wants_the_secret():
     d = Daemon("master", args=["--meta-endpoints=", "--master-listen=0.0.0.0:%d" % mctest.free_port()],
                env=NO_SHARED, wait=False)
     eq(d.proc.wait(30), 1, "a public master without a secret: exit status")
+    assert "without a cluster secret" in d.output() and "--insecure-transfer" in d.output(), \
+        d.output()
+
+
+def unauthenticated(d, http_key, server):
+    with urllib.request.urlopen("http://%s/metrics" % d.addr(http_key), timeout=5) as r:
+        text = r.read().decode()
+    want = 'mooncake_rpc_server_unauthenticated_total{server="%s"} ' % server
+    line = [x for x in text.splitlines() if x.startswith(want)]
+    return int(float(line[0].split()[-1])) if line else None
+
+
+@case
+def a_meta_members_peer_port_wants_the_secret():
+    """Whoever reached a member's peer port could forward writes to the
+    leader or append to the log: with a secret it serves only members that
+    prove it."""
+    import meta_pb2
+    m = Daemon("meta", args=["--name=m0"])
+    peer = m.addr("listen-peer")
+    with grpc.insecure_channel(peer) as ch:
+        check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                               request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                               response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        wait_for(lambda: check(health_pb2.HealthCheckRequest(service="mooncake.raft.Raft"),
+                               timeout=5).status == health_pb2.HealthCheckResponse.SERVING,
+                 what="the peer port serving, its health checked without a token")
+
+    def members(ch):
+        call = ch.unary_unary("/mooncake.raft.Raft/Members",
+                              request_serializer=meta_pb2.MembersRequest.SerializeToString,
+                              response_deserializer=meta_pb2.MembersResponse.FromString)
+        try:
+            return [x.name for x in call(meta_pb2.MembersRequest(), timeout=5).members]
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+
+    with grpc.insecure_channel(peer) as ch:
+        code, why = members(ch)
+        eq(code, "UNAUTHENTICATED", "Members without a token: " + why)
+        fwd = ch.unary_unary("/mooncake.raft.Raft/Forward",
+                             request_serializer=meta_pb2.ForwardRequest.SerializeToString,
+                             response_deserializer=meta_pb2.ForwardResponse.FromString)
+        try:
+            fwd(meta_pb2.ForwardRequest(), timeout=5)
+            raise AssertionError("Forward without a token was served")
+        except grpc.RpcError as e:
+            eq(e.code().name, "UNAUTHENTICATED", "Forward without a token")
+    other = os.path.join(m.data_dir, "other.secret")
+    run([mctest.MOONCAKECTL, "secret", "create", other])
+    with mctest.token_channel(peer, token=mctest.rpc_token(other)) as ch:
+        eq(members(ch)[0], "UNAUTHENTICATED", "another secret's token")
+    with mctest.token_channel(peer) as ch:
+        eq(members(ch), ["m0"], "Members with a token")
+    eq(unauthenticated(m, "meta-http", "meta-peer") >= 3, True, "refusals counted")
+    eq(m.stop(), 0, "member exit")
+
+    # Two members with the secret form a cluster and replicate; a third
+    # without it cannot join: the others refuse it.
+    ports = [(mctest.free_port(), mctest.free_port()) for _ in range(3)]
+    cluster = ",".join("n%d=http://127.0.0.1:%d" % (i, p) for i, (p, _) in enumerate(ports[:2]))
+
+    def member(i, env=None, extra=()):
+        return Daemon("meta", env=env, wait=False,
+                      ports={"listen-peer": ports[i][0], "listen-client": ports[i][1]},
+                      args=["--name=n%d" % i, "--initial-cluster=" + cluster] + list(extra))
+    a, b = member(0), member(1)
+    ep = "127.0.0.1:%d" % ports[0][1]
+
+    def put_ok():
+        r = run(["etcdctl", "--endpoints=" + ep, "put", "sec/k", "v"], check=False)
+        return r.returncode == 0
+    wait_for(put_ok, timeout=30, what="a put to the two members")
+    r = run(["etcdctl", "--endpoints=127.0.0.1:%d" % ports[1][1], "get", "sec/k",
+             "--print-value-only"])
+    eq(r.stdout.strip(), "v", "the value on the second member")
+    before = [unauthenticated(x, "meta-http", "meta-peer") for x in (a, b)]
+    run(["etcdctl", "--endpoints=" + ep, "member", "add", "n2",
+         "--peer-urls=http://127.0.0.1:%d" % ports[2][0]])
+    cluster += ",n2=http://127.0.0.1:%d" % ports[2][0]
+    c = member(2, env=NO_SHARED, extra=["--initial-cluster-state=existing"])
+    wait_for(lambda: [unauthenticated(x, "meta-http", "meta-peer") for x in (a, b)] != before,
+             timeout=30, what="the member without the secret refused")
+    wait_for(lambda: "refuses this one" in c.output() and "--cluster-secret-file" in c.output(),
+             what="the refusal in its log")
+    c.kill()
+    eq(a.stop(), 0, "n0 exit")
+    eq(b.stop(), 0, "n1 exit")
+
+    d = Daemon("meta", args=["--listen-peer=0.0.0.0:%d" % mctest.free_port()],
+               env=NO_SHARED, wait=False)
+    eq(d.proc.wait(30), 1, "a public peer port without a secret: exit status")
     assert "without a cluster secret" in d.output() and "--insecure-transfer" in d.output(), \
         d.output()
 

@@ -26,7 +26,7 @@ NOT_FOUND = -704
 
 
 def replicas(master_addr, key):
-    with mctest.master_channel(master_addr) as ch:
+    with mctest.token_channel(master_addr) as ch:
         f = ch.unary_unary("/mooncake.master.Master/GetReplicas",
                            request_serializer=M.GetReplicasRequest.SerializeToString,
                            response_deserializer=M.GetReplicasResponse.FromString)

@@ -35,7 +35,7 @@ RLEASE = "mooncake_agent_remote_lease_bytes"
 
 
 def replica_segments(cl, key):
-    with mctest.master_channel(cl.master_addr) as ch:
+    with mctest.token_channel(cl.master_addr) as ch:
         f = ch.unary_unary("/mooncake.master.Master/GetReplicas",
                            request_serializer=M.GetReplicasRequest.SerializeToString,
                            response_deserializer=M.GetReplicasResponse.FromString)
