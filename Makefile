@@ -262,6 +262,15 @@ $(B)/verbs-emu/libverbs-emu.a: $(VEMU_OBJS)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# A TEST stand-in for the CUDA driver (test/cuda-emu/): Python tests load
+# it to hand libmooncake device memory the CPU cannot touch. Never
+# installed; built without the sanitizers (it is loaded by ctypes).
+CUDA_EMU := $(B)/cuda-emu/libcuda.so.1
+$(CUDA_EMU): test/cuda-emu/cuda_emu.c
+	@mkdir -p $(dir $@)
+	@echo "  CC EMU  $<"
+	$(Q)$(CC) -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+
 # test_client*: libmooncake's own modules, linked from its archive.
 CLIENT_TEST_BINS := $(filter $(B)/test/test_client%,$(UNIT_BINS))
 $(CLIENT_TEST_BINS): $(B)/test/%: test/unit/%.c $(B)/libmooncake.a $(B)/libmcd.a $(B)/.flags
@@ -323,7 +332,7 @@ fuzz-run: $(FUZZ_BINS)
 	  echo "== fuzz $$n for $(FUZZ_SECONDS)s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(B)/corpus/$$n test/fuzz/corpus/$$n || exit 1; done
 
-test: all $(UNIT_BINS) $(EMU_BINS) $(PY_GEN) $(REPLAY_BINS)
+test: all $(UNIT_BINS) $(EMU_BINS) $(CUDA_EMU) $(PY_GEN) $(REPLAY_BINS)
 	$(Q)BUILD=$(B) PYTHON=$(PYTHON) SAN=$(SAN) test/run.sh
 
 BENCH_SRCS := $(wildcard test/bench/bench_*.c)

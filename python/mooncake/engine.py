@@ -34,7 +34,9 @@ protocol, device_name: the agent was configured with them) are accepted.
 transport_hint: the agent picks the transport per peer (shm on one host,
 rdma where a device is usable, else tcp); a known name is accepted as
 advice, an unknown one is a ValueError, as in Mooncake's TENT builds.
-location (register_memory): "*" or "cpu..." are host memory. "cuda:N"
+location (register_memory): "cpu..." is host memory; "*" is host memory
+or, when the CUDA driver this process loaded says the address is a
+GPU's (as Mooncake's "*" finds it), GPU memory as "cuda:N". "cuda:N"
 is GPU memory: exported as a dma-buf by the CUDA driver (loaded at run
 time) and registered by the agent with its RDMA devices, so peers write
 and read it by one-sided RDMA; -95 when CUDA, a dma-buf capable device

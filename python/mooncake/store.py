@@ -1093,11 +1093,18 @@ class MooncakeDistributedStore:
         """0, or negative (-600 INVALID_PARAMS: it overlaps a registered range).
         Memory from alloc_from_mem_pool / MooncakeHostMemAllocator /
         get_alloc_func_addr is handed to the agent (zero copy); other
-        memory is copied through the staging buffer."""
+        memory is copied through the staging buffer. A GPU's memory (the
+        CUDA driver says so) is refused, -1011 UNAVAILABLE_IN_CURRENT_MODE:
+        the CPU would have to copy it."""
         h = self._h
         if not h:
             return NOT_CONNECTED
-        return _rc(n.mc_register_buffer(h, buffer_ptr, size))
+        rc = n.mc_register_buffer(h, buffer_ptr, size)
+        if rc == -95:  # -EOPNOTSUPP
+            log.error("register_buffer(0x%x, %d): GPU memory: the store's puts and gets "
+                      "copy values with the CPU, which cannot read it; use host memory "
+                      "(MooncakeHostMemAllocator, pinned CPU tensors)", buffer_ptr, size)
+        return _rc(rc)
 
     def unregister_buffer(self, buffer_ptr):
         h = self._h

@@ -203,6 +203,9 @@ int mc__device_region(mc_client *c, const void *p, size_t len, Region *g);
 /* Whether [p, p + len) touches device memory registered in this session
  * (cheap while there is none). */
 bool mc__device_touch(mc_client *c, const void *p, size_t len);
+/* Whether p is CUDA device memory (not managed memory), asked of the CUDA
+ * driver only when this process has loaded it already. */
+bool mc__cuda_device(const void *p);
 bool mc__parts_on_device(mc_client *c, const struct mc_part *parts, size_t n);
 
 static inline bool mc__key_ok(size_t klen)

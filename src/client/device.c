@@ -77,6 +77,7 @@ bool mc__parts_on_device(mc_client *c, const struct mc_part *parts, size_t n)
 /* The driver API's values this file uses (cuda.h). */
 #define CU_SUCCESS 0
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
 
@@ -84,6 +85,7 @@ struct cuda {
 	int (*init)(unsigned flags);
 	int (*pointer_attr)(void *data, int attr, uint64_t ptr);
 	int (*address_range)(uint64_t *base, size_t *size, uint64_t ptr);
+	/* NULL before CUDA 11.7: no dma-bufs */
 	int (*handle)(void *handle, uint64_t ptr, size_t size, int type,
 		      unsigned long long flags);
 };
@@ -102,17 +104,34 @@ static void cuda_load_once(void)
 	*(void **)&cuda_fns.address_range = dlsym(h, "cuMemGetAddressRange_v2");
 	*(void **)&cuda_fns.handle = dlsym(h, "cuMemGetHandleForAddressRange");
 	cuda_ok = cuda_fns.init && cuda_fns.pointer_attr && cuda_fns.address_range &&
-		  cuda_fns.handle && cuda_fns.init(0) == CU_SUCCESS;
+		  cuda_fns.init(0) == CU_SUCCESS;
 	/* The library stays loaded: the process uses CUDA anyway. */
 }
 
 /* The driver's entry points, loaded once per process; NULL when the
- * driver is absent or too old (cuMemGetHandleForAddressRange came with
- * CUDA 11.7). */
+ * driver is absent. */
 static const struct cuda *cuda(void)
 {
 	pthread_once(&cuda_once, cuda_load_once);
 	return cuda_ok ? &cuda_fns : NULL;
+}
+
+bool mc__cuda_device(const void *p)
+{
+	/* Only a process that loaded the driver has device memory: one
+	 * that did not is not made to load it here. */
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (!h)
+		return false;
+	dlclose(h); /* (the reference RTLD_NOLOAD took) */
+	const struct cuda *cu = cuda();
+	int type = 0, managed = 0;
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	return cu &&
+	       cu->pointer_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a) == CU_SUCCESS &&
+	       type == CU_MEMORYTYPE_DEVICE &&
+	       (cu->pointer_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, a) != CU_SUCCESS ||
+		!managed);
 }
 
 MC__PUBLIC int mc_register_cuda(mc_client *c, void *addr, size_t len)
@@ -136,7 +155,8 @@ MC__PUBLIC int mc_register_cuda(mc_client *c, void *addr, size_t len)
 	uint64_t abase = base & ~(ps - 1);
 	uint64_t asize = (base + size - abase + ps - 1) & ~(ps - 1);
 	int fd = -1;
-	if (cu->handle(&fd, abase, (size_t)asize, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
+	if (!cu->handle ||
+	    cu->handle(&fd, abase, (size_t)asize, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
 		    CU_SUCCESS ||
 	    fd < 0)
 		return -EOPNOTSUPP; /* the device exports no dma-bufs */

@@ -457,6 +457,12 @@ static int register_any(mc_client *c, void *addr, size_t len, bool publish)
 	int rc = mc__host_attach(c, addr, len, publish);
 	if (rc != -ENOENT)
 		return rc;
+	/* A GPU's memory, which this process's CPU cannot copy: for peers
+	 * it is a dma-buf the agent's NICs reach (as Mooncake's location
+	 * "*" finds it); the store's calls would copy it, so they refuse
+	 * it here rather than fault at the first put. */
+	if (mc__cuda_device(addr))
+		return publish ? mc_register_cuda(c, addr, len) : -EOPNOTSUPP;
 	pthread_mutex_lock(&c->mu);
 	/* Inside a buffer of the session (or process memory it published)
 	 * already: nothing to do. */

@@ -287,8 +287,10 @@ int mc_register_memfd(mc_client *c, int fd, uint64_t offset, void *addr, size_t 
  * Register any memory for mc_transfer/mc_put_from/mc_get_into. Memory
  * that is not a buffer of this session cannot be shared with the agent:
  * it is accepted and moved by copying through the staging buffer (which
- * also means peers cannot reach it with their transfers). Returns 0, or
- * -EINVAL (len 0), -EEXIST (overlaps a registered range).
+ * also means peers cannot reach it with their transfers). CUDA device
+ * memory (asked of the CUDA driver when this process has loaded it) is
+ * refused: the CPU cannot copy it. Returns 0, or -EINVAL (len 0), -EEXIST
+ * (overlaps a registered range), -EOPNOTSUPP (CUDA device memory).
  */
 int mc_register_buffer(mc_client *c, void *addr, size_t len);
 /* Errors: -ENOENT. */
@@ -307,8 +309,11 @@ int mc_unregister_buffer(mc_client *c, void *addr);
  * for it with process_vm_readv/writev through its own buffers (over tcp,
  * for same-host and rdma peers too: one copy per byte, see libmooncake(3),
  * Memory). This process's own puts, gets and transfers still copy such
- * memory through staging. A registration that peers could not use fails.
- * Errors: those of mc_register_buffer, -EEXIST (another session of the
+ * memory through staging. CUDA device memory (asked of the CUDA driver
+ * when this process has loaded it: Mooncake's location "*" finds it the
+ * same way) is registered as mc_register_cuda does. A registration that
+ * peers could not use fails. Errors: those of mc_register_buffer (but
+ * -EOPNOTSUPP: mc_register_cuda's), -EEXIST (another session of the
  * process published the allocation already, or the range overlaps memory
  * published there), -EPERM (the agent may not attach: the kernel's
  * ptrace rules, or an agent outside this pid namespace), -EFAULT (part of

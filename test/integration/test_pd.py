@@ -249,6 +249,61 @@ def store_calls_refuse_device_memory():
     master.kill()
 
 
+CUDA_PROBE = r"""
+import ctypes, json, os, sys
+sys.path.insert(0, os.path.join(%(root)r, "python"))
+cuda = ctypes.CDLL(%(emu)r, mode=ctypes.RTLD_GLOBAL)  # as torch loads the driver
+dev = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(dev), 1 << 20) == 0
+host = ctypes.create_string_buffer(1 << 20)
+from mooncake.store import MooncakeDistributedStore
+from mooncake.engine import TransferEngine
+s = MooncakeDistributedStore()
+assert s.setup("localhost", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", "unused",
+               socket_path=%(sock)r) == 0
+te = TransferEngine()
+assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "", socket_path=%(sock)r) == 0
+out = {
+    "store_device": s.register_buffer(dev.value, 1 << 20),
+    "store_device_part": s.register_buffer(dev.value + 4096, 4096),
+    "store_host": s.register_buffer(ctypes.addressof(host), 1 << 20),
+    "put_host": s.put_from("cuda-probe", ctypes.addressof(host), 4096),
+    "te_device_any": te.register_memory(dev.value, 1 << 20),
+    "te_device_cuda": te.register_memory(dev.value, 1 << 20, "cuda:0"),
+    "te_host": te.register_memory(ctypes.addressof(host) + (1 << 19), 4096),
+}
+te.close()
+s.close()
+print(json.dumps(out), flush=True)
+"""
+
+
+@case
+def cuda_memory_is_found_by_its_driver():
+    """In a process that loaded the CUDA driver (here cuda-emu, whose device
+    memory is mapped PROT_NONE: a CPU copy of it faults), the store's
+    register_buffer refuses device memory (-1011: its puts and gets copy
+    with the CPU) instead of faulting at the first put, and
+    TransferEngine.register_memory with location "*" takes it as Mooncake's
+    "*" does, as a GPU's memory: a dma-buf for the agents' NICs, refused
+    here (-95: no dma-bufs, no RDMA) where before it went to the host path.
+    Host memory is registered as before."""
+    emu = os.path.join(mctest.BUILD, "cuda-emu", "libcuda.so.1")
+    if not os.path.exists(emu):
+        raise AssertionError("%s is not built (make test builds it)" % emu)
+    master = mctest.Daemon("master", args=["--meta-endpoints="], env=st.daemon_env())
+    a = st.Agent(master_addr=master.addr("master-listen"))
+    script = CUDA_PROBE % {"root": mctest.ROOT, "emu": emu, "sock": a.socket}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    eq(r.returncode, 0, "the probe (a fault would be -11): " + r.stderr[-2000:])
+    eq(json.loads(r.stdout.strip().splitlines()[-1]),
+       {"store_device": -1011, "store_device_part": -1011, "store_host": 0, "put_host": 0,
+        "te_device_any": -95, "te_device_cuda": -95, "te_host": 0}, "registrations")
+    a.d.stop()
+    master.stop()
+
+
 @case
 def two_decode_processes_on_one_node():
     """Each TransferEngine its own session id (upstream's "host:port" per
