@@ -847,8 +847,6 @@ int role_require_secret(const struct cfg *cfg, struct rpc_server *srv, const cha
 	rc = rpc_server_require_auth(srv, out->key, out->len);
 	if (rc) {
 		log_error("%s: cannot require the cluster secret: %s", what, mc_strerror(rc));
-		mc_secret_clear(out);
-		out->len = 0;
 		return rc;
 	}
 	log_info("%s: callers prove the cluster secret %s", what, out->path);
