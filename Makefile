@@ -162,7 +162,7 @@ $(B)/py/%_pb2.py: proto/%.proto
 # loses its object, so the build stops there.
 # A new pure core goes into this list.
 PURE_SRCS := $(wildcard src/meta/raft/*.c) $(wildcard src/meta/mvcc*.c) src/meta/lease.c src/meta/avl.c src/meta/wal_format.c src/meta/sm.c \
-             src/common/extalloc.c \
+             src/common/extalloc.c src/common/lhash.c \
              src/master/alloc.c src/master/core.c src/master/index.c \
              src/master/lease.c src/master/mlog.c src/master/segment.c src/master/tier.c \
              src/rpc/frame.c src/transfer/wire.c src/ssd/rec.c

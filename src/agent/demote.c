@@ -518,7 +518,7 @@ void agent__demote_init(struct agent *a, bool flush_on_stop)
 	struct agent_demote *d = &a->demote;
 	d->flush_on_stop = flush_on_stop;
 	if (agent__inv_init(&d->listed) != 0)
-		d->listed.tab = NULL; /* (listings then delete nothing) */
+		d->listed.tab.b = NULL; /* (listings then delete nothing) */
 	agent__follow_init(a, &d->f, agent__tier_name(a), &hooks);
 	agent__tier_on_lost(a, on_lost);
 }
@@ -538,7 +538,7 @@ void agent__demote_free(struct agent *a)
 		free(it);
 	}
 	d->items_tail = NULL;
-	if (d->listed.tab)
+	if (d->listed.tab.b)
 		agent__inv_free(&d->listed);
 	for (size_t i = d->flush_pos; i < d->flush_n; i++)
 		free(d->flush_items[i]);
@@ -548,7 +548,7 @@ void agent__demote_free(struct agent *a)
 
 void agent__demote_start(struct agent *a, uint64_t seq)
 {
-	if (a->demote.listed.tab)
+	if (a->demote.listed.tab.b)
 		agent__follow_start(&a->demote.f, seq);
 }
 

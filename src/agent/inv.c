@@ -7,7 +7,8 @@
  * segment's changes; the agent's own puts and removes update it at once
  * too. When a snapshot for a re-sync finds two entries over the same
  * space, only the newer is kept (the space was reused, so the older
- * one's bytes are gone). A chained hash table keyed by the object key;
+ * one's bytes are gone). A chained hash table keyed by the object key
+ * (common/lhash.h: it grows a bucket at a time, so no put rehashes it);
  * sequence numbers order changes by age, epochs mark what a listing of
  * the segment saw. Pure.
  */
@@ -24,11 +25,7 @@
 int agent__inv_init(struct agent_inv *v)
 {
 	memset(v, 0, sizeof(*v));
-	v->tab = calloc(INITIAL_BUCKETS, sizeof(*v->tab));
-	if (!v->tab)
-		return -ENOMEM;
-	v->nbuckets = INITIAL_BUCKETS;
-	return 0;
+	return mc_lhash_init(&v->tab, INITIAL_BUCKETS);
 }
 
 size_t agent__inv_count(const struct agent_inv *v)
@@ -38,56 +35,47 @@ size_t agent__inv_count(const struct agent_inv *v)
 
 void agent__inv_clear(struct agent_inv *v)
 {
-	for (size_t i = 0; i < v->nbuckets; i++) {
-		struct agent_inv_entry *e = v->tab[i];
+	for (size_t i = 0; i < mc_lhash_n(&v->tab); i++) {
+		struct agent_inv_entry *e = v->tab.b[i];
 		while (e) {
 			struct agent_inv_entry *next = e->next;
 			free(e);
 			e = next;
 		}
-		v->tab[i] = NULL;
+		v->tab.b[i] = NULL;
 	}
 	v->n = 0;
 }
 
 void agent__inv_free(struct agent_inv *v)
 {
-	if (!v->tab)
+	if (!v->tab.b)
 		return;
 	agent__inv_clear(v);
-	free(v->tab);
-	v->tab = NULL;
+	mc_lhash_free(&v->tab);
 }
 
 static struct agent_inv_entry **find(struct agent_inv *v, const uint8_t *key, size_t klen)
 {
-	size_t b = mc_hash64(key, klen) & (v->nbuckets - 1);
-	struct agent_inv_entry **pp = &v->tab[b];
+	struct agent_inv_entry **pp = (struct agent_inv_entry **)mc_lhash_bucket(
+		&v->tab, mc_hash64(key, klen));
 	while (*pp && ((*pp)->klen != klen || memcmp((*pp)->key, key, klen) != 0))
 		pp = &(*pp)->next;
 	return pp;
 }
 
-static void grow(struct agent_inv *v)
+static void **entry_link(void *e)
 {
-	size_t nb = v->nbuckets * 2;
-	struct agent_inv_entry **t = calloc(nb, sizeof(*t));
-	if (!t)
-		return; /* longer chains; still correct */
-	for (size_t i = 0; i < v->nbuckets; i++) {
-		struct agent_inv_entry *e = v->tab[i];
-		while (e) {
-			struct agent_inv_entry *next = e->next;
-			size_t b = mc_hash64(e->key, e->klen) & (nb - 1);
-			e->next = t[b];
-			t[b] = e;
-			e = next;
-		}
-	}
-	free(v->tab);
-	v->tab = t;
-	v->nbuckets = nb;
+	return (void **)&((struct agent_inv_entry *)e)->next;
 }
+
+static uint64_t entry_hash(const void *e)
+{
+	const struct agent_inv_entry *x = e;
+	return mc_hash64(x->key, x->klen);
+}
+
+static const struct mc_lhash_ops entry_ops = {entry_link, entry_hash};
 
 int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
 		   const struct agent_inv_rec *rec)
@@ -109,14 +97,14 @@ int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
 	e->rec = *rec;
 	e->seq = ++v->seq;
 	e->epoch = v->epoch;
-	if (v->n > v->nbuckets)
-		grow(v);
+	if (v->n > mc_lhash_n(&v->tab))
+		mc_lhash_grow(&v->tab, &entry_ops); /* (-ENOMEM: longer chains) */
 	return 0;
 }
 
 void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen)
 {
-	if (!v->tab || klen == 0)
+	if (!v->tab.b || klen == 0)
 		return;
 	struct agent_inv_entry **pp = find(v, key, klen);
 	struct agent_inv_entry *e = *pp;
@@ -129,7 +117,7 @@ void agent__inv_del(struct agent_inv *v, const uint8_t *key, size_t klen)
 
 bool agent__inv_del_at(struct agent_inv *v, const uint8_t *key, size_t klen, uint64_t offset)
 {
-	if (!v->tab || klen == 0)
+	if (!v->tab.b || klen == 0)
 		return false;
 	struct agent_inv_entry **pp = find(v, key, klen);
 	struct agent_inv_entry *e = *pp;
@@ -149,8 +137,8 @@ void agent__inv_listing_start(struct agent_inv *v)
 size_t agent__inv_listing_end(struct agent_inv *v)
 {
 	size_t gone = 0;
-	for (size_t i = 0; i < v->nbuckets; i++) {
-		struct agent_inv_entry **pp = &v->tab[i];
+	for (size_t i = 0; i < mc_lhash_n(&v->tab); i++) {
+		struct agent_inv_entry **pp = (struct agent_inv_entry **)&v->tab.b[i];
 		while (*pp) {
 			struct agent_inv_entry *e = *pp;
 			if (e->epoch == v->epoch) {
@@ -191,8 +179,8 @@ int agent__inv_snapshot(struct agent_inv *v, struct agent_inv_entry ***out, size
 	if (!arr)
 		return -ENOMEM;
 	size_t k = 0;
-	for (size_t i = 0; i < v->nbuckets; i++)
-		for (struct agent_inv_entry *e = v->tab[i]; e; e = e->next)
+	for (size_t i = 0; i < mc_lhash_n(&v->tab); i++)
+		for (struct agent_inv_entry *e = v->tab.b[i]; e; e = e->next)
 			arr[k++] = e;
 	qsort(arr, k, sizeof(*arr), by_offset);
 	/* Sweep in offset order. Kept entries are disjoint and sorted, so

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/lhash.h"
 
 /* What the mirror knows of one object in the segment. */
 struct agent_inv_rec {
@@ -31,8 +32,8 @@ struct agent_inv_entry {
 };
 
 struct agent_inv {
-	struct agent_inv_entry **tab;
-	size_t nbuckets, n;
+	struct mc_lhash tab; /* chains of entries by next (common/lhash.h) */
+	size_t n;
 	uint64_t seq;
 	unsigned epoch; /* the listing in progress (or last) */
 };

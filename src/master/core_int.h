@@ -26,6 +26,7 @@
 #ifndef MC_MASTER_CORE_INT_H
 #define MC_MASTER_CORE_INT_H
 
+#include "common/lhash.h"
 #include "master/core.h"
 
 static inline bool master__key_ok(size_t klen)
@@ -57,8 +58,7 @@ enum master_list {
 };
 
 struct master_index {
-	struct master_obj **buckets;
-	size_t nbuckets;
+	struct mc_lhash tab; /* chains of struct master_obj by hnext */
 	uint64_t nobjs, npending, key_bytes, obj_bytes;
 	uint64_t nttl; /* objects with a TTL (PENDING ones too): the sweep's work */
 	struct master_lru lists[MASTER_LISTS];

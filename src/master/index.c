@@ -1,8 +1,9 @@
 /*
  * index: the master core's object index (core_int.h), pure.
  *
- * A chained hash table of objects (power-of-two buckets, doubled when the
- * load passes 1). Each object is one allocation: header, replicas, key.
+ * A chained hash table of objects (common/lhash.h: a bucket added, by
+ * splitting one, whenever the load passes 1, so no insert rehashes the
+ * whole index). Each object is one allocation: header, replicas, key.
  * COMPLETE objects sit on one of three LRU lists (plain and soft-pinned
  * ones with a DRAM replica, and those on SSD segments only), in the
  * order they were sealed or last given a second chance. A read
@@ -87,7 +88,7 @@ static struct master_lru *obj_list(struct master_index *ix, const struct master_
 
 static struct master_obj **bucket_of(const struct master_index *ix, uint32_t h)
 {
-	return &ix->buckets[h & (ix->nbuckets - 1)];
+	return (struct master_obj **)mc_lhash_bucket(&ix->tab, h);
 }
 
 /* Where o's bucket chain points at it. */
@@ -99,46 +100,34 @@ static struct master_obj **link_of(const struct master_index *ix, const struct m
 	return pp;
 }
 
-static void grow(struct master_index *ix)
+static void **obj_link(void *o)
 {
-	size_t n = ix->nbuckets * 2;
-	struct master_obj **b = calloc(n, sizeof(*b));
-	if (!b)
-		return; /* keep the longer chains */
-	for (size_t i = 0; i < ix->nbuckets; i++) {
-		struct master_obj *o = ix->buckets[i];
-		while (o) {
-			struct master_obj *next = o->hnext;
-			struct master_obj **pp = &b[obj_hash(o) & (n - 1)];
-			o->hnext = *pp;
-			*pp = o;
-			o = next;
-		}
-	}
-	free(ix->buckets);
-	ix->buckets = b;
-	ix->nbuckets = n;
-	ix->sweep_pos = 0;
+	return (void **)&((struct master_obj *)o)->hnext;
 }
+
+static uint64_t obj_hash_of(const void *o)
+{
+	return obj_hash(o);
+}
+
+static const struct mc_lhash_ops obj_ops = {obj_link, obj_hash_of};
 
 int master__index_init(struct master_index *ix)
 {
 	memset(ix, 0, sizeof(*ix));
-	ix->nbuckets = MIN_BUCKETS;
-	ix->buckets = calloc(ix->nbuckets, sizeof(*ix->buckets));
-	return ix->buckets ? 0 : -ENOMEM;
+	return mc_lhash_init(&ix->tab, MIN_BUCKETS);
 }
 
 void master__index_clear(struct master_index *ix)
 {
-	for (size_t i = 0; i < ix->nbuckets; i++) {
-		struct master_obj *o = ix->buckets[i];
+	for (size_t i = 0; i < mc_lhash_n(&ix->tab); i++) {
+		struct master_obj *o = ix->tab.b[i];
 		while (o) {
 			struct master_obj *next = o->hnext;
 			free(o);
 			o = next;
 		}
-		ix->buckets[i] = NULL;
+		ix->tab.b[i] = NULL;
 	}
 	memset(ix->lists, 0, sizeof(ix->lists));
 	ix->nobjs = ix->npending = ix->key_bytes = ix->obj_bytes = ix->nttl = 0;
@@ -147,8 +136,7 @@ void master__index_clear(struct master_index *ix)
 void master__index_free(struct master_index *ix)
 {
 	master__index_clear(ix);
-	free(ix->buckets);
-	ix->buckets = NULL;
+	mc_lhash_free(&ix->tab);
 }
 
 struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep)
@@ -175,8 +163,8 @@ void master__index_link(struct master_index *ix, struct master_obj *o)
 	lru_push(obj_list(ix, o), o);
 	if (o->flags & MASTER_OBJ_PENDING)
 		ix->npending++;
-	if (ix->nobjs > ix->nbuckets)
-		grow(ix);
+	if (ix->nobjs > mc_lhash_n(&ix->tab))
+		mc_lhash_grow(&ix->tab, &obj_ops); /* (-ENOMEM: longer chains) */
 }
 
 void master__index_del(struct master_index *ix, struct master_obj *o)
@@ -303,27 +291,28 @@ struct master_obj *master__index_oldest(const struct master_index *ix, enum mast
 
 size_t master__index_slots(const struct master_index *ix)
 {
-	return ix->nbuckets;
+	return mc_lhash_n(&ix->tab);
 }
 
 struct master_obj *master__index_slot(const struct master_index *ix, size_t b)
 {
-	return ix->buckets[b];
+	return ix->tab.b[b];
 }
 
 void master__index_sweep(struct master_index *ix, size_t slots,
 			 void (*fn)(void *ud, struct master_obj *o), void *ud)
 {
-	size_t end = ix->nttl ? MC_MIN(ix->sweep_pos + slots, ix->nbuckets) : ix->sweep_pos;
+	size_t nb = mc_lhash_n(&ix->tab);
+	size_t end = ix->nttl ? MC_MIN(ix->sweep_pos + slots, nb) : ix->sweep_pos;
 	for (size_t b = ix->sweep_pos; b < end; b++) {
-		struct master_obj *o = ix->buckets[b];
+		struct master_obj *o = ix->tab.b[b];
 		while (o) {
 			struct master_obj *next = o->hnext;
 			fn(ud, o);
 			o = next;
 		}
 	}
-	ix->sweep_pos = end == ix->nbuckets ? 0 : end;
+	ix->sweep_pos = end >= nb ? 0 : end;
 }
 
 void master__index_stats(const struct master_index *ix, struct master_core_stats *st)
@@ -331,7 +320,7 @@ void master__index_stats(const struct master_index *ix, struct master_core_stats
 	st->objects = ix->nobjs;
 	st->pending = ix->npending;
 	st->key_bytes = ix->key_bytes;
-	st->index_bytes = ix->obj_bytes + ix->nbuckets * sizeof(*ix->buckets);
+	st->index_bytes = ix->obj_bytes + mc_lhash_bytes(&ix->tab);
 }
 
 /* ------------------------------------------------------------ core.h */
@@ -347,8 +336,8 @@ const struct master_obj *master__find(const struct master_core *c, const uint8_t
 void master__foreach(const struct master_core *c,
 		     bool (*fn)(void *ud, const struct master_obj *o), void *ud)
 {
-	for (size_t b = 0; b < c->ix.nbuckets; b++)
-		for (const struct master_obj *o = c->ix.buckets[b]; o; o = o->hnext)
+	for (size_t b = 0; b < mc_lhash_n(&c->ix.tab); b++)
+		for (const struct master_obj *o = c->ix.tab.b[b]; o; o = o->hnext)
 			if (!fn(ud, o))
 				return;
 }
@@ -359,13 +348,14 @@ bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cu
 			  void *ud)
 {
 	const struct master_index *ix = &c->ix;
-	size_t b = *cursor < ix->nbuckets ? (size_t)*cursor : ix->nbuckets;
-	size_t end = MC_MIN(b + LIST_BUCKETS_PER_PAGE, ix->nbuckets);
+	size_t nb = mc_lhash_n(&ix->tab);
+	size_t b = *cursor < nb ? (size_t)*cursor : nb;
+	size_t end = MC_MIN(b + LIST_BUCKETS_PER_PAGE, nb);
 	size_t n = 0;
 	bool more = true;
 	/* Whole buckets only, so the cursor stays a bucket position. */
 	for (; b < end && n < limit && more; b++)
-		for (const struct master_obj *o = ix->buckets[b]; o; o = o->hnext) {
+		for (const struct master_obj *o = ix->tab.b[b]; o; o = o->hnext) {
 			if (o->flags & MASTER_OBJ_PENDING)
 				continue;
 			for (unsigned i = 0; i < o->nrep; i++)
@@ -375,5 +365,5 @@ bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cu
 				}
 		}
 	*cursor = b;
-	return b >= ix->nbuckets;
+	return b >= nb;
 }

@@ -559,12 +559,11 @@ int ssd_open(const struct ssd_opts *o, struct ssd_store **out, struct ssd_open_r
 	s->sync_interval_ns = (uint64_t)o->sync_interval_ms * 1000000ull;
 	pthread_mutex_init(&s->kick_mu, NULL);
 	pthread_cond_init(&s->kick_cv, NULL);
-	s->nbuckets = 1024;
 	struct recov rv = {0};
 	int rc = -ENOMEM;
-	s->tab = calloc(s->nbuckets, sizeof(*s->tab));
 	s->dir = strdup(o->dir);
-	if (!s->tab || !s->dir || path_join(&s->data_path, o->dir, "ssd.data") < 0 ||
+	if (mc_lhash_init(&s->tab, 1024) != 0 || !s->dir ||
+	    path_join(&s->data_path, o->dir, "ssd.data") < 0 ||
 	    path_join(&s->index_path, o->dir, "ssd.index") < 0 ||
 	    path_join(&s->new_path, o->dir, "ssd.index.new") < 0)
 		goto fail;
@@ -718,7 +717,7 @@ void ssd_close(struct ssd_store *s)
 		close(s->index_fd);
 	if (s->lock_fd >= 0)
 		mc_unlock_dir(s->lock_fd);
-	free(s->tab);
+	mc_lhash_free(&s->tab);
 	free(s->dir);
 	free(s->data_path);
 	free(s->index_path);

@@ -210,7 +210,8 @@ static uint64_t key_hash(const void *key, size_t klen)
 
 static struct ssd__ent **slot_of(const struct ssd_store *s, const void *key, size_t klen)
 {
-	struct ssd__ent **pp = &s->tab[key_hash(key, klen) & (s->nbuckets - 1)];
+	struct ssd__ent **pp = (struct ssd__ent **)mc_lhash_bucket(&s->tab,
+								   key_hash(key, klen));
 	while (*pp && !((*pp)->klen == klen && memcmp((*pp)->key, key, klen) == 0))
 		pp = &(*pp)->hnext;
 	return pp;
@@ -221,27 +222,18 @@ struct ssd__ent *ssd__find(const struct ssd_store *s, const void *key, size_t kl
 	return *slot_of(s, key, klen);
 }
 
-static int grow_table(struct ssd_store *s)
+static void **ent_link(void *e)
 {
-	size_t nb = s->nbuckets * 2;
-	struct ssd__ent **tab = calloc(nb, sizeof(*tab));
-	if (!tab)
-		return -ENOMEM;
-	for (size_t i = 0; i < s->nbuckets; i++) {
-		struct ssd__ent *e = s->tab[i];
-		while (e) {
-			struct ssd__ent *n = e->hnext;
-			size_t b = key_hash(e->key, e->klen) & (nb - 1);
-			e->hnext = tab[b];
-			tab[b] = e;
-			e = n;
-		}
-	}
-	free(s->tab);
-	s->tab = tab;
-	s->nbuckets = nb;
-	return 0;
+	return (void **)&((struct ssd__ent *)e)->hnext;
 }
+
+static uint64_t ent_hash(const void *e)
+{
+	const struct ssd__ent *x = e;
+	return key_hash(x->key, x->klen);
+}
+
+static const struct mc_lhash_ops ent_ops = {ent_link, ent_hash};
 
 struct ssd__ent *ssd__ent_new(const void *key, size_t klen)
 {
@@ -256,7 +248,8 @@ struct ssd__ent *ssd__ent_new(const void *key, size_t klen)
 /* Into the table and the seq list (at its end). */
 int ssd__ent_insert(struct ssd_store *s, struct ssd__ent *e)
 {
-	if (s->nents >= s->nbuckets && grow_table(s) < 0 && s->nents >= 4 * s->nbuckets)
+	if (s->nents >= mc_lhash_n(&s->tab) && mc_lhash_grow(&s->tab, &ent_ops) < 0 &&
+	    s->nents >= 4 * mc_lhash_n(&s->tab))
 		return -ENOMEM;
 	struct ssd__ent **pp = slot_of(s, e->key, e->klen);
 	e->hnext = NULL;

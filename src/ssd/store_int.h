@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 
 #include "common/extalloc.h"
+#include "common/lhash.h"
 #include "ssd/ssd_int.h"
 
 struct metric;
@@ -53,8 +54,8 @@ struct ssd_store {
 	uint64_t compact_min;
 
 	/* the table */
-	struct ssd__ent **tab;
-	size_t nbuckets, nents;       /* entries in the table */
+	struct mc_lhash tab;          /* chains of entries by hnext (common/lhash.h) */
+	size_t nents;                 /* entries in the table */
 	struct ssd__ent *head, *tail; /* seq order */
 	/* DEAD entries awaiting their extent's reuse, in del_commit order
 	 * (it never decreases), and those whose extent is never reused. */
