@@ -97,8 +97,7 @@ int agent__inv_add(struct agent_inv *v, const uint8_t *key, size_t klen,
 	e->rec = *rec;
 	e->seq = ++v->seq;
 	e->epoch = v->epoch;
-	if (v->n > mc_lhash_n(&v->tab))
-		mc_lhash_grow(&v->tab, &entry_ops); /* (-ENOMEM: longer chains) */
+	mc_lhash_added(&v->tab, v->n, &entry_ops);
 	return 0;
 }
 

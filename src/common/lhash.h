@@ -4,8 +4,8 @@
  * rehashing the whole table. Doubling a table at once walks every node,
  * each a cache miss: 2.4 s of the master's loop at 8.4M objects, and as
  * long again at every doubling after. Here an insert that takes the load
- * past one node per bucket splits one bucket: its chain is divided between
- * it and a new bucket by the next bit of the nodes' hashes.
+ * past 3 nodes for 4 buckets splits one or two buckets: a chain is divided
+ * between its bucket and a new one by the next bit of the nodes' hashes.
  *
  * Buckets [0, split) and [base, base + split) are split this round;
  * [split, base) not yet: a hash's bucket is h mod base, or h mod 2 base
@@ -63,6 +63,16 @@ static inline void **mc_lhash_bucket(const struct mc_lhash *t, uint64_t h)
  * table is as it was: longer chains, still correct, so a caller may go
  * on without it). */
 int mc_lhash_grow(struct mc_lhash *t, const struct mc_lhash_ops *ops);
+
+/* After an insert that made the table hold `count` nodes: add buckets
+ * while there are more than 3 nodes for 4 buckets (at most two splits
+ * an insert), the load at which doubling kept chains on average. */
+static inline void mc_lhash_added(struct mc_lhash *t, size_t count,
+				  const struct mc_lhash_ops *ops)
+{
+	while (count * 4 > mc_lhash_n(t) * 3 && mc_lhash_grow(t, ops) == 0)
+		;
+}
 
 /* Bytes of the array. */
 static inline size_t mc_lhash_bytes(const struct mc_lhash *t)

@@ -1,8 +1,8 @@
 /*
  * index: the master core's object index (core_int.h), pure.
  *
- * A chained hash table of objects (common/lhash.h: a bucket added, by
- * splitting one, whenever the load passes 1, so no insert rehashes the
+ * A chained hash table of objects (common/lhash.h: a bucket or two added,
+ * by splitting, whenever the load passes 3/4, so no insert rehashes the
  * whole index). Each object is one allocation: header, replicas, key.
  * COMPLETE objects sit on one of three LRU lists (plain and soft-pinned
  * ones with a DRAM replica, and those on SSD segments only), in the
@@ -163,8 +163,7 @@ void master__index_link(struct master_index *ix, struct master_obj *o)
 	lru_push(obj_list(ix, o), o);
 	if (o->flags & MASTER_OBJ_PENDING)
 		ix->npending++;
-	if (ix->nobjs > mc_lhash_n(&ix->tab))
-		mc_lhash_grow(&ix->tab, &obj_ops); /* (-ENOMEM: longer chains) */
+	mc_lhash_added(&ix->tab, ix->nobjs, &obj_ops);
 }
 
 void master__index_del(struct master_index *ix, struct master_obj *o)

@@ -248,8 +248,10 @@ struct ssd__ent *ssd__ent_new(const void *key, size_t klen)
 /* Into the table and the seq list (at its end). */
 int ssd__ent_insert(struct ssd_store *s, struct ssd__ent *e)
 {
-	if (s->nents >= mc_lhash_n(&s->tab) && mc_lhash_grow(&s->tab, &ent_ops) < 0 &&
-	    s->nents >= 4 * mc_lhash_n(&s->tab))
+	/* (Refused only when the table cannot grow and is already full
+	 * four times over.) */
+	mc_lhash_added(&s->tab, s->nents + 1, &ent_ops);
+	if (s->nents >= 4 * mc_lhash_n(&s->tab))
 		return -ENOMEM;
 	struct ssd__ent **pp = slot_of(s, e->key, e->klen);
 	e->hnext = NULL;
