@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "common/lhash.h"
+#include "test_rand.h"
 
 struct node {
 	uint64_t h;
@@ -29,14 +30,11 @@ static uint64_t hash_of(const void *n)
 
 static const struct mc_lhash_ops ops = {link_of, hash_of};
 
-static uint64_t rng = 88172645463325252ull;
+static uint64_t rng = TEST_RAND_SEED;
 
 static uint64_t next_hash(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return test_rand(&rng);
 }
 
 /* File n, then grow as the tables do (mc_lhash_added). */

@@ -17,15 +17,13 @@
 #include <string.h>
 
 #include "../fuzz/pb_check.h"
+#include "test_rand.h"
 
-static uint64_t rng = 88172645463325252ull;
+static uint64_t rng = TEST_RAND_SEED;
 
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return test_rand(&rng);
 }
 
 /* A random value of a random width (small ones common). */

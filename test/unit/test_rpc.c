@@ -27,6 +27,7 @@
 #include "health.pb-c.h"
 #include "rpc/rpc.h"
 #include "rpc/rpc_int.h"
+#include "test_rand.h"
 
 #define MiB (1u << 20)
 #define WAIT_MS 15000
@@ -554,11 +555,9 @@ Test(rpc, sixteen_mib_both_directions)
 	fx_init(&f, NULL, NULL);
 	size_t n = 16 * MiB;
 	uint8_t *big = malloc(n);
-	uint64_t x = 88172645463325252ull;
+	uint64_t x = TEST_RAND_SEED;
 	for (size_t i = 0; i < n; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
+		test_rand(&x);
 		memcpy(big + i, &x, 8);
 	}
 	uint64_t sum = mc_hash64(big, n);
