@@ -8,7 +8,7 @@
  * too. When a snapshot for a re-sync finds two entries over the same
  * space, only the newer is kept (the space was reused, so the older
  * one's bytes are gone). A chained hash table keyed by the object key
- * (common/lhash.h: it grows a bucket at a time, so no put rehashes it);
+ * (common/lhash.h: it grows a bucket or two a put, so no put rehashes it);
  * sequence numbers order changes by age, epochs mark what a listing of
  * the segment saw. Pure.
  */
