@@ -796,7 +796,9 @@ int agent__mlink_start(struct agent *a)
 	if (!a->mlink.leader_key)
 		return -ENOMEM;
 	snprintf(a->mlink.leader_key, klen, "/mooncake/%s/master", a->mlink.cluster_id);
-	struct etcd_opts eo = {.endpoints = a->mlink.meta_endpoints};
+	struct etcd_opts eo = {.endpoints = a->mlink.meta_endpoints,
+			       .auth_key = a->secret_len ? a->secret : NULL,
+			       .auth_key_len = a->secret_len};
 	int rc = etcd_client_new(a->loop, &eo, &a->mlink.etcd);
 	if (rc) {
 		log_error("--meta-endpoints %s: %s", a->mlink.meta_endpoints, mc_strerror(rc));

@@ -390,27 +390,35 @@ int mc_secret_find(const struct cfg *c, bool create, bool public_listen, struct 
 
 /* ------------------------------------------------------------ RPC tokens */
 
-#define TOKEN_LABEL "mooncake-rpc-v1"
+/* Both kinds of token: "<tag><ms>.<nonce hex>.<mac hex>", the mac
+ * HMAC(key, label 0 <ms> 0 <nonce>); the label keeps one kind from
+ * passing for the other. */
+#define RPC_TAG "v1."
+#define RPC_LABEL "mooncake-rpc-v1"
+#define BEARER_TAG "b1."
+#define BEARER_LABEL "mooncake-bearer-v1"
 
-static void token_mac(const uint8_t *key, size_t klen, const char *ts, size_t tslen,
-		      const uint8_t nonce[MC_RPC_NONCE_BYTES], uint8_t out[MC_SHA256_BYTES])
+static void token_mac(const uint8_t *key, size_t klen, const char *label, const char *ts,
+		      size_t tslen, const uint8_t nonce[MC_RPC_NONCE_BYTES],
+		      uint8_t out[MC_SHA256_BYTES])
 {
 	static const uint8_t zero = 0;
-	const void *parts[] = {TOKEN_LABEL, &zero, ts, &zero, nonce};
-	size_t lens[] = {strlen(TOKEN_LABEL), 1, tslen, 1, MC_RPC_NONCE_BYTES};
+	const void *parts[] = {label, &zero, ts, &zero, nonce};
+	size_t lens[] = {strlen(label), 1, tslen, 1, MC_RPC_NONCE_BYTES};
 	mc_hmac_sha256(key, klen, parts, lens, MC_ARRAY_LEN(parts), out);
 }
 
-int mc_rpc_token(const uint8_t *key, size_t klen, uint64_t wall_ms, char out[MC_RPC_TOKEN_MAX])
+static int token_make(const uint8_t *key, size_t klen, const char *tag, const char *label,
+		      uint64_t ms, char out[MC_RPC_TOKEN_MAX])
 {
 	uint8_t nonce[MC_RPC_NONCE_BYTES], mac[MC_SHA256_BYTES];
 	int rc = mc_random(nonce, sizeof(nonce));
 	if (rc)
 		return rc;
 	char ts[24];
-	int tslen = snprintf(ts, sizeof(ts), "%" PRIu64, wall_ms);
-	token_mac(key, klen, ts, (size_t)tslen, nonce, mac);
-	int n = snprintf(out, MC_RPC_TOKEN_MAX, "v1.%s.", ts);
+	int tslen = snprintf(ts, sizeof(ts), "%" PRIu64, ms);
+	token_mac(key, klen, label, ts, (size_t)tslen, nonce, mac);
+	int n = snprintf(out, MC_RPC_TOKEN_MAX, "%s%s.", tag, ts);
 	to_hex(nonce, sizeof(nonce), out + n);
 	n += 2 * (int)sizeof(nonce);
 	out[n++] = '.';
@@ -419,12 +427,15 @@ int mc_rpc_token(const uint8_t *key, size_t klen, uint64_t wall_ms, char out[MC_
 	return 0;
 }
 
-int mc_rpc_token_check(const uint8_t *key, size_t klen, const char *tok, uint64_t wall_ms,
-		       uint8_t nonce[MC_RPC_NONCE_BYTES])
+/* 0 with its time and nonce when tok is a token of key of this kind.
+ * Errors: -EINVAL (not one), -EACCES (another key's). */
+static int token_parse(const uint8_t *key, size_t klen, const char *tag, const char *label,
+		       const char *tok, uint64_t *ms, uint8_t nonce[MC_RPC_NONCE_BYTES])
 {
-	if (!tok || strncmp(tok, "v1.", 3) != 0)
+	size_t taglen = strlen(tag);
+	if (!tok || strncmp(tok, tag, taglen) != 0)
 		return -EINVAL;
-	const char *ts = tok + 3, *dot = strchr(ts, '.');
+	const char *ts = tok + taglen, *dot = strchr(ts, '.');
 	size_t tslen = dot ? (size_t)(dot - ts) : 0;
 	if (tslen == 0 || tslen > 20 || strspn(ts, "0123456789") != tslen ||
 	    strlen(dot + 1) != 2 * MC_RPC_NONCE_BYTES + 1 + 2 * MC_SHA256_BYTES ||
@@ -434,10 +445,41 @@ int mc_rpc_token_check(const uint8_t *key, size_t klen, const char *tok, uint64_
 	if (!from_hex(dot + 1, MC_RPC_NONCE_BYTES, nonce) ||
 	    !from_hex(dot + 2 + 2 * MC_RPC_NONCE_BYTES, sizeof(mac), mac))
 		return -EINVAL;
-	token_mac(key, klen, ts, tslen, nonce, want);
+	token_mac(key, klen, label, ts, tslen, nonce, want);
 	if (!mc_ct_equal(mac, want, sizeof(mac)))
 		return -EACCES;
-	uint64_t at = strtoull(ts, NULL, 10);
+	*ms = strtoull(ts, NULL, 10);
+	return 0;
+}
+
+int mc_rpc_token(const uint8_t *key, size_t klen, uint64_t wall_ms, char out[MC_RPC_TOKEN_MAX])
+{
+	return token_make(key, klen, RPC_TAG, RPC_LABEL, wall_ms, out);
+}
+
+int mc_rpc_token_check(const uint8_t *key, size_t klen, const char *tok, uint64_t wall_ms,
+		       uint8_t nonce[MC_RPC_NONCE_BYTES])
+{
+	uint64_t at;
+	int rc = token_parse(key, klen, RPC_TAG, RPC_LABEL, tok, &at, nonce);
+	if (rc)
+		return rc;
 	uint64_t skew = at > wall_ms ? at - wall_ms : wall_ms - at;
 	return skew <= MC_RPC_TOKEN_WINDOW_MS ? 0 : -ETIME;
+}
+
+int mc_bearer_token(const uint8_t *key, size_t klen, uint64_t expires_ms,
+		    char out[MC_RPC_TOKEN_MAX])
+{
+	return token_make(key, klen, BEARER_TAG, BEARER_LABEL, expires_ms, out);
+}
+
+int mc_bearer_check(const uint8_t *key, size_t klen, const char *tok, uint64_t wall_ms)
+{
+	uint64_t until;
+	uint8_t nonce[MC_RPC_NONCE_BYTES];
+	int rc = token_parse(key, klen, BEARER_TAG, BEARER_LABEL, tok, &until, nonce);
+	if (rc)
+		return rc;
+	return wall_ms < until ? 0 : -ETIME;
 }

@@ -127,4 +127,20 @@ int mc_rpc_token(const uint8_t *key, size_t klen, uint64_t wall_ms,
 int mc_rpc_token_check(const uint8_t *key, size_t klen, const char *tok, uint64_t wall_ms,
 		       uint8_t nonce[MC_RPC_NONCE_BYTES]) MC_MUST_CHECK;
 
+/*
+ * Bearer tokens: what the meta role's etcd Authenticate gives a client
+ * that knows the secret (in place of etcd's "simple" token; the client
+ * sends it in the "token" header of its later calls):
+ * "b1.<expiry wall ms>.<16-byte nonce hex>.<mac hex>", the mac
+ * HMAC(secret, "mooncake-bearer-v1" 0 <expiry> 0 <nonce>). Any holder of
+ * the secret can check one, so it is good on every member until it
+ * expires, on any connection, as etcd's are.
+ */
+int mc_bearer_token(const uint8_t *key, size_t klen, uint64_t expires_ms,
+		    char out[MC_RPC_TOKEN_MAX]) MC_MUST_CHECK;
+/* 0 when tok is a bearer token of key not expired at wall_ms. Errors:
+ * -EINVAL (not a token), -EACCES (another key's), -ETIME (expired). */
+int mc_bearer_check(const uint8_t *key, size_t klen, const char *tok,
+		    uint64_t wall_ms) MC_MUST_CHECK;
+
 #endif

@@ -72,19 +72,34 @@
 	  "descriptor fetch; the same file on every host (mooncakectl secret " \
 	  "create F makes one); a master given it requires a token of it of " \
 	  "every caller of its API, a meta member of every caller of its " \
-	  "peer port (the other members); empty: <data-dir>/cluster.secret, " \
-	  "created (random, 0600) at the agent's first start, allowed only " \
+	  "peer port (the other members) and etcd API (--client-auth); " \
+	  "empty: <data-dir>/cluster.secret, created (random, 0600) at the " \
+	  "agent's first start, allowed only " \
 	  "while the agent listens on loopback addresses (a master or a meta " \
-	  "peer port without it then only on loopback, open to local " \
-	  "callers)") \
+	  "peer port or etcd API without it then only on loopback, open to " \
+	  "local callers)") \
 	X(INSECURE_TRANSFER, "insecure-transfer", COMMON, BOOL, "false", 0, 0, NULL, \
 	  "run the transfer engine without authentication: anyone who " \
 	  "reaches its data or RPC port reads and writes its registered " \
-	  "memory, and a master or a meta peer port listen beyond loopback " \
-	  "open to anyone; logged as a warning at every start; not with " \
+	  "memory, and a master, a meta peer port or etcd API listen " \
+	  "beyond loopback open to anyone; logged as a warning at every " \
+	  "start; not with " \
 	  "--cluster-secret-file") \
 	X(LISTEN_CLIENT, "listen-client", META, ADDR, "127.0.0.1:2379", 0, 0, NULL, \
 	  "meta: etcd v3 gRPC API (host:port, numeric)") \
+	X(CLIENT_AUTH, "client-auth", META, ENUM, "secret", 0, 0, "secret|none", \
+	  "meta: who may call the etcd API on --listen-client. secret: with " \
+	  "--cluster-secret-file, only callers that prove it (the daemons " \
+	  "and mooncakectl with a token of it; etcd clients as user root " \
+	  "with the secret file's contents as password, e.g. etcdctl --user " \
+	  "root:SECRET); without one the API is open and listens on loopback " \
+	  "only (else --insecure-transfer). none: anyone who reaches the port " \
+	  "(etcd clients without credentials, such as upstream Mooncake's), " \
+	  "a warning at every start") \
+	X(AUTH_TOKEN_TTL, "auth-token-ttl", META, DURATION, "5m", 1000, 86400000, NULL, \
+	  "meta: how long a token from the etcd API's Authenticate is good " \
+	  "for (etcd's --auth-token-ttl); its client then authenticates " \
+	  "again") \
 	X(LISTEN_PEER, "listen-peer", META, ADDR, "127.0.0.1:2380", 0, 0, NULL, \
 	  "meta: Raft peer gRPC (host:port)") \
 	X(META_HTTP, "meta-http", META, ADDR, "127.0.0.1:2381", 0, 0, NULL, \

@@ -197,6 +197,15 @@ void cfg_print_effective(FILE *f, const struct cfg *c)
 	}
 }
 
+/* The escaped length of the word at s (up to a space). */
+static size_t roff_word(const char *s)
+{
+	size_t n = 2; /* a leading "\&" */
+	for (; *s && *s != ' '; s++)
+		n += *s == '\\' || *s == '-' ? 2 : 1;
+	return n;
+}
+
 /* Write s escaped for roff (backslash, minus, a leading dot), breaking
  * the input line at spaces so no line is longer than 80 bytes. */
 static void roff(FILE *f, const char *s)
@@ -204,7 +213,7 @@ static void roff(FILE *f, const char *s)
 	size_t col = 0;
 	bool bol = true;
 	for (; *s; s++) {
-		if (*s == ' ' && col > 60) {
+		if (*s == ' ' && (col > 60 || col + 1 + roff_word(s + 1) > 79)) {
 			fputc('\n', f);
 			col = 0;
 			bol = true;

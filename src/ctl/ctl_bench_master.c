@@ -539,7 +539,7 @@ int ctl_bench_master_main(int argc, char **argv)
 		target = addr;
 	}
 	struct rpc_client_opts co = {.max_message_bytes = 256u << 20, .metrics = reg};
-	if (ctl_master_client(&loop, target, &co, &c)) {
+	if (ctl_rpc_client(&loop, target, &co, &c)) {
 		rc = CTL_EXIT_USAGE;
 		goto out_srv;
 	}

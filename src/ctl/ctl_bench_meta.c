@@ -232,7 +232,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: mooncakectl bench meta --endpoints=URL[,URL...] [--clients=64] [--conns=8]\n"
 		"         [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]\n"
-		"         [--rate=OPS] [--latency-log=FILE]\n\n"
+		"         [--rate=OPS] [--latency-log=FILE] [--cluster-secret-file=F]\n\n"
 		"Puts --total distinct keys, then reads them back with linearizable Range\n"
 		"calls, keeping --clients requests in flight over --conns connections spread\n"
 		"over the endpoints (etcd v3 API: a mooncaked meta cluster or a real etcd),\n"
@@ -241,7 +241,9 @@ static void usage(FILE *f)
 		"per put: END_UNIX_MS LATENCY_US OK.\n"
 		"Prints ops/s and p50/p99 latency of each phase; with --fsync-dir also the\n"
 		"disk's fdatasync/s there, the limit of one sync per write. The last line\n"
-		"is RESULT key=value ... for scripts. Figures, never pass/fail.\n");
+		"is RESULT key=value ... for scripts. Figures, never pass/fail.\n"
+		"Members whose etcd API requires the cluster secret (--client-auth) get a\n"
+		"token of --cluster-secret-file (default $MOONCAKE_CLUSTER_SECRET_FILE).\n");
 }
 
 static bool parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -289,6 +291,9 @@ int ctl_bench_meta_main(int argc, char **argv)
 			ok = parse_u64(v, 1, 10000000, &rate);
 		} else if (ctl_flag_value(argc, argv, &i, "latency-log", &v)) {
 			latlog = v;
+			ok = v && *v;
+		} else if (ctl_flag_value(argc, argv, &i, "cluster-secret-file", &v)) {
+			ctl_secret_file(v);
 			ok = v && *v;
 		} else if (ctl_flag_value(argc, argv, &i, "fsync-dir", &v)) {
 			fsync_dir = v;
@@ -353,9 +358,7 @@ int ctl_bench_meta_main(int argc, char **argv)
 	reg = metrics_registry_new();
 	struct rpc_client_opts co = {.max_message_bytes = 64u << 20, .metrics = reg};
 	for (size_t i = 0; i < conns; i++) {
-		if (rpc_client_new(&b.loop, names[i % neps], &co, &b.cli[i])) {
-			fprintf(stderr, "mooncakectl bench meta: bad endpoint \"%s\"\n",
-				names[i % neps]);
+		if (ctl_rpc_client(&b.loop, names[i % neps], &co, &b.cli[i])) {
 			rc = CTL_EXIT_USAGE;
 			goto out_clients;
 		}

@@ -107,6 +107,11 @@ static void put_report(struct table *t, const char *node, const struct doctor_re
 
 /* ------------------------------------------------------------ calls */
 
+/* The cluster secret when this process can read it: every call proves it
+ * (a meta member's etcd API or a master may require it; the others take
+ * no notice of the token). */
+static const struct mc_secret *call_secret;
+
 /* One unary call on a connection of its own. Returns the gRPC status. */
 static int call(const char *addr, const char *path, const ProtobufCMessage *req,
 		const ProtobufCMessageDescriptor *desc, uint64_t timeout_ms,
@@ -117,6 +122,10 @@ static int call(const char *addr, const char *path, const ProtobufCMessage *req,
 	struct rpc_client_opts o = {.connect_timeout_ms = timeout_ms,
 				    .max_message_bytes = 64u << 20,
 				    .backoff_initial_ms = timeout_ms};
+	if (call_secret && call_secret->len) {
+		o.auth_key = call_secret->key;
+		o.auth_key_len = call_secret->len;
+	}
 	*resp = NULL;
 	if (uv_loop_init(&loop)) {
 		snprintf(err, errlen, "cannot create an event loop");
@@ -757,25 +766,29 @@ int ctl_doctor_main(int argc, char **argv)
 	doctor_report_free(&rep);
 
 	if (!node_only) {
+		struct mc_secret *sec = malloc(sizeof(*sec));
+		char sec_err[1024];
+		bool have = sec && mc_secret_find(&cfg, false, false, sec, sec_err,
+						  sizeof(sec_err)) == 0;
+		if (!sec)
+			snprintf(sec_err, sizeof(sec_err), "out of memory");
+		call_secret = have ? sec : NULL;
 		struct meta_view mv;
 		check_meta(&t, &cfg, tmo, &mv);
 		struct seg *segs = calloc(MAX_SEGMENTS, sizeof(*segs));
 		size_t nsegs = 0;
 		if (!segs)
 			rc = -ENOMEM;
-		else if (mv.endpoint[0]) {
-			struct mc_secret sec;
-			char sec_err[1024];
-			bool have = mc_secret_find(&cfg, false, false, &sec, sec_err,
-						   sizeof(sec_err)) == 0;
-			nsegs = check_segments(&t, &mv, tmo, segs, have ? &sec : NULL,
-					       sec_err);
-			mc_secret_clear(&sec);
-		}
+		else if (mv.endpoint[0])
+			nsegs = check_segments(&t, &mv, tmo, segs, call_secret, sec_err);
 		check_master(&t, &cfg, &mv, tmo);
 		if (cluster && segs)
 			check_agents(&t, segs, nsegs, tmo);
 		free(segs);
+		call_secret = NULL;
+		if (sec)
+			mc_secret_clear(sec);
+		free(sec);
 	}
 
 	enum doctor_verdict worst = DOCTOR_OK;

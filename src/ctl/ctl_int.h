@@ -30,12 +30,14 @@ int ctl_agent_stats(const char *socket);
 int ctl_master_dram_segments(const char *addr, unsigned *ready);
 struct rpc_client;
 struct rpc_client_opts;
-/* A client of the master at addr with the options o (NULL: defaults)
- * that proves the cluster secret when one is given (the command's
- * --cluster-secret-file, or $MOONCAKE_CLUSTER_SECRET_FILE). Errors:
- * printed; -EINVAL (addr), of reading the secret file, -ENOMEM. */
-int ctl_master_client(uv_loop_t *loop, const char *addr, const struct rpc_client_opts *o,
-		      struct rpc_client **out);
+/* A client of the server at addr (a master, a meta member's etcd API)
+ * with the options o (NULL: defaults) that proves the cluster secret
+ * when one is given (ctl_secret_file, else $MOONCAKE_CLUSTER_SECRET_FILE).
+ * Errors: printed; -EINVAL (addr), of reading the secret file, -ENOMEM. */
+int ctl_rpc_client(uv_loop_t *loop, const char *addr, const struct rpc_client_opts *o,
+		   struct rpc_client **out);
+/* The command's --cluster-secret-file (kept, not copied). */
+void ctl_secret_file(const char *path);
 /* put/get/rm through the local agent (ctl_store.c). */
 int ctl_put_main(int argc, char **argv);
 int ctl_get_main(int argc, char **argv);

@@ -34,13 +34,18 @@ struct mconn {
 	char addr[128];
 };
 
-/* The cluster secret for a master that requires it: the command's
+/* The cluster secret for a server that requires it: the command's
  * --cluster-secret-file, else $MOONCAKE_CLUSTER_SECRET_FILE; neither: the
- * calls carry no token (a master without a secret takes them). */
+ * calls carry no token (a server without a secret takes them). */
 static const char *secret_path;
 
-int ctl_master_client(uv_loop_t *loop, const char *addr, const struct rpc_client_opts *base,
-		      struct rpc_client **out)
+void ctl_secret_file(const char *path)
+{
+	secret_path = path;
+}
+
+int ctl_rpc_client(uv_loop_t *loop, const char *addr, const struct rpc_client_opts *base,
+		   struct rpc_client **out)
 {
 	const char *path = secret_path ? secret_path : getenv("MOONCAKE_CLUSTER_SECRET_FILE");
 	struct rpc_client_opts o = {.max_message_bytes = 256u << 20};
@@ -61,7 +66,7 @@ int ctl_master_client(uv_loop_t *loop, const char *addr, const struct rpc_client
 	int rc = rpc_client_new(loop, addr, &o, out);
 	mc_secret_clear(&sec);
 	if (rc == -EINVAL)
-		fprintf(stderr, "mooncakectl: bad master address \"%s\"\n", addr);
+		fprintf(stderr, "mooncakectl: bad address \"%s\"\n", addr);
 	return rc;
 }
 
@@ -71,7 +76,7 @@ static int mconn_open(struct mconn *mc, const char *addr)
 	if (uv_loop_init(&mc->loop))
 		return -ENOMEM;
 	snprintf(mc->addr, sizeof(mc->addr), "%s", addr);
-	int rc = ctl_master_client(&mc->loop, addr, NULL, &mc->c);
+	int rc = ctl_rpc_client(&mc->loop, addr, NULL, &mc->c);
 	if (rc)
 		(void)uv_loop_close(&mc->loop);
 	return rc;
@@ -106,7 +111,7 @@ static int mcall(struct mconn *mc, const char *method, const ProtobufCMessage *r
 		if (strcmp(addr, mc->addr) == 0)
 			return st;
 		struct rpc_client *c;
-		if (ctl_master_client(&mc->loop, addr, NULL, &c) != 0)
+		if (ctl_rpc_client(&mc->loop, addr, NULL, &c) != 0)
 			return st;
 		fprintf(stderr, "mooncakectl: %s is a standby; asking the leader %s\n",
 			mc->addr, addr);

@@ -244,7 +244,9 @@ int ctl_te_start(struct ctl_te *h, const struct ctl_te_opts *o, char *err, size_
 		return -ENOMEM;
 	}
 	if (!p2p) {
-		struct etcd_opts eo = {.endpoints = o->meta};
+		struct etcd_opts eo = {.endpoints = o->meta,
+				       .auth_key = sec.len ? sec.key : NULL,
+				       .auth_key_len = sec.len};
 		rc = etcd_client_new(&h->loop, &eo, &h->meta);
 		if (rc) {
 			snprintf(err, errlen, "--meta-endpoints '%s': %s", o->meta,

@@ -62,7 +62,7 @@ static const struct role_def role_defs[] = {
 	 {{CFG_LISTEN_CLIENT,
 	   "meta-client",
 	   {"etcdserverpb.KV", "etcdserverpb.Lease", "etcdserverpb.Watch",
-	    "etcdserverpb.Cluster", "etcdserverpb.Maintenance"}},
+	    "etcdserverpb.Cluster", "etcdserverpb.Maintenance", "etcdserverpb.Auth"}},
 	  {CFG_LISTEN_PEER, "meta-peer", {"mooncake.raft.Raft"}}},
 	 CFG_META_HTTP,
 	 &role_meta_ops,

@@ -208,7 +208,9 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 	}
 	const char *name = cfg_str(c, CFG_AGENT_NAME);
 	if (*meta) {
-		struct etcd_opts eo = {.endpoints = meta};
+		struct etcd_opts eo = {.endpoints = meta,
+				       .auth_key = sec->len ? sec->key : NULL,
+				       .auth_key_len = sec->len};
 		rc = etcd_client_new(role_loop(rt), &eo, &a->meta);
 		if (rc) {
 			log_error("--meta-endpoints '%s': %s", eo.endpoints,

@@ -20,24 +20,19 @@
 
 extern const struct role_ops role_master_ops;
 
-/* Callers of the master's API prove the cluster secret when one is
- * configured (role_require_secret). */
-static int master_auth(struct role_rt *rt, const struct cfg *cfg)
+static int master_start(struct role_rt *rt)
 {
+	const struct cfg *cfg = role_cfg(rt);
+	/* Callers of the master's API prove the cluster secret when one is
+	 * configured (role_require_secret); the master proves it to meta. */
 	struct mc_secret sec;
 	int rc = role_require_secret(cfg, rt->rpc[0], "master's API",
 				     cfg_str(cfg, CFG_MASTER_LISTEN),
 				     "remove every object or mount segments", &sec);
-	mc_secret_clear(&sec);
-	return rc;
-}
-
-static int master_start(struct role_rt *rt)
-{
-	const struct cfg *cfg = role_cfg(rt);
-	int rc = master_auth(rt, cfg);
-	if (rc)
+	if (rc) {
+		mc_secret_clear(&sec);
 		return rc;
+	}
 	char meta[1024];
 	role_meta_endpoints(cfg, meta, sizeof(meta));
 	struct master_opts o = {
@@ -56,8 +51,11 @@ static int master_start(struct role_rt *rt)
 		.high_watermark = cfg_ratio(cfg, CFG_EVICTION_HIGH_WATERMARK_RATIO),
 		.eviction_ratio = cfg_ratio(cfg, CFG_EVICTION_RATIO),
 		.mirror_log_bytes = cfg_u64(cfg, CFG_MIRROR_LOG_SIZE),
+		.meta_key = sec.len ? sec.key : NULL,
+		.meta_key_len = sec.len,
 	};
 	rc = master_new(&o, &rt->master);
+	mc_secret_clear(&sec);
 	if (rc)
 		log_error("cannot start the master: %s", mc_strerror(rc));
 	return rc;

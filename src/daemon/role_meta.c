@@ -5,17 +5,52 @@
  * to meta_node_stop, which transfers leadership first when this member
  * leads.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/auth.h"
 #include "common/cfg.h"
+#include "common/log.h"
 #include "daemon/daemon_int.h"
+#include "common/util.h"
 #include "meta/meta.h"
+#include "rpc/rpc.h"
+
+#define LOG_SUBSYS LOGS_META
 
 static void on_fatal(void *ud)
 {
 	role_fatal(ud);
+}
+
+/* Callers of the etcd API (--listen-client) prove the cluster secret
+ * when one is configured, unless --client-auth=none: the daemons with a
+ * token per connection, etcd's clients with a bearer token from
+ * Authenticate (svc_auth.c) in their "token" header. *open: it is not
+ * checked. */
+static int client_auth(struct role_rt *rt, const struct cfg *c, struct mc_secret *sec,
+		       bool *open)
+{
+	const char *listen = cfg_str(c, CFG_LISTEN_CLIENT);
+	sec->len = 0;
+	*open = strcmp(cfg_str(c, CFG_CLIENT_AUTH), "none") == 0;
+	if (*open) {
+		log_warn("--client-auth=none: the etcd API on %s is open to anyone who "
+			 "reaches it (they can rewrite the master's election and the segment "
+			 "descriptors)",
+			 listen);
+		return 0;
+	}
+	int rc = role_require_secret(c, rt->rpc[0], "meta member's etcd API", listen,
+				     "rewrite the replicated store (the master's election, "
+				     "the segment descriptors); --client-auth=none opens it "
+				     "on purpose",
+				     sec);
+	if (rc == 0 && sec->len && (rc = rpc_server_accept_bearer(rt->rpc[0], "token")))
+		log_error("meta: cannot take etcd auth tokens: %s", mc_strerror(rc));
+	*open = sec->len == 0;
+	return rc;
 }
 
 static int meta_start(struct role_rt *rt)
@@ -23,14 +58,18 @@ static int meta_start(struct role_rt *rt)
 	const struct cfg *c = role_cfg(rt);
 	/* The members prove the cluster secret to each other's peer ports
 	 * when one is configured: whoever else reached one could append to
-	 * the replicated log. (Not the etcd API: its clients know no token.) */
-	struct mc_secret sec;
-	int rc = role_require_secret(
-		c, rt->rpc[1], "meta member's peer port", cfg_str(c, CFG_LISTEN_PEER),
-		"rewrite the replicated store (the master's election, the "
-		"segment descriptors)",
-		&sec);
+	 * the replicated log. */
+	struct mc_secret sec, csec;
+	bool open;
+	int rc = client_auth(rt, c, &csec, &open);
+	if (rc == 0)
+		rc = role_require_secret(
+			c, rt->rpc[1], "meta member's peer port", cfg_str(c, CFG_LISTEN_PEER),
+			"rewrite the replicated store (the master's election, the "
+			"segment descriptors)",
+			&sec);
 	if (rc) {
+		mc_secret_clear(&csec);
 		mc_secret_clear(&sec);
 		return rc;
 	}
@@ -55,6 +94,9 @@ static int meta_start(struct role_rt *rt)
 		.max_message_bytes = cfg_u64(c, CFG_RPC_MAX_MESSAGE_SIZE),
 		.peer_key = sec.len ? sec.key : NULL,
 		.peer_key_len = sec.len,
+		.client_key = open ? NULL : csec.key,
+		.client_key_len = open ? 0 : csec.len,
+		.auth_token_ttl_ms = cfg_u64(c, CFG_AUTH_TOKEN_TTL),
 		.client_srv = rt->rpc[0],
 		.peer_srv = rt->rpc[1],
 		.client_health = rt->health[0],
@@ -66,6 +108,7 @@ static int meta_start(struct role_rt *rt)
 	struct meta_node *n;
 	rc = meta_node_new(role_loop(rt), &o, &n);
 	mc_secret_clear(&sec);
+	mc_secret_clear(&csec);
 	if (rc)
 		return rc;
 	rt->meta = n;

@@ -59,6 +59,7 @@ struct etcd_client {
 	size_t cur;
 	uint64_t timeout_ms;
 	struct list calls, leases, watches;
+	uint64_t refused_ms; /* last "refuses this process" warning */
 };
 
 /* ------------------------------------------------------------ errors */
@@ -90,6 +91,15 @@ int etcd_status_to_err(int status, const char *message)
 	default:
 		return MC_EPROTOCOL;
 	}
+}
+
+/* A member refused a call for want of the cluster secret: say so (every
+ * 10 s at most), since the callers only see -EACCES. */
+static void note_refused(struct etcd_client *c, size_t ep, int status, const char *message)
+{
+	if (status == RPC_UNAUTHENTICATED && mc_once_per(&c->refused_ms, 10000))
+		log_warn("meta %s refuses this process: %s", c->ep_names[ep],
+			 message ? message : "unauthenticated");
 }
 
 /* ------------------------------------------------------------ client */
@@ -141,7 +151,9 @@ int etcd_client_new(uv_loop_t *loop, const struct etcd_opts *opts, struct etcd_c
 		rc = parse_endpoint(p, len, &c->ep_names[c->neps]);
 		if (rc)
 			goto fail;
-		rc = rpc_client_new(loop, c->ep_names[c->neps], NULL, &c->eps[c->neps]);
+		struct rpc_client_opts ro = {.auth_key = opts ? opts->auth_key : NULL,
+					     .auth_key_len = opts ? opts->auth_key_len : 0};
+		rc = rpc_client_new(loop, c->ep_names[c->neps], &ro, &c->eps[c->neps]);
 		if (rc) {
 			free(c->ep_names[c->neps]);
 			goto fail;
@@ -256,6 +268,7 @@ static void on_call_done(void *ud, int status, const char *message,
 			return;
 	}
 	int err = etcd_status_to_err(status, message);
+	note_refused(c, k->ep, status, message);
 	if (err)
 		log_debug("%s on %s: %s (%s)", k->path, c->ep_names[k->ep],
 			  rpc_status_name(status), message ? message : "");
@@ -434,6 +447,7 @@ static void ka_on_close(struct rpc_stream *st, void *ud, int status, const char 
 	l->ka_n = 0; /* their answers are lost with the stream */
 	if (status == RPC_UNAVAILABLE)
 		rotate_from(l->c, l->ka_ep);
+	note_refused(l->c, l->ka_ep, status, message);
 	log_debug("lease keep-alive stream closed: %s %s", rpc_status_name(status),
 		  message ? message : "");
 }
@@ -691,6 +705,7 @@ static void watch_on_close(struct rpc_stream *st, void *ud, int status, const ch
 	w->st = NULL;
 	if (status == RPC_UNAVAILABLE)
 		rotate_from(w->c, w->st_ep);
+	note_refused(w->c, w->st_ep, status, message);
 	log_debug("watch stream closed: %s %s; resuming at revision %lld",
 		  rpc_status_name(status), message ? message : "", (long long)w->next_rev);
 	watch_schedule_retry(w);

@@ -31,6 +31,12 @@ struct etcd_watch;
 struct etcd_opts {
 	const char *endpoints; /* comma list of [http://]host:port */
 	uint64_t timeout_ms;   /* per call; 0: 5s */
+	/* The cluster secret, for a meta member whose etcd API requires it
+	 * (--client-auth): every connection proves it with a token
+	 * (rpc_client_opts.auth_key; copied). NULL/0: no token (etcd itself,
+	 * or a member without the check). */
+	const uint8_t *auth_key;
+	size_t auth_key_len;
 };
 
 /* Errors: -EINVAL (an endpoint does not parse), -ENOMEM. */

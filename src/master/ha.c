@@ -398,10 +398,11 @@ static void campaign(struct master *m)
 	}
 }
 
-int master__ha_start(struct master *m)
+int master__ha_start(struct master *m, const uint8_t *key, size_t klen)
 {
 	if (*m->meta_endpoints) {
-		struct etcd_opts eo = {.endpoints = m->meta_endpoints};
+		struct etcd_opts eo = {
+			.endpoints = m->meta_endpoints, .auth_key = key, .auth_key_len = klen};
 		int rc = etcd_client_new(m->loop, &eo, &m->etcd);
 		if (rc) {
 			log_error("--meta-endpoints '%s': %s", m->meta_endpoints,

@@ -376,7 +376,7 @@ int master_new(const struct master_opts *o, struct master **out)
 		rc = rpc_health_set(m->health, MASTER_SERVICE, RPC_HEALTH_NOT_SERVING);
 	if (rc)
 		goto err_core;
-	rc = master__ha_start(m);
+	rc = master__ha_start(m, o->meta_key, o->meta_key_len);
 	if (rc)
 		goto err_core;
 	uv_timer_init(m->loop, &m->tick);

@@ -48,6 +48,10 @@ struct master_opts {
 	const char *listen;
 	const char *cluster_id;
 	const char *meta_endpoints; /* NULL or "": no HA, leader at once */
+	/* The cluster secret, proven to meta members whose etcd API wants
+	 * it (etcd_opts.auth_key; copied). NULL/0: none. */
+	const uint8_t *meta_key;
+	size_t meta_key_len;
 	uint64_t agent_ttl_ms;
 	uint64_t put_timeout_ms;
 	uint64_t lease_ttl_ms;        /* read lease of GetReplicas */

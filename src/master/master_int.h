@@ -122,8 +122,9 @@ void master__sync_close(struct master *m, uv_close_cb cb);
 /* Forget parked calls without answering them (their server is gone: the
  * loop ended without a stop). */
 void master__sync_free(struct master *m);
-/* ha.c: start campaigning (or lead at once without meta), stop. */
-int master__ha_start(struct master *m) MC_MUST_CHECK;
+/* ha.c: start campaigning (or lead at once without meta), stop. key: the
+ * cluster secret meta's etcd API may want (copied; NULL: none). */
+int master__ha_start(struct master *m, const uint8_t *key, size_t klen) MC_MUST_CHECK;
 void master__ha_stop(struct master *m, void (*done)(struct master *m));
 void master__ha_free(struct master *m);
 

@@ -72,6 +72,17 @@ struct meta_options {
 	 * are open). */
 	const uint8_t *peer_key;
 	size_t peer_key_len;
+	/* The etcd API's one user (etcd's Authenticate): with client_key,
+	 * user "root" with this key as its password gets a bearer token
+	 * (mc_bearer_token) good for auth_token_ttl_ms (0: 5 minutes), which
+	 * client_srv, made by the caller to require the key and take the
+	 * token in the "token" header (rpc_server_accept_bearer), accepts on
+	 * every member with the key. Copied by meta_node_new. NULL/0:
+	 * Authenticate answers "authentication is not enabled", as etcd's
+	 * does without auth. */
+	const uint8_t *client_key;
+	size_t client_key_len;
+	uint64_t auth_token_ttl_ms;
 	/* The role's servers (borrowed): services are registered on them
 	 * and their health set SERVING once they work. */
 	struct rpc_server *client_srv, *peer_srv;

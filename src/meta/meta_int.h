@@ -213,6 +213,8 @@ struct meta_node {
 	char *dir, *wal_dir, *snap_dir, *member_path;
 	char *self_peer_url, *self_client_url; /* http://host:port */
 	uint8_t *peer_key;                     /* o.peer_key's copy (wiped when freed) */
+	uint8_t *client_key;                   /* o.client_key's copy (wiped when freed) */
+	uint64_t auth_told_ms;                 /* last failed Authenticate logged */
 	uint64_t id; /* this member's; the cluster's is sm.cluster_id */
 	uint64_t request_timeout_ms;
 	bool running;   /* the Raft core exists and is driven */
@@ -543,6 +545,11 @@ void meta__svc_close_streams(struct meta_node *n);
 /* ------------------------------------------------------------- svc_watch.c */
 
 int meta__watch_service_add(struct meta_node *n) MC_MUST_CHECK;
+
+/* ------------------------------------------------------------- svc_auth.c */
+
+/* Register etcdserverpb.Auth (Authenticate) on the client server. */
+int meta__auth_service_add(struct meta_node *n) MC_MUST_CHECK;
 /* After entries were applied: route events and hand them out. */
 void meta__watch_pump(struct meta_node *n);
 /* The store was replaced by a snapshot: rebuild the registry. */

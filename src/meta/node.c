@@ -146,9 +146,9 @@ void meta__update_metrics(struct meta_node *n)
 
 int meta__set_health(struct meta_node *n, enum rpc_health_status st)
 {
-	static const char *const client_svcs[] = {"etcdserverpb.KV", "etcdserverpb.Lease",
-						  "etcdserverpb.Watch", "etcdserverpb.Cluster",
-						  "etcdserverpb.Maintenance"};
+	static const char *const client_svcs[] = {
+		"etcdserverpb.KV",      "etcdserverpb.Lease",       "etcdserverpb.Watch",
+		"etcdserverpb.Cluster", "etcdserverpb.Maintenance", "etcdserverpb.Auth"};
 	int rc = 0;
 	for (size_t i = 0; n->o.client_health && i < MC_ARRAY_LEN(client_svcs) && !rc; i++)
 		rc = rpc_health_set(n->o.client_health, client_svcs[i], st);
@@ -169,6 +169,25 @@ void meta__start_running(struct meta_node *n)
 		log_warn("cannot set the services' health");
 	meta__update_metrics(n);
 	meta__kick(n);
+}
+
+/* *out: a copy of the len bytes at key, or NULL when len is 0 (wiped by
+ * wipe_key when the node is freed). */
+static int copy_key(const uint8_t *key, size_t len, uint8_t **out)
+{
+	*out = len ? malloc(len) : NULL;
+	if (len && !*out)
+		return -ENOMEM;
+	if (len)
+		memcpy(*out, key, len);
+	return 0;
+}
+
+static void wipe_key(uint8_t *key, size_t len)
+{
+	if (key)
+		memset(key, 0, len);
+	free(key);
 }
 
 static int copy_opts(struct meta_node *n, const struct meta_options *o)
@@ -205,14 +224,11 @@ static int copy_opts(struct meta_node *n, const struct meta_options *o)
 	n->o.advertise_peer = NULL;
 	n->o.advertise_client = NULL;
 	n->o.data_dir = NULL;
-	n->o.peer_key = NULL;
-	if (o->peer_key_len) {
-		n->peer_key = malloc(o->peer_key_len);
-		if (!n->peer_key)
-			return -ENOMEM;
-		memcpy(n->peer_key, o->peer_key, o->peer_key_len);
-		n->o.peer_key = n->peer_key;
-	}
+	if (copy_key(o->peer_key, o->peer_key_len, &n->peer_key) ||
+	    copy_key(o->client_key, o->client_key_len, &n->client_key))
+		return -ENOMEM;
+	n->o.peer_key = n->peer_key;
+	n->o.client_key = n->client_key;
 	if (!*n->name) {
 		log_error("--name must not be empty");
 		return MC_ECONFIG;
@@ -268,9 +284,8 @@ static void node_free_state(struct meta_node *n)
 	free(n->late);
 	free(n->unreachable);
 	free(n->snap_reports);
-	if (n->peer_key)
-		memset(n->peer_key, 0, n->o.peer_key_len);
-	free(n->peer_key);
+	wipe_key(n->peer_key, n->o.peer_key_len);
+	wipe_key(n->client_key, n->o.client_key_len);
 	free(n->name);
 	free(n->initial_cluster);
 	free(n->listen_peer);
@@ -310,7 +325,7 @@ int meta_node_new(uv_loop_t *loop, const struct meta_options *o, struct meta_nod
 	if ((rc = watch_registry_new(n->sm.store, 0, &n->watch)))
 		goto fail;
 	if ((rc = meta__svc_add(n)) || (rc = meta__watch_service_add(n)) ||
-	    (rc = meta__peer_service_add(n))) {
+	    (rc = meta__auth_service_add(n)) || (rc = meta__peer_service_add(n))) {
 		log_error("cannot register the meta services: %s", mc_strerror(rc));
 		goto fail;
 	}

@@ -103,6 +103,16 @@ UNARY_HANDLER(on_move_leader, META_M_MOVE_LEADER)
 		.response = meta__methods[m].resp, .on_message = fn, \
 		.on_cancel = unary_cancel \
 	}
+/* One that a member whose etcd API wants the cluster secret serves to
+ * anyone, as etcd with auth enabled serves MemberList and Status: the
+ * members' addresses and state, what a client needs to find the others
+ * (etcdctl --cluster asks for the member list without credentials). */
+#define OPEN_UNARY_METHOD(nm, fn, m) \
+	{ \
+		.name = nm, .kind = RPC_UNARY, .request = meta__methods[m].req, \
+		.response = meta__methods[m].resp, .on_message = fn, \
+		.on_cancel = unary_cancel, .no_auth = true \
+	}
 
 /* ------------------------------------------------------------- LeaseKeepAlive */
 
@@ -360,11 +370,11 @@ static void build_tables(void)
 		UNARY_METHOD("MemberAdd", on_member_add, META_M_MEMBER_ADD),
 		UNARY_METHOD("MemberRemove", on_member_remove, META_M_MEMBER_REMOVE),
 		UNARY_METHOD("MemberUpdate", on_member_update, META_M_MEMBER_UPDATE),
-		UNARY_METHOD("MemberList", on_member_list, META_M_MEMBER_LIST),
+		OPEN_UNARY_METHOD("MemberList", on_member_list, META_M_MEMBER_LIST),
 		UNARY_METHOD("MemberPromote", on_member_promote, META_M_MEMBER_PROMOTE),
 	};
 	struct rpc_method maint[] = {
-		UNARY_METHOD("Status", on_status, META_M_STATUS),
+		OPEN_UNARY_METHOD("Status", on_status, META_M_STATUS),
 		UNARY_METHOD("Alarm", on_alarm, META_M_ALARM),
 		UNARY_METHOD("MoveLeader", on_move_leader, META_M_MOVE_LEADER),
 		{.name = "Hash",

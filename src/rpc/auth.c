@@ -7,6 +7,11 @@
  * the token's window, so that a token read off the wire opens no other
  * connection, and at most AUTH_MAX_NONCES of them (past that, proofs
  * wait for old ones to expire: only holders of the secret can fill it).
+ * A server may also take a bearer token (mc_bearer_check) in a header of
+ * its choosing (the meta role's etcd API: "token", what etcd's clients
+ * send after Authenticate); and a method marked no_auth (that
+ * Authenticate) is served on a connection that proved nothing, without
+ * proving it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -37,6 +42,7 @@ struct rpc__auth {
 	size_t head, n;
 	struct metric *m_refused;
 	uint64_t told_ms;
+	char bearer[32]; /* the bearer token's header, or "" */
 };
 
 int rpc_server_require_auth(struct rpc_server *s, const uint8_t *key, size_t len)
@@ -62,6 +68,14 @@ int rpc_server_require_auth(struct rpc_server *s, const uint8_t *key, size_t len
 	}
 	memcpy(a->key, key, len);
 	a->klen = len;
+	return 0;
+}
+
+int rpc_server_accept_bearer(struct rpc_server *s, const char *header)
+{
+	if (!s->auth || !header || !*header || strlen(header) >= sizeof(s->auth->bearer))
+		return -EINVAL;
+	snprintf(s->auth->bearer, sizeof(s->auth->bearer), "%s", header);
 	return 0;
 }
 
@@ -97,11 +111,22 @@ static int nonce_fresh(struct rpc__auth *a, const uint8_t *nonce, uint64_t now)
 	return 0;
 }
 
+/* Why a call was refused, for its status message and the log. */
+static const char *refusal(int rc)
+{
+	return rc == -ENOENT   ? "no mooncake-auth token"
+	       : rc == -EACCES ? "the token was made with another secret"
+	       : rc == -ETIME  ? "the token's clock is more than 5 minutes off ours"
+	       : rc == -EEXIST ? "the token was used before"
+	       : rc == -EBUSY  ? "too many connections proven recently; retry"
+			       : "the mooncake-auth header is not a token";
+}
+
 int rpc__auth_admit(struct rpc_call *call, const char *path, char *why, size_t wlen)
 {
 	struct rpc_server *s = call->s;
 	struct rpc__auth *a = s->auth;
-	if (!a || !call->tp->proven ||
+	if (!a || !call->tp->proven || (call->m && call->m->no_auth) ||
 	    (path && strncmp(path, HEALTH_PREFIX, sizeof(HEALTH_PREFIX) - 1) == 0))
 		return 0;
 	bool *proven = call->tp->proven(call);
@@ -112,24 +137,45 @@ int rpc__auth_admit(struct rpc_call *call, const char *path, char *why, size_t w
 	if (*proven)
 		return 0;
 	const char *tok = rpc_call_header(call, AUTH_HEADER);
+	const char *bearer = !tok && a->bearer[0] ? rpc_call_header(call, a->bearer) : NULL;
 	uint8_t nonce[MC_RPC_NONCE_BYTES];
 	uint64_t now = mc_wall_ms();
-	int rc = tok ? mc_rpc_token_check(a->key, a->klen, tok, now, nonce) : -ENOENT;
-	if (rc == 0)
-		rc = nonce_fresh(a, nonce, now);
+	int rc = -ENOENT;
+	if (bearer) {
+		rc = mc_bearer_check(a->key, a->klen, bearer, now);
+	} else if (tok) {
+		rc = mc_rpc_token_check(a->key, a->klen, tok, now, nonce);
+		if (rc == 0)
+			rc = nonce_fresh(a, nonce, now);
+	}
 	if (rc == 0) {
 		*proven = true;
 		return 0;
 	}
-	const char *what = rc == -ENOENT   ? "no mooncake-auth token"
-			   : rc == -EACCES ? "the token was made with another secret"
-			   : rc == -ETIME ? "the token's clock is more than 5 minutes off ours"
-			   : rc == -EEXIST ? "the token was used before"
-			   : rc == -EBUSY  ? "too many connections proven recently; retry"
-					   : "the mooncake-auth header is not a token";
-	snprintf(why, wlen,
-		 "this server requires the cluster secret (--cluster-secret-file): %s", what);
 	metric_inc(a->m_refused);
+	if (bearer) {
+		/* etcd's words, which its clients answer by authenticating
+		 * again (an expired token, or one of another cluster). */
+		snprintf(why, wlen, "etcdserver: invalid auth token");
+		if (mc_once_per(&a->told_ms, 10000))
+			log_warn("%s: refused a call from %s: its %s token %s (mooncake_rpc_"
+				 "server_unauthenticated_total counts them)",
+				 s->name, rpc_call_peer(call), a->bearer,
+				 rc == -ETIME ? "expired"
+					      : "is not one of the cluster secret");
+		return RPC_UNAUTHENTICATED;
+	}
+	const char *what = refusal(rc);
+	if (a->bearer[0] && rc == -ENOENT)
+		snprintf(
+			why, wlen,
+			"this server requires the cluster secret (--cluster-secret-file): no "
+			"mooncake-auth token and no etcd auth token (etcd clients: user root, "
+			"the secret file's contents as password, e.g. etcdctl --user root:...)");
+	else
+		snprintf(why, wlen,
+			 "this server requires the cluster secret (--cluster-secret-file): %s",
+			 what);
 	if (mc_once_per(&a->told_ms, 10000))
 		log_warn("%s: refused a call from %s: %s (mooncake_rpc_server_"
 			 "unauthenticated_total counts them)",

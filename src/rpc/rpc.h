@@ -81,6 +81,10 @@ struct rpc_method {
 	 * its duration goes to mooncake_rpc_server_long_poll_duration_seconds
 	 * instead of the call latency histogram operators alert on. */
 	bool long_poll;
+	/* Served without the cluster secret on a server that requires it
+	 * (rpc_server_require_auth): a login, such as etcd's Authenticate.
+	 * The call proves nothing for its connection. */
+	bool no_auth;
 };
 
 /* Back-pressure threshold of on_drain (server) and on_drain (client). */
@@ -137,6 +141,13 @@ void rpc_server_set_max_recv_bytes(struct rpc_server *s, size_t bytes);
  */
 int rpc_server_require_auth(struct rpc_server *s, const uint8_t *key,
 			    size_t len) MC_MUST_CHECK;
+/* After rpc_server_require_auth: a call may instead prove its connection
+ * with a bearer token of the key (mc_bearer_check, common/auth.h) in this
+ * header; an invalid or expired one fails UNAUTHENTICATED "etcdserver:
+ * invalid auth token", which etcd's clients answer by authenticating
+ * again. Errors: -EINVAL (no require_auth yet, or a header name longer
+ * than 31 bytes). */
+int rpc_server_accept_bearer(struct rpc_server *s, const char *header) MC_MUST_CHECK;
 
 /* Port of the i-th listener (after rpc_server_listen), 0 if none. */
 int rpc_server_port(const struct rpc_server *s, unsigned i);

@@ -346,18 +346,20 @@ class Meta:
                         + list(args), env=env)
         self.endpoint = self.d.addr("listen-client")
         self.proc = self.d.proc
+        self.user = etcd_user(args=args, env=env)
         wait_for(lambda: self._serving(), timeout=20, what="meta serving")
 
     def _serving(self):
         env = dict(os.environ, ETCDCTL_API="3")
         r = subprocess.run(["etcdctl", "--endpoints=http://" + self.endpoint,
-                            "--command-timeout=2s", "put", "/mctest/ready", "1"],
+                            "--command-timeout=2s"] + self.user + ["put", "/mctest/ready", "1"],
                            capture_output=True, text=True, timeout=10, env=env)
         return r.returncode == 0
 
     def ctl(self, *args):
         env = dict(os.environ, ETCDCTL_API="3")
-        return run(["etcdctl", "--endpoints=http://" + self.endpoint] + list(args), env=env)
+        return run(["etcdctl", "--endpoints=http://" + self.endpoint] + self.user + list(args),
+                   env=env)
 
     def output(self):
         return self.d.output()
@@ -368,6 +370,29 @@ class Meta:
 
 # ------------------------------------------------------------ the master's API
 
+def secret_text(secret_file=None):
+    """The cluster secret as a meta member reads it (mc_secret_load: the
+    file without trailing newlines and spaces): the etcd API's password of
+    user root."""
+    path = secret_file or os.environ["MOONCAKE_CLUSTER_SECRET_FILE"]
+    with open(path, "rb") as f:
+        return f.read().rstrip(b"\r\n \t").decode()
+
+
+def etcd_user(secret_file=None, args=(), env=None):
+    """etcdctl's --user for a meta member started with args and env (as
+    Daemon takes them): with a cluster secret (the tests' by default) its
+    etcd API wants it (--client-auth), else [] (etcd's answer to a user
+    would be "authentication is not enabled")."""
+    for a in args:
+        if a.startswith("--cluster-secret-file="):
+            secret_file = a.split("=", 1)[1]
+        if a == "--client-auth=none":
+            return []
+    secret_file = secret_file or child_env(env).get("MOONCAKE_CLUSTER_SECRET_FILE")
+    return ["--user=root:" + secret_text(secret_file)] if secret_file else []
+
+
 def rpc_token(secret_file=None, ts_ms_offset=0):
     """A token of the cluster secret (src/common/auth.h, written here from
     its comment): what a caller of a master started with a secret sends
@@ -375,9 +400,7 @@ def rpc_token(secret_file=None, ts_ms_offset=0):
     import hashlib
     import hmac
     import time
-    path = secret_file or os.environ["MOONCAKE_CLUSTER_SECRET_FILE"]
-    with open(path, "rb") as f:
-        key = f.read().rstrip(b"\r\n \t")
+    key = secret_text(secret_file).encode()
     ts = str(int(time.time() * 1000) + ts_ms_offset).encode()
     nonce = os.urandom(16)
     mac = hmac.new(key, b"mooncake-rpc-v1\0" + ts + b"\0" + nonce, hashlib.sha256).hexdigest()
@@ -386,8 +409,8 @@ def rpc_token(secret_file=None, ts_ms_offset=0):
 
 def token_channel(addr, options=None, token=None):
     """A grpc channel to a server that wants the cluster secret (a master's
-    API, a meta member's peer port) whose calls carry a token of the tests'
-    cluster secret (or the one given)."""
+    API, a meta member's peer port or etcd API) whose calls carry a token
+    of the tests' cluster secret (or the one given)."""
     import grpc
 
     meta = (("mooncake-auth", token or rpc_token()),)

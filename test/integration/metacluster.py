@@ -39,9 +39,12 @@ def deadline_loop(timeout, what, step=0.05):
 
 # ------------------------------------------------------------ etcdctl
 
-def etcdctl(endpoints, *args, check=True, timeout=30, stdin=None):
+def etcdctl(endpoints, *args, check=True, timeout=30, stdin=None, user=None):
+    """etcdctl against members started with the tests' cluster secret (user
+    root, mctest.etcd_user) or the user given ([]: none)."""
     env = dict(os.environ, ETCDCTL_API="3")
-    cmd = [ETCDCTL, "--endpoints=" + endpoints, "--command-timeout=10s"] + list(args)
+    user = mctest.etcd_user() if user is None else user
+    cmd = [ETCDCTL, "--endpoints=" + endpoints, "--command-timeout=10s"] + user + list(args)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=stdin,
                        env=env)
     if check and r.returncode != 0:
@@ -82,7 +85,7 @@ class Client:
     def __init__(self, addr, timeout=5.0):
         self.addr = addr
         self.timeout = timeout
-        self.ch = grpc.insecure_channel(addr)
+        self.ch = mctest.token_channel(addr)  # the members want the tests' secret
         u = self.ch.unary_unary
 
         def stub(svc, method, req, resp):

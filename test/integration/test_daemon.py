@@ -135,7 +135,8 @@ def standalone_serves_every_role():
     assert "meta-peer mooncake.raft.Raft SERVING" in body, body
     ep = "--endpoints=http://" + d.addr("listen-client")
     keys = mctest.wait_for(lambda: (lambda out: out if "/segments/" in out else None)(
-        run(["etcdctl", ep, "get", "--prefix", "--keys-only", "/mooncake/mooncake/"],
+        run(["etcdctl", ep] + mctest.etcd_user() + ["get", "--prefix", "--keys-only",
+                                                    "/mooncake/mooncake/"],
             env=dict(os.environ, ETCDCTL_API="3")).stdout), 20, "the agent's segment in meta")
     assert "/mooncake/mooncake/master\n" in keys, keys
     eq(d.stop(), 0, "exit")

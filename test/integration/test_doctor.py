@@ -278,7 +278,8 @@ def put_segment(meta, cluster_id, name, host, port, incarnation=1):
         env = dict(os.environ, ETCDCTL_API="3")
         # etcdctl reads the value from stdin when it is not given.
         with open(f.name, "rb") as value:
-            r = subprocess.run(["etcdctl", "--endpoints=http://" + meta, "put", key],
+            r = subprocess.run(["etcdctl", "--endpoints=http://" + meta] + mctest.etcd_user()
+                               + ["put", key],
                                stdin=value, capture_output=True, env=env, timeout=20)
         assert r.returncode == 0, r.stderr
     return key
@@ -326,7 +327,7 @@ def the_cluster_through_meta_and_every_agents_grpc_port():
     assert "does not answer" in row["found"] and "etcdctl del" in row["fix"], row
     eq(rc, 1, "exit status")
     # A record whose address serves another segment (a rebuilt node's new agent).
-    subprocess.run(["etcdctl", "--endpoints=http://" + meta, "del", key],
+    subprocess.run(["etcdctl", "--endpoints=http://" + meta] + mctest.etcd_user() + ["del", key],
                    env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, check=True)
     host, port = agent.rsplit(":", 1)
     put_segment(meta, "mooncake", "gone-agent", host, int(port))

@@ -356,8 +356,9 @@ def leases_and_watches_through_followers_survive_a_leader_change():
         import os
         import subprocess
         env = dict(os.environ, ETCDCTL_API="3")
-        ka = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + f1.endpoint, "lease",
-                               "keep-alive", lid], stdout=subprocess.PIPE,
+        ka = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + f1.endpoint] +
+                              mctest.etcd_user() + ["lease", "keep-alive", lid],
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env)
         answered = []  # when each keep-alive was answered
 

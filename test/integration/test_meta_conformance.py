@@ -585,7 +585,7 @@ def request_sizes_like_etcd():
                  2048 * 1024 + 100, 3 << 20]
         got = {}
         for name, ep in (("etcd", e.endpoint), ("meta", m.endpoint)):
-            ch = grpc.insecure_channel(ep, options=[("grpc.max_send_message_length", 64 << 20)])
+            ch = mctest.token_channel(ep, options=[("grpc.max_send_message_length", 64 << 20)])
             put = stub(ch, "KV", "Put", pb.PutRequest, pb.PutResponse)
             rng = stub(ch, "KV", "Range", pb.RangeRequest, pb.RangeResponse)
             res = []

@@ -80,7 +80,8 @@ def watch_prefix_sees_puts_and_deletes_in_order():
     d = single()
     e = ep(d)
     env = dict(os.environ, ETCDCTL_API="3")
-    w = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + e, "watch", "--prefix", "w/"],
+    w = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + e] + mctest.etcd_user() +
+                         ["watch", "--prefix", "w/"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         # The watch is registered once a first event arrives: put until one does.
@@ -147,7 +148,8 @@ def key_vanishes_when_its_lease_expires_unless_kept_alive():
     etcdctl(e, "put", "--lease=" + short, "exp/short", "v")
     etcdctl(e, "put", "--lease=" + kept, "exp/kept", "v")
     env = dict(os.environ, ETCDCTL_API="3")
-    ka = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + e, "lease", "keep-alive", kept],
+    ka = subprocess.Popen([metacluster.ETCDCTL, "--endpoints=" + e] + mctest.etcd_user() +
+                          ["lease", "keep-alive", kept],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for _ in deadline_loop(10, "the leased key never vanished"):
@@ -357,7 +359,7 @@ def slow_watcher_does_not_block_and_is_cancelled_when_compacted_past():
         reqs = Requests(pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=b"sw/", range_end=b"sw0")))
         # a small HTTP/2 window, so that not reading really stops the flow
-        wch = grpc.insecure_channel(d.addr("listen-client"), options=[
+        wch = mctest.token_channel(d.addr("listen-client"), options=[
             ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)])
         watch = wch.stream_stream("/etcdserverpb.Watch/Watch",
                                   request_serializer=pb.WatchRequest.SerializeToString,

@@ -168,10 +168,10 @@ class Fuzz:
         self.c = cluster
         self.rng = random.Random(SEED)
         self.gen = Gen(self.rng, cluster)
-        self.chans = [grpc.insecure_channel(m.client_addr,
-                                            options=[("grpc.max_send_message_length", 64 << 20),
-                                                     ("grpc.max_receive_message_length",
-                                                      64 << 20)])
+        self.chans = [mctest.token_channel(m.client_addr,
+                                           options=[("grpc.max_send_message_length", 64 << 20),
+                                                    ("grpc.max_receive_message_length",
+                                                     64 << 20)])
                       for m in cluster.members]
         self.turn = 0
         self.calls = 0
@@ -442,11 +442,14 @@ def _h2_open(port, settings=b""):
 
 
 def _grpc_head(path):
-    """The header block of a gRPC request to path, without indexing."""
+    """The header block of a gRPC request to path, without indexing, with
+    a fresh token of the tests' cluster secret (the members' etcd API
+    wants one on a connection's first call; one per connection)."""
     return b"\x83\x86" + _hpack_literal(b":path", path) + \
         _hpack_literal(b":authority", b"x") + \
         _hpack_literal(b"content-type", b"application/grpc") + \
-        _hpack_literal(b"te", b"trailers")
+        _hpack_literal(b"te", b"trailers") + \
+        _hpack_literal(b"mooncake-auth", mctest.rpc_token().encode())
 
 
 @case
@@ -591,8 +594,8 @@ def watchers_are_bounded():
                 yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key))
             stop.wait(30)
         # A connection of its own: its share fills, the client's does not.
-        ch = grpc.insecure_channel(m.client_addr,
-                                   options=[("grpc.use_local_subchannel_pool", 1)])
+        ch = mctest.token_channel(m.client_addr,
+                                  options=[("grpc.use_local_subchannel_pool", 1)])
         stream = ch.stream_stream("/etcdserverpb.Watch/Watch",
                                   request_serializer=pb.WatchRequest.SerializeToString,
                                   response_deserializer=pb.WatchResponse.FromString)(
@@ -640,10 +643,10 @@ def maintenance_calls_are_bounded():
         for i in range(8):
             cl.put(b"mb/%d" % i, bytes([i]) * 1000000)
         window0 = struct.pack(">HI", 4, 0)
-        head = _grpc_head(b"/etcdserverpb.Maintenance/Snapshot")
         held = []
         for _ in range(4):
             s = _h2_open(m.client_port, window0)
+            head = _grpc_head(b"/etcdserverpb.Maintenance/Snapshot")
             s.sendall(_h2_frame(1, 4, 1, head) + _h2_frame(0, 1, 1, b"\x00" * 5))
             held.append(s)
             # Running once its answer's HEADERS come (its DATA cannot).

@@ -28,6 +28,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 import mctest
@@ -451,14 +452,15 @@ def a_meta_members_peer_port_wants_the_secret():
     ep = "127.0.0.1:%d" % ports[0][1]
 
     def put_ok():
-        r = run(["etcdctl", "--endpoints=" + ep, "put", "sec/k", "v"], check=False)
+        r = run(["etcdctl", "--endpoints=" + ep] + mctest.etcd_user() + ["put", "sec/k", "v"],
+                check=False)
         return r.returncode == 0
     wait_for(put_ok, timeout=30, what="a put to the two members")
-    r = run(["etcdctl", "--endpoints=127.0.0.1:%d" % ports[1][1], "get", "sec/k",
-             "--print-value-only"])
+    r = run(["etcdctl", "--endpoints=127.0.0.1:%d" % ports[1][1]] + mctest.etcd_user() +
+            ["get", "sec/k", "--print-value-only"])
     eq(r.stdout.strip(), "v", "the value on the second member")
     before = [unauthenticated(x, "meta-http", "meta-peer") for x in (a, b)]
-    run(["etcdctl", "--endpoints=" + ep, "member", "add", "n2",
+    run(["etcdctl", "--endpoints=" + ep] + mctest.etcd_user() + ["member", "add", "n2",
          "--peer-urls=http://127.0.0.1:%d" % ports[2][0]])
     cluster += ",n2=http://127.0.0.1:%d" % ports[2][0]
     c = member(2, env=NO_SHARED, extra=["--initial-cluster-state=existing"])
@@ -474,6 +476,118 @@ def a_meta_members_peer_port_wants_the_secret():
                env=NO_SHARED, wait=False)
     eq(d.proc.wait(30), 1, "a public peer port without a secret: exit status")
     assert "without a cluster secret" in d.output() and "--insecure-transfer" in d.output(), \
+        d.output()
+
+
+def etcd_stub(ch, svc, method, req, resp):
+    return ch.unary_unary("/etcdserverpb.%s/%s" % (svc, method),
+                          request_serializer=req.SerializeToString,
+                          response_deserializer=resp.FromString)
+
+
+def rpc_error(fn, *args, **kw):
+    """(code name, details) of a call that must fail."""
+    try:
+        fn(*args, **kw)
+    except grpc.RpcError as e:
+        return e.code().name, e.details()
+    raise AssertionError("the call was served")
+
+
+@case
+def a_meta_members_etcd_api_wants_the_secret():
+    """Whoever reached a member's etcd API could rewrite the master's
+    election or the segment descriptors: with a secret it serves only
+    callers that prove it — the daemons with a token per connection,
+    etcd's clients as user root with the secret as password."""
+    import etcd_rpc_pb2 as pb
+    m = Daemon("meta", args=["--auth-token-ttl=2s"])
+    ep = m.addr("listen-client")
+    user = mctest.etcd_user()
+    secret = mctest.secret_text()
+
+    def etcdctl(*args, who=()):
+        return run(["etcdctl", "--endpoints=" + ep, "--command-timeout=5s"] + list(who) +
+                   list(args), check=False)
+    wait_for(lambda: etcdctl("put", "a/k", "v", who=user).returncode == 0,
+             what="a put as root with the secret")
+    # etcdctl without a user, and with another password: refused, saying why
+    r = etcdctl("get", "a/k")
+    assert r.returncode != 0 and "--user root" in r.stderr, r.stderr
+    wrong = secret[:-1] + ("0" if secret[-1] != "0" else "1")
+    r = etcdctl("put", "a/k", "x", who=["--user=root:" + wrong])
+    assert r.returncode != 0 and "authentication failed" in r.stderr, r.stderr
+    r = etcdctl("get", "a/k", who=["--user=admin:" + secret])
+    assert r.returncode != 0 and "authentication failed" in r.stderr, r.stderr
+    eq(etcdctl("get", "a/k", "--print-value-only", who=user).stdout.strip(), "v",
+       "the value was not rewritten")
+    eq(unauthenticated(m, "meta-http", "meta-client") >= 1, True, "refusals counted")
+
+    # The calls underneath: Authenticate needs no proof and gives a token
+    # that opens any connection until it expires.
+    with grpc.insecure_channel(ep) as ch:
+        auth = etcd_stub(ch, "Auth", "Authenticate", pb.AuthenticateRequest,
+                         pb.AuthenticateResponse)
+        put = etcd_stub(ch, "KV", "Put", pb.PutRequest, pb.PutResponse)
+        eq(rpc_error(put, pb.PutRequest(key=b"a/k", value=b"y"), timeout=5)[0],
+           "UNAUTHENTICATED", "Put without a token")
+        eq(rpc_error(auth, pb.AuthenticateRequest(name="root", password="nope"), timeout=5),
+           ("INVALID_ARGUMENT", "etcdserver: authentication failed, invalid user ID or "
+            "password"), "a wrong password")
+        tok = auth(pb.AuthenticateRequest(name="root", password=secret), timeout=5).token
+        assert tok.startswith("b1."), tok
+        put(pb.PutRequest(key=b"a/k", value=b"y"), metadata=(("token", tok),), timeout=5)
+    with grpc.insecure_channel(ep) as ch:
+        rng = etcd_stub(ch, "KV", "Range", pb.RangeRequest, pb.RangeResponse)
+        bad = tok[:-1] + ("0" if tok[-1] != "0" else "1")
+        eq(rpc_error(rng, pb.RangeRequest(key=b"a/k"), metadata=(("token", bad),), timeout=5),
+           ("UNAUTHENTICATED", "etcdserver: invalid auth token"), "a forged token")
+    with grpc.insecure_channel(ep) as ch:
+        rng = etcd_stub(ch, "KV", "Range", pb.RangeRequest, pb.RangeResponse)
+        got = rng(pb.RangeRequest(key=b"a/k"), metadata=(("token", tok),), timeout=5)
+        eq(got.kvs[0].value, b"y", "the token on a connection of its own")
+    time.sleep(2.5)  # --auth-token-ttl=2s
+    with grpc.insecure_channel(ep) as ch:
+        rng = etcd_stub(ch, "KV", "Range", pb.RangeRequest, pb.RangeResponse)
+        eq(rpc_error(rng, pb.RangeRequest(key=b"a/k"), metadata=(("token", tok),), timeout=5),
+           ("UNAUTHENTICATED", "etcdserver: invalid auth token"), "an expired token")
+    # the daemons' per-connection token
+    with mctest.token_channel(ep) as ch:
+        rng = etcd_stub(ch, "KV", "Range", pb.RangeRequest, pb.RangeResponse)
+        eq(rng(pb.RangeRequest(key=b"a/k"), timeout=5).kvs[0].value, b"y", "a mooncake-auth token")
+
+    # A master with another secret is refused by meta, and says so.
+    other = os.path.join(m.data_dir, "other.secret")
+    run([mctest.MOONCAKECTL, "secret", "create", other])
+    master = Daemon("master", args=["--meta-endpoints=" + ep, "--cluster-secret-file=" + other],
+                    env=NO_SHARED, wait=False)
+    wait_for(lambda: "refuses this process" in master.output() and
+             "another secret" in master.output(), what="the master's log says meta refuses it")
+    master.kill()
+    eq(etcdctl("get", "/mooncake/", "--prefix", "--keys-only", who=user).stdout.strip(), "",
+       "nothing written by the refused master")
+    eq(m.stop(), 0, "member exit")
+
+    # --client-auth=none opens the API on purpose; Authenticate then says
+    # what etcd without auth says.
+    o = Daemon("meta", args=["--client-auth=none"])
+    oep = o.addr("listen-client")
+    eq(run(["etcdctl", "--endpoints=" + oep, "put", "o/k", "v"]).stdout.strip(), "OK",
+       "an open API")
+    assert "--client-auth=none" in o.output(), o.output()
+    with grpc.insecure_channel(oep) as ch:
+        auth = etcd_stub(ch, "Auth", "Authenticate", pb.AuthenticateRequest,
+                         pb.AuthenticateResponse)
+        eq(rpc_error(auth, pb.AuthenticateRequest(name="root", password=secret), timeout=5),
+           ("FAILED_PRECONDITION", "etcdserver: authentication is not enabled"),
+           "Authenticate on an open API")
+    eq(o.stop(), 0, "open member exit")
+
+    # A public etcd API without a secret does not start.
+    d = Daemon("meta", args=["--listen-client=0.0.0.0:%d" % mctest.free_port()],
+               env=NO_SHARED, wait=False)
+    eq(d.proc.wait(30), 1, "a public etcd API without a secret: exit status")
+    assert "without a cluster secret" in d.output() and "--client-auth=none" in d.output(), \
         d.output()
 
 

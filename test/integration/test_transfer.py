@@ -53,14 +53,16 @@ class Etcd:
                 raise AssertionError("etcd did not become healthy")
             time.sleep(0.05)
 
+    user = []  # etcdctl's --user (none for a real etcd)
+
     def ctl(self, *args, check=True):
-        return run([ETCDCTL, "--endpoints=" + self.endpoint] + list(args), check=check,
-                   env=dict(os.environ, ETCDCTL_API="3"))
+        return run([ETCDCTL, "--endpoints=" + self.endpoint] + self.user + list(args),
+                   check=check, env=dict(os.environ, ETCDCTL_API="3"))
 
     def get(self, key):
         """The value of key (bytes) or None."""
-        r = subprocess.run([ETCDCTL, "--endpoints=" + self.endpoint, "get", key,
-                            "--print-value-only"], capture_output=True, timeout=30,
+        r = subprocess.run([ETCDCTL, "--endpoints=" + self.endpoint] + self.user +
+                           ["get", key, "--print-value-only"], capture_output=True, timeout=30,
                            env=dict(os.environ, ETCDCTL_API="3"))
         if r.returncode != 0:
             raise AssertionError(r.stderr.decode())
@@ -81,6 +83,7 @@ class OwnMeta(Etcd):
         self.d = Daemon("meta", args=["--heartbeat-interval=50ms", "--election-timeout=500ms"])
         self.endpoint = self.d.addr("listen-client")
         self.proc = self.d.proc
+        self.user = mctest.etcd_user()  # it wants the tests' cluster secret
         deadline = time.monotonic() + 20
         while self.ctl("endpoint", "health", check=False).returncode != 0:
             if time.monotonic() > deadline:
@@ -200,26 +203,30 @@ def refusals_leave_memory_and_connections_alone():
 
 @case
 def cluster_secret_is_checked():
+    # Through a real etcd: engines with different secrets share it (a meta
+    # member with the tests' secret would refuse their descriptors).
     with tempfile.TemporaryDirectory() as tmp:
         s1, s2 = secret_file(tmp, "alpha"), secret_file(tmp, "bravo")
-        b = shell("secret-b", "--buffer=1M", "--fill=7", "--cluster-secret-file=" + s1)
+        b = shell("secret-b", "--buffer=1M", "--fill=7", "--cluster-secret-file=" + s1,
+                  meta="etcd")
         for proto in ("auto", "tcp"):
             wrong = shell("secret-wrong-" + proto, "--buffer=0", "--protocol=" + proto,
-                          "--cluster-secret-file=" + s2)
+                          "--cluster-secret-file=" + s2, meta="etcd")
             wrong.error("open secret-b", "EACCES")
             wrong.close()
             none = shell("secret-none-" + proto, "--buffer=0", "--protocol=" + proto,
-                         "--insecure-transfer")
+                         "--insecure-transfer", meta="etcd")
             none.error("open secret-b", "EACCES")
             none.close()
             good = shell("secret-good-" + proto, "--buffer=0", "--protocol=" + proto,
-                         "--cluster-secret-file=" + s1)
+                         "--cluster-secret-file=" + s1, meta="etcd")
             r = good.ok("read secret-b 0 1M 7")
             assert "verified" in r, r
             good.close()
         # a peer with a secret refuses one without
-        c = shell("secret-c", "--buffer=1M", "--fill=7", "--insecure-transfer")
-        d = shell("secret-d", "--buffer=0", "--protocol=tcp", "--cluster-secret-file=" + s1)
+        c = shell("secret-c", "--buffer=1M", "--fill=7", "--insecure-transfer", meta="etcd")
+        d = shell("secret-d", "--buffer=0", "--protocol=tcp", "--cluster-secret-file=" + s1,
+                  meta="etcd")
         d.error("open secret-c", "EACCES")
         assert "cluster secret mismatch" in b.stderr() + c.stderr()
         for s in (b, c, d):

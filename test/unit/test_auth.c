@@ -308,3 +308,37 @@ Test(rpc_token, made_and_checked)
 	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), upper, now, nonce), -EINVAL,
 		     "lowercase hex only");
 }
+
+Test(bearer_token, made_checked_and_kept_apart)
+{
+	const uint8_t key[] = "the cluster secret", other[] = "another secret";
+	char tok[MC_RPC_TOKEN_MAX], rpc[MC_RPC_TOKEN_MAX];
+	uint8_t nonce[MC_RPC_NONCE_BYTES];
+	uint64_t until = 1796600300000ull;
+	cr_assert_eq(mc_bearer_token(key, sizeof(key), until, tok), 0);
+	cr_assert_eq(strncmp(tok, "b1.1796600300000.", 17), 0, "%s", tok);
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), tok, until - 300000), 0);
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), tok, until - 1), 0);
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), tok, until), -ETIME, "expired");
+	cr_assert_eq(mc_bearer_check(other, sizeof(other), tok, until - 1), -EACCES);
+	/* A changed expiry, nonce or mac fails. */
+	for (size_t i = 3; i < strlen(tok); i++) {
+		if (tok[i] == '.')
+			continue;
+		char bad[MC_RPC_TOKEN_MAX];
+		strcpy(bad, tok);
+		bad[i] = bad[i] == '9' ? '8' : '9';
+		int rc = mc_bearer_check(key, sizeof(key), bad, 0);
+		cr_assert(rc == -EACCES || rc == -EINVAL, "position %zu: %d", i, rc);
+	}
+	/* Neither kind passes for the other, even with the tag changed. */
+	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), tok, until, nonce), -EINVAL);
+	cr_assert_eq(mc_rpc_token(key, sizeof(key), until, rpc), 0);
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), rpc, until - 1), -EINVAL);
+	rpc[0] = 'b';
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), rpc, until - 1), -EACCES);
+	tok[0] = 'v';
+	cr_assert_eq(mc_rpc_token_check(key, sizeof(key), tok, until, nonce), -EACCES);
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), "", 0), -EINVAL);
+	cr_assert_eq(mc_bearer_check(key, sizeof(key), NULL, 0), -EINVAL);
+}

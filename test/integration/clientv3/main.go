@@ -37,8 +37,13 @@ func report(name string, err error, detail string) {
 	fmt.Printf("ok %s %s\n", name, detail)
 }
 
+// The etcd user and password (-user root:SECRET), for a meta whose etcd
+// API wants the cluster secret; empty: none.
+var user, password string
+
 func client(eps []string) *clientv3.Client {
-	c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second})
+	c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second,
+		Username: user, Password: password})
 	if err != nil {
 		fmt.Printf("FAIL connect %v\n", err)
 		os.Exit(1)
@@ -300,7 +305,11 @@ func maintenance(eps []string) (string, error) {
 
 func main() {
 	epsFlag := flag.String("endpoints", "127.0.0.1:2379", "comma-separated host:port list")
+	userFlag := flag.String("user", "", "etcd user:password")
 	flag.Parse()
+	if i := strings.IndexByte(*userFlag, ':'); i >= 0 {
+		user, password = (*userFlag)[:i], (*userFlag)[i+1:]
+	}
 	eps := strings.Split(*epsFlag, ",")
 
 	for _, c := range []struct {
