@@ -36,6 +36,10 @@ TransferEngine.allocate_managed_buffer is shared with the agent itself:
 put_from/get_into on it copy nothing at all. register_buffer of other
 memory is accepted, and that memory is moved by copying through the
 staging buffer (it cannot be shared with the agent after the fact).
+
+PyTorch tensors (put_tensor, get_tensor, ... : mooncake.tensor) are
+stored in Mooncake's layout, a 40-byte TensorMetadata then the elements;
+torch is imported at the first tensor call only.
 """
 
 import ctypes
@@ -47,6 +51,7 @@ import os
 import threading
 
 from mooncake import _native as n
+from mooncake import tensor as _tensor
 
 log = logging.getLogger("mooncake")
 
@@ -1086,6 +1091,183 @@ class MooncakeDistributedStore:
         log.error("query_task %r: replica tasks are not supported by mooncaked's master",
                   task_id)
         return None, NOT_SUPPORTED
+
+    # ------------------------------------------------------------ tensors
+    # PyTorch tensors, laid out as Mooncake lays them out (mooncake.tensor):
+    # Mooncake's 40-byte TensorMetadata, then the elements. Puts return 0
+    # or negative (-600 INVALID_PARAMS for what is not a tensor of at most
+    # 4 dimensions and a Mooncake dtype, or when torch cannot be
+    # imported); gets a tensor or None. A GPU tensor is copied to host
+    # memory first. The _with_tp forms store shard r of
+    # tensor.chunk(tp_size, split_dim) under "<key>_tp_<r>" (every shard
+    # at once: tp_rank does not matter to a put) and read the caller's
+    # shard, tp_rank.
+
+    def _put_tensors(self, keys, tensors, config, what):
+        keys, tensors = list(keys), list(tensors)
+        if not keys or _mismatch(what, keys, tensors):
+            return [INVALID_PARAMS] * len(keys)
+        out = [INVALID_PARAMS] * len(keys)
+        packed, idx = [], []
+        for i, (k, t) in enumerate(zip(keys, tensors)):
+            p, why = _tensor.pack(t)
+            if p is None:
+                log.error("%s %r: %s", what, k, why)
+                continue
+            packed.append(p)
+            idx.append(i)
+        if packed:
+            res = self._put_parts([keys[i] for i in idx], [p.parts() for p in packed],
+                                  config, False)
+            for i, r in zip(idx, res):
+                out[i] = r
+        return out
+
+    def _put_tensors_tp(self, keys, tensors, config, tp_size, split_dim, what):
+        """Every shard of every tensor; a key's result is its first
+        shard's error, or 0."""
+        keys, tensors = list(keys), list(tensors)
+        if not keys or _mismatch(what, keys, tensors):
+            return [INVALID_PARAMS] * len(keys)
+        torch = _tensor.torch_module()
+        shard_keys, shards, owner = [], [], []
+        out = [INVALID_PARAMS] * len(keys)
+        for i, (k, t) in enumerate(zip(keys, tensors)):
+            parts = None
+            if torch is not None and isinstance(t, torch.Tensor):
+                try:
+                    parts = _tensor.chunks(t, tp_size, split_dim)
+                except (RuntimeError, IndexError) as e:
+                    log.error("%s %r: %s", what, k, e)
+            if parts is None:
+                log.error("%s %r: not a tensor that splits into %d shards along "
+                          "dimension %d", what, k, tp_size, split_dim)
+                continue
+            out[i] = 0
+            for r, part in enumerate(parts):
+                shard_keys.append(_tensor.tp_key(k, r))
+                shards.append(part)
+                owner.append(i)
+        if shard_keys:
+            res = self._put_tensors(shard_keys, shards, config, what)
+            for i, r in zip(owner, res):
+                if r and not out[i]:
+                    out[i] = r
+        return out
+
+    @staticmethod
+    def _check_pub(config):
+        """0, or INVALID_PARAMS when config names preferred segments whose
+        number is not its replica_num (as Mooncake checks a pub)."""
+        segs = [x for x in (getattr(config, "preferred_segments", None) or []) if x]
+        if segs and len(segs) != int(getattr(config, "replica_num", 1) or 1):
+            log.error("pub: %d preferred segments for replica_num %d", len(segs),
+                      int(getattr(config, "replica_num", 1) or 1))
+            return INVALID_PARAMS
+        return 0
+
+    def put_tensor(self, key, tensor):
+        return self._put_tensors([key], [tensor], None, "put_tensor")[0]
+
+    def batch_put_tensor(self, keys, tensors_list):
+        return self._put_tensors(keys, tensors_list, None, "batch_put_tensor")
+
+    def pub_tensor(self, key, tensor, config=None):
+        return self._check_pub(config) or \
+            self._put_tensors([key], [tensor], config, "pub_tensor")[0]
+
+    def batch_pub_tensor(self, keys, tensors_list, config=None):
+        keys = list(keys)
+        if self._check_pub(config):
+            return [INVALID_PARAMS] * len(keys)
+        return self._put_tensors(keys, tensors_list, config, "batch_pub_tensor")
+
+    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
+        if tp_size <= 1:
+            return self.put_tensor(key, tensor)
+        return self._put_tensors_tp([key], [tensor], None, tp_size, split_dim,
+                                    "put_tensor_with_tp")[0]
+
+    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1,
+                                 split_dim=0):
+        if tp_size <= 1:
+            return self.batch_put_tensor(base_keys, tensors_list)
+        return self._put_tensors_tp(base_keys, tensors_list, None, tp_size, split_dim,
+                                    "batch_put_tensor_with_tp")
+
+    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        if tp_size <= 1:
+            return self.pub_tensor(key, tensor, config)
+        return self._check_pub(config) or self._put_tensors_tp(
+            [key], [tensor], config, tp_size, split_dim, "pub_tensor_with_tp")[0]
+
+    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, config=None, tp_rank=0,
+                                 tp_size=1, split_dim=0):
+        base_keys = list(base_keys)
+        if tp_size <= 1:
+            return self.batch_pub_tensor(base_keys, tensors_list, config)
+        if self._check_pub(config):
+            return [INVALID_PARAMS] * len(base_keys)
+        return self._put_tensors_tp(base_keys, tensors_list, config, tp_size, split_dim,
+                                    "batch_pub_tensor_with_tp")
+
+    def batch_get_tensor(self, keys):
+        """A new tensor per key (its bytes copied once), None for a key
+        not found or an object that is not a stored tensor."""
+        keys = list(keys)
+        out = []
+        for k, b in zip(keys, self.batch_get_buffer(keys)):
+            t = None
+            if b is not None:
+                try:
+                    t = _tensor.copy_out(b.ptr(), b.size())
+                finally:
+                    b.release()
+                if t is None:
+                    log.error("get_tensor %r: not a tensor stored by put_tensor", k)
+            out.append(t)
+        return out
+
+    def get_tensor(self, key):
+        return self.batch_get_tensor([key])[0]
+
+    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        return self.get_tensor(key if tp_size <= 1 else _tensor.tp_key(key, tp_rank))
+
+    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+        keys = list(base_keys)
+        return self.batch_get_tensor(
+            keys if tp_size <= 1 else [_tensor.tp_key(k, tp_rank) for k in keys])
+
+    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        """Tensors read into [buffer_ptrs[i], + sizes[i]) (the object
+        whole: its 40-byte header first) and returned as views of that
+        memory, without a copy; None where the get failed."""
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if _mismatch("batch_get_tensor_into", keys, buffer_ptrs, sizes):
+            return [None] * len(keys)
+        out = []
+        for k, p, r in zip(keys, buffer_ptrs, self.batch_get_into(keys, buffer_ptrs, sizes)):
+            t = _tensor.view_of(p, r) if r >= 0 else None
+            if r >= 0 and t is None:
+                log.error("get_tensor_into %r: not a tensor stored by put_tensor", k)
+            out.append(t)
+        return out
+
+    def get_tensor_into(self, key, buffer_ptr, size):
+        return self.batch_get_tensor_into([key], [buffer_ptr], [size])[0]
+
+    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1,
+                                split_dim=0):
+        return self.get_tensor_into(key if tp_size <= 1 else _tensor.tp_key(key, tp_rank),
+                                    buffer_ptr, size)
+
+    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0,
+                                      tp_size=1):
+        keys = list(base_keys)
+        if tp_size > 1:
+            keys = [_tensor.tp_key(k, tp_rank) for k in keys]
+        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
     # ------------------------------------------------------------ buffers
 

@@ -19,11 +19,10 @@ defaults. ReplicateConfig{} defaults are None here (a fresh
 ReplicateConfig).
 
 Upstream calls left out on purpose, each a documented gap (an
-AttributeError here): the torch tensor calls (put_tensor, get_tensor,
-pub_tensor, their batch_ and _with_tp forms, get_tensor_into and
-batch_get_tensor_into), get_replica_desc and batch_get_replica_desc
+AttributeError here): get_replica_desc and batch_get_replica_desc
 (replica descriptors are not served to clients), and the CUDA builds'
-transfer_*_on_cuda (SUPPORT_CUDA is False).
+transfer_*_on_cuda (SUPPORT_CUDA is False). The torch tensor calls are
+here (their behaviour: test_python_tensor.py).
 """
 import inspect
 import json
@@ -131,6 +130,29 @@ STORE = {
                         ("all_src_offsets", REQ), ("all_sizes", REQ)],
     "health_check": [],
     "batch_replica_clear": [("keys", REQ), ("segment_name", "")],
+    # The torch tensor calls (store_py.cpp, commit 007c3396).
+    "get_tensor": [("key", REQ)],
+    "batch_get_tensor": [("keys", REQ)],
+    "put_tensor": [("key", REQ), ("tensor", REQ)],
+    "batch_put_tensor": [("keys", REQ), ("tensors_list", REQ)],
+    "pub_tensor": [("key", REQ), ("tensor", REQ), ("config", CONFIG)],
+    "batch_pub_tensor": [("keys", REQ), ("tensors_list", REQ), ("config", CONFIG)],
+    "get_tensor_with_tp": [("key", REQ), ("tp_rank", 0), ("tp_size", 1), ("split_dim", 0)],
+    "batch_get_tensor_with_tp": [("base_keys", REQ), ("tp_rank", 0), ("tp_size", 1)],
+    "put_tensor_with_tp": [("key", REQ), ("tensor", REQ), ("tp_rank", 0), ("tp_size", 1),
+                           ("split_dim", 0)],
+    "batch_put_tensor_with_tp": [("base_keys", REQ), ("tensors_list", REQ), ("tp_rank", 0),
+                                 ("tp_size", 1), ("split_dim", 0)],
+    "pub_tensor_with_tp": [("key", REQ), ("tensor", REQ), ("config", CONFIG), ("tp_rank", 0),
+                           ("tp_size", 1), ("split_dim", 0)],
+    "batch_pub_tensor_with_tp": [("base_keys", REQ), ("tensors_list", REQ), ("config", CONFIG),
+                                 ("tp_rank", 0), ("tp_size", 1), ("split_dim", 0)],
+    "get_tensor_into": [("key", REQ), ("buffer_ptr", REQ), ("size", REQ)],
+    "batch_get_tensor_into": [("keys", REQ), ("buffer_ptrs", REQ), ("sizes", REQ)],
+    "get_tensor_with_tp_into": [("key", REQ), ("buffer_ptr", REQ), ("size", REQ),
+                                ("tp_rank", 0), ("tp_size", 1), ("split_dim", 0)],
+    "batch_get_tensor_with_tp_into": [("base_keys", REQ), ("buffer_ptrs", REQ), ("sizes", REQ),
+                                      ("tp_rank", 0), ("tp_size", 1)],
 }
 
 ENUMS = {
