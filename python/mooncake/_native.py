@@ -75,6 +75,12 @@ class SegmentInfo(ctypes.Structure):
                 ("regions", c_uint64)]
 
 
+class Replica(ctypes.Structure):
+    """struct mc_replica (mooncake.h)."""
+    _fields_ = [("segment", ctypes.c_char * 256), ("address", c_uint64), ("size", c_uint64),
+                ("tier", c_int), ("complete", c_int)]
+
+
 class AgentStats(ctypes.Structure):
     _fields_ = [("agent_id", ctypes.c_char * 128), ("master", ctypes.c_char * 128),
                 ("master_view", c_uint64), ("segment_size", c_uint64), ("hugepages", c_int),
@@ -155,6 +161,9 @@ mc_get_ranges = _fn("mc_get_ranges", c_int, c_void_p, POINTER(RangeReq), c_size_
 mc_remove_regex = _fn("mc_remove_regex", c_int64, c_void_p, c_char_p, c_int)
 mc_batch_replica_clear = _fn("mc_batch_replica_clear", c_int, c_void_p, c_size_t,
                              POINTER(c_void_p), POINTER(c_size_t), c_char_p, POINTER(c_int))
+mc_batch_get_replicas = _fn("mc_batch_get_replicas", c_int, c_void_p, c_size_t,
+                            POINTER(c_void_p), POINTER(c_size_t), POINTER(Replica), c_size_t,
+                            POINTER(c_size_t), POINTER(c_int))
 mc_segment_info = _fn("mc_segment_info", c_int, c_void_p, c_char_p, POINTER(SegmentInfo))
 mc_agent_stats = _fn("mc_agent_stats", c_int, c_void_p, POINTER(AgentStats))
 mc_agent_address = _fn("mc_agent_address", c_char_p, c_void_p)

@@ -187,6 +187,78 @@ for _e in (ObjectDataType, ReplicaStatus, TaskType, TaskStatus):
 del _e
 
 
+class Descriptor:
+    """Where a memory replica's bytes are (upstream's AllocatedBuffer
+    descriptor): size, buffer_address (in its segment) and
+    transport_endpoint (the segment's name: its agent)."""
+    __slots__ = ("size", "buffer_address", "transport_endpoint")
+
+    def __init__(self, size=0, buffer_address=0, transport_endpoint=""):
+        self.size = size
+        self.buffer_address = buffer_address
+        self.transport_endpoint = transport_endpoint
+
+    def __repr__(self):
+        return "<Descriptor size=%d buffer_address=%d transport_endpoint=%s>" % (
+            self.size, self.buffer_address, self.transport_endpoint)
+
+
+class MemoryDescriptor:
+    __slots__ = ("buffer_descriptor",)
+
+    def __init__(self, buffer_descriptor=None):
+        self.buffer_descriptor = buffer_descriptor or Descriptor()
+
+
+class DiskDescriptor:
+    """A disk replica's file (upstream's shared-file-system replicas; an
+    SSD-tier replica here has none: is_local_disk_replica)."""
+    __slots__ = ("file_path", "object_size")
+
+    def __init__(self, file_path="", object_size=0):
+        self.file_path = file_path
+        self.object_size = object_size
+
+
+class ReplicaDescriptor:
+    """One replica of get_replica_desc: status (ReplicaStatus.COMPLETE,
+    or PROCESSING while it is written) and where it is. A DRAM replica is
+    a memory replica (get_memory_descriptor); one in an agent's SSD tier
+    is a local disk replica (is_local_disk_replica; segment names that
+    tier's segment, "<agent>/ssd"). get_memory_descriptor of another kind raises, as upstream's
+    does; mooncaked has no shared-file-system (DISK) replicas, so
+    is_disk_replica is False and get_disk_descriptor always raises."""
+    __slots__ = ("status", "segment", "_mem")
+
+    def __init__(self, status, segment, mem=None):
+        self.status = status
+        self.segment = segment
+        self._mem = mem
+
+    def is_memory_replica(self):
+        return self._mem is not None
+
+    def is_disk_replica(self):
+        return False
+
+    def is_local_disk_replica(self):
+        return self._mem is None
+
+    def get_memory_descriptor(self):
+        if self._mem is None:
+            raise RuntimeError("not a memory replica (it is in %s's SSD tier)" % self.segment)
+        return self._mem
+
+    def get_disk_descriptor(self):
+        raise RuntimeError("not a disk replica (mooncaked keeps no shared-file-system "
+                           "replicas)")
+
+    def __repr__(self):
+        kind = "memory" if self._mem is not None else "local disk"
+        return "<ReplicaDescriptor %s on %s status=%s>" % (kind, self.segment,
+                                                           self.status.name)
+
+
 class QueryTaskResponse:
     """The result type of query_task (never returned here: see
     create_copy_task)."""
@@ -1091,6 +1163,46 @@ class MooncakeDistributedStore:
         log.error("query_task %r: replica tasks are not supported by mooncaked's master",
                   task_id)
         return None, NOT_SUPPORTED
+
+    # ------------------------------------------------------------ replicas
+
+    def batch_get_replica_desc(self, keys):
+        """{key: [ReplicaDescriptor, ...]} as the master places them, an
+        empty list for a key not found (or on an error, logged). The
+        master counts the question as a read (a read lease)."""
+        keys = list(keys)
+        out = {k: [] for k in keys}
+        h = self._h
+        if not h or not keys:
+            return out
+        cap = 16
+        kp, kl, _keep = n.keys_arrays(keys)
+        reps = (n.Replica * (cap * len(keys)))()
+        counts = (ctypes.c_size_t * len(keys))()
+        res = (ctypes.c_int * len(keys))()
+        rc = n.mc_batch_get_replicas(h, len(keys), kp, kl, reps, cap, counts, res)
+        if rc:
+            log.error("batch_get_replica_desc: %s", n.strerror(rc))
+            return out
+        for i, k in enumerate(keys):
+            if res[i]:
+                if res[i] != OBJECT_NOT_FOUND:
+                    log.error("get_replica_desc %r: %s", k, n.strerror(res[i]))
+                continue
+            found = []
+            for j in range(min(counts[i], cap)):
+                r = reps[i * cap + j]
+                seg = r.segment.decode(errors="replace")
+                status = ReplicaStatus.COMPLETE if r.complete else ReplicaStatus.PROCESSING
+                mem = None if r.tier == 1 else MemoryDescriptor(
+                    Descriptor(r.size, r.address, seg))
+                found.append(ReplicaDescriptor(status, seg, mem))
+            out[k] = found
+        return out
+
+    def get_replica_desc(self, key):
+        """[ReplicaDescriptor, ...] of one key ([] when not found)."""
+        return self.batch_get_replica_desc([key])[key]
 
     # ------------------------------------------------------------ tensors
     # PyTorch tensors, laid out as Mooncake lays them out (mooncake.tensor):

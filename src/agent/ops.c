@@ -206,6 +206,102 @@ static void op_keys(struct agent_req *r, bool remove)
 		     &mooncake__master__batch_errors_response__descriptor, on_removed, r);
 }
 
+/* ------------------------------------------------------------ replicas */
+
+/* The master's placements, one result per key of the request. */
+static void on_replicas(void *ud, int err, const char *message, const ProtobufCMessage *m)
+{
+	struct agent_req *r = ud;
+	struct agent_keys_block *b = r->mstate;
+	const Mooncake__Master__BatchGetReplicasResponse *resp = (const void *)m;
+	(void)message;
+	Mooncake__Client__ReplicasResult *res = calloc(r->n, sizeof(*res));
+	Mooncake__Client__ReplicasResult **rp = calloc(r->n, sizeof(*rp));
+	const Mooncake__Master__GetReplicasResult **by_item = calloc(r->n, sizeof(*by_item));
+	size_t total = 0;
+	if (!res || !rp || !by_item)
+		goto oom;
+	for (size_t k = 0; k < b->req.n_keys; k++) {
+		struct agent_item *it = &r->items[b->idx[k]];
+		if (err || k >= resp->n_results) {
+			it->err = err ? err : MC_EPROTOCOL;
+			continue;
+		}
+		by_item[b->idx[k]] = resp->results[k];
+		it->err = resp->results[k]->error;
+		total += resp->results[k]->n_replicas;
+	}
+	Mooncake__Client__ReplicaInfo *info = calloc(total ? total : 1, sizeof(*info));
+	Mooncake__Client__ReplicaInfo **ip = calloc(total ? total : 1, sizeof(*ip));
+	if (!info || !ip) {
+		free(info);
+		free(ip);
+		goto oom;
+	}
+	size_t at = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		mooncake__client__replicas_result__init(&res[i]);
+		rp[i] = &res[i];
+		res[i].error = r->items[i].err;
+		const Mooncake__Master__GetReplicasResult *g = by_item[i];
+		if (!g || g->error)
+			continue;
+		res[i].size = g->size;
+		res[i].replicas = &ip[at];
+		for (size_t j = 0; j < g->n_replicas; j++, at++) {
+			const Mooncake__Master__Replica *p = g->replicas[j];
+			mooncake__client__replica_info__init(&info[at]);
+			info[at].segment = p->segment; /* borrowed from the answer */
+			info[at].ssd = p->tier == MOONCAKE__MASTER__TIER__TIER_SSD;
+			info[at].address = info[at].ssd ? 0 : p->address;
+			info[at].size = p->size;
+			info[at].complete = p->state ==
+					    MOONCAKE__MASTER__REPLICA_STATE__REPLICA_COMPLETE;
+			ip[at] = &info[at];
+		}
+		res[i].n_replicas = g->n_replicas;
+	}
+	Mooncake__Client__ReplicasReply rr = MOONCAKE__CLIENT__REPLICAS_REPLY__INIT;
+	rr.results = rp;
+	rr.n_results = r->n;
+	Mooncake__Client__Response out = MOONCAKE__CLIENT__RESPONSE__INIT;
+	out.body_case = MOONCAKE__CLIENT__RESPONSE__BODY_REPLICAS;
+	out.replicas = &rr;
+	agent__reply(r, &out, NULL, NULL, 0);
+	free(info);
+	free(ip);
+	free(res);
+	free(rp);
+	free(by_item);
+	agent__op_finish(r, err);
+	return;
+oom:
+	free(res);
+	free(rp);
+	free(by_item);
+	agent__op_fail(r, -ENOMEM, NULL);
+}
+
+static void op_replicas(struct agent_req *r)
+{
+	const Mooncake__Client__KeysRequest *q = r->msg->replicas;
+	if (key_items(r, q->keys, q->n_keys)) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
+	if (!b) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return;
+	}
+	agent__op_set_mstate(r, b);
+	if (b->req.n_keys == 0) {
+		on_replicas(r, 0, NULL, NULL);
+		return;
+	}
+	agent__bcall(r->a, AGENT_B_GET, &b->req.base, on_replicas, r);
+}
+
 static void on_removed_all(void *ud, int err, const char *message, const ProtobufCMessage *m)
 {
 	struct agent_req *r = ud;
@@ -432,6 +528,9 @@ void agent__dispatch(struct agent_req *r)
 		break;
 	case MOONCAKE__CLIENT__REQUEST__OP_SEGMENT:
 		agent__op_segment(r);
+		break;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICAS:
+		op_replicas(r);
 		break;
 	default:
 		agent__op_fail(r, -EOPNOTSUPP, "unknown operation");

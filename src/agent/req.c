@@ -116,6 +116,8 @@ int agent__req_check(const Mooncake__Client__Request *m, bool hello_done, const 
 		return count_ok(m->exist->n_keys, why) ? 0 : -EINVAL;
 	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE:
 		return count_ok(m->remove->n_keys, why) ? 0 : -EINVAL;
+	case MOONCAKE__CLIENT__REQUEST__OP_REPLICAS:
+		return count_ok(m->replicas->n_keys, why) ? 0 : -EINVAL;
 	case MOONCAKE__CLIENT__REQUEST__OP_REMOVE_ALL:
 	case MOONCAKE__CLIENT__REQUEST__OP_STATS:
 		return 0;

@@ -211,6 +211,77 @@ MC__PUBLIC int64_t mc_remove_regex(mc_client *c, const char *pattern, int force)
 	return out;
 }
 
+/* One answer into the caller's arrays (see mc_batch_get_replicas). */
+static void put_replicas(const Mooncake__Client__ReplicasResult *g, struct mc_replica *reps,
+			 size_t cap, size_t *count)
+{
+	*count = g->n_replicas;
+	for (size_t j = 0; j < g->n_replicas && j < cap; j++) {
+		const Mooncake__Client__ReplicaInfo *p = g->replicas[j];
+		struct mc_replica *o = &reps[j];
+		memset(o, 0, sizeof(*o));
+		snprintf(o->segment, sizeof(o->segment), "%s", p->segment ? p->segment : "");
+		o->address = p->address;
+		o->size = p->size;
+		o->tier = p->ssd ? MC_TIER_SSD : MC_TIER_DRAM;
+		o->complete = p->complete;
+	}
+}
+
+MC__PUBLIC int mc_batch_get_replicas(mc_client *c, size_t n, const void *const *keys,
+				     const size_t *klens, struct mc_replica *reps, size_t cap,
+				     size_t *counts, int *results)
+{
+	ProtobufCBinaryData *k = calloc(n ? n : 1, sizeof(*k));
+	size_t *map = malloc((n ? n : 1) * sizeof(*map));
+	size_t nreq = 0;
+	int rc = 0;
+	if (!k || !map) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		counts[i] = 0;
+		results[i] = mc__key_ok(klens[i]) ? 0 : -EINVAL;
+		if (results[i])
+			continue;
+		k[nreq].data = (uint8_t *)keys[i];
+		k[nreq].len = klens[i];
+		map[nreq++] = i;
+	}
+	if (nreq == 0)
+		goto out;
+	Mooncake__Client__KeysRequest q = MOONCAKE__CLIENT__KEYS_REQUEST__INIT;
+	q.keys = k;
+	q.n_keys = nreq;
+	Request req = MOONCAKE__CLIENT__REQUEST__INIT;
+	req.op_case = MOONCAKE__CLIENT__REQUEST__OP_REPLICAS;
+	req.replicas = &q;
+	struct waiter w;
+	rc = mc__call(c, &req, NULL, 0, &w);
+	if (rc)
+		goto out;
+	const Response *r = w.resp;
+	if (r->error)
+		rc = r->error;
+	else if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_REPLICAS ||
+		 r->replicas->n_results != nreq)
+		rc = MC_EPROTOCOL;
+	else
+		for (size_t j = 0; j < nreq; j++) {
+			const Mooncake__Client__ReplicasResult *g = r->replicas->results[j];
+			size_t i = map[j];
+			results[i] = g->error;
+			if (g->error == 0)
+				put_replicas(g, reps + i * cap, cap, &counts[i]);
+		}
+	mc__waiter_clear(&w);
+out:
+	free(k);
+	free(map);
+	return rc;
+}
+
 MC__PUBLIC int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
 				      const size_t *klens, const char *segment, int *cleared)
 {

@@ -259,6 +259,27 @@ int64_t mc_remove_regex(mc_client *c, const char *pattern, int force);
 int mc_batch_replica_clear(mc_client *c, size_t n, const void *const *keys,
 			   const size_t *klens, const char *segment, int *cleared);
 
+/* Where one replica of an object is (mc_batch_get_replicas). */
+struct mc_replica {
+	char segment[256]; /* its segment: the name of the agent holding it */
+	uint64_t address;  /* MC_TIER_DRAM: the bytes' address in that segment */
+	uint64_t size;     /* the object's bytes */
+	int tier;          /* MC_TIER_DRAM or MC_TIER_SSD (that agent's SSD tier) */
+	int complete;      /* 1: sealed and readable; 0: still being written */
+};
+
+/*
+ * Where the objects' replicas are, as the master places them (Mooncake's
+ * batch_get_replica_desc). Key i's replicas go to reps[i * cap ..]:
+ * counts[i] says how many it has (more than cap when some did not fit),
+ * results[i] is 0 or its error (MC_EOBJECT_NOT_FOUND, -EINVAL for a bad
+ * key). The master counts the question as a read: it holds the objects
+ * for its read lease. Returns 0 when the call ran, or an error for all of
+ * it (MC_EUNAVAILABLE: no master).
+ */
+int mc_batch_get_replicas(mc_client *c, size_t n, const void *const *keys, const size_t *klens,
+			  struct mc_replica *reps, size_t cap, size_t *counts, int *results);
+
 /*
  * Buffers the agent maps: mc_buffer_alloc returns len bytes of shared
  * memory (from the agent: huge pages and NUMA placement like its segment

@@ -19,10 +19,9 @@ defaults. ReplicateConfig{} defaults are None here (a fresh
 ReplicateConfig).
 
 Upstream calls left out on purpose, each a documented gap (an
-AttributeError here): get_replica_desc and batch_get_replica_desc
-(replica descriptors are not served to clients), and the CUDA builds'
-transfer_*_on_cuda (SUPPORT_CUDA is False). The torch tensor calls are
-here (their behaviour: test_python_tensor.py).
+AttributeError here): the CUDA builds' transfer_*_on_cuda (SUPPORT_CUDA
+is False). The torch tensor calls and get_replica_desc are here (their
+behaviour: test_python_tensor.py, test_store_cluster.py).
 """
 import inspect
 import json
@@ -130,6 +129,8 @@ STORE = {
                         ("all_src_offsets", REQ), ("all_sizes", REQ)],
     "health_check": [],
     "batch_replica_clear": [("keys", REQ), ("segment_name", "")],
+    "get_replica_desc": [("key", REQ)],
+    "batch_get_replica_desc": [("keys", REQ)],
     # The torch tensor calls (store_py.cpp, commit 007c3396).
     "get_tensor": [("key", REQ)],
     "batch_get_tensor": [("keys", REQ)],
@@ -254,6 +255,14 @@ def store_against_upstream():
         eq(hasattr(q, f), True, "QueryTaskResponse." + f)
     for f in ("ptr", "size", "__len__"):
         eq(callable(getattr(ms.BufferHandle, f, None)), True, "BufferHandle." + f)
+    for f in ("is_memory_replica", "is_disk_replica", "get_memory_descriptor",
+              "get_disk_descriptor"):
+        eq(callable(getattr(ms.ReplicaDescriptor, f, None)), True, "ReplicaDescriptor." + f)
+    eq(hasattr(ms.MemoryDescriptor(), "buffer_descriptor"), True, "MemoryDescriptor")
+    for f in ("size", "buffer_address", "transport_endpoint"):
+        eq(hasattr(ms.Descriptor(), f), True, "Descriptor." + f)
+    for f in ("file_path", "object_size"):
+        eq(hasattr(ms.DiskDescriptor(), f), True, "DiskDescriptor." + f)
     eq(callable(ms.bind_to_numa_node), True, "bind_to_numa_node")
     eq(mooncake.BufferPool is ms.BufferPool, True, "mooncake.BufferPool")
     eq(callable(ms.get_alloc_func_addr) and callable(ms.get_free_func_addr), True,

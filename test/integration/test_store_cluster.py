@@ -10,6 +10,7 @@ two nodes (prefill/decode disaggregation) — through the Python package,
 as users call it, every get checking the bytes against their checksum.
 """
 import os
+import tempfile
 import time
 
 import storetest as st
@@ -64,6 +65,52 @@ def put_on_one_agent_get_on_the_others():
     assert st.metric_labels(m, "mooncake_agent_get_hits_total", 'source="remote"') > 0, m
     for s in (a, b, c):
         s.close()
+
+
+@case
+def replica_descriptors_name_where_objects_are():
+    """get_replica_desc / batch_get_replica_desc (Mooncake's, which vLLM's
+    store worker asks for its tier log): each replica's segment, address
+    and size as the master placed it, memory or the SSD tier."""
+    tmp = tempfile.TemporaryDirectory(prefix="mooncake-rd-")
+    cl = Cluster(agents=1, agent_args=["--ssd-path=" + tmp.name + "/a", "--ssd-size=64M"])
+    cl.agents.append(cl.add_agent(["--ssd-path=" + tmp.name + "/b", "--ssd-size=64M"]))
+    a, b = [x.store() for x in cl.agents]
+    from mooncake.store import ReplicateConfig, ReplicaStatus
+    eq(a.put("rd/one", b"x" * 1000), OK, "put on A")
+    eq(a.put("rd/two", b"y" * 5000, ReplicateConfig(replica_num=2)), OK, "two copies")
+    eq(a.put("rd/ssd", b"z" * 3000, ReplicateConfig(tier="ssd")), OK, "into A's SSD tier")
+    master = {r.segment: r.address for r in replicas(cl.master_addr, b"rd/one")}
+    got = b.get_replica_desc("rd/one")  # asked through the other agent
+    eq(len(got), 1, "one replica")
+    d = got[0]
+    eq((d.is_memory_replica(), d.is_disk_replica(), d.status),
+       (True, False, ReplicaStatus.COMPLETE), "a sealed memory replica")
+    bd = d.get_memory_descriptor().buffer_descriptor
+    eq((bd.transport_endpoint, bd.size), (cl.agents[0].name, 1000), "A's segment, 1000 bytes")
+    eq(bd.buffer_address, master[cl.agents[0].name], "the master's address of it")
+    all_ = a.batch_get_replica_desc(["rd/one", "rd/two", "rd/ssd", "rd/none", ""])
+    eq(sorted(all_), sorted(["rd/one", "rd/two", "rd/ssd", "rd/none", ""]), "every key")
+    eq(sorted(r.get_memory_descriptor().buffer_descriptor.transport_endpoint
+              for r in all_["rd/two"]), sorted(x.name for x in cl.agents),
+       "two copies on the two agents")
+    ssd = all_["rd/ssd"]
+    eq([(r.is_memory_replica(), r.is_local_disk_replica(), r.segment) for r in ssd],
+       [(False, True, cl.agents[0].name + "/ssd")], "a replica in A's SSD tier segment")
+    try:
+        ssd[0].get_memory_descriptor()
+        raise AssertionError("an SSD replica has no memory descriptor")
+    except RuntimeError:
+        pass
+    eq((all_["rd/none"], all_[""]), ([], []), "a missing key and a bad one: no replicas")
+    eq(a.get_replica_desc("rd/none"), [], "get_replica_desc of a missing key")
+    # The question was a read: the object is leased for a while, as after a get.
+    eq(a.remove("rd/one"), -706, "remove while the read lease holds")
+    eq(a.remove("rd/one", force=True), OK, "forced remove")
+    eq(b.get_replica_desc("rd/one"), [], "gone once removed")
+    for s in (a, b):
+        s.close()
+    cl.stop()
 
 
 @case
