@@ -384,6 +384,45 @@ def _put_opts(config, upsert=False):
     return o, 0
 
 
+def _copy_ranges(key, base, size, ptrs, sizes, offsets, into_object):
+    """Copy the ranges between an object of size bytes at base and the
+    caller's buffers (into_object: the buffers' bytes into the object).
+    Returns the bytes copied, or INVALID_PARAMS (logged) when a range
+    does not fit in the object or the lists do not align."""
+    if not (len(ptrs) == len(sizes) == len(offsets)):
+        log.error("ranges of %r: %d buffers, %d sizes, %d offsets", key, len(ptrs),
+                  len(sizes), len(offsets))
+        return INVALID_PARAMS
+    for p, z, o in zip(ptrs, sizes, offsets):
+        if z < 0 or o < 0 or o + z > size or (z and not p):
+            log.error("ranges of %r: %d bytes at offset %d of a %d-byte object", key, z, o,
+                      size)
+            return INVALID_PARAMS
+    total = 0
+    for p, z, o in zip(ptrs, sizes, offsets):
+        if z:
+            if into_object:
+                ctypes.memmove(base + o, p, z)
+            else:
+                ctypes.memmove(p, base + o, z)
+        total += z
+    return total
+
+
+class _PutSession:
+    """An object being assembled by a layerwise put (batch_put_start)."""
+    __slots__ = ("size", "buf", "config")
+
+    def __init__(self, size):
+        self.size = size
+        self.buf = ctypes.create_string_buffer(size)
+        self.config = None
+
+    def write(self, key, ptrs, sizes, offsets):
+        return _copy_ranges(key, ctypes.addressof(self.buf), self.size, ptrs, sizes, offsets,
+                            True)
+
+
 class BufferHandle(n.BufferBase):
     """An object's bytes without a copy when the local agent holds a
     replica (a read-only mapping kept under the object's read lease until
@@ -588,6 +627,8 @@ class MooncakeDistributedStore:
         self._pool = []          # alloc_from_mem_pool allocations
         self._pool_left = None   # setup_dummy's mem_pool_size budget
         self._http = None
+        self._puts = {}          # layerwise put sessions: key -> _PutSession
+        self._reads = {}         # layerwise read sessions: key -> BufferHandle
 
     # ------------------------------------------------------------ session
 
@@ -752,6 +793,10 @@ class MooncakeDistributedStore:
             pool, self._pool = self._pool, []
             srv, self._http = self._http, None
             self._pool_left = None
+            reads, self._reads = self._reads, {}
+            self._puts = {}
+        for b in reads.values():
+            b.release()
         if srv:
             srv.close()
         if h:
@@ -1163,6 +1208,144 @@ class MooncakeDistributedStore:
         log.error("query_task %r: replica tasks are not supported by mooncaked's master",
                   task_id)
         return None, NOT_SUPPORTED
+
+    # ------------------------------------------------------------ layerwise sessions
+    # The calls of Mooncake's layerwise contract (PR #2881, as vLLM
+    # Ascend's and SGLang's layerwise KV pools call them): an object is
+    # written range by range (a layer at a time) between batch_put_start
+    # and batch_put_end, and read range by range between batch_get_start
+    # and batch_get_end. Inputs are key-major and aligned by index;
+    # offsets are byte offsets in the object. Start, end and revoke return
+    # 0 or a negative code per key (batch_get_end one code); range calls
+    # the bytes moved per key or a negative code.
+    #
+    # Here a put session assembles the object in this process's memory
+    # and batch_put_end stores it whole (one batch put): until then it is
+    # invisible (is_exist 0, a get misses), as upstream's PROCESSING
+    # object. A read session holds the object's bytes from
+    # batch_get_start (a zero-copy view of a local replica under its read
+    # lease, else a copy), so its range reads never ask the master; a
+    # second batch_get_start of a key takes them again (a newer value).
+
+    def batch_put_start(self, keys, sizes):
+        keys, sizes = list(keys), list(sizes)
+        if _mismatch("batch_put_start", keys, sizes):
+            return [INVALID_PARAMS] * len(keys)
+        out = []
+        with self._lock:
+            for k, size in zip(keys, sizes):
+                if not self._h:
+                    out.append(NOT_CONNECTED)
+                elif not isinstance(size, int) or size <= 0 or k in self._puts:
+                    log.error("batch_put_start %r: %s", k, "a put session of it is open"
+                              if k in self._puts else "size %r" % (size,))
+                    out.append(INVALID_PARAMS)
+                else:
+                    self._puts[k] = _PutSession(size)
+                    out.append(0)
+        return out
+
+    def batch_put_from_multi_buffer_ranges(self, keys, all_buffers, all_sizes,
+                                           all_dst_offsets, config=None):
+        """Copies each key's buffers to their offsets in its object."""
+        keys, bufs = list(keys), list(all_buffers)
+        sizes, offs = list(all_sizes), list(all_dst_offsets)
+        if _mismatch("batch_put_from_multi_buffer_ranges", keys, bufs, sizes, offs):
+            return [INVALID_PARAMS] * len(keys)
+        out = []
+        with self._lock:
+            for k, b, z, o in zip(keys, bufs, sizes, offs):
+                sess = self._puts.get(k)
+                if sess is None:
+                    log.error("batch_put_from_multi_buffer_ranges %r: no put session "
+                              "(batch_put_start)", k)
+                    out.append(INVALID_PARAMS)
+                    continue
+                if config is not None:
+                    sess.config = config
+                out.append(sess.write(k, list(b), list(z), list(o)))
+        return out
+
+    def batch_put_end(self, keys):
+        """Stores the assembled objects (one batch put); a key whose
+        session ended already answers 0 when the object is there."""
+        keys = list(keys)
+        with self._lock:
+            sess = {k: self._puts.pop(k) for k in dict.fromkeys(keys) if k in self._puts}
+        out = {}
+        by_config = {}
+        for k, ss in sess.items():
+            by_config.setdefault(id(ss.config), (ss.config, []))[1].append(k)
+        for config, ks in by_config.values():
+            res = self._put_parts(ks, [[(ctypes.addressof(sess[k].buf), sess[k].size)]
+                                       for k in ks], config, False)
+            out.update(zip(ks, res))
+        rest = [k for k in dict.fromkeys(keys) if k not in out]
+        if rest:
+            there = self.batch_is_exist(rest)
+            for k, e in zip(rest, there):
+                if e != 1:
+                    log.error("batch_put_end %r: no put session and no such object", k)
+                out[k] = 0 if e == 1 else INVALID_PARAMS
+        return [out[k] for k in keys]
+
+    def batch_put_revoke(self, keys):
+        """Drops the put sessions: nothing is stored."""
+        keys = list(keys)
+        with self._lock:
+            for k in keys:
+                self._puts.pop(k, None)
+        return [0] * len(keys)
+
+    def batch_get_start(self, keys):
+        keys = list(keys)
+        handles = self.batch_get_buffer(keys)
+        out, old = [], []
+        with self._lock:
+            for k, b in zip(keys, handles):
+                prev = self._reads.pop(k, None)
+                if prev is not None:
+                    old.append(prev)
+                if b is None:
+                    out.append(OBJECT_NOT_FOUND if self._h else NOT_CONNECTED)
+                else:
+                    self._reads[k] = b
+                    out.append(0)
+        for b in old:
+            b.release()
+        return out
+
+    def batch_get_into_multi_buffer_ranges(self, keys, all_buffers, all_sizes, all_src_offsets):
+        """Copies ranges of each key's object (held since batch_get_start)
+        into the buffers; a key without a read session fails, the master
+        is not asked."""
+        keys, bufs = list(keys), list(all_buffers)
+        sizes, offs = list(all_sizes), list(all_src_offsets)
+        if _mismatch("batch_get_into_multi_buffer_ranges", keys, bufs, sizes, offs):
+            return [INVALID_PARAMS] * len(keys)
+        out = []
+        with self._lock:
+            for k, b, z, o in zip(keys, bufs, sizes, offs):
+                h = self._reads.get(k)
+                if h is None:
+                    log.error("batch_get_into_multi_buffer_ranges %r: no read session "
+                              "(batch_get_start)", k)
+                    out.append(INVALID_PARAMS)
+                    continue
+                out.append(_copy_ranges(k, h.ptr(), h.size(), list(b), list(z), list(o),
+                                        False))
+        return out
+
+    def batch_get_end(self, keys):
+        with self._lock:
+            done = [self._reads.pop(k) for k in list(keys) if k in self._reads]
+        for b in done:
+            b.release()
+        return 0
+
+    # SGLang's names of the read session.
+    batch_get_session_start = batch_get_start
+    batch_get_session_end = batch_get_end
 
     # ------------------------------------------------------------ replicas
 

@@ -348,7 +348,9 @@ static size_t check_segments(struct table *t, const struct meta_view *mv, uint64
 		if (!d) {
 			put(t, "cluster", DOCTOR_FAIL, check, "not a segment descriptor",
 			    "a SegmentDesc",
-			    "delete the key (etcdctl del KEY): nothing can open it");
+			    "delete the key (etcdctl del KEY; add --user \"root:$(cat "
+			    "SECRET_FILE)\" when meta wants the cluster secret): nothing "
+			    "can open it");
 			continue;
 		}
 		snprintf(s->name, sizeof(s->name), "%s", d->name ? d->name : "");
@@ -371,7 +373,8 @@ static size_t check_segments(struct table *t, const struct meta_view *mv, uint64
 			"the record outlived its agent: it goes --te-lease-ttl after the "
 			"agent died; one that stays is held by a live lease of a process "
 			"that no longer serves it (a rebuilt node); peers that open it "
-			"time out. Delete it: etcdctl del KEY";
+			"time out. Delete it: etcdctl del KEY (add --user \"root:$(cat "
+			"SECRET_FILE)\" when meta wants the cluster secret)";
 		if (gs == RPC_OK) {
 			Mooncake__Transfer__SegmentDesc *live = (void *)resp;
 			bool same = live->incarnation == s->incarnation;

@@ -129,6 +129,20 @@ STORE = {
                         ("all_src_offsets", REQ), ("all_sizes", REQ)],
     "health_check": [],
     "batch_replica_clear": [("keys", REQ), ("segment_name", "")],
+    # The layerwise session calls (Mooncake PR #2881, the contract vLLM
+    # Ascend's layerwise KV pool states; SGLang's session names).
+    "batch_put_start": [("keys", REQ), ("sizes", REQ)],
+    "batch_put_from_multi_buffer_ranges": [("keys", REQ), ("all_buffers", REQ),
+                                           ("all_sizes", REQ), ("all_dst_offsets", REQ),
+                                           ("config", None)],
+    "batch_put_end": [("keys", REQ)],
+    "batch_put_revoke": [("keys", REQ)],
+    "batch_get_start": [("keys", REQ)],
+    "batch_get_into_multi_buffer_ranges": [("keys", REQ), ("all_buffers", REQ),
+                                           ("all_sizes", REQ), ("all_src_offsets", REQ)],
+    "batch_get_end": [("keys", REQ)],
+    "batch_get_session_start": [("keys", REQ)],
+    "batch_get_session_end": [("keys", REQ)],
     "get_replica_desc": [("key", REQ)],
     "batch_get_replica_desc": [("keys", REQ)],
     # The torch tensor calls (store_py.cpp, commit 007c3396).
