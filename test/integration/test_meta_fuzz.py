@@ -715,7 +715,8 @@ def answers_a_client_never_takes_are_bounded():
                             r'method="/etcdserverpb.KV/Range",code="RESOURCE_EXHAUSTED"\}'
                             r' (\d+)', text)
             return got and int(got.group(1)) >= 900
-        mctest.wait_for(refused, timeout=30, what="900 Ranges refused")
+        # (5-9 s on the 2-core CI; once 45 s beside another suite's load)
+        mctest.wait_for(refused, timeout=120, what="900 Ranges refused")
         if not mctest.sanitized():
             grew = mctest.proc_mib(m.daemon.pid) - rss0
             assert grew < 200, "the member grew %.0f MiB" % grew
