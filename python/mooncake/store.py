@@ -418,10 +418,6 @@ class _PutSession:
         self.buf = ctypes.create_string_buffer(size)
         self.config = None
 
-    def write(self, key, ptrs, sizes, offsets):
-        return _copy_ranges(key, ctypes.addressof(self.buf), self.size, ptrs, sizes, offsets,
-                            True)
-
 
 class BufferHandle(n.BufferBase):
     """An object's bytes without a copy when the local agent holds a
@@ -1245,26 +1241,37 @@ class MooncakeDistributedStore:
                     out.append(0)
         return out
 
-    def batch_put_from_multi_buffer_ranges(self, keys, all_buffers, all_sizes,
-                                           all_dst_offsets, config=None):
-        """Copies each key's buffers to their offsets in its object."""
+    def _ranges(self, what, write, keys, all_buffers, all_sizes, all_offsets, config=None):
+        """Copy each key's ranges between the caller's buffers and its
+        session's object: into it (write, a put session) or out of it."""
         keys, bufs = list(keys), list(all_buffers)
-        sizes, offs = list(all_sizes), list(all_dst_offsets)
-        if _mismatch("batch_put_from_multi_buffer_ranges", keys, bufs, sizes, offs):
+        sizes, offs = list(all_sizes), list(all_offsets)
+        if _mismatch(what, keys, bufs, sizes, offs):
             return [INVALID_PARAMS] * len(keys)
         out = []
         with self._lock:
-            for k, b, z, o in zip(keys, bufs, sizes, offs):
-                sess = self._puts.get(k)
+            table = self._puts if write else self._reads
+            for k, bs, zs, os_ in zip(keys, bufs, sizes, offs):
+                sess = table.get(k)
                 if sess is None:
-                    log.error("batch_put_from_multi_buffer_ranges %r: no put session "
-                              "(batch_put_start)", k)
+                    log.error("%s %r: no %s session (%s)", what, k, "put" if write else "read",
+                              "batch_put_start" if write else "batch_get_start")
                     out.append(INVALID_PARAMS)
                     continue
-                if config is not None:
-                    sess.config = config
-                out.append(sess.write(k, list(b), list(z), list(o)))
+                if write:
+                    if config is not None:
+                        sess.config = config
+                    base, size = ctypes.addressof(sess.buf), sess.size
+                else:
+                    base, size = sess.ptr(), sess.size()
+                out.append(_copy_ranges(k, base, size, list(bs), list(zs), list(os_), write))
         return out
+
+    def batch_put_from_multi_buffer_ranges(self, keys, all_buffers, all_sizes,
+                                           all_dst_offsets, config=None):
+        """Copies each key's buffers to their offsets in its object."""
+        return self._ranges("batch_put_from_multi_buffer_ranges", True, keys, all_buffers,
+                            all_sizes, all_dst_offsets, config)
 
     def batch_put_end(self, keys):
         """Stores the assembled objects (one batch put); a key whose
@@ -1319,22 +1326,8 @@ class MooncakeDistributedStore:
         """Copies ranges of each key's object (held since batch_get_start)
         into the buffers; a key without a read session fails, the master
         is not asked."""
-        keys, bufs = list(keys), list(all_buffers)
-        sizes, offs = list(all_sizes), list(all_src_offsets)
-        if _mismatch("batch_get_into_multi_buffer_ranges", keys, bufs, sizes, offs):
-            return [INVALID_PARAMS] * len(keys)
-        out = []
-        with self._lock:
-            for k, b, z, o in zip(keys, bufs, sizes, offs):
-                h = self._reads.get(k)
-                if h is None:
-                    log.error("batch_get_into_multi_buffer_ranges %r: no read session "
-                              "(batch_get_start)", k)
-                    out.append(INVALID_PARAMS)
-                    continue
-                out.append(_copy_ranges(k, h.ptr(), h.size(), list(b), list(z), list(o),
-                                        False))
-        return out
+        return self._ranges("batch_get_into_multi_buffer_ranges", False, keys, all_buffers,
+                            all_sizes, all_src_offsets)
 
     def batch_get_end(self, keys):
         with self._lock:

@@ -180,19 +180,28 @@ static int key_items(struct agent_req *r, const ProtobufCBinaryData *keys, size_
 	return 0;
 }
 
+/* The items of the keys and the master's request of the valid ones (the
+ * op's mstate), or NULL when the op failed for want of memory. */
+static struct agent_keys_block *keys_block(struct agent_req *r,
+					   const ProtobufCBinaryData *keys, size_t n)
+{
+	struct agent_keys_block *b = NULL;
+	if (key_items(r, keys, n) == 0)
+		b = agent__op_keys_block(r, agent__op_item_ok);
+	if (!b) {
+		agent__op_fail(r, -ENOMEM, NULL);
+		return NULL;
+	}
+	agent__op_set_mstate(r, b);
+	return b;
+}
+
 static void op_keys(struct agent_req *r, bool remove)
 {
 	const Mooncake__Client__KeysRequest *q = remove ? r->msg->remove : r->msg->exist;
-	if (key_items(r, q->keys, q->n_keys)) {
-		agent__op_fail(r, -ENOMEM, NULL);
+	struct agent_keys_block *b = keys_block(r, q->keys, q->n_keys);
+	if (!b)
 		return;
-	}
-	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
-	if (!b) {
-		agent__op_fail(r, -ENOMEM, NULL);
-		return;
-	}
-	agent__op_set_mstate(r, b);
 	if (b->req.n_keys == 0) {
 		keys_reply(r, 0);
 		return;
@@ -285,16 +294,9 @@ oom:
 static void op_replicas(struct agent_req *r)
 {
 	const Mooncake__Client__KeysRequest *q = r->msg->replicas;
-	if (key_items(r, q->keys, q->n_keys)) {
-		agent__op_fail(r, -ENOMEM, NULL);
+	struct agent_keys_block *b = keys_block(r, q->keys, q->n_keys);
+	if (!b)
 		return;
-	}
-	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
-	if (!b) {
-		agent__op_fail(r, -ENOMEM, NULL);
-		return;
-	}
-	agent__op_set_mstate(r, b);
 	if (b->req.n_keys == 0) {
 		on_replicas(r, 0, NULL, NULL);
 		return;
@@ -368,19 +370,14 @@ static void on_cleared(void *ud, int err, const char *message, const ProtobufCMe
 static void op_replica_clear(struct agent_req *r)
 {
 	const Mooncake__Client__ReplicaClearRequest *q = r->msg->replica_clear;
-	if (key_items(r, q->keys, q->n_keys)) {
-		agent__op_fail(r, -ENOMEM, NULL);
+	struct agent_keys_block *b = keys_block(r, q->keys, q->n_keys);
+	if (!b)
 		return;
-	}
-	struct agent_keys_block *b = agent__op_keys_block(r, agent__op_item_ok);
 	Mooncake__Master__BatchReplicaClearRequest *mq = malloc(sizeof(*mq));
-	if (!b || !mq) {
-		free(b);
-		free(mq);
+	if (!mq) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
 	}
-	agent__op_set_mstate(r, b);
 	r->mstate2 = mq;
 	if (b->req.n_keys == 0) {
 		keys_reply(r, 0);

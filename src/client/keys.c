@@ -12,37 +12,46 @@
 
 /* ------------------------------------------------------------ keys */
 
+/* The keys of a request of kind op to send to the agent: *k (borrowed
+ * bytes) and their indices *map, *nreq of them (the caller frees both
+ * arrays). results[i] is -EINVAL for an invalid key, 1 for one an exist
+ * finds in the shared lease table (it exists until the lease ends; a
+ * removal through the agent takes it out first), else 0. Errors:
+ * -ENOMEM. */
+static int request_keys(mc_client *c, int op, size_t n, const void *const *keys,
+			const size_t *klens, int *results, ProtobufCBinaryData **k,
+			size_t **map, size_t *nreq)
+{
+	*k = calloc(n ? n : 1, sizeof(**k));
+	*map = malloc((n ? n : 1) * sizeof(**map));
+	*nreq = 0;
+	if (!*k || !*map)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		results[i] = 0;
+		if (!mc__key_ok(klens[i]))
+			results[i] = -EINVAL;
+		else if (op == MOONCAKE__CLIENT__REQUEST__OP_EXIST &&
+			 mc__table_has(c, keys[i], klens[i]))
+			results[i] = 1;
+		if (results[i])
+			continue;
+		(*k)[*nreq].data = (uint8_t *)keys[i];
+		(*k)[*nreq].len = klens[i];
+		(*map)[(*nreq)++] = i;
+	}
+	return 0;
+}
+
 /* One request about keys (exist, remove, replica clear on segment), the
  * invalid keys answered here; results[i] per key. */
 static int keys_call(mc_client *c, int op, size_t n, const void *const *keys,
 		     const size_t *klens, int force, const char *segment, int *results)
 {
-	ProtobufCBinaryData *k = calloc(n ? n : 1, sizeof(*k));
-	size_t *map = malloc((n ? n : 1) * sizeof(*map));
-	size_t nreq = 0;
-	int rc = 0;
-	if (!k || !map) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		results[i] = 0;
-		if (!mc__key_ok(klens[i])) {
-			results[i] = -EINVAL;
-			continue;
-		}
-		/* A key the agent holds a read lease on exists until the lease
-		 * ends (a removal through the agent takes it out first). */
-		if (op == MOONCAKE__CLIENT__REQUEST__OP_EXIST &&
-		    mc__table_has(c, keys[i], klens[i])) {
-			results[i] = 1;
-			continue;
-		}
-		k[nreq].data = (uint8_t *)keys[i];
-		k[nreq].len = klens[i];
-		map[nreq++] = i;
-	}
-	if (nreq == 0)
+	ProtobufCBinaryData *k;
+	size_t *map, nreq;
+	int rc = request_keys(c, op, n, keys, klens, results, &k, &map, &nreq);
+	if (rc || nreq == 0)
 		goto out;
 	Mooncake__Client__KeysRequest q = MOONCAKE__CLIENT__KEYS_REQUEST__INIT;
 	q.keys = k;
@@ -232,24 +241,13 @@ MC__PUBLIC int mc_batch_get_replicas(mc_client *c, size_t n, const void *const *
 				     const size_t *klens, struct mc_replica *reps, size_t cap,
 				     size_t *counts, int *results)
 {
-	ProtobufCBinaryData *k = calloc(n ? n : 1, sizeof(*k));
-	size_t *map = malloc((n ? n : 1) * sizeof(*map));
-	size_t nreq = 0;
-	int rc = 0;
-	if (!k || !map) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < n; i++)
 		counts[i] = 0;
-		results[i] = mc__key_ok(klens[i]) ? 0 : -EINVAL;
-		if (results[i])
-			continue;
-		k[nreq].data = (uint8_t *)keys[i];
-		k[nreq].len = klens[i];
-		map[nreq++] = i;
-	}
-	if (nreq == 0)
+	ProtobufCBinaryData *k;
+	size_t *map, nreq;
+	int rc = request_keys(c, MOONCAKE__CLIENT__REQUEST__OP_REPLICAS, n, keys, klens,
+			      results, &k, &map, &nreq);
+	if (rc || nreq == 0)
 		goto out;
 	Mooncake__Client__KeysRequest q = MOONCAKE__CLIENT__KEYS_REQUEST__INIT;
 	q.keys = k;
