@@ -92,7 +92,9 @@ class AgentStats(ctypes.Structure):
                 ("ssd_segment", ctypes.c_char * 160), ("ssd_size", c_uint64),
                 ("ssd_used", c_uint64), ("ssd_objects", c_uint64), ("ssd_hits", c_uint64),
                 ("ssd_demotions", c_uint64), ("ssd_promotions", c_uint64),
-                ("table_gets", c_uint64)]
+                ("table_gets", c_uint64), ("ssd_reads", c_uint64),
+                ("ssd_read_ns", c_uint64), ("ssd_writes", c_uint64),
+                ("ssd_write_ns", c_uint64)]
 
 
 class TransferReq(ctypes.Structure):

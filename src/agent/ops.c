@@ -23,6 +23,7 @@
 #include "agent/tier.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "ssd/ssd.h"
 
 #define LOG_SUBSYS LOGS_AGENT
 
@@ -437,7 +438,14 @@ static void op_stats(struct agent_req *r)
 	if (agent__tier_on(a)) {
 		s.ssd_segment = (char *)agent__tier_name(a);
 		s.ssd_size = agent__tier_capacity(a);
-		agent__tier_usage(a, &s.ssd_used, &s.ssd_objects);
+		struct ssd_stats st;
+		agent__tier_stats(a, &st);
+		s.ssd_used = st.used_bytes;
+		s.ssd_objects = st.objects;
+		s.ssd_reads = st.reads;
+		s.ssd_read_ns = st.read_ns;
+		s.ssd_writes = st.writes;
+		s.ssd_write_ns = st.write_ns;
 		s.ssd_hits = agent__counter(&a->stats, AGENT_C_SSD_HITS);
 		s.ssd_demotions = agent__counter(&a->stats, AGENT_C_SSD_DEMOTIONS);
 		s.ssd_promotions = agent__counter(&a->stats, AGENT_C_SSD_PROMOTIONS);

@@ -413,11 +413,9 @@ void agent__tier_foreach(const struct agent *a,
 	ssd_foreach(a->tier.store, each_obj, &e);
 }
 
-void agent__tier_usage(const struct agent *a, uint64_t *used, uint64_t *objects)
+void agent__tier_stats(const struct agent *a, struct ssd_stats *st)
 {
-	struct ssd_stats st = {0};
+	*st = (struct ssd_stats){0};
 	if (a->tier.store)
-		ssd_stats(a->tier.store, &st);
-	*used = st.used_bytes;
-	*objects = st.objects;
+		ssd_stats(a->tier.store, st);
 }

@@ -18,6 +18,7 @@
 #include "common/err.h"
 
 struct agent;
+struct ssd_stats;
 struct ssd_store;
 struct tier_op;
 
@@ -139,7 +140,7 @@ void agent__tier_foreach(const struct agent *a,
 			 void (*fn)(void *ud, const uint8_t *key, size_t klen,
 				    const struct agent_tier_obj *o),
 			 void *ud);
-/* Bytes and objects stored, capacity. */
-void agent__tier_usage(const struct agent *a, uint64_t *used, uint64_t *objects);
+/* The tier's figures (ssd_stats; all 0 without a tier). */
+void agent__tier_stats(const struct agent *a, struct ssd_stats *st);
 
 #endif

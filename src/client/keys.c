@@ -186,6 +186,10 @@ MC__PUBLIC int mc_agent_stats(mc_client *c, struct mc_agent_stats *out)
 		out->ssd_demotions = s->ssd_demotions;
 		out->ssd_promotions = s->ssd_promotions;
 		out->table_gets = s->table_gets;
+		out->ssd_reads = s->ssd_reads;
+		out->ssd_read_ns = s->ssd_read_ns;
+		out->ssd_writes = s->ssd_writes;
+		out->ssd_write_ns = s->ssd_write_ns;
 	}
 	mc__waiter_clear(&w);
 	return rc;

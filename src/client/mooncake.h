@@ -475,6 +475,10 @@ struct mc_agent_stats {
 	/* Gets clients answered themselves from the agent's shared lease
 	 * table (also counted in gets, local_hits and bytes_read). */
 	uint64_t table_gets;
+	/* The SSD tier's data I/Os finished, and their time in ns, submitted
+	 * to finished (a read's with its checksum checked): the mean
+	 * latency is ssd_read_ns / ssd_reads. */
+	uint64_t ssd_reads, ssd_read_ns, ssd_writes, ssd_write_ns;
 };
 int mc_agent_stats(mc_client *c, struct mc_agent_stats *out);
 

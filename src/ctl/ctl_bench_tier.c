@@ -109,10 +109,28 @@ struct ttally {
 	double secs;
 	int first_err;
 	struct ctl_lat lat;
+	uint64_t io_n, io_ns; /* the serving tier's own I/Os meanwhile */
 };
 
-static void tier_round(struct tw *ws, unsigned n, uint64_t ms, struct ttally *t)
+/* The I/Os of a kind the tier of the agent behind c has finished, and
+ * their time; false when it cannot tell. */
+static bool tier_ios(mc_client *c, bool write, uint64_t *n, uint64_t *ns)
 {
+	struct mc_agent_stats st;
+	if (mc_agent_stats(c, &st))
+		return false;
+	*n = write ? st.ssd_writes : st.ssd_reads;
+	*ns = write ? st.ssd_write_ns : st.ssd_read_ns;
+	return true;
+}
+
+/* One round of the n clients; the I/Os the tier behind server made
+ * meanwhile are added to t. */
+static void tier_round(struct tw *ws, unsigned n, uint64_t ms, mc_client *server,
+		       struct ttally *t)
+{
+	uint64_t n0 = 0, ns0 = 0, n1 = 0, ns1 = 0;
+	bool ios = tier_ios(server, ws[0].put, &n0, &ns0);
 	uint64_t start = mc_now_ns();
 	for (unsigned i = 0; i < n; i++) {
 		ws[i].stop_ns = start + ms * 1000000ull;
@@ -125,6 +143,10 @@ static void tier_round(struct tw *ws, unsigned n, uint64_t ms, struct ttally *t)
 	for (unsigned i = 0; i < n; i++)
 		pthread_join(ws[i].t, NULL);
 	t->secs += (double)(mc_now_ns() - start) / 1e9;
+	if (ios && tier_ios(server, ws[0].put, &n1, &ns1)) {
+		t->io_n += n1 - n0;
+		t->io_ns += ns1 - ns0;
+	}
 	for (unsigned i = 0; i < n; i++) {
 		t->ops += ws[i].ops;
 		t->errors += ws[i].errors;
@@ -184,17 +206,18 @@ static void tier_line(const char *vs, const char *op, const char *where, size_t 
 	char xs[32] = "-";
 	if (fio > 0)
 		snprintf(xs, sizeof(xs), "%.2f", gbps / fio);
-	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %9.2f %7s %7llu %s\n", vs, op, where,
-	       ops, gbps, ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99), fio,
-	       xs, (unsigned long long)t->errors,
+	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %8.1f %9.2f %7s %7llu %s\n", vs, op,
+	       where, ops, gbps, ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99),
+	       ctl_mean_us(t->io_ns, t->io_n), fio, xs, (unsigned long long)t->errors,
 	       t->first_err ? mc_strerror(t->first_err) : "");
 }
 
 static void fio_line(const char *op, size_t size, const struct ctl_fio *f)
 {
 	double bw = f->runs ? f->bw / f->runs : 0;
-	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f\n", "", op, "fio", bw / (double)size,
-	       bw / 1e9, f->runs ? f->p50_us / f->runs : 0, f->runs ? f->p99_us / f->runs : 0);
+	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %8.1f\n", "", op, "fio",
+	       bw / (double)size, bw / 1e9, f->runs ? f->p50_us / f->runs : 0,
+	       f->runs ? f->p99_us / f->runs : 0, f->runs ? f->mean_us / f->runs : 0);
 }
 
 int ctl_bench_tier_main(int argc, char **argv)
@@ -328,8 +351,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 		fprintf(stderr, "bench store: filling the tiers once: %s\n", mc_strerror(rc));
 		goto out;
 	}
-	printf("%-6s %-4s %-7s %9s %8s %9s %9s %9s %7s %7s\n", "size", "op", "where", "ops/s",
-	       "GB/s", "p50(us)", "p99(us)", "fio GB/s", "x fio", "errors");
+	printf("%-6s %-4s %-7s %9s %8s %9s %9s %8s %9s %7s %7s\n", "size", "op", "where",
+	       "ops/s", "GB/s", "p50(us)", "p99(us)", "io(us)", "fio GB/s", "x fio", "errors");
 	for (unsigned si = 0; si < nsizes; si++) {
 		size_t size = sizes[si];
 		char vs[32];
@@ -369,7 +392,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 						ws[i].tag = put ? tag + 1 + r : tag;
 						ws[i].nkeys = nkeys;
 					}
-					tier_round(ws, clients, ms / rounds, &tal[w]);
+					tier_round(ws, clients, ms / rounds,
+						   holder[put ? 0 : w], &tal[w]);
 				}
 				if (fio_ok)
 					fio_ok = ctl_fio_run(fiofile, ssd_bytes, size, clients,
@@ -389,7 +413,9 @@ int ctl_bench_tier_main(int argc, char **argv)
 	       "sequential writes for put, synced once per %u s as the tiers are, random reads "
 	       "for get). local = the client's agent's "
 	       "SSD tier; remote = the other agent's, read into its bounce region and then "
-	       "through the transfer engine.\n",
+	       "through the transfer engine. io(us) = the mean time of the serving tier's own "
+	       "I/Os meanwhile, submitted to finished (a read's with its checksum), and of "
+	       "fio's.\n",
 	       SSD_SYNC_INTERVAL_DEFAULT_MS / 1000);
 	ret = CTL_EXIT_OK;
 out:

@@ -23,41 +23,30 @@
 
 #include "ctl/ctl_int.h"
 
-/* The number after "key": in the object "section" of fio's JSON output. */
-static bool json_num(const char *js, const char *section, const char *key, double *v)
-{
-	char pat[64];
-	snprintf(pat, sizeof(pat), "\"%s\" : {", section);
-	const char *p = strstr(js, pat);
-	if (!p)
-		return false;
-	snprintf(pat, sizeof(pat), "\"%s\"", key);
-	p = strstr(p, pat);
-	if (!p || !(p = strchr(p + strlen(pat), ':')))
-		return false;
-	*v = strtod(p + 1, NULL);
-	return true;
-}
-
-/* The total-latency percentile p ("50.000000") in ns, in section: from
- * submission to completion (lat_ns, with --lat_percentiles=1), as the
- * store's and the agents' latencies are timed. fio's default clat_ns
- * leaves out the submission, which on a fast device is a third of a 1 MiB
- * read (io_uring, 2026-12-06: lat p50 136 us, clat 94 us). */
-static bool json_pct(const char *js, const char *section, const char *p, double *v)
+/* The number at the end of a path of keys (NULL-terminated, each found
+ * after the one before) in the object "section" of fio's JSON output.
+ * Latencies are read from lat_ns (with --lat_percentiles=1: from
+ * submission to completion, as the store's and the agents' latencies are
+ * timed): fio's default clat_ns leaves out the submission, which on a fast
+ * device is a third of a 1 MiB read (io_uring, 2026-12-06: lat p50 136 us,
+ * clat 94 us). */
+static bool json_num(const char *js, const char *section, const char *const *path, double *v)
 {
 	char pat[64];
 	snprintf(pat, sizeof(pat), "\"%s\" : {", section);
 	const char *q = strstr(js, pat);
-	if (!q || !(q = strstr(q, "\"lat_ns\"")) || !(q = strstr(q, "\"percentile\"")))
-		return false;
-	snprintf(pat, sizeof(pat), "\"%s\"", p);
-	q = strstr(q, pat);
-	if (!q || !(q = strchr(q + strlen(pat), ':')))
+	for (; q && *path; path++) {
+		snprintf(pat, sizeof(pat), "\"%s\"", *path);
+		if ((q = strstr(q, pat)))
+			q += strlen(pat);
+	}
+	if (!q || !(q = strchr(q, ':')))
 		return false;
 	*v = strtod(q + 1, NULL);
 	return true;
 }
+
+#define PATH(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* Run the fio command cmd, which writes its JSON report to out, and read
  * the report into js (NUL-terminated). false when fio failed (a line
@@ -117,15 +106,18 @@ bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned de
 	if (!fio_json(cmd, out, js, sizeof(js)))
 		return false;
 	const char *sec = write ? "write" : "read";
-	double bw, p50, p99;
-	if (!json_num(js, sec, "bw_bytes", &bw) || !json_pct(js, sec, "50.000000", &p50) ||
-	    !json_pct(js, sec, "99.000000", &p99)) {
+	double bw, p50, p99, mean;
+	if (!json_num(js, sec, PATH("bw_bytes"), &bw) ||
+	    !json_num(js, sec, PATH("lat_ns", "percentile", "50.000000"), &p50) ||
+	    !json_num(js, sec, PATH("lat_ns", "percentile", "99.000000"), &p99) ||
+	    !json_num(js, sec, PATH("lat_ns", "mean"), &mean)) {
 		fprintf(stderr, "mooncakectl bench: cannot read fio's output\n");
 		return false;
 	}
 	f->bw += bw;
 	f->p50_us += p50 / 1000;
 	f->p99_us += p99 / 1000;
+	f->mean_us += mean / 1000;
 	f->runs++;
 	return true;
 }
@@ -141,7 +133,7 @@ bool ctl_fio_fill(const char *file, uint64_t file_bytes, double *bw)
 		 file, file_bytes, out);
 	if (!fio_json(cmd, out, js, sizeof(js)))
 		return false;
-	if (!json_num(js, "write", "bw_bytes", bw) || *bw <= 0) {
+	if (!json_num(js, "write", PATH("bw_bytes"), bw) || *bw <= 0) {
 		fprintf(stderr, "mooncakectl bench: cannot read fio's output\n");
 		return false;
 	}

@@ -67,8 +67,8 @@ int ctl_bench_ssd_main(int argc, char **argv);
 
 /* fio's figures (ctl_fio.c), summed over runs. */
 struct ctl_fio {
-	double bw; /* bytes/s */
-	double p50_us, p99_us;
+	double bw;                      /* bytes/s */
+	double p50_us, p99_us, mean_us; /* sums over the runs */
 	unsigned runs;
 	/* Set by the caller: writes are synced as often as a store syncing
 	 * every sync_ms would (0: after every write), at the rate fill_bw
@@ -97,6 +97,12 @@ void ctl_lat_add(struct ctl_lat *l, uint64_t ns);
 /* The p-th percentile (0..1) in microseconds; sorts the samples. */
 double ctl_lat_pct_us(struct ctl_lat *l, double p);
 void ctl_lat_free(struct ctl_lat *l);
+/* The mean of n operations that took ns in all, in microseconds (0 for
+ * none). */
+static inline double ctl_mean_us(uint64_t ns, uint64_t n)
+{
+	return n ? (double)ns / (double)n / 1e3 : 0;
+}
 /* CPU time a thread of this process has used, in ns (0 when it cannot be
  * read), for the benchmarks' CPU-per-operation figures. */
 uint64_t ctl_thread_cpu_ns(pthread_t t);

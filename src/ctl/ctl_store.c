@@ -326,8 +326,12 @@ int ctl_agent_stats(const char *socket)
 	if (s.ssd_segment[0])
 		printf("ssd_segment %s\nssd_bytes %" PRIu64 "\nssd_used_bytes %" PRIu64
 		       "\nssd_objects %" PRIu64 "\nssd_hits %" PRIu64
-		       "\nssd_demotions %" PRIu64 "\nssd_promotions %" PRIu64 "\n",
+		       "\nssd_demotions %" PRIu64 "\nssd_promotions %" PRIu64
+		       "\nssd_reads %" PRIu64 "\nssd_read_mean_us %.1f\nssd_writes %" PRIu64
+		       "\nssd_write_mean_us %.1f\n",
 		       s.ssd_segment, s.ssd_size, s.ssd_used, s.ssd_objects, s.ssd_hits,
-		       s.ssd_demotions, s.ssd_promotions);
+		       s.ssd_demotions, s.ssd_promotions, s.ssd_reads,
+		       ctl_mean_us(s.ssd_read_ns, s.ssd_reads), s.ssd_writes,
+		       ctl_mean_us(s.ssd_write_ns, s.ssd_writes));
 	return CTL_EXIT_OK;
 }

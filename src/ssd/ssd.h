@@ -274,6 +274,8 @@ struct ssd_stats {
 	uint64_t largest_free;   /* largest free extent */
 	uint64_t reads, writes;  /* data I/Os finished */
 	uint64_t read_bytes, write_bytes;
+	uint64_t read_ns, write_ns; /* their time, submitted to finished (a
+				     * read's with its checksum checked) */
 	uint64_t checksum_failures;
 	uint64_t commits; /* group appends to the index */
 	uint64_t syncs;   /* fdatasync pairs */

@@ -168,11 +168,22 @@ void ssd__register_metrics(struct ssd_store *s, struct metrics_registry *r)
 		NULL, NULL);
 }
 
-static void io_metrics(struct ssd_store *s, int op, uint64_t bytes, uint64_t t0_ns)
+/* A data I/O finished: the store's counts and the metrics. */
+static void io_done(struct ssd_store *s, int op, uint64_t bytes, uint64_t t0_ns)
 {
+	uint64_t ns = mc_now_ns() - t0_ns;
+	if (op == IO_READ) {
+		s->st.reads++;
+		s->st.read_bytes += bytes;
+		s->st.read_ns += ns;
+	} else {
+		s->st.writes++;
+		s->st.write_bytes += bytes;
+		s->st.write_ns += ns;
+	}
 	metric_inc(s->m_ios[op]);
 	metric_add(s->m_io_bytes[op], bytes);
-	metric_observe(s->m_io_s[op], (double)(mc_now_ns() - t0_ns) / 1e9);
+	metric_observe(s->m_io_s[op], (double)ns / 1e9);
 }
 
 /* Gauges of the owner's state, after each change of it. */
@@ -831,11 +842,8 @@ static void put_written(struct ssd__op *op)
 	if (x->sum && rc == 0)
 		e->crc = r->crc = op->sum_crc;
 	free(x);
-	if (rc == 0) {
-		s->st.writes++;
-		s->st.write_bytes += e->len;
-		io_metrics(s, IO_WRITE, e->len, r->t0_ns);
-	}
+	if (rc == 0)
+		io_done(s, IO_WRITE, e->len, r->t0_ns);
 	if (rc == 0 && !e->cancelled && s->failed)
 		rc = s->failed;
 	if (rc == 0 && !e->cancelled) {
@@ -946,11 +954,8 @@ static void get_read(struct ssd__op *op)
 	int rc = op->result;
 	free(x);
 	e->reads--;
-	if (rc == 0 || rc == MC_ECHECKSUM) {
-		s->st.reads++;
-		s->st.read_bytes += e->len;
-		io_metrics(s, IO_READ, e->len, r->t0_ns);
-	}
+	if (rc == 0 || rc == MC_ECHECKSUM)
+		io_done(s, IO_READ, e->len, r->t0_ns);
 	if (rc == MC_ECHECKSUM) {
 		s->st.checksum_failures++;
 		metric_inc(s->m_crc_fail);

@@ -685,6 +685,23 @@ def metrics_and_stats_show_both_tiers():
     out = a.ctl("stats", "--agent").stdout
     assert "ssd_bytes %d" % (128 * MiB) in out, out
     assert "ssd_segment 127.0.0.1:%d/ssd" % a.ports["agent-listen"] in out, out
+    # The tier's I/Os and their mean time, as its metrics count them.
+    from mooncake.store import ReplicateConfig
+    s = a.store()
+    for k in ("io/1", "io/2"):
+        eq(s.put(k, value(k), ReplicateConfig(tier="ssd")), OK)
+    eq(s.get("io/1"), value("io/1"))
+    ag = dict(l.split(" ", 1) for l in a.ctl("stats", "--agent").stdout.splitlines())
+    text = a.metrics()
+    eq(int(ag["ssd_writes"]), 2)
+    eq(int(ag["ssd_reads"]), 1)
+    eq(int(ag["ssd_writes"]), metric_labels(text, "mooncake_agent_ssd_ios_total", 'op="write"'))
+    eq(int(ag["ssd_reads"]), metric_labels(text, "mooncake_agent_ssd_ios_total", 'op="read"'))
+    for op in ("read", "write"):
+        mean = float(ag["ssd_%s_mean_us" % op])
+        total = metric_labels(text, "mooncake_agent_ssd_io_seconds_sum", 'op="%s"' % op)
+        n = int(ag["ssd_%ss" % op])
+        assert mean > 0 and abs(mean - total * 1e6 / n) <= 1, (op, mean, total, n)
 
 
 @case
@@ -699,17 +716,21 @@ def bench_store_tier_ssd_runs_beside_fio():
     rows = {}
     for line in r.stdout.splitlines():
         f = line.split()
-        if len(f) >= 9 and f[0] == "1M":
+        if len(f) >= 11 and f[0] == "1M":
             rows[(f[1], f[2])] = f
-        elif len(f) >= 6 and f[0] in ("put", "get") and f[1].startswith("fio"):
+        elif len(f) >= 7 and f[0] in ("put", "get") and f[1].startswith("fio"):
             rows[(f[0], f[1])] = f
     for op, where in (("put", "local"), ("get", "local"), ("get", "remote")):
         f = rows.get((op, where))
         assert f, (op, where, r.stdout)
         assert float(f[3]) > 0, (op, where, r.stdout)
-        eq(f[9], "0", "%s %s errors" % (op, where))
-        assert float(f[8]) > 0, ("a ratio to fio", op, where, r.stdout)
+        eq(f[10], "0", "%s %s errors" % (op, where))
+        assert float(f[9]) > 0, ("a ratio to fio", op, where, r.stdout)
+        # The serving tier's own I/O time beside the operation's.
+        assert 0 < float(f[7]) <= float(f[6]) * 2, ("the tier's io(us)", op, where, r.stdout)
     assert ("put", "fio") in rows and ("get", "fio") in rows, r.stdout
+    for op in ("put", "get"):
+        assert float(rows[(op, "fio")][6]) > 0, ("fio's io(us)", op, r.stdout)
     eq(os.listdir(tmp.name), [], "its directory removed")
     tmp.cleanup()
 
