@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 
 from mooncake import _native as n
 from mooncake import tensor as _tensor
@@ -409,14 +410,77 @@ def _copy_ranges(key, base, size, ptrs, sizes, offsets, into_object):
     return total
 
 
-class _PutSession:
-    """An object being assembled by a layerwise put (batch_put_start)."""
-    __slots__ = ("size", "buf", "config")
+class _HostCache:
+    """Agent-mapped memory (mc_host_alloc) of ended put sessions, kept for
+    the next session of the same size: its pages are in, and the agent
+    has it mapped already, so neither is paid again. At most _HOST_CACHE
+    bytes; emptied by close()."""
 
-    def __init__(self, size):
+    def __init__(self):
+        self._free = {}  # size -> [addr]
+        self._bytes = 0
+        self._mu = threading.Lock()
+
+    def take(self, size):
+        with self._mu:
+            lst = self._free.get(size)
+            if not lst:
+                return None
+            self._bytes -= size
+            return lst.pop()
+
+    def give(self, addr, size):
+        """Keep addr for reuse, or free it when the cache is full."""
+        with self._mu:
+            if self._bytes + size <= _HOST_CACHE:
+                self._free.setdefault(size, []).append(addr)
+                self._bytes += size
+                return
+        n.mc_host_free(addr)
+
+    def clear(self):
+        with self._mu:
+            lists, self._free, self._bytes = self._free, {}, 0
+        for lst in lists.values():
+            for addr in lst:
+                n.mc_host_free(addr)
+
+
+class _PutSession:
+    """An object being assembled by a layerwise put (batch_put_start).
+    From _HOST_MIN bytes on it is assembled in memory the agent maps
+    (mc_host_alloc, or one of the cache's), so batch_put_end's put reads
+    it in place instead of copying it through the session's staging
+    buffer or a temporary memfd first; smaller ones (or when that memory
+    is refused) in a ctypes buffer. end() gives the memory back to the
+    cache; a session dropped unended frees it when collected."""
+    __slots__ = ("size", "buf", "addr", "config", "_free", "__weakref__")
+
+    def __init__(self, size, cache):
         self.size = size
-        self.buf = ctypes.create_string_buffer(size)
         self.config = None
+        self.buf = self._free = None
+        self.addr = None
+        if size >= _HOST_MIN:
+            self.addr = cache.take(size) or n.mc_host_alloc(size)
+        if self.addr:
+            # (runs at most once, when collected unless end() detached it)
+            self._free = weakref.finalize(self, n.mc_host_free, self.addr)
+        else:
+            self.buf = ctypes.create_string_buffer(size)
+            self.addr = ctypes.addressof(self.buf)
+
+    def end(self, cache):
+        if self._free and self._free.detach():
+            cache.give(self.addr, self.size)
+        self.addr = self.buf = self._free = None
+
+
+# Put sessions this large are assembled in agent-mapped memory (a memfd
+# of their own: below this, a copy through staging costs less), and up to
+# _HOST_CACHE bytes of it are kept for the next sessions of a store.
+_HOST_MIN = 1 << 20
+_HOST_CACHE = 256 << 20
 
 
 class BufferHandle(n.BufferBase):
@@ -624,6 +688,7 @@ class MooncakeDistributedStore:
         self._pool_left = None   # setup_dummy's mem_pool_size budget
         self._http = None
         self._puts = {}          # layerwise put sessions: key -> _PutSession
+        self._host_cache = _HostCache()  # their memory, for the next ones
         self._reads = {}         # layerwise read sessions: key -> BufferHandle
 
     # ------------------------------------------------------------ session
@@ -790,9 +855,12 @@ class MooncakeDistributedStore:
             srv, self._http = self._http, None
             self._pool_left = None
             reads, self._reads = self._reads, {}
-            self._puts = {}
+            puts, self._puts = self._puts, {}
         for b in reads.values():
             b.release()
+        for ss in puts.values():
+            ss.end(self._host_cache)
+        self._host_cache.clear()
         if srv:
             srv.close()
         if h:
@@ -1224,6 +1292,11 @@ class MooncakeDistributedStore:
     # second batch_get_start of a key takes them again (a newer value).
 
     def batch_put_start(self, keys, sizes):
+        """Opens a put session per key for an object of its size, written
+        by batch_put_from_multi_buffer_ranges and stored by batch_put_end.
+        From 1 MiB on the object is assembled in memory the agent maps,
+        reused by later sessions of the same size; bytes no range wrote
+        are unspecified, as upstream's."""
         keys, sizes = list(keys), list(sizes)
         if _mismatch("batch_put_start", keys, sizes):
             return [INVALID_PARAMS] * len(keys)
@@ -1237,7 +1310,7 @@ class MooncakeDistributedStore:
                               if k in self._puts else "size %r" % (size,))
                     out.append(INVALID_PARAMS)
                 else:
-                    self._puts[k] = _PutSession(size)
+                    self._puts[k] = _PutSession(size, self._host_cache)
                     out.append(0)
         return out
 
@@ -1261,7 +1334,7 @@ class MooncakeDistributedStore:
                 if write:
                     if config is not None:
                         sess.config = config
-                    base, size = ctypes.addressof(sess.buf), sess.size
+                    base, size = sess.addr, sess.size
                 else:
                     base, size = sess.ptr(), sess.size()
                 out.append(_copy_ranges(k, base, size, list(bs), list(zs), list(os_), write))
@@ -1283,10 +1356,14 @@ class MooncakeDistributedStore:
         by_config = {}
         for k, ss in sess.items():
             by_config.setdefault(id(ss.config), (ss.config, []))[1].append(k)
-        for config, ks in by_config.values():
-            res = self._put_parts(ks, [[(ctypes.addressof(sess[k].buf), sess[k].size)]
-                                       for k in ks], config, False)
-            out.update(zip(ks, res))
+        try:
+            for config, ks in by_config.values():
+                res = self._put_parts(ks, [[(sess[k].addr, sess[k].size)] for k in ks],
+                                      config, False)
+                out.update(zip(ks, res))
+        finally:
+            for ss in sess.values():
+                ss.end(self._host_cache)
         rest = [k for k in dict.fromkeys(keys) if k not in out]
         if rest:
             there = self.batch_is_exist(rest)
@@ -1300,8 +1377,10 @@ class MooncakeDistributedStore:
         """Drops the put sessions: nothing is stored."""
         keys = list(keys)
         with self._lock:
-            for k in keys:
-                self._puts.pop(k, None)
+            gone = [self._puts.pop(k, None) for k in keys]
+        for ss in gone:
+            if ss:
+                ss.end(self._host_cache)
         return [0] * len(keys)
 
     def batch_get_start(self, keys):

@@ -122,6 +122,58 @@ def the_ranges_config_places_the_object():
     eq(segs, sorted(x.name for x in _state["cl"].agents), "replica_num=2 from the range call")
 
 
+@case
+def big_objects_are_assembled_in_memory_the_agent_maps():
+    """From 1 MiB on, a put session's object is assembled in mc_host_alloc
+    memory, which batch_put_end's put reads in place; ended and revoked
+    sessions leave it to the next sessions of the same size (at most 256
+    MiB kept), and close() frees it."""
+    _, b = cluster()
+    a = _state["cl"].agents[0].store()
+    from mooncake import _native as n
+    size = 2 * MiB
+    half = size // 2
+    keys = ["big/%d" % i for i in range(3)]
+    eq(a.batch_put_start(keys, [size] * 3), [0] * 3, "start")
+    addrs = {k: a._puts[k].addr for k in keys}
+    for k in keys:
+        eq(n.mc_host_size(addrs[k]), size, "agent-mapped memory of its size: " + k)
+    src = {k: [(ctypes.c_ubyte * half)(*([(i * 2 + j) % 251 + 1] * half)) for j in range(2)]
+           for i, k in enumerate(keys)}
+    for j in range(2):
+        res = a.batch_put_from_multi_buffer_ranges(
+            keys, [[ctypes.addressof(src[k][j])] for k in keys], [[half]] * 3,
+            [[j * half]] * 3)
+        eq(res, [half] * 3, "half %d written" % j)
+    eq(a.batch_put_end(keys[:2]), [0, 0], "end of two")
+    eq(a.batch_put_revoke(keys[2:]), [0], "the third revoked")
+    for k in keys[:2]:
+        eq(b.get(k) == bytes(src[k][0]) + bytes(src[k][1]), True, "the object on B: " + k)
+    eq(b.batch_is_exist(keys[2:]), [0], "the revoked one is not stored")
+
+    # the next sessions of that size take the same memory; another size not
+    again = ["big/again/%d" % i for i in range(3)]
+    eq(a.batch_put_start(again + ["big/other"], [size] * 3 + [3 * MiB]), [0] * 4)
+    eq(sorted(a._puts[k].addr for k in again), sorted(addrs.values()), "reused")
+    other = a._puts["big/other"].addr
+    assert other not in addrs.values(), "a new allocation for another size"
+    eq(a.batch_put_from_multi_buffer_ranges(
+        again[:1], [[ctypes.addressof(src[keys[2]][0])]], [[half]], [[half]]), [half])
+    eq(a.batch_put_end(again[:1]), [0])
+    got = b.get(again[0])
+    eq(len(got), size)
+    eq(got[half:] == bytes(src[keys[2]][0]), True, "the range written")
+
+    # a collected session frees its memory; close() frees the kept ones
+    sess = a._puts.pop("big/other")
+    del sess
+    import gc
+    gc.collect()
+    eq(n.mc_host_size(other), 0, "a dropped session's memory freed")
+    a.close()
+    for addr in list(addrs.values()):
+        eq(n.mc_host_size(addr), 0, "freed by close()")
+
 if __name__ == "__main__":
     try:
         mctest.main()
