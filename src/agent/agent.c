@@ -303,8 +303,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	a->rpc_listen = dup_opt(o->rpc_listen);
 	if (o->rpc_listen && *o->rpc_listen && !a->rpc_listen)
 		goto out_strings;
-	rc = agent__mlink_config(a, o->master_address, o->meta_endpoints, o->cluster_id,
-				 o->master_timeout_ms ? o->master_timeout_ms : 5000);
+	rc = agent__mlink_config(a, o);
 	if (rc)
 		goto out_strings;
 	if (o->te && !(o->segment_name && *o->segment_name)) {

@@ -341,6 +341,15 @@ static void retry_mount_later(struct agent *a)
 	uv_timer_start(&a->mlink.hb_timer, on_hb_timer, a->mlink.retry_ms, 0);
 }
 
+/* The process's instance tokens on a mount (the master takes a mount
+ * naming the previous process's as that process's restart). */
+static void set_instance(struct agent *a, Mooncake__Master__MountSegmentRequest *req)
+{
+	req->instance = (ProtobufCBinaryData){a->mlink.instance_len, a->mlink.instance};
+	req->previous_instance = (ProtobufCBinaryData){a->mlink.previous_len,
+						       a->mlink.previous};
+}
+
 struct mount_block {
 	Mooncake__Master__MountSegmentRequest req;
 	Mooncake__Master__Segment seg;
@@ -471,6 +480,7 @@ static void mount_ssd(struct agent *a)
 	agent__tier_watermarks(a, &b->seg.high_watermark, &b->seg.eviction_ratio);
 	b->req.segment = &b->seg;
 	b->req.resync = a->mlink.ssd_ever_mounted;
+	set_instance(a, &b->req);
 	a->mlink.mount_busy = true;
 	agent__mcall(a, "MountSegment", &b->req.base,
 		     &mooncake__master__mount_segment_response__descriptor, on_ssd_mounted, b);
@@ -520,6 +530,7 @@ static void mount(struct agent *a)
 	b->seg.size = a->seg->len;
 	b->req.segment = &b->seg;
 	b->req.resync = a->mlink.ever_mounted;
+	set_instance(a, &b->req);
 	set_mounted(a, false);
 	a->mlink.mount_busy = true;
 	agent__mcall(a, "MountSegment", &b->req.base,
@@ -754,17 +765,24 @@ static char *dup_opt(const char *s)
 	return s && *s ? strdup(s) : NULL;
 }
 
-int agent__mlink_config(struct agent *a, const char *master_address,
-			const char *meta_endpoints, const char *cluster_id,
-			uint64_t timeout_ms)
+int agent__mlink_config(struct agent *a, const struct agent_opts *o)
 {
 	struct agent_mlink *l = &a->mlink;
-	l->timeout_ms = timeout_ms;
-	l->master_fixed = dup_opt(master_address);
-	l->meta_endpoints = dup_opt(meta_endpoints);
-	l->cluster_id = strdup(cluster_id && *cluster_id ? cluster_id : "mooncake");
-	if (!l->cluster_id || (master_address && *master_address && !l->master_fixed) ||
-	    (meta_endpoints && *meta_endpoints && !l->meta_endpoints))
+	if (o->instance_len > sizeof(l->instance) ||
+	    o->previous_instance_len > sizeof(l->previous))
+		return -EINVAL;
+	if (o->instance_len)
+		memcpy(l->instance, o->instance, o->instance_len);
+	if (o->previous_instance_len)
+		memcpy(l->previous, o->previous_instance, o->previous_instance_len);
+	l->instance_len = (uint8_t)o->instance_len;
+	l->previous_len = (uint8_t)o->previous_instance_len;
+	l->timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
+	l->master_fixed = dup_opt(o->master_address);
+	l->meta_endpoints = dup_opt(o->meta_endpoints);
+	l->cluster_id = strdup(o->cluster_id && *o->cluster_id ? o->cluster_id : "mooncake");
+	if (!l->cluster_id || (o->master_address && *o->master_address && !l->master_fixed) ||
+	    (o->meta_endpoints && *o->meta_endpoints && !l->meta_endpoints))
 		return -ENOMEM;
 	return 0;
 }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "agent/agent.h"
 #include "common/err.h"
 #include "master.pb-c.h"
 
@@ -46,6 +47,9 @@ struct agent_mlink {
 	size_t resync_ndram;   /* the items before it are the DRAM segment's */
 	bool resync_dram;      /* the DRAM segment's mount was a re-sync */
 	bool ssd_ever_mounted; /* the SSD segment's first mount was made */
+	/* agent_opts' instance tokens, sent with every mount. */
+	uint8_t instance[AGENT_INSTANCE_MAX], previous[AGENT_INSTANCE_MAX];
+	uint8_t instance_len, previous_len;
 	Mooncake__Master__UnmountSegmentRequest *unmount_ssd_req;
 	uint64_t resync_reported, resync_bad;
 	unsigned resync_gen; /* bumped when a re-sync is dropped */
@@ -58,12 +62,11 @@ struct agent_mlink {
 	void (*done)(struct agent *a); /* agent__mlink_stop's */
 };
 
-/* Keep the options that find the master: a fixed address (NULL or "":
- * use meta), meta's endpoints, the cluster id (NULL or "": "mooncake"),
- * the per-call timeout. Errors: -ENOMEM. */
-int agent__mlink_config(struct agent *a, const char *master_address,
-			const char *meta_endpoints, const char *cluster_id,
-			uint64_t timeout_ms) MC_MUST_CHECK;
+/* Keep the options of the link: those that find the master (a fixed
+ * address, NULL or "": use meta; meta's endpoints; the cluster id, NULL
+ * or "": "mooncake"; the per-call timeout, 0: 5 s) and the instance
+ * tokens its mounts carry. Errors: -ENOMEM, -EINVAL (a token too long). */
+int agent__mlink_config(struct agent *a, const struct agent_opts *o) MC_MUST_CHECK;
 void agent__mlink_init(struct agent *a);
 /* Find the master (fixed, or the leader key in meta) and mount with it.
  * Errors: -EINVAL (no way to find it), -ENOMEM, the meta client's. */

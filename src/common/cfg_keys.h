@@ -163,7 +163,8 @@
 	  "leader key in meta (empty: --master-listen)") \
 	X(AGENT_TTL, "agent-ttl", MASTER, DURATION, "10s", 100, 86400000ull, NULL, \
 	  "master: an agent silent this long is dead: its segments are " \
-	  "unmounted and objects left without a replica removed") \
+	  "unmounted and objects left without a replica removed (one " \
+	  "started again on its data dir takes its place at once)") \
 	X(PUT_TIMEOUT, "put-timeout", MASTER, DURATION, "30s", 10, 86400000ull, NULL, \
 	  "master: a put started (PutStart) and not ended within this is " \
 	  "revoked and its space reused") \

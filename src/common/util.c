@@ -238,6 +238,26 @@ int mc_fsync_dir(const char *dir)
 	return rc;
 }
 
+int mc_write_file_durably(const char *dir, const char *path, const void *data, size_t len)
+{
+	char tmp[PATH_MAX];
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+	if (fd < 0)
+		return -errno;
+	int rc = mc_write_all(fd, data, len);
+	if (rc == 0 && fsync(fd))
+		rc = -errno;
+	if (close(fd) && rc == 0)
+		rc = -errno;
+	if (rc == 0 && rename(tmp, path))
+		rc = -errno;
+	if (rc)
+		unlink(tmp);
+	return rc ? rc : mc_fsync_dir(dir);
+}
+
 int mc_unlink_in_steps(const char *path, uint64_t step_bytes, unsigned pause_ms)
 {
 	int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);

@@ -66,6 +66,13 @@ int mc_write_pidfile(const char *path) MC_MUST_CHECK;
 /* fsync a directory (after renames inside it). */
 int mc_fsync_dir(const char *dir) MC_MUST_CHECK;
 
+/* Replace the file path (in the directory dir) with len bytes of data,
+ * mode 0640: written to "path.tmp", synced, renamed over path, then dir
+ * synced, so that a crash leaves the old file or the new one whole.
+ * Errors: negative errno (the temporary file is removed). */
+int mc_write_file_durably(const char *dir, const char *path, const void *data,
+			  size_t len) MC_MUST_CHECK;
+
 /*
  * Delete the file at path a little at a time: cut step_bytes off its end
  * (0: all of it), pause pause_ms, and so on; unlink it when empty.

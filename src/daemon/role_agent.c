@@ -22,6 +22,8 @@
  * together; free: the engine (its data plane) before the agent's memory.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@
 #include "agent/agent.h"
 #include "common/auth.h"
 #include "common/cfg.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/daemon_int.h"
@@ -303,6 +306,40 @@ static int check_ssd(const struct cfg *cfg)
 /* Also the start-up failure path: the loop has not run since te_new and
  * the RPC server never listened, so the engine may be freed unstopped
  * (its service stays registered on a server that is never served). */
+/*
+ * This process's instance token (new, random) and the one the process
+ * before it on the data dir left in <data-dir>/agent.instance, which now
+ * holds this one's. The master takes a mount naming the previous token as
+ * that agent's restart. Without one (a first start, a file that cannot be
+ * read) *prev_len is 0 and the master waits out the old process's
+ * --agent-ttl as before; a token that cannot be kept is logged.
+ */
+#define INSTANCE_BYTES 16
+static void instance_tokens(const struct cfg *cfg, uint8_t *cur, size_t *cur_len,
+			    uint8_t *prev, size_t *prev_len)
+{
+	const char *dir = cfg_str(cfg, CFG_DATA_DIR);
+	char path[PATH_MAX];
+	*cur_len = *prev_len = 0;
+	if (snprintf(path, sizeof(path), "%s/agent.instance", dir) >= (int)sizeof(path))
+		return;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (mc_read_full(fd, prev, INSTANCE_BYTES) == 0)
+			*prev_len = INSTANCE_BYTES;
+		close(fd);
+	}
+	int rc = mc_random(cur, INSTANCE_BYTES);
+	if (rc == 0) {
+		*cur_len = INSTANCE_BYTES;
+		rc = mc_write_file_durably(dir, path, cur, INSTANCE_BYTES);
+	}
+	if (rc)
+		log_warn("cannot keep the agent's instance token in %s: %s; after a restart "
+			 "the master will wait --agent-ttl for this process's segments",
+			 path, mc_strerror(rc));
+}
+
 static void free_parts(struct role_agent *a)
 {
 	/* The engine's data plane first: it reads and writes the agent's
@@ -348,6 +385,9 @@ static int role_agent_start(struct role_rt *rt)
 		return rc;
 	}
 	const char *hp = cfg_str(cfg, CFG_HUGEPAGES);
+	uint8_t inst[INSTANCE_BYTES], prev[INSTANCE_BYTES];
+	size_t inst_len, prev_len;
+	instance_tokens(cfg, inst, &inst_len, prev, &prev_len);
 	struct agent_opts o = {
 		.loop = role_loop(rt),
 		.metrics = rt->metrics,
@@ -391,6 +431,10 @@ static int role_agent_start(struct role_rt *rt)
 		.ssd_bounce_bytes = cfg_u64(cfg, CFG_SSD_BOUNCE_SIZE),
 		.cluster_secret = a->sec ? a->sec->key : NULL,
 		.cluster_secret_len = a->sec ? a->sec->len : 0,
+		.instance = inst,
+		.instance_len = inst_len,
+		.previous_instance = prev,
+		.previous_instance_len = prev_len,
 	};
 	rc = agent_new(&o, &a->store);
 	drop_secret(a);

@@ -209,11 +209,17 @@ struct master_seg {
 	uint64_t lease_epoch; /* new at every mount */
 };
 
+/* An agent process's instance token: random, kept in its data dir, and
+ * named by its successor's mounts (master__mount_seg). */
+#define MASTER_INSTANCE_MAX 32
+
 struct master_agent {
 	struct master_agent *next;
 	char *id;
 	uint64_t last_heartbeat_ms;
 	unsigned nsegs;
+	uint8_t instance[MASTER_INSTANCE_MAX]; /* the last mount's */
+	uint8_t instance_len;                  /* 0: none given */
 };
 
 struct master_core_opts {
@@ -236,6 +242,7 @@ struct master_counters {
 	uint64_t removes, ttl_expired;
 	uint64_t quarantined; /* forced removals of leased objects */
 	uint64_t agents_expired;
+	uint64_t agents_restarted;           /* dropped for their successor's mount */
 	uint64_t mirror_events, mirror_lost; /* appended; dropped unacknowledged */
 	uint64_t commits, commit_refusals;   /* BatchCommit items sealed / not */
 	uint64_t lease_grants, lease_granted_bytes, lease_released_bytes;
@@ -290,6 +297,14 @@ struct master_mount {
 	 * eviction_ratio. */
 	double high_watermark, eviction_ratio;
 	bool resync;
+	/* The agent process's instance token, and the one of the process
+	 * before it on the same data dir (each at most MASTER_INSTANCE_MAX
+	 * bytes; len 0: none). A mount whose previous is the instance the
+	 * master knows for its agent is that agent restarted: what the old
+	 * process mounted is dropped at once, as at its expiry, instead of
+	 * refusing the new segment until then. */
+	const uint8_t *instance, *previous;
+	size_t instance_len, previous_len;
 };
 /* Errors: as master__mount; -EINVAL also for a block or ratio out of
  * range, and -EEXIST for another block size than the mounted one's. */

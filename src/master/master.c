@@ -64,6 +64,10 @@ static void register_metrics(struct master *m)
 	m->m_agents_expired = counter(
 		m, "mooncake_master_agents_expired_total",
 		"Agents declared dead after --agent-ttl without a heartbeat.");
+	m->m_agents_restarted = counter(
+		m, "mooncake_master_agents_restarted_total",
+		"Agents whose old process was dropped at once for the mount of "
+		"the next process on its data dir.");
 	m->m_leader_changes = counter(
 		m, "mooncake_master_leadership_changes_total",
 		"Times this master became leader or stopped being leader.");
@@ -190,6 +194,7 @@ void master__update_metrics(struct master *m)
 	add_delta(m->m_quarantined, n->quarantined, &l->quarantined);
 	add_delta(m->m_ttl, n->ttl_expired, &l->ttl_expired);
 	add_delta(m->m_agents_expired, n->agents_expired, &l->agents_expired);
+	add_delta(m->m_agents_restarted, n->agents_restarted, &l->agents_restarted);
 	add_delta(m->m_mirror_events, n->mirror_events, &l->mirror_events);
 	add_delta(m->m_mirror_lost, n->mirror_lost, &l->mirror_lost);
 	add_delta(m->m_commits, n->commits, &l->commits);

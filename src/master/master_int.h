@@ -66,7 +66,7 @@ struct master {
 	struct master_counters last;
 	struct metric *m_puts, *m_put_starts, *m_revokes, *m_timeouts, *m_gets, *m_hits,
 		*m_misses, *m_evictions, *m_evicted_bytes, *m_lease_waits, *m_quarantined,
-		*m_removes, *m_ttl, *m_agents_expired;
+		*m_removes, *m_ttl, *m_agents_expired, *m_agents_restarted;
 	struct metric *m_objects, *m_pending, *m_segments, *m_agents, *m_index_bytes,
 		*m_key_bytes, *m_bytes_per_object, *m_leader, *m_view, *m_cap_dram,
 		*m_used_dram, *m_cap_ssd, *m_used_ssd, *m_leader_changes;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/auth.h"
 #include "common/util.h"
 #include "master/core_int.h"
 
@@ -104,6 +105,19 @@ static void agent_del(struct master_segs *sg, struct master_agent *a)
 	sg->nagents--;
 }
 
+static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
+		       uint64_t *removed);
+
+/* Drop the agent and every segment it mounted (their replicas too). */
+static void agent_remove(struct master_core *c, struct master_agent *a)
+{
+	struct master_segs *sg = &c->segs;
+	for (uint32_t i = 0; i < sg->cap; i++)
+		if (sg->v[i] && sg->v[i]->agent == a)
+			seg_remove(c, i, NULL, NULL);
+	agent_del(sg, a);
+}
+
 /* Drop every replica on segment id; objects left without one are
  * removed. Replicas elsewhere of the same objects stay. */
 static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *dropped,
@@ -177,6 +191,15 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	return master__mount_seg(c, &mt, now_ms, mirror_seq);
 }
 
+/* The agent's process is the one mt names (once given, kept). */
+static void set_instance(struct master_agent *a, const struct master_mount *mt)
+{
+	if (!mt->instance_len)
+		return;
+	memcpy(a->instance, mt->instance, mt->instance_len);
+	a->instance_len = (uint8_t)mt->instance_len;
+}
+
 static bool ratio_ok(double r)
 {
 	return r == 0 || (r > 0 && r <= 1);
@@ -196,10 +219,20 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 	    (tier != MASTER_TIER_DRAM && tier != MASTER_TIER_SSD) ||
 	    block % MASTER_ALLOC_GRANULE || (block & (block - 1)) || size < block ||
 	    (tier == MASTER_TIER_DRAM && block != MASTER_ALLOC_GRANULE) ||
-	    !ratio_ok(mt->high_watermark) || !ratio_ok(mt->eviction_ratio))
+	    !ratio_ok(mt->high_watermark) || !ratio_ok(mt->eviction_ratio) ||
+	    mt->instance_len > MASTER_INSTANCE_MAX || mt->previous_len > MASTER_INSTANCE_MAX)
 		return -EINVAL;
-	uint32_t id = master__seg_find(c, name);
 	struct master_agent *a = agent_find(sg, agent);
+	if (a && a->instance_len && mt->previous_len == a->instance_len &&
+	    mc_ct_equal(mt->previous, a->instance, a->instance_len)) {
+		/* The process before this one on the agent's data dir, which
+		 * only its holder reads: it has died (the dir's lock), and
+		 * what it mounted goes now, as at its expiry. */
+		agent_remove(c, a);
+		c->n.agents_restarted++;
+		a = NULL;
+	}
+	uint32_t id = master__seg_find(c, name);
 	if (id != MASTER_NO_SEGMENT) {
 		struct master_seg *s = sg->v[id];
 		if (s->agent != a || s->tier != tier || s->base != base || s->size != size ||
@@ -225,6 +258,7 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 			master__mlog_stats(s->log, &ls);
 			*mirror_seq = ls.acked;
 		}
+		set_instance(a, mt);
 		return 0;
 	}
 	bool new_agent = !a;
@@ -282,6 +316,7 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 	}
 	a->nsegs++;
 	a->last_heartbeat_ms = now_ms;
+	set_instance(a, mt);
 	if (mirror_seq)
 		*mirror_seq = master__ev_seq(c);
 	s->log_id = master__ev_next(c);
@@ -336,10 +371,7 @@ void master__agents_expire(struct master_core *c, uint64_t now_ms)
 		next = a->next;
 		if (a->last_heartbeat_ms + c->o.agent_ttl_ms > now_ms)
 			continue;
-		for (uint32_t i = 0; i < sg->cap; i++)
-			if (sg->v[i] && sg->v[i]->agent == a)
-				seg_remove(c, i, NULL, NULL);
-		agent_del(sg, a);
+		agent_remove(c, a);
 		c->n.agents_expired++;
 	}
 }

@@ -177,12 +177,21 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 		.high_watermark = s->high_watermark,
 		.eviction_ratio = s->eviction_ratio,
 		.resync = req->resync,
+		.instance = req->instance.data,
+		.instance_len = req->instance.len,
+		.previous = req->previous_instance.data,
+		.previous_len = req->previous_instance.len,
 	};
+	uint64_t restarted = master__core_counters(m->core)->agents_restarted;
 	int rc = master__mount_seg(m->core, &mt, now_ms(m), &resp.mirror_seq);
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
 	}
+	if (master__core_counters(m->core)->agents_restarted != restarted)
+		log_info("agent %s restarted (its mount names the process before it on its "
+			 "data dir): the old process's segments and their replicas dropped",
+			 s->agent_id);
 	if (ssd)
 		log_info(
 			"segment %s mounted by agent %s: %llu bytes of SSD in blocks of %llu%s",

@@ -29,36 +29,6 @@
  * many as it logs between two snapshots. */
 #define META_CATCHUP_ENTRIES 10000
 
-static int write_file_durably(const char *dir, const char *path, const char *text)
-{
-	char *tmp = meta__printf("%s.tmp", path);
-	int fd, rc = 0;
-	size_t len = strlen(text);
-
-	if (!tmp)
-		return -ENOMEM;
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-	if (fd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	if (write(fd, text, len) != (ssize_t)len)
-		rc = errno ? -errno : -EIO;
-	if (rc == 0 && fsync(fd))
-		rc = -errno;
-	if (close(fd) && rc == 0)
-		rc = -errno;
-	if (rc == 0 && rename(tmp, path))
-		rc = -errno;
-	if (rc == 0)
-		rc = mc_fsync_dir(dir);
-out:
-	if (rc)
-		unlink(tmp);
-	free(tmp);
-	return rc;
-}
-
 static int write_member_file(struct meta_node *n)
 {
 	char text[160];
@@ -66,7 +36,7 @@ static int write_member_file(struct meta_node *n)
 		 "# mooncaked meta member identity; do not edit\n"
 		 "member-id = %016" PRIx64 "\ncluster-id = %016" PRIx64 "\n",
 		 n->id, n->sm.cluster_id);
-	int rc = write_file_durably(n->dir, n->member_path, text);
+	int rc = mc_write_file_durably(n->dir, n->member_path, text, strlen(text));
 	if (rc)
 		log_error("cannot write %s: %s", n->member_path, mc_strerror(rc));
 	return rc;

@@ -168,6 +168,61 @@ def a_killed_agent_leaves_the_index():
 
 
 @case
+def a_restarted_agent_takes_its_place_at_once():
+    """An agent killed and started again on its data dir mounts at once,
+    long before the master's --agent-ttl (60 s here) would have let the
+    old process's segment go: its mount names the token the old process
+    left in the data dir (agent.instance). What the old process held is
+    gone (it was in its memory). Another process claiming the agent's
+    name without that token is refused while the agent lives."""
+    cl = Cluster(agents=1, master_args=["--agent-ttl=60s"])
+    args = ["--meta-endpoints=", "--master-address=" + cl.master_addr,
+            "--global-segment-size=64M", "--local-buffer-size=16M"]
+    d = Daemon("agent", args=args, env=st.daemon_env())
+    name, ddir, ports = d.addr("agent-listen"), d.data_dir, dict(d.ports)
+    wait_for(lambda: "mounted with master" in d.output(), what="mounted")
+    token = open(os.path.join(ddir, "agent.instance"), "rb").read()
+    eq(len(token), 16, "the instance token kept in the data dir")
+
+    def store_of(daemon):
+        from mooncake.store import MooncakeDistributedStore
+        s = MooncakeDistributedStore()
+        eq(s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", "unused",
+                   socket_path=daemon.socket), 0, "setup")
+        return s
+
+    s = store_of(d)
+    eq(s.put("before", b"in the old process"), OK)
+    s.close()
+    d.kill()
+    t0 = time.monotonic()
+    d2 = Daemon("agent", args=args, data_dir=ddir, ports=ports, env=st.daemon_env())
+    wait_for(lambda: "mounted with master" in d2.output(), timeout=30,
+             what="the restarted agent mounted")
+    took = time.monotonic() - t0
+    assert took < 30, "mounted %.1f s after the kill, before the 60 s TTL" % took
+    assert "agent %s restarted" % name in cl.master.output(), cl.master.output()[-2000:]
+    wait_for(lambda: metric(cl.master_metrics(), "mooncake_master_agents_restarted_total") == 1,
+             what="the restart counted")
+    eq(metric(cl.master_metrics(), "mooncake_master_agents_expired_total"), 0)
+    assert open(os.path.join(ddir, "agent.instance"), "rb").read() != token, "a new token"
+    s = store_of(d2)
+    eq(s.get("before"), b"", "the old process's object went with it")
+    eq(s.put("after", b"in the new one"), OK, "puts into the new segment")
+    eq(cl.agents[0].store().get("after"), b"in the new one", "read on another agent")
+
+    # Without the token: the agent's name on another data dir is refused.
+    dup = Daemon("agent", args=args + ["--agent-name=" + name], env=st.daemon_env())
+    wait_for(lambda: "cannot mount segment" in dup.output(), timeout=30,
+             what="the impostor's mount refused")
+    dup.kill()
+    eq(s.get("after"), b"in the new one", "the agent still serves")
+    eq(metric(cl.master_metrics(), "mooncake_master_agents_restarted_total"), 1)
+    s.close()
+    d2.stop()
+
+
+@case
 def objects_survive_a_master_failover_with_etcd():
     """The same failover with a real etcd as meta (compatibility)."""
     etcd = Etcd()

@@ -206,6 +206,74 @@ Test(master_core, unmount_and_remount)
 	cr_assert_eq(master__exist(c, K("y"), 0), 0);
 }
 
+/* A mount naming the instance token the master holds for its agent as
+ * the previous one: the agent restarted (its data dir's token), and what
+ * the old process mounted goes at once; any other token changes nothing. */
+Test(master_core, a_restarted_agent_replaces_its_old_process)
+{
+	const uint8_t t1[16] = {1}, t2[16] = {2}, t3[16] = {3}, bad[16] = {9};
+	struct master_mount mt = {.name = "s",
+				  .agent = "a",
+				  .tier = MASTER_TIER_DRAM,
+				  .base = 0x10000000,
+				  .size = 64 * MiB,
+				  .instance = t1,
+				  .instance_len = 16};
+	must(master__mount_seg(c, &mt, 0, NULL));
+	struct master_mount ssd = {.name = "s/ssd",
+				   .agent = "a",
+				   .tier = MASTER_TIER_SSD,
+				   .size = 64 * MiB,
+				   .instance = t1,
+				   .instance_len = 16};
+	must(master__mount_seg(c, &ssd, 0, NULL));
+	put("x", 100, 1, 0, 0);
+	/* Another process at another base, naming a wrong previous token or
+	 * none: refused until the old one expires, as before. */
+	mt.base = 0x20000000;
+	mt.instance = t2;
+	mt.previous = bad;
+	mt.previous_len = 16;
+	cr_assert_eq(master__mount_seg(c, &mt, 1, NULL), -EEXIST);
+	mt.previous_len = 0;
+	cr_assert_eq(master__mount_seg(c, &mt, 1, NULL), -EEXIST);
+	cr_assert_eq(master__exist(c, K("x"), 1), 1);
+	cr_assert_eq(master__core_counters(c)->agents_restarted, 0);
+	/* The successor: both old segments and their objects go. */
+	mt.previous = t1;
+	mt.previous_len = 16;
+	must(master__mount_seg(c, &mt, 2, NULL));
+	cr_assert_eq(master__core_counters(c)->agents_restarted, 1);
+	cr_assert_eq(master__exist(c, K("x"), 2), 0);
+	cr_assert_eq(master__seg_find(c, "s/ssd"), MASTER_NO_SEGMENT);
+	cr_assert_neq(master__seg_find(c, "s"), MASTER_NO_SEGMENT);
+	/* Its next mounts (the SSD one, a re-mount) name t1 still: nothing
+	 * more is dropped. */
+	ssd.instance = t2;
+	ssd.previous = t1;
+	ssd.previous_len = 16;
+	ssd.resync = true;
+	must(master__mount_seg(c, &ssd, 3, NULL));
+	put("y", 100, 1, 3, 0);
+	mt.resync = true;
+	must(master__mount_seg(c, &mt, 4, NULL));
+	cr_assert_eq(master__exist(c, K("y"), 4), 1);
+	cr_assert_eq(master__core_counters(c)->agents_restarted, 1);
+	/* A third process, its previous t2. */
+	mt.base = 0x30000000;
+	mt.instance = t3;
+	mt.previous = t2;
+	mt.resync = false;
+	must(master__mount_seg(c, &mt, 5, NULL));
+	cr_assert_eq(master__core_counters(c)->agents_restarted, 2);
+	cr_assert_eq(master__exist(c, K("y"), 5), 0);
+	/* Tokens longer than the master keeps are refused. */
+	uint8_t longer[MASTER_INSTANCE_MAX + 1] = {0};
+	mt.instance = longer;
+	mt.instance_len = sizeof(longer);
+	cr_assert_eq(master__mount_seg(c, &mt, 6, NULL), -EINVAL);
+}
+
 Test(master_core, ttl_expiry)
 {
 	mount("s", "a", 64 * MiB, 0);
