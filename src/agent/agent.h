@@ -111,18 +111,20 @@ struct agent_opts {
 	unsigned max_fds;                /* per session, beside its buffers' */
 	unsigned max_buffers, max_views; /* per session */
 	uint64_t alloc_bytes;            /* AllocBuffer memory, every session */
-	/* This process's instance token and the one of the process before it
-	 * on the same data dir (each at most AGENT_INSTANCE_MAX bytes, copied;
-	 * len 0: none), sent with every mount: the master drops what the
-	 * previous process mounted at once instead of refusing this one's
-	 * segment until that process's --agent-ttl has passed. Only a
-	 * process that holds the data dir (and so outlived the previous
-	 * one, see mooncaked's lock) can know the previous token. */
+	/* This process's instance token (at most AGENT_INSTANCE_MAX bytes,
+	 * copied; len 0: none) and those of the processes before it on the
+	 * same data dir (each instance_len long, concatenated, at most
+	 * AGENT_PREVIOUS_MAX), sent with every mount: the master drops what
+	 * the previous process mounted at once instead of refusing this
+	 * one's segment until that process's --agent-ttl has passed. Only a
+	 * process that holds the data dir (and so outlived the previous ones,
+	 * see mooncaked's lock) can know their tokens. */
 	const uint8_t *instance, *previous_instance;
 	size_t instance_len, previous_instance_len;
 };
 
 #define AGENT_INSTANCE_MAX 32
+#define AGENT_PREVIOUS_MAX 4
 
 /* Copies up to this size run on the loop thread; a get's up to the
  * second one too when one session alone has sent requests for

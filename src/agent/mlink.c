@@ -775,8 +775,8 @@ int agent__mlink_config(struct agent *a, const struct agent_opts *o)
 		memcpy(l->instance, o->instance, o->instance_len);
 	if (o->previous_instance_len)
 		memcpy(l->previous, o->previous_instance, o->previous_instance_len);
-	l->instance_len = (uint8_t)o->instance_len;
-	l->previous_len = (uint8_t)o->previous_instance_len;
+	l->instance_len = o->instance_len;
+	l->previous_len = o->previous_instance_len;
 	l->timeout_ms = o->master_timeout_ms ? o->master_timeout_ms : 5000;
 	l->master_fixed = dup_opt(o->master_address);
 	l->meta_endpoints = dup_opt(o->meta_endpoints);

@@ -48,8 +48,9 @@ struct agent_mlink {
 	bool resync_dram;      /* the DRAM segment's mount was a re-sync */
 	bool ssd_ever_mounted; /* the SSD segment's first mount was made */
 	/* agent_opts' instance tokens, sent with every mount. */
-	uint8_t instance[AGENT_INSTANCE_MAX], previous[AGENT_INSTANCE_MAX];
-	uint8_t instance_len, previous_len;
+	uint8_t instance[AGENT_INSTANCE_MAX];
+	uint8_t previous[AGENT_INSTANCE_MAX * AGENT_PREVIOUS_MAX];
+	size_t instance_len, previous_len;
 	Mooncake__Master__UnmountSegmentRequest *unmount_ssd_req;
 	uint64_t resync_reported, resync_bad;
 	unsigned resync_gen; /* bumped when a re-sync is dropped */

@@ -32,7 +32,6 @@
 #include "agent/agent.h"
 #include "common/auth.h"
 #include "common/cfg.h"
-#include "common/io.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "daemon/daemon_int.h"
@@ -307,14 +306,17 @@ static int check_ssd(const struct cfg *cfg)
  * the RPC server never listened, so the engine may be freed unstopped
  * (its service stays registered on a server that is never served). */
 /*
- * This process's instance token (new, random) and the one the process
- * before it on the data dir left in <data-dir>/agent.instance, which now
- * holds this one's. The master takes a mount naming the previous token as
- * that agent's restart. Without one (a first start, a file that cannot be
- * read) *prev_len is 0 and the master waits out the old process's
- * --agent-ttl as before; a token that cannot be kept is logged.
+ * This process's instance token (new, random) and those of the processes
+ * before it on the data dir, which <data-dir>/agent.instance keeps (the
+ * last AGENT_PREVIOUS_MAX, oldest first: one may have died before it
+ * mounted); this one's is added to it. The master takes a mount naming the
+ * token it knows for the agent as that agent's restart. Without one (a
+ * first start, a file that cannot be read) *prev_len is 0 and the master
+ * waits out the old process's --agent-ttl as before; a token that cannot
+ * be kept is logged.
  */
 #define INSTANCE_BYTES 16
+#define INSTANCE_FILE_MAX (INSTANCE_BYTES * AGENT_PREVIOUS_MAX)
 static void instance_tokens(const struct cfg *cfg, uint8_t *cur, size_t *cur_len,
 			    uint8_t *prev, size_t *prev_len)
 {
@@ -325,14 +327,20 @@ static void instance_tokens(const struct cfg *cfg, uint8_t *cur, size_t *cur_len
 		return;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
-		if (mc_read_full(fd, prev, INSTANCE_BYTES) == 0)
-			*prev_len = INSTANCE_BYTES;
+		ssize_t n = read(fd, prev, INSTANCE_FILE_MAX);
+		/* (anything else than whole tokens: none, as without a file) */
+		if (n > 0 && n % INSTANCE_BYTES == 0)
+			*prev_len = (size_t)n;
 		close(fd);
 	}
 	int rc = mc_random(cur, INSTANCE_BYTES);
 	if (rc == 0) {
 		*cur_len = INSTANCE_BYTES;
-		rc = mc_write_file_durably(dir, path, cur, INSTANCE_BYTES);
+		uint8_t keep[INSTANCE_FILE_MAX];
+		size_t old = MC_MIN(*prev_len, INSTANCE_FILE_MAX - INSTANCE_BYTES);
+		memcpy(keep, prev + *prev_len - old, old);
+		memcpy(keep + old, cur, INSTANCE_BYTES);
+		rc = mc_write_file_durably(dir, path, keep, old + INSTANCE_BYTES);
 	}
 	if (rc)
 		log_warn("cannot keep the agent's instance token in %s: %s; after a restart "
@@ -385,7 +393,7 @@ static int role_agent_start(struct role_rt *rt)
 		return rc;
 	}
 	const char *hp = cfg_str(cfg, CFG_HUGEPAGES);
-	uint8_t inst[INSTANCE_BYTES], prev[INSTANCE_BYTES];
+	uint8_t inst[INSTANCE_BYTES], prev[INSTANCE_FILE_MAX];
 	size_t inst_len, prev_len;
 	instance_tokens(cfg, inst, &inst_len, prev, &prev_len);
 	struct agent_opts o = {

@@ -212,6 +212,7 @@ struct master_seg {
 /* An agent process's instance token: random, kept in its data dir, and
  * named by its successor's mounts (master__mount_seg). */
 #define MASTER_INSTANCE_MAX 32
+#define MASTER_PREVIOUS_MAX 4
 
 struct master_agent {
 	struct master_agent *next;
@@ -297,12 +298,13 @@ struct master_mount {
 	 * eviction_ratio. */
 	double high_watermark, eviction_ratio;
 	bool resync;
-	/* The agent process's instance token, and the one of the process
-	 * before it on the same data dir (each at most MASTER_INSTANCE_MAX
-	 * bytes; len 0: none). A mount whose previous is the instance the
-	 * master knows for its agent is that agent restarted: what the old
-	 * process mounted is dropped at once, as at its expiry, instead of
-	 * refusing the new segment until then. */
+	/* The agent process's instance token (at most MASTER_INSTANCE_MAX
+	 * bytes; len 0: none), and the tokens of the processes before it on
+	 * the same data dir, each instance_len long, concatenated (at most
+	 * MASTER_PREVIOUS_MAX). A mount one of whose previous tokens is the
+	 * instance the master knows for its agent is that agent restarted:
+	 * what the old process mounted is dropped at once, as at its expiry,
+	 * instead of refusing the new segment until then. */
 	const uint8_t *instance, *previous;
 	size_t instance_len, previous_len;
 };

@@ -191,6 +191,17 @@ int master__mount(struct master_core *c, const char *name, const char *agent,
 	return master__mount_seg(c, &mt, now_ms, mirror_seq);
 }
 
+/* One of the tokens mt names as its process's predecessors is a's. */
+static bool was_instance(const struct master_agent *a, const struct master_mount *mt)
+{
+	if (!a->instance_len || a->instance_len != mt->instance_len)
+		return false;
+	bool found = false;
+	for (size_t off = 0; off < mt->previous_len; off += mt->instance_len)
+		found |= mc_ct_equal(mt->previous + off, a->instance, a->instance_len);
+	return found;
+}
+
 /* The agent's process is the one mt names (once given, kept). */
 static void set_instance(struct master_agent *a, const struct master_mount *mt)
 {
@@ -220,11 +231,12 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 	    block % MASTER_ALLOC_GRANULE || (block & (block - 1)) || size < block ||
 	    (tier == MASTER_TIER_DRAM && block != MASTER_ALLOC_GRANULE) ||
 	    !ratio_ok(mt->high_watermark) || !ratio_ok(mt->eviction_ratio) ||
-	    mt->instance_len > MASTER_INSTANCE_MAX || mt->previous_len > MASTER_INSTANCE_MAX)
+	    mt->instance_len > MASTER_INSTANCE_MAX ||
+	    (mt->previous_len && (!mt->instance_len || mt->previous_len % mt->instance_len ||
+				  mt->previous_len / mt->instance_len > MASTER_PREVIOUS_MAX)))
 		return -EINVAL;
 	struct master_agent *a = agent_find(sg, agent);
-	if (a && a->instance_len && mt->previous_len == a->instance_len &&
-	    mc_ct_equal(mt->previous, a->instance, a->instance_len)) {
+	if (a && was_instance(a, mt)) {
 		/* The process before this one on the agent's data dir, which
 		 * only its holder reads: it has died (the dir's lock), and
 		 * what it mounted goes now, as at its expiry. */

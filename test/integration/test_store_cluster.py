@@ -219,7 +219,27 @@ def a_restarted_agent_takes_its_place_at_once():
     eq(s.get("after"), b"in the new one", "the agent still serves")
     eq(metric(cl.master_metrics(), "mooncake_master_agents_restarted_total"), 1)
     s.close()
-    d2.stop()
+
+    # A process that dies before it mounts (its master unreachable) does
+    # not cut the chain: the next one names both tokens.
+    d2.kill()
+    dead = ["--master-address=127.0.0.1:%d" % mctest.free_port()]
+    d3 = Daemon("agent", args=args + dead, data_dir=ddir, ports=ports, env=st.daemon_env())
+    eq(len(open(os.path.join(ddir, "agent.instance"), "rb").read()), 48,
+       "three tokens kept")
+    time.sleep(0.5)
+    d3.kill()
+    assert "mounted with master" not in d3.output(), d3.output()[-2000:]
+    t0 = time.monotonic()
+    d4 = Daemon("agent", args=args, data_dir=ddir, ports=ports, env=st.daemon_env())
+    wait_for(lambda: "mounted with master" in d4.output(), timeout=30,
+             what="mounted after a process that never did")
+    assert time.monotonic() - t0 < 30, "before the TTL"
+    wait_for(lambda: metric(cl.master_metrics(), "mooncake_master_agents_restarted_total") == 2,
+             what="the second restart counted")
+    eq(store_of(d4).put("last", b"ok"), OK)
+    eq(metric(cl.master_metrics(), "mooncake_master_agents_restarted_total"), 2)
+    d4.stop()
 
 
 @case

@@ -267,11 +267,41 @@ Test(master_core, a_restarted_agent_replaces_its_old_process)
 	must(master__mount_seg(c, &mt, 5, NULL));
 	cr_assert_eq(master__core_counters(c)->agents_restarted, 2);
 	cr_assert_eq(master__exist(c, K("y"), 5), 0);
-	/* Tokens longer than the master keeps are refused. */
-	uint8_t longer[MASTER_INSTANCE_MAX + 1] = {0};
+	/* A fourth whose predecessor died before it mounted: its token and
+	 * t3 both named, the known one found among them. */
+	const uint8_t t4[16] = {4};
+	uint8_t chain[3 * 16] = {0};
+	memcpy(chain, t1, 16); /* (older, unknown now) */
+	memcpy(chain + 16, t3, 16);
+	memset(chain + 32, 7, 16); /* (the one that died) */
+	put("z", 100, 1, 5, 0);
+	mt.base = 0x40000000;
+	mt.instance = t4;
+	mt.previous = chain;
+	mt.previous_len = sizeof(chain);
+	must(master__mount_seg(c, &mt, 6, NULL));
+	cr_assert_eq(master__core_counters(c)->agents_restarted, 3);
+	cr_assert_eq(master__exist(c, K("z"), 6), 0);
+	/* Refused: tokens longer than the master keeps, previous tokens not
+	 * as long as the instance, more of them than it reads, or without an
+	 * instance. */
+	uint8_t longer[MASTER_INSTANCE_MAX + 1] = {0},
+					     many[(MASTER_PREVIOUS_MAX + 1) * 16] = {0};
 	mt.instance = longer;
 	mt.instance_len = sizeof(longer);
-	cr_assert_eq(master__mount_seg(c, &mt, 6, NULL), -EINVAL);
+	mt.previous_len = 0;
+	cr_assert_eq(master__mount_seg(c, &mt, 7, NULL), -EINVAL);
+	mt.instance = t4;
+	mt.instance_len = 16;
+	mt.previous_len = 17;
+	cr_assert_eq(master__mount_seg(c, &mt, 7, NULL), -EINVAL);
+	mt.previous = many;
+	mt.previous_len = sizeof(many);
+	cr_assert_eq(master__mount_seg(c, &mt, 7, NULL), -EINVAL);
+	mt.instance_len = 0;
+	mt.previous_len = 16;
+	cr_assert_eq(master__mount_seg(c, &mt, 7, NULL), -EINVAL);
+	cr_assert_eq(master__core_counters(c)->agents_restarted, 3);
 }
 
 Test(master_core, ttl_expiry)
