@@ -184,6 +184,18 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 	};
 	uint64_t restarted = master__core_counters(m->core)->agents_restarted;
 	int rc = master__mount_seg(m->core, &mt, now_ms(m), &resp.mirror_seq);
+	uint32_t held = rc == -EEXIST ? master__seg_find(m->core, s->name) : MASTER_NO_SEGMENT;
+	if (held != MASTER_NO_SEGMENT) {
+		const struct master_seg *h = master__seg(m->core, held);
+		finish_err(call, rc,
+			   "segment '%s' is mounted by agent %s (%llu bytes at 0x%llx): "
+			   "refused until that agent misses --agent-ttl of heartbeats, or "
+			   "at once for its restart on the same --data-dir (another "
+			   "process, or two agents with one --agent-name?)",
+			   s->name, h->agent->id, (unsigned long long)h->size,
+			   (unsigned long long)h->base);
+		return;
+	}
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;

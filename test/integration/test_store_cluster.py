@@ -215,6 +215,8 @@ def a_restarted_agent_takes_its_place_at_once():
     dup = Daemon("agent", args=args + ["--agent-name=" + name], env=st.daemon_env())
     wait_for(lambda: "cannot mount segment" in dup.output(), timeout=30,
              what="the impostor's mount refused")
+    assert ("is mounted by agent %s" % name) in dup.output() and "--agent-ttl" in dup.output(), \
+        dup.output()[-2000:]
     dup.kill()
     eq(s.get("after"), b"in the new one", "the agent still serves")
     eq(metric(cl.master_metrics(), "mooncake_master_agents_restarted_total"), 1)
