@@ -168,6 +168,17 @@ def put_get_remove_and_error_codes():
     eq(m.code("MountSegment", M.MountSegmentRequest(segment=M.Segment(
         name="segA", agent_id="thief", base_address=0, size=MiB)), M.MountSegmentResponse)[0],
        -17, "someone else's segment name")
+    code, err = m.code("MountSegment", M.MountSegmentRequest(segment=M.Segment(
+        name="segA", agent_id="agentA", base_address=1 << 44, size=MiB)), M.MountSegmentResponse)
+    eq(code, -17, "another address without the agent's instance token")
+    assert "is mounted by agent agentA" in err.details(), err.details()
+    for inst, prev, what in ((b"x" * 33, b"", "a 33-byte token"),
+                             (b"x" * 16, b"y" * 17, "previous tokens of another length"),
+                             (b"x" * 16, b"y" * 80, "five previous tokens"),
+                             (b"", b"y" * 16, "previous tokens without an instance")):
+        eq(m.code("MountSegment", M.MountSegmentRequest(
+            segment=M.Segment(name="segZ", agent_id="agentZ", base_address=0, size=MiB),
+            instance=inst, previous_instance=prev), M.MountSegmentResponse)[0], EINVAL, what)
     eq(m.code("UnmountSegment", M.UnmountSegmentRequest(name="segA", agent_id="thief"),
               M.UnmountSegmentResponse)[0], -13, "unmount by another agent")
     m.put(b"on-a", 10, preferred_segment="segA")
