@@ -689,6 +689,7 @@ class MooncakeDistributedStore:
         self._http = None
         self._puts = {}          # layerwise put sessions: key -> _PutSession
         self._host_cache = _HostCache()  # their memory, for the next ones
+        self._regs = {}          # register_buffer's ranges: address -> size
         self._reads = {}         # layerwise read sessions: key -> BufferHandle
 
     # ------------------------------------------------------------ session
@@ -856,6 +857,7 @@ class MooncakeDistributedStore:
             self._pool_left = None
             reads, self._reads = self._reads, {}
             puts, self._puts = self._puts, {}
+            self._regs = {}
         for b in reads.values():
             b.release()
         for ss in puts.values():
@@ -1649,17 +1651,32 @@ class MooncakeDistributedStore:
         if not h:
             return NOT_CONNECTED
         rc = n.mc_register_buffer(h, buffer_ptr, size)
+        if rc == 0:
+            with self._lock:
+                self._regs[buffer_ptr] = size
         if rc == -95:  # -EOPNOTSUPP
             log.error("register_buffer(0x%x, %d): GPU memory: the store's puts and gets "
                       "copy values with the CPU, which cannot read it; use host memory "
                       "(MooncakeHostMemAllocator, pinned CPU tensors)", buffer_ptr, size)
         return _rc(rc)
 
-    def unregister_buffer(self, buffer_ptr):
+    def unregister_buffer(self, buffer_ptr, size=None):
+        """0, or -600 (not registered, or size given and not the one
+        register_buffer gave: vLLM's EC connector passes it)."""
         h = self._h
         if not h:
             return NOT_CONNECTED
-        return _rc(n.mc_unregister_buffer(h, buffer_ptr))
+        with self._lock:
+            known = self._regs.get(buffer_ptr)
+        if size is not None and known is not None and size != known:
+            log.error("unregister_buffer(0x%x, %d): it was registered with size %d",
+                      buffer_ptr, size, known)
+            return INVALID_PARAMS
+        rc = _rc(n.mc_unregister_buffer(h, buffer_ptr))
+        if rc == 0:
+            with self._lock:
+                self._regs.pop(buffer_ptr, None)
+        return rc
 
 
 from mooncake.buffer_pool import BufferLease, BufferPool, RegisteredBufferPool  # noqa: E402,F401

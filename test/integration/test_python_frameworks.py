@@ -3,7 +3,8 @@ of SGLang HiCache's MooncakeStore (python/sglang/srt/mem_cache/storage/
 mooncake_store/mooncake_store.py), LMCache's MooncakestoreConnector
 (lmcache/v1/storage_backend/connector/mooncakestore_connector.py) and
 vLLM's MooncakeStoreConnector worker (vllm/distributed/kv_transfer/
-kv_connector/v1/mooncake/store/worker.py), written from their public
+kv_connector/v1/mooncake/store/worker.py) and vLLM's ECMooncakeStore
+(vllm/distributed/ec_transfer/ec_connector/mooncake_storage), written from their public
 sources with numpy arrays in place of torch tensors, against a mooncaked
 standalone. Every byte read back is checked. Then the rest of the API
 surface those callers and upstream's own tests touch.
@@ -287,6 +288,69 @@ def lmcache_connector():
     eq(store.unregister_buffer(ptr(pinned)), 0, "unregister")
     eq(store.close(), 0, "close")
     eq(store.close(), 0, "close again")
+
+
+@case
+def vllm_ec_connector():
+    """vLLM's ECMooncakeStore (vllm/distributed/ec_transfer/ec_connector/
+    mooncake_storage, fast_transfer): setup with 7 positional arguments,
+    ReplicateConfig() with replica_num set, register_buffer of its tensor
+    pool, put_batch of JSON metadata under "<key>_metadata" then
+    batch_put_from of the tensors from the pool, batch_is_exist,
+    get_batch of the metadata then batch_get_into the pool; the other
+    path's get_batch of length-prefixed values; and close() calling
+    unregister_buffer(base, size) with the size, then close."""
+    import json
+    daemon()
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+    store = MooncakeDistributedStore()
+    eq(store.setup("localhost", "P2PHANDSHAKE", 3355443200, 1073741824, "tcp", "",
+                   "127.0.0.1:50051"), 0, "setup")
+    replica_config = ReplicateConfig()
+    replica_config.replica_num = 1
+    pool_size = 4 << 20
+    pool = np.zeros(pool_size, dtype=np.uint8)              # TensorMemoryPool
+    eq(store.register_buffer(ptr(pool), pool_size), 0, "register the tensor pool")
+    keys = ["ec/mm-hash-%d" % i for i in range(3)]
+    shapes = [(16, 64), (8, 128), (4, 32)]                   # bf16 encoder outputs
+    addrs, sizes, metas = [], [], []
+    off = 0
+    for i, shp in enumerate(shapes):
+        n_bytes = int(np.prod(shp)) * 2
+        pool[off:off + n_bytes] = pattern(500 + i, n_bytes)
+        addrs.append(ptr(pool) + off)
+        sizes.append(n_bytes)
+        metas.append(json.dumps({"shape": list(shp), "dtype": "torch.bfloat16"}).encode())
+        off += n_bytes
+    eq(store.put_batch([k + "_metadata" for k in keys], metas, replica_config), 0,
+       "put_batch of the metadata")
+    eq(store.batch_put_from(keys, addrs, sizes, replica_config), [0] * 3, "batch_put_from")
+    eq(store.batch_is_exist(keys + ["ec/none"]), [1, 1, 1, 0], "batch_is_exist")
+    meta_bytes = store.get_batch([k + "_metadata" for k in keys] + ["ec/none_metadata"])
+    eq(meta_bytes[3], b"", "a missing key's metadata is empty")
+    dst, dst_addrs = off, []
+    for i, mb in enumerate(meta_bytes[:3]):
+        meta = json.loads(mb.decode("utf-8"))
+        eq(tuple(meta["shape"]), shapes[i], "metadata shape")
+        dst_addrs.append(ptr(pool) + dst)
+        dst += sizes[i]
+    eq(store.batch_get_into(keys, dst_addrs, sizes), sizes, "batch_get_into the pool")
+    eq(np.array_equal(pool[off:dst], pool[:off]), True, "every byte")
+    # fast_transfer off: one value, a 4-byte big-endian metadata length first
+    meta = json.dumps({"shape": [2, 3], "serialized_dtype": "uint16",
+                       "original_dtype": "torch.bfloat16"}).encode()
+    data = pattern(600, 12).tobytes()
+    eq(store.put_batch(["ec/plain"], [len(meta).to_bytes(4, "big") + meta + data],
+                       replica_config), 0, "put_batch")
+    got = store.get_batch(["ec/plain"])[0]
+    n_meta = int.from_bytes(got[:4], "big")
+    eq((json.loads(got[4:4 + n_meta])["shape"], got[4 + n_meta:]), ([2, 3], data), "get_batch")
+    # close(): unregister_buffer with the base address and the size
+    eq(store.unregister_buffer(ptr(pool), pool_size + 1), -600, "another size is refused")
+    eq(store.unregister_buffer(ptr(pool), pool_size), 0, "unregister_buffer(base, size)")
+    eq(store.unregister_buffer(ptr(pool)), -600, "unregistered already")
+    eq(store.close(), 0, "close")
 
 
 @case
