@@ -354,6 +354,59 @@ def vllm_ec_connector():
 
 
 @case
+def vllm_embedding_store_client():
+    """vLLM's MooncakeEmbeddingStoreClient (ec_connector/
+    mooncake_store_embedding/store_client.py): setup as
+    setup_mooncake_store does in "standalone-store" mode
+    (global_segment_size 0), ReplicateConfig with data_type
+    ObjectDataType.TENSOR; a put registers the tensor and a 24-byte
+    header ("<IIQQ": magic, dtype, tokens, hidden), puts both with
+    batch_put_from_multi_buffers and unregisters them; a load registers
+    one read buffer once and batch_get_into's header and data at offsets
+    in it; close unregisters it. Every call's result as that client
+    checks it (0, 1 per exist, bytes read)."""
+    daemon()
+    from mooncake.store import MooncakeDistributedStore, ObjectDataType, ReplicateConfig
+
+    store = MooncakeDistributedStore()
+    eq(store.setup("10.0.0.7", "P2PHANDSHAKE", 0, 4 * 1024 ** 3, "rdma", "",
+                   "127.0.0.1:50051"), 0, "setup, standalone-store mode")
+    rc = ReplicateConfig()
+    rc.data_type = ObjectDataType.TENSOR
+    header_fmt = struct.Struct("<IIQQ")
+    keys, tensors = [], []
+    for i, (tokens, hidden) in enumerate([(7, 64), (3, 128), (12, 32)]):
+        t = pattern(700 + i, tokens * hidden * 2)            # bf16 [tokens, hidden]
+        hdr = (ctypes.c_ubyte * header_fmt.size).from_buffer_copy(
+            header_fmt.pack(0x4D4F4F4E, 12, tokens, hidden))
+        hptr = ctypes.addressof(hdr)
+        key = "emb/v3/%d" % i
+        for addr, size in ((ptr(t), t.nbytes), (hptr, header_fmt.size)):
+            eq(store.register_buffer(addr, size), 0, "register for the put")
+        eq(store.batch_put_from_multi_buffers([key], [[hptr, ptr(t)]],
+                                              [[header_fmt.size, t.nbytes]], rc), [0],
+           "batch_put_from_multi_buffers(header, tensor)")
+        for addr in (hptr, ptr(t)):
+            eq(store.unregister_buffer(addr), 0, "unregister after the put")
+        keys.append(key)
+        tensors.append((t, tokens, hidden))
+    eq(store.batch_is_exist(keys + ["emb/v3/none"]), [1, 1, 1, 0], "batch_is_exist")
+    read = np.zeros(1 << 20, dtype=np.uint8)
+    eq(store.register_buffer(ptr(read), read.nbytes), 0, "register the read buffer")
+    sizes = [header_fmt.size + t.nbytes for t, _, _ in tensors]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    eq(store.batch_get_into(keys, [ptr(read) + o for o in offsets], sizes), sizes,
+       "batch_get_into the read buffer")
+    for (t, tokens, hidden), off in zip(tensors, offsets):
+        magic, dtype, n_tok, n_hid = header_fmt.unpack_from(read, off)
+        eq((magic, dtype, n_tok, n_hid), (0x4D4F4F4E, 12, tokens, hidden), "header")
+        eq(np.array_equal(read[off + header_fmt.size:off + header_fmt.size + t.nbytes], t),
+           True, "tensor bytes")
+    eq(store.unregister_buffer(ptr(read)), 0, "close: unregister the read buffer")
+    eq(store.close(), 0, "close")
+
+
+@case
 def put_from_with_metadata_and_init_all():
     """put_from_with_metadata stores the metadata then the data, as
     get_buffer's readers split them; init_all is setup with Mooncake's
