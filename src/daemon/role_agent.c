@@ -300,11 +300,6 @@ static int check_ssd(const struct cfg *cfg)
 	return 0;
 }
 
-/* ------------------------------------------------------------ hooks */
-
-/* Also the start-up failure path: the loop has not run since te_new and
- * the RPC server never listened, so the engine may be freed unstopped
- * (its service stays registered on a server that is never served). */
 /*
  * This process's instance token (new, random) and those of the processes
  * before it on the data dir, which <data-dir>/agent.instance keeps (the
@@ -348,6 +343,11 @@ static void instance_tokens(const struct cfg *cfg, uint8_t *cur, size_t *cur_len
 			 path, mc_strerror(rc));
 }
 
+/* ------------------------------------------------------------ hooks */
+
+/* Also the start-up failure path: the loop has not run since te_new and
+ * the RPC server never listened, so the engine may be freed unstopped
+ * (its service stays registered on a server that is never served). */
 static void free_parts(struct role_agent *a)
 {
 	/* The engine's data plane first: it reads and writes the agent's
