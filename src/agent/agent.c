@@ -327,6 +327,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 		.sync_interval_ms = o->ssd_sync_interval_ms,
 		.verify_on_start = o->ssd_verify_on_start,
 		.io = o->ssd_io,
+		.staging_bytes = o->ssd_staging_bytes,
 	};
 	rc = agent__tier_open(a, &to);
 	if (rc)
@@ -348,6 +349,7 @@ int agent_new(const struct agent_opts *o, struct agent **out)
 	agent__pool_on_idle(&a->pool, pool_idle, a);
 	agent__stats_init(&a->stats, a->metrics, a->seg->len, a->seg->hugepages,
 			  a->staging_bytes);
+	agent__gauge(&a->stats, AGENT_G_SSD_STAGING, (int64_t)agent__tier_staging_bytes(a));
 	uint64_t ram = agent__ram_bytes(); /* 0: unknown */
 	struct agent_limits lim = {
 		.sessions = o->max_sessions,
@@ -402,6 +404,7 @@ out_seg:
 	agent__map_unref(a->seg);
 out_tier:
 	agent__tier_free(a);
+	agent__tier_bufs_free(a);
 out_lc:
 	agent__lcache_free(&a->lc);
 out_inv:
@@ -539,6 +542,7 @@ void agent_free(struct agent *a)
 	agent__map_unref(a->seg);
 	agent__server_free(a);
 	agent__insts_free(a);
+	agent__tier_bufs_free(a);
 	free(a->rpc_listen);
 	free(a);
 }

@@ -100,6 +100,7 @@ struct agent_opts {
 	unsigned ssd_sync_interval_ms;
 	const char *ssd_io;
 	uint64_t ssd_bounce_bytes;
+	uint64_t ssd_staging_bytes; /* tier.h, struct agent_tier_stage */
 	/* The cluster secret other agents prove when they ask for an object
 	 * of the SSD tier (copied); len 0: not checked (--insecure-transfer). */
 	const uint8_t *cluster_secret;

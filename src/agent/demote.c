@@ -250,7 +250,7 @@ static void on_lost(struct agent *a, const uint8_t *key, size_t klen, uint64_t o
 
 static void fetch_free(struct demote_fetch *f)
 {
-	free(f->buf);
+	agent__tier_buf_free(f->a, f->buf);
 	free(f->source);
 	free(f);
 }
@@ -339,7 +339,7 @@ static void fetch_done(struct agent_job *j)
 
 static void start_fetch(struct agent *a, struct demote_fetch *f)
 {
-	f->buf = agent__tier_buf(f->size);
+	f->buf = agent__tier_buf(a, f->size, false);
 	if (!f->buf) {
 		f->err = -ENOMEM;
 		fetch_done(&f->job);

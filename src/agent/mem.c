@@ -207,6 +207,7 @@ int agent__map_client_fd(struct agent *a, int fd, uid_t uid, uint64_t off, uint6
 	m->fd = fd;
 	m->addr = p;
 	m->len = mlen;
+	m->hugepages = st.st_blksize >= HUGE_2M; /* (a hugetlbfs memfd) */
 	m->a = a;
 	*out = m;
 	*base = (uint8_t *)p + (off - aoff);

@@ -146,6 +146,9 @@ void agent__op_finish(struct agent_req *r, int err);
 void agent__op_fail(struct agent_req *r, int err, const char *why);
 /* Keep a reference on m for the request's lifetime. Errors: -ENOMEM. */
 int agent__op_hold(struct agent_req *r, struct agent_map *m) MC_MUST_CHECK;
+/* Whether p lies in memory r holds (agent__op_hold, its spill area) that
+ * is on huge pages: the SSD tier moves bytes there without staging. */
+bool agent__req_huge(const struct agent_req *r, const uint8_t *p);
 /*
  * Client memory of a region: *ptr and its usable length (the region's
  * length, checked against what backs it). Errors: -ENOENT (unknown

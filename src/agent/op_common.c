@@ -32,7 +32,7 @@ void agent__op_finish(struct agent_req *r, int err)
 			for (unsigned k = 0; k < r->items[i].nrep; k++)
 				free(r->items[i].reps[k].segment);
 			free(r->items[i].reps);
-			free(r->items[i].scratch);
+			agent__tier_buf_free(r->a, r->items[i].scratch);
 		}
 		free(r->items);
 	}
@@ -65,6 +65,17 @@ int agent__op_hold(struct agent_req *r, struct agent_map *m)
 	agent__map_ref(m);
 	r->maps[r->nmaps++] = m;
 	return 0;
+}
+
+bool agent__req_huge(const struct agent_req *r, const uint8_t *p)
+{
+	for (unsigned i = 0; i < r->nmaps; i++) {
+		const struct agent_map *m = r->maps[i];
+		if (m->hugepages && p >= m->addr && p < m->addr + m->len)
+			return true;
+	}
+	const struct agent_map *m = r->spill;
+	return m && m->hugepages && p >= m->addr && p < m->addr + m->len;
 }
 
 /* Map the i-th attached descriptor (once per request). */

@@ -609,14 +609,14 @@ static void get_lookup(struct agent_req *r);
 
 /* An item's replicas and bytes read so far go: the master is asked
  * again. */
-static void forget_replicas(struct agent_item *it)
+static void forget_replicas(struct agent *a, struct agent_item *it)
 {
 	for (unsigned k = 0; k < it->nrep; k++)
 		free(it->reps[k].segment);
 	free(it->reps);
 	it->reps = NULL;
 	it->nrep = 0;
-	free(it->scratch);
+	agent__tier_buf_free(a, it->scratch);
 	it->scratch = NULL;
 	it->err = 0;
 }
@@ -642,14 +642,14 @@ static void ssd_read_end(struct agent_req *r)
 }
 
 /* An SSD replica was gone: the item asks the master again (once). */
-static void ssd_again(struct agent_item *it)
+static void ssd_again(struct agent *a, struct agent_item *it)
 {
 	if (it->ssd_again) {
 		it->err = MC_EOBJECT_NOT_FOUND;
 		return;
 	}
 	it->ssd_again = true;
-	forget_replicas(it);
+	forget_replicas(a, it);
 	it->ssd_own = false;
 }
 
@@ -667,10 +667,10 @@ static void on_ssd_read(void *ud, int err, const struct agent_tier_obj *o)
 		 * replica it names may still be gone once. */
 		agent__lcache_del(&r->a->lc, it->key, it->klen);
 		it->ssd_cached = false;
-		forget_replicas(it);
+		forget_replicas(r->a, it);
 		it->ssd_own = false;
 	} else if (gone) {
-		ssd_again(it);
+		ssd_again(r->a, it);
 	} else if (err) {
 		it->err = err;
 	}
@@ -684,7 +684,7 @@ static void on_peer_staged(void *ud, int err, uint64_t address, uint64_t hold)
 	struct agent_item *it = &r->items[x->i];
 	free(x);
 	if (err == MC_EOBJECT_NOT_FOUND) {
-		ssd_again(it);
+		ssd_again(r->a, it);
 	} else if (err) {
 		it->err = err;
 	} else {
@@ -725,11 +725,16 @@ static void get_ssd(struct agent_req *r)
 		}
 		it->ssd_own = true;
 		/* Into its place when the tier can read there (aligned, whole
-		 * blocks of room), else into a buffer copied from after. */
+		 * blocks of room) and it is on huge pages or the tier has no
+		 * staging memory, else into a buffer copied from after. */
 		uint64_t io_len = agent__tier_io_len(it->size);
-		uint8_t *buf = it->ptr;
-		if (!buf || (uintptr_t)buf % agent__tier_block(a) || it->len < io_len)
-			buf = it->scratch = agent__tier_buf(it->size);
+		bool in_place = it->ptr && (uintptr_t)it->ptr % agent__tier_block(a) == 0 &&
+				it->len >= io_len;
+		uint8_t *buf = NULL;
+		if (!in_place || !agent__req_huge(r, it->ptr))
+			buf = it->scratch = agent__tier_buf(a, it->size, in_place);
+		if (!buf && in_place)
+			buf = it->ptr; /* (staging full) */
 		int rc = !buf ? -ENOMEM
 			      : agent__tier_read(a, it->key, it->klen, buf, io_len,
 						 on_ssd_read, x);
@@ -739,7 +744,7 @@ static void get_ssd(struct agent_req *r)
 		}
 		free(x);
 		if (rc == MC_EOBJECT_NOT_FOUND)
-			ssd_again(it);
+			ssd_again(r->a, it);
 		else
 			it->err = rc;
 	}
@@ -910,9 +915,9 @@ static void get_lookup(struct agent_req *r)
 }
 
 /* Leave a probed item to the master. */
-static void unprobe(struct agent_item *it)
+static void unprobe(struct agent *a, struct agent_item *it)
 {
-	forget_replicas(it);
+	forget_replicas(a, it);
 	it->probing = false;
 }
 
@@ -922,7 +927,7 @@ static void probe_miss(struct agent_req *r, struct agent_item *it)
 {
 	agent__lcache_del(&r->a->lc, it->key, it->klen);
 	agent__count(&r->a->stats, AGENT_C_LEASE_CACHE_STALE, 1);
-	unprobe(it);
+	unprobe(r->a, it);
 }
 
 static void get_probe_done(struct agent_job *j)
@@ -977,7 +982,7 @@ static bool get_probe(struct agent_req *r, uint64_t bytes)
 		agent__xfer_finish(r->a, x);
 	for (size_t i = 0; i < r->n; i++)
 		if (r->items[i].probing)
-			unprobe(&r->items[i]);
+			unprobe(r->a, &r->items[i]);
 	return false;
 }
 

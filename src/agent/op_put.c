@@ -583,15 +583,22 @@ static void put_ssd(struct agent_req *r)
 		if (it->err)
 			continue;
 		uint64_t block = agent__tier_block(r->a);
+		bool in_place = (uintptr_t)it->ptr % block == 0 && it->len % block == 0;
 		if (it->len == 0) {
 			it->err = -EINVAL; /* (the SSD tier holds no empty values) */
-		} else if ((uintptr_t)it->ptr % block == 0 && it->len % block == 0) {
-			ssd_write(r, i); /* from the client's memory, whole blocks */
-		} else if (!(it->scratch = agent__tier_buf(it->len))) {
-			it->err = -ENOMEM;
-		} else {
-			copies = true;
+			continue;
 		}
+		/* From the client's memory when the tier can write from there
+		 * (aligned, whole blocks) and it is on huge pages or the tier
+		 * has no staging memory; else through a copy. */
+		if (!in_place || !agent__req_huge(r, it->ptr))
+			it->scratch = agent__tier_buf(r->a, it->len, in_place);
+		if (it->scratch)
+			copies = true;
+		else if (in_place)
+			ssd_write(r, i); /* from the client's memory, whole blocks */
+		else
+			it->err = -ENOMEM;
 	}
 	if (!copies) {
 		put_call_done(r);

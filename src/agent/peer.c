@@ -57,6 +57,11 @@ struct peer_wait {
 	struct agent *a;
 	struct rpc_call *call;
 	uint64_t off, len;
+	/* Read through the tier's staging memory (the bounce region is on
+	 * 4 KiB pages), then copied there by job: NULL when read in place. */
+	uint8_t *stage;
+	struct agent_job job;
+	struct agent_tier_obj obj;
 	size_t klen;
 	uint8_t key[];
 };
@@ -137,7 +142,7 @@ static void on_timer(uv_timer_t *t);
 
 static void wait_free(struct agent *a, struct peer_wait *w)
 {
-	(void)a;
+	agent__tier_buf_free(a, w->stage);
 	free(w);
 }
 
@@ -188,14 +193,48 @@ static void on_staged(void *ud, int err, const struct agent_tier_obj *o)
 	wait_free(a, w);
 }
 
-/* Room for w: read into it. False when there is none yet. */
+/* On a copy thread: the object's bytes, read and checked, from the
+ * staging memory into the bounce region. */
+static void copy_run(struct agent_job *j)
+{
+	struct peer_wait *w = MC_CONTAINER_OF(j, struct peer_wait, job);
+	memcpy(w->a->peer.bounce->addr + w->off, w->stage, w->obj.size);
+}
+
+static void copy_done(struct agent_job *j)
+{
+	struct peer_wait *w = MC_CONTAINER_OF(j, struct peer_wait, job);
+	agent__tier_buf_free(w->a, w->stage);
+	w->stage = NULL;
+	on_staged(w, 0, &w->obj);
+}
+
+static void on_read_staged(void *ud, int err, const struct agent_tier_obj *o)
+{
+	struct peer_wait *w = ud;
+	if (err) {
+		on_staged(w, err, o);
+		return;
+	}
+	w->obj = *o;
+	w->job.run = copy_run;
+	w->job.done = copy_done;
+	agent__pool_submit(&w->a->pool, &w->job);
+}
+
+/* Room for w: read into it (through the staging memory when the room is
+ * on 4 KiB pages). False when there is none yet. */
 static bool stage(struct agent *a, struct peer_wait *w)
 {
 	struct agent_peer *p = &a->peer;
 	if (mc_extalloc_get(&p->alloc, w->len, &w->off) != 0)
 		return false;
-	int rc = agent__tier_read(a, w->key, w->klen, p->bounce->addr + w->off, w->len,
-				  on_staged, w);
+	if (!p->bounce->hugepages)
+		w->stage = agent__tier_buf(a, w->len, true);
+	int rc = w->stage ? agent__tier_read(a, w->key, w->klen, w->stage, w->len,
+					     on_read_staged, w)
+			  : agent__tier_read(a, w->key, w->klen, p->bounce->addr + w->off,
+					     w->len, on_staged, w);
 	if (rc) {
 		give_back(a, w->off, w->len);
 		finish_code(w->call, rc, NULL);
@@ -382,7 +421,8 @@ int agent__peer_start(struct agent *a, uint64_t bytes)
 	struct agent_memfd_opts mo = {
 		.name = "mooncake-ssd-bounce",
 		.len = bytes,
-		.hugepages = AGENT_HUGEPAGES_OFF,
+		.hugepages = a->hugepages == AGENT_HUGEPAGES_ON ? AGENT_HUGEPAGES_AUTO
+								: a->hugepages,
 		.numa_node = a->numa_node,
 		.published = true,
 	};

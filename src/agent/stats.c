@@ -252,6 +252,21 @@ void agent__stats_init(struct agent_stats *s, struct metrics_registry *r,
 	c[AGENT_C_SSD_PUTS] = metrics_counter(r, "mooncake_agent_ssd_puts_total",
 					      "Puts that named the SSD tier, stored there.",
 					      NULL, NULL);
+	c[AGENT_C_SSD_STAGED] = metrics_counter(
+		r, "mooncake_agent_ssd_staged_total",
+		"Reads and writes of the SSD tier that went through its staging "
+		"memory on huge pages (--ssd-staging-size).",
+		NULL, NULL);
+	c[AGENT_C_SSD_STAGING_FULL] = metrics_counter(
+		r, "mooncake_agent_ssd_staging_full_total",
+		"Reads and writes of the SSD tier that found its staging memory "
+		"full, and went without it.",
+		NULL, NULL);
+	g[AGENT_G_SSD_STAGING] = metrics_gauge(
+		r, "mooncake_agent_ssd_staging_bytes",
+		"The SSD tier's staging memory on huge pages (0: none: "
+		"--ssd-staging-size=0, no SSD tier, or no transparent huge pages).",
+		NULL, NULL);
 	const char *rf = "Client sessions, requests, buffers and views refused, by the "
 			 "limit that refused them (--client-max-*, --client-alloc-size; "
 			 "descriptors: a frame brought descriptors it did not announce; "

@@ -41,6 +41,8 @@ enum agent_counter {
 	AGENT_C_SSD_DELETES,       /* copies deleted on the master's order */
 	AGENT_C_SSD_LOST,          /* objects whose bytes failed their checksum */
 	AGENT_C_SSD_PUTS,          /* puts stored straight into the SSD tier */
+	AGENT_C_SSD_STAGED,        /* tier.c: I/O buffers of the staging memory */
+	AGENT_C_SSD_STAGING_FULL,  /* ... asked for when it had no room */
 	AGENT_C_TABLE_GETS,        /* gets clients answered from the shared lease table */
 	/* server.c: what clients were refused, by limit */
 	AGENT_C_REFUSED_SESSIONS,     /* --client-max-sessions */
@@ -62,6 +64,7 @@ enum agent_gauge {
 	AGENT_G_BUFFERS,      /* server.c: buffers of every session */
 	AGENT_G_VIEWS,        /* server.c: zero-copy views of every session */
 	AGENT_G_STAGING,      /* server.c: staging bytes of every session */
+	AGENT_G_SSD_STAGING,  /* agent.c: the SSD tier's staging memory */
 	AGENT_G_INVENTORY,    /* mirror.c, mlink.c: objects in the inventory */
 	AGENT_G_MASTER_VIEW,  /* mlink.c: the view the segment is mounted in */
 	AGENT_G_MOUNTED,      /* mlink.c */

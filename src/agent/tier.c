@@ -24,10 +24,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "agent/agent_int.h"
 #include "agent/tier.h"
 #include "common/log.h"
+#include "common/sysmem.h"
 #include "common/util.h"
 #include "ssd/ssd.h"
 
@@ -50,6 +52,135 @@ struct tier_op {
 };
 
 static void retry_writes(struct agent *a);
+
+/* ------------------------------------------------------------ staging */
+
+#define STAGE_PAGE (2ull << 20)
+
+/*
+ * Map bytes of staging memory (tier.h) on transparent huge pages, touched
+ * now so that no read waits for a page fault. Where the kernel gives no
+ * huge pages (transparent huge pages off, or memory too fragmented to
+ * compact) staging would only add copies: the tier goes without, with a
+ * warning. Errors: -ENOMEM.
+ */
+static int stage_open(struct agent_tier_stage *s, uint64_t bytes)
+{
+	char mode[128], size[32];
+	if (!bytes)
+		return 0;
+	mc_format_bytes(bytes, size, sizeof(size));
+	if (!mc_thp_madvise_ok(NULL, mode, sizeof(mode))) {
+		log_warn("SSD tier: no staging memory (--ssd-staging-size=%s): transparent "
+			 "huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled: "
+			 "%s); values are read and written in their own memory",
+			 size, mode);
+		return 0;
+	}
+	bytes = (bytes + STAGE_PAGE - 1) & ~(STAGE_PAGE - 1);
+	if (bytes > SIZE_MAX - STAGE_PAGE)
+		return -ENOMEM;
+	size_t rlen = (size_t)(bytes + STAGE_PAGE);
+	uint8_t *m = mmap(NULL, rlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			  0);
+	if (m == MAP_FAILED) {
+		log_error("SSD tier: cannot map %s of staging memory: %s", size,
+			  strerror(errno));
+		return -ENOMEM;
+	}
+	uint8_t *base = (uint8_t *)(((uintptr_t)m + STAGE_PAGE - 1) &
+				    ~(uintptr_t)(STAGE_PAGE - 1));
+	if (base > m)
+		munmap(m, (size_t)(base - m));
+	if (m + rlen > base + bytes)
+		munmap(base + bytes, (size_t)(m + rlen - (base + bytes)));
+	(void)madvise(base, (size_t)bytes, MADV_HUGEPAGE);
+	memset(base, 0, (size_t)bytes); /* (fault it in now, huge pages first) */
+	int64_t huge = mc_mapping_huge_bytes(base);
+	if (huge < (int64_t)(bytes / 2)) {
+		char got[32];
+		mc_format_bytes(huge > 0 ? (uint64_t)huge : 0, got, sizeof(got));
+		log_warn("SSD tier: no staging memory: of %s asked for, the kernel put %s "
+			 "on huge pages (memory too fragmented?); values are read and "
+			 "written in their own memory",
+			 size, got);
+		munmap(base, (size_t)bytes);
+		return 0;
+	}
+	s->lens = calloc((size_t)(bytes / SSD_ALIGN), sizeof(*s->lens));
+	if (!s->lens || mc_extalloc_init(&s->alloc, bytes, SSD_ALIGN, 1) != 0) {
+		free(s->lens);
+		s->lens = NULL;
+		munmap(base, (size_t)bytes);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	s->base = base;
+	s->len = bytes;
+	log_info("SSD tier: %s of staging memory on huge pages", size);
+	return 0;
+}
+
+/* (Every buffer has been given back: agent__tier_bufs_free.) */
+static void stage_close(struct agent_tier_stage *s)
+{
+	if (!s->base)
+		return;
+	mc_extalloc_close(&s->alloc);
+	free(s->lens);
+	munmap(s->base, (size_t)s->len);
+	pthread_mutex_destroy(&s->mu);
+	s->base = NULL;
+	s->len = 0;
+}
+
+void *agent__tier_buf(struct agent *a, uint64_t len, bool huge_only)
+{
+	struct agent_tier_stage *s = &a->tier.stage;
+	uint64_t n = ssd_io_len(len ? len : 1);
+	if (s->base && n <= s->len) {
+		uint64_t off;
+		pthread_mutex_lock(&s->mu);
+		int rc = mc_extalloc_get(&s->alloc, n, &off);
+		if (rc == 0)
+			s->lens[off / SSD_ALIGN] = (uint32_t)(n / SSD_ALIGN);
+		pthread_mutex_unlock(&s->mu);
+		agent__count(&a->stats, rc ? AGENT_C_SSD_STAGING_FULL : AGENT_C_SSD_STAGED, 1);
+		if (rc == 0)
+			return s->base + off;
+	}
+	void *p = NULL;
+	if (huge_only || n > SIZE_MAX || posix_memalign(&p, SSD_ALIGN, (size_t)n) != 0)
+		return NULL;
+	return p;
+}
+
+void agent__tier_buf_free(struct agent *a, void *p)
+{
+	struct agent_tier_stage *s = &a->tier.stage;
+	uint8_t *b = p;
+	if (!s->base || b < s->base || b >= s->base + s->len) {
+		free(p);
+		return;
+	}
+	uint64_t off = (uint64_t)(b - s->base);
+	pthread_mutex_lock(&s->mu);
+	uint64_t n = (uint64_t)s->lens[off / SSD_ALIGN] * SSD_ALIGN;
+	s->lens[off / SSD_ALIGN] = 0;
+	int rc = n ? mc_extalloc_put(&s->alloc, off, n) : -EINVAL;
+	pthread_mutex_unlock(&s->mu);
+	if (rc)
+		log_error("SSD tier: staging buffer at offset %" PRIu64 " freed twice or "
+			  "never taken: %s",
+			  off, mc_strerror(rc));
+}
+
+uint64_t agent__tier_staging_bytes(const struct agent *a)
+{
+	return a->tier.stage.len;
+}
+
+/* ------------------------------------------------------------ the store */
 
 int agent__tier_open(struct agent *a, const struct agent_tier_opts *o)
 {
@@ -85,7 +216,12 @@ int agent__tier_open(struct agent *a, const struct agent_tier_opts *o)
 	t->capacity = o->bytes & ~(uint64_t)(SSD_ALIGN - 1);
 	t->high_watermark = o->high_watermark;
 	t->eviction_ratio = o->eviction_ratio;
-	return 0;
+	rc = stage_open(&t->stage, o->staging_bytes);
+	if (rc) {
+		ssd_close(t->store);
+		t->store = NULL;
+	}
+	return rc;
 }
 
 static void on_poll(uv_poll_t *p, int status, int events)
@@ -148,6 +284,11 @@ void agent__tier_free(struct agent *a)
 	a->tier.store = NULL;
 }
 
+void agent__tier_bufs_free(struct agent *a)
+{
+	stage_close(&a->tier.stage);
+}
+
 bool agent__tier_on(const struct agent *a)
 {
 	return a->tier.store != NULL;
@@ -184,15 +325,6 @@ void agent__tier_on_lost(struct agent *a, void (*fn)(struct agent *a, const uint
 						     size_t klen, uint64_t offset))
 {
 	a->tier.on_lost = fn;
-}
-
-void *agent__tier_buf(uint64_t len)
-{
-	void *p = NULL;
-	uint64_t n = ssd_io_len(len ? len : 1);
-	if (n > SIZE_MAX || posix_memalign(&p, SSD_ALIGN, (size_t)n) != 0)
-		return NULL;
-	return p;
 }
 
 uint64_t agent__tier_io_len(uint64_t len)

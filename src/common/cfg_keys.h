@@ -351,7 +351,15 @@
 	X(SSD_BOUNCE_SIZE, "ssd-bounce-size", AGENT, SIZE, "64M", 1048576, 1ull << 40, NULL, \
 	  "agent: memory, registered with the transfer engine, that objects " \
 	  "of its SSD tier are read into for other agents' gets; larger " \
-	  "objects cannot be read from another node")
+	  "objects cannot be read from another node") \
+	X(SSD_STAGING_SIZE, "ssd-staging-size", AGENT, SIZE, "64M", 0, 1ull << 36, NULL, \
+	  "agent: memory on transparent 2 MiB pages that the SSD tier's reads " \
+	  "and writes go through when a value's own memory is on 4 KiB pages " \
+	  "(a virtual disk moves a MiB of them as 256 pieces: 2-2.5x slower " \
+	  "on the test VM), a copy each way; taken at start; values that do " \
+	  "not fit, and all of them when the kernel gives no huge pages (a " \
+	  "warning), go directly; 0: always directly (no copy: for local " \
+	  "NVMe, to which 4 KiB pages cost little)")
 
 /*
  * Mooncake's spellings. Mooncake users set MC_* variables for its transfer

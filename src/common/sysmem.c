@@ -86,6 +86,43 @@ int mc_meminfo_read(const char *procfs_root, struct mc_meminfo *out)
 	return mc_meminfo_parse(buf, out);
 }
 
+bool mc_thp_madvise_ok(const char *sysfs_root, char *mode, size_t mode_len)
+{
+	char path[512], buf[256];
+	snprintf(path, sizeof(path), "%s/kernel/mm/transparent_hugepage/enabled",
+		 sysfs_root ? sysfs_root : "/sys");
+	long n = mc_read_small_file(path, buf, sizeof(buf));
+	if (n < 0)
+		snprintf(buf, sizeof(buf), "absent");
+	else if (n > 0 && buf[n - 1] == '\n')
+		buf[n - 1] = '\0';
+	if (mode && mode_len)
+		snprintf(mode, mode_len, "%s", buf);
+	return n > 0 && (strstr(buf, "[always]") || strstr(buf, "[madvise]"));
+}
+
+int64_t mc_mapping_huge_bytes(const void *addr)
+{
+	FILE *f = fopen("/proc/self/smaps", "re");
+	if (!f)
+		return -errno;
+	char line[512];
+	bool in = false, found = false;
+	int64_t bytes = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long lo, hi, kb;
+		if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2) {
+			if (in)
+				break; /* (the next mapping) */
+			in = found = lo == (unsigned long long)(uintptr_t)addr;
+		} else if (in && sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
+			bytes = (int64_t)kb * 1024;
+		}
+	}
+	fclose(f);
+	return found ? bytes : -ENOENT;
+}
+
 static uint64_t limit_value(const char *s)
 {
 	while (*s == ' ')

@@ -93,6 +93,16 @@ uint64_t mc_default_segment_bytes(uint64_t ram_bytes);
  */
 int mc_prefault_write(void *addr, size_t len);
 
+/* Whether madvise(MADV_HUGEPAGE) gets anonymous memory transparent huge
+ * pages: <sysfs_root>/kernel/mm/transparent_hugepage/enabled (sysfs_root
+ * NULL: /sys) says "always" or "madvise". *mode (when not NULL) gets the
+ * file's text, or "absent". */
+bool mc_thp_madvise_ok(const char *sysfs_root, char *mode, size_t mode_len);
+/* Bytes of the calling process's mapping that starts at addr on
+ * transparent huge pages (AnonHugePages in /proc/self/smaps); negative
+ * errno when it cannot be read, -ENOENT when no mapping starts there. */
+int64_t mc_mapping_huge_bytes(const void *addr);
+
 /* "64 GiB", "1.5 MiB", "512 B": a byte count for people. */
 void mc_format_bytes(uint64_t bytes, char *buf, size_t len);
 

@@ -38,6 +38,7 @@
 
 #include "common/cfg.h"
 #include "common/err.h"
+#include "common/sysmem.h"
 #include "common/util.h"
 #include "ctl/ctl_bench_store.h"
 #include "ctl/ctl_int.h"
@@ -197,25 +198,35 @@ static int tier_warm_up(mc_client *through, const void *buf, uint64_t ssd_bytes,
 	return rc;
 }
 
+/* gbps over fio's GB/s as text ("-" without fio's figure). */
+static void ratio(char *buf, size_t len, double gbps, const struct ctl_fio *f)
+{
+	double fio = f->runs ? f->bw / f->runs / 1e9 : 0;
+	if (fio > 0)
+		snprintf(buf, len, "%.2f", gbps / fio);
+	else
+		snprintf(buf, len, "-");
+}
+
 static void tier_line(const char *vs, const char *op, const char *where, size_t size,
-		      struct ttally *t, const struct ctl_fio *f)
+		      struct ttally *t, const struct ctl_fio *f, const struct ctl_fio *plain)
 {
 	double ops = t->secs > 0 ? (double)t->ops / t->secs : 0;
 	double gbps = ops * (double)size / 1e9;
 	double fio = f->runs ? f->bw / f->runs / 1e9 : 0;
-	char xs[32] = "-";
-	if (fio > 0)
-		snprintf(xs, sizeof(xs), "%.2f", gbps / fio);
-	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %8.1f %9.2f %7s %7llu %s\n", vs, op,
+	char xs[32], xp[32];
+	ratio(xs, sizeof(xs), gbps, f);
+	ratio(xp, sizeof(xp), gbps, plain);
+	printf("%-6s %-4s %-9s %9.0f %8.2f %9.1f %9.1f %8.1f %9.2f %7s %7s %7llu %s\n", vs, op,
 	       where, ops, gbps, ctl_lat_pct_us(&t->lat, 0.50), ctl_lat_pct_us(&t->lat, 0.99),
-	       ctl_mean_us(t->io_ns, t->io_n), fio, xs, (unsigned long long)t->errors,
+	       ctl_mean_us(t->io_ns, t->io_n), fio, xs, xp, (unsigned long long)t->errors,
 	       t->first_err ? mc_strerror(t->first_err) : "");
 }
 
-static void fio_line(const char *op, size_t size, const struct ctl_fio *f)
+static void fio_line(const char *op, const char *what, size_t size, const struct ctl_fio *f)
 {
 	double bw = f->runs ? f->bw / f->runs : 0;
-	printf("%-6s %-4s %-7s %9.0f %8.2f %9.1f %9.1f %8.1f\n", "", op, "fio",
+	printf("%-6s %-4s %-9s %9.0f %8.2f %9.1f %9.1f %8.1f\n", "", op, what,
 	       bw / (double)size, bw / 1e9, f->runs ? f->p50_us / f->runs : 0,
 	       f->runs ? f->p99_us / f->runs : 0, f->runs ? f->mean_us / f->runs : 0);
 }
@@ -285,7 +296,7 @@ int ctl_bench_tier_main(int argc, char **argv)
 		maxsize = MC_MAX(maxsize, sizes[i]);
 
 	signal(SIGPIPE, SIG_IGN);
-	char sdir[512], fiofile[600];
+	char sdir[512], fiofile[600], plainfile[600];
 	snprintf(sdir, sizeof(sdir), "%s/mooncake-bench-tier.XXXXXX", dir_s);
 	if (!mkdtemp(sdir)) {
 		fprintf(stderr, "mooncakectl bench store: mkdtemp in %s: %s\n", dir_s,
@@ -293,6 +304,9 @@ int ctl_bench_tier_main(int argc, char **argv)
 		return CTL_EXIT_FAIL;
 	}
 	snprintf(fiofile, sizeof(fiofile), "%s/fio.dat", sdir);
+	/* Plain fio, and all fio's writes, on a file of their own: they write
+	 * blocks without the checksums that the reads of fio.dat check. */
+	snprintf(plainfile, sizeof(plainfile), "%s/fio-plain.dat", sdir);
 	struct ctl_local cl = {.ssd_dir = sdir, .ssd_bytes = ssd_bytes};
 	mc_client *holder[2] = {NULL, NULL};
 	struct tw *ws = NULL;
@@ -340,6 +354,8 @@ int ctl_bench_tier_main(int argc, char **argv)
 	       clients, dur_s, rounds, ssd_bytes >> 20, sdir);
 	double fill_bw = 0;
 	bool fio_ok = ctl_fio_fill(fiofile, ssd_bytes, &fill_bw);
+	double plain_bw = 0;
+	bool plain_fill_ok = fio_ok && ctl_fio_fill(plainfile, ssd_bytes, &plain_bw);
 	unsigned tag = (unsigned)getpid();
 	void *warm = NULL;
 	rc = mc_buffer_alloc(ws[0].c, WARM_BYTES, &warm);
@@ -351,8 +367,13 @@ int ctl_bench_tier_main(int argc, char **argv)
 		fprintf(stderr, "bench store: filling the tiers once: %s\n", mc_strerror(rc));
 		goto out;
 	}
-	printf("%-6s %-4s %-7s %9s %8s %9s %9s %8s %9s %7s %7s\n", "size", "op", "where",
-	       "ops/s", "GB/s", "p50(us)", "p99(us)", "io(us)", "fio GB/s", "x fio", "errors");
+	/* fio like the tiers: every block's CRC-32C computed or checked,
+	 * and its buffers on 2 MiB pages where the agents' staging memory
+	 * is (--ssd-staging-size); and fio as it runs by default. */
+	bool huge = mc_thp_madvise_ok(NULL, NULL, 0), plain_ok = plain_fill_ok;
+	printf("%-6s %-4s %-9s %9s %8s %9s %9s %8s %9s %7s %7s %7s\n", "size", "op", "where",
+	       "ops/s", "GB/s", "p50(us)", "p99(us)", "io(us)", "fio GB/s", "x fio", "x plain",
+	       "errors");
 	for (unsigned si = 0; si < nsizes; si++) {
 		size_t size = sizes[si];
 		char vs[32];
@@ -371,9 +392,12 @@ int ctl_bench_tier_main(int argc, char **argv)
 			unsigned nwhere = put ? 1 : 2;
 			struct ttally tal[2] = {{0}};
 			/* fio syncs as often as the agents' tiers do (ctl_fio.c). */
-			struct ctl_fio fio = {.sync = true,
-					      .sync_ms = SSD_SYNC_INTERVAL_DEFAULT_MS,
-					      .fill_bw = fill_bw};
+			struct ctl_fio plain = {.sync = true,
+						.sync_ms = SSD_SYNC_INTERVAL_DEFAULT_MS,
+						.fill_bw = fill_bw};
+			struct ctl_fio fio = plain;
+			fio.huge = huge;
+			fio.check = !put;
 			if (!put)
 				for (unsigned w = 0; w < nwhere && rc == 0; w++)
 					rc = tier_populate(ws, clients, holder[w],
@@ -396,27 +420,40 @@ int ctl_bench_tier_main(int argc, char **argv)
 						   holder[put ? 0 : w], &tal[w]);
 				}
 				if (fio_ok)
-					fio_ok = ctl_fio_run(fiofile, ssd_bytes, size, clients,
-							     put, ms / rounds, &fio);
+					fio_ok = ctl_fio_run(put ? plainfile : fiofile,
+							     ssd_bytes, size, clients, put,
+							     ms / rounds, &fio);
+				if (plain_ok)
+					plain_ok = ctl_fio_run(plainfile, ssd_bytes, size,
+							       clients, put, ms / rounds,
+							       &plain);
 			}
 			for (unsigned w = 0; w < nwhere; w++) {
 				tier_line(vs, put ? "put" : "get", w ? "remote" : "local",
-					  size, &tal[w], &fio);
+					  size, &tal[w], &fio, &plain);
 				ctl_lat_free(&tal[w].lat);
 			}
 			if (fio.runs)
-				fio_line(put ? "put" : "get", size, &fio);
+				fio_line(put ? "put" : "get", "fio", size, &fio);
+			if (plain.runs)
+				fio_line(put ? "put" : "get", "fio-plain", size, &plain);
 			tag += 1 + rounds;
 		}
 	}
 	printf("x fio = GB/s over fio's GB/s for the same block size and I/Os in flight (fio: "
 	       "sequential writes for put, synced once per %u s as the tiers are, random reads "
-	       "for get). local = the client's agent's "
+	       "for get), fio run as the tiers work: the CRC-32C of every block it reads checked "
+	       "(--verify=crc32c; the tiers' puts compute theirs as they copy into staging), "
+	       "and its buffers on 2 MiB pages%s; x plain = the same over fio with its defaults (no checksums, buffers on "
+	       "4 KiB pages). local = the client's agent's "
 	       "SSD tier; remote = the other agent's, read into its bounce region and then "
 	       "through the transfer engine. io(us) = the mean time of the serving tier's own "
 	       "I/Os meanwhile, submitted to finished (a read's with its checksum), and of "
 	       "fio's.\n",
-	       SSD_SYNC_INTERVAL_DEFAULT_MS / 1000);
+	       SSD_SYNC_INTERVAL_DEFAULT_MS / 1000,
+	       huge ? " as the tiers' staging memory is (--ssd-staging-size)"
+		    : " where transparent huge pages are on (off here: 4 KiB pages, as the tiers "
+		      "have no staging memory)");
 	ret = CTL_EXIT_OK;
 out:
 	for (unsigned i = 0; ws && i < clients; i++) {
@@ -430,6 +467,7 @@ out:
 	mc_close(holder[1]);
 	ctl_local_stop(&cl);
 	unlink(fiofile);
+	unlink(plainfile);
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", sdir);
 	if (system(cmd) != 0)

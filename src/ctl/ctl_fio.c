@@ -48,6 +48,10 @@ static bool json_num(const char *js, const char *section, const char *const *pat
 
 #define PATH(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* A CRC-32C header in every 4 KiB of fio's file, so that runs of any block
+ * size (a multiple of 4 KiB) check what they read. */
+#define FIO_CHECK "--verify=crc32c --verify_interval=4096"
+
 /* Run the fio command cmd, which writes its JSON report to out, and read
  * the report into js (NUL-terminated). false when fio failed (a line
  * printed). */
@@ -91,18 +95,23 @@ static uint64_t sync_blocks(struct ctl_fio *f, uint64_t bs, uint64_t ms)
 bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
 		 bool write, uint64_t ms, struct ctl_fio *f)
 {
-	char cmd[2048], out[700], sync[64] = "";
+	char cmd[2048], out[700], sync[64] = "", check[80] = "";
 	snprintf(out, sizeof(out), "%s.json", file);
 	uint64_t every = write ? sync_blocks(f, bs, ms) : 0;
 	if (every)
 		snprintf(sync, sizeof(sync), " --fdatasync=%" PRIu64, every);
+	if (f->check)
+		snprintf(check, sizeof(check),
+			 " " FIO_CHECK " --do_verify=%d --verify_fatal=1", write ? 0 : 1);
 	snprintf(cmd, sizeof(cmd),
-		 "fio --name=ssd --filename=%s --size=%" PRIu64 " --bs=%" PRIu64
-		 " --direct=1 --ioengine=io_uring --iodepth=%u --rw=%s%s --time_based"
+		 "%sfio --name=ssd --filename=%s --size=%" PRIu64 " --bs=%" PRIu64
+		 " --direct=1 --ioengine=io_uring --iodepth=%u --rw=%s%s%s%s --time_based"
 		 " --runtime=%" PRIu64 "ms --ramp_time=0"
 		 " --lat_percentiles=1 --percentile_list=50:99"
 		 " --output-format=json --output=%s >/dev/null 2>&1",
-		 file, file_bytes, bs, depth, write ? "write" : "randread", sync, ms, out);
+		 f->huge ? "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 " : "", file, file_bytes, bs,
+		 depth, write ? "write" : "randread", sync, check,
+		 f->huge ? " --iomem_align=2m" : "", ms, out);
 	if (!fio_json(cmd, out, js, sizeof(js)))
 		return false;
 	const char *sec = write ? "write" : "read";
@@ -128,7 +137,8 @@ bool ctl_fio_fill(const char *file, uint64_t file_bytes, double *bw)
 	snprintf(out, sizeof(out), "%s.json", file);
 	snprintf(cmd, sizeof(cmd),
 		 "fio --name=fill --filename=%s --size=%" PRIu64 " --bs=4M --direct=1"
-		 " --ioengine=io_uring --iodepth=8 --rw=write --output-format=json"
+		 " --ioengine=io_uring --iodepth=8 --rw=write " FIO_CHECK " --do_verify=0"
+		 " --output-format=json"
 		 " --output=%s >/dev/null 2>&1",
 		 file, file_bytes, out);
 	if (!fio_json(cmd, out, js, sizeof(js)))

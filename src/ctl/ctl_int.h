@@ -77,6 +77,14 @@ struct ctl_fio {
 	unsigned sync_ms;
 	double fill_bw;
 	double syncs_owed; /* (carried from run to run) */
+	/* fio's buffers on transparent 2 MiB pages (glibc's malloc asked
+	 * for them, 2 MiB aligned), as the agents' staging memory is:
+	 * otherwise fio's default, 4 KiB pages. */
+	bool huge;
+	/* A CRC-32C of every block: computed as it is written, checked as
+	 * it is read (--verify=crc32c; the file filled by ctl_fio_fill has
+	 * them), as the SSD tier does. */
+	bool check;
 };
 /* Run fio for ms on file (file_bytes, written whole before: ctl_fio_fill)
  * with blocks of bs, depth in flight, direct I/O: sequential writes
@@ -84,8 +92,8 @@ struct ctl_fio {
  * false when fio is missing or failed (a line printed). */
 bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
 		 bool write, uint64_t ms, struct ctl_fio *f);
-/* Write fio's file once, whole; *bw: the bytes/s it wrote at. false as
- * ctl_fio_run. */
+/* Write fio's file once, whole, each block with a CRC-32C (for runs with
+ * check); *bw: the bytes/s it wrote at. false as ctl_fio_run. */
 bool ctl_fio_fill(const char *file, uint64_t file_bytes, double *bw);
 
 /* Latency samples in ns (ctl_lat.c); a zeroed struct is empty. */

@@ -437,6 +437,7 @@ static int role_agent_start(struct role_rt *rt)
 		.ssd_io = cfg_str(cfg, CFG_SSD_IO),
 		.ssd_sync_interval_ms = (unsigned)cfg_u64(cfg, CFG_SSD_SYNC_INTERVAL),
 		.ssd_bounce_bytes = cfg_u64(cfg, CFG_SSD_BOUNCE_SIZE),
+		.ssd_staging_bytes = cfg_u64(cfg, CFG_SSD_STAGING_SIZE),
 		.cluster_secret = a->sec ? a->sec->key : NULL,
 		.cluster_secret_len = a->sec ? a->sec->len : 0,
 		.instance = inst,

@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -184,4 +186,51 @@ Test(sysmem, prefault_write_faults_in_and_changes_no_byte)
 		cr_assert_eq(mem[i], (uint8_t)(i * 7 + 1), "byte %zu unchanged", i);
 	free(vec);
 	munmap(mem, len);
+}
+
+/* Write text to root/kernel/mm/transparent_hugepage/enabled. */
+static void fake_thp(const char *root, const char *text)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/kernel/mm/transparent_hugepage", root);
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", path);
+	cr_assert_eq(system(cmd), 0);
+	strcat(path, "/enabled");
+	FILE *f = fopen(path, "w");
+	cr_assert(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+Test(sysmem, thp_madvise_ok_reads_the_mode)
+{
+	char root[] = "/tmp/mc-sysfs.XXXXXX", mode[64];
+	cr_assert(mkdtemp(root));
+	/* No such file: no huge pages, and the mode says so. */
+	cr_assert_not(mc_thp_madvise_ok(root, mode, sizeof(mode)));
+	cr_assert_str_eq(mode, "absent");
+	fake_thp(root, "always madvise [never]\n");
+	cr_assert_not(mc_thp_madvise_ok(root, mode, sizeof(mode)));
+	cr_assert_str_eq(mode, "always madvise [never]");
+	fake_thp(root, "always [madvise] never\n");
+	cr_assert(mc_thp_madvise_ok(root, NULL, 0));
+	fake_thp(root, "[always] madvise never\n");
+	cr_assert(mc_thp_madvise_ok(root, mode, sizeof(mode)));
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	cr_assert_eq(system(cmd), 0);
+}
+
+Test(sysmem, mapping_huge_bytes_finds_the_mapping_that_starts_there)
+{
+	size_t len = 8u << 20;
+	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			  0);
+	cr_assert(p != MAP_FAILED);
+	int64_t huge = mc_mapping_huge_bytes(p);
+	cr_assert(huge >= 0 && huge <= (int64_t)len, "%lld", (long long)huge);
+	/* Not where a mapping starts. */
+	cr_assert_eq(mc_mapping_huge_bytes(p + 4096), -ENOENT);
+	munmap(p, len);
 }
