@@ -62,7 +62,8 @@ static void retry_writes(struct agent *a);
  * now so that no read waits for a page fault. Where the kernel gives no
  * huge pages (transparent huge pages off, or memory too fragmented to
  * compact) staging would only add copies: the tier goes without, with a
- * warning. Errors: -ENOMEM.
+ * warning. Errors: MC_ECONFIG (more than half the memory available),
+ * -ENOMEM.
  */
 static int stage_open(struct agent_tier_stage *s, uint64_t bytes)
 {
@@ -70,6 +71,18 @@ static int stage_open(struct agent_tier_stage *s, uint64_t bytes)
 	if (!bytes)
 		return 0;
 	mc_format_bytes(bytes, size, sizeof(size));
+	/* Touched whole at start: more than the node has would take the
+	 * kernel's OOM killer, not a line that says why. */
+	struct mc_meminfo mi;
+	if (mc_meminfo_read(NULL, &mi) == 0 && bytes > mi.available_bytes / 2) {
+		char avail[32];
+		mc_format_bytes(mi.available_bytes, avail, sizeof(avail));
+		log_error("--ssd-staging-size=%s is more than half the memory available (%s): "
+			  "the SSD tier takes it at start; 64M serves 64 reads or writes "
+			  "of 1 MiB at once",
+			  size, avail);
+		return MC_ECONFIG;
+	}
 	if (!mc_thp_madvise_ok(NULL, mode, sizeof(mode))) {
 		log_warn("SSD tier: no staging memory (--ssd-staging-size=%s): transparent "
 			 "huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled: "

@@ -356,7 +356,8 @@
 	  "agent: memory on transparent 2 MiB pages that the SSD tier's reads " \
 	  "and writes go through when a value's own memory is on 4 KiB pages " \
 	  "(a virtual disk moves a MiB of them as 256 pieces: 2-2.5x slower " \
-	  "on the test VM), a copy each way; taken at start; values that do " \
+	  "on the test VM), a copy each way; taken at start (at most half the " \
+	  "memory available); values that do " \
 	  "not fit, and all of them when the kernel gives no huge pages (a " \
 	  "warning), go directly; 0: always directly (no copy: for local " \
 	  "NVMe, to which 4 KiB pages cost little)")

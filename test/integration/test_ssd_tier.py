@@ -363,6 +363,10 @@ def bad_configuration_is_refused_clearly():
     rc, out = exit_status(["--ssd-path=" + tmp.name + "/s", "--ssd-size=1P"])
     eq(rc, 1, "larger than the free space")
     assert "free" in out and "ssd-size" in out, out
+    rc, out = exit_status(["--ssd-path=" + tmp.name + "/s", "--ssd-size=64M",
+                           "--ssd-staging-size=64G"])
+    eq(rc, 1, "staging memory the node does not have")
+    assert "--ssd-staging-size=64 GiB is more than half the memory available" in out, out
     # Two agents on one path: the second is refused, the first untouched.
     m = master()
     a = Node(m.addr("master-listen"))
