@@ -56,18 +56,19 @@
  *   op_get.c    -> batch lcache mcall mem mlink op_common peer pool req
  *                  server space stats tier xfer
  *   op_buf.c    -> inst mem op_common pool server stats xfer
- *   op_common.c -> inst mem pool server stats xfer
+ *   op_common.c -> inst mem pool server stats tier xfer
  *   server.c    -> inst mem pool req stats
  *   mlink.c     -> demote inv lcache mcall mirror pool space stats tier
  *   demote.c    -> inv mcall mirror pool stats tier xfer
- *   peer.c      -> mcall mem stats tier
+ *   peer.c      -> mcall mem pool stats tier
  *   mirror.c    -> inv mcall stats
  *   space.c     -> mcall stats
  *   batch.c     -> mcall
  *   xfer.c      -> pool
  *   mem.c       -> inst pool
  *   inst.c      -> pool
- *   mcall.c, stats.c, pool.c, tier.c, inv.c, lcache.c, req.c -> nothing
+ *   tier.c      -> stats
+ *   mcall.c, stats.c, pool.c, inv.c, lcache.c, req.c -> nothing
  *
  * Everything runs on the loop thread except job bodies in pool.c, which
  * touch only the memory their job owns (mappings hold references taken
