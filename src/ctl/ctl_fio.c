@@ -49,8 +49,9 @@ static bool json_num(const char *js, const char *section, const char *const *pat
 #define PATH(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* A CRC-32C header in every 4 KiB of fio's file, so that runs of any block
- * size (a multiple of 4 KiB) check what they read. */
-#define FIO_CHECK "--verify=crc32c --verify_interval=4096"
+ * size (a multiple of 4 KiB) check what they read; no state file left in
+ * the working directory. */
+#define FIO_CHECK "--verify=crc32c --verify_interval=4096 --verify_state_save=0"
 
 /* Run the fio command cmd, which writes its JSON report to out, and read
  * the report into js (NUL-terminated). false when fio failed (a line
@@ -95,7 +96,7 @@ static uint64_t sync_blocks(struct ctl_fio *f, uint64_t bs, uint64_t ms)
 bool ctl_fio_run(const char *file, uint64_t file_bytes, uint64_t bs, unsigned depth,
 		 bool write, uint64_t ms, struct ctl_fio *f)
 {
-	char cmd[2048], out[700], sync[64] = "", check[80] = "";
+	char cmd[2048], out[700], sync[64] = "", check[160] = "";
 	snprintf(out, sizeof(out), "%s.json", file);
 	uint64_t every = write ? sync_blocks(f, bs, ms) : 0;
 	if (every)

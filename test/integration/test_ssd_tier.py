@@ -783,9 +783,11 @@ def bench_store_tier_ssd_runs_beside_fio():
     tiers, puts into the tier and gets from the local and the remote one,
     every operation right, beside fio (a Debian package, as in CI)."""
     tmp = tempfile.TemporaryDirectory()
+    cwd = tempfile.TemporaryDirectory()
     r = run([mctest.MOONCAKECTL, "bench", "store", "--tier=ssd", "--value-size=1M",
              "--clients=2", "--duration=1s", "--rounds=1", "--ssd-size=256M",
-             "--dir=" + tmp.name], timeout=120)
+             "--dir=" + tmp.name], timeout=120, cwd=cwd.name)
+    eq(os.listdir(cwd.name), [], "nothing left in the working directory")
     rows = {}
     for line in r.stdout.splitlines():
         f = line.split()
