@@ -106,10 +106,11 @@ int64_t mc_mapping_huge_bytes(const void *addr)
 	FILE *f = fopen("/proc/self/smaps", "re");
 	if (!f)
 		return -errno;
-	char line[512];
+	char *line = NULL; /* (whole lines: a mapping's path may be long) */
+	size_t cap = 0;
 	bool in = false, found = false;
 	int64_t bytes = 0;
-	while (fgets(line, sizeof(line), f)) {
+	while (getline(&line, &cap, f) > 0) {
 		unsigned long long lo, hi, kb;
 		if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2) {
 			if (in)
@@ -119,6 +120,7 @@ int64_t mc_mapping_huge_bytes(const void *addr)
 			bytes = (int64_t)kb * 1024;
 		}
 	}
+	free(line);
 	fclose(f);
 	return found ? bytes : -ENOENT;
 }
