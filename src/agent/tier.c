@@ -151,6 +151,10 @@ void *agent__tier_buf(struct agent *a, uint64_t len, bool huge_only)
 {
 	struct agent_tier_stage *s = &a->tier.stage;
 	uint64_t n = ssd_io_len(len ? len : 1);
+	/* One block is one piece of memory wherever it lies: staging would
+	 * only add a copy. */
+	if (huge_only && n <= SSD_ALIGN)
+		return NULL;
 	if (s->base && n <= s->len) {
 		uint64_t off;
 		pthread_mutex_lock(&s->mu);

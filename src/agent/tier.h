@@ -112,8 +112,9 @@ void agent__tier_on_lost(struct agent *a, void (*fn)(struct agent *a, const uint
 						     size_t klen, uint64_t offset));
 
 /* A buffer aligned for the store of len bytes rounded up to its block,
- * from the staging memory when it has room, else from the heap (huge_only:
- * NULL then); NULL on failure. Freed with agent__tier_buf_free. On the
+ * from the staging memory when it has room, else from the heap; NULL on
+ * failure. huge_only: staging memory or NULL, and NULL for a single block
+ * (one piece of memory anywhere). Freed with agent__tier_buf_free. On the
  * loop (it counts). */
 void *agent__tier_buf(struct agent *a, uint64_t len, bool huge_only);
 /* Free a buffer of agent__tier_buf (or of malloc: a scratch buffer may
