@@ -589,9 +589,11 @@ static void put_ssd(struct agent_req *r)
 			continue;
 		}
 		/* From the client's memory when the tier can write from there
-		 * (aligned, whole blocks) and it is on huge pages or the tier
-		 * has no staging memory; else through a copy. */
-		if (!in_place || !agent__req_huge(r, it->ptr))
+		 * (aligned, whole blocks) and the value is on huge pages or up
+		 * to AGENT_STAGE_PUT_MIN; else through a copy, into staging
+		 * memory when it has room. */
+		if (!in_place ||
+		    (it->len > AGENT_STAGE_PUT_MIN && !agent__req_huge(r, it->ptr)))
 			it->scratch = agent__tier_buf(r->a, it->len, in_place);
 		if (it->scratch)
 			copies = true;

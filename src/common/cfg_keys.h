@@ -354,9 +354,10 @@
 	  "objects cannot be read from another node") \
 	X(SSD_STAGING_SIZE, "ssd-staging-size", AGENT, SIZE, "64M", 0, 1ull << 36, NULL, \
 	  "agent: memory on transparent 2 MiB pages that the SSD tier's reads " \
-	  "and writes go through when a value's own memory is on 4 KiB pages " \
-	  "(a virtual disk moves a MiB of them as 256 pieces: 2-2.5x slower " \
-	  "on the test VM), a copy each way; taken at start (at most half the " \
+	  "(and demotions, and puts over 1 MiB) go through when a " \
+	  "value's own memory is on 4 KiB pages (a virtual disk moves a MiB " \
+	  "of them as 256 pieces: 2-2.5x slower on the test VM), then a " \
+	  "copy; taken at start (at most half the " \
 	  "memory available); values that do " \
 	  "not fit, and all of them when the kernel gives no huge pages (a " \
 	  "warning), go directly; 0: always directly (no copy: for local " \

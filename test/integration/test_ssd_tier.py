@@ -611,7 +611,7 @@ def staging_memory_on_huge_pages_and_without_it():
     eq(metric(b.metrics(), "mooncake_agent_ssd_staging_bytes"), 0)
     assert "staging memory" not in b.d.output(), b.d.output()
     from mooncake.store import ReplicateConfig
-    sizes = [MiB, 3 * MiB + 5, 4096, 100]
+    sizes = [MiB, 4 * MiB, 3 * MiB + 5, 4096, 100]
     written = {}
     for n in (a, b, c):
         s = n.store()
