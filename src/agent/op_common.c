@@ -67,15 +67,18 @@ int agent__op_hold(struct agent_req *r, struct agent_map *m)
 	return 0;
 }
 
+/* Whether p lies in m (NULL: none) and m is on huge pages. */
+static bool huge_at(const struct agent_map *m, const uint8_t *p)
+{
+	return m && m->hugepages && p >= m->addr && p < m->addr + m->len;
+}
+
 bool agent__req_huge(const struct agent_req *r, const uint8_t *p)
 {
-	for (unsigned i = 0; i < r->nmaps; i++) {
-		const struct agent_map *m = r->maps[i];
-		if (m->hugepages && p >= m->addr && p < m->addr + m->len)
+	for (unsigned i = 0; i < r->nmaps; i++)
+		if (huge_at(r->maps[i], p))
 			return true;
-	}
-	const struct agent_map *m = r->spill;
-	return m && m->hugepages && p >= m->addr && p < m->addr + m->len;
+	return huge_at(r->spill, p);
 }
 
 /* Map the i-th attached descriptor (once per request). */
