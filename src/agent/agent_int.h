@@ -60,7 +60,7 @@
  *   server.c    -> inst mem pool req stats
  *   mlink.c     -> demote inv lcache mcall mirror pool space stats tier
  *   demote.c    -> inv mcall mirror pool stats tier xfer
- *   peer.c      -> mcall mem pool stats tier
+ *   peer.c      -> mcall mem stats tier
  *   mirror.c    -> inv mcall stats
  *   space.c     -> mcall stats
  *   batch.c     -> mcall

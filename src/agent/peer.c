@@ -7,8 +7,10 @@
  * room handed out in whole blocks of the tier. A Read, its proof
  * checked, takes room for the object — or waits in order for it, a
  * bounded number of reads, for as long as the call lives — has the tier
- * read the object there (its checksum checked by the store's threads, never
- * on the loop) and answers where, with a hold: the room is the reader's
+ * read the object there (its checksum checked as the store checks every
+ * read; when the room is on 4 KiB pages the read goes through staging
+ * memory and is copied into the room in the pass that checks it) and
+ * answers where, with a hold: the room is the reader's
  * until it Releases it or AGENT_PEER_HOLD_MS pass (a timer takes back
  * expired holds; readers check the bytes they read, so a reader too slow
  * for its hold gets a checksum error, never other bytes).
@@ -58,10 +60,9 @@ struct peer_wait {
 	struct rpc_call *call;
 	uint64_t off, len;
 	/* Read through the tier's staging memory (the bounce region is on
-	 * 4 KiB pages), then copied there by job: NULL when read in place. */
+	 * 4 KiB pages), copied on as it is checked: NULL when read in
+	 * place. */
 	uint8_t *stage;
-	struct agent_job job;
-	struct agent_tier_obj obj;
 	size_t klen;
 	uint8_t key[];
 };
@@ -193,33 +194,13 @@ static void on_staged(void *ud, int err, const struct agent_tier_obj *o)
 	wait_free(a, w);
 }
 
-/* On a copy thread: the object's bytes, read and checked, from the
- * staging memory into the bounce region. */
-static void copy_run(struct agent_job *j)
-{
-	struct peer_wait *w = MC_CONTAINER_OF(j, struct peer_wait, job);
-	memcpy(w->a->peer.bounce->addr + w->off, w->stage, w->obj.size);
-}
-
-static void copy_done(struct agent_job *j)
-{
-	struct peer_wait *w = MC_CONTAINER_OF(j, struct peer_wait, job);
-	agent__tier_buf_free(w->a, w->stage);
-	w->stage = NULL;
-	on_staged(w, 0, &w->obj);
-}
-
+/* Read through staging memory and copied into the bounce region. */
 static void on_read_staged(void *ud, int err, const struct agent_tier_obj *o)
 {
 	struct peer_wait *w = ud;
-	if (err) {
-		on_staged(w, err, o);
-		return;
-	}
-	w->obj = *o;
-	w->job.run = copy_run;
-	w->job.done = copy_done;
-	agent__pool_submit(&w->a->pool, &w->job);
+	agent__tier_buf_free(w->a, w->stage);
+	w->stage = NULL;
+	on_staged(w, err, o);
 }
 
 /* Room for w: read into it (through the staging memory when the room is
@@ -231,8 +212,8 @@ static bool stage(struct agent *a, struct peer_wait *w)
 		return false;
 	if (!p->bounce->hugepages)
 		w->stage = agent__tier_buf(a, w->len, true);
-	int rc = w->stage ? agent__tier_read(a, w->key, w->klen, w->stage, w->len,
-					     on_read_staged, w)
+	int rc = w->stage ? agent__tier_read_copy(a, w->key, w->klen, w->stage, w->len,
+						  p->bounce->addr + w->off, on_read_staged, w)
 			  : agent__tier_read(a, w->key, w->klen, p->bounce->addr + w->off,
 					     w->len, on_staged, w);
 	if (rc) {

@@ -9,11 +9,14 @@
  *   submits from ssd__io_submit, and the ring's completions make the
  *   owner's eventfd readable (registered with the ring), so a read costs
  *   no hand-off between threads on either side; it hands each completion
- *   back (its answer goes out) before it checks the next one's sum, and
- *   starts queued operations first; or depth threads each
+ *   back before it checks the next one's sum, and starts queued
+ *   operations first; after a long check the rest wait for the owner's
+ *   next turn, so that what was answered goes out first (an RPC answer
+ *   is sent when the loop turns, not at once); or depth threads each
  *   doing blocking pread/pwrite. A read that asks for it has its CRC-32C
  *   checked before it is handed back (a long one on a thread of its own,
- *   so that the owner's thread goes back to its loop); a write that asks
+ *   so that the owner's thread goes back to its loop), and copied on
+ *   where asked in the same pass (ssd_get_copy); a write that asks
  *   for it has its CRC-32C computed right after it is submitted, so the
  *   sum runs while the device writes (a long one on the checking thread:
  *   the write is handed back when both are over; on a pool thread, after
@@ -60,6 +63,11 @@
  * VM, less than handing it to a thread and back); longer ones on the
  * checking thread, so the owner's loop is not held. */
 #define IO_INLINE_SUM_BYTES (1ull << 20)
+/* After a read whose check on the owner's thread was this long, the next
+ * completions wait for the owner's next turn (the eventfd made readable
+ * again): what the read's callback answered goes out first, instead of
+ * after every completion's check. */
+#define IO_YIELD_SUM_BYTES (64ull << 10)
 /* Most threads of the thread-pool engine (its depth). */
 #define IO_THREADS_MAX 64u
 
@@ -148,11 +156,15 @@ static void post_done(struct ssd__io *io, struct ssd__op *op)
 	}
 }
 
-/* A read that asks for it: its bytes against the sum it should have. */
+/* A read that asks for it: its bytes against the sum it should have
+ * (and copied where asked as they are summed). */
 static void check_read(struct ssd__op *op)
 {
-	if (op->result == 0 && op->kind == SSD__OP_READ && op->verify &&
-	    crc32c(0, op->buf, op->crc_len) != op->want_crc)
+	if (op->result || op->kind != SSD__OP_READ || !op->verify)
+		return;
+	uint32_t crc = op->copy_to ? crc32c_copy(0, op->copy_to, op->buf, op->crc_len)
+				   : crc32c(0, op->buf, op->crc_len);
+	if (crc != op->want_crc)
 		op->result = MC_ECHECKSUM;
 }
 
@@ -568,9 +580,17 @@ unsigned ssd__io_reap(struct ssd__io *io)
 	(void)r;
 	unsigned n = 0;
 	for (struct ssd__op *op; io->kind == SSD_IO_URING && (op = ring_next(io)) != NULL;) {
+		bool long_check = op->kind == SSD__OP_READ && op->verify &&
+				  op->crc_len >= IO_YIELD_SUM_BYTES;
 		io->pending--;
 		n++;
 		op->done(op);
+		if (long_check && io_uring_cq_ready(&io->ring)) {
+			uint64_t one = 1;
+			ssize_t w = write(io->done_fd, &one, sizeof(one));
+			(void)w; /* (only EAGAIN: readable anyway) */
+			break;
+		}
 	}
 	pthread_mutex_lock(&io->dmu);
 	struct ssd__op *op = io->done.head;

@@ -232,6 +232,15 @@ int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t 
  */
 int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen, void *buf,
 	    uint64_t buf_len, ssd_cb cb) MC_MUST_CHECK;
+/*
+ * As ssd_get, and the value (its first size bytes) copied on to dst, which
+ * has room for them, in the pass that checks it: read from memory once,
+ * on the thread that checks (no hop to another for the copy). dst holds
+ * the value when the callback's status is 0; any other status leaves its
+ * bytes undefined. Errors as ssd_get.
+ */
+int ssd_get_copy(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		 void *buf, uint64_t buf_len, void *dst, ssd_cb cb) MC_MUST_CHECK;
 
 /*
  * Remove key: it is gone for lookups and new gets at once; gets already

@@ -100,10 +100,12 @@ struct ssd__op {
 	uint64_t len, off;
 	uint64_t moved; /* bytes done (short transfers resume) */
 	/* READ: check that the CRC-32C of the first crc_len bytes is
-	 * want_crc (result MC_ECHECKSUM when not). */
+	 * want_crc (result MC_ECHECKSUM when not), copying them to copy_to
+	 * (when not NULL) in the same pass. */
 	bool verify;
 	uint32_t want_crc;
 	uint64_t crc_len;
+	void *copy_to;
 	/* WRITE: compute the CRC-32C of the first crc_len bytes into
 	 * sum_crc while the write is in flight (sum is cleared once done). */
 	bool sum;

@@ -978,6 +978,12 @@ static void get_read(struct ssd__op *op)
 int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen, void *buf,
 	    uint64_t buf_len, ssd_cb cb)
 {
+	return ssd_get_copy(s, r, key, klen, buf, buf_len, NULL, cb);
+}
+
+int ssd_get_copy(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		 void *buf, uint64_t buf_len, void *dst, ssd_cb cb)
+{
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || !aligned_ptr(buf) || !cb)
 		return -EINVAL;
 	struct ssd__ent *e = ssd__find(s, key, klen);
@@ -1009,6 +1015,7 @@ int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
 	x->op.verify = true;
 	x->op.want_crc = e->crc;
 	x->op.crc_len = e->size;
+	x->op.copy_to = dst;
 	x->op.done = get_read;
 	ssd__io_submit(s->io, &x->op);
 	return 0;

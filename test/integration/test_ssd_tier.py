@@ -315,6 +315,11 @@ def torn_and_corrupt_records_are_dropped_never_served():
     assert "torn record" in out, out[-3000:]
     s = a.store()
     eq(s.get(keys[-1]), b"", "the torn record's object is gone")
+    # Read first by another agent: the owner reads it (through its
+    # staging memory, copied into its bounce region as it is checked).
+    b = Node(m.addr("master-listen"))
+    eq(b.store().get(victim), b"", "the corrupt object is never served to another node")
+    eq(b.store().get(keys[0]), value(keys[0], 64 * 1024), "a sound one is")
     got = s.get(victim)
     eq(got, b"", "the corrupt object is never served")
     wait_for(lambda: "do not match" in a.d.output() or "checksum" in a.d.output(),
