@@ -213,7 +213,8 @@ static bool stage(struct agent *a, struct peer_wait *w)
 	if (!p->bounce->hugepages)
 		w->stage = agent__tier_buf(a, w->len, true);
 	int rc = w->stage ? agent__tier_read_copy(a, w->key, w->klen, w->stage, w->len,
-						  p->bounce->addr + w->off, on_read_staged, w)
+						  p->bounce->addr + w->off, w->len,
+						  on_read_staged, w)
 			  : agent__tier_read(a, w->key, w->klen, p->bounce->addr + w->off,
 					     w->len, on_staged, w);
 	if (rc) {

@@ -402,11 +402,12 @@ static void on_read(struct ssd_req *r)
 int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf,
 		     uint64_t buf_len, agent_tier_cb cb, void *ud)
 {
-	return agent__tier_read_copy(a, key, klen, buf, buf_len, NULL, cb, ud);
+	return agent__tier_read_copy(a, key, klen, buf, buf_len, NULL, 0, cb, ud);
 }
 
 int agent__tier_read_copy(struct agent *a, const uint8_t *key, size_t klen, void *buf,
-			  uint64_t buf_len, void *dst, agent_tier_cb cb, void *ud)
+			  uint64_t buf_len, void *dst, uint64_t dst_len, agent_tier_cb cb,
+			  void *ud)
 {
 	struct agent_tier *t = &a->tier;
 	if (!t->store)
@@ -419,7 +420,7 @@ int agent__tier_read_copy(struct agent *a, const uint8_t *key, size_t klen, void
 	if (!op)
 		return -ENOMEM;
 	op->offset = so.offset;
-	rc = ssd_get_copy(t->store, &op->req, key, klen, buf, buf_len, dst, on_read);
+	rc = ssd_get_copy(t->store, &op->req, key, klen, buf, buf_len, dst, dst_len, on_read);
 	if (rc) {
 		op_free(op);
 		return rc;

@@ -159,11 +159,12 @@ typedef void (*agent_tier_cb)(void *ud, int err, const struct agent_tier_obj *o)
  */
 int agent__tier_read(struct agent *a, const uint8_t *key, size_t klen, void *buf,
 		     uint64_t buf_len, agent_tier_cb cb, void *ud) MC_MUST_CHECK;
-/* As agent__tier_read, and the value copied on to dst (room for its size)
- * as its checksum is checked (ssd_get_copy): dst holds it when cb has 0.
- * For reads through staging memory into memory on 4 KiB pages. */
+/* As agent__tier_read, and the value copied on to dst (dst_len bytes of
+ * room) as its checksum is checked (ssd_get_copy): dst holds it when cb
+ * has 0. For reads through staging memory into memory on 4 KiB pages.
+ * Errors also -ERANGE (the value is longer than dst_len). */
 int agent__tier_read_copy(struct agent *a, const uint8_t *key, size_t klen, void *buf,
-			  uint64_t buf_len, void *dst, agent_tier_cb cb,
+			  uint64_t buf_len, void *dst, uint64_t dst_len, agent_tier_cb cb,
 			  void *ud) MC_MUST_CHECK;
 /*
  * Store size bytes of buf (aligned, agent__tier_io_len(size) long) under

@@ -233,14 +233,16 @@ int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t 
 int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen, void *buf,
 	    uint64_t buf_len, ssd_cb cb) MC_MUST_CHECK;
 /*
- * As ssd_get, and the value (its first size bytes) copied on to dst, which
- * has room for them, in the pass that checks it: read from memory once,
- * on the thread that checks (no hop to another for the copy). dst holds
- * the value when the callback's status is 0; any other status leaves its
- * bytes undefined. Errors as ssd_get.
+ * As ssd_get, and the value (its first size bytes) copied on to dst, of
+ * dst_len bytes, in the pass that checks it: read from memory once, on
+ * the thread that checks (no hop to another for the copy). dst holds the
+ * value when the callback's status is 0; any other status leaves its
+ * first size bytes undefined. Errors as ssd_get, and -ERANGE when the
+ * value is longer than dst_len.
  */
 int ssd_get_copy(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
-		 void *buf, uint64_t buf_len, void *dst, ssd_cb cb) MC_MUST_CHECK;
+		 void *buf, uint64_t buf_len, void *dst, uint64_t dst_len,
+		 ssd_cb cb) MC_MUST_CHECK;
 
 /*
  * Remove key: it is gone for lookups and new gets at once; gets already

@@ -978,18 +978,18 @@ static void get_read(struct ssd__op *op)
 int ssd_get(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen, void *buf,
 	    uint64_t buf_len, ssd_cb cb)
 {
-	return ssd_get_copy(s, r, key, klen, buf, buf_len, NULL, cb);
+	return ssd_get_copy(s, r, key, klen, buf, buf_len, NULL, 0, cb);
 }
 
 int ssd_get_copy(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
-		 void *buf, uint64_t buf_len, void *dst, ssd_cb cb)
+		 void *buf, uint64_t buf_len, void *dst, uint64_t dst_len, ssd_cb cb)
 {
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || !aligned_ptr(buf) || !cb)
 		return -EINVAL;
 	struct ssd__ent *e = ssd__find(s, key, klen);
 	if (!e || e->state != ENT_LIVE)
 		return MC_EOBJECT_NOT_FOUND;
-	if (buf_len < e->len)
+	if (buf_len < e->len || (dst && dst_len < e->size))
 		return -ERANGE;
 	struct xop *x = calloc(1, sizeof(*x));
 	if (!x)

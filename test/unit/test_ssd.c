@@ -593,7 +593,12 @@ static void get_copy_engine(enum ssd_io_kind io)
 			flags[i] = 0;
 			reqs[i] = (struct ssd_req){.data = &flags[i]};
 			cr_assert_eq(ssd_get_copy(s, &reqs[i], k, strlen(k), bufs[i],
-						  ssd_io_len(sizes[i]), dsts[i] + 1, on_done),
+						  ssd_io_len(sizes[i]), dsts[i] + 1,
+						  sizes[i] - 1, on_done),
+				     -ERANGE, "no room for the copy");
+			cr_assert_eq(ssd_get_copy(s, &reqs[i], k, strlen(k), bufs[i],
+						  ssd_io_len(sizes[i]), dsts[i] + 1, sizes[i],
+						  on_done),
 				     0);
 		}
 		/* As the agent's loop waits: on the store's fd alone, which
