@@ -13,11 +13,11 @@
  * when its session is alone (solo_get), the rest on a copy thread.
  *
  * A replica in an SSD tier (when no DRAM one is there) is read by its
- * owner: this agent's tier reads it into an aligned buffer, checked
- * against its checksum, then copied like a local replica; another
- * agent's reads it into its bounce region (peer.c), and this agent reads
- * that through the transfer engine like a remote replica, always checking
- * the bytes, then lets the owner reuse the room. A replica gone meanwhile
+ * owner: this agent's tier reads it into its place, or into an aligned
+ * buffer and on into its place in the pass that checks its checksum;
+ * another agent's reads it into its bounce region (peer.c), and this
+ * agent reads that through the transfer engine like a remote replica,
+ * always checking the bytes, then lets the owner reuse the room. A replica gone meanwhile
  * (promoted, evicted) makes the item ask the master again, once. A
  * zero-copy view of an SSD object is such a copy into the spill area (no
  * segment holds it). After a hit in this agent's own tier, with
@@ -677,6 +677,18 @@ static void on_ssd_read(void *ud, int err, const struct agent_tier_obj *o)
 	ssd_read_end(r);
 }
 
+/* Read through a buffer and copied into the item's place: the buffer
+ * goes back before anything else runs (copies and promotions take the
+ * bytes from the place). */
+static void on_ssd_read_copied(void *ud, int err, const struct agent_tier_obj *o)
+{
+	struct ssd_read *x = ud;
+	struct agent_item *it = &x->r->items[x->i];
+	agent__tier_buf_free(x->r->a, it->scratch);
+	it->scratch = NULL;
+	on_ssd_read(ud, err, o);
+}
+
 static void on_peer_staged(void *ud, int err, uint64_t address, uint64_t hold)
 {
 	struct ssd_read *x = ud;
@@ -735,9 +747,15 @@ static void get_ssd(struct agent_req *r)
 			buf = it->scratch = agent__tier_buf(a, it->size, in_place);
 		if (!buf && in_place)
 			buf = it->ptr; /* (staging full) */
-		int rc = !buf ? -ENOMEM
-			      : agent__tier_read(a, it->key, it->klen, buf, io_len,
-						 on_ssd_read, x);
+		/* Through a buffer into a place: copied there as it is
+		 * checked, the buffer given back at once. */
+		bool copy = buf && buf == it->scratch && it->ptr;
+		int rc = !buf   ? -ENOMEM
+			 : copy ? agent__tier_read_copy(a, it->key, it->klen, buf, io_len,
+							it->ptr, it->len, on_ssd_read_copied,
+							x)
+				: agent__tier_read(a, it->key, it->klen, buf, io_len,
+						   on_ssd_read, x);
 		if (rc == 0) {
 			r->ssd_pending++;
 			continue;
