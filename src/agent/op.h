@@ -126,8 +126,11 @@ struct agent_req {
 	/* the master request in flight (one malloc'd block, freed with the
 	 * request) */
 	void *mstate;
-	void *mstate2;        /* a second one (BatchCommit) */
-	unsigned mcalls;      /* master calls the request waits for */
+	void *mstate2;   /* a second one (BatchCommit) */
+	unsigned mcalls; /* master calls the request waits for */
+	/* a put streamed into the SSD tier: bytes copied so far */
+	struct agent_tier_stream *stream;
+	uint64_t streamed;
 	unsigned ssd_pending; /* reads of SSD tiers it waits for */
 	/* the session's own engine, held for the request (agent__op_te) */
 	struct agent_inst *inst;

@@ -535,6 +535,34 @@ int agent__tier_write_sum(struct agent *a, const uint8_t *key, size_t klen, cons
 	return write_op(a, key, klen, buf, size, 0, true, cb, ud);
 }
 
+int agent__tier_write_stream(struct agent *a, const uint8_t *key, size_t klen, void *buf,
+			     uint64_t size, agent_tier_cb cb, void *ud,
+			     struct agent_tier_stream **out)
+{
+	struct agent_tier *t = &a->tier;
+	if (!t->store)
+		return -EINVAL;
+	if (t->wait_head)
+		return MC_ENO_SPACE; /* (writes go in order) */
+	struct tier_op *op = op_new(a, key, klen, cb, ud);
+	if (!op)
+		return -ENOMEM;
+	int rc = ssd_put_stream(t->store, &op->req, key, klen, buf, size, on_written);
+	if (rc) {
+		op_free(op);
+		return rc;
+	}
+	t->inflight++;
+	*out = (struct agent_tier_stream *)op;
+	return 0;
+}
+
+int agent__tier_stream_feed(struct agent *a, struct agent_tier_stream *st, uint64_t bytes,
+			    uint32_t crc)
+{
+	return ssd_put_feed(a->tier.store, &((struct tier_op *)st)->req, bytes, crc);
+}
+
 bool agent__tier_remove(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset)
 {
 	struct agent_tier *t = &a->tier;

@@ -31,6 +31,12 @@ struct tier_op;
  * 1.5-1.6); larger ones go through it (16 MiB: 4.29-4.60 GB/s against
  * 2.62-3.69). */
 #define AGENT_STAGE_PUT_MIN (1ull << 20)
+/* A put of one value this long or longer that goes through staging is
+ * copied and written in parts of AGENT_STREAM_PART (a tier stream): the
+ * write of each part starts once it is copied, while the next is, so the
+ * copy no longer precedes the whole write. */
+#define AGENT_STREAM_PUT_MIN (4ull << 20)
+#define AGENT_STREAM_PART (2ull << 20)
 
 /* A write that finds the tier full waits this long for room at most. */
 #define AGENT_TIER_ROOM_WAIT_MS 2000u
@@ -184,6 +190,23 @@ int agent__tier_write(struct agent *a, const uint8_t *key, size_t klen, const vo
  * pass over the value first. */
 int agent__tier_write_sum(struct agent *a, const uint8_t *key, size_t klen, const void *buf,
 			  uint64_t size, agent_tier_cb cb, void *ud) MC_MUST_CHECK;
+/*
+ * A write whose bytes arrive while it runs (ssd_put_stream): as
+ * agent__tier_write, but each part of buf fed with agent__tier_stream_feed
+ * is written at once, so that a copy into buf overlaps its write. *out is
+ * the stream until it is fed whole. A full tier is not waited for:
+ * MC_ENO_SPACE (then agent__tier_write, which waits). The crc of the
+ * value comes with the last feed.
+ */
+struct agent_tier_stream;
+int agent__tier_write_stream(struct agent *a, const uint8_t *key, size_t klen, void *buf,
+			     uint64_t size, agent_tier_cb cb, void *ud,
+			     struct agent_tier_stream **out) MC_MUST_CHECK;
+/* The first bytes of the stream's buf hold the value's (ssd_put_feed:
+ * a multiple of 4 KiB, or size and more with the value's crc). Loop
+ * thread. Errors: -EINVAL (a feed that breaks those rules). */
+int agent__tier_stream_feed(struct agent *a, struct agent_tier_stream *st, uint64_t bytes,
+			    uint32_t crc) MC_MUST_CHECK;
 /* Delete the object key — only the one at offset unless offset is
  * UINT64_MAX. Returns true when one went. */
 bool agent__tier_remove(struct agent *a, const uint8_t *key, size_t klen, uint64_t offset);

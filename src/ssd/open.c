@@ -687,6 +687,15 @@ void ssd_close(struct ssd_store *s)
 		ssd__complete_req(r, s->failed ? s->failed : 0);
 		r = next;
 	}
+	/* Streamed puts never fed whole: nothing of theirs is in flight. */
+	while (s->streams) {
+		struct ssd_req *r = s->streams;
+		s->streams = r->next;
+		free(r->stream);
+		r->stream = NULL;
+		r->ent->put_pending = false;
+		ssd__complete_req(r, MC_ESHUTDOWN);
+	}
 	/* Puts whose records a failed store could not commit. */
 	for (struct ssd_req *r = s->waiting; r;) {
 		struct ssd_req *next = r->next;

@@ -191,6 +191,7 @@ struct ssd_req {
 	struct ssd__ent *ent;
 	ssd_cb cb;
 	void *buf;
+	void *stream; /* ssd_put_stream's */
 	uint64_t t0_ns;
 	int kind;
 };
@@ -220,6 +221,30 @@ int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen
  */
 int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
 		const void *buf, uint64_t size, ssd_cb cb) MC_MUST_CHECK;
+
+/* Most ssd_put_feed calls of one streamed put. */
+#define SSD_STREAM_MAX_FEEDS 64u
+
+/*
+ * A put whose bytes arrive while it is written: as ssd_put, but nothing
+ * is written until ssd_put_feed says that a first part of buf holds its
+ * bytes, and each part fed is written at once, several in flight (a
+ * caller copying a value into buf overlaps its copy with the writes). The
+ * key is visible once cb has run with 0, as for ssd_put; a crash before
+ * leaves nothing of it. Errors as ssd_put.
+ */
+int ssd_put_stream(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		   void *buf, uint64_t size, ssd_cb cb) MC_MUST_CHECK;
+/*
+ * The first bytes of a streamed put's buf hold its value's (a multiple of
+ * SSD_ALIGN, more than fed before; size or more: all of it, and crc is
+ * the CRC-32C of its size bytes). On the owner's thread; the callback
+ * never runs inside this call. Errors: -EINVAL (not a streamed put, bytes
+ * not past what was fed or not aligned, more than SSD_STREAM_MAX_FEEDS
+ * calls) — the put then still waits for the rest of its bytes.
+ */
+int ssd_put_feed(struct ssd_store *s, struct ssd_req *r, uint64_t bytes,
+		 uint32_t crc) MC_MUST_CHECK;
 
 /*
  * Read the object key into buf (aligned, buf_len >= ssd_io_len of its

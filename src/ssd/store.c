@@ -71,6 +71,20 @@ struct xop {
 	bool sum; /* a put whose checksum the write computes */
 };
 
+/* A streamed put (ssd_put_stream): its write goes in parts, one op each,
+ * as they are fed; x.op is never submitted, and x's done runs when the
+ * last part fed has been written. */
+struct stream {
+	struct xop x;
+	uint64_t fed;   /* bytes of x.op.len handed to writes */
+	unsigned parts; /* writes in flight */
+	unsigned feeds;
+	struct stream_part {
+		struct ssd__op op;
+		struct stream *st;
+	} part[SSD_STREAM_MAX_FEEDS];
+};
+
 /* A group commit (also the last step of a compaction). */
 struct commit {
 	struct ssd__op op;
@@ -877,7 +891,7 @@ static bool aligned_ptr(const void *p)
 }
 
 static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
-	       const void *buf, uint64_t size, uint32_t crc, bool sum, ssd_cb cb)
+	       const void *buf, uint64_t size, uint32_t crc, bool sum, bool stream, ssd_cb cb)
 {
 	if (klen == 0 || klen > SSD_MAX_KEY_BYTES || size == 0 || size > SSD_MAX_VALUE_BYTES ||
 	    !aligned_ptr(buf) || !cb)
@@ -893,7 +907,8 @@ static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t k
 	if (rc < 0)
 		return rc;
 	struct ssd__ent *e = ssd__ent_new(key, klen);
-	struct xop *x = calloc(1, sizeof(*x));
+	struct stream *st = stream ? calloc(1, sizeof(*st)) : NULL;
+	struct xop *x = stream ? (st ? &st->x : NULL) : calloc(1, sizeof(*x));
 	if (!e || !x || ssd__ent_insert(s, e) < 0) {
 		free(e);
 		free(x);
@@ -918,6 +933,11 @@ static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t k
 	r->kind = REQ_PUT;
 	r->status = 0;
 	r->t0_ns = mc_now_ns();
+	r->stream = st;
+	if (st) {
+		r->next = s->streams;
+		s->streams = r;
+	}
 	x->r = r;
 	x->s = s;
 	x->op.kind = SSD__OP_WRITE;
@@ -928,7 +948,10 @@ static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t k
 	x->op.done = put_written;
 	x->op.sum = x->sum = sum;
 	x->op.crc_len = size;
-	ssd__io_submit(s->io, &x->op);
+	if (stream)
+		x->op.sum = false; /* (the feeder's sum) */
+	else
+		ssd__io_submit(s->io, &x->op);
 	ssd__update_gauges(s);
 	return 0;
 }
@@ -936,13 +959,63 @@ static int put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t k
 int ssd_put(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
 	    const void *buf, uint64_t size, uint32_t crc, ssd_cb cb)
 {
-	return put(s, r, key, klen, buf, size, crc, false, cb);
+	return put(s, r, key, klen, buf, size, crc, false, false, cb);
 }
 
 int ssd_put_sum(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
 		const void *buf, uint64_t size, ssd_cb cb)
 {
-	return put(s, r, key, klen, buf, size, 0, true, cb);
+	return put(s, r, key, klen, buf, size, 0, true, false, cb);
+}
+
+int ssd_put_stream(struct ssd_store *s, struct ssd_req *r, const void *key, size_t klen,
+		   void *buf, uint64_t size, ssd_cb cb)
+{
+	return put(s, r, key, klen, buf, size, 0, true, true, cb);
+}
+
+/* A part of a streamed put is written: the put is, once every part fed
+ * is and the last one was fed. The first error is the put's. */
+static void part_written(struct ssd__op *op)
+{
+	struct stream *st = MC_CONTAINER_OF(op, struct stream_part, op)->st;
+	if (op->result && !st->x.op.result)
+		st->x.op.result = op->result;
+	st->parts--;
+	if (st->parts == 0 && st->fed == st->x.op.len)
+		put_written(&st->x.op); /* (frees st) */
+}
+
+int ssd_put_feed(struct ssd_store *s, struct ssd_req *r, uint64_t bytes, uint32_t crc)
+{
+	struct stream *st = r->stream;
+	if (!st || st->x.s != s || st->fed == st->x.op.len)
+		return -EINVAL;
+	uint64_t end = bytes >= r->size ? st->x.op.len : bytes;
+	if (end <= st->fed || end % SSD_ALIGN || st->feeds == SSD_STREAM_MAX_FEEDS)
+		return -EINVAL;
+	if (st->feeds == 0)
+		r->t0_ns = mc_now_ns(); /* (the write's time, not the feeder's) */
+	if (end == st->x.op.len) {
+		st->x.op.sum_crc = crc;
+		for (struct ssd_req **q = &s->streams; *q; q = &(*q)->next)
+			if (*q == r) {
+				*q = r->next;
+				break;
+			}
+	}
+	struct stream_part *p = &st->part[st->feeds++];
+	p->st = st;
+	p->op.kind = SSD__OP_WRITE;
+	p->op.fd = st->x.op.fd;
+	p->op.buf = (uint8_t *)st->x.op.buf + st->fed;
+	p->op.len = end - st->fed;
+	p->op.off = st->x.op.off + st->fed;
+	p->op.done = part_written;
+	st->fed = end;
+	st->parts++;
+	ssd__io_submit(s->io, &p->op);
+	return 0;
 }
 
 static void get_read(struct ssd__op *op)

@@ -67,6 +67,7 @@ struct ssd_store {
 	uint64_t index_end;
 	struct bbuf ibuf;                       /* records not yet committed */
 	struct ssd_req *waiting, *waiting_tail; /* puts whose records are in ibuf */
+	struct ssd_req *streams; /* streamed puts not fed whole (through next) */
 	bool commit_running;
 	uint64_t commits_started, commits_done;
 	/* syncs (fdatasync of data and index) */

@@ -1,10 +1,10 @@
 /*
  * test_ssd: the SSD tier's store — the index record codec, puts, gets and
  * removals that survive a reopen, group commit, compaction, both I/O
- * engines, gets that copy what they check, and crashes: a torn or
- * corrupt last record, a corrupt record in the middle, an object's bytes
- * damaged on disk, a process killed with writes in flight, the data area
- * shrunk, two stores on one directory.
+ * engines, gets that copy what they check, puts fed in parts, and
+ * crashes: a torn or corrupt last record, a corrupt record in the middle,
+ * an object's bytes damaged on disk, a process killed with writes in
+ * flight, the data area shrunk, two stores on one directory.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -643,6 +643,61 @@ Test(ssd, get_copy_io_uring)
 Test(ssd, get_copy_threads)
 {
 	get_copy_engine(SSD_IO_THREADS);
+}
+
+/* A put fed in parts, each written as it comes, several in flight; the
+ * feeds' rules; a streamed put not fed whole when the store closes. */
+static void put_stream_engine(enum ssd_io_kind io)
+{
+	const uint64_t size = (9 << 20) + 7, len = ssd_io_len(size);
+	struct ssd_opts o = opts(64 << 20, io);
+	struct ssd_store *s = open_ok(&o, NULL);
+	uint8_t *b = ssd_buf_alloc(len);
+	int flag = 0;
+	struct ssd_req r = {.data = &flag};
+	cr_assert_eq(ssd_put_stream(s, &r, "key/000001", 10, b, size, on_done), 0);
+	cr_assert_eq(ssd_put_stream(s, &r, "key/000001", 10, b, size, on_done),
+		     MC_EOBJECT_ALREADY_EXISTS);
+	fill(b, size, 1);
+	cr_assert_eq(ssd_put_feed(s, &r, 4096 + 1, 0), -EINVAL, "not aligned");
+	cr_assert_eq(ssd_put_feed(s, &r, 2 << 20, 0), 0);
+	cr_assert_eq(ssd_put_feed(s, &r, 2 << 20, 0), -EINVAL, "not past what was fed");
+	cr_assert_eq(ssd_put_feed(s, &r, 6 << 20, 0), 0);
+	ssd_poll(s);
+	cr_assert_eq(flag, 0, "written only once fed whole");
+	cr_assert_eq(ssd_put_feed(s, &r, size, crc32c(0, b, size)), 0);
+	cr_assert_eq(flag, 0, "the callback never runs inside a feed");
+	cr_assert_eq(ssd_put_feed(s, &r, size, 0), -EINVAL, "fed whole already");
+	cr_assert_eq(wait_req(s, &flag), 0);
+	cr_assert_eq(r.crc, crc32c(0, b, size));
+	struct ssd_req plain = {0};
+	cr_assert_eq(ssd_put_feed(s, &plain, 4096, 0), -EINVAL, "not a streamed put");
+	/* A second one, not fed whole when the store closes. */
+	int flag2 = 0;
+	struct ssd_req r2 = {.data = &flag2};
+	cr_assert_eq(ssd_put_stream(s, &r2, "key/000002", 10, b, size, on_done), 0);
+	cr_assert_eq(ssd_put_feed(s, &r2, 1 << 20, 0), 0);
+	ssd_close(s);
+	cr_assert_eq(flag2, MC_ESHUTDOWN);
+	ssd_buf_free(b, len);
+	o.verify_on_open = true;
+	struct ssd_open_report rep;
+	s = open_ok(&o, &rep);
+	cr_assert_eq(rep.objects, 1);
+	cr_assert_eq(rep.dropped_objects, 0);
+	cr_assert_eq(get_n(s, 1, size), 0);
+	cr_assert_eq(get_n(s, 2, size), MC_EOBJECT_NOT_FOUND);
+	ssd_close(s);
+}
+
+Test(ssd, put_stream_io_uring)
+{
+	put_stream_engine(SSD_IO_AUTO);
+}
+
+Test(ssd, put_stream_threads)
+{
+	put_stream_engine(SSD_IO_THREADS);
 }
 
 Test(ssd, second_store_on_a_directory_is_refused)
