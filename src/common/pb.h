@@ -177,8 +177,13 @@ void mc_pbarena_fix(struct mc_pbarena *a);
 bool mc_pbarena_owns(const struct mc_pbarena *a, const void *p);
 /* Allocate from a (what pa.alloc does). */
 void *mc_pbarena_alloc(struct mc_pbarena *a, size_t size);
-/* Free the arena's chunks (not the caller's buffer). */
+/* Free the arena's chunks (not the caller's buffer): chunks of 2 to 16
+ * KiB are kept by the calling thread for its next arenas, a few of each
+ * size, and freed when it exits (pb.c). */
 void mc_pbarena_release(struct mc_pbarena *a);
+/* Free the chunks the calling thread keeps now (a thread that goes on
+ * living, such as main, at its end). */
+void mc_pb_cache_release(void);
 
 /* Start an empty arena a sized for a message of len bytes, whose chunks
  * may take up to limit bytes (0: no bound). */

@@ -30,6 +30,7 @@
 #include "common/auth.h"
 #include "common/cfg.h"
 #include "common/log.h"
+#include "common/pb.h"
 #include "common/metrics.h"
 #include "common/util.h"
 #include "doctor/doctor.h"
@@ -797,6 +798,7 @@ out_unlock:
 	log_flush();
 out_free:
 	free(d);
+	mc_pb_cache_release(); /* (the chunks this thread kept) */
 	return rc ? 1 : 0;
 }
 
