@@ -189,7 +189,7 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		free(waits);
 		return;
 	}
-	struct combined *cb = calloc(1, sizeof(*cb));
+	struct combined *cb = mc_zalloc(1, sizeof(*cb));
 	size_t esz = pointer_items(k) ? sizeof(void *) : sizeof(ProtobufCBinaryData);
 	void *arr = cb ? malloc(n * esz) : NULL;
 	bool with_crcs = k == AGENT_B_PUT_END &&
@@ -289,7 +289,7 @@ void agent__bcall(struct agent *a, enum agent_bkind k, const ProtobufCMessage *r
 {
 	size_t n = items_of(k, req);
 	struct agent_bqueue *q = &a->batch.q[k];
-	struct agent_bwait *w = calloc(1, sizeof(*w));
+	struct agent_bwait *w = mc_zalloc(1, sizeof(*w));
 	if (!w || a->stopping || n == 0) {
 		free(w);
 		agent__mcall(a, methods[k], req, resp_desc(k), cb, ud);

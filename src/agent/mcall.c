@@ -211,7 +211,7 @@ void agent__mcall(struct agent *a, const char *method, const ProtobufCMessage *r
 		  const ProtobufCMessageDescriptor *resp_desc, agent_mcall_cb cb, void *ud)
 {
 	struct agent_mcalls *m = &a->mcalls;
-	struct agent_mcall *c = calloc(1, sizeof(*c));
+	struct agent_mcall *c = mc_zalloc(1, sizeof(*c));
 	if (!c) {
 		/* The one case where cb runs inside: every caller makes this
 		 * call its last statement. */

@@ -180,7 +180,7 @@ struct te_engine *agent__op_te(struct agent_req *r)
 
 int agent__op_items(struct agent_req *r, size_t n)
 {
-	r->items = calloc(n, sizeof(*r->items));
+	r->items = mc_zalloc(n, sizeof(*r->items));
 	if (!r->items)
 		return -ENOMEM;
 	r->n = n;
@@ -192,7 +192,7 @@ int agent__op_replicas(struct agent *a, struct agent_item *it,
 {
 	if (n > AGENT_MAX_REPLICAS)
 		n = AGENT_MAX_REPLICAS;
-	it->reps = calloc(n ? n : 1, sizeof(*it->reps));
+	it->reps = mc_zalloc(n ? n : 1, sizeof(*it->reps));
 	if (!it->reps)
 		return -ENOMEM;
 	for (size_t k = 0; k < n; k++) {

@@ -64,7 +64,7 @@ static void put_done(struct agent_job *j);
 
 static void put_reply(struct agent_req *r)
 {
-	int32_t *errs = calloc(r->n, sizeof(*errs));
+	int32_t *errs = mc_zalloc(r->n, sizeof(*errs));
 	if (!errs) {
 		agent__op_fail(r, -ENOMEM, NULL);
 		return;
@@ -450,7 +450,7 @@ static bool take_leased(struct agent_req *r, struct agent_item *it)
 	unsigned gen;
 	if (!agent__lease_take(a, it->len, &off, &gen))
 		return false;
-	it->reps = calloc(1, sizeof(*it->reps));
+	it->reps = mc_zalloc(1, sizeof(*it->reps));
 	if (!it->reps) {
 		agent__lease_put_done(a, off, it->len, gen, false); /* (this generation) */
 		it->err = -ENOMEM;
@@ -472,7 +472,7 @@ static bool take_rleased(struct agent_req *r, struct agent_item *it, const char 
 	struct agent_rtake t;
 	if (!agent__rlease_take(r->a, seg, it->len, &t))
 		return false;
-	it->reps = calloc(1, sizeof(*it->reps));
+	it->reps = mc_zalloc(1, sizeof(*it->reps));
 	char *name = strdup(seg);
 	if (!it->reps || !name) {
 		free(name);

@@ -418,7 +418,7 @@ static void conn_flush(struct agent_conn *c)
 static void queue_frame(struct agent_conn *c, uint8_t *data, size_t len, const int *fds,
 			const bool *own, unsigned nfds, uint64_t held)
 {
-	struct agent_out *o = nfds <= AGENT_REPLY_MAX_FDS ? calloc(1, sizeof(*o)) : NULL;
+	struct agent_out *o = nfds <= AGENT_REPLY_MAX_FDS ? mc_zalloc(1, sizeof(*o)) : NULL;
 	if (!o) {
 		free(data);
 		for (unsigned i = 0; i < nfds; i++)
@@ -604,7 +604,7 @@ static void conn_update_poll(struct agent_conn *c)
  * false when the session was closed. */
 static bool handle_frame(struct agent_conn *c, const uint8_t *body, size_t len)
 {
-	struct agent_req *r = calloc(1, sizeof(*r));
+	struct agent_req *r = mc_zalloc(1, sizeof(*r));
 	if (!r) {
 		conn_close(c, "out of memory for a request");
 		return false;

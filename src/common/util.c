@@ -373,3 +373,14 @@ uint64_t mc_rss_bytes(void)
 	fclose(f);
 	return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
 }
+
+void *mc_zalloc(size_t n, size_t size)
+{
+	if (size && n > SIZE_MAX / size)
+		return NULL;
+	size_t bytes = n * size;
+	void *p = malloc(bytes ? bytes : 1);
+	if (p)
+		memset(p, 0, bytes);
+	return p;
+}

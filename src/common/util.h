@@ -41,6 +41,13 @@ bool mc_once_per(uint64_t *last_ms, uint64_t period_ms);
  */
 int mc_parse_hostport(const char *s, struct sockaddr_storage *out) MC_MUST_CHECK;
 
+/* calloc(n, size) through malloc and memset, for the allocations of every
+ * request: glibc before 2.41 serves calloc without its per-thread cache
+ * (callgrind of an agent under 4 KiB puts: 160-450 instructions a calloc
+ * of the request's blocks). NULL when n * size overflows or on -ENOMEM;
+ * free() frees it. */
+void *mc_zalloc(size_t n, size_t size);
+
 /* True for an address only this host reaches: 127.0.0.0/8, ::1 and
  * IPv4-mapped 127.x. */
 bool mc_addr_is_loopback(const struct sockaddr *sa);

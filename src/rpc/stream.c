@@ -441,7 +441,7 @@ static int stream_new(struct rpc_client *c, const char *path,
 	struct rpc__streams *ss = &c->ss;
 	if (rpc__client_freeing(c) || !path || path[0] != '/' || !resp_desc)
 		return -EINVAL;
-	struct rpc_stream *st = calloc(1, sizeof(*st));
+	struct rpc_stream *st = mc_zalloc(1, sizeof(*st));
 	if (!st)
 		return -ENOMEM;
 	st->stats = stats_get(ss, path);
