@@ -407,3 +407,32 @@ int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a
 	*out = m;
 	return 0;
 }
+
+/* ------------------------------------------------------------ replies */
+
+size_t agent__encode_put_response(uint8_t *out, const Mooncake__Client__Response *r)
+{
+	if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_PUT || !r->put ||
+	    (r->message && r->message[0]) || r->base.n_unknown_fields ||
+	    r->put->base.n_unknown_fields)
+		return 0;
+	/* proto3, fields in order and left out at their default; the
+	 * repeated sint32 packed (zigzag varints in one record). */
+	size_t n = mc_pb_put_uint(out, 1, r->id);
+	n += mc_pb_put_uint(out + n, 2, mc_pb_zigzag32(r->error));
+	n += mc_pb_put_uint(out + n, 4, r->nfds);
+	size_t errs = 0;
+	for (size_t i = 0; i < r->put->n_errors; i++)
+		errs += mc_pb_varint_len(mc_pb_zigzag32(r->put->errors[i]));
+	/* PutReply: its errors field, when it has any. */
+	size_t body = errs ? 1 + mc_pb_varint_len(errs) + errs : 0;
+	n += mc_pb_put_tag(out + n, 11, 2);
+	n += mc_pb_put_varint(out + n, body);
+	if (errs) {
+		n += mc_pb_put_tag(out + n, 1, 2);
+		n += mc_pb_put_varint(out + n, errs);
+		for (size_t i = 0; i < r->put->n_errors; i++)
+			n += mc_pb_put_varint(out + n, mc_pb_zigzag32(r->put->errors[i]));
+	}
+	return n;
+}

@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <protobuf-c/protobuf-c.h>
 
@@ -67,6 +68,48 @@ static inline size_t mc_pb_put_varint(uint8_t *out, uint64_t v)
 		v >>= 7;
 	} while (v);
 	return n;
+}
+
+/* The length of v as a varint. */
+static inline size_t mc_pb_varint_len(uint64_t v)
+{
+	size_t n = 1;
+	while (v > 0x7f) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/* A field's tag (its number and wire type) at out; returns its length. */
+static inline size_t mc_pb_put_tag(uint8_t *out, unsigned num, unsigned wt)
+{
+	return mc_pb_put_varint(out, (uint64_t)num << 3 | wt);
+}
+
+/* A length-delimited field (bytes, string, submessage) of len bytes. */
+static inline size_t mc_pb_put_bytes(uint8_t *out, unsigned num, const void *p, size_t len)
+{
+	size_t n = mc_pb_put_tag(out, num, 2);
+	n += mc_pb_put_varint(out + n, len);
+	if (len)
+		memcpy(out + n, p, len);
+	return n + len;
+}
+
+/* A varint field, left out at 0 (proto3's default). */
+static inline size_t mc_pb_put_uint(uint8_t *out, unsigned num, uint64_t v)
+{
+	if (!v)
+		return 0;
+	size_t n = mc_pb_put_tag(out, num, 0);
+	return n + mc_pb_put_varint(out + n, v);
+}
+
+/* A sint32's varint (zigzag). */
+static inline uint64_t mc_pb_zigzag32(int32_t v)
+{
+	return (uint32_t)(((uint32_t)v << 1) ^ (uint32_t)(v >> 31));
 }
 
 /* A varint record's value as a bool the way protobuf-c reads one: true

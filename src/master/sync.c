@@ -104,50 +104,27 @@ static void fill_event(const struct master *m, Mooncake__Master__MirrorEvent *e,
 	}
 }
 
-static size_t put_tag(uint8_t *out, unsigned num, unsigned wt)
-{
-	return mc_pb_put_varint(out, (uint64_t)num << 3 | wt);
-}
-
-static size_t put_bytes(uint8_t *out, unsigned num, const void *p, size_t len)
-{
-	size_t n = put_tag(out, num, 2);
-	n += mc_pb_put_varint(out + n, len);
-	if (len)
-		memcpy(out + n, p, len);
-	return n + len;
-}
-
-/* A varint field, left out at 0. */
-static size_t put_uint(uint8_t *out, unsigned num, uint64_t v)
-{
-	if (!v)
-		return 0;
-	size_t n = put_tag(out, num, 0);
-	return n + mc_pb_put_varint(out + n, v);
-}
-
 size_t master__encode_event(uint8_t *out, const Mooncake__Master__MirrorEvent *e)
 {
 	/* proto3: fields at their default are left out, the rest in field
 	 * order; an enum is its int32 (negative: 10 bytes), a bool 1. */
-	size_t n = put_uint(out, 1, (uint64_t)(int64_t)(int32_t)e->op);
-	n += put_uint(out + n, 2, e->seq);
+	size_t n = mc_pb_put_uint(out, 1, (uint64_t)(int64_t)(int32_t)e->op);
+	n += mc_pb_put_uint(out + n, 2, e->seq);
 	if (e->key.len)
-		n += put_bytes(out + n, 3, e->key.data, e->key.len);
-	n += put_uint(out + n, 4, e->offset);
-	n += put_uint(out + n, 5, e->size);
+		n += mc_pb_put_bytes(out + n, 3, e->key.data, e->key.len);
+	n += mc_pb_put_uint(out + n, 4, e->offset);
+	n += mc_pb_put_uint(out + n, 5, e->size);
 	if (e->crc32c) {
-		n += put_tag(out + n, 6, 5);
+		n += mc_pb_put_tag(out + n, 6, 5);
 		mc_put_le32(out + n, e->crc32c);
 		n += 4;
 	}
-	n += put_uint(out + n, 7, e->checksummed != 0);
-	n += put_uint(out + n, 8, e->soft_pin != 0);
+	n += mc_pb_put_uint(out + n, 7, e->checksummed != 0);
+	n += mc_pb_put_uint(out + n, 8, e->soft_pin != 0);
 	if (e->source_segment && e->source_segment[0])
-		n += put_bytes(out + n, 9, e->source_segment, strlen(e->source_segment));
-	n += put_uint(out + n, 10, e->source_offset);
-	n += put_uint(out + n, 11, e->source_address);
+		n += mc_pb_put_bytes(out + n, 9, e->source_segment, strlen(e->source_segment));
+	n += mc_pb_put_uint(out + n, 10, e->source_offset);
+	n += mc_pb_put_uint(out + n, 11, e->source_address);
 	return n;
 }
 
