@@ -17,14 +17,14 @@
  * buffer and on into its place in the pass that checks its checksum;
  * another agent's reads it into its bounce region (peer.c), and this
  * agent reads that through the transfer engine like a remote replica,
- * always checking the bytes, then lets the owner reuse the room. A replica gone meanwhile
- * (promoted, evicted) makes the item ask the master again, once. A
- * zero-copy view of an SSD object is such a copy into the spill area (no
- * segment holds it). After a hit in this agent's own tier, with
- * --ssd-promote-on-hit, the value is copied back into its DRAM segment
- * too, into put-lease space, with the get's copies, and committed as a
- * promotion once the get is answered — when the lease has room (it never
- * has past the eviction watermark).
+ * always checking the bytes, then lets the owner reuse the room. A
+ * replica gone meanwhile (promoted, evicted) makes the item ask the
+ * master again, once. A zero-copy view of an SSD object is such a copy
+ * into the spill area (no segment holds it). After a hit in this agent's
+ * own tier, with --ssd-promote-on-hit, the value is copied back into its
+ * DRAM segment too, into put-lease space, with the get's copies, and
+ * committed as a promotion once the get is answered — when the lease has
+ * room (it never has past the eviction watermark).
  *
  * Read leases: a cached replica answers gets for half the lease the
  * master granted; a hit in the second half renews it in the background.
