@@ -410,11 +410,16 @@ int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a
 
 /* ------------------------------------------------------------ replies */
 
+bool agent__put_response_encodable(const Mooncake__Client__Response *r)
+{
+	return r->body_case == MOONCAKE__CLIENT__RESPONSE__BODY_PUT && r->put &&
+	       !(r->message && r->message[0]) && !r->base.n_unknown_fields &&
+	       !r->put->base.n_unknown_fields;
+}
+
 size_t agent__encode_put_response(uint8_t *out, const Mooncake__Client__Response *r)
 {
-	if (r->body_case != MOONCAKE__CLIENT__RESPONSE__BODY_PUT || !r->put ||
-	    (r->message && r->message[0]) || r->base.n_unknown_fields ||
-	    r->put->base.n_unknown_fields)
+	if (!agent__put_response_encodable(r))
 		return 0;
 	/* proto3, fields in order and left out at their default; the
 	 * repeated sint32 packed (zigzag varints in one record). */

@@ -48,12 +48,14 @@ int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a
 			      Mooncake__Client__Request **out) MC_MUST_CHECK;
 /* The most bytes agent__encode_put_response writes for n_errors. */
 #define AGENT_PUT_RESPONSE_MAX(n_errors) (48 + 5 * (size_t)(n_errors))
+/* Is r a reply agent__encode_put_response takes: a PutReply body, no
+ * message, no unknown fields? */
+bool agent__put_response_encodable(const Mooncake__Client__Response *r);
 /*
- * Encode a put's reply — a Response with a PutReply body and no message
- * — as protobuf-c packs it (test_pb_codecs compares): protobuf-c's sizing
- * and packing took some 1,350 instructions a put. Returns its length, at
- * most AGENT_PUT_RESPONSE_MAX(r->put->n_errors); 0 when r is not such a
- * reply (then pack it with protobuf-c).
+ * Encode a put's reply (agent__put_response_encodable) as protobuf-c
+ * packs it (test_pb_codecs compares): protobuf-c's sizing and packing
+ * took some 1,350 instructions a put. Returns its length, at most
+ * AGENT_PUT_RESPONSE_MAX(r->put->n_errors); 0 when r is not such a reply.
  */
 size_t agent__encode_put_response(uint8_t *out, const Mooncake__Client__Response *r);
 /* Is a key acceptable (1..AGENT_MAX_KEY_BYTES)? */

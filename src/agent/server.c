@@ -507,19 +507,10 @@ static void send_response(struct agent_conn *c, Mooncake__Client__Response *resp
 		return;
 	}
 	resp->nfds = nfds;
-	bool put = resp->body_case == MOONCAKE__CLIENT__RESPONSE__BODY_PUT && resp->put;
+	bool put = agent__put_response_encodable(resp);
 	size_t n = put ? AGENT_PUT_RESPONSE_MAX(resp->put->n_errors)
 		       : mooncake__client__response__get_packed_size(resp);
 	uint8_t *data = malloc(MC_UFRAME_HDR + n);
-	if (data && put && !(n = agent__encode_put_response(data + MC_UFRAME_HDR, resp))) {
-		/* (not one the encoder takes: protobuf-c's) */
-		n = mooncake__client__response__get_packed_size(resp);
-		uint8_t *d = realloc(data, MC_UFRAME_HDR + n);
-		if (!d)
-			free(data);
-		data = d;
-		put = false;
-	}
 	if (!data) {
 		for (unsigned i = 0; i < nfds; i++)
 			if (own && own[i])
@@ -527,9 +518,11 @@ static void send_response(struct agent_conn *c, Mooncake__Client__Response *resp
 		conn_close(c, "out of memory for a reply");
 		return;
 	}
-	mc_uframe_put_len(data, (uint32_t)n);
-	if (!put)
+	if (put)
+		n = agent__encode_put_response(data + MC_UFRAME_HDR, resp);
+	else
 		mooncake__client__response__pack(resp, data + MC_UFRAME_HDR);
+	mc_uframe_put_len(data, (uint32_t)n);
 	/* The reservation moves to the frame: given back once it is
 	 * written, not when the request ends. */
 	uint64_t carried = *held;
