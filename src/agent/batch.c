@@ -57,21 +57,23 @@ static size_t items_of(enum agent_bkind k, const ProtobufCMessage *m)
 	if (k == AGENT_B_PUT_START)
 		return ((const Mooncake__Master__BatchPutStartRequest *)m)->n_items;
 	if (k == AGENT_B_COMMIT)
-		return ((const Mooncake__Master__BatchCommitRequest *)m)->n_items;
+		return ((const Mooncake__Master__BatchCommitRequestRaw *)m)->n_items;
 	return ((const Mooncake__Master__BatchKeysRequest *)m)->n_keys;
 }
 
-/* Items are arrays of pointers (PutStart, Commit) or of keys. */
+/* Items are arrays of pointers (PutStart) or of bytes (keys, and the
+ * commits' items encoded). */
 static bool pointer_items(enum agent_bkind k)
 {
-	return k == AGENT_B_PUT_START || k == AGENT_B_COMMIT;
+	return k == AGENT_B_PUT_START;
 }
 
 /* Commits share a call only when they name the same segment and lease
  * epoch (a remote lease's commit names another agent's segment). */
 static bool commits_alike(const ProtobufCMessage *x, const ProtobufCMessage *y)
 {
-	const Mooncake__Master__BatchCommitRequest *a = (const void *)x, *b = (const void *)y;
+	const Mooncake__Master__BatchCommitRequestRaw *a = (const void *)x,
+						      *b = (const void *)y;
 	return a->lease_epoch == b->lease_epoch &&
 	       strcmp(a->segment ? a->segment : "", b->segment ? b->segment : "") == 0;
 }
@@ -85,7 +87,7 @@ struct combined {
 	union {
 		Mooncake__Master__BatchPutStartRequest ps;
 		Mooncake__Master__BatchKeysRequest keys;
-		Mooncake__Master__BatchCommitRequest commit;
+		Mooncake__Master__BatchCommitRequestRaw commit;
 	} req;
 	void *array;    /* the concatenated items or keys */
 	uint32_t *crcs; /* BatchPutEnd: the concatenated checksums */
@@ -222,8 +224,9 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 			const Mooncake__Master__BatchPutStartRequest *r = (const void *)w->req;
 			memcpy((void **)arr + off, r->items, w->n * esz);
 		} else if (k == AGENT_B_COMMIT) {
-			const Mooncake__Master__BatchCommitRequest *r = (const void *)w->req;
-			memcpy((void **)arr + off, r->items, w->n * esz);
+			const Mooncake__Master__BatchCommitRequestRaw *r =
+				(const void *)w->req;
+			memcpy((ProtobufCBinaryData *)arr + off, r->items, w->n * esz);
 		} else {
 			const Mooncake__Master__BatchKeysRequest *r = (const void *)w->req;
 			memcpy((ProtobufCBinaryData *)arr + off, r->keys, w->n * esz);
@@ -238,8 +241,9 @@ static void send_queue(struct agent *a, enum agent_bkind k)
 		cb->req.ps.n_items = n;
 		agent__mcall(a, methods[k], &cb->req.ps.base, resp_desc(k), on_combined, cb);
 	} else if (k == AGENT_B_COMMIT) {
-		const Mooncake__Master__BatchCommitRequest *first = (const void *)waits->req;
-		mooncake__master__batch_commit_request__init(&cb->req.commit);
+		const Mooncake__Master__BatchCommitRequestRaw *first =
+			(const void *)waits->req;
+		mooncake__master__batch_commit_request_raw__init(&cb->req.commit);
 		cb->req.commit.agent_id = first->agent_id;
 		cb->req.commit.segment = first->segment;
 		cb->req.commit.lease_epoch = first->lease_epoch;

@@ -18,7 +18,7 @@ enum agent_bkind {
 	AGENT_B_PUT_END,   /* BatchKeysRequest */
 	AGENT_B_GET,       /* BatchKeysRequest -> BatchGetReplicas */
 	AGENT_B_EXIST,     /* BatchKeysRequest */
-	AGENT_B_COMMIT,    /* BatchCommitRequest (one segment and epoch per call) */
+	AGENT_B_COMMIT,    /* BatchCommitRequestRaw (one segment and epoch per call) */
 	AGENT_B_COUNT
 };
 

@@ -164,12 +164,12 @@ static void on_put_ended(void *ud, int err, const char *message, const ProtobufC
 	put_call_done(r);
 }
 
-/* BatchCommit of the leased items written: one allocation, the header,
- * then n pointers, n items, n indexes. */
+/* BatchCommit of the leased items written, each item encoded by hand
+ * (agent__encode_commit_item): one allocation, the header, then n item
+ * views, n indexes and the items' bytes. */
 struct commit_block {
-	Mooncake__Master__BatchCommitRequest req;
-	Mooncake__Master__CommitItem **ptrs;
-	Mooncake__Master__CommitItem *items;
+	Mooncake__Master__BatchCommitRequestRaw req;
+	ProtobufCBinaryData *items;
 	size_t *idx;
 	size_t n;
 };
@@ -210,37 +210,43 @@ static void on_committed(void *ud, int err, const char *message, const ProtobufC
 /* Build the commit of the leased items written (NULL: out of memory). */
 static struct commit_block *commit_block(struct agent_req *r)
 {
-	size_t n = 0;
-	for (size_t i = 0; i < r->n; i++)
-		n += (r->items[i].leased || r->items[i].rleased) && !r->items[i].err;
-	struct commit_block *b = malloc(
-		sizeof(*b) + n * (sizeof(*b->ptrs) + sizeof(*b->items) + sizeof(*b->idx)));
+	size_t n = 0, bytes = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		const struct agent_item *it = &r->items[i];
+		if ((it->leased || it->rleased) && !it->err) {
+			n++;
+			bytes += AGENT_COMMIT_ITEM_MAX(it->klen);
+		}
+	}
+	struct commit_block *b = malloc(sizeof(*b) +
+					n * (sizeof(*b->items) + sizeof(*b->idx)) + bytes);
 	if (!b)
 		return NULL;
-	b->items = (Mooncake__Master__CommitItem *)(b + 1);
-	b->ptrs = (Mooncake__Master__CommitItem **)(b->items + n);
-	b->idx = (size_t *)(b->ptrs + n);
+	b->items = (ProtobufCBinaryData *)(b + 1);
+	b->idx = (size_t *)(b->items + n);
+	uint8_t *wire = (uint8_t *)(b->idx + n);
 	b->n = 0;
 	const Mooncake__Client__PutRequest *p = r->msg->put;
 	for (size_t i = 0; i < r->n; i++) {
 		struct agent_item *it = &r->items[i];
 		if ((!it->leased && !it->rleased) || it->err)
 			continue;
-		Mooncake__Master__CommitItem *c = &b->items[b->n];
-		mooncake__master__commit_item__init(c);
-		c->key.data = (uint8_t *)it->key;
-		c->key.len = it->klen;
-		c->offset = it->reps[0].offset;
-		c->size = it->len;
-		c->crc32c = it->crc;
-		c->checksummed = it->has_crc;
-		c->soft_pin = p->soft_pin;
-		c->ttl_ms = p->ttl_ms;
-		b->ptrs[b->n] = c;
+		Mooncake__Master__CommitItem c = MOONCAKE__MASTER__COMMIT_ITEM__INIT;
+		c.key.data = (uint8_t *)it->key;
+		c.key.len = it->klen;
+		c.offset = it->reps[0].offset;
+		c.size = it->len;
+		c.crc32c = it->crc;
+		c.checksummed = it->has_crc;
+		c.soft_pin = p->soft_pin;
+		c.ttl_ms = p->ttl_ms;
+		b->items[b->n].data = wire;
+		b->items[b->n].len = agent__encode_commit_item(wire, &c);
+		wire += b->items[b->n].len;
 		b->idx[b->n] = i;
 		b->n++;
 	}
-	mooncake__master__batch_commit_request__init(&b->req);
+	mooncake__master__batch_commit_request_raw__init(&b->req);
 	b->req.agent_id = r->a->name;
 	b->req.segment = r->a->name;
 	b->req.lease_epoch = agent__lease_epoch(r->a);
@@ -249,7 +255,7 @@ static struct commit_block *commit_block(struct agent_req *r)
 		b->req.segment = r->items[b->idx[0]].reps[0].segment;
 		b->req.lease_epoch = r->items[b->idx[0]].rlease_epoch;
 	}
-	b->req.items = b->ptrs;
+	b->req.items = b->items;
 	b->req.n_items = b->n;
 	return b;
 }

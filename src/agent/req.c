@@ -441,3 +441,17 @@ size_t agent__encode_put_response(uint8_t *out, const Mooncake__Client__Response
 	}
 	return n;
 }
+
+size_t agent__encode_commit_item(uint8_t *out, const Mooncake__Master__CommitItem *c)
+{
+	/* proto3: fields in order and left out at their default; a bool 1. */
+	size_t n = c->key.len ? mc_pb_put_bytes(out, 1, c->key.data, c->key.len) : 0;
+	n += mc_pb_put_uint(out + n, 2, c->offset);
+	n += mc_pb_put_uint(out + n, 3, c->size);
+	n += mc_pb_put_fixed32(out + n, 4, c->crc32c);
+	n += mc_pb_put_uint(out + n, 5, c->checksummed != 0);
+	n += mc_pb_put_uint(out + n, 6, c->soft_pin != 0);
+	n += mc_pb_put_uint(out + n, 7, c->ttl_ms);
+	n += mc_pb_put_uint(out + n, 8, c->promote != 0);
+	return n;
+}

@@ -106,6 +106,16 @@ static inline size_t mc_pb_put_uint(uint8_t *out, unsigned num, uint64_t v)
 	return n + mc_pb_put_varint(out + n, v);
 }
 
+/* A fixed32 field, left out at 0 (proto3's default). */
+static inline size_t mc_pb_put_fixed32(uint8_t *out, unsigned num, uint32_t v)
+{
+	if (!v)
+		return 0;
+	size_t n = mc_pb_put_tag(out, num, 5);
+	mc_put_le32(out + n, v);
+	return n + 4;
+}
+
 /* A sint32's varint (zigzag). */
 static inline uint64_t mc_pb_zigzag32(int32_t v)
 {

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/endian.h"
 #include "common/log.h"
 #include "common/pb.h"
 #include "common/util.h"
@@ -114,11 +113,7 @@ size_t master__encode_event(uint8_t *out, const Mooncake__Master__MirrorEvent *e
 		n += mc_pb_put_bytes(out + n, 3, e->key.data, e->key.len);
 	n += mc_pb_put_uint(out + n, 4, e->offset);
 	n += mc_pb_put_uint(out + n, 5, e->size);
-	if (e->crc32c) {
-		n += mc_pb_put_tag(out + n, 6, 5);
-		mc_put_le32(out + n, e->crc32c);
-		n += 4;
-	}
+	n += mc_pb_put_fixed32(out + n, 6, e->crc32c);
 	n += mc_pb_put_uint(out + n, 7, e->checksummed != 0);
 	n += mc_pb_put_uint(out + n, 8, e->soft_pin != 0);
 	if (e->source_segment && e->source_segment[0])

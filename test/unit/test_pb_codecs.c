@@ -378,3 +378,62 @@ Test(pb_codecs, agent_encodes_put_replies_as_protobuf_c_packs)
 	r.message = "";
 	cr_assert_gt(agent__encode_put_response(a, &r), 0, "an empty message is none");
 }
+
+Test(pb_codecs, agent_encodes_commit_items_as_protobuf_c_packs)
+{
+	static uint8_t a[AGENT_COMMIT_ITEM_MAX(300) * 8], b[sizeof(a)];
+	char keys[8][300];
+	Mooncake__Master__CommitItem items[8], *ptrs[8];
+	ProtobufCBinaryData raw[8];
+	for (int i = 0; i < 3000; i++) {
+		size_t n = 1 + rnd() % 8, used = 0;
+		for (size_t k = 0; k < n; k++) {
+			Mooncake__Master__CommitItem *it = &items[k];
+			mooncake__master__commit_item__init(it);
+			it->key.data = (uint8_t *)keys[k];
+			it->key.len = random_key(keys[k]);
+			it->offset = rvalue();
+			it->size = rvalue();
+			it->crc32c = rnd() % 3 ? (uint32_t)rnd() : 0;
+			it->checksummed = rnd() % 2;
+			it->soft_pin = rnd() % 2;
+			it->ttl_ms = rvalue();
+			it->promote = rnd() % 2;
+			ptrs[k] = it;
+			size_t l = agent__encode_commit_item(a + used, it);
+			cr_assert_leq(l, AGENT_COMMIT_ITEM_MAX(it->key.len));
+			size_t m = mooncake__master__commit_item__pack(it, b);
+			cr_assert_eq(l, m, "item %d: %zu bytes, protobuf-c %zu", i, l, m);
+			cr_assert_eq(memcmp(a + used, b, l), 0, "item %d differs", i);
+			/* And back, through the master's decoder. */
+			struct master_commit c;
+			cr_assert_eq(master__decode_commit_item(a + used, l, &c), 0);
+			cr_assert_eq(c.klen, it->key.len);
+			cr_assert(c.klen == 0 || memcmp(c.key, it->key.data, c.klen) == 0);
+			cr_assert(c.offset == it->offset && c.size == it->size &&
+				  c.ttl_ms == it->ttl_ms && c.crc == it->crc32c);
+			cr_assert(c.has_crc == it->checksummed && c.soft_pin == it->soft_pin &&
+				  c.promote == it->promote);
+			raw[k].data = a + used;
+			raw[k].len = l;
+			used += l;
+		}
+		/* The raw request the agent sends is the request's encoding. */
+		Mooncake__Master__BatchCommitRequest req =
+			MOONCAKE__MASTER__BATCH_COMMIT_REQUEST__INIT;
+		Mooncake__Master__BatchCommitRequestRaw rr =
+			MOONCAKE__MASTER__BATCH_COMMIT_REQUEST_RAW__INIT;
+		req.agent_id = rr.agent_id = "agent-7";
+		req.segment = rr.segment = i % 2 ? "agent-7" : "agent-8";
+		req.lease_epoch = rr.lease_epoch = rvalue();
+		req.items = ptrs;
+		req.n_items = n;
+		rr.items = raw;
+		rr.n_items = n;
+		static uint8_t wa[sizeof(a) + 64], wb[sizeof(wa)];
+		size_t la = mooncake__master__batch_commit_request_raw__pack(&rr, wa);
+		size_t lb = mooncake__master__batch_commit_request__pack(&req, wb);
+		cr_assert_eq(la, lb);
+		cr_assert_eq(memcmp(wa, wb, la), 0, "request %d differs", i);
+	}
+}
