@@ -55,6 +55,11 @@ int ssd__hdr_decode(const uint8_t *p, size_t len, const char *magic, struct ssd_
 	if (h->version != SSD__VERSION || h->block_bytes != SSD_ALIGN ||
 	    h->capacity % SSD_ALIGN != 0)
 		return -EINVAL;
+	/* Bytes 40-59 are reserved, zero in this version: a header with
+	 * others (its checksum matching) is not one this version wrote. */
+	for (size_t i = 40; i < 60; i++)
+		if (p[i])
+			return -EINVAL;
 	return 0;
 }
 

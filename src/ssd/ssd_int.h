@@ -59,7 +59,7 @@ struct ssd__rec {
 
 void ssd__hdr_encode(uint8_t out[SSD__HDR_BYTES], const struct ssd__hdr *h);
 /* Errors: -EINVAL (short, bad magic, bad CRC, unknown version or block
- * size). magic is the expected one. */
+ * size, a reserved byte set). magic is the expected one. */
 int ssd__hdr_decode(const uint8_t *p, size_t len, const char *magic,
 		    struct ssd__hdr *h) MC_MUST_CHECK;
 
