@@ -12,6 +12,7 @@
 
 #include "agent/req.h"
 #include "common/uframe.h"
+#include "common/util.h"
 
 bool agent__key_ok(const ProtobufCBinaryData *k)
 {
@@ -360,9 +361,10 @@ static int decode_put(const uint8_t *p, size_t len, struct mc_pbarena *a,
 int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a,
 			      Mooncake__Client__Request **out)
 {
-	/* The op fields (10-25) are submessages; only a put (11) is decoded
-	 * here. */
-	static const uint8_t wt_of[] = {8, 0, 0, 8, 8, 8, 8, 8, 8, 8, 2, 2, 2,
+	/* The op fields (10-26) are submessages; only a put (11) is decoded
+	 * here. A field past the table would be skipped as unknown: every
+	 * op must be in it (test_pb_codecs checks against the descriptor). */
+	static const uint8_t wt_of[] = {8, 0, 0, 8, 8, 8, 8, 8, 8, 8, 2, 2, 2, 2,
 					2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
 	mc_pbarena_start(a, len, AGENT_MAX_DECODED_BYTES);
 	Mooncake__Client__Request *m = mc_pbarena_alloc(a, sizeof(*m));
@@ -374,7 +376,7 @@ int agent__decode_put_request(const uint8_t *p, size_t len, struct mc_pbarena *a
 	size_t pos = 0, put_at = 0;
 	struct mc_pbrec r, put = {0};
 	int rc;
-	while (mc_pb_field(p, len, &pos, wt_of, 25, &r, &rc)) {
+	while (mc_pb_field(p, len, &pos, wt_of, MC_ARRAY_LEN(wt_of) - 1, &r, &rc)) {
 		/* Another op, or a put given twice (merged): protobuf-c's. */
 		if ((r.num >= 10 && r.num != 11) || (r.num == 11 && put_at)) {
 			rc = 1;
