@@ -506,7 +506,9 @@ static void on_resolved(void *ud, int err, struct te_segment *s)
 		struct te_segment_info info;
 		te_segment_info(s, &info, NULL, 0);
 		te_close_segment(s);
-		struct rpc_client_opts o = {.metrics = a->metrics};
+		struct rpc_client_opts o = {.metrics = a->metrics,
+					    .auth_key = a->secret_len ? a->secret : NULL,
+					    .auth_key_len = a->secret_len};
 		if (!info.rpc_addr[0])
 			pc->err = MC_EUNAVAILABLE;
 		else if ((err = rpc_client_new(a->loop, info.rpc_addr, &o, &pc->c)) != 0)

@@ -208,6 +208,16 @@ static int start_engine(struct role_rt *rt, struct role_agent *a, const char *me
 		free(sec);
 		return rc;
 	}
+	/* Its RPC port (other agents' reads of the SSD tier) wants the
+	 * secret's token on every connection, as the master's and meta's
+	 * do: a call read off the wire cannot be made again on another. The
+	 * engine's Challenge and GetDescriptor (fresh proofs of their own)
+	 * and health checks need none. */
+	if (sec->len && (rc = rpc_server_require_auth(rt->rpc[0], sec->key, sec->len)) != 0) {
+		log_error("cannot require the cluster secret on %s: %s", listen,
+			  mc_strerror(rc));
+		goto out;
+	}
 	const char *name = cfg_str(c, CFG_AGENT_NAME);
 	if (*meta) {
 		struct etcd_opts eo = {.endpoints = meta,

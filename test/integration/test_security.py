@@ -662,4 +662,41 @@ def a_second_local_user_cannot_reach_the_segment():
         run(["userdel", user], check=False)
 
 
+@case
+def an_agents_ssd_reads_want_the_secrets_token():
+    """Another agent's read of this one's SSD tier (mooncake.agent.Tier)
+    comes on a connection that proved the cluster secret, as calls to the
+    master's API do: without a token, or with one replayed from another
+    connection, it is refused UNAUTHENTICATED before its own proof is
+    looked at; with a fresh token it reaches the tier (here to be refused
+    for its forged proof). The engine's Challenge needs no token (its
+    descriptor proof is fresh by itself)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("standalone", args=["--ssd-path=" + os.path.join(tmp, "ssd"),
+                                       "--ssd-size=64M"])
+        wait_for(lambda: "mounted with master" in d.output(), what="segment mounted")
+        addr = d.addr("agent-listen")
+        req = b"\x0a\x01k\x12\x05other"  # TierReadRequest{key: "k", reader: "other"}
+
+        def refusal(ch):
+            try:
+                ch.unary_unary("/mooncake.agent.Tier/Read")(req, timeout=10)
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+            return None, "served"
+
+        with grpc.insecure_channel(addr) as ch:
+            c, why = refusal(ch)
+            eq(c, grpc.StatusCode.UNAUTHENTICATED, "no token: %s" % why)
+        tok = mctest.rpc_token()
+        with mctest.token_channel(addr, token=tok) as ch:
+            c, why = refusal(ch)
+            eq(c, grpc.StatusCode.PERMISSION_DENIED, "a fresh token, a forged proof: %s" % why)
+        with mctest.token_channel(addr, token=tok) as ch:
+            c, why = refusal(ch)
+            eq(c, grpc.StatusCode.UNAUTHENTICATED, "the token replayed: %s" % why)
+        eq(len(challenge(addr)) > 0, True, "the engine's Challenge needs no token")
+        eq(d.stop(), 0, "exit")
+
+
 mctest.main()
