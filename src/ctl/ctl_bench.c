@@ -797,7 +797,9 @@ static void bench_usage(FILE *f)
 		"usage: mooncakectl bench rpc [--target=HOST:PORT] [--duration=3s] [--size=16M]\n"
 		"                             [--patterns=unary,streams,large]\n\n"
 		"  --target=HOST:PORT  a mooncaked started with --diag-service (default: an\n"
-		"                      in-process server on 127.0.0.1:0 on its own thread)\n"
+		"                      in-process server on 127.0.0.1:0 on its own thread);\n"
+		"                      one with a cluster secret is sent its token when\n"
+		"                      $MOONCAKE_CLUSTER_SECRET_FILE names the secret\n"
 		"  --duration=DURATION how long each figure is measured\n"
 		"  --size=SIZE         payload of the large-message echo\n"
 		"  --patterns=LIST     which to run (default all): unary (1 call in flight),\n"
@@ -920,9 +922,13 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	reg = metrics_registry_new();
 	struct rpc_client_opts co = {.max_message_bytes = max_msg, .metrics = reg};
-	if (rpc_client_new(&loop, target, &co, &cli)) {
-		fprintf(stderr, "mooncakectl bench rpc: bad --target \"%s\"\n", target);
-		rc = CTL_EXIT_USAGE;
+	/* (a daemon's server may want the cluster secret's token) */
+	int crc = target == target_buf ? rpc_client_new(&loop, target, &co, &cli)
+				       : ctl_rpc_client(&loop, target, &co, &cli);
+	if (crc) {
+		fprintf(stderr, "mooncakectl bench rpc: --target \"%s\": %s\n", target,
+			mc_strerror(crc));
+		rc = crc == -EINVAL ? CTL_EXIT_USAGE : CTL_EXIT_FAIL;
 		goto out;
 	}
 

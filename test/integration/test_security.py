@@ -670,10 +670,12 @@ def an_agents_ssd_reads_want_the_secrets_token():
     connection, it is refused UNAUTHENTICATED before its own proof is
     looked at; with a fresh token it reaches the tier (here to be refused
     for its forged proof). The engine's Challenge needs no token (its
-    descriptor proof is fresh by itself)."""
+    descriptor proof is fresh by itself). `mooncakectl bench rpc --target`
+    sends the token of $MOONCAKE_CLUSTER_SECRET_FILE, and says why it is
+    refused without it."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Daemon("standalone", args=["--ssd-path=" + os.path.join(tmp, "ssd"),
-                                       "--ssd-size=64M"])
+                                       "--ssd-size=64M", "--diag-service"])
         wait_for(lambda: "mounted with master" in d.output(), what="segment mounted")
         addr = d.addr("agent-listen")
         req = b"\x0a\x01k\x12\x05other"  # TierReadRequest{key: "k", reader: "other"}
@@ -696,6 +698,13 @@ def an_agents_ssd_reads_want_the_secrets_token():
             c, why = refusal(ch)
             eq(c, grpc.StatusCode.UNAUTHENTICATED, "the token replayed: %s" % why)
         eq(len(challenge(addr)) > 0, True, "the engine's Challenge needs no token")
+        bench = [mctest.MOONCAKECTL, "bench", "rpc", "--target=" + addr,
+                 "--duration=100ms", "--patterns=unary"]
+        r = run(bench, check=False)
+        eq(r.returncode, 0, "bench rpc with the secret: " + r.stderr)
+        r = run(bench, check=False, env=mctest.child_env(NO_SHARED))
+        eq(r.returncode == 1 and "UNAUTHENTICATED" in r.stderr, True,
+           "bench rpc without it: " + r.stderr)
         eq(d.stop(), 0, "exit")
 
 
