@@ -922,12 +922,13 @@ int ctl_bench_main(int argc, char **argv)
 	}
 	reg = metrics_registry_new();
 	struct rpc_client_opts co = {.max_message_bytes = max_msg, .metrics = reg};
-	/* (a daemon's server may want the cluster secret's token) */
-	int crc = target == target_buf ? rpc_client_new(&loop, target, &co, &cli)
-				       : ctl_rpc_client(&loop, target, &co, &cli);
+	/* A daemon's server may want the cluster secret's token
+	 * (ctl_rpc_client, which prints its errors). */
+	int crc = target != target_buf ? ctl_rpc_client(&loop, target, &co, &cli)
+				       : rpc_client_new(&loop, target, &co, &cli);
 	if (crc) {
-		fprintf(stderr, "mooncakectl bench rpc: --target \"%s\": %s\n", target,
-			mc_strerror(crc));
+		if (target == target_buf)
+			fprintf(stderr, "mooncakectl bench rpc: %s\n", mc_strerror(crc));
 		rc = crc == -EINVAL ? CTL_EXIT_USAGE : CTL_EXIT_FAIL;
 		goto out;
 	}
