@@ -273,13 +273,12 @@ static void fetch_run(struct agent_job *j)
 			f->err = -ENOMEM;
 			return;
 		}
-		agent__xfer_add(a, x, f->source, false, f->buf, f->src_address, f->size,
-				&f->err);
+		agent__xfer_add_summed(a, x, f->source, f->buf, f->src_address, f->size,
+				       &f->err, &crc);
 		agent__xfer_start(a, x);
 		agent__xfer_finish(a, x);
 		if (f->err)
 			return;
-		crc = crc32c(0, f->buf, f->size);
 	}
 	if (f->has_crc && crc != f->crc)
 		f->err = MC_ECHECKSUM;

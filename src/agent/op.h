@@ -58,7 +58,8 @@ struct agent_item {
 	uint64_t size; /* object size (gets) */
 	uint32_t crc;  /* the value's CRC-32C: computed (puts), known (gets) */
 	bool has_crc;
-	bool leased; /* put into leased space: sealed by BatchCommit */
+	uint32_t got_crc; /* a remote read's: of the bytes that landed */
+	bool leased;      /* put into leased space: sealed by BatchCommit */
 	unsigned lease_gen;
 	bool rleased; /* ... of another agent's segment (reps[0]) */
 	uint64_t rlease_epoch;

@@ -135,8 +135,13 @@ static void get_add_remote(struct agent_req *r, struct agent_xfer **x, bool loop
 			it->err = -ENOMEM;
 			continue;
 		}
-		agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr,
-				it->reps[0].address, it->size, &it->err);
+		if (it->has_crc && (r->msg->get->verify || it->ssd_hold))
+			agent__xfer_add_summed(r->a, *x, it->reps[0].segment, it->ptr,
+					       it->reps[0].address, it->size, &it->err,
+					       &it->got_crc);
+		else
+			agent__xfer_add(r->a, *x, it->reps[0].segment, false, it->ptr,
+					it->reps[0].address, it->size, &it->err);
 	}
 }
 
@@ -177,7 +182,8 @@ static void get_copy_local(struct agent_req *r)
 }
 
 /* After the remote reads: check their bytes when asked to, and always
- * those an SSD tier's owner staged (its room is reused after a while). */
+ * those an SSD tier's owner staged (its room is reused after a while),
+ * by the sum the engine made of what landed (get_add_remote). */
 static void get_check_remote(struct agent_req *r)
 {
 	for (size_t i = 0; i < r->n; i++) {
@@ -185,7 +191,7 @@ static void get_check_remote(struct agent_req *r)
 		if (!it->err && it->nrep && it->ptr && !it->reps[0].local && !it->scratch &&
 		    !it->ssd_own && it->where != MOONCAKE__CLIENT__GET_RESULT__WHERE__MAPPED &&
 		    (r->msg->get->verify || it->ssd_hold))
-			check(it, crc32c(0, it->ptr, it->size));
+			check(it, it->got_crc);
 	}
 }
 
@@ -583,10 +589,10 @@ static void get_copy(struct agent_req *r)
 		get_done(&r->job);
 		return;
 	}
-	/* Remote reads move on the engine's threads: start them from here
-	 * unless local copies or checks are big work for the loop. */
+	/* Remote reads move on the engine's threads, which also sum what
+	 * they read (get_add_remote): start them from here unless local
+	 * copies or checks are big work for the loop. */
 	if (remote && bytes <= AGENT_INLINE_COPY_BYTES &&
-	    (!g->verify || remote_bytes <= AGENT_INLINE_COPY_BYTES) &&
 	    get_from_loop(r, solo_get(r, remote_bytes) ? remote_bytes : 0))
 		return;
 	agent__pool_submit(&a->pool, &r->job);
@@ -955,7 +961,7 @@ static void get_probe_done(struct agent_job *j)
 		struct agent_item *it = &r->items[i];
 		if (!it->probing)
 			continue;
-		if (it->err || crc32c(0, it->scratch, it->size) != it->crc) {
+		if (it->err || it->got_crc != it->crc) {
 			probe_miss(r, it);
 			continue;
 		}
@@ -986,8 +992,8 @@ static bool get_probe(struct agent_req *r, uint64_t bytes)
 			ok = false;
 			break;
 		}
-		agent__xfer_add(r->a, x, it->reps[0].segment, false, it->scratch,
-				it->reps[0].address, it->size, &it->err);
+		agent__xfer_add_summed(r->a, x, it->reps[0].segment, it->scratch,
+				       it->reps[0].address, it->size, &it->err, &it->got_crc);
 	}
 	if (ok && !agent__xfer_missed(x)) {
 		r->xfer = x;

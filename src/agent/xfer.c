@@ -34,6 +34,7 @@ struct xseg {
 struct agent_xfer {
 	struct te_request *reqs;
 	int **errs;
+	uint32_t **crcs; /* agent__xfer_add_summed's, else NULL */
 	size_t n, cap;
 	struct xseg *segs;
 	size_t nsegs, segs_cap;
@@ -91,7 +92,7 @@ struct agent_xfer *agent__xfer_new(void)
 }
 
 static void add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
-		void *local, uint64_t remote, size_t len, bool device, int *err)
+		void *local, uint64_t remote, size_t len, bool device, int *err, uint32_t *crc)
 {
 	if (*err)
 		return;
@@ -99,8 +100,11 @@ static void add(struct agent *a, struct agent_xfer *x, const char *seg, bool wri
 		*err = MC_EUNAVAILABLE;
 		return;
 	}
-	if (len == 0)
+	if (len == 0) {
+		if (crc)
+			*crc = 0; /* (the checksum of nothing) */
 		return;
+	}
 	struct xseg *g = segment(a, x, seg);
 	if (!g) {
 		*err = -ENOMEM;
@@ -125,6 +129,12 @@ static void add(struct agent *a, struct agent_xfer *x, const char *seg, bool wri
 			return;
 		}
 		x->errs = e;
+		uint32_t **c = realloc(x->crcs, cap * sizeof(*c));
+		if (!c) {
+			*err = -ENOMEM;
+			return;
+		}
+		x->crcs = c;
 		x->cap = cap;
 	}
 	x->reqs[x->n] = (struct te_request){
@@ -134,21 +144,29 @@ static void add(struct agent *a, struct agent_xfer *x, const char *seg, bool wri
 		.remote_addr = remote,
 		.len = len,
 		.local_device = device,
+		.want_crc = crc != NULL,
 	};
 	x->errs[x->n] = err;
+	x->crcs[x->n] = crc;
 	x->n++;
 }
 
 void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
 		     void *local, uint64_t remote, size_t len, int *err)
 {
-	add(a, x, seg, write, local, remote, len, false, err);
+	add(a, x, seg, write, local, remote, len, false, err, NULL);
+}
+
+void agent__xfer_add_summed(struct agent *a, struct agent_xfer *x, const char *seg,
+			    void *local, uint64_t remote, size_t len, int *err, uint32_t *crc)
+{
+	add(a, x, seg, false, local, remote, len, false, err, crc);
 }
 
 void agent__xfer_add_device(struct agent *a, struct agent_xfer *x, const char *seg, bool write,
 			    void *local, uint64_t remote, size_t len, int *err)
 {
-	add(a, x, seg, write, local, remote, len, true, err);
+	add(a, x, seg, write, local, remote, len, true, err, NULL);
 }
 
 struct agent_xfer *agent__xfer_new_loop(void)
@@ -226,9 +244,12 @@ void agent__xfer_finish(struct agent *a, struct agent_xfer *x)
 					*x->errs[i] = res ? MC_ETIMEDOUT : -ENOMEM;
 		} else {
 			(void)te_poll(x->batch, res);
-			for (size_t i = 0; i < x->n; i++)
+			for (size_t i = 0; i < x->n; i++) {
 				if (res[i].status != TE_DONE && !*x->errs[i])
 					*x->errs[i] = res[i].err ? res[i].err : MC_EINTERNAL;
+				if (x->crcs[i])
+					*x->crcs[i] = res[i].crc;
+			}
 		}
 		free(res);
 		te_batch_free(x->batch);
@@ -239,5 +260,6 @@ void agent__xfer_finish(struct agent *a, struct agent_xfer *x)
 	free(x->segs);
 	free(x->reqs);
 	free(x->errs);
+	free(x->crcs);
 	free(x);
 }

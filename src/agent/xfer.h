@@ -26,6 +26,11 @@ struct agent_xfer *agent__xfer_new(void);
 void agent__xfer_engine(struct agent_xfer *x, struct te_engine *te);
 void agent__xfer_add(struct agent *a, struct agent_xfer *x, const char *segment, bool write,
 		     void *local, uint64_t remote, size_t len, int *err);
+/* A read whose bytes' CRC-32C the engine sums as they land
+ * (te_request.want_crc): *crc holds it once finish has run and *err is
+ * still 0. */
+void agent__xfer_add_summed(struct agent *a, struct agent_xfer *x, const char *segment,
+			    void *local, uint64_t remote, size_t len, int *err, uint32_t *crc);
 /* The same for local device memory (a client's dma-buf, by its address
  * in the client): moved by RDMA only (te_request.local_device). */
 void agent__xfer_add_device(struct agent *a, struct agent_xfer *x, const char *segment,

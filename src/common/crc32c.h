@@ -28,6 +28,13 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t len);
  * checksummed as it lands, so the data is read from memory once. */
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
+/* The checksum of a followed by b, from crc1 = crc32c(0, a, ...) and
+ * crc2 = crc32c(0, b, len2), without their bytes (a few thousand
+ * instructions at most, whatever len2). It is linear: the checksum of pieces summed apart
+ * (in any order, on any thread) is the XOR of crc32c_combine(crc_i, 0,
+ * bytes after piece i) over the pieces. */
+uint32_t crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+
 /* The table implementation, always available (tests compare the two). */
 uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len);
 

@@ -400,8 +400,12 @@ static void *load_main(void *arg)
 	uint64_t end_ms = mc_now_ms() + l->ms;
 	for (size_t i = 0; i < nreq; i++)
 		reqs[i] = (struct te_request){
-			l->b->write ? TE_WRITE : TE_READ, buf + i * l->block, l->seg,
-			l->remote + i * l->block,         l->block,           false};
+			.op = l->b->write ? TE_WRITE : TE_READ,
+			.local = buf + i * l->block,
+			.segment = l->seg,
+			.remote_addr = l->remote + i * l->block,
+			.len = l->block,
+		};
 	size_t busy = 0; /* slots with a batch submitted; slot k is the oldest */
 	for (size_t k = 0;; k = (k + 1) % l->inflight) {
 		if (bt[k]) {

@@ -315,12 +315,11 @@ static void cmd_rw(struct shell *sh, bool write, char **a, int n)
 	else if (!write)
 		memset(buf, 0, total);
 	for (uint64_t i = 0; i < count; i++)
-		reqs[i] = (struct te_request){write ? TE_WRITE : TE_READ,
-					      buf + i * len,
-					      s,
-					      addr + i * len,
-					      (size_t)len,
-					      false};
+		reqs[i] = (struct te_request){.op = write ? TE_WRITE : TE_READ,
+					      .local = buf + i * len,
+					      .segment = s,
+					      .remote_addr = addr + i * len,
+					      .len = (size_t)len};
 	size_t failed = 0;
 	uint64_t t0 = mc_now_ns();
 	rc = run_batch(sh, reqs, (size_t)count, &failed);
@@ -375,8 +374,11 @@ static void cmd_stress(struct shell *sh, char **a, int n)
 	}
 	ctl_pattern_fill(buf, (size_t)(len * count), 1, addr);
 	for (uint64_t i = 0; i < count; i++)
-		reqs[i] = (struct te_request){TE_WRITE,       buf + i * len, s,
-					      addr + i * len, (size_t)len,   false};
+		reqs[i] = (struct te_request){.op = TE_WRITE,
+					      .local = buf + i * len,
+					      .segment = s,
+					      .remote_addr = addr + i * len,
+					      .len = (size_t)len};
 	uint64_t end = mc_now_ms() + secs * 1000, batches = 0;
 	size_t failed = 0;
 	while (mc_now_ms() < end) {

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -116,6 +117,7 @@ void te__slice_done(struct te_slice *s, int err, bool retry)
 				  s->path, path);
 			s->path = (uint16_t)path;
 			s->done_bytes = 0;
+			s->summed = false;
 			p->ops->submit(p, s);
 			return;
 		}
@@ -125,6 +127,12 @@ void te__slice_done(struct te_slice *s, int err, bool retry)
 	if (err) {
 		int zero = 0;
 		atomic_compare_exchange_strong(&rs->err, &zero, err);
+	} else if (rs->r.want_crc) {
+		/* Its bytes are in (and in the cache when not summed yet). */
+		uint32_t c = s->summed ? s->crc : crc32c(0, s->local, s->len);
+		uint64_t after = rs->r.len - (uint64_t)(s->local - (uint8_t *)rs->r.local) -
+				 s->len;
+		atomic_fetch_xor(&rs->crc, crc32c_combine(c, 0, after));
 	}
 	if (atomic_fetch_sub(&rs->left, 1) == 1)
 		req_finish(b, rs, atomic_load(&rs->err));
@@ -268,7 +276,8 @@ int te_submit_inline(struct te_engine *e, const struct te_request *reqs, size_t 
 		const struct te_request *r = &reqs[i];
 		if (r->len == 0)
 			continue;
-		if (!r->segment || !r->local || (r->op != TE_READ && r->op != TE_WRITE))
+		if (!r->segment || !r->local || (r->op != TE_READ && r->op != TE_WRITE) ||
+		    (r->want_crc && (r->op != TE_READ || r->local_device)))
 			return -EINVAL;
 		total += te__slice_count(r->len, e->slice_bytes);
 		if (total > TE_MAX_BATCH_SLICES)
@@ -345,6 +354,7 @@ size_t te_poll(struct te_batch *b, struct te_result *results)
 		if (results) {
 			results[i].status = (enum te_status)st;
 			results[i].err = st == TE_FAILED ? atomic_load(&b->reqs[i].err) : 0;
+			results[i].crc = st == TE_DONE ? atomic_load(&b->reqs[i].crc) : 0;
 		}
 	}
 	return pending;

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -804,10 +805,14 @@ static void copy_slice(struct te_slice *s)
 {
 	struct shm_map *m = s->route;
 	uint8_t *remote = m->ptr + (s->remote - m->addr);
-	if (s->op == TE_WRITE)
+	if (s->op == TE_WRITE) {
 		memcpy(remote, s->local, s->len);
-	else
+	} else if (s->batch->reqs[s->req].r.want_crc) {
+		s->crc = crc32c_copy(0, s->local, remote, s->len);
+		s->summed = true;
+	} else {
 		memcpy(s->local, remote, s->len);
+	}
 	te__slice_done(s, 0, false);
 }
 

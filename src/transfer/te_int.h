@@ -424,6 +424,8 @@ struct te_slice {
 	uint8_t tries;
 	bool device; /* local is device memory: RDMA only */
 	uint16_t path;
+	bool summed;       /* crc is the CRC-32C of what the transport copied */
+	uint32_t crc;      /* ... (want_crc: shm sums as it copies) */
 	uint32_t excluded; /* paths that failed it */
 	uint32_t len;
 	uint64_t remote;
@@ -442,6 +444,8 @@ struct te_req_state {
 	_Atomic int status; /* enum te_status */
 	_Atomic int err;
 	atomic_size_t left;    /* slices not completed */
+	_Atomic uint32_t crc;  /* want_crc: the XOR of the slices' sums, each
+				* moved over the bytes after it (crc32c_combine) */
 	size_t first, nslices; /* into batch->slices */
 	struct te_peer *peer;  /* bound peer (ref) */
 	void *route;

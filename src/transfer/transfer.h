@@ -280,6 +280,13 @@ struct te_request {
 	 * peer over shm, a tcp peer, a remote region without rkeys) or
 	 * local is not inside such a region. */
 	bool local_device;
+	/* TE_READ into host memory: the result carries the CRC-32C of the
+	 * bytes that landed in local (crc32c(0, local, len)), summed as they
+	 * are copied (shm: read from memory once) or as each slice comes in
+	 * (tcp, rdma: on the engine's thread, while they are in the cache),
+	 * so that a caller checking what it read needs no pass of its own.
+	 * te_submit refuses it (-EINVAL) on a write or device memory. */
+	bool want_crc;
 };
 
 enum te_status {
@@ -290,12 +297,13 @@ enum te_status {
 
 struct te_result {
 	enum te_status status;
-	int err; /* when FAILED: MC_EREMOTE_ACCESS (the range
+	int err;      /* when FAILED: MC_EREMOTE_ACCESS (the range
 				 * is not inside one registered region of
 				 * the segment), MC_EUNAVAILABLE (peer gone
 				 * after retries on every path),
 				 * MC_ETIMEDOUT (no progress for the io
 				 * timeout), MC_ESHUTDOWN, -EINVAL */
+	uint32_t crc; /* TE_DONE with want_crc: the bytes' CRC-32C */
 };
 
 /*

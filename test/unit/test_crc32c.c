@@ -137,6 +137,17 @@ Test(crc32c, copy_checksums_what_it_copies)
 	free(dst);
 }
 
+/* len bytes of rand() from seed (the caller frees them). */
+static unsigned char *random_bytes(size_t len, unsigned seed)
+{
+	unsigned char *buf = malloc(len);
+	cr_assert_not_null(buf);
+	srand(seed);
+	for (size_t i = 0; i < len; i++)
+		buf[i] = (unsigned char)rand();
+	return buf;
+}
+
 /* Lengths around the folding path's least length (1 KiB) and its 256-byte
  * rounds, and a few MiB, from every alignment: the path taken with AVX-512
  * and VPCLMULQDQ, the crc32 streams elsewhere; both must give the table's
@@ -144,11 +155,7 @@ Test(crc32c, copy_checksums_what_it_copies)
 Test(crc32c, hw_and_table_agree_across_the_folding_path)
 {
 	const size_t max = (4u << 20) + 300;
-	unsigned char *buf = malloc(max);
-	cr_assert_not_null(buf);
-	srand(4242);
-	for (size_t i = 0; i < max; i++)
-		buf[i] = (unsigned char)rand();
+	unsigned char *buf = random_bytes(max, 4242);
 	size_t lens[] = {1023,       1024,           1025,       1279,
 			 1280,       1281,           1535,       2047,
 			 2048,       2049,           4096 + 255, 65536,
@@ -170,5 +177,34 @@ Test(crc32c, hw_and_table_agree_across_the_folding_path)
 		cr_assert_neq(crc32c(0, buf, 1u << 20), ref, "bit %zu", bit);
 		buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
 	}
+	free(buf);
+}
+
+/* Pieces summed apart give the whole's checksum: chained with
+ * crc32c_combine, and XORed in any order (as the transfer engine adds up
+ * slices that land on different threads). */
+Test(crc32c, combine_joins_pieces_summed_apart)
+{
+	const size_t max = (3u << 20) + 77;
+	unsigned char *buf = random_bytes(max, 99);
+	uint32_t whole = crc32c(0, buf, max);
+	size_t cuts[] = {0, 1, 7, 4096, 65536 + 3, 1u << 20, max - 1, max};
+	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+		size_t a = cuts[i];
+		uint32_t c = crc32c_combine(crc32c(0, buf, a), crc32c(0, buf + a, max - a),
+					    max - a);
+		cr_assert_eq(c, whole, "cut at %zu", a);
+	}
+	/* Slices of 1 MiB, the last one short, added up last to first. */
+	size_t slice = 1u << 20;
+	uint32_t acc = 0;
+	for (size_t off = (max - 1) / slice * slice;; off -= slice) {
+		size_t len = off + slice > max ? max - off : slice;
+		acc ^= crc32c_combine(crc32c(0, buf + off, len), 0, max - off - len);
+		if (off == 0)
+			break;
+	}
+	cr_assert_eq(acc, whole);
+	cr_assert_eq(crc32c_combine(0x12345678u, 0, 0), 0x12345678u);
 	free(buf);
 }

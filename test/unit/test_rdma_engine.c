@@ -54,8 +54,8 @@ static void transfer(enum te_op op, struct te_segment *s, uint8_t *local, uint64
 	struct te_request q[64];
 	cr_assert(n <= 64);
 	for (size_t i = 0; i < n; i++)
-		q[i] = (struct te_request){op,   local + i * len, s, remote + i * len, len,
-					   false};
+		q[i] = (struct te_request){op,  local + i * len, s,    remote + i * len,
+					   len, false,           false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, n, &bt), 0);
 	cr_assert_eq(te_wait(bt, 60000), 0);
@@ -203,7 +203,8 @@ Test(rdma_engine, unregister_under_requests_using_the_region)
 	for (size_t i = 0; i < 64; i++)
 		q[i] = (struct te_request){TE_WRITE, src.p + (i << 20),
 					   s,        (uint64_t)(uintptr_t)b.p + (i << 20),
-					   1 << 20,  false};
+					   1 << 20,  false,
+					   false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], q, 64, &bt), 0);
 	pthread_t t;
@@ -463,7 +464,8 @@ Test(rdma_engine, dmabuf_needs_rdma)
 	struct mem b;
 	mem_new(H.e[1], 1 << 20, &b);
 	struct te_segment *s = open_b();
-	struct te_request q = {TE_WRITE, gpu.p, s, (uint64_t)(uintptr_t)b.p, 4096, true};
+	struct te_request q = {TE_WRITE, gpu.p, s,    (uint64_t)(uintptr_t)b.p,
+			       4096,     true,  false};
 	struct te_batch *bt;
 	struct te_result res;
 	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
@@ -496,7 +498,8 @@ Test(rdma_engine, dmabuf_as_local_memory)
 	mem_new(H.e[1], len, &b);
 	struct te_segment *s = open_b();
 	struct te_request q = {
-		TE_WRITE, (void *)(uintptr_t)iova, s, (uint64_t)(uintptr_t)b.p, len, true};
+		TE_WRITE, (void *)(uintptr_t)iova, s, (uint64_t)(uintptr_t)b.p, len, true,
+		false};
 	struct te_batch *bt;
 	struct te_result res;
 	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);

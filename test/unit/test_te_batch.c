@@ -115,9 +115,9 @@ Test(te_batch, striping_and_status)
 	rig_init(&r);
 	static uint8_t buf[4 * SLICE + 3];
 	struct te_request q[3] = {
-		{TE_READ, buf, &r.s, 0x1000, 4 * SLICE + 3, false}, /* 5 slices */
-		{TE_WRITE, buf, &r.s, 0x1000, 0, false},            /* nothing to do */
-		{TE_WRITE, buf, &r.s, 0x9000, 1, false},
+		{TE_READ, buf, &r.s, 0x1000, 4 * SLICE + 3, false, false}, /* 5 slices */
+		{TE_WRITE, buf, &r.s, 0x1000, 0, false, false},            /* nothing to do */
+		{TE_WRITE, buf, &r.s, 0x9000, 1, false, false},
 	};
 	struct te_batch *b;
 	done_calls = 0;
@@ -144,7 +144,7 @@ Test(te_batch, broken_path_is_retried_elsewhere)
 	struct rig r;
 	rig_init(&r);
 	static uint8_t buf[16 * SLICE];
-	struct te_request q = {TE_WRITE, buf, &r.s, 0x1000, sizeof(buf), false};
+	struct te_request q = {TE_WRITE, buf, &r.s, 0x1000, sizeof(buf), false, false};
 	r.f.fail_retry = 1u << 1;
 	struct te_batch *b;
 	cr_assert_eq(te_submit(&r.e, &q, 1, &b), 0);
@@ -164,7 +164,7 @@ Test(te_batch, every_path_broken_fails_the_request)
 	struct rig r;
 	rig_init(&r);
 	static uint8_t buf[SLICE];
-	struct te_request q = {TE_READ, buf, &r.s, 0x1000, 100, false};
+	struct te_request q = {TE_READ, buf, &r.s, 0x1000, 100, false, false};
 	r.f.fail_retry = (1u << NPATHS) - 1;
 	struct te_batch *b;
 	cr_assert_eq(te_submit(&r.e, &q, 1, &b), 0);
@@ -192,8 +192,8 @@ Test(te_batch, refusal_is_final)
 	struct rig r;
 	rig_init(&r);
 	static uint8_t buf[SLICE];
-	struct te_request q[2] = {{TE_READ, buf, &r.s, 0x1000, 10, false},
-				  {TE_READ, buf, &r.s, 0x2000, 10, false}};
+	struct te_request q[2] = {{TE_READ, buf, &r.s, 0x1000, 10, false, false},
+				  {TE_READ, buf, &r.s, 0x2000, 10, false, false}};
 	r.f.refuse = (1u << NPATHS) - 1;
 	struct te_batch *b;
 	cr_assert_eq(te_submit(&r.e, q, 2, &b), 0);
@@ -213,7 +213,7 @@ Test(te_batch, argument_errors)
 	rig_init(&r);
 	static uint8_t buf[16];
 	struct te_batch *b;
-	struct te_request q = {TE_READ, buf, NULL, 0, 16, false};
+	struct te_request q = {TE_READ, buf, NULL, 0, 16, false, false};
 	cr_assert_eq(te_submit(&r.e, &q, 1, &b), -EINVAL); /* no segment */
 	q.segment = &r.s;
 	q.local = NULL;

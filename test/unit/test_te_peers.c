@@ -138,7 +138,8 @@ static void submitter_finish(struct submitter *sb)
 
 static void read_once(struct te_segment *s, struct mem *b, struct mem *dst)
 {
-	struct te_request q = {TE_READ, dst->p, s, (uint64_t)(uintptr_t)b->p, BLOCK, false};
+	struct te_request q = {TE_READ, dst->p, s,    (uint64_t)(uintptr_t)b->p,
+			       BLOCK,   false,  false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
 	cr_assert_eq(te_wait(bt, 20000), 0);
@@ -215,7 +216,8 @@ Test(te_peers, kick_never_queued_twice)
 	 * then holds our worker. */
 	struct gate server, client;
 	gate_hold(&server, &H.e[1]->workers[0]);
-	struct te_request qa = {TE_READ, dst.p, s, (uint64_t)(uintptr_t)b.p, BLOCK, false};
+	struct te_request qa = {TE_READ, dst.p, s,    (uint64_t)(uintptr_t)b.p,
+				BLOCK,   false, false};
 	struct te_batch *ba;
 	cr_assert_eq(te_submit(H.e[0], &qa, 1, &ba), 0);
 	gate_hold(&client, w);
@@ -225,11 +227,12 @@ Test(te_peers, kick_never_queued_twice)
 	 * 2. A's answer (that connection takes B at once; its kick is still
 	 *    queued), 3. a submit of C (must not queue that kick again). */
 	struct submitter sb, sc;
-	struct te_request qb = {TE_READ, dst.p + BLOCK, s, (uint64_t)(uintptr_t)b.p + BLOCK,
-				BLOCK,   false};
+	struct te_request qb = {TE_READ, dst.p + BLOCK, s,    (uint64_t)(uintptr_t)b.p + BLOCK,
+				BLOCK,   false,         false};
 	struct te_request qc = {TE_READ, dst.p + 2 * BLOCK,
 				s,       (uint64_t)(uintptr_t)b.p + 2 * BLOCK,
-				BLOCK,   false};
+				BLOCK,   false,
+				false};
 	submitter_init(&sb, w, &qb);
 	submitter_init(&sc, w, &qc);
 	submitter_fire(&sb);

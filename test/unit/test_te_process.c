@@ -92,7 +92,7 @@ static void host_start(enum te_protocol p)
 /* One request; its error (0: done). */
 static int one(struct te_segment *s, enum te_op op, void *local, uint64_t remote, size_t len)
 {
-	struct te_request q = {op, local, s, remote, len, false};
+	struct te_request q = {op, local, s, remote, len, false, false};
 	struct te_batch *bt;
 	cr_assert_eq(te_submit(H.e[0], &q, 1, &bt), 0);
 	cr_assert_eq(te_wait(bt, 60000), 0, "no hang");
