@@ -17,7 +17,8 @@
  * buffer and on into its place in the pass that checks its checksum;
  * another agent's reads it into its bounce region (peer.c), and this
  * agent reads that through the transfer engine like a remote replica,
- * always checking the bytes, then lets the owner reuse the room. A
+ * always checking the bytes (by the sum the engine makes of what lands:
+ * te_request.want_crc), then lets the owner reuse the room. A
  * replica gone meanwhile (promoted, evicted) makes the item ask the
  * master again, once. A zero-copy view of an SSD object is such a copy
  * into the spill area (no segment holds it). After a hit in this agent's
