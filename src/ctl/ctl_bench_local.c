@@ -275,18 +275,30 @@ int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m)
 	return 0;
 }
 
+void ctl_run_id(char out[17])
+{
+	uint64_t rnd;
+	if (mc_random(&rnd, sizeof(rnd)) != 0)
+		rnd = mc_now_ns() ^ (uint64_t)getpid() << 32;
+	snprintf(out, 17, "%016llx", (unsigned long long)rnd);
+}
+
 int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms)
 {
 	uint64_t deadline = mc_now_ms() + timeout_ms;
+	/* (A key of its own: the agent may be one of a user's cluster.) */
+	char probe[48], id[17];
+	ctl_run_id(id);
+	int plen = snprintf(probe, sizeof(probe), "bench/probe/%s", id);
 	int rc;
 	for (;;) {
 		struct mc_open_opts o = {.socket_path = sock, .client_name = "bench store"};
 		rc = mc_open_ex(&o, out);
 		if (rc == 0) {
-			rc = mc_put(*out, "bench/probe", 11, "x", 1,
+			rc = mc_put(*out, probe, (size_t)plen, "x", 1,
 				    &(struct mc_put_opts){.upsert = 1});
 			if (rc == 0) {
-				(void)mc_remove(*out, "bench/probe", 11, 1);
+				(void)mc_remove(*out, probe, (size_t)plen, 1);
 				return 0;
 			}
 			mc_close(*out);

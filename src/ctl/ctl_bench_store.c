@@ -88,8 +88,9 @@ struct run {
 	unsigned batch; /* values per call (1 but for batch ops) */
 	uint64_t stop_ns;
 	const char *remote_segment;
-	unsigned tag;  /* of this round's put keys */
-	unsigned gtag; /* of the get set: the same in every round */
+	const char *run_id; /* this bench's: its keys are bench/<run_id>/... */
+	unsigned tag;       /* of this round's put keys */
+	unsigned gtag;      /* of the get set: the same in every round */
 };
 
 struct worker {
@@ -112,8 +113,8 @@ struct worker {
 static void key_of(char *k, size_t len, const struct run *r, unsigned id, const char *kind,
 		   uint64_t i)
 {
-	snprintf(k, len, "bench/%u/%s/%zu/%u/%llu", *kind == 'g' ? r->gtag : r->tag, kind,
-		 r->size, id, (unsigned long long)i);
+	snprintf(k, len, "bench/%s/%u/%s/%zu/%u/%llu", r->run_id,
+		 *kind == 'g' ? r->gtag : r->tag, kind, r->size, id, (unsigned long long)i);
 }
 
 /* One batch call of r->batch values (keys i*batch on for puts). */
@@ -289,6 +290,26 @@ static int servers_usage(const struct servers *sv, enum target tg, struct ctl_us
 		agent->wakeups += u.wakeups;
 	}
 	return ms < 0 ? 0 : ctl_proc_usage(ms, master);
+}
+
+/* After a size and op: the bench's keys go. Its own cluster is emptied
+ * at once; an agent of --socket belongs to a cluster that holds other
+ * objects too, so only this run's keys (bench/<run_id>/) are removed,
+ * and a failure says what was left behind. */
+static void remove_keys(mc_client *c, bool own_cluster, const char *run_id)
+{
+	if (own_cluster) {
+		(void)mc_remove_all(c, 1);
+		return;
+	}
+	char pattern[64];
+	snprintf(pattern, sizeof(pattern), "^bench/%s/", run_id);
+	int64_t n = mc_remove_regex(c, pattern, 1);
+	if (n < 0)
+		fprintf(stderr,
+			"bench store: cannot remove its keys (bench/%s/...): %s; remove them "
+			"with mooncakectl rm --regex '%s'\n",
+			run_id, mc_strerror((int)n), pattern);
 }
 
 /* Put the get set of each client where it is missing (its first round,
@@ -548,8 +569,10 @@ static void usage(FILE *f)
 		"the value copied by two threads half each, the answer (what a get\n"
 		"through a daemon does at the least, without the store). Without\n"
 		"--socket it starts a master and two agents itself (mooncaked next to\n"
-		"mooncakectl),\n"
-		"and redis-server when installed; the master runs in the process of\n"
+		"mooncakectl) and redis-server when installed, and empties that\n"
+		"cluster after each size and op; with --socket only its own keys\n"
+		"(bench/RUN/..., RUN random a run) are removed then, the cluster's\n"
+		"other objects left as they were. The master runs in the process of\n"
 		"the first agent (as in standalone) or, with --master=separate, in a\n"
 		"process of its own. Beside each figure: the CPU time an operation\n"
 		"costs the client threads, the agents (redis: redis-server) and the\n"
@@ -777,6 +800,8 @@ int ctl_bench_store_main(int argc, char **argv)
 		.redis = ctl_local_pid(&cl, "redis")};
 	const char *remote_seg = holder_remote ? mc_agent_address(holder_remote) : NULL;
 	unsigned tag = (unsigned)getpid();
+	char run_id[17];
+	ctl_run_id(run_id);
 	for (unsigned si = 0; si < nsizes; si++) {
 		char vs[32];
 		snprintf(vs, sizeof(vs), "%zuK", sizes[si] >> 10);
@@ -821,6 +846,7 @@ int ctl_bench_store_main(int argc, char **argv)
 							       GET_SET_BYTES / sizes[si])),
 						.batch = op_batch(op) ? batch : 1,
 						.remote_segment = remote_seg,
+						.run_id = run_id,
 						.tag = tag++,
 						.gtag = gtag + t,
 					};
@@ -830,7 +856,7 @@ int ctl_bench_store_main(int argc, char **argv)
 				}
 			ctl_floor_stop(fl);
 			ws[0].floor = NULL;
-			(void)mc_remove_all(holder_local, 1);
+			remove_keys(holder_local, own_cluster, run_id);
 			for (unsigned t = 0; t < NTARGETS; t++) {
 				if (tal[t].ran || tal[t].errors)
 					print_line(t == T_REDIS ? "" : vs, op, t, sizes[si],

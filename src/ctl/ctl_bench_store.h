@@ -90,6 +90,9 @@ int ctl_proc_mem(pid_t pid, struct ctl_proc_mem *m);
  * mounted), trying until timeout_ms. Errors: those of mc_open_ex and
  * mc_put. */
 int ctl_local_open(const char *sock, mc_client **out, uint64_t timeout_ms);
+/* 16 random hex digits and a NUL: a run's own key names in a cluster
+ * that may hold a user's objects. */
+void ctl_run_id(char out[17]);
 
 /* ------------------------------------------------------------ ctl_redis.c */
 

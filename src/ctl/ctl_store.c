@@ -35,6 +35,8 @@ struct store_args {
 	struct mc_put_opts put;
 	int force;
 	int verify;
+	bool regex;
+	const char *put_flag, *get_flag, *rm_flag; /* one given, for refusals */
 };
 
 static void store_usage(FILE *f, const char *cmd)
@@ -53,8 +55,11 @@ static void store_usage(FILE *f, const char *cmd)
 			   "with (exit status 1 and MC_ECHECKSUM when they differ).\n");
 	else
 		fprintf(f, "usage: mooncakectl rm KEY [--force] [--socket=PATH]\n"
+			   "       mooncakectl rm --regex PATTERN [--force] [--socket=PATH]\n"
 			   "Remove KEY from the pool; --force even while a reader holds "
-			   "its read lease.\n");
+			   "its read lease. --regex: every object whose key matches PATTERN "
+			   "(a POSIX extended regular expression, matched anywhere in the "
+			   "key: anchor it with ^), and print how many went.\n");
 }
 
 static int parse(int argc, char **argv, struct store_args *a)
@@ -79,34 +84,46 @@ static int parse(int argc, char **argv, struct store_args *a)
 				return -1;
 			}
 			a->put.replica_num = (unsigned)n;
+			a->put_flag = "--replicas";
 		} else if (ctl_flag_value(argc, argv, &i, "tier", &v)) {
 			if (!v || (strcmp(v, "dram") != 0 && strcmp(v, "ssd") != 0)) {
 				fprintf(stderr, "mooncakectl: --tier takes dram or ssd\n");
 				return -1;
 			}
 			a->put.tier = strcmp(v, "ssd") == 0 ? MC_TIER_SSD : MC_TIER_DRAM;
+			a->put_flag = "--tier";
 		} else if (ctl_flag_value(argc, argv, &i, "ttl", &v)) {
 			if (!v || cfg_parse_duration_ms(v, &a->put.ttl_ms) != 0) {
 				fprintf(stderr,
 					"mooncakectl: --ttl takes a duration (10s, 5m)\n");
 				return -1;
 			}
+			a->put_flag = "--ttl";
 		} else if (ctl_flag_bool(argv[i], "soft-pin", &b, &ok)) {
 			if (!ok)
 				goto badbool;
 			a->put.soft_pin = b;
+			a->put_flag = "--soft-pin";
 		} else if (ctl_flag_bool(argv[i], "upsert", &b, &ok)) {
 			if (!ok)
 				goto badbool;
 			a->put.upsert = b;
+			a->put_flag = "--upsert";
 		} else if (ctl_flag_bool(argv[i], "force", &b, &ok)) {
 			if (!ok)
 				goto badbool;
 			a->force = b;
+			a->rm_flag = "--force";
+		} else if (ctl_flag_bool(argv[i], "regex", &b, &ok)) {
+			if (!ok)
+				goto badbool;
+			a->regex = b;
+			a->rm_flag = "--regex";
 		} else if (ctl_flag_bool(argv[i], "verify", &b, &ok)) {
 			if (!ok)
 				goto badbool;
 			a->verify = b;
+			a->get_flag = "--verify";
 		} else if (argv[i][0] == '-' && argv[i][1] == '-') {
 			fprintf(stderr, "mooncakectl %s: unknown flag %s\n", argv[0], argv[i]);
 			return -1;
@@ -116,6 +133,17 @@ static int parse(int argc, char **argv, struct store_args *a)
 			fprintf(stderr, "mooncakectl %s: too many arguments\n", argv[0]);
 			return -1;
 		}
+	}
+	/* A flag of another command would be ignored: refused instead. */
+	const char *other = strcmp(argv[0], "put") == 0
+				    ? (a->get_flag ? a->get_flag : a->rm_flag)
+			    : strcmp(argv[0], "get") == 0
+				    ? (a->put_flag ? a->put_flag : a->rm_flag)
+				    : (a->put_flag ? a->put_flag : a->get_flag);
+	if (other) {
+		fprintf(stderr, "mooncakectl %s: %s is not a flag of %s (see --help)\n",
+			argv[0], other, argv[0]);
+		return -1;
 	}
 	return 0;
 missing:
@@ -288,6 +316,19 @@ int ctl_rm_main(int argc, char **argv)
 	mc_client *c;
 	if (open_agent(&a, &c))
 		return CTL_EXIT_FAIL;
+	if (a.regex) {
+		int64_t n = mc_remove_regex(c, a.pos[0], a.force);
+		mc_close(c);
+		if (n < 0) {
+			fprintf(stderr, "mooncakectl rm --regex %s: %s (%s)\n", a.pos[0],
+				n == -EINVAL ? "not a POSIX extended regular expression"
+					     : mc_strerror((int)n),
+				mc_errname((int)n));
+			return CTL_EXIT_FAIL;
+		}
+		printf("removed %lld\n", (long long)n);
+		return CTL_EXIT_OK;
+	}
 	int rc = mc_remove(c, a.pos[0], strlen(a.pos[0]), a.force);
 	mc_close(c);
 	if (rc) {

@@ -309,6 +309,42 @@ def bench_store_runs_every_op_beside_redis():
 
 
 @case
+def bench_store_on_a_users_agent_removes_only_its_keys():
+    """`mooncakectl bench store --socket=PATH` runs against an agent of a
+    cluster that holds other objects: after each size and op it removes
+    its own keys (bench/<run>/...) and nothing else; `mooncakectl rm
+    --regex` removes by pattern; a flag of another command is refused."""
+    cl = Cluster(agents=1, segment=256 * MiB)
+    ag = cl.agents[0]
+    s = ag.store()
+    users = {"bench/users/own": b"u1", "model/layer0": b"u2", "bench-notes": b"u3"}
+    for k, v in users.items():
+        eq(s.put(k, v), OK, "put " + k)
+    r = ag.ctl("bench", "store", "--redis=off", "--value-size=4K", "--clients=2",
+               "--op=put,get,batch-put", "--batch=4", "--duration=300ms", "--rounds=1",
+               timeout=300)
+    rows = [l.split() for l in r.stdout.splitlines() if l.startswith("4K")]
+    eq(len(rows), 3, "a row per op\n" + r.stdout)
+    assert all(x[-1] == "0" for x in rows), r.stdout
+    for k, v in users.items():
+        eq(s.get(k), v, "the bench left %s alone" % k)
+    for k in ("keep/1", "tmp/a1", "tmp/a2", "xtmp/a3"):
+        eq(s.put(k, b"x"), OK, "put " + k)
+    r = ag.ctl("rm", "--regex", "^(bench/[0-9a-f]{16}/|tmp/)")
+    eq(r.stdout.strip(), "removed 2", "the bench's keys were gone already; tmp/a1, tmp/a2")
+    eq([s.is_exist(k) for k in ("keep/1", "tmp/a1", "xtmp/a3")], [1, 0, 1], "by the pattern")
+    r = ag.ctl("rm", "--regex", "(", check=False)
+    eq(r.returncode, 1, "a bad pattern fails")
+    assert "not a POSIX extended regular expression" in r.stderr, r.stderr
+    for cmd in (("put", "k", "/dev/null", "--force"), ("get", "k", "--upsert"),
+                ("rm", "k", "--verify"), ("get", "k", "--regex")):
+        r = ag.ctl(*cmd, check=False)
+        eq(r.returncode, 2, "%s: a flag of another command" % (cmd,))
+        assert "is not a flag of" in r.stderr, r.stderr
+    s.close()
+
+
+@case
 def bench_sessions_serves_every_session():
     """`mooncakectl bench sessions` opens many sessions with its own agent,
     prints the agent's memory per idle session, and serves a checked put
