@@ -359,6 +359,64 @@ static int sync_call(struct rpc_client *c, const char *method, const ProtobufCMe
 	return rpc_client_unary_sync(c, path, req, d, TIMEOUT_MS, out, err, errlen);
 }
 
+/*
+ * A --target master must be one of its own: the bench mounts a segment of
+ * 64 TiB that the master would place real puts on (their agents cannot
+ * write there, so they fail), and leaves --objects objects in its index
+ * until that segment expires. Refused (with why) when it has agents or
+ * objects; true when it is empty. A master that cannot say is refused too.
+ */
+static bool target_is_empty(struct rpc_client *c, const char *target)
+{
+	Mooncake__Master__StatsRequest q = MOONCAKE__MASTER__STATS_REQUEST__INIT;
+	ProtobufCMessage *out = NULL;
+	char err[256] = "";
+	int st = sync_call(c, "Stats", &q.base, &mooncake__master__stats_response__descriptor,
+			   &out, err, sizeof(err));
+	if (st != RPC_OK) {
+		fprintf(stderr, "mooncakectl bench master: %s: Stats: %s %s\n", target,
+			rpc_status_name(st), err);
+		return false;
+	}
+	const Mooncake__Master__StatsResponse *s = (const void *)out;
+	bool empty = s->agents == 0 && s->objects == 0;
+	if (!empty)
+		fprintf(stderr,
+			"mooncakectl bench master: %s serves a cluster (%" PRIu64
+			" agents, %" PRIu64
+			" objects): the bench mounts a 64 TiB segment of its own there, which "
+			"the master would place real puts on, and leaves its objects in the "
+			"index until that segment expires. Measure a master of its own "
+			"(mooncaked --role=master --meta-endpoints= --diag-service), or run "
+			"without --target\n",
+			target, s->agents, s->objects);
+	protobuf_c_message_free_unpacked(out, NULL);
+	return empty;
+}
+
+/* The bench's segment goes, and its objects with it: the master is as it
+ * was (a second run need not wait for the segment to expire). */
+static void unmount(struct rpc_client *c, const char *target, const char *agent)
+{
+	Mooncake__Master__UnmountSegmentRequest q =
+		MOONCAKE__MASTER__UNMOUNT_SEGMENT_REQUEST__INIT;
+	q.name = (char *)agent;
+	q.agent_id = (char *)agent;
+	ProtobufCMessage *out = NULL;
+	char err[256] = "";
+	int st = sync_call(c, "UnmountSegment", &q.base,
+			   &mooncake__master__unmount_segment_response__descriptor, &out, err,
+			   sizeof(err));
+	if (st != RPC_OK) {
+		fprintf(stderr,
+			"mooncakectl bench master: %s: UnmountSegment %s: %s %s (its objects "
+			"go when the segment expires, --agent-ttl)\n",
+			target, agent, rpc_status_name(st), err);
+		return;
+	}
+	protobuf_c_message_free_unpacked(out, NULL);
+}
+
 /* Keep the bench agent alive between phases (--agent-ttl). */
 static void heartbeat(struct rpc_client *c, const Mooncake__Master__HeartbeatRequest *hb)
 {
@@ -480,7 +538,9 @@ static void usage(FILE *f)
 		"                                [--batch=100] [--objects=1M]\n\n"
 		"  --target=HOST:PORT  a leading master (default: one in this process, own\n"
 		"                      thread and loop); the Echo limit needs --diag-service;\n"
-		"                      one with a cluster secret: $MOONCAKE_CLUSTER_SECRET_FILE\n"
+		"                      one with a cluster secret: $MOONCAKE_CLUSTER_SECRET_FILE;\n"
+		"                      refused when it has agents or objects (the bench's\n"
+		"                      segment would take real puts)\n"
 		"  --duration=D        how long each ops/s figure is measured\n"
 		"  --batch=N           keys per batch call\n"
 		"  --objects=N         objects put for the memory and scale figures (10M takes\n"
@@ -519,7 +579,8 @@ int ctl_bench_master_main(int argc, char **argv)
 
 	struct ctl_msrv *srv = NULL;
 	bool local = !target;
-	char addr[64];
+	char addr[64], agent[64] = "";
+	bool mounted = false;
 	int rc = CTL_EXIT_FAIL;
 	uv_loop_t loop;
 	struct rpc_client *c = NULL;
@@ -543,6 +604,8 @@ int ctl_bench_master_main(int argc, char **argv)
 		rc = CTL_EXIT_USAGE;
 		goto out_srv;
 	}
+	if (!local && !target_is_empty(c, target))
+		goto out_client;
 	for (unsigned i = 0; i < BATCH_INFLIGHT; i++)
 		if (keyset_init(&ks[i], (unsigned)MC_MAX(batch, FILL_BATCH))) {
 			fprintf(stderr, "mooncakectl bench master: out of memory\n");
@@ -551,7 +614,7 @@ int ctl_bench_master_main(int argc, char **argv)
 
 	/* A segment large enough for every object (the master only does
 	 * arithmetic on it), owned by a bench agent. */
-	char agent[64], err[512] = "";
+	char err[512] = "";
 	snprintf(agent, sizeof(agent), "bench-%d", (int)getpid());
 	Mooncake__Master__Segment seg = MOONCAKE__MASTER__SEGMENT__INIT;
 	seg.name = agent;
@@ -571,6 +634,7 @@ int ctl_bench_master_main(int argc, char **argv)
 		goto out_client;
 	}
 	protobuf_c_message_free_unpacked(out, NULL);
+	mounted = true;
 	Mooncake__Master__HeartbeatRequest hb = MOONCAKE__MASTER__HEARTBEAT_REQUEST__INIT;
 	hb.agent_id = agent;
 
@@ -726,6 +790,8 @@ int ctl_bench_master_main(int argc, char **argv)
 failed:
 	fprintf(stderr, "mooncakectl bench master: %s: %s\n", target, r.err);
 out_client:
+	if (mounted)
+		unmount(c, target, agent);
 	for (unsigned i = 0; i < BATCH_INFLIGHT; i++)
 		keyset_free(&ks[i]);
 	rpc_client_free(c);

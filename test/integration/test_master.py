@@ -528,6 +528,30 @@ def bench_master_prints_memory_and_scale():
 
 
 @case
+def bench_master_target_wants_a_master_of_its_own():
+    """`bench master --target` measures a master that serves nothing: it
+    unmounts its segment at the end (its objects go with it, so a second
+    run finds the master empty again), and refuses one with agents or
+    objects, where its 64 TiB segment would take real puts."""
+    d, m = master("--diag-service")
+    addr = d.addr("master-listen")
+    cmd = [mctest.MOONCAKECTL, "bench", "master", "--target=" + addr, "--duration=100ms",
+           "--batch=10", "--objects=20K"]
+    for i in range(2):
+        r = run(cmd, timeout=120)
+        assert "B/object + key" in r.stdout, r.stdout
+        out = run([mctest.MOONCAKECTL, "stats", "--master=" + addr]).stdout.splitlines()
+        eq(("agents 0" in out, "objects 0" in out), (True, True), "run %d left nothing" % i)
+    m.mount("s", "ag", 16 * MiB)
+    r = run(cmd, check=False, timeout=120)
+    eq(r.returncode, 1, "a master with an agent is refused")
+    assert "serves a cluster (1 agents, 0 objects)" in r.stderr, r.stderr
+    out = run([mctest.MOONCAKECTL, "stats", "--master=" + addr]).stdout.splitlines()
+    assert "agents 1" in out, out
+    eq(d.stop(), 0, "master exit")
+
+
+@case
 def bench_resync_brings_back_64_agents_objects_after_a_failover():
     # The bench checks what came back itself (exit 1 on any miss); here
     # the figures' lines and the counts.
