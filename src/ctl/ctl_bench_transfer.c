@@ -110,7 +110,10 @@ static void usage(FILE *f)
 		"                      default: a target process forked here, "
 		"which also\n"
 		"                      runs the plain TCP stream the tcp figure is "
-		"compared to\n\n"
+		"compared to\n"
+		"  --overwrite-target  with --target and --op=write: yes, overwrite its\n"
+		"                      memory (refused without: never an agent's "
+		"segment)\n\n"
 		"engine flags (without --meta-endpoints the target is reached in "
 		"P2P mode;\nwithout --target the two engines share a secret made "
 		"for the run, and the\ncluster secret flags matter only with "
@@ -701,7 +704,7 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 {
 	const char *v, *proto, *op = "write", *block = "1M", *batch = "32", *threads = "2",
 			       *inflight = "2", *dur = "3s";
-	bool te_threads_set = false;
+	bool te_threads_set = false, overwrite = false, ok;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
@@ -724,6 +727,12 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 			dur = v;
 		} else if (ctl_flag_value(argc, argv, &i, "target", &v)) {
 			b->target = v;
+		} else if (ctl_flag_bool(argv[i], "overwrite-target", &overwrite, &ok)) {
+			if (!ok) {
+				fprintf(stderr, "mooncakectl bench transfer: "
+						"--overwrite-target takes true or false\n");
+				return 2;
+			}
 		} else {
 			fprintf(stderr,
 				"mooncakectl bench transfer: unknown argument "
@@ -751,6 +760,18 @@ static int parse_flags(struct bench *b, int argc, char **argv)
 		return 2;
 	}
 	b->write = strcmp(op, "write") == 0;
+	/* Writes land on the target's first region from its start: an
+	 * agent's segment there would lose its objects' bytes. */
+	if (b->write && b->target && !overwrite) {
+		fprintf(stderr,
+			"mooncakectl bench transfer: --op=write overwrites the first %" PRIu64
+			" bytes of %s's memory (an agent's segment would lose the bytes of the "
+			"objects there): aim it at a `mooncakectl transfer --serve` segment and "
+			"say --overwrite-target, or measure reads (--op=read)\n",
+			b->threads * b->batch * MC_MAX(b->block, (uint64_t)SMALL_BLOCK),
+			b->target);
+		return 2;
+	}
 	b->conns = (unsigned)strtoul(b->te.tcp_conns, NULL, 10);
 	if (!te_threads_set) {
 		/* As many data threads as the limit it is compared with uses:

@@ -175,6 +175,28 @@ def tcp_and_shm_in_p2p_mode_without_meta():
 
 
 @case
+def bench_transfer_writes_a_target_only_when_told():
+    """`bench transfer --target` with --op=write (the default op) would
+    overwrite the target's memory from its start: refused (exit 2) unless
+    --overwrite-target says so; reads are measured as they are."""
+    b = shell("bench-target", "--buffer=80M", "--fill=7")
+    base = [mctest.MOONCAKECTL, "bench", "transfer", "--target=" + b.name,
+            "--meta-endpoints=" + etcd("meta").endpoint, "--duration=200ms",
+            "--block-size=64K"]
+    for op in ([], ["--op=write"]):
+        r = run(base + op, check=False)
+        eq(r.returncode, 2, "write without --overwrite-target")
+        assert "--overwrite-target" in r.stderr and b.name in r.stderr, r.stderr
+    r = run(base + ["--op=read"], timeout=120)
+    assert "bench transfer: tcp read" in r.stdout, r.stdout
+    r = b.ok("read %s 0 4M 7" % b.name)
+    assert "verified" in r, "reads left its bytes alone: " + r
+    r = run(base + ["--op=write", "--overwrite-target"], timeout=120)
+    assert "bench transfer: tcp write" in r.stdout, r.stdout
+    eq(b.close(), 0, "target exit")
+
+
+@case
 def refusals_leave_memory_and_connections_alone():
     for proto in ("auto", "tcp"):
         b = shell("refuse-b-" + proto, "--buffer=8M", "--fill=7")
