@@ -415,6 +415,11 @@ const struct master_obj *master__find(const struct master_core *c, const uint8_t
  * demotions past --put-timeout are given up, and the DRAM tier and every
  * SSD segment are brought under their watermarks. */
 void master__tick(struct master_core *c, uint64_t now_ms);
+/* The caller's loop was held for held_ms (a long call on it, the process
+ * stopped): the heartbeats sent meanwhile wait unread in their sockets,
+ * so that time does not count against the agents. Their --agent-ttl
+ * moves on by it; call before the tick that would judge them. */
+void master__loop_held(struct master_core *c, uint64_t held_ms);
 /*
  * One eviction round if DRAM usage, less what demotions on their way
  * will free, is above the watermark (also run after each put start).

@@ -7,6 +7,7 @@
 #include "master/master.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@
 #define LOG_SUBSYS LOGS_MASTER
 
 #define TICK_MS 100
+/* A tick later than this after the one before: the loop was held. */
+#define TICK_LATE_MS 1000
 #define METRICS_EVERY_TICKS 10
 
 /* ------------------------------------------------------------ metrics */
@@ -314,9 +317,21 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 static void on_tick(uv_timer_t *t)
 {
 	struct master *m = t->data;
+	uint64_t now = uv_now(m->loop), gap = m->last_tick_ms ? now - m->last_tick_ms : 0;
+	m->last_tick_ms = now;
 	if (m->leader) {
 		hold_eviction_while_settling(m);
-		master__tick(m->core, uv_now(m->loop));
+		/* A tick this late means the loop was held (a long call on it:
+		 * RemoveRegex over millions of objects; the process stopped):
+		 * the agents' heartbeats are still unread, and this tick runs
+		 * before they are. Without this, every agent would expire. */
+		if (gap > TICK_LATE_MS) {
+			log_warn("the loop was held for %" PRIu64 " ms: agents' --agent-ttl "
+				 "moves on by that much (their heartbeats wait unread)",
+				 gap - TICK_MS);
+			master__loop_held(m->core, gap - TICK_MS);
+		}
+		master__tick(m->core, now);
 	}
 	master__sync_tick(m, uv_now(m->loop));
 	if (++m->ticks % METRICS_EVERY_TICKS == 0)

@@ -10,6 +10,7 @@ two nodes (prefill/decode disaggregation) — through the Python package,
 as users call it, every get checking the bytes against their checksum.
 """
 import os
+import signal
 import tempfile
 import time
 
@@ -165,6 +166,32 @@ def a_killed_agent_leaves_the_index():
     eq(sa.get("after"), b"ok", "and are read across")
     sa.close()
     sb.close()
+
+
+@case
+def a_master_held_past_the_agent_ttl_keeps_its_agents():
+    """A master whose loop was held longer than --agent-ttl (here the
+    process stopped with SIGSTOP; a RemoveRegex over millions of objects
+    does the same) finds the agents' heartbeats unread in its sockets:
+    that time does not count against them, so no agent expires and every
+    object stays (before, the first tick after expired them all)."""
+    cl = Cluster(agents=2, master_args=["--agent-ttl=1s"])
+    a, b = cl.agents
+    sa, sb = a.store(), b.store()
+    eq(sa.put("held/a", b"A" * 1000), OK, "put on A")
+    eq(sb.put("held/b", b"B" * 1000), OK, "put on B")
+    cl.master.signal(signal.SIGSTOP)
+    time.sleep(3)
+    cl.master.signal(signal.SIGCONT)
+    wait_for(lambda: "loop was held" in cl.master.output(), 10, "the master's line")
+    time.sleep(1.5)  # more than --agent-ttl after the master went on
+    eq(metric(cl.master_metrics(), "mooncake_master_agents_expired_total"), 0.0,
+       "no agent expired")
+    eq(cl.stats()["agents"], 2.0, "both agents")
+    eq((sb.get("held/a"), sa.get("held/b")), (b"A" * 1000, b"B" * 1000), "every object")
+    sa.close()
+    sb.close()
+    cl.stop()
 
 
 @case

@@ -641,3 +641,19 @@ Test(master_core, eviction_waits_while_the_segments_come_back)
 	cr_assert_eq(master__exist(c, K("filler"), 60000), 0, "let go: the round runs");
 	cr_assert_eq(master__core_counters(c)->evictions, 1);
 }
+
+/* A held loop (master__loop_held) moves the agents' --agent-ttl on by the
+ * time it was held: an agent last heard at 0 lives past 10 s when the
+ * loop was held for 8 of them, and expires once silent that long again. */
+Test(master_core, a_held_loop_does_not_count_against_agents)
+{
+	mount("sa", "a", 64 * MiB, 0);
+	put("k", 100, 1, 0, 0);
+	master__loop_held(c, 8000);
+	master__tick(c, 17999);
+	cr_assert_neq(master__seg_find(c, "sa"), MASTER_NO_SEGMENT, "a lives on");
+	cr_assert_eq(master__exist(c, K("k"), 17999), 1);
+	master__tick(c, 18000);
+	cr_assert_eq(master__seg_find(c, "sa"), MASTER_NO_SEGMENT, "then expires");
+	cr_assert_eq(master__core_counters(c)->agents_expired, 1);
+}
