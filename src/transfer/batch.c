@@ -274,10 +274,11 @@ int te_submit_inline(struct te_engine *e, const struct te_request *reqs, size_t 
 		return -EINVAL;
 	for (size_t i = 0; i < n; i++) {
 		const struct te_request *r = &reqs[i];
+		if (r->want_crc && (r->op != TE_READ || r->local_device))
+			return -EINVAL;
 		if (r->len == 0)
 			continue;
-		if (!r->segment || !r->local || (r->op != TE_READ && r->op != TE_WRITE) ||
-		    (r->want_crc && (r->op != TE_READ || r->local_device)))
+		if (!r->segment || !r->local || (r->op != TE_READ && r->op != TE_WRITE))
 			return -EINVAL;
 		total += te__slice_count(r->len, e->slice_bytes);
 		if (total > TE_MAX_BATCH_SLICES)

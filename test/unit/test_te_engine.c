@@ -422,6 +422,9 @@ static void want_crc_reads(enum te_protocol pa)
 	w = r[0];
 	w.local_device = true;
 	cr_assert_eq(te_submit(H.e[0], &w, 1, &batch), -EINVAL);
+	w = r[2];
+	w.op = TE_WRITE;
+	cr_assert_eq(te_submit(H.e[0], &w, 1, &batch), -EINVAL, "an empty write too");
 	te_close_segment(s);
 	mem_free(&dst);
 	mem_free(&b);
