@@ -183,7 +183,6 @@ def a_master_held_past_the_agent_ttl_keeps_its_agents():
     cl.master.signal(signal.SIGSTOP)
     time.sleep(3)
     cl.master.signal(signal.SIGCONT)
-    wait_for(lambda: "loop was held" in cl.master.output(), 10, "the master's line")
     time.sleep(1.5)  # more than --agent-ttl after the master went on
     eq(metric(cl.master_metrics(), "mooncake_master_agents_expired_total"), 0.0,
        "no agent expired")
