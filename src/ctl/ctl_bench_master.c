@@ -359,6 +359,20 @@ static int sync_call(struct rpc_client *c, const char *method, const ProtobufCMe
 	return rpc_client_unary_sync(c, path, req, d, TIMEOUT_MS, out, err, errlen);
 }
 
+/* sync_call, its failure told on stderr (with target and method): true
+ * when *out holds the answer (the caller frees it). */
+static bool call_said(struct rpc_client *c, const char *target, const char *method,
+		      const ProtobufCMessage *req, const ProtobufCMessageDescriptor *d,
+		      ProtobufCMessage **out)
+{
+	char err[512] = "";
+	int st = sync_call(c, method, req, d, out, err, sizeof(err));
+	if (st != RPC_OK)
+		fprintf(stderr, "mooncakectl bench master: %s: %s: %s %s\n", target, method,
+			rpc_status_name(st), err);
+	return st == RPC_OK;
+}
+
 /*
  * A --target master must be one of its own: the bench mounts a segment of
  * 64 TiB that the master would place real puts on (their agents cannot
@@ -370,14 +384,9 @@ static bool target_is_empty(struct rpc_client *c, const char *target)
 {
 	Mooncake__Master__StatsRequest q = MOONCAKE__MASTER__STATS_REQUEST__INIT;
 	ProtobufCMessage *out = NULL;
-	char err[256] = "";
-	int st = sync_call(c, "Stats", &q.base, &mooncake__master__stats_response__descriptor,
-			   &out, err, sizeof(err));
-	if (st != RPC_OK) {
-		fprintf(stderr, "mooncakectl bench master: %s: Stats: %s %s\n", target,
-			rpc_status_name(st), err);
+	if (!call_said(c, target, "Stats", &q.base,
+		       &mooncake__master__stats_response__descriptor, &out))
 		return false;
-	}
 	const Mooncake__Master__StatsResponse *s = (const void *)out;
 	bool empty = s->agents == 0 && s->objects == 0;
 	if (!empty)
@@ -403,15 +412,12 @@ static void unmount(struct rpc_client *c, const char *target, const char *agent)
 	q.name = (char *)agent;
 	q.agent_id = (char *)agent;
 	ProtobufCMessage *out = NULL;
-	char err[256] = "";
-	int st = sync_call(c, "UnmountSegment", &q.base,
-			   &mooncake__master__unmount_segment_response__descriptor, &out, err,
-			   sizeof(err));
-	if (st != RPC_OK) {
+	if (!call_said(c, target, "UnmountSegment", &q.base,
+		       &mooncake__master__unmount_segment_response__descriptor, &out)) {
 		fprintf(stderr,
-			"mooncakectl bench master: %s: UnmountSegment %s: %s %s (its objects "
-			"go when the segment expires, --agent-ttl)\n",
-			target, agent, rpc_status_name(st), err);
+			"mooncakectl bench master: segment %s stays, its objects with it, "
+			"until it expires (--agent-ttl)\n",
+			agent);
 		return;
 	}
 	protobuf_c_message_free_unpacked(out, NULL);
@@ -625,14 +631,9 @@ int ctl_bench_master_main(int argc, char **argv)
 		MOONCAKE__MASTER__MOUNT_SEGMENT_REQUEST__INIT;
 	mreq.segment = &seg;
 	ProtobufCMessage *out = NULL;
-	int st = sync_call(c, "MountSegment", &mreq.base,
-			   &mooncake__master__mount_segment_response__descriptor, &out, err,
-			   sizeof(err));
-	if (st != RPC_OK) {
-		fprintf(stderr, "mooncakectl bench master: %s: MountSegment: %s %s\n", target,
-			rpc_status_name(st), err);
+	if (!call_said(c, target, "MountSegment", &mreq.base,
+		       &mooncake__master__mount_segment_response__descriptor, &out))
 		goto out_client;
-	}
 	protobuf_c_message_free_unpacked(out, NULL);
 	mounted = true;
 	Mooncake__Master__HeartbeatRequest hb = MOONCAKE__MASTER__HEARTBEAT_REQUEST__INIT;
@@ -759,13 +760,9 @@ int ctl_bench_master_main(int argc, char **argv)
 		       (double)(uv_hrtime() - t0) / 1e9);
 	}
 	Mooncake__Master__StatsRequest sreq = MOONCAKE__MASTER__STATS_REQUEST__INIT;
-	st = sync_call(c, "Stats", &sreq.base, &mooncake__master__stats_response__descriptor,
-		       &out, err, sizeof(err));
-	if (st != RPC_OK) {
-		fprintf(stderr, "mooncakectl bench master: Stats: %s %s\n",
-			rpc_status_name(st), err);
+	if (!call_said(c, target, "Stats", &sreq.base,
+		       &mooncake__master__stats_response__descriptor, &out))
 		goto out_client;
-	}
 	const Mooncake__Master__StatsResponse *s = (const void *)out;
 	double rss2 = (double)mc_rss_bytes();
 	printf("\nmemory at %" PRIu64 " objects (keys %.1f B on average)\n", s->objects,

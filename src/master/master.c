@@ -333,7 +333,7 @@ static void on_tick(uv_timer_t *t)
 		}
 		master__tick(m->core, now);
 	}
-	master__sync_tick(m, uv_now(m->loop));
+	master__sync_tick(m, now);
 	if (++m->ticks % METRICS_EVERY_TICKS == 0)
 		master__update_metrics(m);
 }
