@@ -10,7 +10,6 @@ two nodes (prefill/decode disaggregation) — through the Python package,
 as users call it, every get checking the bytes against their checksum.
 """
 import os
-import signal
 import tempfile
 import time
 
@@ -166,33 +165,6 @@ def a_killed_agent_leaves_the_index():
     eq(sa.get("after"), b"ok", "and are read across")
     sa.close()
     sb.close()
-
-
-@case
-def a_master_held_past_the_agent_ttl_keeps_its_agents():
-    """A master whose loop was held longer than --agent-ttl (here the
-    process stopped with SIGSTOP; a RemoveRegex over millions of objects
-    does the same) finds the agents' heartbeats unread in its sockets:
-    that time does not count against them, so no agent expires and every
-    object stays (before, the first tick after expired them all)."""
-    cl = Cluster(agents=2, master_args=["--agent-ttl=3s"])
-    a, b = cl.agents
-    sa, sb = a.store(), b.store()
-    eq(sa.put("held/a", b"A" * 1000), OK, "put on A")
-    eq(sb.put("held/b", b"B" * 1000), OK, "put on B")
-    cl.master.signal(signal.SIGSTOP)
-    time.sleep(6)
-    cl.master.signal(signal.SIGCONT)
-    # More than --agent-ttl after the master went on: the agents'
-    # heartbeats (slow to come back on a loaded host) must have counted.
-    time.sleep(4)
-    eq(metric(cl.master_metrics(), "mooncake_master_agents_expired_total"), 0.0,
-       "no agent expired")
-    eq(cl.stats()["agents"], 2.0, "both agents")
-    eq((sb.get("held/a"), sa.get("held/b")), (b"A" * 1000, b"B" * 1000), "every object")
-    sa.close()
-    sb.close()
-    cl.stop()
 
 
 @case
