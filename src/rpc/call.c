@@ -188,6 +188,21 @@ static enum call_room call_room(const struct rpc_call *call, size_t n)
 	return room_for(&call->s->calls, call->conn_held, n);
 }
 
+/* The most bytes the call may take now; *why: the bound that says so. */
+static size_t call_room_left(const struct rpc_call *call, enum call_room *why)
+{
+	const struct rpc__calls *cs = &call->s->calls;
+	size_t left = rpc__mem_left(&cs->bufs);
+	*why = ROOM_SERVER_FULL;
+	const size_t *conn = call->conn_held;
+	size_t conn_left = !conn ? SIZE_MAX : *conn < cs->conn_max ? cs->conn_max - *conn : 0;
+	if (conn_left < left) {
+		left = conn_left;
+		*why = ROOM_CONN_FULL;
+	}
+	return left;
+}
+
 static void full_message(const struct rpc_call *call, enum call_room why, char *msg, size_t n)
 {
 	const struct rpc__calls *cs = &call->s->calls;
@@ -213,8 +228,12 @@ static void full_message(const struct rpc_call *call, enum call_room why, char *
 
 bool rpc__call_join(struct rpc_call *call, size_t *conn)
 {
-	if (room_for(&call->s->calls, conn, CALL_COST) != ROOM_OK)
+	if (room_for(&call->s->calls, conn, CALL_COST) != ROOM_OK) {
+		/* Its client sees RESOURCE_EXHAUSTED (the transport resets the
+		 * stream with ENHANCE_YOUR_CALM); its method is not known yet. */
+		call_record(call, RPC_RESOURCE_EXHAUSTED);
 		return false;
+	}
 	rpc__mem_count(&call->s->calls.bufs, CALL_COST, true);
 	*conn += CALL_COST;
 	call->conn_held = call->outq.conn_acct = conn;
@@ -411,8 +430,10 @@ void rpc__call_gone(struct rpc_call *call)
 static int hdr_add(struct rpc_call *call, const uint8_t *name, size_t nlen,
 		   const uint8_t *value, size_t vlen)
 {
-	if (call_room(call, nlen + vlen + 2) != ROOM_OK)
+	if (call_room(call, nlen + vlen + 2) != ROOM_OK) {
+		call_record(call, RPC_RESOURCE_EXHAUSTED); /* (as in rpc__call_join) */
 		return -ENOBUFS;
+	}
 	if (mc_buf_reserve(&call->hdrs, nlen + vlen + 2))
 		return -ENOMEM;
 	rpc__mem_count(&call->s->calls.bufs, nlen + vlen + 2, true);
@@ -769,22 +790,21 @@ int rpc_call_send(struct rpc_call *call, const ProtobufCMessage *msg)
 		return -EINVAL;
 	if (!call->tp->can_send(call))
 		return -ECANCELED;
-	/* Bytes that lie in the request's received body are sent from there:
-	 * an echo of a large field is not copied. */
+	/* An answer waits in memory until the client takes it (a client
+	 * that opens no window never does): it too must fit the bound, and
+	 * one that does not is refused before it is packed. The call then
+	 * ends RESOURCE_EXHAUSTED, whatever its handler says. Bytes that lie
+	 * in the request's received body are sent from there: an echo of a
+	 * large field is not copied. */
+	enum call_room why;
+	size_t room = call_room_left(call, &why);
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, call->s->calls.max_msg, &call->s->calls.bufs,
+	int rc = rpc__omsg_pack(msg, call->s->calls.max_msg, room, &call->s->calls.bufs,
 				call->req_arena.body, &m);
+	if (rc == -ENOBUFS)
+		call->mem_refused = (uint8_t)why;
 	if (rc)
 		return rc;
-	/* An answer waits in memory until the client takes it (a client
-	 * that opens no window never does): it too must fit the bound. The
-	 * call then ends RESOURCE_EXHAUSTED, whatever its handler says. */
-	enum call_room why = call_room(call, m->len);
-	if (why != ROOM_OK) {
-		rpc__omsg_unref(m);
-		call->mem_refused = (uint8_t)why;
-		return -ENOBUFS;
-	}
 	rpc__outq_push(&call->outq, m);
 	call->nsent++;
 	rc = call->tp->on_send(call);

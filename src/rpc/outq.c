@@ -476,8 +476,8 @@ static struct rpc__omsg *omsg_new(struct rpc__bufcache *bc, size_t inline_len)
  * have put the field (before the first field numbered above it), so the
  * bytes on the wire are those of a plain pack. */
 static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescriptor *f,
-			 size_t max_bytes, struct rpc__bufcache *bc, struct rpc__rbody *from,
-			 struct rpc__omsg **out)
+			 size_t max_bytes, size_t room, struct rpc__bufcache *bc,
+			 struct rpc__rbody *from, struct rpc__omsg **out)
 {
 	const ProtobufCMessageDescriptor *d = msg->descriptor;
 	uint8_t *copy = malloc(d->sizeof_message);
@@ -499,6 +499,10 @@ static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescri
 	if (body > max_bytes || body > UINT32_MAX) {
 		free(copy);
 		return MC_ETOO_LARGE;
+	}
+	if (5 + body > room) {
+		free(copy);
+		return -ENOBUFS;
 	}
 	struct rpc__omsg *m = omsg_new(bc, 5 + hl + rest);
 	if (!m) {
@@ -531,15 +535,17 @@ static int omsg_pack_ref(const ProtobufCMessage *msg, const ProtobufCFieldDescri
 	return 0;
 }
 
-int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
-		   struct rpc__rbody *from, struct rpc__omsg **out)
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, size_t room,
+		   struct rpc__bufcache *bc, struct rpc__rbody *from, struct rpc__omsg **out)
 {
 	const ProtobufCFieldDescriptor *f = from ? ref_field(msg, from) : NULL;
 	if (f)
-		return omsg_pack_ref(msg, f, max_bytes, bc, from, out);
+		return omsg_pack_ref(msg, f, max_bytes, room, bc, from, out);
 	size_t body = protobuf_c_message_get_packed_size(msg);
 	if (body > max_bytes || body > UINT32_MAX)
 		return MC_ETOO_LARGE;
+	if (5 + body > room)
+		return -ENOBUFS;
 	struct rpc__omsg *m = omsg_new(bc, 5 + body);
 	if (!m)
 		return -ENOMEM;

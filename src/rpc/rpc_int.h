@@ -210,9 +210,12 @@ struct rpc__omsg {
  * (may be NULL). The cache must outlive the message. A proto3 bytes
  * field of msg of at least RPC__ALIAS_MIN_BYTES that lies in from (may be
  * NULL) is not copied: the message takes a reference on from and is sent
- * from there. Errors: MC_ETOO_LARGE (body above max_bytes), -ENOMEM. */
-int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, struct rpc__bufcache *bc,
-		   struct rpc__rbody *from, struct rpc__omsg **out) MC_MUST_CHECK;
+ * from there. Errors: MC_ETOO_LARGE (body above max_bytes), -ENOBUFS
+ * (the message, prefix included, is longer than room: nothing was
+ * allocated or copied), -ENOMEM. */
+int rpc__omsg_pack(const ProtobufCMessage *msg, size_t max_bytes, size_t room,
+		   struct rpc__bufcache *bc, struct rpc__rbody *from,
+		   struct rpc__omsg **out) MC_MUST_CHECK;
 /* The message's bytes from offset off on, as far as they are contiguous
  * (*len, at least 1 while off < m->len). */
 const uint8_t *rpc__omsg_at(const struct rpc__omsg *m, size_t off, size_t *len);

@@ -167,8 +167,9 @@ int rpc__mstats_init(struct rpc__mstats *st, struct metrics_registry *reg, const
 struct rpc_call *rpc__call_new(struct rpc_server *s, const struct rpc__call_tp *tp,
 			       const char *peer);
 /* A call of a connection whose calls hold *conn (sconn.c): its cost and
- * what it holds count there too. False (nothing counted) when it does not
- * fit the server's bound or the connection's share of it. */
+ * what it holds count there too. False (nothing held) when it does not
+ * fit the server's bound or the connection's share of it: it is counted
+ * as a call of method "unknown" ended RESOURCE_EXHAUSTED. */
 bool rpc__call_join(struct rpc_call *call, size_t *conn);
 /* Its stream is gone: the call no longer counts in its connection's. */
 void rpc__call_leave(struct rpc_call *call);

@@ -514,7 +514,7 @@ static int unary_start(struct rpc_client *c, const char *path, const ProtobufCMe
 	rc = stream_new(c, path, resp_desc, timeout_ms, &st);
 	if (rc)
 		goto err_lent;
-	rc = rpc__omsg_pack(req, c->ss.max_msg, &c->ss.bufs, lent, &m);
+	rc = rpc__omsg_pack(req, c->ss.max_msg, SIZE_MAX, &c->ss.bufs, lent, &m);
 	if (rc)
 		goto err_stream;
 	st->lent = lent;
@@ -581,7 +581,7 @@ int rpc_stream_send(struct rpc_stream *st, const ProtobufCMessage *msg)
 	if (st->send_closed)
 		return -EPIPE;
 	struct rpc__omsg *m;
-	int rc = rpc__omsg_pack(msg, st->c->ss.max_msg, &st->c->ss.bufs, NULL, &m);
+	int rc = rpc__omsg_pack(msg, st->c->ss.max_msg, SIZE_MAX, &st->c->ss.bufs, NULL, &m);
 	if (rc)
 		return rc;
 	rpc__outq_push(&st->outq, m);

@@ -1324,7 +1324,8 @@ Test(rpc, call_memory_bounds_answers)
 
 /* The headers a call keeps count in the bound too: a connection whose
  * streams each bring 60 KB of metadata and never end keeps its share
- * (2 MiB here) and has the rest of them reset. */
+ * (2 MiB here) and has the rest of them reset, each counted as a call of
+ * method "unknown" ended RESOURCE_EXHAUSTED (what its client sees). */
 Test(rpc, call_memory_bounds_headers)
 {
 	struct fx f;
@@ -1354,6 +1355,10 @@ Test(rpc, call_memory_bounds_headers)
 	cr_assert_geq(held, 30 * 60000.0);
 	cr_assert_leq(held, 2.0 * MiB + 80 * 1024);
 	cr_assert_eq(r.stream_error, NGHTTP2_ENHANCE_YOUR_CALM);
+	static const char reset[] = "mooncake_rpc_server_calls_total{server=\"test\","
+				    "method=\"unknown\",code=\"RESOURCE_EXHAUSTED\"} ";
+	RUN_UNTIL(&f, metric_of(&f, reset) >= r.nclosed);
+	cr_assert_eq(metric_of(&f, reset), r.nclosed);
 	raw_close(&r);
 	fx_fini_bounded(&f, base);
 }

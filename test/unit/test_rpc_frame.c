@@ -805,8 +805,8 @@ static void check_pack_ref(const ProtobufCMessage *msg, struct rpc__rbody *from,
 	static uint8_t a[BIG_BYTES + 1024], b[BIG_BYTES + 1024];
 	struct rpc__omsg *mr, *mp;
 	unsigned refs = from->refs;
-	cr_assert_eq(rpc__omsg_pack(msg, 1u << 20, NULL, from, &mr), 0);
-	cr_assert_eq(rpc__omsg_pack(msg, 1u << 20, NULL, NULL, &mp), 0);
+	cr_assert_eq(rpc__omsg_pack(msg, 1u << 20, SIZE_MAX, NULL, from, &mr), 0);
+	cr_assert_eq(rpc__omsg_pack(msg, 1u << 20, SIZE_MAX, NULL, NULL, &mp), 0);
 	cr_assert_eq(mr->ext != NULL, by_ref);
 	cr_assert_eq(from->refs, refs + (by_ref ? 1 : 0));
 	cr_assert_eq(mr->len, mp->len);
@@ -871,11 +871,22 @@ Test(rpc_frame, a_large_field_in_a_received_body_is_packed_by_reference)
 	/* Over the maximum: refused, no reference taken. */
 	struct rpc__omsg *m;
 	e.payload.len = BIG_BYTES;
-	cr_assert_eq(rpc__omsg_pack(&e.base, BIG_BYTES, NULL, from, &m), MC_ETOO_LARGE);
+	cr_assert_eq(rpc__omsg_pack(&e.base, BIG_BYTES, SIZE_MAX, NULL, from, &m),
+		     MC_ETOO_LARGE);
 	cr_assert_eq(from->refs, 1);
 
+	/* Longer than the room given, by reference or not: refused before
+	 * anything is allocated; exactly the room fits. */
+	size_t len = 5 + protobuf_c_message_get_packed_size(&e.base);
+	cr_assert_eq(rpc__omsg_pack(&e.base, 1u << 20, len - 1, NULL, from, &m), -ENOBUFS);
+	cr_assert_eq(rpc__omsg_pack(&e.base, 1u << 20, len - 1, NULL, NULL, &m), -ENOBUFS);
+	cr_assert_eq(from->refs, 1);
+	cr_assert_eq(rpc__omsg_pack(&e.base, 1u << 20, len, NULL, NULL, &m), 0);
+	cr_assert_eq(m->len, len);
+	rpc__omsg_unref(m);
+
 	/* A message sent by reference keeps the body past its other owner. */
-	cr_assert_eq(rpc__omsg_pack(&e.base, 1u << 20, NULL, from, &m), 0);
+	cr_assert_eq(rpc__omsg_pack(&e.base, 1u << 20, len, NULL, from, &m), 0);
 	rpc__rbody_unref(from);
 	cr_assert_eq(from->refs, 1);
 	size_t n;
