@@ -418,8 +418,9 @@ void master__tick(struct master_core *c, uint64_t now_ms);
 /* The caller's loop was held for held_ms (a long call on it, the process
  * stopped): the heartbeats sent meanwhile wait unread in their sockets,
  * so that time does not count against the agents. Their --agent-ttl
- * moves on by it; call before the tick that would judge them. */
-void master__loop_held(struct master_core *c, uint64_t held_ms);
+ * moves on by it; call before the tick that would judge them. Returns
+ * how many agents it moved. */
+unsigned master__loop_held(struct master_core *c, uint64_t held_ms);
 /*
  * One eviction round if DRAM usage, less what demotions on their way
  * will free, is above the watermark (also run after each put start).

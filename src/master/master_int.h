@@ -45,7 +45,7 @@ struct master {
 	uint64_t leader_lease_ttl_ms;
 	uv_timer_t tick;
 	unsigned ticks;
-	uint64_t last_tick_ms; /* loop time of the last tick (0: none yet) */
+	uint64_t last_tick_ms; /* loop time of the last tick (or of the start) */
 	bool leader, stopping;
 	uint64_t view;
 	uint64_t leader_since_ms; /* loop time this leadership began */

@@ -376,10 +376,12 @@ bool master__heartbeat(struct master_core *c, const char *agent, uint64_t now_ms
 	return true;
 }
 
-void master__loop_held(struct master_core *c, uint64_t held_ms)
+unsigned master__loop_held(struct master_core *c, uint64_t held_ms)
 {
-	for (struct master_agent *a = c->segs.agents; a; a = a->next)
+	unsigned n = 0;
+	for (struct master_agent *a = c->segs.agents; a; a = a->next, n++)
 		a->last_heartbeat_ms += held_ms;
+	return n;
 }
 
 void master__agents_expire(struct master_core *c, uint64_t now_ms)

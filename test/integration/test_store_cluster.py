@@ -10,6 +10,7 @@ two nodes (prefill/decode disaggregation) — through the Python package,
 as users call it, every get checking the bytes against their checksum.
 """
 import os
+import signal
 import tempfile
 import time
 
@@ -165,6 +166,37 @@ def a_killed_agent_leaves_the_index():
     eq(sa.get("after"), b"ok", "and are read across")
     sa.close()
     sb.close()
+
+
+@case
+def a_master_held_past_the_agent_ttl_keeps_its_agents():
+    """A master whose loop was held longer than --agent-ttl (here the
+    process stopped with SIGSTOP; a RemoveRegex over millions of objects
+    does the same) finds the agents' heartbeats unread in its sockets:
+    that time does not count against them, so no agent expires and every
+    object stays (before, the first tick after expired them all). Held
+    twice: right after the puts, which is often before the master's
+    first tick (that case still expired both agents, in CI), and again
+    once it has ticked for a second."""
+    cl = Cluster(agents=2, master_args=["--agent-ttl=2s"])
+    a, b = cl.agents
+    sa, sb = a.store(), b.store()
+    eq(sa.put("held/a", b"A" * 1000), OK, "put on A")
+    eq(sb.put("held/b", b"B" * 1000), OK, "put on B")
+    for hold, after in ((3, 1), (3, 3)):
+        cl.master.signal(signal.SIGSTOP)
+        time.sleep(hold)
+        cl.master.signal(signal.SIGCONT)
+        time.sleep(after)
+        eq(metric(cl.master_metrics(), "mooncake_master_agents_expired_total"), 0.0,
+           "no agent expired")
+    # (The last wait is longer than --agent-ttl: the heartbeats came back.)
+    eq(cl.stats()["agents"], 2.0, "both agents")
+    eq((sb.get("held/a"), sa.get("held/b")), (b"A" * 1000, b"B" * 1000), "every object")
+    assert "the loop was held for" in cl.master.output(), "the master says so"
+    sa.close()
+    sb.close()
+    cl.stop()
 
 
 @case

@@ -649,7 +649,7 @@ Test(master_core, a_held_loop_does_not_count_against_agents)
 {
 	mount("sa", "a", 64 * MiB, 0);
 	put("k", 100, 1, 0, 0);
-	master__loop_held(c, 8000);
+	cr_assert_eq(master__loop_held(c, 8000), 1, "one agent moved");
 	master__tick(c, 17999);
 	cr_assert_neq(master__seg_find(c, "sa"), MASTER_NO_SEGMENT, "a lives on");
 	cr_assert_eq(master__exist(c, K("k"), 17999), 1);
