@@ -65,13 +65,16 @@ static inline void **mc_lhash_bucket(const struct mc_lhash *t, uint64_t h)
 int mc_lhash_grow(struct mc_lhash *t, const struct mc_lhash_ops *ops);
 
 /* After an insert that made the table hold `count` nodes: add buckets
- * while there are more than 3 nodes for 4 buckets (at most two splits
- * an insert), the load at which doubling kept chains on average. */
+ * while there are more than 3 nodes for 4 buckets, the load at which
+ * doubling kept chains on average; at most two an insert, which is all
+ * one insert needs, so a table that fell behind (its owner held its
+ * growth for a while) catches up over the next inserts, not in one. */
 static inline void mc_lhash_added(struct mc_lhash *t, size_t count,
 				  const struct mc_lhash_ops *ops)
 {
-	while (count * 4 > mc_lhash_n(t) * 3 && mc_lhash_grow(t, ops) == 0)
-		;
+	for (int i = 0; i < 2 && count * 4 > mc_lhash_n(t) * 3; i++)
+		if (mc_lhash_grow(t, ops) != 0)
+			break;
 }
 
 /* Bytes of the array. */

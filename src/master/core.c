@@ -655,48 +655,76 @@ int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool 
 	return 0;
 }
 
-/* Remove the COMPLETE objects match accepts (every one when it is NULL),
- * leased ones only with force; *skipped counts the leased ones left, and
- * with pending the PENDING ones too. */
-static void remove_walk(struct master_core *c,
-			bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
-			bool force, bool pending, uint64_t now_ms, uint64_t *removed,
-			uint64_t *skipped)
+void master__walk_begin(struct master_core *c, struct master_walk *w)
 {
-	uint64_t r = 0, s = 0;
-	for (size_t b = 0; b < master__index_slots(&c->ix); b++) {
-		struct master_obj *o = master__index_slot(&c->ix, b);
-		while (o) {
-			struct master_obj *next = o->hnext;
+	w->bucket = 0;
+	w->removed = w->skipped = 0;
+	w->open = true;
+	c->ix.walks++;
+}
+
+void master__walk_abort(struct master_core *c, struct master_walk *w)
+{
+	if (!w->open)
+		return;
+	w->open = false;
+	c->ix.walks--;
+}
+
+bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budget,
+		       uint64_t now_ms)
+{
+	if (!w->open)
+		return true;
+	size_t nb = master__index_slots(&c->ix), seen = 0;
+	uint64_t r = 0;
+	for (; w->bucket < nb && seen < budget; w->bucket++) {
+		struct master_obj *o = master__index_slot(&c->ix, w->bucket);
+		for (struct master_obj *next; o; o = next, seen++) {
+			next = o->hnext;
 			if (o->flags & MASTER_OBJ_PENDING) {
-				s += pending;
-			} else if (match && !match(ud, master__obj_key(o), o->klen)) {
+				w->skipped += w->pending;
+			} else if (w->match && !w->match(w->ud, master__obj_key(o), o->klen)) {
 				/* not asked for */
-			} else if (!force && master__leased(o, now_ms)) {
-				s++;
+			} else if (!w->force && master__leased(o, now_ms)) {
+				w->skipped++;
 			} else {
 				obj_remove(c, o, now_ms);
 				r++;
 			}
-			o = next;
 		}
 	}
+	w->removed += r;
 	c->n.removes += r;
-	*removed = r;
-	*skipped = s;
+	if (w->bucket < nb)
+		return false;
+	master__walk_abort(c, w);
+	return true;
+}
+
+static void remove_walk(struct master_core *c, struct master_walk *w, uint64_t now_ms,
+			uint64_t *removed, uint64_t *skipped)
+{
+	master__walk_begin(c, w);
+	while (!master__walk_step(c, w, SIZE_MAX, now_ms))
+		;
+	*removed = w->removed;
+	*skipped = w->skipped;
 }
 
 void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
 			uint64_t *skipped)
 {
-	remove_walk(c, NULL, NULL, force, true, now_ms, removed, skipped);
+	struct master_walk w = {.force = force, .pending = true};
+	remove_walk(c, &w, now_ms, removed, skipped);
 }
 
 void master__remove_match(struct master_core *c,
 			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
 			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped)
 {
-	remove_walk(c, match, ud, force, false, now_ms, removed, skipped);
+	struct master_walk w = {.match = match, .ud = ud, .force = force};
+	remove_walk(c, &w, now_ms, removed, skipped);
 }
 
 int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,

@@ -392,11 +392,38 @@ int master__exist(struct master_core *c, const uint8_t *key, size_t klen,
  * MC_EOBJECT_HAS_LEASE (leased and not forced). */
 int master__remove(struct master_core *c, const uint8_t *key, size_t klen, bool force,
 		   uint64_t now_ms) MC_MUST_CHECK;
+/*
+ * A removal walk over the whole index (RemoveAll, RemoveRegex), in steps
+ * so that the caller's loop serves other calls between them: it removes
+ * every COMPLETE object whose key match accepts (NULL: every one),
+ * leased ones only with force; skipped counts the leased ones left, and
+ * with pending the PENDING ones too (which are not asked about).
+ *
+ * master__walk_begin opens it; master__walk_step walks on, whole buckets
+ * at a time, until it has looked at `budget` objects or more, and says
+ * true once the walk is over (closed). While a walk is open the index
+ * adds no bucket (its chains grow longer and catch up after), so a
+ * bucket position names the same chain from one step to the next and
+ * each object in the index at the start is looked at exactly once.
+ * Objects put meanwhile may be removed or not. A walk given up before
+ * its end is closed with master__walk_abort; master__core_reset wants
+ * none open.
+ */
+struct master_walk {
+	bool (*match)(void *ud, const uint8_t *key, size_t klen);
+	void *ud;
+	bool force, pending;
+	bool open;
+	size_t bucket;             /* the next one to walk */
+	uint64_t removed, skipped; /* so far */
+};
+void master__walk_begin(struct master_core *c, struct master_walk *w);
+bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budget,
+		       uint64_t now_ms);
+void master__walk_abort(struct master_core *c, struct master_walk *w);
+/* The walks above run in one step. */
 void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
 			uint64_t *skipped);
-/* Remove every COMPLETE object whose key match(ud, key, klen) accepts,
- * leased ones only with force; *skipped counts the leased matches left
- * (PENDING objects are not asked about). */
 void master__remove_match(struct master_core *c,
 			  bool (*match)(void *ud, const uint8_t *key, size_t klen), void *ud,
 			  bool force, uint64_t now_ms, uint64_t *removed, uint64_t *skipped);

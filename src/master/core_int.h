@@ -63,6 +63,7 @@ struct master_index {
 	uint64_t nttl; /* objects with a TTL (PENDING ones too): the sweep's work */
 	struct master_lru lists[MASTER_LISTS];
 	size_t sweep_pos;
+	unsigned walks; /* removal walks open: no bucket is added meanwhile */
 };
 
 /* Errors: -ENOMEM. */

@@ -163,7 +163,8 @@ void master__index_link(struct master_index *ix, struct master_obj *o)
 	lru_push(obj_list(ix, o), o);
 	if (o->flags & MASTER_OBJ_PENDING)
 		ix->npending++;
-	mc_lhash_added(&ix->tab, ix->nobjs, &obj_ops);
+	if (!ix->walks)
+		mc_lhash_added(&ix->tab, ix->nobjs, &obj_ops);
 }
 
 void master__index_del(struct master_index *ix, struct master_obj *o)

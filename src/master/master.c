@@ -291,8 +291,10 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 	if (was == leader)
 		return;
 	metric_inc(m->m_leader_changes);
-	/* Parked mirror calls name segments of the index about to go. */
+	/* Parked mirror calls name segments of the index about to go, and
+	 * removal walks walk it. */
 	master__sync_drop_all(m);
+	master__remove_drop_all(m);
 	/* Either way the index starts empty: a new leader rebuilds it from
 	 * the agents, and a stepped-down one must not serve stale state if
 	 * it leads again. */
@@ -321,8 +323,8 @@ static void on_tick(uv_timer_t *t)
 	m->last_tick_ms = now;
 	if (m->leader) {
 		hold_eviction_while_settling(m);
-		/* A tick this late means the loop was held (a long call on it:
-		 * RemoveRegex over millions of objects; the process stopped):
+		/* A tick this late means the loop was held (a call that ran
+		 * long; the process stopped or the VM paused):
 		 * the agents' heartbeats are still unread, and this tick runs
 		 * before they are. Without this, every agent would expire. */
 		if (gap > TICK_LATE_MS && master__loop_held(m->core, gap - TICK_MS))
@@ -405,6 +407,7 @@ int master_new(const struct master_opts *o, struct master **out)
 	m->last_tick_ms = uv_now(m->loop);
 	uv_timer_start(&m->tick, on_tick, TICK_MS, TICK_MS);
 	master__sync_init(m);
+	master__remove_init(m);
 	*out = m;
 	return 0;
 
@@ -427,9 +430,10 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void on_ha_stopped(struct master *m)
 {
-	m->closing += 3;
+	m->closing += 4;
 	uv_close((uv_handle_t *)&m->tick, on_handle_closed);
 	master__sync_close(m, on_handle_closed);
+	master__remove_close(m, on_handle_closed);
 }
 
 void master_stop(struct master *m, void (*on_stopped)(void *ud), void *ud)
@@ -451,6 +455,7 @@ void master_free(struct master *m)
 		return;
 	master__ha_free(m);
 	master__sync_free(m);
+	master__remove_free(m);
 	master__core_free(m->core);
 	for (size_t i = 0; i < m->nsegm; i++)
 		free(m->segm[i].name);

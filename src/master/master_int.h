@@ -1,6 +1,6 @@
 /*
  * master_int: what the master service's files share (master.c, ha.c,
- * service.c, sync.c): struct master, on a libuv loop, and the functions
+ * service.c, sync.c, remove.c): struct master, on a libuv loop, and the functions
  * between those files. The pure cores they drive are in master/core.h.
  */
 #ifndef MC_MASTER_MASTER_INT_H
@@ -85,6 +85,10 @@ struct master {
 	uv_check_t sync_check;
 	uv_timer_t sync_timer;
 	uint64_t sync_seen; /* ev_seq when parked calls were last checked */
+	/* RemoveAll/RemoveRegex walks in progress (remove.c) */
+	struct master_rmwalk *rmwalks;
+	unsigned nrmwalks;
+	uv_idle_t rm_idle;
 };
 
 /* master.c */
@@ -96,6 +100,8 @@ int master__service_add(struct master *m) MC_MUST_CHECK;
 int master__rpc_status(int err);
 /* The master serving the call, or NULL after answering UNAVAILABLE. */
 struct master *master__leader_of(struct rpc_call *call);
+/* End call UNAVAILABLE with NOT_LEADER and the known leader. */
+void master__finish_not_leader(struct master *m, struct rpc_call *call);
 /* Send msg and end the call OK (or with the send's error). */
 void master__reply(struct rpc_call *call, const ProtobufCMessage *msg);
 /* The encoding of e as protobuf-c packs it, at out (room for
@@ -123,6 +129,18 @@ void master__sync_close(struct master *m, uv_close_cb cb);
 /* Forget parked calls without answering them (their server is gone: the
  * loop ended without a stop). */
 void master__sync_free(struct master *m);
+/* remove.c: RemoveAll and RemoveRegex, walks over the index in slices. */
+void master__on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg);
+void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg);
+void master__on_remove_cancel(struct rpc_call *call);
+void master__remove_init(struct master *m);
+/* Answer every walk NOT_LEADER (leadership lost, or stopping). */
+void master__remove_drop_all(struct master *m);
+/* Drop the walks and close the handle (cb once). */
+void master__remove_close(struct master *m, uv_close_cb cb);
+/* Forget the walks without answering them (the loop ended without a
+ * stop). */
+void master__remove_free(struct master *m);
 /* ha.c: start campaigning (or lead at once without meta), stop. key: the
  * cluster secret meta's etcd API may want (copied; NULL: none). */
 int master__ha_start(struct master *m, const uint8_t *key, size_t klen) MC_MUST_CHECK;

@@ -7,7 +7,6 @@
  * batch calls answer OK with one code per item. See proto/master.proto.
  */
 #include <errno.h>
-#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,12 +119,17 @@ struct master *master__leader_of(struct rpc_call *call)
 	struct master *m = rpc_call_service_data(call);
 	if (m->leader && !m->stopping)
 		return m;
+	master__finish_not_leader(m, call);
+	return NULL;
+}
+
+void master__finish_not_leader(struct master *m, struct rpc_call *call)
+{
 	char msg[320];
 	snprintf(msg, sizeof(msg), "%d %s: leader=%s view=%llu", MC_ENOT_LEADER,
 		 mc_strerror(MC_ENOT_LEADER), *m->leader_addr ? m->leader_addr : "none",
 		 (unsigned long long)m->view);
 	rpc_call_finish(call, RPC_UNAVAILABLE, msg);
-	return NULL;
 }
 
 static uint64_t now_ms(const struct master *m)
@@ -517,53 +521,6 @@ static void on_remove(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	}
 	Mooncake__Master__RemoveResponse resp = MOONCAKE__MASTER__REMOVE_RESPONSE__INIT;
-	master__reply(call, &resp.base);
-}
-
-static void on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
-{
-	struct master *m = master__leader_of(call);
-	const Mooncake__Master__RemoveAllRequest *req = (const void *)msg;
-	if (!m)
-		return;
-	Mooncake__Master__RemoveAllResponse resp = MOONCAKE__MASTER__REMOVE_ALL_RESPONSE__INIT;
-	master__remove_all(m->core, req->force, now_ms(m), &resp.removed, &resp.skipped);
-	log_info("RemoveAll%s: %llu removed, %llu left", req->force ? " (forced)" : "",
-		 (unsigned long long)resp.removed, (unsigned long long)resp.skipped);
-	master__reply(call, &resp.base);
-}
-
-/* A key matches when regexec finds the pattern in it; a key holding a
- * NUL byte never does (POSIX patterns see C strings). */
-static bool regex_match(void *ud, const uint8_t *key, size_t klen)
-{
-	char buf[MASTER_MAX_KEY_BYTES + 1];
-	if (klen > MASTER_MAX_KEY_BYTES || memchr(key, 0, klen))
-		return false;
-	memcpy(buf, key, klen);
-	buf[klen] = '\0';
-	return regexec(ud, buf, 0, NULL, 0) == 0;
-}
-
-static void on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
-{
-	struct master *m = master__leader_of(call);
-	const Mooncake__Master__RemoveRegexRequest *req = (const void *)msg;
-	if (!m)
-		return;
-	regex_t re;
-	if (!req->pattern || regcomp(&re, req->pattern, REG_EXTENDED | REG_NOSUB) != 0) {
-		finish_err(call, -EINVAL, "'%s' is not a POSIX extended regular expression",
-			   req->pattern ? req->pattern : "");
-		return;
-	}
-	Mooncake__Master__RemoveAllResponse resp = MOONCAKE__MASTER__REMOVE_ALL_RESPONSE__INIT;
-	master__remove_match(m->core, regex_match, &re, req->force, now_ms(m), &resp.removed,
-			     &resp.skipped);
-	regfree(&re);
-	log_info("RemoveRegex '%s'%s: %llu removed, %llu leased left", req->pattern,
-		 req->force ? " (forced)" : "", (unsigned long long)resp.removed,
-		 (unsigned long long)resp.skipped);
 	master__reply(call, &resp.base);
 }
 
@@ -1242,7 +1199,13 @@ static const struct rpc_method methods[] = {
 	UNARY("GetReplicas", on_get, get_replicas_request, get_replicas_response),
 	UNARY("Exist", on_exist, exist_request, exist_response),
 	UNARY("Remove", on_remove, remove_request, remove_response),
-	UNARY("RemoveAll", on_remove_all, remove_all_request, remove_all_response),
+	/* Walks in slices over loop turns (remove.c). */
+	{.name = "RemoveAll",
+	 .kind = RPC_UNARY,
+	 .request = &mooncake__master__remove_all_request__descriptor,
+	 .response = &mooncake__master__remove_all_response__descriptor,
+	 .on_message = master__on_remove_all,
+	 .on_cancel = master__on_remove_cancel},
 	UNARY("BatchPutStart", on_batch_put_start, batch_put_start_request,
 	      batch_put_start_response),
 	UNARY("BatchPutEnd", on_batch_put_end, batch_keys_request, batch_errors_response),
@@ -1252,7 +1215,12 @@ static const struct rpc_method methods[] = {
 	      batch_get_replicas_response),
 	UNARY("BatchExist", on_batch_exist, batch_keys_request, batch_exist_response),
 	UNARY("BatchRemove", on_batch_remove, batch_remove_request, batch_errors_response),
-	UNARY("RemoveRegex", on_remove_regex, remove_regex_request, remove_all_response),
+	{.name = "RemoveRegex",
+	 .kind = RPC_UNARY,
+	 .request = &mooncake__master__remove_regex_request__descriptor,
+	 .response = &mooncake__master__remove_all_response__descriptor,
+	 .on_message = master__on_remove_regex,
+	 .on_cancel = master__on_remove_cancel},
 	UNARY("BatchReplicaClear", on_batch_replica_clear, batch_replica_clear_request,
 	      batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),

@@ -256,12 +256,7 @@ void master__sync_drop_all(struct master *m)
 		struct master_syncw *w = m->syncw;
 		unlink_waiter(m, w);
 		rpc_call_set_data(w->call, NULL);
-		char msg[320];
-		snprintf(msg, sizeof(msg), "%d %s: leader=%s view=%llu", MC_ENOT_LEADER,
-			 mc_strerror(MC_ENOT_LEADER),
-			 *m->leader_addr ? m->leader_addr : "none",
-			 (unsigned long long)m->view);
-		rpc_call_finish(w->call, RPC_UNAVAILABLE, msg);
+		master__finish_not_leader(m, w->call);
 		free(w);
 	}
 }

@@ -6,6 +6,7 @@
  * help, inventory re-sync, memory per object, removal by a key predicate
  * (RemoveRegex) and the clear of one segment's replica.
  */
+#include "master/core_int.h"
 #include "test_master_util.h"
 
 TestSuite(master_core, .init = setup, .fini = teardown);
@@ -571,6 +572,12 @@ static bool prefix_a(void *ud, const uint8_t *key, size_t klen)
 	return klen >= 2 && memcmp(key, "a/", 2) == 0;
 }
 
+static bool match_none(void *ud, const uint8_t *key, size_t klen)
+{
+	(void)ud, (void)key, (void)klen;
+	return false;
+}
+
 Test(master_core, remove_by_match)
 {
 	mount("segA", "a", 64 * MiB, 0);
@@ -592,6 +599,69 @@ Test(master_core, remove_by_match)
 	master__remove_match(c, prefix_a, NULL, true, 20, &removed, &skipped);
 	cr_assert_eq(removed, 2, "forced, and the put sealed since");
 	cr_assert_eq(skipped, 0);
+}
+
+/* A removal walk in steps, with puts and removals between them (the
+ * master serves calls between its slices): the index adds no bucket
+ * while it is open, so every object there at the start is looked at
+ * once and the counts are exact; objects put meanwhile are still
+ * there when they do not match; the index catches up after. */
+Test(master_core, a_walk_in_steps_sees_each_object_once)
+{
+	mount("segA", "a", 1024 * MiB, 0);
+	char key[32];
+	for (int i = 0; i < 20000; i++) {
+		snprintf(key, sizeof(key), "a/%d", i);
+		put(key, 10, 1, 0, 0);
+	}
+	const struct master_obj *o = NULL;
+	for (int i = 0; i < 100; i++) {
+		snprintf(key, sizeof(key), "a/%d", i * 7);
+		must(master__get(c, K(key), 0, &o)); /* leased until 5000 */
+	}
+	size_t slots = master__index_slots(&c->ix);
+	struct master_walk w = {.match = prefix_a};
+	master__walk_begin(c, &w);
+	int steps = 0, added = 0, gone = 0;
+	while (!master__walk_step(c, &w, 1000, 10)) {
+		steps++;
+		for (int i = 0; i < 500; i++, added++) {
+			snprintf(key, sizeof(key), "b/%d", added);
+			put(key, 10, 1, 10, 0);
+		}
+		snprintf(key, sizeof(key), "a/%d", 19999 - steps);
+		gone += master__remove(c, K(key), false, 10) == 0; /* (or walked already) */
+		cr_assert_eq(master__index_slots(&c->ix), slots, "no bucket added");
+	}
+	cr_assert_geq(steps, 19, "in steps of about 1,000");
+	cr_assert_eq(w.skipped, 100, "each leased object counted once");
+	cr_assert_eq(w.removed + gone, 20000 - 100, "each other one removed once");
+	cr_assert_gt(gone, 0);
+	for (int i = 0; i < added; i++) {
+		snprintf(key, sizeof(key), "b/%d", i);
+		cr_assert_eq(master__exist(c, K(key), 10), 1, "%s", key);
+	}
+	cr_assert(master__walk_step(c, &w, 1000, 10), "closed");
+
+	/* A walk that removes nothing while 20,000 objects come: the index
+	 * falls behind, and once it is closed catches up two buckets a put. */
+	struct master_walk none = {.match = match_none};
+	master__walk_begin(c, &none);
+	for (int i = 0; i < 20000; i++) {
+		snprintf(key, sizeof(key), "c/%d", i);
+		put(key, 10, 1, 10, 0);
+	}
+	cr_assert_eq(master__index_slots(&c->ix), slots, "no bucket added");
+	while (!master__walk_step(c, &none, 1000, 10))
+		;
+	cr_assert_eq(none.removed + none.skipped, 0);
+	put("c/last", 10, 1, 10, 0);
+	cr_assert_eq(master__index_slots(&c->ix), slots + 2);
+	/* A walk given up holds nothing either. */
+	master__walk_begin(c, &none);
+	master__walk_abort(c, &none);
+	put("c/after", 10, 1, 10, 0);
+	cr_assert_eq(master__index_slots(&c->ix), slots + 4);
 }
 
 Test(master_core, replica_clear_one_segment)

@@ -1,0 +1,259 @@
+/*
+ * remove: RemoveAll and RemoveRegex, walks over the whole index.
+ *
+ * A walk over millions of objects takes seconds (0.3 us an object that
+ * does not match, some 2.7 us one removed), and on the loop every other
+ * call would wait for it: puts, gets, heartbeats. So a walk runs in
+ * slices of about SLICE_NS, one per loop turn, through a uv_idle handle
+ * that is active while any walk is (the loop then polls without waiting,
+ * so calls that came meanwhile are served between slices). The first
+ * slice runs in the call itself: a small index answers at once.
+ *
+ * The core keeps the index from adding buckets while a walk is open
+ * (master__walk_begin): each object there at the start is looked at
+ * exactly once, and the counts are exact. Objects put meanwhile may be
+ * removed or not. At most MAX_WALKS run at once; a call past them is
+ * refused RESOURCE_EXHAUSTED. A walk whose client goes away (its
+ * deadline passed) runs on to its end, as it did on the loop before,
+ * and says in the log what it removed; a master that stops leading
+ * answers every walk NOT_LEADER (the index goes with the leadership).
+ */
+#include <errno.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "master.pb-c.h"
+#include "master/master_int.h"
+#include "rpc/rpc.h"
+
+#define LOG_SUBSYS LOGS_MASTER
+
+#define MAX_WALKS 8
+#define SLICE_NS 5000000ull /* of the loop, per turn, for all walks */
+#define STEP_OBJECTS 4096u  /* between looks at the clock */
+#define MAX_PATTERN_SHOWN 200
+
+struct master_rmwalk {
+	struct master_rmwalk *prev, *next;
+	struct rpc_call *call; /* NULL once its client went away */
+	struct master_walk w;
+	regex_t re;
+	bool has_re;
+	char pattern[MAX_PATTERN_SHOWN + 4]; /* for the log ("..." past it) */
+	uint64_t start_ns;
+};
+
+static void unlink_walk(struct master *m, struct master_rmwalk *rw)
+{
+	if (rw->prev)
+		rw->prev->next = rw->next;
+	else
+		m->rmwalks = rw->next;
+	if (rw->next)
+		rw->next->prev = rw->prev;
+	rw->prev = rw->next = NULL;
+	m->nrmwalks--;
+	if (!m->rmwalks)
+		uv_idle_stop(&m->rm_idle);
+}
+
+static void free_walk(struct master_rmwalk *rw)
+{
+	if (rw->has_re)
+		regfree(&rw->re);
+	free(rw);
+}
+
+static void answer(struct master_rmwalk *rw)
+{
+	Mooncake__Master__RemoveAllResponse resp = MOONCAKE__MASTER__REMOVE_ALL_RESPONSE__INIT;
+	resp.removed = rw->w.removed;
+	resp.skipped = rw->w.skipped;
+	double s = (double)(uv_hrtime() - rw->start_ns) / 1e9;
+	const char *gone = rw->call ? "" : "; its client had gone";
+	if (rw->has_re)
+		log_info("RemoveRegex '%s'%s: %llu removed, %llu leased left (%.2f s%s)",
+			 rw->pattern, rw->w.force ? " (forced)" : "",
+			 (unsigned long long)resp.removed, (unsigned long long)resp.skipped, s,
+			 gone);
+	else
+		log_info("RemoveAll%s: %llu removed, %llu left (%.2f s%s)",
+			 rw->w.force ? " (forced)" : "", (unsigned long long)resp.removed,
+			 (unsigned long long)resp.skipped, s, gone);
+	if (!rw->call)
+		return;
+	rpc_call_set_data(rw->call, NULL);
+	master__reply(rw->call, &resp.base);
+}
+
+/* Walk rw on until its end or until the clock passes until_ns; true at
+ * its end. */
+static bool walk_on(struct master *m, struct master_rmwalk *rw, uint64_t until_ns)
+{
+	uint64_t now = uv_now(m->loop);
+	while (!master__walk_step(m->core, &rw->w, STEP_OBJECTS, now))
+		if (uv_hrtime() >= until_ns)
+			return false;
+	return true;
+}
+
+/* One turn: each walk gets its share of the slice. */
+static void on_idle(uv_idle_t *h)
+{
+	struct master *m = h->data;
+	uint64_t share = SLICE_NS / (m->nrmwalks ? m->nrmwalks : 1);
+	for (struct master_rmwalk *rw = m->rmwalks, *next; rw; rw = next) {
+		next = rw->next;
+		if (!walk_on(m, rw, uv_hrtime() + share))
+			continue;
+		unlink_walk(m, rw);
+		answer(rw);
+		free_walk(rw);
+	}
+}
+
+/* Start rw (its walk's match set): answered at once when one slice
+ * covers the index, else parked. */
+static void start(struct master *m, struct rpc_call *call, struct master_rmwalk *rw)
+{
+	rw->call = call;
+	rw->start_ns = uv_hrtime();
+	master__walk_begin(m->core, &rw->w);
+	if (walk_on(m, rw, rw->start_ns + SLICE_NS)) {
+		answer(rw);
+		free_walk(rw);
+		return;
+	}
+	rpc_call_set_data(call, rw);
+	rw->next = m->rmwalks;
+	if (m->rmwalks)
+		m->rmwalks->prev = rw;
+	m->rmwalks = rw;
+	m->nrmwalks++;
+	uv_idle_start(&m->rm_idle, on_idle);
+}
+
+static bool too_many(struct master *m, struct rpc_call *call)
+{
+	if (m->nrmwalks < MAX_WALKS)
+		return false;
+	char msg[160];
+	snprintf(msg, sizeof(msg),
+		 "%u RemoveAll/RemoveRegex calls are in progress, the most at once; retry "
+		 "once one is answered",
+		 (unsigned)m->nrmwalks);
+	rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, msg);
+	return true;
+}
+
+void master__on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__RemoveAllRequest *req = (const void *)msg;
+	if (!m || too_many(m, call))
+		return;
+	struct master_rmwalk *rw = calloc(1, sizeof(*rw));
+	if (!rw) {
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+		return;
+	}
+	rw->w.force = req->force;
+	rw->w.pending = true;
+	start(m, call, rw);
+}
+
+/* A key matches when regexec finds the pattern in it; a key holding a
+ * NUL byte never does (POSIX patterns see C strings). */
+static bool regex_match(void *ud, const uint8_t *key, size_t klen)
+{
+	char buf[MASTER_MAX_KEY_BYTES + 1];
+	if (klen > MASTER_MAX_KEY_BYTES || memchr(key, 0, klen))
+		return false;
+	memcpy(buf, key, klen);
+	buf[klen] = '\0';
+	return regexec(ud, buf, 0, NULL, 0) == 0;
+}
+
+void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+	struct master *m = master__leader_of(call);
+	const Mooncake__Master__RemoveRegexRequest *req = (const void *)msg;
+	if (!m || too_many(m, call))
+		return;
+	const char *pat = req->pattern ? req->pattern : "";
+	struct master_rmwalk *rw = calloc(1, sizeof(*rw));
+	if (!rw) {
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+		return;
+	}
+	if (regcomp(&rw->re, pat, REG_EXTENDED | REG_NOSUB) != 0) {
+		free(rw);
+		char m2[MAX_PATTERN_SHOWN + 96];
+		snprintf(m2, sizeof(m2),
+			 "%d %s: '%.*s%s' is not a POSIX extended regular expression", -EINVAL,
+			 mc_strerror(-EINVAL), MAX_PATTERN_SHOWN, pat,
+			 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "");
+		rpc_call_finish(call, master__rpc_status(-EINVAL), m2);
+		return;
+	}
+	rw->has_re = true;
+	snprintf(rw->pattern, sizeof(rw->pattern), "%.*s%s", MAX_PATTERN_SHOWN, pat,
+		 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "");
+	rw->w.match = regex_match;
+	rw->w.ud = &rw->re;
+	rw->w.force = req->force;
+	start(m, call, rw);
+}
+
+void master__on_remove_cancel(struct rpc_call *call)
+{
+	struct master_rmwalk *rw = rpc_call_data(call);
+	if (!rw)
+		return;
+	log_info("%s: its client went away after %llu removed; walking on to the end",
+		 rw->has_re ? "RemoveRegex" : "RemoveAll", (unsigned long long)rw->w.removed);
+	rw->call = NULL;
+	rpc_call_set_data(call, NULL);
+	rpc_call_finish(call, RPC_CANCELLED, NULL);
+}
+
+void master__remove_init(struct master *m)
+{
+	uv_idle_init(m->loop, &m->rm_idle);
+	m->rm_idle.data = m;
+}
+
+void master__remove_drop_all(struct master *m)
+{
+	while (m->rmwalks) {
+		struct master_rmwalk *rw = m->rmwalks;
+		master__walk_abort(m->core, &rw->w);
+		unlink_walk(m, rw);
+		if (rw->call) {
+			rpc_call_set_data(rw->call, NULL);
+			master__finish_not_leader(m, rw->call);
+		}
+		free_walk(rw);
+	}
+}
+
+void master__remove_close(struct master *m, uv_close_cb cb)
+{
+	master__remove_drop_all(m);
+	m->rm_idle.data = m;
+	uv_close((uv_handle_t *)&m->rm_idle, cb);
+}
+
+void master__remove_free(struct master *m)
+{
+	while (m->rmwalks) {
+		struct master_rmwalk *rw = m->rmwalks;
+		m->rmwalks = rw->next;
+		free_walk(rw);
+	}
+	m->nrmwalks = 0;
+}
