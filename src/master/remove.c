@@ -34,8 +34,10 @@
 
 #define MAX_WALKS 8
 #define SLICE_NS 5000000ull /* of the loop, per turn, for all walks */
-#define STEP_OBJECTS 4096u  /* between looks at the clock */
+#define STEP_OBJECTS 256u   /* between looks at the clock */
 #define MAX_PATTERN_SHOWN 200
+#define MAX_PATTERN_BYTES 4096 /* (said in pattern_refused's answers) */
+#define MAX_PATTERN_REPEATS 65536
 
 struct master_rmwalk {
 	struct master_rmwalk *prev, *next;
@@ -178,6 +180,64 @@ static bool regex_match(void *ud, const uint8_t *key, size_t klen)
 	return regexec(ud, buf, 0, NULL, 0) == 0;
 }
 
+/*
+ * Why pattern p is refused before regcomp sees it, or NULL. glibc's
+ * regexec is a DFA walk, linear in the key, except with back-references,
+ * whose matching time grows steeply with the key (a 160-byte key took
+ * 0.5 s for "(a|aa)*\1\1b"); and regcomp writes out bounded repetitions,
+ * so "(a{1000}){1000}" takes 200 MB and 0.2 s, and each factor more a
+ * thousand times that. Keys are at most MASTER_MAX_KEY_BYTES long: no
+ * pattern needs either.
+ */
+static const char *pattern_refused(const char *p)
+{
+	if (strlen(p) > MAX_PATTERN_BYTES)
+		return "it is longer than 4096 bytes";
+	uint64_t product = 1;
+	while (*p) {
+		if (*p == '\\') {
+			if (p[1] >= '1' && p[1] <= '9')
+				return "back-references (\\1 to \\9) are not supported: their "
+				       "matching time grows without bound";
+			p += p[1] ? 2 : 1;
+		} else if (*p == '[') {
+			/* A bracket expression: to its ']' (one right after '[' or
+			 * "[^" is a member), past [:class:], [=x=] and [.x.]. */
+			p++;
+			if (*p == '^')
+				p++;
+			if (*p == ']')
+				p++;
+			while (*p && *p != ']') {
+				if (*p == '[' && (p[1] == ':' || p[1] == '=' || p[1] == '.')) {
+					const char *end = strchr(p + 2, p[1]);
+					p = end && end[1] == ']' ? end + 2 : p + 1;
+				} else {
+					p++;
+				}
+			}
+			if (*p)
+				p++;
+		} else if (*p == '{') {
+			/* A bound {n}, {n,} or {n,m}: what regcomp writes out
+			 * multiplies with every other one (counted as nested, which
+			 * is the worst case). */
+			char *end;
+			unsigned long n = strtoul(p + 1, &end, 10);
+			if (*end == ',' && end[1] != '}')
+				n = strtoul(end + 1, &end, 10);
+			product *= (uint64_t)MC_MIN(n, (unsigned long)UINT32_MAX) + 1;
+			if (product > MAX_PATTERN_REPEATS)
+				return "its repetition bounds multiply past 65536 (regcomp "
+				       "writes each repetition out)";
+			p++;
+		} else {
+			p++;
+		}
+	}
+	return NULL;
+}
+
 void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
@@ -185,6 +245,15 @@ void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
 	if (!m || too_many(m, call))
 		return;
 	const char *pat = req->pattern ? req->pattern : "";
+	const char *why = pattern_refused(pat);
+	if (why) {
+		char m2[MAX_PATTERN_SHOWN + 256];
+		snprintf(m2, sizeof(m2), "%d %s: pattern '%.*s%s' refused: %s", -EINVAL,
+			 mc_strerror(-EINVAL), MAX_PATTERN_SHOWN, pat,
+			 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "", why);
+		rpc_call_finish(call, master__rpc_status(-EINVAL), m2);
+		return;
+	}
 	struct master_rmwalk *rw = calloc(1, sizeof(*rw));
 	if (!rw) {
 		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");

@@ -235,9 +235,21 @@ def removal_walks_let_other_calls_through():
     other call for most of a second. They walk in slices now, so Stats
     asked meanwhile sees the objects going (neither all nor none), and
     the counts stay exact: each object is looked at once. A walk whose
-    client goes away runs on to its end."""
+    client goes away runs on to its end. Patterns with back-references
+    (matching time without bound) or repetition bounds that regcomp
+    would write out into gigabytes are refused."""
     d, m = master()
     m.mount("s1", "a1", 1 << 40)
+    # Patterns whose matching or compiling would hold the master: refused.
+    for pat, why in (("(a|aa)*\\1\\1b", "back-references"),
+                     ("(a{1000}){1000}", "repetition bounds multiply past 65536"),
+                     ("a" * 4097, "longer than 4096 bytes")):
+        code, e = m.code("RemoveRegex", M.RemoveRegexRequest(pattern=pat), M.RemoveAllResponse)
+        eq(code, EINVAL, pat[:20])
+        assert why in e.details(), e.details()
+    for pat in ("^[\\1{]x{3}", "^(p|q){2,5}/[[:digit:]]{1,4}$", "a{256}"):
+        eq(m.code("RemoveRegex", M.RemoveRegexRequest(pattern=pat), M.RemoveAllResponse)[0],
+           OK, pat)
     n = 300000
     for b in range(0, n, 5000):
         keys = [b"w/%06d" % i for i in range(b, b + 5000)]
