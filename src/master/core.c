@@ -209,12 +209,15 @@ static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint6
 	}
 	if (until_ms && quar_reserve(c, o->nrep) != 0)
 		until_ms = 0; /* (out of memory: freed at once, as before) */
-	if (!(o->flags & MASTER_OBJ_PENDING))
-		for (unsigned i = 0; i < o->nrep; i++)
-			master__mirror(c, o, i, MASTER_EV_DEL);
 	bool held = false;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
+		if (s->going) {
+			s->replicas--;
+			continue;
+		}
+		if (!(o->flags & MASTER_OBJ_PENDING))
+			master__mirror(c, o, i, MASTER_EV_DEL);
 		uint64_t len = master__rep_len(s, o->size);
 		if (until_ms && len && s->tier == MASTER_TIER_DRAM) {
 			quar_add(c, o->rep[i].seg, o->rep[i].offset, len, until_ms);

@@ -207,6 +207,9 @@ struct master_seg {
 	uint64_t leased;      /* bytes */
 	uint64_t rleased;     /* ... of them leased to other agents */
 	uint64_t lease_epoch; /* new at every mount */
+	/* Being removed (seg_remove): its replicas go without freeing their
+	 * space or telling its log, which go with it. */
+	bool going;
 };
 
 /* An agent process's instance token: random, kept in its data dir, and

@@ -141,7 +141,7 @@ static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *
 					break;
 				}
 				len = master__rep_len(s, o->size);
-				if (len &&
+				if (len && !s->going &&
 				    master__alloc_put(s->alloc, o->rep[i].offset, len)) {
 					/* corrupt index: keep the space */
 				}
@@ -169,6 +169,10 @@ static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
 		       uint64_t *removed)
 {
 	struct master_seg *s = c->segs.v[id];
+	/* Its allocator and log are freed below: a replica dropped needs
+	 * neither its space given back nor a DEL event (half of an agent's
+	 * expiry, at 1M objects 2-3 s of the loop, was its allocator). */
+	s->going = true;
 	drop_segment_replicas(c, id, dropped, removed);
 	s->agent->nsegs--;
 	c->segs.v[id] = NULL;

@@ -154,6 +154,8 @@ Test(master_core, silent_agent_expires)
 			only_a = o;
 	}
 	cr_assert_not_null(only_a);
+	const struct master_seg *sb = master__seg(c, master__seg_find(c, "sb"));
+	uint64_t free_b = master__alloc_free_bytes(sb->alloc), replicas_b = sb->replicas;
 	/* b keeps heartbeating, a goes silent. */
 	for (uint64_t t = 1000; t <= 10000; t += 1000) {
 		cr_assert(master__heartbeat(c, "b", t));
@@ -177,6 +179,15 @@ Test(master_core, silent_agent_expires)
 	cr_assert_eq(st.objects, 1 + left, "objects only on a are gone");
 	cr_assert_lt(left, 10);
 	cr_assert_eq(master__core_counters(c)->agents_expired, 1);
+	/* a's segment went whole (its space was not freed replica by
+	 * replica); b's replicas and space are as they were. */
+	cr_assert_eq(master__alloc_free_bytes(sb->alloc), free_b);
+	cr_assert_eq(sb->replicas, replicas_b);
+	mount("sa", "a", 64 * MiB, 10002);
+	cr_assert_eq(
+		master__alloc_free_bytes(master__seg(c, master__seg_find(c, "sa"))->alloc),
+		64 * MiB, "mounted again: all of it free");
+	put("after", 64 * MiB - 4096, 1, 10002, 0);
 }
 
 Test(master_core, unmount_and_remount)
