@@ -88,6 +88,59 @@ static void key_of(uint8_t *out, size_t size, uint64_t i)
 
 static void issue(struct bclient *c);
 
+/* The keys of a run lie in [first, end): first is key 0, end just past
+ * the last key (all nines when --total needs more digits than the keys
+ * have, and the keys wrap). Both key_size bytes; end gets a NUL after. */
+static void run_range(size_t key_size, uint64_t total, uint8_t *first, uint8_t *end)
+{
+	key_of(first, key_size, 0);
+	char tmp[32];
+	int digits = snprintf(tmp, sizeof(tmp), "%llu", (unsigned long long)(total - 1));
+	if ((size_t)digits > key_size)
+		memset(end, '9', key_size);
+	else
+		key_of(end, key_size, total - 1);
+	end[key_size] = 0;
+}
+
+/* A Range (count_only) or DeleteRange over [first, end + NUL) on c:
+ * *n gets the count or the number deleted. 0, or -1 after printing why. */
+static int range_call(struct rpc_client *c, bool del, const uint8_t *first, const uint8_t *end,
+		      size_t key_size, uint64_t *n)
+{
+	ProtobufCMessage *resp = NULL;
+	char err[256];
+	int st;
+	if (del) {
+		Etcdserverpb__DeleteRangeRequest q = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+		q.key = (ProtobufCBinaryData){key_size, (uint8_t *)first};
+		q.range_end = (ProtobufCBinaryData){key_size + 1, (uint8_t *)end};
+		st = rpc_client_unary_sync(c, "/etcdserverpb.KV/DeleteRange", &q.base,
+					   &etcdserverpb__delete_range_response__descriptor,
+					   CALL_TIMEOUT_MS, &resp, err, sizeof(err));
+		if (st == RPC_OK)
+			*n = (uint64_t)((Etcdserverpb__DeleteRangeResponse *)resp)->deleted;
+	} else {
+		Etcdserverpb__RangeRequest q = ETCDSERVERPB__RANGE_REQUEST__INIT;
+		q.key = (ProtobufCBinaryData){key_size, (uint8_t *)first};
+		q.range_end = (ProtobufCBinaryData){key_size + 1, (uint8_t *)end};
+		q.count_only = 1;
+		st = rpc_client_unary_sync(c, "/etcdserverpb.KV/Range", &q.base,
+					   &etcdserverpb__range_response__descriptor,
+					   CALL_TIMEOUT_MS, &resp, err, sizeof(err));
+		if (st == RPC_OK)
+			*n = (uint64_t)((Etcdserverpb__RangeResponse *)resp)->count;
+	}
+	if (resp)
+		protobuf_c_message_free_unpacked(resp, NULL);
+	if (st == RPC_OK)
+		return 0;
+	fprintf(stderr, "mooncakectl bench meta: %s of the run's keys ['%.*s', '%.*s']: %s\n",
+		del ? "DeleteRange" : "Range", (int)key_size, (const char *)first,
+		(int)key_size, (const char *)end, err);
+	return -1;
+}
+
 static void on_done(void *ud, int status, const char *message, const ProtobufCMessage *resp)
 {
 	struct bclient *c = ud;
@@ -232,11 +285,18 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: mooncakectl bench meta --endpoints=URL[,URL...] [--clients=64] [--conns=8]\n"
 		"         [--key-size=8] [--val-size=256] [--total=20000] [--fsync-dir=DIR]\n"
-		"         [--rate=OPS] [--latency-log=FILE] [--cluster-secret-file=F]\n\n"
+		"         [--rate=OPS] [--latency-log=FILE] [--cluster-secret-file=F]\n"
+		"         [--keep-keys] [--overwrite-keys]\n\n"
 		"Puts --total distinct keys, then reads them back with linearizable Range\n"
 		"calls, keeping --clients requests in flight over --conns connections spread\n"
 		"over the endpoints (etcd v3 API: a mooncaked meta cluster or a real etcd),\n"
 		"and counts acknowledged puts it does not find (lost writes: exit status 1).\n"
+		"The keys are --key-size zero-padded decimals (0 to --total - 1); a store that\n"
+		"holds any key between the first and the last is refused (exit status 1),\n"
+		"so none of its keys is overwritten, and the run deletes its keys at the end\n"
+		"(DeleteRange) unless --keep-keys (to fill a store). --overwrite-keys runs\n"
+		"over keys already there (a run that rewrites a fill's) and keeps its keys\n"
+		"(the range may hold others).\n"
 		"--rate caps the requests started per second; --latency-log writes a line\n"
 		"per put: END_UNIX_MS LATENCY_US OK.\n"
 		"Prints ops/s and p50/p99 latency of each phase; with --fsync-dir also the\n"
@@ -264,6 +324,7 @@ int ctl_bench_meta_main(int argc, char **argv)
 	const char *endpoints = NULL, *fsync_dir = NULL, *latlog = NULL, *v;
 	uint64_t clients = 64, conns = 8, key_size = 8, val_size = 256, total = 20000,
 		 rate = 0;
+	bool keep = false, overwrite = false;
 	struct bm b;
 	struct metrics_registry *reg = NULL;
 	char *eps = NULL;
@@ -295,6 +356,10 @@ int ctl_bench_meta_main(int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "cluster-secret-file", &v)) {
 			ctl_secret_file(v);
 			ok = v && *v;
+		} else if (strcmp(argv[i], "--keep-keys") == 0) {
+			keep = true;
+		} else if (strcmp(argv[i], "--overwrite-keys") == 0) {
+			overwrite = true;
 		} else if (ctl_flag_value(argc, argv, &i, "fsync-dir", &v)) {
 			fsync_dir = v;
 			ok = v && *v;
@@ -374,6 +439,24 @@ int ctl_bench_meta_main(int argc, char **argv)
 	       neps, neps == 1 ? "" : "s", (unsigned long long)clients,
 	       (unsigned long long)conns, (unsigned long long)key_size,
 	       (unsigned long long)val_size, (unsigned long long)total);
+	/* The run writes its keys and deletes them at the end: a store that
+	 * holds keys among them is refused, so none of its own is
+	 * overwritten or deleted. */
+	uint8_t first[MAX_KEY_BYTES], end[MAX_KEY_BYTES + 1];
+	uint64_t n = 0;
+	run_range(key_size, total, first, end);
+	if (!overwrite && range_call(b.cli[0], false, first, end, key_size, &n))
+		goto out_clients;
+	if (!overwrite && n) {
+		fprintf(stderr,
+			"mooncakectl bench meta: the store holds %llu keys between '%.*s' and "
+			"'%.*s', where this run writes its keys and then deletes them; run it "
+			"against a store without keys there, with another --key-size, or with "
+			"--overwrite-keys\n",
+			(unsigned long long)n, (int)key_size, (const char *)first,
+			(int)key_size, (const char *)end);
+		goto out_clients;
+	}
 	double fs = fsync_dir ? fsync_rate(fsync_dir) : 0;
 	if (fsync_dir)
 		printf("  disk     %9.0f fdatasync/s in %s (one sync per write would cap "
@@ -398,13 +481,21 @@ int ctl_bench_meta_main(int argc, char **argv)
 	       (unsigned long long)b.lost, (unsigned long long)(total - put.failed),
 	       get.failed ? ", among the keys read" : "",
 	       (unsigned long long)b.unacked_applied);
+	/* (With --overwrite-keys the range may hold keys not the run's.) */
+	keep = keep || overwrite;
+	bool cleaned = keep || range_call(b.cli[0], true, first, end, key_size, &n) == 0;
+	if (keep)
+		printf("  cleanup  kept the run's keys (%s)\n",
+		       overwrite ? "--overwrite-keys" : "--keep-keys");
+	else if (cleaned)
+		printf("  cleanup  %9llu keys deleted (this run's)\n", (unsigned long long)n);
 	printf("RESULT put_ops=%.0f put_p50_ms=%.3f put_p99_ms=%.3f put_failed=%llu "
 	       "get_ops=%.0f get_p50_ms=%.3f get_p99_ms=%.3f get_failed=%llu fsync_per_s=%.0f "
 	       "lost=%llu\n",
 	       put.ops_per_s, put.p50_ms, put.p99_ms, (unsigned long long)put.failed,
 	       get.ops_per_s, get.p50_ms, get.p99_ms, (unsigned long long)get.failed, fs,
 	       (unsigned long long)b.lost);
-	rc = put.failed || get.failed || b.lost ? CTL_EXIT_FAIL : CTL_EXIT_OK;
+	rc = put.failed || get.failed || b.lost || !cleaned ? CTL_EXIT_FAIL : CTL_EXIT_OK;
 
 out_clients:
 	for (size_t i = 0; i < b.ncli; i++)

@@ -286,9 +286,11 @@ sync
 start_meta snap s --snapshot-count="$SNAP_COUNT" || exit 1
 wait_leader snap || exit 1
 "$CTL" bench meta --endpoints="${EP[snap]}" --clients=200 --conns=20 --key-size=256 \
-	--val-size=1024 --total="$SNAP_FILL" 2>&1 | grep -E '^  put' | sed 's/^/   fill: /'
+	--val-size=1024 --total="$SNAP_FILL" --keep-keys 2>&1 | grep -E '^  put' |
+	sed 's/^/   fill: /'
 "$CTL" bench meta --endpoints="${EP[snap]}" --clients=200 --conns=20 --key-size=256 \
 	--val-size=1024 --total=$((SNAP_RATE * SNAP_SECONDS)) --rate="$SNAP_RATE" \
+	--overwrite-keys \
 	--latency-log="$tmp/snap.lat" 2>&1 | grep -E '^  (put|lost)' | sed 's/^/   load: /'
 "${PYTHON:-/usr/bin/python3}" - "$tmp/snap.lat" "$tmp"/s?.log <<'EOF'
 import datetime, re, sys

@@ -242,7 +242,52 @@ def same_hashkv(c, rev):
 
 def fill(c, n):
     mctest.run([mctest.MOONCAKECTL, "bench", "meta", "--endpoints=" + c.endpoints,
-                "--total=%d" % n, "--key-size=32", "--val-size=512", "--clients=32"], timeout=120)
+                "--total=%d" % n, "--key-size=32", "--val-size=512", "--clients=32",
+                "--keep-keys"], timeout=120)
+
+
+@case
+def bench_meta_keeps_off_a_stores_keys():
+    """bench meta writes zero-padded decimal keys and deletes them at the
+    end (it used to overwrite such keys and leave its own): a store that
+    holds a key among them is refused and keeps it; a run on an empty
+    range leaves it empty; --keep-keys leaves the run's keys (a fill),
+    --overwrite-keys writes over what is there."""
+    c = Cluster(1)
+    try:
+        c.start()
+        cl = Client(c.members[0].client_addr)
+        cl.put(b"00000042", b"mine")
+        cl.put(b"other", b"x")
+
+        def bench(*args):
+            return mctest.run([mctest.MOONCAKECTL, "bench", "meta",
+                               "--endpoints=" + c.endpoints] + list(args), check=False,
+                              timeout=60)
+
+        def keys():
+            return sorted(kv.key for kv in cl.range(b"\0", range_end=b"\0").kvs)
+        r = bench("--total=100")
+        eq(r.returncode, 1, "refused: " + r.stdout + r.stderr)
+        assert "holds 1 keys between '00000000' and '00000099'" in r.stderr, r.stderr
+        eq(cl.get(b"00000042"), b"mine", "its key kept")
+        r = bench("--total=100", "--key-size=12")
+        eq(r.returncode, 0, r.stdout + r.stderr)
+        assert "cleanup        100 keys deleted" in r.stdout, r.stdout
+        assert r.stdout.splitlines()[-1].startswith("RESULT "), r.stdout
+        eq(keys(), [b"00000042", b"other"], "nothing left of the run")
+        r = bench("--total=10", "--key-size=10", "--keep-keys")
+        eq(r.returncode, 0, r.stdout + r.stderr)
+        eq(len(keys()), 12, "the run's ten keys kept")
+        # Told to, it writes over the keys in its range, and keeps its own
+        # (others may lie among them: here the ten 10-byte ones).
+        r = bench("--total=100", "--overwrite-keys")
+        eq(r.returncode, 0, r.stdout + r.stderr)
+        assert cl.get(b"00000042") != b"mine", "overwritten"
+        eq(len(keys()), 12 + 99, "nothing deleted")
+        cl.close()
+    finally:
+        c.close()
 
 
 @case
