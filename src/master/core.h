@@ -453,7 +453,10 @@ void master__tick(struct master_core *c, uint64_t now_ms);
 unsigned master__loop_held(struct master_core *c, uint64_t held_ms);
 /*
  * One eviction round if DRAM usage, less what demotions on their way
- * will free, is above the watermark (also run after each put start).
+ * will free, is above the watermark (also run after each put start). A
+ * call evicts a few dozen objects at most (a tick some thousands): a
+ * larger round goes on at the next calls, above the watermark or not,
+ * until it has freed its share.
  * With SSD segments mounted the round demotes instead of evicting (see
  * tier.c): the coldest objects are given to an SSD segment (the one of
  * their DRAM replica's agent first, then the one with the most room),

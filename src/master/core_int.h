@@ -277,6 +277,7 @@ struct master_core {
 	struct master_tiers tiers; /* tier.c */
 	uint64_t ev_seq;           /* last mirror-log sequence number handed out */
 	bool evict_hold;           /* master__core_hold_eviction */
+	uint64_t round_left;       /* bytes the watermark round in progress still frees */
 	/* Space of objects removed by force while leased: allocated until
 	 * their lease ends, so nothing new is written where a reader may
 	 * still read (master__obj_destroy's quarantine, master__tick). */

@@ -338,6 +338,37 @@ Test(master_core, ttl_expiry)
 	cr_assert_eq(master__core_counters(c)->ttl_expired, 2);
 }
 
+/* A watermark round of thousands of objects is not done in one call: a
+ * put pays for a few dozen evictions, a tick for some thousands, and the
+ * round goes on, below the watermark too, until it has freed its share
+ * (10% of 64 MiB in 4 KiB objects: 1,639). */
+Test(master_core, a_large_eviction_round_goes_on_over_calls)
+{
+	mount("s", "a", 64 * MiB, 0);
+	char key[32];
+	int i = 0;
+	for (; i < 14745; i++) { /* 90% of 16,384, rounded down */
+		snprintf(key, sizeof(key), "k%d", i);
+		put(key, 4096, 1, 0, 0);
+	}
+	const struct master_counters *n = master__core_counters(c);
+	cr_assert_eq(n->evictions, 0, "at the watermark, not past it");
+	snprintf(key, sizeof(key), "k%d", i++);
+	put(key, 4096, 1, 0, 0);
+	cr_assert_eq(n->eviction_rounds, 1);
+	cr_assert_gt(n->evictions, 0);
+	cr_assert_leq(n->evictions, 64, "a put pays for a few dozen");
+	uint64_t after_put = n->evictions;
+	snprintf(key, sizeof(key), "k%d", i++);
+	put(key, 4096, 1, 0, 0); /* below the watermark now: the round goes on */
+	cr_assert_gt(n->evictions, after_put);
+	master__tick(c, 1);
+	cr_assert_eq(n->evictions, 1639, "the round's share, in the tick");
+	cr_assert_eq(n->eviction_rounds, 1);
+	master__tick(c, 2);
+	cr_assert_eq(n->evictions, 1639, "and no more");
+}
+
 /* A read earns one second chance: the eviction that reaches a read object
  * sends it to the back of the list unmarked, and the next one that
  * reaches it, with no read between, evicts it. */
