@@ -260,7 +260,8 @@ def bench_store_runs_every_op_beside_redis():
                 # size op where ops/s GB/s p50 p99 redis/s x-redis memcpy
                 # cli-us agt-us mst-us wake errors
                 row = [x for x in rows if x[:3] == [size, op, where]]
-                eq(len(row), 1, "one row for %s %s %s\n%s" % (size, op, where, r.stdout))
+                eq(len(row), 1, "one row for %s %s %s\n%s\n%s" % (size, op, where, r.stdout,
+                                                                  r.stderr))
                 eq(row[0][14], "0", "no errors in %s %s %s" % (size, op, where))
                 assert float(row[0][3]) > 0, row
                 # CPU per op of the client and the agents (the bench's own
