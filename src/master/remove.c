@@ -152,17 +152,22 @@ static bool too_many(struct master *m, struct rpc_call *call)
 	return true;
 }
 
+/* A walk for call, or NULL after answering it. */
+static struct master_rmwalk *walk_new(struct rpc_call *call)
+{
+	struct master_rmwalk *rw = calloc(1, sizeof(*rw));
+	if (!rw)
+		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+	return rw;
+}
+
 void master__on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
 	const Mooncake__Master__RemoveAllRequest *req = (const void *)msg;
-	if (!m || too_many(m, call))
+	struct master_rmwalk *rw;
+	if (!m || too_many(m, call) || !(rw = walk_new(call)))
 		return;
-	struct master_rmwalk *rw = calloc(1, sizeof(*rw));
-	if (!rw) {
-		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
-		return;
-	}
 	rw->w.force = req->force;
 	rw->w.pending = true;
 	start(m, call, rw);
@@ -242,36 +247,24 @@ void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
 	const Mooncake__Master__RemoveRegexRequest *req = (const void *)msg;
-	if (!m || too_many(m, call))
+	struct master_rmwalk *rw;
+	if (!m || too_many(m, call) || !(rw = walk_new(call)))
 		return;
 	const char *pat = req->pattern ? req->pattern : "";
+	snprintf(rw->pattern, sizeof(rw->pattern), "%.*s%s", MAX_PATTERN_SHOWN, pat,
+		 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "");
 	const char *why = pattern_refused(pat);
+	if (!why && regcomp(&rw->re, pat, REG_EXTENDED | REG_NOSUB) != 0)
+		why = "it is not a POSIX extended regular expression";
 	if (why) {
-		char m2[MAX_PATTERN_SHOWN + 256];
-		snprintf(m2, sizeof(m2), "%d %s: pattern '%.*s%s' refused: %s", -EINVAL,
-			 mc_strerror(-EINVAL), MAX_PATTERN_SHOWN, pat,
-			 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "", why);
-		rpc_call_finish(call, master__rpc_status(-EINVAL), m2);
-		return;
-	}
-	struct master_rmwalk *rw = calloc(1, sizeof(*rw));
-	if (!rw) {
-		rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
-		return;
-	}
-	if (regcomp(&rw->re, pat, REG_EXTENDED | REG_NOSUB) != 0) {
+		char text[sizeof(rw->pattern) + 256];
+		snprintf(text, sizeof(text), "%d %s: pattern '%s' refused: %s", -EINVAL,
+			 mc_strerror(-EINVAL), rw->pattern, why);
+		rpc_call_finish(call, master__rpc_status(-EINVAL), text);
 		free(rw);
-		char m2[MAX_PATTERN_SHOWN + 96];
-		snprintf(m2, sizeof(m2),
-			 "%d %s: '%.*s%s' is not a POSIX extended regular expression", -EINVAL,
-			 mc_strerror(-EINVAL), MAX_PATTERN_SHOWN, pat,
-			 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "");
-		rpc_call_finish(call, master__rpc_status(-EINVAL), m2);
 		return;
 	}
 	rw->has_re = true;
-	snprintf(rw->pattern, sizeof(rw->pattern), "%.*s%s", MAX_PATTERN_SHOWN, pat,
-		 strlen(pat) > MAX_PATTERN_SHOWN ? "..." : "");
 	rw->w.match = regex_match;
 	rw->w.ud = &rw->re;
 	rw->w.force = req->force;
