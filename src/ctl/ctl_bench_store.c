@@ -581,6 +581,9 @@ static void usage(FILE *f)
 		"Each size and op runs in --rounds rounds (default 3) of local,\n"
 		"remote and redis in turn, --duration/rounds each, summed: a slower\n"
 		"minute of the machine falls on all three alike.\n"
+		"--redis=HOST:PORT ([ADDR]:PORT for IPv6) measures a redis-server of\n"
+		"yours instead of starting one; the run's keys (bench/<RUN>/...) are\n"
+		"removed from it at the end, its other keys left as they were.\n"
 		"--tier=ssd measures the agents' SSD tiers instead (ctl_bench_tier.c):\n"
 		"its two agents get SSD tiers of --ssd-size under --dir, puts name\n"
 		"the SSD tier and gets read values only there (the local agent's tier,\n"
@@ -605,6 +608,31 @@ static int parse_list(const char *s, const char *const *names, unsigned n, unsig
 	return *mask ? 0 : -EINVAL;
 }
 
+/* HOST:PORT (or [ADDR]:PORT) of --redis into host and *port; false when
+ * it is not one. */
+static bool redis_addr(const char *v, char *host, size_t hlen, int *port)
+{
+	const char *colon = strrchr(v, ':');
+	if (!colon || colon == v)
+		return false;
+	char *end;
+	long p = strtol(colon + 1, &end, 10);
+	if (!colon[1] || *end || p < 1 || p > 65535)
+		return false;
+	const char *h = v;
+	size_t n = (size_t)(colon - v);
+	if (h[0] == '[' && n >= 2 && h[n - 1] == ']') {
+		h++;
+		n -= 2;
+	}
+	if (n == 0 || n >= hlen)
+		return false;
+	memcpy(host, h, n);
+	host[n] = '\0';
+	*port = (int)p;
+	return true;
+}
+
 int ctl_bench_store_main(int argc, char **argv)
 {
 	for (int i = 1; i < argc; i++)
@@ -614,6 +642,8 @@ int ctl_bench_store_main(int argc, char **argv)
 			return ctl_bench_tier_main(argc, argv);
 	const char *sizes_s = "4K,1M,16M", *ops_s = "put,get,view,mixed", *dur_s = "3s";
 	const char *sock = NULL, *rsock = NULL, *redis_s = "auto", *master_s = "local", *v;
+	char redis_host[256] = "127.0.0.1";
+	int redis_port = 0;
 	unsigned clients = 4, rounds = 3, batch = 32, opmask;
 	size_t sizes[MAX_SIZES];
 	unsigned nsizes = 0;
@@ -651,6 +681,14 @@ int ctl_bench_store_main(int argc, char **argv)
 			rsock = v;
 		} else if (ctl_flag_value(argc, argv, &i, "redis", &v) && v) {
 			redis_s = v;
+			if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0 &&
+			    !redis_addr(v, redis_host, sizeof(redis_host), &redis_port)) {
+				fprintf(stderr,
+					"bench store: --redis=%s: want auto, off or HOST:PORT "
+					"(a port of 1 to 65535; [ADDR]:PORT for IPv6)\n",
+					v);
+				return CTL_EXIT_USAGE;
+			}
 		} else {
 			fprintf(stderr, "mooncakectl bench store: unknown argument \"%s\"\n",
 				argv[i]);
@@ -725,18 +763,12 @@ int ctl_bench_store_main(int argc, char **argv)
 		if (attempt == 3)
 			return CTL_EXIT_FAIL;
 	}
-	int redis_port = 0;
-	if (strcmp(redis_s, "off") != 0) {
-		if (strcmp(redis_s, "auto") == 0) {
-			if (ctl_local_start_redis(&cl) == 0)
-				redis_port = cl.redis_port;
-			else
-				printf("redis-server is not installed: the redis comparison is "
-				       "skipped (apt-get install redis-server)\n");
-		} else {
-			const char *colon = strrchr(redis_s, ':');
-			redis_port = colon ? atoi(colon + 1) : 0;
-		}
+	if (strcmp(redis_s, "auto") == 0) {
+		if (ctl_local_start_redis(&cl) == 0)
+			redis_port = cl.redis_port;
+		else
+			printf("redis-server is not installed: the redis comparison is "
+			       "skipped (apt-get install redis-server)\n");
 	}
 
 	rc = holder_local ? 0 : ctl_local_open(sock, &holder_local, 15000);
@@ -767,12 +799,12 @@ int ctl_bench_store_main(int argc, char **argv)
 			memset(ws[i].buf, (int)(0x41 + i), bufsize);
 		if (rc == 0 && redis_port) {
 			uint64_t deadline = mc_now_ms() + 5000;
-			while (ctl_redis_connect(redis_port, &ws[i].redis) != 0 &&
+			while (ctl_redis_connect(redis_host, redis_port, &ws[i].redis) != 0 &&
 			       mc_now_ms() < deadline)
 				usleep(20000);
 			if (!ws[i].redis) {
-				printf("redis at port %d does not answer: skipped\n",
-				       redis_port);
+				printf("redis at %s port %d does not answer: skipped\n",
+				       redis_host, redis_port);
 				redis_port = 0;
 			}
 		}
@@ -866,6 +898,22 @@ int ctl_bench_store_main(int argc, char **argv)
 			for (unsigned t = 0; t < NTARGETS; t++)
 				ctl_lat_free(&tal[t].lat);
 		}
+	}
+	/* A redis of the user's (--redis=HOST:PORT) keeps other keys: only
+	 * this run's go. */
+	if (redis_port && strcmp(redis_s, "auto") != 0 && ws[0].redis) {
+		char prefix[32];
+		uint64_t n = 0;
+		snprintf(prefix, sizeof(prefix), "bench/%s/", run_id);
+		int urc = ctl_redis_unlink_prefix(ws[0].redis, prefix, &n);
+		if (urc)
+			fprintf(stderr,
+				"bench store: cannot remove its keys from redis at %s port %d "
+				"(%s*): %s\n",
+				redis_host, redis_port, prefix, mc_strerror(urc));
+		else
+			printf("redis: this run's %llu keys (%s*) removed\n",
+			       (unsigned long long)n, prefix);
 	}
 	printf("x redis = ops/s over redis-server's ops/s for the same size, op and clients;\n"
 	       "memcpy = GB/s over the memcpy limit above. remote = replicas on a second\n"

@@ -101,10 +101,15 @@ void ctl_run_id(char out[17]);
 
 struct ctl_redis;
 
-/* A connection to redis on the loopback port (ctl_redis_close closes
- * it). Errors: -ENOMEM, -errno. */
-int ctl_redis_connect(int port, struct ctl_redis **out);
+/* A connection to redis at host:port (a name or an address; the first
+ * address that takes it), closed by ctl_redis_close. Errors: -ENOMEM,
+ * -EHOSTUNREACH (host does not resolve), -errno of the last connect. */
+int ctl_redis_connect(const char *host, int port, struct ctl_redis **out);
 void ctl_redis_close(struct ctl_redis *r);
+/* UNLINK every key that starts with prefix (SCAN MATCH prefix*, a few
+ * dozen keys a round trip); *removed: how many went. Errors: -EINVAL
+ * (prefix too long), -ENOMEM, -EIO, -EPROTO. */
+int ctl_redis_unlink_prefix(struct ctl_redis *r, const char *prefix, uint64_t *removed);
 /* SET keys[i] to vals[i] (len bytes each), i < n: the n commands sent at
  * once, then their n replies read. Errors: -EINVAL (n over the pipeline
  * or a key over CTL_REDIS_MAX_KEY), -EIO, -EPROTO (a reply not +OK),

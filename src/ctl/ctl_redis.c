@@ -8,6 +8,7 @@
  * side costs redis no more than it must.
  */
 #include <errno.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -31,18 +32,31 @@ struct ctl_redis {
 	char rx[RX_BYTES];
 };
 
-int ctl_redis_connect(int port, struct ctl_redis **out)
+int ctl_redis_connect(const char *host, int port, struct ctl_redis **out)
 {
+	char ps[16];
+	snprintf(ps, sizeof(ps), "%d", port);
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai;
+	if (getaddrinfo(host, ps, &hints, &ai) != 0)
+		return -EHOSTUNREACH;
 	struct ctl_redis *r = malloc(sizeof(*r));
-	if (!r)
+	if (!r) {
+		freeaddrinfo(ai);
 		return -ENOMEM;
+	}
 	r->head = r->tail = 0;
-	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_port = htons((uint16_t)port),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	if (r->fd < 0 || connect(r->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		int e = -errno;
+	r->fd = -1;
+	int e = -ECONNREFUSED;
+	for (struct addrinfo *a = ai; a && r->fd < 0; a = a->ai_next) {
+		r->fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (r->fd >= 0 && connect(r->fd, a->ai_addr, a->ai_addrlen) != 0) {
+			e = -errno;
+			close(r->fd);
+			r->fd = -1;
+		}
+	}
+	freeaddrinfo(ai);
+	if (r->fd < 0) {
 		ctl_redis_close(r);
 		return e;
 	}
@@ -189,5 +203,101 @@ int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys, void
 			rc = read_bytes(r, NULL, 2);
 		lens[i] = fits ? v : -ENOBUFS;
 	}
+	return rc;
+}
+
+/* A bulk string reply ($N\r\n...\r\n) into dst (cap bytes with its NUL):
+ * its length, or -EPROTO (not one, or longer than cap - 1: read past). */
+static long read_bulk(struct ctl_redis *r, char *dst, size_t cap)
+{
+	char line[64];
+	int rc = read_line(r, line, sizeof(line));
+	if (rc)
+		return rc;
+	long n = line[0] == '$' ? strtol(line + 1, NULL, 10) : -1;
+	if (n < 0)
+		return -EPROTO;
+	bool fits = (size_t)n < cap;
+	rc = read_bytes(r, fits ? dst : NULL, (size_t)n);
+	if (rc == 0)
+		rc = read_bytes(r, NULL, 2);
+	if (rc)
+		return rc;
+	if (!fits)
+		return -EPROTO;
+	dst[n] = '\0';
+	return n;
+}
+
+/* UNLINK keys[0..n) in one command; *removed grows by what went. */
+static int unlink_keys(struct ctl_redis *r, char (*keys)[CTL_REDIS_MAX_KEY + 1], size_t n,
+		       uint64_t *removed)
+{
+	char head[32], line[64], arg[CTL_REDIS_MAX_KEY + 24];
+	int hl = snprintf(head, sizeof(head), "*%zu\r\n$6\r\nUNLINK\r\n", n + 1);
+	int rc = mc_write_all(r->fd, head, (size_t)hl);
+	for (size_t j = 0; j < n && rc == 0; j++) {
+		int h = snprintf(arg, sizeof(arg), "$%zu\r\n%s\r\n", strlen(keys[j]), keys[j]);
+		rc = mc_write_all(r->fd, arg, (size_t)h);
+	}
+	if (rc == 0)
+		rc = read_line(r, line, sizeof(line));
+	if (rc == 0 && line[0] != ':')
+		rc = -EPROTO;
+	if (rc == 0)
+		*removed += (uint64_t)strtoull(line + 1, NULL, 10);
+	return rc;
+}
+
+int ctl_redis_unlink_prefix(struct ctl_redis *r, const char *prefix, uint64_t *removed)
+{
+	char cursor[32] = "0", line[64], cmd[CTL_REDIS_MAX_KEY + 160];
+	size_t pl = strlen(prefix), cap = 0;
+	char(*keys)[CTL_REDIS_MAX_KEY + 1] = NULL;
+	int rc = pl + 1 > CTL_REDIS_MAX_KEY ? -EINVAL : 0;
+	*removed = 0;
+	while (rc == 0) {
+		int h = snprintf(
+			cmd, sizeof(cmd),
+			"*6\r\n$4\r\nSCAN\r\n$%zu\r\n%s\r\n$5\r\nMATCH\r\n$%zu\r\n%s*\r\n"
+			"$5\r\nCOUNT\r\n$2\r\n%d\r\n",
+			strlen(cursor), cursor, pl + 1, prefix, CTL_REDIS_MAX_PIPELINE);
+		rc = mc_write_all(r->fd, cmd, (size_t)h);
+		/* *2, the next cursor, then *K keys, all read before anything
+		 * else is sent. A key too long to be the bench's is left. */
+		if (rc == 0)
+			rc = read_line(r, line, sizeof(line));
+		if (rc == 0 && strcmp(line, "*2") != 0)
+			rc = -EPROTO;
+		if (rc == 0 && read_bulk(r, cursor, sizeof(cursor)) < 0)
+			rc = -EPROTO;
+		if (rc == 0)
+			rc = read_line(r, line, sizeof(line));
+		long k = rc == 0 && line[0] == '*' ? strtol(line + 1, NULL, 10) : -1;
+		if (rc == 0 && (k < 0 || k > 1000000))
+			rc = -EPROTO;
+		if (rc == 0 && (size_t)k > cap) {
+			void *p = realloc(keys, (size_t)k * sizeof(*keys));
+			if (!p)
+				rc = -ENOMEM;
+			else
+				keys = p, cap = (size_t)k;
+		}
+		size_t nk = 0;
+		for (long i = 0; rc == 0 && i < k; i++) {
+			long n = read_bulk(r, keys[nk], sizeof(keys[nk]));
+			if (n >= 0)
+				nk++;
+			else if (n != -EPROTO)
+				rc = (int)n;
+		}
+		for (size_t at = 0; rc == 0 && at < nk; at += CTL_REDIS_MAX_PIPELINE)
+			rc = unlink_keys(r, keys + at,
+					 MC_MIN(nk - at, (size_t)CTL_REDIS_MAX_PIPELINE),
+					 removed);
+		if (rc == 0 && strcmp(cursor, "0") == 0)
+			break;
+	}
+	free(keys);
 	return rc;
 }

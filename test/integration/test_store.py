@@ -11,11 +11,13 @@ import array
 import ctypes
 import os
 import random
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 import storetest as st
@@ -307,6 +309,41 @@ def bench_store_runs_every_op_beside_redis():
                 "--batch=0", "--batch=65", "--op=batch"):
         r = run([mctest.MOONCAKECTL, "bench", "store", bad], check=False)
         eq(r.returncode, 2, "%s is a usage error" % bad)
+
+
+@case
+def bench_store_against_a_users_redis_removes_only_its_keys():
+    """--redis=HOST:PORT names a redis-server of the user's (HOST was
+    ignored before: it always went to 127.0.0.1) and the run's SET keys
+    (bench/<RUN>/...) are removed from it at the end, its other keys
+    kept; a --redis that is not auto, off or HOST:PORT is a usage error."""
+    port = mctest.free_port()
+    tmp = tempfile.mkdtemp(prefix="mctest-redis-")
+    rd = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                           "--save", "", "--appendonly", "no", "--dir", tmp],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        mctest.wait_port(port)
+
+        def cmd(*a):
+            return run(["redis-cli", "-p", str(port)] + list(a)).stdout.strip()
+        cmd("set", "mine", "kept")
+        r = run([mctest.MOONCAKECTL, "bench", "store", "--value-size=4K", "--clients=2",
+                 "--op=put,get,batch-put", "--batch=4", "--duration=100ms", "--rounds=1",
+                 "--redis=localhost:%d" % port], timeout=300)
+        rows = [l.split() for l in r.stdout.splitlines() if l.split()[:2] in
+                (["put", "redis"], ["get", "redis"], ["batch-put", "redis"])]
+        eq(len(rows), 3, "a redis row per op\n" + r.stdout + r.stderr)
+        assert "keys (bench/" in r.stdout and "removed" in r.stdout, r.stdout + r.stderr
+        eq((cmd("dbsize"), cmd("get", "mine")), ("1", "kept"), "only the user's key left")
+        for bad in ("nohostport", "127.0.0.1:0", "h:99999", ":6379"):
+            b = run([mctest.MOONCAKECTL, "bench", "store", "--redis=" + bad], check=False)
+            eq(b.returncode, 2, bad)
+            assert "want auto, off or HOST:PORT" in b.stderr, b.stderr
+    finally:
+        rd.kill()
+        rd.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @case
