@@ -169,12 +169,45 @@ int ctl_redis_set_n(struct ctl_redis *r, size_t n, const char *const *keys,
 	return rc;
 }
 
+/* A bulk string reply ($N, N bytes, CRLF) into dst when N <= cap, read
+ * past when not; *len: N, or -1 for a nil reply. */
+static int read_bulk(struct ctl_redis *r, void *dst, size_t cap, long *len)
+{
+	char line[64];
+	int rc = read_line(r, line, sizeof(line));
+	if (rc)
+		return rc;
+	if (line[0] != '$')
+		return -EPROTO;
+	*len = strtol(line + 1, NULL, 10);
+	if (*len < 0) {
+		*len = -1;
+		return 0;
+	}
+	rc = read_bytes(r, (size_t)*len <= cap ? dst : NULL, (size_t)*len);
+	return rc ? rc : read_bytes(r, NULL, 2);
+}
+
+/* A bulk string reply as a C string in dst (cap bytes with its NUL): its
+ * length, -EPROTO (nil, or too long: read past), or the read's error. */
+static long read_string(struct ctl_redis *r, char *dst, size_t cap)
+{
+	long n;
+	int rc = read_bulk(r, dst, cap - 1, &n);
+	if (rc)
+		return rc;
+	if (n < 0 || (size_t)n > cap - 1)
+		return -EPROTO;
+	dst[n] = '\0';
+	return n;
+}
+
 int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys, void *const *bufs,
 		    size_t cap, int64_t *lens)
 {
 	if (n > CTL_REDIS_MAX_PIPELINE)
 		return -EINVAL;
-	char hdr[CTL_REDIS_MAX_PIPELINE][HDR_BYTES], line[64];
+	char hdr[CTL_REDIS_MAX_PIPELINE][HDR_BYTES];
 	struct iovec iov[CTL_REDIS_MAX_PIPELINE];
 	for (size_t i = 0; i < n; i++) {
 		size_t kl = strlen(keys[i]);
@@ -186,47 +219,15 @@ int ctl_redis_get_n(struct ctl_redis *r, size_t n, const char *const *keys, void
 	}
 	int rc = mc_writev_all(r->fd, iov, (int)n);
 	for (size_t i = 0; i < n && rc == 0; i++) {
-		rc = read_line(r, line, sizeof(line));
-		if (rc)
-			break;
-		if (line[0] != '$')
-			return -EPROTO;
-		long v = strtol(line + 1, NULL, 10);
-		if (v < 0) {
-			lens[i] = MC_EOBJECT_NOT_FOUND;
-			continue;
-		}
-		/* A value larger than cap is read past, not kept. */
-		bool fits = (size_t)v <= cap;
-		rc = read_bytes(r, fits ? bufs[i] : NULL, (size_t)v);
+		long v;
+		rc = read_bulk(r, bufs[i], cap, &v);
+		/* (A value larger than cap was read past, not kept.) */
 		if (rc == 0)
-			rc = read_bytes(r, NULL, 2);
-		lens[i] = fits ? v : -ENOBUFS;
+			lens[i] = v < 0              ? MC_EOBJECT_NOT_FOUND
+				  : (size_t)v <= cap ? v
+						     : -ENOBUFS;
 	}
 	return rc;
-}
-
-/* A bulk string reply ($N\r\n...\r\n) into dst (cap bytes with its NUL):
- * its length, or -EPROTO (not one, or longer than cap - 1: read past). */
-static long read_bulk(struct ctl_redis *r, char *dst, size_t cap)
-{
-	char line[64];
-	int rc = read_line(r, line, sizeof(line));
-	if (rc)
-		return rc;
-	long n = line[0] == '$' ? strtol(line + 1, NULL, 10) : -1;
-	if (n < 0)
-		return -EPROTO;
-	bool fits = (size_t)n < cap;
-	rc = read_bytes(r, fits ? dst : NULL, (size_t)n);
-	if (rc == 0)
-		rc = read_bytes(r, NULL, 2);
-	if (rc)
-		return rc;
-	if (!fits)
-		return -EPROTO;
-	dst[n] = '\0';
-	return n;
 }
 
 /* UNLINK keys[0..n) in one command; *removed grows by what went. */
@@ -269,7 +270,7 @@ int ctl_redis_unlink_prefix(struct ctl_redis *r, const char *prefix, uint64_t *r
 			rc = read_line(r, line, sizeof(line));
 		if (rc == 0 && strcmp(line, "*2") != 0)
 			rc = -EPROTO;
-		if (rc == 0 && read_bulk(r, cursor, sizeof(cursor)) < 0)
+		if (rc == 0 && read_string(r, cursor, sizeof(cursor)) < 0)
 			rc = -EPROTO;
 		if (rc == 0)
 			rc = read_line(r, line, sizeof(line));
@@ -285,7 +286,7 @@ int ctl_redis_unlink_prefix(struct ctl_redis *r, const char *prefix, uint64_t *r
 		}
 		size_t nk = 0;
 		for (long i = 0; rc == 0 && i < k; i++) {
-			long n = read_bulk(r, keys[nk], sizeof(keys[nk]));
+			long n = read_string(r, keys[nk], sizeof(keys[nk]));
 			if (n >= 0)
 				nk++;
 			else if (n != -EPROTO)
