@@ -860,9 +860,10 @@ static void on_ssd_unmounted(void *ud, int err, const char *message, const Proto
 			 "the agent TTL)",
 			 agent__tier_name(a), message ? message : mc_strerror(err));
 	else if (!err)
-		log_info("SSD tier segment %s unmounted: %" PRIu64 " objects left the pool "
+		log_info("SSD tier segment %s unmounted: its %" PRIu64
+			 " replicas left the pool "
 			 "until the agent is back",
-			 agent__tier_name(a), resp->objects_removed);
+			 agent__tier_name(a), resp->replicas_dropped);
 	free(a->mlink.unmount_ssd_req);
 	a->mlink.unmount_ssd_req = NULL;
 	mlink_finish(a);
@@ -881,8 +882,8 @@ static void on_unmounted(void *ud, int err, const char *message, const ProtobufC
 			 a->name, agent__mcall_master(a),
 			 message ? message : mc_strerror(err));
 	else
-		log_info("segment %s unmounted: %" PRIu64 " objects left the pool", a->name,
-			 resp->objects_removed);
+		log_info("segment %s unmounted: its %" PRIu64 " replicas left the pool",
+			 a->name, resp->replicas_dropped);
 	free(a->mlink.unmount_req);
 	a->mlink.unmount_req = NULL;
 	Mooncake__Master__UnmountSegmentRequest *q = NULL;

@@ -380,14 +380,13 @@ static bool call_said(struct rpc_client *c, const char *target, const char *meth
  * until that segment expires. Refused (with why) when it has agents or
  * objects; true when it is empty. A master that cannot say is refused too.
  */
+static Mooncake__Master__StatsResponse *target_stats(struct rpc_client *c, const char *target);
+
 static bool target_is_empty(struct rpc_client *c, const char *target)
 {
-	Mooncake__Master__StatsRequest q = MOONCAKE__MASTER__STATS_REQUEST__INIT;
-	ProtobufCMessage *out = NULL;
-	if (!call_said(c, target, "Stats", &q.base,
-		       &mooncake__master__stats_response__descriptor, &out))
+	Mooncake__Master__StatsResponse *s = target_stats(c, target);
+	if (!s)
 		return false;
-	const Mooncake__Master__StatsResponse *s = (const void *)out;
 	bool empty = s->agents == 0 && s->objects == 0;
 	if (!empty)
 		fprintf(stderr,
@@ -399,12 +398,39 @@ static bool target_is_empty(struct rpc_client *c, const char *target)
 			"(mooncaked --role=master --meta-endpoints= --diag-service), or run "
 			"without --target\n",
 			target, s->agents, s->objects);
-	protobuf_c_message_free_unpacked(out, NULL);
+	protobuf_c_message_free_unpacked(&s->base, NULL);
 	return empty;
 }
 
+/* The master's Stats (the caller frees them), or NULL when it cannot say
+ * (said on stderr). */
+static Mooncake__Master__StatsResponse *target_stats(struct rpc_client *c, const char *target)
+{
+	Mooncake__Master__StatsRequest q = MOONCAKE__MASTER__STATS_REQUEST__INIT;
+	ProtobufCMessage *out = NULL;
+	if (!call_said(c, target, "Stats", &q.base,
+		       &mooncake__master__stats_response__descriptor, &out))
+		return NULL;
+	return (Mooncake__Master__StatsResponse *)out;
+}
+
+/* The master's object count, or UINT64_MAX when it cannot say. */
+static uint64_t target_objects(struct rpc_client *c, const char *target)
+{
+	Mooncake__Master__StatsResponse *s = target_stats(c, target);
+	uint64_t n = s ? s->objects : UINT64_MAX;
+	if (s)
+		protobuf_c_message_free_unpacked(&s->base, NULL);
+	return n;
+}
+
+#define UNMOUNT_WAIT_MS 60000
+
 /* The bench's segment goes, and its objects with it: the master is as it
- * was (a second run need not wait for the segment to expire). */
+ * was (a second run need not wait for the segment to expire). The master
+ * answers the unmount at once and removes the objects in slices of its
+ * loop after (README, The master: Segments): the bench waits for them,
+ * all of the master's (target_is_empty), to be gone. */
 static void unmount(struct rpc_client *c, const char *target, const char *agent)
 {
 	Mooncake__Master__UnmountSegmentRequest q =
@@ -421,6 +447,15 @@ static void unmount(struct rpc_client *c, const char *target, const char *agent)
 		return;
 	}
 	protobuf_c_message_free_unpacked(out, NULL);
+	uint64_t n, t0 = uv_hrtime();
+	while ((n = target_objects(c, target)) != 0 && n != UINT64_MAX &&
+	       uv_hrtime() - t0 < UNMOUNT_WAIT_MS * 1000000ull)
+		usleep(20000);
+	if (n && n != UINT64_MAX)
+		fprintf(stderr,
+			"mooncakectl bench master: segment %s unmounted, but %s still "
+			"counts %" PRIu64 " objects after %d s\n",
+			agent, target, n, UNMOUNT_WAIT_MS / 1000);
 }
 
 /* Keep the bench agent alive between phases (--agent-ttl). */

@@ -62,6 +62,7 @@ int master__core_new(const struct master_core_opts *o, struct master_core **out)
 void master__core_reset(struct master_core *c)
 {
 	c->round_left = 0;
+	master__walk_abort(c, &c->reap); /* (its segments go below) */
 	master__index_clear(&c->ix);
 	master__segs_clear(&c->segs);
 	c->nquar = 0; /* (their segments are gone) */
@@ -213,10 +214,8 @@ static void obj_destroy_until(struct master_core *c, struct master_obj *o, uint6
 	bool held = false;
 	for (unsigned i = 0; i < o->nrep; i++) {
 		struct master_seg *s = master__segs_at(&c->segs, o->rep[i].seg);
-		if (s->going) {
-			s->replicas--;
-			continue;
-		}
+		if (!s)
+			continue; /* a segment gone (the reaper's) */
 		if (!(o->flags & MASTER_OBJ_PENDING))
 			master__mirror(c, o, i, MASTER_EV_DEL);
 		uint64_t len = master__rep_len(s, o->size);
@@ -271,10 +270,16 @@ static bool expired(const struct master_obj *o, uint64_t now_ms)
 	       !master__leased(o, now_ms);
 }
 
+struct master_obj *master__obj_find(struct master_core *c, const uint8_t *key, size_t klen)
+{
+	struct master_obj *o = master__index_find(&c->ix, key, klen);
+	return o && !master__obj_prune(c, o) ? o : NULL;
+}
+
 struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, size_t klen,
 				  uint64_t now_ms)
 {
-	struct master_obj *o = master__index_find(&c->ix, key, klen);
+	struct master_obj *o = master__obj_find(c, key, klen);
 	if (o && expired(o, now_ms)) {
 		c->n.ttl_expired++;
 		master__obj_destroy(c, o);
@@ -329,7 +334,8 @@ static uint64_t evict_one(struct master_core *c, uint64_t now_ms, bool pinned)
 		for (struct master_obj *o = master__index_oldest(&c->ix, lists[k]); o;
 		     o = next) {
 			next = o->next;
-			if (master__index_second_chance(&c->ix, o, &next))
+			if (master__index_second_chance(&c->ix, o, &next) ||
+			    master__obj_prune(c, o))
 				continue;
 			if (master__leased(o, now_ms)) {
 				c->n.lease_waits++;
@@ -364,6 +370,10 @@ static uint64_t round_list(struct master_core *c, enum master_list l, uint64_t t
 		next = o->next;
 		if (master__index_second_chance(&c->ix, o, &next))
 			continue;
+		if (master__obj_prune(c, o)) {
+			--*budget; /* (a segment's gone: it may be most of the list) */
+			continue;
+		}
 		if (master__leased(o, now_ms)) {
 			c->n.lease_waits++;
 			continue;
@@ -711,7 +721,9 @@ bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budg
 		struct master_obj *o = master__index_slot(&c->ix, w->bucket);
 		for (struct master_obj *next; o; o = next, seen++) {
 			next = o->hnext;
-			if (o->flags & MASTER_OBJ_PENDING) {
+			if (master__obj_prune(c, o)) {
+				/* gone with its segment: the reaper's */
+			} else if (o->flags & MASTER_OBJ_PENDING) {
 				w->skipped += w->pending;
 			} else if (w->match && !w->match(w->ud, master__obj_key(o), o->klen)) {
 				/* not asked for */

@@ -207,9 +207,6 @@ struct master_seg {
 	uint64_t leased;      /* bytes */
 	uint64_t rleased;     /* ... of them leased to other agents */
 	uint64_t lease_epoch; /* new at every mount */
-	/* Being removed (seg_remove): its replicas go without freeing their
-	 * space or telling its log, which go with it. */
-	bool going;
 };
 
 /* An agent process's instance token: random, kept in its data dir, and
@@ -320,9 +317,40 @@ static inline uint64_t master__rep_len(const struct master_seg *s, uint64_t size
 {
 	return size ? (size + s->block - 1) & ~(s->block - 1) : 0;
 }
-/* Errors: MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
-int master__unmount(struct master_core *c, const char *name, const char *agent,
-		    uint64_t *replicas_dropped, uint64_t *objects_removed) MC_MUST_CHECK;
+/* The segment goes, with its replicas (see the reaper below): *slot
+ * (may be NULL) gets the slot it leaves, for master__reap_removed, and
+ * *replicas_dropped (may be NULL) the replicas it had. Errors:
+ * MC_ESEGMENT_NOT_FOUND, -EACCES (owned by another agent). */
+int master__unmount(struct master_core *c, const char *name, const char *agent, uint32_t *slot,
+		    uint64_t *replicas_dropped) MC_MUST_CHECK;
+/*
+ * The reaper. A segment that goes (its agent's expiry, its unmount, or
+ * its agent's restart) leaves at once: its slot is emptied, its space
+ * and log freed, and its replicas read as gone from then on — every
+ * lookup drops those of the object it finds, and removes an object left
+ * with none (or a put in flight that had one there). The rest of them
+ * go in a walk over the whole index, in steps, so that no expiry holds
+ * the caller's loop for the length of the index (0.4 s a million
+ * objects in one go). The slot is taken by no mount until a walk that
+ * began after the segment went has ended. Until then the index's object
+ * count includes objects only the walk has still to remove.
+ *
+ * master__reap_step walks on until it has looked at `budget` objects or
+ * more, calls done(ud, r) for each segment whose replicas are all gone,
+ * and says true when nothing is left to reap.
+ */
+struct master_reaped {
+	uint32_t slot; /* it left */
+	const char *name;
+	uint64_t dropped; /* replicas it had */
+	uint64_t removed; /* objects that went with it */
+};
+bool master__reap_pending(const struct master_core *c);
+bool master__reap_step(struct master_core *c, size_t budget,
+		       void (*done)(void *ud, const struct master_reaped *r), void *ud);
+/* Objects removed so far with the segment that left slot, while the
+ * reaper is not done with it (0 after). */
+uint64_t master__reap_removed(const struct master_core *c, uint32_t slot);
 /* A heartbeat: returns true when the agent is known (has segments
  * mounted), false when it must re-sync. */
 bool master__heartbeat(struct master_core *c, const char *agent, uint64_t now_ms);
@@ -436,9 +464,9 @@ void master__remove_match(struct master_core *c,
  * MC_EOBJECT_HAS_LEASE (read lease held). */
 int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen, uint32_t seg,
 			  uint64_t now_ms) MC_MUST_CHECK;
-/* Lookup without side effects (NULL if absent). */
-const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
-				      size_t klen);
+/* Lookup without TTL expiry (NULL if absent); replicas of segments gone
+ * are dropped on the way (the reaper). */
+const struct master_obj *master__find(struct master_core *c, const uint8_t *key, size_t klen);
 
 /* Timers: PENDING puts past --put-timeout are revoked, agents silent for
  * --agent-ttl expire, part of the index is swept for TTL expiry,
@@ -595,12 +623,13 @@ int master__tier_update(struct master_core *c, const char *agent, const char *se
 /* Where a demotion of the object under key reads it from: a DRAM replica
  * (its segment slot and offset), for the FETCH order the owner of the
  * SSD segment receives. false: the key is not being demoted. */
-bool master__demote_source(const struct master_core *c, const uint8_t *key, size_t klen,
+bool master__demote_source(struct master_core *c, const uint8_t *key, size_t klen,
 			   uint32_t *seg, uint64_t *offset);
 
-/* Visit every object (in no order). fn returns false to stop. */
-void master__foreach(const struct master_core *c,
-		     bool (*fn)(void *ud, const struct master_obj *o), void *ud);
+/* Visit every object (in no order), replicas of segments gone dropped
+ * first. fn returns false to stop. */
+void master__foreach(struct master_core *c, bool (*fn)(void *ud, const struct master_obj *o),
+		     void *ud);
 
 /* The newest mirror-log sequence number handed out (any segment). */
 uint64_t master__ev_seq(const struct master_core *c);

@@ -121,12 +121,29 @@ void master__index_stats(const struct master_index *ix, struct master_core_stats
 
 /* ------------------------------------------------------------ segment.c */
 
+/*
+ * A slot whose segment went (its agent's expiry, unmount or restart)
+ * while replicas in the index still name it: the slot is NULL, so every
+ * such replica reads as gone (master__obj_prune drops it where an object
+ * is looked at), and no mount takes the slot until the reaper's walk
+ * that began after it went has passed every object (master__reap_step).
+ */
+struct master_dead {
+	uint32_t id;
+	uint64_t pass;    /* the reaper's walk that frees the slot at its end */
+	char *name;       /* the segment's, for the log */
+	uint64_t dropped; /* replicas it had */
+	uint64_t removed; /* objects gone with it, so far */
+};
+
 struct master_segs {
-	struct master_seg **v; /* by slot; NULL: free */
+	struct master_seg **v; /* by slot; NULL: free, or dead (below) */
 	uint32_t cap, n;
 	struct master_agent *agents;
 	uint64_t nagents;
 	uint64_t seed; /* the next allocator's treap seed */
+	struct master_dead *dead;
+	uint32_t ndead, dead_cap;
 };
 
 static inline struct master_seg *master__segs_at(const struct master_segs *sg, uint32_t id)
@@ -242,6 +259,15 @@ struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, siz
 				  uint64_t now_ms);
 /* Remove o from the index and free its space on every segment. */
 void master__obj_destroy(struct master_core *c, struct master_obj *o);
+/* Drop o's replicas on dead slots (struct master_dead): true when o went
+ * with them (its last replica, or a put in flight). Every path that
+ * reads or changes an object's replicas, other than destroying it,
+ * prunes it first: lookups through master__obj_find, the LRU rounds
+ * with this. */
+bool master__obj_prune(struct master_core *c, struct master_obj *o);
+/* master__index_find, pruned: NULL when absent or gone with its
+ * segment. */
+struct master_obj *master__obj_find(struct master_core *c, const uint8_t *key, size_t klen);
 /* Append a change of o's replica i to its segment's mirror log. */
 void master__mirror(struct master_core *c, const struct master_obj *o, unsigned i,
 		    enum master_ev_op op);
@@ -283,6 +309,10 @@ struct master_core {
 	 * still read (master__obj_destroy's quarantine, master__tick). */
 	struct master_quarantine *quar;
 	size_t nquar, quar_cap;
+	/* The reaper (segment.c): its walk over the index, and how many
+	 * walks it began. */
+	struct master_walk reap;
+	uint64_t reap_passes;
 	struct master_counters n;
 };
 

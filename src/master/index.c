@@ -325,21 +325,22 @@ void master__index_stats(const struct master_index *ix, struct master_core_stats
 
 /* ------------------------------------------------------------ core.h */
 
-const struct master_obj *master__find(const struct master_core *c, const uint8_t *key,
-				      size_t klen)
+const struct master_obj *master__find(struct master_core *c, const uint8_t *key, size_t klen)
 {
 	if (!master__key_ok(klen))
 		return NULL;
-	return master__index_find(&c->ix, key, klen);
+	return master__obj_find(c, key, klen);
 }
 
-void master__foreach(const struct master_core *c,
-		     bool (*fn)(void *ud, const struct master_obj *o), void *ud)
+void master__foreach(struct master_core *c, bool (*fn)(void *ud, const struct master_obj *o),
+		     void *ud)
 {
 	for (size_t b = 0; b < mc_lhash_n(&c->ix.tab); b++)
-		for (const struct master_obj *o = c->ix.tab.b[b]; o; o = o->hnext)
-			if (!fn(ud, o))
+		for (struct master_obj *o = c->ix.tab.b[b], *next; o; o = next) {
+			next = o->hnext;
+			if (!master__obj_prune(c, o) && !fn(ud, o))
 				return;
+		}
 }
 
 bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,

@@ -332,6 +332,7 @@ static void on_tick(uv_timer_t *t)
 				 "moves on by that much (their heartbeats wait unread)",
 				 gap - TICK_MS);
 		master__tick(m->core, now);
+		master__reap_kick(m, MASTER_NO_SEGMENT); /* (agents expired) */
 	}
 	master__sync_tick(m, now);
 	if (++m->ticks % METRICS_EVERY_TICKS == 0)

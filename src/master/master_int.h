@@ -134,6 +134,11 @@ void master__on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg);
 void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg);
 void master__on_remove_cancel(struct rpc_call *call);
 void master__remove_init(struct master *m);
+/* After a call or tick that made a segment go: the core's reaper walks a
+ * first slice now, the rest in the loop's turns. Returns the objects
+ * removed so far with the segment that left slot (all of them when the
+ * slice saw its end; MASTER_NO_SEGMENT: 0). */
+uint64_t master__reap_kick(struct master *m, uint32_t slot);
 /* Answer every walk NOT_LEADER (leadership lost, or stopping). */
 void master__remove_drop_all(struct master *m);
 /* Drop the walks and close the handle (cb once). */

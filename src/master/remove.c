@@ -17,6 +17,12 @@
  * deadline passed) runs on to its end, as it did on the loop before,
  * and says in the log what it removed; a master that stops leading
  * answers every walk NOT_LEADER (the index goes with the leadership).
+ *
+ * The same slices walk the index for the core's reaper: the replicas of
+ * segments gone (an agent's expiry, unmount or restart), which read as
+ * gone from the moment the segment goes, are dropped here, and objects
+ * left with none removed (core.h). master__reap_kick starts it after a
+ * call or tick that made a segment go, with a first slice at once.
  */
 #include <errno.h>
 #include <regex.h>
@@ -49,6 +55,17 @@ struct master_rmwalk {
 	uint64_t start_ns;
 };
 
+static void on_idle(uv_idle_t *h);
+
+/* The idle handle runs while a walk or the reaper has work. */
+static void idle_update(struct master *m)
+{
+	if (m->rmwalks || master__reap_pending(m->core))
+		uv_idle_start(&m->rm_idle, on_idle);
+	else
+		uv_idle_stop(&m->rm_idle);
+}
+
 static void unlink_walk(struct master *m, struct master_rmwalk *rw)
 {
 	if (rw->prev)
@@ -59,8 +76,7 @@ static void unlink_walk(struct master *m, struct master_rmwalk *rw)
 		rw->next->prev = rw->prev;
 	rw->prev = rw->next = NULL;
 	m->nrmwalks--;
-	if (!m->rmwalks)
-		uv_idle_stop(&m->rm_idle);
+	idle_update(m);
 }
 
 static void free_walk(struct master_rmwalk *rw)
@@ -103,11 +119,54 @@ static bool walk_on(struct master *m, struct master_rmwalk *rw, uint64_t until_n
 	return true;
 }
 
-/* One turn: each walk gets its share of the slice. */
+/* What a reaper's slice is asked for: segment slot's count (MASTER_NO_SEGMENT: none). */
+struct reap_ask {
+	uint32_t slot;
+	bool done;
+	uint64_t removed;
+};
+
+static void reaped(void *ud, const struct master_reaped *r)
+{
+	struct reap_ask *ask = ud;
+	log_info("segment %s gone: its %llu replicas dropped, %llu objects removed with it",
+		 r->name, (unsigned long long)r->dropped, (unsigned long long)r->removed);
+	if (r->slot == ask->slot) {
+		ask->done = true;
+		ask->removed = r->removed;
+	}
+}
+
+/* The reaper on until its end or until the clock passes until_ns; true
+ * at its end. */
+static bool reap_on(struct master *m, uint64_t until_ns, struct reap_ask *ask)
+{
+	while (!master__reap_step(m->core, STEP_OBJECTS, reaped, ask))
+		if (uv_hrtime() >= until_ns)
+			return false;
+	return true;
+}
+
+uint64_t master__reap_kick(struct master *m, uint32_t slot)
+{
+	struct reap_ask ask = {.slot = slot};
+	if (!master__reap_pending(m->core))
+		return 0;
+	reap_on(m, uv_hrtime() + SLICE_NS, &ask);
+	idle_update(m);
+	return ask.done ? ask.removed : master__reap_removed(m->core, slot);
+}
+
+/* One turn: each walk, and the reaper, gets its share of the slice. */
 static void on_idle(uv_idle_t *h)
 {
 	struct master *m = h->data;
-	uint64_t share = SLICE_NS / (m->nrmwalks ? m->nrmwalks : 1);
+	bool reap = master__reap_pending(m->core);
+	unsigned n = m->nrmwalks + reap;
+	uint64_t share = SLICE_NS / (n ? n : 1);
+	struct reap_ask ask = {.slot = MASTER_NO_SEGMENT};
+	if (reap)
+		reap_on(m, uv_hrtime() + share, &ask);
 	for (struct master_rmwalk *rw = m->rmwalks, *next; rw; rw = next) {
 		next = rw->next;
 		if (!walk_on(m, rw, uv_hrtime() + share))
@@ -116,6 +175,7 @@ static void on_idle(uv_idle_t *h)
 		answer(rw);
 		free_walk(rw);
 	}
+	idle_update(m);
 }
 
 /* Start rw (its walk's match set): answered at once when one slice
@@ -136,7 +196,7 @@ static void start(struct master *m, struct rpc_call *call, struct master_rmwalk 
 		m->rmwalks->prev = rw;
 	m->rmwalks = rw;
 	m->nrmwalks++;
-	uv_idle_start(&m->rm_idle, on_idle);
+	idle_update(m);
 }
 
 static bool too_many(struct master *m, struct rpc_call *call)

@@ -46,6 +46,9 @@ void master__segs_clear(struct master_segs *sg)
 		sg->v[i] = NULL;
 	}
 	sg->n = 0;
+	for (uint32_t i = 0; i < sg->ndead; i++)
+		free(sg->dead[i].name);
+	sg->ndead = 0;
 	while (sg->agents) {
 		struct master_agent *a = sg->agents;
 		sg->agents = a->next;
@@ -60,6 +63,9 @@ void master__segs_free(struct master_segs *sg)
 	master__segs_clear(sg);
 	free(sg->v);
 	sg->v = NULL;
+	free(sg->dead);
+	sg->dead = NULL;
+	sg->dead_cap = 0;
 }
 
 const struct master_seg *master__seg(const struct master_core *c, uint32_t id)
@@ -105,8 +111,7 @@ static void agent_del(struct master_segs *sg, struct master_agent *a)
 	sg->nagents--;
 }
 
-static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
-		       uint64_t *removed);
+static void seg_retire(struct master_core *c, uint32_t id);
 
 /* Drop the agent and every segment it mounted (their replicas too). */
 static void agent_remove(struct master_core *c, struct master_agent *a)
@@ -114,70 +119,136 @@ static void agent_remove(struct master_core *c, struct master_agent *a)
 	struct master_segs *sg = &c->segs;
 	for (uint32_t i = 0; i < sg->cap; i++)
 		if (sg->v[i] && sg->v[i]->agent == a)
-			seg_remove(c, i, NULL, NULL);
+			seg_retire(c, i);
 	agent_del(sg, a);
 }
 
-/* Drop every replica on segment id; objects left without one are
- * removed. Replicas elsewhere of the same objects stay. */
-static void drop_segment_replicas(struct master_core *c, uint32_t id, uint64_t *dropped,
-				  uint64_t *removed)
+/* ------------------------------------------------------------ the reaper */
+
+static struct master_dead *dead_find(const struct master_segs *sg, uint32_t id)
 {
-	uint64_t nd = 0, nr = 0;
-	struct master_seg *s = c->segs.v[id];
-	uint64_t len;
-	for (size_t b = 0; b < master__index_slots(&c->ix) && s->replicas; b++) {
-		struct master_obj *o = master__index_slot(&c->ix, b);
-		while (o) {
-			struct master_obj *next = o->hnext;
-			for (unsigned i = 0; i < o->nrep; i++) {
-				if (o->rep[i].seg != id)
-					continue;
-				nd++;
-				if (o->nrep == 1 || (o->flags & MASTER_OBJ_PENDING)) {
-					/* A put in flight loses the whole put. */
-					nr++;
-					master__obj_destroy(c, o);
-					break;
-				}
-				len = master__rep_len(s, o->size);
-				if (len && !s->going &&
-				    master__alloc_put(s->alloc, o->rep[i].offset, len)) {
-					/* corrupt index: keep the space */
-				}
-				s->replicas--;
-				/* Shift the later replicas and the key down. */
-				uint8_t *p = (uint8_t *)&o->rep[i];
-				size_t tail = (size_t)(o->nrep - i - 1) *
-						      sizeof(struct master_rep) +
-					      o->klen;
-				memmove(p, p + sizeof(struct master_rep), tail);
-				o->nrep--;
-				master__obj_retier(c, o);
-				break;
-			}
-			o = next;
-		}
-	}
-	if (dropped)
-		*dropped = nd;
-	if (removed)
-		*removed = nr;
+	for (uint32_t i = 0; i < sg->ndead; i++)
+		if (sg->dead[i].id == id)
+			return &sg->dead[i];
+	return NULL;
 }
 
-static void seg_remove(struct master_core *c, uint32_t id, uint64_t *dropped,
-		       uint64_t *removed)
+/*
+ * Segment id goes (core.h, the reaper): its slot empties at once and is
+ * kept from mounts until the reaper's next walk has ended. Its space,
+ * log and leases go with it: its replicas need neither their space
+ * given back nor DEL events. (The record's room was made at its mount:
+ * dead_reserve.)
+ */
+static void seg_retire(struct master_core *c, uint32_t id)
 {
-	struct master_seg *s = c->segs.v[id];
-	/* Its allocator and log are freed below: a replica dropped needs
-	 * neither its space given back nor a DEL event (half of an agent's
-	 * expiry, at 1M objects 2-3 s of the loop, was its allocator). */
-	s->going = true;
-	drop_segment_replicas(c, id, dropped, removed);
+	struct master_segs *sg = &c->segs;
+	struct master_seg *s = sg->v[id];
+	sg->dead[sg->ndead++] = (struct master_dead){
+		.id = id,
+		/* (a walk already open may have passed some of its replicas) */
+		.pass = c->reap_passes + 1,
+		.name = s->name,
+		.dropped = s->replicas,
+	};
 	s->agent->nsegs--;
-	c->segs.v[id] = NULL;
-	c->segs.n--;
+	sg->v[id] = NULL;
+	sg->n--;
+	s->name = NULL; /* (the record's now) */
 	seg_free(s);
+}
+
+/* Room for the record of every segment mounted and one more, so that a
+ * segment's going needs no memory. Errors: -ENOMEM. */
+static int dead_reserve(struct master_segs *sg)
+{
+	uint32_t want = sg->n + sg->ndead + 1;
+	if (want <= sg->dead_cap)
+		return 0;
+	uint32_t cap = MC_MAX(want, sg->dead_cap * 2);
+	struct master_dead *v = realloc(sg->dead, cap * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	sg->dead = v;
+	sg->dead_cap = cap;
+	return 0;
+}
+
+bool master__obj_prune(struct master_core *c, struct master_obj *o)
+{
+	struct master_segs *sg = &c->segs;
+	if (!sg->ndead)
+		return false;
+	bool dropped = false;
+	for (unsigned i = 0; i < o->nrep;) {
+		if (sg->v[o->rep[i].seg]) {
+			i++;
+			continue;
+		}
+		if (o->nrep == 1 || (o->flags & MASTER_OBJ_PENDING)) {
+			/* Its last one, or a put in flight: the whole object. */
+			struct master_dead *d = dead_find(sg, o->rep[i].seg);
+			d->removed += d != NULL;
+			master__obj_destroy(c, o);
+			return true;
+		}
+		uint8_t *p = (uint8_t *)&o->rep[i];
+		memmove(p, p + sizeof(struct master_rep),
+			(size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen);
+		o->nrep--;
+		dropped = true;
+	}
+	if (dropped)
+		master__obj_retier(c, o);
+	return false;
+}
+
+bool master__reap_pending(const struct master_core *c)
+{
+	return c->segs.ndead > 0;
+}
+
+uint64_t master__reap_removed(const struct master_core *c, uint32_t slot)
+{
+	const struct master_dead *d = dead_find(&c->segs, slot);
+	return d ? d->removed : 0;
+}
+
+bool master__reap_step(struct master_core *c, size_t budget,
+		       void (*done)(void *ud, const struct master_reaped *r), void *ud)
+{
+	struct master_segs *sg = &c->segs;
+	struct master_walk *w = &c->reap;
+	if (!sg->ndead)
+		return true;
+	if (!w->open) {
+		master__walk_begin(c, w);
+		c->reap_passes++;
+	}
+	size_t nb = master__index_slots(&c->ix), seen = 0;
+	for (; w->bucket < nb && seen < budget; w->bucket++)
+		for (struct master_obj *o = master__index_slot(&c->ix, w->bucket), *next; o;
+		     o = next, seen++) {
+			next = o->hnext;
+			master__obj_prune(c, o);
+		}
+	if (w->bucket < nb)
+		return false;
+	master__walk_abort(c, w);
+	/* The slots that went before this walk began are free now. */
+	for (uint32_t i = 0; i < sg->ndead;) {
+		struct master_dead *d = &sg->dead[i];
+		if (d->pass > c->reap_passes) {
+			i++;
+			continue;
+		}
+		struct master_reaped r = {d->id, d->name, d->dropped, d->removed};
+		if (done)
+			done(ud, &r);
+		free(d->name);
+		*d = sg->dead[--sg->ndead];
+	}
+	return sg->ndead == 0;
 }
 
 int master__mount(struct master_core *c, const char *name, const char *agent,
@@ -259,23 +330,20 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 						       : c->o.high_watermark;
 		s->eviction_ratio = mt->eviction_ratio ? mt->eviction_ratio
 						       : c->o.eviction_ratio;
-		if (!resync) {
-			drop_segment_replicas(c, id, NULL, NULL);
-			master__mlog_reset(s->log, master__ev_seq(c));
-			s->log_id = master__ev_next(c);
-			s->syncing = false;
-			master__tiers_seg_reset(s);
-		} else {
+		if (resync) {
 			s->syncing = true;
+			master__lease_reset(c, s);
+			if (mirror_seq) {
+				struct master_mlog_stats ls;
+				master__mlog_stats(s->log, &ls);
+				*mirror_seq = ls.acked;
+			}
+			set_instance(a, mt);
+			return 0;
 		}
-		master__lease_reset(c, s);
-		if (mirror_seq) {
-			struct master_mlog_stats ls;
-			master__mlog_stats(s->log, &ls);
-			*mirror_seq = ls.acked;
-		}
-		set_instance(a, mt);
-		return 0;
+		/* A restarted agent: the segment goes with its replicas, and
+		 * comes back empty in another slot. */
+		seg_retire(c, id);
 	}
 	bool new_agent = !a;
 	if (new_agent) {
@@ -300,7 +368,10 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 	rc = master__lease_space_new(size, sg->seed++, &s->lease);
 	if (rc)
 		goto err_log;
-	if (sg->n == sg->cap) {
+	rc = dead_reserve(sg);
+	if (rc)
+		goto err_lease;
+	if (sg->n + sg->ndead == sg->cap) {
 		uint32_t cap = sg->cap ? sg->cap * 2 : 8;
 		rc = MC_ENO_SPACE;
 		if (cap > MASTER_SEG_SLOTS_MAX)
@@ -313,7 +384,7 @@ int master__mount_seg(struct master_core *c, const struct master_mount *mt, uint
 		sg->v = v;
 		sg->cap = cap;
 	}
-	for (id = 0; sg->v[id]; id++)
+	for (id = 0; sg->v[id] || dead_find(sg, id); id++)
 		;
 	s->agent = a;
 	s->tier = tier;
@@ -356,8 +427,8 @@ err_seg:
 	return rc;
 }
 
-int master__unmount(struct master_core *c, const char *name, const char *agent,
-		    uint64_t *replicas_dropped, uint64_t *objects_removed)
+int master__unmount(struct master_core *c, const char *name, const char *agent, uint32_t *slot,
+		    uint64_t *replicas_dropped)
 {
 	uint32_t id = master__seg_find(c, name ? name : "");
 	if (id == MASTER_NO_SEGMENT)
@@ -365,7 +436,11 @@ int master__unmount(struct master_core *c, const char *name, const char *agent,
 	struct master_agent *a = c->segs.v[id]->agent;
 	if (!agent || strcmp(a->id, agent) != 0)
 		return -EACCES;
-	seg_remove(c, id, replicas_dropped, objects_removed);
+	if (slot)
+		*slot = id;
+	if (replicas_dropped)
+		*replicas_dropped = c->segs.v[id]->replicas;
+	seg_retire(c, id);
 	if (a->nsegs == 0)
 		agent_del(&c->segs, a);
 	return 0;

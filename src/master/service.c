@@ -200,6 +200,7 @@ static void on_mount(struct rpc_call *call, const ProtobufCMessage *msg)
 			   (unsigned long long)h->base);
 		return;
 	}
+	master__reap_kick(m, MASTER_NO_SEGMENT); /* (a restarted agent's segments went) */
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", s->name);
 		return;
@@ -233,16 +234,18 @@ static void on_unmount(struct rpc_call *call, const ProtobufCMessage *msg)
 		return;
 	Mooncake__Master__UnmountSegmentResponse resp =
 		MOONCAKE__MASTER__UNMOUNT_SEGMENT_RESPONSE__INIT;
-	int rc = master__unmount(m->core, req->name, req->agent_id, &resp.replicas_dropped,
-				 &resp.objects_removed);
+	uint32_t slot;
+	int rc = master__unmount(m->core, req->name, req->agent_id, &slot,
+				 &resp.replicas_dropped);
 	if (rc) {
 		finish_err(call, rc, "segment '%s'", req->name);
 		return;
 	}
-	log_info(
-		"segment %s unmounted by agent %s: %llu replicas dropped, %llu objects removed",
-		req->name, req->agent_id, (unsigned long long)resp.replicas_dropped,
-		(unsigned long long)resp.objects_removed);
+	/* (a segment the first slice covers is counted whole here: the
+	 * reaper's log line says what a larger one removed in the end) */
+	resp.objects_removed = master__reap_kick(m, slot);
+	log_info("segment %s unmounted by agent %s: %llu replicas dropped", req->name,
+		 req->agent_id, (unsigned long long)resp.replicas_dropped);
 	master__reply(call, &resp.base);
 }
 

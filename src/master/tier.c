@@ -118,6 +118,7 @@ static void drop(struct master_core *c, struct master_demotion *d)
  * (the next round gives it a second chance: others are tried first). */
 static void give_up(struct master_core *c, struct master_demotion *d)
 {
+	/* (not pruned: that could destroy o, and d with it) */
 	struct master_obj *o = master__index_find(&c->ix, d->key, d->klen);
 	drop(c, d);
 	c->n.demotion_failures++;
@@ -150,12 +151,12 @@ void master__tiers_tick(struct master_core *c, uint64_t now_ms)
 	}
 }
 
-bool master__demote_source(const struct master_core *c, const uint8_t *key, size_t klen,
+bool master__demote_source(struct master_core *c, const uint8_t *key, size_t klen,
 			   uint32_t *seg, uint64_t *offset)
 {
 	if (!master__key_ok(klen))
 		return false;
-	const struct master_obj *o = master__index_find(&c->ix, key, klen);
+	const struct master_obj *o = master__obj_find(c, key, klen);
 	if (!o || !(o->flags & MASTER_OBJ_DEMOTING))
 		return false;
 	for (unsigned i = 0; i < o->nrep; i++)
@@ -303,7 +304,7 @@ static void ssd_evict(struct master_core *c, uint32_t id, uint64_t target, uint6
 	for (struct master_obj *o = master__index_oldest(&c->ix, MASTER_LIST_SSD);
 	     o && freed < target; o = next) {
 		next = o->next;
-		if (master__index_second_chance(&c->ix, o, &next))
+		if (master__index_second_chance(&c->ix, o, &next) || master__obj_prune(c, o))
 			continue;
 		for (unsigned i = 0; i < o->nrep; i++) {
 			if (o->rep[i].seg != id)
@@ -408,10 +409,12 @@ static int tier_put(struct master_core *c, struct master_seg *s, uint32_t id,
 static int tier_demoted(struct master_core *c, struct master_seg *s, uint32_t id,
 			const struct master_tier_item *it, uint64_t now_ms)
 {
+	/* (Looked up first: an object gone with its segment takes its
+	 * demotion with it.) */
+	struct master_obj *o = master__obj_find(c, it->key, it->klen);
 	struct master_demotion *d = find(&c->tiers, it->key, it->klen);
 	if (!d || d->seg != id || !promised_seg(c, d))
 		return MC_EINVALID_REPLICA;
-	struct master_obj *o = master__index_find(&c->ix, it->key, it->klen);
 	/* (A demotion exists only while its object does, flagged.) */
 	if (!o || o->size != it->size || o->nrep >= MASTER_MAX_REPLICAS ||
 	    ((o->flags & MASTER_OBJ_CRC) && it->has_crc && o->crc != it->crc)) {
@@ -446,7 +449,7 @@ static int tier_demoted(struct master_core *c, struct master_seg *s, uint32_t id
 
 static int tier_lost(struct master_core *c, uint32_t id, const struct master_tier_item *it)
 {
-	struct master_obj *o = master__index_find(&c->ix, it->key, it->klen);
+	struct master_obj *o = master__obj_find(c, it->key, it->klen);
 	for (unsigned i = 0; o && i < o->nrep; i++) {
 		if (o->rep[i].seg != id || o->rep[i].offset != it->offset)
 			continue;

@@ -168,14 +168,15 @@ Test(master_core, silent_agent_expires)
 	must(master__get(c, K("both"), 10001, &o));
 	cr_assert_eq(o->nrep, 1, "the replica on b survives");
 	cr_assert_eq(o->rep[0].seg, master__seg_find(c, "sb"));
-	struct master_core_stats st;
-	master__core_stats(c, &st);
-	cr_assert_eq(st.agents, 1);
 	unsigned left = 0;
 	for (int i = 0; i < 10; i++) {
 		snprintf(key, sizeof(key), "one%d", i);
 		left += master__exist(c, K(key), 10001) == 1;
 	}
+	reap_all();
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_eq(st.agents, 1);
 	cr_assert_eq(st.objects, 1 + left, "objects only on a are gone");
 	cr_assert_lt(left, 10);
 	cr_assert_eq(master__core_counters(c)->agents_expired, 1);
@@ -188,6 +189,78 @@ Test(master_core, silent_agent_expires)
 		master__alloc_free_bytes(master__seg(c, master__seg_find(c, "sa"))->alloc),
 		64 * MiB, "mounted again: all of it free");
 	put("after", 64 * MiB - 4096, 1, 10002, 0);
+}
+
+/* A segment that goes leaves its replicas to the reaper: they read as
+ * gone at once (a lookup drops them), the walk in steps drops the rest,
+ * and the slot is kept from mounts until a walk that began after the
+ * segment went has ended. */
+Test(master_core, a_segment_gone_is_reaped_in_steps)
+{
+	mount("sa", "a", 64 * MiB, 0);
+	mount("sb", "b", 64 * MiB, 0);
+	char key[16];
+	for (int i = 0; i < 2000; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		put(key, 100, i % 2 ? 2 : 1, 0, 0);
+	}
+	uint32_t sa = master__seg_find(c, "sa"), sb = master__seg_find(c, "sb");
+	uint64_t on_a = master__seg(c, sa)->replicas, on_b = master__seg(c, sb)->replicas;
+	cr_assert_eq(on_a + on_b, 3000);
+	/* Objects whose one replica is on a: they go with it. */
+	uint64_t only_a = 0;
+	for (int i = 0; i < 2000; i += 2) {
+		snprintf(key, sizeof(key), "k%d", i);
+		only_a += master__find(c, K(key))->rep[0].seg == sa;
+	}
+	uint64_t dropped;
+	uint32_t slot;
+	must(master__unmount(c, "sa", "a", &slot, &dropped));
+	cr_assert_eq(slot, sa);
+	cr_assert_eq(dropped, on_a);
+	cr_assert(master__reap_pending(c));
+	/* A lookup sees none of a's replicas. */
+	const struct master_obj *o;
+	must(master__get(c, K("k1"), 0, &o));
+	cr_assert_eq(o->nrep, 1);
+	cr_assert_eq(o->rep[0].seg, sb);
+	/* The slot is nobody's until the walk has been through. */
+	mount("sc", "c", 64 * MiB, 0);
+	uint32_t sc = master__seg_find(c, "sc");
+	cr_assert_neq(sc, sa, "the reaper's slot is not handed out");
+	/* Steps of a few objects; a segment going meanwhile waits for the
+	 * next walk. */
+	uint64_t removed = 0;
+	unsigned steps = 0;
+	while (!master__reap_step(c, 100, reaped_count, &removed)) {
+		if (++steps == 3) {
+			put("on-c", 100, 1, 0, 0);
+			must(master__unmount(c, "sc", "c", NULL, NULL));
+		}
+		cr_assert_lt(steps, 10000);
+	}
+	cr_assert_gt(steps, 10, "%u steps", steps);
+	cr_assert_eq(removed, only_a + 1, "a's %llu objects and c's one",
+		     (unsigned long long)only_a);
+	cr_assert_not(master__reap_pending(c));
+	cr_assert_eq(master__seg(c, sb)->replicas, on_b, "b's replicas stay");
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	cr_assert_eq(st.objects, 2000 - only_a);
+	/* Both slots are free again. */
+	mount("sd", "d", 64 * MiB, 0);
+	mount("se", "e", 64 * MiB, 0);
+	cr_assert_lt(master__seg_find(c, "sd"), 3);
+	cr_assert_lt(master__seg_find(c, "se"), 3);
+	/* A step-down with a walk open drops the lot. */
+	mount("sa", "a", 64 * MiB, 0);
+	put("again", 100, 1, 0, 0);
+	must(master__unmount(c, "sd", "d", NULL, NULL));
+	cr_assert_not(master__reap_step(c, 1, NULL, NULL));
+	master__core_reset(c);
+	cr_assert_not(master__reap_pending(c));
+	mount("sa", "a", 64 * MiB, 0);
+	cr_assert_eq(master__seg_find(c, "sa"), 0);
 }
 
 Test(master_core, unmount_and_remount)
@@ -208,13 +281,13 @@ Test(master_core, unmount_and_remount)
 			   NULL));
 	cr_assert_eq(master__exist(c, K("x"), 0), 0);
 	put("y", 100, 1, 0, 0);
-	uint64_t dropped, removed;
-	cr_assert_eq(master__unmount(c, "s", "b", &dropped, &removed), -EACCES);
-	cr_assert_eq(master__unmount(c, "nope", "a", &dropped, &removed),
-		     MC_ESEGMENT_NOT_FOUND);
-	must(master__unmount(c, "s", "a", &dropped, &removed));
+	uint64_t dropped;
+	uint32_t slot;
+	cr_assert_eq(master__unmount(c, "s", "b", &slot, &dropped), -EACCES);
+	cr_assert_eq(master__unmount(c, "nope", "a", &slot, &dropped), MC_ESEGMENT_NOT_FOUND);
+	must(master__unmount(c, "s", "a", &slot, &dropped));
 	cr_assert_eq(dropped, 1);
-	cr_assert_eq(removed, 1);
+	cr_assert_eq(reap_all(), 1 + 1, "y, and x of the restarted agent's segment");
 	cr_assert_eq(master__exist(c, K("y"), 0), 0);
 }
 

@@ -338,6 +338,33 @@ Test(master_tier, demotions_not_answered_or_abandoned_are_given_up)
 		     -EINVAL, "not an SSD segment");
 }
 
+/* The DRAM segment of objects on their way to an SSD goes (its agent
+ * expired or unmounted): the owner's answer for one finds it gone, and
+ * the reaper takes the other's demotion with its object. */
+Test(master_tier, demotions_whose_source_goes_are_dropped_with_it)
+{
+	mount_dram("d", "b", 1 * MiB);
+	mount_ssd("a/ssd", "a", 16 * MiB, 0, 0);
+	uint64_t pos = log_end("a/ssd");
+	fill(15, 0);
+	cr_assert_eq(read_log("a/ssd", &pos).fetch, 2);
+	cr_assert_eq(stats().demoting, 2);
+	must(master__unmount(c, "d", "b", NULL, NULL));
+	cr_assert_eq(tier("a", "a/ssd", MASTER_TIER_DEMOTED, "k0", 0, 64 * KiB, 10),
+		     MC_EINVALID_REPLICA, "its object went with its segment");
+	cr_assert_null(find("k0"));
+	cr_assert_eq(reap_all(), 15);
+	struct master_core_stats st = stats();
+	cr_assert_eq(st.objects, 0);
+	cr_assert_eq(st.demoting, 0);
+	cr_assert_eq(seg("a/ssd")->promised, 0);
+	cr_assert_eq(st.ssd_used, 0);
+	master__heartbeat(c, "a", opts.put_timeout_ms + 1);
+	master__tick(c, opts.put_timeout_ms + 1);
+	cr_assert_eq(master__core_counters(c)->demotion_failures, 0,
+		     "nothing left to give up");
+}
+
 Test(master_tier, an_object_removed_on_its_way_keeps_its_dram_space_until_the_deadline)
 {
 	mount_dram("d", "a", 1 * MiB);
