@@ -187,11 +187,7 @@ void master__rep_drop(struct master_core *c, struct master_obj *o, unsigned i,
 		 * allocated rather than be handed out twice. */
 	}
 	s->replicas--;
-	/* Shift the later replicas and the key down. */
-	uint8_t *p = (uint8_t *)&o->rep[i];
-	size_t tail = (size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen;
-	memmove(p, p + sizeof(struct master_rep), tail);
-	o->nrep--;
+	master__rep_unlink(o, i);
 }
 
 /*
@@ -788,18 +784,8 @@ int master__replica_clear(struct master_core *c, const uint8_t *key, size_t klen
 		master__obj_destroy(c, o);
 		return 0;
 	}
-	master__mirror(c, o, i, MASTER_EV_DEL);
-	struct master_seg *s = master__segs_at(&c->segs, seg);
-	uint64_t len = master__alloc_len(o->size);
-	if (len && master__alloc_put(s->alloc, o->rep[i].offset, len)) {
-		/* corrupt index: keep the space */
-	}
-	s->replicas--;
-	/* Shift the later replicas and the key down. */
-	uint8_t *p = (uint8_t *)&o->rep[i];
-	memmove(p, p + sizeof(struct master_rep),
-		(size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen);
-	o->nrep--;
+	master__rep_drop(c, o, i, 0);
+	master__obj_retier(c, o);
 	return 0;
 }
 

@@ -26,6 +26,8 @@
 #ifndef MC_MASTER_CORE_INT_H
 #define MC_MASTER_CORE_INT_H
 
+#include <string.h>
+
 #include "common/lhash.h"
 #include "master/core.h"
 
@@ -259,6 +261,15 @@ struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, siz
 				  uint64_t now_ms);
 /* Remove o from the index and free its space on every segment. */
 void master__obj_destroy(struct master_core *c, struct master_obj *o);
+/* Take replica i out of o's array: the later ones and the key move down
+ * (its segment's count, space and log are the caller's). */
+static inline void master__rep_unlink(struct master_obj *o, unsigned i)
+{
+	uint8_t *p = (uint8_t *)&o->rep[i];
+	memmove(p, p + sizeof(struct master_rep),
+		(size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen);
+	o->nrep--;
+}
 /* Drop o's replicas on dead slots (struct master_dead): true when o went
  * with them (its last replica, or a put in flight). Every path that
  * reads or changes an object's replicas, other than destroying it,

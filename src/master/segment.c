@@ -192,10 +192,7 @@ bool master__obj_prune(struct master_core *c, struct master_obj *o)
 			master__obj_destroy(c, o);
 			return true;
 		}
-		uint8_t *p = (uint8_t *)&o->rep[i];
-		memmove(p, p + sizeof(struct master_rep),
-			(size_t)(o->nrep - i - 1) * sizeof(struct master_rep) + o->klen);
-		o->nrep--;
+		master__rep_unlink(o, i);
 		dropped = true;
 	}
 	if (dropped)
