@@ -1081,11 +1081,16 @@ out:
 	free(sg);
 }
 
+/* A List's walk keeps the `limit` smallest keys past start_after in a
+ * max-heap (the largest on top, the first to go when a smaller one
+ * comes): its memory is the page's, not the index's, and no sort of
+ * every match. */
 struct list_ctx {
 	const uint8_t *prefix, *after;
 	size_t plen, alen;
-	const struct master_obj **v;
-	size_t n, cap;
+	const struct master_obj **v; /* the heap */
+	size_t n, cap, limit;
+	uint64_t matched; /* past `limit`: more */
 	bool nomem;
 };
 
@@ -1097,6 +1102,35 @@ static int key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
 	return alen < blen ? -1 : alen > blen;
 }
 
+static int obj_key_cmp(const struct master_obj *x, const struct master_obj *y)
+{
+	return key_cmp(master__obj_key(x), x->klen, master__obj_key(y), y->klen);
+}
+
+static int obj_cmp(const void *a, const void *b)
+{
+	return obj_key_cmp(*(const struct master_obj *const *)a,
+			   *(const struct master_obj *const *)b);
+}
+
+/* Move the heap's entry at i down to its place. */
+static void heap_down(const struct master_obj **v, size_t n, size_t i)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, r = l + 1, top = i;
+		if (l < n && obj_key_cmp(v[l], v[top]) > 0)
+			top = l;
+		if (r < n && obj_key_cmp(v[r], v[top]) > 0)
+			top = r;
+		if (top == i)
+			return;
+		const struct master_obj *t = v[i];
+		v[i] = v[top];
+		v[top] = t;
+		i = top;
+	}
+}
+
 static bool list_collect(void *ud, const struct master_obj *o)
 {
 	struct list_ctx *x = ud;
@@ -1105,8 +1139,16 @@ static bool list_collect(void *ud, const struct master_obj *o)
 		return true;
 	if (x->alen && key_cmp(k, o->klen, x->after, x->alen) <= 0)
 		return true;
+	x->matched++;
+	if (x->n == x->limit) {
+		if (obj_key_cmp(o, x->v[0]) < 0) {
+			x->v[0] = o;
+			heap_down(x->v, x->n, 0);
+		}
+		return true;
+	}
 	if (x->n == x->cap) {
-		size_t cap = x->cap ? x->cap * 2 : 1024;
+		size_t cap = MC_MIN(x->cap ? x->cap * 2 : 1024, x->limit);
 		const struct master_obj **v = realloc(x->v, cap * sizeof(*v));
 		if (!v) {
 			x->nomem = true;
@@ -1115,15 +1157,14 @@ static bool list_collect(void *ud, const struct master_obj *o)
 		x->v = v;
 		x->cap = cap;
 	}
-	x->v[x->n++] = o;
+	/* Up from the bottom. */
+	size_t i = x->n++;
+	while (i && obj_key_cmp(o, x->v[(i - 1) / 2]) > 0) {
+		x->v[i] = x->v[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	x->v[i] = o;
 	return true;
-}
-
-static int obj_cmp(const void *a, const void *b)
-{
-	const struct master_obj *x = *(const struct master_obj *const *)a;
-	const struct master_obj *y = *(const struct master_obj *const *)b;
-	return key_cmp(master__obj_key(x), x->klen, master__obj_key(y), y->klen);
 }
 
 static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
@@ -1140,7 +1181,8 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 	struct list_ctx x = {.prefix = req->prefix.data,
 			     .plen = req->prefix.len,
 			     .after = req->start_after.data,
-			     .alen = req->start_after.len};
+			     .alen = req->start_after.len,
+			     .limit = limit};
 	master__foreach(m->core, list_collect, &x);
 	Mooncake__Master__ListItem *items = NULL;
 	Mooncake__Master__ListItem **ptrs = NULL;
@@ -1172,7 +1214,7 @@ static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 	Mooncake__Master__ListResponse resp = MOONCAKE__MASTER__LIST_RESPONSE__INIT;
 	resp.n_items = n;
 	resp.items = ptrs;
-	resp.more = x.n > n;
+	resp.more = x.matched > n;
 	master__reply(call, &resp.base);
 	goto out;
 err_nomem:

@@ -222,6 +222,20 @@ def batches_of_a_thousand():
                      "batch/0995", "batch/0996", "batch/0997", "batch/0998", "batch/0999"], "ls")
     out = run([mctest.MOONCAKECTL, "ls", "--master=" + m.addr, "--limit=7"]).stdout
     eq(len(out.split()), 990, "ls pages through everything")
+    # List keeps the page's smallest keys (a heap of `limit`): pages in
+    # order, each `more` but the last.
+    got, after, pages = [], b"", 0
+    while True:
+        r = m.call("List", M.ListRequest(limit=37, start_after=after), M.ListResponse)
+        got += [i.key for i in r.items]
+        pages += 1
+        if not r.more:
+            break
+        after = r.items[-1].key
+    eq((got, pages), (sorted(got), (990 + 36) // 37), "pages in key order")
+    eq(len(set(got)), 990, "each key once")
+    r = m.call("List", M.ListRequest(limit=990), M.ListResponse)
+    eq((len(r.items), r.more), (990, False), "a page of all of them")
     out = run([mctest.MOONCAKECTL, "stats", "--master=" + m.addr]).stdout
     assert "objects 990" in out and "s1" in out and "s2" in out, out
     m.close()
