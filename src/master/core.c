@@ -739,6 +739,27 @@ bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budg
 	return true;
 }
 
+bool master__scan_step(struct master_core *c, struct master_walk *w, size_t budget,
+		       bool (*fn)(void *ud, const struct master_obj *o), void *ud)
+{
+	if (!w->open)
+		return true;
+	size_t nb = master__index_slots(&c->ix), seen = 0;
+	for (; w->bucket < nb && seen < budget; w->bucket++)
+		for (struct master_obj *o = master__index_slot(&c->ix, w->bucket), *next; o;
+		     o = next, seen++) {
+			next = o->hnext;
+			if (!master__obj_prune(c, o) && fn && !fn(ud, o)) {
+				master__walk_abort(c, w);
+				return true;
+			}
+		}
+	if (w->bucket < nb)
+		return false;
+	master__walk_abort(c, w);
+	return true;
+}
+
 static void remove_walk(struct master_core *c, struct master_walk *w, uint64_t now_ms,
 			uint64_t *removed, uint64_t *skipped)
 {

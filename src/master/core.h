@@ -452,6 +452,12 @@ void master__walk_begin(struct master_core *c, struct master_walk *w);
 bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budget,
 		       uint64_t now_ms);
 void master__walk_abort(struct master_core *c, struct master_walk *w);
+/* A walk that only looks (List): fn(ud, o) for each object, replicas of
+ * segments gone dropped first (fn NULL: only that); fn returns false to
+ * end the walk. As master__walk_step, true once the walk is over; the
+ * walk's match, force, pending and counts are not used. */
+bool master__scan_step(struct master_core *c, struct master_walk *w, size_t budget,
+		       bool (*fn)(void *ud, const struct master_obj *o), void *ud);
 /* The walks above run in one step. */
 void master__remove_all(struct master_core *c, bool force, uint64_t now_ms, uint64_t *removed,
 			uint64_t *skipped);
@@ -625,11 +631,6 @@ int master__tier_update(struct master_core *c, const char *agent, const char *se
  * SSD segment receives. false: the key is not being demoted. */
 bool master__demote_source(struct master_core *c, const uint8_t *key, size_t klen,
 			   uint32_t *seg, uint64_t *offset);
-
-/* Visit every object (in no order), replicas of segments gone dropped
- * first. fn returns false to stop. */
-void master__foreach(struct master_core *c, bool (*fn)(void *ud, const struct master_obj *o),
-		     void *ud);
 
 /* The newest mirror-log sequence number handed out (any segment). */
 uint64_t master__ev_seq(const struct master_core *c);

@@ -332,17 +332,6 @@ const struct master_obj *master__find(struct master_core *c, const uint8_t *key,
 	return master__obj_find(c, key, klen);
 }
 
-void master__foreach(struct master_core *c, bool (*fn)(void *ud, const struct master_obj *o),
-		     void *ud)
-{
-	for (size_t b = 0; b < mc_lhash_n(&c->ix.tab); b++)
-		for (struct master_obj *o = c->ix.tab.b[b], *next; o; o = next) {
-			next = o->hnext;
-			if (!master__obj_prune(c, o) && !fn(ud, o))
-				return;
-		}
-}
-
 bool master__list_segment(const struct master_core *c, uint32_t id, uint64_t *cursor,
 			  size_t limit,
 			  bool (*fn)(void *ud, const struct master_obj *o, unsigned i),

@@ -294,7 +294,7 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 	/* Parked mirror calls name segments of the index about to go, and
 	 * removal walks walk it. */
 	master__sync_drop_all(m);
-	master__remove_drop_all(m);
+	master__walks_drop_all(m);
 	/* Either way the index starts empty: a new leader rebuilds it from
 	 * the agents, and a stepped-down one must not serve stale state if
 	 * it leads again. */
@@ -408,7 +408,7 @@ int master_new(const struct master_opts *o, struct master **out)
 	m->last_tick_ms = uv_now(m->loop);
 	uv_timer_start(&m->tick, on_tick, TICK_MS, TICK_MS);
 	master__sync_init(m);
-	master__remove_init(m);
+	master__walks_init(m);
 	*out = m;
 	return 0;
 
@@ -434,7 +434,7 @@ static void on_ha_stopped(struct master *m)
 	m->closing += 4;
 	uv_close((uv_handle_t *)&m->tick, on_handle_closed);
 	master__sync_close(m, on_handle_closed);
-	master__remove_close(m, on_handle_closed);
+	master__walks_close(m, on_handle_closed);
 }
 
 void master_stop(struct master *m, void (*on_stopped)(void *ud), void *ud)
@@ -456,7 +456,7 @@ void master_free(struct master *m)
 		return;
 	master__ha_free(m);
 	master__sync_free(m);
-	master__remove_free(m);
+	master__walks_free(m);
 	master__core_free(m->core);
 	for (size_t i = 0; i < m->nsegm; i++)
 		free(m->segm[i].name);

@@ -85,10 +85,10 @@ struct master {
 	uv_check_t sync_check;
 	uv_timer_t sync_timer;
 	uint64_t sync_seen; /* ev_seq when parked calls were last checked */
-	/* RemoveAll/RemoveRegex walks in progress (remove.c) */
-	struct master_rmwalk *rmwalks;
-	unsigned nrmwalks;
-	uv_idle_t rm_idle;
+	/* RemoveAll/RemoveRegex/List walks in progress (walk.c) */
+	struct master_walkcall *walks;
+	unsigned nwalks;
+	uv_idle_t walk_idle;
 };
 
 /* master.c */
@@ -129,23 +129,25 @@ void master__sync_close(struct master *m, uv_close_cb cb);
 /* Forget parked calls without answering them (their server is gone: the
  * loop ended without a stop). */
 void master__sync_free(struct master *m);
-/* remove.c: RemoveAll and RemoveRegex, walks over the index in slices. */
+/* walk.c: RemoveAll, RemoveRegex and List, walks over the index in
+ * slices, and the core's reaper. */
 void master__on_remove_all(struct rpc_call *call, const ProtobufCMessage *msg);
 void master__on_remove_regex(struct rpc_call *call, const ProtobufCMessage *msg);
-void master__on_remove_cancel(struct rpc_call *call);
-void master__remove_init(struct master *m);
+void master__on_list(struct rpc_call *call, const ProtobufCMessage *msg);
+void master__on_walk_cancel(struct rpc_call *call);
+void master__walks_init(struct master *m);
 /* After a call or tick that made a segment go: the core's reaper walks a
  * first slice now, the rest in the loop's turns. Returns the objects
  * removed so far with the segment that left slot (all of them when the
  * slice saw its end; MASTER_NO_SEGMENT: 0). */
 uint64_t master__reap_kick(struct master *m, uint32_t slot);
 /* Answer every walk NOT_LEADER (leadership lost, or stopping). */
-void master__remove_drop_all(struct master *m);
+void master__walks_drop_all(struct master *m);
 /* Drop the walks and close the handle (cb once). */
-void master__remove_close(struct master *m, uv_close_cb cb);
+void master__walks_close(struct master *m, uv_close_cb cb);
 /* Forget the walks without answering them (the loop ended without a
  * stop). */
-void master__remove_free(struct master *m);
+void master__walks_free(struct master *m);
 /* ha.c: start campaigning (or lead at once without meta), stop. key: the
  * cluster secret meta's etcd API may want (copied; NULL: none). */
 int master__ha_start(struct master *m, const uint8_t *key, size_t klen) MC_MUST_CHECK;

@@ -222,16 +222,8 @@ bool master__reap_step(struct master_core *c, size_t budget,
 		master__walk_begin(c, w);
 		c->reap_passes++;
 	}
-	size_t nb = master__index_slots(&c->ix), seen = 0;
-	for (; w->bucket < nb && seen < budget; w->bucket++)
-		for (struct master_obj *o = master__index_slot(&c->ix, w->bucket), *next; o;
-		     o = next, seen++) {
-			next = o->hnext;
-			master__obj_prune(c, o);
-		}
-	if (w->bucket < nb)
+	if (!master__scan_step(c, w, budget, NULL, NULL))
 		return false;
-	master__walk_abort(c, w);
 	/* The slots that went before this walk began are free now. */
 	for (uint32_t i = 0; i < sg->ndead;) {
 		struct master_dead *d = &sg->dead[i];

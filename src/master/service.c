@@ -22,8 +22,6 @@
 
 #define LOG_SUBSYS LOGS_MASTER
 
-#define LIST_DEFAULT_LIMIT 1000u
-#define LIST_MAX_LIMIT 100000u
 #define KEY_SHOWN_BYTES 64
 
 int master__rpc_status(int err)
@@ -1081,150 +1079,6 @@ out:
 	free(sg);
 }
 
-/* A List's walk keeps the `limit` smallest keys past start_after in a
- * max-heap (the largest on top, the first to go when a smaller one
- * comes): its memory is the page's, not the index's, and no sort of
- * every match. */
-struct list_ctx {
-	const uint8_t *prefix, *after;
-	size_t plen, alen;
-	const struct master_obj **v; /* the heap */
-	size_t n, cap, limit;
-	uint64_t matched; /* past `limit`: more */
-	bool nomem;
-};
-
-static int key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
-{
-	int c = memcmp(a, b, MC_MIN(alen, blen));
-	if (c)
-		return c;
-	return alen < blen ? -1 : alen > blen;
-}
-
-static int obj_key_cmp(const struct master_obj *x, const struct master_obj *y)
-{
-	return key_cmp(master__obj_key(x), x->klen, master__obj_key(y), y->klen);
-}
-
-static int obj_cmp(const void *a, const void *b)
-{
-	return obj_key_cmp(*(const struct master_obj *const *)a,
-			   *(const struct master_obj *const *)b);
-}
-
-/* Move the heap's entry at i down to its place. */
-static void heap_down(const struct master_obj **v, size_t n, size_t i)
-{
-	for (;;) {
-		size_t l = 2 * i + 1, r = l + 1, top = i;
-		if (l < n && obj_key_cmp(v[l], v[top]) > 0)
-			top = l;
-		if (r < n && obj_key_cmp(v[r], v[top]) > 0)
-			top = r;
-		if (top == i)
-			return;
-		const struct master_obj *t = v[i];
-		v[i] = v[top];
-		v[top] = t;
-		i = top;
-	}
-}
-
-static bool list_collect(void *ud, const struct master_obj *o)
-{
-	struct list_ctx *x = ud;
-	const uint8_t *k = master__obj_key(o);
-	if (o->klen < x->plen || (x->plen && memcmp(k, x->prefix, x->plen) != 0))
-		return true;
-	if (x->alen && key_cmp(k, o->klen, x->after, x->alen) <= 0)
-		return true;
-	x->matched++;
-	if (x->n == x->limit) {
-		if (obj_key_cmp(o, x->v[0]) < 0) {
-			x->v[0] = o;
-			heap_down(x->v, x->n, 0);
-		}
-		return true;
-	}
-	if (x->n == x->cap) {
-		size_t cap = MC_MIN(x->cap ? x->cap * 2 : 1024, x->limit);
-		const struct master_obj **v = realloc(x->v, cap * sizeof(*v));
-		if (!v) {
-			x->nomem = true;
-			return false;
-		}
-		x->v = v;
-		x->cap = cap;
-	}
-	/* Up from the bottom. */
-	size_t i = x->n++;
-	while (i && obj_key_cmp(o, x->v[(i - 1) / 2]) > 0) {
-		x->v[i] = x->v[(i - 1) / 2];
-		i = (i - 1) / 2;
-	}
-	x->v[i] = o;
-	return true;
-}
-
-static void on_list(struct rpc_call *call, const ProtobufCMessage *msg)
-{
-	struct master *m = master__leader_of(call);
-	const Mooncake__Master__ListRequest *req = (const void *)msg;
-	if (!m)
-		return;
-	uint32_t limit = req->limit ? req->limit : LIST_DEFAULT_LIMIT;
-	if (limit > LIST_MAX_LIMIT) {
-		finish_err(call, -EINVAL, "limit above %u", LIST_MAX_LIMIT);
-		return;
-	}
-	struct list_ctx x = {.prefix = req->prefix.data,
-			     .plen = req->prefix.len,
-			     .after = req->start_after.data,
-			     .alen = req->start_after.len,
-			     .limit = limit};
-	master__foreach(m->core, list_collect, &x);
-	Mooncake__Master__ListItem *items = NULL;
-	Mooncake__Master__ListItem **ptrs = NULL;
-	if (x.nomem)
-		goto err_nomem;
-	if (x.n) /* (x.v is NULL when nothing matched) */
-		qsort(x.v, x.n, sizeof(*x.v), obj_cmp);
-	size_t n = MC_MIN(x.n, (size_t)limit);
-	items = calloc(n ? n : 1, sizeof(*items));
-	ptrs = calloc(n ? n : 1, sizeof(*ptrs));
-	if (!items || !ptrs)
-		goto err_nomem;
-	uint64_t now = now_ms(m);
-	for (size_t i = 0; i < n; i++) {
-		const struct master_obj *o = x.v[i];
-		bool pending = o->flags & MASTER_OBJ_PENDING;
-		mooncake__master__list_item__init(&items[i]);
-		items[i].key.data = (uint8_t *)master__obj_key(o);
-		items[i].key.len = o->klen;
-		items[i].size = o->size;
-		items[i].replicas = o->nrep;
-		items[i].complete = !pending;
-		items[i].soft_pin = (o->flags & MASTER_OBJ_SOFT_PIN) != 0;
-		items[i].lease_ms = !pending && o->lease_or_start_ms > now
-					    ? o->lease_or_start_ms - now
-					    : 0;
-		ptrs[i] = &items[i];
-	}
-	Mooncake__Master__ListResponse resp = MOONCAKE__MASTER__LIST_RESPONSE__INIT;
-	resp.n_items = n;
-	resp.items = ptrs;
-	resp.more = x.matched > n;
-	master__reply(call, &resp.base);
-	goto out;
-err_nomem:
-	finish_err(call, -ENOMEM, NULL);
-out:
-	free(items);
-	free(ptrs);
-	free(x.v);
-}
-
 /* ------------------------------------------------------------ table */
 
 #define UNARY(nm, fn, req, resp) \
@@ -1244,13 +1098,13 @@ static const struct rpc_method methods[] = {
 	UNARY("GetReplicas", on_get, get_replicas_request, get_replicas_response),
 	UNARY("Exist", on_exist, exist_request, exist_response),
 	UNARY("Remove", on_remove, remove_request, remove_response),
-	/* Walks in slices over loop turns (remove.c). */
+	/* Walks in slices over loop turns (walk.c). */
 	{.name = "RemoveAll",
 	 .kind = RPC_UNARY,
 	 .request = &mooncake__master__remove_all_request__descriptor,
 	 .response = &mooncake__master__remove_all_response__descriptor,
 	 .on_message = master__on_remove_all,
-	 .on_cancel = master__on_remove_cancel},
+	 .on_cancel = master__on_walk_cancel},
 	UNARY("BatchPutStart", on_batch_put_start, batch_put_start_request,
 	      batch_put_start_response),
 	UNARY("BatchPutEnd", on_batch_put_end, batch_keys_request, batch_errors_response),
@@ -1265,11 +1119,16 @@ static const struct rpc_method methods[] = {
 	 .request = &mooncake__master__remove_regex_request__descriptor,
 	 .response = &mooncake__master__remove_all_response__descriptor,
 	 .on_message = master__on_remove_regex,
-	 .on_cancel = master__on_remove_cancel},
+	 .on_cancel = master__on_walk_cancel},
 	UNARY("BatchReplicaClear", on_batch_replica_clear, batch_replica_clear_request,
 	      batch_errors_response),
 	UNARY("Stats", on_stats, stats_request, stats_response),
-	UNARY("List", on_list, list_request, list_response),
+	{.name = "List",
+	 .kind = RPC_UNARY,
+	 .request = &mooncake__master__list_request__descriptor,
+	 .response = &mooncake__master__list_response__descriptor,
+	 .on_message = master__on_list,
+	 .on_cancel = master__on_walk_cancel},
 	/* A long poll: kept out of the call latency histogram. */
 	{.name = "SyncSegment",
 	 .kind = RPC_UNARY,

@@ -271,6 +271,25 @@ def removal_walks_let_other_calls_through():
             items=[M.PutStartRequest(key=k, size=64) for k in keys]), M.BatchPutStartResponse)
         assert all(x.error == 0 for x in r.results)
         m.call("BatchPutEnd", M.BatchKeysRequest(keys=keys), M.BatchErrorsResponse)
+    # List walks in slices too: Stats is answered while it walks, the
+    # page is the first keys in order, and a List whose client gives up
+    # stops (its slot among the walks is free again).
+    lx = m.ch.unary_unary("/mooncake.master.Master/List",
+                          request_serializer=M.ListRequest.SerializeToString,
+                          response_deserializer=M.ListResponse.FromString)
+    fut = lx.future(M.ListRequest(prefix=b"w/", limit=5), timeout=60)
+    polls = 0
+    while not fut.done():
+        m.stats()
+        polls += 1
+    r = fut.result()
+    eq(([i.key for i in r.items], r.more), ([b"w/%06d" % i for i in range(5)], True), "List")
+    assert polls >= 2, "Stats answered during the List: %d" % polls
+    for _ in range(12):
+        try:
+            lx(M.ListRequest(limit=5), timeout=0.002)
+        except grpc.RpcError as e:
+            eq(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED, "a List given up")
     eq(m.code("GetReplicas", M.GetReplicasRequest(key=b"w/000007"), M.GetReplicasResponse)[0],
        OK, "a leased one")
     rx = m.ch.unary_unary("/mooncake.master.Master/RemoveRegex",
