@@ -63,7 +63,16 @@ void master__core_reset(struct master_core *c)
 {
 	c->round_left = 0;
 	master__walk_abort(c, &c->reap); /* (its segments go below) */
-	master__index_clear(&c->ix);
+	/* The objects go in the reaper's steps (a grave), or at once
+	 * without memory for one. */
+	struct master_grave *g = c->ix.nobjs ? calloc(1, sizeof(*g)) : NULL;
+	if (g) {
+		master__index_detach(&c->ix, &g->tab);
+		g->next = c->graves;
+		c->graves = g;
+	} else {
+		master__index_clear(&c->ix);
+	}
 	master__segs_clear(&c->segs);
 	c->nquar = 0; /* (their segments are gone) */
 	master__leases_clear(&c->ls);
@@ -75,6 +84,13 @@ void master__core_free(struct master_core *c)
 	if (!c)
 		return;
 	master__index_free(&c->ix);
+	while (c->graves) {
+		struct master_grave *g = c->graves;
+		c->graves = g->next;
+		while (!master__index_free_step(&g->tab, &g->pos, SIZE_MAX))
+			;
+		free(g);
+	}
 	master__segs_free(&c->segs);
 	master__leases_free(&c->ls);
 	master__tiers_free(&c->tiers);

@@ -261,7 +261,9 @@ struct master_core;
 int master__core_new(const struct master_core_opts *o, struct master_core **out) MC_MUST_CHECK;
 /* Free everything (objects, segments, agents). */
 void master__core_free(struct master_core *c);
-/* Drop every object, segment and agent (a leader stepping down). */
+/* Drop every object, segment and agent (a leader stepping down). The
+ * objects are out of the index at once and freed in the reaper's steps
+ * (master__reap_step), as the caller's loop has time. */
 void master__core_reset(struct master_core *c);
 
 /* Segments (slots are stable while mounted). NULL for a free slot. */

@@ -73,6 +73,22 @@ int master__index_init(struct master_index *ix) MC_MUST_CHECK;
 /* Free every object (the index stays usable). */
 void master__index_clear(struct master_index *ix);
 void master__index_free(struct master_index *ix);
+/* Hand ix's objects over in *out and leave ix empty, for
+ * master__index_free_step (out of memory: they are freed at once and
+ * *out is empty). */
+void master__index_detach(struct master_index *ix, struct mc_lhash *out);
+/* Free the objects of a table handed over, from bucket *pos on, until
+ * `budget` objects or more went; true once all did (the table freed). */
+bool master__index_free_step(struct mc_lhash *t, size_t *pos, size_t budget);
+
+/* A stepped-down leader's index, freed by the reaper in steps (10M
+ * objects are 1.2 s of free()s, too long for a loop meta's Raft may
+ * share). */
+struct master_grave {
+	struct master_grave *next;
+	struct mc_lhash tab;
+	size_t pos;
+};
 /* A new object with nrep zeroed replicas, not in the index (NULL: out of
  * memory). */
 struct master_obj *master__obj_new(const uint8_t *key, size_t klen, unsigned nrep);
@@ -324,6 +340,7 @@ struct master_core {
 	 * walks it began. */
 	struct master_walk reap;
 	uint64_t reap_passes;
+	struct master_grave *graves;
 	struct master_counters n;
 };
 

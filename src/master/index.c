@@ -133,6 +133,36 @@ void master__index_clear(struct master_index *ix)
 	ix->nobjs = ix->npending = ix->key_bytes = ix->obj_bytes = ix->nttl = 0;
 }
 
+void master__index_detach(struct master_index *ix, struct mc_lhash *out)
+{
+	struct mc_lhash fresh;
+	if (mc_lhash_init(&fresh, MIN_BUCKETS) != 0) {
+		master__index_clear(ix); /* (out of memory: freed at once) */
+		memset(out, 0, sizeof(*out));
+		return;
+	}
+	*out = ix->tab;
+	ix->tab = fresh;
+	memset(ix->lists, 0, sizeof(ix->lists));
+	ix->nobjs = ix->npending = ix->key_bytes = ix->obj_bytes = ix->nttl = 0;
+	ix->sweep_pos = 0;
+}
+
+bool master__index_free_step(struct mc_lhash *t, size_t *pos, size_t budget)
+{
+	size_t nb = t->b ? mc_lhash_n(t) : 0, seen = 0;
+	for (; *pos < nb && seen < budget; ++*pos)
+		for (struct master_obj *o = t->b[*pos], *next; o; o = next, seen++) {
+			next = o->hnext;
+			free(o);
+		}
+	if (*pos < nb)
+		return false;
+	if (t->b)
+		mc_lhash_free(t);
+	return true;
+}
+
 void master__index_free(struct master_index *ix)
 {
 	master__index_clear(ix);

@@ -299,6 +299,7 @@ void master__set_leader(struct master *m, bool leader, uint64_t view, const char
 	 * the agents, and a stepped-down one must not serve stale state if
 	 * it leads again. */
 	master__core_reset(m->core);
+	master__reap_kick(m, MASTER_NO_SEGMENT); /* (the old index's objects) */
 	/* Mirror-log numbers of this leadership: above any an earlier
 	 * leader (this process or another, on any host with a sane clock)
 	 * handed out, at up to 2^20 changes per millisecond. */

@@ -202,7 +202,7 @@ bool master__obj_prune(struct master_core *c, struct master_obj *o)
 
 bool master__reap_pending(const struct master_core *c)
 {
-	return c->segs.ndead > 0;
+	return c->segs.ndead > 0 || c->graves;
 }
 
 uint64_t master__reap_removed(const struct master_core *c, uint32_t slot)
@@ -216,6 +216,16 @@ bool master__reap_step(struct master_core *c, size_t budget,
 {
 	struct master_segs *sg = &c->segs;
 	struct master_walk *w = &c->reap;
+	if (c->graves) {
+		/* A stepped-down leader's index first: no walk of the live
+		 * one is open meanwhile. */
+		struct master_grave *g = c->graves;
+		if (master__index_free_step(&g->tab, &g->pos, budget)) {
+			c->graves = g->next;
+			free(g);
+		}
+		return !master__reap_pending(c);
+	}
 	if (!sg->ndead)
 		return true;
 	if (!w->open) {
