@@ -307,6 +307,8 @@ struct master_obj *master__lookup(struct master_core *c, const uint8_t *key, siz
  * an eviction) and in a tick (some 8 ms of its 100). */
 #define EVICT_OP_OBJECTS 64u
 #define EVICT_TICK_OBJECTS 8192u
+/* Buckets a tick adds while the index is behind (about a millisecond). */
+#define CATCH_UP_TICK_SPLITS 4096u
 
 /* Evict o from DRAM: gone, or (with an SSD replica too) only its DRAM
  * replicas. Returns the DRAM bytes freed. */
@@ -862,6 +864,8 @@ void master__tick(struct master_core *c, uint64_t now_ms)
 	master__index_sweep(&c->ix, SWEEP_BUCKETS_PER_TICK, sweep_one, &sw);
 	evict_round(c, now_ms, EVICT_TICK_OBJECTS);
 	master__ssd_evict_if_needed(c, now_ms);
+	/* Buckets a walk held back, when puts do not come to add them. */
+	master__index_catch_up(&c->ix, CATCH_UP_TICK_SPLITS);
 }
 
 /* ------------------------------------------------------------ stats */

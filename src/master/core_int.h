@@ -73,6 +73,10 @@ int master__index_init(struct master_index *ix) MC_MUST_CHECK;
 /* Free every object (the index stays usable). */
 void master__index_clear(struct master_index *ix);
 void master__index_free(struct master_index *ix);
+/* Up to `splits` buckets more while the index is behind its load (a
+ * walk held its growth, and no put came since to catch up), unless a
+ * walk is open. */
+void master__index_catch_up(struct master_index *ix, size_t splits);
 /* Hand ix's objects over in *out and leave ix empty, for
  * master__index_free_step (out of memory: they are freed at once and
  * *out is empty). */

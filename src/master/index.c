@@ -163,6 +163,14 @@ bool master__index_free_step(struct mc_lhash *t, size_t *pos, size_t budget)
 	return true;
 }
 
+void master__index_catch_up(struct master_index *ix, size_t splits)
+{
+	for (size_t i = 0;
+	     i < splits && !ix->walks && ix->nobjs * 4 > mc_lhash_n(&ix->tab) * 3; i++)
+		if (mc_lhash_grow(&ix->tab, &obj_ops) != 0)
+			return;
+}
+
 void master__index_free(struct master_index *ix)
 {
 	master__index_clear(ix);

@@ -818,6 +818,19 @@ Test(master_core, a_walk_in_steps_sees_each_object_once)
 	master__walk_abort(c, &none);
 	put("c/after", 10, 1, 10, 0);
 	cr_assert_eq(master__index_slots(&c->ix), slots + 4);
+	/* Without puts, ticks catch up (not while a walk is open). */
+	master__walk_begin(c, &none);
+	master__tick(c, 20);
+	cr_assert_eq(master__index_slots(&c->ix), slots + 4);
+	master__walk_abort(c, &none);
+	master__tick(c, 30);
+	cr_assert_gt(master__index_slots(&c->ix), slots + 4);
+	struct master_core_stats st;
+	master__core_stats(c, &st);
+	for (int t = 0; t < 20 && st.objects * 4 > master__index_slots(&c->ix) * 3; t++)
+		master__tick(c, 40 + t);
+	cr_assert_leq(st.objects * 4, master__index_slots(&c->ix) * 3,
+		      "caught up: %zu buckets", master__index_slots(&c->ix));
 }
 
 Test(master_core, replica_clear_one_segment)
