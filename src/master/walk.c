@@ -613,10 +613,15 @@ void master__on_list(struct rpc_call *call, const ProtobufCMessage *msg)
 	if (!m)
 		return;
 	uint32_t limit = req->limit ? req->limit : LIST_DEFAULT_LIMIT;
-	if (limit > LIST_MAX_LIMIT) {
-		char text[96];
-		snprintf(text, sizeof(text), "%d %s: limit above %u", -EINVAL,
-			 mc_strerror(-EINVAL), LIST_MAX_LIMIT);
+	const char *why = limit > LIST_MAX_LIMIT ? "limit above 100000"
+			  : req->prefix.len > MASTER_MAX_KEY_BYTES
+				  ? "a prefix longer than a key can be (4096 bytes)"
+			  : req->start_after.len > MASTER_MAX_KEY_BYTES
+				  ? "a start_after longer than a key can be (4096 bytes)"
+				  : NULL;
+	if (why) {
+		char text[128];
+		snprintf(text, sizeof(text), "%d %s: %s", -EINVAL, mc_strerror(-EINVAL), why);
 		rpc_call_finish(call, master__rpc_status(-EINVAL), text);
 		return;
 	}

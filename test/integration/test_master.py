@@ -236,6 +236,12 @@ def batches_of_a_thousand():
     eq(len(set(got)), 990, "each key once")
     r = m.call("List", M.ListRequest(limit=990), M.ListResponse)
     eq((len(r.items), r.more), (990, False), "a page of all of them")
+    for req, why in ((M.ListRequest(limit=100001), "limit above 100000"),
+                     (M.ListRequest(prefix=b"p" * 4097), "a prefix longer than a key"),
+                     (M.ListRequest(start_after=b"a" * 4097), "a start_after longer")):
+        code, e = m.code("List", req, M.ListResponse)
+        eq(code, EINVAL, why)
+        assert why in e.details(), e.details()
     out = run([mctest.MOONCAKECTL, "stats", "--master=" + m.addr]).stdout
     assert "objects 990" in out and "s1" in out and "s2" in out, out
     m.close()
