@@ -304,6 +304,136 @@ Test(master_core, a_step_down_frees_the_old_index_in_steps)
 	master__core_reset(c);
 }
 
+/* Every replica in the index is on a live segment, and each live
+ * segment's count and free space agree with the replicas on it. */
+static void check_index(void)
+{
+	uint32_t nslots = master__seg_slots(c);
+	uint64_t *reps = calloc(nslots, sizeof(*reps)),
+		 *bytes = calloc(nslots, sizeof(*bytes));
+	cr_assert(reps && bytes);
+	for (size_t b = 0; b < master__index_slots(&c->ix); b++)
+		for (const struct master_obj *o = master__index_slot(&c->ix, b); o;
+		     o = o->hnext)
+			for (unsigned i = 0; i < o->nrep; i++) {
+				const struct master_seg *s = master__seg(c, o->rep[i].seg);
+				cr_assert_not_null(s, "a replica on slot %u, which is gone",
+						   (unsigned)o->rep[i].seg);
+				reps[o->rep[i].seg]++;
+				bytes[o->rep[i].seg] += master__rep_len(s, o->size);
+			}
+	/* (space of objects removed while leased stays taken until then) */
+	for (size_t i = 0; i < c->nquar; i++) {
+		const struct master_seg *s = master__seg(c, c->quar[i].seg);
+		if (s && s->log_id == c->quar[i].log_id)
+			bytes[c->quar[i].seg] += c->quar[i].len;
+	}
+	for (uint32_t id = 0; id < nslots; id++) {
+		const struct master_seg *s = master__seg(c, id);
+		if (!s)
+			continue;
+		cr_assert_eq(s->replicas, reps[id],
+			     "segment %s: %llu replicas counted, %llu there", s->name,
+			     (unsigned long long)s->replicas, (unsigned long long)reps[id]);
+		cr_assert_eq(master__alloc_free_bytes(s->alloc), s->size - bytes[id],
+			     "segment %s: free space", s->name);
+	}
+	free(reps);
+	free(bytes);
+}
+
+/* Segments come and go (unmount, an agent's expiry, a restart's remount)
+ * among puts, gets and removes, with the reaper in small steps between:
+ * what a lookup returns is never on a segment gone, and once the reaper
+ * is done the index and the segments agree. */
+Test(master_core, segments_churn_and_the_index_stays_whole)
+{
+	enum { SEGS = 6, KEYS = 400 };
+	bool up[SEGS] = {false};
+	uint64_t seed = 12345, now = 0;
+	char key[16], name[8], agent[8];
+	for (int op = 0; op < 20000; op++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		unsigned r = (unsigned)(seed >> 33), k = r % KEYS, sg = (r / KEYS) % SEGS;
+		snprintf(key, sizeof(key), "k%u", k);
+		snprintf(name, sizeof(name), "s%u", sg);
+		snprintf(agent, sizeof(agent), "a%u", sg);
+		switch ((r >> 20) % 11) {
+		case 0: /* mount, or a restarted agent's remount */
+			must(master__mount(c, name, agent, MASTER_TIER_DRAM,
+					   0x10000000ull * (sg + 1), 16 * MiB, false, now,
+					   NULL));
+			up[sg] = true;
+			break;
+		case 1:
+			if (up[sg])
+				must(master__unmount(c, name, agent, NULL, NULL));
+			up[sg] = false;
+			break;
+		case 2: /* every agent but sg's heartbeats; sg's expires */
+			now += opts.agent_ttl_ms / 2 + 1;
+			for (unsigned i = 0; i < SEGS; i++) {
+				snprintf(agent, sizeof(agent), "a%u", i);
+				if (i != sg && up[i])
+					master__heartbeat(c, agent, now);
+			}
+			master__tick(c, now);
+			master__tick(c, now += opts.agent_ttl_ms / 2 + 1);
+			for (unsigned i = 0; i < SEGS; i++) {
+				snprintf(name, sizeof(name), "s%u", i);
+				up[i] = master__seg_find(c, name) != MASTER_NO_SEGMENT;
+			}
+			for (unsigned i = 0; i < SEGS; i++) {
+				snprintf(agent, sizeof(agent), "a%u", i);
+				if (up[i])
+					master__heartbeat(c, agent, now);
+			}
+			break;
+		case 3:
+		case 4: {
+			const struct master_obj *o;
+			struct master_put p = {.key = (const uint8_t *)key,
+					       .klen = strlen(key),
+					       .size = 4096 * (1 + r % 4),
+					       .replica_num = 1 + r % 2};
+			if (master__put_start(c, &p, now, &o) == 0 && r % 3)
+				must(master__put_end(c, K(key), NULL, now));
+			break;
+		}
+		case 5:
+		case 6: {
+			const struct master_obj *o;
+			if (master__get(c, K(key), now, &o) == 0)
+				for (unsigned i = 0; i < o->nrep; i++)
+					cr_assert_not_null(
+						master__seg(c, o->rep[i].seg),
+						"a get returned a replica on a gone segment");
+			break;
+		}
+		case 7:
+		case 8: { /* (after a get: a leased object's space is held) */
+			const struct master_obj *o;
+			if (r % 2)
+				(void)!master__get(c, K(key), now, &o);
+			int rc = master__remove(c, K(key), true, now);
+			cr_assert(rc == 0 || rc == MC_EOBJECT_NOT_FOUND, "remove: %d", rc);
+			break;
+		}
+		default:
+			master__reap_step(c, 1 + r % 50, NULL, NULL);
+			break;
+		}
+		if (op % 1000 == 999) {
+			reap_all();
+			check_index();
+		}
+	}
+	reap_all();
+	check_index();
+	cr_assert_gt(master__core_counters(c)->agents_expired, 100);
+	cr_assert_gt(master__core_counters(c)->quarantined, 0);
+}
+
 Test(master_core, unmount_and_remount)
 {
 	mount("s", "a", 64 * MiB, 0);
