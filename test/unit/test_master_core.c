@@ -117,6 +117,57 @@ Test(master_core, preferred_segment_first)
 	}
 }
 
+/* Placement tries the emptiest segment first, then the next: past the
+ * first few picks (segments whose free space is in holes too small) the
+ * rest are taken in the same order. */
+Test(master_core, placement_goes_down_the_segments_by_free_space)
+{
+	char name[16], agent[16], key[32];
+	/* s0..s5: 64 MiB with 32 MiB free in 4 MiB holes; s6..s9: 16 MiB
+	 * with 8..11 MiB free in one piece. */
+	for (int i = 0; i < 10; i++) {
+		snprintf(name, sizeof(name), "s%d", i);
+		snprintf(agent, sizeof(agent), "a%d", i);
+		must(master__mount(c, name, agent, MASTER_TIER_DRAM, 0x10000000ull * (i + 1),
+				   i < 6 ? 64 * MiB : 16 * MiB, false, 0, NULL));
+	}
+	for (int i = 0; i < 10; i++) {
+		snprintf(name, sizeof(name), "s%d", i);
+		int n = i < 6 ? 16 : 1;
+		uint64_t size = i < 6 ? 4 * MiB : (uint64_t)(8 - (i - 6)) * MiB;
+		for (int j = 0; j < n; j++) {
+			const struct master_obj *o;
+			snprintf(key, sizeof(key), "f%d/%d", i, j);
+			struct master_put p = {.key = (const uint8_t *)key,
+					       .klen = strlen(key),
+					       .size = size,
+					       .preferred = name};
+			must(master__put_start(c, &p, 0, &o));
+			cr_assert_eq(o->rep[0].seg, master__seg_find(c, name));
+			must(master__put_end(c, K(key), NULL, 0));
+		}
+		for (int j = 0; i < 6 && j < n; j += 2) {
+			snprintf(key, sizeof(key), "f%d/%d", i, j);
+			must(master__remove(c, K(key), false, 0));
+		}
+	}
+	/* 5 MiB fits none of the holes: s9 (11 MiB free), then s8, s7. */
+	for (int k = 0; k < 3; k++) {
+		const struct master_obj *o;
+		snprintf(key, sizeof(key), "big%d", k);
+		struct master_put p = {
+			.key = (const uint8_t *)key, .klen = strlen(key), .size = 5 * MiB};
+		must(master__put_start(c, &p, 0, &o));
+		snprintf(name, sizeof(name), "s%d", 9 - k);
+		cr_assert_eq(o->rep[0].seg, master__seg_find(c, name), "big%d on %s", k, name);
+	}
+	/* 4 MiB fits a hole: the emptiest of those, the lowest slot of equals. */
+	const struct master_obj *o;
+	struct master_put p = {.key = K("hole"), .size = 4 * MiB};
+	must(master__put_start(c, &p, 0, &o));
+	cr_assert_eq(o->rep[0].seg, master__seg_find(c, "s0"));
+}
+
 Test(master_core, pending_puts_time_out)
 {
 	mount("s", "a", 16 * MiB, 0);
