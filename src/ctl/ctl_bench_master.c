@@ -583,7 +583,7 @@ static void usage(FILE *f)
 		"                      refused when it has agents or objects (the bench's\n"
 		"                      segment would take real puts)\n"
 		"  --duration=D        how long each ops/s figure is measured\n"
-		"  --batch=N           keys per batch call\n"
+		"  --batch=N           keys per batch call (at most 65536, the master's limit)\n"
 		"  --objects=N         objects put for the memory and scale figures (10M takes\n"
 		"                      a while)\n\n"
 		"Metadata ops/s (PutStart+PutEnd, GetReplicas; unary with %d in flight and\n"
@@ -609,7 +609,7 @@ int ctl_bench_master_main(int argc, char **argv)
 		} else if (ctl_flag_value(argc, argv, &i, "duration", &v) && v &&
 			   cfg_parse_duration_ms(v, &duration_ms) == 0 && duration_ms) {
 		} else if (ctl_flag_value(argc, argv, &i, "batch", &v) && v &&
-			   cfg_parse_size(v, &batch) == 0 && batch && batch <= 100000) {
+			   cfg_parse_size(v, &batch) == 0 && batch && batch <= 65536) {
 		} else if (ctl_flag_value(argc, argv, &i, "objects", &v) &&
 			   ctl_parse_count(v, &objects) == 0) {
 		} else {

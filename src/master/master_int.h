@@ -91,6 +91,9 @@ struct master {
 	uv_idle_t walk_idle;
 };
 
+/* Items (keys, inventory entries) one call may carry (service.c). */
+#define MASTER_MAX_BATCH_ITEMS 65536u
+
 /* master.c */
 void master__set_leader(struct master *m, bool leader, uint64_t view, const char *leader_addr);
 void master__update_metrics(struct master *m);

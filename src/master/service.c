@@ -93,6 +93,21 @@ static void finish_err(struct rpc_call *call, int err, const char *fmt, ...)
 	rpc_call_finish(call, master__rpc_status(err), msg);
 }
 
+/* A batch call's items are handled in one turn of the loop: past
+ * MASTER_MAX_BATCH_ITEMS (65536, some tens of ms) a call is refused
+ * rather than hold every other call for seconds (a 64 MiB batch of short
+ * keys is millions) and then, likely, fail to fit its answer. Our agents
+ * send at most 8192 (batches) and 1000 (inventories). True after
+ * answering. */
+static bool batch_too_large(struct rpc_call *call, size_t n)
+{
+	if (n <= MASTER_MAX_BATCH_ITEMS)
+		return false;
+	finish_err(call, -EINVAL, "%zu items in one call, at most %u: split the batch", n,
+		   MASTER_MAX_BATCH_ITEMS);
+	return true;
+}
+
 static void finish_key_err(struct rpc_call *call, int err, ProtobufCBinaryData key)
 {
 	char k[KEY_SHOWN_BYTES * 4 + 8];
@@ -252,6 +267,8 @@ static void on_heartbeat(struct rpc_call *call, const ProtobufCMessage *msg)
 	struct master *m = master__leader_of(call);
 	const Mooncake__Master__HeartbeatRequest *req = (const void *)msg;
 	if (!m)
+		return;
+	if (batch_too_large(call, req->n_inventory))
 		return;
 	uint64_t now = now_ms(m);
 	Mooncake__Master__HeartbeatResponse resp = MOONCAKE__MASTER__HEARTBEAT_RESPONSE__INIT;
@@ -531,6 +548,8 @@ static void on_batch_replica_clear(struct rpc_call *call, const ProtobufCMessage
 	const Mooncake__Master__BatchReplicaClearRequest *req = (const void *)msg;
 	if (!m)
 		return;
+	if (batch_too_large(call, req->n_keys))
+		return;
 	size_t n = req->n_keys;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
 	if (!errs) {
@@ -643,6 +662,8 @@ static void on_batch_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 	const Mooncake__Master__BatchCommitRequestRaw *req = (const void *)msg;
 	if (!m)
 		return;
+	if (batch_too_large(call, req->n_items))
+		return;
 	size_t n = req->n_items;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
 	struct master_commit *cs = malloc((n ? n : 1) * sizeof(*cs));
@@ -708,6 +729,8 @@ static void on_tier_commit(struct rpc_call *call, const ProtobufCMessage *msg)
 	const Mooncake__Master__TierCommitRequest *req = (const void *)msg;
 	if (!m)
 		return;
+	if (batch_too_large(call, req->n_items))
+		return;
 	size_t n = req->n_items;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
 	if (!errs) {
@@ -763,6 +786,8 @@ static void on_batch_put_start(struct rpc_call *call, const ProtobufCMessage *ms
 	struct master *m = master__leader_of(call);
 	const Mooncake__Master__BatchPutStartRequest *req = (const void *)msg;
 	if (!m)
+		return;
+	if (batch_too_large(call, req->n_items))
 		return;
 	size_t n = req->n_items;
 	Mooncake__Master__PutStartResult *res = calloc(n ? n : 1, sizeof(*res));
@@ -841,6 +866,8 @@ static void batch_errors(struct rpc_call *call, ProtobufCBinaryData *keys, size_
 	struct master *m = master__leader_of(call);
 	if (!m)
 		return;
+	if (batch_too_large(call, n))
+		return;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
 	if (!errs) {
 		finish_err(call, -ENOMEM, NULL);
@@ -901,7 +928,7 @@ static void on_batch_exist(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
 	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
-	if (!m)
+	if (!m || batch_too_large(call, req->n_keys))
 		return;
 	size_t n = req->n_keys;
 	int32_t *errs = calloc(n ? n : 1, sizeof(*errs));
@@ -932,7 +959,7 @@ static void on_batch_get(struct rpc_call *call, const ProtobufCMessage *msg)
 {
 	struct master *m = master__leader_of(call);
 	const Mooncake__Master__BatchKeysRequest *req = (const void *)msg;
-	if (!m)
+	if (!m || batch_too_large(call, req->n_keys))
 		return;
 	size_t n = req->n_keys, total = 0;
 	const struct master_obj **objs = calloc(n ? n : 1, sizeof(*objs));

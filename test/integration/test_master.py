@@ -236,6 +236,17 @@ def batches_of_a_thousand():
     eq(len(set(got)), 990, "each key once")
     r = m.call("List", M.ListRequest(limit=990), M.ListResponse)
     eq((len(r.items), r.more), (990, False), "a page of all of them")
+    # One call's items are handled in one turn of the loop: at most 65536.
+    many = [b"m/%d" % i for i in range(65537)]
+    code, e = m.code("BatchGetReplicas", M.BatchKeysRequest(keys=many),
+                     M.BatchGetReplicasResponse)
+    eq(code, EINVAL, "a batch past the limit")
+    assert "65537 items in one call, at most 65536" in e.details(), e.details()
+    x = m.call("BatchExist", M.BatchKeysRequest(keys=many[:65536]), M.BatchExistResponse)
+    eq(len(x.exists), 65536, "a batch at the limit")
+    code, e = m.code("Heartbeat", M.HeartbeatRequest(agent_id="a", inventory=[
+        M.InventoryItem(key=k, segment="s1", size=1) for k in many]), M.HeartbeatResponse)
+    eq(code, EINVAL, "an inventory past the limit")
     for req, why in ((M.ListRequest(limit=100001), "limit above 100000"),
                      (M.ListRequest(prefix=b"p" * 4097), "a prefix longer than a key"),
                      (M.ListRequest(start_after=b"a" * 4097), "a start_after longer")):
