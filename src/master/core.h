@@ -185,6 +185,7 @@ static inline const uint8_t *master__obj_key(const struct master_obj *o)
 
 struct master_seg {
 	char *name;
+	uint64_t name_hash; /* mc_hash64 of name: what master__seg_find compares first */
 	struct master_agent *agent;
 	enum master_tier tier;
 	uint64_t base, size;
