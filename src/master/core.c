@@ -751,41 +751,12 @@ void master__walk_abort(struct master_core *c, struct master_walk *w)
 	c->ix.walks--;
 }
 
-bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budget,
-		       uint64_t now_ms)
-{
-	if (!w->open)
-		return true;
-	size_t nb = master__index_slots(&c->ix), seen = 0;
-	uint64_t r = 0;
-	for (; w->bucket < nb && seen < budget; w->bucket++) {
-		struct master_obj *o = master__index_slot(&c->ix, w->bucket);
-		for (struct master_obj *next; o; o = next, seen++) {
-			next = o->hnext;
-			if (master__obj_prune(c, o)) {
-				/* gone with its segment: the reaper's */
-			} else if (o->flags & MASTER_OBJ_PENDING) {
-				w->skipped += w->pending;
-			} else if (w->match && !w->match(w->ud, master__obj_key(o), o->klen)) {
-				/* not asked for */
-			} else if (!w->force && master__leased(o, now_ms)) {
-				w->skipped++;
-			} else {
-				obj_remove(c, o, now_ms);
-				r++;
-			}
-		}
-	}
-	w->removed += r;
-	c->n.removes += r;
-	if (w->bucket < nb)
-		return false;
-	master__walk_abort(c, w);
-	return true;
-}
-
-bool master__scan_step(struct master_core *c, struct master_walk *w, size_t budget,
-		       bool (*fn)(void *ud, const struct master_obj *o), void *ud)
+/* The walk's next buckets, until `budget` objects or more were looked
+ * at: fn(ud, o) for each object left after its replicas on segments gone
+ * are dropped (fn NULL: only that); fn returns false to end the walk.
+ * True once the walk is over (closed). */
+static bool walk_buckets(struct master_core *c, struct master_walk *w, size_t budget,
+			 bool (*fn)(void *ud, struct master_obj *o), void *ud)
 {
 	if (!w->open)
 		return true;
@@ -803,6 +774,56 @@ bool master__scan_step(struct master_core *c, struct master_walk *w, size_t budg
 		return false;
 	master__walk_abort(c, w);
 	return true;
+}
+
+struct removal {
+	struct master_core *c;
+	struct master_walk *w;
+	uint64_t now_ms;
+};
+
+static bool remove_one(void *ud, struct master_obj *o)
+{
+	struct removal *r = ud;
+	struct master_walk *w = r->w;
+	if (o->flags & MASTER_OBJ_PENDING) {
+		w->skipped += w->pending;
+	} else if (w->match && !w->match(w->ud, master__obj_key(o), o->klen)) {
+		/* not asked for */
+	} else if (!w->force && master__leased(o, r->now_ms)) {
+		w->skipped++;
+	} else {
+		obj_remove(r->c, o, r->now_ms);
+		w->removed++;
+		r->c->n.removes++;
+	}
+	return true;
+}
+
+bool master__walk_step(struct master_core *c, struct master_walk *w, size_t budget,
+		       uint64_t now_ms)
+{
+	struct removal r = {c, w, now_ms};
+	return walk_buckets(c, w, budget, remove_one, &r);
+}
+
+/* master__scan_step's fn, for walk_buckets. */
+struct scan {
+	bool (*fn)(void *ud, const struct master_obj *o);
+	void *ud;
+};
+
+static bool scan_one(void *ud, struct master_obj *o)
+{
+	struct scan *sc = ud;
+	return sc->fn(sc->ud, o);
+}
+
+bool master__scan_step(struct master_core *c, struct master_walk *w, size_t budget,
+		       bool (*fn)(void *ud, const struct master_obj *o), void *ud)
+{
+	struct scan sc = {fn, ud};
+	return walk_buckets(c, w, budget, fn ? scan_one : NULL, &sc);
 }
 
 static void remove_walk(struct master_core *c, struct master_walk *w, uint64_t now_ms,
