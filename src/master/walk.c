@@ -55,11 +55,12 @@
 struct master_walkcall;
 
 /* What a kind of walk does: step walks on (true at its end), answer
- * answers its call (if it still has one), release frees what it holds. */
+ * ends it (call: its call, taken from it; NULL once its client went
+ * away), release frees what it holds. */
 struct walk_kind {
 	const char *name;
 	bool (*step)(struct master *m, struct master_walkcall *wc, uint64_t now_ms);
-	void (*answer)(struct master *m, struct master_walkcall *wc);
+	void (*answer)(struct master *m, struct master_walkcall *wc, struct rpc_call *call);
 	void (*release)(struct master_walkcall *wc);
 	bool runs_on; /* when its client goes away (removals) */
 };
@@ -97,11 +98,6 @@ static void unlink_walk(struct master *m, struct master_walkcall *wc)
 	idle_update(m);
 }
 
-static void free_walk(struct master_walkcall *wc)
-{
-	wc->kind->release(wc);
-}
-
 /* Walk wc on until its end or until the clock passes until_ns; true at
  * its end. */
 static bool walk_on(struct master *m, struct master_walkcall *wc, uint64_t until_ns)
@@ -113,12 +109,20 @@ static bool walk_on(struct master *m, struct master_walkcall *wc, uint64_t until
 	return true;
 }
 
+/* The call wc still has, taken from it (NULL if none). */
+static struct rpc_call *take_call(struct master_walkcall *wc)
+{
+	struct rpc_call *call = wc->call;
+	wc->call = NULL;
+	if (call)
+		rpc_call_set_data(call, NULL);
+	return call;
+}
+
 static void finish(struct master *m, struct master_walkcall *wc)
 {
-	wc->kind->answer(m, wc);
-	if (wc->call)
-		rpc_call_set_data(wc->call, NULL);
-	free_walk(wc);
+	wc->kind->answer(m, wc, take_call(wc));
+	wc->kind->release(wc);
 }
 
 /* ------------------------------------------------------------ the reaper */
@@ -223,9 +227,7 @@ void master__on_walk_cancel(struct rpc_call *call)
 	struct master_walkcall *wc = rpc_call_data(call);
 	if (!wc)
 		return;
-	rpc_call_set_data(call, NULL);
-	wc->call = NULL;
-	rpc_call_finish(call, RPC_CANCELLED, NULL);
+	rpc_call_finish(take_call(wc), RPC_CANCELLED, NULL);
 	if (wc->kind->runs_on)
 		log_info("%s: its client went away after %llu removed; walking on to the end",
 			 wc->kind->name, (unsigned long long)wc->w.removed);
@@ -247,7 +249,7 @@ static bool rm_step(struct master *m, struct master_walkcall *wc, uint64_t now_m
 	return master__walk_step(m->core, &wc->w, STEP_OBJECTS, now_ms);
 }
 
-static void rm_answer(struct master *m, struct master_walkcall *wc)
+static void rm_answer(struct master *m, struct master_walkcall *wc, struct rpc_call *call)
 {
 	(void)m;
 	struct rmwalk *rw = (struct rmwalk *)wc;
@@ -255,7 +257,7 @@ static void rm_answer(struct master *m, struct master_walkcall *wc)
 	resp.removed = wc->w.removed;
 	resp.skipped = wc->w.skipped;
 	double s = (double)(uv_hrtime() - wc->start_ns) / 1e9;
-	const char *gone = wc->call ? "" : "; its client had gone";
+	const char *gone = call ? "" : "; its client had gone";
 	if (rw->has_re)
 		log_info("RemoveRegex '%s'%s: %llu removed, %llu leased left (%.2f s%s)",
 			 rw->pattern, wc->w.force ? " (forced)" : "",
@@ -265,11 +267,8 @@ static void rm_answer(struct master *m, struct master_walkcall *wc)
 		log_info("RemoveAll%s: %llu removed, %llu left (%.2f s%s)",
 			 wc->w.force ? " (forced)" : "", (unsigned long long)resp.removed,
 			 (unsigned long long)resp.skipped, s, gone);
-	if (wc->call) {
-		rpc_call_set_data(wc->call, NULL);
-		master__reply(wc->call, &resp.base);
-		wc->call = NULL;
-	}
+	if (call)
+		master__reply(call, &resp.base);
 }
 
 static void rm_release(struct master_walkcall *wc)
@@ -541,14 +540,11 @@ static bool list_step(struct master *m, struct master_walkcall *wc, uint64_t now
 	return master__scan_step(m->core, &wc->w, STEP_OBJECTS, list_visit, wc);
 }
 
-static void list_answer(struct master *m, struct master_walkcall *wc)
+static void list_answer(struct master *m, struct master_walkcall *wc, struct rpc_call *call)
 {
 	struct listwalk *lw = (struct listwalk *)wc;
-	struct rpc_call *call = wc->call;
 	if (!call)
 		return;
-	wc->call = NULL;
-	rpc_call_set_data(call, NULL);
 	Mooncake__Master__ListItem *items = NULL;
 	Mooncake__Master__ListItem **ptrs = NULL;
 	size_t n = lw->n;
@@ -656,11 +652,10 @@ void master__walks_drop_all(struct master *m)
 		struct master_walkcall *wc = m->walks;
 		master__walk_abort(m->core, &wc->w);
 		unlink_walk(m, wc);
-		if (wc->call) {
-			rpc_call_set_data(wc->call, NULL);
-			master__finish_not_leader(m, wc->call);
-		}
-		free_walk(wc);
+		struct rpc_call *call = take_call(wc);
+		if (call)
+			master__finish_not_leader(m, call);
+		wc->kind->release(wc);
 	}
 }
 
@@ -676,7 +671,7 @@ void master__walks_free(struct master *m)
 	while (m->walks) {
 		struct master_walkcall *wc = m->walks;
 		m->walks = wc->next;
-		free_walk(wc);
+		wc->kind->release(wc);
 	}
 	m->nwalks = 0;
 }
