@@ -353,6 +353,15 @@ static uint64_t tail_word(const unsigned char *p, size_t len)
 	       (uint64_t)p[len - 1] << (8 * (len - 1));
 }
 
+int mc_bytes_cmp(const void *a, size_t alen, const void *b, size_t blen)
+{
+	size_t n = alen < blen ? alen : blen;
+	int c = n ? memcmp(a, b, n) : 0;
+	if (c)
+		return c < 0 ? -1 : 1;
+	return alen < blen ? -1 : alen > blen;
+}
+
 uint64_t mc_hash64(const void *data, size_t len)
 {
 	const unsigned char *p = data;

@@ -105,6 +105,10 @@ int mc_unlink_in_steps(const char *path, uint64_t step_bytes, unsigned pause_ms)
 int mc_unlink_suffixed(const char *dir, const char *suffix, uint64_t step_bytes,
 		       unsigned pause_ms, unsigned *removed) MC_MUST_CHECK;
 
+/* Byte strings in bytes.Compare's order (etcd's, and the master's keys):
+ * -1, 0 or 1; shorter first when one is the other's prefix. */
+int mc_bytes_cmp(const void *a, size_t alen, const void *b, size_t blen);
+
 /* A 64-bit hash for in-memory tables: eight bytes a step, each mixed in
  * by a 64x64->128-bit multiply (as wyhash does). Not stable across
  * versions or byte orders: never store it. */

@@ -440,17 +440,9 @@ struct listwalk {
 	bool nomem;
 };
 
-static int key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
-{
-	int c = memcmp(a, b, MC_MIN(alen, blen));
-	if (c)
-		return c;
-	return alen < blen ? -1 : alen > blen;
-}
-
 static int ent_cmp(const struct list_ent *x, const struct list_ent *y)
 {
-	return key_cmp(x->key, x->klen, y->key, y->klen);
+	return mc_bytes_cmp(x->key, x->klen, y->key, y->klen);
 }
 
 static int ent_qcmp(const void *a, const void *b)
@@ -491,11 +483,11 @@ static bool list_visit(void *ud, const struct master_obj *o)
 	const uint8_t *k = master__obj_key(o);
 	if (o->klen < lw->plen || (lw->plen && memcmp(k, lw->prefix, lw->plen) != 0))
 		return true;
-	if (lw->alen && key_cmp(k, o->klen, lw->after, lw->alen) <= 0)
+	if (lw->alen && mc_bytes_cmp(k, o->klen, lw->after, lw->alen) <= 0)
 		return true;
 	lw->matched++;
 	bool full = lw->n == lw->limit || lw->key_bytes + o->klen > LIST_PAGE_KEY_BYTES;
-	if (full && key_cmp(k, o->klen, lw->v[0].key, lw->v[0].klen) > 0)
+	if (full && mc_bytes_cmp(k, o->klen, lw->v[0].key, lw->v[0].klen) > 0)
 		return true; /* past the page */
 	if (lw->n == lw->cap) {
 		size_t cap = MC_MIN(lw->cap ? lw->cap * 2 : 1024, lw->limit + 1);

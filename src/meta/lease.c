@@ -78,7 +78,7 @@ static int key_cmp(const void *key, const struct avl_node *n)
 {
 	const struct lease__bytes *b = key;
 	const struct lease__key *k = MC_CONTAINER_OF(n, struct lease__key, node);
-	return mvcc__bytes_cmp(b->p, b->n, k->key, k->len);
+	return mc_bytes_cmp(b->p, b->n, k->key, k->len);
 }
 
 static struct lease__lease *find(const struct lease_table *t, int64_t id)

@@ -47,15 +47,6 @@ const char *mvcc_errname(int code)
 
 /* ------------------------------------------------------------- bytes */
 
-int mvcc__bytes_cmp(const void *a, size_t alen, const void *b, size_t blen)
-{
-	size_t n = alen < blen ? alen : blen;
-	int c = n ? memcmp(a, b, n) : 0;
-	if (c)
-		return c < 0 ? -1 : 1;
-	return alen < blen ? -1 : alen > blen;
-}
-
 /* ------------------------------------------------------------- store */
 
 const char mvcc__empty[1] = "";
@@ -64,7 +55,7 @@ static int key_cmp(const void *key, const struct avl_node *n)
 {
 	const struct mvcc__bytes *b = key;
 	const struct mvcc__key *k = MC_CONTAINER_OF(n, struct mvcc__key, node);
-	return mvcc__bytes_cmp(b->p, b->n, k->key, k->klen);
+	return mc_bytes_cmp(b->p, b->n, k->key, k->klen);
 }
 
 struct mvcc__key *mvcc__find_key(const struct mvcc_store *s, const char *key, size_t len)
@@ -199,8 +190,7 @@ static struct mvcc__key *scan_check(struct mvcc__scan *sc, struct mvcc__key *k)
 {
 	if (!k)
 		return NULL;
-	if (!sc->sp.unbounded &&
-	    mvcc__bytes_cmp(k->key, k->klen, sc->sp.end, sc->sp.elen) >= 0)
+	if (!sc->sp.unbounded && mc_bytes_cmp(k->key, k->klen, sc->sp.end, sc->sp.elen) >= 0)
 		return NULL;
 	return k;
 }

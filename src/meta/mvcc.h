@@ -512,9 +512,4 @@ void mvcc_snap_free(struct mvcc_snap_cursor *c);
 int mvcc_restore(const struct mvcc_options *opts, const void *data, size_t len,
 		 struct mvcc_store **out) MC_MUST_CHECK;
 
-/* ------------------------------------------------------------- private */
-/* Shared by mvcc, lease and watch only; no other subsystem uses it.
- * Byte-string comparison in etcd's order (bytes.Compare). */
-int mvcc__bytes_cmp(const void *a, size_t alen, const void *b, size_t blen);
-
 #endif

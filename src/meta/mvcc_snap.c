@@ -173,7 +173,7 @@ int mvcc_snap_step(struct mvcc_snap_cursor *c, size_t budget)
 	struct avl_iter it;
 	struct mvcc__bytes from = {c->last, c->last_len};
 	struct mvcc__key *k = mvcc__key_of(avl_seek(&it, &s->keys, c->last ? &from : NULL));
-	if (k && c->last && mvcc__bytes_cmp(k->key, k->klen, c->last, c->last_len) == 0)
+	if (k && c->last && mc_bytes_cmp(k->key, k->klen, c->last, c->last_len) == 0)
 		k = mvcc__key_of(avl_next(&it));
 	for (; k && !e->err && out < budget; k = mvcc__key_of(avl_next(&it))) {
 		uint32_t nv = versions_at(k, c->rev);
@@ -302,7 +302,7 @@ static int restore_key(struct mvcc_store *s, struct dec *d, const struct mvcc__k
 	const unsigned char *kb;
 	if (!dec_u32(d, &klen) || klen == 0 || !dec_take(d, klen, &kb))
 		return MVCC_ESNAPSHOT_CORRUPT;
-	if (*prev && mvcc__bytes_cmp((*prev)->key, (*prev)->klen, kb, klen) >= 0)
+	if (*prev && mc_bytes_cmp((*prev)->key, (*prev)->klen, kb, klen) >= 0)
 		return MVCC_ESNAPSHOT_CORRUPT;
 	if (!dec_u32(d, &nver) || nver == 0 || nver > d->left / SNAP_VER_MIN_LEN)
 		return MVCC_ESNAPSHOT_CORRUPT;

@@ -130,7 +130,7 @@ struct kset {
 static bool kset_has(const struct kset *s, const char *p, size_t n)
 {
 	for (size_t i = 0; i < s->n; i++)
-		if (!mvcc__bytes_cmp(s->a[i].p, s->a[i].n, p, n))
+		if (!mc_bytes_cmp(s->a[i].p, s->a[i].n, p, n))
 			return true;
 	return false;
 }
@@ -151,10 +151,10 @@ static bool ivset_hit(const struct ivset *d, const char *p, size_t n)
 	for (size_t i = 0; i < d->n; i++) {
 		const struct ivl *v = &d->a[i];
 		if (v->point) {
-			if (!mvcc__bytes_cmp(v->b, v->bn, p, n))
+			if (!mc_bytes_cmp(v->b, v->bn, p, n))
 				return true;
-		} else if (mvcc__bytes_cmp(v->b, v->bn, p, n) <= 0 &&
-			   (v->en == 0 || mvcc__bytes_cmp(p, n, v->e, v->en) < 0)) {
+		} else if (mc_bytes_cmp(v->b, v->bn, p, n) <= 0 &&
+			   (v->en == 0 || mc_bytes_cmp(p, n, v->e, v->en) < 0)) {
 			return true;
 		}
 	}
@@ -259,8 +259,7 @@ static bool compare_kv(const struct mvcc_compare *c, const struct mvcc__ver *v)
 	int r = 0;
 	switch (c->target) {
 	case MVCC_TARGET_VALUE:
-		r = mvcc__bytes_cmp(v ? v->value : NULL, v ? v->vlen : 0, c->value,
-				    c->value_len);
+		r = mc_bytes_cmp(v ? v->value : NULL, v ? v->vlen : 0, c->value, c->value_len);
 		break;
 	case MVCC_TARGET_CREATE:
 		r = cmp_i64(v ? v->create : 0, c->number);
@@ -520,9 +519,9 @@ static int ref_cmp(const struct ref *a, const struct ref *b, int target)
 	case MVCC_SORT_MOD:
 		return cmp_i64(a->v->main, b->v->main);
 	case MVCC_SORT_VALUE:
-		return mvcc__bytes_cmp(a->v->value, a->v->vlen, b->v->value, b->v->vlen);
+		return mc_bytes_cmp(a->v->value, a->v->vlen, b->v->value, b->v->vlen);
 	default:
-		return mvcc__bytes_cmp(a->k->key, a->k->klen, b->k->key, b->k->klen);
+		return mc_bytes_cmp(a->k->key, a->k->klen, b->k->key, b->k->klen);
 	}
 }
 

@@ -158,14 +158,14 @@ static int bucket_cmp(const void *key, const struct avl_node *n)
 {
 	const struct wbytes *b = key;
 	const struct watch__bucket *bk = MC_CONTAINER_OF(n, struct watch__bucket, node);
-	return mvcc__bytes_cmp(b->p, b->n, bk->key, bk->klen);
+	return mc_bytes_cmp(b->p, b->n, bk->key, bk->klen);
 }
 
 static int range_cmp(const void *key, const struct avl_node *n)
 {
 	const struct range_key *k = key;
 	const struct watch__w *w = W_OF(n, by_range);
-	int c = mvcc__bytes_cmp(k->p, k->n, w->key, w->klen);
+	int c = mc_bytes_cmp(k->p, k->n, w->key, w->klen);
 	return c ? c : cmp_i64(k->id, w->id);
 }
 
@@ -174,7 +174,7 @@ static int end_cmp(bool ainf, const char *a, size_t an, bool binf, const char *b
 {
 	if (ainf || binf)
 		return ainf - binf;
-	return mvcc__bytes_cmp(a, an, b, bn);
+	return mc_bytes_cmp(a, an, b, bn);
 }
 
 static void range_aug(struct avl_node *n)
@@ -303,9 +303,9 @@ static bool buf_push(struct watch_registry *r, struct watch__w *w, struct watch_
 static bool matches_key(const struct watch__w *w, const char *key, size_t len)
 {
 	if (w->single)
-		return !mvcc__bytes_cmp(w->key, w->klen, key, len);
-	return mvcc__bytes_cmp(w->key, w->klen, key, len) <= 0 &&
-	       (w->unbounded || mvcc__bytes_cmp(key, len, w->end, w->elen) < 0);
+		return !mc_bytes_cmp(w->key, w->klen, key, len);
+	return mc_bytes_cmp(w->key, w->klen, key, len) <= 0 &&
+	       (w->unbounded || mc_bytes_cmp(key, len, w->end, w->elen) < 0);
 }
 
 static bool wants(const struct watch__w *w, const struct mvcc_event *ev)
@@ -431,7 +431,7 @@ int watch_create(struct watch_registry *r, const struct mvcc_store *s,
 	bool unbounded = o->range_end_len == 1 && o->range_end[0] == '\0';
 	bool single = o->range_end_len == 0;
 	if (!single && !unbounded &&
-	    mvcc__bytes_cmp(o->key, o->key_len, o->range_end, o->range_end_len) >= 0)
+	    mc_bytes_cmp(o->key, o->key_len, o->range_end, o->range_end_len) >= 0)
 		return MVCC_EEMPTY_WATCH_RANGE;
 	if (o->id < 0)
 		return -EINVAL;
@@ -540,12 +540,12 @@ static void stab(struct route *rt, struct avl_node *n, const char *key, size_t l
 {
 	while (n) {
 		struct watch__w *w = W_OF(n, by_range);
-		if (!w->aug_inf && mvcc__bytes_cmp(w->aug_end, w->aug_elen, key, len) <= 0)
+		if (!w->aug_inf && mc_bytes_cmp(w->aug_end, w->aug_elen, key, len) <= 0)
 			return; /* everything below ends at or before key */
 		stab(rt, n->child[0], key, len);
-		if (mvcc__bytes_cmp(w->key, w->klen, key, len) > 0)
+		if (mc_bytes_cmp(w->key, w->klen, key, len) > 0)
 			return; /* this start and all on the right are after key */
-		if (w->unbounded || mvcc__bytes_cmp(key, len, w->end, w->elen) < 0)
+		if (w->unbounded || mc_bytes_cmp(key, len, w->end, w->elen) < 0)
 			route_one(rt, w);
 		n = n->child[1];
 	}
