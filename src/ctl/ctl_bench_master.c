@@ -373,6 +373,18 @@ static bool call_said(struct rpc_client *c, const char *target, const char *meth
 	return st == RPC_OK;
 }
 
+/* The master's Stats (the caller frees them), or NULL when it cannot say
+ * (said on stderr). */
+static Mooncake__Master__StatsResponse *target_stats(struct rpc_client *c, const char *target)
+{
+	Mooncake__Master__StatsRequest q = MOONCAKE__MASTER__STATS_REQUEST__INIT;
+	ProtobufCMessage *out = NULL;
+	if (!call_said(c, target, "Stats", &q.base,
+		       &mooncake__master__stats_response__descriptor, &out))
+		return NULL;
+	return (Mooncake__Master__StatsResponse *)out;
+}
+
 /*
  * A --target master must be one of its own: the bench mounts a segment of
  * 64 TiB that the master would place real puts on (their agents cannot
@@ -380,8 +392,6 @@ static bool call_said(struct rpc_client *c, const char *target, const char *meth
  * until that segment expires. Refused (with why) when it has agents or
  * objects; true when it is empty. A master that cannot say is refused too.
  */
-static Mooncake__Master__StatsResponse *target_stats(struct rpc_client *c, const char *target);
-
 static bool target_is_empty(struct rpc_client *c, const char *target)
 {
 	Mooncake__Master__StatsResponse *s = target_stats(c, target);
@@ -400,18 +410,6 @@ static bool target_is_empty(struct rpc_client *c, const char *target)
 			target, s->agents, s->objects);
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	return empty;
-}
-
-/* The master's Stats (the caller frees them), or NULL when it cannot say
- * (said on stderr). */
-static Mooncake__Master__StatsResponse *target_stats(struct rpc_client *c, const char *target)
-{
-	Mooncake__Master__StatsRequest q = MOONCAKE__MASTER__STATS_REQUEST__INIT;
-	ProtobufCMessage *out = NULL;
-	if (!call_said(c, target, "Stats", &q.base,
-		       &mooncake__master__stats_response__descriptor, &out))
-		return NULL;
-	return (Mooncake__Master__StatsResponse *)out;
 }
 
 /* The master's object count, or UINT64_MAX when it cannot say. */
@@ -794,11 +792,9 @@ int ctl_bench_master_main(int argc, char **argv)
 		printf("\nfilled to %" PRIu64 " objects in %.1f s\n", written,
 		       (double)(uv_hrtime() - t0) / 1e9);
 	}
-	Mooncake__Master__StatsRequest sreq = MOONCAKE__MASTER__STATS_REQUEST__INIT;
-	if (!call_said(c, target, "Stats", &sreq.base,
-		       &mooncake__master__stats_response__descriptor, &out))
+	Mooncake__Master__StatsResponse *s = target_stats(c, target);
+	if (!s)
 		goto out_client;
-	const Mooncake__Master__StatsResponse *s = (const void *)out;
 	double rss2 = (double)mc_rss_bytes();
 	printf("\nmemory at %" PRIu64 " objects (keys %.1f B on average)\n", s->objects,
 	       s->objects ? (double)s->key_bytes / (double)s->objects : 0.0);
@@ -809,7 +805,7 @@ int ctl_bench_master_main(int argc, char **argv)
 		       (rss2 - rss1) / (double)(written - before));
 	(void)rss0;
 	uint64_t big_n = s->objects;
-	protobuf_c_message_free_unpacked(out, NULL);
+	protobuf_c_message_free_unpacked(&s->base, NULL);
 	fflush(stdout);
 
 	/* The scale figures' second half, at --objects. */
